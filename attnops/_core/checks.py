@@ -1,0 +1,103 @@
+"""Argument validation helpers: every failure names the argument, what was expected and what was received."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .errors import ParamDtypeError, ParamInvalidError, ParamNullptrError
+
+
+def describe(x: Any) -> str:
+    """Short description of a value for error messages (never a tensor dump)."""
+    if isinstance(x, torch.Tensor):
+        return f"Tensor(shape={list(x.shape)}, dtype={x.dtype}, device={x.device})"
+    if isinstance(x, (list, tuple)) and len(x) > 8:
+        return f"{type(x).__name__} of length {len(x)} starting {list(x[:4])}"
+    return repr(x)
+
+
+def fail(name: str, expected: str, got: Any, hint: str | None = None, *, error=ParamInvalidError):
+    """Raise ``error`` with the standard message ``name: expected ..., got ...``."""
+    msg = f"{name}: expected {expected}, got {got if isinstance(got, str) else describe(got)}"
+    if hint:
+        msg += f". {hint}"
+    raise error(msg)
+
+
+def require(cond: bool, name: str, expected: str, got: Any, hint: str | None = None) -> None:
+    """Raise :class:`ParamInvalidError` unless ``cond``."""
+    if not cond:
+        fail(name, expected, got, hint)
+
+
+def require_not_none(x: Any, name: str) -> None:
+    if x is None:
+        fail(name, "a tensor (required input)", "None", error=ParamNullptrError)
+
+
+def check_tensor(
+    name: str,
+    x: Any,
+    *,
+    ndim: int | Iterable[int] | None = None,
+    dtypes: Iterable[torch.dtype] | None = None,
+    shape: Sequence[int | None] | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Validate a required tensor argument; returns it unchanged."""
+    require_not_none(x, name)
+    if not isinstance(x, torch.Tensor):
+        fail(name, "a torch.Tensor", type(x).__name__, error=ParamDtypeError)
+    if ndim is not None:
+        allowed = {ndim} if isinstance(ndim, int) else set(ndim)
+        require(x.dim() in allowed, name, f"a tensor with ndim in {sorted(allowed)}", x)
+    if dtypes is not None:
+        dts = tuple(dtypes)
+        if x.dtype not in dts:
+            fail(name, f"dtype in {[str(d) for d in dts]}", x, error=ParamDtypeError)
+    if shape is not None:
+        ok = x.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, x.shape))
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        require(ok, name, f"shape {want}", x)
+    if device is not None and x.device != device:
+        fail(name, f"a tensor on {device} (same device as query)", x)
+    return x
+
+
+def check_int(name: str, value: Any, *, lo: int | None = None, hi: int | None = None) -> int:
+    """Validate an integer attribute in ``[lo, hi]``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point:
+            value = int(value.item())
+        else:
+            fail(name, "an int", value, error=ParamDtypeError)
+    rng = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+    require((lo is None or value >= lo) and (hi is None or value <= hi), name, f"an int in {rng}", value)
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    options = list(choices)
+    require(value in options, name, f"one of {options}", value)
+    return value
+
+
+def int_list(name: str, value: Any) -> list[int] | None:
+    """Normalize an optional host int array (list/tuple/1-D int tensor) to a list of Python ints."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            fail(name, "a 1-D integer tensor or a list of ints", value)
+        return [int(v) for v in value.tolist()]
+    if isinstance(value, (list, tuple)):
+        out = []
+        for v in value:
+            if isinstance(v, bool) or not isinstance(v, int):
+                fail(name, "a list of ints", value, error=ParamDtypeError)
+            out.append(int(v))
+        return out
+    fail(name, "a list of ints or a 1-D integer tensor", value, error=ParamDtypeError)
+    return None  # unreachable
