@@ -1,0 +1,171 @@
+"""Sparse modes -> the one mask normal form (:class:`MaskSpec`).
+
+keep(i, j) iff ``(lo_b <= j - i <= hi_b  OR  j < prefix_b)  AND  NOT explicit[b, n, i, j]``.
+Every sparse mode of every operator is converted here, once, on the host (``cann_semantics.md`` §1.1/§1.2).
+Compressed 2048x2048 / 3072x2048 masks are validated and replaced by the analytic band.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .checks import check_tensor, fail, int_list, require
+from .varlen import SeqInfo
+
+INF = 1 << 62  # "no limit" for band offsets
+MASK_DTYPES = (torch.bool, torch.uint8)
+COMPRESSED_CAUSAL_MODES = (2, 3, 4, 7, 8)
+COMPRESSED_PREFIX_MODE = 6
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """Per-batch band ``lo <= j - i <= hi``, optional prefix columns and optional explicit mask.
+
+    ``explicit`` is bool ``[Bm, Nm, R, C]`` (True = masked) with ``Bm`` in {1, B} and ``Nm`` in {1, N1};
+    batch ``b`` uses the top-left ``[:Sq_b, :Skv_b]`` slice.
+    """
+
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+    prefix: tuple[int, ...] | None = None
+    explicit: torch.Tensor | None = None
+
+    @property
+    def is_full(self) -> bool:
+        return self.explicit is None and self.prefix is None and all(
+            lo <= -INF and hi >= INF for lo, hi in zip(self.lo, self.hi))
+
+    def col_range(self, b: int, r0: int, r1: int, skv: int) -> tuple[int, int]:
+        """Columns ``[c0, c1)`` that may be kept for query rows ``[r0, r1)`` (empty when c0 >= c1)."""
+        c0 = max(0, r0 + self.lo[b]) if self.lo[b] > -INF else 0
+        c1 = min(skv, r1 - 1 + self.hi[b] + 1) if self.hi[b] < INF else skv
+        if self.prefix is not None and self.prefix[b] > 0:
+            p = min(self.prefix[b], skv)
+            c0, c1 = (0, max(c1, p)) if c0 < c1 else (0, p)
+        return c0, c1
+
+    def masked_block(self, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice | None = None):
+        """Bool ``[1 or Nh, r1-r0, c1-c0]`` (True = masked) for a tile, or None when the tile is fully kept."""
+        lo, hi = self.lo[b], self.hi[b]
+        masked = None
+        if not (c0 - (r1 - 1) >= lo and (c1 - 1) - r0 <= hi):
+            rows = torch.arange(r0, r1).unsqueeze(1)
+            cols = torch.arange(c0, c1).unsqueeze(0)
+            diff = cols - rows
+            masked = (diff < lo) | (diff > hi)
+            if self.prefix is not None and self.prefix[b] > 0:
+                masked &= cols >= self.prefix[b]
+            masked = masked.unsqueeze(0)
+        if self.explicit is not None:
+            e = self.explicit[b if self.explicit.shape[0] > 1 else 0]
+            if heads is not None and e.shape[0] > 1:
+                e = e[heads]
+            e = e[:, r0:r1, c0:c1]
+            masked = e if masked is None else (masked | e)
+        return masked
+
+
+def _check_compressed(atten_mask: torch.Tensor, rows: int, mode: int) -> None:
+    name = "atten_mask"
+    ok = atten_mask.dim() >= 2 and tuple(atten_mask.shape[-2:]) == (rows, 2048) and all(
+        s == 1 for s in atten_mask.shape[:-2])
+    require(ok, name, f"the compressed [{rows}, 2048] mask for sparse_mode {mode} (leading dims 1)", atten_mask,
+            "build it with torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)")
+    m = atten_mask.reshape(rows, 2048).to(device="cpu", dtype=torch.bool)
+    want = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+    if rows == 3072:
+        rect = torch.zeros(1024, 2048, dtype=torch.bool)
+        rect[:, 1024:] = True
+        want = torch.cat([want, rect])
+    if not torch.equal(m, want):
+        what = "triu(ones(2048, 2048), diagonal=1)" if rows == 2048 else \
+            "triu(ones(2048, 2048), 1) stacked on 1024 rows of [0]*1024 + [1]*1024"
+        fail(name, f"the canonical compressed mask {what} for sparse_mode {mode}", "a tensor with other content",
+             "the NPU reads this mask as a sliding window; any other content is undefined")
+
+
+def _explicit(atten_mask: torch.Tensor, seq: SeqInfo, n1: int, mode: int) -> torch.Tensor:
+    """Validate a full (uncompressed) mask and return it as bool ``[Bm, Nm, R, C]``."""
+    name = "atten_mask"
+    shape = tuple(atten_mask.shape)
+    if seq.packed:
+        ok = atten_mask.dim() == 2 or (atten_mask.dim() == 4 and shape[:2] == (1, 1))
+        ok = ok and shape[-2] >= seq.max_q and shape[-1] >= seq.max_kv
+        require(ok, name, f"a [maxSq, maxSkv] = [>={seq.max_q}, >={seq.max_kv}] mask for varlen (TND) "
+                f"sparse_mode {mode}; each batch uses its top-left [Sq_b, Skv_b] slice", atten_mask)
+    else:
+        b, sq, skv = seq.batch, seq.max_q, seq.max_kv
+        allowed = [(b, n1, sq, skv), (b, 1, sq, skv), (1, 1, sq, skv), (sq, skv)]
+        if mode == 5:
+            allowed = [(b, n1, sq, skv), (b, 1, sq, skv)] + ([(1, 1, sq, skv), (sq, skv)] if b == 1 else [])
+        require(shape in allowed, name, f"one of the shapes {[list(s) for s in allowed]} for sparse_mode {mode}",
+                atten_mask)
+    m = atten_mask if atten_mask.dtype == torch.bool else atten_mask != 0
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    return m
+
+
+def _check_band_tokens(pre: int, nxt: int, sq: int, skv: int) -> None:
+    if nxt < 0:
+        require(pre >= -nxt and -nxt < skv, "next_tokens",
+                f"a negative value only with pre_tokens >= |next_tokens| and |next_tokens| < Skv={skv}",
+                f"next_tokens={nxt}, pre_tokens={pre}")
+    if pre < 0:
+        require(nxt >= -pre and -pre < sq, "pre_tokens",
+                f"a negative value only with next_tokens >= |pre_tokens| and |pre_tokens| < Sq={sq}",
+                f"pre_tokens={pre}, next_tokens={nxt}")
+
+
+def build_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, pre_tokens: int, next_tokens: int,
+                    prefix, seq: SeqInfo, n1: int, allowed_modes: tuple[int, ...]) -> MaskSpec:
+    """Convert a training-FA sparse mode (0..8) and its mask/tokens/prefix into a :class:`MaskSpec`."""
+    require(sparse_mode in allowed_modes, "sparse_mode",
+            f"one of {list(allowed_modes)} for {'TND' if seq.packed else 'dense'} layouts", sparse_mode)
+    nb = seq.batch
+    full = MaskSpec((-INF,) * nb, (INF,) * nb)
+    if atten_mask is None:
+        return full  # no mask: sparse_mode, pre and next are ignored (CANN doc)
+    check_tensor("atten_mask", atten_mask, dtypes=MASK_DTYPES)
+    deltas = [kv - q for q, kv in zip(seq.q_lens, seq.kv_lens)]
+    if sparse_mode in COMPRESSED_CAUSAL_MODES:
+        _check_compressed(atten_mask, 2048, sparse_mode)
+    if sparse_mode == COMPRESSED_PREFIX_MODE:
+        _check_compressed(atten_mask, 3072, sparse_mode)
+    if sparse_mode == 0:
+        _check_band_tokens(pre_tokens, next_tokens, seq.max_q, seq.max_kv)
+        return MaskSpec((-pre_tokens,) * nb, (next_tokens,) * nb,
+                        explicit=_explicit(atten_mask, seq, n1, 0))
+    if sparse_mode == 1:
+        return MaskSpec(full.lo, full.hi, explicit=_explicit(atten_mask, seq, n1, 1))
+    if sparse_mode == 2:
+        return MaskSpec(full.lo, (0,) * nb)
+    if sparse_mode == 3:
+        return MaskSpec(full.lo, tuple(deltas))
+    if sparse_mode == 4:
+        return MaskSpec(tuple(d - pre_tokens for d in deltas), tuple(d + next_tokens for d in deltas))
+    if sparse_mode in (5, 6):
+        pfx = _prefix(prefix, seq)
+        explicit = _explicit(atten_mask, seq, n1, 5) if sparse_mode == 5 else None
+        return MaskSpec(full.lo, tuple(deltas), prefix=pfx, explicit=explicit)
+    # modes 7 and 8: varlen externally split; one batch is a bottom-right band with the user's tokens
+    nonempty = [b for b in range(nb) if seq.q_lens[b] > 0]
+    band_b = (nonempty[-1] if sparse_mode == 7 else nonempty[0]) if nonempty else -1
+    lo, hi = list(full.lo), list(deltas if sparse_mode == 7 else (0,) * nb)
+    if band_b >= 0:
+        lo[band_b] = deltas[band_b] - pre_tokens
+        hi[band_b] = deltas[band_b] + next_tokens
+    return MaskSpec(tuple(lo), tuple(hi))
+
+
+def _prefix(prefix, seq: SeqInfo) -> tuple[int, ...]:
+    values = int_list("prefix", prefix)
+    require(values is not None and len(values) >= seq.batch, "prefix",
+            f"a list with one value per batch (B={seq.batch}) for sparse_mode 5/6", prefix)
+    values = values[:seq.batch]
+    for b, (p, sq, skv) in enumerate(zip(values, seq.q_lens, seq.kv_lens)):
+        lo = 0 if sq > skv else skv - sq
+        require(lo <= p <= skv, f"prefix[{b}]", f"a value in [{lo}, {skv}] (Sq={sq}, Skv={skv})", p)
+    return tuple(values)

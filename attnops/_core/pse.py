@@ -1,0 +1,154 @@
+"""Position shift (pse): external tensors (pse_type 0/1), ALiBi-compressed tensors and in-kernel ALiBi slopes
+(pse_type 2/3), as one :class:`PseSpec` that yields fp32 tiles and accumulates tile gradients (dpse).
+
+Score formulas (``cann_semantics.md`` §2): type 1 ``scale*(QK^T + pse)``; types 0/2/3 ``scale*QK^T + pse``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .checks import check_tensor, fail, int_list, require
+from .masks import MaskSpec
+from .varlen import SeqInfo
+
+ALIBI_ROWS = 1024
+PSE_TYPES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class PseSpec:
+    """One pse source. ``kind``: ``full`` [Bp,N,R,C], ``row`` [Bp,N,1,C], ``alibi`` [Bp,N,1024,W], ``slopes``."""
+
+    pse_type: int
+    kind: str
+    tensor: torch.Tensor
+    q_start: tuple[int, ...] = ()
+    kv_start: tuple[int, ...] = ()
+
+    @property
+    def add_before_scale(self) -> bool:
+        return self.pse_type == 1
+
+    @property
+    def has_grad(self) -> bool:
+        return self.kind != "slopes"
+
+    def _bp(self, b: int) -> int:
+        return b if self.tensor.shape[0] > 1 else 0
+
+    def _alibi_index(self, r0, r1, c0, c1) -> torch.Tensor:
+        w = self.tensor.shape[-1]
+        diag = torch.arange(r0, r1).unsqueeze(1) - torch.arange(c0, c1).unsqueeze(0)
+        return (w - 1 - diag).clamp(0, w - 1)
+
+    def block(self, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice) -> torch.Tensor:
+        """fp32 pse tile ``[Nh, r1-r0, c1-c0]`` (or broadcastable) for batch ``b`` and query heads ``heads``."""
+        t = self.tensor
+        if self.kind == "slopes":
+            slope = (t[b] if t.dim() == 2 else t)[heads].float()
+            dist = ((torch.arange(c0, c1) + self.kv_start[b]).unsqueeze(0)
+                    - (torch.arange(r0, r1) + self.q_start[b]).unsqueeze(1)).abs().float()
+            if self.pse_type == 3:
+                dist = dist.sqrt()
+            return -slope.view(-1, 1, 1) * dist
+        tb = t[self._bp(b), heads]
+        if self.kind == "full":
+            return tb[:, r0:r1, c0:c1].float()
+        if self.kind == "row":
+            return tb[:, 0:1, c0:c1].float()
+        idx = self._alibi_index(r0, r1, c0, c1)
+        return tb[:, ALIBI_ROWS - 1, :].float()[:, idx]
+
+    def accumulate_grad(self, grad: torch.Tensor, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice,
+                        g: torch.Tensor) -> None:
+        """Add the tile gradient ``g`` [Nh, r, c] (fp32) into ``grad`` (fp32, the pse's shape)."""
+        gb = grad[self._bp(b), heads]
+        if self.kind == "full":
+            gb[:, r0:r1, c0:c1] += g
+        elif self.kind == "row":
+            gb[:, 0, c0:c1] += g.sum(1)
+        else:
+            idx = self._alibi_index(r0, r1, c0, c1).reshape(1, -1).expand(g.shape[0], -1)
+            gb[:, ALIBI_ROWS - 1, :].scatter_add_(1, idx, g.reshape(g.shape[0], -1))
+
+
+def _start(name: str, value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    values = int_list(name, value)
+    return values[0] if values else 0
+
+
+def _masks_upper_triangle(mask: MaskSpec, seq: SeqInfo) -> bool:
+    for b in range(seq.batch):
+        if mask.hi[b] <= 0 and mask.prefix is None:
+            continue
+        sq, skv = seq.q_lens[b], seq.kv_lens[b]
+        m = mask.masked_block(b, 0, sq, 0, skv)
+        upper = torch.ones(sq, skv, dtype=torch.bool).triu(1)
+        if m is None or not bool(m[:, upper].all()):
+            return False
+    return True
+
+
+def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo, n1: int, dtype: torch.dtype,
+                   mask: MaskSpec, sparse_mode: int, q_start_idx=None, kv_start_idx=None) -> PseSpec | None:
+    """Validate ``pse`` against ``pse_type`` and the geometry; None when there is no pse."""
+    require(pse_type in PSE_TYPES, "pse_type", f"one of {list(PSE_TYPES)}", pse_type)
+    if pse is None:
+        return None
+    check_tensor("pse", pse)
+    require(not (seq.packed and sparse_mode == 7), "pse", "None with sparse_mode 7 (not supported by the operator)",
+            pse)
+    require(all(n > 0 for n in seq.q_lens), "pse",
+            "None when some batch has a query length of 0 (actual_seq_qlen repeats a value)", pse)
+    if pse_type in (2, 3):
+        return _slopes_spec(pse, pse_type, seq, n1, sparse_mode, _start("q_start_idx", q_start_idx),
+                            _start("kv_start_idx", kv_start_idx))
+    if pse.dtype != dtype:
+        fail("pse", f"dtype {dtype} (same as query) for pse_type {pse_type}", pse)
+    require(pse.dim() == 4 and pse.shape[1] == n1 and pse.shape[0] in (1, seq.batch), "pse",
+            f"a 4-D [B|1, N1={n1}, Sq, Skv] tensor (B={seq.batch}) for pse_type {pse_type}", pse)
+    rows, cols = pse.shape[2], pse.shape[3]
+    sq, skv = seq.max_q, seq.max_kv
+    if rows == ALIBI_ROWS and sq > ALIBI_ROWS:
+        require(all(a == b for a, b in zip(seq.q_lens, seq.kv_lens)), "pse",
+                "Sq == Skv for every batch with the ALiBi-compressed [.., 1024, Skv] pse", pse)
+        require(cols >= skv, "pse", f"a last dim >= Skv={skv} for the ALiBi-compressed pse", pse)
+        require(sparse_mode in (0, 2, 3) and _masks_upper_triangle(mask, seq), "pse",
+                "a causal (lower-triangular) mask with the ALiBi-compressed pse (sparse_mode 0/2/3)",
+                f"sparse_mode={sparse_mode}")
+        return PseSpec(pse_type, "alibi", pse)
+    if rows == 1:
+        require(cols == skv or (seq.packed and cols >= skv), "pse", f"[B|1, N1, 1, Skv={skv}] (row broadcast)", pse)
+        return PseSpec(pse_type, "row", pse)
+    ok = (rows == sq and cols == skv) or (seq.packed and rows >= sq and cols >= skv)
+    require(ok, "pse", f"[B|1, N1, Sq={sq}, Skv={skv}], [B, N1, 1, Skv] or the ALiBi-compressed "
+            "[B|1, N1, 1024, Skv] (only when Sq > 1024)", pse)
+    return PseSpec(pse_type, "full", pse)
+
+
+def _slopes_spec(slopes, pse_type, seq: SeqInfo, n1, sparse_mode, q_start, kv_start) -> PseSpec:
+    if slopes.dtype != torch.float32:
+        fail("pse", f"float32 ALiBi slopes for pse_type {pse_type}", slopes)
+    ok = (slopes.dim() == 1 and slopes.shape[0] == n1) or (slopes.dim() == 2 and tuple(slopes.shape) == (seq.batch, n1))
+    require(ok, "pse", f"slopes of shape [B={seq.batch}, N1={n1}] or [N1={n1}] for pse_type {pse_type}", slopes)
+    qs, ks = [], []
+    for b, (sq, skv) in enumerate(zip(seq.q_lens, seq.kv_lens)):
+        split_batch = seq.packed and sparse_mode == 8 and b == 0
+        if split_batch:
+            require(sq - skv + q_start - kv_start == 0, "q_start_idx",
+                    "actual_seq_qlen[0] - actual_seq_kvlen[0] + q_start_idx - kv_start_idx == 0 "
+                    "for sparse_mode 8 with pse_type 2/3", f"Sq={sq}, Skv={skv}, q_start_idx={q_start}, "
+                    f"kv_start_idx={kv_start}")
+        else:
+            require(sq == skv, "pse", f"Sq == Skv for internally generated ALiBi (pse_type {pse_type})",
+                    f"Sq={sq}, Skv={skv} in batch {b}")
+        keep_start = not (seq.packed and sparse_mode == 8 and b > 0)
+        qs.append(q_start if keep_start else 0)
+        ks.append(kv_start if keep_start else 0)
+    return PseSpec(pse_type, "slopes", slopes, tuple(qs), tuple(ks))

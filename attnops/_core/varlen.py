@@ -1,0 +1,107 @@
+"""Sequence lengths: cumulative ``actual_seq_*`` lists, FA-style ``cu_seqlens`` and per-batch offsets.
+
+Internally every operator works on a :class:`SeqInfo`: per-batch lengths and start offsets of the query and
+key/value tokens. Dense layouts are the special case of ``B`` equal lengths.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .checks import fail, int_list, require
+
+
+@dataclass(frozen=True)
+class SeqInfo:
+    """Per-batch query/KV lengths and token offsets (``q_starts[b]`` indexes the packed T axis)."""
+
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    q_starts: tuple[int, ...]
+    kv_starts: tuple[int, ...]
+    packed: bool  # True for TND (varlen), False for dense layouts
+
+    @property
+    def batch(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def max_q(self) -> int:
+        return max(self.q_lens, default=0)
+
+    @property
+    def max_kv(self) -> int:
+        return max(self.kv_lens, default=0)
+
+    def score_numel(self, heads: int) -> int:
+        """Number of score elements ``heads * sum_b Sq_b * Skv_b`` (the dropout mask length, torch_npu ``numels``)."""
+        return heads * sum(a * b for a, b in zip(self.q_lens, self.kv_lens))
+
+    def score_offsets(self, heads: int) -> list[int]:
+        """Start of each batch's ``[heads, Sq_b, Skv_b]`` block in the flattened score order."""
+        offs, acc = [], 0
+        for a, b in zip(self.q_lens, self.kv_lens):
+            offs.append(acc)
+            acc += heads * a * b
+        return offs
+
+    @staticmethod
+    def dense(batch: int, sq: int, skv: int) -> "SeqInfo":
+        return SeqInfo((sq,) * batch, (skv,) * batch, tuple(b * sq for b in range(batch)),
+                       tuple(b * skv for b in range(batch)), packed=False)
+
+
+def lengths_from_cumulative(name: str, cumulative, total: int | None = None) -> list[int]:
+    """Per-batch lengths from a CANN cumulative list (no leading 0).
+
+    A repeated value is an empty batch; zeros after the last non-zero value are empty (disabled) batches.
+    ``total`` (the packed T) must be at least the last non-zero value.
+    """
+    values = int_list(name, cumulative)
+    require(values is not None and len(values) > 0, name, "a non-empty cumulative list of ints", cumulative)
+    last_nz = max((i for i, v in enumerate(values) if v != 0), default=-1)
+    lens, prev = [], 0
+    for i, v in enumerate(values):
+        if i > last_nz:
+            require(v == 0, name, "trailing entries after the last non-zero value to be 0", values)
+            lens.append(0)
+            continue
+        if v < prev:
+            fail(name, "a non-decreasing cumulative list (CANN actual_seq_* lists are prefix sums, "
+                 "e.g. lengths [2,3,0] -> [2,5,5])", values)
+        lens.append(v - prev)
+        prev = v
+    if total is not None:
+        require(prev <= total, name, f"a last cumulative value <= the packed token count T={total}", values)
+    return lens
+
+
+def cumulative_from_cu_seqlens(name: str, cu_seqlens) -> list[int]:
+    """Convert an FA-style ``cu_seqlens`` (leading 0, length B+1) to the CANN cumulative list."""
+    values = int_list(name, cu_seqlens)
+    require(values is not None and len(values) >= 2 and values[0] == 0, name,
+            "cu_seqlens with a leading 0 and length B+1", cu_seqlens)
+    return values[1:]
+
+
+def seq_info_varlen(q_lens: list[int], kv_lens: list[int]) -> SeqInfo:
+    require(len(q_lens) == len(kv_lens), "actual_seq_kvlen", f"the same length as actual_seq_qlen ({len(q_lens)})",
+            f"length {len(kv_lens)}")
+
+    def starts(lens):
+        out, acc = [], 0
+        for n in lens:
+            out.append(acc)
+            acc += n
+        return tuple(out)
+
+    return SeqInfo(tuple(q_lens), tuple(kv_lens), starts(q_lens), starts(kv_lens), packed=True)
+
+
+def as_cu_tensor(lens, device=None) -> torch.Tensor:
+    """Per-batch lengths -> int32 cu_seqlens tensor with a leading 0 (for kernels)."""
+    t = torch.zeros(len(lens) + 1, dtype=torch.int32, device=device)
+    if lens:
+        t[1:] = torch.tensor(list(lens), dtype=torch.int64).cumsum(0).to(torch.int32)
+    return t

@@ -1,0 +1,1 @@
+"""Operator families: one folder per family (api, problem, reference, op, triton)."""

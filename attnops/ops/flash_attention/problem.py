@@ -1,0 +1,85 @@
+"""Validation of a FlashAttention call and its normal form (:class:`FAProblem`), shared by every dialect and
+backend: layouts -> :class:`Geometry` + :class:`SeqInfo`, sparse modes -> :class:`MaskSpec`, pse -> :class:`PseSpec`,
+dropout -> :class:`DropoutSpec`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..._core.checks import check_choice, check_tensor, fail, require
+from ..._core.dropout import DropoutSpec, build_dropout_spec
+from ..._core.layouts import Geometry, normalize_layout, parse_geometry
+from ..._core.masks import MaskSpec, build_mask_spec
+from ..._core.pse import PseSpec, build_pse_spec
+from ..._core.softmax_stats import SOFTMAX_LAYOUTS
+from ..._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
+
+INT_MAX = 2147483647
+FA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DENSE_SPARSE_MODES = (0, 1, 2, 3, 4, 5, 6)
+TND_SPARSE_MODES = (0, 1, 2, 3, 4, 6, 7, 8)
+
+
+@dataclass(frozen=True)
+class FAProblem:
+    """Everything a backend needs, validated: geometry, sequences, mask, pse, dropout, scale, stats layout."""
+
+    geom: Geometry
+    seq: SeqInfo
+    mask: MaskSpec
+    pse: PseSpec | None
+    dropout: DropoutSpec | None
+    scale: float
+    softmax_layout: str
+    total_q: int  # T of query (TND) or B*Sq
+    total_kv: int
+
+    @property
+    def layout(self) -> str:
+        return self.geom.layout
+
+
+def build_problem(query, key, value, *, head_num: int, layout: str, scale: float, pse=None, atten_mask=None,
+                  keep_prob: float = 1.0, drop_mask=None, seed: int | None = None, offset: int = 0,
+                  pre_tokens: int = INT_MAX, next_tokens: int = INT_MAX, prefix=None, actual_seq_qlen=None,
+                  actual_seq_kvlen=None, sparse_mode: int = 0, pse_type: int = 1, q_start_idx=None,
+                  kv_start_idx=None, softmax_layout: str = "") -> FAProblem:
+    """Validate a FlashAttention call (forward or backward inputs) and convert it to an :class:`FAProblem`."""
+    layout = normalize_layout("input_layout", layout)
+    check_tensor("query", query, dtypes=FA_DTYPES)
+    for name, t in (("key", key), ("value", value)):
+        check_tensor(name, t)
+        if t.dtype != query.dtype:
+            fail(name, f"dtype {query.dtype} (same as query)", t)
+        require(t.device == query.device, name, f"a tensor on {query.device} like query", t)
+    require(isinstance(scale, (int, float)) and not isinstance(scale, bool), "scale", "a float", scale)
+    geom = parse_geometry(query, key, value, head_num, layout)
+    check_choice("softmax_layout", softmax_layout, SOFTMAX_LAYOUTS)
+    if layout == "TND":
+        require(actual_seq_qlen is not None, "actual_seq_qlen", "cumulative query lengths for layout TND", None)
+        require(actual_seq_kvlen is not None, "actual_seq_kvlen", "cumulative key/value lengths for layout TND", None)
+        q_lens = lengths_from_cumulative("actual_seq_qlen", actual_seq_qlen, query.shape[0])
+        kv_lens = lengths_from_cumulative("actual_seq_kvlen", actual_seq_kvlen, key.shape[0])
+        seq = seq_info_varlen(q_lens, kv_lens)
+        total_q, total_kv = query.shape[0], key.shape[0]
+        allowed = TND_SPARSE_MODES
+    else:
+        require(softmax_layout == "", "softmax_layout", "'' for dense layouts ('TND' is for input_layout TND)",
+                softmax_layout)
+        seq = SeqInfo.dense(geom.batch, geom.sq, geom.skv)
+        total_q, total_kv = geom.batch * geom.sq, geom.batch * geom.skv
+        allowed = DENSE_SPARSE_MODES
+    for name, v in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens), ("sparse_mode", sparse_mode)):
+        require(isinstance(v, int) and not isinstance(v, bool), name, "an int", v)
+    mask = build_mask_spec(sparse_mode=sparse_mode, atten_mask=atten_mask, pre_tokens=pre_tokens,
+                           next_tokens=next_tokens, prefix=prefix, seq=seq, n1=geom.n1, allowed_modes=allowed)
+    if atten_mask is not None:
+        require(atten_mask.device == query.device, "atten_mask", f"a tensor on {query.device} like query",
+                atten_mask)
+    pse_spec = build_pse_spec(pse, pse_type=pse_type, seq=seq, n1=geom.n1, dtype=query.dtype, mask=mask,
+                              sparse_mode=sparse_mode, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx)
+    dropout = build_dropout_spec(keep_prob=keep_prob, drop_mask=drop_mask, seed=seed, offset=offset,
+                                 numels=seq.score_numel(geom.n1), block_offsets=seq.score_offsets(geom.n1))
+    return FAProblem(geom, seq, mask, pse_spec, dropout, float(scale), softmax_layout, total_q, total_kv)
