@@ -1,0 +1,1 @@
+"""Independent dense goldens and the tolerance rule used to judge the attention operators."""
