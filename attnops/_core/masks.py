@@ -46,25 +46,47 @@ class MaskSpec:
             c0, c1 = (0, max(c1, p)) if c0 < c1 else (0, p)
         return c0, c1
 
+    def _band_masked(self, b: int, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+        """Bool [r, c]: True where the band (or prefix) excludes (i, j) for rows r0:r1, columns c0:c1."""
+        diff = torch.arange(c0, c1).unsqueeze(0) - torch.arange(r0, r1).unsqueeze(1)
+        masked = (diff < self.lo[b]) | (diff > self.hi[b])
+        if self.prefix is not None and self.prefix[b] > 0:
+            masked &= torch.arange(c0, c1).unsqueeze(0) >= self.prefix[b]
+        return masked
+
+    def _explicit_block(self, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice | None):
+        e = self.explicit[b if self.explicit.shape[0] > 1 else 0]
+        if heads is not None and e.shape[0] > 1:
+            e = e[heads]
+        return e[:, r0:r1, c0:c1]
+
     def masked_block(self, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice | None = None):
         """Bool ``[1 or Nh, r1-r0, c1-c0]`` (True = masked) for a tile, or None when the tile is fully kept."""
-        lo, hi = self.lo[b], self.hi[b]
         masked = None
-        if not (c0 - (r1 - 1) >= lo and (c1 - 1) - r0 <= hi):
-            rows = torch.arange(r0, r1).unsqueeze(1)
-            cols = torch.arange(c0, c1).unsqueeze(0)
-            diff = cols - rows
-            masked = (diff < lo) | (diff > hi)
-            if self.prefix is not None and self.prefix[b] > 0:
-                masked &= cols >= self.prefix[b]
-            masked = masked.unsqueeze(0)
+        if not (c0 - (r1 - 1) >= self.lo[b] and (c1 - 1) - r0 <= self.hi[b]):
+            masked = self._band_masked(b, r0, r1, c0, c1).unsqueeze(0)
         if self.explicit is not None:
-            e = self.explicit[b if self.explicit.shape[0] > 1 else 0]
-            if heads is not None and e.shape[0] > 1:
-                e = e[heads]
-            e = e[:, r0:r1, c0:c1]
+            e = self._explicit_block(b, r0, r1, c0, c1, heads)
             masked = e if masked is None else (masked | e)
         return masked
+
+    def fill_masked_(self, scores: torch.Tensor, b: int, r0: int, r1: int, c0: int, c1: int,
+                     heads: slice | None = None) -> torch.Tensor:
+        """Set the masked entries of a score tile ``[Nh, r, c]`` to -inf in place.
+
+        Only the columns at the band's edges are tested element by element; columns every row keeps are skipped.
+        """
+        pfx = self.prefix[b] if self.prefix is not None else 0
+        lo, hi = self.lo[b], self.hi[b]
+        left_end = min(c1, r1 - 1 + lo) if lo > -INF else c0  # columns [c0, left_end) may be left of the band
+        right_start = max(c0, r0 + hi + 1) if hi < INF else c1  # columns [right_start, c1) may be right of it
+        edges = [(max(c0, pfx), left_end), (max(right_start, pfx, left_end), c1)]
+        for e0, e1 in edges:
+            if e0 < e1:
+                scores[..., e0 - c0:e1 - c0].masked_fill_(self._band_masked(b, r0, r1, e0, e1), float("-inf"))
+        if self.explicit is not None:
+            scores.masked_fill_(self._explicit_block(b, r0, r1, c0, c1, heads), float("-inf"))
+        return scores
 
 
 def _check_compressed(atten_mask: torch.Tensor, rows: int, mode: int) -> None:
