@@ -1,0 +1,172 @@
+"""Pythonic FlashAttention API: defaults, validation, dispatch. No math here."""
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..._core.checks import check_tensor, fail, require, require_not_none
+from ..._core.dispatch import choose_backend
+from ..._core.dropout import draw_seed
+from ..._core.layouts import normalize_layout, with_head_dim
+from ..._core.softmax_stats import check_stats
+from ..._core.varlen import cumulative_from_cu_seqlens
+from .problem import INT_MAX, FAProblem
+
+Backend = Literal["auto", "reference", "triton"]
+
+
+class FlashAttentionResult(NamedTuple):
+    """Forward results when ``return_stats=True``: pass them to :func:`flash_attention_backward`."""
+
+    out: Tensor
+    softmax_max: Tensor
+    softmax_sum: Tensor
+    seed: int
+    offset: int
+
+
+def _op():
+    from . import op  # registers the custom ops on first use
+
+    return op
+
+
+def _head_num(query: Tensor, layout: str, head_num: int | None) -> int:
+    if head_num is not None:
+        return head_num
+    if layout in ("BSH", "SBH"):
+        fail("head_num", f"the number of query heads (required for layout {layout})", None)
+    return query.shape[1] if layout in ("TND", "BNSD") else query.shape[2]
+
+
+def _start(name: str, value) -> int:
+    if isinstance(value, (list, tuple)):
+        return int(value[0]) if value else 0
+    require(isinstance(value, int) and not isinstance(value, bool), name, "an int (global start index)", value)
+    return value
+
+
+def _seq_lists(layout, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen):
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        require(actual_seq_qlen is None and actual_seq_kvlen is None, "cu_seqlens_q",
+                "either cu_seqlens_q/k (leading 0) or actual_seq_qlen/kvlen (cumulative), not both", "both")
+        require(cu_seqlens_q is not None and cu_seqlens_k is not None, "cu_seqlens_k",
+                "cu_seqlens_q and cu_seqlens_k together", "only one of them")
+        actual_seq_qlen = cumulative_from_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
+        actual_seq_kvlen = cumulative_from_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
+    if layout != "TND":
+        require(actual_seq_qlen is None and actual_seq_kvlen is None, "actual_seq_qlen",
+                "None for dense layouts (sequence lengths are for layout 'TND')", actual_seq_qlen)
+    to_list = (lambda x: None if x is None else [int(v) for v in (x.tolist() if isinstance(x, Tensor) else x)])
+    return to_list(actual_seq_qlen), to_list(actual_seq_kvlen)
+
+
+def _op_args(query, key, value, *, layout, head_num, scale, pse, pse_type, atten_mask, sparse_mode, pre_tokens,
+             next_tokens, prefix, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen, keep_prob,
+             drop_mask, seed, offset, q_start_idx, kv_start_idx, softmax_layout, backend):
+    """Resolve the Pythonic defaults into the custom ops' argument list (after the tensors)."""
+    check_tensor("query", query)
+    layout = normalize_layout("layout", layout)
+    head_num = _head_num(query, layout, head_num)
+    if scale is None:
+        d = query.shape[-1] // head_num if layout in ("BSH", "SBH") else query.shape[-1]
+        scale = d ** -0.5
+    if choose_backend(backend, query.device) == "reference" and query.device.type != "cpu":
+        fail("query", "a CPU tensor for the reference backend (GPU kernels arrive with the Triton backend)",
+             query)
+    qlen, kvlen = _seq_lists(layout, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen)
+    if keep_prob < 1.0 and drop_mask is None and seed is None:
+        seed = draw_seed()
+    prefix = None if prefix is None else [int(v) for v in (prefix.tolist() if isinstance(prefix, Tensor) else prefix)]
+    return dict(pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, head_num=head_num, layout=layout,
+                scale=float(scale), keep_prob=float(keep_prob), pre_tokens=pre_tokens, next_tokens=next_tokens,
+                prefix=prefix, actual_seq_qlen=qlen, actual_seq_kvlen=kvlen, sparse_mode=sparse_mode,
+                pse_type=pse_type, q_start_idx=_start("q_start_idx", q_start_idx),
+                kv_start_idx=_start("kv_start_idx", kv_start_idx), softmax_layout=softmax_layout,
+                seed=0 if seed is None else int(seed), offset=int(offset))
+
+
+def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, layout: str = "BNSD", head_num: int | None = None,
+                    scale: float | None = None, pse: Tensor | None = None, pse_type: int = 1,
+                    atten_mask: Tensor | None = None, sparse_mode: int = 0, pre_tokens: int = INT_MAX,
+                    next_tokens: int = INT_MAX, prefix=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                    actual_seq_qlen=None, actual_seq_kvlen=None, keep_prob: float = 1.0,
+                    drop_mask: Tensor | None = None, seed: int | None = None, offset: int = 0,
+                    q_start_idx: int = 0, kv_start_idx: int = 0, softmax_layout: str = "",
+                    return_stats: bool = False, backend: Backend = "auto"):
+    """CANN FlashAttention (FlashAttentionScore / VarLenScore V1-V2), differentiable.
+
+    Shapes: ``layout`` "BNSD" ``[B, N, S, D]`` (default), "BSND", "BSH"/"SBH" (``head_num`` required), or "TND"
+    ``[T, N, D]`` with ``cu_seqlens_q/k`` (int, leading 0) or ``actual_seq_qlen/kvlen`` (CANN cumulative lists).
+    Key/value may have fewer heads (GQA) and value a smaller head dim Dv; the output has Dv.
+    ``scale`` defaults to ``1/sqrt(D)``. ``atten_mask`` (True/1 = masked) with ``sparse_mode`` 0-8, ``pre_tokens``,
+    ``next_tokens`` and ``prefix`` as in CANN; without a mask attention is full. ``pse`` with ``pse_type`` 0-3
+    (types 2/3: fp32 ALiBi slopes ``[B, N]`` or ``[N]`` with ``q_start_idx``/``kv_start_idx``).
+    Dropout: ``keep_prob`` < 1 with a packed ``drop_mask`` or the Philox ``seed``/``offset`` (drawn when omitted).
+    Fully-masked rows return 0. Returns the output, or a :class:`FlashAttentionResult` (output, fp32 softmax
+    statistics ``[B, N, Sq, 8]`` / ``[T, N, 8]``, seed, offset) when ``return_stats`` is true.
+
+    Example::
+
+        >>> q = k = v = torch.randn(1, 2, 16, 8)
+        >>> out = attnops.flash_attention(q, k, v, atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1),
+        ...                               sparse_mode=2)  # causal
+        >>> out.shape
+        torch.Size([1, 2, 16, 8])
+    """
+    args = _op_args(query, key, value, layout=layout, head_num=head_num, scale=scale, pse=pse, pse_type=pse_type,
+                    atten_mask=atten_mask, sparse_mode=sparse_mode, pre_tokens=pre_tokens, next_tokens=next_tokens,
+                    prefix=prefix, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                    actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, keep_prob=keep_prob,
+                    drop_mask=drop_mask, seed=seed, offset=offset, q_start_idx=q_start_idx,
+                    kv_start_idx=kv_start_idx, softmax_layout=softmax_layout, backend=backend)
+    out, smax, ssum = _op().flash_attention_fwd(query, key, value, *args.values())
+    if return_stats:
+        return FlashAttentionResult(out, smax, ssum, args["seed"], args["offset"])
+    return out
+
+
+def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_out: Tensor,
+                             softmax_max: Tensor, softmax_sum: Tensor, *, layout: str = "BNSD",
+                             head_num: int | None = None, scale: float | None = None, pse: Tensor | None = None,
+                             pse_type: int = 1, atten_mask: Tensor | None = None, sparse_mode: int = 0,
+                             pre_tokens: int = INT_MAX, next_tokens: int = INT_MAX, prefix=None, cu_seqlens_q=None,
+                             cu_seqlens_k=None, actual_seq_qlen=None, actual_seq_kvlen=None,
+                             keep_prob: float = 1.0, drop_mask: Tensor | None = None, seed: int | None = None,
+                             offset: int = 0, q_start_idx: int = 0, kv_start_idx: int = 0,
+                             softmax_layout: str = "", backend: Backend = "auto"):
+    """Gradients ``(dq, dk, dv, dpse)`` of :func:`flash_attention` from the given forward results.
+
+    Uses ``attention_out`` and the softmax statistics exactly as given (context-parallel callers pass merged
+    statistics); they are never recomputed. The dropout mask is regenerated from ``drop_mask`` or from
+    ``seed``/``offset`` (required when ``keep_prob`` < 1). ``dpse`` is None unless a pse tensor of type 0/1 is given.
+    Every option must match the forward call.
+    """
+    require(keep_prob == 1.0 or drop_mask is not None or seed is not None, "seed",
+            "the forward's seed (or a drop_mask) when keep_prob < 1", None)
+    args = _op_args(query, key, value, layout=layout, head_num=head_num, scale=scale, pse=pse, pse_type=pse_type,
+                    atten_mask=atten_mask, sparse_mode=sparse_mode, pre_tokens=pre_tokens, next_tokens=next_tokens,
+                    prefix=prefix, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                    actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, keep_prob=keep_prob,
+                    drop_mask=drop_mask, seed=seed, offset=offset, q_start_idx=q_start_idx,
+                    kv_start_idx=kv_start_idx, softmax_layout=softmax_layout, backend=backend)
+    dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
+                                                 *args.values())
+    return dq, dk, dv, (dpse if dpse.numel() else None)
+
+
+def check_backward_inputs(p: FAProblem, query: Tensor, dy, attention_in, softmax_max, softmax_sum):
+    """Validate the backward's forward results; returns them (statistics made contiguous)."""
+    g = p.geom
+    out_shape = with_head_dim(query.shape, g.layout, g.n1, g.dv)
+    for name, t in (("dy", dy), ("attention_in", attention_in)):
+        require_not_none(t, name)
+        check_tensor(name, t, dtypes=(query.dtype,))
+        require(tuple(t.shape) == out_shape, name, f"shape {list(out_shape)} (the forward output's)", t)
+    stats = []
+    for name, t in (("softmax_max", softmax_max), ("softmax_sum", softmax_sum)):
+        require_not_none(t, name)
+        stats.append(check_stats(name, t, p.seq, g.n1, p.total_q))
+    return attention_in, stats[0], stats[1]

@@ -1,0 +1,115 @@
+"""FlashAttention forward/backward as ``torch.library`` custom ops (namespace ``attnops``), with fake kernels and
+autograd, so eager mode, ``torch.compile`` and ``torch.library.opcheck`` all work.
+
+The ops take the operator's raw arguments (validated inside by :func:`build_problem`); ``seed`` is always concrete
+(the API draws one when the caller gives none). ``dpse`` is returned as an empty tensor when there is no pse
+gradient, because custom ops cannot return None.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..._core.layouts import normalize_layout, with_head_dim
+from ..._core.softmax_stats import STAT_LANES
+from . import reference
+from .problem import build_problem
+
+_SCALARS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_tokens", "prefix", "actual_seq_qlen",
+            "actual_seq_kvlen", "sparse_mode", "pse_type", "q_start_idx", "kv_start_idx", "softmax_layout", "seed",
+            "offset")
+
+
+def _problem(query, key, value, pse, atten_mask, drop_mask, kw):
+    return build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, **kw)
+
+
+@torch.library.custom_op("attnops::flash_attention_fwd", mutates_args=(), device_types="cpu")
+def flash_attention_fwd(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], atten_mask: Optional[Tensor],
+                        drop_mask: Optional[Tensor], head_num: int, layout: str, scale: float, keep_prob: float,
+                        pre_tokens: int, next_tokens: int, prefix: Optional[list[int]],
+                        actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]],
+                        sparse_mode: int, pse_type: int, q_start_idx: int, kv_start_idx: int, softmax_layout: str,
+                        seed: int, offset: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Forward: ``(attention_out, softmax_max, softmax_sum)``."""
+    kw = {name: value_ for name, value_ in zip(_SCALARS, (
+        head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
+        sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset))}
+    p = _problem(query, key, value, pse, atten_mask, drop_mask, kw)
+    return reference.forward(p, query, key, value)
+
+
+@flash_attention_fwd.register_fake
+def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, keep_prob, pre_tokens, next_tokens,
+      prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout,
+      seed, offset):
+    layout = normalize_layout("input_layout", layout)
+    if layout in ("BSH", "SBH"):
+        d = query.shape[-1] // head_num
+        dv = value.shape[-1] // (key.shape[-1] // d)
+    else:
+        dv = value.shape[-1]
+    out = query.new_empty(with_head_dim(query.shape, layout, head_num, dv))
+    if layout == "TND":
+        stat = (query.shape[0], head_num, STAT_LANES)
+    else:
+        b, s = {"BSH": (0, 1), "SBH": (1, 0), "BSND": (0, 1), "BNSD": (0, 2)}[layout]
+        stat = (query.shape[b], head_num, query.shape[s], STAT_LANES)
+    return out, query.new_empty(stat, dtype=torch.float32), query.new_empty(stat, dtype=torch.float32)
+
+
+@torch.library.custom_op("attnops::flash_attention_bwd", mutates_args=(), device_types="cpu")
+def flash_attention_bwd(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_in: Tensor,
+                        softmax_max: Tensor, softmax_sum: Tensor, pse: Optional[Tensor],
+                        atten_mask: Optional[Tensor], drop_mask: Optional[Tensor], head_num: int, layout: str,
+                        scale: float, keep_prob: float, pre_tokens: int, next_tokens: int,
+                        prefix: Optional[list[int]], actual_seq_qlen: Optional[list[int]],
+                        actual_seq_kvlen: Optional[list[int]], sparse_mode: int, pse_type: int, q_start_idx: int,
+                        kv_start_idx: int, softmax_layout: str, seed: int, offset: int
+                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Backward: ``(dq, dk, dv, dpse)`` with ``dpse`` empty when there is no pse tensor gradient."""
+    from .api import check_backward_inputs
+
+    kw = {name: value_ for name, value_ in zip(_SCALARS, (
+        head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
+        sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset))}
+    p = _problem(query, key, value, pse, atten_mask, drop_mask, kw)
+    attention_in, softmax_max, softmax_sum = check_backward_inputs(p, query, dy, attention_in, softmax_max,
+                                                                   softmax_sum)
+    dq, dk, dv, dpse = reference.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum)
+    return dq, dk, dv, dpse if dpse is not None else query.new_empty(0)
+
+
+@flash_attention_bwd.register_fake
+def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, drop_mask, head_num, layout,
+      scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
+      q_start_idx, kv_start_idx, softmax_layout, seed, offset):
+    has_dpse = pse is not None and pse_type in (0, 1)
+    dpse = torch.empty_like(pse) if has_dpse else query.new_empty(0)
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dpse
+
+
+_FWD_ARGS = [a.name for a in flash_attention_fwd._opoverload._schema.arguments]
+
+
+def _setup_context(ctx, inputs, output):
+    args = dict(zip(_FWD_ARGS, inputs))
+    out, smax, ssum = output
+    ctx.save_for_backward(args["query"], args["key"], args["value"], args["pse"], args["atten_mask"],
+                          args["drop_mask"], out, smax, ssum)
+    ctx.scalars = {name: args[name] for name in _SCALARS}
+
+
+def _backward(ctx, grad_out, _grad_max, _grad_sum):
+    # Like torch_npu's derivatives.yaml: only the gradient of attention_out flows back.
+    query, key, value, pse, atten_mask, drop_mask, out, smax, ssum = ctx.saved_tensors
+    s = ctx.scalars
+    dq, dk, dv, dpse = flash_attention_bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, pse,
+                                           atten_mask, drop_mask, *(s[n] for n in _SCALARS))
+    grads = {"query": dq, "key": dk, "value": dv, "pse": dpse if dpse.numel() else None}
+    return tuple(grads.get(name) for name in _FWD_ARGS)
+
+
+flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
