@@ -43,27 +43,28 @@ class PseSpec:
         diag = torch.arange(r0, r1).unsqueeze(1) - torch.arange(c0, c1).unsqueeze(0)
         return (w - 1 - diag).clamp(0, w - 1)
 
-    def block(self, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice) -> torch.Tensor:
-        """fp32 pse tile ``[Nh, r1-r0, c1-c0]`` (or broadcastable) for batch ``b`` and query heads ``heads``."""
+    def block(self, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """pse tile ``[Nh, r1-r0, c1-c0]`` (or broadcastable) in ``dtype`` for batch ``b`` and query ``heads``."""
         t = self.tensor
         if self.kind == "slopes":
-            slope = (t[b] if t.dim() == 2 else t)[heads].float()
+            slope = (t[b] if t.dim() == 2 else t)[heads].to(dtype)
             dist = ((torch.arange(c0, c1) + self.kv_start[b]).unsqueeze(0)
-                    - (torch.arange(r0, r1) + self.q_start[b]).unsqueeze(1)).abs().float()
+                    - (torch.arange(r0, r1) + self.q_start[b]).unsqueeze(1)).abs().to(dtype)
             if self.pse_type == 3:
                 dist = dist.sqrt()
             return -slope.view(-1, 1, 1) * dist
         tb = t[self._bp(b), heads]
         if self.kind == "full":
-            return tb[:, r0:r1, c0:c1].float()
+            return tb[:, r0:r1, c0:c1].to(dtype)
         if self.kind == "row":
-            return tb[:, 0:1, c0:c1].float()
+            return tb[:, 0:1, c0:c1].to(dtype)
         idx = self._alibi_index(r0, r1, c0, c1)
-        return tb[:, ALIBI_ROWS - 1, :].float()[:, idx]
+        return tb[:, ALIBI_ROWS - 1, :].to(dtype)[:, idx]
 
     def accumulate_grad(self, grad: torch.Tensor, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice,
                         g: torch.Tensor) -> None:
-        """Add the tile gradient ``g`` [Nh, r, c] (fp32) into ``grad`` (fp32, the pse's shape)."""
+        """Add the tile gradient ``g`` [Nh, r, c] into ``grad`` (the pse's shape, compute dtype)."""
         gb = grad[self._bp(b), heads]
         if self.kind == "full":
             gb[:, r0:r1, c0:c1] += g

@@ -21,11 +21,18 @@ def stats_shape(seq: SeqInfo, n1: int, total_q: int) -> tuple[int, ...]:
     return (total_q, n1, STAT_LANES) if seq.packed else (seq.batch, n1, seq.max_q, STAT_LANES)
 
 
-def new_stats(seq: SeqInfo, n1: int, total_q: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def stats_dtype(input_dtype: torch.dtype) -> torch.dtype:
+    """fp32, except fp64 for fp64 inputs (Pythonic API only, for gradcheck)."""
+    return torch.float64 if input_dtype == torch.float64 else torch.float32
+
+
+def new_stats(seq: SeqInfo, n1: int, total_q: int, device, input_dtype: torch.dtype
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fresh (softmax_max, softmax_sum) filled with the invalid-row values."""
     shape = stats_shape(seq, n1, total_q)
-    return (torch.full(shape, FLT_LOWEST, dtype=torch.float32, device=device),
-            torch.full(shape, FLT_MAX, dtype=torch.float32, device=device))
+    dtype = stats_dtype(input_dtype)
+    return (torch.full(shape, FLT_LOWEST, dtype=dtype, device=device),
+            torch.full(shape, FLT_MAX, dtype=dtype, device=device))
 
 
 def stats_block(buf: torch.Tensor, seq: SeqInfo, b: int, softmax_layout: str) -> torch.Tensor:
@@ -40,9 +47,10 @@ def stats_block(buf: torch.Tensor, seq: SeqInfo, b: int, softmax_layout: str) ->
     return flat[start * n1 * STAT_LANES:(start + sq) * n1 * STAT_LANES].view(n1, sq, STAT_LANES)
 
 
-def check_stats(name: str, x: torch.Tensor, seq: SeqInfo, n1: int, total_q: int) -> torch.Tensor:
+def check_stats(name: str, x: torch.Tensor, seq: SeqInfo, n1: int, total_q: int, input_dtype: torch.dtype
+                ) -> torch.Tensor:
     """Validate a given softmax_max/sum; returns it contiguous (blocked TND layouts need flat views)."""
     shape = stats_shape(seq, n1, total_q)
-    check_tensor(name, x, dtypes=(torch.float32,))
+    check_tensor(name, x, dtypes=(stats_dtype(input_dtype),))
     require(tuple(x.shape) == shape, name, f"shape {list(shape)} (fp32, value replicated 8 times)", x)
     return x.contiguous()

@@ -168,5 +168,5 @@ def check_backward_inputs(p: FAProblem, query: Tensor, dy, attention_in, softmax
     stats = []
     for name, t in (("softmax_max", softmax_max), ("softmax_sum", softmax_sum)):
         require_not_none(t, name)
-        stats.append(check_stats(name, t, p.seq, g.n1, p.total_q))
+        stats.append(check_stats(name, t, p.seq, g.n1, p.total_q, query.dtype))
     return attention_in, stats[0], stats[1]

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..._core.layouts import normalize_layout, with_head_dim
-from ..._core.softmax_stats import STAT_LANES
+from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from . import reference
 from .problem import build_problem
 
@@ -57,7 +57,8 @@ def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, ke
     else:
         b, s = {"BSH": (0, 1), "SBH": (1, 0), "BSND": (0, 1), "BNSD": (0, 2)}[layout]
         stat = (query.shape[b], head_num, query.shape[s], STAT_LANES)
-    return out, query.new_empty(stat, dtype=torch.float32), query.new_empty(stat, dtype=torch.float32)
+    dtype = stats_dtype(query.dtype)
+    return out, query.new_empty(stat, dtype=dtype), query.new_empty(stat, dtype=dtype)
 
 
 @torch.library.custom_op("attnops::flash_attention_bwd", mutates_args=(), device_types="cpu")

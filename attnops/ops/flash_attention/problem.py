@@ -17,7 +17,7 @@ from ..._core.softmax_stats import SOFTMAX_LAYOUTS
 from ..._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
 
 INT_MAX = 2147483647
-FA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # fp64: Pythonic API only
 DENSE_SPARSE_MODES = (0, 1, 2, 3, 4, 5, 6)
 TND_SPARSE_MODES = (0, 1, 2, 3, 4, 6, 7, 8)
 

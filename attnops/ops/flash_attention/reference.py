@@ -21,18 +21,24 @@ TILE_BYTES = 8 << 20  # fp32 score tile budget: big enough for efficient GEMMs, 
 MIN_ROWS = 16
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for fp16/bf16/fp32 inputs; fp64 inputs (Pythonic API, gradcheck) compute in fp64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _heads_first(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """[S, N, D] (any dtype, any strides) -> contiguous fp32 [N, S, D], times ``scale``."""
-    out = x.transpose(0, 1).to(torch.float32).contiguous()
+    """[S, N, D] (any dtype, any strides) -> a new contiguous [N, S, D] in the compute dtype, times ``scale``."""
+    out = torch.empty((x.shape[1], x.shape[0], x.shape[2]), dtype=compute_dtype(x.dtype), device=x.device)
+    out.copy_(x.transpose(0, 1))
     return out.mul_(scale) if scale != 1.0 else out
 
 
 class _Workspace:
     """Reusable fp32 tile buffers of ``G * rows * skv`` elements."""
 
-    def __init__(self, group: int, skv_max: int, count: int):
-        self.rows = max(MIN_ROWS, TILE_BYTES // (4 * group * max(skv_max, 1)))
-        self._bufs = [torch.empty(group * self.rows * max(skv_max, 1)) for _ in range(count)]
+    def __init__(self, group: int, skv_max: int, count: int, dtype: torch.dtype):
+        self.rows = max(MIN_ROWS, TILE_BYTES // (dtype.itemsize * group * max(skv_max, 1)))
+        self._bufs = [torch.empty(group * self.rows * max(skv_max, 1), dtype=dtype) for _ in range(count)]
 
     def tile(self, i: int, shape: tuple[int, int, int]) -> torch.Tensor:
         return self._bufs[i][:shape[0] * shape[1] * shape[2]].view(shape)
@@ -55,19 +61,19 @@ class _Tile:
         p = self.p
         s = torch.matmul(q2[self.heads, self.r0:self.r1], k[self.n2, self.c0:self.c1].transpose(0, 1), out=out)
         if p.pse is not None:
-            pse = p.pse.block(self.b, self.r0, self.r1, self.c0, self.c1, self.heads)
+            pse = p.pse.block(self.b, self.r0, self.r1, self.c0, self.c1, self.heads, s.dtype)
             s.add_(pse, alpha=LOG2E * (p.scale if p.pse.add_before_scale else 1.0))
         return p.mask.fill_masked_(s, self.b, self.r0, self.r1, self.c0, self.c1, self.heads)
 
-    def dropout_scale(self) -> torch.Tensor | None:
-        """``keep / keep_prob`` as fp32 [G, r, c], or None without dropout."""
+    def dropout_scale(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """``keep / keep_prob`` as [G, r, c] in ``dtype``, or None without dropout."""
         d = self.p.dropout
         if d is None:
             return None
         seq = self.p.seq
         keep = d.keep_block(self.b, self.heads, seq.q_lens[self.b], seq.kv_lens[self.b],
                             self.r0, self.r1, self.c0, self.c1)
-        return keep.to(torch.float32).mul_(1.0 / d.keep_prob)
+        return keep.to(dtype).mul_(1.0 / d.keep_prob)
 
     def add_pse_grad(self, ds: torch.Tensor, dpse: torch.Tensor | None) -> None:
         p = self.p
@@ -95,18 +101,19 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     """Returns ``(attention_out, softmax_max, softmax_sum)`` in the problem's layouts."""
     g = p.geom
     out = torch.zeros(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=query.device)
-    smax, ssum = new_stats(p.seq, g.n1, p.total_q, query.device)
+    acc = compute_dtype(query.dtype)
+    smax, ssum = new_stats(p.seq, g.n1, p.total_q, query.device, query.dtype)
     qv, kv, vv = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2)))
     ov = tokens_view(out, g.layout, g.n1)
-    ws = _Workspace(g.group, p.seq.max_kv, 1)
+    ws = _Workspace(g.group, p.seq.max_kv, 1, acc)
     for b in _active_batches(p):
         sq = p.seq.q_lens[b]
         q2 = _heads_first(batch_tokens(qv, p.seq, b), p.scale * LOG2E)
         k = _heads_first(batch_tokens(kv, p.seq, b, kv=True))
         v = _heads_first(batch_tokens(vv, p.seq, b, kv=True))
-        o = torch.zeros(g.n1, sq, g.dv)
-        m_b = torch.full((g.n1, sq, 1), FLT_LOWEST)
-        l_b = torch.full((g.n1, sq, 1), FLT_MAX)
+        o = torch.zeros(g.n1, sq, g.dv, dtype=acc)
+        m_b = torch.full((g.n1, sq, 1), FLT_LOWEST, dtype=acc)
+        l_b = torch.full((g.n1, sq, 1), FLT_MAX, dtype=acc)
         for t in _tiles(p, b, ws.rows):
             h, r0, r1 = t.heads, t.r0, t.r1
             s = t.scores2(q2, k, ws.tile(0, t.shape))
@@ -114,11 +121,10 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
             valid = m > float("-inf")
             s.sub_(torch.where(valid, m, 0.0)).exp2_()
             l = s.sum(-1, keepdim=True)
-            drop = t.dropout_scale()
+            drop = t.dropout_scale(acc)
             if drop is not None:
                 s.mul_(drop)
-            torch.matmul(s, v[t.n2, t.c0:t.c1], out=o[h, r0:r1])
-            o[h, r0:r1].div_(torch.where(valid, l, 1.0))
+            o[h, r0:r1] = torch.matmul(s, v[t.n2, t.c0:t.c1]).div_(torch.where(valid, l, 1.0))
             m_b[h, r0:r1] = torch.where(valid, m / LOG2E, FLT_LOWEST)
             l_b[h, r0:r1] = torch.where(valid, l, FLT_MAX)
         batch_tokens(ov, p.seq, b).copy_(o.transpose(0, 1))
@@ -127,17 +133,24 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     return out, smax, ssum
 
 
+def _log2_normalizer(m: torch.Tensor, l: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """``log2(e) * (max + log(sum))`` per row; +inf for invalid rows (max == FLT_LOWEST) so that P = 0 there."""
+    lse2 = (m.to(torch.float64) + l.to(torch.float64).log()) * LOG2E
+    return torch.where(m > FLT_LOWEST, lse2, float("inf")).to(acc)
+
+
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
     """Returns ``(dq, dk, dv, dpse)``; dpse is None unless a pse tensor of type 0/1 was given."""
     g = p.geom
     dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
     dpse = None
     if p.pse is not None and p.pse.has_grad:
-        dpse = torch.zeros(p.pse.tensor.shape, dtype=torch.float32, device=query.device)
+        dpse = torch.zeros(p.pse.tensor.shape, dtype=compute_dtype(query.dtype), device=query.device)
     qv, kv, vv, dyv, ov, dqv, dkv, dvv = (
         tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (dy, g.n1),
                                                   (attention_in, g.n1), (dq, g.n1), (dk, g.n2), (dv, g.n2)))
-    ws = _Workspace(g.group, p.seq.max_kv, 2)
+    acc = compute_dtype(query.dtype)
+    ws = _Workspace(g.group, p.seq.max_kv, 2, acc)
     for b in _active_batches(p):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
         q2 = _heads_first(batch_tokens(qv, p.seq, b), p.scale * LOG2E)
@@ -147,16 +160,16 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         delta = (do * _heads_first(batch_tokens(ov, p.seq, b))).sum(-1, keepdim=True)  # [N1, Sq, 1]
         m_b = stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1]
         l_b = stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1]
-        lse2 = (m_b + l_b.log()) * LOG2E  # P = exp2(s2 - lse2)
-        dq_b = torch.zeros(g.n1, sq, g.d)
-        dk_b = torch.zeros(g.n2, skv, g.d)
-        dv_b = torch.zeros(g.n2, skv, g.dv)
+        lse2 = _log2_normalizer(m_b, l_b, acc)  # P = exp2(s2 - lse2)
+        dq_b = torch.zeros(g.n1, sq, g.d, dtype=acc)
+        dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc)
+        dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc)
         for t in _tiles(p, b, ws.rows):
             h, r0, r1, n2, cols = t.heads, t.r0, t.r1, t.n2, slice(t.c0, t.c1)
             dot = do[h, r0:r1]
             prob = t.scores2(q2, k, ws.tile(0, t.shape)).sub_(lse2[h, r0:r1]).exp2_()
             dp = torch.matmul(dot, v[n2, cols].transpose(0, 1), out=ws.tile(1, t.shape))
-            drop = t.dropout_scale()
+            drop = t.dropout_scale(acc)
             if drop is not None:
                 dp.mul_(drop)
             dv_b[n2, cols] += torch.tensordot(prob if drop is None else prob * drop, dot, dims=([0, 1], [0, 1]))
