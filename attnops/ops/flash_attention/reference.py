@@ -139,6 +139,22 @@ def _log2_normalizer(m: torch.Tensor, l: torch.Tensor, acc: torch.dtype) -> torc
     return torch.where(m > FLT_LOWEST, lse2, float("inf")).to(acc)
 
 
+def probability_tiles(p: FAProblem, b: int, query, key, softmax_max, softmax_sum):
+    """Yield ``(tile, P)`` for batch ``b``: the normalized probabilities ``[G, r, c]`` of each tile, rebuilt from the
+    given statistics (used by NSA's importance scores). ``P`` lives in a reused workspace: consume it at once."""
+    g = p.geom
+    if p.seq.q_lens[b] == 0 or p.seq.kv_lens[b] == 0:
+        return
+    acc = compute_dtype(query.dtype)
+    q2 = _heads_first(batch_tokens(tokens_view(query, g.layout, g.n1), p.seq, b), p.scale * LOG2E)
+    k = _heads_first(batch_tokens(tokens_view(key, g.layout, g.n2), p.seq, b, kv=True))
+    lse2 = _log2_normalizer(stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1],
+                            stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1], acc)
+    ws = _Workspace(g.group, p.seq.max_kv, 1, acc)
+    for t in _tiles(p, b, ws.rows):
+        yield t, t.scores2(q2, k, ws.tile(0, t.shape)).sub_(lse2[t.heads, t.r0:t.r1]).exp2_()
+
+
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
     """Returns ``(dq, dk, dv, dpse)``; dpse is None unless a pse tensor of type 0/1 was given."""
     g = p.geom

@@ -1,0 +1,127 @@
+"""NSA compressed attention with top-k block selection (NsaCompressAttention).
+
+Attention over the compressed keys/values is the FlashAttention forward (TND, ``atten_mask`` with sparse mode
+0/1, per-batch blocked statistics); its backward is the FlashAttention backward, as on the NPU. The importance of
+selection block ``k`` for query row ``i`` is ``sum_t times[t] * P[i, m*(k+1) - t]`` (``m = l'/d``, ``nn = l//d``,
+``times[t] = min(t+1, nn, m+nn-1-t)``, out-of-range columns contribute 0), summed over the GQA group;
+``topk_mask`` blocks are always selected; ties go to the lower block index (``cann_semantics.md`` §7.3).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..._core.checks import check_int, check_tensor, int_list, require
+from ..._core.masks import MASK_DTYPES
+from ..._core.softmax_stats import FLT_MAX
+from ..._core.varlen import lengths_from_cumulative
+from ..flash_attention import reference as fa_reference
+from ..flash_attention.problem import FAProblem, build_problem
+
+
+@dataclass(frozen=True)
+class CompressAttentionSpec:
+    fa: FAProblem
+    block: int
+    stride: int
+    select_block: int
+    select_count: int
+    sel_lens: tuple[int, ...]
+    topk_mask: torch.Tensor | None
+
+    @property
+    def m(self) -> int:
+        return self.select_block // self.stride
+
+    @property
+    def nn(self) -> int:
+        return self.block // self.stride
+
+
+def build_compress_attention_spec(query, key, value, *, scale_value: float, head_num: int, compress_block_size: int,
+                                  compress_stride: int, select_block_size: int, select_block_count: int,
+                                  topk_mask=None, atten_mask=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None,
+                                  actual_sel_seq_kvlen=None, sparse_mode: int = 1) -> CompressAttentionSpec:
+    """Validate a compressed-attention call and build its FlashAttention problem."""
+    l_ = check_int("compress_block_size", compress_block_size, lo=1)
+    d_ = check_int("compress_stride", compress_stride, lo=1, hi=l_)
+    ls = check_int("select_block_size", select_block_size, lo=l_)
+    require(ls % d_ == 0, "select_block_size", f"a multiple of compress_stride={d_}", ls)
+    count = check_int("select_block_count", select_block_count, lo=1)
+    require(sparse_mode in (0, 1), "sparse_mode", "0 or 1", sparse_mode)
+    require(actual_seq_qlen is not None and actual_cmp_seq_kvlen is not None and actual_sel_seq_kvlen is not None,
+            "actual_seq_qlen", "cumulative actual_seq_qlen, actual_cmp_seq_kvlen and actual_sel_seq_kvlen", None)
+    fa = build_problem(query, key, value, head_num=head_num, layout="TND", scale=scale_value,
+                       atten_mask=atten_mask, sparse_mode=sparse_mode, actual_seq_qlen=int_list(
+                           "actual_seq_qlen", actual_seq_qlen),
+                       actual_seq_kvlen=int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
+    sel = lengths_from_cumulative("actual_sel_seq_kvlen", actual_sel_seq_kvlen)
+    require(len(sel) == fa.seq.batch, "actual_sel_seq_kvlen", f"{fa.seq.batch} cumulative lengths (one per batch)",
+            actual_sel_seq_kvlen)
+    m = ls // d_
+    for b, (cmp_len, sel_len) in enumerate(zip(fa.seq.kv_lens, sel)):
+        want = -(-cmp_len // m)
+        require(sel_len == want, "actual_sel_seq_kvlen",
+                f"ceil(CmpSkv / (select_block_size / compress_stride)) = {want} in batch {b}", sel_len)
+        if fa.seq.q_lens[b] > 0:
+            require(count <= sel_len, "select_block_count", f"at most the selection length {sel_len} of batch {b}",
+                    count)
+    if topk_mask is not None:
+        check_tensor("topk_mask", topk_mask, ndim=2, dtypes=MASK_DTYPES)
+        require(topk_mask.shape[0] >= fa.seq.max_q and topk_mask.shape[1] >= max(sel, default=0), "topk_mask",
+                f"a [maxSq, maxSelSkv] = [>={fa.seq.max_q}, >={max(sel, default=0)}] mask", topk_mask)
+        topk_mask = topk_mask != 0
+    return CompressAttentionSpec(fa, l_, d_, ls, count, tuple(sel), topk_mask)
+
+
+def _importance_weights(spec: CompressAttentionSpec, cmp_len: int, sel_len: int):
+    """Column index ``[sel_len, m+nn-1]`` and weight ``times[t]`` (0 where out of range) of the score formula."""
+    m, nn = spec.m, spec.nn
+    taps = m + nn - 1
+    t = torch.arange(taps)
+    times = torch.minimum(torch.minimum(t + 1, torch.full_like(t, nn)), taps - t)
+    cols = m * (torch.arange(sel_len).unsqueeze(1) + 1) - t  # [sel, taps]
+    valid = (cols >= 0) & (cols < cmp_len)
+    return cols.clamp(0, max(cmp_len - 1, 0)), times * valid
+
+
+def importance_scores(spec: CompressAttentionSpec, query, key, softmax_max, softmax_sum) -> list[torch.Tensor]:
+    """Per batch ``[Sq_b, N2, SelSkv_b]`` scores summed over the GQA group (fp32), forced blocks at FLT_MAX."""
+    fa = spec.fa
+    scores = []
+    for b in range(fa.seq.batch):
+        sq, cmp_len, sel_len = fa.seq.q_lens[b], fa.seq.kv_lens[b], spec.sel_lens[b]
+        score = torch.zeros(sq, fa.geom.n2, sel_len)
+        if sq and cmp_len:
+            cols, weights = _importance_weights(spec, cmp_len, sel_len)
+            for tile, prob in fa_reference.probability_tiles(fa, b, query, key, softmax_max, softmax_sum):
+                full = prob.new_zeros(prob.shape[0], prob.shape[1], cmp_len)
+                full[..., tile.c0:tile.c1] = prob
+                s = (full[..., cols] * weights.to(prob.dtype)).sum(-1).sum(0)  # [r, sel], summed over G
+                score[tile.r0:tile.r1, tile.n2] = s.float()
+        if spec.topk_mask is not None:
+            forced = spec.topk_mask[:sq, :sel_len].unsqueeze(1)
+            score = score.masked_fill(forced, FLT_MAX)
+        scores.append(score)
+    return scores
+
+
+def select_top_k(spec: CompressAttentionSpec, scores: list[torch.Tensor]) -> torch.Tensor:
+    """``topk_indices [T_q, N2, select_block_count]`` int32: descending score, ties to the lower index."""
+    fa = spec.fa
+    out = torch.zeros(fa.total_q, fa.geom.n2, spec.select_count, dtype=torch.int32)
+    for b, score in enumerate(scores):
+        if score.shape[0] == 0:
+            continue
+        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :spec.select_count]
+        start = fa.seq.q_starts[b]
+        out[start:start + score.shape[0]] = order.to(torch.int32)
+    return out
+
+
+def compress_attention_forward(spec: CompressAttentionSpec, query, key, value):
+    """``(attention_out, topk_indices, softmax_max, softmax_sum)`` (statistics in the per-batch blocked layout)."""
+    out, smax, ssum = fa_reference.forward(spec.fa, query, key, value)
+    topk = select_top_k(spec, importance_scores(spec, query, key, smax, ssum))
+    return out, topk, smax, ssum
