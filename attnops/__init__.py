@@ -5,15 +5,27 @@ Three dialects share one core: this Pythonic API, :mod:`attnops.aclnn` (the seed
 """
 from ._core.errors import AclnnError, ParamDtypeError, ParamInvalidError, ParamNullptrError
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
+from .ops.nsa import (
+    CompressAttentionResult,
+    native_sparse_attention,
+    nsa_compress,
+    nsa_compress_attention,
+    nsa_selected_attention,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AclnnError",
+    "CompressAttentionResult",
     "FlashAttentionResult",
     "ParamDtypeError",
     "ParamInvalidError",
     "ParamNullptrError",
     "flash_attention",
     "flash_attention_backward",
+    "native_sparse_attention",
+    "nsa_compress",
+    "nsa_compress_attention",
+    "nsa_selected_attention",
 ]

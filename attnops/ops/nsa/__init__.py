@@ -1,0 +1,11 @@
+"""Native Sparse Attention: compression (+grad), compressed attention with top-k, selected attention (+grad)."""
+from .api import (
+    CompressAttentionResult,
+    native_sparse_attention,
+    nsa_compress,
+    nsa_compress_attention,
+    nsa_selected_attention,
+)
+
+__all__ = ["CompressAttentionResult", "native_sparse_attention", "nsa_compress", "nsa_compress_attention",
+           "nsa_selected_attention"]

@@ -1,0 +1,197 @@
+"""NSA kernels as ``torch.library`` custom ops (namespace ``attnops``) with fake kernels and autograd.
+
+Derivatives follow op-plugin's ``derivatives.yaml``: compression w.r.t. input and weight; selected attention
+w.r.t. q, k, v; compressed attention through the FlashAttention backward (its top-k output is not
+differentiable).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..._core.softmax_stats import STAT_LANES, stats_dtype
+from ..flash_attention import op as fa_op
+from ..._core.varlen import lengths_from_cumulative
+from .compress import build_compress_spec, check_output_grad, compress_backward, compress_block_count, compress_forward
+from .compress_attention import build_compress_attention_spec, compress_attention_forward
+from .selected import build_selected_spec, selected_backward, selected_forward
+
+INT_MAX = 2147483647
+
+
+def _schema_names(op) -> list[str]:
+    return [a.name for a in op._opoverload._schema.arguments]
+
+
+def _grads_for(op, **grads):
+    """Gradient tuple in the op's argument order (None for non-differentiable arguments)."""
+    return tuple(grads.get(name) for name in _schema_names(op))
+
+
+# ---------------------------------------------------------------- compression
+@torch.library.custom_op("attnops::nsa_compress", mutates_args=(), device_types="cpu")
+def nsa_compress(input: Tensor, weight: Tensor, compress_block_size: int, compress_stride: int,
+                 actual_seq_len: Optional[list[int]], act_seq_len_type: int) -> Tensor:
+    spec = build_compress_spec(input, weight, compress_block_size=compress_block_size,
+                               compress_stride=compress_stride, actual_seq_len=actual_seq_len,
+                               act_seq_len_type=act_seq_len_type)
+    return compress_forward(spec, input, weight)
+
+
+@nsa_compress.register_fake
+def _(input, weight, compress_block_size, compress_stride, actual_seq_len, act_seq_len_type):
+    if actual_seq_len is None:
+        lengths = [input.shape[0]]
+    elif act_seq_len_type == 0:
+        lengths = lengths_from_cumulative("actual_seq_len", actual_seq_len)
+    else:
+        lengths = list(actual_seq_len)
+    rows = sum(compress_block_count(n, compress_block_size, compress_stride) for n in lengths)
+    return input.new_empty((rows, input.shape[1], input.shape[2]))
+
+
+@torch.library.custom_op("attnops::nsa_compress_grad", mutates_args=(), device_types="cpu")
+def nsa_compress_grad(output_grad: Tensor, input: Tensor, weight: Tensor, compress_block_size: int,
+                      compress_stride: int, actual_seq_len: Optional[list[int]], act_seq_len_type: int
+                      ) -> tuple[Tensor, Tensor]:
+    spec = build_compress_spec(input, weight, compress_block_size=compress_block_size,
+                               compress_stride=compress_stride, actual_seq_len=actual_seq_len,
+                               act_seq_len_type=act_seq_len_type)
+    check_output_grad(output_grad, spec, input)
+    return compress_backward(spec, output_grad, input, weight)
+
+
+@nsa_compress_grad.register_fake
+def _(output_grad, input, weight, compress_block_size, compress_stride, actual_seq_len, act_seq_len_type):
+    return torch.empty_like(input), torch.empty_like(weight)
+
+
+def _compress_setup(ctx, inputs, output):
+    args = dict(zip(_schema_names(nsa_compress), inputs))
+    ctx.save_for_backward(args["input"], args["weight"])
+    ctx.args = (args["compress_block_size"], args["compress_stride"], args["actual_seq_len"],
+                args["act_seq_len_type"])
+
+
+def _compress_backward(ctx, grad):
+    input, weight = ctx.saved_tensors
+    gi, gw = nsa_compress_grad(grad.contiguous(), input, weight, *ctx.args)
+    return _grads_for(nsa_compress, input=gi, weight=gw)
+
+
+nsa_compress.register_autograd(_compress_backward, setup_context=_compress_setup)
+
+
+# ---------------------------------------------------------------- selected attention
+@torch.library.custom_op("attnops::nsa_selected_attention", mutates_args=(), device_types="cpu")
+def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor,
+                           atten_mask: Optional[Tensor], scale_value: float, head_num: int, select_block_size: int,
+                           select_block_count: int, actual_seq_qlen: Optional[list[int]],
+                           actual_seq_kvlen: Optional[list[int]], sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
+    spec = build_selected_spec(query, key, value, topk_indices, scale_value=scale_value, head_num=head_num,
+                               select_block_size=select_block_size, select_block_count=select_block_count,
+                               atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
+                               actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode)
+    return selected_forward(spec, query, key, value, topk_indices)
+
+
+@nsa_selected_attention.register_fake
+def _(query, key, value, topk_indices, atten_mask, scale_value, head_num, select_block_size, select_block_count,
+      actual_seq_qlen, actual_seq_kvlen, sparse_mode):
+    stat = (query.shape[0], query.shape[1], STAT_LANES)
+    dt = stats_dtype(query.dtype)
+    return (query.new_empty((query.shape[0], query.shape[1], value.shape[2])), query.new_empty(stat, dtype=dt),
+            query.new_empty(stat, dtype=dt))
+
+
+@torch.library.custom_op("attnops::nsa_selected_attention_grad", mutates_args=(), device_types="cpu")
+def nsa_selected_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_out: Tensor,
+                                softmax_max: Tensor, softmax_sum: Tensor, topk_indices: Tensor,
+                                atten_mask: Optional[Tensor], scale_value: float, head_num: int,
+                                select_block_size: int, select_block_count: int,
+                                actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]],
+                                sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
+    from .api import check_selected_backward_inputs
+
+    spec = build_selected_spec(query, key, value, topk_indices, scale_value=scale_value, head_num=head_num,
+                               select_block_size=select_block_size, select_block_count=select_block_count,
+                               atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
+                               actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode)
+    check_selected_backward_inputs(spec, query, grad, attention_out, softmax_max, softmax_sum)
+    return selected_backward(spec, query, key, value, attention_out, grad, softmax_max, softmax_sum, topk_indices)
+
+
+@nsa_selected_attention_grad.register_fake
+def _(grad, query, key, value, attention_out, softmax_max, softmax_sum, topk_indices, atten_mask, scale_value,
+      head_num, select_block_size, select_block_count, actual_seq_qlen, actual_seq_kvlen, sparse_mode):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+_SEL_SCALARS = ("scale_value", "head_num", "select_block_size", "select_block_count", "actual_seq_qlen",
+                "actual_seq_kvlen", "sparse_mode")
+
+
+def _selected_setup(ctx, inputs, output):
+    args = dict(zip(_schema_names(nsa_selected_attention), inputs))
+    out, smax, ssum = output
+    ctx.save_for_backward(args["query"], args["key"], args["value"], args["topk_indices"], args["atten_mask"], out,
+                          smax, ssum)
+    ctx.scalars = tuple(args[n] for n in _SEL_SCALARS)
+
+
+def _selected_backward(ctx, grad_out, _gmax, _gsum):
+    query, key, value, topk, mask, out, smax, ssum = ctx.saved_tensors
+    dq, dk, dv = nsa_selected_attention_grad(grad_out.contiguous(), query, key, value, out, smax, ssum, topk, mask,
+                                             *ctx.scalars)
+    return _grads_for(nsa_selected_attention, query=dq, key=dk, value=dv)
+
+
+nsa_selected_attention.register_autograd(_selected_backward, setup_context=_selected_setup)
+
+
+# ---------------------------------------------------------------- compressed attention
+@torch.library.custom_op("attnops::nsa_compress_attention", mutates_args=(), device_types="cpu")
+def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, topk_mask: Optional[Tensor],
+                           atten_mask: Optional[Tensor], scale_value: float, head_num: int, compress_block_size: int,
+                           compress_stride: int, select_block_size: int, select_block_count: int,
+                           actual_seq_qlen: Optional[list[int]], actual_cmp_seq_kvlen: Optional[list[int]],
+                           actual_sel_seq_kvlen: Optional[list[int]], sparse_mode: int
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    spec = build_compress_attention_spec(
+        query, key, value, scale_value=scale_value, head_num=head_num, compress_block_size=compress_block_size,
+        compress_stride=compress_stride, select_block_size=select_block_size, select_block_count=select_block_count,
+        topk_mask=topk_mask, atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
+        actual_cmp_seq_kvlen=actual_cmp_seq_kvlen, actual_sel_seq_kvlen=actual_sel_seq_kvlen,
+        sparse_mode=sparse_mode)
+    return compress_attention_forward(spec, query, key, value)
+
+
+@nsa_compress_attention.register_fake
+def _(query, key, value, topk_mask, atten_mask, scale_value, head_num, compress_block_size, compress_stride,
+      select_block_size, select_block_count, actual_seq_qlen, actual_cmp_seq_kvlen, actual_sel_seq_kvlen,
+      sparse_mode):
+    t, n1 = query.shape[0], query.shape[1]
+    dt = stats_dtype(query.dtype)
+    return (query.new_empty((t, n1, value.shape[2])),
+            query.new_empty((t, key.shape[1], select_block_count), dtype=torch.int32),
+            query.new_empty((t, n1, STAT_LANES), dtype=dt), query.new_empty((t, n1, STAT_LANES), dtype=dt))
+
+
+def _cmp_setup(ctx, inputs, output):
+    args = dict(zip(_schema_names(nsa_compress_attention), inputs))
+    out, _, smax, ssum = output
+    ctx.save_for_backward(args["query"], args["key"], args["value"], args["atten_mask"], out, smax, ssum)
+    ctx.fa_scalars = (args["head_num"], "TND", args["scale_value"], 1.0, INT_MAX, INT_MAX, None,
+                      args["actual_seq_qlen"], args["actual_cmp_seq_kvlen"], args["sparse_mode"], 1, 0, 0, "", 0, 0)
+
+
+def _cmp_backward(ctx, grad_out, _gtopk, _gmax, _gsum):
+    query, key, value, mask, out, smax, ssum = ctx.saved_tensors
+    dq, dk, dv, _ = fa_op.flash_attention_bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, None, mask,
+                                              None, *ctx.fa_scalars)
+    return _grads_for(nsa_compress_attention, query=dq, key=dk, value=dv)
+
+
+nsa_compress_attention.register_autograd(_cmp_backward, setup_context=_cmp_setup)
