@@ -18,6 +18,18 @@ from .flash_attention import (
     flash_attention_var_len_score_v2,
     flash_attention_var_len_score_v2_get_workspace_size,
 )
+from .nsa import (
+    nsa_compress,
+    nsa_compress_attention,
+    nsa_compress_attention_get_workspace_size,
+    nsa_compress_get_workspace_size,
+    nsa_compress_grad,
+    nsa_compress_grad_get_workspace_size,
+    nsa_selected_attention,
+    nsa_selected_attention_get_workspace_size,
+    nsa_selected_attention_grad,
+    nsa_selected_attention_grad_get_workspace_size,
+)
 
 __all__ = [
     "AclnnExecutor",
@@ -33,4 +45,14 @@ __all__ = [
     "flash_attention_var_len_score_get_workspace_size",
     "flash_attention_var_len_score_v2",
     "flash_attention_var_len_score_v2_get_workspace_size",
+    "nsa_compress",
+    "nsa_compress_attention",
+    "nsa_compress_attention_get_workspace_size",
+    "nsa_compress_get_workspace_size",
+    "nsa_compress_grad",
+    "nsa_compress_grad_get_workspace_size",
+    "nsa_selected_attention",
+    "nsa_selected_attention_get_workspace_size",
+    "nsa_selected_attention_grad",
+    "nsa_selected_attention_grad_get_workspace_size",
 ]

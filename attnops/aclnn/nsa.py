@@ -1,0 +1,158 @@
+"""aclnn NSA operators (NsaCompress, NsaCompressGrad, NsaCompressAttention, NsaSelectedAttention,
+NsaSelectedAttentionGrad) in the aclnn parameter order, with the seeds' constraints and status codes.
+
+Outputs: ``nsa_compress -> output``; ``nsa_compress_grad -> (input_grad, weight_grad)``;
+``nsa_compress_attention -> (softmax_max, softmax_sum, attention_out, topk_indices)``;
+``nsa_selected_attention -> (softmax_max, softmax_sum, attention_out)``;
+``nsa_selected_attention_grad -> (dq, dk, dv)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._core.checks import check_int, check_tensor, int_list, require, require_not_none
+from ..ops.nsa import op as nsa_op
+from ._two_phase import two_phase
+
+ACLNN_NSA_DTYPES = (torch.float16, torch.bfloat16)
+MAX_TOKENS_SELECTED = 2 << 20  # T1, T2: 1 ~ 2M
+MAX_SEQ_SELECTED = 128 << 10  # S: 1 ~ 128K
+SELECTED_HEAD_DIMS = (128, 192)
+
+
+def _multiple_of_16(name: str, value: int, hi: int | None = None) -> int:
+    v = check_int(name, value, lo=16, hi=hi)
+    require(v % 16 == 0, name, "a multiple of 16", v)
+    return v
+
+
+def _check_compress_inputs(input, weight, act_seq_len, compress_block_size, compress_stride, act_seq_len_type,
+                           layout, *, strict_stride: bool):
+    check_tensor("input", input, ndim=3, dtypes=ACLNN_NSA_DTYPES)
+    check_tensor("weight", weight, ndim=2, dtypes=ACLNN_NSA_DTYPES)
+    l_ = _multiple_of_16("compress_block_size", compress_block_size, hi=128)
+    d_ = _multiple_of_16("compress_stride", compress_stride)
+    if strict_stride:
+        require(l_ > d_, "compress_stride", f"less than compress_block_size={l_}", d_)
+    else:
+        require(d_ <= l_, "compress_stride", f"at most compress_block_size={l_}", d_)
+    require(layout is None or layout == "TND", "layout", "'TND'", layout)
+    require(input.shape[1] <= 128, "input", "N in [1, 128]", input)
+    require(input.shape[2] % 16 == 0 and input.shape[2] <= 256, "input", "D a multiple of 16, at most 256", input)
+    lens = int_list("act_seq_len", act_seq_len)
+    if lens is not None and act_seq_len_type == 0:
+        require(lens[-1] == input.shape[0] or max(lens) == input.shape[0], "act_seq_len",
+                f"a cumulative list ending at T={input.shape[0]}", lens)
+    return lens
+
+
+def _nsa_compress(input, weight, act_seq_len, layout, compress_block_size, compress_stride, act_seq_len_type):
+    """aclnnNsaCompress."""
+    lens = _check_compress_inputs(input, weight, act_seq_len, compress_block_size, compress_stride,
+                                  act_seq_len_type, layout, strict_stride=False)
+    return lambda: nsa_op.nsa_compress(input, weight, compress_block_size, compress_stride, lens, act_seq_len_type)
+
+
+def _nsa_compress_grad(output_grad, input, weight, act_seq_len, compress_block_size, compress_stride,
+                       act_seq_len_type, layout):
+    """aclnnNsaCompressGrad (seed)."""
+    require_not_none(output_grad, "output_grad")
+    check_tensor("output_grad", output_grad, ndim=3, dtypes=ACLNN_NSA_DTYPES)
+    lens = _check_compress_inputs(input, weight, act_seq_len, compress_block_size, compress_stride,
+                                  act_seq_len_type, layout, strict_stride=True)
+    return lambda: nsa_op.nsa_compress_grad(output_grad, input, weight, compress_block_size, compress_stride, lens,
+                                            act_seq_len_type)
+
+
+def _check_selected(query, key, value, topk_indices, actual_seq_qlen, actual_seq_kvlen, head_num, input_layout,
+                    sparse_mode, selected_block_size, selected_block_count):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(name, t, ndim=3, dtypes=ACLNN_NSA_DTYPES)
+    check_tensor("topk_indices", topk_indices, dtypes=(torch.int32,))
+    require(input_layout == "TND", "input_layout", "'TND'", input_layout)
+    check_int("head_num", head_num, lo=1, hi=128)
+    require(1 <= key.shape[1] <= 128, "key", "N2 in [1, 128]", key)
+    require(query.shape[1] % max(key.shape[1], 1) == 0 and query.shape[1] // max(key.shape[1], 1) <= 32, "query",
+            "N1 a multiple of N2 with G = N1/N2 in [1, 32]", query)
+    for name, t in (("query", query), ("value", value)):
+        require(t.shape[2] in SELECTED_HEAD_DIMS, name, f"head dim D in {list(SELECTED_HEAD_DIMS)}", t)
+    for name, t in (("query", query), ("key", key)):
+        require(1 <= t.shape[0] <= MAX_TOKENS_SELECTED, name, f"T in [1, {MAX_TOKENS_SELECTED}]", t)
+    _multiple_of_16("selected_block_size", selected_block_size, hi=128)
+    check_int("selected_block_count", selected_block_count, lo=1, hi=128)
+    require(sparse_mode in (0, 2), "sparse_mode", "0 or 2", sparse_mode)
+    qlen, kvlen = int_list("actual_seq_qlen", actual_seq_qlen), int_list("actual_seq_kvlen", actual_seq_kvlen)
+    require_not_none(qlen, "actual_seq_qlen")
+    require_not_none(kvlen, "actual_seq_kvlen")
+    prev = 0
+    for v in kvlen:
+        if v:
+            require(v - prev <= MAX_SEQ_SELECTED, "actual_seq_kvlen", f"sequence lengths <= {MAX_SEQ_SELECTED}",
+                    kvlen)
+            prev = v
+    return qlen, kvlen
+
+
+def _nsa_selected_attention(query, key, value, topk_indices, atten_mask, actual_seq_qlen, actual_seq_kvlen,
+                            scale_value, head_num, input_layout, sparse_mode, selected_block_size,
+                            selected_block_count):
+    """aclnnNsaSelectedAttention."""
+    qlen, kvlen = _check_selected(query, key, value, topk_indices, actual_seq_qlen, actual_seq_kvlen, head_num,
+                                  input_layout, sparse_mode, selected_block_size, selected_block_count)
+    args = (float(scale_value), head_num, selected_block_size, selected_block_count, qlen, kvlen, sparse_mode)
+
+    def run():
+        out, smax, ssum = nsa_op.nsa_selected_attention(query, key, value, topk_indices, atten_mask, *args)
+        return smax, ssum, out
+    return run
+
+
+def _nsa_selected_attention_grad(query, key, value, attention_out, attention_out_grad, softmax_max, softmax_sum,
+                                 topk_indices, actual_seq_qlen, actual_seq_kvlen, atten_mask, scale_value,
+                                 selected_block_size, selected_block_count, head_num, input_layout, sparse_mode):
+    """aclnnNsaSelectedAttentionGrad (seed)."""
+    for name, t in (("attention_out", attention_out), ("attention_out_grad", attention_out_grad),
+                    ("softmax_max", softmax_max), ("softmax_sum", softmax_sum)):
+        require_not_none(t, name)
+    qlen, kvlen = _check_selected(query, key, value, topk_indices, actual_seq_qlen, actual_seq_kvlen, head_num,
+                                  input_layout, sparse_mode, selected_block_size, selected_block_count)
+    args = (float(scale_value), head_num, selected_block_size, selected_block_count, qlen, kvlen, sparse_mode)
+    return lambda: nsa_op.nsa_selected_attention_grad(attention_out_grad, query, key, value, attention_out,
+                                                      softmax_max, softmax_sum, topk_indices, atten_mask, *args)
+
+
+def _nsa_compress_attention(query, key, value, atten_mask, topk_mask, actual_seq_qlen, actual_cmp_seq_kvlen,
+                            actual_sel_seq_kvlen, scale_value, head_num, input_layout, sparse_mode,
+                            compress_block_size, compress_stride, select_block_size, select_block_count):
+    """aclnnNsaCompressAttention."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_tensor(name, t, ndim=3, dtypes=ACLNN_NSA_DTYPES)
+    require(input_layout == "TND", "input_layout", "'TND'", input_layout)
+    g = query.shape[1] // max(key.shape[1], 1)
+    require(g < 128 and 128 % g == 0, "head_num", "N1/N2 < 128 dividing 128", f"G={g}")
+    _multiple_of_16("compress_block_size", compress_block_size, hi=128)
+    _multiple_of_16("compress_stride", compress_stride, hi=64)
+    _multiple_of_16("select_block_size", select_block_size, hi=128)
+    check_int("select_block_count", select_block_count, lo=1, hi=32)
+    cmp = int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen)
+    require_not_none(cmp, "actual_cmp_seq_kvlen")
+    prev = 0
+    for v in cmp:
+        if v:
+            require(v - prev <= 14000, "actual_cmp_seq_kvlen", "compressed KV lengths <= 14000", cmp)
+            prev = v
+    args = (float(scale_value), head_num, compress_block_size, compress_stride, select_block_size,
+            select_block_count, int_list("actual_seq_qlen", actual_seq_qlen), cmp,
+            int_list("actual_sel_seq_kvlen", actual_sel_seq_kvlen), sparse_mode)
+
+    def run():
+        out, topk, smax, ssum = nsa_op.nsa_compress_attention(query, key, value, topk_mask, atten_mask, *args)
+        return smax, ssum, out, topk
+    return run
+
+
+nsa_compress, nsa_compress_get_workspace_size = two_phase(_nsa_compress)
+nsa_compress_grad, nsa_compress_grad_get_workspace_size = two_phase(_nsa_compress_grad)
+nsa_compress_attention, nsa_compress_attention_get_workspace_size = two_phase(_nsa_compress_attention)
+nsa_selected_attention, nsa_selected_attention_get_workspace_size = two_phase(_nsa_selected_attention)
+nsa_selected_attention_grad, nsa_selected_attention_grad_get_workspace_size = two_phase(_nsa_selected_attention_grad)
