@@ -96,60 +96,71 @@ def _acc(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+LOG2E = 1.4426950408889634
+
+
 class _Batch:
-    """One batch's tensors in the compute dtype and its selected KV positions."""
+    """One batch in the compute dtype: queries per KV head, keys/values as ``[n_blocks, block, D]`` per KV head.
+
+    Selected blocks are gathered whole with ``index_select`` (contiguous copies), scores are kept in base 2.
+    """
 
     def __init__(self, spec: SelectedSpec, b: int, query, key, value, topk):
         acc = _acc(query.dtype)
         qs, sq = spec.seq.q_starts[b], spec.seq.q_lens[b]
         ks, skv = spec.seq.kv_starts[b], spec.seq.kv_lens[b]
-        self.q = query[qs:qs + sq].to(acc).view(sq, spec.n2, spec.group, spec.d)
-        self.k = key[ks:ks + skv].to(acc)
-        self.v = value[ks:ks + skv].to(acc)
-        offsets = torch.arange(spec.block_size)
-        self.pos = (topk[qs:qs + sq].long().unsqueeze(-1) * spec.block_size + offsets).flatten(2)  # [Sq, N2, L]
-        self.heads = torch.arange(spec.n2).view(1, -1, 1)
+        bs, nblk = spec.block_size, skv // spec.block_size
+        self.q2 = (query[qs:qs + sq].to(acc) * (spec.scale * LOG2E)).view(sq, spec.n2, spec.group, spec.d)
+        self.k = key[ks:ks + skv].to(acc).view(nblk, bs, spec.n2, spec.d).permute(2, 0, 1, 3).contiguous()
+        self.v = value[ks:ks + skv].to(acc).view(nblk, bs, spec.n2, spec.dv).permute(2, 0, 1, 3).contiguous()
+        self.idx = topk[qs:qs + sq].long()  # [Sq, N2, K]
+        self.offsets = torch.arange(bs)
         self.spec, self.sq = spec, sq
-        width = self.pos.shape[-1] * max(spec.d, spec.dv, spec.group) * spec.n2 * acc.itemsize
+        width = spec.block_count * bs * (spec.d + spec.dv + 2 * spec.group) * acc.itemsize
         self.chunk = max(1, GATHER_BYTES // max(width, 1))
 
-    def chunks(self):
+    def tiles(self):
+        """Yield ``(t0, t1, n2)`` work units: a chunk of query tokens and one KV head."""
         for t0 in range(0, self.sq, self.chunk):
-            yield t0, min(self.sq, t0 + self.chunk)
+            for n2 in range(self.spec.n2):
+                yield t0, min(self.sq, t0 + self.chunk), n2
 
-    def scores(self, t0, t1):
-        """Scaled masked scores [tc, N2, G, L] and the gathered keys/values of tokens t0:t1."""
-        pos = self.pos[t0:t1]
-        ksel, vsel = self.k[pos, self.heads], self.v[pos, self.heads]  # [tc, N2, L, D]
-        s = torch.matmul(self.q[t0:t1], ksel.transpose(-1, -2)).mul_(self.spec.scale)
-        if self.spec.causal:
-            rows = torch.arange(t0, t1).view(-1, 1, 1, 1)
-            s.masked_fill_(pos.unsqueeze(2) > rows, float("-inf"))
-        return s, pos, ksel, vsel
+    def scores2(self, t0, t1, n2):
+        """Base-2 scores ``[tc, G, L]`` (masked at -inf), block indices ``[tc*K]`` and gathered K/V."""
+        tc, spec = t1 - t0, self.spec
+        blocks = self.idx[t0:t1, n2].reshape(-1)
+        ksel = self.k[n2].index_select(0, blocks).view(tc, -1, spec.d)
+        vsel = self.v[n2].index_select(0, blocks).view(tc, -1, spec.dv)
+        s = torch.bmm(self.q2[t0:t1, n2], ksel.transpose(1, 2))
+        if spec.causal:
+            pos = (self.idx[t0:t1, n2].unsqueeze(-1) * spec.block_size + self.offsets).view(tc, 1, -1)
+            s.masked_fill_(pos > torch.arange(t0, t1).view(-1, 1, 1), float("-inf"))
+        return s, blocks, ksel, vsel
 
 
 def selected_forward(spec: SelectedSpec, query, key, value, topk):
     """``(attention_out [T1, N1, Dv], softmax_max [T1, N1, 8], softmax_sum [T1, N1, 8])``."""
-    acc = _acc(query.dtype)
     out = torch.zeros(spec.total_q, spec.n1, spec.dv, dtype=query.dtype)
     sdt = stats_dtype(query.dtype)
     smax = torch.full((spec.total_q, spec.n1, STAT_LANES), FLT_LOWEST, dtype=sdt)
     ssum = torch.full((spec.total_q, spec.n1, STAT_LANES), FLT_MAX, dtype=sdt)
+    g = spec.group
     for b in range(spec.seq.batch):
         if spec.seq.q_lens[b] == 0:
             continue
         bt = _Batch(spec, b, query, key, value, topk)
         qs = spec.seq.q_starts[b]
-        for t0, t1 in bt.chunks():
-            s, _, _, vsel = bt.scores(t0, t1)
+        for t0, t1, n2 in bt.tiles():
+            s, _, _, vsel = bt.scores2(t0, t1, n2)
             m = s.amax(-1, keepdim=True)
             valid = m > float("-inf")
-            p = s.sub_(torch.where(valid, m, 0.0)).exp_()
+            p = s.sub_(torch.where(valid, m, 0.0)).exp2_()
             l = p.sum(-1, keepdim=True)
-            o = torch.matmul(p, vsel).div_(torch.where(valid, l, 1.0))  # [tc, N2, G, Dv]
-            out[qs + t0:qs + t1] = o.reshape(t1 - t0, spec.n1, spec.dv).to(out.dtype)
-            smax[qs + t0:qs + t1] = torch.where(valid, m, FLT_LOWEST).reshape(t1 - t0, spec.n1, 1).to(sdt)
-            ssum[qs + t0:qs + t1] = torch.where(valid, l, FLT_MAX).reshape(t1 - t0, spec.n1, 1).to(sdt)
+            o = torch.bmm(p, vsel).div_(torch.where(valid, l, 1.0))  # [tc, G, Dv]
+            rows, heads = slice(qs + t0, qs + t1), slice(n2 * g, (n2 + 1) * g)
+            out[rows, heads] = o.to(out.dtype)
+            smax[rows, heads] = torch.where(valid, m / LOG2E, FLT_LOWEST).to(sdt)
+            ssum[rows, heads] = torch.where(valid, l, FLT_MAX).to(sdt)
     return out, smax, ssum
 
 
@@ -157,6 +168,7 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, atte
                       softmax_sum, topk):
     """``(dq, dk, dv)`` from the given forward output and statistics (never recomputed)."""
     acc = _acc(query.dtype)
+    g, bs = spec.group, spec.block_size
     dq = torch.zeros(query.shape, dtype=acc)
     dk = torch.zeros(key.shape, dtype=acc)
     dv = torch.zeros(value.shape, dtype=acc)
@@ -165,23 +177,25 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, atte
             continue
         bt = _Batch(spec, b, query, key, value, topk)
         qs, ks, skv = spec.seq.q_starts[b], spec.seq.kv_starts[b], spec.seq.kv_lens[b]
-        shape = (bt.sq, spec.n2, spec.group, 1)
-        m = softmax_max[qs:qs + bt.sq, :, :1].to(acc).reshape(shape)
-        lse = torch.where(m > FLT_LOWEST, m + softmax_sum[qs:qs + bt.sq, :, :1].to(acc).reshape(shape).log(),
-                          float("inf"))
-        do = attention_out_grad[qs:qs + bt.sq].to(acc).view(bt.sq, spec.n2, spec.group, spec.dv)
-        delta = (do * attention_out[qs:qs + bt.sq].to(acc).view_as(do)).sum(-1, keepdim=True)
-        dk_b = dk[ks:ks + skv].view(skv * spec.n2, spec.d)
-        dv_b = dv[ks:ks + skv].view(skv * spec.n2, spec.dv)
-        for t0, t1 in bt.chunks():
-            s, pos, ksel, vsel = bt.scores(t0, t1)
-            p = s.sub_(lse[t0:t1]).exp_()  # [tc, N2, G, L]
-            do_c = do[t0:t1]
-            dp = torch.matmul(do_c, vsel.transpose(-1, -2))
-            flat = (pos * spec.n2 + bt.heads).reshape(-1)
-            dv_b.index_add_(0, flat, torch.matmul(p.transpose(-1, -2), do_c).reshape(-1, spec.dv))
-            ds = p.mul_(dp.sub_(delta[t0:t1]))
-            dq[qs + t0:qs + t1] = torch.matmul(ds, ksel).reshape(t1 - t0, spec.n1, spec.d).mul_(spec.scale)
-            dk_b.index_add_(0, flat, torch.matmul(ds.transpose(-1, -2), bt.q[t0:t1]).reshape(-1, spec.d)
-                            .mul_(spec.scale))
+        nblk = skv // bs
+        m = softmax_max[qs:qs + bt.sq, :, :1].to(torch.float64)
+        lse2 = torch.where(m > FLT_LOWEST, (m + softmax_sum[qs:qs + bt.sq, :, :1].to(torch.float64).log()) * LOG2E,
+                           float("inf")).to(acc)  # [Sq, N1, 1]; P = exp2(s2 - lse2)
+        do = attention_out_grad[qs:qs + bt.sq].to(acc)
+        delta = (do * attention_out[qs:qs + bt.sq].to(acc)).sum(-1, keepdim=True)
+        dk_blocks = torch.zeros(spec.n2, nblk, bs * spec.d, dtype=acc)
+        dv_blocks = torch.zeros(spec.n2, nblk, bs * spec.dv, dtype=acc)
+        for t0, t1, n2 in bt.tiles():
+            tc, heads = t1 - t0, slice(n2 * g, (n2 + 1) * g)
+            s, blocks, ksel, vsel = bt.scores2(t0, t1, n2)
+            p = s.sub_(lse2[t0:t1, heads]).exp2_()  # [tc, G, L]
+            do_c = do[t0:t1, heads]
+            dp = torch.bmm(do_c, vsel.transpose(1, 2))
+            dv_blocks[n2].index_add_(0, blocks, torch.bmm(p.transpose(1, 2), do_c).view(tc * spec.block_count, -1))
+            ds = p.mul_(dp.sub_(delta[t0:t1, heads]))
+            dq[qs + t0:qs + t1, heads] = torch.bmm(ds, ksel).mul_(spec.scale)
+            dk_blocks[n2].index_add_(0, blocks, torch.bmm(ds.transpose(1, 2), bt.q2[t0:t1, n2])
+                                     .view(tc * spec.block_count, -1))
+        dk[ks:ks + skv] = dk_blocks.view(spec.n2, skv, spec.d).transpose(0, 1).mul_(1.0 / LOG2E)
+        dv[ks:ks + skv] = dv_blocks.view(spec.n2, skv, spec.dv).transpose(0, 1)
     return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)
