@@ -1,0 +1,288 @@
+"""Dense golden of the NSA operators (``cann_semantics.md`` §7, ``DECISIONS.md`` NSA), written straight from the spec.
+
+Independent of :mod:`attnops.ops` and :mod:`attnops._core`: plain loops and gathers, computed in the ``dtype``
+argument (float64 for the golden; float16/bfloat16/float32 for the "plain PyTorch in low precision" baseline of
+the tolerance rule, with no upcasting). Gradients come from ``torch.autograd`` through the same forward.
+
+Softmax statistics are returned in ``dtype`` for float32/float64 and in a float32 container for float16/bfloat16
+(the values are computed in the low dtype), because FLT_MAX / FLT_LOWEST of fully-masked rows do not fit 16 bits.
+
+Functions:
+
+* :func:`nsa_compress` / :func:`nsa_compress_backward` (§7.1-7.2);
+* :func:`nsa_selected_attention` / :func:`nsa_selected_attention_backward` (§7.4-7.5);
+* :func:`nsa_compress_attention` / :func:`nsa_compress_attention_backward` (§7.3), with the importance scores
+  available through ``return_scores=True``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+FLT_MAX = 3.4028234663852886e38
+FLT_LOWEST = -FLT_MAX
+LANES = 8
+
+__all__ = ["FLT_MAX", "FLT_LOWEST", "cum_to_lengths", "nsa_compress", "nsa_compress_backward",
+           "nsa_selected_attention", "nsa_selected_attention_backward", "nsa_compress_attention",
+           "nsa_compress_attention_backward", "importance_score_literal"]
+
+
+def _ints(x) -> list[int]:
+    if x is None:
+        return None
+    if isinstance(x, Tensor):
+        return [int(v) for v in x.tolist()]
+    return [int(v) for v in x]
+
+
+def cum_to_lengths(cum) -> list[int]:
+    """Per-batch lengths of a CANN cumulative list: ``a[0]``, then ``a[b] - a[b-1]``.
+
+    A leading 0 (or any repeated value) is an empty batch; zeros after the last non-zero value are empty
+    (disabled) batches.
+    """
+    cum = _ints(cum)
+    last_nz = max((i for i, v in enumerate(cum) if v != 0), default=-1)
+    lens, prev = [], 0
+    for b, v in enumerate(cum):
+        if b > last_nz:
+            lens.append(0)
+            continue
+        if v < prev:
+            raise ValueError(f"cumulative lengths must be non-decreasing, got {cum}")
+        lens.append(v - prev)
+        prev = v
+    return lens
+
+
+def _starts(lens: list[int]) -> list[int]:
+    out, acc = [], 0
+    for n in lens:
+        out.append(acc)
+        acc += n
+    return out
+
+
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+# ------------------------------------------------------------------------------------------------ compress
+def nsa_compress(input: Tensor, weight: Tensor, block: int, stride: int, act_seq_len, *,
+                 dtype: torch.dtype = torch.float64) -> Tensor:
+    """``[sum_b blocks_b, N, D]``: ``out[c, n, :] = sum_{w<l} input[start_b + k*d + w, n, :] * weight[w, n]``.
+
+    ``act_seq_len`` is cumulative (a leading 0 is an empty batch); ``None`` means one batch of all T tokens.
+    Sequences shorter than ``block`` give no rows; tails that do not fill a block are dropped.
+    """
+    x = input.to(dtype)
+    w = weight.to(dtype)
+    lens = [x.shape[0]] if act_seq_len is None else cum_to_lengths(act_seq_len)
+    rows = []
+    for start, n in zip(_starts(lens), lens):
+        if n < block:
+            continue
+        for k in range((n - block) // stride + 1):
+            s = start + k * stride
+            acc = x[s] * w[0].unsqueeze(-1)
+            for j in range(1, block):
+                acc = acc + x[s + j] * w[j].unsqueeze(-1)
+            rows.append(acc)
+    if not rows:
+        return x.new_zeros((0, x.shape[1], x.shape[2]))
+    return torch.stack(rows)
+
+
+def nsa_compress_backward(output_grad: Tensor, input: Tensor, weight: Tensor, block: int, stride: int, act_seq_len,
+                          *, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+    """``(input_grad, weight_grad)`` by autograd through :func:`nsa_compress` in ``dtype``."""
+    x = input.detach().to(dtype).requires_grad_()
+    w = weight.detach().to(dtype).requires_grad_()
+    out = nsa_compress(x, w, block, stride, act_seq_len, dtype=dtype)
+    if out.numel() == 0:
+        return torch.zeros_like(x), torch.zeros_like(w)
+    gx, gw = torch.autograd.grad(out, (x, w), output_grad.to(dtype), allow_unused=True)
+    return (torch.zeros_like(x) if gx is None else gx), (torch.zeros_like(w) if gw is None else gw)
+
+
+# ------------------------------------------------------------------------------------------------ selected
+def nsa_selected_attention(q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale: float, block_size: int,
+                           actual_seq_qlen, actual_seq_kvlen, causal: bool, *, dtype: torch.dtype = torch.float64
+                           ) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out [T1, N1, Dv], softmax_max [T1, N1, 8], softmax_sum [T1, N1, 8])`` (statistics true TND order).
+
+    Token ``t`` (batch ``b``, local index ``i``), query head ``h`` (KV head ``h // G``) attends to the
+    concatenation of the blocks ``topk[t, h // G, :]`` (block indices local to batch ``b``, duplicates kept).
+    Causal: local KV position ``p`` is visible iff ``p <= i``. Fully-masked rows: out 0, max FLT_LOWEST,
+    sum FLT_MAX. Tokens after the last batch: out 0, invalid statistics.
+
+    Computed per batch as: dense scores ``S = scale * q k^T``; per token and head the gathered list of selected
+    scores ``S[pos]`` (``pos`` = the selected blocks' KV positions in top-k order, duplicates kept); softmax over
+    that list; the probabilities are scattered back (``scatter_add``: a duplicated position receives each of its
+    copies' probability) and multiplied with V. This equals ``softmax(q K_sel^T) V_sel`` with gathered
+    ``K_sel``/``V_sel`` and avoids materialising ``[T, L, D]`` gathers.
+    """
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    t1, n1, _ = q.shape
+    n2 = k.shape[1]
+    g = n1 // n2
+    dv = v.shape[2]
+    sdt = _stat_dtype(dtype)
+    q_lens, kv_lens = cum_to_lengths(actual_seq_qlen), cum_to_lengths(actual_seq_kvlen)
+    if len(q_lens) != len(kv_lens):
+        raise ValueError("actual_seq_qlen and actual_seq_kvlen must have the same number of batches")
+    topk = topk.to(torch.int64)
+    offsets = torch.arange(block_size)
+    outs, maxs, sums = [], [], []
+    for qs, sq, ks, skv in zip(_starts(q_lens), q_lens, _starts(kv_lens), kv_lens):
+        if sq == 0:
+            continue
+        qb = q[qs:qs + sq]  # [Sq, N1, D]
+        kb = k[ks:ks + skv].repeat_interleave(g, dim=1)  # [Skv, N1, D]: query head h uses KV head h // G
+        vb = v[ks:ks + skv].repeat_interleave(g, dim=1)  # [Skv, N1, Dv]
+        dense = torch.einsum("ihd,jhd->ihj", qb, kb) * scale  # [Sq, N1, Skv]
+        pos = (topk[qs:qs + sq].unsqueeze(-1) * block_size + offsets).flatten(2)  # [Sq, N2, K*bs] local
+        pos = pos.repeat_interleave(g, dim=1)  # [Sq, N1, L]
+        s = dense.gather(-1, pos)  # selected scores in top-k order, duplicates kept
+        if causal:
+            visible = pos <= torch.arange(sq).view(sq, 1, 1)
+        else:
+            visible = torch.ones_like(pos, dtype=torch.bool)
+        valid = visible.any(dim=-1, keepdim=True)
+        s = torch.where(visible, s, torch.full_like(s, -math.inf))
+        mx = s.detach().amax(dim=-1, keepdim=True)
+        mx_safe = torch.where(valid, mx, torch.zeros_like(mx))
+        e = torch.where(visible, torch.exp(s - mx_safe), torch.zeros_like(s))
+        l = e.sum(dim=-1, keepdim=True)
+        p = e / torch.where(valid, l, torch.ones_like(l))  # fully-masked rows: all 0
+        p_dense = torch.zeros_like(dense).scatter_add(-1, pos, p)
+        outs.append(torch.einsum("ihj,jhd->ihd", p_dense, vb))
+        maxs.append(torch.where(valid, mx.to(sdt), FLT_LOWEST).squeeze(-1))
+        sums.append(torch.where(valid, l.detach().to(sdt), FLT_MAX).squeeze(-1))
+    tail = t1 - sum(q_lens)
+    out = torch.cat(outs + [q.new_zeros((tail, n1, dv))])
+    smax = torch.cat(maxs + [torch.full((tail, n1), FLT_LOWEST, dtype=sdt)])
+    ssum = torch.cat(sums + [torch.full((tail, n1), FLT_MAX, dtype=sdt)])
+    return out, smax.unsqueeze(-1).repeat(1, 1, LANES), ssum.unsqueeze(-1).repeat(1, 1, LANES)
+
+
+def nsa_selected_attention_backward(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale: float,
+                                    block_size: int, actual_seq_qlen, actual_seq_kvlen, causal: bool, *,
+                                    dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` by autograd through :func:`nsa_selected_attention` in ``dtype``."""
+    qq, kk, vv = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+    out, _, _ = nsa_selected_attention(qq, kk, vv, topk, scale, block_size, actual_seq_qlen, actual_seq_kvlen,
+                                       causal, dtype=dtype)
+    if not out.requires_grad:
+        return torch.zeros_like(qq), torch.zeros_like(kk), torch.zeros_like(vv)
+    grads = torch.autograd.grad(out, (qq, kk, vv), dy.to(dtype), allow_unused=True)
+    return tuple(torch.zeros_like(x) if gr is None else gr for gr, x in zip(grads, (qq, kk, vv)))
+
+
+# ------------------------------------------------------------------------------------------------ compress attention
+def importance_score_literal(p: Tensor, sel_len: int, m: int, nn: int) -> Tensor:
+    """``score[..., k] = sum_{a<m} sum_{c<nn} p[..., m*(k+1) - a - c]`` (out-of-range columns contribute 0)."""
+    cmp_len = p.shape[-1]
+    cols = []
+    for kk in range(sel_len):
+        acc = p.new_zeros(p.shape[:-1])
+        for a in range(m):
+            for c in range(nn):
+                idx = m * (kk + 1) - a - c
+                if 0 <= idx < cmp_len:
+                    acc = acc + p[..., idx]
+        cols.append(acc)
+    if not cols:
+        return p.new_zeros(p.shape[:-1] + (0,))
+    return torch.stack(cols, dim=-1)
+
+
+def _slice_mask(mask: Tensor | None, rows: int, cols: int) -> Tensor:
+    """Top-left ``[rows, cols]`` of a 2-D mask as bool (True = set); all False when ``mask`` is None."""
+    if mask is None:
+        return torch.zeros(rows, cols, dtype=torch.bool)
+    return mask[:rows, :cols] != 0
+
+
+def nsa_compress_attention(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, scale: float, head_num: int, l: int, d: int,
+                           l_sel: int, count: int, atten_mask, topk_mask, actual_seq_qlen, actual_cmp_seq_kvlen,
+                           actual_sel_seq_kvlen, *, dtype: torch.dtype = torch.float64, return_scores: bool = False):
+    """``(out [T, N1, Dv], topk_indices [T, N2, count] int32, softmax_max, softmax_sum)``.
+
+    Per batch a dense softmax of ``scale * q k_cmp^T`` over the compressed keys, ``atten_mask`` (True = masked,
+    top-left slice ``[:Sq_b, :CmpSkv_b]``); fully-masked rows give out 0 and invalid statistics. Importance
+    ``score[k] = sum_{a<m} sum_{c<nn} P[m*(k+1)-a-c]`` (``m = l_sel // d``, ``nn = l // d``), summed over the GQA
+    group; ``topk_mask`` (top-left ``[:Sq_b, :SelSkv_b]``) forces selection; descending score, ties to the lower
+    index. Statistics ``[T, N1, 8]`` in the per-batch blocked memory order ``concat_b([N1, Sq_b, 8])``.
+    With ``return_scores`` a fifth item is the list of per-batch ``[Sq_b, N2, SelSkv_b]`` scores (forced blocks
+    at +inf).
+    """
+    q, kc, vc = q.to(dtype), k_cmp.to(dtype), v_cmp.to(dtype)
+    t, n1, _ = q.shape
+    if n1 != head_num:
+        raise ValueError(f"head_num={head_num} != N1={n1}")
+    n2 = kc.shape[1]
+    g = n1 // n2
+    dv = vc.shape[2]
+    m, nn = l_sel // d, l // d
+    sdt = _stat_dtype(dtype)
+    q_lens = cum_to_lengths(actual_seq_qlen)
+    c_lens = cum_to_lengths(actual_cmp_seq_kvlen)
+    s_lens = cum_to_lengths(actual_sel_seq_kvlen)
+    outs, maxs, sums, scores = [], [], [], []
+    topk = torch.zeros(t, n2, count, dtype=torch.int32)
+    for qs, sq, cs, cl, sl in zip(_starts(q_lens), q_lens, _starts(c_lens), c_lens, s_lens):
+        if sq == 0:
+            scores.append(torch.zeros(0, n2, sl, dtype=dtype))
+            continue
+        qb = q[qs:qs + sq].transpose(0, 1)  # [N1, Sq, D]
+        kb = kc[cs:cs + cl].transpose(0, 1).repeat_interleave(g, dim=0)  # [N1, Cmp, D]
+        vb = vc[cs:cs + cl].transpose(0, 1).repeat_interleave(g, dim=0)
+        s = scale * (qb @ kb.transpose(-1, -2))  # [N1, Sq, Cmp]
+        keep = ~_slice_mask(atten_mask, sq, cl).unsqueeze(0).expand_as(s)
+        valid = keep.any(dim=-1, keepdim=True)
+        s = torch.where(keep, s, torch.full_like(s, -math.inf))
+        mx = s.amax(dim=-1, keepdim=True) if cl > 0 else torch.full((n1, sq, 1), -math.inf, dtype=dtype)
+        mx_safe = torch.where(valid, mx, torch.zeros_like(mx))
+        e = torch.where(keep, torch.exp(s - mx_safe), torch.zeros_like(s))
+        sm = e.sum(dim=-1, keepdim=True)
+        p = e / torch.where(valid, sm, torch.ones_like(sm))
+        outs.append((p @ vb).transpose(0, 1))  # [Sq, N1, Dv]
+        maxs.append(torch.where(valid, mx.detach().to(sdt), FLT_LOWEST).reshape(-1))
+        sums.append(torch.where(valid, sm.detach().to(sdt), FLT_MAX).reshape(-1))
+
+        per_head = importance_score_literal(p.detach(), sl, m, nn)  # [N1, Sq, Sel]
+        score = per_head.reshape(n2, g, sq, sl).sum(dim=1).permute(1, 0, 2).clone()  # [Sq, N2, Sel]
+        forced = _slice_mask(topk_mask, sq, sl)
+        score = torch.where(forced.unsqueeze(1), torch.full_like(score, math.inf), score)
+        scores.append(score)
+        rows = score.tolist()
+        for i in range(sq):
+            for h2 in range(n2):
+                row = rows[i][h2]
+                order = sorted(range(sl), key=lambda kk: (-row[kk], kk))[:count]
+                topk[qs + i, h2, :len(order)] = torch.tensor(order, dtype=torch.int32)
+    used = sum(q_lens)
+    outs.append(q.new_zeros((t - used, n1, dv)))
+    out = torch.cat(outs)
+    tail = (t - used) * n1
+    smax = torch.cat(maxs + [torch.full((tail,), FLT_LOWEST, dtype=sdt)]).reshape(t, n1, 1).repeat(1, 1, LANES)
+    ssum = torch.cat(sums + [torch.full((tail,), FLT_MAX, dtype=sdt)]).reshape(t, n1, 1).repeat(1, 1, LANES)
+    if return_scores:
+        return out, topk, smax, ssum, scores
+    return out, topk, smax, ssum
+
+
+def nsa_compress_attention_backward(dy: Tensor, q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *args,
+                                    dtype: torch.dtype = torch.float64, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk_cmp, dv_cmp)`` of the attention output by autograd (the top-k output is not differentiable)."""
+    qq, kk, vv = (x.detach().to(dtype).requires_grad_() for x in (q, k_cmp, v_cmp))
+    out = nsa_compress_attention(qq, kk, vv, *args, dtype=dtype, **kwargs)[0]
+    if not out.requires_grad:
+        return torch.zeros_like(qq), torch.zeros_like(kk), torch.zeros_like(vv)
+    grads = torch.autograd.grad(out, (qq, kk, vv), dy.to(dtype), allow_unused=True)
+    return tuple(torch.zeros_like(x) if gr is None else gr for gr, x in zip(grads, (qq, kk, vv)))
