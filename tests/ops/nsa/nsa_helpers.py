@@ -43,8 +43,11 @@ def _c(x):
 
 
 # ----------------------------------------------------------------------------------------------- compress
-def check_compress(x, w, block, stride, act_seq_len, *, via="api", backward=True, seed=7):
-    """Forward (and backward) of compression vs the golden. ``act_seq_len`` is cumulative (leading 0 allowed)."""
+def check_compress(x, w, block, stride, act_seq_len, *, via="api", backward=True, seed=7, check_weight_grad=True):
+    """Forward (and backward) of compression vs the golden. ``act_seq_len`` is cumulative (leading 0 allowed).
+
+    ``check_weight_grad=False`` only where a known package bug is pinned by its own strict-xfail test.
+    """
     gx, gw = _c(x), _c(w)
     bdt = baseline_dtype(x.dtype)
     golden = G.nsa_compress(gx, gw, block, stride, act_seq_len)
@@ -70,7 +73,8 @@ def check_compress(x, w, block, stride, act_seq_len, *, via="api", backward=True
         di, dw = aclnn.nsa_compress_grad(dy, x, w, act_seq_len, block, stride, 0, "TND")
     assert di.shape == x.shape and dw.shape == w.shape and di.dtype == x.dtype and dw.dtype == w.dtype
     assert_close_to_golden("nsa_compress.input_grad", di, gi, bi, factor=3)
-    assert_close_to_golden("nsa_compress.weight_grad", dw, gwg, bwg, factor=3)
+    if check_weight_grad:
+        assert_close_to_golden("nsa_compress.weight_grad", dw, gwg, bwg, factor=3)
     return out
 
 
