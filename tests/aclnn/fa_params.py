@@ -74,7 +74,7 @@ def base_params(op: str, *, dtype=torch.float32, q_lens=(3, 4), kv_lens=(4, 4), 
     p = dict(query=q, key=k, value=v, dy=dy, pse=None, drop_mask=None, padding_mask=None, atten_mask=None,
              softmax_max=None, softmax_sum=None, softmax_in=None, attention_in=None, prefix=None,
              actual_seq_qlen=cum(q_lens), actual_seq_kvlen=cum(kv_lens), q_start_idx=None, kv_start_idx=None,
-             scale_value=d ** -0.5, keep_prob=1.0, pre_tokens=INT_MAX, next_tokens=INT_MAX, head_num=n1,
+             scale_value=d ** -0.5 if d else 1.0, keep_prob=1.0, pre_tokens=INT_MAX, next_tokens=INT_MAX, head_num=n1,
              input_layout=layout, inner_precise=0, sparse_mode=0, pse_type=1)
 
     def for_op(name):

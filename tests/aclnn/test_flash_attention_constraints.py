@@ -109,6 +109,11 @@ def test_head_num_at_most_256(op):
            ParamInvalidError, "head_num")
 
 
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_head_num_at_least_1(op):
+    expect(op, base_params(op, head_num=0), ParamInvalidError, "head_num")
+
+
 @pytest.mark.parametrize("op", ["var_len", "score_grad"])
 def test_head_num_256_accepted(op):
     accept(op, base_params(op, n1=256, n2=2, d=4, q_lens=(1,), kv_lens=(1,), b=1, sq=1, skv=1))
@@ -120,6 +125,7 @@ def test_head_dim_limit(op):
     small = dict(n1=1, n2=1, q_lens=(1,), kv_lens=(1,), b=1, sq=1, skv=1)
     accept(op, base_params(op, d=limit, **small))
     expect(op, base_params(op, d=limit + 1, **small), ParamInvalidError, "query")
+    expect(op, base_params(op, d=0, **small), ParamInvalidError, "query")
 
 
 @pytest.mark.parametrize("op", ["var_len_v2", "unpad_grad_v2"])

@@ -170,3 +170,20 @@ def test_dense_and_tnd_agree():
     tnd = attnops.flash_attention(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), layout="TND",
                                   actual_seq_qlen=[5, 10], actual_seq_kvlen=[6, 12], **kw)
     torch.testing.assert_close(tnd, dense.flatten(0, 1), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------ row chunks
+
+
+def test_several_row_chunks_tnd_band():
+    """Long enough that the reference works in several row chunks (8 query heads per KV head, Skv = 600), with a
+    band whose column range changes from chunk to chunk and rows with a single kept key."""
+    q_lens, kv_lens = [1000, 37], [600, 40]
+    q, k, v, dy = make_qkv("TND", n1=8, n2=1, q_lens=q_lens, kv_lens=kv_lens, seed=92)
+    check_fa(q, k, v, dy, layout="TND", head_num=8, scale=0.4, actual_seq_qlen=cum(q_lens),
+             actual_seq_kvlen=cum(kv_lens), atten_mask=TRIU2048, sparse_mode=4, pre_tokens=700, next_tokens=-100)
+
+
+def test_several_row_chunks_dense_bf16():
+    q, k, v, dy = make_qkv("BSND", b=1, n1=8, n2=1, sq=600, skv=1000, dtype=torch.bfloat16, seed=93)
+    check_fa(q, k, v, dy, layout="BSND", head_num=8, scale=0.4, atten_mask=TRIU2048, sparse_mode=3)

@@ -281,3 +281,20 @@ def test_fully_masked_rows_tnd_empty_kv(softmax_layout):
     else:  # per-batch blocks [N1, Sq_b, 8]: batch 1 occupies flat rows 2*N1 .. 5*N1
         flat_max, flat_sum = r["smax"].reshape(-1, 8), r["ssum"].reshape(-1, 8)
         assert bool((flat_max[4:10] == FLT_LOWEST).all()) and bool((flat_sum[4:10] == FLT_MAX).all())
+
+
+# ------------------------------------------------------------------------------------------ slow matrix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [0, 1, 2, 3, 4, 6, 7, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_long_varlen_every_mode(mode, dtype):
+    """Lengths that are not multiples of any tile (1025, 63, 111), an empty batch, every TND mode."""
+    q_lens, kv_lens = [1025, 63, 0, 111], [1025, 111, 5, 111]
+    q, k, v, dy = make_qkv("TND", n1=4, n2=2, q_lens=q_lens, kv_lens=kv_lens, dtype=dtype, seed=35)
+    mask = {0: _explicit((1025, 1025), seed=36, p=0.2), 1: _explicit((1025, 1025), seed=37, p=0.2),
+            6: PREFIX3072}.get(mode, TRIU2048)
+    check_fa(q, k, v, dy, layout="TND", head_num=4, scale=0.3, actual_seq_qlen=cum(q_lens),
+             actual_seq_kvlen=cum(kv_lens), atten_mask=mask, sparse_mode=mode, pre_tokens=300, next_tokens=20,
+             prefix=[100, 60, 5, 50])
