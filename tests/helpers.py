@@ -23,7 +23,7 @@ _RECT[:, 1024:] = True
 PREFIX3072 = torch.cat([TRIU2048, _RECT])  # the canonical compressed mask of sparse_mode 6
 
 __all__ = ["F64", "INT_MAX", "TRIU2048", "PREFIX3072", "FLT_MAX", "FLT_LOWEST", "randn", "noncontig",
-           "make_qkv", "cum", "score_numel", "random_keep", "check_fa", "golden_kwargs"]
+           "make_qkv", "to_layout", "cum", "score_numel", "random_keep", "check_fa", "golden_kwargs"]
 
 
 def randn(*shape, dtype=torch.float32, seed=0, scale=1.0) -> torch.Tensor:
@@ -54,7 +54,7 @@ def cum(lens) -> list[int]:
     return out
 
 
-def _to_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+def to_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
     """[B, S, N, D] -> dense layout."""
     if layout == "BSND":
         return x
@@ -80,10 +80,10 @@ def make_qkv(layout: str, *, b=2, n1=2, n2=None, sq=5, skv=None, d=8, dv=None, q
         v = randn(tk, n2, dv, dtype=dtype, seed=seed + 2)
         dy = randn(tq, n1, dv, dtype=dtype, seed=seed + 3)
         return q, k, v, dy
-    q = _to_layout(randn(b, sq, n1, d, dtype=dtype, seed=seed, scale=scale), layout)
-    k = _to_layout(randn(b, skv, n2, d, dtype=dtype, seed=seed + 1, scale=scale), layout)
-    v = _to_layout(randn(b, skv, n2, dv, dtype=dtype, seed=seed + 2), layout)
-    dy = _to_layout(randn(b, sq, n1, dv, dtype=dtype, seed=seed + 3), layout)
+    q = to_layout(randn(b, sq, n1, d, dtype=dtype, seed=seed, scale=scale), layout)
+    k = to_layout(randn(b, skv, n2, d, dtype=dtype, seed=seed + 1, scale=scale), layout)
+    v = to_layout(randn(b, skv, n2, dv, dtype=dtype, seed=seed + 2), layout)
+    dy = to_layout(randn(b, sq, n1, dv, dtype=dtype, seed=seed + 3), layout)
     return q, k, v, dy
 
 

@@ -14,7 +14,7 @@ from attnops import AclnnError, ParamDtypeError, ParamInvalidError, ParamNullptr
 from attnops._core.dropout import pack_bits
 from tests.aclnn.fa_params import (ALIASES, BACKWARD_OPS, DENSE_OPS, OPS, TND_OPS, V2_OPS, base_params, call,
                                    get_param, validate)
-from tests.helpers import INT_MAX, PREFIX3072, TRIU2048
+from tests.helpers import INT_MAX, PREFIX3072, TRIU2048, to_layout
 
 ALL_OPS = list(OPS)
 BIG_T = (1 << 20) + 1
@@ -211,23 +211,13 @@ def test_score_ops_reject_tnd(op, layout):
     expect(op, base_params(op, input_layout=layout), ParamInvalidError, "input_layout")
 
 
-def _to_layout(t, layout, heads=None):
-    if layout == "BNSD":
-        return t
-    if layout == "BSND":
-        return t.transpose(1, 2).contiguous()
-    if layout == "BSH":
-        return t.transpose(1, 2).flatten(2).contiguous()
-    return t.permute(2, 0, 1, 3).flatten(2).contiguous()  # SBH
-
-
 @pytest.mark.parametrize("op", DENSE_OPS)
 @pytest.mark.parametrize("layout", ["BSH", "SBH", "BSND", "BNSD"])
 def test_score_ops_accept_dense_layouts(op, layout):
     p = base_params(op)
     for name in ("query", "key", "key_in", "value", "dy", "attention_in"):
         if name in p:
-            p[name] = _to_layout(p[name], layout)
+            p[name] = to_layout(p[name].transpose(1, 2), layout)  # BNSD -> BSND -> layout
     p["input_layout"] = layout
     accept(op, p)
     out = call(op, p)

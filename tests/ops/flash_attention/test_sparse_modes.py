@@ -190,10 +190,6 @@ def _keep_pattern(q_lens, kv_lens, **kw):
     return pats
 
 
-def _rows(full_keep, rows):
-    return full_keep[rows]
-
-
 def test_worked_example_mode7_card1():
     """A 4x6 rightDownCausal batch split by q into 2+2 rows; card 1 holds original rows 0 and 1 in its last batch."""
     i, j = torch.arange(4).view(-1, 1), torch.arange(6).view(1, -1)
