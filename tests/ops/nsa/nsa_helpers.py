@@ -43,7 +43,8 @@ def _c(x):
 
 
 # ----------------------------------------------------------------------------------------------- compress
-def check_compress(x, w, block, stride, act_seq_len, *, via="api", backward=True, seed=7, check_weight_grad=True):
+def check_compress(x, w, block, stride, act_seq_len, *, via="api", backward=True, seed=7, check_weight_grad=True,
+                   dy=None):
     """Forward (and backward) of compression vs the golden. ``act_seq_len`` is cumulative (leading 0 allowed).
 
     ``check_weight_grad=False`` only where a known package bug is pinned by its own strict-xfail test.
@@ -52,7 +53,7 @@ def check_compress(x, w, block, stride, act_seq_len, *, via="api", backward=True
     bdt = baseline_dtype(x.dtype)
     golden = G.nsa_compress(gx, gw, block, stride, act_seq_len)
     base = G.nsa_compress(gx, gw, block, stride, act_seq_len, dtype=bdt)
-    dy = randn(*golden.shape, dtype=x.dtype, seed=seed)
+    dy = randn(*golden.shape, dtype=x.dtype, seed=seed) if dy is None else dy
     if via == "api":
         xx, ww = x.detach().clone().requires_grad_(backward), w.detach().clone().requires_grad_(backward)
         out = attnops.nsa_compress(xx, ww, block_size=block, stride=stride, actual_seq_len=act_seq_len)
@@ -95,8 +96,11 @@ def random_topk(q_lens, kv_lens, n2, count, block, *, seed=0, distinct=True, ext
 
 
 def check_selected(q, k, v, topk, *, block, q_lens, kv_lens, causal, scale=None, via="api", backward=True,
-                   seed=11, q_cum=None, kv_cum=None):
-    """Forward (out, softmax_max, softmax_sum) and backward (dq, dk, dv) of selected attention vs the golden."""
+                   seed=11, q_cum=None, kv_cum=None, skip_grads=(), dy=None):
+    """Forward (out, softmax_max, softmax_sum) and backward (dq, dk, dv) of selected attention vs the golden.
+
+    ``skip_grads`` (names among dq/dk/dv) only where a known package bug is pinned by its own strict-xfail test.
+    """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     qc = cum(q_lens) if q_cum is None else q_cum
     kc = cum(kv_lens) if kv_cum is None else kv_cum
@@ -105,7 +109,7 @@ def check_selected(q, k, v, topk, *, block, q_lens, kv_lens, causal, scale=None,
     bdt = baseline_dtype(q.dtype)
     g_out, g_max, g_sum = G.nsa_selected_attention(gq, gk, gv, gt, scale, block, qc, kc, causal)
     b_out, b_max, b_sum = G.nsa_selected_attention(gq, gk, gv, gt, scale, block, qc, kc, causal, dtype=bdt)
-    dy = randn(*g_out.shape, dtype=q.dtype, seed=seed)
+    dy = randn(*g_out.shape, dtype=q.dtype, seed=seed) if dy is None else dy
     if via == "api":
         qq, kk, vv = (x.detach().clone().requires_grad_(backward) for x in (q, k, v))
         out, smax, ssum = attnops.nsa_selected_attention(qq, kk, vv, topk, select_block_size=block, causal=causal,
@@ -134,7 +138,8 @@ def check_selected(q, k, v, topk, *, block, q_lens, kv_lens, causal, scale=None,
                                                   count, q.shape[1], "TND", 2 if causal else 0)
     for name, a, gg, bb, like in zip(("dq", "dk", "dv"), grads, g, b, (q, k, v)):
         assert a.shape == like.shape and a.dtype == like.dtype, name
-        assert_close_to_golden(f"selected.{name}", a, gg, bb, factor=3)
+        if name not in skip_grads:
+            assert_close_to_golden(f"selected.{name}", a, gg, bb, factor=3)
     res.update(grads=grads, golden_grads=g)
     return res
 
