@@ -2,8 +2,9 @@
 
 Works one batch, one KV head (with its GQA group) and one chunk of query rows at a time, in fp32, and only over
 the KV columns the mask band can keep, so extra memory is O(G * chunk * Skv) and masked tiles cost nothing.
-Scores are kept in base 2 (``log2(e)`` folded into the query scale) because ``exp2`` is several times faster
-than ``exp`` on the CPU, and tiles live in preallocated workspaces (no allocation per tile). The backward uses
+Exponentials use ``exp2((s - max) * log2(e))`` because ``exp2`` is several times faster than ``exp`` on the CPU;
+the row max is subtracted first (exactly, in natural units) so the backward rebuilds P from the stored fp32
+statistics without cancellation error. Tiles live in preallocated workspaces (no allocation per tile). The backward uses
 the softmax statistics and attention output it is given; it never recomputes them.
 """
 from __future__ import annotations
@@ -36,8 +37,8 @@ def _heads_first(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
 class _Workspace:
     """Reusable fp32 tile buffers of ``G * rows * skv`` elements."""
 
-    def __init__(self, group: int, skv_max: int, count: int, dtype: torch.dtype):
-        self.rows = max(MIN_ROWS, TILE_BYTES // (dtype.itemsize * group * max(skv_max, 1)))
+    def __init__(self, group: int, skv_max: int, count: int, dtype: torch.dtype, rows: int | None = None):
+        self.rows = rows or max(MIN_ROWS, TILE_BYTES // (dtype.itemsize * group * max(skv_max, 1)))
         self._bufs = [torch.empty(group * self.rows * max(skv_max, 1), dtype=dtype) for _ in range(count)]
 
     def tile(self, i: int, shape: tuple[int, int, int]) -> torch.Tensor:
@@ -53,16 +54,16 @@ class _Tile:
         self.heads = slice(n2 * g, (n2 + 1) * g)
         self.shape = (g, r1 - r0, c1 - c0)
 
-    def scores2(self, q2: torch.Tensor, k: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``log2(e) * (scale*QK^T + pse)`` with masked entries at -inf, written into ``out`` [G, r, c].
+    def scores(self, qs: torch.Tensor, k: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) with masked entries at -inf, into ``out``.
 
-        ``q2`` is the batch's query times ``scale*log2(e)`` ([N1, Sq, D]); ``k`` is [N2, Skv, D].
+        ``qs`` is the batch's query times ``scale`` ([N1, Sq, D]); ``k`` is [N2, Skv, D]; ``out`` is [G, r, c].
         """
         p = self.p
-        s = torch.matmul(q2[self.heads, self.r0:self.r1], k[self.n2, self.c0:self.c1].transpose(0, 1), out=out)
+        s = torch.matmul(qs[self.heads, self.r0:self.r1], k[self.n2, self.c0:self.c1].transpose(0, 1), out=out)
         if p.pse is not None:
             pse = p.pse.block(self.b, self.r0, self.r1, self.c0, self.c1, self.heads, s.dtype)
-            s.add_(pse, alpha=LOG2E * (p.scale if p.pse.add_before_scale else 1.0))
+            s.add_(pse, alpha=p.scale if p.pse.add_before_scale else 1.0)
         return p.mask.fill_masked_(s, self.b, self.r0, self.r1, self.c0, self.c1, self.heads)
 
     def dropout_scale(self, dtype: torch.dtype) -> torch.Tensor | None:
@@ -108,7 +109,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     ws = _Workspace(g.group, p.seq.max_kv, 1, acc)
     for b in _active_batches(p):
         sq = p.seq.q_lens[b]
-        q2 = _heads_first(batch_tokens(qv, p.seq, b), p.scale * LOG2E)
+        qs = _heads_first(batch_tokens(qv, p.seq, b), p.scale)
         k = _heads_first(batch_tokens(kv, p.seq, b, kv=True))
         v = _heads_first(batch_tokens(vv, p.seq, b, kv=True))
         o = torch.zeros(g.n1, sq, g.dv, dtype=acc)
@@ -116,16 +117,16 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
         l_b = torch.full((g.n1, sq, 1), FLT_MAX, dtype=acc)
         for t in _tiles(p, b, ws.rows):
             h, r0, r1 = t.heads, t.r0, t.r1
-            s = t.scores2(q2, k, ws.tile(0, t.shape))
+            s = t.scores(qs, k, ws.tile(0, t.shape))
             m = s.amax(-1, keepdim=True)
             valid = m > float("-inf")
-            s.sub_(torch.where(valid, m, 0.0)).exp2_()
+            s.sub_(torch.where(valid, m, 0.0)).mul_(LOG2E).exp2_()
             l = s.sum(-1, keepdim=True)
             drop = t.dropout_scale(acc)
             if drop is not None:
                 s.mul_(drop)
             o[h, r0:r1] = torch.matmul(s, v[t.n2, t.c0:t.c1]).div_(torch.where(valid, l, 1.0))
-            m_b[h, r0:r1] = torch.where(valid, m / LOG2E, FLT_LOWEST)
+            m_b[h, r0:r1] = torch.where(valid, m, FLT_LOWEST)
             l_b[h, r0:r1] = torch.where(valid, l, FLT_MAX)
         batch_tokens(ov, p.seq, b).copy_(o.transpose(0, 1))
         stats_block(smax, p.seq, b, p.softmax_layout).copy_(m_b.expand(-1, -1, 8))
@@ -133,10 +134,18 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     return out, smax, ssum
 
 
-def _log2_normalizer(m: torch.Tensor, l: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    """``log2(e) * (max + log(sum))`` per row; +inf for invalid rows (max == FLT_LOWEST) so that P = 0 there."""
-    lse2 = (m.to(torch.float64) + l.to(torch.float64).log()) * LOG2E
-    return torch.where(m > FLT_LOWEST, lse2, float("inf")).to(acc)
+def _probabilities_(s: torch.Tensor, m: torch.Tensor, log2_l: torch.Tensor) -> torch.Tensor:
+    """In place: ``P = exp(s - max) / sum`` as ``exp2((s - max) * log2(e) - log2(sum))`` from given statistics.
+
+    Invalid rows (max = FLT_LOWEST, all scores -inf) give P = 0.
+    """
+    return s.sub_(m).mul_(LOG2E).sub_(log2_l).exp2_()
+
+
+def _row_stats(softmax_max, softmax_sum, seq, b, layout, acc):
+    """Batch ``b``'s given (max, log2(sum)) as ``[N1, Sq, 1]`` in the compute dtype."""
+    m = stats_block(softmax_max, seq, b, layout)[..., :1].to(acc)
+    return m, stats_block(softmax_sum, seq, b, layout)[..., :1].to(acc).log2()
 
 
 def probability_tiles(p: FAProblem, b: int, query, key, softmax_max, softmax_sum):
@@ -146,13 +155,29 @@ def probability_tiles(p: FAProblem, b: int, query, key, softmax_max, softmax_sum
     if p.seq.q_lens[b] == 0 or p.seq.kv_lens[b] == 0:
         return
     acc = compute_dtype(query.dtype)
-    q2 = _heads_first(batch_tokens(tokens_view(query, g.layout, g.n1), p.seq, b), p.scale * LOG2E)
+    qs = _heads_first(batch_tokens(tokens_view(query, g.layout, g.n1), p.seq, b), p.scale)
     k = _heads_first(batch_tokens(tokens_view(key, g.layout, g.n2), p.seq, b, kv=True))
-    lse2 = _log2_normalizer(stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1],
-                            stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1], acc)
+    m, log2_l = _row_stats(softmax_max, softmax_sum, p.seq, b, p.softmax_layout, acc)
     ws = _Workspace(g.group, p.seq.max_kv, 1, acc)
     for t in _tiles(p, b, ws.rows):
-        yield t, t.scores2(q2, k, ws.tile(0, t.shape)).sub_(lse2[t.heads, t.r0:t.r1]).exp2_()
+        rows = (t.heads, slice(t.r0, t.r1))
+        yield t, _probabilities_(t.scores(qs, k, ws.tile(0, t.shape)), m[rows], log2_l[rows])
+
+
+def _dp_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of ``dP - D``: fp64 for fp32/fp64 inputs.
+
+    ``D = rowsum(dy * attention_in)`` does not share dP's rounding errors (autograd's ``sum(P * dP)`` would), so
+    for a dominant key ``dP - D`` cancels to a small number and fp32 rounding of both terms would be the whole
+    error of dq/dk. fp16/bf16 inputs are far coarser than fp32 products, so they keep fp32.
+    """
+    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _sum_over_group(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``sum_g x[g]^T @ y[g]`` ([c, d]): one GEMM per head, then the short sum over the group (fewer fp32 terms
+    per accumulation than one GEMM over G*r rows)."""
+    return torch.bmm(x.transpose(1, 2), y).sum(0) if x.shape[0] > 1 else x[0].transpose(0, 1) @ y[0]
 
 
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
@@ -165,36 +190,36 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     qv, kv, vv, dyv, ov, dqv, dkv, dvv = (
         tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (dy, g.n1),
                                                   (attention_in, g.n1), (dq, g.n1), (dk, g.n2), (dv, g.n2)))
-    acc = compute_dtype(query.dtype)
-    ws = _Workspace(g.group, p.seq.max_kv, 2, acc)
+    acc, dp_dtype = compute_dtype(query.dtype), _dp_dtype(query.dtype)
+    ws = _Workspace(g.group, p.seq.max_kv, 1, acc)
+    ws_dp = _Workspace(g.group, p.seq.max_kv, 1, dp_dtype, rows=ws.rows)
     for b in _active_batches(p):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
-        q2 = _heads_first(batch_tokens(qv, p.seq, b), p.scale * LOG2E)
+        qs = _heads_first(batch_tokens(qv, p.seq, b), p.scale)
         k = _heads_first(batch_tokens(kv, p.seq, b, kv=True))
         v = _heads_first(batch_tokens(vv, p.seq, b, kv=True))
         do = _heads_first(batch_tokens(dyv, p.seq, b))
-        delta = (do * _heads_first(batch_tokens(ov, p.seq, b))).sum(-1, keepdim=True)  # [N1, Sq, 1]
-        m_b = stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1]
-        l_b = stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1]
-        lse2 = _log2_normalizer(m_b, l_b, acc)  # P = exp2(s2 - lse2)
+        do_p, v_p = do.to(dp_dtype), v.to(dp_dtype)
+        delta = torch.linalg.vecdot(do_p, _heads_first(batch_tokens(ov, p.seq, b)).to(dp_dtype)).unsqueeze(-1)
+        m_b, log2_l = _row_stats(softmax_max, softmax_sum, p.seq, b, p.softmax_layout, acc)
         dq_b = torch.zeros(g.n1, sq, g.d, dtype=acc)
         dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc)
         dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc)
         for t in _tiles(p, b, ws.rows):
             h, r0, r1, n2, cols = t.heads, t.r0, t.r1, t.n2, slice(t.c0, t.c1)
             dot = do[h, r0:r1]
-            prob = t.scores2(q2, k, ws.tile(0, t.shape)).sub_(lse2[h, r0:r1]).exp2_()
-            dp = torch.matmul(dot, v[n2, cols].transpose(0, 1), out=ws.tile(1, t.shape))
+            prob = _probabilities_(t.scores(qs, k, ws.tile(0, t.shape)), m_b[h, r0:r1], log2_l[h, r0:r1])
+            dp = torch.matmul(do_p[h, r0:r1], v_p[n2, cols].transpose(0, 1), out=ws_dp.tile(0, t.shape))
             drop = t.dropout_scale(acc)
             if drop is not None:
                 dp.mul_(drop)
-            dv_b[n2, cols] += torch.tensordot(prob if drop is None else prob * drop, dot, dims=([0, 1], [0, 1]))
+            dv_b[n2, cols] += _sum_over_group(prob if drop is None else prob * drop, dot)
             ds = prob.mul_(dp.sub_(delta[h, r0:r1]))
             dq_b[h, r0:r1] += torch.matmul(ds, k[n2, cols])
-            dk_b[n2, cols] += torch.tensordot(ds, q2[h, r0:r1], dims=([0, 1], [0, 1]))
+            dk_b[n2, cols] += _sum_over_group(ds, qs[h, r0:r1])
             t.add_pse_grad(ds, dpse)
         batch_tokens(dqv, p.seq, b).copy_(dq_b.mul_(p.scale).transpose(0, 1))
-        batch_tokens(dkv, p.seq, b, kv=True).copy_(dk_b.mul_(1.0 / LOG2E).transpose(0, 1))
+        batch_tokens(dkv, p.seq, b, kv=True).copy_(dk_b.transpose(0, 1))
         batch_tokens(dvv, p.seq, b, kv=True).copy_(dv_b.transpose(0, 1))
     if dpse is not None:
         dpse = dpse.to(p.pse.tensor.dtype)
