@@ -1,0 +1,147 @@
+"""Benchmark cases and suites: what is measured (operator, mode, shapes, dtype) and how much work it is.
+
+FLOP model (FlashAttention convention): the forward is ``2 * N1 * kept * (D + Dv)`` (``4 * N * Sq * Skv * D`` when
+``Dv == D``) summed over batches, where ``kept`` counts the (query, key) pairs the mask keeps (``Sq * Skv`` for
+full attention, about half of it for causal); the backward is 2.5x the forward.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+MODES = ("fwd", "bwd", "fwd+bwd")
+BWD_FACTOR = 2.5
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark case. ``seq_lens`` (TND only) lists the per-sequence lengths (queries and keys alike)."""
+
+    name: str
+    op: str = "flash_attention"
+    mode: str = "fwd"
+    batch: int = 1
+    heads: int = 8
+    kv_heads: int = 8
+    sq: int = 4096
+    skv: int = 4096
+    d: int = 128
+    dv: int = 128
+    dtype: str = "float32"
+    causal: bool = False
+    layout: str = "BSND"
+    seq_lens: tuple[int, ...] | None = None
+    baselines: tuple[str, ...] = ("sdpa",)
+    track_memory: bool = False
+    params: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.layout == "TND" and not self.seq_lens:
+            raise ValueError("TND cases need seq_lens")
+
+    @property
+    def lengths(self) -> list[tuple[int, int]]:
+        """(Sq_b, Skv_b) of every batch."""
+        if self.layout == "TND":
+            return [(s, s) for s in self.seq_lens]
+        return [(self.sq, self.skv)] * self.batch
+
+    def kept_pairs(self) -> int:
+        """Number of (query, key) pairs the mask keeps, summed over batches (causal is top-left aligned)."""
+        total = 0
+        for sq, skv in self.lengths:
+            if not self.causal:
+                total += sq * skv
+            else:  # row i keeps keys 0..i (sparse_mode 2, is_causal=True)
+                full_rows = max(0, sq - skv)  # rows i >= skv keep every key
+                n = min(sq, skv)
+                total += n * (n + 1) // 2 + full_rows * skv
+        return total
+
+    def forward_flops(self) -> float:
+        return 2.0 * self.heads * self.kept_pairs() * (self.d + self.dv)
+
+    def flops(self) -> float:
+        fwd = self.forward_flops()
+        return {"fwd": fwd, "bwd": BWD_FACTOR * fwd, "fwd+bwd": (1 + BWD_FACTOR) * fwd}[self.mode]
+
+    def describe(self) -> dict:
+        out = asdict(self)
+        out["seq_lens"] = list(self.seq_lens) if self.seq_lens else None
+        out["baselines"] = list(self.baselines)
+        out["flops"] = self.flops()
+        out["kept_pairs"] = self.kept_pairs()
+        return out
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    cases: tuple[Case, ...]
+    device: str = "cpu"
+    repeat: int = 5
+    warmup: int = 1
+
+
+SUITES: dict[str, Suite] = {}
+
+
+def register_suite(suite: Suite) -> Suite:
+    if suite.name in SUITES:
+        raise ValueError(f"suite {suite.name!r} is already registered")
+    SUITES[suite.name] = suite
+    return suite
+
+
+def _fa_cases(prefix: str, modes, causal_opts, **shape) -> tuple[Case, ...]:
+    cases = []
+    for causal in causal_opts:
+        for mode in modes:
+            tag = "causal" if causal else "full"
+            cases.append(Case(name=f"{prefix}-{mode}-{tag}", mode=mode, causal=causal, **shape))
+    return tuple(cases)
+
+
+register_suite(Suite(
+    name="fa-cpu",
+    description="FlashAttention B=1, N=8, S=4096, D=128, fp32, BSND, causal and full: attnops vs "
+                "torch.nn.functional.scaled_dot_product_attention on the CPU (the acceptance cases)",
+    cases=_fa_cases("fa-b1-n8-s4096-d128-fp32", ("fwd", "fwd+bwd"), (False, True),
+                    batch=1, heads=8, kv_heads=8, sq=4096, skv=4096, d=128, dv=128, dtype="float32"),
+    device="cpu", repeat=5, warmup=1))
+
+register_suite(Suite(
+    name="fa-cpu-long",
+    description="FlashAttention on one TND sequence of 32768 tokens, N=8, D=128, fp32, causal: forward and "
+                "backward time and peak resident memory (no baseline: SDPA's math fallback would need O(S^2))",
+    cases=tuple(Case(name=f"fa-tnd-t32768-n8-d128-fp32-{mode}-causal", mode=mode, heads=8, kv_heads=8, d=128, dv=128,
+                     dtype="float32", causal=True, layout="TND", seq_lens=(32768,), sq=32768, skv=32768,
+                     baselines=(), track_memory=True)
+                for mode in ("fwd", "bwd")),
+    device="cpu", repeat=1, warmup=0))
+
+register_suite(Suite(
+    name="fa-gpu",
+    description="FlashAttention B=4, N=16, S=4096, D=128, bf16 and fp16, causal and full, on CUDA: attnops vs the "
+                "SDPA backends (flash, efficient, cuDNN), FlexAttention (compiled) and flash-attn when installed",
+    cases=tuple(c for dt in ("bfloat16", "float16") for c in _fa_cases(
+        f"fa-b4-n16-s4096-d128-{dt}", ("fwd", "bwd", "fwd+bwd"), (False, True), batch=4, heads=16, kv_heads=16,
+        sq=4096, skv=4096, d=128, dv=128, dtype=dt,
+        baselines=("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "flash-attn"))),
+    device="cuda", repeat=20, warmup=3))
+
+register_suite(Suite(
+    name="fa-smoke",
+    description="Tiny FlashAttention cases (seconds on any device): checks that the runner works end to end",
+    cases=_fa_cases("fa-b1-n2-s256-d64-fp32", ("fwd", "bwd", "fwd+bwd"), (False, True), batch=1, heads=2,
+                    kv_heads=2, sq=256, skv=256, d=64, dv=64, dtype="float32", track_memory=True),
+    device="cpu", repeat=3, warmup=1))
+
+
+def suite_cases(name: str, pattern: str | None = None) -> list[Case]:
+    """The cases of suite ``name`` whose name contains ``pattern`` (all when None)."""
+    if name not in SUITES:
+        raise KeyError(f"unknown suite {name!r}; known: {sorted(SUITES)}")
+    return [c for c in SUITES[name].cases if pattern is None or pattern in c.name]

@@ -1,0 +1,240 @@
+"""What is timed: attnops and the baselines, as zero-argument callables built once per (case, device).
+
+Every builder returns a :class:`Runnable` (``fn`` runs one timed call, ``reset`` runs before it, untimed) or
+raises :class:`Unavailable` with the reason (missing package, unsupported dtype/layout/device), which the runner
+records as a skipped row. Inputs are random normal, the same for every implementation (seeded).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .cases import Case
+
+CAUSAL_MASK_SIZE = 2048  # CANN's compressed causal mask for sparse_mode 2
+
+
+class Unavailable(Exception):
+    """This implementation cannot run this case here (the message says why)."""
+
+
+@dataclass
+class Runnable:
+    fn: Callable[[], object]
+    reset: Callable[[], None] = lambda: None
+    output: Callable[[], torch.Tensor | None] = lambda: None  # forward output in [B, N, S, Dv] for checks
+
+
+@dataclass
+class Inputs:
+    """One case's tensors in attnops' layout (``q``, ``k``, ``v``, ``dy``) and the attnops keywords."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    dy: torch.Tensor
+    kwargs: dict
+    scale: float
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dt
+
+
+def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dt = _dtype(case.dtype)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dt)
+
+    scale = 1.0 / math.sqrt(case.d)
+    kw: dict = dict(layout=case.layout, head_num=case.heads, scale=scale)
+    if case.layout == "TND":
+        tq = sum(case.seq_lens)
+        q, k, v, dy = (randn(tq, case.heads, case.d), randn(tq, case.kv_heads, case.d),
+                       randn(tq, case.kv_heads, case.dv), randn(tq, case.heads, case.dv))
+        cum = [sum(case.seq_lens[:i + 1]) for i in range(len(case.seq_lens))]
+        kw.update(actual_seq_qlen=cum, actual_seq_kvlen=cum)
+    elif case.layout == "BSND":
+        q, k, v, dy = (randn(case.batch, case.sq, case.heads, case.d), randn(case.batch, case.skv, case.kv_heads, case.d),
+                       randn(case.batch, case.skv, case.kv_heads, case.dv),
+                       randn(case.batch, case.sq, case.heads, case.dv))
+    else:
+        raise ValueError(f"benchmark cases use layout BSND or TND, got {case.layout!r}")
+    if case.causal:
+        kw.update(atten_mask=torch.ones(CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE, dtype=torch.bool, device=device).triu(1),
+                  sparse_mode=2)
+    return Inputs(q, k, v, dy, kw, scale)
+
+
+def _to_bnsd(x: torch.Tensor, case: Case) -> torch.Tensor:
+    """attnops layout -> contiguous [B, N, S, D] (what SDPA/Flex prefer)."""
+    if case.layout == "TND":
+        raise Unavailable("needs a dense [B, N, S, D] layout (case is TND)")
+    return x.transpose(1, 2).contiguous()
+
+
+def _autograd_runnable(forward: Callable[..., torch.Tensor], leaves: list[torch.Tensor], dy: torch.Tensor,
+                       mode: str) -> Runnable:
+    """fwd: forward only (no graph); fwd+bwd: forward + out.backward(dy); bwd: backward of a retained graph."""
+    state: dict = {}
+
+    def zero_grads():
+        for t in leaves:
+            t.grad = None
+
+    if mode == "fwd":
+        def fwd():
+            with torch.no_grad():
+                state["out"] = forward(*leaves)
+        return Runnable(fwd, output=lambda: state.get("out"))
+    if mode == "fwd+bwd":
+        def fwd_bwd():
+            out = forward(*leaves)
+            out.backward(dy)
+            state["out"] = out.detach()
+        return Runnable(fwd_bwd, reset=zero_grads, output=lambda: state.get("out"))
+
+    out = forward(*leaves)
+    state["out"] = out.detach()
+
+    def bwd():
+        torch.autograd.backward(out, dy, retain_graph=True)
+    return Runnable(bwd, reset=zero_grads, output=lambda: state.get("out"))
+
+
+# ------------------------------------------------------------------------------------------------- attnops
+
+
+def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
+    """The Pythonic API (custom op + autograd; on the CPU it runs the reference)."""
+    import attnops
+    from attnops._core.dispatch import choose_backend
+
+    backend = choose_backend("auto", device)
+    if backend == "reference" and device.type != "cpu":
+        raise Unavailable(f"no attnops GPU backend can serve this case yet (backend resolves to {backend!r})")
+    kw = inp.kwargs
+    leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
+
+    def to_bnsd(out):
+        return None if out is None or case.layout == "TND" else out.transpose(1, 2)
+
+    if case.mode == "bwd":
+        with torch.no_grad():
+            res = attnops.flash_attention(*leaves, return_stats=True, **kw)
+
+        def bwd():
+            return attnops.flash_attention_backward(inp.dy, *leaves, res.out, res.softmax_max, res.softmax_sum, **kw)
+        return Runnable(bwd, output=lambda: to_bnsd(res.out))
+    r = _autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **kw), leaves, inp.dy, case.mode)
+    out_fn = r.output
+    r.output = lambda: to_bnsd(out_fn())
+    return r
+
+
+# ------------------------------------------------------------------------------------------------ baselines
+
+
+def _sdpa_backend(name: str):
+    from torch.nn.attention import SDPBackend
+
+    return {"sdpa-math": SDPBackend.MATH, "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+            "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}[name]
+
+
+def build_sdpa(case: Case, inp: Inputs, device: torch.device, name: str = "sdpa") -> Runnable:
+    """torch.nn.functional.scaled_dot_product_attention (default dispatch, or one forced backend)."""
+    import contextlib
+
+    import torch.nn.functional as F
+
+    if name not in ("sdpa", "sdpa-math") and device.type != "cuda":
+        raise Unavailable(f"{name} is a CUDA backend")
+    q, k, v, dy = (_to_bnsd(t, case) for t in (inp.q, inp.k, inp.v, inp.dy))
+    leaves = [t.requires_grad_(case.mode != "fwd") for t in (q, k, v)]
+    gqa = case.heads != case.kv_heads
+
+    def ctx():
+        if name == "sdpa":
+            return contextlib.nullcontext()
+        from torch.nn.attention import sdpa_kernel
+
+        return sdpa_kernel([_sdpa_backend(name)])
+
+    def forward(q_, k_, v_):
+        with ctx():
+            return F.scaled_dot_product_attention(q_, k_, v_, is_causal=case.causal, scale=inp.scale, enable_gqa=gqa)
+
+    try:  # the forced backends raise on unsupported inputs: report that as unavailable
+        with torch.no_grad():
+            forward(*leaves)
+    except RuntimeError as e:
+        raise Unavailable(str(e).splitlines()[0][:200]) from None
+    return _autograd_runnable(forward, leaves, dy, case.mode)
+
+
+def build_flex(case: Case, inp: Inputs, device: torch.device) -> Runnable:
+    """FlexAttention compiled with torch.compile (causal through a block mask)."""
+    if device.type != "cuda":
+        raise Unavailable("FlexAttention is benchmarked compiled on CUDA only")
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as e:
+        raise Unavailable(f"FlexAttention not available: {e}") from None
+    q, k, v, dy = (_to_bnsd(t, case) for t in (inp.q, inp.k, inp.v, inp.dy))
+    leaves = [t.requires_grad_(case.mode != "fwd") for t in (q, k, v)]
+    block_mask = None
+    if case.causal:
+        block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, case.sq, case.skv, device=device)
+    compiled = torch.compile(flex_attention)
+    gqa = case.heads != case.kv_heads
+    return _autograd_runnable(lambda q_, k_, v_: compiled(q_, k_, v_, block_mask=block_mask, scale=inp.scale,
+                                                          enable_gqa=gqa), leaves, dy, case.mode)
+
+
+def build_flash_attn(case: Case, inp: Inputs, device: torch.device) -> Runnable:
+    """Tri Dao's flash-attn package (flash_attn_func; varlen for TND), when importable."""
+    if device.type != "cuda":
+        raise Unavailable("flash-attn needs CUDA")
+    try:
+        import flash_attn
+    except ImportError:
+        raise Unavailable("flash-attn is not installed") from None
+    if case.dtype not in ("float16", "bfloat16"):
+        raise Unavailable("flash-attn supports fp16/bf16 only")
+    leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
+    if case.layout == "TND":
+        cu = torch.tensor([0] + inp.kwargs["actual_seq_qlen"], dtype=torch.int32, device=device)
+        mx = max(case.seq_lens)
+
+        def forward(q, k, v):
+            return flash_attn.flash_attn_varlen_func(q, k, v, cu, cu, mx, mx, softmax_scale=inp.scale,
+                                                     causal=case.causal)
+    else:
+        def forward(q, k, v):  # BSND is flash-attn's native layout
+            return flash_attn.flash_attn_func(q, k, v, softmax_scale=inp.scale, causal=case.causal)
+    r = _autograd_runnable(forward, leaves, inp.dy, case.mode)
+    out_fn = r.output
+    r.output = lambda: None if case.layout == "TND" or out_fn() is None else out_fn().transpose(1, 2)
+    return r
+
+
+BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
+    "attnops": build_attnops,
+    "sdpa": build_sdpa,
+    "sdpa-math": lambda c, i, d: build_sdpa(c, i, d, "sdpa-math"),
+    "sdpa-flash": lambda c, i, d: build_sdpa(c, i, d, "sdpa-flash"),
+    "sdpa-efficient": lambda c, i, d: build_sdpa(c, i, d, "sdpa-efficient"),
+    "sdpa-cudnn": lambda c, i, d: build_sdpa(c, i, d, "sdpa-cudnn"),
+    "flex": build_flex,
+    "flash-attn": build_flash_attn,
+}
+OURS = "attnops"

@@ -1,0 +1,188 @@
+"""Benchmark runner: ``python -m attnops bench --suite fa-cpu`` (or ``attnops.bench.main([...])``)."""
+from __future__ import annotations
+
+import argparse
+import gc
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .cases import SUITES, Case, suite_cases
+from .impls import BUILDERS, OURS, Unavailable, make_inputs
+from .report import environment, write_json, write_plot
+from .timing import L2Flusher, PeakMemory, summarize, synchronize, time_once, wait_until_idle
+
+DEFAULT_OUT = "benchmarks/results"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m attnops bench", description="Run a benchmark suite.")
+    ap.add_argument("--suite", default="fa-cpu", help=f"suite name (one of: {', '.join(sorted(SUITES))})")
+    ap.add_argument("--filter", default=None, help="regular expression: only cases whose name matches")
+    ap.add_argument("--repeat", type=int, default=None, help="timed repetitions per implementation (suite default)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed warm-up calls per implementation")
+    ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the suite's device)")
+    ap.add_argument("--impls", default=None,
+                    help=f"comma-separated implementations to run (default: {OURS} and the case's baselines)")
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the JSON/PNG results (default {DEFAULT_OUT})")
+    ap.add_argument("--idle-wait", type=float, default=0.0,
+                    help="CPU only: before each repetition wait up to this many seconds for the machine to be "
+                         "idle (other processes distort CPU timings); 0 disables")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    ap.add_argument("--no-check", action="store_true", help="skip comparing the outputs against the baselines'")
+    ap.add_argument("--list", action="store_true", help="list the suites and their cases, then exit")
+    return ap
+
+
+def _list() -> None:
+    for name, suite in sorted(SUITES.items()):
+        print(f"{name} [{suite.device}, repeat {suite.repeat}]: {suite.description}")
+        for c in suite.cases:
+            print(f"    {c.name}  ({c.flops() / 1e9:.1f} GFLOP; baselines: {', '.join(c.baselines) or '-'})")
+
+
+def _build(name: str, case: Case, inputs, device) -> tuple[object | None, dict]:
+    try:
+        return BUILDERS[name](case, inputs, device), {"status": "ok"}
+    except Unavailable as e:
+        return None, {"status": "skipped", "reason": str(e)}
+    except Exception as e:  # noqa: BLE001 - one broken baseline must not stop the suite
+        return None, {"status": "error", "reason": f"{type(e).__name__}: {e}"[:300]}
+
+
+def _max_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float | None:
+    if a is None or b is None or a.shape != b.shape:
+        return None
+    return float((a.detach().float() - b.detach().float()).abs().max())
+
+
+def run_case(case: Case, device: torch.device, *, repeat: int, warmup: int, impls: list[str] | None,
+             idle_wait: float, seed: int, check: bool, log=print) -> dict:
+    names = [OURS, *case.baselines] if impls is None else [n for n in impls if n == OURS or n in BUILDERS]
+    inputs = make_inputs(case, device, seed)
+    runnables, results = {}, {}
+    for name in names:
+        r, info = _build(name, case, inputs, device)
+        results[name] = info
+        if r is not None:
+            runnables[name] = r
+        elif info["status"] != "ok":
+            log(f"  {name}: {info['status']} ({info['reason']})")
+    flush = L2Flusher(device)
+    for name, r in list(runnables.items()):
+        try:
+            for _ in range(warmup):
+                r.reset()
+                r.fn()
+            synchronize(device)
+        except Exception as e:  # noqa: BLE001
+            results[name] = {"status": "error", "reason": f"{type(e).__name__}: {e}"[:300]}
+            del runnables[name]
+    times: dict[str, list[float]] = {n: [] for n in runnables}
+    idle: list[float] = []
+    order = list(runnables)
+    for rep in range(repeat):
+        for name in (order if rep % 2 == 0 else order[::-1]):  # alternate the order: no positional bias
+            r = runnables[name]
+            if device.type == "cpu":
+                frac = wait_until_idle(idle_wait)
+                if frac is not None:
+                    idle.append(frac)
+            r.reset()
+            synchronize(device)
+            if case.track_memory and rep == 0:
+                with PeakMemory(device) as mem:
+                    t = time_once(r.fn, device, flush)
+                results[name]["memory"] = mem.as_dict()
+            else:
+                t = time_once(r.fn, device, flush)
+            times[name].append(t)
+    flops = case.flops()
+    for name, ts in times.items():
+        stats = summarize(ts)
+        results[name].update(stats, tflops_at_min=flops / stats["min_s"] / 1e12,
+                             tflops_at_median=flops / stats["median_s"] / 1e12)
+    ratios, checks = {}, {}
+    ours = results.get(OURS, {})
+    for name in case.baselines:
+        base = results.get(name, {})
+        if ours.get("status") == "ok" and base.get("status") == "ok":
+            ratios[name] = {"min": base["min_s"] / ours["min_s"], "median": base["median_s"] / ours["median_s"]}
+        if check and OURS in runnables and name in runnables and case.mode != "bwd":
+            diff = _max_diff(runnables[OURS].output(), runnables[name].output())
+            if diff is not None:
+                checks[name] = {"max_abs_diff_out": diff}
+    entry = {"case": case.describe(), "results": results, "ratios": ratios, "checks": checks}
+    if idle:
+        entry["idle_fraction"] = {"min": min(idle), "mean": sum(idle) / len(idle)}
+    runnables.clear()
+    gc.collect()
+    return entry
+
+
+def _fmt_row(case: Case, entry: dict) -> list[str]:
+    lines = []
+    for name, r in entry["results"].items():
+        if r.get("status") != "ok":
+            lines.append(f"  {name:15s} {r.get('status')}: {r.get('reason', '')}")
+            continue
+        mem = r.get("memory", {}).get("peak_bytes")
+        mem_s = f"  peak {mem / 2**30:.2f} GiB" if mem else ""
+        lines.append(f"  {name:15s} min {r['min_s']:8.4f} s  median {r['median_s']:8.4f} s  "
+                     f"{r['tflops_at_min'] * 1e3:7.1f} GFLOP/s{mem_s}")
+    for name, q in entry["ratios"].items():
+        lines.append(f"  ratio {name}/{OURS}: {q['min']:.3f} (min)  {q['median']:.3f} (median)")
+    for name, c in entry["checks"].items():
+        lines.append(f"  max|out - {name}| = {c['max_abs_diff_out']:.2e}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.list:
+        _list()
+        return 0
+    if args.suite not in SUITES:
+        print(f"unknown suite {args.suite!r}; known: {', '.join(sorted(SUITES))}", file=sys.stderr)
+        return 2
+    suite = SUITES[args.suite]
+    device = torch.device(args.device or suite.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"suite {suite.name} needs CUDA, which is not available here", file=sys.stderr)
+        return 2
+    pattern = re.compile(args.filter) if args.filter else None
+    cases = [c for c in suite_cases(suite.name) if pattern is None or pattern.search(c.name)]
+    if not cases:
+        print(f"no case of suite {suite.name} matches {args.filter!r}", file=sys.stderr)
+        return 2
+    repeat = suite.repeat if args.repeat is None else max(1, args.repeat)
+    warmup = suite.warmup if args.warmup is None else max(0, args.warmup)
+    impls = None if args.impls is None else [s.strip() for s in args.impls.split(",") if s.strip()]
+    env = environment(device)
+    print(f"suite {suite.name}: {len(cases)} case(s) on {env['device']['name']}, torch {env['torch']}, "
+          f"commit {str(env['git_commit'])[:10]}{' (dirty)' if env['git_dirty'] else ''}; repeat {repeat}, "
+          f"warm-up {warmup}")
+    entries = []
+    t0 = time.perf_counter()
+    for case in cases:
+        print(f"{case.name} ({case.mode}, {case.flops() / 1e9:.1f} GFLOP)", flush=True)
+        entry = run_case(case, device, repeat=repeat, warmup=warmup, impls=impls, idle_wait=args.idle_wait,
+                         seed=args.seed, check=not args.no_check)
+        entries.append(entry)
+        print("\n".join(_fmt_row(case, entry)), flush=True)
+    result = {"suite": suite.name, "description": suite.description, "environment": env,
+              "settings": {"repeat": repeat, "warmup": warmup, "idle_wait_s": args.idle_wait, "seed": args.seed,
+                           "timer": "cuda events + L2 flush" if device.type == "cuda" else "time.perf_counter",
+                           "filter": args.filter, "impls": impls},
+              "wall_s": time.perf_counter() - t0, "cases": entries}
+    stem = f"{suite.name}-{device.type}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    out_dir = Path(args.out)
+    path = write_json(result, out_dir, stem)
+    print(f"wrote {path}")
+    png = write_plot(result, out_dir, stem)
+    if png is not None:
+        print(f"wrote {png}")
+    return 0
