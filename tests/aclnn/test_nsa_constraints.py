@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from attnops import AclnnError, ParamDtypeError, ParamInvalidError, ParamNullptrError
-from tests.ops.nsa.nsa_aclnn_params import CAUSAL, OPS, base_params, selected_inputs
-from tests.ops.nsa.nsa_helpers import randn
+from tests.ops.nsa.nsa_aclnn_params import OPS, base_params
 
 NULL, INVALID, DTYPE = ParamNullptrError, ParamInvalidError, ParamDtypeError
 SEL = ("nsa_selected_attention", "nsa_selected_attention_grad")
@@ -52,10 +51,6 @@ def none_of(name):
 
 def cast(name, dtype):
     return setp(**{name: lambda p: p[name].to(dtype)})
-
-
-def shape_kw(**kw):
-    return lambda p, op: None
 
 
 def _same(p, op):

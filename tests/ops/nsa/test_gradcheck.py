@@ -7,7 +7,7 @@ from torch.autograd import gradcheck
 
 import attnops
 
-from .nsa_helpers import F64, causal_cmp_mask, cum, randn, random_topk
+from .nsa_helpers import F64, cum, randn, random_topk
 
 
 def _req(*xs):
