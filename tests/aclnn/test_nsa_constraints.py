@@ -33,8 +33,6 @@ class Case:
     exc: type
     names: tuple[str, ...]
     kw: dict = field(default_factory=dict)
-    phase2_only: tuple[str, ...] = ()  # ops where the package validates this only when the executor runs (bug)
-    bug: str = ""  # package bug: the direct call does not raise as documented either (strict xfail everywhere)
 
 
 def setp(**changes):
@@ -60,10 +58,10 @@ def _same(p, op):
 CASES: list[Case] = []
 
 
-def case(ops, id_, mutate, exc, names, kw=None, phase2_only=(), bug=""):
+def case(ops, id_, mutate, exc, names, kw=None):
     ops = (ops,) if isinstance(ops, str) else tuple(ops)
     names = (names,) if isinstance(names, str) else tuple(names)
-    CASES.append(Case(ops, id_, mutate, exc, names, kw or {}, tuple(phase2_only), bug))
+    CASES.append(Case(ops, id_, mutate, exc, names, kw or {}))
 
 
 # ------------------------------------------------------------------------------------------- NsaCompress(+Grad)
@@ -72,10 +70,8 @@ for name in ("input", "weight"):
     case(CMP, f"{name}-fp32", cast(name, F32), DTYPE, name)
 case("nsa_compress_grad", "output_grad-none", none_of("output_grad"), NULL, "output_grad")
 case("nsa_compress_grad", "output_grad-fp32", cast("output_grad", F32), DTYPE, "output_grad")
-case(CMP, "weight-dtype-differs-from-input", cast("weight", torch.bfloat16), INVALID, "weight",
-     phase2_only=CMP)
-case(CMP, "weight-not-broadcastable", setp(weight=lambda p: p["weight"][:, :1].contiguous()), INVALID, "weight",
-     phase2_only=CMP)
+case(CMP, "weight-dtype-differs-from-input", cast("weight", torch.bfloat16), INVALID, "weight")
+case(CMP, "weight-not-broadcastable", setp(weight=lambda p: p["weight"][:, :1].contiguous()), INVALID, "weight")
 case("nsa_compress", "block-not-multiple-of-16", _same, INVALID, "compress_block_size", kw=dict(block=24, stride=8))
 case("nsa_compress_grad", "block-not-multiple-of-16", _same, INVALID, "compress_block_size",
      kw=dict(block=40, stride=16))
@@ -94,11 +90,10 @@ case(CMP, "input-not-3d", setp(input=lambda p: p["input"].unsqueeze(0)), INVALID
 case(CMP, "layout-BSND", setp(layout="BSND"), INVALID, "layout")
 case(CMP, "act_seq_len-not-ending-at-T", setp(act_seq_len=[16, 40]), INVALID, "act_seq_len")
 case(CMP, "act_seq_len-decreasing", setp(act_seq_len=lambda p: [p["input"].shape[0] - 8, 16, p["input"].shape[0]]),
-     INVALID, "act_seq_len", phase2_only=CMP,
-     bug="the message names 'actual_seq_len', not the aclnn argument 'act_seq_len' (raised by ops/nsa/compress.py)")
-case(CMP, "act_seq_len_type-2", setp(act_seq_len_type=2), INVALID, "act_seq_len_type", phase2_only=CMP)
+     INVALID, "act_seq_len")
+case(CMP, "act_seq_len_type-2", setp(act_seq_len_type=2), INVALID, "act_seq_len_type")
 case("nsa_compress_grad", "output_grad-wrong-rows", setp(output_grad=lambda p: p["output_grad"][:-1]), INVALID,
-     "output_grad", phase2_only=("nsa_compress_grad",))
+     "output_grad")
 
 # ------------------------------------------------------------------------------------------- NsaSelectedAttention(+Grad)
 for name in ("query", "key", "value", "topk_indices"):
@@ -109,12 +104,10 @@ case(SEL, "actual_seq_qlen-none", none_of("actual_seq_qlen"), NULL, "actual_seq_
 case(SEL, "actual_seq_kvlen-none", none_of("actual_seq_kvlen"), NULL, "actual_seq_kvlen")
 for name in ("query", "key", "value"):
     case(SEL, f"{name}-fp32", cast(name, F32), DTYPE, name)
-case(SEL, "key-dtype-differs-from-query", cast("key", torch.bfloat16), INVALID, "key", phase2_only=SEL)
+case(SEL, "key-dtype-differs-from-query", cast("key", torch.bfloat16), INVALID, "key")
 case(SEL, "topk_indices-int64", cast("topk_indices", torch.int64), DTYPE, "topk_indices")
-case(SEL, "atten_mask-float", setp(atten_mask=lambda p: p["atten_mask"].to(torch.float16)), DTYPE, "atten_mask",
-     phase2_only=SEL)
-case(SEL, "atten_mask-3d", setp(atten_mask=lambda p: p["atten_mask"].unsqueeze(0)), INVALID, "atten_mask",
-     bug="attenMask must be 2-D (seed parameter table); a 3-D mask is accepted")
+case(SEL, "atten_mask-float", setp(atten_mask=lambda p: p["atten_mask"].to(torch.float16)), DTYPE, "atten_mask")
+case(SEL, "atten_mask-3d", setp(atten_mask=lambda p: p["atten_mask"].unsqueeze(0)), INVALID, "atten_mask")
 case(SEL, "input_layout-BSND", setp(input_layout="BSND"), INVALID, "input_layout")
 case(SEL, "sparse_mode-1", setp(sparse_mode=1), INVALID, "sparse_mode")
 case(SEL, "sparse_mode-3", setp(sparse_mode=3), INVALID, "sparse_mode")
@@ -124,47 +117,40 @@ case(SEL, "count-0", setp(selected_block_count=0, topk_indices=lambda p: p["topk
      "selected_block_count")
 case(SEL, "count-over-128", _same, INVALID, "selected_block_count", kw=dict(count=129, kv_lens=(16 * 129,) * 2))
 case(SEL, "count-times-size-8192", _same, INVALID, ("selected_block_count", "selected_block_size"),
-     kw=dict(bs=128, count=64, q_lens=(1,), kv_lens=(8192,)),
-     bug="selected_block_count * selected_block_size < 8192 (cann_semantics.md 7.4) is not checked")
-case(SEL, "kv-shorter-than-size-times-count", _same, INVALID, "actual_seq_kvlen", kw=dict(kv_lens=(16, 48)),
-     phase2_only=SEL)
-case(SEL, "kv-not-multiple-of-size", setp(actual_seq_kvlen=[40, 80]), INVALID, "actual_seq_kvlen",
-     phase2_only=SEL)
+     kw=dict(bs=128, count=64, q_lens=(1,), kv_lens=(8192,)))
+case(SEL, "kv-shorter-than-size-times-count", _same, INVALID, "actual_seq_kvlen", kw=dict(kv_lens=(16, 48)))
+case(SEL, "kv-not-multiple-of-size", setp(actual_seq_kvlen=[40, 80]), INVALID, "actual_seq_kvlen")
 case(SEL, "batch-count-differs", setp(actual_seq_kvlen=[32, 48, 80]), INVALID,
-     ("actual_seq_kvlen", "actual_seq_qlen"), phase2_only=SEL)
+     ("actual_seq_kvlen", "actual_seq_qlen"))
 case(SEL, "N1-over-128", _same, INVALID, ("head_num", "query"), kw=dict(n1=132, n2=33))
 case(SEL, "N2-over-128", _same, INVALID, ("key", "head_num", "query"), kw=dict(n1=129, n2=129))
 case(SEL, "G-over-32", _same, INVALID, ("query", "head_num"), kw=dict(n1=66, n2=2))
 case(SEL, "N1-not-multiple-of-N2", _same, INVALID, ("query", "key"), kw=dict(n1=3, n2=2))
-case(SEL, "head_num-differs-from-N1", setp(head_num=4), INVALID, "head_num", phase2_only=SEL)
+case(SEL, "head_num-differs-from-N1", setp(head_num=4), INVALID, "head_num")
 case(SEL, "D-not-128-or-192", _same, INVALID, "query", kw=dict(d=64))
 case(SEL, "Dv-not-128-or-192", _same, INVALID, "value", kw=dict(dv=96))
-case(SEL, "key-D-differs-from-query", setp(key=lambda p: p["key"][..., :128].contiguous()), INVALID, "key",
-     phase2_only=SEL)
-case(SEL, "key-value-N-differ", setp(value=lambda p: p["value"].repeat(1, 2, 1)), INVALID, "value",
-     phase2_only=SEL)
+case(SEL, "key-D-differs-from-query", setp(key=lambda p: p["key"][..., :128].contiguous()), INVALID, "key")
+case(SEL, "key-value-N-differ", setp(value=lambda p: p["value"].repeat(1, 2, 1)), INVALID, "value")
 case(SEL, "topk-wrong-shape", setp(topk_indices=lambda p: p["topk_indices"][:, :, :1].contiguous()), INVALID,
-     "topk_indices", phase2_only=SEL)
+     "topk_indices")
 case(SEL, "topk-out-of-range", setp(topk_indices=lambda p: p["topk_indices"].clone().index_fill_(0, torch.tensor(
-    [0]), 2)), INVALID, "topk_indices", phase2_only=SEL)
+    [0]), 2)), INVALID, "topk_indices")
 case(SEL, "topk-negative", setp(topk_indices=lambda p: p["topk_indices"].clone().index_fill_(0, torch.tensor([3]),
                                                                                              -1)),
-     INVALID, "topk_indices", phase2_only=SEL)
+     INVALID, "topk_indices")
 case(SEL, "T1-over-2M", setp(query=lambda p: p["query"][:1].expand((2 << 20) + 1, -1, -1)), INVALID,
      ("query", "actual_seq_qlen", "topk_indices"))
 for name in ("softmax_max", "softmax_sum"):
     case("nsa_selected_attention_grad", f"{name}-wrong-shape", setp(**{name: lambda p, n=name: p[n][..., :4]}),
-         INVALID, name, phase2_only=("nsa_selected_attention_grad",))
+         INVALID, name)
     case("nsa_selected_attention_grad", f"{name}-fp16", setp(**{name: lambda p, n=name: p[n].half()}), DTYPE,
-         name, phase2_only=("nsa_selected_attention_grad",))
+         name)
 case("nsa_selected_attention_grad", "attention_out-wrong-D",
-     setp(attention_out=lambda p: p["attention_out"][..., :64].contiguous()), INVALID, "attention_out",
-     phase2_only=("nsa_selected_attention_grad",))
+     setp(attention_out=lambda p: p["attention_out"][..., :64].contiguous()), INVALID, "attention_out")
 case("nsa_selected_attention_grad", "attention_out_grad-wrong-N",
-     setp(attention_out_grad=lambda p: p["attention_out_grad"][:, :1].contiguous()), INVALID, "attention_out_grad",
-     phase2_only=("nsa_selected_attention_grad",))
+     setp(attention_out_grad=lambda p: p["attention_out_grad"][:, :1].contiguous()), INVALID, "attention_out_grad")
 case("nsa_selected_attention_grad", "attention_out_grad-fp32", cast("attention_out_grad", F32), DTYPE,
-     "attention_out_grad", phase2_only=("nsa_selected_attention_grad",))
+     "attention_out_grad")
 
 # ------------------------------------------------------------------------------------------- NsaCompressAttention
 CA = "nsa_compress_attention"
@@ -173,12 +159,9 @@ for name in ("query", "key", "value"):
     case(CA, f"{name}-fp32", cast(name, F32), DTYPE, name)
 case(CA, "actual_cmp_seq_kvlen-none", none_of("actual_cmp_seq_kvlen"), NULL, "actual_cmp_seq_kvlen")
 for name in ("actual_seq_qlen", "actual_sel_seq_kvlen"):
-    case(CA, f"{name}-none", none_of(name), NULL, name, phase2_only=(CA,),
-         bug="a missing required length list raises ParamInvalidError (161002) naming 'actual_seq_qlen' whichever "
-         "list is missing, and only when the executor runs (ops/nsa/compress_attention.py); "
-         "actual_cmp_seq_kvlen and the selected-attention lists raise ParamNullptrError naming the list")
+    case(CA, f"{name}-none", none_of(name), NULL, name)
 case(CA, "input_layout-BSND", setp(input_layout="BSND"), INVALID, "input_layout")
-case(CA, "sparse_mode-2", setp(sparse_mode=2), INVALID, "sparse_mode", phase2_only=(CA,))
+case(CA, "sparse_mode-2", setp(sparse_mode=2), INVALID, "sparse_mode")
 case(CA, "block-not-multiple-of-16", _same, INVALID, "compress_block_size", kw=dict(block=40, sel_block=48,
                                                                                     stride=16))
 case(CA, "block-over-128", _same, INVALID, ("compress_block_size", "select_block_size"),
@@ -188,38 +171,31 @@ case(CA, "stride-over-64", _same, INVALID, "compress_stride", kw=dict(block=80, 
 case(CA, "select-block-over-128", _same, INVALID, "select_block_size", kw=dict(sel_block=144))
 case(CA, "select-block-not-multiple-of-16", _same, INVALID, "select_block_size", kw=dict(sel_block=40))
 case(CA, "block-less-than-stride", _same, INVALID, ("compress_stride", "compress_block_size"),
-     kw=dict(block=16, stride=32, sel_block=32), phase2_only=(CA,))
+     kw=dict(block=16, stride=32, sel_block=32))
 case(CA, "select-block-less-than-block", _same, INVALID, "select_block_size",
-     kw=dict(block=64, stride=16, sel_block=48), phase2_only=(CA,))
+     kw=dict(block=64, stride=16, sel_block=48))
 case(CA, "select-block-not-multiple-of-stride", _same, INVALID, "select_block_size",
-     kw=dict(block=32, stride=32, sel_block=48), phase2_only=(CA,))
+     kw=dict(block=32, stride=32, sel_block=48))
 case(CA, "count-0", setp(select_block_count=0), INVALID, "select_block_count")
 case(CA, "count-over-32", _same, INVALID, "select_block_count", kw=dict(count=33, cmp_lens=(66, 70)))
-case(CA, "count-over-selection-length", setp(select_block_count=4), INVALID, "select_block_count",
-     phase2_only=(CA,))
+case(CA, "count-over-selection-length", setp(select_block_count=4), INVALID, "select_block_count")
 case(CA, "G-not-dividing-128", _same, INVALID, ("head_num", "query"), kw=dict(n1=3, n2=1))
 case(CA, "G-128", _same, INVALID, ("head_num", "query"), kw=dict(n1=128, n2=1))
-case(CA, "head_num-differs-from-N1", setp(head_num=4), INVALID, "head_num", phase2_only=(CA,))
-case(CA, "key-D-differs-from-query", setp(key=lambda p: p["key"][..., :16].contiguous()), INVALID, "key",
-     phase2_only=(CA,))
-case(CA, "Dv-over-D", _same, INVALID, "value", kw=dict(d=16, dv=32), phase2_only=(CA,))
+case(CA, "head_num-differs-from-N1", setp(head_num=4), INVALID, "head_num")
+case(CA, "key-D-differs-from-query", setp(key=lambda p: p["key"][..., :16].contiguous()), INVALID, "key")
+case(CA, "Dv-over-D", _same, INVALID, "value", kw=dict(d=16, dv=32))
 case(CA, "cmp-kv-over-14000", setp(key=lambda p: p["key"][:1].expand(14001, -1, -1),
                                    value=lambda p: p["value"][:1].expand(14001, -1, -1),
                                    actual_cmp_seq_kvlen=[14001, 14001], actual_sel_seq_kvlen=[7001, 7001],
                                    atten_mask=None, topk_mask=None, sparse_mode=0),
      INVALID, "actual_cmp_seq_kvlen")
-case(CA, "sel-lengths-inconsistent", setp(actual_sel_seq_kvlen=[3, 8]), INVALID, "actual_sel_seq_kvlen",
-     phase2_only=(CA,))
+case(CA, "sel-lengths-inconsistent", setp(actual_sel_seq_kvlen=[3, 8]), INVALID, "actual_sel_seq_kvlen")
 case(CA, "batch-count-differs", setp(actual_cmp_seq_kvlen=[5, 12, 12], actual_sel_seq_kvlen=[3, 7, 7]), INVALID,
-     ("actual_cmp_seq_kvlen", "actual_seq_qlen", "actual_sel_seq_kvlen", "actual_seq_kvlen"), phase2_only=(CA,))
-case(CA, "atten_mask-float", setp(atten_mask=lambda p: p["atten_mask"].half()), DTYPE, "atten_mask",
-     phase2_only=(CA,))
-case(CA, "atten_mask-too-small", setp(atten_mask=lambda p: p["atten_mask"][:3]), INVALID, "atten_mask",
-     phase2_only=(CA,))
-case(CA, "topk_mask-float", setp(topk_mask=lambda p: p["topk_mask"].half()), DTYPE, "topk_mask",
-     phase2_only=(CA,))
-case(CA, "topk_mask-too-small", setp(topk_mask=lambda p: p["topk_mask"][:, :2]), INVALID, "topk_mask",
-     phase2_only=(CA,))
+     ("actual_cmp_seq_kvlen", "actual_seq_qlen", "actual_sel_seq_kvlen", "actual_seq_kvlen"))
+case(CA, "atten_mask-float", setp(atten_mask=lambda p: p["atten_mask"].half()), DTYPE, "atten_mask")
+case(CA, "atten_mask-too-small", setp(atten_mask=lambda p: p["atten_mask"][:3]), INVALID, "atten_mask")
+case(CA, "topk_mask-float", setp(topk_mask=lambda p: p["topk_mask"].half()), DTYPE, "topk_mask")
+case(CA, "topk_mask-too-small", setp(topk_mask=lambda p: p["topk_mask"][:, :2]), INVALID, "topk_mask")
 
 
 def _params(c: Case, op: str) -> dict:
@@ -242,19 +218,7 @@ def _params_of(c: Case, op: str):
         pytest.fail(f"building the parameters raised {e!r}")
 
 
-PHASE2_BUG = "package bug: constraint checked only when the executor runs, not in *_get_workspace_size"
-
-
-def _marks(c: Case, op: str, phase1: bool):
-    if c.bug:
-        return [pytest.mark.xfail(strict=True, reason=f"package bug: {c.bug}")]
-    if phase1 and op in c.phase2_only:
-        return [pytest.mark.xfail(strict=True, reason=PHASE2_BUG)]
-    return []
-
-
-ALL = [pytest.param(c, op, id=f"{op}:{c.id}", marks=_marks(c, op, False)) for c in CASES for op in c.ops]
-PHASE1 = [pytest.param(c, op, id=f"{op}:{c.id}", marks=_marks(c, op, True)) for c in CASES for op in c.ops]
+ALL = [pytest.param(c, op, id=f"{op}:{c.id}") for c in CASES for op in c.ops]
 
 
 @pytest.mark.parametrize("c,op", ALL)
@@ -265,7 +229,7 @@ def test_rejected_by_direct_call(c, op):
     _check(info.value, c)
 
 
-@pytest.mark.parametrize("c,op", PHASE1)
+@pytest.mark.parametrize("c,op", ALL)
 def test_rejected_in_phase_1(c, op):
     p = _params_of(c, op)
     with pytest.raises(c.exc) as info:

@@ -40,8 +40,12 @@ def compress_block_count(length: int, block: int, stride: int) -> int:
 
 
 def build_compress_spec(input, weight, *, compress_block_size: int, compress_stride: int, actual_seq_len,
-                        act_seq_len_type: int = 0, layout: str = "TND") -> CompressSpec:
-    """Validate a compression call (shapes, dtypes, lengths) and return its :class:`CompressSpec`."""
+                        act_seq_len_type: int = 0, layout: str = "TND", seq_name: str = "actual_seq_len"
+                        ) -> CompressSpec:
+    """Validate a compression call (shapes, dtypes, lengths) and return its :class:`CompressSpec`.
+
+    ``seq_name`` is the caller's name of the lengths argument (aclnn: ``act_seq_len``), used in messages.
+    """
     check_tensor("input", input, ndim=3, dtypes=NSA_DTYPES)
     check_tensor("weight", weight, ndim=2)
     if weight.dtype != input.dtype:
@@ -56,10 +60,10 @@ def build_compress_spec(input, weight, *, compress_block_size: int, compress_str
     if actual_seq_len is None:
         lengths = [t]
     elif act_seq_len_type == 0:
-        lengths = lengths_from_cumulative("actual_seq_len", actual_seq_len, t)
+        lengths = lengths_from_cumulative(seq_name, actual_seq_len, t)
     else:
-        lengths = int_list("actual_seq_len", actual_seq_len)
-        require(all(n >= 0 for n in lengths) and sum(lengths) <= t, "actual_seq_len",
+        lengths = int_list(seq_name, actual_seq_len)
+        require(all(n >= 0 for n in lengths) and sum(lengths) <= t, seq_name,
                 f"non-negative per-batch lengths summing to at most T={t} (act_seq_len_type=1)", lengths)
     starts, acc = [], 0
     for n in lengths:
@@ -70,6 +74,11 @@ def build_compress_spec(input, weight, *, compress_block_size: int, compress_str
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _grad_acc(dtype: torch.dtype) -> torch.dtype:
+    """Accumulator of reductions over many blocks (weight_grad): fp64 for fp32/fp64 inputs, fp32 otherwise."""
+    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def compress_forward(spec: CompressSpec, input: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -92,10 +101,10 @@ def compress_forward(spec: CompressSpec, input: torch.Tensor, weight: torch.Tens
 def compress_backward(spec: CompressSpec, output_grad: torch.Tensor, input: torch.Tensor, weight: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(input_grad, weight_grad)``; overlapping blocks accumulate, uncovered tokens get 0 (deterministic)."""
-    acc = _acc(input.dtype)
+    acc, wacc = _acc(input.dtype), _grad_acc(input.dtype)
     w = weight.to(acc)
     input_grad = torch.zeros(input.shape, dtype=acc)
-    weight_grad = torch.zeros(weight.shape, dtype=acc)
+    weight_grad = torch.zeros(weight.shape, dtype=wacc)
     row = 0
     for b, start in enumerate(spec.starts):
         nb = spec.blocks(b)
@@ -105,7 +114,7 @@ def compress_backward(spec: CompressSpec, output_grad: torch.Tensor, input: torc
         row += nb
         span = (nb - 1) * spec.stride + spec.block
         windows = input[start:start + span].to(acc).unfold(0, spec.block, spec.stride)
-        weight_grad += torch.einsum("cndw,cnd->wn", windows, og)
+        weight_grad += torch.einsum("cndw,cnd->wn", windows.to(wacc), og.to(wacc))
         grad_b = input_grad[start:start + span]
         for offset in range(spec.block):  # token start + k*d + offset receives og[k] * weight[offset]
             grad_b[offset:offset + (nb - 1) * spec.stride + 1:spec.stride] += og * w[offset].unsqueeze(-1)

@@ -61,7 +61,7 @@ def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, 
     check_tensor("topk_indices", topk_indices, dtypes=(torch.int32, torch.int64), shape=(t1, n2, count))
     require(sparse_mode in (0, 2), "sparse_mode", "0 or 2", sparse_mode)
     if atten_mask is not None:
-        check_tensor("atten_mask", atten_mask, dtypes=MASK_DTYPES)
+        check_tensor("atten_mask", atten_mask, ndim=2, dtypes=MASK_DTYPES)
     require(actual_seq_qlen is not None and actual_seq_kvlen is not None, "actual_seq_qlen",
             "cumulative actual_seq_qlen and actual_seq_kvlen (layout TND)", actual_seq_qlen)
     q_lens = lengths_from_cumulative("actual_seq_qlen", actual_seq_qlen, t1)
@@ -183,19 +183,22 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, atte
                            float("inf")).to(acc)  # [Sq, N1, 1]; P = exp2(s2 - lse2)
         do = attention_out_grad[qs:qs + bt.sq].to(acc)
         delta = (do * attention_out[qs:qs + bt.sq].to(acc)).sum(-1, keepdim=True)
-        dk_blocks = torch.zeros(spec.n2, nblk, bs * spec.d, dtype=acc)
-        dv_blocks = torch.zeros(spec.n2, nblk, bs * spec.dv, dtype=acc)
+        # blocks selected by many tokens sum many contributions: accumulate fp32 inputs in fp64
+        kv_acc = torch.float64 if query.dtype in (torch.float32, torch.float64) else acc
+        dk_blocks = torch.zeros(spec.n2, nblk, bs * spec.d, dtype=kv_acc)
+        dv_blocks = torch.zeros(spec.n2, nblk, bs * spec.dv, dtype=kv_acc)
         for t0, t1, n2 in bt.tiles():
             tc, heads = t1 - t0, slice(n2 * g, (n2 + 1) * g)
             s, blocks, ksel, vsel = bt.scores2(t0, t1, n2)
             p = s.sub_(lse2[t0:t1, heads]).exp2_()  # [tc, G, L]
             do_c = do[t0:t1, heads]
             dp = torch.bmm(do_c, vsel.transpose(1, 2))
-            dv_blocks[n2].index_add_(0, blocks, torch.bmm(p.transpose(1, 2), do_c).view(tc * spec.block_count, -1))
+            dv_blocks[n2].index_add_(0, blocks, torch.bmm(p.transpose(1, 2), do_c).view(tc * spec.block_count, -1)
+                                     .to(kv_acc))
             ds = p.mul_(dp.sub_(delta[t0:t1, heads]))
             dq[qs + t0:qs + t1, heads] = torch.bmm(ds, ksel).mul_(spec.scale)
             dk_blocks[n2].index_add_(0, blocks, torch.bmm(ds.transpose(1, 2), bt.q2[t0:t1, n2])
-                                     .view(tc * spec.block_count, -1))
-        dk[ks:ks + skv] = dk_blocks.view(spec.n2, skv, spec.d).transpose(0, 1).mul_(1.0 / LOG2E)
-        dv[ks:ks + skv] = dv_blocks.view(spec.n2, skv, spec.dv).transpose(0, 1)
+                                     .view(tc * spec.block_count, -1).to(kv_acc))
+        dk[ks:ks + skv] = dk_blocks.view(spec.n2, skv, spec.d).transpose(0, 1).mul_(1.0 / LOG2E).to(acc)
+        dv[ks:ks + skv] = dv_blocks.view(spec.n2, skv, spec.dv).transpose(0, 1).to(acc)
     return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)

@@ -43,12 +43,8 @@ def _c(x):
 
 
 # ----------------------------------------------------------------------------------------------- compress
-def check_compress(x, w, block, stride, act_seq_len, *, via="api", backward=True, seed=7, check_weight_grad=True,
-                   dy=None):
-    """Forward (and backward) of compression vs the golden. ``act_seq_len`` is cumulative (leading 0 allowed).
-
-    ``check_weight_grad=False`` only where a known package bug is pinned by its own strict-xfail test.
-    """
+def check_compress(x, w, block, stride, act_seq_len, *, via="api", backward=True, seed=7, dy=None):
+    """Forward (and backward) of compression vs the golden. ``act_seq_len`` is cumulative (leading 0 allowed)."""
     gx, gw = _c(x), _c(w)
     bdt = baseline_dtype(x.dtype)
     golden = G.nsa_compress(gx, gw, block, stride, act_seq_len)
@@ -74,8 +70,7 @@ def check_compress(x, w, block, stride, act_seq_len, *, via="api", backward=True
         di, dw = aclnn.nsa_compress_grad(dy, x, w, act_seq_len, block, stride, 0, "TND")
     assert di.shape == x.shape and dw.shape == w.shape and di.dtype == x.dtype and dw.dtype == w.dtype
     assert_close_to_golden("nsa_compress.input_grad", di, gi, bi, factor=3)
-    if check_weight_grad:
-        assert_close_to_golden("nsa_compress.weight_grad", dw, gwg, bwg, factor=3)
+    assert_close_to_golden("nsa_compress.weight_grad", dw, gwg, bwg, factor=3)
     return out
 
 
@@ -96,11 +91,8 @@ def random_topk(q_lens, kv_lens, n2, count, block, *, seed=0, distinct=True, ext
 
 
 def check_selected(q, k, v, topk, *, block, q_lens, kv_lens, causal, scale=None, via="api", backward=True,
-                   seed=11, q_cum=None, kv_cum=None, skip_grads=(), dy=None):
-    """Forward (out, softmax_max, softmax_sum) and backward (dq, dk, dv) of selected attention vs the golden.
-
-    ``skip_grads`` (names among dq/dk/dv) only where a known package bug is pinned by its own strict-xfail test.
-    """
+                   seed=11, q_cum=None, kv_cum=None, dy=None):
+    """Forward (out, softmax_max, softmax_sum) and backward (dq, dk, dv) of selected attention vs the golden."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     qc = cum(q_lens) if q_cum is None else q_cum
     kc = cum(kv_lens) if kv_cum is None else kv_cum
@@ -138,8 +130,7 @@ def check_selected(q, k, v, topk, *, block, q_lens, kv_lens, causal, scale=None,
                                                   count, q.shape[1], "TND", 2 if causal else 0)
     for name, a, gg, bb, like in zip(("dq", "dk", "dv"), grads, g, b, (q, k, v)):
         assert a.shape == like.shape and a.dtype == like.dtype, name
-        if name not in skip_grads:
-            assert_close_to_golden(f"selected.{name}", a, gg, bb, factor=3)
+        assert_close_to_golden(f"selected.{name}", a, gg, bb, factor=3)
     res.update(grads=grads, golden_grads=g)
     return res
 

@@ -9,11 +9,6 @@ import attnops
 from .nsa_helpers import F64, check_compress, cum, randn
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
-# Package bug (reported): fp32 weight_grad of nsa_compress is accumulated in one fp32 BLAS reduction over
-# blocks*D terms (compress.py, compress_backward: einsum("cndw,cnd->wn")) and errs up to ~13x more than plain
-# fp32 PyTorch. Pinned by test_compress_weight_grad_fp32_accumulation (strict xfail); the fp32 matrix cases
-# check everything else until it is fixed.
-WGRAD_FP32_BUG = "nsa_compress fp32 weight_grad accumulation (compress.py compress_backward einsum)"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -22,8 +17,7 @@ def test_compress_matches_golden(dtype, lens):
     # leading 0 (empty batch), sequences shorter than a block, an exact block, tails that are dropped
     x = randn(sum(lens), 3, 16, dtype=dtype, seed=1)
     w = randn(16, 3, dtype=dtype, seed=2)
-    check_compress(x, w, 16, 8, cum(lens) if lens[0] else [0] + cum(lens[1:]),
-                   check_weight_grad=dtype != torch.float32)
+    check_compress(x, w, 16, 8, cum(lens) if lens[0] else [0] + cum(lens[1:]))
 
 
 @pytest.mark.parametrize("block,stride", [(8, 8), (8, 4), (6, 4), (5, 1), (32, 16)])
@@ -31,7 +25,7 @@ def test_compress_block_stride(block, stride):
     lens = [3, 45, 0, 37]
     x = randn(sum(lens), 2, 4, dtype=torch.float32, seed=3)
     w = randn(block, 2, dtype=torch.float32, seed=4)
-    check_compress(x, w, block, stride, cum(lens), check_weight_grad=False)  # fp32: see WGRAD_FP32_BUG
+    check_compress(x, w, block, stride, cum(lens))
 
 
 @pytest.mark.parametrize("block,stride", [(8, 8), (8, 4), (5, 1)])
@@ -42,9 +36,8 @@ def test_compress_block_stride_fp16(block, stride):
     check_compress(x, w, block, stride, cum(lens))
 
 
-@pytest.mark.xfail(strict=True, reason=WGRAD_FP32_BUG)
 def test_compress_weight_grad_fp32_accumulation():
-    """T=2048, N=2, D=128, l=32, d=16: fp32 weight_grad within 3x of plain fp32 PyTorch (it is ~4-5x over)."""
+    """T=2048, N=2, D=128, l=32, d=16: fp32 weight_grad (a sum over blocks*D terms) within 3x of plain fp32."""
     x = randn(2048, 2, 128, dtype=torch.float32, seed=10)
     w = randn(32, 2, dtype=torch.float32, seed=20)
     dy = randn(127, 2, 128, dtype=torch.float32, seed=30)
@@ -79,7 +72,7 @@ def test_compress_noncontiguous_inputs():
     w = randn(3, 8, dtype=torch.float32, seed=10).t()
     assert not x.is_contiguous() and not w.is_contiguous()
     x = x.permute(0, 2, 1)  # [50, 3, 16]
-    check_compress(x, w, 8, 4, cum(lens), check_weight_grad=False)  # fp32: see WGRAD_FP32_BUG
+    check_compress(x, w, 8, 4, cum(lens))
 
 
 def test_compress_fp64():

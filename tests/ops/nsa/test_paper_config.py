@@ -29,9 +29,7 @@ def _run(seq_lens, dtype, via):
     wk = randn(L, N2, dtype=dtype, seed=4, scale=L ** -0.5)
     wv = randn(L, N2, dtype=dtype, seed=5, scale=L ** -0.5)
     act = cum(seq_lens)
-    # fp32 weight_grad: known package bug, pinned by test_compress.py::test_compress_weight_grad_fp32_accumulation
-    wgrad = dtype != torch.float32
-    k_cmp = check_compress(k, wk, L, D, act, via=via, check_weight_grad=wgrad).detach()
+    k_cmp = check_compress(k, wk, L, D, act, via=via).detach()
     v_cmp = check_compress(v, wv, L, D, act, via=via, backward=False).detach()
     cmp_lens = [(n - L) // D + 1 for n in seq_lens]
     assert k_cmp.shape == (sum(cmp_lens), N2, DQK) and v_cmp.shape == (sum(cmp_lens), N2, DV)
@@ -44,10 +42,7 @@ def _run(seq_lens, dtype, via):
     assert topk.shape == (t, N2, N_SEL)
     exact = float((topk == res["golden_topk"]).all(-1).float().mean())
     assert exact > 0.9, f"only {exact:.1%} of the top-k rows equal the golden's exactly"
-    # fp32 dk/dv: known package bug (serial fp32 accumulation over tokens), pinned by
-    # test_selected.py::test_selected_fp32_kv_grad_accumulation
-    skip = ("dk", "dv") if dtype == torch.float32 else ()
-    check_selected(q, k, v, topk, block=LS, q_lens=seq_lens, kv_lens=seq_lens, causal=True, via=via, skip_grads=skip)
+    check_selected(q, k, v, topk, block=LS, q_lens=seq_lens, kv_lens=seq_lens, causal=True, via=via)
 
 
 @pytest.mark.parametrize("via,dtype", [("api", torch.float32), ("aclnn", torch.float16)], ids=["api-fp32", "aclnn-fp16"])
