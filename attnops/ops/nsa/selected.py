@@ -4,8 +4,10 @@ Each query token attends to ``selected_block_count`` blocks of ``selected_block_
 chosen per KV head by ``topk_indices [T1, N2, count]`` (block indices local to the batch; duplicates are kept).
 Causal (``sparse_mode=2`` with an ``atten_mask`` present): local KV position ``p`` is visible to local query row
 ``s1`` iff ``p <= s1`` (``DECISIONS.md``), in forward and backward. Statistics are true ``[T1, N1, 8]``.
-The CPU path gathers the selected keys per chunk of tokens, so its cost scales with the selected tokens, not
-with the sequence; dk/dv are scatter-added with ``index_add_`` in a fixed order (deterministic).
+The CPU path works block by block: the (token, slot) pairs that selected KV block ``j`` are grouped (a stable
+sort), their query rows gathered, and one GEMM against the contiguous block computes all their scores. So the
+cost scales with the selected tokens, not with the sequence, the GEMMs are large, and dk/dv of a block come
+from one GEMM (no scatter); dq is scatter-added with ``index_add_`` in a fixed order (deterministic).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype
 from ..._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
 from .compress import NSA_DTYPES
 
-GATHER_BYTES = 32 << 20  # budget for the gathered keys/values and scores of one chunk of tokens
+SCORE_BYTES = 256 << 20  # budget for the scores of one chunk of query tokens (all their selected blocks)
+SEGMENT_PAIRS = 2048  # at most this many (token, slot) pairs per GEMM
 
 
 @dataclass(frozen=True)
@@ -96,109 +99,133 @@ def _acc(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _sum_acc(dtype):
+    """Accumulator of block gradients summed over many tokens: fp64 for fp32/fp64 inputs."""
+    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+
+
 LOG2E = 1.4426950408889634
 
 
+class _Segment:
+    """(token, slot) pairs of one token chunk that selected KV block ``block``: ``pairs`` index ``t*K + k``."""
+
+    def __init__(self, block: int, pairs: torch.Tensor, count: int):
+        self.block, self.pairs, self.tokens = block, pairs, pairs // count
+
+
 class _Batch:
-    """One batch in the compute dtype: queries per KV head, keys/values as ``[n_blocks, block, D]`` per KV head.
+    """One batch and one KV head in the compute dtype; keys/values as contiguous ``[n_blocks, block, D]``."""
 
-    Selected blocks are gathered whole with ``index_select`` (contiguous copies), scores are kept in base 2.
-    """
-
-    def __init__(self, spec: SelectedSpec, b: int, query, key, value, topk):
+    def __init__(self, spec: SelectedSpec, b: int, n2: int, query, key, value, topk):
         acc = _acc(query.dtype)
         qs, sq = spec.seq.q_starts[b], spec.seq.q_lens[b]
         ks, skv = spec.seq.kv_starts[b], spec.seq.kv_lens[b]
-        bs, nblk = spec.block_size, skv // spec.block_size
-        self.q2 = (query[qs:qs + sq].to(acc) * (spec.scale * LOG2E)).view(sq, spec.n2, spec.group, spec.d)
-        self.k = key[ks:ks + skv].to(acc).view(nblk, bs, spec.n2, spec.d).permute(2, 0, 1, 3).contiguous()
-        self.v = value[ks:ks + skv].to(acc).view(nblk, bs, spec.n2, spec.dv).permute(2, 0, 1, 3).contiguous()
-        self.idx = topk[qs:qs + sq].long()  # [Sq, N2, K]
-        self.offsets = torch.arange(bs)
+        bs, g = spec.block_size, spec.group
+        self.heads = slice(n2 * g, (n2 + 1) * g)
+        self.q = query[qs:qs + sq, self.heads].to(acc).mul(spec.scale)  # [Sq, G, D], scaled
+        self.k = key[ks:ks + skv, n2].to(acc).view(skv // bs, bs, spec.d)
+        self.v = value[ks:ks + skv, n2].to(acc).view(skv // bs, bs, spec.dv)
+        self.idx = topk[qs:qs + sq, n2].long()  # [Sq, K]
         self.spec, self.sq = spec, sq
-        width = spec.block_count * bs * (spec.d + spec.dv + 2 * spec.group) * acc.itemsize
-        self.chunk = max(1, GATHER_BYTES // max(width, 1))
+        self.chunk = max(1, SCORE_BYTES // (spec.block_count * g * bs * acc.itemsize))
 
-    def tiles(self):
-        """Yield ``(t0, t1, n2)`` work units: a chunk of query tokens and one KV head."""
+    def chunks(self):
         for t0 in range(0, self.sq, self.chunk):
-            for n2 in range(self.spec.n2):
-                yield t0, min(self.sq, t0 + self.chunk), n2
+            yield t0, min(self.sq, t0 + self.chunk)
 
-    def scores2(self, t0, t1, n2):
-        """Base-2 scores ``[tc, G, L]`` (masked at -inf), block indices ``[tc*K]`` and gathered K/V."""
-        tc, spec = t1 - t0, self.spec
-        blocks = self.idx[t0:t1, n2].reshape(-1)
-        ksel = self.k[n2].index_select(0, blocks).view(tc, -1, spec.d)
-        vsel = self.v[n2].index_select(0, blocks).view(tc, -1, spec.dv)
-        s = torch.bmm(self.q2[t0:t1, n2], ksel.transpose(1, 2))
+    def segments(self, t0: int, t1: int):
+        """Group the chunk's (token, slot) pairs by selected block (stable: a fixed order, deterministic)."""
+        count = self.spec.block_count
+        flat = self.idx[t0:t1].reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        sizes = torch.bincount(flat, minlength=self.k.shape[0]).tolist()
+        start = 0
+        for block, size in enumerate(sizes):
+            for s0 in range(start, start + size, SEGMENT_PAIRS):
+                yield _Segment(block, order[s0:min(start + size, s0 + SEGMENT_PAIRS)], count)
+            start += size
+
+    def scores(self, seg: _Segment, t0: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``scale * q k^T`` of the segment's pairs against its block (``[n, G, bs]``, causal entries at -inf) and
+        the gathered scaled query rows ``[n, G, D]``."""
+        spec = self.spec
+        qj = self.q[t0 + seg.tokens]
+        s = torch.matmul(qj, self.k[seg.block].transpose(0, 1))
         if spec.causal:
-            pos = (self.idx[t0:t1, n2].unsqueeze(-1) * spec.block_size + self.offsets).view(tc, 1, -1)
-            s.masked_fill_(pos > torch.arange(t0, t1).view(-1, 1, 1), float("-inf"))
-        return s, blocks, ksel, vsel
+            rows = t0 + seg.tokens
+            first = seg.block * spec.block_size
+            if int(rows.min()) < first + spec.block_size - 1:
+                pos = torch.arange(first, first + spec.block_size)
+                s.masked_fill_((pos.unsqueeze(0) > rows.unsqueeze(1)).unsqueeze(1), float("-inf"))
+        return s, qj
 
 
 def selected_forward(spec: SelectedSpec, query, key, value, topk):
     """``(attention_out [T1, N1, Dv], softmax_max [T1, N1, 8], softmax_sum [T1, N1, 8])``."""
+    acc = _acc(query.dtype)
     out = torch.zeros(spec.total_q, spec.n1, spec.dv, dtype=query.dtype)
     sdt = stats_dtype(query.dtype)
     smax = torch.full((spec.total_q, spec.n1, STAT_LANES), FLT_LOWEST, dtype=sdt)
     ssum = torch.full((spec.total_q, spec.n1, STAT_LANES), FLT_MAX, dtype=sdt)
-    g = spec.group
+    g, bs, count = spec.group, spec.block_size, spec.block_count
     for b in range(spec.seq.batch):
-        if spec.seq.q_lens[b] == 0:
-            continue
-        bt = _Batch(spec, b, query, key, value, topk)
         qs = spec.seq.q_starts[b]
-        for t0, t1, n2 in bt.tiles():
-            s, _, _, vsel = bt.scores2(t0, t1, n2)
-            m = s.amax(-1, keepdim=True)
-            valid = m > float("-inf")
-            p = s.sub_(torch.where(valid, m, 0.0)).exp2_()
-            l = p.sum(-1, keepdim=True)
-            o = torch.bmm(p, vsel).div_(torch.where(valid, l, 1.0))  # [tc, G, Dv]
-            rows, heads = slice(qs + t0, qs + t1), slice(n2 * g, (n2 + 1) * g)
-            out[rows, heads] = o.to(out.dtype)
-            smax[rows, heads] = torch.where(valid, m / LOG2E, FLT_LOWEST).to(sdt)
-            ssum[rows, heads] = torch.where(valid, l, FLT_MAX).to(sdt)
+        for n2 in range(spec.n2 if spec.seq.q_lens[b] else 0):
+            bt = _Batch(spec, b, n2, query, key, value, topk)
+            for t0, t1 in bt.chunks():
+                tc = t1 - t0
+                scores = torch.empty(tc * count, g, bs, dtype=acc)  # pair-major: row t*K + k
+                segments = list(bt.segments(t0, t1))
+                for seg in segments:
+                    scores.index_copy_(0, seg.pairs, bt.scores(seg, t0)[0])
+                sv = scores.view(tc, count, g, bs)
+                m = sv.amax(dim=(1, 3))  # [tc, G]
+                valid = m > float("-inf")
+                sv.sub_(torch.where(valid, m, 0.0).view(tc, 1, g, 1)).mul_(LOG2E).exp2_()
+                l = sv.sum(dim=(1, 3))
+                o = torch.zeros(tc, g, spec.dv, dtype=acc)
+                for seg in segments:
+                    o.index_add_(0, seg.tokens, torch.matmul(scores[seg.pairs], bt.v[seg.block]))
+                o.div_(torch.where(valid, l, 1.0).unsqueeze(-1))
+                rows = slice(qs + t0, qs + t1)
+                out[rows, bt.heads] = o.to(out.dtype)
+                smax[rows, bt.heads] = torch.where(valid, m, FLT_LOWEST).unsqueeze(-1).to(sdt)
+                ssum[rows, bt.heads] = torch.where(valid, l, FLT_MAX).unsqueeze(-1).to(sdt)
     return out, smax, ssum
 
 
 def selected_backward(spec: SelectedSpec, query, key, value, attention_out, attention_out_grad, softmax_max,
                       softmax_sum, topk):
     """``(dq, dk, dv)`` from the given forward output and statistics (never recomputed)."""
-    acc = _acc(query.dtype)
+    acc, kv_acc = _acc(query.dtype), _sum_acc(query.dtype)
     g, bs = spec.group, spec.block_size
     dq = torch.zeros(query.shape, dtype=acc)
-    dk = torch.zeros(key.shape, dtype=acc)
-    dv = torch.zeros(value.shape, dtype=acc)
+    dk = torch.zeros(key.shape, dtype=kv_acc)
+    dv = torch.zeros(value.shape, dtype=kv_acc)
     for b in range(spec.seq.batch):
-        if spec.seq.q_lens[b] == 0:
-            continue
-        bt = _Batch(spec, b, query, key, value, topk)
-        qs, ks, skv = spec.seq.q_starts[b], spec.seq.kv_starts[b], spec.seq.kv_lens[b]
-        nblk = skv // bs
-        m = softmax_max[qs:qs + bt.sq, :, :1].to(torch.float64)
-        lse2 = torch.where(m > FLT_LOWEST, (m + softmax_sum[qs:qs + bt.sq, :, :1].to(torch.float64).log()) * LOG2E,
-                           float("inf")).to(acc)  # [Sq, N1, 1]; P = exp2(s2 - lse2)
-        do = attention_out_grad[qs:qs + bt.sq].to(acc)
-        delta = (do * attention_out[qs:qs + bt.sq].to(acc)).sum(-1, keepdim=True)
-        # blocks selected by many tokens sum many contributions: accumulate fp32 inputs in fp64
-        kv_acc = torch.float64 if query.dtype in (torch.float32, torch.float64) else acc
-        dk_blocks = torch.zeros(spec.n2, nblk, bs * spec.d, dtype=kv_acc)
-        dv_blocks = torch.zeros(spec.n2, nblk, bs * spec.dv, dtype=kv_acc)
-        for t0, t1, n2 in bt.tiles():
-            tc, heads = t1 - t0, slice(n2 * g, (n2 + 1) * g)
-            s, blocks, ksel, vsel = bt.scores2(t0, t1, n2)
-            p = s.sub_(lse2[t0:t1, heads]).exp2_()  # [tc, G, L]
-            do_c = do[t0:t1, heads]
-            dp = torch.bmm(do_c, vsel.transpose(1, 2))
-            dv_blocks[n2].index_add_(0, blocks, torch.bmm(p.transpose(1, 2), do_c).view(tc * spec.block_count, -1)
-                                     .to(kv_acc))
-            ds = p.mul_(dp.sub_(delta[t0:t1, heads]))
-            dq[qs + t0:qs + t1, heads] = torch.bmm(ds, ksel).mul_(spec.scale)
-            dk_blocks[n2].index_add_(0, blocks, torch.bmm(ds.transpose(1, 2), bt.q2[t0:t1, n2])
-                                     .view(tc * spec.block_count, -1).to(kv_acc))
-        dk[ks:ks + skv] = dk_blocks.view(spec.n2, skv, spec.d).transpose(0, 1).mul_(1.0 / LOG2E).to(acc)
-        dv[ks:ks + skv] = dv_blocks.view(spec.n2, skv, spec.dv).transpose(0, 1).to(acc)
+        qs, sq = spec.seq.q_starts[b], spec.seq.q_lens[b]
+        ks, skv = spec.seq.kv_starts[b], spec.seq.kv_lens[b]
+        for n2 in range(spec.n2 if sq else 0):
+            bt = _Batch(spec, b, n2, query, key, value, topk)
+            h = bt.heads
+            m = softmax_max[qs:qs + sq, h, 0].to(acc)  # [Sq, G]
+            log2_l = softmax_sum[qs:qs + sq, h, 0].to(acc).log2()
+            do = attention_out_grad[qs:qs + sq, h].to(acc)  # [Sq, G, Dv]
+            delta = torch.linalg.vecdot(do.to(kv_acc), attention_out[qs:qs + sq, h].to(kv_acc)).to(acc)
+            dq_b = torch.zeros(sq, g, spec.d, dtype=acc)
+            dk_b = dk[ks:ks + skv, n2].view(skv // bs, bs, spec.d)
+            dv_b = dv[ks:ks + skv, n2].view(skv // bs, bs, spec.dv)
+            for t0, t1 in bt.chunks():
+                for seg in bt.segments(t0, t1):
+                    rows = t0 + seg.tokens
+                    s, qj = bt.scores(seg, t0)
+                    p = s.sub_(m[rows].unsqueeze(-1)).mul_(LOG2E).sub_(log2_l[rows].unsqueeze(-1)).exp2_()
+                    do_j = do[rows]
+                    dp = torch.matmul(do_j, bt.v[seg.block].transpose(0, 1))
+                    dv_b[seg.block] += (p.reshape(-1, bs).transpose(0, 1) @ do_j.reshape(-1, spec.dv)).to(kv_acc)
+                    ds = p.mul_(dp.sub_(delta[rows].unsqueeze(-1)))
+                    dk_b[seg.block] += (ds.reshape(-1, bs).transpose(0, 1) @ qj.reshape(-1, spec.d)).to(kv_acc)
+                    dq_b.index_add_(0, rows, torch.matmul(ds, bt.k[seg.block]))
+            dq[qs:qs + sq, h] = dq_b.mul_(spec.scale)
     return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)
