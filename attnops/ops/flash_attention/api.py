@@ -63,7 +63,12 @@ def _seq_lists(layout, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_k
     return to_list(actual_seq_qlen), to_list(actual_seq_kvlen)
 
 
-def _op_args(query, key, value, *, layout, head_num, scale, pse, pse_type, atten_mask, sparse_mode, pre_tokens,
+_OPTIONS = ("layout", "head_num", "scale", "pse", "pse_type", "atten_mask", "sparse_mode", "pre_tokens",
+            "next_tokens", "prefix", "cu_seqlens_q", "cu_seqlens_k", "actual_seq_qlen", "actual_seq_kvlen",
+            "keep_prob", "drop_mask", "seed", "offset", "q_start_idx", "kv_start_idx", "softmax_layout", "backend")
+
+
+def _op_args(query, *, layout, head_num, scale, pse, pse_type, atten_mask, sparse_mode, pre_tokens,
              next_tokens, prefix, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen, keep_prob,
              drop_mask, seed, offset, q_start_idx, kv_start_idx, softmax_layout, backend):
     """Resolve the Pythonic defaults into the custom ops' argument list (after the tensors)."""
@@ -116,12 +121,7 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, layout: str = 
         >>> out.shape
         torch.Size([1, 2, 16, 8])
     """
-    args = _op_args(query, key, value, layout=layout, head_num=head_num, scale=scale, pse=pse, pse_type=pse_type,
-                    atten_mask=atten_mask, sparse_mode=sparse_mode, pre_tokens=pre_tokens, next_tokens=next_tokens,
-                    prefix=prefix, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                    actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, keep_prob=keep_prob,
-                    drop_mask=drop_mask, seed=seed, offset=offset, q_start_idx=q_start_idx,
-                    kv_start_idx=kv_start_idx, softmax_layout=softmax_layout, backend=backend)
+    args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
     out, smax, ssum = _op().flash_attention_fwd(query, key, value, *args.values())
     if return_stats:
         return FlashAttentionResult(out, smax, ssum, args["seed"], args["offset"])
@@ -146,12 +146,7 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
     """
     require(keep_prob == 1.0 or drop_mask is not None or seed is not None, "seed",
             "the forward's seed (or a drop_mask) when keep_prob < 1", None)
-    args = _op_args(query, key, value, layout=layout, head_num=head_num, scale=scale, pse=pse, pse_type=pse_type,
-                    atten_mask=atten_mask, sparse_mode=sparse_mode, pre_tokens=pre_tokens, next_tokens=next_tokens,
-                    prefix=prefix, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                    actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, keep_prob=keep_prob,
-                    drop_mask=drop_mask, seed=seed, offset=offset, q_start_idx=q_start_idx,
-                    kv_start_idx=kv_start_idx, softmax_layout=softmax_layout, backend=backend)
+    args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
     dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
                                                  *args.values())
     return dq, dk, dv, (dpse if dpse.numel() else None)
