@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import attnops
+import attnops.aclnn
 from attnops import AclnnError, ParamDtypeError, ParamInvalidError, ParamNullptrError
 from attnops.testing.golden_fia import encode_deq_scale, pack_int4
 from tests.helpers import randn
@@ -142,8 +143,12 @@ def fp16_to(dtype, name):
 # --- required inputs and dtypes (seed: 161001 for null query/key/value; 161002 for dtypes)
 for nm in ("query", "key", "value"):
     case("prefill", f"{nm}-none", setp(**{nm: None}), NULL, nm)
-    case("prefill", f"{nm}-fp32", fp16_to(F32, nm), DTYPE, nm)
-case("prefill", "key-int64", fp16_to(torch.int64, "key"), DTYPE, "key")
+case("prefill", "query-fp32", fp16_to(F32, "query"), DTYPE, "query")
+case("prefill", "key-value-fp32", setp(key=lambda p: p["key"].float(), value=lambda p: p["value"].float()), DTYPE,
+     ("key", "value"))
+case("prefill", "key-value-int64", setp(key=lambda p: p["key"].long(), value=lambda p: p["value"].long()), DTYPE,
+     ("key", "value"))
+case("prefill", "value-dtype-differs-from-key", fp16_to(BF16, "value"), INVALID, ("value", "key"))
 case("prefill", "atten_mask-fp16", setp(atten_mask=lambda p: torch.zeros(4, 6, dtype=F16), sparse_mode=1), DTYPE,
      "atten_mask")
 case("prefill", "pse_shift-fp32", setp(pse_shift=lambda p: torch.zeros(1, 2, 4, 6)), DTYPE, "pse_shift")
@@ -190,7 +195,6 @@ case("prefix", "pse-cols-below-prefix-plus-KV_S", setp(pse_shift=torch.zeros(2, 
 
 # --- layouts, heads, sizes
 case("prefill", "input_layout-SBH", setp(input_layout="SBH"), INVALID, "input_layout")
-case("prefill", "input_layout-lowercase", setp(input_layout="bsh"), INVALID, "input_layout")
 case("bnsd_decode", "BNSD_BSND-with-Q_S-1", setp(input_layout="BNSD_BSND"), INVALID, "input_layout")
 case("bnsd_prefill", "num_heads-differs-from-N", setp(num_heads=4), INVALID, "num_heads")
 case("prefill", "H-not-multiple-of-num_heads", setp(num_heads=3), INVALID, ("num_heads", "query"))
@@ -504,7 +508,7 @@ case("sep_prefill", "prefill-separate-with-tensor-list",
      ("key", "key_antiquant_scale", "value"))
 case("sep_prefill", "prefill-separate-with-left-padding",
      setp(actual_seq_lengths_kv=[4, 5], kv_padding_size=torch.tensor([1])), INVALID,
-     ("kv_padding_size", "key_antiquant_scale"))
+     ("kv_padding_size", "key_antiquant_scale", "key"))
 case("int4_decode", "int4-per-tensor-per-head-mode", setp(key_antiquant_scale=torch.full((2,), 0.1, dtype=F16),
                                                           value_antiquant_scale=torch.full((2,), 0.1, dtype=F16),
                                                           key_antiquant_mode=2, value_antiquant_mode=2), INVALID,
@@ -512,7 +516,7 @@ case("int4_decode", "int4-per-tensor-per-head-mode", setp(key_antiquant_scale=to
 case("int4_decode", "int4-combined-antiquant",
      setp(key_antiquant_scale=None, value_antiquant_scale=None, antiquant_scale=torch.full((2, 128), 0.1,
                                                                                            dtype=F16)),
-     INVALID, ("antiquant_scale", "key"))
+     INVALID, ("antiquant_scale", "key", "key_antiquant_scale"))
 case("int4_decode", "int4-kv-left-padding-fp16-query",
      setp(actual_seq_lengths_kv=[4, 5], kv_padding_size=torch.tensor([1])), INVALID, ("kv_padding_size", "key"))
 

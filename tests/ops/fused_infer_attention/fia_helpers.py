@@ -15,6 +15,7 @@ import math
 import torch
 
 import attnops
+import attnops.aclnn
 from attnops.testing.compare import assert_close_to_golden, max_abs_err
 from attnops.testing.golden_fia import fia_forward_detail
 from tests.helpers import randn, to_layout
