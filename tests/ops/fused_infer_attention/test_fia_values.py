@@ -25,11 +25,12 @@ F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("n,nkv", [(2, 2), (4, 1)])
-@pytest.mark.parametrize("sq", [1, 6])
+@pytest.mark.parametrize("sq", [1, 6, 24])  # 24: beyond the implementation's short-query path (16 rows)
 def test_layouts_gqa_lse(via, dtype, layout, n, nkv, sq):
     if layout == "BNSD_BSND" and sq == 1:
         pytest.skip("BNSD_BSND needs Q_S > 1 (seed)")
-    q, k, v = make_inputs(layout, b=2, n=n, nkv=nkv, sq=sq, skv=9, d=16, dtype=dtype, seed=sq + n)
+    q, k, v = make_inputs(layout, b=2, n=n, nkv=nkv, sq=sq, skv=9 if sq < 20 else 37, d=16, dtype=dtype,
+                          seed=sq + n)
     check_fia(q, k, v, via=via, num_heads=n, num_key_value_heads=nkv, scale_value=0.25, input_layout=layout,
               softmax_lse_flag=True)
 
@@ -53,11 +54,11 @@ def test_num_key_value_heads_0_means_num_heads(via, sq):
 @pytest.mark.parametrize("mode", [0, 3])
 def test_tnd(via, dtype, mode):
     n, nkv, d = 4, 2, 16
-    lq, lk = [3, 5, 2], [6, 5, 9]
+    lq, lk = [3, 21, 2], [6, 25, 9]
     q = randn(sum(lq), n, d, dtype=dtype, seed=1)
     k = randn(sum(lk), nkv, d, dtype=dtype, seed=2)
     v = randn(sum(lk), nkv, d, dtype=dtype, seed=3)
-    kw = dict(actual_seq_lengths=[3, 8, 10], actual_seq_lengths_kv=[6, 11, 20], num_heads=n,
+    kw = dict(actual_seq_lengths=[3, 24, 26], actual_seq_lengths_kv=[6, 31, 40], num_heads=n,
               num_key_value_heads=nkv, scale_value=0.25, input_layout="TND", sparse_mode=mode,
               softmax_lse_flag=True)
     if mode == 3:
@@ -68,7 +69,7 @@ def test_tnd(via, dtype, mode):
 # ------------------------------------------------------------------------------------------- tensor lists
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("layout", ["BSH", "BSND", "BNSD"])
-@pytest.mark.parametrize("sq", [1, 4])
+@pytest.mark.parametrize("sq", [1, 4, 18])
 def test_tensor_list(via, layout, sq):
     n, d, lens = 2, 16, [7, 3, 11]
     q, _, _ = make_inputs(layout, b=3, n=n, sq=sq, d=16, dtype=F16)
@@ -91,10 +92,11 @@ MASK_DTYPES = [torch.bool, torch.int8, torch.uint8]
 @pytest.mark.parametrize("shape", list(PREFILL_MASKS))
 @pytest.mark.parametrize("mode", [0, 1])
 @pytest.mark.parametrize("aligned", [False, True])
-def test_prefill_mask_shapes(via, mdtype, shape, mode, aligned):
-    b, n, sq, skv = 2, 2, 5, 9
+@pytest.mark.parametrize("sq,skv", [(5, 9), (19, 26)])
+def test_prefill_mask_shapes(via, mdtype, shape, mode, aligned, sq, skv):
+    b, n = 2, 2
     q, k, v = make_inputs("BSND", b=b, n=n, sq=sq, skv=skv, d=16, dtype=F16)
-    rs, cs = (16, 16) if aligned else (sq, skv)  # "may be rounded up to an aligned S"
+    rs, cs = (-(-sq // 16) * 16, -(-skv // 16) * 16) if aligned else (sq, skv)  # "may be rounded up to aligned S"
     m = rand_mask(b, rs, cs, seed=3, dtype=mdtype)
     check_fia(q, k, v, via=via, atten_mask=PREFILL_MASKS[shape](m), sparse_mode=mode, num_heads=n,
               scale_value=0.25, input_layout="BSND", softmax_lse_flag=True)
@@ -123,7 +125,7 @@ def test_decode_ignores_sparse_mode_and_tokens(via):
 
 
 @pytest.mark.parametrize("via", VIA)
-@pytest.mark.parametrize("sq,skv", [(6, 6), (4, 11), (9, 5)])
+@pytest.mark.parametrize("sq,skv", [(6, 6), (4, 11), (9, 5), (21, 40), (30, 17)])
 @pytest.mark.parametrize("mode,pre,nxt", [(0, 2, 1), (0, 10, 0), (0, 3, -1), (0, -1, 3), (1, 0, 0), (2, 0, 0),
                                           (3, 0, 0), (4, 2, 0), (4, 1, 2), (4, 4, -2)])
 def test_sparse_modes(via, sq, skv, mode, pre, nxt):
@@ -147,22 +149,24 @@ def test_compressed_mask_shapes(via, mode, mshape):
 
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("mode", [0, 3, 4])
-def test_sparse_modes_use_actual_lengths(via, mode):
+@pytest.mark.parametrize("sq,skv,aq,akv", [(7, 10, [7, 3, 5], [10, 8, 2]), (30, 28, [30, 17, 25], [28, 26, 3])])
+def test_sparse_modes_use_actual_lengths(via, mode, sq, skv, aq, akv):
     """delta = actual KV length - actual query length, per batch."""
     n = 2
-    q, k, v = make_inputs("BSND", b=3, n=n, sq=7, skv=10, d=16, dtype=F16)
-    mask = TRIU2048 if mode else rand_mask(3, 7, 10, seed=2, p=0.1)
+    q, k, v = make_inputs("BSND", b=3, n=n, sq=sq, skv=skv, d=16, dtype=F16)
+    mask = TRIU2048 if mode else rand_mask(3, sq, skv, seed=2, p=0.1)
     check_fia(q, k, v, via=via, atten_mask=mask, sparse_mode=mode, pre_tokens=2, next_tokens=1,
-              actual_seq_lengths=[7, 3, 5], actual_seq_lengths_kv=[10, 8, 2], num_heads=n, scale_value=0.25,
+              actual_seq_lengths=aq, actual_seq_lengths_kv=akv, num_heads=n, scale_value=0.25,
               input_layout="BSND", inner_precise=2, softmax_lse_flag=True)
 
 
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("inner_precise", [0, 1, 2, 3])
 @pytest.mark.parametrize("dtype", LOW, ids=str)
-def test_inner_precise_and_fully_masked_rows(via, inner_precise, dtype):
+@pytest.mark.parametrize("sq,skv", [(6, 8), (20, 24)])
+def test_inner_precise_and_fully_masked_rows(via, inner_precise, dtype, sq, skv):
     """Rows masked everywhere: output 0 and lse +inf whatever inner_precise says (DECISIONS.md)."""
-    n, sq, skv = 2, 6, 8
+    n = 2
     q, k, v = make_inputs("BNSD", b=2, n=n, sq=sq, skv=skv, d=16, dtype=dtype)
     m = rand_mask(2, sq, skv, seed=5)
     m[0, 2] = True
@@ -195,11 +199,11 @@ def test_sparse3_with_sq_over_skv_has_invalid_rows(via):
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 @pytest.mark.parametrize("pb", ["B", "1"])
-@pytest.mark.parametrize("sq", [1, 5])
+@pytest.mark.parametrize("sq", [1, 5, 21])
 def test_pse(via, dtype, pb, sq):
-    b, n, skv = 2, 2, 9
+    b, n, skv = 2, 2, 9 if sq < 20 else 30
     q, k, v = make_inputs("BNSD", b=b, n=n, sq=sq, skv=skv, d=16, dtype=dtype)
-    rows = sq if sq == 1 else 8  # Q_S > 1: may be larger than S
+    rows = sq if sq == 1 else sq + 3  # Q_S > 1: may be larger than S
     pse = randn(b if pb == "B" else 1, n, rows, 32, dtype=dtype, seed=9)
     check_fia(q, k, v, via=via, pse_shift=pse, num_heads=n, scale_value=0.25, input_layout="BNSD",
               softmax_lse_flag=True)
@@ -255,7 +259,8 @@ def _paged(layout, *, b=2, n=2, nkv=2, sq, lens, d=16, bs, cache_layout, dtype=F
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("layout,cache_layout", [("BSH", "BSH"), ("BSND", "BSH"), ("BNSD", "BSH"),
                                                  ("BNSD", "BNSD")])
-@pytest.mark.parametrize("sq,bs,lens", [(1, 16, [40, 7]), (1, 32, [64, 33]), (4, 128, [200, 130])])
+@pytest.mark.parametrize("sq,bs,lens", [(1, 16, [40, 7]), (1, 32, [64, 33]), (4, 128, [200, 130]),
+                                       (20, 256, [300, 21])])
 def test_paged(via, layout, cache_layout, sq, bs, lens):
     n, nkv = 4, 2
     q, _, _, kc, vc, bt = _paged(layout, n=n, nkv=nkv, sq=sq, lens=lens, bs=bs, cache_layout=cache_layout)
@@ -264,7 +269,7 @@ def test_paged(via, layout, cache_layout, sq, bs, lens):
 
 
 @pytest.mark.parametrize("via", VIA)
-@pytest.mark.parametrize("sq", [1, 3])
+@pytest.mark.parametrize("sq", [1, 3, 18])
 def test_paged_with_mask_and_pse(via, sq):
     n, bs, lens = 2, 128, [150, 60]
     q, _, _, kc, vc, bt = _paged("BNSD", n=n, nkv=n, sq=sq, lens=lens, bs=bs, cache_layout="BNSD")
@@ -277,11 +282,12 @@ def test_paged_with_mask_and_pse(via, sq):
 
 
 @pytest.mark.parametrize("via", VIA)
-def test_paged_prefill_causal(via):
+@pytest.mark.parametrize("sq", [6, 40])
+def test_paged_prefill_causal(via, sq):
     n, bs, lens = 2, 128, [140, 131]
-    q, _, _, kc, vc, bt = _paged("BSH", n=n, nkv=1, sq=6, lens=lens, bs=bs, cache_layout="BSH")
+    q, _, _, kc, vc, bt = _paged("BSH", n=n, nkv=1, sq=sq, lens=lens, bs=bs, cache_layout="BSH")
     check_fia(q, kc, vc, via=via, block_table=bt, block_size=bs, actual_seq_lengths_kv=lens,
-              actual_seq_lengths=[6, 4], atten_mask=TRIU2048, sparse_mode=3, num_heads=n, num_key_value_heads=1,
+              actual_seq_lengths=[sq, sq - 2], atten_mask=TRIU2048, sparse_mode=3, num_heads=n, num_key_value_heads=1,
               scale_value=0.25, input_layout="BSH", softmax_lse_flag=True)
 
 
@@ -343,8 +349,9 @@ def test_int8_in_fp16_out(via, layout, deq):
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("offset", [False, True])
 @pytest.mark.parametrize("sparse", [0, 3])
-def test_int8_in_int8_out(via, offset, sparse):
-    q, k, v = _int8_qkv("BSH", sq=6, skv=8)
+@pytest.mark.parametrize("sq,skv", [(6, 8), (24, 30)])
+def test_int8_in_int8_out(via, offset, sparse, sq, skv):
+    q, k, v = _int8_qkv("BSH", sq=sq, skv=skv)
     check_fia(q, k, v, via=via, deq_scale1=encode_deq_scale(7.3e-5), quant_scale1=torch.tensor([127.0]),
               deq_scale2=encode_deq_scale(1 / 127), quant_scale2=torch.tensor([0.6]),
               quant_offset2=torch.tensor([2.0]) if offset else None, num_heads=2, scale_value=0.7,
@@ -368,7 +375,7 @@ QS2_SHAPES = {"BSH": [(1,), (64,), (1, 1, 64)], "BSND": [(1,), (2, 32), (1, 1, 2
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("layout,shape", [(lay, s) for lay, ss in QS2_SHAPES.items() for s in ss])
 @pytest.mark.parametrize("dtype,qdtype", [(F16, F32), (BF16, F32), (BF16, BF16)], ids=str)
-@pytest.mark.parametrize("sq", [1, 5])
+@pytest.mark.parametrize("sq", [1, 5, 20])
 def test_float_in_int8_out(via, layout, shape, dtype, qdtype, sq):
     n, d = 2, 32  # int8 attention_out: D 32-aligned
     q, k, v = make_inputs(layout, b=2, n=n, sq=sq, skv=9, d=d, dtype=dtype, seed=sq)
@@ -394,7 +401,7 @@ ANTI_COMBINED = {"(2,N,1,D)": lambda n, d: (2, n, 1, d), "(2,N,D)": lambda n, d:
 
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("shape", list(ANTI_COMBINED))
-@pytest.mark.parametrize("sq,dtype", [(1, F16), (1, BF16), (4, F16)], ids=str)
+@pytest.mark.parametrize("sq,dtype", [(1, F16), (1, BF16), (4, F16), (20, F16)], ids=str)
 @pytest.mark.parametrize("offset", [True, False])
 def test_antiquant_combined_per_channel_and_tensor(via, shape, sq, dtype, offset):
     b, n, nkv, d, skv = 2, 4, 2, 32, 9
@@ -514,10 +521,11 @@ def test_int4_decode(via, kmode, vmode, dtype, layout):
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("qpad,kvpad", [(0, 0), (2, 1), (-3, 3)])
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_left_padding_prefill(via, qpad, kvpad, with_mask):
-    n, sq, skv = 2, 8, 11
+@pytest.mark.parametrize("sq,skv,aq,akv", [(8, 11, [4, 6], [5, 7]), (28, 30, [17, 25], [20, 26])])
+def test_left_padding_prefill(via, qpad, kvpad, with_mask, sq, skv, aq, akv):
+    n = 2
     q, k, v = make_inputs("BSND", b=2, n=n, sq=sq, skv=skv, d=16, dtype=F16)
-    kw = dict(actual_seq_lengths=[4, 6], actual_seq_lengths_kv=[5, 7], query_padding_size=torch.tensor([qpad]),
+    kw = dict(actual_seq_lengths=aq, actual_seq_lengths_kv=akv, query_padding_size=torch.tensor([qpad]),
               kv_padding_size=torch.tensor([kvpad]), num_heads=n, scale_value=0.25, input_layout="BSND",
               softmax_lse_flag=True)
     if with_mask:  # physical coordinates; pre/next ignored in the left-padding scenario
@@ -540,10 +548,11 @@ def test_left_padding_decode(via, with_extras):
 
 
 @pytest.mark.parametrize("via", VIA)
-def test_left_padding_with_pse_and_causal(via):
-    n, sq, skv = 2, 7, 9
+@pytest.mark.parametrize("sq,skv,aq,akv", [(7, 9, [3, 5], [6, 8]), (26, 30, [18, 24], [25, 29])])
+def test_left_padding_with_pse_and_causal(via, sq, skv, aq, akv):
+    n = 2
     q, k, v = make_inputs("BSH", b=2, n=n, sq=sq, skv=skv, d=16, dtype=BF16)
-    check_fia(q, k, v, via=via, actual_seq_lengths=[3, 5], actual_seq_lengths_kv=[6, 8],
+    check_fia(q, k, v, via=via, actual_seq_lengths=aq, actual_seq_lengths_kv=akv,
               query_padding_size=torch.tensor([1]), kv_padding_size=torch.tensor([1]),
               pse_shift=randn(2, n, sq, skv, dtype=BF16, seed=5), atten_mask=TRIU2048, sparse_mode=3, num_heads=n,
               scale_value=0.25, input_layout="BSH", softmax_lse_flag=True)
@@ -559,7 +568,7 @@ def test_padding_size_without_actual_lengths_is_right_padding(via):
 # ------------------------------------------------------------------------------------------- shared prefix
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("layout", ["BSH", "BSND", "BNSD"])
-@pytest.mark.parametrize("sq", [1, 4])
+@pytest.mark.parametrize("sq", [1, 4, 20])
 @pytest.mark.parametrize("plen", [None, 3])
 def test_shared_prefix(via, layout, sq, plen):
     n, nkv, d = 4, 2, 16
@@ -573,9 +582,10 @@ def test_shared_prefix(via, layout, sq, plen):
 
 @pytest.mark.parametrize("via", VIA)
 @pytest.mark.parametrize("mode", [0, 3, 4])
-def test_shared_prefix_with_masks(via, mode):
+@pytest.mark.parametrize("sq", [5, 20])
+def test_shared_prefix_with_masks(via, mode, sq):
     """Masks see [prefix | keys]: S2 >= prefix + key S; sparse 3/4 delta includes the prefix length."""
-    n, sq, skv, plen = 2, 5, 6, 4
+    n, skv, plen = 2, 6, 4
     q, k, v = make_inputs("BSH", b=2, n=n, sq=sq, skv=skv, d=16, dtype=F16)
     kp, vp, _ = make_inputs("BSH", b=1, n=n, sq=plen, skv=plen, d=16, dtype=F16, seed=9)
     mask = TRIU2048 if mode else rand_mask(2, sq, plen + skv, seed=3, p=0.3)
@@ -600,11 +610,11 @@ def test_shared_prefix_decode_with_mask_and_antiquant(via):
 @pytest.mark.parametrize("via", VIA)
 def test_everything_prefill_fp16(via):
     """GQA + actual lengths + pse + user mask with pre/next + int8 output per-channel + lse."""
-    b, n, nkv, sq, skv, d = 3, 4, 2, 6, 10, 32
+    b, n, nkv, sq, skv, d = 3, 4, 2, 22, 30, 32
     q, k, v = make_inputs("BNSD", b=b, n=n, nkv=nkv, sq=sq, skv=skv, d=d, dtype=F16)
     check_fia(q, k, v, via=via, pse_shift=randn(b, n, sq, skv, dtype=F16, seed=4),
-              atten_mask=rand_mask(b, 1, sq, skv, seed=5, p=0.2), actual_seq_lengths=[6, 2, 5],
-              actual_seq_lengths_kv=[10, 4, 7], quant_scale2=torch.rand(1, n, 1, d) * 30 + 10,
+              atten_mask=rand_mask(b, 1, sq, skv, seed=5, p=0.2), actual_seq_lengths=[22, 2, 17],
+              actual_seq_lengths_kv=[30, 4, 19], quant_scale2=torch.rand(1, n, 1, d) * 30 + 10,
               pre_tokens=4, next_tokens=2, num_heads=n, num_key_value_heads=nkv, scale_value=0.25,
               input_layout="BNSD", softmax_lse_flag=True)
 
