@@ -21,9 +21,9 @@ dense ``[N, Sq_b, Skv_b]`` score matrix per batch:
    ``out = (P~ @ V) / sum(P~)``, ``lse = max + log(sum)``.
    Int8 Q/K/V (§6.7): ``S = (Q_i8 @ K_i8^T) * deq_scale1``, ``P_i8 = sat_int8(round_half_even(P~ * quant_scale1))``,
    ``out = (P_i8 @ V_i8) * deq_scale2 / sum(P~)``.
-5. Rows with nothing to attend to (fully masked, empty KV) give output 0 and lse ``+inf``. Query rows outside
-   the actual length (right or left padding) are not computed: output 0 and lse ``+inf`` (project convention of
-   this golden; tests that depend on it say so).
+5. Rows with nothing to attend to (fully masked, empty KV, and for Q_S = 1 a KV left-padding start before 0) give
+   output 0 and lse ``+inf``. Query rows outside the actual length (right or left padding) are not computed:
+   output 0 and lse ``+inf`` (project convention of this golden; tests that depend on it say so).
 6. Int8 output: ``sat_int8(round_half_even(out * quant_scale2 + quant_offset2))``, per-tensor or per-channel.
 """
 
@@ -383,6 +383,9 @@ def fia_forward_detail(query, key, value, *, pse_shift=None, atten_mask=None, ac
             if kv_padding_size is not None and actual_seq_lengths_kv is not None:
                 pad = max(0, _scalar_int(kv_padding_size))
                 kv_start = [s_phys[b] - pad - kv_lens[b] for b in range(bsz)]
+                if ifa:  # Q_S = 1: a start (or end) before 0 gives an all-zero batch (seed, kv left padding)
+                    kv_lens = [0 if st < 0 else n_ for st, n_ in zip(kv_start, kv_lens)]
+                    kv_start = [max(st, 0) for st in kv_start]
             else:
                 kv_start = [0] * bsz
             for b in range(bsz):

@@ -674,3 +674,142 @@ def test_helpers_roundtrip():
     x = randn(2, 5, 3, 16, seed=1)
     for lay in ("BSH", "BSND", "BNSD"):
         assert torch.equal(from_bnsd(bnsd(layout_of(x, lay), lay, 3), lay), layout_of(x, lay))
+
+
+# ------------------------------------------------------------------------------------------- more combinations
+@pytest.mark.parametrize("via", VIA)
+@pytest.mark.parametrize("sq", [1, 5, 20])
+def test_pse_and_mask_with_shared_prefix(via, sq):
+    """pse / mask columns: [0, L) the prefix, then L + key position."""
+    n, skv, plen = 2, 7, 4
+    q, k, v = make_inputs("BNSD", b=2, n=n, sq=sq, skv=skv, d=16, dtype=F16)
+    kp, vp, _ = make_inputs("BNSD", b=1, n=n, sq=6, skv=6, d=16, dtype=F16, seed=3)
+    cols = plen + skv + 5
+    mask = rand_mask(2, cols, seed=1) if sq == 1 else rand_mask(2, sq, cols, seed=1, p=0.2)
+    check_fia(q, k, v, via=via, key_shared_prefix=kp, value_shared_prefix=vp, actual_shared_prefix_len=[plen],
+              pse_shift=randn(2, n, sq, cols, dtype=F16, seed=2), atten_mask=mask, sparse_mode=0 if sq == 1 else 1,
+              actual_seq_lengths_kv=[7, 4], num_heads=n, scale_value=0.25, input_layout="BNSD",
+              softmax_lse_flag=True)
+
+
+@pytest.mark.parametrize("via", VIA)
+@pytest.mark.parametrize("combined", [True, False])
+def test_per_token_antiquant_with_kv_left_padding(via, combined):
+    """Per-token scales are read at the physical KV position (left-padding offset included)."""
+    b, n, d, skv = 2, 2, 32, 10
+    q = make_inputs("BSND", b=b, n=n, sq=1, d=d, dtype=F16)[0]
+    k, v = randint8(b, skv, n, d, seed=1), randint8(b, skv, n, d, seed=2)
+    g = torch.Generator().manual_seed(3)
+    sc = torch.rand(2, b, skv, generator=g) * 0.02 + 0.005
+    off = torch.randn(2, b, skv, generator=g) * 4
+    p = (dict(antiquant_scale=sc, antiquant_offset=off, antiquant_mode=1) if combined else
+         dict(key_antiquant_scale=sc[:1], key_antiquant_offset=off[:1], value_antiquant_scale=sc[1:],
+              value_antiquant_offset=off[1:], key_antiquant_mode=1, value_antiquant_mode=1))
+    check_fia(q, k, v, via=via, **p, actual_seq_lengths_kv=[5, 7], kv_padding_size=torch.tensor([2]), num_heads=n,
+              scale_value=0.25, input_layout="BSND", softmax_lse_flag=True)
+
+
+@pytest.mark.parametrize("via", VIA)
+def test_per_token_antiquant_with_shared_prefix(via):
+    """Per-token scale positions with a prefix: [0, L) the prefix tokens, then L + key position."""
+    b, n, d, skv, plen = 2, 2, 32, 6, 3
+    q = make_inputs("BSH", b=b, n=n, sq=1, d=d, dtype=F16)[0]
+    k, v = randint8(b, skv, n * d, seed=1), randint8(b, skv, n * d, seed=2)
+    kp, vp = randint8(1, plen, n * d, seed=3), randint8(1, plen, n * d, seed=4)
+    g = torch.Generator().manual_seed(5)
+    sc = torch.rand(2, b, plen + skv, generator=g) * 0.02 + 0.005
+    check_fia(q, k, v, via=via, key_shared_prefix=kp, value_shared_prefix=vp, antiquant_scale=sc, antiquant_mode=1,
+              num_heads=n, scale_value=0.25, input_layout="BSH", softmax_lse_flag=True)
+
+
+@pytest.mark.parametrize("via", VIA)
+def test_decode_kv_left_padding_start_before_0_gives_zero_batch(via):
+    """Seed (Q_S = 1): a KV start or end before 0 returns all zeros for that batch."""
+    q, k, v = make_inputs("BSH", b=2, n=2, sq=1, skv=8, d=16, dtype=F16)
+    r = check_fia(q, k, v, via=via, actual_seq_lengths_kv=[3, 7], kv_padding_size=torch.tensor([2]), num_heads=2,
+                  scale_value=0.25, input_layout="BSH", softmax_lse_flag=True)
+    assert bool((r["out"][1] == 0).all()) and bool(torch.isposinf(r["lse"][1]).all())
+    assert bool((r["out"][0] != 0).any())
+
+
+@pytest.mark.parametrize("via", VIA)
+@pytest.mark.parametrize("sq", [4, 20])
+def test_tnd_with_mask_and_pse(via, sq):
+    """TND, sparse 1: each batch reads the top-left [Sq_b, Skv_b] of a [maxSq, maxSkv] mask and pse."""
+    n, d = 2, 16
+    lq, lk = [sq, 3], [sq + 4, 9]
+    q = randn(sum(lq), n, d, dtype=F16, seed=1)
+    k, v = randn(sum(lk), n, d, dtype=F16, seed=2), randn(sum(lk), n, d, dtype=F16, seed=3)
+    mask = rand_mask(max(lq), max(lk), seed=4, p=0.2)
+    check_fia(q, k, v, via=via, actual_seq_lengths=[lq[0], sum(lq)], actual_seq_lengths_kv=[lk[0], sum(lk)],
+              atten_mask=mask, sparse_mode=1, pse_shift=randn(1, n, max(lq), max(lk), dtype=F16, seed=5),
+              num_heads=n, scale_value=0.25, input_layout="TND", softmax_lse_flag=True)
+
+
+@pytest.mark.parametrize("via", VIA)
+@pytest.mark.parametrize("sq", [1, 4, 20])
+def test_tensor_list_with_mask_and_pse(via, sq):
+    n, d, lens = 2, 16, [9, 4]
+    q = make_inputs("BSH", b=2, n=n, sq=sq, d=d, dtype=F16)[0]
+    ks = [randn(1, s, n * d, dtype=F16, seed=10 + s) for s in lens]
+    vs = [randn(1, s, n * d, dtype=F16, seed=20 + s) for s in lens]
+    mask = rand_mask(2, 9, seed=1) if sq == 1 else rand_mask(2, sq, 9, seed=1, p=0.2)
+    check_fia(q, ks, vs, via=via, atten_mask=mask, sparse_mode=0, pse_shift=randn(2, n, sq, 9, dtype=F16, seed=2),
+              num_heads=n, scale_value=0.25, input_layout="BSH", softmax_lse_flag=True)
+
+
+@pytest.mark.parametrize("via", VIA)
+@pytest.mark.parametrize("sq", [5, 20])
+def test_int8_chain_with_gqa_lengths_and_left_padding(via, sq):
+    b, n, nkv, d, skv = 2, 4, 2, 32, 24
+    q = layout_of(randint8(b, sq, n, d, seed=1), "BNSD")
+    k = layout_of(randint8(b, skv, nkv, d, seed=2), "BNSD")
+    v = layout_of(randint8(b, skv, nkv, d, seed=3), "BNSD")
+    common = dict(deq_scale1=encode_deq_scale(7.3e-5), quant_scale1=torch.tensor([127.0]),
+                  deq_scale2=encode_deq_scale(1 / 127), num_heads=n, num_key_value_heads=nkv, scale_value=0.7,
+                  input_layout="BNSD", softmax_lse_flag=True)
+    check_fia(q, k, v, via=via, actual_seq_lengths=[sq, sq - 2], actual_seq_lengths_kv=[skv, 11], **common)
+    check_fia(q, k, v, via=via, actual_seq_lengths=[sq - 1, sq - 3], actual_seq_lengths_kv=[20, 11],
+              query_padding_size=torch.tensor([1]), kv_padding_size=torch.tensor([2]), **common)
+
+
+@pytest.mark.parametrize("via", VIA)
+@pytest.mark.parametrize("sq", [4, 20])
+def test_bnsd_bsnd_with_everything(via, sq):
+    n, nkv, skv = 4, 2, 25
+    q, k, v = make_inputs("BNSD_BSND", b=2, n=n, nkv=nkv, sq=sq, skv=skv, d=32, dtype=BF16)
+    check_fia(q, k, v, via=via, pse_shift=randn(1, n, sq, skv, dtype=BF16, seed=3),
+              atten_mask=rand_mask(2, sq, skv, seed=4, p=0.2), sparse_mode=0, pre_tokens=10, next_tokens=3,
+              actual_seq_lengths=[sq, sq - 1], actual_seq_lengths_kv=[25, 20],
+              quant_scale2=torch.full((1, 1, n, 32), 30.0), num_heads=n, num_key_value_heads=nkv, scale_value=0.25,
+              input_layout="BNSD_BSND", softmax_lse_flag=True)
+
+
+@pytest.mark.parametrize("via", VIA)
+def test_paged_decode_per_token_combined_antiquant(via):
+    """Per-token scales (2, B, S) with paged KV are indexed by the logical token position."""
+    n, d, bs, lens = 2, 32, 32, [70, 20]
+    q = randn(2, n, 1, d, dtype=F16, seed=1)
+    k, v = randint8(2, n, 70, d, seed=2), randint8(2, n, 70, d, seed=3)
+    kc, bt = to_paged(k, lens, bs, cache_layout="BSH", seed=4)
+    vc, _ = to_paged(v, lens, bs, cache_layout="BSH", seed=4)
+    kv_s = bt.shape[1] * bs
+    g = torch.Generator().manual_seed(5)
+    check_fia(q, kc, vc, via=via, antiquant_scale=torch.rand(2, 2, kv_s, generator=g) * 0.02 + 0.005,
+              antiquant_offset=torch.randn(2, 2, kv_s, generator=g), antiquant_mode=1, block_table=bt,
+              block_size=bs, actual_seq_lengths_kv=lens, num_heads=n, scale_value=0.25, input_layout="BNSD",
+              softmax_lse_flag=True)
+
+
+def test_api_defaults_scale_and_layout():
+    """Pythonic defaults: layout BNSD, scale 1/sqrt(D); return_lse False returns the tensor alone."""
+    import attnops
+    from attnops.testing.compare import assert_close_to_golden
+    from tests.ops.fused_infer_attention.fia_helpers import golden
+    q, k, v = make_inputs("BNSD", b=2, n=4, nkv=2, sq=3, skv=7, d=64, dtype=F16)
+    out = attnops.fused_infer_attention(q, k, v, num_key_value_heads=2)
+    assert isinstance(out, torch.Tensor)
+    kw = dict(num_heads=4, num_key_value_heads=2, scale_value=0.125, input_layout="BNSD")
+    assert_close_to_golden("out", out, golden(q, k, v, **kw).out, golden(q, k, v, dtype=F16, **kw).out)
+    res = attnops.fused_infer_attention(q, k, v, num_key_value_heads=2, return_lse=True)
+    assert torch.equal(res[0], out) and res[1].shape == (2, 4, 3, 1)
