@@ -357,7 +357,7 @@ def fia_forward_detail(query, key, value, *, pse_shift=None, atten_mask=None, ac
             blocks_of[b] = (blk, off)
             for cache, acc in ((kc, k_phys), (vc, v_phys)):
                 if cache.dim() == 3:  # (blocknum, blocksize, H)
-                    x = cache[blk, off].reshape(kv_lens[b], nkv, -1).permute(1, 0, 2)
+                    x = cache[blk, off].reshape(kv_lens[b], nkv, cache.shape[-1] // nkv).permute(1, 0, 2)
                 else:  # (blocknum, KV_N, blocksize, D)
                     x = cache[blk, :, off].permute(1, 0, 2)
                 acc.append(x)
