@@ -9,17 +9,22 @@ the softmax statistics and attention output it is given; it never recomputes the
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 import torch
 
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
+from ..._core.masks import INF
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, new_stats, stats_block
 from .problem import FAProblem
 
 LOG2E = math.log2(math.e)
 TILE_BYTES = 8 << 20  # fp32 score tile budget: big enough for efficient GEMMs, small enough for the L3 cache
 MIN_ROWS = 16
+MAX_ROWS = 256  # rows per tile (GEMM M) without a band
+BAND_ROWS = 128  # with a band (causal): the masked triangle on the band's edge costs rows/2 per row
+PEAKED_SUM = 16.0  # rows with softmax_sum below this (max probability > 1/16) form dP - D in fp64
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -48,23 +53,34 @@ class _Workspace:
 class _Tile:
     """One (batch, KV head, row chunk, column range) tile of the score matrix."""
 
-    def __init__(self, p: FAProblem, b: int, n2: int, r0: int, r1: int, c0: int, c1: int):
+    def __init__(self, p: FAProblem, b: int, n2: int, r0: int, r1: int, c0: int, c1: int,
+                 heads: slice | None = None):
         g = p.geom.group
         self.p, self.b, self.n2, self.r0, self.r1, self.c0, self.c1 = p, b, n2, r0, r1, c0, c1
-        self.heads = slice(n2 * g, (n2 + 1) * g)
-        self.shape = (g, r1 - r0, c1 - c0)
+        self.heads = slice(n2 * g, (n2 + 1) * g) if heads is None else heads  # query heads (of KV head n2)
+        self.shape = (self.heads.stop - self.heads.start, r1 - r0, c1 - c0)
 
-    def scores(self, qs: torch.Tensor, k: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def scores(self, qs: torch.Tensor, k: torch.Tensor, out: torch.Tensor, band=None) -> torch.Tensor:
         """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) with masked entries at -inf, into ``out``.
 
         ``qs`` is the batch's query times ``scale`` ([N1, Sq, D]); ``k`` is [N2, Skv, D]; ``out`` is [G, r, c].
+        ``band`` (from :func:`_band_parts`, shared by the heads of a chunk) replaces the mask's own tests.
         """
         p = self.p
-        s = torch.matmul(qs[self.heads, self.r0:self.r1], k[self.n2, self.c0:self.c1].transpose(0, 1), out=out)
+        kt = k[self.n2, self.c0:self.c1].transpose(0, 1)
+        if out.shape[0] == 1:  # one head: a plain 2-D GEMM
+            torch.mm(qs[self.heads.start, self.r0:self.r1], kt, out=out[0])
+            s = out
+        else:
+            s = torch.matmul(qs[self.heads, self.r0:self.r1], kt, out=out)
         if p.pse is not None:
             pse = p.pse.block(self.b, self.r0, self.r1, self.c0, self.c1, self.heads, s.dtype)
             s.add_(pse, alpha=p.scale if p.pse.add_before_scale else 1.0)
-        return p.mask.fill_masked_(s, self.b, self.r0, self.r1, self.c0, self.c1, self.heads)
+        if band is None:
+            return p.mask.fill_masked_(s, self.b, self.r0, self.r1, self.c0, self.c1, self.heads)
+        for a, z, masked in band:
+            s[..., a:z].masked_fill_(masked, float("-inf"))
+        return s
 
     def dropout_scale(self, dtype: torch.dtype) -> torch.Tensor | None:
         """``keep / keep_prob`` as [G, r, c] in ``dtype``, or None without dropout."""
@@ -98,37 +114,123 @@ def _active_batches(p: FAProblem):
     return [b for b in range(p.seq.batch) if p.seq.q_lens[b] > 0 and p.seq.kv_lens[b] > 0]
 
 
+def _row_chunks(p: FAProblem, b: int, budget: int, max_rows: int) -> list[tuple[int, int, int, int, list | None]]:
+    """Row chunks ``(r0, r1, c0, c1, band)`` of batch ``b`` with a non-empty band ``[c0, c1)``.
+
+    Each chunk has as many rows as fit ``budget`` score elements (``rows * (c1 - c0)``), at most ``max_rows`` and at
+    least ``MIN_ROWS``: GEMMs get tall tiles where the band is narrow (early causal rows) and the tile stays
+    cache-sized where it is wide. ``band`` is the chunk's :func:`_band_parts` (computed once for all heads).
+    """
+    sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
+    out = []
+    r0 = 0
+    while r0 < sq:
+        rows = max_rows
+        while rows > MIN_ROWS:
+            c0, c1 = p.mask.col_range(b, r0, min(sq, r0 + rows), skv)
+            if rows * max(0, c1 - c0) <= budget:
+                break
+            rows //= 2
+        r1 = min(sq, r0 + max(rows, MIN_ROWS))
+        c0, c1 = p.mask.col_range(b, r0, r1, skv)
+        if c0 < c1:
+            out.append((r0, r1, c0, c1, _band_parts(p, b, r0, r1, c0, c1)))
+        r0 = r1
+    return out
+
+
+def _uncovered(chunks, sq: int) -> list[tuple[int, int]]:
+    """Row ranges of ``[0, sq)`` that no chunk covers (their band is empty: outputs 0)."""
+    gaps, at = [], 0
+    for r0, r1, *_ in chunks:
+        if r0 > at:
+            gaps.append((at, r0))
+        at = r1
+    if at < sq:
+        gaps.append((at, sq))
+    return gaps
+
+
+def _band_parts(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int) -> list | None:
+    """The band's masked entries of a tile as ``[(a, z, masked)]``: tile columns ``[a, z)`` and a bool
+    ``[r, z - a]`` (True = masked), only at the band's edges (columns every row keeps are skipped), as
+    :meth:`MaskSpec.fill_masked_` tests them. None when the mask has a prefix or an explicit mask (the tile then
+    uses ``fill_masked_`` itself)."""
+    mask = p.mask
+    if mask.explicit is not None or mask.prefix is not None:
+        return None
+    lo, hi = mask.lo[b], mask.hi[b]
+    left_end = min(c1, r1 - 1 + lo) if lo > -INF else c0  # columns [c0, left_end) may be left of the band
+    right_start = max(c0, r0 + hi + 1) if hi < INF else c1  # columns [right_start, c1) may be right of it
+    parts = []
+    for e0, e1 in ((c0, left_end), (max(right_start, left_end), c1)):
+        if e0 < e1:
+            diff = torch.arange(e0, e1).unsqueeze(0) - torch.arange(r0, r1).unsqueeze(1)
+            parts.append((e0 - c0, e1 - c0, (diff < lo) | (diff > hi)))
+    return parts
+
+
+def _max_rows(p: FAProblem) -> int:
+    """Rows per tile: 256 for full rows; 128 where a band crosses the tiles (less masked work on its edge)."""
+    banded = any(lo > -INF or hi < INF for lo, hi in zip(p.mask.lo, p.mask.hi))
+    return BAND_ROWS if banded else MAX_ROWS
+
+
+class _Buffers:
+    """Named, reused fp32/fp64 buffers (grown on demand), so the tile loop allocates nothing."""
+
+    def __init__(self, dtype: torch.dtype, device):
+        self.dtype, self.device, self._bufs = dtype, device, {}
+
+    def get(self, name: str, *shape: int) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self._bufs.get(name)
+        if buf is None or buf.numel() < n:
+            buf = self._bufs[name] = torch.empty(n, dtype=self.dtype, device=self.device)
+        return buf[:n].view(shape)
+
+
 def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
-    """Returns ``(attention_out, softmax_max, softmax_sum)`` in the problem's layouts."""
+    """Returns ``(attention_out, softmax_max, softmax_sum)`` in the problem's layouts.
+
+    Tiles are one query head x a chunk of rows x the band's columns (2-D GEMMs, no copies of K/V per head). Per
+    tile: ``S = (scale*Q) K^T``, masked entries -inf, ``m = rowmax``, ``P = exp2((S - m) * log2(e))`` (the max is
+    subtracted in natural units, exactly, as the backward does), ``l = rowsum(P)``, ``O = P V / l``.
+    """
     g = p.geom
     out = torch.zeros(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=query.device)
     acc = compute_dtype(query.dtype)
     smax, ssum = new_stats(p.seq, g.n1, p.total_q, query.device, query.dtype)
     qv, kv, vv = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2)))
     ov = tokens_view(out, g.layout, g.n1)
-    ws = _Workspace(g.group, p.seq.max_kv, 1, acc)
+    buf = _Buffers(acc, query.device)
+    budget, max_rows = TILE_BYTES // acc.itemsize, _max_rows(p)
     for b in _active_batches(p):
         sq = p.seq.q_lens[b]
         qs = _heads_first(batch_tokens(qv, p.seq, b), p.scale)
         k = _heads_first(batch_tokens(kv, p.seq, b, kv=True))
         v = _heads_first(batch_tokens(vv, p.seq, b, kv=True))
-        o = torch.zeros(g.n1, sq, g.dv, dtype=acc)
+        o_b = buf.get("o_b", g.n1, sq, g.dv)  # heads first; copied to the output once per batch
         m_b = torch.full((g.n1, sq, 1), FLT_LOWEST, dtype=acc)
-        l_b = torch.full((g.n1, sq, 1), FLT_MAX, dtype=acc)
-        for t in _tiles(p, b, ws.rows):
-            h, r0, r1 = t.heads, t.r0, t.r1
-            s = t.scores(qs, k, ws.tile(0, t.shape))
-            m = s.amax(-1, keepdim=True)
-            valid = m > float("-inf")
-            s.sub_(torch.where(valid, m, 0.0)).mul_(LOG2E).exp2_()
-            l = s.sum(-1, keepdim=True)
-            drop = t.dropout_scale(acc)
-            if drop is not None:
-                s.mul_(drop)
-            o[h, r0:r1] = torch.matmul(s, v[t.n2, t.c0:t.c1]).div_(torch.where(valid, l, 1.0))
-            m_b[h, r0:r1] = torch.where(valid, m, FLT_LOWEST)
-            l_b[h, r0:r1] = torch.where(valid, l, FLT_MAX)
-        batch_tokens(ov, p.seq, b).copy_(o.transpose(0, 1))
+        l_b = torch.zeros((g.n1, sq, 1), dtype=acc)
+        chunks = _row_chunks(p, b, budget, max_rows)
+        for r0, r1 in _uncovered(chunks, sq):
+            o_b[:, r0:r1].zero_()
+        for h in range(g.n1):
+            n2 = h // g.group
+            for r0, r1, c0, c1, band in chunks:
+                t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
+                s = t.scores(qs, k, buf.get("s", 1, r1 - r0, c1 - c0), band)[0]
+                m = torch.amax(s, -1, keepdim=True, out=m_b[h, r0:r1]).clamp_min_(FLT_LOWEST)  # -inf: empty row
+                s.sub_(m).mul_(LOG2E).exp2_()
+                l = torch.sum(s, -1, keepdim=True, out=l_b[h, r0:r1])  # >= 1 on rows with a kept score, else 0
+                drop = t.dropout_scale(acc)
+                if drop is not None:
+                    s.mul_(drop[0])
+                o = torch.mm(s, v[n2, c0:c1], out=o_b[h, r0:r1])
+                o.div_(l.clamp_min(1.0))
+        batch_tokens(ov, p.seq, b).copy_(o_b.transpose(0, 1))
+        l_b.masked_fill_(l_b == 0, FLT_MAX)
         stats_block(smax, p.seq, b, p.softmax_layout).copy_(m_b.expand(-1, -1, 8))
         stats_block(ssum, p.seq, b, p.softmax_layout).copy_(l_b.expand(-1, -1, 8))
     return out, smax, ssum
@@ -180,8 +282,32 @@ def _sum_over_group(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.bmm(x.transpose(1, 2), y).sum(0) if x.shape[0] > 1 else x[0].transpose(0, 1) @ y[0]
 
 
+def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) -> list[list[int]] | None:
+    """Per query head, the (sorted) rows whose ``dP - D`` must be formed in fp64, or None when none ever is.
+
+    ``dP_ij - D_i = dy_i . (v_j - o_i)`` cancels when one key dominates the row (``o_i ~ v_j``, ``P_ij ~ 1``); then
+    fp32 rounding of ``dP`` and ``D`` (each ~eps*|dy||v|) would be the whole error of dq/dk, while autograd's
+    ``sum(P * dP)`` cancels the same rounding. The largest probability of a row is ``1 / softmax_sum``, so rows with
+    ``softmax_sum < PEAKED_SUM`` get ``dP - D`` in fp64; rows of spread attention (all P_ij small: no cancellation)
+    keep the fp32 GEMM. Only for fp32 inputs: fp16/bf16 inputs are far coarser than fp32 products, and fp64
+    inputs compute in fp64 anyway.
+    """
+    if acc != torch.float32 or input_dtype != torch.float32:
+        return None
+    peaked = (l_b[..., 0] < PEAKED_SUM)
+    if not bool(peaked.any()):
+        return None
+    return [torch.nonzero(row).flatten().tolist() for row in peaked]
+
+
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
-    """Returns ``(dq, dk, dv, dpse)``; dpse is None unless a pse tensor of type 0/1 was given."""
+    """Returns ``(dq, dk, dv, dpse)``; dpse is None unless a pse tensor of type 0/1 was given.
+
+    Same tiles as the forward (one query head x a row chunk x the band). Per tile, from the given statistics:
+    ``P = exp2((S - max) * log2(e) - log2(sum))``, ``dV += P^T dy``, ``dS = P * (dy V^T - D)`` with
+    ``D = rowsum(dy * attention_in)`` (fp64, then fp32; see :func:`_peaked_rows` for the rows done in fp64),
+    ``dQ = dS K`` (one GEMM per tile: a tile spans the row's whole band), ``dK += dS^T (scale*Q)``.
+    """
     g = p.geom
     dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
     dpse = None
@@ -190,37 +316,81 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     qv, kv, vv, dyv, ov, dqv, dkv, dvv = (
         tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (dy, g.n1),
                                                   (attention_in, g.n1), (dq, g.n1), (dk, g.n2), (dv, g.n2)))
-    acc, dp_dtype = compute_dtype(query.dtype), _dp_dtype(query.dtype)
-    ws = _Workspace(g.group, p.seq.max_kv, 1, acc)
-    ws_dp = _Workspace(g.group, p.seq.max_kv, 1, dp_dtype, rows=ws.rows)
+    acc = compute_dtype(query.dtype)
+    buf = _Buffers(acc, query.device)
+    budget, max_rows = TILE_BYTES // acc.itemsize, _max_rows(p)
     for b in _active_batches(p):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
         qs = _heads_first(batch_tokens(qv, p.seq, b), p.scale)
         k = _heads_first(batch_tokens(kv, p.seq, b, kv=True))
         v = _heads_first(batch_tokens(vv, p.seq, b, kv=True))
         do = _heads_first(batch_tokens(dyv, p.seq, b))
-        do_p, v_p = do.to(dp_dtype), v.to(dp_dtype)
-        delta = torch.linalg.vecdot(do_p, _heads_first(batch_tokens(ov, p.seq, b)).to(dp_dtype)).unsqueeze(-1)
-        m_b, log2_l = _row_stats(softmax_max, softmax_sum, p.seq, b, p.softmax_layout, acc)
+        o = _heads_first(batch_tokens(ov, p.seq, b))
+        delta64 = torch.linalg.vecdot(do.to(torch.float64), o.to(torch.float64)).unsqueeze(-1)  # [N1, Sq, 1]
+        delta = delta64.to(acc)
+        m_b = stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc)
+        l_b = stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1].to(acc)
+        neg_log2_l = l_b.log2().neg_()
+        peaked = _peaked_rows(l_b, acc, query.dtype)
         dq_b = torch.zeros(g.n1, sq, g.d, dtype=acc)
         dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc)
         dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc)
-        for t in _tiles(p, b, ws.rows):
-            h, r0, r1, n2, cols = t.heads, t.r0, t.r1, t.n2, slice(t.c0, t.c1)
-            dot = do[h, r0:r1]
-            prob = _probabilities_(t.scores(qs, k, ws.tile(0, t.shape)), m_b[h, r0:r1], log2_l[h, r0:r1])
-            dp = torch.matmul(do_p[h, r0:r1], v_p[n2, cols].transpose(0, 1), out=ws_dp.tile(0, t.shape))
-            drop = t.dropout_scale(acc)
-            if drop is not None:
-                dp.mul_(drop)
-            dv_b[n2, cols] += _sum_over_group(prob if drop is None else prob * drop, dot)
-            ds = prob.mul_(dp.sub_(delta[h, r0:r1]))
-            dq_b[h, r0:r1] += torch.matmul(ds, k[n2, cols])
-            dk_b[n2, cols] += _sum_over_group(ds, qs[h, r0:r1])
-            t.add_pse_grad(ds, dpse)
+        chunks = _row_chunks(p, b, budget, max_rows)
+        per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
+        for n2 in range(g.n2):
+            for i in range(0, len(chunks), per_group):
+                group = chunks[i:i + per_group]
+                u0, u1 = min(c[2] for c in group), max(c[3] for c in group)
+                # dK/dV of this group of chunks (all G heads) are summed apart, then added once: fp32 chains of
+                # about sqrt(chunks * G) additions instead of chunks * G
+                tk, tv = buf.get("tk", u1 - u0, g.d).zero_(), buf.get("tv", u1 - u0, g.dv).zero_()
+                for r0, r1, c0, c1, band in group:
+                    for h in range(n2 * g.group, (n2 + 1) * g.group):
+                        t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
+                        cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
+                        dot = do[h, r0:r1]
+                        s3 = t.scores(qs, k, buf.get("s", 1, r1 - r0, c1 - c0), band)
+                        prob = s3[0].sub_(m_b[h, r0:r1])  # natural units first: exact where s ~ max
+                        torch.add(neg_log2_l[h, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
+                        drop = t.dropout_scale(acc)
+                        drop = None if drop is None else drop[0]
+                        tv[tcols].addmm_((prob if drop is None else prob * drop).transpose(0, 1), dot)
+                        dp = torch.mm(dot, v[n2, cols].transpose(0, 1), out=buf.get("dp", r1 - r0, c1 - c0))
+                        if drop is not None:
+                            dp.mul_(drop)
+                        dp.sub_(delta[h, r0:r1])
+                        if peaked is not None and peaked[h]:
+                            _exact_dp_minus_d(dp, peaked[h], r0, r1, dot, v[n2, cols], delta64[h], drop)
+                        ds = prob.mul_(dp)
+                        torch.mm(ds, k[n2, cols], out=dq_b[h, r0:r1])
+                        tk[tcols].addmm_(ds.transpose(0, 1), qs[h, r0:r1])
+                        t.add_pse_grad(s3, dpse)
+                dk_b[n2, u0:u1] += tk
+                dv_b[n2, u0:u1] += tv
         batch_tokens(dqv, p.seq, b).copy_(dq_b.mul_(p.scale).transpose(0, 1))
         batch_tokens(dkv, p.seq, b, kv=True).copy_(dk_b.transpose(0, 1))
         batch_tokens(dvv, p.seq, b, kv=True).copy_(dv_b.transpose(0, 1))
     if dpse is not None:
         dpse = dpse.to(p.pse.tensor.dtype)
     return dq, dk, dv, dpse
+
+
+def _exact_dp_minus_d(dp, rows64: list[int], r0: int, r1: int, dy_rows, v_cols, delta64, drop) -> None:
+    """Overwrite the rows of tile ``dp`` (= dP - D, fp32) listed in ``rows64`` (batch row numbers, sorted) that fall
+    in ``[r0, r1)`` with ``dP - D`` computed in fp64 (rounded once, to fp32)."""
+    lo, hi = bisect.bisect_left(rows64, r0), bisect.bisect_left(rows64, r1)
+    if lo == hi:
+        return
+    if hi - lo == r1 - r0:  # every row of the tile
+        sel, loc = slice(0, r1 - r0), None
+    else:
+        loc = torch.tensor(rows64[lo:hi], dtype=torch.long, device=dp.device) - r0
+        sel = loc
+    d64 = torch.mm(dy_rows[sel].to(torch.float64), v_cols.to(torch.float64).transpose(0, 1))
+    if drop is not None:
+        d64.mul_(drop[sel])
+    d64.sub_(delta64[r0:r1][sel])
+    if loc is None:
+        dp.copy_(d64)
+    else:
+        dp.index_copy_(0, loc, d64.to(dp.dtype))
