@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnops import ParamInvalidError
+from attnops.testing.golden_fia import encode_deq_scale, pack_int4
 from tests.helpers import noncontig, randn
-from tests.ops.fused_infer_attention.fia_helpers import (TRIU2048, check_fia, layout_of, make_inputs,
-                                                         rand_mask, run, to_paged)
+from tests.ops.fused_infer_attention.fia_helpers import (TRIU2048, check_fia, layout_of, make_inputs, rand_mask,
+                                                         randint4, randint8, run, to_paged)
 
 LAYOUTS = ["BSH", "BSND", "BNSD", "BNSD_BSND"]
 
@@ -124,3 +125,75 @@ def test_fia_non_contiguous_inputs(sq):
         assert str(e).split(":")[0] in ("query", "key", "value", "atten_mask", "key[0]", "value[0]"), str(e)
     else:
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+@st.composite
+def quant_configs(draw):
+    """Int8 full quant (Q_S > 1) or KV antiquant (int8/int4, every mode) with masks, lengths, paging, prefix."""
+    kind = draw(st.sampled_from(["int8", "antiquant", "int4"]))
+    seed = draw(st.integers(0, 2 ** 16))
+    g = torch.Generator().manual_seed(seed)
+    nkv = draw(st.sampled_from([1, 2]))
+    n = nkv * draw(st.sampled_from([1, 2]))
+    b = draw(st.integers(1, 3))
+    skv = draw(st.integers(1, 40))
+    layout = draw(st.sampled_from(["BSH", "BSND", "BNSD"]))
+    kw = dict(num_heads=n, num_key_value_heads=nkv, scale_value=draw(st.sampled_from([0.1, 0.5])),
+              input_layout=layout, softmax_lse_flag=True)
+    if draw(st.booleans()):
+        kw["actual_seq_lengths_kv"] = [int(x) for x in torch.randint(0, skv + 1, (b,), generator=g)]
+    if kind == "int8":
+        d, sq = 32, draw(st.sampled_from([2, 9, 20]))
+        q = layout_of(randint8(b, sq, n, d, seed=seed), layout)
+        k = layout_of(randint8(b, skv, nkv, d, seed=seed + 1), layout)
+        v = layout_of(randint8(b, skv, nkv, d, seed=seed + 2), layout)
+        kw.update(deq_scale1=encode_deq_scale(draw(st.sampled_from([3e-5, 7.3e-5, 1.5e-4]))),
+                  quant_scale1=torch.tensor([draw(st.sampled_from([50.0, 127.0, 300.0]))]),
+                  deq_scale2=torch.tensor([1 / 127]))
+        if draw(st.booleans()):
+            kw["quant_scale2"] = torch.tensor([draw(st.sampled_from([0.5, 2.0]))])
+        mode = draw(st.sampled_from([0, 1, 3]))
+        kw["sparse_mode"] = mode
+        if mode == 3:
+            kw["atten_mask"] = TRIU2048
+        elif mode == 1:
+            kw["atten_mask"] = rand_mask(b, sq, skv, seed=seed, p=0.3)
+        if draw(st.booleans()):
+            kw["pse_shift"] = randn(1, n, sq, skv, dtype=torch.float16, seed=seed + 3)
+        return q, k, v, kw
+    dtype = draw(st.sampled_from([torch.float16, torch.bfloat16]))
+    d = 64 if kind == "int4" else 32
+    q = layout_of(randn(b, 1, n, d, dtype=dtype, seed=seed), layout)
+    if kind == "int4":
+        k = pack_int4(layout_of(randint4(b, skv, nkv, d, seed=seed + 1), layout))
+        v = pack_int4(layout_of(randint4(b, skv, nkv, d, seed=seed + 2), layout))
+        modes = draw(st.sampled_from([(0, 0), (1, 1), (3, 3), (0, 1)]))
+    else:
+        k = layout_of(randint8(b, skv, nkv, d, seed=seed + 1), layout)
+        v = layout_of(randint8(b, skv, nkv, d, seed=seed + 2), layout)
+        modes = draw(st.sampled_from([(0, 0), (1, 1), (2, 2), (3, 3)] + ([(0, 1)] if dtype == torch.float16 else [])))
+    for name, mode in zip(("key", "value"), modes):
+        shape, pdt = {0: ((1, nkv, 1, d), dtype), 1: ((1, b, skv), torch.float32), 2: ((nkv,), dtype),
+                      3: ((b, nkv, skv), torch.float32)}[mode]
+        kw[f"{name}_antiquant_scale"] = (torch.rand(shape, generator=g) * 0.05 + 0.01).to(pdt)
+        if draw(st.booleans()) or modes == (0, 1):
+            kw[f"{name}_antiquant_offset"] = torch.randn(shape, generator=g).to(pdt)
+    kw["key_antiquant_mode"], kw["value_antiquant_mode"] = modes
+    if not modes == (0, 1) and not draw(st.booleans()):  # both offsets or none
+        kw.pop("key_antiquant_offset", None)
+        kw.pop("value_antiquant_offset", None)
+    elif "key_antiquant_offset" in kw or "value_antiquant_offset" in kw:
+        for name, mode in zip(("key", "value"), modes):
+            if f"{name}_antiquant_offset" not in kw:
+                kw[f"{name}_antiquant_offset"] = torch.zeros_like(kw[f"{name}_antiquant_scale"])
+    if draw(st.booleans()):
+        kw["atten_mask"] = rand_mask(b, skv, seed=seed, p=0.3)
+    return q, k, v, kw
+
+
+@SETTINGS
+@given(quant_configs())
+def test_fia_random_quant_configurations_vs_golden(cfg):
+    q, k, v, kw = cfg
+    for via in ("aclnn", "api"):
+        check_fia(q, k, v, via=via, **kw)
