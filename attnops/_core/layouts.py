@@ -1,4 +1,4 @@
-"""Input layouts BSH / SBH / BSND / BNSD / TND <-> one internal token view.
+"""Input layouts BSH / SBH / BSND / BNSD / TND (and FIA's ``X_Y`` input/output forms) <-> one internal token view.
 
 The internal view of a q/k/v-like tensor is ``[B, S, N, D]`` for dense layouts and ``[T, N, D]`` for TND,
 always a view (no copy). :func:`batch_tokens` returns one batch as ``[S_b, N, D]`` from either form, so
@@ -19,10 +19,21 @@ LAYOUTS: tuple[str, ...] = ("BSH", "SBH", "BSND", "BNSD", "TND")
 _NDIM = {"BSH": 3, "SBH": 3, "BSND": 4, "BNSD": 4, "TND": 3}
 
 
+IO_LAYOUTS = {"BNSD_BSND": ("BNSD", "BSND")}  # FIA: "X_Y" reads X and writes the output in Y
+
+
 def normalize_layout(name: str, layout) -> str:
     if not isinstance(layout, str) or layout.upper() not in LAYOUTS:
         fail(name, f"one of {list(LAYOUTS)}", layout)
     return layout.upper()
+
+
+def io_layouts(name: str, layout, allowed: tuple[str, ...]) -> tuple[str, str]:
+    """``(input layout, output layout)`` of a layout name from ``allowed``; ``BNSD_BSND`` -> ``("BNSD", "BSND")``."""
+    if not isinstance(layout, str) or layout.upper() not in allowed:
+        fail(name, f"one of {list(allowed)}", layout)
+    layout = layout.upper()
+    return IO_LAYOUTS.get(layout, (layout, layout))
 
 
 @dataclass(frozen=True)
@@ -43,8 +54,8 @@ class Geometry:
         return self.n1 // self.n2
 
 
-def _bsnd_dims(x: torch.Tensor, layout: str, heads: int | None, name: str) -> tuple[int, int, int, int]:
-    """(B, S, N, D) of a dense tensor; for BSH/SBH ``heads`` splits H (or D is given via heads=None)."""
+def bsnd_dims(x: torch.Tensor, layout: str, heads: int | None) -> tuple[int, int, int, int]:
+    """(B, S, N, D) of a dense tensor; for BSH/SBH ``heads`` splits H."""
     if layout == "BSND":
         return tuple(x.shape)  # type: ignore[return-value]
     if layout == "BNSD":
@@ -79,15 +90,15 @@ def parse_geometry(query, key, value, head_num: int, layout: str) -> Geometry:
         n2, dk = hk // d, d
         require(n2 > 0 and hv % n2 == 0, "value", f"a hidden size that is a multiple of the KV heads N2={n2}", value)
         dv = hv // n2
-        batch, sq, _, _ = _bsnd_dims(query, layout, n1, "query")
-        kb, skv, _, _ = _bsnd_dims(key, layout, n2, "key")
-        vb, vs, _, _ = _bsnd_dims(value, layout, n2, "value")
+        batch, sq, _, _ = bsnd_dims(query, layout, n1)
+        kb, skv, _, _ = bsnd_dims(key, layout, n2)
+        vb, vs, _, _ = bsnd_dims(value, layout, n2)
         require(kb == batch and vb == batch, "key", f"batch size B={batch} like query", key)
         require(vs == skv, "value", f"the same sequence length as key ({skv})", value)
     else:
-        batch, sq, n1, d = _bsnd_dims(query, layout, None, "query")
-        kb, skv, n2, dk = _bsnd_dims(key, layout, None, "key")
-        vb, vs, vn, dv = _bsnd_dims(value, layout, None, "value")
+        batch, sq, n1, d = bsnd_dims(query, layout, None)
+        kb, skv, n2, dk = bsnd_dims(key, layout, None)
+        vb, vs, vn, dv = bsnd_dims(value, layout, None)
         require(head_num == n1, "head_num", f"the N of query ({n1})", head_num)
         require(kb == batch and vb == batch, "key", f"batch size B={batch} like query", key)
         require(vs == skv and vn == n2, "value", f"sequence length {skv} and {n2} heads like key", value)

@@ -1,7 +1,8 @@
 """Sparse modes -> the one mask normal form (:class:`MaskSpec`).
 
 keep(i, j) iff ``(lo_b <= j - i <= hi_b  OR  j < prefix_b)  AND  NOT explicit[b, n, i, j]``.
-Every sparse mode of every operator is converted here, once, on the host (``cann_semantics.md`` §1.1/§1.2).
+Every sparse mode of every operator is converted here, once, on the host (``cann_semantics.md`` §1.1/§1.2):
+:func:`build_mask_spec` for training FlashAttention, :func:`build_infer_mask_spec` for FusedInferAttentionScore.
 Compressed 2048x2048 / 3072x2048 masks are validated and replaced by the analytic band.
 """
 from __future__ import annotations
@@ -11,10 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_tensor, fail, int_list, require
-from .varlen import SeqInfo
+from .varlen import SeqInfo, batch_windows
 
 INF = 1 << 62  # "no limit" for band offsets
 MASK_DTYPES = (torch.bool, torch.uint8)
+INFER_MASK_DTYPES = (torch.bool, torch.int8, torch.uint8)
+INFER_SPARSE_MODES = (0, 1, 2, 3, 4)
 COMPRESSED_CAUSAL_MODES = (2, 3, 4, 7, 8)
 COMPRESSED_PREFIX_MODE = 6
 
@@ -31,6 +34,12 @@ class MaskSpec:
     hi: tuple[int, ...]
     prefix: tuple[int, ...] | None = None
     explicit: torch.Tensor | None = None
+
+    def batch(self, b: int) -> "MaskSpec":
+        """The spec of batch ``b`` alone (as a one-batch spec)."""
+        e = self.explicit
+        return MaskSpec((self.lo[b],), (self.hi[b],), None if self.prefix is None else (self.prefix[b],),
+                        e if e is None or e.shape[0] == 1 else e[b:b + 1])
 
     @property
     def is_full(self) -> bool:
@@ -124,6 +133,11 @@ def _explicit(atten_mask: torch.Tensor, seq: SeqInfo, n1: int, mode: int) -> tor
             allowed = [(b, n1, sq, skv), (b, 1, sq, skv)] + ([(1, 1, sq, skv), (sq, skv)] if b == 1 else [])
         require(shape in allowed, name, f"one of the shapes {[list(s) for s in allowed]} for sparse_mode {mode}",
                 atten_mask)
+    return _as_bool4d(atten_mask)
+
+
+def _as_bool4d(atten_mask: torch.Tensor) -> torch.Tensor:
+    """A bool (True = masked) view/copy of a mask with leading dims added up to 4-D; non-zero bytes are masked."""
     m = atten_mask if atten_mask.dtype == torch.bool else atten_mask != 0
     while m.dim() < 4:
         m = m.unsqueeze(0)
@@ -191,3 +205,69 @@ def _prefix(prefix, seq: SeqInfo) -> tuple[int, ...]:
         lo = 0 if sq > skv else skv - sq
         require(lo <= p <= skv, f"prefix[{b}]", f"a value in [{lo}, {skv}] (Sq={sq}, Skv={skv})", p)
     return tuple(values)
+
+
+def _infer_explicit(atten_mask: torch.Tensor, *, decode: bool, batch: int, rows: int, cols: int,
+                    q_offsets, kv_offsets, seq: SeqInfo) -> torch.Tensor:
+    """Validate an FIA full mask and return it as bool ``[Bm, 1, R, C]`` in per-batch effective coordinates.
+
+    Decode (Q_S = 1): ``(B, C)``, ``(B, 1, C)``, ``(B, 1, 1, C)``. Otherwise ``(R, C)``, ``(B|1, R, C)``,
+    ``(B|1, 1, R, C)``. ``R >= rows`` and ``C >= cols`` (masks may be padded up to aligned sizes). Batch ``b``'s
+    element ``(i, j)`` is the mask's ``(i + q_offsets[b], j + kv_offsets[b])`` (left padding).
+    """
+    shape = tuple(atten_mask.shape)
+    if decode:
+        forms = "(B, KV_S), (B, 1, KV_S) or (B, 1, 1, KV_S)"
+        ok = len(shape) in (2, 3, 4) and shape[0] == batch and all(s == 1 for s in shape[1:-1])
+        as4d = (batch, 1, 1, shape[-1])
+    else:
+        forms = "(Q_S, KV_S), (B|1, Q_S, KV_S) or (B|1, 1, Q_S, KV_S)"
+        ok = len(shape) == 2 or (len(shape) == 3 and shape[0] in (1, batch)) or (
+            len(shape) == 4 and shape[0] in (1, batch) and shape[1] == 1)
+        as4d = ((1,) * (4 - len(shape)) + shape) if len(shape) != 3 else (shape[0], 1, *shape[1:])
+    ok = ok and as4d[-2] >= rows and as4d[-1] >= cols
+    require(ok, "atten_mask", f"a mask of shape {forms} with B={batch}, Q_S >= {rows}, KV_S >= {cols}", atten_mask)
+    m = atten_mask.reshape(as4d)
+    m = m if m.dtype == torch.bool else m != 0
+    if not any(q_offsets) and not any(kv_offsets):
+        return m
+    return batch_windows(m, q_offsets, kv_offsets, seq, True)
+
+
+def build_infer_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, pre_tokens: int, next_tokens: int,
+                          seq: SeqInfo, decode: bool, rows: int, cols: int, q_offsets=None, kv_offsets=None,
+                          left_padding: bool = False) -> MaskSpec:
+    """Convert a FusedInferAttentionScore mask (``cann_semantics.md`` §1.2) into a :class:`MaskSpec`.
+
+    ``seq`` holds the actual query lengths and the effective KV lengths (shared prefix included), so the
+    bottom-right modes 3/4 use ``delta_b = Skv_b + prefix - Sq_b``. Decode (Q_S = 1) ignores ``sparse_mode``,
+    ``pre_tokens`` and ``next_tokens`` and takes the ``(B, KV_S)`` mask. Otherwise modes 0-4: 0 = the mask plus
+    the left-top band ``LU(pre, next)`` (the band is dropped without a mask or with left padding), 1 = the mask,
+    2/3/4 = the canonical 2048x2048 mask replaced by the left-up causal, right-down causal and bottom-right band.
+    ``rows``/``cols`` are the least mask sizes (query S, KV S); ``q_offsets``/``kv_offsets`` the left-padding
+    starts at which each batch reads the mask.
+    """
+    nb = seq.batch
+    full = MaskSpec((-INF,) * nb, (INF,) * nb)
+    if not decode:
+        require(sparse_mode in INFER_SPARSE_MODES, "sparse_mode",
+                f"one of {list(INFER_SPARSE_MODES)} (5-8 are not supported by FusedInferAttentionScore)", sparse_mode)
+    if atten_mask is None:
+        require(decode or sparse_mode == 0, "atten_mask", f"a mask for sparse_mode {sparse_mode}", None,
+                "modes 2-4 take torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)")
+        return full
+    check_tensor("atten_mask", atten_mask, ndim=(2, 3, 4), dtypes=INFER_MASK_DTYPES)
+    zeros = (0,) * nb
+    if decode or sparse_mode in (0, 1):
+        explicit = _infer_explicit(atten_mask, decode=decode, batch=nb, rows=rows, cols=cols,
+                                   q_offsets=q_offsets or zeros, kv_offsets=kv_offsets or zeros, seq=seq)
+        if decode or sparse_mode == 1 or left_padding:
+            return MaskSpec(full.lo, full.hi, explicit=explicit)
+        return MaskSpec((-pre_tokens,) * nb, (next_tokens,) * nb, explicit=explicit)
+    _check_compressed(atten_mask, 2048, sparse_mode)
+    deltas = [kv - q for q, kv in zip(seq.q_lens, seq.kv_lens)]
+    if sparse_mode == 2:
+        return MaskSpec(full.lo, zeros)
+    if sparse_mode == 3:
+        return MaskSpec(full.lo, tuple(deltas))
+    return MaskSpec(tuple(d - pre_tokens for d in deltas), tuple(d + next_tokens for d in deltas))

@@ -105,3 +105,14 @@ def as_cu_tensor(lens, device=None) -> torch.Tensor:
     if lens:
         t[1:] = torch.tensor(list(lens), dtype=torch.int64).cumsum(0).to(torch.int32)
     return t
+
+
+def batch_windows(t: torch.Tensor, q_offsets, kv_offsets, seq: SeqInfo, fill) -> torch.Tensor:
+    """Per-batch windows ``t[b or 0, :, q_off:q_off+Sq_b, kv_off:kv_off+Skv_b]`` of a ``[B|1, X, R, C]`` tensor, moved
+    to the top-left of a new ``[B, X, max Sq, max Skv]`` tensor (the rest is ``fill``): left-padded batches read
+    masks and pse at an offset."""
+    out = torch.full((seq.batch, t.shape[1], max(seq.max_q, 1), max(seq.max_kv, 1)), fill, dtype=t.dtype,
+                     device=t.device)
+    for b, (qo, ko, sq, skv) in enumerate(zip(q_offsets, kv_offsets, seq.q_lens, seq.kv_lens)):
+        out[b, :, :sq, :skv] = t[b if t.shape[0] > 1 else 0, :, qo:qo + sq, ko:ko + skv]
+    return out
