@@ -5,6 +5,7 @@ Three dialects share one core: this Pythonic API, :mod:`attnops.aclnn` (the seed
 """
 from ._core.errors import AclnnError, ParamDtypeError, ParamInvalidError, ParamNullptrError
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
+from .ops.fused_infer_attention import FusedInferAttentionResult, PagedKVCache, fused_infer_attention
 from .ops.nsa import (
     CompressAttentionResult,
     native_sparse_attention,
@@ -19,11 +20,14 @@ __all__ = [
     "AclnnError",
     "CompressAttentionResult",
     "FlashAttentionResult",
+    "FusedInferAttentionResult",
+    "PagedKVCache",
     "ParamDtypeError",
     "ParamInvalidError",
     "ParamNullptrError",
     "flash_attention",
     "flash_attention_backward",
+    "fused_infer_attention",
     "native_sparse_attention",
     "nsa_compress",
     "nsa_compress_attention",

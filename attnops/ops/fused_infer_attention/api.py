@@ -1,0 +1,94 @@
+"""Pythonic FusedInferAttentionScore: defaults, validation, dispatch. No math here."""
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, Sequence
+
+from torch import Tensor
+
+from ..._core.checks import check_tensor, fail
+from ..._core.dispatch import choose_backend
+from . import reference
+from .problem import INT_MAX, build_problem
+
+Backend = Literal["auto", "reference", "triton"]
+
+
+class FusedInferAttentionResult(NamedTuple):
+    """``return_lse=True`` results: the output and the fp32 ``softmax_lse`` ``[B, N, Q_S, 1]`` / ``[T, N, 1]``."""
+
+    out: Tensor
+    softmax_lse: Tensor
+
+
+def _num_heads(query: Tensor, layout: str, num_heads: int | None) -> int:
+    if num_heads is not None:
+        return num_heads
+    layout = layout.upper() if isinstance(layout, str) else layout
+    if layout == "BSH":
+        fail("num_heads", "the number of query heads (required for layout BSH)", None)
+    return query.shape[2] if layout == "BSND" else query.shape[1]
+
+
+def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: Tensor | Sequence[Tensor], *,
+                          layout: str = "BNSD", num_heads: int | None = None, num_key_value_heads: int = 0,
+                          scale: float | None = None, pse_shift: Tensor | None = None,
+                          atten_mask: Tensor | None = None, sparse_mode: int = 0, pre_tokens: int = INT_MAX,
+                          next_tokens: int = INT_MAX, actual_seq_lengths=None, actual_seq_lengths_kv=None,
+                          block_table: Tensor | None = None, block_size: int | None = None,
+                          deq_scale1: Tensor | None = None, quant_scale1: Tensor | None = None,
+                          deq_scale2: Tensor | None = None, quant_scale2: Tensor | None = None,
+                          quant_offset2: Tensor | None = None, antiquant_scale: Tensor | None = None,
+                          antiquant_offset: Tensor | None = None, antiquant_mode: int = 0,
+                          key_antiquant_scale: Tensor | None = None, key_antiquant_offset: Tensor | None = None,
+                          value_antiquant_scale: Tensor | None = None, value_antiquant_offset: Tensor | None = None,
+                          key_antiquant_mode: int = 0, value_antiquant_mode: int = 0, query_padding_size=None,
+                          kv_padding_size=None, key_shared_prefix: Tensor | None = None,
+                          value_shared_prefix: Tensor | None = None, actual_shared_prefix_len=None,
+                          inner_precise: int = 0, return_lse: bool = False, backend: Backend = "auto"):
+    """CANN FusedInferAttentionScore (prefill and decode inference attention), with CANN's semantics.
+
+    Shapes: ``layout`` "BNSD" ``[B, N, S, D]`` (default), "BSND", "BSH" (``num_heads`` required), "BNSD_BSND"
+    (BNSD in, ``[B, S, N, D]`` out, Q_S > 1) or "TND" ``[T, N, D]`` with cumulative ``actual_seq_lengths``/``_kv``.
+    ``key``/``value``: a tensor with ``num_key_value_heads`` heads (0 = ``num_heads``; GQA ratio <= 64), a list of
+    per-batch tensors of different lengths, or with ``block_table`` ``[B, maxBlocks]`` a paged cache
+    ``[blocknum, blocksize, N2*D]`` / ``[blocknum, N2, blocksize, D]`` (see :class:`PagedKVCache`).
+    ``scale`` defaults to ``1/sqrt(D)``. Q_S = 1 (decode) uses a ``(B, KV_S)`` ``atten_mask`` and ignores
+    ``sparse_mode``/``pre_tokens``/``next_tokens``; Q_S > 1 takes sparse modes 0-4 as CANN (2-4 with the 2048x2048
+    mask). ``actual_seq_lengths(_kv)``: per-batch lengths (one value is shared; the first B of a longer list).
+    Quantization, antiquant, left padding and the shared prefix use the aclnn parameter names and rules
+    (``docs/decisions.md``). Rows that attend to nothing, and rows outside the actual lengths, are 0 (lse +inf).
+    Returns the output (fp16 for an int8 query, int8 with ``quant_scale2``, else the query dtype), or
+    ``(out, softmax_lse)`` when ``return_lse`` is true.
+
+    Example::
+
+        >>> q, k, v = torch.randn(2, 8, 1, 64), torch.randn(2, 2, 100, 64), torch.randn(2, 2, 100, 64)
+        >>> out = attnops.fused_infer_attention(q, k, v, num_key_value_heads=2, actual_seq_lengths_kv=[100, 37])
+        >>> out.shape  # GQA decode, the second batch attends to its first 37 keys
+        torch.Size([2, 8, 1, 64])
+    """
+    check_tensor("query", query)
+    if choose_backend(backend, query.device) == "reference" and query.device.type != "cpu":
+        fail("query", "a CPU tensor for the reference backend (GPU kernels arrive with the Triton backend)", query)
+    num_heads = _num_heads(query, layout, num_heads)
+    if scale is None:
+        d = query.shape[-1] // num_heads if layout == "BSH" else query.shape[-1]
+        scale = d ** -0.5
+    if isinstance(actual_shared_prefix_len, int):
+        actual_shared_prefix_len = [actual_shared_prefix_len]
+    p = build_problem(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                      actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
+                      deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2,
+                      quant_scale2=quant_scale2, quant_offset2=quant_offset2, antiquant_scale=antiquant_scale,
+                      antiquant_offset=antiquant_offset, block_table=block_table,
+                      query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
+                      key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
+                      value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
+                      key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
+                      actual_shared_prefix_len=actual_shared_prefix_len, num_heads=num_heads, scale=scale,
+                      pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=layout,
+                      num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, inner_precise=inner_precise,
+                      block_size=block_size, antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
+                      value_antiquant_mode=value_antiquant_mode)
+    out, lse = reference.forward(p)
+    return FusedInferAttentionResult(out, lse) if return_lse else out

@@ -1,0 +1,216 @@
+"""Paged KV: runs of KV tokens read in place (:class:`KVSegment`), the page gather of a block table, and
+:class:`PagedKVCache`, a small cache that allocates blocks, appends tokens and hands out block tables.
+
+Cache layouts (``cann_semantics.md`` §6.8): ``BnBsH`` ``[blocknum, blocksize, N2*D]`` and ``BnNBsD``
+``[blocknum, N2, blocksize, D]``. Logical token ``t`` of batch ``b`` is in block ``block_table[b, t // blocksize]``
+at offset ``t % blocksize``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..._core.checks import check_choice, check_int, check_tensor, fail, require
+from .quant import pack_int4, quantize_int8
+
+CACHE_LAYOUTS = ("BnBsH", "BnNBsD")
+
+
+@dataclass(frozen=True)
+class KVSegment:
+    """A run of one batch's effective KV tokens, read in place.
+
+    ``key`` ``[R, N2, L, Dk]`` and ``value`` ``[R, N2, L, Dv']`` (any strides; int4 packed ``D/8``): token
+    ``r*L + l`` is effective column ``start + r*L + l`` and has per-token antiquant position ``pos + r*L + l``;
+    paged runs start at physical ``block`` (R consecutive blocks).
+    """
+
+    start: int
+    key: Tensor
+    value: Tensor
+    pos: int
+    block: int | None = None
+
+    @property
+    def length(self) -> int:
+        return self.key.shape[0] * self.key.shape[2]
+
+
+def dense_segment(key_tokens: Tensor, value_tokens: Tensor, start: int, first: int, length: int,
+                  pos: int) -> KVSegment:
+    """Rows ``[first, first + length)`` of ``[S, N2, D]`` token views as one run at effective column ``start``."""
+    rows = slice(first, first + length)
+    return KVSegment(start, key_tokens[rows].transpose(0, 1)[None], value_tokens[rows].transpose(0, 1)[None], pos)
+
+
+def page_segments(key_cache: Tensor, value_cache: Tensor, blocks: list[int], length: int, block_size: int,
+                  kv_heads: int) -> list[KVSegment]:
+    """The first ``length`` tokens of the pages ``blocks`` as runs of consecutive physical blocks (no copy)."""
+    segments, t = [], 0
+    while t < length:
+        i = t // block_size
+        first = blocks[i]
+        runs = 1  # extend over full, physically consecutive blocks
+        while t + (runs + 1) * block_size <= length and blocks[i + runs] == first + runs:
+            runs += 1
+        tokens = min(block_size, length - t)
+        k, v = (_blocks(c, first, runs, tokens, kv_heads) for c in (key_cache, value_cache))
+        segments.append(KVSegment(t, k, v, t, first))
+        t += runs * tokens
+    return segments
+
+
+def _blocks(cache: Tensor, first: int, runs: int, tokens: int, kv_heads: int) -> Tensor:
+    """``[runs, N2, tokens, D]`` view of blocks ``first .. first + runs`` of a cache in either layout."""
+    part = cache[first:first + runs]
+    if cache.dim() == 4:  # BnNBsD
+        return part[:, :, :tokens]
+    return part[:, :tokens].unflatten(-1, (kv_heads, -1)).transpose(1, 2)  # BnBsH
+
+
+class PagedKVCache:
+    """A paged KV cache for FIA: fixed-size blocks, per-sequence block lists, optional int8/int4 quantization.
+
+    ``key_cache``/``value_cache`` have the FIA cache layout ``layout`` ("BnNBsD" ``[num_blocks, N2, block_size, D]``
+    or "BnBsH" ``[num_blocks, block_size, N2*D]``). With ``quant="int8"`` or ``"int4"`` (int4 packed 8 per int32)
+    :meth:`append` quantizes each token per KV head, symmetrically: ``x_q = round(x / s)``, ``s = max|x| / 127``
+    (int4: ``/ 7``), and keeps ``s`` in ``key_scale``/``value_scale`` ``[num_blocks, N2, block_size]`` (fp32): the
+    page-managed per-token+head antiquant (mode 5). :meth:`attention_kwargs` returns the FIA keywords.
+
+    Example::
+
+        >>> cache = PagedKVCache(64, 16, num_kv_heads=2, head_dim=64)
+        >>> seqs = [cache.new_sequence() for _ in range(2)]
+        >>> cache.append(seqs[0], torch.randn(40, 2, 64), torch.randn(40, 2, 64))   # [T, N2, D]
+        >>> cache.append(seqs[1], torch.randn(7, 2, 64), torch.randn(7, 2, 64))
+        >>> out = attnops.fused_infer_attention(torch.randn(2, 4, 1, 64), cache.key_cache, cache.value_cache,
+        ...                                     num_key_value_heads=2, **cache.attention_kwargs(seqs))  # decode
+        >>> out.shape
+        torch.Size([2, 4, 1, 64])
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, layout: str = "BnNBsD", quant: str | None = None,
+                 device=None):
+        check_int("num_blocks", num_blocks, lo=1)
+        check_int("block_size", block_size, lo=1)
+        check_int("num_kv_heads", num_kv_heads, lo=1)
+        check_int("head_dim", head_dim, lo=1)
+        check_choice("layout", layout, CACHE_LAYOUTS)
+        check_choice("quant", quant, (None, "int8", "int4"))
+        require(quant != "int4" or head_dim % 8 == 0, "head_dim", "a multiple of 8 for int4 (8 values per int32)",
+                head_dim)
+        self.block_size, self.num_kv_heads, self.head_dim, self.layout, self.quant = (
+            block_size, num_kv_heads, head_dim, layout, quant)
+        store_dtype, width = {None: (dtype, head_dim), "int8": (torch.int8, head_dim),
+                              "int4": (torch.int32, head_dim // 8)}[quant]
+        shape = ((num_blocks, num_kv_heads, block_size, width) if layout == "BnNBsD"
+                 else (num_blocks, block_size, num_kv_heads * width))
+        self.key_cache = torch.zeros(shape, dtype=store_dtype, device=device)
+        self.value_cache = torch.zeros(shape, dtype=store_dtype, device=device)
+        self.key_scale = self.value_scale = None
+        if quant is not None:
+            self.key_scale = torch.ones(num_blocks, num_kv_heads, block_size, device=device)
+            self.value_scale = torch.ones(num_blocks, num_kv_heads, block_size, device=device)
+        self._free = list(range(num_blocks - 1, -1, -1))
+        self._blocks: dict[int, list[int]] = {}
+        self._lens: dict[int, int] = {}
+        self._next_id = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def new_sequence(self) -> int:
+        """Register an empty sequence; returns its id."""
+        seq, self._next_id = self._next_id, self._next_id + 1
+        self._blocks[seq], self._lens[seq] = [], 0
+        return seq
+
+    def free(self, seq: int) -> None:
+        """Release a sequence and its blocks."""
+        self._check_seq(seq)
+        self._free.extend(reversed(self._blocks.pop(seq)))
+        del self._lens[seq]
+
+    def append(self, seq: int, key: Tensor, value: Tensor) -> None:
+        """Append tokens ``[T, N2, D]`` (float) to sequence ``seq``, allocating blocks as needed."""
+        self._check_seq(seq)
+        shape = (None, self.num_kv_heads, self.head_dim)
+        check_tensor("key", key, shape=shape)
+        check_tensor("value", value, shape=(key.shape[0], *shape[1:]))
+        start, count = self._lens[seq], key.shape[0]
+        need = math.ceil((start + count) / self.block_size) - len(self._blocks[seq])
+        require(need <= len(self._free), "key", f"at most {len(self._free)} more blocks of {self.block_size} tokens "
+                "(free blocks of the cache)", f"{count} tokens needing {need} blocks")
+        self._blocks[seq] += [self._free.pop() for _ in range(need)]
+        for x, cache, scales in ((key, self.key_cache, self.key_scale), (value, self.value_cache, self.value_scale)):
+            data, s = self._encode(x)
+            for t0, t1 in self._chunks(start, count):
+                blk, off = self._blocks[seq][t0 // self.block_size], t0 % self.block_size
+                rows = slice(t0 - start, t1 - start)
+                self._write(cache, blk, off, data[rows])
+                if scales is not None:
+                    scales[blk, :, off:off + t1 - t0] = s[rows].transpose(0, 1)
+        self._lens[seq] = start + count
+
+    def block_table(self, seqs=None) -> Tensor:
+        """int32 ``[B, max blocks]`` of the sequences (all, in creation order, by default), padded with -1."""
+        seqs = self._seqs(seqs)
+        width = max((len(self._blocks[s]) for s in seqs), default=0)
+        table = torch.full((len(seqs), max(width, 1)), -1, dtype=torch.int32)
+        for i, s in enumerate(seqs):
+            table[i, :len(self._blocks[s])] = torch.tensor(self._blocks[s], dtype=torch.int32)
+        return table
+
+    def seq_lens(self, seqs=None) -> list[int]:
+        """Token counts of the sequences (``actual_seq_lengths_kv``)."""
+        return [self._lens[s] for s in self._seqs(seqs)]
+
+    def attention_kwargs(self, seqs=None) -> dict:
+        """``block_table``, ``actual_seq_lengths_kv``, ``block_size`` and, for quantized caches, the page-managed
+        antiquant parameters: the keywords of :func:`attnops.fused_infer_attention` for these sequences."""
+        kw = dict(block_table=self.block_table(seqs), actual_seq_lengths_kv=self.seq_lens(seqs),
+                  block_size=self.block_size)
+        if self.quant is not None:
+            kw.update(key_antiquant_scale=self.key_scale, value_antiquant_scale=self.value_scale,
+                      key_antiquant_mode=5, value_antiquant_mode=5)
+        return kw
+
+    def _check_seq(self, seq) -> None:
+        if seq not in self._lens:
+            fail("seq", f"a sequence id of this cache (one of {sorted(self._lens)})", seq)
+
+    def _seqs(self, seqs) -> list[int]:
+        seqs = sorted(self._lens) if seqs is None else list(seqs)
+        for s in seqs:
+            self._check_seq(s)
+        return seqs
+
+    def _chunks(self, start: int, count: int):
+        """``(t0, t1)`` token ranges of one block each."""
+        t = start
+        while t < start + count:
+            t1 = min(start + count, (t // self.block_size + 1) * self.block_size)
+            yield t, t1
+            t = t1
+
+    def _encode(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Tokens ``[T, N2, D]`` in the cache's storage form (and the per-token, per-head scales ``[T, N2]``)."""
+        if self.quant is None:
+            return x.to(self.key_cache.dtype), None
+        qmax = 127.0 if self.quant == "int8" else 7.0
+        amax = x.float().abs().amax(-1)
+        s = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+        q = quantize_int8(x.float() / s.unsqueeze(-1))
+        return (q if self.quant == "int8" else pack_int4(q)), s
+
+    def _write(self, cache: Tensor, blk: int, off: int, data: Tensor) -> None:
+        """Write tokens ``[t, N2, W]`` at ``off`` of block ``blk``."""
+        if cache.dim() == 4:
+            cache[blk, :, off:off + data.shape[0]] = data.transpose(0, 1)
+        else:
+            cache[blk, off:off + data.shape[0]] = data.flatten(1)

@@ -1,0 +1,563 @@
+"""Validation of a FusedInferAttentionScore call and its normal form (:class:`FIAProblem`), shared by the aclnn and
+the Pythonic dialects.
+
+Normal form, per batch: the valid query rows ``[Sq_b, N1, D]`` (views) and the effective KV as runs read in place
+(:class:`KVSegment`): the shared prefix first, then the keys after left padding, actual lengths or the page gather;
+one :class:`MaskSpec` and one pse over these effective coordinates; the antiquant of K and V, the int8 chain and the
+int8 output parameters. Every seed constraint is checked here before any compute; ``strict`` (the aclnn dialect)
+adds the seed's dtype lists and the NPU's size, alignment and block-size envelope.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..._core.checks import check_int, check_tensor, describe, fail, int_list, require, require_not_none
+from ..._core.errors import ParamDtypeError
+from ..._core.layouts import bsnd_dims, io_layouts, tokens_view
+from ..._core.masks import MaskSpec, build_infer_mask_spec
+from ..._core.pse import PseSpec
+from ..._core.varlen import SeqInfo, batch_windows, lengths_from_cumulative, seq_info_varlen
+from .paged import KVSegment, dense_segment, page_segments
+from .quant import (Antiquant, AntiquantGeometry, Int8Chain, OutputQuant, build_int8_chain, build_kv_antiquant,
+                    build_output_quant)
+
+INT_MAX = 2147483647
+LAYOUTS = ("BSH", "BSND", "BNSD", "BNSD_BSND", "TND")
+F16, BF16, F32, I8, I32 = torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int32
+MAX_GROUP = 64
+MAX_S = 20 << 20
+
+
+@dataclass(frozen=True)
+class FIAProblem:
+    """A validated FIA call. ``seq``: actual query lengths and effective KV lengths (prefix included)."""
+
+    n1: int
+    n2: int
+    d: int
+    seq: SeqInfo
+    queries: tuple[Tensor, ...]  # per batch [Sq_b, N1, D] views
+    kv: tuple[tuple[KVSegment, ...], ...]  # per batch, runs in effective-column order
+    key_quant: Antiquant | None
+    value_quant: Antiquant | None
+    mask: MaskSpec
+    pse: PseSpec | None
+    scale: float
+    int8: Int8Chain | None
+    out_quant: OutputQuant | None
+    out_dtype: torch.dtype
+    out_layout: str
+    out_shape: tuple[int, ...]
+    row_starts: tuple[int, ...]  # first output row of each batch (the token index for TND)
+    lse_shape: tuple[int, ...]
+    decode: bool
+    device: torch.device
+
+    @property
+    def group(self) -> int:
+        return self.n1 // self.n2
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """Geometry of the call: layouts, sizes, and how K/V are given (tensor, per-batch list or pages)."""
+
+    in_layout: str
+    out_layout: str
+    batch: int
+    q_s: int  # query S (TND: T)
+    n1: int
+    n2: int
+    d: int
+    keys: list  # dense: [key]; tensor list: per-batch tensors; paged: [key cache]
+    values: list
+    kind: str  # "dense", "list" or "paged"
+    int4: bool
+
+    @property
+    def decode(self) -> bool:
+        return self.in_layout != "TND" and self.q_s == 1
+
+
+def _float_dtypes(strict: bool) -> tuple[torch.dtype, ...]:
+    return (F16, BF16) if strict else (F16, BF16, F32)
+
+
+def _as_tensors(name: str, x) -> list:
+    """A tensor or a list of per-batch tensors (aclnn TensorList) -> list of tensors."""
+    require_not_none(x, name)
+    items = list(x) if isinstance(x, (list, tuple)) else [x]
+    require(len(items) > 0, name, "a tensor or a non-empty list of tensors", x)
+    for i, t in enumerate(items):
+        check_tensor(name if len(items) == 1 else f"{name}[{i}]", t)
+    return items
+
+
+def _inputs(query, key, value, *, num_heads, num_key_value_heads, input_layout, block_table, strict) -> _Inputs:
+    in_layout, out_layout = io_layouts("input_layout", input_layout, LAYOUTS)
+    floats = _float_dtypes(strict)
+    check_tensor("query", query, ndim=3 if in_layout in ("BSH", "TND") else 4, dtypes=floats + (I8,))
+    keys, values = _as_tensors("key", key), _as_tensors("value", value)
+    require(len(keys) == len(values), "value", f"as many tensors as key ({len(keys)})", f"{len(values)} tensors")
+    for k, v in zip(keys, values):
+        require(k.dtype == v.dtype and k.shape == v.shape, "value", "the shape and dtype of key", v,
+                f"key is {describe(k)}")
+        check_tensor("key", k, dtypes=floats + (I8, I32))
+        require(k.device == query.device, "key", f"a tensor on {query.device} like query", k)
+    kdt = keys[0].dtype
+    if query.dtype == I8:
+        require(kdt == I8, "key", "int8 key/value with an int8 query (full quantization)", keys[0])
+    elif kdt not in (query.dtype, I8, I32):
+        fail("key", f"dtype {query.dtype} (as query), int8 or int4 packed in int32 (antiquant)", keys[0],
+             error=ParamDtypeError)
+    n1 = check_int("num_heads", num_heads, lo=1)
+    n2 = check_int("num_key_value_heads", num_key_value_heads, lo=0) or n1
+    require(n1 % n2 == 0 and n1 // n2 <= MAX_GROUP, "num_key_value_heads",
+            f"a divisor of num_heads={n1} with num_heads / num_key_value_heads <= {MAX_GROUP}", n2)
+    if in_layout == "BSH":
+        require(query.shape[-1] % n1 == 0, "num_heads", f"a divisor of the query's H={query.shape[-1]}", n1)
+        d = query.shape[-1] // n1
+    else:
+        heads = query.shape[1] if in_layout == "TND" else bsnd_dims(query, in_layout, None)[2]
+        require(heads == n1, "num_heads", f"the N of the query shape ({heads})", n1)
+        d = query.shape[-1]
+    if in_layout == "TND":
+        batch, q_s = 0, query.shape[0]
+    else:
+        batch, q_s, _, _ = bsnd_dims(query, in_layout, n1)
+    int4 = kdt == I32
+    require(not int4 or d % 8 == 0, "query", "a head dim D that is a multiple of 8 with int4 (int32-packed) KV",
+            f"D={d}")
+    kind = "paged" if block_table is not None else ("list" if len(keys) > 1 else "dense")
+    require(kind != "paged" or len(keys) == 1, "key", "one cache tensor with block_table (paged attention does not "
+            "take a tensor list)", f"{len(keys)} tensors")
+    require(kind != "list" or in_layout != "TND", "key", "one tensor for layout TND", f"{len(keys)} tensors")
+    require(out_layout == in_layout or q_s > 1, "input_layout", "BSH, BSND or BNSD when Q_S = 1 (BNSD_BSND needs "
+            "Q_S > 1)", input_layout)
+    return _Inputs(in_layout, out_layout, batch, q_s, n1, n2, d, keys, values, kind, int4)
+
+
+def _dense_kv_tokens(g: _Inputs) -> list[Tensor]:
+    """Token views of a dense key or of each tensor of a key list (none for a paged cache)."""
+    if g.kind == "paged":
+        return []
+    tokens = [_kv_tokens(g, k, "key" if g.kind == "dense" else f"key[{i}]") for i, k in enumerate(g.keys)]
+    if g.kind == "list":
+        require(len(g.keys) == g.batch, "key", f"a list of B={g.batch} tensors (one per batch)",
+                f"{len(g.keys)} tensors")
+        for i, t in enumerate(tokens):
+            require(t.shape[0] == 1, f"key[{i}]", "batch size 1 (tensor list)", g.keys[i])
+    elif g.in_layout != "TND":
+        require(tokens[0].shape[0] == g.batch, "key", f"batch size B={g.batch} like query", g.keys[0])
+    return tokens
+
+
+def _kv_width(g: _Inputs) -> int:
+    """Last dim of a K/V head: D, or D/8 for int4 packed in int32."""
+    return g.d // 8 if g.int4 else g.d
+
+
+def _kv_tokens(g: _Inputs, x: Tensor, name: str) -> Tensor:
+    """Validate one dense K/V tensor (or a list item / prefix) and return its ``[B, S, N2, Dk]`` (TND ``[T, N2, Dk]``)
+    token view."""
+    w = _kv_width(g)
+    if g.in_layout == "TND":
+        check_tensor(name, x, ndim=3)
+        require(tuple(x.shape[1:]) == (g.n2, w), name, f"[T, N2={g.n2}, D={w}]", x)
+        return x
+    check_tensor(name, x, ndim=3 if g.in_layout == "BSH" else 4)
+    ok = x.shape[-1] == g.n2 * w if g.in_layout == "BSH" else bsnd_dims(x, g.in_layout, None)[2:] == (g.n2, w)
+    want = f"H = N2*D = {g.n2}*{w}" if g.in_layout == "BSH" else f"N2={g.n2} heads of D={w}"
+    require(ok, name, f"a {g.in_layout} tensor with {want}" + (" (int4: D/8 int32 words)" if g.int4 else ""), x)
+    return tokens_view(x, g.in_layout, g.n2)
+
+
+@dataclass(frozen=True)
+class _Lengths:
+    q_lens: list[int]
+    q_starts: list[int]  # first valid query row (left padding; TND token offset)
+    kv_lens: list[int]  # keys only, prefix excluded
+    kv_starts: list[int]  # first valid key row (left padding; TND token offset)
+    kv_cols: int  # least KV_S of masks, pse and per-token antiquant parameters
+    left_padding: str | None  # the padding argument in use (left padding), if any
+
+
+def _per_batch(name: str, value, batch: int, default: list[int]) -> list[int]:
+    """The seed's rule for per-batch lengths: None = shape S; length 1 = shared; length >= B = the first B."""
+    values = int_list(name, value)
+    if values is None:
+        return list(default)
+    require(len(values) == 1 or len(values) >= batch, name, f"1 value or at least B={batch} values", values)
+    values = values * batch if len(values) == 1 else values[:batch]
+    for b, v in enumerate(values):
+        require(v >= 0, f"{name}[{b}]", "a non-negative length", v)
+    return values
+
+
+def _padding(name: str, value, strict: bool) -> int | None:
+    """query/kv_padding_size: int64 shape (1); negative values count as 0."""
+    if value is None:
+        return None
+    if strict or isinstance(value, Tensor):
+        check_tensor(name, value, dtypes=(torch.int64,) if strict else (torch.int64, torch.int32))
+        require(value.numel() == 1, name, "shape [1]", value)
+        value = int(value.reshape(-1)[0])
+    return max(0, check_int(name, value))
+
+
+def _lengths(g: _Inputs, kv_tokens: list[Tensor], *, actual_seq_lengths, actual_seq_lengths_kv, query_padding_size,
+             kv_padding_size, strict) -> tuple[_Lengths, int]:
+    """Per-batch lengths and starts; returns them and the batch size."""
+    if g.in_layout == "TND":
+        require(actual_seq_lengths is not None, "actual_seq_lengths", "cumulative query lengths for layout TND", None)
+        q_lens = lengths_from_cumulative("actual_seq_lengths", actual_seq_lengths, g.q_s)
+        batch = len(q_lens)
+        q_starts = [sum(q_lens[:b]) for b in range(batch)]
+    else:
+        batch = g.batch
+        q_lens = [1] * batch if g.decode else _per_batch("actual_seq_lengths", actual_seq_lengths, batch,
+                                                        [g.q_s] * batch)
+        for b, n in enumerate(q_lens):
+            require(n <= g.q_s, f"actual_seq_lengths[{b}]", f"at most the query S={g.q_s}", n)
+        q_starts = [0] * batch
+    if g.in_layout == "TND":
+        for name, v in (("query_padding_size", query_padding_size), ("kv_padding_size", kv_padding_size)):
+            require(v is None, name, "None for layout TND (lengths are cumulative)", v)
+    qpad = None if g.decode else _padding("query_padding_size", query_padding_size, strict)  # Q_S = 1: ignored
+    kvpad = _padding("kv_padding_size", kv_padding_size, strict)
+    q_left = qpad is not None and actual_seq_lengths is not None
+    if q_left:
+        q_starts = [g.q_s - qpad - n for n in q_lens]
+        for b, s in enumerate(q_starts):
+            require(s >= 0, "query_padding_size", f"Q_S - query_padding_size - actual_seq_lengths[{b}] >= 0 "
+                    "(left padding)", f"Q_S={g.q_s}, query_padding_size={qpad}, length {q_lens[b]}")
+    if g.kind == "paged":
+        require(actual_seq_lengths_kv is not None, "actual_seq_lengths_kv", "the per-batch KV lengths (required "
+                "with block_table)", None)
+        kv_lens = _per_batch("actual_seq_lengths_kv", actual_seq_lengths_kv, batch, [])
+        return _Lengths(q_lens, q_starts, kv_lens, [0] * batch, 0, _left_padding(q_left, kvpad is not None)), batch
+    if g.in_layout == "TND":
+        require(actual_seq_lengths_kv is not None, "actual_seq_lengths_kv", "cumulative KV lengths for layout TND",
+                None)
+        kv_lens = lengths_from_cumulative("actual_seq_lengths_kv", actual_seq_lengths_kv, kv_tokens[0].shape[0])
+        require(len(kv_lens) == batch, "actual_seq_lengths_kv", f"B={batch} cumulative values like "
+                "actual_seq_lengths", kv_lens)
+        starts = [sum(kv_lens[:b]) for b in range(batch)]
+        return _Lengths(q_lens, q_starts, kv_lens, starts, max(kv_lens, default=0), None), batch
+    phys = [t.shape[1] for t in kv_tokens] if g.kind == "list" else [kv_tokens[0].shape[1]] * batch
+    kv_lens = _per_batch("actual_seq_lengths_kv", actual_seq_lengths_kv, batch, phys)
+    for b, (n, s) in enumerate(zip(kv_lens, phys)):
+        require(n <= s, f"actual_seq_lengths_kv[{b}]", f"at most the key/value S={s} of batch {b}", n)
+    kv_starts = [0] * batch
+    kv_left = kvpad is not None and actual_seq_lengths_kv is not None
+    if kv_left:
+        kv_starts = [s - kvpad - n for s, n in zip(phys, kv_lens)]
+        for b, s in enumerate(kv_starts):
+            # Q_S = 1: a start before 0 gives an all-zero batch (seed); Q_S > 1: undefined on the NPU, rejected
+            require(s >= 0 or g.decode, "kv_padding_size", f"KV_S - kv_padding_size - actual_seq_lengths_kv[{b}] "
+                    ">= 0 (left padding)", f"KV_S={phys[b]}, kv_padding_size={kvpad}, length {kv_lens[b]}")
+        kv_lens = [0 if s < 0 else n for s, n in zip(kv_starts, kv_lens)]
+        kv_starts = [max(s, 0) for s in kv_starts]
+    return _Lengths(q_lens, q_starts, kv_lens, kv_starts, max(phys, default=0), _left_padding(q_left, kv_left)), batch
+
+
+def _left_padding(query: bool, kv: bool) -> str | None:
+    return "query_padding_size" if query else "kv_padding_size" if kv else None
+
+
+def _paged_kv(g: _Inputs, lens: _Lengths, block_table, block_size, strict) -> tuple[_Lengths, int, int]:
+    """Validate the caches and block table; returns the lengths with ``kv_cols`` set, the block size and blocknum."""
+    cache = g.keys[0]
+    w = _kv_width(g)
+    check_tensor("key", cache, ndim=(3, 4))
+    bs_dim = cache.shape[1] if cache.dim() == 3 else cache.shape[2]
+    if cache.dim() == 3:
+        require(cache.shape[2] == g.n2 * w, "key", f"a (blocknum, blocksize, H={g.n2}*{w}) cache", cache)
+    else:
+        require(cache.shape[1] == g.n2 and cache.shape[3] == w, "key",
+                f"a (blocknum, KV_N={g.n2}, blocksize, D={w}) cache", cache)
+        require(g.in_layout in ("BNSD", "TND"), "key", "a (blocknum, blocksize, H) cache for query layouts BSH and "
+                "BSND ((blocknum, KV_N, blocksize, D) needs BNSD)", cache)
+    if strict or block_size not in (None, 0):
+        check_int("block_size", block_size, lo=1)
+        require(block_size == bs_dim, "block_size", f"the cache's block size ({bs_dim})", block_size)
+    block_size = bs_dim
+    require(block_size > 0, "key", "a cache with a non-zero block size", cache)
+    check_tensor("block_table", block_table, ndim=2, dtypes=(I32,) if strict else (I32, torch.int64))
+    require(block_table.shape[0] == len(lens.kv_lens), "block_table", f"[B={len(lens.kv_lens)}, maxBlocks]",
+            block_table)
+    need = [math.ceil(n / block_size) for n in lens.kv_lens]
+    max_blocks = max(need, default=0)
+    require(block_table.shape[1] >= max_blocks, "block_table", f"at least maxBlockNumPerSeq={max_blocks} columns "
+            f"(blocks of the longest actual_seq_lengths_kv)", block_table)
+    num_blocks = cache.shape[0]
+    require(sum(need) <= num_blocks, "key", f"at least {sum(need)} blocks (sum over batches of the blocks of "
+            "actual_seq_lengths_kv)", cache)
+    for b, n in enumerate(need):
+        ids = block_table[b, :n]
+        if n and not bool(((ids >= 0) & (ids < num_blocks)).all()):
+            fail(f"block_table[{b}]", f"block ids in [0, {num_blocks}) for the {n} blocks in use",
+                 ids.tolist()[:8])
+    return dataclasses.replace(lens, kv_cols=max_blocks * block_size), block_size, num_blocks
+
+
+def _prefix(g: _Inputs, key_shared_prefix, value_shared_prefix, actual_shared_prefix_len):
+    """Validated prefix token views ``[P, N2, Dk]`` and the used length L (or None)."""
+    if key_shared_prefix is None and value_shared_prefix is None:
+        require(actual_shared_prefix_len is None, "actual_shared_prefix_len", "None without a shared prefix",
+                actual_shared_prefix_len)
+        return None
+    require(key_shared_prefix is not None and value_shared_prefix is not None, "value_shared_prefix",
+            "key_shared_prefix and value_shared_prefix together", "only one of them")
+    require(g.in_layout != "TND", "key_shared_prefix", "None for layout TND", key_shared_prefix)
+    views = []
+    for name, x in (("key_shared_prefix", key_shared_prefix), ("value_shared_prefix", value_shared_prefix)):
+        check_tensor(name, x, dtypes=(g.keys[0].dtype,), ndim=g.keys[0].dim())
+        tokens = _kv_tokens(g, x, name)
+        require(tokens.shape[0] == 1, name, "batch size 1", x)
+        views.append(tokens[0])
+    kp, vp = views
+    require(kp.shape[0] == vp.shape[0], "value_shared_prefix", f"the S of key_shared_prefix ({kp.shape[0]})",
+            value_shared_prefix)
+    lens = int_list("actual_shared_prefix_len", actual_shared_prefix_len)
+    if lens is None:
+        return kp, vp, kp.shape[0]
+    require(len(lens) == 1 and 0 <= lens[0] <= kp.shape[0], "actual_shared_prefix_len",
+            f"one value in [0, {kp.shape[0]}] (the prefix S)", lens)
+    return kp, vp, lens[0]
+
+
+def _segments(g: _Inputs, lens: _Lengths, kv_tokens, prefix, block_table, block_size) -> tuple:
+    """Per batch, the effective KV runs: prefix rows, then the batch's keys."""
+    out = []
+    plen = 0 if prefix is None else prefix[2]
+    for b, n in enumerate(lens.kv_lens):
+        segs = [] if not plen else [dense_segment(prefix[0], prefix[1], 0, 0, plen, 0)]
+        if g.kind == "paged" and n:
+            blocks = block_table[b, :math.ceil(n / block_size)].tolist()
+            segs += page_segments(g.keys[0], g.values[0], blocks, n, block_size, g.n2)
+        elif n:
+            if g.in_layout == "TND":
+                kt, vt = kv_tokens[0], tokens_view(g.values[0], "TND", g.n2)
+            else:
+                i = b if g.kind == "list" else 0
+                kt = kv_tokens[i][0 if g.kind == "list" else b]
+                vt = tokens_view(g.values[i], g.in_layout, g.n2)[0 if g.kind == "list" else b]
+            # per-token position: prefix first, then the physical (left-padded) key row; TND: the batch-local row
+            pos = plen + (0 if g.in_layout == "TND" else lens.kv_starts[b])
+            segs.append(dense_segment(kt, vt, plen, lens.kv_starts[b], n, pos))
+        out.append(tuple(segs))
+    return tuple(out)
+
+
+def _pse(pse_shift, g: _Inputs, lens: _Lengths, seq: SeqInfo, kv_cols: int, query_dtype) -> PseSpec | None:
+    """pse_shift ``(B|1, N1, >=Q_S, >=KV_S)``, added after the scale; read at the left-padding offsets."""
+    if pse_shift is None:
+        return None
+    check_tensor("pse_shift", pse_shift, ndim=4, dtypes=(F16 if query_dtype == I8 else query_dtype,))
+    rows = max(seq.q_lens, default=0) if g.in_layout == "TND" else g.q_s
+    ok = pse_shift.shape[0] in (1, seq.batch) and pse_shift.shape[1] == g.n1 and pse_shift.shape[2] >= rows and \
+        pse_shift.shape[3] >= kv_cols
+    require(ok, "pse_shift", f"shape (B={seq.batch} or 1, N={g.n1}, Q_S >= {rows}, KV_S >= {kv_cols})", pse_shift)
+    if g.in_layout != "TND" and (any(lens.q_starts) or any(lens.kv_starts)):
+        pse_shift = batch_windows(pse_shift, lens.q_starts, lens.kv_starts, seq, 0.0)
+    return PseSpec(0, "full", pse_shift)
+
+
+def _check_int8_output_rows(mask_mode: int, has_mask: bool, pre: int, nxt: int, offset: bool, seq: SeqInfo) -> None:
+    """Int8 output (Q_S > 1): no band with negative tokens; with quant_offset2, reject the sparse configurations in
+    which some rows attend to nothing (seed list; the KV lengths include the shared prefix)."""
+    require(not (mask_mode == 4 and (pre < 0 or nxt < 0)), "pre_tokens", "non-negative pre_tokens and next_tokens "
+            "for sparse_mode 4 with an int8 output", f"pre_tokens={pre}, next_tokens={nxt}")
+    for q, kv in zip(seq.q_lens, seq.kv_lens) if offset else ():
+        bad = {0: has_mask and (q - kv - pre > 0 or nxt < 0), 3: kv - q < 0, 4: pre < 0 or nxt + kv - q < 0}
+        require(not bad.get(mask_mode, False), "quant_offset2", f"None for sparse_mode {mask_mode} with rows that "
+                "attend to nothing (int8 output; apply the offset outside the operator)",
+                f"Sq={q}, Skv={kv} (prefix included), pre_tokens={pre}, next_tokens={nxt}")
+
+
+def _check_envelope(g: _Inputs, lens: _Lengths, kv_cols: int, out_quant, pse_shift, block_size) -> None:
+    """The NPU's size and alignment limits (aclnn dialect only)."""
+    dts = {g.keys[0].dtype, g.values[0].dtype}
+    require(len(lens.q_lens) <= 65536, "query", "a batch size B <= 65536", f"B={len(lens.q_lens)}")
+    require(g.n1 <= 256, "num_heads", "at most 256", g.n1)
+    require(g.d <= 512, "query", "a head dim D <= 512", f"D={g.d}")
+    if g.kind == "list":
+        require(len(g.keys) <= 256, "key", "at most 256 tensors in a tensor list", f"{len(g.keys)} tensors")
+    if g.decode:
+        require(not g.int4 or g.d % 64 == 0, "key", "D a multiple of 64 with int4 key/value", f"D={g.d}")
+        require(pse_shift is None or g.d % 16 == 0, "pse_shift", "D a multiple of 16 with pse_shift (Q_S = 1)",
+                f"D={g.d}")
+    else:
+        if g.in_layout in ("BSH", "BSND"):
+            require(g.n1 * g.d < 65535, "query", "N*D < 65535 for layouts BSH/BSND", f"N*D={g.n1 * g.d}")
+        require(g.q_s <= MAX_S, "query", f"S <= {MAX_S} (20M)", f"S={g.q_s}")
+        require(kv_cols <= MAX_S, "key", f"a KV S (shared prefix included) <= {MAX_S} (20M)", f"S={kv_cols}")
+        align = 64 if g.int4 else 32 if I8 in dts or out_quant is not None else 16
+        require(g.d % align == 0, "query", f"D a multiple of {align} for these dtypes (Q_S > 1)", f"D={g.d}")
+    if out_quant is not None and out_quant.scale.numel() > 1:
+        require(g.d % 32 == 0, "quant_scale2", "D a multiple of 32 with per-channel int8 output", f"D={g.d}")
+    if g.kind == "paged":
+        cache = g.keys[0]
+        if cache.dim() == 3:
+            require(cache.shape[-1] <= 65535, "key", "KV_N*D <= 65535 for a (blocknum, blocksize, H) cache", cache,
+                    "use GQA or the (blocknum, KV_N, blocksize, D) layout")
+        if g.decode:
+            align = 32 if I8 in dts else 16
+            require(block_size <= 512 and block_size % align == 0, "block_size",
+                    f"a multiple of {align} up to 512 (Q_S = 1)", block_size)
+        else:
+            require(128 <= block_size <= 512 and block_size % 128 == 0, "block_size",
+                    "128, 256, 384 or 512 (Q_S > 1)", block_size)
+
+
+def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None,
+                  actual_seq_lengths_kv=None, deq_scale1=None, quant_scale1=None, deq_scale2=None, quant_scale2=None,
+                  quant_offset2=None, antiquant_scale=None, antiquant_offset=None, block_table=None,
+                  query_padding_size=None, kv_padding_size=None, key_antiquant_scale=None, key_antiquant_offset=None,
+                  value_antiquant_scale=None, value_antiquant_offset=None, key_shared_prefix=None,
+                  value_shared_prefix=None, actual_shared_prefix_len=None, num_heads: int = 1, scale: float = 1.0,
+                  pre_tokens: int = INT_MAX, next_tokens: int = INT_MAX, input_layout: str = "BSH",
+                  num_key_value_heads: int = 0, sparse_mode: int = 0, inner_precise: int = 0, block_size=0,
+                  antiquant_mode: int = 0, key_antiquant_mode: int = 0, value_antiquant_mode: int = 0,
+                  strict: bool = False) -> FIAProblem:
+    """Validate an FIA call (aclnn parameter names) and convert it to an :class:`FIAProblem`.
+
+    ``key``/``value``: a tensor in the query's layout, a list of per-batch tensors (batch 1 each), or with
+    ``block_table`` a paged cache. ``strict``: the aclnn dialect (the seed's dtypes and the NPU envelope).
+    """
+    g = _inputs(query, key, value, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
+                input_layout=input_layout, block_table=block_table, strict=strict)
+    require(isinstance(scale, (int, float)) and not isinstance(scale, bool), "scale_value", "a float", scale)
+    for name, v in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens), ("sparse_mode", sparse_mode)):
+        check_int(name, v)
+    check_int("inner_precise", inner_precise, lo=0, hi=1 if g.decode else 3)
+    kv_tokens = _dense_kv_tokens(g)
+    lens, batch = _lengths(g, kv_tokens, actual_seq_lengths=actual_seq_lengths,
+                           actual_seq_lengths_kv=actual_seq_lengths_kv, query_padding_size=query_padding_size,
+                           kv_padding_size=kv_padding_size, strict=strict)
+    pages = None
+    if g.kind == "paged":
+        lens, block_size, num_blocks = _paged_kv(g, lens, block_table, block_size, strict)
+        pages = (num_blocks, block_size)
+    prefix = _prefix(g, key_shared_prefix, value_shared_prefix, actual_shared_prefix_len)
+    plen = 0 if prefix is None else prefix[2]
+    _check_features(g, lens, prefix, query, block_table, strict)
+    seq = seq_info_varlen(lens.q_lens, [plen + n for n in lens.kv_lens])
+    kv_cols = lens.kv_cols + plen
+    int8, out_quant, key_quant, value_quant = _quantization(
+        g, lens, query.dtype, AntiquantGeometry(g.n2, g.d, batch, kv_cols, pages, query.dtype, g.decode), strict,
+        deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2, quant_scale2=quant_scale2,
+        quant_offset2=quant_offset2, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+        antiquant_mode=antiquant_mode, key_antiquant_scale=key_antiquant_scale,
+        key_antiquant_offset=key_antiquant_offset, value_antiquant_scale=value_antiquant_scale,
+        value_antiquant_offset=value_antiquant_offset, key_antiquant_mode=key_antiquant_mode,
+        value_antiquant_mode=value_antiquant_mode)
+    mask = build_infer_mask_spec(sparse_mode=sparse_mode, atten_mask=atten_mask, pre_tokens=pre_tokens,
+                                 next_tokens=next_tokens, seq=seq, decode=g.decode,
+                                 rows=max(seq.q_lens, default=0) if g.in_layout == "TND" else g.q_s, cols=kv_cols,
+                                 q_offsets=lens.q_starts if g.in_layout != "TND" else None,
+                                 kv_offsets=lens.kv_starts if g.in_layout != "TND" else None,
+                                 left_padding=lens.left_padding is not None)
+    if out_quant is not None and not g.decode:
+        _check_int8_output_rows(sparse_mode, atten_mask is not None, pre_tokens, next_tokens,
+                                quant_offset2 is not None, seq)
+    pse = _pse(pse_shift, g, lens, seq, kv_cols, query.dtype)
+    if strict:
+        _check_envelope(g, lens, kv_cols, out_quant, pse_shift, block_size)
+    out_shape = tuple(query.shape) if g.out_layout == g.in_layout else (g.batch, g.q_s, g.n1, g.d)
+    tnd = g.in_layout == "TND"
+    return FIAProblem(
+        n1=g.n1, n2=g.n2, d=g.d, seq=seq, queries=_query_rows(query, g, lens), kv=_segments(
+            g, lens, kv_tokens, prefix, block_table, block_size), key_quant=key_quant, value_quant=value_quant,
+        mask=mask, pse=pse, scale=float(scale), int8=int8, out_quant=out_quant,
+        out_dtype=I8 if out_quant is not None else F16 if int8 is not None else query.dtype, out_layout=g.out_layout,
+        out_shape=out_shape, row_starts=tuple(lens.q_starts), decode=g.decode, device=query.device,
+        lse_shape=(query.shape[0], g.n1, 1) if tnd else (g.batch, g.n1, g.q_s, 1))
+
+
+def _check_features(g: _Inputs, lens: _Lengths, prefix, query: Tensor, block_table, strict: bool) -> None:
+    """Which features combine (seed): left padding, paged KV, tensor lists, shared prefix, int8 Q/K/V, int4 KV."""
+    for feature, used in (("block_table (paged attention)", g.kind == "paged"), ("a tensor list", g.kind == "list"),
+                          ("key_shared_prefix", prefix is not None)):
+        if used and lens.left_padding:
+            fail(lens.left_padding, f"None with {feature} (no left padding)", "left padding (a padding size with "
+                 "the actual lengths)")
+    full_quant = query.dtype == I8
+    if prefix is not None:
+        require(g.kind == "dense", "key_shared_prefix", "None with block_table or a tensor list", "a prefix")
+        require(not full_quant, "key_shared_prefix", "None when query, key and value are all int8", "a prefix")
+    require(not full_quant or not g.decode, "query", "a float query when Q_S = 1 (int8 query, key and value are "
+            "supported for Q_S > 1)", query)
+    require(not full_quant or g.kind != "paged", "query", "a float query with block_table (paged attention)", query)
+    require(not (g.int4 and (not g.decode or lens.left_padding is not None)), "key", "int4 key/value only for "
+            "Q_S = 1 without left padding", g.keys[0])
+    # the Pythonic API extends int4 to paged caches (PagedKVCache(quant="int4")); the seed rejects it
+    require(not (g.int4 and g.kind == "paged" and strict), "block_table", "None with int4 key/value (aclnn)",
+            block_table)
+
+
+def _quantization(g: _Inputs, lens: _Lengths, query_dtype, geo: AntiquantGeometry, strict: bool, *, deq_scale1,
+                  quant_scale1, deq_scale2, quant_scale2, quant_offset2, antiquant_mode, key_antiquant_mode,
+                  value_antiquant_mode, **antiquant):
+    """``(int8 chain, int8 output, key antiquant, value antiquant)``, each None when unused, with their rules."""
+    out_quant = build_output_quant(quant_scale2, quant_offset2, n1=g.n1, dv=g.d, query_dtype=query_dtype)
+    if out_quant is not None:
+        require(not g.int4, "quant_scale2", "None with int4 key/value (no int8 output)", quant_scale2)
+        require(out_quant.scale.numel() == 1 or lens.left_padding is None, "quant_scale2",
+                "a per-tensor scale with left padding", quant_scale2)
+    int8 = None
+    if query_dtype == I8:
+        int8 = build_int8_chain(deq_scale1, quant_scale1, deq_scale2)
+    else:
+        _reject("the int8 full-quant parameters need an int8 query", deq_scale1=deq_scale1,
+                quant_scale1=quant_scale1, deq_scale2=deq_scale2)
+    if query_dtype == I8 or g.keys[0].dtype not in (I8, I32):
+        _reject("antiquant parameters need int8 or int4 (int32) key/value with a float query", **antiquant)
+        return int8, out_quant, None, None
+    key_quant, value_quant, separate = build_kv_antiquant(
+        **antiquant, antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
+        value_antiquant_mode=value_antiquant_mode, geo=geo, int4=g.int4)
+    _check_antiquant_use(g, lens, separate, out_quant, query_dtype, key_antiquant_mode, value_antiquant_mode, strict)
+    return int8, out_quant, key_quant, value_quant
+
+
+def _reject(why: str, **params) -> None:
+    for name, t in params.items():
+        if t is not None:
+            fail(name, f"None ({why})", t)
+
+
+def _query_rows(query: Tensor, g: _Inputs, lens: _Lengths) -> tuple[Tensor, ...]:
+    view = tokens_view(query, g.in_layout, g.n1)
+    if g.in_layout == "TND":
+        return tuple(view[s:s + n] for s, n in zip(lens.q_starts, lens.q_lens))
+    return tuple(view[b, s:s + n] for b, (s, n) in enumerate(zip(lens.q_starts, lens.q_lens)))
+
+
+def _check_antiquant_use(g: _Inputs, lens: _Lengths, separate: bool, out_quant, query_dtype, kmode, vmode,
+                         strict) -> None:
+    """Which queries, outputs and features each antiquant style combines with (seed constraints)."""
+    floats = _float_dtypes(strict)
+    if not g.decode:
+        require(g.kind != "paged", "block_table", "None with int8 key/value when Q_S > 1 (paged attention has no "
+                "antiquant there)", "a block table")
+        if separate:
+            require(query_dtype in (BF16,) + floats[2:] and out_quant is None and g.q_s <= 16, "query",
+                    "a bfloat16 query with Q_S <= 16 and a bfloat16 output for the separate K/V antiquant "
+                    "parameters (Q_S > 1)", f"{describe(query_dtype)}, Q_S={g.q_s}, "
+                    f"{'int8' if out_quant is not None else 'float'} output")
+            require(g.kind == "dense" and lens.left_padding is None, "key", "a dense key without left padding for the "
+                    "separate K/V antiquant parameters (Q_S > 1)", f"{g.kind} key/value")
+            require(g.keys[0].dtype == I8, "key", "int8 for the separate antiquant parameters (Q_S > 1)", g.keys[0])
+        else:
+            require(query_dtype in (F16,) + floats[2:], "query", "a float16 query for the combined antiquant_scale "
+                    "(Q_S > 1)", query_dtype)
+    elif separate and (kmode, vmode) == (0, 1) and g.keys[0].dtype == I8:
+        require(query_dtype in (F16,) + floats[2:] and out_quant is None, "query", "a float16 query and output for "
+                "key per-channel + value per-token with int8 key/value", query_dtype)

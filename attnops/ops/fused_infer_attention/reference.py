@@ -1,0 +1,161 @@
+"""FIA forward on the CPU, one batch at a time, fp32 compute (``cann_semantics.md`` §6.1-6.3, §6.7).
+
+* Short queries (``Sq_b <= DECODE_ROWS``, decode): scores against the KV runs read in place (pages and strided
+  dense views, no gather), one exact softmax per row ``[N1, Sq_b, Skv_b]``, then ``P @ V`` run by run.
+* Longer queries (prefill): the FlashAttention CPU reference on the batch's rows and its KV (gathered and
+  dequantized only when it is not one in-place run), pse added after the scale (pse_type 0).
+* Int8 Q/K/V: the int8 chain, with exact integer GEMMs (in fp64) and P quantized between them.
+
+Rows with nothing to attend to give output 0 and lse +inf; the output is cast with CAST_ROUND or quantized to int8.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..._core.layouts import Geometry, tokens_view
+from ..._core.pse import PseSpec
+from ..._core.softmax_stats import FLT_LOWEST
+from ..._core.varlen import SeqInfo
+from ..flash_attention import reference as fa_reference
+from ..flash_attention.problem import FAProblem
+from .paged import KVSegment
+from .problem import FIAProblem
+from .quant import cast_round, quantize_int8
+
+F32, F64 = torch.float32, torch.float64
+DECODE_ROWS = 16
+INT8_TILE = 4 << 20  # score elements per tile of the int8 chain
+
+
+def forward(p: FIAProblem) -> tuple[Tensor, Tensor]:
+    """``(attention_out, softmax_lse)``: the output in ``p.out_shape`` / ``p.out_dtype`` (rows outside the actual
+    query lengths are 0) and the fp32 lse ``[B, N1, Q_S, 1]`` / ``[T, N1, 1]`` (+inf where nothing is attended)."""
+    out = torch.zeros(p.out_shape, dtype=p.out_dtype, device=p.device)
+    lse = torch.full(p.lse_shape, math.inf, dtype=F32, device=p.device)
+    out_tokens = tokens_view(out, p.out_layout, p.n1)
+    for b, q in enumerate(p.queries):
+        if q.shape[0] == 0 or p.seq.kv_lens[b] == 0:
+            continue
+        if p.int8 is not None:
+            o, l = _int8_batch(p, b, q)
+        elif q.shape[0] <= DECODE_ROWS:
+            o, l = _decode_batch(p, b, q)
+        else:
+            o, l = _prefill_batch(p, b, q)
+        _store(p, b, o, l, out_tokens, lse)
+    return out, lse
+
+
+def _store(p: FIAProblem, b: int, o: Tensor, lse_b: Tensor, out_tokens: Tensor, lse: Tensor) -> None:
+    """Write batch ``b``'s fp32 output ``[Sq, N1, D]`` (converted) and lse ``[N1, Sq]`` at its rows."""
+    s, n = p.row_starts[b], o.shape[0]
+    if p.out_quant is not None:
+        valid = lse_b.isfinite().transpose(0, 1).unsqueeze(-1)
+        o = torch.where(valid, p.out_quant.apply(o), 0).to(torch.int8)
+    else:
+        o = cast_round(o, p.out_dtype)
+    if p.out_layout == "TND":
+        out_tokens[s:s + n] = o
+        lse[s:s + n, :, 0] = lse_b.transpose(0, 1)
+    else:
+        out_tokens[b, s:s + n] = o
+        lse[b, :, s:s + n, 0] = lse_b
+
+
+def _run(x: Tensor, quant, b: int, seg: KVSegment) -> Tensor:
+    """A key or value run ``[R, N2, L, D]`` in fp32 (dequantized when ``quant`` is given)."""
+    return x.to(F32) if quant is None else quant.apply(x, b, seg.pos, seg.block)
+
+
+def _tokens(x: Tensor) -> Tensor:
+    """``[R, N2, L, D]`` -> ``[R*L, N2, D]``."""
+    return x.transpose(1, 2).flatten(0, 1)
+
+
+def _batch_kv(p: FIAProblem, b: int, dequantize: bool = True) -> tuple[Tensor, Tensor]:
+    """Batch ``b``'s effective K and V as ``[Skv, N2, D]`` (a view when it is one in-place fp32 run)."""
+    ks, vs = [], []
+    for seg in p.kv[b]:
+        if dequantize:
+            ks.append(_tokens(_run(seg.key, p.key_quant, b, seg)))
+            vs.append(_tokens(_run(seg.value, p.value_quant, b, seg)))
+        else:
+            ks.append(_tokens(seg.key))
+            vs.append(_tokens(seg.value))
+    return (ks[0], vs[0]) if len(ks) == 1 else (torch.cat(ks), torch.cat(vs))
+
+
+def _shift_and_mask_(p: FIAProblem, b: int, s: Tensor, r0: int, r1: int, heads: slice) -> Tensor:
+    """Add the pse and set masked scores to -inf, in place, on a score tile ``[Nh, r1-r0, Skv]``."""
+    skv = s.shape[-1]
+    if p.pse is not None:
+        s.add_(p.pse.block(b, r0, r1, 0, skv, heads, s.dtype))
+    return p.mask.fill_masked_(s, b, r0, r1, 0, skv, heads)
+
+
+def _softmax_(s: Tensor) -> tuple[Tensor, Tensor]:
+    """In place ``s -> exp(s - rowmax)``; returns the row sums (1 for invalid rows) and the lse (+inf for them)."""
+    m = s.amax(-1, keepdim=True)
+    valid = m > -math.inf
+    s.sub_(torch.where(valid, m, 0.0)).exp_()
+    total = s.sum(-1, keepdim=True)
+    lse = torch.where(valid, m + total.log(), math.inf)
+    return torch.where(valid, total, 1.0), lse.squeeze(-1)
+
+
+def _decode_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
+    """Few query rows: exact softmax over the whole row, K/V runs read in place. Returns ``(o [Sq, N1, D], lse)``."""
+    sq, skv, g = q.shape[0], p.seq.kv_lens[b], p.group
+    qs = q.to(F32).transpose(0, 1).reshape(p.n2, g * sq, p.d) * p.scale  # head n2*G + j -> [N2, G*Sq, D]
+    s = torch.empty(p.n1, sq, skv, dtype=F32, device=q.device)
+    cols = s.view(p.n2, g * sq, skv)
+    for seg in p.kv[b]:
+        k = _run(seg.key, p.key_quant, b, seg)
+        runs = cols[:, :, seg.start:seg.start + seg.length].unflatten(-1, (k.shape[0], k.shape[2]))
+        runs.copy_(torch.matmul(qs, k.transpose(-1, -2)).permute(1, 2, 0, 3))
+    _shift_and_mask_(p, b, s, 0, sq, slice(0, p.n1))
+    total, lse = _softmax_(s)
+    o = torch.zeros(p.n2, g * sq, p.d, dtype=F32, device=q.device)
+    for seg in p.kv[b]:
+        v = _run(seg.value, p.value_quant, b, seg)
+        prob = cols[:, :, seg.start:seg.start + seg.length].unflatten(-1, (v.shape[0], v.shape[2]))
+        o += torch.matmul(prob.permute(2, 0, 1, 3), v).sum(0)
+    return o.view(p.n1, sq, p.d).div_(total).transpose(0, 1), lse
+
+
+def _prefill_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
+    """Many query rows: the FlashAttention CPU reference on one batch."""
+    sq, skv = q.shape[0], p.seq.kv_lens[b]
+    k, v = _batch_kv(p, b)
+    pse = None
+    if p.pse is not None:
+        t = p.pse.tensor
+        pse = PseSpec(0, "full", t if t.shape[0] == 1 else t[b:b + 1])
+    fa = FAProblem(Geometry("BSND", p.n1, p.n2, p.d, p.d, 1, sq, skv), SeqInfo.dense(1, sq, skv), p.mask.batch(b),
+                   pse, None, p.scale, "", sq, skv)
+    out, smax, ssum = fa_reference.forward(fa, q.to(F32)[None], k[None], v[None])
+    m, total = smax[0, :, :, 0], ssum[0, :, :, 0]
+    return out[0], torch.where(m > FLT_LOWEST, m + total.log(), math.inf)
+
+
+def _int8_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
+    """The int8 chain: ``S = (Q K^T) deq1`` -> scale, pse, mask -> ``P~ = exp(S - max)`` ->
+    ``O = (sat_int8(P~ qs1) V) deq2 / sum(P~)``. Integer GEMMs are exact in fp64."""
+    sq, skv, g, c = q.shape[0], p.seq.kv_lens[b], p.group, p.int8
+    k, v = _batch_kv(p, b, dequantize=False)
+    qh, kh, vh = (x.transpose(0, 1).to(F64) for x in (q, k, v))  # [N, S, D]
+    o = torch.empty(p.n1, sq, p.d, dtype=F32, device=q.device)
+    lse = torch.empty(p.n1, sq, dtype=F32, device=q.device)
+    rows = max(1, INT8_TILE // (g * skv))
+    for n2 in range(p.n2):
+        heads = slice(n2 * g, (n2 + 1) * g)
+        for r0 in range(0, sq, rows):
+            r1 = min(sq, r0 + rows)
+            s = torch.matmul(qh[heads, r0:r1], kh[n2].transpose(0, 1)).to(F32).mul_(c.deq_scale1).mul_(p.scale)
+            total, lse[heads, r0:r1] = _softmax_(_shift_and_mask_(p, b, s, r0, r1, heads))
+            p_i8 = quantize_int8(s.mul_(c.quant_scale1)).to(F64)
+            o[heads, r0:r1] = torch.matmul(p_i8, vh[n2]).mul_(c.deq_scale2).to(F32).div_(total)
+    return o.transpose(0, 1), lse
