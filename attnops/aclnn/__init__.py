@@ -18,6 +18,10 @@ from .flash_attention import (
     flash_attention_var_len_score_v2,
     flash_attention_var_len_score_v2_get_workspace_size,
 )
+from .fused_infer_attention import (
+    fused_infer_attention_score_v2,
+    fused_infer_attention_score_v2_get_workspace_size,
+)
 from .nsa import (
     nsa_compress,
     nsa_compress_attention,
@@ -45,6 +49,8 @@ __all__ = [
     "flash_attention_var_len_score_get_workspace_size",
     "flash_attention_var_len_score_v2",
     "flash_attention_var_len_score_v2_get_workspace_size",
+    "fused_infer_attention_score_v2",
+    "fused_infer_attention_score_v2_get_workspace_size",
     "nsa_compress",
     "nsa_compress_attention",
     "nsa_compress_attention_get_workspace_size",
