@@ -74,9 +74,9 @@ def run_case(case: CheckCase, backend: str) -> Row:
 
 
 def all_cases() -> list[CheckCase]:
-    from . import flash_attention, nsa
+    from . import flash_attention, fused_infer_attention, nsa
 
-    return list(flash_attention.cases()) + list(nsa.cases())
+    return list(flash_attention.cases()) + list(nsa.cases()) + list(fused_infer_attention.cases())
 
 
 def available_backends() -> list[str]:
