@@ -263,6 +263,11 @@ def test_uint64_deq_scale_is_truncated_to_19_bits(via):
     out, _ = run(via, q, k, v, deq_scale1=encode_deq_scale(1.0), quant_scale1=torch.tensor([1.0]),
                  deq_scale2=encode_deq_scale(s2), num_heads=1, input_layout="BSH")
     assert float(out[0, 0, 0]) == 100.0
+    # the decoder itself truncates: raw fp32 bits (not pre-truncated) in the low 32 bits decode to 1.0 as well
+    raw = int(torch.tensor([s2], dtype=F32).view(torch.int32)) | (1 << 46)
+    out, _ = run(via, q, k, v, deq_scale1=encode_deq_scale(1.0), quant_scale1=torch.tensor([1.0]),
+                 deq_scale2=torch.tensor([raw], dtype=torch.uint64), num_heads=1, input_layout="BSH")
+    assert float(out[0, 0, 0]) == 100.0
     out32, _ = run(via, q, k, v, deq_scale1=torch.tensor([1.0]), quant_scale1=torch.tensor([1.0]),
                    deq_scale2=torch.tensor([s2]), num_heads=1, input_layout="BSH")
     assert float(out32[0, 0, 0]) == float(torch.tensor(100 * s2, dtype=F16)) == 100.0625

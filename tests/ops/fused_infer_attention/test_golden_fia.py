@@ -214,6 +214,7 @@ def test_deq_scale_encoding_by_hand():
     assert decode_deq_scale(encode_deq_scale(0.1, torch.int64)) == 0.0999755859375
     assert decode_deq_scale(torch.tensor([0.1], dtype=torch.float32)) == float(torch.tensor(0.1, dtype=torch.float32))
     assert decode_deq_scale(encode_deq_scale(0.5)) == 0.5
+    assert decode_deq_scale(torch.tensor([0x3DCCCCCD | (1 << 46)], dtype=torch.uint64)) == 0.0999755859375  # raw bits
 
 
 def test_sat_int8_rounds_half_to_even():
