@@ -4,6 +4,8 @@ queries). Int8 outputs are compared with the golden's unrounded value ``out * qu
 baseline error includes the rounding every int8 result makes."""
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from .. import PagedKVCache, aclnn, fused_infer_attention
@@ -13,13 +15,7 @@ from . import CheckCase, Comparison
 INT_MAX = 2147483647
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 CAUSAL_2048 = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
-SEED_ORDER = ("query", "key", "value", "pse_shift", "atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv",
-              "deq_scale1", "quant_scale1", "deq_scale2", "quant_scale2", "quant_offset2", "antiquant_scale",
-              "antiquant_offset", "block_table", "query_padding_size", "kv_padding_size", "key_antiquant_scale",
-              "key_antiquant_offset", "value_antiquant_scale", "value_antiquant_offset", "key_shared_prefix",
-              "value_shared_prefix", "actual_shared_prefix_len", "num_heads", "scale_value", "pre_tokens",
-              "next_tokens", "input_layout", "num_key_value_heads", "sparse_mode", "inner_precise", "block_size",
-              "antiquant_mode", "softmax_lse_flag", "key_antiquant_mode", "value_antiquant_mode")
+SEED_ORDER = tuple(inspect.signature(aclnn.fused_infer_attention_score_v2_get_workspace_size).parameters)
 DEFAULTS = dict(num_heads=1, scale_value=1.0, pre_tokens=INT_MAX, next_tokens=INT_MAX, input_layout="BSH",
                 num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0, antiquant_mode=0,
                 softmax_lse_flag=True, key_antiquant_mode=0, value_antiquant_mode=0)

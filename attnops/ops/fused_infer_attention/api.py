@@ -5,10 +5,11 @@ from typing import Literal, NamedTuple, Sequence
 
 from torch import Tensor
 
-from ..._core.checks import check_tensor, fail
+from ..._core.checks import check_int, check_tensor, fail
 from ..._core.dispatch import choose_backend
+from ..._core.layouts import io_layouts
 from . import reference
-from .problem import INT_MAX, build_problem
+from .problem import INT_MAX, LAYOUTS, build_problem
 
 Backend = Literal["auto", "reference", "triton"]
 
@@ -20,13 +21,12 @@ class FusedInferAttentionResult(NamedTuple):
     softmax_lse: Tensor
 
 
-def _num_heads(query: Tensor, layout: str, num_heads: int | None) -> int:
+def _num_heads(query: Tensor, in_layout: str, num_heads: int | None) -> int:
     if num_heads is not None:
         return num_heads
-    layout = layout.upper() if isinstance(layout, str) else layout
-    if layout == "BSH":
+    if in_layout == "BSH":
         fail("num_heads", "the number of query heads (required for layout BSH)", None)
-    return query.shape[2] if layout == "BSND" else query.shape[1]
+    return query.shape[2] if in_layout == "BSND" else query.shape[1]
 
 
 def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: Tensor | Sequence[Tensor], *,
@@ -70,9 +70,10 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     check_tensor("query", query)
     if choose_backend(backend, query.device) == "reference" and query.device.type != "cpu":
         fail("query", "a CPU tensor for the reference backend (GPU kernels arrive with the Triton backend)", query)
-    num_heads = _num_heads(query, layout, num_heads)
+    in_layout, _ = io_layouts("layout", layout, LAYOUTS)
+    num_heads = check_int("num_heads", _num_heads(query, in_layout, num_heads), lo=1)
     if scale is None:
-        d = query.shape[-1] // num_heads if layout == "BSH" else query.shape[-1]
+        d = query.shape[-1] // num_heads if in_layout == "BSH" else query.shape[-1]
         scale = d ** -0.5
     if isinstance(actual_shared_prefix_len, int):
         actual_shared_prefix_len = [actual_shared_prefix_len]
