@@ -104,6 +104,13 @@ def _sum_acc(dtype):
     return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
 
 
+def _dp_dtype(dtype):
+    """dtype of ``dP - D``: fp64 for fp16/bf16 inputs, whose products and short sums are exact in fp64, so a row
+    with one visible key gives ``dP - D = 0`` exactly (``D = rowsum(dy * attention_out)`` with ``attention_out``
+    equal to that key's value); fp32 otherwise (fp32 inputs are compared with a floor well above that rounding)."""
+    return torch.float64 if dtype in (torch.float16, torch.bfloat16) else _acc(dtype)
+
+
 LOG2E = 1.4426950408889634
 
 
@@ -212,7 +219,8 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, atte
             m = softmax_max[qs:qs + sq, h, 0].to(acc)  # [Sq, G]
             log2_l = softmax_sum[qs:qs + sq, h, 0].to(acc).log2()
             do = attention_out_grad[qs:qs + sq, h].to(acc)  # [Sq, G, Dv]
-            delta = torch.linalg.vecdot(do.to(kv_acc), attention_out[qs:qs + sq, h].to(kv_acc)).to(acc)
+            dp_dt = _dp_dtype(query.dtype)
+            delta = torch.linalg.vecdot(do.to(dp_dt), attention_out[qs:qs + sq, h].to(dp_dt))
             dq_b = torch.zeros(sq, g, spec.d, dtype=acc)
             dk_b = dk[ks:ks + skv, n2].view(skv // bs, bs, spec.d)
             dv_b = dv[ks:ks + skv, n2].view(skv // bs, bs, spec.dv)
@@ -222,9 +230,9 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, atte
                     s, qj = bt.scores(seg, t0)
                     p = s.sub_(m[rows].unsqueeze(-1)).mul_(LOG2E).sub_(log2_l[rows].unsqueeze(-1)).exp2_()
                     do_j = do[rows]
-                    dp = torch.matmul(do_j, bt.v[seg.block].transpose(0, 1))
+                    dp = torch.matmul(do_j.to(dp_dt), bt.v[seg.block].transpose(0, 1).to(dp_dt))
                     dv_b[seg.block] += (p.reshape(-1, bs).transpose(0, 1) @ do_j.reshape(-1, spec.dv)).to(kv_acc)
-                    ds = p.mul_(dp.sub_(delta[rows].unsqueeze(-1)))
+                    ds = p.mul_(dp.sub_(delta[rows].unsqueeze(-1)).to(acc))
                     dk_b[seg.block] += (ds.reshape(-1, bs).transpose(0, 1) @ qj.reshape(-1, spec.d)).to(kv_acc)
                     dq_b.index_add_(0, rows, torch.matmul(ds, bt.k[seg.block]))
             dq[qs:qs + sq, h] = dq_b.mul_(spec.scale)
