@@ -55,7 +55,6 @@ class FIAProblem:
     out_shape: tuple[int, ...]
     row_starts: tuple[int, ...]  # first output row of each batch (the token index for TND)
     lse_shape: tuple[int, ...]
-    decode: bool
     device: torch.device
 
     @property
@@ -477,7 +476,7 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
             g, lens, kv_tokens, prefix, block_table, block_size), key_quant=key_quant, value_quant=value_quant,
         mask=mask, pse=pse, scale=float(scale), int8=int8, out_quant=out_quant,
         out_dtype=I8 if out_quant is not None else F16 if int8 is not None else query.dtype, out_layout=g.out_layout,
-        out_shape=out_shape, row_starts=tuple(lens.q_starts), decode=g.decode, device=query.device,
+        out_shape=out_shape, row_starts=tuple(lens.q_starts), device=query.device,
         lse_shape=(query.shape[0], g.n1, 1) if tnd else (g.batch, g.n1, g.q_s, 1))
 
 

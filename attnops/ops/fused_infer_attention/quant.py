@@ -206,6 +206,7 @@ def _antiquant(names: tuple[str, str], scale: Tensor, offset: Tensor | None, mod
     kind, s = _normalize(names[0], scale, mode, geo, combined)
     if offset is None:
         return Antiquant(kind, s)
+    check_tensor(names[1], offset)
     require(offset.shape == scale.shape, names[1], f"the shape of {names[0]} {list(scale.shape)}", offset)
     return Antiquant(kind, s, _normalize(names[1], offset, mode, geo, combined)[1])
 
@@ -258,6 +259,7 @@ def build_kv_antiquant(*, antiquant_scale, antiquant_offset, antiquant_mode, key
         for name, a, other in (("value_antiquant_scale", value_antiquant_scale, key_antiquant_scale),
                                ("value_antiquant_offset", value_antiquant_offset, key_antiquant_offset)):
             if a is not None:
+                check_tensor(name.replace("value", "key"), other)
                 check_tensor(name, a)
                 require(a.shape == other.shape, name, f"the shape of {name.replace('value', 'key')}", a,
                         f"key's is {describe(other)}")

@@ -54,7 +54,7 @@ def _store(p: FIAProblem, b: int, o: Tensor, lse_b: Tensor, out_tokens: Tensor, 
     s, n = p.row_starts[b], o.shape[0]
     if p.out_quant is not None:
         valid = lse_b.isfinite().transpose(0, 1).unsqueeze(-1)
-        o = torch.where(valid, p.out_quant.apply(o), 0).to(torch.int8)
+        o = torch.where(valid, p.out_quant.apply(o), 0)
     else:
         o = cast_round(o, p.out_dtype)
     if p.out_layout == "TND":
