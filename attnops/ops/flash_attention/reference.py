@@ -24,7 +24,7 @@ TILE_BYTES = 8 << 20  # fp32 score tile budget: big enough for efficient GEMMs, 
 MIN_ROWS = 16
 MAX_ROWS = 256  # rows per tile (GEMM M) without a band
 BAND_ROWS = 128  # with a band (causal): the masked triangle on the band's edge costs rows/2 per row
-PEAKED_SUM = 16.0  # rows with softmax_sum below this (max probability > 1/16) form dP - D in fp64
+PEAKED_SUM = 4.0  # rows with softmax_sum below this (max probability > 1/4) form dP - D in fp64
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -287,9 +287,10 @@ def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) 
 
     ``dP_ij - D_i = dy_i . (v_j - o_i)`` cancels when one key dominates the row (``o_i ~ v_j``, ``P_ij ~ 1``); then
     fp32 rounding of ``dP`` and ``D`` (each ~eps*|dy||v|) would be the whole error of dq/dk, while autograd's
-    ``sum(P * dP)`` cancels the same rounding. The largest probability of a row is ``1 / softmax_sum``, so rows with
-    ``softmax_sum < PEAKED_SUM`` get ``dP - D`` in fp64; rows of spread attention (all P_ij small: no cancellation)
-    keep the fp32 GEMM. Only for fp32 inputs: fp16/bf16 inputs are far coarser than fp32 products, and fp64
+    ``sum(P * dP)`` cancels the same rounding. With ``p = max_j P_ij`` the cancellation magnifies the rounding
+    about ``1 / (1 - p)`` times, and ``p = 1 / softmax_sum``: rows with ``softmax_sum < PEAKED_SUM`` (p > 1/4,
+    magnification > 4/3) get ``dP - D`` in fp64; the others keep the fp32 GEMM (random data of a long sequence has
+    such rows only among its first few dozen causal rows). Only for fp32 inputs: fp16/bf16 inputs are far coarser than fp32 products, and fp64
     inputs compute in fp64 anyway.
     """
     if acc != torch.float32 or input_dtype != torch.float32:
@@ -326,16 +327,25 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         v = _heads_first(batch_tokens(vv, p.seq, b, kv=True))
         do = _heads_first(batch_tokens(dyv, p.seq, b))
         o = _heads_first(batch_tokens(ov, p.seq, b))
-        delta64 = torch.linalg.vecdot(do.to(torch.float64), o.to(torch.float64)).unsqueeze(-1)  # [N1, Sq, 1]
-        delta = delta64.to(acc)
+        delta = torch.linalg.vecdot(do, o).unsqueeze(-1)  # D = rowsum(dy * attention_in): [N1, Sq, 1]
         m_b = stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc)
         l_b = stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1].to(acc)
         neg_log2_l = l_b.log2().neg_()
         peaked = _peaked_rows(l_b, acc, query.dtype)
-        dq_b = torch.zeros(g.n1, sq, g.d, dtype=acc)
+        delta64 = None
+        if peaked is not None:  # D of the peaked rows in fp64 (the other rows never read theirs)
+            delta64 = torch.zeros(g.n1, sq, 1, dtype=torch.float64)
+            for h, rows in enumerate(peaked):
+                if rows:
+                    idx = torch.tensor(rows, dtype=torch.long)
+                    delta64[h, idx] = torch.linalg.vecdot(do[h, idx].to(torch.float64),
+                                                          o[h, idx].to(torch.float64)).unsqueeze(-1)
+        chunks = _row_chunks(p, b, budget, max_rows)
+        dq_b = buf.get("dq_b", g.n1, sq, g.d)  # each covered row is written by exactly one tile GEMM
+        for r0, r1 in _uncovered(chunks, sq):
+            dq_b[:, r0:r1].zero_()
         dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc)
         dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc)
-        chunks = _row_chunks(p, b, budget, max_rows)
         per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
         for n2 in range(g.n2):
             for i in range(0, len(chunks), per_group):
