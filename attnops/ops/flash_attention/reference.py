@@ -22,6 +22,7 @@ from .problem import FAProblem
 LOG2E = math.log2(math.e)
 TILE_BYTES = 8 << 20  # fp32 score tile budget: big enough for efficient GEMMs, small enough for the L3 cache
 MIN_ROWS = 16
+BWD_COLS = 1024  # columns per backward tile
 MAX_ROWS = 256  # rows per tile (GEMM M); causal tiles waste rows/2 columns per row on the diagonal (~6% at 4096)
 PEAKED_SUM = 4.0  # rows with softmax_sum below this (max probability > 1/4) form dP - D in fp64
 
@@ -136,6 +137,15 @@ def _row_chunks(p: FAProblem, b: int, budget: int, max_rows: int) -> list[tuple[
             out.append((r0, r1, c0, c1, _band_parts(p, b, r0, r1, c0, c1)))
         r0 = r1
     return out
+
+
+def _col_blocks(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int, band) -> list[tuple[int, int, list | None]]:
+    """Split a row chunk's band ``[c0, c1)`` into column blocks of at most ``BWD_COLS`` (with their band parts)."""
+    if c1 - c0 <= BWD_COLS:
+        return [(c0, c1, band)]
+    n = -(-(c1 - c0) // BWD_COLS)
+    width = -(-(c1 - c0) // n)
+    return [(a, min(c1, a + width), _band_parts(p, b, r0, r1, a, min(c1, a + width))) for a in range(c0, c1, width)]
 
 
 def _uncovered(chunks, sq: int) -> list[tuple[int, int]]:
@@ -333,41 +343,51 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
                     idx = torch.tensor(rows, dtype=torch.long)
                     delta64[h, idx] = torch.linalg.vecdot(do[h, idx].to(torch.float64),
                                                           o[h, idx].to(torch.float64)).unsqueeze(-1)
-        chunks = _row_chunks(p, b, budget, max_rows)
-        dq_b = buf.get("dq_b", g.n1, sq, g.d)  # each covered row is written by exactly one tile GEMM
-        for r0, r1 in _uncovered(chunks, sq):
+        row_chunks = _row_chunks(p, b, budget, max_rows)
+        dq_b = buf.get("dq_b", g.n1, sq, g.d)  # covered rows: written by their first tile, then accumulated
+        for r0, r1 in _uncovered(row_chunks, sq):
             dq_b[:, r0:r1].zero_()
+        # tiles of at most BWD_COLS columns: the backward needs no whole rows (the statistics are given), and
+        # smaller tiles keep its two score-sized buffers in the caches
+        chunks = [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band)) for r0, r1, c0, c1, band in row_chunks]
         dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc)
         dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc)
         per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
-        for n2 in range(g.n2):
+        if g.group == 1:  # no GQA: every head in one batched GEMM per tile
+            _backward_heads_batched(p, b, chunks, per_group, buf, qs, k, v, do, m_b, neg_log2_l, delta, peaked,
+                                    delta64, dq_b, dk_b, dv_b, dpse, acc)
+        for n2 in range(g.n2 if g.group > 1 else 0):
             for i in range(0, len(chunks), per_group):
                 group = chunks[i:i + per_group]
-                u0, u1 = min(c[2] for c in group), max(c[3] for c in group)
+                u0, u1 = min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)
                 # dK/dV of this group of chunks (all G heads) are summed apart, then added once: fp32 chains of
                 # about sqrt(chunks * G) additions instead of chunks * G
                 tk, tv = buf.get("tk", u1 - u0, g.d).zero_(), buf.get("tv", u1 - u0, g.dv).zero_()
-                for r0, r1, c0, c1, band in group:
+                for r0, r1, blocks in group:
                     for h in range(n2 * g.group, (n2 + 1) * g.group):
-                        t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
-                        cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
                         dot = do[h, r0:r1]
-                        s3 = t.scores(qs, k, buf.get("s", 1, r1 - r0, c1 - c0), band)
-                        prob = s3[0].sub_(m_b[h, r0:r1])  # natural units first: exact where s ~ max
-                        torch.add(neg_log2_l[h, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
-                        drop = t.dropout_scale(acc)
-                        drop = None if drop is None else drop[0]
-                        tv[tcols].addmm_((prob if drop is None else prob * drop).transpose(0, 1), dot)
-                        dp = torch.mm(dot, v[n2, cols].transpose(0, 1), out=buf.get("dp", r1 - r0, c1 - c0))
-                        if drop is not None:
-                            dp.mul_(drop)
-                        dp.sub_(delta[h, r0:r1])
-                        if peaked is not None and peaked[h]:
-                            _exact_dp_minus_d(dp, peaked[h], r0, r1, dot, v[n2, cols], delta64[h], drop)
-                        ds = prob.mul_(dp)
-                        torch.mm(ds, k[n2, cols], out=dq_b[h, r0:r1])
-                        tk[tcols].addmm_(ds.transpose(0, 1), qs[h, r0:r1])
-                        t.add_pse_grad(s3, dpse)
+                        for j, (c0, c1, band) in enumerate(blocks):
+                            t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
+                            cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
+                            s3 = t.scores(qs, k, buf.get("s", 1, r1 - r0, c1 - c0), band)
+                            prob = s3[0].sub_(m_b[h, r0:r1])  # natural units first: exact where s ~ max
+                            torch.add(neg_log2_l[h, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
+                            drop = t.dropout_scale(acc)
+                            drop = None if drop is None else drop[0]
+                            tv[tcols].addmm_((prob if drop is None else prob * drop).transpose(0, 1), dot)
+                            dp = torch.mm(dot, v[n2, cols].transpose(0, 1), out=buf.get("dp", r1 - r0, c1 - c0))
+                            if drop is not None:
+                                dp.mul_(drop)
+                            dp.sub_(delta[h, r0:r1])
+                            if peaked is not None and peaked[h]:
+                                _exact_dp_minus_d(dp, peaked[h], r0, r1, dot, v[n2, cols], delta64[h], drop)
+                            ds = prob.mul_(dp)
+                            if j == 0:
+                                torch.mm(ds, k[n2, cols], out=dq_b[h, r0:r1])
+                            else:
+                                dq_b[h, r0:r1].addmm_(ds, k[n2, cols])
+                            tk[tcols].addmm_(ds.transpose(0, 1), qs[h, r0:r1])
+                            t.add_pse_grad(s3, dpse)
                 dk_b[n2, u0:u1] += tk
                 dv_b[n2, u0:u1] += tv
         batch_tokens(dqv, p.seq, b).copy_(dq_b.mul_(p.scale).transpose(0, 1))
@@ -376,6 +396,53 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     if dpse is not None:
         dpse = dpse.to(p.pse.tensor.dtype)
     return dq, dk, dv, dpse
+
+
+def _backward_heads_batched(p, b, chunks, per_group, buf, qs, k, v, do, m_b, neg_log2_l, delta, peaked, delta64,
+                            dq_b, dk_b, dv_b, dpse, acc) -> None:
+    """The backward tiles of batch ``b`` without GQA, all heads at once (``[N, rows, cols]`` tiles, batched GEMMs:
+    MKL runs the heads' GEMMs side by side, faster than one multi-threaded GEMM after another)."""
+    n, all_heads = p.geom.n1, slice(0, p.geom.n1)
+    for i in range(0, len(chunks), per_group):
+        group = chunks[i:i + per_group]
+        u0, u1 = min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)
+        tk, tv = buf.get("tk", n, u1 - u0, p.geom.d).zero_(), buf.get("tv", n, u1 - u0, p.geom.dv).zero_()
+        for r0, r1, blocks in group:
+            dot, qrows = do[:, r0:r1], qs[:, r0:r1]
+            for j, (c0, c1, band) in enumerate(blocks):
+                t = _Tile(p, b, 0, r0, r1, c0, c1, heads=all_heads)
+                cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
+                s = torch.bmm(qrows, k[:, cols].transpose(1, 2), out=buf.get("s", n, r1 - r0, c1 - c0))
+                if p.pse is not None:
+                    s.add_(p.pse.block(b, r0, r1, c0, c1, all_heads, s.dtype),
+                           alpha=p.scale if p.pse.add_before_scale else 1.0)
+                if band is None:
+                    p.mask.fill_masked_(s, b, r0, r1, c0, c1, all_heads)
+                else:
+                    for a, z, masked in band:
+                        s[..., a:z].masked_fill_(masked, float("-inf"))
+                prob = s.sub_(m_b[:, r0:r1])  # natural units first: exact where s ~ max
+                torch.add(neg_log2_l[:, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
+                drop = t.dropout_scale(acc)
+                tv[:, tcols].baddbmm_((prob if drop is None else prob * drop).transpose(1, 2), dot)
+                dp = torch.bmm(dot, v[:, cols].transpose(1, 2), out=buf.get("dp", n, r1 - r0, c1 - c0))
+                if drop is not None:
+                    dp.mul_(drop)
+                dp.sub_(delta[:, r0:r1])
+                if peaked is not None:
+                    for h, rows64 in enumerate(peaked):
+                        if rows64:
+                            _exact_dp_minus_d(dp[h], rows64, r0, r1, dot[h], v[h, cols], delta64[h],
+                                              None if drop is None else drop[h])
+                ds = prob.mul_(dp)
+                if j == 0:
+                    torch.bmm(ds, k[:, cols], out=dq_b[:, r0:r1])
+                else:
+                    dq_b[:, r0:r1].baddbmm_(ds, k[:, cols])
+                tk[:, tcols].baddbmm_(ds.transpose(1, 2), qrows)
+                t.add_pse_grad(ds, dpse)
+        dk_b[:, u0:u1] += tk
+        dv_b[:, u0:u1] += tv
 
 
 def _exact_dp_minus_d(dp, rows64: list[int], r0: int, r1: int, dy_rows, v_cols, delta64, drop) -> None:
