@@ -39,6 +39,12 @@ def _heads_first(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     return out.mul_(scale) if scale != 1.0 else out
 
 
+def _heads_view(x: torch.Tensor) -> torch.Tensor:
+    """[S, N, D] -> [N, S, D]: a strided view when ``x`` is already in the compute dtype (GEMMs take the row stride
+    as their leading dimension; no copy, no fresh pages), else a converted contiguous copy."""
+    return x.transpose(0, 1) if x.dtype == compute_dtype(x.dtype) else _heads_first(x)
+
+
 class _Workspace:
     """Reusable fp32 tile buffers of ``G * rows * skv`` elements."""
 
@@ -211,9 +217,10 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     for b in _active_batches(p):
         sq = p.seq.q_lens[b]
         qs = _heads_first(batch_tokens(qv, p.seq, b), p.scale)
-        k = _heads_first(batch_tokens(kv, p.seq, b, kv=True))
-        v = _heads_first(batch_tokens(vv, p.seq, b, kv=True))
-        o_b = buf.get("o_b", g.n1, sq, g.dv)  # heads first; copied to the output once per batch
+        k = _heads_view(batch_tokens(kv, p.seq, b, kv=True))
+        v = _heads_view(batch_tokens(vv, p.seq, b, kv=True))
+        direct = out.dtype == acc  # write the output in place (rows without a tile are already 0)
+        o_b = batch_tokens(ov, p.seq, b).transpose(0, 1) if direct else buf.get("o_b", g.n1, sq, g.dv)
         m_b = torch.full((g.n1, sq, 1), FLT_LOWEST, dtype=acc)
         l_b = torch.zeros((g.n1, sq, 1), dtype=acc)
         chunks = _row_chunks(p, b, budget, max_rows)
@@ -232,7 +239,8 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
                     s.mul_(drop[0])
                 o = torch.mm(s, v[n2, c0:c1], out=o_b[h, r0:r1])
                 o.div_(l.clamp_min(1.0))
-        batch_tokens(ov, p.seq, b).copy_(o_b.transpose(0, 1))
+        if not direct:
+            batch_tokens(ov, p.seq, b).copy_(o_b.transpose(0, 1))
         l_b.masked_fill_(l_b == 0, FLT_MAX)
         stats_block(smax, p.seq, b, p.softmax_layout).copy_(m_b.expand(-1, -1, 8))
         stats_block(ssum, p.seq, b, p.softmax_layout).copy_(l_b.expand(-1, -1, 8))
@@ -326,10 +334,10 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     for b in _active_batches(p):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
         qs = _heads_first(batch_tokens(qv, p.seq, b), p.scale)
-        k = _heads_first(batch_tokens(kv, p.seq, b, kv=True))
-        v = _heads_first(batch_tokens(vv, p.seq, b, kv=True))
-        do = _heads_first(batch_tokens(dyv, p.seq, b))
-        o = _heads_first(batch_tokens(ov, p.seq, b))
+        k = _heads_view(batch_tokens(kv, p.seq, b, kv=True))
+        v = _heads_view(batch_tokens(vv, p.seq, b, kv=True))
+        do = _heads_view(batch_tokens(dyv, p.seq, b))
+        o = _heads_view(batch_tokens(ov, p.seq, b))
         delta = torch.linalg.vecdot(do, o).unsqueeze(-1)  # D = rowsum(dy * attention_in): [N1, Sq, 1]
         m_b = stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc)
         l_b = stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1].to(acc)
@@ -344,14 +352,20 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
                     delta64[h, idx] = torch.linalg.vecdot(do[h, idx].to(torch.float64),
                                                           o[h, idx].to(torch.float64)).unsqueeze(-1)
         row_chunks = _row_chunks(p, b, budget, max_rows)
-        dq_b = buf.get("dq_b", g.n1, sq, g.d)  # covered rows: written by their first tile, then accumulated
-        for r0, r1 in _uncovered(row_chunks, sq):
-            dq_b[:, r0:r1].zero_()
+        direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
+        if direct:
+            dq_b = batch_tokens(dqv, p.seq, b).transpose(0, 1)
+            dk_b = batch_tokens(dkv, p.seq, b, kv=True).transpose(0, 1)
+            dv_b = batch_tokens(dvv, p.seq, b, kv=True).transpose(0, 1)
+        else:
+            dq_b = buf.get("dq_b", g.n1, sq, g.d)  # covered rows: written by their first tile, then accumulated
+            for r0, r1 in _uncovered(row_chunks, sq):
+                dq_b[:, r0:r1].zero_()
+            dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc)
+            dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc)
         # tiles of at most BWD_COLS columns: the backward needs no whole rows (the statistics are given), and
         # smaller tiles keep its two score-sized buffers in the caches
         chunks = [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band)) for r0, r1, c0, c1, band in row_chunks]
-        dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc)
-        dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc)
         per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
         if g.group == 1:  # no GQA: every head in one batched GEMM per tile
             _backward_heads_batched(p, b, chunks, per_group, buf, qs, k, v, do, m_b, neg_log2_l, delta, peaked,
@@ -390,9 +404,11 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
                             t.add_pse_grad(s3, dpse)
                 dk_b[n2, u0:u1] += tk
                 dv_b[n2, u0:u1] += tv
-        batch_tokens(dqv, p.seq, b).copy_(dq_b.mul_(p.scale).transpose(0, 1))
-        batch_tokens(dkv, p.seq, b, kv=True).copy_(dk_b.transpose(0, 1))
-        batch_tokens(dvv, p.seq, b, kv=True).copy_(dv_b.transpose(0, 1))
+        dq_b.mul_(p.scale)
+        if not direct:
+            batch_tokens(dqv, p.seq, b).copy_(dq_b.transpose(0, 1))
+            batch_tokens(dkv, p.seq, b, kv=True).copy_(dk_b.transpose(0, 1))
+            batch_tokens(dvv, p.seq, b, kv=True).copy_(dv_b.transpose(0, 1))
     if dpse is not None:
         dpse = dpse.to(p.pse.tensor.dtype)
     return dq, dk, dv, dpse
