@@ -49,6 +49,8 @@ class Case:
 
     def kept_pairs(self) -> int:
         """Number of (query, key) pairs the mask keeps, summed over batches (causal is top-left aligned)."""
+        if self.op == "nsa_selected":  # every query attends to count*block selected keys (causal masking ignored)
+            return sum(self.seq_lens) * self.params["count"] * self.params["block"]
         total = 0
         for sq, skv in self.lengths:
             if not self.causal:
@@ -131,6 +133,28 @@ register_suite(Suite(
         sq=4096, skv=4096, d=128, dv=128, dtype=dt,
         baselines=("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "flash-attn"))),
     device="cuda", repeat=20, warmup=3))
+
+register_suite(Suite(
+    name="nsa-cpu",
+    description="NSA selected attention, one sequence of 16384 tokens, N1=16, N2=1, count=16, block=64, Dqk=192, "
+                "Dv=128, fp32, forward+backward, vs the dense causal attnops.flash_attention on the same q/k/v",
+    cases=(Case(name="nsa-selected-t16384-n16-g16-k16-b64-fp32-fwd+bwd", op="nsa_selected", mode="fwd+bwd",
+                heads=16, kv_heads=1, d=192, dv=128, layout="TND", seq_lens=(16384,), sq=16384, skv=16384,
+                causal=True, baselines=("attnops-dense",), params={"block": 64, "count": 16}),),
+    device="cpu", repeat=1, warmup=0))
+
+register_suite(Suite(
+    name="fia-cpu",
+    description="FusedInferAttentionScore on the CPU, fp32, N=32, KV_N=8, D=128: paged decode (B=8, KV 4096, "
+                "shuffled 128-token blocks) and prefill (B=1, S=4096, full and causal) vs SDPA on the same data "
+                "gathered into contiguous tensors",
+    cases=(Case(name="fia-decode-paged-b8-kv4096-n32-kvn8-d128-fp32", op="fia_decode", batch=8, heads=32,
+                kv_heads=8, sq=1, skv=4096, baselines=("sdpa-gathered",), params={"block_size": 128}),
+           Case(name="fia-prefill-b1-s4096-n32-kvn8-d128-fp32-full", op="fia_prefill", batch=1, heads=32,
+                kv_heads=8, sq=4096, skv=4096, baselines=("sdpa-gathered",)),
+           Case(name="fia-prefill-b1-s4096-n32-kvn8-d128-fp32-causal", op="fia_prefill", batch=1, heads=32,
+                kv_heads=8, sq=4096, skv=4096, causal=True, baselines=("sdpa-gathered",))),
+    device="cpu", repeat=5, warmup=1))
 
 register_suite(Suite(
     name="fa-smoke",

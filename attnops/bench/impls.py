@@ -48,6 +48,11 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
+    if case.op != "flash_attention":
+        from . import sparse_infer
+
+        return {"nsa_selected": sparse_infer.nsa_inputs, "fia_decode": sparse_infer.fia_inputs,
+                "fia_prefill": sparse_infer.fia_inputs}[case.op](case, device, seed)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     dt = _dtype(case.dtype)
 
@@ -116,6 +121,12 @@ def _autograd_runnable(forward: Callable[..., torch.Tensor], leaves: list[torch.
 def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
     """The Pythonic API (custom op + autograd; on the CPU it runs the reference)."""
     import attnops
+
+    if case.op != "flash_attention":
+        from . import sparse_infer
+
+        return (sparse_infer.build_nsa_selected if case.op == "nsa_selected" else sparse_infer.build_fia)(
+            case, inp, device)
     from attnops._core.dispatch import choose_backend
 
     backend = choose_backend("auto", device)
@@ -236,5 +247,13 @@ BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
     "sdpa-cudnn": lambda c, i, d: build_sdpa(c, i, d, "sdpa-cudnn"),
     "flex": build_flex,
     "flash-attn": build_flash_attn,
+    "attnops-dense": lambda c, i, d: _sparse_infer().build_dense_causal(c, i, d),
+    "sdpa-gathered": lambda c, i, d: _sparse_infer().build_sdpa_gathered(c, i, d),
 }
+
+
+def _sparse_infer():
+    from . import sparse_infer
+
+    return sparse_infer
 OURS = "attnops"

@@ -1,0 +1,122 @@
+"""Benchmark builders for the NSA selected attention and FusedInferAttentionScore cases.
+
+``nsa_selected``: one causal TND sequence, every token selecting ``count`` blocks of ``block`` keys (its own block
+and the preceding ones, block 0 repeated for early tokens); baseline ``attnops-dense``: the dense causal
+``attnops.flash_attention`` on the same q/k/v. ``fia_decode`` / ``fia_prefill``: ``attnops.fused_infer_attention``
+(decode reads a paged cache with shuffled blocks); baseline ``sdpa-gathered``: SDPA on the same data already
+gathered into contiguous ``[B, N, S, D]`` tensors.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .cases import Case
+
+
+def _randn(gen, *shape, dtype, device):
+    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+def nsa_inputs(case: Case, device: torch.device, seed: int):
+    from .impls import Inputs
+
+    gen = torch.Generator().manual_seed(seed)
+    dt = getattr(torch, case.dtype)
+    t = sum(case.seq_lens)
+    block, count = case.params["block"], case.params["count"]
+    q, k, v, dy = (_randn(gen, t, case.heads, case.d, dtype=dt, device=device),
+                   _randn(gen, t, case.kv_heads, case.d, dtype=dt, device=device),
+                   _randn(gen, t, case.kv_heads, case.dv, dtype=dt, device=device),
+                   _randn(gen, t, case.heads, case.dv, dtype=dt, device=device))
+    own = torch.arange(t) // block
+    topk = (own.view(-1, 1, 1) - torch.arange(count).view(1, 1, -1)).clamp(min=0)
+    topk = topk.expand(t, case.kv_heads, count).contiguous().to(device=device, dtype=torch.int32)
+    cum = [sum(case.seq_lens[:i + 1]) for i in range(len(case.seq_lens))]
+    kw = dict(select_block_size=block, causal=True, actual_seq_qlen=cum, actual_seq_kvlen=cum)
+    return Inputs(q, k, v, dy, dict(kw, topk_indices=topk), 1.0 / math.sqrt(case.d))
+
+
+def build_nsa_selected(case: Case, inp, device):
+    import attnops
+
+    from .impls import _autograd_runnable
+
+    kw = dict(inp.kwargs)
+    topk = kw.pop("topk_indices")
+    leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
+    return _autograd_runnable(lambda q, k, v: attnops.nsa_selected_attention(q, k, v, topk, **kw), leaves, inp.dy,
+                              case.mode)
+
+
+def build_dense_causal(case: Case, inp, device):
+    import attnops
+
+    from .impls import _autograd_runnable
+
+    cum = inp.kwargs["actual_seq_qlen"]
+    mask = torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
+    leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
+    return _autograd_runnable(lambda q, k, v: attnops.flash_attention(
+        q, k, v, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum, atten_mask=mask, sparse_mode=3),
+        leaves, inp.dy, case.mode)
+
+
+def fia_inputs(case: Case, device: torch.device, seed: int):
+    """BSND query and contiguous K/V (``q``, ``k``, ``v``); decode adds a shuffled paged copy of K/V."""
+    from .impls import Inputs
+
+    gen = torch.Generator().manual_seed(seed)
+    dt = getattr(torch, case.dtype)
+    b, n, kvn, d = case.batch, case.heads, case.kv_heads, case.d
+    q = _randn(gen, b, case.sq, n, d, dtype=dt, device=device)
+    k = _randn(gen, b, case.skv, kvn, d, dtype=dt, device=device)
+    v = _randn(gen, b, case.skv, kvn, case.dv, dtype=dt, device=device)
+    kw = dict(layout="BSND", num_heads=n, num_key_value_heads=kvn, scale=1.0 / math.sqrt(d))
+    if case.causal:
+        kw.update(atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1), sparse_mode=3)
+    if case.op == "fia_decode":
+        bs = case.params["block_size"]
+        per_seq = case.skv // bs
+        perm = torch.randperm(b * per_seq, generator=gen)
+        kc = torch.empty(b * per_seq, bs, kvn * d, dtype=dt, device=device)
+        vc = torch.empty(b * per_seq, bs, kvn * case.dv, dtype=dt, device=device)
+        kc[perm] = k.reshape(b * per_seq, bs, kvn * d)
+        vc[perm] = v.reshape(b * per_seq, bs, kvn * case.dv)
+        kw.update(block_table=perm.view(b, per_seq).to(device=device, dtype=torch.int32), block_size=bs,
+                  actual_seq_lengths_kv=[case.skv] * b, paged=(kc, vc))
+    return Inputs(q, k, v, None, kw, kw["scale"])
+
+
+def build_fia(case: Case, inp, device):
+    import attnops
+
+    if case.mode != "fwd":
+        raise ValueError("FusedInferAttentionScore is inference only (mode fwd)")
+    kw = dict(inp.kwargs)
+    k, v = kw.pop("paged", (inp.k, inp.v))
+    state = {}
+
+    def run():
+        with torch.no_grad():
+            state["out"] = attnops.fused_infer_attention(inp.q, k, v, **kw)
+    from .impls import Runnable
+
+    return Runnable(run, output=lambda: state["out"].transpose(1, 2) if "out" in state else None)
+
+
+def build_sdpa_gathered(case: Case, inp, device):
+    import torch.nn.functional as F
+
+    from .impls import Runnable
+
+    q, k, v = (t.transpose(1, 2).contiguous() for t in (inp.q, inp.k, inp.v))
+    state = {}
+    causal = case.causal and case.sq > 1  # bottom-right for prefill with Sq == Skv
+
+    def run():
+        with torch.no_grad():
+            state["out"] = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=inp.scale,
+                                                          enable_gqa=case.heads != case.kv_heads)
+    return Runnable(run, output=lambda: state.get("out"))
