@@ -22,7 +22,7 @@ from .problem import FAProblem
 LOG2E = math.log2(math.e)
 TILE_BYTES = 8 << 20  # fp32 score tile budget: big enough for efficient GEMMs, small enough for the L3 cache
 MIN_ROWS = 16
-BWD_COLS = 1024  # columns per backward tile
+COL_BLOCK = 1024  # columns per tile where rows are split in column blocks (backward; forward of long rows)
 MAX_ROWS = 256  # rows per tile (GEMM M); causal tiles waste rows/2 columns per row on the diagonal (~6% at 4096)
 PEAKED_SUM = 4.0  # rows with softmax_sum below this (max probability > 1/4) form dP - D in fp64
 
@@ -120,12 +120,14 @@ def _active_batches(p: FAProblem):
     return [b for b in range(p.seq.batch) if p.seq.q_lens[b] > 0 and p.seq.kv_lens[b] > 0]
 
 
-def _row_chunks(p: FAProblem, b: int, budget: int, max_rows: int) -> list[tuple[int, int, int, int, list | None]]:
+def _row_chunks(p: FAProblem, b: int, budget: int, max_rows: int, cols_cap: int | None = None
+                ) -> list[tuple[int, int, int, int, list | None]]:
     """Row chunks ``(r0, r1, c0, c1, band)`` of batch ``b`` with a non-empty band ``[c0, c1)``.
 
     Each chunk has as many rows as fit ``budget`` score elements (``rows * (c1 - c0)``), at most ``max_rows`` and at
     least ``MIN_ROWS``: GEMMs get tall tiles where the band is narrow (early causal rows) and the tile stays
     cache-sized where it is wide. ``band`` is the chunk's :func:`_band_parts` (computed once for all heads).
+    ``cols_cap``: the tiles of a chunk will be at most this wide (column blocks), so only that width counts.
     """
     sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
     out = []
@@ -134,7 +136,7 @@ def _row_chunks(p: FAProblem, b: int, budget: int, max_rows: int) -> list[tuple[
         rows = max_rows
         while rows > MIN_ROWS:
             c0, c1 = p.mask.col_range(b, r0, min(sq, r0 + rows), skv)
-            if rows * max(0, c1 - c0) <= budget:
+            if rows * max(0, min(c1 - c0, cols_cap or c1 - c0)) <= budget:
                 break
             rows //= 2
         r1 = min(sq, r0 + max(rows, MIN_ROWS))
@@ -146,10 +148,10 @@ def _row_chunks(p: FAProblem, b: int, budget: int, max_rows: int) -> list[tuple[
 
 
 def _col_blocks(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int, band) -> list[tuple[int, int, list | None]]:
-    """Split a row chunk's band ``[c0, c1)`` into column blocks of at most ``BWD_COLS`` (with their band parts)."""
-    if c1 - c0 <= BWD_COLS:
+    """Split a row chunk's band ``[c0, c1)`` into column blocks of at most ``COL_BLOCK`` (with their band parts)."""
+    if c1 - c0 <= COL_BLOCK:
         return [(c0, c1, band)]
-    n = -(-(c1 - c0) // BWD_COLS)
+    n = -(-(c1 - c0) // COL_BLOCK)
     width = -(-(c1 - c0) // n)
     return [(a, min(c1, a + width), _band_parts(p, b, r0, r1, a, min(c1, a + width))) for a in range(c0, c1, width)]
 
@@ -223,10 +225,15 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
         o_b = batch_tokens(ov, p.seq, b).transpose(0, 1) if direct else buf.get("o_b", g.n1, sq, g.dv)
         m_b = torch.full((g.n1, sq, 1), FLT_LOWEST, dtype=acc)
         l_b = torch.zeros((g.n1, sq, 1), dtype=acc)
-        chunks = _row_chunks(p, b, budget, max_rows)
-        for r0, r1 in _uncovered(chunks, sq):
-            o_b[:, r0:r1].zero_()
-        for h in range(g.n1):
+        lo_col, hi_col = p.mask.col_range(b, 0, sq, p.seq.kv_lens[b])
+        online = g.group == 1 and (hi_col - lo_col) * max_rows > budget  # whole rows would need thin tiles
+        chunks = _row_chunks(p, b, budget, max_rows, COL_BLOCK if online else None)
+        if not direct:
+            for r0, r1 in _uncovered(chunks, sq):
+                o_b[:, r0:r1].zero_()
+        if online:  # long rows without GQA: all heads at once, column blocks, online softmax
+            _forward_heads_batched(p, b, chunks, buf, qs, k, v, o_b, m_b, l_b, acc)
+        for h in range(g.n1 if not online else 0):
             n2 = h // g.group
             for r0, r1, c0, c1, band in chunks:
                 t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
@@ -245,6 +252,48 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
         stats_block(smax, p.seq, b, p.softmax_layout).copy_(m_b.expand(-1, -1, 8))
         stats_block(ssum, p.seq, b, p.softmax_layout).copy_(l_b.expand(-1, -1, 8))
     return out, smax, ssum
+
+
+def _forward_heads_batched(p, b, chunks, buf, qs, k, v, o_b, m_b, l_b, acc) -> None:
+    """The forward of batch ``b`` without GQA: ``[N, rows, cols]`` tiles of at most ``COL_BLOCK`` columns, batched
+    GEMMs (MKL runs the heads side by side), and the online softmax across a row chunk's column blocks: running
+    max ``m``, ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``; ``O / l`` at the end.
+    The final ``m`` is the exact row max and every exponent is ``(s - m_running) * log2(e)`` with the max
+    subtracted first, as in the one-block case."""
+    n, all_heads = p.geom.n1, slice(0, p.geom.n1)
+    for r0, r1, c0_, c1_, band_ in chunks:
+        blocks = _col_blocks(p, b, r0, r1, c0_, c1_, band_)
+        qrows, m, l, o = qs[:, r0:r1], m_b[:, r0:r1], l_b[:, r0:r1], o_b[:, r0:r1]
+        for j, (c0, c1, band) in enumerate(blocks):
+            t = _Tile(p, b, 0, r0, r1, c0, c1, heads=all_heads)
+            s = torch.bmm(qrows, k[:, c0:c1].transpose(1, 2), out=buf.get("s", n, r1 - r0, c1 - c0))
+            if p.pse is not None:
+                s.add_(p.pse.block(b, r0, r1, c0, c1, all_heads, s.dtype),
+                       alpha=p.scale if p.pse.add_before_scale else 1.0)
+            if band is None:
+                p.mask.fill_masked_(s, b, r0, r1, c0, c1, all_heads)
+            else:
+                for a, z, masked in band:
+                    s[..., a:z].masked_fill_(masked, float("-inf"))
+            if j == 0:
+                torch.amax(s, -1, keepdim=True, out=m).clamp_min_(FLT_LOWEST)  # -inf (no kept score yet): lowest
+                s.sub_(m).mul_(LOG2E).exp2_()
+                torch.sum(s, -1, keepdim=True, out=l)
+            else:
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                rescale = (m - m_new).mul_(LOG2E).exp2_()  # 1 where the max did not move; 0 from FLT_LOWEST
+                m.copy_(m_new)
+                s.sub_(m).mul_(LOG2E).exp2_()
+                l.mul_(rescale).add_(s.sum(-1, keepdim=True))
+                o.mul_(rescale)
+            drop = t.dropout_scale(acc)
+            if drop is not None:
+                s.mul_(drop)
+            if j == 0:
+                torch.bmm(s, v[:, c0:c1], out=o)
+            else:
+                o.baddbmm_(s, v[:, c0:c1])
+        o.div_(l.clamp_min(1.0))
 
 
 def _probabilities_(s: torch.Tensor, m: torch.Tensor, log2_l: torch.Tensor) -> torch.Tensor:
@@ -351,7 +400,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
                     idx = torch.tensor(rows, dtype=torch.long)
                     delta64[h, idx] = torch.linalg.vecdot(do[h, idx].to(torch.float64),
                                                           o[h, idx].to(torch.float64)).unsqueeze(-1)
-        row_chunks = _row_chunks(p, b, budget, max_rows)
+        row_chunks = _row_chunks(p, b, budget, max_rows, COL_BLOCK)
         direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
         if direct:
             dq_b = batch_tokens(dqv, p.seq, b).transpose(0, 1)
@@ -363,7 +412,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
                 dq_b[:, r0:r1].zero_()
             dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc)
             dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc)
-        # tiles of at most BWD_COLS columns: the backward needs no whole rows (the statistics are given), and
+        # tiles of at most COL_BLOCK columns: the backward needs no whole rows (the statistics are given), and
         # smaller tiles keep its two score-sized buffers in the caches
         chunks = [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band)) for r0, r1, c0, c1, band in row_chunks]
         per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
