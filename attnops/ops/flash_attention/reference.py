@@ -188,7 +188,11 @@ def _band_parts(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int) -> lis
 
 
 class _Buffers:
-    """Named, reused fp32/fp64 buffers (grown on demand), so the tile loop allocates nothing."""
+    """Named, reused fp32/fp64 buffers (grown on demand), so the tile loop allocates nothing.
+
+    Large allocations start on page boundaries, so buffers streamed side by side (``P * dP``, a GEMM writing one
+    while reading another) would share their address bits below 4 KiB and collide in the caches; each buffer is
+    therefore used from a different offset (a few cache lines apart)."""
 
     def __init__(self, dtype: torch.dtype, device):
         self.dtype, self.device, self._bufs = dtype, device, {}
@@ -197,7 +201,9 @@ class _Buffers:
         n = math.prod(shape)
         buf = self._bufs.get(name)
         if buf is None or buf.numel() < n:
-            buf = self._bufs[name] = torch.empty(n, dtype=self.dtype, device=self.device)
+            skew = (len(self._bufs) * 5 + 1) * (64 // self.dtype.itemsize) % 1024
+            buf = torch.empty(n + skew, dtype=self.dtype, device=self.device)[skew:]
+            self._bufs[name] = buf
         return buf[:n].view(shape)
 
 
