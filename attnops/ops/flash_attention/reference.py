@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import threading
 
 import torch
 
@@ -187,6 +188,10 @@ def _band_parts(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int) -> lis
     return parts
 
 
+_THREAD_BUFFERS = threading.local()
+CACHED_WORKSPACE_BYTES = 256 << 20  # workspaces up to this size stay allocated between calls (per thread)
+
+
 class _Buffers:
     """Named, reused fp32/fp64 buffers (grown on demand), so the tile loop allocates nothing.
 
@@ -196,6 +201,27 @@ class _Buffers:
 
     def __init__(self, dtype: torch.dtype, device):
         self.dtype, self.device, self._bufs = dtype, device, {}
+
+    @staticmethod
+    def acquire(dtype: torch.dtype, device) -> "_Buffers":
+        """This thread's buffers for ``(dtype, device)``, kept from call to call: re-allocating tens of MB per call
+        lets the C allocator return them to the system and fault them in again (slow in a VM)."""
+        cache = _THREAD_BUFFERS.__dict__.setdefault("cache", {})
+        key = (dtype, str(device))
+        if key not in cache:
+            cache[key] = _Buffers(dtype, device)
+        return cache[key]
+
+    def release(self) -> None:
+        """Drop the buffers after a call when they exceed ``CACHED_WORKSPACE_BYTES`` (long sequences)."""
+        if sum(b.numel() for b in self._bufs.values()) * self.dtype.itemsize > CACHED_WORKSPACE_BYTES:
+            self._bufs.clear()
+
+    def scaled_heads(self, name: str, x: torch.Tensor, scale: float) -> torch.Tensor:
+        """Like :func:`_heads_first` (``[S, N, D]`` -> ``[N, S, D]`` times ``scale``) into a kept buffer."""
+        out = self.get(name, x.shape[1], x.shape[0], x.shape[2])
+        out.copy_(x.transpose(0, 1))
+        return out.mul_(scale) if scale != 1.0 else out
 
     def get(self, name: str, *shape: int) -> torch.Tensor:
         n = math.prod(shape)
@@ -220,11 +246,11 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     smax, ssum = new_stats(p.seq, g.n1, p.total_q, query.device, query.dtype)
     qv, kv, vv = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2)))
     ov = tokens_view(out, g.layout, g.n1)
-    buf = _Buffers(acc, query.device)
+    buf = _Buffers.acquire(acc, query.device)
     budget, max_rows = TILE_BYTES // acc.itemsize, MAX_ROWS
     for b in _active_batches(p):
         sq = p.seq.q_lens[b]
-        qs = _heads_first(batch_tokens(qv, p.seq, b), p.scale)
+        qs = buf.scaled_heads("qs", batch_tokens(qv, p.seq, b), p.scale)
         k = _heads_view(batch_tokens(kv, p.seq, b, kv=True))
         v = _heads_view(batch_tokens(vv, p.seq, b, kv=True))
         direct = out.dtype == acc  # write the output in place (rows without a tile are already 0)
@@ -257,6 +283,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
         l_b.masked_fill_(l_b == 0, FLT_MAX)
         stats_block(smax, p.seq, b, p.softmax_layout).copy_(m_b.expand(-1, -1, 8))
         stats_block(ssum, p.seq, b, p.softmax_layout).copy_(l_b.expand(-1, -1, 8))
+    buf.release()
     return out, smax, ssum
 
 
@@ -384,11 +411,11 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (dy, g.n1),
                                                   (attention_in, g.n1), (dq, g.n1), (dk, g.n2), (dv, g.n2)))
     acc = compute_dtype(query.dtype)
-    buf = _Buffers(acc, query.device)
+    buf = _Buffers.acquire(acc, query.device)
     budget, max_rows = TILE_BYTES // acc.itemsize, MAX_ROWS
     for b in _active_batches(p):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
-        qs = _heads_first(batch_tokens(qv, p.seq, b), p.scale)
+        qs = buf.scaled_heads("qs", batch_tokens(qv, p.seq, b), p.scale)
         k = _heads_view(batch_tokens(kv, p.seq, b, kv=True))
         v = _heads_view(batch_tokens(vv, p.seq, b, kv=True))
         do = _heads_view(batch_tokens(dyv, p.seq, b))
@@ -464,6 +491,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
             batch_tokens(dqv, p.seq, b).copy_(dq_b.transpose(0, 1))
             batch_tokens(dkv, p.seq, b, kv=True).copy_(dk_b.transpose(0, 1))
             batch_tokens(dvv, p.seq, b, kv=True).copy_(dv_b.transpose(0, 1))
+    buf.release()
     if dpse is not None:
         dpse = dpse.to(p.pse.tensor.dtype)
     return dq, dk, dv, dpse
