@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
                          "idle (other processes distort CPU timings); 0 disables")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     ap.add_argument("--no-check", action="store_true", help="skip comparing the outputs against the baselines'")
+    ap.add_argument("--isolate", action="store_true",
+                    help="run every case in a fresh Python process (no allocator/library state carried over from "
+                         "the previous case)")
     ap.add_argument("--list", action="store_true", help="list the suites and their cases, then exit")
     return ap
 
@@ -123,6 +126,34 @@ def run_case(case: Case, device: torch.device, *, repeat: int, warmup: int, impl
     return entry
 
 
+_ISOLATED = """
+import json, sys
+import torch
+from attnops.bench.cases import suite_cases
+from attnops.bench.runner import run_case
+a = json.loads(sys.argv[1])
+case = [c for c in suite_cases(a["suite"]) if c.name == a["case"]][0]
+entry = run_case(case, torch.device(a["device"]), repeat=a["repeat"], warmup=a["warmup"], impls=a["impls"],
+                 idle_wait=a["idle_wait"], seed=a["seed"], check=a["check"], log=lambda *x: print(*x, file=sys.stderr))
+print("@@ENTRY@@" + json.dumps(entry))
+"""
+
+
+def _run_isolated(suite: str, case: Case, device: torch.device, **kw) -> dict:
+    """:func:`run_case` in a child interpreter; returns its entry (an error entry if the child failed)."""
+    import json
+    import subprocess
+
+    args = json.dumps({"suite": suite, "case": case.name, "device": str(device), **kw})
+    r = subprocess.run([sys.executable, "-c", _ISOLATED, args], capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        if line.startswith("@@ENTRY@@"):
+            return json.loads(line[len("@@ENTRY@@"):])
+    reason = (r.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return {"case": case.describe(), "results": {"attnops": {"status": "error", "reason": reason}}, "ratios": {},
+            "checks": {}}
+
+
 def _fmt_row(case: Case, entry: dict) -> list[str]:
     lines = []
     for name, r in entry["results"].items():
@@ -169,14 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for case in cases:
         print(f"{case.name} ({case.mode}, {case.flops() / 1e9:.1f} GFLOP)", flush=True)
-        entry = run_case(case, device, repeat=repeat, warmup=warmup, impls=impls, idle_wait=args.idle_wait,
-                         seed=args.seed, check=not args.no_check)
+        kw = dict(repeat=repeat, warmup=warmup, impls=impls, idle_wait=args.idle_wait, seed=args.seed,
+                  check=not args.no_check)
+        entry = _run_isolated(suite.name, case, device, **kw) if args.isolate else run_case(case, device, **kw)
         entries.append(entry)
         print("\n".join(_fmt_row(case, entry)), flush=True)
     result = {"suite": suite.name, "description": suite.description, "environment": env,
               "settings": {"repeat": repeat, "warmup": warmup, "idle_wait_s": args.idle_wait, "seed": args.seed,
                            "timer": "cuda events + L2 flush" if device.type == "cuda" else "time.perf_counter",
-                           "filter": args.filter, "impls": impls},
+                           "filter": args.filter, "impls": impls, "isolate": args.isolate},
               "wall_s": time.perf_counter() - t0, "cases": entries}
     stem = f"{suite.name}-{device.type}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     out_dir = Path(args.out)
