@@ -68,7 +68,8 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
         cum = [sum(case.seq_lens[:i + 1]) for i in range(len(case.seq_lens))]
         kw.update(actual_seq_qlen=cum, actual_seq_kvlen=cum)
     elif case.layout == "BSND":
-        q, k, v, dy = (randn(case.batch, case.sq, case.heads, case.d), randn(case.batch, case.skv, case.kv_heads, case.d),
+        q, k, v, dy = (randn(case.batch, case.sq, case.heads, case.d),
+                       randn(case.batch, case.skv, case.kv_heads, case.d),
                        randn(case.batch, case.skv, case.kv_heads, case.dv),
                        randn(case.batch, case.sq, case.heads, case.dv))
     else:

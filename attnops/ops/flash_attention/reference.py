@@ -1,11 +1,14 @@
 """Pure-PyTorch FlashAttention forward and backward (the production CPU path).
 
-Works one batch, one KV head (with its GQA group) and one chunk of query rows at a time, in fp32, and only over
-the KV columns the mask band can keep, so extra memory is O(G * chunk * Skv) and masked tiles cost nothing.
-Exponentials use ``exp2((s - max) * log2(e))`` because ``exp2`` is several times faster than ``exp`` on the CPU;
-the row max is subtracted first (exactly, in natural units) so the backward rebuilds P from the stored fp32
-statistics without cancellation error. Tiles live in preallocated workspaces (no allocation per tile). The backward uses
-the softmax statistics and attention output it is given; it never recomputes them.
+Works one batch and one chunk of query rows at a time, in the compute dtype (fp32; fp64 for fp64 inputs), and
+only over the KV columns the mask band can keep, so extra memory is O(G * chunk * Skv) and masked tiles cost
+nothing. A tile is one query head (2-D GEMMs; GQA heads read their KV head in place) or, without GQA where it is
+faster (backward; forward of long rows), all heads at once (batched GEMMs). Exponentials use
+``exp2((s - max) * log2(e))`` because ``exp2`` is several times faster than ``exp`` on the CPU; the row max is
+subtracted first (exactly, in natural units) so the backward rebuilds P from the stored fp32 statistics without
+cancellation error. Tiles live in per-thread workspaces kept between calls (no allocation per tile or per
+call). The backward uses the softmax statistics and attention output it is given; it never recomputes them.
+See ``docs/performance.md`` for the measurements behind the tile shapes.
 """
 from __future__ import annotations
 
@@ -359,22 +362,6 @@ def probability_tiles(p: FAProblem, b: int, query, key, softmax_max, softmax_sum
         yield t, _probabilities_(t.scores(qs, k, ws.tile(0, t.shape)), m[rows], log2_l[rows])
 
 
-def _dp_dtype(dtype: torch.dtype) -> torch.dtype:
-    """dtype of ``dP - D``: fp64 for fp32/fp64 inputs.
-
-    ``D = rowsum(dy * attention_in)`` does not share dP's rounding errors (autograd's ``sum(P * dP)`` would), so
-    for a dominant key ``dP - D`` cancels to a small number and fp32 rounding of both terms would be the whole
-    error of dq/dk. fp16/bf16 inputs are far coarser than fp32 products, so they keep fp32.
-    """
-    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
-
-
-def _sum_over_group(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``sum_g x[g]^T @ y[g]`` ([c, d]): one GEMM per head, then the short sum over the group (fewer fp32 terms
-    per accumulation than one GEMM over G*r rows)."""
-    return torch.bmm(x.transpose(1, 2), y).sum(0) if x.shape[0] > 1 else x[0].transpose(0, 1) @ y[0]
-
-
 def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) -> list[list[int]] | None:
     """Per query head, the (sorted) rows whose ``dP - D`` must be formed in fp64, or None when none ever is.
 
@@ -383,7 +370,8 @@ def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) 
     ``sum(P * dP)`` cancels the same rounding. With ``p = max_j P_ij`` the cancellation magnifies the rounding
     about ``1 / (1 - p)`` times, and ``p = 1 / softmax_sum``: rows with ``softmax_sum < PEAKED_SUM`` (p > 1/4,
     magnification > 4/3) get ``dP - D`` in fp64; the others keep the fp32 GEMM (random data of a long sequence has
-    such rows only among its first few dozen causal rows). Only for fp32 inputs: fp16/bf16 inputs are far coarser than fp32 products, and fp64
+    such rows only among its first few dozen causal rows). Only for fp32 inputs: fp16/bf16 inputs are far coarser
+    than fp32 products, and fp64
     inputs compute in fp64 anyway.
     """
     if acc != torch.float32 or input_dtype != torch.float32:
