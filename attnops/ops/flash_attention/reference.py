@@ -83,6 +83,11 @@ class _Tile:
             s = out
         else:
             s = torch.matmul(qs[self.heads, self.r0:self.r1], kt, out=out)
+        return self.shift_and_mask_(s, band)
+
+    def shift_and_mask_(self, s: torch.Tensor, band=None) -> torch.Tensor:
+        """In place on the tile's ``scale*QK^T`` scores ``s``: add the pse, set masked entries to -inf."""
+        p = self.p
         if p.pse is not None:
             pse = p.pse.block(self.b, self.r0, self.r1, self.c0, self.c1, self.heads, s.dtype)
             s.add_(pse, alpha=p.scale if p.pse.add_before_scale else 1.0)
@@ -302,15 +307,8 @@ def _forward_heads_batched(p, b, chunks, buf, qs, k, v, o_b, m_b, l_b, acc) -> N
         qrows, m, l, o = qs[:, r0:r1], m_b[:, r0:r1], l_b[:, r0:r1], o_b[:, r0:r1]
         for j, (c0, c1, band) in enumerate(blocks):
             t = _Tile(p, b, 0, r0, r1, c0, c1, heads=all_heads)
-            s = torch.bmm(qrows, k[:, c0:c1].transpose(1, 2), out=buf.get("s", n, r1 - r0, c1 - c0))
-            if p.pse is not None:
-                s.add_(p.pse.block(b, r0, r1, c0, c1, all_heads, s.dtype),
-                       alpha=p.scale if p.pse.add_before_scale else 1.0)
-            if band is None:
-                p.mask.fill_masked_(s, b, r0, r1, c0, c1, all_heads)
-            else:
-                for a, z, masked in band:
-                    s[..., a:z].masked_fill_(masked, float("-inf"))
+            s = t.shift_and_mask_(torch.bmm(qrows, k[:, c0:c1].transpose(1, 2),
+                                            out=buf.get("s", n, r1 - r0, c1 - c0)), band)
             if j == 0:
                 torch.amax(s, -1, keepdim=True, out=m).clamp_min_(FLT_LOWEST)  # -inf (no kept score yet): lowest
                 s.sub_(m).mul_(LOG2E).exp2_()
@@ -499,15 +497,8 @@ def _backward_heads_batched(p, b, chunks, per_group, buf, qs, k, v, do, m_b, neg
             for j, (c0, c1, band) in enumerate(blocks):
                 t = _Tile(p, b, 0, r0, r1, c0, c1, heads=all_heads)
                 cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
-                s = torch.bmm(qrows, k[:, cols].transpose(1, 2), out=buf.get("s", n, r1 - r0, c1 - c0))
-                if p.pse is not None:
-                    s.add_(p.pse.block(b, r0, r1, c0, c1, all_heads, s.dtype),
-                           alpha=p.scale if p.pse.add_before_scale else 1.0)
-                if band is None:
-                    p.mask.fill_masked_(s, b, r0, r1, c0, c1, all_heads)
-                else:
-                    for a, z, masked in band:
-                        s[..., a:z].masked_fill_(masked, float("-inf"))
+                s = t.shift_and_mask_(torch.bmm(qrows, k[:, cols].transpose(1, 2),
+                                                out=buf.get("s", n, r1 - r0, c1 - c0)), band)
                 prob = s.sub_(m_b[:, r0:r1])  # natural units first: exact where s ~ max
                 torch.add(neg_log2_l[:, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
                 drop = t.dropout_scale(acc)
