@@ -90,7 +90,7 @@ def _op_args(query, *, layout, head_num, scale, pse, pse_type, atten_mask, spars
                 prefix=prefix, actual_seq_qlen=qlen, actual_seq_kvlen=kvlen, sparse_mode=sparse_mode,
                 pse_type=pse_type, q_start_idx=_start("q_start_idx", q_start_idx),
                 kv_start_idx=_start("kv_start_idx", kv_start_idx), softmax_layout=softmax_layout,
-                seed=0 if seed is None else int(seed), offset=int(offset))
+                seed=0 if seed is None else int(seed), offset=int(offset), backend=backend)
 
 
 def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, layout: str = "BNSD", head_num: int | None = None,

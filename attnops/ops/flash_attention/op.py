@@ -14,12 +14,13 @@ from torch import Tensor
 
 from ..._core.layouts import normalize_layout, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
-from . import reference
+from . import backends
 from .problem import build_problem
 
 _SCALARS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_tokens", "prefix", "actual_seq_qlen",
             "actual_seq_kvlen", "sparse_mode", "pse_type", "q_start_idx", "kv_start_idx", "softmax_layout", "seed",
             "offset")
+_ARGS = (*_SCALARS, "backend")
 
 
 def _problem(query, key, value, pse, atten_mask, drop_mask, kw):
@@ -32,19 +33,19 @@ def flash_attention_fwd(query: Tensor, key: Tensor, value: Tensor, pse: Optional
                         pre_tokens: int, next_tokens: int, prefix: Optional[list[int]],
                         actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]],
                         sparse_mode: int, pse_type: int, q_start_idx: int, kv_start_idx: int, softmax_layout: str,
-                        seed: int, offset: int) -> tuple[Tensor, Tensor, Tensor]:
+                        seed: int, offset: int, backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
     """Forward: ``(attention_out, softmax_max, softmax_sum)``."""
     kw = {name: value_ for name, value_ in zip(_SCALARS, (
         head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
         sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset))}
     p = _problem(query, key, value, pse, atten_mask, drop_mask, kw)
-    return reference.forward(p, query, key, value)
+    return backends.forward(p, query, key, value, backend)
 
 
 @flash_attention_fwd.register_fake
 def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, keep_prob, pre_tokens, next_tokens,
       prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout,
-      seed, offset):
+      seed, offset, backend="auto"):
     layout = normalize_layout("input_layout", layout)
     if layout in ("BSH", "SBH"):
         d = query.shape[-1] // head_num
@@ -68,7 +69,7 @@ def flash_attention_bwd(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, a
                         scale: float, keep_prob: float, pre_tokens: int, next_tokens: int,
                         prefix: Optional[list[int]], actual_seq_qlen: Optional[list[int]],
                         actual_seq_kvlen: Optional[list[int]], sparse_mode: int, pse_type: int, q_start_idx: int,
-                        kv_start_idx: int, softmax_layout: str, seed: int, offset: int
+                        kv_start_idx: int, softmax_layout: str, seed: int, offset: int, backend: str = "auto"
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Backward: ``(dq, dk, dv, dpse)`` with ``dpse`` empty when there is no pse tensor gradient."""
     from .api import check_backward_inputs
@@ -79,14 +80,15 @@ def flash_attention_bwd(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, a
     p = _problem(query, key, value, pse, atten_mask, drop_mask, kw)
     attention_in, softmax_max, softmax_sum = check_backward_inputs(p, query, dy, attention_in, softmax_max,
                                                                    softmax_sum)
-    dq, dk, dv, dpse = reference.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum)
+    dq, dk, dv, dpse = backends.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum,
+                                        backend)
     return dq, dk, dv, dpse if dpse is not None else query.new_empty(0)
 
 
 @flash_attention_bwd.register_fake
 def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, drop_mask, head_num, layout,
       scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
-      q_start_idx, kv_start_idx, softmax_layout, seed, offset):
+      q_start_idx, kv_start_idx, softmax_layout, seed, offset, backend="auto"):
     has_dpse = pse is not None and pse_type in (0, 1)
     dpse = torch.empty_like(pse) if has_dpse else query.new_empty(0)
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dpse
@@ -100,7 +102,7 @@ def _setup_context(ctx, inputs, output):
     out, smax, ssum = output
     ctx.save_for_backward(args["query"], args["key"], args["value"], args["pse"], args["atten_mask"],
                           args["drop_mask"], out, smax, ssum)
-    ctx.scalars = {name: args[name] for name in _SCALARS}
+    ctx.scalars = {name: args[name] for name in _ARGS}
 
 
 def _backward(ctx, grad_out, _grad_max, _grad_sum):
@@ -108,7 +110,7 @@ def _backward(ctx, grad_out, _grad_max, _grad_sum):
     query, key, value, pse, atten_mask, drop_mask, out, smax, ssum = ctx.saved_tensors
     s = ctx.scalars
     dq, dk, dv, dpse = flash_attention_bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, pse,
-                                           atten_mask, drop_mask, *(s[n] for n in _SCALARS))
+                                           atten_mask, drop_mask, *(s[n] for n in _ARGS))
     grads = {"query": dq, "key": dk, "value": dv, "pse": dpse if dpse.numel() else None}
     return tuple(grads.get(name) for name in _FWD_ARGS)
 
