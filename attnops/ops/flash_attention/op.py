@@ -27,7 +27,7 @@ def _problem(query, key, value, pse, atten_mask, drop_mask, kw):
     return build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, **kw)
 
 
-@torch.library.custom_op("attnops::flash_attention_fwd", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("attnops::flash_attention_fwd", mutates_args=(), device_types=("cpu", "cuda"))
 def flash_attention_fwd(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], atten_mask: Optional[Tensor],
                         drop_mask: Optional[Tensor], head_num: int, layout: str, scale: float, keep_prob: float,
                         pre_tokens: int, next_tokens: int, prefix: Optional[list[int]],
@@ -62,7 +62,7 @@ def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, ke
     return out, query.new_empty(stat, dtype=dtype), query.new_empty(stat, dtype=dtype)
 
 
-@torch.library.custom_op("attnops::flash_attention_bwd", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("attnops::flash_attention_bwd", mutates_args=(), device_types=("cpu", "cuda"))
 def flash_attention_bwd(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_in: Tensor,
                         softmax_max: Tensor, softmax_sum: Tensor, pse: Optional[Tensor],
                         atten_mask: Optional[Tensor], drop_mask: Optional[Tensor], head_num: int, layout: str,

@@ -19,6 +19,7 @@ from .compress_attention import build_compress_attention_spec, compress_attentio
 from .selected import build_selected_spec, selected_backward, selected_forward
 
 INT_MAX = 2147483647
+DEVICE_TYPES = ("cpu", "cuda")  # pure PyTorch: CUDA tensors run the same implementation
 
 
 def _schema_names(op) -> list[str]:
@@ -31,7 +32,7 @@ def _grads_for(op, **grads):
 
 
 # ---------------------------------------------------------------- compression
-@torch.library.custom_op("attnops::nsa_compress", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("attnops::nsa_compress", mutates_args=(), device_types=DEVICE_TYPES)
 def nsa_compress(input: Tensor, weight: Tensor, compress_block_size: int, compress_stride: int,
                  actual_seq_len: Optional[list[int]], act_seq_len_type: int) -> Tensor:
     spec = build_compress_spec(input, weight, compress_block_size=compress_block_size,
@@ -52,7 +53,7 @@ def _(input, weight, compress_block_size, compress_stride, actual_seq_len, act_s
     return input.new_empty((rows, input.shape[1], input.shape[2]))
 
 
-@torch.library.custom_op("attnops::nsa_compress_grad", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("attnops::nsa_compress_grad", mutates_args=(), device_types=DEVICE_TYPES)
 def nsa_compress_grad(output_grad: Tensor, input: Tensor, weight: Tensor, compress_block_size: int,
                       compress_stride: int, actual_seq_len: Optional[list[int]], act_seq_len_type: int
                       ) -> tuple[Tensor, Tensor]:
@@ -85,7 +86,7 @@ nsa_compress.register_autograd(_compress_backward, setup_context=_compress_setup
 
 
 # ---------------------------------------------------------------- selected attention
-@torch.library.custom_op("attnops::nsa_selected_attention", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("attnops::nsa_selected_attention", mutates_args=(), device_types=DEVICE_TYPES)
 def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor,
                            atten_mask: Optional[Tensor], scale_value: float, head_num: int, select_block_size: int,
                            select_block_count: int, actual_seq_qlen: Optional[list[int]],
@@ -106,7 +107,7 @@ def _(query, key, value, topk_indices, atten_mask, scale_value, head_num, select
             query.new_empty(stat, dtype=dt))
 
 
-@torch.library.custom_op("attnops::nsa_selected_attention_grad", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("attnops::nsa_selected_attention_grad", mutates_args=(), device_types=DEVICE_TYPES)
 def nsa_selected_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_out: Tensor,
                                 softmax_max: Tensor, softmax_sum: Tensor, topk_indices: Tensor,
                                 atten_mask: Optional[Tensor], scale_value: float, head_num: int,
@@ -152,7 +153,7 @@ nsa_selected_attention.register_autograd(_selected_backward, setup_context=_sele
 
 
 # ---------------------------------------------------------------- compressed attention
-@torch.library.custom_op("attnops::nsa_compress_attention", mutates_args=(), device_types="cpu")
+@torch.library.custom_op("attnops::nsa_compress_attention", mutates_args=(), device_types=DEVICE_TYPES)
 def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, topk_mask: Optional[Tensor],
                            atten_mask: Optional[Tensor], scale_value: float, head_num: int, compress_block_size: int,
                            compress_stride: int, select_block_size: int, select_block_count: int,

@@ -1,0 +1,79 @@
+"""FusedInferAttentionScore forward as a ``torch.library`` custom op (namespace ``attnops``) with a fake kernel, so
+``torch.compile`` and ``torch.library.opcheck`` work. Inference only: like the NPU op it has no autograd.
+
+The op takes the aclnn parameters with single ``key``/``value`` tensors (dense or a paged cache; the torch_npu
+dialect never passes tensor lists) and always returns ``(attention_out, softmax_lse)``; callers that did not ask
+for the lse drop it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..._core.layouts import io_layouts
+from . import reference
+from .problem import LAYOUTS, build_problem
+
+DEVICE_TYPES = ("cpu", "cuda")  # pure PyTorch: CUDA tensors run the same implementation
+
+
+@torch.library.custom_op("attnops::fused_infer_attention", mutates_args=(), device_types=DEVICE_TYPES)
+def fused_infer_attention(query: Tensor, key: Tensor, value: Tensor, pse_shift: Optional[Tensor],
+                          atten_mask: Optional[Tensor], actual_seq_lengths: Optional[list[int]],
+                          actual_seq_lengths_kv: Optional[list[int]], deq_scale1: Optional[Tensor],
+                          quant_scale1: Optional[Tensor], deq_scale2: Optional[Tensor],
+                          quant_scale2: Optional[Tensor], quant_offset2: Optional[Tensor],
+                          antiquant_scale: Optional[Tensor], antiquant_offset: Optional[Tensor],
+                          key_antiquant_scale: Optional[Tensor], key_antiquant_offset: Optional[Tensor],
+                          value_antiquant_scale: Optional[Tensor], value_antiquant_offset: Optional[Tensor],
+                          block_table: Optional[Tensor], query_padding_size: Optional[Tensor],
+                          kv_padding_size: Optional[Tensor], key_shared_prefix: Optional[Tensor],
+                          value_shared_prefix: Optional[Tensor], actual_shared_prefix_len: Optional[list[int]],
+                          num_heads: int, scale: float, pre_tokens: int, next_tokens: int, input_layout: str,
+                          num_key_value_heads: int, sparse_mode: int, inner_precise: int, block_size: int,
+                          antiquant_mode: int, key_antiquant_mode: int, value_antiquant_mode: int
+                          ) -> tuple[Tensor, Tensor]:
+    """``(attention_out, softmax_lse)``: the output in the output layout and the fp32 lse ``[B, N, Q_S, 1]`` /
+    ``[T, N, 1]``."""
+    p = build_problem(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                      actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
+                      deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2,
+                      quant_scale2=quant_scale2, quant_offset2=quant_offset2, antiquant_scale=antiquant_scale,
+                      antiquant_offset=antiquant_offset, block_table=block_table,
+                      query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
+                      key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
+                      value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
+                      key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
+                      actual_shared_prefix_len=actual_shared_prefix_len, num_heads=num_heads, scale=scale,
+                      pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
+                      num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, inner_precise=inner_precise,
+                      block_size=block_size, antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
+                      value_antiquant_mode=value_antiquant_mode)
+    return reference.forward(p)
+
+
+@fused_infer_attention.register_fake
+def _(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, deq_scale1, quant_scale1,
+      deq_scale2, quant_scale2, quant_offset2, antiquant_scale, antiquant_offset, key_antiquant_scale,
+      key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, block_table, query_padding_size,
+      kv_padding_size, key_shared_prefix, value_shared_prefix, actual_shared_prefix_len, num_heads, scale,
+      pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size,
+      antiquant_mode, key_antiquant_mode, value_antiquant_mode):
+    in_layout, out_layout = io_layouts("input_layout", input_layout, LAYOUTS)
+    shape = tuple(query.shape)
+    if out_layout != in_layout:  # BNSD in, BSND out
+        shape = (shape[0], shape[2], shape[1], shape[3])
+    if quant_scale2 is not None:
+        dtype = torch.int8
+    elif query.dtype == torch.int8:
+        dtype = torch.float16
+    else:
+        dtype = query.dtype
+    if in_layout == "TND":
+        lse = (shape[0], num_heads, 1)
+    else:
+        b, s = (0, 2) if in_layout == "BNSD" else (0, 1)
+        lse = (query.shape[b], num_heads, query.shape[s], 1)
+    return query.new_empty(shape, dtype=dtype), query.new_empty(lse, dtype=torch.float32)

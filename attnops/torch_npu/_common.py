@@ -1,0 +1,23 @@
+"""Argument helpers shared by the torch_npu-compatible functions (no attention math)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+INT_MAX = 2147483647
+
+
+def reject_unsupported(**arguments: Any) -> None:
+    """Raise :class:`NotImplementedError` naming the first argument that is given (not None) but not supported."""
+    for name, value in arguments.items():
+        if value is not None:
+            raise NotImplementedError(
+                f"{name}: attnops.torch_npu does not support this argument yet (expected None, got "
+                f"{type(value).__name__}); see docs/porting.md")
+
+
+def with_overloads(fn: Callable, out: Callable | None = None) -> Callable:
+    """Give ``fn`` the ``.default`` (and ``.out``) overload attributes that ``torch.ops.npu.<op>`` packets have."""
+    fn.default = fn
+    if out is not None:
+        fn.out = out
+    return fn

@@ -1,0 +1,201 @@
+"""torch_npu's training FlashAttention: ``npu_fusion_attention(_v2)`` and ``npu_fusion_attention_grad(_v2)``.
+
+Translates torch_npu's arguments to the ``attnops::flash_attention_fwd/bwd`` custom ops (whose autograd follows
+op-plugin's ``derivatives.yaml``: gradients of q, k, v and pse from the gradient of ``attention_out`` only).
+torch_npu specifics kept here: the ``(seed, offset, numels)`` dropout contract, ``softmax_out`` as an empty
+tensor, ``dpse=None`` without pse, an empty ``dsink``, ``actual_seq_*`` ignored for dense layouts, and the MLA
+``query_rope``/``key_rope`` of the v2 ops (appended to each head's D).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._core.checks import check_int, int_list, require
+from .._core.dropout import draw_seed
+from .._core.layouts import normalize_layout, parse_geometry
+from .._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
+from ..ops.flash_attention import op as fa_op
+from ._common import INT_MAX, reject_unsupported, with_overloads
+
+
+def _seq_lists(layout: str, actual_seq_qlen, actual_seq_kvlen):
+    """Cumulative lists for TND; dense layouts ignore them (the NPU only forwards them)."""
+    if layout != "TND":
+        return None, None
+    return int_list("actual_seq_qlen", actual_seq_qlen), int_list("actual_seq_kvlen", actual_seq_kvlen)
+
+
+def _numels(query: Tensor, key: Tensor, value: Tensor, head_num: int, layout: str, qlen, kvlen) -> int:
+    """torch_npu's ``numels``: the dropout mask length ``N * sum_b Sq_b * Skv_b`` (``B*N*Sq*Skv`` when dense)."""
+    g = parse_geometry(query, key, value, head_num, layout)
+    if layout == "TND":
+        require(qlen is not None and kvlen is not None, "actual_seq_qlen",
+                "cumulative actual_seq_qlen and actual_seq_kvlen lists for input_layout TND", None)
+        seq = seq_info_varlen(lengths_from_cumulative("actual_seq_qlen", qlen, query.shape[0]),
+                              lengths_from_cumulative("actual_seq_kvlen", kvlen, key.shape[0]))
+    else:
+        seq = SeqInfo.dense(g.batch, g.sq, g.skv)
+    return seq.score_numel(g.n1)
+
+
+def _start(name: str, value) -> int:
+    values = int_list(name, value)
+    return values[0] if values else 0
+
+
+def _head_split(x: Tensor, layout: str, heads: int) -> Tensor:
+    return x.unflatten(-1, (heads, -1)) if layout in ("BSH", "SBH") else x
+
+
+def _head_merge(x: Tensor, layout: str) -> Tensor:
+    return x.flatten(-2) if layout in ("BSH", "SBH") else x
+
+
+def _with_rope(query: Tensor, key: Tensor, query_rope, key_rope, layout: str, head_num: int):
+    """``query``/``key`` with ``query_rope``/``key_rope`` appended to each head's D (MLA: QK^T over both parts)."""
+    if query_rope is None and key_rope is None:
+        return query, key
+    require(query_rope is not None and key_rope is not None, "key_rope" if key_rope is None else "query_rope",
+            "query_rope and key_rope together", None)
+    kv_heads = key.shape[-1] * head_num // query.shape[-1] if layout in ("BSH", "SBH") else 0
+    q = torch.cat([_head_split(query, layout, head_num), _head_split(query_rope, layout, head_num)], -1)
+    k = torch.cat([_head_split(key, layout, kv_heads), _head_split(key_rope, layout, kv_heads)], -1)
+    return _head_merge(q, layout), _head_merge(k, layout)
+
+
+def _split_rope(grad: Tensor, like: Tensor, layout: str, heads: int) -> tuple[Tensor, Tensor]:
+    """Split a gradient of a rope-extended tensor into the parts of ``like`` and of its rope."""
+    d = like.shape[-1] // heads if layout in ("BSH", "SBH") else like.shape[-1]
+    g = _head_split(grad, layout, heads)
+    return (_head_merge(g[..., :d], layout).contiguous(), _head_merge(g[..., d:], layout).contiguous())
+
+
+def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, atten_mask, query_rope, key_rope, scale,
+             keep_prob, pre_tokens, next_tokens, inner_precise, prefix, actual_seq_qlen, actual_seq_kvlen,
+             sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, sink, dropout_mask, seed, offset):
+    reject_unsupported(padding_mask=padding_mask, sink=sink)
+    check_int("inner_precise", inner_precise)  # accepted: the invalid-row rule is always on
+    layout = normalize_layout("input_layout", input_layout)
+    qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen)
+    q, k = _with_rope(query, key, query_rope, key_rope, layout, head_num)
+    numels = _numels(q, k, value, head_num, layout, qlen, kvlen)
+    if keep_prob < 1.0 and dropout_mask is None:  # the NPU draws from its generator and ignores seed/offset
+        seed, offset = draw_seed(), 0
+    out, smax, ssum = fa_op.flash_attention_fwd(
+        q, k, value, pse, atten_mask, dropout_mask if keep_prob < 1.0 else None, head_num, layout, float(scale),
+        float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix), qlen, kvlen, sparse_mode, pse_type,
+        _start("q_start_idx", q_start_idx), _start("kv_start_idx", kv_start_idx), softmax_layout, int(seed),
+        int(offset))
+    return out, smax, ssum, query.new_empty(0), int(seed), int(offset), numels
+
+
+def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mask, atten_mask, softmax_max,
+              softmax_sum, attention_in, query_rope, key_rope, scale_value, keep_prob, pre_tokens, next_tokens,
+              inner_precise, seed, offset, numels, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
+              q_start_idx, kv_start_idx, softmax_layout, sink):
+    """``(dq, dk, dv, dpse, dq_rope, dk_rope)`` with None for the absent pse and rope."""
+    reject_unsupported(padding_mask=padding_mask, sink=sink)
+    check_int("inner_precise", inner_precise)
+    layout = normalize_layout("input_layout", input_layout)
+    qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen)
+    q, k = _with_rope(query, key, query_rope, key_rope, layout, head_num)
+    if keep_prob < 1.0:
+        expected = _numels(q, k, value, head_num, layout, qlen, kvlen)
+        require(numels == expected, "numels", f"the forward's numels = N*sum(Sq_b*Skv_b) = {expected}", numels)
+    dq, dk, dv, dpse = fa_op.flash_attention_bwd(
+        dy, q, k, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, None, head_num, layout,
+        float(scale_value), float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix), qlen, kvlen,
+        sparse_mode, pse_type, _start("q_start_idx", q_start_idx), _start("kv_start_idx", kv_start_idx),
+        softmax_layout, int(seed), int(offset))
+    dq_rope = dk_rope = None
+    if query_rope is not None:
+        dq, dq_rope = _split_rope(dq, query, layout, head_num)
+        dk, dk_rope = _split_rope(dk, key, layout, key.shape[-1] * head_num // query.shape[-1])
+    return dq, dk, dv, (dpse if dpse.numel() else None), dq_rope, dk_rope
+
+
+def _empty_dsink(query: Tensor) -> Tensor:
+    return torch.empty([0], dtype=torch.float32, device=query.device)
+
+
+def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None, atten_mask=None,
+                         scale=1., keep_prob=1., pre_tockens=INT_MAX, next_tockens=INT_MAX, inner_precise=0,
+                         prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0,
+                         gen_mask_parallel=True, sync=False, softmax_layout="", sink=None, dropout_mask=None, seed=0,
+                         offset=0):
+    """``torch_npu.npu_fusion_attention``: ``(attention_out, softmax_max, softmax_sum, softmax_out, seed, offset,
+    numels)``; differentiable w.r.t. query, key, value and pse through ``attention_out``.
+
+    ``scale`` defaults to 1.0 as on the NPU. With ``0 < keep_prob < 1`` and no ``dropout_mask`` a fresh seed is
+    drawn (offset 0) and returned; pass ``seed``/``offset``/``numels`` to :func:`npu_fusion_attention_grad` to
+    regenerate the same mask. ``gen_mask_parallel``/``sync`` have no numerical effect (as on the NPU).
+    """
+    return _forward(query, key, value, head_num, input_layout, pse=pse, padding_mask=padding_mask,
+                    atten_mask=atten_mask, query_rope=None, key_rope=None, scale=scale, keep_prob=keep_prob,
+                    pre_tokens=pre_tockens, next_tokens=next_tockens, inner_precise=inner_precise, prefix=prefix,
+                    actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode,
+                    pse_type=1, q_start_idx=None, kv_start_idx=None, softmax_layout=softmax_layout, sink=sink,
+                    dropout_mask=dropout_mask, seed=seed, offset=offset)
+
+
+def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, *, pse=None, padding_mask=None,
+                              atten_mask=None, softmax_max=None, softmax_sum=None, softmax_in=None,
+                              attention_in=None, scale_value=1., keep_prob=1., pre_tockens=INT_MAX,
+                              next_tockens=INT_MAX, inner_precise=0, seed=0, offset=0, numels=0, prefix=None,
+                              actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True,
+                              sync=False, softmax_layout="", sink=None):
+    """``torch_npu.npu_fusion_attention_grad``: ``(dq, dk, dv, dpse, dsink)``.
+
+    Uses the given ``softmax_max``/``softmax_sum``/``attention_in`` as they are (context-parallel callers pass
+    merged ones); the dropout mask is regenerated from ``seed``/``offset``. ``dpse`` is None without ``pse``;
+    ``dsink`` is an empty fp32 tensor. ``softmax_in`` is the reserved empty ``softmax_out`` and is not read.
+    """
+    dq, dk, dv, dpse, _, _ = _backward(
+        query, key, value, dy, head_num, input_layout, pse=pse, padding_mask=padding_mask, atten_mask=atten_mask,
+        softmax_max=softmax_max, softmax_sum=softmax_sum, attention_in=attention_in, query_rope=None, key_rope=None,
+        scale_value=scale_value, keep_prob=keep_prob, pre_tokens=pre_tockens, next_tokens=next_tockens,
+        inner_precise=inner_precise, seed=seed, offset=offset, numels=numels, prefix=prefix,
+        actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, pse_type=1,
+        q_start_idx=None, kv_start_idx=None, softmax_layout=softmax_layout, sink=sink)
+    return dq, dk, dv, dpse, _empty_dsink(query)
+
+
+def npu_fusion_attention_v2(query, key, value, head_num, input_layout, *, pse=None, padding_mask=None,
+                            atten_mask=None, query_rope=None, key_rope=None, scale=1., keep_prob=1.,
+                            pre_tokens=INT_MAX, next_tokens=INT_MAX, inner_precise=0, prefix=None,
+                            actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True,
+                            sync=False, pse_type=1, q_start_idx=None, kv_start_idx=None, softmax_layout="",
+                            sink=None, dropout_mask=None, seed=0, offset=0):
+    """``torch_npu.npu_fusion_attention_v2``: :func:`npu_fusion_attention` plus ``pse_type`` 0-3 (2/3: ALiBi from
+    fp32 slopes with ``q_start_idx``/``kv_start_idx``) and MLA ``query_rope``/``key_rope``; same outputs."""
+    return _forward(query, key, value, head_num, input_layout, pse=pse, padding_mask=padding_mask,
+                    atten_mask=atten_mask, query_rope=query_rope, key_rope=key_rope, scale=scale,
+                    keep_prob=keep_prob, pre_tokens=pre_tokens, next_tokens=next_tokens, inner_precise=inner_precise,
+                    prefix=prefix, actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen,
+                    sparse_mode=sparse_mode, pse_type=pse_type, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx,
+                    softmax_layout=softmax_layout, sink=sink, dropout_mask=dropout_mask, seed=seed, offset=offset)
+
+
+def npu_fusion_attention_grad_v2(query, key, value, dy, head_num, input_layout, *, pse=None, padding_mask=None,
+                                 atten_mask=None, softmax_max=None, softmax_sum=None, softmax_in=None,
+                                 attention_in=None, query_rope=None, key_rope=None, scale_value=1., keep_prob=1.,
+                                 pre_tokens=INT_MAX, next_tokens=INT_MAX, inner_precise=0, seed=0, offset=0,
+                                 numels=0, prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0,
+                                 gen_mask_parallel=True, sync=False, pse_type=1, q_start_idx=None,
+                                 kv_start_idx=None, softmax_layout="", sink=None):
+    """``torch_npu.npu_fusion_attention_grad_v2``: ``(dq, dk, dv, dpse, dq_rope, dk_rope, dsink)``; the rope
+    gradients are None without rope inputs."""
+    dq, dk, dv, dpse, dq_rope, dk_rope = _backward(
+        query, key, value, dy, head_num, input_layout, pse=pse, padding_mask=padding_mask, atten_mask=atten_mask,
+        softmax_max=softmax_max, softmax_sum=softmax_sum, attention_in=attention_in, query_rope=query_rope,
+        key_rope=key_rope, scale_value=scale_value, keep_prob=keep_prob, pre_tokens=pre_tokens,
+        next_tokens=next_tokens, inner_precise=inner_precise, seed=seed, offset=offset, numels=numels,
+        prefix=prefix, actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode,
+        pse_type=pse_type, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx, softmax_layout=softmax_layout,
+        sink=sink)
+    return dq, dk, dv, dpse, dq_rope, dk_rope, _empty_dsink(query)
+
+
+for _fn in (npu_fusion_attention, npu_fusion_attention_grad, npu_fusion_attention_v2, npu_fusion_attention_grad_v2):
+    with_overloads(_fn)
