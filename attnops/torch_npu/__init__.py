@@ -1,0 +1,44 @@
+"""torch_npu-compatible attention functions on attnops' core, with torch_npu's exact signatures and outputs.
+
+Use them directly (``from attnops import torch_npu``) or call :func:`install` so that unmodified Ascend code that
+does ``import torch_npu`` and ``torch.ops.npu.<op>`` runs on the CPU or a CUDA GPU. See ``docs/porting.md``.
+"""
+from .fusion_attention import (
+    npu_fusion_attention,
+    npu_fusion_attention_grad,
+    npu_fusion_attention_grad_v2,
+    npu_fusion_attention_v2,
+)
+from .infer_attention import (
+    _npu_fused_infer_attention_score_get_max_workspace,
+    npu_fused_infer_attention_score,
+    npu_incre_flash_attention,
+    npu_prompt_flash_attention,
+)
+from .nsa import (
+    npu_nsa_compress,
+    npu_nsa_compress_attention,
+    npu_nsa_compress_grad,
+    npu_nsa_select_attention,
+    npu_nsa_select_attention_grad,
+)
+from .shim import install
+
+__all__ = [
+    "install",
+    "npu_fused_infer_attention_score",
+    "npu_fusion_attention",
+    "npu_fusion_attention_grad",
+    "npu_fusion_attention_grad_v2",
+    "npu_fusion_attention_v2",
+    "npu_incre_flash_attention",
+    "npu_nsa_compress",
+    "npu_nsa_compress_attention",
+    "npu_nsa_compress_grad",
+    "npu_nsa_select_attention",
+    "npu_nsa_select_attention_grad",
+    "npu_prompt_flash_attention",
+]
+
+# the ops torch.ops.npu resolves to once install() ran
+OPS = tuple(name for name in __all__ if name != "install") + ("_npu_fused_infer_attention_score_get_max_workspace",)

@@ -1,0 +1,155 @@
+"""torch_npu's inference attention: ``npu_fused_infer_attention_score`` (and its ``.out`` overload),
+``npu_prompt_flash_attention`` (PFA) and ``npu_incre_flash_attention`` (IFA), all on the
+``attnops::fused_infer_attention`` custom op.
+
+torch_npu specifics kept here: single ``key``/``value`` tensors, ``softmax_lse`` as an empty ``[0]`` tensor unless
+requested, PFA's ``next_tokens=0`` default and ``sparse_mode`` 10-14 (modes 0-4 with ``inner_precise=0``), IFA's
+``actual_seq_lengths`` meaning the per-batch KV lengths and its ``inner_precise=1`` default.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._core.checks import fail, int_list, require
+from .._core.layouts import bsnd_dims
+from ..ops.fused_infer_attention import op as fia_op
+from ..ops.fused_infer_attention.problem import LAYOUTS
+from ._common import INT_MAX, reject_unsupported, with_overloads
+
+# layouts torch_npu's FIA accepts beyond attnops' (LAYOUTS)
+NPU_ONLY_LAYOUTS = ("NTD", "NSD", "BSH_BNSD", "BSND_BNSD", "NTD_TND", "BSH_NBSD", "BSND_NBSD", "BNSD_NBSD", "TND_NTD")
+PFA_HIGH_PRECISION_MODES = range(10, 15)  # PFA sparse_mode 10-14 = modes 0-4 with inner_precise 0
+
+
+def _check_layout(input_layout) -> None:
+    if isinstance(input_layout, str) and input_layout.upper() in NPU_ONLY_LAYOUTS:
+        raise NotImplementedError(f"input_layout: attnops supports {list(LAYOUTS)}, got {input_layout!r}; "
+                                  "see docs/porting.md")
+
+
+def _fia(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None,
+         deq_scale1=None, quant_scale1=None, deq_scale2=None, quant_scale2=None, quant_offset2=None,
+         antiquant_scale=None, antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None,
+         value_antiquant_scale=None, value_antiquant_offset=None, block_table=None, query_padding_size=None,
+         kv_padding_size=None, key_shared_prefix=None, value_shared_prefix=None, actual_shared_prefix_len=None,
+         num_heads=1, scale=1.0, pre_tokens=INT_MAX, next_tokens=INT_MAX, input_layout="BSH", num_key_value_heads=0,
+         sparse_mode=0, inner_precise=0, block_size=0, antiquant_mode=0, key_antiquant_mode=0,
+         value_antiquant_mode=0) -> tuple[Tensor, Tensor]:
+    """The custom op with the aclnn parameter names; ``(attention_out, softmax_lse)``."""
+    _check_layout(input_layout)
+    require(isinstance(key, Tensor) and isinstance(value, Tensor), "key",
+            "single key/value tensors (torch_npu passes one tensor each)", type(key).__name__)
+    return fia_op.fused_infer_attention(
+        query, key, value, pse_shift, atten_mask, int_list("actual_seq_lengths", actual_seq_lengths),
+        int_list("actual_seq_lengths_kv", actual_seq_lengths_kv), deq_scale1, quant_scale1, deq_scale2,
+        quant_scale2, quant_offset2, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset,
+        value_antiquant_scale, value_antiquant_offset, block_table, query_padding_size, kv_padding_size,
+        key_shared_prefix, value_shared_prefix, int_list("actual_shared_prefix_len", actual_shared_prefix_len),
+        num_heads, float(scale), pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
+        inner_precise, block_size, antiquant_mode, key_antiquant_mode, value_antiquant_mode)
+
+
+def _fia_score(query, key, value, *, dequant_scale1, dequant_scale2, query_rope, key_rope, key_rope_antiquant_scale,
+               softmax_lse_flag, **kw) -> tuple[Tensor, Tensor]:
+    reject_unsupported(query_rope=query_rope, key_rope=key_rope, key_rope_antiquant_scale=key_rope_antiquant_scale)
+    require(isinstance(softmax_lse_flag, bool), "softmax_lse_flag", "a bool", softmax_lse_flag)
+    out, lse = _fia(query, key, value, deq_scale1=dequant_scale1, deq_scale2=dequant_scale2, **kw)
+    return out, (lse if softmax_lse_flag else torch.empty([0], dtype=torch.float32, device=query.device))
+
+
+def npu_fused_infer_attention_score(
+        query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None,
+        dequant_scale1=None, quant_scale1=None, dequant_scale2=None, quant_scale2=None, quant_offset2=None,
+        antiquant_scale=None, antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None,
+        value_antiquant_scale=None, value_antiquant_offset=None, block_table=None, query_padding_size=None,
+        kv_padding_size=None, key_shared_prefix=None, value_shared_prefix=None, actual_shared_prefix_len=None,
+        query_rope=None, key_rope=None, key_rope_antiquant_scale=None, num_heads=1, scale=1.0, pre_tokens=INT_MAX,
+        next_tokens=INT_MAX, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, inner_precise=0,
+        block_size=0, antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, softmax_lse_flag=False):
+    """``torch_npu.npu_fused_infer_attention_score``: ``(attention_out, softmax_lse)``, inference only.
+
+    ``actual_seq_lengths(_kv)`` are per-batch for dense layouts and cumulative for TND, except the KV lengths of a
+    paged cache (``block_table``), which are per request. ``softmax_lse`` is fp32 ``[B, N, Q_S, 1]`` /
+    ``[T, N, 1]`` with ``softmax_lse_flag``, else an empty ``[0]`` tensor. ``num_key_value_heads=0`` means
+    ``num_heads``. MLA rope inputs raise :class:`NotImplementedError`.
+    """
+    return _fia_score(**locals())
+
+
+def _npu_fused_infer_attention_score_out(
+        query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None,
+        dequant_scale1=None, quant_scale1=None, dequant_scale2=None, quant_scale2=None, quant_offset2=None,
+        antiquant_scale=None, antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None,
+        value_antiquant_scale=None, value_antiquant_offset=None, block_table=None, query_padding_size=None,
+        kv_padding_size=None, key_shared_prefix=None, value_shared_prefix=None, actual_shared_prefix_len=None,
+        query_rope=None, key_rope=None, key_rope_antiquant_scale=None, num_heads=1, scale=1.0, pre_tokens=INT_MAX,
+        next_tokens=INT_MAX, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, inner_precise=0,
+        block_size=0, antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, softmax_lse_flag=False,
+        workspace=None, out):
+    """``npu_fused_infer_attention_score.out``: writes into ``out=[attention_out, softmax_lse]`` (resized when their
+    shapes differ) and returns them. ``workspace`` is accepted and unused (attnops needs no workspace)."""
+    kw = {name: v for name, v in locals().items() if name not in ("workspace", "out")}
+    require(isinstance(out, (list, tuple)) and len(out) == 2, "out", "a list [attention_out, softmax_lse]", out)
+    for target, result in zip(out, _fia_score(**kw)):
+        if target.shape != result.shape:
+            target.resize_(result.shape)
+        target.copy_(result)
+    return out[0], out[1]
+
+
+def _npu_fused_infer_attention_score_get_max_workspace(query, key, value, **kwargs) -> Tensor:
+    """The graph-mode workspace vllm-ascend allocates for ``.out``: empty, attnops needs none."""
+    return torch.empty([0], dtype=torch.uint8, device=query.device)
+
+
+def npu_prompt_flash_attention(query, key, value, *, padding_mask=None, atten_mask=None, pse_shift=None,
+                               actual_seq_lengths=None, deq_scale1=None, quant_scale1=None, deq_scale2=None,
+                               quant_scale2=None, quant_offset2=None, num_heads=1, scale_value=1.0,
+                               pre_tokens=INT_MAX, next_tokens=0, input_layout="BSH", num_key_value_heads=0,
+                               actual_seq_lengths_kv=None, sparse_mode=0):
+    """``torch_npu.npu_prompt_flash_attention`` (prefill): the attention output only.
+
+    ``next_tokens`` defaults to 0 (used with a mask in sparse modes 0/4). ``sparse_mode`` 10-14 are modes 0-4 in
+    high-precision mode (``inner_precise=0``); attnops always computes in fp32, so only the mode matters.
+    """
+    reject_unsupported(padding_mask=padding_mask)
+    high_precision = sparse_mode in PFA_HIGH_PRECISION_MODES
+    out, _ = _fia(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                  actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
+                  deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2, quant_scale2=quant_scale2,
+                  quant_offset2=quant_offset2, num_heads=num_heads, scale=scale_value, pre_tokens=pre_tokens,
+                  next_tokens=next_tokens, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
+                  sparse_mode=sparse_mode - 10 if high_precision else sparse_mode,
+                  inner_precise=0 if high_precision else 1)
+    return out
+
+
+def npu_incre_flash_attention(query, key, value, *, padding_mask=None, atten_mask=None, pse_shift=None,
+                              actual_seq_lengths=None, antiquant_scale=None, antiquant_offset=None, block_table=None,
+                              dequant_scale1=None, quant_scale1=None, dequant_scale2=None, quant_scale2=None,
+                              quant_offset2=None, kv_padding_size=None, num_heads=1, scale_value=1.0,
+                              input_layout="BSH", num_key_value_heads=0, block_size=0, inner_precise=1):
+    """``torch_npu.npu_incre_flash_attention`` (decode, query S = 1): the attention output only.
+
+    ``actual_seq_lengths`` holds the per-batch **KV** lengths (shape (B,) or (1,)).
+    """
+    reject_unsupported(padding_mask=padding_mask)
+    _check_layout(input_layout)
+    if not isinstance(input_layout, str) or input_layout.upper() not in ("BSH", "BSND", "BNSD"):
+        fail("input_layout", "one of ['BSH', 'BSND', 'BNSD'] (incremental attention)", input_layout)
+    q_s = bsnd_dims(query, input_layout.upper(), num_heads)[1]
+    require(q_s == 1, "query", "a query sequence length of 1 (incremental decoding)", query)
+    out, _ = _fia(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                  actual_seq_lengths_kv=actual_seq_lengths, antiquant_scale=antiquant_scale,
+                  antiquant_offset=antiquant_offset, block_table=block_table, deq_scale1=dequant_scale1,
+                  quant_scale1=quant_scale1, deq_scale2=dequant_scale2, quant_scale2=quant_scale2,
+                  quant_offset2=quant_offset2, kv_padding_size=kv_padding_size, num_heads=num_heads,
+                  scale=scale_value, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
+                  block_size=block_size, inner_precise=inner_precise)
+    return out
+
+
+with_overloads(npu_fused_infer_attention_score, out=_npu_fused_infer_attention_score_out)
+with_overloads(npu_prompt_flash_attention)
+with_overloads(npu_incre_flash_attention)
