@@ -3,6 +3,7 @@
 Use them directly (``from attnops import torch_npu``) or call :func:`install` so that unmodified Ascend code that
 does ``import torch_npu`` and ``torch.ops.npu.<op>`` runs on the CPU or a CUDA GPU. See ``docs/porting.md``.
 """
+from .attention_update import npu_attention_update, npu_ring_attention_update
 from .fusion_attention import (
     npu_fusion_attention,
     npu_fusion_attention_grad,
@@ -26,6 +27,7 @@ from .shim import install
 
 __all__ = [
     "install",
+    "npu_attention_update",
     "npu_fused_infer_attention_score",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
@@ -38,6 +40,7 @@ __all__ = [
     "npu_nsa_select_attention",
     "npu_nsa_select_attention_grad",
     "npu_prompt_flash_attention",
+    "npu_ring_attention_update",
 ]
 
 # the ops torch.ops.npu resolves to once install() ran
