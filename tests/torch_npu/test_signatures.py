@@ -1,0 +1,138 @@
+"""Signature tests generated from ``data/torch_npu_schemas.txt``: every implemented function has exactly the
+schema's parameters (names, order, keyword-only marker, defaults), accepts positional and keyword call styles and
+returns the schema's tuple (Tensor slots as tensors, ``int`` slots as Python ints)."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from attnops import torch_npu
+
+from .schemas import load_schemas
+
+SCHEMAS = load_schemas()
+NOT_IMPLEMENTED = {  # documented in docs/porting.md
+    "npu_fused_infer_attention_score_v2", "npu_fused_infer_attention_score_v2.out",
+    "npu_nsa_compress_attention_infer", "npu_nsa_select_attention_infer", "npu_nsa_compress_infer.cache",
+}
+IMPLEMENTED = sorted(set(SCHEMAS) - NOT_IMPLEMENTED)
+# torch_npu returns an undefined tensor (None) in these Tensor slots when the matching input is absent
+UNDEFINED_WHEN_ABSENT = {"npu_fusion_attention_grad": {3}, "npu_fusion_attention_grad_v2": {3, 4, 5}}
+
+
+def _function(name: str):
+    op, _, overload = name.partition(".")
+    fn = getattr(torch_npu, op)
+    return getattr(fn, overload) if overload else fn
+
+
+def _r(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _fa_inputs():
+    q, k, v = _r(1, 2, 8, 16, seed=1), _r(1, 2, 8, 16, seed=2), _r(1, 2, 8, 16, seed=3)
+    out, smax, ssum, *_ = torch_npu.npu_fusion_attention(q, k, v, 2, "BNSD")
+    stats = dict(softmax_max=smax, softmax_sum=ssum, attention_in=out)
+    return q, k, v, out, stats
+
+
+def _select_inputs():
+    q, k, v = _r(7, 4, 8, seed=4), _r(20, 2, 8, seed=5), _r(20, 2, 4, seed=6)
+    topk = torch.zeros(7, 2, 2, dtype=torch.int32)
+    topk[..., 1] = 1
+    lens = dict(actual_seq_qlen=[3, 7], actual_seq_kvlen=[8, 20])
+    return q, k, v, topk, lens
+
+
+def case(name: str):
+    """``(required positional arguments, extra keyword arguments the call needs)`` of each implemented schema."""
+    if name in ("npu_fusion_attention", "npu_fusion_attention_v2"):
+        q, k, v, _, _ = _fa_inputs()
+        return (q, k, v, 2, "BNSD"), {}
+    if name in ("npu_fusion_attention_grad", "npu_fusion_attention_grad_v2"):
+        q, k, v, out, stats = _fa_inputs()
+        return (q, k, v, torch.ones_like(out), 2, "BNSD"), stats
+    if name in ("npu_fused_infer_attention_score", "npu_prompt_flash_attention"):
+        return (_r(1, 3, 16), _r(1, 5, 16, seed=1), _r(1, 5, 16, seed=2)), {}
+    if name == "npu_fused_infer_attention_score.out":
+        return (_r(1, 3, 16), _r(1, 5, 16, seed=1), _r(1, 5, 16, seed=2)), {"out": [torch.empty(0), torch.empty(0)]}
+    if name == "npu_incre_flash_attention":
+        return (_r(1, 1, 16), _r(1, 5, 16, seed=1), _r(1, 5, 16, seed=2)), {}
+    if name == "npu_nsa_compress":
+        return (_r(40, 1, 16), _r(16, 1, seed=1), 16, 16), {}
+    if name == "npu_nsa_compress_grad":
+        return (_r(2, 1, 16, seed=2), _r(40, 1, 16), _r(16, 1, seed=1), 16, 16), {}
+    if name == "npu_nsa_compress_attention":
+        q, k, v = _r(7, 2, 8, seed=7), _r(9, 1, 8, seed=8), _r(9, 1, 4, seed=9)
+        return (q, k, v, 0.5, 2, 32, 16, 32, 2), dict(actual_seq_qlen=[3, 7], actual_cmp_seq_kvlen=[4, 9],
+                                                         actual_sel_seq_kvlen=[2, 5])
+    if name == "npu_nsa_select_attention":
+        q, k, v, topk, lens = _select_inputs()
+        return (q, k, v, topk, 0.5, 4, 4, 2), lens
+    if name == "npu_nsa_select_attention_grad":
+        q, k, v, topk, lens = _select_inputs()
+        out, smax, ssum = torch_npu.npu_nsa_select_attention(q, k, v, topk, 0.5, 4, 4, 2, **lens)
+        return (torch.ones_like(out), q, k, v, out, smax, ssum, topk, 0.5, 4, 4, 2), lens
+    if name == "npu_ring_attention_update":
+        o1, o2, m1, m2 = _r(4, 1, 8), _r(4, 1, 8, seed=1), _r(1, 2, 4, 8, seed=2), _r(1, 2, 4, 8, seed=3)
+        return (o1, m1, torch.ones(1, 2, 4, 8), o2, m2, torch.ones(1, 2, 4, 8)), {}
+    if name == "npu_attention_update":
+        return ([_r(6), _r(6, seed=1)], [_r(6, 4, seed=2), _r(6, 4, seed=3)], 1), {}
+    raise KeyError(name)
+
+
+def test_every_schema_is_implemented_or_listed():
+    missing = [n for n in IMPLEMENTED if not callable(_function(n))]
+    assert not missing
+    assert NOT_IMPLEMENTED <= set(SCHEMAS)
+
+
+@pytest.mark.parametrize("name", IMPLEMENTED)
+def test_signature_matches_schema(name):
+    params = list(inspect.signature(_function(name)).parameters.values())
+    schema = SCHEMAS[name].args
+    assert [p.name for p in params] == [a.name for a in schema]
+    for p, a in zip(params, schema):
+        kind = inspect.Parameter.KEYWORD_ONLY if a.keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        assert p.kind == kind, a.name
+        assert p.default == a.default and type(p.default) is type(a.default), a.name
+
+
+def _check_returns(name, result):
+    returns = SCHEMAS[name].returns
+    result = result if isinstance(result, tuple) else (result,)
+    assert len(result) == len(returns)
+    for i, (value, typ) in enumerate(zip(result, returns)):
+        if typ == "int":
+            assert type(value) is int, (i, value)
+        elif value is None:
+            assert i in UNDEFINED_WHEN_ABSENT.get(name, ()), i
+        else:
+            assert isinstance(value, torch.Tensor), (i, value)
+
+
+def _same(a, b):
+    a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
+    for x, y in zip(a, b):
+        assert (x is None and y is None) or (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y)
+
+
+@pytest.mark.parametrize("name", IMPLEMENTED)
+def test_call_styles_and_returns(name):
+    fn, schema = _function(name), SCHEMAS[name]
+    required, extra = case(name)
+    positional = fn(*required, **extra)
+    _check_returns(name, positional)
+    every = {a.name: a.default for a in schema.args if a.default is not inspect.Parameter.empty}
+    every.update({a.name: v for a, v in zip(schema.args, required)}, **extra)
+    by_keyword = fn(**every)
+    _check_returns(name, by_keyword)
+    _same(positional, by_keyword)
+    if not any(a.keyword_only for a in schema.args):
+        all_positional = fn(*[every[a.name] for a in schema.args])
+        _same(positional, all_positional)
+    with pytest.raises(TypeError):
+        fn(*required, not_an_argument=1, **extra)
