@@ -2,11 +2,15 @@
 
 ``backend="auto"`` chooses the Triton kernels on CUDA when their verifier accepts the call, else the reference.
 An explicit backend that cannot serve a call raises with the reason; it never falls back silently.
-``ATTNOPS_BACKEND=reference|triton`` overrides ``auto`` for debugging.
+``ATTNOPS_BACKEND=reference|triton`` overrides ``auto`` for debugging. ``ATTNOPS_TRITON_INTERPRET=1`` lets CPU tensors
+run the Triton kernels through Triton's interpreter when Triton is chosen explicitly (``auto`` keeps the reference
+on the CPU).
 """
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Callable
 
 import torch
@@ -14,17 +18,39 @@ import torch
 from .checks import fail
 
 BACKENDS = ("auto", "reference", "triton")
+log = logging.getLogger("attnops")
+
+
+def triton_interpret_requested() -> bool:
+    """``ATTNOPS_TRITON_INTERPRET=1``: CPU tensors may run the Triton kernels through Triton's interpreter."""
+    return os.environ.get("ATTNOPS_TRITON_INTERPRET") == "1"
+
+
+def enable_triton_interpreter() -> bool:
+    """Turn Triton's interpreter on for this process if Triton is not imported yet (it reads ``TRITON_INTERPRET``
+    when its language module is first imported); returns whether the interpreter is on."""
+    if "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+if triton_interpret_requested():
+    enable_triton_interpreter()  # before anything (torch.library included) imports Triton
 
 
 def triton_unavailable_reason(device: torch.device) -> str | None:
-    """Why the Triton backend cannot run on ``device`` (None when it can)."""
-    if os.environ.get("ATTNOPS_TRITON_INTERPRET") != "1" and device.type != "cuda":
-        return f"Triton kernels need a CUDA device (got {device.type}); set ATTNOPS_TRITON_INTERPRET=1 to use the CPU interpreter"
+    """Why the Triton backend cannot run on ``device`` at all (None when it can)."""
+    if device.type != "cuda" and not (device.type == "cpu" and triton_interpret_requested()):
+        return (f"Triton kernels need a CUDA device (got {device.type}); set ATTNOPS_TRITON_INTERPRET=1 to run them "
+                "on CPU tensors through Triton's interpreter")
+    if device.type == "cpu" and not enable_triton_interpreter():
+        return ("Triton was imported in this process without TRITON_INTERPRET=1, so its interpreter is off; set "
+                "ATTNOPS_TRITON_INTERPRET=1 (or TRITON_INTERPRET=1) before attnops and triton are imported")
     try:
         import triton  # noqa: F401
     except ImportError:
         return "Triton is not installed (pip install triton)"
-    return "no Triton kernel is implemented for this operator yet"
+    return None
 
 
 def choose_backend(backend: str, device: torch.device, verify_triton: Callable[[], str | None] | None = None) -> str:
@@ -37,9 +63,15 @@ def choose_backend(backend: str, device: torch.device, verify_triton: Callable[[
             fail("ATTNOPS_BACKEND", f"one of {list(BACKENDS)}", backend)
     if backend == "reference":
         return "reference"
-    reason = triton_unavailable_reason(device) if verify_triton is None else verify_triton()
+    if backend == "auto" and device.type != "cuda":
+        return "reference"  # the interpreter is for tests and debugging: only an explicit choice runs it
+    if verify_triton is None:  # an operator without Triton kernels
+        reason = triton_unavailable_reason(device) or "no Triton kernel is implemented for this operator yet"
+    else:
+        reason = verify_triton()
     if reason is None:
         return "triton"
     if backend == "triton":
         fail("backend", "a backend that can serve this call", "'triton'", f"Triton cannot: {reason}")
+    log.warning("attnops: backend 'auto' runs the reference instead of the Triton kernels: %s", reason)
     return "reference"

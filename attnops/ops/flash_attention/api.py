@@ -7,7 +7,6 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_tensor, fail, require, require_not_none
-from ..._core.dispatch import choose_backend
 from ..._core.dropout import draw_seed
 from ..._core.layouts import normalize_layout, with_head_dim
 from ..._core.softmax_stats import check_stats
@@ -78,9 +77,6 @@ def _op_args(query, *, layout, head_num, scale, pse, pse_type, atten_mask, spars
     if scale is None:
         d = query.shape[-1] // head_num if layout in ("BSH", "SBH") else query.shape[-1]
         scale = d ** -0.5
-    if choose_backend(backend, query.device) == "reference" and query.device.type != "cpu":
-        fail("query", "a CPU tensor for the reference backend (GPU kernels arrive with the Triton backend)",
-             query)
     qlen, kvlen = _seq_lists(layout, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen)
     if keep_prob < 1.0 and drop_mask is None and seed is None:
         seed = draw_seed()

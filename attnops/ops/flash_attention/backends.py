@@ -1,23 +1,54 @@
 """Runs a validated FlashAttention problem on the backend :func:`choose_backend` picks for it.
 
 The custom ops (``op.py``) call these two functions and nothing else, so a new backend plugs in here once.
+The Triton verifier (``triton/verify.py``) states why a call cannot run on the kernels; ``auto`` then runs the
+reference (logging the reason), an explicit ``backend="triton"`` raises with it. The reference computes on the
+CPU: tensors on another device are copied there and the results copied back.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from ..._core.dispatch import choose_backend
 from . import reference
 from .problem import FAProblem
+from .triton.verify import unsupported_reason
+
+
+def _choose(p: FAProblem, query: torch.Tensor, backend: str, backward: bool) -> str:
+    return choose_backend(backend, query.device, lambda: unsupported_reason(p, query, backward=backward))
+
+
+def _cpu_problem(p: FAProblem) -> FAProblem:
+    """``p`` with its tensors (explicit mask, pse) on the CPU, for the reference."""
+    mask = p.mask if p.mask.explicit is None else dataclasses.replace(p.mask, explicit=p.mask.explicit.cpu())
+    pse = p.pse if p.pse is None else dataclasses.replace(p.pse, tensor=p.pse.tensor.cpu())
+    return dataclasses.replace(p, mask=mask, pse=pse)
+
+
+def _reference(fn, p: FAProblem, *tensors: torch.Tensor):
+    device = tensors[0].device
+    if device.type == "cpu":
+        return fn(p, *tensors)
+    results = fn(_cpu_problem(p), *(t.cpu() for t in tensors))
+    return tuple(None if r is None else r.to(device) for r in results)
 
 
 def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, backend: str = "auto"):
     """``(attention_out, softmax_max, softmax_sum)`` of problem ``p``."""
-    choose_backend(backend, query.device)
-    return reference.forward(p, query, key, value)
+    if _choose(p, query, backend, backward=False) == "triton":
+        from .triton import launch
+
+        return launch.forward(p, query, key, value)
+    return _reference(reference.forward, p, query, key, value)
 
 
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum, backend: str = "auto"):
     """``(dq, dk, dv, dpse)`` of problem ``p`` from the given forward results (``dpse`` None without a pse grad)."""
-    choose_backend(backend, query.device)
-    return reference.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum)
+    if _choose(p, query, backend, backward=True) == "triton":
+        from .triton import launch
+
+        return launch.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum)
+    return _reference(reference.backward, p, query, key, value, dy, attention_in, softmax_max, softmax_sum)

@@ -1,0 +1,242 @@
+"""Host side of the Triton FlashAttention kernels: allocation, per-batch metadata, tile sizes, grids, autotuning.
+
+Tensors are read in place through strides: dense layouts as ``[B, S, N, D]`` views (batch stride, token offset 0),
+TND as ``[T, N, D]`` (batch stride 0, per-batch token offsets), both from ``attnops._core.layouts.tokens_view``.
+On CUDA the tile sizes are autotuned with keys that hold head dims and features only (never sequence lengths, so
+a new length does not recompile or re-tune); under ``ATTNOPS_TRITON_INTERPRET=1`` CPU tensors run through
+Triton's interpreter with fixed 16 x 16 tiles.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ...._core.layouts import tokens_view, with_head_dim
+from ...._core.masks import INF
+from ...._core.softmax_stats import STAT_LANES, new_stats
+from ..problem import FAProblem
+from .verify import interpreting
+
+INTERPRET_BLOCK = 16
+PREPROCESS_BLOCK = 64
+_PSE_KINDS = {"full": 1, "row": 2, "alibi": 3}  # common.PSE_FULL / PSE_ROW / PSE_ALIBI; slopes: 4 + (type 3)
+_TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
+
+
+@functools.cache
+def _kernels(interpret: bool):
+    """The kernel modules, imported (decorated) once; ``interpret`` says which mode the caller needs
+    (``dispatch.triton_unavailable_reason`` turned the interpreter on before Triton's first import)."""
+    from . import bwd, fwd
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(fwd.fwd_kernel, InterpretedFunction) != interpret:
+        raise RuntimeError("the Triton FlashAttention kernels were imported for the "
+                           f"{'interpreter' if not interpret else 'GPU'} in this process; CPU (interpreted) and CUDA "
+                           "calls cannot be mixed in one process")
+    return fwd, bwd
+
+
+def _configs(backward: bool):
+    import triton
+
+    shapes = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)] if not backward else \
+        [(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Large head dims keep tiles within the register file: at most 64 x 64 tiles for D > 128."""
+    d = max(named_args["head_d"], named_args["head_dv"])
+    small = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
+    return small if d > 128 and small else configs
+
+
+@functools.cache
+def _tuned(kernel_name: str):
+    """The autotuned CUDA variant of a kernel (GPU only; the interpreter uses fixed tiles)."""
+    import triton
+
+    fwd, bwd = _kernels(False)
+    kernel = getattr(fwd if kernel_name == "fwd_kernel" else bwd, kernel_name)
+    return triton.autotune(configs=_configs(kernel_name != "fwd_kernel"), key=_TUNE_KEY,
+                           prune_configs_by={"early_config_prune": _prune})(kernel)
+
+
+def _launch(kernel_name: str, device: torch.device, grid_rows: int, grid_cols: int, *args, **kwargs):
+    """Launch a kernel over ``(row blocks of grid_rows, grid_cols)``: fixed tiles in the interpreter and for the
+    preprocess, autotuned tiles on CUDA."""
+    interpret = interpreting(device)
+    fwd, bwd = _kernels(interpret)
+    kernel = getattr(fwd if kernel_name == "fwd_kernel" else bwd, kernel_name)
+    if kernel_name == "preprocess_kernel":
+        block = INTERPRET_BLOCK if interpret else PREPROCESS_BLOCK
+        kernel[(triton_cdiv(grid_rows, block), grid_cols)](*args, **kwargs, BLOCK_M=block)
+        return
+    axis = "BLOCK_N" if kernel_name == "dkdv_kernel" else "BLOCK_M"
+    if interpret:
+        kernel[(triton_cdiv(grid_rows, INTERPRET_BLOCK), grid_cols)](*args, **kwargs, BLOCK_M=INTERPRET_BLOCK,
+                                                                      BLOCK_N=INTERPRET_BLOCK)
+        return
+    _tuned(kernel_name)[lambda meta: (triton_cdiv(grid_rows, meta[axis]), grid_cols)](*args, **kwargs)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return max(1, -(-a // b))
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def _strides(view: torch.Tensor, packed: bool) -> tuple[int, int, int]:
+    """(batch, token, head) strides of a token view (TND: batch stride 0, tokens addressed by offsets)."""
+    if packed:
+        return 0, view.stride(0), view.stride(1)
+    return view.stride(0), view.stride(1), view.stride(2)
+
+
+def _token_view(x: torch.Tensor, p: FAProblem, heads: int) -> torch.Tensor:
+    """``x`` as ``[B, S, N, D]`` / ``[T, N, D]`` with a unit last stride (copied only when it has none)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    return tokens_view(x, p.layout, heads)
+
+
+def _stats_geometry(p: FAProblem) -> tuple[list[int], list[int], int]:
+    """Per-batch (element offset, head stride) and the row stride of the statistics buffers (8 lanes per row)."""
+    seq, n1 = p.seq, p.geom.n1
+    if not seq.packed:
+        return ([b * n1 * seq.max_q * STAT_LANES for b in range(seq.batch)], [seq.max_q * STAT_LANES] * seq.batch,
+                STAT_LANES)
+    base = [s * n1 * STAT_LANES for s in seq.q_starts]
+    if p.softmax_layout == "TND":
+        return base, [STAT_LANES] * seq.batch, n1 * STAT_LANES
+    return base, [sq * STAT_LANES for sq in seq.q_lens], STAT_LANES
+
+
+def _meta(p: FAProblem, device: torch.device) -> torch.Tensor:
+    """The int64 ``[B, 12]`` per-batch metadata (columns ``common.META_FIELDS``)."""
+    seq, mask = p.seq, p.mask
+    stat_base, stat_head, _ = _stats_geometry(p)
+    rows = []
+    for b in range(seq.batch):
+        qs, ks = (seq.q_starts[b], seq.kv_starts[b]) if seq.packed else (0, 0)
+        slopes = p.pse is not None and p.pse.kind == "slopes"
+        rows.append([qs, ks, seq.q_lens[b], seq.kv_lens[b], max(mask.lo[b], -INF), min(mask.hi[b], INF),
+                     mask.prefix[b] if mask.prefix is not None else 0,
+                     p.dropout.block_offsets[b] if p.dropout is not None else 0,
+                     p.pse.q_start[b] if slopes else 0, p.pse.kv_start[b] if slopes else 0,
+                     stat_base[b], stat_head[b]])
+    return torch.tensor(rows, dtype=torch.int64).reshape(seq.batch, 12).to(device)
+
+
+def _pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
+    """Pointer/strides of the pse source and its kernel flags."""
+    pse = p.pse
+    if pse is None:
+        return [dummy, 0, 0, 0, 0], dict(PSE=0, PSE_BEFORE_SCALE=False)
+    t = pse.tensor.to(device)
+    if pse.kind == "slopes":
+        t = t.contiguous()
+        sb = t.stride(0) if t.dim() == 2 else 0
+        return [t, sb, t.stride(-1), 0, 0], dict(PSE=4 + (pse.pse_type == 3), PSE_BEFORE_SCALE=False)
+    t = t if t.stride(-1) == 1 else t.contiguous()
+    return ([t, t.stride(0) if t.shape[0] > 1 else 0, t.stride(1), t.stride(2), t.shape[-1]],
+            dict(PSE=_PSE_KINDS[pse.kind], PSE_BEFORE_SCALE=pse.add_before_scale))
+
+
+def _mask_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
+    e = p.mask.explicit
+    if e is None:
+        return [dummy, 0, 0, 0], dict(HAS_EXPLICIT=False)
+    e = e.to(device)
+    e = (e if e.stride(-1) == 1 else e.contiguous()).view(torch.uint8)
+    return ([e, e.stride(0) if e.shape[0] > 1 else 0, e.stride(1) if e.shape[1] > 1 else 0, e.stride(2)],
+            dict(HAS_EXPLICIT=True))
+
+
+def _dropout_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
+    d = p.dropout
+    if d is None:
+        return [dummy, 1.0, 0, 0], dict(DROPOUT=0)
+    if d.packed is not None:
+        return [d.packed.to(device), d.keep_prob, 0, 0], dict(DROPOUT=2)
+    return [dummy, d.keep_prob, d.seed, d.offset], dict(DROPOUT=1)
+
+
+def _common(p: FAProblem, query: torch.Tensor):
+    """Arguments shared by the score-computing kernels: pse, explicit mask, dropout and compile-time flags."""
+    device = query.device
+    dummy = torch.zeros(1, dtype=torch.uint8, device=device)
+    pse, pse_flags = _pse_args(p, device, dummy)
+    mask, mask_flags = _mask_args(p, device, dummy)
+    drop, drop_flags = _dropout_args(p, device, dummy)
+    upcast = interpreting(device) or query.dtype == torch.float32
+    flags = dict(**pse_flags, **mask_flags, **drop_flags, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
+                 BLOCK_D=_pow2(p.geom.d), BLOCK_DV=_pow2(p.geom.dv))
+    return pse, mask, drop, flags
+
+
+def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """``(attention_out, softmax_max, softmax_sum)`` of problem ``p`` from the forward kernel."""
+    g, seq = p.geom, p.seq
+    out = torch.zeros(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=query.device)
+    smax, ssum = new_stats(seq, g.n1, p.total_q, query.device, query.dtype)
+    if seq.batch == 0 or p.total_q == 0:
+        return out, smax, ssum
+    qv, kv, vv = _token_view(query, p, g.n1), _token_view(key, p, g.n2), _token_view(value, p, g.n2)
+    ov = tokens_view(out, g.layout, g.n1)
+    pse, mask, drop, flags = _common(p, query)
+    _launch("fwd_kernel", query.device, seq.max_q, seq.batch * g.n1,
+            qv, kv, vv, ov, smax, ssum, _meta(p, query.device), *_strides(qv, seq.packed), *_strides(kv, seq.packed),
+            *_strides(vv, seq.packed), *_strides(ov, seq.packed), _stats_geometry(p)[2], *pse, *mask, *drop,
+            p.scale, g.n1, g.group, g.d, g.dv, **flags)
+    return out, smax, ssum
+
+
+def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
+    """``(dq, dk, dv, dpse)`` of problem ``p`` from the preprocess, dQ and dK/dV kernels."""
+    g, seq, device = p.geom, p.seq, query.device
+    dq, dk, dv = (torch.zeros_like(t) for t in (query, key, value))
+    has_dpse = p.pse is not None and p.pse.has_grad
+    dpse_buf = None
+    if has_dpse:
+        t = p.pse.tensor
+        dpse_buf = torch.zeros((seq.batch, g.n1, t.shape[2] if p.pse.kind == "full" else 1, t.shape[3]),
+                               dtype=torch.float32, device=device)
+    if seq.batch == 0 or p.total_q == 0:
+        return dq, dk, dv, _reduce_dpse(p, dpse_buf)
+    qv, kv, vv = _token_view(query, p, g.n1), _token_view(key, p, g.n2), _token_view(value, p, g.n2)
+    dov, ov = _token_view(dy, p, g.n1), _token_view(attention_in, p, g.n1)
+    dqv, dkv, dvv = tokens_view(dq, g.layout, g.n1), tokens_view(dk, g.layout, g.n2), tokens_view(dv, g.layout, g.n2)
+    meta = _meta(p, device)
+    delta_sb = 0 if seq.packed else seq.max_q
+    delta = torch.empty((p.total_q, g.n1), dtype=torch.float32, device=device)
+    _launch("preprocess_kernel", device, seq.max_q, seq.batch * g.n1, ov, dov, delta, meta, *_strides(ov, seq.packed),
+            *_strides(dov, seq.packed), delta_sb, g.n1, g.dv, BLOCK_DV=_pow2(g.dv))
+    pse, mask, drop, flags = _common(p, query)
+    stat_row = _stats_geometry(p)[2]
+    dummy = torch.zeros(1, dtype=torch.float32, device=device)
+    full = has_dpse and p.pse.kind == "full"
+    row = has_dpse and p.pse.kind == "row"
+    dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]
+    dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
+    _launch("dq_kernel", device, seq.max_q, seq.batch * g.n1, qv, kv, vv, dov, dqv, delta, softmax_max, softmax_sum,
+            meta, *_strides(qv, seq.packed), *_strides(kv, seq.packed), *_strides(vv, seq.packed),
+            *_strides(dov, seq.packed), *_strides(dqv, seq.packed), stat_row, delta_sb, *pse, *mask, *drop,
+            *dpse_full, p.scale, g.n1, g.group, g.d, g.dv, DPSE_FULL=full, **flags)
+    _launch("dkdv_kernel", device, seq.max_kv, seq.batch * g.n2, qv, kv, vv, dov, dkv, dvv, delta, softmax_max,
+            softmax_sum, meta, *_strides(qv, seq.packed), *_strides(kv, seq.packed), *_strides(vv, seq.packed),
+            *_strides(dov, seq.packed), *_strides(dkv, seq.packed), *_strides(dvv, seq.packed), stat_row, delta_sb,
+            *pse, *mask, *drop, *dpse_row, p.scale, g.n1, g.n2, g.group, g.d, g.dv, DPSE_ROW=row, **flags)
+    return dq, dk, dv, _reduce_dpse(p, dpse_buf)
+
+
+def _reduce_dpse(p: FAProblem, dpse_buf: torch.Tensor | None) -> torch.Tensor | None:
+    """The pse gradient in the pse's shape and dtype (summed over batches for a batch-broadcast pse)."""
+    if dpse_buf is None:
+        return None
+    t = p.pse.tensor
+    grad = dpse_buf.sum(0, keepdim=True) if t.shape[0] == 1 else dpse_buf
+    return grad.to(t.dtype)
