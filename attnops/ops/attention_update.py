@@ -23,7 +23,7 @@ from .._core.varlen import seq_info_varlen
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 RING_LAYOUTS = ("SBH", "TND")
 
-__all__ = ["ring_attention_update", "attention_update", "merge_softmax_stats"]
+__all__ = ["ring_attention_update", "attention_update", "merge_softmax_stats", "blocked_to_tnd", "tnd_to_blocked"]
 
 
 def merge_softmax_stats(prev_out: Tensor, prev_max: Tensor, prev_sum: Tensor, cur_out: Tensor, cur_max: Tensor,
@@ -72,14 +72,16 @@ def _tnd_stats_views(stats: Tensor, lens: list[int]) -> list[tuple[Tensor, slice
     return views + [(tail, slice(used, stats.shape[0]))]
 
 
-def _blocked_to_tnd(stats: Tensor, lens: list[int]) -> Tensor:
+def blocked_to_tnd(stats: Tensor, lens: list[int]) -> Tensor:
+    """FlashAttention's default per-batch blocked TND statistics -> true ``[T, N, 8]`` (``lens``: per-batch Sq_b)."""
     out = torch.empty_like(stats)
     for view, rows in _tnd_stats_views(stats, lens):
         out[rows] = view
     return out
 
 
-def _tnd_to_blocked(stats: Tensor, lens: list[int]) -> Tensor:
+def tnd_to_blocked(stats: Tensor, lens: list[int]) -> Tensor:
+    """True ``[T, N, 8]`` statistics -> FlashAttention's default per-batch blocked memory (inverse of the above)."""
     out = torch.empty_like(stats)
     for view, rows in _tnd_stats_views(out, lens):
         view.copy_(stats[rows])
@@ -128,9 +130,9 @@ def ring_attention_update(prev_attn_out: Tensor, prev_softmax_max: Tensor, prev_
         fail("actual_seq_qlen", "int64 prefix sums [0, s0, s0+s1, ...] for TND with the blocked softmax layout",
              None)
     lens = _seq_lens_from_prefix_sums(actual_seq_qlen, t)
-    m1, s1, m2, s2 = (_blocked_to_tnd(x.contiguous(), lens) for x in (m1, s1, m2, s2))
+    m1, s1, m2, s2 = (blocked_to_tnd(x.contiguous(), lens) for x in (m1, s1, m2, s2))
     out, smax, ssum = merge_softmax_stats(o1, m1, s1, o2, m2, s2)
-    return out.to(o1.dtype), _tnd_to_blocked(smax, lens), _tnd_to_blocked(ssum, lens)
+    return out.to(o1.dtype), tnd_to_blocked(smax, lens), tnd_to_blocked(ssum, lens)
 
 
 def attention_update(lse: list[Tensor], local_out: list[Tensor], update_type: int = 0) -> tuple[Tensor, Tensor]:

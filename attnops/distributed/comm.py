@@ -1,0 +1,80 @@
+"""The torch.distributed calls of context parallelism: ring P2P exchange, all-to-all, seed broadcast.
+
+Every wait is a ``Work.wait()`` under the process group's timeout, so a peer that failed or died surfaces as an
+exception on every rank (Gloo: connection closed or timeout; NCCL: the watchdog) instead of a hang.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .._core.checks import fail, require
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """This process's place in a process group: group rank, group size, global ranks of the ring neighbours."""
+
+    group: object
+    rank: int
+    size: int
+    next_global: int
+    prev_global: int
+    first_global: int
+
+
+def group_info(group) -> GroupInfo:
+    """Validate ``group`` (None = the default group) and return its :class:`GroupInfo`."""
+    require(dist.is_available() and dist.is_initialized(), "group",
+            "an initialized torch.distributed process group (call torch.distributed.init_process_group first)",
+            "no process group")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        fail("group", "a torch.distributed.ProcessGroup or None (the default group)", type(group).__name__)
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    require(rank >= 0, "group", "a process group this process belongs to", "a group without this rank")
+
+    def global_rank(r: int) -> int:
+        return r if group is None else dist.get_global_rank(group, r)
+
+    return GroupInfo(group, rank, size, global_rank((rank + 1) % size), global_rank((rank - 1) % size),
+                     global_rank(0))
+
+
+class RingExchange:
+    """Send tensors to the next rank and receive same-shaped ones from the previous rank, asynchronously.
+
+    ``start`` posts the sends/receives and returns at once (compute overlaps the transfer); ``wait`` returns the
+    received tensors. Tags keep the tensors of one exchange apart. With one rank it is never started.
+    """
+
+    def __init__(self, info: GroupInfo, tensors: list[torch.Tensor], tag_base: int = 0):
+        self.received = [torch.empty_like(t) for t in tensors]
+        self._works = []
+        for i, (t, buf) in enumerate(zip(tensors, self.received)):
+            self._works.append(dist.irecv(buf, src=info.prev_global, group=info.group, tag=tag_base + i))
+            self._works.append(dist.isend(t.contiguous(), dst=info.next_global, group=info.group, tag=tag_base + i))
+
+    def wait(self) -> list[torch.Tensor]:
+        for work in self._works:
+            work.wait()
+        return self.received
+
+
+def broadcast_seed(info: GroupInfo, seed: int) -> int:
+    """Group rank 0's ``seed`` on every rank (every rank must draw the same dropout masks)."""
+    t = torch.tensor([seed], dtype=torch.int64)
+    if info.size > 1:
+        dist.broadcast(t, src=info.first_global, group=info.group)
+    return int(t.item())
+
+
+def all_to_all(x: torch.Tensor, info: GroupInfo) -> torch.Tensor:
+    """``all_to_all_single`` over dim 0 (which must have size ``info.size``): slot ``i`` goes to rank ``i``."""
+    x = x.contiguous()
+    if info.size == 1:
+        return x
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=info.group)
+    return out
