@@ -139,3 +139,80 @@ def test_vllm_ascend_tnd_paged_fused_infer_attention_matches_golden():
     assert torch.equal(out_buf, out)
     assert lse_buf.shape == (sum(q_lens), heads, 1)
     assert_close_to_golden("lse", lse_buf, gold[1], base[1])
+
+
+def _nsa_inputs():
+    lens, n1, d = [128, 128], 2, 16
+    q, k, v = (randn(256, n, d, seed=s).requires_grad_() for s, n in ((50, n1), (51, 1), (52, 1)))
+    wk, wv = (randn(32, 1, seed=s, scale=0.2).requires_grad_() for s in (53, 54))
+    cmp_mask = (torch.arange(7) * 16 + 31).unsqueeze(0) > torch.arange(128).unsqueeze(1)  # complete blocks only
+    return lens, q, k, v, wk, wv, cmp_mask
+
+
+def _nsa_chain_torch_npu(q, k, v, wk, wv, cmp_mask, scale):
+    seq = [128, 256]
+    kc = torch_npu.npu_nsa_compress(k, wk, 32, 16, actual_seq_len=seq)
+    vc = torch_npu.npu_nsa_compress(v, wv, 32, 16, actual_seq_len=seq)
+    out_c, topk, _, _ = torch_npu.npu_nsa_compress_attention(
+        q, kc, vc, scale, 2, 32, 16, 64, 2, atten_mask=cmp_mask, actual_seq_qlen=seq, actual_cmp_seq_kvlen=[7, 14],
+        actual_sel_seq_kvlen=[2, 4])
+    out_s, _, _ = torch_npu.npu_nsa_select_attention(q, k, v, topk, scale, 2, 64, 2,
+                                                     atten_mask=torch.ones(1, 1, dtype=torch.bool),
+                                                     actual_seq_qlen=seq, actual_seq_kvlen=seq)
+    return kc, vc, out_c, topk, out_s
+
+
+def test_nsa_compress_then_compress_attention_then_select_attention_with_gradients():
+    lens, q, k, v, wk, wv, cmp_mask = _nsa_inputs()
+    scale, seq = 0.25, [128, 256]
+    kc, vc, out_c, topk, out_s = _nsa_chain_torch_npu(q, k, v, wk, wv, cmp_mask, scale)
+    dy_c, dy_s = randn(*out_c.shape, seed=55), randn(*out_s.shape, seed=56)
+    torch.autograd.backward([out_c, out_s], [dy_c, dy_s])
+    # the Pythonic API gives the same values and gradients
+    inputs = [x.detach().clone().requires_grad_() for x in (q, k, v, wk, wv)]
+    pq, pk, pv, pwk, pwv = inputs
+    pkc = attnops.nsa_compress(pk, pwk, block_size=32, stride=16, actual_seq_len=seq)
+    pvc = attnops.nsa_compress(pv, pwv, block_size=32, stride=16, actual_seq_len=seq)
+    res = attnops.nsa_compress_attention(pq, pkc, pvc, compress_block_size=32, compress_stride=16,
+                                         select_block_size=64, select_block_count=2, scale=scale,
+                                         atten_mask=cmp_mask, actual_seq_qlen=seq, actual_cmp_seq_kvlen=[7, 14])
+    p_s = attnops.nsa_selected_attention(pq, pk, pv, res.topk_indices, select_block_size=64, causal=True,
+                                         scale=scale, actual_seq_qlen=seq, actual_seq_kvlen=seq)
+    torch.autograd.backward([res.out, p_s], [dy_c, dy_s])
+    assert torch.equal(res.topk_indices, topk) and torch.equal(res.out, out_c) and torch.equal(p_s, out_s)
+    for mine, theirs in zip((q, k, v, wk, wv), inputs):
+        assert torch.equal(mine.grad, theirs.grad)
+    # and the fp64 goldens
+    gold_kc = golden_nsa.nsa_compress(k, wk, 32, 16, seq)
+    assert_close_to_golden("k_cmp", kc, gold_kc, golden_nsa.nsa_compress(k, wk, 32, 16, seq, dtype=k.dtype))
+    gold = golden_nsa.nsa_compress_attention(q, kc, vc, scale, 2, 32, 16, 64, 2, cmp_mask, None, seq, [7, 14],
+                                             [2, 4])
+    base = golden_nsa.nsa_compress_attention(q, kc, vc, scale, 2, 32, 16, 64, 2, cmp_mask, None, seq, [7, 14],
+                                             [2, 4], dtype=q.dtype)
+    assert_close_to_golden("out_cmp", out_c, gold[0], base[0])
+    assert torch.equal(topk, gold[1])
+    sel = (q, k, v, topk, scale, 64, seq, seq, True)
+    assert_close_to_golden("out_sel", out_s, golden_nsa.nsa_selected_attention(*sel)[0],
+                           golden_nsa.nsa_selected_attention(*sel, dtype=q.dtype)[0])
+    out, smax, ssum = torch_npu.npu_nsa_select_attention(q, k, v, topk, scale, 2, 64, 2,
+                                                         atten_mask=torch.ones(1, 1, dtype=torch.bool),
+                                                         actual_seq_qlen=seq, actual_seq_kvlen=seq)
+    grads = torch_npu.npu_nsa_select_attention_grad(dy_s, q, k, v, out, smax, ssum, topk, scale, 2, 64, 2,
+                                                    atten_mask=torch.ones(1, 1, dtype=torch.bool),
+                                                    actual_seq_qlen=seq, actual_seq_kvlen=seq)
+    gold_g = golden_nsa.nsa_selected_attention_backward(dy_s, *sel)
+    base_g = golden_nsa.nsa_selected_attention_backward(dy_s, *sel, dtype=q.dtype)
+    for name, actual, g, bl in zip(("dq", "dk", "dv"), grads, gold_g, base_g):
+        assert_close_to_golden(name, actual, g, bl, factor=3.0)
+
+
+def test_fusion_attention_gradients_equal_the_pythonic_api():
+    lens, kv_lens = [5, 0, 9], [7, 3, 9]
+    q, k, v, dy = randn(14, 4, 8, seed=60), randn(19, 2, 8, seed=61), randn(19, 2, 8, seed=62), randn(14, 4, 8)
+    kw = dict(atten_mask=TRIU2048, sparse_mode=3, actual_seq_qlen=cum(lens), actual_seq_kvlen=cum(kv_lens))
+    mine = [x.clone().requires_grad_() for x in (q, k, v)]
+    torch_npu.npu_fusion_attention(*mine, 4, "TND", scale=0.4, **kw)[0].backward(dy)
+    theirs = [x.clone().requires_grad_() for x in (q, k, v)]
+    attnops.flash_attention(*theirs, layout="TND", scale=0.4, **kw).backward(dy)
+    for a, b in zip(mine, theirs):
+        assert torch.equal(a.grad, b.grad)
