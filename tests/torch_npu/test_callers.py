@@ -12,8 +12,6 @@ from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden import fa_backward, fa_forward
 from tests.helpers import TRIU2048, cum, randn
 
-F64 = torch.float64
-
 
 class MindSpeedFlashAttention(torch.autograd.Function):
     """MindSpeed's pattern: forward keeps softmax_max/sum, attention_in and the rng triple; backward calls
@@ -142,11 +140,11 @@ def test_vllm_ascend_tnd_paged_fused_infer_attention_matches_golden():
 
 
 def _nsa_inputs():
-    lens, n1, d = [128, 128], 2, 16
+    n1, d = 2, 16
     q, k, v = (randn(256, n, d, seed=s).requires_grad_() for s, n in ((50, n1), (51, 1), (52, 1)))
     wk, wv = (randn(32, 1, seed=s, scale=0.2).requires_grad_() for s in (53, 54))
     cmp_mask = (torch.arange(7) * 16 + 31).unsqueeze(0) > torch.arange(128).unsqueeze(1)  # complete blocks only
-    return lens, q, k, v, wk, wv, cmp_mask
+    return q, k, v, wk, wv, cmp_mask
 
 
 def _nsa_chain_torch_npu(q, k, v, wk, wv, cmp_mask, scale):
@@ -163,7 +161,7 @@ def _nsa_chain_torch_npu(q, k, v, wk, wv, cmp_mask, scale):
 
 
 def test_nsa_compress_then_compress_attention_then_select_attention_with_gradients():
-    lens, q, k, v, wk, wv, cmp_mask = _nsa_inputs()
+    q, k, v, wk, wv, cmp_mask = _nsa_inputs()
     scale, seq = 0.25, [128, 256]
     kc, vc, out_c, topk, out_s = _nsa_chain_torch_npu(q, k, v, wk, wv, cmp_mask, scale)
     dy_c, dy_s = randn(*out_c.shape, seed=55), randn(*out_s.shape, seed=56)
