@@ -142,3 +142,15 @@ def test_autograd_through_the_kernels():
     attnops.flash_attention(*ref, scale=0.3, backend="reference").backward(dy.cpu())
     for a, b in zip(leaves, ref):
         torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pse_type", [0, 1])
+def test_alibi_compressed_forward(pse_type):
+    """The compressed ``[B|1, N1, 1024, Skv]`` pse (Sq > 1024) read along the diagonal in-kernel (forward only:
+    its gradient falls back to the reference)."""
+    s = 1100
+    q, k, v, _ = make_qkv("BNSD", b=1, n1=1, sq=s, skv=s, d=16, seed=18)
+    pse = torch.randn(1, 1, 1024, s, generator=torch.Generator().manual_seed(19))
+    check(q, k, v, None, backward=False, head_num=1, scale=0.3, pse=pse, pse_type=pse_type, atten_mask=TRIU2048,
+          sparse_mode=2)

@@ -1,0 +1,58 @@
+"""The Triton verifier's fallback reasons and the dispatch around them: ``auto`` runs the reference (and logs
+why), an explicit ``backend="triton"`` raises with the reason."""
+import logging
+
+import pytest
+import torch
+
+import attnops
+from attnops import ParamInvalidError
+from attnops._core.dispatch import choose_backend, triton_unavailable_reason
+from attnops.ops.flash_attention.problem import build_problem
+from attnops.ops.flash_attention.triton.verify import unsupported_reason
+from tests.helpers import TRIU2048, make_qkv
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _qkv(dtype=torch.float32, d=16):
+    return [t.to(DEVICE) for t in make_qkv("BNSD", b=1, n1=2, sq=4, skv=4, d=d, dtype=dtype)[:3]]
+
+
+@pytest.mark.parametrize("dtype,d,reason", [
+    (torch.float64, 16, "float16/bfloat16/float32 inputs"),
+    (torch.float32, 264, "head dims up to 256"),
+] + ([(torch.bfloat16, 16, "interpreter has no bfloat16")] if DEVICE == "cpu" else []))
+def test_explicit_triton_raises_with_the_reason(dtype, d, reason):
+    q, k, v = _qkv(dtype, d)
+    with pytest.raises(ParamInvalidError, match=reason):
+        attnops.flash_attention(q, k, v, backend="triton")
+
+
+def test_auto_on_cpu_runs_the_reference():
+    q, k, v = make_qkv("BNSD", b=1, n1=2, sq=4, skv=4, d=264)[:3]
+    out = attnops.flash_attention(q, k, v)  # D > 256 and CPU: the reference, no error
+    assert out.shape == q.shape
+
+
+def test_alibi_compressed_pse_gradient_is_refused_by_the_backward():
+    s = 1100  # the compressed [.., 1024, Skv] form needs Sq > 1024
+    q, k, v = make_qkv("BNSD", b=1, n1=1, sq=s, skv=s, d=16)[:3]
+    kw = dict(head_num=1, layout="BNSD", scale=0.3, pse=torch.zeros(1, 1, 1024, s), pse_type=1,
+              atten_mask=TRIU2048, sparse_mode=2)
+    p = build_problem(q, k, v, **kw)
+    assert unsupported_reason(p, q) is None  # the forward reads the compressed pse in-kernel
+    assert "ALiBi-compressed" in unsupported_reason(p, q, backward=True)
+
+
+def test_device_without_triton_support():
+    assert "need a CUDA device" in triton_unavailable_reason(torch.device("meta"))
+
+
+def test_auto_falls_back_and_logs_the_reason(caplog):
+    with caplog.at_level(logging.WARNING, logger="attnops"):
+        assert choose_backend("auto", torch.device("cuda"), lambda: "a test reason") == "reference"
+    assert "a test reason" in caplog.text
+    assert choose_backend("auto", torch.device("cuda"), lambda: None) == "triton"
+    with pytest.raises(ParamInvalidError, match="a test reason"):
+        choose_backend("triton", torch.device("cuda"), lambda: "a test reason")
