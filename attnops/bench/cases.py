@@ -41,6 +41,11 @@ class Case:
             raise ValueError("TND cases need seq_lens")
 
     @property
+    def band(self) -> tuple[int, int] | None:
+        """``(pre_tokens, next_tokens)`` of a band case (sparse_mode 4, Sq == Skv: keeps ``-pre <= j - i <= next``)."""
+        return (self.params["pre_tokens"], self.params["next_tokens"]) if "pre_tokens" in self.params else None
+
+    @property
     def lengths(self) -> list[tuple[int, int]]:
         """(Sq_b, Skv_b) of every batch."""
         if self.layout == "TND":
@@ -53,7 +58,10 @@ class Case:
             return sum(self.seq_lens) * self.params["count"] * self.params["block"]
         total = 0
         for sq, skv in self.lengths:
-            if not self.causal:
+            if self.band is not None:
+                pre, nxt = self.band
+                total += sum(max(0, min(skv - 1, i + nxt) - max(0, i - pre) + 1) for i in range(sq))
+            elif not self.causal:
                 total += sq * skv
             else:  # row i keeps keys 0..i (sparse_mode 2, is_causal=True)
                 full_rows = max(0, sq - skv)  # rows i >= skv keep every key
@@ -133,6 +141,43 @@ register_suite(Suite(
         sq=4096, skv=4096, d=128, dv=128, dtype=dt,
         baselines=("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "flash-attn"))),
     device="cuda", repeat=20, warmup=3))
+
+GPU_BASELINES = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "flash-attn", "flashinfer")
+TARGET_TOKENS = 16384  # issue 6 targets: total tokens 16k, hidden 2048 (N=16, D=128), bf16
+
+
+def _random_lengths(total: int, count: int, seed: int) -> tuple[int, ...]:
+    """``count`` random sequence lengths summing to ``total`` (fixed by ``seed``, no torch RNG state touched)."""
+    import random
+
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, total), count - 1))
+    return tuple(b - a for a, b in zip([0, *cuts], [*cuts, total]))
+
+
+def _target_cases() -> tuple[Case, ...]:
+    """The issue's GPU targets: dense S = 1k..16k at 16k total tokens (fwd, bwd; causal and full), varlen TND with
+    random lengths at the same total, and a 1k band (sparse_mode 4) at S = 16k; peak memory tracked."""
+    shape = dict(heads=16, kv_heads=16, d=128, dv=128, dtype="bfloat16", track_memory=True)
+    cases = []
+    for s in (1024, 2048, 4096, 8192, 16384):
+        cases += _fa_cases(f"fa-t16k-s{s}-n16-d128-bf16", ("fwd", "bwd"), (False, True), batch=TARGET_TOKENS // s,
+                           sq=s, skv=s, baselines=("sdpa",) + GPU_BASELINES, **shape)
+    lens = _random_lengths(TARGET_TOKENS, 8, seed=6)
+    cases += _fa_cases("fa-t16k-tnd-random8-n16-d128-bf16", ("fwd", "bwd"), (False, True), layout="TND",
+                       seq_lens=lens, sq=max(lens), skv=max(lens), baselines=("flash-attn", "flashinfer"), **shape)
+    cases += [Case(name=f"fa-s16384-band1k-n16-d128-bf16-{mode}", mode=mode, batch=1, sq=16384, skv=16384,
+                   params={"pre_tokens": 1024, "next_tokens": 0}, baselines=("flex", "flash-attn"), **shape)
+              for mode in ("fwd", "bwd")]
+    return tuple(cases)
+
+
+register_suite(Suite(
+    name="fa-gpu-targets",
+    description="Issue 6 targets on CUDA (bf16, N=16, D=128, 16k total tokens): dense S=1k..16k causal/full fwd and "
+                "bwd vs SDPA (flash, efficient, cuDNN), FlexAttention compiled, flash-attn/flashinfer when installed; "
+                "varlen TND with random lengths; a 1k band at S=16k (time vs kept area); peak memory",
+    cases=_target_cases(), device="cuda", repeat=20, warmup=3))
 
 register_suite(Suite(
     name="nsa-cpu",

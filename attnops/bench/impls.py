@@ -74,9 +74,11 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
                        randn(case.batch, case.sq, case.heads, case.dv))
     else:
         raise ValueError(f"benchmark cases use layout BSND or TND, got {case.layout!r}")
-    if case.causal:
-        kw.update(atten_mask=torch.ones(CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE, dtype=torch.bool, device=device).triu(1),
-                  sparse_mode=2)
+    compressed = torch.ones(CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE, dtype=torch.bool, device=device).triu(1)
+    if case.band is not None:
+        kw.update(atten_mask=compressed, sparse_mode=4, pre_tokens=case.band[0], next_tokens=case.band[1])
+    elif case.causal:
+        kw.update(atten_mask=compressed, sparse_mode=2)
     return Inputs(q, k, v, dy, kw, scale)
 
 
@@ -120,7 +122,8 @@ def _autograd_runnable(forward: Callable[..., torch.Tensor], leaves: list[torch.
 
 
 def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
-    """The Pythonic API (custom op + autograd; on the CPU it runs the reference)."""
+    """The Pythonic API (custom op + autograd): the reference on the CPU, the Triton kernels on CUDA (``auto``; a call
+    the Triton verifier refuses runs the reference and logs why)."""
     import attnops
 
     if case.op != "flash_attention":
@@ -128,11 +131,6 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
 
         return (sparse_infer.build_nsa_selected if case.op == "nsa_selected" else sparse_infer.build_fia)(
             case, inp, device)
-    from attnops._core.dispatch import choose_backend
-
-    backend = choose_backend("auto", device)
-    if backend == "reference" and device.type != "cpu":
-        raise Unavailable(f"no attnops GPU backend can serve this case yet (backend resolves to {backend!r})")
     kw = inp.kwargs
     leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
 
@@ -170,6 +168,8 @@ def build_sdpa(case: Case, inp: Inputs, device: torch.device, name: str = "sdpa"
 
     if name not in ("sdpa", "sdpa-math") and device.type != "cuda":
         raise Unavailable(f"{name} is a CUDA backend")
+    if case.band is not None:
+        raise Unavailable("SDPA takes a band only as an S x S mask tensor (not what this case measures)")
     q, k, v, dy = (_to_bnsd(t, case) for t in (inp.q, inp.k, inp.v, inp.dy))
     leaves = [t.requires_grad_(case.mode != "fwd") for t in (q, k, v)]
     gqa = case.heads != case.kv_heads
@@ -204,7 +204,11 @@ def build_flex(case: Case, inp: Inputs, device: torch.device) -> Runnable:
     q, k, v, dy = (_to_bnsd(t, case) for t in (inp.q, inp.k, inp.v, inp.dy))
     leaves = [t.requires_grad_(case.mode != "fwd") for t in (q, k, v)]
     block_mask = None
-    if case.causal:
+    if case.band is not None:
+        pre, nxt = case.band
+        block_mask = create_block_mask(lambda b, h, qi, ki: (ki - qi >= -pre) & (ki - qi <= nxt), None, None,
+                                       case.sq, case.skv, device=device)
+    elif case.causal:
         block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, case.sq, case.skv, device=device)
     compiled = torch.compile(flex_attention)
     gqa = case.heads != case.kv_heads
@@ -223,20 +227,53 @@ def build_flash_attn(case: Case, inp: Inputs, device: torch.device) -> Runnable:
     if case.dtype not in ("float16", "bfloat16"):
         raise Unavailable("flash-attn supports fp16/bf16 only")
     leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
+    window = (-1, -1) if case.band is None else case.band  # (left, right) = (pre_tokens, next_tokens)
     if case.layout == "TND":
         cu = torch.tensor([0] + inp.kwargs["actual_seq_qlen"], dtype=torch.int32, device=device)
         mx = max(case.seq_lens)
 
         def forward(q, k, v):
             return flash_attn.flash_attn_varlen_func(q, k, v, cu, cu, mx, mx, softmax_scale=inp.scale,
-                                                     causal=case.causal)
+                                                     causal=case.causal, window_size=window)
     else:
         def forward(q, k, v):  # BSND is flash-attn's native layout
-            return flash_attn.flash_attn_func(q, k, v, softmax_scale=inp.scale, causal=case.causal)
+            return flash_attn.flash_attn_func(q, k, v, softmax_scale=inp.scale, causal=case.causal,
+                                              window_size=window)
     r = _autograd_runnable(forward, leaves, inp.dy, case.mode)
     out_fn = r.output
     r.output = lambda: None if case.layout == "TND" or out_fn() is None else out_fn().transpose(1, 2)
     return r
+
+
+def build_flashinfer(case: Case, inp: Inputs, device: torch.device) -> Runnable:
+    """FlashInfer's ragged-KV batch prefill (forward only; dense cases as equal-length ragged batches)."""
+    if device.type != "cuda":
+        raise Unavailable("flashinfer needs CUDA")
+    if case.mode != "fwd":
+        raise Unavailable("flashinfer has no backward")
+    if case.band is not None:
+        raise Unavailable("the band case is measured against FlexAttention and flash-attn")
+    try:
+        import flashinfer
+    except ImportError:
+        raise Unavailable("flashinfer is not installed") from None
+    lens = [s for s, _ in case.lengths]
+    indptr = torch.tensor([0] + [sum(lens[:i + 1]) for i in range(len(lens))], dtype=torch.int32, device=device)
+    q, k, v = (t.reshape(-1, t.shape[-2], t.shape[-1]) for t in (inp.q, inp.k, inp.v))  # [T, N, D]
+    state: dict = {}
+    try:
+        wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            torch.empty(128 << 20, dtype=torch.uint8, device=device), "NHD")
+        wrapper.plan(indptr, indptr, case.heads, case.kv_heads, case.d, causal=case.causal, sm_scale=inp.scale)
+        wrapper.run(q, k, v)
+    except (TypeError, AttributeError, RuntimeError, ValueError) as e:  # API differences between versions
+        raise Unavailable(f"flashinfer: {str(e).splitlines()[0][:200]}") from None
+
+    def fwd():
+        state["out"] = wrapper.run(q, k, v)
+    to_bnsd = (lambda o: None if o is None or case.layout == "TND"
+               else o.view(case.batch, case.sq, case.heads, case.dv).transpose(1, 2))
+    return Runnable(fwd, output=lambda: to_bnsd(state.get("out")))
 
 
 BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
@@ -248,6 +285,7 @@ BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
     "sdpa-cudnn": lambda c, i, d: build_sdpa(c, i, d, "sdpa-cudnn"),
     "flex": build_flex,
     "flash-attn": build_flash_attn,
+    "flashinfer": build_flashinfer,
     "attnops-dense": lambda c, i, d: _sparse_infer().build_dense_causal(c, i, d),
     "sdpa-gathered": lambda c, i, d: _sparse_infer().build_sdpa_gathered(c, i, d),
 }
