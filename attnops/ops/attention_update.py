@@ -74,6 +74,7 @@ def _tnd_stats_views(stats: Tensor, lens: list[int]) -> list[tuple[Tensor, slice
 
 def blocked_to_tnd(stats: Tensor, lens: list[int]) -> Tensor:
     """FlashAttention's default per-batch blocked TND statistics -> true ``[T, N, 8]`` (``lens``: per-batch Sq_b)."""
+    stats = stats.detach()
     out = torch.empty_like(stats)
     for view, rows in _tnd_stats_views(stats, lens):
         out[rows] = view
@@ -82,6 +83,7 @@ def blocked_to_tnd(stats: Tensor, lens: list[int]) -> Tensor:
 
 def tnd_to_blocked(stats: Tensor, lens: list[int]) -> Tensor:
     """True ``[T, N, 8]`` statistics -> FlashAttention's default per-batch blocked memory (inverse of the above)."""
+    stats = stats.detach()
     out = torch.empty_like(stats)
     for view, rows in _tnd_stats_views(out, lens):
         view.copy_(stats[rows])
