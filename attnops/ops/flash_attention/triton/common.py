@@ -83,16 +83,17 @@ def band_cols(meta_ptr, b, r0, r1):
 
 
 @triton.jit
-def tile_fully_kept(meta_ptr, b, r0, c0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """True when every (row, column) of the tile at ``(r0, c0)`` is in bounds and kept by the band or prefix."""
+def tile_needs_mask(meta_ptr, b, r0, c0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """False when every (row, column) of the tile at ``(r0, c0)`` is in bounds and kept by the band or prefix:
+    such tiles skip the element-wise mask."""
     sq = meta(meta_ptr, b, Q_LEN)
     skv = meta(meta_ptr, b, KV_LEN)
     lo = meta(meta_ptr, b, LO)
     hi = meta(meta_ptr, b, HI)
     pfx = meta(meta_ptr, b, PREFIX)
-    in_bounds = (r0 + BLOCK_M <= sq) & (c0 + BLOCK_N <= skv)
-    in_band = (c0 - (r0 + BLOCK_M - 1) >= lo) & (c0 + BLOCK_N - 1 - r0 <= hi)
-    return in_bounds & (in_band | (c0 + BLOCK_N <= pfx))
+    out_of_bounds = (r0 + BLOCK_M > sq) | (c0 + BLOCK_N > skv)
+    off_band = (c0 - (r0 + BLOCK_M - 1) < lo) | (c0 + BLOCK_N - 1 - r0 > hi)
+    return out_of_bounds | (off_band & (c0 + BLOCK_N > pfx))
 
 
 @triton.jit
@@ -132,7 +133,7 @@ def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
         s = s * scale - slope * dist
     else:
         s = s * scale
-    if not tile_fully_kept(meta_ptr, b, r0, c0, BLOCK_M, BLOCK_N):
+    if tile_needs_mask(meta_ptr, b, r0, c0, BLOCK_M, BLOCK_N):
         diff = cols[None, :].to(tl.int64) - rows[:, None]
         keep = (diff >= meta(meta_ptr, b, LO)) & (diff <= meta(meta_ptr, b, HI))
         keep = keep | (cols[None, :] < meta(meta_ptr, b, PREFIX))
