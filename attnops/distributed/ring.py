@@ -33,7 +33,8 @@ __all__ = ["ring_flash_attention"]
 
 
 @functools.cache
-def _causal_mask() -> Tensor:
+def causal_mask() -> Tensor:
+    """The canonical compressed causal mask (``sparse_mode`` 2)."""
     return torch.ones(2048, 2048, dtype=torch.bool).triu(1)
 
 
@@ -76,7 +77,7 @@ class RingPlan:
                     continue
                 kw = dict(self.chunks.call_kwargs(), scale=self.scale)
                 if self.causal and gk == gq:
-                    kw.update(atten_mask=_causal_mask(), sparse_mode=2)
+                    kw.update(atten_mask=causal_mask(), sparse_mode=2)
                 if self.pse is not None:
                     c = self.chunks.chunk_len
                     kw.update(pse=self.pse, pse_type=self.pse_type, q_start_idx=gq * c, kv_start_idx=gk * c)

@@ -8,7 +8,6 @@ repeated (``repeat_interleave``; their gradients sum back through autograd).
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -20,6 +19,7 @@ from .._core.layouts import normalize_layout, tokens_view
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from ..ops.flash_attention import flash_attention
 from .comm import GroupInfo, all_to_all, broadcast_seed, group_info
+from .ring import causal_mask
 
 __all__ = ["ulysses_flash_attention"]
 
@@ -60,11 +60,6 @@ def _from_bsnd(x: Tensor, layout: str) -> Tensor:
     if layout == "BNSD":
         return x.permute(0, 2, 1, 3)
     return x.flatten(2) if layout == "BSH" else x.permute(1, 0, 2, 3).flatten(2)
-
-
-@functools.cache
-def _causal_mask() -> Tensor:
-    return torch.ones(2048, 2048, dtype=torch.bool).triu(1)
 
 
 def _kv_repeats(n1: int, n2: int, p: int) -> int:
@@ -128,7 +123,7 @@ def ulysses_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=
     else:
         local_numels = q.shape[0] * heads * q.shape[1] ** 2
     if causal:
-        kw.update(atten_mask=_causal_mask(), sparse_mode=2)
+        kw.update(atten_mask=causal_mask(), sparse_mode=2)
     if pse is not None:
         kw.update(pse=_local_pse(pse, pse_type, n1, info.rank, heads), pse_type=pse_type)
     if keep_prob < 1.0:

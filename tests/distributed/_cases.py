@@ -11,7 +11,7 @@ import json
 import os
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -24,7 +24,7 @@ from attnops.distributed.sharding import SEQ_DIM
 from attnops.ops.attention_update import blocked_to_tnd, tnd_to_blocked
 from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden import fa_backward, fa_forward
-from tests.helpers import F64, TRIU2048, cum, golden_kwargs, make_qkv
+from tests.helpers import F64, TRIU2048, cum, golden_kwargs, make_qkv, randn
 
 SEED, OFFSET = 1234, 7
 
@@ -42,12 +42,11 @@ class Case:
     d: int = 8
     dv: int | None = None
     causal: bool = False
-    alibi: int | None = None  # pse_type 2/3 with slopes
+    alibi: int | None = None  # pse_type: 2/3 with slopes, 0/1 with a [1, N, S, S] tensor
     keep_prob: float = 1.0
     dtype: torch.dtype = torch.float32
     stats: bool = False  # also compare the returned softmax statistics (ring)
     own_group: bool = False  # run on a one-rank group (world size 1)
-    extra: dict = field(default_factory=dict)
 
 
 def _slopes(n: int) -> torch.Tensor:
@@ -61,7 +60,8 @@ def _single_device_kwargs(case: Case, world: int) -> tuple[dict, torch.Tensor | 
     if case.causal:
         kw.update(atten_mask=TRIU2048, sparse_mode=2)
     if case.alibi is not None:
-        kw.update(pse=_slopes(case.n1), pse_type=case.alibi)
+        pse = _slopes(case.n1) if case.alibi in (2, 3) else randn(1, case.n1, case.s, case.s, seed=9, scale=0.5)
+        kw.update(pse=pse, pse_type=case.alibi)
     drop_keep = None
     if case.keep_prob < 1.0:
         kw["keep_prob"] = case.keep_prob

@@ -31,6 +31,7 @@ WORLD2 = [
     Case("ulysses_full_bnsd", kind="ulysses", b=2),
     Case("ulysses_causal_tnd", kind="ulysses", layout="TND", lens=(6, 10), causal=True),
     Case("ulysses_alibi_dropout", kind="ulysses", causal=True, alibi=2, keep_prob=0.8),
+    Case("ulysses_pse_tensor_bsh", kind="ulysses", layout="BSH", alibi=1),
 ]
 
 WORLD4 = [

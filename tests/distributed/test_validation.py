@@ -1,0 +1,70 @@
+"""Single-process checks: sharding round trips, the ring dropout mask, and argument validation (world size 1)."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from attnops.distributed import (ring_dropout_mask, ring_flash_attention, ring_shard, ring_unshard,
+                                 ulysses_flash_attention)
+from tests.helpers import cum, randn
+
+
+@pytest.mark.parametrize("layout,shape,lens", [("BNSD", (2, 3, 16, 4), None), ("SBH", (8, 2, 6), None),
+                                               ("TND", (24, 2, 4), [8, 16])])
+def test_shard_round_trip_and_chunk_order(layout, shape, lens):
+    x = randn(*shape)
+    world = 2
+    shards = [ring_shard(x, r, world, layout=layout, actual_seq_len=cum(lens) if lens else None) for r in range(world)]
+    assert torch.equal(ring_unshard(shards, layout=layout, actual_seq_len=cum(lens) if lens else None), x)
+    if layout == "BNSD":  # rank 0 holds chunks 0 and 3 of 4
+        assert torch.equal(shards[0], torch.cat([x[:, :, 0:4], x[:, :, 12:16]], 2))
+
+
+def test_ring_dropout_mask_covers_the_single_device_range():
+    mask = ring_dropout_mask(world_size=2, keep_prob=0.5, seed=3, offset=0, head_num=2, batch=1, seq_len=8)
+    assert mask.dtype == torch.uint8 and mask.numel() == 2 * 8 * 8 // 8
+    with pytest.raises(ValueError, match="seq_len"):
+        ring_dropout_mask(world_size=2, keep_prob=0.5, seed=3, head_num=2, seq_len=6)
+
+
+def test_requires_a_process_group():
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized")
+    q = randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="group"):
+        ring_flash_attention(q, q, q)
+
+
+@pytest.fixture
+def world1(tmp_path):
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_ring_validation(world1):
+    q = randn(1, 2, 6, 8)
+    with pytest.raises(ValueError, match="query"):
+        ring_flash_attention(q[:, :, :5], q[:, :, :5], q[:, :, :5])
+    with pytest.raises(ValueError, match="key"):
+        ring_flash_attention(q, q[:, :, :4], q[:, :, :4])
+    with pytest.raises(ValueError, match="pse_type"):
+        ring_flash_attention(q, q, q, pse=randn(1, 2, 6, 6), pse_type=1)
+    with pytest.raises(ValueError, match="head_num"):
+        ring_flash_attention(q.flatten(2), q.flatten(2), q.flatten(2), layout="BSH")
+    t = randn(6, 2, 8)
+    with pytest.raises(ValueError, match="actual_seq_len"):
+        ring_flash_attention(t, t, t, layout="TND", actual_seq_len=[3, 6])
+    with pytest.raises(ValueError, match="softmax_layout"):
+        ring_flash_attention(q, q, q, softmax_layout="TND", return_stats=True)
+
+
+def test_ulysses_validation(world1):
+    q = randn(1, 6, 2, 8)
+    with pytest.raises(ValueError, match="key"):
+        ulysses_flash_attention(q, q[:, :4], q[:, :4])
+    with pytest.raises(ValueError, match="actual_seq_len"):
+        ulysses_flash_attention(q[0], q[0], q[0], layout="TND")
+    out = ulysses_flash_attention(q, q, q, causal=True)
+    assert out.shape == q.shape
