@@ -62,9 +62,10 @@ class RingExchange:
         return self.received
 
 
-def broadcast_seed(info: GroupInfo, seed: int) -> int:
-    """Group rank 0's ``seed`` on every rank (every rank must draw the same dropout masks)."""
-    t = torch.tensor([seed], dtype=torch.int64)
+def broadcast_seed(info: GroupInfo, seed: int, device: torch.device) -> int:
+    """Group rank 0's ``seed`` on every rank (every rank must draw the same dropout masks); ``device``: the
+    tensors' device (NCCL broadcasts GPU tensors)."""
+    t = torch.tensor([seed], dtype=torch.int64, device=device)
     if info.size > 1:
         dist.broadcast(t, src=info.first_global, group=info.group)
     return int(t.item())

@@ -109,12 +109,12 @@ def _ring_backward(plan: RingPlan, dout: Tensor, q: Tensor, k: Tensor, v: Tensor
     ch, info = plan.chunks, plan.info
     acc_dtype = stats_dtype(q.dtype)
     per_chunk = [[ch.take(t, j) for t in (q, dout, out, smax, ssum)] for j in (0, 1)]
-    dq = [torch.zeros(c[0].shape, dtype=acc_dtype) for c in per_chunk]
+    dq = [torch.zeros(c[0].shape, dtype=acc_dtype, device=q.device) for c in per_chunk]
     kv = [k.contiguous(), v.contiguous()]
     pending = None  # dK/dV partial sums in flight from the previous rank
     for step in range(info.size):
         exchange = RingExchange(info, kv) if step < info.size - 1 else None
-        dkv = [torch.zeros(t.shape, dtype=acc_dtype) for t in kv]
+        dkv = [torch.zeros(t.shape, dtype=acc_dtype, device=t.device) for t in kv]
         for qj, kj, kw in plan.pairs((info.rank - step) % info.size):
             qc, dyc, oc, mc, sc = per_chunk[qj]
             dqc, dkc, dvc, _ = flash_attention_backward(dyc, qc, ch.take(kv[0], kj), ch.take(kv[1], kj), oc, mc, sc,
@@ -208,7 +208,7 @@ def ring_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=Non
         require(len(set(lens)) == 1, "pse", "TND sequences of equal length with ALiBi (one q_start_idx per call)",
                 lens)
     if keep_prob < 1.0 and seed is None:
-        seed = broadcast_seed(info, draw_seed())
+        seed = broadcast_seed(info, draw_seed(), query.device)
     pair_numels = n1 * sum(c * c for c in lens) * (1 if layout == "TND" else q.shape[0])
     plan = RingPlan(info, RingChunks(layout == "TND", lens), bool(causal), float(d ** -0.5 if scale is None else scale),
                     pse, pse_type, float(keep_prob), 0 if seed is None else int(seed), int(offset), pair_numels)

@@ -97,13 +97,13 @@ class RingChunks:
 
     def take(self, x: Tensor, j: int) -> Tensor:
         if self.packed:
-            return x.index_select(0, self._rows[j])
+            return x.index_select(0, self._rows[j].to(x.device))
         c = self.lens[0]
         return x[:, :, j * c:(j + 1) * c]
 
     def add_(self, buf: Tensor, j: int, value: Tensor) -> None:
         if self.packed:
-            buf.index_add_(0, self._rows[j], value.to(buf.dtype))
+            buf.index_add_(0, self._rows[j].to(buf.device), value.to(buf.dtype))
         else:
             self.take(buf, j).add_(value)
 
@@ -111,8 +111,8 @@ class RingChunks:
         if not self.packed:
             return torch.cat([first, second], 2)
         out = first.new_empty((first.shape[0] + second.shape[0], *first.shape[1:]))
-        out[self._rows[0]] = first
-        out[self._rows[1]] = second
+        out[self._rows[0].to(out.device)] = first
+        out[self._rows[1].to(out.device)] = second
         return out
 
     def call_kwargs(self) -> dict:

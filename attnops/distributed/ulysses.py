@@ -127,7 +127,7 @@ def ulysses_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=
     if pse is not None:
         kw.update(pse=_local_pse(pse, pse_type, n1, info.rank, heads), pse_type=pse_type)
     if keep_prob < 1.0:
-        seed = broadcast_seed(info, draw_seed()) if seed is None else seed
+        seed = broadcast_seed(info, draw_seed(), query.device) if seed is None else seed
         kw.update(keep_prob=keep_prob, seed=seed, offset=offset + info.rank * local_numels)
     out = flash_attention(q, k, v, **kw)
     out = _AllToAll.apply(out.unsqueeze(0) if layout == "TND" else out, info, False)
