@@ -198,7 +198,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
     """``(dq, dk, dv, dpse)`` of problem ``p`` from the preprocess, dQ and dK/dV kernels."""
     g, seq, device = p.geom, p.seq, query.device
-    dq, dk, dv = (torch.zeros_like(t) for t in (query, key, value))
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=device) for t in (query, key, value))  # unit last stride
     has_dpse = p.pse is not None and p.pse.has_grad
     dpse_buf = None
     if has_dpse:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attnops
-from tests.helpers import INT_MAX, PREFIX3072, TRIU2048, check_fa, cum, make_qkv, random_keep
+from tests.helpers import PREFIX3072, TRIU2048, check_fa, cum, make_qkv, noncontig, random_keep
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # exp2(-inf) in numpy
 
@@ -32,6 +32,13 @@ def check(q, k, v, dy, **kw):
 def test_dense_layouts_gqa_dv(layout, dtype):
     q, k, v, dy = make_qkv(layout, b=2, n1=4, n2=2, sq=20, skv=37, d=16, dv=8, dtype=dtype, seed=1)
     check(q, k, v, dy, layout=layout, head_num=4, scale=0.3)
+
+
+@pytest.mark.parametrize("how", ["transpose", "strided"])
+def test_non_contiguous_inputs(how):
+    """Strided views are read in place (reversed strides) or copied once (no unit last stride)."""
+    q, k, v, dy = (noncontig(t, how) for t in make_qkv("BSND", b=2, n1=2, n2=1, sq=18, skv=21, d=16, seed=20))
+    check(q, k, v, dy, layout="BSND", head_num=2, scale=0.3, atten_mask=TRIU2048, sparse_mode=3)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
