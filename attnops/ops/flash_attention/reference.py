@@ -1,32 +1,36 @@
 """Pure-PyTorch FlashAttention forward and backward (the production CPU path).
 
 Works one batch and one chunk of query rows at a time, in the compute dtype (fp32; fp64 for fp64 inputs), and
-only over the KV columns the mask band can keep, so extra memory is O(G * chunk * Skv) and masked tiles cost
-nothing. A tile is one query head (2-D GEMMs; GQA heads read their KV head in place) or, without GQA where it is
-faster (backward; forward of long rows), all heads at once (batched GEMMs). Exponentials use
-``exp2((s - max) * log2(e))`` because ``exp2`` is several times faster than ``exp`` on the CPU; the row max is
-subtracted first (exactly, in natural units) so the backward rebuilds P from the stored fp32 statistics without
-cancellation error. Tiles live in per-thread workspaces kept between calls (no allocation per tile or per
-call). The backward uses the softmax statistics and attention output it is given; it never recomputes them.
-See ``docs/performance.md`` for the measurements behind the tile shapes.
+only over the KV columns the mask band can keep, so extra memory is O(chunk * Skv) per worker and masked tiles
+cost nothing. A tile is one query head x a row chunk x a column block (2-D GEMMs; GQA heads read their KV head in
+place). Heads run side by side on single-threaded workers (:mod:`attnops._core.parallel`): one job per (batch,
+query head) forward, per (batch, KV head) backward, so every output element has one writer and results do not
+depend on the thread count. Exponentials use ``exp2((s - max) * log2(e))`` because ``exp2`` is several times
+faster than ``exp`` on the CPU; the row max is subtracted first (exactly, in natural units) so the backward
+rebuilds P from the stored fp32 statistics without cancellation error. Tiles live in per-thread workspaces kept
+between calls (no allocation per tile or per call). The backward uses the softmax statistics and attention
+output it is given; it never recomputes them. See ``docs/performance.md`` for the measurements behind the tiles.
 """
 from __future__ import annotations
 
 import bisect
 import math
 import threading
+from dataclasses import dataclass
 
 import torch
 
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
 from ..._core.masks import INF
+from ..._core.parallel import run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, new_stats, stats_block
 from .problem import FAProblem
 
 LOG2E = math.log2(math.e)
 TILE_BYTES = 8 << 20  # fp32 score tile budget: big enough for efficient GEMMs, small enough for the L3 cache
 MIN_ROWS = 16
-COL_BLOCK = 1024  # columns per tile where rows are split in column blocks (backward; forward of long rows)
+COL_BLOCK = 1024  # columns per backward tile (the statistics are given: rows need not be whole)
+FWD_COL_BLOCK = 4096  # columns per forward tile; wider bands use the online softmax across blocks
 MAX_ROWS = 256  # rows per tile (GEMM M); causal tiles waste rows/2 columns per row on the diagonal (~6% at 4096)
 PEAKED_SUM = 4.0  # rows with softmax_sum below this (max probability > 1/4) form dP - D in fp64
 
@@ -156,25 +160,14 @@ def _row_chunks(p: FAProblem, b: int, budget: int, max_rows: int, cols_cap: int 
     return out
 
 
-def _col_blocks(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int, band) -> list[tuple[int, int, list | None]]:
-    """Split a row chunk's band ``[c0, c1)`` into column blocks of at most ``COL_BLOCK`` (with their band parts)."""
-    if c1 - c0 <= COL_BLOCK:
+def _col_blocks(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int, band, width: int
+                ) -> list[tuple[int, int, list | None]]:
+    """Split a row chunk's band ``[c0, c1)`` into equal column blocks of at most ``width`` (with their band parts)."""
+    if c1 - c0 <= width:
         return [(c0, c1, band)]
-    n = -(-(c1 - c0) // COL_BLOCK)
+    n = -(-(c1 - c0) // width)
     width = -(-(c1 - c0) // n)
     return [(a, min(c1, a + width), _band_parts(p, b, r0, r1, a, min(c1, a + width))) for a in range(c0, c1, width)]
-
-
-def _uncovered(chunks, sq: int) -> list[tuple[int, int]]:
-    """Row ranges of ``[0, sq)`` that no chunk covers (their band is empty: outputs 0)."""
-    gaps, at = [], 0
-    for r0, r1, *_ in chunks:
-        if r0 > at:
-            gaps.append((at, r0))
-        at = r1
-    if at < sq:
-        gaps.append((at, sq))
-    return gaps
 
 
 def _band_parts(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int) -> list | None:
@@ -225,12 +218,6 @@ class _Buffers:
         if sum(b.numel() for b in self._bufs.values()) * self.dtype.itemsize > CACHED_WORKSPACE_BYTES:
             self._bufs.clear()
 
-    def scaled_heads(self, name: str, x: torch.Tensor, scale: float) -> torch.Tensor:
-        """Like :func:`_heads_first` (``[S, N, D]`` -> ``[N, S, D]`` times ``scale``) into a kept buffer."""
-        out = self.get(name, x.shape[1], x.shape[0], x.shape[2])
-        out.copy_(x.transpose(0, 1))
-        return out.mul_(scale) if scale != 1.0 else out
-
     def get(self, name: str, *shape: int) -> torch.Tensor:
         n = math.prod(shape)
         buf = self._bufs.get(name)
@@ -241,12 +228,45 @@ class _Buffers:
         return buf[:n].view(shape)
 
 
+def _carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
+    """Consecutive views of ``flat`` with the given shapes."""
+    views, at = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        views.append(flat[at:at + n].view(shape))
+        at += n
+    return views
+
+
+def _scaled_heads_into(out: torch.Tensor, x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``out`` ([N, S, D]) = ``x`` ([S, N, D], any dtype) transposed, times ``scale``."""
+    out.copy_(x.transpose(0, 1))
+    return out.mul_(scale) if scale != 1.0 else out
+
+
+@dataclass
+class _ForwardBatch:
+    """One batch's operands, heads first, and its outputs (``o`` may alias the output tensor)."""
+
+    b: int
+    qs: torch.Tensor  # [N1, Sq, D], times scale
+    k: torch.Tensor  # [N2, Skv, D]
+    v: torch.Tensor  # [N2, Skv, Dv]
+    o: torch.Tensor  # [N1, Sq, Dv]
+    m: torch.Tensor  # [N1, Sq, 1] row max
+    l: torch.Tensor  # [N1, Sq, 1] row sum
+    chunks: list  # (r0, r1, column blocks [(c0, c1, band)])
+
+
 def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
     """Returns ``(attention_out, softmax_max, softmax_sum)`` in the problem's layouts.
 
-    Tiles are one query head x a chunk of rows x the band's columns (2-D GEMMs, no copies of K/V per head). Per
-    tile: ``S = (scale*Q) K^T``, masked entries -inf, ``m = rowmax``, ``P = exp2((S - m) * log2(e))`` (the max is
-    subtracted in natural units, exactly, as the backward does), ``l = rowsum(P)``, ``O = P V / l``.
+    One job per (batch, query head), run side by side on single-threaded workers (:mod:`attnops._core.parallel`).
+    A job walks its head's row chunks; a chunk's band is split in column blocks of at most ``FWD_COL_BLOCK``
+    (2-D GEMMs on K/V in place, no copies per head). Per block: ``S = (scale*Q) K^T``, masked entries -inf, and the
+    online softmax: running max ``m``, ``P = exp2((S - m) * log2(e))`` (the max subtracted in natural units first,
+    exactly, as the backward does), ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``;
+    ``O / l`` at the end. With one block per chunk that is the plain softmax.
     """
     g = p.geom
     out = torch.zeros(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=query.device)
@@ -254,61 +274,45 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     smax, ssum = new_stats(p.seq, g.n1, p.total_q, query.device, query.dtype)
     qv, kv, vv = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2)))
     ov = tokens_view(out, g.layout, g.n1)
+    direct = out.dtype == acc  # write the output in place (rows without a tile are already 0)
+    active = _active_batches(p)
     buf = _Buffers.acquire(acc, query.device)
-    budget, max_rows = TILE_BYTES // acc.itemsize, MAX_ROWS
-    for b in _active_batches(p):
+    lens = [p.seq.q_lens[b] for b in active]
+    qs_all = _carve(buf.get("qs", g.n1 * sum(lens) * g.d), [(g.n1, s, g.d) for s in lens])
+    o_all = None if direct else _carve(buf.get("o", g.n1 * sum(lens) * g.dv), [(g.n1, s, g.dv) for s in lens])
+    batches = []
+    for i, b in enumerate(active):
         sq = p.seq.q_lens[b]
-        qs = buf.scaled_heads("qs", batch_tokens(qv, p.seq, b), p.scale)
-        k = _heads_view(batch_tokens(kv, p.seq, b, kv=True))
-        v = _heads_view(batch_tokens(vv, p.seq, b, kv=True))
-        direct = out.dtype == acc  # write the output in place (rows without a tile are already 0)
-        o_b = batch_tokens(ov, p.seq, b).transpose(0, 1) if direct else buf.get("o_b", g.n1, sq, g.dv)
-        m_b = torch.full((g.n1, sq, 1), FLT_LOWEST, dtype=acc)
-        l_b = torch.zeros((g.n1, sq, 1), dtype=acc)
-        lo_col, hi_col = p.mask.col_range(b, 0, sq, p.seq.kv_lens[b])
-        online = g.group == 1 and (hi_col - lo_col) * max_rows > budget  # whole rows would need thin tiles
-        chunks = _row_chunks(p, b, budget, max_rows, COL_BLOCK if online else None)
+        o = batch_tokens(ov, p.seq, b).transpose(0, 1) if direct else o_all[i].zero_()
+        row_chunks = _row_chunks(p, b, TILE_BYTES // acc.itemsize, MAX_ROWS, FWD_COL_BLOCK)
+        batches.append(_ForwardBatch(
+            b, _scaled_heads_into(qs_all[i], batch_tokens(qv, p.seq, b), p.scale),
+            _heads_view(batch_tokens(kv, p.seq, b, kv=True)), _heads_view(batch_tokens(vv, p.seq, b, kv=True)), o,
+            torch.full((g.n1, sq, 1), FLT_LOWEST, dtype=acc, device=query.device),
+            torch.zeros((g.n1, sq, 1), dtype=acc, device=query.device),
+            [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK))
+             for r0, r1, c0, c1, band in row_chunks]))
+    run_jobs(lambda job: _forward_head(p, *job, acc), [(fb, h) for fb in batches for h in range(g.n1)],
+             query.device)
+    for fb in batches:
         if not direct:
-            for r0, r1 in _uncovered(chunks, sq):
-                o_b[:, r0:r1].zero_()
-        if online:  # long rows without GQA: all heads at once, column blocks, online softmax
-            _forward_heads_batched(p, b, chunks, buf, qs, k, v, o_b, m_b, l_b, acc)
-        for h in range(g.n1 if not online else 0):
-            n2 = h // g.group
-            for r0, r1, c0, c1, band in chunks:
-                t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
-                s = t.scores(qs, k, buf.get("s", 1, r1 - r0, c1 - c0), band)[0]
-                m = torch.amax(s, -1, keepdim=True, out=m_b[h, r0:r1]).clamp_min_(FLT_LOWEST)  # -inf: empty row
-                s.sub_(m).mul_(LOG2E).exp2_()
-                l = torch.sum(s, -1, keepdim=True, out=l_b[h, r0:r1])  # >= 1 on rows with a kept score, else 0
-                drop = t.dropout_scale(acc)
-                if drop is not None:
-                    s.mul_(drop[0])
-                o = torch.mm(s, v[n2, c0:c1], out=o_b[h, r0:r1])
-                o.div_(l.clamp_min(1.0))
-        if not direct:
-            batch_tokens(ov, p.seq, b).copy_(o_b.transpose(0, 1))
-        l_b.masked_fill_(l_b == 0, FLT_MAX)
-        stats_block(smax, p.seq, b, p.softmax_layout).copy_(m_b.expand(-1, -1, 8))
-        stats_block(ssum, p.seq, b, p.softmax_layout).copy_(l_b.expand(-1, -1, 8))
+            batch_tokens(ov, p.seq, fb.b).copy_(fb.o.transpose(0, 1))
+        fb.l.masked_fill_(fb.l == 0, FLT_MAX)
+        stats_block(smax, p.seq, fb.b, p.softmax_layout).copy_(fb.m.expand(-1, -1, 8))
+        stats_block(ssum, p.seq, fb.b, p.softmax_layout).copy_(fb.l.expand(-1, -1, 8))
     buf.release()
     return out, smax, ssum
 
 
-def _forward_heads_batched(p, b, chunks, buf, qs, k, v, o_b, m_b, l_b, acc) -> None:
-    """The forward of batch ``b`` without GQA: ``[N, rows, cols]`` tiles of at most ``COL_BLOCK`` columns, batched
-    GEMMs (MKL runs the heads side by side), and the online softmax across a row chunk's column blocks: running
-    max ``m``, ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``; ``O / l`` at the end.
-    The final ``m`` is the exact row max and every exponent is ``(s - m_running) * log2(e)`` with the max
-    subtracted first, as in the one-block case."""
-    n, all_heads = p.geom.n1, slice(0, p.geom.n1)
-    for r0, r1, c0_, c1_, band_ in chunks:
-        blocks = _col_blocks(p, b, r0, r1, c0_, c1_, band_)
-        qrows, m, l, o = qs[:, r0:r1], m_b[:, r0:r1], l_b[:, r0:r1], o_b[:, r0:r1]
+def _forward_head(p: FAProblem, fb: _ForwardBatch, h: int, acc: torch.dtype) -> None:
+    """The forward of query head ``h`` of batch ``fb`` (see :func:`forward`), in this thread's workspace."""
+    buf = _Buffers.acquire(acc, fb.qs.device)
+    n2 = h // p.geom.group
+    for r0, r1, blocks in fb.chunks:
+        m, l, o = fb.m[h, r0:r1], fb.l[h, r0:r1], fb.o[h, r0:r1]
         for j, (c0, c1, band) in enumerate(blocks):
-            t = _Tile(p, b, 0, r0, r1, c0, c1, heads=all_heads)
-            s = t.shift_and_mask_(torch.bmm(qrows, k[:, c0:c1].transpose(1, 2),
-                                            out=buf.get("s", n, r1 - r0, c1 - c0)), band)
+            t = _Tile(p, fb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
+            s = t.scores(fb.qs, fb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)[0]
             if j == 0:
                 torch.amax(s, -1, keepdim=True, out=m).clamp_min_(FLT_LOWEST)  # -inf (no kept score yet): lowest
                 s.sub_(m).mul_(LOG2E).exp2_()
@@ -322,12 +326,13 @@ def _forward_heads_batched(p, b, chunks, buf, qs, k, v, o_b, m_b, l_b, acc) -> N
                 o.mul_(rescale)
             drop = t.dropout_scale(acc)
             if drop is not None:
-                s.mul_(drop)
+                s.mul_(drop[0])
             if j == 0:
-                torch.bmm(s, v[:, c0:c1], out=o)
+                torch.mm(s, fb.v[n2, c0:c1], out=o)
             else:
-                o.baddbmm_(s, v[:, c0:c1])
-        o.div_(l.clamp_min(1.0))
+                o.addmm_(s, fb.v[n2, c0:c1])
+        o.div_(l.clamp_min(1.0))  # l >= 1 on rows with a kept score, else 0 (and o = 0)
+    buf.release()
 
 
 def _probabilities_(s: torch.Tensor, m: torch.Tensor, log2_l: torch.Tensor) -> torch.Tensor:
@@ -380,13 +385,36 @@ def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) 
     return [torch.nonzero(row).flatten().tolist() for row in peaked]
 
 
+@dataclass
+class _BackwardBatch:
+    """One batch's operands, heads first, and its gradient accumulators (which may alias the outputs)."""
+
+    b: int
+    qs: torch.Tensor  # [N1, Sq, D], times scale
+    k: torch.Tensor  # [N2, Skv, D]
+    v: torch.Tensor  # [N2, Skv, Dv]
+    do: torch.Tensor  # [N1, Sq, Dv]
+    m: torch.Tensor  # [N1, Sq, 1] given row max
+    neg_log2_l: torch.Tensor  # [N1, Sq, 1] -log2(given row sum)
+    delta: torch.Tensor  # [N1, Sq, 1] D = rowsum(dy * attention_in)
+    peaked: list[list[int]] | None  # rows whose dP - D is formed in fp64 (per head)
+    delta64: torch.Tensor | None  # [N1, Sq, 1] fp64 D of those rows
+    dq: torch.Tensor  # [N1, Sq, D]
+    dk: torch.Tensor  # [N2, Skv, D]
+    dv: torch.Tensor  # [N2, Skv, Dv]
+    groups: list  # lists of row chunks (r0, r1, column blocks) whose dK/dV are summed apart
+
+
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
     """Returns ``(dq, dk, dv, dpse)``; dpse is None unless a pse tensor of type 0/1 was given.
 
-    Same tiles as the forward (one query head x a row chunk x the band). Per tile, from the given statistics:
+    One job per (batch, KV head), run side by side on single-threaded workers (:mod:`attnops._core.parallel`); a
+    job owns its dK/dV rows and its query heads' dQ rows, so the result does not depend on the thread count. When
+    a pse gradient is shared by the batches (pse batch dim 1), one job per KV head walks every batch. Tiles are one
+    query head x a row chunk x at most ``COL_BLOCK`` columns of the band. Per tile, from the given statistics:
     ``P = exp2((S - max) * log2(e) - log2(sum))``, ``dV += P^T dy``, ``dS = P * (dy V^T - D)`` with
-    ``D = rowsum(dy * attention_in)`` (fp64, then fp32; see :func:`_peaked_rows` for the rows done in fp64),
-    ``dQ = dS K`` (one GEMM per tile: a tile spans the row's whole band), ``dK += dS^T (scale*Q)``.
+    ``D = rowsum(dy * attention_in)`` (see :func:`_peaked_rows` for the rows done in fp64), ``dQ += dS K``,
+    ``dK += dS^T (scale*Q)``.
     """
     g = p.geom
     dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
@@ -397,130 +425,103 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (dy, g.n1),
                                                   (attention_in, g.n1), (dq, g.n1), (dk, g.n2), (dv, g.n2)))
     acc = compute_dtype(query.dtype)
+    direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
+    active = _active_batches(p)
     buf = _Buffers.acquire(acc, query.device)
-    budget, max_rows = TILE_BYTES // acc.itemsize, MAX_ROWS
-    for b in _active_batches(p):
+    lens = [p.seq.q_lens[b] for b in active]
+    qs_all = _carve(buf.get("qs", g.n1 * sum(lens) * g.d), [(g.n1, s, g.d) for s in lens])
+    batches = []
+    for i, b in enumerate(active):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
-        qs = buf.scaled_heads("qs", batch_tokens(qv, p.seq, b), p.scale)
-        k = _heads_view(batch_tokens(kv, p.seq, b, kv=True))
-        v = _heads_view(batch_tokens(vv, p.seq, b, kv=True))
         do = _heads_view(batch_tokens(dyv, p.seq, b))
         o = _heads_view(batch_tokens(ov, p.seq, b))
-        delta = torch.linalg.vecdot(do, o).unsqueeze(-1)  # D = rowsum(dy * attention_in): [N1, Sq, 1]
-        m_b = stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc)
         l_b = stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1].to(acc)
-        neg_log2_l = l_b.log2().neg_()
         peaked = _peaked_rows(l_b, acc, query.dtype)
-        delta64 = None
-        if peaked is not None:  # D of the peaked rows in fp64 (the other rows never read theirs)
-            delta64 = torch.zeros(g.n1, sq, 1, dtype=torch.float64)
-            for h, rows in enumerate(peaked):
-                if rows:
-                    idx = torch.tensor(rows, dtype=torch.long)
-                    delta64[h, idx] = torch.linalg.vecdot(do[h, idx].to(torch.float64),
-                                                          o[h, idx].to(torch.float64)).unsqueeze(-1)
-        row_chunks = _row_chunks(p, b, budget, max_rows, COL_BLOCK)
-        direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
         if direct:
             dq_b = batch_tokens(dqv, p.seq, b).transpose(0, 1)
             dk_b = batch_tokens(dkv, p.seq, b, kv=True).transpose(0, 1)
             dv_b = batch_tokens(dvv, p.seq, b, kv=True).transpose(0, 1)
         else:
-            dq_b = buf.get("dq_b", g.n1, sq, g.d)  # covered rows: written by their first tile, then accumulated
-            for r0, r1 in _uncovered(row_chunks, sq):
-                dq_b[:, r0:r1].zero_()
-            dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc)
-            dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc)
+            dq_b = torch.zeros(g.n1, sq, g.d, dtype=acc, device=query.device)
+            dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc, device=query.device)
+            dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc, device=query.device)
         # tiles of at most COL_BLOCK columns: the backward needs no whole rows (the statistics are given), and
         # smaller tiles keep its two score-sized buffers in the caches
-        chunks = [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band)) for r0, r1, c0, c1, band in row_chunks]
+        chunks = [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, COL_BLOCK))
+                  for r0, r1, c0, c1, band in _row_chunks(p, b, TILE_BYTES // acc.itemsize, MAX_ROWS, COL_BLOCK)]
+        # dK/dV of a group of chunks (all G heads) are summed apart, then added once: fp32 chains of about
+        # sqrt(chunks * G) additions instead of chunks * G
         per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
-        if g.group == 1:  # no GQA: every head in one batched GEMM per tile
-            _backward_heads_batched(p, b, chunks, per_group, buf, qs, k, v, do, m_b, neg_log2_l, delta, peaked,
-                                    delta64, dq_b, dk_b, dv_b, dpse, acc)
-        for n2 in range(g.n2 if g.group > 1 else 0):
-            for i in range(0, len(chunks), per_group):
-                group = chunks[i:i + per_group]
-                u0, u1 = min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)
-                # dK/dV of this group of chunks (all G heads) are summed apart, then added once: fp32 chains of
-                # about sqrt(chunks * G) additions instead of chunks * G
-                tk, tv = buf.get("tk", u1 - u0, g.d).zero_(), buf.get("tv", u1 - u0, g.dv).zero_()
-                for r0, r1, blocks in group:
-                    for h in range(n2 * g.group, (n2 + 1) * g.group):
-                        dot = do[h, r0:r1]
-                        for j, (c0, c1, band) in enumerate(blocks):
-                            t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
-                            cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
-                            s3 = t.scores(qs, k, buf.get("s", 1, r1 - r0, c1 - c0), band)
-                            prob = s3[0].sub_(m_b[h, r0:r1])  # natural units first: exact where s ~ max
-                            torch.add(neg_log2_l[h, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
-                            drop = t.dropout_scale(acc)
-                            drop = None if drop is None else drop[0]
-                            tv[tcols].addmm_((prob if drop is None else prob * drop).transpose(0, 1), dot)
-                            dp = torch.mm(dot, v[n2, cols].transpose(0, 1), out=buf.get("dp", r1 - r0, c1 - c0))
-                            if drop is not None:
-                                dp.mul_(drop)
-                            dp.sub_(delta[h, r0:r1])
-                            if peaked is not None and peaked[h]:
-                                _exact_dp_minus_d(dp, peaked[h], r0, r1, dot, v[n2, cols], delta64[h], drop)
-                            ds = prob.mul_(dp)
-                            if j == 0:
-                                torch.mm(ds, k[n2, cols], out=dq_b[h, r0:r1])
-                            else:
-                                dq_b[h, r0:r1].addmm_(ds, k[n2, cols])
-                            tk[tcols].addmm_(ds.transpose(0, 1), qs[h, r0:r1])
-                            t.add_pse_grad(s3, dpse)
-                dk_b[n2, u0:u1] += tk
-                dv_b[n2, u0:u1] += tv
-        dq_b.mul_(p.scale)
+        batches.append(_BackwardBatch(
+            b, _scaled_heads_into(qs_all[i], batch_tokens(qv, p.seq, b), p.scale),
+            _heads_view(batch_tokens(kv, p.seq, b, kv=True)), _heads_view(batch_tokens(vv, p.seq, b, kv=True)), do,
+            stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc), l_b.log2().neg_(),
+            torch.linalg.vecdot(do, o).unsqueeze(-1), peaked, _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
+            [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
+    shared_dpse = dpse is not None and dpse.shape[0] == 1 and len(batches) > 1
+    jobs = ([[(bb, n2) for bb in batches] for n2 in range(g.n2)] if shared_dpse
+            else [[(bb, n2)] for bb in batches for n2 in range(g.n2)])
+    run_jobs(lambda job: [_backward_kv_head(p, bb, n2, dpse, acc) for bb, n2 in job], jobs, query.device)
+    for bb in batches:
+        bb.dq.mul_(p.scale)
         if not direct:
-            batch_tokens(dqv, p.seq, b).copy_(dq_b.transpose(0, 1))
-            batch_tokens(dkv, p.seq, b, kv=True).copy_(dk_b.transpose(0, 1))
-            batch_tokens(dvv, p.seq, b, kv=True).copy_(dv_b.transpose(0, 1))
+            batch_tokens(dqv, p.seq, bb.b).copy_(bb.dq.transpose(0, 1))
+            batch_tokens(dkv, p.seq, bb.b, kv=True).copy_(bb.dk.transpose(0, 1))
+            batch_tokens(dvv, p.seq, bb.b, kv=True).copy_(bb.dv.transpose(0, 1))
     buf.release()
     if dpse is not None:
         dpse = dpse.to(p.pse.tensor.dtype)
     return dq, dk, dv, dpse
 
 
-def _backward_heads_batched(p, b, chunks, per_group, buf, qs, k, v, do, m_b, neg_log2_l, delta, peaked, delta64,
-                            dq_b, dk_b, dv_b, dpse, acc) -> None:
-    """The backward tiles of batch ``b`` without GQA, all heads at once (``[N, rows, cols]`` tiles, batched GEMMs:
-    MKL runs the heads' GEMMs side by side, faster than one multi-threaded GEMM after another)."""
-    n, all_heads = p.geom.n1, slice(0, p.geom.n1)
-    for i in range(0, len(chunks), per_group):
-        group = chunks[i:i + per_group]
+def _peaked_delta(peaked: list[list[int]] | None, do: torch.Tensor, o: torch.Tensor) -> torch.Tensor | None:
+    """fp64 ``D`` of the peaked rows (the other rows never read theirs), or None."""
+    if peaked is None:
+        return None
+    delta64 = torch.zeros(*do.shape[:2], 1, dtype=torch.float64, device=do.device)
+    for h, rows in enumerate(peaked):
+        if rows:
+            idx = torch.tensor(rows, dtype=torch.long, device=do.device)
+            delta64[h, idx] = torch.linalg.vecdot(do[h, idx].to(torch.float64),
+                                                  o[h, idx].to(torch.float64)).unsqueeze(-1)
+    return delta64
+
+
+def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, dpse, acc: torch.dtype) -> None:
+    """The backward tiles of KV head ``n2`` (and its G query heads) of batch ``bb``, in this thread's workspace."""
+    g = p.geom
+    buf = _Buffers.acquire(acc, bb.qs.device)
+    for group in bb.groups:
         u0, u1 = min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)
-        tk, tv = buf.get("tk", n, u1 - u0, p.geom.d).zero_(), buf.get("tv", n, u1 - u0, p.geom.dv).zero_()
+        tk, tv = buf.get("tk", u1 - u0, g.d).zero_(), buf.get("tv", u1 - u0, g.dv).zero_()
         for r0, r1, blocks in group:
-            dot, qrows = do[:, r0:r1], qs[:, r0:r1]
-            for j, (c0, c1, band) in enumerate(blocks):
-                t = _Tile(p, b, 0, r0, r1, c0, c1, heads=all_heads)
-                cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
-                s = t.shift_and_mask_(torch.bmm(qrows, k[:, cols].transpose(1, 2),
-                                                out=buf.get("s", n, r1 - r0, c1 - c0)), band)
-                prob = s.sub_(m_b[:, r0:r1])  # natural units first: exact where s ~ max
-                torch.add(neg_log2_l[:, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
-                drop = t.dropout_scale(acc)
-                tv[:, tcols].baddbmm_((prob if drop is None else prob * drop).transpose(1, 2), dot)
-                dp = torch.bmm(dot, v[:, cols].transpose(1, 2), out=buf.get("dp", n, r1 - r0, c1 - c0))
-                if drop is not None:
-                    dp.mul_(drop)
-                dp.sub_(delta[:, r0:r1])
-                if peaked is not None:
-                    for h, rows64 in enumerate(peaked):
-                        if rows64:
-                            _exact_dp_minus_d(dp[h], rows64, r0, r1, dot[h], v[h, cols], delta64[h],
-                                              None if drop is None else drop[h])
-                ds = prob.mul_(dp)
-                if j == 0:
-                    torch.bmm(ds, k[:, cols], out=dq_b[:, r0:r1])
-                else:
-                    dq_b[:, r0:r1].baddbmm_(ds, k[:, cols])
-                tk[:, tcols].baddbmm_(ds.transpose(1, 2), qrows)
-                t.add_pse_grad(ds, dpse)
-        dk_b[:, u0:u1] += tk
-        dv_b[:, u0:u1] += tv
+            for h in range(n2 * g.group, (n2 + 1) * g.group):
+                dot = bb.do[h, r0:r1]
+                for j, (c0, c1, band) in enumerate(blocks):
+                    t = _Tile(p, bb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
+                    cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
+                    s3 = t.scores(bb.qs, bb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)
+                    prob = s3[0].sub_(bb.m[h, r0:r1])  # natural units first: exact where s ~ max
+                    torch.add(bb.neg_log2_l[h, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
+                    drop = t.dropout_scale(acc)
+                    drop = None if drop is None else drop[0]
+                    tv[tcols].addmm_((prob if drop is None else prob * drop).transpose(0, 1), dot)
+                    dp = torch.mm(dot, bb.v[n2, cols].transpose(0, 1), out=buf.get("dp", r1 - r0, c1 - c0))
+                    if drop is not None:
+                        dp.mul_(drop)
+                    dp.sub_(bb.delta[h, r0:r1])
+                    if bb.peaked is not None and bb.peaked[h]:
+                        _exact_dp_minus_d(dp, bb.peaked[h], r0, r1, dot, bb.v[n2, cols], bb.delta64[h], drop)
+                    ds = prob.mul_(dp)
+                    if j == 0:
+                        torch.mm(ds, bb.k[n2, cols], out=bb.dq[h, r0:r1])
+                    else:
+                        bb.dq[h, r0:r1].addmm_(ds, bb.k[n2, cols])
+                    tk[tcols].addmm_(ds.transpose(0, 1), bb.qs[h, r0:r1])
+                    t.add_pse_grad(s3, dpse)
+        bb.dk[n2, u0:u1] += tk
+        bb.dv[n2, u0:u1] += tv
+    buf.release()
 
 
 def _exact_dp_minus_d(dp, rows64: list[int], r0: int, r1: int, dy_rows, v_cols, delta64, drop) -> None:

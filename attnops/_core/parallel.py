@@ -1,0 +1,81 @@
+"""Independent jobs on all CPU cores: Python threads that each run PyTorch single-threaded.
+
+Attention on the CPU is a sequence of small GEMMs and elementwise passes per (batch, head). Splitting every one of
+those ops across the intra-op threads costs a fork/join per op and leaves cores idle in the serial parts; running
+whole heads side by side on single-threaded workers, the way ``scaled_dot_product_attention``'s CPU kernel does
+with ``at::parallel_for``, keeps every core on GEMMs. PyTorch releases the GIL inside its ops, so Python threads
+give real parallelism.
+
+:func:`run_jobs` runs ``job(x)`` for every ``x`` on a persistent pool of ``torch.get_num_threads()`` workers whose
+intra-op thread count is 1 (``torch.set_num_threads`` is per OS thread for OpenMP and MKL; the caller's setting
+is restored), with autograd off and the caller's inference mode, and re-raises the first error. With one thread,
+too few jobs to keep every worker busy, a non-CPU device or a call from inside a worker, the jobs run one after
+another in the caller, with its usual intra-op threads. Each job must write only memory no other job touches
+(the caller merges shared results).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+_state = threading.local()  # .worker: True on pool threads
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+
+
+def _init_worker(ready: threading.Barrier) -> None:
+    _state.worker = True
+    torch.get_num_threads()  # PyTorch's lazy per-thread init first: it would later reset the count from the global
+    torch.set_num_threads(1)
+    ready.wait()
+
+
+def _workers(n: int) -> ThreadPoolExecutor:
+    """The pool of ``n`` single-threaded workers (re-created when the caller's thread count changes)."""
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool is None or _pool_size != n:
+            if _pool is not None:
+                _pool.shutdown(wait=True)
+            ready = threading.Barrier(n + 1)
+            _pool = ThreadPoolExecutor(n, thread_name_prefix="attnops", initializer=_init_worker, initargs=(ready,))
+            for _ in range(n):  # start every worker now, so each sets its own thread count exactly once
+                _pool.submit(int)
+            ready.wait()
+            _pool_size = n
+            torch.set_num_threads(n)  # a worker's set_num_threads(1) also changed the process-wide default
+        return _pool
+
+
+def worth_parallel(jobs: int, threads: int) -> bool:
+    """Whether ``jobs`` similar jobs keep ``threads`` workers busy: a multiple of them, or at least two each."""
+    return threads > 1 and jobs >= threads and (jobs % threads == 0 or jobs >= 2 * threads)
+
+
+def run_jobs(job: Callable[[T], None], items: Sequence[T], device: torch.device) -> None:
+    """``job(item)`` for every item, on the worker pool when that pays off (see the module docstring)."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or getattr(_state, "worker", False) or not worth_parallel(len(items), threads):
+        for item in items:
+            job(item)
+        return
+
+    inference = torch.is_inference_mode_enabled()  # grad and inference modes are per thread: carry the caller's
+
+    def guarded(item: T) -> None:
+        with torch.inference_mode(inference), torch.no_grad():
+            job(item)
+
+    pool = _workers(threads)
+    futures = [pool.submit(guarded, item) for item in items]
+    errors = [f.exception() for f in futures]  # waits for all: no job still running when this returns
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first

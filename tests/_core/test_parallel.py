@@ -1,0 +1,93 @@
+"""attnops._core.parallel: jobs on single-threaded workers, and the FlashAttention reference run that way equals
+its serial run bit for bit (each job owns its outputs, so the thread count cannot change a result)."""
+import threading
+
+import pytest
+import torch
+
+import attnops
+from attnops._core.parallel import run_jobs, worth_parallel
+from tests.helpers import PREFIX3072, TRIU2048, cum, make_qkv, randn
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("jobs, threads, expected", [(1, 2, False), (2, 2, True), (3, 2, False), (4, 2, True),
+                                                     (5, 2, True), (8, 1, False), (6, 4, False), (8, 4, True)])
+def test_worth_parallel(jobs, threads, expected):
+    assert worth_parallel(jobs, threads) is expected
+
+
+def test_jobs_run_on_single_threaded_workers_and_the_caller_keeps_its_threads(two_threads):
+    seen = {}
+
+    def job(i):
+        seen[i] = (threading.current_thread().name, torch.get_num_threads(), torch.is_grad_enabled())
+
+    run_jobs(job, range(4), CPU)
+    assert sorted(seen) == [0, 1, 2, 3]
+    assert all(name.startswith("attnops") and n == 1 and not grad for name, n, grad in seen.values())
+    assert torch.get_num_threads() == 2
+
+
+def test_too_few_jobs_run_in_the_caller(two_threads):
+    names = []
+    run_jobs(lambda _: names.append(threading.current_thread().name), range(3), CPU)
+    assert names == [threading.current_thread().name] * 3
+
+
+def test_a_failing_job_raises_after_all_jobs_ended(two_threads):
+    done = []
+
+    def job(i):
+        if i == 1:
+            raise ValueError("job 1 failed")
+        done.append(i)
+
+    with pytest.raises(ValueError, match="job 1 failed"):
+        run_jobs(job, range(4), CPU)
+    assert sorted(done) == [0, 2, 3]
+
+
+def test_workers_follow_the_callers_inference_mode(two_threads):
+    with torch.inference_mode():
+        out = torch.zeros(4)  # an inference tensor: only inference mode may write it in place
+        run_jobs(lambda i: out[i:i + 1].add_(i), range(4), CPU)
+    assert out.tolist() == [0, 1, 2, 3]
+
+
+CASES = {
+    "bsnd_causal": lambda: (make_qkv("BSND", b=1, n1=4, sq=40, skv=40, seed=1),
+                            dict(layout="BSND", atten_mask=TRIU2048, sparse_mode=2)),
+    "tnd_gqa_prefix_fp16": lambda: (
+        make_qkv("TND", n1=4, n2=2, q_lens=[9, 0, 17], kv_lens=[12, 3, 17], dtype=torch.float16, seed=2),
+        dict(layout="TND", actual_seq_qlen=cum([9, 0, 17]), actual_seq_kvlen=cum([12, 3, 17]), atten_mask=PREFIX3072,
+             sparse_mode=6, prefix=[4, 3, 2])),
+    "bnsd_shared_pse_dropout": lambda: (make_qkv("BNSD", b=2, n1=2, sq=11, skv=13, seed=3),
+                                        dict(layout="BNSD", pse=randn(1, 2, 11, 13, seed=4), keep_prob=0.7, seed=5)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_flash_attention_on_workers_equals_the_serial_run(case, two_threads):
+    (q, k, v, dy), kw = CASES[case]()
+
+    def run():
+        res = attnops.flash_attention(q, k, v, return_stats=True, **kw)
+        grads = attnops.flash_attention_backward(dy, q, k, v, res.out, res.softmax_max, res.softmax_sum,
+                                                 **kw)
+        return (res.out, res.softmax_max, res.softmax_sum, *(g for g in grads if g is not None))
+
+    parallel = run()
+    torch.set_num_threads(1)
+    serial = run()
+    for a, b in zip(parallel, serial):
+        assert torch.equal(a, b)
