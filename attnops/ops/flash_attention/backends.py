@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 
+from ..._core.devices import on_cpu
 from ..._core.dispatch import choose_backend
 from . import reference
 from .problem import FAProblem
@@ -29,11 +30,9 @@ def _cpu_problem(p: FAProblem) -> FAProblem:
 
 
 def _reference(fn, p: FAProblem, *tensors: torch.Tensor):
-    device = tensors[0].device
-    if device.type == "cpu":
+    if tensors[0].device.type == "cpu":
         return fn(p, *tensors)
-    results = fn(_cpu_problem(p), *(t.cpu() for t in tensors))
-    return tuple(None if r is None else r.to(device) for r in results)
+    return on_cpu(fn, _cpu_problem(p), *tensors)
 
 
 def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, backend: str = "auto"):

@@ -12,11 +12,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..._core.devices import on_cpu
 from ..._core.layouts import io_layouts
 from . import reference
 from .problem import LAYOUTS, build_problem
 
-DEVICE_TYPES = ("cpu", "cuda")  # pure PyTorch: CUDA tensors run the same implementation
+DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
 
 
 @torch.library.custom_op("attnops::fused_infer_attention", mutates_args=(), device_types=DEVICE_TYPES)
@@ -37,21 +38,11 @@ def fused_infer_attention(query: Tensor, key: Tensor, value: Tensor, pse_shift: 
                           ) -> tuple[Tensor, Tensor]:
     """``(attention_out, softmax_lse)``: the output in the output layout and the fp32 lse ``[B, N, Q_S, 1]`` /
     ``[T, N, 1]``."""
-    p = build_problem(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
-                      actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
-                      deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2,
-                      quant_scale2=quant_scale2, quant_offset2=quant_offset2, antiquant_scale=antiquant_scale,
-                      antiquant_offset=antiquant_offset, block_table=block_table,
-                      query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
-                      key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
-                      value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
-                      key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
-                      actual_shared_prefix_len=actual_shared_prefix_len, num_heads=num_heads, scale=scale,
-                      pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
-                      num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, inner_precise=inner_precise,
-                      block_size=block_size, antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
-                      value_antiquant_mode=value_antiquant_mode)
-    return reference.forward(p)
+    return on_cpu(_forward, **locals())
+
+
+def _forward(query: Tensor, key: Tensor, value: Tensor, **options):
+    return reference.forward(build_problem(query, key, value, **options))
 
 
 @fused_infer_attention.register_fake

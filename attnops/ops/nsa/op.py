@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..._core.devices import on_cpu
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..flash_attention import op as fa_op
 from ..._core.varlen import lengths_from_cumulative
@@ -19,7 +20,7 @@ from .compress_attention import build_compress_attention_spec, compress_attentio
 from .selected import build_selected_spec, selected_backward, selected_forward
 
 INT_MAX = 2147483647
-DEVICE_TYPES = ("cpu", "cuda")  # pure PyTorch: CUDA tensors run the same implementation
+DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
 
 
 def _schema_names(op) -> list[str]:
@@ -38,7 +39,7 @@ def nsa_compress(input: Tensor, weight: Tensor, compress_block_size: int, compre
     spec = build_compress_spec(input, weight, compress_block_size=compress_block_size,
                                compress_stride=compress_stride, actual_seq_len=actual_seq_len,
                                act_seq_len_type=act_seq_len_type)
-    return compress_forward(spec, input, weight)
+    return on_cpu(compress_forward, spec, input, weight)
 
 
 @nsa_compress.register_fake
@@ -61,7 +62,7 @@ def nsa_compress_grad(output_grad: Tensor, input: Tensor, weight: Tensor, compre
                                compress_stride=compress_stride, actual_seq_len=actual_seq_len,
                                act_seq_len_type=act_seq_len_type)
     check_output_grad(output_grad, spec, input)
-    return compress_backward(spec, output_grad, input, weight)
+    return on_cpu(compress_backward, spec, output_grad, input, weight)
 
 
 @nsa_compress_grad.register_fake
@@ -95,7 +96,7 @@ def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indic
                                select_block_size=select_block_size, select_block_count=select_block_count,
                                atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
                                actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode)
-    return selected_forward(spec, query, key, value, topk_indices)
+    return on_cpu(selected_forward, spec, query, key, value, topk_indices)
 
 
 @nsa_selected_attention.register_fake
@@ -121,7 +122,8 @@ def nsa_selected_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value:
                                atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
                                actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode)
     check_selected_backward_inputs(spec, query, grad, attention_out, softmax_max, softmax_sum)
-    return selected_backward(spec, query, key, value, attention_out, grad, softmax_max, softmax_sum, topk_indices)
+    return on_cpu(selected_backward, spec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
+                  topk_indices)
 
 
 @nsa_selected_attention_grad.register_fake
@@ -160,13 +162,16 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, topk_mask:
                            actual_seq_qlen: Optional[list[int]], actual_cmp_seq_kvlen: Optional[list[int]],
                            actual_sel_seq_kvlen: Optional[list[int]], sparse_mode: int
                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    spec = build_compress_attention_spec(
-        query, key, value, scale_value=scale_value, head_num=head_num, compress_block_size=compress_block_size,
-        compress_stride=compress_stride, select_block_size=select_block_size, select_block_count=select_block_count,
-        topk_mask=topk_mask, atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
-        actual_cmp_seq_kvlen=actual_cmp_seq_kvlen, actual_sel_seq_kvlen=actual_sel_seq_kvlen,
-        sparse_mode=sparse_mode)
-    return compress_attention_forward(spec, query, key, value)
+    def run(query, key, value, topk_mask, atten_mask):  # the spec holds the masks: built from the CPU copies
+        spec = build_compress_attention_spec(
+            query, key, value, scale_value=scale_value, head_num=head_num, compress_block_size=compress_block_size,
+            compress_stride=compress_stride, select_block_size=select_block_size,
+            select_block_count=select_block_count, topk_mask=topk_mask, atten_mask=atten_mask,
+            actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen,
+            actual_sel_seq_kvlen=actual_sel_seq_kvlen, sparse_mode=sparse_mode)
+        return compress_attention_forward(spec, query, key, value)
+
+    return on_cpu(run, query, key, value, topk_mask, atten_mask)
 
 
 @nsa_compress_attention.register_fake
