@@ -1,15 +1,28 @@
-"""``python -m attnops check``: run every implemented operator on every available backend over built-in cases,
-compare with the fp64 golden (FlashAttention's tolerance rule), print a table and fail on any mismatch."""
+"""``python -m attnops check``: run every implemented operator and dialect on every available backend over built-in
+cases, compare with the fp64 golden (FlashAttention's tolerance rule), print a table and fail on any mismatch.
+
+Rows: the aclnn operators and the Pythonic API (FlashAttention, NSA, FusedInferAttentionScore), the torch_npu
+functions called as Ascend code calls them, and ring / Ulysses context parallelism at world size 2 on CPU Gloo (one
+spawn of two processes for all of them; a hang becomes a FAIL row after a timeout). Backends: ``reference``
+always; ``triton`` when the Triton kernels can run (CUDA and Triton importable, or ``ATTNOPS_TRITON_INTERPRET=1``
+for Triton's CPU interpreter). Only cases of operators with Triton kernels (FlashAttention) run on ``triton``; each
+case runs with ``ATTNOPS_BACKEND`` set to its backend, so the aclnn functions dispatch there too.
+``--filter TEXT`` keeps the cases whose operator or name contains TEXT; ``--list`` prints the cases and exits."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 
+from .._core.dispatch import triton_interpret_requested
 from ..testing.compare import default_floor, max_abs_err
+
+REFERENCE_ONLY = ("reference",)
 
 
 @dataclass
@@ -25,9 +38,12 @@ class Comparison:
 
 @dataclass
 class CheckCase:
+    """One row per backend in ``backends`` that is available; operators without Triton kernels: the reference."""
+
     operator: str
     name: str
     run: Callable[[str], list[Comparison]]  # backend -> comparisons
+    backends: tuple[str, ...] = REFERENCE_ONLY
 
 
 @dataclass
@@ -54,10 +70,25 @@ def _judge(cmp: Comparison) -> tuple[float, float, bool, str]:
     return err, err / scale if scale > 0 else err, ok, "" if ok else f"{cmp.name}: err {err:.3e} > bound {bound:.3e}"
 
 
+@contextlib.contextmanager
+def backend_env(backend: str) -> Iterator[None]:
+    """``ATTNOPS_BACKEND=backend`` for the duration (the aclnn functions dispatch through it), then restored."""
+    saved = os.environ.get("ATTNOPS_BACKEND")
+    os.environ["ATTNOPS_BACKEND"] = backend
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["ATTNOPS_BACKEND"]
+        else:
+            os.environ["ATTNOPS_BACKEND"] = saved
+
+
 def run_case(case: CheckCase, backend: str) -> Row:
     start = time.perf_counter()
     try:
-        comparisons = case.run(backend)
+        with backend_env(backend):
+            comparisons = case.run(backend)
     except Exception as exc:  # a crash is a failed row, reported, not a traceback
         return Row(case.operator, backend, case.name, float("nan"), float("nan"), time.perf_counter() - start, False,
                    f"{type(exc).__name__}: {exc}")
@@ -74,14 +105,26 @@ def run_case(case: CheckCase, backend: str) -> Row:
 
 
 def all_cases() -> list[CheckCase]:
-    from . import flash_attention, fused_infer_attention, nsa
+    from . import context_parallel, flash_attention, fused_infer_attention, nsa, torch_npu
 
-    return list(flash_attention.cases()) + list(nsa.cases()) + list(fused_infer_attention.cases())
+    return (flash_attention.cases() + nsa.cases() + fused_infer_attention.cases() + torch_npu.cases()
+            + context_parallel.cases())
+
+
+def triton_runs_on_cuda() -> bool:
+    return torch.cuda.is_available()
 
 
 def available_backends() -> list[str]:
-    """Backends that can run on this machine (Triton needs CUDA; the interpreter is for tests)."""
-    return ["reference"]
+    """``reference``, plus ``triton`` when its kernels can run: CUDA with Triton importable, or Triton's CPU
+    interpreter (``ATTNOPS_TRITON_INTERPRET=1``)."""
+    if not (triton_runs_on_cuda() or triton_interpret_requested()):
+        return ["reference"]
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return ["reference"]
+    return ["reference", "triton"]
 
 
 def print_table(rows: Iterable[Row]) -> None:
@@ -100,13 +143,22 @@ def print_table(rows: Iterable[Row]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnops check", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m attnops check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--filter", default="", help="only cases whose operator or name contains this text")
+    parser.add_argument("--list", action="store_true", help="print the selected cases and their backends, run none")
     args = parser.parse_args(argv)
+    backends = available_backends()
+    selected = [(case, [b for b in backends if b in case.backends]) for case in all_cases()
+                if args.filter in case.operator or args.filter in case.name]
+    if args.list:
+        for case, on in selected:
+            print(f"{case.operator}  |  {case.name}  |  {', '.join(on)}")
+        return 0
     torch.manual_seed(0)
-    rows = [run_case(case, backend) for case in all_cases()
-            if args.filter in case.operator or args.filter in case.name for backend in available_backends()]
+    start = time.perf_counter()
+    rows = [run_case(case, backend) for case, on in selected for backend in on]
     print_table(rows)
     failed = sum(not r.ok for r in rows)
-    print(f"{len(rows) - failed} passed, {failed} failed")
+    print(f"{len(rows) - failed} passed, {failed} failed in {time.perf_counter() - start:.1f} s")
     return 1 if failed or not rows else 0

@@ -1,6 +1,8 @@
-"""Built-in FlashAttention check cases: every aclnn operator and the Pythonic API against the fp64 golden."""
+"""Built-in FlashAttention check cases: every aclnn operator and the Pythonic API against the fp64 golden, on the
+reference and (where its kernels serve the case) on Triton, with the inputs on CUDA when a GPU is present."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -8,7 +10,9 @@ import torch
 from .. import aclnn, flash_attention, flash_attention_backward
 from .._core.dropout import pack_bits
 from ..testing import golden
-from . import CheckCase, Comparison
+from . import CheckCase, Comparison, triton_runs_on_cuda
+
+TRITON_MAX_HEAD_DIM = 256
 
 INT_MAX = 2147483647
 CAUSAL_2048 = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
@@ -36,7 +40,22 @@ class FACase:
     keep_prob: float = 1.0
 
 
-def _run(case: FACase, backend: str) -> list[Comparison]:
+def _device(backend: str) -> torch.device:
+    """Where a case's inputs live: CUDA for the Triton kernels when a GPU is present, else the CPU."""
+    return torch.device("cuda" if backend == "triton" and triton_runs_on_cuda() else "cpu")
+
+
+def _to(device: torch.device, x):
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+def _cpu(xs) -> list:
+    return [None if x is None else x.cpu() for x in xs]
+
+
+def _run(case: FACase, backend: str, call: Callable | None = None) -> list[Comparison]:
+    """Compare ``call(case, backend, q, k, v, dy, scale, drop_mask, opts) -> ((out, max, sum), grads)`` (default:
+    the aclnn / Pythonic dialects) with the golden."""
     gen = torch.Generator().manual_seed(hash(case.name) % (2**31))
     q, k, v = (torch.randn(s, generator=gen).to(case.dtype) for s in (case.q_shape, case.k_shape, case.v_shape))
     o = dict(case.opts)
@@ -60,7 +79,10 @@ def _run(case: FACase, backend: str) -> list[Comparison]:
     dy = torch.randn(out_g.shape, generator=gen).to(case.dtype)
     grads_g = golden.fa_backward(dy, q, k, v, **gold_kw)
     grads_b = golden.fa_backward(dy, q, k, v, dtype=case.dtype, **gold_kw)
-    outs, grads = _call(case, backend, q, k, v, dy, scale, drop_mask, o)
+    dev = _device(backend)
+    outs, grads = (call or _call)(case, backend, *(_to(dev, x) for x in (q, k, v, dy)), scale, _to(dev, drop_mask),
+                                  {name: _to(dev, x) for name, x in o.items()})
+    outs, grads = _cpu(outs), _cpu(grads)
     names = ("attention_out", "softmax_max", "softmax_sum")
     cmps = [Comparison(n, a, g, b) for n, a, g, b in zip(names, outs, (out_g, max_g, sum_g), (out_b, max_b, sum_b))]
     cmps += [Comparison(n, a, g, b, factor=3.0) for n, a, g, b in zip(("dq", "dk", "dv", "dpse"), grads, grads_g,
@@ -182,5 +204,18 @@ _OPERATOR = {"score": "flash_attention_score(+_grad)", "varlen": "flash_attentio
              "varlen_v2": "flash_attention_var_len_score_v2 / unpadding_grad_v2", "python": "attnops.flash_attention"}
 
 
+def _backends(case: FACase) -> tuple[str, ...]:
+    """The reference, plus Triton when its kernels serve the case: head dims up to 256, and bf16 on CUDA only
+    (Triton's CPU interpreter has no bf16; docs/triton.md)."""
+    d, dv = case.q_shape[-1], case.v_shape[-1]
+    if case.layout in ("BSH", "SBH"):
+        d //= case.head_num
+        dv //= case.k_shape[-1] // d
+    if max(d, dv) > TRITON_MAX_HEAD_DIM or (case.dtype == torch.bfloat16 and not triton_runs_on_cuda()):
+        return ("reference",)
+    return ("reference", "triton")
+
+
 def cases() -> list[CheckCase]:
-    return [CheckCase(_OPERATOR[c.api], c.name, (lambda backend, c=c: _run(c, backend))) for c in fa_cases()]
+    return [CheckCase(_OPERATOR[c.api], c.name, (lambda backend, c=c: _run(c, backend)), _backends(c))
+            for c in fa_cases()]

@@ -1,9 +1,10 @@
-"""Built-in NSA check cases: the aclnn NSA operators and the Pythonic API against the independent fp64 golden."""
+"""Built-in NSA check cases: the aclnn NSA operators, the Pythonic API and (``via="npu"``, listed by
+:mod:`attnops.check.torch_npu`) the torch_npu functions against the independent fp64 golden."""
 from __future__ import annotations
 
 import torch
 
-from .. import aclnn, nsa_compress, nsa_selected_attention
+from .. import aclnn, nsa_compress, nsa_selected_attention, torch_npu
 from ..testing import golden_nsa as gold
 from . import CheckCase, Comparison
 
@@ -30,6 +31,9 @@ def _compress(dtype, via, lens, block=32, stride=16, n=2, d=32):
         if via == "aclnn":
             out = aclnn.nsa_compress(x, w, act, "TND", block, stride, 0)
             gi, gw = aclnn.nsa_compress_grad(dy, x, w, act, block, stride, 0, "TND")
+        elif via == "npu":
+            out = torch_npu.npu_nsa_compress(x, w, block, stride, actual_seq_len=act[1:])
+            gi, gw = torch_npu.npu_nsa_compress_grad(dy, x, w, block, stride, actual_seq_len=act[1:])
         else:
             xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
             out = nsa_compress(xx, ww, block_size=block, stride=stride, actual_seq_len=act)
@@ -68,6 +72,13 @@ def _selected(dtype, via, q_lens, kv_lens, n1, n2, d, dv, block, count, causal):
                                                            2 if causal else 0, block, count)
             grads = aclnn.nsa_selected_attention_grad(q, k, v, out, dy, smax, ssum, topk, qc, kc, mask, scale, block,
                                                       count, n1, "TND", 2 if causal else 0)
+        elif via == "npu":
+            mask = dict(atten_mask=torch.ones(64, 64, dtype=torch.bool).triu(1)) if causal else {}
+            lens = dict(actual_seq_qlen=qc, actual_seq_kvlen=kc)
+            out, smax, ssum = torch_npu.npu_nsa_select_attention(q, k, v, topk, scale, n1, block, count, **mask,
+                                                                 **lens)
+            grads = torch_npu.npu_nsa_select_attention_grad(dy, q, k, v, out, smax, ssum, topk, scale, n1, block,
+                                                            count, **mask, **lens)
         else:
             qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
             out, smax, ssum = nsa_selected_attention(qq, kk, vv, topk, select_block_size=block, causal=causal,
@@ -83,7 +94,7 @@ def _selected(dtype, via, q_lens, kv_lens, n1, n2, d, dv, block, count, causal):
     return run
 
 
-def _compress_attention(dtype, q_lens, cmp_lens, n1, n2, d, dv, block, stride, sel_block, count):
+def _compress_attention(dtype, q_lens, cmp_lens, n1, n2, d, dv, block, stride, sel_block, count, via="aclnn"):
     def run(_backend):
         m = sel_block // stride
         sel_lens = [-(-c // m) for c in cmp_lens]
@@ -96,9 +107,14 @@ def _compress_attention(dtype, q_lens, cmp_lens, n1, n2, d, dv, block, stride, s
         topk_mask[:, 0] = True
         args = (d ** -0.5, n1, block, stride, sel_block, count, atten_mask, topk_mask, _cum(q_lens), _cum(cmp_lens),
                 _cum(sel_lens))
-        smax, ssum, out, topk = aclnn.nsa_compress_attention(q, k, v, atten_mask, topk_mask, _cum(q_lens),
-                                                             _cum(cmp_lens), _cum(sel_lens), d ** -0.5, n1, "TND", 1,
-                                                             block, stride, sel_block, count)
+        if via == "npu":
+            out, topk, smax, ssum = torch_npu.npu_nsa_compress_attention(
+                q, k, v, d ** -0.5, n1, block, stride, sel_block, count, topk_mask=topk_mask, atten_mask=atten_mask,
+                actual_seq_qlen=_cum(q_lens), actual_cmp_seq_kvlen=_cum(cmp_lens), actual_sel_seq_kvlen=_cum(sel_lens))
+        else:
+            smax, ssum, out, topk = aclnn.nsa_compress_attention(q, k, v, atten_mask, topk_mask, _cum(q_lens),
+                                                                 _cum(cmp_lens), _cum(sel_lens), d ** -0.5, n1, "TND",
+                                                                 1, block, stride, sel_block, count)
         g = gold.nsa_compress_attention(q, k, v, *args)
         b = gold.nsa_compress_attention(q, k, v, *args, dtype=dtype)
         same = (topk == g[1]).float().mean()

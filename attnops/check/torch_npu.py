@@ -1,0 +1,144 @@
+"""Built-in torch_npu dialect check cases: the ``attnops.torch_npu`` functions called exactly as Ascend code calls
+them (argument names, keyword-only options, output tuples), judged against the fp64 goldens. The inputs and the
+judging come from the operator modules (:mod:`.flash_attention`, :mod:`.nsa`, :mod:`.fused_infer_attention`);
+this module holds the torch_npu calls and the merge helpers' cases. Reference only: these functions dispatch
+through the same custom ops as the aclnn rows."""
+from __future__ import annotations
+
+import torch
+
+from .. import torch_npu as npu
+from ..testing import golden, golden_fia
+from . import CheckCase, Comparison
+from . import flash_attention as fa
+from . import fused_infer_attention as fia
+from . import nsa
+
+F16 = torch.float16
+
+
+def _call_fusion_attention(case: fa.FACase, _backend, q, k, v, dy, scale, drop_mask, o):
+    """``npu_fusion_attention(_v2)`` then ``npu_fusion_attention_grad(_v2)`` with the forward's outputs."""
+    v2 = case.api == "npu_v2"
+    kw = dict(pse=o.get("pse"), atten_mask=o.get("atten_mask"), keep_prob=case.keep_prob, prefix=o.get("prefix"),
+              actual_seq_qlen=o.get("actual_seq_qlen"), actual_seq_kvlen=o.get("actual_seq_kvlen"),
+              sparse_mode=o.get("sparse_mode", 0))
+    tokens = ("pre_tokens", "next_tokens") if v2 else ("pre_tockens", "next_tockens")
+    kw.update({name: o.get(key, fa.INT_MAX) for name, key in zip(tokens, ("pre_tokens", "next_tokens"))})
+    if v2:
+        kw.update(pse_type=o.get("pse_type", 1), q_start_idx=[o.get("q_start_idx", 0)],
+                  kv_start_idx=[o.get("kv_start_idx", 0)])
+        out, smax, ssum, _, seed, offset, numels = npu.npu_fusion_attention_v2(
+            q, k, v, case.head_num, case.layout, scale=scale, **kw)
+        grads = npu.npu_fusion_attention_grad_v2(
+            q, k, v, dy, case.head_num, case.layout, softmax_max=smax, softmax_sum=ssum, attention_in=out,
+            scale_value=scale, seed=seed, offset=offset, numels=numels, **kw)
+    else:
+        out, smax, ssum, _, seed, offset, numels = npu.npu_fusion_attention(
+            q, k, v, case.head_num, case.layout, scale=scale, **kw)
+        grads = npu.npu_fusion_attention_grad(
+            q, k, v, dy, case.head_num, case.layout, softmax_max=smax, softmax_sum=ssum, attention_in=out,
+            scale_value=scale, seed=seed, offset=offset, numels=numels, **kw)
+    return (out, smax, ssum), grads[:4]
+
+
+def _fa_cases() -> list[CheckCase]:
+    lens_q, lens_kv = [0, 17, 64, 100], [0, 20, 64, 130]  # cumulative: an empty batch, then 17, 47, 36 / 20, 44, 66
+    items = [
+        ("npu_fusion_attention(+_grad)", fa.FACase(
+            "BSND causal fp16", "npu", "BSND", (2, 64, 4, 32), (2, 64, 4, 32), (2, 64, 4, 32), 4, F16,
+            dict(atten_mask=fa.CAUSAL_2048, sparse_mode=2))),
+        ("npu_fusion_attention(+_grad)", fa.FACase(
+            "TND varlen causal, GQA 4", "npu", "TND", (100, 8, 32), (130, 2, 32), (130, 2, 32), 8,
+            opts=dict(atten_mask=fa.CAUSAL_2048, sparse_mode=3, actual_seq_qlen=lens_q[1:],
+                      actual_seq_kvlen=lens_kv[1:]))),
+        ("npu_fusion_attention_v2(+_grad_v2)", fa.FACase(
+            "BNSD ALiBi pse_type 2, start idx, band", "npu_v2", "BNSD", (2, 4, 32, 16), (2, 4, 32, 16),
+            (2, 4, 32, 16), 4, opts=dict(pse=torch.tensor([0.5, 0.25, 0.125, 0.0625]), pse_type=2, q_start_idx=8,
+                                         kv_start_idx=0, atten_mask=fa.CAUSAL_2048, sparse_mode=4, pre_tokens=12,
+                                         next_tokens=8))),
+    ]
+    return [CheckCase(op, c.name, (lambda backend, c=c: fa._run(c, backend, _call_fusion_attention)))
+            for op, c in items]
+
+
+def _npu_fia(q, k, v, kw):
+    renamed = dict(deq_scale1="dequant_scale1", deq_scale2="dequant_scale2", scale_value="scale")
+    return npu.npu_fused_infer_attention_score(q, k, v, softmax_lse_flag=True,
+                                               **{renamed.get(name, name): x for name, x in kw.items()})
+
+
+def _npu_pfa(q, k, v, kw):
+    return npu.npu_prompt_flash_attention(q, k, v, **kw), None
+
+
+def _npu_ifa(q, k, v, kw):
+    kw = dict(kw)
+    return npu.npu_incre_flash_attention(q, k, v, actual_seq_lengths=kw.pop("actual_seq_lengths_kv"), **kw), None
+
+
+def _decode_gqa_lengths():
+    q = fia._randn(3, 1, 8 * 32, dtype=F16, seed=1)
+    k, v = (fia._randn(3, 40, 2 * 32, dtype=F16, seed=s) for s in (2, 3))
+    return q, k, v, dict(num_heads=8, num_key_value_heads=2, scale_value=32 ** -0.5, input_layout="BSH",
+                         actual_seq_lengths_kv=[40, 17, 3])
+
+
+def _fia_cases() -> list[CheckCase]:
+    return [
+        CheckCase("npu_fused_infer_attention_score", "BNSD decode bf16, paged cache, mask + pse",
+                  fia._case("npu", fia._decode_paged_mask_pse, _npu_fia)),
+        CheckCase("npu_fused_infer_attention_score", "TND prefill fp32, sparse_mode 3, GQA",
+                  fia._case("npu", fia._tnd_causal, _npu_fia)),
+        CheckCase("npu_prompt_flash_attention", "BSH prefill fp16, GQA 4, mask + pre/next, actual lengths",
+                  fia._case("npu", fia._prefill_mask_gqa, _npu_pfa, with_lse=False)),
+        CheckCase("npu_incre_flash_attention", "BSH decode fp16, GQA 4, per-batch KV lengths",
+                  fia._case("npu", _decode_gqa_lengths, _npu_ifa, with_lse=False)),
+    ]
+
+
+def _nsa_cases() -> list[CheckCase]:
+    return [
+        CheckCase("npu_nsa_compress(+_grad)", "fp16 varlen, short seq", nsa._compress(F16, "npu", [128, 20, 144])),
+        CheckCase("npu_nsa_select_attention(+_grad)", "fp32 GQA 2, causal",
+                  nsa._selected(torch.float32, "npu", [12, 20], [32, 48], 4, 2, 32, 16, 16, 2, True)),
+        CheckCase("npu_nsa_compress_attention", "fp16 top-k, GQA 2",
+                  nsa._compress_attention(F16, [40, 33], [18, 15], 4, 2, 32, 16, 32, 16, 64, 2, via="npu")),
+    ]
+
+
+def _ring_attention_update(_backend) -> list[Comparison]:
+    """Two halves of the keys through ``npu_fusion_attention`` (SBH), merged by ``npu_ring_attention_update``,
+    against the golden of attention over all keys."""
+    s, b, n, d, skv = 24, 2, 4, 16, 40
+    q = fia._randn(s, b, n * d, dtype=F16, seed=1)
+    k, v = (fia._randn(skv, b, n * d, dtype=F16, seed=i) for i in (2, 3))
+    halves = [npu.npu_fusion_attention(q, k[part], v[part], n, "SBH", scale=d ** -0.5)[:3]
+              for part in (slice(0, skv // 2), slice(skv // 2, skv))]
+    merged = npu.npu_ring_attention_update(*halves[0], *halves[1], input_layout="SBH")
+    kw = dict(head_num=n, input_layout="SBH", scale=d ** -0.5)
+    gold, base = golden.fa_forward(q, k, v, **kw), golden.fa_forward(q, k, v, dtype=F16, **kw)
+    return [Comparison(name, a, g, bl) for name, a, g, bl in zip(("attn_out", "softmax_max", "softmax_sum"), merged,
+                                                                  gold, base)]
+
+
+def _attention_update(_backend) -> list[Comparison]:
+    """Decode against two halves of the KV through ``npu_fused_infer_attention_score`` (BSND, lse on), merged by
+    ``npu_attention_update``, against the golden of decoding over the whole KV."""
+    b, n, nkv, d, skv = 3, 4, 2, 32, 48
+    q = fia._randn(b, 1, n, d, dtype=F16, seed=1)
+    k, v = (fia._randn(b, skv, nkv, d, dtype=F16, seed=i) for i in (2, 3))
+    kw = dict(num_heads=n, num_key_value_heads=nkv, scale_value=d ** -0.5, input_layout="BSND")
+    parts = [_npu_fia(q, k[:, part], v[:, part], kw) for part in (slice(0, 20), slice(20, skv))]
+    out, lse = npu.npu_attention_update([p[1].reshape(-1) for p in parts], [p[0].reshape(b * n, d) for p in parts], 1)
+    g = golden_fia.fia_forward_detail(q, k, v, **kw, softmax_lse_flag=True)
+    base = golden_fia.fia_forward_detail(q, k, v, **kw, softmax_lse_flag=True, dtype=F16)
+    return [Comparison("out", out, g.out.reshape(b * n, d), base.out.reshape(b * n, d)),
+            Comparison("lse_out", lse, g.lse.reshape(-1), base.lse.reshape(-1))]
+
+
+def cases() -> list[CheckCase]:
+    return _fa_cases() + _fia_cases() + _nsa_cases() + [
+        CheckCase("npu_ring_attention_update", "SBH fp16, two KV halves vs all keys", _ring_attention_update),
+        CheckCase("npu_attention_update", "BSND decode fp16, two KV halves (FIA lse) vs whole KV", _attention_update),
+    ]
