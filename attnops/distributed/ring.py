@@ -19,15 +19,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._core.checks import fail, require
+from .._core.checks import require
 from .._core.dropout import draw_seed
-from .._core.layouts import normalize_layout, tokens_view
+from .._core.layouts import tokens_view
 from .._core.softmax_stats import stats_dtype
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from ..ops.attention_update import merge_softmax_stats, tnd_to_blocked
 from ..ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
 from .comm import GroupInfo, RingExchange, broadcast_seed, group_info
-from .sharding import RingChunks, chunk_ids
+from .sharding import RingChunks, chunk_ids, head_geometry
 
 __all__ = ["ring_flash_attention"]
 
@@ -192,12 +192,7 @@ def ring_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=Non
     (dense ``[B, N, 2c, 8]``; TND ``[T_local, N, 8]`` in ``softmax_layout``) when ``return_stats`` is true.
     """
     info = group_info(group)
-    layout = normalize_layout("layout", layout)
-    if layout in ("BSH", "SBH") and head_num is None:
-        fail("head_num", f"the number of query heads (required for layout {layout})", None)
-    n1 = head_num if layout in ("BSH", "SBH") else query.shape[1 if layout in ("TND", "BNSD") else 2]
-    d = query.shape[-1] // n1 if layout in ("BSH", "SBH") else query.shape[-1]
-    n2 = key.shape[-1] // d if layout in ("BSH", "SBH") else None
+    layout, n1, d, n2 = head_geometry(query, key, layout, head_num)
     q, k, v = to_internal(query, layout, n1), to_internal(key, layout, n2), to_internal(value, layout, n2)
     lens = _chunk_lens(layout, q, k, info.size, cu_seqlens, actual_seq_len)
     require(softmax_layout == "" or (softmax_layout == "TND" and layout == "TND"), "softmax_layout",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import check_tensor, require
+from .._core.checks import check_tensor, fail, require
 from .._core.layouts import normalize_layout
 from .._core.varlen import lengths_from_cumulative
 
@@ -121,3 +121,15 @@ class RingChunks:
             return dict(layout="BNSD")
         cum = torch.tensor(self.lens, dtype=torch.int64).cumsum(0).tolist()
         return dict(layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum, softmax_layout="TND")
+
+
+def head_geometry(query: Tensor, key: Tensor, layout: str, head_num: int | None) -> tuple[str, int, int, int | None]:
+    """``(layout, N1, D, N2)`` of q/k in ``layout`` (normalized); ``N2`` only for the hidden-size layouts BSH/SBH
+    (the others carry it in their shape), where ``head_num`` is required."""
+    layout = normalize_layout("layout", layout)
+    if layout in ("BSH", "SBH") and head_num is None:
+        fail("head_num", f"the number of query heads (required for layout {layout})", None)
+    n1 = head_num if layout in ("BSH", "SBH") else query.shape[1 if layout in ("TND", "BNSD") else 2]
+    d = query.shape[-1] // n1 if layout in ("BSH", "SBH") else query.shape[-1]
+    return layout, n1, d, (key.shape[-1] // d if layout in ("BSH", "SBH") else None)
+

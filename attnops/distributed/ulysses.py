@@ -13,13 +13,14 @@ import math
 import torch
 from torch import Tensor
 
-from .._core.checks import fail, int_list, require
+from .._core.checks import int_list, require
 from .._core.dropout import draw_seed
-from .._core.layouts import normalize_layout, tokens_view
+from .._core.layouts import tokens_view
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from ..ops.flash_attention import flash_attention
 from .comm import GroupInfo, all_to_all, broadcast_seed, group_info
 from .ring import causal_mask
+from .sharding import head_geometry
 
 __all__ = ["ulysses_flash_attention"]
 
@@ -93,12 +94,7 @@ def ulysses_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=
     batch holds one sequence. Returns the local output slice.
     """
     info = group_info(group)
-    layout = normalize_layout("layout", layout)
-    if layout in ("BSH", "SBH") and head_num is None:
-        fail("head_num", f"the number of query heads (required for layout {layout})", None)
-    n1 = head_num if layout in ("BSH", "SBH") else query.shape[1 if layout in ("TND", "BNSD") else 2]
-    d = query.shape[-1] // n1 if layout in ("BSH", "SBH") else query.shape[-1]
-    n2 = key.shape[-1] // d if layout in ("BSH", "SBH") else None
+    layout, n1, d, n2 = head_geometry(query, key, layout, head_num)
     p = info.size
     as_bsnd = (lambda x, heads: x.unsqueeze(0) if layout == "TND" else tokens_view(x, layout, heads))
     q, k, v = as_bsnd(query, n1), as_bsnd(key, n2), as_bsnd(value, n2)
