@@ -125,7 +125,7 @@ def _spawn_all() -> list[dict] | str:
             for p in procs:
                 p.start()
         except Exception as exc:  # noqa: BLE001 - no processes on this machine: every row FAILs with the reason
-            return f"cannot spawn {WORLD_SIZE} processes: {type(exc).__name__}: {exc}"
+            return f"cannot spawn {WORLD_SIZE} processes: {type(exc).__name__}: {' '.join(str(exc).split())}"
         for p in procs:
             p.join(JOIN_TIMEOUT_S)
         hung = [p.pid for p in procs if p.is_alive()]
