@@ -7,7 +7,8 @@ Causal (``sparse_mode=2`` with an ``atten_mask`` present): local KV position ``p
 The CPU path works block by block: the (token, slot) pairs that selected KV block ``j`` are grouped (a stable
 sort), their query rows gathered, and one GEMM against the contiguous block computes all their scores. So the
 cost scales with the selected tokens, not with the sequence, the GEMMs are large, and dk/dv of a block come
-from one GEMM (no scatter); dq is scatter-added with ``index_add_`` in a fixed order (deterministic).
+from one GEMM (no scatter); dq is scatter-added with ``index_add_`` in a fixed order (deterministic). Token chunks
+(forward) and groups of them (backward) run side by side on single-threaded workers.
 """
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ import torch
 
 from ..._core.checks import check_int, check_tensor, fail, require
 from ..._core.masks import MASK_DTYPES
+from ..._core.parallel import run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype
 from ..._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
 from .compress import NSA_DTYPES
 
-SCORE_BYTES = 256 << 20  # budget for the scores of one chunk of query tokens (all their selected blocks)
+SCORE_BYTES = 64 << 20  # budget for the scores of one chunk of query tokens (all their selected blocks)
+KV_GRAD_GROUPS = 4  # backward: groups of token chunks run side by side, each with its own dk/dv partial
 SEGMENT_PAIRS = 2048  # at most this many (token, slot) pairs per GEMM
 
 
@@ -134,7 +137,7 @@ class _Batch:
         self.k = key[ks:ks + skv, n2].to(acc).view(skv // bs, bs, spec.d)
         self.v = value[ks:ks + skv, n2].to(acc).view(skv // bs, bs, spec.dv)
         self.idx = topk[qs:qs + sq, n2].long()  # [Sq, K]
-        self.spec, self.sq = spec, sq
+        self.spec, self.sq, self.q_start = spec, sq, qs
         self.chunk = max(1, SCORE_BYTES // (spec.block_count * g * bs * acc.itemsize))
 
     def chunks(self):
@@ -169,42 +172,50 @@ class _Batch:
 
 
 def selected_forward(spec: SelectedSpec, query, key, value, topk):
-    """``(attention_out [T1, N1, Dv], softmax_max [T1, N1, 8], softmax_sum [T1, N1, 8])``."""
-    acc = _acc(query.dtype)
+    """``(attention_out [T1, N1, Dv], softmax_max [T1, N1, 8], softmax_sum [T1, N1, 8])``.
+
+    Token chunks of a (batch, KV head) are independent: they run side by side (:mod:`attnops._core.parallel`)."""
     out = torch.zeros(spec.total_q, spec.n1, spec.dv, dtype=query.dtype)
     sdt = stats_dtype(query.dtype)
     smax = torch.full((spec.total_q, spec.n1, STAT_LANES), FLT_LOWEST, dtype=sdt)
     ssum = torch.full((spec.total_q, spec.n1, STAT_LANES), FLT_MAX, dtype=sdt)
-    g, bs, count = spec.group, spec.block_size, spec.block_count
     for b in range(spec.seq.batch):
-        qs = spec.seq.q_starts[b]
         for n2 in range(spec.n2 if spec.seq.q_lens[b] else 0):
             bt = _Batch(spec, b, n2, query, key, value, topk)
-            for t0, t1 in bt.chunks():
-                tc = t1 - t0
-                scores = torch.empty(tc * count, g, bs, dtype=acc)  # pair-major: row t*K + k
-                segments = list(bt.segments(t0, t1))
-                for seg in segments:
-                    scores.index_copy_(0, seg.pairs, bt.scores(seg, t0)[0])
-                sv = scores.view(tc, count, g, bs)
-                m = sv.amax(dim=(1, 3))  # [tc, G]
-                valid = m > float("-inf")
-                sv.sub_(torch.where(valid, m, 0.0).view(tc, 1, g, 1)).mul_(LOG2E).exp2_()
-                l = sv.sum(dim=(1, 3))
-                o = torch.zeros(tc, g, spec.dv, dtype=acc)
-                for seg in segments:
-                    o.index_add_(0, seg.tokens, torch.matmul(scores[seg.pairs], bt.v[seg.block]))
-                o.div_(torch.where(valid, l, 1.0).unsqueeze(-1))
-                rows = slice(qs + t0, qs + t1)
-                out[rows, bt.heads] = o.to(out.dtype)
-                smax[rows, bt.heads] = torch.where(valid, m, FLT_LOWEST).unsqueeze(-1).to(sdt)
-                ssum[rows, bt.heads] = torch.where(valid, l, FLT_MAX).unsqueeze(-1).to(sdt)
+            run_jobs(lambda span: _forward_chunk(bt, *span, out, smax, ssum), list(bt.chunks()), query.device)
     return out, smax, ssum
+
+
+def _forward_chunk(bt: _Batch, t0: int, t1: int, out, smax, ssum) -> None:
+    """The forward of tokens ``[t0, t1)`` of ``bt``: scores of every selected block, softmax, ``P V``."""
+    spec, acc, sdt = bt.spec, bt.q.dtype, smax.dtype
+    g, bs, count, tc = spec.group, spec.block_size, spec.block_count, t1 - t0
+    scores = torch.empty(tc * count, g, bs, dtype=acc)  # pair-major: row t*K + k
+    segments = list(bt.segments(t0, t1))
+    for seg in segments:
+        scores.index_copy_(0, seg.pairs, bt.scores(seg, t0)[0])
+    sv = scores.view(tc, count, g, bs)
+    m = sv.amax(dim=(1, 3))  # [tc, G]
+    valid = m > float("-inf")
+    sv.sub_(torch.where(valid, m, 0.0).view(tc, 1, g, 1)).mul_(LOG2E).exp2_()
+    l = sv.sum(dim=(1, 3))
+    o = torch.zeros(tc, g, spec.dv, dtype=acc)
+    for seg in segments:
+        o.index_add_(0, seg.tokens, torch.matmul(scores[seg.pairs], bt.v[seg.block]))
+    o.div_(torch.where(valid, l, 1.0).unsqueeze(-1))
+    rows = slice(bt.q_start + t0, bt.q_start + t1)
+    out[rows, bt.heads] = o.to(out.dtype)
+    smax[rows, bt.heads] = torch.where(valid, m, FLT_LOWEST).unsqueeze(-1).to(sdt)
+    ssum[rows, bt.heads] = torch.where(valid, l, FLT_MAX).unsqueeze(-1).to(sdt)
 
 
 def selected_backward(spec: SelectedSpec, query, key, value, attention_out, attention_out_grad, softmax_max,
                       softmax_sum, topk):
-    """``(dq, dk, dv)`` from the given forward output and statistics (never recomputed)."""
+    """``(dq, dk, dv)`` from the given forward output and statistics (never recomputed).
+
+    The token chunks of a (batch, KV head) form ``KV_GRAD_GROUPS`` contiguous groups that run side by side; each
+    writes its own dq rows and sums dk/dv into a partial over the blocks its tokens selected; the partials are
+    added in group order, so the result does not depend on the thread count."""
     acc, kv_acc = _acc(query.dtype), _sum_acc(query.dtype)
     g, bs = spec.group, spec.block_size
     dq = torch.zeros(query.shape, dtype=acc)
@@ -216,24 +227,54 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, atte
         for n2 in range(spec.n2 if sq else 0):
             bt = _Batch(spec, b, n2, query, key, value, topk)
             h = bt.heads
-            m = softmax_max[qs:qs + sq, h, 0].to(acc)  # [Sq, G]
-            log2_l = softmax_sum[qs:qs + sq, h, 0].to(acc).log2()
-            do = attention_out_grad[qs:qs + sq, h].to(acc)  # [Sq, G, Dv]
             dp_dt = _dp_dtype(query.dtype)
-            delta = torch.linalg.vecdot(do.to(dp_dt), attention_out[qs:qs + sq, h].to(dp_dt))
-            dq_b = torch.zeros(sq, g, spec.d, dtype=acc)
+            do = attention_out_grad[qs:qs + sq, h].to(acc)  # [Sq, G, Dv]
+            grads = _BlockGrads(bt, softmax_max[qs:qs + sq, h, 0].to(acc), softmax_sum[qs:qs + sq, h, 0].to(acc).log2(),
+                                do, torch.linalg.vecdot(do.to(dp_dt), attention_out[qs:qs + sq, h].to(dp_dt)),
+                                torch.zeros(sq, g, spec.d, dtype=acc), kv_acc)
+            chunks = list(bt.chunks())
+            n = min(KV_GRAD_GROUPS, len(chunks))
+            groups = [chunks[i * len(chunks) // n:(i + 1) * len(chunks) // n] for i in range(n)]
+            partials = [None] * n
+            run_jobs(lambda i: partials.__setitem__(i, grads.run(groups[i])), range(n), query.device)
             dk_b = dk[ks:ks + skv, n2].view(skv // bs, bs, spec.d)
             dv_b = dv[ks:ks + skv, n2].view(skv // bs, bs, spec.dv)
-            for t0, t1 in bt.chunks():
-                for seg in bt.segments(t0, t1):
-                    rows = t0 + seg.tokens
-                    s, qj = bt.scores(seg, t0)
-                    p = s.sub_(m[rows].unsqueeze(-1)).mul_(LOG2E).sub_(log2_l[rows].unsqueeze(-1)).exp2_()
-                    do_j = do[rows]
-                    dp = torch.matmul(do_j.to(dp_dt), bt.v[seg.block].transpose(0, 1).to(dp_dt))
-                    dv_b[seg.block] += (p.reshape(-1, bs).transpose(0, 1) @ do_j.reshape(-1, spec.dv)).to(kv_acc)
-                    ds = p.mul_(dp.sub_(delta[rows].unsqueeze(-1)).to(acc))
-                    dk_b[seg.block] += (ds.reshape(-1, bs).transpose(0, 1) @ qj.reshape(-1, spec.d)).to(kv_acc)
-                    dq_b.index_add_(0, rows, torch.matmul(ds, bt.k[seg.block]))
-            dq[qs:qs + sq, h] = dq_b.mul_(spec.scale)
+            for lo, pk, pv in partials:
+                dk_b[lo:lo + pk.shape[0]] += pk
+                dv_b[lo:lo + pv.shape[0]] += pv
+            dq[qs:qs + sq, h] = grads.dq.mul_(spec.scale)
     return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)
+
+
+@dataclass
+class _BlockGrads:
+    """The backward of one (batch, KV head): per group of token chunks, dq rows in place and dk/dv partials."""
+
+    bt: _Batch
+    m: torch.Tensor  # [Sq, G] given row max
+    log2_l: torch.Tensor  # [Sq, G] log2 of the given row sum
+    do: torch.Tensor  # [Sq, G, Dv]
+    delta: torch.Tensor  # [Sq, G] D = rowsum(dy * attention_out), in the dP - D dtype
+    dq: torch.Tensor  # [Sq, G, D], unscaled
+    kv_acc: torch.dtype
+
+    def run(self, chunks: list[tuple[int, int]]) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """``(first block, dk partial, dv partial)`` of the tokens of ``chunks`` (contiguous)."""
+        bt, spec = self.bt, self.bt.spec
+        bs, dp_dt = spec.block_size, self.delta.dtype
+        picked = bt.idx[chunks[0][0]:chunks[-1][1]]
+        lo, hi = int(picked.min()), int(picked.max()) + 1
+        pk = torch.zeros(hi - lo, bs, spec.d, dtype=self.kv_acc)
+        pv = torch.zeros(hi - lo, bs, spec.dv, dtype=self.kv_acc)
+        for t0, t1 in chunks:
+            for seg in bt.segments(t0, t1):
+                rows = t0 + seg.tokens
+                s, qj = bt.scores(seg, t0)
+                p = s.sub_(self.m[rows].unsqueeze(-1)).mul_(LOG2E).sub_(self.log2_l[rows].unsqueeze(-1)).exp2_()
+                do_j = self.do[rows]
+                dp = torch.matmul(do_j.to(dp_dt), bt.v[seg.block].transpose(0, 1).to(dp_dt))
+                pv[seg.block - lo] += (p.reshape(-1, bs).transpose(0, 1) @ do_j.reshape(-1, spec.dv)).to(self.kv_acc)
+                ds = p.mul_(dp.sub_(self.delta[rows].unsqueeze(-1)).to(p.dtype))
+                pk[seg.block - lo] += (ds.reshape(-1, bs).transpose(0, 1) @ qj.reshape(-1, spec.d)).to(self.kv_acc)
+                self.dq.index_add_(0, rows, torch.matmul(ds, bt.k[seg.block]))
+        return lo, pk, pv

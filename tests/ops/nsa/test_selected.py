@@ -125,3 +125,25 @@ def test_selected_fp32_kv_grad_accumulation():
     dy = randn(t, 1, 16, seed=4).abs() + 1
     topk = torch.arange(2, dtype=torch.int32).expand(t, 1, 2).contiguous()
     check_selected(q, k, v, topk, block=bs, q_lens=[t], kv_lens=[t], causal=False, dy=dy)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_selected_many_chunks_on_workers_match_golden_and_each_other(monkeypatch, threads):
+    """Token chunks (forward) and chunk groups with dk/dv partials (backward) side by side: correct, and
+    bit-identical to the single-threaded run."""
+    from attnops.ops.nsa import selected
+
+    q_lens, kv_lens, bs, count = [40, 23], [48, 32], 4, 3
+    q, k, v = _inputs(q_lens, kv_lens, 4, 2, 8, 8, torch.float32, seed=12)
+    topk = random_topk(q_lens, kv_lens, 2, count, bs, seed=13)
+    monkeypatch.setattr(selected, "SCORE_BYTES", 4 * count * 2 * bs * 4)  # 4 tokens per chunk
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        res = check_selected(q, k, v, topk, block=bs, q_lens=q_lens, kv_lens=kv_lens, causal=True)
+        torch.set_num_threads(1)
+        serial = check_selected(q, k, v, topk, block=bs, q_lens=q_lens, kv_lens=kv_lens, causal=True)
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip([res["out"], *res["grads"]], [serial["out"], *serial["grads"]]):
+        assert torch.equal(a, b)
