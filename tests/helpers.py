@@ -177,8 +177,8 @@ def check_fa(query, key, value, dy=None, *, backward=True, drop="mask", drop_see
         bkw.update(seed=res.seed, offset=res.offset)
     dq, dk, dv, dpse = attnops.flash_attention_backward(dy, query, key, value, res.out, res.softmax_max,
                                                         res.softmax_sum, **bkw)
-    g = fa_backward(gdy, gq, gk, gv, dtype=F64, **gkw)
-    base = fa_backward(gdy, gq, gk, gv, dtype=query.dtype, **gkw)
+    g = fa_backward(gdy, gq, gk, gv, res.out, dtype=F64, **gkw)  # the operator's contract: D from attention_in
+    base = fa_backward(gdy, gq, gk, gv, res.out, dtype=query.dtype, **gkw)
     for name, actual, gold, bl, like in zip(("dq", "dk", "dv", "dpse"), (dq, dk, dv, dpse), g, base,
                                             (query, key, value, kw.get("pse"))):
         if actual is not None:

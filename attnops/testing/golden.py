@@ -255,10 +255,13 @@ def fa_forward(query, key, value, *, head_num: int, input_layout: str, pse=None,
     return out, pack(maxs, FLT_LOWEST), pack(sums, FLT_MAX)
 
 
-def fa_backward(dy, query, key, value, **kwargs) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+def fa_backward(dy, query, key, value, attention_in=None, **kwargs) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Gradients (dq, dk, dv, dpse) by autograd through :func:`fa_forward` in ``dtype``.
 
-    dpse (same shape as ``pse``) only for pse_type 0/1 with a pse tensor, else None.
+    dpse (same shape as ``pse``) only for pse_type 0/1 with a pse tensor, else None. With ``attention_in`` (the
+    output given to the backward operator), the gradients are the operator's: it forms
+    ``D = rowsum(dy * attention_in)`` from that output instead of the exact one, which adds
+    ``P * (D_exact - D_given)`` to ``dS``: the gradient of ``sum_rows (D_exact - D_given) * lse`` (``d lse / d s = P``).
     """
     dtype = kwargs.get("dtype", torch.float64)
     q = query.detach().to(dtype).requires_grad_()
@@ -271,9 +274,17 @@ def fa_backward(dy, query, key, value, **kwargs) -> tuple[Tensor, Tensor, Tensor
         pse = pse.detach().to(dtype).requires_grad_()
         kwargs = {**kwargs, "pse": pse}
         inputs.append(pse)
-    out, _, _ = fa_forward(q, k, v, **kwargs)
-    if out.requires_grad:
-        grads = torch.autograd.grad(out, inputs, dy.to(dtype), allow_unused=True)
+    out, smax, ssum = fa_forward(q, k, v, **{**kwargs, "softmax_layout": "TND"})
+    loss = (out * dy.to(dtype)).sum()
+    if attention_in is not None:
+        layout, heads = kwargs["input_layout"], kwargs["head_num"]
+        rows = (lambda x: x if layout == "TND" else _to_bnsd(x, layout, heads))
+        d_exact = (rows(out.detach()) * rows(dy.to(dtype))).sum(-1)
+        d_given = (rows(attention_in.to(dtype)) * rows(dy.to(dtype))).sum(-1)
+        lse = smax[..., 0] + ssum[..., 0].log()
+        loss = loss + ((d_exact - d_given).to(lse.dtype) * lse).sum()
+    if loss.requires_grad:
+        grads = torch.autograd.grad(loss, inputs, allow_unused=True)
     else:
         grads = [None] * len(inputs)
     grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]

@@ -547,3 +547,21 @@ def test_compare_rule():
     assert default_floor(torch.zeros(3, dtype=F64), torch.float32) == pytest.approx(1e-6 + 2 * abs(0.3 - 0.3))
     assert 0 < default_floor(g, torch.float16) <= 2 * 2.0**-9  # 2 * fp16 spacing near 2
     assert max_abs_err(torch.tensor([FLT_MAX]), torch.tensor([FLT_MAX], dtype=F64)) == 0.0
+
+
+def test_backward_given_attention_in_is_the_operator_contract():
+    """With the exact output, attention_in changes nothing; with another output, dS gains P * (D_exact - D_given):
+    for a single key (P = 1) dq = scale * (dP - dy . attention_in) * k exactly."""
+    q, k, v, dy = (torch.randn(1, 1, 1, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+                   for s in range(4))
+    kw = dict(head_num=1, input_layout="BNSD", scale=0.5)
+    out, _, _ = fa_forward(q, k, v, **kw)
+    plain = fa_backward(dy, q, k, v, **kw)
+    same = fa_backward(dy, q, k, v, out, **kw)
+    for a, b in zip(plain[:3], same[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    given = out + 0.01
+    dq = fa_backward(dy, q, k, v, given, **kw)[0]
+    expected = 0.5 * ((dy * v).sum() - (dy * given).sum()) * k
+    torch.testing.assert_close(dq, expected, rtol=1e-12, atol=1e-12)
+    assert float(plain[0].abs().max()) < 1e-12  # one key: the exact gradient of q is 0
