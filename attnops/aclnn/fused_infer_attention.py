@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import require, require_not_none
+from .._core.devices import origin_device, to_cpu, to_device
 from ..ops.fused_infer_attention import reference
-from ..ops.fused_infer_attention.problem import build_problem
+from ..ops.fused_infer_attention.problem import OPTION_NAMES, build_problem
 from ._two_phase import two_phase
 
 
@@ -27,24 +28,13 @@ def _fused_infer_attention_score_v2(query, key, value, pse_shift, atten_mask, ac
     for name, x in (("query", query), ("key", key), ("value", value)):
         require_not_none(x, name)
     require(isinstance(softmax_lse_flag, bool), "softmax_lse_flag", "a bool", softmax_lse_flag)
-    p = build_problem(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
-                      actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
-                      deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2,
-                      quant_scale2=quant_scale2, quant_offset2=quant_offset2, antiquant_scale=antiquant_scale,
-                      antiquant_offset=antiquant_offset, block_table=block_table,
-                      query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
-                      key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
-                      value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
-                      key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
-                      actual_shared_prefix_len=actual_shared_prefix_len, num_heads=num_heads, scale=scale_value,
-                      pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
-                      num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, inner_precise=inner_precise,
-                      block_size=block_size, antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
-                      value_antiquant_mode=value_antiquant_mode, strict=True)
+    options = {name: value_ for name, value_ in locals().items() if name in OPTION_NAMES}
+    device = origin_device(query, key, value, options)  # the reference computes on CPU copies
+    p = build_problem(*to_cpu((query, key, value)), **to_cpu(options), scale=scale_value, strict=True)
 
     def run():
-        out, lse = reference.forward(p)
-        return out, (lse if softmax_lse_flag else torch.zeros(1, dtype=torch.float32))
+        out, lse = to_device(reference.forward(p), device)
+        return out, (lse if softmax_lse_flag else torch.zeros(1, dtype=torch.float32, device=out.device))
 
     return run
 

@@ -6,10 +6,11 @@ from typing import Literal, NamedTuple, Sequence
 from torch import Tensor
 
 from ..._core.checks import check_int, check_tensor, fail
+from ..._core.devices import origin_device, to_cpu, to_device
 from ..._core.dispatch import choose_backend
 from ..._core.layouts import io_layouts
 from . import reference
-from .problem import INT_MAX, LAYOUTS, build_problem
+from .problem import INT_MAX, LAYOUTS, OPTION_NAMES, build_problem
 
 Backend = Literal["auto", "reference", "triton"]
 
@@ -67,9 +68,9 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
         >>> out.shape  # GQA decode, the second batch attends to its first 37 keys
         torch.Size([2, 8, 1, 64])
     """
+    options = {name: value_ for name, value_ in locals().items() if name in OPTION_NAMES}
     check_tensor("query", query)
-    if choose_backend(backend, query.device) == "reference" and query.device.type != "cpu":
-        fail("query", "a CPU tensor for the reference backend (GPU kernels arrive with the Triton backend)", query)
+    choose_backend(backend, query.device)  # validates the choice; every device runs the reference (CPU copies)
     in_layout, _ = io_layouts("layout", layout, LAYOUTS)
     num_heads = check_int("num_heads", _num_heads(query, in_layout, num_heads), lo=1)
     if scale is None:
@@ -77,19 +78,8 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
         scale = d ** -0.5
     if isinstance(actual_shared_prefix_len, int):
         actual_shared_prefix_len = [actual_shared_prefix_len]
-    p = build_problem(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
-                      actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
-                      deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2,
-                      quant_scale2=quant_scale2, quant_offset2=quant_offset2, antiquant_scale=antiquant_scale,
-                      antiquant_offset=antiquant_offset, block_table=block_table,
-                      query_padding_size=query_padding_size, kv_padding_size=kv_padding_size,
-                      key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
-                      value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
-                      key_shared_prefix=key_shared_prefix, value_shared_prefix=value_shared_prefix,
-                      actual_shared_prefix_len=actual_shared_prefix_len, num_heads=num_heads, scale=scale,
-                      pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=layout,
-                      num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, inner_precise=inner_precise,
-                      block_size=block_size, antiquant_mode=antiquant_mode, key_antiquant_mode=key_antiquant_mode,
-                      value_antiquant_mode=value_antiquant_mode)
-    out, lse = reference.forward(p)
+    options.update(num_heads=num_heads, scale=scale, input_layout=layout,
+                   actual_shared_prefix_len=actual_shared_prefix_len)
+    device = origin_device(query, key, value, options)
+    out, lse = to_device(reference.forward(build_problem(*to_cpu((query, key, value)), **to_cpu(options))), device)
     return FusedInferAttentionResult(out, lse) if return_lse else out

@@ -10,6 +10,7 @@ adds the seed's dtype lists and the NPU's size, alignment and block-size envelop
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -560,3 +561,9 @@ def _check_antiquant_use(g: _Inputs, lens: _Lengths, separate: bool, out_quant, 
     elif separate and (kmode, vmode) == (0, 1) and g.keys[0].dtype == I8:
         require(query_dtype in (F16,) + floats[2:] and out_quant is None, "query", "a float16 query and output for "
                 "key per-channel + value per-token with int8 key/value", query_dtype)
+
+
+OPTION_NAMES = tuple(name for name, param in inspect.signature(build_problem).parameters.items()
+                     if param.kind is inspect.Parameter.KEYWORD_ONLY and name != "strict")
+"""The keyword options of :func:`build_problem` (the aclnn parameter names), for callers that forward theirs."""
+
