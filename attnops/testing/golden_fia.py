@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .golden import _to_bnsd
+
 INT_MAX = 2147483647
 
 __all__ = ["fia_forward", "fia_forward_detail", "FiaGolden", "pack_int4", "unpack_int4", "encode_deq_scale",
@@ -139,18 +141,6 @@ def _is_quant(x: Tensor) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ layouts
-def _bnsd(x: Tensor, layout: str, n: int) -> Tensor:
-    """[B,S,H] / [B,S,N,D] / [B,N,S,D] -> [B,N,S,D] (int4-packed tensors must already be unpacked)."""
-    if layout == "BNSD":
-        return x
-    if layout == "BSND":
-        return x.permute(0, 2, 1, 3)
-    if layout == "BSH":
-        b, s, h = x.shape
-        return x.reshape(b, s, n, h // n).permute(0, 2, 1, 3)
-    raise ValueError(f"layout {layout!r}")
-
-
 def _layouts(input_layout: str) -> tuple[str, str]:
     if input_layout == "BNSD_BSND":
         return "BNSD", "BSND"
@@ -318,7 +308,7 @@ def fia_forward_detail(query, key, value, *, pse_shift=None, atten_mask=None, ac
         ifa = False
     else:
         d = query.shape[-1] // n if in_layout == "BSH" else query.shape[-1]
-        q4 = _bnsd(query, in_layout, n)
+        q4 = _to_bnsd(query, in_layout, n)
         if q4.shape[1] != n:
             raise ValueError(f"num_heads={n} does not match the query's {q4.shape[1]} heads")
         bsz, qs_dim = q4.shape[0], q4.shape[2]
@@ -373,11 +363,11 @@ def fia_forward_detail(query, key, value, *, pse_shift=None, atten_mask=None, ac
             if isinstance(keys, list):
                 if len(keys) != bsz:
                     raise ValueError(f"key list has {len(keys)} tensors for B={bsz}")
-                k_phys = [_bnsd(kv_raw(x), in_layout, nkv)[0] for x in keys]
-                v_phys = [_bnsd(kv_raw(x), in_layout, nkv)[0] for x in values]
+                k_phys = [_to_bnsd(kv_raw(x), in_layout, nkv)[0] for x in keys]
+                v_phys = [_to_bnsd(kv_raw(x), in_layout, nkv)[0] for x in values]
             else:
-                k_phys = list(_bnsd(kv_raw(keys), in_layout, nkv))
-                v_phys = list(_bnsd(kv_raw(values), in_layout, nkv))
+                k_phys = list(_to_bnsd(kv_raw(keys), in_layout, nkv))
+                v_phys = list(_to_bnsd(kv_raw(values), in_layout, nkv))
             s_phys = [x.shape[1] for x in k_phys]
             kv_lens = per_batch(actual_seq_lengths_kv, bsz, s_phys, "actual_seq_lengths_kv")
             if kv_padding_size is not None and actual_seq_lengths_kv is not None:
@@ -398,8 +388,8 @@ def fia_forward_detail(query, key, value, *, pse_shift=None, atten_mask=None, ac
         raise ValueError("key_shared_prefix and value_shared_prefix must be given together")
     plen = 0
     if key_shared_prefix is not None:
-        kp = _bnsd(kv_raw(key_shared_prefix), in_layout, nkv)[0]
-        vp = _bnsd(kv_raw(value_shared_prefix), in_layout, nkv)[0]
+        kp = _to_bnsd(kv_raw(key_shared_prefix), in_layout, nkv)[0]
+        vp = _to_bnsd(kv_raw(value_shared_prefix), in_layout, nkv)[0]
         plen = kp.shape[1] if actual_shared_prefix_len is None else _scalar_int(actual_shared_prefix_len)
         kp, vp = kp[:, :plen], vp[:, :plen]
 

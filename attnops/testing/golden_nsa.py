@@ -22,6 +22,8 @@ import math
 import torch
 from torch import Tensor
 
+from .golden import seq_lengths
+
 FLT_MAX = 3.4028234663852886e38
 FLT_LOWEST = -FLT_MAX
 LANES = 8
@@ -39,24 +41,7 @@ def _ints(x) -> list[int]:
     return [int(v) for v in x]
 
 
-def cum_to_lengths(cum) -> list[int]:
-    """Per-batch lengths of a CANN cumulative list: ``a[0]``, then ``a[b] - a[b-1]``.
-
-    A leading 0 (or any repeated value) is an empty batch; zeros after the last non-zero value are empty
-    (disabled) batches.
-    """
-    cum = _ints(cum)
-    last_nz = max((i for i, v in enumerate(cum) if v != 0), default=-1)
-    lens, prev = [], 0
-    for b, v in enumerate(cum):
-        if b > last_nz:
-            lens.append(0)
-            continue
-        if v < prev:
-            raise ValueError(f"cumulative lengths must be non-decreasing, got {cum}")
-        lens.append(v - prev)
-        prev = v
-    return lens
+cum_to_lengths = seq_lengths  # per-batch lengths of a CANN cumulative list (shared with the FA golden)
 
 
 def _starts(lens: list[int]) -> list[int]:
