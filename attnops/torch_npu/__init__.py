@@ -13,6 +13,7 @@ from .fusion_attention import (
 from .infer_attention import (
     _npu_fused_infer_attention_score_get_max_workspace,
     npu_fused_infer_attention_score,
+    npu_fused_infer_attention_score_v2,
     npu_incre_flash_attention,
     npu_prompt_flash_attention,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "install",
     "npu_attention_update",
     "npu_fused_infer_attention_score",
+    "npu_fused_infer_attention_score_v2",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
     "npu_fusion_attention_grad_v2",

@@ -3,8 +3,9 @@
 Translates torch_npu's arguments to the ``attnops::flash_attention_fwd/bwd`` custom ops (whose autograd follows
 op-plugin's ``derivatives.yaml``: gradients of q, k, v and pse from the gradient of ``attention_out`` only).
 torch_npu specifics kept here: the ``(seed, offset, numels)`` dropout contract, ``softmax_out`` as an empty
-tensor, ``dpse=None`` without pse, an empty ``dsink``, ``actual_seq_*`` ignored for dense layouts, and the MLA
-``query_rope``/``key_rope`` of the v2 ops (appended to each head's D).
+tensor, ``dpse=None`` without pse, the attention ``sink`` (:mod:`.sink`; an empty ``dsink`` without it),
+``actual_seq_*`` ignored for dense layouts, and the MLA ``query_rope``/``key_rope`` of the v2 ops (appended to
+each head's D).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .._core.layouts import normalize_layout, parse_geometry
 from .._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
 from ..ops.flash_attention import op as fa_op
 from ._common import INT_MAX, reject_unsupported, with_overloads
+from .sink import apply_sink, check_sink, sink_grad
 
 
 def _seq_lists(layout: str, actual_seq_qlen, actual_seq_kvlen):
@@ -71,10 +73,36 @@ def _split_rope(grad: Tensor, like: Tensor, layout: str, heads: int) -> tuple[Te
     return (_head_merge(g[..., :d], layout).contiguous(), _head_merge(g[..., d:], layout).contiguous())
 
 
+def _q_lens(layout: str, qlen, query: Tensor) -> list[int] | None:
+    return lengths_from_cumulative("actual_seq_qlen", qlen, query.shape[0]) if layout == "TND" else None
+
+
+class _SinkAttention(torch.autograd.Function):
+    """The core forward plus the sink (:mod:`.sink`); backward through the core backward plus ``dsink``, from the
+    sink-including statistics (as torch_npu's autograd passes the forward's outputs to the grad op)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pse, sink, atten_mask, drop_mask, scalars, sink_kw):
+        out, smax, ssum = fa_op.flash_attention_fwd(q, k, v, pse, atten_mask, drop_mask, *scalars)
+        out, smax, ssum = apply_sink(out, smax, ssum, sink, **sink_kw)
+        ctx.save_for_backward(q, k, v, pse, sink, atten_mask, drop_mask, out, smax, ssum)
+        ctx.scalars, ctx.sink_kw = scalars, sink_kw
+        ctx.mark_non_differentiable(smax, ssum)
+        return out, smax, ssum
+
+    @staticmethod
+    def backward(ctx, dout, _dmax, _dsum):
+        q, k, v, pse, sink, atten_mask, drop_mask, out, smax, ssum = ctx.saved_tensors
+        dq, dk, dv, dpse = fa_op.flash_attention_bwd(dout, q, k, v, out, smax, ssum, pse, atten_mask, drop_mask,
+                                                     *ctx.scalars)
+        dsink = sink_grad(dout, out, smax, ssum, sink, **ctx.sink_kw)
+        return dq, dk, dv, (dpse if dpse.numel() else None), dsink, None, None, None, None
+
+
 def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, atten_mask, query_rope, key_rope, scale,
              keep_prob, pre_tokens, next_tokens, inner_precise, prefix, actual_seq_qlen, actual_seq_kvlen,
              sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, sink, dropout_mask, seed, offset):
-    reject_unsupported(padding_mask=padding_mask, sink=sink)
+    reject_unsupported(padding_mask=padding_mask)
     check_int("inner_precise", inner_precise)  # accepted: the invalid-row rule is always on
     layout = normalize_layout("input_layout", input_layout)
     qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen)
@@ -82,11 +110,17 @@ def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, at
     numels = _numels(q, k, value, head_num, layout, qlen, kvlen)
     if keep_prob < 1.0 and dropout_mask is None:  # the NPU draws from its generator and ignores seed/offset
         seed, offset = draw_seed(), 0
-    out, smax, ssum = fa_op.flash_attention_fwd(
-        q, k, value, pse, atten_mask, dropout_mask if keep_prob < 1.0 else None, head_num, layout, float(scale),
-        float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix), qlen, kvlen, sparse_mode, pse_type,
-        _start("q_start_idx", q_start_idx), _start("kv_start_idx", kv_start_idx), softmax_layout, int(seed),
-        int(offset))
+    drop_mask = dropout_mask if keep_prob < 1.0 else None
+    scalars = (head_num, layout, float(scale), float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix),
+               qlen, kvlen, sparse_mode, pse_type, _start("q_start_idx", q_start_idx),
+               _start("kv_start_idx", kv_start_idx), softmax_layout, int(seed), int(offset))
+    if sink is None:
+        out, smax, ssum = fa_op.flash_attention_fwd(q, k, value, pse, atten_mask, drop_mask, *scalars)
+    else:
+        check_sink(sink, head_num)
+        sink_kw = dict(layout=layout, softmax_layout=softmax_layout, q_lens=_q_lens(layout, qlen, query),
+                       head_num=head_num)
+        out, smax, ssum = _SinkAttention.apply(q, k, value, pse, sink, atten_mask, drop_mask, scalars, sink_kw)
     return out, smax, ssum, query.new_empty(0), int(seed), int(offset), numels
 
 
@@ -94,8 +128,9 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
               softmax_sum, attention_in, query_rope, key_rope, scale_value, keep_prob, pre_tokens, next_tokens,
               inner_precise, seed, offset, numels, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
               q_start_idx, kv_start_idx, softmax_layout, sink):
-    """``(dq, dk, dv, dpse, dq_rope, dk_rope)`` with None for the absent pse and rope."""
-    reject_unsupported(padding_mask=padding_mask, sink=sink)
+    """``(dq, dk, dv, dpse, dq_rope, dk_rope, dsink)`` with None for the absent pse and rope, an empty fp32
+    ``dsink`` without sink."""
+    reject_unsupported(padding_mask=padding_mask)
     check_int("inner_precise", inner_precise)
     layout = normalize_layout("input_layout", input_layout)
     qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen)
@@ -112,11 +147,13 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
     if query_rope is not None:
         dq, dq_rope = _split_rope(dq, query, layout, head_num)
         dk, dk_rope = _split_rope(dk, key, layout, key.shape[-1] * head_num // query.shape[-1])
-    return dq, dk, dv, (dpse if dpse.numel() else None), dq_rope, dk_rope
-
-
-def _empty_dsink(query: Tensor) -> Tensor:
-    return torch.empty([0], dtype=torch.float32, device=query.device)
+    if sink is None:
+        dsink = torch.empty([0], dtype=torch.float32, device=query.device)
+    else:
+        check_sink(sink, head_num)
+        dsink = sink_grad(dy, attention_in, softmax_max, softmax_sum, sink, layout=layout,
+                          softmax_layout=softmax_layout, q_lens=_q_lens(layout, qlen, query), head_num=head_num)
+    return dq, dk, dv, (dpse if dpse.numel() else None), dq_rope, dk_rope, dsink
 
 
 def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None, atten_mask=None,
@@ -125,9 +162,10 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
                          gen_mask_parallel=True, sync=False, softmax_layout="", sink=None, dropout_mask=None, seed=0,
                          offset=0):
     """``torch_npu.npu_fusion_attention``: ``(attention_out, softmax_max, softmax_sum, softmax_out, seed, offset,
-    numels)``; differentiable w.r.t. query, key, value and pse through ``attention_out``.
+    numels)``; differentiable w.r.t. query, key, value, pse and sink through ``attention_out``.
 
-    ``scale`` defaults to 1.0 as on the NPU. With ``0 < keep_prob < 1`` and no ``dropout_mask`` a fresh seed is
+    ``sink`` (fp32 ``[head_num]``): one extra logit per head in the softmax denominator; ``softmax_max``/``_sum``
+    then include it (``max(m, sink)``, see :mod:`.sink`). ``scale`` defaults to 1.0 as on the NPU. With ``0 < keep_prob < 1`` and no ``dropout_mask`` a fresh seed is
     drawn (offset 0) and returned; pass ``seed``/``offset``/``numels`` to :func:`npu_fusion_attention_grad` to
     regenerate the same mask. ``gen_mask_parallel``/``sync`` have no numerical effect (as on the NPU).
     """
@@ -149,16 +187,17 @@ def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, *, 
 
     Uses the given ``softmax_max``/``softmax_sum``/``attention_in`` as they are (context-parallel callers pass
     merged ones); the dropout mask is regenerated from ``seed``/``offset``. ``dpse`` is None without ``pse``;
-    ``dsink`` is an empty fp32 tensor. ``softmax_in`` is the reserved empty ``softmax_out`` and is not read.
+    ``dsink`` is fp32 ``[head_num]`` with ``sink``, else an empty fp32 tensor. ``softmax_in`` is the reserved empty
+    ``softmax_out`` and is not read.
     """
-    dq, dk, dv, dpse, _, _ = _backward(
+    dq, dk, dv, dpse, _, _, dsink = _backward(
         query, key, value, dy, head_num, input_layout, pse=pse, padding_mask=padding_mask, atten_mask=atten_mask,
         softmax_max=softmax_max, softmax_sum=softmax_sum, attention_in=attention_in, query_rope=None, key_rope=None,
         scale_value=scale_value, keep_prob=keep_prob, pre_tokens=pre_tockens, next_tokens=next_tockens,
         inner_precise=inner_precise, seed=seed, offset=offset, numels=numels, prefix=prefix,
         actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, pse_type=1,
         q_start_idx=None, kv_start_idx=None, softmax_layout=softmax_layout, sink=sink)
-    return dq, dk, dv, dpse, _empty_dsink(query)
+    return dq, dk, dv, dpse, dsink
 
 
 def npu_fusion_attention_v2(query, key, value, head_num, input_layout, *, pse=None, padding_mask=None,
@@ -186,7 +225,7 @@ def npu_fusion_attention_grad_v2(query, key, value, dy, head_num, input_layout, 
                                  kv_start_idx=None, softmax_layout="", sink=None):
     """``torch_npu.npu_fusion_attention_grad_v2``: ``(dq, dk, dv, dpse, dq_rope, dk_rope, dsink)``; the rope
     gradients are None without rope inputs."""
-    dq, dk, dv, dpse, dq_rope, dk_rope = _backward(
+    return _backward(
         query, key, value, dy, head_num, input_layout, pse=pse, padding_mask=padding_mask, atten_mask=atten_mask,
         softmax_max=softmax_max, softmax_sum=softmax_sum, attention_in=attention_in, query_rope=query_rope,
         key_rope=key_rope, scale_value=scale_value, keep_prob=keep_prob, pre_tokens=pre_tokens,
@@ -194,7 +233,6 @@ def npu_fusion_attention_grad_v2(query, key, value, dy, head_num, input_layout, 
         prefix=prefix, actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode,
         pse_type=pse_type, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx, softmax_layout=softmax_layout,
         sink=sink)
-    return dq, dk, dv, dpse, dq_rope, dk_rope, _empty_dsink(query)
 
 
 for _fn in (npu_fusion_attention, npu_fusion_attention_grad, npu_fusion_attention_v2, npu_fusion_attention_grad_v2):

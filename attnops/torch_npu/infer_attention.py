@@ -8,6 +8,8 @@ requested, PFA's ``next_tokens=0`` default and ``sparse_mode`` 10-14 (modes 0-4 
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor
 
@@ -90,8 +92,13 @@ def _npu_fused_infer_attention_score_out(
     """``npu_fused_infer_attention_score.out``: writes into ``out=[attention_out, softmax_lse]`` (resized when their
     shapes differ) and returns them. ``workspace`` is accepted and unused (attnops needs no workspace)."""
     kw = {name: v for name, v in locals().items() if name not in ("workspace", "out")}
+    return _write_out(out, _fia_score(**kw))
+
+
+def _write_out(out, results: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """Copy ``results`` into ``out=[attention_out, softmax_lse]`` (resized when their shapes differ)."""
     require(isinstance(out, (list, tuple)) and len(out) == 2, "out", "a list [attention_out, softmax_lse]", out)
-    for target, result in zip(out, _fia_score(**kw)):
+    for target, result in zip(out, results):
         if target.shape != result.shape:
             target.resize_(result.shape)
         target.copy_(result)
@@ -101,6 +108,80 @@ def _npu_fused_infer_attention_score_out(
 def _npu_fused_infer_attention_score_get_max_workspace(query, key, value, **kwargs) -> Tensor:
     """The graph-mode workspace vllm-ascend allocates for ``.out``: empty, attnops needs none."""
     return torch.empty([0], dtype=torch.uint8, device=query.device)
+
+
+def _per_head(sink: Tensor, lse: Tensor) -> Tensor:
+    """``sink [N]`` broadcastable over ``lse`` (``[B, N, S, 1]`` or ``[T, N, 1]``)."""
+    return sink.float().view([-1] + [1] * (lse.dim() - 2))
+
+
+def _sink_weights(lse: Tensor, sink: Tensor, out_layout: str, heads: int, out: Tensor) -> Tensor:
+    """``sigmoid(lse - sink[n])`` (the key share of each row's softmax mass) broadcastable over ``out``."""
+    w = torch.sigmoid(lse - _per_head(sink, lse)).squeeze(-1)  # [B, N, S] or [T, N]
+    if out_layout in ("BSH", "BSND"):
+        w = w.transpose(1, 2)
+    w = w.unsqueeze(-1)
+    return w.flatten(-2).repeat_interleave(out.shape[-1] // heads, -1) if out_layout == "BSH" else w
+
+
+def npu_fused_infer_attention_score_v2(
+        query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, atten_mask=None, actual_seq_qlen=None,
+        actual_seq_kvlen=None, block_table=None, dequant_scale_query=None, dequant_scale_key=None,
+        dequant_offset_key=None, dequant_scale_value=None, dequant_offset_value=None, dequant_scale_key_rope=None,
+        quant_scale_out=None, quant_offset_out=None, quant_scale_p=None, learnable_sink=None, num_query_heads=1,
+        num_key_value_heads=0, softmax_scale=1.0, pre_tokens=INT_MAX, next_tokens=INT_MAX, input_layout="BSH",
+        sparse_mode=0, block_size=0, query_quant_mode=0, key_quant_mode=0, value_quant_mode=0, inner_precise=0,
+        return_softmax_lse=False, query_dtype=None, key_dtype=None, value_dtype=None, query_rope_dtype=None,
+        key_rope_dtype=None, key_shared_prefix_dtype=None, value_shared_prefix_dtype=None,
+        dequant_scale_query_dtype=None, dequant_scale_key_dtype=None, dequant_scale_value_dtype=None,
+        dequant_scale_key_rope_dtype=None, out_dtype=None):
+    """``torch_npu.npu_fused_infer_attention_score_v2``: the v1 op with renamed arguments (``actual_seq_qlen`` /
+    ``actual_seq_kvlen``, ``num_query_heads``, ``softmax_scale``, ``return_softmax_lse``, ``quant_scale_out`` /
+    ``quant_offset_out``) plus ``learnable_sink``.
+
+    ``learnable_sink [Q_N]`` is one extra logit per head, compared with the scaled scores, that enters only the
+    softmax denominator: ``attention_out = out * sigmoid(lse - sink)`` and ``softmax_lse = logaddexp(lse, sink)``
+    (rows with nothing to attend to keep output 0 and lse +inf). The quantized inputs, the hif8/fp4 ``*_dtype``
+    reinterpretations and MLA rope raise :class:`NotImplementedError`.
+    """
+    reject_unsupported(query_rope=query_rope, key_rope=key_rope, dequant_scale_query=dequant_scale_query,
+                       dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
+                       dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value,
+                       dequant_scale_key_rope=dequant_scale_key_rope, quant_scale_p=quant_scale_p,
+                       query_dtype=query_dtype, key_dtype=key_dtype, value_dtype=value_dtype,
+                       query_rope_dtype=query_rope_dtype, key_rope_dtype=key_rope_dtype,
+                       key_shared_prefix_dtype=key_shared_prefix_dtype,
+                       value_shared_prefix_dtype=value_shared_prefix_dtype,
+                       dequant_scale_query_dtype=dequant_scale_query_dtype,
+                       dequant_scale_key_dtype=dequant_scale_key_dtype,
+                       dequant_scale_value_dtype=dequant_scale_value_dtype,
+                       dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype, out_dtype=out_dtype)
+    for name, mode in (("query_quant_mode", query_quant_mode), ("key_quant_mode", key_quant_mode),
+                       ("value_quant_mode", value_quant_mode)):
+        require(mode == 0, name, "0 (quantized inputs are not supported by attnops.torch_npu)", mode)
+    require(isinstance(return_softmax_lse, bool), "return_softmax_lse", "a bool", return_softmax_lse)
+    if learnable_sink is not None:
+        require(quant_scale_out is None, "learnable_sink", "no learnable_sink with an int8 output (quant_scale_out)",
+                learnable_sink)
+        require(isinstance(learnable_sink, Tensor) and tuple(learnable_sink.shape) == (num_query_heads,),
+                "learnable_sink", f"a tensor of shape [num_query_heads] = [{num_query_heads}]", learnable_sink)
+    out, lse = _fia(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask, actual_seq_lengths=actual_seq_qlen,
+                    actual_seq_lengths_kv=actual_seq_kvlen, block_table=block_table, quant_scale2=quant_scale_out,
+                    quant_offset2=quant_offset_out, num_heads=num_query_heads, scale=softmax_scale,
+                    pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
+                    num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, inner_precise=inner_precise,
+                    block_size=block_size)
+    if learnable_sink is not None:
+        out_layout = input_layout.upper().rpartition("_")[2]
+        out = (out.float() * _sink_weights(lse, learnable_sink, out_layout, num_query_heads, out)).to(out.dtype)
+        lse = torch.logaddexp(lse, _per_head(learnable_sink, lse))
+    return out, (lse if return_softmax_lse else torch.empty([0], dtype=torch.float32, device=query.device))
+
+
+def _npu_fused_infer_attention_score_v2_out(query, key, value, *, workspace=None, out, **kwargs):
+    """``npu_fused_infer_attention_score_v2.out``: as :func:`npu_fused_infer_attention_score_v2`, written into
+    ``out=[attention_out, softmax_lse]``; ``workspace`` is accepted and unused."""
+    return _write_out(out, npu_fused_infer_attention_score_v2(query, key, value, **kwargs))
 
 
 def npu_prompt_flash_attention(query, key, value, *, padding_mask=None, atten_mask=None, pse_shift=None,
@@ -151,5 +232,10 @@ def npu_incre_flash_attention(query, key, value, *, padding_mask=None, atten_mas
 
 
 with_overloads(npu_fused_infer_attention_score, out=_npu_fused_infer_attention_score_out)
+with_overloads(npu_fused_infer_attention_score_v2, out=_npu_fused_infer_attention_score_v2_out)
+_npu_fused_infer_attention_score_v2_out.__signature__ = inspect.signature(npu_fused_infer_attention_score_v2).replace(
+    parameters=[*inspect.signature(npu_fused_infer_attention_score_v2).parameters.values(),
+                inspect.Parameter("workspace", inspect.Parameter.KEYWORD_ONLY, default=None),
+                inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY)])
 with_overloads(npu_prompt_flash_attention)
 with_overloads(npu_incre_flash_attention)
