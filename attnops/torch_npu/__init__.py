@@ -12,6 +12,7 @@ from .fusion_attention import (
 )
 from .infer_attention import (
     _npu_fused_infer_attention_score_get_max_workspace,
+    _npu_fused_infer_attention_score_v2_get_max_workspace,
     npu_fused_infer_attention_score,
     npu_fused_infer_attention_score_v2,
     npu_incre_flash_attention,
@@ -46,4 +47,5 @@ __all__ = [
 ]
 
 # the ops torch.ops.npu resolves to once install() ran
-OPS = tuple(name for name in __all__ if name != "install") + ("_npu_fused_infer_attention_score_get_max_workspace",)
+OPS = tuple(name for name in __all__ if name != "install") + (
+    "_npu_fused_infer_attention_score_get_max_workspace", "_npu_fused_infer_attention_score_v2_get_max_workspace")

@@ -165,9 +165,9 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     numels)``; differentiable w.r.t. query, key, value, pse and sink through ``attention_out``.
 
     ``sink`` (fp32 ``[head_num]``): one extra logit per head in the softmax denominator; ``softmax_max``/``_sum``
-    then include it (``max(m, sink)``, see :mod:`.sink`). ``scale`` defaults to 1.0 as on the NPU. With ``0 < keep_prob < 1`` and no ``dropout_mask`` a fresh seed is
-    drawn (offset 0) and returned; pass ``seed``/``offset``/``numels`` to :func:`npu_fusion_attention_grad` to
-    regenerate the same mask. ``gen_mask_parallel``/``sync`` have no numerical effect (as on the NPU).
+    then include it (``max(m, sink)``, see :mod:`.sink`). ``scale`` defaults to 1.0 as on the NPU. With
+    ``0 < keep_prob < 1`` and no ``dropout_mask`` a fresh seed is drawn (offset 0) and returned; pass
+    ``seed``/``offset``/``numels`` to :func:`npu_fusion_attention_grad` to regenerate the same mask. ``gen_mask_parallel``/``sync`` have no numerical effect (as on the NPU).
     """
     return _forward(query, key, value, head_num, input_layout, pse=pse, padding_mask=padding_mask,
                     atten_mask=atten_mask, query_rope=None, key_rope=None, scale=scale, keep_prob=keep_prob,

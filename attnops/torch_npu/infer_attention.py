@@ -110,6 +110,9 @@ def _npu_fused_infer_attention_score_get_max_workspace(query, key, value, **kwar
     return torch.empty([0], dtype=torch.uint8, device=query.device)
 
 
+_npu_fused_infer_attention_score_v2_get_max_workspace = _npu_fused_infer_attention_score_get_max_workspace
+
+
 def _per_head(sink: Tensor, lse: Tensor) -> Tensor:
     """``sink [N]`` broadcastable over ``lse`` (``[B, N, S, 1]`` or ``[T, N, 1]``)."""
     return sink.float().view([-1] + [1] * (lse.dim() - 2))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnops import torch_npu
-from attnops.testing import golden_fia
+from attnops.testing import golden_fia, golden_nsa
 from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden import FLT_LOWEST, FLT_MAX, fa_backward, fa_forward
 from tests.helpers import PREFIX3072, TRIU2048, cum, make_qkv, randn
@@ -571,8 +571,8 @@ def test_fusion_attention_mode_0_negative_tokens():
 def test_fused_infer_attention_short_and_long_length_lists(kv_lens):
     # §4.2 "A length-1 list broadcasts to all batches; a longer list uses its first B entries."
     q, k, v = _fia_inputs("BSND", 2, 2, 2, 3, 8, 16, seed=7)
-    kw = dict(num_heads=2, input_layout="BSND", actual_seq_lengths_kv=kv_lens, actual_seq_lengths=[3, 2, 1][:len(kv_lens)],
-              softmax_lse_flag=True)
+    kw = dict(num_heads=2, input_layout="BSND", actual_seq_lengths_kv=kv_lens,
+              actual_seq_lengths=[3, 2, 1][:len(kv_lens)], softmax_lse_flag=True)
     out, lse = torch_npu.npu_fused_infer_attention_score(q, k, v, scale=0.3, **kw)
     _fia_judge(out, lse, q, k, v, scale_value=0.3, **kw)
 
@@ -757,3 +757,66 @@ def test_fused_infer_attention_v2_signature_matches_schema(name):
     else:
         assert torch.equal(fn(q, k, k, softmax_scale=0.5)[0],
                            torch_npu.npu_fused_infer_attention_score(q, k, k, scale=0.5)[0])
+
+
+# ------------------------------------------------------------------------------------------- NSA
+def test_nsa_compress_attention_blocked_statistics_and_autograd():
+    # §8.2 "-> (attention_out [T,N1,Dv], topk_indices [T,N2,count] int32, softmax_max [T,N1,8], softmax_sum)";
+    # "softmax_max/sum use the per-batch [N, S_b, 8]-blocked layout"; "All training-side actual_* lists are
+    # cumulative, with no leading 0"; autograd through the FA grad (derivatives.yaml L319-321)
+    q = randn(12, 2, 16, seed=40).requires_grad_()
+    kc, vc = randn(12, 1, 16, seed=41).requires_grad_(), randn(12, 1, 8, seed=42).requires_grad_()
+    args = (0.3, 2, 32, 16, 64, 1)
+    lens = dict(actual_seq_qlen=[5, 12], actual_cmp_seq_kvlen=[3, 12], actual_sel_seq_kvlen=[1, 4])
+    out, topk, smax, ssum = torch_npu.npu_nsa_compress_attention(q, kc, vc, *args, **lens)
+    gargs = (0.3, 2, 32, 16, 64, 1, None, None, [5, 12], [3, 12], [1, 4])
+    gold = golden_nsa.nsa_compress_attention(q, kc, vc, *gargs)
+    base = golden_nsa.nsa_compress_attention(q, kc, vc, *gargs, dtype=torch.float32)
+    assert topk.dtype == torch.int32 and topk.shape == (12, 1, 1) and torch.equal(topk, gold[1])
+    for name, a, g, bl in zip(("out", "max", "sum"), (out, smax, ssum), gold[::2] + gold[3:], base[::2] + base[3:]):
+        assert a.dtype == (q.dtype if name == "out" else torch.float32)
+        assert_close_to_golden(name, a, g, bl)
+    dy = randn(*out.shape, seed=43)
+    out.backward(dy)
+    gg = golden_nsa.nsa_compress_attention_backward(dy, q, kc, vc, *gargs)
+    bb = golden_nsa.nsa_compress_attention_backward(dy, q, kc, vc, *gargs, dtype=torch.float32)
+    for name, leaf, g, bl in zip(("dq", "dk", "dv"), (q, kc, vc), gg, bb):
+        assert_close_to_golden(name, leaf.grad, g, bl, factor=3.0)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_nsa_select_attention_token_major_statistics_and_grad_order(masked):
+    # §8.3 "softmax_max/sum here are true [T1,N1,8] (token-major)"; "grad comes first in the grad op";
+    # DECISIONS: causal with an atten_mask present; without a mask the NPU forces mode 0
+    q, k, v = randn(9, 4, 16, seed=44), randn(20, 2, 16, seed=45), randn(20, 2, 8, seed=46)
+    topk = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32).repeat(9, 1, 1)[:, :2]
+    lens = dict(actual_seq_qlen=[4, 9], actual_seq_kvlen=[8, 20])
+    mask = torch.ones(1, 1, dtype=torch.bool) if masked else None
+    out, smax, ssum = torch_npu.npu_nsa_select_attention(q, k, v, topk, 0.3, 4, 4, 2, atten_mask=mask, **lens)
+    sel = (q, k, v, topk, 0.3, 4, [4, 9], [8, 20], masked)
+    gold, base = golden_nsa.nsa_selected_attention(*sel), golden_nsa.nsa_selected_attention(*sel, dtype=torch.float32)
+    for name, a, g, bl in zip(("out", "max", "sum"), (out, smax, ssum), gold, base):
+        assert_close_to_golden(name, a, g, bl)
+    dy = randn(*out.shape, seed=47)
+    grads = torch_npu.npu_nsa_select_attention_grad(dy, q, k, v, out, smax, ssum, topk, 0.3, 4, 4, 2,
+                                                    atten_mask=mask, **lens)
+    gg = golden_nsa.nsa_selected_attention_backward(dy, *sel)
+    bb = golden_nsa.nsa_selected_attention_backward(dy, *sel, dtype=torch.float32)
+    for name, a, g, bl in zip(("dq", "dk", "dv"), grads, gg, bb):
+        assert_close_to_golden(name, a, g, bl, factor=3.0)
+
+
+def test_nsa_compress_and_grad_cumulative_lengths():
+    # §8.1 "Output [sum_b n_b, N, D], n_b = (s_b - l)//stride + 1 if s_b >= l, else 0"; grad comes first
+    x, w = randn(90, 2, 16, dtype=F16, seed=48), randn(32, 2, dtype=F16, seed=49, scale=0.2)
+    out = torch_npu.npu_nsa_compress(x, w, 32, 16, actual_seq_len=[20, 70, 90])  # lengths 20, 50, 20
+    assert out.shape == (0 + 2 + 0, 2, 16)
+    assert_close_to_golden("out", out, golden_nsa.nsa_compress(x, w, 32, 16, [20, 70, 90]),
+                           golden_nsa.nsa_compress(x, w, 32, 16, [20, 70, 90], dtype=F16))
+    dy = randn(*out.shape, dtype=F16, seed=50)
+    gx, gw = torch_npu.npu_nsa_compress_grad(dy, x, w, 32, 16, actual_seq_len=[20, 70, 90])
+    g = golden_nsa.nsa_compress_backward(dy, x, w, 32, 16, [20, 70, 90])
+    bl = golden_nsa.nsa_compress_backward(dy, x, w, 32, 16, [20, 70, 90], dtype=F16)
+    assert gx.shape == x.shape and gw.shape == w.shape
+    assert_close_to_golden("input_grad", gx, g[0], bl[0], factor=3.0)
+    assert_close_to_golden("weight_grad", gw, g[1], bl[1], factor=3.0)
