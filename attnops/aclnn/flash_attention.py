@@ -83,7 +83,7 @@ def _backward(p, query, key, value, dy, softmax_max, softmax_sum, attention_in, 
                                                                    softmax_sum)
     dq, dk, dv, dpse = fa_op.flash_attention_bwd(dy, query, key, value, attention_in, softmax_max, softmax_sum,
                                                  *args)
-    return dq, dk, dv, (dpse if dpse.numel() else None)
+    return dq, dk, dv, (dpse if p.pse is not None and p.pse.has_grad else None)
 
 
 def _flash_attention_score(query, key, value, real_shift, drop_mask, padding_mask, atten_mask, prefix,

@@ -145,7 +145,7 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
     args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
     dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
                                                  *args.values())
-    return dq, dk, dv, (dpse if dpse.numel() else None)
+    return dq, dk, dv, _op().pse_grad(dpse, pse, pse_type)
 
 
 def check_backward_inputs(p: FAProblem, query: Tensor, dy, attention_in, softmax_max, softmax_sum):

@@ -85,12 +85,22 @@ def flash_attention_bwd(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, a
     return dq, dk, dv, dpse if dpse is not None else query.new_empty(0)
 
 
+def has_pse_grad(pse: Optional[Tensor], pse_type: int) -> bool:
+    """Whether the backward has a pse gradient: a pse tensor of type 0/1 (types 2/3 take ALiBi slopes)."""
+    return pse is not None and pse_type in (0, 1)
+
+
+def pse_grad(dpse: Tensor, pse: Optional[Tensor], pse_type: int) -> Optional[Tensor]:
+    """The op's ``dpse`` output as callers see it: None without a pse gradient (the op returns an empty tensor then,
+    as custom ops cannot return None; a pse with zero elements has an empty gradient, not None)."""
+    return dpse if has_pse_grad(pse, pse_type) else None
+
+
 @flash_attention_bwd.register_fake
 def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, drop_mask, head_num, layout,
       scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
       q_start_idx, kv_start_idx, softmax_layout, seed, offset, backend="auto"):
-    has_dpse = pse is not None and pse_type in (0, 1)
-    dpse = torch.empty_like(pse) if has_dpse else query.new_empty(0)
+    dpse = torch.empty_like(pse) if has_pse_grad(pse, pse_type) else query.new_empty(0)
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dpse
 
 
@@ -111,7 +121,7 @@ def _backward(ctx, grad_out, _grad_max, _grad_sum):
     s = ctx.scalars
     dq, dk, dv, dpse = flash_attention_bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, pse,
                                            atten_mask, drop_mask, *(s[n] for n in _ARGS))
-    grads = {"query": dq, "key": dk, "value": dv, "pse": dpse if dpse.numel() else None}
+    grads = {"query": dq, "key": dk, "value": dv, "pse": pse_grad(dpse, pse, s["pse_type"])}
     return tuple(grads.get(name) for name in _FWD_ARGS)
 
 
