@@ -96,7 +96,8 @@ class _SinkAttention(torch.autograd.Function):
         dq, dk, dv, dpse = fa_op.flash_attention_bwd(dout, q, k, v, out, smax, ssum, pse, atten_mask, drop_mask,
                                                      *ctx.scalars)
         dsink = sink_grad(dout, out, smax, ssum, sink, **ctx.sink_kw)
-        return dq, dk, dv, (dpse if dpse.numel() else None), dsink, None, None, None, None
+        pse_type = dict(zip(fa_op._SCALARS, ctx.scalars))["pse_type"]
+        return dq, dk, dv, fa_op.pse_grad(dpse, pse, pse_type), dsink, None, None, None, None
 
 
 def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, atten_mask, query_rope, key_rope, scale,
@@ -153,7 +154,7 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
         check_sink(sink, head_num)
         dsink = sink_grad(dy, attention_in, softmax_max, softmax_sum, sink, layout=layout,
                           softmax_layout=softmax_layout, q_lens=_q_lens(layout, qlen, query), head_num=head_num)
-    return dq, dk, dv, (dpse if dpse.numel() else None), dq_rope, dk_rope, dsink
+    return dq, dk, dv, fa_op.pse_grad(dpse, pse, pse_type), dq_rope, dk_rope, dsink
 
 
 def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None, atten_mask=None,
@@ -167,7 +168,8 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     ``sink`` (fp32 ``[head_num]``): one extra logit per head in the softmax denominator; ``softmax_max``/``_sum``
     then include it (``max(m, sink)``, see :mod:`.sink`). ``scale`` defaults to 1.0 as on the NPU. With
     ``0 < keep_prob < 1`` and no ``dropout_mask`` a fresh seed is drawn (offset 0) and returned; pass
-    ``seed``/``offset``/``numels`` to :func:`npu_fusion_attention_grad` to regenerate the same mask. ``gen_mask_parallel``/``sync`` have no numerical effect (as on the NPU).
+    ``seed``/``offset``/``numels`` to :func:`npu_fusion_attention_grad` to regenerate the same mask.
+    ``gen_mask_parallel``/``sync`` have no numerical effect (as on the NPU).
     """
     return _forward(query, key, value, head_num, input_layout, pse=pse, padding_mask=padding_mask,
                     atten_mask=atten_mask, query_rope=None, key_rope=None, scale=scale, keep_prob=keep_prob,

@@ -14,7 +14,6 @@ from .schemas import load_schemas
 
 SCHEMAS = load_schemas()
 NOT_IMPLEMENTED = {  # documented in docs/porting.md
-    "npu_fused_infer_attention_score_v2", "npu_fused_infer_attention_score_v2.out",
     "npu_nsa_compress_attention_infer", "npu_nsa_select_attention_infer", "npu_nsa_compress_infer.cache",
 }
 IMPLEMENTED = sorted(set(SCHEMAS) - NOT_IMPLEMENTED)
@@ -55,9 +54,9 @@ def case(name: str):
     if name in ("npu_fusion_attention_grad", "npu_fusion_attention_grad_v2"):
         q, k, v, out, stats = _fa_inputs()
         return (q, k, v, torch.ones_like(out), 2, "BNSD"), stats
-    if name in ("npu_fused_infer_attention_score", "npu_prompt_flash_attention"):
+    if name in ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2", "npu_prompt_flash_attention"):
         return (_r(1, 3, 16), _r(1, 5, 16, seed=1), _r(1, 5, 16, seed=2)), {}
-    if name == "npu_fused_infer_attention_score.out":
+    if name in ("npu_fused_infer_attention_score.out", "npu_fused_infer_attention_score_v2.out"):
         return (_r(1, 3, 16), _r(1, 5, 16, seed=1), _r(1, 5, 16, seed=2)), {"out": [torch.empty(0), torch.empty(0)]}
     if name == "npu_incre_flash_attention":
         return (_r(1, 1, 16), _r(1, 5, 16, seed=1), _r(1, 5, 16, seed=2)), {}
