@@ -15,6 +15,7 @@ another in the caller, with its usual intra-op threads. Each job must write only
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,16 @@ _state = threading.local()  # .worker: True on pool threads
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's worker threads do not exist there, so the next call starts a new pool."""
+    global _pool, _pool_size, _pool_lock
+    _pool, _pool_size, _pool_lock = None, 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _init_worker(ready: threading.Barrier) -> None:

@@ -1,5 +1,6 @@
 """attnops._core.parallel: jobs on single-threaded workers, and the FlashAttention reference run that way equals
 its serial run bit for bit (each job owns its outputs, so the thread count cannot change a result)."""
+import os
 import threading
 
 import pytest
@@ -91,3 +92,27 @@ def test_flash_attention_on_workers_equals_the_serial_run(case, two_threads):
     serial = run()
     for a, b in zip(parallel, serial):
         assert torch.equal(a, b)
+
+
+def _jobs_in_child(queue) -> None:
+    torch.set_num_threads(2)
+    out = torch.zeros(4)
+    run_jobs(lambda i: out[i:i + 1].add_(i + 1), range(4), CPU)
+    queue.put(out.tolist())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_its_own_pool(two_threads):
+    import multiprocessing
+
+    run_jobs(lambda _: None, range(2), CPU)  # the parent's pool exists
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_jobs_in_child, args=(queue,))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive, "run_jobs hung in a forked child"
+    assert queue.get(timeout=5) == [1.0, 2.0, 3.0, 4.0]
