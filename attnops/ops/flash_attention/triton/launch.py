@@ -9,6 +9,7 @@ Triton's interpreter with fixed 16 x 16 tiles.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -19,7 +20,6 @@ from ..problem import FAProblem
 from .verify import interpreting
 
 INTERPRET_BLOCK = 16
-PREPROCESS_BLOCK = 64
 _PSE_KINDS = {"full": 1, "row": 2, "alibi": 3}  # common.PSE_FULL / PSE_ROW / PSE_ALIBI; slopes: 4 + (type 3)
 _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 
@@ -38,19 +38,89 @@ def _kernels(interpret: bool):
     return fwd, bwd
 
 
-def _configs(backward: bool):
+# Autotuning candidates (BLOCK_M, BLOCK_N, warps, stages) per (kernel kind, operand bytes, D > 128), chosen from the
+# compiler's figures (AOT compile, docs/triton.md): each fits sm_80's 163 KB and sm_90's 227 KB of shared memory per
+# block and spills little (tests/ops/flash_attention/triton/test_gpu_compile.py asserts both for every candidate).
+# fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles.
+_TILES = {
+    ("fwd", 2, False): [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)],
+    ("fwd", 2, True): [(64, 64, 8, 1), (64, 32, 8, 2)],
+    ("fwd", 4, False): [(64, 32, 4, 2), (32, 64, 4, 2)],
+    ("fwd", 4, True): [(32, 32, 8, 1), (64, 32, 8, 1)],
+    ("bwd", 2, False): [(32, 64, 8, 2), (64, 32, 8, 2)],
+    ("bwd", 2, True): [(32, 32, 8, 2), (64, 32, 8, 2)],
+    ("bwd", 4, False): [(32, 32, 8, 1)],
+    ("bwd", 4, True): [(32, 32, 8, 1)],
+}
+_FEATURE_TILE = 64 * 64  # largest BLOCK_M x BLOCK_N with a pse, an explicit mask or dropout
+PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
+
+
+def _config(tiles: tuple[int, int, int, int]):
     import triton
 
-    shapes = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)] if not backward else \
-        [(64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+    m, n, warps, stages = tiles
+    return triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
 
 
-def _prune(configs, named_args, **kwargs):
-    """Large head dims keep tiles within the register file: at most 64 x 64 tiles for D > 128."""
-    d = max(named_args["head_d"], named_args["head_dv"])
-    small = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
-    return small if d > 128 and small else configs
+def _kind(kernel_name: str) -> str:
+    return "fwd" if kernel_name == "fwd_kernel" else "bwd"
+
+
+def _configs(kind: str) -> list:
+    """Every candidate of a kernel kind (the autotuner's list; :func:`_prune` keeps those of the problem's class)."""
+    tiles = {t: None for key, ts in _TILES.items() if key[0] == kind for t in ts}
+    return [_config(t) for t in tiles]
+
+
+def _prune(kind: str, configs, named_args, **kwargs):
+    """The candidates of the call's class in ``_TILES`` (operand bytes, D > 128); tiles of at most 64 x 64 when a
+    pse, an explicit mask or dropout adds per-element tiles (registers and shared memory, docs/triton.md)."""
+    key = (kind, named_args["q_ptr"].element_size(), max(named_args["head_d"], named_args["head_dv"]) > 128)
+    wanted = set(_TILES[key])
+    kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
+    if kwargs["PSE"] or kwargs["HAS_EXPLICIT"] or kwargs["DROPOUT"]:
+        small = [c for c in kept if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= _FEATURE_TILE]
+        kept = small or kept
+    return kept
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a plan: kernel name, grid extent (rows tiled by the kernel's block, columns) and
+    arguments. The tile constexprs (``BLOCK_M``/``BLOCK_N``) and warps/stages are not in ``kwargs``: they come from
+    :func:`tile_configs` (the interpreter's fixed tiles, or the autotuner's configurations on CUDA)."""
+
+    kernel: str  # fwd_kernel, preprocess_kernel, dq_kernel, dkdv_kernel
+    grid_rows: int
+    grid_cols: int
+    args: tuple
+    kwargs: dict
+
+    @property
+    def block_axis(self) -> str:
+        """The tile constexpr that blocks the grid's rows (the dK/dV kernel tiles key rows)."""
+        return "BLOCK_N" if self.kernel == "dkdv_kernel" else "BLOCK_M"
+
+
+def tile_configs(launch: Launch, arg_names: list[str], interpret: bool) -> list:
+    """The ``triton.Config`` candidates of ``launch``: one fixed config for the preprocess and the interpreter,
+    the pruned autotuning configurations on CUDA (exactly those the autotuner would try)."""
+    import triton
+
+    if launch.kernel == "preprocess_kernel":
+        rows = INTERPRET_BLOCK if interpret else max(16, PREPROCESS_ELEMENTS // launch.kwargs["BLOCK_DV"])
+        return [triton.Config({"BLOCK_M": rows})]
+    if interpret:
+        return [triton.Config({"BLOCK_M": INTERPRET_BLOCK, "BLOCK_N": INTERPRET_BLOCK})]
+    kind = _kind(launch.kernel)
+    return _prune(kind, _configs(kind), dict(zip(arg_names, launch.args)), **launch.kwargs)
+
+
+def kernel_function(kernel_name: str, interpret: bool):
+    """The ``@triton.jit`` function (interpreted or compiled) named ``kernel_name``."""
+    fwd, bwd = _kernels(interpret)
+    return getattr(fwd if kernel_name == "fwd_kernel" else bwd, kernel_name)
 
 
 @functools.cache
@@ -58,28 +128,24 @@ def _tuned(kernel_name: str):
     """The autotuned CUDA variant of a kernel (GPU only; the interpreter uses fixed tiles)."""
     import triton
 
-    fwd, bwd = _kernels(False)
-    kernel = getattr(fwd if kernel_name == "fwd_kernel" else bwd, kernel_name)
-    return triton.autotune(configs=_configs(kernel_name != "fwd_kernel"), key=_TUNE_KEY,
-                           prune_configs_by={"early_config_prune": _prune})(kernel)
+    kind = _kind(kernel_name)
+    return triton.autotune(configs=_configs(kind), key=_TUNE_KEY,
+                           prune_configs_by={"early_config_prune": functools.partial(_prune, kind)})(
+        kernel_function(kernel_name, False))
 
 
-def _launch(kernel_name: str, device: torch.device, grid_rows: int, grid_cols: int, *args, **kwargs):
-    """Launch a kernel over ``(row blocks of grid_rows, grid_cols)``: fixed tiles in the interpreter and for the
-    preprocess, autotuned tiles on CUDA."""
+def _run(launch: Launch, device: torch.device) -> None:
+    """Launch over ``(row blocks, grid_cols)``: the fixed config of :func:`tile_configs` where there is one, the
+    autotuner on CUDA otherwise."""
     interpret = interpreting(device)
-    fwd, bwd = _kernels(interpret)
-    kernel = getattr(fwd if kernel_name == "fwd_kernel" else bwd, kernel_name)
-    if kernel_name == "preprocess_kernel":
-        block = INTERPRET_BLOCK if interpret else PREPROCESS_BLOCK
-        kernel[(triton_cdiv(grid_rows, block), grid_cols)](*args, **kwargs, BLOCK_M=block)
+    kernel = kernel_function(launch.kernel, interpret)
+    if interpret or launch.kernel == "preprocess_kernel":
+        (config,) = tile_configs(launch, kernel.arg_names, interpret)
+        grid = (triton_cdiv(launch.grid_rows, config.kwargs[launch.block_axis]), launch.grid_cols)
+        kernel[grid](*launch.args, **launch.kwargs, **config.kwargs)
         return
-    axis = "BLOCK_N" if kernel_name == "dkdv_kernel" else "BLOCK_M"
-    if interpret:
-        kernel[(triton_cdiv(grid_rows, INTERPRET_BLOCK), grid_cols)](*args, **kwargs, BLOCK_M=INTERPRET_BLOCK,
-                                                                      BLOCK_N=INTERPRET_BLOCK)
-        return
-    _tuned(kernel_name)[lambda meta: (triton_cdiv(grid_rows, meta[axis]), grid_cols)](*args, **kwargs)
+    _tuned(launch.kernel)[lambda meta: (triton_cdiv(launch.grid_rows, meta[launch.block_axis]), launch.grid_cols)](
+        *launch.args, **launch.kwargs)
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -165,38 +231,48 @@ def _dropout_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tu
     return [dummy, d.keep_prob, d.seed, d.offset], dict(DROPOUT=1)
 
 
-def _common(p: FAProblem, query: torch.Tensor):
+def _common(p: FAProblem, query: torch.Tensor, interpret: bool):
     """Arguments shared by the score-computing kernels: pse, explicit mask, dropout and compile-time flags."""
     device = query.device
     dummy = torch.zeros(1, dtype=torch.uint8, device=device)
     pse, pse_flags = _pse_args(p, device, dummy)
     mask, mask_flags = _mask_args(p, device, dummy)
     drop, drop_flags = _dropout_args(p, device, dummy)
-    upcast = interpreting(device) or query.dtype == torch.float32
+    upcast = interpret or query.dtype == torch.float32
     flags = dict(**pse_flags, **mask_flags, **drop_flags, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
                  BLOCK_D=_pow2(p.geom.d), BLOCK_DV=_pow2(p.geom.dv))
     return pse, mask, drop, flags
 
 
-def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
-    """``(attention_out, softmax_max, softmax_sum)`` of problem ``p`` from the forward kernel."""
+def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, interpret: bool):
+    """``((attention_out, softmax_max, softmax_sum), launches)``: the allocated outputs and the kernel launches
+    that fill them (none for an empty problem). ``interpret`` selects the interpreter's flags (fp32 math)."""
     g, seq = p.geom, p.seq
     out = torch.zeros(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=query.device)
     smax, ssum = new_stats(seq, g.n1, p.total_q, query.device, query.dtype)
     if seq.batch == 0 or p.total_q == 0:
-        return out, smax, ssum
+        return (out, smax, ssum), []
     qv, kv, vv = _token_view(query, p, g.n1), _token_view(key, p, g.n2), _token_view(value, p, g.n2)
     ov = tokens_view(out, g.layout, g.n1)
-    pse, mask, drop, flags = _common(p, query)
-    _launch("fwd_kernel", query.device, seq.max_q, seq.batch * g.n1,
-            qv, kv, vv, ov, smax, ssum, _meta(p, query.device), *_strides(qv, seq.packed), *_strides(kv, seq.packed),
-            *_strides(vv, seq.packed), *_strides(ov, seq.packed), _stats_geometry(p)[2], *pse, *mask, *drop,
-            p.scale, g.n1, g.group, g.d, g.dv, **flags)
-    return out, smax, ssum
+    pse, mask, drop, flags = _common(p, query, interpret)
+    launch = Launch("fwd_kernel", seq.max_q, seq.batch * g.n1,
+                    (qv, kv, vv, ov, smax, ssum, _meta(p, query.device), *_strides(qv, seq.packed),
+                     *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(ov, seq.packed),
+                     _stats_geometry(p)[2], *pse, *mask, *drop, p.scale, g.n1, g.group, g.d, g.dv), flags)
+    return (out, smax, ssum), [launch]
 
 
-def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
-    """``(dq, dk, dv, dpse)`` of problem ``p`` from the preprocess, dQ and dK/dV kernels."""
+def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """``(attention_out, softmax_max, softmax_sum)`` of problem ``p`` from the forward kernel."""
+    outputs, launches = forward_plan(p, query, key, value, interpreting(query.device))
+    for launch in launches:
+        _run(launch, query.device)
+    return outputs
+
+
+def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum, interpret: bool):
+    """``((dq, dk, dv, dpse_buffer), launches)``: the allocated gradients (the pse gradient as its fp32 per-batch
+    buffer, or None) and the preprocess, dQ and dK/dV launches that fill them (none for an empty problem)."""
     g, seq, device = p.geom, p.seq, query.device
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=device) for t in (query, key, value))  # unit last stride
     has_dpse = p.pse is not None and p.pse.has_grad
@@ -206,30 +282,42 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         dpse_buf = torch.zeros((seq.batch, g.n1, t.shape[2] if p.pse.kind == "full" else 1, t.shape[3]),
                                dtype=torch.float32, device=device)
     if seq.batch == 0 or p.total_q == 0:
-        return dq, dk, dv, _reduce_dpse(p, dpse_buf)
+        return (dq, dk, dv, dpse_buf), []
     qv, kv, vv = _token_view(query, p, g.n1), _token_view(key, p, g.n2), _token_view(value, p, g.n2)
     dov, ov = _token_view(dy, p, g.n1), _token_view(attention_in, p, g.n1)
     dqv, dkv, dvv = tokens_view(dq, g.layout, g.n1), tokens_view(dk, g.layout, g.n2), tokens_view(dv, g.layout, g.n2)
     meta = _meta(p, device)
     delta_sb = 0 if seq.packed else seq.max_q
     delta = torch.empty((p.total_q, g.n1), dtype=torch.float32, device=device)
-    _launch("preprocess_kernel", device, seq.max_q, seq.batch * g.n1, ov, dov, delta, meta, *_strides(ov, seq.packed),
-            *_strides(dov, seq.packed), delta_sb, g.n1, g.dv, BLOCK_DV=_pow2(g.dv))
-    pse, mask, drop, flags = _common(p, query)
+    pre = Launch("preprocess_kernel", seq.max_q, seq.batch * g.n1,
+                 (ov, dov, delta, meta, *_strides(ov, seq.packed), *_strides(dov, seq.packed), delta_sb, g.n1, g.dv),
+                 dict(BLOCK_DV=_pow2(g.dv)))
+    pse, mask, drop, flags = _common(p, query, interpret)
     stat_row = _stats_geometry(p)[2]
     dummy = torch.zeros(1, dtype=torch.float32, device=device)
     full = has_dpse and p.pse.kind == "full"
     row = has_dpse and p.pse.kind == "row"
     dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]
     dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
-    _launch("dq_kernel", device, seq.max_q, seq.batch * g.n1, qv, kv, vv, dov, dqv, delta, softmax_max, softmax_sum,
-            meta, *_strides(qv, seq.packed), *_strides(kv, seq.packed), *_strides(vv, seq.packed),
-            *_strides(dov, seq.packed), *_strides(dqv, seq.packed), stat_row, delta_sb, *pse, *mask, *drop,
-            *dpse_full, p.scale, g.n1, g.group, g.d, g.dv, DPSE_FULL=full, **flags)
-    _launch("dkdv_kernel", device, seq.max_kv, seq.batch * g.n2, qv, kv, vv, dov, dkv, dvv, delta, softmax_max,
-            softmax_sum, meta, *_strides(qv, seq.packed), *_strides(kv, seq.packed), *_strides(vv, seq.packed),
-            *_strides(dov, seq.packed), *_strides(dkv, seq.packed), *_strides(dvv, seq.packed), stat_row, delta_sb,
-            *pse, *mask, *drop, *dpse_row, p.scale, g.n1, g.n2, g.group, g.d, g.dv, DPSE_ROW=row, **flags)
+    dq_launch = Launch("dq_kernel", seq.max_q, seq.batch * g.n1,
+                       (qv, kv, vv, dov, dqv, delta, softmax_max, softmax_sum, meta, *_strides(qv, seq.packed),
+                        *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(dov, seq.packed),
+                        *_strides(dqv, seq.packed), stat_row, delta_sb, *pse, *mask, *drop, *dpse_full, p.scale,
+                        g.n1, g.group, g.d, g.dv), dict(DPSE_FULL=full, **flags))
+    dkdv_launch = Launch("dkdv_kernel", seq.max_kv, seq.batch * g.n2,
+                         (qv, kv, vv, dov, dkv, dvv, delta, softmax_max, softmax_sum, meta, *_strides(qv, seq.packed),
+                          *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(dov, seq.packed),
+                          *_strides(dkv, seq.packed), *_strides(dvv, seq.packed), stat_row, delta_sb, *pse, *mask,
+                          *drop, *dpse_row, p.scale, g.n1, g.n2, g.group, g.d, g.dv), dict(DPSE_ROW=row, **flags))
+    return (dq, dk, dv, dpse_buf), [pre, dq_launch, dkdv_launch]
+
+
+def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
+    """``(dq, dk, dv, dpse)`` of problem ``p`` from the preprocess, dQ and dK/dV kernels."""
+    (dq, dk, dv, dpse_buf), launches = backward_plan(p, query, key, value, dy, attention_in, softmax_max,
+                                                     softmax_sum, interpreting(query.device))
+    for launch in launches:
+        _run(launch, query.device)
     return dq, dk, dv, _reduce_dpse(p, dpse_buf)
 
 

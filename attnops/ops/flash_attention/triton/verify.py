@@ -8,6 +8,7 @@ from ...._core.dispatch import triton_unavailable_reason
 from ..problem import FAProblem
 
 MAX_HEAD_DIM = 256
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension, where the kernels put batch x heads
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -28,6 +29,8 @@ def unsupported_reason(p: FAProblem, query: torch.Tensor, *, backward: bool = Fa
     g = p.geom
     if max(g.d, g.dv) > MAX_HEAD_DIM:
         return f"head dims up to {MAX_HEAD_DIM} (got D={g.d}, Dv={g.dv})"
+    if p.seq.batch * g.n1 > MAX_GRID_Y:
+        return f"batch x query heads up to {MAX_GRID_Y} (got {p.seq.batch} x {g.n1})"
     if backward and p.pse is not None and p.pse.kind == "alibi":
         return "the gradient of the ALiBi-compressed [B|1, N1, 1024, Skv] pse is not implemented in the Triton backward"
     return None

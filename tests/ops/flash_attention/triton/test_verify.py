@@ -56,3 +56,12 @@ def test_auto_falls_back_and_logs_the_reason(caplog):
     assert choose_backend("auto", torch.device("cuda"), lambda: None) == "triton"
     with pytest.raises(ParamInvalidError, match="a test reason"):
         choose_backend("triton", torch.device("cuda"), lambda: "a test reason")
+
+
+def test_batch_times_heads_beyond_the_cuda_grid_is_refused():
+    """Batch x heads is the grid's second dimension (at most 65535 programs on CUDA)."""
+    q_lens = [1] * 16384  # 16384 one-token batches x 4 heads
+    q = torch.zeros(len(q_lens), 4, 16)
+    cum = list(range(1, len(q_lens) + 1))
+    p = build_problem(q, q, q, head_num=4, layout="TND", scale=0.3, actual_seq_qlen=cum, actual_seq_kvlen=cum)
+    assert "batch x query heads up to 65535 (got 16384 x 4)" in unsupported_reason(p, q)
