@@ -73,10 +73,10 @@ CASES = {
         make_qkv("TND", n1=4, n2=2, q_lens=[9, 0, 17], kv_lens=[12, 3, 17], dtype=torch.float16, seed=2),
         dict(layout="TND", actual_seq_qlen=cum([9, 0, 17]), actual_seq_kvlen=cum([12, 3, 17]), atten_mask=PREFIX3072,
              sparse_mode=6, prefix=[4, 3, 2])),
-    "tnd_mqa_split_backward": lambda: (
+    "tnd_mqa_causal": lambda: (
         make_qkv("TND", n1=4, n2=1, q_lens=[70], kv_lens=[70], seed=6),
         dict(layout="TND", actual_seq_qlen=[70], actual_seq_kvlen=[70], atten_mask=TRIU2048, sparse_mode=3)),
-    "bsnd_mqa_split_backward_fp16": lambda: (make_qkv("BSND", b=1, n1=2, n2=1, sq=50, skv=61, dtype=torch.float16,
+    "bsnd_mqa_fp16": lambda: (make_qkv("BSND", b=1, n1=2, n2=1, sq=50, skv=61, dtype=torch.float16,
                                                       seed=7), dict(layout="BSND")),
     "bnsd_shared_pse_dropout": lambda: (make_qkv("BNSD", b=2, n1=2, sq=11, skv=13, seed=3),
                                         dict(layout="BNSD", pse=randn(1, 2, 11, 13, seed=4), keep_prob=0.7, seed=5)),
@@ -86,7 +86,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_flash_attention_on_workers_equals_the_serial_run(case, two_threads, monkeypatch):
     (q, k, v, dy), kw = CASES[case]()
-    monkeypatch.setattr(reference, "MAX_ROWS", 16)  # many row chunks: several jobs per head, split backward groups
+    monkeypatch.setattr(reference, "MAX_ROWS", 16)  # many row chunks and chunk groups per head
     heads = q.shape[2] if kw["layout"] == "BSND" else q.shape[1]
     golden_kw = {name: value for name, value in kw.items() if name != "seed"}
     check_fa(q, k, v, dy, scale=q.shape[-1] ** -0.5, head_num=heads, drop="seed", drop_seed=kw.get("seed", 0),

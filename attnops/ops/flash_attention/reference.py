@@ -31,7 +31,6 @@ TILE_BYTES = 8 << 20  # fp32 score tile budget: big enough for efficient GEMMs, 
 MIN_ROWS = 16
 COL_BLOCK = 1024  # columns per backward tile (the statistics are given: rows need not be whole)
 FWD_COL_BLOCK = 4096  # columns per forward tile; wider bands use the online softmax across blocks
-KV_SPLIT = 4  # backward: fewer (batch, KV head) pairs than this are split into this many jobs (see _backward_jobs)
 MAX_ROWS = 256  # rows per tile (GEMM M); causal tiles waste rows/2 columns per row on the diagonal (~6% at 4096)
 PEAKED_SUM = 4.0  # rows with softmax_sum below this (max probability > 1/4) form dP - D in fp64
 
@@ -409,9 +408,9 @@ class _BackwardBatch:
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
     """Returns ``(dq, dk, dv, dpse)``; dpse is None unless a pse tensor of type 0/1 was given.
 
-    Jobs of (batch, KV head) pairs run side by side on single-threaded workers (:mod:`attnops._core.parallel`;
-    see :func:`_backward_jobs`); every dQ row and every dK/dV partial has one writer and partials are added in a
-    fixed order, so the result does not depend on the thread count. Tiles are one
+    One job per (batch, KV head), run side by side on single-threaded workers (:mod:`attnops._core.parallel`); a
+    job owns its dK/dV rows and its query heads' dQ rows, so the result does not depend on the thread count. When
+    a pse gradient is shared by the batches (pse batch dim 1), one job per KV head walks every batch. Tiles are one
     query head x a row chunk x at most ``COL_BLOCK`` columns of the band. Per tile, from the given statistics:
     ``P = exp2((S - max) * log2(e) - log2(sum))``, ``dV += P^T dy``, ``dS = P * (dy V^T - D)`` with
     ``D = rowsum(dy * attention_in)`` (see :func:`_peaked_rows` for the rows done in fp64), ``dQ += dS K``,
@@ -459,11 +458,10 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
             stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc), l_b.log2().neg_(),
             torch.linalg.vecdot(do, o).unsqueeze(-1), peaked, _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
-    jobs, partials = _backward_jobs(batches, g.n2, dpse)
-    run_jobs(lambda job: [_backward_kv_head(p, *task, dpse, acc) for task in job], jobs, query.device)
-    for bb, n2, dk_part, dv_part in partials:  # in a fixed order: the result does not depend on the thread count
-        bb.dk[n2] += dk_part
-        bb.dv[n2] += dv_part
+    shared_dpse = dpse is not None and dpse.shape[0] == 1 and len(batches) > 1
+    jobs = ([[(bb, n2) for bb in batches] for n2 in range(g.n2)] if shared_dpse
+            else [[(bb, n2)] for bb in batches for n2 in range(g.n2)])
+    run_jobs(lambda job: [_backward_kv_head(p, bb, n2, dpse, acc) for bb, n2 in job], jobs, query.device)
     for bb in batches:
         bb.dq.mul_(p.scale)
         if not direct:
@@ -489,38 +487,11 @@ def _peaked_delta(peaked: list[list[int]] | None, do: torch.Tensor, o: torch.Ten
     return delta64
 
 
-def _backward_jobs(batches: list[_BackwardBatch], n2: int, dpse):
-    """The backward's jobs (lists of ``(batch, KV head, chunk groups, dK target, dV target)`` tasks) and the dK/dV
-    partials to add afterwards as ``(batch, KV head, dK, dV)``.
-
-    One job per (batch, KV head) writes its dK/dV rows in place; a pse gradient shared by the batches (batch dim 1)
-    makes one job per KV head walk every batch. With fewer than ``KV_SPLIT`` (batch, KV head) pairs and no pse
-    gradient (MQA, a single sequence), each pair's chunk groups are dealt round-robin to ``KV_SPLIT`` jobs with
-    their own dK/dV partials, so the workers have enough jobs; ``KV_SPLIT`` is a constant, not the thread count.
-    """
-    if dpse is None and len(batches) * n2 < KV_SPLIT:
-        jobs, partials = [], []
-        for bb in batches:
-            for h in range(n2):
-                for part in (bb.groups[i::KV_SPLIT] for i in range(min(KV_SPLIT, len(bb.groups)))):
-                    dk, dv = torch.zeros_like(bb.dk[h]), torch.zeros_like(bb.dv[h])
-                    jobs.append([(bb, h, part, dk, dv)])
-                    partials.append((bb, h, dk, dv))
-        return jobs, partials
-    if dpse is not None and dpse.shape[0] == 1 and len(batches) > 1:
-        pairs = [[(bb, h) for bb in batches] for h in range(n2)]
-    else:
-        pairs = [[(bb, h)] for bb in batches for h in range(n2)]
-    return [[(bb, h, bb.groups, bb.dk[h], bb.dv[h]) for bb, h in pair] for pair in pairs], []
-
-
-def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, dk: torch.Tensor, dv: torch.Tensor,
-                      dpse, acc: torch.dtype) -> None:
-    """The backward tiles of ``groups`` (of KV head ``n2`` and its G query heads) of batch ``bb``, in this thread's
-    workspace: dQ rows in place, dK/dV summed into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``)."""
+def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, dpse, acc: torch.dtype) -> None:
+    """The backward tiles of KV head ``n2`` (and its G query heads) of batch ``bb``, in this thread's workspace."""
     g = p.geom
     buf = _Buffers.acquire(acc, bb.qs.device)
-    for group in groups:
+    for group in bb.groups:
         u0, u1 = min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)
         tk, tv = buf.get("tk", u1 - u0, g.d).zero_(), buf.get("tv", u1 - u0, g.dv).zero_()
         for r0, r1, blocks in group:
@@ -548,8 +519,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         bb.dq[h, r0:r1].addmm_(ds, bb.k[n2, cols])
                     tk[tcols].addmm_(ds.transpose(0, 1), bb.qs[h, r0:r1])
                     t.add_pse_grad(s3, dpse)
-        dk[u0:u1] += tk
-        dv[u0:u1] += tv
+        bb.dk[n2, u0:u1] += tk
+        bb.dv[n2, u0:u1] += tv
     buf.release()
 
 
