@@ -9,9 +9,9 @@ give real parallelism.
 :func:`run_jobs` runs ``job(x)`` for every ``x`` on a persistent pool of ``torch.get_num_threads()`` workers whose
 intra-op thread count is 1 (``torch.set_num_threads`` is per OS thread for OpenMP and MKL; the caller's setting
 is restored), with autograd off and the caller's inference mode, and re-raises the first error. With one thread,
-too few jobs to keep every worker busy, a non-CPU device or a call from inside a worker, the jobs run one after
-another in the caller, with its usual intra-op threads. Each job must write only memory no other job touches
-(the caller merges shared results).
+or when called from inside a worker, the jobs run one after another in the caller. Either way every job's
+operators run single-threaded, so a result that each job writes alone (callers merge shared results in a fixed
+order) does not depend on the thread count. Callers split their work into enough jobs to keep the workers busy.
 """
 from __future__ import annotations
 
@@ -65,15 +65,10 @@ def _workers(n: int) -> ThreadPoolExecutor:
         return _pool
 
 
-def worth_parallel(jobs: int, threads: int) -> bool:
-    """Whether ``jobs`` similar jobs keep ``threads`` workers busy: a multiple of them, or at least two each."""
-    return threads > 1 and jobs >= threads and (jobs % threads == 0 or jobs >= 2 * threads)
-
-
 def run_jobs(job: Callable[[T], None], items: Sequence[T], device: torch.device) -> None:
-    """``job(item)`` for every item, on the worker pool when that pays off (see the module docstring)."""
+    """``job(item)`` for every item, on the single-threaded workers (see the module docstring)."""
     threads = torch.get_num_threads()
-    if device.type != "cpu" or getattr(_state, "worker", False) or not worth_parallel(len(items), threads):
+    if device.type != "cpu" or threads == 1 or getattr(_state, "worker", False):
         for item in items:
             job(item)
         return

@@ -3,9 +3,10 @@
 Works one batch and one chunk of query rows at a time, in the compute dtype (fp32; fp64 for fp64 inputs), and
 only over the KV columns the mask band can keep, so extra memory is O(chunk * Skv) per worker and masked tiles
 cost nothing. A tile is one query head x a row chunk x a column block (2-D GEMMs; GQA heads read their KV head in
-place). Heads run side by side on single-threaded workers (:mod:`attnops._core.parallel`): one job per (batch,
-query head) forward, per (batch, KV head) backward, so every output element has one writer and results do not
-depend on the thread count. Exponentials use ``exp2((s - max) * log2(e))`` because ``exp2`` is several times
+place). Jobs run side by side on single-threaded workers (:mod:`attnops._core.parallel`): (batch, query head,
+row chunks) forward, (batch, KV head, chunk groups) backward, split until there are ``MIN_JOBS``; every output
+element and every dK/dV partial has one writer, partials are added in a fixed order, so results do not depend on
+the thread count. Exponentials use ``exp2((s - max) * log2(e))`` because ``exp2`` is several times
 faster than ``exp`` on the CPU; the row max is subtracted first (exactly, in natural units) so the backward
 rebuilds P from the stored fp32 statistics without cancellation error. Tiles live in per-thread workspaces kept
 between calls (no allocation per tile or per call). The backward uses the softmax statistics and attention
@@ -31,6 +32,8 @@ TILE_BYTES = 8 << 20  # fp32 score tile budget: big enough for efficient GEMMs, 
 MIN_ROWS = 16
 COL_BLOCK = 1024  # columns per backward tile (the statistics are given: rows need not be whole)
 FWD_COL_BLOCK = 4096  # columns per forward tile; wider bands use the online softmax across blocks
+MIN_JOBS = 8  # work is split into at least this many jobs where it can be (a constant: results must not depend on
+# the thread count, see attnops/_core/parallel.py)
 MAX_ROWS = 256  # rows per tile (GEMM M); causal tiles waste rows/2 columns per row on the diagonal (~6% at 4096)
 PEAKED_SUM = 4.0  # rows with softmax_sum below this (max probability > 1/4) form dP - D in fp64
 
@@ -261,8 +264,9 @@ class _ForwardBatch:
 def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
     """Returns ``(attention_out, softmax_max, softmax_sum)`` in the problem's layouts.
 
-    One job per (batch, query head), run side by side on single-threaded workers (:mod:`attnops._core.parallel`).
-    A job walks its head's row chunks; a chunk's band is split in column blocks of at most ``FWD_COL_BLOCK``
+    Jobs of (batch, query head, row chunks) run side by side on single-threaded workers
+    (:mod:`attnops._core.parallel`); with fewer than ``MIN_JOBS`` heads a head's chunks are dealt round-robin to
+    several jobs. A job walks its row chunks; a chunk's band is split in column blocks of at most ``FWD_COL_BLOCK``
     (2-D GEMMs on K/V in place, no copies per head). Per block: ``S = (scale*Q) K^T``, masked entries -inf, and the
     online softmax: running max ``m``, ``P = exp2((S - m) * log2(e))`` (the max subtracted in natural units first,
     exactly, as the backward does), ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``;
@@ -292,8 +296,10 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
             torch.zeros((g.n1, sq, 1), dtype=acc, device=query.device),
             [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK))
              for r0, r1, c0, c1, band in row_chunks]))
-    run_jobs(lambda job: _forward_head(p, *job, acc), [(fb, h) for fb in batches for h in range(g.n1)],
-             query.device)
+    heads = len(batches) * g.n1
+    jobs = [(fb, h, fb.chunks[i::parts]) for fb in batches for h in range(g.n1)
+            for parts in [min(-(-MIN_JOBS // heads), len(fb.chunks))] for i in range(parts)]
+    run_jobs(lambda job: _forward_rows(p, *job, acc), jobs, query.device)
     for fb in batches:
         if not direct:
             batch_tokens(ov, p.seq, fb.b).copy_(fb.o.transpose(0, 1))
@@ -304,11 +310,12 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     return out, smax, ssum
 
 
-def _forward_head(p: FAProblem, fb: _ForwardBatch, h: int, acc: torch.dtype) -> None:
-    """The forward of query head ``h`` of batch ``fb`` (see :func:`forward`), in this thread's workspace."""
+def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: torch.dtype) -> None:
+    """The forward of the row ``chunks`` of query head ``h`` of batch ``fb`` (see :func:`forward`), in this thread's
+    workspace."""
     buf = _Buffers.acquire(acc, fb.qs.device)
     n2 = h // p.geom.group
-    for r0, r1, blocks in fb.chunks:
+    for r0, r1, blocks in chunks:
         m, l, o = fb.m[h, r0:r1], fb.l[h, r0:r1], fb.o[h, r0:r1]
         for j, (c0, c1, band) in enumerate(blocks):
             t = _Tile(p, fb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
@@ -408,9 +415,9 @@ class _BackwardBatch:
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
     """Returns ``(dq, dk, dv, dpse)``; dpse is None unless a pse tensor of type 0/1 was given.
 
-    One job per (batch, KV head), run side by side on single-threaded workers (:mod:`attnops._core.parallel`); a
-    job owns its dK/dV rows and its query heads' dQ rows, so the result does not depend on the thread count. When
-    a pse gradient is shared by the batches (pse batch dim 1), one job per KV head walks every batch. Tiles are one
+    Jobs of (batch, KV head) pairs run side by side on single-threaded workers (:mod:`attnops._core.parallel`;
+    see :func:`_backward_jobs`); every dQ row and every dK/dV partial has one writer and partials are added in a
+    fixed order, so the result does not depend on the thread count. Tiles are one
     query head x a row chunk x at most ``COL_BLOCK`` columns of the band. Per tile, from the given statistics:
     ``P = exp2((S - max) * log2(e) - log2(sum))``, ``dV += P^T dy``, ``dS = P * (dy V^T - D)`` with
     ``D = rowsum(dy * attention_in)`` (see :func:`_peaked_rows` for the rows done in fp64), ``dQ += dS K``,
@@ -458,10 +465,11 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
             stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc), l_b.log2().neg_(),
             torch.linalg.vecdot(do, o).unsqueeze(-1), peaked, _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
-    shared_dpse = dpse is not None and dpse.shape[0] == 1 and len(batches) > 1
-    jobs = ([[(bb, n2) for bb in batches] for n2 in range(g.n2)] if shared_dpse
-            else [[(bb, n2)] for bb in batches for n2 in range(g.n2)])
-    run_jobs(lambda job: [_backward_kv_head(p, bb, n2, dpse, acc) for bb, n2 in job], jobs, query.device)
+    jobs, partials = _backward_jobs(batches, g.n2, dpse)
+    run_jobs(lambda job: [_backward_kv_head(p, *task, dpse, acc) for task in job], jobs, query.device)
+    for bb, n2, dk_part, dv_part in partials:  # in a fixed order: the result does not depend on the thread count
+        bb.dk[n2] += dk_part
+        bb.dv[n2] += dv_part
     for bb in batches:
         bb.dq.mul_(p.scale)
         if not direct:
@@ -487,11 +495,40 @@ def _peaked_delta(peaked: list[list[int]] | None, do: torch.Tensor, o: torch.Ten
     return delta64
 
 
-def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, dpse, acc: torch.dtype) -> None:
-    """The backward tiles of KV head ``n2`` (and its G query heads) of batch ``bb``, in this thread's workspace."""
+def _backward_jobs(batches: list[_BackwardBatch], n2: int, dpse):
+    """The backward's jobs (lists of ``(batch, KV head, chunk groups, dK target, dV target)`` tasks) and the dK/dV
+    partials to add afterwards as ``(batch, KV head, dK, dV)``.
+
+    One job per (batch, KV head) writes its dK/dV rows in place; a pse gradient shared by the batches (batch dim 1)
+    makes one job per KV head walk every batch. With fewer than ``MIN_JOBS`` (batch, KV head) pairs and no pse
+    gradient (MQA, few sequences), each pair's chunk groups are dealt round-robin to enough jobs with their own
+    dK/dV partials.
+    """
+    pairs = len(batches) * n2
+    if dpse is None and pairs < MIN_JOBS:
+        jobs, partials = [], []
+        for bb in batches:
+            for h in range(n2):
+                parts = min(-(-MIN_JOBS // pairs), len(bb.groups))
+                for part in (bb.groups[i::parts] for i in range(parts)):
+                    dk, dv = torch.zeros_like(bb.dk[h]), torch.zeros_like(bb.dv[h])
+                    jobs.append([(bb, h, part, dk, dv)])
+                    partials.append((bb, h, dk, dv))
+        return jobs, partials
+    if dpse is not None and dpse.shape[0] == 1 and len(batches) > 1:
+        pairs = [[(bb, h) for bb in batches] for h in range(n2)]
+    else:
+        pairs = [[(bb, h)] for bb in batches for h in range(n2)]
+    return [[(bb, h, bb.groups, bb.dk[h], bb.dv[h]) for bb, h in pair] for pair in pairs], []
+
+
+def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, dk: torch.Tensor, dv: torch.Tensor,
+                      dpse, acc: torch.dtype) -> None:
+    """The backward tiles of ``groups`` (of KV head ``n2`` and its G query heads) of batch ``bb``, in this thread's
+    workspace: dQ rows in place, dK/dV summed into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``)."""
     g = p.geom
     buf = _Buffers.acquire(acc, bb.qs.device)
-    for group in bb.groups:
+    for group in groups:
         u0, u1 = min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)
         tk, tv = buf.get("tk", u1 - u0, g.d).zero_(), buf.get("tv", u1 - u0, g.dv).zero_()
         for r0, r1, blocks in group:
@@ -519,8 +556,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, dpse, acc: torc
                         bb.dq[h, r0:r1].addmm_(ds, bb.k[n2, cols])
                     tk[tcols].addmm_(ds.transpose(0, 1), bb.qs[h, r0:r1])
                     t.add_pse_grad(s3, dpse)
-        bb.dk[n2, u0:u1] += tk
-        bb.dv[n2, u0:u1] += tv
+        dk[u0:u1] += tk
+        dv[u0:u1] += tv
     buf.release()
 
 
