@@ -296,9 +296,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
             torch.zeros((g.n1, sq, 1), dtype=acc, device=query.device),
             [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK))
              for r0, r1, c0, c1, band in row_chunks]))
-    heads = len(batches) * g.n1
-    jobs = [(fb, h, fb.chunks[i::parts]) for fb in batches for h in range(g.n1)
-            for parts in [min(-(-MIN_JOBS // heads), len(fb.chunks))] for i in range(parts)]
+    jobs = [(fb, h, part) for fb in batches for h in range(g.n1) for part in _deal(fb.chunks, len(batches) * g.n1)]
     run_jobs(lambda job: _forward_rows(p, *job, acc), jobs, query.device)
     for fb in batches:
         if not direct:
@@ -495,6 +493,14 @@ def _peaked_delta(peaked: list[list[int]] | None, do: torch.Tensor, o: torch.Ten
     return delta64
 
 
+def _deal(items: list, owners: int) -> list[list]:
+    """``items`` (one owner's row chunks or chunk groups) dealt round-robin into as many parts as ``owners`` such
+    owners need to make ``MIN_JOBS`` jobs (at most one part per item); round-robin spreads causal rows of different
+    cost evenly over the parts."""
+    parts = min(-(-MIN_JOBS // owners), len(items))
+    return [items[i::parts] for i in range(parts)]
+
+
 def _backward_jobs(batches: list[_BackwardBatch], n2: int, dpse):
     """The backward's jobs (lists of ``(batch, KV head, chunk groups, dK target, dV target)`` tasks) and the dK/dV
     partials to add afterwards as ``(batch, KV head, dK, dV)``.
@@ -504,13 +510,11 @@ def _backward_jobs(batches: list[_BackwardBatch], n2: int, dpse):
     gradient (MQA, few sequences), each pair's chunk groups are dealt round-robin to enough jobs with their own
     dK/dV partials.
     """
-    pairs = len(batches) * n2
-    if dpse is None and pairs < MIN_JOBS:
+    if dpse is None and len(batches) * n2 < MIN_JOBS:
         jobs, partials = [], []
         for bb in batches:
             for h in range(n2):
-                parts = min(-(-MIN_JOBS // pairs), len(bb.groups))
-                for part in (bb.groups[i::parts] for i in range(parts)):
+                for part in _deal(bb.groups, len(batches) * n2):
                     dk, dv = torch.zeros_like(bb.dk[h]), torch.zeros_like(bb.dv[h])
                     jobs.append([(bb, h, part, dk, dv)])
                     partials.append((bb, h, dk, dv))
