@@ -7,6 +7,8 @@ Compressed 2048x2048 / 3072x2048 masks are validated and replaced by the analyti
 """
 from __future__ import annotations
 
+import functools
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -98,19 +100,43 @@ class MaskSpec:
         return scores
 
 
+@functools.cache
+def _canonical_compressed(rows: int) -> torch.Tensor:
+    """The canonical compressed mask with ``rows`` rows (2048: causal; 3072: causal + the prefix rectangle)."""
+    want = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+    if rows == 3072:
+        rect = torch.zeros(1024, 2048, dtype=torch.bool)
+        rect[:, 1024:] = True
+        want = torch.cat([want, rect])
+    return want
+
+
+_CHECKED: dict[int, tuple] = {}  # id(mask) -> (weak reference, version, rows) of masks found canonical
+
+
+def _known_canonical(atten_mask: torch.Tensor, rows: int) -> bool:
+    """Whether this very tensor, unmodified since (same version counter), was already found canonical: callers
+    pass the same mask to every layer and step, and comparing 4M elements each time costs milliseconds."""
+    entry = _CHECKED.get(id(atten_mask))
+    return (entry is not None and not atten_mask.is_inference() and entry[0]() is atten_mask
+            and entry[1:] == (atten_mask._version, rows))
+
+
 def _check_compressed(atten_mask: torch.Tensor, rows: int, mode: int) -> None:
     name = "atten_mask"
     ok = atten_mask.dim() >= 2 and tuple(atten_mask.shape[-2:]) == (rows, 2048) and all(
         s == 1 for s in atten_mask.shape[:-2])
     require(ok, name, f"the compressed [{rows}, 2048] mask for sparse_mode {mode} (leading dims 1)", atten_mask,
             "build it with torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)")
+    if _known_canonical(atten_mask, rows):
+        return
     m = atten_mask.reshape(rows, 2048).to(device="cpu", dtype=torch.bool)
-    want = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
-    if rows == 3072:
-        rect = torch.zeros(1024, 2048, dtype=torch.bool)
-        rect[:, 1024:] = True
-        want = torch.cat([want, rect])
-    if not torch.equal(m, want):
+    if torch.equal(m, _canonical_compressed(rows)):
+        if not atten_mask.is_inference():  # inference tensors have no version counter: checked every time
+            if len(_CHECKED) > 64:
+                _CHECKED.clear()
+            _CHECKED[id(atten_mask)] = (weakref.ref(atten_mask), atten_mask._version, rows)
+    else:
         what = "triu(ones(2048, 2048), diagonal=1)" if rows == 2048 else \
             "triu(ones(2048, 2048), 1) stacked on 1024 rows of [0]*1024 + [1]*1024"
         fail(name, f"the canonical compressed mask {what} for sparse_mode {mode}", "a tensor with other content",

@@ -137,3 +137,22 @@ def test_build_mask_spec_rejects(mode, mask, name):
     with pytest.raises(ParamInvalidError, match=f"^{name}"):
         build_mask_spec(sparse_mode=mode, atten_mask=mask, pre_tokens=4, next_tokens=0, prefix=[0], seq=seq, n1=1,
                         allowed_modes=TND_MODES)
+
+
+def test_a_compressed_mask_found_canonical_is_checked_again_after_an_in_place_change():
+    import attnops
+
+    q = torch.randn(1, 1, 8, 4)
+    mask = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+    attnops.flash_attention(q, q, q, atten_mask=mask, sparse_mode=2)
+    attnops.flash_attention(q, q, q, atten_mask=mask, sparse_mode=2)  # the cached verdict
+    mask[0, 5] = False  # same tensor, new content: must be rejected
+    with pytest.raises(ValueError, match="canonical compressed mask"):
+        attnops.flash_attention(q, q, q, atten_mask=mask, sparse_mode=2)
+    with torch.inference_mode():
+        good = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+        attnops.flash_attention(q, q, q, atten_mask=good, sparse_mode=2)  # inference tensors: checked every time
+        bad = good.clone()
+        bad[3, 1] = True
+        with pytest.raises(ValueError, match="canonical compressed mask"):
+            attnops.flash_attention(q, q, q, atten_mask=bad, sparse_mode=2)
