@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 
 from ..distributed import ring_flash_attention, ring_shard, ring_unshard, ulysses_flash_attention
+from ..distributed.processes import run_ranks
 from ..distributed.sharding import SEQ_DIM
 from ..testing import golden
 from . import CheckCase, Comparison
@@ -115,24 +116,11 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
 @functools.cache
 def _spawn_all() -> list[dict] | str:
     """Every rank's results, or why there are none (spawn impossible, hang, crash)."""
-    import multiprocessing
-
     with tempfile.TemporaryDirectory(prefix="attnops-check-") as tmp:
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=_worker, args=(r, os.path.join(tmp, "store"), tmp), daemon=True)
-                 for r in range(WORLD_SIZE)]
         try:
-            for p in procs:
-                p.start()
+            procs, hung = run_ranks(_worker, WORLD_SIZE, (os.path.join(tmp, "store"), tmp), JOIN_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - no processes on this machine: every row FAILs with the reason
             return f"cannot spawn {WORLD_SIZE} processes: {type(exc).__name__}: {' '.join(str(exc).split())}"
-        for p in procs:
-            p.join(JOIN_TIMEOUT_S)
-        hung = [p.pid for p in procs if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
         if hung:
             return f"processes {hung} did not finish within {JOIN_TIMEOUT_S} s (killed)"
         results = []

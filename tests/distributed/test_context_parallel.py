@@ -9,8 +9,8 @@ import json
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from attnops.distributed.processes import run_ranks
 from tests.distributed._cases import Case, failing_worker, worker
 
 JOIN_TIMEOUT_S = 240
@@ -45,17 +45,7 @@ WORLD4 = [
 
 def _spawn(fn, world: int, tmp_path, *args) -> list[dict]:
     """Run ``fn(rank, world, init_file, out_dir, *args)`` on ``world`` processes; return every rank's JSON."""
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=fn, args=(r, world, str(tmp_path / "store"), str(tmp_path), *args))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(JOIN_TIMEOUT_S)
-    hung = [p.pid for p in procs if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
+    procs, hung = run_ranks(fn, world, (world, str(tmp_path / "store"), str(tmp_path), *args), JOIN_TIMEOUT_S)
     assert not hung, f"processes {hung} did not finish within {JOIN_TIMEOUT_S} s"
     results = []
     for r in range(world):

@@ -30,9 +30,7 @@ def _cpu_problem(p: FAProblem) -> FAProblem:
 
 
 def _reference(fn, p: FAProblem, *tensors: torch.Tensor):
-    if tensors[0].device.type == "cpu":
-        return fn(p, *tensors)
-    return on_cpu(fn, _cpu_problem(p), *tensors)
+    return on_cpu(fn, p if tensors[0].device.type == "cpu" else _cpu_problem(p), *tensors)
 
 
 def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, backend: str = "auto"):
