@@ -2,25 +2,28 @@
 
 Works one batch and one chunk of query rows at a time, in the compute dtype (fp32; fp64 for fp64 inputs), and
 only over the KV columns the mask band can keep, so extra memory is O(chunk * Skv) per worker and masked tiles
-cost nothing. A tile is one query head x a row chunk x a column block (2-D GEMMs; GQA heads read their KV head in
-place). Jobs run side by side on single-threaded workers (:mod:`attnops._core.parallel`): (batch, query head,
+cost nothing, plus dense heads-first copies of the operands (:func:`_stage_heads`; none for K/V already in BNSD).
+A tile is one query head x a row chunk x a column block: 2-D GEMMs (:mod:`attnops._core.gemm`: oneDNN where
+PyTorch has it), GQA heads reading their KV head in place. Jobs run side by side on single-threaded workers (:mod:`attnops._core.parallel`): (batch, query head,
 row chunks) forward, (batch, KV head, chunk groups) backward, split until there are ``MIN_JOBS``; every output
 element and every dK/dV partial has one writer, partials are added in a fixed order, so results do not depend on
 the thread count. Exponentials use ``exp2((s - max) * log2(e))`` because ``exp2`` is several times
 faster than ``exp`` on the CPU; the row max is subtracted first (exactly, in natural units) so the backward
 rebuilds P from the stored fp32 statistics without cancellation error. Tiles live in per-thread workspaces kept
-between calls (no allocation per tile or per call). The backward uses the softmax statistics and attention
+between calls (oneDNN's products are fresh tensors, recycled by the allocator). The backward uses the softmax statistics and attention
 output it is given; it never recomputes them. See ``docs/performance.md`` for the measurements behind the tiles.
 """
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import threading
 from dataclasses import dataclass
 
 import torch
 
+from ..._core.gemm import add_mm_nt_, mm_nt
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
 from ..._core.masks import INF
 from ..._core.parallel import run_jobs
@@ -34,7 +37,9 @@ COL_BLOCK = 1024  # columns per backward tile (the statistics are given: rows ne
 FWD_COL_BLOCK = 4096  # columns per forward tile; wider bands use the online softmax across blocks
 MIN_JOBS = 8  # work is split into at least this many jobs where it can be (a constant: results must not depend on
 # the thread count, see attnops/_core/parallel.py)
-MAX_ROWS = 256  # rows per tile (GEMM M); causal tiles waste rows/2 columns per row on the diagonal (~6% at 4096)
+MAX_ROWS = 512  # rows per tile (GEMM M, and the inner dimension of the backward's dK/dV GEMMs)
+EDGE_ROWS = 256  # rows per tile where the band's edge crosses the chunk: such tiles compute rows/2 masked
+# columns per row (the causal diagonal: ~6% extra at 4096 tokens)
 PEAKED_SUM = 4.0  # rows with softmax_sum below this (max probability > 1/4) form dP - D in fp64
 
 
@@ -78,18 +83,16 @@ class _Tile:
         self.shape = (self.heads.stop - self.heads.start, r1 - r0, c1 - c0)
 
     def scores(self, qs: torch.Tensor, k: torch.Tensor, out: torch.Tensor, band=None) -> torch.Tensor:
-        """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) with masked entries at -inf, into ``out``.
+        """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) with masked entries at -inf.
 
-        ``qs`` is the batch's query times ``scale`` ([N1, Sq, D]); ``k`` is [N2, Skv, D]; ``out`` is [G, r, c].
-        ``band`` (from :func:`_band_parts`, shared by the heads of a chunk) replaces the mask's own tests.
+        ``qs`` is the batch's query times ``scale`` ([N1, Sq, D]); ``k`` is [N2, Skv, D]; ``out`` ([G, r, c]) is a
+        workspace the result may live in. ``band`` (from :func:`_band_parts`, shared by the heads of a chunk)
+        replaces the mask's own tests.
         """
-        p = self.p
-        kt = k[self.n2, self.c0:self.c1].transpose(0, 1)
         if out.shape[0] == 1:  # one head: a plain 2-D GEMM
-            torch.mm(qs[self.heads.start, self.r0:self.r1], kt, out=out[0])
-            s = out
+            s = mm_nt(qs[self.heads.start, self.r0:self.r1], k[self.n2, self.c0:self.c1], out=out[0]).unsqueeze(0)
         else:
-            s = torch.matmul(qs[self.heads, self.r0:self.r1], kt, out=out)
+            s = torch.matmul(qs[self.heads, self.r0:self.r1], k[self.n2, self.c0:self.c1].transpose(0, 1), out=out)
         return self.shift_and_mask_(s, band)
 
     def shift_and_mask_(self, s: torch.Tensor, band=None) -> torch.Tensor:
@@ -152,7 +155,8 @@ def _row_chunks(p: FAProblem, b: int, budget: int, max_rows: int, cols_cap: int 
         rows = max_rows
         while rows > MIN_ROWS:
             c0, c1 = p.mask.col_range(b, r0, min(sq, r0 + rows), skv)
-            if rows * max(0, min(c1 - c0, cols_cap or c1 - c0)) <= budget:
+            if (rows * max(0, min(c1 - c0, cols_cap or c1 - c0)) <= budget
+                    and (rows <= EDGE_ROWS or not _edge_spans(p, b, r0, min(sq, r0 + rows), c0, c1))):
                 break
             rows //= 2
         r1 = min(sq, r0 + max(rows, MIN_ROWS))
@@ -182,14 +186,27 @@ def _band_parts(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int) -> lis
     if mask.explicit is not None or mask.prefix is not None:
         return None
     lo, hi = mask.lo[b], mask.hi[b]
+    return [(e0 - c0, e1 - c0, _band_mask(lo, hi, r0, r1, e0, e1)) for e0, e1 in _edge_spans(p, b, r0, r1, c0, c1)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _band_mask(lo: int, hi: int, r0: int, r1: int, e0: int, e1: int) -> torch.Tensor:
+    """Bool ``[r1 - r0, e1 - e0]``, True where column - row is outside ``[lo, hi]`` (cached: the same tiles recur
+    in every call; never written to)."""
+    diff = torch.arange(e0, e1).unsqueeze(0) - torch.arange(r0, r1).unsqueeze(1)
+    return (diff < lo) | (diff > hi)
+
+
+def _edge_spans(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int) -> list[tuple[int, int]]:
+    """The column spans of tile rows ``[r0, r1)`` x columns ``[c0, c1)`` the band's left and right edges cross
+    (columns every row keeps are not included); empty for explicit masks and prefixes."""
+    mask = p.mask
+    if mask.explicit is not None or mask.prefix is not None:
+        return []
+    lo, hi = mask.lo[b], mask.hi[b]
     left_end = min(c1, r1 - 1 + lo) if lo > -INF else c0  # columns [c0, left_end) may be left of the band
     right_start = max(c0, r0 + hi + 1) if hi < INF else c1  # columns [right_start, c1) may be right of it
-    parts = []
-    for e0, e1 in ((c0, left_end), (max(right_start, left_end), c1)):
-        if e0 < e1:
-            diff = torch.arange(e0, e1).unsqueeze(0) - torch.arange(r0, r1).unsqueeze(1)
-            parts.append((e0 - c0, e1 - c0, (diff < lo) | (diff > hi)))
-    return parts
+    return [(e0, e1) for e0, e1 in ((c0, left_end), (max(right_start, left_end), c1)) if e0 < e1]
 
 
 _THREAD_BUFFERS = threading.local()
@@ -241,10 +258,36 @@ def _carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
     return views
 
 
-def _scaled_heads_into(out: torch.Tensor, x: torch.Tensor, scale: float) -> torch.Tensor:
-    """``out`` ([N, S, D]) = ``x`` ([S, N, D], any dtype) transposed, times ``scale``."""
-    out.copy_(x.transpose(0, 1))
-    return out.mul_(scale) if scale != 1.0 else out
+def _stage_heads(buf: "_Buffers", name: str, xs: list[torch.Tensor], scale: float = 1.0,
+                 copy_always: bool = False) -> tuple[list[torch.Tensor], list]:
+    """GEMM operands of each batch: ``xs`` ([S, N, D] per batch, any dtype and strides) as dense heads-first
+    ``[N, S, D]`` in the compute dtype, times ``scale``; returns them and the copies still to make (see
+    :func:`_copy_heads`). A tensor already dense heads-first, in the compute dtype and unscaled, is used in place
+    (the BNSD layout) unless ``copy_always`` (its copy is written to)."""
+    staged, pending, todo = [], [], []
+    for x in xs:
+        view = x.transpose(0, 1)
+        dense = view.stride(-1) == 1 and view.stride(-2) == x.shape[2]
+        if dense and not copy_always and scale == 1.0 and x.dtype == buf.dtype:
+            staged.append(view)
+        else:
+            staged.append(None)
+            todo.append((len(staged) - 1, x))
+    flat = buf.get(name, sum(x.numel() for _, x in todo))
+    for (i, x), out in zip(todo, _carve(flat, [(x.shape[1], x.shape[0], x.shape[2]) for _, x in todo])):
+        staged[i] = out
+        pending += [(out[h], x[:, h], scale) for h in range(x.shape[1])]
+    return staged, pending
+
+
+def _copy_heads(pending: list, device: torch.device) -> None:
+    """Make the copies of :func:`_stage_heads` (one job per head, side by side on the workers)."""
+    def copy(item):
+        out, x, scale = item
+        out.copy_(x)
+        if scale != 1.0:
+            out.mul_(scale)
+    run_jobs(copy, pending, device)
 
 
 @dataclass
@@ -266,8 +309,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
 
     Jobs of (batch, query head, row chunks) run side by side on single-threaded workers
     (:mod:`attnops._core.parallel`); with fewer than ``MIN_JOBS`` heads a head's chunks are dealt round-robin to
-    several jobs. A job walks its row chunks; a chunk's band is split in column blocks of at most ``FWD_COL_BLOCK``
-    (2-D GEMMs on K/V in place, no copies per head). Per block: ``S = (scale*Q) K^T``, masked entries -inf, and the
+    several jobs. A job walks its row chunks; a chunk's band is split in column blocks of at most ``FWD_COL_BLOCK``. Per block: ``S = (scale*Q) K^T``, masked entries -inf, and the
     online softmax: running max ``m``, ``P = exp2((S - m) * log2(e))`` (the max subtracted in natural units first,
     exactly, as the backward does), ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``;
     ``O / l`` at the end. With one block per chunk that is the plain softmax.
@@ -282,16 +324,18 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     active = _active_batches(p)
     buf = _Buffers.acquire(acc, query.device)
     lens = [p.seq.q_lens[b] for b in active]
-    qs_all = _carve(buf.get("qs", g.n1 * sum(lens) * g.d), [(g.n1, s, g.d) for s in lens])
     o_all = None if direct else _carve(buf.get("o", g.n1 * sum(lens) * g.dv), [(g.n1, s, g.dv) for s in lens])
+    qs_all, copies = _stage_heads(buf, "qs", [batch_tokens(qv, p.seq, b) for b in active], p.scale)
+    k_all, k_copies = _stage_heads(buf, "k", [batch_tokens(kv, p.seq, b, kv=True) for b in active])
+    v_all, v_copies = _stage_heads(buf, "v", [batch_tokens(vv, p.seq, b, kv=True) for b in active])
+    _copy_heads(copies + k_copies + v_copies, query.device)
     batches = []
     for i, b in enumerate(active):
         sq = p.seq.q_lens[b]
         o = batch_tokens(ov, p.seq, b).transpose(0, 1) if direct else o_all[i].zero_()
         row_chunks = _row_chunks(p, b, TILE_BYTES // acc.itemsize, MAX_ROWS, FWD_COL_BLOCK)
         batches.append(_ForwardBatch(
-            b, _scaled_heads_into(qs_all[i], batch_tokens(qv, p.seq, b), p.scale),
-            _heads_view(batch_tokens(kv, p.seq, b, kv=True)), _heads_view(batch_tokens(vv, p.seq, b, kv=True)), o,
+            b, qs_all[i], k_all[i], v_all[i], o,
             torch.full((g.n1, sq, 1), FLT_LOWEST, dtype=acc, device=query.device),
             torch.zeros((g.n1, sq, 1), dtype=acc, device=query.device),
             [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK))
@@ -318,26 +362,36 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
         for j, (c0, c1, band) in enumerate(blocks):
             t = _Tile(p, fb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
             s = t.scores(fb.qs, fb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)[0]
-            if j == 0:
-                torch.amax(s, -1, keepdim=True, out=m).clamp_min_(FLT_LOWEST)  # -inf (no kept score yet): lowest
-                s.sub_(m).mul_(LOG2E).exp2_()
-                torch.sum(s, -1, keepdim=True, out=l)
-            else:
-                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-                rescale = (m - m_new).mul_(LOG2E).exp2_()  # 1 where the max did not move; 0 from FLT_LOWEST
-                m.copy_(m_new)
-                s.sub_(m).mul_(LOG2E).exp2_()
-                l.mul_(rescale).add_(s.sum(-1, keepdim=True))
+            rescale = _online_softmax_(s, m, l, first=j == 0)
+            if rescale is not None:
                 o.mul_(rescale)
             drop = t.dropout_scale(acc)
             if drop is not None:
                 s.mul_(drop[0])
+            pv = mm_nt(s, fb.v[n2, c0:c1].transpose(0, 1), out=buf.get("pv", r1 - r0, o.shape[1]))
             if j == 0:
-                torch.mm(s, fb.v[n2, c0:c1], out=o)
+                o.copy_(pv)
             else:
-                o.addmm_(s, fb.v[n2, c0:c1])
+                o.add_(pv)
         o.div_(l.clamp_min(1.0))  # l >= 1 on rows with a kept score, else 0 (and o = 0)
     buf.release()
+
+
+def _online_softmax_(s: torch.Tensor, m: torch.Tensor, l: torch.Tensor, first: bool) -> torch.Tensor | None:
+    """One column block of the online softmax, in place: ``s`` ([r, c] scores) becomes ``exp2((s - m) * log2 e)``
+    with ``m`` ([r, 1]) the running row max and ``l`` the running row sum. Returns the factor ``exp(m_old - m)``
+    the output accumulated so far must be scaled by (None for the ``first`` block)."""
+    if first:
+        torch.amax(s, -1, keepdim=True, out=m).clamp_min_(FLT_LOWEST)  # -inf (no kept score yet): lowest
+        s.sub_(m).mul_(LOG2E).exp2_()
+        torch.sum(s, -1, keepdim=True, out=l)
+        return None
+    m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+    rescale = (m - m_new).mul_(LOG2E).exp2_()  # 1 where the max did not move; 0 from FLT_LOWEST
+    m.copy_(m_new)
+    s.sub_(m).mul_(LOG2E).exp2_()
+    l.mul_(rescale).add_(s.sum(-1, keepdim=True))
+    return rescale
 
 
 def _probabilities_(s: torch.Tensor, m: torch.Tensor, log2_l: torch.Tensor) -> torch.Tensor:
@@ -433,8 +487,10 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
     active = _active_batches(p)
     buf = _Buffers.acquire(acc, query.device)
-    lens = [p.seq.q_lens[b] for b in active]
-    qs_all = _carve(buf.get("qs", g.n1 * sum(lens) * g.d), [(g.n1, s, g.d) for s in lens])
+    qs_all, copies = _stage_heads(buf, "qs", [batch_tokens(qv, p.seq, b) for b in active], p.scale)
+    k_all, k_copies = _stage_heads(buf, "k", [batch_tokens(kv, p.seq, b, kv=True) for b in active])
+    v_all, v_copies = _stage_heads(buf, "v", [batch_tokens(vv, p.seq, b, kv=True) for b in active])
+    _copy_heads(copies + k_copies + v_copies, query.device)
     batches = []
     for i, b in enumerate(active):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
@@ -458,8 +514,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         # sqrt(chunks * G) additions instead of chunks * G
         per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
         batches.append(_BackwardBatch(
-            b, _scaled_heads_into(qs_all[i], batch_tokens(qv, p.seq, b), p.scale),
-            _heads_view(batch_tokens(kv, p.seq, b, kv=True)), _heads_view(batch_tokens(vv, p.seq, b, kv=True)), do,
+            b, qs_all[i], k_all[i], v_all[i], do,
             stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc), l_b.log2().neg_(),
             torch.linalg.vecdot(do, o).unsqueeze(-1), peaked, _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
@@ -532,9 +587,16 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     workspace: dQ rows in place, dK/dV summed into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``)."""
     g = p.geom
     buf = _Buffers.acquire(acc, bb.qs.device)
-    for group in groups:
-        u0, u1 = min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)
-        tk, tv = buf.get("tk", u1 - u0, g.d).zero_(), buf.get("tv", u1 - u0, g.dv).zero_()
+    spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
+    v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
+    # dK^T and dV^T ([D, columns]): their GEMMs read P and dS row-major, not transposed; a group's sums are added
+    # to the job's, which are transposed into dK/dV once at the end
+    dkt, dvt = buf.get("dkt", g.d, v1 - v0).zero_(), buf.get("dvt", g.dv, v1 - v0).zero_()
+    for group, (u0, u1) in zip(groups, spans):
+        if len(groups) == 1:
+            tk, tv = dkt, dvt
+        else:
+            tk, tv = buf.get("tk", g.d, u1 - u0).zero_(), buf.get("tv", g.dv, u1 - u0).zero_()
         for r0, r1, blocks in group:
             for h in range(n2 * g.group, (n2 + 1) * g.group):
                 dot = bb.do[h, r0:r1]
@@ -546,22 +608,26 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     torch.add(bb.neg_log2_l[h, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
                     drop = t.dropout_scale(acc)
                     drop = None if drop is None else drop[0]
-                    tv[tcols].addmm_((prob if drop is None else prob * drop).transpose(0, 1), dot)
-                    dp = torch.mm(dot, bb.v[n2, cols].transpose(0, 1), out=buf.get("dp", r1 - r0, c1 - c0))
+                    tv[:, tcols].addmm_(dot.transpose(0, 1), prob if drop is None else prob * drop)
+                    dp = mm_nt(dot, bb.v[n2, cols], out=buf.get("dp", r1 - r0, c1 - c0))
                     if drop is not None:
                         dp.mul_(drop)
                     dp.sub_(bb.delta[h, r0:r1])
                     if bb.peaked is not None and bb.peaked[h]:
                         _exact_dp_minus_d(dp, bb.peaked[h], r0, r1, dot, bb.v[n2, cols], bb.delta64[h], drop)
                     ds = prob.mul_(dp)
+                    kt = bb.k[n2, cols].transpose(0, 1)
                     if j == 0:
-                        torch.mm(ds, bb.k[n2, cols], out=bb.dq[h, r0:r1])
+                        bb.dq[h, r0:r1].copy_(mm_nt(ds, kt, out=bb.dq[h, r0:r1]))
                     else:
-                        bb.dq[h, r0:r1].addmm_(ds, bb.k[n2, cols])
-                    tk[tcols].addmm_(ds.transpose(0, 1), bb.qs[h, r0:r1])
+                        add_mm_nt_(bb.dq[h, r0:r1], ds, kt)
+                    tk[:, tcols].addmm_(bb.qs[h, r0:r1].transpose(0, 1), ds)
                     t.add_pse_grad(s3, dpse)
-        dk[u0:u1] += tk
-        dv[u0:u1] += tv
+        if len(groups) > 1:
+            dkt[:, u0 - v0:u1 - v0] += tk
+            dvt[:, u0 - v0:u1 - v0] += tv
+    dk[v0:v1] += dkt.transpose(0, 1).contiguous()  # a blocked transpose, then a contiguous add
+    dv[v0:v1] += dvt.transpose(0, 1).contiguous()
     buf.release()
 
 

@@ -1,0 +1,59 @@
+"""The CPU reference's fp32 GEMM ``x @ w.T``: oneDNN's matmul where PyTorch ships it, else ``torch.mm``.
+
+PyTorch's ``torch.mm`` calls MKL's SGEMM; the oneDNN library bundled with PyTorch has AVX-512 kernels that run the
+attention tiles' shapes 5-15% faster on the machines we measured (``docs/performance.md``). It is reached through ``torch.ops.mkldnn._linear_pointwise`` (the op behind Inductor's CPU linear
+fusions), probed once against ``torch.mm``; without it everything runs on ``torch.mm``.
+
+oneDNN is used only where it is fast: fp32 CPU tensors, products of at least ``ONEDNN_MIN_FLOPS`` (a new shape
+costs a primitive creation of ~0.3 ms; small GEMMs are as fast in MKL), ``x`` with unit inner stride and ``w``
+dense (row-major or a transposed row-major matrix: a strided ``w`` falls back to a slow reference kernel).
+Results are a GEMM's usual fp32 rounding; with one thread per call (the reference's workers) they do not depend
+on the machine's thread count.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+ONEDNN_MIN_FLOPS = 1 << 21
+
+
+@functools.cache
+def _onednn():
+    """``torch.ops.mkldnn._linear_pointwise`` when present and correct on this machine, else None."""
+    try:
+        op = torch.ops.mkldnn._linear_pointwise
+        x, w = torch.randn(8, 16), torch.randn(24, 16)
+        with torch.no_grad():
+            ok = all(torch.allclose(op(x, w_, None, "none", [], ""), x @ w.t(), rtol=1e-5, atol=1e-5)
+                     for w_ in (w, w.t().contiguous().t()))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+    return op if ok else None
+
+
+def _dense(w: torch.Tensor) -> bool:
+    return w.is_contiguous() or w.t().is_contiguous()
+
+
+def use_onednn(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``mm_nt(x, w)`` runs on oneDNN (see the module docstring)."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == torch.float32
+            and 2 * x.shape[0] * x.shape[1] * w.shape[0] >= ONEDNN_MIN_FLOPS
+            and x.stride(-1) == 1 and _dense(w) and _onednn() is not None)
+
+
+def mm_nt(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w.T`` for ``x`` ``[M, K]`` and ``w`` ``[N, K]``: a new tensor from oneDNN, else ``torch.mm`` (into
+    ``out`` when given, a workspace)."""
+    if use_onednn(x, w):
+        return _onednn()(x, w, None, "none", [], "")
+    return torch.mm(x, w.t(), out=out)
+
+
+def add_mm_nt_(acc: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``acc += x @ w.T`` in place (oneDNN's product added in a second pass, or one ``addmm_``)."""
+    if use_onednn(x, w):
+        return acc.add_(_onednn()(x, w, None, "none", [], ""))
+    return acc.addmm_(x, w.t())
