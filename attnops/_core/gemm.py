@@ -1,8 +1,9 @@
 """The CPU reference's fp32 GEMM ``x @ w.T``: oneDNN's matmul where PyTorch ships it, else ``torch.mm``.
 
 PyTorch's ``torch.mm`` calls MKL's SGEMM; the oneDNN library bundled with PyTorch has AVX-512 kernels that run the
-attention tiles' shapes 5-15% faster on the machines we measured (``docs/performance.md``). It is reached through ``torch.ops.mkldnn._linear_pointwise`` (the op behind Inductor's CPU linear
-fusions), probed once against ``torch.mm``; without it everything runs on ``torch.mm``.
+attention tiles' shapes 5-15% faster on the machines we measured (``docs/performance.md``). It is reached through
+``torch.ops.mkldnn._linear_pointwise`` (the op behind Inductor's CPU linear fusions), probed once against
+``torch.mm``; without it everything runs on ``torch.mm``.
 
 oneDNN is used only where it is fast: fp32 CPU tensors, products of at least ``ONEDNN_MIN_FLOPS`` (a new shape
 costs a primitive creation of ~0.3 ms; small GEMMs are as fast in MKL), ``x`` with unit inner stride and ``w``

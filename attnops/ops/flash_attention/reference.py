@@ -4,14 +4,15 @@ Works one batch and one chunk of query rows at a time, in the compute dtype (fp3
 only over the KV columns the mask band can keep, so extra memory is O(chunk * Skv) per worker and masked tiles
 cost nothing, plus dense heads-first copies of the operands (:func:`_stage_heads`; none for K/V already in BNSD).
 A tile is one query head x a row chunk x a column block: 2-D GEMMs (:mod:`attnops._core.gemm`: oneDNN where
-PyTorch has it), GQA heads reading their KV head in place. Jobs run side by side on single-threaded workers (:mod:`attnops._core.parallel`): (batch, query head,
-row chunks) forward, (batch, KV head, chunk groups) backward, split until there are ``MIN_JOBS``; every output
-element and every dK/dV partial has one writer, partials are added in a fixed order, so results do not depend on
-the thread count. Exponentials use ``exp2((s - max) * log2(e))`` because ``exp2`` is several times
-faster than ``exp`` on the CPU; the row max is subtracted first (exactly, in natural units) so the backward
-rebuilds P from the stored fp32 statistics without cancellation error. Tiles live in per-thread workspaces kept
-between calls (oneDNN's products are fresh tensors, recycled by the allocator). The backward uses the softmax statistics and attention
-output it is given; it never recomputes them. See ``docs/performance.md`` for the measurements behind the tiles.
+PyTorch has it), GQA heads reading their KV head in place. Jobs run side by side on single-threaded workers
+(:mod:`attnops._core.parallel`): (batch, query head, row chunks) forward, (batch, KV head, chunk groups) backward,
+split until there are ``MIN_JOBS``; every output element and every dK/dV partial has one writer, partials are
+added in a fixed order, so results do not depend on the thread count. Exponentials use
+``exp2((s - max) * log2(e))`` because ``exp2`` is several times faster than ``exp`` on the CPU; the row max is
+subtracted first (exactly, in natural units) so the backward rebuilds P from the stored fp32 statistics without
+cancellation error. Tiles live in per-thread workspaces kept between calls (oneDNN's products are fresh tensors,
+recycled by the allocator). The backward uses the softmax statistics and attention output it is given; it never
+recomputes them. See ``docs/performance.md`` for the measurements behind the tiles.
 """
 from __future__ import annotations
 
@@ -258,17 +259,16 @@ def _carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
     return views
 
 
-def _stage_heads(buf: "_Buffers", name: str, xs: list[torch.Tensor], scale: float = 1.0,
-                 copy_always: bool = False) -> tuple[list[torch.Tensor], list]:
+def _stage_heads(buf: "_Buffers", name: str, xs: list[torch.Tensor], scale: float = 1.0
+                 ) -> tuple[list[torch.Tensor], list]:
     """GEMM operands of each batch: ``xs`` ([S, N, D] per batch, any dtype and strides) as dense heads-first
-    ``[N, S, D]`` in the compute dtype, times ``scale``; returns them and the copies still to make (see
-    :func:`_copy_heads`). A tensor already dense heads-first, in the compute dtype and unscaled, is used in place
-    (the BNSD layout) unless ``copy_always`` (its copy is written to)."""
+    ``[N, S, D]`` in the compute dtype, times ``scale``; returns them and the copies still to make (one per head).
+    A tensor already dense heads-first, in the compute dtype and unscaled, is used in place (the BNSD layout)."""
     staged, pending, todo = [], [], []
     for x in xs:
         view = x.transpose(0, 1)
         dense = view.stride(-1) == 1 and view.stride(-2) == x.shape[2]
-        if dense and not copy_always and scale == 1.0 and x.dtype == buf.dtype:
+        if dense and scale == 1.0 and x.dtype == buf.dtype:
             staged.append(view)
         else:
             staged.append(None)
@@ -280,14 +280,21 @@ def _stage_heads(buf: "_Buffers", name: str, xs: list[torch.Tensor], scale: floa
     return staged, pending
 
 
-def _copy_heads(pending: list, device: torch.device) -> None:
-    """Make the copies of :func:`_stage_heads` (one job per head, side by side on the workers)."""
+def _stage_operands(p: FAProblem, buf: "_Buffers", active: list[int], qv, kv, vv, device
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The active batches' scaled query, key and value, staged by :func:`_stage_heads`; the copies run one job per
+    head on the workers."""
+    qs_all, q_copies = _stage_heads(buf, "qs", [batch_tokens(qv, p.seq, b) for b in active], p.scale)
+    k_all, k_copies = _stage_heads(buf, "k", [batch_tokens(kv, p.seq, b, kv=True) for b in active])
+    v_all, v_copies = _stage_heads(buf, "v", [batch_tokens(vv, p.seq, b, kv=True) for b in active])
+
     def copy(item):
         out, x, scale = item
         out.copy_(x)
         if scale != 1.0:
             out.mul_(scale)
-    run_jobs(copy, pending, device)
+    run_jobs(copy, q_copies + k_copies + v_copies, device)
+    return qs_all, k_all, v_all
 
 
 @dataclass
@@ -309,10 +316,11 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
 
     Jobs of (batch, query head, row chunks) run side by side on single-threaded workers
     (:mod:`attnops._core.parallel`); with fewer than ``MIN_JOBS`` heads a head's chunks are dealt round-robin to
-    several jobs. A job walks its row chunks; a chunk's band is split in column blocks of at most ``FWD_COL_BLOCK``. Per block: ``S = (scale*Q) K^T``, masked entries -inf, and the
-    online softmax: running max ``m``, ``P = exp2((S - m) * log2(e))`` (the max subtracted in natural units first,
-    exactly, as the backward does), ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``;
-    ``O / l`` at the end. With one block per chunk that is the plain softmax.
+    several jobs. A job walks its row chunks; a chunk's band is split in column blocks of at most
+    ``FWD_COL_BLOCK``. Per block: ``S = (scale*Q) K^T``, masked entries -inf, and the online softmax: running max
+    ``m``, ``P = exp2((S - m) * log2(e))`` (the max subtracted in natural units first, exactly, as the backward
+    does), ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``; ``O / l`` at the end. With
+    one block per chunk that is the plain softmax.
     """
     g = p.geom
     out = torch.zeros(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=query.device)
@@ -325,10 +333,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     buf = _Buffers.acquire(acc, query.device)
     lens = [p.seq.q_lens[b] for b in active]
     o_all = None if direct else _carve(buf.get("o", g.n1 * sum(lens) * g.dv), [(g.n1, s, g.dv) for s in lens])
-    qs_all, copies = _stage_heads(buf, "qs", [batch_tokens(qv, p.seq, b) for b in active], p.scale)
-    k_all, k_copies = _stage_heads(buf, "k", [batch_tokens(kv, p.seq, b, kv=True) for b in active])
-    v_all, v_copies = _stage_heads(buf, "v", [batch_tokens(vv, p.seq, b, kv=True) for b in active])
-    _copy_heads(copies + k_copies + v_copies, query.device)
+    qs_all, k_all, v_all = _stage_operands(p, buf, active, qv, kv, vv, query.device)
     batches = []
     for i, b in enumerate(active):
         sq = p.seq.q_lens[b]
@@ -487,10 +492,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
     active = _active_batches(p)
     buf = _Buffers.acquire(acc, query.device)
-    qs_all, copies = _stage_heads(buf, "qs", [batch_tokens(qv, p.seq, b) for b in active], p.scale)
-    k_all, k_copies = _stage_heads(buf, "k", [batch_tokens(kv, p.seq, b, kv=True) for b in active])
-    v_all, v_copies = _stage_heads(buf, "v", [batch_tokens(vv, p.seq, b, kv=True) for b in active])
-    _copy_heads(copies + k_copies + v_copies, query.device)
+    qs_all, k_all, v_all = _stage_operands(p, buf, active, qv, kv, vv, query.device)
     batches = []
     for i, b in enumerate(active):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
@@ -600,7 +602,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
         for r0, r1, blocks in group:
             for h in range(n2 * g.group, (n2 + 1) * g.group):
                 dot = bb.do[h, r0:r1]
-                for j, (c0, c1, band) in enumerate(blocks):
+                for c0, c1, band in blocks:
                     t = _Tile(p, bb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
                     cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
                     s3 = t.scores(bb.qs, bb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)
@@ -616,11 +618,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     if bb.peaked is not None and bb.peaked[h]:
                         _exact_dp_minus_d(dp, bb.peaked[h], r0, r1, dot, bb.v[n2, cols], bb.delta64[h], drop)
                     ds = prob.mul_(dp)
-                    kt = bb.k[n2, cols].transpose(0, 1)
-                    if j == 0:
-                        bb.dq[h, r0:r1].copy_(mm_nt(ds, kt, out=bb.dq[h, r0:r1]))
-                    else:
-                        add_mm_nt_(bb.dq[h, r0:r1], ds, kt)
+                    add_mm_nt_(bb.dq[h, r0:r1], ds, bb.k[n2, cols].transpose(0, 1))  # dq starts zeroed
                     tk[:, tcols].addmm_(bb.qs[h, r0:r1].transpose(0, 1), ds)
                     t.add_pse_grad(s3, dpse)
         if len(groups) > 1:
