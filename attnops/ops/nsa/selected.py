@@ -5,9 +5,10 @@ chosen per KV head by ``topk_indices [T1, N2, count]`` (block indices local to t
 Causal (``sparse_mode=2`` with an ``atten_mask`` present): local KV position ``p`` is visible to local query row
 ``s1`` iff ``p <= s1`` (``DECISIONS.md``), in forward and backward. Statistics are true ``[T1, N1, 8]``.
 The CPU path works block by block: the (token, slot) pairs that selected KV block ``j`` are grouped (a stable
-sort), their query rows gathered, and one GEMM against the contiguous block computes all their scores. So the
-cost scales with the selected tokens, not with the sequence, the GEMMs are large, and dk/dv of a block come
-from one GEMM (no scatter); dq is scatter-added with ``index_add_`` in a fixed order (deterministic). Token chunks
+sort), their query rows gathered (sliced where they are a run of consecutive tokens), and one GEMM against the
+contiguous block computes all their scores. So the cost scales with the selected tokens, not with the sequence,
+the GEMMs are large (``n * G`` rows, :mod:`attnops._core.gemm`), and dk/dv of a block come from one GEMM (no
+scatter); per-token results (row max, sums, dq) are scatter-added in a fixed order (deterministic). Token chunks
 (forward) and groups of them (backward) run side by side on single-threaded workers.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..._core.checks import check_int, check_tensor, fail, require
+from ..._core.gemm import mm_nt
 from ..._core.masks import MASK_DTYPES
 from ..._core.parallel import run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype
@@ -117,11 +119,44 @@ def _dp_dtype(dtype):
 LOG2E = 1.4426950408889634
 
 
+def _mm_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w.T`` for ``x`` ``[n, G, K]`` (the pairs' rows of every head) and ``w`` ``[N, K]``: one GEMM of
+    ``n * G`` rows (:func:`attnops._core.gemm.mm_nt`), ``[n, G, N]``."""
+    return mm_nt(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
+
+
 class _Segment:
-    """(token, slot) pairs of one token chunk that selected KV block ``block``: ``pairs`` index ``t*K + k``."""
+    """(token, slot) pairs of one token chunk that selected KV block ``block``: ``pairs`` index ``t*K + k``.
+
+    ``tokens`` (chunk-local, non-decreasing: the pairs are sorted) address the rows of per-token tensors; where they
+    are a run of consecutive tokens (a block every token of a stretch selected, such as its own or the first one)
+    rows are taken and accumulated as slices instead of gathered and scattered."""
 
     def __init__(self, block: int, pairs: torch.Tensor, count: int):
         self.block, self.pairs, self.tokens = block, pairs, pairs // count
+        first = int(self.tokens[0])
+        self.run = (first, first + len(pairs)) if bool((self.tokens.diff() == 1).all()) else None
+
+    def take(self, x: torch.Tensor, base: int = 0) -> torch.Tensor:
+        """The segment's rows of ``x`` (whose row ``base`` is the chunk's first token): a view for a run."""
+        if self.run is not None:
+            return x[base + self.run[0]:base + self.run[1]]
+        return x[self.tokens + base if base else self.tokens]
+
+    def add_to(self, x: torch.Tensor, y: torch.Tensor, base: int = 0) -> None:
+        """``x[rows] += y`` row by row in pair order (deterministic)."""
+        if self.run is not None:
+            x[base + self.run[0]:base + self.run[1]] += y
+        else:
+            x.index_add_(0, self.tokens + base if base else self.tokens, y)
+
+    def max_into(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """``x[rows] = max(x[rows], y)`` for chunk-local rows of ``x`` ``[tokens, G]``."""
+        if self.run is not None:
+            rows = x[self.run[0]:self.run[1]]
+            torch.maximum(rows, y, out=rows)
+        else:
+            x.scatter_reduce_(0, self.tokens.unsqueeze(1).expand_as(y), y, "amax")
 
 
 class _Batch:
@@ -158,16 +193,17 @@ class _Batch:
 
     def scores(self, seg: _Segment, t0: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``scale * q k^T`` of the segment's pairs against its block (``[n, G, bs]``, causal entries at -inf) and
-        the gathered scaled query rows ``[n, G, D]``."""
+        the scaled query rows ``[n, G, D]``."""
         spec = self.spec
-        qj = self.q[t0 + seg.tokens]
-        s = torch.matmul(qj, self.k[seg.block].transpose(0, 1))
-        if spec.causal:
-            rows = t0 + seg.tokens
+        qj = seg.take(self.q, t0)
+        s = _mm_rows(qj, self.k[seg.block])
+        if spec.causal:  # only the leading pairs whose token lies before the block's last key see masked keys
             first = seg.block * spec.block_size
-            if int(rows.min()) < first + spec.block_size - 1:
+            cut = int(torch.searchsorted(seg.tokens, first + spec.block_size - 1 - t0))
+            if cut:
+                rows = t0 + seg.tokens[:cut]
                 pos = torch.arange(first, first + spec.block_size)
-                s.masked_fill_((pos.unsqueeze(0) > rows.unsqueeze(1)).unsqueeze(1), float("-inf"))
+                s[:cut].masked_fill_((pos.unsqueeze(0) > rows.unsqueeze(1)).unsqueeze(1), float("-inf"))
         return s, qj
 
 
@@ -187,21 +223,23 @@ def selected_forward(spec: SelectedSpec, query, key, value, topk):
 
 
 def _forward_chunk(bt: _Batch, t0: int, t1: int, out, smax, ssum) -> None:
-    """The forward of tokens ``[t0, t1)`` of ``bt``: scores of every selected block, softmax, ``P V``."""
+    """The forward of tokens ``[t0, t1)`` of ``bt``: scores of every selected block, their softmax over each
+    token's ``count * block`` keys (row max first), ``P V`` summed per token."""
     spec, acc, sdt = bt.spec, bt.q.dtype, smax.dtype
-    g, bs, count, tc = spec.group, spec.block_size, spec.block_count, t1 - t0
-    scores = torch.empty(tc * count, g, bs, dtype=acc)  # pair-major: row t*K + k
+    g, tc = spec.group, t1 - t0
     segments = list(bt.segments(t0, t1))
-    for seg in segments:
-        scores.index_copy_(0, seg.pairs, bt.scores(seg, t0)[0])
-    sv = scores.view(tc, count, g, bs)
-    m = sv.amax(dim=(1, 3))  # [tc, G]
+    scores = [bt.scores(seg, t0)[0] for seg in segments]  # [n, G, bs] per segment
+    m = torch.full((tc, g), float("-inf"), dtype=acc)
+    for seg, s in zip(segments, scores):
+        seg.max_into(m, s.amax(-1))
     valid = m > float("-inf")
-    sv.sub_(torch.where(valid, m, 0.0).view(tc, 1, g, 1)).mul_(LOG2E).exp2_()
-    l = sv.sum(dim=(1, 3))
+    shift = torch.where(valid, m, 0.0)
+    l = torch.zeros(tc, g, dtype=acc)
     o = torch.zeros(tc, g, spec.dv, dtype=acc)
-    for seg in segments:
-        o.index_add_(0, seg.tokens, torch.matmul(scores[seg.pairs], bt.v[seg.block]))
+    for seg, s in zip(segments, scores):
+        p = s.sub_(seg.take(shift).unsqueeze(-1)).mul_(LOG2E).exp2_()
+        seg.add_to(l, p.sum(-1))
+        seg.add_to(o, _mm_rows(p, bt.v[seg.block].transpose(0, 1)))
     o.div_(torch.where(valid, l, 1.0).unsqueeze(-1))
     rows = slice(bt.q_start + t0, bt.q_start + t1)
     out[rows, bt.heads] = o.to(out.dtype)
@@ -268,13 +306,13 @@ class _BlockGrads:
         pv = torch.zeros(hi - lo, bs, spec.dv, dtype=self.kv_acc)
         for t0, t1 in chunks:
             for seg in bt.segments(t0, t1):
-                rows = t0 + seg.tokens
                 s, qj = bt.scores(seg, t0)
-                p = s.sub_(self.m[rows].unsqueeze(-1)).mul_(LOG2E).sub_(self.log2_l[rows].unsqueeze(-1)).exp2_()
-                do_j = self.do[rows]
-                dp = torch.matmul(do_j.to(dp_dt), bt.v[seg.block].transpose(0, 1).to(dp_dt))
+                p = s.sub_(seg.take(self.m, t0).unsqueeze(-1)).mul_(LOG2E)
+                p = p.sub_(seg.take(self.log2_l, t0).unsqueeze(-1)).exp2_()
+                do_j = seg.take(self.do, t0)
+                dp = _mm_rows(do_j.to(dp_dt), bt.v[seg.block].to(dp_dt))
                 pv[seg.block - lo] += (p.reshape(-1, bs).transpose(0, 1) @ do_j.reshape(-1, spec.dv)).to(self.kv_acc)
-                ds = p.mul_(dp.sub_(self.delta[rows].unsqueeze(-1)).to(p.dtype))
+                ds = p.mul_(dp.sub_(seg.take(self.delta, t0).unsqueeze(-1)).to(p.dtype))
                 pk[seg.block - lo] += (ds.reshape(-1, bs).transpose(0, 1) @ qj.reshape(-1, spec.d)).to(self.kv_acc)
-                self.dq.index_add_(0, rows, torch.matmul(ds, bt.k[seg.block]))
+                seg.add_to(self.dq, _mm_rows(ds, bt.k[seg.block].transpose(0, 1)), t0)
         return lo, pk, pv

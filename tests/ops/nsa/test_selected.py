@@ -147,3 +147,26 @@ def test_selected_many_chunks_on_workers_match_golden_and_each_other(monkeypatch
         torch.set_num_threads(before)
     for a, b in zip([res["out"], *res["grads"]], [serial["out"], *serial["grads"]]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_selected_local_window_runs(causal):
+    """Every token selects its own block and the ones before it (block 0 repeated early, as NSA's local window
+    does): each block is picked by runs of consecutive tokens, taken as slices; rows picking a block twice or out
+    of order keep the gathered path in the same call, also where the repeats fill a gap to a run's length."""
+    q_lens, kv_lens, bs, count = [70, 45], [80, 48], 8, 4
+    q, k, v = _inputs(q_lens, kv_lens, 4, 2, 16, 8, torch.float32, seed=31)
+    own = torch.cat([torch.arange(s) // bs for s in q_lens])
+    topk = (own.view(-1, 1, 1) - torch.arange(count).view(1, 1, -1)).clamp(min=0)
+    topk = topk.expand(-1, 2, -1).contiguous().to(torch.int32)
+    topk[5, 1] = torch.tensor([3, 0, 3, 1])
+    topk[45, 0] = torch.tensor([5, 4, 4, 2])  # block 4: tokens 32..45, 45, 47..63 (as many as a run of 32)
+    topk[46, 0] = torch.tensor([5, 9, 3, 2])
+    from attnops.ops.nsa import selected
+
+    spec = selected.build_selected_spec(q, k, v, topk, scale_value=0.25, head_num=4, select_block_size=bs,
+                                        select_block_count=count, actual_seq_qlen=cum(q_lens),
+                                        actual_seq_kvlen=cum(kv_lens))
+    segments = list(selected._Batch(spec, 0, 0, q, k, v, topk).segments(0, q_lens[0]))
+    assert any(s.run for s in segments) and any(s.run is None for s in segments)
+    check_selected(q, k, v, topk, block=bs, q_lens=q_lens, kv_lens=kv_lens, causal=causal)
