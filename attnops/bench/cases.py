@@ -186,7 +186,7 @@ register_suite(Suite(
     cases=(Case(name="nsa-selected-t16384-n16-g16-k16-b64-fp32-fwd+bwd", op="nsa_selected", mode="fwd+bwd",
                 heads=16, kv_heads=1, d=192, dv=128, layout="TND", seq_lens=(16384,), sq=16384, skv=16384,
                 causal=True, baselines=("attnops-dense",), params={"block": 64, "count": 16}),),
-    device="cpu", repeat=1, warmup=0))
+    device="cpu", repeat=1, warmup=1))
 
 register_suite(Suite(
     name="fia-cpu",

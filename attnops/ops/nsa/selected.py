@@ -7,9 +7,10 @@ Causal (``sparse_mode=2`` with an ``atten_mask`` present): local KV position ``p
 The CPU path works block by block: the (token, slot) pairs that selected KV block ``j`` are grouped (a stable
 sort), their query rows gathered (sliced where they are a run of consecutive tokens), and one GEMM against the
 contiguous block computes all their scores. So the cost scales with the selected tokens, not with the sequence,
-the GEMMs are large (``n * G`` rows, :mod:`attnops._core.gemm`), and dk/dv of a block come from one GEMM (no
-scatter); per-token results (row max, sums, dq) are scatter-added in a fixed order (deterministic). Token chunks
-(forward) and groups of them (backward) run side by side on single-threaded workers.
+the GEMMs are large, and dk/dv of a block come from one GEMM (no scatter); per-token results (row max, sums, dq)
+are scatter-added in a fixed order (deterministic). The GEMMs stay on ``torch.matmul``: their row counts follow the
+selection, so oneDNN (:mod:`attnops._core.gemm`) would build a new primitive (~2.5 ms) for most of them. Token
+chunks (forward) and groups of them (backward) run side by side on single-threaded workers.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from ..._core.checks import check_int, check_tensor, fail, require
-from ..._core.gemm import mm_nt
 from ..._core.masks import MASK_DTYPES
 from ..._core.parallel import run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype
@@ -119,12 +119,6 @@ def _dp_dtype(dtype):
 LOG2E = 1.4426950408889634
 
 
-def _mm_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w.T`` for ``x`` ``[n, G, K]`` (the pairs' rows of every head) and ``w`` ``[N, K]``: one GEMM of
-    ``n * G`` rows (:func:`attnops._core.gemm.mm_nt`), ``[n, G, N]``."""
-    return mm_nt(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
-
-
 class _Segment:
     """(token, slot) pairs of one token chunk that selected KV block ``block``: ``pairs`` index ``t*K + k``.
 
@@ -196,7 +190,7 @@ class _Batch:
         the scaled query rows ``[n, G, D]``."""
         spec = self.spec
         qj = seg.take(self.q, t0)
-        s = _mm_rows(qj, self.k[seg.block])
+        s = torch.matmul(qj, self.k[seg.block].transpose(0, 1))
         if spec.causal:  # only the leading pairs whose token lies before the block's last key see masked keys
             first = seg.block * spec.block_size
             cut = int(torch.searchsorted(seg.tokens, first + spec.block_size - 1 - t0))
@@ -239,7 +233,7 @@ def _forward_chunk(bt: _Batch, t0: int, t1: int, out, smax, ssum) -> None:
     for seg, s in zip(segments, scores):
         p = s.sub_(seg.take(shift).unsqueeze(-1)).mul_(LOG2E).exp2_()
         seg.add_to(l, p.sum(-1))
-        seg.add_to(o, _mm_rows(p, bt.v[seg.block].transpose(0, 1)))
+        seg.add_to(o, torch.matmul(p, bt.v[seg.block]))
     o.div_(torch.where(valid, l, 1.0).unsqueeze(-1))
     rows = slice(bt.q_start + t0, bt.q_start + t1)
     out[rows, bt.heads] = o.to(out.dtype)
@@ -310,9 +304,9 @@ class _BlockGrads:
                 p = s.sub_(seg.take(self.m, t0).unsqueeze(-1)).mul_(LOG2E)
                 p = p.sub_(seg.take(self.log2_l, t0).unsqueeze(-1)).exp2_()
                 do_j = seg.take(self.do, t0)
-                dp = _mm_rows(do_j.to(dp_dt), bt.v[seg.block].to(dp_dt))
+                dp = torch.matmul(do_j.to(dp_dt), bt.v[seg.block].transpose(0, 1).to(dp_dt))
                 pv[seg.block - lo] += (p.reshape(-1, bs).transpose(0, 1) @ do_j.reshape(-1, spec.dv)).to(self.kv_acc)
                 ds = p.mul_(dp.sub_(seg.take(self.delta, t0).unsqueeze(-1)).to(p.dtype))
                 pk[seg.block - lo] += (ds.reshape(-1, bs).transpose(0, 1) @ qj.reshape(-1, spec.d)).to(self.kv_acc)
-                seg.add_to(self.dq, _mm_rows(ds, bt.k[seg.block].transpose(0, 1)), t0)
+                seg.add_to(self.dq, torch.matmul(ds, bt.k[seg.block]), t0)
         return lo, pk, pv
