@@ -5,9 +5,10 @@ attention tiles' shapes 5-15% faster on the machines we measured (``docs/perform
 ``torch.ops.mkldnn._linear_pointwise`` (the op behind Inductor's CPU linear fusions), probed once against
 ``torch.mm``; without it everything runs on ``torch.mm``.
 
-oneDNN is used only where it is fast: fp32 CPU tensors, products of at least ``ONEDNN_MIN_FLOPS`` (a new shape
-costs a primitive creation of ~0.3 ms; small GEMMs are as fast in MKL), ``x`` with unit inner stride and ``w``
-dense (row-major or a transposed row-major matrix: a strided ``w`` falls back to a slow reference kernel).
+oneDNN is used only where it is fast: fp32 CPU tensors, products of at least ``ONEDNN_MIN_FLOPS`` (small GEMMs are
+as fast in MKL), ``x`` with unit inner stride and ``w`` dense (row-major or a transposed row-major matrix: a strided
+``w`` falls back to a slow reference kernel). Each new shape costs a primitive creation of 0.5-2 ms (cached for
+1024 shapes), so callers whose shapes follow the data rather than a tiling (NSA's selected blocks) use ``torch.mm``.
 Results are a GEMM's usual fp32 rounding; with one thread per call (the reference's workers) they do not depend
 on the machine's thread count.
 """
