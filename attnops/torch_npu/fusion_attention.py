@@ -18,6 +18,7 @@ from .._core.layouts import normalize_layout, parse_geometry
 from .._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
 from ..ops.flash_attention import op as fa_op
 from ._common import INT_MAX, reject_unsupported, with_overloads
+from .rope import append_rope, rope_given, split_head_dim
 from .sink import apply_sink, check_sink, sink_grad
 
 
@@ -46,31 +47,25 @@ def _start(name: str, value) -> int:
     return values[0] if values else 0
 
 
-def _head_split(x: Tensor, layout: str, heads: int) -> Tensor:
-    return x.unflatten(-1, (heads, -1)) if layout in ("BSH", "SBH") else x
-
-
-def _head_merge(x: Tensor, layout: str) -> Tensor:
-    return x.flatten(-2) if layout in ("BSH", "SBH") else x
-
-
 def _with_rope(query: Tensor, key: Tensor, query_rope, key_rope, layout: str, head_num: int):
     """``query``/``key`` with ``query_rope``/``key_rope`` appended to each head's D (MLA: QK^T over both parts)."""
-    if query_rope is None and key_rope is None:
+    if not rope_given(query_rope, key_rope):
         return query, key
-    require(query_rope is not None and key_rope is not None, "key_rope" if key_rope is None else "query_rope",
-            "query_rope and key_rope together", None)
-    kv_heads = key.shape[-1] * head_num // query.shape[-1] if layout in ("BSH", "SBH") else 0
-    q = torch.cat([_head_split(query, layout, head_num), _head_split(query_rope, layout, head_num)], -1)
-    k = torch.cat([_head_split(key, layout, kv_heads), _head_split(key_rope, layout, kv_heads)], -1)
-    return _head_merge(q, layout), _head_merge(k, layout)
+    packed = layout in ("BSH", "SBH")
+    return (append_rope("query_rope", query, query_rope, packed=packed, heads=head_num, like="query"),
+            append_rope("key_rope", key, key_rope, packed=packed, heads=_kv_heads(query, key, layout, head_num),
+                        like="key"))
+
+
+def _kv_heads(query: Tensor, key: Tensor, layout: str, head_num: int) -> int:
+    """KV heads of a packed (BSH/SBH) key, H_kv / D; 0 for the other layouts (not needed there)."""
+    return key.shape[-1] * head_num // query.shape[-1] if layout in ("BSH", "SBH") else 0
 
 
 def _split_rope(grad: Tensor, like: Tensor, layout: str, heads: int) -> tuple[Tensor, Tensor]:
     """Split a gradient of a rope-extended tensor into the parts of ``like`` and of its rope."""
-    d = like.shape[-1] // heads if layout in ("BSH", "SBH") else like.shape[-1]
-    g = _head_split(grad, layout, heads)
-    return (_head_merge(g[..., :d], layout).contiguous(), _head_merge(g[..., d:], layout).contiguous())
+    packed = layout in ("BSH", "SBH")
+    return split_head_dim(grad, like.shape[-1] // heads if packed else like.shape[-1], packed=packed, heads=heads)
 
 
 def _q_lens(layout: str, qlen, query: Tensor) -> list[int] | None:
@@ -147,7 +142,7 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
     dq_rope = dk_rope = None
     if query_rope is not None:
         dq, dq_rope = _split_rope(dq, query, layout, head_num)
-        dk, dk_rope = _split_rope(dk, key, layout, key.shape[-1] * head_num // query.shape[-1])
+        dk, dk_rope = _split_rope(dk, key, layout, _kv_heads(query, key, layout, head_num))
     if sink is None:
         dsink = torch.empty([0], dtype=torch.float32, device=query.device)
     else:

@@ -13,11 +13,12 @@ import inspect
 import torch
 from torch import Tensor
 
-from .._core.checks import fail, int_list, require
-from .._core.layouts import bsnd_dims
+from .._core.checks import check_int, fail, int_list, require
+from .._core.layouts import bsnd_dims, io_layouts
 from ..ops.fused_infer_attention import op as fia_op
 from ..ops.fused_infer_attention.problem import LAYOUTS
 from ._common import INT_MAX, reject_unsupported, with_overloads
+from .rope import append_rope, pad_head_dim, rope_given, split_head_dim
 
 # layouts torch_npu's FIA accepts beyond attnops' (LAYOUTS)
 NPU_ONLY_LAYOUTS = ("NTD", "NSD", "BSH_BNSD", "BSND_BNSD", "NTD_TND", "BSH_NBSD", "BSND_NBSD", "BNSD_NBSD", "TND_NTD")
@@ -30,19 +31,37 @@ def _check_layout(input_layout) -> None:
                                   "see docs/porting.md")
 
 
-def _fia(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None,
-         deq_scale1=None, quant_scale1=None, deq_scale2=None, quant_scale2=None, quant_offset2=None,
-         antiquant_scale=None, antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None,
-         value_antiquant_scale=None, value_antiquant_offset=None, block_table=None, query_padding_size=None,
-         kv_padding_size=None, key_shared_prefix=None, value_shared_prefix=None, actual_shared_prefix_len=None,
-         num_heads=1, scale=1.0, pre_tokens=INT_MAX, next_tokens=INT_MAX, input_layout="BSH", num_key_value_heads=0,
-         sparse_mode=0, inner_precise=0, block_size=0, antiquant_mode=0, key_antiquant_mode=0,
-         value_antiquant_mode=0) -> tuple[Tensor, Tensor]:
-    """The custom op with the aclnn parameter names; ``(attention_out, softmax_lse)``."""
+_NOT_WITH_ROPE = ("deq_scale1", "quant_scale1", "deq_scale2", "quant_scale2", "quant_offset2", "antiquant_scale",
+                  "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale",
+                  "value_antiquant_offset", "key_shared_prefix", "value_shared_prefix")
+
+
+def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, atten_mask=None,
+         actual_seq_lengths=None, actual_seq_lengths_kv=None, deq_scale1=None, quant_scale1=None, deq_scale2=None,
+         quant_scale2=None, quant_offset2=None, antiquant_scale=None, antiquant_offset=None, key_antiquant_scale=None,
+         key_antiquant_offset=None, value_antiquant_scale=None, value_antiquant_offset=None, block_table=None,
+         query_padding_size=None, kv_padding_size=None, key_shared_prefix=None, value_shared_prefix=None,
+         actual_shared_prefix_len=None, key_rope_antiquant_scale=None, num_heads=1, scale=1.0, pre_tokens=INT_MAX,
+         next_tokens=INT_MAX, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, inner_precise=0,
+         block_size=0, antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0) -> tuple[Tensor, Tensor]:
+    """The custom op with the aclnn parameter names (MLA rope handled by :func:`_mla_operands`);
+    ``(attention_out, softmax_lse)``."""
     _check_layout(input_layout)
+    reject_unsupported(key_rope_antiquant_scale=key_rope_antiquant_scale)  # int8 rope caches
     require(isinstance(key, Tensor) and isinstance(value, Tensor), "key",
             "single key/value tensors (torch_npu passes one tensor each)", type(key).__name__)
-    return fia_op.fused_infer_attention(
+    mla = None
+    if rope_given(query_rope, key_rope):
+        args = locals()
+        for name in _NOT_WITH_ROPE:
+            if args[name] is not None:
+                raise NotImplementedError(f"{name}: attnops.torch_npu does not support it together with "
+                                          "query_rope/key_rope (MLA); see docs/porting.md")
+        query, key, value, mla = _mla_operands(query, key, value, query_rope, key_rope, input_layout=input_layout,
+                                               num_heads=num_heads, num_key_value_heads=num_key_value_heads,
+                                               paged=block_table is not None, sparse_mode=sparse_mode,
+                                               pre_tokens=pre_tokens, next_tokens=next_tokens)
+    out, lse = fia_op.fused_infer_attention(
         query, key, value, pse_shift, atten_mask, int_list("actual_seq_lengths", actual_seq_lengths),
         int_list("actual_seq_lengths_kv", actual_seq_lengths_kv), deq_scale1, quant_scale1, deq_scale2,
         quant_scale2, quant_offset2, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset,
@@ -50,11 +69,38 @@ def _fia(query, key, value, *, pse_shift=None, atten_mask=None, actual_seq_lengt
         key_shared_prefix, value_shared_prefix, int_list("actual_shared_prefix_len", actual_shared_prefix_len),
         num_heads, float(scale), pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
         inner_precise, block_size, antiquant_mode, key_antiquant_mode, value_antiquant_mode)
+    if mla is not None:  # drop the zero columns the padded value produced
+        dv, out_packed = mla
+        out = split_head_dim(out, dv, packed=out_packed, heads=num_heads)[0]
+    return out, lse
 
 
-def _fia_score(query, key, value, *, dequant_scale1, dequant_scale2, query_rope, key_rope, key_rope_antiquant_scale,
-               softmax_lse_flag, **kw) -> tuple[Tensor, Tensor]:
-    reject_unsupported(query_rope=query_rope, key_rope=key_rope, key_rope_antiquant_scale=key_rope_antiquant_scale)
+def _mla_operands(query, key, value, query_rope, key_rope, *, input_layout, num_heads, num_key_value_heads, paged,
+                  sparse_mode, pre_tokens, next_tokens):
+    """MLA: ``query``/``key`` with their rope parts appended to each head's D and ``value`` with as many zeros, so
+    the operator (one head dim for Q, K and V) computes ``softmax(scale * (q k^T + q_rope k_rope^T)) v`` plus zero
+    columns; returns them and ``(Dv, output packed)`` to cut the output back to Dv."""
+    in_layout, out_layout = io_layouts("input_layout", input_layout, LAYOUTS)
+    require(query.is_floating_point() and key.dtype == query.dtype, "query_rope", "float query, key and value "
+            "(int8 or antiquant key/value with rope are not supported by attnops.torch_npu)", query_rope)
+    kv_heads = check_int("num_key_value_heads", num_key_value_heads, lo=0) or num_heads
+    q_packed = in_layout == "BSH"
+    kv_packed = key.dim() == 3 if paged else q_packed
+    if in_layout != "TND" and bsnd_dims(query, in_layout, num_heads)[1] == 1:
+        require(sparse_mode == 0 and pre_tokens == INT_MAX and next_tokens == INT_MAX, "sparse_mode",
+                "sparse_mode 0 and no pre_tokens/next_tokens with query_rope at Q_S = 1 (the NPU applies them there; "
+                "attnops' decode path does not)", f"sparse_mode={sparse_mode}, pre_tokens={pre_tokens}, "
+                f"next_tokens={next_tokens}")
+    per_head = kv_heads if kv_packed else 1
+    q = append_rope("query_rope", query, query_rope, packed=q_packed, heads=num_heads, like="query")
+    k = append_rope("key_rope", key, key_rope, packed=kv_packed, heads=kv_heads, like="key")
+    dk, dv = k.shape[-1] // per_head, value.shape[-1] // per_head
+    require(dv <= dk and value.shape[-1] % per_head == 0, "value", f"a head dim of at most D + Dr = {dk} (key and "
+            "key_rope)", value)
+    return q, k, pad_head_dim(value, dk - dv, packed=kv_packed, heads=kv_heads), (dv, out_layout == "BSH")
+
+
+def _fia_score(query, key, value, *, dequant_scale1, dequant_scale2, softmax_lse_flag, **kw) -> tuple[Tensor, Tensor]:
     require(isinstance(softmax_lse_flag, bool), "softmax_lse_flag", "a bool", softmax_lse_flag)
     out, lse = _fia(query, key, value, deq_scale1=dequant_scale1, deq_scale2=dequant_scale2, **kw)
     return out, (lse if softmax_lse_flag else torch.empty([0], dtype=torch.float32, device=query.device))
@@ -74,7 +120,8 @@ def npu_fused_infer_attention_score(
     ``actual_seq_lengths(_kv)`` are per-batch for dense layouts and cumulative for TND, except the KV lengths of a
     paged cache (``block_table``), which are per request. ``softmax_lse`` is fp32 ``[B, N, Q_S, 1]`` /
     ``[T, N, 1]`` with ``softmax_lse_flag``, else an empty ``[0]`` tensor. ``num_key_value_heads=0`` means
-    ``num_heads``. MLA rope inputs raise :class:`NotImplementedError`.
+    ``num_heads``. MLA ``query_rope``/``key_rope`` (float, not with quantization, antiquant or a shared prefix)
+    are appended to each head's D of query and key: ``softmax(scale * (q k^T + q_rope k_rope^T)) v``.
     """
     return _fia_score(**locals())
 
@@ -144,10 +191,10 @@ def npu_fused_infer_attention_score_v2(
 
     ``learnable_sink [Q_N]`` is one extra logit per head, compared with the scaled scores, that enters only the
     softmax denominator: ``attention_out = out * sigmoid(lse - sink)`` and ``softmax_lse = logaddexp(lse, sink)``
-    (rows with nothing to attend to keep output 0 and lse +inf). The quantized inputs, the hif8/fp4 ``*_dtype``
-    reinterpretations and MLA rope raise :class:`NotImplementedError`.
+    (rows with nothing to attend to keep output 0 and lse +inf). MLA ``query_rope``/``key_rope`` as in v1. The
+    quantized inputs and the hif8/fp4 ``*_dtype`` reinterpretations raise :class:`NotImplementedError`.
     """
-    reject_unsupported(query_rope=query_rope, key_rope=key_rope, dequant_scale_query=dequant_scale_query,
+    reject_unsupported(dequant_scale_query=dequant_scale_query,
                        dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
                        dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value,
                        dequant_scale_key_rope=dequant_scale_key_rope, quant_scale_p=quant_scale_p,
@@ -168,7 +215,8 @@ def npu_fused_infer_attention_score_v2(
                 learnable_sink)
         require(isinstance(learnable_sink, Tensor) and tuple(learnable_sink.shape) == (num_query_heads,),
                 "learnable_sink", f"a tensor of shape [num_query_heads] = [{num_query_heads}]", learnable_sink)
-    out, lse = _fia(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask, actual_seq_lengths=actual_seq_qlen,
+    out, lse = _fia(query, key, value, query_rope=query_rope, key_rope=key_rope, pse_shift=pse_shift,
+                    atten_mask=atten_mask, actual_seq_lengths=actual_seq_qlen,
                     actual_seq_lengths_kv=actual_seq_kvlen, block_table=block_table, quant_scale2=quant_scale_out,
                     quant_offset2=quant_offset_out, num_heads=num_query_heads, scale=softmax_scale,
                     pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
