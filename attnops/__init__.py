@@ -1,7 +1,7 @@
 """attnops: Huawei CANN's fused-attention operators on PyTorch (CPU reference, Triton on NVIDIA GPUs).
 
-Three dialects share one core: this Pythonic API, :mod:`attnops.aclnn` (the seeds' aclnn operators) and, later,
-:mod:`attnops.torch_npu`.
+Three dialects share one core: this Pythonic API, :mod:`attnops.aclnn` (the seeds' aclnn operators) and
+:mod:`attnops.torch_npu` (torch_npu's Python functions).
 """
 from ._core.errors import AclnnError, ParamDtypeError, ParamInvalidError, ParamNullptrError
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
@@ -12,6 +12,7 @@ from .ops.nsa import (
     nsa_compress,
     nsa_compress_attention,
     nsa_selected_attention,
+    nsa_selected_attention_infer,
 )
 
 __version__ = "0.1.0"
@@ -32,4 +33,5 @@ __all__ = [
     "nsa_compress",
     "nsa_compress_attention",
     "nsa_selected_attention",
+    "nsa_selected_attention_infer",
 ]

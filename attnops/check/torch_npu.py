@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .. import torch_npu as npu
-from ..testing import golden, golden_fia
+from ..testing import golden, golden_fia, golden_nsa
 from . import CheckCase, Comparison
 from . import flash_attention as fa
 from . import fused_infer_attention as fia
@@ -94,7 +94,41 @@ def _fia_cases() -> list[CheckCase]:
                   fia._case("npu", fia._prefill_mask_gqa, _npu_pfa, with_lse=False)),
         CheckCase("npu_incre_flash_attention", "BSH decode fp16, GQA 4, per-batch KV lengths",
                   fia._case("npu", _decode_gqa_lengths, _npu_ifa, with_lse=False)),
+        CheckCase("npu_fused_infer_attention_score", "TND MLA prefill fp16, query_rope/key_rope, causal",
+                  _mla_prefill),
     ]
+
+
+def _mla_prefill(_backend) -> list[Comparison]:
+    """vllm-ascend's MLA prefill call (TND, ``query_rope``/``key_rope``, causal, lse) against the FIA golden on
+    ``[q | q_rope]``, ``[k | k_rope]`` and ``[v | 0]`` (zero columns add nothing), cut back to Dv."""
+    lens, n, d, dr = [9, 23], 4, 32, 16
+    t = sum(lens)
+    q, qr, k, kr, v = (fia._randn(t, n, e, dtype=F16, seed=20 + i) for i, e in enumerate((d, dr, d, dr, d)))
+    cum = [lens[0], t]
+    kw = dict(num_heads=n, input_layout="TND", actual_seq_lengths=cum, actual_seq_lengths_kv=cum, sparse_mode=3,
+              atten_mask=fia.CAUSAL_2048, softmax_lse_flag=True)
+    out, lse = npu.npu_fused_infer_attention_score(q, k, v, query_rope=qr, key_rope=kr, scale=(d + dr) ** -0.5, **kw)
+    qq, kk, vv = torch.cat([q, qr], -1), torch.cat([k, kr], -1), torch.cat([v, torch.zeros_like(kr)], -1)
+    g = golden_fia.fia_forward(qq, kk, vv, scale_value=(d + dr) ** -0.5, **kw)
+    base = golden_fia.fia_forward(qq, kk, vv, scale_value=(d + dr) ** -0.5, dtype=F16, **kw)
+    return [Comparison("attention_out", out, g[0][..., :d], base[0][..., :d]),
+            Comparison("softmax_lse", lse, g[1], base[1])]
+
+
+def _nsa_select_infer(_backend) -> list[Comparison]:
+    """One decode token per request over a shuffled paged cache, blocks cut at the length, -1 padding."""
+    b, n, n2, d, dv, page, block, count = 3, 4, 2, 32, 16, 16, 32, 3
+    lens, blocks = [70, 33, 96], 20
+    table = torch.stack([torch.randperm(blocks, generator=torch.Generator().manual_seed(i))[:6] for i in range(b)])
+    topk = torch.tensor([[[2, 0, -1], [1, 2, 0]], [[1, 1, 0], [0, -1, -1]], [[2, 1, 0], [0, 2, -1]]])
+    q = fia._randn(b, n, d, dtype=F16, seed=30)
+    kc, vc = fia._randn(blocks, page, n2, d, dtype=F16, seed=31), fia._randn(blocks, page, n2, dv, dtype=F16, seed=32)
+    out = npu.npu_nsa_select_attention_infer(q.unsqueeze(1), kc, vc, topk.int(), d ** -0.5, n, n2, block, count, page,
+                                             layout="BSND", block_table=table.int(), actual_seq_kvlen=lens)
+    g = golden_nsa.nsa_select_attention_infer(q, kc, vc, topk, table, lens, d ** -0.5, block)
+    base = golden_nsa.nsa_select_attention_infer(q, kc, vc, topk, table, lens, d ** -0.5, block, dtype=F16)
+    return [Comparison("attention_out", out.squeeze(1), g, base)]
 
 
 def _nsa_cases() -> list[CheckCase]:
@@ -104,6 +138,8 @@ def _nsa_cases() -> list[CheckCase]:
                   nsa._selected(torch.float32, "npu", [12, 20], [32, 48], 4, 2, 32, 16, 16, 2, True)),
         CheckCase("npu_nsa_compress_attention", "fp16 top-k, GQA 2",
                   nsa._compress_attention(F16, [40, 33], [18, 15], 4, 2, 32, 16, 32, 16, 64, 2, via="npu")),
+        CheckCase("npu_nsa_select_attention_infer", "BSND decode fp16, paged cache, GQA 2, -1 padding",
+                  _nsa_select_infer),
     ]
 
 

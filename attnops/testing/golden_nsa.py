@@ -12,7 +12,8 @@ Functions:
 * :func:`nsa_compress` / :func:`nsa_compress_backward` (§7.1-7.2);
 * :func:`nsa_selected_attention` / :func:`nsa_selected_attention_backward` (§7.4-7.5);
 * :func:`nsa_compress_attention` / :func:`nsa_compress_attention_backward` (§7.3), with the importance scores
-  available through ``return_scores=True``.
+  available through ``return_scores=True``;
+* :func:`nsa_select_attention_infer` (torch_npu_api.md §8.4, op-plugin's golden): decoding over a paged cache.
 """
 
 from __future__ import annotations
@@ -271,3 +272,35 @@ def nsa_compress_attention_backward(dy: Tensor, q: Tensor, k_cmp: Tensor, v_cmp:
         return torch.zeros_like(qq), torch.zeros_like(kk), torch.zeros_like(vv)
     grads = torch.autograd.grad(out, (qq, kk, vv), dy.to(dtype), allow_unused=True)
     return tuple(torch.zeros_like(x) if gr is None else gr for gr, x in zip(grads, (qq, kk, vv)))
+
+
+def nsa_select_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, topk: Tensor, block_table: Tensor,
+                               kv_lens, scale: float, block_size: int, *, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``out [B, N1, Dv]`` for ``q [B, N1, D]`` (one token per request) and caches ``[blocks, page, N2, D]``.
+
+    Request ``b``'s keys are rebuilt position by position from its pages (``block_table[b, p // page]``, slot
+    ``p % page``) up to ``kv_lens[b]``. Query head ``h`` (KV head ``h // G``) attends to the concatenation of the
+    blocks ``topk[b, h // G]`` in order, stopping at the first ``-1``, each block cut at the KV length (duplicates
+    kept, nothing masked). A head that selects nothing gets 0.
+    """
+    batch, n1, _ = q.shape
+    page, n2 = k_cache.shape[1], k_cache.shape[2]
+    g = n1 // n2
+    out = torch.zeros(batch, n1, v_cache.shape[-1], dtype=dtype)
+    for b in range(batch):
+        n = int(kv_lens[b])
+        rows = [(int(block_table[b, p // page]), p % page) for p in range(n)]
+        kb = torch.stack([k_cache[i, j] for i, j in rows]).to(dtype) if rows else None  # [n, N2, D]
+        vb = torch.stack([v_cache[i, j] for i, j in rows]).to(dtype) if rows else None
+        for h in range(n1):
+            pos = []
+            for blk in topk[b, h // g].tolist():
+                if blk == -1:
+                    break
+                pos += [p for p in range(blk * block_size, (blk + 1) * block_size) if p < n]
+            if not pos:
+                continue
+            idx = torch.tensor(pos)
+            s = (kb[idx, h // g] @ q[b, h].to(dtype)) * scale
+            out[b, h] = torch.softmax(s, 0) @ vb[idx, h // g]
+    return out

@@ -24,6 +24,7 @@ from .nsa import (
     npu_nsa_compress_grad,
     npu_nsa_select_attention,
     npu_nsa_select_attention_grad,
+    npu_nsa_select_attention_infer,
 )
 from .shim import install
 
@@ -42,6 +43,7 @@ __all__ = [
     "npu_nsa_compress_grad",
     "npu_nsa_select_attention",
     "npu_nsa_select_attention_grad",
+    "npu_nsa_select_attention_infer",
     "npu_prompt_flash_attention",
     "npu_ring_attention_update",
 ]

@@ -1,4 +1,5 @@
-"""torch_npu's NSA training ops (TND only): compression, compressed attention and selected attention.
+"""torch_npu's NSA ops: compression, compressed attention and selected attention (training, TND only), and
+selected attention for decoding over a paged cache (``npu_nsa_select_attention_infer``).
 
 The NPU hardcodes the layout ``TND``, cumulative ``actual_*`` lists (no leading 0), ``sparse_mode`` 1 for
 compressed attention and 2 for selected attention (causal only when an ``atten_mask`` is given; the NPU then
@@ -7,9 +8,9 @@ ignores the mask's content). The functions call the ``attnops::nsa_*`` custom op
 """
 from __future__ import annotations
 
-from .._core.checks import int_list, require
+from .._core.checks import check_tensor, fail, int_list, require
 from ..ops.nsa import op as nsa_op
-from ._common import with_overloads
+from ._common import reject_unsupported, with_overloads
 
 CUMULATIVE = 0  # act_seq_len_type of the training ops
 COMPRESS_ATTENTION_MODE = 1  # allMask (without atten_mask: no masking)
@@ -68,6 +69,47 @@ def npu_nsa_select_attention_grad(grad, query, key, value, attention_out, softma
         SELECTED_ATTENTION_MODE)
 
 
+INFER_LAYOUTS = ("BSH", "BSND", "TND")
+
+
+def npu_nsa_select_attention_infer(query, key, value, topk_indices, scale_value, head_num, key_value_head_num,
+                                   select_block_size, select_block_count, page_block_size, *, layout="BSND",
+                                   atten_mask=None, block_table=None, actual_seq_qlen=None, actual_seq_kvlen=None):
+    """Selected attention of one new token per request over a paged KV cache: ``attention_out`` shaped like the
+    query with Dv (BSH ``[B, 1, N*Dv]``, BSND ``[B, 1, N, Dv]``, TND ``[B, N, Dv]``).
+
+    ``key``/``value`` are ``(block_num, page_block_size, KV_N*D)`` or ``(block_num, page_block_size, KV_N, D)``
+    caches read through ``block_table [B, maxBlocks]``; ``topk_indices [B, KV_N, count]`` names blocks of
+    ``select_block_size`` keys, ``-1`` for padding; ``actual_seq_kvlen`` holds per-request KV lengths.
+    ``atten_mask`` and ``actual_seq_qlen`` are not supported (by the NPU either).
+    """
+    reject_unsupported(atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen)
+    if not isinstance(layout, str) or layout.upper() not in INFER_LAYOUTS:
+        fail("layout", f"one of {list(INFER_LAYOUTS)}", layout)
+    layout = layout.upper()
+    require(block_table is not None, "block_table", "the paged cache's block table [B, maxBlocks]", None)
+    check_tensor("query", query, ndim=3 if layout in ("BSH", "TND") else 4)
+    if layout != "TND":
+        require(query.shape[1] == 1, "query", "one token per request (S = 1)", query)
+    q = query.reshape(query.shape[0], head_num, -1) if layout == "BSH" else query.reshape(query.shape[0],
+                                                                                          *query.shape[-2:])
+    kv_heads = key_value_head_num
+    caches = []
+    for name, t in (("key", key), ("value", value)):
+        check_tensor(name, t, ndim=(3, 4))
+        if t.dim() == 3:
+            require(kv_heads > 0 and t.shape[-1] % kv_heads == 0, name, f"a last dim KV_N*D divisible by "
+                    f"key_value_head_num={kv_heads}", t)
+            t = t.unflatten(-1, (kv_heads, -1))
+        caches.append(t)
+    out = nsa_op.nsa_selected_attention_infer(
+        q, caches[0], caches[1], topk_indices, block_table, float(scale_value), head_num, kv_heads,
+        select_block_size, select_block_count, page_block_size, int_list("actual_seq_kvlen", actual_seq_kvlen))
+    if layout == "BSH":
+        return out.flatten(-2).unsqueeze(1)
+    return out.unsqueeze(1) if layout == "BSND" else out
+
+
 for _fn in (npu_nsa_compress, npu_nsa_compress_grad, npu_nsa_compress_attention, npu_nsa_select_attention,
-            npu_nsa_select_attention_grad):
+            npu_nsa_select_attention_grad, npu_nsa_select_attention_infer):
     with_overloads(_fn)

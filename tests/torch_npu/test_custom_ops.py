@@ -17,6 +17,7 @@ OPCHECKED = {
     "nsa_selected_attention": "tests/ops/nsa/test_opcheck.py",
     "nsa_compress_grad": __name__,
     "nsa_selected_attention_grad": __name__,
+    "nsa_selected_attention_infer": "tests/torch_npu/test_nsa_select_infer.py",
     "fused_infer_attention": __name__,
 }
 

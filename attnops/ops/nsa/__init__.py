@@ -1,11 +1,13 @@
-"""Native Sparse Attention: compression (+grad), compressed attention with top-k, selected attention (+grad)."""
+"""Native Sparse Attention: compression (+grad), compressed attention with top-k, selected attention (+grad; and
+for decoding over a paged cache)."""
 from .api import (
     CompressAttentionResult,
     native_sparse_attention,
     nsa_compress,
     nsa_compress_attention,
     nsa_selected_attention,
+    nsa_selected_attention_infer,
 )
 
 __all__ = ["CompressAttentionResult", "native_sparse_attention", "nsa_compress", "nsa_compress_attention",
-           "nsa_selected_attention"]
+           "nsa_selected_attention", "nsa_selected_attention_infer"]

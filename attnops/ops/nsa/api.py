@@ -103,6 +103,25 @@ def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indic
     return (out, smax, ssum) if return_stats else out
 
 
+def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: Tensor, topk_indices: Tensor,
+                                 block_table: Tensor, seq_lens, *, select_block_size: int,
+                                 scale: float | None = None) -> Tensor:
+    """Decoding: one new token per request (``query [B, N1, D]``) attends, per KV head, to the blocks of
+    ``select_block_size`` keys named by ``topk_indices [B, N2, count]`` (in order up to the first ``-1``, each cut
+    at the request's length), read from paged caches ``[blocks, page_size, N2, D/Dv]`` through ``block_table
+    [B, maxBlocks]``; ``seq_lens`` are the per-request KV lengths. Returns ``[B, N1, Dv]`` (0 for a head that
+    selects nothing)."""
+    check_tensor("query", query, ndim=3)
+    check_tensor("key_cache", key_cache, ndim=4)
+    check_tensor("topk_indices", topk_indices, ndim=3)
+    if scale is None:
+        scale = query.shape[-1] ** -0.5
+    lens = [int(v) for v in (seq_lens.tolist() if isinstance(seq_lens, Tensor) else seq_lens)]
+    return _op().nsa_selected_attention_infer(query, key_cache, value_cache, topk_indices, block_table, float(scale),
+                                              query.shape[1], key_cache.shape[2], select_block_size,
+                                              topk_indices.shape[-1], key_cache.shape[1], lens)
+
+
 def check_selected_backward_inputs(spec: SelectedSpec, query, grad, attention_out, softmax_max, softmax_sum):
     shape_out = (spec.total_q, spec.n1, spec.dv)
     for name, t in (("attention_out_grad", grad), ("attention_out", attention_out)):
