@@ -18,17 +18,10 @@ from .._core.layouts import bsnd_dims, io_layouts
 from ..ops.fused_infer_attention import op as fia_op
 from ..ops.fused_infer_attention.problem import LAYOUTS
 from ._common import INT_MAX, reject_unsupported, with_overloads
+from . import fia_layouts
 from .rope import append_rope, pad_head_dim, rope_given, split_head_dim
 
-# layouts torch_npu's FIA accepts beyond attnops' (LAYOUTS)
-NPU_ONLY_LAYOUTS = ("NTD", "NSD", "BSH_BNSD", "BSND_BNSD", "NTD_TND", "BSH_NBSD", "BSND_NBSD", "BNSD_NBSD", "TND_NTD")
 PFA_HIGH_PRECISION_MODES = range(10, 15)  # PFA sparse_mode 10-14 = modes 0-4 with inner_precise 0
-
-
-def _check_layout(input_layout) -> None:
-    if isinstance(input_layout, str) and input_layout.upper() in NPU_ONLY_LAYOUTS:
-        raise NotImplementedError(f"input_layout: attnops supports {list(LAYOUTS)}, got {input_layout!r}; "
-                                  "see docs/porting.md")
 
 
 _NOT_WITH_ROPE = ("deq_scale1", "quant_scale1", "deq_scale2", "quant_scale2", "quant_offset2", "antiquant_scale",
@@ -43,13 +36,22 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
          query_padding_size=None, kv_padding_size=None, key_shared_prefix=None, value_shared_prefix=None,
          actual_shared_prefix_len=None, key_rope_antiquant_scale=None, num_heads=1, scale=1.0, pre_tokens=INT_MAX,
          next_tokens=INT_MAX, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, inner_precise=0,
-         block_size=0, antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0) -> tuple[Tensor, Tensor]:
-    """The custom op with the aclnn parameter names (MLA rope handled by :func:`_mla_operands`);
-    ``(attention_out, softmax_lse)``."""
-    _check_layout(input_layout)
+         block_size=0, antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, learnable_sink=None
+         ) -> tuple[Tensor, Tensor]:
+    """The custom op with the aclnn parameter names; ``(attention_out, softmax_lse)``. torch_npu-only layouts run in
+    a core layout (:mod:`.fia_layouts`), MLA rope as :func:`_mla_operands` says, a learnable sink as
+    :func:`_apply_sink` says."""
     reject_unsupported(key_rope_antiquant_scale=key_rope_antiquant_scale)  # int8 rope caches
     require(isinstance(key, Tensor) and isinstance(value, Tensor), "key",
             "single key/value tensors (torch_npu passes one tensor each)", type(key).__name__)
+    layouts = fia_layouts.plan(input_layout)
+    if layouts.reads is not None:
+        query, query_rope = (fia_layouts.to_core(x, layouts.reads) for x in (query, query_rope))
+        key_shared_prefix, value_shared_prefix = (fia_layouts.to_core(x, layouts.reads)
+                                                  for x in (key_shared_prefix, value_shared_prefix))
+        if block_table is None:  # a paged cache has its own layout
+            key, value, key_rope = (fia_layouts.to_core(x, layouts.reads) for x in (key, value, key_rope))
+    input_layout = layouts.core
     mla = None
     if rope_given(query_rope, key_rope):
         args = locals()
@@ -69,18 +71,20 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
         key_shared_prefix, value_shared_prefix, int_list("actual_shared_prefix_len", actual_shared_prefix_len),
         num_heads, float(scale), pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
         inner_precise, block_size, antiquant_mode, key_antiquant_mode, value_antiquant_mode)
+    core_out = io_layouts("input_layout", input_layout, LAYOUTS)[1]
     if mla is not None:  # drop the zero columns the padded value produced
-        dv, out_packed = mla
-        out = split_head_dim(out, dv, packed=out_packed, heads=num_heads)[0]
-    return out, lse
+        out = split_head_dim(out, mla, packed=core_out == "BSH", heads=num_heads)[0]
+    if learnable_sink is not None:
+        out, lse = _apply_sink(out, lse, learnable_sink, core_out, num_heads)
+    return fia_layouts.from_core(out, core_out, layouts.writes, num_heads), lse
 
 
 def _mla_operands(query, key, value, query_rope, key_rope, *, input_layout, num_heads, num_key_value_heads, paged,
                   sparse_mode, pre_tokens, next_tokens):
     """MLA: ``query``/``key`` with their rope parts appended to each head's D and ``value`` with as many zeros, so
     the operator (one head dim for Q, K and V) computes ``softmax(scale * (q k^T + q_rope k_rope^T)) v`` plus zero
-    columns; returns them and ``(Dv, output packed)`` to cut the output back to Dv."""
-    in_layout, out_layout = io_layouts("input_layout", input_layout, LAYOUTS)
+    columns; returns them and Dv, to cut the output back to."""
+    in_layout = io_layouts("input_layout", input_layout, LAYOUTS)[0]
     require(query.is_floating_point() and key.dtype == query.dtype, "query_rope", "float query, key and value "
             "(int8 or antiquant key/value with rope are not supported by attnops.torch_npu)", query_rope)
     kv_heads = check_int("num_key_value_heads", num_key_value_heads, lo=0) or num_heads
@@ -97,7 +101,7 @@ def _mla_operands(query, key, value, query_rope, key_rope, *, input_layout, num_
     dk, dv = k.shape[-1] // per_head, value.shape[-1] // per_head
     require(dv <= dk and value.shape[-1] % per_head == 0, "value", f"a head dim of at most D + Dr = {dk} (key and "
             "key_rope)", value)
-    return q, k, pad_head_dim(value, dk - dv, packed=kv_packed, heads=kv_heads), (dv, out_layout == "BSH")
+    return q, k, pad_head_dim(value, dk - dv, packed=kv_packed, heads=kv_heads), dv
 
 
 def _fia_score(query, key, value, *, dequant_scale1, dequant_scale2, softmax_lse_flag, **kw) -> tuple[Tensor, Tensor]:
@@ -158,6 +162,13 @@ def _npu_fused_infer_attention_score_get_max_workspace(query, key, value, **kwar
 
 
 _npu_fused_infer_attention_score_v2_get_max_workspace = _npu_fused_infer_attention_score_get_max_workspace
+
+
+def _apply_sink(out: Tensor, lse: Tensor, sink: Tensor, out_layout: str, heads: int) -> tuple[Tensor, Tensor]:
+    """``learnable_sink [Q_N]``, one extra logit per head in the softmax denominator: ``out * sigmoid(lse - sink)``
+    and ``logaddexp(lse, sink)`` (rows with nothing to attend to keep output 0 and lse +inf)."""
+    out = (out.float() * _sink_weights(lse, sink, out_layout, heads, out)).to(out.dtype)
+    return out, torch.logaddexp(lse, _per_head(sink, lse))
 
 
 def _per_head(sink: Tensor, lse: Tensor) -> Tensor:
@@ -221,11 +232,7 @@ def npu_fused_infer_attention_score_v2(
                     quant_offset2=quant_offset_out, num_heads=num_query_heads, scale=softmax_scale,
                     pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
                     num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, inner_precise=inner_precise,
-                    block_size=block_size)
-    if learnable_sink is not None:
-        out_layout = input_layout.upper().rpartition("_")[2]
-        out = (out.float() * _sink_weights(lse, learnable_sink, out_layout, num_query_heads, out)).to(out.dtype)
-        lse = torch.logaddexp(lse, _per_head(learnable_sink, lse))
+                    block_size=block_size, learnable_sink=learnable_sink)
     return out, (lse if return_softmax_lse else torch.empty([0], dtype=torch.float32, device=query.device))
 
 
@@ -267,7 +274,6 @@ def npu_incre_flash_attention(query, key, value, *, padding_mask=None, atten_mas
     ``actual_seq_lengths`` holds the per-batch **KV** lengths (shape (B,) or (1,)).
     """
     reject_unsupported(padding_mask=padding_mask)
-    _check_layout(input_layout)
     if not isinstance(input_layout, str) or input_layout.upper() not in ("BSH", "BSND", "BNSD"):
         fail("input_layout", "one of ['BSH', 'BSND', 'BNSD'] (incremental attention)", input_layout)
     q_s = bsnd_dims(query, input_layout.upper(), num_heads)[1]

@@ -86,8 +86,6 @@ def test_incre_flash_attention_actual_seq_lengths_are_kv_lengths():
     (lambda q: torch_npu.npu_fusion_attention(q, q, q, 2, "BNSD", padding_mask=q), "padding_mask"),
     (lambda q: torch_npu.npu_fused_infer_attention_score(q, q, q, num_heads=2, input_layout="BNSD",
                                                          key_rope_antiquant_scale=q), "key_rope_antiquant_scale"),
-    (lambda q: torch_npu.npu_fused_infer_attention_score(q[0], q[0], q[0], num_heads=2, input_layout="NSD"),
-     "input_layout"),
     (lambda q: torch_npu.npu_prompt_flash_attention(q, q, q, num_heads=2, input_layout="BNSD", padding_mask=q),
      "padding_mask"),
 ])
