@@ -11,6 +11,7 @@ from .ops.nsa import (
     native_sparse_attention,
     nsa_compress,
     nsa_compress_attention,
+    nsa_compress_attention_infer,
     nsa_selected_attention,
     nsa_selected_attention_infer,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "native_sparse_attention",
     "nsa_compress",
     "nsa_compress_attention",
+    "nsa_compress_attention_infer",
     "nsa_selected_attention",
     "nsa_selected_attention_infer",
 ]

@@ -131,6 +131,23 @@ def _nsa_select_infer(_backend) -> list[Comparison]:
     return [Comparison("attention_out", out.squeeze(1), g, base)]
 
 
+def _nsa_compress_infer(_backend) -> list[Comparison]:
+    """One decode token per request over a shuffled paged cache of compressed keys: output and top-k blocks."""
+    b, n, n2, d, dv, page, blocks = 2, 4, 2, 32, 16, 16, 12
+    lens, cmp_block, stride, sel, count = [70, 45], 32, 16, 64, 6
+    table = torch.stack([torch.randperm(blocks, generator=torch.Generator().manual_seed(i))[:5] for i in range(b)])
+    q = fia._randn(b, n, d, dtype=F16, seed=40)
+    kc, vc = fia._randn(blocks, page, n2, d, dtype=F16, seed=41), fia._randn(blocks, page, n2, dv, dtype=F16, seed=42)
+    out, topk = npu.npu_nsa_compress_attention_infer(q, kc.flatten(-2), vc.flatten(-2), d ** -0.5, n, n2, sel, count,
+                                                     page, cmp_block, stride, block_table=table.int(),
+                                                     actual_cmp_seq_kvlen=lens)
+    args = (q, kc, vc, table, lens, d ** -0.5, cmp_block, stride, sel, count)
+    g_out, g_topk = golden_nsa.nsa_compress_attention_infer(*args)
+    base, _ = golden_nsa.nsa_compress_attention_infer(*args, dtype=F16)
+    return [Comparison("attention_out", out, g_out, base),
+            Comparison("topk_indices (equal)", topk.double(), g_topk.double(), g_topk.double())]
+
+
 def _nsa_cases() -> list[CheckCase]:
     return [
         CheckCase("npu_nsa_compress(+_grad)", "fp16 varlen, short seq", nsa._compress(F16, "npu", [128, 20, 144])),
@@ -140,6 +157,8 @@ def _nsa_cases() -> list[CheckCase]:
                   nsa._compress_attention(F16, [40, 33], [18, 15], 4, 2, 32, 16, 32, 16, 64, 2, via="npu")),
         CheckCase("npu_nsa_select_attention_infer", "BSND decode fp16, paged cache, GQA 2, -1 padding",
                   _nsa_select_infer),
+        CheckCase("npu_nsa_compress_attention_infer", "TND decode fp16, paged (blocknum, page, H) cache, top-6",
+                  _nsa_compress_infer),
     ]
 
 

@@ -13,7 +13,8 @@ Functions:
 * :func:`nsa_selected_attention` / :func:`nsa_selected_attention_backward` (§7.4-7.5);
 * :func:`nsa_compress_attention` / :func:`nsa_compress_attention_backward` (§7.3), with the importance scores
   available through ``return_scores=True``;
-* :func:`nsa_select_attention_infer` (torch_npu_api.md §8.4, op-plugin's golden): decoding over a paged cache.
+* :func:`nsa_select_attention_infer` and :func:`nsa_compress_attention_infer` (torch_npu_api.md §8.4, op-plugin's
+  goldens for the two ops): decoding over a paged cache.
 """
 
 from __future__ import annotations
@@ -304,3 +305,42 @@ def nsa_select_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, topk
             s = (kb[idx, h // g] @ q[b, h].to(dtype)) * scale
             out[b, h] = torch.softmax(s, 0) @ vb[idx, h // g]
     return out
+
+
+def nsa_compress_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, cmp_lens,
+                                 scale: float, compress_block: int, stride: int, select_block: int, count: int, *,
+                                 dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+    """``(out [B, N1, Dv], topk [B, N2, count])`` for ``q [B, N1, D]`` and compressed caches ``[blocks, page, N2, D]``.
+
+    Per request: softmax attention over its ``S2`` compressed keys (rebuilt from its pages); selection block ``j - 1``
+    (``j = 1 .. S2 - 1``) scores the probabilities ``P[idx]`` at ``idx = (select_block / stride) * j - a - c`` for
+    every ``a < select_block / stride``, ``c < compress_block / stride`` with ``0 <= idx < S2``, summed over the GQA
+    group; of the ``n = ceil(((S2 - 1) * stride + compress_block) / select_block)`` blocks, 0, ``n - 2`` and
+    ``n - 1`` come first, then the best ``count - 3`` of blocks ``1 .. n - 3`` (descending, ties to the lower index).
+    """
+    batch, n1, _ = q.shape
+    page, n2 = k_cache.shape[1], k_cache.shape[2]
+    g = n1 // n2
+    m, nn = select_block // stride, compress_block // stride
+    out = torch.zeros(batch, n1, v_cache.shape[-1], dtype=dtype)
+    topk = torch.zeros(batch, n2, count, dtype=torch.int32)
+    for b in range(batch):
+        s2 = int(cmp_lens[b])
+        rows = [(int(block_table[b, p // page]), p % page) for p in range(s2)]
+        kb = torch.stack([k_cache[i, j] for i, j in rows]).to(dtype)  # [S2, N2, D]
+        vb = torch.stack([v_cache[i, j] for i, j in rows]).to(dtype)
+        probs = torch.stack([torch.softmax((kb[:, h // g] @ q[b, h].to(dtype)) * scale, 0) for h in range(n1)])
+        for h in range(n1):
+            out[b, h] = probs[h] @ vb[:, h // g]
+        n = -(-((s2 - 1) * stride + compress_block) // select_block)
+        score = torch.zeros(n2, max(n, s2), dtype=torch.float64)
+        for j in range(1, s2):
+            for a in range(m):
+                for c in range(nn):
+                    idx = m * j - a - c
+                    if 0 <= idx < s2:
+                        score[:, j - 1] += probs[:, idx].double().view(n2, g).sum(1)
+        for h in range(n2):
+            middle = sorted(range(1, n - 2), key=lambda k: (-float(score[h, k]), k))
+            topk[b, h] = torch.tensor([0, n - 2, n - 1] + middle[:count - 3], dtype=torch.int32)
+    return out, topk

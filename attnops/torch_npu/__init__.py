@@ -21,6 +21,7 @@ from .infer_attention import (
 from .nsa import (
     npu_nsa_compress,
     npu_nsa_compress_attention,
+    npu_nsa_compress_attention_infer,
     npu_nsa_compress_grad,
     npu_nsa_select_attention,
     npu_nsa_select_attention_grad,
@@ -40,6 +41,7 @@ __all__ = [
     "npu_incre_flash_attention",
     "npu_nsa_compress",
     "npu_nsa_compress_attention",
+    "npu_nsa_compress_attention_infer",
     "npu_nsa_compress_grad",
     "npu_nsa_select_attention",
     "npu_nsa_select_attention_grad",

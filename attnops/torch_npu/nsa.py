@@ -1,5 +1,5 @@
 """torch_npu's NSA ops: compression, compressed attention and selected attention (training, TND only), and
-selected attention for decoding over a paged cache (``npu_nsa_select_attention_infer``).
+compressed and selected attention for decoding over a paged cache (the ``*_infer`` ops).
 
 The NPU hardcodes the layout ``TND``, cumulative ``actual_*`` lists (no leading 0), ``sparse_mode`` 1 for
 compressed attention and 2 for selected attention (causal only when an ``atten_mask`` is given; the NPU then
@@ -69,7 +69,27 @@ def npu_nsa_select_attention_grad(grad, query, key, value, attention_out, softma
         SELECTED_ATTENTION_MODE)
 
 
-INFER_LAYOUTS = ("BSH", "BSND", "TND")
+def _decode_operands(query, key, value, *, layout, allowed, head_num, key_value_head_num, block_table):
+    """``(query [B, N, D], key, value [blocks, page, KV_N, D])`` from a decode call in ``layout`` (one token per
+    request) and ``(blocknum, page, KV_N*D)`` or ``(blocknum, page, KV_N, D)`` caches; returns the layout too."""
+    if not isinstance(layout, str) or layout.upper() not in allowed:
+        fail("layout", f"one of {list(allowed)}", layout)
+    layout = layout.upper()
+    require(block_table is not None, "block_table", "the paged cache's block table [B, maxBlocks]", None)
+    check_tensor("query", query, ndim=3 if layout in ("BSH", "TND") else 4)
+    if layout != "TND":
+        require(query.shape[1] == 1, "query", "one token per request (S = 1)", query)
+    q = query.reshape(query.shape[0], head_num, -1) if layout == "BSH" else query.reshape(query.shape[0],
+                                                                                          *query.shape[-2:])
+    caches = []
+    for name, t in (("key", key), ("value", value)):
+        check_tensor(name, t, ndim=(3, 4))
+        if t.dim() == 3:
+            require(key_value_head_num > 0 and t.shape[-1] % key_value_head_num == 0, name,
+                    f"a last dim KV_N*D divisible by key_value_head_num={key_value_head_num}", t)
+            t = t.unflatten(-1, (key_value_head_num, -1))
+        caches.append(t)
+    return q, caches[0], caches[1], layout
 
 
 def npu_nsa_select_attention_infer(query, key, value, topk_indices, scale_value, head_num, key_value_head_num,
@@ -84,32 +104,40 @@ def npu_nsa_select_attention_infer(query, key, value, topk_indices, scale_value,
     ``atten_mask`` and ``actual_seq_qlen`` are not supported (by the NPU either).
     """
     reject_unsupported(atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen)
-    if not isinstance(layout, str) or layout.upper() not in INFER_LAYOUTS:
-        fail("layout", f"one of {list(INFER_LAYOUTS)}", layout)
-    layout = layout.upper()
-    require(block_table is not None, "block_table", "the paged cache's block table [B, maxBlocks]", None)
-    check_tensor("query", query, ndim=3 if layout in ("BSH", "TND") else 4)
-    if layout != "TND":
-        require(query.shape[1] == 1, "query", "one token per request (S = 1)", query)
-    q = query.reshape(query.shape[0], head_num, -1) if layout == "BSH" else query.reshape(query.shape[0],
-                                                                                          *query.shape[-2:])
-    kv_heads = key_value_head_num
-    caches = []
-    for name, t in (("key", key), ("value", value)):
-        check_tensor(name, t, ndim=(3, 4))
-        if t.dim() == 3:
-            require(kv_heads > 0 and t.shape[-1] % kv_heads == 0, name, f"a last dim KV_N*D divisible by "
-                    f"key_value_head_num={kv_heads}", t)
-            t = t.unflatten(-1, (kv_heads, -1))
-        caches.append(t)
+    q, k, v, layout = _decode_operands(query, key, value, layout=layout, allowed=("BSH", "BSND", "TND"),
+                                       head_num=head_num, key_value_head_num=key_value_head_num,
+                                       block_table=block_table)
     out = nsa_op.nsa_selected_attention_infer(
-        q, caches[0], caches[1], topk_indices, block_table, float(scale_value), head_num, kv_heads,
-        select_block_size, select_block_count, page_block_size, int_list("actual_seq_kvlen", actual_seq_kvlen))
+        q, k, v, topk_indices, block_table, float(scale_value), head_num, key_value_head_num, select_block_size,
+        select_block_count, page_block_size, int_list("actual_seq_kvlen", actual_seq_kvlen))
     if layout == "BSH":
         return out.flatten(-2).unsqueeze(1)
     return out.unsqueeze(1) if layout == "BSND" else out
 
 
+def npu_nsa_compress_attention_infer(query, key, value, scale_value, head_num, key_value_head_num, select_block_size,
+                                     select_block_count, page_block_size, compress_block_size, compress_stride, *,
+                                     layout="TND", atten_mask=None, block_table=None, topk_mask=None,
+                                     actual_seq_qlen=None, actual_cmp_seq_kvlen=None, actual_sel_seq_kvlen=None):
+    """Compressed attention of one new token per request over a paged cache of compressed keys/values, and the
+    selection blocks for the next step: ``(attention_out, topk_indices int32)``, TND ``[B, N, Dv]`` /
+    ``[B, KV_N, count]``, BSND ``[B, 1, N, Dv]`` / ``[B, 1, KV_N, count]``.
+
+    ``actual_cmp_seq_kvlen`` holds per-request compressed lengths. The first and the last two selection blocks are
+    always chosen (:mod:`attnops.ops.nsa.decode`). ``atten_mask``, ``topk_mask``, ``actual_seq_qlen`` and
+    ``actual_sel_seq_kvlen`` are not supported (by the NPU either).
+    """
+    reject_unsupported(atten_mask=atten_mask, topk_mask=topk_mask, actual_seq_qlen=actual_seq_qlen,
+                       actual_sel_seq_kvlen=actual_sel_seq_kvlen)
+    q, k, v, layout = _decode_operands(query, key, value, layout=layout, allowed=("BSND", "TND"), head_num=head_num,
+                                       key_value_head_num=key_value_head_num, block_table=block_table)
+    out, topk = nsa_op.nsa_compress_attention_infer(
+        q, k, v, block_table, float(scale_value), head_num, key_value_head_num, select_block_size,
+        select_block_count, page_block_size, compress_block_size, compress_stride,
+        int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
+    return (out.unsqueeze(1), topk.unsqueeze(1)) if layout == "BSND" else (out, topk)
+
+
 for _fn in (npu_nsa_compress, npu_nsa_compress_grad, npu_nsa_compress_attention, npu_nsa_select_attention,
-            npu_nsa_select_attention_grad, npu_nsa_select_attention_infer):
+            npu_nsa_select_attention_grad, npu_nsa_select_attention_infer, npu_nsa_compress_attention_infer):
     with_overloads(_fn)

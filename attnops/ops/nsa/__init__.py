@@ -1,13 +1,14 @@
-"""Native Sparse Attention: compression (+grad), compressed attention with top-k, selected attention (+grad; and
-for decoding over a paged cache)."""
+"""Native Sparse Attention: compression (+grad), compressed attention with top-k, selected attention (+grad), and
+compressed and selected attention for decoding over a paged cache."""
 from .api import (
     CompressAttentionResult,
     native_sparse_attention,
     nsa_compress,
     nsa_compress_attention,
+    nsa_compress_attention_infer,
     nsa_selected_attention,
     nsa_selected_attention_infer,
 )
 
 __all__ = ["CompressAttentionResult", "native_sparse_attention", "nsa_compress", "nsa_compress_attention",
-           "nsa_selected_attention", "nsa_selected_attention_infer"]
+           "nsa_compress_attention_infer", "nsa_selected_attention", "nsa_selected_attention_infer"]

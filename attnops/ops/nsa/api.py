@@ -122,6 +122,26 @@ def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
                                               topk_indices.shape[-1], key_cache.shape[1], lens)
 
 
+def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
+                                 cmp_seq_lens, *, compress_block_size: int, compress_stride: int,
+                                 select_block_size: int, select_block_count: int, scale: float | None = None
+                                 ) -> tuple[Tensor, Tensor]:
+    """Decoding: one new token per request (``query [B, N1, D]``) attends to its compressed keys/values, read from
+    paged caches ``[blocks, page_size, N2, D/Dv]`` through ``block_table`` (``cmp_seq_lens``: per-request
+    compressed lengths), and picks the next step's selection blocks. Returns ``(out [B, N1, Dv], topk_indices
+    [B, N2, select_block_count] int32)``; the first and the last two blocks are always chosen, first
+    (:mod:`attnops.ops.nsa.decode`)."""
+    check_tensor("query", query, ndim=3)
+    check_tensor("key_cache", key_cache, ndim=4)
+    if scale is None:
+        scale = query.shape[-1] ** -0.5
+    lens = [int(v) for v in (cmp_seq_lens.tolist() if isinstance(cmp_seq_lens, Tensor) else cmp_seq_lens)]
+    return _op().nsa_compress_attention_infer(query, key_cache, value_cache, block_table, float(scale),
+                                              query.shape[1], key_cache.shape[2], select_block_size,
+                                              select_block_count, key_cache.shape[1], compress_block_size,
+                                              compress_stride, lens)
+
+
 def check_selected_backward_inputs(spec: SelectedSpec, query, grad, attention_out, softmax_max, softmax_sum):
     shape_out = (spec.total_q, spec.n1, spec.dv)
     for name, t in (("attention_out_grad", grad), ("attention_out", attention_out)):

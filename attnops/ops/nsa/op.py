@@ -18,7 +18,7 @@ from ..._core.varlen import lengths_from_cumulative
 from .compress import build_compress_spec, check_output_grad, compress_backward, compress_block_count, compress_forward
 from .compress_attention import build_compress_attention_spec, compress_attention_forward
 from .selected import build_selected_spec, selected_backward, selected_forward
-from .selected_infer import build_selected_infer_spec, selected_infer_forward
+from .decode import check_compress_selection, check_paged, check_selected_topk, compress_decode, selected_decode
 
 INT_MAX = 2147483647
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
@@ -155,23 +155,45 @@ def _selected_backward(ctx, grad_out, _gmax, _gsum):
 nsa_selected_attention.register_autograd(_selected_backward, setup_context=_selected_setup)
 
 
-# ---------------------------------------------------------------- selected attention, decoding (paged KV)
+# ---------------------------------------------------------------- decoding over a paged cache
 @torch.library.custom_op("attnops::nsa_selected_attention_infer", mutates_args=(), device_types=DEVICE_TYPES)
 def nsa_selected_attention_infer(query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor,
                                  block_table: Tensor, scale_value: float, head_num: int, key_value_head_num: int,
                                  select_block_size: int, select_block_count: int, page_block_size: int,
                                  actual_seq_kvlen: Optional[list[int]]) -> Tensor:
-    spec = build_selected_infer_spec(query, key, value, topk_indices, block_table, scale_value=scale_value,
-                                     head_num=head_num, key_value_head_num=key_value_head_num,
-                                     select_block_size=select_block_size, select_block_count=select_block_count,
-                                     page_block_size=page_block_size, actual_seq_kvlen=actual_seq_kvlen)
-    return on_cpu(selected_infer_forward, spec, query, key, value, topk_indices, block_table)
+    kv = check_paged(query, key, value, block_table, scale_value=scale_value, head_num=head_num,
+                     key_value_head_num=key_value_head_num, page_block_size=page_block_size,
+                     seq_lens=actual_seq_kvlen, lens_name="actual_seq_kvlen")
+    block = check_selected_topk(kv, topk_indices, select_block_size=select_block_size,
+                                select_block_count=select_block_count)
+    return on_cpu(selected_decode, kv, block, query, key, value, topk_indices, block_table)
 
 
 @nsa_selected_attention_infer.register_fake
 def _(query, key, value, topk_indices, block_table, scale_value, head_num, key_value_head_num, select_block_size,
       select_block_count, page_block_size, actual_seq_kvlen):
     return query.new_empty((query.shape[0], query.shape[1], value.shape[-1]))
+
+
+@torch.library.custom_op("attnops::nsa_compress_attention_infer", mutates_args=(), device_types=DEVICE_TYPES)
+def nsa_compress_attention_infer(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, scale_value: float,
+                                 head_num: int, key_value_head_num: int, select_block_size: int,
+                                 select_block_count: int, page_block_size: int, compress_block_size: int,
+                                 compress_stride: int, actual_cmp_seq_kvlen: Optional[list[int]]
+                                 ) -> tuple[Tensor, Tensor]:
+    kv = check_paged(query, key, value, block_table, scale_value=scale_value, head_num=head_num,
+                     key_value_head_num=key_value_head_num, page_block_size=page_block_size,
+                     seq_lens=actual_cmp_seq_kvlen, lens_name="actual_cmp_seq_kvlen")
+    sel = check_compress_selection(kv, compress_block_size=compress_block_size, compress_stride=compress_stride,
+                                   select_block_size=select_block_size, select_block_count=select_block_count)
+    return on_cpu(compress_decode, kv, sel, query, key, value, block_table)
+
+
+@nsa_compress_attention_infer.register_fake
+def _(query, key, value, block_table, scale_value, head_num, key_value_head_num, select_block_size,
+      select_block_count, page_block_size, compress_block_size, compress_stride, actual_cmp_seq_kvlen):
+    return (query.new_empty((query.shape[0], query.shape[1], value.shape[-1])),
+            query.new_empty((query.shape[0], key_value_head_num, select_block_count), dtype=torch.int32))
 
 
 # ---------------------------------------------------------------- compressed attention

@@ -1,0 +1,186 @@
+"""NSA decoding over a paged KV cache (torch_npu's ``npu_nsa_select_attention_infer`` and
+``npu_nsa_compress_attention_infer``), pure PyTorch, as op-plugin's goldens for the two ops define them.
+
+One new query token per request (``query [B, N1, D]``); keys and values in caches ``[blocks, page, N2, D/Dv]``
+read through ``block_table [B, maxBlocks]`` up to each request's KV length. The query is the newest token, so
+nothing is masked. fp32 compute (fp64 for fp64 inputs), outputs in the query's dtype.
+
+* Selected attention: per KV head, the blocks of ``select_block_size`` keys named by ``topk_indices [B, N2, count]``,
+  taken in order up to the first ``-1`` (padding), each cut at the KV length, concatenated (a repeated index
+  counts twice, as in training); one softmax over them. A head that selects nothing gets output 0.
+* Compressed attention: softmax attention over the request's ``S2`` compressed keys, and the top-k selection
+  blocks of the next step. With ``m = select_block_size / compress_stride`` and ``nn = compress_block_size /
+  compress_stride``, block ``k`` scores ``sum_t times[t] * P[m*(k+1) - t]`` (``times[t]`` = the number of pairs
+  ``a < m, c < nn`` with ``a + c = t``; columns outside ``[0, S2)`` and blocks ``k >= S2 - 1`` contribute 0),
+  summed over the GQA group. ``ceil(((S2 - 1) * compress_stride + compress_block_size) / select_block_size)``
+  blocks cover the request; the first and the last two are always chosen and come first, in that order, then the
+  ``count - 3`` best others by descending score (ties to the lower index).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..._core.checks import check_int, check_tensor, fail, int_list, require
+from .compress import NSA_DTYPES
+
+PAD = -1
+FORCED = 3  # compressed attention: the first and the last two selection blocks
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    """A validated decode batch: the query geometry and the paged caches."""
+
+    batch: int
+    n1: int
+    n2: int
+    dv: int
+    page: int
+    kv_lens: list[int]
+    scale: float
+
+    def rows(self, cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
+        """Cache rows of the KV positions ``pos`` of one request, ``[L, N2, D]``."""
+        return cache[table_row.long()[pos // self.page], pos % self.page]
+
+
+def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, *, scale_value: float, head_num: int,
+                key_value_head_num: int, page_block_size: int, seq_lens, lens_name: str) -> PagedKV:
+    """Validate ``query [B, N1, D]``, caches ``[blocks, page_block_size, N2, D/Dv]``, the block table and the
+    per-request KV lengths (``lens_name``: the argument holding them)."""
+    check_tensor("query", query, ndim=3, dtypes=NSA_DTYPES)
+    batch, n1, d = query.shape
+    require(head_num == n1, "head_num", f"the number of query heads ({n1})", head_num)
+    n2 = check_int("key_value_head_num", key_value_head_num, lo=1)
+    require(n1 % n2 == 0, "key_value_head_num", f"a divisor of head_num={n1}", n2)
+    page = check_int("page_block_size", page_block_size, lo=1)
+    for name, t in (("key", key), ("value", value)):
+        check_tensor(name, t, ndim=4, dtypes=(query.dtype,))
+        require(tuple(t.shape[1:3]) == (page, n2), name, f"a paged cache [blocks, page_block_size={page}, "
+                f"key_value_head_num={n2}, D]", t)
+    require(key.shape[-1] == d, "key", f"head dim D={d} like query", key)
+    require(value.shape[0] == key.shape[0], "value", f"{key.shape[0]} blocks like key", value)
+    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32, torch.int64))
+    require(block_table.shape[0] == batch, "block_table", f"[B={batch}, maxBlocks]", block_table)
+    lens = int_list(lens_name, seq_lens)
+    require(lens is not None and len(lens) == batch, lens_name, f"B={batch} per-request KV lengths", lens)
+    capacity = block_table.shape[1] * page
+    for b, n in enumerate(lens):
+        require(0 <= n <= capacity, f"{lens_name}[{b}]", f"a length in [0, {capacity}] (the block_table's pages)", n)
+        pages = block_table[b, :-(-n // page)]
+        bad = (pages < 0) | (pages >= key.shape[0])
+        if bool(bad.any()):
+            fail("block_table", f"block ids in [0, {key.shape[0]}) for the pages of request {b}'s {n} keys",
+                 f"{int(pages[bad][0])} in row {b}")
+    return PagedKV(batch, n1, n2, value.shape[-1], page, lens, float(scale_value))
+
+
+def _acc(query: Tensor) -> torch.dtype:
+    return torch.float64 if query.dtype == torch.float64 else torch.float32
+
+
+# ------------------------------------------------------------------------------------------ selected attention
+def check_selected_topk(kv: PagedKV, topk_indices: Tensor, *, select_block_size: int, select_block_count: int) -> int:
+    """Validate ``topk_indices [B, N2, count]`` (block indices within each request's length, -1 padding);
+    returns the selection block size."""
+    block = check_int("select_block_size", select_block_size, lo=1)
+    count = check_int("select_block_count", select_block_count, lo=1)
+    check_tensor("topk_indices", topk_indices, dtypes=(torch.int32, torch.int64), shape=(kv.batch, kv.n2, count))
+    for b in range(kv.batch):
+        limit = -(-kv.kv_lens[b] // block)
+        for h, chosen in enumerate(_chosen(topk_indices[b])):
+            if bool(((chosen < 0) | (chosen >= limit)).any()):
+                fail("topk_indices", f"block indices in [0, {limit}) (request {b}: {kv.kv_lens[b]} keys in blocks of "
+                     f"{block}) or -1 for padding", f"{chosen.tolist()} for KV head {h} of request {b}")
+    return block
+
+
+def _chosen(topk: Tensor) -> list[Tensor]:
+    """Per KV head, the block indices before the first ``-1``."""
+    out = []
+    for row in topk.long():
+        pad = (row == PAD).nonzero()
+        out.append(row[:int(pad[0])] if len(pad) else row)
+    return out
+
+
+def selected_decode(kv: PagedKV, block: int, query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor,
+                    block_table: Tensor) -> Tensor:
+    """``attention_out [B, N1, Dv]``."""
+    acc = _acc(query)
+    out = torch.zeros(kv.batch, kv.n1, kv.dv, dtype=acc, device=query.device)
+    g = kv.n1 // kv.n2
+    for b in range(kv.batch):
+        for n2, blocks in enumerate(_chosen(topk_indices[b])):
+            pos = (blocks.view(-1, 1) * block + torch.arange(block, device=blocks.device)).flatten()
+            pos = pos[pos < kv.kv_lens[b]]
+            if pos.numel() == 0:
+                continue
+            heads = slice(n2 * g, (n2 + 1) * g)
+            s = query[b, heads].to(acc) @ kv.rows(key, block_table[b], pos)[:, n2].to(acc).T * kv.scale
+            out[b, heads] = torch.softmax(s, -1) @ kv.rows(value, block_table[b], pos)[:, n2].to(acc)
+    return out.to(query.dtype)
+
+
+# ---------------------------------------------------------------------------------------- compressed attention
+@dataclass(frozen=True)
+class CompressSelection:
+    block: int  # compress_block_size
+    stride: int  # compress_stride
+    select_block: int
+    count: int
+
+    def blocks(self, cmp_len: int) -> int:
+        """Selection blocks covering a request with ``cmp_len`` compressed keys."""
+        return -(-((cmp_len - 1) * self.stride + self.block) // self.select_block)
+
+
+def check_compress_selection(kv: PagedKV, *, compress_block_size: int, compress_stride: int, select_block_size: int,
+                             select_block_count: int) -> CompressSelection:
+    """Validate the compression and selection sizes against every request's compressed length."""
+    block = check_int("compress_block_size", compress_block_size, lo=1)
+    stride = check_int("compress_stride", compress_stride, lo=1, hi=block)
+    require(block % stride == 0, "compress_block_size", f"a multiple of compress_stride={stride}", block)
+    sel = check_int("select_block_size", select_block_size, lo=block)
+    require(sel % stride == 0, "select_block_size", f"a multiple of compress_stride={stride}", sel)
+    spec = CompressSelection(block, stride, sel, check_int("select_block_count", select_block_count, lo=FORCED))
+    for b, n in enumerate(kv.kv_lens):
+        require(n >= 1 and spec.count <= spec.blocks(n), f"actual_cmp_seq_kvlen[{b}]",
+                f"at least 1 compressed key and select_block_count={spec.count} selection blocks "
+                f"(ceil(((S2 - 1) * compress_stride + compress_block_size) / select_block_size))", n)
+    return spec
+
+
+def _importance(p: Tensor, sel: CompressSelection, n_blocks: int) -> Tensor:
+    """Block scores ``[N1, n_blocks]`` from the probabilities ``p [N1, S2]`` (see the module docstring)."""
+    m, nn, s2 = sel.select_block // sel.stride, sel.block // sel.stride, p.shape[-1]
+    taps = torch.arange(m + nn - 1)
+    times = torch.minimum(torch.minimum(taps + 1, torch.tensor(min(m, nn))), m + nn - 1 - taps)
+    k = torch.arange(n_blocks).unsqueeze(1)
+    cols = m * (k + 1) - taps  # [n_blocks, taps]
+    valid = (cols >= 0) & (cols < s2) & (k < s2 - 1)
+    return (p[:, cols.clamp(0, s2 - 1)] * (times * valid).to(p.dtype)).sum(-1)
+
+
+def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Tensor, value: Tensor,
+                    block_table: Tensor) -> tuple[Tensor, Tensor]:
+    """``(attention_out [B, N1, Dv], topk_indices [B, N2, count] int32)``."""
+    acc = _acc(query)
+    out = torch.zeros(kv.batch, kv.n1, kv.dv, dtype=acc, device=query.device)
+    topk = torch.zeros(kv.batch, kv.n2, sel.count, dtype=torch.int32, device=query.device)
+    g = kv.n1 // kv.n2
+    for b in range(kv.batch):
+        pos = torch.arange(kv.kv_lens[b], device=query.device)
+        keys, values = kv.rows(key, block_table[b], pos).to(acc), kv.rows(value, block_table[b], pos).to(acc)
+        s = torch.einsum("hd,lhd->hl", query[b].to(acc), keys.repeat_interleave(g, 1)) * kv.scale
+        p = torch.softmax(s, -1)  # [N1, S2]
+        out[b] = torch.einsum("hl,lhd->hd", p, values.repeat_interleave(g, 1))
+        n_blocks = sel.blocks(kv.kv_lens[b])
+        score = _importance(p, sel, n_blocks).view(kv.n2, g, n_blocks).sum(1)  # [N2, n_blocks]
+        middle = torch.sort(score[:, 1:n_blocks - 2], dim=-1, descending=True, stable=True).indices + 1
+        forced = torch.tensor([0, n_blocks - 2, n_blocks - 1], device=query.device).expand(kv.n2, FORCED)
+        topk[b] = torch.cat([forced, middle[:, :sel.count - FORCED]], -1).to(torch.int32)
+    return out.to(query.dtype), topk
