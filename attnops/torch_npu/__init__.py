@@ -8,7 +8,9 @@ from .fusion_attention import (
     npu_fusion_attention,
     npu_fusion_attention_grad,
     npu_fusion_attention_grad_v2,
+    npu_fusion_attention_grad_v3,
     npu_fusion_attention_v2,
+    npu_fusion_attention_v3,
 )
 from .infer_attention import (
     _npu_fused_infer_attention_score_get_max_workspace,
@@ -37,7 +39,9 @@ __all__ = [
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
     "npu_fusion_attention_grad_v2",
+    "npu_fusion_attention_grad_v3",
     "npu_fusion_attention_v2",
+    "npu_fusion_attention_v3",
     "npu_incre_flash_attention",
     "npu_nsa_compress",
     "npu_nsa_compress_attention",

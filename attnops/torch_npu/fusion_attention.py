@@ -131,7 +131,7 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
     layout = normalize_layout("input_layout", input_layout)
     qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen)
     q, k = _with_rope(query, key, query_rope, key_rope, layout, head_num)
-    if keep_prob < 1.0:
+    if keep_prob < 1.0 and numels is not None:  # v3 passes no numels
         expected = _numels(q, k, value, head_num, layout, qlen, kvlen)
         require(numels == expected, "numels", f"the forward's numels = N*sum(Sq_b*Skv_b) = {expected}", numels)
     dq, dk, dv, dpse = fa_op.flash_attention_bwd(
@@ -232,5 +232,54 @@ def npu_fusion_attention_grad_v2(query, key, value, dy, head_num, input_layout, 
         sink=sink)
 
 
-for _fn in (npu_fusion_attention, npu_fusion_attention_grad, npu_fusion_attention_v2, npu_fusion_attention_grad_v2):
+def _host_int(name: str, value) -> int:
+    """A seed/offset given as an int or a one-element integer tensor (v3)."""
+    if isinstance(value, Tensor):
+        require(value.numel() == 1 and not value.is_floating_point(), name, "a one-element integer tensor", value)
+        return int(value.reshape(-1)[0])
+    return check_int(name, value)
+
+
+def npu_fusion_attention_v3(query, key, value, head_num, input_layout, pse=None, padding_mask=None, atten_mask=None,
+                            scale=1., keep_prob=1., pre_tockens=INT_MAX, next_tockens=INT_MAX, inner_precise=0,
+                            prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0,
+                            gen_mask_parallel=True, sync=False, softmax_layout="", sink=None):
+    """``torch_npu.npu_fusion_attention_v3`` (graph-friendly v1): ``(attention_out, softmax_max, softmax_sum,
+    softmax_out, seed, offset)`` with ``seed``/``offset`` int64 ``[1]`` CPU tensors and no ``numels``;
+    ``actual_seq_qlen``/``actual_seq_kvlen`` may be 1-D int64 tensors (cumulative). Differentiable as v1."""
+    out, smax, ssum, softmax_out, seed, offset, _ = npu_fusion_attention(
+        query, key, value, head_num, input_layout, pse, padding_mask, atten_mask, scale, keep_prob, pre_tockens,
+        next_tockens, inner_precise, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync,
+        softmax_layout, sink)
+    return out, smax, ssum, softmax_out, torch.tensor([seed]), torch.tensor([offset])
+
+
+def npu_fusion_attention_grad_v3(query, key, value, dy, head_num, input_layout, *, pse=None, padding_mask=None,
+                                 atten_mask=None, softmax_max=None, softmax_sum=None, softmax_in=None,
+                                 attention_in=None, scale_value=1., keep_prob=1., pre_tockens=INT_MAX,
+                                 next_tockens=INT_MAX, inner_precise=0, seed=None, offset=None, prefix=None,
+                                 actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True,
+                                 sync=False, softmax_layout="", sink=None):
+    """``torch_npu.npu_fusion_attention_grad_v3``: ``(dq, dk, dv, dpse, dsink)`` from v3's outputs (``seed``/
+    ``offset`` tensors, no ``numels``); ``dpse`` is an empty tensor without ``pse`` and ``dsink`` a 0-dim one
+    without ``sink``, as op-plugin's fake kernel allocates them."""
+    require(keep_prob == 1.0 or (seed is not None and offset is not None), "seed",
+            "the forward's seed and offset tensors when keep_prob < 1", seed)
+    dq, dk, dv, dpse, _, _, dsink = _backward(
+        query, key, value, dy, head_num, input_layout, pse=pse, padding_mask=padding_mask, atten_mask=atten_mask,
+        softmax_max=softmax_max, softmax_sum=softmax_sum, attention_in=attention_in, query_rope=None, key_rope=None,
+        scale_value=scale_value, keep_prob=keep_prob, pre_tokens=pre_tockens, next_tokens=next_tockens,
+        inner_precise=inner_precise, seed=0 if seed is None else _host_int("seed", seed),
+        offset=0 if offset is None else _host_int("offset", offset), numels=None, prefix=prefix,
+        actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, pse_type=1,
+        q_start_idx=None, kv_start_idx=None, softmax_layout=softmax_layout, sink=sink)
+    if dpse is None:
+        dpse = query.new_empty(0)
+    if sink is None:
+        dsink = torch.empty([], device=query.device)
+    return dq, dk, dv, dpse, dsink
+
+
+for _fn in (npu_fusion_attention, npu_fusion_attention_grad, npu_fusion_attention_v2, npu_fusion_attention_grad_v2,
+            npu_fusion_attention_v3, npu_fusion_attention_grad_v3):
     with_overloads(_fn)

@@ -13,9 +13,7 @@ from attnops import torch_npu
 from .schemas import load_schemas
 
 SCHEMAS = load_schemas()
-NOT_IMPLEMENTED = {  # documented in docs/porting.md
-    "npu_nsa_compress_attention_infer", "npu_nsa_select_attention_infer", "npu_nsa_compress_infer.cache",
-}
+NOT_IMPLEMENTED = {"npu_nsa_compress_infer.cache"}  # documented in docs/porting.md
 IMPLEMENTED = sorted(set(SCHEMAS) - NOT_IMPLEMENTED)
 # torch_npu returns an undefined tensor (None) in these Tensor slots when the matching input is absent
 UNDEFINED_WHEN_ABSENT = {"npu_fusion_attention_grad": {3}, "npu_fusion_attention_grad_v2": {3, 4, 5}}
@@ -75,6 +73,15 @@ def case(name: str):
         q, k, v, topk, lens = _select_inputs()
         out, smax, ssum = torch_npu.npu_nsa_select_attention(q, k, v, topk, 0.5, 4, 4, 2, **lens)
         return (torch.ones_like(out), q, k, v, out, smax, ssum, topk, 0.5, 4, 4, 2), lens
+    if name == "npu_nsa_select_attention_infer":  # BSND decode, caches (blocks, page, KV_N, D)
+        q, k, v = _r(2, 1, 4, 8, seed=10), _r(6, 4, 2, 8, seed=11), _r(6, 4, 2, 4, seed=12)
+        topk = torch.tensor([[[0, 1], [1, -1]], [[0, -1], [0, 1]]], dtype=torch.int32)
+        return (q, k, v, topk, 0.5, 4, 2, 4, 2, 4), dict(block_table=torch.tensor([[2, 5], [0, 3]]),
+                                                         actual_seq_kvlen=[8, 6])
+    if name == "npu_nsa_compress_attention_infer":  # TND decode, caches (blocks, page, KV_N*D)
+        q, k, v = _r(2, 4, 8, seed=13), _r(6, 4, 16, seed=14), _r(6, 4, 8, seed=15)
+        return (q, k, v, 0.5, 4, 2, 4, 3, 4, 2, 1), dict(block_table=torch.tensor([[2, 5, 1], [0, 3, 4]]),
+                                                         actual_cmp_seq_kvlen=[9, 12])
     if name == "npu_ring_attention_update":
         o1, o2, m1, m2 = _r(4, 1, 8), _r(4, 1, 8, seed=1), _r(1, 2, 4, 8, seed=2), _r(1, 2, 4, 8, seed=3)
         return (o1, m1, torch.ones(1, 2, 4, 8), o2, m2, torch.ones(1, 2, 4, 8)), {}
