@@ -131,7 +131,7 @@ def _nsa_select_infer(_backend) -> list[Comparison]:
     return [Comparison("attention_out", out.squeeze(1), g, base)]
 
 
-def _nsa_compress_infer(_backend) -> list[Comparison]:
+def _nsa_compress_attention_infer(_backend) -> list[Comparison]:
     """One decode token per request over a shuffled paged cache of compressed keys: output and top-k blocks."""
     b, n, n2, d, dv, page, blocks = 2, 4, 2, 32, 16, 16, 12
     lens, cmp_block, stride, sel, count = [70, 45], 32, 16, 64, 6
@@ -148,6 +148,19 @@ def _nsa_compress_infer(_backend) -> list[Comparison]:
             Comparison("topk_indices (equal)", topk.double(), g_topk.double(), g_topk.double())]
 
 
+def _nsa_compress_infer(_backend) -> list[Comparison]:
+    """Compressing the last block of each request into a cache; a request that ends no block keeps its row."""
+    kv, w = fia._randn(10, 16, 2, 32, dtype=F16, seed=50), fia._randn(32, 2, dtype=F16, seed=51) / 32
+    table = torch.tensor([[3, 7, 0, 9], [5, 1, 8, 2], [4, 6, 1, 0]])
+    slots, lens = torch.tensor([2, 0, 1]), [48, 43, 64]
+    cache = fia._randn(4, 2, 32, dtype=F16, seed=52)
+    before = cache.clone()
+    npu.npu_nsa_compress_infer(kv, w, slots, 32, 16, 16, block_table=table, actual_seq_len=lens, cache=cache)
+    golden = golden_nsa.nsa_compress_infer_cache(kv, w, slots, table, lens, 32, 16, before)
+    base = golden_nsa.nsa_compress_infer_cache(kv, w, slots, table, lens, 32, 16, before, dtype=F16)
+    return [Comparison("cache", cache, golden, base)]
+
+
 def _nsa_cases() -> list[CheckCase]:
     return [
         CheckCase("npu_nsa_compress(+_grad)", "fp16 varlen, short seq", nsa._compress(F16, "npu", [128, 20, 144])),
@@ -157,8 +170,10 @@ def _nsa_cases() -> list[CheckCase]:
                   nsa._compress_attention(F16, [40, 33], [18, 15], 4, 2, 32, 16, 32, 16, 64, 2, via="npu")),
         CheckCase("npu_nsa_select_attention_infer", "BSND decode fp16, paged cache, GQA 2, -1 padding",
                   _nsa_select_infer),
-        CheckCase("npu_nsa_compress_attention_infer", "TND decode fp16, paged (blocknum, page, H) cache, top-6",
+        CheckCase("npu_nsa_compress_infer.cache", "fp16, blocks over two pages, a request that ends no block",
                   _nsa_compress_infer),
+        CheckCase("npu_nsa_compress_attention_infer", "TND decode fp16, paged (blocknum, page, H) cache, top-6",
+                  _nsa_compress_attention_infer),
     ]
 
 

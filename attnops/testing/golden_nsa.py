@@ -13,8 +13,8 @@ Functions:
 * :func:`nsa_selected_attention` / :func:`nsa_selected_attention_backward` (§7.4-7.5);
 * :func:`nsa_compress_attention` / :func:`nsa_compress_attention_backward` (§7.3), with the importance scores
   available through ``return_scores=True``;
-* :func:`nsa_select_attention_infer` and :func:`nsa_compress_attention_infer` (torch_npu_api.md §8.4, op-plugin's
-  goldens for the two ops): decoding over a paged cache.
+* :func:`nsa_select_attention_infer`, :func:`nsa_compress_attention_infer` and :func:`nsa_compress_infer_cache`
+  (torch_npu_api.md §8.4, op-plugin's goldens for the three ops): decoding over a paged cache.
 """
 
 from __future__ import annotations
@@ -344,3 +344,21 @@ def nsa_compress_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, bl
             middle = sorted(range(1, n - 2), key=lambda k: (-float(score[h, k]), k))
             topk[b, h] = torch.tensor([0, n - 2, n - 1] + middle[:count - 3], dtype=torch.int32)
     return out, topk
+
+
+def nsa_compress_infer_cache(kv: Tensor, weight: Tensor, slot_mapping: Tensor, block_table: Tensor, lens,
+                             block: int, stride: int, cache: Tensor, *, dtype: torch.dtype = torch.float64) -> Tensor:
+    """A new ``cache`` (computed in ``dtype``): for each request whose length ``L`` satisfies ``L >= block`` and
+    ``(L - block) % stride == 0``, row ``slot_mapping[b]`` becomes ``sum_t weight[t, n] * kv_b[L - block + t, n]``,
+    with ``kv_b`` the request's keys rebuilt from its pages of ``kv [blocks, page, N, D]``."""
+    page = kv.shape[1]
+    out = cache.to(dtype).clone()
+    for b, n in enumerate(int(x) for x in lens):
+        if n < block or (n - block) % stride:
+            continue
+        acc = torch.zeros(kv.shape[2:], dtype=dtype)
+        for t in range(block):
+            p = n - block + t
+            acc += weight[t].to(dtype).unsqueeze(-1) * kv[int(block_table[b, p // page]), p % page].to(dtype)
+        out[int(slot_mapping[b])] = acc
+    return out

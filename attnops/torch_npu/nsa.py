@@ -1,5 +1,5 @@
 """torch_npu's NSA ops: compression, compressed attention and selected attention (training, TND only), and
-compressed and selected attention for decoding over a paged cache (the ``*_infer`` ops).
+compression, compressed and selected attention for decoding over a paged cache (the ``*_infer`` ops).
 
 The NPU hardcodes the layout ``TND``, cumulative ``actual_*`` lists (no leading 0), ``sparse_mode`` 1 for
 compressed attention and 2 for selected attention (causal only when an ``atten_mask`` is given; the NPU then
@@ -138,6 +138,26 @@ def npu_nsa_compress_attention_infer(query, key, value, scale_value, head_num, k
     return (out.unsqueeze(1), topk.unsqueeze(1)) if layout == "BSND" else (out, topk)
 
 
+def npu_nsa_compress_infer(input, weight, slot_mapping, compress_block_size, compress_stride, page_block_size, *,
+                           block_table=None, actual_seq_len=None, cache):
+    """``npu_nsa_compress_infer.cache``: for each request whose length completes a compression block, the weighted
+    sum of its last ``compress_block_size`` keys (``weight [compress_block_size, N]``), read from the paged
+    ``input`` ``(blocks, page_block_size, N, D)`` (or ``N*D``) through ``block_table``, is written to row
+    ``slot_mapping[b]`` of ``cache [slots, N, D]``; returns ``cache`` (updated in place)."""
+    require(block_table is not None, "block_table", "the paged input's block table [B, maxBlocks]", None)
+    check_tensor("weight", weight, ndim=2)
+    check_tensor("input", input, ndim=(3, 4))
+    if input.dim() == 3:
+        require(input.shape[-1] % weight.shape[1] == 0, "input", f"a last dim N*D divisible by N={weight.shape[1]} "
+                "(the weight's heads)", input)
+        input = input.unflatten(-1, (weight.shape[1], -1))
+    nsa_op.nsa_compress_infer(input, weight, slot_mapping, block_table, cache, compress_block_size, compress_stride,
+                              page_block_size, int_list("actual_seq_len", actual_seq_len))
+    return cache
+
+
 for _fn in (npu_nsa_compress, npu_nsa_compress_grad, npu_nsa_compress_attention, npu_nsa_select_attention,
             npu_nsa_select_attention_grad, npu_nsa_select_attention_infer, npu_nsa_compress_attention_infer):
     with_overloads(_fn)
+with_overloads(npu_nsa_compress_infer)
+npu_nsa_compress_infer.cache = npu_nsa_compress_infer

@@ -19,6 +19,7 @@ OPCHECKED = {
     "nsa_selected_attention_grad": __name__,
     "nsa_selected_attention_infer": "tests/torch_npu/test_nsa_select_infer.py",
     "nsa_compress_attention_infer": "tests/torch_npu/test_nsa_compress_infer.py",
+    "nsa_compress_infer": "tests/torch_npu/test_nsa_compress_infer.py",
     "fused_infer_attention": __name__,
 }
 

@@ -123,3 +123,54 @@ def test_opcheck_nsa_compress_attention_infer():
     q, k, v = _inputs(torch.float32, seed=7)
     torch.library.opcheck(torch.ops.attnops.nsa_compress_attention_infer.default,
                           (q, k, v, TABLE, SCALE, N, N2, SEL, COUNT, PAGE, CMP, STRIDE, CMP_LENS))
+
+
+# ----------------------------------------------------------------------------------- npu_nsa_compress_infer.cache
+@pytest.mark.parametrize("lens", [[48, 40, 32, 56], [43, 16, 33, 64]])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_compress_infer_cache_matches_golden(lens, dtype):
+    """Blocks of 32 keys with stride 8 over 16-key pages: a request writes its slot when its length ends a block
+    (48, 40, 32, 56, 64), whose keys span two or three pages, and leaves it alone otherwise (43, 16, 33)."""
+    kv, w = randn(12, 16, 2, 24, dtype=dtype, seed=20), randn(32, 2, dtype=dtype, seed=21) / 32
+    table = torch.tensor([[3, 7, 0, 9], [5, 1, 11, 2], [8, 4, 6, 10], [2, 9, 7, 3]], dtype=torch.int32)
+    slots = torch.tensor([4, 0, 2, 5])
+    cache = randn(6, 2, 24, dtype=dtype, seed=22)
+    before = cache.clone()
+    result = torch_npu.npu_nsa_compress_infer(kv, w, slots, 32, 8, 16, block_table=table, actual_seq_len=lens,
+                                              cache=cache)
+    assert result is cache
+    golden = golden_nsa.nsa_compress_infer_cache(kv, w, slots, table, lens, 32, 8, before)
+    base = golden_nsa.nsa_compress_infer_cache(kv, w, slots, table, lens, 32, 8, before, dtype=dtype)
+    assert_close_to_golden("cache", cache, golden, base)
+    for b, n in enumerate(lens):
+        if n < 32 or (n - 32) % 8:
+            assert torch.equal(cache[slots[b]], before[slots[b]])
+    untouched = [r for r in range(6) if r not in slots.tolist()]
+    assert torch.equal(cache[untouched], before[untouched])
+
+
+def test_compress_infer_cache_packed_input_and_errors():
+    kv, w = randn(4, 8, 2, 16, seed=23), randn(4, 2, seed=24)
+    table, slots = torch.tensor([[2, 0], [3, 1]]), torch.tensor([1, 0])
+    a, b = torch.zeros(3, 2, 16), torch.zeros(3, 2, 16)
+    kw = dict(block_table=table, actual_seq_len=[10, 8])
+    torch_npu.npu_nsa_compress_infer(kv, w, slots, 4, 2, 8, cache=a, **kw)
+    torch_npu.npu_nsa_compress_infer.cache(kv.flatten(-2), w, slots, 4, 2, 8, cache=b, **kw)
+    assert torch.equal(a, b) and a.abs().sum() > 0
+    with pytest.raises(ValueError, match=r"slot_mapping\[0\]"):
+        torch_npu.npu_nsa_compress_infer(kv, w, torch.tensor([3, 0]), 4, 2, 8, cache=a, **kw)
+    with pytest.raises(ValueError, match="page_block_size"):
+        torch_npu.npu_nsa_compress_infer(kv, w, slots, 4, 2, 4, cache=a, **kw)
+    with pytest.raises(ValueError, match="cache"):
+        torch_npu.npu_nsa_compress_infer(kv, w, slots, 4, 2, 8, cache=torch.zeros(3, 2, 8), **kw)
+    with pytest.raises(ValueError, match="weight"):
+        torch_npu.npu_nsa_compress_infer(kv, w[:3], slots, 4, 2, 8, cache=a, **kw)
+    with pytest.raises(ValueError, match="block_table"):
+        torch_npu.npu_nsa_compress_infer(kv, w, slots, 4, 2, 8, cache=a, actual_seq_len=[10, 8])
+
+
+def test_opcheck_nsa_compress_infer():
+    kv, w = randn(4, 8, 2, 16, seed=25), randn(4, 2, seed=26)
+    torch.library.opcheck(torch.ops.attnops.nsa_compress_infer.default,
+                          (kv, w, torch.tensor([1, 0]), torch.tensor([[2, 0], [3, 1]]), torch.zeros(3, 2, 16), 4, 2,
+                           8, [10, 8]))

@@ -13,7 +13,7 @@ from attnops import torch_npu
 from .schemas import load_schemas
 
 SCHEMAS = load_schemas()
-NOT_IMPLEMENTED = {"npu_nsa_compress_infer.cache"}  # documented in docs/porting.md
+NOT_IMPLEMENTED: set[str] = set()  # documented in docs/porting.md
 IMPLEMENTED = sorted(set(SCHEMAS) - NOT_IMPLEMENTED)
 # torch_npu returns an undefined tensor (None) in these Tensor slots when the matching input is absent
 UNDEFINED_WHEN_ABSENT = {"npu_fusion_attention_grad": {3}, "npu_fusion_attention_grad_v2": {3, 4, 5}}
@@ -82,6 +82,10 @@ def case(name: str):
         q, k, v = _r(2, 4, 8, seed=13), _r(6, 4, 16, seed=14), _r(6, 4, 8, seed=15)
         return (q, k, v, 0.5, 4, 2, 4, 3, 4, 2, 1), dict(block_table=torch.tensor([[2, 5, 1], [0, 3, 4]]),
                                                          actual_cmp_seq_kvlen=[9, 12])
+    if name == "npu_nsa_compress_infer.cache":
+        kv, w = _r(4, 8, 2, 16, seed=16), _r(4, 2, seed=17)
+        return (kv, w, torch.tensor([1, 0]), 4, 2, 8), dict(block_table=torch.tensor([[2, 0], [3, 1]]),
+                                                            actual_seq_len=[10, 7], cache=torch.zeros(3, 2, 16))
     if name == "npu_ring_attention_update":
         o1, o2, m1, m2 = _r(4, 1, 8), _r(4, 1, 8, seed=1), _r(1, 2, 4, 8, seed=2), _r(1, 2, 4, 8, seed=3)
         return (o1, m1, torch.ones(1, 2, 4, 8), o2, m2, torch.ones(1, 2, 4, 8)), {}

@@ -1,5 +1,6 @@
-"""NSA decoding over a paged KV cache (torch_npu's ``npu_nsa_select_attention_infer`` and
-``npu_nsa_compress_attention_infer``), pure PyTorch, as op-plugin's goldens for the two ops define them.
+"""NSA decoding over a paged KV cache (torch_npu's ``npu_nsa_compress_infer.cache``,
+``npu_nsa_compress_attention_infer`` and ``npu_nsa_select_attention_infer``), pure PyTorch, as op-plugin's goldens
+for the three ops define them.
 
 One new query token per request (``query [B, N1, D]``); keys and values in caches ``[blocks, page, N2, D/Dv]``
 read through ``block_table [B, maxBlocks]`` up to each request's KV length. The query is the newest token, so
@@ -15,6 +16,9 @@ nothing is masked. fp32 compute (fp64 for fp64 inputs), outputs in the query's d
   summed over the GQA group. ``ceil(((S2 - 1) * compress_stride + compress_block_size) / select_block_size)``
   blocks cover the request; the first and the last two are always chosen and come first, in that order, then the
   ``count - 3`` best others by descending score (ties to the lower index).
+* Compression into a cache: a request whose length ``L`` completes a compression block (``L >= block`` and
+  ``(L - block) % stride == 0``) writes ``sum_t weight[t, n] * kv[L - block + t, n]`` to row ``slot_mapping[b]``
+  of ``cache [slots, N, D]``; the other rows are left as they are.
 """
 from __future__ import annotations
 
@@ -184,3 +188,51 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Ten
         forced = torch.tensor([0, n_blocks - 2, n_blocks - 1], device=query.device).expand(kv.n2, FORCED)
         topk[b] = torch.cat([forced, middle[:, :sel.count - FORCED]], -1).to(torch.int32)
     return out.to(query.dtype), topk
+
+
+# ------------------------------------------------------------------------------------------------- compression
+def check_compress_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, block_table: Tensor, cache: Tensor, *,
+                         compress_block_size: int, compress_stride: int, page_block_size: int, actual_seq_len
+                         ) -> tuple[list[int], int, int]:
+    """Validate a compression into ``cache``; returns the lengths, the block size and the stride."""
+    check_tensor("input", input, ndim=4, dtypes=NSA_DTYPES)
+    page, heads, d = input.shape[1:]
+    block = check_int("compress_block_size", compress_block_size, lo=1)
+    stride = check_int("compress_stride", compress_stride, lo=1, hi=block)
+    require(page_block_size == page, "page_block_size", f"the page size of input [blocks, page={page}, N, D]",
+            page_block_size)
+    check_tensor("weight", weight, shape=(block, heads), dtypes=NSA_DTYPES)
+    check_tensor("cache", cache, ndim=3, dtypes=(input.dtype,))
+    require(tuple(cache.shape[1:]) == (heads, d), "cache", f"[slots, N={heads}, D={d}]", cache)
+    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int32, torch.int64))
+    batch = slot_mapping.shape[0]
+    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32, torch.int64))
+    require(block_table.shape[0] == batch, "block_table", f"[B={batch}, maxBlocks] (B = slot_mapping's length)",
+            block_table)
+    lens = int_list("actual_seq_len", actual_seq_len)
+    require(lens is not None and len(lens) == batch, "actual_seq_len", f"B={batch} per-request KV lengths", lens)
+    for b, n in enumerate(lens):
+        require(0 <= n <= block_table.shape[1] * page, f"actual_seq_len[{b}]",
+                f"a length in [0, {block_table.shape[1] * page}] (the block_table's pages)", n)
+        if _completes(n, block, stride):
+            pages = block_table[b, (n - block) // page:-(-n // page)]
+            require(bool(((pages >= 0) & (pages < input.shape[0])).all()), "block_table",
+                    f"block ids in [0, {input.shape[0]}) for the last {block} keys of request {b}", block_table[b])
+            slot = int(slot_mapping[b])
+            require(0 <= slot < cache.shape[0], f"slot_mapping[{b}]", f"a cache row in [0, {cache.shape[0]})", slot)
+    return lens, block, stride
+
+
+def _completes(length: int, block: int, stride: int) -> bool:
+    return length >= block and (length - block) % stride == 0
+
+
+def compress_into_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, block_table: Tensor, cache: Tensor,
+                        lens: list[int], block: int, stride: int) -> None:
+    """Write the compressed last block of every request that completes one into ``cache`` (in place)."""
+    page, w = input.shape[1], weight.to(torch.float32)
+    for b, n in enumerate(lens):
+        if _completes(n, block, stride):
+            pos = torch.arange(n - block, n, device=input.device)
+            rows = input[block_table[b].long()[pos // page], pos % page].to(torch.float32)  # [block, N, D]
+            cache[int(slot_mapping[b])] = (rows * w.unsqueeze(-1)).sum(0).to(cache.dtype)

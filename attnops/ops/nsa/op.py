@@ -18,7 +18,8 @@ from ..._core.varlen import lengths_from_cumulative
 from .compress import build_compress_spec, check_output_grad, compress_backward, compress_block_count, compress_forward
 from .compress_attention import build_compress_attention_spec, compress_attention_forward
 from .selected import build_selected_spec, selected_backward, selected_forward
-from .decode import check_compress_selection, check_paged, check_selected_topk, compress_decode, selected_decode
+from .decode import (check_compress_cache, check_compress_selection, check_paged, check_selected_topk,
+                     compress_decode, compress_into_cache, selected_decode)
 
 INT_MAX = 2147483647
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
@@ -194,6 +195,29 @@ def _(query, key, value, block_table, scale_value, head_num, key_value_head_num,
       select_block_count, page_block_size, compress_block_size, compress_stride, actual_cmp_seq_kvlen):
     return (query.new_empty((query.shape[0], query.shape[1], value.shape[-1])),
             query.new_empty((query.shape[0], key_value_head_num, select_block_count), dtype=torch.int32))
+
+
+@torch.library.custom_op("attnops::nsa_compress_infer", mutates_args=("cache",), device_types=DEVICE_TYPES)
+def nsa_compress_infer(input: Tensor, weight: Tensor, slot_mapping: Tensor, block_table: Tensor, cache: Tensor,
+                       compress_block_size: int, compress_stride: int, page_block_size: int,
+                       actual_seq_len: Optional[list[int]]) -> None:
+    lens, block, stride = check_compress_cache(input, weight, slot_mapping, block_table, cache,
+                                               compress_block_size=compress_block_size,
+                                               compress_stride=compress_stride, page_block_size=page_block_size,
+                                               actual_seq_len=actual_seq_len)
+    if cache.device.type == "cpu":
+        compress_into_cache(input, weight, slot_mapping, block_table, cache, lens, block, stride)
+    else:  # computed on CPU copies, written back
+        host = cache.cpu()
+        compress_into_cache(input.cpu(), weight.cpu(), slot_mapping.cpu(), block_table.cpu(), host, lens, block,
+                            stride)
+        cache.copy_(host)
+
+
+@nsa_compress_infer.register_fake
+def _(input, weight, slot_mapping, block_table, cache, compress_block_size, compress_stride, page_block_size,
+      actual_seq_len):
+    return None
 
 
 # ---------------------------------------------------------------- compressed attention
