@@ -42,13 +42,18 @@ class PagedKV:
     n1: int
     n2: int
     dv: int
-    page: int
     kv_lens: list[int]
     scale: float
 
     def rows(self, cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
-        """Cache rows of the KV positions ``pos`` of one request, ``[L, N2, D]``."""
-        return cache[table_row.long()[pos // self.page], pos % self.page]
+        return paged_rows(cache, table_row, pos)
+
+
+def paged_rows(cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
+    """The rows ``[L, N, D]`` of one request's KV positions ``pos`` in a paged ``cache [blocks, page, N, D]``
+    (``table_row``: the request's block table)."""
+    page = cache.shape[1]
+    return cache[table_row.long()[pos // page], pos % page]
 
 
 def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, *, scale_value: float, head_num: int,
@@ -79,7 +84,7 @@ def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, 
         if bool(bad.any()):
             fail("block_table", f"block ids in [0, {key.shape[0]}) for the pages of request {b}'s {n} keys",
                  f"{int(pages[bad][0])} in row {b}")
-    return PagedKV(batch, n1, n2, value.shape[-1], page, lens, float(scale_value))
+    return PagedKV(batch, n1, n2, value.shape[-1], lens, float(scale_value))
 
 
 def _acc(query: Tensor) -> torch.dtype:
@@ -230,9 +235,8 @@ def _completes(length: int, block: int, stride: int) -> bool:
 def compress_into_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, block_table: Tensor, cache: Tensor,
                         lens: list[int], block: int, stride: int) -> None:
     """Write the compressed last block of every request that completes one into ``cache`` (in place)."""
-    page, w = input.shape[1], weight.to(torch.float32)
+    w = weight.to(torch.float32).unsqueeze(-1)
     for b, n in enumerate(lens):
         if _completes(n, block, stride):
-            pos = torch.arange(n - block, n, device=input.device)
-            rows = input[block_table[b].long()[pos // page], pos % page].to(torch.float32)  # [block, N, D]
-            cache[int(slot_mapping[b])] = (rows * w.unsqueeze(-1)).sum(0).to(cache.dtype)
+            rows = paged_rows(input, block_table[b], torch.arange(n - block, n, device=input.device))
+            cache[int(slot_mapping[b])] = (rows.to(torch.float32) * w).sum(0).to(cache.dtype)
