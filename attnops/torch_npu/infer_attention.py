@@ -19,7 +19,7 @@ from ..ops.fused_infer_attention import op as fia_op
 from ..ops.fused_infer_attention.problem import LAYOUTS
 from ._common import INT_MAX, reject_unsupported, with_overloads
 from . import fia_layouts
-from .rope import append_rope, pad_head_dim, rope_given, split_head_dim
+from .rope import append_rope, check_rope, pad_head_dim, rope_given, split_head_dim
 
 PFA_HIGH_PRECISION_MODES = range(10, 15)  # PFA sparse_mode 10-14 = modes 0-4 with inner_precise 0
 
@@ -59,10 +59,10 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
             if args[name] is not None:
                 raise NotImplementedError(f"{name}: attnops.torch_npu does not support it together with "
                                           "query_rope/key_rope (MLA); see docs/porting.md")
-        query, key, value, mla = _mla_operands(query, key, value, query_rope, key_rope, input_layout=input_layout,
-                                               num_heads=num_heads, num_key_value_heads=num_key_value_heads,
-                                               paged=block_table is not None, sparse_mode=sparse_mode,
-                                               pre_tokens=pre_tokens, next_tokens=next_tokens)
+        query, key, value, block_table, mla = _mla_operands(
+            query, key, value, query_rope, key_rope, block_table, input_layout=input_layout, num_heads=num_heads,
+            num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
+            next_tokens=next_tokens)
     out, lse = fia_op.fused_infer_attention(
         query, key, value, pse_shift, atten_mask, int_list("actual_seq_lengths", actual_seq_lengths),
         int_list("actual_seq_lengths_kv", actual_seq_lengths_kv), deq_scale1, quant_scale1, deq_scale2,
@@ -79,12 +79,14 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
     return fia_layouts.from_core(out, core_out, layouts.writes, num_heads), lse
 
 
-def _mla_operands(query, key, value, query_rope, key_rope, *, input_layout, num_heads, num_key_value_heads, paged,
-                  sparse_mode, pre_tokens, next_tokens):
+def _mla_operands(query, key, value, query_rope, key_rope, block_table, *, input_layout, num_heads,
+                  num_key_value_heads, sparse_mode, pre_tokens, next_tokens):
     """MLA: ``query``/``key`` with their rope parts appended to each head's D and ``value`` with as many zeros, so
     the operator (one head dim for Q, K and V) computes ``softmax(scale * (q k^T + q_rope k_rope^T)) v`` plus zero
-    columns; returns them and Dv, to cut the output back to."""
+    columns; returns them, the block table (paged caches are first cut down to the pages it names, see
+    :func:`_referenced_pages`) and Dv, to cut the output back to."""
     in_layout = io_layouts("input_layout", input_layout, LAYOUTS)[0]
+    paged = block_table is not None
     require(query.is_floating_point() and key.dtype == query.dtype, "query_rope", "float query, key and value "
             "(int8 or antiquant key/value with rope are not supported by attnops.torch_npu)", query_rope)
     kv_heads = check_int("num_key_value_heads", num_key_value_heads, lo=0) or num_heads
@@ -97,11 +99,35 @@ def _mla_operands(query, key, value, query_rope, key_rope, *, input_layout, num_
                 f"next_tokens={next_tokens}")
     per_head = kv_heads if kv_packed else 1
     q = append_rope("query_rope", query, query_rope, packed=q_packed, heads=num_heads, like="query")
+    if paged:
+        check_rope("key_rope", key, key_rope, packed=kv_packed, heads=kv_heads, like="key")
+        require(value.shape[0] == key.shape[0], "value", f"{key.shape[0]} blocks like key", value)
+        block_table, (key, value, key_rope) = _referenced_pages(block_table, key, value, key_rope)
     k = append_rope("key_rope", key, key_rope, packed=kv_packed, heads=kv_heads, like="key")
     dk, dv = k.shape[-1] // per_head, value.shape[-1] // per_head
     require(dv <= dk and value.shape[-1] % per_head == 0, "value", f"a head dim of at most D + Dr = {dk} (key and "
             "key_rope)", value)
-    return q, k, pad_head_dim(value, dk - dv, packed=kv_packed, heads=kv_heads), dv
+    return q, k, pad_head_dim(value, dk - dv, packed=kv_packed, heads=kv_heads), block_table, dv
+
+
+def _referenced_pages(block_table: Tensor, *caches: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """The caches cut down to the pages ``block_table`` names, and the table renumbered to match, so the rope
+    concatenation copies what the call reads rather than the whole cache. Zero pages keep the block count at
+    ``min(blocks, table entries)`` (requests may share pages, and the operator checks that the cache holds as many
+    blocks as they need); negative entries (padding) stay. A table naming an id past the cache is left as it is,
+    for the operator to report in the caller's terms."""
+    blocks = caches[0].shape[0]
+    ids = block_table.long()
+    if bool((ids >= blocks).any()):
+        return block_table, list(caches)
+    valid = ids >= 0
+    used = torch.unique(ids[valid])
+    kept = min(blocks, max(used.numel(), ids.numel()))
+    renumber = torch.full((blocks,), -1, dtype=torch.long, device=ids.device)
+    renumber[used] = torch.arange(used.numel(), device=ids.device)
+    table = torch.where(valid, renumber[ids.clamp(min=0)], ids).to(block_table.dtype)
+    pad = kept - used.numel()
+    return table, [torch.cat([c[used], c.new_zeros(pad, *c.shape[1:])]) for c in caches]
 
 
 def _fia_score(query, key, value, *, dequant_scale1, dequant_scale2, softmax_lse_flag, **kw) -> tuple[Tensor, Tensor]:

@@ -29,12 +29,17 @@ def rope_given(query_rope, key_rope) -> bool:
     return True
 
 
-def append_rope(name: str, x: Tensor, rope: Tensor, *, packed: bool, heads: int, like: str) -> Tensor:
-    """``x`` (the tensor named ``like``) with ``rope`` (named ``name``) appended to each of its ``heads`` heads' D."""
+def check_rope(name: str, x: Tensor, rope: Tensor, *, packed: bool, heads: int, like: str) -> None:
+    """``rope`` (named ``name``) must be shaped like ``x`` (named ``like``) but for the head dim, in ``x``'s dtype."""
     check_tensor(name, rope, dtypes=(x.dtype,))
     ok = rope.shape[:-1] == x.shape[:-1] and rope.device == x.device and (not packed or rope.shape[-1] % heads == 0)
     dims = [*x.shape[:-1], f"{heads}*Dr" if packed else "Dr"]
     require(ok, name, f"a tensor shaped like {like} except its head dim ({dims}) on {x.device}", rope)
+
+
+def append_rope(name: str, x: Tensor, rope: Tensor, *, packed: bool, heads: int, like: str) -> Tensor:
+    """``x`` (the tensor named ``like``) with ``rope`` (named ``name``) appended to each of its ``heads`` heads' D."""
+    check_rope(name, x, rope, packed=packed, heads=heads, like=like)
     return head_merge(torch.cat([head_split(x, packed, heads), head_split(rope, packed, heads)], -1), packed)
 
 

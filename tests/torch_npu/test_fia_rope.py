@@ -168,3 +168,36 @@ def test_fia_rope_argument_errors_name_the_argument():
         torch_npu.npu_fused_infer_attention_score(bq, bk, bv, query_rope=bqr, key_rope=bkr, num_heads=2,
                                                   input_layout="BNSD", sparse_mode=4, pre_tokens=2, next_tokens=0,
                                                   atten_mask=TRIU2048)
+
+
+def test_fia_rope_paged_reads_only_the_named_pages():
+    """A large cache of which the table names a few pages, one shared by both requests (a common prefix): the
+    same result as the golden; a needed id past the cache is reported in the caller's terms."""
+    b, n, nkv, d, dr, bs = 2, 4, 1, 16, 8, 4
+    q, qr = randn(b, n, 1, d, dtype=F16, seed=40), randn(b, n, 1, dr, dtype=F16, seed=41)
+    k, kr = randn(64, bs, nkv * d, dtype=F16, seed=42), randn(64, bs, nkv * dr, dtype=F16, seed=43)
+    table = torch.tensor([[50, 3, -1], [50, 63, -1]], dtype=torch.int32)
+    kw = dict(block_table=table, block_size=bs, actual_seq_lengths_kv=[8, 5], scale_value=0.2,
+              softmax_lse_flag=True)
+    npu_kw = {("scale" if key == "scale_value" else key): value for key, value in kw.items()}
+    out, lse = torch_npu.npu_fused_infer_attention_score(q, k, k, query_rope=qr, key_rope=kr, num_heads=n,
+                                                         num_key_value_heads=nkv, input_layout="BNSD", **npu_kw)
+    (g_out, g_lse), (b_out, b_lse) = _golden_with_rope(q, qr, k, kr, k, layout="BNSD", heads=n, kv_heads=nkv, **kw)
+    assert_close_to_golden("attention_out", out, g_out, b_out)
+    assert_close_to_golden("softmax_lse", lse, g_lse, b_lse)
+    npu_kw.update(block_table=torch.tensor([[50, 3, 12345], [7, 63, -1]], dtype=torch.int32),
+                  actual_seq_lengths_kv=[9, 5])  # request 0 needs its third page, id 12345
+    with pytest.raises(ValueError, match=r"block_table\[0\].*\[0, 64\).*12345"):
+        torch_npu.npu_fused_infer_attention_score(q, k, k, query_rope=qr, key_rope=kr, num_heads=n,
+                                                  num_key_value_heads=nkv, input_layout="BNSD", **npu_kw)
+
+
+def test_referenced_pages_renumbers_and_keeps_the_block_count():
+    from attnops.torch_npu.infer_attention import _referenced_pages
+
+    cache = torch.arange(10.0).view(10, 1, 1)
+    table, (cut,) = _referenced_pages(torch.tensor([[7, 2, -1], [7, 9, -1]], dtype=torch.int32), cache)
+    assert table.tolist() == [[1, 0, -1], [1, 2, -1]] and table.dtype == torch.int32
+    assert cut.flatten().tolist() == [2.0, 7.0, 9.0, 0.0, 0.0, 0.0]  # 3 pages named, 6 entries: 3 zero pages
+    same, (whole,) = _referenced_pages(torch.tensor([[7, 12]]), cache)  # 12 is past the cache: left to the operator
+    assert same.tolist() == [[7, 12]] and whole is cache
