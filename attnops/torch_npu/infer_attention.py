@@ -52,14 +52,14 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
         if block_table is None:  # a paged cache has its own layout
             key, value, key_rope = (fia_layouts.to_core(x, layouts.reads) for x in (key, value, key_rope))
     input_layout = layouts.core
-    mla = None
+    rope_dv = None  # with MLA rope: the value head dim the output is cut back to
     if rope_given(query_rope, key_rope):
         args = locals()
         for name in _NOT_WITH_ROPE:
             if args[name] is not None:
                 raise NotImplementedError(f"{name}: attnops.torch_npu does not support it together with "
                                           "query_rope/key_rope (MLA); see docs/porting.md")
-        query, key, value, block_table, mla = _mla_operands(
+        query, key, value, block_table, rope_dv = _mla_operands(
             query, key, value, query_rope, key_rope, block_table, input_layout=input_layout, num_heads=num_heads,
             num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
             next_tokens=next_tokens)
@@ -72,8 +72,8 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
         num_heads, float(scale), pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
         inner_precise, block_size, antiquant_mode, key_antiquant_mode, value_antiquant_mode)
     core_out = io_layouts("input_layout", input_layout, LAYOUTS)[1]
-    if mla is not None:  # drop the zero columns the padded value produced
-        out = split_head_dim(out, mla, packed=core_out == "BSH", heads=num_heads)[0]
+    if rope_dv is not None:  # drop the zero columns the padded value produced
+        out = split_head_dim(out, rope_dv, packed=core_out == "BSH", heads=num_heads)[0]
     if learnable_sink is not None:
         out, lse = _apply_sink(out, lse, learnable_sink, core_out, num_heads)
     return fia_layouts.from_core(out, core_out, layouts.writes, num_heads), lse
