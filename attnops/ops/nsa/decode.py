@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_int, check_tensor, fail, int_list, require
+from ..flash_attention.reference import compute_dtype
 from .compress import NSA_DTYPES
 
 PAD = -1
@@ -79,16 +80,16 @@ def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, 
     capacity = block_table.shape[1] * page
     for b, n in enumerate(lens):
         require(0 <= n <= capacity, f"{lens_name}[{b}]", f"a length in [0, {capacity}] (the block_table's pages)", n)
-        pages = block_table[b, :-(-n // page)]
-        bad = (pages < 0) | (pages >= key.shape[0])
-        if bool(bad.any()):
-            fail("block_table", f"block ids in [0, {key.shape[0]}) for the pages of request {b}'s {n} keys",
-                 f"{int(pages[bad][0])} in row {b}")
+        _check_pages(block_table, b, 0, n, page, key.shape[0], f"the pages of request {b}'s {n} keys")
     return PagedKV(batch, n1, n2, value.shape[-1], lens, float(scale_value))
 
 
-def _acc(query: Tensor) -> torch.dtype:
-    return torch.float64 if query.dtype == torch.float64 else torch.float32
+def _check_pages(block_table: Tensor, b: int, lo: int, hi: int, page: int, blocks: int, what: str) -> None:
+    """The block ids of row ``b`` holding KV positions ``[lo, hi)`` must lie in ``[0, blocks)``."""
+    pages = block_table[b, lo // page:-(-hi // page)]
+    bad = (pages < 0) | (pages >= blocks)
+    if bool(bad.any()):
+        fail("block_table", f"block ids in [0, {blocks}) for {what}", f"{int(pages[bad][0])} in row {b}")
 
 
 # ------------------------------------------------------------------------------------------ selected attention
@@ -119,7 +120,7 @@ def _chosen(topk: Tensor) -> list[Tensor]:
 def selected_decode(kv: PagedKV, block: int, query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor,
                     block_table: Tensor) -> Tensor:
     """``attention_out [B, N1, Dv]``."""
-    acc = _acc(query)
+    acc = compute_dtype(query.dtype)
     out = torch.zeros(kv.batch, kv.n1, kv.dv, dtype=acc, device=query.device)
     g = kv.n1 // kv.n2
     for b in range(kv.batch):
@@ -177,7 +178,7 @@ def _importance(p: Tensor, sel: CompressSelection, n_blocks: int) -> Tensor:
 def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Tensor, value: Tensor,
                     block_table: Tensor) -> tuple[Tensor, Tensor]:
     """``(attention_out [B, N1, Dv], topk_indices [B, N2, count] int32)``."""
-    acc = _acc(query)
+    acc = compute_dtype(query.dtype)
     out = torch.zeros(kv.batch, kv.n1, kv.dv, dtype=acc, device=query.device)
     topk = torch.zeros(kv.batch, kv.n2, sel.count, dtype=torch.int32, device=query.device)
     g = kv.n1 // kv.n2
@@ -220,9 +221,7 @@ def check_compress_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, bl
         require(0 <= n <= block_table.shape[1] * page, f"actual_seq_len[{b}]",
                 f"a length in [0, {block_table.shape[1] * page}] (the block_table's pages)", n)
         if _completes(n, block, stride):
-            pages = block_table[b, (n - block) // page:-(-n // page)]
-            require(bool(((pages >= 0) & (pages < input.shape[0])).all()), "block_table",
-                    f"block ids in [0, {input.shape[0]}) for the last {block} keys of request {b}", block_table[b])
+            _check_pages(block_table, b, n - block, n, page, input.shape[0], f"the last {block} keys of request {b}")
             slot = int(slot_mapping[b])
             require(0 <= slot < cache.shape[0], f"slot_mapping[{b}]", f"a cache row in [0, {cache.shape[0]})", slot)
     return lens, block, stride

@@ -9,7 +9,7 @@ sort), their query rows gathered (sliced where they are a run of consecutive tok
 contiguous block computes all their scores. So the cost scales with the selected tokens, not with the sequence,
 the GEMMs are large, and dk/dv of a block come from one GEMM (no scatter); per-token results (row max, sums, dq)
 are scatter-added in a fixed order (deterministic). The GEMMs stay on ``torch.matmul``: their row counts follow the
-selection, so oneDNN (:mod:`attnops._core.gemm`) would build a new primitive (~2.5 ms) for most of them. Token
+selection, so oneDNN (:mod:`attnops._core.gemm`) would build a new primitive (0.5-2 ms) for most of them. Token
 chunks (forward) and groups of them (backward) run side by side on single-threaded workers.
 """
 from __future__ import annotations
