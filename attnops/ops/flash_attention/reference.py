@@ -17,7 +17,6 @@ recomputes them. See ``docs/performance.md`` for the measurements behind the til
 from __future__ import annotations
 
 import bisect
-import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ import torch
 
 from ..._core.gemm import add_mm_nt_, mm_nt
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
-from ..._core.masks import INF
 from ..._core.parallel import run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, new_stats, stats_block
 from .problem import FAProblem
@@ -87,8 +85,8 @@ class _Tile:
         """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) with masked entries at -inf.
 
         ``qs`` is the batch's query times ``scale`` ([N1, Sq, D]); ``k`` is [N2, Skv, D]; ``out`` ([G, r, c]) is a
-        workspace the result may live in. ``band`` (from :func:`_band_parts`, shared by the heads of a chunk)
-        replaces the mask's own tests.
+        workspace the result may live in. ``band``: the tile's :meth:`MaskSpec.band_bounds` when the caller has
+        them (shared by the heads of a chunk).
         """
         if out.shape[0] == 1:  # one head: a plain 2-D GEMM
             s = mm_nt(qs[self.heads.start, self.r0:self.r1], k[self.n2, self.c0:self.c1], out=out[0]).unsqueeze(0)
@@ -102,11 +100,7 @@ class _Tile:
         if p.pse is not None:
             pse = p.pse.block(self.b, self.r0, self.r1, self.c0, self.c1, self.heads, s.dtype)
             s.add_(pse, alpha=p.scale if p.pse.add_before_scale else 1.0)
-        if band is None:
-            return p.mask.fill_masked_(s, self.b, self.r0, self.r1, self.c0, self.c1, self.heads)
-        for a, z, masked in band:
-            s[..., a:z].masked_fill_(masked, float("-inf"))
-        return s
+        return p.mask.fill_masked_(s, self.b, self.r0, self.r1, self.c0, self.c1, self.heads, band)
 
     def dropout_scale(self, dtype: torch.dtype) -> torch.Tensor | None:
         """``keep / keep_prob`` as [G, r, c] in ``dtype``, or None without dropout."""
@@ -146,7 +140,7 @@ def _row_chunks(p: FAProblem, b: int, budget: int, max_rows: int, cols_cap: int 
 
     Each chunk has as many rows as fit ``budget`` score elements (``rows * (c1 - c0)``), at most ``max_rows`` and at
     least ``MIN_ROWS``: GEMMs get tall tiles where the band is narrow (early causal rows) and the tile stays
-    cache-sized where it is wide. ``band`` is the chunk's :func:`_band_parts` (computed once for all heads).
+    cache-sized where it is wide. ``band`` is the chunk's :meth:`MaskSpec.band_bounds` (once for all heads).
     ``cols_cap``: the tiles of a chunk will be at most this wide (column blocks), so only that width counts.
     """
     sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
@@ -157,13 +151,13 @@ def _row_chunks(p: FAProblem, b: int, budget: int, max_rows: int, cols_cap: int 
         while rows > MIN_ROWS:
             c0, c1 = p.mask.col_range(b, r0, min(sq, r0 + rows), skv)
             if (rows * max(0, min(c1 - c0, cols_cap or c1 - c0)) <= budget
-                    and (rows <= EDGE_ROWS or not _edge_spans(p, b, r0, min(sq, r0 + rows), c0, c1))):
+                    and (rows <= EDGE_ROWS or not p.mask.edge_spans(b, r0, min(sq, r0 + rows), c0, c1))):
                 break
             rows //= 2
         r1 = min(sq, r0 + max(rows, MIN_ROWS))
         c0, c1 = p.mask.col_range(b, r0, r1, skv)
         if c0 < c1:
-            out.append((r0, r1, c0, c1, _band_parts(p, b, r0, r1, c0, c1)))
+            out.append((r0, r1, c0, c1, p.mask.band_bounds(b, r0, r1, c0, c1)))
         r0 = r1
     return out
 
@@ -175,39 +169,8 @@ def _col_blocks(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int, band, 
         return [(c0, c1, band)]
     n = -(-(c1 - c0) // width)
     width = -(-(c1 - c0) // n)
-    return [(a, min(c1, a + width), _band_parts(p, b, r0, r1, a, min(c1, a + width))) for a in range(c0, c1, width)]
-
-
-def _band_parts(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int) -> list | None:
-    """The band's masked entries of a tile as ``[(a, z, masked)]``: tile columns ``[a, z)`` and a bool
-    ``[r, z - a]`` (True = masked), only at the band's edges (columns every row keeps are skipped), as
-    :meth:`MaskSpec.fill_masked_` tests them. None when the mask has a prefix or an explicit mask (the tile then
-    uses ``fill_masked_`` itself)."""
-    mask = p.mask
-    if mask.explicit is not None or mask.prefix is not None:
-        return None
-    lo, hi = mask.lo[b], mask.hi[b]
-    return [(e0 - c0, e1 - c0, _band_mask(lo, hi, r0, r1, e0, e1)) for e0, e1 in _edge_spans(p, b, r0, r1, c0, c1)]
-
-
-@functools.lru_cache(maxsize=4096)
-def _band_mask(lo: int, hi: int, r0: int, r1: int, e0: int, e1: int) -> torch.Tensor:
-    """Bool ``[r1 - r0, e1 - e0]``, True where column - row is outside ``[lo, hi]`` (cached: the same tiles recur
-    in every call; never written to)."""
-    diff = torch.arange(e0, e1).unsqueeze(0) - torch.arange(r0, r1).unsqueeze(1)
-    return (diff < lo) | (diff > hi)
-
-
-def _edge_spans(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int) -> list[tuple[int, int]]:
-    """The column spans of tile rows ``[r0, r1)`` x columns ``[c0, c1)`` the band's left and right edges cross
-    (columns every row keeps are not included); empty for explicit masks and prefixes."""
-    mask = p.mask
-    if mask.explicit is not None or mask.prefix is not None:
-        return []
-    lo, hi = mask.lo[b], mask.hi[b]
-    left_end = min(c1, r1 - 1 + lo) if lo > -INF else c0  # columns [c0, left_end) may be left of the band
-    right_start = max(c0, r0 + hi + 1) if hi < INF else c1  # columns [right_start, c1) may be right of it
-    return [(e0, e1) for e0, e1 in ((c0, left_end), (max(right_start, left_end), c1)) if e0 < e1]
+    return [(a, min(c1, a + width), p.mask.band_bounds(b, r0, r1, a, min(c1, a + width)))
+            for a in range(c0, c1, width)]
 
 
 _THREAD_BUFFERS = threading.local()
