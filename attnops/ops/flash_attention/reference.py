@@ -81,17 +81,17 @@ class _Tile:
         self.heads = slice(n2 * g, (n2 + 1) * g) if heads is None else heads  # query heads (of KV head n2)
         self.shape = (self.heads.stop - self.heads.start, r1 - r0, c1 - c0)
 
-    def scores(self, qs: torch.Tensor, k: torch.Tensor, out: torch.Tensor, band=None) -> torch.Tensor:
+    def scores(self, q_rows: torch.Tensor, k: torch.Tensor, out: torch.Tensor, band=None) -> torch.Tensor:
         """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) with masked entries at -inf.
 
-        ``qs`` is the batch's query times ``scale`` ([N1, Sq, D]); ``k`` is [N2, Skv, D]; ``out`` ([G, r, c]) is a
+        ``q_rows`` is the tile's query rows times ``scale`` ([G, r, D]); ``k`` is [N2, Skv, D]; ``out`` ([G, r, c]) is a
         workspace the result may live in. ``band``: the tile's :meth:`MaskSpec.band_bounds` when the caller has
         them (shared by the heads of a chunk).
         """
         if out.shape[0] == 1:  # one head: a plain 2-D GEMM
-            s = mm_nt(qs[self.heads.start, self.r0:self.r1], k[self.n2, self.c0:self.c1], out=out[0]).unsqueeze(0)
+            s = mm_nt(q_rows[0], k[self.n2, self.c0:self.c1], out=out[0]).unsqueeze(0)
         else:
-            s = torch.matmul(qs[self.heads, self.r0:self.r1], k[self.n2, self.c0:self.c1].transpose(0, 1), out=out)
+            s = torch.matmul(q_rows, k[self.n2, self.c0:self.c1].transpose(0, 1), out=out)
         return self.shift_and_mask_(s, band)
 
     def shift_and_mask_(self, s: torch.Tensor, band=None) -> torch.Tensor:
@@ -222,16 +222,14 @@ def _carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
     return views
 
 
-def _stage_heads(buf: "_Buffers", name: str, xs: list[torch.Tensor], scale: float = 1.0
-                 ) -> tuple[list[torch.Tensor], list]:
+def _stage_heads(buf: "_Buffers", name: str, xs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
     """GEMM operands of each batch: ``xs`` ([S, N, D] per batch, any dtype and strides) as dense heads-first
-    ``[N, S, D]`` in the compute dtype, times ``scale``; returns them and the copies still to make (one per head).
-    A tensor already dense heads-first, in the compute dtype and unscaled, is used in place (the BNSD layout)."""
+    ``[N, S, D]`` in the compute dtype; returns them and the copies still to make (one per head). A tensor already
+    dense heads-first and in the compute dtype is used in place (the BNSD layout)."""
     staged, pending, todo = [], [], []
     for x in xs:
         view = x.transpose(0, 1)
-        dense = view.stride(-1) == 1 and view.stride(-2) == x.shape[2]
-        if dense and scale == 1.0 and x.dtype == buf.dtype:
+        if view.stride(-1) == 1 and view.stride(-2) == x.shape[2] and x.dtype == buf.dtype:
             staged.append(view)
         else:
             staged.append(None)
@@ -239,31 +237,34 @@ def _stage_heads(buf: "_Buffers", name: str, xs: list[torch.Tensor], scale: floa
     flat = buf.get(name, sum(x.numel() for _, x in todo))
     for (i, x), out in zip(todo, _carve(flat, [(x.shape[1], x.shape[0], x.shape[2]) for _, x in todo])):
         staged[i] = out
-        pending += [(out[h], x[:, h], scale) for h in range(x.shape[1])]
+        pending += [(out[h], x[:, h]) for h in range(x.shape[1])]
     return staged, pending
 
 
-def _stage_operands(p: FAProblem, buf: "_Buffers", active: list[int], device, qv, kv, vv, dyv=None
-                    ) -> list[list[torch.Tensor]]:
-    """The active batches' scaled query, key and value (and ``dy`` when given), staged by :func:`_stage_heads`;
-    the copies run one job per head on the workers. A strided operand would cost its GEMMs 5-10%: rows 4 KiB apart
-    (BSND with N*D = 1024) share a few cache sets."""
-    specs = [("qs", qv, False, p.scale), ("k", kv, True, 1.0), ("v", vv, True, 1.0)]
-    if dyv is not None:
-        specs.append(("dy", dyv, False, 1.0))
+def _stage_kv(p: FAProblem, buf: "_Buffers", active: list[int], device, kv, vv) -> list[list[torch.Tensor]]:
+    """The active batches' key and value, staged by :func:`_stage_heads`; the copies run one job per head on the
+    workers. Every tile reads them, and a strided operand would cost its GEMMs 5-10%: rows 4 KiB apart (BSND with
+    N*D = 1024) share a few cache sets. (Query and ``dy`` rows are read by one chunk each: :func:`_stage_rows`.)"""
     staged, copies = [], []
-    for name, x, is_kv, scale in specs:
-        heads, pending = _stage_heads(buf, name, [batch_tokens(x, p.seq, b, kv=is_kv) for b in active], scale)
+    for name, x in (("k", kv), ("v", vv)):
+        heads, pending = _stage_heads(buf, name, [batch_tokens(x, p.seq, b, kv=True) for b in active])
         staged.append(heads)
         copies += pending
-
-    def copy(item):
-        out, x, scale = item
-        out.copy_(x)
-        if scale != 1.0:
-            out.mul_(scale)
-    run_jobs(copy, copies, device)
+    run_jobs(lambda item: item[0].copy_(item[1]), copies, device)
     return staged
+
+
+def _stage_rows(buf: "_Buffers", name: str, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """One head's rows ``x`` ([r, D], any dtype and strides) times ``scale`` as a dense ``[1, r, D]`` in the compute
+    dtype, in this thread's workspace ``name``: staged by the job that reads them, while they are in the caches
+    (rows already dense, in the compute dtype and unscaled are used in place)."""
+    if x.dtype == buf.dtype and scale == 1.0 and x.stride(-1) == 1 and (x.shape[0] == 1 or x.stride(0) == x.shape[1]):
+        return x.unsqueeze(0)
+    out = buf.get(name, 1, *x.shape)
+    if x.dtype == buf.dtype:
+        return torch.mul(x, scale, out=out[0]).unsqueeze(0)  # one rounding, as copying then scaling
+    out[0].copy_(x)
+    return out.mul_(scale) if scale != 1.0 else out
 
 
 @dataclass
@@ -271,7 +272,7 @@ class _ForwardBatch:
     """One batch's operands, heads first, and its outputs (``o`` may alias the output tensor)."""
 
     b: int
-    qs: torch.Tensor  # [N1, Sq, D], times scale
+    q: torch.Tensor  # [N1, Sq, D] (a view of the input)
     k: torch.Tensor  # [N2, Skv, D]
     v: torch.Tensor  # [N2, Skv, Dv]
     o: torch.Tensor  # [N1, Sq, Dv]
@@ -302,14 +303,14 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     buf = _Buffers.acquire(acc, query.device)
     lens = [p.seq.q_lens[b] for b in active]
     o_all = None if direct else _carve(buf.get("o", g.n1 * sum(lens) * g.dv), [(g.n1, s, g.dv) for s in lens])
-    qs_all, k_all, v_all = _stage_operands(p, buf, active, query.device, qv, kv, vv)
+    k_all, v_all = _stage_kv(p, buf, active, query.device, kv, vv)
     batches = []
     for i, b in enumerate(active):
         sq = p.seq.q_lens[b]
         o = batch_tokens(ov, p.seq, b).transpose(0, 1) if direct else o_all[i].zero_()
         row_chunks = _row_chunks(p, b, TILE_BYTES // acc.itemsize, MAX_ROWS, FWD_COL_BLOCK)
         batches.append(_ForwardBatch(
-            b, qs_all[i], k_all[i], v_all[i], o,
+            b, batch_tokens(qv, p.seq, b).transpose(0, 1), k_all[i], v_all[i], o,
             torch.full((g.n1, sq, 1), FLT_LOWEST, dtype=acc, device=query.device),
             torch.zeros((g.n1, sq, 1), dtype=acc, device=query.device),
             [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK))
@@ -329,13 +330,14 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
 def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: torch.dtype) -> None:
     """The forward of the row ``chunks`` of query head ``h`` of batch ``fb`` (see :func:`forward`), in this thread's
     workspace."""
-    buf = _Buffers.acquire(acc, fb.qs.device)
+    buf = _Buffers.acquire(acc, fb.o.device)
     n2 = h // p.geom.group
     for r0, r1, blocks in chunks:
         m, l, o = fb.m[h, r0:r1], fb.l[h, r0:r1], fb.o[h, r0:r1]
+        qs = _stage_rows(buf, "q", fb.q[h, r0:r1], p.scale)
         for j, (c0, c1, band) in enumerate(blocks):
             t = _Tile(p, fb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
-            s = t.scores(fb.qs, fb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)[0]
+            s = t.scores(qs, fb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)[0]
             rescale = _online_softmax_(s, m, l, first=j == 0)
             if rescale is not None:
                 o.mul_(rescale)
@@ -395,7 +397,7 @@ def probability_tiles(p: FAProblem, b: int, query, key, softmax_max, softmax_sum
     ws = _Workspace(g.group, p.seq.max_kv, 1, acc)
     for t in _tiles(p, b, ws.rows):
         rows = (t.heads, slice(t.r0, t.r1))
-        yield t, _probabilities_(t.scores(qs, k, ws.tile(0, t.shape)), m[rows], log2_l[rows])
+        yield t, _probabilities_(t.scores(qs[rows], k, ws.tile(0, t.shape)), m[rows], log2_l[rows])
 
 
 def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) -> list[list[int]] | None:
@@ -423,10 +425,10 @@ class _BackwardBatch:
     """One batch's operands, heads first, and its gradient accumulators (which may alias the outputs)."""
 
     b: int
-    qs: torch.Tensor  # [N1, Sq, D], times scale
+    q: torch.Tensor  # [N1, Sq, D] (views of the inputs)
+    do: torch.Tensor  # [N1, Sq, Dv]
     k: torch.Tensor  # [N2, Skv, D]
     v: torch.Tensor  # [N2, Skv, Dv]
-    do: torch.Tensor  # [N1, Sq, Dv]
     m: torch.Tensor  # [N1, Sq, 1] given row max
     neg_log2_l: torch.Tensor  # [N1, Sq, 1] -log2(given row sum)
     o: torch.Tensor  # [N1, Sq, Dv] attention_in
@@ -461,11 +463,11 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
     active = _active_batches(p)
     buf = _Buffers.acquire(acc, query.device)
-    qs_all, k_all, v_all, dy_all = _stage_operands(p, buf, active, query.device, qv, kv, vv, dyv)
+    k_all, v_all = _stage_kv(p, buf, active, query.device, kv, vv)
     batches = []
     for i, b in enumerate(active):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
-        do = dy_all[i]
+        do = batch_tokens(dyv, p.seq, b).transpose(0, 1)
         o = _heads_view(batch_tokens(ov, p.seq, b))
         l_b = stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1].to(acc)
         peaked = _peaked_rows(l_b, acc, query.dtype)
@@ -485,7 +487,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         # sqrt(chunks * G) additions instead of chunks * G
         per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
         batches.append(_BackwardBatch(
-            b, qs_all[i], k_all[i], v_all[i], do,
+            b, batch_tokens(qv, p.seq, b).transpose(0, 1), do, k_all[i], v_all[i],
             stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc), l_b.log2().neg_(),
             o, peaked, _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
@@ -557,7 +559,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     """The backward tiles of ``groups`` (of KV head ``n2`` and its G query heads) of batch ``bb``, in this thread's
     workspace: dQ rows in place, dK/dV summed into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``)."""
     g = p.geom
-    buf = _Buffers.acquire(acc, bb.qs.device)
+    buf = _Buffers.acquire(acc, bb.k.device)
     spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
     v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
     # dK^T and dV^T ([D, columns]): their GEMMs read P and dS row-major, not transposed; a group's sums are added
@@ -570,12 +572,13 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
             tk, tv = buf.get("tk", g.d, u1 - u0).zero_(), buf.get("tv", g.dv, u1 - u0).zero_()
         for r0, r1, blocks in group:
             for h in range(n2 * g.group, (n2 + 1) * g.group):
-                dot = bb.do[h, r0:r1]
+                qs = _stage_rows(buf, "q", bb.q[h, r0:r1], p.scale)
+                dot = _stage_rows(buf, "dy", bb.do[h, r0:r1])[0]
                 delta = torch.linalg.vecdot(dot, bb.o[h, r0:r1]).unsqueeze_(-1)  # D = rowsum(dy * attention_in)
                 for c0, c1, band in blocks:
                     t = _Tile(p, bb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
                     cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
-                    s3 = t.scores(bb.qs, bb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)
+                    s3 = t.scores(qs, bb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)
                     prob = s3[0].sub_(bb.m[h, r0:r1])  # natural units first: exact where s ~ max
                     torch.add(bb.neg_log2_l[h, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
                     drop = t.dropout_scale(acc)
@@ -589,7 +592,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         _exact_dp_minus_d(dp, bb.peaked[h], r0, r1, dot, bb.v[n2, cols], bb.delta64[h], drop)
                     ds = prob.mul_(dp)
                     add_mm_nt_(bb.dq[h, r0:r1], ds, bb.k[n2, cols].transpose(0, 1))  # dq starts zeroed
-                    tk[:, tcols].addmm_(bb.qs[h, r0:r1].transpose(0, 1), ds)
+                    tk[:, tcols].addmm_(qs[0].transpose(0, 1), ds)
                     t.add_pse_grad(s3, dpse)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
