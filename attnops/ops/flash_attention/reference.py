@@ -269,13 +269,13 @@ def _stage_rows(buf: "_Buffers", name: str, x: torch.Tensor, scale: float = 1.0)
 
 @dataclass
 class _ForwardBatch:
-    """One batch's operands, heads first, and its outputs (``o`` may alias the output tensor)."""
+    """One batch's operands, heads first, and views of its outputs."""
 
     b: int
     q: torch.Tensor  # [N1, Sq, D] (a view of the input)
     k: torch.Tensor  # [N2, Skv, D]
     v: torch.Tensor  # [N2, Skv, Dv]
-    o: torch.Tensor  # [N1, Sq, Dv]
+    out: torch.Tensor  # [N1, Sq, Dv] (a view of the output)
     m: torch.Tensor  # [N1, Sq, 1] row max
     l: torch.Tensor  # [N1, Sq, 1] row sum
     chunks: list  # (r0, r1, column blocks [(c0, c1, band)])
@@ -286,54 +286,48 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
 
     Jobs of (batch, query head, row chunks) run side by side on single-threaded workers
     (:mod:`attnops._core.parallel`); with fewer than ``MIN_JOBS`` heads a head's chunks are dealt round-robin to
-    several jobs. A job walks its row chunks; a chunk's band is split in column blocks of at most
-    ``FWD_COL_BLOCK``. Per block: ``S = (scale*Q) K^T``, masked entries -inf, and the online softmax: running max
-    ``m``, ``P = exp2((S - m) * log2(e))`` (the max subtracted in natural units first, exactly, as the backward
-    does), ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``; ``O / l`` at the end. With
-    one block per chunk that is the plain softmax.
+    several jobs. A job walks its row chunks and writes their output rows; a chunk's band is split in column blocks
+    of at most ``FWD_COL_BLOCK``. Per block: ``S = (scale*Q) K^T``, masked entries -inf, and the online softmax:
+    running max ``m``, ``P = exp2((S - m) * log2(e))`` (the max subtracted in natural units first, exactly, as the
+    backward does), ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``; ``O / l`` at the
+    end. With one block per chunk that is the plain softmax.
     """
     g = p.geom
-    out = torch.zeros(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=query.device)
     acc = compute_dtype(query.dtype)
-    smax, ssum = new_stats(p.seq, g.n1, p.total_q, query.device, query.dtype)
-    qv, kv, vv = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2)))
-    ov = tokens_view(out, g.layout, g.n1)
-    direct = out.dtype == acc  # write the output in place (rows without a tile are already 0)
     active = _active_batches(p)
-    buf = _Buffers.acquire(acc, query.device)
-    lens = [p.seq.q_lens[b] for b in active]
-    o_all = None if direct else _carve(buf.get("o", g.n1 * sum(lens) * g.dv), [(g.n1, s, g.dv) for s in lens])
-    k_all, v_all = _stage_kv(p, buf, active, query.device, kv, vv)
-    batches = []
-    for i, b in enumerate(active):
-        sq = p.seq.q_lens[b]
-        o = batch_tokens(ov, p.seq, b).transpose(0, 1) if direct else o_all[i].zero_()
-        row_chunks = _row_chunks(p, b, TILE_BYTES // acc.itemsize, MAX_ROWS, FWD_COL_BLOCK)
-        batches.append(_ForwardBatch(
-            b, batch_tokens(qv, p.seq, b).transpose(0, 1), k_all[i], v_all[i], o,
-            torch.full((g.n1, sq, 1), FLT_LOWEST, dtype=acc, device=query.device),
-            torch.zeros((g.n1, sq, 1), dtype=acc, device=query.device),
-            [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK))
-             for r0, r1, c0, c1, band in row_chunks]))
+    chunks = {b: [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK))
+                  for r0, r1, c0, c1, band in _row_chunks(p, b, TILE_BYTES // acc.itemsize, MAX_ROWS, FWD_COL_BLOCK)]
+              for b in active}
+    covered = sum(r1 - r0 for b in active for r0, r1, _ in chunks[b])  # rows the jobs write
+    shape = with_head_dim(query.shape, g.layout, g.n1, g.dv)
+    out = (torch.empty if covered == p.total_q else torch.zeros)(shape, dtype=query.dtype, device=query.device)
+    smax, ssum = new_stats(p.seq, g.n1, p.total_q, query.device, query.dtype)
+    qv, kv, vv, ov = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (out, g.n1)))
+    k_all, v_all = _stage_kv(p, _Buffers.acquire(acc, query.device), active, query.device, kv, vv)
+    batches = [_ForwardBatch(b, batch_tokens(qv, p.seq, b).transpose(0, 1), k_all[i], v_all[i],
+                             batch_tokens(ov, p.seq, b).transpose(0, 1),
+                             torch.full((g.n1, p.seq.q_lens[b], 1), FLT_LOWEST, dtype=acc, device=query.device),
+                             torch.zeros((g.n1, p.seq.q_lens[b], 1), dtype=acc, device=query.device), chunks[b])
+               for i, b in enumerate(active)]
     jobs = [(fb, h, part) for fb in batches for h in range(g.n1) for part in _deal(fb.chunks, len(batches) * g.n1)]
     run_jobs(lambda job: _forward_rows(p, *job, acc), jobs, query.device)
     for fb in batches:
-        if not direct:
-            batch_tokens(ov, p.seq, fb.b).copy_(fb.o.transpose(0, 1))
-        fb.l.masked_fill_(fb.l == 0, FLT_MAX)
+        fb.l.masked_fill_(fb.l == 0, FLT_MAX)  # rows without a kept score
         stats_block(smax, p.seq, fb.b, p.softmax_layout).copy_(fb.m.expand(-1, -1, 8))
         stats_block(ssum, p.seq, fb.b, p.softmax_layout).copy_(fb.l.expand(-1, -1, 8))
-    buf.release()
+    _Buffers.acquire(acc, query.device).release()
     return out, smax, ssum
 
 
 def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: torch.dtype) -> None:
     """The forward of the row ``chunks`` of query head ``h`` of batch ``fb`` (see :func:`forward`), in this thread's
-    workspace."""
-    buf = _Buffers.acquire(acc, fb.o.device)
+    workspace (output rows accumulated in place when the output has the compute dtype)."""
+    buf = _Buffers.acquire(acc, fb.out.device)
     n2 = h // p.geom.group
+    direct = fb.out.dtype == acc
     for r0, r1, blocks in chunks:
-        m, l, o = fb.m[h, r0:r1], fb.l[h, r0:r1], fb.o[h, r0:r1]
+        m, l = fb.m[h, r0:r1], fb.l[h, r0:r1]
+        o = fb.out[h, r0:r1] if direct else buf.get("o", r1 - r0, fb.out.shape[2])
         qs = _stage_rows(buf, "q", fb.q[h, r0:r1], p.scale)
         for j, (c0, c1, band) in enumerate(blocks):
             t = _Tile(p, fb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
@@ -350,6 +344,8 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
             else:
                 o.add_(pv)
         o.div_(l.clamp_min(1.0))  # l >= 1 on rows with a kept score, else 0 (and o = 0)
+        if not direct:
+            fb.out[h, r0:r1].copy_(o)
     buf.release()
 
 
