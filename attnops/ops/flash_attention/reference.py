@@ -175,6 +175,7 @@ def _col_blocks(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int, band, 
 
 _THREAD_BUFFERS = threading.local()
 CACHED_WORKSPACE_BYTES = 256 << 20  # workspaces up to this size stay allocated between calls (per thread)
+MAX_CACHED_VIEWS = 512
 
 
 class _Buffers:
@@ -185,7 +186,7 @@ class _Buffers:
     therefore used from a different offset (a few cache lines apart)."""
 
     def __init__(self, dtype: torch.dtype, device):
-        self.dtype, self.device, self._bufs = dtype, device, {}
+        self.dtype, self.device, self._bufs, self._views = dtype, device, {}, {}
 
     @staticmethod
     def acquire(dtype: torch.dtype, device) -> "_Buffers":
@@ -201,15 +202,25 @@ class _Buffers:
         """Drop the buffers after a call when they exceed ``CACHED_WORKSPACE_BYTES`` (long sequences)."""
         if sum(b.numel() for b in self._bufs.values()) * self.dtype.itemsize > CACHED_WORKSPACE_BYTES:
             self._bufs.clear()
+            self._views.clear()
 
     def get(self, name: str, *shape: int) -> torch.Tensor:
+        """Buffer ``name`` viewed as ``shape`` (views are kept: the tile loops ask for the same few shapes, and every
+        tensor call of a worker contends for the GIL)."""
+        view = self._views.get((name, shape))
+        if view is not None:
+            return view
         n = math.prod(shape)
         buf = self._bufs.get(name)
         if buf is None or buf.numel() < n:
             skew = (len(self._bufs) * 5 + 1) * (64 // self.dtype.itemsize) % 1024
             buf = torch.empty(n + skew, dtype=self.dtype, device=self.device)[skew:]
             self._bufs[name] = buf
-        return buf[:n].view(shape)
+            self._views = {key: v for key, v in self._views.items() if key[0] != name}
+        if len(self._views) >= MAX_CACHED_VIEWS:
+            self._views.clear()
+        view = self._views[(name, shape)] = buf[:n].view(shape)
+        return view
 
 
 def _carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
@@ -255,15 +266,15 @@ def _stage_kv(p: FAProblem, buf: "_Buffers", active: list[int], device, kv, vv) 
 
 
 def _stage_rows(buf: "_Buffers", name: str, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """One head's rows ``x`` ([r, D], any dtype and strides) times ``scale`` as a dense ``[1, r, D]`` in the compute
+    """One head's rows ``x`` ([r, D], any dtype and strides) times ``scale`` as a dense ``[r, D]`` in the compute
     dtype, in this thread's workspace ``name``: staged by the job that reads them, while they are in the caches
     (rows already dense, in the compute dtype and unscaled are used in place)."""
     if x.dtype == buf.dtype and scale == 1.0 and x.stride(-1) == 1 and (x.shape[0] == 1 or x.stride(0) == x.shape[1]):
-        return x.unsqueeze(0)
-    out = buf.get(name, 1, *x.shape)
+        return x
+    out = buf.get(name, *x.shape)
     if x.dtype == buf.dtype:
-        return torch.mul(x, scale, out=out[0]).unsqueeze(0)  # one rounding, as copying then scaling
-    out[0].copy_(x)
+        return torch.mul(x, scale, out=out)  # one rounding, as copying then scaling
+    out.copy_(x)
     return out.mul_(scale) if scale != 1.0 else out
 
 
@@ -321,31 +332,32 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
 
 def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: torch.dtype) -> None:
     """The forward of the row ``chunks`` of query head ``h`` of batch ``fb`` (see :func:`forward`), in this thread's
-    workspace (output rows accumulated in place when the output has the compute dtype)."""
+    workspace. Lean on tensor calls (each contends for the GIL with the other workers): views of the head are taken
+    once, and a :class:`_Tile` is built only for a pse, dropout or explicit mask."""
     buf = _Buffers.acquire(acc, fb.out.device)
     n2 = h // p.geom.group
-    direct = fb.out.dtype == acc
+    heads = slice(h, h + 1)
+    q, k, vt, out, m_h, l_h = fb.q[h], fb.k[n2], fb.v[n2].t(), fb.out[h], fb.m[h], fb.l[h]
+    extras = p.pse is not None or p.dropout is not None or p.mask.explicit is not None
     for r0, r1, blocks in chunks:
-        m, l = fb.m[h, r0:r1], fb.l[h, r0:r1]
-        o = fb.out[h, r0:r1] if direct else buf.get("o", r1 - r0, fb.out.shape[2])
-        qs = _stage_rows(buf, "q", fb.q[h, r0:r1], p.scale)
+        m, l = m_h[r0:r1], l_h[r0:r1]
+        qs = _stage_rows(buf, "q", q[r0:r1], p.scale)
         for j, (c0, c1, band) in enumerate(blocks):
-            t = _Tile(p, fb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
-            s = t.scores(qs, fb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)[0]
+            if extras:
+                t = _Tile(p, fb.b, n2, r0, r1, c0, c1, heads=heads)
+                s = t.scores(qs.unsqueeze(0), fb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)[0]
+            else:
+                s = p.mask.fill_masked_(mm_nt(qs, k[c0:c1], out=buf.get("s", r1 - r0, c1 - c0)), fb.b, r0, r1, c0,
+                                        c1, heads, band)
             rescale = _online_softmax_(s, m, l, first=j == 0)
-            if rescale is not None:
-                o.mul_(rescale)
-            drop = t.dropout_scale(acc)
+            drop = t.dropout_scale(acc) if extras else None
             if drop is not None:
                 s.mul_(drop[0])
-            pv = mm_nt(s, fb.v[n2, c0:c1].transpose(0, 1), out=buf.get("pv", r1 - r0, o.shape[1]))
             if j == 0:
-                o.copy_(pv)
+                o = mm_nt(s, vt[:, c0:c1], out=buf.get("o", r1 - r0, vt.shape[0]))
             else:
-                o.add_(pv)
-        o.div_(l.clamp_min(1.0))  # l >= 1 on rows with a kept score, else 0 (and o = 0)
-        if not direct:
-            fb.out[h, r0:r1].copy_(o)
+                o.mul_(rescale).add_(mm_nt(s, vt[:, c0:c1], out=buf.get("pv", r1 - r0, vt.shape[0])))
+        torch.div(o, l.clamp_min(1.0), out=out[r0:r1])  # l >= 1 on rows with a kept score, else 0 (and o = 0)
     buf.release()
 
 
@@ -569,12 +581,13 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
         for r0, r1, blocks in group:
             for h in range(n2 * g.group, (n2 + 1) * g.group):
                 qs = _stage_rows(buf, "q", bb.q[h, r0:r1], p.scale)
-                dot = _stage_rows(buf, "dy", bb.do[h, r0:r1])[0]
+                qs3 = qs.unsqueeze(0)
+                dot = _stage_rows(buf, "dy", bb.do[h, r0:r1])
                 delta = torch.linalg.vecdot(dot, bb.o[h, r0:r1]).unsqueeze_(-1)  # D = rowsum(dy * attention_in)
                 for c0, c1, band in blocks:
                     t = _Tile(p, bb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
                     cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
-                    s3 = t.scores(qs, bb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)
+                    s3 = t.scores(qs3, bb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)
                     prob = s3[0].sub_(bb.m[h, r0:r1])  # natural units first: exact where s ~ max
                     torch.add(bb.neg_log2_l[h, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
                     drop = t.dropout_scale(acc)
@@ -588,7 +601,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         _exact_dp_minus_d(dp, bb.peaked[h], r0, r1, dot, bb.v[n2, cols], bb.delta64[h], drop)
                     ds = prob.mul_(dp)
                     add_mm_nt_(bb.dq[h, r0:r1], ds, bb.k[n2, cols].transpose(0, 1))  # dq starts zeroed
-                    tk[:, tcols].addmm_(qs[0].transpose(0, 1), ds)
+                    tk[:, tcols].addmm_(qs.transpose(0, 1), ds)
                     t.add_pse_grad(s3, dpse)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
