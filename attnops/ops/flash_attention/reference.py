@@ -565,9 +565,12 @@ def _backward_jobs(batches: list[_BackwardBatch], n2: int, dpse):
 def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, dk: torch.Tensor, dv: torch.Tensor,
                       dpse, acc: torch.dtype) -> None:
     """The backward tiles of ``groups`` (of KV head ``n2`` and its G query heads) of batch ``bb``, in this thread's
-    workspace: dQ rows in place, dK/dV summed into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``)."""
+    workspace: dQ rows in place, dK/dV summed into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``). Lean on tensor calls
+    like :func:`_forward_rows`."""
     g = p.geom
     buf = _Buffers.acquire(acc, bb.k.device)
+    k, v = bb.k[n2], bb.v[n2]
+    extras = p.pse is not None or p.dropout is not None or p.mask.explicit is not None
     spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
     v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
     # dK^T and dV^T ([D, columns]): their GEMMs read P and dS row-major, not transposed; a group's sums are added
@@ -581,28 +584,36 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
         for r0, r1, blocks in group:
             for h in range(n2 * g.group, (n2 + 1) * g.group):
                 qs = _stage_rows(buf, "q", bb.q[h, r0:r1], p.scale)
-                qs3 = qs.unsqueeze(0)
                 dot = _stage_rows(buf, "dy", bb.do[h, r0:r1])
+                qs_t, dot_t = qs.t(), dot.t()
                 delta = torch.linalg.vecdot(dot, bb.o[h, r0:r1]).unsqueeze_(-1)  # D = rowsum(dy * attention_in)
+                m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
+                peaked = None if bb.peaked is None else bb.peaked[h]
                 for c0, c1, band in blocks:
-                    t = _Tile(p, bb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
-                    cols, tcols = slice(c0, c1), slice(c0 - u0, c1 - u0)
-                    s3 = t.scores(qs3, bb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)
-                    prob = s3[0].sub_(bb.m[h, r0:r1])  # natural units first: exact where s ~ max
-                    torch.add(bb.neg_log2_l[h, r0:r1], prob, alpha=LOG2E, out=prob).exp2_()
-                    drop = t.dropout_scale(acc)
-                    drop = None if drop is None else drop[0]
-                    tv[:, tcols].addmm_(dot.transpose(0, 1), prob if drop is None else prob * drop)
-                    dp = mm_nt(dot, bb.v[n2, cols], out=buf.get("dp", r1 - r0, c1 - c0))
+                    kc, vc, tcols = k[c0:c1], v[c0:c1], slice(c0 - u0, c1 - u0)
+                    if extras:
+                        t = _Tile(p, bb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
+                        s3 = t.scores(qs.unsqueeze(0), bb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)
+                        prob, drop = s3[0], t.dropout_scale(acc)
+                        drop = None if drop is None else drop[0]
+                    else:
+                        prob = p.mask.fill_masked_(mm_nt(qs, kc, out=buf.get("s", r1 - r0, c1 - c0)), bb.b, r0, r1,
+                                                   c0, c1, None, band)
+                        drop = None
+                    prob.sub_(m)  # natural units first: exact where s ~ max
+                    torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
+                    tv[:, tcols].addmm_(dot_t, prob if drop is None else prob * drop)
+                    dp = mm_nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
                     if drop is not None:
                         dp.mul_(drop)
                     dp.sub_(delta)
-                    if bb.peaked is not None and bb.peaked[h]:
-                        _exact_dp_minus_d(dp, bb.peaked[h], r0, r1, dot, bb.v[n2, cols], bb.delta64[h], drop)
+                    if peaked:
+                        _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
                     ds = prob.mul_(dp)
-                    add_mm_nt_(bb.dq[h, r0:r1], ds, bb.k[n2, cols].transpose(0, 1))  # dq starts zeroed
-                    tk[:, tcols].addmm_(qs.transpose(0, 1), ds)
-                    t.add_pse_grad(s3, dpse)
+                    add_mm_nt_(dq, ds, kc.t())  # dq starts zeroed
+                    tk[:, tcols].addmm_(qs_t, ds)
+                    if extras:
+                        t.add_pse_grad(s3, dpse)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv
