@@ -116,10 +116,13 @@ def _fa_cases(prefix: str, modes, causal_opts, **shape) -> tuple[Case, ...]:
 
 register_suite(Suite(
     name="fa-cpu",
-    description="FlashAttention B=1, N=8, S=4096, D=128, fp32, BSND, causal and full: attnops vs "
-                "torch.nn.functional.scaled_dot_product_attention on the CPU (the acceptance cases)",
-    cases=_fa_cases("fa-b1-n8-s4096-d128-fp32", ("fwd", "fwd+bwd"), (False, True),
-                    batch=1, heads=8, kv_heads=8, sq=4096, skv=4096, d=128, dv=128, dtype="float32"),
+    description="FlashAttention B=1, N=8, S=4096, D=128, fp32, causal and full: attnops vs "
+                "torch.nn.functional.scaled_dot_product_attention on the CPU (the acceptance cases). BNSD: both take "
+                "the same [B, N, S, D] tensors; BSND: attnops takes [B, S, N, D], SDPA a contiguous BNSD copy made "
+                "outside the timing",
+    cases=tuple(case for layout in ("BNSD", "BSND") for case in _fa_cases(
+        f"fa-b1-n8-s4096-d128-fp32-{layout.lower()}", ("fwd", "fwd+bwd"), (False, True), batch=1, heads=8,
+        kv_heads=8, sq=4096, skv=4096, d=128, dv=128, dtype="float32", layout=layout)),
     device="cpu", repeat=5, warmup=1))
 
 register_suite(Suite(

@@ -67,13 +67,15 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
                        randn(tq, case.kv_heads, case.dv), randn(tq, case.heads, case.dv))
         cum = [sum(case.seq_lens[:i + 1]) for i in range(len(case.seq_lens))]
         kw.update(actual_seq_qlen=cum, actual_seq_kvlen=cum)
-    elif case.layout == "BSND":
+    elif case.layout in ("BSND", "BNSD"):
         q, k, v, dy = (randn(case.batch, case.sq, case.heads, case.d),
                        randn(case.batch, case.skv, case.kv_heads, case.d),
                        randn(case.batch, case.skv, case.kv_heads, case.dv),
                        randn(case.batch, case.sq, case.heads, case.dv))
+        if case.layout == "BNSD":  # the same values, laid out as SDPA takes them
+            q, k, v, dy = (t.transpose(1, 2).contiguous() for t in (q, k, v, dy))
     else:
-        raise ValueError(f"benchmark cases use layout BSND or TND, got {case.layout!r}")
+        raise ValueError(f"benchmark cases use layout BSND, BNSD or TND, got {case.layout!r}")
     compressed = torch.ones(CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE, dtype=torch.bool, device=device).triu(1)
     if case.band is not None:
         kw.update(atten_mask=compressed, sparse_mode=4, pre_tokens=case.band[0], next_tokens=case.band[1])
@@ -83,10 +85,10 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
 
 
 def _to_bnsd(x: torch.Tensor, case: Case) -> torch.Tensor:
-    """attnops layout -> contiguous [B, N, S, D] (what SDPA/Flex prefer)."""
+    """attnops layout -> contiguous [B, N, S, D] (what SDPA/Flex prefer; the very tensor for BNSD cases)."""
     if case.layout == "TND":
         raise Unavailable("needs a dense [B, N, S, D] layout (case is TND)")
-    return x.transpose(1, 2).contiguous()
+    return x if case.layout == "BNSD" else x.transpose(1, 2).contiguous()
 
 
 def _autograd_runnable(forward: Callable[..., torch.Tensor], leaves: list[torch.Tensor], dy: torch.Tensor,
@@ -135,7 +137,7 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
     leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
 
     def to_bnsd(out):
-        return None if out is None or case.layout == "TND" else out.transpose(1, 2)
+        return None if out is None or case.layout == "TND" else out if case.layout == "BNSD" else out.transpose(1, 2)
 
     if case.mode == "bwd":
         with torch.no_grad():
@@ -226,6 +228,8 @@ def build_flash_attn(case: Case, inp: Inputs, device: torch.device) -> Runnable:
         raise Unavailable("flash-attn is not installed") from None
     if case.dtype not in ("float16", "bfloat16"):
         raise Unavailable("flash-attn supports fp16/bf16 only")
+    if case.layout == "BNSD":
+        raise Unavailable("flash-attn takes BSND or varlen tensors")
     leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
     window = (-1, -1) if case.band is None else case.band  # (left, right) = (pre_tokens, next_tokens)
     if case.layout == "TND":
@@ -253,6 +257,8 @@ def build_flashinfer(case: Case, inp: Inputs, device: torch.device) -> Runnable:
         raise Unavailable("flashinfer has no backward")
     if case.band is not None:
         raise Unavailable("the band case is measured against FlexAttention and flash-attn")
+    if case.layout == "BNSD":
+        raise Unavailable("flashinfer's ragged prefill takes [T, N, D] tensors")
     try:
         import flashinfer
     except ImportError:
