@@ -54,8 +54,8 @@ def mm_nt(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> 
     return torch.mm(x, w.t(), out=out)
 
 
-def add_mm_nt_(acc: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``acc += x @ w.T`` in place (oneDNN's product added in a second pass, or one ``addmm_``)."""
+def add_mm_nt_(acc: torch.Tensor, x: torch.Tensor, w: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """``acc += alpha * (x @ w.T)`` in place (oneDNN's product added in a second pass, or one ``addmm_``)."""
     if use_onednn(x, w):
-        return acc.add_(_onednn()(x, w, None, "none", [], ""))
-    return acc.addmm_(x, w.t())
+        return acc.add_(_onednn()(x, w, None, "none", [], ""), alpha=alpha)
+    return acc.addmm_(x, w.t(), alpha=alpha)

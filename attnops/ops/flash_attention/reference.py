@@ -456,7 +456,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     fixed order, so the result does not depend on the thread count. Tiles are one
     query head x a row chunk x at most ``COL_BLOCK`` columns of the band. Per tile, from the given statistics:
     ``P = exp2((S - max) * log2(e) - log2(sum))``, ``dV += P^T dy``, ``dS = P * (dy V^T - D)`` with
-    ``D = rowsum(dy * attention_in)`` (see :func:`_peaked_rows` for the rows done in fp64), ``dQ += dS K``,
+    ``D = rowsum(dy * attention_in)`` (see :func:`_peaked_rows` for the rows done in fp64), ``dQ += scale * dS K``,
     ``dK += dS^T (scale*Q)``.
     """
     g = p.geom
@@ -505,7 +505,6 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         bb.dk[n2] += dk_part
         bb.dv[n2] += dv_part
     for bb in batches:
-        bb.dq.mul_(p.scale)
         if not direct:
             batch_tokens(dqv, p.seq, bb.b).copy_(bb.dq.transpose(0, 1))
             batch_tokens(dkv, p.seq, bb.b, kv=True).copy_(bb.dk.transpose(0, 1))
@@ -610,7 +609,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     if peaked:
                         _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
                     ds = prob.mul_(dp)
-                    add_mm_nt_(dq, ds, kc.t())  # dq starts zeroed
+                    add_mm_nt_(dq, ds, kc.t(), alpha=p.scale)  # dq starts zeroed
                     tk[:, tcols].addmm_(qs_t, ds)
                     if extras:
                         t.add_pse_grad(s3, dpse)
