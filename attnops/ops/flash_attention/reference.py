@@ -566,6 +566,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     """The backward tiles of ``groups`` (of KV head ``n2`` and its G query heads) of batch ``bb``, in this thread's
     workspace: dQ rows in place, dK/dV summed into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``). Lean on tensor calls
     like :func:`_forward_rows`."""
+    if not groups:  # every row of the batch is masked: nothing to add
+        return
     g = p.geom
     buf = _Buffers.acquire(acc, bb.k.device)
     k, v = bb.k[n2], bb.v[n2]

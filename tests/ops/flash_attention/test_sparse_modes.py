@@ -264,6 +264,22 @@ def test_fully_masked_rows_band():
     _assert_invalid_rows(r["out"], r["smax"], r["ssum"], r["dq"], (0, 0, slice(0, 3)))
 
 
+@pytest.mark.parametrize("pse_type", [0, 1])
+def test_every_row_masked_with_a_pse_gradient(pse_type):
+    """A batch whose band keeps nothing (mode 4, next_tokens = -1, one token): no tile at all, zero gradients,
+    and a zero dpse of the pse's shape."""
+    q, k, v, dy = make_qkv("BNSD", b=1, n1=1, sq=1, skv=1, seed=35)
+    pse = torch.randn(1, 1, 1, 1)
+    kw = dict(layout="BNSD", scale=0.25, atten_mask=TRIU2048, sparse_mode=4, next_tokens=-1, pse=pse,
+              pse_type=pse_type)
+    r = attnops.flash_attention(q, k, v, return_stats=True, **kw)
+    assert bool((r.out == 0).all())
+    dq, dk, dv, dpse = attnops.flash_attention_backward(dy, q, k, v, r.out, r.softmax_max, r.softmax_sum, **kw)
+    for g in (dq, dk, dv, dpse):
+        assert bool((g == 0).all())
+    assert dpse.shape == pse.shape
+
+
 @pytest.mark.parametrize("softmax_layout", ["", "TND"])
 def test_fully_masked_rows_tnd_empty_kv(softmax_layout):
     """A batch with Skv = 0 and Sq > 0 has only invalid rows; dk/dv of it are empty and the others unaffected."""
