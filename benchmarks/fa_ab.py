@@ -1,11 +1,13 @@
 """A/B of two FlashAttention CPU references in one process: another revision's ``reference.py`` is loaded beside
 the working tree's, and both are timed with SDPA in random order, so the machine's drift (a shared VM's speed moves
-by 5-10% within minutes) hits all three alike. B=1, N=8, S=4096, D=128, fp32, BSND (SDPA on contiguous BNSD).
+by 5-10% within minutes) hits all three alike. B=1, N=8, S=4096, D=128, fp32; ``LAYOUT`` (environment) BNSD (the
+default: SDPA and attnops take the same tensors) or BSND (SDPA on contiguous BNSD copies).
 
     git worktree add /tmp/base <rev>
     python benchmarks/fa_ab.py /tmp/base/attnops/ops/flash_attention/reference.py [fwd fb fwd_causal fb_causal]
 
-Prints, per case, the min over ``REP`` (environment, default 5) rounds and SDPA time / each reference's time.
+Prints, per case, the min and the median over ``REP`` (environment, default 5) rounds and SDPA time / each
+reference's time.
 The other revision's reference must work with this tree's ``FAProblem`` and core modules.
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import statistics
 import sys
 import time
 
@@ -40,8 +43,11 @@ def main() -> None:
     current = backends.reference
     cases = sys.argv[2:] or CASES
     torch.manual_seed(0)
+    layout = os.environ.get("LAYOUT", "BNSD")
     q, k, v, dy = (torch.randn(1, S, N, D) for _ in range(4))
     heads_first = [t.transpose(1, 2).contiguous() for t in (q, k, v, dy)]
+    if layout == "BNSD":
+        q, k, v, dy = heads_first
     mask = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
 
     def ours(module, causal, bwd):
@@ -53,7 +59,7 @@ def main() -> None:
             for t in (qq, kk, vv):
                 t.grad = None
             with torch.set_grad_enabled(bwd):
-                out = attnops.flash_attention(qq, kk, vv, layout="BSND", **kw)
+                out = attnops.flash_attention(qq, kk, vv, layout=layout, **kw)
                 if bwd:
                     out.backward(dy)
         return run
@@ -71,21 +77,24 @@ def main() -> None:
         return run
 
     rounds = int(os.environ.get("REP", "5"))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, min of {rounds}; B: {sys.argv[1]}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {layout}, min / median of {rounds}; "
+          f"B: {sys.argv[1]}")
     for name in cases:
         causal, bwd = "causal" in name, name.startswith("fb")
         runs = {"A (this tree)": ours(current, causal, bwd), "B": ours(other, causal, bwd), "sdpa": sdpa(causal, bwd)}
         for run in runs.values():
             run()
-        best = dict.fromkeys(runs, float("inf"))
+        times = {label: [] for label in runs}
         for _ in range(rounds):
             for label in random.sample(list(runs), len(runs)):
                 t0 = time.perf_counter()
                 runs[label]()
-                best[label] = min(best[label], time.perf_counter() - t0)
+                times[label].append(time.perf_counter() - t0)
         backends.reference = current
-        print(f"{name:11s} " + "  ".join(f"{label} {t:.4f} s" for label, t in best.items())
-              + f" | sdpa/A {best['sdpa'] / best['A (this tree)']:.3f}  sdpa/B {best['sdpa'] / best['B']:.3f}")
+        for stat in (min, statistics.median):
+            t = {label: stat(ts) for label, ts in times.items()}
+            print(f"{name:11s} {stat.__name__:6s} " + "  ".join(f"{label} {x:.4f} s" for label, x in t.items())
+                  + f" | sdpa/A {t['sdpa'] / t['A (this tree)']:.3f}  sdpa/B {t['sdpa'] / t['B']:.3f}")
 
 
 if __name__ == "__main__":
