@@ -25,8 +25,8 @@ import torch
 
 from ..._core.gemm import add_mm_nt_, mm_nt
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
-from ..._core.parallel import run_jobs
-from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, new_stats, stats_block
+from ..._core.parallel import fill_, run_jobs
+from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_block, stats_dtype, stats_shape
 from .problem import FAProblem
 
 LOG2E = math.log2(math.e)
@@ -289,6 +289,8 @@ class _ForwardBatch:
     out: torch.Tensor  # [N1, Sq, Dv] (a view of the output)
     m: torch.Tensor  # [N1, Sq, 1] row max
     l: torch.Tensor  # [N1, Sq, 1] row sum
+    smax: torch.Tensor  # [N1, Sq, 8] (views of the statistics)
+    ssum: torch.Tensor
     chunks: list  # (r0, r1, column blocks [(c0, c1, band)])
 
 
@@ -297,11 +299,11 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
 
     Jobs of (batch, query head, row chunks) run side by side on single-threaded workers
     (:mod:`attnops._core.parallel`); with fewer than ``MIN_JOBS`` heads a head's chunks are dealt round-robin to
-    several jobs. A job walks its row chunks and writes their output rows; a chunk's band is split in column blocks
-    of at most ``FWD_COL_BLOCK``. Per block: ``S = (scale*Q) K^T``, masked entries -inf, and the online softmax:
-    running max ``m``, ``P = exp2((S - m) * log2(e))`` (the max subtracted in natural units first, exactly, as the
-    backward does), ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``; ``O / l`` at the
-    end. With one block per chunk that is the plain softmax.
+    several jobs. A job walks its row chunks and writes their output rows and statistics; a chunk's band is split
+    in column blocks of at most ``FWD_COL_BLOCK``. Per block: ``S = (scale*Q) K^T``, masked entries -inf, and the
+    online softmax: running max ``m``, ``P = exp2((S - m) * log2(e))`` (the max subtracted in natural units first,
+    exactly, as the backward does), ``l <- l * exp(m_old - m) + rowsum(P)``, ``O <- O * exp(m_old - m) + P V``;
+    ``O / l`` at the end. With one block per chunk that is the plain softmax.
     """
     g = p.geom
     acc = compute_dtype(query.dtype)
@@ -309,25 +311,39 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     chunks = {b: [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK))
                   for r0, r1, c0, c1, band in _row_chunks(p, b, TILE_BYTES // acc.itemsize, MAX_ROWS, FWD_COL_BLOCK)]
               for b in active}
-    covered = sum(r1 - r0 for b in active for r0, r1, _ in chunks[b])  # rows the jobs write
-    shape = with_head_dim(query.shape, g.layout, g.n1, g.dv)
-    out = (torch.empty if covered == p.total_q else torch.zeros)(shape, dtype=query.dtype, device=query.device)
-    smax, ssum = new_stats(p.seq, g.n1, p.total_q, query.device, query.dtype)
+    out = torch.empty(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=query.device)
+    smax, ssum = (torch.empty(stats_shape(p.seq, g.n1, p.total_q), dtype=stats_dtype(query.dtype),
+                              device=query.device) for _ in range(2))
     qv, kv, vv, ov = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (out, g.n1)))
     k_all, v_all = _stage_kv(p, _Buffers.acquire(acc, query.device), active, query.device, kv, vv)
     batches = [_ForwardBatch(b, batch_tokens(qv, p.seq, b).transpose(0, 1), k_all[i], v_all[i],
                              batch_tokens(ov, p.seq, b).transpose(0, 1),
-                             torch.full((g.n1, p.seq.q_lens[b], 1), FLT_LOWEST, dtype=acc, device=query.device),
-                             torch.zeros((g.n1, p.seq.q_lens[b], 1), dtype=acc, device=query.device), chunks[b])
+                             *(torch.empty((g.n1, p.seq.q_lens[b], 1), dtype=acc, device=query.device)
+                               for _ in range(2)),
+                             *(stats_block(t, p.seq, b, p.softmax_layout) for t in (smax, ssum)), chunks[b])
                for i, b in enumerate(active)]
+    if sum(r1 - r0 for b in active for r0, r1, _ in chunks[b]) < p.total_q:  # rows no job writes: 0 and invalid
+        fill_([(out, 0.0), (smax, FLT_LOWEST), (ssum, FLT_MAX)] + [(fb.m, FLT_LOWEST) for fb in batches]
+              + [(fb.l, 0.0) for fb in batches], query.device)
     jobs = [(fb, h, part) for fb in batches for h in range(g.n1) for part in _deal(fb.chunks, len(batches) * g.n1)]
     run_jobs(lambda job: _forward_rows(p, *job, acc), jobs, query.device)
-    for fb in batches:
-        fb.l.masked_fill_(fb.l == 0, FLT_MAX)  # rows without a kept score
-        stats_block(smax, p.seq, fb.b, p.softmax_layout).copy_(fb.m.expand(-1, -1, 8))
-        stats_block(ssum, p.seq, fb.b, p.softmax_layout).copy_(fb.l.expand(-1, -1, 8))
     _Buffers.acquire(acc, query.device).release()
     return out, smax, ssum
+
+
+def _write_stats(fb: _ForwardBatch, h: int, chunks: list) -> None:
+    """Head ``h``'s row max and sum of the rows of ``chunks`` into the statistics (sum FLT_MAX on rows without a
+    kept score); consecutive chunks are written together."""
+    runs = []
+    for r0, r1, _ in chunks:
+        if runs and runs[-1][1] == r0:
+            runs[-1][1] = r1
+        else:
+            runs.append([r0, r1])
+    for r0, r1 in runs:
+        l = fb.l[h, r0:r1]
+        fb.smax[h, r0:r1].copy_(fb.m[h, r0:r1].expand(-1, STAT_LANES))
+        fb.ssum[h, r0:r1].copy_(l.masked_fill_(l == 0, FLT_MAX).expand(-1, STAT_LANES))
 
 
 def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: torch.dtype) -> None:
@@ -358,6 +374,7 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
             else:
                 o.mul_(rescale).add_(mm_nt(s, vt[:, c0:c1], out=buf.get("pv", r1 - r0, vt.shape[0])))
         torch.div(o, l.clamp_min(1.0), out=out[r0:r1])  # l >= 1 on rows with a kept score, else 0 (and o = 0)
+    _write_stats(fb, h, chunks)
     buf.release()
 
 
@@ -460,10 +477,10 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     ``dK += dS^T (scale*Q)``.
     """
     g = p.geom
-    dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
+    dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)  # zeroed by the workers
     dpse = None
     if p.pse is not None and p.pse.has_grad:
-        dpse = torch.zeros(p.pse.tensor.shape, dtype=compute_dtype(query.dtype), device=query.device)
+        dpse = torch.empty(p.pse.tensor.shape, dtype=compute_dtype(query.dtype), device=query.device)
     qv, kv, vv, dyv, ov, dqv, dkv, dvv = (
         tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (dy, g.n1),
                                                   (attention_in, g.n1), (dq, g.n1), (dk, g.n2), (dv, g.n2)))
@@ -484,9 +501,8 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
             dk_b = batch_tokens(dkv, p.seq, b, kv=True).transpose(0, 1)
             dv_b = batch_tokens(dvv, p.seq, b, kv=True).transpose(0, 1)
         else:
-            dq_b = torch.zeros(g.n1, sq, g.d, dtype=acc, device=query.device)
-            dk_b = torch.zeros(g.n2, skv, g.d, dtype=acc, device=query.device)
-            dv_b = torch.zeros(g.n2, skv, g.dv, dtype=acc, device=query.device)
+            dq_b, dk_b, dv_b = (torch.empty(n, s_, d_, dtype=acc, device=query.device)
+                                for n, s_, d_ in ((g.n1, sq, g.d), (g.n2, skv, g.d), (g.n2, skv, g.dv)))
         # tiles of at most COL_BLOCK columns: the backward needs no whole rows (the statistics are given), and
         # smaller tiles keep its two score-sized buffers in the caches
         chunks = [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, COL_BLOCK))
@@ -500,19 +516,33 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
             o, peaked, _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
     jobs, partials = _backward_jobs(batches, g.n2, dpse)
+    accumulators = [dq, dk, dv] + [t for bb in batches if not direct for t in (bb.dq, bb.dk, bb.dv)]
+    fill_([(t, 0.0) for t in accumulators + [t for _, _, dk_part, dv_part in partials for t in (dk_part, dv_part)]
+           + ([] if dpse is None else [dpse])], query.device)
     run_jobs(lambda job: [_backward_kv_head(p, *task, dpse, acc) for task in job], jobs, query.device)
-    for bb, n2, dk_part, dv_part in partials:  # in a fixed order: the result does not depend on the thread count
-        bb.dk[n2] += dk_part
-        bb.dv[n2] += dv_part
-    for bb in batches:
-        if not direct:
-            batch_tokens(dqv, p.seq, bb.b).copy_(bb.dq.transpose(0, 1))
-            batch_tokens(dkv, p.seq, bb.b, kv=True).copy_(bb.dk.transpose(0, 1))
-            batch_tokens(dvv, p.seq, bb.b, kv=True).copy_(bb.dv.transpose(0, 1))
+    outputs = (dqv, dkv, dvv)
+    run_jobs(lambda job: _backward_finish(p, *job, partials, None if direct else outputs), [
+        (bb, n2) for bb in batches for n2 in range(g.n2)], query.device)
     buf.release()
     if dpse is not None:
         dpse = dpse.to(p.pse.tensor.dtype)
     return dq, dk, dv, dpse
+
+
+def _backward_finish(p: FAProblem, bb: _BackwardBatch, n2: int, partials: list, outputs) -> None:
+    """KV head ``n2`` of batch ``bb`` after the tile jobs: its dK/dV partials added in their fixed order (the result
+    does not depend on the thread count), and, when the accumulators are not the outputs (``outputs``: the dq, dk,
+    dv token views), dK/dV of the head and dQ of its query heads copied out in the output dtype."""
+    for pb, h, dk_part, dv_part in partials:
+        if pb is bb and h == n2:
+            bb.dk[n2] += dk_part
+            bb.dv[n2] += dv_part
+    if outputs is not None:
+        heads = slice(n2 * p.geom.group, (n2 + 1) * p.geom.group)
+        dqv, dkv, dvv = outputs
+        batch_tokens(dqv, p.seq, bb.b)[:, heads].copy_(bb.dq[heads].transpose(0, 1))
+        batch_tokens(dkv, p.seq, bb.b, kv=True)[:, n2].copy_(bb.dk[n2])
+        batch_tokens(dvv, p.seq, bb.b, kv=True)[:, n2].copy_(bb.dv[n2])
 
 
 def _peaked_delta(peaked: list[list[int]] | None, do: torch.Tensor, o: torch.Tensor) -> torch.Tensor | None:
@@ -550,7 +580,7 @@ def _backward_jobs(batches: list[_BackwardBatch], n2: int, dpse):
         for bb in batches:
             for h in range(n2):
                 for part in _deal(bb.groups, len(batches) * n2):
-                    dk, dv = torch.zeros_like(bb.dk[h]), torch.zeros_like(bb.dv[h])
+                    dk, dv = torch.empty_like(bb.dk[h]), torch.empty_like(bb.dv[h])  # zeroed by the caller
                     jobs.append([(bb, h, part, dk, dv)])
                     partials.append((bb, h, dk, dv))
         return jobs, partials
