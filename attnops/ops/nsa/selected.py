@@ -20,7 +20,7 @@ import torch
 
 from ..._core.checks import check_int, check_tensor, fail, require
 from ..._core.masks import MASK_DTYPES
-from ..._core.parallel import run_jobs
+from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype
 from ..._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
 from .compress import NSA_DTYPES
@@ -137,12 +137,12 @@ class _Segment:
             return x[base + self.run[0]:base + self.run[1]]
         return x[self.tokens + base if base else self.tokens]
 
-    def add_to(self, x: torch.Tensor, y: torch.Tensor, base: int = 0) -> None:
-        """``x[rows] += y`` row by row in pair order (deterministic)."""
+    def add_to(self, x: torch.Tensor, y: torch.Tensor, base: int = 0, alpha: float = 1.0) -> None:
+        """``x[rows] += alpha * y`` row by row in pair order (deterministic)."""
         if self.run is not None:
-            x[base + self.run[0]:base + self.run[1]] += y
+            x[base + self.run[0]:base + self.run[1]].add_(y, alpha=alpha)
         else:
-            x.index_add_(0, self.tokens + base if base else self.tokens, y)
+            x.index_add_(0, self.tokens + base if base else self.tokens, y, alpha=alpha)
 
     def max_into(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """``x[rows] = max(x[rows], y)`` for chunk-local rows of ``x`` ``[tokens, G]``."""
@@ -205,10 +205,10 @@ def selected_forward(spec: SelectedSpec, query, key, value, topk):
     """``(attention_out [T1, N1, Dv], softmax_max [T1, N1, 8], softmax_sum [T1, N1, 8])``.
 
     Token chunks of a (batch, KV head) are independent: they run side by side (:mod:`attnops._core.parallel`)."""
-    out = torch.zeros(spec.total_q, spec.n1, spec.dv, dtype=query.dtype)
+    out = torch.empty(spec.total_q, spec.n1, spec.dv, dtype=query.dtype)
     sdt = stats_dtype(query.dtype)
-    smax = torch.full((spec.total_q, spec.n1, STAT_LANES), FLT_LOWEST, dtype=sdt)
-    ssum = torch.full((spec.total_q, spec.n1, STAT_LANES), FLT_MAX, dtype=sdt)
+    smax, ssum = (torch.empty((spec.total_q, spec.n1, STAT_LANES), dtype=sdt) for _ in range(2))
+    fill_([(out, 0.0), (smax, FLT_LOWEST), (ssum, FLT_MAX)], query.device)  # on the workers: see parallel.py
     for b in range(spec.seq.batch):
         for n2 in range(spec.n2 if spec.seq.q_lens[b] else 0):
             bt = _Batch(spec, b, n2, query, key, value, topk)
@@ -249,21 +249,20 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, atte
     writes its own dq rows and sums dk/dv into a partial over the blocks its tokens selected; the partials are
     added in group order, so the result does not depend on the thread count."""
     acc, kv_acc = _acc(query.dtype), _sum_acc(query.dtype)
-    g, bs = spec.group, spec.block_size
-    dq = torch.zeros(query.shape, dtype=acc)
-    dk = torch.zeros(key.shape, dtype=kv_acc)
-    dv = torch.zeros(value.shape, dtype=kv_acc)
+    bs = spec.block_size
+    dq = torch.empty(query.shape, dtype=acc)
+    dk = torch.empty(key.shape, dtype=kv_acc)
+    dv = torch.empty(value.shape, dtype=kv_acc)
+    fill_([(dq, 0.0), (dk, 0.0), (dv, 0.0)], query.device)  # on the workers: see parallel.py
     for b in range(spec.seq.batch):
         qs, sq = spec.seq.q_starts[b], spec.seq.q_lens[b]
         ks, skv = spec.seq.kv_starts[b], spec.seq.kv_lens[b]
         for n2 in range(spec.n2 if sq else 0):
             bt = _Batch(spec, b, n2, query, key, value, topk)
             h = bt.heads
-            dp_dt = _dp_dtype(query.dtype)
-            do = attention_out_grad[qs:qs + sq, h].to(acc)  # [Sq, G, Dv]
             grads = _BlockGrads(bt, softmax_max[qs:qs + sq, h, 0].to(acc), softmax_sum[qs:qs + sq, h, 0].to(acc).log2(),
-                                do, torch.linalg.vecdot(do.to(dp_dt), attention_out[qs:qs + sq, h].to(dp_dt)),
-                                torch.zeros(sq, g, spec.d, dtype=acc), kv_acc)
+                                attention_out_grad[qs:qs + sq, h], attention_out[qs:qs + sq, h],
+                                _dp_dtype(query.dtype), dq[qs:qs + sq, h], kv_acc)
             chunks = list(bt.chunks())
             n = min(KV_GRAD_GROUPS, len(chunks))
             groups = [chunks[i * len(chunks) // n:(i + 1) * len(chunks) // n] for i in range(n)]
@@ -274,7 +273,6 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, atte
             for lo, pk, pv in partials:
                 dk_b[lo:lo + pk.shape[0]] += pk
                 dv_b[lo:lo + pv.shape[0]] += pv
-            dq[qs:qs + sq, h] = grads.dq.mul_(spec.scale)
     return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)
 
 
@@ -285,28 +283,31 @@ class _BlockGrads:
     bt: _Batch
     m: torch.Tensor  # [Sq, G] given row max
     log2_l: torch.Tensor  # [Sq, G] log2 of the given row sum
-    do: torch.Tensor  # [Sq, G, Dv]
-    delta: torch.Tensor  # [Sq, G] D = rowsum(dy * attention_out), in the dP - D dtype
-    dq: torch.Tensor  # [Sq, G, D], unscaled
+    do: torch.Tensor  # [Sq, G, Dv] attention_out_grad (a view of the input)
+    out: torch.Tensor  # [Sq, G, Dv] attention_out (a view of the input)
+    dp_dtype: torch.dtype  # the dtype of dP - D
+    dq: torch.Tensor  # [Sq, G, D] (a view of the result: each chunk's rows are written by one job)
     kv_acc: torch.dtype
 
     def run(self, chunks: list[tuple[int, int]]) -> tuple[int, torch.Tensor, torch.Tensor]:
         """``(first block, dk partial, dv partial)`` of the tokens of ``chunks`` (contiguous)."""
         bt, spec = self.bt, self.bt.spec
-        bs, dp_dt = spec.block_size, self.delta.dtype
+        bs, dp_dt, acc = spec.block_size, self.dp_dtype, self.dq.dtype
         picked = bt.idx[chunks[0][0]:chunks[-1][1]]
         lo, hi = int(picked.min()), int(picked.max()) + 1
         pk = torch.zeros(hi - lo, bs, spec.d, dtype=self.kv_acc)
         pv = torch.zeros(hi - lo, bs, spec.dv, dtype=self.kv_acc)
         for t0, t1 in chunks:
+            do = self.do[t0:t1].to(acc)
+            delta = torch.linalg.vecdot(do.to(dp_dt), self.out[t0:t1].to(dp_dt))  # D = rowsum(dy * attention_out)
             for seg in bt.segments(t0, t1):
                 s, qj = bt.scores(seg, t0)
                 p = s.sub_(seg.take(self.m, t0).unsqueeze(-1)).mul_(LOG2E)
                 p = p.sub_(seg.take(self.log2_l, t0).unsqueeze(-1)).exp2_()
-                do_j = seg.take(self.do, t0)
+                do_j = seg.take(do)
                 dp = torch.matmul(do_j.to(dp_dt), bt.v[seg.block].transpose(0, 1).to(dp_dt))
                 pv[seg.block - lo] += (p.reshape(-1, bs).transpose(0, 1) @ do_j.reshape(-1, spec.dv)).to(self.kv_acc)
-                ds = p.mul_(dp.sub_(seg.take(self.delta, t0).unsqueeze(-1)).to(p.dtype))
+                ds = p.mul_(dp.sub_(seg.take(delta).unsqueeze(-1)).to(p.dtype))
                 pk[seg.block - lo] += (ds.reshape(-1, bs).transpose(0, 1) @ qj.reshape(-1, spec.d)).to(self.kv_acc)
-                seg.add_to(self.dq, torch.matmul(ds, bt.k[seg.block]), t0)
+                seg.add_to(self.dq, torch.matmul(ds, bt.k[seg.block]), t0, alpha=spec.scale)
         return lo, pk, pv
