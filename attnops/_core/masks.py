@@ -81,6 +81,15 @@ class MaskSpec:
             masked = e if masked is None else (masked | e)
         return masked
 
+    def keeps_every_row(self, b: int, r0: int, r1: int, c0: int, c1: int) -> bool:
+        """Whether every row of ``[r0, r1)`` keeps at least one column of ``[c0, c1)`` (False with an explicit
+        mask, which may mask anything)."""
+        if self.explicit is not None or c0 >= c1:
+            return False
+        if self.prefix is not None and self.prefix[b] > c0:
+            return True  # column c0 is a prefix column
+        return r0 + self.hi[b] >= c0 and r1 - 1 + self.lo[b] < c1  # row i keeps [i + lo, i + hi]
+
     def edge_spans(self, b: int, r0: int, r1: int, c0: int, c1: int) -> list[tuple[int, int]]:
         """The column spans of tile rows ``[r0, r1)`` x columns ``[c0, c1)`` that the band's left and right edges
         cross: columns every row keeps, and prefix columns, are left out."""

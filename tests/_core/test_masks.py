@@ -60,6 +60,11 @@ def test_tile_queries_agree_with_dense_construction(lo, hi, prefix, with_explici
             tile = torch.zeros(heads, r1 - r0, b - a)
             spec.fill_masked_(tile, 0, r0, r1, a, b, heads=slice(0, heads))
             assert torch.equal(torch.isinf(tile), want_masked) and bool((tile[~want_masked] == 0).all())
+            # keeps_every_row never claims a row that keeps nothing (an explicit mask: never claimed)
+            if spec.keeps_every_row(0, r0, r1, a, b):
+                assert bool(keep[:, r0:r1, a:b].any(-1).all()), (r0, r1, a, b)
+            elif not with_explicit:
+                assert not bool(keep_band[r0:r1, a:b].any(-1).all()), (r0, r1, a, b)
 
 
 def test_full_spec():

@@ -358,6 +358,7 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
     for r0, r1, blocks in chunks:
         m, l = m_h[r0:r1], l_h[r0:r1]
         qs = _stage_rows(buf, "q", q[r0:r1], p.scale)
+        kept = not extras and p.mask.keeps_every_row(fb.b, r0, r1, blocks[0][0], blocks[0][1])  # l >= 1
         for j, (c0, c1, band) in enumerate(blocks):
             if extras:
                 t = _Tile(p, fb.b, n2, r0, r1, c0, c1, heads=heads)
@@ -365,7 +366,7 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
             else:
                 s = p.mask.fill_masked_(mm_nt(qs, k[c0:c1], out=buf.get("s", r1 - r0, c1 - c0)), fb.b, r0, r1, c0,
                                         c1, heads, band)
-            rescale = _online_softmax_(s, m, l, first=j == 0)
+            rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
             drop = t.dropout_scale(acc) if extras else None
             if drop is not None:
                 s.mul_(drop[0])
@@ -373,17 +374,21 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
                 o = mm_nt(s, vt[:, c0:c1], out=buf.get("o", r1 - r0, vt.shape[0]))
             else:
                 o.mul_(rescale).add_(mm_nt(s, vt[:, c0:c1], out=buf.get("pv", r1 - r0, vt.shape[0])))
-        torch.div(o, l.clamp_min(1.0), out=out[r0:r1])  # l >= 1 on rows with a kept score, else 0 (and o = 0)
+        torch.div(o, l if kept else l.clamp_min(1.0), out=out[r0:r1])  # l >= 1 on rows with a kept score, else 0
     _write_stats(fb, h, chunks)
     buf.release()
 
 
-def _online_softmax_(s: torch.Tensor, m: torch.Tensor, l: torch.Tensor, first: bool) -> torch.Tensor | None:
+def _online_softmax_(s: torch.Tensor, m: torch.Tensor, l: torch.Tensor, first: bool, kept: bool = False
+                     ) -> torch.Tensor | None:
     """One column block of the online softmax, in place: ``s`` ([r, c] scores) becomes ``exp2((s - m) * log2 e)``
     with ``m`` ([r, 1]) the running row max and ``l`` the running row sum. Returns the factor ``exp(m_old - m)``
-    the output accumulated so far must be scaled by (None for the ``first`` block)."""
+    the output accumulated so far must be scaled by (None for the ``first`` block). ``kept``: every row keeps a
+    score of the first block (its max is finite)."""
     if first:
-        torch.amax(s, -1, keepdim=True, out=m).clamp_min_(FLT_LOWEST)  # -inf (no kept score yet): lowest
+        torch.amax(s, -1, keepdim=True, out=m)
+        if not kept:
+            m.clamp_min_(FLT_LOWEST)  # -inf (no kept score yet): lowest
         s.sub_(m).mul_(LOG2E).exp2_()
         torch.sum(s, -1, keepdim=True, out=l)
         return None
