@@ -123,3 +123,19 @@ def test_a_forked_child_starts_its_own_pool(two_threads):
         child.kill()
     assert not alive, "run_jobs hung in a forked child"
     assert queue.get(timeout=5) == [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.empty(3, 5, 7),
+    lambda: torch.empty(7, 5, 3).permute(2, 1, 0),  # not contiguous: sliced along its longest dimension
+    lambda: torch.empty(100_003),  # pieces of unequal size
+    lambda: torch.empty(()),
+    lambda: torch.empty(0, 4),
+    lambda: torch.empty(2, 4096, 130)[:, :, 1:129],
+])
+def test_fill_sets_every_element_on_the_workers(two_threads, make):
+    from attnops._core.parallel import fill_
+
+    a, b = make(), torch.empty(9, 9)
+    fill_([(a, 2.5), (b, float("-inf"))], CPU)
+    assert bool((a == 2.5).all()) and bool((b == float("-inf")).all())
