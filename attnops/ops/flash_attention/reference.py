@@ -81,17 +81,17 @@ class _Tile:
         self.heads = slice(n2 * g, (n2 + 1) * g) if heads is None else heads  # query heads (of KV head n2)
         self.shape = (self.heads.stop - self.heads.start, r1 - r0, c1 - c0)
 
-    def scores(self, q_rows: torch.Tensor, k: torch.Tensor, out: torch.Tensor, band=None) -> torch.Tensor:
+    def scores(self, q_rows: torch.Tensor, k_cols: torch.Tensor, out: torch.Tensor, band=None) -> torch.Tensor:
         """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) with masked entries at -inf.
 
-        ``q_rows`` is the tile's query rows times ``scale`` ([G, r, D]); ``k`` is [N2, Skv, D]; ``out`` ([G, r, c]) is a
-        workspace the result may live in. ``band``: the tile's :meth:`MaskSpec.band_bounds` when the caller has
-        them (shared by the heads of a chunk).
+        ``q_rows`` is the tile's query rows times ``scale`` ([G, r, D]); ``k_cols`` the tile's keys ([c, D], of its
+        KV head); ``out`` ([G, r, c]) is a workspace the result may live in. ``band``: the tile's
+        :meth:`MaskSpec.band_bounds` when the caller has them (shared by the heads of a chunk).
         """
         if out.shape[0] == 1:  # one head: a plain 2-D GEMM
-            s = mm_nt(q_rows[0], k[self.n2, self.c0:self.c1], out=out[0]).unsqueeze(0)
+            s = mm_nt(q_rows[0], k_cols, out=out[0]).unsqueeze(0)
         else:
-            s = torch.matmul(q_rows, k[self.n2, self.c0:self.c1].transpose(0, 1), out=out)
+            s = torch.matmul(q_rows, k_cols.transpose(0, 1), out=out)
         return self.shift_and_mask_(s, band)
 
     def shift_and_mask_(self, s: torch.Tensor, band=None) -> torch.Tensor:
@@ -128,6 +128,23 @@ def _tiles(p: FAProblem, b: int, rows: int):
             c0, c1 = p.mask.col_range(b, r0, r1, skv)
             if c0 < c1:
                 yield _Tile(p, b, n2, r0, r1, c0, c1)
+
+
+def _has_tile_extras(p: FAProblem) -> bool:
+    """Whether tiles need a :class:`_Tile` (a pse, dropout or an explicit mask) beyond the band's masking."""
+    return p.pse is not None or p.dropout is not None or p.mask.explicit is not None
+
+
+def _head_scores(p: FAProblem, b: int, n2: int, h: int, r0: int, r1: int, c0: int, c1: int, qs: torch.Tensor,
+                 k_cols: torch.Tensor, band, buf: "_Buffers", extras: bool) -> tuple[torch.Tensor, "_Tile | None"]:
+    """Query head ``h``'s masked scores ``[r1 - r0, c1 - c0]`` (``qs``: its rows times the scale; ``k_cols``: keys
+    ``c0:c1`` of KV head ``n2``) in workspace ``"s"``, and the :class:`_Tile` when ``extras`` (for its pse, dropout
+    and pse gradient). Without extras no tile object is built: every tensor call of a worker contends for the GIL."""
+    if not extras:
+        s = mm_nt(qs, k_cols, out=buf.get("s", r1 - r0, c1 - c0))
+        return p.mask.fill_masked_(s, b, r0, r1, c0, c1, None, band), None
+    t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
+    return t.scores(qs.unsqueeze(0), k_cols, buf.get("s", 1, r1 - r0, c1 - c0), band)[0], t
 
 
 def _active_batches(p: FAProblem):
@@ -349,25 +366,19 @@ def _write_stats(fb: _ForwardBatch, h: int, chunks: list) -> None:
 def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: torch.dtype) -> None:
     """The forward of the row ``chunks`` of query head ``h`` of batch ``fb`` (see :func:`forward`), in this thread's
     workspace. Lean on tensor calls (each contends for the GIL with the other workers): views of the head are taken
-    once, and a :class:`_Tile` is built only for a pse, dropout or explicit mask."""
+    once, and a :class:`_Tile` is built only for a pse, dropout or explicit mask (:func:`_head_scores`)."""
     buf = _Buffers.acquire(acc, fb.out.device)
     n2 = h // p.geom.group
-    heads = slice(h, h + 1)
     q, k, vt, out, m_h, l_h = fb.q[h], fb.k[n2], fb.v[n2].t(), fb.out[h], fb.m[h], fb.l[h]
-    extras = p.pse is not None or p.dropout is not None or p.mask.explicit is not None
+    extras = _has_tile_extras(p)
     for r0, r1, blocks in chunks:
         m, l = m_h[r0:r1], l_h[r0:r1]
         qs = _stage_rows(buf, "q", q[r0:r1], p.scale)
         kept = not extras and p.mask.keeps_every_row(fb.b, r0, r1, blocks[0][0], blocks[0][1])  # l >= 1
         for j, (c0, c1, band) in enumerate(blocks):
-            if extras:
-                t = _Tile(p, fb.b, n2, r0, r1, c0, c1, heads=heads)
-                s = t.scores(qs.unsqueeze(0), fb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)[0]
-            else:
-                s = p.mask.fill_masked_(mm_nt(qs, k[c0:c1], out=buf.get("s", r1 - r0, c1 - c0)), fb.b, r0, r1, c0,
-                                        c1, heads, band)
+            s, t = _head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, k[c0:c1], band, buf, extras)
             rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
-            drop = t.dropout_scale(acc) if extras else None
+            drop = None if t is None else t.dropout_scale(acc)
             if drop is not None:
                 s.mul_(drop[0])
             if j == 0:
@@ -427,7 +438,7 @@ def probability_tiles(p: FAProblem, b: int, query, key, softmax_max, softmax_sum
     ws = _Workspace(g.group, p.seq.max_kv, 1, acc)
     for t in _tiles(p, b, ws.rows):
         rows = (t.heads, slice(t.r0, t.r1))
-        yield t, _probabilities_(t.scores(qs[rows], k, ws.tile(0, t.shape)), m[rows], log2_l[rows])
+        yield t, _probabilities_(t.scores(qs[rows], k[t.n2, t.c0:t.c1], ws.tile(0, t.shape)), m[rows], log2_l[rows])
 
 
 def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) -> list[list[int]] | None:
@@ -606,7 +617,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     g = p.geom
     buf = _Buffers.acquire(acc, bb.k.device)
     k, v = bb.k[n2], bb.v[n2]
-    extras = p.pse is not None or p.dropout is not None or p.mask.explicit is not None
+    extras = _has_tile_extras(p)
     spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
     v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
     # dK^T and dV^T ([D, columns]): their GEMMs read P and dS row-major, not transposed; a group's sums are added
@@ -627,15 +638,9 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 for c0, c1, band in blocks:
                     kc, vc, tcols = k[c0:c1], v[c0:c1], slice(c0 - u0, c1 - u0)
-                    if extras:
-                        t = _Tile(p, bb.b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
-                        s3 = t.scores(qs.unsqueeze(0), bb.k, buf.get("s", 1, r1 - r0, c1 - c0), band)
-                        prob, drop = s3[0], t.dropout_scale(acc)
-                        drop = None if drop is None else drop[0]
-                    else:
-                        prob = p.mask.fill_masked_(mm_nt(qs, kc, out=buf.get("s", r1 - r0, c1 - c0)), bb.b, r0, r1,
-                                                   c0, c1, None, band)
-                        drop = None
+                    prob, t = _head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, kc, band, buf, extras)
+                    drop = None if t is None else t.dropout_scale(acc)
+                    drop = None if drop is None else drop[0]
                     prob.sub_(m)  # natural units first: exact where s ~ max
                     torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
                     tv[:, tcols].addmm_(dot_t, prob if drop is None else prob * drop)
@@ -648,8 +653,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     ds = prob.mul_(dp)
                     add_mm_nt_(dq, ds, kc.t(), alpha=p.scale)  # dq starts zeroed
                     tk[:, tcols].addmm_(qs_t, ds)
-                    if extras:
-                        t.add_pse_grad(s3, dpse)
+                    if t is not None:
+                        t.add_pse_grad(prob.unsqueeze(0), dpse)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv
