@@ -385,6 +385,7 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
                 o = mm_nt(s, vt[:, c0:c1], out=buf.get("o", r1 - r0, vt.shape[0]))
             else:
                 o.mul_(rescale).add_(mm_nt(s, vt[:, c0:c1], out=buf.get("pv", r1 - r0, vt.shape[0])))
+            del s, t  # freed before the next tile's GEMM allocates its scores: they reuse this memory, still cached
         torch.div(o, l if kept else l.clamp_min(1.0), out=out[r0:r1])  # l >= 1 on rows with a kept score, else 0
     _write_stats(fb, h, chunks)
     buf.release()
@@ -655,6 +656,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     tk[:, tcols].addmm_(qs_t, ds)
                     if t is not None:
                         t.add_pse_grad(prob.unsqueeze(0), dpse)
+                    del prob, dp, ds, t  # freed before the next tile's GEMMs allocate theirs (see _forward_rows)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv
