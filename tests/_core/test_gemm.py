@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from attnops._core import gemm
+from attnops.ops.flash_attention import reference
 from tests.helpers import TRIU2048, check_fa, cum, make_qkv, randn
 
 ONEDNN = gemm._onednn() is not None
@@ -58,6 +59,25 @@ def test_operands_onednn_would_run_slowly_or_cannot_take_stay_on_torch_mm(monkey
     assert not gemm.use_onednn(x, w[:, :16].contiguous())  # small: torch.mm is as fast
 
 
+@pytest.mark.parametrize("w_layout", ["row-major", "transposed"])
+def test_a_packed_operand_gives_the_product(path, w_layout):
+    w = randn(29, 24, seed=2) if w_layout == "row-major" else randn(24, 29, seed=2).t()
+    packed = gemm.pack_nt(w, 16)
+    assert (packed is not None) == (path == "onednn" and gemm._onednn_pack() is not None)
+    for rows in (1, 16, 37):  # any row count, not only the one packed for
+        x = randn(rows, 24, seed=rows)
+        torch.testing.assert_close(gemm.mm_nt(x, w, packed=packed), _exact(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_operands_not_for_onednn_are_not_packed(monkeypatch):
+    monkeypatch.setattr(gemm, "ONEDNN_MIN_FLOPS", 0)
+    w = randn(12, 32, seed=2)
+    assert gemm.pack_nt(w[:, :16], 8) is None  # strided rows
+    assert gemm.pack_nt(w.double(), 8) is None
+    monkeypatch.setattr(gemm, "ONEDNN_MIN_FLOPS", 1 << 21)
+    assert gemm.pack_nt(w, 8) is None  # small: torch.mm
+
+
 CASES = {
     "bsnd_causal_gqa": lambda: (make_qkv("BSND", b=1, n1=4, n2=2, sq=40, skv=40, seed=1),
                                 dict(layout="BSND", head_num=4, atten_mask=TRIU2048, sparse_mode=2)),
@@ -75,3 +95,20 @@ CASES = {
 def test_flash_attention_matches_the_golden_on_each_gemm_path(case, path):
     (q, k, v, dy), kw = CASES[case]()
     check_fa(q, k, v, dy, scale=q.shape[-1] ** -0.5, **kw)
+
+
+@pytest.mark.parametrize("case", ["bsnd_causal_gqa", "bnsd_pse_dropout_dv"])  # (the sliding band reuses no block)
+def test_flash_attention_with_packed_keys_matches_the_golden(case, monkeypatch):
+    """Row chunks of a few rows, so jobs read key blocks several times and pack them (forward: a query head's
+    chunks with the same block; backward: a KV head's query heads and chunks)."""
+    if not ONEDNN or gemm._onednn_pack() is None:
+        pytest.skip("this PyTorch cannot pack oneDNN operands")
+    monkeypatch.setattr(gemm, "ONEDNN_MIN_FLOPS", 0)
+    monkeypatch.setattr(reference, "MAX_ROWS", 4)
+    monkeypatch.setattr(reference, "EDGE_ROWS", 4)
+    monkeypatch.setattr(reference, "MIN_ROWS", 4)
+    packs = []
+    monkeypatch.setattr(reference, "pack_nt", lambda w, rows: packs.append(w.shape) or gemm.pack_nt(w, rows))
+    (q, k, v, dy), kw = CASES[case]()
+    check_fa(q, k, v, dy, scale=q.shape[-1] ** -0.5, **kw)
+    assert packs

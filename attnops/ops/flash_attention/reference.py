@@ -17,13 +17,14 @@ recomputes them. See ``docs/performance.md`` for the measurements behind the til
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 import threading
 from dataclasses import dataclass
 
 import torch
 
-from ..._core.gemm import add_mm_nt_, mm_nt
+from ..._core.gemm import add_mm_nt_, mm_nt, pack_nt
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
 from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_block, stats_dtype, stats_shape
@@ -81,15 +82,17 @@ class _Tile:
         self.heads = slice(n2 * g, (n2 + 1) * g) if heads is None else heads  # query heads (of KV head n2)
         self.shape = (self.heads.stop - self.heads.start, r1 - r0, c1 - c0)
 
-    def scores(self, q_rows: torch.Tensor, k_cols: torch.Tensor, out: torch.Tensor, band=None) -> torch.Tensor:
+    def scores(self, q_rows: torch.Tensor, k_cols: torch.Tensor, out: torch.Tensor, band=None,
+               k_packed: torch.Tensor | None = None) -> torch.Tensor:
         """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) with masked entries at -inf.
 
         ``q_rows`` is the tile's query rows times ``scale`` ([G, r, D]); ``k_cols`` the tile's keys ([c, D], of its
         KV head); ``out`` ([G, r, c]) is a workspace the result may live in. ``band``: the tile's
-        :meth:`MaskSpec.band_bounds` when the caller has them (shared by the heads of a chunk).
+        :meth:`MaskSpec.band_bounds` when the caller has them (shared by the heads of a chunk). ``k_packed``: the
+        keys' :func:`pack_nt`, if any.
         """
         if out.shape[0] == 1:  # one head: a plain 2-D GEMM
-            s = mm_nt(q_rows[0], k_cols, out=out[0]).unsqueeze(0)
+            s = mm_nt(q_rows[0], k_cols, out=out[0], packed=k_packed).unsqueeze(0)
         else:
             s = torch.matmul(q_rows, k_cols.transpose(0, 1), out=out)
         return self.shift_and_mask_(s, band)
@@ -136,15 +139,33 @@ def _has_tile_extras(p: FAProblem) -> bool:
 
 
 def _head_scores(p: FAProblem, b: int, n2: int, h: int, r0: int, r1: int, c0: int, c1: int, qs: torch.Tensor,
-                 k_cols: torch.Tensor, band, buf: "_Buffers", extras: bool) -> tuple[torch.Tensor, "_Tile | None"]:
-    """Query head ``h``'s masked scores ``[r1 - r0, c1 - c0]`` (``qs``: its rows times the scale; ``k_cols``: keys
-    ``c0:c1`` of KV head ``n2``) in workspace ``"s"``, and the :class:`_Tile` when ``extras`` (for its pse, dropout
-    and pse gradient). Without extras no tile object is built: every tensor call of a worker contends for the GIL."""
+                 keys: "_Keys", band, buf: "_Buffers", extras: bool) -> tuple[torch.Tensor, "_Tile | None"]:
+    """Query head ``h``'s masked scores ``[r1 - r0, c1 - c0]`` (``qs``: its rows times the scale; ``keys``: those
+    of KV head ``n2``) in workspace ``"s"``, and the :class:`_Tile` when ``extras`` (for its pse, dropout and pse
+    gradient). Without extras no tile object is built: every tensor call of a worker contends for the GIL."""
+    k_cols, k_packed = keys.block(c0, c1, r1 - r0)
     if not extras:
-        s = mm_nt(qs, k_cols, out=buf.get("s", r1 - r0, c1 - c0))
+        s = mm_nt(qs, k_cols, out=buf.get("s", r1 - r0, c1 - c0), packed=k_packed)
         return p.mask.fill_masked_(s, b, r0, r1, c0, c1, None, band), None
     t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
-    return t.scores(qs.unsqueeze(0), k_cols, buf.get("s", 1, r1 - r0, c1 - c0), band)[0], t
+    return t.scores(qs.unsqueeze(0), k_cols, buf.get("s", 1, r1 - r0, c1 - c0), band, k_packed)[0], t
+
+
+class _Keys:
+    """One job's view of a KV head's keys (or values, ``[Skv, D]``) by column block: blocks the job uses more than
+    once are re-blocked for oneDNN on their first use (:func:`pack_nt`) and kept for the job."""
+
+    def __init__(self, k: torch.Tensor, blocks):
+        self.k, self._uses, self._packed = k, collections.Counter(blocks), {}
+
+    def block(self, c0: int, c1: int, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Keys ``c0:c1`` and their packed form when the job uses them again (else None)."""
+        cols = self.k[c0:c1]
+        if self._uses[c0, c1] < 2:
+            return cols, None
+        if (c0, c1) not in self._packed:
+            self._packed[c0, c1] = pack_nt(cols, rows)
+        return cols, self._packed[c0, c1]
 
 
 def _active_batches(p: FAProblem):
@@ -369,14 +390,15 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
     once, and a :class:`_Tile` is built only for a pse, dropout or explicit mask (:func:`_head_scores`)."""
     buf = _Buffers.acquire(acc, fb.out.device)
     n2 = h // p.geom.group
-    q, k, vt, out, m_h, l_h = fb.q[h], fb.k[n2], fb.v[n2].t(), fb.out[h], fb.m[h], fb.l[h]
+    q, vt, out, m_h, l_h = fb.q[h], fb.v[n2].t(), fb.out[h], fb.m[h], fb.l[h]
+    keys = _Keys(fb.k[n2], [(c0, c1) for _, _, blocks in chunks for c0, c1, _ in blocks])
     extras = _has_tile_extras(p)
     for r0, r1, blocks in chunks:
         m, l = m_h[r0:r1], l_h[r0:r1]
         qs = _stage_rows(buf, "q", q[r0:r1], p.scale)
         kept = not extras and p.mask.keeps_every_row(fb.b, r0, r1, blocks[0][0], blocks[0][1])  # l >= 1
         for j, (c0, c1, band) in enumerate(blocks):
-            s, t = _head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, k[c0:c1], band, buf, extras)
+            s, t = _head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
             rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
             drop = None if t is None else t.dropout_scale(acc)
             if drop is not None:
@@ -618,6 +640,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     g = p.geom
     buf = _Buffers.acquire(acc, bb.k.device)
     k, v = bb.k[n2], bb.v[n2]
+    used = [(c0, c1) for group in groups for _, _, blocks in group for c0, c1, _ in blocks for _ in range(g.group)]
+    keys, values = _Keys(k, used), _Keys(v, used)
     extras = _has_tile_extras(p)
     spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
     v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
@@ -638,21 +662,22 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 for c0, c1, band in blocks:
-                    kc, vc, tcols = k[c0:c1], v[c0:c1], slice(c0 - u0, c1 - u0)
-                    prob, t = _head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, kc, band, buf, extras)
+                    tcols = slice(c0 - u0, c1 - u0)
+                    prob, t = _head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
                     drop = None if t is None else t.dropout_scale(acc)
                     drop = None if drop is None else drop[0]
                     prob.sub_(m)  # natural units first: exact where s ~ max
                     torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
                     tv[:, tcols].addmm_(dot_t, prob if drop is None else prob * drop)
-                    dp = mm_nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
+                    vc, vc_packed = values.block(c0, c1, r1 - r0)
+                    dp = mm_nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0), packed=vc_packed)
                     if drop is not None:
                         dp.mul_(drop)
                     dp.sub_(delta)
                     if peaked:
                         _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
                     ds = prob.mul_(dp)
-                    add_mm_nt_(dq, ds, kc.t(), alpha=p.scale)  # dq starts zeroed
+                    add_mm_nt_(dq, ds, k[c0:c1].t(), alpha=p.scale)  # dq starts zeroed
                     tk[:, tcols].addmm_(qs_t, ds)
                     if t is not None:
                         t.add_pse_grad(prob.unsqueeze(0), dpse)
