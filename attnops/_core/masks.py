@@ -3,7 +3,8 @@
 keep(i, j) iff ``(lo_b <= j - i <= hi_b  OR  j < prefix_b)  AND  NOT explicit[b, n, i, j]``.
 Every sparse mode of every operator is converted here, once, on the host (``cann_semantics.md`` §1.1/§1.2):
 :func:`build_mask_spec` for training FlashAttention, :func:`build_infer_mask_spec` for FusedInferAttentionScore.
-Compressed 2048x2048 / 3072x2048 masks are validated and replaced by the analytic band.
+Compressed 2048x2048 / 3072x2048 masks are validated and replaced by the analytic band; full masks that are a
+band on every batch (a causal ``triu`` mask, a sliding window) are replaced by it too (:func:`_with_explicit`).
 """
 from __future__ import annotations
 
@@ -141,15 +142,25 @@ def _canonical_compressed(rows: int) -> torch.Tensor:
     return want
 
 
-_CHECKED: dict[int, tuple] = {}  # id(mask) -> (weak reference, version, rows) of masks found canonical
+_MEMO: dict[tuple, tuple] = {}  # (id(mask), what) -> (weak reference, version counter, value)
+MEMO_SIZE = 64
 
 
-def _known_canonical(atten_mask: torch.Tensor, rows: int) -> bool:
-    """Whether this very tensor, unmodified since (same version counter), was already found canonical: callers
-    pass the same mask to every layer and step, and comparing 4M elements each time costs milliseconds."""
-    entry = _CHECKED.get(id(atten_mask))
-    return (entry is not None and not atten_mask.is_inference() and entry[0]() is atten_mask
-            and entry[1:] == (atten_mask._version, rows))
+def _memo(mask: torch.Tensor, what: tuple, compute):
+    """``compute()`` for this very mask tensor, remembered while it is unmodified (same version counter): callers
+    pass the same mask to every layer and step, and reading millions of elements each time costs milliseconds.
+    Only a weak reference is kept. Inference tensors have no version counter: computed every time."""
+    if mask.is_inference():
+        return compute()
+    key = (id(mask), what)
+    entry = _MEMO.get(key)
+    if entry is not None and entry[0]() is mask and entry[1] == mask._version:
+        return entry[2]
+    value = compute()
+    if len(_MEMO) >= MEMO_SIZE:
+        _MEMO.clear()
+    _MEMO[key] = (weakref.ref(mask), mask._version, value)
+    return value
 
 
 def _check_compressed(atten_mask: torch.Tensor, rows: int, mode: int) -> None:
@@ -158,15 +169,9 @@ def _check_compressed(atten_mask: torch.Tensor, rows: int, mode: int) -> None:
         s == 1 for s in atten_mask.shape[:-2])
     require(ok, name, f"the compressed [{rows}, 2048] mask for sparse_mode {mode} (leading dims 1)", atten_mask,
             "build it with torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)")
-    if _known_canonical(atten_mask, rows):
-        return
-    m = atten_mask.reshape(rows, 2048).to(device="cpu", dtype=torch.bool)
-    if torch.equal(m, _canonical_compressed(rows)):
-        if not atten_mask.is_inference():  # inference tensors have no version counter: checked every time
-            if len(_CHECKED) > 64:
-                _CHECKED.clear()
-            _CHECKED[id(atten_mask)] = (weakref.ref(atten_mask), atten_mask._version, rows)
-    else:
+    canonical = _memo(atten_mask, ("compressed", rows), lambda: torch.equal(
+        atten_mask.reshape(rows, 2048).to(device="cpu", dtype=torch.bool), _canonical_compressed(rows)))
+    if not canonical:
         what = "triu(ones(2048, 2048), diagonal=1)" if rows == 2048 else \
             "triu(ones(2048, 2048), 1) stacked on 1024 rows of [0]*1024 + [1]*1024"
         fail(name, f"the canonical compressed mask {what} for sparse_mode {mode}", "a tensor with other content",
@@ -190,6 +195,69 @@ def _explicit(atten_mask: torch.Tensor, seq: SeqInfo, n1: int, mode: int) -> tor
         require(shape in allowed, name, f"one of the shapes {[list(s) for s in allowed]} for sparse_mode {mode}",
                 atten_mask)
     return _as_bool4d(atten_mask)
+
+
+def _with_explicit(lo: tuple[int, ...], hi: tuple[int, ...], explicit: torch.Tensor, seq: SeqInfo,
+                   atten_mask: torch.Tensor, what: tuple) -> MaskSpec:
+    """The spec of band ``(lo, hi)`` and ``explicit`` (bool ``[Bm, Nm, R, C]``, from ``atten_mask``). An explicit
+    mask that is itself a band on every batch (a causal ``triu`` mask, a sliding window) becomes that band, so
+    tiles outside it are skipped and none reads the mask: exactly the same entries are kept. ``what`` (hashable)
+    names how ``explicit`` was derived from ``atten_mask``: the finding is remembered for the same, unmodified
+    mask (:func:`_memo`)."""
+    band = _memo(atten_mask, ("band", seq, *what), lambda: _explicit_band(explicit, seq))
+    if band is None:
+        return MaskSpec(lo, hi, explicit=explicit)
+    return MaskSpec(tuple(map(max, lo, band[0])), tuple(map(min, hi, band[1])))
+
+
+def _explicit_band(explicit: torch.Tensor, seq: SeqInfo) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Per batch, the band ``(lo, hi)`` that ``explicit`` (bool ``[Bm, 1, R, C]``, True = masked) equals on the
+    batch's top-left ``[Sq_b, Skv_b]`` slice, or None (per-head masks, or a batch whose slice is no band)."""
+    if explicit.shape[1] != 1:
+        return None
+    bands: dict[tuple[int, int, int], tuple[int, int] | None] = {}
+    lo, hi = [], []
+    for b, (sq, skv) in enumerate(zip(seq.q_lens, seq.kv_lens)):
+        key = (b if explicit.shape[0] > 1 else 0, sq, skv)
+        if sq == 0 or skv == 0:
+            band = (-INF, INF)  # nothing to mask
+        elif key in bands:
+            band = bands[key]
+        else:
+            band = bands[key] = _slice_band(explicit[key[0], 0, :sq, :skv])
+        if band is None:
+            return None
+        lo.append(band[0])
+        hi.append(band[1])
+    return tuple(lo), tuple(hi)
+
+
+def _slice_band(m: torch.Tensor) -> tuple[int, int] | None:
+    """``(lo, hi)`` when bool ``m`` (``[Sq, Skv]``, True = masked) masks exactly the entries outside
+    ``lo <= j - i <= hi`` (``-INF``/``INF``: that side unlimited), else None. The band is read off the first and
+    last rows (both must keep something), checked on a middle row, then on the whole slice."""
+    sq, skv = m.shape
+    top, bottom = (~m[0]).nonzero(), (~m[-1]).nonzero()
+    if top.numel() == 0 or bottom.numel() == 0:
+        return None
+    top_last, bottom_first = int(top[-1]), int(bottom[0])
+    hi = INF if top_last == skv - 1 else top_last
+    lo = -INF if bottom_first == 0 else bottom_first - (sq - 1)
+    mid = sq // 2
+    if not torch.equal(m[mid:mid + 1], _band_rows_masked(lo, hi, mid, mid + 1, skv, m.device)):
+        return None
+    return (lo, hi) if torch.equal(m, _band_rows_masked(lo, hi, 0, sq, skv, m.device)) else None
+
+
+def _band_rows_masked(lo: int, hi: int, r0: int, r1: int, skv: int, device) -> torch.Tensor:
+    """Bool ``[r1 - r0, skv]``: True outside the band ``lo <= j - i <= hi`` for rows ``r0:r1``."""
+    ones = torch.ones(r1 - r0, skv, dtype=torch.bool, device=device)
+    masked = torch.zeros_like(ones)
+    if hi < INF:
+        masked |= ones.triu(hi + 1 + r0)
+    if lo > -INF:
+        masked |= ones.tril(lo - 1 + r0)
+    return masked
 
 
 def _as_bool4d(atten_mask: torch.Tensor) -> torch.Tensor:
@@ -228,10 +296,10 @@ def build_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, pre_to
         _check_compressed(atten_mask, 3072, sparse_mode)
     if sparse_mode == 0:
         _check_band_tokens(pre_tokens, next_tokens, seq.max_q, seq.max_kv)
-        return MaskSpec((-pre_tokens,) * nb, (next_tokens,) * nb,
-                        explicit=_explicit(atten_mask, seq, n1, 0))
+        return _with_explicit((-pre_tokens,) * nb, (next_tokens,) * nb, _explicit(atten_mask, seq, n1, 0), seq,
+                              atten_mask, (n1,))
     if sparse_mode == 1:
-        return MaskSpec(full.lo, full.hi, explicit=_explicit(atten_mask, seq, n1, 1))
+        return _with_explicit(full.lo, full.hi, _explicit(atten_mask, seq, n1, 1), seq, atten_mask, (n1,))
     if sparse_mode == 2:
         return MaskSpec(full.lo, (0,) * nb)
     if sparse_mode == 3:
@@ -315,11 +383,12 @@ def build_infer_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, 
     check_tensor("atten_mask", atten_mask, ndim=(2, 3, 4), dtypes=INFER_MASK_DTYPES)
     zeros = (0,) * nb
     if decode or sparse_mode in (0, 1):
+        q_offsets, kv_offsets = tuple(q_offsets or zeros), tuple(kv_offsets or zeros)
         explicit = _infer_explicit(atten_mask, decode=decode, batch=nb, rows=rows, cols=cols,
-                                   q_offsets=q_offsets or zeros, kv_offsets=kv_offsets or zeros, seq=seq)
-        if decode or sparse_mode == 1 or left_padding:
-            return MaskSpec(full.lo, full.hi, explicit=explicit)
-        return MaskSpec((-pre_tokens,) * nb, (next_tokens,) * nb, explicit=explicit)
+                                   q_offsets=q_offsets, kv_offsets=kv_offsets, seq=seq)
+        plain = decode or sparse_mode == 1 or left_padding
+        lo, hi = (full.lo, full.hi) if plain else ((-pre_tokens,) * nb, (next_tokens,) * nb)
+        return _with_explicit(lo, hi, explicit, seq, atten_mask, ("infer", decode, rows, cols, q_offsets, kv_offsets))
     _check_compressed(atten_mask, 2048, sparse_mode)
     deltas = [kv - q for q, kv in zip(seq.q_lens, seq.kv_lens)]
     if sparse_mode == 2:

@@ -161,3 +161,110 @@ def test_a_compressed_mask_found_canonical_is_checked_again_after_an_in_place_ch
         bad[3, 1] = True
         with pytest.raises(ValueError, match="canonical compressed mask"):
             attnops.flash_attention(q, q, q, atten_mask=bad, sparse_mode=2)
+
+
+# ------------------------------------------------------------------------------------------ explicit bands
+
+
+INT_MAX = 2**31 - 1
+
+
+def _band(sq, skv, lo, hi):
+    """Bool [sq, skv], True (masked) outside lo <= j - i <= hi."""
+    diff = torch.arange(skv).unsqueeze(0) - torch.arange(sq).unsqueeze(1)
+    return (diff < lo) | (diff > hi)
+
+
+def _spec(mask, mode=0, q_lens=(6,), kv_lens=(8,), pre=INT_MAX, nxt=INT_MAX, n1=2):
+    b = len(q_lens)
+    seq = seq_info_varlen(list(q_lens), list(kv_lens)) if len(set(q_lens)) > 1 else SeqInfo(
+        tuple(q_lens), tuple(kv_lens), tuple(q_lens[0] * i for i in range(b)), tuple(kv_lens[0] * i for i in range(b)),
+        False)
+    return build_mask_spec(sparse_mode=mode, atten_mask=mask, pre_tokens=pre, next_tokens=nxt, prefix=None, seq=seq,
+                           n1=n1, allowed_modes=tuple(range(9))), seq
+
+
+def _keep_sets_agree(spec, mask4d, seq, pre=INT_MAX, nxt=INT_MAX):
+    for b, (sq, skv) in enumerate(zip(seq.q_lens, seq.kv_lens)):
+        m = mask4d[b if mask4d.shape[0] > 1 else 0, :, :sq, :skv]
+        want = _dense_keep(-pre, nxt, None, m, sq, skv, m.shape[0])
+        got = _dense_keep(spec.lo[b], spec.hi[b], None, None, sq, skv, m.shape[0])
+        assert torch.equal(got, want), b
+
+
+BAND_MASKS = {  # name: (mask [6, 8], lo, hi)
+    "causal": (_band(6, 8, -INF, 0), -INF, 0),
+    "causal+2": (torch.ones(6, 8, dtype=torch.bool).triu(3), -INF, 2),
+    "window": (_band(6, 8, -2, 1), -2, 1),
+    "bottom-right": (_band(6, 8, -INF, 2), -INF, 2),
+    "lower-bounded": (_band(6, 8, -1, INF), -1, INF),
+    "nothing masked": (torch.zeros(6, 8, dtype=torch.bool), -INF, INF),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAND_MASKS))
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("form", ["SS", "11SS", "uint8"])
+def test_an_explicit_mask_that_is_a_band_becomes_the_band(name, mode, form):
+    m, lo, hi = BAND_MASKS[name]
+    mask = {"SS": m, "11SS": m[None, None], "uint8": m.to(torch.uint8)}[form]
+    spec, seq = _spec(mask, mode)
+    if mode == 0:  # met with the token band (-pre_tokens, next_tokens), here (-INT_MAX, INT_MAX)
+        lo, hi = max(lo, -INT_MAX), min(hi, INT_MAX)
+    assert spec.explicit is None and (spec.lo[0], spec.hi[0]) == (lo, hi)
+    _keep_sets_agree(spec, m[None, None], seq)
+
+
+def test_an_explicit_band_meets_the_token_band():
+    spec, seq = _spec(BAND_MASKS["causal"][0], pre=3, nxt=1)
+    assert spec.explicit is None and (spec.lo[0], spec.hi[0]) == (-3, 0)
+    _keep_sets_agree(spec, BAND_MASKS["causal"][0][None, None], seq, pre=3, nxt=1)
+
+
+def test_per_batch_bands_and_varlen_slices():
+    per_batch = torch.stack([_band(6, 8, -INF, 0), _band(6, 8, -1, 2)]).unsqueeze(1)  # [B, 1, S, S]
+    spec, seq = _spec(per_batch, q_lens=(6, 6), kv_lens=(8, 8))
+    assert spec.explicit is None and (spec.lo, spec.hi) == ((-INT_MAX, -1), (0, 2))
+    big = torch.ones(9, 9, dtype=torch.bool).triu(1)  # TND: each batch reads its top-left slice
+    spec, seq = _spec(big, q_lens=(3, 0, 5, 9), kv_lens=(4, 2, 5, 9))
+    assert spec.explicit is None and spec.hi == (0, INT_MAX, 0, 0)  # (batch 1 is empty)
+    _keep_sets_agree(spec, big[None, None], seq)
+
+
+NOT_BANDS = {
+    "one entry off": lambda: _band(6, 8, -INF, 0).index_put_((torch.tensor(3), torch.tensor(1)), torch.tensor(True)),
+    "one entry off the middle row": lambda: _band(6, 8, -INF, 0).index_put_(
+        (torch.tensor(4), torch.tensor(2)), torch.tensor(True)),
+    "random": lambda: torch.rand(6, 8, generator=torch.Generator().manual_seed(0)) < 0.3,
+    "first row masked": lambda: _band(6, 8, -INF, -1),
+    "last row masked": lambda: torch.zeros(6, 8, dtype=torch.bool).index_fill_(0, torch.tensor(5), True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_BANDS))
+def test_masks_that_are_no_band_stay_explicit(name):
+    m = NOT_BANDS[name]()
+    spec, seq = _spec(m)
+    assert spec.explicit is not None
+    assert torch.equal(spec.explicit[0, 0], m)
+
+
+def test_per_head_masks_and_mixed_batches_stay_explicit():
+    per_head = _band(6, 8, -INF, 0).expand(1, 2, 6, 8)
+    assert _spec(per_head)[0].explicit is not None
+    mixed = torch.stack([_band(6, 8, -INF, 0), NOT_BANDS["random"]()]).unsqueeze(1)
+    assert _spec(mixed, q_lens=(6, 6), kv_lens=(8, 8))[0].explicit is not None
+
+
+def test_a_band_found_in_a_mask_is_found_again_after_an_in_place_change():
+    m = _band(6, 8, -INF, 0)
+    assert _spec(m)[0].explicit is None
+    assert _spec(m)[0].explicit is None  # the remembered finding
+    m[3, 1] = True  # same tensor, new content
+    spec, _ = _spec(m)
+    assert spec.explicit is not None and bool(spec.explicit[0, 0, 3, 1])
+    with torch.inference_mode():  # no version counter: looked at every time
+        inf_mask = _band(6, 8, -INF, 0)
+        assert _spec(inf_mask)[0].explicit is None
+        inf_mask[3, 1] = True
+        assert _spec(inf_mask)[0].explicit is not None

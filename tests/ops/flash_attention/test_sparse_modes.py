@@ -100,6 +100,35 @@ def test_prefix_mode6_really_uses_prefix():
     torch.testing.assert_close(out6[..., 3:, :], out3[..., 3:, :])  # rows >= 3 already see columns 0..3
 
 
+def _band_mask(shape, lo, hi, dtype=torch.bool):
+    """A full mask (True = masked) that is the band lo <= j - i <= hi, broadcast to ``shape``."""
+    diff = torch.arange(shape[-1]).unsqueeze(0) - torch.arange(shape[-2]).unsqueeze(1)
+    return ((diff < lo) | (diff > hi)).expand(shape).to(dtype)
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "BSH"])
+@pytest.mark.parametrize("mask_shape", ["B1SS", "11SS", "SS"])
+@pytest.mark.parametrize("lo,hi", [(-100, 0), (-100, 2), (-2, 1), (-1, 100)])
+@pytest.mark.parametrize("mode", [0, 1])
+def test_explicit_band_masks_dense(layout, mask_shape, lo, hi, mode):
+    """Full masks that are bands (the causal triu mask, windows) run as the band (MaskSpec): same golden."""
+    b, n1, sq, skv = 2, 2, 9, 11
+    q, k, v, dy = make_qkv(layout, b=b, n1=n1, n2=1, sq=sq, skv=skv, seed=5)
+    shape = {"B1SS": (b, 1, sq, skv), "11SS": (1, 1, sq, skv), "SS": (sq, skv)}[mask_shape]
+    mask = _band_mask(shape, lo, hi, torch.uint8 if mask_shape == "SS" else torch.bool)
+    tokens = dict(pre_tokens=3, next_tokens=1) if mode == 0 else {}
+    check_fa(q, k, v, dy, layout=layout, head_num=n1, scale=0.4, atten_mask=mask, sparse_mode=mode, **tokens)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_explicit_causal_mask_with_pse_and_dropout(dtype):
+    b, n1, sq = 1, 2, 12
+    q, k, v, dy = make_qkv("BNSD", b=b, n1=n1, n2=1, sq=sq, skv=sq, dtype=dtype, seed=6)
+    pse = torch.randn(b, n1, sq, sq, generator=torch.Generator().manual_seed(7)).to(dtype)
+    check_fa(q, k, v, dy, head_num=n1, scale=0.3, atten_mask=torch.ones(sq, sq, dtype=torch.bool).triu(1),
+             pse=pse, keep_prob=0.8)
+
+
 # ------------------------------------------------------------------------------------------ TND
 
 Q_LENS = [3, 0, 5, 4, 1]
@@ -119,6 +148,12 @@ def test_mode0_tnd(mask_kind, pre, nxt):
     shape = {"SS": (mq, mk), "11SS": (1, 1, mq, mk), "larger": (mq + 3, mk + 2)}[mask_kind]
     check_fa(q, k, v, dy, scale=0.4, atten_mask=_explicit(shape, seed=21), sparse_mode=0, pre_tokens=pre,
              next_tokens=nxt, **kw)
+
+
+def test_explicit_causal_mask_tnd():
+    q, k, v, dy, kw = _tnd()
+    mask = torch.ones(max(Q_LENS) + 2, max(KV_LENS) + 3, dtype=torch.bool).triu(1)  # top-left slices: causal
+    check_fa(q, k, v, dy, scale=0.4, atten_mask=mask, sparse_mode=0, **kw)
 
 
 def test_mode1_tnd():

@@ -813,3 +813,26 @@ def test_api_defaults_scale_and_layout():
     assert_close_to_golden("out", out, golden(q, k, v, **kw).out, golden(q, k, v, dtype=F16, **kw).out)
     res = attnops.fused_infer_attention(q, k, v, num_key_value_heads=2, return_lse=True)
     assert torch.equal(res[0], out) and res[1].shape == (2, 4, 3, 1)
+
+
+@pytest.mark.parametrize("via", VIA)
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("sq,skv", [(9, 9), (7, 12)])
+def test_prefill_full_masks_that_are_bands(via, mode, sq, skv):
+    """A causal triu mask (and a sliding window) given in full: run as the band it is, same golden."""
+    n = 2
+    q, k, v = make_inputs("BSND", b=2, n=n, sq=sq, skv=skv, d=16, dtype=F16, seed=11)
+    diff = torch.arange(skv).unsqueeze(0) - torch.arange(sq).unsqueeze(1)
+    for mask in (diff > 0, (diff > 1) | (diff < -3)):
+        check_fia(q, k, v, via=via, atten_mask=mask.expand(2, sq, skv), sparse_mode=mode, num_heads=n,
+                  scale_value=0.25, input_layout="BSND", softmax_lse_flag=True)
+
+
+@pytest.mark.parametrize("via", VIA)
+def test_decode_padding_masks_run_as_bands(via):
+    """Decode masks that mask each batch's tail (padding) are per-batch bands: same golden."""
+    b, n, skv = 3, 2, 20
+    q, k, v = make_inputs("BSH", b=b, n=n, sq=1, skv=skv, d=16, dtype=F16, seed=12)
+    mask = torch.arange(skv).unsqueeze(0) >= torch.tensor([[20], [7], [13]])
+    check_fia(q, k, v, via=via, atten_mask=mask, num_heads=n, scale_value=0.25, input_layout="BSH",
+              softmax_lse_flag=True)
