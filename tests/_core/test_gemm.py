@@ -81,6 +81,8 @@ def test_operands_not_for_onednn_are_not_packed(monkeypatch):
 CASES = {
     "bsnd_causal_gqa": lambda: (make_qkv("BSND", b=1, n1=4, n2=2, sq=40, skv=40, seed=1),
                                 dict(layout="BSND", head_num=4, atten_mask=TRIU2048, sparse_mode=2)),
+    "bsnd_full_gqa": lambda: (make_qkv("BSND", b=1, n1=4, n2=2, sq=40, skv=36, seed=5),
+                              dict(layout="BSND", head_num=4)),
     "tnd_band_fp16": lambda: (
         make_qkv("TND", n1=2, q_lens=[9, 0, 17], kv_lens=[12, 3, 17], dtype=torch.float16, seed=2),
         dict(layout="TND", head_num=2, actual_seq_qlen=cum([9, 0, 17]), actual_seq_kvlen=cum([12, 3, 17]),
@@ -97,10 +99,9 @@ def test_flash_attention_matches_the_golden_on_each_gemm_path(case, path):
     check_fa(q, k, v, dy, scale=q.shape[-1] ** -0.5, **kw)
 
 
-@pytest.mark.parametrize("case", ["bsnd_causal_gqa", "bnsd_pse_dropout_dv"])  # (the sliding band reuses no block)
+@pytest.mark.parametrize("case", ["bsnd_full_gqa", "bnsd_pse_dropout_dv"])  # (causal chunks share no key block)
 def test_flash_attention_with_packed_keys_matches_the_golden(case, monkeypatch):
-    """Row chunks of a few rows, so jobs read key blocks several times and pack them (forward: a query head's
-    chunks with the same block; backward: a KV head's query heads and chunks)."""
+    """Row chunks of a few rows, so the forward's jobs read a key block several times and pack it."""
     if not ONEDNN or gemm._onednn_pack() is None:
         pytest.skip("this PyTorch cannot pack oneDNN operands")
     monkeypatch.setattr(gemm, "ONEDNN_MIN_FLOPS", 0)
