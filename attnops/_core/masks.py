@@ -211,11 +211,11 @@ def _with_explicit(lo: tuple[int, ...], hi: tuple[int, ...], explicit: torch.Ten
 
 
 def _explicit_band(explicit: torch.Tensor, seq: SeqInfo) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Per batch, the band ``(lo, hi)`` that ``explicit`` (bool ``[Bm, 1, R, C]``, True = masked) equals on the
-    batch's top-left ``[Sq_b, Skv_b]`` slice, or None (per-head masks, or a batch whose slice is no band)."""
-    if explicit.shape[1] != 1:
-        return None
+    """Per batch, the band ``(lo, hi)`` that ``explicit`` (bool ``[Bm, Nm, R, C]``, True = masked) equals on the
+    batch's top-left ``[Sq_b, Skv_b]`` slice in every head, or None (a batch whose slice is no band, or heads with
+    different bands)."""
     bands: dict[tuple[int, int, int], tuple[int, int] | None] = {}
+    heads = 1 if explicit.stride(1) == 0 else explicit.shape[1]  # an expanded [.., 1, ..] mask: one head to read
     lo, hi = [], []
     for b, (sq, skv) in enumerate(zip(seq.q_lens, seq.kv_lens)):
         key = (b if explicit.shape[0] > 1 else 0, sq, skv)
@@ -225,6 +225,8 @@ def _explicit_band(explicit: torch.Tensor, seq: SeqInfo) -> tuple[tuple[int, ...
             band = bands[key]
         else:
             band = bands[key] = _slice_band(explicit[key[0], 0, :sq, :skv])
+            if band is not None and any(_slice_band(explicit[key[0], n, :sq, :skv]) != band for n in range(1, heads)):
+                band = bands[key] = None
         if band is None:
             return None
         lo.append(band[0])

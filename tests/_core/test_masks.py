@@ -249,8 +249,15 @@ def test_masks_that_are_no_band_stay_explicit(name):
     assert torch.equal(spec.explicit[0, 0], m)
 
 
-def test_per_head_masks_and_mixed_batches_stay_explicit():
-    per_head = _band(6, 8, -INF, 0).expand(1, 2, 6, 8)
+@pytest.mark.parametrize("form", ["expanded", "materialized"])
+def test_per_head_masks_with_one_band_become_the_band(form):
+    m = _band(6, 8, -2, 1).expand(1, 2, 6, 8)
+    spec, seq = _spec(m if form == "expanded" else m.contiguous())
+    assert spec.explicit is None and (spec.lo[0], spec.hi[0]) == (-2, 1)
+
+
+def test_heads_with_different_bands_and_mixed_batches_stay_explicit():
+    per_head = torch.stack([_band(6, 8, -INF, 0), _band(6, 8, -INF, 1)]).unsqueeze(0)
     assert _spec(per_head)[0].explicit is not None
     mixed = torch.stack([_band(6, 8, -INF, 0), NOT_BANDS["random"]()]).unsqueeze(1)
     assert _spec(mixed, q_lens=(6, 6), kv_lens=(8, 8))[0].explicit is not None

@@ -107,15 +107,15 @@ def _band_mask(shape, lo, hi, dtype=torch.bool):
 
 
 @pytest.mark.parametrize("layout", ["BNSD", "BSH"])
-@pytest.mark.parametrize("mask_shape", ["B1SS", "11SS", "SS"])
+@pytest.mark.parametrize("mask_shape", ["BNSS", "B1SS", "11SS", "SS"])
 @pytest.mark.parametrize("lo,hi", [(-100, 0), (-100, 2), (-2, 1), (-1, 100)])
 @pytest.mark.parametrize("mode", [0, 1])
 def test_explicit_band_masks_dense(layout, mask_shape, lo, hi, mode):
     """Full masks that are bands (the causal triu mask, windows) run as the band (MaskSpec): same golden."""
     b, n1, sq, skv = 2, 2, 9, 11
     q, k, v, dy = make_qkv(layout, b=b, n1=n1, n2=1, sq=sq, skv=skv, seed=5)
-    shape = {"B1SS": (b, 1, sq, skv), "11SS": (1, 1, sq, skv), "SS": (sq, skv)}[mask_shape]
-    mask = _band_mask(shape, lo, hi, torch.uint8 if mask_shape == "SS" else torch.bool)
+    shape = {"BNSS": (b, n1, sq, skv), "B1SS": (b, 1, sq, skv), "11SS": (1, 1, sq, skv), "SS": (sq, skv)}[mask_shape]
+    mask = _band_mask(shape, lo, hi, torch.uint8 if mask_shape == "SS" else torch.bool).contiguous()
     tokens = dict(pre_tokens=3, next_tokens=1) if mode == 0 else {}
     check_fa(q, k, v, dy, layout=layout, head_num=n1, scale=0.4, atten_mask=mask, sparse_mode=mode, **tokens)
 
