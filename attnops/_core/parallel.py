@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import torch
@@ -86,7 +86,8 @@ def run_jobs(job: Callable[[T], None], items: Sequence[T], device: torch.device)
 
     pool = _workers(threads)
     futures = [pool.submit(guarded, item) for item in items]
-    errors = [f.exception() for f in futures]  # waits for all: no job still running when this returns
+    wait(futures)  # one wake-up when all are done (waiting on each in turn woke this thread for every job)
+    errors = [f.exception() for f in futures]
     first = next((e for e in errors if e is not None), None)
     if first is not None:
         raise first
