@@ -60,8 +60,7 @@ class MaskSpec:
 
     def _band_masked(self, b: int, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
         """Bool [r, c]: True where the band (or prefix) excludes (i, j) for rows r0:r1, columns c0:c1."""
-        diff = torch.arange(c0, c1).unsqueeze(0) - torch.arange(r0, r1).unsqueeze(1)
-        masked = (diff < self.lo[b]) | (diff > self.hi[b])
+        masked = _outside_band(self.lo[b], self.hi[b], r0, r1, c0, c1)
         if self.prefix is not None and self.prefix[b] > 0:
             masked &= torch.arange(c0, c1).unsqueeze(0) >= self.prefix[b]
         return masked
@@ -126,9 +125,20 @@ class MaskSpec:
 def _band_bound(lo: int, hi: int, offset: int, rows: int, cols: int) -> torch.Tensor:
     """fp32 ``[rows, cols]``: -inf where ``offset + j - i`` is outside ``[lo, hi]``, else +inf (cached by the tile's
     shape relative to the band, so the tiles along a band share one; never written to)."""
-    diff = torch.arange(offset, offset + cols).unsqueeze(0) - torch.arange(rows).unsqueeze(1)
     inf = torch.tensor(float("inf"))
-    return torch.where((diff < lo) | (diff > hi), -inf, inf)
+    return torch.where(_outside_band(lo, hi, 0, rows, offset, offset + cols), -inf, inf)
+
+
+def _outside_band(lo: int, hi: int, r0: int, r1: int, c0: int, c1: int, device=None) -> torch.Tensor:
+    """Bool ``[r1 - r0, c1 - c0]``: True where ``j - i`` is outside ``[lo, hi]`` (rows ``r0:r1``, columns
+    ``c0:c1``; ``-INF``/``INF``: that side unlimited)."""
+    ones = torch.ones(r1 - r0, c1 - c0, dtype=torch.bool, device=device)
+    masked = torch.zeros_like(ones)
+    if hi < INF:
+        masked |= ones.triu(hi + 1 + r0 - c0)
+    if lo > -INF:
+        masked |= ones.tril(lo - 1 + r0 - c0)
+    return masked
 
 
 @functools.cache
@@ -246,20 +256,9 @@ def _slice_band(m: torch.Tensor) -> tuple[int, int] | None:
     hi = INF if top_last == skv - 1 else top_last
     lo = -INF if bottom_first == 0 else bottom_first - (sq - 1)
     mid = sq // 2
-    if not torch.equal(m[mid:mid + 1], _band_rows_masked(lo, hi, mid, mid + 1, skv, m.device)):
+    if not torch.equal(m[mid:mid + 1], _outside_band(lo, hi, mid, mid + 1, 0, skv, m.device)):
         return None
-    return (lo, hi) if torch.equal(m, _band_rows_masked(lo, hi, 0, sq, skv, m.device)) else None
-
-
-def _band_rows_masked(lo: int, hi: int, r0: int, r1: int, skv: int, device) -> torch.Tensor:
-    """Bool ``[r1 - r0, skv]``: True outside the band ``lo <= j - i <= hi`` for rows ``r0:r1``."""
-    ones = torch.ones(r1 - r0, skv, dtype=torch.bool, device=device)
-    masked = torch.zeros_like(ones)
-    if hi < INF:
-        masked |= ones.triu(hi + 1 + r0)
-    if lo > -INF:
-        masked |= ones.tril(lo - 1 + r0)
-    return masked
+    return (lo, hi) if torch.equal(m, _outside_band(lo, hi, 0, sq, 0, skv, m.device)) else None
 
 
 def _as_bool4d(atten_mask: torch.Tensor) -> torch.Tensor:
