@@ -85,19 +85,44 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
 
 
 def int_list(name: str, value: Any) -> list[int] | None:
-    """Normalize an optional host int array (list/tuple/1-D int tensor) to a list of Python ints."""
+    """Normalize an optional host int array to a list of Python ints.
+
+    Accepts what ``torch.ops``' ``int[]`` conversion accepts: a list/tuple of integers (Python ints, NumPy integer
+    scalars, 0-d integer tensors), a 1-D integer tensor or a 1-D integer NumPy array.
+    """
     if value is None:
         return None
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
-            fail(name, "a 1-D integer tensor or a list of ints", value)
+    if isinstance(value, torch.Tensor) or _is_ndarray(value):
+        if value.ndim != 1 or not _integer_dtype(value.dtype):
+            fail(name, "a 1-D integer tensor or array, or a list of ints", value)
         return [int(v) for v in value.tolist()]
     if isinstance(value, (list, tuple)):
         out = []
         for v in value:
-            if isinstance(v, bool) or not isinstance(v, int):
+            if not _is_integer_scalar(v):
                 fail(name, "a list of ints", value, error=ParamDtypeError)
             out.append(int(v))
         return out
     fail(name, "a list of ints or a 1-D integer tensor", value, error=ParamDtypeError)
     return None  # unreachable
+
+
+def _is_ndarray(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ == "ndarray"
+
+
+def _integer_dtype(dtype: Any) -> bool:
+    if isinstance(dtype, torch.dtype):
+        return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+    return getattr(dtype, "kind", "") in ("i", "u")
+
+
+def _is_integer_scalar(value: Any) -> bool:
+    """A Python int (not bool), a NumPy integer scalar or a 0-d integer tensor."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and _integer_dtype(value.dtype)
+    return type(value).__module__ == "numpy" and _integer_dtype(getattr(value, "dtype", None))

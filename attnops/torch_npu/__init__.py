@@ -3,6 +3,7 @@
 Use them directly (``from attnops import torch_npu``) or call :func:`install` so that unmodified Ascend code that
 does ``import torch_npu`` and ``torch.ops.npu.<op>`` runs on the CPU or a CUDA GPU. See ``docs/porting.md``.
 """
+from .atb import _npu_flash_attention_unpad, _npu_paged_attention, _npu_paged_attention_get_workspace
 from .attention_update import npu_attention_update, npu_ring_attention_update
 from .fusion_attention import (
     npu_fusion_attention,
@@ -19,6 +20,13 @@ from .infer_attention import (
     npu_fused_infer_attention_score_v2,
     npu_incre_flash_attention,
     npu_prompt_flash_attention,
+)
+from .kv_cache import (
+    _npu_reshape_and_cache,
+    npu_gather_pa_kv_cache,
+    npu_gather_pa_kv_cache_functional,
+    npu_scatter_pa_kv_cache,
+    npu_scatter_pa_kv_cache_functional,
 )
 from .nsa import (
     npu_nsa_compress,
@@ -43,6 +51,8 @@ __all__ = [
     "npu_fusion_attention_grad_v3",
     "npu_fusion_attention_v2",
     "npu_fusion_attention_v3",
+    "npu_gather_pa_kv_cache",
+    "npu_gather_pa_kv_cache_functional",
     "npu_incre_flash_attention",
     "npu_nsa_compress",
     "npu_nsa_compress_attention",
@@ -54,8 +64,13 @@ __all__ = [
     "npu_nsa_select_attention_infer",
     "npu_prompt_flash_attention",
     "npu_ring_attention_update",
+    "npu_scatter_pa_kv_cache",
+    "npu_scatter_pa_kv_cache_functional",
 ]
 
 # the ops torch.ops.npu resolves to once install() ran
 OPS = tuple(name for name in __all__ if name != "install") + (
     "_npu_fused_infer_attention_score_get_max_workspace", "_npu_fused_infer_attention_score_v2_get_max_workspace")
+# ATB ops (torch_npu._npu_*; torch.ops.atb once install() ran)
+ATB_OPS = ("_npu_flash_attention_unpad", "_npu_paged_attention", "_npu_paged_attention_get_workspace",
+           "_npu_reshape_and_cache")

@@ -87,8 +87,11 @@ def _mla_operands(query, key, value, query_rope, key_rope, block_table, *, input
     :func:`_referenced_pages`) and Dv, to cut the output back to."""
     in_layout = io_layouts("input_layout", input_layout, LAYOUTS)[0]
     paged = block_table is not None
-    require(query.is_floating_point() and key.dtype == query.dtype, "query_rope", "float query, key and value "
-            "(int8 or antiquant key/value with rope are not supported by attnops.torch_npu)", query_rope)
+    require(query.is_floating_point(), "query", "a float16/bfloat16/float32 query with query_rope/key_rope (int8 "
+            "queries with rope are not supported by attnops.torch_npu)", query)
+    require(key.is_floating_point(), "key", "a float key with query_rope/key_rope (int8/int4 antiquant caches with "
+            "rope are not supported by attnops.torch_npu)", key)
+    require(key.dtype == query.dtype, "key", f"dtype {query.dtype} (same as query)", key)
     kv_heads = check_int("num_key_value_heads", num_key_value_heads, lo=0) or num_heads
     q_packed = in_layout == "BSH"
     kv_packed = key.dim() == 3 if paged else q_packed

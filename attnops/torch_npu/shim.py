@@ -1,5 +1,6 @@
 """Opt-in shim: ``import torch_npu`` returns :mod:`attnops.torch_npu`, ``torch.ops.npu.<op>`` resolves to the same
-functions, and ``torch.npu`` offers the few device calls Ascend scripts make on the happy path.
+functions, and ``torch.npu`` offers the device, stream, event and graph-capture calls Ascend scripts make
+(:mod:`attnops.torch_npu.npu_device`).
 
 Only when the real torch_npu is absent; nothing happens on import, only when :func:`install` is called.
 """
@@ -11,52 +12,38 @@ import types
 
 import torch
 
-from .._core.checks import check_choice, require
+from .._core.checks import check_choice
+from . import tensor_patch
+from .npu_device import npu_device_module
 
-# The names of torch.npu that the shim provides (docs/porting.md)
-NPU_DEVICE_FUNCTIONS = ("is_available", "device_count", "current_device", "set_device", "synchronize",
-                        "manual_seed", "manual_seed_all", "empty_cache")
-
-
-def _npu_device_module(device: torch.device) -> types.ModuleType:
-    """``torch.npu`` backed by ``device`` (CUDA calls on a CUDA device, no-ops on the CPU)."""
-    cuda = device.type == "cuda"
-    mod = types.ModuleType("torch.npu", f"attnops stand-in for torch.npu, backed by {device}")
-
-    def set_device(index) -> None:
-        index = torch.device(index).index if isinstance(index, (str, torch.device)) else index
-        if cuda:
-            torch.cuda.set_device(index)
-        else:
-            require(index in (None, 0), "device", "device 0 (the CPU stands in for one NPU)", index)
-
-    def manual_seed(seed: int) -> None:
-        torch.manual_seed(seed)  # also seeds CUDA; attnops draws dropout seeds from the default generator
-
-    mod.is_available = lambda: True
-    mod.device_count = lambda: torch.cuda.device_count() if cuda else 1
-    mod.current_device = lambda: torch.cuda.current_device() if cuda else 0
-    mod.set_device = set_device
-    mod.synchronize = lambda device=None: torch.cuda.synchronize(device) if cuda else None
-    mod.manual_seed = manual_seed
-    mod.manual_seed_all = manual_seed
-    mod.empty_cache = lambda: torch.cuda.empty_cache() if cuda else None
-    mod.device = device
-    return mod
+def _transfer_to_npu_module(package: types.ModuleType) -> types.ModuleType:
+    """``torch_npu.contrib.transfer_to_npu``: on the NPU it redirects ``cuda`` calls to the NPU; on the stand-in
+    device there is nothing to transfer (``cuda`` already is the device, or the CPU stands in), so importing it
+    changes nothing."""
+    contrib = types.ModuleType("torch_npu.contrib", "attnops stand-in for torch_npu.contrib")
+    transfer = types.ModuleType("torch_npu.contrib.transfer_to_npu",
+                                "attnops stand-in: nothing to transfer on the stand-in device")
+    contrib.transfer_to_npu = transfer
+    package.contrib = contrib
+    return contrib
 
 
-def install(device: str | torch.device | None = None) -> bool:
+def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool = False) -> bool:
     """Make ``import torch_npu``, ``torch.ops.npu.<op>`` and ``torch.npu`` work without an NPU.
 
     ``device``: the device that stands in for the NPU (``"cuda"`` when available by default, else ``"cpu"``);
     ``torch.npu.device`` holds it, so a ported script replaces ``.npu()`` by ``.to(torch.npu.device)``.
+    ``patch_tensor_npu``: also make ``Tensor.npu()``, ``Tensor.to("npu")`` and ``device="npu"`` in the common
+    factories mean that device (patches PyTorch for the whole process; see :mod:`attnops.torch_npu.tensor_patch`).
     Returns False, changing nothing, when the real torch_npu is importable; True once installed (idempotent).
     """
-    from . import OPS
+    from . import ATB_OPS, OPS
     from . import __name__ as package_name
 
     package = sys.modules[package_name]
     if sys.modules.get("torch_npu") is package:
+        if patch_tensor_npu:
+            tensor_patch.patch(torch.npu.device)
         return True
     if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
         return False
@@ -67,9 +54,16 @@ def install(device: str | torch.device | None = None) -> bool:
     sys.modules["torch_npu"] = package
     for name in OPS:
         setattr(torch.ops.npu, name, getattr(package, name))
-    npu = _npu_device_module(device)
+    for name in ATB_OPS:
+        setattr(torch.ops.atb, name, getattr(package, name))
+    npu = npu_device_module(device)
     torch.npu = npu
     package.npu = npu
     sys.modules["torch.npu"] = npu
     sys.modules["torch_npu.npu"] = npu
+    contrib = _transfer_to_npu_module(package)
+    sys.modules["torch_npu.contrib"] = contrib
+    sys.modules["torch_npu.contrib.transfer_to_npu"] = contrib.transfer_to_npu
+    if patch_tensor_npu:
+        tensor_patch.patch(device)
     return True

@@ -162,6 +162,10 @@ def test_fia_rope_argument_errors_name_the_argument():
         torch_npu.npu_fused_infer_attention_score(q, k, v, query_rope=qr, key_rope=kr.float(), **kw)
     with pytest.raises(ValueError, match="value"):
         torch_npu.npu_fused_infer_attention_score(q, k, randn(4, 2, 32, dtype=F16), query_rope=qr, key_rope=kr, **kw)
+    for cache_dtype in (torch.bfloat16, torch.float32):  # a cache dtype unlike the query's blames key, not the rope
+        with pytest.raises(ValueError, match=r"^key: expected dtype torch.float16 \(same as query\)"):
+            torch_npu.npu_fused_infer_attention_score(q, k.to(cache_dtype), v.to(cache_dtype), query_rope=qr,
+                                                      key_rope=kr, **kw)
     bq, bqr = q[None, :1].transpose(1, 2), qr[None, :1].transpose(1, 2)  # BNSD, Q_S = 1
     bk, bkr, bv = (x[None].transpose(1, 2) for x in (k, kr, v))
     with pytest.raises(ValueError, match="sparse_mode"):

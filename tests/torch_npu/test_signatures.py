@@ -89,6 +89,22 @@ def case(name: str):
     if name == "npu_ring_attention_update":
         o1, o2, m1, m2 = _r(4, 1, 8), _r(4, 1, 8, seed=1), _r(1, 2, 4, 8, seed=2), _r(1, 2, 4, 8, seed=3)
         return (o1, m1, torch.ones(1, 2, 4, 8), o2, m2, torch.ones(1, 2, 4, 8)), {}
+    if name in ("npu_scatter_pa_kv_cache", "npu_scatter_pa_kv_cache_functional", "_npu_reshape_and_cache"):
+        key, value = _r(3, 2, 16, seed=18), _r(3, 2, 8, seed=19)
+        caches = (torch.zeros(4, 4, 2, 16), torch.zeros(4, 4, 2, 8))
+        extra = {} if name == "_npu_reshape_and_cache" else {"cache_mode": "Norm"}
+        return (key, value, *caches, torch.tensor([5, 0, 14], dtype=torch.int32)), extra
+    if name in ("npu_gather_pa_kv_cache", "npu_gather_pa_kv_cache_functional"):
+        caches = (_r(4, 4, 2, 16, seed=20), _r(4, 4, 2, 8, seed=21))
+        return (*caches, torch.tensor([[2, 0], [3, 1]], dtype=torch.int32), torch.tensor([6, 3], dtype=torch.int32),
+                torch.zeros(9, 2, 16), torch.zeros(9, 2, 8)), {}
+    if name in ("_npu_paged_attention", "_npu_paged_attention_get_workspace"):
+        caches = (_r(4, 4, 2, 16, seed=22), _r(4, 4, 2, 16, seed=23))
+        return (_r(2, 4, 16, seed=24), *caches, 2, 4, 0.25, torch.tensor([[2, 0], [3, 1]], dtype=torch.int32),
+                torch.tensor([6, 3], dtype=torch.int32), torch.empty(2, 4, 16)), {}
+    if name == "_npu_flash_attention_unpad":
+        q, k, v = _r(9, 4, 16, seed=25), _r(9, 2, 16, seed=26), _r(9, 2, 8, seed=27)
+        return (q, k, v, torch.tensor([4, 5], dtype=torch.int32), 0.25, 4, 2, torch.empty(9, 4, 8)), {}
     if name == "npu_attention_update":
         return ([_r(6), _r(6, seed=1)], [_r(6, 4, seed=2), _r(6, 4, seed=3)], 1), {}
     raise KeyError(name)
@@ -113,6 +129,9 @@ def test_signature_matches_schema(name):
 
 def _check_returns(name, result):
     returns = SCHEMAS[name].returns
+    if not returns:  # in-place ops return None
+        assert result is None
+        return
     result = result if isinstance(result, tuple) else (result,)
     assert len(result) == len(returns)
     for i, (value, typ) in enumerate(zip(result, returns)):

@@ -1,0 +1,171 @@
+"""The ``torch.npu`` stand-in module of the shim: device, stream, event and graph-capture calls of Ascend scripts,
+mapped to CUDA on a CUDA device and to harmless CPU equivalents otherwise (``docs/porting.md`` lists them)."""
+from __future__ import annotations
+
+import contextlib
+import time
+import types
+
+import torch
+
+from .._core.checks import require
+
+
+class DeviceIndex(str):
+    """What ``torch.npu.current_device()`` returns on the CPU: the device index 0 to code that formats it, compares
+    it or converts it to an int (``f"npu:{i}"``, ``i == 0``, ``int(i)``), and the string ``"cpu"`` to PyTorch, so that
+    ``torch.ones(2, device=torch.npu.current_device())`` works on the CPU stand-in."""
+
+    def __new__(cls) -> "DeviceIndex":
+        return super().__new__(cls, "cpu")
+
+    def __int__(self) -> int:
+        return 0
+
+    def __index__(self) -> int:
+        return 0
+
+    def __str__(self) -> str:
+        return "0"
+
+    def __repr__(self) -> str:
+        return "0"
+
+    def __format__(self, spec: str) -> str:
+        return format(0, spec)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, torch.device):
+            return other.type == "cpu"
+        return other == 0 or other == "cpu"
+
+    def __ne__(self, other) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(0)
+
+
+class CpuEvent:
+    """``torch.npu.Event`` on the CPU: work is synchronous, so an event is complete once recorded; it keeps the
+    record time for ``elapsed_time``."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self._time: float | None = None
+
+    def record(self, stream=None) -> None:
+        self._time = time.perf_counter()
+
+    def wait(self, stream=None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def reset(self, stream=None) -> None:
+        self._time = None
+
+    def elapsed_time(self, end_event: "CpuEvent") -> float:
+        require(self._time is not None and end_event._time is not None, "event", "two recorded events",
+                "an event that was not recorded")
+        return (end_event._time - self._time) * 1000.0
+
+
+class CpuStream:
+    """``torch.npu.Stream`` on the CPU: one in-order stream; every wait is already satisfied."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
+        self.device = torch.device("cpu")
+        self.priority = priority
+
+    def wait_event(self, event) -> None:
+        return None
+
+    def wait_stream(self, stream) -> None:
+        return None
+
+    def record_event(self, event=None):
+        event = event if event is not None else CpuEvent()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, CpuStream)
+
+    def __hash__(self) -> int:
+        return hash(CpuStream)
+
+
+_CPU_STREAM = CpuStream()
+
+
+class _GraphTaskHandle:
+    """Handle returned by ``graph_task_group_end`` (an aclgraph task group; nothing to update on the stand-in)."""
+
+
+def _cpu_names() -> dict:
+    def set_device(index) -> None:
+        index = torch.device(index).index if isinstance(index, torch.device) else index
+        require(index in (None, 0, "cpu") or str(index) in ("cpu", "npu", "npu:0", "0"), "device",
+                "device 0 (the CPU stands in for one NPU)", index)
+
+    return dict(
+        device_count=lambda: 1, current_device=lambda: DeviceIndex(), set_device=set_device,
+        synchronize=lambda device=None: None, empty_cache=lambda: None,
+        Event=CpuEvent, ExternalEvent=CpuEvent, Stream=CpuStream,
+        stream=lambda stream=None: contextlib.nullcontext(stream),
+        current_stream=lambda device=None: _CPU_STREAM, default_stream=lambda device=None: _CPU_STREAM,
+        set_stream=lambda stream: None, get_device_name=lambda device=None: "cpu (attnops torch_npu stand-in)",
+        mem_get_info=lambda device=None: (0, 0), memory_allocated=lambda device=None: 0,
+        max_memory_allocated=lambda device=None: 0, reset_peak_memory_stats=lambda device=None: None,
+    )
+
+
+def _cuda_names() -> dict:
+    cuda = torch.cuda
+    return dict(
+        device_count=cuda.device_count, current_device=cuda.current_device, set_device=cuda.set_device,
+        synchronize=cuda.synchronize, empty_cache=cuda.empty_cache,
+        Event=cuda.Event, ExternalEvent=cuda.Event, Stream=cuda.Stream, stream=cuda.stream,
+        current_stream=cuda.current_stream, default_stream=cuda.default_stream, set_stream=cuda.set_stream,
+        get_device_name=cuda.get_device_name, mem_get_info=cuda.mem_get_info,
+        memory_allocated=cuda.memory_allocated, max_memory_allocated=cuda.max_memory_allocated,
+        reset_peak_memory_stats=cuda.reset_peak_memory_stats,
+    )
+
+
+def npu_device_module(device: torch.device) -> types.ModuleType:
+    """``torch.npu`` backed by ``device`` (CUDA calls on a CUDA device, stand-ins on the CPU)."""
+    mod = types.ModuleType("torch.npu", f"attnops stand-in for torch.npu, backed by {device}")
+    names = _cuda_names() if device.type == "cuda" else _cpu_names()
+    for name, value in names.items():
+        setattr(mod, name, value)
+
+    def manual_seed(seed: int) -> None:
+        torch.manual_seed(seed)  # also seeds CUDA; attnops draws dropout seeds from the default generator
+
+    mod.is_available = lambda: True
+    mod.manual_seed = manual_seed
+    mod.manual_seed_all = manual_seed
+    # aclgraph task groups (vllm-ascend's graph capture): nothing to group or update outside the NPU
+    mod.graph_task_group_begin = lambda stream=None: None
+    mod.graph_task_group_end = lambda stream=None: _GraphTaskHandle()
+    mod.graph_task_update_begin = lambda stream=None, handle=None: None
+    mod.graph_task_update_end = lambda stream=None: None
+    mod.device = device
+    return mod
+
+
+NPU_NAMES = tuple(sorted(set(_cpu_names()) | {
+    "is_available", "manual_seed", "manual_seed_all", "graph_task_group_begin", "graph_task_group_end",
+    "graph_task_update_begin", "graph_task_update_end", "device"}))
