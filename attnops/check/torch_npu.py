@@ -207,8 +207,56 @@ def _attention_update(_backend) -> list[Comparison]:
             Comparison("lse_out", lse, g.lse.reshape(-1), base.lse.reshape(-1))]
 
 
+def _paged_cache_write_and_decode(_backend) -> list[Comparison]:
+    """vllm-ascend's decode step: K/V written with ``npu_scatter_pa_kv_cache`` (ND cache) at a slot mapping, one new
+    token per request attended with ``_npu_paged_attention``, against the FIA golden on the gathered K/V."""
+    b, n, nkv, d, page, blocks = 3, 8, 2, 32, 16, 12
+    lens = [37, 5, 16]
+    table = torch.randperm(blocks, generator=torch.Generator().manual_seed(40))[:9].view(b, 3).int()
+    kc, vc = torch.zeros(blocks, page, nkv, d, dtype=F16), torch.zeros(blocks, page, nkv, d, dtype=F16)
+    k, v = (fia._randn(b, max(lens), nkv, d, dtype=F16, seed=i) for i in (41, 42))
+    slots = torch.tensor([int(table[i, t // page]) * page + t % page for i in range(b) for t in range(lens[i])])
+    tokens = [torch.cat([x[i, :lens[i]] for i in range(b)]) for x in (k, v)]
+    npu.npu_scatter_pa_kv_cache(tokens[0], tokens[1], kc, vc, slots, cache_mode="Norm")
+    q = fia._randn(b, n, d, dtype=F16, seed=43)
+    out = torch.empty(b, n, d, dtype=F16)
+    npu._npu_paged_attention(q, kc, vc, nkv, n, d ** -0.5, table, torch.tensor(lens, dtype=torch.int32), out)
+    kw = dict(num_heads=n, num_key_value_heads=nkv, scale_value=d ** -0.5, input_layout="BSND",
+              actual_seq_lengths_kv=lens)
+    g = golden_fia.fia_forward(q.unsqueeze(1), k, v, **kw)[0].squeeze(1)
+    base = golden_fia.fia_forward(q.unsqueeze(1), k, v, dtype=F16, **kw)[0].squeeze(1)
+    return [Comparison("out", out, g, base)]
+
+
+def _gather_and_unpad(_backend) -> list[Comparison]:
+    """A context load with ``npu_gather_pa_kv_cache`` (NZ cache, cumulative lengths) then encoder attention with
+    ``_npu_flash_attention_unpad`` on the loaded K/V, against the FA golden on the original K/V."""
+    n, nkv, d, page, lens = 4, 2, 16, 16, [20, 11]
+    t = sum(lens)
+    k, v, q = fia._randn(t, nkv, d, dtype=F16, seed=50), fia._randn(t, nkv, d, dtype=F16, seed=51), \
+        fia._randn(t, n, d, dtype=F16, seed=52)
+    kc, vc = (torch.zeros(6, nkv * d // 16, page, 16, dtype=F16) for _ in range(2))
+    table = torch.tensor([[4, 1], [5, 0]], dtype=torch.int32)
+    slots = torch.tensor([int(table[0, i // page]) * page + i % page for i in range(lens[0])]
+                         + [int(table[1, i // page]) * page + i % page for i in range(lens[1])])
+    npu.npu_scatter_pa_kv_cache(k, v, kc, vc, slots)
+    kk, vv = torch.zeros_like(k), torch.zeros_like(v)
+    npu.npu_gather_pa_kv_cache(kc, vc, table, torch.tensor([0, lens[0], t], dtype=torch.int32), kk, vv,
+                               is_seq_lens_cumsum=True)
+    out = torch.empty(t, n, d, dtype=F16)
+    npu._npu_flash_attention_unpad(q, kk, vv, torch.tensor(lens, dtype=torch.int32), d ** -0.5, n, nkv, out)
+    kw = dict(head_num=n, input_layout="TND", scale=d ** -0.5, actual_seq_qlen=[lens[0], t],
+              actual_seq_kvlen=[lens[0], t])
+    return [Comparison("out", out, golden.fa_forward(q, k, v, **kw)[0],
+                       golden.fa_forward(q, k, v, dtype=F16, **kw)[0])]
+
+
 def cases() -> list[CheckCase]:
     return _fa_cases() + _fia_cases() + _nsa_cases() + [
+        CheckCase("npu_scatter_pa_kv_cache + _npu_paged_attention", "BSND decode fp16, ND paged cache, GQA 4",
+                  _paged_cache_write_and_decode),
+        CheckCase("npu_gather_pa_kv_cache + _npu_flash_attention_unpad", "fp16 NZ cache, two packed sequences",
+                  _gather_and_unpad),
         CheckCase("npu_ring_attention_update", "SBH fp16, two KV halves vs all keys", _ring_attention_update),
         CheckCase("npu_attention_update", "BSND decode fp16, two KV halves (FIA lse) vs whole KV", _attention_update),
     ]
