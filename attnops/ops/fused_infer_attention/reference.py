@@ -1,7 +1,6 @@
 """FIA forward on the CPU, one batch at a time, fp32 compute (``cann_semantics.md`` §6.1-6.3, §6.7).
 
-* Short queries (``Sq_b <= DECODE_ROWS``, decode): scores against the KV runs read in place (pages and strided
-  dense views, no gather), one exact softmax per row ``[N1, Sq_b, Skv_b]``, then ``P @ V`` run by run.
+* Short queries (``Sq_b <= DECODE_ROWS``, decode): flash-decoding over the KV read in place (:mod:`.decode`).
 * Longer queries (prefill): the FlashAttention CPU reference on the batch's rows and its KV (gathered and
   dequantized only when it is not one in-place run), pse added after the scale (pse_type 0).
 * Int8 Q/K/V: the int8 chain, with exact integer GEMMs (in fp64) and P quantized between them.
@@ -21,6 +20,7 @@ from ..._core.softmax_stats import FLT_LOWEST
 from ..._core.varlen import SeqInfo
 from ..flash_attention import reference as fa_reference
 from ..flash_attention.problem import FAProblem
+from . import decode
 from .paged import KVSegment
 from .problem import FIAProblem
 from .quant import cast_round, quantize_int8
@@ -36,13 +36,14 @@ def forward(p: FIAProblem) -> tuple[Tensor, Tensor]:
     out = torch.zeros(p.out_shape, dtype=p.out_dtype, device=p.device)
     lse = torch.full(p.lse_shape, math.inf, dtype=F32, device=p.device)
     out_tokens = tokens_view(out, p.out_layout, p.n1)
-    for b, q in enumerate(p.queries):
-        if q.shape[0] == 0 or p.seq.kv_lens[b] == 0:
-            continue
-        if p.int8 is not None:
+    active = [b for b, q in enumerate(p.queries) if q.shape[0] > 0 and p.seq.kv_lens[b] > 0]
+    decoded = decode.forward(p, [b for b in active if p.int8 is None and p.queries[b].shape[0] <= DECODE_ROWS])
+    for b in active:
+        q = p.queries[b]
+        if b in decoded:
+            o, l = decoded[b]
+        elif p.int8 is not None:
             o, l = _int8_batch(p, b, q)
-        elif q.shape[0] <= DECODE_ROWS:
-            o, l = _decode_batch(p, b, q)
         else:
             o, l = _prefill_batch(p, b, q)
         _store(p, b, o, l, out_tokens, lse)
@@ -104,26 +105,6 @@ def _softmax_(s: Tensor) -> tuple[Tensor, Tensor]:
     total = s.sum(-1, keepdim=True)
     lse = torch.where(valid, m + total.log(), math.inf)
     return torch.where(valid, total, 1.0), lse.squeeze(-1)
-
-
-def _decode_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
-    """Few query rows: exact softmax over the whole row, K/V runs read in place. Returns ``(o [Sq, N1, D], lse)``."""
-    sq, skv, g = q.shape[0], p.seq.kv_lens[b], p.group
-    qs = q.to(F32).transpose(0, 1).reshape(p.n2, g * sq, p.d) * p.scale  # head n2*G + j -> [N2, G*Sq, D]
-    s = torch.empty(p.n1, sq, skv, dtype=F32, device=q.device)
-    cols = s.view(p.n2, g * sq, skv)
-    for seg in p.kv[b]:
-        k = _run(seg.key, p.key_quant, b, seg)
-        runs = cols[:, :, seg.start:seg.start + seg.length].unflatten(-1, (k.shape[0], k.shape[2]))
-        runs.copy_(torch.matmul(qs, k.transpose(-1, -2)).permute(1, 2, 0, 3))
-    _shift_and_mask_(p, b, s, 0, sq, slice(0, p.n1))
-    total, lse = _softmax_(s)
-    o = torch.zeros(p.n2, g * sq, p.d, dtype=F32, device=q.device)
-    for seg in p.kv[b]:
-        v = _run(seg.value, p.value_quant, b, seg)
-        prob = cols[:, :, seg.start:seg.start + seg.length].unflatten(-1, (v.shape[0], v.shape[2]))
-        o += torch.matmul(prob.permute(2, 0, 1, 3), v).sum(0)
-    return o.view(p.n1, sq, p.d).div_(total).transpose(0, 1), lse
 
 
 def _prefill_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,155 @@
+"""FIA decode on the CPU (few query rows per batch): flash-decoding over the KV cache, streamed in place.
+
+Every batch's effective KV columns are cut into chunks of about :data:`CHUNK_TOKENS` tokens (whole pages for a
+paged cache); one job per (batch, chunk) runs on the single-threaded workers and computes, for all query heads of
+every GQA group at once, the chunk's partial row max, row sum and un-normalised output. fp32 runs are read where
+they lie (no copy); fp16/bf16 pages are converted, and int8/int4 pages dequantized, into a per-worker fp32 buffer
+one chunk at a time, so no gathered copy of the cache is ever made. The partials of a batch are merged in chunk
+order, so results do not depend on the thread count.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..._core.parallel import run_jobs
+from ..flash_attention.reference import _Buffers
+from .paged import KVSegment
+from .problem import FIAProblem
+
+F32 = torch.float32
+CHUNK_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Tokens ``[t0, t1)`` of a segment (whole blocks of a paged run, any range of a single run)."""
+
+    seg: KVSegment
+    t0: int
+    t1: int
+
+    def _part(self, x: Tensor) -> Tensor:
+        if x.shape[0] == 1:
+            return x[:, :, self.t0:self.t1]
+        per_block = x.shape[2]
+        return x[self.t0 // per_block:self.t1 // per_block]
+
+    @property
+    def key(self) -> Tensor:
+        return self._part(self.seg.key)
+
+    @property
+    def value(self) -> Tensor:
+        return self._part(self.seg.value)
+
+    @property
+    def pos(self) -> int:
+        return self.seg.pos + self.t0
+
+    @property
+    def block(self) -> int | None:
+        return None if self.seg.block is None else self.seg.block + self.t0 // self.seg.key.shape[2]
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    b: int
+    index: int
+    start: int  # first effective column
+    length: int
+    pieces: tuple[_Piece, ...]
+
+
+def _chunks(p: FIAProblem, b: int) -> list[_Chunk]:
+    """Batch ``b``'s KV columns in chunks of at most ``CHUNK_TOKENS`` (at least one block), in column order;
+    pieces of multi-block paged runs are whole blocks."""
+    chunks: list[_Chunk] = []
+    pieces: list[_Piece] = []
+    start = size = 0
+    for seg in p.kv[b]:
+        grain = 1 if seg.key.shape[0] == 1 else seg.key.shape[2]
+        t = 0
+        while t < seg.length:
+            room = (CHUNK_TOKENS - size) // grain * grain if size else max(grain, CHUNK_TOKENS // grain * grain)
+            if room == 0:
+                chunks.append(_Chunk(b, len(chunks), start, size, tuple(pieces)))
+                pieces, start, size = [], start + size, 0
+                continue
+            take = min(seg.length - t, room)
+            pieces.append(_Piece(seg, t, t + take))
+            t, size = t + take, size + take
+    if pieces:
+        chunks.append(_Chunk(b, len(chunks), start, size, tuple(pieces)))
+    return chunks
+
+
+def _fp32_run(x: Tensor, quant, b: int, piece: _Piece) -> Tensor:
+    """A piece ``[R, N2, L, D]`` as fp32 (a view for fp32 without antiquant)."""
+    if quant is not None:
+        return quant.apply(x, b, piece.pos, piece.block)
+    return x
+
+
+def _chunk_kv(p: FIAProblem, chunk: _Chunk, bufs: _Buffers, which: str) -> Tensor:
+    """The chunk's keys or values as fp32 ``[N2, length, D]``: the run itself when it is one fp32 run, else the
+    pieces converted into this worker's buffer."""
+    quant = p.key_quant if which == "key" else p.value_quant
+    runs = [_fp32_run(getattr(pc, which), quant, chunk.b, pc) for pc in chunk.pieces]
+    if len(runs) == 1 and runs[0].shape[0] == 1 and runs[0].dtype == F32:
+        return runs[0][0]
+    width = runs[0].shape[-1]
+    out = bufs.get(which, p.n2, chunk.length, width)
+    offset = 0
+    for run in runs:
+        n = run.shape[0] * run.shape[2]
+        out[:, offset:offset + n].unflatten(1, (run.shape[0], run.shape[2])).copy_(run.transpose(0, 1))
+        offset += n
+    return out
+
+
+def _partial(p: FIAProblem, chunk: _Chunk, qs: Tensor, partials: dict) -> None:
+    """The chunk's row max ``[N1, Sq]``, row sum and un-normalised output ``[N1, Sq, Dv]``."""
+    b, sq = chunk.b, qs.shape[1] // p.group
+    bufs = _Buffers.acquire(F32, qs.device)
+    k = _chunk_kv(p, chunk, bufs, "key")
+    s = torch.bmm(qs, k.transpose(-1, -2)).view(p.n1, sq, chunk.length)
+    c0, c1 = chunk.start, chunk.start + chunk.length
+    if p.pse is not None:
+        s.add_(p.pse.block(b, 0, sq, c0, c1, slice(0, p.n1), F32))
+    p.mask.fill_masked_(s, b, 0, sq, c0, c1, slice(0, p.n1))
+    m = s.amax(-1, keepdim=True)
+    s.sub_(torch.where(m > -math.inf, m, 0.0)).exp_()
+    total = s.sum(-1)
+    v = _chunk_kv(p, chunk, bufs, "value")
+    o = torch.bmm(s.view(p.n2, p.group * sq, chunk.length), v).view(p.n1, sq, v.shape[-1])
+    partials[chunk.b, chunk.index] = (m.squeeze(-1), total, o)
+
+
+def _merge(parts: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """Chunk partials (in chunk order) -> ``(o [Sq, N1, Dv], lse [N1, Sq])``; rows that saw nothing: 0, +inf."""
+    m = torch.stack([x[0] for x in parts])  # [C, N1, Sq]
+    top = m.amax(0)
+    valid = top > -math.inf
+    w = torch.where(valid, (m - torch.where(valid, top, 0.0)).exp(), 0.0)
+    total = (w * torch.stack([x[1] for x in parts])).sum(0)
+    o = (w.unsqueeze(-1) * torch.stack([x[2] for x in parts])).sum(0)
+    o = torch.where(valid.unsqueeze(-1), o / torch.where(valid, total, 1.0).unsqueeze(-1), 0.0)
+    lse = torch.where(valid, top + total.log(), math.inf)
+    return o.transpose(0, 1), lse
+
+
+def forward(p: FIAProblem, batches: list[int]) -> dict[int, tuple[Tensor, Tensor]]:
+    """``{b: (o [Sq_b, N1, Dv] fp32, lse [N1, Sq_b])}`` for the decode ``batches`` (each with KV and queries)."""
+    queries = {b: p.queries[b].to(F32).transpose(0, 1).reshape(p.n2, p.group * p.queries[b].shape[0], p.d)
+               .mul(p.scale) for b in batches}  # head n2*G + g -> [N2, G*Sq, D]
+    chunks = [c for b in batches for c in _chunks(p, b)]
+    partials: dict = {}
+    run_jobs(lambda c: _partial(p, c, queries[c.b], partials), chunks, p.device)
+    counts = {b: 0 for b in batches}
+    for c in chunks:
+        counts[c.b] += 1
+    return {b: _merge([partials[b, i] for i in range(counts[b])]) for b in batches}
