@@ -3,7 +3,7 @@
 Three dialects share one core: this Pythonic API, :mod:`attnops.aclnn` (the seeds' aclnn operators) and
 :mod:`attnops.torch_npu` (torch_npu's Python functions).
 """
-from ._core.errors import AclnnError, ParamDtypeError, ParamInvalidError, ParamNullptrError
+from ._core.errors import AclnnError, InferenceOnlyError, ParamDtypeError, ParamInvalidError, ParamNullptrError
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
 from .ops.fused_infer_attention import FusedInferAttentionResult, PagedKVCache, fused_infer_attention
 from .ops.nsa import (
@@ -23,6 +23,7 @@ __all__ = [
     "CompressAttentionResult",
     "FlashAttentionResult",
     "FusedInferAttentionResult",
+    "InferenceOnlyError",
     "PagedKVCache",
     "ParamDtypeError",
     "ParamInvalidError",

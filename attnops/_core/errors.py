@@ -30,3 +30,8 @@ class ParamInvalidError(AclnnError, ValueError):
 
 class ParamDtypeError(ParamInvalidError, TypeError):
     """A dtype is not supported (ACLNN_ERR_PARAM_INVALID, 161002); also a ``TypeError``."""
+
+
+class InferenceOnlyError(RuntimeError):
+    """A backward through an inference-only operator (FusedInferAttention, the NSA ``*_infer`` operators); the
+    message names the training operator to use instead."""

@@ -4,6 +4,7 @@
 per-batch tensors (the aclnn TensorList). ``softmax_lse`` is fp32 ``[B, N, Q_S, 1]`` (``[T, N, 1]`` for TND) with
 ``softmax_lse_flag``, else the ``[1]`` zero tensor the seed returns for a null softmaxLse. The two-phase
 ``_get_workspace_size`` twin validates first. Errors: 161001 for a missing query/key/value, 161002 otherwise.
+Inference only: a backward through the outputs raises :class:`attnops.InferenceOnlyError`.
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 
 from .._core.checks import require, require_not_none
 from .._core.devices import origin_device, to_cpu, to_device
+from .._core.inference_only import run_inference_only
 from ..ops.fused_infer_attention import reference
+from ..ops.fused_infer_attention.op import INFERENCE_ONLY
 from ..ops.fused_infer_attention.problem import OPTION_NAMES, build_problem
 from ._two_phase import two_phase
 
@@ -33,7 +36,8 @@ def _fused_infer_attention_score_v2(query, key, value, pse_shift, atten_mask, ac
     p = build_problem(*to_cpu((query, key, value)), **to_cpu(options), scale=scale_value, strict=True)
 
     def run():
-        out, lse = to_device(reference.forward(p), device)
+        out, lse = run_inference_only(INFERENCE_ONLY, lambda: to_device(reference.forward(p), device), query, key,
+                                      value, options)
         return out, (lse if softmax_lse_flag else torch.zeros(1, dtype=torch.float32, device=out.device))
 
     return run

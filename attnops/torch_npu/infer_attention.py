@@ -4,16 +4,19 @@
 
 torch_npu specifics kept here: single ``key``/``value`` tensors, ``softmax_lse`` as an empty ``[0]`` tensor unless
 requested, PFA's ``next_tokens=0`` default and ``sparse_mode`` 10-14 (modes 0-4 with ``inner_precise=0``), IFA's
-``actual_seq_lengths`` meaning the per-batch KV lengths and its ``inner_precise=1`` default.
+``actual_seq_lengths`` meaning the per-batch KV lengths and its ``inner_precise=1`` default. All are inference-only:
+a backward through their outputs raises :class:`attnops.InferenceOnlyError` (torch_npu has no autograd formula).
 """
 from __future__ import annotations
 
 import inspect
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from .._core.checks import check_int, fail, int_list, require
+from .._core.inference_only import run_inference_only
 from .._core.layouts import bsnd_dims, io_layouts
 from ..ops.fused_infer_attention import op as fia_op
 from ..ops.fused_infer_attention.problem import LAYOUTS
@@ -74,8 +77,9 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
     core_out = io_layouts("input_layout", input_layout, LAYOUTS)[1]
     if rope_dv is not None:  # drop the zero columns the padded value produced
         out = split_head_dim(out, rope_dv, packed=core_out == "BSH", heads=num_heads)[0]
-    if learnable_sink is not None:
-        out, lse = _apply_sink(out, lse, learnable_sink, core_out, num_heads)
+    if learnable_sink is not None:  # inference-only in the sink too
+        out, lse = run_inference_only(fia_op.INFERENCE_ONLY, partial(_apply_sink, out, lse, learnable_sink, core_out,
+                                                                     num_heads), out, lse, learnable_sink)
     return fia_layouts.from_core(out, core_out, layouts.writes, num_heads), lse
 
 

@@ -4,11 +4,12 @@ compression, compressed and selected attention for decoding over a paged cache (
 The NPU hardcodes the layout ``TND``, cumulative ``actual_*`` lists (no leading 0), ``sparse_mode`` 1 for
 compressed attention and 2 for selected attention (causal only when an ``atten_mask`` is given; the NPU then
 ignores the mask's content). The functions call the ``attnops::nsa_*`` custom ops, whose autograd follows
-``derivatives.yaml``.
+``derivatives.yaml``; the ``*_infer`` ops are inference-only (a backward raises :class:`attnops.InferenceOnlyError`).
 """
 from __future__ import annotations
 
 from .._core.checks import check_tensor, fail, int_list, require
+from .._core.inference_only import run_inference_only
 from ..ops.nsa import op as nsa_op
 from ._common import reject_unsupported, with_overloads
 
@@ -151,9 +152,14 @@ def npu_nsa_compress_infer(input, weight, slot_mapping, compress_block_size, com
         require(input.shape[-1] % weight.shape[1] == 0, "input", f"a last dim N*D divisible by N={weight.shape[1]} "
                 "(the weight's heads)", input)
         input = input.unflatten(-1, (weight.shape[1], -1))
-    nsa_op.nsa_compress_infer(input, weight, slot_mapping, block_table, cache, compress_block_size, compress_stride,
-                              page_block_size, int_list("actual_seq_len", actual_seq_len))
-    return cache
+    lens = int_list("actual_seq_len", actual_seq_len)
+
+    def update():
+        nsa_op.nsa_compress_infer(input, weight, slot_mapping, block_table, cache, compress_block_size,
+                                  compress_stride, page_block_size, lens)
+        return cache
+
+    return run_inference_only(nsa_op.COMPRESS_INFER, update, input, weight, cache, dirty=cache)
 
 
 for _fn in (npu_nsa_compress, npu_nsa_compress_grad, npu_nsa_compress_attention, npu_nsa_select_attention,

@@ -8,7 +8,8 @@ import torch
 from attnops import torch_npu
 from tests.helpers import TRIU2048, randn
 
-# every attnops custom op and the test that runs opcheck on it
+# every attnops custom op and the test that runs opcheck on it (inference_only_backward always raises: its own tests
+# check its fake kernel and the error)
 OPCHECKED = {
     "flash_attention_fwd": "tests/ops/flash_attention/test_custom_ops.py",
     "flash_attention_bwd": "tests/ops/flash_attention/test_custom_ops.py",
@@ -21,6 +22,7 @@ OPCHECKED = {
     "nsa_compress_attention_infer": "tests/torch_npu/test_nsa_compress_infer.py",
     "nsa_compress_infer": "tests/torch_npu/test_nsa_compress_infer.py",
     "fused_infer_attention": __name__,
+    "inference_only_backward": "tests/_core/test_inference_only.py",
 }
 
 

@@ -1,6 +1,7 @@
 """Pythonic FusedInferAttentionScore: defaults, validation, dispatch. No math here."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Literal, NamedTuple, Sequence
 
 from torch import Tensor
@@ -8,8 +9,10 @@ from torch import Tensor
 from ..._core.checks import check_int, check_tensor, fail
 from ..._core.devices import origin_device, to_cpu, to_device
 from ..._core.dispatch import choose_backend
+from ..._core.inference_only import run_inference_only
 from ..._core.layouts import io_layouts
 from . import reference
+from .op import INFERENCE_ONLY
 from .problem import INT_MAX, LAYOUTS, OPTION_NAMES, build_problem
 
 Backend = Literal["auto", "reference", "triton"]
@@ -59,7 +62,8 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     Quantization, antiquant, left padding and the shared prefix use the aclnn parameter names and rules
     (``docs/decisions.md``). Rows that attend to nothing, and rows outside the actual lengths, are 0 (lse +inf).
     Returns the output (fp16 for an int8 query, int8 with ``quant_scale2``, else the query dtype), or
-    ``(out, softmax_lse)`` when ``return_lse`` is true.
+    ``(out, softmax_lse)`` when ``return_lse`` is true. Inference only: with inputs that require grad the results
+    carry a grad_fn, and a backward through them raises :class:`attnops.InferenceOnlyError`.
 
     Example::
 
@@ -81,5 +85,11 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     options.update(num_heads=num_heads, scale=scale, input_layout=layout,
                    actual_shared_prefix_len=actual_shared_prefix_len)
     device = origin_device(query, key, value, options)
-    out, lse = to_device(reference.forward(build_problem(*to_cpu((query, key, value)), **to_cpu(options))), device)
+    out, lse = run_inference_only(INFERENCE_ONLY, partial(_forward, query, key, value, options, device), query, key,
+                                  value, options)
     return FusedInferAttentionResult(out, lse) if return_lse else out
+
+
+def _forward(query, key, value, options: dict, device) -> tuple[Tensor, Tensor]:
+    """The reference on CPU copies; results on ``device`` (None: the CPU)."""
+    return to_device(reference.forward(build_problem(*to_cpu((query, key, value)), **to_cpu(options))), device)

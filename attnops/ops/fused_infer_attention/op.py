@@ -1,5 +1,6 @@
 """FusedInferAttentionScore forward as a ``torch.library`` custom op (namespace ``attnops``) with a fake kernel, so
-``torch.compile`` and ``torch.library.opcheck`` work. Inference only: like the NPU op it has no autograd.
+``torch.compile`` and ``torch.library.opcheck`` work. Inference only: a backward through it raises
+:class:`~attnops._core.errors.InferenceOnlyError` (:mod:`attnops._core.inference_only`).
 
 The op takes the aclnn parameters with single ``key``/``value`` tensors (dense or a paged cache; the torch_npu
 dialect never passes tensor lists) and always returns ``(attention_out, softmax_lse)``; callers that did not ask
@@ -13,11 +14,15 @@ import torch
 from torch import Tensor
 
 from ..._core.devices import on_cpu
+from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.layouts import io_layouts
 from . import reference
 from .problem import LAYOUTS, build_problem
 
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
+INFERENCE_ONLY = InferenceOnly("fused_infer_attention", "npu_fused_infer_attention_score(_v2), "
+                               "npu_prompt_flash_attention, npu_incre_flash_attention", "attnops.flash_attention",
+                               "npu_fusion_attention")
 
 
 @torch.library.custom_op("attnops::fused_infer_attention", mutates_args=(), device_types=DEVICE_TYPES)
@@ -68,3 +73,6 @@ def _(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_l
         b, s = (0, 2) if in_layout == "BNSD" else (0, 1)
         lse = (query.shape[b], num_heads, query.shape[s], 1)
     return query.new_empty(shape, dtype=dtype), query.new_empty(lse, dtype=torch.float32)
+
+
+register_inference_only(fused_infer_attention, INFERENCE_ONLY)

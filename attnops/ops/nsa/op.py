@@ -2,7 +2,8 @@
 
 Derivatives follow op-plugin's ``derivatives.yaml``: compression w.r.t. input and weight; selected attention
 w.r.t. q, k, v; compressed attention through the FlashAttention backward (its top-k output is not
-differentiable).
+differentiable). The decoding (``*_infer``) ops are inference-only: a backward through them raises
+:class:`~attnops._core.errors.InferenceOnlyError` naming the training op (:mod:`attnops._core.inference_only`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..._core.devices import on_cpu
+from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..flash_attention import op as fa_op
 from ..._core.varlen import lengths_from_cumulative
@@ -176,6 +178,11 @@ def _(query, key, value, topk_indices, block_table, scale_value, head_num, key_v
     return query.new_empty((query.shape[0], query.shape[1], value.shape[-1]))
 
 
+register_inference_only(nsa_selected_attention_infer, InferenceOnly(
+    "nsa_selected_attention_infer", "npu_nsa_select_attention_infer", "attnops.nsa_selected_attention",
+    "npu_nsa_select_attention"))
+
+
 @torch.library.custom_op("attnops::nsa_compress_attention_infer", mutates_args=(), device_types=DEVICE_TYPES)
 def nsa_compress_attention_infer(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, scale_value: float,
                                  head_num: int, key_value_head_num: int, select_block_size: int,
@@ -195,6 +202,11 @@ def _(query, key, value, block_table, scale_value, head_num, key_value_head_num,
       select_block_count, page_block_size, compress_block_size, compress_stride, actual_cmp_seq_kvlen):
     return (query.new_empty((query.shape[0], query.shape[1], value.shape[-1])),
             query.new_empty((query.shape[0], key_value_head_num, select_block_count), dtype=torch.int32))
+
+
+register_inference_only(nsa_compress_attention_infer, InferenceOnly(
+    "nsa_compress_attention_infer", "npu_nsa_compress_attention_infer", "attnops.nsa_compress_attention",
+    "npu_nsa_compress_attention"))
 
 
 @torch.library.custom_op("attnops::nsa_compress_infer", mutates_args=("cache",), device_types=DEVICE_TYPES)
@@ -218,6 +230,12 @@ def nsa_compress_infer(input: Tensor, weight: Tensor, slot_mapping: Tensor, bloc
 def _(input, weight, slot_mapping, block_table, cache, compress_block_size, compress_stride, page_block_size,
       actual_seq_len):
     return None
+
+
+# torch.library takes no autograd formula for an op that mutates an input: callers run it through
+# run_inference_only(COMPRESS_INFER, ..., dirty=cache)
+COMPRESS_INFER = InferenceOnly("nsa_compress_infer", "npu_nsa_compress_infer", "attnops.nsa_compress",
+                               "npu_nsa_compress")
 
 
 # ---------------------------------------------------------------- compressed attention
