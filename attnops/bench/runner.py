@@ -12,12 +12,13 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
+from .._progress import Progress
 from .cases import SUITES, Case, suite_cases
 from .impls import BUILDERS, OURS, Unavailable, make_inputs
-from .._progress import Progress
 from .report import PlotSkipped, environment, write_json, write_plot
 from .timing import L2Flusher, PeakMemory, summarize, synchronize, time_once, wait_until_idle
 
@@ -48,7 +49,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="list the cases of every suite (of --suite when given), then exit")
 
 
-def _list_suites(file=None) -> None:
+def _list_suites(file: TextIO | None = None) -> None:
     file = sys.stdout if file is None else file
     print("Benchmark suites (run one with: python -m attnops bench --suite NAME; their cases: --list):", file=file)
     width = max(map(len, SUITES))

@@ -138,20 +138,15 @@ def available_backends() -> list[str]:
 
 def backend_report(selected: list[tuple[CheckCase, list[str]]]) -> list[str]:
     """One line per backend: how many of the selected cases it runs (and where), or why it is skipped."""
-    lines = []
-    for backend in ("reference", "triton"):
-        reason = triton_skip_reason() if backend == "triton" else None
-        if reason is not None:
-            lines.append(f"{backend}: skipped ({reason})")
-            continue
-        count = sum(backend in on for _, on in selected)
-        where = ""
-        if backend == "triton":
-            where = (f" on CUDA ({torch.cuda.get_device_name()})" if triton_runs_on_cuda()
-                     else " in Triton's CPU interpreter")
-            where += "; the other operators have no Triton kernels" if count < len(selected) else ""
-        lines.append(f"{backend}: runs {count} of {len(selected)} case{'s' if len(selected) > 1 else ''}{where}")
-    return lines
+    total = f"{len(selected)} case{'s' * (len(selected) != 1)}"
+    lines = [f"reference: runs {sum('reference' in on for _, on in selected)} of {total}"]
+    reason = triton_skip_reason()
+    if reason is not None:
+        return lines + [f"triton: skipped ({reason})"]
+    count = sum("triton" in on for _, on in selected)
+    where = f"on CUDA ({torch.cuda.get_device_name()})" if triton_runs_on_cuda() else "in Triton's CPU interpreter"
+    rest = "; the others run on the reference only" if count < len(selected) else ""
+    return lines + [f"triton: runs {count} of {total} {where}{rest}"]
 
 
 def print_table(rows: Iterable[Row]) -> None:
