@@ -1,25 +1,43 @@
-"""Command line: ``python -m attnops check`` (operators vs the fp64 golden) and ``python -m attnops bench``."""
+"""Command line: ``python -m attnops {check,bench} [options]``; ``python -m attnops COMMAND --help`` for details."""
 from __future__ import annotations
 
+import argparse
+import importlib
 import sys
+
+from . import __version__
+
+# command -> (module with add_arguments(parser) and run(args), one-line description)
+COMMANDS = {
+    "check": ("attnops.check", "run every operator on every available backend against the fp64 golden "
+                               "(prints which backends ran and why any was skipped)"),
+    "bench": ("attnops.bench.runner", "time the operators against PyTorch baselines (without --suite: list the "
+                                      "benchmark suites)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnops", description="attnops: Huawei CANN's fused-attention operators on PyTorch.",
+        epilog="Run 'python -m attnops COMMAND --help' for a command's options.")
+    parser.add_argument("--version", action="version", version=f"attnops {__version__}")
+    commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for name, (module_name, summary) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, help=summary, description=module.__doc__.replace("``", ""),
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    commands = {"check": "run every operator against the fp64 golden and print a table",
-                "bench": "run the benchmark suites (see --help)"}
-    if not argv or argv[0] not in commands:
-        print("usage: python -m attnops {check,bench} [options]")
-        for name, text in commands.items():
-            print(f"  {name:6s} {text}")
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
         return 2
-    if argv[0] == "check":
-        from .check import main as check_main
-
-        return check_main(argv[1:])
-    from .bench import main as bench_main
-
-    return bench_main(argv[1:])
+    return args.run(args)
 
 
 if __name__ == "__main__":

@@ -87,9 +87,13 @@ class Case:
 
 @dataclass(frozen=True)
 class Suite:
+    """A named list of cases: ``description`` is one line (suite listings), ``details`` what else a reader of the
+    results needs to know."""
+
     name: str
     description: str
     cases: tuple[Case, ...]
+    details: str = ""
     device: str = "cpu"
     repeat: int = 5
     warmup: int = 1
@@ -116,10 +120,9 @@ def _fa_cases(prefix: str, modes, causal_opts, **shape) -> tuple[Case, ...]:
 
 register_suite(Suite(
     name="fa-cpu",
-    description="FlashAttention B=1, N=8, S=4096, D=128, fp32, causal and full: attnops vs "
-                "torch.nn.functional.scaled_dot_product_attention on the CPU (the acceptance cases). BNSD: both take "
-                "the same [B, N, S, D] tensors; BSND: attnops takes [B, S, N, D], SDPA a contiguous BNSD copy made "
-                "outside the timing",
+    description="FlashAttention vs SDPA on the CPU: B=1, N=8, S=4096, D=128, fp32, causal and full, BNSD and BSND",
+    details="SDPA is torch.nn.functional.scaled_dot_product_attention. BNSD: both take the same [B, N, S, D] "
+            "tensors; BSND: attnops takes [B, S, N, D], SDPA a contiguous BNSD copy made outside the timing",
     cases=tuple(case for layout in ("BNSD", "BSND") for case in _fa_cases(
         f"fa-b1-n8-s4096-d128-fp32-{layout.lower()}", ("fwd", "fwd+bwd"), (False, True), batch=1, heads=8,
         kv_heads=8, sq=4096, skv=4096, d=128, dv=128, dtype="float32", layout=layout)),
@@ -127,8 +130,10 @@ register_suite(Suite(
 
 register_suite(Suite(
     name="fa-cpu-long",
-    description="FlashAttention on one TND sequence of 32768 tokens, N=8, D=128, fp32, causal: forward and "
-                "backward time and peak resident memory (no baseline: SDPA's math fallback would need O(S^2))",
+    description="FlashAttention on one causal 32768-token sequence on the CPU (TND, N=8, D=128, fp32): time and "
+                "peak memory",
+    details="Forward and backward time and peak resident memory; no baseline (SDPA's math fallback would need "
+            "O(S^2) memory)",
     cases=tuple(Case(name=f"fa-tnd-t32768-n8-d128-fp32-{mode}-causal", mode=mode, heads=8, kv_heads=8, d=128, dv=128,
                      dtype="float32", causal=True, layout="TND", seq_lens=(32768,), sq=32768, skv=32768,
                      baselines=(), track_memory=True)
@@ -137,8 +142,10 @@ register_suite(Suite(
 
 register_suite(Suite(
     name="fa-gpu",
-    description="FlashAttention B=4, N=16, S=4096, D=128, bf16 and fp16, causal and full, on CUDA: attnops vs the "
-                "SDPA backends (flash, efficient, cuDNN), FlexAttention (compiled) and flash-attn when installed",
+    description="FlashAttention vs SDPA, FlexAttention and flash-attn on CUDA: B=4, N=16, S=4096, D=128, bf16 and "
+                "fp16",
+    details="Causal and full, fwd, bwd and fwd+bwd; SDPA with each backend (flash, efficient, cuDNN), FlexAttention "
+            "compiled, flash-attn when installed",
     cases=tuple(c for dt in ("bfloat16", "float16") for c in _fa_cases(
         f"fa-b4-n16-s4096-d128-{dt}", ("fwd", "bwd", "fwd+bwd"), (False, True), batch=4, heads=16, kv_heads=16,
         sq=4096, skv=4096, d=128, dv=128, dtype=dt,
@@ -146,7 +153,7 @@ register_suite(Suite(
     device="cuda", repeat=20, warmup=3))
 
 GPU_BASELINES = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex", "flash-attn", "flashinfer")
-TARGET_TOKENS = 16384  # issue 6 targets: total tokens 16k, hidden 2048 (N=16, D=128), bf16
+TOTAL_TOKENS = 16384  # fa-gpu-targets: 16k tokens per call (batch x S), hidden 2048 (N=16, D=128), bf16
 
 
 def _random_lengths(total: int, count: int, seed: int) -> tuple[int, ...]:
@@ -159,14 +166,14 @@ def _random_lengths(total: int, count: int, seed: int) -> tuple[int, ...]:
 
 
 def _target_cases() -> tuple[Case, ...]:
-    """The issue's GPU targets: dense S = 1k..16k at 16k total tokens (fwd, bwd; causal and full), varlen TND with
+    """The fa-gpu-targets cases: dense S = 1k..16k at 16k total tokens (fwd, bwd; causal and full), varlen TND with
     random lengths at the same total, and a 1k band (sparse_mode 4) at S = 16k; peak memory tracked."""
     shape = dict(heads=16, kv_heads=16, d=128, dv=128, dtype="bfloat16", track_memory=True)
     cases = []
     for s in (1024, 2048, 4096, 8192, 16384):
-        cases += _fa_cases(f"fa-t16k-s{s}-n16-d128-bf16", ("fwd", "bwd"), (False, True), batch=TARGET_TOKENS // s,
+        cases += _fa_cases(f"fa-t16k-s{s}-n16-d128-bf16", ("fwd", "bwd"), (False, True), batch=TOTAL_TOKENS // s,
                            sq=s, skv=s, baselines=("sdpa",) + GPU_BASELINES, **shape)
-    lens = _random_lengths(TARGET_TOKENS, 8, seed=6)
+    lens = _random_lengths(TOTAL_TOKENS, 8, seed=6)
     cases += _fa_cases("fa-t16k-tnd-random8-n16-d128-bf16", ("fwd", "bwd"), (False, True), layout="TND",
                        seq_lens=lens, sq=max(lens), skv=max(lens), baselines=("flash-attn", "flashinfer"), **shape)
     cases += [Case(name=f"fa-s16384-band1k-n16-d128-bf16-{mode}", mode=mode, batch=1, sq=16384, skv=16384,
@@ -177,15 +184,18 @@ def _target_cases() -> tuple[Case, ...]:
 
 register_suite(Suite(
     name="fa-gpu-targets",
-    description="Issue 6 targets on CUDA (bf16, N=16, D=128, 16k total tokens): dense S=1k..16k causal/full fwd and "
-                "bwd vs SDPA (flash, efficient, cuDNN), FlexAttention compiled, flash-attn/flashinfer when installed; "
-                "varlen TND with random lengths; a 1k band at S=16k (time vs kept area); peak memory",
+    description="FlashAttention on CUDA at 16k tokens per call (bf16, N=16, D=128): dense S=1k..16k, varlen, a 1k "
+                "band; time and peak memory",
+    details="Dense causal and full fwd and bwd vs SDPA (flash, efficient, cuDNN), FlexAttention compiled, "
+            "flash-attn and flashinfer when installed; varlen TND with 8 random lengths; a 1k band (sparse_mode 4) "
+            "at S=16k (time vs kept area)",
     cases=_target_cases(), device="cuda", repeat=20, warmup=3))
 
 register_suite(Suite(
     name="nsa-cpu",
-    description="NSA selected attention, one sequence of 16384 tokens, N1=16, N2=1, count=16, block=64, Dqk=192, "
-                "Dv=128, fp32, forward+backward, vs the dense causal attnops.flash_attention on the same q/k/v",
+    description="NSA selected attention vs dense causal FlashAttention on the CPU: 16384 tokens, fwd+bwd",
+    details="One sequence, N1=16, N2=1, count=16, block=64, Dqk=192, Dv=128, fp32; the baseline is the dense causal "
+            "attnops.flash_attention on the same q/k/v",
     cases=(Case(name="nsa-selected-t16384-n16-g16-k16-b64-fp32-fwd+bwd", op="nsa_selected", mode="fwd+bwd",
                 heads=16, kv_heads=1, d=192, dv=128, layout="TND", seq_lens=(16384,), sq=16384, skv=16384,
                 causal=True, baselines=("attnops-dense",), params={"block": 64, "count": 16}),),
@@ -193,9 +203,9 @@ register_suite(Suite(
 
 register_suite(Suite(
     name="fia-cpu",
-    description="FusedInferAttentionScore on the CPU, fp32, N=32, KV_N=8, D=128: paged decode (B=8, KV 4096, "
-                "shuffled 128-token blocks) and prefill (B=1, S=4096, full and causal) vs SDPA on the same data "
-                "gathered into contiguous tensors",
+    description="FusedInferAttentionScore vs SDPA on the CPU: paged decode and prefill, fp32, N=32, KV_N=8, D=128",
+    details="Paged decode: B=8, KV 4096, shuffled 128-token blocks; prefill: B=1, S=4096, full and causal; SDPA runs "
+            "on the same data gathered into contiguous tensors",
     cases=(Case(name="fia-decode-paged-b8-kv4096-n32-kvn8-d128-fp32", op="fia_decode", batch=8, heads=32,
                 kv_heads=8, sq=1, skv=4096, baselines=("sdpa-gathered",), params={"block_size": 128}),
            Case(name="fia-prefill-b1-s4096-n32-kvn8-d128-fp32-full", op="fia_prefill", batch=1, heads=32,

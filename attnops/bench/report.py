@@ -1,4 +1,4 @@
-"""Results: environment metadata, the JSON file and an optional PNG plot (when matplotlib is importable)."""
+"""Results: environment metadata, the JSON file and an optional PNG plot (when matplotlib is installed)."""
 from __future__ import annotations
 
 import json
@@ -74,20 +74,24 @@ def write_json(result: dict, out_dir: Path, stem: str) -> Path:
     return path
 
 
-def write_plot(result: dict, out_dir: Path, stem: str) -> Path | None:
-    """Bar chart of the median time of every implementation per case (min-max whiskers); None without
-    matplotlib."""
+class PlotSkipped(Exception):
+    """Why no PNG was written (the plot is optional)."""
+
+
+def write_plot(result: dict, out_dir: Path, stem: str) -> Path:
+    """Bar chart of the median time of every implementation per case (min-max whiskers); raises
+    :class:`PlotSkipped` without matplotlib or without any timed implementation."""
     try:
         import matplotlib
+    except ImportError:
+        raise PlotSkipped("matplotlib is not installed; pip install matplotlib (or the [bench] extra)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:  # noqa: BLE001 - the plot is optional
-        return None
     cases = result["cases"]
     impls = sorted({name for c in cases for name, r in c["results"].items() if r.get("status") == "ok"})
     if not impls:
-        return None
+        raise PlotSkipped("no implementation ran")
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cases)), 4.5))
     width = 0.8 / len(impls)
     for i, name in enumerate(impls):

@@ -1,4 +1,9 @@
-"""Benchmark runner: ``python -m attnops bench --suite fa-cpu`` (or ``attnops.bench.main([...])``)."""
+"""``python -m attnops bench --suite NAME``: time the operators of a benchmark suite against their baselines
+(PyTorch's SDPA and others), print min/median times, GFLOP/s and the ratios, and write the results.
+
+Without ``--suite`` it lists the suites and runs nothing; ``--list`` also lists their cases. Results (JSON, and
+a PNG chart when matplotlib is installed) go to ``./attnops-bench-results`` in the current directory unless
+``--out DIR`` says otherwise; progress with an ETA goes to stderr."""
 from __future__ import annotations
 
 import argparse
@@ -7,27 +12,31 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
+from .._progress import Progress
 from .cases import SUITES, Case, suite_cases
 from .impls import BUILDERS, OURS, Unavailable, make_inputs
-from .report import environment, write_json, write_plot
+from .report import PlotSkipped, environment, write_json, write_plot
 from .timing import L2Flusher, PeakMemory, summarize, synchronize, time_once, wait_until_idle
 
-DEFAULT_OUT = "benchmarks/results"
+DEFAULT_OUT = "attnops-bench-results"
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m attnops bench", description="Run a benchmark suite.")
-    ap.add_argument("--suite", default="fa-cpu", help=f"suite name (one of: {', '.join(sorted(SUITES))})")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--suite", default=None, metavar="NAME",
+                    help=f"the suite to run (one of: {', '.join(sorted(SUITES))}); without it the suites are listed")
     ap.add_argument("--filter", default=None, help="regular expression: only cases whose name matches")
     ap.add_argument("--repeat", type=int, default=None, help="timed repetitions per implementation (suite default)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed warm-up calls per implementation")
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the suite's device)")
     ap.add_argument("--impls", default=None,
                     help=f"comma-separated implementations to run (default: {OURS} and the case's baselines)")
-    ap.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the JSON/PNG results (default {DEFAULT_OUT})")
+    ap.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                    help=f"folder for the JSON/PNG results (default: ./{DEFAULT_OUT} in the current directory; "
+                         "the repository keeps its recorded runs in benchmarks/results)")
     ap.add_argument("--idle-wait", type=float, default=0.0,
                     help="CPU only: before each repetition wait up to this many seconds for the machine to be "
                          "idle (other processes distort CPU timings); 0 disables")
@@ -36,13 +45,25 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--isolate", action="store_true",
                     help="run every case in a fresh Python process (no allocator/library state carried over from "
                          "the previous case)")
-    ap.add_argument("--list", action="store_true", help="list the suites and their cases, then exit")
-    return ap
+    ap.add_argument("--list", action="store_true",
+                    help="list the cases of every suite (of --suite when given), then exit")
 
 
-def _list() -> None:
+def _list_suites(file: TextIO | None = None) -> None:
+    file = sys.stdout if file is None else file
+    print("Benchmark suites (run one with: python -m attnops bench --suite NAME; their cases: --list):", file=file)
+    width = max(map(len, SUITES))
     for name, suite in sorted(SUITES.items()):
+        count = f"{len(suite.cases)} case{'s' * (len(suite.cases) != 1)}"
+        print(f"  {name:{width}s}  {suite.device:4s} {count:9s} {suite.description}", file=file)
+
+
+def _list_cases(names: list[str]) -> None:
+    for name in names:
+        suite = SUITES[name]
         print(f"{name} [{suite.device}, repeat {suite.repeat}]: {suite.description}")
+        if suite.details:
+            print(f"  {suite.details}")
         for c in suite.cases:
             print(f"    {c.name}  ({c.flops() / 1e9:.1f} GFLOP; baselines: {', '.join(c.baselines) or '-'})")
 
@@ -171,23 +192,30 @@ def _fmt_row(case: Case, entry: dict) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.list:
-        _list()
-        return 0
-    if args.suite not in SUITES:
-        print(f"unknown suite {args.suite!r}; known: {', '.join(sorted(SUITES))}", file=sys.stderr)
+def run(args: argparse.Namespace) -> int:
+    """List the suites, or run ``args.suite`` and write its results; 0 on success, 2 on a usage error."""
+    if args.suite is not None and args.suite not in SUITES:
+        print(f"python -m attnops bench: error: unknown suite {args.suite!r}", file=sys.stderr)
+        _list_suites(sys.stderr)
         return 2
+    if args.list:
+        _list_cases(sorted(SUITES) if args.suite is None else [args.suite])
+        return 0
+    if args.suite is None:
+        _list_suites()
+        return 0
     suite = SUITES[args.suite]
     device = torch.device(args.device or suite.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"suite {suite.name} needs CUDA, which is not available here", file=sys.stderr)
+        print(f"python -m attnops bench: error: suite {suite.name} needs CUDA, which is not available here",
+              file=sys.stderr)
         return 2
     pattern = re.compile(args.filter) if args.filter else None
     cases = [c for c in suite_cases(suite.name) if pattern is None or pattern.search(c.name)]
     if not cases:
-        print(f"no case of suite {suite.name} matches {args.filter!r}", file=sys.stderr)
+        print(f"python -m attnops bench: error: --filter {args.filter!r} matches no case of suite {suite.name}; "
+              "its cases are:", file=sys.stderr)
+        print("\n".join(c.name for c in suite.cases), file=sys.stderr)
         return 2
     repeat = suite.repeat if args.repeat is None else max(1, args.repeat)
     warmup = suite.warmup if args.warmup is None else max(0, args.warmup)
@@ -195,26 +223,36 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(device)
     print(f"suite {suite.name}: {len(cases)} case(s) on {env['device']['name']}, torch {env['torch']}, "
           f"commit {str(env['git_commit'])[:10]}{' (dirty)' if env['git_dirty'] else ''}; repeat {repeat}, "
-          f"warm-up {warmup}")
+          f"warm-up {warmup}", flush=True)
     entries = []
     t0 = time.perf_counter()
+    progress = Progress([c.flops() for c in cases])  # the ETA scales the elapsed time by the FLOPs left
     for case in cases:
+        progress.next(case.name)
         print(f"{case.name} ({case.mode}, {case.flops() / 1e9:.1f} GFLOP)", flush=True)
         kw = dict(repeat=repeat, warmup=warmup, impls=impls, idle_wait=args.idle_wait, seed=args.seed,
                   check=not args.no_check)
         entry = _run_isolated(suite.name, case, device, **kw) if args.isolate else run_case(case, device, **kw)
         entries.append(entry)
         print("\n".join(_fmt_row(case, entry)), flush=True)
-    result = {"suite": suite.name, "description": suite.description, "environment": env,
+    progress.finish(f"{len(cases)} case(s)")
+    result = {"suite": suite.name, "description": suite.description, "details": suite.details, "environment": env,
               "settings": {"repeat": repeat, "warmup": warmup, "idle_wait_s": args.idle_wait, "seed": args.seed,
                            "timer": "cuda events + L2 flush" if device.type == "cuda" else "time.perf_counter",
                            "filter": args.filter, "impls": impls, "isolate": args.isolate},
               "wall_s": time.perf_counter() - t0, "cases": entries}
     stem = f"{suite.name}-{device.type}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     out_dir = Path(args.out)
-    path = write_json(result, out_dir, stem)
-    print(f"wrote {path}")
-    png = write_plot(result, out_dir, stem)
-    if png is not None:
-        print(f"wrote {png}")
+    print(f"wrote {write_json(result, out_dir, stem).resolve()}")
+    try:
+        print(f"wrote {write_plot(result, out_dir, stem).resolve()}")
+    except PlotSkipped as e:
+        print(f"plot skipped: {e}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m attnops bench [--suite NAME] [options]``."""
+    from ..__main__ import main as cli
+
+    return cli(["bench", *(sys.argv[1:] if argv is None else argv)])

@@ -6,13 +6,17 @@ functions called as Ascend code calls them, and ring / Ulysses context paralleli
 spawn of two processes for all of them; a hang becomes a FAIL row after a timeout). Backends: ``reference``
 always; ``triton`` when the Triton kernels can run (CUDA and Triton importable, or ``ATTNOPS_TRITON_INTERPRET=1``
 for Triton's CPU interpreter). Only cases of operators with Triton kernels (FlashAttention) run on ``triton``; each
-case runs with ``ATTNOPS_BACKEND`` set to its backend, so the aclnn functions dispatch there too.
-``--filter TEXT`` keeps the cases whose operator or name contains TEXT; ``--list`` prints the cases and exits."""
+case runs with ``ATTNOPS_BACKEND`` set to its backend, so the aclnn functions dispatch there too. The output starts
+with one line per backend: the cases it runs, or why it is skipped.
+``--filter TEXT`` keeps the cases whose operator or name contains TEXT (any case; a filter that keeps nothing is an
+error that lists the cases); ``--list`` prints the cases and exits."""
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .._core.dispatch import triton_interpret_requested
+from .._progress import Progress
 from ..testing.compare import default_floor, max_abs_err
 
 REFERENCE_ONLY = ("reference",)
@@ -115,16 +120,33 @@ def triton_runs_on_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def available_backends() -> list[str]:
-    """``reference``, plus ``triton`` when its kernels can run: CUDA with Triton importable, or Triton's CPU
-    interpreter (``ATTNOPS_TRITON_INTERPRET=1``)."""
+def triton_skip_reason() -> str | None:
+    """Why the ``triton`` backend does not run here (None when it does): its kernels need Triton, and CUDA or
+    Triton's CPU interpreter (``ATTNOPS_TRITON_INTERPRET=1``)."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed; pip install triton"
     if not (triton_runs_on_cuda() or triton_interpret_requested()):
-        return ["reference"]
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return ["reference"]
-    return ["reference", "triton"]
+        return ("no CUDA device; set ATTNOPS_TRITON_INTERPRET=1 to run the Triton kernels in Triton's CPU "
+                "interpreter")
+    return None
+
+
+def available_backends() -> list[str]:
+    """``reference``, plus ``triton`` when its kernels can run (:func:`triton_skip_reason`)."""
+    return ["reference"] if triton_skip_reason() else ["reference", "triton"]
+
+
+def backend_report(selected: list[tuple[CheckCase, list[str]]]) -> list[str]:
+    """One line per backend: how many of the selected cases it runs (and where), or why it is skipped."""
+    total = f"{len(selected)} case{'s' * (len(selected) != 1)}"
+    lines = [f"reference: runs {sum('reference' in on for _, on in selected)} of {total}"]
+    reason = triton_skip_reason()
+    if reason is not None:
+        return lines + [f"triton: skipped ({reason})"]
+    count = sum("triton" in on for _, on in selected)
+    where = f"on CUDA ({torch.cuda.get_device_name()})" if triton_runs_on_cuda() else "in Triton's CPU interpreter"
+    rest = "; the others run on the reference only" if count < len(selected) else ""
+    return lines + [f"triton: runs {count} of {total} {where}{rest}"]
 
 
 def print_table(rows: Iterable[Row]) -> None:
@@ -142,23 +164,51 @@ def print_table(rows: Iterable[Row]) -> None:
             print(f"FAIL {r.operator} [{r.backend}] {r.case}: {r.detail}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnops check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--filter", default="", help="only cases whose operator or name contains this text")
+def _case_line(case: CheckCase, backends: list[str]) -> str:
+    return f"{case.operator}  |  {case.name}  |  {', '.join(backends)}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--filter", default="", metavar="TEXT",
+                        help="only the cases whose operator or name contains this text (any case)")
     parser.add_argument("--list", action="store_true", help="print the selected cases and their backends, run none")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the selected cases and print the report; 0 when all pass, 1 on a failure, 2 when no case is selected."""
     backends = available_backends()
-    selected = [(case, [b for b in backends if b in case.backends]) for case in all_cases()
-                if args.filter in case.operator or args.filter in case.name]
+    cases = [(case, [b for b in backends if b in case.backends]) for case in all_cases()]
+    text = args.filter.lower()
+    selected = [(case, on) for case, on in cases if text in case.operator.lower() or text in case.name.lower()]
+    if not selected:
+        print(f"python -m attnops check: error: --filter {args.filter!r} matches no case; the cases "
+              "(operator | case | backends, as --list prints them) are:", file=sys.stderr)
+        print("\n".join(_case_line(case, on) for case, on in cases), file=sys.stderr)
+        return 2
     if args.list:
-        for case, on in selected:
-            print(f"{case.operator}  |  {case.name}  |  {', '.join(on)}")
+        print("\n".join(_case_line(case, on) for case, on in selected))
         return 0
+    print("\n".join(backend_report(selected)), flush=True)
     torch.manual_seed(0)
     start = time.perf_counter()
-    rows = [run_case(case, backend) for case, on in selected for backend in on]
+    jobs = [(case, backend) for case, on in selected for backend in on]
+    progress = Progress([1] * len(jobs), overwrite=True) if sys.stderr.isatty() else None
+    rows = []
+    for case, backend in jobs:
+        if progress is not None:
+            progress.next(f"{case.operator} [{backend}] {case.name}")
+        rows.append(run_case(case, backend))
+    if progress is not None:
+        progress.finish()
     print_table(rows)
     failed = sum(not r.ok for r in rows)
-    print(f"{len(rows) - failed} passed, {failed} failed in {time.perf_counter() - start:.1f} s")
-    return 1 if failed or not rows else 0
+    print(f"{len(rows) - failed} passed, {failed} failed in {time.perf_counter() - start:.1f} s "
+          f"(backends: {', '.join(backends)})")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m attnops check [--filter TEXT] [--list]``."""
+    from ..__main__ import main as cli
+
+    return cli(["check", *(sys.argv[1:] if argv is None else argv)])

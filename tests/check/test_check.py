@@ -1,7 +1,9 @@
 """Quick tests of ``python -m attnops check`` itself: backend selection, the judge, crash rows, case backends."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -59,3 +61,51 @@ def test_list_prints_every_case_without_running(capsys):
     assert check.main(["--list", "--filter", "npu_"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 16 and all(line.startswith("npu_") and line.endswith("reference") for line in lines)
+
+
+def test_triton_skip_reasons(monkeypatch):
+    monkeypatch.setattr(check, "triton_runs_on_cuda", lambda: False)
+    monkeypatch.delenv("ATTNOPS_TRITON_INTERPRET", raising=False)
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "triton", None)  # find_spec: not installed
+        assert check.triton_skip_reason() == "Triton is not installed; pip install triton"
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    assert check.triton_skip_reason() == ("no CUDA device; set ATTNOPS_TRITON_INTERPRET=1 to run the Triton kernels "
+                                          "in Triton's CPU interpreter")
+    monkeypatch.setenv("ATTNOPS_TRITON_INTERPRET", "1")
+    assert check.triton_skip_reason() is None
+
+
+def _fake_cases():
+    ok = lambda backend: []  # noqa: E731 - a case with nothing to compare passes
+    return [CheckCase("op_a", "fast case", ok, ("reference", "triton")), CheckCase("op_b", "other", ok)]
+
+
+def test_report_says_which_backends_ran_and_why_one_was_skipped(monkeypatch, capsys):
+    monkeypatch.setattr(check, "all_cases", _fake_cases)
+    monkeypatch.setattr(check, "triton_skip_reason", lambda: "no CUDA device; set ATTNOPS_TRITON_INTERPRET=1")
+    assert check.main([]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["reference: runs 2 of 2 cases",
+                       "triton: skipped (no CUDA device; set ATTNOPS_TRITON_INTERPRET=1)"]
+    assert out[-1].startswith("2 passed, 0 failed in") and out[-1].endswith("(backends: reference)")
+    monkeypatch.setattr(check, "triton_skip_reason", lambda: None)
+    monkeypatch.setattr(check, "triton_runs_on_cuda", lambda: False)
+    assert check.main(["--filter", "OP_"]) == 0  # the filter ignores case
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["reference: runs 2 of 2 cases",
+                       "triton: runs 1 of 2 cases in Triton's CPU interpreter; the others run on the reference only"]
+    assert out[-1].endswith("(backends: reference, triton)")
+
+
+def test_a_filter_that_matches_nothing_is_an_error_listing_the_cases(monkeypatch, capsys):
+    monkeypatch.setattr(check, "all_cases", _fake_cases)
+    monkeypatch.setattr(check, "triton_skip_reason", lambda: "no CUDA")
+    for argv in (["--filter", "nothing"], ["--list", "--filter", "nothing"]):
+        assert check.main(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.splitlines() == [
+            "python -m attnops check: error: --filter 'nothing' matches no case; the cases (operator | case | "
+            "backends, as --list prints them) are:", "op_a  |  fast case  |  reference", "op_b  |  other  |  reference"]
