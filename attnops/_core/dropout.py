@@ -189,7 +189,7 @@ class DropoutSpec:
 
     def scale_block_(self, out: torch.Tensor, b: int, heads: slice, sq: int, skv: int, r0: int, r1: int, c0: int,
                      c1: int, col_range=None) -> torch.Tensor:
-        """Fill ``out`` (CPU ``[Nh, r1-r0, c1-c0]``, fp32/fp64) with ``keep / keep_prob`` (0 where dropped) for query
+        """Fill ``out`` (``[Nh, r1-r0, c1-c0]``, fp32/fp64) with ``keep / keep_prob`` (0 where dropped) for query
         heads ``heads``, rows ``[r0, r1)`` and columns ``[c0, c1)`` of batch ``b`` (``sq``/``skv``: its lengths).
 
         Vectorised over groups of rows of about ``CHUNK`` elements. ``col_range(ra, rb)``, when given, bounds the
@@ -197,7 +197,8 @@ class DropoutSpec:
         (the caller's mask drops them anyway), so tiles crossing a causal diagonal draw little more than their
         kept half.
         """
-        dst = out.numpy()
+        host = out if out.device.type == "cpu" else torch.empty(out.shape, dtype=out.dtype)  # reference on a GPU
+        dst = host.numpy()
         scale = dst.dtype.type(1.0 / self.keep_prob)
         rows = max(1, self._chunk // max(1, c1 - c0))
         for n in range(heads.start, heads.stop):
@@ -213,7 +214,7 @@ class DropoutSpec:
                 if a < z:
                     keep = self._keep_rows(base + ra * skv + a, skv, rb - ra, z - a)
                     np.multiply(keep, scale, out=block[:, a - c0:z - c0])
-        return out
+        return out if host is out else out.copy_(host)
 
 
 def keep_mask(spec: DropoutSpec, numels: int) -> torch.Tensor:
