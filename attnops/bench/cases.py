@@ -215,6 +215,17 @@ register_suite(Suite(
     device="cpu", repeat=5, warmup=1))
 
 register_suite(Suite(
+    name="fa-cpu-dropout",
+    description="The cost of dropout on the CPU: FlashAttention B=1, N=8, S=512, D=64, fp32, BNSD, causal, "
+                "forward+backward without dropout, with keep_prob=0.9 from a Philox seed, and from a packed drop_mask",
+    cases=tuple(Case(name=f"fa-b1-n8-s512-d64-fp32-bnsd-fwd+bwd-causal-{tag}", mode="fwd+bwd", batch=1, heads=8,
+                     kv_heads=8, sq=512, skv=512, d=64, dv=64, dtype="float32", causal=True, layout="BNSD",
+                     baselines=(), params=params)
+                for tag, params in (("nodrop", {}), ("philox0.9", {"keep_prob": 0.9}),
+                                    ("packed0.9", {"keep_prob": 0.9, "drop_mask": True}))),
+    device="cpu", repeat=10, warmup=1))
+
+register_suite(Suite(
     name="fa-smoke",
     description="Tiny FlashAttention cases (seconds on any device): checks that the runner works end to end",
     cases=_fa_cases("fa-b1-n2-s256-d64-fp32", ("fwd", "bwd", "fwd+bwd"), (False, True), batch=1, heads=2,

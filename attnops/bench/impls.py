@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._core.dropout import pack_bits
 from .cases import Case
 
 CAUSAL_MASK_SIZE = 2048  # CANN's compressed causal mask for sparse_mode 2
@@ -81,6 +82,12 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
         kw.update(atten_mask=compressed, sparse_mode=4, pre_tokens=case.band[0], next_tokens=case.band[1])
     elif case.causal:
         kw.update(atten_mask=compressed, sparse_mode=2)
+    if "keep_prob" in case.params:  # dropout: Philox seed/offset, or a random packed mask ("drop_mask": True)
+        kw.update(keep_prob=case.params["keep_prob"], seed=1234, offset=0)
+        if case.params.get("drop_mask"):
+            numel = case.heads * sum(sq * skv for sq, skv in case.lengths)
+            keep = torch.rand(numel, generator=gen) < case.params["keep_prob"]
+            kw.update(drop_mask=pack_bits(keep).to(device), seed=None)
     return Inputs(q, k, v, dy, kw, scale)
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .._core.checks import check_int, require
-from .._core.dropout import DropoutSpec, keep_mask, pack_bits
+from .._core.dropout import DropoutSpec, check_seed_offset, keep_mask, pack_bits
 from .._core.varlen import lengths_from_cumulative
 
 __all__ = ["ring_dropout_mask"]
@@ -25,6 +25,7 @@ def ring_dropout_mask(*, world_size: int, keep_prob: float, seed: int, offset: i
     Dense: ``batch`` and the global ``seq_len``; TND: the global cumulative ``actual_seq_len``.
     """
     check_int("world_size", world_size, lo=1)
+    seed, offset = check_seed_offset(seed, offset)
     require(0.0 < keep_prob < 1.0, "keep_prob", "a value in (0, 1) (no mask without dropout)", keep_prob)
     p2 = 2 * world_size
     if actual_seq_len is not None:

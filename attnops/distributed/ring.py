@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .._core.checks import require
-from .._core.dropout import draw_seed
+from .._core.dropout import check_seed_offset, draw_seed
 from .._core.layouts import tokens_view
 from .._core.softmax_stats import stats_dtype
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
@@ -202,11 +202,12 @@ def ring_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=Non
                 "sequence)", pse_type)
         require(len(set(lens)) == 1, "pse", "TND sequences of equal length with ALiBi (one q_start_idx per call)",
                 lens)
+    drop_seed, offset = check_seed_offset(0 if seed is None else seed, offset)
     if keep_prob < 1.0 and seed is None:
-        seed = broadcast_seed(info, draw_seed(), query.device)
+        drop_seed = broadcast_seed(info, draw_seed(), query.device)
     pair_numels = n1 * sum(c * c for c in lens) * (1 if layout == "TND" else q.shape[0])
     plan = RingPlan(info, RingChunks(layout == "TND", lens), bool(causal), float(d ** -0.5 if scale is None else scale),
-                    pse, pse_type, float(keep_prob), 0 if seed is None else int(seed), int(offset), pair_numels)
+                    pse, pse_type, float(keep_prob), drop_seed, offset, pair_numels)
     out, smax, ssum = _RingFlashAttention.apply(q, k, v, plan)
     out = from_internal(out, layout)
     if not return_stats:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .._core.checks import int_list, require
-from .._core.dropout import draw_seed
+from .._core.dropout import check_seed_offset, draw_seed
 from .._core.layouts import tokens_view
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from ..ops.flash_attention import flash_attention
@@ -94,6 +94,7 @@ def ulysses_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=
     batch holds one sequence. Returns the local output slice.
     """
     info = group_info(group)
+    drop_seed, offset = check_seed_offset(0 if seed is None else seed, offset)
     layout, n1, d, n2 = head_geometry(query, key, layout, head_num)
     p = info.size
     as_bsnd = (lambda x, heads: x.unsqueeze(0) if layout == "TND" else tokens_view(x, layout, heads))
@@ -123,7 +124,7 @@ def ulysses_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=
     if pse is not None:
         kw.update(pse=_local_pse(pse, pse_type, n1, info.rank, heads), pse_type=pse_type)
     if keep_prob < 1.0:
-        seed = broadcast_seed(info, draw_seed(), query.device) if seed is None else seed
+        seed = broadcast_seed(info, draw_seed(), query.device) if seed is None else drop_seed
         kw.update(keep_prob=keep_prob, seed=seed, offset=offset + info.rank * local_numels)
     out = flash_attention(q, k, v, **kw)
     out = _AllToAll.apply(out.unsqueeze(0) if layout == "TND" else out, info, False)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .._core.checks import check_int, int_list, require
-from .._core.dropout import draw_seed
+from .._core.dropout import check_seed_offset, draw_seed
 from .._core.layouts import normalize_layout, parse_geometry
 from .._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
 from ..ops.flash_attention import op as fa_op
@@ -104,12 +104,13 @@ def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, at
     qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen)
     q, k = _with_rope(query, key, query_rope, key_rope, layout, head_num)
     numels = _numels(q, k, value, head_num, layout, qlen, kvlen)
+    seed, offset = check_seed_offset(seed, offset)
     if keep_prob < 1.0 and dropout_mask is None:  # the NPU draws from its generator and ignores seed/offset
         seed, offset = draw_seed(), 0
     drop_mask = dropout_mask if keep_prob < 1.0 else None
     scalars = (head_num, layout, float(scale), float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix),
                qlen, kvlen, sparse_mode, pse_type, _start("q_start_idx", q_start_idx),
-               _start("kv_start_idx", kv_start_idx), softmax_layout, int(seed), int(offset))
+               _start("kv_start_idx", kv_start_idx), softmax_layout, seed, offset)
     if sink is None:
         out, smax, ssum = fa_op.flash_attention_fwd(q, k, value, pse, atten_mask, drop_mask, *scalars)
     else:
@@ -117,7 +118,7 @@ def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, at
         sink_kw = dict(layout=layout, softmax_layout=softmax_layout, q_lens=_q_lens(layout, qlen, query),
                        head_num=head_num)
         out, smax, ssum = _SinkAttention.apply(q, k, value, pse, sink, atten_mask, drop_mask, scalars, sink_kw)
-    return out, smax, ssum, query.new_empty(0), int(seed), int(offset), numels
+    return out, smax, ssum, query.new_empty(0), seed, offset, numels
 
 
 def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mask, atten_mask, softmax_max,
@@ -131,6 +132,7 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
     layout = normalize_layout("input_layout", input_layout)
     qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen)
     q, k = _with_rope(query, key, query_rope, key_rope, layout, head_num)
+    seed, offset = check_seed_offset(seed, offset)
     if keep_prob < 1.0 and numels is not None:  # v3 passes no numels
         expected = _numels(q, k, value, head_num, layout, qlen, kvlen)
         require(numels == expected, "numels", f"the forward's numels = N*sum(Sq_b*Skv_b) = {expected}", numels)
@@ -138,7 +140,7 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
         dy, q, k, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, None, head_num, layout,
         float(scale_value), float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix), qlen, kvlen,
         sparse_mode, pse_type, _start("q_start_idx", q_start_idx), _start("kv_start_idx", kv_start_idx),
-        softmax_layout, int(seed), int(offset))
+        softmax_layout, seed, offset)
     dq_rope = dk_rope = None
     if query_rope is not None:
         dq, dq_rope = _split_rope(dq, query, layout, head_num)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnops import ParamInvalidError
-from attnops._core.dropout import (DropoutSpec, build_dropout_spec, keep_mask, pack_bits, packed_mask_bytes,
-                                   philox_randint, philox_uniform, unpack_bits)
+from attnops import ParamDtypeError, ParamInvalidError
+from attnops._core.dropout import (CHUNK, DropoutSpec, build_dropout_spec, check_seed_offset, keep_mask, pack_bits,
+                                   packed_mask_bytes, philox_randint, philox_uniform, unpack_bits)
 
 M32 = 0xFFFFFFFF
 
@@ -76,7 +76,8 @@ _TRITON_SCRIPT = textwrap.dedent("""
 
 
 def test_philox_uniform_bit_identical_to_triton_interpreter():
-    cases = [(0, 0), (12345, 7), (2**40 + 3, 2**32 - 5), (987654321, 3 * 2**32 + 11), (2**63 - 1, 2**45)]
+    cases = [(0, 0), (12345, 7), (2**40 + 3, 2**32 - 5), (987654321, 3 * 2**32 + 11), (2**63 - 1, 2**45),
+             (-1, 2**32 - 100), (-2**63, 5), (-123456789, 2**63 - 200)]
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-c", _TRITON_SCRIPT, json.dumps(cases)], env=env, capture_output=True,
                           text=True, timeout=300)
@@ -127,8 +128,8 @@ def test_keep_mask_and_spec():
     assert torch.equal(keep_mask(spec, 20), want)
     # a tile of batch b reads elements block_offsets[b] + (n * Sq + i) * Skv + j
     spec = DropoutSpec(0.3, (0, 6), seed=9, offset=2**33)
-    tile = spec.keep_block(1, slice(1, 2), 2, 3, 1, 2, 0, 3)  # heads [1], rows [1], cols 0..2 of a 2x3 batch
-    assert torch.equal(tile.flatten(), want[6 + (1 * 2 + 1) * 3 + torch.arange(3)])
+    tile = spec.scale_block_(torch.empty(1, 1, 3), 1, slice(1, 2), 2, 3, 1, 2, 0, 3)  # head 1, row 1 of a 2x3 batch
+    assert torch.equal(tile.flatten() != 0, want[6 + (1 * 2 + 1) * 3 + torch.arange(3)])
 
 
 def test_dropout_spec_validation():
@@ -142,3 +143,96 @@ def test_dropout_spec_validation():
     with pytest.raises(ParamInvalidError, match="drop_mask"):
         build_dropout_spec(keep_prob=0.5, drop_mask=torch.zeros(2, dtype=torch.bool), seed=None, offset=0,
                            numels=9, block_offsets=[0])
+
+
+# ------------------------------------------------------------------------- vectorised generator, tiles, chunks
+
+
+def _keep_py(seed: int, counter: int, keep_prob: float) -> bool:
+    """tl.rand(seed, counter) < keep_prob from the plain-Python Philox word and Triton's fp32 conversion."""
+    x = _philox_py(seed, counter % 2**64)
+    x = x - 2**32 if x >= 2**31 else x
+    u = np.float32(-x - 1 if x < 0 else x) * np.float32(4.6566127342e-10)
+    return bool(u < np.float32(keep_prob))
+
+
+def test_randint_over_chunk_boundaries_matches_plain_python():
+    base = 2**32 - CHUNK // 2 - 7  # the chunks cross a 2**32 boundary of the counter
+    n = CHUNK + 300
+    got = philox_randint(-5, torch.arange(n, dtype=torch.int64) + base).tolist()
+    step = 97
+    assert got[::step] == [_philox_py(-5, base + i) for i in range(0, n, step)]
+    assert got[CHUNK - 3:CHUNK + 3] == [_philox_py(-5, base + i) for i in range(CHUNK - 3, CHUNK + 3)]
+
+
+@pytest.mark.parametrize("keep_prob", [0.9, 0.5, 0.01, 0.999999, float(np.float32(1234567) * np.float32(4.6566127342e-10))])
+def test_keep_decision_matches_the_fp32_uniform(keep_prob):
+    """The integer threshold equals ``tl.rand < keep_prob`` in fp32, also for keep_prob exactly on a uniform value."""
+    counters = torch.arange(50_000, dtype=torch.int64) * 7919 + 2**31
+    want = philox_uniform(77, counters) < torch.tensor(keep_prob, dtype=torch.float32)
+    spec = DropoutSpec(keep_prob, (), seed=77, offset=2**31)
+    got = keep_mask(spec, 50_000 * 7919)[torch.arange(50_000) * 7919]
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("offset", [0, 2**32 - 1000, 5 * 2**32 + 3])
+def test_scale_block_tiles_are_bit_identical_to_plain_python(offset):
+    """Odd shapes, several heads, TND block offsets, row groups of more than one chunk, a band bound: every drawn
+    element equals the plain-Python Philox decision, the others are 0."""
+    keep_prob, seed = 0.7, 2**40 + 9
+    sq, skv = 37, 29
+    block_offsets = (0, 3 * 11 * 13)  # batch 0: [3, 11, 13]; batch 1: [3, 37, 29]
+    spec = DropoutSpec(keep_prob, block_offsets, seed=seed, offset=offset)
+    r0, r1, c0, c1 = 2, 35, 3, 28
+    col_range = (lambda ra, rb: (max(0, ra - 20), min(skv, rb + 1)))  # a sliding band
+    out = torch.full((2, r1 - r0, c1 - c0), float("nan"))
+    spec.scale_block_(out, 1, slice(1, 3), sq, skv, r0, r1, c0, c1, col_range=col_range)
+    for h in range(2):
+        for i in range(r0, r1):
+            for j in range(c0, c1):
+                e = block_offsets[1] + ((1 + h) * sq + i) * skv + j
+                got = float(out[h, i - r0, j - c0])
+                if max(0, i - 20) <= j <= i:  # inside the band: drawn
+                    assert got == (np.float32(1 / keep_prob) if _keep_py(seed, offset + e, keep_prob) else 0.0)
+                else:  # outside: 0 or drawn (a row group draws its union of columns)
+                    assert got in (0.0, float(np.float32(1 / keep_prob)))
+
+
+def test_scale_block_many_chunks_equals_keep_mask_and_packed():
+    """A tile of several chunks (both generator and packed paths) equals the whole-mask export element by element."""
+    b, n, sq, skv = 1, 2, 40, CHUNK // 16 + 5
+    numels = n * sq * skv
+    seed_spec = DropoutSpec(0.6, (0,), seed=3, offset=2**32 - numels // 2)
+    keep = keep_mask(seed_spec, numels).view(n, sq, skv)
+    packed_spec = DropoutSpec(0.6, (0,), packed=pack_bits(keep))
+    for spec in (seed_spec, packed_spec):
+        out = torch.empty(n, sq - 3, skv - 2, dtype=torch.float64)
+        spec.scale_block_(out, 0, slice(0, n), sq, skv, 3, sq, 1, skv - 1)
+        assert torch.equal(out != 0, keep[:, 3:, 1:-1]) and bool((out[out != 0] == 1 / 0.6).all())
+
+
+# ------------------------------------------------------------------------------------- seed/offset validation
+
+
+def test_check_seed_offset_accepts_the_int64_range():
+    assert check_seed_offset(2**63 - 1, 2**63 - 1) == (2**63 - 1, 2**63 - 1)
+    assert check_seed_offset(-2**63, 0) == (-2**63, 0)
+    assert check_seed_offset(np.int64(5), torch.tensor([7])) == (5, 7)
+
+
+@pytest.mark.parametrize("name,seed,offset,error,match", [
+    ("seed", 2**63, 0, ParamInvalidError, r"seed: expected an int in \[-2\*\*63, 2\*\*63 - 1\].*got 9223372036854775808"),
+    ("seed", 2**70, 0, ParamInvalidError, "seed: .*got 1180591620717411303424"),
+    ("seed", -2**63 - 1, 0, ParamInvalidError, "seed: .*got -9223372036854775809"),
+    ("offset", 1, -1, ParamInvalidError, r"offset: expected an int in \[0, 2\*\*63 - 1\].*got -1"),
+    ("offset", 1, 2**63, ParamInvalidError, "offset: .*got 9223372036854775808"),
+    ("seed", True, 0, ParamDtypeError, "seed: .*got True"),
+    ("seed", 1.0, 0, ParamDtypeError, "seed: .*got 1.0"),
+    ("offset", 1, 2.5, ParamDtypeError, "offset: .*got 2.5"),
+    ("offset", 1, torch.tensor([1.0]), ParamDtypeError, "offset"),
+])
+def test_check_seed_offset_rejects(name, seed, offset, error, match):
+    with pytest.raises(error, match=match):
+        check_seed_offset(seed, offset)
+    with pytest.raises(error, match=match):
+        build_dropout_spec(keep_prob=0.5, drop_mask=None, seed=seed, offset=offset, numels=8, block_offsets=[0])

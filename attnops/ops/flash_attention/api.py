@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_tensor, fail, require, require_not_none
-from ..._core.dropout import draw_seed
+from ..._core.dropout import check_seed_offset, draw_seed
 from ..._core.layouts import normalize_layout, with_head_dim
 from ..._core.softmax_stats import check_stats
 from ..._core.varlen import cumulative_from_cu_seqlens
@@ -80,13 +80,14 @@ def _op_args(query, *, layout, head_num, scale, pse, pse_type, atten_mask, spars
     qlen, kvlen = _seq_lists(layout, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen)
     if keep_prob < 1.0 and drop_mask is None and seed is None:
         seed = draw_seed()
+    seed, offset = check_seed_offset(0 if seed is None else seed, offset)
     prefix = None if prefix is None else [int(v) for v in (prefix.tolist() if isinstance(prefix, Tensor) else prefix)]
     return dict(pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, head_num=head_num, layout=layout,
                 scale=float(scale), keep_prob=float(keep_prob), pre_tokens=pre_tokens, next_tokens=next_tokens,
                 prefix=prefix, actual_seq_qlen=qlen, actual_seq_kvlen=kvlen, sparse_mode=sparse_mode,
                 pse_type=pse_type, q_start_idx=_start("q_start_idx", q_start_idx),
                 kv_start_idx=_start("kv_start_idx", kv_start_idx), softmax_layout=softmax_layout,
-                seed=0 if seed is None else int(seed), offset=int(offset), backend=backend)
+                seed=seed, offset=offset, backend=backend)
 
 
 def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, layout: str = "BNSD", head_num: int | None = None,

@@ -105,15 +105,16 @@ class _Tile:
             s.add_(pse, alpha=p.scale if p.pse.add_before_scale else 1.0)
         return p.mask.fill_masked_(s, self.b, self.r0, self.r1, self.c0, self.c1, self.heads, band)
 
-    def dropout_scale(self, dtype: torch.dtype) -> torch.Tensor | None:
-        """``keep / keep_prob`` as [G, r, c] in ``dtype``, or None without dropout."""
+    def dropout_scale(self, out: torch.Tensor) -> torch.Tensor | None:
+        """``keep / keep_prob`` in ``out`` ([G, r, c], in the compute dtype), or None without dropout. Entries the
+        band masks are 0 (their probabilities are 0 anyway): their bits are not drawn."""
         d = self.p.dropout
         if d is None:
             return None
-        seq = self.p.seq
-        keep = d.keep_block(self.b, self.heads, seq.q_lens[self.b], seq.kv_lens[self.b],
-                            self.r0, self.r1, self.c0, self.c1)
-        return keep.to(dtype).mul_(1.0 / d.keep_prob)
+        p, b = self.p, self.b
+        skv = p.seq.kv_lens[b]
+        return d.scale_block_(out, b, self.heads, p.seq.q_lens[b], skv, self.r0, self.r1, self.c0, self.c1,
+                              col_range=lambda ra, rb: p.mask.col_range(b, ra, rb, skv))
 
     def add_pse_grad(self, ds: torch.Tensor, dpse: torch.Tensor | None) -> None:
         p = self.p
@@ -400,7 +401,7 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
         for j, (c0, c1, band) in enumerate(blocks):
             s, t = _head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
             rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
-            drop = None if t is None else t.dropout_scale(acc)
+            drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
             if drop is not None:
                 s.mul_(drop[0])
             if j == 0:
@@ -664,7 +665,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 for c0, c1, band in blocks:
                     tcols = slice(c0 - u0, c1 - u0)
                     prob, t = _head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
-                    drop = None if t is None else t.dropout_scale(acc)
+                    drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
                     drop = None if drop is None else drop[0]
                     prob.sub_(m)  # natural units first: exact where s ~ max
                     torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()

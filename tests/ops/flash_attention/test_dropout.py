@@ -74,3 +74,52 @@ def test_dropout_really_drops():
     keep = random_keep(24, 0.5, seed=79)
     out = attnops.flash_attention(q, k, v, scale=0.5, keep_prob=0.5, drop_mask=pack_bits(keep))
     assert not torch.allclose(out, attnops.flash_attention(q, k, v, scale=0.5))
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "TND"])
+def test_seed_mask_is_regenerated_identically_by_forward_and_backward(layout):
+    """Tiles of several generator chunks, on and off a causal band: the seed path's output and gradients equal
+    the explicit-mask path's bit for bit (same keep bits in the forward and in the backward)."""
+    n, d = 2, 16
+    if layout == "BNSD":
+        q, k, v, dy = make_qkv("BNSD", b=1, n1=n, sq=300, skv=300, seed=80)
+        kw, numel = dict(layout="BNSD"), n * 300 * 300
+    else:
+        lens = [130, 1, 257]
+        q, k, v, dy = make_qkv("TND", n1=n, q_lens=lens, kv_lens=lens, seed=81)
+        kw, numel = dict(layout="TND", actual_seq_qlen=cum(lens), actual_seq_kvlen=cum(lens)), n * sum(x * x for x in lens)
+    kw.update(scale=d ** -0.5, keep_prob=0.8, atten_mask=TRIU2048, sparse_mode=3 if layout == "TND" else 2)
+    keep = keep_mask(DropoutSpec(0.8, (), seed=2**40 + 1, offset=2**32 - numel // 3), numel)
+    grads = []
+    for drop in (dict(seed=2**40 + 1, offset=2**32 - numel // 3), dict(drop_mask=pack_bits(keep))):
+        qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        out = attnops.flash_attention(qq, kk, vv, **kw, **drop)
+        out.backward(dy)
+        grads.append((out, qq.grad, kk.grad, vv.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("seed,offset,error,match", [
+    (2**70, 0, ValueError, "seed: expected an int in .*got 1180591620717411303424"),
+    (1, -3, ValueError, "offset: expected an int in .*got -3"),
+    (1.5, 0, TypeError, "seed: expected an int"),
+    (1, True, TypeError, "offset: expected an int"),
+])
+def test_out_of_range_seed_offset_at_every_entry(seed, offset, error, match):
+    from attnops import torch_npu
+    from attnops.distributed import ring_dropout_mask
+    q, k, v, dy = make_qkv("BNSD", b=1, n1=1, sq=4, skv=4, seed=82)
+    calls = [
+        lambda: attnops.flash_attention(q, k, v, keep_prob=0.5, seed=seed, offset=offset),
+        lambda: attnops.flash_attention_backward(dy, q, k, v, q, torch.zeros(1, 1, 4, 8), torch.ones(1, 1, 4, 8),
+                                                 keep_prob=0.5, seed=seed, offset=offset),
+        lambda: torch_npu.npu_fusion_attention(q, k, v, 1, "BNSD", keep_prob=0.5, seed=seed, offset=offset),
+        lambda: torch_npu.npu_fusion_attention_grad(q, k, v, dy, 1, "BNSD", softmax_max=torch.zeros(1, 1, 4, 8),
+                                                    softmax_sum=torch.ones(1, 1, 4, 8), attention_in=q,
+                                                    keep_prob=0.5, seed=seed, offset=offset, numels=16),
+        lambda: ring_dropout_mask(world_size=1, keep_prob=0.5, seed=seed, offset=offset, head_num=1, seq_len=4),
+    ]
+    for call in calls:
+        with pytest.raises(error, match=match):
+            call()
