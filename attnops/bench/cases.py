@@ -214,6 +214,29 @@ register_suite(Suite(
                 kv_heads=8, sq=4096, skv=4096, causal=True, baselines=("sdpa-gathered",))),
     device="cpu", repeat=5, warmup=1))
 
+def _decode_cases() -> tuple[Case, ...]:
+    cases = []
+    for batch, skv in ((1, 32768), (8, 4096)):
+        for dtype, kv in (("float32", None), ("bfloat16", None), ("float16", None), ("float16", "int8")):
+            for pages in ("dense", "sequential", "shuffled"):
+                tag = f"{dtype}-int8kv" if kv else dtype
+                cases.append(Case(name=f"fia-decode-b{batch}-kv{skv}-{tag}-{pages}", op="fia_decode", batch=batch,
+                                  heads=32, kv_heads=8, sq=1, skv=skv, dtype=dtype,
+                                  baselines=("read-bandwidth", "sdpa-gathered"),
+                                  params={"pages": pages, "block_size": 128, **({"kv": kv} if kv else {})}))
+    return tuple(cases)
+
+
+register_suite(Suite(
+    name="fia-cpu-decode",
+    description="FusedInferAttention decode on the CPU against the machine's read bandwidth and SDPA: N=32, KV_N=8, "
+                "D=128, B=1 x 32k and B=8 x 4k, fp32/bf16/fp16 and int8 KV, dense and paged",
+    details="ratio read-bandwidth/attnops = the fraction of the read bandwidth (torch.sum over as many bytes as the KV, "
+            "measured in the same run) at which attnops reads the KV; ratio sdpa-gathered/attnops = speed-up over SDPA "
+            "on the same KV, contiguous (int8 KV: SDPA on the dequantized values); paged caches use 128-token blocks "
+            "in sequential or shuffled order",
+    cases=_decode_cases(), device="cpu", repeat=5, warmup=1))
+
 register_suite(Suite(
     name="fa-cpu-dropout",
     description="The cost of dropout on the CPU: FlashAttention B=1, N=8, S=512, D=64, fp32, BNSD, causal, "

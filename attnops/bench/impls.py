@@ -301,6 +301,7 @@ BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
     "flashinfer": build_flashinfer,
     "attnops-dense": lambda c, i, d: _sparse_infer().build_dense_causal(c, i, d),
     "sdpa-gathered": lambda c, i, d: _sparse_infer().build_sdpa_gathered(c, i, d),
+    "read-bandwidth": lambda c, i, d: _sparse_infer().build_read_bandwidth(c, i, d),
 }
 
 

@@ -64,7 +64,9 @@ def build_dense_causal(case: Case, inp, device):
 
 
 def fia_inputs(case: Case, device: torch.device, seed: int):
-    """BSND query and contiguous K/V (``q``, ``k``, ``v``); decode adds a shuffled paged copy of K/V."""
+    """BSND query and contiguous K/V (``q``, ``k``, ``v``); decode adds a paged copy of K/V (128-token blocks in
+    shuffled order, or ``params["pages"] == "sequential"``) unless ``params["pages"] == "dense"``; int8 KV
+    (``params["kv"] == "int8"``) is quantized per channel and passed with its antiquant scales."""
     from .impls import Inputs
 
     gen = torch.Generator().manual_seed(seed)
@@ -76,17 +78,42 @@ def fia_inputs(case: Case, device: torch.device, seed: int):
     kw = dict(layout="BSND", num_heads=n, num_key_value_heads=kvn, scale=1.0 / math.sqrt(d))
     if case.causal:
         kw.update(atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1), sparse_mode=3)
-    if case.op == "fia_decode":
-        bs = case.params["block_size"]
+    kv_k, kv_v = k, v
+    if case.params.get("kv") == "int8":
+        scale = torch.stack([x.abs().amax((0, 1)).float() / 127 for x in (k, v)])  # [2, KV_N, D] per channel
+        kv_k, kv_v = ((x.float() / s).round().clamp(-128, 127).to(torch.int8) for x, s in zip((k, v), scale))
+        k, v = (x.to(torch.int8).to(dt) * s.to(dt) for x, s in zip((kv_k, kv_v), scale))  # what SDPA sees
+        kw.update(antiquant_scale=scale.to(dt), antiquant_mode=0)
+    pages = case.params.get("pages", "shuffled")
+    if case.op == "fia_decode" and pages != "dense":
+        bs = case.params.get("block_size", 128)
         per_seq = case.skv // bs
-        perm = torch.randperm(b * per_seq, generator=gen)
-        kc = torch.empty(b * per_seq, bs, kvn * d, dtype=dt, device=device)
-        vc = torch.empty(b * per_seq, bs, kvn * case.dv, dtype=dt, device=device)
-        kc[perm] = k.reshape(b * per_seq, bs, kvn * d)
-        vc[perm] = v.reshape(b * per_seq, bs, kvn * case.dv)
+        perm = (torch.arange(b * per_seq) if pages == "sequential"
+                else torch.randperm(b * per_seq, generator=gen))
+        kc = torch.empty(b * per_seq, bs, kvn * d, dtype=kv_k.dtype, device=device)
+        vc = torch.empty(b * per_seq, bs, kvn * case.dv, dtype=kv_v.dtype, device=device)
+        kc[perm] = kv_k.reshape(b * per_seq, bs, kvn * d)
+        vc[perm] = kv_v.reshape(b * per_seq, bs, kvn * case.dv)
         kw.update(block_table=perm.view(b, per_seq).to(device=device, dtype=torch.int32), block_size=bs,
                   actual_seq_lengths_kv=[case.skv] * b, paged=(kc, vc))
+    elif kv_k is not k:
+        kw.update(paged=(kv_k, kv_v))  # dense int8 K/V
     return Inputs(q, k, v, None, kw, kw["scale"])
+
+
+def kv_bytes(case: Case) -> int:
+    """Bytes of K and V a decode call reads."""
+    itemsize = 1 if case.params.get("kv") == "int8" else getattr(torch, case.dtype).itemsize
+    return case.batch * case.skv * case.kv_heads * (case.d + case.dv) * itemsize
+
+
+def build_read_bandwidth(case: Case, inp, device):
+    """The machine's read speed for as many bytes as the case's KV: ``torch.sum`` over an fp32 tensor of that size
+    (the ratio ``read-bandwidth / attnops`` is the fraction of the measured read bandwidth the operator reaches)."""
+    from .impls import Runnable
+
+    data = torch.ones(kv_bytes(case) // 4, device=device)
+    return Runnable(lambda: data.sum())
 
 
 def build_fia(case: Case, inp, device):
