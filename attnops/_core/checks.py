@@ -95,6 +95,8 @@ def int_list(name: str, value: Any) -> list[int] | None:
     if isinstance(value, torch.Tensor) or _is_ndarray(value):
         if value.ndim != 1 or not _integer_dtype(value.dtype):
             fail(name, "a 1-D integer tensor or array, or a list of ints", value)
+        if torch.compiler.is_compiling():  # its values would be data-dependent: unknown while tracing
+            fail(name, "a list of ints under torch.compile (a tensor's values are not known while tracing)", value)
         return [int(v) for v in value.tolist()]
     if isinstance(value, (list, tuple)):
         out = []

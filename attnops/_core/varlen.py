@@ -60,7 +60,7 @@ def lengths_from_cumulative(name: str, cumulative, total: int | None = None) -> 
     """
     values = int_list(name, cumulative)
     require(values is not None and len(values) > 0, name, "a non-empty cumulative list of ints", cumulative)
-    last_nz = max((i for i, v in enumerate(values) if v != 0), default=-1)
+    last_nz = next((i for i in range(len(values) - 1, -1, -1) if values[i] != 0), -1)
     lens, prev = [], 0
     for i, v in enumerate(values):
         if i > last_nz:

@@ -124,7 +124,8 @@ def _nsa_selected_attention(query, key, value, topk_indices, atten_mask, actual_
 def _nsa_selected_attention_grad(query, key, value, attention_out, attention_out_grad, softmax_max, softmax_sum,
                                  topk_indices, actual_seq_qlen, actual_seq_kvlen, atten_mask, scale_value,
                                  selected_block_size, selected_block_count, head_num, input_layout, sparse_mode):
-    """aclnnNsaSelectedAttentionGrad (seed)."""
+    """aclnnNsaSelectedAttentionGrad (seed): ``sparse_mode=2`` is causal with or without ``atten_mask``, as on the
+    NPU (the forward masks only with one)."""
     for name, t in (("attention_out", attention_out), ("attention_out_grad", attention_out_grad),
                     ("softmax_max", softmax_max), ("softmax_sum", softmax_sum)):
         require_not_none(t, name)

@@ -362,3 +362,39 @@ def nsa_compress_infer_cache(kv: Tensor, weight: Tensor, slot_mapping: Tensor, b
             acc += weight[t].to(dtype).unsqueeze(-1) * kv[int(block_table[b, p // page]), p % page].to(dtype)
         out[int(slot_mapping[b])] = acc
     return out
+
+
+def nsa_selected_attention_grad_from_stats(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, smax: Tensor,
+                                           ssum: Tensor, topk: Tensor, scale: float, block_size: int,
+                                           actual_seq_qlen, actual_seq_kvlen, causal: bool, *,
+                                           dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` as the NPU grad forms them from given forward outputs: ``P = exp(S - max) / sum`` over the
+    selected positions (causally visible ones only when ``causal``), ``dV = P^T dy``, ``dS = P (dy V^T - D)`` with
+    ``D = rowsum(dy * out)``, ``dQ = scale dS K``, ``dK = scale dS^T Q`` (GQA: summed over the group). With the
+    statistics of an unmasked forward and ``causal`` this is the NPU's mode-2 grad without an ``atten_mask``."""
+    q, k, v, dy, out = (x.to(dtype) for x in (q, k, v, dy, out))
+    n1, n2 = q.shape[1], k.shape[1]
+    g = n1 // n2
+    q_lens, kv_lens = cum_to_lengths(actual_seq_qlen), cum_to_lengths(actual_seq_kvlen)
+    topk = topk.to(torch.int64)
+    offsets = torch.arange(block_size)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for qs, sq, ks, skv in zip(_starts(q_lens), q_lens, _starts(kv_lens), kv_lens):
+        if sq == 0:
+            continue
+        qb, dyb = q[qs:qs + sq], dy[qs:qs + sq]
+        kb = k[ks:ks + skv].repeat_interleave(g, dim=1)
+        vb = v[ks:ks + skv].repeat_interleave(g, dim=1)
+        dense = torch.einsum("ihd,jhd->ihj", qb, kb) * scale
+        pos = (topk[qs:qs + sq].unsqueeze(-1) * block_size + offsets).flatten(2).repeat_interleave(g, dim=1)
+        visible = pos <= torch.arange(sq).view(sq, 1, 1) if causal else torch.ones_like(pos, dtype=torch.bool)
+        m = smax[qs:qs + sq, :, :1].to(dtype)
+        l = ssum[qs:qs + sq, :, :1].to(dtype)
+        p = torch.where(visible, torch.exp(dense.gather(-1, pos) - m) / l, torch.zeros((), dtype=dtype))
+        p_dense = torch.zeros_like(dense).scatter_add(-1, pos, p)  # duplicates: their probabilities add
+        d_row = (dyb * out[qs:qs + sq]).sum(-1, keepdim=True)
+        ds = p_dense * (torch.einsum("ihd,jhd->ihj", dyb, vb) - d_row)
+        dq[qs:qs + sq] = scale * torch.einsum("ihj,jhd->ihd", ds, kb)
+        dk[ks:ks + skv] = (scale * torch.einsum("ihj,ihd->jhd", ds, qb)).unflatten(1, (n2, g)).sum(2)
+        dv[ks:ks + skv] = torch.einsum("ihj,ihd->jhd", p_dense, dyb).unflatten(1, (n2, g)).sum(2)
+    return dq, dk, dv

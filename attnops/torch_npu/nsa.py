@@ -2,9 +2,12 @@
 compression, compressed and selected attention for decoding over a paged cache (the ``*_infer`` ops).
 
 The NPU hardcodes the layout ``TND``, cumulative ``actual_*`` lists (no leading 0), ``sparse_mode`` 1 for
-compressed attention and 2 for selected attention (causal only when an ``atten_mask`` is given; the NPU then
-ignores the mask's content). The functions call the ``attnops::nsa_*`` custom ops, whose autograd follows
-``derivatives.yaml``; the ``*_infer`` ops are inference-only (a backward raises :class:`attnops.InferenceOnlyError`).
+compressed attention and 2 for selected attention (the forward is causal only when an ``atten_mask`` is given, the
+grad always, as on the NPU, whose grad masks in mode 2 with or without a mask; the mask's content is never read).
+So autograd through ``npu_nsa_select_attention(atten_mask=None)`` gives the causally masked gradient of the
+unmasked forward, like the NPU. The functions call the ``attnops::nsa_*`` custom ops, whose autograd follows
+``derivatives.yaml``; the ``*_infer`` ops are inference-only (a backward raises
+:class:`attnops.InferenceOnlyError`).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from ._common import reject_unsupported, with_overloads
 
 CUMULATIVE = 0  # act_seq_len_type of the training ops
 COMPRESS_ATTENTION_MODE = 1  # allMask (without atten_mask: no masking)
-SELECTED_ATTENTION_MODE = 2  # causal when atten_mask is given, else no masking
+SELECTED_ATTENTION_MODE = 2  # forward: causal iff atten_mask is given; grad: always causal
 
 
 def _check_heads(query, head_num: int) -> None:

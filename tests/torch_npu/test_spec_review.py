@@ -784,7 +784,8 @@ def test_nsa_compress_attention_blocked_statistics_and_autograd():
 @pytest.mark.parametrize("masked", [False, True])
 def test_nsa_select_attention_token_major_statistics_and_grad_order(masked):
     # §8.3 "softmax_max/sum here are true [T1,N1,8] (token-major)"; "grad comes first in the grad op";
-    # DECISIONS: causal with an atten_mask present; without a mask the NPU forces mode 0
+    # DECISIONS: the forward is causal with an atten_mask present (without a mask the NPU forces mode 0);
+    # the grad is causal in mode 2 with or without a mask (the masked gradient of the given forward outputs)
     q, k, v = randn(9, 4, 16, seed=44), randn(20, 2, 16, seed=45), randn(20, 2, 8, seed=46)
     topk = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32).repeat(9, 1, 1)[:, :2]
     lens = dict(actual_seq_qlen=[4, 9], actual_seq_kvlen=[8, 20])
@@ -797,8 +798,9 @@ def test_nsa_select_attention_token_major_statistics_and_grad_order(masked):
     dy = randn(*out.shape, seed=47)
     grads = torch_npu.npu_nsa_select_attention_grad(dy, q, k, v, out, smax, ssum, topk, 0.3, 4, 4, 2,
                                                     atten_mask=mask, **lens)
-    gg = golden_nsa.nsa_selected_attention_backward(dy, *sel)
-    bb = golden_nsa.nsa_selected_attention_backward(dy, *sel, dtype=torch.float32)
+    gargs = (topk, 0.3, 4, [4, 9], [8, 20], True)
+    gg = golden_nsa.nsa_selected_attention_grad_from_stats(dy, q, k, v, *gold, *gargs)
+    bb = golden_nsa.nsa_selected_attention_grad_from_stats(dy, q, k, v, *base, *gargs, dtype=torch.float32)
     for name, a, g, bl in zip(("dq", "dk", "dv"), grads, gg, bb):
         assert_close_to_golden(name, a, g, bl, factor=3.0)
 

@@ -154,15 +154,15 @@ def check_selected_backward_inputs(spec: SelectedSpec, query, grad, attention_ou
 
 def _causal_compressed_mask(lengths: list[int], block: int, stride: int) -> Tensor:
     """``[maxS, maxCmp]``: compressed block c is visible to token i once complete (``c*stride + block - 1 <= i``)."""
-    max_s = max(lengths, default=0)
-    max_c = max((compress_block_count(n, block, stride) for n in lengths), default=0)
+    max_s = max([0, *lengths])
+    max_c = max([0, *(compress_block_count(n, block, stride) for n in lengths)])
     ends = torch.arange(max_c) * stride + block - 1
     return ends.unsqueeze(0) > torch.arange(max_s).unsqueeze(1)
 
 
 def _forced_blocks(lengths: list[int], select_block: int, local_blocks: int) -> Tensor:
     """``[maxS, maxSel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the token's own block."""
-    max_s = max(lengths, default=0)
+    max_s = max([0, *lengths])
     n_sel = -(-max_s // select_block)
     own = (torch.arange(max_s) // select_block).unsqueeze(1)
     cols = torch.arange(n_sel).unsqueeze(0)

@@ -124,7 +124,7 @@ def nsa_selected_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value:
     spec = build_selected_spec(query, key, value, topk_indices, scale_value=scale_value, head_num=head_num,
                                select_block_size=select_block_size, select_block_count=select_block_count,
                                atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
-                               actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode)
+                               actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, grad=True)
     check_selected_backward_inputs(spec, query, grad, attention_out, softmax_max, softmax_sum)
     return on_cpu(selected_backward, spec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
                   topk_indices)

@@ -2,8 +2,8 @@
 
 Each query token attends to ``selected_block_count`` blocks of ``selected_block_size`` keys of its own batch,
 chosen per KV head by ``topk_indices [T1, N2, count]`` (block indices local to the batch; duplicates are kept).
-Causal (``sparse_mode=2`` with an ``atten_mask`` present): local KV position ``p`` is visible to local query row
-``s1`` iff ``p <= s1`` (``DECISIONS.md``), in forward and backward. Statistics are true ``[T1, N1, 8]``.
+Causal: local KV position ``p`` is visible to local query row ``s1`` iff ``p <= s1``; as on the NPU, the forward
+masks iff ``sparse_mode=2`` with an ``atten_mask`` present, the grad iff ``sparse_mode=2`` (mask or not). Statistics are true ``[T1, N1, 8]``.
 The CPU path works block by block: the (token, slot) pairs that selected KV block ``j`` are grouped (a stable
 sort), their query rows gathered (sliced where they are a run of consecutive tokens), and one GEMM against the
 contiguous block computes all their scores. So the cost scales with the selected tokens, not with the sequence,
@@ -50,8 +50,10 @@ class SelectedSpec:
 
 def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, head_num: int,
                         select_block_size: int, select_block_count: int, atten_mask=None, actual_seq_qlen=None,
-                        actual_seq_kvlen=None, sparse_mode: int = 2, layout: str = "TND") -> SelectedSpec:
-    """Validate a selected-attention call (forward or backward inputs)."""
+                        actual_seq_kvlen=None, sparse_mode: int = 2, layout: str = "TND",
+                        grad: bool = False) -> SelectedSpec:
+    """Validate a selected-attention call: forward inputs, or with ``grad`` the grad's (causal whenever
+    ``sparse_mode == 2``, without an ``atten_mask`` too, like NsaSelectedAttentionGrad)."""
     require(layout == "TND", "input_layout", "'TND'", layout)
     check_tensor("query", query, ndim=3, dtypes=NSA_DTYPES)
     for name, t in (("key", key), ("value", value)):
@@ -82,8 +84,8 @@ def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, 
                 f"every batch's KV length to be >= select_block_size*select_block_count = {bs * count} and a "
                 f"multiple of select_block_size={bs}", f"Skv={skv} in batch {b}")
     _check_indices(topk_indices, seq, bs)
-    return SelectedSpec(seq, n1, n2, d, value.shape[2], bs, count, sparse_mode == 2 and atten_mask is not None,
-                        float(scale_value), t1)
+    causal = sparse_mode == 2 and (grad or atten_mask is not None)
+    return SelectedSpec(seq, n1, n2, d, value.shape[2], bs, count, causal, float(scale_value), t1)
 
 
 def _check_indices(topk: torch.Tensor, seq: SeqInfo, bs: int) -> None:
