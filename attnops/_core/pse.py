@@ -116,7 +116,7 @@ def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo, n1:
             f"a 4-D [B|1, N1={n1}, Sq, Skv] tensor (B={seq.batch}) for pse_type {pse_type}", pse)
     rows, cols = pse.shape[2], pse.shape[3]
     sq, skv = seq.max_q, seq.max_kv
-    if rows == ALIBI_ROWS and sq > ALIBI_ROWS:
+    if rows == ALIBI_ROWS and (seq.packed or sq > ALIBI_ROWS):  # TND: the 4-D 1024-row pse is always compressed
         require(all(a == b for a, b in zip(seq.q_lens, seq.kv_lens)), "pse",
                 "Sq == Skv for every batch with the ALiBi-compressed [.., 1024, Skv] pse", pse)
         require(cols >= skv, "pse", f"a last dim >= Skv={skv} for the ALiBi-compressed pse", pse)
@@ -129,7 +129,7 @@ def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo, n1:
         return PseSpec(pse_type, "row", pse)
     ok = (rows == sq and cols == skv) or (seq.packed and rows >= sq and cols >= skv)
     require(ok, "pse", f"[B|1, N1, Sq={sq}, Skv={skv}], [B, N1, 1, Skv] or the ALiBi-compressed "
-            "[B|1, N1, 1024, Skv] (only when Sq > 1024)", pse)
+            "[B|1, N1, 1024, Skv] (TND: always; other layouts: when Sq > 1024)", pse)
     return PseSpec(pse_type, "full", pse)
 
 

@@ -109,7 +109,26 @@ def _keep_matrix(b, sq, skv, n1, *, atten_mask, sparse_mode, pre, nxt, prefix, b
     return k if k.dim() == 3 else k.unsqueeze(0)
 
 
-def _pse_matrix(pse, b, sq, skv, n1, max_sq, pse_type, q_start, kv_start, dtype) -> Tensor:
+def _alibi_block(comp, sq, skv, rows) -> Tensor:
+    """Batch block of an ALiBi-compressed pse ``comp`` [N, 1024, W], as the CANN goldens build it.
+
+    The compressed tensor is the last 1024 rows of a Toeplitz ``full`` [rows, W] (rows = max(1024, max Sq)); every
+    diagonal of ``full`` is read from row 1023: ``full[x, y] = comp[1023, y + rows - 1 - x]``. A batch uses the
+    bottom-right ``[Sq, Skv]`` block of ``full``; entries above the batch's diagonal (masked) are 0.
+    """
+    w = comp.shape[-1]
+    x = torch.arange(rows - sq, rows).view(sq, 1)
+    y = torch.arange(w - skv, w).view(1, skv)
+    col = y + rows - 1 - x
+    lower = torch.arange(skv).view(1, skv) <= torch.arange(sq).view(sq, 1)
+    if bool(((col[lower] < 0) | (col[lower] >= w)).any()):
+        raise ValueError("compressed pse is too narrow for these sequence lengths")
+    col = torch.where(lower, col, torch.zeros_like(col))
+    full = comp[:, 1023, :][:, col.reshape(-1)].reshape(comp.shape[0], sq, skv)
+    return torch.where(lower, full, torch.zeros_like(full))
+
+
+def _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, dtype) -> Tensor:
     """Additive bias [N1 or 1, Sq, Skv] of batch b (cann_semantics.md §2)."""
     if pse_type in (2, 3):
         slope = (pse[b] if pse.dim() == 2 else pse).to(dtype).view(-1, 1, 1)
@@ -118,24 +137,14 @@ def _pse_matrix(pse, b, sq, skv, n1, max_sq, pse_type, q_start, kv_start, dtype)
         dist = ((j + kv_start) - (i + q_start)).abs().to(dtype)
         return -slope * (dist.sqrt() if pse_type == 3 else dist)
     p = pse[b if pse.shape[0] > 1 else 0]  # [N, R, C]
-    if p.shape[-2] == 1024 and max_sq > 1024:  # ALiBi-compressed: full[i,j] = comp[1023, W-1-(i-j)]
-        w = p.shape[-1]
-        i = torch.arange(sq).view(sq, 1)
-        j = torch.arange(skv).view(1, skv)
-        lower = j <= i
-        idx = w - 1 - (i - j)
-        if bool((idx[lower] < 0).any()):
-            raise ValueError("compressed pse is too narrow for these sequence lengths")
-        idx = torch.where(lower, idx, torch.zeros_like(idx))
-        row = p[:, 1023, :]  # [N, W]
-        full = row[:, idx.reshape(-1)].reshape(p.shape[0], sq, skv)
-        return torch.where(lower, full, torch.zeros_like(full))
+    if p.shape[-2] == 1024 and (tnd or max_sq > 1024):  # ALiBi-compressed (TND: whatever the lengths)
+        return _alibi_block(p, sq, skv, max(1024, max_sq))
     if p.shape[-2] == 1:
         return p[:, :, :skv].expand(p.shape[0], sq, skv)
     return p[:, :sq, :skv]
 
 
-def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, q_start, kv_start, dtype,
+def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, tnd, q_start, kv_start, dtype,
            drop_keep, keep_prob, drop_off):
     """One batch: q [N1,Sq,D], k [N2,Skv,D], v [N2,Skv,Dv] -> out [N1,Sq,Dv], max, sum [N1,Sq]."""
     sq, skv = q.shape[1], k.shape[1]
@@ -146,7 +155,7 @@ def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, q_start, kv_st
     if pse is None:
         s = scale * qk
     else:
-        bias = _pse_matrix(pse, b, sq, skv, n1, max_sq, pse_type, q_start, kv_start, dtype)
+        bias = _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, dtype)
         s = scale * (qk + bias) if pse_type == 1 else scale * qk + bias
     keep = keep.expand(n1, sq, skv)
     valid = keep.any(dim=-1, keepdim=True)
@@ -221,7 +230,7 @@ def fa_forward(query, key, value, *, head_num: int, input_layout: str, pse=None,
                             pre=pre_tokens, nxt=next_tokens, prefix=prefix, band_idx=band_idx)
         reset = tnd and sparse_mode == 8 and b != 0
         o, m, l, valid = _batch(qs[b], ks[b], vs[b], b, n1=n1, scale=scale, pse=pse, pse_type=pse_type,
-                                keep=keep, max_sq=max_sq, q_start=0 if reset else q_start_idx,
+                                keep=keep, max_sq=max_sq, tnd=tnd, q_start=0 if reset else q_start_idx,
                                 kv_start=0 if reset else kv_start_idx, dtype=dtype,
                                 drop_keep=drop_keep, keep_prob=keep_prob, drop_off=drop_off)
         drop_off += n1 * sq * skv

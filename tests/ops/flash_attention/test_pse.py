@@ -90,6 +90,37 @@ def test_alibi_compressed_fp16():
              sparse_mode=3)
 
 
+@pytest.mark.parametrize("lens,pse_b,pse_type", [([287, 150, 33], 3, 1), ([287, 150, 33], 1, 0), ([1100, 287], 1, 1),
+                                                  ([1100, 287], 2, 0)])
+def test_alibi_compressed_tnd_vs_golden(lens, pse_b, pse_type):
+    """TND: a [B|1, N1, 1024, W] pse is the compressed ALiBi whatever the lengths (also when all are < 1024)."""
+    n1, w = 2, max(lens) + 5
+    q, k, v, dy = make_qkv("TND", n1=n1, n2=1, d=16, q_lens=lens, kv_lens=lens, seed=54)
+    pse = randn(pse_b, n1, 1024, w, seed=55)
+    r = check_fa(q, k, v, dy, layout="TND", head_num=n1, scale=0.35, pse=pse, pse_type=pse_type,
+                 actual_seq_qlen=cum(lens), actual_seq_kvlen=cum(lens), atten_mask=TRIU2048, sparse_mode=3)
+    assert r["dpse"].shape == pse.shape
+
+
+def test_alibi_compressed_tnd_is_each_batch_bottom_right_block():
+    """As the CANN goldens build it: the compressed pse is the last 1024 rows of a Toeplitz [max(1024, Sq), W] pse
+    and each batch reads the bottom-right [Sq_b, Skv_b] block of that full pse."""
+    lens, w = [287, 40], 300
+    q, k, v, _ = make_qkv("TND", n1=1, n2=1, d=16, q_lens=lens, kv_lens=lens, seed=56)
+    diag = randn(1, 1, 1024 + w - 1, seed=57)
+    i, j = torch.arange(1024).view(-1, 1), torch.arange(w).view(1, -1)
+    full = diag[:, :, (i - j) + w - 1]  # [1, 1, 1024, W], Toeplitz
+    kw = dict(scale=0.35, pse_type=1, atten_mask=TRIU2048, sparse_mode=3)
+    out = attnops.flash_attention(q, k, v, layout="TND", pse=full, actual_seq_qlen=cum(lens),
+                                  actual_seq_kvlen=cum(lens), **kw)
+    starts = [0] + cum(lens)[:-1]
+    for s0, n in zip(starts, lens):
+        qb, kb, vb = (t[s0:s0 + n].unsqueeze(0) for t in (q, k, v))
+        block = full[:, :, 1024 - n:, w - n:].contiguous()
+        ref = attnops.flash_attention(qb, kb, vb, layout="BSND", pse=block, **kw)
+        torch.testing.assert_close(out[s0:s0 + n], ref[0], rtol=1e-5, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- generated ALiBi (types 2, 3)
 
 

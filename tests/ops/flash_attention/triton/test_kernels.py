@@ -151,6 +151,17 @@ def test_autograd_through_the_kernels():
         torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("pse_b,pse_type,dtype", [(1, 1, torch.float32), (3, 0, torch.float16)])
+def test_alibi_compressed_tnd_short_sequences(pse_b, pse_type, dtype):
+    """TND: the [B|1, N1, 1024, W] pse is the compressed ALiBi even when every sequence is short (forward only: the
+    Triton backward does not take the compressed pse)."""
+    lens, n1 = [20, 33, 7], 2
+    q, k, v, _ = make_qkv("TND", n1=n1, n2=1, d=16, q_lens=lens, kv_lens=lens, dtype=dtype, seed=21)
+    pse = torch.randn(pse_b, n1, 1024, 36, generator=torch.Generator().manual_seed(22)).to(dtype)
+    check(q, k, v, None, backward=False, layout="TND", head_num=n1, scale=0.3, pse=pse, pse_type=pse_type,
+          atten_mask=TRIU2048, sparse_mode=3, actual_seq_qlen=cum(lens), actual_seq_kvlen=cum(lens))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pse_type", [0, 1])
 def test_alibi_compressed_forward(pse_type):
