@@ -1,6 +1,7 @@
 """Argument validation helpers: every failure names the argument, what was expected and what was received."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -101,3 +102,24 @@ def int_list(name: str, value: Any) -> list[int] | None:
         return out
     fail(name, "a list of ints or a 1-D integer tensor", value, error=ParamDtypeError)
     return None  # unreachable
+
+
+def check_scale(name: str, value: Any) -> float:
+    """A finite real softmax scale (``bool``, strings and NaN/Inf are refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        fail(name, "a finite float", f"{type(value).__name__} {value!r}", error=ParamDtypeError)
+    require(math.isfinite(value), name, "a finite float", value)
+    return float(value)
+
+
+def check_same_device(reference: str, ref: torch.Tensor, **tensors: Any) -> None:
+    """Every given tensor (None skipped) lives on ``ref``'s device; never copied silently."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device != ref.device:
+            fail(name, f"a tensor on {ref.device} (the device of {reference})", t,
+                 f"move it with .to({str(ref.device)!r})")
+
+
+def check_head_dim(name: str, x: torch.Tensor, d: int) -> None:
+    """A head dim of at least 1 (D = 0 gives an undefined default scale and empty scores)."""
+    require(d >= 1, name, "a head dim D >= 1", x)
