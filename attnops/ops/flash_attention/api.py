@@ -6,6 +6,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
 from ..._core.checks import check_head_dim, check_same_device, check_scale, check_tensor, fail, require, require_not_none
 from ..._core.dropout import draw_seed
 from ..._core.layouts import normalize_layout, with_head_dim
@@ -129,8 +130,12 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
         torch.Size([1, 2, 16, 8])
     """
     check_same_device("query", query, key=key, value=value)
+    query, key, value = cast_inputs(autocast_dtype(query.device), query, key, value)
+    if pse_type in (0, 1):  # a bias tensor follows the inputs' dtype; ALiBi slopes (types 2/3) stay fp32
+        (pse,) = cast_inputs(autocast_dtype(query.device), pse)
     args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
-    out, smax, ssum = _op().flash_attention_fwd(query, key, value, *args.values())
+    with autocast_off(query.device):
+        out, smax, ssum = _op().flash_attention_fwd(query, key, value, *args.values())
     if return_stats:
         return FlashAttentionResult(out, smax, ssum, args["seed"], args["offset"])
     return out
@@ -157,9 +162,14 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
             "the forward's seed (or a drop_mask) when keep_prob < 1", None)
     check_same_device("query", query, dy=dy, key=key, value=value, attention_out=attention_out,
                       softmax_max=softmax_max, softmax_sum=softmax_sum)
+    dy, query, key, value, attention_out = cast_inputs(autocast_dtype(query.device), dy, query, key, value,
+                                                       attention_out)
+    if pse_type in (0, 1):
+        (pse,) = cast_inputs(autocast_dtype(query.device), pse)
     args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
-    dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
-                                                 *args.values())
+    with autocast_off(query.device):
+        dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
+                                                     *args.values())
     return dq, dk, dv, _op().pse_grad(dpse, pse, pse_type)
 
 
