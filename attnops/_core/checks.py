@@ -123,3 +123,9 @@ def check_same_device(reference: str, ref: torch.Tensor, **tensors: Any) -> None
 def check_head_dim(name: str, x: torch.Tensor, d: int) -> None:
     """A head dim of at least 1 (D = 0 gives an undefined default scale and empty scores)."""
     require(d >= 1, name, "a head dim D >= 1", x)
+
+
+def softmax_scale(scale: Any, query: torch.Tensor, d: int) -> float:
+    """The Pythonic APIs' ``scale``: checked when given, else ``1/sqrt(d)`` (``d``: query's head dim, >= 1)."""
+    check_head_dim("query", query, d)
+    return d ** -0.5 if scale is None else check_scale("scale", scale)

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
-from ..._core.checks import check_head_dim, check_same_device, check_scale, check_tensor, fail, require, require_not_none
+from ..._core.checks import check_same_device, check_tensor, fail, require, require_not_none, softmax_scale
 from ..._core.dropout import draw_seed
 from ..._core.layouts import normalize_layout, with_head_dim
 from ..._core.masks import require_mask_for_mode, window_sparse_args
@@ -77,8 +77,7 @@ def _op_args(query, *, causal, window_size, layout, head_num, scale, pse, pse_ty
     layout = normalize_layout("layout", layout)
     head_num = _head_num(query, layout, head_num)
     d = query.shape[-1] // head_num if layout in ("BSH", "SBH") and head_num > 0 else query.shape[-1]
-    check_head_dim("query", query, d)
-    scale = d ** -0.5 if scale is None else check_scale("scale", scale)
+    scale = softmax_scale(scale, query, d)
     sparse = window_sparse_args(causal, window_size, sparse_mode=sparse_mode, atten_mask=atten_mask,
                                 pre_tokens=pre_tokens, next_tokens=next_tokens, device=query.device)
     if sparse is not None:
