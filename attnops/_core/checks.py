@@ -1,6 +1,7 @@
 """Argument validation helpers: every failure names the argument, what was expected and what was received."""
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -128,3 +129,30 @@ def _is_integer_scalar(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.dim() == 0 and _integer_dtype(value.dtype)
     return type(value).__module__ == "numpy" and _integer_dtype(getattr(value, "dtype", None))
+
+
+def check_scale(name: str, value: Any) -> float:
+    """A finite real softmax scale (``bool``, strings and NaN/Inf are refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        fail(name, "a finite float", f"{type(value).__name__} {value!r}", error=ParamDtypeError)
+    require(math.isfinite(value), name, "a finite float", value)
+    return float(value)
+
+
+def check_same_device(reference: str, ref: torch.Tensor, **tensors: Any) -> None:
+    """Every given tensor (None skipped) lives on ``ref``'s device; never copied silently."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device != ref.device:
+            fail(name, f"a tensor on {ref.device} (the device of {reference})", t,
+                 f"move it with .to({str(ref.device)!r})")
+
+
+def check_head_dim(name: str, x: torch.Tensor, d: int) -> None:
+    """A head dim of at least 1 (D = 0 gives an undefined default scale and empty scores)."""
+    require(d >= 1, name, "a head dim D >= 1", x)
+
+
+def softmax_scale(scale: Any, query: torch.Tensor, d: int) -> float:
+    """The Pythonic APIs' ``scale``: checked when given, else ``1/sqrt(d)`` (``d``: query's head dim, >= 1)."""
+    check_head_dim("query", query, d)
+    return d ** -0.5 if scale is None else check_scale("scale", scale)

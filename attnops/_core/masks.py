@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -397,3 +398,53 @@ def build_infer_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, 
     if sparse_mode == 3:
         return MaskSpec(full.lo, tuple(deltas))
     return MaskSpec(tuple(d - pre_tokens for d in deltas), tuple(d + next_tokens for d in deltas))
+
+
+TOKENS_UNBOUNDED = 2147483647  # CANN's "no limit" for pre_tokens / next_tokens
+
+
+@functools.lru_cache(maxsize=8)
+def compressed_causal_mask(device: torch.device) -> torch.Tensor:
+    """The canonical compressed 2048x2048 causal mask on ``device`` (one shared, never-written tensor)."""
+    return _canonical_compressed(2048).to(device)
+
+
+def window_sparse_args(causal: Any, window_size: Any, *, sparse_mode: int, atten_mask, pre_tokens: int,
+                       next_tokens: int, device: torch.device) -> dict | None:
+    """flash-attn's ``causal`` / ``window_size=(left, right)`` as the sparse-mode arguments they equal, or None
+    when neither is used.
+
+    Both are bottom-right aligned as in flash-attn: keep ``(i, j)`` iff
+    ``i + Skv - Sq - left <= j <= i + Skv - Sq + right`` (-1: unbounded; ``causal`` sets ``right = 0``), which is
+    sparse_mode 3 (causal alone) or 4 with ``pre_tokens=left``, ``next_tokens=right``. They cannot be combined
+    with ``sparse_mode``, ``atten_mask``, ``pre_tokens`` or ``next_tokens`` (one way to say the mask).
+    """
+    require(isinstance(causal, bool), "causal", "a bool", causal)
+    ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+          and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
+    require(ok, "window_size", "a pair (left, right) of ints >= -1 (-1: unbounded)", window_size)
+    left, right = window_size
+    if not causal and left == right == -1:
+        return None
+    given = [name for name, used in (("sparse_mode", sparse_mode != 0), ("atten_mask", atten_mask is not None),
+                                     ("pre_tokens", pre_tokens != TOKENS_UNBOUNDED),
+                                     ("next_tokens", next_tokens != TOKENS_UNBOUNDED)) if used]
+    require(not given, "causal", "causal/window_size alone (they replace sparse_mode, atten_mask, pre_tokens and "
+            "next_tokens)", f"causal={causal}, window_size={tuple(window_size)} with {', '.join(given)}")
+    mask = compressed_causal_mask(torch.device(device))
+    if causal:
+        right = 0  # as flash-attn: causal is the window's right edge on the diagonal
+        if left == -1:
+            return dict(sparse_mode=3, atten_mask=mask, pre_tokens=TOKENS_UNBOUNDED, next_tokens=TOKENS_UNBOUNDED)
+    return dict(sparse_mode=4, atten_mask=mask, pre_tokens=TOKENS_UNBOUNDED if left == -1 else left,
+                next_tokens=TOKENS_UNBOUNDED if right == -1 else right)
+
+
+def require_mask_for_mode(sparse_mode: Any, atten_mask) -> None:
+    """Pythonic API: sparse modes 2-8 without ``atten_mask`` would silently compute full attention (CANN ignores
+    the mode then); refuse them and name the flash-attn style options that need no mask."""
+    if atten_mask is None and isinstance(sparse_mode, int) and 2 <= sparse_mode <= 8:
+        fail("atten_mask", f"a mask for sparse_mode {sparse_mode} (without one CANN computes full attention)", None,
+             "Pass causal=True / window_size=(left, right) instead of sparse_mode, or the compressed "
+             "torch.ones(2048, 2048, dtype=torch.bool).triu(1) mask (3072 rows with the prefix rectangle for mode 6; "
+             "the full mask for mode 5)")

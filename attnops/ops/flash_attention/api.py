@@ -6,9 +6,11 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_tensor, fail, require, require_not_none
+from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
+from ..._core.checks import check_same_device, check_tensor, fail, require, require_not_none, softmax_scale
 from ..._core.dropout import check_seed_offset, draw_seed
 from ..._core.layouts import normalize_layout, with_head_dim
+from ..._core.masks import require_mask_for_mode, window_sparse_args
 from ..._core.softmax_stats import check_stats
 from ..._core.varlen import cumulative_from_cu_seqlens
 from .problem import INT_MAX, FAProblem
@@ -62,21 +64,26 @@ def _seq_lists(layout, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_k
     return to_list(actual_seq_qlen), to_list(actual_seq_kvlen)
 
 
-_OPTIONS = ("layout", "head_num", "scale", "pse", "pse_type", "atten_mask", "sparse_mode", "pre_tokens",
+_OPTIONS = ("causal", "window_size", "layout", "head_num", "scale", "pse", "pse_type", "atten_mask", "sparse_mode", "pre_tokens",
             "next_tokens", "prefix", "cu_seqlens_q", "cu_seqlens_k", "actual_seq_qlen", "actual_seq_kvlen",
             "keep_prob", "drop_mask", "seed", "offset", "q_start_idx", "kv_start_idx", "softmax_layout", "backend")
 
 
-def _op_args(query, *, layout, head_num, scale, pse, pse_type, atten_mask, sparse_mode, pre_tokens,
+def _op_args(query, *, causal, window_size, layout, head_num, scale, pse, pse_type, atten_mask, sparse_mode, pre_tokens,
              next_tokens, prefix, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen, keep_prob,
              drop_mask, seed, offset, q_start_idx, kv_start_idx, softmax_layout, backend):
     """Resolve the Pythonic defaults into the custom ops' argument list (after the tensors)."""
     check_tensor("query", query)
     layout = normalize_layout("layout", layout)
     head_num = _head_num(query, layout, head_num)
-    if scale is None:
-        d = query.shape[-1] // head_num if layout in ("BSH", "SBH") else query.shape[-1]
-        scale = d ** -0.5
+    d = query.shape[-1] // head_num if layout in ("BSH", "SBH") and head_num > 0 else query.shape[-1]
+    scale = softmax_scale(scale, query, d)
+    sparse = window_sparse_args(causal, window_size, sparse_mode=sparse_mode, atten_mask=atten_mask,
+                                pre_tokens=pre_tokens, next_tokens=next_tokens, device=query.device)
+    if sparse is not None:
+        sparse_mode, atten_mask, pre_tokens, next_tokens = sparse.values()
+    require_mask_for_mode(sparse_mode, atten_mask)
+    check_same_device("query", query, atten_mask=atten_mask, pse=pse, drop_mask=drop_mask)
     qlen, kvlen = _seq_lists(layout, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen)
     if keep_prob < 1.0 and drop_mask is None and seed is None:
         seed = draw_seed()
@@ -90,7 +97,8 @@ def _op_args(query, *, layout, head_num, scale, pse, pse_type, atten_mask, spars
                 seed=seed, offset=offset, backend=backend)
 
 
-def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, layout: str = "BNSD", head_num: int | None = None,
+def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool = False,
+                    window_size: tuple[int, int] = (-1, -1), layout: str = "BNSD", head_num: int | None = None,
                     scale: float | None = None, pse: Tensor | None = None, pse_type: int = 1,
                     atten_mask: Tensor | None = None, sparse_mode: int = 0, pre_tokens: int = INT_MAX,
                     next_tokens: int = INT_MAX, prefix=None, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -103,8 +111,12 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, layout: str = 
     Shapes: ``layout`` "BNSD" ``[B, N, S, D]`` (default), "BSND", "BSH"/"SBH" (``head_num`` required), or "TND"
     ``[T, N, D]`` with ``cu_seqlens_q/k`` (int, leading 0) or ``actual_seq_qlen/kvlen`` (CANN cumulative lists).
     Key/value may have fewer heads (GQA) and value a smaller head dim Dv; the output has Dv.
-    ``scale`` defaults to ``1/sqrt(D)``. ``atten_mask`` (True/1 = masked) with ``sparse_mode`` 0-8, ``pre_tokens``,
-    ``next_tokens`` and ``prefix`` as in CANN; without a mask attention is full. ``pse`` with ``pse_type`` 0-3
+    ``scale`` (a finite float) defaults to ``1/sqrt(D)``.
+    Masking, flash-attn style: ``causal=True`` (bottom-right aligned when Sq != Skv, = sparse_mode 3) and
+    ``window_size=(left, right)`` (keep ``i + Skv - Sq - left <= j <= i + Skv - Sq + right``, -1 = unbounded,
+    = sparse_mode 4 with ``pre_tokens=left, next_tokens=right``); no mask tensor needed. Or CANN style:
+    ``atten_mask`` (True/1 = masked) with ``sparse_mode`` 0-8, ``pre_tokens``, ``next_tokens`` and ``prefix``;
+    sparse modes 2-8 require ``atten_mask`` (raise without one). The two styles cannot be mixed. ``pse`` with ``pse_type`` 0-3
     (types 2/3: fp32 ALiBi slopes ``[B, N]`` or ``[N]`` with ``q_start_idx``/``kv_start_idx``).
     Dropout: ``keep_prob`` < 1 with a packed ``drop_mask`` or the Philox ``seed``/``offset`` (drawn when omitted).
     Fully-masked rows return 0. Returns the output, or a :class:`FlashAttentionResult` (output, fp32 softmax
@@ -113,20 +125,25 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, layout: str = 
     Example::
 
         >>> q = k = v = torch.randn(1, 2, 16, 8)
-        >>> out = attnops.flash_attention(q, k, v, atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1),
-        ...                               sparse_mode=2)  # causal
+        >>> out = attnops.flash_attention(q, k, v, causal=True)
         >>> out.shape
         torch.Size([1, 2, 16, 8])
     """
+    check_same_device("query", query, key=key, value=value)
+    query, key, value = cast_inputs(autocast_dtype(query.device), query, key, value)
+    if pse_type in (0, 1):  # a bias tensor follows the inputs' dtype; ALiBi slopes (types 2/3) stay fp32
+        (pse,) = cast_inputs(autocast_dtype(query.device), pse)
     args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
-    out, smax, ssum = _op().flash_attention_fwd(query, key, value, *args.values())
+    with autocast_off(query.device):
+        out, smax, ssum = _op().flash_attention_fwd(query, key, value, *args.values())
     if return_stats:
         return FlashAttentionResult(out, smax, ssum, args["seed"], args["offset"])
     return out
 
 
 def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_out: Tensor,
-                             softmax_max: Tensor, softmax_sum: Tensor, *, layout: str = "BNSD",
+                             softmax_max: Tensor, softmax_sum: Tensor, *, causal: bool = False,
+                             window_size: tuple[int, int] = (-1, -1), layout: str = "BNSD",
                              head_num: int | None = None, scale: float | None = None, pse: Tensor | None = None,
                              pse_type: int = 1, atten_mask: Tensor | None = None, sparse_mode: int = 0,
                              pre_tokens: int = INT_MAX, next_tokens: int = INT_MAX, prefix=None, cu_seqlens_q=None,
@@ -139,13 +156,20 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
     Uses ``attention_out`` and the softmax statistics exactly as given (context-parallel callers pass merged
     statistics); they are never recomputed. The dropout mask is regenerated from ``drop_mask`` or from
     ``seed``/``offset`` (required when ``keep_prob`` < 1). ``dpse`` is None unless a pse tensor of type 0/1 is given.
-    Every option must match the forward call.
+    Every option (``causal`` and ``window_size`` included) must match the forward call.
     """
     require(keep_prob == 1.0 or drop_mask is not None or seed is not None, "seed",
             "the forward's seed (or a drop_mask) when keep_prob < 1", None)
+    check_same_device("query", query, dy=dy, key=key, value=value, attention_out=attention_out,
+                      softmax_max=softmax_max, softmax_sum=softmax_sum)
+    dy, query, key, value, attention_out = cast_inputs(autocast_dtype(query.device), dy, query, key, value,
+                                                       attention_out)
+    if pse_type in (0, 1):
+        (pse,) = cast_inputs(autocast_dtype(query.device), pse)
     args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
-    dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
-                                                 *args.values())
+    with autocast_off(query.device):
+        dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
+                                                     *args.values())
     return dq, dk, dv, _op().pse_grad(dpse, pse, pse_type)
 
 

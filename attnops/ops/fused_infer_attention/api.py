@@ -6,7 +6,7 @@ from typing import Literal, NamedTuple, Sequence
 
 from torch import Tensor
 
-from ..._core.checks import check_int, check_tensor, fail
+from ..._core.checks import check_int, check_tensor, fail, softmax_scale
 from ..._core.devices import origin_device, to_cpu, to_device
 from ..._core.dispatch import choose_backend
 from ..._core.inference_only import run_inference_only
@@ -77,9 +77,7 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     choose_backend(backend, query.device)  # validates the choice; every device runs the reference (CPU copies)
     in_layout, _ = io_layouts("layout", layout, LAYOUTS)
     num_heads = check_int("num_heads", _num_heads(query, in_layout, num_heads), lo=1)
-    if scale is None:
-        d = query.shape[-1] // num_heads if in_layout == "BSH" else query.shape[-1]
-        scale = d ** -0.5
+    scale = softmax_scale(scale, query, query.shape[-1] // num_heads if in_layout == "BSH" else query.shape[-1])
     if isinstance(actual_shared_prefix_len, int):
         actual_shared_prefix_len = [actual_shared_prefix_len]
     options.update(num_heads=num_heads, scale=scale, input_layout=layout,

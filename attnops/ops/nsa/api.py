@@ -6,7 +6,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_int, check_tensor, fail, require, require_not_none
+from ..._core.checks import check_int, check_tensor, fail, require, require_not_none, softmax_scale
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from .compress import compress_block_count
@@ -72,8 +72,7 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
     for n in lengths_from_cumulative("actual_cmp_seq_kvlen", cmp, key.shape[0]):
         acc += -(-n // max(m, 1))
         sel.append(acc)
-    if scale is None:
-        scale = query.shape[-1] ** -0.5
+    scale = softmax_scale(scale, query, query.shape[-1])
     return CompressAttentionResult(*_op().nsa_compress_attention(
         query, key, value, topk_mask, atten_mask, float(scale), query.shape[1], compress_block_size,
         compress_stride, select_block_size, select_block_count, qlen, cmp, sel, 1 if atten_mask is not None else 0))
@@ -94,8 +93,7 @@ def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indic
     check_tensor("topk_indices", topk_indices, ndim=3)
     qlen = _cumulative("cu_seqlens_q", cu_seqlens_q, actual_seq_qlen, query.shape[0])
     kvlen = _cumulative("cu_seqlens_k", cu_seqlens_k, actual_seq_kvlen, key.shape[0])
-    if scale is None:
-        scale = query.shape[-1] ** -0.5
+    scale = softmax_scale(scale, query, query.shape[-1])
     mask = torch.ones(1, 1, dtype=torch.bool) if causal else None
     out, smax, ssum = _op().nsa_selected_attention(query, key, value, topk_indices, mask, float(scale),
                                                    query.shape[1], select_block_size, topk_indices.shape[-1], qlen,
@@ -114,8 +112,7 @@ def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     check_tensor("query", query, ndim=3)
     check_tensor("key_cache", key_cache, ndim=4)
     check_tensor("topk_indices", topk_indices, ndim=3)
-    if scale is None:
-        scale = query.shape[-1] ** -0.5
+    scale = softmax_scale(scale, query, query.shape[-1])
     lens = [int(v) for v in (seq_lens.tolist() if isinstance(seq_lens, Tensor) else seq_lens)]
     return _op().nsa_selected_attention_infer(query, key_cache, value_cache, topk_indices, block_table, float(scale),
                                               query.shape[1], key_cache.shape[2], select_block_size,
@@ -133,8 +130,7 @@ def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     (:mod:`attnops.ops.nsa.decode`)."""
     check_tensor("query", query, ndim=3)
     check_tensor("key_cache", key_cache, ndim=4)
-    if scale is None:
-        scale = query.shape[-1] ** -0.5
+    scale = softmax_scale(scale, query, query.shape[-1])
     lens = [int(v) for v in (cmp_seq_lens.tolist() if isinstance(cmp_seq_lens, Tensor) else cmp_seq_lens)]
     return _op().nsa_compress_attention_infer(query, key_cache, value_cache, block_table, float(scale),
                                               query.shape[1], key_cache.shape[2], select_block_size,
