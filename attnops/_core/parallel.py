@@ -71,7 +71,12 @@ def _workers(n: int) -> ThreadPoolExecutor:
 
 
 def run_jobs(job: Callable[[T], None], items: Sequence[T], device: torch.device) -> None:
-    """``job(item)`` for every item, on the single-threaded workers (see the module docstring)."""
+    """``job(item)`` for every item, on the single-threaded workers (see the module docstring); in order on the
+    calling thread while ``torch.compile`` traces the caller."""
+    if torch.compiler.is_compiling():
+        for item in items:
+            job(item)
+        return
     threads = torch.get_num_threads()
     if device.type != "cpu" or threads == 1 or getattr(_state, "worker", False):
         for item in items:

@@ -94,7 +94,7 @@ def _fp32_run(x: Tensor, quant, b: int, piece: _Piece) -> Tensor:
     return x
 
 
-def _chunk_kv(p: FIAProblem, chunk: _Chunk, bufs: _Buffers, which: str) -> Tensor:
+def _chunk_kv(p: FIAProblem, chunk: _Chunk, bufs: _Buffers | None, which: str) -> Tensor:
     """The chunk's keys or values as fp32 ``[N2, length, D]``: the run itself when it is one fp32 run, else the
     pieces converted into this worker's buffer."""
     quant = p.key_quant if which == "key" else p.value_quant
@@ -102,7 +102,8 @@ def _chunk_kv(p: FIAProblem, chunk: _Chunk, bufs: _Buffers, which: str) -> Tenso
     if len(runs) == 1 and runs[0].shape[0] == 1 and runs[0].dtype == F32:
         return runs[0][0]
     width = runs[0].shape[-1]
-    out = bufs.get(which, p.n2, chunk.length, width)
+    shape = (p.n2, chunk.length, width)
+    out = bufs.get(which, *shape) if bufs is not None else torch.empty(shape, dtype=F32, device=runs[0].device)
     offset = 0
     for run in runs:
         n = run.shape[0] * run.shape[2]
@@ -114,7 +115,8 @@ def _chunk_kv(p: FIAProblem, chunk: _Chunk, bufs: _Buffers, which: str) -> Tenso
 def _partial(p: FIAProblem, chunk: _Chunk, qs: Tensor, partials: dict) -> None:
     """The chunk's row max ``[N1, Sq]``, row sum and un-normalised output ``[N1, Sq, Dv]``."""
     b, sq = chunk.b, qs.shape[1] // p.group
-    bufs = _Buffers.acquire(F32, qs.device)
+    # this worker's buffers; fresh tensors while torch.compile traces (it cannot trace thread-local state)
+    bufs = None if torch.compiler.is_compiling() else _Buffers.acquire(F32, qs.device)
     k = _chunk_kv(p, chunk, bufs, "key")
     s = torch.bmm(qs, k.transpose(-1, -2)).view(p.n1, sq, chunk.length)
     c0, c1 = chunk.start, chunk.start + chunk.length
