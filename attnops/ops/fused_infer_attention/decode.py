@@ -87,29 +87,38 @@ def _chunks(p: FIAProblem, b: int) -> list[_Chunk]:
     return chunks
 
 
-def _fp32_run(x: Tensor, quant, b: int, piece: _Piece) -> Tensor:
-    """A piece ``[R, N2, L, D]`` as fp32 (a view for fp32 without antiquant)."""
-    if quant is not None:
-        return quant.apply(x, b, piece.pos, piece.block)
-    return x
+def _tokens_view(x: Tensor) -> Tensor | None:
+    """A run ``[R, N2, L, D]`` as ``[N2, R*L, D]`` without a copy, when its blocks follow each other at the token
+    stride (dense runs, consecutive pages of a ``[blocknum, blocksize, N2*D]`` cache), else None."""
+    r, _, l, _ = x.shape
+    sr, sn, sl, sd = x.stride()
+    if r > 1 and sr != l * sl:
+        return None
+    return x.as_strided((x.shape[1], r * l, x.shape[3]), (sn, sl, sd))
 
 
-def _chunk_kv(p: FIAProblem, chunk: _Chunk, bufs: _Buffers | None, which: str) -> Tensor:
-    """The chunk's keys or values as fp32 ``[N2, length, D]``: the run itself when it is one fp32 run, else the
-    pieces converted into this worker's buffer."""
+def _chunk_parts(p: FIAProblem, chunk: _Chunk, bufs: _Buffers | None, which: str) -> list[Tensor]:
+    """The chunk's keys or values as fp32 ``[N2, n, D]`` parts in column order: fp32 pieces read where they lie
+    (one part per run, or per page where pages do not follow each other), other dtypes and antiquant converted
+    into one part in this worker's buffer."""
     quant = p.key_quant if which == "key" else p.value_quant
-    runs = [_fp32_run(getattr(pc, which), quant, chunk.b, pc) for pc in chunk.pieces]
-    if len(runs) == 1 and runs[0].shape[0] == 1 and runs[0].dtype == F32:
-        return runs[0][0]
-    width = runs[0].shape[-1]
-    shape = (p.n2, chunk.length, width)
+    runs = [getattr(pc, which) for pc in chunk.pieces]
+    if quant is None and runs[0].dtype == F32:
+        parts = []
+        for run in runs:
+            view = _tokens_view(run)
+            parts.extend([view] if view is not None else [_tokens_view(block[None]) for block in run])
+        return parts
+    runs = [run if quant is None else quant.apply(run, chunk.b, pc.pos, pc.block)
+            for run, pc in zip(runs, chunk.pieces)]
+    shape = (p.n2, chunk.length, runs[0].shape[-1])
     out = bufs.get(which, *shape) if bufs is not None else torch.empty(shape, dtype=F32, device=runs[0].device)
     offset = 0
     for run in runs:
         n = run.shape[0] * run.shape[2]
         out[:, offset:offset + n].unflatten(1, (run.shape[0], run.shape[2])).copy_(run.transpose(0, 1))
         offset += n
-    return out
+    return [out]
 
 
 def _partial(p: FIAProblem, chunk: _Chunk, qs: Tensor, partials: dict) -> None:
@@ -117,8 +126,8 @@ def _partial(p: FIAProblem, chunk: _Chunk, qs: Tensor, partials: dict) -> None:
     b, sq = chunk.b, qs.shape[1] // p.group
     # this worker's buffers; fresh tensors while torch.compile traces (it cannot trace thread-local state)
     bufs = None if torch.compiler.is_compiling() else _Buffers.acquire(F32, qs.device)
-    k = _chunk_kv(p, chunk, bufs, "key")
-    s = torch.bmm(qs, k.transpose(-1, -2)).view(p.n1, sq, chunk.length)
+    scores = [torch.bmm(qs, k.transpose(-1, -2)) for k in _chunk_parts(p, chunk, bufs, "key")]
+    s = (scores[0] if len(scores) == 1 else torch.cat(scores, -1)).view(p.n1, sq, chunk.length)
     c0, c1 = chunk.start, chunk.start + chunk.length
     if p.pse is not None:
         s.add_(p.pse.block(b, 0, sq, c0, c1, slice(0, p.n1), F32))
@@ -126,9 +135,12 @@ def _partial(p: FIAProblem, chunk: _Chunk, qs: Tensor, partials: dict) -> None:
     m = s.amax(-1, keepdim=True)
     s.sub_(torch.where(m > -math.inf, m, 0.0)).exp_()
     total = s.sum(-1)
-    v = _chunk_kv(p, chunk, bufs, "value")
-    o = torch.bmm(s.view(p.n2, p.group * sq, chunk.length), v).view(p.n1, sq, v.shape[-1])
-    partials[chunk.b, chunk.index] = (m.squeeze(-1), total, o)
+    probs, o, offset = s.view(p.n2, p.group * sq, chunk.length), None, 0
+    for v in _chunk_parts(p, chunk, bufs, "value"):
+        part = probs[:, :, offset:offset + v.shape[1]]
+        o = torch.bmm(part, v) if o is None else o.baddbmm_(part, v)
+        offset += v.shape[1]
+    partials[chunk.b, chunk.index] = (m.squeeze(-1), total, o.view(p.n1, sq, -1))
 
 
 def _merge(parts: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
