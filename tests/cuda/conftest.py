@@ -3,6 +3,7 @@ import pytest
 import torch
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects on the marker
 def pytest_collection_modifyitems(items):
     here = __file__.rsplit("/", 1)[0]
     for item in items:

@@ -38,8 +38,9 @@ def _rows(targets: list[str], pattern: str, kernel: str) -> tuple[list[tuple], i
                     fits = v.shared <= SHARED_LIMIT[arch]
                     failures += not fits
                     tiles = " ".join(f"{k}={val}" for k, val in sorted(v.tiles.items()))
+                    verdict = "ok" if fits else f"FAIL shared > {SHARED_LIMIT[arch]}"
                     rows.append((case.operator, case.name, target, v.kernel, tiles, v.num_warps, v.num_stages,
-                                 v.n_regs, v.n_spills, v.shared, "ok" if fits else f"FAIL shared > {SHARED_LIMIT[arch]}"))
+                                 v.n_regs, v.n_spills, v.shared, verdict))
                 print(f"  {case.operator}/{case.name} {launch.kernel} {target}", file=sys.stderr, flush=True)
     return rows, failures
 
