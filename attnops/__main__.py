@@ -1,4 +1,4 @@
-"""Command line: ``python -m attnops {check,bench} [options]``; ``python -m attnops COMMAND --help`` for details."""
+"""Command line: ``python -m attnops {check,bench,gpu-report,aot} [options]``; ``python -m attnops COMMAND --help`` for details."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,13 @@ COMMANDS = {
     "bench": ("attnops.bench.runner", "time the operators against PyTorch baselines (without --suite: list the "
                                       "benchmark suites)"),
 }
+# command -> (module with main(argv), one-line description)
+OWN_PARSER = {
+    "gpu-report": ("attnops.gpu.report", "validate and time every GPU path in one run: CUDA tests, check, GPU "
+                                         "benchmarks (docs/gpu.md; --interpret runs it on the CPU)"),
+    "aot": ("attnops._core.triton.cli", "compile every Triton kernel ahead of time for sm_80/sm_90 (no GPU needed) "
+                                        "and print registers, spills and shared memory"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,12 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)
+    for name, (_, summary) in OWN_PARSER.items():
+        commands.add_parser(name, help=summary + f"; 'python -m attnops {name} --help' for its options",
+                            add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in OWN_PARSER:  # commands that parse their own arguments
+        return importlib.import_module(OWN_PARSER[argv[0]][0]).main(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

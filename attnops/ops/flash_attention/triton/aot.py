@@ -1,95 +1,50 @@
-"""Ahead-of-time compilation of a plan's launches (``launch.forward_plan`` / ``backward_plan``) for a GPU target,
-down to cubin, without a GPU or a driver: the check that the kernels compile for real NVIDIA GPUs, and their
-resource usage (registers, spills, shared memory).
-
-Each launch compiles once per tile configuration it would run with (``launch.tile_configs``: every autotuning
-candidate on CUDA), with the signature and specialization the JIT derives from the very arguments the launcher
-passes (``mangle``-style: ints equal to 1 become constexprs, 16-divisible ints and pointers get the divisibility
-hint). Needs the compiled kernels: a process where Triton runs without ``TRITON_INTERPRET``.
-"""
+"""The FlashAttention kernels in the shared AOT machinery (``attnops._core.triton``): a plan's launches as
+:class:`~attnops._core.triton.aot.KernelLaunch` call sites, and the problems ``python -m attnops aot`` compiles
+(every kernel and every tile class: fp16/bf16/fp32 x head dims 64/128/256, plus one problem with every
+per-element feature: explicit mask, pse with its gradient, Philox dropout)."""
 from __future__ import annotations
 
-import re
-import subprocess
-import tempfile
-from dataclasses import dataclass
+import torch
 
-from .launch import Launch, kernel_function, tile_configs
+from ...._core.triton.aot import KernelLaunch, compile_launch
+from ...._core.triton.registry import register_aot
+from ..problem import build_problem
+from . import launch as fa_launch
 
-SM90 = ("cuda", 90, 32)  # H100 / H200
-SM80 = ("cuda", 80, 32)  # A100
-
-
-@dataclass(frozen=True)
-class CompiledVariant:
-    """One compiled (launch, tile configuration): its tiles, warps/stages and the compiler's resource figures."""
-
-    kernel: str
-    tiles: dict
-    num_warps: int
-    num_stages: int
-    n_regs: int
-    n_spills: int  # local memory (spills) in 4-byte words, as ``CompiledKernel.n_spills`` on a device
-    shared: int  # bytes of shared memory per block
-
-    def describe(self) -> str:
-        tiles = " ".join(f"{k}={v}" for k, v in sorted(self.tiles.items()))
-        return (f"{self.kernel} [{tiles} warps={self.num_warps} stages={self.num_stages}]: regs={self.n_regs} "
-                f"spills={self.n_spills} shared={self.shared}")
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def _registers_and_spills(cubin: bytes) -> tuple[int, int]:
-    """``(registers per thread, local memory / 4)`` of a cubin, from ``cuobjdump -res-usage``: the figures the
-    driver reports as ``n_regs`` / ``n_spills`` (Triton divides the per-thread local size by 4), read without a
-    driver. Register spills live in the stack frame (``STACK``), so local memory is ``STACK + LOCAL``."""
-    from triton import knobs
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        usage = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+) .*LOCAL:(\d+)", usage)
-    if found is None:
-        raise RuntimeError(f"no resource usage in cuobjdump's output: {usage!r}")
-    return int(found.group(1)), (int(found.group(2)) + int(found.group(3))) // 4
+def kernel_launch(item: fa_launch.Launch) -> KernelLaunch:
+    """The compiled call site of one launch of a plan (``launch.forward_plan`` / ``backward_plan``)."""
+    function = fa_launch.kernel_function(item.kernel, interpret=False)
+    values = dict(zip(function.arg_names, item.args), **item.kwargs)
+    return KernelLaunch(item.kernel, function, values,
+                        fa_launch.tile_configs(item, function.arg_names, interpret=False))
 
 
-def _source(kernel, values: dict):
-    """The ``ASTSource`` the JIT would build for ``kernel`` called with ``values`` (argument name -> value)."""
-    from triton.backends.compiler import BaseBackend
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import native_specialize_impl
-
-    signature, constexprs, attrs = {}, {}, {}
-    for i, (name, param) in enumerate(zip(kernel.arg_names, kernel.params)):
-        value = values[name]
-        if param.is_constexpr:
-            signature[name], constexprs[name] = "constexpr", value
-            continue
-        ty, spec = native_specialize_impl(BaseBackend, value, False, True, True)
-        signature[name] = ty
-        if ty == "constexpr":
-            constexprs[name] = spec
-        elif isinstance(spec, str):
-            attrs[(i,)] = BaseBackend.parse_attr(spec)
-    return ASTSource(kernel, signature, constexprs, attrs)
+def compile_plan_launch(item: fa_launch.Launch, target: tuple[str, int, int]):
+    return compile_launch(kernel_launch(item), target)
 
 
-def compile_launch(launch: Launch, target: tuple[str, int, int]) -> list[CompiledVariant]:
-    """Compile ``launch`` for ``target`` (``SM90``, ``SM80``, ...) in each of its tile configurations; raises the
-    compiler's error (``triton.compiler.errors.CompilationError`` and friends) on the first that fails."""
-    import triton
-    from triton.backends.compiler import GPUTarget
+def _plan(dtype: str, d: int, everything: bool) -> list[KernelLaunch]:
+    """Forward and backward launches of a small BNSD problem (only the signature matters, not the sizes)."""
+    gen = torch.Generator().manual_seed(0)
+    b, n, s, t = 2, 4, 40, DTYPES[dtype]
+    q, k, v, dy = (torch.randn(b, n, s, d, generator=gen).to(t) for _ in range(4))
+    kw = dict(layout="BNSD", head_num=n, scale=d ** -0.5)
+    if everything:
+        kw.update(atten_mask=torch.rand(b, n, s, s, generator=gen) < 0.3, sparse_mode=0,
+                  pse=torch.randn(1, n, s, s, generator=gen).to(t), pse_type=1, keep_prob=0.9, seed=7, offset=0)
+    else:
+        kw.update(atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1), sparse_mode=3)
+    p = build_problem(q, k, v, **kw)
+    (out, smax, ssum), fwd = fa_launch.forward_plan(p, q, k, v, interpret=False)
+    _, bwd = fa_launch.backward_plan(p, q, k, v, dy, out, smax, ssum, interpret=False)
+    return [kernel_launch(item) for item in fwd + bwd]
 
-    kernel = kernel_function(launch.kernel, interpret=False)
-    values = dict(zip(kernel.arg_names, launch.args), **launch.kwargs)
-    variants = []
-    for config in tile_configs(launch, kernel.arg_names, interpret=False):
-        src = _source(kernel, dict(values, **config.kwargs))
-        compiled = triton.compile(src, target=GPUTarget(*target),
-                                  options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
-        regs, spills = _registers_and_spills(compiled.asm["cubin"])
-        variants.append(CompiledVariant(launch.kernel, dict(config.kwargs), config.num_warps, config.num_stages,
-                                        regs, spills, compiled.metadata.shared))
-    return variants
+
+for _dtype in DTYPES:
+    for _d in (64, 128, 256):
+        register_aot("flash_attention", f"{_dtype}-d{_d}-causal",
+                     lambda dtype=_dtype, d=_d: _plan(dtype, d, everything=False))
+register_aot("flash_attention", "bf16-d128-mask-pse-dropout", lambda: _plan("bf16", 128, everything=True))

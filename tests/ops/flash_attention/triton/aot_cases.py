@@ -1,5 +1,5 @@
-"""Compile the Triton FlashAttention launches of one problem for a GPU target (``triton/aot.py``) and print the
-result as JSON: run as ``python -m tests.ops.flash_attention.triton.aot_cases ARCH CASE_JSON`` in a process
+"""Compile the Triton FlashAttention launches of one problem for a GPU target (``attnops._core.triton.aot``) and
+print the result as JSON: run as ``python -m tests.ops.flash_attention.triton.aot_cases ARCH CASE_JSON`` in a process
 without ``TRITON_INTERPRET`` (``test_gpu_compile.py`` starts it; the test process runs the interpreter).
 
 A case names a dtype, head dims and features; the problem is built with ``build_problem`` on small CPU tensors
@@ -74,7 +74,7 @@ def compile_case(arch: int, case: dict) -> dict:
     result = {}
     for item in launches(case):
         try:
-            result[item.kernel] = [v.__dict__ for v in aot.compile_launch(item, ("cuda", arch, 32))]
+            result[item.kernel] = [v.__dict__ for v in aot.compile_plan_launch(item, ("cuda", arch, 32))]
         except Exception as e:  # the report names the failure; the test fails on it
             result[item.kernel] = f"{type(e).__name__}: {e}"
     return result

@@ -1,0 +1,36 @@
+"""The AOT cases of every operator's Triton kernels: an operator registers named problems, each a function that
+returns the problem's :class:`~attnops._core.triton.aot.KernelLaunch` call sites (built from its launchers' own
+plans). ``python -m attnops aot`` imports :data:`PROVIDERS` and compiles every registered case."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+# modules that register their operator's AOT cases when imported (FIA decode and NSA kernels add theirs here)
+PROVIDERS = ("attnops.ops.flash_attention.triton.aot",)
+
+
+@dataclass(frozen=True)
+class AotCase:
+    operator: str
+    name: str
+    launches: Callable[[], list]  # -> list[KernelLaunch]
+
+
+AOT_CASES: dict[str, AotCase] = {}
+
+
+def register_aot(operator: str, name: str, launches: Callable[[], list]) -> AotCase:
+    key = f"{operator}/{name}"
+    if key in AOT_CASES:
+        raise ValueError(f"AOT case {key!r} is already registered")
+    AOT_CASES[key] = AotCase(operator, name, launches)
+    return AOT_CASES[key]
+
+
+def all_aot_cases() -> dict[str, AotCase]:
+    """Every registered case, after importing the :data:`PROVIDERS`."""
+    for module in PROVIDERS:
+        importlib.import_module(module)
+    return AOT_CASES

@@ -1,0 +1,34 @@
+"""The benchmark suites ``gpu-report`` runs: each GPU suite (``attnops.bench`` registry) with the tiny suite that
+stands in for it in ``--interpret`` mode, the case filter of ``--quick``, and whether its cases are compute-bound
+(reported in TFLOP/s and % of the bf16 peak) or memory-bound (GB/s and % of the HBM bandwidth).
+
+Adding an operator's GPU suite (``nsa-gpu``, ``fia-gpu``) is one :func:`register_gpu_suite` call here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BASELINES = ("sdpa-flash", "sdpa-cudnn", "flex")  # SDPA's flash and cuDNN backends, FlexAttention (compiled)
+
+
+@dataclass(frozen=True)
+class GpuSuite:
+    suite: str  # name in ``attnops.bench.SUITES`` (device cuda)
+    smoke_suite: str  # tiny suite run on the CPU by ``--interpret``
+    quick_filter: str  # regular expression on case names: the subset ``--quick`` runs
+    bound: str = "compute"  # "compute" | "memory"
+    impls: tuple[str, ...] = ("attnops", *BASELINES)
+
+
+GPU_SUITES: dict[str, GpuSuite] = {}
+
+
+def register_gpu_suite(suite: GpuSuite) -> GpuSuite:
+    if suite.bound not in ("compute", "memory"):
+        raise ValueError(f"bound must be 'compute' or 'memory', got {suite.bound!r}")
+    if suite.suite in GPU_SUITES:
+        raise ValueError(f"GPU suite {suite.suite!r} is already registered")
+    GPU_SUITES[suite.suite] = suite
+    return suite
+
+
+register_gpu_suite(GpuSuite("fa-gpu", smoke_suite="fa-smoke", quick_filter=r"bfloat16-(fwd|bwd)-causal"))
