@@ -229,9 +229,8 @@ def _decode_cases() -> tuple[Case, ...]:
 
 register_suite(Suite(
     name="fia-cpu-decode",
-    description="FusedInferAttention decode on the CPU against the machine's read bandwidth and SDPA: N=32, KV_N=8, "
-                "D=128, B=1 x 32k and B=8 x 4k, fp32/bf16/fp16 and int8 KV, dense and paged",
-    details="ratio read-bandwidth/attnops = the fraction of the read bandwidth (torch.sum over as many bytes as the KV, "
+    description="FusedInferAttention decode on the CPU vs the read bandwidth and SDPA: B=1 x 32k, B=8 x 4k, dense and paged",
+    details="N=32, KV_N=8, D=128, fp32/bf16/fp16 and int8 KV; ratio read-bandwidth/attnops = the fraction of the read bandwidth (torch.sum over as many bytes as the KV, "
             "measured in the same run) at which attnops reads the KV; ratio sdpa-gathered/attnops = speed-up over SDPA "
             "on the same KV, contiguous (int8 KV: SDPA on the dequantized values); paged caches use 128-token blocks "
             "in sequential or shuffled order",
@@ -239,8 +238,9 @@ register_suite(Suite(
 
 register_suite(Suite(
     name="fa-cpu-dropout",
-    description="The cost of dropout on the CPU: FlashAttention B=1, N=8, S=512, D=64, fp32, BNSD, causal, "
-                "forward+backward without dropout, with keep_prob=0.9 from a Philox seed, and from a packed drop_mask",
+    description="The cost of dropout on the CPU: causal FlashAttention fwd+bwd without dropout, Philox 0.9, packed 0.9",
+    details="B=1, N=8, S=512, D=64, fp32, BNSD, causal, forward+backward without dropout, with keep_prob=0.9 from a "
+            "Philox seed, and from a packed drop_mask",
     cases=tuple(Case(name=f"fa-b1-n8-s512-d64-fp32-bnsd-fwd+bwd-causal-{tag}", mode="fwd+bwd", batch=1, heads=8,
                      kv_heads=8, sq=512, skv=512, d=64, dv=64, dtype="float32", causal=True, layout="BNSD",
                      baselines=(), params=params)
