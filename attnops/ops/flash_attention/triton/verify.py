@@ -34,6 +34,4 @@ def unsupported_reason(p: FAProblem, query: torch.Tensor, *, backward: bool = Fa
     if p.pse is not None and p.pse.flattened:
         return ("the flattened 1-D TND pse ([N1*sum(Skv_b)] or [N1*sum(Sq_b*Skv_b)]) is not implemented in the "
                 "Triton kernels")
-    if backward and p.pse is not None and p.pse.kind == "alibi":
-        return "the gradient of the ALiBi-compressed [B|1, N1, 1024, Skv] pse is not implemented in the Triton backward"
     return None
