@@ -51,6 +51,20 @@ class PseSpec:
             return t[off:off + heads * rows * cols].view(heads, rows, cols)
         return t[b if t.shape[0] > 1 else 0]
 
+    def padded(self) -> torch.Tensor:
+        """A flattened pse as the zero-padded 4-D ``[B, N1, max rows, max Skv]`` tensor of its segments."""
+        heads = self.segments[0][1]
+        rows = max(r for _, _, r, _ in self.segments)
+        cols = max(c for _, _, _, c in self.segments)
+        out = self.tensor.new_zeros((len(self.segments), heads, rows, cols))
+        for b, (_, _, r, c) in enumerate(self.segments):
+            out[b, :, :r, :c] = self._batch_view(self.tensor, b)
+        return out
+
+    def flatten_grad(self, padded: torch.Tensor) -> torch.Tensor:
+        """The 1-D gradient of a flattened pse from its padded ``[B, N1, max rows, max Skv]`` form."""
+        return torch.cat([padded[b, :, :r, :c].reshape(-1) for b, (_, _, r, c) in enumerate(self.segments)])
+
     def _alibi_index(self, r0, r1, c0, c1) -> torch.Tensor:
         w = self.tensor.shape[-1]
         diag = torch.arange(r0, r1).unsqueeze(1) - torch.arange(c0, c1).unsqueeze(0)

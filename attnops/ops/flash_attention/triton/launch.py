@@ -203,7 +203,7 @@ def _pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[
     pse = p.pse
     if pse is None:
         return [dummy, 0, 0, 0, 0], dict(PSE=0, PSE_BEFORE_SCALE=False)
-    t = pse.tensor.to(device)
+    t = (pse.padded() if pse.flattened else pse.tensor).to(device)
     if pse.kind == "slopes":
         t = t.contiguous()
         sb = t.stride(0) if t.dim() == 2 else 0
@@ -280,8 +280,8 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
     dpse_buf = None
     if has_dpse:  # the full and ALiBi pse: the score gradient itself; the row pse: its column sums
         t = p.pse.tensor
-        rows, cols = {"full": (t.shape[2], t.shape[3]), "row": (1, t.shape[3]),
-                      "alibi": (seq.max_q, seq.max_kv)}[p.pse.kind]
+        cols = seq.max_kv if p.pse.flattened or p.pse.kind == "alibi" else t.shape[3]
+        rows = {"full": seq.max_q if p.pse.flattened else t.shape[2], "row": 1, "alibi": seq.max_q}[p.pse.kind]
         dpse_buf = torch.zeros((seq.batch, g.n1, rows, cols), dtype=torch.float32, device=device)
     if seq.batch == 0 or p.total_q == 0:
         return (dq, dk, dv, dpse_buf), []
@@ -328,6 +328,8 @@ def _reduce_dpse(p: FAProblem, dpse_buf: torch.Tensor | None) -> torch.Tensor | 
     if dpse_buf is None:
         return None
     t = p.pse.tensor
+    if p.pse.flattened:
+        return p.pse.flatten_grad(dpse_buf).to(t.dtype)
     if p.pse.kind == "alibi":
         dpse_buf = _alibi_grad(p, dpse_buf)
     grad = dpse_buf.sum(0, keepdim=True) if t.shape[0] == 1 else dpse_buf

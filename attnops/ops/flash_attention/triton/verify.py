@@ -31,7 +31,4 @@ def unsupported_reason(p: FAProblem, query: torch.Tensor, *, backward: bool = Fa
         return f"head dims up to {MAX_HEAD_DIM} (got D={g.d}, Dv={g.dv})"
     if p.seq.batch * g.n1 > MAX_GRID_Y:
         return f"batch x query heads up to {MAX_GRID_Y} (got {p.seq.batch} x {g.n1})"
-    if p.pse is not None and p.pse.flattened:
-        return ("the flattened 1-D TND pse ([N1*sum(Skv_b)] or [N1*sum(Sq_b*Skv_b)]) is not implemented in the "
-                "Triton kernels")
     return None

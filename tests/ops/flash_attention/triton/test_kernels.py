@@ -163,6 +163,20 @@ def test_alibi_compressed_tnd_short_sequences(pse_b, pse_type, dtype):
     assert r["dpse"].shape == pse.shape and bool(r["dpse"][0, :, 1023, 36 - 20:].ne(0).all())
 
 
+@pytest.mark.parametrize("form,pse_type,dtype", [("row", 1, torch.float32), ("full", 0, torch.float16),
+                                                 ("full", 1, torch.float32)])
+def test_flattened_tnd_pse(form, pse_type, dtype):
+    """The 1-D TND pse (per-batch [N1, 1, Skv_b] or [N1, Sq_b, Skv_b] segments end to end) and its 1-D gradient."""
+    q_lens, kv_lens, n1 = [9, 20, 3], [14, 20, 17], 2
+    q, k, v, dy = make_qkv("TND", n1=n1, n2=1, d=16, q_lens=q_lens, kv_lens=kv_lens, dtype=dtype, seed=23)
+    rows = [1] * 3 if form == "row" else q_lens
+    pse = torch.randn(n1 * sum(r * c for r, c in zip(rows, kv_lens)),
+                      generator=torch.Generator().manual_seed(24)).to(dtype)
+    r = check(q, k, v, dy, layout="TND", head_num=n1, scale=0.3, pse=pse, pse_type=pse_type,
+              actual_seq_qlen=cum(q_lens), actual_seq_kvlen=cum(kv_lens))
+    assert r["dpse"].shape == pse.shape
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pse_type", [0, 1])
 def test_alibi_compressed_forward(pse_type):

@@ -45,17 +45,6 @@ def test_alibi_compressed_pse_is_accepted_forward_and_backward():
     assert unsupported_reason(p, q, backward=True) is None  # the diagonal sums of the dQ kernel's score gradient
 
 
-@pytest.mark.parametrize("rows", ["row", "full"])
-def test_flattened_tnd_pse_is_refused(rows):
-    q_lens, kv_lens = [2, 3], [3, 4]
-    q, k, v = make_qkv("TND", n1=2, n2=1, q_lens=q_lens, kv_lens=kv_lens, d=16)[:3]
-    length = 2 * sum(kv_lens) if rows == "row" else 2 * sum(a * b for a, b in zip(q_lens, kv_lens))
-    p = build_problem(q, k, v, head_num=2, layout="TND", scale=0.3, pse=torch.zeros(length), pse_type=1,
-                      actual_seq_qlen=[2, 5], actual_seq_kvlen=[3, 7])
-    assert "flattened 1-D TND pse" in unsupported_reason(p, q)
-    assert "flattened 1-D TND pse" in unsupported_reason(p, q, backward=True)
-
-
 def test_device_without_triton_support():
     assert "need a CUDA device" in triton_unavailable_reason(torch.device("meta"))
 
