@@ -1,5 +1,5 @@
-"""Position shift (pse): external tensors (pse_type 0/1), ALiBi-compressed tensors and in-kernel ALiBi slopes
-(pse_type 2/3), as one :class:`PseSpec` that yields fp32 tiles and accumulates tile gradients (dpse).
+"""Position shift (pse): external tensors (pse_type 0/1), flattened TND tensors, ALiBi-compressed tensors and in-kernel
+ALiBi slopes (pse_type 2/3), as one :class:`PseSpec` that yields fp32 tiles and accumulates tile gradients (dpse).
 
 Score formulas (``cann_semantics.md`` §2): type 1 ``scale*(QK^T + pse)``; types 0/2/3 ``scale*QK^T + pse``.
 """
@@ -19,13 +19,22 @@ PSE_TYPES = (0, 1, 2, 3)
 
 @dataclass(frozen=True)
 class PseSpec:
-    """One pse source. ``kind``: ``full`` [Bp,N,R,C], ``row`` [Bp,N,1,C], ``alibi`` [Bp,N,1024,W], ``slopes``."""
+    """One pse source. ``kind``: ``full`` [Bp,N,R,C], ``row`` [Bp,N,1,C], ``alibi`` [Bp,N,1024,W], ``slopes``.
+
+    A flattened TND pse (1-D) is ``full`` or ``row`` with ``segments``: batch b's ``(offset, N1, rows, cols)`` block
+    of the 1-D tensor, read as ``[N1, rows, cols]`` (rows = Sq_b for ``full``, 1 for ``row``).
+    """
 
     pse_type: int
     kind: str
     tensor: torch.Tensor
     q_start: tuple[int, ...] = ()
     kv_start: tuple[int, ...] = ()
+    segments: tuple[tuple[int, int, int, int], ...] = ()
+
+    @property
+    def flattened(self) -> bool:
+        return bool(self.segments)
 
     @property
     def add_before_scale(self) -> bool:
@@ -35,8 +44,26 @@ class PseSpec:
     def has_grad(self) -> bool:
         return self.kind != "slopes"
 
-    def _bp(self, b: int) -> int:
-        return b if self.tensor.shape[0] > 1 else 0
+    def _batch_view(self, t: torch.Tensor, b: int) -> torch.Tensor:
+        """Batch b's ``[N, R, C]`` view of ``t`` (the pse or its gradient, same shape)."""
+        if self.segments:
+            off, heads, rows, cols = self.segments[b]
+            return t[off:off + heads * rows * cols].view(heads, rows, cols)
+        return t[b if t.shape[0] > 1 else 0]
+
+    def padded(self) -> torch.Tensor:
+        """A flattened pse as the zero-padded 4-D ``[B, N1, max rows, max Skv]`` tensor of its segments."""
+        heads = self.segments[0][1]
+        rows = max(r for _, _, r, _ in self.segments)
+        cols = max(c for _, _, _, c in self.segments)
+        out = self.tensor.new_zeros((len(self.segments), heads, rows, cols))
+        for b, (_, _, r, c) in enumerate(self.segments):
+            out[b, :, :r, :c] = self._batch_view(self.tensor, b)
+        return out
+
+    def flatten_grad(self, padded: torch.Tensor) -> torch.Tensor:
+        """The 1-D gradient of a flattened pse from its padded ``[B, N1, max rows, max Skv]`` form."""
+        return torch.cat([padded[b, :, :r, :c].reshape(-1) for b, (_, _, r, c) in enumerate(self.segments)])
 
     def _alibi_index(self, r0, r1, c0, c1) -> torch.Tensor:
         w = self.tensor.shape[-1]
@@ -54,7 +81,7 @@ class PseSpec:
             if self.pse_type == 3:
                 dist = dist.sqrt()
             return -slope.view(-1, 1, 1) * dist
-        tb = t[self._bp(b), heads]
+        tb = self._batch_view(t, b)[heads]
         if self.kind == "full":
             return tb[:, r0:r1, c0:c1].to(dtype)
         if self.kind == "row":
@@ -65,7 +92,7 @@ class PseSpec:
     def accumulate_grad(self, grad: torch.Tensor, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice,
                         g: torch.Tensor) -> None:
         """Add the tile gradient ``g`` [Nh, r, c] into ``grad`` (the pse's shape, compute dtype)."""
-        gb = grad[self._bp(b), heads]
+        gb = self._batch_view(grad, b)[heads]
         if self.kind == "full":
             gb[:, r0:r1, c0:c1] += g
         elif self.kind == "row":
@@ -112,6 +139,8 @@ def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo, n1:
                             _start("kv_start_idx", kv_start_idx))
     if pse.dtype != dtype:
         fail("pse", f"dtype {dtype} (same as query) for pse_type {pse_type}", pse)
+    if pse.dim() == 1:
+        return _flattened_spec(pse, pse_type, seq, n1)
     require(pse.dim() == 4 and pse.shape[1] == n1 and pse.shape[0] in (1, seq.batch), "pse",
             f"a 4-D [B|1, N1={n1}, Sq, Skv] tensor (B={seq.batch}) for pse_type {pse_type}", pse)
     rows, cols = pse.shape[2], pse.shape[3]
@@ -131,6 +160,25 @@ def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo, n1:
     require(ok, "pse", f"[B|1, N1, Sq={sq}, Skv={skv}], [B, N1, 1, Skv] or the ALiBi-compressed "
             "[B|1, N1, 1024, Skv] (TND: always; other layouts: when Sq > 1024)", pse)
     return PseSpec(pse_type, "full", pse)
+
+
+def _flattened_spec(pse: torch.Tensor, pse_type: int, seq: SeqInfo, n1: int) -> PseSpec:
+    """The 1-D TND pse: per-batch ``[N1, 1, Skv_b]`` (length ``N1*sum(Skv_b)``) or ``[N1, Sq_b, Skv_b]`` segments
+    (length ``N1*sum(Sq_b*Skv_b)``), laid end to end in batch order."""
+    require(seq.packed, "pse", f"a 4-D [B|1, N1={n1}, Sq, Skv] tensor (the 1-D pse is for the TND layout only)", pse)
+    row_total = n1 * sum(seq.kv_lens)
+    full_total = n1 * sum(a * c for a, c in zip(seq.q_lens, seq.kv_lens))
+    length = pse.shape[0]
+    require(length in (row_total, full_total), "pse",
+            f"a 1-D TND pse of length N1*sum(Skv_b)={row_total} (per-batch [N1, 1, Skv_b]) or "
+            f"N1*sum(Sq_b*Skv_b)={full_total} (per-batch [N1, Sq_b, Skv_b])", f"length {length}")
+    row = length == row_total
+    segments, off = [], 0
+    for sq, skv in zip(seq.q_lens, seq.kv_lens):
+        rows = 1 if row else sq
+        segments.append((off, n1, rows, skv))
+        off += n1 * rows * skv
+    return PseSpec(pse_type, "row" if row else "full", pse, segments=tuple(segments))
 
 
 def _slopes_spec(slopes, pse_type, seq: SeqInfo, n1, sparse_mode, q_start, kv_start) -> PseSpec:

@@ -128,8 +128,23 @@ def _alibi_block(comp, sq, skv, rows) -> Tensor:
     return torch.where(lower, full, torch.zeros_like(full))
 
 
-def _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, dtype) -> Tensor:
-    """Additive bias [N1 or 1, Sq, Skv] of batch b (cann_semantics.md §2)."""
+def _flat_pse_block(pse, b, n1, sq_list, skv_list) -> Tensor:
+    """Batch b's block of a 1-D TND pse: segments ``[N1, 1, Skv_b]`` (length ``N1*sum(Skv_b)``) or
+    ``[N1, Sq_b, Skv_b]`` (length ``N1*sum(Sq_b*Skv_b)``) one after another in batch order."""
+    row_len = n1 * sum(skv_list)
+    full_len = n1 * sum(a * c for a, c in zip(sq_list, skv_list))
+    if pse.numel() not in (row_len, full_len):
+        raise ValueError(f"1-D pse has {pse.numel()} elements, need {row_len} or {full_len}")
+    rows = [1] * len(sq_list) if pse.numel() == row_len else list(sq_list)
+    start = sum(n1 * rows[i] * skv_list[i] for i in range(b))
+    block = pse[start:start + n1 * rows[b] * skv_list[b]].reshape(n1, rows[b], skv_list[b])
+    return block.expand(n1, sq_list[b], skv_list[b])
+
+
+def _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, dtype, lens) -> Tensor:
+    """Additive bias [N1 or 1, Sq, Skv] of batch b (cann_semantics.md §2); ``lens`` = (Sq list, Skv list)."""
+    if pse_type in (0, 1) and pse.dim() == 1:
+        return _flat_pse_block(pse, b, n1, *lens)
     if pse_type in (2, 3):
         slope = (pse[b] if pse.dim() == 2 else pse).to(dtype).view(-1, 1, 1)
         i = torch.arange(sq).view(sq, 1)
@@ -145,7 +160,7 @@ def _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, d
 
 
 def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, tnd, q_start, kv_start, dtype,
-           drop_keep, keep_prob, drop_off):
+           drop_keep, keep_prob, drop_off, lens):
     """One batch: q [N1,Sq,D], k [N2,Skv,D], v [N2,Skv,Dv] -> out [N1,Sq,Dv], max, sum [N1,Sq]."""
     sq, skv = q.shape[1], k.shape[1]
     g = n1 // k.shape[0]
@@ -155,7 +170,7 @@ def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, tnd, q_start, 
     if pse is None:
         s = scale * qk
     else:
-        bias = _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, dtype)
+        bias = _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, dtype, lens)
         s = scale * (qk + bias) if pse_type == 1 else scale * qk + bias
     keep = keep.expand(n1, sq, skv)
     valid = keep.any(dim=-1, keepdim=True)
@@ -232,7 +247,8 @@ def fa_forward(query, key, value, *, head_num: int, input_layout: str, pse=None,
         o, m, l, valid = _batch(qs[b], ks[b], vs[b], b, n1=n1, scale=scale, pse=pse, pse_type=pse_type,
                                 keep=keep, max_sq=max_sq, tnd=tnd, q_start=0 if reset else q_start_idx,
                                 kv_start=0 if reset else kv_start_idx, dtype=dtype,
-                                drop_keep=drop_keep, keep_prob=keep_prob, drop_off=drop_off)
+                                drop_keep=drop_keep, keep_prob=keep_prob, drop_off=drop_off,
+                                lens=(sq_list, skv_list))
         drop_off += n1 * sq * skv
         m = torch.where(valid, m.to(stat_dtype), torch.full_like(m, FLT_LOWEST, dtype=stat_dtype))
         l = torch.where(valid, l.to(stat_dtype), torch.full_like(l, FLT_MAX, dtype=stat_dtype))

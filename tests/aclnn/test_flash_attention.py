@@ -91,6 +91,39 @@ def test_v2_vs_golden(pse_type, slopes):
     _check_backward(grads, dy, (q, k, v), gkw, torch.float32)
 
 
+@pytest.mark.parametrize("version,form", [(1, "row"), (1, "full"), (2, "row"), (2, "full")])
+def test_var_len_flattened_pse_vs_golden(version, form):
+    """The 1-D TND pse: per-batch [N1, 1, Skv_b] (N1*sum(Skv_b)) or [N1, Sq_b, Skv_b] (N1*sum(Sq_b*Skv_b)), dpse
+    in the same flattened shape; V2 with pse_type 0, V1 with its fixed type 1."""
+    q_lens, kv_lens = [3, 5, 2], [4, 5, 6]
+    n1, n2 = 2, 1
+    q, k, v, dy = make_qkv("TND", n1=n1, n2=n2, q_lens=q_lens, kv_lens=kv_lens, seed=157)
+    rows = [1] * 3 if form == "row" else q_lens
+    pse = randn(n1 * sum(r * c for r, c in zip(rows, kv_lens)), seed=158)
+    aq, akv = cum(q_lens), cum(kv_lens)
+    pse_type = 1 if version == 1 else 0
+    if version == 1:
+        fwd = aclnn.flash_attention_var_len_score(q, k, v, pse, None, None, TRIU2048, None, aq, akv, 0.4, 1.0,
+                                                  2147483647, 2147483647, n1, "TND", 0, 3)
+    else:
+        fwd = aclnn.flash_attention_var_len_score_v2(q, k, v, pse, None, None, TRIU2048, None, aq, akv, None, None,
+                                                     0.4, 1.0, 2147483647, 2147483647, n1, "TND", 0, 3, pse_type)
+    gkw = dict(head_num=n1, input_layout="TND", pse=pse, pse_type=pse_type, atten_mask=TRIU2048,
+               actual_seq_qlen=aq, actual_seq_kvlen=akv, scale=0.4, sparse_mode=3)
+    _check_forward(fwd, (q, k, v), gkw, torch.float32)
+    smax, ssum, _, out = fwd
+    if version == 1:
+        grads = aclnn.flash_attention_unpadding_score_grad(q, k, v, dy, pse, None, None, TRIU2048, smax, ssum, None,
+                                                           out, None, aq, akv, 0.4, 1.0, 2147483647, 2147483647, n1,
+                                                           "TND", 0, 3)
+    else:
+        grads = aclnn.flash_attention_unpadding_score_grad_v2(q, k, v, dy, pse, None, None, TRIU2048, smax, ssum,
+                                                              None, out, None, aq, akv, None, None, 0.4, 1.0,
+                                                              2147483647, 2147483647, n1, "TND", 0, 3, pse_type)
+    assert grads[3].shape == pse.shape
+    _check_backward(grads, dy, (q, k, v), gkw, torch.float32)
+
+
 # ----------------------------------------------------------------------------------------- two-phase form
 
 

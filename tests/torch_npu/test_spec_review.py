@@ -223,6 +223,16 @@ def test_fusion_attention_grad_is_keyword_only_after_input_layout():
         torch_npu.npu_fusion_attention_grad(q, k, v, dy, 2, "BNSD", None)
 
 
+@pytest.mark.parametrize("form", ["row", "full"])
+def test_fusion_attention_flattened_tnd_pse(form):
+    # CANN VarLen docs: TND also takes a 1-D pse [N1*sum(Skv_b)] (per-batch [N1, 1, Skv_b]) or
+    # [N1*sum(Sq_b*Skv_b)] (per-batch [N1, Sq_b, Skv_b]); dpse has the pse's shape
+    n, q_lens, kv_lens = 2, [3, 1, 4], [5, 2, 4]
+    rows = [1] * 3 if form == "row" else q_lens
+    pse = randn(n * sum(r * c for r, c in zip(rows, kv_lens)), dtype=F16, seed=12)
+    _fa_case("TND", n1=n, n2=1, q_lens=q_lens, kv_lens=kv_lens, pse=pse, atten_mask=TRIU2048, sparse_mode=3)
+
+
 @pytest.mark.parametrize("pse_type, slopes", [(0, None), (2, "N"), (2, "BN"), (3, "N"), (3, "BN")])
 def test_fusion_attention_v2_pse_types_with_start_index_lists(pse_type, slopes):
     # §3.1 "0: scale*QK + pse; 2/3: ALiBi generated inside the kernel from slopes (fp32 [N] or [B,N]; 3 = sqrt),

@@ -50,6 +50,71 @@ def test_external_pse_tnd(pse_type, shape):
              actual_seq_qlen=cum(q_lens), actual_seq_kvlen=cum(kv_lens), atten_mask=TRIU2048, sparse_mode=3)
 
 
+# ----------------------------------------------------------------------------- flattened TND pse (1-D)
+
+FLAT_Q, FLAT_KV = [3, 5, 1, 4], [4, 5, 2, 6]  # batches of different lengths, Sq != Skv
+
+
+def flat_pse(form, n1, q_lens, kv_lens, seed):
+    """The 1-D TND pse: ``row`` = per-batch [N1, 1, Skv_b], ``full`` = per-batch [N1, Sq_b, Skv_b], end to end."""
+    rows = [1] * len(q_lens) if form == "row" else q_lens
+    return randn(n1 * sum(r * c for r, c in zip(rows, kv_lens)), seed=seed)
+
+
+def flat_as_blocks(pse, form, n1, q_lens, kv_lens):
+    """The same pse as per-batch [N1, Sq_b, Skv_b] blocks (the segments read in the documented order)."""
+    blocks, off = [], 0
+    for sq, skv in zip(q_lens, kv_lens):
+        rows = 1 if form == "row" else sq
+        blocks.append(pse[off:off + n1 * rows * skv].view(n1, rows, skv).expand(n1, sq, skv))
+        off += n1 * rows * skv
+    return blocks
+
+
+@pytest.mark.parametrize("pse_type", [0, 1])
+@pytest.mark.parametrize("form", ["row", "full"])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_flattened_tnd_pse_vs_golden(pse_type, form, mask):
+    n1 = 2
+    q, k, v, dy = make_qkv("TND", n1=n1, n2=1, q_lens=FLAT_Q, kv_lens=FLAT_KV, seed=60)
+    pse = flat_pse(form, n1, FLAT_Q, FLAT_KV, seed=61)
+    kw = dict(atten_mask=TRIU2048, sparse_mode=3) if mask == "causal" else {}
+    r = check_fa(q, k, v, dy, layout="TND", head_num=n1, scale=0.4, pse=pse, pse_type=pse_type,
+                 actual_seq_qlen=cum(FLAT_Q), actual_seq_kvlen=cum(FLAT_KV), **kw)
+    assert r["dpse"].shape == pse.shape
+    if mask == "none":  # every pse entry reaches a score
+        assert bool(r["dpse"].abs().gt(0).all())
+
+
+@pytest.mark.parametrize("form", ["row", "full"])
+def test_flattened_tnd_pse_is_each_batch_segment(form):
+    """Batch b of the output equals a dense BNSD call on that batch with its segment as a [1, N1, Sq_b, Skv_b] pse."""
+    n1 = 2
+    q, k, v, _ = make_qkv("TND", n1=n1, n2=2, q_lens=FLAT_Q, kv_lens=FLAT_KV, seed=62)
+    pse = flat_pse(form, n1, FLAT_Q, FLAT_KV, seed=63)
+    out = attnops.flash_attention(q, k, v, layout="TND", scale=0.4, pse=pse, pse_type=1,
+                                  actual_seq_qlen=cum(FLAT_Q), actual_seq_kvlen=cum(FLAT_KV))
+    qo, ko = 0, 0
+    for block, sq, skv in zip(flat_as_blocks(pse, form, n1, FLAT_Q, FLAT_KV), FLAT_Q, FLAT_KV):
+        dense = attnops.flash_attention(*(t[o:o + s].transpose(0, 1).unsqueeze(0)
+                                          for t, o, s in ((q, qo, sq), (k, ko, skv), (v, ko, skv))),
+                                        layout="BNSD", scale=0.4, pse=block.unsqueeze(0).contiguous(), pse_type=1)
+        torch.testing.assert_close(out[qo:qo + sq], dense[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+        qo, ko = qo + sq, ko + skv
+
+
+def test_flattened_tnd_pse_length_is_checked():
+    n1 = 2
+    q, k, v, _ = make_qkv("TND", n1=n1, n2=1, q_lens=FLAT_Q, kv_lens=FLAT_KV, seed=64)
+    row_len, full_len = n1 * sum(FLAT_KV), n1 * sum(a * c for a, c in zip(FLAT_Q, FLAT_KV))
+    with pytest.raises(ValueError, match=rf"pse.*{row_len}.*{full_len}.*length {full_len + 1}"):
+        attnops.flash_attention(q, k, v, layout="TND", scale=0.4, pse=randn(full_len + 1, seed=65),
+                                actual_seq_qlen=cum(FLAT_Q), actual_seq_kvlen=cum(FLAT_KV))
+    qd, kd, vd, _ = make_qkv("BNSD", b=1, n1=n1, sq=4, skv=4, seed=66)
+    with pytest.raises(ValueError, match="TND layout only"):
+        attnops.flash_attention(qd, kd, vd, scale=0.4, pse=randn(n1 * 4, seed=67))
+
+
 # ----------------------------------------------------------------------------- ALiBi-compressed [.., 1024, S]
 
 S_LONG = 1100  # > 1024: the smallest kind of shape where the compressed form applies

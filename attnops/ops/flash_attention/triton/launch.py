@@ -15,6 +15,7 @@ import torch
 
 from ...._core.layouts import tokens_view, with_head_dim
 from ...._core.masks import INF
+from ...._core.pse import ALIBI_ROWS
 from ...._core.softmax_stats import STAT_LANES, new_stats
 from ..problem import FAProblem
 from .verify import interpreting
@@ -202,7 +203,7 @@ def _pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[
     pse = p.pse
     if pse is None:
         return [dummy, 0, 0, 0, 0], dict(PSE=0, PSE_BEFORE_SCALE=False)
-    t = pse.tensor.to(device)
+    t = (pse.padded() if pse.flattened else pse.tensor).to(device)
     if pse.kind == "slopes":
         t = t.contiguous()
         sb = t.stride(0) if t.dim() == 2 else 0
@@ -277,10 +278,11 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=device) for t in (query, key, value))  # unit last stride
     has_dpse = p.pse is not None and p.pse.has_grad
     dpse_buf = None
-    if has_dpse:
+    if has_dpse:  # the full and ALiBi pse: the score gradient itself; the row pse: its column sums
         t = p.pse.tensor
-        dpse_buf = torch.zeros((seq.batch, g.n1, t.shape[2] if p.pse.kind == "full" else 1, t.shape[3]),
-                               dtype=torch.float32, device=device)
+        cols = seq.max_kv if p.pse.flattened or p.pse.kind == "alibi" else t.shape[3]
+        rows = {"full": seq.max_q if p.pse.flattened else t.shape[2], "row": 1, "alibi": seq.max_q}[p.pse.kind]
+        dpse_buf = torch.zeros((seq.batch, g.n1, rows, cols), dtype=torch.float32, device=device)
     if seq.batch == 0 or p.total_q == 0:
         return (dq, dk, dv, dpse_buf), []
     qv, kv, vv = _token_view(query, p, g.n1), _token_view(key, p, g.n2), _token_view(value, p, g.n2)
@@ -295,7 +297,7 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
     pse, mask, drop, flags = _common(p, query, interpret)
     stat_row = _stats_geometry(p)[2]
     dummy = torch.zeros(1, dtype=torch.float32, device=device)
-    full = has_dpse and p.pse.kind == "full"
+    full = has_dpse and p.pse.kind in ("full", "alibi")
     row = has_dpse and p.pse.kind == "row"
     dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]
     dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
@@ -326,5 +328,24 @@ def _reduce_dpse(p: FAProblem, dpse_buf: torch.Tensor | None) -> torch.Tensor | 
     if dpse_buf is None:
         return None
     t = p.pse.tensor
+    if p.pse.flattened:
+        return p.pse.flatten_grad(dpse_buf).to(t.dtype)
+    if p.pse.kind == "alibi":
+        dpse_buf = _alibi_grad(p, dpse_buf)
     grad = dpse_buf.sum(0, keepdim=True) if t.shape[0] == 1 else dpse_buf
     return grad.to(t.dtype)
+
+
+def _alibi_grad(p: FAProblem, score_grad: torch.Tensor) -> torch.Tensor:
+    """Per-batch gradient ``[B, N1, 1024, W]`` of the ALiBi-compressed pse from the score gradient
+    ``[B, N1, Sq, Skv]``: its row 1023, column ``W - 1 - d``, is the sum of diagonal ``d = i - j`` (the causal mask
+    leaves ``0 <= d < Sq``). The diagonals are summed as columns of the skewed matrix (each row shifted right by its
+    index through a flat view), a plain reduction: deterministic, no atomics."""
+    n1, w = score_grad.shape[1], p.pse.tensor.shape[-1]
+    out = torch.zeros((score_grad.shape[0], n1, ALIBI_ROWS, w), dtype=torch.float32, device=score_grad.device)
+    for b, (sq, skv) in enumerate(zip(p.seq.q_lens, p.seq.kv_lens)):
+        g = torch.nn.functional.pad(score_grad[b, :, :sq, :skv].flip(-1), (0, sq))  # [N1, Sq, Skv + Sq]
+        skewed = g.reshape(n1, -1)[:, :sq * (skv + sq - 1)].reshape(n1, sq, skv + sq - 1)  # [h, i, Skv-1+i-j]
+        diag = skewed.sum(1)[:, skv - 1:skv - 1 + sq]  # [N1, Sq]: d = 0 .. Sq-1
+        out[b, :, ALIBI_ROWS - 1, w - sq:] = diag.flip(-1)
+    return out

@@ -31,6 +31,4 @@ def unsupported_reason(p: FAProblem, query: torch.Tensor, *, backward: bool = Fa
         return f"head dims up to {MAX_HEAD_DIM} (got D={g.d}, Dv={g.dv})"
     if p.seq.batch * g.n1 > MAX_GRID_Y:
         return f"batch x query heads up to {MAX_GRID_Y} (got {p.seq.batch} x {g.n1})"
-    if backward and p.pse is not None and p.pse.kind == "alibi":
-        return "the gradient of the ALiBi-compressed [B|1, N1, 1024, Skv] pse is not implemented in the Triton backward"
     return None

@@ -153,20 +153,35 @@ def test_autograd_through_the_kernels():
 
 @pytest.mark.parametrize("pse_b,pse_type,dtype", [(1, 1, torch.float32), (3, 0, torch.float16)])
 def test_alibi_compressed_tnd_short_sequences(pse_b, pse_type, dtype):
-    """TND: the [B|1, N1, 1024, W] pse is the compressed ALiBi even when every sequence is short (forward only: the
-    Triton backward does not take the compressed pse)."""
+    """TND: the [B|1, N1, 1024, W] pse is the compressed ALiBi even when every sequence is short; its gradient
+    (row 1023, the sums along the diagonals, summed over batches for a B=1 pse) vs the golden."""
     lens, n1 = [20, 33, 7], 2
-    q, k, v, _ = make_qkv("TND", n1=n1, n2=1, d=16, q_lens=lens, kv_lens=lens, dtype=dtype, seed=21)
+    q, k, v, dy = make_qkv("TND", n1=n1, n2=1, d=16, q_lens=lens, kv_lens=lens, dtype=dtype, seed=21)
     pse = torch.randn(pse_b, n1, 1024, 36, generator=torch.Generator().manual_seed(22)).to(dtype)
-    check(q, k, v, None, backward=False, layout="TND", head_num=n1, scale=0.3, pse=pse, pse_type=pse_type,
-          atten_mask=TRIU2048, sparse_mode=3, actual_seq_qlen=cum(lens), actual_seq_kvlen=cum(lens))
+    r = check(q, k, v, dy, layout="TND", head_num=n1, scale=0.3, pse=pse, pse_type=pse_type,
+              atten_mask=TRIU2048, sparse_mode=3, actual_seq_qlen=cum(lens), actual_seq_kvlen=cum(lens))
+    assert r["dpse"].shape == pse.shape and bool(r["dpse"][0, :, 1023, 36 - 20:].ne(0).all())
+
+
+@pytest.mark.parametrize("form,pse_type,dtype", [("row", 1, torch.float32), ("full", 0, torch.float16),
+                                                 ("full", 1, torch.float32)])
+def test_flattened_tnd_pse(form, pse_type, dtype):
+    """The 1-D TND pse (per-batch [N1, 1, Skv_b] or [N1, Sq_b, Skv_b] segments end to end) and its 1-D gradient."""
+    q_lens, kv_lens, n1 = [9, 20, 3], [14, 20, 17], 2
+    q, k, v, dy = make_qkv("TND", n1=n1, n2=1, d=16, q_lens=q_lens, kv_lens=kv_lens, dtype=dtype, seed=23)
+    rows = [1] * 3 if form == "row" else q_lens
+    pse = torch.randn(n1 * sum(r * c for r, c in zip(rows, kv_lens)),
+                      generator=torch.Generator().manual_seed(24)).to(dtype)
+    r = check(q, k, v, dy, layout="TND", head_num=n1, scale=0.3, pse=pse, pse_type=pse_type,
+              actual_seq_qlen=cum(q_lens), actual_seq_kvlen=cum(kv_lens))
+    assert r["dpse"].shape == pse.shape
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pse_type", [0, 1])
 def test_alibi_compressed_forward(pse_type):
-    """The compressed ``[B|1, N1, 1024, Skv]`` pse (Sq > 1024) read along the diagonal in-kernel (forward only:
-    its gradient falls back to the reference)."""
+    """The compressed ``[B|1, N1, 1024, Skv]`` pse (Sq > 1024) read along the diagonal in-kernel (forward only: the
+    gradient is tested on short TND sequences, where the pse is compressed too)."""
     s = 1100
     q, k, v, _ = make_qkv("BNSD", b=1, n1=1, sq=s, skv=s, d=16, seed=18)
     pse = torch.randn(1, 1, 1024, s, generator=torch.Generator().manual_seed(19))
