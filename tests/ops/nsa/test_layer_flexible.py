@@ -143,3 +143,9 @@ def test_default_selection_matches_golden_topk_with_unused_slots_ignored():
     topk = G.nsa_compress_attention(q, k_cmp, v_cmp, 0.4, N1, 8, 4, 8, 3, mask, tmask, [t], [n_cmp], [pad // 8])[1]
     topk = torch.where(topk.long() > own.unsqueeze(-1), -1, topk.long())
     torch.testing.assert_close(out, _selected_golden(q, k, v, topk, t), rtol=1e-10, atol=1e-12)
+
+
+def test_compression_branch_is_zero_before_the_first_complete_block():
+    q, k, v, gates, wk, wv = _inputs(11)
+    out = _nsa(q, k, v, None, wk, wv, g_cmp=torch.ones(11, N1, dtype=F64))
+    assert out[:7].abs().max() == 0 and out[7:].abs().min() > 0  # block 0 covers tokens 0..7
