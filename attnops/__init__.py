@@ -1,8 +1,9 @@
 """attnops: Huawei CANN's fused-attention operators on PyTorch (CPU reference, Triton on NVIDIA GPUs).
 
 Three dialects share one core: this Pythonic API, :mod:`attnops.aclnn` (the seeds' aclnn operators) and
-:mod:`attnops.torch_npu` (torch_npu's Python functions).
+:mod:`attnops.torch_npu` (torch_npu's Python functions). Modules for model builders: :mod:`attnops.nn`.
 """
+from . import nn
 from ._core.errors import AclnnError, InferenceOnlyError, ParamDtypeError, ParamInvalidError, ParamNullptrError
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
 from .ops.fused_infer_attention import FusedInferAttentionResult, PagedKVCache, fused_infer_attention

@@ -2,13 +2,13 @@
 compressed and selected attention for decoding over a paged cache."""
 from .api import (
     CompressAttentionResult,
-    native_sparse_attention,
     nsa_compress,
     nsa_compress_attention,
     nsa_compress_attention_infer,
     nsa_selected_attention,
     nsa_selected_attention_infer,
 )
+from .layer import native_sparse_attention
 
 __all__ = ["CompressAttentionResult", "native_sparse_attention", "nsa_compress", "nsa_compress_attention",
            "nsa_compress_attention_infer", "nsa_selected_attention", "nsa_selected_attention_infer"]

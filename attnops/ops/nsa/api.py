@@ -12,8 +12,6 @@ from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from .compress import compress_block_count
 from .selected import SelectedSpec
 
-INT_MAX = 2147483647
-CAUSAL_2048 = None  # built lazily (module import stays cheap)
 
 
 def _op():
@@ -146,73 +144,3 @@ def check_selected_backward_inputs(spec: SelectedSpec, query, grad, attention_ou
     for name, t in (("softmax_max", softmax_max), ("softmax_sum", softmax_sum)):
         require_not_none(t, name)
         check_tensor(name, t, dtypes=(stats_dtype(query.dtype),), shape=(spec.total_q, spec.n1, STAT_LANES))
-
-
-def _causal_compressed_mask(lengths: list[int], block: int, stride: int) -> Tensor:
-    """``[maxS, maxCmp]``: compressed block c is visible to token i once complete (``c*stride + block - 1 <= i``)."""
-    max_s = max([0, *lengths])
-    max_c = max([0, *(compress_block_count(n, block, stride) for n in lengths)])
-    ends = torch.arange(max_c) * stride + block - 1
-    return ends.unsqueeze(0) > torch.arange(max_s).unsqueeze(1)
-
-
-def _forced_blocks(lengths: list[int], select_block: int, local_blocks: int) -> Tensor:
-    """``[maxS, maxSel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the token's own block."""
-    max_s = max([0, *lengths])
-    n_sel = -(-max_s // select_block)
-    own = (torch.arange(max_s) // select_block).unsqueeze(1)
-    cols = torch.arange(n_sel).unsqueeze(0)
-    return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
-
-
-def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Tensor, compress_weight_k: Tensor,
-                            compress_weight_v: Tensor, *, cu_seqlens=None, actual_seq_len=None,
-                            compress_block_size: int = 32, compress_stride: int = 16, select_block_size: int = 64,
-                            select_block_count: int = 16, window_size: int = 512, local_blocks: int = 2,
-                            scale: float | None = None) -> Tensor:
-    """Native Sparse Attention (DeepSeek, arXiv 2502.11089): causal self-attention as the gated sum of three branches.
-
-    * compression: keys/values compressed by :func:`nsa_compress` with the learnable ``compress_weight_k/v``
-      ``[compress_block_size, N2]``; queries attend to complete compressed blocks;
-    * selection: the top ``select_block_count`` blocks of ``select_block_size`` tokens by importance (block 0 and
-      the ``local_blocks`` most recent blocks forced), attended with :func:`nsa_selected_attention`;
-    * sliding window: :func:`attnops.flash_attention` with a bottom-right band of ``window_size`` tokens.
-
-    ``query [T, N1, D]``, ``key [T, N2, D]``, ``value [T, N2, Dv]`` packed (TND) with ``cu_seqlens`` (leading 0)
-    or ``actual_seq_len`` (cumulative); every sequence length must be a multiple of ``select_block_size`` and at
-    least ``select_block_size * select_block_count`` (the NPU kernel's constraint). ``gates [T, N1, 3]`` weight the
-    compression, selection and window outputs. Returns ``[T, N1, Dv]``; gradients flow to q, k, v, both
-    compression weights and the gates.
-    """
-    from ..flash_attention import flash_attention
-
-    check_tensor("query", query, ndim=3)
-    t, n1 = query.shape[0], query.shape[1]
-    check_tensor("gates", gates, shape=(t, n1, 3))
-    window = check_int("window_size", window_size, lo=1)
-    cum = _cumulative("cu_seqlens", cu_seqlens, actual_seq_len, t)
-    lengths = lengths_from_cumulative("actual_seq_len", cum, t)
-    k_cmp = nsa_compress(key, compress_weight_k, block_size=compress_block_size, stride=compress_stride,
-                         actual_seq_len=cum)
-    v_cmp = nsa_compress(value, compress_weight_v, block_size=compress_block_size, stride=compress_stride,
-                         actual_seq_len=cum)
-    cmp_cum, acc = [], 0
-    for n in lengths:
-        acc += compress_block_count(n, compress_block_size, compress_stride)
-        cmp_cum.append(acc)
-    if acc == 0:
-        fail("actual_seq_len", f"at least one sequence of >= compress_block_size={compress_block_size} tokens",
-             lengths)
-    o_cmp, topk, _, _ = nsa_compress_attention(
-        query, k_cmp, v_cmp, compress_block_size=compress_block_size, compress_stride=compress_stride,
-        select_block_size=select_block_size, select_block_count=select_block_count, scale=scale,
-        atten_mask=_causal_compressed_mask(lengths, compress_block_size, compress_stride),
-        topk_mask=_forced_blocks(lengths, select_block_size, local_blocks), actual_seq_qlen=cum,
-        actual_cmp_seq_kvlen=cmp_cum)
-    o_slc = nsa_selected_attention(query, key, value, topk, select_block_size=select_block_size, causal=True,
-                                   scale=scale, actual_seq_qlen=cum, actual_seq_kvlen=cum)
-    band = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
-    o_win = flash_attention(query, key, value, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum,
-                            atten_mask=band, sparse_mode=4, pre_tokens=window - 1, next_tokens=0, scale=scale)
-    g = gates.to(o_win.dtype)
-    return g[..., 0:1] * o_cmp + g[..., 1:2] * o_slc + g[..., 2:3] * o_win

@@ -1,0 +1,234 @@
+"""``native_sparse_attention``: the NSA layer composed from the NSA operators and FlashAttention.
+
+The operators keep the NPU's constraints (every KV length a multiple of ``select_block_size`` and at least
+``select_block_size * select_block_count``, indices inside the sequence); this layer accepts any sequence length
+by padding each sequence's keys/values with zeros up to ``K * select_block_size`` tokens, ``K`` at least one block
+past the sequence's last (partial) block. The padding is never visible to a real query: compressed blocks that end
+after the query are masked, selected positions after the query are masked (causal), and the unused selection slots
+(``-1``) are pointed at the first padding block, which lies wholly after every query of the sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..._core.checks import check_int, check_tensor, fail, require
+from ..._core.varlen import lengths_from_cumulative
+from .api import _cumulative, nsa_compress, nsa_compress_attention, nsa_selected_attention
+from .compress import compress_block_count
+
+COMPRESS_MODES = ("weighted", "mean")
+
+
+@dataclass(frozen=True)
+class _Packing:
+    """Per-sequence lengths, starts and padded KV lengths (a multiple of the selection block)."""
+
+    lengths: list[int]
+    starts: list[int]
+    padded: list[int]
+
+    @property
+    def padded_cum(self) -> list[int]:
+        out, acc = [], 0
+        for p in self.padded:
+            acc += p
+            out.append(acc)
+        return out
+
+
+def _packing(lengths: list[int], select_block: int, slots: int) -> _Packing:
+    starts, acc = [], 0
+    for n in lengths:
+        starts.append(acc)
+        acc += n
+    padded = [max(-(-n // select_block) + 1, slots) * select_block for n in lengths]
+    return _Packing(lengths, starts, padded)
+
+
+def _pad_kv(x: Tensor, pack: _Packing) -> Tensor:
+    """``[T, N, D] -> [sum(padded), N, D]``: each sequence followed by zeros up to its padded length."""
+    parts = []
+    for s, n, p in zip(pack.starts, pack.lengths, pack.padded):
+        parts += [x[s:s + n], x.new_zeros(p - n, *x.shape[1:])]
+    return torch.cat(parts)
+
+
+def _causal_compressed_mask(lengths: list[int], padded: list[int], block: int, stride: int) -> Tensor:
+    """``[maxS, maxCmp]``: compressed block c is visible to token i once complete (``c*stride + block - 1 <= i``)."""
+    max_s = max([0, *lengths])
+    max_c = max([0, *(compress_block_count(n, block, stride) for n in padded)])
+    ends = torch.arange(max_c) * stride + block - 1
+    return ends.unsqueeze(0) > torch.arange(max_s).unsqueeze(1)
+
+
+def _forced_blocks(lengths: list[int], padded: list[int], select_block: int, local_blocks: int) -> Tensor:
+    """``[maxS, maxSel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the token's own block."""
+    max_s = max([0, *lengths])
+    n_sel = max([0, *padded]) // select_block
+    own = (torch.arange(max_s) // select_block).unsqueeze(1)
+    cols = torch.arange(n_sel).unsqueeze(0)
+    return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
+
+
+def _split_gates(gates, g_cmp, g_slc, g_swa, t: int, n1: int, dtype) -> list[Tensor | None]:
+    """Three ``[T, N1]`` gates (or None: branch off) from ``gates [T, N1, 3]`` or the keyword tensors."""
+    if gates is not None:
+        require(g_cmp is None and g_slc is None and g_swa is None, "gates",
+                "either gates [..., 3] or g_cmp/g_slc/g_swa, not both", "both")
+        check_tensor("gates", gates, shape=(t, n1, 3))
+        return [gates[..., i].to(dtype) for i in range(3)]
+    out = []
+    for name, g in (("g_cmp", g_cmp), ("g_slc", g_slc), ("g_swa", g_swa)):
+        if g is not None:
+            check_tensor(name, g, shape=(t, n1))
+            g = g.to(dtype)
+        out.append(g)
+    return out
+
+
+def _compress_weights(compress: str, wk, wv, block: int, n2: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    require(compress in COMPRESS_MODES, "compress", f"one of {COMPRESS_MODES}", compress)
+    if compress == "mean":
+        require(wk is None and wv is None, "compress_weight_k", "None with compress='mean'", wk if wk is not None
+                else wv)
+        w = like.new_full((block, n2), 1.0 / block)
+        return w, w
+    for name, w in (("compress_weight_k", wk), ("compress_weight_v", wv)):
+        if w is None:
+            fail(name, f"a [compress_block_size={block}, N2={n2}] tensor with compress='weighted'", "None")
+    return wk, wv
+
+
+def _check_block_indices(idx: Tensor, t: int, n2: int, pos: Tensor, select_block: int) -> Tensor:
+    """``block_indices [T, N2, S]``: -1 or a block at or before the token's own block."""
+    check_tensor("block_indices", idx, ndim=3, dtypes=(torch.int32, torch.int64))
+    require(idx.shape[0] == t and idx.shape[1] == n2, "block_indices", f"[T={t}, N2={n2}, S]", idx)
+    own = (pos // select_block).view(-1, 1, 1)
+    bad = (idx < -1) | (idx > own)
+    if bool(bad.any()):
+        where = bad.nonzero()[0].tolist()
+        fail("block_indices", "-1 or a block index in [0, the token's own block] (local to the sequence)",
+             f"{int(idx[tuple(where)])} at {where}")
+    return idx.long()
+
+
+def _limit_counts(idx: Tensor, block_counts, t: int, n2: int) -> Tensor:
+    """Slots at or after the token's ``block_counts`` become -1."""
+    if block_counts is None:
+        return idx
+    if isinstance(block_counts, Tensor):
+        check_tensor("block_counts", block_counts, shape=(t, n2))
+        counts = block_counts.to(idx.device).long().unsqueeze(-1)
+    else:
+        counts = check_int("block_counts", block_counts, lo=0)
+    slot = torch.arange(idx.shape[-1], device=idx.device)
+    return torch.where(slot < counts, idx, torch.full_like(idx, -1))
+
+
+def _to_packed(layout: str, query: Tensor, cu_seqlens, actual_seq_len):
+    require(layout in ("TND", "BSND"), "layout", "'TND' or 'BSND'", layout)
+    if layout == "TND":
+        check_tensor("query", query, ndim=3)
+        return _cumulative("cu_seqlens", cu_seqlens, actual_seq_len, query.shape[0])
+    check_tensor("query", query, ndim=4)
+    require(cu_seqlens is None and actual_seq_len is None, "cu_seqlens", "None with layout='BSND'", cu_seqlens)
+    b, s = query.shape[:2]
+    return [s * (i + 1) for i in range(b)]
+
+
+def _flat(x, layout: str):
+    return x if x is None or layout == "TND" or not isinstance(x, Tensor) else x.flatten(0, 1)
+
+
+def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Tensor | None = None,
+                            compress_weight_k: Tensor | None = None, compress_weight_v: Tensor | None = None, *,
+                            g_cmp: Tensor | None = None, g_slc: Tensor | None = None, g_swa: Tensor | None = None,
+                            cu_seqlens=None, actual_seq_len=None, layout: str = "TND",
+                            compress_block_size: int = 32, compress_stride: int = 16, select_block_size: int = 64,
+                            select_block_count: int = 16, window_size: int = 512, local_blocks: int = 2,
+                            block_indices: Tensor | None = None, block_counts=None, compress: str = "weighted",
+                            scale: float | None = None) -> Tensor:
+    """Native Sparse Attention (DeepSeek, arXiv 2502.11089): causal self-attention as the gated sum of three branches.
+
+    * compression: keys/values pooled by :func:`nsa_compress` over blocks of ``compress_block_size`` tokens every
+      ``compress_stride`` tokens, with the learnable ``compress_weight_k/v [compress_block_size, N2]``
+      (``compress="weighted"``) or the plain mean (``compress="mean"``, weights omitted); a query attends to the
+      complete compressed blocks that end at or before it (none yet: the branch gives 0);
+    * selection: per query token and KV head, up to ``select_block_count`` blocks of ``select_block_size`` tokens at
+      or before the token's own block, attended causally (positions ``<=`` the token's). By default the top blocks by
+      the compression branch's importance (block 0 and the ``local_blocks`` most recent blocks forced; a token with
+      fewer candidate blocks uses fewer); or given by ``block_indices [T, N2, S]`` (local block ids, ``-1`` =
+      unused), which skips the top-k. ``block_counts`` (int or per token ``[T, N2]``) keeps only the first slots;
+    * sliding window: each token attends to the ``window_size`` most recent tokens (itself included); ``0`` = off.
+
+    Shapes: ``layout="TND"``: ``query [T, N1, D]``, ``key [T, N2, D]``, ``value [T, N2, Dv]`` packed with
+    ``cu_seqlens`` (leading 0) or ``actual_seq_len`` (cumulative), one sequence by default; ``layout="BSND"``:
+    ``[B, S, N, D]``, every row a sequence. Any sequence length >= 1. Gates: ``gates [..., N1, 3]``
+    (compression, selection, window) or, with ``gates=None``, ``g_cmp``/``g_slc``/``g_swa`` ``[..., N1]``; a None
+    gate turns its branch off. Strictly causal: a sequence's prefix gets the same outputs as the whole sequence on
+    that prefix. Returns ``[..., N1, Dv]``; differentiable in q, k, v, the compression weights and the gates.
+    """
+    from ..flash_attention import flash_attention
+
+    batch_shape = query.shape[:2] if layout == "BSND" else query.shape[:1]
+    cum = _to_packed(layout, query, cu_seqlens, actual_seq_len)
+    query, key, value = (_flat(x, layout) for x in (query, key, value))
+    gates, g_cmp, g_slc, g_swa, block_indices, block_counts = (
+        _flat(x, layout) for x in (gates, g_cmp, g_slc, g_swa, block_indices, block_counts))
+    check_tensor("key", key, ndim=3)
+    t, n1, n2 = query.shape[0], query.shape[1], key.shape[1]
+    window = check_int("window_size", window_size, lo=0)
+    ls = check_int("select_block_size", select_block_size, lo=1)
+    count = check_int("select_block_count", select_block_count, lo=1)
+    lengths = lengths_from_cumulative("actual_seq_len", cum, t)
+    require(sum(lengths) == t, "cu_seqlens", f"sequences covering all T={t} tokens", cum)
+    gate = _split_gates(gates, g_cmp, g_slc, g_swa, t, n1, value.dtype)
+    require(any(g is not None for g in gate), "gates", "at least one branch gate", "none")
+    out = value.new_zeros(t, n1, value.shape[2])
+    if gate[2] is not None and window > 0:
+        o_win = flash_attention(query, key, value, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum,
+                                causal=True, window_size=(window - 1, 0), scale=scale)
+        out = out + gate[2].unsqueeze(-1) * o_win
+    need_cmp = gate[0] is not None or (gate[1] is not None and block_indices is None)
+    if not need_cmp and gate[1] is None:
+        return out.unflatten(0, batch_shape)
+    slots = block_indices.shape[-1] if block_indices is not None else count
+    pack = _packing(lengths, ls, slots)
+    pos = torch.cat([torch.arange(n, device=query.device) for n in lengths])
+    pad_block = torch.cat([torch.full((n,), -(-n // ls), dtype=torch.long, device=query.device) for n in lengths])
+    k_pad, v_pad = _pad_kv(key, pack), _pad_kv(value, pack)
+    topk = None
+    if need_cmp:
+        wk, wv = _compress_weights(compress, compress_weight_k, compress_weight_v, compress_block_size, n2, key)
+        cmp_cum, acc = [], 0
+        for p in pack.padded:
+            acc += compress_block_count(p, compress_block_size, compress_stride)
+            cmp_cum.append(acc)
+        k_cmp = nsa_compress(k_pad, wk, block_size=compress_block_size, stride=compress_stride,
+                             actual_seq_len=pack.padded_cum)
+        v_cmp = nsa_compress(v_pad, wv, block_size=compress_block_size, stride=compress_stride,
+                             actual_seq_len=pack.padded_cum)
+        o_cmp, topk, _, _ = nsa_compress_attention(
+            query, k_cmp, v_cmp, compress_block_size=compress_block_size, compress_stride=compress_stride,
+            select_block_size=ls, select_block_count=count, scale=scale,
+            atten_mask=_causal_compressed_mask(lengths, pack.padded, compress_block_size, compress_stride),
+            topk_mask=_forced_blocks(lengths, pack.padded, ls, local_blocks), actual_seq_qlen=cum,
+            actual_cmp_seq_kvlen=cmp_cum)
+        if gate[0] is not None:
+            out = out + gate[0].unsqueeze(-1) * o_cmp
+    if gate[1] is None:
+        return out.unflatten(0, batch_shape)
+    if block_indices is not None:
+        idx = _check_block_indices(block_indices.to(query.device), t, n2, pos, ls)
+    else:  # blocks after the token's own block have no visible compressed key: the slot is unused
+        idx = topk.long()
+        idx = torch.where(idx > (pos // ls).view(-1, 1, 1), torch.full_like(idx, -1), idx)
+    idx = _limit_counts(idx, block_counts, t, n2)
+    idx = torch.where(idx < 0, pad_block.view(-1, 1, 1).expand_as(idx), idx).to(torch.int32)
+    o_slc = nsa_selected_attention(query, k_pad, v_pad, idx, select_block_size=ls, causal=True, scale=scale,
+                                   actual_seq_qlen=cum, actual_seq_kvlen=pack.padded_cum)
+    out = out + gate[1].unsqueeze(-1) * o_slc
+    return out.unflatten(0, batch_shape)
