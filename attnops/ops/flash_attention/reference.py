@@ -19,7 +19,6 @@ from __future__ import annotations
 import bisect
 import collections
 import math
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +26,7 @@ import torch
 from ..._core.gemm import add_mm_nt_, mm_nt, pack_nt
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
 from ..._core.parallel import fill_, run_jobs
+from ..._core.workspace import Buffers
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_block, stats_dtype, stats_shape
 from .problem import FAProblem
 
@@ -140,7 +140,7 @@ def _has_tile_extras(p: FAProblem) -> bool:
 
 
 def _head_scores(p: FAProblem, b: int, n2: int, h: int, r0: int, r1: int, c0: int, c1: int, qs: torch.Tensor,
-                 keys: "_Keys", band, buf: "_Buffers", extras: bool) -> tuple[torch.Tensor, "_Tile | None"]:
+                 keys: "_Keys", band, buf: "Buffers", extras: bool) -> tuple[torch.Tensor, "_Tile | None"]:
     """Query head ``h``'s masked scores ``[r1 - r0, c1 - c0]`` (``qs``: its rows times the scale; ``keys``: those
     of KV head ``n2``) in workspace ``"s"``, and the :class:`_Tile` when ``extras`` (for its pse, dropout and pse
     gradient). Without extras no tile object is built: every tensor call of a worker contends for the GIL."""
@@ -212,56 +212,6 @@ def _col_blocks(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int, band, 
             for a in range(c0, c1, width)]
 
 
-_THREAD_BUFFERS = threading.local()
-CACHED_WORKSPACE_BYTES = 256 << 20  # workspaces up to this size stay allocated between calls (per thread)
-MAX_CACHED_VIEWS = 512
-
-
-class _Buffers:
-    """Named, reused fp32/fp64 buffers (grown on demand), so the tile loop allocates nothing.
-
-    Large allocations start on page boundaries, so buffers streamed side by side (``P * dP``, a GEMM writing one
-    while reading another) would share their address bits below 4 KiB and collide in the caches; each buffer is
-    therefore used from a different offset (a few cache lines apart)."""
-
-    def __init__(self, dtype: torch.dtype, device):
-        self.dtype, self.device, self._bufs, self._views = dtype, device, {}, {}
-
-    @staticmethod
-    def acquire(dtype: torch.dtype, device) -> "_Buffers":
-        """This thread's buffers for ``(dtype, device)``, kept from call to call: re-allocating tens of MB per call
-        lets the C allocator return them to the system and fault them in again (slow in a VM)."""
-        cache = _THREAD_BUFFERS.__dict__.setdefault("cache", {})
-        key = (dtype, str(device))
-        if key not in cache:
-            cache[key] = _Buffers(dtype, device)
-        return cache[key]
-
-    def release(self) -> None:
-        """Drop the buffers after a call when they exceed ``CACHED_WORKSPACE_BYTES`` (long sequences)."""
-        if sum(b.numel() for b in self._bufs.values()) * self.dtype.itemsize > CACHED_WORKSPACE_BYTES:
-            self._bufs.clear()
-            self._views.clear()
-
-    def get(self, name: str, *shape: int) -> torch.Tensor:
-        """Buffer ``name`` viewed as ``shape`` (views are kept: the tile loops ask for the same few shapes, and every
-        tensor call of a worker contends for the GIL)."""
-        view = self._views.get((name, shape))
-        if view is not None:
-            return view
-        n = math.prod(shape)
-        buf = self._bufs.get(name)
-        if buf is None or buf.numel() < n:
-            skew = (len(self._bufs) * 5 + 1) * (64 // self.dtype.itemsize) % 1024
-            buf = torch.empty(n + skew, dtype=self.dtype, device=self.device)[skew:]
-            self._bufs[name] = buf
-            self._views = {key: v for key, v in self._views.items() if key[0] != name}
-        if len(self._views) >= MAX_CACHED_VIEWS:
-            self._views.clear()
-        view = self._views[(name, shape)] = buf[:n].view(shape)
-        return view
-
-
 def _carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
     """Consecutive views of ``flat`` with the given shapes."""
     views, at = [], 0
@@ -272,7 +222,7 @@ def _carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
     return views
 
 
-def _stage_heads(buf: "_Buffers", name: str, xs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+def _stage_heads(buf: "Buffers", name: str, xs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
     """GEMM operands of each batch: ``xs`` ([S, N, D] per batch, any dtype and strides) as dense heads-first
     ``[N, S, D]`` in the compute dtype; returns them and the copies still to make (one per head). A tensor already
     dense heads-first and in the compute dtype is used in place (the BNSD layout)."""
@@ -291,7 +241,7 @@ def _stage_heads(buf: "_Buffers", name: str, xs: list[torch.Tensor]) -> tuple[li
     return staged, pending
 
 
-def _stage_kv(p: FAProblem, buf: "_Buffers", active: list[int], device, kv, vv) -> list[list[torch.Tensor]]:
+def _stage_kv(p: FAProblem, buf: "Buffers", active: list[int], device, kv, vv) -> list[list[torch.Tensor]]:
     """The active batches' key and value, staged by :func:`_stage_heads`; the copies run one job per head on the
     workers. Every tile reads them, and a strided operand would cost its GEMMs 5-10%: rows 4 KiB apart (BSND with
     N*D = 1024) share a few cache sets. (Query and ``dy`` rows are read by one chunk each: :func:`_stage_rows`.)"""
@@ -304,7 +254,7 @@ def _stage_kv(p: FAProblem, buf: "_Buffers", active: list[int], device, kv, vv) 
     return staged
 
 
-def _stage_rows(buf: "_Buffers", name: str, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+def _stage_rows(buf: "Buffers", name: str, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """One head's rows ``x`` ([r, D], any dtype and strides) times ``scale`` as a dense ``[r, D]`` in the compute
     dtype, in this thread's workspace ``name``: staged by the job that reads them, while they are in the caches
     (rows already dense, in the compute dtype and unscaled are used in place)."""
@@ -354,7 +304,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     smax, ssum = (torch.empty(stats_shape(p.seq, g.n1, p.total_q), dtype=stats_dtype(query.dtype),
                               device=query.device) for _ in range(2))
     qv, kv, vv, ov = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (out, g.n1)))
-    k_all, v_all = _stage_kv(p, _Buffers.acquire(acc, query.device), active, query.device, kv, vv)
+    k_all, v_all = _stage_kv(p, Buffers.acquire(acc, query.device), active, query.device, kv, vv)
     batches = [_ForwardBatch(b, batch_tokens(qv, p.seq, b).transpose(0, 1), k_all[i], v_all[i],
                              batch_tokens(ov, p.seq, b).transpose(0, 1),
                              *(torch.empty((g.n1, p.seq.q_lens[b], 1), dtype=acc, device=query.device)
@@ -366,7 +316,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
               + [(fb.l, 0.0) for fb in batches], query.device)
     jobs = [(fb, h, part) for fb in batches for h in range(g.n1) for part in _deal(fb.chunks, len(batches) * g.n1)]
     run_jobs(lambda job: _forward_rows(p, *job, acc), jobs, query.device)
-    _Buffers.acquire(acc, query.device).release()
+    Buffers.acquire(acc, query.device).release()
     return out, smax, ssum
 
 
@@ -389,7 +339,7 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
     """The forward of the row ``chunks`` of query head ``h`` of batch ``fb`` (see :func:`forward`), in this thread's
     workspace. Lean on tensor calls (each contends for the GIL with the other workers): views of the head are taken
     once, and a :class:`_Tile` is built only for a pse, dropout or explicit mask (:func:`_head_scores`)."""
-    buf = _Buffers.acquire(acc, fb.out.device)
+    buf = Buffers.acquire(acc, fb.out.device)
     n2 = h // p.geom.group
     q, vt, out, m_h, l_h = fb.q[h], fb.v[n2].t(), fb.out[h], fb.m[h], fb.l[h]
     keys = _Keys(fb.k[n2], [(c0, c1) for _, _, blocks in chunks for c0, c1, _ in blocks])
@@ -527,7 +477,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     acc = compute_dtype(query.dtype)
     direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
     active = _active_batches(p)
-    buf = _Buffers.acquire(acc, query.device)
+    buf = Buffers.acquire(acc, query.device)
     k_all, v_all = _stage_kv(p, buf, active, query.device, kv, vv)
     batches = []
     for i, b in enumerate(active):
@@ -639,7 +589,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     if not groups:  # every row of the batch is masked: nothing to add
         return
     g = p.geom
-    buf = _Buffers.acquire(acc, bb.k.device)
+    buf = Buffers.acquire(acc, bb.k.device)
     k, v = bb.k[n2], bb.v[n2]
     keys = _Keys(k, ())  # never packed: no gain measured here, and every packed shape is one more oneDNN
     # primitive kept in its cache (+1.4 GiB peak in the 32k-token causal backward)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..._core.parallel import run_jobs
-from ..flash_attention.reference import _Buffers
+from ..._core.workspace import Buffers
 from .paged import KVSegment
 from .problem import FIAProblem
 
@@ -97,7 +97,7 @@ def _tokens_view(x: Tensor) -> Tensor | None:
     return x.as_strided((x.shape[1], r * l, x.shape[3]), (sn, sl, sd))
 
 
-def _chunk_parts(p: FIAProblem, chunk: _Chunk, bufs: _Buffers | None, which: str) -> list[Tensor]:
+def _chunk_parts(p: FIAProblem, chunk: _Chunk, bufs: Buffers | None, which: str) -> list[Tensor]:
     """The chunk's keys or values as fp32 ``[N2, n, D]`` parts in column order: fp32 pieces read where they lie
     (one part per run, or per page where pages do not follow each other), other dtypes and antiquant converted
     into one part in this worker's buffer."""
@@ -125,7 +125,7 @@ def _partial(p: FIAProblem, chunk: _Chunk, qs: Tensor, partials: dict) -> None:
     """The chunk's row max ``[N1, Sq]``, row sum and un-normalised output ``[N1, Sq, Dv]``."""
     b, sq = chunk.b, qs.shape[1] // p.group
     # this worker's buffers; fresh tensors while torch.compile traces (it cannot trace thread-local state)
-    bufs = None if torch.compiler.is_compiling() else _Buffers.acquire(F32, qs.device)
+    bufs = None if torch.compiler.is_compiling() else Buffers.acquire(F32, qs.device)
     scores = [torch.bmm(qs, k.transpose(-1, -2)) for k in _chunk_parts(p, chunk, bufs, "key")]
     s = (scores[0] if len(scores) == 1 else torch.cat(scores, -1)).view(p.n1, sq, chunk.length)
     c0, c1 = chunk.start, chunk.start + chunk.length

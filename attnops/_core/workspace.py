@@ -1,0 +1,56 @@
+"""Per-thread reusable workspaces of the CPU references (shared by every operator's worker jobs)."""
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+_THREAD_BUFFERS = threading.local()
+CACHED_WORKSPACE_BYTES = 256 << 20  # workspaces up to this size stay allocated between calls (per thread)
+MAX_CACHED_VIEWS = 512
+
+
+class Buffers:
+    """Named, reused fp32/fp64 buffers (grown on demand), so the tile loop allocates nothing.
+
+    Large allocations start on page boundaries, so buffers streamed side by side (``P * dP``, a GEMM writing one
+    while reading another) would share their address bits below 4 KiB and collide in the caches; each buffer is
+    therefore used from a different offset (a few cache lines apart)."""
+
+    def __init__(self, dtype: torch.dtype, device):
+        self.dtype, self.device, self._bufs, self._views = dtype, device, {}, {}
+
+    @staticmethod
+    def acquire(dtype: torch.dtype, device) -> "Buffers":
+        """This thread's buffers for ``(dtype, device)``, kept from call to call: re-allocating tens of MB per call
+        lets the C allocator return them to the system and fault them in again (slow in a VM)."""
+        cache = _THREAD_BUFFERS.__dict__.setdefault("cache", {})
+        key = (dtype, str(device))
+        if key not in cache:
+            cache[key] = Buffers(dtype, device)
+        return cache[key]
+
+    def release(self) -> None:
+        """Drop the buffers after a call when they exceed ``CACHED_WORKSPACE_BYTES`` (long sequences)."""
+        if sum(b.numel() for b in self._bufs.values()) * self.dtype.itemsize > CACHED_WORKSPACE_BYTES:
+            self._bufs.clear()
+            self._views.clear()
+
+    def get(self, name: str, *shape: int) -> torch.Tensor:
+        """Buffer ``name`` viewed as ``shape`` (views are kept: the tile loops ask for the same few shapes, and every
+        tensor call of a worker contends for the GIL)."""
+        view = self._views.get((name, shape))
+        if view is not None:
+            return view
+        n = math.prod(shape)
+        buf = self._bufs.get(name)
+        if buf is None or buf.numel() < n:
+            skew = (len(self._bufs) * 5 + 1) * (64 // self.dtype.itemsize) % 1024
+            buf = torch.empty(n + skew, dtype=self.dtype, device=self.device)[skew:]
+            self._bufs[name] = buf
+            self._views = {key: v for key, v in self._views.items() if key[0] != name}
+        if len(self._views) >= MAX_CACHED_VIEWS:
+            self._views.clear()
+        view = self._views[(name, shape)] = buf[:n].view(shape)
+        return view
