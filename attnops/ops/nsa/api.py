@@ -6,7 +6,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_int, check_tensor, fail, require, require_not_none, softmax_scale
+from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
+from ..._core.checks import (check_int, check_same_device, check_tensor, fail, require, require_not_none,
+                             softmax_scale)
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from .compress import compress_block_count
@@ -20,6 +22,13 @@ def _op():
     from . import op
 
     return op
+
+
+def _prepared(ref_name: str, ref: Tensor, **others) -> tuple:
+    """``(ref, *others)`` after checking that every tensor is on ``ref``'s device (never copied silently), the
+    floating-point ones cast to the autocast dtype when ``torch.autocast`` is on there (as SDPA)."""
+    check_same_device(ref_name, ref, **others)
+    return cast_inputs(autocast_dtype(ref.device), ref, *others.values())
 
 
 def _cumulative(name: str, cu_seqlens, actual, total: int) -> list[int]:
@@ -41,8 +50,10 @@ def nsa_compress(input: Tensor, weight: Tensor, *, block_size: int, stride: int,
     and ``weight``.
     """
     check_tensor("input", input, ndim=3)
+    input, weight = _prepared("input", input, weight=weight)
     lens = _cumulative("cu_seqlens", cu_seqlens, actual_seq_len, input.shape[0])
-    return _op().nsa_compress(input, weight, block_size, stride, lens, 0)
+    with autocast_off(input.device):
+        return _op().nsa_compress(input, weight, block_size, stride, lens, 0)
 
 
 class CompressAttentionResult(NamedTuple):
@@ -65,6 +76,8 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
     """
     check_tensor("query", query, ndim=3)
     check_tensor("key", key, ndim=3)
+    query, key, value, atten_mask, topk_mask = _prepared("query", query, key=key, value=value, atten_mask=atten_mask,
+                                                         topk_mask=topk_mask)
     qlen = _cumulative("cu_seqlens_q", cu_seqlens_q, actual_seq_qlen, query.shape[0])
     cmp = _cumulative("cu_seqlens_cmp", cu_seqlens_cmp, actual_cmp_seq_kvlen, key.shape[0])
     m = select_block_size // compress_stride if compress_stride > 0 else 1
@@ -73,9 +86,11 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
         acc += -(-n // max(m, 1))
         sel.append(acc)
     scale = softmax_scale(scale, query, query.shape[-1])
-    return CompressAttentionResult(*_op().nsa_compress_attention(
-        query, key, value, topk_mask, atten_mask, float(scale), query.shape[1], compress_block_size,
-        compress_stride, select_block_size, select_block_count, qlen, cmp, sel, 1 if atten_mask is not None else 0))
+    with autocast_off(query.device):
+        return CompressAttentionResult(*_op().nsa_compress_attention(
+            query, key, value, topk_mask, atten_mask, float(scale), query.shape[1], compress_block_size,
+            compress_stride, select_block_size, select_block_count, qlen, cmp, sel,
+            1 if atten_mask is not None else 0))
 
 
 def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor, *,
@@ -91,13 +106,15 @@ def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indic
     check_tensor("query", query, ndim=3)
     check_tensor("key", key, ndim=3)
     check_tensor("topk_indices", topk_indices, ndim=3)
+    query, key, value, topk_indices = _prepared("query", query, key=key, value=value, topk_indices=topk_indices)
     qlen = _cumulative("cu_seqlens_q", cu_seqlens_q, actual_seq_qlen, query.shape[0])
     kvlen = _cumulative("cu_seqlens_k", cu_seqlens_k, actual_seq_kvlen, key.shape[0])
     scale = softmax_scale(scale, query, query.shape[-1])
-    mask = torch.ones(1, 1, dtype=torch.bool) if causal else None
-    out, smax, ssum = _op().nsa_selected_attention(query, key, value, topk_indices, mask, float(scale),
-                                                   query.shape[1], select_block_size, topk_indices.shape[-1], qlen,
-                                                   kvlen, 2 if causal else 0)
+    mask = torch.ones(1, 1, dtype=torch.bool, device=query.device) if causal else None
+    with autocast_off(query.device):
+        out, smax, ssum = _op().nsa_selected_attention(query, key, value, topk_indices, mask, float(scale),
+                                                       query.shape[1], select_block_size, topk_indices.shape[-1],
+                                                       qlen, kvlen, 2 if causal else 0)
     return (out, smax, ssum) if return_stats else out
 
 
@@ -112,11 +129,16 @@ def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     check_tensor("query", query, ndim=3)
     check_tensor("key_cache", key_cache, ndim=4)
     check_tensor("topk_indices", topk_indices, ndim=3)
+    query, key_cache, value_cache, topk_indices, block_table = _prepared(
+        "query", query, key_cache=key_cache, value_cache=value_cache, topk_indices=topk_indices,
+        block_table=block_table)
     scale = softmax_scale(scale, query, query.shape[-1])
     lens = [int(v) for v in (seq_lens.tolist() if isinstance(seq_lens, Tensor) else seq_lens)]
-    return _op().nsa_selected_attention_infer(query, key_cache, value_cache, topk_indices, block_table, float(scale),
-                                              query.shape[1], key_cache.shape[2], select_block_size,
-                                              topk_indices.shape[-1], key_cache.shape[1], lens)
+    with autocast_off(query.device):
+        return _op().nsa_selected_attention_infer(query, key_cache, value_cache, topk_indices, block_table,
+                                                  float(scale), query.shape[1], key_cache.shape[2],
+                                                  select_block_size, topk_indices.shape[-1], key_cache.shape[1],
+                                                  lens)
 
 
 def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
@@ -130,12 +152,15 @@ def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     (:mod:`attnops.ops.nsa.decode`)."""
     check_tensor("query", query, ndim=3)
     check_tensor("key_cache", key_cache, ndim=4)
+    query, key_cache, value_cache, block_table = _prepared("query", query, key_cache=key_cache,
+                                                           value_cache=value_cache, block_table=block_table)
     scale = softmax_scale(scale, query, query.shape[-1])
     lens = [int(v) for v in (cmp_seq_lens.tolist() if isinstance(cmp_seq_lens, Tensor) else cmp_seq_lens)]
-    return _op().nsa_compress_attention_infer(query, key_cache, value_cache, block_table, float(scale),
-                                              query.shape[1], key_cache.shape[2], select_block_size,
-                                              select_block_count, key_cache.shape[1], compress_block_size,
-                                              compress_stride, lens)
+    with autocast_off(query.device):
+        return _op().nsa_compress_attention_infer(query, key_cache, value_cache, block_table, float(scale),
+                                                  query.shape[1], key_cache.shape[2], select_block_size,
+                                                  select_block_count, key_cache.shape[1], compress_block_size,
+                                                  compress_stride, lens)
 
 
 def check_selected_backward_inputs(spec: SelectedSpec, query, grad, attention_out, softmax_max, softmax_sum):
@@ -184,11 +209,24 @@ def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Te
     compression, selection and window outputs. Returns ``[T, N1, Dv]``; gradients flow to q, k, v, both
     compression weights and the gates.
     """
-    from ..flash_attention import flash_attention
-
     check_tensor("query", query, ndim=3)
+    query, key, value, gates, compress_weight_k, compress_weight_v = _prepared(
+        "query", query, key=key, value=value, gates=gates, compress_weight_k=compress_weight_k,
+        compress_weight_v=compress_weight_v)
     t, n1 = query.shape[0], query.shape[1]
     check_tensor("gates", gates, shape=(t, n1, 3))
+    with autocast_off(query.device):
+        return _native_sparse_attention(query, key, value, gates, compress_weight_k, compress_weight_v, t,
+                                        cu_seqlens, actual_seq_len, compress_block_size, compress_stride,
+                                        select_block_size, select_block_count, window_size, local_blocks, scale)
+
+
+def _native_sparse_attention(query, key, value, gates, compress_weight_k, compress_weight_v, t, cu_seqlens,
+                             actual_seq_len, compress_block_size, compress_stride, select_block_size,
+                             select_block_count, window_size, local_blocks, scale):
+    """:func:`native_sparse_attention` on checked inputs of one device, autocast off."""
+    from ..flash_attention import flash_attention
+
     window = check_int("window_size", window_size, lo=1)
     cum = _cumulative("cu_seqlens", cu_seqlens, actual_seq_len, t)
     lengths = lengths_from_cumulative("actual_seq_len", cum, t)
@@ -206,12 +244,12 @@ def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Te
     o_cmp, topk, _, _ = nsa_compress_attention(
         query, k_cmp, v_cmp, compress_block_size=compress_block_size, compress_stride=compress_stride,
         select_block_size=select_block_size, select_block_count=select_block_count, scale=scale,
-        atten_mask=_causal_compressed_mask(lengths, compress_block_size, compress_stride),
-        topk_mask=_forced_blocks(lengths, select_block_size, local_blocks), actual_seq_qlen=cum,
+        atten_mask=_causal_compressed_mask(lengths, compress_block_size, compress_stride).to(query.device),
+        topk_mask=_forced_blocks(lengths, select_block_size, local_blocks).to(query.device), actual_seq_qlen=cum,
         actual_cmp_seq_kvlen=cmp_cum)
     o_slc = nsa_selected_attention(query, key, value, topk, select_block_size=select_block_size, causal=True,
                                    scale=scale, actual_seq_qlen=cum, actual_seq_kvlen=cum)
-    band = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+    band = torch.ones(2048, 2048, dtype=torch.bool, device=query.device).triu(1)
     o_win = flash_attention(query, key, value, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum,
                             atten_mask=band, sparse_mode=4, pre_tokens=window - 1, next_tokens=0, scale=scale)
     g = gates.to(o_win.dtype)
