@@ -15,12 +15,15 @@ import torch
 from .checks import fail
 
 
-def physical_memory_bytes() -> int | None:
+def _physical_memory_bytes() -> int | None:
     """The machine's physical memory, or None where the OS does not say."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
+
+
+PHYSICAL_MEMORY = _physical_memory_bytes()  # read once (also a constant for torch.compile)
 
 
 def _gib(n: int) -> str:
@@ -36,7 +39,7 @@ def work_memory(name: str, got, device: torch.device,
     sizes = {t: math.prod(shape) * dtype.itemsize for t, (shape, dtype) in tensors.items()}
     listed = ", ".join(f"{t} {list(tensors[t][0])} {tensors[t][1]} ({_gib(n)})" for t, n in sizes.items())
     expected = f"sizes whose outputs fit in memory on {device} (needs {_gib(sum(sizes.values()))}: {listed}"
-    limit = physical_memory_bytes() if device.type == "cpu" else None
+    limit = PHYSICAL_MEMORY if device.type == "cpu" else None
     if limit is not None and sum(sizes.values()) > limit:
         fail(name, f"{expected}; this machine has {_gib(limit)})", got)
     try:

@@ -83,8 +83,7 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     dtype = autocast_dtype(query.device)
     query, pse_shift, key_shared_prefix, value_shared_prefix = cast_inputs(
         dtype, query, pse_shift, key_shared_prefix, value_shared_prefix)
-    key, value = (list(cast_inputs(dtype, *kv)) if isinstance(kv, (list, tuple)) else cast_inputs(dtype, kv)[0]
-                  for kv in (key, value))
+    key, value = _cast_kv(dtype, key), _cast_kv(dtype, value)
     choose_backend(backend, query.device)  # validates the choice; every device runs the reference (CPU copies)
     in_layout, _ = io_layouts("layout", layout, LAYOUTS)
     num_heads = check_int("num_heads", _num_heads(query, in_layout, num_heads), lo=1)
@@ -115,6 +114,11 @@ def _check_devices(query: Tensor, key, value, arguments: dict) -> None:
           for name, x in (("key", key), ("value", value))
           for i, t in enumerate(x if isinstance(x, (list, tuple)) else [x])}
     check_same_device("query", query, **kv, **{name: arguments[name] for name in _TENSOR_OPTIONS})
+
+
+def _cast_kv(dtype, kv):
+    """A key/value tensor or list of tensors, cast as :func:`cast_inputs` does."""
+    return list(cast_inputs(dtype, *kv)) if isinstance(kv, (list, tuple)) else cast_inputs(dtype, kv)[0]
 
 
 def _causal_args(causal, query: Tensor, in_layout: str, **mask_args) -> tuple[int, Tensor | None]:
