@@ -36,8 +36,8 @@ def _num_heads(query: Tensor, in_layout: str, num_heads: int | None) -> int:
 
 
 def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: Tensor | Sequence[Tensor], *,
-                          layout: str = "BNSD", causal: bool = False, num_heads: int | None = None, num_key_value_heads: int = 0,
-                          scale: float | None = None, pse_shift: Tensor | None = None,
+                          layout: str = "BNSD", causal: bool = False, num_heads: int | None = None,
+                          num_key_value_heads: int = 0, scale: float | None = None, pse_shift: Tensor | None = None,
                           atten_mask: Tensor | None = None, sparse_mode: int = 0, pre_tokens: int = INT_MAX,
                           next_tokens: int = INT_MAX, actual_seq_lengths=None, actual_seq_lengths_kv=None,
                           block_table: Tensor | None = None, block_size: int | None = None,
@@ -60,7 +60,8 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     ``[blocknum, blocksize, N2*D]`` / ``[blocknum, N2, blocksize, D]`` (see :class:`PagedKVCache`).
     ``scale`` defaults to ``1/sqrt(D)``. ``causal=True`` (flash-attn style, bottom-right aligned when
     Q_S != KV_S) is sparse_mode 3 with the compressed mask at Q_S > 1 and masks nothing at Q_S = 1; it cannot be
-    combined with ``atten_mask``, ``sparse_mode``, ``pre_tokens`` or ``next_tokens``. Q_S = 1 (decode) uses a ``(B, KV_S)`` ``atten_mask`` and ignores
+    combined with ``atten_mask``, ``sparse_mode``, ``pre_tokens`` or ``next_tokens``.
+    Q_S = 1 (decode) uses a ``(B, KV_S)`` ``atten_mask`` and ignores
     ``sparse_mode``/``pre_tokens``/``next_tokens``; Q_S > 1 takes sparse modes 0-4 as CANN (2-4 with the 2048x2048
     mask). ``actual_seq_lengths(_kv)``: per-batch lengths (one value is shared; the first B of a longer list).
     Quantization, antiquant, left padding and the shared prefix use the aclnn parameter names and rules
