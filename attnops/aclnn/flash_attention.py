@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import check_int, check_tensor, int_list, require, require_not_none
+from .._core.checks import check_int, check_scale, check_tensor, int_list, require, require_not_none
 from .._core.layouts import normalize_layout
 from ..ops.flash_attention import op as fa_op
 from ..ops.flash_attention.api import check_backward_inputs
@@ -57,6 +57,7 @@ def _validate(*, query, key, value, dy=None, layouts, max_d, padding_mask, keep_
                     f"at most {MAX_BATCH_WITH_PREFIX} batches with prefix", f"{len(qlen)} batches")
         for name, t in (("query", query), ("key", key)):
             require(1 <= t.shape[0] <= MAX_TOKENS, name, f"T in [1, {MAX_TOKENS}]", t)
+    scale_value = check_scale("scale_value", scale_value)
     p = build_problem(query, key, value, head_num=head_num, layout=layout, scale=scale_value, pse=pse,
                       atten_mask=atten_mask, keep_prob=keep_prob, drop_mask=drop_mask, seed=0,
                       pre_tokens=pre_tokens, next_tokens=next_tokens, prefix=prefix_list, actual_seq_qlen=qlen,
@@ -66,7 +67,7 @@ def _validate(*, query, key, value, dy=None, layouts, max_d, padding_mask, keep_
     require(g.n2 <= MAX_HEADS, "key", f"at most {MAX_HEADS} heads", f"N={g.n2}")
     require(g.d <= max_d, "query", f"head dim D in [1, {max_d}]", f"D={g.d}")
     tnd = layout == "TND"
-    args = [pse, atten_mask, drop_mask, g.n1, layout, float(scale_value), float(keep_prob), pre_tokens,
+    args = [pse, atten_mask, drop_mask, g.n1, layout, scale_value, float(keep_prob), pre_tokens,
             next_tokens, prefix_list, qlen if tnd else None,
             int_list("actual_seq_kvlen", actual_seq_kvlen) if tnd else None, sparse_mode, pse_type,
             _start_idx("q_start_idx", q_start_idx), _start_idx("kv_start_idx", kv_start_idx), "", 0, 0]

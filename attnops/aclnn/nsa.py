@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import check_int, check_tensor, int_list, require, require_not_none
+from .._core.checks import check_int, check_scale, check_tensor, int_list, require, require_not_none
 from ..ops.nsa import op as nsa_op
 from ..ops.nsa.api import check_selected_backward_inputs
 from ..ops.nsa.compress import build_compress_spec, check_output_grad
@@ -113,7 +113,8 @@ def _nsa_selected_attention(query, key, value, topk_indices, atten_mask, actual_
     qlen, kvlen, _ = _check_selected(query, key, value, topk_indices, atten_mask, actual_seq_qlen, actual_seq_kvlen,
                                      scale_value, head_num, input_layout, sparse_mode, selected_block_size,
                                      selected_block_count)
-    args = (float(scale_value), head_num, selected_block_size, selected_block_count, qlen, kvlen, sparse_mode)
+    args = (check_scale("scale_value", scale_value), head_num, selected_block_size, selected_block_count, qlen, kvlen,
+            sparse_mode)
 
     def run():
         out, smax, ssum = nsa_op.nsa_selected_attention(query, key, value, topk_indices, atten_mask, *args)
@@ -133,7 +134,8 @@ def _nsa_selected_attention_grad(query, key, value, attention_out, attention_out
                                         actual_seq_kvlen, scale_value, head_num, input_layout, sparse_mode,
                                         selected_block_size, selected_block_count)
     check_selected_backward_inputs(spec, query, attention_out_grad, attention_out, softmax_max, softmax_sum)
-    args = (float(scale_value), head_num, selected_block_size, selected_block_count, qlen, kvlen, sparse_mode)
+    args = (check_scale("scale_value", scale_value), head_num, selected_block_size, selected_block_count, qlen, kvlen,
+            sparse_mode)
     return lambda: nsa_op.nsa_selected_attention_grad(attention_out_grad, query, key, value, attention_out,
                                                       softmax_max, softmax_sum, topk_indices, atten_mask, *args)
 
@@ -166,7 +168,7 @@ def _nsa_compress_attention(query, key, value, atten_mask, topk_mask, actual_seq
                                   select_block_size=select_block_size, select_block_count=select_block_count,
                                   topk_mask=topk_mask, atten_mask=atten_mask, actual_seq_qlen=qlen,
                                   actual_cmp_seq_kvlen=cmp, actual_sel_seq_kvlen=sel, sparse_mode=sparse_mode)
-    args = (float(scale_value), head_num, compress_block_size, compress_stride, select_block_size,
+    args = (check_scale("scale_value", scale_value), head_num, compress_block_size, compress_stride, select_block_size,
             select_block_count, qlen, cmp, sel, sparse_mode)
 
     def run():

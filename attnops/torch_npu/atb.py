@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import check_int, check_tensor, int_list, require
+from .._core.checks import check_int, check_scale, check_tensor, int_list, require
 from ._common import with_overloads
 
 
@@ -43,7 +43,7 @@ def _paged_decode(query: Tensor, key_cache: Tensor, value_cache: Tensor, num_kv_
     value = _cache_for_fia(value_cache, "value_cache", num_kv_heads)
     block_size = key.shape[1] if key.dim() == 3 else key.shape[3]
     out = fused_infer_attention(query.unsqueeze(1), key, value, layout="BSND", num_heads=num_heads,
-                                num_key_value_heads=num_kv_heads, scale=float(scale_value),
+                                num_key_value_heads=num_kv_heads, scale=check_scale("scale_value", scale_value),
                                 block_table=block_table.to(torch.int32), block_size=block_size,
                                 actual_seq_lengths_kv=lens)
     return out.squeeze(1)
@@ -91,8 +91,8 @@ def _npu_flash_attention_unpad(query: Tensor, key: Tensor, value: Tensor, seq_le
     require(all(n >= 0 for n in lens) and sum(lens) == query.shape[0], "seq_len",
             f"non-negative per-sequence lengths summing to T={query.shape[0]}", lens)
     cumulative = torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist()
-    result = flash_attention(query, key, value, layout="TND", scale=float(scale_value), actual_seq_qlen=cumulative,
-                             actual_seq_kvlen=cumulative)
+    result = flash_attention(query, key, value, layout="TND", scale=check_scale("scale_value", scale_value),
+                             actual_seq_qlen=cumulative, actual_seq_kvlen=cumulative)
     _write(out, result)
 
 

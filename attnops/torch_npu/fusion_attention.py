@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import check_int, int_list, require
+from .._core.checks import check_int, check_scale, int_list, require
 from .._core.dropout import check_seed_offset, draw_seed
 from .._core.layouts import normalize_layout, parse_geometry
 from .._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
@@ -108,8 +108,8 @@ def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, at
     if keep_prob < 1.0 and dropout_mask is None:  # the NPU draws from its generator and ignores seed/offset
         seed, offset = draw_seed(), 0
     drop_mask = dropout_mask if keep_prob < 1.0 else None
-    scalars = (head_num, layout, float(scale), float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix),
-               qlen, kvlen, sparse_mode, pse_type, _start("q_start_idx", q_start_idx),
+    scalars = (head_num, layout, check_scale("scale", scale), float(keep_prob), pre_tokens, next_tokens,
+               int_list("prefix", prefix), qlen, kvlen, sparse_mode, pse_type, _start("q_start_idx", q_start_idx),
                _start("kv_start_idx", kv_start_idx), softmax_layout, seed, offset)
     if sink is None:
         out, smax, ssum = fa_op.flash_attention_fwd(q, k, value, pse, atten_mask, drop_mask, *scalars)
@@ -138,8 +138,8 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
         require(numels == expected, "numels", f"the forward's numels = N*sum(Sq_b*Skv_b) = {expected}", numels)
     dq, dk, dv, dpse = fa_op.flash_attention_bwd(
         dy, q, k, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, None, head_num, layout,
-        float(scale_value), float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix), qlen, kvlen,
-        sparse_mode, pse_type, _start("q_start_idx", q_start_idx), _start("kv_start_idx", kv_start_idx),
+        check_scale("scale_value", scale_value), float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix),
+        qlen, kvlen, sparse_mode, pse_type, _start("q_start_idx", q_start_idx), _start("kv_start_idx", kv_start_idx),
         softmax_layout, seed, offset)
     dq_rope = dk_rope = None
     if query_rope is not None:

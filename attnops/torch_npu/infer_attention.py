@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from .._core.checks import check_int, fail, int_list, require
+from .._core.checks import check_int, check_scale, fail, int_list, require
 from .._core.inference_only import run_inference_only
 from .._core.layouts import bsnd_dims, io_layouts
 from ..ops.fused_infer_attention import op as fia_op
@@ -72,7 +72,7 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
         quant_scale2, quant_offset2, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset,
         value_antiquant_scale, value_antiquant_offset, block_table, query_padding_size, kv_padding_size,
         key_shared_prefix, value_shared_prefix, int_list("actual_shared_prefix_len", actual_shared_prefix_len),
-        num_heads, float(scale), pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
+        num_heads, check_scale("scale", scale), pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
         inner_precise, block_size, antiquant_mode, key_antiquant_mode, value_antiquant_mode)
     core_out = io_layouts("input_layout", input_layout, LAYOUTS)[1]
     if rope_dv is not None:  # drop the zero columns the padded value produced

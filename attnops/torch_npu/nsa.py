@@ -11,7 +11,7 @@ unmasked forward, like the NPU. The functions call the ``attnops::nsa_*`` custom
 """
 from __future__ import annotations
 
-from .._core.checks import check_tensor, fail, int_list, require
+from .._core.checks import check_scale, check_tensor, fail, int_list, require
 from .._core.inference_only import run_inference_only
 from ..ops.nsa import op as nsa_op
 from ._common import reject_unsupported, with_overloads
@@ -44,9 +44,9 @@ def npu_nsa_compress_attention(query, key, value, scale_value, head_num, compres
     ``[T, N1, 8]`` in the FA per-batch blocked layout); differentiable in q, k, v through the FA backward."""
     _check_heads(query, head_num)
     return nsa_op.nsa_compress_attention(
-        query, key, value, topk_mask, atten_mask, float(scale_value), head_num, compress_block_size,
-        compress_stride, select_block_size, select_block_count, int_list("actual_seq_qlen", actual_seq_qlen),
-        int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen),
+        query, key, value, topk_mask, atten_mask, check_scale("scale_value", scale_value), head_num,
+        compress_block_size, compress_stride, select_block_size, select_block_count,
+        int_list("actual_seq_qlen", actual_seq_qlen), int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen),
         int_list("actual_sel_seq_kvlen", actual_sel_seq_kvlen), COMPRESS_ATTENTION_MODE)
 
 
@@ -56,8 +56,8 @@ def npu_nsa_select_attention(query, key, value, topk_indices, scale_value, head_
     statistics); differentiable in q, k, v."""
     _check_heads(query, head_num)
     return nsa_op.nsa_selected_attention(
-        query, key, value, topk_indices, atten_mask, float(scale_value), head_num, select_block_size,
-        select_block_count, int_list("actual_seq_qlen", actual_seq_qlen),
+        query, key, value, topk_indices, atten_mask, check_scale("scale_value", scale_value), head_num,
+        select_block_size, select_block_count, int_list("actual_seq_qlen", actual_seq_qlen),
         int_list("actual_seq_kvlen", actual_seq_kvlen), SELECTED_ATTENTION_MODE)
 
 
@@ -68,7 +68,7 @@ def npu_nsa_select_attention_grad(grad, query, key, value, attention_out, softma
     _check_heads(query, head_num)
     return nsa_op.nsa_selected_attention_grad(
         grad, query, key, value, attention_out, softmax_max, softmax_sum, topk_indices, atten_mask,
-        float(scale_value), head_num, select_block_size, select_block_count,
+        check_scale("scale_value", scale_value), head_num, select_block_size, select_block_count,
         int_list("actual_seq_qlen", actual_seq_qlen), int_list("actual_seq_kvlen", actual_seq_kvlen),
         SELECTED_ATTENTION_MODE)
 
@@ -112,8 +112,8 @@ def npu_nsa_select_attention_infer(query, key, value, topk_indices, scale_value,
                                        head_num=head_num, key_value_head_num=key_value_head_num,
                                        block_table=block_table)
     out = nsa_op.nsa_selected_attention_infer(
-        q, k, v, topk_indices, block_table, float(scale_value), head_num, key_value_head_num, select_block_size,
-        select_block_count, page_block_size, int_list("actual_seq_kvlen", actual_seq_kvlen))
+        q, k, v, topk_indices, block_table, check_scale("scale_value", scale_value), head_num, key_value_head_num,
+        select_block_size, select_block_count, page_block_size, int_list("actual_seq_kvlen", actual_seq_kvlen))
     if layout == "BSH":
         return out.flatten(-2).unsqueeze(1)
     return out.unsqueeze(1) if layout == "BSND" else out
@@ -136,7 +136,7 @@ def npu_nsa_compress_attention_infer(query, key, value, scale_value, head_num, k
     q, k, v, layout = _decode_operands(query, key, value, layout=layout, allowed=("BSND", "TND"), head_num=head_num,
                                        key_value_head_num=key_value_head_num, block_table=block_table)
     out, topk = nsa_op.nsa_compress_attention_infer(
-        q, k, v, block_table, float(scale_value), head_num, key_value_head_num, select_block_size,
+        q, k, v, block_table, check_scale("scale_value", scale_value), head_num, key_value_head_num, select_block_size,
         select_block_count, page_block_size, compress_block_size, compress_stride,
         int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
     return (out.unsqueeze(1), topk.unsqueeze(1)) if layout == "BSND" else (out, topk)

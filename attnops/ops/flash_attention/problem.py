@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._core.checks import check_choice, check_tensor, fail, require
+from ..._core.checks import check_choice, check_scale, check_tensor, fail, require
 from ..._core.dropout import DropoutSpec, build_dropout_spec
 from ..._core.layouts import Geometry, normalize_layout, parse_geometry
 from ..._core.masks import MaskSpec, build_mask_spec
@@ -54,7 +54,7 @@ def build_problem(query, key, value, *, head_num: int, layout: str, scale: float
         if t.dtype != query.dtype:
             fail(name, f"dtype {query.dtype} (same as query)", t)
         require(t.device == query.device, name, f"a tensor on {query.device} like query", t)
-    require(isinstance(scale, (int, float)) and not isinstance(scale, bool), "scale", "a float", scale)
+    check_scale("scale", scale)
     geom = parse_geometry(query, key, value, head_num, layout)
     check_choice("softmax_layout", softmax_layout, SOFTMAX_LAYOUTS)
     if layout == "TND":

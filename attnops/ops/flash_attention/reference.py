@@ -25,6 +25,7 @@ import torch
 
 from ..._core.gemm import add_mm_nt_, mm_nt, pack_nt
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
+from ..._core.memory import work_memory
 from ..._core.parallel import fill_, run_jobs
 from ..._core.workspace import Buffers
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_block, stats_dtype, stats_shape
@@ -296,13 +297,16 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     """
     g = p.geom
     acc = compute_dtype(query.dtype)
+    out_shape, stats = with_head_dim(query.shape, g.layout, g.n1, g.dv), stats_shape(p.seq, g.n1, p.total_q)
+    with work_memory("query", query, query.device, {"attention_out": (out_shape, query.dtype),
+                                                    "softmax_max": (stats, stats_dtype(query.dtype)),
+                                                    "softmax_sum": (stats, stats_dtype(query.dtype))}):
+        out = torch.empty(out_shape, dtype=query.dtype, device=query.device)
+        smax, ssum = (torch.empty(stats, dtype=stats_dtype(query.dtype), device=query.device) for _ in range(2))
     active = _active_batches(p)
     chunks = {b: [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK))
                   for r0, r1, c0, c1, band in _row_chunks(p, b, TILE_BYTES // acc.itemsize, MAX_ROWS, FWD_COL_BLOCK)]
               for b in active}
-    out = torch.empty(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=query.device)
-    smax, ssum = (torch.empty(stats_shape(p.seq, g.n1, p.total_q), dtype=stats_dtype(query.dtype),
-                              device=query.device) for _ in range(2))
     qv, kv, vv, ov = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (out, g.n1)))
     k_all, v_all = _stage_kv(p, Buffers.acquire(acc, query.device), active, query.device, kv, vv)
     batches = [_ForwardBatch(b, batch_tokens(qv, p.seq, b).transpose(0, 1), k_all[i], v_all[i],

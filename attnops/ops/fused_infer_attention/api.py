@@ -6,11 +6,13 @@ from typing import Literal, NamedTuple, Sequence
 
 from torch import Tensor
 
-from ..._core.checks import check_int, check_tensor, fail, softmax_scale
+from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
+from ..._core.checks import check_int, check_same_device, check_tensor, fail, softmax_scale
 from ..._core.devices import origin_device, to_cpu, to_device
 from ..._core.dispatch import choose_backend
 from ..._core.inference_only import run_inference_only
 from ..._core.layouts import io_layouts
+from ..._core.masks import window_sparse_args
 from . import reference
 from .op import INFERENCE_ONLY
 from .problem import INT_MAX, LAYOUTS, OPTION_NAMES, build_problem
@@ -34,8 +36,8 @@ def _num_heads(query: Tensor, in_layout: str, num_heads: int | None) -> int:
 
 
 def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: Tensor | Sequence[Tensor], *,
-                          layout: str = "BNSD", num_heads: int | None = None, num_key_value_heads: int = 0,
-                          scale: float | None = None, pse_shift: Tensor | None = None,
+                          layout: str = "BNSD", causal: bool = False, num_heads: int | None = None,
+                          num_key_value_heads: int = 0, scale: float | None = None, pse_shift: Tensor | None = None,
                           atten_mask: Tensor | None = None, sparse_mode: int = 0, pre_tokens: int = INT_MAX,
                           next_tokens: int = INT_MAX, actual_seq_lengths=None, actual_seq_lengths_kv=None,
                           block_table: Tensor | None = None, block_size: int | None = None,
@@ -56,7 +58,10 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     ``key``/``value``: a tensor with ``num_key_value_heads`` heads (0 = ``num_heads``; GQA ratio <= 64), a list of
     per-batch tensors of different lengths, or with ``block_table`` ``[B, maxBlocks]`` a paged cache
     ``[blocknum, blocksize, N2*D]`` / ``[blocknum, N2, blocksize, D]`` (see :class:`PagedKVCache`).
-    ``scale`` defaults to ``1/sqrt(D)``. Q_S = 1 (decode) uses a ``(B, KV_S)`` ``atten_mask`` and ignores
+    ``scale`` defaults to ``1/sqrt(D)``. ``causal=True`` (flash-attn style, bottom-right aligned when
+    Q_S != KV_S) is sparse_mode 3 with the compressed mask at Q_S > 1 and masks nothing at Q_S = 1; it cannot be
+    combined with ``atten_mask``, ``sparse_mode``, ``pre_tokens`` or ``next_tokens``.
+    Q_S = 1 (decode) uses a ``(B, KV_S)`` ``atten_mask`` and ignores
     ``sparse_mode``/``pre_tokens``/``next_tokens``; Q_S > 1 takes sparse modes 0-4 as CANN (2-4 with the 2048x2048
     mask). ``actual_seq_lengths(_kv)``: per-batch lengths (one value is shared; the first B of a longer list).
     Quantization, antiquant, left padding and the shared prefix use the aclnn parameter names and rules
@@ -64,6 +69,8 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     Returns the output (fp16 for an int8 query, int8 with ``quant_scale2``, else the query dtype), or
     ``(out, softmax_lse)`` when ``return_lse`` is true. Inference only: with inputs that require grad the results
     carry a grad_fn, and a backward through them raises :class:`attnops.InferenceOnlyError`.
+    Every tensor must be on the query's device. Under ``torch.autocast`` the floating-point query, key, value,
+    shared prefix and ``pse_shift`` are cast to the autocast dtype (as SDPA); int8 inputs are left alone.
 
     Example::
 
@@ -72,20 +79,59 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
         >>> out.shape  # GQA decode, the second batch attends to its first 37 keys
         torch.Size([2, 8, 1, 64])
     """
-    options = {name: value_ for name, value_ in locals().items() if name in OPTION_NAMES}
     check_tensor("query", query)
+    _check_devices(query, key, value, locals())
+    dtype = autocast_dtype(query.device)
+    query, pse_shift, key_shared_prefix, value_shared_prefix = cast_inputs(
+        dtype, query, pse_shift, key_shared_prefix, value_shared_prefix)
+    key, value = _cast_kv(dtype, key), _cast_kv(dtype, value)
     choose_backend(backend, query.device)  # validates the choice; every device runs the reference (CPU copies)
     in_layout, _ = io_layouts("layout", layout, LAYOUTS)
     num_heads = check_int("num_heads", _num_heads(query, in_layout, num_heads), lo=1)
     scale = softmax_scale(scale, query, query.shape[-1] // num_heads if in_layout == "BSH" else query.shape[-1])
+    sparse_mode, atten_mask = _causal_args(causal, query, in_layout, sparse_mode=sparse_mode, atten_mask=atten_mask,
+                                           pre_tokens=pre_tokens, next_tokens=next_tokens)
+    options = {name: value_ for name, value_ in locals().items() if name in OPTION_NAMES}
     if isinstance(actual_shared_prefix_len, int):
         actual_shared_prefix_len = [actual_shared_prefix_len]
     options.update(num_heads=num_heads, scale=scale, input_layout=layout,
                    actual_shared_prefix_len=actual_shared_prefix_len)
     device = origin_device(query, key, value, options)
-    out, lse = run_inference_only(INFERENCE_ONLY, partial(_forward, query, key, value, options, device), query, key,
-                                  value, options)
+    with autocast_off(query.device):
+        out, lse = run_inference_only(INFERENCE_ONLY, partial(_forward, query, key, value, options, device), query,
+                                      key, value, options)
     return FusedInferAttentionResult(out, lse) if return_lse else out
+
+
+_TENSOR_OPTIONS = ("pse_shift", "atten_mask", "block_table", "deq_scale1", "quant_scale1", "deq_scale2",
+                   "quant_scale2", "quant_offset2", "antiquant_scale", "antiquant_offset", "key_antiquant_scale",
+                   "key_antiquant_offset", "value_antiquant_scale", "value_antiquant_offset", "key_shared_prefix",
+                   "value_shared_prefix")
+
+
+def _check_devices(query: Tensor, key, value, arguments: dict) -> None:
+    """key, value (every tensor of a list) and every tensor option on the query's device: never copied silently."""
+    kv = {f"{name}[{i}]" if isinstance(x, (list, tuple)) else name: t
+          for name, x in (("key", key), ("value", value))
+          for i, t in enumerate(x if isinstance(x, (list, tuple)) else [x])}
+    check_same_device("query", query, **kv, **{name: arguments[name] for name in _TENSOR_OPTIONS})
+
+
+def _cast_kv(dtype, kv):
+    """A key/value tensor or list of tensors, cast as :func:`cast_inputs` does."""
+    return list(cast_inputs(dtype, *kv)) if isinstance(kv, (list, tuple)) else cast_inputs(dtype, kv)[0]
+
+
+def _causal_args(causal, query: Tensor, in_layout: str, **mask_args) -> tuple[int, Tensor | None]:
+    """flash-attn's bottom-right ``causal=True`` as ``(sparse_mode, atten_mask)``: mode 3 with the compressed mask,
+    or no mask at Q_S = 1 (the single query row sits at the bottom and sees every key)."""
+    sparse = window_sparse_args(causal, (-1, -1), device=query.device, **mask_args)
+    if sparse is None:
+        return mask_args["sparse_mode"], mask_args["atten_mask"]
+    q_s = {"BNSD": 2, "BSND": 1, "BSH": 1}.get(in_layout)
+    if q_s is not None and query.dim() > q_s and query.shape[q_s] == 1:
+        return 0, None
+    return sparse["sparse_mode"], sparse["atten_mask"]
 
 
 def _forward(query, key, value, options: dict, device) -> tuple[Tensor, Tensor]:

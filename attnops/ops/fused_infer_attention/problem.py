@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_int, check_tensor, describe, fail, int_list, require, require_not_none
+from ..._core.checks import (check_int, check_scale, check_tensor, describe, fail, int_list, require,
+                             require_not_none)
 from ..._core.errors import ParamDtypeError
 from ..._core.layouts import bsnd_dims, io_layouts, tokens_view
 from ..._core.masks import MaskSpec, build_infer_mask_spec
@@ -433,7 +434,7 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
     """
     g = _inputs(query, key, value, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
                 input_layout=input_layout, block_table=block_table, strict=strict)
-    require(isinstance(scale, (int, float)) and not isinstance(scale, bool), "scale_value", "a float", scale)
+    check_scale("scale_value", scale)
     for name, v in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens), ("sparse_mode", sparse_mode)):
         check_int(name, v)
     check_int("inner_precise", inner_precise, lo=0, hi=1 if g.decode else 3)

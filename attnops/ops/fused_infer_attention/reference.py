@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..._core.layouts import Geometry, tokens_view
+from ..._core.memory import work_memory
 from ..._core.pse import PseSpec
 from ..._core.softmax_stats import FLT_LOWEST
 from ..._core.varlen import SeqInfo
@@ -33,8 +34,10 @@ INT8_TILE = 4 << 20  # score elements per tile of the int8 chain
 def forward(p: FIAProblem) -> tuple[Tensor, Tensor]:
     """``(attention_out, softmax_lse)``: the output in ``p.out_shape`` / ``p.out_dtype`` (rows outside the actual
     query lengths are 0) and the fp32 lse ``[B, N1, Q_S, 1]`` / ``[T, N1, 1]`` (+inf where nothing is attended)."""
-    out = torch.zeros(p.out_shape, dtype=p.out_dtype, device=p.device)
-    lse = torch.full(p.lse_shape, math.inf, dtype=F32, device=p.device)
+    with work_memory("query", f"a query for an output of shape {list(p.out_shape)}", p.device,
+                     {"attention_out": (p.out_shape, p.out_dtype), "softmax_lse": (p.lse_shape, F32)}):
+        out = torch.zeros(p.out_shape, dtype=p.out_dtype, device=p.device)
+        lse = torch.full(p.lse_shape, math.inf, dtype=F32, device=p.device)
     out_tokens = tokens_view(out, p.out_layout, p.n1)
     active = [b for b, q in enumerate(p.queries) if q.shape[0] > 0 and p.seq.kv_lens[b] > 0]
     decoded = decode.forward(p, [b for b in active if p.int8 is None and p.queries[b].shape[0] <= DECODE_ROWS])

@@ -6,7 +6,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_int, check_tensor, fail, require, require_not_none, softmax_scale
+from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
+from ..._core.checks import (check_int, check_same_device, check_tensor, fail, require, require_not_none,
+                             softmax_scale)
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from .compress import compress_block_count
@@ -18,6 +20,13 @@ def _op():
     from . import op
 
     return op
+
+
+def _prepared(ref_name: str, ref: Tensor, **others) -> tuple:
+    """``(ref, *others)`` after checking that every tensor is on ``ref``'s device (never copied silently), the
+    floating-point ones cast to the autocast dtype when ``torch.autocast`` is on there (as SDPA)."""
+    check_same_device(ref_name, ref, **others)
+    return cast_inputs(autocast_dtype(ref.device), ref, *others.values())
 
 
 def _cumulative(name: str, cu_seqlens, actual, total: int) -> list[int]:
@@ -39,8 +48,10 @@ def nsa_compress(input: Tensor, weight: Tensor, *, block_size: int, stride: int,
     and ``weight``.
     """
     check_tensor("input", input, ndim=3)
+    input, weight = _prepared("input", input, weight=weight)
     lens = _cumulative("cu_seqlens", cu_seqlens, actual_seq_len, input.shape[0])
-    return _op().nsa_compress(input, weight, block_size, stride, lens, 0)
+    with autocast_off(input.device):
+        return _op().nsa_compress(input, weight, block_size, stride, lens, 0)
 
 
 class CompressAttentionResult(NamedTuple):
@@ -63,6 +74,8 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
     """
     check_tensor("query", query, ndim=3)
     check_tensor("key", key, ndim=3)
+    query, key, value, atten_mask, topk_mask = _prepared("query", query, key=key, value=value, atten_mask=atten_mask,
+                                                         topk_mask=topk_mask)
     qlen = _cumulative("cu_seqlens_q", cu_seqlens_q, actual_seq_qlen, query.shape[0])
     cmp = _cumulative("cu_seqlens_cmp", cu_seqlens_cmp, actual_cmp_seq_kvlen, key.shape[0])
     m = select_block_size // compress_stride if compress_stride > 0 else 1
@@ -71,9 +84,11 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
         acc += -(-n // max(m, 1))
         sel.append(acc)
     scale = softmax_scale(scale, query, query.shape[-1])
-    return CompressAttentionResult(*_op().nsa_compress_attention(
-        query, key, value, topk_mask, atten_mask, float(scale), query.shape[1], compress_block_size,
-        compress_stride, select_block_size, select_block_count, qlen, cmp, sel, 1 if atten_mask is not None else 0))
+    with autocast_off(query.device):
+        return CompressAttentionResult(*_op().nsa_compress_attention(
+            query, key, value, topk_mask, atten_mask, float(scale), query.shape[1], compress_block_size,
+            compress_stride, select_block_size, select_block_count, qlen, cmp, sel,
+            1 if atten_mask is not None else 0))
 
 
 def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor, *,
@@ -89,13 +104,15 @@ def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indic
     check_tensor("query", query, ndim=3)
     check_tensor("key", key, ndim=3)
     check_tensor("topk_indices", topk_indices, ndim=3)
+    query, key, value, topk_indices = _prepared("query", query, key=key, value=value, topk_indices=topk_indices)
     qlen = _cumulative("cu_seqlens_q", cu_seqlens_q, actual_seq_qlen, query.shape[0])
     kvlen = _cumulative("cu_seqlens_k", cu_seqlens_k, actual_seq_kvlen, key.shape[0])
     scale = softmax_scale(scale, query, query.shape[-1])
-    mask = torch.ones(1, 1, dtype=torch.bool) if causal else None
-    out, smax, ssum = _op().nsa_selected_attention(query, key, value, topk_indices, mask, float(scale),
-                                                   query.shape[1], select_block_size, topk_indices.shape[-1], qlen,
-                                                   kvlen, 2 if causal else 0)
+    mask = torch.ones(1, 1, dtype=torch.bool, device=query.device) if causal else None
+    with autocast_off(query.device):
+        out, smax, ssum = _op().nsa_selected_attention(query, key, value, topk_indices, mask, float(scale),
+                                                       query.shape[1], select_block_size, topk_indices.shape[-1],
+                                                       qlen, kvlen, 2 if causal else 0)
     return (out, smax, ssum) if return_stats else out
 
 
@@ -110,11 +127,16 @@ def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     check_tensor("query", query, ndim=3)
     check_tensor("key_cache", key_cache, ndim=4)
     check_tensor("topk_indices", topk_indices, ndim=3)
+    query, key_cache, value_cache, topk_indices, block_table = _prepared(
+        "query", query, key_cache=key_cache, value_cache=value_cache, topk_indices=topk_indices,
+        block_table=block_table)
     scale = softmax_scale(scale, query, query.shape[-1])
     lens = [int(v) for v in (seq_lens.tolist() if isinstance(seq_lens, Tensor) else seq_lens)]
-    return _op().nsa_selected_attention_infer(query, key_cache, value_cache, topk_indices, block_table, float(scale),
-                                              query.shape[1], key_cache.shape[2], select_block_size,
-                                              topk_indices.shape[-1], key_cache.shape[1], lens)
+    with autocast_off(query.device):
+        return _op().nsa_selected_attention_infer(query, key_cache, value_cache, topk_indices, block_table,
+                                                  float(scale), query.shape[1], key_cache.shape[2],
+                                                  select_block_size, topk_indices.shape[-1], key_cache.shape[1],
+                                                  lens)
 
 
 def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
@@ -128,12 +150,15 @@ def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     (:mod:`attnops.ops.nsa.decode`)."""
     check_tensor("query", query, ndim=3)
     check_tensor("key_cache", key_cache, ndim=4)
+    query, key_cache, value_cache, block_table = _prepared("query", query, key_cache=key_cache,
+                                                           value_cache=value_cache, block_table=block_table)
     scale = softmax_scale(scale, query, query.shape[-1])
     lens = [int(v) for v in (cmp_seq_lens.tolist() if isinstance(cmp_seq_lens, Tensor) else cmp_seq_lens)]
-    return _op().nsa_compress_attention_infer(query, key_cache, value_cache, block_table, float(scale),
-                                              query.shape[1], key_cache.shape[2], select_block_size,
-                                              select_block_count, key_cache.shape[1], compress_block_size,
-                                              compress_stride, lens)
+    with autocast_off(query.device):
+        return _op().nsa_compress_attention_infer(query, key_cache, value_cache, block_table, float(scale),
+                                                  query.shape[1], key_cache.shape[2], select_block_size,
+                                                  select_block_count, key_cache.shape[1], compress_block_size,
+                                                  compress_stride, lens)
 
 
 def check_selected_backward_inputs(spec: SelectedSpec, query, grad, attention_out, softmax_max, softmax_sum):

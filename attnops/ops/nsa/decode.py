@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_int, check_tensor, fail, int_list, require
+from ..._core.checks import check_int, check_scale, check_tensor, fail, int_list, require
 from ..flash_attention.reference import compute_dtype
 from .compress import NSA_DTYPES
 
@@ -81,7 +81,7 @@ def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, 
     for b, n in enumerate(lens):
         require(0 <= n <= capacity, f"{lens_name}[{b}]", f"a length in [0, {capacity}] (the block_table's pages)", n)
         _check_pages(block_table, b, 0, n, page, key.shape[0], f"the pages of request {b}'s {n} keys")
-    return PagedKV(batch, n1, n2, value.shape[-1], lens, float(scale_value))
+    return PagedKV(batch, n1, n2, value.shape[-1], lens, check_scale("scale_value", scale_value))
 
 
 def _check_pages(block_table: Tensor, b: int, lo: int, hi: int, page: int, blocks: int, what: str) -> None:

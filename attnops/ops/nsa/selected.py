@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._core.checks import check_int, check_tensor, fail, require
+from ..._core.checks import check_int, check_scale, check_tensor, fail, require
 from ..._core.masks import MASK_DTYPES
 from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype
@@ -85,7 +85,7 @@ def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, 
                 f"multiple of select_block_size={bs}", f"Skv={skv} in batch {b}")
     _check_indices(topk_indices, seq, bs)
     causal = sparse_mode == 2 and (grad or atten_mask is not None)
-    return SelectedSpec(seq, n1, n2, d, value.shape[2], bs, count, causal, float(scale_value), t1)
+    return SelectedSpec(seq, n1, n2, d, value.shape[2], bs, count, causal, check_scale("scale_value", scale_value), t1)
 
 
 def _check_indices(topk: torch.Tensor, seq: SeqInfo, bs: int) -> None:
