@@ -16,7 +16,8 @@ from torch import Tensor
 
 from ..._core.checks import check_int, check_tensor, fail, require
 from ..._core.varlen import lengths_from_cumulative
-from .api import _cumulative, nsa_compress, nsa_compress_attention, nsa_selected_attention
+from ..._core.autocast import autocast_off
+from .api import _cumulative, _prepared, nsa_compress, nsa_compress_attention, nsa_selected_attention
 from .compress import compress_block_count
 
 COMPRESS_MODES = ("weighted", "mean")
@@ -171,6 +172,25 @@ def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Te
     gate turns its branch off. Strictly causal: a sequence's prefix gets the same outputs as the whole sequence on
     that prefix. Returns ``[..., N1, Dv]``; differentiable in q, k, v, the compression weights and the gates.
     """
+    check_tensor("query", query)
+    query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp, g_slc, g_swa = _prepared(
+        "query", query, key=key, value=value, gates=gates, compress_weight_k=compress_weight_k,
+        compress_weight_v=compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa)
+    with autocast_off(query.device):
+        return _native_sparse_attention(
+            query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa,
+            cu_seqlens=cu_seqlens, actual_seq_len=actual_seq_len, layout=layout,
+            compress_block_size=compress_block_size, compress_stride=compress_stride,
+            select_block_size=select_block_size, select_block_count=select_block_count, window_size=window_size,
+            local_blocks=local_blocks, block_indices=block_indices, block_counts=block_counts, compress=compress,
+            scale=scale)
+
+
+def _native_sparse_attention(query, key, value, gates, compress_weight_k, compress_weight_v, *, g_cmp, g_slc,
+                             g_swa, cu_seqlens, actual_seq_len, layout, compress_block_size, compress_stride,
+                             select_block_size, select_block_count, window_size, local_blocks, block_indices,
+                             block_counts, compress, scale) -> Tensor:
+    """:func:`native_sparse_attention` on inputs of one device, autocast off."""
     from ..flash_attention import flash_attention
 
     batch_shape = query.shape[:2] if layout == "BSND" else query.shape[:1]
