@@ -164,6 +164,23 @@ def _int8_cache_decode():
         cache.attention_kwargs(seqs), num_heads=4, num_key_value_heads=2, scale_value=32 ** -0.5, input_layout="BNSD")
 
 
+def _value_head_dim_prefill():
+    q, k, v = _randn(2, 4, 24, 48, dtype=F16, seed=1), _randn(2, 2, 40, 48, dtype=F16, seed=2), \
+        _randn(2, 2, 40, 32, dtype=F16, seed=3)
+    return q, k, v, dict(num_heads=4, num_key_value_heads=2, scale_value=48 ** -0.5, input_layout="BNSD",
+                         atten_mask=CAUSAL_2048, sparse_mode=3, actual_seq_lengths_kv=[40, 29])
+
+
+def _nz_cache_decode():
+    cache = PagedKVCache(8, 16, num_kv_heads=2, head_dim=64, value_head_dim=32, dtype=F16, layout="NZ",
+                         quant="int8")
+    seqs = [cache.new_sequence() for _ in range(2)]
+    for i, (s, t) in enumerate(zip(seqs, (50, 17))):
+        cache.append(s, _randn(t, 2, 64, seed=i), _randn(t, 2, 32, seed=10 + i))
+    return _randn(2, 1, 4, 64, dtype=F16, seed=3), cache.key_cache, cache.value_cache, dict(
+        cache.attention_kwargs(seqs), num_heads=4, num_key_value_heads=2, scale_value=0.125, input_layout="BSND")
+
+
 CASES = [
     ("aclnn", "BSH prefill fp16, GQA 4, mask + pre/next, actual lengths", _prefill_mask_gqa),
     ("aclnn", "BNSD decode bf16, paged BnNBsD, (B, KV_S) mask, pse", _decode_paged_mask_pse),
@@ -177,6 +194,8 @@ CASES = [
     ("aclnn", "BNSD prefill fp16, shared prefix, sparse_mode 3", _shared_prefix),
     ("python", "BSND prefill fp32 (48 rows), paged BnBsH, sparse_mode 3", _paged_prefill_long),
     ("python", "BNSD decode fp16, PagedKVCache int8 (page-managed scales)", _int8_cache_decode),
+    ("aclnn", "BNSD prefill fp16, K 48 / V 32 head dims, sparse_mode 3", _value_head_dim_prefill),
+    ("python", "BSND decode fp16, NZ int8 PagedKVCache, K 64 / V 32", _nz_cache_decode),
 ]
 _OPERATOR = {"aclnn": "fused_infer_attention_score_v2", "python": "attnops.fused_infer_attention"}
 

@@ -8,9 +8,10 @@ Everything is computed in the ``dtype`` argument: float64 for the golden, float1
 in low precision" baseline of the tolerance rule (``attnops.testing.compare``). One loop over the batches, one
 dense ``[N, Sq_b, Skv_b]`` score matrix per batch:
 
-1. K/V are gathered (dense tensor, list of per-batch tensors, or pages of a block table; both cache layouts
-   ``(blocknum, blocksize, H)`` and ``(blocknum, KV_N, blocksize, D)``), int4 (int32-packed) is unpacked and int8 /
-   int4 K/V are dequantized as ``(x + offset) * scale`` (every antiquant mode of the seed).
+1. K/V are gathered (dense tensor, list of per-batch tensors, or pages of a block table; the cache layouts
+   ``(blocknum, blocksize, H)``, ``(blocknum, KV_N, blocksize, D)`` and NZ ``(blocknum, KV_N, D/x, blocksize, x)``),
+   int4 (int32-packed) is unpacked and int8 / int4 K/V are dequantized as ``(x + offset) * scale`` (every antiquant
+   mode of the seed).
 2. The valid query rows / KV columns of each batch follow the actual lengths and the left padding of §6.4; the
    shared prefix (first ``actual_shared_prefix_len`` rows) is placed before each batch's keys.
 3. keep(i, j) from the sparse-mode table of §1.2 (modes 0-4, pre/next converted with the actual lengths, prefix
@@ -334,7 +335,7 @@ def fia_forward_detail(query, key, value, *, pse_shift=None, atten_mask=None, ac
 
     blocks_of = [None] * bsz
     if paged:
-        bs = int(block_size) if block_size else (keys.shape[1] if keys.dim() == 3 else keys.shape[2])
+        bs = int(block_size) if block_size else keys.shape[1 if keys.dim() == 3 else keys.dim() - 2]
         kv_lens = per_batch(actual_seq_lengths_kv, bsz, 0, "actual_seq_lengths_kv")
         if actual_seq_lengths_kv is None:
             raise ValueError("paged KV needs actual_seq_lengths_kv")
@@ -348,6 +349,8 @@ def fia_forward_detail(query, key, value, *, pse_shift=None, atten_mask=None, ac
             for cache, acc in ((kc, k_phys), (vc, v_phys)):
                 if cache.dim() == 3:  # (blocknum, blocksize, H)
                     x = cache[blk, off].reshape(kv_lens[b], nkv, cache.shape[-1] // nkv).permute(1, 0, 2)
+                elif cache.dim() == 5:  # NZ (blocknum, KV_N, D/x, blocksize, x): (n, t, d) at [n, d // x, t, d % x]
+                    x = cache[blk, :, :, off].reshape(kv_lens[b], nkv, -1).permute(1, 0, 2)
                 else:  # (blocknum, KV_N, blocksize, D)
                     x = cache[blk, :, off].permute(1, 0, 2)
                 acc.append(x)

@@ -22,7 +22,7 @@ from ..ops.fused_infer_attention import op as fia_op
 from ..ops.fused_infer_attention.problem import LAYOUTS
 from ._common import INT_MAX, reject_unsupported, with_overloads
 from . import fia_layouts
-from .rope import append_rope, check_rope, pad_head_dim, rope_given, split_head_dim
+from .rope import append_rope, check_rope, rope_given
 
 PFA_HIGH_PRECISION_MODES = range(10, 15)  # PFA sparse_mode 10-14 = modes 0-4 with inner_precise 0
 
@@ -55,14 +55,13 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
         if block_table is None:  # a paged cache has its own layout
             key, value, key_rope = (fia_layouts.to_core(x, layouts.reads) for x in (key, value, key_rope))
     input_layout = layouts.core
-    rope_dv = None  # with MLA rope: the value head dim the output is cut back to
     if rope_given(query_rope, key_rope):
         args = locals()
         for name in _NOT_WITH_ROPE:
             if args[name] is not None:
                 raise NotImplementedError(f"{name}: attnops.torch_npu does not support it together with "
                                           "query_rope/key_rope (MLA); see docs/porting.md")
-        query, key, value, block_table, rope_dv = _mla_operands(
+        query, key, value, block_table = _mla_operands(
             query, key, value, query_rope, key_rope, block_table, input_layout=input_layout, num_heads=num_heads,
             num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
             next_tokens=next_tokens)
@@ -75,8 +74,6 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
         num_heads, check_scale("scale", scale), pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
         inner_precise, block_size, antiquant_mode, key_antiquant_mode, value_antiquant_mode)
     core_out = io_layouts("input_layout", input_layout, LAYOUTS)[1]
-    if rope_dv is not None:  # drop the zero columns the padded value produced
-        out = split_head_dim(out, rope_dv, packed=core_out == "BSH", heads=num_heads)[0]
     if learnable_sink is not None:  # inference-only in the sink too
         out, lse = run_inference_only(fia_op.INFERENCE_ONLY, partial(_apply_sink, out, lse, learnable_sink, core_out,
                                                                      num_heads), out, lse, learnable_sink)
@@ -85,10 +82,9 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
 
 def _mla_operands(query, key, value, query_rope, key_rope, block_table, *, input_layout, num_heads,
                   num_key_value_heads, sparse_mode, pre_tokens, next_tokens):
-    """MLA: ``query``/``key`` with their rope parts appended to each head's D and ``value`` with as many zeros, so
-    the operator (one head dim for Q, K and V) computes ``softmax(scale * (q k^T + q_rope k_rope^T)) v`` plus zero
-    columns; returns them, the block table (paged caches are first cut down to the pages it names, see
-    :func:`_referenced_pages`) and Dv, to cut the output back to."""
+    """MLA: ``query``/``key`` with their rope parts appended to each head's D, so the operator (whose output takes
+    the value's head dim) computes ``softmax(scale * (q k^T + q_rope k_rope^T)) v``; returns them, the value and the
+    block table (paged caches are first cut down to the pages it names, see :func:`_referenced_pages`)."""
     in_layout = io_layouts("input_layout", input_layout, LAYOUTS)[0]
     paged = block_table is not None
     require(query.is_floating_point(), "query", "a float16/bfloat16/float32 query with query_rope/key_rope (int8 "
@@ -114,7 +110,7 @@ def _mla_operands(query, key, value, query_rope, key_rope, block_table, *, input
     dk, dv = k.shape[-1] // per_head, value.shape[-1] // per_head
     require(dv <= dk and value.shape[-1] % per_head == 0, "value", f"a head dim of at most D + Dr = {dk} (key and "
             "key_rope)", value)
-    return q, k, pad_head_dim(value, dk - dv, packed=kv_packed, heads=kv_heads), block_table, dv
+    return q, k, value, block_table
 
 
 def _referenced_pages(block_table: Tensor, *caches: Tensor) -> tuple[Tensor, list[Tensor]]:

@@ -47,9 +47,3 @@ def split_head_dim(x: Tensor, d: int, *, packed: bool, heads: int) -> tuple[Tens
     """Each head's first ``d`` elements and the rest, as two contiguous tensors in ``x``'s layout."""
     parts = head_split(x, packed, heads)
     return head_merge(parts[..., :d], packed).contiguous(), head_merge(parts[..., d:], packed).contiguous()
-
-
-def pad_head_dim(x: Tensor, extra: int, *, packed: bool, heads: int) -> Tensor:
-    """``x`` with ``extra`` zeros appended to each head's D."""
-    parts = head_split(x, packed, heads)
-    return head_merge(torch.cat([parts, parts.new_zeros(*parts.shape[:-1], extra)], -1), packed)

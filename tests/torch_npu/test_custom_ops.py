@@ -61,9 +61,17 @@ def _fia_args(query, key, value, **kw):
     return (query, key, value, *(kw.get(n) for n in names), *scalars.values())
 
 
-@pytest.mark.parametrize("case", ["bnsd_bsnd_prefill", "paged_tnd", "int8_kv_decode"])
+@pytest.mark.parametrize("case", ["bnsd_bsnd_prefill", "paged_tnd", "int8_kv_decode", "bsh_dv", "paged_nz_dv"])
 def test_opcheck_fused_infer_attention(case):
-    if case == "bnsd_bsnd_prefill":
+    if case == "bsh_dv":  # value head dim 8, key 16: the output takes Dv
+        args = _fia_args(randn(2, 3, 64), randn(2, 7, 32, seed=1), randn(2, 7, 16, seed=2), num_heads=4,
+                         num_key_value_heads=2, scale=0.25)
+    elif case == "paged_nz_dv":  # NZ caches (blocknum, KV_N, D/x, blocksize, x), K 32 / V 16
+        args = _fia_args(randn(2, 1, 2, 32).half(), randn(4, 2, 2, 16, 16, seed=1).half(),
+                         randn(4, 2, 1, 16, 16, seed=2).half(), num_heads=2, input_layout="BSND",
+                         actual_seq_lengths_kv=[20, 9], block_size=16,
+                         block_table=torch.tensor([[0, 2], [3, -1]], dtype=torch.int32))
+    elif case == "bnsd_bsnd_prefill":
         args = _fia_args(randn(2, 4, 5, 16), randn(2, 2, 7, 16, seed=1), randn(2, 2, 7, 16, seed=2), num_heads=4,
                          num_key_value_heads=2, input_layout="BNSD_BSND", atten_mask=TRIU2048, sparse_mode=3,
                          scale=0.25, actual_seq_lengths_kv=[7, 4])

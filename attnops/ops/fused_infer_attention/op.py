@@ -17,7 +17,7 @@ from ..._core.devices import on_cpu
 from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.layouts import io_layouts
 from . import reference
-from .problem import LAYOUTS, build_problem
+from .problem import LAYOUTS, build_problem, output_head_dim
 
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
 INFERENCE_ONLY = InferenceOnly("fused_infer_attention", "npu_fused_infer_attention_score(_v2), "
@@ -58,7 +58,8 @@ def _(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_l
       pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size,
       antiquant_mode, key_antiquant_mode, value_antiquant_mode):
     in_layout, out_layout = io_layouts("input_layout", input_layout, LAYOUTS)
-    shape = tuple(query.shape)
+    dv = output_head_dim(value, in_layout, block_table is not None, num_key_value_heads or num_heads)
+    shape = (*query.shape[:-1], num_heads * dv if in_layout == "BSH" else dv)
     if out_layout != in_layout:  # BNSD in, BSND out
         shape = (shape[0], shape[2], shape[1], shape[3])
     if quant_scale2 is not None:

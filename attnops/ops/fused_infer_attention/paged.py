@@ -1,9 +1,10 @@
 """Paged KV: runs of KV tokens read in place (:class:`KVSegment`), the page gather of a block table, and
 :class:`PagedKVCache`, a small cache that allocates blocks, appends tokens and hands out block tables.
 
-Cache layouts (``cann_semantics.md`` §6.8): ``BnBsH`` ``[blocknum, blocksize, N2*D]`` and ``BnNBsD``
-``[blocknum, N2, blocksize, D]``. Logical token ``t`` of batch ``b`` is in block ``block_table[b, t // blocksize]``
-at offset ``t % blocksize``.
+Cache layouts (``cann_semantics.md`` §6.8): ``BnBsH`` ``[blocknum, blocksize, N2*D]``, ``BnNBsD``
+``[blocknum, N2, blocksize, D]`` and ``NZ`` ``[blocknum, N2, D/x, blocksize, x]`` (x = 32 bytes: 16 fp16/bf16
+values, 32 int8; element ``(n, t, d)`` of a block at ``[n, d // x, t, d % x]``). Logical token ``t`` of batch
+``b`` is in block ``block_table[b, t // blocksize]`` at offset ``t % blocksize``.
 """
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from torch import Tensor
 from ..._core.checks import check_choice, check_int, check_tensor, fail, require
 from .quant import pack_int4, quantize_int8
 
-CACHE_LAYOUTS = ("BnBsH", "BnNBsD")
+CACHE_LAYOUTS = ("BnBsH", "BnNBsD", "NZ")
+
+
+def nz_width(dtype: torch.dtype) -> int:
+    """x of an NZ cache: the values in 32 bytes."""
+    return 32 // dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,8 @@ def dense_segment(key_tokens: Tensor, value_tokens: Tensor, start: int, first: i
 
 def page_segments(key_cache: Tensor, value_cache: Tensor, blocks: list[int], length: int, block_size: int,
                   kv_heads: int) -> list[KVSegment]:
-    """The first ``length`` tokens of the pages ``blocks`` as runs of consecutive physical blocks (no copy)."""
+    """The first ``length`` tokens of the pages ``blocks`` as runs of consecutive physical blocks (no copy but
+    for NZ caches, copied one run at a time)."""
     segments, t = [], 0
     while t < length:
         i = t // block_size
@@ -64,8 +71,10 @@ def page_segments(key_cache: Tensor, value_cache: Tensor, blocks: list[int], len
 
 
 def _blocks(cache: Tensor, first: int, runs: int, tokens: int, kv_heads: int) -> Tensor:
-    """``[runs, N2, tokens, D]`` view of blocks ``first .. first + runs`` of a cache in either layout."""
+    """``[runs, N2, tokens, D]`` view of blocks ``first .. first + runs`` of a cache in any layout (NZ: a copy)."""
     part = cache[first:first + runs]
+    if cache.dim() == 5:  # NZ
+        return part[:, :, :, :tokens].permute(0, 1, 3, 2, 4).flatten(-2)
     if cache.dim() == 4:  # BnNBsD
         return part[:, :, :tokens]
     return part[:, :tokens].unflatten(-1, (kv_heads, -1)).transpose(1, 2)  # BnBsH
@@ -74,11 +83,13 @@ def _blocks(cache: Tensor, first: int, runs: int, tokens: int, kv_heads: int) ->
 class PagedKVCache:
     """A paged KV cache for FIA: fixed-size blocks, per-sequence block lists, optional int8/int4 quantization.
 
-    ``key_cache``/``value_cache`` have the FIA cache layout ``layout`` ("BnNBsD" ``[num_blocks, N2, block_size, D]``
-    or "BnBsH" ``[num_blocks, block_size, N2*D]``). With ``quant="int8"`` or ``"int4"`` (int4 packed 8 per int32)
-    :meth:`append` quantizes each token per KV head, symmetrically: ``x_q = round(x / s)``, ``s = max|x| / 127``
-    (int4: ``/ 7``), and keeps ``s`` in ``key_scale``/``value_scale`` ``[num_blocks, N2, block_size]`` (fp32): the
-    page-managed per-token+head antiquant (mode 5). :meth:`attention_kwargs` returns the FIA keywords.
+    ``key_cache``/``value_cache`` have the FIA cache layout ``layout``: "BnNBsD" ``[num_blocks, N2, block_size,
+    D]``, "BnBsH" ``[num_blocks, block_size, N2*D]`` or "NZ" ``[num_blocks, N2, D/x, block_size, x]`` (x = 16 for
+    fp16/bf16, 32 for int8, 8 for fp32); ``value_head_dim`` (default ``head_dim``) is the values' D. With
+    ``quant="int8"`` or ``"int4"`` (int4 packed 8 per int32) :meth:`append` quantizes each token per KV head,
+    symmetrically: ``x_q = round(x / s)``, ``s = max|x| / 127`` (int4: ``/ 7``), and keeps ``s`` in
+    ``key_scale``/``value_scale`` ``[num_blocks, N2, block_size]`` (fp32): the page-managed per-token+head antiquant
+    (mode 5). :meth:`attention_kwargs` returns the FIA keywords.
 
     Example::
 
@@ -93,24 +104,24 @@ class PagedKVCache:
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, layout: str = "BnNBsD", quant: str | None = None,
-                 device=None):
+                 value_head_dim: int | None = None, dtype: torch.dtype = torch.float32, layout: str = "BnNBsD",
+                 quant: str | None = None, device=None):
         check_int("num_blocks", num_blocks, lo=1)
         check_int("block_size", block_size, lo=1)
         check_int("num_kv_heads", num_kv_heads, lo=1)
         check_int("head_dim", head_dim, lo=1)
+        value_head_dim = head_dim if value_head_dim is None else check_int("value_head_dim", value_head_dim, lo=1)
         check_choice("layout", layout, CACHE_LAYOUTS)
         check_choice("quant", quant, (None, "int8", "int4"))
-        require(quant != "int4" or head_dim % 8 == 0, "head_dim", "a multiple of 8 for int4 (8 values per int32)",
-                head_dim)
-        self.block_size, self.num_kv_heads, self.head_dim, self.layout, self.quant = (
-            block_size, num_kv_heads, head_dim, layout, quant)
-        store_dtype, width = {None: (dtype, head_dim), "int8": (torch.int8, head_dim),
-                              "int4": (torch.int32, head_dim // 8)}[quant]
-        shape = ((num_blocks, num_kv_heads, block_size, width) if layout == "BnNBsD"
-                 else (num_blocks, block_size, num_kv_heads * width))
-        self.key_cache = torch.zeros(shape, dtype=store_dtype, device=device)
-        self.value_cache = torch.zeros(shape, dtype=store_dtype, device=device)
+        require(quant != "int4" or layout != "NZ", "quant", "None or int8 for an NZ cache", quant)
+        x = nz_width(torch.int8 if quant == "int8" else dtype)
+        for name, d in (("head_dim", head_dim), ("value_head_dim", value_head_dim)):
+            require(quant != "int4" or d % 8 == 0, name, "a multiple of 8 for int4 (8 values per int32)", d)
+            require(layout != "NZ" or d % x == 0, name, f"a multiple of {x} for an NZ cache of this dtype", d)
+        self.block_size, self.num_kv_heads, self.head_dim, self.value_head_dim, self.layout, self.quant = (
+            block_size, num_kv_heads, head_dim, value_head_dim, layout, quant)
+        self.key_cache, self.value_cache = (self._storage(num_blocks, d, dtype, device)
+                                            for d in (head_dim, value_head_dim))
         self.key_scale = self.value_scale = None
         if quant is not None:
             self.key_scale = torch.ones(num_blocks, num_kv_heads, block_size, device=device)
@@ -119,6 +130,15 @@ class PagedKVCache:
         self._blocks: dict[int, list[int]] = {}
         self._lens: dict[int, int] = {}
         self._next_id = 0
+
+    def _storage(self, num_blocks: int, head_dim: int, dtype: torch.dtype, device) -> Tensor:
+        """A zero cache for heads of ``head_dim`` values in this cache's layout and storage dtype."""
+        store_dtype, width = {None: (dtype, head_dim), "int8": (torch.int8, head_dim),
+                              "int4": (torch.int32, head_dim // 8)}[self.quant]
+        n2, bs = self.num_kv_heads, self.block_size
+        shape = {"BnNBsD": (num_blocks, n2, bs, width), "BnBsH": (num_blocks, bs, n2 * width),
+                 "NZ": (num_blocks, n2, width // nz_width(store_dtype), bs, nz_width(store_dtype))}[self.layout]
+        return torch.zeros(shape, dtype=store_dtype, device=device)
 
     @property
     def num_free_blocks(self) -> int:
@@ -137,11 +157,11 @@ class PagedKVCache:
         del self._lens[seq]
 
     def append(self, seq: int, key: Tensor, value: Tensor) -> None:
-        """Append tokens ``[T, N2, D]`` (float) to sequence ``seq``, allocating blocks as needed."""
+        """Append keys ``[T, N2, D]`` and values ``[T, N2, Dv]`` (float) to sequence ``seq``, allocating blocks as
+        needed."""
         self._check_seq(seq)
-        shape = (None, self.num_kv_heads, self.head_dim)
-        check_tensor("key", key, shape=shape)
-        check_tensor("value", value, shape=(key.shape[0], *shape[1:]))
+        check_tensor("key", key, shape=(None, self.num_kv_heads, self.head_dim))
+        check_tensor("value", value, shape=(key.shape[0], self.num_kv_heads, self.value_head_dim))
         start, count = self._lens[seq], key.shape[0]
         need = math.ceil((start + count) / self.block_size) - len(self._blocks[seq])
         require(need <= len(self._free), "key", f"at most {len(self._free)} more blocks of {self.block_size} tokens "
@@ -210,7 +230,9 @@ class PagedKVCache:
 
     def _write(self, cache: Tensor, blk: int, off: int, data: Tensor) -> None:
         """Write tokens ``[t, N2, W]`` at ``off`` of block ``blk``."""
-        if cache.dim() == 4:
+        if cache.dim() == 5:  # NZ
+            cache[blk, :, :, off:off + data.shape[0]] = data.unflatten(-1, (-1, cache.shape[-1])).permute(1, 2, 0, 3)
+        elif cache.dim() == 4:
             cache[blk, :, off:off + data.shape[0]] = data.transpose(0, 1)
         else:
             cache[blk, off:off + data.shape[0]] = data.flatten(1)

@@ -24,7 +24,7 @@ from ..._core.layouts import bsnd_dims, io_layouts, tokens_view
 from ..._core.masks import MaskSpec, build_infer_mask_spec
 from ..._core.pse import PseSpec
 from ..._core.varlen import SeqInfo, batch_windows, lengths_from_cumulative, seq_info_varlen
-from .paged import KVSegment, dense_segment, page_segments
+from .paged import KVSegment, dense_segment, nz_width, page_segments
 from .quant import (Antiquant, AntiquantGeometry, Int8Chain, OutputQuant, build_int8_chain, build_kv_antiquant,
                     build_output_quant)
 
@@ -42,6 +42,7 @@ class FIAProblem:
     n1: int
     n2: int
     d: int
+    dv: int  # value (and output) head dim
     seq: SeqInfo
     queries: tuple[Tensor, ...]  # per batch [Sq_b, N1, D] views
     kv: tuple[tuple[KVSegment, ...], ...]  # per batch, runs in effective-column order
@@ -75,6 +76,7 @@ class _Inputs:
     n1: int
     n2: int
     d: int
+    dv: int  # value head dim (the output's)
     keys: list  # dense: [key]; tensor list: per-batch tensors; paged: [key cache]
     values: list
     kind: str  # "dense", "list" or "paged"
@@ -106,8 +108,8 @@ def _inputs(query, key, value, *, num_heads, num_key_value_heads, input_layout, 
     keys, values = _as_tensors("key", key), _as_tensors("value", value)
     require(len(keys) == len(values), "value", f"as many tensors as key ({len(keys)})", f"{len(values)} tensors")
     for k, v in zip(keys, values):
-        require(k.dtype == v.dtype and k.shape == v.shape, "value", "the shape and dtype of key", v,
-                f"key is {describe(k)}")
+        require(k.dtype == v.dtype and k.dim() == v.dim() and _outside_head_dim(k) == _outside_head_dim(v), "value",
+                "the dtype of key and its shape but for the head dim", v, f"key is {describe(k)}")
         check_tensor("key", k, dtypes=floats + (I8, I32))
         require(k.device == query.device, "key", f"a tensor on {query.device} like query", k)
     kdt = keys[0].dtype
@@ -135,19 +137,47 @@ def _inputs(query, key, value, *, num_heads, num_key_value_heads, input_layout, 
     require(not int4 or d % 8 == 0, "query", "a head dim D that is a multiple of 8 with int4 (int32-packed) KV",
             f"D={d}")
     kind = "paged" if block_table is not None else ("list" if len(keys) > 1 else "dense")
+    dv = _value_head_dim(values[0], in_layout, kind == "paged", n2, int4)
     require(kind != "paged" or len(keys) == 1, "key", "one cache tensor with block_table (paged attention does not "
             "take a tensor list)", f"{len(keys)} tensors")
     require(kind != "list" or in_layout != "TND", "key", "one tensor for layout TND", f"{len(keys)} tensors")
     require(out_layout == in_layout or q_s > 1, "input_layout", "BSH, BSND or BNSD when Q_S = 1 (BNSD_BSND needs "
             "Q_S > 1)", input_layout)
-    return _Inputs(in_layout, out_layout, batch, q_s, n1, n2, d, keys, values, kind, int4)
+    return _Inputs(in_layout, out_layout, batch, q_s, n1, n2, d, dv, keys, values, kind, int4)
 
 
-def _dense_kv_tokens(g: _Inputs) -> list[Tensor]:
-    """Token views of a dense key or of each tensor of a key list (none for a paged cache)."""
+def _outside_head_dim(x: Tensor) -> tuple[int, ...]:
+    """The sizes of ``x`` that key and value share: all but the last (NZ cache: all but ``D/x``)."""
+    return tuple(x.shape[:2]) + tuple(x.shape[3:]) if x.dim() == 5 else tuple(x.shape[:-1])
+
+
+def _value_head_dim(value: Tensor, in_layout: str, paged: bool, n2: int, int4: bool) -> int:
+    """Dv, the value's head dim (the output takes it): ``H / N2`` of a BSH value or ``(blocknum, blocksize, H)``
+    cache, ``D/x * x`` of an NZ cache, else the last dim (int4: 8 values per int32 word)."""
+    if value.dim() == 5:
+        return value.shape[2] * value.shape[4]
+    width = value.shape[-1]
+    if value.dim() == 3 and (paged or in_layout == "BSH"):
+        require(width % n2 == 0, "value", f"H = N2*Dv with N2={n2} (num_key_value_heads)", value)
+        width //= n2
+    return width * 8 if int4 else width
+
+
+def output_head_dim(value: Tensor, in_layout: str, paged: bool, n2: int) -> int:
+    """The output's head dim (Dv) for a shape-only caller (the fake kernel); no validation."""
+    if value.dim() == 5:
+        return value.shape[2] * value.shape[4]
+    width = value.shape[-1] // n2 if value.dim() == 3 and (paged or in_layout == "BSH") else value.shape[-1]
+    return width * 8 if value.dtype == I32 else width
+
+
+def _dense_kv_tokens(g: _Inputs) -> tuple[list[Tensor], list[Tensor]]:
+    """Token views of a dense key and value or of each tensor of their lists (none for a paged cache)."""
     if g.kind == "paged":
-        return []
-    tokens = [_kv_tokens(g, k, "key" if g.kind == "dense" else f"key[{i}]") for i, k in enumerate(g.keys)]
+        return [], []
+    names = ["key"] if g.kind == "dense" else [f"key[{i}]" for i in range(len(g.keys))]
+    tokens = [_kv_tokens(g, k, name) for k, name in zip(g.keys, names)]
+    values = [_kv_tokens(g, v, name.replace("key", "value"), value=True) for v, name in zip(g.values, names)]
     if g.kind == "list":
         require(len(g.keys) == g.batch, "key", f"a list of B={g.batch} tensors (one per batch)",
                 f"{len(g.keys)} tensors")
@@ -155,18 +185,19 @@ def _dense_kv_tokens(g: _Inputs) -> list[Tensor]:
             require(t.shape[0] == 1, f"key[{i}]", "batch size 1 (tensor list)", g.keys[i])
     elif g.in_layout != "TND":
         require(tokens[0].shape[0] == g.batch, "key", f"batch size B={g.batch} like query", g.keys[0])
-    return tokens
+    return tokens, values
 
 
-def _kv_width(g: _Inputs) -> int:
-    """Last dim of a K/V head: D, or D/8 for int4 packed in int32."""
-    return g.d // 8 if g.int4 else g.d
+def _kv_width(g: _Inputs, value: bool = False) -> int:
+    """Last dim of a K (or V) head: Dk (Dv), or a eighth of it for int4 packed in int32."""
+    d = g.dv if value else g.d
+    return d // 8 if g.int4 else d
 
 
-def _kv_tokens(g: _Inputs, x: Tensor, name: str) -> Tensor:
-    """Validate one dense K/V tensor (or a list item / prefix) and return its ``[B, S, N2, Dk]`` (TND ``[T, N2, Dk]``)
-    token view."""
-    w = _kv_width(g)
+def _kv_tokens(g: _Inputs, x: Tensor, name: str, value: bool = False) -> Tensor:
+    """Validate one dense K (or V) tensor (or a list item / prefix) and return its ``[B, S, N2, D]`` (TND
+    ``[T, N2, D]``) token view."""
+    w = _kv_width(g, value)
     if g.in_layout == "TND":
         check_tensor(name, x, ndim=3)
         require(tuple(x.shape[1:]) == (g.n2, w), name, f"[T, N2={g.n2}, D={w}]", x)
@@ -275,10 +306,13 @@ def _paged_kv(g: _Inputs, lens: _Lengths, block_table, block_size, strict) -> tu
     """Validate the caches and block table; returns the lengths with ``kv_cols`` set, the block size and blocknum."""
     cache = g.keys[0]
     w = _kv_width(g)
-    check_tensor("key", cache, ndim=(3, 4))
-    bs_dim = cache.shape[1] if cache.dim() == 3 else cache.shape[2]
+    check_tensor("key", cache, ndim=(3, 4, 5))
+    bs_dim = cache.shape[1] if cache.dim() == 3 else cache.shape[cache.dim() - 2]
     if cache.dim() == 3:
         require(cache.shape[2] == g.n2 * w, "key", f"a (blocknum, blocksize, H={g.n2}*{w}) cache", cache)
+    elif cache.dim() == 5:
+        _check_nz(g, cache, "key", g.d)
+        _check_nz(g, g.values[0], "value", g.dv)
     else:
         require(cache.shape[1] == g.n2 and cache.shape[3] == w, "key",
                 f"a (blocknum, KV_N={g.n2}, blocksize, D={w}) cache", cache)
@@ -307,6 +341,14 @@ def _paged_kv(g: _Inputs, lens: _Lengths, block_table, block_size, strict) -> tu
     return dataclasses.replace(lens, kv_cols=max_blocks * block_size), block_size, num_blocks
 
 
+def _check_nz(g: _Inputs, cache: Tensor, name: str, d: int) -> None:
+    """An NZ cache ``(blocknum, KV_N, D/x, blocksize, x)``, x = 32 bytes of the dtype (16 fp16/bf16, 32 int8)."""
+    require(not g.int4, name, "an fp16/bf16/int8 NZ cache (int4 NZ caches are not supported)", cache)
+    x = nz_width(cache.dtype)
+    require(cache.shape[1] == g.n2 and cache.shape[4] == x and cache.shape[2] * x == d, name,
+            f"an NZ (blocknum, KV_N={g.n2}, D/{x}, blocksize, {x}) cache with D={d} (a multiple of {x})", cache)
+
+
 def _prefix(g: _Inputs, key_shared_prefix, value_shared_prefix, actual_shared_prefix_len):
     """Validated prefix token views ``[P, N2, Dk]`` and the used length L (or None)."""
     if key_shared_prefix is None and value_shared_prefix is None:
@@ -319,7 +361,7 @@ def _prefix(g: _Inputs, key_shared_prefix, value_shared_prefix, actual_shared_pr
     views = []
     for name, x in (("key_shared_prefix", key_shared_prefix), ("value_shared_prefix", value_shared_prefix)):
         check_tensor(name, x, dtypes=(g.keys[0].dtype,), ndim=g.keys[0].dim())
-        tokens = _kv_tokens(g, x, name)
+        tokens = _kv_tokens(g, x, name, value=name.startswith("value"))
         require(tokens.shape[0] == 1, name, "batch size 1", x)
         views.append(tokens[0])
     kp, vp = views
@@ -333,7 +375,7 @@ def _prefix(g: _Inputs, key_shared_prefix, value_shared_prefix, actual_shared_pr
     return kp, vp, lens[0]
 
 
-def _segments(g: _Inputs, lens: _Lengths, kv_tokens, prefix, block_table, block_size) -> tuple:
+def _segments(g: _Inputs, lens: _Lengths, kv_tokens, value_tokens, prefix, block_table, block_size) -> tuple:
     """Per batch, the effective KV runs: prefix rows, then the batch's keys."""
     out = []
     plen = 0 if prefix is None else prefix[2]
@@ -344,11 +386,11 @@ def _segments(g: _Inputs, lens: _Lengths, kv_tokens, prefix, block_table, block_
             segs += page_segments(g.keys[0], g.values[0], blocks, n, block_size, g.n2)
         elif n:
             if g.in_layout == "TND":
-                kt, vt = kv_tokens[0], tokens_view(g.values[0], "TND", g.n2)
+                kt, vt = kv_tokens[0], value_tokens[0]
             else:
                 i = b if g.kind == "list" else 0
                 kt = kv_tokens[i][0 if g.kind == "list" else b]
-                vt = tokens_view(g.values[i], g.in_layout, g.n2)[0 if g.kind == "list" else b]
+                vt = value_tokens[i][0 if g.kind == "list" else b]
             # per-token position: prefix first, then the physical (left-padded) key row; TND: the batch-local row
             pos = plen + (0 if g.in_layout == "TND" else lens.kv_starts[b])
             segs.append(dense_segment(kt, vt, plen, lens.kv_starts[b], n, pos))
@@ -388,26 +430,31 @@ def _check_envelope(g: _Inputs, lens: _Lengths, kv_cols: int, out_quant, pse_shi
     require(len(lens.q_lens) <= 65536, "query", "a batch size B <= 65536", f"B={len(lens.q_lens)}")
     require(g.n1 <= 256, "num_heads", "at most 256", g.n1)
     require(g.d <= 512, "query", "a head dim D <= 512", f"D={g.d}")
+    require(g.dv <= 512, "value", "a head dim Dv <= 512", f"Dv={g.dv}")
     if g.kind == "list":
         require(len(g.keys) <= 256, "key", "at most 256 tensors in a tensor list", f"{len(g.keys)} tensors")
     if g.decode:
-        require(not g.int4 or g.d % 64 == 0, "key", "D a multiple of 64 with int4 key/value", f"D={g.d}")
+        require(not g.int4 or (g.d % 64 == 0 and g.dv % 64 == 0), "key", "D (and Dv) a multiple of 64 with int4 "
+                "key/value", f"D={g.d}, Dv={g.dv}")
         require(pse_shift is None or g.d % 16 == 0, "pse_shift", "D a multiple of 16 with pse_shift (Q_S = 1)",
                 f"D={g.d}")
     else:
         if g.in_layout in ("BSH", "BSND"):
-            require(g.n1 * g.d < 65535, "query", "N*D < 65535 for layouts BSH/BSND", f"N*D={g.n1 * g.d}")
+            require(g.n1 * max(g.d, g.dv) < 65535, "query", "N*D < 65535 (and N*Dv) for layouts BSH/BSND",
+                    f"N*D={g.n1 * g.d}, N*Dv={g.n1 * g.dv}")
         require(g.q_s <= MAX_S, "query", f"S <= {MAX_S} (20M)", f"S={g.q_s}")
         require(kv_cols <= MAX_S, "key", f"a KV S (shared prefix included) <= {MAX_S} (20M)", f"S={kv_cols}")
         align = 64 if g.int4 else 32 if I8 in dts or out_quant is not None else 16
-        require(g.d % align == 0, "query", f"D a multiple of {align} for these dtypes (Q_S > 1)", f"D={g.d}")
+        require(g.d % align == 0 and g.dv % align == 0, "query", f"D and Dv multiples of {align} for these dtypes "
+                "(Q_S > 1)", f"D={g.d}, Dv={g.dv}")
     if out_quant is not None and out_quant.scale.numel() > 1:
-        require(g.d % 32 == 0, "quant_scale2", "D a multiple of 32 with per-channel int8 output", f"D={g.d}")
+        require(g.dv % 32 == 0, "quant_scale2", "Dv a multiple of 32 with per-channel int8 output", f"Dv={g.dv}")
     if g.kind == "paged":
         cache = g.keys[0]
         if cache.dim() == 3:
-            require(cache.shape[-1] <= 65535, "key", "KV_N*D <= 65535 for a (blocknum, blocksize, H) cache", cache,
-                    "use GQA or the (blocknum, KV_N, blocksize, D) layout")
+            for name, c in (("key", cache), ("value", g.values[0])):
+                require(c.shape[-1] <= 65535, name, "KV_N*D <= 65535 for a (blocknum, blocksize, H) cache", c,
+                        "use GQA or the (blocknum, KV_N, blocksize, D) layout")
         if g.decode:
             align = 32 if I8 in dts else 16
             require(block_size <= 512 and block_size % align == 0, "block_size",
@@ -438,7 +485,7 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
     for name, v in (("pre_tokens", pre_tokens), ("next_tokens", next_tokens), ("sparse_mode", sparse_mode)):
         check_int(name, v)
     check_int("inner_precise", inner_precise, lo=0, hi=1 if g.decode else 3)
-    kv_tokens = _dense_kv_tokens(g)
+    kv_tokens, value_tokens = _dense_kv_tokens(g)
     lens, batch = _lengths(g, kv_tokens, actual_seq_lengths=actual_seq_lengths,
                            actual_seq_lengths_kv=actual_seq_lengths_kv, query_padding_size=query_padding_size,
                            kv_padding_size=kv_padding_size, strict=strict)
@@ -452,7 +499,7 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
     seq = seq_info_varlen(lens.q_lens, [plen + n for n in lens.kv_lens])
     kv_cols = lens.kv_cols + plen
     int8, out_quant, key_quant, value_quant = _quantization(
-        g, lens, query.dtype, AntiquantGeometry(g.n2, g.d, batch, kv_cols, pages, query.dtype, g.decode), strict,
+        g, lens, query.dtype, AntiquantGeometry(g.n2, g.d, g.dv, batch, kv_cols, pages, query.dtype, g.decode), strict,
         deq_scale1=deq_scale1, quant_scale1=quant_scale1, deq_scale2=deq_scale2, quant_scale2=quant_scale2,
         quant_offset2=quant_offset2, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
         antiquant_mode=antiquant_mode, key_antiquant_scale=key_antiquant_scale,
@@ -471,12 +518,13 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
     pse = _pse(pse_shift, g, lens, seq, kv_cols, query.dtype)
     if strict:
         _check_envelope(g, lens, kv_cols, out_quant, pse_shift, block_size)
-    out_shape = tuple(query.shape) if g.out_layout == g.in_layout else (g.batch, g.q_s, g.n1, g.d)
+    out_shape = (*query.shape[:-1], g.n1 * g.dv if g.in_layout == "BSH" else g.dv) if g.out_layout == g.in_layout \
+        else (g.batch, g.q_s, g.n1, g.dv)
     tnd = g.in_layout == "TND"
     return FIAProblem(
-        n1=g.n1, n2=g.n2, d=g.d, seq=seq, queries=_query_rows(query, g, lens), kv=_segments(
-            g, lens, kv_tokens, prefix, block_table, block_size), key_quant=key_quant, value_quant=value_quant,
-        mask=mask, pse=pse, scale=float(scale), int8=int8, out_quant=out_quant,
+        n1=g.n1, n2=g.n2, d=g.d, dv=g.dv, seq=seq, queries=_query_rows(query, g, lens), kv=_segments(
+            g, lens, kv_tokens, value_tokens, prefix, block_table, block_size), key_quant=key_quant,
+        value_quant=value_quant, mask=mask, pse=pse, scale=float(scale), int8=int8, out_quant=out_quant,
         out_dtype=I8 if out_quant is not None else F16 if int8 is not None else query.dtype, out_layout=g.out_layout,
         out_shape=out_shape, row_starts=tuple(lens.q_starts), device=query.device,
         lse_shape=(query.shape[0], g.n1, 1) if tnd else (g.batch, g.n1, g.q_s, 1))
@@ -507,7 +555,7 @@ def _quantization(g: _Inputs, lens: _Lengths, query_dtype, geo: AntiquantGeometr
                   quant_scale1, deq_scale2, quant_scale2, quant_offset2, antiquant_mode, key_antiquant_mode,
                   value_antiquant_mode, **antiquant):
     """``(int8 chain, int8 output, key antiquant, value antiquant)``, each None when unused, with their rules."""
-    out_quant = build_output_quant(quant_scale2, quant_offset2, n1=g.n1, dv=g.d, query_dtype=query_dtype)
+    out_quant = build_output_quant(quant_scale2, quant_offset2, n1=g.n1, dv=g.dv, query_dtype=query_dtype)
     if out_quant is not None:
         require(not g.int4, "quant_scale2", "None with int4 key/value (no int8 output)", quant_scale2)
         require(out_quant.scale.numel() == 1 or lens.left_padding is None, "quant_scale2",

@@ -157,7 +157,8 @@ class AntiquantGeometry:
     """What antiquant parameter shapes are checked against."""
 
     n2: int
-    d: int
+    d: int  # key head dim
+    dv: int  # value head dim
     batch: int
     positions: int  # least S of per-token parameters
     pages: tuple[int, int] | None  # (blocknum, blocksize) of a paged cache
@@ -169,9 +170,11 @@ def _per_token_s(name: str, t: Tensor, shape_ok: bool, want: str, geo: Antiquant
     require(shape_ok and t.shape[-1] >= geo.positions, name, f"{want} with S >= {geo.positions} (per-token)", t)
 
 
-def _normalize(name: str, t: Tensor, mode: int, geo: AntiquantGeometry, combined: bool) -> tuple[str, Tensor]:
-    """Validate one antiquant parameter of ``mode`` and return ``(kind, fp32 tensor in the kind's shape)``."""
-    n, d, b = geo.n2, geo.d, geo.batch
+def _normalize(name: str, t: Tensor, mode: int, geo: AntiquantGeometry, combined: bool, d: int
+               ) -> tuple[str, Tensor]:
+    """Validate one antiquant parameter of ``mode`` for head dim ``d`` and return ``(kind, fp32 tensor in the
+    kind's shape)``."""
+    n, b = geo.n2, geo.batch
     if mode in (0, 2):
         check_tensor(name, t, dtypes=(geo.param_dtype,))
         if mode == 2:
@@ -202,13 +205,13 @@ def _normalize(name: str, t: Tensor, mode: int, geo: AntiquantGeometry, combined
 
 
 def _antiquant(names: tuple[str, str], scale: Tensor, offset: Tensor | None, mode: int, geo: AntiquantGeometry,
-               combined: bool) -> Antiquant:
-    kind, s = _normalize(names[0], scale, mode, geo, combined)
+               combined: bool, d: int) -> Antiquant:
+    kind, s = _normalize(names[0], scale, mode, geo, combined, d)
     if offset is None:
         return Antiquant(kind, s)
     check_tensor(names[1], offset)
     require(offset.shape == scale.shape, names[1], f"the shape of {names[0]} {list(scale.shape)}", offset)
-    return Antiquant(kind, s, _normalize(names[1], offset, mode, geo, combined)[1])
+    return Antiquant(kind, s, _normalize(names[1], offset, mode, geo, combined, d)[1])
 
 
 def build_kv_antiquant(*, antiquant_scale, antiquant_offset, antiquant_mode, key_antiquant_scale,
@@ -244,7 +247,7 @@ def build_kv_antiquant(*, antiquant_scale, antiquant_offset, antiquant_mode, key
         mode = antiquant_mode if geo.decode else 0
         names = ("antiquant_scale", "antiquant_offset")
         return tuple(_antiquant(names, antiquant_scale[i], None if antiquant_offset is None else antiquant_offset[i],
-                                mode, geo, combined=True) for i in (0, 1)) + (False,)
+                                mode, geo, combined=True, d=(geo.d, geo.dv)[i]) for i in (0, 1)) + (False,)
     if geo.decode:
         require(kmode == vmode or (kmode, vmode) == (0, 1), "value_antiquant_mode",
                 f"key_antiquant_mode ({kmode}), or 1 with key_antiquant_mode 0", vmode)
@@ -255,7 +258,7 @@ def build_kv_antiquant(*, antiquant_scale, antiquant_offset, antiquant_mode, key
         paged = ((4, 4), (5, 5)) if geo.pages is not None else ()
         require((kmode, vmode) in ((0, 0), (1, 1), (3, 3), (0, 1)) + paged, "key_antiquant_mode", "per-channel (0), "
                 "per-token (1), per-token+head (3) or key 0 + value 1 for int4 key/value", (kmode, vmode))
-    if kmode == vmode:
+    if kmode == vmode and (kmode != 0 or geo.d == geo.dv):  # per-channel shapes follow each head dim
         for name, a, other in (("value_antiquant_scale", value_antiquant_scale, key_antiquant_scale),
                                ("value_antiquant_offset", value_antiquant_offset, key_antiquant_offset)):
             if a is not None:
@@ -264,8 +267,8 @@ def build_kv_antiquant(*, antiquant_scale, antiquant_offset, antiquant_mode, key
                 require(a.shape == other.shape, name, f"the shape of {name.replace('value', 'key')}", a,
                         f"key's is {describe(other)}")
     key = _antiquant(("key_antiquant_scale", "key_antiquant_offset"), key_antiquant_scale, key_antiquant_offset,
-                     kmode, geo, combined=False)
+                     kmode, geo, combined=False, d=geo.d)
     value = _antiquant(("value_antiquant_scale", "value_antiquant_offset"), value_antiquant_scale,
-                       value_antiquant_offset, vmode, geo, combined=False)
+                       value_antiquant_offset, vmode, geo, combined=False, d=geo.dv)
     return key, value, True
 

@@ -54,7 +54,7 @@ def forward(p: FIAProblem) -> tuple[Tensor, Tensor]:
 
 
 def _store(p: FIAProblem, b: int, o: Tensor, lse_b: Tensor, out_tokens: Tensor, lse: Tensor) -> None:
-    """Write batch ``b``'s fp32 output ``[Sq, N1, D]`` (converted) and lse ``[N1, Sq]`` at its rows."""
+    """Write batch ``b``'s fp32 output ``[Sq, N1, Dv]`` (converted) and lse ``[N1, Sq]`` at its rows."""
     s, n = p.row_starts[b], o.shape[0]
     if p.out_quant is not None:
         valid = lse_b.isfinite().transpose(0, 1).unsqueeze(-1)
@@ -80,7 +80,7 @@ def _tokens(x: Tensor) -> Tensor:
 
 
 def _batch_kv(p: FIAProblem, b: int, dequantize: bool = True) -> tuple[Tensor, Tensor]:
-    """Batch ``b``'s effective K and V as ``[Skv, N2, D]`` (a view when it is one in-place fp32 run)."""
+    """Batch ``b``'s effective K ``[Skv, N2, Dk]`` and V ``[Skv, N2, Dv]`` (views when one in-place fp32 run)."""
     ks, vs = [], []
     for seg in p.kv[b]:
         if dequantize:
@@ -118,7 +118,7 @@ def _prefill_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
     if p.pse is not None:
         t = p.pse.tensor
         pse = PseSpec(0, "full", t if t.shape[0] == 1 else t[b:b + 1])
-    fa = FAProblem(Geometry("BSND", p.n1, p.n2, p.d, p.d, 1, sq, skv), SeqInfo.dense(1, sq, skv), p.mask.batch(b),
+    fa = FAProblem(Geometry("BSND", p.n1, p.n2, p.d, p.dv, 1, sq, skv), SeqInfo.dense(1, sq, skv), p.mask.batch(b),
                    pse, None, p.scale, "", sq, skv)
     out, smax, ssum = fa_reference.forward(fa, q.to(F32)[None], k[None], v[None])
     m, total = smax[0, :, :, 0], ssum[0, :, :, 0]
@@ -131,7 +131,7 @@ def _int8_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
     sq, skv, g, c = q.shape[0], p.seq.kv_lens[b], p.group, p.int8
     k, v = _batch_kv(p, b, dequantize=False)
     qh, kh, vh = (x.transpose(0, 1).to(F64) for x in (q, k, v))  # [N, S, D]
-    o = torch.empty(p.n1, sq, p.d, dtype=F32, device=q.device)
+    o = torch.empty(p.n1, sq, p.dv, dtype=F32, device=q.device)
     lse = torch.empty(p.n1, sq, dtype=F32, device=q.device)
     rows = max(1, INT8_TILE // (g * skv))
     for n2 in range(p.n2):
