@@ -65,17 +65,17 @@ class _Chunk:
 
 
 def _chunks(p: FIAProblem, b: int) -> list[_Chunk]:
-    """Batch ``b``'s KV columns in chunks of at most ``CHUNK_TOKENS`` (at least one block), in column order;
-    pieces of multi-block paged runs are whole blocks."""
+    """Batch ``b``'s KV columns in chunks of at most ``CHUNK_TOKENS`` (at least one page), in column order; pages are
+    never split (page-managed antiquant scales are indexed from a page's first token)."""
     chunks: list[_Chunk] = []
     pieces: list[_Piece] = []
     start = size = 0
     for seg in p.kv[b]:
-        grain = 1 if seg.key.shape[0] == 1 else seg.key.shape[2]
+        grain = 1 if seg.block is None else seg.key.shape[2]  # pages are never split (page-managed antiquant)
         t = 0
         while t < seg.length:
             room = (CHUNK_TOKENS - size) // grain * grain if size else max(grain, CHUNK_TOKENS // grain * grain)
-            if room == 0:
+            if room <= 0:
                 chunks.append(_Chunk(b, len(chunks), start, size, tuple(pieces)))
                 pieces, start, size = [], start + size, 0
                 continue
