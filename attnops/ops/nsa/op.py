@@ -12,16 +12,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..._core.devices import on_cpu
 from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..flash_attention import op as fa_op
 from ..._core.varlen import lengths_from_cumulative
-from .compress import build_compress_spec, check_output_grad, compress_backward, compress_block_count, compress_forward
-from .compress_attention import build_compress_attention_spec, compress_attention_forward
-from .selected import build_selected_spec, selected_backward, selected_forward
-from .decode import (check_compress_cache, check_compress_selection, check_paged, check_selected_topk,
-                     compress_decode, compress_into_cache, selected_decode)
+from . import backends
+from .compress import build_compress_spec, check_output_grad, compress_block_count
+from .selected import build_selected_spec
+from .decode import check_compress_cache, check_compress_selection, check_paged, check_selected_topk
 
 INT_MAX = 2147483647
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
@@ -43,7 +41,7 @@ def nsa_compress(input: Tensor, weight: Tensor, compress_block_size: int, compre
     spec = build_compress_spec(input, weight, compress_block_size=compress_block_size,
                                compress_stride=compress_stride, actual_seq_len=actual_seq_len,
                                act_seq_len_type=act_seq_len_type)
-    return on_cpu(compress_forward, spec, input, weight)
+    return backends.compress(spec, input, weight)
 
 
 @nsa_compress.register_fake
@@ -66,7 +64,7 @@ def nsa_compress_grad(output_grad: Tensor, input: Tensor, weight: Tensor, compre
                                compress_stride=compress_stride, actual_seq_len=actual_seq_len,
                                act_seq_len_type=act_seq_len_type)
     check_output_grad(output_grad, spec, input)
-    return on_cpu(compress_backward, spec, output_grad, input, weight)
+    return backends.compress_grad(spec, output_grad, input, weight)
 
 
 @nsa_compress_grad.register_fake
@@ -100,7 +98,7 @@ def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indic
                                select_block_size=select_block_size, select_block_count=select_block_count,
                                atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
                                actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode)
-    return on_cpu(selected_forward, spec, query, key, value, topk_indices)
+    return backends.selected(spec, query, key, value, topk_indices)
 
 
 @nsa_selected_attention.register_fake
@@ -126,8 +124,8 @@ def nsa_selected_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value:
                                atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
                                actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, grad=True)
     check_selected_backward_inputs(spec, query, grad, attention_out, softmax_max, softmax_sum)
-    return on_cpu(selected_backward, spec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
-                  topk_indices)
+    return backends.selected_grad(spec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
+                                  topk_indices)
 
 
 @nsa_selected_attention_grad.register_fake
@@ -169,7 +167,7 @@ def nsa_selected_attention_infer(query: Tensor, key: Tensor, value: Tensor, topk
                      seq_lens=actual_seq_kvlen, lens_name="actual_seq_kvlen")
     block = check_selected_topk(kv, topk_indices, select_block_size=select_block_size,
                                 select_block_count=select_block_count)
-    return on_cpu(selected_decode, kv, block, query, key, value, topk_indices, block_table)
+    return backends.selected_infer(kv, block, query, key, value, topk_indices, block_table)
 
 
 @nsa_selected_attention_infer.register_fake
@@ -194,7 +192,7 @@ def nsa_compress_attention_infer(query: Tensor, key: Tensor, value: Tensor, bloc
                      seq_lens=actual_cmp_seq_kvlen, lens_name="actual_cmp_seq_kvlen")
     sel = check_compress_selection(kv, compress_block_size=compress_block_size, compress_stride=compress_stride,
                                    select_block_size=select_block_size, select_block_count=select_block_count)
-    return on_cpu(compress_decode, kv, sel, query, key, value, block_table)
+    return backends.compress_attention_infer(kv, sel, query, key, value, block_table)
 
 
 @nsa_compress_attention_infer.register_fake
@@ -217,13 +215,7 @@ def nsa_compress_infer(input: Tensor, weight: Tensor, slot_mapping: Tensor, bloc
                                                compress_block_size=compress_block_size,
                                                compress_stride=compress_stride, page_block_size=page_block_size,
                                                actual_seq_len=actual_seq_len)
-    if cache.device.type == "cpu":
-        compress_into_cache(input, weight, slot_mapping, block_table, cache, lens, block, stride)
-    else:  # computed on CPU copies, written back
-        host = cache.cpu()
-        compress_into_cache(input.cpu(), weight.cpu(), slot_mapping.cpu(), block_table.cpu(), host, lens, block,
-                            stride)
-        cache.copy_(host)
+    backends.compress_infer(input, weight, slot_mapping, block_table, cache, lens, block, stride)
 
 
 @nsa_compress_infer.register_fake
@@ -246,16 +238,12 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, topk_mask:
                            actual_seq_qlen: Optional[list[int]], actual_cmp_seq_kvlen: Optional[list[int]],
                            actual_sel_seq_kvlen: Optional[list[int]], sparse_mode: int
                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    def run(query, key, value, topk_mask, atten_mask):  # the spec holds the masks: built from the CPU copies
-        spec = build_compress_attention_spec(
-            query, key, value, scale_value=scale_value, head_num=head_num, compress_block_size=compress_block_size,
-            compress_stride=compress_stride, select_block_size=select_block_size,
-            select_block_count=select_block_count, topk_mask=topk_mask, atten_mask=atten_mask,
-            actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen,
-            actual_sel_seq_kvlen=actual_sel_seq_kvlen, sparse_mode=sparse_mode)
-        return compress_attention_forward(spec, query, key, value)
-
-    return on_cpu(run, query, key, value, topk_mask, atten_mask)
+    return backends.compress_attention(
+        query, key, value, topk_mask, atten_mask, scale_value=scale_value, head_num=head_num,
+        compress_block_size=compress_block_size, compress_stride=compress_stride, select_block_size=select_block_size,
+        select_block_count=select_block_count, actual_seq_qlen=actual_seq_qlen,
+        actual_cmp_seq_kvlen=actual_cmp_seq_kvlen, actual_sel_seq_kvlen=actual_sel_seq_kvlen,
+        sparse_mode=sparse_mode)
 
 
 @nsa_compress_attention.register_fake

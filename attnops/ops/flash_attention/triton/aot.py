@@ -6,24 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from ...._core.triton.aot import KernelLaunch, compile_launch
+from ...._core.triton.aot import KernelLaunch
 from ...._core.triton.registry import register_aot
 from ..problem import build_problem
 from . import launch as fa_launch
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-def kernel_launch(item: fa_launch.Launch) -> KernelLaunch:
-    """The compiled call site of one launch of a plan (``launch.forward_plan`` / ``backward_plan``)."""
-    function = fa_launch.kernel_function(item.kernel, interpret=False)
-    values = dict(zip(function.arg_names, item.args), **item.kwargs)
-    return KernelLaunch(item.kernel, function, values,
-                        fa_launch.tile_configs(item, function.arg_names, interpret=False))
-
-
-def compile_plan_launch(item: fa_launch.Launch, target: tuple[str, int, int]):
-    return compile_launch(kernel_launch(item), target)
 
 
 def _plan(dtype: str, d: int, everything: bool) -> list[KernelLaunch]:
@@ -40,7 +28,7 @@ def _plan(dtype: str, d: int, everything: bool) -> list[KernelLaunch]:
     p = build_problem(q, k, v, **kw)
     (out, smax, ssum), fwd = fa_launch.forward_plan(p, q, k, v, interpret=False)
     _, bwd = fa_launch.backward_plan(p, q, k, v, dy, out, smax, ssum, interpret=False)
-    return [kernel_launch(item) for item in fwd + bwd]
+    return [fa_launch.KERNELS.aot_launch(item) for item in fwd + bwd]
 
 
 for _dtype in DTYPES:

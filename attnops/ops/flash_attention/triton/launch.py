@@ -9,34 +9,19 @@ Triton's interpreter with fixed 16 x 16 tiles.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-
 import torch
 
 from ...._core.layouts import tokens_view, with_head_dim
 from ...._core.masks import INF
 from ...._core.pse import ALIBI_ROWS
 from ...._core.softmax_stats import STAT_LANES, new_stats
+from ...._core.triton.launch import KernelFamily, Launch, pow2, unit_last_stride
+from ...._core.triton.support import interpreting
 from ..problem import FAProblem
-from .verify import interpreting
 
 INTERPRET_BLOCK = 16
 _PSE_KINDS = {"full": 1, "row": 2, "alibi": 3}  # common.PSE_FULL / PSE_ROW / PSE_ALIBI; slopes: 4 + (type 3)
 _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
-
-
-@functools.cache
-def _kernels(interpret: bool):
-    """The kernel modules, imported (decorated) once; ``interpret`` says which mode the caller needs
-    (``dispatch.triton_unavailable_reason`` turned the interpreter on before Triton's first import)."""
-    from . import bwd, fwd
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if isinstance(fwd.fwd_kernel, InterpretedFunction) != interpret:
-        raise RuntimeError("the Triton FlashAttention kernels were imported for the "
-                           f"{'interpreter' if not interpret else 'GPU'} in this process; CPU (interpreted) and CUDA "
-                           "calls cannot be mixed in one process")
-    return fwd, bwd
 
 
 # Autotuning candidates (BLOCK_M, BLOCK_N, warps, stages) per (kernel kind, operand bytes, D > 128), chosen from the
@@ -86,25 +71,7 @@ def _prune(kind: str, configs, named_args, **kwargs):
     return kept
 
 
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch of a plan: kernel name, grid extent (rows tiled by the kernel's block, columns) and
-    arguments. The tile constexprs (``BLOCK_M``/``BLOCK_N``) and warps/stages are not in ``kwargs``: they come from
-    :func:`tile_configs` (the interpreter's fixed tiles, or the autotuner's configurations on CUDA)."""
-
-    kernel: str  # fwd_kernel, preprocess_kernel, dq_kernel, dkdv_kernel
-    grid_rows: int
-    grid_cols: int
-    args: tuple
-    kwargs: dict
-
-    @property
-    def block_axis(self) -> str:
-        """The tile constexpr that blocks the grid's rows (the dK/dV kernel tiles key rows)."""
-        return "BLOCK_N" if self.kernel == "dkdv_kernel" else "BLOCK_M"
-
-
-def tile_configs(launch: Launch, arg_names: list[str], interpret: bool) -> list:
+def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     """The ``triton.Config`` candidates of ``launch``: one fixed config for the preprocess and the interpreter,
     the pruned autotuning configurations on CUDA (exactly those the autotuner would try)."""
     import triton
@@ -115,46 +82,18 @@ def tile_configs(launch: Launch, arg_names: list[str], interpret: bool) -> list:
     if interpret:
         return [triton.Config({"BLOCK_M": INTERPRET_BLOCK, "BLOCK_N": INTERPRET_BLOCK})]
     kind = _kind(launch.kernel)
-    return _prune(kind, _configs(kind), dict(zip(arg_names, launch.args)), **launch.kwargs)
+    return _prune(kind, _configs(kind), named_args, **launch.kwargs)
 
 
-def kernel_function(kernel_name: str, interpret: bool):
-    """The ``@triton.jit`` function (interpreted or compiled) named ``kernel_name``."""
-    fwd, bwd = _kernels(interpret)
-    return getattr(fwd if kernel_name == "fwd_kernel" else bwd, kernel_name)
-
-
-@functools.cache
-def _tuned(kernel_name: str):
-    """The autotuned CUDA variant of a kernel (GPU only; the interpreter uses fixed tiles)."""
-    import triton
-
+def _autotuning(kernel_name: str):
+    """A kernel's autotuning: every candidate of its kind, the key (head dims and features, never sequence
+    lengths: a new length neither recompiles nor re-tunes) and the pruning to the call's class."""
     kind = _kind(kernel_name)
-    return triton.autotune(configs=_configs(kind), key=_TUNE_KEY,
-                           prune_configs_by={"early_config_prune": functools.partial(_prune, kind)})(
-        kernel_function(kernel_name, False))
+    return _configs(kind), _TUNE_KEY, functools.partial(_prune, kind)
 
 
-def _run(launch: Launch, device: torch.device) -> None:
-    """Launch over ``(row blocks, grid_cols)``: the fixed config of :func:`tile_configs` where there is one, the
-    autotuner on CUDA otherwise."""
-    interpret = interpreting(device)
-    kernel = kernel_function(launch.kernel, interpret)
-    if interpret or launch.kernel == "preprocess_kernel":
-        (config,) = tile_configs(launch, kernel.arg_names, interpret)
-        grid = (triton_cdiv(launch.grid_rows, config.kwargs[launch.block_axis]), launch.grid_cols)
-        kernel[grid](*launch.args, **launch.kwargs, **config.kwargs)
-        return
-    _tuned(launch.kernel)[lambda meta: (triton_cdiv(launch.grid_rows, meta[launch.block_axis]), launch.grid_cols)](
-        *launch.args, **launch.kwargs)
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return max(1, -(-a // b))
-
-
-def _pow2(n: int) -> int:
-    return max(16, 1 << (n - 1).bit_length())
+KERNELS = KernelFamily("flash_attention", ("attnops.ops.flash_attention.triton.fwd",
+                                           "attnops.ops.flash_attention.triton.bwd"), _tile_configs, _autotuning)
 
 
 def _strides(view: torch.Tensor, packed: bool) -> tuple[int, int, int]:
@@ -166,8 +105,7 @@ def _strides(view: torch.Tensor, packed: bool) -> tuple[int, int, int]:
 
 def _token_view(x: torch.Tensor, p: FAProblem, heads: int) -> torch.Tensor:
     """``x`` as ``[B, S, N, D]`` / ``[T, N, D]`` with a unit last stride (copied only when it has none)."""
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    return tokens_view(x, p.layout, heads)
+    return tokens_view(unit_last_stride(x), p.layout, heads)
 
 
 def _stats_geometry(p: FAProblem) -> tuple[list[int], list[int], int]:
@@ -241,7 +179,7 @@ def _common(p: FAProblem, query: torch.Tensor, interpret: bool):
     drop, drop_flags = _dropout_args(p, device, dummy)
     upcast = interpret or query.dtype == torch.float32
     flags = dict(**pse_flags, **mask_flags, **drop_flags, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
-                 BLOCK_D=_pow2(p.geom.d), BLOCK_DV=_pow2(p.geom.dv))
+                 BLOCK_D=pow2(p.geom.d), BLOCK_DV=pow2(p.geom.dv))
     return pse, mask, drop, flags
 
 
@@ -256,18 +194,17 @@ def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: to
     qv, kv, vv = _token_view(query, p, g.n1), _token_view(key, p, g.n2), _token_view(value, p, g.n2)
     ov = tokens_view(out, g.layout, g.n1)
     pse, mask, drop, flags = _common(p, query, interpret)
-    launch = Launch("fwd_kernel", seq.max_q, seq.batch * g.n1,
+    launch = Launch("fwd_kernel", (seq.max_q, seq.batch * g.n1),
                     (qv, kv, vv, ov, smax, ssum, _meta(p, query.device), *_strides(qv, seq.packed),
                      *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(ov, seq.packed),
-                     _stats_geometry(p)[2], *pse, *mask, *drop, p.scale, g.n1, g.group, g.d, g.dv), flags)
+                     _stats_geometry(p)[2], *pse, *mask, *drop, p.scale, g.n1, g.group, g.d, g.dv), flags, "BLOCK_M")
     return (out, smax, ssum), [launch]
 
 
 def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
     """``(attention_out, softmax_max, softmax_sum)`` of problem ``p`` from the forward kernel."""
     outputs, launches = forward_plan(p, query, key, value, interpreting(query.device))
-    for launch in launches:
-        _run(launch, query.device)
+    KERNELS.run_all(launches, query.device)
     return outputs
 
 
@@ -291,9 +228,9 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
     meta = _meta(p, device)
     delta_sb = 0 if seq.packed else seq.max_q
     delta = torch.empty((p.total_q, g.n1), dtype=torch.float32, device=device)
-    pre = Launch("preprocess_kernel", seq.max_q, seq.batch * g.n1,
+    pre = Launch("preprocess_kernel", (seq.max_q, seq.batch * g.n1),
                  (ov, dov, delta, meta, *_strides(ov, seq.packed), *_strides(dov, seq.packed), delta_sb, g.n1, g.dv),
-                 dict(BLOCK_DV=_pow2(g.dv)))
+                 dict(BLOCK_DV=pow2(g.dv)), "BLOCK_M")
     pse, mask, drop, flags = _common(p, query, interpret)
     stat_row = _stats_geometry(p)[2]
     dummy = torch.zeros(1, dtype=torch.float32, device=device)
@@ -301,16 +238,16 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
     row = has_dpse and p.pse.kind == "row"
     dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]
     dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
-    dq_launch = Launch("dq_kernel", seq.max_q, seq.batch * g.n1,
+    dq_launch = Launch("dq_kernel", (seq.max_q, seq.batch * g.n1),
                        (qv, kv, vv, dov, dqv, delta, softmax_max, softmax_sum, meta, *_strides(qv, seq.packed),
                         *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(dov, seq.packed),
                         *_strides(dqv, seq.packed), stat_row, delta_sb, *pse, *mask, *drop, *dpse_full, p.scale,
-                        g.n1, g.group, g.d, g.dv), dict(DPSE_FULL=full, **flags))
-    dkdv_launch = Launch("dkdv_kernel", seq.max_kv, seq.batch * g.n2,
+                        g.n1, g.group, g.d, g.dv), dict(DPSE_FULL=full, **flags), "BLOCK_M")
+    dkdv_launch = Launch("dkdv_kernel", (seq.max_kv, seq.batch * g.n2),
                          (qv, kv, vv, dov, dkv, dvv, delta, softmax_max, softmax_sum, meta, *_strides(qv, seq.packed),
                           *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(dov, seq.packed),
                           *_strides(dkv, seq.packed), *_strides(dvv, seq.packed), stat_row, delta_sb, *pse, *mask,
-                          *drop, *dpse_row, p.scale, g.n1, g.n2, g.group, g.d, g.dv), dict(DPSE_ROW=row, **flags))
+                          *drop, *dpse_row, p.scale, g.n1, g.n2, g.group, g.d, g.dv), dict(DPSE_ROW=row, **flags), "BLOCK_N")
     return (dq, dk, dv, dpse_buf), [pre, dq_launch, dkdv_launch]
 
 
@@ -318,8 +255,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     """``(dq, dk, dv, dpse)`` of problem ``p`` from the preprocess, dQ and dK/dV kernels."""
     (dq, dk, dv, dpse_buf), launches = backward_plan(p, query, key, value, dy, attention_in, softmax_max,
                                                      softmax_sum, interpreting(query.device))
-    for launch in launches:
-        _run(launch, query.device)
+    KERNELS.run_all(launches, query.device)
     return dq, dk, dv, _reduce_dpse(p, dpse_buf)
 
 

@@ -13,7 +13,8 @@ import torch
 
 from attnops._core.dropout import pack_bits
 from attnops.ops.flash_attention.problem import build_problem
-from attnops.ops.flash_attention.triton import aot, launch
+from attnops._core.triton.aot import compile_launch
+from attnops.ops.flash_attention.triton import launch
 from tests.helpers import PREFIX3072, TRIU2048, cum, make_qkv, random_keep
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -72,7 +73,7 @@ def compile_case(arch: int, case: dict) -> dict:
     result = {}
     for item in launches(case):
         try:
-            result[item.kernel] = [v.__dict__ for v in aot.compile_plan_launch(item, ("cuda", arch, 32))]
+            result[item.kernel] = [v.__dict__ for v in compile_launch(launch.KERNELS.aot_launch(item), ("cuda", arch, 32))]
         except Exception as e:  # the report names the failure; the test fails on it
             result[item.kernel] = f"{type(e).__name__}: {e}"
     return result

@@ -1,0 +1,143 @@
+"""The one launch layer of every operator's Triton kernels: a plan's launches (:class:`Launch`), the kernels of an
+operator (:class:`KernelFamily`: imported once per mode, their tile configurations, autotuning on CUDA) and the
+AOT call site of a launch (:meth:`KernelFamily.aot_launch`).
+
+An operator's launcher builds a plan, ``(outputs, [Launch, ...])``, from a problem, and runs it with
+:meth:`KernelFamily.run_all`; ``python -m attnops aot`` compiles the same plans. Tile constexprs never sit in a
+launch's ``kwargs``: they come from the family's ``tile_configs`` (one fixed configuration in Triton's interpreter
+or for a kernel that is not tuned, the autotuner's candidates on CUDA).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .support import interpreting
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: kernel name, grid extents, arguments and non-tile constexprs. With ``block_axis``, the
+    first grid extent counts rows that the kernel tiles by that constexpr (the grid holds ``cdiv(rows, tile)``
+    programs there); without, the grid is used as given."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict
+    block_axis: str | None = None
+
+    def grid_for(self, tiles: dict) -> tuple[int, ...]:
+        """The program grid under tile constexprs ``tiles``."""
+        if self.block_axis is None:
+            return self.grid
+        return (cdiv(self.grid[0], tiles[self.block_axis]), *self.grid[1:])
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)``, at least 1 (a grid extent)."""
+    return max(1, -(-a // b))
+
+
+def pow2(n: int, least: int = 16) -> int:
+    """The smallest power of two >= ``n`` and >= ``least`` (a tile extent covering ``n``)."""
+    return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
+def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with a unit last stride, copied only when it has none (kernels address the last dim contiguously)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+TileConfigs = Callable[[Launch, dict, bool], list]  # (launch, argument values by name, interpret) -> [Config]
+Autotuning = Callable[[str], tuple[list, list, Callable | None]]  # kernel -> (configs, key, early prune)
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """An operator's Triton kernels. ``modules`` (absolute names) define the ``@triton.jit`` functions and are
+    imported on first use (``dispatch.triton_unavailable_reason`` has set the interpreter mode by then);
+    ``tile_configs`` gives a launch's tile configurations (one: launched with it; several: the autotuner picks
+    among them on CUDA, through ``autotuning`` which gives a kernel's full candidate list, key and pruning)."""
+
+    name: str
+    modules: tuple[str, ...]
+    tile_configs: TileConfigs
+    autotuning: Autotuning | None = None
+
+    def function(self, kernel: str, interpret: bool):
+        """The ``@triton.jit`` function ``kernel`` (interpreted or compiled); raises when this process imported
+        the kernels for the other mode (CPU-interpreted and CUDA calls cannot be mixed in one process)."""
+        return _function(self.modules, self.name, kernel, interpret)
+
+    def configs(self, launch: Launch, interpret: bool) -> list:
+        """The ``triton.Config`` candidates of ``launch`` (exactly those the autotuner would try on CUDA)."""
+        names = self.function(launch.kernel, interpret).arg_names
+        return self.tile_configs(launch, dict(zip(names, launch.args)), interpret)
+
+    def run(self, launch: Launch, device: torch.device) -> None:
+        """Launch on ``device``: with its single configuration, or through the kernel's autotuner on CUDA."""
+        interpret = interpreting(device)
+        configs = self.configs(launch, interpret)
+        if len(configs) == 1:
+            (config,) = configs
+            self.function(launch.kernel, interpret)[launch.grid_for(config.kwargs)](
+                *launch.args, **launch.kwargs, **config.kwargs, num_warps=config.num_warps,
+                num_stages=config.num_stages)
+            return
+        if interpret or self.autotuning is None:
+            raise RuntimeError(f"{self.name} kernel {launch.kernel}: several tile configurations need autotuning on "
+                               "CUDA")
+        _autotuned(self, launch.kernel)[launch.grid_for](*launch.args, **launch.kwargs)
+
+    def run_all(self, launches: list[Launch], device: torch.device) -> None:
+        for launch in launches:
+            self.run(launch, device)
+
+    def aot_launch(self, launch: Launch):
+        """The compiled call site of ``launch`` for ``python -m attnops aot`` (every tile configuration)."""
+        from .aot import KernelLaunch
+
+        function = self.function(launch.kernel, interpret=False)
+        values = dict(zip(function.arg_names, launch.args), **launch.kwargs)
+        return KernelLaunch(launch.kernel, function, values, self.configs(launch, interpret=False))
+
+
+@functools.cache
+def _module_functions(modules: tuple[str, ...], interpret: bool) -> dict:
+    """Every ``@triton.jit`` function of ``modules`` by name, after checking the import mode."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    functions = {}
+    for name in modules:
+        for attr, value in vars(importlib.import_module(name)).items():
+            if isinstance(value, (JITFunction, InterpretedFunction)) and not attr.startswith("_"):
+                functions[attr] = value
+    if any(isinstance(f, InterpretedFunction) != interpret for f in functions.values()):
+        raise RuntimeError(f"Triton kernels of {modules[0].rsplit('.', 1)[0]} were imported for the "
+                           f"{'GPU' if interpret else 'interpreter'} in this process; CPU (interpreted) and CUDA "
+                           "calls cannot be mixed in one process")
+    return functions
+
+
+def _function(modules: tuple[str, ...], family: str, kernel: str, interpret: bool):
+    functions = _module_functions(modules, interpret)
+    if kernel not in functions:
+        raise KeyError(f"{family} has no Triton kernel {kernel!r} (kernels: {sorted(functions)})")
+    return functions[kernel]
+
+
+@functools.cache
+def _autotuned(family: KernelFamily, kernel: str):
+    """The autotuned CUDA variant of ``kernel`` (once per process)."""
+    import triton
+
+    configs, key, prune = family.autotuning(kernel)
+    return triton.autotune(configs=configs, key=key,
+                           prune_configs_by={"early_config_prune": prune} if prune else None)(
+        family.function(kernel, interpret=False))

@@ -1,0 +1,26 @@
+"""What every operator's Triton kernels can serve, in pure Python (no Triton import): dispatch asks on any
+machine."""
+from __future__ import annotations
+
+import torch
+
+from ..dispatch import triton_unavailable_reason
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreting(device: torch.device) -> bool:
+    """True when kernels run through Triton's CPU interpreter (CPU tensors, ``ATTNOPS_TRITON_INTERPRET=1``)."""
+    return device.type != "cuda"
+
+
+def kernel_input_reason(tensor: torch.Tensor, name: str = "inputs") -> str | None:
+    """Why Triton kernels cannot take ``tensor`` (its device and floating dtype) at all, or None."""
+    reason = triton_unavailable_reason(tensor.device)
+    if reason is not None:
+        return reason
+    if tensor.dtype not in KERNEL_DTYPES:
+        return f"the Triton kernels take float16/bfloat16/float32 {name} (got {tensor.dtype})"
+    if tensor.dtype == torch.bfloat16 and interpreting(tensor.device):
+        return "the Triton CPU interpreter has no bfloat16 (bf16 dots and casts are wrong there); use float16/float32"
+    return None

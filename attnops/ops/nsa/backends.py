@@ -1,0 +1,66 @@
+"""Runs each NSA operator on its backend: the custom ops (``op.py``) call these functions and nothing else.
+
+Every operator runs the CPU reference (tensors on another device are copied to the CPU and the results back)
+unless a Triton implementation is registered for it and :func:`~attnops._core.dispatch.choose_backend` picks it:
+``auto`` on CUDA when the kernels' verifier accepts the call (logging the reason when it does not),
+``ATTNOPS_BACKEND=triton`` always (raising with the reason when the kernels cannot serve the call).
+"""
+from __future__ import annotations
+
+from ..._core.devices import on_cpu
+from .compress import compress_backward, compress_forward
+from .compress_attention import build_compress_attention_spec, compress_attention_forward
+from .decode import compress_decode, compress_into_cache, selected_decode
+from .selected import selected_backward, selected_forward
+
+
+def compress(spec, input, weight):
+    """``nsa_compress``: the compressed ``[rows, N, D]``."""
+    return on_cpu(compress_forward, spec, input, weight)
+
+
+def compress_grad(spec, output_grad, input, weight):
+    """``nsa_compress_grad``: ``(input_grad, weight_grad)``."""
+    return on_cpu(compress_backward, spec, output_grad, input, weight)
+
+
+def selected(spec, query, key, value, topk_indices):
+    """``nsa_selected_attention``: ``(attention_out, softmax_max, softmax_sum)``."""
+    return on_cpu(selected_forward, spec, query, key, value, topk_indices)
+
+
+def selected_grad(spec, query, key, value, attention_out, grad, softmax_max, softmax_sum, topk_indices):
+    """``nsa_selected_attention_grad``: ``(dq, dk, dv)``."""
+    return on_cpu(selected_backward, spec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
+                  topk_indices)
+
+
+def compress_attention(query, key, value, topk_mask, atten_mask, **spec_args):
+    """``nsa_compress_attention``: ``(attention_out, topk_indices, softmax_max, softmax_sum)``; ``spec_args``:
+    :func:`build_compress_attention_spec`'s keywords."""
+    def run(query, key, value, topk_mask, atten_mask):  # the spec holds the masks: built from the CPU copies
+        spec = build_compress_attention_spec(query, key, value, topk_mask=topk_mask, atten_mask=atten_mask,
+                                             **spec_args)
+        return compress_attention_forward(spec, query, key, value)
+
+    return on_cpu(run, query, key, value, topk_mask, atten_mask)
+
+
+def selected_infer(kv, block, query, key, value, topk_indices, block_table):
+    """``nsa_selected_attention_infer``: the output ``[B, N1, Dv]``."""
+    return on_cpu(selected_decode, kv, block, query, key, value, topk_indices, block_table)
+
+
+def compress_attention_infer(kv, sel, query, key, value, block_table):
+    """``nsa_compress_attention_infer``: ``(attention_out, topk_indices)``."""
+    return on_cpu(compress_decode, kv, sel, query, key, value, block_table)
+
+
+def compress_infer(input, weight, slot_mapping, block_table, cache, lens, block, stride) -> None:
+    """``nsa_compress_infer``: writes the completed compression blocks into ``cache`` in place."""
+    if cache.device.type == "cpu":
+        compress_into_cache(input, weight, slot_mapping, block_table, cache, lens, block, stride)
+        return
+    host = cache.cpu()  # computed on CPU copies, written back
+    compress_into_cache(input.cpu(), weight.cpu(), slot_mapping.cpu(), block_table.cpu(), host, lens, block, stride)
+    cache.copy_(host)
