@@ -13,6 +13,7 @@ import attnops
 import attnops.aclnn as aclnn
 from attnops.testing import golden_nsa as G
 from attnops.testing.compare import assert_close_to_golden
+from tests.helpers import cum  # noqa: F401  (re-exported to the NSA tests)
 
 F64 = torch.float64
 LOW = (torch.float16, torch.bfloat16, torch.float32)
@@ -22,15 +23,6 @@ def randn(*shape, dtype=torch.float32, seed=0, scale=1.0) -> torch.Tensor:
     """Deterministic normal samples (drawn in float64, then cast)."""
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g, dtype=F64) * scale).to(dtype)
-
-
-def cum(lens) -> list[int]:
-    """Per-batch lengths -> CANN cumulative list (no leading 0)."""
-    out, acc = [], 0
-    for n in lens:
-        acc += n
-        out.append(acc)
-    return out
 
 
 def baseline_dtype(dtype: torch.dtype) -> torch.dtype:
