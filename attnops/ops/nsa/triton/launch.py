@@ -17,35 +17,40 @@ from ...._core.triton.support import interpreting
 from ..compress import CompressSpec
 from ..selected import SelectedSpec
 
-MAX_KEY_TILE = 64  # keys of a selected block per step on a GPU
+MAX_KEY_TILE = {2: 64, 4: 32}  # keys of a selected block per step on a GPU, by operand bytes (fp32: no spills)
 WEIGHT_GRAD_ROWS = 64  # compressed rows per weight-gradient program on a GPU
 INTERPRET_TILE = 16
 
 
-def key_tile(block_size: int, interpret: bool) -> int:
+def key_tile(block_size: int, dtype: torch.dtype, interpret: bool) -> int:
     """``BLOCK_N``: keys of a selected block per step."""
-    return min(pow2(block_size), INTERPRET_TILE if interpret else MAX_KEY_TILE)
+    return min(pow2(block_size), INTERPRET_TILE if interpret else MAX_KEY_TILE[dtype.itemsize])
 
 
 def _row_tile(interpret: bool) -> int:
     return INTERPRET_TILE if interpret else WEIGHT_GRAD_ROWS
 
 
-def _warps(kwargs: dict) -> int:
-    return 8 if max(kwargs.get("BLOCK_D", 0), kwargs.get("BLOCK_DV", 0)) > 128 else 4
+def _warps(kwargs: dict, dtype: torch.dtype) -> int:
+    wide = max(kwargs.get("BLOCK_D", 0), kwargs.get("BLOCK_DV", 0)) > 128
+    return 8 if wide or dtype == torch.float32 else 4
 
 
 def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
-    """The one configuration of ``launch`` (the plans size their grids and buffers with the same tiles)."""
+    """The one configuration of ``launch`` (the plans size their grids and buffers with the same tiles). Chosen
+    from the compiler's figures (``python -m attnops aot --filter nsa``): no register spills on sm_80/sm_90 for
+    head dims 128 and 192/128 (fp32: 32-key steps, 8 warps, and a single-stage dQ)."""
     import triton
 
+    dtype = launch.args[0].dtype
     if launch.kernel.startswith("selected_"):
-        tiles = {"BLOCK_N": key_tile(named_args["block_size"], interpret)}
+        tiles = {"BLOCK_N": key_tile(named_args["block_size"], dtype, interpret)}
     elif launch.kernel == "compress_dw_kernel":
         tiles = {"BLOCK_R": _row_tile(interpret)}
     else:
         tiles = {}
-    return [triton.Config(tiles, num_warps=_warps(launch.kwargs), num_stages=1 if interpret else 2)]
+    single = interpret or (dtype == torch.float32 and launch.kernel == "selected_dq_kernel")
+    return [triton.Config(tiles, num_warps=_warps(launch.kwargs, dtype), num_stages=1 if single else 2)]
 
 
 KERNELS = KernelFamily("nsa", ("attnops.ops.nsa.triton.selected", "attnops.ops.nsa.triton.compress"), _tile_configs)
@@ -143,7 +148,7 @@ def selected_backward_plan(spec: SelectedSpec, query, key, value, attention_out,
     blocks, list_start, pair_token, n_blocks = _inverted_lists(spec, topk, n_tok, device)
     if n_blocks == 0:
         return (dq, dk, dv), [dq_launch]
-    tiles = cdiv(spec.block_size, key_tile(spec.block_size, interpret))
+    tiles = cdiv(spec.block_size, key_tile(spec.block_size, query.dtype, interpret))
     dkdv_launch = Launch("selected_dkdv_kernel", (n_blocks * tiles, spec.n2),
                          (q, k, v, do, dk, dv, delta, smax, ssum, tokens, blocks, list_start, pair_token,
                           *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *do.stride()[:2], *dk.stride()[:2],

@@ -165,6 +165,7 @@ def selected_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, delta_ptr,
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     g = tl.arange(0, BLOCK_G)
+    n = tl.arange(0, BLOCK_N)
     list_id = h2.to(tl.int64) * n_blocks + j
     lo = tl.load(list_start_ptr + list_id)
     hi = tl.load(list_start_ptr + list_id + 1)
@@ -175,13 +176,16 @@ def selected_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, delta_ptr,
         do = upcast(_group_tile(do_ptr, t, head0, group, do_st, do_sh, head_dv, BLOCK_G, BLOCK_DV), UPCAST)
         m, log2_l = _row_stats(smax_ptr, ssum_ptr, t, head0, group, n1, BLOCK_G)
         delta = tl.load(delta_ptr + t.to(tl.int64) * n1 + head0 + g, mask=g < group, other=0.0)
-        s = _scores(q, k, p0, n_keys, row, scale, CAUSAL, BLOCK_N, PRECISION)
-        p = tl.exp2((s - m[:, None]) * LOG2E - log2_l[:, None])
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    n = tl.arange(0, BLOCK_N)
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale  # [BLOCK_N, BLOCK_G]: S transposed
+        keep = n < n_keys
+        if CAUSAL:
+            keep = keep & (p0 + n <= row)
+        s_t = tl.where(keep[:, None], s_t, float("-inf"))
+        p_t = tl.exp2((s_t - m[None, :]) * LOG2E - log2_l[None, :])
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PRECISION)
     rows = (first + n[:, None]).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     tl.store(dk_ptr + rows * dk_st + tl.cast(h2, tl.int64) * dk_sh + d[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
