@@ -155,3 +155,34 @@ def test_compress_weight_grad_is_deterministic(kernels):
         grads.append((xx.grad, ww.grad))
     assert all(torch.equal(a, b) for a, b in zip(*grads))
     assert kernels == COMPRESS * 2
+
+
+# ----------------------------------------------------------------------------------------------- dispatch
+def _selected_call(dtype=torch.float32, d=8, g=1):
+    q, k, v = _qkv([4], [8], g, 1, d, d, dtype)
+    topk = random_topk([4], [8], 1, 1, 4)
+    return lambda: attnops.nsa_selected_attention(q, k, v, topk, select_block_size=4, actual_seq_qlen=[4],
+                                                  actual_seq_kvlen=[8])
+
+
+@pytest.mark.parametrize("call,reason", [
+    (_selected_call(torch.bfloat16), "no bfloat16"),
+    (_selected_call(torch.float64), "float16/bfloat16/float32"),
+    (_selected_call(d=264), "head dims up to 256 (got D=264, Dv=264)"),
+    (_selected_call(g=65), "query heads per KV head up to 64 (got 65)"),
+    (lambda: attnops.nsa_compress(randn(8, 1, 300), randn(4, 1), block_size=4, stride=4),
+     "head dims up to 256 (got D=300)"),
+], ids=["bf16-interpreter", "fp64", "head-dim", "group", "compress-head-dim"])
+def test_forced_triton_raises_the_verifier_reason(kernels, call, reason):
+    with pytest.raises(Exception, match=reason.replace("(", r"\(").replace(")", r"\)")):
+        call()
+    assert kernels == []
+
+
+def test_auto_keeps_the_reference_on_cpu(monkeypatch):
+    monkeypatch.delenv("ATTNOPS_BACKEND", raising=False)
+    recorder = _Recorder(nsa_launch.KERNELS)
+    monkeypatch.setattr(nsa_launch, "KERNELS", recorder)
+    _selected_call()()
+    attnops.nsa_compress(randn(8, 1, 8), randn(4, 1), block_size=4, stride=4)
+    assert recorder.kernels == []
