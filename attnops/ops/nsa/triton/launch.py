@@ -9,6 +9,8 @@ configuration per kernel (no autotuning: the grids depend on the tile).
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from ...._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES
@@ -65,6 +67,11 @@ def _ints(values, device) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.int64, device=device)
 
 
+def _firsts(counts: list[int], device) -> torch.Tensor:
+    """Exclusive prefix sums of ``counts`` (computed on the host: a handful of per-batch values)."""
+    return _ints(list(accumulate(counts, initial=0))[:-1], device)
+
+
 # ------------------------------------------------------------------------------------------- selected attention
 def _tokens(spec: SelectedSpec, device) -> torch.Tensor:
     """int64 ``[T, 2]`` of the tokens that belong to a batch: the batch's first KV token, the token's local row."""
@@ -108,22 +115,22 @@ def _inverted_lists(spec: SelectedSpec, topk: torch.Tensor, tokens: int, device)
     Returns ``blocks`` int64 ``[NB, 2]`` (first KV token, first local position) of every block of the batches with
     queries, ``list_start`` ``[N2*NB + 1]`` and ``pair_token``: list ``h*NB + j`` is
     ``pair_token[list_start[h*NB + j]:list_start[h*NB + j + 1]]``, in (token, slot) order (a stable sort), a token
-    once per slot that selected the block (duplicates accumulate)."""
+    once per slot that selected the block (duplicates accumulate). Deterministic ops only (no ``bincount``), so
+    ``torch.use_deterministic_algorithms(True)`` accepts them on CUDA."""
     seq, bs = spec.seq, spec.block_size
     per_batch = [seq.kv_lens[b] // bs if seq.q_lens[b] else 0 for b in range(seq.batch)]
     n_blocks = sum(per_batch)
     counts = _ints(per_batch, device)
-    base = torch.cumsum(counts, 0) - counts  # first global block of each batch
+    base = _firsts(per_batch, device)  # first global block of each batch
     local = torch.arange(n_blocks, device=device) - torch.repeat_interleave(base, counts, output_size=n_blocks)
     first = torch.repeat_interleave(_ints(seq.kv_starts, device), counts, output_size=n_blocks) + local * bs
     blocks = torch.stack([first, local * bs], 1).contiguous()
     token_base = torch.repeat_interleave(base, _ints(seq.q_lens, device), output_size=tokens)
     heads = torch.arange(spec.n2, device=device) * n_blocks
     keys = (topk[:tokens].long() + token_base[:, None, None] + heads[None, :, None]).reshape(-1)
-    order = torch.argsort(keys, stable=True)
+    sorted_keys, order = torch.sort(keys, stable=True)
     pair_token = order // (spec.n2 * spec.block_count)
-    sizes = torch.bincount(keys, minlength=spec.n2 * n_blocks)
-    list_start = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(sizes, 0)])
+    list_start = torch.searchsorted(sorted_keys, torch.arange(spec.n2 * n_blocks + 1, device=device))
     return blocks, list_start, pair_token, n_blocks
 
 
@@ -173,9 +180,10 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, grad
 # ------------------------------------------------------------------------------------------------- compression
 def _row_starts(spec: CompressSpec, device) -> torch.Tensor:
     """int64 ``[C]``: the first token of every compressed row (batch-major, block order)."""
-    counts = _ints((spec.blocks(b) for b in range(len(spec.lengths))), device)
+    per_batch = [spec.blocks(b) for b in range(len(spec.lengths))]
+    counts = _ints(per_batch, device)
     rows = spec.total_blocks
-    base = torch.cumsum(counts, 0) - counts
+    base = _firsts(per_batch, device)
     local = torch.arange(rows, device=device) - torch.repeat_interleave(base, counts, output_size=rows)
     return torch.repeat_interleave(_ints(spec.starts, device), counts, output_size=rows) + local * spec.stride
 
@@ -183,13 +191,13 @@ def _row_starts(spec: CompressSpec, device) -> torch.Tensor:
 def _token_rows(spec: CompressSpec, total: int, device) -> torch.Tensor:
     """int64 ``[T, 3]`` per token: its batch's first compressed row, its offset in the batch, the batch's row
     count (0 for tokens after the last batch)."""
-    n_batches = len(spec.lengths)
-    counts = _ints((spec.blocks(b) for b in range(n_batches)), device)
+    per_batch = [spec.blocks(b) for b in range(len(spec.lengths))]
+    counts = _ints(per_batch, device)
     lens = _ints(spec.lengths, device)
     covered = sum(spec.lengths)
     meta = torch.zeros((total, 3), dtype=torch.int64, device=device)
     per_token = lambda x: torch.repeat_interleave(x, lens, output_size=covered)  # noqa: E731
-    meta[:covered, 0] = per_token(torch.cumsum(counts, 0) - counts)
+    meta[:covered, 0] = per_token(_firsts(per_batch, device))
     meta[:covered, 1] = torch.arange(covered, device=device) - per_token(_ints(spec.starts, device))
     meta[:covered, 2] = per_token(counts)
     return meta
