@@ -44,6 +44,7 @@ def _compress(dtype: str, d: int) -> list:
 
 for _dtype in DTYPES:
     for _d, _dv in HEAD_DIMS:
-        register_aot("nsa", f"selected-{_dtype}-d{_d}-dv{_dv}", lambda dtype=_dtype, d=_d, dv=_dv: _selected(dtype, d, dv))
+        register_aot("nsa", f"selected-{_dtype}-d{_d}-dv{_dv}",
+                     lambda dtype=_dtype, d=_d, dv=_dv: _selected(dtype, d, dv))
     for _d in sorted({d for d, _ in HEAD_DIMS}):
         register_aot("nsa", f"compress-{_dtype}-d{_d}", lambda dtype=_dtype, d=_d: _compress(dtype, d))

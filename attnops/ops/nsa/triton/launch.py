@@ -45,7 +45,7 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     import triton
 
     dtype = launch.args[0].dtype
-    if launch.kernel.startswith("selected_"):
+    if launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel"):
         tiles = {"BLOCK_N": key_tile(named_args["block_size"], dtype, interpret)}
     elif launch.kernel == "compress_dw_kernel":
         tiles = {"BLOCK_R": _row_tile(interpret)}
@@ -136,32 +136,35 @@ def _inverted_lists(spec: SelectedSpec, topk: torch.Tensor, tokens: int, device)
 
 def selected_backward_plan(spec: SelectedSpec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
                            topk, interpret: bool):
-    """``((dq, dk, dv), launches)``: dQ per token, dK/dV per (selected block, KV head) over the inverted lists;
-    keys no token selected get 0."""
+    """``((dq, dk, dv), launches)``: ``D = rowsum(dO * O)`` and dQ per token, dK/dV per (selected block, KV head)
+    over the inverted lists; keys no token selected get 0."""
     device = query.device
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=device) for t in (query, key, value))
     tokens = _tokens(spec, device)
     n_tok = tokens.shape[0]
     if n_tok == 0:
         return (dq, dk, dv), []
-    q, k, v, do, topk = (unit_last_stride(x) for x in (query, key, value, grad, topk))
+    q, k, v, o, do, topk = (unit_last_stride(x) for x in (query, key, value, attention_out, grad, topk))
     smax, ssum = softmax_max.float().contiguous(), softmax_sum.float().contiguous()
-    delta = (do.float() * attention_out.float()).sum(-1).contiguous()  # D = rowsum(dO * O), [T, N1]
     flags = _selected_common(spec, query, interpret)
+    delta = torch.empty((n_tok, spec.n1), dtype=torch.float32, device=device)
+    delta_launch = Launch("selected_delta_kernel", (n_tok, spec.n2),
+                          (o, do, delta, *o.stride()[:2], *do.stride()[:2], spec.n1, spec.group, spec.dv),
+                          dict(BLOCK_G=flags["BLOCK_G"], BLOCK_DV=flags["BLOCK_DV"]))
     dq_launch = Launch("selected_dq_kernel", (n_tok, spec.n2),
                        (q, k, v, do, dq, delta, smax, ssum, topk, tokens, *q.stride()[:2], *k.stride()[:2],
                         *v.stride()[:2], *do.stride()[:2], *dq.stride()[:2], *topk.stride()[:2], *_scalars(spec),
                         spec.block_count), flags)
     blocks, list_start, pair_token, n_blocks = _inverted_lists(spec, topk, n_tok, device)
     if n_blocks == 0:
-        return (dq, dk, dv), [dq_launch]
+        return (dq, dk, dv), [delta_launch, dq_launch]
     tiles = cdiv(spec.block_size, key_tile(spec.block_size, query.dtype, interpret))
     dkdv_launch = Launch("selected_dkdv_kernel", (n_blocks * tiles, spec.n2),
                          (q, k, v, do, dk, dv, delta, smax, ssum, tokens, blocks, list_start, pair_token,
                           *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *do.stride()[:2], *dk.stride()[:2],
                           *dv.stride()[:2], spec.scale, spec.n1, spec.n2, spec.group, spec.d, spec.dv,
                           spec.block_size, n_blocks), flags)
-    return (dq, dk, dv), [dq_launch, dkdv_launch]
+    return (dq, dk, dv), [delta_launch, dq_launch, dkdv_launch]
 
 
 def selected_forward(spec: SelectedSpec, query, key, value, topk):

@@ -1,10 +1,10 @@
-"""Selected-attention kernels: forward, dQ and dK/dV (``launch.py`` plans them).
+"""Selected-attention kernels: forward, ``D = rowsum(dO * O)``, dQ and dK/dV (``launch.py`` plans them).
 
-One program of the forward and of dQ holds one query token and one KV head with its whole GQA group (``G`` query
-heads, padded to ``BLOCK_G >= 16`` rows for ``tl.dot``) and walks the token's selected blocks in slot order,
-``BLOCK_N`` keys at a time. One dK/dV program holds ``BLOCK_N`` keys of one selected block and one KV head and
-walks the (token, slot) pairs that selected the block, in the fixed order of the host's inverted lists: every
-dK/dV element has one writer and a fixed summation order (deterministic, no atomics).
+One program of the forward, of D and of dQ holds one query token and one KV head with its whole GQA group (``G``
+query heads, padded to ``BLOCK_G >= 16`` rows for ``tl.dot``); the forward and dQ walk the token's selected blocks
+in slot order, ``BLOCK_N`` keys at a time. One dK/dV program holds ``BLOCK_N`` keys of one selected block and one
+KV head and walks the (token, slot) pairs that selected the block, in the fixed order of the host's inverted lists:
+every dK/dV element has one writer and a fixed summation order (deterministic, no atomics).
 
 Per-token metadata (int64 ``[T, 2]``): the batch's first KV token and the token's row in its batch (causal rule:
 local KV position ``p`` is kept iff ``p <= row``). Scores are ``scale * q k^T``; statistics are in natural units.
@@ -104,6 +104,18 @@ def selected_fwd_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, o_ptr, smax_ptr, ssum_ptr
 
 
 @triton.jit
+def selected_delta_kernel(o_ptr, do_ptr, delta_ptr, o_st, o_sh, do_st, do_sh, n1, group, head_dv,
+                          BLOCK_G: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """``D = rowsum(dO * O)`` (fp32 ``[T, N1]``) of one token's GQA group, read by the dQ and dK/dV kernels."""
+    t = tl.program_id(0)
+    head0 = tl.program_id(1) * group
+    o = _group_tile(o_ptr, t, head0, group, o_st, o_sh, head_dv, BLOCK_G, BLOCK_DV).to(tl.float32)
+    do = _group_tile(do_ptr, t, head0, group, do_st, do_sh, head_dv, BLOCK_G, BLOCK_DV).to(tl.float32)
+    g = tl.arange(0, BLOCK_G)
+    tl.store(delta_ptr + t.to(tl.int64) * n1 + head0 + g, tl.sum(o * do, 1), mask=g < group)
+
+
+@triton.jit
 def selected_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr, topk_ptr, token_ptr,
                        q_st, q_sh, k_st, k_sh, v_st, v_sh, do_st, do_sh, dq_st, dq_sh, topk_st, topk_sh,
                        scale, n1, group, head_d, head_dv, block_size, block_count,
@@ -188,8 +200,8 @@ def selected_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, delta_ptr,
         dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PRECISION)
     rows = (first + n[:, None]).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
-    tl.store(dk_ptr + rows * dk_st + tl.cast(h2, tl.int64) * dk_sh + d[None, :], (dk * scale).to(dk_ptr.dtype.element_ty),
-             mask=(n[:, None] < n_keys) & (d[None, :] < head_d))
+    tl.store(dk_ptr + rows * dk_st + tl.cast(h2, tl.int64) * dk_sh + d[None, :],
+             (dk * scale).to(dk_ptr.dtype.element_ty), mask=(n[:, None] < n_keys) & (d[None, :] < head_d))
     e = tl.arange(0, BLOCK_DV)
     tl.store(dv_ptr + rows * dv_st + tl.cast(h2, tl.int64) * dv_sh + e[None, :], dv.to(dv_ptr.dtype.element_ty),
              mask=(n[:, None] < n_keys) & (e[None, :] < head_dv))

@@ -27,7 +27,8 @@ for launch in all_aot_cases()[case].launches():
         out.append(dict(kernel=v.kernel, spills=v.n_spills, shared=v.shared, limit=SHARED_LIMIT[TARGETS[target][1]]))
 print(json.dumps(out))
 """
-KERNELS = {"selected": {"selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel"},
+KERNELS = {"selected": {"selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel",
+                        "selected_dkdv_kernel"},
            "compress": {"compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"}}
 
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import attnops
-import attnops.aclnn as aclnn
 import attnops.torch_npu as tnpu
 from attnops.ops.nsa.triton import launch as nsa_launch
 from attnops.testing import golden_nsa as G
@@ -38,7 +37,7 @@ def kernels(monkeypatch):
     return recorder.kernels
 
 
-SELECTED = ["selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel"]
+SELECTED = ["selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel", "selected_dkdv_kernel"]
 COMPRESS = ["compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"]
 
 
