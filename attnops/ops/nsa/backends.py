@@ -8,31 +8,46 @@ unless a Triton implementation is registered for it and :func:`~attnops._core.di
 from __future__ import annotations
 
 from ..._core.devices import on_cpu
+from ..._core.dispatch import choose_backend
 from .compress import compress_backward, compress_forward
 from .compress_attention import build_compress_attention_spec, compress_attention_forward
 from .decode import compress_decode, compress_into_cache, selected_decode
 from .selected import selected_backward, selected_forward
+from .triton import launch as triton_launch
+from .triton import verify as triton_verify
+
+
+def _run(device_tensor, verify, triton_fn, reference_fn, *args):
+    """``triton_fn(*args)`` when :func:`choose_backend` picks the Triton kernels for ``device_tensor``'s device
+    (``verify()``: why they cannot serve the call, or None), else the reference on CPU copies."""
+    if choose_backend("auto", device_tensor.device, verify) == "triton":
+        return triton_fn(*args)
+    return on_cpu(reference_fn, *args)
 
 
 def compress(spec, input, weight):
     """``nsa_compress``: the compressed ``[rows, N, D]``."""
-    return on_cpu(compress_forward, spec, input, weight)
+    return _run(input, lambda: triton_verify.compress_reason(spec, input), triton_launch.compress_forward,
+                compress_forward, spec, input, weight)
 
 
 def compress_grad(spec, output_grad, input, weight):
     """``nsa_compress_grad``: ``(input_grad, weight_grad)``."""
-    return on_cpu(compress_backward, spec, output_grad, input, weight)
+    return _run(input, lambda: triton_verify.compress_grad_reason(spec, input), triton_launch.compress_backward,
+                compress_backward, spec, output_grad, input, weight)
 
 
 def selected(spec, query, key, value, topk_indices):
     """``nsa_selected_attention``: ``(attention_out, softmax_max, softmax_sum)``."""
-    return on_cpu(selected_forward, spec, query, key, value, topk_indices)
+    return _run(query, lambda: triton_verify.selected_reason(spec, query), triton_launch.selected_forward,
+                selected_forward, spec, query, key, value, topk_indices)
 
 
 def selected_grad(spec, query, key, value, attention_out, grad, softmax_max, softmax_sum, topk_indices):
     """``nsa_selected_attention_grad``: ``(dq, dk, dv)``."""
-    return on_cpu(selected_backward, spec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
-                  topk_indices)
+    return _run(query, lambda: triton_verify.selected_grad_reason(spec, query), triton_launch.selected_backward,
+                selected_backward, spec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
+                topk_indices)
 
 
 def compress_attention(query, key, value, topk_mask, atten_mask, **spec_args):

@@ -1,0 +1,49 @@
+"""Why an NSA call cannot run on the Triton kernels (None when it can), one function per operator. Pure Python: no
+Triton import beyond the availability check, so dispatch can ask on any machine."""
+from __future__ import annotations
+
+import torch
+
+from ...._core.triton.support import kernel_input_reason
+from ..compress import CompressSpec
+from ..selected import SelectedSpec
+
+MAX_HEAD_DIM = 256
+MAX_GROUP = 64  # query heads per KV head held by one program (padded to a power of two >= 16)
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension, where the kernels put the heads
+
+
+def _heads_reason(n: int, what: str) -> str | None:
+    return f"{what} up to {MAX_GRID_Y} (got {n})" if n > MAX_GRID_Y else None
+
+
+def selected_reason(spec: SelectedSpec, query: torch.Tensor) -> str | None:
+    """``nsa_selected_attention`` (and its grad: the same kernels' limits)."""
+    reason = kernel_input_reason(query)
+    if reason is not None:
+        return reason
+    if max(spec.d, spec.dv) > MAX_HEAD_DIM:
+        return f"head dims up to {MAX_HEAD_DIM} (got D={spec.d}, Dv={spec.dv})"
+    if spec.group > MAX_GROUP:
+        return f"query heads per KV head up to {MAX_GROUP} (got {spec.group})"
+    return _heads_reason(spec.n2, "KV heads")
+
+
+def selected_grad_reason(spec: SelectedSpec, query: torch.Tensor) -> str | None:
+    """``nsa_selected_attention_grad``."""
+    return selected_reason(spec, query)
+
+
+def compress_reason(spec: CompressSpec, input: torch.Tensor) -> str | None:
+    """``nsa_compress``."""
+    reason = kernel_input_reason(input, "input")
+    if reason is not None:
+        return reason
+    if input.shape[2] > MAX_HEAD_DIM:
+        return f"head dims up to {MAX_HEAD_DIM} (got D={input.shape[2]})"
+    return _heads_reason(input.shape[1], "heads")
+
+
+def compress_grad_reason(spec: CompressSpec, input: torch.Tensor) -> str | None:
+    """``nsa_compress_grad``."""
+    return compress_reason(spec, input)
