@@ -8,10 +8,19 @@ unless a Triton implementation is registered for it and :func:`~attnops._core.di
 from __future__ import annotations
 
 from ..._core.devices import on_cpu
+from ..._core.dispatch import choose_backend
 from .compress import compress_backward, compress_forward
 from .compress_attention import build_compress_attention_spec, compress_attention_forward
 from .decode import compress_decode, compress_into_cache, selected_decode
 from .selected import selected_backward, selected_forward
+
+
+def _run(device_tensor, verify, triton_fn, reference_fn, *args):
+    """``triton_fn(*args)`` when :func:`choose_backend` picks the kernels for ``device_tensor``'s device (``verify``:
+    the kernels' reason to refuse, or None), else the reference on CPU copies."""
+    if choose_backend("auto", device_tensor.device, verify) == "triton":
+        return triton_fn(*args)
+    return on_cpu(reference_fn, *args)
 
 
 def compress(spec, input, weight):
@@ -38,12 +47,22 @@ def selected_grad(spec, query, key, value, attention_out, grad, softmax_max, sof
 def compress_attention(query, key, value, topk_mask, atten_mask, **spec_args):
     """``nsa_compress_attention``: ``(attention_out, topk_indices, softmax_max, softmax_sum)``; ``spec_args``:
     :func:`build_compress_attention_spec`'s keywords."""
-    def run(query, key, value, topk_mask, atten_mask):  # the spec holds the masks: built from the CPU copies
-        spec = build_compress_attention_spec(query, key, value, topk_mask=topk_mask, atten_mask=atten_mask,
-                                             **spec_args)
-        return compress_attention_forward(spec, query, key, value)
+    from .triton import infer_launch, infer_verify
 
-    return on_cpu(run, query, key, value, topk_mask, atten_mask)
+    def spec_of(query, key, value, topk_mask, atten_mask):  # the spec holds the masks (on the inputs' device)
+        return build_compress_attention_spec(query, key, value, topk_mask=topk_mask, atten_mask=atten_mask,
+                                             **spec_args)
+
+    def reference(query, key, value, topk_mask, atten_mask):
+        return compress_attention_forward(spec_of(query, key, value, topk_mask, atten_mask), query, key, value)
+
+    def kernels(query, key, value, topk_mask, atten_mask):
+        return infer_launch.compress_attention(spec_of(query, key, value, topk_mask, atten_mask), query, key, value)
+
+    def verify():
+        return infer_verify.compress_attention_reason(spec_of(query, key, value, topk_mask, atten_mask), query)
+
+    return _run(query, verify, kernels, reference, query, key, value, topk_mask, atten_mask)
 
 
 def selected_infer(kv, block, query, key, value, topk_indices, block_table):
