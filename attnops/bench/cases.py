@@ -279,8 +279,8 @@ def _nsa_cases(prefix: str, lengths, dims, modes, *, heads: int, kv_heads: int, 
 
 register_suite(Suite(
     name="nsa-gpu",
-    description="NSA on CUDA: selected attention (fwd, bwd, fwd+bwd) and the whole native_sparse_attention layer vs "
-                "dense causal FlashAttention (attnops Triton, SDPA flash); T=8k..64k, 64/4 heads, bf16",
+    description="NSA selected attention and the whole layer vs dense causal attention on CUDA: T=8k..64k, 64/4 heads, "
+                "bf16",
     details="One causal sequence of T = 8k, 16k, 32k, 64k tokens, N1=64, N2=4, D=128 and D=192/Dv=128, bf16; "
             "selection blocks of 64 tokens, top-16 (each token its own and the preceding blocks), window 512, "
             "compression blocks of 32 every 16 tokens; baselines: attnops.flash_attention (causal) and SDPA's flash "

@@ -33,14 +33,14 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     wide = launch.kwargs["BLOCK_D"] > 128
     fp32 = named_args["q_ptr"].element_size() == 4
     if launch.kernel != "importance_kernel":  # decode: one program per (request, KV head), keys in BLOCK_N tiles
-        tiles = dict(BLOCK_N=INTERPRET_BLOCK if interpret else 32 if wide or fp32 else 64)
+        tiles = dict(BLOCK_N=INTERPRET_BLOCK if interpret else 16 if fp32 else 32 if wide else 64)
         if launch.kernel == "compress_decode_kernel":
             tiles["BLOCK_K"] = SCORE_BLOCK_K
         return [triton.Config(tiles, num_warps=4, num_stages=2)]
     if interpret:
         return [triton.Config(dict(BLOCK_M=INTERPRET_BLOCK, BLOCK_N=INTERPRET_BLOCK, BLOCK_K=SCORE_BLOCK_K))]
-    return [triton.Config(dict(BLOCK_M=32 if fp32 else 64, BLOCK_N=32 if wide or fp32 else 64,
-                               BLOCK_K=SCORE_BLOCK_K), num_warps=8, num_stages=1)]
+    return [triton.Config(dict(BLOCK_M=16 if fp32 else 64, BLOCK_N=16 if fp32 else 32, BLOCK_K=SCORE_BLOCK_K),
+                          num_warps=2 if fp32 else 8, num_stages=1)]
 
 
 KERNELS = KernelFamily("nsa_infer", ("attnops.ops.nsa.triton.compress_attention", "attnops.ops.nsa.triton.decode"),
