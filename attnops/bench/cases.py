@@ -56,6 +56,10 @@ class Case:
         """Number of (query, key) pairs the mask keeps, summed over batches (causal is top-left aligned)."""
         if self.op == "nsa_selected":  # every query attends to count*block selected keys (causal masking ignored)
             return sum(self.seq_lens) * self.params["count"] * self.params["block"]
+        if self.op == "nsa_layer":  # selected + window keys per query, plus the compressed branch (~S/stride/2)
+            p = self.params
+            return sum(s * (p["count"] * p["block"] + p["window"]) + s * s // (2 * p["stride"])
+                       for s in self.seq_lens)
         total = 0
         for sq, skv in self.lengths:
             if self.band is not None:
@@ -253,6 +257,44 @@ register_suite(Suite(
     description="Tiny FlashAttention cases (seconds on any device): checks that the runner works end to end",
     cases=_fa_cases("fa-b1-n2-s256-d64-fp32", ("fwd", "bwd", "fwd+bwd"), (False, True), batch=1, heads=2,
                     kv_heads=2, sq=256, skv=256, d=64, dv=64, dtype="float32", track_memory=True),
+    device="cpu", repeat=3, warmup=1))
+
+
+def _nsa_cases(prefix: str, lengths, dims, modes, *, heads: int, kv_heads: int, dtype: str, baselines) -> tuple:
+    """NSA selected attention (every mode) and the whole layer (fwd, fwd+bwd) on one causal sequence per length:
+    block 64, top-16, window 512 (the layer: compression blocks of 32 every 16 tokens)."""
+    params = {"block": 64, "count": 16, "window": 512, "stride": 16}
+    cases = []
+    for t in lengths:
+        for d, dv in dims:
+            shape = dict(heads=heads, kv_heads=kv_heads, d=d, dv=dv, dtype=dtype, layout="TND", seq_lens=(t,), sq=t,
+                         skv=t, causal=True, baselines=baselines, params=params)
+            tag = f"t{t}-n{heads}-kv{kv_heads}-d{d}-dv{dv}-{dtype}"
+            cases += [Case(name=f"{prefix}-selected-{tag}-{mode}-causal", op="nsa_selected", mode=mode, **shape)
+                      for mode in modes]
+            cases += [Case(name=f"{prefix}-layer-{tag}-{mode}-causal", op="nsa_layer", mode=mode, **shape)
+                      for mode in modes if mode != "bwd"]
+    return tuple(cases)
+
+
+register_suite(Suite(
+    name="nsa-gpu",
+    description="NSA selected attention and the whole layer vs dense causal attention on CUDA: T=8k..64k, 64/4 heads, "
+                "bf16",
+    details="One causal sequence of T = 8k, 16k, 32k, 64k tokens, N1=64, N2=4, D=128 and D=192/Dv=128, bf16; "
+            "selection blocks of 64 tokens, top-16 (each token its own and the preceding blocks), window 512, "
+            "compression blocks of 32 every 16 tokens; baselines: attnops.flash_attention (causal) and SDPA's flash "
+            "backend (causal) on the same q/k/v. FLOPs count the kept (query, key) pairs: count*block per token "
+            "(selected), plus the window and ~T/32 compressed keys per token (layer)",
+    cases=_nsa_cases("nsa", (8192, 16384, 32768, 65536), ((128, 128), (192, 128)), MODES, heads=64, kv_heads=4,
+                     dtype="bfloat16", baselines=("attnops-dense", "sdpa-flash")),
+    device="cuda", repeat=10, warmup=2))
+
+register_suite(Suite(
+    name="nsa-smoke",
+    description="Tiny NSA cases (seconds on any device): selected attention and the layer through the runner",
+    cases=_nsa_cases("nsa-smoke", (1024,), ((32, 32),), MODES, heads=4, kv_heads=1, dtype="float32",
+                     baselines=("sdpa",)),
     device="cpu", repeat=3, warmup=1))
 
 

@@ -52,7 +52,8 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
     if case.op != "flash_attention":
         from . import sparse_infer
 
-        return {"nsa_selected": sparse_infer.nsa_inputs, "fia_decode": sparse_infer.fia_inputs,
+        return {"nsa_selected": sparse_infer.nsa_inputs, "nsa_layer": sparse_infer.nsa_inputs,
+                "fia_decode": sparse_infer.fia_inputs,
                 "fia_prefill": sparse_infer.fia_inputs}[case.op](case, device, seed)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     dt = _dtype(case.dtype)
@@ -92,9 +93,12 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
 
 
 def _to_bnsd(x: torch.Tensor, case: Case) -> torch.Tensor:
-    """attnops layout -> contiguous [B, N, S, D] (what SDPA/Flex prefer; the very tensor for BNSD cases)."""
+    """attnops layout -> contiguous [B, N, S, D] (what SDPA/Flex prefer; the very tensor for BNSD cases; one TND
+    sequence as a batch of one)."""
     if case.layout == "TND":
-        raise Unavailable("needs a dense [B, N, S, D] layout (case is TND)")
+        if len(case.seq_lens) != 1:
+            raise Unavailable("needs a dense [B, N, S, D] layout (case is TND with several sequences)")
+        return x.transpose(0, 1).unsqueeze(0).contiguous()
     return x if case.layout == "BNSD" else x.transpose(1, 2).contiguous()
 
 
@@ -138,8 +142,8 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
     if case.op != "flash_attention":
         from . import sparse_infer
 
-        return (sparse_infer.build_nsa_selected if case.op == "nsa_selected" else sparse_infer.build_fia)(
-            case, inp, device)
+        return {"nsa_selected": sparse_infer.build_nsa_selected, "nsa_layer": sparse_infer.build_nsa_layer}.get(
+            case.op, sparse_infer.build_fia)(case, inp, device)
     kw = inp.kwargs
     leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
 

@@ -1,7 +1,8 @@
 """Benchmark builders for the NSA selected attention and FusedInferAttentionScore cases.
 
 ``nsa_selected``: one causal TND sequence, every token selecting ``count`` blocks of ``block`` keys (its own block
-and the preceding ones, block 0 repeated for early tokens); baseline ``attnops-dense``: the dense causal
+and the preceding ones, block 0 repeated for early tokens); ``nsa_layer``: ``attnops.native_sparse_attention`` on
+the same q/k/v (three gated branches); baseline ``attnops-dense``: the dense causal
 ``attnops.flash_attention`` on the same q/k/v. ``fia_decode`` / ``fia_prefill``: ``attnops.fused_infer_attention``
 (decode reads a paged cache with shuffled blocks); baseline ``sdpa-gathered``: SDPA on the same data already
 gathered into contiguous ``[B, N, S, D]`` tensors.
@@ -48,6 +49,27 @@ def build_nsa_selected(case: Case, inp, device):
     leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
     return _autograd_runnable(lambda q, k, v: attnops.nsa_selected_attention(q, k, v, topk, **kw), leaves, inp.dy,
                               case.mode)
+
+
+def build_nsa_layer(case: Case, inp, device):
+    """``attnops.native_sparse_attention`` (weighted compression, top-k selection, sliding window; gates in (0, 1))."""
+    import attnops
+
+    from .impls import _autograd_runnable
+
+    p = case.params
+    gen = torch.Generator().manual_seed(1)
+    t, dt = inp.q.shape[0], inp.q.dtype
+    gates = torch.rand(t, case.heads, 3, generator=gen).to(device=device, dtype=dt)
+    weights = [(torch.rand(2 * p["stride"], case.kv_heads, generator=gen) / (2 * p["stride"])).to(device=device,
+                                                                                                  dtype=dt)
+               for _ in range(2)]
+    kw = dict(cu_seqlens=[0, *inp.kwargs["actual_seq_qlen"]], compress_block_size=2 * p["stride"],
+              compress_stride=p["stride"], select_block_size=p["block"], select_block_count=p["count"],
+              window_size=p["window"], scale=inp.scale)
+    leaves = [t_.detach().clone().requires_grad_(case.mode != "fwd") for t_ in (inp.q, inp.k, inp.v)]
+    return _autograd_runnable(lambda q, k, v: attnops.native_sparse_attention(q, k, v, gates, *weights, **kw),
+                              leaves, inp.dy, case.mode)
 
 
 def build_dense_causal(case: Case, inp, device):

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "benchmarks" / "results"
 INTERPRET_ENV = {"ATTNOPS_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1"}
 KERNEL_TESTS = "tests/ops/flash_attention/triton"
+NSA_KERNEL_TESTS = "tests/ops/nsa/triton"  # compressed attention and decode kernels (the full CUDA run)
 # budgets in seconds: (full, quick); the sum stays under 8 min (full) and 3 min (quick) on one H100
 BUDGETS = {"tests": (240, 75), "check": (60, 30), "bench": (150, 60)}
 INTERPRET_BUDGETS = {"tests": (600, 90), "check": (600, 60), "bench": (300, 60)}
@@ -119,7 +120,7 @@ def plan(args, out_dir: Path) -> list[Step]:
         check = [py, "-m", "attnops.gpu.triton_check"] + (["--filter", QUICK_CHECK_CASE] if args.quick else [])
     else:  # the CUDA tests; the full run adds the Triton kernel tests, which run compiled (bf16 too) on a GPU
         tests = pytest + ["-m", "cuda", "tests"] if args.quick else pytest + [
-            "tests/cuda", f"{KERNEL_TESTS}/test_kernels.py", f"{KERNEL_TESTS}/test_verify.py"]
+            "tests/cuda", f"{KERNEL_TESTS}/test_kernels.py", f"{KERNEL_TESTS}/test_verify.py", NSA_KERNEL_TESTS]
         check = [py, "-m", "attnops", "check"]
     steps = [Step("tests", tests, budgets["tests"][pick], env), Step("check", check, budgets["check"][pick], env)]
     for suite in GPU_SUITES.values():

@@ -32,3 +32,5 @@ def register_gpu_suite(suite: GpuSuite) -> GpuSuite:
 
 
 register_gpu_suite(GpuSuite("fa-gpu", smoke_suite="fa-smoke", quick_filter=r"bfloat16-(fwd|bwd)-causal"))
+register_gpu_suite(GpuSuite("nsa-gpu", smoke_suite="nsa-smoke", quick_filter=r"t16384-n64-kv4-d128-.*-(fwd|fwd\+bwd)-",
+                            impls=("attnops", "attnops-dense", "sdpa-flash")))

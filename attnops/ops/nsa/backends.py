@@ -53,26 +53,48 @@ def selected_grad(spec, query, key, value, attention_out, grad, softmax_max, sof
 def compress_attention(query, key, value, topk_mask, atten_mask, **spec_args):
     """``nsa_compress_attention``: ``(attention_out, topk_indices, softmax_max, softmax_sum)``; ``spec_args``:
     :func:`build_compress_attention_spec`'s keywords."""
-    def run(query, key, value, topk_mask, atten_mask):  # the spec holds the masks: built from the CPU copies
-        spec = build_compress_attention_spec(query, key, value, topk_mask=topk_mask, atten_mask=atten_mask,
-                                             **spec_args)
-        return compress_attention_forward(spec, query, key, value)
+    from .triton import infer_launch, infer_verify
 
-    return on_cpu(run, query, key, value, topk_mask, atten_mask)
+    def spec_of(query, key, value, topk_mask, atten_mask):  # the spec holds the masks (on the inputs' device)
+        return build_compress_attention_spec(query, key, value, topk_mask=topk_mask, atten_mask=atten_mask,
+                                             **spec_args)
+
+    def reference(query, key, value, topk_mask, atten_mask):
+        return compress_attention_forward(spec_of(query, key, value, topk_mask, atten_mask), query, key, value)
+
+    def kernels(query, key, value, topk_mask, atten_mask):
+        return infer_launch.compress_attention(spec_of(query, key, value, topk_mask, atten_mask), query, key, value)
+
+    def verify():
+        return infer_verify.compress_attention_reason(spec_of(query, key, value, topk_mask, atten_mask), query)
+
+    return _run(query, verify, kernels, reference, query, key, value, topk_mask, atten_mask)
 
 
 def selected_infer(kv, block, query, key, value, topk_indices, block_table):
     """``nsa_selected_attention_infer``: the output ``[B, N1, Dv]``."""
-    return on_cpu(selected_decode, kv, block, query, key, value, topk_indices, block_table)
+    from .triton import infer_launch, infer_verify
+
+    return _run(query, lambda: infer_verify.decode_reason(query, key, value), infer_launch.selected_decode,
+                selected_decode, kv, block, query, key, value, topk_indices, block_table)
 
 
 def compress_attention_infer(kv, sel, query, key, value, block_table):
     """``nsa_compress_attention_infer``: ``(attention_out, topk_indices)``."""
-    return on_cpu(compress_decode, kv, sel, query, key, value, block_table)
+    from .triton import infer_launch, infer_verify
+
+    return _run(query, lambda: infer_verify.decode_reason(query, key, value), infer_launch.compress_decode,
+                compress_decode, kv, sel, query, key, value, block_table)
 
 
 def compress_infer(input, weight, slot_mapping, block_table, cache, lens, block, stride) -> None:
-    """``nsa_compress_infer``: writes the completed compression blocks into ``cache`` in place."""
+    """``nsa_compress_infer``: writes the completed compression blocks into ``cache`` in place (dispatched like
+    :func:`_run`; the reference on another device computes on CPU copies and writes the rows back)."""
+    from .triton import infer_launch, infer_verify
+
+    if choose_backend("auto", cache.device, lambda: infer_verify.compress_cache_reason(input)) == "triton":
+        infer_launch.compress_into_cache(input, weight, slot_mapping, block_table, cache, lens, block, stride)
+        return
     if cache.device.type == "cpu":
         compress_into_cache(input, weight, slot_mapping, block_table, cache, lens, block, stride)
         return

@@ -31,7 +31,8 @@ def baseline_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _c(x):
-    return None if x is None else x.detach().clone()
+    """A CPU copy for the golden (the operator may run on another device)."""
+    return None if x is None else x.detach().cpu().clone()
 
 
 # ----------------------------------------------------------------------------------------------- compress
@@ -193,8 +194,9 @@ def check_compress_attention(q, k, v, *, block, stride, select_block, count, q_l
         smax, ssum, out, topk = aclnn.nsa_compress_attention(q, k, v, atten_mask, topk_mask, qc, cc, sc, scale, n1,
                                                              "TND", 1 if atten_mask is not None else 0, block,
                                                              stride, select_block, count)
-    assert out.shape == g_out.shape and out.dtype == q.dtype
+    assert out.shape == g_out.shape and out.dtype == q.dtype and out.device == q.device
     assert smax.shape == g_max.shape
+    out, topk, smax, ssum = (t.cpu() for t in (out, topk, smax, ssum))
     assert_close_to_golden("compress_attention.out", out, g_out, b_out, factor=2)
     assert_close_to_golden("compress_attention.softmax_max", smax, g_max, b_max, factor=2)
     assert_close_to_golden("compress_attention.softmax_sum", ssum, g_sum, b_sum, factor=2)
@@ -202,10 +204,10 @@ def check_compress_attention(q, k, v, *, block, stride, select_block, count, q_l
     res = dict(out=out, topk=topk, smax=smax, ssum=ssum, golden_topk=g_topk, scores=g_scores)
     if backward:
         assert via == "api", "the aclnn dialect has no NsaCompressAttention grad"
-        out.backward(dy)
+        r.out.backward(dy.to(q.device))
         g = G.nsa_compress_attention_backward(dy, gq, gk, gv, *gargs)
         b = G.nsa_compress_attention_backward(dy, gq, gk, gv, *gargs, dtype=bdt)
         for name, a, gg, bb, like in zip(("dq", "dk", "dv"), (qq.grad, kk.grad, vv.grad), g, b, (q, k, v)):
             assert a.shape == like.shape and a.dtype == like.dtype, name
-            assert_close_to_golden(f"compress_attention.{name}", a, gg, bb, factor=3)
+            assert_close_to_golden(f"compress_attention.{name}", a.cpu(), gg, bb, factor=3)
     return res

@@ -1,0 +1,67 @@
+"""NSA importance-score kernel: the block scores of compressed attention from the final softmax statistics, without
+storing the probabilities. No allocation here (``infer_launch.py`` allocates and launches).
+
+One program per (query row block, batch x KV head, selection block tile): for each query head of the GQA group it
+recomputes ``P = exp(S - max) / sum`` over the compressed columns that feed the tile's selection blocks (the
+FlashAttention score tile: scale, band and explicit mask) and accumulates ``P @ W``, where
+``W[c, k] = times[m*(k+1) - c]`` is the score formula's weight of column ``c`` in block ``k`` (0 out of range).
+"""
+import triton
+import triton.language as tl
+
+from ...flash_attention.triton.common import KV_START, LOG2E, Q_LEN, Q_START, band_cols, meta, row_stats, score_tile
+
+
+@triton.jit
+def importance_kernel(q_ptr, k_ptr, smax_ptr, ssum_ptr, score_ptr, meta_ptr, sel_ptr,
+                      q_st, q_sh, k_st, k_sh, stat_row, score_st, score_sh,
+                      mask_ptr, mask_sb, mask_sh, mask_sr, scale, n2, group, head_d, m, nn,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                      HAS_EXPLICIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """Scores ``[rows, KV head, blocks k0..k0+BLOCK_K)`` (fp32, summed over the group) of TND query/key tokens."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    k0 = tl.program_id(2) * BLOCK_K
+    b = bh // n2
+    hk = bh % n2
+    sq = meta(meta_ptr, b, Q_LEN)
+    sel = tl.load(sel_ptr + b)
+    r0 = pid_m * BLOCK_M
+    if (r0 >= sq) | (k0 >= sel):
+        return
+    rows = r0 + tl.arange(0, BLOCK_M)
+    blocks = k0 + tl.arange(0, BLOCK_K)
+    dk = tl.arange(0, BLOCK_D)
+    taps = m + nn - 1
+    band_lo, band_hi = band_cols(meta_ptr, b, r0, tl.minimum(r0 + BLOCK_M, sq))
+    c_lo = tl.maximum(m * (k0 + 1) - taps + 1, band_lo)  # the columns feeding blocks k0 .. k0 + BLOCK_K - 1
+    c_hi = tl.minimum(m * (k0 + BLOCK_K) + 1, band_hi)
+    q_rows = (meta(meta_ptr, b, Q_START) + rows).to(tl.int64)
+    kv_base = meta(meta_ptr, b, KV_START)
+    k_base = k_ptr + hk.to(tl.int64) * k_sh
+    acc = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+    for g in range(group):
+        h = hk * group + g
+        q_tile = tl.load(q_ptr + q_rows[:, None] * q_st + tl.cast(h, tl.int64) * q_sh + dk[None, :],
+                         mask=(rows[:, None] < sq) & (dk[None, :] < head_d), other=0.0)
+        if UPCAST:
+            q_tile = q_tile.to(tl.float32)
+        m_i, log2_l = row_stats(smax_ptr, ssum_ptr, meta_ptr, b, h, rows, stat_row)
+        for c0 in range((c_lo // BLOCK_N) * BLOCK_N, c_hi, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            col_ok = (cols >= c_lo) & (cols < c_hi)
+            k_t = tl.load(k_base + (kv_base + cols).to(tl.int64)[None, :] * k_st + dk[:, None],
+                          mask=col_ok[None, :] & (dk[:, None] < head_d), other=0.0)
+            if UPCAST:
+                k_t = k_t.to(tl.float32)
+            qk = tl.dot(q_tile, k_t, input_precision=PRECISION)
+            s = score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, mask_ptr, 0, 0, 0, 0,
+                           mask_ptr, mask_sb, mask_sh, mask_sr, 0, False, HAS_EXPLICIT, BLOCK_M, BLOCK_N)
+            p = tl.exp2((s - m_i[:, None]) * LOG2E - log2_l[:, None])
+            p = tl.where(col_ok[None, :], p, 0.0)
+            t = m * (blocks[None, :] + 1) - cols[:, None]  # [BLOCK_N, BLOCK_K] tap of column c in block k
+            times = tl.minimum(tl.minimum(t + 1, nn), taps - t)
+            w = tl.where((t >= 0) & (t < taps), times, 0).to(tl.float32)
+            acc += tl.dot(p, w, input_precision="ieee")
+    s_off = q_rows[:, None] * score_st + hk.to(tl.int64) * score_sh + blocks[None, :]
+    tl.store(score_ptr + s_off, acc, mask=(rows[:, None] < sq) & (blocks[None, :] < sel))
