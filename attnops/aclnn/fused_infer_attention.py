@@ -11,9 +11,8 @@ from __future__ import annotations
 import torch
 
 from .._core.checks import require, require_not_none
-from .._core.devices import origin_device, to_cpu, to_device
 from .._core.inference_only import run_inference_only
-from ..ops.fused_infer_attention import reference
+from ..ops.fused_infer_attention import backends
 from ..ops.fused_infer_attention.op import INFERENCE_ONLY
 from ..ops.fused_infer_attention.problem import OPTION_NAMES, build_problem
 from ._two_phase import two_phase
@@ -32,12 +31,12 @@ def _fused_infer_attention_score_v2(query, key, value, pse_shift, atten_mask, ac
         require_not_none(x, name)
     require(isinstance(softmax_lse_flag, bool), "softmax_lse_flag", "a bool", softmax_lse_flag)
     options = {name: value_ for name, value_ in locals().items() if name in OPTION_NAMES}
-    device = origin_device(query, key, value, options)  # the reference computes on CPU copies
-    p = build_problem(*to_cpu((query, key, value)), **to_cpu(options), scale=scale_value, strict=True)
+    options.update(scale=scale_value, strict=True)
+    build_problem(query, key, value, **options)  # validates every argument before anything runs
 
     def run():
-        out, lse = run_inference_only(INFERENCE_ONLY, lambda: to_device(reference.forward(p), device), query, key,
-                                      value, options)
+        out, lse = run_inference_only(INFERENCE_ONLY, lambda: backends.forward(query, key, value, options), query,
+                                      key, value, options)
         return out, (lse if softmax_lse_flag else torch.zeros(1, dtype=torch.float32, device=out.device))
 
     return run

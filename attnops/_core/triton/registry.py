@@ -7,8 +7,9 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-# modules that register their operator's AOT cases when imported (FIA decode and NSA kernels add theirs here)
-PROVIDERS = ("attnops.ops.flash_attention.triton.aot", "attnops.ops.nsa.triton.aot", "attnops.ops.nsa.triton.infer_aot")
+# modules that register their operator's AOT cases when imported
+PROVIDERS = ("attnops.ops.flash_attention.triton.aot", "attnops.ops.fused_infer_attention.triton.aot",
+             "attnops.ops.nsa.triton.aot", "attnops.ops.nsa.triton.infer_aot")
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,14 @@ from typing import Literal, NamedTuple, Sequence
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
-from ..._core.checks import check_int, check_same_device, check_tensor, fail, softmax_scale
-from ..._core.devices import origin_device, to_cpu, to_device
-from ..._core.dispatch import choose_backend
+from ..._core.checks import check_choice, check_int, check_same_device, check_tensor, fail, softmax_scale
+from ..._core.dispatch import BACKENDS
 from ..._core.inference_only import run_inference_only
 from ..._core.layouts import io_layouts
 from ..._core.masks import window_sparse_args
-from . import reference
+from . import backends
 from .op import INFERENCE_ONLY
-from .problem import INT_MAX, LAYOUTS, OPTION_NAMES, build_problem
+from .problem import INT_MAX, LAYOUTS, OPTION_NAMES
 
 Backend = Literal["auto", "reference", "triton"]
 
@@ -86,7 +85,7 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     query, pse_shift, key_shared_prefix, value_shared_prefix = cast_inputs(
         dtype, query, pse_shift, key_shared_prefix, value_shared_prefix)
     key, value = _cast_kv(dtype, key), _cast_kv(dtype, value)
-    choose_backend(backend, query.device)  # validates the choice; every device runs the reference (CPU copies)
+    check_choice("backend", backend, BACKENDS)
     in_layout, _ = io_layouts("layout", layout, LAYOUTS)
     num_heads = check_int("num_heads", _num_heads(query, in_layout, num_heads), lo=1)
     scale = softmax_scale(scale, query, query.shape[-1] // num_heads if in_layout == "BSH" else query.shape[-1])
@@ -97,10 +96,9 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
         actual_shared_prefix_len = [actual_shared_prefix_len]
     options.update(num_heads=num_heads, scale=scale, input_layout=layout,
                    actual_shared_prefix_len=actual_shared_prefix_len)
-    device = origin_device(query, key, value, options)
     with autocast_off(query.device):
-        out, lse = run_inference_only(INFERENCE_ONLY, partial(_forward, query, key, value, options, device), query,
-                                      key, value, options)
+        out, lse = run_inference_only(INFERENCE_ONLY, partial(backends.forward, query, key, value, options, backend),
+                                      query, key, value, options)
     return FusedInferAttentionResult(out, lse) if return_lse else out
 
 
@@ -134,7 +132,3 @@ def _causal_args(causal, query: Tensor, in_layout: str, **mask_args) -> tuple[in
         return 0, None
     return sparse["sparse_mode"], sparse["atten_mask"]
 
-
-def _forward(query, key, value, options: dict, device) -> tuple[Tensor, Tensor]:
-    """The reference on CPU copies; results on ``device`` (None: the CPU)."""
-    return to_device(reference.forward(build_problem(*to_cpu((query, key, value)), **to_cpu(options))), device)

@@ -13,13 +13,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..._core.devices import on_cpu
 from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.layouts import io_layouts
-from . import reference
-from .problem import LAYOUTS, build_problem, output_head_dim
+from . import backends
+from .problem import LAYOUTS, output_head_dim
 
-DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
+DEVICE_TYPES = ("cpu", "cuda")  # CUDA: the Triton decode kernels when they serve the call, else the reference
 INFERENCE_ONLY = InferenceOnly("fused_infer_attention", "npu_fused_infer_attention_score(_v2), "
                                "npu_prompt_flash_attention, npu_incre_flash_attention", "attnops.flash_attention",
                                "npu_fusion_attention")
@@ -43,11 +42,8 @@ def fused_infer_attention(query: Tensor, key: Tensor, value: Tensor, pse_shift: 
                           ) -> tuple[Tensor, Tensor]:
     """``(attention_out, softmax_lse)``: the output in the output layout and the fp32 lse ``[B, N, Q_S, 1]`` /
     ``[T, N, 1]``."""
-    return on_cpu(_forward, **locals())
-
-
-def _forward(query: Tensor, key: Tensor, value: Tensor, **options):
-    return reference.forward(build_problem(query, key, value, **options))
+    options = locals()
+    return backends.forward(options.pop("query"), options.pop("key"), options.pop("value"), options)
 
 
 @fused_infer_attention.register_fake

@@ -1,0 +1,39 @@
+"""Runs an FIA call on the backend :func:`~attnops._core.dispatch.choose_backend` picks for it: the Triton decode
+kernels (``triton/``) when their verifier accepts the call, else the reference (on CPU copies for tensors elsewhere).
+
+``auto`` on CUDA runs the kernels when the verifier accepts (logging the reason when it does not); an explicit
+``backend="triton"`` (or ``ATTNOPS_BACKEND=triton``) that cannot serve the call raises with the reason. The Pythonic
+API and the custom op call :func:`forward` and nothing else.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..._core.devices import origin_device, to_cpu, to_device
+from ..._core.dispatch import choose_backend
+from . import reference
+from .problem import build_problem
+from .triton.verify import unsupported_reason
+
+
+def forward(query: Tensor, key, value, options: dict, backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """``(attention_out, softmax_lse)`` of the call (``options``: :func:`build_problem`'s keywords), on the query's
+    device."""
+    key, value = _single(key), _single(value)
+    built = {}
+
+    def verify() -> str | None:
+        built["p"] = build_problem(query, key, value, **options)
+        return unsupported_reason(built["p"], query, key, value, options)
+
+    if choose_backend(backend, query.device, verify) == "triton":
+        from .triton import launch
+
+        return launch.forward(built["p"], query, key, value, options.get("block_table"))
+    device = origin_device(query, key, value, options)
+    return to_device(reference.forward(build_problem(*to_cpu((query, key, value)), **to_cpu(options))), device)
+
+
+def _single(x):
+    """A one-tensor list (an aclnn TensorList of one) as the tensor itself."""
+    return x[0] if isinstance(x, (list, tuple)) and len(x) == 1 else x

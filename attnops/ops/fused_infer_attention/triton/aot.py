@@ -1,0 +1,66 @@
+"""The FIA decode kernels in the shared AOT machinery: small problems whose plans give the call sites
+``python -m attnops aot`` compiles (fp16/bf16/fp32; dense and paged KV; head dims 128 and 192/128; GQA groups 4 to 16
+with up to 4 query rows; int8 and int4 antiquant; masks and pse)."""
+from __future__ import annotations
+
+import torch
+
+from ...._core.triton.registry import register_aot
+from ..problem import build_problem
+from . import launch
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _launches(query, key, value, **options) -> list:
+    p = build_problem(query, key, value, **options)
+    _, _, plan = launch.decode_plan(p, query, key, value, options.get("block_table"), interpret=False)
+    return [launch.KERNELS.aot_launch(x) for x in plan]
+
+
+def _dense(dtype: str, d: int, dv: int, group: int) -> list:
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4 * group, 1, d, generator=gen).to(t)
+    k, v = torch.randn(2, 4, 300, d, generator=gen).to(t), torch.randn(2, 4, 300, dv, generator=gen).to(t)
+    return _launches(q, k, v, num_heads=4 * group, num_key_value_heads=4, input_layout="BNSD", scale=d ** -0.5)
+
+
+def _paged(dtype: str, d: int, quant: str | None) -> list:
+    """Two requests over a ``[blocknum, 128, N2*D]`` cache; int8/int4 with per-token scales and offsets."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 32 * d, generator=gen).to(t)
+    table = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    options = dict(num_heads=32, num_key_value_heads=8, input_layout="BSH", scale=d ** -0.5, block_table=table,
+                   block_size=128, actual_seq_lengths_kv=[512, 300])
+    if quant is None:
+        k, v = (torch.randn(8, 128, 8 * d, generator=gen).to(t) for _ in range(2))
+    else:
+        words = 8 * d // 8 if quant == "int4" else 8 * d
+        k, v = (torch.randint(-100, 100, (8, 128, words), generator=gen,
+                              dtype=torch.int32 if quant == "int4" else torch.int8) for _ in range(2))
+        scales = {f"{x}_antiquant_{y}": torch.rand(2, 512, generator=gen) for x in ("key", "value")
+                  for y in ("scale", "offset")}
+        options.update(scales, key_antiquant_mode=1, value_antiquant_mode=1)
+    return _launches(q, k, v, **options)
+
+
+def _masked(dtype: str) -> list:
+    """Four query rows of a GQA group of 16 (64 rows per program), bottom-right causal, pse."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 32, 128, generator=gen).to(t)
+    k, v = (torch.randn(2, 300, 2, 128, generator=gen).to(t) for _ in range(2))
+    return _launches(q, k, v, num_heads=32, num_key_value_heads=2, input_layout="BSND", scale=128 ** -0.5,
+                     pse_shift=torch.randn(2, 32, 4, 300, generator=gen).to(t), sparse_mode=3,
+                     atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1))
+
+
+for _dtype in DTYPES:
+    register_aot("fused_infer_attention", f"decode-dense-{_dtype}-d128-g4", lambda t=_dtype: _dense(t, 128, 128, 4))
+    register_aot("fused_infer_attention", f"decode-dense-{_dtype}-d192-dv128-g8",
+                 lambda t=_dtype: _dense(t, 192, 128, 8))
+    register_aot("fused_infer_attention", f"decode-paged-{_dtype}-d128", lambda t=_dtype: _paged(t, 128, None))
+    register_aot("fused_infer_attention", f"decode-masked-pse-{_dtype}-g16-sq4", lambda t=_dtype: _masked(t))
+for _dtype in ("fp16", "bf16"):
+    for _quant in ("int8", "int4"):
+        register_aot("fused_infer_attention", f"decode-paged-{_quant}-{_dtype}-d128",
+                     lambda t=_dtype, quant=_quant: _paged(t, 128, quant))

@@ -1,0 +1,46 @@
+"""Why an FIA call cannot run on the Triton decode kernels (None when it can). Pure Python: no Triton import beyond
+the availability check, so dispatch can ask on any machine."""
+from __future__ import annotations
+
+import torch
+
+from ...._core.triton.support import kernel_input_reason
+from ..problem import FIAProblem
+
+MAX_HEAD_DIM = 256
+MAX_QUERY_ROWS = 16  # query rows of a batch: decode and short speculative / chunked steps
+MAX_GROUP_ROWS = 128  # G x rows carried by one program
+
+
+def unsupported_reason(p: FIAProblem, query: torch.Tensor, key, value, options: dict) -> str | None:
+    """The reason the Triton decode kernels cannot serve problem ``p`` (built from ``query``, ``key``, ``value`` and
+    the call's ``options``, aclnn names), or None."""
+    reason = kernel_input_reason(query, "queries")
+    if reason is not None:
+        return reason
+    if not isinstance(key, torch.Tensor) or not isinstance(value, torch.Tensor):
+        return "a key/value tensor list is not implemented in the Triton decode kernels"
+    if options.get("key_shared_prefix") is not None:
+        return "a shared prefix (key_shared_prefix) is not implemented in the Triton decode kernels"
+    if key.dim() == 5:
+        return "NZ paged caches are not implemented in the Triton decode kernels"
+    if any(x.stride(-1) != 1 for x in (query, key, value)):
+        return "query, key and value need a unit last stride"
+    if p.key_quant is None and key.dtype != query.dtype:
+        return f"key/value of dtype {key.dtype} need antiquant parameters"
+    rows = max((q.shape[0] for q in p.queries), default=0)
+    if rows > MAX_QUERY_ROWS or rows * p.group > MAX_GROUP_ROWS:
+        return (f"the Triton decode kernels take at most {MAX_QUERY_ROWS} query rows per batch and "
+                f"{MAX_GROUP_ROWS} rows per KV head (got {rows} x group {p.group}); longer queries run the reference")
+    if max(p.d, p.dv) > MAX_HEAD_DIM:
+        return f"head dims up to {MAX_HEAD_DIM} (got D={p.d}, Dv={p.dv})"
+    if options.get("block_table") is None and not _runs_in_place(p, key, value):
+        return "dense key/value runs must be views of key and value"
+    return None
+
+
+def _runs_in_place(p: FIAProblem, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Each batch's effective KV is at most one run, a view of ``key`` / ``value``."""
+    same = key.untyped_storage().data_ptr(), value.untyped_storage().data_ptr()
+    return all(len(runs) <= 1 and all((r.key.untyped_storage().data_ptr(), r.value.untyped_storage().data_ptr())
+                                      == same for r in runs) for runs in p.kv)
