@@ -120,6 +120,23 @@ def triton_runs_on_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def input_device(backend: str) -> torch.device:
+    """Where a case's inputs live: CUDA for the Triton kernels when a GPU is present, else the CPU."""
+    return torch.device("cuda" if backend == "triton" and triton_runs_on_cuda() else "cpu")
+
+
+def moved(device: torch.device, x):
+    """``x`` on ``device`` when it is a tensor (lists of tensors too), else ``x``."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(moved(device, t) for t in x)
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+def on_cpu(xs) -> list:
+    """Results back on the CPU for the comparisons (None stays None)."""
+    return [None if x is None else x.cpu() for x in xs]
+
+
 def triton_skip_reason() -> str | None:
     """Why the ``triton`` backend does not run here (None when it does): its kernels need Triton, and CUDA or
     Triton's CPU interpreter (``ATTNOPS_TRITON_INTERPRET=1``)."""

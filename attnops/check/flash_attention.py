@@ -10,7 +10,7 @@ import torch
 from .. import aclnn, flash_attention, flash_attention_backward
 from .._core.dropout import pack_bits
 from ..testing import golden
-from . import CheckCase, Comparison, triton_runs_on_cuda
+from . import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
 
 TRITON_MAX_HEAD_DIM = 256
 
@@ -40,19 +40,6 @@ class FACase:
     keep_prob: float = 1.0
 
 
-def _device(backend: str) -> torch.device:
-    """Where a case's inputs live: CUDA for the Triton kernels when a GPU is present, else the CPU."""
-    return torch.device("cuda" if backend == "triton" and triton_runs_on_cuda() else "cpu")
-
-
-def _to(device: torch.device, x):
-    return x.to(device) if isinstance(x, torch.Tensor) else x
-
-
-def _cpu(xs) -> list:
-    return [None if x is None else x.cpu() for x in xs]
-
-
 def _run(case: FACase, backend: str, call: Callable | None = None) -> list[Comparison]:
     """Compare ``call(case, backend, q, k, v, dy, scale, drop_mask, opts) -> ((out, max, sum), grads)`` (default:
     the aclnn / Pythonic dialects) with the golden."""
@@ -79,10 +66,10 @@ def _run(case: FACase, backend: str, call: Callable | None = None) -> list[Compa
     dy = torch.randn(out_g.shape, generator=gen).to(case.dtype)
     grads_g = golden.fa_backward(dy, q, k, v, **gold_kw)
     grads_b = golden.fa_backward(dy, q, k, v, dtype=case.dtype, **gold_kw)
-    dev = _device(backend)
-    outs, grads = (call or _call)(case, backend, *(_to(dev, x) for x in (q, k, v, dy)), scale, _to(dev, drop_mask),
-                                  {name: _to(dev, x) for name, x in o.items()})
-    outs, grads = _cpu(outs), _cpu(grads)
+    dev = input_device(backend)
+    outs, grads = (call or _call)(case, backend, *(moved(dev, x) for x in (q, k, v, dy)), scale, moved(dev, drop_mask),
+                                  {name: moved(dev, x) for name, x in o.items()})
+    outs, grads = on_cpu(outs), on_cpu(grads)
     names = ("attention_out", "softmax_max", "softmax_sum")
     cmps = [Comparison(n, a, g, b) for n, a, g, b in zip(names, outs, (out_g, max_g, sum_g), (out_b, max_b, sum_b))]
     cmps += [Comparison(n, a, g, b, factor=3.0) for n, a, g, b in zip(("dq", "dk", "dv", "dpse"), grads, grads_g,

@@ -10,7 +10,7 @@ import torch
 
 from .. import PagedKVCache, aclnn, fused_infer_attention
 from ..testing import golden_fia
-from . import CheckCase, Comparison
+from . import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
 
 INT_MAX = 2147483647
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -48,12 +48,14 @@ def _call(via: str, q, k, v, kw: dict):
 def _case(via: str, make, call=None, with_lse: bool = True):
     """Run ``make()``'s inputs through ``call(q, k, v, kw) -> (out, lse)`` (default: the ``via`` dialect, kw in the
     aclnn names); ``with_lse=False`` for callers that return no lse (the lse slot is then ignored)."""
-    def run(_backend):
+    def run(backend):
         q, k, v, kw = make()
         g = golden_fia.fia_forward_detail(q, k, v, **kw, softmax_lse_flag=True)
         low = F16 if q.dtype == torch.int8 else q.dtype
         base = golden_fia.fia_forward_detail(q, k, v, **kw, softmax_lse_flag=True, dtype=low)
-        out, lse = call(q, k, v, kw) if call else _call(via, q, k, v, kw)
+        dev = input_device(backend)
+        q, k, v, kw = moved(dev, q), moved(dev, k), moved(dev, v), {n: moved(dev, x) for n, x in kw.items()}
+        out, lse = on_cpu(call(q, k, v, kw) if call else _call(via, q, k, v, kw))
         if g.out_real is not None:
             outs = [Comparison("attention_out (int8)", out.double(), g.out_real, base.out)]
         else:
@@ -181,6 +183,14 @@ def _nz_cache_decode():
         cache.attention_kwargs(seqs), num_heads=4, num_key_value_heads=2, scale_value=0.125, input_layout="BSND")
 
 
+def _gqa_rows_causal():
+    q, k, v = _randn(2, 4, 8, 32, dtype=F16, seed=1), _randn(2, 90, 2, 32, dtype=F16, seed=2), \
+        _randn(2, 90, 2, 32, dtype=F16, seed=3)
+    return q, k, v, dict(num_heads=8, num_key_value_heads=2, scale_value=32 ** -0.5, input_layout="BSND",
+                         atten_mask=CAUSAL_2048, sparse_mode=3, actual_seq_lengths=[4, 3],
+                         actual_seq_lengths_kv=[90, 41])
+
+
 CASES = [
     ("aclnn", "BSH prefill fp16, GQA 4, mask + pre/next, actual lengths", _prefill_mask_gqa),
     ("aclnn", "BNSD decode bf16, paged BnNBsD, (B, KV_S) mask, pse", _decode_paged_mask_pse),
@@ -196,9 +206,20 @@ CASES = [
     ("python", "BNSD decode fp16, PagedKVCache int8 (page-managed scales)", _int8_cache_decode),
     ("aclnn", "BNSD prefill fp16, K 48 / V 32 head dims, sparse_mode 3", _value_head_dim_prefill),
     ("python", "BSND decode fp16, NZ int8 PagedKVCache, K 64 / V 32", _nz_cache_decode),
+    ("aclnn", "BSND fp16, 4 query rows, GQA 4, sparse_mode 3, actual lengths", _gqa_rows_causal),
 ]
+# cases the Triton decode kernels serve (bf16 ones on CUDA only: Triton's CPU interpreter has no bf16)
+TRITON_CASES = {_decode_paged_mask_pse: BF16, _antiquant_per_token_decode: F16, _int4_decode: BF16,
+                _int8_cache_decode: F16, _gqa_rows_causal: F16}
 _OPERATOR = {"aclnn": "fused_infer_attention_score_v2", "python": "attnops.fused_infer_attention"}
 
 
+def _backends(make) -> tuple[str, ...]:
+    dtype = TRITON_CASES.get(make)
+    if dtype is None or (dtype == BF16 and not triton_runs_on_cuda()):
+        return ("reference",)
+    return ("reference", "triton")
+
+
 def cases() -> list[CheckCase]:
-    return [CheckCase(_OPERATOR[via], name, _case(via, make)) for via, name, make in CASES]
+    return [CheckCase(_OPERATOR[via], name, _case(via, make), _backends(make)) for via, name, make in CASES]

@@ -1,5 +1,6 @@
-"""Runs an FIA call on the backend :func:`~attnops._core.dispatch.choose_backend` picks for it: the Triton decode
-kernels (``triton/``) when their verifier accepts the call, else the reference (on CPU copies for tensors elsewhere).
+"""Runs an FIA call on the backend :func:`~attnops._core.dispatch.choose_backend` picks for it: the Triton kernels
+(``triton/``: the decode kernels for a few query rows per batch, else the FlashAttention kernels batch by batch) when
+their verifier accepts the call, else the reference (on CPU copies for tensors elsewhere).
 
 ``auto`` on CUDA runs the kernels when the verifier accepts (logging the reason when it does not); an explicit
 ``backend="triton"`` (or ``ATTNOPS_BACKEND=triton``) that cannot serve the call raises with the reason. The Pythonic
@@ -13,7 +14,7 @@ from ..._core.devices import origin_device, to_cpu, to_device
 from ..._core.dispatch import choose_backend
 from . import reference
 from .problem import build_problem
-from .triton.verify import unsupported_reason
+from .triton.verify import decode_reason, unsupported_reason
 
 
 def forward(query: Tensor, key, value, options: dict, backend: str = "auto") -> tuple[Tensor, Tensor]:
@@ -27,9 +28,12 @@ def forward(query: Tensor, key, value, options: dict, backend: str = "auto") -> 
         return unsupported_reason(built["p"], query, key, value, options)
 
     if choose_backend(backend, query.device, verify) == "triton":
-        from .triton import launch
+        from .triton import launch, prefill
 
-        return launch.forward(built["p"], query, key, value, options.get("block_table"))
+        p = built["p"]
+        if decode_reason(p, query, key, value, options) is None:
+            return launch.forward(p, query, key, value, options.get("block_table"))
+        return prefill.forward(p, query)
     device = origin_device(query, key, value, options)
     return to_device(reference.forward(build_problem(*to_cpu((query, key, value)), **to_cpu(options))), device)
 

@@ -34,12 +34,9 @@ INT8_TILE = 4 << 20  # score elements per tile of the int8 chain
 def forward(p: FIAProblem) -> tuple[Tensor, Tensor]:
     """``(attention_out, softmax_lse)``: the output in ``p.out_shape`` / ``p.out_dtype`` (rows outside the actual
     query lengths are 0) and the fp32 lse ``[B, N1, Q_S, 1]`` / ``[T, N1, 1]`` (+inf where nothing is attended)."""
-    with work_memory("query", f"a query for an output of shape {list(p.out_shape)}", p.device,
-                     {"attention_out": (p.out_shape, p.out_dtype), "softmax_lse": (p.lse_shape, F32)}):
-        out = torch.zeros(p.out_shape, dtype=p.out_dtype, device=p.device)
-        lse = torch.full(p.lse_shape, math.inf, dtype=F32, device=p.device)
+    out, lse = new_outputs(p)
     out_tokens = tokens_view(out, p.out_layout, p.n1)
-    active = [b for b, q in enumerate(p.queries) if q.shape[0] > 0 and p.seq.kv_lens[b] > 0]
+    active = active_batches(p)
     decoded = decode.forward(p, [b for b in active if p.int8 is None and p.queries[b].shape[0] <= DECODE_ROWS])
     for b in active:
         q = p.queries[b]
@@ -49,12 +46,26 @@ def forward(p: FIAProblem) -> tuple[Tensor, Tensor]:
             o, l = _int8_batch(p, b, q)
         else:
             o, l = _prefill_batch(p, b, q)
-        _store(p, b, o, l, out_tokens, lse)
+        store(p, b, o, l, out_tokens, lse)
     return out, lse
 
 
-def _store(p: FIAProblem, b: int, o: Tensor, lse_b: Tensor, out_tokens: Tensor, lse: Tensor) -> None:
-    """Write batch ``b``'s fp32 output ``[Sq, N1, Dv]`` (converted) and lse ``[N1, Sq]`` at its rows."""
+def new_outputs(p: FIAProblem) -> tuple[Tensor, Tensor]:
+    """The zero output and the +inf lse of the call (rows nothing writes keep them)."""
+    with work_memory("query", f"a query for an output of shape {list(p.out_shape)}", p.device,
+                     {"attention_out": (p.out_shape, p.out_dtype), "softmax_lse": (p.lse_shape, F32)}):
+        return (torch.zeros(p.out_shape, dtype=p.out_dtype, device=p.device),
+                torch.full(p.lse_shape, math.inf, dtype=F32, device=p.device))
+
+
+def active_batches(p: FIAProblem) -> list[int]:
+    """The batches with query rows and keys (the others keep output 0 and lse +inf)."""
+    return [b for b, q in enumerate(p.queries) if q.shape[0] > 0 and p.seq.kv_lens[b] > 0]
+
+
+def store(p: FIAProblem, b: int, o: Tensor, lse_b: Tensor, out_tokens: Tensor, lse: Tensor) -> None:
+    """Write batch ``b``'s output ``[Sq, N1, Dv]`` (fp32 or the output dtype; converted) and lse ``[N1, Sq]`` at
+    its rows."""
     s, n = p.row_starts[b], o.shape[0]
     if p.out_quant is not None:
         valid = lse_b.isfinite().transpose(0, 1).unsqueeze(-1)
@@ -69,9 +80,9 @@ def _store(p: FIAProblem, b: int, o: Tensor, lse_b: Tensor, out_tokens: Tensor, 
         lse[b, :, s:s + n, 0] = lse_b
 
 
-def _run(x: Tensor, quant, b: int, seg: KVSegment) -> Tensor:
-    """A key or value run ``[R, N2, L, D]`` in fp32 (dequantized when ``quant`` is given)."""
-    return x.to(F32) if quant is None else quant.apply(x, b, seg.pos, seg.block)
+def _run(x: Tensor, quant, b: int, seg: KVSegment, dtype: torch.dtype) -> Tensor:
+    """A key or value run ``[R, N2, L, D]`` in ``dtype`` (dequantized in fp32 first when ``quant`` is given)."""
+    return x.to(dtype) if quant is None else quant.apply(x, b, seg.pos, seg.block).to(dtype)
 
 
 def _tokens(x: Tensor) -> Tensor:
@@ -79,13 +90,14 @@ def _tokens(x: Tensor) -> Tensor:
     return x.transpose(1, 2).flatten(0, 1)
 
 
-def _batch_kv(p: FIAProblem, b: int, dequantize: bool = True) -> tuple[Tensor, Tensor]:
-    """Batch ``b``'s effective K ``[Skv, N2, Dk]`` and V ``[Skv, N2, Dv]`` (views when one in-place fp32 run)."""
+def _batch_kv(p: FIAProblem, b: int, dequantize: bool = True, dtype: torch.dtype = F32) -> tuple[Tensor, Tensor]:
+    """Batch ``b``'s effective K ``[Skv, N2, Dk]`` and V ``[Skv, N2, Dv]`` in ``dtype`` (views when one in-place run
+    of that dtype)."""
     ks, vs = [], []
     for seg in p.kv[b]:
         if dequantize:
-            ks.append(_tokens(_run(seg.key, p.key_quant, b, seg)))
-            vs.append(_tokens(_run(seg.value, p.value_quant, b, seg)))
+            ks.append(_tokens(_run(seg.key, p.key_quant, b, seg, dtype)))
+            vs.append(_tokens(_run(seg.value, p.value_quant, b, seg, dtype)))
         else:
             ks.append(_tokens(seg.key))
             vs.append(_tokens(seg.value))
@@ -110,19 +122,32 @@ def _softmax_(s: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(valid, total, 1.0), lse.squeeze(-1)
 
 
-def _prefill_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
-    """Many query rows: the FlashAttention CPU reference on one batch."""
+def prefill_problem(p: FIAProblem, b: int, dtype: torch.dtype) -> tuple[FAProblem, Tensor, Tensor, Tensor]:
+    """Batch ``b`` as a one-batch FlashAttention problem (BSND, pse after the scale) with its query ``[1, Sq, N1, D]``
+    and effective K/V ``[1, Skv, N2, D]`` in ``dtype`` (dequantized, gathered from pages, prefix first)."""
+    q = p.queries[b]
     sq, skv = q.shape[0], p.seq.kv_lens[b]
-    k, v = _batch_kv(p, b)
+    k, v = _batch_kv(p, b, dtype=dtype)
     pse = None
     if p.pse is not None:
         t = p.pse.tensor
         pse = PseSpec(0, "full", t if t.shape[0] == 1 else t[b:b + 1])
     fa = FAProblem(Geometry("BSND", p.n1, p.n2, p.d, p.dv, 1, sq, skv), SeqInfo.dense(1, sq, skv), p.mask.batch(b),
                    pse, None, p.scale, "", sq, skv)
-    out, smax, ssum = fa_reference.forward(fa, q.to(F32)[None], k[None], v[None])
-    m, total = smax[0, :, :, 0], ssum[0, :, :, 0]
-    return out[0], torch.where(m > FLT_LOWEST, m + total.log(), math.inf)
+    return fa, q.to(dtype)[None], k[None], v[None]
+
+
+def stats_lse(smax: Tensor, ssum: Tensor) -> Tensor:
+    """The lse ``[N1, Sq]`` of one-batch FlashAttention statistics (+inf where the row kept nothing)."""
+    m, total = smax[0, :, :, 0].float(), ssum[0, :, :, 0].float()
+    return torch.where(m > FLT_LOWEST, m + total.log(), math.inf)
+
+
+def _prefill_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
+    """Many query rows: the FlashAttention CPU reference on one batch."""
+    fa, q, k, v = prefill_problem(p, b, F32)
+    out, smax, ssum = fa_reference.forward(fa, q, k, v)
+    return out[0], stats_lse(smax, ssum)
 
 
 def _int8_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:

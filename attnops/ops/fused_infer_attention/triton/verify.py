@@ -1,10 +1,12 @@
-"""Why an FIA call cannot run on the Triton decode kernels (None when it can). Pure Python: no Triton import beyond
+"""Why an FIA call cannot run on the Triton kernels (None when it can): the decode kernels (a few query rows per
+batch) or, for the rest, the FlashAttention kernels batch by batch (prefill). Pure Python: no Triton import beyond
 the availability check, so dispatch can ask on any machine."""
 from __future__ import annotations
 
 import torch
 
 from ...._core.triton.support import kernel_input_reason
+from ...flash_attention.triton.verify import MAX_GRID_Y
 from ..problem import FIAProblem
 
 MAX_HEAD_DIM = 256
@@ -13,11 +15,29 @@ MAX_GROUP_ROWS = 128  # G x rows carried by one program
 
 
 def unsupported_reason(p: FIAProblem, query: torch.Tensor, key, value, options: dict) -> str | None:
-    """The reason the Triton decode kernels cannot serve problem ``p`` (built from ``query``, ``key``, ``value`` and
-    the call's ``options``, aclnn names), or None."""
+    """The reason no Triton kernel can serve problem ``p`` (built from ``query``, ``key``, ``value`` and the call's
+    ``options``, aclnn names), or None."""
     reason = kernel_input_reason(query, "queries")
     if reason is not None:
         return reason
+    decode = decode_reason(p, query, key, value, options)
+    prefill = prefill_reason(p)
+    if decode is None or prefill is None:
+        return None
+    return f"{decode}; the FlashAttention kernels (prefill) cannot serve it either: {prefill}"
+
+
+def prefill_reason(p: FIAProblem) -> str | None:
+    """Why the FlashAttention kernels cannot run ``p`` batch by batch (float queries: no int8 chain), or None."""
+    if max(p.d, p.dv) > MAX_HEAD_DIM:
+        return f"head dims up to {MAX_HEAD_DIM} (got D={p.d}, Dv={p.dv})"
+    if p.n1 > MAX_GRID_Y:
+        return f"query heads up to {MAX_GRID_Y} (got {p.n1})"
+    return None
+
+
+def decode_reason(p: FIAProblem, query: torch.Tensor, key, value, options: dict) -> str | None:
+    """Why the decode kernels cannot serve ``p`` (queries of a kernel dtype), or None."""
     if not isinstance(key, torch.Tensor) or not isinstance(value, torch.Tensor):
         return "a key/value tensor list is not implemented in the Triton decode kernels"
     if options.get("key_shared_prefix") is not None:
@@ -31,7 +51,7 @@ def unsupported_reason(p: FIAProblem, query: torch.Tensor, key, value, options: 
     rows = max((q.shape[0] for q in p.queries), default=0)
     if rows > MAX_QUERY_ROWS or rows * p.group > MAX_GROUP_ROWS:
         return (f"the Triton decode kernels take at most {MAX_QUERY_ROWS} query rows per batch and "
-                f"{MAX_GROUP_ROWS} rows per KV head (got {rows} x group {p.group}); longer queries run the reference")
+                f"{MAX_GROUP_ROWS} rows per KV head (got {rows} x group {p.group})")
     if max(p.d, p.dv) > MAX_HEAD_DIM:
         return f"head dims up to {MAX_HEAD_DIM} (got D={p.d}, Dv={p.dv})"
     if options.get("block_table") is None and not _runs_in_place(p, key, value):

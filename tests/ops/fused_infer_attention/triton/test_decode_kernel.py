@@ -9,7 +9,7 @@ import torch
 
 import attnops
 from attnops.ops.fused_infer_attention.problem import build_problem
-from attnops.ops.fused_infer_attention.triton.verify import unsupported_reason
+from attnops.ops.fused_infer_attention.triton.verify import decode_reason, unsupported_reason
 from attnops.testing.golden_fia import pack_int4
 from tests.helpers import randn
 from tests.ops.fused_infer_attention.fia_helpers import (TRIU2048, check_fia, make_inputs, rand_mask, randint4,
@@ -26,12 +26,17 @@ def _dev(x):
     return x
 
 
-def run(launched, q, k, v, via=None, **kw):
-    """check_fia on the kernels (the Pythonic API for fp32, which aclnn does not take)."""
+def run_kernel(launched, kernels, q, k, v, via=None, **kw):
+    """check_fia (the Pythonic API for fp32, which aclnn does not take), then check the kernels launched."""
     via = via or ("api" if q.dtype == F32 else "aclnn")
     r = check_fia(_dev(q), _dev(k), _dev(v), via=via, **{name: _dev(x) for name, x in kw.items()})
-    assert launched == KERNELS * (len(launched) // 2) and launched, launched
+    assert launched == kernels, launched
     return r
+
+
+def run(launched, q, k, v, via=None, **kw):
+    """check_fia on the decode kernels (one split and one merge launch)."""
+    return run_kernel(launched, KERNELS, q, k, v, via, **kw)
 
 
 @pytest.mark.parametrize("layout", ["BSH", "BSND", "BNSD"])
@@ -167,22 +172,46 @@ def test_int8_output(triton_backend, shape):
         scale_value=0.25, input_layout="BSND", softmax_lse_flag=True)
 
 
-def _reason(q, k, v, **options):
+def _reasons(q, k, v, **options):
+    """(decode kernels' reason, any Triton kernel's reason) for a call."""
     options = dict(dict(num_heads=2, scale=0.25, input_layout="BSND"), **options)
-    return unsupported_reason(build_problem(q, k, v, **options), q, k, v, options)
+    p = build_problem(q, k, v, **options)
+    return decode_reason(p, q, k, v, options), unsupported_reason(p, q, k, v, options)
 
 
 def test_verifier_reasons(triton_backend):
     q, k, v = make_inputs("BSND", b=2, n=2, sq=1, skv=8, d=16, dtype=F16)
-    assert _reason(q, k, v) is None
+    assert _reasons(q, k, v) == (None, None)
     long_q = make_inputs("BSND", b=2, n=2, sq=20, skv=8, d=16, dtype=F16)[0]
-    assert "at most 16 query rows" in _reason(long_q, k, v)
+    assert "at most 16 query rows" in _reasons(long_q, k, v)[0] and _reasons(long_q, k, v)[1] is None
     prefix = randn(1, 3, 2, 16, dtype=F16, seed=9)
-    assert "shared prefix" in _reason(q, k, v, key_shared_prefix=prefix, value_shared_prefix=prefix)
-    assert "bfloat16" in _reason(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    assert "shared prefix" in _reasons(q, k, v, key_shared_prefix=prefix, value_shared_prefix=prefix)[0]
+    assert "bfloat16" in _reasons(q.bfloat16(), k.bfloat16(), v.bfloat16())[1]
+    qi, ki, vi = (randint8(2, 4, 2, 16, seed=i) for i in range(3))
+    int8 = dict(deq_scale1=torch.tensor([1e-3]), quant_scale1=torch.tensor([1.0]), deq_scale2=torch.tensor([1e-2]))
+    assert "queries (got torch.int8)" in _reasons(qi, ki, vi, **int8)[1]
+
+
+def test_paged_prefill_runs_the_flash_attention_kernel(triton_backend):
+    """Queries longer than the decode kernels take, over a paged cache: per batch on the FlashAttention kernel."""
+    n, bs, lens = 2, 16, [40, 27]
+    q, kc, vc, bt = _paged("BSND", "BSH", n=n, nkv=1, sq=20, lens=lens, bs=bs, d=32)
+    run_kernel(triton_backend, ["fwd_kernel"] * 2, q, kc, vc, via="api", block_table=bt, block_size=bs,
+               actual_seq_lengths_kv=lens, atten_mask=TRIU2048, sparse_mode=3, actual_seq_lengths=[20, 9],
+               num_heads=n, num_key_value_heads=1, scale_value=0.25, input_layout="BSND", softmax_lse_flag=True)
+
+
+def test_shared_prefix_runs_the_flash_attention_kernel(triton_backend):
+    q, k, v = make_inputs("BNSD", b=2, n=2, sq=3, skv=10, d=16, dtype=F16)
+    prefix_k, prefix_v = randn(1, 2, 9, 16, dtype=F16, seed=4), randn(1, 2, 9, 16, dtype=F16, seed=5)
+    run_kernel(triton_backend, ["fwd_kernel"] * 2, q, k, v, key_shared_prefix=prefix_k,
+               value_shared_prefix=prefix_v, actual_shared_prefix_len=[7], actual_seq_lengths_kv=[10, 6],
+               atten_mask=TRIU2048, sparse_mode=3, num_heads=2, scale_value=0.25, input_layout="BNSD",
+               softmax_lse_flag=True)
 
 
 def test_forced_triton_raises_with_the_reason(triton_backend):
-    q, k, v = make_inputs("BSND", b=1, n=2, sq=20, skv=8, d=16, dtype=F16)
-    with pytest.raises(attnops.ParamInvalidError, match="at most 16 query rows"):
-        attnops.fused_infer_attention(q, k, v, num_heads=2, layout="BSND")
+    qi, ki, vi = (randint8(1, 4, 2, 16, seed=i) for i in range(3))
+    with pytest.raises(attnops.ParamInvalidError, match="got torch.int8"):
+        attnops.fused_infer_attention(qi, ki, vi, num_heads=2, layout="BSND", deq_scale1=torch.tensor([1e-3]),
+                                      quant_scale1=torch.tensor([1.0]), deq_scale2=torch.tensor([1e-2]))
