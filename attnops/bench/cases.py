@@ -218,14 +218,19 @@ register_suite(Suite(
                 kv_heads=8, sq=4096, skv=4096, causal=True, baselines=("sdpa-gathered",))),
     device="cpu", repeat=5, warmup=1))
 
-def _decode_cases() -> tuple[Case, ...]:
+def _decode_cases(prefix: str = "fia-decode", shapes=((1, 32768), (8, 4096)),
+                  dtypes=(("float32", None), ("bfloat16", None), ("float16", None), ("float16", "int8")),
+                  pages_kinds=("dense", "sequential", "shuffled"), *, heads: int = 32, kv_heads: int = 8,
+                  d: int = 128) -> tuple[Case, ...]:
+    """Decode (one query row) over ``(batch, KV length)`` shapes, query dtypes (int8: the KV), dense or paged KV
+    (128-token pages in sequential or shuffled order), beside the read bandwidth and SDPA on the same KV."""
     cases = []
-    for batch, skv in ((1, 32768), (8, 4096)):
-        for dtype, kv in (("float32", None), ("bfloat16", None), ("float16", None), ("float16", "int8")):
-            for pages in ("dense", "sequential", "shuffled"):
+    for batch, skv in shapes:
+        for dtype, kv in dtypes:
+            for pages in pages_kinds:
                 tag = f"{dtype}-int8kv" if kv else dtype
-                cases.append(Case(name=f"fia-decode-b{batch}-kv{skv}-{tag}-{pages}", op="fia_decode", batch=batch,
-                                  heads=32, kv_heads=8, sq=1, skv=skv, dtype=dtype,
+                cases.append(Case(name=f"{prefix}-b{batch}-kv{skv}-{tag}-{pages}", op="fia_decode", batch=batch,
+                                  heads=heads, kv_heads=kv_heads, sq=1, skv=skv, d=d, dv=d, dtype=dtype,
                                   baselines=("read-bandwidth", "sdpa-gathered"),
                                   params={"pages": pages, "block_size": 128, **({"kv": kv} if kv else {})}))
     return tuple(cases)
@@ -239,6 +244,25 @@ register_suite(Suite(
             "on the same KV, contiguous (int8 KV: SDPA on the dequantized values); paged caches use 128-token blocks "
             "in sequential or shuffled order",
     cases=_decode_cases(), device="cpu", repeat=5, warmup=1))
+
+register_suite(Suite(
+    name="fia-gpu",
+    description="FusedInferAttention decode on CUDA vs the HBM read bandwidth and SDPA: B=1 x 32k, B=8 x 4k, "
+                "B=64 x 8k, dense and paged",
+    details="N=32, KV_N=8, D=128, bf16 and bf16 with int8 KV (per-channel antiquant); paged caches use 128-token "
+            "blocks in shuffled order; ratio read-bandwidth/attnops = the fraction of the read bandwidth (torch.sum "
+            "over as many bytes as the KV, measured in the same run); ratio sdpa-gathered/attnops = speed-up over "
+            "SDPA on the same KV, contiguous",
+    cases=_decode_cases("fia-gpu-decode", ((1, 32768), (8, 4096), (64, 8192)),
+                        (("bfloat16", None), ("bfloat16", "int8")), ("dense", "shuffled")),
+    device="cuda", repeat=20, warmup=3))
+
+register_suite(Suite(
+    name="fia-smoke",
+    description="Tiny FusedInferAttention decode cases (seconds on any device): the runner end to end",
+    cases=_decode_cases("fia-smoke-decode", ((2, 512),), (("float32", None), ("float16", "int8")),
+                        ("dense", "shuffled"), heads=4, kv_heads=2, d=32),
+    device="cpu", repeat=3, warmup=1))
 
 register_suite(Suite(
     name="fa-cpu-dropout",

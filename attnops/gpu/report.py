@@ -32,8 +32,9 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results"
 INTERPRET_ENV = {"ATTNOPS_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1"}
 KERNEL_TESTS = "tests/ops/flash_attention/triton"
 NSA_KERNEL_TESTS = "tests/ops/nsa/triton"  # compressed attention and decode kernels (the full CUDA run)
-# budgets in seconds: (full, quick); the sum stays under 8 min (full) and 3 min (quick) on one H100
-BUDGETS = {"tests": (240, 75), "check": (60, 30), "bench": (150, 60)}
+FIA_KERNEL_TESTS = "tests/ops/fused_infer_attention/triton"  # decode kernels and prefill (the full CUDA run)
+# budgets in seconds: (full, quick); the sum stays under 9 min (full) and 3.5 min (quick) on one H100
+BUDGETS = {"tests": (210, 75), "check": (60, 30), "bench": (270, 90)}
 INTERPRET_BUDGETS = {"tests": (600, 90), "check": (600, 60), "bench": (300, 60)}
 QUICK_KERNEL_TESTS = "test_dtypes_causal"  # --interpret --quick: tiny causal fp16 and fp32 problems
 QUICK_CHECK_CASE = "BSH causal mode 2 fp16"
@@ -120,7 +121,8 @@ def plan(args, out_dir: Path) -> list[Step]:
         check = [py, "-m", "attnops.gpu.triton_check"] + (["--filter", QUICK_CHECK_CASE] if args.quick else [])
     else:  # the CUDA tests; the full run adds the Triton kernel tests, which run compiled (bf16 too) on a GPU
         tests = pytest + ["-m", "cuda", "tests"] if args.quick else pytest + [
-            "tests/cuda", f"{KERNEL_TESTS}/test_kernels.py", f"{KERNEL_TESTS}/test_verify.py", NSA_KERNEL_TESTS]
+            "tests/cuda", f"{KERNEL_TESTS}/test_kernels.py", f"{KERNEL_TESTS}/test_verify.py", NSA_KERNEL_TESTS,
+            FIA_KERNEL_TESTS]
         check = [py, "-m", "attnops", "check"]
     steps = [Step("tests", tests, budgets["tests"][pick], env), Step("check", check, budgets["check"][pick], env)]
     for suite in GPU_SUITES.values():
@@ -132,9 +134,9 @@ def plan(args, out_dir: Path) -> list[Step]:
 def bench_command(suite: GpuSuite, args, out_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "attnops", "bench", "--out", str(out_dir), "--impls", ",".join(suite.impls)]
     if args.interpret:
-        cmd[-1] = "attnops,sdpa"  # the CPU has no SDPA flash/cuDNN backends; FlexAttention would compile for minutes
+        cmd[-1] = ",".join(suite.smoke_impls)
         cmd += ["--suite", suite.smoke_suite, "--device", "cpu", "--repeat", "1", "--warmup", "0"]
-        return cmd + (["--filter", "fwd-causal"] if args.quick else [])
+        return cmd + (["--filter", suite.smoke_quick_filter] if args.quick else [])
     cmd += ["--suite", suite.suite]
     return cmd + (["--filter", suite.quick_filter, "--repeat", "5", "--warmup", "2"] if args.quick else [])
 
@@ -161,10 +163,12 @@ def bench_rows(paths: list[Path], peak: Peak) -> list[list[str]]:
 
 
 def bytes_moved(case: dict) -> float:
-    """Bytes a memory-bound attention case reads and writes at least once: q, k, v and the output."""
+    """Bytes a memory-bound attention case reads and writes at least once: q, k, v (int8 KV: one byte each) and the
+    output."""
     size = {"bfloat16": 2, "float16": 2, "float32": 4}[case["dtype"]]
+    kv_size = 1 if case.get("params", {}).get("kv") == "int8" else size
     b, n, kvn, sq, skv = case["batch"], case["heads"], case["kv_heads"], case["sq"], case["skv"]
-    return size * (b * sq * n * (case["d"] + case["dv"]) + b * skv * kvn * (case["d"] + case["dv"]))
+    return size * b * sq * n * (case["d"] + case["dv"]) + kv_size * b * skv * kvn * (case["d"] + case["dv"])
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -206,7 +210,7 @@ def _slug(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnops gpu-report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a subset of tests and benchmarks (under 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="a subset of tests and benchmarks (under 3.5 minutes)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--interpret", action="store_true",
                         help="without a GPU: the same flow on the CPU through Triton's interpreter at tiny sizes")

@@ -17,6 +17,8 @@ class GpuSuite:
     quick_filter: str  # regular expression on case names: the subset ``--quick`` runs
     bound: str = "compute"  # "compute" | "memory"
     impls: tuple[str, ...] = ("attnops", *BASELINES)
+    smoke_impls: tuple[str, ...] = ("attnops", "sdpa")  # the CPU has no SDPA flash/cuDNN; FlexAttention compiles long
+    smoke_quick_filter: str = "fwd-causal"  # regular expression: the smoke cases ``--interpret --quick`` runs
 
 
 GPU_SUITES: dict[str, GpuSuite] = {}
@@ -34,3 +36,6 @@ def register_gpu_suite(suite: GpuSuite) -> GpuSuite:
 register_gpu_suite(GpuSuite("fa-gpu", smoke_suite="fa-smoke", quick_filter=r"bfloat16-(fwd|bwd)-causal"))
 register_gpu_suite(GpuSuite("nsa-gpu", smoke_suite="nsa-smoke", quick_filter=r"t16384-n64-kv4-d128-.*-(fwd|fwd\+bwd)-",
                             impls=("attnops", "attnops-dense", "sdpa-flash")))
+register_gpu_suite(GpuSuite("fia-gpu", smoke_suite="fia-smoke", quick_filter=r"b(1-kv32768|64-kv8192)-.*-shuffled",
+                            bound="memory", impls=("attnops", "read-bandwidth", "sdpa-gathered"),
+                            smoke_impls=("attnops", "sdpa-gathered"), smoke_quick_filter="float32-dense"))

@@ -38,6 +38,8 @@ def test_gpu_suites_registry():
 def test_memory_bound_rate_uses_bytes():
     case = dict(dtype="bfloat16", batch=2, heads=4, kv_heads=1, sq=1, skv=100, d=8, dv=8)
     assert report.bytes_moved(case) == 2 * (2 * 1 * 4 * 16 + 2 * 100 * 1 * 16)
+    int8_kv = dict(case, params={"kv": "int8"})
+    assert report.bytes_moved(int8_kv) == 2 * 2 * 1 * 4 * 16 + 2 * 100 * 1 * 16
 
 
 def test_hanging_step_is_killed_at_its_budget(tmp_path):
@@ -62,5 +64,7 @@ def test_interpret_quick_flow(tmp_path):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     (md,) = tmp_path.glob("gpu-report-interpret-*.md")
     text = md.read_text()
-    assert "| tests | pass |" in text and "| check | pass |" in text and "| bench-fa-gpu | pass |" in text
-    assert list(tmp_path.glob("fa-smoke-cpu-*.json"))
+    assert "| tests | pass |" in text and "| check | pass |" in text
+    for suite in GPU_SUITES.values():
+        assert f"| bench-{suite.suite} | pass |" in text
+        assert list(tmp_path.glob(f"{suite.smoke_suite}-cpu-*.json"))

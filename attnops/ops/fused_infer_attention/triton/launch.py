@@ -29,8 +29,9 @@ KV_FLOAT, KV_INT8, KV_INT4 = 0, 1, 2  # kernels.KV_*
 
 def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     """One configuration per launch: 16-token tiles in the interpreter; on the GPU the widest KV tile that compiles
-    without spills on sm_80 and sm_90 (``python -m attnops aot``): 16 tokens for 64 or more query rows, 32 for fp32
-    or int4 (unpacking doubles the live tile), else 64, with 8 warps for those and for head dims over 128."""
+    without spills on sm_80 and sm_90 with Triton 3.6 and 3.9 (``python -m attnops aot``): 16 tokens for int4
+    (unpacking doubles the live tile) and for 64 or more query rows, 32 for fp32, else 64, with 8 warps for those and
+    for head dims over 128."""
     import triton
 
     if launch.kernel == "merge_kernel":
@@ -40,7 +41,9 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     kw = launch.kwargs
     if kw["BLOCK_R"] >= 64:
         return [triton.Config(dict(BLOCK_N=16), num_warps=8, num_stages=1)]
-    if named_args["q_ptr"].dtype == torch.float32 or KV_INT4 in (kw["K_QUANT"], kw["V_QUANT"]):
+    if KV_INT4 in (kw["K_QUANT"], kw["V_QUANT"]):
+        return [triton.Config(dict(BLOCK_N=16), num_warps=8, num_stages=2)]
+    if named_args["q_ptr"].dtype == torch.float32:
         return [triton.Config(dict(BLOCK_N=32), num_warps=8, num_stages=2)]
     wide = max(kw["BLOCK_D"], kw["BLOCK_DV"]) > 128
     return [triton.Config(dict(BLOCK_N=64), num_warps=8 if wide else 4, num_stages=2)]

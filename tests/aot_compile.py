@@ -1,0 +1,31 @@
+"""Compile a registered AOT case (``attnops._core.triton.registry``) for a GPU target without a GPU, in a child
+process without ``TRITON_INTERPRET`` (the test process runs the kernels through the interpreter)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = """
+import json, sys
+from attnops._core.triton.aot import SHARED_LIMIT, TARGETS, compile_launch
+from attnops._core.triton.registry import all_aot_cases
+case, target = sys.argv[1], sys.argv[2]
+out = []
+for launch in all_aot_cases()[case].launches():
+    for v in compile_launch(launch, TARGETS[target]):
+        out.append(dict(kernel=v.kernel, spills=v.n_spills, shared=v.shared, limit=SHARED_LIMIT[TARGETS[target][1]]))
+print(json.dumps(out))
+"""
+
+
+def compile_case(case: str, target: str) -> list[dict]:
+    """``[{kernel, spills, shared, limit}]`` for every compiled variant of ``case`` ("operator/name") on ``target``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ATTNOPS_TRITON_INTERPRET")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    run = subprocess.run([sys.executable, "-c", CHILD, case, target], cwd=ROOT, env=env, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
