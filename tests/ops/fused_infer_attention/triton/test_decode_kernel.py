@@ -174,7 +174,8 @@ def test_int8_output(triton_backend, shape):
 
 def _reasons(q, k, v, **options):
     """(decode kernels' reason, any Triton kernel's reason) for a call."""
-    options = dict(dict(num_heads=2, scale=0.25, input_layout="BSND"), **options)
+    q, k, v = _dev(q), _dev(k), _dev(v)
+    options = {name: _dev(x) for name, x in dict(dict(num_heads=2, scale=0.25, input_layout="BSND"), **options).items()}
     p = build_problem(q, k, v, **options)
     return decode_reason(p, q, k, v, options), unsupported_reason(p, q, k, v, options)
 
@@ -186,7 +187,8 @@ def test_verifier_reasons(triton_backend):
     assert "at most 16 query rows" in _reasons(long_q, k, v)[0] and _reasons(long_q, k, v)[1] is None
     prefix = randn(1, 3, 2, 16, dtype=F16, seed=9)
     assert "shared prefix" in _reasons(q, k, v, key_shared_prefix=prefix, value_shared_prefix=prefix)[0]
-    assert "bfloat16" in _reasons(q.bfloat16(), k.bfloat16(), v.bfloat16())[1]
+    if DEVICE == "cpu":  # the interpreter has no bf16
+        assert "bfloat16" in _reasons(q.bfloat16(), k.bfloat16(), v.bfloat16())[1]
     qi, ki, vi = (randint8(2, 4, 2, 16, seed=i) for i in range(3))
     int8 = dict(deq_scale1=torch.tensor([1e-3]), quant_scale1=torch.tensor([1.0]), deq_scale2=torch.tensor([1e-2]))
     assert "queries (got torch.int8)" in _reasons(qi, ki, vi, **int8)[1]
@@ -211,7 +213,7 @@ def test_shared_prefix_runs_the_flash_attention_kernel(triton_backend):
 
 
 def test_forced_triton_raises_with_the_reason(triton_backend):
-    qi, ki, vi = (randint8(1, 4, 2, 16, seed=i) for i in range(3))
+    qi, ki, vi = (_dev(randint8(1, 4, 2, 16, seed=i)) for i in range(3))
     with pytest.raises(attnops.ParamInvalidError, match="got torch.int8"):
-        attnops.fused_infer_attention(qi, ki, vi, num_heads=2, layout="BSND", deq_scale1=torch.tensor([1e-3]),
-                                      quant_scale1=torch.tensor([1.0]), deq_scale2=torch.tensor([1e-2]))
+        attnops.fused_infer_attention(qi, ki, vi, num_heads=2, layout="BSND", deq_scale1=_dev(torch.tensor([1e-3])),
+                                      quant_scale1=_dev(torch.tensor([1.0])), deq_scale2=_dev(torch.tensor([1e-2])))
