@@ -97,6 +97,12 @@ def test_few_query_rows_causal_and_actual_lengths(triton_backend, sparse_mode, m
         softmax_lse_flag=True)
 
 
+def test_bnsd_in_bsnd_out(triton_backend):
+    q, k, v = make_inputs("BNSD_BSND", b=2, n=4, nkv=1, sq=3, skv=37, d=16, dtype=F16)
+    run(triton_backend, q, k, v, atten_mask=TRIU2048, sparse_mode=3, num_heads=4, num_key_value_heads=1,
+        scale_value=0.25, input_layout="BNSD_BSND", softmax_lse_flag=True)
+
+
 def test_tnd_band(triton_backend):
     """TND with a left-top band (sparse_mode 0, pre/next tokens) and an explicit mask."""
     n = 2
