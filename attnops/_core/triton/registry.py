@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 # modules that register their operator's AOT cases when imported (FIA decode and NSA kernels add theirs here)
-PROVIDERS = ("attnops.ops.flash_attention.triton.aot", "attnops.ops.nsa.triton.aot", "attnops.ops.nsa.triton.infer_aot")
+PROVIDERS = ("attnops.ops.flash_attention.triton.aot", "attnops.ops.nsa.triton.aot")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import torch
 import attnops
 from attnops import ParamInvalidError
 from attnops.ops.nsa.compress_attention import build_compress_attention_spec
-from attnops.ops.nsa.triton.infer_verify import compress_attention_reason
+from attnops.ops.nsa.triton.verify import compress_attention_reason
 
 from ..nsa_helpers import causal_cmp_mask, check_compress_attention, cum, randn
 from .conftest import DEVICE
