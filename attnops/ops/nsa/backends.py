@@ -53,21 +53,22 @@ def selected_grad(spec, query, key, value, attention_out, grad, softmax_max, sof
 
 def compress_attention(query, key, value, topk_mask, atten_mask, **spec_args):
     """``nsa_compress_attention``: ``(attention_out, topk_indices, softmax_max, softmax_sum)``; ``spec_args``:
-    :func:`build_compress_attention_spec`'s keywords."""
-    def spec_of(query, key, value, topk_mask, atten_mask):  # the spec holds the masks (on the inputs' device)
+    :func:`build_compress_attention_spec`'s keywords. The spec (it holds the masks, on the inputs' device) is built
+    once, for the verifier and the kernels (or the reference on the CPU)."""
+
+    def spec_of(query, key, value, topk_mask, atten_mask):
         return build_compress_attention_spec(query, key, value, topk_mask=topk_mask, atten_mask=atten_mask,
                                              **spec_args)
 
-    def reference(query, key, value, topk_mask, atten_mask):
-        return compress_attention_forward(spec_of(query, key, value, topk_mask, atten_mask), query, key, value)
+    tensors = (query, key, value, topk_mask, atten_mask)
+    spec = spec_of(*tensors)
 
-    def kernels(query, key, value, topk_mask, atten_mask):
-        return infer_launch.compress_attention(spec_of(query, key, value, topk_mask, atten_mask), query, key, value)
+    def reference(*cpu_tensors):  # CPU copies when the inputs live elsewhere: the spec is rebuilt there
+        cpu_spec = spec if query.device.type == "cpu" else spec_of(*cpu_tensors)
+        return compress_attention_forward(cpu_spec, *cpu_tensors[:3])
 
-    def verify():
-        return triton_verify.compress_attention_reason(spec_of(query, key, value, topk_mask, atten_mask), query)
-
-    return _run(query, verify, kernels, reference, query, key, value, topk_mask, atten_mask)
+    return _run(query, lambda: triton_verify.compress_attention_reason(spec, query),
+                lambda *_: infer_launch.compress_attention(spec, query, key, value), reference, *tensors)
 
 
 def selected_infer(kv, block, query, key, value, topk_indices, block_table):
