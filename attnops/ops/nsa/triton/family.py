@@ -13,7 +13,7 @@ from ...._core.triton.launch import KernelFamily, Launch, pow2
 
 INTERPRET_TILE = 16
 MAX_KEY_TILE = {2: 64, 4: 32}  # keys of a selected block per step on a GPU, by operand bytes
-WEIGHT_GRAD_ROWS = 64  # compressed rows per weight-gradient program on a GPU
+WEIGHT_GRAD_ROWS = 32  # compressed rows per weight-gradient program on a GPU
 SCORE_BLOCK_K = 16  # selection blocks per score program (the score grid's third extent counts such tiles)
 # importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps)
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
@@ -39,10 +39,12 @@ def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
 
 
 def _training_config(launch: Launch, named_args: dict, interpret: bool):
-    """Selected attention and compression: 4 warps (8 at head dims > 128 or fp32), 2 stages (1 for the fp32 dQ)."""
+    """Selected attention and compression: 4 warps (8 for the selected forward, at head dims > 128 and for fp32),
+    2 stages (1 for the fp32 selected forward and dQ)."""
     import triton
 
     dtype = launch.args[0].dtype
+    fp32 = dtype == torch.float32
     if launch.kernel in SELECTED:
         tiles = {"BLOCK_N": key_tile(named_args["block_size"], dtype, interpret)}
     elif launch.kernel == "compress_dw_kernel":
@@ -50,8 +52,8 @@ def _training_config(launch: Launch, named_args: dict, interpret: bool):
     else:
         tiles = {}
     wide = max(launch.kwargs.get("BLOCK_D", 0), launch.kwargs.get("BLOCK_DV", 0)) > 128
-    warps = 8 if wide or dtype == torch.float32 else 4
-    single = interpret or (dtype == torch.float32 and launch.kernel == "selected_dq_kernel")
+    warps = 8 if wide or fp32 or launch.kernel == "selected_fwd_kernel" else 4
+    single = interpret or (fp32 and launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel"))
     return triton.Config(tiles, num_warps=warps, num_stages=1 if single else 2)
 
 
