@@ -13,6 +13,7 @@ from .compress import compress_backward, compress_forward
 from .compress_attention import build_compress_attention_spec, compress_attention_forward
 from .decode import compress_decode, compress_into_cache, selected_decode
 from .selected import selected_backward, selected_forward
+from .triton import infer_launch
 from .triton import launch as triton_launch
 from .triton import verify as triton_verify
 
@@ -52,47 +53,40 @@ def selected_grad(spec, query, key, value, attention_out, grad, softmax_max, sof
 
 def compress_attention(query, key, value, topk_mask, atten_mask, **spec_args):
     """``nsa_compress_attention``: ``(attention_out, topk_indices, softmax_max, softmax_sum)``; ``spec_args``:
-    :func:`build_compress_attention_spec`'s keywords."""
-    from .triton import infer_launch, infer_verify
+    :func:`build_compress_attention_spec`'s keywords. The spec (it holds the masks, on the inputs' device) is built
+    once, for the verifier and the kernels (or the reference on the CPU)."""
 
-    def spec_of(query, key, value, topk_mask, atten_mask):  # the spec holds the masks (on the inputs' device)
+    def spec_of(query, key, value, topk_mask, atten_mask):
         return build_compress_attention_spec(query, key, value, topk_mask=topk_mask, atten_mask=atten_mask,
                                              **spec_args)
 
-    def reference(query, key, value, topk_mask, atten_mask):
-        return compress_attention_forward(spec_of(query, key, value, topk_mask, atten_mask), query, key, value)
+    tensors = (query, key, value, topk_mask, atten_mask)
+    spec = spec_of(*tensors)
 
-    def kernels(query, key, value, topk_mask, atten_mask):
-        return infer_launch.compress_attention(spec_of(query, key, value, topk_mask, atten_mask), query, key, value)
+    def reference(*cpu_tensors):  # CPU copies when the inputs live elsewhere: the spec is rebuilt there
+        cpu_spec = spec if query.device.type == "cpu" else spec_of(*cpu_tensors)
+        return compress_attention_forward(cpu_spec, *cpu_tensors[:3])
 
-    def verify():
-        return infer_verify.compress_attention_reason(spec_of(query, key, value, topk_mask, atten_mask), query)
-
-    return _run(query, verify, kernels, reference, query, key, value, topk_mask, atten_mask)
+    return _run(query, lambda: triton_verify.compress_attention_reason(spec, query),
+                lambda *_: infer_launch.compress_attention(spec, query, key, value), reference, *tensors)
 
 
 def selected_infer(kv, block, query, key, value, topk_indices, block_table):
     """``nsa_selected_attention_infer``: the output ``[B, N1, Dv]``."""
-    from .triton import infer_launch, infer_verify
-
-    return _run(query, lambda: infer_verify.decode_reason(query, key, value), infer_launch.selected_decode,
+    return _run(query, lambda: triton_verify.decode_reason(query, key, value), infer_launch.selected_decode,
                 selected_decode, kv, block, query, key, value, topk_indices, block_table)
 
 
 def compress_attention_infer(kv, sel, query, key, value, block_table):
     """``nsa_compress_attention_infer``: ``(attention_out, topk_indices)``."""
-    from .triton import infer_launch, infer_verify
-
-    return _run(query, lambda: infer_verify.decode_reason(query, key, value), infer_launch.compress_decode,
+    return _run(query, lambda: triton_verify.decode_reason(query, key, value), infer_launch.compress_decode,
                 compress_decode, kv, sel, query, key, value, block_table)
 
 
 def compress_infer(input, weight, slot_mapping, block_table, cache, lens, block, stride) -> None:
     """``nsa_compress_infer``: writes the completed compression blocks into ``cache`` in place (dispatched like
     :func:`_run`; the reference on another device computes on CPU copies and writes the rows back)."""
-    from .triton import infer_launch, infer_verify
-
-    if choose_backend("auto", cache.device, lambda: infer_verify.compress_cache_reason(input)) == "triton":
+    if choose_backend("auto", cache.device, lambda: triton_verify.compress_cache_reason(input)) == "triton":
         infer_launch.compress_into_cache(input, weight, slot_mapping, block_table, cache, lens, block, stride)
         return
     if cache.device.type == "cpu":

@@ -38,7 +38,15 @@ _TILES = {
     ("bwd", 4, False): [(32, 32, 8, 1)],
     ("bwd", 4, True): [(32, 32, 8, 1)],
 }
-_FEATURE_TILE = 64 * 64  # largest BLOCK_M x BLOCK_N with a pse, an explicit mask or dropout
+# The forward's candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared
+# memory), spill-free with an explicit mask at D=128 and D=192/Dv=128 on sm_80/sm_90 (Triton 3.6 and 3.9); the
+# backward's candidates are small enough as they are.
+_FEATURE_TILES = {
+    ("fwd", 2, False): [(64, 32, 8, 2), (32, 32, 4, 2)],
+    ("fwd", 2, True): [(64, 32, 8, 2), (32, 32, 4, 2)],
+    ("fwd", 4, False): [(32, 16, 8, 1), (16, 32, 4, 1)],
+    ("fwd", 4, True): [(32, 16, 8, 1), (16, 32, 4, 1)],
+}
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
 
 
@@ -55,20 +63,18 @@ def _kind(kernel_name: str) -> str:
 
 def _configs(kind: str) -> list:
     """Every candidate of a kernel kind (the autotuner's list; :func:`_prune` keeps those of the problem's class)."""
-    tiles = {t: None for key, ts in _TILES.items() if key[0] == kind for t in ts}
+    tiles = {t: None for table in (_TILES, _FEATURE_TILES) for key, ts in table.items() if key[0] == kind for t in ts}
     return [_config(t) for t in tiles]
 
 
 def _prune(kind: str, configs, named_args, **kwargs):
-    """The candidates of the call's class in ``_TILES`` (operand bytes, D > 128); tiles of at most 64 x 64 when a
-    pse, an explicit mask or dropout adds per-element tiles (registers and shared memory, docs/triton.md)."""
+    """The candidates of the call's class (operand bytes, D > 128): ``_FEATURE_TILES`` when a pse, an explicit mask
+    or dropout adds per-element tiles (registers and shared memory, docs/triton.md) and the class has some, else
+    ``_TILES``."""
     key = (kind, named_args["q_ptr"].element_size(), max(named_args["head_d"], named_args["head_dv"]) > 128)
-    wanted = set(_TILES[key])
-    kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
-    if kwargs["PSE"] or kwargs["HAS_EXPLICIT"] or kwargs["DROPOUT"]:
-        small = [c for c in kept if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= _FEATURE_TILE]
-        kept = small or kept
-    return kept
+    features = kwargs["PSE"] or kwargs["HAS_EXPLICIT"] or kwargs["DROPOUT"]
+    wanted = set(_FEATURE_TILES.get(key, _TILES[key]) if features else _TILES[key])
+    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
 
 
 def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:

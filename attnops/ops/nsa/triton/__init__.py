@@ -1,4 +1,5 @@
-"""Triton NSA kernels: selected attention (``selected.py``) and compression (``compress.py``) with their launcher
-(``launch.py``), verifier (``verify.py``) and AOT cases (``aot.py``); compressed attention with importance scores
-(``compress_attention.py``) and paged decoding (``decode.py``) with ``infer_launch.py``, ``infer_verify.py`` and
-``infer_aot.py``. See ``docs/triton.md``."""
+"""Triton NSA kernels, one kernel family (``family.py``: the modules and every kernel's tiles): selected attention
+(``selected.py``) and compression (``compress.py``) planned by ``launch.py``; compressed-attention scores
+(``compress_attention.py``) and paged decoding (``decode.py``) planned by ``infer_launch.py``; shared
+``@triton.jit`` helpers (``common.py``), the verifier (``verify.py``) and the AOT cases (``aot.py``). See
+``docs/triton.md``."""

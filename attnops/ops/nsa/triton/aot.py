@@ -1,14 +1,20 @@
 """The NSA kernels in the shared AOT machinery (``attnops._core.triton``): the problems ``python -m attnops aot``
-compiles, from the launchers' own plans: selected attention forward and backward (GQA group 16, select blocks of
-64) and compression forward and backward (blocks of 32, stride 16), fp16/bf16/fp32 x head dims 128 and 192/128."""
+compiles, from the launchers' own plans, fp16/bf16/fp32 x head dims 128 and 192/128: selected attention forward and
+backward (GQA group 16, select blocks of 64), compression forward and backward (blocks of 32, stride 16),
+compressed attention (the FlashAttention forward with the explicit NSA mask, then the score kernel) and the paged
+decode kernels."""
 from __future__ import annotations
 
 import torch
 
 from ...._core.triton.registry import register_aot
+from ...flash_attention.triton import launch as fa_launch
 from ..compress import build_compress_spec
+from ..compress_attention import build_compress_attention_spec
+from ..decode import CompressSelection, PagedKV
 from ..selected import build_selected_spec
-from . import launch as nsa_launch
+from . import infer_launch, launch
+from .family import KERNELS
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HEAD_DIMS = ((128, 128), (192, 128))
@@ -25,9 +31,9 @@ def _selected(dtype: str, d: int, dv: int) -> list:
     topk = topk.reshape(t, n2, count)
     spec = build_selected_spec(q, k, v, topk, scale_value=d ** -0.5, head_num=n2 * group, select_block_size=block,
                                select_block_count=count, actual_seq_qlen=[t], actual_seq_kvlen=[t], grad=True)
-    (out, smax, ssum), fwd = nsa_launch.selected_forward_plan(spec, q, k, v, topk, interpret=False)
-    _, bwd = nsa_launch.selected_backward_plan(spec, q, k, v, out, dy, smax, ssum, topk, interpret=False)
-    return [nsa_launch.KERNELS.aot_launch(item) for item in fwd + bwd]
+    (out, smax, ssum), fwd = launch.selected_forward_plan(spec, q, k, v, topk, interpret=False)
+    _, bwd = launch.selected_backward_plan(spec, q, k, v, out, dy, smax, ssum, topk, interpret=False)
+    return [KERNELS.aot_launch(item) for item in fwd + bwd]
 
 
 def _compress(dtype: str, d: int) -> list:
@@ -36,15 +42,48 @@ def _compress(dtype: str, d: int) -> list:
     x = torch.randn(200, 4, d, generator=gen).to(DTYPES[dtype])
     w = torch.randn(32, 4, generator=gen).to(x.dtype)
     spec = build_compress_spec(x, w, compress_block_size=32, compress_stride=16, actual_seq_len=[90, 200])
-    out, fwd = nsa_launch.compress_forward_plan(spec, x, w, interpret=False)
-    _, bwd = nsa_launch.compress_backward_plan(spec, torch.randn(out.shape, generator=gen).to(x.dtype), x, w,
-                                               interpret=False)
-    return [nsa_launch.KERNELS.aot_launch(item) for item in fwd + bwd]
+    out, fwd = launch.compress_forward_plan(spec, x, w, interpret=False)
+    _, bwd = launch.compress_backward_plan(spec, torch.randn(out.shape, generator=gen).to(x.dtype), x, w,
+                                           interpret=False)
+    return [KERNELS.aot_launch(item) for item in fwd + bwd]
+
+
+def _compress_attention(dtype: str, d: int, dv: int) -> list:
+    """The attention forward and score launches of a two-batch TND problem with the NSA causal mask."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(96, 16, d, generator=gen).to(t)
+    k = torch.randn(20, 4, d, generator=gen).to(t)
+    v = torch.randn(20, 4, dv, generator=gen).to(t)
+    mask = torch.rand(64, 12, generator=gen) < 0.3
+    spec = build_compress_attention_spec(q, k, v, scale_value=d ** -0.5, head_num=16, compress_block_size=32,
+                                         compress_stride=16, select_block_size=64, select_block_count=2,
+                                         atten_mask=mask, actual_seq_qlen=[32, 96], actual_cmp_seq_kvlen=[8, 20],
+                                         actual_sel_seq_kvlen=[2, 5], sparse_mode=0)
+    (out, smax, ssum), fwd = fa_launch.forward_plan(spec.fa, q, k, v, interpret=False)
+    _, scores = infer_launch.importance_plan(spec, q, k, smax, ssum, interpret=False)
+    return [fa_launch.KERNELS.aot_launch(x) for x in fwd] + [KERNELS.aot_launch(x) for x in scores]
+
+
+def _decode(dtype: str, d: int, dv: int) -> list:
+    """The selected and compressed decode launches of two requests over a paged cache (64 query / 4 KV heads)."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 64, d, generator=gen).to(t)
+    k = torch.randn(8, 16, 4, d, generator=gen).to(t)
+    v = torch.randn(8, 16, 4, dv, generator=gen).to(t)
+    table = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    kv = PagedKV(2, 64, 4, dv, [64, 50], d ** -0.5)
+    topk = torch.zeros(2, 4, 2, dtype=torch.int32)
+    _, sel = infer_launch.selected_decode_plan(kv, 32, q, k, v, topk, table, interpret=False)
+    _, cmp = infer_launch.compress_decode_plan(kv, CompressSelection(32, 16, 64, 3), q, k, v, table, interpret=False)
+    return [KERNELS.aot_launch(x) for x in sel + cmp]
 
 
 for _dtype in DTYPES:
     for _d, _dv in HEAD_DIMS:
         register_aot("nsa", f"selected-{_dtype}-d{_d}-dv{_dv}",
                      lambda dtype=_dtype, d=_d, dv=_dv: _selected(dtype, d, dv))
+        register_aot("nsa", f"compress-attention-{_dtype}-d{_d}-dv{_dv}",
+                     lambda dtype=_dtype, d=_d, dv=_dv: _compress_attention(dtype, d, dv))
+        register_aot("nsa", f"decode-{_dtype}-d{_d}-dv{_dv}", lambda dtype=_dtype, d=_d, dv=_dv: _decode(dtype, d, dv))
     for _d in sorted({d for d, _ in HEAD_DIMS}):
         register_aot("nsa", f"compress-{_dtype}-d{_d}", lambda dtype=_dtype, d=_d: _compress(dtype, d))

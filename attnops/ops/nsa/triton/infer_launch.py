@@ -1,5 +1,5 @@
-"""Host side of the NSA compressed-attention and decode kernels: plans (allocated outputs and launches), their
-kernel family and the torch steps around them on the device (forced blocks, top-k).
+"""Host side of the NSA compressed-attention and decode kernels: plans (allocated outputs and launches, run on the
+NSA kernel family of ``family.py``) and the torch steps around them on the device (forced blocks, top-k).
 
 Compressed attention is the FlashAttention forward kernel (output and statistics), then ``importance_kernel``
 (block scores ``[T, N2, maxSel]`` from the final statistics, the ``[T, N1, CmpS]`` probabilities never stored),
@@ -16,35 +16,12 @@ from __future__ import annotations
 import torch
 
 from ...._core.softmax_stats import FLT_MAX
-from ...._core.triton.launch import KernelFamily, Launch, cdiv, pow2, unit_last_stride
+from ...._core.triton.launch import Launch, cdiv, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
 from ...flash_attention.triton import launch as fa_launch
 from ..compress_attention import CompressAttentionSpec
 from ..decode import FORCED, CompressSelection, PagedKV, _completes
-
-INTERPRET_BLOCK = 16
-SCORE_BLOCK_K = 16  # selection blocks per score program (the grid's third extent counts such tiles)
-
-
-def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
-    """One fixed configuration per kernel (16-wide tiles in the interpreter)."""
-    import triton
-
-    wide = launch.kwargs["BLOCK_D"] > 128
-    fp32 = named_args["q_ptr"].element_size() == 4
-    if launch.kernel != "importance_kernel":  # decode: one program per (request, KV head), keys in BLOCK_N tiles
-        tiles = dict(BLOCK_N=INTERPRET_BLOCK if interpret else 16 if fp32 else 32 if wide else 64)
-        if launch.kernel == "compress_decode_kernel":
-            tiles["BLOCK_K"] = SCORE_BLOCK_K
-        return [triton.Config(tiles, num_warps=4, num_stages=2)]
-    if interpret:
-        return [triton.Config(dict(BLOCK_M=INTERPRET_BLOCK, BLOCK_N=INTERPRET_BLOCK, BLOCK_K=SCORE_BLOCK_K))]
-    return [triton.Config(dict(BLOCK_M=16 if fp32 else 64, BLOCK_N=16 if fp32 else 32, BLOCK_K=SCORE_BLOCK_K),
-                          num_warps=2 if fp32 else 8, num_stages=1)]
-
-
-KERNELS = KernelFamily("nsa_infer", ("attnops.ops.nsa.triton.compress_attention", "attnops.ops.nsa.triton.decode"),
-                       _tile_configs)
+from .family import KERNELS, SCORE_BLOCK_K, precision_flags
 
 
 def importance_plan(spec: CompressAttentionSpec, query, key, softmax_max, softmax_sum, interpret: bool):
@@ -58,13 +35,12 @@ def importance_plan(spec: CompressAttentionSpec, query, key, softmax_max, softma
     qv, kv = fa_launch._token_view(query, fa, g.n1), fa_launch._token_view(key, fa, g.n2)
     dummy = torch.zeros(1, dtype=torch.uint8, device=device)
     mask, mask_flags = fa_launch._mask_args(fa, device, dummy)
-    upcast = interpret or query.dtype == torch.float32
     sel = torch.tensor(spec.sel_lens, dtype=torch.int64, device=device)
     launch = Launch("importance_kernel", (seq.max_q, seq.batch * g.n2, cdiv(sel_max, SCORE_BLOCK_K)),
                     (qv, kv, softmax_max, softmax_sum, scores, fa_launch._meta(fa, device), sel,
                      qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1), fa_launch._stats_geometry(fa)[2],
                      scores.stride(0), scores.stride(1), *mask, fa.scale, g.n2, g.group, g.d, spec.m, spec.nn),
-                    dict(BLOCK_D=pow2(g.d), UPCAST=upcast, PRECISION="ieee" if upcast else "tf32", **mask_flags),
+                    dict(BLOCK_D=pow2(g.d), **precision_flags(query.dtype, interpret), **mask_flags),
                     "BLOCK_M")
     return scores, [launch]
 
@@ -103,9 +79,8 @@ def compress_attention(spec: CompressAttentionSpec, query, key, value):
 
 
 def _decode_flags(kv: PagedKV, query: torch.Tensor, interpret: bool) -> dict:
-    upcast = interpret or query.dtype == torch.float32
-    return dict(BLOCK_G=pow2(kv.n1 // kv.n2), BLOCK_D=pow2(query.shape[-1]), BLOCK_DV=pow2(kv.dv), UPCAST=upcast,
-                PRECISION="ieee" if upcast else "tf32")
+    return dict(BLOCK_G=pow2(kv.n1 // kv.n2), BLOCK_D=pow2(query.shape[-1]), BLOCK_DV=pow2(kv.dv),
+                **precision_flags(query.dtype, interpret))
 
 
 def _cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:

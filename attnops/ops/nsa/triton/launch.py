@@ -1,11 +1,10 @@
-"""Host side of the NSA Triton kernels: the kernel family, per-token/per-row metadata, the inverted top-k lists of
-the deterministic dK/dV, grids and outputs. Every launcher builds a plan ``(outputs, [Launch, ...])`` (also
-compiled by ``python -m attnops aot``) and runs it.
+"""Host side of the NSA selected-attention and compression kernels: per-token/per-row metadata, the inverted top-k
+lists of the deterministic dK/dV, grids and outputs. Every launcher builds a plan ``(outputs, [Launch, ...])`` (also
+compiled by ``python -m attnops aot``) and runs it on the NSA kernel family (``family.py``, which also sizes the
+tiles the grids depend on).
 
 Tensors are read in place through strides (a unit last stride, copied only when missing). The metadata is built
-with torch ops on the tensors' device (no Python loop over tokens). Tiles: ``BLOCK_N`` keys of a selected block per
-step (at most 64; the whole block when smaller), ``BLOCK_R`` compressed rows per weight-gradient program; one fixed
-configuration per kernel (no autotuning: the grids depend on the tile).
+with torch ops on the tensors' device (no Python loop over tokens).
 """
 from __future__ import annotations
 
@@ -14,53 +13,11 @@ from itertools import accumulate
 import torch
 
 from ...._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES
-from ...._core.triton.launch import KernelFamily, Launch, cdiv, pow2, unit_last_stride
+from ...._core.triton.launch import Launch, cdiv, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
 from ..compress import CompressSpec
 from ..selected import SelectedSpec
-
-MAX_KEY_TILE = {2: 64, 4: 32}  # keys of a selected block per step on a GPU, by operand bytes (fp32: no spills)
-WEIGHT_GRAD_ROWS = 64  # compressed rows per weight-gradient program on a GPU
-INTERPRET_TILE = 16
-
-
-def key_tile(block_size: int, dtype: torch.dtype, interpret: bool) -> int:
-    """``BLOCK_N``: keys of a selected block per step."""
-    return min(pow2(block_size), INTERPRET_TILE if interpret else MAX_KEY_TILE[dtype.itemsize])
-
-
-def _row_tile(interpret: bool) -> int:
-    return INTERPRET_TILE if interpret else WEIGHT_GRAD_ROWS
-
-
-def _warps(kwargs: dict, dtype: torch.dtype) -> int:
-    wide = max(kwargs.get("BLOCK_D", 0), kwargs.get("BLOCK_DV", 0)) > 128
-    return 8 if wide or dtype == torch.float32 else 4
-
-
-def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
-    """The one configuration of ``launch`` (the plans size their grids and buffers with the same tiles). Chosen
-    from the compiler's figures (``python -m attnops aot --filter nsa``): no register spills on sm_80/sm_90 for
-    head dims 128 and 192/128 (fp32: 32-key steps, 8 warps, and a single-stage dQ)."""
-    import triton
-
-    dtype = launch.args[0].dtype
-    if launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel"):
-        tiles = {"BLOCK_N": key_tile(named_args["block_size"], dtype, interpret)}
-    elif launch.kernel == "compress_dw_kernel":
-        tiles = {"BLOCK_R": _row_tile(interpret)}
-    else:
-        tiles = {}
-    single = interpret or (dtype == torch.float32 and launch.kernel == "selected_dq_kernel")
-    return [triton.Config(tiles, num_warps=_warps(launch.kwargs, dtype), num_stages=1 if single else 2)]
-
-
-KERNELS = KernelFamily("nsa", ("attnops.ops.nsa.triton.selected", "attnops.ops.nsa.triton.compress"), _tile_configs)
-
-
-def _flags(dtype: torch.dtype, d: int, dv: int, interpret: bool) -> dict:
-    upcast = interpret or dtype == torch.float32
-    return dict(UPCAST=upcast, PRECISION="ieee" if upcast else "tf32", BLOCK_D=pow2(d), BLOCK_DV=pow2(dv))
+from .family import KERNELS, key_tile, precision_flags, row_tile
 
 
 def _ints(values, device) -> torch.Tensor:
@@ -84,7 +41,8 @@ def _tokens(spec: SelectedSpec, device) -> torch.Tensor:
 
 
 def _selected_common(spec: SelectedSpec, query: torch.Tensor, interpret: bool) -> dict:
-    return dict(CAUSAL=spec.causal, BLOCK_G=pow2(spec.group), **_flags(query.dtype, spec.d, spec.dv, interpret))
+    return dict(CAUSAL=spec.causal, BLOCK_G=pow2(spec.group), BLOCK_D=pow2(spec.d), BLOCK_DV=pow2(spec.dv),
+                **precision_flags(query.dtype, interpret))
 
 
 def _scalars(spec: SelectedSpec) -> tuple:
@@ -226,7 +184,7 @@ def compress_backward_plan(spec: CompressSpec, output_grad, input, weight, inter
     device = input.device
     dx = torch.empty(input.shape, dtype=input.dtype, device=device)
     rows = spec.total_blocks
-    programs = cdiv(rows, _row_tile(interpret))
+    programs = cdiv(rows, row_tile(interpret))
     parts = torch.zeros((programs, spec.block, n), dtype=torch.float32, device=device)
     if t == 0 or n == 0:
         return (dx, parts), []

@@ -13,18 +13,10 @@ import triton
 import triton.language as tl
 
 from ...flash_attention.triton.common import FLT_LOWEST, FLT_MAX, LOG2E, upcast
+from .common import _group_tile, _softmax_init, _softmax_step, _store_group_tile
 
 TOKEN_KV_START: tl.constexpr = tl.constexpr(0)
 TOKEN_ROW: tl.constexpr = tl.constexpr(1)
-
-
-@triton.jit
-def _group_tile(ptr, t, head0, group, s_t, s_h, width, BLOCK_G: tl.constexpr, BLOCK_W: tl.constexpr):
-    """The ``[BLOCK_G, BLOCK_W]`` rows of token ``t``, heads ``head0 .. head0+group-1`` (padding: 0)."""
-    g = tl.arange(0, BLOCK_G)
-    w = tl.arange(0, BLOCK_W)
-    off = t.to(tl.int64) * s_t + (head0 + g[:, None]).to(tl.int64) * s_h + w[None, :]
-    return tl.load(ptr + off, mask=(g[:, None] < group) & (w[None, :] < width), other=0.0)
 
 
 @triton.jit
@@ -37,25 +29,47 @@ def _key_tile(ptr, first, h2, s_t, s_h, n_keys, width, BLOCK_N: tl.constexpr, BL
 
 
 @triton.jit
-def _scores(q, k, p0, n_keys, row, scale, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """``scale * q k^T`` ``[BLOCK_G, BLOCK_N]`` of keys at local positions ``p0 ..``; padding and causally
-    hidden keys at -inf."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    pos = p0 + tl.arange(0, BLOCK_N)
-    keep = tl.arange(0, BLOCK_N) < n_keys
-    if CAUSAL:
-        keep = keep & (pos <= row)
-    return tl.where(keep[None, :], s, float("-inf"))
+def _token_program(q_ptr, topk_ptr, token_ptr, group, q_st, q_sh, topk_st, topk_sh, head_d, BLOCK_G: tl.constexpr,
+                   BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
+    """A (token ``t``, KV head ``h2``) program of the forward or dQ: ``(t, h2, head0, kv0, row, q, topk_row)`` with
+    the group's first query head, the batch's first KV token, the token's row in the batch, the group's query tile
+    ``[BLOCK_G, BLOCK_D]`` and the address of its top-k indices."""
+    t = tl.program_id(0)
+    h2 = tl.program_id(1)
+    head0 = h2 * group
+    kv0 = tl.load(token_ptr + t * 2 + TOKEN_KV_START)
+    row = tl.load(token_ptr + t * 2 + TOKEN_ROW)
+    q = upcast(_group_tile(q_ptr, t, head0, group, q_st, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
+    return t, h2, head0, kv0, row, q, topk_ptr + t.to(tl.int64) * topk_st + h2.to(tl.int64) * topk_sh
 
 
 @triton.jit
-def _row_stats(smax_ptr, ssum_ptr, t, head0, group, n1, BLOCK_G: tl.constexpr):
-    """Given ``(softmax_max, log2(softmax_sum))`` of the group's rows (lane 0 of the true ``[T, N1, 8]``)."""
+def _selected_tiles(q, k_ptr, v_ptr, p_block, n0, kv0, row, h2, k_st, k_sh, v_st, v_sh, head_d, head_dv,
+                    block_size, scale, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """Keys ``n0 .. n0+BLOCK_N-1`` of the selected block at local position ``p_block``: ``(K, V, S)`` with
+    ``S = scale * q K^T`` ``[BLOCK_G, BLOCK_N]``, padding and causally hidden keys at -inf."""
+    n_keys = tl.minimum(block_size - n0, BLOCK_N)
+    first = kv0 + p_block + n0
+    k = upcast(_key_tile(k_ptr, first, h2, k_st, k_sh, n_keys, head_d, BLOCK_N, BLOCK_D), UPCAST)
+    v = upcast(_key_tile(v_ptr, first, h2, v_st, v_sh, n_keys, head_dv, BLOCK_N, BLOCK_DV), UPCAST)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    pos = p_block + n0 + tl.arange(0, BLOCK_N)
+    keep = tl.arange(0, BLOCK_N) < n_keys
+    if CAUSAL:
+        keep = keep & (pos <= row)
+    return k, v, tl.where(keep[None, :], s, float("-inf"))
+
+
+@triton.jit
+def _row_stats(smax_ptr, ssum_ptr, delta_ptr, t, head0, group, n1, BLOCK_G: tl.constexpr):
+    """The backward's per-row inputs of the group's rows: ``(softmax_max, log2(softmax_sum), D)`` (the statistics
+    from lane 0 of the true ``[T, N1, 8]``)."""
     g = tl.arange(0, BLOCK_G)
     off = (t.to(tl.int64) * n1 + head0 + g) * 8
     m = tl.load(smax_ptr + off, mask=g < group, other=0.0)
-    l = tl.load(ssum_ptr + off, mask=g < group, other=1.0)
-    return m, tl.log2(l)
+    log2_l = tl.log2(tl.load(ssum_ptr + off, mask=g < group, other=1.0))
+    return m, log2_l, tl.load(delta_ptr + t.to(tl.int64) * n1 + head0 + g, mask=g < group, other=0.0)
 
 
 @triton.jit
@@ -65,37 +79,22 @@ def selected_fwd_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, o_ptr, smax_ptr, ssum_ptr
                         CAUSAL: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                         BLOCK_N: tl.constexpr):
-    t = tl.program_id(0)
-    h2 = tl.program_id(1)
-    head0 = h2 * group
-    kv0 = tl.load(token_ptr + t * 2 + TOKEN_KV_START)
-    row = tl.load(token_ptr + t * 2 + TOKEN_ROW)
-    q = upcast(_group_tile(q_ptr, t, head0, group, q_st, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
-    topk_row = topk_ptr + t.to(tl.int64) * topk_st + h2.to(tl.int64) * topk_sh
+    """Online softmax of the token's group over its selected blocks: the output and the statistics (FLT_LOWEST /
+    FLT_MAX on rows that saw no key)."""
+    t, h2, head0, kv0, row, q, topk_row = _token_program(q_ptr, topk_ptr, token_ptr, group, q_st, q_sh, topk_st,
+                                                         topk_sh, head_d, BLOCK_G, BLOCK_D, UPCAST)
+    m_i, l_i, acc = _softmax_init(BLOCK_G, BLOCK_DV)
     for slot in range(block_count):
         p_block = tl.load(topk_row + slot).to(tl.int64) * block_size
         for n0 in range(0, block_size, BLOCK_N):
-            n_keys = tl.minimum(block_size - n0, BLOCK_N)
-            first = kv0 + p_block + n0
-            k = upcast(_key_tile(k_ptr, first, h2, k_st, k_sh, n_keys, head_d, BLOCK_N, BLOCK_D), UPCAST)
-            s = _scores(q, k, p_block + n0, n_keys, row, scale, CAUSAL, BLOCK_N, PRECISION)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2((m_i - shift) * LOG2E)
-            p = tl.exp2((s - shift[:, None]) * LOG2E)
-            v = upcast(_key_tile(v_ptr, first, h2, v_st, v_sh, n_keys, head_dv, BLOCK_N, BLOCK_DV), UPCAST)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
+            _, v, s = _selected_tiles(q, k_ptr, v_ptr, p_block, n0, kv0, row, h2, k_st, k_sh, v_st, v_sh,
+                                      head_d, head_dv, block_size, scale, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, UPCAST,
+                                      PRECISION)
+            m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
     kept = m_i > float("-inf")
-    out = acc / tl.where(kept, l_i, 1.0)[:, None]
+    _store_group_tile(o_ptr, acc / tl.where(kept, l_i, 1.0)[:, None], t, head0, group, o_st, o_sh, head_dv, BLOCK_G,
+                      BLOCK_DV)
     g = tl.arange(0, BLOCK_G)
-    dv = tl.arange(0, BLOCK_DV)
-    o_off = t.to(tl.int64) * o_st + (head0 + g[:, None]).to(tl.int64) * o_sh + dv[None, :]
-    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(g[:, None] < group) & (dv[None, :] < head_dv))
     lanes = tl.arange(0, 8)
     stat_off = (t.to(tl.int64) * n1 + head0 + g[:, None]) * 8 + lanes[None, :]
     ok = (g[:, None] < group) & (lanes[None, :] < 8)
@@ -123,33 +122,22 @@ def selected_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr,
                        BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                        BLOCK_N: tl.constexpr):
     """``dq = scale * sum_blocks dS K`` with ``dS = P * (dO V^T - D)``, ``D = rowsum(dO * O)`` (``delta``)."""
-    t = tl.program_id(0)
-    h2 = tl.program_id(1)
-    head0 = h2 * group
-    kv0 = tl.load(token_ptr + t * 2 + TOKEN_KV_START)
-    row = tl.load(token_ptr + t * 2 + TOKEN_ROW)
-    q = upcast(_group_tile(q_ptr, t, head0, group, q_st, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
-    do = upcast(_group_tile(do_ptr, t, head0, group, do_st, do_sh, head_dv, BLOCK_G, BLOCK_DV), UPCAST)
-    m, log2_l = _row_stats(smax_ptr, ssum_ptr, t, head0, group, n1, BLOCK_G)
-    g = tl.arange(0, BLOCK_G)
-    delta = tl.load(delta_ptr + t.to(tl.int64) * n1 + head0 + g, mask=g < group, other=0.0)
+    t, h2, head0, kv0, row, q, topk_row = _token_program(q_ptr, topk_ptr, token_ptr, group, q_st, q_sh, topk_st,
+                                                         topk_sh, head_d, BLOCK_G, BLOCK_D, UPCAST)
     dq = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    topk_row = topk_ptr + t.to(tl.int64) * topk_st + h2.to(tl.int64) * topk_sh
+    do = upcast(_group_tile(do_ptr, t, head0, group, do_st, do_sh, head_dv, BLOCK_G, BLOCK_DV), UPCAST)
+    m, log2_l, delta = _row_stats(smax_ptr, ssum_ptr, delta_ptr, t, head0, group, n1, BLOCK_G)
     for slot in range(block_count):
         p_block = tl.load(topk_row + slot).to(tl.int64) * block_size
         for n0 in range(0, block_size, BLOCK_N):
-            n_keys = tl.minimum(block_size - n0, BLOCK_N)
-            first = kv0 + p_block + n0
-            k = upcast(_key_tile(k_ptr, first, h2, k_st, k_sh, n_keys, head_d, BLOCK_N, BLOCK_D), UPCAST)
-            v = upcast(_key_tile(v_ptr, first, h2, v_st, v_sh, n_keys, head_dv, BLOCK_N, BLOCK_DV), UPCAST)
-            s = _scores(q, k, p_block + n0, n_keys, row, scale, CAUSAL, BLOCK_N, PRECISION)
+            k, v, s = _selected_tiles(q, k_ptr, v_ptr, p_block, n0, kv0, row, h2, k_st, k_sh, v_st, v_sh,
+                                      head_d, head_dv, block_size, scale, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, UPCAST,
+                                      PRECISION)
             p = tl.exp2((s - m[:, None]) * LOG2E - log2_l[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
             ds = p * (dp - delta[:, None])
             dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    d = tl.arange(0, BLOCK_D)
-    off = t.to(tl.int64) * dq_st + (head0 + g[:, None]).to(tl.int64) * dq_sh + d[None, :]
-    tl.store(dq_ptr + off, (dq * scale).to(dq_ptr.dtype.element_ty), mask=(g[:, None] < group) & (d[None, :] < head_d))
+    _store_group_tile(dq_ptr, dq * scale, t, head0, group, dq_st, dq_sh, head_d, BLOCK_G, BLOCK_D)
 
 
 @triton.jit
@@ -176,7 +164,6 @@ def selected_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, delta_ptr,
     v = upcast(_key_tile(v_ptr, first, h2, v_st, v_sh, n_keys, head_dv, BLOCK_N, BLOCK_DV), UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    g = tl.arange(0, BLOCK_G)
     n = tl.arange(0, BLOCK_N)
     list_id = h2.to(tl.int64) * n_blocks + j
     lo = tl.load(list_start_ptr + list_id)
@@ -186,8 +173,7 @@ def selected_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, delta_ptr,
         row = tl.load(token_ptr + t * 2 + TOKEN_ROW)
         q = upcast(_group_tile(q_ptr, t, head0, group, q_st, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
         do = upcast(_group_tile(do_ptr, t, head0, group, do_st, do_sh, head_dv, BLOCK_G, BLOCK_DV), UPCAST)
-        m, log2_l = _row_stats(smax_ptr, ssum_ptr, t, head0, group, n1, BLOCK_G)
-        delta = tl.load(delta_ptr + t.to(tl.int64) * n1 + head0 + g, mask=g < group, other=0.0)
+        m, log2_l, delta = _row_stats(smax_ptr, ssum_ptr, delta_ptr, t, head0, group, n1, BLOCK_G)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale  # [BLOCK_N, BLOCK_G]: S transposed
         keep = n < n_keys
         if CAUSAL:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import torch
 
 from ...._core.triton.support import kernel_input_reason
+from ...flash_attention.triton.verify import unsupported_reason as fa_reason
 from ..compress import CompressSpec
+from ..compress_attention import CompressAttentionSpec
 from ..selected import SelectedSpec
+from .family import SCORE_BLOCK_K
 
 MAX_HEAD_DIM = 256
 MAX_GROUP = 64  # query heads per KV head held by one program (padded to a power of two >= 16)
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension, where the kernels put the heads
+MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension, where the score kernel puts selection block tiles
 
 
 def _heads_reason(n: int, what: str) -> str | None:
@@ -47,3 +51,33 @@ def compress_reason(spec: CompressSpec, input: torch.Tensor) -> str | None:
 def compress_grad_reason(spec: CompressSpec, input: torch.Tensor) -> str | None:
     """``nsa_compress_grad``."""
     return compress_reason(spec, input)
+
+
+def compress_attention_reason(spec: CompressAttentionSpec, query: torch.Tensor) -> str | None:
+    """``nsa_compress_attention``: the FlashAttention forward's limits (its kernel computes the attention), plus the
+    score kernel's (selection blocks of a batch)."""
+    reason = fa_reason(spec.fa, query)
+    if reason is not None:
+        return reason
+    if max(spec.sel_lens, default=0) > SCORE_BLOCK_K * MAX_GRID_Z:
+        return f"at most {SCORE_BLOCK_K * MAX_GRID_Z} selection blocks per batch (got {max(spec.sel_lens)})"
+    return None
+
+
+def decode_reason(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> str | None:
+    """``nsa_selected_attention_infer`` and ``nsa_compress_attention_infer``: the decode kernels (one program per
+    request and KV head, the GQA group as tile rows)."""
+    reason = kernel_input_reason(query)
+    if reason is not None:
+        return reason
+    group = query.shape[1] // key.shape[2]
+    if group > MAX_GROUP:
+        return f"at most {MAX_GROUP} query heads per KV head (got {group})"
+    if max(query.shape[-1], value.shape[-1]) > MAX_HEAD_DIM:
+        return f"head dims up to {MAX_HEAD_DIM} (got D={query.shape[-1]}, Dv={value.shape[-1]})"
+    return None
+
+
+def compress_cache_reason(input: torch.Tensor) -> str | None:
+    """``nsa_compress_infer`` (torch on the device): the inputs' device and dtype only."""
+    return kernel_input_reason(input)

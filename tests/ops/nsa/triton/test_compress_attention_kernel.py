@@ -8,7 +8,7 @@ import torch
 import attnops
 from attnops import ParamInvalidError
 from attnops.ops.nsa.compress_attention import build_compress_attention_spec
-from attnops.ops.nsa.triton.infer_verify import compress_attention_reason
+from attnops.ops.nsa.triton.verify import compress_attention_reason
 
 from ..nsa_helpers import causal_cmp_mask, check_compress_attention, cum, randn
 from .conftest import DEVICE
@@ -90,6 +90,20 @@ def test_padding_tokens_past_the_batches(triton_backend):
                                          actual_cmp_seq_kvlen=cum(cmp_lens))
     assert out.topk_indices[5:].eq(0).all() and out.out[5:].eq(0).all()
     assert triton_backend == FWD
+
+
+def test_the_spec_is_built_once_on_the_kernel_path(triton_backend, monkeypatch):
+    """The verifier and the launcher share one spec (built once per call, the masks converted once)."""
+    from attnops.ops.nsa import backends
+
+    built = []
+    build = backends.build_compress_attention_spec
+    monkeypatch.setattr(backends, "build_compress_attention_spec", lambda *a, **kw: built.append(1) or build(*a, **kw))
+    q, k, v = _inputs([4, 5], [8, 12], 2, 1, 16, 16, torch.float32, seed=8)
+    attnops.nsa_compress_attention(q, k, v, compress_block_size=16, compress_stride=16, select_block_size=32,
+                                   select_block_count=2, scale=0.25, actual_seq_qlen=cum([4, 5]),
+                                   actual_cmp_seq_kvlen=cum([8, 12]))
+    assert triton_backend == FWD and len(built) == 1
 
 
 def test_verifier_reasons():

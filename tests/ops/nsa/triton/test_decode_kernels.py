@@ -9,7 +9,7 @@ import attnops
 from attnops import ParamInvalidError
 from attnops import torch_npu
 from attnops.ops.nsa.triton import infer_launch
-from attnops.ops.nsa.triton.infer_verify import decode_reason
+from attnops.ops.nsa.triton.verify import decode_reason
 from attnops.testing import golden_nsa as G
 from attnops.testing.compare import assert_close_to_golden
 

@@ -1,5 +1,6 @@
 """The Triton NSA kernels compile for real NVIDIA GPUs: every launch of the registered AOT cases
-(``attnops/ops/nsa/triton/aot.py``, built from the launchers' own plans) compiled down to cubin for sm_90 / sm_80
+(``attnops/ops/nsa/triton/aot.py``, built from the launchers' own plans: selected attention, compression,
+compressed attention with the FlashAttention forward it runs, decode) compiled down to cubin for sm_90 / sm_80
 without a GPU, within the target's shared memory and without register spills.
 
 The compile runs in a child process without ``TRITON_INTERPRET`` (this process runs the kernels through the
@@ -7,6 +8,7 @@ interpreter). A representative subset runs in CI; the full case x target matrix 
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +31,11 @@ print(json.dumps(out))
 """
 KERNELS = {"selected": {"selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel",
                         "selected_dkdv_kernel"},
-           "compress": {"compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"}}
+           "compress": {"compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"},
+           "compress-attention": {"fwd_kernel", "importance_kernel"},
+           "decode": {"selected_decode_kernel", "compress_decode_kernel"}}
+DIMS = {"selected": ("d128-dv128", "d192-dv128"), "compress": ("d128", "d192"),
+        "compress-attention": ("d128-dv128", "d192-dv128"), "decode": ("d128-dv128", "d192-dv128")}
 
 
 def compile_case(case: str, target: str) -> list[dict]:
@@ -44,7 +50,8 @@ def compile_case(case: str, target: str) -> list[dict]:
 
 def check(case: str, target: str) -> None:
     variants = compile_case(case, target)
-    assert {v["kernel"] for v in variants} == KERNELS[case.split("/")[1].split("-")[0]]
+    kind = re.match(r"nsa/(.+)-(fp16|bf16|fp32)-", case).group(1)
+    assert {v["kernel"] for v in variants} == KERNELS[kind]
     for v in variants:
         assert v["shared"] <= v["limit"], v
         assert v["spills"] == 0, v
@@ -52,7 +59,9 @@ def check(case: str, target: str) -> None:
 
 @pytest.mark.parametrize("case,target", [("nsa/selected-fp16-d192-dv128", "sm_90"),
                                          ("nsa/selected-fp32-d128-dv128", "sm_80"),
-                                         ("nsa/compress-bf16-d192", "sm_90")])
+                                         ("nsa/compress-bf16-d192", "sm_90"),
+                                         ("nsa/compress-attention-fp32-d128-dv128", "sm_80"),
+                                         ("nsa/decode-bf16-d192-dv128", "sm_90")])
 def test_nsa_kernels_compile(case, target):
     check(case, target)
 
@@ -60,8 +69,6 @@ def test_nsa_kernels_compile(case, target):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])
 @pytest.mark.parametrize("case", [f"nsa/{kind}-{dtype}-{dims}" for dtype in ("fp16", "bf16", "fp32")
-                                  for kind, dims_list in (("selected", ("d128-dv128", "d192-dv128")),
-                                                          ("compress", ("d128", "d192")))
-                                  for dims in dims_list])
+                                  for kind, dims_list in DIMS.items() for dims in dims_list])
 def test_nsa_kernels_compile_matrix(case, target):
     check(case, target)

@@ -1,0 +1,93 @@
+"""The one kernel family of every NSA Triton kernel (selected attention, compression, compressed-attention scores,
+decode) and the tile configuration of each kernel: one fixed configuration per kernel (no autotuning: the plans
+size their grids and buffers with the same tiles), 16-wide tiles in the interpreter.
+
+The GPU configurations come from the compiler's figures (``python -m attnops aot --filter nsa``, Triton 3.6 and
+3.9): no register spills on sm_80/sm_90 for fp16/bf16/fp32 and head dims 128 and 192/128.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...._core.triton.launch import KernelFamily, Launch, pow2
+
+INTERPRET_TILE = 16
+MAX_KEY_TILE = {2: 64, 4: 32}  # keys of a selected block per step on a GPU, by operand bytes
+WEIGHT_GRAD_ROWS = 32  # compressed rows per weight-gradient program on a GPU
+SCORE_BLOCK_K = 16  # selection blocks per score program (the score grid's third extent counts such tiles)
+# importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps)
+IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
+SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel")
+DECODE = ("selected_decode_kernel", "compress_decode_kernel")
+
+
+def key_tile(block_size: int, dtype: torch.dtype, interpret: bool) -> int:
+    """``BLOCK_N`` of the selected-attention kernels: keys of a selected block per step."""
+    return min(pow2(block_size), INTERPRET_TILE if interpret else MAX_KEY_TILE[dtype.itemsize])
+
+
+def row_tile(interpret: bool) -> int:
+    """``BLOCK_R`` of ``compress_dw_kernel``: compressed rows per weight-gradient program."""
+    return INTERPRET_TILE if interpret else WEIGHT_GRAD_ROWS
+
+
+def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
+    """``UPCAST`` (fp32 math on loaded tiles: fp32 inputs, and always in the interpreter, which has no bf16) and the
+    dots' ``PRECISION``."""
+    upcast = interpret or dtype == torch.float32
+    return dict(UPCAST=upcast, PRECISION="ieee" if upcast else "tf32")
+
+
+def _training_config(launch: Launch, named_args: dict, interpret: bool):
+    """Selected attention and compression: 4 warps (8 for the selected forward, at head dims > 128 and for fp32),
+    2 stages (1 for the fp32 selected forward and dQ)."""
+    import triton
+
+    dtype = launch.args[0].dtype
+    fp32 = dtype == torch.float32
+    if launch.kernel in SELECTED:
+        tiles = {"BLOCK_N": key_tile(named_args["block_size"], dtype, interpret)}
+    elif launch.kernel == "compress_dw_kernel":
+        tiles = {"BLOCK_R": row_tile(interpret)}
+    else:
+        tiles = {}
+    wide = max(launch.kwargs.get("BLOCK_D", 0), launch.kwargs.get("BLOCK_DV", 0)) > 128
+    warps = 8 if wide or fp32 or launch.kernel == "selected_fwd_kernel" else 4
+    single = interpret or (fp32 and launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel"))
+    return triton.Config(tiles, num_warps=warps, num_stages=1 if single else 2)
+
+
+def _decode_config(launch: Launch, named_args: dict, interpret: bool):
+    """Decode: ``BLOCK_N`` keys per step (64; 32 at head dims > 128; 16 for fp32), 4 warps, 2 stages."""
+    import triton
+
+    fp32 = named_args["q_ptr"].element_size() == 4
+    wide = launch.kwargs["BLOCK_D"] > 128
+    tiles = dict(BLOCK_N=INTERPRET_TILE if interpret else 16 if fp32 else 32 if wide else 64)
+    if launch.kernel == "compress_decode_kernel":
+        tiles["BLOCK_K"] = SCORE_BLOCK_K
+    return triton.Config(tiles, num_warps=4, num_stages=2)
+
+
+def _importance_config(launch: Launch, named_args: dict, interpret: bool):
+    """Compressed-attention scores: ``IMPORTANCE_TILES`` by operand bytes, 1 stage."""
+    import triton
+
+    if interpret:
+        return triton.Config(dict(BLOCK_M=INTERPRET_TILE, BLOCK_N=INTERPRET_TILE, BLOCK_K=SCORE_BLOCK_K))
+    m, n, warps = IMPORTANCE_TILES[named_args["q_ptr"].element_size()]
+    return triton.Config(dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=SCORE_BLOCK_K), num_warps=warps, num_stages=1)
+
+
+def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
+    """The one configuration of ``launch``."""
+    if launch.kernel == "importance_kernel":
+        return [_importance_config(launch, named_args, interpret)]
+    if launch.kernel in DECODE:
+        return [_decode_config(launch, named_args, interpret)]
+    return [_training_config(launch, named_args, interpret)]
+
+
+KERNELS = KernelFamily("nsa", ("attnops.ops.nsa.triton.selected", "attnops.ops.nsa.triton.compress",
+                               "attnops.ops.nsa.triton.compress_attention", "attnops.ops.nsa.triton.decode"),
+                       _tile_configs)
