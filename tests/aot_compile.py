@@ -29,3 +29,13 @@ def compile_case(case: str, target: str) -> list[dict]:
                          text=True)
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def assert_compiles(case: str, target: str, kernels: set[str]) -> None:
+    """Every launch of ``case`` compiles for ``target`` into exactly ``kernels``, within the target's shared memory
+    and without register spills."""
+    variants = compile_case(case, target)
+    assert {v["kernel"] for v in variants} == kernels
+    for v in variants:
+        assert v["shared"] <= v["limit"], v
+        assert v["spills"] == 0, v

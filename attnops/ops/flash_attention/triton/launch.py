@@ -109,12 +109,12 @@ def _strides(view: torch.Tensor, packed: bool) -> tuple[int, int, int]:
     return view.stride(0), view.stride(1), view.stride(2)
 
 
-def _token_view(x: torch.Tensor, p: FAProblem, heads: int) -> torch.Tensor:
+def token_view(x: torch.Tensor, p: FAProblem, heads: int) -> torch.Tensor:
     """``x`` as ``[B, S, N, D]`` / ``[T, N, D]`` with a unit last stride (copied only when it has none)."""
     return tokens_view(unit_last_stride(x), p.layout, heads)
 
 
-def _stats_geometry(p: FAProblem) -> tuple[list[int], list[int], int]:
+def stats_geometry(p: FAProblem) -> tuple[list[int], list[int], int]:
     """Per-batch (element offset, head stride) and the row stride of the statistics buffers (8 lanes per row)."""
     seq, n1 = p.seq, p.geom.n1
     if not seq.packed:
@@ -126,10 +126,10 @@ def _stats_geometry(p: FAProblem) -> tuple[list[int], list[int], int]:
     return base, [sq * STAT_LANES for sq in seq.q_lens], STAT_LANES
 
 
-def _meta(p: FAProblem, device: torch.device) -> torch.Tensor:
+def batch_meta(p: FAProblem, device: torch.device) -> torch.Tensor:
     """The int64 ``[B, 12]`` per-batch metadata (columns ``common.META_FIELDS``)."""
     seq, mask = p.seq, p.mask
-    stat_base, stat_head, _ = _stats_geometry(p)
+    stat_base, stat_head, _ = stats_geometry(p)
     rows = []
     for b in range(seq.batch):
         qs, ks = (seq.q_starts[b], seq.kv_starts[b]) if seq.packed else (0, 0)
@@ -142,8 +142,9 @@ def _meta(p: FAProblem, device: torch.device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64).reshape(seq.batch, 12).to(device)
 
 
-def _pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
-    """Pointer/strides of the pse source and its kernel flags."""
+def pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
+    """Pointer/strides of the pse source and its kernel flags (``p``: any problem with a ``PseSpec`` ``pse``, the
+    FusedInferAttention one too)."""
     pse = p.pse
     if pse is None:
         return [dummy, 0, 0, 0, 0], dict(PSE=0, PSE_BEFORE_SCALE=False)
@@ -157,7 +158,9 @@ def _pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[
             dict(PSE=_PSE_KINDS[pse.kind], PSE_BEFORE_SCALE=pse.add_before_scale))
 
 
-def _mask_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
+def mask_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
+    """Pointer/strides of the explicit mask (bool read as uint8, broadcast dims at stride 0) and its kernel flag
+    (``p``: any problem with a ``MaskSpec`` ``mask``, the FusedInferAttention one too)."""
     e = p.mask.explicit
     if e is None:
         return [dummy, 0, 0, 0], dict(HAS_EXPLICIT=False)
@@ -180,8 +183,8 @@ def _common(p: FAProblem, query: torch.Tensor, interpret: bool):
     """Arguments shared by the score-computing kernels: pse, explicit mask, dropout and compile-time flags."""
     device = query.device
     dummy = torch.zeros(1, dtype=torch.uint8, device=device)
-    pse, pse_flags = _pse_args(p, device, dummy)
-    mask, mask_flags = _mask_args(p, device, dummy)
+    pse, pse_flags = pse_args(p, device, dummy)
+    mask, mask_flags = mask_args(p, device, dummy)
     drop, drop_flags = _dropout_args(p, device, dummy)
     upcast = interpret or query.dtype == torch.float32
     flags = dict(**pse_flags, **mask_flags, **drop_flags, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
@@ -197,13 +200,13 @@ def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: to
     smax, ssum = new_stats(seq, g.n1, p.total_q, query.device, query.dtype)
     if seq.batch == 0 or p.total_q == 0:
         return (out, smax, ssum), []
-    qv, kv, vv = _token_view(query, p, g.n1), _token_view(key, p, g.n2), _token_view(value, p, g.n2)
+    qv, kv, vv = token_view(query, p, g.n1), token_view(key, p, g.n2), token_view(value, p, g.n2)
     ov = tokens_view(out, g.layout, g.n1)
     pse, mask, drop, flags = _common(p, query, interpret)
     launch = Launch("fwd_kernel", (seq.max_q, seq.batch * g.n1),
-                    (qv, kv, vv, ov, smax, ssum, _meta(p, query.device), *_strides(qv, seq.packed),
+                    (qv, kv, vv, ov, smax, ssum, batch_meta(p, query.device), *_strides(qv, seq.packed),
                      *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(ov, seq.packed),
-                     _stats_geometry(p)[2], *pse, *mask, *drop, p.scale, g.n1, g.group, g.d, g.dv), flags, "BLOCK_M")
+                     stats_geometry(p)[2], *pse, *mask, *drop, p.scale, g.n1, g.group, g.d, g.dv), flags, "BLOCK_M")
     return (out, smax, ssum), [launch]
 
 
@@ -228,17 +231,17 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
         dpse_buf = torch.zeros((seq.batch, g.n1, rows, cols), dtype=torch.float32, device=device)
     if seq.batch == 0 or p.total_q == 0:
         return (dq, dk, dv, dpse_buf), []
-    qv, kv, vv = _token_view(query, p, g.n1), _token_view(key, p, g.n2), _token_view(value, p, g.n2)
-    dov, ov = _token_view(dy, p, g.n1), _token_view(attention_in, p, g.n1)
+    qv, kv, vv = token_view(query, p, g.n1), token_view(key, p, g.n2), token_view(value, p, g.n2)
+    dov, ov = token_view(dy, p, g.n1), token_view(attention_in, p, g.n1)
     dqv, dkv, dvv = tokens_view(dq, g.layout, g.n1), tokens_view(dk, g.layout, g.n2), tokens_view(dv, g.layout, g.n2)
-    meta = _meta(p, device)
+    meta = batch_meta(p, device)
     delta_sb = 0 if seq.packed else seq.max_q
     delta = torch.empty((p.total_q, g.n1), dtype=torch.float32, device=device)
     pre = Launch("preprocess_kernel", (seq.max_q, seq.batch * g.n1),
                  (ov, dov, delta, meta, *_strides(ov, seq.packed), *_strides(dov, seq.packed), delta_sb, g.n1, g.dv),
                  dict(BLOCK_DV=pow2(g.dv)), "BLOCK_M")
     pse, mask, drop, flags = _common(p, query, interpret)
-    stat_row = _stats_geometry(p)[2]
+    stat_row = stats_geometry(p)[2]
     dummy = torch.zeros(1, dtype=torch.float32, device=device)
     full = has_dpse and p.pse.kind in ("full", "alibi")
     row = has_dpse and p.pse.kind == "row"

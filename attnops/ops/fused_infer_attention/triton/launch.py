@@ -74,7 +74,8 @@ def _dense_strides(p: FIAProblem, which: str) -> tuple[int, int]:
     return 0, 0
 
 
-def _meta(p: FIAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, paged: bool) -> torch.Tensor:
+def _batch_meta(p: FIAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                paged: bool) -> torch.Tensor:
     """The int64 ``[B, 9]`` per-batch metadata (columns ``kernels.META_FIELDS``)."""
     rows = []
     mask = p.mask
@@ -161,12 +162,12 @@ def decode_plan(p: FIAProblem, query: torch.Tensor, key: torch.Tensor, value: to
     if rows == 0 or n_splits == 0:
         return (o.zero_(), lse.fill_(float("inf"))), sq, []
     dummy = torch.zeros(1, dtype=torch.uint8, device=device)
-    pse, _ = fa_launch._pse_args(p, device, dummy)
-    mask, mask_flags = fa_launch._mask_args(p, device, dummy)
+    pse, _ = fa_launch.pse_args(p, device, dummy)
+    mask, mask_flags = fa_launch.mask_args(p, device, dummy)
     antiquant, offset_flags = _antiquant_args(p, device, torch.zeros(1, dtype=torch.float32, device=device))
     upcast = interpret or query.dtype == torch.float32
     split = Launch("split_kernel", (batch, p.n2, n_splits),
-                   (query, key, value, _meta(p, query, key, value, paged), bt, pm, pl, po, *pse[:4], *mask,
+                   (query, key, value, _batch_meta(p, query, key, value, paged), bt, pm, pl, po, *pse[:4], *mask,
                     *antiquant, q_st, q_sh, k_st, k_sh, k_sblk, v_st, v_sh, v_sblk, bt_sb, block_size, split_len,
                     n_splits, p.scale, p.n1, p.group, sq, p.d, p.dv),
                    dict(BLOCK_R=pow2(p.group * sq, MIN_ROWS), BLOCK_D=pow2(p.d), BLOCK_DV=pow2(p.dv), PAGED=paged,

@@ -32,13 +32,13 @@ def importance_plan(spec: CompressAttentionSpec, query, key, softmax_max, softma
     scores = torch.full((fa.total_q, g.n2, sel_max), float("-inf"), dtype=torch.float32, device=device)
     if fa.total_q == 0 or sel_max == 0:
         return scores, []
-    qv, kv = fa_launch._token_view(query, fa, g.n1), fa_launch._token_view(key, fa, g.n2)
+    qv, kv = fa_launch.token_view(query, fa, g.n1), fa_launch.token_view(key, fa, g.n2)
     dummy = torch.zeros(1, dtype=torch.uint8, device=device)
-    mask, mask_flags = fa_launch._mask_args(fa, device, dummy)
+    mask, mask_flags = fa_launch.mask_args(fa, device, dummy)
     sel = torch.tensor(spec.sel_lens, dtype=torch.int64, device=device)
     launch = Launch("importance_kernel", (seq.max_q, seq.batch * g.n2, cdiv(sel_max, SCORE_BLOCK_K)),
-                    (qv, kv, softmax_max, softmax_sum, scores, fa_launch._meta(fa, device), sel,
-                     qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1), fa_launch._stats_geometry(fa)[2],
+                    (qv, kv, softmax_max, softmax_sum, scores, fa_launch.batch_meta(fa, device), sel,
+                     qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1), fa_launch.stats_geometry(fa)[2],
                      scores.stride(0), scores.stride(1), *mask, fa.scale, g.n2, g.group, g.d, spec.m, spec.nn),
                     dict(BLOCK_D=pow2(g.d), **precision_flags(query.dtype, interpret), **mask_flags),
                     "BLOCK_M")
