@@ -79,7 +79,7 @@ class NativeSparseAttention(nn.Module):
             lengths = lengths_from_cumulative("cu_seqlens", cum, x.shape[0])
             pos = torch.cat([torch.arange(n, device=x.device) for n in lengths])
             q, k, v, g = self._project(x, pos)
-            out = self._attend(q, k, v, g, "TND", torch.tensor([0, *cum]))
+            out = self._attend(q, k, v, g, "TND", [0, *cum])
             return self.o_proj(out.flatten(-2))
         if x.ndim != 3:
             fail("x", "[B, T, hidden] or packed [T, hidden]", x)
