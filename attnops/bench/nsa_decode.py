@@ -3,8 +3,9 @@
 ``nsa_decode``: one new token at context ``skv`` through a cache prefilled with ``skv`` tokens (the prefill is
 part of the inputs, untimed; every timed call starts from a copy of it); baseline ``nsa-recompute``: the module's
 forward over the whole ``skv + 1`` tokens (what decoding cost before the cache kept its state), its last output
-compared. ``nsa_prefill_decode``: a fresh cache, a prefill of ``skv`` tokens, then ``params["steps"]`` tokens one
-at a time (time and peak memory; the cache's bytes per token are in :func:`cache_bytes_per_token`).
+compared. ``nsa_prefill_decode``: a fresh cache, a prefill of ``skv - params["steps"]`` tokens in chunks of
+``params["chunk"]``, then ``params["steps"]`` tokens one at a time (time and peak memory, which grows linearly with
+the context; the cache's bytes per token are in :func:`cache_bytes_per_token`).
 """
 from __future__ import annotations
 
@@ -78,12 +79,13 @@ def build_recompute(case: Case, inp, device):
 def build_prefill_decode(case: Case, inp, device):
     from .impls import Runnable
 
-    m, x, steps = inp.kwargs["module"], inp.q, case.params["steps"]
+    m, x, steps, chunk = inp.kwargs["module"], inp.q, case.params["steps"], case.params["chunk"]
 
     def run():
         with torch.no_grad():
             cache = m.new_cache(case.batch)
-            m(x[:, :case.skv - steps], cache=cache)
+            for start in range(0, case.skv - steps, chunk):
+                m(x[:, start:min(start + chunk, case.skv - steps)], cache=cache)
             for i in range(case.skv - steps, case.skv):
                 m(x[:, i:i + 1], cache=cache)
     return Runnable(run)

@@ -8,7 +8,7 @@ from attnops.bench import SUITES, Case, run_case
 from attnops.bench.nsa_decode import cache_bytes_per_token
 
 SHAPE = dict(batch=2, heads=4, kv_heads=2, d=16, dv=16, sq=1, dtype="float32",
-             params={"hidden": 32, "block": 16, "count": 3, "window": 16, "stride": 4, "steps": 5})
+             params={"hidden": 32, "block": 16, "count": 3, "window": 16, "stride": 4, "steps": 5, "chunk": 16})
 
 
 def test_decode_matches_recompute_and_prefill_decode_runs():
