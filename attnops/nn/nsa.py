@@ -19,8 +19,9 @@ class NativeSparseAttention(nn.Module):
     ``[.., N1, 3]`` (compression, selection, window) from a linear projection of ``x``, the three branches, then the
     output projection. Keys are compressed **after** RoPE (each key rotated at its own position, then pooled);
     values carry no rotation. ``compress="weighted"`` learns ``compress_weight_k/v [compress_block_size,
-    num_kv_heads]`` (initialised to the mean); ``"mean"`` has no compression weights. Positions restart at 0 for
-    each sequence.
+    num_kv_heads]`` (initialised to the mean); ``"mean"`` has no compression weights. ``local_blocks``: block 0
+    and that many blocks ending at the token's own one are always selected. Positions restart at 0 for each
+    sequence. Decoding: :meth:`new_cache`, then ``forward(x, cache=cache)`` chunk by chunk.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
@@ -70,8 +71,8 @@ class NativeSparseAttention(nn.Module):
         With ``cache`` (``[B, T, hidden]`` only, from :meth:`new_cache`), ``x`` continues the cached sequences
         (any chunk length, e.g. a prefill then one token per call) and is appended to the cache; the output equals
         the full forward's on these tokens, at a cost linear in the chunk and the attended keys (see
-        :mod:`attnops.nn.nsa_decode`). Cached calls are for inference: the cache holds detached tensors, and the
-        selection branch over the cache has no backward."""
+        :mod:`attnops.nn.nsa_decode`). Cached calls are inference only: they must run under ``torch.no_grad()``
+        or ``torch.inference_mode()``."""
         check_tensor("x", x)
         if x.ndim == 2:
             require(cache is None, "cache", "None for packed input (use [B, T, hidden])", "a cache")
@@ -89,6 +90,8 @@ class NativeSparseAttention(nn.Module):
         pos = torch.arange(past, past + t, device=x.device).repeat(b)
         q, k, v, g = (y.unflatten(0, (b, t)) for y in self._project(x.flatten(0, 1), pos))
         if cache is not None:
+            require(not torch.is_grad_enabled(), "cache", "calls under torch.no_grad() or torch.inference_mode() "
+                    "(decoding has no backward)", "grad mode enabled")
             cache.append(k, v)
             compress_pending(cache, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
         if past == 0:  # the whole sequence so far: the layer itself

@@ -5,7 +5,7 @@ full layer (:func:`attnops.native_sparse_attention`) at those positions, at a co
 square of the context: the compression branch and the top-k scoring run :func:`attnops.nsa_compress_attention` over
 the cached compressed blocks (``atten_mask`` / ``topk_mask`` rows at the tokens' positions), the selection branch
 runs :func:`attnops.nsa_selected_attention_infer` over the pages (one request per new token, its KV length its
-position + 1: causal), the window branch :func:`attnops.flash_attention` over the last ``window_size - 1 + t``
+position + 1: causal; slices of requests on the CPU workers), the window branch :func:`attnops.flash_attention` over the last ``window_size - 1 + t``
 tokens (causal, bottom-right aligned).
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._core.parallel import run_jobs
 from ..ops.flash_attention import flash_attention
 from ..ops.nsa.api import nsa_compress, nsa_compress_attention, nsa_selected_attention_infer
 from ..ops.nsa.layer import causal_compressed_mask, compress_weights, forced_blocks, unused_future_blocks
@@ -60,8 +61,21 @@ def cached_sparse_attention(cache: NSACache, q: Tensor, gates: Tensor, *, compre
         actual_cmp_seq_kvlen=[rows * (i + 1) for i in range(b)])
     out = out + g[..., 0].unsqueeze(-1) * o_cmp
     idx = unused_future_blocks(topk, pos.repeat(b), ls).to(torch.int32)
-    o_slc = nsa_selected_attention_infer(q_flat, cache.key_pages, cache.value_pages, idx,
-                                         cache.block_table.to(q.device).repeat_interleave(t, 0),
-                                         (pos + 1).repeat(b).tolist(), select_block_size=ls)
-    out = out + g[..., 1].unsqueeze(-1) * o_slc
+    out = out + g[..., 1].unsqueeze(-1) * _selected(cache, q_flat, idx, (pos + 1).repeat(b).tolist(), t, ls)
     return out.unflatten(0, (b, t))
+
+
+def _selected(cache: NSACache, q: Tensor, idx: Tensor, kv_lens: list[int], t: int, ls: int) -> Tensor:
+    """The selection branch: one ``nsa_selected_attention_infer`` request per query row (``t`` rows per sequence),
+    in slices run side by side on the single-threaded CPU workers (its small per-request operations would
+    otherwise each pay an intra-op fork/join)."""
+    out = q.new_empty(q.shape[0], q.shape[1], cache.value_pages.shape[-1])
+    table = cache.block_table.to(q.device).repeat_interleave(t, 0)
+    step = -(-q.shape[0] // (4 * torch.get_num_threads()))
+
+    def job(start: int) -> None:
+        rows = slice(start, start + step)
+        out[rows] = nsa_selected_attention_infer(q[rows], cache.key_pages, cache.value_pages, idx[rows], table[rows],
+                                                 kv_lens[rows], select_block_size=ls)
+    run_jobs(job, range(0, q.shape[0], step), q.device)
+    return out

@@ -44,11 +44,15 @@ def test_chunked_decoding_with_cache_equals_full_forward():
     x = _x(2, 45, HIDDEN)
     cache = m.new_cache(2, max_seq_len=45)
     assert isinstance(cache, attnops.nn.NSACache)
-    chunks = [m(x[:, a:b], cache=cache) for a, b in ((0, 17), (17, 18), (18, 40), (40, 45))]
-    torch.testing.assert_close(torch.cat(chunks, 1), m(x), rtol=1e-10, atol=1e-12)
-    assert cache.seq_len == 45
-    with pytest.raises(attnops.ParamInvalidError, match="max_seq_len"):
-        m(x[:, :1], cache=cache)
+    with pytest.raises(attnops.ParamInvalidError, match="cache: expected calls under torch.no_grad"):
+        m(x[:, :3], cache=cache)
+    assert cache.seq_len == 0
+    with torch.inference_mode():
+        chunks = [m(x[:, a:b], cache=cache) for a, b in ((0, 17), (17, 18), (18, 40), (40, 45))]
+        torch.testing.assert_close(torch.cat(chunks, 1), m(x), rtol=1e-10, atol=1e-12)
+        assert cache.seq_len == 45
+        with pytest.raises(attnops.ParamInvalidError, match="max_seq_len"):
+            m(x[:, :1], cache=cache)
 
 
 def test_gradients_reach_every_parameter():
