@@ -1,15 +1,13 @@
 """Benchmark builders for decoding with :class:`attnops.nn.NativeSparseAttention` and its :class:`NSACache`.
 
 ``nsa_decode``: one new token at context ``skv`` through a cache prefilled with ``skv`` tokens (the prefill is
-part of the inputs, untimed; every timed call starts from a copy of it); baseline ``nsa-recompute``: the module's
+part of the inputs, untimed; before every timed call the cache is truncated back to ``skv`` tokens); baseline ``nsa-recompute``: the module's
 forward over the whole ``skv + 1`` tokens (what decoding cost before the cache kept its state), its last output
 compared. ``nsa_prefill_decode``: a fresh cache, a prefill of ``skv - params["steps"]`` tokens in chunks of
 ``params["chunk"]``, then ``params["steps"]`` tokens one at a time (time and peak memory, which grows linearly with
 the context; the cache's bytes per token are in :func:`cache_bytes_per_token`).
 """
 from __future__ import annotations
-
-import copy
 
 import torch
 
@@ -52,16 +50,14 @@ def _bnsd(out: torch.Tensor) -> torch.Tensor:
 def build_decode(case: Case, inp, device):
     from .impls import Runnable
 
-    m, prefilled, x = inp.kwargs["module"], inp.kwargs["cache"], inp.q
+    m, cache, x = inp.kwargs["module"], inp.kwargs["cache"], inp.q
     state = {}
-
-    def reset():
-        state["cache"] = copy.deepcopy(prefilled)
 
     def run():
         with torch.no_grad():
-            state["out"] = m(x[:, case.skv:], cache=state["cache"])
-    return Runnable(run, reset, output=lambda: _bnsd(state["out"]) if "out" in state else None)
+            state["out"] = m(x[:, case.skv:], cache=cache)
+    return Runnable(run, lambda: cache.truncate(case.skv), output=lambda: _bnsd(state["out"]) if "out" in state
+                    else None)
 
 
 def build_recompute(case: Case, inp, device):

@@ -86,6 +86,15 @@ class NSACache:
         self._len = past + t
         self.lengths.fill_(self._len)
 
+    def truncate(self, length: int) -> None:
+        """Forget the tokens after the first ``length`` (e.g. rejected draft tokens); their pages stay allocated
+        and are overwritten by the next append."""
+        check_int("length", length, lo=0, hi=self._len)
+        self._len = length
+        self.lengths.fill_(length)
+        self.compressed_len = min(self.compressed_len,
+                                  compress_block_count(length, self.compress_block_size, self.compress_stride))
+
     def _reserve(self, length: int, k: Tensor, v: Tensor) -> None:
         """Pages for ``length`` tokens per sequence; new page ids go row by row after the pool's."""
         have, want = self.block_table.shape[1], -(-length // self.page_size)

@@ -180,3 +180,18 @@ def test_cache_rejects_another_batch_or_layer():
             _decoder(n2=1)(_x(2, 1, HIDDEN), cache=cache)
         with pytest.raises(attnops.ParamInvalidError, match="cache"):
             m(_x(3, HIDDEN), cache=cache)
+
+
+def test_truncate_then_continue_equals_the_full_forward():
+    m = _decoder()
+    x, other = _x(2, 60, HIDDEN, seed=7), _x(2, 60, HIDDEN, seed=8)
+    cache = m.new_cache(2)
+    with torch.no_grad():
+        m(x[:, :30], cache=cache)
+        m(other[:, 30:45], cache=cache)  # drafted tokens, then rejected
+        cache.truncate(30)
+        assert cache.seq_len == 30 and cache.compressed_len == (30 - 8) // 4 + 1
+        got = torch.cat([m(x[:, 30:41], cache=cache), m(x[:, 41:42], cache=cache), m(x[:, 42:], cache=cache)], 1)
+        torch.testing.assert_close(got, m(x)[:, 30:], rtol=1e-10, atol=1e-12)
+        with pytest.raises(attnops.ParamInvalidError, match="length"):
+            cache.truncate(61)
