@@ -56,13 +56,12 @@ def main() -> None:
     prompt = torch.randint(0, 64, (2, 40))
     start = time.perf_counter()
     out = generate(model, prompt, new_tokens=24)
-    cached_s = time.perf_counter() - start
-    start = time.perf_counter()
-    want = generate_by_recomputing(model, prompt, new_tokens=24)
-    print(f"generated {out.shape[1] - prompt.shape[1]} tokens x {out.shape[0]} sequences: cached {cached_s:.2f} s, "
-          f"recomputing {time.perf_counter() - start:.2f} s")
+    print(f"generated {out.shape[1] - prompt.shape[1]} tokens x {out.shape[0]} sequences with the cache in "
+          f"{time.perf_counter() - start:.2f} s")
     print("sequence 0:", out[0, prompt.shape[1]:].tolist())
-    assert torch.equal(out, want), "cached generation differs from recomputing"
+    # the same tokens as recomputing the whole sequence at every step (whose cost grows with the length)
+    assert torch.equal(out, generate_by_recomputing(model, prompt, new_tokens=24))
+    print("identical to greedy decoding by recomputation")
 
 
 if __name__ == "__main__":
