@@ -1,11 +1,11 @@
 """Benchmark builders for decoding with :class:`attnops.nn.NativeSparseAttention` and its :class:`NSACache`.
 
 ``nsa_decode``: one new token at context ``skv`` through a cache prefilled with ``skv`` tokens (the prefill is
-part of the inputs, untimed; before every timed call the cache is truncated back to ``skv`` tokens); baseline ``nsa-recompute``: the module's
-forward over the whole ``skv + 1`` tokens (what decoding cost before the cache kept its state), its last output
-compared. ``nsa_prefill_decode``: a fresh cache, a prefill of ``skv - params["steps"]`` tokens in chunks of
-``params["chunk"]``, then ``params["steps"]`` tokens one at a time (time and peak memory, which grows linearly with
-the context; the cache's bytes per token are in :func:`cache_bytes_per_token`).
+part of the inputs, untimed; before every timed call the cache is truncated back to ``skv`` tokens); baseline
+``nsa-recompute``: the module's forward over the whole ``skv + 1`` tokens (the cost of decoding without a cache),
+its last output compared. ``nsa_prefill_decode``: a fresh cache, a prefill of ``skv - params["steps"]`` tokens in
+chunks of ``params["chunk"]``, then ``params["steps"]`` tokens one at a time (time and peak memory, which grows
+linearly with the context; the cache's bytes per token are in :func:`cache_bytes_per_token`).
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ full layer (:func:`attnops.native_sparse_attention`) at those positions, at a co
 square of the context: the compression branch and the top-k scoring run :func:`attnops.nsa_compress_attention` over
 the cached compressed blocks (``atten_mask`` / ``topk_mask`` rows at the tokens' positions), the selection branch
 runs :func:`attnops.nsa_selected_attention_infer` over the pages (one request per new token, its KV length its
-position + 1: causal; slices of requests on the CPU workers), the window branch :func:`attnops.flash_attention` over the last ``window_size - 1 + t``
-tokens (causal, bottom-right aligned).
+position + 1: causal; slices of requests on the CPU workers), the window branch :func:`attnops.flash_attention`
+over the last ``window_size - 1 + t`` tokens (causal, bottom-right aligned).
 """
 from __future__ import annotations
 
