@@ -60,6 +60,11 @@ class Case:
             p = self.params
             return sum(s * (p["count"] * p["block"] + p["window"]) + s * s // (2 * p["stride"])
                        for s in self.seq_lens)
+        if self.op in ("nsa_decode", "nsa_prefill_decode"):  # the new tokens' selected, window and compressed keys
+            p = self.params
+            decode = self.op == "nsa_decode"
+            new, cmp = (1, self.skv // p["stride"]) if decode else (self.skv, self.skv // (2 * p["stride"]))
+            return self.batch * new * (p["count"] * p["block"] + p["window"] + cmp)
         total = 0
         for sq, skv in self.lengths:
             if self.band is not None:
@@ -320,6 +325,30 @@ register_suite(Suite(
     cases=_nsa_cases("nsa-smoke", (1024,), ((32, 32),), MODES, heads=4, kv_heads=1, dtype="float32",
                      baselines=("sdpa",)),
     device="cpu", repeat=3, warmup=1))
+
+
+def _nsa_decode_cases() -> tuple[Case, ...]:
+    """Module decode at 16k vs recomputing the layer; prefill + decode at 2k..16k (time, peak memory)."""
+    shape = dict(batch=1, heads=8, kv_heads=2, d=64, dv=64, sq=1, dtype="float32",
+                 params={"hidden": 512, "block": 64, "count": 16, "window": 512, "stride": 16, "steps": 16,
+                         "chunk": 1024})
+    decode = Case(name="nsa-module-decode-t16384-n8-kvn2-d64-fp32", op="nsa_decode", skv=16384,
+                  baselines=("nsa-recompute",), **shape)
+    memory = tuple(Case(name=f"nsa-module-prefill-decode-t{t}-n8-kvn2-d64-fp32", op="nsa_prefill_decode", skv=t,
+                        baselines=(), track_memory=True, **shape) for t in (2048, 4096, 8192, 16384))
+    return (decode, *memory)
+
+
+register_suite(Suite(
+    name="nsa-cpu-decode",
+    description="NSA module decoding on the CPU: one token at context 16k with NSACache vs recomputing the layer; "
+                "prefill+decode memory",
+    details="attnops.nn.NativeSparseAttention(hidden 512, N1=8, N2=2, D=64, compression 32/16, selection 64 x 16, "
+            "window 512), fp32, B=1. nsa-module-decode: one token appended to a cache prefilled with 16384 tokens "
+            "(each timed call on a fresh copy); baseline nsa-recompute: the module's forward over all 16385 tokens, "
+            "its last output compared. nsa-module-prefill-decode: a fresh cache, prefill of T-16 tokens in chunks of "
+            "1024, 16 decode steps; time and peak resident memory",
+    cases=_nsa_decode_cases(), device="cpu", repeat=2, warmup=1))
 
 
 def suite_cases(name: str, pattern: str | None = None) -> list[Case]:

@@ -49,6 +49,10 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
+    if case.op in ("nsa_decode", "nsa_prefill_decode"):
+        from . import nsa_decode
+
+        return nsa_decode.decode_inputs(case, device, seed)
     if case.op != "flash_attention":
         from . import sparse_infer
 
@@ -139,6 +143,11 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
     the Triton verifier refuses runs the reference and logs why)."""
     import attnops
 
+    if case.op in ("nsa_decode", "nsa_prefill_decode"):
+        from . import nsa_decode
+
+        return (nsa_decode.build_decode if case.op == "nsa_decode" else nsa_decode.build_prefill_decode)(
+            case, inp, device)
     if case.op != "flash_attention":
         from . import sparse_infer
 
@@ -306,7 +315,14 @@ BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
     "attnops-dense": lambda c, i, d: _sparse_infer().build_dense_causal(c, i, d),
     "sdpa-gathered": lambda c, i, d: _sparse_infer().build_sdpa_gathered(c, i, d),
     "read-bandwidth": lambda c, i, d: _sparse_infer().build_read_bandwidth(c, i, d),
+    "nsa-recompute": lambda c, i, d: _nsa_decode().build_recompute(c, i, d),
 }
+
+
+def _nsa_decode():
+    from . import nsa_decode
+
+    return nsa_decode
 
 
 def _sparse_infer():

@@ -1,11 +1,14 @@
 """Built-in NSA check cases: the aclnn NSA operators, the Pythonic API and (``via="npu"``, listed by
-:mod:`attnops.check.torch_npu`) the torch_npu functions against the independent fp64 golden."""
+:mod:`attnops.check.torch_npu`) the torch_npu functions against the independent fp64 golden; the
+``native_sparse_attention`` layer, the ``attnops.nn.NativeSparseAttention`` module and its cached decoding against
+the golden composed from the operator goldens (:mod:`attnops.testing.golden_nsa_layer`)."""
 from __future__ import annotations
 
 import torch
 
-from .. import aclnn, nsa_compress, nsa_selected_attention, torch_npu
+from .. import aclnn, native_sparse_attention, nsa_compress, nsa_selected_attention, torch_npu
 from ..testing import golden_nsa as gold
+from ..testing import golden_nsa_layer as gold_layer
 from . import CheckCase, Comparison
 
 
@@ -125,6 +128,44 @@ def _compress_attention(dtype, q_lens, cmp_lens, n1, n2, d, dv, block, stride, s
     return run
 
 
+_LAYER = dict(block=8, stride=4, select_block=16, count=4, window=16, local_blocks=2)
+
+
+def _layer(dtype, lens, n1, n2, d):
+    def run(_backend):
+        t = sum(lens)
+        q, k, v = (_randn(t, n, d, dtype=dtype, seed=s) for n, s in ((n1, 12), (n2, 13), (n2, 14)))
+        gates = torch.sigmoid(_randn(t, n1, 3, dtype=dtype, seed=15))
+        wk, wv = (_randn(_LAYER["block"], n2, dtype=dtype, seed=s) / _LAYER["block"] ** 0.5 for s in (16, 17))
+        cfg = dict(compress_block_size=8, compress_stride=4, select_block_size=16, select_block_count=4,
+                   window_size=16, local_blocks=2)
+        out = native_sparse_attention(q, k, v, gates, wk, wv, actual_seq_len=_cum(lens), **cfg)
+        args = (q, k, v, gates, wk, wv, lens)
+        return [Comparison("attention_out", out, gold_layer.native_sparse_attention(*args, **_LAYER, scale=d ** -0.5),
+                           gold_layer.native_sparse_attention(*args, **_LAYER, scale=d ** -0.5, dtype=dtype))]
+    return run
+
+
+def _module(dtype, compress, batch, seq, prefill=None):
+    """The module's forward, or (``prefill``) a prefill then token-by-token decoding through its cache."""
+    from ..nn import NativeSparseAttention
+
+    def run(_backend):
+        torch.manual_seed(0)
+        m = NativeSparseAttention(32, 4, 2, 16, compress_block_size=8, compress_stride=4, select_block_size=16,
+                                  select_block_count=4, window_size=16, compress=compress).to(dtype)
+        x = _randn(batch, seq, 32, dtype=dtype, seed=18)
+        with torch.no_grad():
+            if prefill is None:
+                out = m(x)
+            else:
+                cache = m.new_cache(batch)
+                out = torch.cat([m(x[:, :prefill], cache=cache)]
+                                + [m(x[:, i:i + 1], cache=cache) for i in range(prefill, seq)], 1)
+            return [Comparison("output", out, gold_layer.nsa_module(m, x), gold_layer.nsa_module(m, x, dtype=dtype))]
+    return run
+
+
 def cases() -> list[CheckCase]:
     sel = "nsa_selected_attention(+_grad)"
     return [
@@ -137,4 +178,9 @@ def cases() -> list[CheckCase]:
                                                                    32, 16, 16, 2, False)),
         CheckCase("nsa_compress_attention", "aclnn fp16 top-k, GQA 2", _compress_attention(
             torch.float16, [40, 33], [18, 15], 4, 2, 32, 16, 32, 16, 64, 2)),
+        CheckCase("native_sparse_attention", "fp32 varlen [64, 96], GQA 2, all branches",
+                  _layer(torch.float32, [64, 96], 4, 2, 16)),
+        CheckCase("nn.NativeSparseAttention", "fp32 B=2 S=80, weighted", _module(torch.float32, "weighted", 2, 80)),
+        CheckCase("nn.NativeSparseAttention", "fp32 cached: prefill 37 + 43 decode steps, mean",
+                  _module(torch.float32, "mean", 2, 80, prefill=37)),
     ]

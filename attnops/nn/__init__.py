@@ -1,4 +1,5 @@
 """PyTorch modules built on the attnops operators."""
-from .nsa import NativeSparseAttention, NSACache
+from .nsa import NativeSparseAttention
+from .nsa_cache import NSACache
 
 __all__ = ["NativeSparseAttention", "NSACache"]

@@ -1,40 +1,15 @@
 """``NativeSparseAttention``: an NSA attention layer (projections, RoPE, three branches, output projection)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import Tensor, nn
 
 from .._core.checks import check_int, check_tensor, fail, require
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from ..ops.nsa.layer import COMPRESS_MODES, native_sparse_attention
+from .nsa_cache import NSACache
+from .nsa_decode import cached_sparse_attention, compress_pending
 from .rotary import apply_rotary
-
-
-@dataclass
-class NSACache:
-    """Keys (after RoPE) and values of the tokens seen so far, ``[B, S, N2, D/Dv]`` (from
-    :meth:`NativeSparseAttention.new_cache`); ``forward(x, cache=cache)`` appends a chunk and updates it in place."""
-
-    batch_size: int
-    max_seq_len: int | None = None
-    keys: Tensor | None = field(default=None, repr=False)
-    values: Tensor | None = field(default=None, repr=False)
-
-    @property
-    def seq_len(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[1]
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        require(k.shape[0] == self.batch_size, "x", f"a batch of {self.batch_size} (the cache's)", k.shape[0])
-        new_len = self.seq_len + k.shape[1]
-        if self.max_seq_len is not None:
-            require(new_len <= self.max_seq_len, "x", f"at most max_seq_len={self.max_seq_len} tokens in all",
-                    new_len)
-        self.keys = k if self.keys is None else torch.cat([self.keys, k], 1)
-        self.values = v if self.values is None else torch.cat([self.values, v], 1)
-        return self.keys, self.values
 
 
 class NativeSparseAttention(nn.Module):
@@ -44,14 +19,15 @@ class NativeSparseAttention(nn.Module):
     ``[.., N1, 3]`` (compression, selection, window) from a linear projection of ``x``, the three branches, then the
     output projection. Keys are compressed **after** RoPE (each key rotated at its own position, then pooled);
     values carry no rotation. ``compress="weighted"`` learns ``compress_weight_k/v [compress_block_size,
-    num_kv_heads]`` (initialised to the mean); ``"mean"`` has no compression weights. Positions restart at 0 for
-    each sequence.
+    num_kv_heads]`` (initialised to the mean); ``"mean"`` has no compression weights. ``local_blocks``: block 0
+    and that many blocks ending at the token's own one are always selected. Positions restart at 0 for each
+    sequence. Decoding: :meth:`new_cache`, then ``forward(x, cache=cache)`` chunk by chunk.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
                  compress_block_size: int = 32, compress_stride: int = 16, select_block_size: int = 64,
-                 select_block_count: int = 16, window_size: int = 512, rope_theta: float = 10000.0,
-                 compress: str = "weighted"):
+                 select_block_count: int = 16, window_size: int = 512, local_blocks: int = 2,
+                 rope_theta: float = 10000.0, compress: str = "weighted"):
         super().__init__()
         n1 = check_int("num_heads", num_heads, lo=1)
         n2 = check_int("num_kv_heads", num_kv_heads, lo=1)
@@ -62,7 +38,7 @@ class NativeSparseAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = n1, n2, d
         self.config = dict(compress_block_size=compress_block_size, compress_stride=compress_stride,
                            select_block_size=select_block_size, select_block_count=select_block_count,
-                           window_size=window_size, compress=compress)
+                           window_size=window_size, local_blocks=local_blocks, compress=compress)
         self.rope_theta = float(rope_theta)
         self.q_proj = nn.Linear(hidden_size, n1 * d, bias=False)
         self.k_proj = nn.Linear(hidden_size, n2 * d, bias=False)
@@ -76,9 +52,15 @@ class NativeSparseAttention(nn.Module):
         else:
             self.compress_weight_k = self.compress_weight_v = None
 
-    def new_cache(self, batch_size: int, max_seq_len: int | None = None) -> NSACache:
-        """An empty cache for chunk-by-chunk decoding of ``[batch_size, chunk, hidden]`` inputs."""
-        return NSACache(check_int("batch_size", batch_size, lo=1), max_seq_len)
+    def new_cache(self, batch_size: int, max_seq_len: int | None = None, *, page_size: int | None = None
+                  ) -> NSACache:
+        """An empty cache for decoding ``[batch_size, chunk, hidden]`` inputs chunk by chunk (the rows advance
+        together); ``max_seq_len`` allocates every page at the first call; pages of ``page_size`` tokens (default:
+        ``select_block_size``)."""
+        cfg = self.config
+        return NSACache(batch_size, compress_block_size=cfg["compress_block_size"],
+                        compress_stride=cfg["compress_stride"], page_size=page_size or cfg["select_block_size"],
+                        max_seq_len=max_seq_len)
 
     def _attend(self, q, k, v, g, layout, cu):
         return native_sparse_attention(q, k, v, g, self.compress_weight_k, self.compress_weight_v, layout=layout,
@@ -86,8 +68,11 @@ class NativeSparseAttention(nn.Module):
 
     def forward(self, x: Tensor, cu_seqlens=None, cache: NSACache | None = None) -> Tensor:
         """``x [B, T, hidden]`` (each row a sequence) or packed ``[T, hidden]`` with ``cu_seqlens`` (leading 0).
-        With ``cache`` (``[B, T, hidden]`` only), ``x`` continues the cached sequences; the output equals the
-        full forward's on these tokens."""
+        With ``cache`` (``[B, T, hidden]`` only, from :meth:`new_cache`), ``x`` continues the cached sequences
+        (any chunk length, e.g. a prefill then one token per call) and is appended to the cache; the output equals
+        the full forward's on these tokens, at a cost linear in the chunk and the attended keys (see
+        :mod:`attnops.nn.nsa_decode`). Cached calls are inference only: they must run under ``torch.no_grad()``
+        or ``torch.inference_mode()``."""
         check_tensor("x", x)
         if x.ndim == 2:
             require(cache is None, "cache", "None for packed input (use [B, T, hidden])", "a cache")
@@ -95,7 +80,7 @@ class NativeSparseAttention(nn.Module):
             lengths = lengths_from_cumulative("cu_seqlens", cum, x.shape[0])
             pos = torch.cat([torch.arange(n, device=x.device) for n in lengths])
             q, k, v, g = self._project(x, pos)
-            out = self._attend(q, k, v, g, "TND", torch.tensor([0, *cum]))
+            out = self._attend(q, k, v, g, "TND", [0, *cum])
             return self.o_proj(out.flatten(-2))
         if x.ndim != 3:
             fail("x", "[B, T, hidden] or packed [T, hidden]", x)
@@ -105,11 +90,15 @@ class NativeSparseAttention(nn.Module):
         pos = torch.arange(past, past + t, device=x.device).repeat(b)
         q, k, v, g = (y.unflatten(0, (b, t)) for y in self._project(x.flatten(0, 1), pos))
         if cache is not None:
-            k, v = cache.append(k, v)
-            if past:  # earlier queries do not change later outputs (causal): zero placeholders, outputs dropped
-                q = torch.cat([q.new_zeros(b, past, *q.shape[2:]), q], 1)
-                g = torch.cat([g.new_zeros(b, past, *g.shape[2:]), g], 1)
-        out = self._attend(q, k, v, g, "BSND", None)[:, past:]
+            require(not torch.is_grad_enabled(), "cache", "calls under torch.no_grad() or torch.inference_mode() "
+                    "(decoding has no backward)", "grad mode enabled")
+            cache.append(k, v)
+            compress_pending(cache, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
+        if past == 0:  # the whole sequence so far: the layer itself
+            out = self._attend(q, k, v, g, "BSND", None)
+        else:
+            cfg = {name: value for name, value in self.config.items() if name != "compress"}
+            out = cached_sparse_attention(cache, q, g, **cfg)
         return self.o_proj(out.flatten(-2))
 
     def _project(self, x: Tensor, pos: Tensor):

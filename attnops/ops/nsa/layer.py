@@ -10,6 +10,7 @@ after the query are masked, selected positions after the query are masked (causa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 from torch import Tensor
@@ -57,21 +58,26 @@ def _pad_kv(x: Tensor, pack: _Packing) -> Tensor:
     return torch.cat(parts)
 
 
-def _causal_compressed_mask(lengths: list[int], padded: list[int], block: int, stride: int) -> Tensor:
-    """``[maxS, maxCmp]``: compressed block c is visible to token i once complete (``c*stride + block - 1 <= i``)."""
-    max_s = max([0, *lengths])
-    max_c = max([0, *(compress_block_count(n, block, stride) for n in padded)])
-    ends = torch.arange(max_c) * stride + block - 1
-    return ends.unsqueeze(0) > torch.arange(max_s).unsqueeze(1)
+def causal_compressed_mask(positions: Tensor, n_cmp: int, block: int, stride: int) -> Tensor:
+    """``[len(positions), n_cmp]`` atten_mask (True = masked): compressed block ``c`` is visible to the token at
+    ``positions[i]`` once complete (``c*stride + block - 1 <= positions[i]``)."""
+    ends = torch.arange(n_cmp, device=positions.device) * stride + block - 1
+    return ends.unsqueeze(0) > positions.unsqueeze(1)
 
 
-def _forced_blocks(lengths: list[int], padded: list[int], select_block: int, local_blocks: int) -> Tensor:
-    """``[maxS, maxSel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the token's own block."""
-    max_s = max([0, *lengths])
-    n_sel = max([0, *padded]) // select_block
-    own = (torch.arange(max_s) // select_block).unsqueeze(1)
-    cols = torch.arange(n_sel).unsqueeze(0)
+def forced_blocks(positions: Tensor, n_sel: int, select_block: int, local_blocks: int) -> Tensor:
+    """``[len(positions), n_sel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the token's own
+    block."""
+    own = (positions // select_block).unsqueeze(1)
+    cols = torch.arange(n_sel, device=positions.device).unsqueeze(0)
     return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
+
+
+def unused_future_blocks(topk: Tensor, positions: Tensor, select_block: int) -> Tensor:
+    """``topk [T, N2, S]`` as int64 with ``-1`` (unused) for the blocks after the token's own block: they hold no
+    visible compressed key (score 0) and come last in the top-k order, so the ``-1`` slots are trailing."""
+    idx = topk.long()
+    return torch.where(idx > (positions // select_block).view(-1, 1, 1), torch.full_like(idx, -1), idx)
 
 
 def _split_gates(gates, g_cmp, g_slc, g_swa, t: int, n1: int, dtype) -> list[Tensor | None]:
@@ -90,7 +96,8 @@ def _split_gates(gates, g_cmp, g_slc, g_swa, t: int, n1: int, dtype) -> list[Ten
     return out
 
 
-def _compress_weights(compress: str, wk, wv, block: int, n2: int, like: Tensor) -> tuple[Tensor, Tensor]:
+def compress_weights(compress: str, wk, wv, block: int, n2: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    """The compression weights ``[block, N2]`` of ``compress`` mode (``mean``: ``1/block``, like ``like``)."""
     require(compress in COMPRESS_MODES, "compress", f"one of {COMPRESS_MODES}", compress)
     if compress == "mean":
         require(wk is None and wv is None, "compress_weight_k", "None with compress='mean'", wk if wk is not None
@@ -222,11 +229,10 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
     k_pad, v_pad = _pad_kv(key, pack), _pad_kv(value, pack)
     topk = None
     if need_cmp:
-        wk, wv = _compress_weights(compress, compress_weight_k, compress_weight_v, compress_block_size, n2, key)
-        cmp_cum, acc = [], 0
-        for p in pack.padded:
-            acc += compress_block_count(p, compress_block_size, compress_stride)
-            cmp_cum.append(acc)
+        wk, wv = compress_weights(compress, compress_weight_k, compress_weight_v, compress_block_size, n2, key)
+        cmp_lens = [compress_block_count(p, compress_block_size, compress_stride) for p in pack.padded]
+        cmp_cum = list(accumulate(cmp_lens))
+        local = torch.arange(max([0, *lengths]))  # the masks' rows: token positions within a sequence
         k_cmp = nsa_compress(k_pad, wk, block_size=compress_block_size, stride=compress_stride,
                              actual_seq_len=pack.padded_cum)
         v_cmp = nsa_compress(v_pad, wv, block_size=compress_block_size, stride=compress_stride,
@@ -234,8 +240,8 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
         o_cmp, topk, _, _ = nsa_compress_attention(
             query, k_cmp, v_cmp, compress_block_size=compress_block_size, compress_stride=compress_stride,
             select_block_size=ls, select_block_count=count, scale=scale,
-            atten_mask=_causal_compressed_mask(lengths, pack.padded, compress_block_size, compress_stride),
-            topk_mask=_forced_blocks(lengths, pack.padded, ls, local_blocks), actual_seq_qlen=cum,
+            atten_mask=causal_compressed_mask(local, max(cmp_lens), compress_block_size, compress_stride),
+            topk_mask=forced_blocks(local, max(pack.padded) // ls, ls, local_blocks), actual_seq_qlen=cum,
             actual_cmp_seq_kvlen=cmp_cum)
         if gate[0] is not None:
             out = out + gate[0].unsqueeze(-1) * o_cmp
@@ -243,9 +249,8 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
         return out.unflatten(0, batch_shape)
     if block_indices is not None:
         idx = _check_block_indices(block_indices.to(query.device), t, n2, pos, ls)
-    else:  # blocks after the token's own block have no visible compressed key: the slot is unused
-        idx = topk.long()
-        idx = torch.where(idx > (pos // ls).view(-1, 1, 1), torch.full_like(idx, -1), idx)
+    else:
+        idx = unused_future_blocks(topk, pos, ls)
     idx = _limit_counts(idx, block_counts, t, n2)
     idx = torch.where(idx < 0, pad_block.view(-1, 1, 1).expand_as(idx), idx).to(torch.int32)
     o_slc = nsa_selected_attention(query, k_pad, v_pad, idx, select_block_size=ls, causal=True, scale=scale,

@@ -1,0 +1,147 @@
+"""``NSACache``: the decoding state of one :class:`~attnops.nn.NativeSparseAttention` layer.
+
+Keys (after RoPE) and values live in a pool of pages ``[pages, page_size, N2, D]`` read through ``block_table
+[B, pages per sequence]`` (the layout of :func:`attnops.nsa_selected_attention_infer`); the compressed keys/values
+of the complete compression blocks in ``[B, capacity, N2, D]``. Storage grows by whole pages (and compressed rows)
+with geometric over-allocation, so appending costs O(new tokens) amortised; with ``max_seq_len`` everything is
+allocated once, at the first append. The rows of a batch advance together.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._core.checks import check_int, require
+from ..ops.nsa.compress import compress_block_count
+
+
+def _grown(store: Tensor | None, rows: int, capacity: int | None, like: Tensor, dim: int) -> Tensor:
+    """``store`` with room for ``rows`` entries along ``dim``: doubled, or ``capacity`` at once when known; the new
+    entries zero."""
+    have = 0 if store is None else store.shape[dim]
+    if store is not None and rows <= have:
+        return store
+    size = list(like.shape)
+    size[dim] = (max(rows, 2 * have) if capacity is None else max(rows, capacity)) - have
+    extra = like.new_zeros(size)
+    return extra if store is None else torch.cat([store, extra], dim)
+
+
+class NSACache:
+    """Paged keys/values and compressed keys/values of ``batch_size`` sequences (from
+    :meth:`NativeSparseAttention.new_cache`). ``forward(x, cache=cache)`` appends ``x``'s tokens and updates it.
+
+    * ``key_pages``, ``value_pages`` ``[pages, page_size, N2, D]`` and ``block_table [B, pages per sequence]``
+      (int32): token ``p`` of sequence ``b`` is row ``p % page_size`` of page ``block_table[b, p // page_size]``;
+    * ``compressed_keys``, ``compressed_values`` ``[B, capacity, N2, D]``: row ``c`` (``c < compressed_len``)
+      pools tokens ``[c*stride, c*stride + block)``, written when the token ``c*stride + block - 1`` arrives;
+    * ``lengths [B]`` (int64): the tokens of each sequence (all equal: the rows advance together).
+    """
+
+    def __init__(self, batch_size: int, *, compress_block_size: int, compress_stride: int, page_size: int,
+                 max_seq_len: int | None = None):
+        self.batch_size = check_int("batch_size", batch_size, lo=1)
+        self.max_seq_len = None if max_seq_len is None else check_int("max_seq_len", max_seq_len, lo=1)
+        self.page_size = check_int("page_size", page_size, lo=1)
+        self.compress_block_size, self.compress_stride = compress_block_size, compress_stride
+        self.key_pages = self.value_pages = None
+        self.compressed_keys = self.compressed_values = None
+        self.block_table = torch.zeros(self.batch_size, 0, dtype=torch.int32)
+        self.lengths = torch.zeros(self.batch_size, dtype=torch.int64)
+        self.compressed_len = 0
+        self._len = 0
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per sequence so far."""
+        return self._len
+
+    def __repr__(self) -> str:
+        return (f"NSACache(batch_size={self.batch_size}, seq_len={self._len}, compressed_len={self.compressed_len}, "
+                f"page_size={self.page_size}, pages={0 if self.key_pages is None else self.key_pages.shape[0]})")
+
+    def nbytes(self) -> int:
+        """Bytes held by the cache's storage (pages, compressed rows and the block table)."""
+        held = [self.key_pages, self.value_pages, self.compressed_keys, self.compressed_values, self.block_table]
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+    def append(self, k: Tensor, v: Tensor) -> None:
+        """Store ``k``, ``v [B, t, N2, D]`` (detached) after the cached tokens."""
+        require(k.shape[0] == self.batch_size, "x", f"a batch of {self.batch_size} (the cache's)", k.shape[0])
+        if self.key_pages is not None:
+            require(k.shape[2:] == self.key_pages.shape[2:] and v.shape[2:] == self.value_pages.shape[2:]
+                    and k.dtype == self.key_pages.dtype and k.device == self.key_pages.device, "cache",
+                    f"a cache of this layer, dtype and device ({tuple(self.key_pages.shape[2:])}, "
+                    f"{self.key_pages.dtype}, {self.key_pages.device})", f"keys {tuple(k.shape[2:])}, {k.dtype}, "
+                    f"{k.device}")
+        past, t = self._len, k.shape[1]
+        if self.max_seq_len is not None:
+            require(past + t <= self.max_seq_len, "x", f"at most max_seq_len={self.max_seq_len} tokens in all",
+                    past + t)
+        self._reserve(past + t, k, v)
+        pos = torch.arange(past, past + t, device=k.device)
+        page = self.block_table.to(k.device).long()[:, pos // self.page_size]  # [B, t]
+        self.key_pages[page, pos % self.page_size] = k.detach()
+        self.value_pages[page, pos % self.page_size] = v.detach()
+        self._len = past + t
+        self.lengths.fill_(self._len)
+
+    def truncate(self, length: int) -> None:
+        """Forget the tokens after the first ``length`` (e.g. rejected draft tokens); their pages stay allocated
+        and are overwritten by the next append."""
+        check_int("length", length, lo=0, hi=self._len)
+        self._len = length
+        self.lengths.fill_(length)
+        self.compressed_len = min(self.compressed_len,
+                                  compress_block_count(length, self.compress_block_size, self.compress_stride))
+
+    def _reserve(self, length: int, k: Tensor, v: Tensor) -> None:
+        """Pages for ``length`` tokens per sequence; new page ids go row by row after the pool's."""
+        have, want = self.block_table.shape[1], -(-length // self.page_size)
+        if want <= have:
+            return
+        if self.max_seq_len is None:
+            new = max(want, 2 * have) - have
+        else:
+            new = -(-self.max_seq_len // self.page_size) - have
+        pool = 0 if self.key_pages is None else self.key_pages.shape[0]
+        ids = pool + torch.arange(new * self.batch_size, dtype=torch.int32).view(new, self.batch_size).T
+        self.block_table = torch.cat([self.block_table, ids], 1)
+        total = pool + new * self.batch_size
+        self.key_pages = _grown(self.key_pages, total, total, k.new_empty(0, self.page_size, *k.shape[2:]), 0)
+        self.value_pages = _grown(self.value_pages, total, total, v.new_empty(0, self.page_size, *v.shape[2:]), 0)
+
+    def rows(self, start: int, end: int) -> tuple[Tensor, Tensor]:
+        """Cached keys and values of the tokens ``[start, end)``: ``[B, end - start, N2, D]`` each."""
+        require(0 <= start <= end <= self._len, "end", f"a token range within the {self._len} cached tokens",
+                (start, end))
+        pos = torch.arange(start, end, device=self.key_pages.device)
+        page = self.block_table.to(pos.device).long()[:, pos // self.page_size]
+        return self.key_pages[page, pos % self.page_size], self.value_pages[page, pos % self.page_size]
+
+    def pending_compression(self) -> tuple[int, int]:
+        """``(first, end)``: the compression blocks complete in the cached tokens but not yet compressed."""
+        return self.compressed_len, compress_block_count(self._len, self.compress_block_size, self.compress_stride)
+
+    def add_compressed(self, k_cmp: Tensor, v_cmp: Tensor) -> None:
+        """Store the next compressed rows ``[B, c, N2, D]`` (detached)."""
+        first, end = self.pending_compression()
+        require(k_cmp.shape[1] == end - first, "k_cmp", f"{end - first} compressed rows (blocks {first}..{end - 1})",
+                k_cmp.shape[1])
+        cap = None if self.max_seq_len is None else compress_block_count(
+            self.max_seq_len, self.compress_block_size, self.compress_stride)
+        self.compressed_keys = _grown(self.compressed_keys, end, cap, k_cmp[:, :0], 1)
+        self.compressed_values = _grown(self.compressed_values, end, cap, v_cmp[:, :0], 1)
+        self.compressed_keys[:, first:end] = k_cmp.detach()
+        self.compressed_values[:, first:end] = v_cmp.detach()
+        self.compressed_len = end
+
+    def compressed(self, rows: int) -> tuple[Tensor, Tensor]:
+        """The compressed keys and values ``[B, rows, N2, D]``: the ``compressed_len`` complete blocks, then
+        zeros (``rows >= compressed_len``)."""
+        out = []
+        for store, pages in ((self.compressed_keys, self.key_pages), (self.compressed_values, self.value_pages)):
+            have = pages.new_zeros(self.batch_size, 0, *pages.shape[2:]) if store is None else \
+                store[:, :min(self.compressed_len, rows)]
+            out.append(torch.cat([have, have.new_zeros(have.shape[0], rows - have.shape[1], *have.shape[2:])], 1))
+        return out[0], out[1]
