@@ -89,8 +89,11 @@ def _selected(dtype, via, q_lens, kv_lens, n1, n2, d, dv, block, count, causal):
                                                      return_stats=True)
             out.backward(dy)
             grads = (qq.grad, kk.grad, vv.grad)
-        g_grads = gold.nsa_selected_attention_backward(dy, q, k, v, topk, scale, block, qc, kc, causal)
-        b_grads = gold.nsa_selected_attention_backward(dy, q, k, v, topk, scale, block, qc, kc, causal, dtype=dtype)
+        given = out.detach()  # the grad operator forms D = rowsum(dy * out) from the output it is given
+        g_grads = gold.nsa_selected_attention_backward(dy, q, k, v, topk, scale, block, qc, kc, causal,
+                                                       attention_in=given)
+        b_grads = gold.nsa_selected_attention_backward(dy, q, k, v, topk, scale, block, qc, kc, causal, dtype=dtype,
+                                                       attention_in=given)
         cmps = [Comparison(n, a, g, b) for n, a, g, b in zip(("attention_out", "softmax_max", "softmax_sum"),
                                                               (out, smax, ssum), g_out, b_out)]
         return cmps + [Comparison(n, a, g, b, 3.0) for n, a, g, b in zip(("dq", "dk", "dv"), grads, g_grads, b_grads)]

@@ -98,9 +98,10 @@ def nsa_compress_backward(output_grad: Tensor, input: Tensor, weight: Tensor, bl
 
 # ------------------------------------------------------------------------------------------------ selected
 def nsa_selected_attention(q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale: float, block_size: int,
-                           actual_seq_qlen, actual_seq_kvlen, causal: bool, *, dtype: torch.dtype = torch.float64
-                           ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(out [T1, N1, Dv], softmax_max [T1, N1, 8], softmax_sum [T1, N1, 8])`` (statistics true TND order).
+                           actual_seq_qlen, actual_seq_kvlen, causal: bool, *, dtype: torch.dtype = torch.float64,
+                           return_lse: bool = False) -> tuple[Tensor, ...]:
+    """``(out [T1, N1, Dv], softmax_max [T1, N1, 8], softmax_sum [T1, N1, 8])`` (statistics true TND order), and
+    with ``return_lse`` the differentiable log-sum-exp ``[T1, N1]`` of the selected scores (0 on fully-masked rows).
 
     Token ``t`` (batch ``b``, local index ``i``), query head ``h`` (KV head ``h // G``) attends to the
     concatenation of the blocks ``topk[t, h // G, :]`` (block indices local to batch ``b``, duplicates kept).
@@ -124,7 +125,7 @@ def nsa_selected_attention(q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale:
         raise ValueError("actual_seq_qlen and actual_seq_kvlen must have the same number of batches")
     topk = topk.to(torch.int64)
     offsets = torch.arange(block_size)
-    outs, maxs, sums = [], [], []
+    outs, maxs, sums, lses = [], [], [], []
     for qs, sq, ks, skv in zip(_starts(q_lens), q_lens, _starts(kv_lens), kv_lens):
         if sq == 0:
             continue
@@ -150,23 +151,35 @@ def nsa_selected_attention(q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale:
         outs.append(torch.einsum("ihj,jhd->ihd", p_dense, vb))
         maxs.append(torch.where(valid, mx.to(sdt), FLT_LOWEST).squeeze(-1))
         sums.append(torch.where(valid, l.detach().to(sdt), FLT_MAX).squeeze(-1))
+        lses.append(torch.where(valid, mx_safe + torch.where(valid, l, torch.ones_like(l)).log(), 0).squeeze(-1))
     tail = t1 - sum(q_lens)
     out = torch.cat(outs + [q.new_zeros((tail, n1, dv))])
     smax = torch.cat(maxs + [torch.full((tail, n1), FLT_LOWEST, dtype=sdt)])
     ssum = torch.cat(sums + [torch.full((tail, n1), FLT_MAX, dtype=sdt)])
-    return out, smax.unsqueeze(-1).repeat(1, 1, LANES), ssum.unsqueeze(-1).repeat(1, 1, LANES)
+    stats = out, smax.unsqueeze(-1).repeat(1, 1, LANES), ssum.unsqueeze(-1).repeat(1, 1, LANES)
+    return (*stats, torch.cat(lses + [q.new_zeros((tail, n1))])) if return_lse else stats
 
 
 def nsa_selected_attention_backward(dy: Tensor, q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale: float,
                                     block_size: int, actual_seq_qlen, actual_seq_kvlen, causal: bool, *,
-                                    dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` by autograd through :func:`nsa_selected_attention` in ``dtype``."""
+                                    dtype: torch.dtype = torch.float64,
+                                    attention_in: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` by autograd through :func:`nsa_selected_attention` in ``dtype``.
+
+    With ``attention_in`` (the output given to the grad operator) the gradients are the operator's: it forms
+    ``D = rowsum(dy * attention_in)`` from that output instead of the exact one, which adds
+    ``P * (D_exact - D_given)`` to ``dS``: the gradient of ``sum_rows (D_exact - D_given) * lse``."""
     qq, kk, vv = (x.detach().to(dtype).requires_grad_() for x in (q, k, v))
-    out, _, _ = nsa_selected_attention(qq, kk, vv, topk, scale, block_size, actual_seq_qlen, actual_seq_kvlen,
-                                       causal, dtype=dtype)
+    out, _, _, lse = nsa_selected_attention(qq, kk, vv, topk, scale, block_size, actual_seq_qlen, actual_seq_kvlen,
+                                            causal, dtype=dtype, return_lse=True)
     if not out.requires_grad:
         return torch.zeros_like(qq), torch.zeros_like(kk), torch.zeros_like(vv)
-    grads = torch.autograd.grad(out, (qq, kk, vv), dy.to(dtype), allow_unused=True)
+    loss = (out * dy.to(dtype)).sum()
+    if attention_in is not None:
+        d_exact = (out.detach() * dy.to(dtype)).sum(-1)
+        d_given = (attention_in.to(dtype) * dy.to(dtype)).sum(-1)
+        loss = loss + ((d_exact - d_given) * lse).sum()
+    grads = torch.autograd.grad(loss, (qq, kk, vv), allow_unused=True)
     return tuple(torch.zeros_like(x) if gr is None else gr for gr, x in zip(grads, (qq, kk, vv)))
 
 

@@ -40,9 +40,10 @@ def test_selected_matches_golden(monkeypatch, dtype, causal):
     golden = G.nsa_selected_attention(q, k, v, topk, scale, bs, qc, kc, causal)[0]
     base = G.nsa_selected_attention(q, k, v, topk, scale, bs, qc, kc, causal, dtype=baseline_dtype(dtype))[0]
     assert_close_to_golden("selected.out", out.cpu(), golden, base, factor=2)
-    g_grads = G.nsa_selected_attention_backward(dy, q, k, v, topk, scale, bs, qc, kc, causal)
+    given = out.detach().cpu()  # the backward forms D = rowsum(dy * out) from the output it computed
+    g_grads = G.nsa_selected_attention_backward(dy, q, k, v, topk, scale, bs, qc, kc, causal, attention_in=given)
     b_grads = G.nsa_selected_attention_backward(dy, q, k, v, topk, scale, bs, qc, kc, causal,
-                                                dtype=baseline_dtype(dtype))
+                                                dtype=baseline_dtype(dtype), attention_in=given)
     for name, a, gg, bb in zip(("dq", "dk", "dv"), grads, g_grads, b_grads):
         assert_close_to_golden(f"selected.{name}", a.cpu(), gg, bb, factor=3)
 

@@ -112,8 +112,10 @@ def check_selected(q, k, v, topk, *, block, q_lens, kv_lens, causal, scale=None,
     res = dict(out=out, smax=smax, ssum=ssum, golden=(g_out, g_max, g_sum))
     if not backward:
         return res
-    g = G.nsa_selected_attention_backward(dy, gq, gk, gv, gt, scale, block, qc, kc, causal)
-    b = G.nsa_selected_attention_backward(dy, gq, gk, gv, gt, scale, block, qc, kc, causal, dtype=bdt)
+    given = _c(out.detach())  # the grad operator forms D = rowsum(dy * out) from the output it is given
+    g = G.nsa_selected_attention_backward(dy, gq, gk, gv, gt, scale, block, qc, kc, causal, attention_in=given)
+    b = G.nsa_selected_attention_backward(dy, gq, gk, gv, gt, scale, block, qc, kc, causal, dtype=bdt,
+                                          attention_in=given)
     if via == "api":
         out.backward(dy)
         grads = (qq.grad, kk.grad, vv.grad)

@@ -145,6 +145,22 @@ def test_selected_backward_finite_and_zero_for_masked_rows():
     assert bool((dq[0] == 0).all()) and bool((dq[2] == 0).all()) and bool((dk[4:] == 0).all())
 
 
+def test_selected_backward_with_a_given_output_uses_it_for_d():
+    """With ``attention_in``, dS = P * (dP - rowsum(dy * attention_in)): the grad operator's formula."""
+    q, k, v = randn(1, 1, 4, dtype=F64, seed=1), randn(4, 1, 4, dtype=F64, seed=2), randn(4, 1, 3, dtype=F64, seed=3)
+    topk, dy = torch.tensor([[[1]]], dtype=torch.int32), randn(1, 1, 3, dtype=F64, seed=4)
+    out = G.nsa_selected_attention(q, k, v, topk, 1.0, 2, [1], [4], False)[0]
+    exact = G.nsa_selected_attention_backward(dy, q, k, v, topk, 1.0, 2, [1], [4], False)
+    same = G.nsa_selected_attention_backward(dy, q, k, v, topk, 1.0, 2, [1], [4], False, attention_in=out)
+    assert all(torch.allclose(a, b) for a, b in zip(exact, same))
+    given = out + 0.01
+    dq = G.nsa_selected_attention_backward(dy, q, k, v, topk, 1.0, 2, [1], [4], False, attention_in=given)[0]
+    kb, vb = k[2:4, 0], v[2:4, 0]
+    p = torch.softmax(q[0, 0] @ kb.T, 0)
+    ds = p * (dy[0, 0] @ vb.T - (dy[0, 0] * given[0, 0]).sum())
+    torch.testing.assert_close(dq[0, 0], ds @ kb)
+
+
 def _times_formula(p, sel, m, nn):
     """§7.3 second form: sum_t times[t] * P[m*(k+1) - t], times[t] = min(t+1, nn, m+nn-1-t) (m >= nn)."""
     out = torch.zeros(p.shape[:-1] + (sel,), dtype=p.dtype)
