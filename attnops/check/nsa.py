@@ -131,7 +131,10 @@ def _compress_attention(dtype, q_lens, cmp_lens, n1, n2, d, dv, block, stride, s
     return run
 
 
-_LAYER = dict(block=8, stride=4, select_block=16, count=4, window=16, local_blocks=2)
+_LAYER = dict(block=8, stride=4, select_block=16, count=4, window=16, local_blocks=2)  # the golden's names
+_LAYER_ARGS = dict(compress_block_size=_LAYER["block"], compress_stride=_LAYER["stride"],
+                   select_block_size=_LAYER["select_block"], select_block_count=_LAYER["count"],
+                   window_size=_LAYER["window"])  # the layer's and the module's names
 
 
 def _layer(dtype, lens, n1, n2, d):
@@ -140,9 +143,8 @@ def _layer(dtype, lens, n1, n2, d):
         q, k, v = (_randn(t, n, d, dtype=dtype, seed=s) for n, s in ((n1, 12), (n2, 13), (n2, 14)))
         gates = torch.sigmoid(_randn(t, n1, 3, dtype=dtype, seed=15))
         wk, wv = (_randn(_LAYER["block"], n2, dtype=dtype, seed=s) / _LAYER["block"] ** 0.5 for s in (16, 17))
-        cfg = dict(compress_block_size=8, compress_stride=4, select_block_size=16, select_block_count=4,
-                   window_size=16, local_blocks=2)
-        out = native_sparse_attention(q, k, v, gates, wk, wv, actual_seq_len=_cum(lens), **cfg)
+        out = native_sparse_attention(q, k, v, gates, wk, wv, actual_seq_len=_cum(lens), **_LAYER_ARGS,
+                                      local_blocks=_LAYER["local_blocks"])
         args = (q, k, v, gates, wk, wv, lens)
         return [Comparison("attention_out", out, gold_layer.native_sparse_attention(*args, **_LAYER, scale=d ** -0.5),
                            gold_layer.native_sparse_attention(*args, **_LAYER, scale=d ** -0.5, dtype=dtype))]
@@ -155,8 +157,8 @@ def _module(dtype, compress, batch, seq, prefill=None):
 
     def run(_backend):
         torch.manual_seed(0)
-        m = NativeSparseAttention(32, 4, 2, 16, compress_block_size=8, compress_stride=4, select_block_size=16,
-                                  select_block_count=4, window_size=16, compress=compress).to(dtype)
+        m = NativeSparseAttention(32, 4, 2, 16, **_LAYER_ARGS, local_blocks=_LAYER["local_blocks"],
+                                  compress=compress).to(dtype)
         x = _randn(batch, seq, 32, dtype=dtype, seed=18)
         with torch.no_grad():
             if prefill is None:

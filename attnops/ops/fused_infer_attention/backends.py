@@ -14,7 +14,7 @@ from ..._core.devices import origin_device, to_cpu, to_device
 from ..._core.dispatch import choose_backend
 from . import reference
 from .problem import build_problem
-from .triton.verify import decode_reason, unsupported_reason
+from .triton.verify import kernel_route
 
 
 def forward(query: Tensor, key, value, options: dict, backend: str = "auto") -> tuple[Tensor, Tensor]:
@@ -25,15 +25,15 @@ def forward(query: Tensor, key, value, options: dict, backend: str = "auto") -> 
 
     def verify() -> str | None:
         built["p"] = build_problem(query, key, value, **options)
-        return unsupported_reason(built["p"], query, key, value, options)
+        built["route"], reason = kernel_route(built["p"], query, key, value, options)
+        return reason
 
     if choose_backend(backend, query.device, verify) == "triton":
         from .triton import launch, prefill
 
-        p = built["p"]
-        if decode_reason(p, query, key, value, options) is None:
-            return launch.forward(p, query, key, value, options.get("block_table"))
-        return prefill.forward(p, query)
+        if built["route"] == "decode":
+            return launch.forward(built["p"], query, key, value, options.get("block_table"))
+        return prefill.forward(built["p"], query)
     device = origin_device(query, key, value, options)
     return to_device(reference.forward(build_problem(*to_cpu((query, key, value)), **to_cpu(options))), device)
 

@@ -233,6 +233,7 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
         cmp_lens = [compress_block_count(p, compress_block_size, compress_stride) for p in pack.padded]
         cmp_cum = list(accumulate(cmp_lens))
         local = torch.arange(max([0, *lengths]))  # the masks' rows: token positions within a sequence
+        n_cmp, n_sel = max(cmp_lens, default=0), max(pack.padded, default=0) // ls
         k_cmp = nsa_compress(k_pad, wk, block_size=compress_block_size, stride=compress_stride,
                              actual_seq_len=pack.padded_cum)
         v_cmp = nsa_compress(v_pad, wv, block_size=compress_block_size, stride=compress_stride,
@@ -240,8 +241,8 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
         o_cmp, topk, _, _ = nsa_compress_attention(
             query, k_cmp, v_cmp, compress_block_size=compress_block_size, compress_stride=compress_stride,
             select_block_size=ls, select_block_count=count, scale=scale,
-            atten_mask=causal_compressed_mask(local, max(cmp_lens), compress_block_size, compress_stride),
-            topk_mask=forced_blocks(local, max(pack.padded) // ls, ls, local_blocks), actual_seq_qlen=cum,
+            atten_mask=causal_compressed_mask(local, n_cmp, compress_block_size, compress_stride),
+            topk_mask=forced_blocks(local, n_sel, ls, local_blocks), actual_seq_qlen=cum,
             actual_cmp_seq_kvlen=cmp_cum)
         if gate[0] is not None:
             out = out + gate[0].unsqueeze(-1) * o_cmp

@@ -17,7 +17,7 @@ from ...._core.triton.launch import KernelFamily, Launch, cdiv, pow2
 from ...._core.triton.support import interpreting
 from ...flash_attention.triton import launch as fa_launch
 from ..problem import FIAProblem
-from ..quant import Antiquant, cast_round
+from ..quant import cast_round
 
 MAX_SPLITS = 64
 MIN_SPLIT_TOKENS = 256  # GPU: the least tokens per split worth a program
@@ -105,7 +105,6 @@ def _antiquant_args(p: FIAProblem, device: torch.device, dummy: torch.Tensor) ->
     V offset), with the offset flags and whether each is per channel (``static``) rather than per column."""
     tensors, strides, flags = [], [], {}
     for name, quant in (("K", p.key_quant), ("V", p.value_quant)):
-        quant: Antiquant | None
         for t in (None, None) if quant is None else (quant.scale, quant.offset):
             tensors.append(dummy if t is None else t.to(device, torch.float32))
             strides.append([0] * 6 if t is None else _param_strides(quant.kind, tensors[-1]))

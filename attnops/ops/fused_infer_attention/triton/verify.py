@@ -14,17 +14,24 @@ MAX_QUERY_ROWS = 16  # query rows of a batch: decode and short speculative / chu
 MAX_GROUP_ROWS = 128  # G x rows carried by one program
 
 
-def unsupported_reason(p: FIAProblem, query: torch.Tensor, key, value, options: dict) -> str | None:
-    """The reason no Triton kernel can serve problem ``p`` (built from ``query``, ``key``, ``value`` and the call's
-    ``options``, aclnn names), or None."""
+def kernel_route(p: FIAProblem, query: torch.Tensor, key, value, options: dict) -> tuple[str | None, str | None]:
+    """``("decode" | "prefill", None)``: the Triton kernels that serve problem ``p`` (built from ``query``, ``key``,
+    ``value`` and the call's ``options``, aclnn names), or ``(None, reason)`` when none can."""
     reason = kernel_input_reason(query, "queries")
     if reason is not None:
-        return reason
+        return None, reason
     decode = decode_reason(p, query, key, value, options)
+    if decode is None:
+        return "decode", None
     prefill = prefill_reason(p)
-    if decode is None or prefill is None:
-        return None
-    return f"{decode}; the FlashAttention kernels (prefill) cannot serve it either: {prefill}"
+    if prefill is None:
+        return "prefill", None
+    return None, f"{decode}; the FlashAttention kernels (prefill) cannot serve it either: {prefill}"
+
+
+def unsupported_reason(p: FIAProblem, query: torch.Tensor, key, value, options: dict) -> str | None:
+    """The reason no Triton kernel can serve problem ``p``, or None (:func:`kernel_route`)."""
+    return kernel_route(p, query, key, value, options)[1]
 
 
 def prefill_reason(p: FIAProblem) -> str | None:
