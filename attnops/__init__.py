@@ -3,8 +3,9 @@
 Three dialects share one core: this Pythonic API, :mod:`attnops.aclnn` (the seeds' aclnn operators) and
 :mod:`attnops.torch_npu` (torch_npu's Python functions). Modules for model builders: :mod:`attnops.nn`.
 """
-from . import nn
-from ._core.errors import AclnnError, InferenceOnlyError, ParamDtypeError, ParamInvalidError, ParamNullptrError
+from . import nn, testing
+from ._core.errors import (AclnnError, InferenceOnlyError, ParamDtypeError, ParamInvalidError, ParamNullptrError,
+                           PerformanceWarning)
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
 from .ops.fused_infer_attention import FusedInferAttentionResult, PagedKVCache, fused_infer_attention
 from .ops.nsa import (
@@ -29,6 +30,7 @@ __all__ = [
     "ParamDtypeError",
     "ParamInvalidError",
     "ParamNullptrError",
+    "PerformanceWarning",
     "flash_attention",
     "flash_attention_backward",
     "fused_infer_attention",

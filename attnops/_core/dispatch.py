@@ -2,23 +2,27 @@
 
 ``backend="auto"`` chooses the Triton kernels on CUDA when their verifier accepts the call, else the reference.
 An explicit backend that cannot serve a call raises with the reason; it never falls back silently.
-``ATTNOPS_BACKEND=reference|triton`` overrides ``auto`` for debugging. ``ATTNOPS_TRITON_INTERPRET=1`` lets CPU tensors
-run the Triton kernels through Triton's interpreter when Triton is chosen explicitly (``auto`` keeps the reference
-on the CPU).
+When ``auto`` on CUDA must run the reference, a :class:`~attnops._core.errors.PerformanceWarning` says why, once
+per reason. ``ATTNOPS_BACKEND=reference|triton`` overrides ``auto`` for debugging. ``ATTNOPS_TRITON_INTERPRET=1`` lets
+CPU tensors run the Triton kernels through Triton's interpreter when Triton is chosen explicitly (``auto`` keeps the
+reference on the CPU). Inside :func:`attnops.testing.gpu_dry_run` every device counts as a GPU: ``auto`` takes the
+Triton path, whose launches are recorded, and a call the kernels cannot serve raises instead of falling back.
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable
 
 import torch
 
 from .checks import fail
+from .errors import PerformanceWarning
+from .triton import dry_run
 
 BACKENDS = ("auto", "reference", "triton")
-log = logging.getLogger("attnops")
+_WARNED: set[str] = set()  # the reasons a PerformanceWarning was issued for (once each)
 
 
 def triton_interpret_requested() -> bool:
@@ -40,6 +44,8 @@ if triton_interpret_requested():
 
 def triton_unavailable_reason(device: torch.device) -> str | None:
     """Why the Triton backend cannot run on ``device`` at all (None when it can)."""
+    if dry_run.active() is not None:
+        return None  # launches are recorded, not run: any device stands for a GPU
     if device.type != "cuda" and not (device.type == "cpu" and triton_interpret_requested()):
         return (f"Triton kernels need a CUDA device (got {device.type}); set ATTNOPS_TRITON_INTERPRET=1 to run them "
                 "on CPU tensors through Triton's interpreter")
@@ -63,7 +69,8 @@ def choose_backend(backend: str, device: torch.device, verify_triton: Callable[[
             fail("ATTNOPS_BACKEND", f"one of {list(BACKENDS)}", backend)
     if backend == "reference":
         return "reference"
-    if backend == "auto" and device.type != "cuda":
+    dry = dry_run.active() is not None
+    if backend == "auto" and device.type != "cuda" and not dry:
         return "reference"  # the interpreter is for tests and debugging: only an explicit choice runs it
     if verify_triton is None:  # an operator without Triton kernels
         reason = triton_unavailable_reason(device) or "no Triton kernel is implemented for this operator yet"
@@ -73,5 +80,17 @@ def choose_backend(backend: str, device: torch.device, verify_triton: Callable[[
         return "triton"
     if backend == "triton":
         fail("backend", "a backend that can serve this call", "'triton'", f"Triton cannot: {reason}")
-    log.warning("attnops: backend 'auto' runs the reference instead of the Triton kernels: %s", reason)
+    if dry:
+        raise RuntimeError(f"gpu_dry_run: this call would run the reference instead of the Triton kernels: {reason}")
+    _warn_fallback(reason)
     return "reference"
+
+
+def _warn_fallback(reason: str) -> None:
+    """One :class:`PerformanceWarning` per distinct reason (a training loop would otherwise warn every step)."""
+    if reason in _WARNED:
+        return
+    _WARNED.add(reason)
+    warnings.warn(f"attnops: backend 'auto' runs the reference (on CPU copies, orders of magnitude slower) instead of "
+                  f"the Triton kernels: {reason}. Change the call as the reason says to run on the kernels, or pass "
+                  "backend='reference' to choose the reference knowingly.", PerformanceWarning, stacklevel=4)

@@ -35,3 +35,9 @@ class ParamDtypeError(ParamInvalidError, TypeError):
 class InferenceOnlyError(RuntimeError):
     """A backward through an inference-only operator (FusedInferAttention, the NSA ``*_infer`` operators); the
     message names the training operator to use instead."""
+
+
+class PerformanceWarning(UserWarning):
+    """A call on a GPU runs a slow path: ``backend="auto"`` could not use the Triton kernels and computes on the
+    reference instead (correct, but orders of magnitude slower). Issued once per reason; the message says why and
+    how to reach the kernels."""

@@ -2,6 +2,11 @@
 operator (:class:`KernelFamily`: imported once per mode, their tile configurations, autotuning on CUDA) and the
 AOT call site of a launch (:meth:`KernelFamily.aot_launch`).
 
+Tile choice is deterministic: a launch runs with the first of its tile configurations (the fixed choice for its
+shape class), so two processes pick the same tiles and give bitwise equal results. ``ATTNOPS_AUTOTUNE=1`` lets
+Triton's autotuner time every candidate on CUDA instead (the fastest tiles, at the price of run-to-run bitwise
+differences). Inside :func:`attnops.testing.gpu_dry_run` a launch is recorded (:mod:`.dry_run`), not run.
+
 An operator's launcher builds a plan, ``(outputs, [Launch, ...])``, from a problem, and runs it with
 :meth:`KernelFamily.run_all`; ``python -m attnops aot`` compiles the same plans. Tile constexprs never sit in a
 launch's ``kwargs``: they come from the family's ``tile_configs`` (one fixed configuration in Triton's interpreter
@@ -11,11 +16,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from . import dry_run
 from .support import interpreting
 
 
@@ -75,24 +82,38 @@ class KernelFamily:
         return _function(self.modules, self.name, kernel, interpret)
 
     def configs(self, launch: Launch, interpret: bool) -> list:
-        """The ``triton.Config`` candidates of ``launch`` (exactly those the autotuner would try on CUDA)."""
-        names = self.function(launch.kernel, interpret).arg_names
+        """The ``triton.Config`` candidates of ``launch`` (exactly those the autotuner would try on CUDA); the first
+        is the one it runs with unless ``ATTNOPS_AUTOTUNE=1``."""
+        names = _arg_names(self.modules, self.name, launch.kernel)
         return self.tile_configs(launch, dict(zip(names, launch.args)), interpret)
 
     def run(self, launch: Launch, device: torch.device) -> None:
-        """Launch on ``device``: with its single configuration, or through the kernel's autotuner on CUDA."""
+        """Launch on ``device`` with the launch's first tile configuration, or through the kernel's autotuner on CUDA
+        when ``ATTNOPS_AUTOTUNE=1`` and it has several; inside a dry run, record it instead."""
         interpret = interpreting(device)
         configs = self.configs(launch, interpret)
-        if len(configs) == 1:
-            (config,) = configs
-            self.function(launch.kernel, interpret)[launch.grid_for(config.kwargs)](
-                *launch.args, **launch.kwargs, **config.kwargs, num_warps=config.num_warps,
-                num_stages=config.num_stages)
+        recording = dry_run.active()
+        if recording is not None:
+            self._check_devices(launch, device)
+            config = configs[0]
+            recording.launches.append(dry_run.LaunchRecord(
+                self.name, launch.kernel, launch.grid_for(config.kwargs), {**launch.kwargs, **config.kwargs},
+                config.num_warps, config.num_stages))
             return
-        if interpret or self.autotuning is None:
-            raise RuntimeError(f"{self.name} kernel {launch.kernel}: several tile configurations need autotuning on "
-                               "CUDA")
-        _autotuned(self, launch.kernel)[launch.grid_for](*launch.args, **launch.kwargs)
+        if len(configs) > 1 and autotune_requested() and not interpret and self.autotuning is not None:
+            _autotuned(self, launch.kernel)[launch.grid_for](*launch.args, **launch.kwargs)
+            return
+        config = configs[0]
+        self.function(launch.kernel, interpret)[launch.grid_for(config.kwargs)](
+            *launch.args, **launch.kwargs, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+
+    def _check_devices(self, launch: Launch, device: torch.device) -> None:
+        """Raise when a tensor argument of ``launch`` lives on another device than the call's (built on the host)."""
+        for name, arg in zip(_arg_names(self.modules, self.name, launch.kernel), launch.args):
+            if isinstance(arg, torch.Tensor) and arg.device != device:
+                raise dry_run.HostSyncError(f"gpu_dry_run: {self.name} kernel {launch.kernel} gets {name} on "
+                                            f"{arg.device}, not on the call's device {device} (a tensor built on "
+                                            "the host)")
 
     def run_all(self, launches: list[Launch], device: torch.device) -> None:
         for launch in launches:
@@ -105,6 +126,17 @@ class KernelFamily:
         function = self.function(launch.kernel, interpret=False)
         values = dict(zip(function.arg_names, launch.args), **launch.kwargs)
         return KernelLaunch(launch.kernel, function, values, self.configs(launch, interpret=False))
+
+
+def autotune_requested() -> bool:
+    """``ATTNOPS_AUTOTUNE=1``: time every tile candidate on CUDA instead of running the first (fixed) one."""
+    return os.environ.get("ATTNOPS_AUTOTUNE") == "1"
+
+
+@functools.cache
+def _arg_names(modules: tuple[str, ...], family: str, kernel: str) -> tuple[str, ...]:
+    """The argument names of ``kernel`` (whichever mode this process imported the kernels in)."""
+    return tuple(_function(modules, family, kernel, os.environ.get("TRITON_INTERPRET") == "1").arg_names)
 
 
 @functools.cache

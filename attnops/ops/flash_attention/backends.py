@@ -2,7 +2,7 @@
 
 The custom ops (``op.py``) call these two functions and nothing else, so a new backend plugs in here once.
 The Triton verifier (``triton/verify.py``) states why a call cannot run on the kernels; ``auto`` then runs the
-reference (logging the reason), an explicit ``backend="triton"`` raises with it. The reference computes on the
+reference (a PerformanceWarning names the reason), an explicit ``backend="triton"`` raises with it. The reference computes on the
 CPU: tensors on another device are copied there and the results copied back.
 """
 from __future__ import annotations

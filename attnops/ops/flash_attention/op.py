@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ..._core.layouts import normalize_layout, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
+from ..._core.custom_ops import register_dry_run_meta
 from . import backends
 from .problem import build_problem
 
@@ -126,3 +127,6 @@ def _backward(ctx, grad_out, _grad_max, _grad_sum):
 
 
 flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+for _op in (flash_attention_fwd, flash_attention_bwd):
+    register_dry_run_meta(_op)

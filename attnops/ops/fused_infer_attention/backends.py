@@ -2,7 +2,7 @@
 (``triton/``: the decode kernels for a few query rows per batch, else the FlashAttention kernels batch by batch) when
 their verifier accepts the call, else the reference (on CPU copies for tensors elsewhere).
 
-``auto`` on CUDA runs the kernels when the verifier accepts (logging the reason when it does not); an explicit
+``auto`` on CUDA runs the kernels when the verifier accepts (a PerformanceWarning names the reason when it does not); an explicit
 ``backend="triton"`` (or ``ATTNOPS_BACKEND=triton``) that cannot serve the call raises with the reason. The Pythonic
 API and the custom op call :func:`forward` and nothing else.
 """

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.layouts import io_layouts
+from ..._core.custom_ops import register_dry_run_meta
 from . import backends
 from .problem import LAYOUTS, output_head_dim
 
@@ -73,3 +74,6 @@ def _(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_l
 
 
 register_inference_only(fused_infer_attention, INFERENCE_ONLY)
+
+for _op in (fused_infer_attention,):
+    register_dry_run_meta(_op)

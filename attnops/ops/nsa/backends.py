@@ -2,7 +2,7 @@
 
 Every operator runs the CPU reference (tensors on another device are copied to the CPU and the results back)
 unless a Triton implementation is registered for it and :func:`~attnops._core.dispatch.choose_backend` picks it:
-``auto`` on CUDA when the kernels' verifier accepts the call (logging the reason when it does not),
+``auto`` on CUDA when the kernels' verifier accepts the call (a PerformanceWarning names the reason when it does not),
 ``ATTNOPS_BACKEND=triton`` always (raising with the reason when the kernels cannot serve the call).
 """
 from __future__ import annotations

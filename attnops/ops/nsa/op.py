@@ -16,6 +16,7 @@ from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..flash_attention import op as fa_op
 from ..._core.varlen import lengths_from_cumulative
+from ..._core.custom_ops import register_dry_run_meta
 from . import backends
 from .compress import build_compress_spec, check_output_grad, compress_block_count
 from .selected import build_selected_spec
@@ -273,3 +274,7 @@ def _cmp_backward(ctx, grad_out, _gtopk, _gmax, _gsum):
 
 
 nsa_compress_attention.register_autograd(_cmp_backward, setup_context=_cmp_setup)
+
+for _op in (nsa_compress, nsa_compress_grad, nsa_selected_attention, nsa_selected_attention_grad,
+            nsa_selected_attention_infer, nsa_compress_attention_infer, nsa_compress_infer, nsa_compress_attention):
+    register_dry_run_meta(_op)
