@@ -75,6 +75,9 @@ def _host_read(func, args, kwargs) -> str | None:
         return "reads a device tensor's value on the host (.item(), int(), float() or bool() of a tensor)"
     if func in _VALUE_SIZED and any(_is_device(a) for a in args):
         return f"runs {func.__name__}, whose output size depends on a device tensor's values"
+    if packet in (_aten.index, _aten.index_put, _aten.index_put_) and _is_device(args[0]) and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
+        return "indexes with a boolean mask (its output size, or the positions it writes, depend on device values)"
     if packet in (_aten.to, _aten._to_copy, _aten.copy_):
         named = _named(func, args, kwargs)
         if packet is _aten.copy_:

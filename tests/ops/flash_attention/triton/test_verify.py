@@ -1,6 +1,6 @@
-"""The Triton verifier's fallback reasons and the dispatch around them: ``auto`` runs the reference (and logs
-why), an explicit ``backend="triton"`` raises with the reason."""
-import logging
+"""The Triton verifier's fallback reasons and the dispatch around them: ``auto`` runs the reference (with a one-time
+PerformanceWarning saying why), an explicit ``backend="triton"`` raises with the reason."""
+import warnings
 
 import pytest
 import torch
@@ -49,10 +49,14 @@ def test_device_without_triton_support():
     assert "need a CUDA device" in triton_unavailable_reason(torch.device("meta"))
 
 
-def test_auto_falls_back_and_logs_the_reason(caplog):
-    with caplog.at_level(logging.WARNING, logger="attnops"):
+def test_auto_falls_back_with_a_one_time_performance_warning():
+    with pytest.warns(attnops.PerformanceWarning, match="a test reason"):
         assert choose_backend("auto", torch.device("cuda"), lambda: "a test reason") == "reference"
-    assert "a test reason" in caplog.text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same reason again: no second warning
+        assert choose_backend("auto", torch.device("cuda"), lambda: "a test reason") == "reference"
+    with pytest.warns(attnops.PerformanceWarning, match="another reason"):
+        choose_backend("auto", torch.device("cuda"), lambda: "another reason")
     assert choose_backend("auto", torch.device("cuda"), lambda: None) == "triton"
     with pytest.raises(ParamInvalidError, match="a test reason"):
         choose_backend("triton", torch.device("cuda"), lambda: "a test reason")
