@@ -82,7 +82,7 @@ def _write_reference(tokens: Tensor, view: Tensor, slot_mapping: Tensor) -> None
     rows = torch.nonzero(slots >= 0).flatten()
     slots = slots[rows]
     block_size = view.shape[2]
-    data = tokens.reshape(tokens.shape[0], -1)[rows]
+    data = tokens.flatten(1)[rows]
     view[slots // block_size, :, slots % block_size, :] = data.view(data.shape[0], view.shape[1], view.shape[3])
 
 
@@ -103,8 +103,7 @@ def _write_pair(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tens
     if slot_mapping.device.type == "cpu":
         _check_slot_values(slot_mapping, min(_capacity(key_view), _capacity(value_view)))
     slots = _same_device("slot_mapping", slot_mapping, slot_mapping.dtype, key.device)
-    plan = cache_launch.scatter_plan(slots, key.reshape(key.shape[0], -1), key_view,
-                                     value.reshape(value.shape[0], -1), value_view)
+    plan = cache_launch.scatter_plan(slots, key.flatten(1), key_view, value.flatten(1), value_view)
     cache_launch.KERNELS.run_all(plan, key.device)
 
 
