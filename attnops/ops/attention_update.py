@@ -175,9 +175,10 @@ def ring_attention_update(prev_attn_out: Tensor, prev_softmax_max: Tensor, prev_
         fail("actual_seq_qlen", "int64 prefix sums [0, s0, s0+s1, ...] for TND with the blocked softmax layout",
              None)
     prefix = _prefix_sums(actual_seq_qlen, t, o1.device)
-    m1, s1, m2, s2 = (blocked_to_tnd(x, prefix) for x in (m1, s1, m2, s2))
+    to_tnd, to_blocked = _blocked_rows(prefix, t, n), _tnd_rows(prefix, t, n)
+    m1, s1, m2, s2 = (_permuted(x, to_tnd) for x in (m1, s1, m2, s2))
     out, smax, ssum = merge_softmax_stats(o1, m1, s1, o2, m2, s2)
-    return out.to(o1.dtype), tnd_to_blocked(smax, prefix), tnd_to_blocked(ssum, prefix)
+    return out.to(o1.dtype), _permuted(smax, to_blocked), _permuted(ssum, to_blocked)
 
 
 def attention_update(lse: list[Tensor], local_out: list[Tensor], update_type: int = 0) -> tuple[Tensor, Tensor]:

@@ -10,14 +10,17 @@ Cache layouts (``cache_mode``):
 
 A negative slot skips its token (as the NPU kernel and op-plugin's golden do).
 
-Nothing on the GPU path reads a device tensor's values on the host, so the ops are capturable in a CUDA graph:
-the write is one Triton launch (:mod:`.triton`) that skips every slot outside ``[0, num_blocks * block_size)``
-(negative: padding; too large: invalid, dropped rather than written elsewhere); the read derives each token's block
-on the device with torch ops, clamping every index. Values are checked on the host where reading them is free: CPU
-``slot_mapping``/``seq_lens``/``seq_offset`` tensors, and the CPU reference path (where a slot past the cache
-raises). Two tokens with the same valid slot leave either one's row there (per element on the GPU).
+Nothing on the GPU path reads a device tensor's values on the host, so the ops are capturable in a CUDA graph. The
+write is one Triton launch (:mod:`.triton`) that skips every slot outside ``[0, num_blocks * block_size)``
+(negative: padding; too large: invalid, dropped rather than written elsewhere); the read is one launch that finds
+each token's sequence and block itself (the reference derives them with torch ops, also without a host read); both
+keep every index inside the tensors whatever the values. Values are checked on the host where reading them is free:
+CPU ``slot_mapping``/``seq_lens``/``seq_offset`` tensors, and the reference's slots (a slot past the cache raises).
+Two tokens with the same valid slot leave either one's row there (per element on the GPU).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import Tensor
@@ -213,8 +216,8 @@ def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables:
     and the lengths are its differences), read from the blocks ``block_tables[b, seq_offset[b] // block_size:]``;
     the sequences are written one after the other and the copy stops at ``key.shape[0]`` tokens (rows past the
     last sequence are left as they are). Blocks outside the table or with an invalid id give zeros. The caches are
-    ND ``[num_blocks, block_size, N, D]`` or NZ. Lengths, offsets and the table are used on the device (sync-free);
-    their values are checked only when they are CPU tensors.
+    ND ``[num_blocks, block_size, N, D]`` or NZ, with one block size. On a GPU one Triton launch reads the lengths,
+    offsets and table itself; their values are checked only when they are CPU tensors.
     """
     check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32, torch.int64))
     check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32, torch.int64))
@@ -238,14 +241,37 @@ def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables:
     if batch == 0:
         return
     device = key.device
-    lens = _same_device("seq_lens", seq_lens, torch.int64, device)
-    ends, starts = (lens[1:], lens[:-1]) if is_seq_lens_cumsum else (lens.cumsum(0), lens.cumsum(0) - lens)
-    offsets = None if seq_offset is None else _same_device("seq_offset", seq_offset, torch.int64, device)
+    lens = _same_device("seq_lens", seq_lens, seq_lens.dtype, device)
+    offsets = None if seq_offset is None else _same_device("seq_offset", seq_offset, seq_offset.dtype, device)
     table = _same_device("block_tables", block_tables, block_tables.dtype, device)
-    sources = _token_sources(table, ends, starts, offsets, key.shape[0], block_size,
-                             min(key_view.shape[0], value_view.shape[0]))
-    _gather(key_view, key, *sources)
-    _gather(value_view, value, *sources)
+    num_blocks = min(key_view.shape[0], value_view.shape[0])
+    if choose_backend("auto", device, lambda: cache_launch.unsupported_reason(key)) == "reference":
+        lens = lens.to(torch.int64)
+        ends, starts = (lens[1:], lens[:-1]) if is_seq_lens_cumsum else (lens.cumsum(0), lens.cumsum(0) - lens)
+        sources = _token_sources(table, ends, starts, offsets, key.shape[0], block_size, num_blocks)
+        _gather(key_view, key, *sources)
+        _gather(value_view, value, *sources)
+        return
+    with _writable_rows(key) as key_rows, _writable_rows(value) as value_rows:
+        plan = cache_launch.gather_plan(lens, is_seq_lens_cumsum, offsets, table, num_blocks, key_rows, key_view,
+                                        value_rows, value_view)
+        cache_launch.KERNELS.run_all(plan, device)
+
+
+@contextlib.contextmanager
+def _writable_rows(out: Tensor):
+    """``out [T, N, D]`` as ``[T, N*D]`` rows with a unit last stride for a kernel to write: a view when the strides
+    allow, else a copy written back afterwards."""
+    try:
+        rows = out.view(out.shape[0], out.shape[1] * out.shape[2])
+    except RuntimeError:
+        rows = None
+    if rows is not None and (rows.stride(1) == 1 or rows.shape[1] <= 1):
+        yield rows
+        return
+    rows = out.reshape(out.shape[0], out.shape[1] * out.shape[2]).contiguous()
+    yield rows
+    out.copy_(rows.view(out.shape))
 
 
 def npu_gather_pa_kv_cache_functional(key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,

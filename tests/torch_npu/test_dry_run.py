@@ -1,7 +1,7 @@
 """The torch_npu helper layer on the GPU path, on ``meta`` tensors inside ``gpu_dry_run()``: the KV-cache ops, the
 ATB wrappers and the rope / sink / attention-update helpers read no device value on the host and make no blocking
-upload (``HostSyncError`` otherwise); the cache write records its one kernel launch, the wrappers that run an
-attention operator record the operator's launches."""
+upload (``HostSyncError`` otherwise); each cache write or read records its one kernel launch, the wrappers that run
+an attention operator record the operator's launches."""
 from __future__ import annotations
 
 import numpy as np
@@ -111,7 +111,7 @@ def test_scatter_checks_what_the_host_knows(bad, match):
                                           cache_mode="Norm")
 
 
-# --- KV-cache reads: token sources derived on the device ---------------------------------------------------------
+# --- KV-cache reads: one launch, lengths and table read by the kernel ----------------------------------------------
 
 @pytest.mark.parametrize("cumsum", [False, True])
 @pytest.mark.parametrize("layout", ["nd", "nz"])
@@ -124,17 +124,20 @@ def test_gather_with_device_lengths_table_and_offsets(cumsum, layout):
                                          seq_offset=meta(3, dtype=torch.int32), is_seq_lens_cumsum=cumsum)
         key, value = torch_npu.npu_gather_pa_kv_cache_functional(*caches, meta(3, 5, dtype=torch.int32), lens, *kv(),
                                                                  is_seq_lens_cumsum=cumsum)
-    assert launches == [] and key.shape == (T, KVN, D) and value.shape == (T, KVN, DV)
+    seen = [(x.kernel, x.grid, x.constexprs["CUMSUM"], x.constexprs["HAS_OFFSETS"]) for x in launches]
+    assert seen == [("gather_kv_kernel", (T, 2), cumsum, True), ("gather_kv_kernel", (T, 2), cumsum, False)]
+    assert key.shape == (T, KVN, D) and value.shape == (T, KVN, DV)
 
 
 def test_gather_with_host_metadata_is_checked_and_staged():
     table, lens = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32), torch.tensor([4, 2], dtype=torch.int32)
-    with gpu_dry_run():
+    with gpu_dry_run() as launches:
         torch_npu.npu_gather_pa_kv_cache(*nd_caches(), table, lens, *kv())
         with pytest.raises(ValueError, match="seq_lens: expected non-negative lengths"):
             torch_npu.npu_gather_pa_kv_cache(*nd_caches(), table, torch.tensor([4, -2], dtype=torch.int32), *kv())
         with pytest.raises(ValueError, match="block_tables: expected at least 3 rows"):
             torch_npu.npu_gather_pa_kv_cache(*nd_caches(), table, meta(3, dtype=torch.int32), *kv())
+    assert len(launches) == 1
 
 
 # --- ATB wrappers: host lengths checked, device lengths passed on unread -----------------------------------------

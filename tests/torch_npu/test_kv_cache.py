@@ -1,6 +1,6 @@
-"""The paged-KV-cache ops: the Triton cache write (through Triton's CPU interpreter) against the reference write, bit
-for bit, in every layout and element width; invalid slots skipped by the kernel; the read against a plain
-per-token loop, with token sources that stay in range whatever the length and table values."""
+"""The paged-KV-cache ops: the Triton cache write and read (through Triton's CPU interpreter) against the reference,
+bit for bit, in every layout and element width; invalid slots skipped by the kernel; the read (both backends)
+against a plain per-token loop, with token sources that stay in range whatever the length and table values."""
 from __future__ import annotations
 
 import pytest
@@ -102,11 +102,13 @@ def _gather_loop(cache_rows, table, lens, offsets, out):
     return out
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("tokens", [9, 18])
 @pytest.mark.parametrize("cumsum", [False, True])
-def test_gather_equals_a_per_token_loop(tokens, cumsum):
+def test_gather_equals_a_per_token_loop(monkeypatch, backend, tokens, cumsum):
     """Three sequences (one empty); sequence 0 starts one block into its table row (seq_offset 4), then meets an
     invalid id and the row's end (zeros); ``tokens`` 18 leaves the rows past the last sequence (15) as they were."""
+    monkeypatch.setenv("ATTNOPS_BACKEND", backend)
     key_cache, value_cache = randn(BLOCKS, BLOCK, N, D, seed=10), randn(BLOCKS, BLOCK, N, DV, seed=11)
     table = torch.tensor([[4, 1, -1], [2, 7, 0], [3, 0, 1]], dtype=torch.int32)
     lens, offsets = [10, 0, 5], [4, 0, 0]
@@ -117,6 +119,24 @@ def test_gather_equals_a_per_token_loop(tokens, cumsum):
         is_seq_lens_cumsum=cumsum)
     for got, cache, before in ((got_key, key_cache, key), (got_value, value_cache, value)):
         assert torch.equal(got, _gather_loop(lambda blk, row: cache[blk, row], table, lens, offsets, before))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("layout", ["nd4", "nz4", "nz5"])
+def test_kernel_read_equals_reference_bit_for_bit(monkeypatch, dtype, layout):
+    """Into non-contiguous outputs (written back through a copy), with more sequences than one scan step holds."""
+    monkeypatch.setattr(cache_launch, "MAX_BATCH_TILE", 16)
+    caches = _caches(layout, dtype, 14)
+    lens = torch.tensor([1, 0, 2] * 8 + [1], dtype=torch.int64)  # 25 sequences, 17 tokens (3 rows left as they are)
+    table = torch.randint(-1, BLOCKS + 1, (25, 2), generator=torch.Generator().manual_seed(15), dtype=torch.int32)
+    key = (randn(N, 20, D, seed=16) * 40).to(dtype).transpose(0, 1)  # [20, N, D], rows not viewable as [20, N*D]
+    value = (randn(20, N, DV, seed=17) * 40).to(dtype)
+    results = []
+    for backend in ("reference", "triton"):
+        monkeypatch.setenv("ATTNOPS_BACKEND", backend)
+        results.append(torch_npu.npu_gather_pa_kv_cache_functional(*caches, table, lens, key, value))
+    for got, want in zip(*results):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
 
 
 def test_gather_token_sources_stay_in_range_for_any_values():

@@ -1,6 +1,7 @@
-"""Launch plan of the paged-KV-cache write (``kv_cache.py``): one launch writes the key and the value rows of every
-token, one program per (token, key|value) row; a slot outside the cache skips its row in the kernel, so nothing is
-read on the host and the launch is capturable in a CUDA graph."""
+"""Launch plans of the paged-KV-cache kernels (``kv_cache.py``): one launch writes (or reads) the key and the value
+rows of every token, one program per (token, key|value) row. The kernels read slots, lengths and tables themselves
+and clamp or skip what falls outside the tensors, so nothing is read on the host and the launches are capturable in
+a CUDA graph."""
 from __future__ import annotations
 
 import torch
@@ -9,6 +10,7 @@ from ..._core.dispatch import triton_unavailable_reason
 from ..._core.triton.launch import KernelFamily, Launch, pow2, unit_last_stride
 
 MAX_ROW_TILE = 1024  # elements copied per loop step of a program
+MAX_BATCH_TILE = 1024  # sequence lengths scanned per loop step of a gather program
 BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> integer of that width
 
 
@@ -42,10 +44,16 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 
 def _target(rows: torch.Tensor, cache: torch.Tensor) -> tuple:
-    """Kernel arguments of one cache: ``rows [T, width]`` and the cache's 4-D view."""
+    """Write-kernel arguments of one cache: ``rows [T, width]`` and the cache's 4-D view."""
     rows = unit_last_stride(_bits(rows))
     num_blocks, _, block_size, _ = cache.shape
     return (rows, rows.stride(0), _bits(cache), *cache.stride(), num_blocks * block_size, block_size, rows.shape[1])
+
+
+def _source(out: torch.Tensor, cache: torch.Tensor) -> tuple:
+    """Read-kernel arguments of one cache: the output ``rows [T, width]`` (unit last stride) and the 4-D view."""
+    out = _bits(out)
+    return (out, out.stride(0), _bits(cache), *cache.stride(), out.shape[1])
 
 
 def scatter_plan(slots: torch.Tensor, key_rows: torch.Tensor, key_cache: torch.Tensor, value_rows: torch.Tensor,
@@ -57,3 +65,20 @@ def scatter_plan(slots: torch.Tensor, key_rows: torch.Tensor, key_cache: torch.T
     args = (slots, *_target(key_rows, key_cache), *_target(value_rows, value_cache))
     return [Launch("scatter_kv_kernel", (slots.shape[0], 2), args,
                    dict(K_X=key_cache.shape[3], V_X=value_cache.shape[3]))]
+
+
+def gather_plan(lens: torch.Tensor, cumsum: bool, offsets: torch.Tensor | None, table: torch.Tensor,
+                num_blocks: int, key_out: torch.Tensor, key_cache: torch.Tensor, value_out: torch.Tensor,
+                value_cache: torch.Tensor) -> list[Launch]:
+    """The launch filling ``key_out``/``value_out`` ``[T, width]`` (unit last stride, written in place) with the
+    tokens of the sequences of ``lens`` (per-sequence, or cumulative from 0 with ``cumsum``) read through ``table``
+    ``[B, W]`` (and ``offsets [B]``) from caches given as ``[num_blocks, chunks, block_size, X]`` views; all on the
+    outputs' device."""
+    batches = lens.shape[0] - 1 if cumsum else lens.shape[0]
+    if key_out.shape[0] == 0 or batches == 0:
+        return []
+    args = (lens, batches, table if offsets is None else offsets, table, table.stride(0), table.shape[1], num_blocks,
+            key_cache.shape[2], *_source(key_out, key_cache), *_source(value_out, value_cache))
+    return [Launch("gather_kv_kernel", (key_out.shape[0], 2), args,
+                   dict(CUMSUM=cumsum, HAS_OFFSETS=offsets is not None, BLOCK_B=min(pow2(batches), MAX_BATCH_TILE),
+                        K_X=key_cache.shape[3], V_X=value_cache.shape[3]))]
