@@ -54,20 +54,22 @@ def _check_pair(prev: Tensor, cur: Tensor, prev_name: str, cur_name: str, dtypes
     require(cur.shape == prev.shape, cur_name, f"shape {list(prev.shape)} like {prev_name}", cur)
 
 
-def _prefix_sums(actual_seq_qlen, total: int, device: torch.device) -> Tensor:
-    """``actual_seq_qlen`` (int64 prefix sums ``[0, s0, s0+s1, ...]``) on ``device``: a CPU tensor is checked (free)
-    and staged up once per distinct list; a device tensor is used unread (values not checked)."""
+def _prefix_sums(actual_seq_qlen, out: Tensor) -> Tensor:
+    """``actual_seq_qlen`` (int64 prefix sums ``[0, s0, s0+s1, ...]``) on the device of ``out`` ``[T, N, D]``: a CPU
+    tensor is checked (free) and staged up once per distinct list; a device tensor is used unread (values not
+    checked)."""
     check_tensor("actual_seq_qlen", actual_seq_qlen, ndim=1, dtypes=(torch.int64, torch.int32))
     require(actual_seq_qlen.shape[0] >= 2, "actual_seq_qlen", "prefix sums [0, s0, s0+s1, ...] (at least 2 entries)",
             actual_seq_qlen)
     if actual_seq_qlen.device.type != "cpu":
-        return actual_seq_qlen.to(device=device, dtype=torch.int64)
+        check_same_device("prev_attn_out", out, actual_seq_qlen=actual_seq_qlen)
+        return actual_seq_qlen.to(torch.int64)
     starts = [int(x) for x in actual_seq_qlen.tolist()]
     ok = starts[0] == 0 and all(b >= a for a, b in zip(starts, starts[1:]))
-    require(ok and starts[-1] <= total, "actual_seq_qlen",
-            f"int64 prefix sums starting at 0 ([0, s0, s0+s1, ...]), non-decreasing, last <= T={total}",
+    require(ok and starts[-1] <= out.shape[0], "actual_seq_qlen",
+            f"int64 prefix sums starting at 0 ([0, s0, s0+s1, ...]), non-decreasing, last <= T={out.shape[0]}",
             actual_seq_qlen)
-    return _staged_prefix_sums(tuple(b - a for a, b in zip(starts, starts[1:])), device)
+    return _staged_prefix_sums(tuple(b - a for a, b in zip(starts, starts[1:])), out.device)
 
 
 def _staged_prefix_sums(lens: tuple[int, ...], device: torch.device) -> Tensor:
@@ -174,7 +176,7 @@ def ring_attention_update(prev_attn_out: Tensor, prev_softmax_max: Tensor, prev_
     if actual_seq_qlen is None:
         fail("actual_seq_qlen", "int64 prefix sums [0, s0, s0+s1, ...] for TND with the blocked softmax layout",
              None)
-    prefix = _prefix_sums(actual_seq_qlen, t, o1.device)
+    prefix = _prefix_sums(actual_seq_qlen, o1)
     to_tnd, to_blocked = _blocked_rows(prefix, t, n), _tnd_rows(prefix, t, n)
     m1, s1, m2, s2 = (_permuted(x, to_tnd) for x in (m1, s1, m2, s2))
     out, smax, ssum = merge_softmax_stats(o1, m1, s1, o2, m2, s2)
