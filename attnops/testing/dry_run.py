@@ -101,12 +101,41 @@ class _HostReadGuard(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def _creating_on_device(make):
+    """``torch.tensor``/``torch.as_tensor`` that raise for host data created directly on another device (a blocking
+    upload the dispatcher does not show)."""
+    def create(data, *args, **kwargs):
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != "cpu" and not isinstance(data, torch.Tensor):
+            raise HostSyncError(f"gpu_dry_run: the Triton path makes a blocking host-to-device copy "
+                                f"(torch.{make.__name__} of host data with device={device}; stage it in pinned memory "
+                                f"and copy it with non_blocking=True) at {_where()}")
+        return make(data, *args, **kwargs)
+    return create
+
+
+@contextlib.contextmanager
+def _guarded_constructors() -> Iterator[None]:
+    saved = torch.tensor, torch.as_tensor
+    torch.tensor, torch.as_tensor = (_creating_on_device(f) for f in saved)
+    try:
+        yield
+    finally:
+        torch.tensor, torch.as_tensor = saved
+
+
+@contextlib.contextmanager
+def _host_read_guard() -> Iterator[None]:
+    with _guarded_constructors(), _HostReadGuard():
+        yield
+
+
 @contextlib.contextmanager
 def gpu_dry_run(check_host_reads: bool = True) -> Iterator[list[LaunchRecord]]:
     """Run the Triton path for tensors on any device with launches recorded, not run (module docstring); yields the
     list the launches are appended to. ``check_host_reads``: raise :class:`HostSyncError` at any host read of
     device values."""
-    run = dry_run.push(_HostReadGuard if check_host_reads else contextlib.nullcontext)
+    run = dry_run.push(_host_read_guard if check_host_reads else contextlib.nullcontext)
     try:
         with run.guard():
             yield run.launches

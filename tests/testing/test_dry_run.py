@@ -36,6 +36,9 @@ def test_blocking_uploads_raise_and_staged_uploads_pass():
             torch.tensor([1, 2]).to(META)
         with pytest.raises(HostSyncError, match="blocking host-to-device copy"):
             torch.empty(2, device=META).copy_(torch.tensor([1.0, 2.0]))
+        for make in (torch.tensor, torch.as_tensor):
+            with pytest.raises(HostSyncError, match="blocking host-to-device copy"):
+                make([1, 2], device=META)
         staged = staging.upload([[1, 2], [3, 4]], torch.int64, META)
         assert staged.device == META and staged.shape == (2, 2)
         first = staging.cached_upload(("test", 1), lambda: [5, 6], torch.int32, META)
