@@ -226,19 +226,22 @@ def keep_mask(spec: DropoutSpec, numels: int) -> torch.Tensor:
 
 
 def build_dropout_spec(*, keep_prob: float, drop_mask: torch.Tensor | None, seed: int | None, offset: int,
-                       numels: int, block_offsets: list[int]) -> DropoutSpec | None:
-    """Validate dropout arguments; None when ``keep_prob == 1`` (any mask is then ignored)."""
+                       numels: int | None, block_offsets: list[int]) -> DropoutSpec | None:
+    """Validate dropout arguments; None when ``keep_prob == 1`` (any mask is then ignored). ``numels`` is None when
+    the sequence lengths are device tensors: a packed mask's size is then not checked (the kernels read no byte past
+    its end). A packed mask stays on its device (the reference copies it to the CPU)."""
     require(isinstance(keep_prob, (int, float)) and 0.0 < keep_prob <= 1.0, "keep_prob", "a value in (0, 1]",
             keep_prob)
     if keep_prob == 1.0:
         return None
     if drop_mask is not None:
         check_tensor("drop_mask", drop_mask, dtypes=(torch.uint8,))
-        need = packed_mask_bytes(numels)
-        require(drop_mask.numel() >= need, "drop_mask",
-                f"a bit-packed uint8 mask of at least ceil(numels/8) = {need} bytes (numels = N1*sum(Sq_b*Skv_b) "
-                f"= {numels})", drop_mask)
-        return DropoutSpec(float(keep_prob), tuple(block_offsets), packed=drop_mask.reshape(-1).cpu())
+        if numels is not None:
+            need = packed_mask_bytes(numels)
+            require(drop_mask.numel() >= need, "drop_mask",
+                    f"a bit-packed uint8 mask of at least ceil(numels/8) = {need} bytes (numels = "
+                    f"N1*sum(Sq_b*Skv_b) = {numels})", drop_mask)
+        return DropoutSpec(float(keep_prob), tuple(block_offsets), packed=drop_mask.reshape(-1))
     require(seed is not None, "drop_mask", "a packed mask, or a seed for the Philox generator, when keep_prob < 1",
             None)
     seed, offset = check_seed_offset(seed, offset)

@@ -3,7 +3,9 @@ autograd, so eager mode, ``torch.compile`` and ``torch.library.opcheck`` all wor
 
 The ops take the operator's raw arguments (validated inside by :func:`build_problem`); ``seed`` is always concrete
 (the API draws one when the caller gives none). ``dpse`` is returned as an empty tensor when there is no pse
-gradient, because custom ops cannot return None.
+gradient, because custom ops cannot return None. Varlen lengths come as host lists (``actual_seq_qlen/kvlen``) or as
+``cu_seqlens_q/k`` tensors with optional ``max_seqlen_q/k`` (the last arguments, flash-attn style): the fake kernels
+never depend on their values, so ``torch.compile`` traces a function once for every length set.
 """
 from __future__ import annotations
 
@@ -12,19 +14,31 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..._core.layouts import normalize_layout, with_head_dim
+from ..._core.layouts import normalize_layout, parse_geometry, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.custom_ops import register_dry_run_meta
+from ..._core.varlen import cumulative_from_cu_seqlens
 from . import backends
-from .problem import build_problem
+from .problem import FAProblem, build_problem
 
 _SCALARS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_tokens", "prefix", "actual_seq_qlen",
             "actual_seq_kvlen", "sparse_mode", "pse_type", "q_start_idx", "kv_start_idx", "softmax_layout", "seed",
             "offset")
-_ARGS = (*_SCALARS, "backend")
+_LENGTHS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+_ARGS = (*_SCALARS, "backend", *_LENGTHS)
 
 
-def _problem(query, key, value, pse, atten_mask, drop_mask, kw):
+def _problem(query, key, value, pse, atten_mask, drop_mask, kw: dict, backend: str, backward: bool) -> FAProblem:
+    """The call's :class:`FAProblem`; ``cu_seqlens`` tensors become host lists where reading them costs nothing
+    (CPU tensors) or the reference runs (it reads every length on the host), else they stay on the device."""
+    cu_q, cu_k = kw["cu_seqlens_q"], kw["cu_seqlens_k"]
+    given = [t for t in (cu_q, cu_k) if t is not None]
+    if given and (all(t.device.type == "cpu" for t in given) or backends.runs_reference(
+            query, parse_geometry(query, key, value, kw["head_num"], normalize_layout("input_layout", kw["layout"])),
+            backend, backward)):
+        kw = dict(kw, cu_seqlens_q=None, cu_seqlens_k=None,
+                  actual_seq_qlen=cumulative_from_cu_seqlens("cu_seqlens_q", cu_q),
+                  actual_seq_kvlen=cumulative_from_cu_seqlens("cu_seqlens_k", cu_k))
     return build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, **kw)
 
 
@@ -34,19 +48,22 @@ def flash_attention_fwd(query: Tensor, key: Tensor, value: Tensor, pse: Optional
                         pre_tokens: int, next_tokens: int, prefix: Optional[list[int]],
                         actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]],
                         sparse_mode: int, pse_type: int, q_start_idx: int, kv_start_idx: int, softmax_layout: str,
-                        seed: int, offset: int, backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+                        seed: int, offset: int, backend: str = "auto", cu_seqlens_q: Optional[Tensor] = None,
+                        cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+                        max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
     """Forward: ``(attention_out, softmax_max, softmax_sum)``."""
-    kw = {name: value_ for name, value_ in zip(_SCALARS, (
+    kw = dict(zip(_SCALARS + _LENGTHS, (
         head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
-        sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset))}
-    p = _problem(query, key, value, pse, atten_mask, drop_mask, kw)
+        sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset, cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q, max_seqlen_k)))
+    p = _problem(query, key, value, pse, atten_mask, drop_mask, kw, backend, backward=False)
     return backends.forward(p, query, key, value, backend)
 
 
 @flash_attention_fwd.register_fake
 def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, keep_prob, pre_tokens, next_tokens,
       prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout,
-      seed, offset, backend="auto"):
+      seed, offset, backend="auto", cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     layout = normalize_layout("input_layout", layout)
     if layout in ("BSH", "SBH"):
         d = query.shape[-1] // head_num
@@ -70,15 +87,18 @@ def flash_attention_bwd(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, a
                         scale: float, keep_prob: float, pre_tokens: int, next_tokens: int,
                         prefix: Optional[list[int]], actual_seq_qlen: Optional[list[int]],
                         actual_seq_kvlen: Optional[list[int]], sparse_mode: int, pse_type: int, q_start_idx: int,
-                        kv_start_idx: int, softmax_layout: str, seed: int, offset: int, backend: str = "auto"
+                        kv_start_idx: int, softmax_layout: str, seed: int, offset: int, backend: str = "auto",
+                        cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+                        max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Backward: ``(dq, dk, dv, dpse)`` with ``dpse`` empty when there is no pse tensor gradient."""
     from .api import check_backward_inputs
 
-    kw = {name: value_ for name, value_ in zip(_SCALARS, (
+    kw = dict(zip(_SCALARS + _LENGTHS, (
         head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
-        sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset))}
-    p = _problem(query, key, value, pse, atten_mask, drop_mask, kw)
+        sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset, cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q, max_seqlen_k)))
+    p = _problem(query, key, value, pse, atten_mask, drop_mask, kw, backend, backward=True)
     attention_in, softmax_max, softmax_sum = check_backward_inputs(p, query, dy, attention_in, softmax_max,
                                                                    softmax_sum)
     dq, dk, dv, dpse = backends.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum,
@@ -100,28 +120,31 @@ def pse_grad(dpse: Tensor, pse: Optional[Tensor], pse_type: int) -> Optional[Ten
 @flash_attention_bwd.register_fake
 def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, drop_mask, head_num, layout,
       scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
-      q_start_idx, kv_start_idx, softmax_layout, seed, offset, backend="auto"):
+      q_start_idx, kv_start_idx, softmax_layout, seed, offset, backend="auto", cu_seqlens_q=None, cu_seqlens_k=None,
+      max_seqlen_q=None, max_seqlen_k=None):
     dpse = torch.empty_like(pse) if has_pse_grad(pse, pse_type) else query.new_empty(0)
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dpse
 
 
 _FWD_ARGS = [a.name for a in flash_attention_fwd._opoverload._schema.arguments]
+_SAVED = ("query", "key", "value", "pse", "atten_mask", "drop_mask", "cu_seqlens_q", "cu_seqlens_k")
 
 
 def _setup_context(ctx, inputs, output):
     args = dict(zip(_FWD_ARGS, inputs))
     out, smax, ssum = output
-    ctx.save_for_backward(args["query"], args["key"], args["value"], args["pse"], args["atten_mask"],
-                          args["drop_mask"], out, smax, ssum)
-    ctx.scalars = {name: args[name] for name in _ARGS}
+    ctx.save_for_backward(*(args[name] for name in _SAVED), out, smax, ssum)
+    ctx.scalars = {name: args[name] for name in _ARGS if name not in _SAVED}
 
 
 def _backward(ctx, grad_out, _grad_max, _grad_sum):
     # Like torch_npu's derivatives.yaml: only the gradient of attention_out flows back.
-    query, key, value, pse, atten_mask, drop_mask, out, smax, ssum = ctx.saved_tensors
-    s = ctx.scalars
+    *saved, out, smax, ssum = ctx.saved_tensors
+    t = dict(zip(_SAVED, saved))
+    s = {**ctx.scalars, **t}
+    query, key, value, pse = t["query"], t["key"], t["value"], t["pse"]
     dq, dk, dv, dpse = flash_attention_bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, pse,
-                                           atten_mask, drop_mask, *(s[n] for n in _ARGS))
+                                           t["atten_mask"], t["drop_mask"], *(s[n] for n in _ARGS))
     grads = {"query": dq, "key": dk, "value": dv, "pse": pse_grad(dpse, pse, s["pse_type"])}
     return tuple(grads.get(name) for name in _FWD_ARGS)
 
