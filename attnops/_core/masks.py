@@ -240,6 +240,15 @@ def _known_canonical(mask: torch.Tensor) -> bool:
     return ref is not None and ref() is mask
 
 
+def compressed_mask_key(atten_mask: torch.Tensor, sparse_mode) -> tuple | None:
+    """What a training-FA compressed mask's validation depends on, when that is not its content (a device mask or
+    one built by :func:`compressed_causal_mask`): its shape, dtype and device; None for every other mask."""
+    compressed = sparse_mode in COMPRESSED_CAUSAL_MODES or sparse_mode == COMPRESSED_PREFIX_MODE
+    if compressed and (atten_mask.device.type != "cpu" or _known_canonical(atten_mask)):
+        return atten_mask.shape, atten_mask.dtype, atten_mask.device
+    return None
+
+
 def _check_compressed(atten_mask: torch.Tensor, rows: int, mode: int) -> None:
     """A compressed mask's shape, and its content when it is on the CPU. The kernels never read a compressed mask
     (the mode defines the band), so reading a device mask back would only cost a synchronisation."""
@@ -464,10 +473,17 @@ def build_infer_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, 
 TOKENS_UNBOUNDED = 2147483647  # CANN's "no limit" for pre_tokens / next_tokens
 
 
-@functools.lru_cache(maxsize=8)
 def compressed_causal_mask(device: torch.device) -> torch.Tensor:
-    """The canonical compressed 2048x2048 causal mask on ``device`` (one shared, never-written tensor), built there
-    (no upload) and known to be canonical, so its content is never checked."""
+    """The canonical compressed 2048x2048 causal mask on ``device``: one shared, never-written tensor per device,
+    built there (no upload) and known to be canonical, so its content is never checked. Under ``torch.compile`` it is
+    built in the graph (a cached tensor cannot be traced)."""
+    if torch.compiler.is_compiling():
+        return torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
+    return _shared_compressed_causal_mask(device)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_compressed_causal_mask(device: torch.device) -> torch.Tensor:
     mask = torch.ones(2048, 2048, dtype=torch.bool, device=device).triu_(1)
     _KNOWN_CANONICAL[id(mask)] = weakref.ref(mask)
     return mask

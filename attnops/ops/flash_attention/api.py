@@ -76,10 +76,11 @@ def _seq_lengths(layout, query, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, act
     return to_list(actual_seq_qlen), to_list(actual_seq_kvlen), None, None
 
 
-_OPTIONS = ("causal", "window_size", "layout", "head_num", "scale", "pse", "pse_type", "atten_mask", "sparse_mode", "pre_tokens",
-            "next_tokens", "prefix", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
-            "actual_seq_qlen", "actual_seq_kvlen", "keep_prob", "drop_mask", "seed", "offset", "q_start_idx",
-            "kv_start_idx", "softmax_layout", "backend")
+_OPTIONS = frozenset((
+    "causal", "window_size", "layout", "head_num", "scale", "pse", "pse_type", "atten_mask", "sparse_mode",
+    "pre_tokens", "next_tokens", "prefix", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+    "actual_seq_qlen", "actual_seq_kvlen", "keep_prob", "drop_mask", "seed", "offset", "q_start_idx", "kv_start_idx",
+    "softmax_layout", "backend"))
 
 
 def _prefix_list(prefix):
@@ -162,7 +163,7 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
         (pse,) = cast_inputs(autocast_dtype(query.device), pse)
     args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
     with autocast_off(query.device):
-        out, smax, ssum = _op().flash_attention_fwd(query, key, value, *args.values())
+        out, smax, ssum = _op().flash_attention(query, key, value, *args.values())
     if return_stats:
         return FlashAttentionResult(out, smax, ssum, args["seed"], args["offset"])
     return out

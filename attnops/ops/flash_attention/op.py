@@ -151,5 +151,28 @@ def _backward(ctx, grad_out, _grad_max, _grad_sum):
 
 flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
+
+class _FlashAttention(torch.autograd.Function):
+    """:func:`flash_attention_fwd` with the same autograd (``_setup_context`` and ``_backward``), for calls from
+    Python: through the op's own autograd PyTorch refills the schema's defaults on every forward that needs a
+    gradient, a cost quadratic in the number of arguments (about half a millisecond here); the forward runs below
+    autograd from here, where that step does not exist."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = flash_attention_fwd(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_backward)
+
+
+def flash_attention(*inputs) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`flash_attention_fwd` (same arguments), differentiable: gradients of query, key, value and pse from the
+    gradient of ``attention_out``."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs[:4]):
+        return _FlashAttention.apply(*inputs)
+    return flash_attention_fwd(*inputs)
+
 for _op in (flash_attention_fwd, flash_attention_bwd):
     register_dry_run_meta(_op)

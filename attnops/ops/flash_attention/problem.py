@@ -5,14 +5,16 @@ dropout -> :class:`DropoutSpec`. Varlen lengths given as ``cu_seqlens`` tensors 
 """
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
 from ..._core.checks import check_choice, check_scale, check_tensor, fail, require
-from ..._core.dropout import DropoutSpec, build_dropout_spec
+from ..._core.dropout import DropoutSpec, build_dropout_spec, check_seed_offset
 from ..._core.layouts import Geometry, normalize_layout, parse_geometry
-from ..._core.masks import MaskRule, MaskSpec, build_mask_spec
+from ..._core.masks import MaskRule, MaskSpec, build_mask_spec, compressed_mask_key
 from ..._core.pse import PseSpec, build_pse_spec, pse_extents
 from ..._core.softmax_stats import SOFTMAX_LAYOUTS
 from ..._core.varlen import (DeviceSeqLens, SeqInfo, check_max_seqlen, device_seq_lens, lengths_from_cumulative,
@@ -50,6 +52,40 @@ class FAProblem:
         return isinstance(self.seq, DeviceSeqLens)
 
 
+CACHE_ENTRIES = 256  # problems remembered by :func:`build_problem` (least recently used dropped first)
+_CACHE: OrderedDict[tuple, FAProblem] = OrderedDict()
+_PLAIN = (int, float, str, type(None))
+
+
+def _plain(value):
+    """``value`` as a hashable key part of its exact type (lists as tuples), or raise TypeError."""
+    if type(value) in _PLAIN:
+        return type(value), value
+    if type(value) in (list, tuple) and all(type(v) is int for v in value):
+        return tuple(value)
+    raise TypeError
+
+
+def _cache_key(query, key, value, pse, atten_mask, drop_mask, cu_seqlens_q, cu_seqlens_k, options: dict):
+    """The facts a call's problem depends on, when no tensor beyond q/k/v contributes more than its shape, dtype and
+    device (no pse, drop mask or ``cu_seqlens``; no mask or a compressed one that is not read): shapes, dtypes,
+    devices and the options by exact type. None when the call must be built afresh."""
+    if pse is not None or drop_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        return None
+    mask = None
+    if atten_mask is not None:
+        if not isinstance(atten_mask, torch.Tensor):
+            return None
+        mask = compressed_mask_key(atten_mask, options["sparse_mode"])
+        if mask is None:
+            return None
+    try:
+        return (tuple((t.shape, t.dtype, t.device) for t in (query, key, value)), mask,
+                tuple(_plain(v) for v in options.values()))
+    except (AttributeError, TypeError):
+        return None
+
+
 def build_problem(query, key, value, *, head_num: int, layout: str, scale: float, pse=None, atten_mask=None,
                   keep_prob: float = 1.0, drop_mask=None, seed: int | None = None, offset: int = 0,
                   pre_tokens: int = INT_MAX, next_tokens: int = INT_MAX, prefix=None, actual_seq_qlen=None,
@@ -59,7 +95,36 @@ def build_problem(query, key, value, *, head_num: int, layout: str, scale: float
     """Validate a FlashAttention call (forward or backward inputs) and convert it to an :class:`FAProblem`.
 
     TND lengths are the cumulative ``actual_seq_qlen/kvlen`` lists, or ``cu_seqlens_q/k`` tensors on the query's
-    device (:class:`DeviceSeqLens`: their values are not read, so not validated) bounded by ``max_seqlen_q/k``."""
+    device (:class:`DeviceSeqLens`: their values are not read, so not validated) bounded by ``max_seqlen_q/k``.
+    A call whose problem depends on shapes, dtypes, devices and options only (the common training step) reuses the
+    problem of the same earlier call: validation runs once per such configuration, the Philox seed and offset are
+    the call's own."""
+    options = dict(head_num=head_num, layout=layout, scale=scale, keep_prob=keep_prob, pre_tokens=pre_tokens,
+                   next_tokens=next_tokens, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
+                   actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, pse_type=pse_type,
+                   q_start_idx=q_start_idx, kv_start_idx=kv_start_idx, softmax_layout=softmax_layout,
+                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    cache_key = _cache_key(query, key, value, pse, atten_mask, drop_mask, cu_seqlens_q, cu_seqlens_k, options)
+    p = None if cache_key is None else _CACHE.get(cache_key)
+    if p is None:
+        p = _build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, seed=seed,
+                           offset=offset, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **options)
+        if cache_key is not None:
+            _CACHE[cache_key] = p
+            if len(_CACHE) > CACHE_ENTRIES:
+                _CACHE.popitem(last=False)
+        return p
+    _CACHE.move_to_end(cache_key)
+    if p.dropout is not None and (p.dropout.seed, p.dropout.offset) != (seed, offset):
+        seed, offset = check_seed_offset(seed, offset)
+        p = dataclasses.replace(p, dropout=dataclasses.replace(p.dropout, seed=seed, offset=offset))
+    return p
+
+
+def _build_problem(query, key, value, *, head_num, layout, scale, pse, atten_mask, keep_prob, drop_mask, seed, offset,
+                   pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
+                   q_start_idx, kv_start_idx, softmax_layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                   max_seqlen_k) -> FAProblem:
     layout = normalize_layout("input_layout", layout)
     check_tensor("query", query, dtypes=FA_DTYPES)
     for name, t in (("key", key), ("value", value)):

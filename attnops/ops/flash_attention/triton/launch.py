@@ -1,7 +1,7 @@
 """Host side of the Triton FlashAttention kernels: allocation, per-batch metadata, tile sizes, grids, autotuning.
 
 Tensors are read in place through strides: dense layouts as ``[B, S, N, D]`` views (batch stride, token offset 0),
-TND as ``[T, N, D]`` (batch stride 0, per-batch token offsets), both from ``attnops._core.layouts.tokens_view``.
+TND as ``[T, N, D]`` (batch stride 0, per-batch token offsets), the strides of ``attnops._core.layouts.tokens_view``.
 Per-batch metadata is built on the host from host lengths and uploaded once per batch composition
 (:func:`batch_meta`, :mod:`attnops._core.staging`), or derived on the device from ``cu_seqlens`` tensors by the
 prepare kernel (``prepare.py``), so no call reads a device value back. Grid axes 1 and 2 fold batch x heads. Tiles
@@ -130,16 +130,25 @@ KERNELS = KernelFamily("flash_attention", ("attnops.ops.flash_attention.triton.f
                                            "attnops.ops.flash_attention.triton.prepare"), _tile_configs, _autotuning)
 
 
-def _strides(view: torch.Tensor, packed: bool) -> tuple[int, int, int]:
-    """(batch, token, head) strides of a token view (TND: batch stride 0, tokens addressed by offsets)."""
-    if packed:
-        return 0, view.stride(0), view.stride(1)
-    return view.stride(0), view.stride(1), view.stride(2)
-
-
 def token_view(x: torch.Tensor, p: FAProblem, heads: int) -> torch.Tensor:
     """``x`` as ``[B, S, N, D]`` / ``[T, N, D]`` with a unit last stride (copied only when it has none)."""
     return tokens_view(unit_last_stride(x), p.layout, heads)
+
+
+def _operand(p: FAProblem, x: torch.Tensor, kv: bool = False) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """``x`` (copied only without a unit last stride) and the (batch, token, head) strides at which the kernels
+    address it, with the query's heads or the key's (``kv``): those of :func:`token_view` (TND: batch stride 0,
+    tokens addressed by offsets), without making the view."""
+    x = unit_last_stride(x)
+    s, layout = x.stride(), p.layout
+    if layout == "TND":
+        return x, (0, s[0], s[1])
+    if layout == "BSND":
+        return x, s[:3]
+    if layout == "BNSD":
+        return x, (s[0], s[2], s[1])
+    head = x.shape[-1] // (p.geom.n2 if kv else p.geom.n1)  # BSH / SBH: the hidden dim split into unit-stride heads
+    return x, ((s[0], s[1], head) if layout == "BSH" else (s[1], s[0], head))
 
 
 def _stat_row(p: FAProblem) -> int:
@@ -315,13 +324,12 @@ def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: to
     launches += _tails(p, meta, 0, ((out, 0.0), (smax, FLT_LOWEST), (ssum, FLT_MAX)))
     if seq.batch == 0:
         return (out, smax, ssum), launches
-    qv, kv, vv = token_view(query, p, g.n1), token_view(key, p, g.n2), token_view(value, p, g.n2)
-    ov = tokens_view(out, g.layout, g.n1)
+    (q, qs), (k, ks), (v, vs) = _operand(p, query), _operand(p, key, kv=True), _operand(p, value, kv=True)
+    os_ = _operand(p, out)[1]
     pse, mask, drop, flags = _common(p, query, interpret)
     launches.append(Launch(
         "fwd_kernel", _grid(seq.max_q, seq.batch, g.n1),
-        (qv, kv, vv, ov, smax, ssum, meta, *_strides(qv, seq.packed), *_strides(kv, seq.packed),
-         *_strides(vv, seq.packed), *_strides(ov, seq.packed), _stat_row(p), *pse, *mask, *drop, p.scale, g.n1,
+        (q, k, v, out, smax, ssum, meta, *qs, *ks, *vs, *os_, _stat_row(p), *pse, *mask, *drop, p.scale, g.n1,
          g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), flags, "BLOCK_M"))
     return (out, smax, ssum), launches
 
@@ -358,15 +366,14 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
     launches += _tails(p, meta, 0, ((dq, 0.0),)) + _tails(p, meta, 1, ((dk, 0.0), (dv, 0.0)))
     if seq.batch == 0:
         return (dq, dk, dv, dpse_buf), launches
-    qv, kv, vv = token_view(query, p, g.n1), token_view(key, p, g.n2), token_view(value, p, g.n2)
-    dov, ov = token_view(dy, p, g.n1), token_view(attention_in, p, g.n1)
-    dqv, dkv, dvv = tokens_view(dq, g.layout, g.n1), tokens_view(dk, g.layout, g.n2), tokens_view(dv, g.layout, g.n2)
+    (q, qs), (k, ks), (v, vs) = _operand(p, query), _operand(p, key, kv=True), _operand(p, value, kv=True)
+    (do, dos), (o, os_) = _operand(p, dy), _operand(p, attention_in)
+    dqs, dks, dvs = _operand(p, dq)[1], _operand(p, dk, kv=True)[1], _operand(p, dv, kv=True)[1]
     delta_sb = 0 if seq.packed else seq.max_q
     delta = torch.empty((p.total_q, g.n1), dtype=torch.float32, device=device)
     q_grid = _grid(seq.max_q, seq.batch, g.n1)
-    launches.append(Launch("preprocess_kernel", q_grid,
-                           (ov, dov, delta, meta, *_strides(ov, seq.packed), *_strides(dov, seq.packed), delta_sb,
-                            g.n1, g.dv, seq.batch, MAX_GRID_Y), dict(BLOCK_DV=pow2(g.dv)), "BLOCK_M"))
+    launches.append(Launch("preprocess_kernel", q_grid, (o, do, delta, meta, *os_, *dos, delta_sb, g.n1, g.dv,
+                                                         seq.batch, MAX_GRID_Y), dict(BLOCK_DV=pow2(g.dv)), "BLOCK_M"))
     pse, mask, drop, flags = _common(p, query, interpret)
     stat_row = _stat_row(p)
     dummy = _dummy(device, torch.float32)
@@ -376,16 +383,14 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
     dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
     launches.append(Launch(
         "dq_kernel", q_grid,
-        (qv, kv, vv, dov, dqv, delta, softmax_max, softmax_sum, meta, *_strides(qv, seq.packed),
-         *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(dov, seq.packed), *_strides(dqv, seq.packed),
-         stat_row, delta_sb, *pse, *mask, *drop, *dpse_full, p.scale, g.n1, g.group, g.d, g.dv, seq.batch,
-         MAX_GRID_Y), dict(DPSE_FULL=full, **flags), "BLOCK_M"))
+        (q, k, v, do, dq, delta, softmax_max, softmax_sum, meta, *qs, *ks, *vs, *dos, *dqs, stat_row, delta_sb, *pse,
+         *mask, *drop, *dpse_full, p.scale, g.n1, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y),
+        dict(DPSE_FULL=full, **flags), "BLOCK_M"))
     launches.append(Launch(
         "dkdv_kernel", _grid(seq.max_kv, seq.batch, g.n2),
-        (qv, kv, vv, dov, dkv, dvv, delta, softmax_max, softmax_sum, meta, *_strides(qv, seq.packed),
-         *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(dov, seq.packed), *_strides(dkv, seq.packed),
-         *_strides(dvv, seq.packed), stat_row, delta_sb, *pse, *mask, *drop, *dpse_row, p.scale, g.n1, g.n2, g.group,
-         g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_ROW=row, **flags), "BLOCK_N"))
+        (q, k, v, do, dk, dv, delta, softmax_max, softmax_sum, meta, *qs, *ks, *vs, *dos, *dks, *dvs, stat_row,
+         delta_sb, *pse, *mask, *drop, *dpse_row, p.scale, g.n1, g.n2, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y),
+        dict(DPSE_ROW=row, **flags), "BLOCK_N"))
     return (dq, dk, dv, dpse_buf), launches
 
 
