@@ -259,6 +259,8 @@ def check_seed_offset(seed, offset) -> tuple[int, int]:
     numpy integers and one-element integer tensors are accepted; bools and floats are not. Element ``e`` uses the
     counter ``(offset + e) mod 2**64``.
     """
+    if type(seed) is int and type(offset) is int and INT64_MIN <= seed <= INT64_MAX and 0 <= offset <= INT64_MAX:
+        return seed, offset  # the common case, checked at once
     return (_philox_int("seed", seed, INT64_MIN, "[-2**63, 2**63 - 1] (int64; Philox keys on its 64 bits)"),
             _philox_int("offset", offset, 0, "[0, 2**63 - 1] (a non-negative int64 Philox counter offset)"))
 

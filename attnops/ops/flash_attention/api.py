@@ -158,9 +158,11 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
         torch.Size([1, 2, 16, 8])
     """
     check_same_device("query", query, key=key, value=value)
-    query, key, value = cast_inputs(autocast_dtype(query.device), query, key, value)
-    if pse_type in (0, 1):  # a bias tensor follows the inputs' dtype; ALiBi slopes (types 2/3) stay fp32
-        (pse,) = cast_inputs(autocast_dtype(query.device), pse)
+    dtype = autocast_dtype(query.device)
+    if dtype is not None:
+        query, key, value = cast_inputs(dtype, query, key, value)
+        if pse_type in (0, 1):  # a bias tensor follows the inputs' dtype; ALiBi slopes (types 2/3) stay fp32
+            (pse,) = cast_inputs(dtype, pse)
     args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
     with autocast_off(query.device):
         out, smax, ssum = _op().flash_attention(query, key, value, *args.values())

@@ -103,7 +103,7 @@ def flash_attention_bwd(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, a
                                                                    softmax_sum)
     dq, dk, dv, dpse = backends.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum,
                                         backend)
-    return dq, dk, dv, dpse if dpse is not None else query.new_empty(0)
+    return dq, dk, dv, dpse if dpse is not None else torch.empty(0, dtype=query.dtype, device=query.device)
 
 
 def has_pse_grad(pse: Optional[Tensor], pse_type: int) -> bool:
@@ -126,42 +126,42 @@ def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dpse
 
 
-_FWD_ARGS = [a.name for a in flash_attention_fwd._opoverload._schema.arguments]
-_SAVED = ("query", "key", "value", "pse", "atten_mask", "drop_mask", "cu_seqlens_q", "cu_seqlens_k")
+_FWD_ARGS = tuple(a.name for a in flash_attention_fwd._opoverload._schema.arguments)
+_TENSORS = _FWD_ARGS[:_FWD_ARGS.index("head_num")]  # query, key, value, pse, atten_mask, drop_mask; then _ARGS
+_PSE_TYPE = _SCALARS.index("pse_type")
 
 
 def _setup_context(ctx, inputs, output):
-    args = dict(zip(_FWD_ARGS, inputs))
-    out, smax, ssum = output
-    ctx.save_for_backward(*(args[name] for name in _SAVED), out, smax, ssum)
-    ctx.scalars = {name: args[name] for name in _ARGS if name not in _SAVED}
+    args = inputs[len(_TENSORS):]  # the values of _ARGS: scalars, backend, cu_seqlens_q/k, max_seqlen_q/k
+    ctx.save_for_backward(*inputs[:len(_TENSORS)], *args[-4:-2], *output)
+    ctx.scalars, ctx.max_seqlens = args[:-4], args[-2:]
 
 
 def _backward(ctx, grad_out, _grad_max, _grad_sum):
     # Like torch_npu's derivatives.yaml: only the gradient of attention_out flows back.
-    *saved, out, smax, ssum = ctx.saved_tensors
-    t = dict(zip(_SAVED, saved))
-    s = {**ctx.scalars, **t}
-    query, key, value, pse = t["query"], t["key"], t["value"], t["pse"]
+    if grad_out is None:
+        return (None,) * len(_FWD_ARGS)
+    query, key, value, pse, atten_mask, drop_mask, cu_q, cu_k, out, smax, ssum = ctx.saved_tensors
     dq, dk, dv, dpse = flash_attention_bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, pse,
-                                           t["atten_mask"], t["drop_mask"], *(s[n] for n in _ARGS))
-    grads = {"query": dq, "key": dk, "value": dv, "pse": pse_grad(dpse, pse, s["pse_type"])}
-    return tuple(grads.get(name) for name in _FWD_ARGS)
+                                           atten_mask, drop_mask, *ctx.scalars, cu_q, cu_k, *ctx.max_seqlens)
+    return (dq, dk, dv, pse_grad(dpse, pse, ctx.scalars[_PSE_TYPE])) + (None,) * (len(_FWD_ARGS) - 4)
 
 
 flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _FlashAttention(torch.autograd.Function):
-    """:func:`flash_attention_fwd` with the same autograd (``_setup_context`` and ``_backward``), for calls from
-    Python: through the op's own autograd PyTorch refills the schema's defaults on every forward that needs a
-    gradient, a cost quadratic in the number of arguments (about half a millisecond here); the forward runs below
-    autograd from here, where that step does not exist."""
+    """:func:`flash_attention_fwd` with the same autograd (``_setup_context`` and ``_backward``), for eager calls:
+    through the op's own autograd PyTorch refills the schema's defaults on every forward that needs a gradient, a
+    cost quadratic in the number of arguments (about half a millisecond here); the forward runs below autograd from
+    here, where that step does not exist."""
 
     @staticmethod
     def forward(ctx, *inputs):
         output = flash_attention_fwd(*inputs)
         _setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(*output[1:])  # the statistics (no zero gradients made for them)
+        ctx.set_materialize_grads(False)
         return output
 
     backward = staticmethod(_backward)
@@ -170,9 +170,11 @@ class _FlashAttention(torch.autograd.Function):
 def flash_attention(*inputs) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`flash_attention_fwd` (same arguments), differentiable: gradients of query, key, value and pse from the
     gradient of ``attention_out``."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs[:4]):
+    if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs[:4])
+            and not torch.compiler.is_compiling()):  # traced: the op and its own autograd go into the graph
         return _FlashAttention.apply(*inputs)
     return flash_attention_fwd(*inputs)
+
 
 for _op in (flash_attention_fwd, flash_attention_bwd):
     register_dry_run_meta(_op)

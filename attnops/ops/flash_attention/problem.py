@@ -26,11 +26,12 @@ DENSE_SPARSE_MODES = (0, 1, 2, 3, 4, 5, 6)
 TND_SPARSE_MODES = (0, 1, 2, 3, 4, 6, 7, 8)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FAProblem:
     """Everything a backend needs, validated: geometry, sequences, mask, pse, dropout, scale, stats layout.
     ``seq`` is a :class:`DeviceSeqLens` and ``mask`` a :class:`MaskRule` when the lengths are device tensors (the
-    Triton path only: the reference gets host lengths)."""
+    Triton path only: the reference gets host lengths). Compared and hashed by identity (:func:`build_problem`
+    returns the same object for the same call, and launchers remember what they derive from it)."""
 
     geom: Geometry
     seq: SeqInfo | DeviceSeqLens
@@ -53,37 +54,33 @@ class FAProblem:
 
 
 CACHE_ENTRIES = 256  # problems remembered by :func:`build_problem` (least recently used dropped first)
+_OPTIONS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_tokens", "prefix", "actual_seq_qlen",
+            "actual_seq_kvlen", "sparse_mode", "pse_type", "q_start_idx", "kv_start_idx", "softmax_layout",
+            "max_seqlen_q", "max_seqlen_k")
+_MODE = _OPTIONS.index("sparse_mode")
 _CACHE: OrderedDict[tuple, FAProblem] = OrderedDict()
-_PLAIN = (int, float, str, type(None))
+_PLAIN = frozenset((int, float, str, type(None)))
 
 
-def _plain(value):
-    """``value`` as a hashable key part of its exact type (lists as tuples), or raise TypeError."""
-    if type(value) in _PLAIN:
-        return type(value), value
-    if type(value) in (list, tuple) and all(type(v) is int for v in value):
-        return tuple(value)
-    raise TypeError
-
-
-def _cache_key(query, key, value, pse, atten_mask, drop_mask, cu_seqlens_q, cu_seqlens_k, options: dict):
+def _cache_key(query, key, value, pse, atten_mask, drop_mask, cu_seqlens_q, cu_seqlens_k, options: tuple):
     """The facts a call's problem depends on, when no tensor beyond q/k/v contributes more than its shape, dtype and
     device (no pse, drop mask or ``cu_seqlens``; no mask or a compressed one that is not read): shapes, dtypes,
-    devices and the options by exact type. None when the call must be built afresh."""
+    devices and the options with their exact types (lists as tuples). None when the call must be built afresh."""
     if pse is not None or drop_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
         return None
     mask = None
     if atten_mask is not None:
-        if not isinstance(atten_mask, torch.Tensor):
-            return None
-        mask = compressed_mask_key(atten_mask, options["sparse_mode"])
+        mask = compressed_mask_key(atten_mask, options[_MODE]) if isinstance(atten_mask, torch.Tensor) else None
         if mask is None:
             return None
-    try:
-        return (tuple((t.shape, t.dtype, t.device) for t in (query, key, value)), mask,
-                tuple(_plain(v) for v in options.values()))
-    except (AttributeError, TypeError):
-        return None
+    types = tuple(map(type, options))
+    if not _PLAIN.issuperset(types):
+        if not all(t in _PLAIN or (t in (list, tuple) and all(type(v) is int for v in o))
+                   for t, o in zip(types, options)):
+            return None
+        options = tuple(tuple(o) if t in (list, tuple) else o for t, o in zip(types, options))
+    return (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device, key.device,
+            value.device, mask, options, types)
 
 
 def build_problem(query, key, value, *, head_num: int, layout: str, scale: float, pse=None, atten_mask=None,
@@ -99,16 +96,14 @@ def build_problem(query, key, value, *, head_num: int, layout: str, scale: float
     A call whose problem depends on shapes, dtypes, devices and options only (the common training step) reuses the
     problem of the same earlier call: validation runs once per such configuration, the Philox seed and offset are
     the call's own."""
-    options = dict(head_num=head_num, layout=layout, scale=scale, keep_prob=keep_prob, pre_tokens=pre_tokens,
-                   next_tokens=next_tokens, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
-                   actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, pse_type=pse_type,
-                   q_start_idx=q_start_idx, kv_start_idx=kv_start_idx, softmax_layout=softmax_layout,
-                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    options = (head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
+               sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, max_seqlen_q, max_seqlen_k)
     cache_key = _cache_key(query, key, value, pse, atten_mask, drop_mask, cu_seqlens_q, cu_seqlens_k, options)
     p = None if cache_key is None else _CACHE.get(cache_key)
     if p is None:
         p = _build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, seed=seed,
-                           offset=offset, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **options)
+                           offset=offset, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                           **dict(zip(_OPTIONS, options)))
         if cache_key is not None:
             _CACHE[cache_key] = p
             if len(_CACHE) > CACHE_ENTRIES:

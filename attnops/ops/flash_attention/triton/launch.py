@@ -12,6 +12,9 @@ re-tune); under ``ATTNOPS_TRITON_INTERPRET=1`` CPU tensors run through Triton's 
 from __future__ import annotations
 
 import functools
+import weakref
+from collections.abc import Callable
+
 import torch
 
 from ...._core import staging
@@ -219,11 +222,11 @@ def _prepare_launch(p: FAProblem, meta: torch.Tensor) -> Launch:
                        STATS_TND=p.softmax_layout == "TND"))
 
 
-def _metadata(p: FAProblem, device: torch.device) -> tuple[torch.Tensor, list[Launch]]:
-    """The per-batch metadata and the launches that fill it: none for host lengths (:func:`batch_meta`), the
-    prepare kernel for device lengths (its extra last row holds the ends of the sequences)."""
+def _device_metadata(p: FAProblem, device: torch.device) -> tuple[torch.Tensor | None, list[Launch]]:
+    """For device lengths, the per-batch metadata to fill and the prepare kernel's launch filling it (its extra last
+    row holds the ends of the sequences); ``(None, [])`` for host lengths (:func:`batch_meta`)."""
     if not p.device_lengths:
-        return batch_meta(p, device), []
+        return None, []
     meta = torch.empty((p.seq.batch + 1, 12), dtype=torch.int64, device=device)
     return meta, [_prepare_launch(p, meta)]
 
@@ -309,6 +312,35 @@ def _common(p: FAProblem, query: torch.Tensor, interpret: bool):
     return pse, mask, drop, flags
 
 
+_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # problem -> {key: launch tails}
+
+
+def _templates(p: FAProblem, key: tuple | None, build: Callable[[], list]) -> list:
+    """``build()``: a plan's launch templates ``(kernel, grid, args after the call's own tensors, constexprs, block
+    axis)``, remembered per problem and ``key`` (strides of the given tensors, interpreter mode, grid fold) while the
+    problem lives: a repeated call (the same problem from :func:`~..problem.build_problem`'s memo) only allocates and
+    launches. ``key`` None: built for this call only."""
+    if key is None:
+        return build()
+    per_problem = _STATIC.setdefault(p, {})
+    found = per_problem.get(key)
+    if found is None:
+        found = per_problem[key] = build()
+    return found
+
+
+def _static_key(interpret: bool, *tensors: torch.Tensor) -> tuple | None:
+    """The key of :func:`_templates` for the given tensors (None when one must be copied to a unit last stride)."""
+    strides = tuple(t.stride() for t in tensors)
+    return None if any(s[-1] != 1 for s in strides) else (interpret, MAX_GRID_Y, strides)
+
+
+def _launches(templates: list, *fronts: tuple) -> list[Launch]:
+    """The launches of ``templates`` with each one's own tensors (``fronts``) in front of its remembered arguments."""
+    return [Launch(kernel, grid, (*front, *rest), kwargs, axis)
+            for (kernel, grid, rest, kwargs, axis), front in zip(templates, fronts)]
+
+
 def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, interpret: bool):
     """``((attention_out, softmax_max, softmax_sum), launches)``: the allocated outputs and the kernel launches
     that fill them (none for an empty problem). ``interpret`` selects the interpreter's flags (fp32 math).
@@ -320,17 +352,21 @@ def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: to
     smax, ssum = (torch.empty(stats, dtype=stats_dtype(query.dtype), device=device) for _ in range(2))
     if p.total_q == 0:
         return (out, smax, ssum), []
-    meta, launches = _metadata(p, device)
+    meta, launches = _device_metadata(p, device)
     launches += _tails(p, meta, 0, ((out, 0.0), (smax, FLT_LOWEST), (ssum, FLT_MAX)))
     if seq.batch == 0:
         return (out, smax, ssum), launches
     (q, qs), (k, ks), (v, vs) = _operand(p, query), _operand(p, key, kv=True), _operand(p, value, kv=True)
-    os_ = _operand(p, out)[1]
-    pse, mask, drop, flags = _common(p, query, interpret)
-    launches.append(Launch(
-        "fwd_kernel", _grid(seq.max_q, seq.batch, g.n1),
-        (q, k, v, out, smax, ssum, meta, *qs, *ks, *vs, *os_, _stat_row(p), *pse, *mask, *drop, p.scale, g.n1,
-         g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), flags, "BLOCK_M"))
+
+    def build():
+        table = batch_meta(p, device) if meta is None else meta
+        pse, mask, drop, flags = _common(p, query, interpret)
+        return [("fwd_kernel", _grid(seq.max_q, seq.batch, g.n1),
+                 (table, *qs, *ks, *vs, *_operand(p, out)[1], _stat_row(p), *pse, *mask, *drop, p.scale, g.n1, g.group,
+                  g.d, g.dv, seq.batch, MAX_GRID_Y), flags, "BLOCK_M")]
+
+    static = None if p.device_lengths else _static_key(interpret, query, key, value)
+    launches += _launches(_templates(p, static, build), (q, k, v, out, smax, ssum))
     return (out, smax, ssum), launches
 
 
@@ -362,35 +398,40 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
     dpse_buf = _dpse_buffer(p, device)
     if p.total_q == 0:
         return (dq, dk.zero_(), dv.zero_(), dpse_buf), []
-    meta, launches = _metadata(p, device)
+    meta, launches = _device_metadata(p, device)
     launches += _tails(p, meta, 0, ((dq, 0.0),)) + _tails(p, meta, 1, ((dk, 0.0), (dv, 0.0)))
     if seq.batch == 0:
         return (dq, dk, dv, dpse_buf), launches
     (q, qs), (k, ks), (v, vs) = _operand(p, query), _operand(p, key, kv=True), _operand(p, value, kv=True)
     (do, dos), (o, os_) = _operand(p, dy), _operand(p, attention_in)
-    dqs, dks, dvs = _operand(p, dq)[1], _operand(p, dk, kv=True)[1], _operand(p, dv, kv=True)[1]
-    delta_sb = 0 if seq.packed else seq.max_q
     delta = torch.empty((p.total_q, g.n1), dtype=torch.float32, device=device)
-    q_grid = _grid(seq.max_q, seq.batch, g.n1)
-    launches.append(Launch("preprocess_kernel", q_grid, (o, do, delta, meta, *os_, *dos, delta_sb, g.n1, g.dv,
-                                                         seq.batch, MAX_GRID_Y), dict(BLOCK_DV=pow2(g.dv)), "BLOCK_M"))
-    pse, mask, drop, flags = _common(p, query, interpret)
-    stat_row = _stat_row(p)
-    dummy = _dummy(device, torch.float32)
-    full = dpse_buf is not None and p.pse.kind in ("full", "alibi")
-    row = dpse_buf is not None and p.pse.kind == "row"
-    dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]
-    dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
-    launches.append(Launch(
-        "dq_kernel", q_grid,
-        (q, k, v, do, dq, delta, softmax_max, softmax_sum, meta, *qs, *ks, *vs, *dos, *dqs, stat_row, delta_sb, *pse,
-         *mask, *drop, *dpse_full, p.scale, g.n1, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y),
-        dict(DPSE_FULL=full, **flags), "BLOCK_M"))
-    launches.append(Launch(
-        "dkdv_kernel", _grid(seq.max_kv, seq.batch, g.n2),
-        (q, k, v, do, dk, dv, delta, softmax_max, softmax_sum, meta, *qs, *ks, *vs, *dos, *dks, *dvs, stat_row,
-         delta_sb, *pse, *mask, *drop, *dpse_row, p.scale, g.n1, g.n2, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y),
-        dict(DPSE_ROW=row, **flags), "BLOCK_N"))
+
+    def build():
+        table = batch_meta(p, device) if meta is None else meta
+        dqs, dks, dvs = _operand(p, dq)[1], _operand(p, dk, kv=True)[1], _operand(p, dv, kv=True)[1]
+        delta_sb = 0 if seq.packed else seq.max_q
+        q_grid = _grid(seq.max_q, seq.batch, g.n1)
+        pse, mask, drop, flags = _common(p, query, interpret)
+        stat_row = _stat_row(p)
+        dummy = _dummy(device, torch.float32)
+        full = dpse_buf is not None and p.pse.kind in ("full", "alibi")
+        row = dpse_buf is not None and p.pse.kind == "row"
+        dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]
+        dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
+        return [("preprocess_kernel", q_grid, (table, *os_, *dos, delta_sb, g.n1, g.dv, seq.batch, MAX_GRID_Y),
+                 dict(BLOCK_DV=pow2(g.dv)), "BLOCK_M"),
+                ("dq_kernel", q_grid,
+                 (table, *qs, *ks, *vs, *dos, *dqs, stat_row, delta_sb, *pse, *mask, *drop, *dpse_full, p.scale, g.n1,
+                  g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_FULL=full, **flags), "BLOCK_M"),
+                ("dkdv_kernel", _grid(seq.max_kv, seq.batch, g.n2),
+                 (table, *qs, *ks, *vs, *dos, *dks, *dvs, stat_row, delta_sb, *pse, *mask, *drop, *dpse_row, p.scale,
+                  g.n1, g.n2, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_ROW=row, **flags), "BLOCK_N")]
+
+    static = None if p.device_lengths or dpse_buf is not None else _static_key(
+        interpret, query, key, value, dy, attention_in)
+    launches += _launches(_templates(p, static, build), (o, do, delta), (q, k, v, do, dq, delta, softmax_max,
+                                                                        softmax_sum),
+                          (q, k, v, do, dk, dv, delta, softmax_max, softmax_sum))
     return (dq, dk, dv, dpse_buf), launches
 
 
