@@ -17,6 +17,7 @@ from torch import Tensor
 from ..._core.layouts import normalize_layout, parse_geometry, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.custom_ops import register_dry_run_meta
+from ..._core.triton import dry_run
 from ..._core.varlen import cumulative_from_cu_seqlens
 from . import backends
 from .problem import FAProblem, build_problem
@@ -42,8 +43,18 @@ def _problem(query, key, value, pse, atten_mask, drop_mask, kw: dict, backend: s
     return build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, **kw)
 
 
-@torch.library.custom_op("attnops::flash_attention_fwd", mutates_args=(), device_types=("cpu", "cuda"))
-def flash_attention_fwd(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], atten_mask: Optional[Tensor],
+def _direct(tensors) -> bool:
+    """Whether a call may run its implementation without the dispatcher (which costs 20-35 us a call): eager mode,
+    plain tensors on a device the implementation serves (``meta`` only inside a dry run), and nothing that needs to
+    see the op: no compilation or export, no dispatch mode (fake tensors, tracing, the dry run's read guard, FLOP
+    counters), no functorch transform, no profiler. Everything else calls the custom op."""
+    return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
+            and not torch.overrides.has_torch_function(tensors) and not torch._C._are_functorch_transforms_active()
+            and not torch.autograd._profiler_enabled()
+            and (tensors[0].device.type in ("cpu", "cuda") or dry_run.active() is not None))
+
+
+def _forward(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], atten_mask: Optional[Tensor],
                         drop_mask: Optional[Tensor], head_num: int, layout: str, scale: float, keep_prob: float,
                         pre_tokens: int, next_tokens: int, prefix: Optional[list[int]],
                         actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]],
@@ -58,6 +69,10 @@ def flash_attention_fwd(query: Tensor, key: Tensor, value: Tensor, pse: Optional
         max_seqlen_q, max_seqlen_k)))
     p = _problem(query, key, value, pse, atten_mask, drop_mask, kw, backend, backward=False)
     return backends.forward(p, query, key, value, backend)
+
+
+flash_attention_fwd = torch.library.custom_op("attnops::flash_attention_fwd", _forward, mutates_args=(),
+                                              device_types=("cpu", "cuda"))
 
 
 @flash_attention_fwd.register_fake
@@ -80,8 +95,7 @@ def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, ke
     return out, query.new_empty(stat, dtype=dtype), query.new_empty(stat, dtype=dtype)
 
 
-@torch.library.custom_op("attnops::flash_attention_bwd", mutates_args=(), device_types=("cpu", "cuda"))
-def flash_attention_bwd(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_in: Tensor,
+def _backward_grads(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_in: Tensor,
                         softmax_max: Tensor, softmax_sum: Tensor, pse: Optional[Tensor],
                         atten_mask: Optional[Tensor], drop_mask: Optional[Tensor], head_num: int, layout: str,
                         scale: float, keep_prob: float, pre_tokens: int, next_tokens: int,
@@ -106,6 +120,10 @@ def flash_attention_bwd(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, a
     return dq, dk, dv, dpse if dpse is not None else torch.empty(0, dtype=query.dtype, device=query.device)
 
 
+flash_attention_bwd = torch.library.custom_op("attnops::flash_attention_bwd", _backward_grads, mutates_args=(),
+                                              device_types=("cpu", "cuda"))
+
+
 def has_pse_grad(pse: Optional[Tensor], pse_type: int) -> bool:
     """Whether the backward has a pse gradient: a pse tensor of type 0/1 (types 2/3 take ALiBi slopes)."""
     return pse is not None and pse_type in (0, 1)
@@ -127,6 +145,7 @@ def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_
 
 
 _FWD_ARGS = tuple(a.name for a in flash_attention_fwd._opoverload._schema.arguments)
+_FWD_DEFAULTS = tuple(a.default_value for a in flash_attention_fwd._opoverload._schema.arguments)
 _TENSORS = _FWD_ARGS[:_FWD_ARGS.index("head_num")]  # query, key, value, pse, atten_mask, drop_mask; then _ARGS
 _PSE_TYPE = _SCALARS.index("pse_type")
 
@@ -137,34 +156,44 @@ def _setup_context(ctx, inputs, output):
     ctx.scalars, ctx.max_seqlens = args[:-4], args[-2:]
 
 
-def _backward(ctx, grad_out, _grad_max, _grad_sum):
-    # Like torch_npu's derivatives.yaml: only the gradient of attention_out flows back.
+def _input_grads(ctx, grad_out) -> tuple:
+    """``(dq, dk, dv, dpse or None)`` from the gradient of attention_out (like torch_npu's derivatives.yaml: the
+    statistics' gradients do not flow back)."""
     if grad_out is None:
-        return (None,) * len(_FWD_ARGS)
+        return None, None, None, None
     query, key, value, pse, atten_mask, drop_mask, cu_q, cu_k, out, smax, ssum = ctx.saved_tensors
-    dq, dk, dv, dpse = flash_attention_bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, pse,
-                                           atten_mask, drop_mask, *ctx.scalars, cu_q, cu_k, *ctx.max_seqlens)
-    return (dq, dk, dv, pse_grad(dpse, pse, ctx.scalars[_PSE_TYPE])) + (None,) * (len(_FWD_ARGS) - 4)
+    bwd = _backward_grads if _direct((query, key, value)) else flash_attention_bwd
+    dq, dk, dv, dpse = bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, pse, atten_mask, drop_mask,
+                           *ctx.scalars, cu_q, cu_k, *ctx.max_seqlens)
+    return dq, dk, dv, pse_grad(dpse, pse, ctx.scalars[_PSE_TYPE])
+
+
+def _backward(ctx, grad_out, _grad_max, _grad_sum):
+    return _input_grads(ctx, grad_out) + (None,) * (len(_FWD_ARGS) - 4)
 
 
 flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _FlashAttention(torch.autograd.Function):
-    """:func:`flash_attention_fwd` with the same autograd (``_setup_context`` and ``_backward``), for eager calls:
+    """:func:`flash_attention_fwd` with the same autograd (``_setup_context``, ``_input_grads``), for eager calls:
     through the op's own autograd PyTorch refills the schema's defaults on every forward that needs a gradient, a
-    cost quadratic in the number of arguments (about half a millisecond here); the forward runs below autograd from
-    here, where that step does not exist."""
+    cost quadratic in the number of arguments (about half a millisecond here); here the forward runs below autograd,
+    where that step does not exist. Only the differentiable tensors are ``apply``'s own arguments (each one costs
+    some microseconds there); the others travel in one tuple."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        output = flash_attention_fwd(*inputs)
+    def forward(ctx, query, key, value, pse, rest):
+        inputs = (query, key, value, pse, *rest)
+        output = (_forward if _direct(inputs[:3]) else flash_attention_fwd)(*inputs)
         _setup_context(ctx, inputs, output)
         ctx.mark_non_differentiable(*output[1:])  # the statistics (no zero gradients made for them)
         ctx.set_materialize_grads(False)
         return output
 
-    backward = staticmethod(_backward)
+    @staticmethod
+    def backward(ctx, grad_out, _grad_max, _grad_sum):
+        return *_input_grads(ctx, grad_out), None
 
 
 def flash_attention(*inputs) -> tuple[Tensor, Tensor, Tensor]:
@@ -172,8 +201,8 @@ def flash_attention(*inputs) -> tuple[Tensor, Tensor, Tensor]:
     gradient of ``attention_out``."""
     if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs[:4])
             and not torch.compiler.is_compiling()):  # traced: the op and its own autograd go into the graph
-        return _FlashAttention.apply(*inputs)
-    return flash_attention_fwd(*inputs)
+        return _FlashAttention.apply(*inputs[:4], (*inputs[4:], *_FWD_DEFAULTS[len(inputs):]))
+    return (_forward if _direct(inputs[:3]) else flash_attention_fwd)(*inputs)
 
 
 for _op in (flash_attention_fwd, flash_attention_bwd):

@@ -12,12 +12,13 @@ from .common import (KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_ro
 
 @triton.jit
 def preprocess_kernel(o_ptr, do_ptr, delta_ptr, meta_ptr, o_sb, o_st, o_sh, do_sb, do_st, do_sh, delta_sb, n1,
-                      head_dv, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+                      head_dv, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, FOLD: tl.constexpr):
     """``D[row, h] = sum_d dO * O`` in fp32 for one block of query rows of one head."""
     pid_m = tl.program_id(0)
-    b, h, past = program_batch_head(n1, batch, bh_fold)
-    if past:
-        return
+    b, h = program_batch_head(n1, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     sq = meta(meta_ptr, b, Q_LEN)
     r0 = pid_m * BLOCK_M
     if r0 >= sq:
@@ -41,13 +42,15 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
               scale, n1, group, head_d, head_dv, batch, bh_fold,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
               PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-              DROPOUT: tl.constexpr, DPSE_FULL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+              DROPOUT: tl.constexpr, DPSE_FULL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+              FOLD: tl.constexpr):
     """``dQ = scale * dS K`` for one query row block of one query head; with ``DPSE_FULL`` also writes the
     score gradient (the pse gradient of a full ``[.., Sq, Skv]`` pse) into the fp32 ``[B, N1, R, C]`` buffer."""
     pid_m = tl.program_id(0)
-    b, h, past = program_batch_head(n1, batch, bh_fold)
-    if past:
-        return
+    b, h = program_batch_head(n1, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     sq = meta(meta_ptr, b, Q_LEN)
     r0 = pid_m * BLOCK_M
     if r0 >= sq:
@@ -105,14 +108,16 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, delta_ptr, smax_ptr
                 scale, n1, n2, group, head_d, head_dv, batch, bh_fold,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-                DROPOUT: tl.constexpr, DPSE_ROW: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                DROPOUT: tl.constexpr, DPSE_ROW: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                FOLD: tl.constexpr):
     """``dK = scale * dS^T Q`` and ``dV = (P * drop)^T dO`` for one key block of one KV head (its GQA group's
     query heads summed in-program); with ``DPSE_ROW`` also the column sums of the score gradient per query head
     (the gradient of a row-broadcast ``[.., 1, Skv]`` pse) into the fp32 ``[B, N1, 1, C]`` buffer."""
     pid_n = tl.program_id(0)
-    b, hk, past = program_batch_head(n2, batch, bh_fold)
-    if past:
-        return
+    b, hk = program_batch_head(n2, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     skv = meta(meta_ptr, b, KV_LEN)
     sq = meta(meta_ptr, b, Q_LEN)
     c0 = pid_n * BLOCK_N

@@ -54,11 +54,14 @@ def meta(meta_ptr, b, col):
 
 
 @triton.jit
-def program_batch_head(heads, batch, bh_fold):
-    """``(b, h, past)`` of this program: grid axis 1 holds up to ``bh_fold`` of the ``batch x heads`` pairs, axis 2
-    counts the folds; ``past`` is True for the programs past the last pair (they must return at once)."""
-    bh = tl.program_id(2) * bh_fold + tl.program_id(1)
-    return bh // heads, bh % heads, bh >= batch * heads
+def program_batch_head(heads, bh_fold, FOLD: tl.constexpr):
+    """``(b, h)`` of this program: grid axis 1 holds the ``batch x heads`` pairs, or with ``FOLD`` up to ``bh_fold``
+    of them and axis 2 counts the folds (the kernel then returns at once for ``b >= batch``: the programs past the
+    last pair). Without ``FOLD`` the kernels compile exactly as without folding."""
+    bh = tl.program_id(1)
+    if FOLD:
+        bh += tl.program_id(2) * bh_fold
+    return bh // heads, bh % heads
 
 
 @triton.jit

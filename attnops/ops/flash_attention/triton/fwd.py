@@ -14,14 +14,15 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
                drop_ptr, keep_prob, seed, offset, scale, n1, group, head_d, head_dv, batch, bh_fold,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-               DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+               DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
     """``O = softmax(S) V`` for rows ``[r0, r0 + BLOCK_M)``; writes O (0 on fully-masked rows) and the statistics
     ``softmax_max = rowmax(S)``, ``softmax_sum = rowsum(exp(S - max))`` (FLT_LOWEST / FLT_MAX on fully-masked
     rows) replicated over 8 lanes. Dropout scales P after the sum, like the reference."""
     pid_m = tl.program_id(0)
-    b, h, past = program_batch_head(n1, batch, bh_fold)
-    if past:
-        return
+    b, h = program_batch_head(n1, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     sq = meta(meta_ptr, b, Q_LEN)
     r0 = pid_m * BLOCK_M
     if r0 >= sq:

@@ -248,10 +248,11 @@ def _tails(p: FAProblem, meta: torch.Tensor, side: int, fills) -> list[Launch]:
             for buf, value in fills if buf.numel() > 0]
 
 
-def _grid(rows: int, batch: int, heads: int) -> tuple[int, int, int]:
-    """Rows along axis 0, ``batch x heads`` folded into axes 1 and 2 (at most ``MAX_GRID_Y`` programs each)."""
+def _grid(rows: int, batch: int, heads: int) -> tuple[tuple[int, int, int], dict]:
+    """Rows along axis 0, ``batch x heads`` along axis 1, folded into axes 1 and 2 (at most ``MAX_GRID_Y`` programs
+    each) when there are more pairs (``FOLD``: the kernels compile without the fold's arithmetic otherwise)."""
     bh = batch * heads
-    return rows, min(bh, MAX_GRID_Y), cdiv(bh, MAX_GRID_Y)
+    return (rows, min(bh, MAX_GRID_Y), cdiv(bh, MAX_GRID_Y)), dict(FOLD=bh > MAX_GRID_Y)
 
 
 @functools.lru_cache(maxsize=16)
@@ -361,9 +362,10 @@ def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: to
     def build():
         table = batch_meta(p, device) if meta is None else meta
         pse, mask, drop, flags = _common(p, query, interpret)
-        return [("fwd_kernel", _grid(seq.max_q, seq.batch, g.n1),
+        grid, fold = _grid(seq.max_q, seq.batch, g.n1)
+        return [("fwd_kernel", grid,
                  (table, *qs, *ks, *vs, *_operand(p, out)[1], _stat_row(p), *pse, *mask, *drop, p.scale, g.n1, g.group,
-                  g.d, g.dv, seq.batch, MAX_GRID_Y), flags, "BLOCK_M")]
+                  g.d, g.dv, seq.batch, MAX_GRID_Y), dict(**flags, **fold), "BLOCK_M")]
 
     static = None if p.device_lengths else _static_key(interpret, query, key, value)
     launches += _launches(_templates(p, static, build), (q, k, v, out, smax, ssum))
@@ -410,7 +412,8 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
         table = batch_meta(p, device) if meta is None else meta
         dqs, dks, dvs = _operand(p, dq)[1], _operand(p, dk, kv=True)[1], _operand(p, dv, kv=True)[1]
         delta_sb = 0 if seq.packed else seq.max_q
-        q_grid = _grid(seq.max_q, seq.batch, g.n1)
+        q_grid, q_fold = _grid(seq.max_q, seq.batch, g.n1)
+        kv_grid, kv_fold = _grid(seq.max_kv, seq.batch, g.n2)
         pse, mask, drop, flags = _common(p, query, interpret)
         stat_row = _stat_row(p)
         dummy = _dummy(device, torch.float32)
@@ -419,13 +422,14 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
         dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]
         dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
         return [("preprocess_kernel", q_grid, (table, *os_, *dos, delta_sb, g.n1, g.dv, seq.batch, MAX_GRID_Y),
-                 dict(BLOCK_DV=pow2(g.dv)), "BLOCK_M"),
+                 dict(BLOCK_DV=pow2(g.dv), **q_fold), "BLOCK_M"),
                 ("dq_kernel", q_grid,
                  (table, *qs, *ks, *vs, *dos, *dqs, stat_row, delta_sb, *pse, *mask, *drop, *dpse_full, p.scale, g.n1,
-                  g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_FULL=full, **flags), "BLOCK_M"),
-                ("dkdv_kernel", _grid(seq.max_kv, seq.batch, g.n2),
+                  g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_FULL=full, **flags, **q_fold), "BLOCK_M"),
+                ("dkdv_kernel", kv_grid,
                  (table, *qs, *ks, *vs, *dos, *dks, *dvs, stat_row, delta_sb, *pse, *mask, *drop, *dpse_row, p.scale,
-                  g.n1, g.n2, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_ROW=row, **flags), "BLOCK_N")]
+                  g.n1, g.n2, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_ROW=row, **flags, **kv_fold),
+                 "BLOCK_N")]
 
     static = None if p.device_lengths or dpse_buf is not None else _static_key(
         interpret, query, key, value, dy, attention_in)
