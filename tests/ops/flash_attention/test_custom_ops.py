@@ -123,3 +123,27 @@ def test_compile_traces_once_for_every_length_set():
         for a, b in zip(lc, le):
             torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
     assert len(graphs) == 1
+
+
+def test_eager_calls_reach_the_op_where_something_watches():
+    """Plain eager calls run the implementation without the dispatcher; under a dispatch mode (fake tensors,
+    tracing, FLOP counters, the dry run's guard) the op itself is called, forward and backward, with the same
+    results."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    q, k, v, dy = make_qkv("BNSD", b=1, n1=2, sq=6, skv=5, seed=160)
+    direct = [t.clone().requires_grad_() for t in (q, k, v)]
+    watched = [t.clone().requires_grad_() for t in (q, k, v)]
+    attnops.flash_attention(*direct, scale=0.3).backward(dy)
+    with Log():
+        attnops.flash_attention(*watched, scale=0.3).backward(dy)
+    assert {torch.ops.attnops.flash_attention_fwd.default, torch.ops.attnops.flash_attention_bwd.default} <= set(seen)
+    for a, b in zip(direct, watched):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
