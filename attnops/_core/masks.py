@@ -499,6 +499,8 @@ def window_sparse_args(causal: Any, window_size: Any, *, sparse_mode: int, atten
     sparse_mode 3 (causal alone) or 4 with ``pre_tokens=left``, ``next_tokens=right``. They cannot be combined
     with ``sparse_mode``, ``atten_mask``, ``pre_tokens`` or ``next_tokens`` (one way to say the mask).
     """
+    if causal is False and window_size == (-1, -1):
+        return None  # the defaults: neither is used
     require(isinstance(causal, bool), "causal", "a bool", causal)
     ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
           and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
@@ -511,7 +513,7 @@ def window_sparse_args(causal: Any, window_size: Any, *, sparse_mode: int, atten
                                      ("next_tokens", next_tokens != TOKENS_UNBOUNDED)) if used]
     require(not given, "causal", "causal/window_size alone (they replace sparse_mode, atten_mask, pre_tokens and "
             "next_tokens)", f"causal={causal}, window_size={tuple(window_size)} with {', '.join(given)}")
-    mask = compressed_causal_mask(torch.device(device))
+    mask = compressed_causal_mask(device if isinstance(device, torch.device) else torch.device(device))
     if causal:
         right = 0  # as flash-attn: causal is the window's right edge on the diagonal
         if left == -1:

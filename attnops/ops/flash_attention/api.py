@@ -43,6 +43,8 @@ def _head_num(query: Tensor, layout: str, head_num: int | None) -> int:
 
 
 def _start(name: str, value) -> int:
+    if type(value) is int:
+        return value
     if isinstance(value, (list, tuple)):
         return int(value[0]) if value else 0
     require(isinstance(value, int) and not isinstance(value, bool), name, "an int (global start index)", value)
@@ -210,6 +212,8 @@ def check_backward_inputs(p: FAProblem, query: Tensor, dy, attention_in, softmax
     g = p.geom
     out_shape = with_head_dim(query.shape, g.layout, g.n1, g.dv)
     for name, t in (("dy", dy), ("attention_in", attention_in)):
+        if type(t) is Tensor and t.dtype == query.dtype and t.shape == out_shape:
+            continue  # the common case, checked at once
         require_not_none(t, name)
         check_tensor(name, t, dtypes=(query.dtype,))
         require(tuple(t.shape) == out_shape, name, f"shape {list(out_shape)} (the forward output's)", t)

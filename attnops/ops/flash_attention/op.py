@@ -20,13 +20,13 @@ from ..._core.custom_ops import register_dry_run_meta
 from ..._core.triton import dry_run
 from ..._core.varlen import cumulative_from_cu_seqlens
 from . import backends
+from .api import check_backward_inputs
 from .problem import FAProblem, build_problem
 
 _SCALARS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_tokens", "prefix", "actual_seq_qlen",
             "actual_seq_kvlen", "sparse_mode", "pse_type", "q_start_idx", "kv_start_idx", "softmax_layout", "seed",
             "offset")
 _LENGTHS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
-_ARGS = (*_SCALARS, "backend", *_LENGTHS)
 
 
 def _problem(query, key, value, pse, atten_mask, drop_mask, kw: dict, backend: str, backward: bool) -> FAProblem:
@@ -55,13 +55,12 @@ def _direct(tensors) -> bool:
 
 
 def _forward(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], atten_mask: Optional[Tensor],
-                        drop_mask: Optional[Tensor], head_num: int, layout: str, scale: float, keep_prob: float,
-                        pre_tokens: int, next_tokens: int, prefix: Optional[list[int]],
-                        actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]],
-                        sparse_mode: int, pse_type: int, q_start_idx: int, kv_start_idx: int, softmax_layout: str,
-                        seed: int, offset: int, backend: str = "auto", cu_seqlens_q: Optional[Tensor] = None,
-                        cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
-                        max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
+             drop_mask: Optional[Tensor], head_num: int, layout: str, scale: float, keep_prob: float, pre_tokens: int,
+             next_tokens: int, prefix: Optional[list[int]], actual_seq_qlen: Optional[list[int]],
+             actual_seq_kvlen: Optional[list[int]], sparse_mode: int, pse_type: int, q_start_idx: int,
+             kv_start_idx: int, softmax_layout: str, seed: int, offset: int, backend: str = "auto",
+             cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
     """Forward: ``(attention_out, softmax_max, softmax_sum)``."""
     kw = dict(zip(_SCALARS + _LENGTHS, (
         head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
@@ -96,18 +95,15 @@ def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, ke
 
 
 def _backward_grads(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_in: Tensor,
-                        softmax_max: Tensor, softmax_sum: Tensor, pse: Optional[Tensor],
-                        atten_mask: Optional[Tensor], drop_mask: Optional[Tensor], head_num: int, layout: str,
-                        scale: float, keep_prob: float, pre_tokens: int, next_tokens: int,
-                        prefix: Optional[list[int]], actual_seq_qlen: Optional[list[int]],
-                        actual_seq_kvlen: Optional[list[int]], sparse_mode: int, pse_type: int, q_start_idx: int,
-                        kv_start_idx: int, softmax_layout: str, seed: int, offset: int, backend: str = "auto",
-                        cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
-                        max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None
-                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                    softmax_max: Tensor, softmax_sum: Tensor, pse: Optional[Tensor], atten_mask: Optional[Tensor],
+                    drop_mask: Optional[Tensor], head_num: int, layout: str, scale: float, keep_prob: float,
+                    pre_tokens: int, next_tokens: int, prefix: Optional[list[int]],
+                    actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]], sparse_mode: int,
+                    pse_type: int, q_start_idx: int, kv_start_idx: int, softmax_layout: str, seed: int, offset: int,
+                    backend: str = "auto", cu_seqlens_q: Optional[Tensor] = None,
+                    cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+                    max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Backward: ``(dq, dk, dv, dpse)`` with ``dpse`` empty when there is no pse tensor gradient."""
-    from .api import check_backward_inputs
-
     kw = dict(zip(_SCALARS + _LENGTHS, (
         head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
         sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset, cu_seqlens_q, cu_seqlens_k,
@@ -151,7 +147,7 @@ _PSE_TYPE = _SCALARS.index("pse_type")
 
 
 def _setup_context(ctx, inputs, output):
-    args = inputs[len(_TENSORS):]  # the values of _ARGS: scalars, backend, cu_seqlens_q/k, max_seqlen_q/k
+    args = inputs[len(_TENSORS):]  # the scalars, backend, cu_seqlens_q/k, max_seqlen_q/k
     ctx.save_for_backward(*inputs[:len(_TENSORS)], *args[-4:-2], *output)
     ctx.scalars, ctx.max_seqlens = args[:-4], args[-2:]
 
