@@ -1,6 +1,7 @@
 """Pythonic FlashAttention API: defaults, validation, dispatch. No math here."""
 from __future__ import annotations
 
+import contextlib
 from typing import Literal, NamedTuple
 
 import torch
@@ -166,7 +167,7 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
         if pse_type in (0, 1):  # a bias tensor follows the inputs' dtype; ALiBi slopes (types 2/3) stay fp32
             (pse,) = cast_inputs(dtype, pse)
     args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
-    with autocast_off(query.device):
+    with autocast_off(query.device) if dtype is not None else contextlib.nullcontext():
         out, smax, ssum = _op().flash_attention(query, key, value, *args.values())
     if return_stats:
         return FlashAttentionResult(out, smax, ssum, args["seed"], args["offset"])

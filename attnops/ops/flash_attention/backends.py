@@ -16,6 +16,7 @@ from ..._core.dispatch import choose_backend
 from ..._core.layouts import Geometry
 from . import reference
 from .problem import FAProblem
+from .triton import launch
 from .triton.verify import geometry_reason
 
 
@@ -45,8 +46,6 @@ def _reference(fn, p: FAProblem, *tensors: torch.Tensor):
 def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, backend: str = "auto"):
     """``(attention_out, softmax_max, softmax_sum)`` of problem ``p``."""
     if _choose(p.geom, query, backend, backward=False) == "triton":
-        from .triton import launch
-
         return launch.forward(p, query, key, value)
     return _reference(reference.forward, p, query, key, value)
 
@@ -54,7 +53,5 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum, backend: str = "auto"):
     """``(dq, dk, dv, dpse)`` of problem ``p`` from the given forward results (``dpse`` None without a pse grad)."""
     if _choose(p.geom, query, backend, backward=True) == "triton":
-        from .triton import launch
-
         return launch.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum)
     return _reference(reference.backward, p, query, key, value, dy, attention_in, softmax_max, softmax_sum)

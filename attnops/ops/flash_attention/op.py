@@ -26,21 +26,39 @@ from .problem import FAProblem, build_problem
 _SCALARS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_tokens", "prefix", "actual_seq_qlen",
             "actual_seq_kvlen", "sparse_mode", "pse_type", "q_start_idx", "kv_start_idx", "softmax_layout", "seed",
             "offset")
-_LENGTHS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
 
 
-def _problem(query, key, value, pse, atten_mask, drop_mask, kw: dict, backend: str, backward: bool) -> FAProblem:
-    """The call's :class:`FAProblem`; ``cu_seqlens`` tensors become host lists where reading them costs nothing
-    (CPU tensors) or the reference runs (it reads every length on the host), else they stay on the device."""
-    cu_q, cu_k = kw["cu_seqlens_q"], kw["cu_seqlens_k"]
+def _problem(inputs: tuple, backward: bool) -> FAProblem:
+    """The :class:`FAProblem` of the forward op's arguments ``inputs`` (in schema order; the backward's too, less
+    its own tensors). ``cu_seqlens`` tensors become host lists where reading them costs nothing (CPU tensors) or
+    the reference runs (it reads every length on the host), else they stay on the device."""
+    query, key, value, pse, atten_mask, drop_mask = inputs[:_N_TENSORS]
+    kw = dict(zip(_SCHEMA[_N_TENSORS:], inputs[_N_TENSORS:]))
+    backend = kw.pop("backend", "auto")
+    cu_q, cu_k = kw.get("cu_seqlens_q"), kw.get("cu_seqlens_k")
     given = [t for t in (cu_q, cu_k) if t is not None]
     if given and (all(t.device.type == "cpu" for t in given) or backends.runs_reference(
             query, parse_geometry(query, key, value, kw["head_num"], normalize_layout("input_layout", kw["layout"])),
             backend, backward)):
-        kw = dict(kw, cu_seqlens_q=None, cu_seqlens_k=None,
+        kw.update(cu_seqlens_q=None, cu_seqlens_k=None,
                   actual_seq_qlen=cumulative_from_cu_seqlens("cu_seqlens_q", cu_q),
                   actual_seq_kvlen=cumulative_from_cu_seqlens("cu_seqlens_k", cu_k))
     return build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, **kw)
+
+
+def _run_forward(inputs: tuple) -> tuple[tuple[Tensor, Tensor, Tensor], FAProblem]:
+    """The forward of the op's arguments ``inputs``, and its problem."""
+    p = _problem(inputs, backward=False)
+    return backends.forward(p, *inputs[:3], inputs[_BACKEND] if len(inputs) > _BACKEND else "auto"), p
+
+
+def _run_backward(p: FAProblem, backend: str, dy, query, key, value, attention_in, softmax_max, softmax_sum):
+    """``(dq, dk, dv, dpse)`` of problem ``p`` (``dpse`` empty without a pse gradient)."""
+    attention_in, softmax_max, softmax_sum = check_backward_inputs(p, query, dy, attention_in, softmax_max,
+                                                                   softmax_sum)
+    dq, dk, dv, dpse = backends.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum,
+                                        backend)
+    return dq, dk, dv, dpse if dpse is not None else torch.empty(0, dtype=query.dtype, device=query.device)
 
 
 def _direct(tensors) -> bool:
@@ -62,12 +80,7 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], a
              cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
              max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
     """Forward: ``(attention_out, softmax_max, softmax_sum)``."""
-    kw = dict(zip(_SCALARS + _LENGTHS, (
-        head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
-        sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset, cu_seqlens_q, cu_seqlens_k,
-        max_seqlen_q, max_seqlen_k)))
-    p = _problem(query, key, value, pse, atten_mask, drop_mask, kw, backend, backward=False)
-    return backends.forward(p, query, key, value, backend)
+    return _run_forward(tuple(locals().values()))[0]  # the arguments, in schema order
 
 
 flash_attention_fwd = torch.library.custom_op("attnops::flash_attention_fwd", _forward, mutates_args=(),
@@ -104,16 +117,9 @@ def _backward_grads(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, atten
                     cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
                     max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Backward: ``(dq, dk, dv, dpse)`` with ``dpse`` empty when there is no pse tensor gradient."""
-    kw = dict(zip(_SCALARS + _LENGTHS, (
-        head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
-        sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset, cu_seqlens_q, cu_seqlens_k,
-        max_seqlen_q, max_seqlen_k)))
-    p = _problem(query, key, value, pse, atten_mask, drop_mask, kw, backend, backward=True)
-    attention_in, softmax_max, softmax_sum = check_backward_inputs(p, query, dy, attention_in, softmax_max,
-                                                                   softmax_sum)
-    dq, dk, dv, dpse = backends.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum,
-                                        backend)
-    return dq, dk, dv, dpse if dpse is not None else torch.empty(0, dtype=query.dtype, device=query.device)
+    inputs = tuple(locals().values())  # the arguments, in schema order
+    forward_inputs = (*inputs[1:4], *inputs[7:])  # query, key, value, then pse onwards
+    return _run_backward(_problem(forward_inputs, backward=True), backend, *inputs[:7])
 
 
 flash_attention_bwd = torch.library.custom_op("attnops::flash_attention_bwd", _backward_grads, mutates_args=(),
@@ -140,32 +146,43 @@ def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dpse
 
 
-_FWD_ARGS = tuple(a.name for a in flash_attention_fwd._opoverload._schema.arguments)
-_FWD_DEFAULTS = tuple(a.default_value for a in flash_attention_fwd._opoverload._schema.arguments)
-_TENSORS = _FWD_ARGS[:_FWD_ARGS.index("head_num")]  # query, key, value, pse, atten_mask, drop_mask; then _ARGS
-_PSE_TYPE = _SCALARS.index("pse_type")
+
+
+_SCHEMA = tuple(a.name for a in flash_attention_fwd._opoverload._schema.arguments)  # the forward's arguments
+_DEFAULTS = tuple(a.default_value for a in flash_attention_fwd._opoverload._schema.arguments)
+_N_TENSORS = _SCHEMA.index("head_num")  # query, key, value, pse, atten_mask, drop_mask come first
+_BACKEND, _PSE_TYPE = _SCHEMA.index("backend"), _SCHEMA.index("pse_type")
+_SAVED = (*range(_N_TENSORS), _SCHEMA.index("cu_seqlens_q"), _SCHEMA.index("cu_seqlens_k"))  # tensor arguments
 
 
 def _setup_context(ctx, inputs, output):
-    args = inputs[len(_TENSORS):]  # the scalars, backend, cu_seqlens_q/k, max_seqlen_q/k
-    ctx.save_for_backward(*inputs[:len(_TENSORS)], *args[-4:-2], *output)
-    ctx.scalars, ctx.max_seqlens = args[:-4], args[-2:]
+    inputs = (*inputs, *_DEFAULTS[len(inputs):])
+    ctx.save_for_backward(*(inputs[i] for i in _SAVED), *output)
+    ctx.inputs = tuple(None if i in _SAVED else x for i, x in enumerate(inputs))  # the tensors: saved above
+    ctx.problem = None  # the forward's problem, when the backward can run it directly
 
 
 def _input_grads(ctx, grad_out) -> tuple:
     """``(dq, dk, dv, dpse or None)`` from the gradient of attention_out (like torch_npu's derivatives.yaml: the
-    statistics' gradients do not flow back)."""
+    statistics' gradients do not flow back), through the forward's problem when it has one."""
     if grad_out is None:
         return None, None, None, None
-    query, key, value, pse, atten_mask, drop_mask, cu_q, cu_k, out, smax, ssum = ctx.saved_tensors
-    bwd = _backward_grads if _direct((query, key, value)) else flash_attention_bwd
-    dq, dk, dv, dpse = bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, pse, atten_mask, drop_mask,
-                           *ctx.scalars, cu_q, cu_k, *ctx.max_seqlens)
-    return dq, dk, dv, pse_grad(dpse, pse, ctx.scalars[_PSE_TYPE])
+    *tensors, out, smax, ssum = ctx.saved_tensors
+    inputs = list(ctx.inputs)
+    for i, t in zip(_SAVED, tensors):
+        inputs[i] = t
+    query, key, value, pse = inputs[:4]
+    grads = (grad_out.contiguous(), query, key, value, out, smax, ssum)
+    if ctx.problem is not None and _direct((query, key, value)):
+        dq, dk, dv, dpse = _run_backward(ctx.problem, inputs[_BACKEND], *grads)
+    else:
+        bwd = _backward_grads if _direct((query, key, value)) else flash_attention_bwd
+        dq, dk, dv, dpse = bwd(*grads, *inputs[3:])
+    return dq, dk, dv, pse_grad(dpse, pse, inputs[_PSE_TYPE])
 
 
 def _backward(ctx, grad_out, _grad_max, _grad_sum):
-    return _input_grads(ctx, grad_out) + (None,) * (len(_FWD_ARGS) - 4)
+    return _input_grads(ctx, grad_out) + (None,) * (len(_SCHEMA) - 4)
 
 
 flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -175,14 +192,19 @@ class _FlashAttention(torch.autograd.Function):
     """:func:`flash_attention_fwd` with the same autograd (``_setup_context``, ``_input_grads``), for eager calls:
     through the op's own autograd PyTorch refills the schema's defaults on every forward that needs a gradient, a
     cost quadratic in the number of arguments (about half a millisecond here); here the forward runs below autograd,
-    where that step does not exist. Only the differentiable tensors are ``apply``'s own arguments (each one costs
-    some microseconds there); the others travel in one tuple."""
+    where that step does not exist, and the backward reuses the forward's validated problem. Only the differentiable
+    tensors are ``apply``'s own arguments (each one costs some microseconds there); the others travel in one
+    tuple."""
 
     @staticmethod
     def forward(ctx, query, key, value, pse, rest):
         inputs = (query, key, value, pse, *rest)
-        output = (_forward if _direct(inputs[:3]) else flash_attention_fwd)(*inputs)
+        if _direct(inputs[:3]):
+            output, p = _run_forward(inputs)
+        else:
+            output, p = flash_attention_fwd(*inputs), None
         _setup_context(ctx, inputs, output)
+        ctx.problem = p
         ctx.mark_non_differentiable(*output[1:])  # the statistics (no zero gradients made for them)
         ctx.set_materialize_grads(False)
         return output
@@ -197,8 +219,8 @@ def flash_attention(*inputs) -> tuple[Tensor, Tensor, Tensor]:
     gradient of ``attention_out``."""
     if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs[:4])
             and not torch.compiler.is_compiling()):  # traced: the op and its own autograd go into the graph
-        return _FlashAttention.apply(*inputs[:4], (*inputs[4:], *_FWD_DEFAULTS[len(inputs):]))
-    return (_forward if _direct(inputs[:3]) else flash_attention_fwd)(*inputs)
+        return _FlashAttention.apply(*inputs[:4], inputs[4:])
+    return _run_forward(inputs)[0] if _direct(inputs[:3]) else flash_attention_fwd(*inputs)
 
 
 for _op in (flash_attention_fwd, flash_attention_bwd):

@@ -30,8 +30,8 @@ TND_SPARSE_MODES = (0, 1, 2, 3, 4, 6, 7, 8)
 class FAProblem:
     """Everything a backend needs, validated: geometry, sequences, mask, pse, dropout, scale, stats layout.
     ``seq`` is a :class:`DeviceSeqLens` and ``mask`` a :class:`MaskRule` when the lengths are device tensors (the
-    Triton path only: the reference gets host lengths). Compared and hashed by identity (:func:`build_problem`
-    returns the same object for the same call, and launchers remember what they derive from it)."""
+    Triton path only: the reference gets host lengths). Compared and hashed by identity: :func:`build_problem`
+    returns the same object for the same call, and launchers remember what they derive from it in ``plans``."""
 
     geom: Geometry
     seq: SeqInfo | DeviceSeqLens
@@ -42,6 +42,7 @@ class FAProblem:
     softmax_layout: str
     total_q: int  # T of query (TND) or B*Sq
     total_kv: int
+    plans: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # launchers' derived launches
 
     @property
     def layout(self) -> str:

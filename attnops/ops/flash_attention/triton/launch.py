@@ -12,7 +12,6 @@ re-tune); under ``ATTNOPS_TRITON_INTERPRET=1`` CPU tensors run through Triton's 
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable
 
 import torch
@@ -313,27 +312,24 @@ def _common(p: FAProblem, query: torch.Tensor, interpret: bool):
     return pse, mask, drop, flags
 
 
-_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # problem -> {key: launch tails}
-
-
 def _templates(p: FAProblem, key: tuple | None, build: Callable[[], list]) -> list:
     """``build()``: a plan's launch templates ``(kernel, grid, args after the call's own tensors, constexprs, block
-    axis)``, remembered per problem and ``key`` (strides of the given tensors, interpreter mode, grid fold) while the
-    problem lives: a repeated call (the same problem from :func:`~..problem.build_problem`'s memo) only allocates and
-    launches. ``key`` None: built for this call only."""
+    axis)``, remembered in the problem's ``plans`` under ``key`` (kernels, strides of the given tensors, interpreter
+    mode, grid fold): a repeated call (the same problem from :func:`~..problem.build_problem`'s memo) only allocates
+    and launches. ``key`` None: built for this call only."""
     if key is None:
         return build()
-    per_problem = _STATIC.setdefault(p, {})
-    found = per_problem.get(key)
+    found = p.plans.get(key)
     if found is None:
-        found = per_problem[key] = build()
+        found = p.plans[key] = build()
     return found
 
 
-def _static_key(interpret: bool, *tensors: torch.Tensor) -> tuple | None:
-    """The key of :func:`_templates` for the given tensors (None when one must be copied to a unit last stride)."""
+def _static_key(kind: str, interpret: bool, *tensors: torch.Tensor) -> tuple | None:
+    """The key of :func:`_templates` for a plan ``kind`` and the given tensors (None when one must be copied to a unit
+    last stride)."""
     strides = tuple(t.stride() for t in tensors)
-    return None if any(s[-1] != 1 for s in strides) else (interpret, MAX_GRID_Y, strides)
+    return None if any(s[-1] != 1 for s in strides) else (kind, interpret, MAX_GRID_Y, strides)
 
 
 def _launches(templates: list, *fronts: tuple) -> list[Launch]:
@@ -367,7 +363,7 @@ def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: to
                  (table, *qs, *ks, *vs, *_operand(p, out)[1], _stat_row(p), *pse, *mask, *drop, p.scale, g.n1, g.group,
                   g.d, g.dv, seq.batch, MAX_GRID_Y), dict(**flags, **fold), "BLOCK_M")]
 
-    static = None if p.device_lengths else _static_key(interpret, query, key, value)
+    static = None if p.device_lengths else _static_key("fwd", interpret, query, key, value)
     launches += _launches(_templates(p, static, build), (q, k, v, out, smax, ssum))
     return (out, smax, ssum), launches
 
@@ -432,7 +428,7 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
                  "BLOCK_N")]
 
     static = None if p.device_lengths or dpse_buf is not None else _static_key(
-        interpret, query, key, value, dy, attention_in)
+        "bwd", interpret, query, key, value, dy, attention_in)
     launches += _launches(_templates(p, static, build), (o, do, delta), (q, k, v, do, dq, delta, softmax_max,
                                                                         softmax_sum),
                           (q, k, v, do, dk, dv, delta, softmax_max, softmax_sum))
