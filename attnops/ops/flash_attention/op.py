@@ -52,10 +52,13 @@ def _run_forward(inputs: tuple) -> tuple[tuple[Tensor, Tensor, Tensor], FAProble
     return backends.forward(p, *inputs[:3], inputs[_BACKEND] if len(inputs) > _BACKEND else "auto"), p
 
 
-def _run_backward(p: FAProblem, backend: str, dy, query, key, value, attention_in, softmax_max, softmax_sum):
-    """``(dq, dk, dv, dpse)`` of problem ``p`` (``dpse`` empty without a pse gradient)."""
-    attention_in, softmax_max, softmax_sum = check_backward_inputs(p, query, dy, attention_in, softmax_max,
-                                                                   softmax_sum)
+def _run_backward(p: FAProblem, backend: str, dy, query, key, value, attention_in, softmax_max, softmax_sum,
+                  checked: bool = False):
+    """``(dq, dk, dv, dpse)`` of problem ``p`` (``dpse`` empty without a pse gradient); ``checked``: the forward
+    results are the forward's own and ``dy`` comes from autograd (its shape and dtype are the output's)."""
+    if not checked:
+        attention_in, softmax_max, softmax_sum = check_backward_inputs(p, query, dy, attention_in, softmax_max,
+                                                                       softmax_sum)
     dq, dk, dv, dpse = backends.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum,
                                         backend)
     return dq, dk, dv, dpse if dpse is not None else torch.empty(0, dtype=query.dtype, device=query.device)
@@ -174,7 +177,7 @@ def _input_grads(ctx, grad_out) -> tuple:
     query, key, value, pse = inputs[:4]
     grads = (grad_out.contiguous(), query, key, value, out, smax, ssum)
     if ctx.problem is not None and _direct((query, key, value)):
-        dq, dk, dv, dpse = _run_backward(ctx.problem, inputs[_BACKEND], *grads)
+        dq, dk, dv, dpse = _run_backward(ctx.problem, inputs[_BACKEND], *grads, checked=True)
     else:
         bwd = _backward_grads if _direct((query, key, value)) else flash_attention_bwd
         dq, dk, dv, dpse = bwd(*grads, *inputs[3:])

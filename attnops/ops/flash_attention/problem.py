@@ -110,7 +110,10 @@ def build_problem(query, key, value, *, head_num: int, layout: str, scale: float
             if len(_CACHE) > CACHE_ENTRIES:
                 _CACHE.popitem(last=False)
         return p
-    _CACHE.move_to_end(cache_key)
+    try:
+        _CACHE.move_to_end(cache_key)
+    except KeyError:  # dropped meanwhile by another thread: p stays valid
+        pass
     if p.dropout is not None and (p.dropout.seed, p.dropout.offset) != (seed, offset):
         seed, offset = check_seed_offset(seed, offset)
         p = dataclasses.replace(p, dropout=dataclasses.replace(p.dropout, seed=seed, offset=offset))
