@@ -176,6 +176,7 @@ def _slopes(p) -> bool:
 
 
 def _meta_rows(p: FAProblem) -> torch.Tensor:
+    """The metadata rows of host lengths, on the host."""
     seq, mask = p.seq, p.mask
     stat_base, stat_head, _ = stats_geometry(p)
     slopes = _slopes(p)
@@ -242,8 +243,9 @@ def _tails(p: FAProblem, meta: torch.Tensor, side: int, fills) -> list[Launch]:
             if end < buf.shape[0]:
                 buf[end:].fill_(value)
         return []
+    end_col = side  # the metadata row past the last batch holds the query end in column 0, the key end in 1
     return [Launch("tail_kernel", (min(cdiv(buf.numel(), TAIL_BLOCK), TAIL_PROGRAMS),),
-                   (buf, meta, side, p.seq.batch, buf.numel(), buf.numel() // buf.shape[0], value), {})
+                   (buf, meta, end_col, p.seq.batch, buf.numel(), buf.numel() // buf.shape[0], value), {})
             for buf, value in fills if buf.numel() > 0]
 
 
