@@ -226,19 +226,22 @@ def keep_mask(spec: DropoutSpec, numels: int) -> torch.Tensor:
 
 
 def build_dropout_spec(*, keep_prob: float, drop_mask: torch.Tensor | None, seed: int | None, offset: int,
-                       numels: int, block_offsets: list[int]) -> DropoutSpec | None:
-    """Validate dropout arguments; None when ``keep_prob == 1`` (any mask is then ignored)."""
+                       numels: int | None, block_offsets: list[int]) -> DropoutSpec | None:
+    """Validate dropout arguments; None when ``keep_prob == 1`` (any mask is then ignored). ``numels`` is None when
+    the sequence lengths are device tensors: a packed mask's size is then not checked (the kernels read no byte past
+    its end). A packed mask stays on its device (the reference copies it to the CPU)."""
     require(isinstance(keep_prob, (int, float)) and 0.0 < keep_prob <= 1.0, "keep_prob", "a value in (0, 1]",
             keep_prob)
     if keep_prob == 1.0:
         return None
     if drop_mask is not None:
         check_tensor("drop_mask", drop_mask, dtypes=(torch.uint8,))
-        need = packed_mask_bytes(numels)
-        require(drop_mask.numel() >= need, "drop_mask",
-                f"a bit-packed uint8 mask of at least ceil(numels/8) = {need} bytes (numels = N1*sum(Sq_b*Skv_b) "
-                f"= {numels})", drop_mask)
-        return DropoutSpec(float(keep_prob), tuple(block_offsets), packed=drop_mask.reshape(-1).cpu())
+        if numels is not None:
+            need = packed_mask_bytes(numels)
+            require(drop_mask.numel() >= need, "drop_mask",
+                    f"a bit-packed uint8 mask of at least ceil(numels/8) = {need} bytes (numels = "
+                    f"N1*sum(Sq_b*Skv_b) = {numels})", drop_mask)
+        return DropoutSpec(float(keep_prob), tuple(block_offsets), packed=drop_mask.reshape(-1))
     require(seed is not None, "drop_mask", "a packed mask, or a seed for the Philox generator, when keep_prob < 1",
             None)
     seed, offset = check_seed_offset(seed, offset)
@@ -256,6 +259,8 @@ def check_seed_offset(seed, offset) -> tuple[int, int]:
     numpy integers and one-element integer tensors are accepted; bools and floats are not. Element ``e`` uses the
     counter ``(offset + e) mod 2**64``.
     """
+    if type(seed) is int and type(offset) is int and INT64_MIN <= seed <= INT64_MAX and 0 <= offset <= INT64_MAX:
+        return seed, offset  # the common case, checked at once
     return (_philox_int("seed", seed, INT64_MIN, "[-2**63, 2**63 - 1] (int64; Philox keys on its 64 bits)"),
             _philox_int("offset", offset, 0, "[0, 2**63 - 1] (a non-negative int64 Philox counter offset)"))
 

@@ -3,8 +3,11 @@
 keep(i, j) iff ``(lo_b <= j - i <= hi_b  OR  j < prefix_b)  AND  NOT explicit[b, n, i, j]``.
 Every sparse mode of every operator is converted here, once, on the host (``cann_semantics.md`` §1.1/§1.2):
 :func:`build_mask_spec` for training FlashAttention, :func:`build_infer_mask_spec` for FusedInferAttentionScore.
-Compressed 2048x2048 / 3072x2048 masks are validated and replaced by the analytic band; full masks that are a
-band on every batch (a causal ``triu`` mask, a sliding window) are replaced by it too (:func:`_with_explicit`).
+A training sparse mode is first a :class:`BandRule` (the band as a function of each batch's lengths), evaluated on
+the host for host lengths and by the FlashAttention prepare kernel for lengths in device tensors
+(:class:`MaskRule`). Compressed 2048x2048 / 3072x2048 masks are replaced by the analytic band (their content is
+checked on the CPU only: the kernels never read them); full CPU masks that are a band on every batch (a causal
+``triu`` mask, a sliding window) are replaced by it too (:func:`_with_explicit`).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import Any
 import torch
 
 from .checks import check_tensor, fail, int_list, require
-from .varlen import SeqInfo, batch_windows
+from .varlen import DeviceSeqLens, SeqInfo, batch_windows
 
 INF = 1 << 62  # "no limit" for band offsets
 MASK_DTYPES = (torch.bool, torch.uint8)
@@ -122,6 +125,61 @@ class MaskSpec:
         return scores
 
 
+@dataclass(frozen=True)
+class BandRule:
+    """A sparse mode's band as a rule of each batch's lengths, ``delta_b = Skv_b - Sq_b``: ``lo_b = lo`` (plus
+    ``delta_b`` with ``lo_delta``) and ``hi_b = hi`` (plus ``delta_b`` with ``hi_delta``), ``-INF``/``INF`` meaning
+    unbounded. With ``special`` (``"last"``/``"first"``: sparse modes 7/8), the last/first batch with queries keeps
+    ``delta_b + special_lo <= j - i <= delta_b + special_hi`` instead. :meth:`bands` evaluates it on host lengths;
+    the FlashAttention prepare kernel evaluates the same rule on lengths in device tensors."""
+
+    lo: int = -INF
+    lo_delta: bool = False
+    hi: int = INF
+    hi_delta: bool = False
+    special: str | None = None
+    special_lo: int = 0
+    special_hi: int = 0
+
+    def bands(self, q_lens, kv_lens) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per-batch ``(lo, hi)`` tuples for host lengths."""
+        deltas = [kv - q for q, kv in zip(q_lens, kv_lens)]
+        lo = [self.lo + d if self.lo_delta else self.lo for d in deltas]
+        hi = [self.hi + d if self.hi_delta else self.hi for d in deltas]
+        if self.special is not None:
+            nonempty = [b for b, q in enumerate(q_lens) if q > 0]
+            if nonempty:
+                b = nonempty[-1] if self.special == "last" else nonempty[0]
+                lo[b], hi[b] = deltas[b] + self.special_lo, deltas[b] + self.special_hi
+        return tuple(lo), tuple(hi)
+
+
+def band_rule(sparse_mode: int, pre_tokens: int, next_tokens: int) -> BandRule:
+    """The band of a training-FA sparse mode (``cann_semantics.md`` §1.1; the modes that take a mask)."""
+    if sparse_mode == 0:
+        return BandRule(-pre_tokens, False, next_tokens, False)
+    if sparse_mode == 1:
+        return BandRule()
+    if sparse_mode == 2:
+        return BandRule(hi=0)
+    if sparse_mode == 4:
+        return BandRule(-pre_tokens, True, next_tokens, True)
+    if sparse_mode in (7, 8):  # varlen externally split: one batch is a bottom-right band with the user's tokens
+        return BandRule(hi=0, hi_delta=sparse_mode == 7, special="last" if sparse_mode == 7 else "first",
+                        special_lo=-pre_tokens, special_hi=next_tokens)
+    return BandRule(hi=0, hi_delta=True)  # 3, 5, 6: bottom-right causal
+
+
+@dataclass(frozen=True)
+class MaskRule:
+    """The mask of a call whose sequence lengths are device tensors: the :class:`BandRule`, the prefix list and the
+    explicit mask (read by the kernels as given; never recognised as a band on the host)."""
+
+    band: BandRule
+    prefix: tuple[int, ...] | None = None
+    explicit: torch.Tensor | None = None
+
+
 @functools.lru_cache(maxsize=64)
 def _band_bound(lo: int, hi: int, offset: int, rows: int, cols: int) -> torch.Tensor:
     """fp32 ``[rows, cols]``: -inf where ``offset + j - i`` is outside ``[lo, hi]``, else +inf (cached by the tile's
@@ -174,14 +232,35 @@ def _memo(mask: torch.Tensor, what: tuple, compute):
     return value
 
 
+_KNOWN_CANONICAL: dict[int, weakref.ref] = {}  # id -> the compressed masks attnops built itself
+
+
+def _known_canonical(mask: torch.Tensor) -> bool:
+    ref = _KNOWN_CANONICAL.get(id(mask))
+    return ref is not None and ref() is mask
+
+
+def compressed_mask_key(atten_mask: torch.Tensor, sparse_mode) -> tuple | None:
+    """What a training-FA compressed mask's validation depends on, when that is not its content (a device mask or
+    one built by :func:`compressed_causal_mask`): its shape, dtype and device; None for every other mask."""
+    compressed = sparse_mode in COMPRESSED_CAUSAL_MODES or sparse_mode == COMPRESSED_PREFIX_MODE
+    if compressed and (atten_mask.device.type != "cpu" or _known_canonical(atten_mask)):
+        return atten_mask.shape, atten_mask.dtype, atten_mask.device
+    return None
+
+
 def _check_compressed(atten_mask: torch.Tensor, rows: int, mode: int) -> None:
+    """A compressed mask's shape, and its content when it is on the CPU. The kernels never read a compressed mask
+    (the mode defines the band), so reading a device mask back would only cost a synchronisation."""
     name = "atten_mask"
     ok = atten_mask.dim() >= 2 and tuple(atten_mask.shape[-2:]) == (rows, 2048) and all(
         s == 1 for s in atten_mask.shape[:-2])
     require(ok, name, f"the compressed [{rows}, 2048] mask for sparse_mode {mode} (leading dims 1)", atten_mask,
             "build it with torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)")
+    if atten_mask.device.type != "cpu" or _known_canonical(atten_mask):
+        return
     canonical = _memo(atten_mask, ("compressed", rows), lambda: torch.equal(
-        atten_mask.reshape(rows, 2048).to(device="cpu", dtype=torch.bool), _canonical_compressed(rows)))
+        atten_mask.reshape(rows, 2048).to(dtype=torch.bool), _canonical_compressed(rows)))
     if not canonical:
         what = "triu(ones(2048, 2048), diagonal=1)" if rows == 2048 else \
             "triu(ones(2048, 2048), 1) stacked on 1024 rows of [0]*1024 + [1]*1024"
@@ -189,13 +268,14 @@ def _check_compressed(atten_mask: torch.Tensor, rows: int, mode: int) -> None:
              "the NPU reads this mask as a sliding window; any other content is undefined")
 
 
-def _explicit(atten_mask: torch.Tensor, seq: SeqInfo, n1: int, mode: int) -> torch.Tensor:
+def _explicit(atten_mask: torch.Tensor, seq: SeqInfo | DeviceSeqLens, n1: int, mode: int) -> torch.Tensor:
     """Validate a full (uncompressed) mask and return it as bool ``[Bm, Nm, R, C]``."""
     name = "atten_mask"
     shape = tuple(atten_mask.shape)
     if seq.packed:
         ok = atten_mask.dim() == 2 or (atten_mask.dim() == 4 and shape[:2] == (1, 1))
-        ok = ok and shape[-2] >= seq.max_q and shape[-1] >= seq.max_kv
+        if not isinstance(seq, DeviceSeqLens) or seq.bounds_given:  # else lengths are bounded by the mask's size
+            ok = ok and shape[-2] >= seq.max_q and shape[-1] >= seq.max_kv
         require(ok, name, f"a [maxSq, maxSkv] = [>={seq.max_q}, >={seq.max_kv}] mask for varlen (TND) "
                 f"sparse_mode {mode}; each batch uses its top-left [Sq_b, Skv_b] slice", atten_mask)
     else:
@@ -214,7 +294,10 @@ def _with_explicit(lo: tuple[int, ...], hi: tuple[int, ...], explicit: torch.Ten
     mask that is itself a band on every batch (a causal ``triu`` mask, a sliding window) becomes that band, so
     tiles outside it are skipped and none reads the mask: exactly the same entries are kept. ``what`` (hashable)
     names how ``explicit`` was derived from ``atten_mask``: the finding is remembered for the same, unmodified
-    mask (:func:`_memo`)."""
+    mask (:func:`_memo`). Only CPU masks are read: a device mask stays explicit (the same entries are kept, the
+    kernels read it), as reading it back would synchronise."""
+    if atten_mask.device.type != "cpu":
+        return MaskSpec(lo, hi, explicit=explicit)
     band = _memo(atten_mask, ("band", seq, *what), lambda: _explicit_band(explicit, seq))
     if band is None:
         return MaskSpec(lo, hi, explicit=explicit)
@@ -282,51 +365,43 @@ def _check_band_tokens(pre: int, nxt: int, sq: int, skv: int) -> None:
 
 
 def build_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, pre_tokens: int, next_tokens: int,
-                    prefix, seq: SeqInfo, n1: int, allowed_modes: tuple[int, ...]) -> MaskSpec:
-    """Convert a training-FA sparse mode (0..8) and its mask/tokens/prefix into a :class:`MaskSpec`."""
+                    prefix, seq: SeqInfo | DeviceSeqLens, n1: int, allowed_modes: tuple[int, ...]
+                    ) -> MaskSpec | MaskRule:
+    """Convert a training-FA sparse mode (0..8) and its mask/tokens/prefix into a :class:`MaskSpec` (host lengths)
+    or a :class:`MaskRule` (lengths in device tensors, :class:`~attnops._core.varlen.DeviceSeqLens`)."""
     require(sparse_mode in allowed_modes, "sparse_mode",
             f"one of {list(allowed_modes)} for {'TND' if seq.packed else 'dense'} layouts", sparse_mode)
-    nb = seq.batch
-    full = MaskSpec((-INF,) * nb, (INF,) * nb)
-    if atten_mask is None:
-        return full  # no mask: sparse_mode, pre and next are ignored (CANN doc)
+    device = isinstance(seq, DeviceSeqLens)
+    if atten_mask is None:  # no mask: sparse_mode, pre and next are ignored (CANN doc)
+        return MaskRule(BandRule()) if device else MaskSpec((-INF,) * seq.batch, (INF,) * seq.batch)
     check_tensor("atten_mask", atten_mask, dtypes=MASK_DTYPES)
-    deltas = [kv - q for q, kv in zip(seq.q_lens, seq.kv_lens)]
     if sparse_mode in COMPRESSED_CAUSAL_MODES:
         _check_compressed(atten_mask, 2048, sparse_mode)
     if sparse_mode == COMPRESSED_PREFIX_MODE:
         _check_compressed(atten_mask, 3072, sparse_mode)
     if sparse_mode == 0:
         _check_band_tokens(pre_tokens, next_tokens, seq.max_q, seq.max_kv)
-        return _with_explicit((-pre_tokens,) * nb, (next_tokens,) * nb, _explicit(atten_mask, seq, n1, 0), seq,
-                              atten_mask, (n1,))
-    if sparse_mode == 1:
-        return _with_explicit(full.lo, full.hi, _explicit(atten_mask, seq, n1, 1), seq, atten_mask, (n1,))
-    if sparse_mode == 2:
-        return MaskSpec(full.lo, (0,) * nb)
-    if sparse_mode == 3:
-        return MaskSpec(full.lo, tuple(deltas))
-    if sparse_mode == 4:
-        return MaskSpec(tuple(d - pre_tokens for d in deltas), tuple(d + next_tokens for d in deltas))
-    if sparse_mode in (5, 6):
-        pfx = _prefix(prefix, seq)
-        explicit = _explicit(atten_mask, seq, n1, 5) if sparse_mode == 5 else None
-        return MaskSpec(full.lo, tuple(deltas), prefix=pfx, explicit=explicit)
-    # modes 7 and 8: varlen externally split; one batch is a bottom-right band with the user's tokens
-    nonempty = [b for b in range(nb) if seq.q_lens[b] > 0]
-    band_b = (nonempty[-1] if sparse_mode == 7 else nonempty[0]) if nonempty else -1
-    lo, hi = list(full.lo), list(deltas if sparse_mode == 7 else (0,) * nb)
-    if band_b >= 0:
-        lo[band_b] = deltas[band_b] - pre_tokens
-        hi[band_b] = deltas[band_b] + next_tokens
-    return MaskSpec(tuple(lo), tuple(hi))
+    rule = band_rule(sparse_mode, pre_tokens, next_tokens)
+    explicit = _explicit(atten_mask, seq, n1, sparse_mode) if sparse_mode in (0, 1, 5) else None
+    pfx = _prefix(prefix, seq) if sparse_mode in (5, 6) else None
+    if device:
+        return MaskRule(rule, pfx, explicit)
+    lo, hi = rule.bands(seq.q_lens, seq.kv_lens)
+    if sparse_mode in (0, 1):
+        return _with_explicit(lo, hi, explicit, seq, atten_mask, (n1,))
+    return MaskSpec(lo, hi, prefix=pfx, explicit=explicit)
 
 
-def _prefix(prefix, seq: SeqInfo) -> tuple[int, ...]:
+def _prefix(prefix, seq: SeqInfo | DeviceSeqLens) -> tuple[int, ...]:
+    """The per-batch prefix lengths, checked against host lengths (device lengths: the kernels clamp them)."""
     values = int_list("prefix", prefix)
     require(values is not None and len(values) >= seq.batch, "prefix",
             f"a list with one value per batch (B={seq.batch}) for sparse_mode 5/6", prefix)
     values = values[:seq.batch]
+    if isinstance(seq, DeviceSeqLens):
+        for b, p in enumerate(values):
+            require(p >= 0, f"prefix[{b}]", "a value >= 0", p)
+        return tuple(values)
     for b, (p, sq, skv) in enumerate(zip(values, seq.q_lens, seq.kv_lens)):
         lo = 0 if sq > skv else skv - sq
         require(lo <= p <= skv, f"prefix[{b}]", f"a value in [{lo}, {skv}] (Sq={sq}, Skv={skv})", p)
@@ -392,21 +467,26 @@ def build_infer_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, 
         lo, hi = (full.lo, full.hi) if plain else ((-pre_tokens,) * nb, (next_tokens,) * nb)
         return _with_explicit(lo, hi, explicit, seq, atten_mask, ("infer", decode, rows, cols, q_offsets, kv_offsets))
     _check_compressed(atten_mask, 2048, sparse_mode)
-    deltas = [kv - q for q, kv in zip(seq.q_lens, seq.kv_lens)]
-    if sparse_mode == 2:
-        return MaskSpec(full.lo, zeros)
-    if sparse_mode == 3:
-        return MaskSpec(full.lo, tuple(deltas))
-    return MaskSpec(tuple(d - pre_tokens for d in deltas), tuple(d + next_tokens for d in deltas))
+    return MaskSpec(*band_rule(sparse_mode, pre_tokens, next_tokens).bands(seq.q_lens, seq.kv_lens))
 
 
 TOKENS_UNBOUNDED = 2147483647  # CANN's "no limit" for pre_tokens / next_tokens
 
 
-@functools.lru_cache(maxsize=8)
 def compressed_causal_mask(device: torch.device) -> torch.Tensor:
-    """The canonical compressed 2048x2048 causal mask on ``device`` (one shared, never-written tensor)."""
-    return _canonical_compressed(2048).to(device)
+    """The canonical compressed 2048x2048 causal mask on ``device``: one shared, never-written tensor per device,
+    built there (no upload) and known to be canonical, so its content is never checked. Under ``torch.compile`` it is
+    built in the graph (a cached tensor cannot be traced)."""
+    if torch.compiler.is_compiling():
+        return torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
+    return _shared_compressed_causal_mask(device)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_compressed_causal_mask(device: torch.device) -> torch.Tensor:
+    mask = torch.ones(2048, 2048, dtype=torch.bool, device=device).triu_(1)
+    _KNOWN_CANONICAL[id(mask)] = weakref.ref(mask)
+    return mask
 
 
 def window_sparse_args(causal: Any, window_size: Any, *, sparse_mode: int, atten_mask, pre_tokens: int,
@@ -419,6 +499,8 @@ def window_sparse_args(causal: Any, window_size: Any, *, sparse_mode: int, atten
     sparse_mode 3 (causal alone) or 4 with ``pre_tokens=left``, ``next_tokens=right``. They cannot be combined
     with ``sparse_mode``, ``atten_mask``, ``pre_tokens`` or ``next_tokens`` (one way to say the mask).
     """
+    if causal is False and window_size == (-1, -1):
+        return None  # the defaults: neither is used
     require(isinstance(causal, bool), "causal", "a bool", causal)
     ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
           and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
@@ -431,7 +513,7 @@ def window_sparse_args(causal: Any, window_size: Any, *, sparse_mode: int, atten
                                      ("next_tokens", next_tokens != TOKENS_UNBOUNDED)) if used]
     require(not given, "causal", "causal/window_size alone (they replace sparse_mode, atten_mask, pre_tokens and "
             "next_tokens)", f"causal={causal}, window_size={tuple(window_size)} with {', '.join(given)}")
-    mask = compressed_causal_mask(torch.device(device))
+    mask = compressed_causal_mask(device if isinstance(device, torch.device) else torch.device(device))
     if causal:
         right = 0  # as flash-attn: causal is the window's right edge on the diagonal
         if left == -1:

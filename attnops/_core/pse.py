@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_tensor, fail, int_list, require
-from .masks import MaskSpec
-from .varlen import SeqInfo
+from .masks import MaskRule, MaskSpec
+from .varlen import DeviceSeqLens, SeqInfo
 
 ALIBI_ROWS = 1024
 PSE_TYPES = (0, 1, 2, 3)
@@ -23,6 +23,9 @@ class PseSpec:
 
     A flattened TND pse (1-D) is ``full`` or ``row`` with ``segments``: batch b's ``(offset, N1, rows, cols)`` block
     of the 1-D tensor, read as ``[N1, rows, cols]`` (rows = Sq_b for ``full``, 1 for ``row``).
+    ``slopes`` (pse_type 2/3) start counting positions at ``start_idx`` (q, kv) in every batch, or in batch 0 alone
+    with ``first_batch_only`` (varlen sparse_mode 8); ``q_start``/``kv_start`` hold the per-batch starts for host
+    lengths (the prepare kernel derives them for device lengths).
     """
 
     pse_type: int
@@ -31,6 +34,8 @@ class PseSpec:
     q_start: tuple[int, ...] = ()
     kv_start: tuple[int, ...] = ()
     segments: tuple[tuple[int, int, int, int], ...] = ()
+    start_idx: tuple[int, int] = (0, 0)
+    first_batch_only: bool = False
 
     @property
     def flattened(self) -> bool:
@@ -123,43 +128,68 @@ def _masks_upper_triangle(mask: MaskSpec, seq: SeqInfo) -> bool:
     return True
 
 
-def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo, n1: int, dtype: torch.dtype,
-                   mask: MaskSpec, sparse_mode: int, q_start_idx=None, kv_start_idx=None) -> PseSpec | None:
-    """Validate ``pse`` against ``pse_type`` and the geometry; None when there is no pse."""
+def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo | DeviceSeqLens, n1: int,
+                   dtype: torch.dtype, mask: MaskSpec | MaskRule, sparse_mode: int, q_start_idx=None,
+                   kv_start_idx=None) -> PseSpec | None:
+    """Validate ``pse`` against ``pse_type`` and the geometry; None when there is no pse. With lengths in device
+    tensors the checks that need their values (Sq == Skv for ALiBi, segment sizes) cannot run; the forms that
+    cannot be told apart without them (the 1-D TND pse) or need them checked (the ALiBi-compressed pse with an
+    explicit mask) are refused."""
     require(pse_type in PSE_TYPES, "pse_type", f"one of {list(PSE_TYPES)}", pse_type)
     if pse is None:
         return None
     check_tensor("pse", pse)
     require(not (seq.packed and sparse_mode == 7), "pse", "None with sparse_mode 7 (not supported by the operator)",
             pse)
-    require(all(n > 0 for n in seq.q_lens), "pse",
-            "None when some batch has a query length of 0 (actual_seq_qlen repeats a value)", pse)
+    device = isinstance(seq, DeviceSeqLens)
+    unbounded = device and not seq.bounds_given  # device lengths bounded by the pse's extents, not checked here
+    if not device:
+        require(all(n > 0 for n in seq.q_lens), "pse",
+                "None when some batch has a query length of 0 (actual_seq_qlen repeats a value)", pse)
     if pse_type in (2, 3):
         return _slopes_spec(pse, pse_type, seq, n1, sparse_mode, _start("q_start_idx", q_start_idx),
                             _start("kv_start_idx", kv_start_idx))
     if pse.dtype != dtype:
         fail("pse", f"dtype {dtype} (same as query) for pse_type {pse_type}", pse)
     if pse.dim() == 1:
+        require(not device, "pse", "a 4-D pse with cu_seqlens tensors on the device (the 1-D TND pse is read by "
+                "the host lengths)", pse, "pass actual_seq_qlen/actual_seq_kvlen lists (or CPU cu_seqlens)")
         return _flattened_spec(pse, pse_type, seq, n1)
     require(pse.dim() == 4 and pse.shape[1] == n1 and pse.shape[0] in (1, seq.batch), "pse",
             f"a 4-D [B|1, N1={n1}, Sq, Skv] tensor (B={seq.batch}) for pse_type {pse_type}", pse)
     rows, cols = pse.shape[2], pse.shape[3]
     sq, skv = seq.max_q, seq.max_kv
     if rows == ALIBI_ROWS and (seq.packed or sq > ALIBI_ROWS):  # TND: the 4-D 1024-row pse is always compressed
-        require(all(a == b for a, b in zip(seq.q_lens, seq.kv_lens)), "pse",
-                "Sq == Skv for every batch with the ALiBi-compressed [.., 1024, Skv] pse", pse)
-        require(cols >= skv, "pse", f"a last dim >= Skv={skv} for the ALiBi-compressed pse", pse)
-        require(sparse_mode in (0, 2, 3) and _masks_upper_triangle(mask, seq), "pse",
-                "a causal (lower-triangular) mask with the ALiBi-compressed pse (sparse_mode 0/2/3)",
-                f"sparse_mode={sparse_mode}")
+        if device:
+            require(sparse_mode in (2, 3) and mask.explicit is None, "pse", "a causal mask (causal=True, "
+                    "sparse_mode 2/3) with the ALiBi-compressed pse and cu_seqlens tensors on the device",
+                    f"sparse_mode={sparse_mode}", "pass host lengths to use sparse_mode 0 with a mask")
+        else:
+            require(all(a == b for a, b in zip(seq.q_lens, seq.kv_lens)), "pse",
+                    "Sq == Skv for every batch with the ALiBi-compressed [.., 1024, Skv] pse", pse)
+            require(sparse_mode in (0, 2, 3) and _masks_upper_triangle(mask, seq), "pse",
+                    "a causal (lower-triangular) mask with the ALiBi-compressed pse (sparse_mode 0/2/3)",
+                    f"sparse_mode={sparse_mode}")
+        require(cols >= skv or unbounded, "pse", f"a last dim >= Skv={skv} for the ALiBi-compressed pse", pse)
         return PseSpec(pse_type, "alibi", pse)
     if rows == 1:
-        require(cols == skv or (seq.packed and cols >= skv), "pse", f"[B|1, N1, 1, Skv={skv}] (row broadcast)", pse)
+        require(cols == skv or (seq.packed and cols >= skv) or unbounded, "pse",
+                f"[B|1, N1, 1, Skv={skv}] (row broadcast)", pse)
         return PseSpec(pse_type, "row", pse)
-    ok = (rows == sq and cols == skv) or (seq.packed and rows >= sq and cols >= skv)
+    ok = (rows == sq and cols == skv) or (seq.packed and rows >= sq and cols >= skv) or unbounded
     require(ok, "pse", f"[B|1, N1, Sq={sq}, Skv={skv}], [B, N1, 1, Skv] or the ALiBi-compressed "
             "[B|1, N1, 1024, Skv] (TND: always; other layouts: when Sq > 1024)", pse)
     return PseSpec(pse_type, "full", pse)
+
+
+def pse_extents(pse: PseSpec | None) -> tuple[int | None, int | None]:
+    """The query rows and key columns a pse covers (None: any), which bound lengths the host cannot check."""
+    if pse is None or pse.kind == "slopes":
+        return None, None
+    cols = pse.tensor.shape[-1]
+    if pse.kind == "alibi":  # read along the diagonal: its gradient needs Sq <= W as well
+        return cols, cols
+    return (pse.tensor.shape[2] if pse.kind == "full" else None), cols
 
 
 def _flattened_spec(pse: torch.Tensor, pse_type: int, seq: SeqInfo, n1: int) -> PseSpec:
@@ -181,15 +211,18 @@ def _flattened_spec(pse: torch.Tensor, pse_type: int, seq: SeqInfo, n1: int) -> 
     return PseSpec(pse_type, "row" if row else "full", pse, segments=tuple(segments))
 
 
-def _slopes_spec(slopes, pse_type, seq: SeqInfo, n1, sparse_mode, q_start, kv_start) -> PseSpec:
+def _slopes_spec(slopes, pse_type, seq: SeqInfo | DeviceSeqLens, n1, sparse_mode, q_start, kv_start) -> PseSpec:
     if slopes.dtype != torch.float32:
         fail("pse", f"float32 ALiBi slopes for pse_type {pse_type}", slopes)
     ok = (slopes.dim() == 1 and slopes.shape[0] == n1) or (slopes.dim() == 2 and tuple(slopes.shape) == (seq.batch, n1))
     require(ok, "pse", f"slopes of shape [B={seq.batch}, N1={n1}] or [N1={n1}] for pse_type {pse_type}", slopes)
+    first_only = seq.packed and sparse_mode == 8
+    rule = dict(start_idx=(q_start, kv_start), first_batch_only=first_only)
+    if isinstance(seq, DeviceSeqLens):
+        return PseSpec(pse_type, "slopes", slopes, **rule)
     qs, ks = [], []
     for b, (sq, skv) in enumerate(zip(seq.q_lens, seq.kv_lens)):
-        split_batch = seq.packed and sparse_mode == 8 and b == 0
-        if split_batch:
+        if first_only and b == 0:
             require(sq - skv + q_start - kv_start == 0, "q_start_idx",
                     "actual_seq_qlen[0] - actual_seq_kvlen[0] + q_start_idx - kv_start_idx == 0 "
                     "for sparse_mode 8 with pse_type 2/3", f"Sq={sq}, Skv={skv}, q_start_idx={q_start}, "
@@ -197,7 +230,7 @@ def _slopes_spec(slopes, pse_type, seq: SeqInfo, n1, sparse_mode, q_start, kv_st
         else:
             require(sq == skv, "pse", f"Sq == Skv for internally generated ALiBi (pse_type {pse_type})",
                     f"Sq={sq}, Skv={skv} in batch {b}")
-        keep_start = not (seq.packed and sparse_mode == 8 and b > 0)
+        keep_start = not (first_only and b > 0)
         qs.append(q_start if keep_start else 0)
         ks.append(kv_start if keep_start else 0)
-    return PseSpec(pse_type, "slopes", slopes, tuple(qs), tuple(ks))
+    return PseSpec(pse_type, "slopes", slopes, tuple(qs), tuple(ks), **rule)

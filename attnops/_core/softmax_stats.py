@@ -26,15 +26,6 @@ def stats_dtype(input_dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if input_dtype == torch.float64 else torch.float32
 
 
-def new_stats(seq: SeqInfo, n1: int, total_q: int, device, input_dtype: torch.dtype
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fresh (softmax_max, softmax_sum) filled with the invalid-row values."""
-    shape = stats_shape(seq, n1, total_q)
-    dtype = stats_dtype(input_dtype)
-    return (torch.full(shape, FLT_LOWEST, dtype=dtype, device=device),
-            torch.full(shape, FLT_MAX, dtype=dtype, device=device))
-
-
 def stats_block(buf: torch.Tensor, seq: SeqInfo, b: int, softmax_layout: str) -> torch.Tensor:
     """View of batch ``b``'s statistics as ``[N1, Sq_b, 8]`` (writes go to ``buf``)."""
     if not seq.packed:

@@ -1,7 +1,8 @@
 """Sequence lengths: cumulative ``actual_seq_*`` lists, FA-style ``cu_seqlens`` and per-batch offsets.
 
 Internally every operator works on a :class:`SeqInfo`: per-batch lengths and start offsets of the query and
-key/value tokens. Dense layouts are the special case of ``B`` equal lengths.
+key/value tokens. Dense layouts are the special case of ``B`` equal lengths. Lengths given as flash-attn style
+``cu_seqlens`` tensors on a GPU stay there (:class:`DeviceSeqLens`): the kernels read them, the host never does.
 """
 from __future__ import annotations
 
@@ -50,6 +51,59 @@ class SeqInfo:
     def dense(batch: int, sq: int, skv: int) -> "SeqInfo":
         return SeqInfo((sq,) * batch, (skv,) * batch, tuple(b * sq for b in range(batch)),
                        tuple(b * skv for b in range(batch)), packed=False)
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceSeqLens:
+    """Varlen (TND) lengths as ``cu_seqlens`` tensors (int32/int64 ``[B + 1]``, leading 0) that only the kernels
+    read. ``max_q``/``max_kv`` bound every length: ``max_seqlen_q/k`` when given (``bounds_given``), else the token
+    counts, lowered to the rows/columns of a mask or pse the call reads. The kernels clamp each sequence to its
+    packed tensor and to these bounds, so no length can address memory out of bounds; the values are not
+    validated."""
+
+    cu_q: torch.Tensor
+    cu_kv: torch.Tensor
+    max_q: int
+    max_kv: int
+    bounds_given: bool = False
+
+    packed = True
+
+    @property
+    def batch(self) -> int:
+        return self.cu_q.shape[0] - 1
+
+    def bounded(self, rows: int | None = None, cols: int | None = None) -> "DeviceSeqLens":
+        """These lengths, bounded by ``rows`` query and ``cols`` key/value tokens too (None: no bound)."""
+        return DeviceSeqLens(self.cu_q, self.cu_kv, self.max_q if rows is None else min(self.max_q, rows),
+                             self.max_kv if cols is None else min(self.max_kv, cols), self.bounds_given)
+
+
+def device_seq_lens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_kv: int,
+                    max_seqlen_q: int | None, max_seqlen_k: int | None, device: torch.device) -> DeviceSeqLens:
+    """Validate ``cu_seqlens`` tensors on ``device`` (shapes and dtypes only: their values stay on the device)."""
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        require(isinstance(t, torch.Tensor) and t.dtype in (torch.int32, torch.int64) and t.dim() == 1
+                and t.shape[0] >= 1, name, "a 1-D int32/int64 tensor [B + 1] (leading 0)", t)
+        require(t.device == device, name, f"a tensor on {device} like query (or a CPU tensor or list)", t)
+    require(cu_seqlens_k.shape[0] == cu_seqlens_q.shape[0], "cu_seqlens_k",
+            f"the same length as cu_seqlens_q ({cu_seqlens_q.shape[0]})", cu_seqlens_k)
+    check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    require((max_seqlen_q is None) == (max_seqlen_k is None), "max_seqlen_k", "max_seqlen_q and max_seqlen_k together",
+            "only one of them")
+    if max_seqlen_q is None:
+        return DeviceSeqLens(cu_seqlens_q, cu_seqlens_k, total_q, total_kv)
+    return DeviceSeqLens(cu_seqlens_q, cu_seqlens_k, min(max_seqlen_q, total_q), min(max_seqlen_k, total_kv), True)
+
+
+def check_max_seqlen(name: str, value, longest: int | None = None) -> None:
+    """``max_seqlen_q/k``: None or an int >= 0, at least the longest host length (``longest``) when known."""
+    if value is None:
+        return
+    require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name, "an int >= 0", value)
+    if longest is not None:
+        require(value >= longest, name, f"an int >= the longest sequence ({longest})", value)
 
 
 def lengths_from_cumulative(name: str, cumulative, total: int | None = None) -> list[int]:

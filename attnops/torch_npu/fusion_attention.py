@@ -112,7 +112,7 @@ def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, at
                int_list("prefix", prefix), qlen, kvlen, sparse_mode, pse_type, _start("q_start_idx", q_start_idx),
                _start("kv_start_idx", kv_start_idx), softmax_layout, seed, offset)
     if sink is None:
-        out, smax, ssum = fa_op.flash_attention_fwd(q, k, value, pse, atten_mask, drop_mask, *scalars)
+        out, smax, ssum = fa_op.flash_attention(q, k, value, pse, atten_mask, drop_mask, *scalars)
     else:
         check_sink(sink, head_num)
         sink_kw = dict(layout=layout, softmax_layout=softmax_layout, q_lens=_q_lens(layout, qlen, query),

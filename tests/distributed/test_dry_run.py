@@ -1,8 +1,8 @@
 """Context parallelism on the GPU path, on ``meta`` tensors inside ``gpu_dry_run()``: sharding, the TND chunk
 gathers and the ring / Ulysses orchestration around the operator read no device value on the host and hand the
 operator only tensors on the inputs' device. A one-rank Gloo group runs the whole call without a collective (Gloo
-takes no ``meta`` tensors, and one rank never exchanges); the operator is stubbed where its own host reads (being
-removed in FlashAttention) would stop the call, and called for real in strict-xfail tests that flip when they are."""
+takes no ``meta`` tensors, and one rank never exchanges); the orchestration tests stub the operator, the last ones
+call it for real."""
 from __future__ import annotations
 
 import pytest
@@ -12,13 +12,10 @@ import torch.distributed as dist
 from attnops.distributed import ring, ring_flash_attention, ring_shard, ring_unshard, ulysses, ulysses_flash_attention
 from attnops.distributed.sharding import RingChunks
 from attnops.ops.flash_attention import FlashAttentionResult
-from attnops.testing import HostSyncError, gpu_dry_run
+from attnops.testing import gpu_dry_run
 
 META = torch.device("meta")
 F16 = torch.float16
-FA_SYNC = pytest.mark.xfail(strict=True, raises=HostSyncError,
-                            reason="FlashAttention sync: attnops/_core/masks.py:409 (blocking upload of the causal "
-                                   "mask), attnops/ops/flash_attention/triton/launch.py:142 (batch metadata)")
 
 
 def meta(*shape, dtype=F16, grad=False):
@@ -109,7 +106,6 @@ def test_ulysses_on_meta(world1, operator_calls, layout, shape, lens):
     assert kw["causal"] is True and "atten_mask" not in kw
 
 
-@FA_SYNC
 def test_ring_flash_attention_launches(world1):
     q = meta(1, 4, 8, 16)
     with gpu_dry_run() as launches:
@@ -117,7 +113,6 @@ def test_ring_flash_attention_launches(world1):
     assert launches
 
 
-@FA_SYNC
 def test_ulysses_flash_attention_launches(world1):
     q = meta(1, 16, 4, 16)
     with gpu_dry_run() as launches:

@@ -16,10 +16,7 @@ META = torch.device("meta")
 F16 = torch.float16
 T, N, KVN, D, DV, BLOCKS, BLOCK = 6, 4, 2, 32, 16, 8, 16
 
-# the attention operators still read device values on the host; these flip to passing when they no longer do
-FA_SYNC = pytest.mark.xfail(strict=True, raises=HostSyncError,
-                            reason="FlashAttention sync: attnops/ops/flash_attention/triton/launch.py:142 (blocking "
-                                   "batch-metadata upload), attnops/ops/flash_attention/api.py:58 (cu_seqlens read)")
+# FusedInferAttention still reads device values on the host; these flip to passing when it no longer does
 FIA_SYNC = pytest.mark.xfail(strict=True, raises=HostSyncError,
                              reason="FusedInferAttention sync: attnops/ops/fused_infer_attention/problem.py:338 "
                                     "(block ids checked on the host), problem.py:224 (length tensor read)")
@@ -175,12 +172,10 @@ def _flash_attention_unpad(seq_len):
     assert launches
 
 
-@FA_SYNC
 def test_flash_attention_unpad_with_host_seq_len():
     _flash_attention_unpad(torch.tensor([5, 8], dtype=torch.int32))
 
 
-@FA_SYNC
 def test_flash_attention_unpad_with_device_seq_len():
     _flash_attention_unpad(meta(2, dtype=torch.int32))
 
@@ -259,7 +254,6 @@ def test_attention_update():
     assert out.shape == (12, DV) and lse.shape == (12,)
 
 
-@FA_SYNC
 def test_mindspeed_fusion_attention_v2():
     q = meta(1, 2, 64, D)
     with gpu_dry_run() as launches:

@@ -1,6 +1,7 @@
 """Pythonic FlashAttention API: defaults, validation, dispatch. No math here."""
 from __future__ import annotations
 
+import contextlib
 from typing import Literal, NamedTuple
 
 import torch
@@ -43,35 +44,60 @@ def _head_num(query: Tensor, layout: str, head_num: int | None) -> int:
 
 
 def _start(name: str, value) -> int:
+    if type(value) is int:
+        return value
     if isinstance(value, (list, tuple)):
         return int(value[0]) if value else 0
     require(isinstance(value, int) and not isinstance(value, bool), name, "an int (global start index)", value)
     return value
 
 
-def _seq_lists(layout, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen):
+def _seq_lengths(layout, query, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen):
+    """``(actual_seq_qlen, actual_seq_kvlen, cu_seqlens_q, cu_seqlens_k)`` for the ops: host lists as cumulative lists,
+    ``cu_seqlens`` tensors as they are (never read here: the op reads CPU tensors, the kernels device ones)."""
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         require(actual_seq_qlen is None and actual_seq_kvlen is None, "cu_seqlens_q",
                 "either cu_seqlens_q/k (leading 0) or actual_seq_qlen/kvlen (cumulative), not both", "both")
         require(cu_seqlens_q is not None and cu_seqlens_k is not None, "cu_seqlens_k",
                 "cu_seqlens_q and cu_seqlens_k together", "only one of them")
+        require(layout == "TND", "cu_seqlens_q", "None for dense layouts (sequence lengths are for layout 'TND')",
+                cu_seqlens_q)
+        tensors = [isinstance(t, Tensor) for t in (cu_seqlens_q, cu_seqlens_k)]
+        if all(tensors):
+            for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+                require(t.device in (query.device, torch.device("cpu")), name,
+                        f"a tensor on {query.device} (the device of query) or on the CPU", t)
+            return None, None, cu_seqlens_q, cu_seqlens_k
+        require(not any(tensors), "cu_seqlens_k", "cu_seqlens_q and cu_seqlens_k of one kind (tensors or lists)",
+                "a tensor and a list")
         actual_seq_qlen = cumulative_from_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
         actual_seq_kvlen = cumulative_from_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     if layout != "TND":
         require(actual_seq_qlen is None and actual_seq_kvlen is None, "actual_seq_qlen",
                 "None for dense layouts (sequence lengths are for layout 'TND')", actual_seq_qlen)
     to_list = (lambda x: None if x is None else [int(v) for v in (x.tolist() if isinstance(x, Tensor) else x)])
-    return to_list(actual_seq_qlen), to_list(actual_seq_kvlen)
+    return to_list(actual_seq_qlen), to_list(actual_seq_kvlen), None, None
 
 
-_OPTIONS = ("causal", "window_size", "layout", "head_num", "scale", "pse", "pse_type", "atten_mask", "sparse_mode", "pre_tokens",
-            "next_tokens", "prefix", "cu_seqlens_q", "cu_seqlens_k", "actual_seq_qlen", "actual_seq_kvlen",
-            "keep_prob", "drop_mask", "seed", "offset", "q_start_idx", "kv_start_idx", "softmax_layout", "backend")
+_OPTIONS = frozenset((
+    "causal", "window_size", "layout", "head_num", "scale", "pse", "pse_type", "atten_mask", "sparse_mode",
+    "pre_tokens", "next_tokens", "prefix", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+    "actual_seq_qlen", "actual_seq_kvlen", "keep_prob", "drop_mask", "seed", "offset", "q_start_idx", "kv_start_idx",
+    "softmax_layout", "backend"))
+
+
+def _prefix_list(prefix):
+    """``prefix`` as a host list: a list, or a CPU tensor (a device tensor would be read back, synchronising)."""
+    if not isinstance(prefix, Tensor):
+        return None if prefix is None else [int(v) for v in prefix]
+    require(prefix.device.type == "cpu", "prefix", "a list of ints or a CPU tensor", prefix,
+            "pass prefix.tolist() (reading a device tensor on every call would synchronise with the device)")
+    return [int(v) for v in prefix.tolist()]
 
 
 def _op_args(query, *, causal, window_size, layout, head_num, scale, pse, pse_type, atten_mask, sparse_mode, pre_tokens,
-             next_tokens, prefix, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen, keep_prob,
-             drop_mask, seed, offset, q_start_idx, kv_start_idx, softmax_layout, backend):
+             next_tokens, prefix, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, actual_seq_qlen,
+             actual_seq_kvlen, keep_prob, drop_mask, seed, offset, q_start_idx, kv_start_idx, softmax_layout, backend):
     """Resolve the Pythonic defaults into the custom ops' argument list (after the tensors)."""
     check_tensor("query", query)
     layout = normalize_layout("layout", layout)
@@ -84,17 +110,18 @@ def _op_args(query, *, causal, window_size, layout, head_num, scale, pse, pse_ty
         sparse_mode, atten_mask, pre_tokens, next_tokens = sparse.values()
     require_mask_for_mode(sparse_mode, atten_mask)
     check_same_device("query", query, atten_mask=atten_mask, pse=pse, drop_mask=drop_mask)
-    qlen, kvlen = _seq_lists(layout, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen)
+    qlen, kvlen, cu_seqlens_q, cu_seqlens_k = _seq_lengths(layout, query, cu_seqlens_q, cu_seqlens_k,
+                                                          actual_seq_qlen, actual_seq_kvlen)
     if keep_prob < 1.0 and drop_mask is None and seed is None:
         seed = draw_seed()
     seed, offset = check_seed_offset(0 if seed is None else seed, offset)
-    prefix = None if prefix is None else [int(v) for v in (prefix.tolist() if isinstance(prefix, Tensor) else prefix)]
     return dict(pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, head_num=head_num, layout=layout,
                 scale=float(scale), keep_prob=float(keep_prob), pre_tokens=pre_tokens, next_tokens=next_tokens,
-                prefix=prefix, actual_seq_qlen=qlen, actual_seq_kvlen=kvlen, sparse_mode=sparse_mode,
+                prefix=_prefix_list(prefix), actual_seq_qlen=qlen, actual_seq_kvlen=kvlen, sparse_mode=sparse_mode,
                 pse_type=pse_type, q_start_idx=_start("q_start_idx", q_start_idx),
                 kv_start_idx=_start("kv_start_idx", kv_start_idx), softmax_layout=softmax_layout,
-                seed=seed, offset=offset, backend=backend)
+                seed=seed, offset=offset, backend=backend, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
 def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool = False,
@@ -102,6 +129,7 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
                     scale: float | None = None, pse: Tensor | None = None, pse_type: int = 1,
                     atten_mask: Tensor | None = None, sparse_mode: int = 0, pre_tokens: int = INT_MAX,
                     next_tokens: int = INT_MAX, prefix=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                    max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
                     actual_seq_qlen=None, actual_seq_kvlen=None, keep_prob: float = 1.0,
                     drop_mask: Tensor | None = None, seed: int | None = None, offset: int = 0,
                     q_start_idx: int = 0, kv_start_idx: int = 0, softmax_layout: str = "",
@@ -109,7 +137,10 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
     """CANN FlashAttention (FlashAttentionScore / VarLenScore V1-V2), differentiable.
 
     Shapes: ``layout`` "BNSD" ``[B, N, S, D]`` (default), "BSND", "BSH"/"SBH" (``head_num`` required), or "TND"
-    ``[T, N, D]`` with ``cu_seqlens_q/k`` (int, leading 0) or ``actual_seq_qlen/kvlen`` (CANN cumulative lists).
+    ``[T, N, D]`` with ``cu_seqlens_q/k`` (ints, leading 0) or ``actual_seq_qlen/kvlen`` (CANN cumulative lists).
+    ``cu_seqlens`` as int32/int64 tensors on a GPU stay there (flash-attn style: never read on the host, their
+    values not validated), with optional ``max_seqlen_q/k`` bounding the lengths (default: T; longer sequences are
+    cut there); host lists and CPU tensors are validated.
     Key/value may have fewer heads (GQA) and value a smaller head dim Dv; the output has Dv.
     ``scale`` (a finite float) defaults to ``1/sqrt(D)``.
     Masking, flash-attn style: ``causal=True`` (bottom-right aligned when Sq != Skv, = sparse_mode 3) and
@@ -130,12 +161,14 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
         torch.Size([1, 2, 16, 8])
     """
     check_same_device("query", query, key=key, value=value)
-    query, key, value = cast_inputs(autocast_dtype(query.device), query, key, value)
-    if pse_type in (0, 1):  # a bias tensor follows the inputs' dtype; ALiBi slopes (types 2/3) stay fp32
-        (pse,) = cast_inputs(autocast_dtype(query.device), pse)
+    dtype = autocast_dtype(query.device)
+    if dtype is not None:
+        query, key, value = cast_inputs(dtype, query, key, value)
+        if pse_type in (0, 1):  # a bias tensor follows the inputs' dtype; ALiBi slopes (types 2/3) stay fp32
+            (pse,) = cast_inputs(dtype, pse)
     args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
-    with autocast_off(query.device):
-        out, smax, ssum = _op().flash_attention_fwd(query, key, value, *args.values())
+    with autocast_off(query.device) if dtype is not None else contextlib.nullcontext():
+        out, smax, ssum = _op().flash_attention(query, key, value, *args.values())
     if return_stats:
         return FlashAttentionResult(out, smax, ssum, args["seed"], args["offset"])
     return out
@@ -147,7 +180,8 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
                              head_num: int | None = None, scale: float | None = None, pse: Tensor | None = None,
                              pse_type: int = 1, atten_mask: Tensor | None = None, sparse_mode: int = 0,
                              pre_tokens: int = INT_MAX, next_tokens: int = INT_MAX, prefix=None, cu_seqlens_q=None,
-                             cu_seqlens_k=None, actual_seq_qlen=None, actual_seq_kvlen=None,
+                             cu_seqlens_k=None, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                             actual_seq_qlen=None, actual_seq_kvlen=None,
                              keep_prob: float = 1.0, drop_mask: Tensor | None = None, seed: int | None = None,
                              offset: int = 0, q_start_idx: int = 0, kv_start_idx: int = 0,
                              softmax_layout: str = "", backend: Backend = "auto"):
@@ -156,7 +190,8 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
     Uses ``attention_out`` and the softmax statistics exactly as given (context-parallel callers pass merged
     statistics); they are never recomputed. The dropout mask is regenerated from ``drop_mask`` or from
     ``seed``/``offset`` (required when ``keep_prob`` < 1). ``dpse`` is None unless a pse tensor of type 0/1 is given.
-    Every option (``causal`` and ``window_size`` included) must match the forward call.
+    Every option (``causal``, ``window_size``, ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` included) must match the
+    forward call.
     """
     require(keep_prob == 1.0 or drop_mask is not None or seed is not None, "seed",
             "the forward's seed (or a drop_mask) when keep_prob < 1", None)
@@ -178,6 +213,8 @@ def check_backward_inputs(p: FAProblem, query: Tensor, dy, attention_in, softmax
     g = p.geom
     out_shape = with_head_dim(query.shape, g.layout, g.n1, g.dv)
     for name, t in (("dy", dy), ("attention_in", attention_in)):
+        if type(t) is Tensor and t.dtype == query.dtype and t.shape == out_shape:
+            continue  # the common case, checked at once
         require_not_none(t, name)
         check_tensor(name, t, dtypes=(query.dtype,))
         require(tuple(t.shape) == out_shape, name, f"shape {list(out_shape)} (the forward output's)", t)

@@ -3,7 +3,9 @@ autograd, so eager mode, ``torch.compile`` and ``torch.library.opcheck`` all wor
 
 The ops take the operator's raw arguments (validated inside by :func:`build_problem`); ``seed`` is always concrete
 (the API draws one when the caller gives none). ``dpse`` is returned as an empty tensor when there is no pse
-gradient, because custom ops cannot return None.
+gradient, because custom ops cannot return None. Varlen lengths come as host lists (``actual_seq_qlen/kvlen``) or as
+``cu_seqlens_q/k`` tensors with optional ``max_seqlen_q/k`` (the last arguments, flash-attn style): the fake kernels
+never depend on their values, so ``torch.compile`` traces a function once for every length set.
 """
 from __future__ import annotations
 
@@ -12,41 +14,86 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..._core.layouts import normalize_layout, with_head_dim
+from ..._core.layouts import normalize_layout, parse_geometry, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.custom_ops import register_dry_run_meta
+from ..._core.triton import dry_run
+from ..._core.varlen import cumulative_from_cu_seqlens
 from . import backends
-from .problem import build_problem
+from .api import check_backward_inputs
+from .problem import FAProblem, build_problem
 
 _SCALARS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_tokens", "prefix", "actual_seq_qlen",
             "actual_seq_kvlen", "sparse_mode", "pse_type", "q_start_idx", "kv_start_idx", "softmax_layout", "seed",
             "offset")
-_ARGS = (*_SCALARS, "backend")
 
 
-def _problem(query, key, value, pse, atten_mask, drop_mask, kw):
+def _problem(inputs: tuple, backward: bool) -> FAProblem:
+    """The :class:`FAProblem` of the forward op's arguments ``inputs`` (in schema order; the backward's too, less
+    its own tensors). ``cu_seqlens`` tensors become host lists where reading them costs nothing (CPU tensors) or
+    the reference runs (it reads every length on the host), else they stay on the device."""
+    query, key, value, pse, atten_mask, drop_mask = inputs[:_N_TENSORS]
+    kw = dict(zip(_SCHEMA[_N_TENSORS:], inputs[_N_TENSORS:]))
+    backend = kw.pop("backend", "auto")
+    cu_q, cu_k = kw.get("cu_seqlens_q"), kw.get("cu_seqlens_k")
+    given = [t for t in (cu_q, cu_k) if t is not None]
+    if given and (all(t.device.type == "cpu" for t in given) or backends.runs_reference(
+            query, parse_geometry(query, key, value, kw["head_num"], normalize_layout("input_layout", kw["layout"])),
+            backend, backward)):
+        kw.update(cu_seqlens_q=None, cu_seqlens_k=None,
+                  actual_seq_qlen=cumulative_from_cu_seqlens("cu_seqlens_q", cu_q),
+                  actual_seq_kvlen=cumulative_from_cu_seqlens("cu_seqlens_k", cu_k))
     return build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, **kw)
 
 
-@torch.library.custom_op("attnops::flash_attention_fwd", mutates_args=(), device_types=("cpu", "cuda"))
-def flash_attention_fwd(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], atten_mask: Optional[Tensor],
-                        drop_mask: Optional[Tensor], head_num: int, layout: str, scale: float, keep_prob: float,
-                        pre_tokens: int, next_tokens: int, prefix: Optional[list[int]],
-                        actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]],
-                        sparse_mode: int, pse_type: int, q_start_idx: int, kv_start_idx: int, softmax_layout: str,
-                        seed: int, offset: int, backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+def _run_forward(inputs: tuple) -> tuple[tuple[Tensor, Tensor, Tensor], FAProblem]:
+    """The forward of the op's arguments ``inputs``, and its problem."""
+    p = _problem(inputs, backward=False)
+    return backends.forward(p, *inputs[:3], inputs[_BACKEND] if len(inputs) > _BACKEND else "auto"), p
+
+
+def _run_backward(p: FAProblem, backend: str, dy, query, key, value, attention_in, softmax_max, softmax_sum,
+                  checked: bool = False):
+    """``(dq, dk, dv, dpse)`` of problem ``p`` (``dpse`` empty without a pse gradient); ``checked``: the forward
+    results are the forward's own and ``dy`` comes from autograd (its shape and dtype are the output's)."""
+    if not checked:
+        attention_in, softmax_max, softmax_sum = check_backward_inputs(p, query, dy, attention_in, softmax_max,
+                                                                       softmax_sum)
+    dq, dk, dv, dpse = backends.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum,
+                                        backend)
+    return dq, dk, dv, dpse if dpse is not None else torch.empty(0, dtype=query.dtype, device=query.device)
+
+
+def _direct(tensors) -> bool:
+    """Whether a call may run its implementation without the dispatcher (which costs 20-35 us a call): eager mode,
+    plain tensors on a device the implementation serves (``meta`` only inside a dry run), and nothing that needs to
+    see the op: no compilation or export, no dispatch mode (fake tensors, tracing, the dry run's read guard, FLOP
+    counters), no functorch transform, no profiler. Everything else calls the custom op."""
+    return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
+            and not torch.overrides.has_torch_function(tensors) and not torch._C._are_functorch_transforms_active()
+            and not torch.autograd._profiler_enabled()
+            and (tensors[0].device.type in ("cpu", "cuda") or dry_run.active() is not None))
+
+
+def _forward(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], atten_mask: Optional[Tensor],
+             drop_mask: Optional[Tensor], head_num: int, layout: str, scale: float, keep_prob: float, pre_tokens: int,
+             next_tokens: int, prefix: Optional[list[int]], actual_seq_qlen: Optional[list[int]],
+             actual_seq_kvlen: Optional[list[int]], sparse_mode: int, pse_type: int, q_start_idx: int,
+             kv_start_idx: int, softmax_layout: str, seed: int, offset: int, backend: str = "auto",
+             cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
     """Forward: ``(attention_out, softmax_max, softmax_sum)``."""
-    kw = {name: value_ for name, value_ in zip(_SCALARS, (
-        head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
-        sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset))}
-    p = _problem(query, key, value, pse, atten_mask, drop_mask, kw)
-    return backends.forward(p, query, key, value, backend)
+    return _run_forward(tuple(locals().values()))[0]  # the arguments, in schema order
+
+
+flash_attention_fwd = torch.library.custom_op("attnops::flash_attention_fwd", _forward, mutates_args=(),
+                                              device_types=("cpu", "cuda"))
 
 
 @flash_attention_fwd.register_fake
 def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, keep_prob, pre_tokens, next_tokens,
       prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout,
-      seed, offset, backend="auto"):
+      seed, offset, backend="auto", cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     layout = normalize_layout("input_layout", layout)
     if layout in ("BSH", "SBH"):
         d = query.shape[-1] // head_num
@@ -63,27 +110,23 @@ def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, ke
     return out, query.new_empty(stat, dtype=dtype), query.new_empty(stat, dtype=dtype)
 
 
-@torch.library.custom_op("attnops::flash_attention_bwd", mutates_args=(), device_types=("cpu", "cuda"))
-def flash_attention_bwd(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_in: Tensor,
-                        softmax_max: Tensor, softmax_sum: Tensor, pse: Optional[Tensor],
-                        atten_mask: Optional[Tensor], drop_mask: Optional[Tensor], head_num: int, layout: str,
-                        scale: float, keep_prob: float, pre_tokens: int, next_tokens: int,
-                        prefix: Optional[list[int]], actual_seq_qlen: Optional[list[int]],
-                        actual_seq_kvlen: Optional[list[int]], sparse_mode: int, pse_type: int, q_start_idx: int,
-                        kv_start_idx: int, softmax_layout: str, seed: int, offset: int, backend: str = "auto"
-                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _backward_grads(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_in: Tensor,
+                    softmax_max: Tensor, softmax_sum: Tensor, pse: Optional[Tensor], atten_mask: Optional[Tensor],
+                    drop_mask: Optional[Tensor], head_num: int, layout: str, scale: float, keep_prob: float,
+                    pre_tokens: int, next_tokens: int, prefix: Optional[list[int]],
+                    actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]], sparse_mode: int,
+                    pse_type: int, q_start_idx: int, kv_start_idx: int, softmax_layout: str, seed: int, offset: int,
+                    backend: str = "auto", cu_seqlens_q: Optional[Tensor] = None,
+                    cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+                    max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Backward: ``(dq, dk, dv, dpse)`` with ``dpse`` empty when there is no pse tensor gradient."""
-    from .api import check_backward_inputs
+    inputs = tuple(locals().values())  # the arguments, in schema order
+    forward_inputs = (*inputs[1:4], *inputs[7:])  # query, key, value, then pse onwards
+    return _run_backward(_problem(forward_inputs, backward=True), backend, *inputs[:7])
 
-    kw = {name: value_ for name, value_ in zip(_SCALARS, (
-        head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
-        sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, seed, offset))}
-    p = _problem(query, key, value, pse, atten_mask, drop_mask, kw)
-    attention_in, softmax_max, softmax_sum = check_backward_inputs(p, query, dy, attention_in, softmax_max,
-                                                                   softmax_sum)
-    dq, dk, dv, dpse = backends.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum,
-                                        backend)
-    return dq, dk, dv, dpse if dpse is not None else query.new_empty(0)
+
+flash_attention_bwd = torch.library.custom_op("attnops::flash_attention_bwd", _backward_grads, mutates_args=(),
+                                              device_types=("cpu", "cuda"))
 
 
 def has_pse_grad(pse: Optional[Tensor], pse_type: int) -> bool:
@@ -100,33 +143,88 @@ def pse_grad(dpse: Tensor, pse: Optional[Tensor], pse_type: int) -> Optional[Ten
 @flash_attention_bwd.register_fake
 def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, drop_mask, head_num, layout,
       scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
-      q_start_idx, kv_start_idx, softmax_layout, seed, offset, backend="auto"):
+      q_start_idx, kv_start_idx, softmax_layout, seed, offset, backend="auto", cu_seqlens_q=None, cu_seqlens_k=None,
+      max_seqlen_q=None, max_seqlen_k=None):
     dpse = torch.empty_like(pse) if has_pse_grad(pse, pse_type) else query.new_empty(0)
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dpse
 
 
-_FWD_ARGS = [a.name for a in flash_attention_fwd._opoverload._schema.arguments]
+
+
+_SCHEMA = tuple(a.name for a in flash_attention_fwd._opoverload._schema.arguments)  # the forward's arguments
+_DEFAULTS = tuple(a.default_value for a in flash_attention_fwd._opoverload._schema.arguments)
+_N_TENSORS = _SCHEMA.index("head_num")  # query, key, value, pse, atten_mask, drop_mask come first
+_BACKEND, _PSE_TYPE = _SCHEMA.index("backend"), _SCHEMA.index("pse_type")
+_SAVED = (*range(_N_TENSORS), _SCHEMA.index("cu_seqlens_q"), _SCHEMA.index("cu_seqlens_k"))  # tensor arguments
 
 
 def _setup_context(ctx, inputs, output):
-    args = dict(zip(_FWD_ARGS, inputs))
-    out, smax, ssum = output
-    ctx.save_for_backward(args["query"], args["key"], args["value"], args["pse"], args["atten_mask"],
-                          args["drop_mask"], out, smax, ssum)
-    ctx.scalars = {name: args[name] for name in _ARGS}
+    inputs = (*inputs, *_DEFAULTS[len(inputs):])
+    ctx.save_for_backward(*(inputs[i] for i in _SAVED), *output)
+    ctx.inputs = tuple(None if i in _SAVED else x for i, x in enumerate(inputs))  # the tensors: saved above
+    ctx.problem = None  # the forward's problem, when the backward can run it directly
+
+
+def _input_grads(ctx, grad_out) -> tuple:
+    """``(dq, dk, dv, dpse or None)`` from the gradient of attention_out (like torch_npu's derivatives.yaml: the
+    statistics' gradients do not flow back), through the forward's problem when it has one."""
+    if grad_out is None:
+        return None, None, None, None
+    *tensors, out, smax, ssum = ctx.saved_tensors
+    inputs = list(ctx.inputs)
+    for i, t in zip(_SAVED, tensors):
+        inputs[i] = t
+    query, key, value, pse = inputs[:4]
+    grads = (grad_out.contiguous(), query, key, value, out, smax, ssum)
+    if ctx.problem is not None and _direct((query, key, value)):
+        dq, dk, dv, dpse = _run_backward(ctx.problem, inputs[_BACKEND], *grads, checked=True)
+    else:
+        bwd = _backward_grads if _direct((query, key, value)) else flash_attention_bwd
+        dq, dk, dv, dpse = bwd(*grads, *inputs[3:])
+    return dq, dk, dv, pse_grad(dpse, pse, inputs[_PSE_TYPE])
 
 
 def _backward(ctx, grad_out, _grad_max, _grad_sum):
-    # Like torch_npu's derivatives.yaml: only the gradient of attention_out flows back.
-    query, key, value, pse, atten_mask, drop_mask, out, smax, ssum = ctx.saved_tensors
-    s = ctx.scalars
-    dq, dk, dv, dpse = flash_attention_bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, pse,
-                                           atten_mask, drop_mask, *(s[n] for n in _ARGS))
-    grads = {"query": dq, "key": dk, "value": dv, "pse": pse_grad(dpse, pse, s["pse_type"])}
-    return tuple(grads.get(name) for name in _FWD_ARGS)
+    return _input_grads(ctx, grad_out) + (None,) * (len(_SCHEMA) - 4)
 
 
 flash_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _FlashAttention(torch.autograd.Function):
+    """:func:`flash_attention_fwd` with the same autograd (``_setup_context``, ``_input_grads``), for eager calls:
+    through the op's own autograd PyTorch refills the schema's defaults on every forward that needs a gradient, a
+    cost quadratic in the number of arguments (about half a millisecond here); here the forward runs below autograd,
+    where that step does not exist, and the backward reuses the forward's validated problem. Only the differentiable
+    tensors are ``apply``'s own arguments (each one costs some microseconds there); the others travel in one
+    tuple."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, pse, rest):
+        inputs = (query, key, value, pse, *rest)
+        if _direct(inputs[:3]):
+            output, p = _run_forward(inputs)
+        else:
+            output, p = flash_attention_fwd(*inputs), None
+        _setup_context(ctx, inputs, output)
+        ctx.problem = p
+        ctx.mark_non_differentiable(*output[1:])  # the statistics (no zero gradients made for them)
+        ctx.set_materialize_grads(False)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_max, _grad_sum):
+        return *_input_grads(ctx, grad_out), None
+
+
+def flash_attention(*inputs) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`flash_attention_fwd` (same arguments), differentiable: gradients of query, key, value and pse from the
+    gradient of ``attention_out``."""
+    if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs[:4])
+            and not torch.compiler.is_compiling()):  # traced: the op and its own autograd go into the graph
+        return _FlashAttention.apply(*inputs[:4], inputs[4:])
+    return _run_forward(inputs)[0] if _direct(inputs[:3]) else flash_attention_fwd(*inputs)
+
 
 for _op in (flash_attention_fwd, flash_attention_bwd):
     register_dry_run_meta(_op)

@@ -11,10 +11,11 @@ from tests.helpers import INT_MAX, TRIU2048, make_qkv, random_keep, randn
 
 def _fwd_args(q, k, v, *, pse=None, atten_mask=None, drop_mask=None, head_num, layout, scale=0.4, keep_prob=1.0,
               pre=INT_MAX, nxt=INT_MAX, prefix=None, qlen=None, kvlen=None, sparse_mode=0, pse_type=1,
-              softmax_layout="", seed=0, offset=0):
-    """Positional arguments of attnops::flash_attention_fwd (after q, k, v), in schema order."""
+              softmax_layout="", seed=0, offset=0, lengths=()):
+    """Positional arguments of attnops::flash_attention_fwd (after q, k, v), in schema order; ``lengths``: the
+    trailing ``backend, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k`` when given."""
     return (q, k, v, pse, atten_mask, drop_mask, head_num, layout, scale, keep_prob, pre, nxt, prefix, qlen, kvlen,
-            sparse_mode, pse_type, 0, 0, softmax_layout, seed, offset)
+            sparse_mode, pse_type, 0, 0, softmax_layout, seed, offset, *lengths)
 
 
 def _cases():
@@ -26,6 +27,10 @@ def _cases():
     q, k, v, _ = make_qkv("BSH", b=2, n1=2, n2=1, sq=3, skv=3, seed=142)
     yield "bsh_pse_dropout", _fwd_args(q, k, v, head_num=2, layout="BSH", pse=randn(2, 2, 3, 3, seed=143),
                                        keep_prob=0.75, drop_mask=pack_bits(random_keep(36, 0.75, seed=144)))
+    q, k, v, _ = make_qkv("TND", n1=2, q_lens=[3, 2], kv_lens=[1, 4], t_extra=1, seed=149)
+    cu_q, cu_k = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 1, 5])
+    yield "tnd_cu_seqlens_tensors", _fwd_args(q, k, v, head_num=2, layout="TND", atten_mask=TRIU2048,
+                                              sparse_mode=3, lengths=("auto", cu_q, cu_k, 3, 4))
 
 
 CASES = dict(_cases())
@@ -88,4 +93,57 @@ def test_compile_fullgraph_tnd():
     oe.backward(dy)
     torch.testing.assert_close(oc, oe, rtol=0, atol=0)
     for a, b in zip(lc, le):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def test_compile_traces_once_for_every_length_set():
+    """cu_seqlens tensors and no host lists: one graph (dynamic shapes) for five length sets, of two, three or one
+    sequence, equal to eager forward and backward."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def f(q, k, v, cu):
+        return attnops.flash_attention(q, k, v, layout="TND", cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
+                                       scale=0.25)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend=counting)
+    for seed, lens in enumerate(([3, 5], [4, 1, 2], [7], [2, 2, 2, 2], [1, 6, 3])):
+        q, k, v, dy = make_qkv("TND", n1=2, d=8, q_lens=lens, kv_lens=lens, t_extra=1, seed=150 + seed)
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+        lc = [t.clone().requires_grad_() for t in (q, k, v)]
+        le = [t.clone().requires_grad_() for t in (q, k, v)]
+        oc, oe = compiled(*lc, cu), f(*le, cu)
+        oc.backward(dy)
+        oe.backward(dy)
+        torch.testing.assert_close(oc, oe, rtol=0, atol=0)
+        for a, b in zip(lc, le):
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+    assert len(graphs) == 1
+
+
+def test_eager_calls_reach_the_op_where_something_watches():
+    """Plain eager calls run the implementation without the dispatcher; under a dispatch mode (fake tensors,
+    tracing, FLOP counters, the dry run's guard) the op itself is called, forward and backward, with the same
+    results."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    q, k, v, dy = make_qkv("BNSD", b=1, n1=2, sq=6, skv=5, seed=160)
+    direct = [t.clone().requires_grad_() for t in (q, k, v)]
+    watched = [t.clone().requires_grad_() for t in (q, k, v)]
+    attnops.flash_attention(*direct, scale=0.3).backward(dy)
+    with Log():
+        attnops.flash_attention(*watched, scale=0.3).backward(dy)
+    assert {torch.ops.attnops.flash_attention_fwd.default, torch.ops.attnops.flash_attention_bwd.default} <= set(seen)
+    for a, b in zip(direct, watched):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)

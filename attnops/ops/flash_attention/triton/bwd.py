@@ -7,17 +7,18 @@ import triton
 import triton.language as tl
 
 from .common import (KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_rows, delta_offsets, dropout_scale,
-                     meta, row_stats, score_tile, upcast)
+                     meta, program_batch_head, row_stats, score_tile, upcast)
 
 
 @triton.jit
 def preprocess_kernel(o_ptr, do_ptr, delta_ptr, meta_ptr, o_sb, o_st, o_sh, do_sb, do_st, do_sh, delta_sb, n1,
-                      head_dv, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+                      head_dv, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, FOLD: tl.constexpr):
     """``D[row, h] = sum_d dO * O`` in fp32 for one block of query rows of one head."""
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // n1
-    h = bh % n1
+    b, h = program_batch_head(n1, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     sq = meta(meta_ptr, b, Q_LEN)
     r0 = pid_m * BLOCK_M
     if r0 >= sq:
@@ -38,16 +39,18 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
               q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh, dq_sb, dq_st, dq_sh,
               stat_row, delta_sb, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
               drop_ptr, keep_prob, seed, offset, dpse_ptr, dpse_sb, dpse_sh, dpse_sr,
-              scale, n1, group, head_d, head_dv,
+              scale, n1, group, head_d, head_dv, batch, bh_fold,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
               PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-              DROPOUT: tl.constexpr, DPSE_FULL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+              DROPOUT: tl.constexpr, DPSE_FULL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+              FOLD: tl.constexpr):
     """``dQ = scale * dS K`` for one query row block of one query head; with ``DPSE_FULL`` also writes the
     score gradient (the pse gradient of a full ``[.., Sq, Skv]`` pse) into the fp32 ``[B, N1, R, C]`` buffer."""
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // n1
-    h = bh % n1
+    b, h = program_batch_head(n1, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     sq = meta(meta_ptr, b, Q_LEN)
     r0 = pid_m * BLOCK_M
     if r0 >= sq:
@@ -102,17 +105,19 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, delta_ptr, smax_ptr
                 dk_sb, dk_st, dk_sh, dv_sb, dv_st, dv_sh,
                 stat_row, delta_sb, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
                 drop_ptr, keep_prob, seed, offset, dpse_ptr, dpse_sb, dpse_sh,
-                scale, n1, n2, group, head_d, head_dv,
+                scale, n1, n2, group, head_d, head_dv, batch, bh_fold,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-                DROPOUT: tl.constexpr, DPSE_ROW: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                DROPOUT: tl.constexpr, DPSE_ROW: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                FOLD: tl.constexpr):
     """``dK = scale * dS^T Q`` and ``dV = (P * drop)^T dO`` for one key block of one KV head (its GQA group's
     query heads summed in-program); with ``DPSE_ROW`` also the column sums of the score gradient per query head
     (the gradient of a row-broadcast ``[.., 1, Skv]`` pse) into the fp32 ``[B, N1, 1, C]`` buffer."""
     pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // n2
-    hk = bh % n2
+    b, hk = program_batch_head(n2, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     skv = meta(meta_ptr, b, KV_LEN)
     sq = meta(meta_ptr, b, Q_LEN)
     c0 = pid_n * BLOCK_N

@@ -1,8 +1,9 @@
 """``@triton.jit`` helpers shared by the forward and backward kernels: per-batch metadata, the score tile
 (``scale*QK^T`` + pse, masked entries at -inf) and the dropout keep tile. No allocation here.
 
-Per-batch metadata is one int64 row per batch (columns ``META_*``, filled by ``launch.py``), so kernels take one
-pointer instead of a dozen per-batch tensors.
+Per-batch metadata is one int64 row per batch (columns ``META_*``, filled by ``launch.py`` from host lengths or by
+``prepare.py`` on the device), so kernels take one pointer instead of a dozen per-batch tensors. Grid axes 1 and 2
+fold batch x heads (:func:`program_batch_head`), so any number of them fits CUDA's 65535 programs per axis.
 """
 import triton
 import triton.language as tl
@@ -50,6 +51,17 @@ def upcast(x, UPCAST: tl.constexpr):
 @triton.jit
 def meta(meta_ptr, b, col):
     return tl.load(meta_ptr + b * META_COLS + col)
+
+
+@triton.jit
+def program_batch_head(heads, bh_fold, FOLD: tl.constexpr):
+    """``(b, h)`` of this program: grid axis 1 holds the ``batch x heads`` pairs, or with ``FOLD`` up to ``bh_fold``
+    of them and axis 2 counts the folds (the kernel then returns at once for ``b >= batch``: the programs past the
+    last pair). Without ``FOLD`` the kernels compile exactly as without folding."""
+    bh = tl.program_id(1)
+    if FOLD:
+        bh += tl.program_id(2) * bh_fold
+    return bh // heads, bh % heads
 
 
 @triton.jit
@@ -151,12 +163,13 @@ def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
 @triton.jit
 def dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, PACKED: tl.constexpr):
     """``keep / keep_prob`` as an fp32 tile; element ``(h, i, j)`` of batch ``b`` has the index
-    ``drop_off_b + (h * Sq_b + i) * Skv_b + j`` of ``attnops._core.dropout`` (Philox ``tl.rand`` or packed bits)."""
+    ``drop_off_b + (h * Sq_b + i) * Skv_b + j`` of ``attnops._core.dropout`` (Philox ``tl.rand`` or packed bits).
+    With ``PACKED``, ``offset`` is the packed mask's size in bytes: no byte past it is read (dropped)."""
     sq = meta(meta_ptr, b, Q_LEN)
     skv = meta(meta_ptr, b, KV_LEN)
     idx = meta(meta_ptr, b, DROP_OFF) + (tl.cast(h, tl.int64) * sq + rows[:, None]) * skv + cols[None, :]
     if PACKED:
-        ok = (rows[:, None] < sq) & (cols[None, :] < skv)
+        ok = (rows[:, None] < sq) & (cols[None, :] < skv) & ((idx >> 3) < offset)
         byte = tl.load(drop_ptr + (idx >> 3), mask=ok, other=0).to(tl.int32)
         keep = ((byte >> (idx & 7).to(tl.int32)) & 1) != 0
     else:

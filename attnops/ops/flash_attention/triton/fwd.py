@@ -4,24 +4,25 @@ import triton
 import triton.language as tl
 
 from .common import (FLT_LOWEST, FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, dropout_scale, meta,
-                     score_tile, stat_offsets, upcast)
+                     program_batch_head, score_tile, stat_offsets, upcast)
 
 
 @triton.jit
 def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
                q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, o_sb, o_st, o_sh, stat_row,
                pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
-               drop_ptr, keep_prob, seed, offset, scale, n1, group, head_d, head_dv,
+               drop_ptr, keep_prob, seed, offset, scale, n1, group, head_d, head_dv, batch, bh_fold,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-               DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+               DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
     """``O = softmax(S) V`` for rows ``[r0, r0 + BLOCK_M)``; writes O (0 on fully-masked rows) and the statistics
     ``softmax_max = rowmax(S)``, ``softmax_sum = rowsum(exp(S - max))`` (FLT_LOWEST / FLT_MAX on fully-masked
     rows) replicated over 8 lanes. Dropout scales P after the sum, like the reference."""
     pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // n1
-    h = bh % n1
+    b, h = program_batch_head(n1, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     sq = meta(meta_ptr, b, Q_LEN)
     r0 = pid_m * BLOCK_M
     if r0 >= sq:

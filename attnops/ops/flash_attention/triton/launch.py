@@ -1,23 +1,30 @@
 """Host side of the Triton FlashAttention kernels: allocation, per-batch metadata, tile sizes, grids, autotuning.
 
 Tensors are read in place through strides: dense layouts as ``[B, S, N, D]`` views (batch stride, token offset 0),
-TND as ``[T, N, D]`` (batch stride 0, per-batch token offsets), both from ``attnops._core.layouts.tokens_view``.
-On CUDA the tile sizes are autotuned with keys that hold head dims and features only (never sequence lengths, so
-a new length does not recompile or re-tune); under ``ATTNOPS_TRITON_INTERPRET=1`` CPU tensors run through
-Triton's interpreter with fixed 16 x 16 tiles.
+TND as ``[T, N, D]`` (batch stride 0, per-batch token offsets), the strides of ``attnops._core.layouts.tokens_view``.
+Per-batch metadata is built on the host from host lengths and uploaded once per batch composition
+(:func:`batch_meta`, :mod:`attnops._core.staging`), or derived on the device from ``cu_seqlens`` tensors by the
+prepare kernel (``prepare.py``), so no call reads a device value back. Grid axes 1 and 2 fold batch x heads. Tiles
+are the first candidate of the call's class (deterministic); ``ATTNOPS_AUTOTUNE=1`` times every candidate on CUDA,
+with keys that hold head dims and features only (never sequence lengths, so a new length does not recompile or
+re-tune); under ``ATTNOPS_TRITON_INTERPRET=1`` CPU tensors run through Triton's interpreter with fixed 16 x 16 tiles.
 """
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+
 import torch
 
+from ...._core import staging
 from ...._core.layouts import tokens_view, with_head_dim
 from ...._core.masks import INF
 from ...._core.pse import ALIBI_ROWS
-from ...._core.softmax_stats import STAT_LANES, new_stats
-from ...._core.triton.launch import KernelFamily, Launch, pow2, unit_last_stride
+from ...._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype, stats_shape
+from ...._core.triton.launch import KernelFamily, Launch, cdiv, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
 from ..problem import FAProblem
+from .verify import MAX_GRID_Y
 
 INTERPRET_BLOCK = 16
 _PSE_KINDS = {"full": 1, "row": 2, "alibi": 3}  # common.PSE_FULL / PSE_ROW / PSE_ALIBI; slopes: 4 + (type 3)
@@ -48,6 +55,8 @@ _FEATURE_TILES = {
     ("fwd", 4, True): [(32, 16, 8, 1), (16, 32, 4, 1)],
 }
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
+PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)
+TAIL_BLOCK, TAIL_PROGRAMS = 1024, 1024  # elements per step and programs of the tail kernel (grid-stride loop)
 
 
 def _config(tiles: tuple[int, int, int, int]):
@@ -61,10 +70,18 @@ def _kind(kernel_name: str) -> str:
     return "fwd" if kernel_name == "fwd_kernel" else "bwd"
 
 
-def _configs(kind: str) -> list:
+@functools.cache
+def _configs(kind: str) -> tuple:
     """Every candidate of a kernel kind (the autotuner's list; :func:`_prune` keeps those of the problem's class)."""
     tiles = {t: None for table in (_TILES, _FEATURE_TILES) for key, ts in table.items() if key[0] == kind for t in ts}
-    return [_config(t) for t in tiles]
+    return tuple(_config(t) for t in tiles)
+
+
+@functools.cache
+def _class_configs(key: tuple, features: bool) -> list:
+    """The candidates of one class (:func:`_prune`), in the table's order: the first is the fixed choice."""
+    configs = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages): c for c in _configs(key[0])}
+    return [configs[t] for t in (_FEATURE_TILES.get(key, _TILES[key]) if features else _TILES[key])]
 
 
 def _prune(kind: str, configs, named_args, **kwargs):
@@ -77,36 +94,42 @@ def _prune(kind: str, configs, named_args, **kwargs):
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
 
 
-def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
-    """The ``triton.Config`` candidates of ``launch``: one fixed config for the preprocess and the interpreter,
-    the pruned autotuning configurations on CUDA (exactly those the autotuner would try)."""
+@functools.cache
+def _fixed_config(kernel: str, interpret: bool, block_dv: int = 0) -> list:
+    """The one configuration of a kernel that is not tuned (preprocess, prepare, tail), and of every kernel in the
+    interpreter."""
     import triton
 
-    if launch.kernel == "preprocess_kernel":
-        rows = INTERPRET_BLOCK if interpret else max(16, PREPROCESS_ELEMENTS // launch.kwargs["BLOCK_DV"])
-        return [triton.Config({"BLOCK_M": rows})]
-    if interpret:
-        return [triton.Config({"BLOCK_M": INTERPRET_BLOCK, "BLOCK_N": INTERPRET_BLOCK})]
-    kind = _kind(launch.kernel)
-    return _prune(kind, _configs(kind), named_args, **launch.kwargs)
+    if kernel == "preprocess_kernel":
+        return [triton.Config({"BLOCK_M": INTERPRET_BLOCK if interpret else max(16, PREPROCESS_ELEMENTS // block_dv)})]
+    if kernel == "prepare_kernel":
+        return [triton.Config({"BLOCK_B": INTERPRET_BLOCK if interpret else PREPARE_BATCHES}, num_warps=4)]
+    if kernel == "tail_kernel":
+        return [triton.Config({"BLOCK": TAIL_BLOCK}, num_warps=4)]
+    return [triton.Config({"BLOCK_M": INTERPRET_BLOCK, "BLOCK_N": INTERPRET_BLOCK})]
+
+
+def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
+    """The ``triton.Config`` candidates of ``launch``: one fixed config for the preprocess, prepare and tail kernels
+    and in the interpreter, the class's configurations on CUDA (exactly those the autotuner would try)."""
+    if launch.kernel in ("preprocess_kernel", "prepare_kernel", "tail_kernel") or interpret:
+        return _fixed_config(launch.kernel, interpret, launch.kwargs.get("BLOCK_DV", 0))
+    key = (_kind(launch.kernel), named_args["q_ptr"].element_size(),
+           max(named_args["head_d"], named_args["head_dv"]) > 128)
+    kw = launch.kwargs
+    return _class_configs(key, bool(kw["PSE"] or kw["HAS_EXPLICIT"] or kw["DROPOUT"]))
 
 
 def _autotuning(kernel_name: str):
     """A kernel's autotuning: every candidate of its kind, the key (head dims and features, never sequence
     lengths: a new length neither recompiles nor re-tunes) and the pruning to the call's class."""
     kind = _kind(kernel_name)
-    return _configs(kind), _TUNE_KEY, functools.partial(_prune, kind)
+    return list(_configs(kind)), _TUNE_KEY, functools.partial(_prune, kind)
 
 
 KERNELS = KernelFamily("flash_attention", ("attnops.ops.flash_attention.triton.fwd",
-                                           "attnops.ops.flash_attention.triton.bwd"), _tile_configs, _autotuning)
-
-
-def _strides(view: torch.Tensor, packed: bool) -> tuple[int, int, int]:
-    """(batch, token, head) strides of a token view (TND: batch stride 0, tokens addressed by offsets)."""
-    if packed:
-        return 0, view.stride(0), view.stride(1)
-    return view.stride(0), view.stride(1), view.stride(2)
+                                           "attnops.ops.flash_attention.triton.bwd",
+                                           "attnops.ops.flash_attention.triton.prepare"), _tile_configs, _autotuning)
 
 
 def token_view(x: torch.Tensor, p: FAProblem, heads: int) -> torch.Tensor:
@@ -114,32 +137,129 @@ def token_view(x: torch.Tensor, p: FAProblem, heads: int) -> torch.Tensor:
     return tokens_view(unit_last_stride(x), p.layout, heads)
 
 
+def _operand(p: FAProblem, x: torch.Tensor, kv: bool = False) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """``x`` (copied only without a unit last stride) and the (batch, token, head) strides at which the kernels
+    address it, with the query's heads or the key's (``kv``): those of :func:`token_view` (TND: batch stride 0,
+    tokens addressed by offsets), without making the view."""
+    x = unit_last_stride(x)
+    s, layout = x.stride(), p.layout
+    if layout == "TND":
+        return x, (0, s[0], s[1])
+    if layout == "BSND":
+        return x, s[:3]
+    if layout == "BNSD":
+        return x, (s[0], s[2], s[1])
+    head = x.shape[-1] // (p.geom.n2 if kv else p.geom.n1)  # BSH / SBH: the hidden dim split into unit-stride heads
+    return x, ((s[0], s[1], head) if layout == "BSH" else (s[1], s[0], head))
+
+
+def _stat_row(p: FAProblem) -> int:
+    """Elements between consecutive rows of a head in the statistics buffers (8 lanes per row)."""
+    return p.geom.n1 * STAT_LANES if p.seq.packed and p.softmax_layout == "TND" else STAT_LANES
+
+
 def stats_geometry(p: FAProblem) -> tuple[list[int], list[int], int]:
-    """Per-batch (element offset, head stride) and the row stride of the statistics buffers (8 lanes per row)."""
+    """Per-batch (element offset, head stride) and the row stride of the statistics buffers (8 lanes per row), for
+    host lengths."""
     seq, n1 = p.seq, p.geom.n1
     if not seq.packed:
         return ([b * n1 * seq.max_q * STAT_LANES for b in range(seq.batch)], [seq.max_q * STAT_LANES] * seq.batch,
                 STAT_LANES)
     base = [s * n1 * STAT_LANES for s in seq.q_starts]
     if p.softmax_layout == "TND":
-        return base, [STAT_LANES] * seq.batch, n1 * STAT_LANES
+        return base, [STAT_LANES] * seq.batch, _stat_row(p)
     return base, [sq * STAT_LANES for sq in seq.q_lens], STAT_LANES
 
 
-def batch_meta(p: FAProblem, device: torch.device) -> torch.Tensor:
-    """The int64 ``[B, 12]`` per-batch metadata (columns ``common.META_FIELDS``)."""
+def _slopes(p) -> bool:
+    return p.pse is not None and p.pse.kind == "slopes"
+
+
+def _meta_rows(p: FAProblem) -> torch.Tensor:
+    """The metadata rows of host lengths, on the host."""
     seq, mask = p.seq, p.mask
     stat_base, stat_head, _ = stats_geometry(p)
+    slopes = _slopes(p)
     rows = []
     for b in range(seq.batch):
         qs, ks = (seq.q_starts[b], seq.kv_starts[b]) if seq.packed else (0, 0)
-        slopes = p.pse is not None and p.pse.kind == "slopes"
         rows.append([qs, ks, seq.q_lens[b], seq.kv_lens[b], max(mask.lo[b], -INF), min(mask.hi[b], INF),
                      mask.prefix[b] if mask.prefix is not None else 0,
                      p.dropout.block_offsets[b] if p.dropout is not None else 0,
                      p.pse.q_start[b] if slopes else 0, p.pse.kv_start[b] if slopes else 0,
                      stat_base[b], stat_head[b]])
-    return torch.tensor(rows, dtype=torch.int64).reshape(seq.batch, 12).to(device)
+    return torch.tensor(rows, dtype=torch.int64).reshape(seq.batch, 12)
+
+
+def batch_meta(p: FAProblem, device: torch.device) -> torch.Tensor:
+    """The int64 ``[B, 12]`` per-batch metadata (columns ``common.META_FIELDS``) of a problem with host lengths,
+    built and uploaded (pinned, non-blocking) once per batch composition: a repeated call reuses the same device
+    tensor (never written to)."""
+    seq, mask = p.seq, p.mask
+    slopes = _slopes(p)
+    key = ("flash_attention.meta", seq, mask.lo, mask.hi, mask.prefix,
+           p.dropout.block_offsets if p.dropout is not None else None,
+           (p.pse.q_start, p.pse.kv_start) if slopes else None, p.softmax_layout, p.geom.n1)
+    return staging.cached_upload(key, lambda: _meta_rows(p), torch.int64, device)
+
+
+_SPECIAL = {None: 0, "last": 1, "first": 2}  # prepare.SPECIAL_*
+
+
+def _prepare_launch(p: FAProblem, meta: torch.Tensor) -> Launch:
+    """The prepare kernel's launch filling ``meta`` (``[B + 1, 12]``) from the ``cu_seqlens`` tensors."""
+    seq, band, device = p.seq, p.mask.band, meta.device
+    prefix = p.mask.prefix
+    prefix_t = _dummy(device, torch.int64) if prefix is None else staging.cached_upload(
+        ("flash_attention.prefix", prefix), lambda: list(prefix), torch.int64, device)
+    slopes = _slopes(p)
+    q_start, kv_start = p.pse.start_idx if slopes else (0, 0)
+    return Launch("prepare_kernel", (1,),
+                  (meta, seq.cu_q, seq.cu_kv, prefix_t, seq.batch, p.total_q, p.total_kv, seq.max_q, seq.max_kv,
+                   p.geom.n1, band.lo, band.hi, band.special_lo, band.special_hi, q_start, kv_start, INF),
+                  dict(LO_DELTA=band.lo_delta, HI_DELTA=band.hi_delta, SPECIAL=_SPECIAL[band.special],
+                       HAS_PREFIX=prefix is not None, SLOPES=(2 if p.pse.first_batch_only else 1) if slopes else 0,
+                       STATS_TND=p.softmax_layout == "TND"))
+
+
+def _device_metadata(p: FAProblem, device: torch.device) -> tuple[torch.Tensor | None, list[Launch]]:
+    """For device lengths, the per-batch metadata to fill and the prepare kernel's launch filling it (its extra last
+    row holds the ends of the sequences); ``(None, [])`` for host lengths (:func:`batch_meta`)."""
+    if not p.device_lengths:
+        return None, []
+    meta = torch.empty((p.seq.batch + 1, 12), dtype=torch.int64, device=device)
+    return meta, [_prepare_launch(p, meta)]
+
+
+def _tails(p: FAProblem, meta: torch.Tensor, side: int, fills) -> list[Launch]:
+    """Fill the rows of the TND tokens past every sequence (``side`` 0: query tokens, 1: key/value tokens) of the
+    contiguous buffers in ``fills`` (``(buffer, value)`` pairs): in place for host lengths, else as tail kernel
+    launches that read the ends the prepare kernel wrote."""
+    if not p.seq.packed:
+        return []
+    if not p.device_lengths:
+        end = sum(p.seq.kv_lens if side else p.seq.q_lens)
+        for buf, value in fills:
+            if end < buf.shape[0]:
+                buf[end:].fill_(value)
+        return []
+    end_col = side  # the metadata row past the last batch holds the query end in column 0, the key end in 1
+    return [Launch("tail_kernel", (min(cdiv(buf.numel(), TAIL_BLOCK), TAIL_PROGRAMS),),
+                   (buf, meta, end_col, p.seq.batch, buf.numel(), buf.numel() // buf.shape[0], value), {})
+            for buf, value in fills if buf.numel() > 0]
+
+
+def _grid(rows: int, batch: int, heads: int) -> tuple[tuple[int, int, int], dict]:
+    """Rows along axis 0, ``batch x heads`` along axis 1, folded into axes 1 and 2 (at most ``MAX_GRID_Y`` programs
+    each) when there are more pairs (``FOLD``: the kernels compile without the fold's arithmetic otherwise)."""
+    bh = batch * heads
+    return (rows, min(bh, MAX_GRID_Y), cdiv(bh, MAX_GRID_Y)), dict(FOLD=bh > MAX_GRID_Y)
+
+
+@functools.lru_cache(maxsize=16)
+def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element placeholder for the pointer arguments a call does not use (one per device, never written)."""
+    return torch.zeros(1, dtype=dtype, device=device)
 
 
 def pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
@@ -171,18 +291,20 @@ def mask_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[
 
 
 def _dropout_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
+    """Dropout pointer and scalars: Philox ``(seed, offset)``, or a packed mask with its size in bytes (the kernels
+    read no byte past it)."""
     d = p.dropout
     if d is None:
         return [dummy, 1.0, 0, 0], dict(DROPOUT=0)
     if d.packed is not None:
-        return [d.packed.to(device), d.keep_prob, 0, 0], dict(DROPOUT=2)
+        return [d.packed.to(device), d.keep_prob, 0, d.packed.numel()], dict(DROPOUT=2)
     return [dummy, d.keep_prob, d.seed, d.offset], dict(DROPOUT=1)
 
 
 def _common(p: FAProblem, query: torch.Tensor, interpret: bool):
     """Arguments shared by the score-computing kernels: pse, explicit mask, dropout and compile-time flags."""
     device = query.device
-    dummy = torch.zeros(1, dtype=torch.uint8, device=device)
+    dummy = _dummy(device, torch.uint8)
     pse, pse_flags = pse_args(p, device, dummy)
     mask, mask_flags = mask_args(p, device, dummy)
     drop, drop_flags = _dropout_args(p, device, dummy)
@@ -192,22 +314,60 @@ def _common(p: FAProblem, query: torch.Tensor, interpret: bool):
     return pse, mask, drop, flags
 
 
+def _templates(p: FAProblem, key: tuple | None, build: Callable[[], list]) -> list:
+    """``build()``: a plan's launch templates ``(kernel, grid, args after the call's own tensors, constexprs, block
+    axis)``, remembered in the problem's ``plans`` under ``key`` (kernels, strides of the given tensors, interpreter
+    mode, grid fold): a repeated call (the same problem from :func:`~..problem.build_problem`'s memo) only allocates
+    and launches. ``key`` None: built for this call only."""
+    if key is None:
+        return build()
+    found = p.plans.get(key)
+    if found is None:
+        found = p.plans[key] = build()
+    return found
+
+
+def _static_key(kind: str, interpret: bool, *tensors: torch.Tensor) -> tuple | None:
+    """The key of :func:`_templates` for a plan ``kind`` and the given tensors (None when one must be copied to a unit
+    last stride)."""
+    strides = tuple(t.stride() for t in tensors)
+    return None if any(s[-1] != 1 for s in strides) else (kind, interpret, MAX_GRID_Y, strides)
+
+
+def _launches(templates: list, *fronts: tuple) -> list[Launch]:
+    """The launches of ``templates`` with each one's own tensors (``fronts``) in front of its remembered arguments."""
+    return [Launch(kernel, grid, (*front, *rest), kwargs, axis)
+            for (kernel, grid, rest, kwargs, axis), front in zip(templates, fronts)]
+
+
 def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, interpret: bool):
     """``((attention_out, softmax_max, softmax_sum), launches)``: the allocated outputs and the kernel launches
-    that fill them (none for an empty problem). ``interpret`` selects the interpreter's flags (fp32 math)."""
-    g, seq = p.geom, p.seq
-    out = torch.zeros(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=query.device)
-    smax, ssum = new_stats(seq, g.n1, p.total_q, query.device, query.dtype)
-    if seq.batch == 0 or p.total_q == 0:
+    that fill them (none for an empty problem). ``interpret`` selects the interpreter's flags (fp32 math).
+    The kernels write every row of every sequence (fully-masked rows and batches without keys included); the rows
+    of TND tokens past every sequence get output 0 and the invalid-row statistics."""
+    g, seq, device = p.geom, p.seq, query.device
+    out = torch.empty(with_head_dim(query.shape, g.layout, g.n1, g.dv), dtype=query.dtype, device=device)
+    stats = stats_shape(seq, g.n1, p.total_q)
+    smax, ssum = (torch.empty(stats, dtype=stats_dtype(query.dtype), device=device) for _ in range(2))
+    if p.total_q == 0:
         return (out, smax, ssum), []
-    qv, kv, vv = token_view(query, p, g.n1), token_view(key, p, g.n2), token_view(value, p, g.n2)
-    ov = tokens_view(out, g.layout, g.n1)
-    pse, mask, drop, flags = _common(p, query, interpret)
-    launch = Launch("fwd_kernel", (seq.max_q, seq.batch * g.n1),
-                    (qv, kv, vv, ov, smax, ssum, batch_meta(p, query.device), *_strides(qv, seq.packed),
-                     *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(ov, seq.packed),
-                     stats_geometry(p)[2], *pse, *mask, *drop, p.scale, g.n1, g.group, g.d, g.dv), flags, "BLOCK_M")
-    return (out, smax, ssum), [launch]
+    meta, launches = _device_metadata(p, device)
+    launches += _tails(p, meta, 0, ((out, 0.0), (smax, FLT_LOWEST), (ssum, FLT_MAX)))
+    if seq.batch == 0:
+        return (out, smax, ssum), launches
+    (q, qs), (k, ks), (v, vs) = _operand(p, query), _operand(p, key, kv=True), _operand(p, value, kv=True)
+
+    def build():
+        table = batch_meta(p, device) if meta is None else meta
+        pse, mask, drop, flags = _common(p, query, interpret)
+        grid, fold = _grid(seq.max_q, seq.batch, g.n1)
+        return [("fwd_kernel", grid,
+                 (table, *qs, *ks, *vs, *_operand(p, out)[1], _stat_row(p), *pse, *mask, *drop, p.scale, g.n1, g.group,
+                  g.d, g.dv, seq.batch, MAX_GRID_Y), dict(**flags, **fold), "BLOCK_M")]
+
+    static = None if p.device_lengths else _static_key("fwd", interpret, query, key, value)
+    launches += _launches(_templates(p, static, build), (q, k, v, out, smax, ssum))
+    return (out, smax, ssum), launches
 
 
 def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
@@ -217,47 +377,64 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
     return outputs
 
 
+def _dpse_buffer(p: FAProblem, device: torch.device) -> torch.Tensor | None:
+    """The fp32 per-batch buffer of the pse gradient (zeros: the kernels write the band's entries only): the score
+    gradient ``[B, N1, R, C]`` for the full and ALiBi pse, its column sums ``[B, N1, 1, C]`` for the row pse."""
+    if p.pse is None or not p.pse.has_grad:
+        return None
+    seq, t = p.seq, p.pse.tensor
+    cols = seq.max_kv if p.pse.flattened or p.pse.kind == "alibi" else t.shape[3]
+    rows = {"full": seq.max_q if p.pse.flattened else t.shape[2], "row": 1, "alibi": seq.max_q}[p.pse.kind]
+    return torch.zeros((seq.batch, p.geom.n1, rows, cols), dtype=torch.float32, device=device)
+
+
 def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum, interpret: bool):
     """``((dq, dk, dv, dpse_buffer), launches)``: the allocated gradients (the pse gradient as its fp32 per-batch
-    buffer, or None) and the preprocess, dQ and dK/dV launches that fill them (none for an empty problem)."""
+    buffer, or None) and the preprocess, dQ and dK/dV launches that fill them (none for an empty problem). Every
+    query row and key row of a sequence is written (0 where no score reaches it); the rows of TND tokens past every
+    sequence get 0."""
     g, seq, device = p.geom, p.seq, query.device
-    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=device) for t in (query, key, value))  # unit last stride
-    has_dpse = p.pse is not None and p.pse.has_grad
-    dpse_buf = None
-    if has_dpse:  # the full and ALiBi pse: the score gradient itself; the row pse: its column sums
-        t = p.pse.tensor
-        cols = seq.max_kv if p.pse.flattened or p.pse.kind == "alibi" else t.shape[3]
-        rows = {"full": seq.max_q if p.pse.flattened else t.shape[2], "row": 1, "alibi": seq.max_q}[p.pse.kind]
-        dpse_buf = torch.zeros((seq.batch, g.n1, rows, cols), dtype=torch.float32, device=device)
-    if seq.batch == 0 or p.total_q == 0:
-        return (dq, dk, dv, dpse_buf), []
-    qv, kv, vv = token_view(query, p, g.n1), token_view(key, p, g.n2), token_view(value, p, g.n2)
-    dov, ov = token_view(dy, p, g.n1), token_view(attention_in, p, g.n1)
-    dqv, dkv, dvv = tokens_view(dq, g.layout, g.n1), tokens_view(dk, g.layout, g.n2), tokens_view(dv, g.layout, g.n2)
-    meta = batch_meta(p, device)
-    delta_sb = 0 if seq.packed else seq.max_q
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=device) for t in (query, key, value))  # unit last stride
+    dpse_buf = _dpse_buffer(p, device)
+    if p.total_q == 0:
+        return (dq, dk.zero_(), dv.zero_(), dpse_buf), []
+    meta, launches = _device_metadata(p, device)
+    launches += _tails(p, meta, 0, ((dq, 0.0),)) + _tails(p, meta, 1, ((dk, 0.0), (dv, 0.0)))
+    if seq.batch == 0:
+        return (dq, dk, dv, dpse_buf), launches
+    (q, qs), (k, ks), (v, vs) = _operand(p, query), _operand(p, key, kv=True), _operand(p, value, kv=True)
+    (do, dos), (o, os_) = _operand(p, dy), _operand(p, attention_in)
     delta = torch.empty((p.total_q, g.n1), dtype=torch.float32, device=device)
-    pre = Launch("preprocess_kernel", (seq.max_q, seq.batch * g.n1),
-                 (ov, dov, delta, meta, *_strides(ov, seq.packed), *_strides(dov, seq.packed), delta_sb, g.n1, g.dv),
-                 dict(BLOCK_DV=pow2(g.dv)), "BLOCK_M")
-    pse, mask, drop, flags = _common(p, query, interpret)
-    stat_row = stats_geometry(p)[2]
-    dummy = torch.zeros(1, dtype=torch.float32, device=device)
-    full = has_dpse and p.pse.kind in ("full", "alibi")
-    row = has_dpse and p.pse.kind == "row"
-    dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]
-    dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
-    dq_launch = Launch("dq_kernel", (seq.max_q, seq.batch * g.n1),
-                       (qv, kv, vv, dov, dqv, delta, softmax_max, softmax_sum, meta, *_strides(qv, seq.packed),
-                        *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(dov, seq.packed),
-                        *_strides(dqv, seq.packed), stat_row, delta_sb, *pse, *mask, *drop, *dpse_full, p.scale,
-                        g.n1, g.group, g.d, g.dv), dict(DPSE_FULL=full, **flags), "BLOCK_M")
-    dkdv_launch = Launch("dkdv_kernel", (seq.max_kv, seq.batch * g.n2),
-                         (qv, kv, vv, dov, dkv, dvv, delta, softmax_max, softmax_sum, meta, *_strides(qv, seq.packed),
-                          *_strides(kv, seq.packed), *_strides(vv, seq.packed), *_strides(dov, seq.packed),
-                          *_strides(dkv, seq.packed), *_strides(dvv, seq.packed), stat_row, delta_sb, *pse, *mask,
-                          *drop, *dpse_row, p.scale, g.n1, g.n2, g.group, g.d, g.dv), dict(DPSE_ROW=row, **flags), "BLOCK_N")
-    return (dq, dk, dv, dpse_buf), [pre, dq_launch, dkdv_launch]
+
+    def build():
+        table = batch_meta(p, device) if meta is None else meta
+        dqs, dks, dvs = _operand(p, dq)[1], _operand(p, dk, kv=True)[1], _operand(p, dv, kv=True)[1]
+        delta_sb = 0 if seq.packed else seq.max_q
+        q_grid, q_fold = _grid(seq.max_q, seq.batch, g.n1)
+        kv_grid, kv_fold = _grid(seq.max_kv, seq.batch, g.n2)
+        pse, mask, drop, flags = _common(p, query, interpret)
+        stat_row = _stat_row(p)
+        dummy = _dummy(device, torch.float32)
+        full = dpse_buf is not None and p.pse.kind in ("full", "alibi")
+        row = dpse_buf is not None and p.pse.kind == "row"
+        dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]
+        dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
+        return [("preprocess_kernel", q_grid, (table, *os_, *dos, delta_sb, g.n1, g.dv, seq.batch, MAX_GRID_Y),
+                 dict(BLOCK_DV=pow2(g.dv), **q_fold), "BLOCK_M"),
+                ("dq_kernel", q_grid,
+                 (table, *qs, *ks, *vs, *dos, *dqs, stat_row, delta_sb, *pse, *mask, *drop, *dpse_full, p.scale, g.n1,
+                  g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_FULL=full, **flags, **q_fold), "BLOCK_M"),
+                ("dkdv_kernel", kv_grid,
+                 (table, *qs, *ks, *vs, *dos, *dks, *dvs, stat_row, delta_sb, *pse, *mask, *drop, *dpse_row, p.scale,
+                  g.n1, g.n2, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_ROW=row, **flags, **kv_fold),
+                 "BLOCK_N")]
+
+    static = None if p.device_lengths or dpse_buf is not None else _static_key(
+        "bwd", interpret, query, key, value, dy, attention_in)
+    launches += _launches(_templates(p, static, build), (o, do, delta), (q, k, v, do, dq, delta, softmax_max,
+                                                                        softmax_sum),
+                          (q, k, v, do, dk, dv, delta, softmax_max, softmax_sum))
+    return (dq, dk, dv, dpse_buf), launches
 
 
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
@@ -283,14 +460,17 @@ def _reduce_dpse(p: FAProblem, dpse_buf: torch.Tensor | None) -> torch.Tensor | 
 
 def _alibi_grad(p: FAProblem, score_grad: torch.Tensor) -> torch.Tensor:
     """Per-batch gradient ``[B, N1, 1024, W]`` of the ALiBi-compressed pse from the score gradient
-    ``[B, N1, Sq, Skv]``: its row 1023, column ``W - 1 - d``, is the sum of diagonal ``d = i - j`` (the causal mask
-    leaves ``0 <= d < Sq``). The diagonals are summed as columns of the skewed matrix (each row shifted right by its
-    index through a flat view), a plain reduction: deterministic, no atomics."""
-    n1, w = score_grad.shape[1], p.pse.tensor.shape[-1]
-    out = torch.zeros((score_grad.shape[0], n1, ALIBI_ROWS, w), dtype=torch.float32, device=score_grad.device)
-    for b, (sq, skv) in enumerate(zip(p.seq.q_lens, p.seq.kv_lens)):
-        g = torch.nn.functional.pad(score_grad[b, :, :sq, :skv].flip(-1), (0, sq))  # [N1, Sq, Skv + Sq]
-        skewed = g.reshape(n1, -1)[:, :sq * (skv + sq - 1)].reshape(n1, sq, skv + sq - 1)  # [h, i, Skv-1+i-j]
-        diag = skewed.sum(1)[:, skv - 1:skv - 1 + sq]  # [N1, Sq]: d = 0 .. Sq-1
-        out[b, :, ALIBI_ROWS - 1, w - sq:] = diag.flip(-1)
+    ``[B, N1, R, C]`` (0 outside each batch's ``[Sq_b, Skv_b]`` and outside the causal band): its row 1023, column
+    ``W - 1 - d``, is the sum of diagonal ``d = i - j``, ``0 <= d < R``. The diagonals of every batch and head at
+    once are summed as columns of the skewed matrix (each row shifted right by its index through a flat view), a
+    plain reduction on the device: deterministic, no atomics, no host loop."""
+    b, n1, r, c = score_grad.shape
+    w = p.pse.tensor.shape[-1]
+    out = torch.zeros((b, n1, ALIBI_ROWS, w), dtype=torch.float32, device=score_grad.device)
+    if r == 0 or c == 0:
+        return out
+    g = torch.nn.functional.pad(score_grad.flip(-1), (0, r))  # [B, N1, R, C + R]
+    skewed = g.reshape(b, n1, -1)[..., :r * (c + r - 1)].reshape(b, n1, r, c + r - 1)  # [.., i, C-1+i-j]
+    diag = skewed.sum(2)[..., c - 1:c - 1 + r]  # [B, N1, R]: d = 0 .. R-1
+    out[:, :, ALIBI_ROWS - 1, w - r:] = diag.flip(-1)
     return out

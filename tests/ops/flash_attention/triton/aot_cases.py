@@ -18,7 +18,7 @@ from attnops.ops.flash_attention.triton import launch
 from tests.helpers import PREFIX3072, TRIU2048, cum, make_qkv, random_keep
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-FEATURES = ("causal", "explicit", "band", "prefix", "tnd", "pse_full0", "pse_full1", "pse_row", "alibi",
+FEATURES = ("causal", "explicit", "band", "prefix", "tnd", "device", "pse_full0", "pse_full1", "pse_row", "alibi",
             "slopes2", "slopes3", "drop_seed", "drop_packed", "mha")
 
 
@@ -30,7 +30,12 @@ def _inputs(case: dict):
     if "tnd" in feats:
         q_lens = kv_lens = [17, 40]  # Sq == Skv per batch, as in-kernel ALiBi (slopes) requires
         q, k, v, dy = make_qkv("TND", n1=n1, n2=n2, d=d, dv=dv, q_lens=q_lens, kv_lens=kv_lens, dtype=dtype)
-        kw.update(layout="TND", actual_seq_qlen=cum(q_lens), actual_seq_kvlen=cum(kv_lens), softmax_layout="TND")
+        kw.update(layout="TND", softmax_layout="TND")
+        if "device" in feats:  # cu_seqlens tensors: the prepare and tail kernels too
+            cu = torch.tensor([0] + cum(q_lens), dtype=torch.int32)
+            kw.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(q_lens), max_seqlen_k=max(kv_lens))
+        else:
+            kw.update(actual_seq_qlen=cum(q_lens), actual_seq_kvlen=cum(kv_lens))
         b, sq, skv = 2, 40, 40
     else:
         b, sq = 2, 1100 if "alibi" in feats else 40

@@ -10,6 +10,7 @@ from attnops import ParamInvalidError
 from attnops._core.dispatch import choose_backend, triton_unavailable_reason
 from attnops.ops.flash_attention.problem import build_problem
 from attnops.ops.flash_attention.triton.verify import unsupported_reason
+from attnops.testing import gpu_dry_run
 from tests.helpers import TRIU2048, make_qkv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -62,10 +63,21 @@ def test_auto_falls_back_with_a_one_time_performance_warning():
         choose_backend("triton", torch.device("cuda"), lambda: "a test reason")
 
 
-def test_batch_times_heads_beyond_the_cuda_grid_is_refused():
-    """Batch x heads is the grid's second dimension (at most 65535 programs on CUDA)."""
+def test_batch_times_heads_beyond_one_grid_axis_is_folded():
+    """Batch x heads beyond CUDA's 65535 programs per grid axis folds into axes 1 and 2: accepted, planned."""
     q_lens = [1] * 16384  # 16384 one-token batches x 4 heads
-    q = torch.zeros(len(q_lens), 4, 16)
+    q = torch.zeros(len(q_lens), 4, 16, device="meta")
     cum = list(range(1, len(q_lens) + 1))
     p = build_problem(q, q, q, head_num=4, layout="TND", scale=0.3, actual_seq_qlen=cum, actual_seq_kvlen=cum)
-    assert "batch x query heads up to 65535 (got 16384 x 4)" in unsupported_reason(p, q)
+    with gpu_dry_run() as launches:
+        assert unsupported_reason(p, q) is None
+        attnops.flash_attention(q.requires_grad_(), q, q, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum,
+                                scale=0.3).sum().backward()
+    grids = {r.kernel: r.grid for r in launches}
+    assert grids["fwd_kernel"][1:] == grids["dq_kernel"][1:] == (65535, 2)  # 65536 pairs: 65535 + 1
+    assert grids["dkdv_kernel"][1:] == (65535, 2)
+    assert all(r.constexprs["FOLD"] for r in launches)  # the kernels' fold arithmetic only where it is needed
+    with gpu_dry_run() as launches:
+        attnops.flash_attention(q[:4], q[:4], q[:4], layout="TND", actual_seq_qlen=cum[:4], actual_seq_kvlen=cum[:4],
+                                scale=0.3)
+    assert [(r.grid[1:], r.constexprs["FOLD"]) for r in launches] == [((16, 1), False)]
