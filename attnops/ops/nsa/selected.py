@@ -83,7 +83,8 @@ def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, 
         require(skv >= bs * count and skv % bs == 0, "actual_seq_kvlen",
                 f"every batch's KV length to be >= select_block_size*select_block_count = {bs * count} and a "
                 f"multiple of select_block_size={bs}", f"Skv={skv} in batch {b}")
-    _check_indices(topk_indices, seq, bs)
+    if topk_indices.device.type == "cpu":  # device values are clamped by the kernels, never read on the host
+        _check_indices(topk_indices, seq, bs)
     causal = sparse_mode == 2 and (grad or atten_mask is not None)
     return SelectedSpec(seq, n1, n2, d, value.shape[2], bs, count, causal, check_scale("scale_value", scale_value), t1)
 

@@ -32,7 +32,7 @@ def _selected(dtype: str, d: int, dv: int) -> list:
     spec = build_selected_spec(q, k, v, topk, scale_value=d ** -0.5, head_num=n2 * group, select_block_size=block,
                                select_block_count=count, actual_seq_qlen=[t], actual_seq_kvlen=[t], grad=True)
     (out, smax, ssum), fwd = launch.selected_forward_plan(spec, q, k, v, topk, interpret=False)
-    _, bwd = launch.selected_backward_plan(spec, q, k, v, out, dy, smax, ssum, topk, interpret=False)
+    _, bwd, _ = launch.selected_backward_plan(spec, q, k, v, out, dy, smax, ssum, topk, interpret=False)
     return [KERNELS.aot_launch(item) for item in fwd + bwd]
 
 
@@ -71,7 +71,7 @@ def _decode(dtype: str, d: int, dv: int) -> list:
     k = torch.randn(8, 16, 4, d, generator=gen).to(t)
     v = torch.randn(8, 16, 4, dv, generator=gen).to(t)
     table = torch.arange(8, dtype=torch.int32).reshape(2, 4)
-    kv = PagedKV(2, 64, 4, dv, [64, 50], d ** -0.5)
+    kv = PagedKV(2, 64, 4, dv, (64, 50), d ** -0.5, table.shape[1] * k.shape[1])
     topk = torch.zeros(2, 4, 2, dtype=torch.int32)
     _, sel = infer_launch.selected_decode_plan(kv, 32, q, k, v, topk, table, interpret=False)
     _, cmp = infer_launch.compress_decode_plan(kv, CompressSelection(32, 16, 64, 3), q, k, v, table, interpret=False)

@@ -37,7 +37,8 @@ def kernels(monkeypatch):
     return recorder.kernels
 
 
-SELECTED = ["selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel", "selected_dkdv_kernel"]
+SELECTED = ["selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel", "selected_keys_kernel",
+            "selected_dkdv_kernel"]
 COMPRESS = ["compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"]
 
 
