@@ -133,7 +133,7 @@ def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
         "query", query, key_cache=key_cache, value_cache=value_cache, topk_indices=topk_indices,
         block_table=block_table)
     scale = softmax_scale(scale, query, query.shape[-1])
-    lens, lens_tensor = lengths_arg("seq_lens", seq_lens, query.shape[0])
+    lens, lens_tensor = lengths_arg("seq_lens", seq_lens)
     with autocast_off(query.device):
         return _op().nsa_selected_attention_infer(query, key_cache, value_cache, topk_indices, block_table,
                                                   float(scale), query.shape[1], key_cache.shape[2],
@@ -156,7 +156,7 @@ def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     query, key_cache, value_cache, block_table = _prepared("query", query, key_cache=key_cache,
                                                            value_cache=value_cache, block_table=block_table)
     scale = softmax_scale(scale, query, query.shape[-1])
-    lens, lens_tensor = lengths_arg("cmp_seq_lens", cmp_seq_lens, query.shape[0])
+    lens, lens_tensor = lengths_arg("cmp_seq_lens", cmp_seq_lens)
     with autocast_off(query.device):
         return _op().nsa_compress_attention_infer(query, key_cache, value_cache, block_table, float(scale),
                                                   query.shape[1], key_cache.shape[2], select_block_size,

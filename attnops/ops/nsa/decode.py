@@ -62,11 +62,10 @@ class PagedKV:
         return self if self.kv_lens is not None else replace(self, kv_lens=tuple(int(n) for n in lens.tolist()))
 
 
-def lengths_arg(name: str, lens, batch: int) -> tuple[list[int] | None, Tensor | None]:
+def lengths_arg(name: str, lens) -> tuple[list[int] | None, Tensor | None]:
     """Per-request lengths as ``(host list, None)`` (a list, or a CPU tensor: read for free) or ``(None, device
-    tensor)`` (read by the kernels only)."""
+    tensor)`` (read by the kernels only; the operator checks its shape and dtype)."""
     if isinstance(lens, Tensor) and lens.device.type != "cpu":
-        check_tensor(name, lens, shape=(batch,), dtypes=(torch.int32, torch.int64))
         return None, lens
     return int_list(name, lens), None
 
