@@ -54,3 +54,23 @@ def test_cached_decoding_reads_nothing_back(max_seq_len, fa, monkeypatch):
     assert {"selected_decode_kernel", "importance_kernel", "topk_kernel"} <= set(steps)
     assert cache.seq_len == 303 and cache.lengths.device == META and cache.block_table.device == META
     assert cache.compressed_keys.device == META
+
+
+def test_decoding_steps_are_capturable(monkeypatch):
+    """With preallocated storage, every step after the first launches the same kernels with the same grids and
+    stages nothing (no upload): what a CUDA graph captured once replays correctly for the following tokens."""
+    from attnops._core import staging
+
+    m = _module()
+    cache = m.new_cache(2, max_seq_len=400)
+    uploads = []
+    upload = staging.upload
+    monkeypatch.setattr(staging, "upload", lambda *a, **k: uploads.append(1) or upload(*a, **k))
+    steps = []
+    with torch.no_grad(), dry_run("stand-in", monkeypatch) as launches:
+        m(_x(2, 300), cache=cache)
+        for _ in range(4):
+            first, staged = len(launches), len(uploads)
+            m(_x(2, 1), cache=cache)
+            steps.append((launches[first:], len(uploads) - staged))
+    assert all(step == steps[1] for step in steps[2:]) and steps[1][1] == 0
