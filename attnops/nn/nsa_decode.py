@@ -21,7 +21,8 @@ from .._core.parallel import run_jobs
 from ..ops.flash_attention import flash_attention
 from ..ops.nsa import op as nsa_op
 from ..ops.nsa.api import nsa_compress, nsa_compress_attention, nsa_selected_attention_infer
-from ..ops.nsa.layer import _gated_sum, causal_compressed_mask, compress_weights, forced_blocks, unused_future_blocks
+from ..ops.nsa.layer import (causal_compressed_mask, compress_weights, forced_blocks, gated_sum,
+                             unused_future_blocks)
 from .nsa_cache import NSACache
 
 
@@ -71,9 +72,9 @@ def cached_sparse_attention(cache: NSACache, q: Tensor, gates: Tensor, pos: Tens
     b, t = q.shape[:2]
     q_flat, g = q.flatten(0, 1), gates.flatten(0, 1)
     row = pos[0]  # the rows advance together: one set of positions
-    branches = []
+    outs = {}  # by gate column
     if window_size > 0:
-        branches.append((g[..., 2], _window(cache, q, row, window_size).flatten(0, 1)))
+        outs[2] = _window(cache, q, row, window_size).flatten(0, 1)
     ls, m = select_block_size, select_block_size // compress_stride
     rows = cache.compressed_rows()  # the complete blocks, then rows the causal mask hides
     n_sel = rows // m
@@ -84,10 +85,10 @@ def cached_sparse_attention(cache: NSACache, q: Tensor, gates: Tensor, pos: Tens
         atten_mask=causal_compressed_mask(row, rows, compress_block_size, compress_stride),
         topk_mask=forced_blocks(row, n_sel, ls, local_blocks), actual_seq_qlen=[t * (i + 1) for i in range(b)],
         actual_cmp_seq_kvlen=[rows * (i + 1) for i in range(b)])
-    branches.append((g[..., 0], o_cmp))
+    outs[0] = o_cmp
     idx = unused_future_blocks(topk, pos.flatten(), ls).to(torch.int32)
-    branches.append((g[..., 1], _selected(cache, q_flat, idx, (pos + 1).flatten(), t, ls)))
-    return _gated_sum(branches).unflatten(0, (b, t))
+    outs[1] = _selected(cache, q_flat, idx, (pos + 1).flatten(), t, ls)
+    return gated_sum(outs, [g[..., i] for i in range(3)], g).unflatten(0, (b, t))
 
 
 def _window(cache: NSACache, q: Tensor, row: Tensor, window: int) -> Tensor:

@@ -186,16 +186,20 @@ def _unused_slots(idx: Tensor, geo: _Geometry, select_block: int) -> Tensor:
     return idx.to(torch.int32)
 
 
-def _gated_sum(branches: list[tuple[Tensor, Tensor]]) -> Tensor:
-    """``sum_i gate_i[..., None] * out_i`` of ``(gate [T, N1], out [T, N1, Dv])`` pairs: one batched product
-    (elementwise on the CPU, where low-precision batched products are slow)."""
-    gates, outs = zip(*branches)
-    if len(branches) == 1 or outs[0].device.type == "cpu":
-        total = gates[0].unsqueeze(-1) * outs[0]
-        for g, o in zip(gates[1:], outs[1:]):
-            total = total + g.unsqueeze(-1) * o
+def gated_sum(outs: dict[int, Tensor], gate: list[Tensor | None], gates: Tensor | None = None) -> Tensor:
+    """``sum_i gate[i][..., None] * outs[i]`` over the branches that are on (``i``: 0 compression, 1 selection,
+    2 window; ``gate[i] [T, N1]``, ``outs[i] [T, N1, Dv]``): one batched product on a GPU, whose right operand is
+    ``gates [T, N1, 3]`` itself when all three are on and it has their dtype; elementwise on the CPU (where
+    low-precision batched products are slow)."""
+    order = sorted(outs)
+    if len(order) == 1 or outs[order[0]].device.type == "cpu":
+        total = gate[order[0]].unsqueeze(-1) * outs[order[0]]
+        for i in order[1:]:
+            total = total + gate[i].unsqueeze(-1) * outs[i]
         return total
-    return torch.matmul(torch.stack(outs, -1), torch.stack(gates, -1).unsqueeze(-1)).squeeze(-1)
+    whole = gates is not None and order == [0, 1, 2] and gates.dtype == outs[0].dtype
+    right = gates if whole else torch.stack([gate[i] for i in order], -1)
+    return torch.matmul(torch.stack([outs[i] for i in order], -1), right.unsqueeze(-1)).squeeze(-1)
 
 
 def _to_packed(layout: str, query: Tensor, cu_seqlens, actual_seq_len):
@@ -278,14 +282,16 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
     gate = _split_gates(gates, g_cmp, g_slc, g_swa, t, n1, value.dtype)
     require(any(g is not None for g in gate), "gates", "at least one branch gate", "none")
     shape = (t, n1, value.shape[2])
-    branches = []  # (gate, output) of the branches that are on
+    outs = {}  # the outputs of the branches that are on, by gate column
+
+    def output() -> Tensor:
+        return _output(outs, gate, gates, shape, value, batch_shape)
     if gate[2] is not None and window > 0:
-        branches.append((gate[2], flash_attention(query, key, value, layout="TND", actual_seq_qlen=cum,
-                                                  actual_seq_kvlen=cum, causal=True, window_size=(window - 1, 0),
-                                                  scale=scale)))
+        outs[2] = flash_attention(query, key, value, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum,
+                                  causal=True, window_size=(window - 1, 0), scale=scale)
     need_cmp = gate[0] is not None or (gate[1] is not None and block_indices is None)
     if not need_cmp and gate[1] is None:
-        return _output(branches, shape, value, batch_shape)
+        return output()
     k_pad, v_pad = _pad_kv(key, geo), _pad_kv(value, geo)
     topk = None
     if need_cmp:
@@ -303,22 +309,21 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
                                   device=query.device),
             actual_seq_qlen=cum, actual_cmp_seq_kvlen=list(geo.cmp_cum))
         if gate[0] is not None:
-            branches.append((gate[0], o_cmp))
+            outs[0] = o_cmp
     if gate[1] is None:
-        return _output(branches, shape, value, batch_shape)
+        return output()
     if block_indices is None:
         idx = topk  # blocks after a token's own block only hold keys the causal rule hides
     else:
         idx = _check_block_indices(block_indices, t, n2, geo, ls)
     if block_counts is not None or block_indices is not None:
         idx = _unused_slots(_limit_counts(idx.long(), block_counts, t, n2), geo, ls)
-    branches.append((gate[1], nsa_selected_attention(query, k_pad, v_pad, idx, select_block_size=ls, causal=True,
-                                                     scale=scale, actual_seq_qlen=cum,
-                                                     actual_seq_kvlen=list(geo.padded_cum))))
-    return _output(branches, shape, value, batch_shape)
+    outs[1] = nsa_selected_attention(query, k_pad, v_pad, idx, select_block_size=ls, causal=True, scale=scale,
+                                     actual_seq_qlen=cum, actual_seq_kvlen=list(geo.padded_cum))
+    return output()
 
 
-def _output(branches: list[tuple[Tensor, Tensor]], shape, like: Tensor, batch_shape) -> Tensor:
+def _output(outs: dict[int, Tensor], gate: list, gates: Tensor | None, shape, like: Tensor, batch_shape) -> Tensor:
     """The gated sum of the branches (zeros of ``shape`` when none is on) in the input's batch shape."""
-    out = _gated_sum(branches) if branches else like.new_zeros(shape)
+    out = gated_sum(outs, gate, gates) if outs else like.new_zeros(shape)
     return out.unflatten(0, batch_shape)
