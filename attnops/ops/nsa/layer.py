@@ -198,8 +198,16 @@ def gated_sum(outs: dict[int, Tensor], gate: list[Tensor | None], gates: Tensor 
             total = total + gate[i].unsqueeze(-1) * outs[i]
         return total
     whole = gates is not None and order == [0, 1, 2] and gates.dtype == outs[0].dtype
-    right = gates if whole else torch.stack([gate[i] for i in order], -1)
-    return torch.matmul(torch.stack([outs[i] for i in order], -1), right.unsqueeze(-1)).squeeze(-1)
+    right = gates if whole else _stacked([gate[i] for i in order])
+    return torch.matmul(_stacked([outs[i] for i in order]), right.unsqueeze(-1)).squeeze(-1)
+
+
+def _stacked(tensors: list[Tensor]) -> Tensor:
+    """``torch.stack(tensors, -1)`` as copies into one buffer (fewer dispatched ops than ``stack``'s ``cat``)."""
+    out = tensors[0].new_empty(*tensors[0].shape, len(tensors))
+    for i, t in enumerate(tensors):
+        out[..., i].copy_(t)
+    return out
 
 
 def _to_packed(layout: str, query: Tensor, cu_seqlens, actual_seq_len):

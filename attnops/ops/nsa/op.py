@@ -7,6 +7,7 @@ differentiable). The decoding (``*_infer``) ops are inference-only: a backward t
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -26,8 +27,10 @@ INT_MAX = 2147483647
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
 
 
-def _schema_names(op) -> list[str]:
-    return [a.name for a in op._opoverload._schema.arguments]
+@functools.cache
+def _schema_names(op) -> tuple[str, ...]:
+    """The op's argument names (read once: every schema access builds new argument objects)."""
+    return tuple(a.name for a in op._opoverload._schema.arguments)
 
 
 def _grads_for(op, **grads):
