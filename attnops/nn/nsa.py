@@ -9,7 +9,7 @@ from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from ..ops.nsa.layer import COMPRESS_MODES, native_sparse_attention
 from .nsa_cache import NSACache
 from .nsa_decode import cached_sparse_attention, compress_new, compress_pending
-from .rotary import apply_rotary
+from .rotary import apply_rotary, rotary_angles
 
 
 class NativeSparseAttention(nn.Module):
@@ -109,8 +109,10 @@ class NativeSparseAttention(nn.Module):
 
     def _project(self, x: Tensor, pos: Tensor):
         """``x [T, hidden]`` -> rotated q ``[T, N1, D]``, rotated k, v ``[T, N2, D]`` and gates ``[T, N1, 3]``."""
-        q = apply_rotary(self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim)), pos, self.rope_theta)
-        k = apply_rotary(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)), pos, self.rope_theta)
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
+        cos, sin = rotary_angles(pos, self.head_dim, self.rope_theta, q.dtype)  # once for q and k
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)), cos, sin)
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         g = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.num_heads, 3))
         return q, k, v, g

@@ -20,6 +20,7 @@ from torch import Tensor
 from .._core import staging
 from .._core.checks import check_int, require
 from ..ops.nsa.compress import compress_block_count
+from ..ops.nsa.layer import block_of
 
 
 def _grown(store: Tensor | None, rows: int, capacity: int | None, like: Tensor, dim: int) -> Tensor:
@@ -122,7 +123,7 @@ class NSACache:
     def _slots(self, pos: Tensor) -> tuple[Tensor, Tensor]:
         """``(page, row)`` of the positions ``pos [B, t]`` (clamped into the block table: a replay past the pages
         overwrites the last one instead of writing out of bounds)."""
-        col = (pos // self.page_size).clamp(max=self.block_table.shape[1] - 1)
+        col = block_of(pos, self.page_size).clamp_max(self.block_table.shape[1] - 1)
         return self.block_table.long().gather(1, col), pos % self.page_size
 
     def truncate(self, length: int) -> None:

@@ -21,7 +21,7 @@ from .._core.parallel import run_jobs
 from ..ops.flash_attention import flash_attention
 from ..ops.nsa import op as nsa_op
 from ..ops.nsa.api import nsa_compress, nsa_compress_attention, nsa_selected_attention_infer
-from ..ops.nsa.layer import (causal_compressed_mask, compress_weights, forced_blocks, gated_sum,
+from ..ops.nsa.layer import (block_of, causal_compressed_mask, compress_weights, forced_blocks, gated_sum,
                              unused_future_blocks)
 from .nsa_cache import NSACache
 
@@ -55,7 +55,7 @@ def compress_new(cache: NSACache, pos: Tensor, compress: str, weight_k: Tensor |
     rows = cache.compressed_keys.shape[1]
     ends = (pos + 1).flatten()  # each token's request: the tokens up to it
     slots = (torch.arange(b, device=pos.device)[:, None] * rows
-             + ((pos + 1 - block) // stride).clamp(0, rows - 1)).flatten()
+             + block_of((pos + 1 - block).clamp_min(0), stride).clamp_max(rows - 1)).flatten()
     table = cache.block_table[:, None].expand(b, t, -1).flatten(0, 1)
     for pages, w, store in ((cache.key_pages, wk, cache.compressed_keys), (cache.value_pages, wv,
                                                                             cache.compressed_values)):
@@ -96,7 +96,7 @@ def _window(cache: NSACache, q: Tensor, row: Tensor, window: int) -> Tensor:
     (positions clamped at 0), attended causally within ``window`` tokens; positions before 0 are masked."""
     t, span = q.shape[1], window - 1 + q.shape[1]
     keys = row[:1] - (window - 1) + torch.arange(span, device=q.device)  # [span] key positions
-    page, slot = cache._slots(keys.clamp(min=0).expand(cache.batch_size, span))
+    page, slot = cache._slots(keys.clamp_min(0).expand(cache.batch_size, span))
     j = torch.arange(span, device=q.device)
     i = torch.arange(t, device=q.device)[:, None]
     mask = (j < i) | (j > i + window - 1) | (keys < 0)  # True = masked: [t, span]

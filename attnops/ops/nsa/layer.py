@@ -81,10 +81,16 @@ def causal_compressed_mask(positions: Tensor, n_cmp: int, block: int, stride: in
     return ends.unsqueeze(0) > positions.unsqueeze(1)
 
 
+def block_of(positions: Tensor, size: int) -> Tensor:
+    """``positions // size`` for non-negative positions, as a truncating division (one op; the flooring one is
+    several when decomposed, as on ``meta`` tensors)."""
+    return torch.div(positions, size, rounding_mode="trunc")
+
+
 def forced_blocks(positions: Tensor, n_sel: int, select_block: int, local_blocks: int) -> Tensor:
     """``[len(positions), n_sel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the token's own
     block."""
-    own = (positions // select_block).unsqueeze(1)
+    own = block_of(positions, select_block).unsqueeze(1)
     cols = torch.arange(n_sel, device=positions.device).unsqueeze(0)
     return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
 
@@ -108,7 +114,7 @@ def unused_future_blocks(topk: Tensor, positions: Tensor, select_block: int) -> 
     """``topk [T, N2, S]`` as int64 with ``-1`` (unused) for the blocks after the token's own block: they hold no
     visible compressed key (score 0) and come last in the top-k order, so the ``-1`` slots are trailing."""
     idx = topk.long()
-    return torch.where(idx > (positions // select_block).view(-1, 1, 1), torch.full_like(idx, -1), idx)
+    return idx.masked_fill(idx > block_of(positions, select_block).view(-1, 1, 1), -1)
 
 
 def _split_gates(gates, g_cmp, g_slc, g_swa, t: int, n1: int, dtype) -> list[Tensor | None]:

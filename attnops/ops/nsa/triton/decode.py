@@ -131,3 +131,39 @@ def compress_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, score_ptr, bt_ptr, lens_p
         score = tl.where(blocks < n_blocks, tl.where(forced, FLT_MAX, score), float("-inf"))
         off = b.to(tl.int64) * sc_sb + hk.to(tl.int64) * sc_sh + blocks
         tl.store(score_ptr + off, score, mask=blocks < n_scores)
+
+
+@triton.jit
+def compress_cache_kernel(x_ptr, w_ptr, slot_ptr, bt_ptr, lens_ptr, cache_ptr, x_s0, x_s1, x_s2, w_sw, w_sh, bt_sb,
+                          c_s0, c_s1, n_requests, n_pages, capacity, n_rows, page, head_d, block, stride,
+                          BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``nsa_compress_infer``: when request ``b``'s length ``L`` completes a block (``L >= block``, ``(L - block) %
+    stride == 0``), head ``h`` of cache row ``slot_mapping[b]`` gets ``sum_t weight[t, h] * x[L - block + t, h]``
+    (fp32), read through the block table. A row that a later completing request names is left to that request (the
+    reference's order), so every row has one writer. Lengths, slots and block ids are clamped into range."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    n = _length(lens_ptr, b, capacity)
+    if (n < block) | ((n - block) % stride != 0):
+        return
+    slot = tl.minimum(tl.maximum(tl.load(slot_ptr + b), 0), n_rows - 1)
+    later = 0
+    for r0 in range(b + 1, n_requests, BLOCK_R):
+        r = r0 + tl.arange(0, BLOCK_R)
+        ok = r < n_requests
+        n_r = tl.minimum(tl.maximum(tl.load(lens_ptr + r, mask=ok, other=0).to(tl.int32), 0), capacity)
+        s_r = tl.minimum(tl.maximum(tl.load(slot_ptr + r, mask=ok, other=0), 0), n_rows - 1)
+        completes = ok & (n_r >= block) & ((n_r - block) % stride == 0)
+        later += tl.sum((completes & (s_r == slot)).to(tl.int32), 0)
+    if later == 0:
+        d = tl.arange(0, BLOCK_D)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for t in range(block):
+            pos = n - block + t
+            blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + pos // page).to(tl.int64)
+            blk = tl.minimum(tl.maximum(blk, 0), n_pages - 1)
+            x = tl.load(x_ptr + blk * x_s0 + (pos % page).to(tl.int64) * x_s1 + tl.cast(h, tl.int64) * x_s2 + d,
+                        mask=d < head_d, other=0.0)
+            acc += x.to(tl.float32) * tl.load(w_ptr + t * w_sw + h * w_sh).to(tl.float32)
+        tl.store(cache_ptr + slot.to(tl.int64) * c_s0 + tl.cast(h, tl.int64) * c_s1 + d,
+                 acc.to(cache_ptr.dtype.element_ty), mask=d < head_d)

@@ -8,8 +8,8 @@ Compressed attention is the FlashAttention forward kernel (output and statistics
 
 Decode (one query token per request, paged caches): ``selected_decode_kernel`` and ``compress_decode_kernel`` (one
 program per request and KV head); the decode top-k rule (first and last two blocks forced, then the best others) is
-the compressed kernel's scores (forced blocks at ``FLT_MAX``) through ``topk_kernel``. Compression into the cache is
-a vectorised gather and weighted sum on the device. Per-request lengths are a host list (staged to the device
+the compressed kernel's scores (forced blocks at ``FLT_MAX``) through ``topk_kernel``; compression into the cache is
+``compress_cache_kernel``. Per-request lengths are a host list (staged to the device
 without a synchronisation) or a device tensor the kernels read; no plan reads a device value on the host.
 """
 from __future__ import annotations
@@ -21,7 +21,6 @@ import torch
 from ...._core import staging
 from ...._core.triton.launch import Launch, cdiv, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
-from ...flash_attention.reference import compute_dtype
 from ...flash_attention.triton import launch as fa_launch
 from ..compress_attention import CompressAttentionSpec
 from ..decode import CompressSelection, PagedKV
@@ -141,26 +140,22 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query, key, value, bloc
     return out, topk
 
 
+def compress_cache_plan(input, weight, slot_mapping, block_table, cache, lens: torch.Tensor, block: int,
+                        stride: int) -> list[Launch]:
+    """The launch of ``compress_cache_kernel``: one program per (request, head); ``lens`` on the device."""
+    x, table, slots = unit_last_stride(input), block_table.contiguous(), slot_mapping.contiguous()
+    return [Launch("compress_cache_kernel", (slots.shape[0], x.shape[2]),
+                   (x, weight, slots, table, lens, cache, *x.stride()[:3], *weight.stride(), table.stride(0),
+                    *cache.stride()[:2], slots.shape[0], x.shape[0], table.shape[1] * x.shape[1], cache.shape[0],
+                    x.shape[1], x.shape[3], block, stride), dict(BLOCK_D=pow2(x.shape[3]), BLOCK_R=64))]
+
+
 def compress_into_cache(input, weight, slot_mapping, block_table, cache, lens: list[int] | None, block: int,
                         stride: int, lens_tensor: torch.Tensor | None = None) -> None:
-    """``nsa_compress_infer`` on the device, without reading a device value: for every request, the weighted sum
-    (fp32; fp64 for fp64) of its last ``block`` keys, gathered through the block table (positions, table columns and
-    block ids clamped into range), is written to its cache row when its length completes a block; every request
-    naming a row writes the value of the last completing request naming it (the row's old value when none), so
-    duplicate rows get the reference's result whatever order the writes land in."""
-    device, page = input.device, input.shape[1]
-    n = lens_tensor.long() if lens_tensor is not None else staging.upload(lens, torch.int64, device)
-    requests = n.shape[0]
-    if requests == 0:
+    """``nsa_compress_infer`` on the device, without reading a device value: ``compress_cache_kernel`` (lengths as
+    given on the device, or the host list staged without blocking)."""
+    if slot_mapping.shape[0] == 0 or input.shape[2] == 0:
         return
-    done = (n >= block) & ((n - block) % stride == 0)  # [R]
-    pos = (n[:, None] - block + torch.arange(block, device=device)).clamp(0, block_table.shape[1] * page - 1)
-    pages = block_table.long().gather(1, pos // page).clamp(0, input.shape[0] - 1)
-    acc = compute_dtype(input.dtype)
-    new = (input[pages, pos % page].to(acc) * weight.to(acc)[None, :, :, None]).sum(1)  # [R, N, D]
-    slots = slot_mapping.long().clamp(0, cache.shape[0] - 1)
-    order = torch.arange(requests, device=device)
-    same = (slots[:, None] == slots[None, :]) & done[None, :]  # [R, R]: request j completes the row of request i
-    last = torch.where(same, order[None, :], -1).amax(1)  # the last such request (-1: none)
-    value = torch.where((last >= 0)[:, None, None], new[last.clamp(min=0)], cache[slots].to(acc))
-    cache.index_put_((slots,), value.to(cache.dtype))
+    n = lens_tensor if lens_tensor is not None else staging.upload(lens, torch.int64, input.device)
+    KERNELS.run_all(compress_cache_plan(input, weight, slot_mapping, block_table, cache, n, block, stride),
+                    input.device)

@@ -82,5 +82,10 @@ def decode_reason(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -
 
 
 def compress_cache_reason(input: torch.Tensor) -> str | None:
-    """``nsa_compress_infer`` (torch on the device): the inputs' device and dtype only."""
-    return kernel_input_reason(input)
+    """``nsa_compress_infer`` (``compress_cache_kernel``: one program per request and head, a head in registers)."""
+    reason = kernel_input_reason(input)
+    if reason is not None:
+        return reason
+    if input.shape[-1] > MAX_HEAD_DIM:
+        return f"head dims up to {MAX_HEAD_DIM} (got D={input.shape[-1]})"
+    return _heads_reason(input.shape[2], "heads")
