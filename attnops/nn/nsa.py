@@ -102,7 +102,10 @@ class NativeSparseAttention(nn.Module):
                 compress_pending(cache, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
         else:
             cache.append(k, v)
-            compress_new(cache, pos, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
+            if t == 1:  # a decoding step: compressed on the device from the cache's lengths (capturable)
+                compress_new(cache, pos, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
+            else:  # a chunk: its completed blocks at once (host-known lengths)
+                compress_pending(cache, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
             cfg = {name: value for name, value in self.config.items() if name != "compress"}
             out = cached_sparse_attention(cache, q, g, pos, **cfg)
         return self.o_proj(out.flatten(-2))

@@ -28,7 +28,7 @@ from .nsa_cache import NSACache
 
 def compress_pending(cache: NSACache, compress: str, weight_k: Tensor | None, weight_v: Tensor | None) -> None:
     """Compress the blocks completed by the cached tokens and not compressed yet (``nsa_compress`` on their tokens,
-    host-known lengths: the first call of a cache) into ``cache``."""
+    host-known lengths: a prefill or a chunk of several tokens) into ``cache``."""
     first, end = cache.pending_compression()
     if end == first:
         return

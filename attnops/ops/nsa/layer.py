@@ -66,7 +66,7 @@ def _pad_kv(x: Tensor, geo: _Geometry) -> Tensor:
     """``[T, N, D] -> [sum(padded), N, D]``: each sequence followed by zeros up to its padded length."""
     if geo.uniform and geo.lengths:
         b, n = len(geo.lengths), geo.lengths[0]
-        return torch.nn.functional.pad(x.view(b, n, *x.shape[1:]), (0, 0, 0, 0, 0, geo.padded[0] - n)).flatten(0, 1)
+        return torch.nn.functional.pad(x.unflatten(0, (b, n)), (0, 0, 0, 0, 0, geo.padded[0] - n)).flatten(0, 1)
     zeros = x.new_zeros(max(p - n for p, n in zip(geo.padded, geo.lengths)), *x.shape[1:])
     parts = []
     for s, n, p in zip(geo.starts, geo.lengths, geo.padded):
