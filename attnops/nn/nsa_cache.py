@@ -152,6 +152,7 @@ class NSACache:
         total = pool + new * self.batch_size
         self.key_pages = _grown(self.key_pages, total, total, k.new_empty(0, self.page_size, *k.shape[2:]), 0)
         self.value_pages = _grown(self.value_pages, total, total, v.new_empty(0, self.page_size, *v.shape[2:]), 0)
+        self.reserve_compressed(k[:, :0], v[:, :0])  # the compressed rows of the new pages
 
     def rows(self, start: int, end: int) -> tuple[Tensor, Tensor]:
         """Cached keys and values of the tokens ``[start, end)``: ``[B, end - start, N2, D]`` each."""

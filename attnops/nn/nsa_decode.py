@@ -50,8 +50,6 @@ def compress_new(cache: NSACache, pos: Tensor, compress: str, weight_k: Tensor |
     block, stride = cache.compress_block_size, cache.compress_stride
     b, t = pos.shape
     wk, wv = compress_weights(compress, weight_k, weight_v, block, cache.key_pages.shape[2], cache.key_pages)
-    cache.reserve_compressed(cache.key_pages.new_empty(b, 0, *cache.key_pages.shape[2:]),
-                             cache.value_pages.new_empty(b, 0, *cache.value_pages.shape[2:]))
     rows = cache.compressed_keys.shape[1]
     ends = (pos + 1).flatten()  # each token's request: the tokens up to it
     slots = (torch.arange(b, device=pos.device)[:, None] * rows
