@@ -7,11 +7,9 @@ import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
-from ..._core.checks import (check_int, check_same_device, check_tensor, fail, require, require_not_none,
-                             softmax_scale)
+from ..._core.checks import check_same_device, check_tensor, require, require_not_none, softmax_scale
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
-from .compress import compress_block_count
 from .decode import lengths_arg
 from .selected import SelectedSpec
 

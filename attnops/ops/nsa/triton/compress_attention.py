@@ -10,7 +10,8 @@ Blocks the ``topk_mask`` forces score ``FLT_MAX``, so the top-k kernel (``topk.p
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, meta, row_stats, score_tile
+from ...flash_attention.triton.common import (FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, meta, row_stats,
+                                              score_tile)
 
 
 @triton.jit

@@ -140,7 +140,8 @@ def test_torch_npu_select_attention_and_grad():
 def test_torch_npu_compress_attention(fa, monkeypatch):
     q, k, v = meta(96, N1, D), meta(20, N2, D), meta(20, N2, DV)
     with dry_run(fa, monkeypatch) as launches:
-        tnpu.npu_nsa_compress_attention(q, k, v, D ** -0.5, N1, 32, 16, 64, 2, atten_mask=meta(64, 12, dtype=torch.bool),
+        tnpu.npu_nsa_compress_attention(q, k, v, D ** -0.5, N1, 32, 16, 64, 2,
+                                        atten_mask=meta(64, 12, dtype=torch.bool),
                                         topk_mask=meta(64, 5, dtype=torch.bool), actual_seq_qlen=[32, 96],
                                         actual_cmp_seq_kvlen=[8, 20], actual_sel_seq_kvlen=[2, 5])
     assert "topk_kernel" in kernels(launches)
