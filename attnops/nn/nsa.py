@@ -8,8 +8,8 @@ from .._core.checks import check_int, check_tensor, fail, require
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from ..ops.nsa.layer import COMPRESS_MODES, native_sparse_attention
 from .nsa_cache import NSACache
-from .nsa_decode import cached_sparse_attention, compress_pending
-from .rotary import apply_rotary
+from .nsa_decode import cached_sparse_attention, compress_new, compress_pending
+from .rotary import apply_rotary, rotary_angles
 
 
 class NativeSparseAttention(nn.Module):
@@ -60,7 +60,8 @@ class NativeSparseAttention(nn.Module):
         cfg = self.config
         return NSACache(batch_size, compress_block_size=cfg["compress_block_size"],
                         compress_stride=cfg["compress_stride"], page_size=page_size or cfg["select_block_size"],
-                        max_seq_len=max_seq_len)
+                        max_seq_len=max_seq_len, select_block_size=cfg["select_block_size"],
+                        select_block_count=cfg["select_block_count"])
 
     def _attend(self, q, k, v, g, layout, cu):
         return native_sparse_attention(q, k, v, g, self.compress_weight_k, self.compress_weight_v, layout=layout,
@@ -86,25 +87,35 @@ class NativeSparseAttention(nn.Module):
             fail("x", "[B, T, hidden] or packed [T, hidden]", x)
         require(cu_seqlens is None, "cu_seqlens", "None for [B, T, hidden] input", cu_seqlens)
         b, t = x.shape[:2]
-        past = 0 if cache is None else cache.seq_len
-        pos = torch.arange(past, past + t, device=x.device).repeat(b)
-        q, k, v, g = (y.unflatten(0, (b, t)) for y in self._project(x.flatten(0, 1), pos))
-        if cache is not None:
+        if cache is None:
+            pos = torch.arange(t, device=x.device).expand(b, t)
+        else:
             require(not torch.is_grad_enabled(), "cache", "calls under torch.no_grad() or torch.inference_mode() "
                     "(decoding has no backward)", "grad mode enabled")
-            cache.append(k, v)
-            compress_pending(cache, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
-        if past == 0:  # the whole sequence so far: the layer itself
+            require(x.shape[0] == cache.batch_size, "x", f"a batch of {cache.batch_size} (the cache's)", x.shape[0])
+            pos = cache.positions(t, x.device)
+        q, k, v, g = (y.unflatten(0, (b, t)) for y in self._project(x.flatten(0, 1), pos.flatten()))
+        if cache is None or cache.seq_len == 0:  # the whole sequence so far: the layer itself
             out = self._attend(q, k, v, g, "BSND", None)
+            if cache is not None:
+                cache.append(k, v)
+                compress_pending(cache, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
         else:
+            cache.append(k, v)
+            if t == 1:  # a decoding step: compressed on the device from the cache's lengths (capturable)
+                compress_new(cache, pos, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
+            else:  # a chunk: its completed blocks at once (host-known lengths)
+                compress_pending(cache, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
             cfg = {name: value for name, value in self.config.items() if name != "compress"}
-            out = cached_sparse_attention(cache, q, g, **cfg)
+            out = cached_sparse_attention(cache, q, g, pos, **cfg)
         return self.o_proj(out.flatten(-2))
 
     def _project(self, x: Tensor, pos: Tensor):
         """``x [T, hidden]`` -> rotated q ``[T, N1, D]``, rotated k, v ``[T, N2, D]`` and gates ``[T, N1, 3]``."""
-        q = apply_rotary(self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim)), pos, self.rope_theta)
-        k = apply_rotary(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)), pos, self.rope_theta)
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
+        cos, sin = rotary_angles(pos, self.head_dim, self.rope_theta, q.dtype)  # once for q and k
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)), cos, sin)
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         g = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.num_heads, 3))
         return q, k, v, g

@@ -5,14 +5,22 @@ Keys (after RoPE) and values live in a pool of pages ``[pages, page_size, N2, D]
 of the complete compression blocks in ``[B, capacity, N2, D]``. Storage grows by whole pages (and compressed rows)
 with geometric over-allocation, so appending costs O(new tokens) amortised; with ``max_seq_len`` everything is
 allocated once, at the first append. The rows of a batch advance together.
+
+Everything lives on the device of the keys: the block table (built on the host when pages are added, staged without
+a synchronisation) and ``lengths``, the per-sequence token counts the decoding reads on the device. A decoding step
+takes its positions from ``lengths`` and advances it there, so with ``max_seq_len`` (fixed storage) a step can be
+captured in a CUDA graph and replayed token after token; the host's ``seq_len`` counts the calls Python made
+(:meth:`NSACache.advance` adds the tokens replays appended).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from .._core import staging
 from .._core.checks import check_int, require
 from ..ops.nsa.compress import compress_block_count
+from ..ops.nsa.layer import block_of
 
 
 def _grown(store: Tensor | None, rows: int, capacity: int | None, like: Tensor, dim: int) -> Tensor:
@@ -35,26 +43,45 @@ class NSACache:
       (int32): token ``p`` of sequence ``b`` is row ``p % page_size`` of page ``block_table[b, p // page_size]``;
     * ``compressed_keys``, ``compressed_values`` ``[B, capacity, N2, D]``: row ``c`` (``c < compressed_len``)
       pools tokens ``[c*stride, c*stride + block)``, written when the token ``c*stride + block - 1`` arrives;
-    * ``lengths [B]`` (int64): the tokens of each sequence (all equal: the rows advance together).
+      ``capacity`` covers the rows a decoding step attends (:meth:`compressed_rows`);
+    * ``lengths [B]`` (int64, on the keys' device): the tokens of each sequence (all equal: the rows advance
+      together).
     """
 
     def __init__(self, batch_size: int, *, compress_block_size: int, compress_stride: int, page_size: int,
-                 max_seq_len: int | None = None):
+                 max_seq_len: int | None = None, select_block_size: int | None = None,
+                 select_block_count: int = 1):
         self.batch_size = check_int("batch_size", batch_size, lo=1)
         self.max_seq_len = None if max_seq_len is None else check_int("max_seq_len", max_seq_len, lo=1)
         self.page_size = check_int("page_size", page_size, lo=1)
         self.compress_block_size, self.compress_stride = compress_block_size, compress_stride
+        self.select_block_size, self.select_block_count = select_block_size, select_block_count
         self.key_pages = self.value_pages = None
         self.compressed_keys = self.compressed_values = None
-        self.block_table = torch.zeros(self.batch_size, 0, dtype=torch.int32)
+        self._host_table = torch.zeros(self.batch_size, 0, dtype=torch.int32)  # the block table as the host built it
+        self.block_table = self._host_table
         self.lengths = torch.zeros(self.batch_size, dtype=torch.int64)
         self.compressed_len = 0
         self._len = 0
 
     @property
     def seq_len(self) -> int:
-        """Tokens per sequence so far."""
+        """Tokens per sequence so far (as the host counts them: the calls Python made, plus :meth:`advance`)."""
         return self._len
+
+    @property
+    def capacity(self) -> int:
+        """Tokens per sequence the allocated pages hold."""
+        return self.block_table.shape[1] * self.page_size
+
+    def advance(self, steps: int) -> None:
+        """Count ``steps`` more tokens on the host: those that replays of a captured decoding step appended (they
+        advance ``lengths`` on the device only)."""
+        steps = check_int("steps", steps, lo=0)
+        require(self._len + steps <= self.capacity, "steps", f"at most {self.capacity - self._len} (the pages' room)",
+                steps)
+        self._len += steps
+        self.compressed_len = compress_block_count(self._len, self.compress_block_size, self.compress_stride)
 
     def __repr__(self) -> str:
         return (f"NSACache(batch_size={self.batch_size}, seq_len={self._len}, compressed_len={self.compressed_len}, "
@@ -66,7 +93,8 @@ class NSACache:
         return sum(t.numel() * t.element_size() for t in held if t is not None)
 
     def append(self, k: Tensor, v: Tensor) -> None:
-        """Store ``k``, ``v [B, t, N2, D]`` (detached) after the cached tokens."""
+        """Store ``k``, ``v [B, t, N2, D]`` (detached) after the cached tokens: at the positions ``lengths`` holds on
+        the device, which then advances by ``t``."""
         require(k.shape[0] == self.batch_size, "x", f"a batch of {self.batch_size} (the cache's)", k.shape[0])
         if self.key_pages is not None:
             require(k.shape[2:] == self.key_pages.shape[2:] and v.shape[2:] == self.value_pages.shape[2:]
@@ -79,12 +107,24 @@ class NSACache:
             require(past + t <= self.max_seq_len, "x", f"at most max_seq_len={self.max_seq_len} tokens in all",
                     past + t)
         self._reserve(past + t, k, v)
-        pos = torch.arange(past, past + t, device=k.device)
-        page = self.block_table.to(k.device).long()[:, pos // self.page_size]  # [B, t]
-        self.key_pages[page, pos % self.page_size] = k.detach()
-        self.value_pages[page, pos % self.page_size] = v.detach()
+        page, row = self._slots(self.positions(t, k.device))
+        self.key_pages[page, row] = k.detach()
+        self.value_pages[page, row] = v.detach()
         self._len = past + t
-        self.lengths.fill_(self._len)
+        self.lengths.add_(t)
+
+    def positions(self, t: int, device: torch.device) -> Tensor:
+        """``[B, t]`` int64 on ``device`` (the inputs'): the positions of the next ``t`` tokens (from ``lengths``,
+        placed on that device at the first call)."""
+        if self.lengths.device != device:
+            self.lengths = torch.zeros(self.batch_size, dtype=torch.int64, device=device).add_(self._len)
+        return self.lengths[:, None] + torch.arange(t, device=device)
+
+    def _slots(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """``(page, row)`` of the positions ``pos [B, t]`` (clamped into the block table: a replay past the pages
+        overwrites the last one instead of writing out of bounds)."""
+        col = block_of(pos, self.page_size).clamp_max(self.block_table.shape[1] - 1)
+        return self.block_table.long().gather(1, col), pos % self.page_size
 
     def truncate(self, length: int) -> None:
         """Forget the tokens after the first ``length`` (e.g. rejected draft tokens); their pages stay allocated
@@ -96,7 +136,8 @@ class NSACache:
                                   compress_block_count(length, self.compress_block_size, self.compress_stride))
 
     def _reserve(self, length: int, k: Tensor, v: Tensor) -> None:
-        """Pages for ``length`` tokens per sequence; new page ids go row by row after the pool's."""
+        """Pages for ``length`` tokens per sequence; new page ids go row by row after the pool's (the block table is
+        built on the host and staged to the keys' device)."""
         have, want = self.block_table.shape[1], -(-length // self.page_size)
         if want <= have:
             return
@@ -106,42 +147,46 @@ class NSACache:
             new = -(-self.max_seq_len // self.page_size) - have
         pool = 0 if self.key_pages is None else self.key_pages.shape[0]
         ids = pool + torch.arange(new * self.batch_size, dtype=torch.int32).view(new, self.batch_size).T
-        self.block_table = torch.cat([self.block_table, ids], 1)
+        self._host_table = torch.cat([self._host_table, ids], 1)
+        self.block_table = staging.upload(self._host_table, torch.int32, k.device)
         total = pool + new * self.batch_size
         self.key_pages = _grown(self.key_pages, total, total, k.new_empty(0, self.page_size, *k.shape[2:]), 0)
         self.value_pages = _grown(self.value_pages, total, total, v.new_empty(0, self.page_size, *v.shape[2:]), 0)
+        self.reserve_compressed(k[:, :0], v[:, :0])  # the compressed rows of the new pages
 
     def rows(self, start: int, end: int) -> tuple[Tensor, Tensor]:
         """Cached keys and values of the tokens ``[start, end)``: ``[B, end - start, N2, D]`` each."""
         require(0 <= start <= end <= self._len, "end", f"a token range within the {self._len} cached tokens",
                 (start, end))
         pos = torch.arange(start, end, device=self.key_pages.device)
-        page = self.block_table.to(pos.device).long()[:, pos // self.page_size]
+        page = self.block_table.long()[:, pos // self.page_size]
         return self.key_pages[page, pos % self.page_size], self.value_pages[page, pos % self.page_size]
 
     def pending_compression(self) -> tuple[int, int]:
         """``(first, end)``: the compression blocks complete in the cached tokens but not yet compressed."""
         return self.compressed_len, compress_block_count(self._len, self.compress_block_size, self.compress_stride)
 
+    def compressed_rows(self) -> int:
+        """Compressed rows a decoding step attends (and the store holds): those of the selection blocks covering the
+        pages, at least ``select_block_count`` blocks (``compress_block_count`` of the pages without a selection
+        block size)."""
+        if self.select_block_size is None:
+            return compress_block_count(self.capacity, self.compress_block_size, self.compress_stride)
+        blocks = max(self.select_block_count, -(-self.capacity // self.select_block_size))
+        return blocks * (self.select_block_size // self.compress_stride)
+
     def add_compressed(self, k_cmp: Tensor, v_cmp: Tensor) -> None:
         """Store the next compressed rows ``[B, c, N2, D]`` (detached)."""
         first, end = self.pending_compression()
         require(k_cmp.shape[1] == end - first, "k_cmp", f"{end - first} compressed rows (blocks {first}..{end - 1})",
                 k_cmp.shape[1])
-        cap = None if self.max_seq_len is None else compress_block_count(
-            self.max_seq_len, self.compress_block_size, self.compress_stride)
-        self.compressed_keys = _grown(self.compressed_keys, end, cap, k_cmp[:, :0], 1)
-        self.compressed_values = _grown(self.compressed_values, end, cap, v_cmp[:, :0], 1)
+        self.reserve_compressed(k_cmp[:, :0], v_cmp[:, :0], end)
         self.compressed_keys[:, first:end] = k_cmp.detach()
         self.compressed_values[:, first:end] = v_cmp.detach()
         self.compressed_len = end
 
-    def compressed(self, rows: int) -> tuple[Tensor, Tensor]:
-        """The compressed keys and values ``[B, rows, N2, D]``: the ``compressed_len`` complete blocks, then
-        zeros (``rows >= compressed_len``)."""
-        out = []
-        for store, pages in ((self.compressed_keys, self.key_pages), (self.compressed_values, self.value_pages)):
-            have = pages.new_zeros(self.batch_size, 0, *pages.shape[2:]) if store is None else \
-                store[:, :min(self.compressed_len, rows)]
-            out.append(torch.cat([have, have.new_zeros(have.shape[0], rows - have.shape[1], *have.shape[2:])], 1))
-        return out[0], out[1]
+    def reserve_compressed(self, k_like: Tensor, v_like: Tensor, rows: int = 0) -> None:
+        """Room for ``max(rows, compressed_rows())`` compressed rows (``k_like``/``v_like``: ``[B, 0, N2, D]``)."""
+        want = max(rows, self.compressed_rows())
+        self.compressed_keys = _grown(self.compressed_keys, want, want, k_like, 1)
+        self.compressed_values = _grown(self.compressed_values, want, want, v_like, 1)

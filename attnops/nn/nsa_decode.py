@@ -1,12 +1,16 @@
 """The NSA layer for new tokens that continue the sequences of an :class:`NSACache`.
 
-``q [B, t, N1, D]`` at positions ``past .. past + t - 1`` (their keys/values already appended) attends like the
-full layer (:func:`attnops.native_sparse_attention`) at those positions, at a cost that does not grow with the
-square of the context: the compression branch and the top-k scoring run :func:`attnops.nsa_compress_attention` over
-the cached compressed blocks (``atten_mask`` / ``topk_mask`` rows at the tokens' positions), the selection branch
-runs :func:`attnops.nsa_selected_attention_infer` over the pages (one request per new token, its KV length its
-position + 1: causal; slices of requests on the CPU workers), the window branch :func:`attnops.flash_attention`
-over the last ``window_size - 1 + t`` tokens (causal, bottom-right aligned).
+``q [B, t, N1, D]`` at positions ``pos [B, t]`` (their keys/values already appended) attends like the full layer
+(:func:`attnops.native_sparse_attention`) at those positions, at a cost that does not grow with the square of the
+context: the compression branch and the top-k scoring run :func:`attnops.nsa_compress_attention` over the cached
+compressed blocks (``atten_mask`` / ``topk_mask`` rows at the tokens' positions), the selection branch runs
+:func:`attnops.nsa_selected_attention_infer` over the pages (one request per new token, its KV length its position +
+1: causal; slices of requests on the CPU workers), the window branch :func:`attnops.flash_attention` over the
+``window_size - 1 + t`` cached tokens ending at the last new one (an explicit mask hides positions before 0).
+
+Shapes depend on ``t`` and the cache's allocation only, never on its length: the positions are read from
+``cache.lengths`` on the device, so a step reads nothing back and, with preallocated storage (``max_seq_len``), can
+be captured in a CUDA graph and replayed for the following tokens.
 """
 from __future__ import annotations
 
@@ -15,13 +19,16 @@ from torch import Tensor
 
 from .._core.parallel import run_jobs
 from ..ops.flash_attention import flash_attention
+from ..ops.nsa import op as nsa_op
 from ..ops.nsa.api import nsa_compress, nsa_compress_attention, nsa_selected_attention_infer
-from ..ops.nsa.layer import causal_compressed_mask, compress_weights, forced_blocks, unused_future_blocks
+from ..ops.nsa.layer import (block_of, causal_compressed_mask, compress_weights, forced_blocks, gated_sum,
+                             unused_future_blocks)
 from .nsa_cache import NSACache
 
 
 def compress_pending(cache: NSACache, compress: str, weight_k: Tensor | None, weight_v: Tensor | None) -> None:
-    """Compress the blocks completed by the latest tokens (``nsa_compress`` on their tokens) into ``cache``."""
+    """Compress the blocks completed by the cached tokens and not compressed yet (``nsa_compress`` on their tokens,
+    host-known lengths: a prefill or a chunk of several tokens) into ``cache``."""
     first, end = cache.pending_compression()
     if end == first:
         return
@@ -35,47 +42,82 @@ def compress_pending(cache: NSACache, compress: str, weight_k: Tensor | None, we
     cache.add_compressed(k_cmp.unflatten(0, (cache.batch_size, -1)), v_cmp.unflatten(0, (cache.batch_size, -1)))
 
 
-def cached_sparse_attention(cache: NSACache, q: Tensor, gates: Tensor, *, compress_block_size: int,
+def compress_new(cache: NSACache, pos: Tensor, compress: str, weight_k: Tensor | None,
+                 weight_v: Tensor | None) -> None:
+    """Compress the blocks the new tokens at positions ``pos [B, t]`` complete (``nsa_compress_infer`` per token:
+    the token at position ``p`` completes block ``(p + 1 - block) / stride`` when that is a whole number >= 0),
+    written into the cache's compressed rows on the device (nothing read back)."""
+    block, stride = cache.compress_block_size, cache.compress_stride
+    b, t = pos.shape
+    wk, wv = compress_weights(compress, weight_k, weight_v, block, cache.key_pages.shape[2], cache.key_pages)
+    rows = cache.compressed_keys.shape[1]
+    ends = (pos + 1).flatten()  # each token's request: the tokens up to it
+    slots = (torch.arange(b, device=pos.device)[:, None] * rows
+             + block_of((pos + 1 - block).clamp_min(0), stride).clamp_max(rows - 1)).flatten()
+    table = cache.block_table[:, None].expand(b, t, -1).flatten(0, 1)
+    for pages, w, store in ((cache.key_pages, wk, cache.compressed_keys), (cache.value_pages, wv,
+                                                                            cache.compressed_values)):
+        nsa_op.nsa_compress_infer(pages, w, slots, table, store.flatten(0, 1), block, stride, cache.page_size, None,
+                                  ends)
+    cache.compressed_len = cache.pending_compression()[1]
+
+
+def cached_sparse_attention(cache: NSACache, q: Tensor, gates: Tensor, pos: Tensor, *, compress_block_size: int,
                             compress_stride: int, select_block_size: int, select_block_count: int, window_size: int,
                             local_blocks: int) -> Tensor:
-    """``q [B, t, N1, D]``, ``gates [B, t, N1, 3]`` of the cache's last ``t`` tokens -> ``[B, t, N1, Dv]``."""
+    """``q [B, t, N1, D]``, ``gates [B, t, N1, 3]`` of the tokens at positions ``pos [B, t]`` (the cache's last)
+    -> ``[B, t, N1, Dv]``."""
     b, t = q.shape[:2]
-    length = cache.seq_len
-    past = length - t
-    pos = torch.arange(past, length, device=q.device)
     q_flat, g = q.flatten(0, 1), gates.flatten(0, 1)
-    out = q.new_zeros(b * t, q.shape[2], cache.value_pages.shape[-1])
+    row = pos[0]  # the rows advance together: one set of positions
+    outs = {}  # by gate column
     if window_size > 0:
-        k_win, v_win = cache.rows(max(0, past - (window_size - 1)), length)
-        o_win = flash_attention(q, k_win, v_win, layout="BSND", causal=True, window_size=(window_size - 1, 0))
-        out = out + g[..., 2].unsqueeze(-1) * o_win.flatten(0, 1)
+        outs[2] = _window(cache, q, row, window_size).flatten(0, 1)
     ls, m = select_block_size, select_block_size // compress_stride
-    n_sel = max(select_block_count, (length - 1) // ls + 1)  # selection blocks scored: every token's own included
-    rows = n_sel * m  # compressed rows passed: the complete blocks, then zeros (masked: they end after every token)
-    k_cmp, v_cmp = cache.compressed(rows)
+    rows = cache.compressed_rows()  # the complete blocks, then rows the causal mask hides
+    n_sel = rows // m
     o_cmp, topk, _, _ = nsa_compress_attention(
-        q_flat, k_cmp.flatten(0, 1), v_cmp.flatten(0, 1), compress_block_size=compress_block_size,
-        compress_stride=compress_stride, select_block_size=ls, select_block_count=select_block_count,
-        atten_mask=causal_compressed_mask(pos.cpu(), rows, compress_block_size, compress_stride),
-        topk_mask=forced_blocks(pos.cpu(), n_sel, ls, local_blocks), actual_seq_qlen=[t * (i + 1) for i in range(b)],
+        q_flat, cache.compressed_keys[:, :rows].flatten(0, 1), cache.compressed_values[:, :rows].flatten(0, 1),
+        compress_block_size=compress_block_size, compress_stride=compress_stride, select_block_size=ls,
+        select_block_count=select_block_count,
+        atten_mask=causal_compressed_mask(row, rows, compress_block_size, compress_stride),
+        topk_mask=forced_blocks(row, n_sel, ls, local_blocks), actual_seq_qlen=[t * (i + 1) for i in range(b)],
         actual_cmp_seq_kvlen=[rows * (i + 1) for i in range(b)])
-    out = out + g[..., 0].unsqueeze(-1) * o_cmp
-    idx = unused_future_blocks(topk, pos.repeat(b), ls).to(torch.int32)
-    out = out + g[..., 1].unsqueeze(-1) * _selected(cache, q_flat, idx, (pos + 1).repeat(b).tolist(), t, ls)
-    return out.unflatten(0, (b, t))
+    outs[0] = o_cmp
+    idx = unused_future_blocks(topk, pos.flatten(), ls).to(torch.int32)
+    outs[1] = _selected(cache, q_flat, idx, (pos + 1).flatten(), t, ls)
+    return gated_sum(outs, [g[..., i] for i in range(3)], g).unflatten(0, (b, t))
 
 
-def _selected(cache: NSACache, q: Tensor, idx: Tensor, kv_lens: list[int], t: int, ls: int) -> Tensor:
-    """The selection branch: one ``nsa_selected_attention_infer`` request per query row (``t`` rows per sequence),
-    in slices run side by side on the single-threaded CPU workers (its small per-request operations would
-    otherwise each pay an intra-op fork/join)."""
+def _window(cache: NSACache, q: Tensor, row: Tensor, window: int) -> Tensor:
+    """The window branch ``[B, t, N1, Dv]``: the ``window - 1 + t`` cached tokens ending at the last new one
+    (positions clamped at 0), attended causally within ``window`` tokens; positions before 0 are masked."""
+    t, span = q.shape[1], window - 1 + q.shape[1]
+    keys = row[:1] - (window - 1) + torch.arange(span, device=q.device)  # [span] key positions
+    page, slot = cache._slots(keys.clamp_min(0).expand(cache.batch_size, span))
+    j = torch.arange(span, device=q.device)
+    i = torch.arange(t, device=q.device)[:, None]
+    mask = (j < i) | (j > i + window - 1) | (keys < 0)  # True = masked: [t, span]
+    return flash_attention(q, cache.key_pages[page, slot], cache.value_pages[page, slot], layout="BSND",
+                           atten_mask=mask, sparse_mode=0)
+
+
+def _selected(cache: NSACache, q: Tensor, idx: Tensor, kv_lens: Tensor, t: int, ls: int) -> Tensor:
+    """The selection branch: one ``nsa_selected_attention_infer`` request per query row (``t`` rows per sequence,
+    KV lengths ``kv_lens`` on the device); on the CPU in slices run side by side on the single-threaded workers (its
+    small per-request operations would otherwise each pay an intra-op fork/join)."""
+    table = cache.block_table[:, None].expand(-1, t, -1).flatten(0, 1)
+
+    def attend(rows: slice) -> Tensor:
+        return nsa_selected_attention_infer(q[rows], cache.key_pages, cache.value_pages, idx[rows], table[rows],
+                                            kv_lens[rows], select_block_size=ls)
+    if q.device.type != "cpu":
+        return attend(slice(None))
     out = q.new_empty(q.shape[0], q.shape[1], cache.value_pages.shape[-1])
-    table = cache.block_table.to(q.device).repeat_interleave(t, 0)
     step = -(-q.shape[0] // (4 * torch.get_num_threads()))
 
     def job(start: int) -> None:
         rows = slice(start, start + step)
-        out[rows] = nsa_selected_attention_infer(q[rows], cache.key_pages, cache.value_pages, idx[rows], table[rows],
-                                                 kv_lens[rows], select_block_size=ls)
+        out[rows] = attend(rows)
     run_jobs(job, range(0, q.shape[0], step), q.device)
     return out

@@ -5,12 +5,17 @@ import torch
 from torch import Tensor
 
 
-def apply_rotary(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """Rotate ``x [T, N, D]`` (D even) by the angles ``positions[t] * theta**(-2i/D)``."""
-    d = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+def rotary_angles(positions: Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(cos, sin)`` ``[T, 1, D]`` in ``dtype`` of the angles ``positions[t] * theta**(-2i/D)`` (fp32 angles),
+    shared by every tensor rotated at these positions."""
+    inv_freq = theta ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)
     angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [T, D/2]
-    cos = torch.cat([angles.cos(), angles.cos()], -1).unsqueeze(1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], -1).unsqueeze(1).to(x.dtype)
+    twice = torch.cat([angles, angles], -1).unsqueeze(1)
+    return twice.cos().to(dtype), twice.sin().to(dtype)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x [T, N, D]`` (D even) by the angles of :func:`rotary_angles`."""
+    d = x.shape[-1]
     half = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-half[1], half[0]], -1) * sin

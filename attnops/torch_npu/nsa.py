@@ -14,6 +14,7 @@ from __future__ import annotations
 from .._core.checks import check_scale, check_tensor, fail, int_list, require
 from .._core.inference_only import run_inference_only
 from ..ops.nsa import op as nsa_op
+from ..ops.nsa.decode import lengths_arg
 from ._common import reject_unsupported, with_overloads
 
 CUMULATIVE = 0  # act_seq_len_type of the training ops
@@ -104,7 +105,8 @@ def npu_nsa_select_attention_infer(query, key, value, topk_indices, scale_value,
 
     ``key``/``value`` are ``(block_num, page_block_size, KV_N*D)`` or ``(block_num, page_block_size, KV_N, D)``
     caches read through ``block_table [B, maxBlocks]``; ``topk_indices [B, KV_N, count]`` names blocks of
-    ``select_block_size`` keys, ``-1`` for padding; ``actual_seq_kvlen`` holds per-request KV lengths.
+    ``select_block_size`` keys, ``-1`` for padding; ``actual_seq_kvlen`` holds per-request KV lengths (a tensor on
+    the device is read by the kernels only: no synchronisation, capturable in a CUDA graph).
     ``atten_mask`` and ``actual_seq_qlen`` are not supported (by the NPU either).
     """
     reject_unsupported(atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen)
@@ -113,7 +115,8 @@ def npu_nsa_select_attention_infer(query, key, value, topk_indices, scale_value,
                                        block_table=block_table)
     out = nsa_op.nsa_selected_attention_infer(
         q, k, v, topk_indices, block_table, check_scale("scale_value", scale_value), head_num, key_value_head_num,
-        select_block_size, select_block_count, page_block_size, int_list("actual_seq_kvlen", actual_seq_kvlen))
+        select_block_size, select_block_count, page_block_size,
+        *lengths_arg("actual_seq_kvlen", actual_seq_kvlen))
     if layout == "BSH":
         return out.flatten(-2).unsqueeze(1)
     return out.unsqueeze(1) if layout == "BSND" else out
@@ -138,7 +141,7 @@ def npu_nsa_compress_attention_infer(query, key, value, scale_value, head_num, k
     out, topk = nsa_op.nsa_compress_attention_infer(
         q, k, v, block_table, check_scale("scale_value", scale_value), head_num, key_value_head_num, select_block_size,
         select_block_count, page_block_size, compress_block_size, compress_stride,
-        int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
+        *lengths_arg("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
     return (out.unsqueeze(1), topk.unsqueeze(1)) if layout == "BSND" else (out, topk)
 
 
@@ -155,11 +158,11 @@ def npu_nsa_compress_infer(input, weight, slot_mapping, compress_block_size, com
         require(input.shape[-1] % weight.shape[1] == 0, "input", f"a last dim N*D divisible by N={weight.shape[1]} "
                 "(the weight's heads)", input)
         input = input.unflatten(-1, (weight.shape[1], -1))
-    lens = int_list("actual_seq_len", actual_seq_len)
+    lens, lens_tensor = lengths_arg("actual_seq_len", actual_seq_len)
 
     def update():
         nsa_op.nsa_compress_infer(input, weight, slot_mapping, block_table, cache, compress_block_size,
-                                  compress_stride, page_block_size, lens)
+                                  compress_stride, page_block_size, lens, lens_tensor)
         return cache
 
     return run_inference_only(nsa_op.COMPRESS_INFER, update, input, weight, cache, dirty=cache)

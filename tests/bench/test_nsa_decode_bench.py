@@ -27,7 +27,7 @@ def test_decode_matches_recompute_and_prefill_decode_runs():
 def test_cache_bytes_per_token():
     case = Case(name="tiny-memory", op="nsa_prefill_decode", skv=64, baselines=(), **SHAPE)
     kv = 2 * 2 * 16 * 4  # K and V, N2=2, D=16, fp32
-    cmp_rows = (64 - 8) // 4 + 1
+    cmp_rows = 64 // 4  # the rows a decoding step attends: 4 selection blocks of 16 tokens, 4 rows each
     want = kv + kv * cmp_rows / 64 + 4 * (64 // 16) / 64  # + block table (int32, 4 pages per sequence)
     assert cache_bytes_per_token(case) == want
 

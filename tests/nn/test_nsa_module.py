@@ -149,7 +149,9 @@ def test_cache_grows_by_pages_and_preallocates_with_max_seq_len():
     with torch.no_grad():
         m(x[:, :10], cache=cache)
         pages, cmp = cache.key_pages.data_ptr(), cache.compressed_keys.data_ptr()
-        assert cache.key_pages.shape[0] == 2 * 9 and cache.compressed_keys.shape[1] == (70 - 8) // 4 + 1
+        # 9 pages of 8 tokens; the compressed rows a decoding step attends: 5 selection blocks of 16 over the 72
+        # tokens, 4 compressed rows (stride 4) each
+        assert cache.key_pages.shape[0] == 2 * 9 and cache.compressed_keys.shape[1] == cache.compressed_rows() == 20
         _decode(m, x[:, 10:], 1, cache)
     assert cache.key_pages.data_ptr() == pages and cache.compressed_keys.data_ptr() == cmp
     assert cache.nbytes() > 0 and "seq_len=70" in repr(cache)

@@ -7,11 +7,10 @@ import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
-from ..._core.checks import (check_int, check_same_device, check_tensor, fail, require, require_not_none,
-                             softmax_scale)
+from ..._core.checks import check_same_device, check_tensor, require, require_not_none, softmax_scale
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
-from .compress import compress_block_count
+from .decode import lengths_arg
 from .selected import SelectedSpec
 
 
@@ -122,8 +121,9 @@ def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     """Decoding: one new token per request (``query [B, N1, D]``) attends, per KV head, to the blocks of
     ``select_block_size`` keys named by ``topk_indices [B, N2, count]`` (in order up to the first ``-1``, each cut
     at the request's length), read from paged caches ``[blocks, page_size, N2, D/Dv]`` through ``block_table
-    [B, maxBlocks]``; ``seq_lens`` are the per-request KV lengths. Returns ``[B, N1, Dv]`` (0 for a head that
-    selects nothing)."""
+    [B, maxBlocks]``; ``seq_lens`` are the per-request KV lengths (a list, or a tensor: one on the query's GPU is read
+    by the kernels only, never on the host, so a CUDA graph can capture the call). Returns ``[B, N1, Dv]`` (0 for a
+    head that selects nothing)."""
     check_tensor("query", query, ndim=3)
     check_tensor("key_cache", key_cache, ndim=4)
     check_tensor("topk_indices", topk_indices, ndim=3)
@@ -131,12 +131,12 @@ def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
         "query", query, key_cache=key_cache, value_cache=value_cache, topk_indices=topk_indices,
         block_table=block_table)
     scale = softmax_scale(scale, query, query.shape[-1])
-    lens = [int(v) for v in (seq_lens.tolist() if isinstance(seq_lens, Tensor) else seq_lens)]
+    lens, lens_tensor = lengths_arg("seq_lens", seq_lens)
     with autocast_off(query.device):
         return _op().nsa_selected_attention_infer(query, key_cache, value_cache, topk_indices, block_table,
                                                   float(scale), query.shape[1], key_cache.shape[2],
                                                   select_block_size, topk_indices.shape[-1], key_cache.shape[1],
-                                                  lens)
+                                                  lens, lens_tensor)
 
 
 def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
@@ -145,7 +145,8 @@ def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
                                  ) -> tuple[Tensor, Tensor]:
     """Decoding: one new token per request (``query [B, N1, D]``) attends to its compressed keys/values, read from
     paged caches ``[blocks, page_size, N2, D/Dv]`` through ``block_table`` (``cmp_seq_lens``: per-request
-    compressed lengths), and picks the next step's selection blocks. Returns ``(out [B, N1, Dv], topk_indices
+    compressed lengths, a list or a tensor as ``seq_lens`` of :func:`nsa_selected_attention_infer`), and picks the
+    next step's selection blocks. Returns ``(out [B, N1, Dv], topk_indices
     [B, N2, select_block_count] int32)``; the first and the last two blocks are always chosen, first
     (:mod:`attnops.ops.nsa.decode`)."""
     check_tensor("query", query, ndim=3)
@@ -153,12 +154,12 @@ def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     query, key_cache, value_cache, block_table = _prepared("query", query, key_cache=key_cache,
                                                            value_cache=value_cache, block_table=block_table)
     scale = softmax_scale(scale, query, query.shape[-1])
-    lens = [int(v) for v in (cmp_seq_lens.tolist() if isinstance(cmp_seq_lens, Tensor) else cmp_seq_lens)]
+    lens, lens_tensor = lengths_arg("cmp_seq_lens", cmp_seq_lens)
     with autocast_off(query.device):
         return _op().nsa_compress_attention_infer(query, key_cache, value_cache, block_table, float(scale),
                                                   query.shape[1], key_cache.shape[2], select_block_size,
                                                   select_block_count, key_cache.shape[1], compress_block_size,
-                                                  compress_stride, lens)
+                                                  compress_stride, lens, lens_tensor)
 
 
 def check_selected_backward_inputs(spec: SelectedSpec, query, grad, attention_out, softmax_max, softmax_sum):

@@ -7,6 +7,8 @@ unless a Triton implementation is registered for it and :func:`~attnops._core.di
 """
 from __future__ import annotations
 
+import torch
+
 from ..._core.devices import on_cpu
 from ..._core.dispatch import choose_backend
 from .compress import compress_backward, compress_forward
@@ -71,27 +73,37 @@ def compress_attention(query, key, value, topk_mask, atten_mask, **spec_args):
                 lambda *_: infer_launch.compress_attention(spec, query, key, value), reference, *tensors)
 
 
-def selected_infer(kv, block, query, key, value, topk_indices, block_table):
-    """``nsa_selected_attention_infer``: the output ``[B, N1, Dv]``."""
+def selected_infer(kv, block, query, key, value, topk_indices, block_table, lens=None):
+    """``nsa_selected_attention_infer``: the output ``[B, N1, Dv]`` (``lens``: device lengths, or None)."""
     return _run(query, lambda: triton_verify.decode_reason(query, key, value), infer_launch.selected_decode,
-                selected_decode, kv, block, query, key, value, topk_indices, block_table)
+                selected_decode, kv, block, query, key, value, topk_indices, block_table, lens)
 
 
-def compress_attention_infer(kv, sel, query, key, value, block_table):
-    """``nsa_compress_attention_infer``: ``(attention_out, topk_indices)``."""
+def compress_attention_infer(kv, sel, query, key, value, block_table, lens=None):
+    """``nsa_compress_attention_infer``: ``(attention_out, topk_indices)`` (``lens``: device lengths, or None)."""
     return _run(query, lambda: triton_verify.decode_reason(query, key, value), infer_launch.compress_decode,
-                compress_decode, kv, sel, query, key, value, block_table)
+                compress_decode, kv, sel, query, key, value, block_table, lens)
 
 
-def compress_infer(input, weight, slot_mapping, block_table, cache, lens, block, stride) -> None:
+def compress_infer(input, weight, slot_mapping, block_table, cache, lens, block, stride, lens_tensor=None) -> None:
     """``nsa_compress_infer``: writes the completed compression blocks into ``cache`` in place (dispatched like
-    :func:`_run`; the reference on another device computes on CPU copies and writes the rows back)."""
+    :func:`_run`; the reference on another device computes on CPU copies and writes back the rows it changed)."""
+    args = (input, weight, slot_mapping, block_table, cache, lens, block, stride, lens_tensor)
     if choose_backend("auto", cache.device, lambda: triton_verify.compress_cache_reason(input)) == "triton":
-        infer_launch.compress_into_cache(input, weight, slot_mapping, block_table, cache, lens, block, stride)
-        return
-    if cache.device.type == "cpu":
-        compress_into_cache(input, weight, slot_mapping, block_table, cache, lens, block, stride)
-        return
-    host = cache.cpu()  # computed on CPU copies, written back
-    compress_into_cache(input.cpu(), weight.cpu(), slot_mapping.cpu(), block_table.cpu(), host, lens, block, stride)
-    cache.copy_(host)
+        infer_launch.compress_into_cache(*args)
+    elif cache.device.type == "cpu":
+        compress_into_cache(*args)
+    else:
+        _reference_elsewhere(*args)
+
+
+def _reference_elsewhere(input, weight, slot_mapping, block_table, cache, lens, block, stride, lens_tensor) -> None:
+    """The reference for a cache on another device: computed on CPU copies of the inputs and of the cache rows
+    ``slot_mapping`` names (not the whole cache), which are written back. A slow path that reads on the host."""
+    slots = slot_mapping.cpu()
+    unique, local = torch.unique(slots.long().clamp(0, cache.shape[0] - 1), return_inverse=True)
+    index = unique.to(cache.device)
+    rows = cache[index].cpu()
+    compress_into_cache(input.cpu(), weight.cpu(), local, block_table.cpu(), rows, lens, block, stride,
+                        None if lens_tensor is None else lens_tensor.cpu())
+    cache.index_copy_(0, index, rows.to(cache.device))

@@ -71,7 +71,7 @@ def build_compress_attention_spec(query, key, value, *, scale_value: float, head
         check_tensor("topk_mask", topk_mask, ndim=2, dtypes=MASK_DTYPES)
         require(topk_mask.shape[0] >= fa.seq.max_q and topk_mask.shape[1] >= max(sel, default=0), "topk_mask",
                 f"a [maxSq, maxSelSkv] = [>={fa.seq.max_q}, >={max(sel, default=0)}] mask", topk_mask)
-        topk_mask = topk_mask != 0
+        topk_mask = topk_mask if topk_mask.dtype == torch.bool else topk_mask != 0
     return CompressAttentionSpec(fa, l_, d_, ls, count, tuple(sel), topk_mask)
 
 

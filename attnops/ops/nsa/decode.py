@@ -19,10 +19,16 @@ nothing is masked. fp32 compute (fp64 for fp64 inputs), outputs in the query's d
 * Compression into a cache: a request whose length ``L`` completes a compression block (``L >= block`` and
   ``(L - block) % stride == 0``) writes ``sum_t weight[t, n] * kv[L - block + t, n]`` to row ``slot_mapping[b]``
   of ``cache [slots, N, D]``; the other rows are left as they are.
+
+The per-request lengths come as a host list (validated here, as on the NPU) or as a tensor: a CPU tensor is read
+like a list, a tensor on another device is read only by the kernels (never on the host: no synchronisation, and a
+CUDA graph can capture the call with lengths that change between replays). The values of device tensors (block
+tables, indices, slot mappings, lengths) are not validated; the kernels clamp them so that nothing is read or
+written out of bounds (``docs/decisions.md``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -37,17 +43,36 @@ FORCED = 3  # compressed attention: the first and the last two selection blocks
 
 @dataclass(frozen=True)
 class PagedKV:
-    """A validated decode batch: the query geometry and the paged caches."""
+    """A validated decode batch: the query geometry, the paged caches and the per-request lengths (``kv_lens``, or
+    None when they are a device tensor the kernels read; ``capacity``: the longest length the block table holds)."""
 
     batch: int
     n1: int
     n2: int
     dv: int
-    kv_lens: list[int]
+    kv_lens: tuple[int, ...] | None
     scale: float
+    capacity: int
 
     def rows(self, cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
         return paged_rows(cache, table_row, pos)
+
+    def with_lengths(self, lens: Tensor | None) -> "PagedKV":
+        """This batch with the lengths of ``lens`` (a CPU copy of the device lengths) when they were not known."""
+        return self if self.kv_lens is not None else replace(self, kv_lens=tuple(int(n) for n in lens.tolist()))
+
+
+def lengths_arg(name: str, lens) -> tuple[list[int] | None, Tensor | None]:
+    """Per-request lengths as ``(host list, None)`` (a list, or a CPU tensor: read for free) or ``(None, device
+    tensor)`` (read by the kernels only; the operator checks its shape and dtype)."""
+    if isinstance(lens, Tensor) and lens.device.type != "cpu":
+        return None, lens
+    return int_list(name, lens), None
+
+
+def readable(*tensors: Tensor) -> bool:
+    """Whether the values of ``tensors`` may be read on the host for validation (all on the CPU: for free)."""
+    return all(t.device.type == "cpu" for t in tensors)
 
 
 def paged_rows(cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
@@ -58,9 +83,11 @@ def paged_rows(cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
 
 
 def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, *, scale_value: float, head_num: int,
-                key_value_head_num: int, page_block_size: int, seq_lens, lens_name: str) -> PagedKV:
+                key_value_head_num: int, page_block_size: int, seq_lens, lens_name: str,
+                lens_tensor: Tensor | None = None) -> PagedKV:
     """Validate ``query [B, N1, D]``, caches ``[blocks, page_block_size, N2, D/Dv]``, the block table and the
-    per-request KV lengths (``lens_name``: the argument holding them)."""
+    per-request KV lengths (``seq_lens``, a host list; or ``lens_tensor`` on the device, not read; ``lens_name``:
+    the argument holding them). Values of the block table are checked when it and the lengths are on the host."""
     check_tensor("query", query, ndim=3, dtypes=NSA_DTYPES)
     batch, n1, d = query.shape
     require(head_num == n1, "head_num", f"the number of query heads ({n1})", head_num)
@@ -75,13 +102,19 @@ def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, 
     require(value.shape[0] == key.shape[0], "value", f"{key.shape[0]} blocks like key", value)
     check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32, torch.int64))
     require(block_table.shape[0] == batch, "block_table", f"[B={batch}, maxBlocks]", block_table)
+    capacity = block_table.shape[1] * page
+    if lens_tensor is not None:
+        require(seq_lens is None, lens_name, "a list or a tensor, not both", "both")
+        check_tensor(lens_name, lens_tensor, shape=(batch,), dtypes=(torch.int32, torch.int64))
+        require(lens_tensor.device == query.device, lens_name, f"a tensor on {query.device} like query", lens_tensor)
+        return PagedKV(batch, n1, n2, value.shape[-1], None, check_scale("scale_value", scale_value), capacity)
     lens = int_list(lens_name, seq_lens)
     require(lens is not None and len(lens) == batch, lens_name, f"B={batch} per-request KV lengths", lens)
-    capacity = block_table.shape[1] * page
     for b, n in enumerate(lens):
         require(0 <= n <= capacity, f"{lens_name}[{b}]", f"a length in [0, {capacity}] (the block_table's pages)", n)
-        _check_pages(block_table, b, 0, n, page, key.shape[0], f"the pages of request {b}'s {n} keys")
-    return PagedKV(batch, n1, n2, value.shape[-1], lens, check_scale("scale_value", scale_value))
+        if readable(block_table):
+            _check_pages(block_table, b, 0, n, page, key.shape[0], f"the pages of request {b}'s {n} keys")
+    return PagedKV(batch, n1, n2, value.shape[-1], tuple(lens), check_scale("scale_value", scale_value), capacity)
 
 
 def _check_pages(block_table: Tensor, b: int, lo: int, hi: int, page: int, blocks: int, what: str) -> None:
@@ -99,6 +132,8 @@ def check_selected_topk(kv: PagedKV, topk_indices: Tensor, *, select_block_size:
     block = check_int("select_block_size", select_block_size, lo=1)
     count = check_int("select_block_count", select_block_count, lo=1)
     check_tensor("topk_indices", topk_indices, dtypes=(torch.int32, torch.int64), shape=(kv.batch, kv.n2, count))
+    if kv.kv_lens is None or not readable(topk_indices):
+        return block  # device values: a kernel reads an index past the length as nothing
     for b in range(kv.batch):
         limit = -(-kv.kv_lens[b] // block)
         for h, chosen in enumerate(_chosen(topk_indices[b])):
@@ -118,8 +153,9 @@ def _chosen(topk: Tensor) -> list[Tensor]:
 
 
 def selected_decode(kv: PagedKV, block: int, query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor,
-                    block_table: Tensor) -> Tensor:
-    """``attention_out [B, N1, Dv]``."""
+                    block_table: Tensor, lens: Tensor | None = None) -> Tensor:
+    """``attention_out [B, N1, Dv]`` (``lens``: the lengths when ``kv`` holds none)."""
+    kv = kv.with_lengths(lens)
     acc = compute_dtype(query.dtype)
     out = torch.zeros(kv.batch, kv.n1, kv.dv, dtype=acc, device=query.device)
     g = kv.n1 // kv.n2
@@ -157,7 +193,7 @@ def check_compress_selection(kv: PagedKV, *, compress_block_size: int, compress_
     sel = check_int("select_block_size", select_block_size, lo=block)
     require(sel % stride == 0, "select_block_size", f"a multiple of compress_stride={stride}", sel)
     spec = CompressSelection(block, stride, sel, check_int("select_block_count", select_block_count, lo=FORCED))
-    for b, n in enumerate(kv.kv_lens):
+    for b, n in enumerate(kv.kv_lens or ()):
         require(n >= 1 and spec.count <= spec.blocks(n), f"actual_cmp_seq_kvlen[{b}]",
                 f"at least 1 compressed key and select_block_count={spec.count} selection blocks "
                 f"(ceil(((S2 - 1) * compress_stride + compress_block_size) / select_block_size))", n)
@@ -176,8 +212,10 @@ def _importance(p: Tensor, sel: CompressSelection, n_blocks: int) -> Tensor:
 
 
 def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Tensor, value: Tensor,
-                    block_table: Tensor) -> tuple[Tensor, Tensor]:
-    """``(attention_out [B, N1, Dv], topk_indices [B, N2, count] int32)``."""
+                    block_table: Tensor, lens: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(attention_out [B, N1, Dv], topk_indices [B, N2, count] int32)`` (``lens``: the lengths when ``kv`` holds
+    none)."""
+    kv = kv.with_lengths(lens)
     acc = compute_dtype(query.dtype)
     out = torch.zeros(kv.batch, kv.n1, kv.dv, dtype=acc, device=query.device)
     topk = torch.zeros(kv.batch, kv.n2, sel.count, dtype=torch.int32, device=query.device)
@@ -198,9 +236,11 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Ten
 
 # ------------------------------------------------------------------------------------------------- compression
 def check_compress_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, block_table: Tensor, cache: Tensor, *,
-                         compress_block_size: int, compress_stride: int, page_block_size: int, actual_seq_len
-                         ) -> tuple[list[int], int, int]:
-    """Validate a compression into ``cache``; returns the lengths, the block size and the stride."""
+                         compress_block_size: int, compress_stride: int, page_block_size: int, actual_seq_len,
+                         lens_tensor: Tensor | None = None) -> tuple[list[int] | None, int, int]:
+    """Validate a compression into ``cache``; returns the lengths (None when ``lens_tensor`` holds them on the
+    device), the block size and the stride. The values of the block table and the slot mapping are checked when
+    they and the lengths are on the host."""
     check_tensor("input", input, ndim=4, dtypes=NSA_DTYPES)
     page, heads, d = input.shape[1:]
     block = check_int("compress_block_size", compress_block_size, lo=1)
@@ -215,12 +255,19 @@ def check_compress_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, bl
     check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32, torch.int64))
     require(block_table.shape[0] == batch, "block_table", f"[B={batch}, maxBlocks] (B = slot_mapping's length)",
             block_table)
+    if lens_tensor is not None:
+        require(actual_seq_len is None, "actual_seq_len", "a list or a tensor, not both", "both")
+        check_tensor("actual_seq_len", lens_tensor, shape=(batch,), dtypes=(torch.int32, torch.int64))
+        require(lens_tensor.device == input.device, "actual_seq_len", f"a tensor on {input.device} like input",
+                lens_tensor)
+        return None, block, stride
     lens = int_list("actual_seq_len", actual_seq_len)
     require(lens is not None and len(lens) == batch, "actual_seq_len", f"B={batch} per-request KV lengths", lens)
+    values = readable(block_table, slot_mapping)
     for b, n in enumerate(lens):
         require(0 <= n <= block_table.shape[1] * page, f"actual_seq_len[{b}]",
                 f"a length in [0, {block_table.shape[1] * page}] (the block_table's pages)", n)
-        if _completes(n, block, stride):
+        if values and _completes(n, block, stride):
             _check_pages(block_table, b, n - block, n, page, input.shape[0], f"the last {block} keys of request {b}")
             slot = int(slot_mapping[b])
             require(0 <= slot < cache.shape[0], f"slot_mapping[{b}]", f"a cache row in [0, {cache.shape[0]})", slot)
@@ -232,10 +279,12 @@ def _completes(length: int, block: int, stride: int) -> bool:
 
 
 def compress_into_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, block_table: Tensor, cache: Tensor,
-                        lens: list[int], block: int, stride: int) -> None:
-    """Write the compressed last block of every request that completes one into ``cache`` (in place)."""
-    w = weight.to(torch.float32).unsqueeze(-1)
-    for b, n in enumerate(lens):
+                        lens: list[int] | None, block: int, stride: int, lens_tensor: Tensor | None = None) -> None:
+    """Write the compressed last block of every request that completes one into ``cache`` (in place; fp32, fp64
+    for fp64 inputs; ``lens_tensor``: the lengths when ``lens`` is None)."""
+    acc = compute_dtype(input.dtype)
+    w = weight.to(acc).unsqueeze(-1)
+    for b, n in enumerate(lens if lens is not None else lens_tensor.tolist()):
         if _completes(n, block, stride):
             rows = paged_rows(input, block_table[b], torch.arange(n - block, n, device=input.device))
-            cache[int(slot_mapping[b])] = (rows.to(torch.float32) * w).sum(0).to(cache.dtype)
+            cache[int(slot_mapping[b])] = (rows.to(acc) * w).sum(0).to(cache.dtype)

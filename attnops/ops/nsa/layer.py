@@ -4,11 +4,18 @@ The operators keep the NPU's constraints (every KV length a multiple of ``select
 ``select_block_size * select_block_count``, indices inside the sequence); this layer accepts any sequence length
 by padding each sequence's keys/values with zeros up to ``K * select_block_size`` tokens, ``K`` at least one block
 past the sequence's last (partial) block. The padding is never visible to a real query: compressed blocks that end
-after the query are masked, selected positions after the query are masked (causal), and the unused selection slots
-(``-1``) are pointed at the first padding block, which lies wholly after every query of the sequence.
+after the query are masked, selected positions after the query are masked (causal), and the unused slots (``-1``) of
+given ``block_indices`` select nothing (on the CPU, whose operator validates indices, they point at the first
+padding block, wholly after every query of the sequence).
+
+The host work per call is the geometry of the lengths (memoized per length set) and a handful of tensor ops: the
+masks are slices of device masks kept per configuration, the top-k of the compressed branch feeds the selection
+branch as it is (blocks after a token's own block hold only future keys: the causal rule hides them), and the gated
+sum is one batched product. Nothing is read back from the device.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -25,36 +32,45 @@ COMPRESS_MODES = ("weighted", "mean")
 
 
 @dataclass(frozen=True)
-class _Packing:
-    """Per-sequence lengths, starts and padded KV lengths (a multiple of the selection block)."""
+class _Geometry:
+    """The host arithmetic of one length set: per-sequence lengths, starts and padded KV lengths (a multiple of the
+    selection block), their cumulative forms and the compressed / selection sizes."""
 
-    lengths: list[int]
-    starts: list[int]
-    padded: list[int]
+    lengths: tuple[int, ...]
+    starts: tuple[int, ...]
+    padded: tuple[int, ...]
+    padded_cum: tuple[int, ...]
+    cmp_cum: tuple[int, ...]
+    max_len: int
+    n_cmp: int  # compressed rows of the longest padded sequence (the atten_mask's columns)
+    n_sel: int  # selection blocks of the longest padded sequence (the topk_mask's columns)
 
     @property
-    def padded_cum(self) -> list[int]:
-        out, acc = [], 0
-        for p in self.padded:
-            acc += p
-            out.append(acc)
-        return out
+    def uniform(self) -> bool:
+        """Every sequence has the same length (a ``[B, S]`` view of the packed tokens pads them at once)."""
+        return len(set(self.lengths)) <= 1
 
 
-def _packing(lengths: list[int], select_block: int, slots: int) -> _Packing:
-    starts, acc = [], 0
-    for n in lengths:
-        starts.append(acc)
-        acc += n
-    padded = [max(-(-n // select_block) + 1, slots) * select_block for n in lengths]
-    return _Packing(lengths, starts, padded)
+@functools.lru_cache(maxsize=256)
+def _geometry(cum: tuple[int, ...], t: int, select_block: int, slots: int, block: int, stride: int) -> _Geometry:
+    lengths = lengths_from_cumulative("actual_seq_len", list(cum), t)
+    require(sum(lengths) == t, "cu_seqlens", f"sequences covering all T={t} tokens", list(cum))
+    padded = tuple(max(-(-n // select_block) + 1, slots) * select_block for n in lengths)
+    cmp_lens = [compress_block_count(p, block, stride) for p in padded]
+    return _Geometry(tuple(lengths), tuple(accumulate(lengths, initial=0))[:-1], padded, tuple(accumulate(padded)),
+                     tuple(accumulate(cmp_lens)), max(lengths, default=0), max(cmp_lens, default=0),
+                     max(padded, default=0) // select_block)
 
 
-def _pad_kv(x: Tensor, pack: _Packing) -> Tensor:
+def _pad_kv(x: Tensor, geo: _Geometry) -> Tensor:
     """``[T, N, D] -> [sum(padded), N, D]``: each sequence followed by zeros up to its padded length."""
+    if geo.uniform and geo.lengths:
+        b, n = len(geo.lengths), geo.lengths[0]
+        return torch.nn.functional.pad(x.unflatten(0, (b, n)), (0, 0, 0, 0, 0, geo.padded[0] - n)).flatten(0, 1)
+    zeros = x.new_zeros(max(p - n for p, n in zip(geo.padded, geo.lengths)), *x.shape[1:])
     parts = []
-    for s, n, p in zip(pack.starts, pack.lengths, pack.padded):
-        parts += [x[s:s + n], x.new_zeros(p - n, *x.shape[1:])]
+    for s, n, p in zip(geo.starts, geo.lengths, geo.padded):
+        parts += [x[s:s + n], zeros[:p - n]]
     return torch.cat(parts)
 
 
@@ -65,19 +81,40 @@ def causal_compressed_mask(positions: Tensor, n_cmp: int, block: int, stride: in
     return ends.unsqueeze(0) > positions.unsqueeze(1)
 
 
+def block_of(positions: Tensor, size: int) -> Tensor:
+    """``positions // size`` for non-negative positions, as a truncating division (one op; the flooring one is
+    several when decomposed, as on ``meta`` tensors)."""
+    return torch.div(positions, size, rounding_mode="trunc")
+
+
 def forced_blocks(positions: Tensor, n_sel: int, select_block: int, local_blocks: int) -> Tensor:
     """``[len(positions), n_sel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the token's own
     block."""
-    own = (positions // select_block).unsqueeze(1)
+    own = block_of(positions, select_block).unsqueeze(1)
     cols = torch.arange(n_sel, device=positions.device).unsqueeze(0)
     return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
+
+
+_MASKS: dict[tuple, Tensor] = {}  # (kind, parameters, device) -> the largest such mask built so far
+
+
+def _mask_slice(kind, build, rows: int, cols: int, *params, device: torch.device) -> Tensor:
+    """The ``[rows, cols]`` top-left slice of ``build(arange(R), C, *params)`` (a mask of token positions ``0 ..
+    R-1``): one device mask kept per kind, parameters and device, rebuilt larger when a call needs more (so a steady
+    training loop builds nothing)."""
+    key = (kind, params, device)
+    mask = _MASKS.get(key)
+    if mask is None or mask.shape[0] < rows or mask.shape[1] < cols:
+        r, c = (rows, cols) if mask is None else (max(rows, mask.shape[0]), max(cols, mask.shape[1]))
+        mask = _MASKS[key] = build(torch.arange(r, device=device), c, *params)
+    return mask[:rows, :cols]
 
 
 def unused_future_blocks(topk: Tensor, positions: Tensor, select_block: int) -> Tensor:
     """``topk [T, N2, S]`` as int64 with ``-1`` (unused) for the blocks after the token's own block: they hold no
     visible compressed key (score 0) and come last in the top-k order, so the ``-1`` slots are trailing."""
     idx = topk.long()
-    return torch.where(idx > (positions // select_block).view(-1, 1, 1), torch.full_like(idx, -1), idx)
+    return idx.masked_fill(idx > block_of(positions, select_block).view(-1, 1, 1), -1)
 
 
 def _split_gates(gates, g_cmp, g_slc, g_swa, t: int, n1: int, dtype) -> list[Tensor | None]:
@@ -110,11 +147,20 @@ def compress_weights(compress: str, wk, wv, block: int, n2: int, like: Tensor) -
     return wk, wv
 
 
-def _check_block_indices(idx: Tensor, t: int, n2: int, pos: Tensor, select_block: int) -> Tensor:
-    """``block_indices [T, N2, S]``: -1 or a block at or before the token's own block."""
+def _positions(geo: _Geometry) -> Tensor:
+    """CPU int64 ``[T]``: each token's position in its sequence."""
+    lengths = torch.tensor(geo.lengths)
+    return torch.arange(int(lengths.sum())) - torch.tensor(geo.starts).repeat_interleave(lengths)
+
+
+def _check_block_indices(idx: Tensor, t: int, n2: int, geo: _Geometry, select_block: int) -> Tensor:
+    """``block_indices [T, N2, S]`` as int64: -1 or a block at or before the token's own block (values checked on
+    the CPU only; on another device a value outside the sequence's blocks selects nothing)."""
     check_tensor("block_indices", idx, ndim=3, dtypes=(torch.int32, torch.int64))
     require(idx.shape[0] == t and idx.shape[1] == n2, "block_indices", f"[T={t}, N2={n2}, S]", idx)
-    own = (pos // select_block).view(-1, 1, 1)
+    if idx.device.type != "cpu":
+        return idx.long()
+    own = (_positions(geo) // select_block).view(-1, 1, 1)
     bad = (idx < -1) | (idx > own)
     if bool(bad.any()):
         where = bad.nonzero()[0].tolist()
@@ -129,11 +175,45 @@ def _limit_counts(idx: Tensor, block_counts, t: int, n2: int) -> Tensor:
         return idx
     if isinstance(block_counts, Tensor):
         check_tensor("block_counts", block_counts, shape=(t, n2))
-        counts = block_counts.to(idx.device).long().unsqueeze(-1)
+        counts = block_counts.long().unsqueeze(-1)
     else:
         counts = check_int("block_counts", block_counts, lo=0)
     slot = torch.arange(idx.shape[-1], device=idx.device)
     return torch.where(slot < counts, idx, torch.full_like(idx, -1))
+
+
+def _unused_slots(idx: Tensor, geo: _Geometry, select_block: int) -> Tensor:
+    """``idx`` as int32 for the selected attention: on the CPU (whose operator validates indices) a ``-1`` slot
+    points at the sequence's first padding block (wholly after its tokens: it selects nothing); on another device
+    the kernels skip it."""
+    if idx.device.type == "cpu":
+        pad = torch.tensor([-(-n // select_block) for n in geo.lengths]).repeat_interleave(torch.tensor(geo.lengths))
+        idx = torch.where(idx < 0, pad.view(-1, 1, 1), idx)
+    return idx.to(torch.int32)
+
+
+def gated_sum(outs: dict[int, Tensor], gate: list[Tensor | None], gates: Tensor | None = None) -> Tensor:
+    """``sum_i gate[i][..., None] * outs[i]`` over the branches that are on (``i``: 0 compression, 1 selection,
+    2 window; ``gate[i] [T, N1]``, ``outs[i] [T, N1, Dv]``): one batched product on a GPU, whose right operand is
+    ``gates [T, N1, 3]`` itself when all three are on and it has their dtype; elementwise on the CPU (where
+    low-precision batched products are slow)."""
+    order = sorted(outs)
+    if len(order) == 1 or outs[order[0]].device.type == "cpu":
+        total = gate[order[0]].unsqueeze(-1) * outs[order[0]]
+        for i in order[1:]:
+            total = total + gate[i].unsqueeze(-1) * outs[i]
+        return total
+    whole = gates is not None and order == [0, 1, 2] and gates.dtype == outs[0].dtype
+    right = gates if whole else _stacked([gate[i] for i in order])
+    return torch.matmul(_stacked([outs[i] for i in order]), right.unsqueeze(-1)).squeeze(-1)
+
+
+def _stacked(tensors: list[Tensor]) -> Tensor:
+    """``torch.stack(tensors, -1)`` as copies into one buffer (fewer dispatched ops than ``stack``'s ``cat``)."""
+    out = tensors[0].new_empty(*tensors[0].shape, len(tensors))
+    for i, t in enumerate(tensors):
+        out[..., i].copy_(t)
+    return out
 
 
 def _to_packed(layout: str, query: Tensor, cu_seqlens, actual_seq_len):
@@ -180,9 +260,10 @@ def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Te
     that prefix. Returns ``[..., N1, Dv]``; differentiable in q, k, v, the compression weights and the gates.
     """
     check_tensor("query", query)
-    query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp, g_slc, g_swa = _prepared(
+    query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp, g_slc, g_swa, block_indices, _ = _prepared(
         "query", query, key=key, value=value, gates=gates, compress_weight_k=compress_weight_k,
-        compress_weight_v=compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa)
+        compress_weight_v=compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa, block_indices=block_indices,
+        block_counts=block_counts)
     with autocast_off(query.device):
         return _native_sparse_attention(
             query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa,
@@ -210,51 +291,53 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
     window = check_int("window_size", window_size, lo=0)
     ls = check_int("select_block_size", select_block_size, lo=1)
     count = check_int("select_block_count", select_block_count, lo=1)
-    lengths = lengths_from_cumulative("actual_seq_len", cum, t)
-    require(sum(lengths) == t, "cu_seqlens", f"sequences covering all T={t} tokens", cum)
+    slots = block_indices.shape[-1] if block_indices is not None else count
+    geo = _geometry(tuple(cum), t, ls, slots, compress_block_size, compress_stride)
     gate = _split_gates(gates, g_cmp, g_slc, g_swa, t, n1, value.dtype)
     require(any(g is not None for g in gate), "gates", "at least one branch gate", "none")
-    out = value.new_zeros(t, n1, value.shape[2])
+    shape = (t, n1, value.shape[2])
+    outs = {}  # the outputs of the branches that are on, by gate column
+
+    def output() -> Tensor:
+        return _output(outs, gate, gates, shape, value, batch_shape)
     if gate[2] is not None and window > 0:
-        o_win = flash_attention(query, key, value, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum,
-                                causal=True, window_size=(window - 1, 0), scale=scale)
-        out = out + gate[2].unsqueeze(-1) * o_win
+        outs[2] = flash_attention(query, key, value, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum,
+                                  causal=True, window_size=(window - 1, 0), scale=scale)
     need_cmp = gate[0] is not None or (gate[1] is not None and block_indices is None)
     if not need_cmp and gate[1] is None:
-        return out.unflatten(0, batch_shape)
-    slots = block_indices.shape[-1] if block_indices is not None else count
-    pack = _packing(lengths, ls, slots)
-    pos = torch.cat([torch.arange(n, device=query.device) for n in lengths])
-    pad_block = torch.cat([torch.full((n,), -(-n // ls), dtype=torch.long, device=query.device) for n in lengths])
-    k_pad, v_pad = _pad_kv(key, pack), _pad_kv(value, pack)
+        return output()
+    k_pad, v_pad = _pad_kv(key, geo), _pad_kv(value, geo)
     topk = None
     if need_cmp:
         wk, wv = compress_weights(compress, compress_weight_k, compress_weight_v, compress_block_size, n2, key)
-        cmp_lens = [compress_block_count(p, compress_block_size, compress_stride) for p in pack.padded]
-        cmp_cum = list(accumulate(cmp_lens))
-        local = torch.arange(max([0, *lengths]))  # the masks' rows: token positions within a sequence
-        n_cmp, n_sel = max(cmp_lens, default=0), max(pack.padded, default=0) // ls
         k_cmp = nsa_compress(k_pad, wk, block_size=compress_block_size, stride=compress_stride,
-                             actual_seq_len=pack.padded_cum)
+                             actual_seq_len=list(geo.padded_cum))
         v_cmp = nsa_compress(v_pad, wv, block_size=compress_block_size, stride=compress_stride,
-                             actual_seq_len=pack.padded_cum)
+                             actual_seq_len=list(geo.padded_cum))
         o_cmp, topk, _, _ = nsa_compress_attention(
             query, k_cmp, v_cmp, compress_block_size=compress_block_size, compress_stride=compress_stride,
             select_block_size=ls, select_block_count=count, scale=scale,
-            atten_mask=causal_compressed_mask(local, n_cmp, compress_block_size, compress_stride),
-            topk_mask=forced_blocks(local, n_sel, ls, local_blocks), actual_seq_qlen=cum,
-            actual_cmp_seq_kvlen=cmp_cum)
+            atten_mask=_mask_slice("causal", causal_compressed_mask, geo.max_len, geo.n_cmp, compress_block_size,
+                                   compress_stride, device=query.device),
+            topk_mask=_mask_slice("forced", forced_blocks, geo.max_len, geo.n_sel, ls, local_blocks,
+                                  device=query.device),
+            actual_seq_qlen=cum, actual_cmp_seq_kvlen=list(geo.cmp_cum))
         if gate[0] is not None:
-            out = out + gate[0].unsqueeze(-1) * o_cmp
+            outs[0] = o_cmp
     if gate[1] is None:
-        return out.unflatten(0, batch_shape)
-    if block_indices is not None:
-        idx = _check_block_indices(block_indices.to(query.device), t, n2, pos, ls)
+        return output()
+    if block_indices is None:
+        idx = topk  # blocks after a token's own block only hold keys the causal rule hides
     else:
-        idx = unused_future_blocks(topk, pos, ls)
-    idx = _limit_counts(idx, block_counts, t, n2)
-    idx = torch.where(idx < 0, pad_block.view(-1, 1, 1).expand_as(idx), idx).to(torch.int32)
-    o_slc = nsa_selected_attention(query, k_pad, v_pad, idx, select_block_size=ls, causal=True, scale=scale,
-                                   actual_seq_qlen=cum, actual_seq_kvlen=pack.padded_cum)
-    out = out + gate[1].unsqueeze(-1) * o_slc
+        idx = _check_block_indices(block_indices, t, n2, geo, ls)
+    if block_counts is not None or block_indices is not None:
+        idx = _unused_slots(_limit_counts(idx.long(), block_counts, t, n2), geo, ls)
+    outs[1] = nsa_selected_attention(query, k_pad, v_pad, idx, select_block_size=ls, causal=True, scale=scale,
+                                     actual_seq_qlen=cum, actual_seq_kvlen=list(geo.padded_cum))
+    return output()
+
+
+def _output(outs: dict[int, Tensor], gate: list, gates: Tensor | None, shape, like: Tensor, batch_shape) -> Tensor:
+    """The gated sum of the branches (zeros of ``shape`` when none is on) in the input's batch shape."""
+    out = gated_sum(outs, gate, gates) if outs else like.new_zeros(shape)
     return out.unflatten(0, batch_shape)

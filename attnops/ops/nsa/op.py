@@ -7,6 +7,7 @@ differentiable). The decoding (``*_infer``) ops are inference-only: a backward t
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -26,8 +27,10 @@ INT_MAX = 2147483647
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
 
 
-def _schema_names(op) -> list[str]:
-    return [a.name for a in op._opoverload._schema.arguments]
+@functools.cache
+def _schema_names(op) -> tuple[str, ...]:
+    """The op's argument names (read once: every schema access builds new argument objects)."""
+    return tuple(a.name for a in op._opoverload._schema.arguments)
 
 
 def _grads_for(op, **grads):
@@ -162,18 +165,19 @@ nsa_selected_attention.register_autograd(_selected_backward, setup_context=_sele
 def nsa_selected_attention_infer(query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor,
                                  block_table: Tensor, scale_value: float, head_num: int, key_value_head_num: int,
                                  select_block_size: int, select_block_count: int, page_block_size: int,
-                                 actual_seq_kvlen: Optional[list[int]]) -> Tensor:
+                                 actual_seq_kvlen: Optional[list[int]],
+                                 actual_seq_kvlen_tensor: Optional[Tensor] = None) -> Tensor:
     kv = check_paged(query, key, value, block_table, scale_value=scale_value, head_num=head_num,
                      key_value_head_num=key_value_head_num, page_block_size=page_block_size,
-                     seq_lens=actual_seq_kvlen, lens_name="actual_seq_kvlen")
+                     seq_lens=actual_seq_kvlen, lens_name="actual_seq_kvlen", lens_tensor=actual_seq_kvlen_tensor)
     block = check_selected_topk(kv, topk_indices, select_block_size=select_block_size,
                                 select_block_count=select_block_count)
-    return backends.selected_infer(kv, block, query, key, value, topk_indices, block_table)
+    return backends.selected_infer(kv, block, query, key, value, topk_indices, block_table, actual_seq_kvlen_tensor)
 
 
 @nsa_selected_attention_infer.register_fake
 def _(query, key, value, topk_indices, block_table, scale_value, head_num, key_value_head_num, select_block_size,
-      select_block_count, page_block_size, actual_seq_kvlen):
+      select_block_count, page_block_size, actual_seq_kvlen, actual_seq_kvlen_tensor=None):
     return query.new_empty((query.shape[0], query.shape[1], value.shape[-1]))
 
 
@@ -186,19 +190,21 @@ register_inference_only(nsa_selected_attention_infer, InferenceOnly(
 def nsa_compress_attention_infer(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, scale_value: float,
                                  head_num: int, key_value_head_num: int, select_block_size: int,
                                  select_block_count: int, page_block_size: int, compress_block_size: int,
-                                 compress_stride: int, actual_cmp_seq_kvlen: Optional[list[int]]
-                                 ) -> tuple[Tensor, Tensor]:
+                                 compress_stride: int, actual_cmp_seq_kvlen: Optional[list[int]],
+                                 actual_cmp_seq_kvlen_tensor: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     kv = check_paged(query, key, value, block_table, scale_value=scale_value, head_num=head_num,
                      key_value_head_num=key_value_head_num, page_block_size=page_block_size,
-                     seq_lens=actual_cmp_seq_kvlen, lens_name="actual_cmp_seq_kvlen")
+                     seq_lens=actual_cmp_seq_kvlen, lens_name="actual_cmp_seq_kvlen",
+                     lens_tensor=actual_cmp_seq_kvlen_tensor)
     sel = check_compress_selection(kv, compress_block_size=compress_block_size, compress_stride=compress_stride,
                                    select_block_size=select_block_size, select_block_count=select_block_count)
-    return backends.compress_attention_infer(kv, sel, query, key, value, block_table)
+    return backends.compress_attention_infer(kv, sel, query, key, value, block_table, actual_cmp_seq_kvlen_tensor)
 
 
 @nsa_compress_attention_infer.register_fake
 def _(query, key, value, block_table, scale_value, head_num, key_value_head_num, select_block_size,
-      select_block_count, page_block_size, compress_block_size, compress_stride, actual_cmp_seq_kvlen):
+      select_block_count, page_block_size, compress_block_size, compress_stride, actual_cmp_seq_kvlen,
+      actual_cmp_seq_kvlen_tensor=None):
     return (query.new_empty((query.shape[0], query.shape[1], value.shape[-1])),
             query.new_empty((query.shape[0], key_value_head_num, select_block_count), dtype=torch.int32))
 
@@ -211,17 +217,18 @@ register_inference_only(nsa_compress_attention_infer, InferenceOnly(
 @torch.library.custom_op("attnops::nsa_compress_infer", mutates_args=("cache",), device_types=DEVICE_TYPES)
 def nsa_compress_infer(input: Tensor, weight: Tensor, slot_mapping: Tensor, block_table: Tensor, cache: Tensor,
                        compress_block_size: int, compress_stride: int, page_block_size: int,
-                       actual_seq_len: Optional[list[int]]) -> None:
+                       actual_seq_len: Optional[list[int]], actual_seq_len_tensor: Optional[Tensor] = None) -> None:
     lens, block, stride = check_compress_cache(input, weight, slot_mapping, block_table, cache,
                                                compress_block_size=compress_block_size,
                                                compress_stride=compress_stride, page_block_size=page_block_size,
-                                               actual_seq_len=actual_seq_len)
-    backends.compress_infer(input, weight, slot_mapping, block_table, cache, lens, block, stride)
+                                               actual_seq_len=actual_seq_len, lens_tensor=actual_seq_len_tensor)
+    backends.compress_infer(input, weight, slot_mapping, block_table, cache, lens, block, stride,
+                            actual_seq_len_tensor)
 
 
 @nsa_compress_infer.register_fake
 def _(input, weight, slot_mapping, block_table, cache, compress_block_size, compress_stride, page_block_size,
-      actual_seq_len):
+      actual_seq_len, actual_seq_len_tensor=None):
     return None
 
 

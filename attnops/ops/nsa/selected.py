@@ -83,7 +83,8 @@ def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, 
         require(skv >= bs * count and skv % bs == 0, "actual_seq_kvlen",
                 f"every batch's KV length to be >= select_block_size*select_block_count = {bs * count} and a "
                 f"multiple of select_block_size={bs}", f"Skv={skv} in batch {b}")
-    _check_indices(topk_indices, seq, bs)
+    if topk_indices.device.type == "cpu":  # device values are clamped by the kernels, never read on the host
+        _check_indices(topk_indices, seq, bs)
     causal = sparse_mode == 2 and (grad or atten_mask is not None)
     return SelectedSpec(seq, n1, n2, d, value.shape[2], bs, count, causal, check_scale("scale_value", scale_value), t1)
 
@@ -167,7 +168,11 @@ class _Batch:
         self.q = query[qs:qs + sq, self.heads].to(acc).mul(spec.scale)  # [Sq, G, D], scaled
         self.k = key[ks:ks + skv, n2].to(acc).view(skv // bs, bs, spec.d)
         self.v = value[ks:ks + skv, n2].to(acc).view(skv // bs, bs, spec.dv)
-        self.idx = topk[qs:qs + sq, n2].long()  # [Sq, K]
+        idx = topk[qs:qs + sq, n2].long()  # [Sq, K]
+        n_blocks = skv // bs
+        # indices outside the batch's blocks (only unvalidated ones, from another device) select nothing: they go to
+        # the extra bucket n_blocks, which no segment reads (as the kernels skip them)
+        self.idx = idx.masked_fill((idx < 0) | (idx >= n_blocks), n_blocks)
         self.spec, self.sq, self.q_start = spec, sq, qs
         self.chunk = max(1, SCORE_BYTES // (spec.block_count * g * bs * acc.itemsize))
 
@@ -180,7 +185,7 @@ class _Batch:
         count = self.spec.block_count
         flat = self.idx[t0:t1].reshape(-1)
         order = torch.argsort(flat, stable=True)
-        sizes = torch.bincount(flat, minlength=self.k.shape[0]).tolist()
+        sizes = torch.bincount(flat, minlength=self.k.shape[0] + 1).tolist()[:self.k.shape[0]]
         start = 0
         for block, size in enumerate(sizes):
             for s0 in range(start, start + size, SEGMENT_PAIRS):
@@ -296,7 +301,8 @@ class _BlockGrads:
         bt, spec = self.bt, self.bt.spec
         bs, dp_dt, acc = spec.block_size, self.dp_dtype, self.dq.dtype
         picked = bt.idx[chunks[0][0]:chunks[-1][1]]
-        lo, hi = int(picked.min()), int(picked.max()) + 1
+        picked = picked[picked < bt.k.shape[0]]  # the selectable blocks (out-of-range ones select nothing)
+        lo, hi = (int(picked.min()), int(picked.max()) + 1) if picked.numel() else (0, 0)
         pk = torch.zeros(hi - lo, bs, spec.d, dtype=self.kv_acc)
         pv = torch.zeros(hi - lo, bs, spec.dv, dtype=self.kv_acc)
         for t0, t1 in chunks:

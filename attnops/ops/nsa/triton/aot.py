@@ -1,8 +1,8 @@
 """The NSA kernels in the shared AOT machinery (``attnops._core.triton``): the problems ``python -m attnops aot``
 compiles, from the launchers' own plans, fp16/bf16/fp32 x head dims 128 and 192/128: selected attention forward and
 backward (GQA group 16, select blocks of 64), compression forward and backward (blocks of 32, stride 16),
-compressed attention (the FlashAttention forward with the explicit NSA mask, then the score kernel) and the paged
-decode kernels."""
+compressed attention (the FlashAttention forward with the explicit NSA mask, then the score and top-k kernels) and
+the paged decode kernels (compression into a cache included)."""
 from __future__ import annotations
 
 import torch
@@ -32,7 +32,7 @@ def _selected(dtype: str, d: int, dv: int) -> list:
     spec = build_selected_spec(q, k, v, topk, scale_value=d ** -0.5, head_num=n2 * group, select_block_size=block,
                                select_block_count=count, actual_seq_qlen=[t], actual_seq_kvlen=[t], grad=True)
     (out, smax, ssum), fwd = launch.selected_forward_plan(spec, q, k, v, topk, interpret=False)
-    _, bwd = launch.selected_backward_plan(spec, q, k, v, out, dy, smax, ssum, topk, interpret=False)
+    _, bwd, _ = launch.selected_backward_plan(spec, q, k, v, out, dy, smax, ssum, topk, interpret=False)
     return [KERNELS.aot_launch(item) for item in fwd + bwd]
 
 
@@ -71,11 +71,13 @@ def _decode(dtype: str, d: int, dv: int) -> list:
     k = torch.randn(8, 16, 4, d, generator=gen).to(t)
     v = torch.randn(8, 16, 4, dv, generator=gen).to(t)
     table = torch.arange(8, dtype=torch.int32).reshape(2, 4)
-    kv = PagedKV(2, 64, 4, dv, [64, 50], d ** -0.5)
+    kv = PagedKV(2, 64, 4, dv, (64, 50), d ** -0.5, table.shape[1] * k.shape[1])
     topk = torch.zeros(2, 4, 2, dtype=torch.int32)
     _, sel = infer_launch.selected_decode_plan(kv, 32, q, k, v, topk, table, interpret=False)
     _, cmp = infer_launch.compress_decode_plan(kv, CompressSelection(32, 16, 64, 3), q, k, v, table, interpret=False)
-    return [KERNELS.aot_launch(x) for x in sel + cmp]
+    cache = infer_launch.compress_cache_plan(k, torch.randn(32, 4, generator=gen).to(t), torch.arange(2), table,
+                                             torch.empty(6, 4, d, dtype=t), torch.tensor([64, 50]), 32, 16)
+    return [KERNELS.aot_launch(x) for x in sel + cmp + cache]
 
 
 for _dtype in DTYPES:

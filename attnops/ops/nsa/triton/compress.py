@@ -2,25 +2,41 @@
 
 Row ``c`` (block ``k`` of its batch) pools tokens ``start_c .. start_c + l - 1``: ``out[c] = sum_w x[start_c + w] *
 weight[w]`` per head, in fp32. The input gradient gives each token the sum over the (at most ``ceil(l / stride)``)
-blocks that cover it, in block order; the weight gradient sums ``x[start_c + w] . dy[c]`` over ``BLOCK_R`` rows per
-program into a partial that the host adds in program order. Every output element has one writer (deterministic).
+blocks that cover it, in block order; the weight gradient sums ``x[start_c + w] . dy[c]`` over ``BLOCK_R`` rows of a
+batch per program into a partial that the host adds in program order. Every output element has one writer
+(deterministic).
+
+The grids are ``(row or token of the batch, head, batch)``; a program reads its batch's row of the per-batch table
+(int64 ``[B, BATCH_COLS]``: first token, tokens, compressed rows, first compressed row), so no per-row metadata is
+built.
 """
 import triton
 import triton.language as tl
 
-ROW_START: tl.constexpr = tl.constexpr(0)  # per compressed row: its first token
-TOKEN_ROW0: tl.constexpr = tl.constexpr(0)  # per token: the batch's first compressed row, ...
-TOKEN_OFFSET: tl.constexpr = tl.constexpr(1)  # ... the token's offset in its batch, ...
-TOKEN_ROWS: tl.constexpr = tl.constexpr(2)  # ... and the batch's number of compressed rows
+START: tl.constexpr = tl.constexpr(0)
+LENGTH: tl.constexpr = tl.constexpr(1)
+ROWS: tl.constexpr = tl.constexpr(2)
+ROW_BASE: tl.constexpr = tl.constexpr(3)
+BATCH_COLS: tl.constexpr = tl.constexpr(4)
 
 
 @triton.jit
-def compress_fwd_kernel(x_ptr, w_ptr, o_ptr, row_start_ptr, x_st, x_sh, w_sw, w_sh, o_st, o_sh,
-                        head_d, block, BLOCK_D: tl.constexpr):
-    c = tl.program_id(0)
+def _batch(batch_ptr, b, col):
+    """Column ``col`` of batch ``b``'s row of the per-batch table."""
+    return tl.load(batch_ptr + b * BATCH_COLS + col)
+
+
+@triton.jit
+def compress_fwd_kernel(x_ptr, w_ptr, o_ptr, batch_ptr, x_st, x_sh, w_sw, w_sh, o_st, o_sh,
+                        head_d, block, stride, BLOCK_D: tl.constexpr):
+    k = tl.program_id(0)
     h = tl.program_id(1)
+    b = tl.program_id(2)
+    if k >= _batch(batch_ptr, b, ROWS):
+        return
+    c = _batch(batch_ptr, b, ROW_BASE) + k
+    start = _batch(batch_ptr, b, START) + k * stride
     d = tl.arange(0, BLOCK_D)
-    start = tl.load(row_start_ptr + c)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for w in range(block):
         x = tl.load(x_ptr + (start + w) * x_st + tl.cast(h, tl.int64) * x_sh + d, mask=d < head_d, other=0.0)
@@ -30,17 +46,19 @@ def compress_fwd_kernel(x_ptr, w_ptr, o_ptr, row_start_ptr, x_st, x_sh, w_sw, w_
 
 
 @triton.jit
-def compress_dx_kernel(dy_ptr, w_ptr, dx_ptr, token_ptr, dy_st, dy_sh, w_sw, w_sh, dx_st, dx_sh,
+def compress_dx_kernel(dy_ptr, w_ptr, dx_ptr, batch_ptr, dy_st, dy_sh, w_sw, w_sh, dx_st, dx_sh,
                        head_d, block, stride, BLOCK_D: tl.constexpr):
     """``dx[t] = sum_k dy[row0 + k] * weight[offset - k*stride]`` over the blocks ``k`` covering the token."""
-    t = tl.program_id(0)
+    off = tl.program_id(0)
     h = tl.program_id(1)
-    d = tl.arange(0, BLOCK_D)
-    row0 = tl.load(token_ptr + t * 3 + TOKEN_ROW0)
-    off = tl.load(token_ptr + t * 3 + TOKEN_OFFSET)
-    rows = tl.load(token_ptr + t * 3 + TOKEN_ROWS)
+    b = tl.program_id(2)
+    if off >= _batch(batch_ptr, b, LENGTH):
+        return
+    t = _batch(batch_ptr, b, START) + off
+    row0 = _batch(batch_ptr, b, ROW_BASE)
     k_lo = tl.maximum(off - block + stride, 0) // stride  # ceil((off - block + 1) / stride), at least 0
-    k_hi = tl.minimum(off // stride + 1, rows)
+    k_hi = tl.minimum(off // stride + 1, _batch(batch_ptr, b, ROWS))
+    d = tl.arange(0, BLOCK_D)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for k in range(k_lo, k_hi):
         dy = tl.load(dy_ptr + (row0 + k) * dy_st + tl.cast(h, tl.int64) * dy_sh + d, mask=d < head_d, other=0.0)
@@ -50,18 +68,22 @@ def compress_dx_kernel(dy_ptr, w_ptr, dx_ptr, token_ptr, dy_st, dy_sh, w_sw, w_s
 
 
 @triton.jit
-def compress_dw_kernel(x_ptr, dy_ptr, row_start_ptr, part_ptr, x_st, x_sh, dy_st, dy_sh, n_rows, n_heads,
-                       head_d, block, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
-    """``part[pid, w, h] = sum over rows c of the program of x[start_c + w, h] . dy[c, h]`` (fp32)."""
+def compress_dw_kernel(x_ptr, dy_ptr, batch_ptr, part_ptr, x_st, x_sh, dy_st, dy_sh, n_heads, head_d, block, stride,
+                       BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``part[b * tiles + pid, w, h] = sum over the program's rows c of x[start_c + w, h] . dy[c, h]`` (fp32; 0 for
+    a program past its batch's rows)."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    b = tl.program_id(2)
+    k = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
-    ok = (r[:, None] < n_rows) & (d[None, :] < head_d)
-    start = tl.load(row_start_ptr + r, mask=r < n_rows, other=0)
-    dy = tl.load(dy_ptr + r[:, None].to(tl.int64) * dy_st + tl.cast(h, tl.int64) * dy_sh + d[None, :], mask=ok,
+    ok = (k[:, None] < _batch(batch_ptr, b, ROWS)) & (d[None, :] < head_d)
+    c = (_batch(batch_ptr, b, ROW_BASE) + k).to(tl.int64)
+    start = _batch(batch_ptr, b, START) + k * stride
+    dy = tl.load(dy_ptr + c[:, None] * dy_st + tl.cast(h, tl.int64) * dy_sh + d[None, :], mask=ok,
                  other=0.0).to(tl.float32)
+    part = (b.to(tl.int64) * tl.num_programs(0) + pid) * block
     for w in range(block):
-        x = tl.load(x_ptr + (start[:, None] + w) * x_st + tl.cast(h, tl.int64) * x_sh + d[None, :], mask=ok,
-                    other=0.0).to(tl.float32)
-        tl.store(part_ptr + (pid.to(tl.int64) * block + w) * n_heads + h, tl.sum(tl.sum(x * dy, 1), 0))
+        x = tl.load(x_ptr + (start[:, None] + w).to(tl.int64) * x_st + tl.cast(h, tl.int64) * x_sh + d[None, :],
+                    mask=ok, other=0.0).to(tl.float32)
+        tl.store(part_ptr + (part + w) * n_heads + h, tl.sum(tl.sum(x * dy, 1), 0))

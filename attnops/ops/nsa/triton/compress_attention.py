@@ -5,19 +5,22 @@ One program per (query row block, batch x KV head, selection block tile): for ea
 recomputes ``P = exp(S - max) / sum`` over the compressed columns that feed the tile's selection blocks (the
 FlashAttention score tile: scale, band and explicit mask) and accumulates ``P @ W``, where
 ``W[c, k] = times[m*(k+1) - c]`` is the score formula's weight of column ``c`` in block ``k`` (0 out of range).
+Blocks the ``topk_mask`` forces score ``FLT_MAX``, so the top-k kernel (``topk.py``) takes them first.
 """
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import KV_START, LOG2E, Q_LEN, Q_START, band_cols, meta, row_stats, score_tile
+from ...flash_attention.triton.common import (FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, meta, row_stats,
+                                              score_tile)
 
 
 @triton.jit
 def importance_kernel(q_ptr, k_ptr, smax_ptr, ssum_ptr, score_ptr, meta_ptr, sel_ptr,
                       q_st, q_sh, k_st, k_sh, stat_row, score_st, score_sh,
-                      mask_ptr, mask_sb, mask_sh, mask_sr, scale, n2, group, head_d, m, nn,
+                      mask_ptr, mask_sb, mask_sh, mask_sr, forced_ptr, forced_sr, scale, n2, group, head_d, m, nn,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                      HAS_EXPLICIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                      HAS_EXPLICIT: tl.constexpr, HAS_FORCED: tl.constexpr, UPCAST: tl.constexpr,
+                      PRECISION: tl.constexpr):
     """Scores ``[rows, KV head, blocks k0..k0+BLOCK_K)`` (fp32, summed over the group) of TND query/key tokens."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -63,5 +66,9 @@ def importance_kernel(q_ptr, k_ptr, smax_ptr, ssum_ptr, score_ptr, meta_ptr, sel
             times = tl.minimum(tl.minimum(t + 1, nn), taps - t)
             w = tl.where((t >= 0) & (t < taps), times, 0).to(tl.float32)
             acc += tl.dot(p, w, input_precision="ieee")
+    ok = (rows[:, None] < sq) & (blocks[None, :] < sel)
+    if HAS_FORCED:  # topk_mask [maxSq, maxSel] (uint8), read at the rows' positions in the batch
+        forced = tl.load(forced_ptr + rows[:, None].to(tl.int64) * forced_sr + blocks[None, :], mask=ok, other=0)
+        acc = tl.where(forced != 0, FLT_MAX, acc)
     s_off = q_rows[:, None] * score_st + hk.to(tl.int64) * score_sh + blocks[None, :]
-    tl.store(score_ptr + s_off, acc, mask=(rows[:, None] < sq) & (blocks[None, :] < sel))
+    tl.store(score_ptr + s_off, acc, mask=ok)

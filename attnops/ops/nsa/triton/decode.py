@@ -4,20 +4,30 @@ allocates and launches).
 
 One program per (request, KV head) serves the whole GQA group at once (its query heads are the rows of the tiles,
 padded to ``BLOCK_G``). A KV position ``pos`` of request ``b`` lives at row ``pos % page`` of cache block
-``block_table[b, pos // page]``.
+``block_table[b, pos // page]``. Lengths and tables may be device tensors nobody validated: a length is clamped to
+the block table's capacity, a negative position reads nothing and a block id is clamped to the cache's blocks, so
+no value makes a kernel read out of bounds.
 """
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import LOG2E, upcast
+from ...flash_attention.triton.common import FLT_MAX, LOG2E, upcast
 from .common import _group_tile, _softmax_init, _softmax_step, _store_group_tile
 
 
 @triton.jit
-def _paged_tile(cache_ptr, bt_ptr, b, hk, pos, ok, dims, head_dim, bt_sb, c_s0, c_s1, c_s2, page, UPCAST: tl.constexpr):
-    """Rows ``pos`` (``[BLOCK_N]``, masked by ``ok``) of KV head ``hk`` of a paged cache as a ``[BLOCK_N, dims]``
-    tile (0 where masked)."""
+def _length(lens_ptr, b, capacity):
+    """Request ``b``'s length, clamped to ``[0, capacity]`` (the block table's positions)."""
+    return tl.minimum(tl.maximum(tl.load(lens_ptr + b).to(tl.int32), 0), capacity)
+
+
+@triton.jit
+def _paged_tile(cache_ptr, bt_ptr, b, hk, pos, ok, dims, head_dim, bt_sb, c_s0, c_s1, c_s2, page, n_pages,
+                UPCAST: tl.constexpr):
+    """Rows ``pos`` (``[BLOCK_N]``, masked by ``ok``; positions within the block table) of KV head ``hk`` of a paged
+    cache as a ``[BLOCK_N, dims]`` tile (0 where masked; a block id outside the cache's ``n_pages`` is clamped)."""
     blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + pos // page, mask=ok, other=0).to(tl.int64)
+    blk = tl.minimum(tl.maximum(blk, 0), n_pages - 1)
     off = blk * c_s0 + (pos % page).to(tl.int64) * c_s1 + hk.to(tl.int64) * c_s2
     return upcast(tl.load(cache_ptr + off[:, None] + dims[None, :], mask=ok[:, None] & (dims[None, :] < head_dim),
                           other=0.0), UPCAST)
@@ -25,13 +35,13 @@ def _paged_tile(cache_ptr, bt_ptr, b, hk, pos, ok, dims, head_dim, bt_sb, c_s0, 
 
 @triton.jit
 def _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, ok, head_d, head_dv, bt_sb, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2,
-                page, m_i, l_i, acc, scale, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr,
-                PRECISION: tl.constexpr):
+                page, n_pages, m_i, l_i, acc, scale, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """One online-softmax step of the group over cache rows ``pos`` (``[BLOCK_N]``, masked by ``ok``)."""
     k_t = tl.trans(_paged_tile(k_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_D), head_d, bt_sb, k_s0, k_s1, k_s2,
-                               page, UPCAST))
+                               page, n_pages, UPCAST))
     v = _paged_tile(v_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_DV), head_dv, bt_sb, v_s0, v_s1, v_s2, page,
-                    UPCAST)
+                    n_pages, UPCAST)
     s = tl.where(ok[None, :], tl.dot(q, k_t, input_precision=PRECISION) * scale, float("-inf"))
     return _softmax_step(s, v, m_i, l_i, acc, PRECISION)
 
@@ -47,14 +57,15 @@ def _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G: tl
 @triton.jit
 def selected_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, topk_ptr, bt_ptr, lens_ptr,
                            q_sb, q_sh, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, o_sb, o_sh, t_sb, t_sh, bt_sb,
-                           scale, n2, group, head_d, head_dv, page, block, count,
+                           scale, n2, group, head_d, head_dv, page, n_pages, capacity, block, count,
                            BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """Softmax attention of request ``b``'s group over the selected blocks (in order, up to the first -1, each cut
-    at the KV length; a repeated index counts twice); output 0 when nothing is selected."""
+    at the KV length; a repeated index counts twice, another negative one selects nothing); output 0 when nothing
+    is selected."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
-    kv_len = tl.load(lens_ptr + b)
+    kv_len = _length(lens_ptr, b, capacity)
     q = upcast(_group_tile(q_ptr, b, hk * group, group, q_sb, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
     m_i, l_i, acc = _softmax_init(BLOCK_G, BLOCK_DV)
     alive = 1
@@ -65,38 +76,41 @@ def selected_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, topk_ptr, bt_ptr, lens_pt
             for j0 in range(0, block, BLOCK_N):
                 j = j0 + tl.arange(0, BLOCK_N)
                 pos = idx * block + j
-                m_i, l_i, acc = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, (j < block) & (pos < kv_len), head_d,
-                                            head_dv, bt_sb, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, page, m_i, l_i, acc,
-                                            scale, BLOCK_D, BLOCK_DV, UPCAST, PRECISION)
+                ok = (j < block) & (pos >= 0) & (pos < kv_len)
+                m_i, l_i, acc = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, ok, head_d, head_dv, bt_sb, k_s0,
+                                            k_s1, k_s2, v_s0, v_s1, v_s2, page, n_pages, m_i, l_i, acc, scale,
+                                            BLOCK_D, BLOCK_DV, UPCAST, PRECISION)
     _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G, BLOCK_DV)
 
 
 @triton.jit
 def compress_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, score_ptr, bt_ptr, lens_ptr,
                            q_sb, q_sh, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, o_sb, o_sh, sc_sb, sc_sh, bt_sb,
-                           scale, n2, group, head_d, head_dv, page, m, nn, cmp_stride, cmp_block, sel_block,
-                           BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           scale, n2, group, head_d, head_dv, page, n_pages, capacity, m, nn, cmp_stride, cmp_block,
+                           sel_block, n_scores, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                            BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr,
                            PRECISION: tl.constexpr):
     """Softmax attention of request ``b``'s group over its ``S2`` compressed keys, then the group-summed block
-    scores ``sum_t times[t] * P[m*(k+1) - t]`` (0 for blocks ``k >= S2 - 1``) from the final max and sum."""
+    scores ``sum_t times[t] * P[m*(k+1) - t]`` (0 for blocks ``k >= S2 - 1``) from the final max and sum, with the
+    always chosen blocks (the first and the last two) at ``FLT_MAX`` for the top-k kernel; blocks past the
+    request's (up to ``n_scores``) at ``-inf``."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
-    s2 = tl.load(lens_ptr + b)
+    s2 = _length(lens_ptr, b, capacity)
     q = upcast(_group_tile(q_ptr, b, hk * group, group, q_sb, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
     m_i, l_i, acc = _softmax_init(BLOCK_G, BLOCK_DV)
     for c0 in range(0, s2, BLOCK_N):
         pos = c0 + tl.arange(0, BLOCK_N)
         m_i, l_i, acc = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, pos < s2, head_d, head_dv, bt_sb, k_s0, k_s1,
-                                    k_s2, v_s0, v_s1, v_s2, page, m_i, l_i, acc, scale, BLOCK_D, BLOCK_DV, UPCAST,
-                                    PRECISION)
+                                    k_s2, v_s0, v_s1, v_s2, page, n_pages, m_i, l_i, acc, scale, BLOCK_D, BLOCK_DV,
+                                    UPCAST, PRECISION)
     _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G, BLOCK_DV)
 
     in_group = tl.arange(0, BLOCK_G) < group
     log2_l = tl.log2(tl.where(l_i > 0, l_i, 1.0))
     taps = m + nn - 1
-    n_blocks = ((s2 - 1) * cmp_stride + cmp_block + sel_block - 1) // sel_block
-    for k0 in range(0, n_blocks, BLOCK_K):
+    n_blocks = tl.minimum(((s2 - 1) * cmp_stride + cmp_block + sel_block - 1) // sel_block, n_scores)
+    for k0 in range(0, n_scores, BLOCK_K):
         blocks = k0 + tl.arange(0, BLOCK_K)
         c_lo = tl.maximum(m * (k0 + 1) - taps + 1, 0)
         c_hi = tl.minimum(m * (k0 + BLOCK_K) + 1, s2)
@@ -105,7 +119,7 @@ def compress_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, score_ptr, bt_ptr, lens_p
             pos = c0 + tl.arange(0, BLOCK_N)
             ok = pos < c_hi
             k_t = tl.trans(_paged_tile(k_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_D), head_d, bt_sb, k_s0,
-                                       k_s1, k_s2, page, UPCAST))
+                                       k_s1, k_s2, page, n_pages, UPCAST))
             s = tl.dot(q, k_t, input_precision=PRECISION) * scale
             p = tl.exp2((s - m_i[:, None]) * LOG2E - log2_l[:, None])
             p_sum = tl.sum(tl.where(in_group[:, None] & ok[None, :], p, 0.0), 0)  # [BLOCK_N], summed over the group
@@ -113,5 +127,43 @@ def compress_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, score_ptr, bt_ptr, lens_p
             times = tl.minimum(tl.minimum(t + 1, nn), taps - t)
             w = tl.where((t >= 0) & (t < taps) & (blocks[None, :] < s2 - 1), times, 0).to(tl.float32)
             score += tl.sum(p_sum[:, None] * w, 0)
+        forced = (blocks == 0) | (blocks == n_blocks - 2) | (blocks == n_blocks - 1)
+        score = tl.where(blocks < n_blocks, tl.where(forced, FLT_MAX, score), float("-inf"))
         off = b.to(tl.int64) * sc_sb + hk.to(tl.int64) * sc_sh + blocks
-        tl.store(score_ptr + off, score, mask=blocks < n_blocks)
+        tl.store(score_ptr + off, score, mask=blocks < n_scores)
+
+
+@triton.jit
+def compress_cache_kernel(x_ptr, w_ptr, slot_ptr, bt_ptr, lens_ptr, cache_ptr, x_s0, x_s1, x_s2, w_sw, w_sh, bt_sb,
+                          c_s0, c_s1, n_requests, n_pages, capacity, n_rows, page, head_d, block, stride,
+                          BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """``nsa_compress_infer``: when request ``b``'s length ``L`` completes a block (``L >= block``, ``(L - block) %
+    stride == 0``), head ``h`` of cache row ``slot_mapping[b]`` gets ``sum_t weight[t, h] * x[L - block + t, h]``
+    (fp32), read through the block table. A row that a later completing request names is left to that request (the
+    reference's order), so every row has one writer. Lengths, slots and block ids are clamped into range."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    n = _length(lens_ptr, b, capacity)
+    if (n < block) | ((n - block) % stride != 0):
+        return
+    slot = tl.minimum(tl.maximum(tl.load(slot_ptr + b), 0), n_rows - 1)
+    later = 0
+    for r0 in range(b + 1, n_requests, BLOCK_R):
+        r = r0 + tl.arange(0, BLOCK_R)
+        ok = r < n_requests
+        n_r = tl.minimum(tl.maximum(tl.load(lens_ptr + r, mask=ok, other=0).to(tl.int32), 0), capacity)
+        s_r = tl.minimum(tl.maximum(tl.load(slot_ptr + r, mask=ok, other=0), 0), n_rows - 1)
+        completes = ok & (n_r >= block) & ((n_r - block) % stride == 0)
+        later += tl.sum((completes & (s_r == slot)).to(tl.int32), 0)
+    if later == 0:
+        d = tl.arange(0, BLOCK_D)
+        acc = tl.zeros([BLOCK_D], tl.float32)
+        for t in range(block):
+            pos = n - block + t
+            blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + pos // page).to(tl.int64)
+            blk = tl.minimum(tl.maximum(blk, 0), n_pages - 1)
+            x = tl.load(x_ptr + blk * x_s0 + (pos % page).to(tl.int64) * x_s1 + tl.cast(h, tl.int64) * x_s2 + d,
+                        mask=d < head_d, other=0.0)
+            acc += x.to(tl.float32) * tl.load(w_ptr + t * w_sw + h * w_sh).to(tl.float32)
+        tl.store(cache_ptr + slot.to(tl.int64) * c_s0 + tl.cast(h, tl.int64) * c_s1 + d,
+                 acc.to(cache_ptr.dtype.element_ty), mask=d < head_d)

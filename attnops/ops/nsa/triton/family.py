@@ -1,5 +1,5 @@
 """The one kernel family of every NSA Triton kernel (selected attention, compression, compressed-attention scores,
-decode) and the tile configuration of each kernel: one fixed configuration per kernel (no autotuning: the plans
+top-k, decode) and the tile configuration of each kernel: one fixed configuration per kernel (no autotuning: the plans
 size their grids and buffers with the same tiles), 16-wide tiles in the interpreter.
 
 The GPU configurations come from the compiler's figures (``python -m attnops aot --filter nsa``, Triton 3.6 and
@@ -15,6 +15,7 @@ INTERPRET_TILE = 16
 MAX_KEY_TILE = {2: 64, 4: 32}  # keys of a selected block per step on a GPU, by operand bytes
 WEIGHT_GRAD_ROWS = 32  # compressed rows per weight-gradient program on a GPU
 SCORE_BLOCK_K = 16  # selection blocks per score program (the score grid's third extent counts such tiles)
+MAX_TOPK_TILE = 2048  # block scores the top-k kernel holds per step on a GPU
 # importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps)
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
 SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel")
@@ -79,8 +80,18 @@ def _importance_config(launch: Launch, named_args: dict, interpret: bool):
     return triton.Config(dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=SCORE_BLOCK_K), num_warps=warps, num_stages=1)
 
 
+def _topk_config(launch: Launch, named_args: dict, interpret: bool):
+    """Top-k: ``BLOCK_W`` scores per step (the whole row up to ``MAX_TOPK_TILE``), 4 warps, 1 stage."""
+    import triton
+
+    tile = INTERPRET_TILE if interpret else min(pow2(named_args["width"]), MAX_TOPK_TILE)
+    return triton.Config(dict(BLOCK_W=tile), num_warps=4, num_stages=1)
+
+
 def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     """The one configuration of ``launch``."""
+    if launch.kernel == "topk_kernel":
+        return [_topk_config(launch, named_args, interpret)]
     if launch.kernel == "importance_kernel":
         return [_importance_config(launch, named_args, interpret)]
     if launch.kernel in DECODE:
@@ -89,5 +100,5 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
 
 
 KERNELS = KernelFamily("nsa", ("attnops.ops.nsa.triton.selected", "attnops.ops.nsa.triton.compress",
-                               "attnops.ops.nsa.triton.compress_attention", "attnops.ops.nsa.triton.decode"),
-                       _tile_configs)
+                               "attnops.ops.nsa.triton.compress_attention", "attnops.ops.nsa.triton.decode",
+                               "attnops.ops.nsa.triton.topk"), _tile_configs)

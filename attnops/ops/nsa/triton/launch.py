@@ -1,43 +1,58 @@
-"""Host side of the NSA selected-attention and compression kernels: per-token/per-row metadata, the inverted top-k
-lists of the deterministic dK/dV, grids and outputs. Every launcher builds a plan ``(outputs, [Launch, ...])`` (also
-compiled by ``python -m attnops aot``) and runs it on the NSA kernel family (``family.py``, which also sizes the
-tiles the grids depend on).
+"""Host side of the NSA selected-attention and compression kernels: per-batch tables, the inverted top-k lists of
+the deterministic dK/dV, grids and outputs. Every launcher builds a plan ``(outputs, [Launch, ...])`` (also compiled
+by ``python -m attnops aot``) and runs it on the NSA kernel family (``family.py``, which also sizes the tiles the
+grids depend on).
 
-Tensors are read in place through strides (a unit last stride, copied only when missing). The metadata is built
-with torch ops on the tensors' device (no Python loop over tokens).
+Tensors are read in place through strides (a unit last stride, copied only when missing). The only metadata is one
+small per-batch table per call geometry, built on the host from the host lengths and uploaded once
+(:func:`attnops._core.staging.cached_upload`: pinned, non-blocking, kept for the next call); the kernels find their
+token from it (grids over ``(row, head, batch)``). Nothing is read back from the device, so the plans never
+synchronise and a CUDA graph can capture them. Outputs the kernels fully write are allocated empty.
 """
 from __future__ import annotations
 
-from itertools import accumulate
+import functools
+from dataclasses import dataclass
 
 import torch
 
+from ...._core import staging
 from ...._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES
 from ...._core.triton.launch import Launch, cdiv, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
+from ...._core.varlen import SeqInfo
 from ..compress import CompressSpec
 from ..selected import SelectedSpec
 from .family import KERNELS, key_tile, precision_flags, row_tile
 
 
-def _ints(values, device) -> torch.Tensor:
-    return torch.tensor(list(values), dtype=torch.int64, device=device)
-
-
-def _firsts(counts: list[int], device) -> torch.Tensor:
-    """Exclusive prefix sums of ``counts`` (computed on the host: a handful of per-batch values)."""
-    return _ints(list(accumulate(counts, initial=0))[:-1], device)
+def _new(shape, like: torch.Tensor, fill, dtype=None) -> torch.Tensor:
+    """An output buffer: empty when the kernels write every element (``fill`` None), else filled with ``fill``."""
+    dtype = like.dtype if dtype is None else dtype
+    if fill is None:
+        return torch.empty(shape, dtype=dtype, device=like.device)
+    return torch.full(shape, fill, dtype=dtype, device=like.device)
 
 
 # ------------------------------------------------------------------------------------------- selected attention
-def _tokens(spec: SelectedSpec, device) -> torch.Tensor:
-    """int64 ``[T, 2]`` of the tokens that belong to a batch: the batch's first KV token, the token's local row."""
-    seq = spec.seq
-    lens = _ints(seq.q_lens, device)
-    n = sum(seq.q_lens)
-    kv_start = torch.repeat_interleave(_ints(seq.kv_starts, device), lens, output_size=n)
-    row = torch.arange(n, device=device) - torch.repeat_interleave(_ints(seq.q_starts, device), lens, output_size=n)
-    return torch.stack([kv_start, row], 1).contiguous()
+@functools.lru_cache(maxsize=256)
+def _selected_geometry(seq: SeqInfo, block_size: int) -> tuple[tuple, int, int, bool, bool]:
+    """``(rows of the per-batch table, selectable blocks NB, largest batch's blocks, every query token in a batch,
+    every key in a selectable block)`` (pure host arithmetic, memoized). A batch without queries has no blocks: no
+    token selects its keys."""
+    rows, base = [], 0
+    for b in range(seq.batch):
+        blocks = seq.kv_lens[b] // block_size if seq.q_lens[b] else 0
+        rows.append((seq.q_starts[b], seq.q_lens[b], seq.kv_starts[b], blocks, base))
+        base += blocks
+    return (tuple(rows), base, max((r[3] for r in rows), default=0), sum(seq.q_lens),
+            base * block_size)
+
+
+def _batch_table(spec: SelectedSpec, device: torch.device) -> torch.Tensor:
+    """int64 ``[B, 5]`` (``selected.BATCH_COLS``) on ``device``: uploaded once per geometry."""
+    rows = _selected_geometry(spec.seq, spec.block_size)[0]
+    return staging.cached_upload(("nsa.selected", rows), lambda: list(rows), torch.int64, device)
 
 
 def _selected_common(spec: SelectedSpec, query: torch.Tensor, interpret: bool) -> dict:
@@ -50,79 +65,91 @@ def _scalars(spec: SelectedSpec) -> tuple:
 
 
 def selected_forward_plan(spec: SelectedSpec, query, key, value, topk, interpret: bool):
-    """``((attention_out, softmax_max, softmax_sum), launches)``; tokens outside every batch keep out 0 and the
+    """``((attention_out, softmax_max, softmax_sum), launches)``; tokens outside every batch get out 0 and the
     invalid-row statistics."""
-    device = query.device
-    out = torch.zeros((spec.total_q, spec.n1, spec.dv), dtype=query.dtype, device=device)
-    smax = torch.full((spec.total_q, spec.n1, STAT_LANES), FLT_LOWEST, dtype=torch.float32, device=device)
-    ssum = torch.full((spec.total_q, spec.n1, STAT_LANES), FLT_MAX, dtype=torch.float32, device=device)
-    tokens = _tokens(spec, device)
-    if tokens.shape[0] == 0:
+    seq = spec.seq
+    covered = _selected_geometry(seq, spec.block_size)[3] == spec.total_q
+    shape, stat = (spec.total_q, spec.n1, spec.dv), (spec.total_q, spec.n1, STAT_LANES)
+    out = _new(shape, query, None if covered else 0.0)
+    smax = _new(stat, query, None if covered else FLT_LOWEST, torch.float32)
+    ssum = _new(stat, query, None if covered else FLT_MAX, torch.float32)
+    if seq.max_q == 0:
         return (out, smax, ssum), []
     q, k, v, topk = (unit_last_stride(x) for x in (query, key, value, topk))
-    launch = Launch("selected_fwd_kernel", (tokens.shape[0], spec.n2),
-                    (q, k, v, topk, out, smax, ssum, tokens, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
-                     *topk.stride()[:2], *out.stride()[:2], *_scalars(spec), spec.block_count),
-                    _selected_common(spec, query, interpret))
+    launch = Launch("selected_fwd_kernel", (seq.max_q, spec.n2, seq.batch),
+                    (q, k, v, topk, out, smax, ssum, _batch_table(spec, query.device), *q.stride()[:2],
+                     *k.stride()[:2], *v.stride()[:2], *topk.stride()[:2], *out.stride()[:2], *_scalars(spec),
+                     spec.block_count), _selected_common(spec, query, interpret))
     return (out, smax, ssum), [launch]
 
 
-def _inverted_lists(spec: SelectedSpec, topk: torch.Tensor, tokens: int, device):
-    """The selected blocks and, per (KV head, block), the tokens that selected it.
+@dataclass(frozen=True)
+class InvertedLists:
+    """Per (KV head, selectable block), the (token, slot) pairs that selected it, for the deterministic dK/dV.
 
-    Returns ``blocks`` int64 ``[NB, 2]`` (first KV token, first local position) of every block of the batches with
-    queries, ``list_start`` ``[N2*NB + 1]`` and ``pair_token``: list ``h*NB + j`` is
-    ``pair_token[list_start[h*NB + j]:list_start[h*NB + j + 1]]``, in (token, slot) order (a stable sort), a token
-    once per slot that selected the block (duplicates accumulate). Deterministic ops only (no ``bincount``), so
+    ``selected_keys_kernel`` writes every (token, KV head, slot) the key of its list into ``keys`` (``h * NB +``
+    global block; past every list for an index outside the batch's blocks); :meth:`sort` then orders them (a stable
+    sort: ``pair`` holds the sorted positions, in (token, slot) order within a list, so duplicates accumulate) and
+    finds the lists' bounds ``list_start [N2*NB + 1]``. Deterministic ops only (no ``bincount``), so
     ``torch.use_deterministic_algorithms(True)`` accepts them on CUDA."""
-    seq, bs = spec.seq, spec.block_size
-    per_batch = [seq.kv_lens[b] // bs if seq.q_lens[b] else 0 for b in range(seq.batch)]
-    n_blocks = sum(per_batch)
-    counts = _ints(per_batch, device)
-    base = _firsts(per_batch, device)  # first global block of each batch
-    local = torch.arange(n_blocks, device=device) - torch.repeat_interleave(base, counts, output_size=n_blocks)
-    first = torch.repeat_interleave(_ints(seq.kv_starts, device), counts, output_size=n_blocks) + local * bs
-    blocks = torch.stack([first, local * bs], 1).contiguous()
-    token_base = torch.repeat_interleave(base, _ints(seq.q_lens, device), output_size=tokens)
-    heads = torch.arange(spec.n2, device=device) * n_blocks
-    keys = (topk[:tokens].long() + token_base[:, None, None] + heads[None, :, None]).reshape(-1)
-    sorted_keys, order = torch.sort(keys, stable=True)
-    pair_token = order // (spec.n2 * spec.block_count)
-    list_start = torch.searchsorted(sorted_keys, torch.arange(spec.n2 * n_blocks + 1, device=device))
-    return blocks, list_start, pair_token, n_blocks
+
+    keys: torch.Tensor
+    bounds: torch.Tensor
+    sorted_keys: torch.Tensor
+    pair: torch.Tensor
+    list_start: torch.Tensor
+
+    @staticmethod
+    def allocate(spec: SelectedSpec, like: torch.Tensor, n_blocks: int, covered: bool) -> "InvertedLists":
+        lists = spec.n2 * n_blocks
+        keys = _new((spec.total_q, spec.n2, spec.block_count), like, None if covered else lists, torch.int64)
+        flat = torch.empty(keys.numel(), dtype=torch.int64, device=like.device)
+        return InvertedLists(keys, torch.arange(lists + 1, device=like.device), flat, torch.empty_like(flat),
+                             torch.empty(lists + 1, dtype=torch.int64, device=like.device))
+
+    def sort(self) -> None:
+        """Order the keys the key kernel wrote (run between that launch and dK/dV)."""
+        torch.sort(self.keys.view(-1), stable=True, out=(self.sorted_keys, self.pair))
+        torch.searchsorted(self.sorted_keys, self.bounds, out=self.list_start)
 
 
 def selected_backward_plan(spec: SelectedSpec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
                            topk, interpret: bool):
-    """``((dq, dk, dv), launches)``: ``D = rowsum(dO * O)`` and dQ per token, dK/dV per (selected block, KV head)
-    over the inverted lists; keys no token selected get 0."""
-    device = query.device
-    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=device) for t in (query, key, value))
-    tokens = _tokens(spec, device)
-    n_tok = tokens.shape[0]
-    if n_tok == 0:
-        return (dq, dk, dv), []
+    """``((dq, dk, dv), launches, lists)``: ``D = rowsum(dO * O)`` and dQ per token, the inverted lists' keys, and
+    dK/dV per (selectable block, KV head) over the lists (keys no token selected get 0). With ``lists`` (not None),
+    :meth:`InvertedLists.sort` must run before the last launch (dK/dV), as :func:`selected_backward` does."""
+    seq, device = spec.seq, query.device
+    _, n_blocks, max_blocks, queries, selectable = _selected_geometry(seq, spec.block_size)
+    covered = queries == spec.total_q
+    dq = _new(query.shape, query, None if covered else 0.0)
+    dk, dv = (_new(t.shape, t, None if selectable == t.shape[0] else 0.0) for t in (key, value))
+    if seq.max_q == 0:
+        return (dq, dk, dv), [], None
     q, k, v, o, do, topk = (unit_last_stride(x) for x in (query, key, value, attention_out, grad, topk))
     smax, ssum = softmax_max.float().contiguous(), softmax_sum.float().contiguous()
     flags = _selected_common(spec, query, interpret)
-    delta = torch.empty((n_tok, spec.n1), dtype=torch.float32, device=device)
-    delta_launch = Launch("selected_delta_kernel", (n_tok, spec.n2),
+    batches = _batch_table(spec, device)
+    delta = torch.empty((spec.total_q, spec.n1), dtype=torch.float32, device=device)
+    delta_launch = Launch("selected_delta_kernel", (spec.total_q, spec.n2),
                           (o, do, delta, *o.stride()[:2], *do.stride()[:2], spec.n1, spec.group, spec.dv),
                           dict(BLOCK_G=flags["BLOCK_G"], BLOCK_DV=flags["BLOCK_DV"]))
-    dq_launch = Launch("selected_dq_kernel", (n_tok, spec.n2),
-                       (q, k, v, do, dq, delta, smax, ssum, topk, tokens, *q.stride()[:2], *k.stride()[:2],
+    dq_launch = Launch("selected_dq_kernel", (seq.max_q, spec.n2, seq.batch),
+                       (q, k, v, do, dq, delta, smax, ssum, topk, batches, *q.stride()[:2], *k.stride()[:2],
                         *v.stride()[:2], *do.stride()[:2], *dq.stride()[:2], *topk.stride()[:2], *_scalars(spec),
                         spec.block_count), flags)
-    blocks, list_start, pair_token, n_blocks = _inverted_lists(spec, topk, n_tok, device)
     if n_blocks == 0:
-        return (dq, dk, dv), [delta_launch, dq_launch]
+        return (dq, dk, dv), [delta_launch, dq_launch], None
+    lists = InvertedLists.allocate(spec, query, n_blocks, covered)
+    keys_launch = Launch("selected_keys_kernel", (seq.max_q, spec.n2, seq.batch),
+                         (topk, lists.keys, batches, *topk.stride()[:2], spec.n2, n_blocks, spec.block_count),
+                         dict(BLOCK_S=pow2(spec.block_count, 1)))
     tiles = cdiv(spec.block_size, key_tile(spec.block_size, query.dtype, interpret))
-    dkdv_launch = Launch("selected_dkdv_kernel", (n_blocks * tiles, spec.n2),
-                         (q, k, v, do, dk, dv, delta, smax, ssum, tokens, blocks, list_start, pair_token,
+    dkdv_launch = Launch("selected_dkdv_kernel", (max_blocks * tiles, spec.n2, seq.batch),
+                         (q, k, v, do, dk, dv, delta, smax, ssum, batches, lists.list_start, lists.pair,
                           *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *do.stride()[:2], *dk.stride()[:2],
                           *dv.stride()[:2], spec.scale, spec.n1, spec.n2, spec.group, spec.d, spec.dv,
-                          spec.block_size, n_blocks), flags)
-    return (dq, dk, dv), [delta_launch, dq_launch, dkdv_launch]
+                          spec.block_size, spec.block_count, n_blocks), flags)
+    return (dq, dk, dv), [delta_launch, dq_launch, keys_launch, dkdv_launch], lists
 
 
 def selected_forward(spec: SelectedSpec, query, key, value, topk):
@@ -132,36 +159,32 @@ def selected_forward(spec: SelectedSpec, query, key, value, topk):
 
 
 def selected_backward(spec: SelectedSpec, query, key, value, attention_out, grad, softmax_max, softmax_sum, topk):
-    outputs, launches = selected_backward_plan(spec, query, key, value, attention_out, grad, softmax_max,
-                                               softmax_sum, topk, interpreting(query.device))
-    KERNELS.run_all(launches, query.device)
+    outputs, launches, lists = selected_backward_plan(spec, query, key, value, attention_out, grad, softmax_max,
+                                                      softmax_sum, topk, interpreting(query.device))
+    if lists is None:
+        KERNELS.run_all(launches, query.device)
+        return outputs
+    KERNELS.run_all(launches[:-1], query.device)
+    lists.sort()
+    KERNELS.run_all(launches[-1:], query.device)
     return outputs
 
 
 # ------------------------------------------------------------------------------------------------- compression
-def _row_starts(spec: CompressSpec, device) -> torch.Tensor:
-    """int64 ``[C]``: the first token of every compressed row (batch-major, block order)."""
-    per_batch = [spec.blocks(b) for b in range(len(spec.lengths))]
-    counts = _ints(per_batch, device)
-    rows = spec.total_blocks
-    base = _firsts(per_batch, device)
-    local = torch.arange(rows, device=device) - torch.repeat_interleave(base, counts, output_size=rows)
-    return torch.repeat_interleave(_ints(spec.starts, device), counts, output_size=rows) + local * spec.stride
+@functools.lru_cache(maxsize=256)
+def _compress_geometry(spec: CompressSpec) -> tuple[tuple, int, int, int]:
+    """``(rows of the per-batch table, largest batch's rows, largest batch, tokens in the batches)`` (memoized)."""
+    rows, base = [], 0
+    for b, (start, length) in enumerate(zip(spec.starts, spec.lengths)):
+        rows.append((start, length, spec.blocks(b), base))
+        base += spec.blocks(b)
+    return tuple(rows), max((r[2] for r in rows), default=0), max(spec.lengths, default=0), sum(spec.lengths)
 
 
-def _token_rows(spec: CompressSpec, total: int, device) -> torch.Tensor:
-    """int64 ``[T, 3]`` per token: its batch's first compressed row, its offset in the batch, the batch's row
-    count (0 for tokens after the last batch)."""
-    per_batch = [spec.blocks(b) for b in range(len(spec.lengths))]
-    counts = _ints(per_batch, device)
-    lens = _ints(spec.lengths, device)
-    covered = sum(spec.lengths)
-    meta = torch.zeros((total, 3), dtype=torch.int64, device=device)
-    per_token = lambda x: torch.repeat_interleave(x, lens, output_size=covered)  # noqa: E731
-    meta[:covered, 0] = per_token(_firsts(per_batch, device))
-    meta[:covered, 1] = torch.arange(covered, device=device) - per_token(_ints(spec.starts, device))
-    meta[:covered, 2] = per_token(counts)
-    return meta
+def _compress_table(spec: CompressSpec, device: torch.device) -> torch.Tensor:
+    """int64 ``[B, 4]`` (``compress.BATCH_COLS``) on ``device``: uploaded once per geometry."""
+    rows = _compress_geometry(spec)[0]
+    return staging.cached_upload(("nsa.compress", rows), lambda: list(rows), torch.int64, device)
 
 
 def compress_forward_plan(spec: CompressSpec, input, weight, interpret: bool):
@@ -171,32 +194,31 @@ def compress_forward_plan(spec: CompressSpec, input, weight, interpret: bool):
     if out.shape[0] == 0 or n == 0:
         return out, []
     x, w = unit_last_stride(input), weight
-    launch = Launch("compress_fwd_kernel", (out.shape[0], n),
-                    (x, w, out, _row_starts(spec, input.device), *x.stride()[:2], *w.stride(), *out.stride()[:2],
-                     d, spec.block), dict(BLOCK_D=pow2(d)))
+    launch = Launch("compress_fwd_kernel", (_compress_geometry(spec)[1], n, len(spec.lengths)),
+                    (x, w, out, _compress_table(spec, input.device), *x.stride()[:2], *w.stride(), *out.stride()[:2],
+                     d, spec.block, spec.stride), dict(BLOCK_D=pow2(d)))
     return out, [launch]
 
 
 def compress_backward_plan(spec: CompressSpec, output_grad, input, weight, interpret: bool):
-    """``((input_grad, weight_grad, weight_grad_partials), launches)``: the partials ``[programs, l, N]`` (fp32)
-    are summed in program order by :func:`compress_backward`."""
+    """``((input_grad, weight_grad_partials), launches)``: the fp32 partials ``[B * programs, l, N]`` are summed in
+    program order by :func:`compress_backward`."""
     t, n, d = input.shape
-    device = input.device
-    dx = torch.empty(input.shape, dtype=input.dtype, device=device)
-    rows = spec.total_blocks
-    programs = cdiv(rows, row_tile(interpret))
-    parts = torch.zeros((programs, spec.block, n), dtype=torch.float32, device=device)
-    if t == 0 or n == 0:
+    _, max_rows, max_len, tokens = _compress_geometry(spec)
+    batches = len(spec.lengths)
+    dx = _new(input.shape, input, None if tokens == t else 0.0)
+    programs = cdiv(max_rows, row_tile(interpret))
+    parts = _new((batches * programs, spec.block, n), input, None if n and max_len else 0.0, torch.float32)
+    if max_len == 0 or n == 0:
         return (dx, parts), []
     x, dy = unit_last_stride(input), unit_last_stride(output_grad)
-    dx_launch = Launch("compress_dx_kernel", (t, n),
-                       (dy, weight, dx, _token_rows(spec, t, device), *dy.stride()[:2], *weight.stride(),
-                        *dx.stride()[:2], d, spec.block, spec.stride), dict(BLOCK_D=pow2(d)))
-    if rows == 0:
-        return (dx, parts), [dx_launch]
-    dw_launch = Launch("compress_dw_kernel", (programs, n),
-                       (x, dy, _row_starts(spec, device), parts, *x.stride()[:2], *dy.stride()[:2], rows, n, d,
-                        spec.block), dict(BLOCK_D=pow2(d)))
+    table = _compress_table(spec, input.device)
+    dx_launch = Launch("compress_dx_kernel", (max_len, n, batches),
+                       (dy, weight, dx, table, *dy.stride()[:2], *weight.stride(), *dx.stride()[:2], d, spec.block,
+                        spec.stride), dict(BLOCK_D=pow2(d)))
+    dw_launch = Launch("compress_dw_kernel", (programs, n, batches),
+                       (x, dy, table, parts, *x.stride()[:2], *dy.stride()[:2], n, d, spec.block, spec.stride),
+                       dict(BLOCK_D=pow2(d)))
     return (dx, parts), [dx_launch, dw_launch]
 
 

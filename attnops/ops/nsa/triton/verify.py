@@ -17,8 +17,11 @@ MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension, where the kerne
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension, where the score kernel puts selection block tiles
 
 
-def _heads_reason(n: int, what: str) -> str | None:
-    return f"{what} up to {MAX_GRID_Y} (got {n})" if n > MAX_GRID_Y else None
+def _heads_reason(n: int, what: str, batches: int = 1) -> str | None:
+    """The kernels' grids hold the heads in their second extent and the batches in their third."""
+    if n > MAX_GRID_Y:
+        return f"{what} up to {MAX_GRID_Y} (got {n})"
+    return f"batches up to {MAX_GRID_Z} (got {batches})" if batches > MAX_GRID_Z else None
 
 
 def selected_reason(spec: SelectedSpec, query: torch.Tensor) -> str | None:
@@ -30,7 +33,7 @@ def selected_reason(spec: SelectedSpec, query: torch.Tensor) -> str | None:
         return f"head dims up to {MAX_HEAD_DIM} (got D={spec.d}, Dv={spec.dv})"
     if spec.group > MAX_GROUP:
         return f"query heads per KV head up to {MAX_GROUP} (got {spec.group})"
-    return _heads_reason(spec.n2, "KV heads")
+    return _heads_reason(spec.n2, "KV heads", spec.seq.batch)
 
 
 def selected_grad_reason(spec: SelectedSpec, query: torch.Tensor) -> str | None:
@@ -45,7 +48,7 @@ def compress_reason(spec: CompressSpec, input: torch.Tensor) -> str | None:
         return reason
     if input.shape[2] > MAX_HEAD_DIM:
         return f"head dims up to {MAX_HEAD_DIM} (got D={input.shape[2]})"
-    return _heads_reason(input.shape[1], "heads")
+    return _heads_reason(input.shape[1], "heads", len(spec.lengths))
 
 
 def compress_grad_reason(spec: CompressSpec, input: torch.Tensor) -> str | None:
@@ -79,5 +82,10 @@ def decode_reason(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -
 
 
 def compress_cache_reason(input: torch.Tensor) -> str | None:
-    """``nsa_compress_infer`` (torch on the device): the inputs' device and dtype only."""
-    return kernel_input_reason(input)
+    """``nsa_compress_infer`` (``compress_cache_kernel``: one program per request and head, a head in registers)."""
+    reason = kernel_input_reason(input)
+    if reason is not None:
+        return reason
+    if input.shape[-1] > MAX_HEAD_DIM:
+        return f"head dims up to {MAX_HEAD_DIM} (got D={input.shape[-1]})"
+    return _heads_reason(input.shape[2], "heads")

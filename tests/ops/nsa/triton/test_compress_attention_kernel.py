@@ -13,7 +13,7 @@ from attnops.ops.nsa.triton.verify import compress_attention_reason
 from ..nsa_helpers import causal_cmp_mask, check_compress_attention, cum, randn
 from .conftest import DEVICE
 
-FWD = ["fwd_kernel", "importance_kernel"]
+FWD = ["fwd_kernel", "importance_kernel", "topk_kernel"]
 BWD = ["preprocess_kernel", "dq_kernel", "dkdv_kernel"]
 
 

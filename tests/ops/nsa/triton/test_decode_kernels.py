@@ -91,7 +91,7 @@ def test_compress_attention_infer(triton_backend, g, d, dv, dtype):
             if chosen != want:  # only a near-tie may swap (the golden scores in fp64)
                 scores = _golden_scores(q, k, table, s2, b, h, g, sel // stride, cmp // stride, scale)
                 assert scores[chosen].tolist() == pytest.approx(scores[want].tolist(), rel=1e-4, abs=1e-6)
-    assert triton_backend == ["compress_decode_kernel"]
+    assert triton_backend == ["compress_decode_kernel", "topk_kernel"]
 
 
 def test_compress_attention_infer_ties_go_to_the_lower_block(triton_backend):
@@ -120,7 +120,7 @@ def test_compress_infer_cache(triton_backend, monkeypatch, lens):
     torch_npu.npu_nsa_compress_infer(*_dev(kv, w, slots), 32, 8, 16, block_table=table.to(DEVICE),
                                      actual_seq_len=lens, cache=dev_cache)
     assert_close_to_golden("compress_infer.cache", dev_cache.cpu(), golden, base, factor=2)
-    assert triton_backend == [] and calls == [1]  # a torch gather on the device: no kernel
+    assert triton_backend == ["compress_cache_kernel"] and calls == [1]
 
 
 def test_decode_verifier_reasons():
@@ -136,3 +136,51 @@ def test_explicit_triton_raises_with_the_reason(monkeypatch):
     topk = torch.zeros(1, 1, 1, dtype=torch.int32)
     with pytest.raises(ParamInvalidError, match="head dims up to 256"):
         attnops.nsa_selected_attention_infer(*_dev(q, k, v, topk, table), [9], select_block_size=8)
+
+
+def test_device_lengths_are_read_by_the_kernels_and_bad_values_clamped(triton_backend):
+    """Lengths as a tensor (the kernels read them: what a GPU tensor does) give the list's result; unvalidated
+    values (a length past the block table, a block id outside the cache, a negative index) read nothing out of
+    bounds."""
+    from attnops.ops.nsa import op
+
+    lens = [37, 20, 9]
+    q, k, v, table = _paged(lens, 4, 2, 16, 16, torch.float32, seed=40)
+    topk = torch.tensor([[[2, 0], [1, -1]], [[0, 1], [-1, 0]], [[0, -1], [0, 0]]], dtype=torch.int32)
+    args = (q, k, v, topk, table, 0.25, 4, 2, 16, 2, PAGE)
+    want = op.nsa_selected_attention_infer(*args, lens)
+    got = op.nsa_selected_attention_infer(*args, None, torch.tensor(lens))
+    assert torch.equal(got, want)
+    bad_table = table.clone()
+    bad_table[0, 1] = 10_000
+    bad_topk = topk.clone()
+    bad_topk[1, 0, 0] = -7
+    out = op.nsa_selected_attention_infer(q, k, v, bad_topk, bad_table, 0.25, 4, 2, 16, 2, PAGE, None,
+                                          torch.tensor([10_000, -3, 9]))
+    assert out.shape == want.shape and bool(out.isfinite().all())
+    cmp_want = op.nsa_compress_attention_infer(q, k, v, table, 0.25, 4, 2, 64, 3, PAGE, 32, 16, [37, 20, 9])
+    cmp_got = op.nsa_compress_attention_infer(q, k, v, table, 0.25, 4, 2, 64, 3, PAGE, 32, 16, None,
+                                              torch.tensor([37, 20, 9]))
+    assert torch.equal(cmp_got[0], cmp_want[0]) and torch.equal(cmp_got[1], cmp_want[1])
+    assert triton_backend == ["selected_decode_kernel"] * 3 + ["compress_decode_kernel", "topk_kernel"] * 2
+
+
+def test_compress_into_cache_with_device_lengths_and_a_shared_row(triton_backend):
+    """The device path with lengths as a tensor: a row named by two completing requests keeps the later one's
+    block (as the reference), a request that completes nothing leaves its row alone."""
+    from attnops.ops.nsa import op
+
+    kv, w = randn(12, 16, 2, 24, seed=50), randn(32, 2, seed=51) / 32
+    table = torch.tensor([[3, 7, 0, 9], [5, 1, 11, 2], [8, 4, 6, 10]], dtype=torch.int32)
+    slots = torch.tensor([1, 1, 3])
+    lens = [48, 40, 43]  # 48 and 40 complete a block (stride 8) into row 1; 43 does not
+    cache = randn(5, 2, 24, seed=52)
+    want = cache.clone()
+    op.nsa_compress_infer(kv, w, slots, table, want, 32, 8, 16, lens)  # via the device path with host lengths
+    reference = cache.clone()
+    from attnops.ops.nsa.decode import compress_into_cache
+    compress_into_cache(kv, w, slots, table, reference, lens, 32, 8)
+    got = cache.clone()
+    op.nsa_compress_infer(kv, w, slots, table, got, 32, 8, 16, None, torch.tensor(lens))
+    torch.testing.assert_close(got, reference, rtol=1e-6, atol=1e-6)
+    assert torch.equal(got, want) and torch.equal(got[3], cache[3]) and not torch.equal(got[1], cache[1])

@@ -37,7 +37,8 @@ def kernels(monkeypatch):
     return recorder.kernels
 
 
-SELECTED = ["selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel", "selected_dkdv_kernel"]
+SELECTED = ["selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel", "selected_keys_kernel",
+            "selected_dkdv_kernel"]
 COMPRESS = ["compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"]
 
 
@@ -185,3 +186,29 @@ def test_auto_keeps_the_reference_on_cpu(monkeypatch):
     _selected_call()()
     attnops.nsa_compress(randn(8, 1, 8), randn(4, 1), block_size=4, stride=4)
     assert recorder.kernels == []
+
+
+# ------------------------------------------------------------------------------------ unvalidated device indices
+def test_indices_outside_the_batch_select_nothing(kernels):
+    """On a GPU nobody validates the indices: the kernels skip a slot outside the batch's blocks (never read out of
+    bounds), as the CPU reference does for such unvalidated indices; both equal the call without those slots."""
+    from attnops.ops.nsa import selected as reference
+    from attnops.ops.nsa.selected import build_selected_spec
+
+    q_lens, kv_lens, bs = [5, 6], [24, 32], 8
+    q, k, v = _qkv(q_lens, kv_lens, 2, 1, 16, 8, torch.float32, seed=30)
+    valid = random_topk(q_lens, kv_lens, 1, 3, bs, seed=31, distinct=False)
+    bad = valid.clone()
+    bad[0, 0, 1], bad[3, 0, 0], bad[7, 0, 2], bad[10, 0, :] = -1, 3, 4, -5  # batch 0 has blocks 0-2, batch 1 0-3
+    dy = randn(11, 2, 8, seed=32)
+    spec = build_selected_spec(q, k, v, valid, scale_value=0.25, head_num=2, select_block_size=bs,
+                               select_block_count=3, actual_seq_qlen=cum(q_lens), actual_seq_kvlen=cum(kv_lens),
+                               grad=True)
+    results = {}
+    for name, impl in (("kernels", nsa_launch), ("reference", reference)):
+        out, smax, ssum = impl.selected_forward(spec, q, k, v, bad)
+        results[name] = (out, *impl.selected_backward(spec, q, k, v, out, dy, smax, ssum, bad))
+    for a, b in zip(*results.values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert bool((results["kernels"][0][10] == 0).all())  # a token whose slots are all outside: output 0
+    assert kernels == SELECTED
