@@ -3,8 +3,6 @@ the fp64 golden with the tolerance rule and vs the CPU result, and a CUDA graph 
 (captured after a prefill, replayed for the following tokens) equal to eager decoding."""
 from __future__ import annotations
 
-import traceback
-
 import pytest
 import torch
 
@@ -13,7 +11,6 @@ from attnops.nn import NativeSparseAttention
 from attnops.testing import golden_nsa_layer as gold
 from attnops.testing.compare import assert_close_to_golden
 from tests.ops.nsa.nsa_helpers import baseline_dtype, randn
-from tests.ops.nsa.triton.fa_stand_ins import FA_FILES, FA_SIDE, FlashAttentionSideSync
 
 LAYER = dict(block=32, stride=16, select_block=64, count=4, window=128, local_blocks=2)
 ARGS = dict(compress_block_size=32, compress_stride=16, select_block_size=64, select_block_count=4, window_size=128,
@@ -91,19 +88,6 @@ def test_module_and_cached_decoding_on_cuda(dtype):
     assert_close_to_golden("module.decode (cuda)", decoded.cpu(), golden, base, factor=2)
 
 
-def _capture(graph, fn):
-    """``fn()`` captured into ``graph``; a failure inside FlashAttention's code is reported as such."""
-    try:
-        with torch.cuda.graph(graph):
-            return fn()
-    except RuntimeError as error:
-        frames = [f.filename for f in traceback.extract_tb(error.__traceback__) if "attnops" in f.filename]
-        if frames and any(path in frames[-1].replace("\\", "/") for path in FA_FILES):
-            raise FlashAttentionSideSync(f"capture failed in {frames[-1]}: {error}") from error
-        raise
-
-
-@FA_SIDE
 def test_cuda_graph_of_the_decoding_step_equals_eager():
     """A decoding step captured once (after a prefill and a warm-up step) and replayed with a new token each time
     gives the eager outputs, token after token (the replays advance the cache's lengths on the device)."""
@@ -122,7 +106,8 @@ def test_cuda_graph_of_the_decoding_step_equals_eager():
         eager = [m(x[:, 150:151], cache=eager_cache)]
         torch.testing.assert_close(warm, eager[0], rtol=0, atol=0)
         graph = torch.cuda.CUDAGraph()
-        static_out = _capture(graph, lambda: m(static_x, cache=graph_cache))
+        with torch.cuda.graph(graph):
+            static_out = m(static_x, cache=graph_cache)
         replayed = []
         for i in range(151, 200):
             static_x.copy_(x[:, i:i + 1])

@@ -1,15 +1,14 @@
 """attnops.nn.NativeSparseAttention on the GPU hot path, checked without a GPU: its forward and backward (batched and
 packed) and its cached decoding (a prefill then token by token, with an NSACache whose tensors live on ``meta``) run
 inside :func:`attnops.testing.gpu_dry_run`: launches recorded, nothing read back, every tensor on the inputs' device
-(a mask or position built on the host raises). FlashAttention's own host reads are stood in for (and expected to fail
-without the stand-ins) until the FlashAttention side reads nothing back (``tests/ops/nsa/triton/fa_stand_ins.py``)."""
+(a mask or position built on the host raises)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from attnops.nn import NativeSparseAttention
-from tests.ops.nsa.triton.fa_stand_ins import FA_MODES, dry_run
+from attnops.testing import gpu_dry_run
 
 pytest.importorskip("triton")
 
@@ -26,12 +25,11 @@ def _x(*shape):
     return torch.empty(*shape, HIDDEN, device=META, dtype=torch.float16)
 
 
-@pytest.mark.parametrize("fa", FA_MODES)
 @pytest.mark.parametrize("packed", [False, True], ids=["batched", "packed"])
 @pytest.mark.parametrize("compress", ["weighted", "mean"])
-def test_forward_and_backward(compress, packed, fa, monkeypatch):
+def test_forward_and_backward(compress, packed):
     m = _module(compress)
-    with dry_run(fa, monkeypatch) as launches:
+    with gpu_dry_run() as launches:
         out = m(_x(600), cu_seqlens=[0, 300, 600]) if packed else m(_x(2, 300))
         out.sum().backward()
     kernels = [launch.kernel for launch in launches]
@@ -39,12 +37,11 @@ def test_forward_and_backward(compress, packed, fa, monkeypatch):
     assert all(p.grad is not None and p.grad.device == META for p in m.parameters())
 
 
-@pytest.mark.parametrize("fa", FA_MODES)
 @pytest.mark.parametrize("max_seq_len", [None, 400], ids=["growing", "preallocated"])
-def test_cached_decoding_reads_nothing_back(max_seq_len, fa, monkeypatch):
+def test_cached_decoding_reads_nothing_back(max_seq_len):
     m = _module()
     cache = m.new_cache(2, max_seq_len)
-    with torch.no_grad(), dry_run(fa, monkeypatch) as launches:
+    with torch.no_grad(), gpu_dry_run() as launches:
         m(_x(2, 300), cache=cache)
         prefill = len(launches)
         for _ in range(3):
@@ -67,7 +64,7 @@ def test_decoding_steps_are_capturable(monkeypatch):
     upload = staging.upload
     monkeypatch.setattr(staging, "upload", lambda *a, **k: uploads.append(1) or upload(*a, **k))
     steps = []
-    with torch.no_grad(), dry_run("stand-in", monkeypatch) as launches:
+    with torch.no_grad(), gpu_dry_run() as launches:
         m(_x(2, 300), cache=cache)
         for _ in range(4):
             first, staged = len(launches), len(uploads)

@@ -1,9 +1,7 @@
 """NSA on the GPU hot path, checked without a GPU: every NSA operator in the three dialects and the layer (forward and
 backward) run inside :func:`attnops.testing.gpu_dry_run` on ``meta`` tensors, where launches are recorded and any
 host read of a device value, blocking upload or tensor built on the host raises. Each case records at least one
-launch and raises nothing. Cases that go through FlashAttention (compressed attention, the window branch) run with
-stand-ins for FlashAttention's own host reads and, as an expected failure until those are gone, without them
-(``fa_stand_ins.py``)."""
+launch and raises nothing, the FlashAttention calls of compressed attention and the window branch included."""
 from __future__ import annotations
 
 import pytest
@@ -14,8 +12,6 @@ import attnops.torch_npu as tnpu
 from attnops import aclnn
 from attnops.testing import gpu_dry_run
 from tests.ops.nsa.nsa_aclnn_params import OPS, base_params
-
-from .fa_stand_ins import FA_MODES, FA_SIDE, dry_run
 
 pytest.importorskip("triton")
 
@@ -56,11 +52,10 @@ def test_selected_forward_and_backward_with_inverted_lists():
                                  "selected_keys_kernel", "selected_dkdv_kernel"]
 
 
-@pytest.mark.parametrize("fa", FA_MODES)
-def test_compress_attention_with_top_k_forward_and_backward(fa, monkeypatch):
+def test_compress_attention_with_top_k_forward_and_backward():
     q, k, v = meta(4096, N1, D, grad=True), meta(262, N2, D, grad=True), meta(262, N2, DV, grad=True)
     mask, forced = meta(2048, 131, dtype=torch.bool), meta(2048, 33, dtype=torch.bool)
-    with dry_run(fa, monkeypatch) as launches:
+    with gpu_dry_run() as launches:
         res = attnops.nsa_compress_attention(q, k, v, compress_block_size=32, compress_stride=16,
                                              select_block_size=64, select_block_count=16, atten_mask=mask,
                                              topk_mask=forced, actual_seq_qlen=[2048, 4096],
@@ -97,17 +92,12 @@ def test_compress_attention_infer(lengths):
 
 
 # ----------------------------------------------------------------------------------------------------- aclnn
-ACLNN = [pytest.param(op, None, id=op) for op in OPS if op != "nsa_compress_attention"] + [
-    pytest.param("nsa_compress_attention", "stand-in", id="nsa_compress_attention-stand-in"),
-    pytest.param("nsa_compress_attention", "real", marks=FA_SIDE, id="nsa_compress_attention-real")]
-
-
 @pytest.mark.parametrize("two_phase", [False, True], ids=["direct", "two-phase"])
-@pytest.mark.parametrize("op,fa", ACLNN)
-def test_aclnn(op, fa, two_phase, monkeypatch):
+@pytest.mark.parametrize("op", OPS)
+def test_aclnn(op, two_phase):
     params = to_meta(base_params(op, **({"forward": False} if op == "nsa_selected_attention_grad" else {})))
     run, get_workspace_size = OPS[op]
-    with dry_run(fa, monkeypatch) as launches:
+    with gpu_dry_run() as launches:
         if two_phase:
             _, executor = get_workspace_size(*params.values())
             run(None, 0, executor, None)
@@ -136,10 +126,9 @@ def test_torch_npu_select_attention_and_grad():
     assert "selected_dkdv_kernel" in kernels(launches)
 
 
-@pytest.mark.parametrize("fa", FA_MODES)
-def test_torch_npu_compress_attention(fa, monkeypatch):
+def test_torch_npu_compress_attention():
     q, k, v = meta(96, N1, D), meta(20, N2, D), meta(20, N2, DV)
-    with dry_run(fa, monkeypatch) as launches:
+    with gpu_dry_run() as launches:
         tnpu.npu_nsa_compress_attention(q, k, v, D ** -0.5, N1, 32, 16, 64, 2,
                                         atten_mask=meta(64, 12, dtype=torch.bool),
                                         topk_mask=meta(64, 5, dtype=torch.bool), actual_seq_qlen=[32, 96],
@@ -180,7 +169,7 @@ def _layer_inputs(layout: str):
             meta(*shape, N1, grad=True), shape)
 
 
-def _layer(layout, gates, compress, block_indices, fa, monkeypatch):
+def _layer(layout, gates, compress, block_indices):
     q, k, v, g, shape = _layer_inputs(layout)
     kw = dict(cu_seqlens=[0, 2048, 4096]) if layout == "TND" else dict(layout="BSND")
     kw.update({name: g for i, name in enumerate(("g_cmp", "g_slc", "g_swa")) if i in GATES[gates]})
@@ -189,34 +178,32 @@ def _layer(layout, gates, compress, block_indices, fa, monkeypatch):
     if block_indices:
         kw.update(block_indices=meta(*shape, N2, 16, dtype=torch.int32), block_counts=meta(*shape, N2,
                                                                                              dtype=torch.int64))
-    with dry_run(fa, monkeypatch) as launches:
+    with gpu_dry_run() as launches:
         out = attnops.native_sparse_attention(q, k, v, compress=compress, **kw)
         out.backward(torch.empty_like(out))
     assert out.shape == (*shape, N1, DV)
     return kernels(launches)
 
 
-@pytest.mark.parametrize("fa", FA_MODES)
 @pytest.mark.parametrize("block_indices", [False, True], ids=["top-k", "given"])
 @pytest.mark.parametrize("compress", ["weighted", "mean"])
 @pytest.mark.parametrize("layout", ["TND", "BSND"])
-def test_layer_forward_and_backward(layout, compress, block_indices, fa, monkeypatch):
-    launched = _layer(layout, "all", compress, block_indices, fa, monkeypatch)
+def test_layer_forward_and_backward(layout, compress, block_indices):
+    launched = _layer(layout, "all", compress, block_indices)
     assert "selected_dkdv_kernel" in launched and "compress_dw_kernel" in launched
 
 
-@pytest.mark.parametrize("fa", FA_MODES)
 @pytest.mark.parametrize("gates", [name for name in GATES if name not in ("all", "select")])
-def test_layer_branch_combinations(gates, fa, monkeypatch):
-    launched = _layer("TND", gates, "weighted", False, fa, monkeypatch)
+def test_layer_branch_combinations(gates):
+    launched = _layer("TND", gates, "weighted", False)
     assert ("selected_fwd_kernel" in launched) == (1 in GATES[gates])
 
 
 def test_layer_selection_alone_needs_no_flash_attention():
-    """The selection branch alone with given block indices: no FlashAttention (nothing to stand in)."""
+    """The selection branch alone with given block indices: no FlashAttention launch."""
     q, k, v, g, shape = _layer_inputs("TND")
     with gpu_dry_run() as launches:
         out = attnops.native_sparse_attention(q, k, v, g_slc=g, cu_seqlens=[0, 1000, 4096], window_size=0,
                                               block_indices=meta(4096, N2, 16, dtype=torch.int64))
         out.backward(torch.empty_like(out))
-    assert kernels(launches)[0] == "selected_fwd_kernel"
+    assert kernels(launches)[0] == "selected_fwd_kernel" and {launch.family for launch in launches} == {"nsa"}
