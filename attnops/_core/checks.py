@@ -51,17 +51,15 @@ def check_tensor(
     require_not_none(x, name)
     if not isinstance(x, torch.Tensor):
         fail(name, "a torch.Tensor", type(x).__name__, error=ParamDtypeError)
-    if ndim is not None:
+    if ndim is not None and x.dim() != ndim and (isinstance(ndim, int) or x.dim() not in ndim):
         allowed = {ndim} if isinstance(ndim, int) else set(ndim)
-        require(x.dim() in allowed, name, f"a tensor with ndim in {sorted(allowed)}", x)
+        fail(name, f"a tensor with ndim in {sorted(allowed)}", x)
     if dtypes is not None:
         dts = tuple(dtypes)
         if x.dtype not in dts:
             fail(name, f"dtype in {[str(d) for d in dts]}", x, error=ParamDtypeError)
-    if shape is not None:
-        ok = x.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, x.shape))
-        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        require(ok, name, f"shape {want}", x)
+    if shape is not None and not (x.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, x.shape))):
+        fail(name, "shape [" + ", ".join("*" if s is None else str(s) for s in shape) + "]", x)
     if device is not None and x.device != device:
         fail(name, f"a tensor on {device} (same device as query)", x)
     return x
@@ -74,8 +72,8 @@ def check_int(name: str, value: Any, *, lo: int | None = None, hi: int | None = 
             value = int(value.item())
         else:
             fail(name, "an int", value, error=ParamDtypeError)
-    rng = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
-    require((lo is None or value >= lo) and (hi is None or value <= hi), name, f"an int in {rng}", value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        fail(name, f"an int in [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]", value)
     return value
 
 

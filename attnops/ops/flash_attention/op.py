@@ -16,8 +16,7 @@ from torch import Tensor
 
 from ..._core.layouts import normalize_layout, parse_geometry, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
-from ..._core.custom_ops import register_dry_run_meta
-from ..._core.triton import dry_run
+from ..._core.custom_ops import register_dry_run_meta, runs_directly
 from ..._core.varlen import cumulative_from_cu_seqlens
 from . import backends
 from .api import check_backward_inputs
@@ -62,17 +61,6 @@ def _run_backward(p: FAProblem, backend: str, dy, query, key, value, attention_i
     dq, dk, dv, dpse = backends.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum,
                                         backend)
     return dq, dk, dv, dpse if dpse is not None else torch.empty(0, dtype=query.dtype, device=query.device)
-
-
-def _direct(tensors) -> bool:
-    """Whether a call may run its implementation without the dispatcher (which costs 20-35 us a call): eager mode,
-    plain tensors on a device the implementation serves (``meta`` only inside a dry run), and nothing that needs to
-    see the op: no compilation or export, no dispatch mode (fake tensors, tracing, the dry run's read guard, FLOP
-    counters), no functorch transform, no profiler. Everything else calls the custom op."""
-    return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
-            and not torch.overrides.has_torch_function(tensors) and not torch._C._are_functorch_transforms_active()
-            and not torch.autograd._profiler_enabled()
-            and (tensors[0].device.type in ("cpu", "cuda") or dry_run.active() is not None))
 
 
 def _forward(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], atten_mask: Optional[Tensor],
@@ -176,10 +164,10 @@ def _input_grads(ctx, grad_out) -> tuple:
         inputs[i] = t
     query, key, value, pse = inputs[:4]
     grads = (grad_out.contiguous(), query, key, value, out, smax, ssum)
-    if ctx.problem is not None and _direct((query, key, value)):
+    if ctx.problem is not None and runs_directly((query, key, value)):
         dq, dk, dv, dpse = _run_backward(ctx.problem, inputs[_BACKEND], *grads, checked=True)
     else:
-        bwd = _backward_grads if _direct((query, key, value)) else flash_attention_bwd
+        bwd = _backward_grads if runs_directly((query, key, value)) else flash_attention_bwd
         dq, dk, dv, dpse = bwd(*grads, *inputs[3:])
     return dq, dk, dv, pse_grad(dpse, pse, inputs[_PSE_TYPE])
 
@@ -202,7 +190,7 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, pse, rest):
         inputs = (query, key, value, pse, *rest)
-        if _direct(inputs[:3]):
+        if runs_directly(inputs[:3]):
             output, p = _run_forward(inputs)
         else:
             output, p = flash_attention_fwd(*inputs), None
@@ -223,7 +211,7 @@ def flash_attention(*inputs) -> tuple[Tensor, Tensor, Tensor]:
     if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs[:4])
             and not torch.compiler.is_compiling()):  # traced: the op and its own autograd go into the graph
         return _FlashAttention.apply(*inputs[:4], inputs[4:])
-    return _run_forward(inputs)[0] if _direct(inputs[:3]) else flash_attention_fwd(*inputs)
+    return _run_forward(inputs)[0] if runs_directly(inputs[:3]) else flash_attention_fwd(*inputs)
 
 
 for _op in (flash_attention_fwd, flash_attention_bwd):

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
+from ..._core.custom_ops import call
 from ..._core.checks import check_same_device, check_tensor, require, require_not_none, softmax_scale
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
@@ -50,7 +51,7 @@ def nsa_compress(input: Tensor, weight: Tensor, *, block_size: int, stride: int,
     input, weight = _prepared("input", input, weight=weight)
     lens = _cumulative("cu_seqlens", cu_seqlens, actual_seq_len, input.shape[0])
     with autocast_off(input.device):
-        return _op().nsa_compress(input, weight, block_size, stride, lens, 0)
+        return call(_op().nsa_compress, input, weight, block_size, stride, lens, 0)
 
 
 class CompressAttentionResult(NamedTuple):
@@ -84,9 +85,9 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
         sel.append(acc)
     scale = softmax_scale(scale, query, query.shape[-1])
     with autocast_off(query.device):
-        return CompressAttentionResult(*_op().nsa_compress_attention(
-            query, key, value, topk_mask, atten_mask, float(scale), query.shape[1], compress_block_size,
-            compress_stride, select_block_size, select_block_count, qlen, cmp, sel,
+        return CompressAttentionResult(*call(
+            _op().nsa_compress_attention, query, key, value, topk_mask, atten_mask, float(scale), query.shape[1],
+            compress_block_size, compress_stride, select_block_size, select_block_count, qlen, cmp, sel,
             1 if atten_mask is not None else 0))
 
 
@@ -109,9 +110,9 @@ def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indic
     scale = softmax_scale(scale, query, query.shape[-1])
     mask = torch.ones(1, 1, dtype=torch.bool, device=query.device) if causal else None
     with autocast_off(query.device):
-        out, smax, ssum = _op().nsa_selected_attention(query, key, value, topk_indices, mask, float(scale),
-                                                       query.shape[1], select_block_size, topk_indices.shape[-1],
-                                                       qlen, kvlen, 2 if causal else 0)
+        out, smax, ssum = call(_op().nsa_selected_attention, query, key, value, topk_indices, mask, float(scale),
+                               query.shape[1], select_block_size, topk_indices.shape[-1], qlen, kvlen,
+                               2 if causal else 0)
     return (out, smax, ssum) if return_stats else out
 
 
@@ -133,10 +134,9 @@ def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     scale = softmax_scale(scale, query, query.shape[-1])
     lens, lens_tensor = lengths_arg("seq_lens", seq_lens)
     with autocast_off(query.device):
-        return _op().nsa_selected_attention_infer(query, key_cache, value_cache, topk_indices, block_table,
-                                                  float(scale), query.shape[1], key_cache.shape[2],
-                                                  select_block_size, topk_indices.shape[-1], key_cache.shape[1],
-                                                  lens, lens_tensor)
+        return call(_op().nsa_selected_attention_infer, query, key_cache, value_cache, topk_indices, block_table,
+                    float(scale), query.shape[1], key_cache.shape[2], select_block_size, topk_indices.shape[-1],
+                    key_cache.shape[1], lens, lens_tensor)
 
 
 def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
@@ -156,10 +156,9 @@ def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     scale = softmax_scale(scale, query, query.shape[-1])
     lens, lens_tensor = lengths_arg("cmp_seq_lens", cmp_seq_lens)
     with autocast_off(query.device):
-        return _op().nsa_compress_attention_infer(query, key_cache, value_cache, block_table, float(scale),
-                                                  query.shape[1], key_cache.shape[2], select_block_size,
-                                                  select_block_count, key_cache.shape[1], compress_block_size,
-                                                  compress_stride, lens, lens_tensor)
+        return call(_op().nsa_compress_attention_infer, query, key_cache, value_cache, block_table, float(scale),
+                    query.shape[1], key_cache.shape[2], select_block_size, select_block_count, key_cache.shape[1],
+                    compress_block_size, compress_stride, lens, lens_tensor)
 
 
 def check_selected_backward_inputs(spec: SelectedSpec, query, grad, attention_out, softmax_max, softmax_sum):

@@ -17,7 +17,7 @@ from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..flash_attention import op as fa_op
 from ..._core.varlen import lengths_from_cumulative
-from ..._core.custom_ops import register_dry_run_meta
+from ..._core.custom_ops import call, register_dry_run_meta
 from . import backends
 from .compress import build_compress_spec, check_output_grad, compress_block_count
 from .selected import build_selected_spec
@@ -85,7 +85,7 @@ def _compress_setup(ctx, inputs, output):
 
 def _compress_backward(ctx, grad):
     input, weight = ctx.saved_tensors
-    gi, gw = nsa_compress_grad(grad.contiguous(), input, weight, *ctx.args)
+    gi, gw = call(nsa_compress_grad, grad.contiguous(), input, weight, *ctx.args)
     return _grads_for(nsa_compress, input=gi, weight=gw)
 
 
@@ -152,8 +152,8 @@ def _selected_setup(ctx, inputs, output):
 
 def _selected_backward(ctx, grad_out, _gmax, _gsum):
     query, key, value, topk, mask, out, smax, ssum = ctx.saved_tensors
-    dq, dk, dv = nsa_selected_attention_grad(grad_out.contiguous(), query, key, value, out, smax, ssum, topk, mask,
-                                             *ctx.scalars)
+    dq, dk, dv = call(nsa_selected_attention_grad, grad_out.contiguous(), query, key, value, out, smax, ssum, topk,
+                      mask, *ctx.scalars)
     return _grads_for(nsa_selected_attention, query=dq, key=dk, value=dv)
 
 
@@ -275,8 +275,8 @@ def _cmp_setup(ctx, inputs, output):
 
 def _cmp_backward(ctx, grad_out, _gtopk, _gmax, _gsum):
     query, key, value, mask, out, smax, ssum = ctx.saved_tensors
-    dq, dk, dv, _ = fa_op.flash_attention_bwd(grad_out.contiguous(), query, key, value, out, smax, ssum, None, mask,
-                                              None, *ctx.fa_scalars)
+    dq, dk, dv, _ = call(fa_op.flash_attention_bwd, grad_out.contiguous(), query, key, value, out, smax, ssum, None,
+                         mask, None, *ctx.fa_scalars)
     return _grads_for(nsa_compress_attention, query=dq, key=dk, value=dv)
 
 
