@@ -113,10 +113,11 @@ def _sum_acc(dtype):
 
 
 def _dp_dtype(dtype):
-    """dtype of ``dP - D``: fp64 for fp16/bf16 inputs, whose products and short sums are exact in fp64, so a row
-    with one visible key gives ``dP - D = 0`` exactly (``D = rowsum(dy * attention_out)`` with ``attention_out``
-    equal to that key's value); fp32 otherwise (fp32 inputs are compared with a floor well above that rounding)."""
-    return torch.float64 if dtype in (torch.float16, torch.bfloat16) else _acc(dtype)
+    """dtype of ``dP - D``: fp64, in which the products of fp16/bf16/fp32 values are exact (and short sums of
+    fp16/bf16 ones too), so a row with one visible key gives ``dP - D = 0`` (fp16/bf16: exactly; fp32: to fp64
+    rounding) as ``D = rowsum(dy * attention_out)`` with ``attention_out`` equal to that key's value; in fp32 the two
+    sums would differ by their fp32 rounding, which the scale and the key multiply into dq and dk."""
+    return torch.float64
 
 
 LOG2E = 1.4426950408889634
@@ -305,15 +306,17 @@ class _BlockGrads:
         lo, hi = (int(picked.min()), int(picked.max()) + 1) if picked.numel() else (0, 0)
         pk = torch.zeros(hi - lo, bs, spec.d, dtype=self.kv_acc)
         pv = torch.zeros(hi - lo, bs, spec.dv, dtype=self.kv_acc)
+        v_dp = bt.v.to(dp_dt)
         for t0, t1 in chunks:
             do = self.do[t0:t1].to(acc)
-            delta = torch.linalg.vecdot(do.to(dp_dt), self.out[t0:t1].to(dp_dt))  # D = rowsum(dy * attention_out)
+            do_dp = do.to(dp_dt)
+            delta = torch.linalg.vecdot(do_dp, self.out[t0:t1].to(dp_dt))  # D = rowsum(dy * attention_out)
             for seg in bt.segments(t0, t1):
                 s, qj = bt.scores(seg, t0)
                 p = s.sub_(seg.take(self.m, t0).unsqueeze(-1)).mul_(LOG2E)
                 p = p.sub_(seg.take(self.log2_l, t0).unsqueeze(-1)).exp2_()
                 do_j = seg.take(do)
-                dp = torch.matmul(do_j.to(dp_dt), bt.v[seg.block].transpose(0, 1).to(dp_dt))
+                dp = torch.matmul(seg.take(do_dp), v_dp[seg.block].transpose(0, 1))
                 pv[seg.block - lo] += (p.reshape(-1, bs).transpose(0, 1) @ do_j.reshape(-1, spec.dv)).to(self.kv_acc)
                 ds = p.mul_(dp.sub_(seg.take(delta).unsqueeze(-1)).to(p.dtype))
                 pk[seg.block - lo] += (ds.reshape(-1, bs).transpose(0, 1) @ qj.reshape(-1, spec.d)).to(self.kv_acc)
