@@ -12,6 +12,7 @@ import torch
 
 from ..._core.checks import check_int, check_tensor, fail, int_list, require
 from ..._core.varlen import lengths_from_cumulative
+from .memo import memoized
 
 NSA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -42,10 +43,18 @@ def compress_block_count(length: int, block: int, stride: int) -> int:
 def build_compress_spec(input, weight, *, compress_block_size: int, compress_stride: int, actual_seq_len,
                         act_seq_len_type: int = 0, layout: str = "TND", seq_name: str = "actual_seq_len"
                         ) -> CompressSpec:
-    """Validate a compression call (shapes, dtypes, lengths) and return its :class:`CompressSpec`.
+    """Validate a compression call (shapes, dtypes, lengths) and return its :class:`CompressSpec` (remembered per
+    configuration, :mod:`.memo`).
 
     ``seq_name`` is the caller's name of the lengths argument (aclnn: ``act_seq_len``), used in messages.
     """
+    return memoized(_build_compress_spec, input, weight, compress_block_size=compress_block_size,
+                    compress_stride=compress_stride, actual_seq_len=actual_seq_len,
+                    act_seq_len_type=act_seq_len_type, layout=layout, seq_name=seq_name)
+
+
+def _build_compress_spec(input, weight, *, compress_block_size, compress_stride, actual_seq_len, act_seq_len_type,
+                         layout, seq_name) -> CompressSpec:
     check_tensor("input", input, ndim=3, dtypes=NSA_DTYPES)
     check_tensor("weight", weight, ndim=2)
     if weight.dtype != input.dtype:

@@ -18,6 +18,7 @@ from ..._core.softmax_stats import FLT_MAX
 from ..._core.varlen import lengths_from_cumulative
 from ..flash_attention import reference as fa_reference
 from ..flash_attention.problem import FAProblem, build_problem
+from .memo import memoized
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,19 @@ def build_compress_attention_spec(query, key, value, *, scale_value: float, head
                                   compress_stride: int, select_block_size: int, select_block_count: int,
                                   topk_mask=None, atten_mask=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None,
                                   actual_sel_seq_kvlen=None, sparse_mode: int = 1) -> CompressAttentionSpec:
-    """Validate a compressed-attention call and build its FlashAttention problem."""
+    """Validate a compressed-attention call and build its FlashAttention problem (remembered per configuration,
+    the masks by identity, :mod:`.memo`)."""
+    return memoized(_build_compress_attention_spec, query, key, value, held=("topk_mask", "atten_mask"),
+                    scale_value=scale_value, head_num=head_num, compress_block_size=compress_block_size,
+                    compress_stride=compress_stride, select_block_size=select_block_size,
+                    select_block_count=select_block_count, topk_mask=topk_mask, atten_mask=atten_mask,
+                    actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen,
+                    actual_sel_seq_kvlen=actual_sel_seq_kvlen, sparse_mode=sparse_mode)
+
+
+def _build_compress_attention_spec(query, key, value, *, scale_value, head_num, compress_block_size, compress_stride,
+                                   select_block_size, select_block_count, topk_mask, atten_mask, actual_seq_qlen,
+                                   actual_cmp_seq_kvlen, actual_sel_seq_kvlen, sparse_mode) -> CompressAttentionSpec:
     l_ = check_int("compress_block_size", compress_block_size, lo=1)
     d_ = check_int("compress_stride", compress_stride, lo=1, hi=l_)
     ls = check_int("select_block_size", select_block_size, lo=l_)

@@ -95,19 +95,26 @@ def forced_blocks(positions: Tensor, n_sel: int, select_block: int, local_blocks
     return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
 
 
-_MASKS: dict[tuple, Tensor] = {}  # (kind, parameters, device) -> the largest such mask built so far
+_MASKS: dict[tuple, tuple[Tensor, dict]] = {}  # (kind, parameters, device) -> (largest mask so far, its slices)
+SLICES_KEPT = 64  # slices remembered per mask (all dropped when more are asked for)
 
 
 def _mask_slice(kind, build, rows: int, cols: int, *params, device: torch.device) -> Tensor:
     """The ``[rows, cols]`` top-left slice of ``build(arange(R), C, *params)`` (a mask of token positions ``0 ..
     R-1``): one device mask kept per kind, parameters and device, rebuilt larger when a call needs more (so a steady
-    training loop builds nothing)."""
+    training loop builds nothing), and the same slice object for the same size (the operators' validation is
+    remembered per mask object, :mod:`.memo`)."""
     key = (kind, params, device)
-    mask = _MASKS.get(key)
+    mask, slices = _MASKS.get(key, (None, None))
     if mask is None or mask.shape[0] < rows or mask.shape[1] < cols:
         r, c = (rows, cols) if mask is None else (max(rows, mask.shape[0]), max(cols, mask.shape[1]))
-        mask = _MASKS[key] = build(torch.arange(r, device=device), c, *params)
-    return mask[:rows, :cols]
+        mask, slices = _MASKS[key] = build(torch.arange(r, device=device), c, *params), {}
+    view = slices.get((rows, cols))
+    if view is None:
+        if len(slices) >= SLICES_KEPT:
+            slices.clear()
+        view = slices[rows, cols] = mask[:rows, :cols]
+    return view
 
 
 def unused_future_blocks(topk: Tensor, positions: Tensor, select_block: int) -> Tensor:
@@ -194,25 +201,38 @@ def _unused_slots(idx: Tensor, geo: _Geometry, select_block: int) -> Tensor:
 
 def gated_sum(outs: dict[int, Tensor], gate: list[Tensor | None], gates: Tensor | None = None) -> Tensor:
     """``sum_i gate[i][..., None] * outs[i]`` over the branches that are on (``i``: 0 compression, 1 selection,
-    2 window; ``gate[i] [T, N1]``, ``outs[i] [T, N1, Dv]``): one batched product on a GPU, whose right operand is
-    ``gates [T, N1, 3]`` itself when all three are on and it has their dtype; elementwise on the CPU (where
-    low-precision batched products are slow)."""
+    2 window; ``gate[i] [T, N1]``, ``outs[i] [T, N1, Dv]``): on a GPU one batched product of the gates ``[T*N1, 1,
+    k]`` (``gates [T, N1, 3]`` itself when all three are on and it has their dtype) with the outputs copied into one
+    ``[T*N1, k, Dv]`` buffer; elementwise on the CPU (where low-precision batched products are slow)."""
     order = sorted(outs)
     if len(order) == 1 or outs[order[0]].device.type == "cpu":
         total = gate[order[0]].unsqueeze(-1) * outs[order[0]]
         for i in order[1:]:
             total = total + gate[i].unsqueeze(-1) * outs[i]
         return total
+    return batched_gated_sum(outs, gate, gates)
+
+
+def batched_gated_sum(outs: dict[int, Tensor], gate: list[Tensor | None], gates: Tensor | None = None) -> Tensor:
+    """:func:`gated_sum` as one batched product (its GPU form)."""
+    order = sorted(outs)
     whole = gates is not None and order == [0, 1, 2] and gates.dtype == outs[0].dtype
-    right = gates if whole else _stacked([gate[i] for i in order])
-    return torch.matmul(_stacked([outs[i] for i in order]), right.unsqueeze(-1)).squeeze(-1)
+    weights = gates if whole else _stacked([gate[i] for i in order], -1)
+    values = _stacked([outs[i] for i in order], -2)
+    shape = values.shape
+    return torch.bmm(weights.reshape(-1, 1, len(order)), values.view(-1, len(order), shape[-1])).view(
+        *shape[:-2], shape[-1])
 
 
-def _stacked(tensors: list[Tensor]) -> Tensor:
-    """``torch.stack(tensors, -1)`` as copies into one buffer (fewer dispatched ops than ``stack``'s ``cat``)."""
-    out = tensors[0].new_empty(*tensors[0].shape, len(tensors))
+def _stacked(tensors: list[Tensor], dim: int) -> Tensor:
+    """``torch.stack(tensors, dim)`` (``dim`` negative) as copies into one buffer (fewer dispatched ops than
+    ``stack``'s ``cat``)."""
+    first = tensors[0]
+    shape = list(first.shape)
+    shape.insert(len(shape) + 1 + dim, len(tensors))
+    out = torch.empty(shape, dtype=first.dtype, device=first.device)
     for i, t in enumerate(tensors):
-        out[..., i].copy_(t)
+        out.select(dim, i).copy_(t)
     return out
 
 

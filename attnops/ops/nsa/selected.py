@@ -24,6 +24,7 @@ from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype
 from ..._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
 from .compress import NSA_DTYPES
+from .memo import memoized
 
 SCORE_BYTES = 64 << 20  # budget for the scores of one chunk of query tokens (all their selected blocks)
 KV_GRAD_GROUPS = 4  # backward: groups of token chunks run side by side, each with its own dk/dv partial
@@ -53,7 +54,20 @@ def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, 
                         actual_seq_kvlen=None, sparse_mode: int = 2, layout: str = "TND",
                         grad: bool = False) -> SelectedSpec:
     """Validate a selected-attention call: forward inputs, or with ``grad`` the grad's (causal whenever
-    ``sparse_mode == 2``, without an ``atten_mask`` too, like NsaSelectedAttentionGrad)."""
+    ``sparse_mode == 2``, without an ``atten_mask`` too, like NsaSelectedAttentionGrad). The spec is remembered per
+    configuration (:mod:`.memo`); the indices of CPU tensors are checked on every call."""
+    spec = memoized(_build_selected_spec, query, key, value, topk_indices, atten_mask, scale_value=scale_value,
+                    head_num=head_num, select_block_size=select_block_size, select_block_count=select_block_count,
+                    actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode,
+                    layout=layout, grad=grad)
+    if topk_indices.device.type == "cpu":  # device values are clamped by the kernels, never read on the host
+        _check_indices(topk_indices, spec.seq, spec.block_size)
+    return spec
+
+
+def _build_selected_spec(query, key, value, topk_indices, atten_mask, *, scale_value, head_num, select_block_size,
+                         select_block_count, actual_seq_qlen, actual_seq_kvlen, sparse_mode, layout,
+                         grad) -> SelectedSpec:
     require(layout == "TND", "input_layout", "'TND'", layout)
     check_tensor("query", query, ndim=3, dtypes=NSA_DTYPES)
     for name, t in (("key", key), ("value", value)):
@@ -83,8 +97,6 @@ def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, 
         require(skv >= bs * count and skv % bs == 0, "actual_seq_kvlen",
                 f"every batch's KV length to be >= select_block_size*select_block_count = {bs * count} and a "
                 f"multiple of select_block_size={bs}", f"Skv={skv} in batch {b}")
-    if topk_indices.device.type == "cpu":  # device values are clamped by the kernels, never read on the host
-        _check_indices(topk_indices, seq, bs)
     causal = sparse_mode == 2 and (grad or atten_mask is not None)
     return SelectedSpec(seq, n1, n2, d, value.shape[2], bs, count, causal, check_scale("scale_value", scale_value), t1)
 

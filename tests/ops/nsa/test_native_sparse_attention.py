@@ -49,3 +49,18 @@ def test_native_sparse_attention_matches_composed_golden(lens, n1, n2, window):
                                           window_size=window, local_blocks=2, scale=0.4)
     want = _golden_nsa(q, k, v, gates, wk, wv, lens, **cfg)
     torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("on", [(0, 1, 2), (0, 2), (1, 2)])
+@pytest.mark.parametrize("whole", [True, False])
+def test_batched_gated_sum_equals_the_elementwise_one(on, whole):
+    """The gated sum's GPU form (one batched product over the branches' outputs copied into one buffer) equals the
+    elementwise form, with the gates given as one ``[T, N1, 3]`` tensor or three ``[T, N1]`` ones."""
+    from attnops.ops.nsa.layer import batched_gated_sum, gated_sum
+
+    gates = torch.sigmoid(randn(6, 4, 3, dtype=F64, seed=1))
+    gate = [gates[..., i] if i in on else None for i in range(3)]
+    outs = {i: randn(6, 4, 5, dtype=F64, seed=2 + i) for i in on}
+    want = sum(gates[..., i:i + 1] * outs[i] for i in on)
+    torch.testing.assert_close(gated_sum(outs, gate, gates if whole else None), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(batched_gated_sum(outs, gate, gates if whole else None), want, rtol=1e-12, atol=1e-12)
