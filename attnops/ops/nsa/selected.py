@@ -3,7 +3,8 @@
 Each query token attends to ``selected_block_count`` blocks of ``selected_block_size`` keys of its own batch,
 chosen per KV head by ``topk_indices [T1, N2, count]`` (block indices local to the batch; duplicates are kept).
 Causal: local KV position ``p`` is visible to local query row ``s1`` iff ``p <= s1``; as on the NPU, the forward
-masks iff ``sparse_mode=2`` with an ``atten_mask`` present, the grad iff ``sparse_mode=2`` (mask or not). Statistics are true ``[T1, N1, 8]``.
+masks iff ``sparse_mode=2`` with an ``atten_mask`` present, the grad iff ``sparse_mode=2`` (mask or not).
+Statistics are true ``[T1, N1, 8]``.
 The CPU path works block by block: the (token, slot) pairs that selected KV block ``j`` are grouped (a stable
 sort), their query rows gathered (sliced where they are a run of consecutive tokens), and one GEMM against the
 contiguous block computes all their scores. So the cost scales with the selected tokens, not with the sequence,
