@@ -50,6 +50,15 @@ def cdiv(a: int, b: int) -> int:
     return max(1, -(-a // b))
 
 
+def fold_grid(rows: int, pairs: int, limit: int) -> tuple[tuple[int, int, int], dict]:
+    """``(grid, constexprs)`` of a kernel over ``rows`` (axis 0) x ``pairs`` (batch x heads, axis 1): with more pairs
+    than ``limit`` (CUDA allows 65535 programs along axes 1 and 2), axis 1 holds ``limit`` of them and axis 2 counts
+    the folds; the kernel's ``FOLD`` constexpr says which (``program_batch_head`` of the FlashAttention kernels'
+    ``common.py`` reads it back, with ``limit`` as its ``bh_fold``; without a fold the kernels compile without the
+    fold's arithmetic)."""
+    return (rows, min(pairs, limit), cdiv(pairs, limit)), dict(FOLD=pairs > limit)
+
+
 def pow2(n: int, least: int = 16) -> int:
     """The smallest power of two >= ``n`` and >= ``least`` (a tile extent covering ``n``)."""
     return max(least, 1 << (max(n, 1) - 1).bit_length())

@@ -21,7 +21,7 @@ from ...._core.layouts import tokens_view, with_head_dim
 from ...._core.masks import INF
 from ...._core.pse import ALIBI_ROWS
 from ...._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype, stats_shape
-from ...._core.triton.launch import KernelFamily, Launch, cdiv, pow2, unit_last_stride
+from ...._core.triton.launch import KernelFamily, Launch, cdiv, fold_grid, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
 from ..problem import FAProblem
 from .verify import MAX_GRID_Y
@@ -252,8 +252,7 @@ def _tails(p: FAProblem, meta: torch.Tensor, side: int, fills) -> list[Launch]:
 def _grid(rows: int, batch: int, heads: int) -> tuple[tuple[int, int, int], dict]:
     """Rows along axis 0, ``batch x heads`` along axis 1, folded into axes 1 and 2 (at most ``MAX_GRID_Y`` programs
     each) when there are more pairs (``FOLD``: the kernels compile without the fold's arithmetic otherwise)."""
-    bh = batch * heads
-    return (rows, min(bh, MAX_GRID_Y), cdiv(bh, MAX_GRID_Y)), dict(FOLD=bh > MAX_GRID_Y)
+    return fold_grid(rows, batch * heads, MAX_GRID_Y)
 
 
 @functools.lru_cache(maxsize=16)

@@ -6,12 +6,15 @@ blocks that cover it, in block order; the weight gradient sums ``x[start_c + w] 
 batch per program into a partial that the host adds in program order. Every output element has one writer
 (deterministic).
 
-The grids are ``(row or token of the batch, head, batch)``; a program reads its batch's row of the per-batch table
+The grids are ``(row or token of the batch, batch x head)``, the pairs folded into axes 1 and 2 past CUDA's 65535
+programs per axis (``FOLD``, as the FlashAttention kernels); a program reads its batch's row of the per-batch table
 (int64 ``[B, BATCH_COLS]``: first token, tokens, compressed rows, first compressed row), so no per-row metadata is
 built.
 """
 import triton
 import triton.language as tl
+
+from ...flash_attention.triton.common import program_batch_head
 
 START: tl.constexpr = tl.constexpr(0)
 LENGTH: tl.constexpr = tl.constexpr(1)
@@ -28,10 +31,12 @@ def _batch(batch_ptr, b, col):
 
 @triton.jit
 def compress_fwd_kernel(x_ptr, w_ptr, o_ptr, batch_ptr, x_st, x_sh, w_sw, w_sh, o_st, o_sh,
-                        head_d, block, stride, BLOCK_D: tl.constexpr):
+                        head_d, block, stride, n_heads, batch, bh_fold, BLOCK_D: tl.constexpr, FOLD: tl.constexpr):
     k = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    b, h = program_batch_head(n_heads, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     if k >= _batch(batch_ptr, b, ROWS):
         return
     c = _batch(batch_ptr, b, ROW_BASE) + k
@@ -47,11 +52,13 @@ def compress_fwd_kernel(x_ptr, w_ptr, o_ptr, batch_ptr, x_st, x_sh, w_sw, w_sh, 
 
 @triton.jit
 def compress_dx_kernel(dy_ptr, w_ptr, dx_ptr, batch_ptr, dy_st, dy_sh, w_sw, w_sh, dx_st, dx_sh,
-                       head_d, block, stride, BLOCK_D: tl.constexpr):
+                       head_d, block, stride, n_heads, batch, bh_fold, BLOCK_D: tl.constexpr, FOLD: tl.constexpr):
     """``dx[t] = sum_k dy[row0 + k] * weight[offset - k*stride]`` over the blocks ``k`` covering the token."""
     off = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    b, h = program_batch_head(n_heads, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     if off >= _batch(batch_ptr, b, LENGTH):
         return
     t = _batch(batch_ptr, b, START) + off
@@ -69,12 +76,14 @@ def compress_dx_kernel(dy_ptr, w_ptr, dx_ptr, batch_ptr, dy_st, dy_sh, w_sw, w_s
 
 @triton.jit
 def compress_dw_kernel(x_ptr, dy_ptr, batch_ptr, part_ptr, x_st, x_sh, dy_st, dy_sh, n_heads, head_d, block, stride,
-                       BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                       batch, bh_fold, BLOCK_D: tl.constexpr, FOLD: tl.constexpr, BLOCK_R: tl.constexpr):
     """``part[b * tiles + pid, w, h] = sum over the program's rows c of x[start_c + w, h] . dy[c, h]`` (fp32; 0 for
     a program past its batch's rows)."""
     pid = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    b, h = program_batch_head(n_heads, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     k = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
     ok = (k[:, None] < _batch(batch_ptr, b, ROWS)) & (d[None, :] < head_d)

@@ -1,7 +1,8 @@
 """NSA importance-score kernel: the block scores of compressed attention from the final softmax statistics, without
 storing the probabilities. No allocation here (``infer_launch.py`` allocates and launches).
 
-One program per (query row block, batch x KV head, selection block tile): for each query head of the GQA group it
+One program per (query row block x selection block tile, batch x KV head; the pairs folded into axes 1 and 2 past
+CUDA's 65535 programs per axis, ``FOLD``, as the FlashAttention kernels): for each query head of the GQA group it
 recomputes ``P = exp(S - max) / sum`` over the compressed columns that feed the tile's selection blocks (the
 FlashAttention score tile: scale, band and explicit mask) and accumulates ``P @ W``, where
 ``W[c, k] = times[m*(k+1) - c]`` is the score formula's weight of column ``c`` in block ``k`` (0 out of range).
@@ -10,23 +11,25 @@ Blocks the ``topk_mask`` forces score ``FLT_MAX``, so the top-k kernel (``topk.p
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import (FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, meta, row_stats,
-                                              score_tile)
+from ...flash_attention.triton.common import (FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, meta,
+                                              program_batch_head, row_stats, score_tile)
 
 
 @triton.jit
 def importance_kernel(q_ptr, k_ptr, smax_ptr, ssum_ptr, score_ptr, meta_ptr, sel_ptr,
                       q_st, q_sh, k_st, k_sh, stat_row, score_st, score_sh,
                       mask_ptr, mask_sb, mask_sh, mask_sr, forced_ptr, forced_sr, scale, n2, group, head_d, m, nn,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                      HAS_EXPLICIT: tl.constexpr, HAS_FORCED: tl.constexpr, UPCAST: tl.constexpr,
-                      PRECISION: tl.constexpr):
-    """Scores ``[rows, KV head, blocks k0..k0+BLOCK_K)`` (fp32, summed over the group) of TND query/key tokens."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    k0 = tl.program_id(2) * BLOCK_K
-    b = bh // n2
-    hk = bh % n2
+                      sel_tiles, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      BLOCK_D: tl.constexpr, HAS_EXPLICIT: tl.constexpr, HAS_FORCED: tl.constexpr,
+                      UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
+    """Scores ``[rows, KV head, blocks k0..k0+BLOCK_K)`` (fp32, summed over the group) of TND query/key tokens; axis 0
+    counts ``sel_tiles`` selection block tiles per row block."""
+    pid_m = tl.program_id(0) // sel_tiles
+    k0 = (tl.program_id(0) % sel_tiles) * BLOCK_K
+    b, hk = program_batch_head(n2, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     sq = meta(meta_ptr, b, Q_LEN)
     sel = tl.load(sel_ptr + b)
     r0 = pid_m * BLOCK_M

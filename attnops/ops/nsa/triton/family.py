@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ...._core.triton.launch import KernelFamily, Launch, pow2
+from ...._core.triton.launch import KernelFamily, Launch, fold_grid, pow2
 
+MAX_GRID = 65535  # CUDA's limit on a grid's second and third extents
 INTERPRET_TILE = 16
 MAX_KEY_TILE = {2: 64, 4: 32}  # keys of a selected block per step on a GPU, by operand bytes
 WEIGHT_GRAD_ROWS = 32  # compressed rows per weight-gradient program on a GPU
@@ -20,6 +21,19 @@ MAX_TOPK_TILE = 2048  # block scores the top-k kernel holds per step on a GPU
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
 SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel")
 DECODE = ("selected_decode_kernel", "compress_decode_kernel")
+
+
+def pair_grid(rows: int, batch: int, heads: int) -> tuple[tuple[int, int, int], int, dict]:
+    """``(grid, bh_fold, constexprs)`` of a kernel over ``rows`` of a batch x (batch, head) pairs, the pairs folded
+    into axes 1 and 2 past ``bh_fold = MAX_GRID`` (:func:`~attnops._core.triton.launch.fold_grid`; a constant
+    argument, so the kernels are not specialised on it)."""
+    grid, constexprs = fold_grid(rows, batch * heads, MAX_GRID)
+    return grid, MAX_GRID, constexprs
+
+
+def importance_tiles(dtype: torch.dtype, interpret: bool) -> tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_N, warps)`` of ``importance_kernel``: ``IMPORTANCE_TILES`` by operand bytes on a GPU."""
+    return (INTERPRET_TILE, INTERPRET_TILE, 4) if interpret else IMPORTANCE_TILES[dtype.itemsize]
 
 
 def key_tile(block_size: int, dtype: torch.dtype, interpret: bool) -> int:
@@ -71,12 +85,12 @@ def _decode_config(launch: Launch, named_args: dict, interpret: bool):
 
 
 def _importance_config(launch: Launch, named_args: dict, interpret: bool):
-    """Compressed-attention scores: ``IMPORTANCE_TILES`` by operand bytes, 1 stage."""
+    """Compressed-attention scores: :func:`importance_tiles` (the plan sizes its grid with them), 1 stage."""
     import triton
 
     if interpret:
         return triton.Config(dict(BLOCK_M=INTERPRET_TILE, BLOCK_N=INTERPRET_TILE, BLOCK_K=SCORE_BLOCK_K))
-    m, n, warps = IMPORTANCE_TILES[named_args["q_ptr"].element_size()]
+    m, n, warps = importance_tiles(named_args["q_ptr"].dtype, interpret)
     return triton.Config(dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=SCORE_BLOCK_K), num_warps=warps, num_stages=1)
 
 

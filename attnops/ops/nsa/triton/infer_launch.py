@@ -24,7 +24,7 @@ from ...._core.triton.support import interpreting
 from ...flash_attention.triton import launch as fa_launch
 from ..compress_attention import CompressAttentionSpec
 from ..decode import CompressSelection, PagedKV
-from .family import KERNELS, SCORE_BLOCK_K, precision_flags
+from .family import KERNELS, SCORE_BLOCK_K, importance_tiles, pair_grid, precision_flags
 
 
 def _top_k(scores: torch.Tensor, count: int) -> tuple[torch.Tensor, Launch]:
@@ -52,13 +52,16 @@ def importance_plan(spec: CompressAttentionSpec, query, key, softmax_max, softma
     mask, mask_flags = fa_launch.mask_args(fa, device, dummy)
     forced = dummy if spec.topk_mask is None else unit_last_stride(spec.topk_mask).view(torch.uint8)
     sel = staging.cached_upload(("nsa.sel_lens", spec.sel_lens), lambda: list(spec.sel_lens), torch.int64, device)
-    launch = Launch("importance_kernel", (seq.max_q, seq.batch * g.n2, cdiv(sel_max, SCORE_BLOCK_K)),
+    sel_tiles = cdiv(sel_max, SCORE_BLOCK_K)
+    row_blocks = cdiv(seq.max_q, importance_tiles(query.dtype, interpret)[0])
+    grid, bh_fold, fold = pair_grid(row_blocks * sel_tiles, seq.batch, g.n2)
+    launch = Launch("importance_kernel", grid,
                     (qv, kv, softmax_max, softmax_sum, scores, fa_launch.batch_meta(fa, device), sel,
                      qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1), fa_launch.stats_geometry(fa)[2],
                      scores.stride(0), scores.stride(1), *mask, forced, forced.stride(0) if forced.dim() == 2 else 0,
-                     fa.scale, g.n2, g.group, g.d, spec.m, spec.nn),
+                     fa.scale, g.n2, g.group, g.d, spec.m, spec.nn, sel_tiles, seq.batch, bh_fold),
                     dict(BLOCK_D=pow2(g.d), **precision_flags(query.dtype, interpret), **mask_flags,
-                         HAS_FORCED=spec.topk_mask is not None), "BLOCK_M")
+                         HAS_FORCED=spec.topk_mask is not None, **fold))
     return (scores, topk), [launch, topk_launch]
 
 

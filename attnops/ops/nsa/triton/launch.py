@@ -6,7 +6,8 @@ grids depend on).
 Tensors are read in place through strides (a unit last stride, copied only when missing). The only metadata is one
 small per-batch table per call geometry, built on the host from the host lengths and uploaded once
 (:func:`attnops._core.staging.cached_upload`: pinned, non-blocking, kept for the next call); the kernels find their
-token from it (grids over ``(row, head, batch)``). Nothing is read back from the device, so the plans never
+token from it (grids over ``(row, batch x head)``, the pairs folded into axes 1 and 2 past CUDA's 65535 programs per
+axis: :func:`.family.pair_grid`). Nothing is read back from the device, so the plans never
 synchronise and a CUDA graph can capture them. Outputs the kernels fully write are allocated empty.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ...._core.triton.support import interpreting
 from ...._core.varlen import SeqInfo
 from ..compress import CompressSpec
 from ..selected import SelectedSpec
-from .family import KERNELS, key_tile, precision_flags, row_tile
+from .family import KERNELS, key_tile, pair_grid, precision_flags, row_tile
 
 
 def _new(shape, like: torch.Tensor, fill, dtype=None) -> torch.Tensor:
@@ -76,10 +77,12 @@ def selected_forward_plan(spec: SelectedSpec, query, key, value, topk, interpret
     if seq.max_q == 0:
         return (out, smax, ssum), []
     q, k, v, topk = (unit_last_stride(x) for x in (query, key, value, topk))
-    launch = Launch("selected_fwd_kernel", (seq.max_q, spec.n2, seq.batch),
+    grid, bh_fold, fold = pair_grid(seq.max_q, seq.batch, spec.n2)
+    launch = Launch("selected_fwd_kernel", grid,
                     (q, k, v, topk, out, smax, ssum, _batch_table(spec, query.device), *q.stride()[:2],
                      *k.stride()[:2], *v.stride()[:2], *topk.stride()[:2], *out.stride()[:2], *_scalars(spec),
-                     spec.block_count), _selected_common(spec, query, interpret))
+                     spec.block_count, spec.n2, seq.batch, bh_fold), {**_selected_common(spec, query, interpret),
+                                                                       **fold})
     return (out, smax, ssum), [launch]
 
 
@@ -129,26 +132,28 @@ def selected_backward_plan(spec: SelectedSpec, query, key, value, attention_out,
     smax, ssum = softmax_max.float().contiguous(), softmax_sum.float().contiguous()
     flags = _selected_common(spec, query, interpret)
     batches = _batch_table(spec, device)
+    grid, bh_fold, fold = pair_grid(seq.max_q, seq.batch, spec.n2)
     delta = torch.empty((spec.total_q, spec.n1), dtype=torch.float32, device=device)
     delta_launch = Launch("selected_delta_kernel", (spec.total_q, spec.n2),
                           (o, do, delta, *o.stride()[:2], *do.stride()[:2], spec.n1, spec.group, spec.dv),
                           dict(BLOCK_G=flags["BLOCK_G"], BLOCK_DV=flags["BLOCK_DV"]))
-    dq_launch = Launch("selected_dq_kernel", (seq.max_q, spec.n2, seq.batch),
+    dq_launch = Launch("selected_dq_kernel", grid,
                        (q, k, v, do, dq, delta, smax, ssum, topk, batches, *q.stride()[:2], *k.stride()[:2],
                         *v.stride()[:2], *do.stride()[:2], *dq.stride()[:2], *topk.stride()[:2], *_scalars(spec),
-                        spec.block_count), flags)
+                        spec.block_count, spec.n2, seq.batch, bh_fold), {**flags, **fold})
     if n_blocks == 0:
         return (dq, dk, dv), [delta_launch, dq_launch], None
     lists = InvertedLists.allocate(spec, query, n_blocks, covered)
-    keys_launch = Launch("selected_keys_kernel", (seq.max_q, spec.n2, seq.batch),
-                         (topk, lists.keys, batches, *topk.stride()[:2], spec.n2, n_blocks, spec.block_count),
-                         dict(BLOCK_S=pow2(spec.block_count, 1)))
+    keys_launch = Launch("selected_keys_kernel", grid,
+                         (topk, lists.keys, batches, *topk.stride()[:2], spec.n2, n_blocks, spec.block_count,
+                          seq.batch, bh_fold), dict(BLOCK_S=pow2(spec.block_count, 1), **fold))
     tiles = cdiv(spec.block_size, key_tile(spec.block_size, query.dtype, interpret))
-    dkdv_launch = Launch("selected_dkdv_kernel", (max_blocks * tiles, spec.n2, seq.batch),
+    kv_grid, _, kv_fold = pair_grid(max_blocks * tiles, seq.batch, spec.n2)
+    dkdv_launch = Launch("selected_dkdv_kernel", kv_grid,
                          (q, k, v, do, dk, dv, delta, smax, ssum, batches, lists.list_start, lists.pair,
                           *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *do.stride()[:2], *dk.stride()[:2],
                           *dv.stride()[:2], spec.scale, spec.n1, spec.n2, spec.group, spec.d, spec.dv,
-                          spec.block_size, spec.block_count, n_blocks), flags)
+                          spec.block_size, spec.block_count, n_blocks, seq.batch, bh_fold), {**flags, **kv_fold})
     return (dq, dk, dv), [delta_launch, dq_launch, keys_launch, dkdv_launch], lists
 
 
@@ -193,10 +198,11 @@ def compress_forward_plan(spec: CompressSpec, input, weight, interpret: bool):
     out = torch.empty((spec.total_blocks, n, d), dtype=input.dtype, device=input.device)
     if out.shape[0] == 0 or n == 0:
         return out, []
-    x, w = unit_last_stride(input), weight
-    launch = Launch("compress_fwd_kernel", (_compress_geometry(spec)[1], n, len(spec.lengths)),
+    x, w, batches = unit_last_stride(input), weight, len(spec.lengths)
+    grid, bh_fold, fold = pair_grid(_compress_geometry(spec)[1], batches, n)
+    launch = Launch("compress_fwd_kernel", grid,
                     (x, w, out, _compress_table(spec, input.device), *x.stride()[:2], *w.stride(), *out.stride()[:2],
-                     d, spec.block, spec.stride), dict(BLOCK_D=pow2(d)))
+                     d, spec.block, spec.stride, n, batches, bh_fold), dict(BLOCK_D=pow2(d), **fold))
     return out, [launch]
 
 
@@ -213,12 +219,14 @@ def compress_backward_plan(spec: CompressSpec, output_grad, input, weight, inter
         return (dx, parts), []
     x, dy = unit_last_stride(input), unit_last_stride(output_grad)
     table = _compress_table(spec, input.device)
-    dx_launch = Launch("compress_dx_kernel", (max_len, n, batches),
+    dx_grid, bh_fold, dx_fold = pair_grid(max_len, batches, n)
+    dx_launch = Launch("compress_dx_kernel", dx_grid,
                        (dy, weight, dx, table, *dy.stride()[:2], *weight.stride(), *dx.stride()[:2], d, spec.block,
-                        spec.stride), dict(BLOCK_D=pow2(d)))
-    dw_launch = Launch("compress_dw_kernel", (programs, n, batches),
-                       (x, dy, table, parts, *x.stride()[:2], *dy.stride()[:2], n, d, spec.block, spec.stride),
-                       dict(BLOCK_D=pow2(d)))
+                        spec.stride, n, batches, bh_fold), dict(BLOCK_D=pow2(d), **dx_fold))
+    dw_grid, _, dw_fold = pair_grid(programs, batches, n)
+    dw_launch = Launch("compress_dw_kernel", dw_grid,
+                       (x, dy, table, parts, *x.stride()[:2], *dy.stride()[:2], n, d, spec.block, spec.stride,
+                        batches, bh_fold), dict(BLOCK_D=pow2(d), **dw_fold))
     return (dx, parts), [dx_launch, dw_launch]
 
 

@@ -6,7 +6,8 @@ order, ``BLOCK_N`` keys at a time. One dK/dV program holds ``BLOCK_N`` keys of o
 and walks the (token, slot) pairs that selected the block, in the fixed order of the inverted lists: every dK/dV
 element has one writer and a fixed summation order (deterministic, no atomics).
 
-The grids are ``(row, KV head, batch)``: a program finds its token (or block) from the per-batch table (int64
+The grids are ``(row, batch x KV head)``, the pairs folded into axes 1 and 2 past CUDA's 65535 programs per axis
+(``FOLD``, as the FlashAttention kernels): a program finds its token (or block) from the per-batch table (int64
 ``[B, BATCH_COLS]``: first query token, query length, first KV token, KV blocks, the batch's first global block), so
 no per-token metadata is built. A selected index outside ``[0, KV blocks of the batch)`` selects nothing (the host
 validates indices of CPU tensors only; on the device such a slot is skipped, never read out of bounds). Causal rule:
@@ -15,7 +16,7 @@ local KV position ``p`` is kept iff ``p <= row``. Scores are ``scale * q k^T``; 
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import FLT_LOWEST, FLT_MAX, LOG2E, upcast
+from ...flash_attention.triton.common import FLT_LOWEST, FLT_MAX, LOG2E, program_batch_head, upcast
 from .common import _group_tile, _softmax_init, _softmax_step, _store_group_tile
 
 Q_START: tl.constexpr = tl.constexpr(0)
@@ -42,25 +43,23 @@ def _key_tile(ptr, first, h2, s_t, s_h, n_keys, width, BLOCK_N: tl.constexpr, BL
 
 
 @triton.jit
-def _token_program(q_ptr, topk_ptr, batch_ptr, group, q_st, q_sh, topk_st, topk_sh, head_d, BLOCK_G: tl.constexpr,
-                   BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
-    """A (row, KV head ``h2``, batch) program of the forward or dQ (call it for rows inside the batch only):
-    ``(t, h2, head0, kv0, row, n_blocks, q, topk_row)`` with the token, the group's first query head, the batch's
-    first KV token and KV blocks, the group's query tile ``[BLOCK_G, BLOCK_D]`` and the address of its indices."""
+def _token_program(q_ptr, topk_ptr, batch_ptr, b, h2, group, q_st, q_sh, topk_st, topk_sh, head_d,
+                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr):
+    """A (row, batch ``b``, KV head ``h2``) program of the forward or dQ (call it for rows inside the batch only):
+    ``(t, head0, kv0, row, n_blocks, q, topk_row)`` with the token, the group's first query head, the batch's first
+    KV token and KV blocks, the group's query tile ``[BLOCK_G, BLOCK_D]`` and the address of its indices."""
     row = tl.program_id(0)
-    h2 = tl.program_id(1)
-    b = tl.program_id(2)
     t = _batch(batch_ptr, b, Q_START) + row
     head0 = h2 * group
     q = upcast(_group_tile(q_ptr, t, head0, group, q_st, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
-    return (t, h2, head0, _batch(batch_ptr, b, KV_START), row, _batch(batch_ptr, b, KV_BLOCKS), q,
+    return (t, head0, _batch(batch_ptr, b, KV_START), row, _batch(batch_ptr, b, KV_BLOCKS), q,
             topk_ptr + t.to(tl.int64) * topk_st + h2.to(tl.int64) * topk_sh)
 
 
 @triton.jit
-def _outside(batch_ptr):
-    """Whether this program's row lies past its batch's query tokens (it then does nothing)."""
-    return tl.program_id(0) >= _batch(batch_ptr, tl.program_id(2), Q_LEN)
+def _outside(batch_ptr, b):
+    """Whether this program's row lies past batch ``b``'s query tokens (it then does nothing)."""
+    return tl.program_id(0) >= _batch(batch_ptr, b, Q_LEN)
 
 
 @triton.jit
@@ -95,16 +94,20 @@ def _row_stats(smax_ptr, ssum_ptr, delta_ptr, t, head0, group, n1, BLOCK_G: tl.c
 @triton.jit
 def selected_fwd_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, o_ptr, smax_ptr, ssum_ptr, batch_ptr,
                         q_st, q_sh, k_st, k_sh, v_st, v_sh, topk_st, topk_sh, o_st, o_sh,
-                        scale, n1, group, head_d, head_dv, block_size, block_count,
+                        scale, n1, group, head_d, head_dv, block_size, block_count, n2, batch, bh_fold,
                         CAUSAL: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                        BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                        BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr,
                         BLOCK_N: tl.constexpr):
     """Online softmax of the token's group over its selected blocks: the output and the statistics (FLT_LOWEST /
     FLT_MAX on rows that saw no key)."""
-    if _outside(batch_ptr):
+    b, h2 = program_batch_head(n2, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
+    if _outside(batch_ptr, b):
         return
-    t, h2, head0, kv0, row, n_blocks, q, topk_row = _token_program(q_ptr, topk_ptr, batch_ptr, group, q_st, q_sh,
-                                                                   topk_st, topk_sh, head_d, BLOCK_G, BLOCK_D, UPCAST)
+    t, head0, kv0, row, n_blocks, q, topk_row = _token_program(q_ptr, topk_ptr, batch_ptr, b, h2, group, q_st, q_sh,
+                                                               topk_st, topk_sh, head_d, BLOCK_G, BLOCK_D, UPCAST)
     m_i, l_i, acc = _softmax_init(BLOCK_G, BLOCK_DV)
     for slot in range(block_count):
         idx = tl.load(topk_row + slot).to(tl.int64)
@@ -140,15 +143,19 @@ def selected_delta_kernel(o_ptr, do_ptr, delta_ptr, o_st, o_sh, do_st, do_sh, n1
 @triton.jit
 def selected_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr, topk_ptr, batch_ptr,
                        q_st, q_sh, k_st, k_sh, v_st, v_sh, do_st, do_sh, dq_st, dq_sh, topk_st, topk_sh,
-                       scale, n1, group, head_d, head_dv, block_size, block_count,
+                       scale, n1, group, head_d, head_dv, block_size, block_count, n2, batch, bh_fold,
                        CAUSAL: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                       BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr,
                        BLOCK_N: tl.constexpr):
     """``dq = scale * sum_blocks dS K`` with ``dS = P * (dO V^T - D)``, ``D = rowsum(dO * O)`` (``delta``)."""
-    if _outside(batch_ptr):
+    b, h2 = program_batch_head(n2, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
+    if _outside(batch_ptr, b):
         return
-    t, h2, head0, kv0, row, n_blocks, q, topk_row = _token_program(q_ptr, topk_ptr, batch_ptr, group, q_st, q_sh,
-                                                                   topk_st, topk_sh, head_d, BLOCK_G, BLOCK_D, UPCAST)
+    t, head0, kv0, row, n_blocks, q, topk_row = _token_program(q_ptr, topk_ptr, batch_ptr, b, h2, group, q_st, q_sh,
+                                                               topk_st, topk_sh, head_d, BLOCK_G, BLOCK_D, UPCAST)
     dq = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     do = upcast(_group_tile(do_ptr, t, head0, group, do_st, do_sh, head_dv, BLOCK_G, BLOCK_DV), UPCAST)
     m, log2_l, delta = _row_stats(smax_ptr, ssum_ptr, delta_ptr, t, head0, group, n1, BLOCK_G)
@@ -167,16 +174,18 @@ def selected_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr,
 
 
 @triton.jit
-def selected_keys_kernel(topk_ptr, key_ptr, batch_ptr, topk_st, topk_sh, n2, n_blocks, block_count,
-                         BLOCK_S: tl.constexpr):
+def selected_keys_kernel(topk_ptr, key_ptr, batch_ptr, topk_st, topk_sh, n2, n_blocks, block_count, batch, bh_fold,
+                         BLOCK_S: tl.constexpr, FOLD: tl.constexpr):
     """The sort keys of the inverted lists for one token and KV head ``h2``: per slot, list ``h2 * n_blocks +``
     the batch's first block ``+ index``, or ``n2 * n_blocks`` (past every list) for an index outside the batch's
     blocks; ``key`` is a contiguous ``[T, N2, count]``."""
-    if _outside(batch_ptr):
+    b, h2 = program_batch_head(n2, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
+    if _outside(batch_ptr, b):
         return
     row = tl.program_id(0)
-    h2 = tl.program_id(1)
-    b = tl.program_id(2)
     t = (_batch(batch_ptr, b, Q_START) + row).to(tl.int64)
     s = tl.arange(0, BLOCK_S)
     idx = tl.load(topk_ptr + t * topk_st + h2.to(tl.int64) * topk_sh + s, mask=s < block_count, other=0).to(tl.int64)
@@ -189,16 +198,18 @@ def selected_keys_kernel(topk_ptr, key_ptr, batch_ptr, topk_st, topk_sh, n2, n_b
 def selected_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, delta_ptr, smax_ptr, ssum_ptr, batch_ptr,
                          list_start_ptr, pair_ptr,
                          q_st, q_sh, k_st, k_sh, v_st, v_sh, do_st, do_sh, dk_st, dk_sh, dv_st, dv_sh,
-                         scale, n1, n2, group, head_d, head_dv, block_size, block_count, n_blocks,
+                         scale, n1, n2, group, head_d, head_dv, block_size, block_count, n_blocks, batch, bh_fold,
                          CAUSAL: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                         BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr,
                          BLOCK_N: tl.constexpr):
     """dK/dV of keys ``n0 .. n0+BLOCK_N-1`` of block ``j`` of batch ``b``, KV head ``h2``: the sum over the pairs
     ``list_start[h2*n_blocks + first block of b + j] ..`` (``pair``: the sorted (token, head, slot) positions; the
     token is the position divided by ``n2 * count``) in list order."""
     pid = tl.program_id(0)
-    h2 = tl.program_id(1)
-    b = tl.program_id(2)
+    b, h2 = program_batch_head(n2, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
     n_tiles = tl.cdiv(block_size, BLOCK_N)
     j = pid // n_tiles
     if j >= _batch(batch_ptr, b, KV_BLOCKS):

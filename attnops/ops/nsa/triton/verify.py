@@ -9,19 +9,16 @@ from ...flash_attention.triton.verify import unsupported_reason as fa_reason
 from ..compress import CompressSpec
 from ..compress_attention import CompressAttentionSpec
 from ..selected import SelectedSpec
-from .family import SCORE_BLOCK_K
+from .family import INTERPRET_TILE, MAX_GRID, SCORE_BLOCK_K
 
 MAX_HEAD_DIM = 256
 MAX_GROUP = 64  # query heads per KV head held by one program (padded to a power of two >= 16)
-MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension, where the kernels put the heads
-MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension, where the score kernel puts selection block tiles
+MAX_GRID_X = 2 ** 31 - 1  # CUDA's limit on a grid's first dimension
 
 
-def _heads_reason(n: int, what: str, batches: int = 1) -> str | None:
-    """The kernels' grids hold the heads in their second extent and the batches in their third."""
-    if n > MAX_GRID_Y:
-        return f"{what} up to {MAX_GRID_Y} (got {n})"
-    return f"batches up to {MAX_GRID_Z} (got {batches})" if batches > MAX_GRID_Z else None
+def _heads_reason(n: int, what: str) -> str | None:
+    """Kernels with the heads alone on a grid axis (the others fold batch x heads into two axes)."""
+    return f"{what} up to {MAX_GRID} (got {n})" if n > MAX_GRID else None
 
 
 def selected_reason(spec: SelectedSpec, query: torch.Tensor) -> str | None:
@@ -33,7 +30,7 @@ def selected_reason(spec: SelectedSpec, query: torch.Tensor) -> str | None:
         return f"head dims up to {MAX_HEAD_DIM} (got D={spec.d}, Dv={spec.dv})"
     if spec.group > MAX_GROUP:
         return f"query heads per KV head up to {MAX_GROUP} (got {spec.group})"
-    return _heads_reason(spec.n2, "KV heads", spec.seq.batch)
+    return _heads_reason(spec.n2, "KV heads")  # selected_delta_kernel: (token, KV head)
 
 
 def selected_grad_reason(spec: SelectedSpec, query: torch.Tensor) -> str | None:
@@ -48,7 +45,7 @@ def compress_reason(spec: CompressSpec, input: torch.Tensor) -> str | None:
         return reason
     if input.shape[2] > MAX_HEAD_DIM:
         return f"head dims up to {MAX_HEAD_DIM} (got D={input.shape[2]})"
-    return _heads_reason(input.shape[1], "heads", len(spec.lengths))
+    return None
 
 
 def compress_grad_reason(spec: CompressSpec, input: torch.Tensor) -> str | None:
@@ -58,12 +55,14 @@ def compress_grad_reason(spec: CompressSpec, input: torch.Tensor) -> str | None:
 
 def compress_attention_reason(spec: CompressAttentionSpec, query: torch.Tensor) -> str | None:
     """``nsa_compress_attention``: the FlashAttention forward's limits (its kernel computes the attention), plus the
-    score kernel's (selection blocks of a batch)."""
+    score kernel's: its first grid axis counts row blocks times selection block tiles."""
     reason = fa_reason(spec.fa, query)
     if reason is not None:
         return reason
-    if max(spec.sel_lens, default=0) > SCORE_BLOCK_K * MAX_GRID_Z:
-        return f"at most {SCORE_BLOCK_K * MAX_GRID_Z} selection blocks per batch (got {max(spec.sel_lens)})"
+    rows, sel = spec.fa.seq.max_q, max(spec.sel_lens, default=0)
+    if -(-rows // INTERPRET_TILE) * -(-sel // SCORE_BLOCK_K) > MAX_GRID_X:
+        return (f"at most {MAX_GRID_X} score programs, {INTERPRET_TILE} query rows x {SCORE_BLOCK_K} selection blocks "
+                f"each (got {rows} rows x {sel} selection blocks in the longest batch)")
     return None
 
 
@@ -74,6 +73,9 @@ def decode_reason(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -
     if reason is not None:
         return reason
     group = query.shape[1] // key.shape[2]
+    reason = _heads_reason(key.shape[2], "KV heads")  # (request, KV head) grids
+    if reason is not None:
+        return reason
     if group > MAX_GROUP:
         return f"at most {MAX_GROUP} query heads per KV head (got {group})"
     if max(query.shape[-1], value.shape[-1]) > MAX_HEAD_DIM:
@@ -88,4 +90,4 @@ def compress_cache_reason(input: torch.Tensor) -> str | None:
         return reason
     if input.shape[-1] > MAX_HEAD_DIM:
         return f"head dims up to {MAX_HEAD_DIM} (got D={input.shape[-1]})"
-    return _heads_reason(input.shape[2], "heads")
+    return _heads_reason(input.shape[2], "heads")  # (request, head) grid
