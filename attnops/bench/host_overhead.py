@@ -3,9 +3,16 @@
 Every call runs inside :func:`attnops.testing.gpu_dry_run` on ``meta`` tensors: the Triton path is planned as for a
 GPU and its launches are recorded instead of run, and ``meta`` tensors have no data, so what is timed is exactly the
 host work a GPU call would do before its (asynchronous) launches: validation, dispatch, metadata, allocation, launch
-planning. The baseline ``custom-op-floor`` is the least any custom-op design pays: a ``torch.library`` custom op that
-takes the same tensors and only allocates its output (with an autograd formula that only allocates the gradients),
-measured in the same run.
+planning. PyTorch runs elementwise ops on ``meta`` through Python decompositions (tens to hundreds of microseconds
+each, where a GPU launch costs 5-10), so paths made of many small ops read high.
+
+What is called (``case.params["target"]``): ``flash_attention`` (the default), ``nsa_layer``
+(:func:`attnops.native_sparse_attention`, its gates and learned compression weights given) or ``nsa_decode`` (one
+token through :class:`attnops.nn.NativeSparseAttention` with an :class:`~attnops.nn.NSACache` prefilled with
+``skv`` tokens, truncated back before every call). The FlashAttention cases have the baseline ``custom-op-floor``: the
+least any custom-op design pays, a ``torch.library`` custom op that takes the same tensors and only allocates its
+output (with an autograd formula that only allocates the gradients), measured in the same run; the NSA cases, several
+operators and tensor ops per call, have none.
 """
 from __future__ import annotations
 
@@ -18,16 +25,51 @@ from .cases import Case
 META = torch.device("meta")
 
 
+NSA_LAYER = dict(compress_block_size=32, compress_stride=16, select_block_size=64, select_block_count=16,
+                 window_size=512)  # the layer's defaults, written out
+
+
+def _target(case: Case) -> str:
+    return case.params.get("target", "flash_attention")
+
+
 def host_inputs(case: Case, device: torch.device, seed: int):
     """The case's ``meta`` tensors (``device`` must be ``meta``: the suite times host work only)."""
     from .impls import Inputs
 
     if device.type != "meta":
         raise ValueError(f"the host-overhead suite runs on the meta device (got {device}): it times host work only")
+    if _target(case) == "nsa_decode":
+        return _decode_inputs(case)
     dt = getattr(torch, case.dtype)
+    if _target(case) == "nsa_layer":
+        t = sum(case.seq_lens)
+        q, k, v, dy = (_meta((t, n, d), dt) for n, d in ((case.heads, case.d), (case.kv_heads, case.d),
+                                                          (case.kv_heads, case.dv), (case.heads, case.dv)))
+        extra = [_meta((t, case.heads, 3), dt)] + [_meta((NSA_LAYER["compress_block_size"], case.kv_heads), dt)] * 2
+        cum = [sum(case.seq_lens[:i]) for i in range(len(case.seq_lens) + 1)]
+        return Inputs(q, k, v, dy, dict(NSA_LAYER, cu_seqlens=cum, extra=extra), case.d ** -0.5)
     shape_q, shape_kv = (case.batch, case.heads, case.sq, case.d), (case.batch, case.kv_heads, case.skv, case.d)
-    q, k, v, dy = (torch.empty(s, dtype=dt, device=META) for s in (shape_q, shape_kv, shape_kv, shape_q))
+    q, k, v, dy = (_meta(s, dt) for s in (shape_q, shape_kv, shape_kv, shape_q))
     return Inputs(q, k, v, dy, dict(causal=case.causal), case.d ** -0.5)
+
+
+def _meta(shape, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=META)
+
+
+def _decode_inputs(case: Case):
+    """The module (on ``meta``), its cache prefilled with ``skv`` tokens (in a dry run, untimed) and the next token."""
+    from ..nn import NativeSparseAttention
+    from .impls import Inputs
+
+    p, dt = case.params, getattr(torch, case.dtype)
+    m = NativeSparseAttention(p["hidden"], case.heads, case.kv_heads, case.d).to(device=META, dtype=dt)
+    cache = m.new_cache(case.batch, max_seq_len=p["max_seq_len"])
+    with torch.no_grad():
+        _dry(lambda: m(_meta((case.batch, case.skv, p["hidden"]), dt), cache=cache))()
+    x = _meta((case.batch, 1, p["hidden"]), dt)
+    return Inputs(x, None, None, None, dict(module=m, cache=cache), case.d ** -0.5)
 
 
 def _dry(call):
@@ -49,6 +91,19 @@ def build_host(case: Case, inp, device: torch.device):
 
     from .impls import Runnable, _autograd_runnable
 
+    if _target(case) == "nsa_decode":
+        m, cache = inp.kwargs["module"], inp.kwargs["cache"]
+
+        def step():
+            with torch.no_grad():
+                m(inp.q, cache=cache)
+        return Runnable(_dry(step), lambda: cache.truncate(case.skv))
+    if _target(case) == "nsa_layer":
+        kw = dict(inp.kwargs)
+        tensors = [inp.q, inp.k, inp.v, *kw.pop("extra")]
+        leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in tensors]
+        r = _autograd_runnable(lambda *x: attnops.native_sparse_attention(*x, **kw), leaves, inp.dy, case.mode)
+        return Runnable(_dry(r.fn), r.reset)
     leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
     r = _autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **inp.kwargs), leaves, inp.dy,
                            case.mode)
@@ -91,8 +146,18 @@ def build_floor(case: Case, inp, device: torch.device):
 
 
 def host_cases() -> tuple[Case, ...]:
-    """FlashAttention forward and forward+backward, [2, 16, 4096, 128] fp16, full and causal."""
+    """FlashAttention forward and forward+backward, [2, 16, 4096, 128] fp16, full and causal; the NSA layer forward
+    and forward+backward on two sequences of 2048 tokens (16 query heads, 1 KV head, D=192, Dv=128, fp16); the NSA
+    module's decoding step at context 4096 (B=2, hidden 2048, 16 query heads, 1 KV head, D=128, fp16)."""
     shape = dict(op="host_overhead", batch=2, heads=16, kv_heads=16, sq=4096, skv=4096, d=128, dv=128,
                  dtype="float16", layout="BNSD", baselines=("custom-op-floor",))
-    return tuple(Case(name=f"host-fa-b2-n16-s4096-d128-fp16-{mode}-{'causal' if causal else 'full'}", mode=mode,
-                      causal=causal, **shape) for mode in ("fwd", "fwd+bwd") for causal in (False, True))
+    fa = tuple(Case(name=f"host-fa-b2-n16-s4096-d128-fp16-{mode}-{'causal' if causal else 'full'}", mode=mode,
+                    causal=causal, **shape) for mode in ("fwd", "fwd+bwd") for causal in (False, True))
+    layer = dict(op="host_overhead", heads=16, kv_heads=1, d=192, dv=128, dtype="float16", layout="TND",
+                 seq_lens=(2048, 2048), causal=True, baselines=(), params={"target": "nsa_layer"})
+    nsa = tuple(Case(name=f"host-nsa-layer-t4096-2x2048-n16-kvn1-d192-dv128-fp16-{mode}", mode=mode, **layer)
+                for mode in ("fwd", "fwd+bwd"))
+    decode = Case(name="host-nsa-module-decode-b2-ctx4096-n16-kvn1-d128-fp16", op="host_overhead", batch=2, heads=16,
+                  kv_heads=1, sq=1, skv=4096, d=128, dv=128, dtype="float16", layout="BSND", causal=True,
+                  baselines=(), params={"target": "nsa_decode", "hidden": 2048, "max_seq_len": 8192})
+    return (*fa, *nsa, decode)
