@@ -1,6 +1,7 @@
 """Pythonic NSA API (differentiable) and the composed ``native_sparse_attention`` layer. No math here."""
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -27,6 +28,13 @@ def _prepared(ref_name: str, ref: Tensor, **others) -> tuple:
     floating-point ones cast to the autocast dtype when ``torch.autocast`` is on there (as SDPA)."""
     check_same_device(ref_name, ref, **others)
     return cast_inputs(autocast_dtype(ref.device), ref, *others.values())
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_flag(device: torch.device) -> Tensor:
+    """The ``[1, 1]`` ``atten_mask`` that turns on the operator's causal rule (``sparse_mode=2``; never read), one
+    per device."""
+    return torch.ones(1, 1, dtype=torch.bool, device=device)
 
 
 def _cumulative(name: str, cu_seqlens, actual, total: int) -> list[int]:
@@ -108,7 +116,7 @@ def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indic
     qlen = _cumulative("cu_seqlens_q", cu_seqlens_q, actual_seq_qlen, query.shape[0])
     kvlen = _cumulative("cu_seqlens_k", cu_seqlens_k, actual_seq_kvlen, key.shape[0])
     scale = softmax_scale(scale, query, query.shape[-1])
-    mask = torch.ones(1, 1, dtype=torch.bool, device=query.device) if causal else None
+    mask = _causal_flag(query.device) if causal else None
     with autocast_off(query.device):
         out, smax, ssum = call(_op().nsa_selected_attention, query, key, value, topk_indices, mask, float(scale),
                                query.shape[1], select_block_size, topk_indices.shape[-1], qlen, kvlen,

@@ -104,16 +104,22 @@ class InvertedLists:
 
     @staticmethod
     def allocate(spec: SelectedSpec, like: torch.Tensor, n_blocks: int, covered: bool) -> "InvertedLists":
-        lists = spec.n2 * n_blocks
+        lists, device = spec.n2 * n_blocks, like.device
         keys = _new((spec.total_q, spec.n2, spec.block_count), like, None if covered else lists, torch.int64)
-        flat = torch.empty(keys.numel(), dtype=torch.int64, device=like.device)
-        return InvertedLists(keys, torch.arange(lists + 1, device=like.device), flat, torch.empty_like(flat),
-                             torch.empty(lists + 1, dtype=torch.int64, device=like.device))
+        flat, pair = (torch.empty(keys.numel(), dtype=torch.int64, device=device) for _ in range(2))
+        return InvertedLists(keys, _list_ids(lists + 1, device), flat, pair,
+                             torch.empty(lists + 1, dtype=torch.int64, device=device))
 
     def sort(self) -> None:
         """Order the keys the key kernel wrote (run between that launch and dK/dV)."""
         torch.sort(self.keys.view(-1), stable=True, out=(self.sorted_keys, self.pair))
         torch.searchsorted(self.sorted_keys, self.bounds, out=self.list_start)
+
+
+@functools.lru_cache(maxsize=64)
+def _list_ids(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` on ``device``, made once per size (read only: the bounds the lists' starts are searched for)."""
+    return torch.arange(n, device=device)
 
 
 def selected_backward_plan(spec: SelectedSpec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
