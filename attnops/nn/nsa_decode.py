@@ -14,6 +14,8 @@ be captured in a CUDA graph and replayed for the following tokens.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -93,13 +95,21 @@ def _window(cache: NSACache, q: Tensor, row: Tensor, window: int) -> Tensor:
     """The window branch ``[B, t, N1, Dv]``: the ``window - 1 + t`` cached tokens ending at the last new one
     (positions clamped at 0), attended causally within ``window`` tokens; positions before 0 are masked."""
     t, span = q.shape[1], window - 1 + q.shape[1]
-    keys = row[:1] - (window - 1) + torch.arange(span, device=q.device)  # [span] key positions
+    offsets, band = _window_band(t, window, q.device)
+    keys = row[:1] - (window - 1) + offsets  # [span] key positions
     page, slot = cache._slots(keys.clamp_min(0).expand(cache.batch_size, span))
-    j = torch.arange(span, device=q.device)
-    i = torch.arange(t, device=q.device)[:, None]
-    mask = (j < i) | (j > i + window - 1) | (keys < 0)  # True = masked: [t, span]
+    mask = band | (keys < 0)  # True = masked: [t, span]
     return flash_attention(q, cache.key_pages[page, slot], cache.value_pages[page, slot], layout="BSND",
                            atten_mask=mask, sparse_mode=0)
+
+
+@functools.lru_cache(maxsize=32)
+def _window_band(t: int, window: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(arange(span), band)`` on ``device`` for ``t`` new tokens (``span = window - 1 + t``): the keys' offsets and
+    the ``[t, span]`` mask (True = masked) of keys outside each token's window (made once per size; read only)."""
+    j = torch.arange(window - 1 + t, device=device)
+    i = torch.arange(t, device=device)[:, None]
+    return j, (j < i) | (j > i + window - 1)
 
 
 def _selected(cache: NSACache, q: Tensor, idx: Tensor, kv_lens: Tensor, t: int, ls: int) -> Tensor:

@@ -1,6 +1,8 @@
 """Rotary position embedding (rotate-half convention, as in Llama / HF ``rotate_half``)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -8,10 +10,15 @@ from torch import Tensor
 def rotary_angles(positions: Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """``(cos, sin)`` ``[T, 1, D]`` in ``dtype`` of the angles ``positions[t] * theta**(-2i/D)`` (fp32 angles),
     shared by every tensor rotated at these positions."""
-    inv_freq = theta ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)
-    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [T, D/2]
+    angles = positions.to(torch.float32).unsqueeze(-1) * _inverse_frequencies(d, theta, positions.device)  # [T, D/2]
     twice = torch.cat([angles, angles], -1).unsqueeze(1)
     return twice.cos().to(dtype), twice.sin().to(dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _inverse_frequencies(d: int, theta: float, device: torch.device) -> Tensor:
+    """``theta**(-2i/D)`` (fp32 ``[D/2]``) on ``device``, made once per (D, theta, device); read only."""
+    return theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
