@@ -48,7 +48,7 @@ def _held(value) -> tuple | None:
         return None
     if not isinstance(value, torch.Tensor) or value.device.type == "cpu" or value.dtype != torch.bool:
         raise _Unkeyed
-    return id(value), value.shape, value.stride(), value.storage_offset(), value.device, value.data_ptr()
+    return id(value), value.shape, value.stride(), value.storage_offset(), value.device
 
 
 def memoized(build: Callable, *tensors, held: tuple[str, ...] = (), **kwargs):
