@@ -132,11 +132,15 @@ def _factor(ptr, strides_ptr, which, b, hk, pos, blk, off, cols_ok, chan, chan_o
 def _channel_offsets(chan, sx, QUANT: tl.constexpr, NZ_X: tl.constexpr):
     """``(element offset, int4 bit shift)`` of channels ``chan`` in a head: ``chan`` (ND), ``chan // 8`` words with
     the nibble at ``4 * (chan % 8)`` (int4), or ``(chan // x) * sx + chan % x`` (NZ, ``NZ_X = x`` > 0)."""
+    shift = chan * 0
     if QUANT == KV_INT4:
-        return chan // 8, (chan % 8) * 4
-    if NZ_X > 0:
-        return (chan // NZ_X).to(tl.int64) * sx + chan % NZ_X, chan * 0
-    return chan, chan * 0
+        offsets = chan // 8
+        shift = (chan % 8) * 4
+    elif NZ_X > 0:
+        offsets = (chan // NZ_X).to(tl.int64) * sx + chan % NZ_X
+    else:
+        offsets = chan
+    return offsets, shift
 
 
 @triton.jit

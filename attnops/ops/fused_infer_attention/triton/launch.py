@@ -98,6 +98,14 @@ def run(plan: DecodePlan, query: torch.Tensor, key: torch.Tensor, value: torch.T
     the planned shapes, dtypes and device; ``lengths`` the KV lengths (a device tensor read by the kernels, a host
     list, or None for the planned ones). Values are not checked on the host: the kernels clamp lengths to the
     capacity and block ids into the cache."""
+    outputs, launches = run_launches(plan, query, key, value, block_table, lengths)
+    KERNELS.run_all(launches, plan.device)
+    return outputs
+
+
+def run_launches(plan: DecodePlan, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 block_table: torch.Tensor | None = None, lengths=None):
+    """``((attention_out, softmax_lse), [split, merge])``: :func:`run`'s allocated outputs and launches."""
     device = plan.device
     _check_same("query", query, plan.query_shape, plan.query_dtype, device)
     _check_same("key", key, plan.key_shape, plan.kv_dtype, device)
@@ -113,7 +121,7 @@ def run(plan: DecodePlan, query: torch.Tensor, key: torch.Tensor, value: torch.T
     lengths, lengths_stride = _lengths(plan, lengths)
     if plan.units == 0 or plan.rows == 0:
         return (torch.zeros(plan.out_shape, dtype=plan.out_dtype, device=device),
-                torch.full(plan.lse_shape, math.inf, dtype=torch.float32, device=device))
+                torch.full(plan.lse_shape, math.inf, dtype=torch.float32, device=device)), []
     new = torch.zeros if plan.out_zeroed else torch.empty
     out = new(plan.out_shape, dtype=plan.out_dtype, device=device)
     lse = torch.full(plan.lse_shape, math.inf, device=device) if plan.out_zeroed else \
@@ -127,8 +135,7 @@ def run(plan: DecodePlan, query: torch.Tensor, key: torch.Tensor, value: torch.T
                     table_stride, lengths_stride, *plan.split_args), plan.split_consts)
     merge = Launch("merge_kernel", (plan.batch * plan.n1, plan.merge_rows),
                    (out, lse, lengths, lengths_stride, *plan.merge_args), plan.merge_consts)
-    KERNELS.run_all([split, merge], device)
-    return out, lse
+    return (out, lse), [split, merge]
 
 
 def forward(p: FIAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
