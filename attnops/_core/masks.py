@@ -438,8 +438,9 @@ TOKENS_UNBOUNDED = 2147483647  # CANN's "no limit" for pre_tokens / next_tokens
 
 @functools.lru_cache(maxsize=8)
 def compressed_causal_mask(device: torch.device) -> torch.Tensor:
-    """The canonical compressed 2048x2048 causal mask on ``device`` (one shared, never-written tensor)."""
-    return _canonical_compressed(2048).to(device)
+    """The canonical compressed 2048x2048 causal mask on ``device`` (one shared, never-written tensor), built there
+    (no host-to-device copy)."""
+    return torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
 
 
 def window_sparse_args(causal: Any, window_size: Any, *, sparse_mode: int, atten_mask, pre_tokens: int,

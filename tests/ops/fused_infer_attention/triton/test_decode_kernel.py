@@ -14,6 +14,7 @@ from attnops.testing.golden_fia import pack_int4
 from tests.helpers import randn
 from tests.ops.fused_infer_attention.fia_helpers import (TRIU2048, check_fia, make_inputs, rand_mask, randint4,
                                                          randint8, to_paged)
+from tests.ops.fused_infer_attention.test_fia_nz_cache import nz
 from tests.triton_backend import DEVICE
 
 F16, F32 = torch.float16, torch.float32
@@ -74,6 +75,18 @@ def test_paged_decode(triton_backend, layout, cache_layout, bs, lens):
     q, kc, vc, bt = _paged(layout, cache_layout, n=4, nkv=2, sq=1, lens=lens, bs=bs)
     run(triton_backend, q, kc, vc, block_table=bt, block_size=bs, actual_seq_lengths_kv=lens, num_heads=4,
         num_key_value_heads=2, scale_value=0.25, input_layout=layout, softmax_lse_flag=True)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_nz_paged_decode(triton_backend, int8):
+    """NZ caches ``[blocknum, N2, D/x, blocksize, x]`` (x = 16 fp16, 32 int8) through the block table."""
+    n, d, bs, lens = 4, 64, 16, [50, 0, 21]
+    q, kc, vc, bt = _paged("BNSD", "BNSD", n=n, nkv=2, sq=1, lens=lens, bs=bs, d=d, int8=int8)
+    quant = dict(key_antiquant_scale=_param((kc.shape[0], 2, bs), F32, 1),
+                 value_antiquant_scale=_param((kc.shape[0], 2, bs), F32, 2), key_antiquant_mode=5,
+                 value_antiquant_mode=5) if int8 else {}
+    run(triton_backend, q, nz(kc), nz(vc), via="api", block_table=bt, block_size=bs, actual_seq_lengths_kv=lens,
+        num_heads=n, num_key_value_heads=2, scale_value=0.25, input_layout="BNSD", softmax_lse_flag=True, **quant)
 
 
 @pytest.mark.parametrize("sq", [1, 3])
