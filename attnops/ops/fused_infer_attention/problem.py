@@ -17,7 +17,6 @@ KV S), and only the kernels, which read them on the device, can run such a probl
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
 from dataclasses import dataclass
@@ -41,6 +40,20 @@ LAYOUTS = ("BSH", "BSND", "BNSD", "BNSD_BSND", "TND")
 F16, BF16, F32, I8, I32 = torch.float16, torch.bfloat16, torch.float32, torch.int8, torch.int32
 MAX_GROUP = 64
 MAX_S = 20 << 20
+
+
+def _built_once(build):
+    """A property built on first use and kept (``functools.cached_property`` without its lock, which
+    ``torch.compile`` cannot trace on Python 3.11)."""
+    name = build.__name__
+
+    def get(self):
+        built = self._parts.built
+        if name not in built:
+            built[name] = build(self)
+        return built[name]
+
+    return property(get, doc=build.__doc__)
 
 
 @dataclass(frozen=True)
@@ -114,26 +127,26 @@ class FIAProblem:
         """The longest query of a batch (rows)."""
         return self.seq.max_q
 
-    @functools.cached_property
+    @_built_once
     def queries(self) -> tuple[Tensor, ...]:
         """Per batch, the valid query rows ``[Sq_b, N1, D]`` (views)."""
         return _query_rows(self.source.query, self._host_parts("queries").g, self._parts.lens)
 
-    @functools.cached_property
+    @_built_once
     def kv(self) -> tuple[tuple[KVSegment, ...], ...]:
         """Per batch, the effective KV runs in column order (the shared prefix first)."""
         d = self._host_parts("kv")
         return _segments(d.g, d.lens, d.kv_tokens, d.value_tokens, d.prefix, self.source.block_table,
                          self.source.block_size)
 
-    @functools.cached_property
+    @_built_once
     def mask(self) -> MaskSpec:
         """The mask in the one normal form over effective coordinates (left-padding windows applied)."""
         d = self._host_parts("mask")
         return build_infer_mask_spec(**d.mask_args, seq=self.seq, q_offsets=d.q_offsets, kv_offsets=d.kv_offsets,
                                      left_padding=d.lens.left_padding is not None)
 
-    @functools.cached_property
+    @_built_once
     def pse(self) -> PseSpec | None:
         """The pse over effective coordinates (left-padding windows applied), or None."""
         if self.pse_shift is None:
@@ -679,6 +692,7 @@ class _Deferred:
     mask_args: dict
     q_offsets: list[int] | None  # left-padding starts at which masks and pse are read (None for TND)
     kv_offsets: list[int] | None
+    built: dict = dataclasses.field(default_factory=dict)  # the parts built so far, by name
 
 
 def _check_features(g: _Inputs, lens: _Lengths, prefix, query: Tensor, block_table, strict: bool) -> None:
