@@ -30,16 +30,17 @@ class FusedInferAttentionPlan:
 
     def __init__(self, query: Tensor, key, value, arguments: dict):
         self._return_lse = arguments["return_lse"]
-        self._query, self._key, self._value, self._options = api.call_options(query, key, value, arguments)
         self._arguments = arguments
         self._plan = None
+        query, key, value, options = api.call_options(query, key, value, arguments)
+        self._block_table = options.get("block_table")
         built = {}
 
         def verify():
             from .triton.verify import kernel_route
 
-            built["p"] = build_problem(self._query, self._key, self._value, **self._options)
-            built["route"], reason = kernel_route(built["p"], self._query, self._key, self._value, self._options)
+            built["p"] = build_problem(query, key, value, **options)
+            built["route"], reason = kernel_route(built["p"], query, key, value, options)
             return reason
 
         if choose_backend(arguments["backend"], query.device, verify) == "triton" and built["route"] == "decode":
@@ -70,7 +71,7 @@ class FusedInferAttentionPlan:
         from .triton import launch
 
         if block_table is None:
-            block_table = self._options.get("block_table")
+            block_table = self._block_table
         with autocast_off(query.device):
             out, lse = run_inference_only(INFERENCE_ONLY, partial(launch.run, self._plan, query, key, value,
                                                                   block_table, actual_seq_lengths_kv),

@@ -12,7 +12,7 @@ from attnops.ops.fused_infer_attention.triton.decode_plan import split_counts
 from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden_fia import pack_int4
 from tests.helpers import randn
-from tests.ops.fused_infer_attention.fia_helpers import golden, randint4, randint8, rand_mask, to_paged
+from tests.ops.fused_infer_attention.fia_helpers import TRIU2048, golden, rand_mask, randint4, randint8, to_paged
 from tests.ops.fused_infer_attention.test_fia_nz_cache import nz
 from tests.triton_backend import DEVICE
 
@@ -154,3 +154,22 @@ def test_a_plan_on_the_reference_makes_the_one_call(monkeypatch):
     want = attnops.fused_infer_attention(q, kc, vc, num_heads=N, num_key_value_heads=NKV, scale=0.25,
                                          block_table=bt.flip(0), block_size=BS, actual_seq_lengths_kv=[3, 20])
     torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_speculative_rows_causal_with_tensor_lengths(triton_backend):
+    """Four query rows per batch, bottom-right causal: the band follows the lengths read on the device."""
+    q = randn(2, 4, N, D, dtype=F16, seed=1)
+    k, v = randn(2, 60, NKV, D, dtype=F16, seed=2), randn(2, 60, NKV, D, dtype=F16, seed=3)
+    lens = torch.tensor([60, 9], dtype=torch.int32)
+    plan = attnops.fused_infer_attention_plan(_dev(q), _dev(k), _dev(v), layout="BSND", num_heads=N,
+                                              num_key_value_heads=NKV, scale=0.25, causal=True,
+                                              actual_seq_lengths_kv=_dev(lens), return_lse=True)
+    for new in ([60, 9], [5, 33], [0, 60]):
+        lens.copy_(torch.tensor(new))
+        out = plan.run(_dev(q), _dev(k), _dev(v), actual_seq_lengths_kv=_dev(lens))
+        kw = dict(num_heads=N, num_key_value_heads=NKV, scale_value=0.25, input_layout="BSND", softmax_lse_flag=True,
+                  atten_mask=TRIU2048, sparse_mode=3, actual_seq_lengths_kv=new)
+        g, base = golden(q, k, v, **kw), golden(q, k, v, dtype=F16, **kw)
+        assert_close_to_golden("attention_out", out[0].cpu(), g.out, base.out)
+        assert_close_to_golden("softmax_lse", out[1].cpu(), g.lse, base.lse)
+    assert triton_backend == KERNELS * 3
