@@ -182,6 +182,20 @@ def _varlen_meta(p: FIAProblem, device: torch.device) -> torch.Tensor:
     return staging.cached_upload(("fia-qmeta", tuple(rows)), lambda: rows, torch.int32, device)
 
 
+def _output_args(p: FIAProblem, device: torch.device) -> tuple[list, dict]:
+    """``([scale, offset, head stride, channel stride], flags)`` of the output conversion: int8 quantization
+    (per-tensor or per-channel ``[N1, Dv]``), CAST_ROUND to fp16/bf16, or fp32 as it is."""
+    quant = p.out_quant
+    if quant is None:
+        kind = K.OUT_ROUND if p.out_dtype in (torch.float16, torch.bfloat16) else K.OUT_FLOAT
+        none = dummy(torch.float32, device)
+        return [none, none, 0, 0], dict(OUT_KIND=kind, HAS_OUT_OFFSET=False)
+    scale, offset = quant.scale, quant.offset
+    strides = [scale.stride(0), scale.stride(1)] if scale.numel() > 1 else [0, 0]
+    return ([scale, scale if offset is None else offset, *strides],
+            dict(OUT_KIND=K.OUT_INT8, HAS_OUT_OFFSET=offset is not None))
+
+
 def out_strides(layout: str, shape: tuple[int, ...], heads: int) -> tuple[int, int, int]:
     """(batch, token, head) element strides of a contiguous output of ``shape`` in ``layout``."""
     if layout == "TND":
@@ -236,21 +250,12 @@ def make_plan(p: FIAProblem, interpret: bool, lengths_on_host: bool = True) -> D
                         HAS_EXPLICIT=has_mask, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32")
     split_args = (work, batches, qmeta, q_pad, kv_pad, pm, pl, po, *pse, *mask, *antiquant, src.q_s, src.kv_s,
                   capacity, src.block_size, num_blocks, lo, hi, p.scale, p.n1, p.group, sq, p.d, p.dv)
-    quant = p.out_quant
-    if quant is not None:
-        qs, qo = quant.scale, quant.offset
-        qs_strides = (qs.stride(0), qs.stride(1)) if qs.numel() > 1 else (0, 0)
-        out_kind = K.OUT_INT8
-    else:
-        qs = qo = dummy(torch.float32, device)
-        qs_strides = (0, 0)
-        out_kind = K.OUT_ROUND if p.out_dtype in (torch.float16, torch.bfloat16) else K.OUT_FLOAT
+    quant_args, quant_flags = _output_args(p, device)
     out_st = out_strides(p.out_layout, p.out_shape, p.n1)
     lse_st = (0, p.n1, 1) if tnd else (p.n1 * p.lse_shape[2], 1, p.lse_shape[2])
-    merge_args = (pm, pl, po, batches, qmeta, q_pad, kv_pad, qs, qs if qo is None else qo, *out_st, *lse_st,
-                  *qs_strides, src.q_s, src.kv_s, capacity, lo, hi, p.n1, sq, p.dv)
-    merge_consts = dict(BLOCK_S=pow2(max_splits, 2), BLOCK_DV=pow2(p.dv), **flags, OUT_KIND=out_kind,
-                        HAS_OUT_OFFSET=quant is not None and quant.offset is not None, ZERO_FILL=not tnd)
+    merge_args = (pm, pl, po, batches, qmeta, q_pad, kv_pad, *quant_args[:2], *out_st, *lse_st, *quant_args[2:],
+                  src.q_s, src.kv_s, capacity, lo, hi, p.n1, sq, p.dv)
+    merge_consts = dict(BLOCK_S=pow2(max_splits, 2), BLOCK_DV=pow2(p.dv), **flags, **quant_flags, ZERO_FILL=not tnd)
     return DecodePlan(
         batch=batch, n1=p.n1, n2=p.n2, rows=sq, in_layout=src.in_layout, kv_layout=kv_layout, units=units,
         out_shape=p.out_shape, out_dtype=p.out_dtype, lse_shape=p.lse_shape,
