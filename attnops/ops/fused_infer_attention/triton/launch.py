@@ -117,6 +117,8 @@ def run_launches(plan: DecodePlan, query: torch.Tensor, key: torch.Tensor, value
                  block_table)
         table, table_stride = block_table, block_table.stride(0)
     else:
+        require(block_table is None, "block_table", "None (the plan has a dense key/value, no paged cache)",
+                block_table)
         table, table_stride = dummy(torch.int32, device), 0
     lengths, lengths_stride = _lengths(plan, lengths)
     if plan.units == 0 or plan.rows == 0:
