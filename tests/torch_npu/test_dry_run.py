@@ -16,13 +16,10 @@ META = torch.device("meta")
 F16 = torch.float16
 T, N, KVN, D, DV, BLOCKS, BLOCK = 6, 4, 2, 32, 16, 8, 16
 
-# the attention operators still read device values on the host; these flip to passing when they no longer do
+# FlashAttention still reads device values on the host; these flip to passing when it no longer does
 FA_SYNC = pytest.mark.xfail(strict=True, raises=HostSyncError,
                             reason="FlashAttention sync: attnops/ops/flash_attention/triton/launch.py:142 (blocking "
                                    "batch-metadata upload), attnops/ops/flash_attention/api.py:58 (cu_seqlens read)")
-FIA_SYNC = pytest.mark.xfail(strict=True, raises=HostSyncError,
-                             reason="FusedInferAttention sync: attnops/ops/fused_infer_attention/problem.py:338 "
-                                    "(block ids checked on the host), problem.py:224 (length tensor read)")
 
 
 def meta(*shape, dtype=F16):
@@ -158,12 +155,10 @@ def _paged_attention(context_lens):
     assert launches
 
 
-@FIA_SYNC
 def test_paged_attention_with_host_context_lens():
     _paged_attention(torch.tensor([40, 9], dtype=torch.int32))
 
 
-@FIA_SYNC
 def test_paged_attention_with_device_context_lens():
     _paged_attention(meta(2, dtype=torch.int32))
 
