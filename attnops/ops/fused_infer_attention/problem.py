@@ -80,7 +80,6 @@ class CallSource:
     kv_padding: int | Tensor | None
     block_table: Tensor | None
     block_size: int
-    prefix_len: int
 
 
 @dataclass(frozen=True)
@@ -110,6 +109,8 @@ class FIAProblem:
     row_starts: tuple[int, ...]  # first output row of each batch (the token index for TND)
     lse_shape: tuple[int, ...]
     device: torch.device
+    kv_starts: tuple[int, ...]  # per batch, the row of its first key in its key tensor (left padding, TND offset)
+    prefix_len: int  # columns of the shared prefix, the first effective columns of every batch
     source: CallSource
     device_values: tuple[str, ...]  # arguments whose values live on a device and were not read
     _parts: "_Deferred" = dataclasses.field(repr=False, compare=False)
@@ -668,7 +669,7 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
     source = CallSource(query, key, value, g.in_layout, g.kind, g.q_s, kv_tokens[0].shape[0 if tnd else 1]
                         if g.kind == "dense" else 0, tnd or (not g.decode and actual_seq_lengths is not None),
                         lens.kv_lengths, lens.query_padding, lens.kv_padding, block_table,
-                        block_size if g.kind == "paged" else 0, plen)
+                        block_size if g.kind == "paged" else 0)
     parts = _Deferred(g, lens, kv_tokens, value_tokens, prefix, mask_args,
                       None if tnd else lens.q_starts, None if tnd else lens.kv_starts)
     return FIAProblem(
@@ -676,7 +677,8 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
         pse_shift=pse_shift, scale=float(scale), int8=int8, out_quant=out_quant,
         out_dtype=I8 if out_quant is not None else F16 if int8 is not None else query.dtype, out_layout=g.out_layout,
         out_shape=out_shape, row_starts=tuple(lens.q_starts), device=query.device,
-        lse_shape=(query.shape[0], g.n1, 1) if tnd else (g.batch, g.n1, g.q_s, 1), source=source,
+        lse_shape=(query.shape[0], g.n1, 1) if tnd else (g.batch, g.n1, g.q_s, 1), kv_starts=tuple(lens.kv_starts),
+        prefix_len=plen, source=source,
         device_values=lens.device_values, _parts=parts)
 
 

@@ -177,8 +177,7 @@ def _padding(value, device: torch.device) -> torch.Tensor:
 def _varlen_meta(p: FIAProblem, device: torch.device) -> torch.Tensor:
     """int32 ``[B, 3]`` per-batch query rows and (TND) first query and key tokens."""
     tnd = p.source.in_layout == "TND"
-    seq = p.seq
-    rows = [(n, seq.q_starts[b] if tnd else 0, seq.kv_starts[b] if tnd else 0) for b, n in enumerate(seq.q_lens)]
+    rows = [(n, p.row_starts[b] if tnd else 0, p.kv_starts[b] if tnd else 0) for b, n in enumerate(p.seq.q_lens)]
     return staging.cached_upload(("fia-qmeta", tuple(rows)), lambda: rows, torch.int32, device)
 
 

@@ -50,7 +50,7 @@ def decode_reason(p: FIAProblem, query: torch.Tensor, key, value, options: dict)
     """Why the decode kernels cannot serve ``p`` (queries of a kernel dtype), or None. O(1): no per-batch work."""
     if not isinstance(key, torch.Tensor) or not isinstance(value, torch.Tensor):
         return "a key/value tensor list is not implemented in the Triton decode kernels"
-    if p.source.prefix_len or options.get("key_shared_prefix") is not None:
+    if p.prefix_len or options.get("key_shared_prefix") is not None:
         return "a shared prefix (key_shared_prefix) is not implemented in the Triton decode kernels"
     if any(x.stride(-1) != 1 for x in (query, key, value)):
         return "query, key and value need a unit last stride"
