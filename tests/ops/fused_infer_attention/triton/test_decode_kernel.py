@@ -236,3 +236,15 @@ def test_forced_triton_raises_with_the_reason(triton_backend):
     with pytest.raises(attnops.ParamInvalidError, match="got torch.int8"):
         attnops.fused_infer_attention(qi, ki, vi, num_heads=2, layout="BSND", deq_scale1=_dev(torch.tensor([1e-3])),
                                       quant_scale1=_dev(torch.tensor([1.0])), deq_scale2=_dev(torch.tensor([1e-2])))
+
+
+def test_output_ties_round_away_from_zero(triton_backend):
+    """CAST_ROUND in the merge kernel: two equally weighted values one fp16 ulp apart average to an exact tie, which
+    rounds to the neighbour of larger magnitude (round-half-to-even would keep the even one)."""
+    even = torch.tensor([1.0, -1.0, 2.0, -0.5, 1024.0, 3.0, -6.0, 0.25] * 2, dtype=F16)
+    away = torch.nextafter(even, even * 2)
+    v = torch.stack([even, away])[None, :, None, :]  # [B=1, KV_S=2, N=1, D=16]
+    q, k = randn(1, 1, 1, 16, dtype=F16, seed=1), torch.zeros(1, 2, 1, 16, dtype=F16)
+    out = attnops.fused_infer_attention(_dev(q), _dev(k), _dev(v), layout="BSND", scale=1.0)
+    assert triton_backend == KERNELS
+    assert torch.equal(out.cpu()[0, 0, 0], away)
