@@ -1,6 +1,6 @@
 """The FIA decode kernels in the shared AOT machinery: small problems whose plans give the call sites
-``python -m attnops aot`` compiles (fp16/bf16/fp32; dense and paged KV; head dims 128 and 192/128; GQA groups 4 to 16
-with up to 4 query rows; int8 and int4 antiquant; masks and pse)."""
+``python -m attnops aot`` compiles (fp16/bf16/fp32; dense, paged ND and NZ KV; head dims 128 and 192/128; GQA groups
+4 to 16 with up to 4 query rows; int8 and int4 antiquant; masks and pse; int8 output)."""
 from __future__ import annotations
 
 import torch
@@ -8,14 +8,15 @@ import torch
 from ...._core.triton.registry import register_aot
 from ..problem import build_problem
 from . import launch
+from .decode_plan import make_plan
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def _launches(query, key, value, **options) -> list:
     p = build_problem(query, key, value, **options)
-    _, _, plan = launch.decode_plan(p, query, key, value, options.get("block_table"), interpret=False)
-    return [launch.KERNELS.aot_launch(x) for x in plan]
+    _, launches = launch.run_launches(make_plan(p, interpret=False), query, key, value, options.get("block_table"))
+    return [launch.KERNELS.aot_launch(x) for x in launches]
 
 
 def _dense(dtype: str, d: int, dv: int, group: int) -> list:
@@ -44,6 +45,31 @@ def _paged(dtype: str, d: int, quant: str | None) -> list:
     return _launches(q, k, v, **options)
 
 
+def _nz(dtype: str, quant: str | None) -> list:
+    """Two requests over NZ caches ``[blocknum, 8, D/x, 128, x]``; int8 with page-managed per-token scales."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 32, 1, 128, generator=gen).to(t)
+    table = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    options = dict(num_heads=32, num_key_value_heads=8, input_layout="BNSD", scale=128 ** -0.5, block_table=table,
+                   block_size=128, actual_seq_lengths_kv=[512, 300])
+    store = torch.int8 if quant == "int8" else t
+    x = 32 // store.itemsize
+    k, v = (torch.randint(-100, 100, (8, 8, 128 // x, 128, x), generator=gen).to(store) for _ in range(2))
+    if quant == "int8":
+        options.update({f"{n}_antiquant_scale": torch.rand(8, 8, 128, generator=gen) for n in ("key", "value")},
+                       key_antiquant_mode=5, value_antiquant_mode=5)
+    return _launches(q, k, v, **options)
+
+
+def _int8_out(dtype: str) -> list:
+    """Dense GQA decode quantized to int8 per channel on output (the merge kernel's int8 store)."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 16, 128, generator=gen).to(t)
+    k, v = (torch.randn(2, 300, 4, 128, generator=gen).to(t) for _ in range(2))
+    return _launches(q, k, v, num_heads=16, num_key_value_heads=4, input_layout="BSND", scale=128 ** -0.5,
+                     quant_scale2=torch.rand(16 * 128, generator=gen), quant_offset2=torch.rand(16 * 128, generator=gen))
+
+
 def _masked(dtype: str) -> list:
     """Four query rows of a GQA group of 16 (64 rows per program), bottom-right causal, pse."""
     t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
@@ -61,6 +87,9 @@ for _dtype in DTYPES:
     register_aot("fused_infer_attention", f"decode-paged-{_dtype}-d128", lambda t=_dtype: _paged(t, 128, None))
     register_aot("fused_infer_attention", f"decode-masked-pse-{_dtype}-g16-sq4", lambda t=_dtype: _masked(t))
 for _dtype in ("fp16", "bf16"):
+    register_aot("fused_infer_attention", f"decode-nz-{_dtype}-d128", lambda t=_dtype: _nz(t, None))
+    register_aot("fused_infer_attention", f"decode-nz-int8-{_dtype}-d128", lambda t=_dtype: _nz(t, "int8"))
+    register_aot("fused_infer_attention", f"decode-int8-out-{_dtype}-d128", lambda t=_dtype: _int8_out(t))
     for _quant in ("int8", "int4"):
         register_aot("fused_infer_attention", f"decode-paged-{_quant}-{_dtype}-d128",
                      lambda t=_dtype, quant=_quant: _paged(t, 128, quant))

@@ -11,7 +11,8 @@ pytest.importorskip("triton")
 CASES = [f"decode-{kind}-{dtype}-{dims}" for dtype in ("fp16", "bf16", "fp32")
          for kind, dims in (("dense", "d128-g4"), ("dense", "d192-dv128-g8"), ("paged", "d128"),
                             ("masked-pse", "g16-sq4"))] + \
-        [f"decode-paged-{quant}-{dtype}-d128" for quant in ("int8", "int4") for dtype in ("fp16", "bf16")]
+        [f"decode-{kind}-{dtype}-d128" for kind in ("paged-int8", "paged-int4", "nz", "nz-int8", "int8-out")
+         for dtype in ("fp16", "bf16")]
 
 
 def check(case: str, target: str) -> None:
@@ -19,7 +20,8 @@ def check(case: str, target: str) -> None:
 
 
 @pytest.mark.parametrize("case,target", [("decode-paged-bf16-d128", "sm_90"), ("decode-paged-int4-fp16-d128", "sm_80"),
-                                         ("decode-masked-pse-fp32-g16-sq4", "sm_90")])
+                                         ("decode-masked-pse-fp32-g16-sq4", "sm_90"), ("decode-nz-int8-bf16-d128", "sm_90"),
+                                         ("decode-int8-out-bf16-d128", "sm_80")])
 def test_fia_kernels_compile(case, target):
     check(case, target)
 
