@@ -33,7 +33,7 @@ def forward(query: Tensor, key, value, options: dict, backend: str = "auto") -> 
 
         if built["route"] == "decode":
             return launch.forward(built["p"], query, key, value, options.get("block_table"))
-        return prefill.forward(built["p"], query)
+        return prefill.forward(built["p"], query, key, value, options)
     device = origin_device(query, key, value, options)
     return to_device(reference.forward(build_problem(*to_cpu((query, key, value)), **to_cpu(options))), device)
 

@@ -59,6 +59,8 @@ class FIAProblem:
     row_starts: tuple[int, ...]  # first output row of each batch (the token index for TND)
     lse_shape: tuple[int, ...]
     device: torch.device
+    kv_starts: tuple[int, ...] = ()  # per batch, the row of its first key in its key tensor (left padding, TND offset)
+    prefix_len: int = 0  # columns of the shared prefix, the first effective columns of every batch
 
     @property
     def group(self) -> int:
@@ -527,7 +529,8 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
         value_quant=value_quant, mask=mask, pse=pse, scale=float(scale), int8=int8, out_quant=out_quant,
         out_dtype=I8 if out_quant is not None else F16 if int8 is not None else query.dtype, out_layout=g.out_layout,
         out_shape=out_shape, row_starts=tuple(lens.q_starts), device=query.device,
-        lse_shape=(query.shape[0], g.n1, 1) if tnd else (g.batch, g.n1, g.q_s, 1))
+        lse_shape=(query.shape[0], g.n1, 1) if tnd else (g.batch, g.n1, g.q_s, 1), kv_starts=tuple(lens.kv_starts),
+        prefix_len=plen)
 
 
 def _check_features(g: _Inputs, lens: _Lengths, prefix, query: Tensor, block_table, strict: bool) -> None:
