@@ -21,7 +21,7 @@ from ...._core.triton.launch import KernelFamily, Launch, cdiv, pow2, unit_last_
 from ...._core.triton.support import interpreting
 from ...flash_attention.triton import launch as fa_launch
 from ..problem import LAYOUTS, FIAProblem
-from .kv_args import antiquant_args, cache_addressing, cache_block_size, dense_addressing, storage
+from .kv_args import KV_INT4, antiquant_args, cache_addressing, cache_block_size, dense_addressing, storage
 
 GRID_FOLD = 65535  # CUDA's limit on grid axes 1 and 2: batch x heads beyond it fold onto axis 2
 INTERPRET_BLOCK = 16
@@ -32,18 +32,21 @@ META_FIELDS = ("q_start", "kv_start", "q_len", "kv_len", "lo", "hi", "prefix", "
 
 def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     """One configuration per launch: 16 x 16 tiles in the interpreter; on the GPU the largest tiles that compile
-    without spills on sm_80 and sm_90 (``python -m attnops aot --filter fused_infer``): 64 x 64 query rows x keys
-    for fp16/bf16 (64 x 32 with 8 warps when a pse, an explicit mask, antiquant, a paged cache or head dims over 128
-    add per-element work), 32 x 32 for fp32."""
+    without spills on sm_80 and sm_90 (``python -m attnops aot --filter fused_infer``): 64 query rows x 64 keys for
+    fp16/bf16, 64 x 32 with 8 warps when a pse, an explicit mask, antiquant, a paged cache or head dims over 128 add
+    per-element work (64 x 16 for int4, whose unpacking doubles the live K/V tile); fp32 (FMA dots, twice the
+    bytes): 32 x 32 with 8 warps, 32 x 16 with those features."""
     import triton
 
     if interpret:
         return [triton.Config(dict(BLOCK_M=INTERPRET_BLOCK, BLOCK_N=INTERPRET_BLOCK), num_warps=4, num_stages=1)]
     kw = launch.kwargs
-    if named_args["q_ptr"].dtype == torch.float32:
-        return [triton.Config(dict(BLOCK_M=32, BLOCK_N=32), num_warps=4, num_stages=1)]
     heavy = kw["PSE"] or kw["HAS_EXPLICIT"] or kw["K_QUANT"] or kw["V_QUANT"] or kw["PAGED"] or \
         max(kw["BLOCK_D"], kw["BLOCK_DV"]) > 128
+    if named_args["q_ptr"].dtype == torch.float32:
+        return [triton.Config(dict(BLOCK_M=32, BLOCK_N=16 if heavy else 32), num_warps=8, num_stages=1)]
+    if KV_INT4 in (kw["K_QUANT"], kw["V_QUANT"]):
+        return [triton.Config(dict(BLOCK_M=64, BLOCK_N=16), num_warps=8, num_stages=2)]
     if heavy:
         return [triton.Config(dict(BLOCK_M=64, BLOCK_N=32), num_warps=8, num_stages=2)]
     return [triton.Config(dict(BLOCK_M=64, BLOCK_N=64), num_warps=4, num_stages=3)]
