@@ -15,7 +15,6 @@ import functools
 import torch
 
 from ...._core.layouts import io_layouts, tokens_view
-from ...._core.masks import INF
 from ...._core.staging import cached_upload
 from ...._core.triton.launch import KernelFamily, Launch, cdiv, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
@@ -63,14 +62,14 @@ def _dummy(device: torch.device) -> torch.Tensor:
 
 
 def _meta(p: FIAProblem, device: torch.device) -> torch.Tensor:
-    """The int64 ``[B, 12]`` per-batch rows (``META_FIELDS``), staged once per distinct content."""
-    mask, batch = p.mask, len(p.seq.q_lens)
-    prefix = mask.prefix or (0,) * batch
-    kv_starts = p.kv_starts or (0,) * batch
-    rows = tuple(tuple(row.get(name, 0) for name in META_FIELDS) for row in (
-        dict(q_start=p.row_starts[b], kv_start=kv_starts[b], q_len=p.seq.q_lens[b], kv_len=p.seq.kv_lens[b],
-             lo=max(mask.lo[b], -INF), hi=min(mask.hi[b], INF), prefix=prefix[b]) for b in range(batch)))
-    return cached_upload(("fia-prefill-meta", rows), lambda: rows, torch.int64, device)
+    """The int64 ``[B, 12]`` per-batch rows (``META_FIELDS``; band offsets are ``MaskSpec``'s, ``-INF``/``INF`` when
+    unbounded), staged once per distinct content."""
+    zeros = (0,) * len(p.seq.q_lens)
+    columns = dict(q_start=p.row_starts, kv_start=p.kv_starts or zeros, q_len=p.seq.q_lens, kv_len=p.seq.kv_lens,
+                   lo=p.mask.lo, hi=p.mask.hi, prefix=p.mask.prefix or zeros)
+    key = ("fia-prefill-meta", *columns.values())
+    return cached_upload(key, lambda: list(zip(*(columns.get(name, zeros) for name in META_FIELDS))), torch.int64,
+                         device)
 
 
 def _writes_every_row(p: FIAProblem) -> bool:

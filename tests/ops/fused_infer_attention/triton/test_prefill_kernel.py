@@ -14,7 +14,7 @@ import triton.language as tl
 
 from attnops.ops.fused_infer_attention import quant
 from attnops.ops.fused_infer_attention.problem import build_problem
-from attnops.ops.fused_infer_attention.triton import prefill
+from attnops.ops.fused_infer_attention.triton import prefill, verify
 from attnops.ops.fused_infer_attention.triton.rounding import output_tile
 from attnops.ops.fused_infer_attention.triton.verify import kernel_route
 from attnops.testing.golden_fia import pack_int4
@@ -40,6 +40,12 @@ def run(launched, q, k, v, *, via="api", launches=1, **kw):
     r = check_fia(_dev(q), _dev(k), _dev(v), via=via, **{name: _dev(x) for name, x in kw.items()})
     assert launched == [PREFILL] * launches, launched
     return r
+
+
+@pytest.fixture
+def prefill_route(monkeypatch):
+    """Calls the decode kernels could take (one query row) go to the prefill kernel: these tests are about it."""
+    monkeypatch.setattr(verify, "decode_reason", lambda *args: "the prefill kernel is under test")
 
 
 def _param(shape, dtype, seed, offset=False):
@@ -132,9 +138,9 @@ def test_paged_chunked_prefill(triton_backend, layout, cache_layout):
 
 
 @pytest.mark.parametrize("mode", [0, 1, 4, 5])
-def test_nz_int8_antiquant(triton_backend, mode):
-    """One query row over an int8 NZ cache (the decode kernels do not take NZ): scales and offsets per channel,
-    per token, page-managed per token and per token + head."""
+def test_nz_int8_antiquant(triton_backend, prefill_route, mode):
+    """One query row over an int8 NZ cache: scales and offsets per channel, per token, page-managed per token and per
+    token + head."""
     bs, lens, d, nkv, b = 32, [70, 33], 64, 2, 2
     q, kc, vc, bt = _paged_inputs("BNSD", "NZ", lens=lens, sq=1, bs=bs, nkv=nkv, d=d, int8=True)
     shape, dtype = {0: ((1, nkv, 1, d), F16), 1: ((b, 96), F32), 4: ((kc.shape[0], bs), F32),
@@ -157,7 +163,7 @@ def test_dense_int8_antiquant(triton_backend):
         input_layout="BSND", softmax_lse_flag=True)
 
 
-def test_int4_tensor_list(triton_backend):
+def test_int4_tensor_list(triton_backend, prefill_route):
     """int4 K/V (packed in int32) as a per-batch tensor list, one query row: one launch per batch."""
     n, nkv, d, lens = 4, 2, 64, [40, 23]
     q = make_inputs("BSND", b=2, n=n, sq=1, d=d, dtype=F16)[0]
