@@ -1,5 +1,5 @@
 """Runs an FIA call on the backend :func:`~attnops._core.dispatch.choose_backend` picks for it: the Triton kernels
-(``triton/``: the decode kernels for a few query rows per batch, else the FlashAttention kernels batch by batch) when
+(``triton/``: the decode kernels for a few query rows per batch, else the prefill kernel over every batch) when
 their verifier accepts the call, else the reference (on CPU copies for tensors elsewhere).
 
 ``auto`` on CUDA runs the kernels when the verifier accepts (a PerformanceWarning names the reason when it does not); an explicit

@@ -59,8 +59,8 @@ class FIAProblem:
     row_starts: tuple[int, ...]  # first output row of each batch (the token index for TND)
     lse_shape: tuple[int, ...]
     device: torch.device
-    kv_starts: tuple[int, ...] = ()  # per batch, the row of its first key in its key tensor (left padding, TND offset)
-    prefix_len: int = 0  # columns of the shared prefix, the first effective columns of every batch
+    kv_starts: tuple[int, ...]  # per batch, the row of its first key in its key tensor (left padding, TND offset)
+    prefix_len: int  # columns of the shared prefix, the first effective columns of every batch
 
     @property
     def group(self) -> int:

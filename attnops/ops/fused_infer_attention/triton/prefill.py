@@ -65,7 +65,7 @@ def _meta(p: FIAProblem, device: torch.device) -> torch.Tensor:
     """The int64 ``[B, 12]`` per-batch rows (``META_FIELDS``; band offsets are ``MaskSpec``'s, ``-INF``/``INF`` when
     unbounded), staged once per distinct content."""
     zeros = (0,) * len(p.seq.q_lens)
-    columns = dict(q_start=p.row_starts, kv_start=p.kv_starts or zeros, q_len=p.seq.q_lens, kv_len=p.seq.kv_lens,
+    columns = dict(q_start=p.row_starts, kv_start=p.kv_starts, q_len=p.seq.q_lens, kv_len=p.seq.kv_lens,
                    lo=p.mask.lo, hi=p.mask.hi, prefix=p.mask.prefix or zeros)
     key = ("fia-prefill-meta", *columns.values())
     return cached_upload(key, lambda: list(zip(*(columns.get(name, zeros) for name in META_FIELDS))), torch.int64,

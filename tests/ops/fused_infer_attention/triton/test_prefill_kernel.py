@@ -18,7 +18,7 @@ from attnops.ops.fused_infer_attention.triton import prefill, verify
 from attnops.ops.fused_infer_attention.triton.rounding import output_tile
 from attnops.ops.fused_infer_attention.triton.verify import kernel_route
 from attnops.testing.golden_fia import pack_int4
-from tests.helpers import cum, randn
+from tests.helpers import cum, noncontig, randn
 from tests.ops.fused_infer_attention.fia_helpers import (TRIU2048, check_fia, make_inputs, rand_mask, randint4,
                                                          randint8, to_paged)
 from tests.triton_backend import DEVICE
@@ -78,6 +78,13 @@ def test_value_head_dim_and_fp32(triton_backend, dtype):
     q, k, v = make_inputs("BSND", b=2, n=4, nkv=1, sq=20, skv=45, d=24, dv=8, dtype=dtype)
     run(triton_backend, q, k, v, num_heads=4, num_key_value_heads=1, input_layout="BSND", scale_value=0.2,
         atten_mask=TRIU2048, sparse_mode=3, softmax_lse_flag=True)
+
+
+def test_non_unit_strides(triton_backend):
+    """Query, key and value whose last dim is strided (every other element) are read through their strides."""
+    q, k, v = (noncontig(x, "strided") for x in make_inputs("BSND", b=2, n=2, sq=18, skv=29, d=16, dtype=F16))
+    run(triton_backend, q, k, v, num_heads=2, input_layout="BSND", scale_value=0.25, softmax_lse_flag=True,
+        actual_seq_lengths_kv=[29, 11])
 
 
 @pytest.mark.parametrize("tail", [0, 5])
@@ -184,11 +191,11 @@ def test_float_tensor_list(triton_backend):
         scale_value=0.25, input_layout="BSND", softmax_lse_flag=True)
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_shared_prefix(triton_backend, int8):
+@pytest.mark.parametrize("int8,sq", [(False, 20), (False, 3), (True, 20)])
+def test_shared_prefix(triton_backend, prefill_route, int8, sq):
     """The prefix's first 19 of 23 tokens before each batch's keys (a batch without keys of its own), causal; int8:
     prefix and K/V dequantized with the combined per-channel parameters."""
-    b, n, sq, d = 2, 2, 20, 32
+    b, n, d = 2, 2, 32
     q = make_inputs("BNSD", b=b, n=n, sq=sq, d=d, dtype=F16)[0]
     if int8:
         k, v = randint8(b, n, 30, d, seed=1), randint8(b, n, 30, d, seed=2)
