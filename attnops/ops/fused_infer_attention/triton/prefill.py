@@ -89,9 +89,10 @@ def _outputs(p: FIAProblem, device: torch.device) -> tuple[torch.Tensor, torch.T
             torch.full(p.lse_shape, float("inf"), dtype=torch.float32, device=device))
 
 
-def _output_args(p: FIAProblem, out: torch.Tensor, lse: torch.Tensor, dummy: torch.Tensor) -> tuple[list, dict]:
-    """Output pointers and strides: ``o`` (batch, token, head), ``lse`` (batch, token, head), the int8 output's
-    scale/offset (head, channel), and the output constexprs."""
+def _output_args(p: FIAProblem, out: torch.Tensor, lse: torch.Tensor, dummy: torch.Tensor
+                 ) -> tuple[list, tuple, dict]:
+    """The int8 output's scale and offset pointers; the strides of ``o`` (batch, token, head), ``lse`` (batch, token,
+    head) and the scale/offset (head, channel); the output constexprs."""
     ov = tokens_view(out, p.out_layout, p.n1)
     if p.out_layout == "TND":
         o_strides, lse_strides = (0, ov.stride(0), ov.stride(1)), (0, lse.stride(0), lse.stride(1))
@@ -100,12 +101,12 @@ def _output_args(p: FIAProblem, out: torch.Tensor, lse: torch.Tensor, dummy: tor
     q = p.out_quant
     if q is None:
         mode = OUT_CAST if p.out_dtype == torch.float32 else OUT_CAST_ROUND
-        return [dummy, dummy, *o_strides, *lse_strides, 0, 0], dict(OUT_MODE=mode, OUT_OFFSET=False)
+        return [dummy, dummy], (*o_strides, *lse_strides, 0, 0), dict(OUT_MODE=mode, OUT_OFFSET=False)
     scale = q.scale
     quant_strides = (scale.stride(0) if scale.shape[0] > 1 else 0, scale.stride(1) if scale.shape[1] > 1 else 0)
     offset = dummy if q.offset is None else q.offset
-    return [scale, offset, *o_strides, *lse_strides, *quant_strides], dict(OUT_MODE=OUT_INT8,
-                                                                             OUT_OFFSET=q.offset is not None)
+    return [scale, offset], (*o_strides, *lse_strides, *quant_strides), dict(OUT_MODE=OUT_INT8,
+                                                                               OUT_OFFSET=q.offset is not None)
 
 
 def _kv_sources(p: FIAProblem, key, value, in_layout: str, block_table) -> list[tuple]:
@@ -123,12 +124,12 @@ def _kv_sources(p: FIAProblem, key, value, in_layout: str, block_table) -> list[
     return sources
 
 
-def _prefix_args(p: FIAProblem, options: dict, in_layout: str, dummy: torch.Tensor) -> list:
+def _prefix_args(p: FIAProblem, options: dict, in_layout: str, dummy: torch.Tensor) -> tuple[list, tuple]:
     """The shared prefix's key and value pointers and their (token, head, channel) strides."""
     if not p.prefix_len:
-        return [dummy, dummy, 0, 0, 0, 0, 0, 0]
+        return [dummy, dummy], (0,) * 6
     kp, vp = (tokens_view(options[name], in_layout, p.n2)[0] for name in ("key_shared_prefix", "value_shared_prefix"))
-    return [kp, vp, *kp.stride(), *vp.stride()]
+    return [kp, vp], (*kp.stride(), *vp.stride())
 
 
 def prefill_plan(p: FIAProblem, query: torch.Tensor, key, value, options: dict, interpret: bool):
@@ -150,8 +151,8 @@ def prefill_plan(p: FIAProblem, query: torch.Tensor, key, value, options: dict, 
     pse, pse_flags = fa_launch.pse_args(p, device, dummy)
     mask, mask_flags = fa_launch.mask_args(p, device, dummy)
     antiquant, antiquant_flags = antiquant_args(p, device, dummy)
-    outputs, out_flags = _output_args(p, out, lse, dummy)
-    prefix = _prefix_args(p, options, in_layout, dummy)
+    quant_out, out_strides, out_flags = _output_args(p, out, lse, dummy)
+    prefix, prefix_strides = _prefix_args(p, options, in_layout, dummy)
     meta = _meta(p, device)
     upcast = interpret or query.dtype == torch.float32
     launches = []
@@ -165,8 +166,8 @@ def prefill_plan(p: FIAProblem, query: torch.Tensor, key, value, options: dict, 
                      **antiquant_flags, HAS_PREFIX=p.prefix_len > 0, PACKED=in_layout == "TND",
                      PSE=pse_flags["PSE"], **mask_flags, **out_flags, UPCAST=upcast,
                      PRECISION="ieee" if upcast else "tf32")
-        args = (qv, k, v, prefix[0], prefix[1], out, lse, meta, bt, *pse[:4], *mask, *antiquant, outputs[0],
-                outputs[1], *q_strides, *ka.args(), *va.args(), *prefix[2:], *outputs[2:],
+        args = (qv, k, v, *prefix, out, lse, meta, bt, *pse[:4], *mask, *antiquant, *quant_out, *q_strides,
+                *ka.args(), *va.args(), *prefix_strides, *out_strides,
                 block_table.stride(0) if paged else 0, block_size, num_blocks, p.prefix_len, p.scale, p.n1, p.group,
                 p.d, p.dv, b_first, n_bh, GRID_FOLD)
         launches.append(Launch("prefill_kernel", (rows, min(n_bh, GRID_FOLD), cdiv(n_bh, GRID_FOLD)), args, flags,

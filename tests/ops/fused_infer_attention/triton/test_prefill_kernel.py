@@ -244,6 +244,17 @@ def test_block_table_values_are_clamped(triton_backend):
     assert bool(out.isfinite().all()) and bool(lse.isfinite().all())
 
 
+def test_host_constants_mirror_the_kernels():
+    from attnops.ops.flash_attention.triton import common
+    from attnops.ops.fused_infer_attention.triton import kv_args, kv_tiles, rounding
+
+    assert prefill.META_FIELDS == common.META_FIELDS
+    assert (prefill.OUT_CAST, prefill.OUT_CAST_ROUND, prefill.OUT_INT8) == (
+        rounding.OUT_CAST.value, rounding.OUT_CAST_ROUND.value, rounding.OUT_INT8.value)
+    assert (kv_args.KV_FLOAT, kv_args.KV_INT8, kv_args.KV_INT4) == (
+        kv_tiles.KV_FLOAT.value, kv_tiles.KV_INT8.value, kv_tiles.KV_INT4.value)
+
+
 def test_outputs_empty_only_when_every_row_is_written(triton_backend):
     q, k, v = make_inputs("BSND", b=2, n=2, sq=20, skv=30, d=16, dtype=F16)
     (out, _), _ = _launches(_dev(q), _dev(k), _dev(v))
