@@ -1,8 +1,8 @@
 """The FIA kernels in the shared AOT machinery: small problems whose plans give the call sites ``python -m attnops aot``
 compiles. Decode (fp16/bf16/fp32; dense and paged KV; head dims 128 and 192/128; GQA groups 4 to 16 with up to 4 query
 rows; int8 and int4 antiquant; masks and pse) and prefill (the same dtypes and head dims; dense, paged ND and NZ
-caches; int8 NZ caches with page-managed scales, int8 K/V with the shared prefix, int4 K/V; masks and pse; int8
-output)."""
+caches; int8 NZ caches with page-managed scales, int8 K/V with the shared prefix, int4 K/V; a few query rows after
+the shared prefix; masks and pse; int8 output)."""
 from __future__ import annotations
 
 import torch
@@ -120,6 +120,17 @@ def _prefill_prefix_int8() -> list:
                              quant_scale2=torch.rand(1, generator=gen) + 1)
 
 
+def _prefill_prefix_rows(dtype: str) -> list:
+    """Four query rows after a shared prefix (the decode kernels take no prefix), causal."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 32, 4, 128, generator=gen).to(t)
+    k, v = (torch.randn(2, 8, 300, 128, generator=gen).to(t) for _ in range(2))
+    kp, vp = (torch.randn(1, 8, 100, 128, generator=gen).to(t) for _ in range(2))
+    return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BNSD", scale=128 ** -0.5,
+                             key_shared_prefix=kp, value_shared_prefix=vp, sparse_mode=3,
+                             atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1))
+
+
 def _prefill_int4_list(dtype: str) -> list:
     """int4 K/V (packed in int32) as a per-batch tensor list with per-token scales and offsets, one query row."""
     t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
@@ -139,6 +150,7 @@ PREFILL_CASES = {**{f"prefill-dense-{t}-d128": lambda t=t: _prefill_dense(t, 128
                     for c in ("nd", "nz")},
                  **{f"prefill-nz-int8-{t}-d128": lambda t=t: _prefill_nz_int8(t) for t in ("fp16", "bf16")},
                  **{f"prefill-list-int4-{t}-d128": lambda t=t: _prefill_int4_list(t) for t in ("fp16", "bf16")},
+                 **{f"prefill-prefix-{t}-d128-sq4": lambda t=t: _prefill_prefix_rows(t) for t in DTYPES},
                  "prefill-prefix-int8-out-int8-fp16-d128": _prefill_prefix_int8}
 """The prefill kernel's AOT cases by name (``tests/ops/fused_infer_attention/triton/test_gpu_compile.py``)."""
 

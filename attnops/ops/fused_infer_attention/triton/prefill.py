@@ -24,6 +24,7 @@ from .kv_args import KV_INT4, antiquant_args, cache_addressing, cache_block_size
 
 GRID_FOLD = 65535  # CUDA's limit on grid axes 1 and 2: batch x heads beyond it fold onto axis 2
 INTERPRET_BLOCK = 16
+MIN_BLOCK_M = 16  # tl.dot's least rows
 OUT_CAST, OUT_CAST_ROUND, OUT_INT8 = 0, 1, 2  # rounding.OUT_*
 META_FIELDS = ("q_start", "kv_start", "q_len", "kv_len", "lo", "hi", "prefix", "drop_off", "pse_q_start",
                "pse_kv_start", "stat_base", "stat_head")  # flash_attention/triton/common.META_FIELDS
@@ -34,11 +35,14 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     without spills on sm_80 and sm_90 (``python -m attnops aot --filter fused_infer``): 64 query rows x 64 keys for
     fp16/bf16, 64 x 32 with 8 warps when a pse, an explicit mask, antiquant, a paged cache or head dims over 128 add
     per-element work (64 x 16 for int4, whose unpacking doubles the live K/V tile); fp32 (FMA dots, twice the
-    bytes): 32 x 32 with 8 warps, 32 x 16 with those features."""
+    bytes): 32 x 32 with 8 warps, 32 x 16 with those features; 16 x 32 with 4 warps when no batch has more than 16
+    query rows (calls the decode kernels refuse)."""
     import triton
 
     if interpret:
         return [triton.Config(dict(BLOCK_M=INTERPRET_BLOCK, BLOCK_N=INTERPRET_BLOCK), num_warps=4, num_stages=1)]
+    if launch.grid[0] <= MIN_BLOCK_M:
+        return [triton.Config(dict(BLOCK_M=MIN_BLOCK_M, BLOCK_N=32), num_warps=4, num_stages=2)]
     kw = launch.kwargs
     heavy = kw["PSE"] or kw["HAS_EXPLICIT"] or kw["K_QUANT"] or kw["V_QUANT"] or kw["PAGED"] or \
         max(kw["BLOCK_D"], kw["BLOCK_DV"]) > 128
