@@ -79,6 +79,8 @@ class Case:
         return total
 
     def forward_flops(self) -> float:
+        if self.op == "host_overhead":
+            return 0.0  # host work only: nothing is computed
         return 2.0 * self.heads * self.kept_pairs() * (self.d + self.dv)
 
     def flops(self) -> float:
@@ -349,6 +351,23 @@ register_suite(Suite(
             "its last output compared. nsa-module-prefill-decode: a fresh cache, prefill of T-16 tokens in chunks of "
             "1024, 16 decode steps; time and peak resident memory",
     cases=_nsa_decode_cases(), device="cpu", repeat=2, warmup=1))
+
+
+def _host_cases() -> tuple[Case, ...]:
+    from .host_overhead import host_cases
+
+    return host_cases()
+
+
+register_suite(Suite(
+    name="host-overhead",
+    description="Host (Python + dispatch) cost of one call on the Triton path, launches recorded on meta tensors",
+    details="Each call runs inside attnops.testing.gpu_dry_run on meta tensors: the GPU path is planned and its "
+            "launches recorded, not run, so the time is the host work a GPU call does before its asynchronous "
+            "launches. Baseline custom-op-floor: a torch.library custom op on the same tensors that only allocates its "
+            "output (and gradients): the least any custom-op design pays; ratio custom-op-floor/attnops = that "
+            "floor as a fraction of attnops' cost",
+    cases=_host_cases(), device="meta", repeat=200, warmup=20))
 
 
 def suite_cases(name: str, pattern: str | None = None) -> list[Case]:

@@ -53,6 +53,8 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
         from . import nsa_decode
 
         return nsa_decode.decode_inputs(case, device, seed)
+    if case.op == "host_overhead":
+        return _host_overhead().host_inputs(case, device, seed)
     if case.op != "flash_attention":
         from . import sparse_infer
 
@@ -143,6 +145,8 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
     the Triton verifier refuses runs the reference and logs why)."""
     import attnops
 
+    if case.op == "host_overhead":
+        return _host_overhead().build_host(case, inp, device)
     if case.op in ("nsa_decode", "nsa_prefill_decode"):
         from . import nsa_decode
 
@@ -316,7 +320,14 @@ BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
     "sdpa-gathered": lambda c, i, d: _sparse_infer().build_sdpa_gathered(c, i, d),
     "read-bandwidth": lambda c, i, d: _sparse_infer().build_read_bandwidth(c, i, d),
     "nsa-recompute": lambda c, i, d: _nsa_decode().build_recompute(c, i, d),
+    "custom-op-floor": lambda c, i, d: _host_overhead().build_floor(c, i, d),
 }
+
+
+def _host_overhead():
+    from . import host_overhead
+
+    return host_overhead
 
 
 def _nsa_decode():

@@ -175,6 +175,11 @@ def _run_isolated(suite: str, case: Case, device: torch.device, **kw) -> dict:
             "checks": {}}
 
 
+def _fmt_seconds(t: float) -> str:
+    """Seconds, or microseconds below a millisecond (host-overhead timings)."""
+    return f"{t * 1e6:8.1f} us" if t < 1e-3 else f"{t:8.4f} s "
+
+
 def _fmt_row(case: Case, entry: dict) -> list[str]:
     lines = []
     for name, r in entry["results"].items():
@@ -183,8 +188,8 @@ def _fmt_row(case: Case, entry: dict) -> list[str]:
             continue
         mem = r.get("memory", {}).get("peak_bytes")
         mem_s = f"  peak {mem / 2**30:.2f} GiB" if mem else ""
-        lines.append(f"  {name:15s} min {r['min_s']:8.4f} s  median {r['median_s']:8.4f} s  "
-                     f"{r['tflops_at_min'] * 1e3:7.1f} GFLOP/s{mem_s}")
+        rate = f"  {r['tflops_at_min'] * 1e3:7.1f} GFLOP/s" if case.flops() else ""
+        lines.append(f"  {name:15s} min {_fmt_seconds(r['min_s'])}  median {_fmt_seconds(r['median_s'])}{rate}{mem_s}")
     for name, q in entry["ratios"].items():
         lines.append(f"  ratio {name}/{OURS}: {q['min']:.3f} (min)  {q['median']:.3f} (median)")
     for name, c in entry["checks"].items():

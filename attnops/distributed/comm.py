@@ -64,7 +64,8 @@ class RingExchange:
 
 def broadcast_seed(info: GroupInfo, seed: int, device: torch.device) -> int:
     """Group rank 0's ``seed`` on every rank (every rank must draw the same dropout masks); ``device``: the
-    tensors' device (NCCL broadcasts GPU tensors)."""
+    tensors' device (NCCL broadcasts GPU tensors). The one host read of context parallelism: only a dropout call
+    without a ``seed`` broadcasts (and waits for) one; give ``seed`` to keep the call free of it."""
     t = torch.tensor([seed], dtype=torch.int64, device=device)
     if info.size > 1:
         dist.broadcast(t, src=info.first_global, group=info.group)

@@ -3,9 +3,10 @@
 Each rank holds query/key/value chunks ``r`` and ``2P-1-r`` (:mod:`.sharding`). KV shards travel around the ring
 (P-1 steps of ``isend``/``irecv`` posted before the step's compute, so transfer overlaps compute). At every step each
 (query chunk, KV chunk) pair is one :func:`attnops.flash_attention` call with the chunks' global positions:
-causal pairs above the diagonal are skipped, diagonal pairs use ``sparse_mode=2``, ALiBi gets the chunks' global
-``q_start_idx``/``kv_start_idx``, dropout a pair-specific Philox offset. Partial results are merged with the softmax
-statistics (:func:`attnops.ops.attention_update.merge_softmax_stats`, fp32 accumulation).
+causal pairs above the diagonal are skipped, diagonal pairs are causal (``causal=True``: equal chunk lengths, no
+mask tensor), ALiBi gets the chunks' global ``q_start_idx``/``kv_start_idx``, dropout a pair-specific Philox
+offset. Partial results are merged with the softmax statistics
+(:func:`attnops.ops.attention_update.merge_softmax_stats`, fp32 accumulation).
 
 The backward replays the ring: every pair calls :func:`attnops.flash_attention_backward` with the *merged*
 output and statistics (never recomputed); dK/dV partial sums (fp32) travel with a one-step lag behind the KV, so
@@ -13,7 +14,6 @@ their transfer overlaps the next step's compute, and reach their owner after the
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -30,12 +30,6 @@ from .comm import GroupInfo, RingExchange, broadcast_seed, group_info
 from .sharding import RingChunks, chunk_ids, head_geometry
 
 __all__ = ["ring_flash_attention"]
-
-
-@functools.cache
-def causal_mask() -> Tensor:
-    """The canonical compressed causal mask (``sparse_mode`` 2)."""
-    return torch.ones(2048, 2048, dtype=torch.bool).triu(1)
 
 
 def to_internal(x: Tensor, layout: str, heads: int | None) -> Tensor:
@@ -77,7 +71,7 @@ class RingPlan:
                     continue
                 kw = dict(self.chunks.call_kwargs(), scale=self.scale)
                 if self.causal and gk == gq:
-                    kw.update(atten_mask=causal_mask(), sparse_mode=2)
+                    kw.update(causal=True)  # a diagonal pair: equal chunk lengths, no mask tensor needed
                 if self.pse is not None:
                     c = self.chunks.chunk_len
                     kw.update(pse=self.pse, pse_type=self.pse_type, q_start_idx=gq * c, kv_start_idx=gk * c)

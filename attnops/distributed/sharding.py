@@ -7,9 +7,12 @@ rows are ``[chunk r of b, chunk 2P-1-r of b]``.
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import Tensor
 
+from .._core import staging
 from .._core.checks import check_tensor, fail, require
 from .._core.layouts import normalize_layout
 from .._core.varlen import lengths_from_cumulative
@@ -80,30 +83,36 @@ class RingChunks:
 
     ``lens`` are the per-sequence chunk lengths ``c_b`` (dense: one entry). ``take(x, j)`` returns local chunk ``j``
     (0: global chunk ``r``, 1: ``2P-1-r``); ``add_(buf, j, value)`` accumulates into it; ``join`` rebuilds the
-    local tensor from its two chunks.
+    local tensor from its two chunks. TND chunks are gathered through row indices built on the host once per
+    length list and device and staged up without blocking (:mod:`attnops._core.staging`).
     """
 
     def __init__(self, packed: bool, lens: list[int]):
         self.packed = packed
         self.lens = lens
-        if packed:
-            starts = torch.tensor([0, *lens[:-1]], dtype=torch.int64).cumsum(0) * 2
-            self._rows = [torch.cat([torch.arange(s + j * c, s + (j + 1) * c) for s, c in zip(starts.tolist(), lens)])
-                          for j in (0, 1)]
 
     @property
     def chunk_len(self) -> int:
         return self.lens[0]
 
+    def rows(self, j: int, device: torch.device) -> Tensor:
+        """The local token rows of chunk ``j`` (TND), on ``device``."""
+        return staging.cached_upload(("ring_chunk_rows", tuple(self.lens), j), lambda: self._host_rows(j),
+                                     torch.int64, device)
+
+    def _host_rows(self, j: int) -> Tensor:
+        starts = itertools.accumulate([0, *self.lens[:-1]])
+        return torch.cat([torch.arange(2 * s + j * c, 2 * s + (j + 1) * c) for s, c in zip(starts, self.lens)])
+
     def take(self, x: Tensor, j: int) -> Tensor:
         if self.packed:
-            return x.index_select(0, self._rows[j].to(x.device))
+            return x.index_select(0, self.rows(j, x.device))
         c = self.lens[0]
         return x[:, :, j * c:(j + 1) * c]
 
     def add_(self, buf: Tensor, j: int, value: Tensor) -> None:
         if self.packed:
-            buf.index_add_(0, self._rows[j].to(buf.device), value.to(buf.dtype))
+            buf.index_add_(0, self.rows(j, buf.device), value.to(buf.dtype))
         else:
             self.take(buf, j).add_(value)
 
@@ -111,15 +120,15 @@ class RingChunks:
         if not self.packed:
             return torch.cat([first, second], 2)
         out = first.new_empty((first.shape[0] + second.shape[0], *first.shape[1:]))
-        out[self._rows[0].to(out.device)] = first
-        out[self._rows[1].to(out.device)] = second
+        out.index_copy_(0, self.rows(0, out.device), first)
+        out.index_copy_(0, self.rows(1, out.device), second)
         return out
 
     def call_kwargs(self) -> dict:
         """flash_attention keywords of a call on one q chunk against one kv chunk."""
         if not self.packed:
             return dict(layout="BNSD")
-        cum = torch.tensor(self.lens, dtype=torch.int64).cumsum(0).tolist()
+        cum = list(itertools.accumulate(self.lens))
         return dict(layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum, softmax_layout="TND")
 
 

@@ -19,7 +19,6 @@ from .._core.layouts import tokens_view
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from ..ops.flash_attention import flash_attention
 from .comm import GroupInfo, all_to_all, broadcast_seed, group_info
-from .ring import causal_mask
 from .sharding import head_geometry
 
 __all__ = ["ulysses_flash_attention"]
@@ -120,7 +119,7 @@ def ulysses_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=
     else:
         local_numels = q.shape[0] * heads * q.shape[1] ** 2
     if causal:
-        kw.update(atten_mask=causal_mask(), sparse_mode=2)
+        kw.update(causal=True)
     if pse is not None:
         kw.update(pse=_local_pse(pse, pse_type, n1, info.rank, heads), pse_type=pse_type)
     if keep_prob < 1.0:

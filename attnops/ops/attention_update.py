@@ -13,12 +13,14 @@ statistics' dtype (fp32; fp64 for fp64 outputs), the output is cast back to the 
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import Tensor
 
-from .._core.checks import check_choice, check_int, check_tensor, fail, require
-from .._core.softmax_stats import FLT_LOWEST, FLT_MAX, SOFTMAX_LAYOUTS, STAT_LANES, stats_block, stats_dtype
-from .._core.varlen import seq_info_varlen
+from .._core import staging
+from .._core.checks import check_choice, check_int, check_same_device, check_tensor, fail, require
+from .._core.softmax_stats import FLT_LOWEST, FLT_MAX, SOFTMAX_LAYOUTS, STAT_LANES, stats_dtype
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 RING_LAYOUTS = ("SBH", "TND")
@@ -52,42 +54,80 @@ def _check_pair(prev: Tensor, cur: Tensor, prev_name: str, cur_name: str, dtypes
     require(cur.shape == prev.shape, cur_name, f"shape {list(prev.shape)} like {prev_name}", cur)
 
 
-def _seq_lens_from_prefix_sums(actual_seq_qlen, total: int) -> list[int]:
+def _prefix_sums(actual_seq_qlen, out: Tensor) -> Tensor:
+    """``actual_seq_qlen`` (int64 prefix sums ``[0, s0, s0+s1, ...]``) on the device of ``out`` ``[T, N, D]``: a CPU
+    tensor is checked (free) and staged up once per distinct list; a device tensor is used unread (values not
+    checked)."""
     check_tensor("actual_seq_qlen", actual_seq_qlen, ndim=1, dtypes=(torch.int64, torch.int32))
-    starts = [int(x) for x in actual_seq_qlen.tolist()]
-    ok = len(starts) >= 2 and starts[0] == 0 and all(b >= a for a, b in zip(starts, starts[1:]))
-    require(ok and starts[-1] <= total, "actual_seq_qlen",
-            f"int64 prefix sums starting at 0 ([0, s0, s0+s1, ...]), non-decreasing, last <= T={total}",
+    require(actual_seq_qlen.shape[0] >= 2, "actual_seq_qlen", "prefix sums [0, s0, s0+s1, ...] (at least 2 entries)",
             actual_seq_qlen)
-    return [b - a for a, b in zip(starts, starts[1:])]
+    if actual_seq_qlen.device.type != "cpu":
+        check_same_device("prev_attn_out", out, actual_seq_qlen=actual_seq_qlen)
+        return actual_seq_qlen.to(torch.int64)
+    starts = [int(x) for x in actual_seq_qlen.tolist()]
+    ok = starts[0] == 0 and all(b >= a for a, b in zip(starts, starts[1:]))
+    require(ok and starts[-1] <= out.shape[0], "actual_seq_qlen",
+            f"int64 prefix sums starting at 0 ([0, s0, s0+s1, ...]), non-decreasing, last <= T={out.shape[0]}",
+            actual_seq_qlen)
+    return _staged_prefix_sums(tuple(b - a for a, b in zip(starts, starts[1:])), out.device)
 
 
-def _tnd_stats_views(stats: Tensor, lens: list[int]) -> list[tuple[Tensor, slice]]:
-    """Per-batch ``[Sq_b, N, 8]`` views of blocked TND statistics with their token ranges (tail: token-major)."""
-    seq = seq_info_varlen(lens, lens)
-    views = [(stats_block(stats, seq, b, "").permute(1, 0, 2), slice(seq.q_starts[b], seq.q_starts[b] + n))
-             for b, n in enumerate(lens)]
-    used = sum(lens)
-    tail = stats.view(-1)[used * stats.shape[1] * STAT_LANES:].view(-1, stats.shape[1], STAT_LANES)
-    return views + [(tail, slice(used, stats.shape[0]))]
+def _staged_prefix_sums(lens: tuple[int, ...], device: torch.device) -> Tensor:
+    """``[0, l0, l0+l1, ...]`` of host lengths on ``device`` (uploaded once per distinct list)."""
+    return staging.cached_upload(("attention_update.prefix_sums", lens), lambda: [0, *itertools.accumulate(lens)],
+                                 torch.int64, device)
 
 
-def blocked_to_tnd(stats: Tensor, lens: list[int]) -> Tensor:
-    """FlashAttention's default per-batch blocked TND statistics -> true ``[T, N, 8]`` (``lens``: per-batch Sq_b)."""
-    stats = stats.detach()
-    out = torch.empty_like(stats)
-    for view, rows in _tnd_stats_views(stats, lens):
-        out[rows] = view
-    return out
+def _batch_of(prefix: Tensor, position: Tensor, scale: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(inside, start, length, batch)`` of ``position`` among the ranges ``[prefix[b], prefix[b+1]) * scale``:
+    whether it falls in one, that batch's first token and length (clamped so no index leaves its range)."""
+    batches = prefix.shape[0] - 1
+    batch = torch.searchsorted(prefix[1:] * scale, position, right=True)
+    inside = batch < batches
+    batch = batch.clamp(max=batches - 1)
+    start = prefix[batch]
+    return inside, start, prefix[batch + 1] - start, batch
 
 
-def tnd_to_blocked(stats: Tensor, lens: list[int]) -> Tensor:
+def _blocked_rows(prefix: Tensor, tokens: int, heads: int) -> Tensor:
+    """For each true-TND row ``t * heads + n``, the row of the blocked memory holding it: batch ``b``'s rows are
+    head-major ``[N, Sq_b]`` from ``prefix[b] * N``; rows past the last batch are token-major, where they are."""
+    t = torch.arange(tokens, device=prefix.device)
+    n = torch.arange(heads, device=prefix.device)
+    inside, start, length, _ = _batch_of(prefix, t, 1)
+    rows = torch.where(inside[:, None], (start * heads + t - start)[:, None] + n[None, :] * length[:, None],
+                       t[:, None] * heads + n[None, :])
+    return rows.flatten().clamp(0, max(tokens * heads - 1, 0))
+
+
+def _tnd_rows(prefix: Tensor, tokens: int, heads: int) -> Tensor:
+    """For each row ``r`` of the blocked memory, the true-TND row ``t * heads + n`` it holds (inverse of
+    :func:`_blocked_rows`)."""
+    r = torch.arange(tokens * heads, device=prefix.device)
+    inside, start, length, _ = _batch_of(prefix, r, heads)
+    local = r - start * heads
+    length = length.clamp(min=1)
+    rows = torch.where(inside, (start + local % length) * heads + local.div(length, rounding_mode="floor"), r)
+    return rows.clamp(0, max(tokens * heads - 1, 0))
+
+
+def _permuted(stats: Tensor, rows: Tensor) -> Tensor:
+    """``stats`` ``[T, N, L]`` with row ``i`` of the result = row ``rows[i]`` of ``stats`` (rows of ``L`` lanes)."""
+    stats = stats.detach().contiguous()
+    return stats.view(-1, stats.shape[-1]).index_select(0, rows).view(stats.shape)
+
+
+def blocked_to_tnd(stats: Tensor, lens: list[int] | Tensor) -> Tensor:
+    """FlashAttention's default per-batch blocked TND statistics -> true ``[T, N, 8]``. ``lens``: the per-batch
+    Sq_b (host list), or their prefix sums ``[0, s0, s0+s1, ...]`` as an int64 tensor on ``stats``' device."""
+    prefix = lens if isinstance(lens, Tensor) else _staged_prefix_sums(tuple(lens), stats.device)
+    return _permuted(stats, _blocked_rows(prefix, stats.shape[0], stats.shape[1]))
+
+
+def tnd_to_blocked(stats: Tensor, lens: list[int] | Tensor) -> Tensor:
     """True ``[T, N, 8]`` statistics -> FlashAttention's default per-batch blocked memory (inverse of the above)."""
-    stats = stats.detach()
-    out = torch.empty_like(stats)
-    for view, rows in _tnd_stats_views(out, lens):
-        view.copy_(stats[rows])
-    return out
+    prefix = lens if isinstance(lens, Tensor) else _staged_prefix_sums(tuple(lens), stats.device)
+    return _permuted(stats, _tnd_rows(prefix, stats.shape[0], stats.shape[1]))
 
 
 def ring_attention_update(prev_attn_out: Tensor, prev_softmax_max: Tensor, prev_softmax_sum: Tensor,
@@ -100,6 +140,8 @@ def ring_attention_update(prev_attn_out: Tensor, prev_softmax_max: Tensor, prev_
     with statistics ``[T, N, 8]``, either in FlashAttention's default per-batch blocked memory
     (``input_softmax_layout=""``, needs ``actual_seq_qlen``: int64 prefix sums starting at 0, unlike FA's
     cumulative lists) or true TND (``input_softmax_layout="TND"``). Statistics are fp32 (fp64 for fp64 outputs).
+    ``actual_seq_qlen`` on the CPU is checked; on the device it is used there unread (values not checked; every
+    index it yields is clamped into the tensors).
     Returns ``(attn_out, softmax_max, softmax_sum)`` in the input layouts; ``attn_out`` has the input dtype.
     """
     layout = check_choice("input_layout", input_layout.upper() if isinstance(input_layout, str) else input_layout,
@@ -112,6 +154,9 @@ def ring_attention_update(prev_attn_out: Tensor, prev_softmax_max: Tensor, prev_
     require(prev_softmax_sum.shape == prev_softmax_max.shape, "prev_softmax_sum",
             f"shape {list(prev_softmax_max.shape)} like prev_softmax_max", prev_softmax_sum)
     require(prev_attn_out.dim() == 3, "prev_attn_out", f"a 3-D tensor ({layout})", prev_attn_out)
+    check_same_device("prev_attn_out", prev_attn_out, cur_attn_out=cur_attn_out, prev_softmax_max=prev_softmax_max,
+                      prev_softmax_sum=prev_softmax_sum, cur_softmax_max=cur_softmax_max,
+                      cur_softmax_sum=cur_softmax_sum)
     o1, o2, m1, s1, m2, s2 = (prev_attn_out, cur_attn_out, prev_softmax_max, prev_softmax_sum, cur_softmax_max,
                               cur_softmax_sum)
     if layout == "SBH":
@@ -131,10 +176,11 @@ def ring_attention_update(prev_attn_out: Tensor, prev_softmax_max: Tensor, prev_
     if actual_seq_qlen is None:
         fail("actual_seq_qlen", "int64 prefix sums [0, s0, s0+s1, ...] for TND with the blocked softmax layout",
              None)
-    lens = _seq_lens_from_prefix_sums(actual_seq_qlen, t)
-    m1, s1, m2, s2 = (blocked_to_tnd(x.contiguous(), lens) for x in (m1, s1, m2, s2))
+    prefix = _prefix_sums(actual_seq_qlen, o1)
+    to_tnd, to_blocked = _blocked_rows(prefix, t, n), _tnd_rows(prefix, t, n)
+    m1, s1, m2, s2 = (_permuted(x, to_tnd) for x in (m1, s1, m2, s2))
     out, smax, ssum = merge_softmax_stats(o1, m1, s1, o2, m2, s2)
-    return out.to(o1.dtype), tnd_to_blocked(smax, lens), tnd_to_blocked(ssum, lens)
+    return out.to(o1.dtype), _permuted(smax, to_blocked), _permuted(ssum, to_blocked)
 
 
 def attention_update(lse: list[Tensor], local_out: list[Tensor], update_type: int = 0) -> tuple[Tensor, Tensor]:
@@ -154,6 +200,7 @@ def attention_update(lse: list[Tensor], local_out: list[Tensor], update_type: in
     for i, (x, o) in enumerate(zip(lse, local_out)):
         check_tensor(f"lse[{i}]", x, shape=(rows,), dtypes=(lse_dtype,))
         check_tensor(f"local_out[{i}]", o, shape=tuple(local_out[0].shape), dtypes=(local_out[0].dtype,))
+        check_same_device("local_out[0]", local_out[0], **{f"lse[{i}]": x, f"local_out[{i}]": o})
     stacked = torch.stack(list(lse))
     finite = torch.isfinite(stacked)
     lse_max = torch.where(finite, stacked, float("-inf")).amax(0)

@@ -1,7 +1,7 @@
 """Paged KV-cache writes and reads with torch_npu's signatures: ``npu_scatter_pa_kv_cache``,
 ``npu_gather_pa_kv_cache`` (and their ``_functional`` forms) and ``_npu_reshape_and_cache``.
 
-Plain tensor indexing, vectorised over tokens, on any device. Cache layouts (``cache_mode``):
+Cache layouts (``cache_mode``):
 
 * ``"Norm"`` (ND): ``[num_blocks, block_size, N, D]`` (or ``[num_blocks, block_size, N*D]``); token slot ``s`` is
   row ``s % block_size`` of block ``s // block_size``;
@@ -9,22 +9,36 @@ Plain tensor indexing, vectorised over tokens, on any device. Cache layouts (``c
   ``h = n*D + d`` of the token at slot ``s`` lives at ``[s // block_size, h // x, s % block_size, h % x]``.
 
 A negative slot skips its token (as the NPU kernel and op-plugin's golden do).
+
+Nothing on the GPU path reads a device tensor's values on the host, so the ops are capturable in a CUDA graph. The
+write is one Triton launch (:mod:`.triton`) that skips every slot outside ``[0, num_blocks * block_size)``
+(negative: padding; too large: invalid, dropped rather than written elsewhere); the read is one launch that finds
+each token's sequence and block itself (the reference derives them with torch ops, also without a host read); both
+keep every index inside the tensors whatever the values. Values are checked on the host where reading them is free:
+CPU ``slot_mapping``/``seq_lens``/``seq_offset`` tensors, and the reference's slots (a slot past the cache raises).
+Two tokens with the same valid slot leave either one's row there (per element on the GPU).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import Tensor
 
+from .._core import staging
 from .._core.checks import check_choice, check_tensor, fail, require
+from .._core.dispatch import choose_backend
 from ._common import with_overloads
+from .triton import launch as cache_launch
 
 CACHE_MODES = ("Norm", "PA_NZ")
 
 
-def _token_rows(cache: Tensor, name: str, tokens: Tensor, token_name: str, nz: bool) -> tuple[Tensor, int]:
-    """``(view, block_size)``: ``view[block, :, offset, :]`` (NZ) or ``view[block * block_size + offset]`` (ND) is
-    one token's ``N*D`` elements, for ``tokens`` ``[T, N, D]``."""
-    width = tokens[0].numel() if tokens.shape[0] else tokens.shape[1:].numel()
+def _cache_view(cache: Tensor, name: str, tokens: Tensor, token_name: str, nz: bool) -> Tensor:
+    """``cache`` as a 4-D ``[num_blocks, chunks, block_size, X]`` view (ND: ``chunks = 1``, ``X = N*D``) in which
+    element ``h`` of the token at slot ``s`` is ``[s // block_size, h // X, s % block_size, h % X]``, for
+    ``tokens`` ``[T, N, D]``."""
+    width = tokens.shape[1:].numel()
     require(cache.dtype == tokens.dtype, name, f"dtype {tokens.dtype} (same as {token_name})", cache.dtype)
     if nz:
         require(cache.dim() in (4, 5), name, "a 4-D [num_blocks, N*D/x, block_size, x] or 5-D "
@@ -32,36 +46,68 @@ def _token_rows(cache: Tensor, name: str, tokens: Tensor, token_name: str, nz: b
         view = cache if cache.dim() == 4 else cache.flatten(1, 2)
         require(view.shape[1] * view.shape[3] == width, name,
                 f"an NZ cache holding N*D={width} elements per token (dim 1 x dim 3)", cache)
-        return view, view.shape[2]
+        return view
     require(cache.dim() in (3, 4) and cache.shape[2:].numel() == width, name,
             f"an ND cache [num_blocks, block_size, N, D] or [num_blocks, block_size, N*D] with N*D={width} "
             "(cache_mode='Norm')", cache)
-    return cache.view(cache.shape[0] * cache.shape[1], width), cache.shape[1]
+    return cache.view(cache.shape[0], cache.shape[1], width).unsqueeze(1)
 
 
-def _slots(slot_mapping: Tensor, tokens: int, capacity: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def _capacity(view: Tensor) -> int:
+    return view.shape[0] * view.shape[2]
+
+
+def _same_device(name: str, x: Tensor, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``x`` as ``dtype`` on ``device``: already there, or a CPU tensor staged up without blocking."""
+    if x.device.type == "cpu" and device.type != "cpu":
+        return staging.upload(x, dtype, device)
+    require(x.device == device, name, f"a tensor on {device} (the tokens' device) or on the CPU", x)
+    return x.to(dtype)
+
+
+def _check_slots(slot_mapping: Tensor, tokens: int) -> None:
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int32, torch.int64))
     require(slot_mapping.shape[0] == tokens, "slot_mapping", f"one slot per token ({tokens})", slot_mapping)
-    slots = slot_mapping.to(device=device, dtype=torch.int64)
-    keep = slots >= 0
-    if bool((slots[keep] >= capacity).any()):
+
+
+def _check_slot_values(slots: Tensor, capacity: int) -> None:
+    """Host check of slot values (a CPU ``slot_mapping``, or the reference path): negative slots are skipped,
+    the others must lie inside the cache."""
+    if bool((slots >= capacity).any()):
         fail("slot_mapping", f"slots in [0, num_blocks * block_size = {capacity}) (negative slots are skipped)",
              f"max slot {int(slots.max())}")
-    return torch.nonzero(keep).flatten(), slots[keep]
 
 
-def _scatter(tokens: Tensor, token_name: str, cache: Tensor, cache_name: str, slot_mapping: Tensor,
-             nz: bool) -> None:
-    check_tensor(token_name, tokens, ndim=3)
-    check_tensor(cache_name, cache, device=tokens.device)
-    view, block_size = _token_rows(cache, cache_name, tokens, token_name, nz)
-    capacity = cache.shape[0] * block_size
-    rows, slots = _slots(slot_mapping, tokens.shape[0], capacity, tokens.device)
-    data = tokens.reshape(tokens.shape[0], -1)[rows]
-    if nz:
-        view[slots // block_size, :, slots % block_size, :] = data.view(data.shape[0], view.shape[1], view.shape[3])
-    else:
-        view[slots] = data
+def _write_reference(tokens: Tensor, view: Tensor, slot_mapping: Tensor) -> None:
+    """Plain-indexing write of the tokens whose slot is not negative (values checked first)."""
+    _check_slot_values(slot_mapping, _capacity(view))
+    slots = slot_mapping.to(device=tokens.device, dtype=torch.int64)
+    rows = torch.nonzero(slots >= 0).flatten()
+    slots = slots[rows]
+    block_size = view.shape[2]
+    data = tokens.flatten(1)[rows]
+    view[slots // block_size, :, slots % block_size, :] = data.view(data.shape[0], view.shape[1], view.shape[3])
+
+
+def _write_pair(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
+                key_nz: bool, value_nz: bool) -> None:
+    """Write ``key``/``value`` ``[T, N, D]`` at ``slot_mapping`` into the caches: one Triton launch on a GPU (slot
+    values read by the kernel, never on the host), plain indexing in the reference."""
+    _check_pair(key, value)
+    check_tensor("key_cache", key_cache, device=key.device)
+    check_tensor("value_cache", value_cache, device=key.device)
+    key_view = _cache_view(key_cache, "key_cache", key, "key", key_nz)
+    value_view = _cache_view(value_cache, "value_cache", value, "value", value_nz)
+    _check_slots(slot_mapping, key.shape[0])
+    if choose_backend("auto", key.device, lambda: cache_launch.unsupported_reason(key)) == "reference":
+        _write_reference(key, key_view, slot_mapping)
+        _write_reference(value, value_view, slot_mapping)
+        return
+    if slot_mapping.device.type == "cpu":
+        _check_slot_values(slot_mapping, min(_capacity(key_view), _capacity(value_view)))
+    slots = _same_device("slot_mapping", slot_mapping, slot_mapping.dtype, key.device)
+    plan = cache_launch.scatter_plan(slots, key.flatten(1), key_view, value.flatten(1), value_view)
+    cache_launch.KERNELS.run_all(plan, key.device)
 
 
 def _check_pair(key: Tensor, value: Tensor) -> None:
@@ -86,9 +132,7 @@ def npu_scatter_pa_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
         if arg is not None:
             raise NotImplementedError(f"{name}: the compressed-cache variant of npu_scatter_pa_kv_cache is not "
                                       "supported by attnops (expected None); see docs/porting.md")
-    _check_pair(key, value)
-    _scatter(key, "key", key_cache, "key_cache", slot_mapping, mode == "PA_NZ")
-    _scatter(value, "value", value_cache, "value_cache", slot_mapping, mode == "PA_NZ")
+    _write_pair(key, value, key_cache, value_cache, slot_mapping, mode == "PA_NZ", mode == "PA_NZ")
 
 
 def npu_scatter_pa_kv_cache_functional(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -112,8 +156,7 @@ def _reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cach
                        slot_indices: Tensor) -> None:
     """ATB's ReshapeAndCache: :func:`npu_scatter_pa_kv_cache` with the layout read from the caches' shapes."""
     _check_pair(key, value)
-    _scatter(key, "key", key_cache, "key_cache", slot_indices, _is_nz(key_cache, key))
-    _scatter(value, "value", value_cache, "value_cache", slot_indices, _is_nz(value_cache, value))
+    _write_pair(key, value, key_cache, value_cache, slot_indices, _is_nz(key_cache, key), _is_nz(value_cache, value))
 
 
 def _npu_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -123,34 +166,45 @@ def _npu_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_
     _reshape_and_cache(key, value, key_cache, value_cache, slot_indices)
 
 
-def _token_slots(block_tables: Tensor, lengths: list[int], seq_offset: list[int] | None, block_size: int,
-                 num_blocks: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """``(valid, slots)`` for every token of every sequence in order: the token's physical slot, and whether its
-    block is a real one (out-of-table or invalid block ids read as zeros)."""
-    batch = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.int64))
-    starts = torch.tensor([0] + lengths[:-1], dtype=torch.int64).cumsum(0)
-    pos = torch.arange(batch.numel()) - starts[batch]
-    first = torch.tensor(seq_offset, dtype=torch.int64) // block_size if seq_offset is not None else None
-    column = pos // block_size + (first[batch] if first is not None else 0)
-    table = block_tables.to("cpu", torch.int64)
-    inside = column < table.shape[1]
-    blocks = torch.where(inside, table[batch, column.clamp(max=table.shape[1] - 1)], -1)
-    valid = inside & (blocks >= 0) & (blocks < num_blocks)
-    slots = blocks.clamp(min=0) * block_size + pos % block_size
-    return valid.to(device), slots.to(device)
-
-
-def _gather(cache: Tensor, cache_name: str, out: Tensor, out_name: str, valid: Tensor, slots: Tensor) -> None:
-    check_tensor(out_name, out, ndim=3, device=cache.device)
-    view, block_size = _token_rows(cache, cache_name, out, out_name, _is_nz(cache, out))
-    n = min(out.shape[0], slots.numel())
-    slots, valid = slots[:n], valid[:n]
-    if view.dim() == 4:
-        rows = view[slots // block_size, :, slots % block_size, :].reshape(n, -1)
+def _check_host_lengths(seq_lens: Tensor, cumsum: bool) -> None:
+    """Value checks of a CPU ``seq_lens`` (free on the host; a device tensor is not read)."""
+    values = [int(v) for v in seq_lens.tolist()]
+    if cumsum:
+        require(values and values[0] == 0 and all(b >= a for a, b in zip(values, values[1:])), "seq_lens",
+                "a non-decreasing cumulative list starting at 0 (is_seq_lens_cumsum=True)", values)
     else:
-        rows = view[slots]
-    rows = torch.where(valid.unsqueeze(1), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
-    out[:n] = rows.view(n, *out.shape[1:])
+        require(all(v >= 0 for v in values), "seq_lens", "non-negative lengths", values)
+
+
+def _token_sources(block_tables: Tensor, ends: Tensor, starts: Tensor, offsets: Tensor | None, tokens: int,
+                   block_size: int, num_blocks: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(blocks, rows, valid, written)`` of output tokens ``0 .. tokens-1``, derived on the device from the
+    sequences' token ranges ``[starts[b], ends[b])``: the cache block and row each token is read from, whether
+    that block is a real one (inside the table, id in ``[0, num_blocks)``), and whether the token belongs to a
+    sequence at all (the copy stops after the last one). Every index is clamped into range, whatever the values."""
+    t = torch.arange(tokens, device=ends.device)
+    batch = torch.searchsorted(ends, t, right=True)
+    written = batch < ends.shape[0]
+    batch = batch.clamp(max=ends.shape[0] - 1)
+    pos = t - starts[batch]
+    column = pos.div(block_size, rounding_mode="floor")
+    if offsets is not None:
+        column = column + offsets[batch].div(block_size, rounding_mode="floor")
+    width = block_tables.shape[1]
+    valid = (pos >= 0) & (column >= 0) & (column < width)
+    if width == 0 or num_blocks == 0:
+        zeros = torch.zeros_like(t)
+        return zeros, zeros, torch.zeros_like(valid), written
+    blocks = block_tables[batch, column.clamp(0, width - 1)].to(torch.int64)
+    valid &= (blocks >= 0) & (blocks < num_blocks)
+    return blocks.clamp(0, num_blocks - 1), pos.remainder(block_size), valid, written
+
+
+def _gather(view: Tensor, out: Tensor, blocks: Tensor, rows: Tensor, valid: Tensor, written: Tensor) -> None:
+    """``out[t]`` = the cache row of token ``t`` (0 where its block is invalid; unchanged where not written)."""
+    data = view[blocks, :, rows, :].reshape(out.shape)
+    data = torch.where(valid.view(-1, 1, 1), data, 0)
+    out.copy_(torch.where(written.view(-1, 1, 1), data, out))
 
 
 def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
@@ -160,28 +214,64 @@ def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables:
 
     Sequence ``b`` has ``seq_lens[b]`` tokens (with ``is_seq_lens_cumsum``: ``seq_lens`` is ``[0, c1, c2, ...]``
     and the lengths are its differences), read from the blocks ``block_tables[b, seq_offset[b] // block_size:]``;
-    the sequences are written one after the other and the copy stops at ``key.shape[0]`` tokens. Blocks outside
-    the table or with an invalid id give zeros. The caches are ND ``[num_blocks, block_size, N, D]`` or NZ.
+    the sequences are written one after the other and the copy stops at ``key.shape[0]`` tokens (rows past the
+    last sequence are left as they are). Blocks outside the table or with an invalid id give zeros. The caches are
+    ND ``[num_blocks, block_size, N, D]`` or NZ, with one block size. On a GPU one Triton launch reads the lengths,
+    offsets and table itself; their values are checked only when they are CPU tensors.
     """
     check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32, torch.int64))
     check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32, torch.int64))
-    values = [int(v) for v in seq_lens.tolist()]
-    if is_seq_lens_cumsum:
-        require(values and values[0] == 0 and all(b >= a for a, b in zip(values, values[1:])), "seq_lens",
-                "a non-decreasing cumulative list starting at 0 (is_seq_lens_cumsum=True)", values)
-        values = [b - a for a, b in zip(values, values[1:])]
-    require(all(v >= 0 for v in values), "seq_lens", "non-negative lengths", values)
-    require(len(values) <= block_tables.shape[0], "block_tables", f"at least {len(values)} rows (one per sequence)",
+    batch = seq_lens.shape[0] - 1 if is_seq_lens_cumsum else seq_lens.shape[0]
+    require(batch >= 0, "seq_lens", "a cumulative list starting at 0 (is_seq_lens_cumsum=True)", seq_lens)
+    require(batch <= block_tables.shape[0], "block_tables", f"at least {batch} rows (one per sequence)",
             block_tables)
-    offsets = None
     if seq_offset is not None:
-        check_tensor("seq_offset", seq_offset, ndim=1, shape=(len(values),))
-        offsets = [int(v) for v in seq_offset.tolist()]
+        check_tensor("seq_offset", seq_offset, ndim=1, shape=(batch,), dtypes=(torch.int32, torch.int64))
+    if seq_lens.device.type == "cpu":
+        _check_host_lengths(seq_lens, is_seq_lens_cumsum)
+    if seq_offset is not None and seq_offset.device.type == "cpu":
+        require(bool((seq_offset >= 0).all()), "seq_offset", "non-negative offsets", seq_offset.tolist())
     _check_pair(key, value)
-    _, block_size = _token_rows(key_cache, "key_cache", key, "key", _is_nz(key_cache, key))
-    valid, slots = _token_slots(block_tables, values, offsets, block_size, key_cache.shape[0], key.device)
-    _gather(key_cache, "key_cache", key, "key", valid, slots)
-    _gather(value_cache, "value_cache", value, "value", valid, slots)
+    check_tensor("key_cache", key_cache, device=key.device)
+    check_tensor("value_cache", value_cache, device=key.device)
+    key_view = _cache_view(key_cache, "key_cache", key, "key", _is_nz(key_cache, key))
+    value_view = _cache_view(value_cache, "value_cache", value, "value", _is_nz(value_cache, value))
+    block_size = key_view.shape[2]
+    require(value_view.shape[2] == block_size, "value_cache", f"block_size {block_size} like key_cache", value_cache)
+    if batch == 0:
+        return
+    device = key.device
+    lens = _same_device("seq_lens", seq_lens, seq_lens.dtype, device)
+    offsets = None if seq_offset is None else _same_device("seq_offset", seq_offset, seq_offset.dtype, device)
+    table = _same_device("block_tables", block_tables, block_tables.dtype, device)
+    num_blocks = min(key_view.shape[0], value_view.shape[0])
+    if choose_backend("auto", device, lambda: cache_launch.unsupported_reason(key)) == "reference":
+        lens = lens.to(torch.int64)
+        ends, starts = (lens[1:], lens[:-1]) if is_seq_lens_cumsum else (lens.cumsum(0), lens.cumsum(0) - lens)
+        sources = _token_sources(table, ends, starts, offsets, key.shape[0], block_size, num_blocks)
+        _gather(key_view, key, *sources)
+        _gather(value_view, value, *sources)
+        return
+    with _writable_rows(key) as key_rows, _writable_rows(value) as value_rows:
+        plan = cache_launch.gather_plan(lens, is_seq_lens_cumsum, offsets, table, num_blocks, key_rows, key_view,
+                                        value_rows, value_view)
+        cache_launch.KERNELS.run_all(plan, device)
+
+
+@contextlib.contextmanager
+def _writable_rows(out: Tensor):
+    """``out [T, N, D]`` as ``[T, N*D]`` rows with a unit last stride for a kernel to write: a view when the strides
+    allow, else a copy written back afterwards."""
+    try:
+        rows = out.view(out.shape[0], out.shape[1] * out.shape[2])
+    except RuntimeError:
+        rows = None
+    if rows is not None and (rows.stride(1) == 1 or rows.shape[1] <= 1):
+        yield rows
+        return
+    rows = out.reshape(out.shape[0], out.shape[1] * out.shape[2]).contiguous()
+    yield rows
+    out.copy_(rows.view(out.shape))
 
 
 def npu_gather_pa_kv_cache_functional(key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,

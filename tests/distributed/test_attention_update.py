@@ -8,7 +8,7 @@ import torch
 
 import attnops
 from attnops._core.softmax_stats import FLT_LOWEST, FLT_MAX
-from attnops.ops.attention_update import attention_update, ring_attention_update
+from attnops.ops.attention_update import attention_update, blocked_to_tnd, ring_attention_update, tnd_to_blocked
 from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden import fa_forward
 from tests.helpers import F64, cum, make_qkv
@@ -129,3 +129,29 @@ def test_attention_update_validation():
         attention_update([lse.half()], [o], 0)
     with pytest.raises(ValueError, match="lse"):
         attention_update([], [], 0)
+
+
+@pytest.mark.parametrize("lens", [[3, 0, 4], [5], [2, 2, 1]])
+def test_blocked_statistics_layout_round_trip(lens):
+    """FlashAttention's blocked TND memory built by hand (per batch ``[N, Sq_b, 8]`` blocks, then the rows past the
+    last batch token-major) against the conversions, given as host lengths or device-style prefix sums."""
+    t, n = sum(lens) + 2, 3
+    tnd = torch.arange(t * n * 8, dtype=torch.float32).view(t, n, 8)
+    blocks, start = [], 0
+    for length in lens:
+        blocks.append(tnd[start:start + length].permute(1, 0, 2).reshape(-1))
+        start += length
+    blocked = torch.cat(blocks + [tnd[start:].reshape(-1)]).view(t, n, 8)
+    prefix = torch.tensor([0, *cum(lens)], dtype=torch.int64)
+    for given in (lens, prefix):
+        assert torch.equal(tnd_to_blocked(tnd, given), blocked)
+        assert torch.equal(blocked_to_tnd(blocked, given), tnd)
+
+
+def test_blocked_statistics_layout_stays_in_range_for_any_prefix_sums():
+    """Device prefix sums are not checked: any values give rows of the input, never an out-of-range index."""
+    stats = torch.randn(6, 2, 8)
+    for prefix in ([0, 9, 3], [-4, 2, 50], [7, 7, -1]):
+        for convert in (blocked_to_tnd, tnd_to_blocked):
+            out = convert(stats, torch.tensor(prefix))
+            assert out.shape == stats.shape and bool(torch.isin(out, stats).all())

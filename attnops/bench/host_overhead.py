@@ -1,0 +1,98 @@
+"""The ``host-overhead`` suite: the host (Python and dispatch) cost of one call on the Triton path.
+
+Every call runs inside :func:`attnops.testing.gpu_dry_run` on ``meta`` tensors: the Triton path is planned as for a
+GPU and its launches are recorded instead of run, and ``meta`` tensors have no data, so what is timed is exactly the
+host work a GPU call would do before its (asynchronous) launches: validation, dispatch, metadata, allocation, launch
+planning. The baseline ``custom-op-floor`` is the least any custom-op design pays: a ``torch.library`` custom op that
+takes the same tensors and only allocates its output (with an autograd formula that only allocates the gradients),
+measured in the same run.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .cases import Case
+
+META = torch.device("meta")
+
+
+def host_inputs(case: Case, device: torch.device, seed: int):
+    """The case's ``meta`` tensors (``device`` must be ``meta``: the suite times host work only)."""
+    from .impls import Inputs
+
+    if device.type != "meta":
+        raise ValueError(f"the host-overhead suite runs on the meta device (got {device}): it times host work only")
+    dt = getattr(torch, case.dtype)
+    shape_q, shape_kv = (case.batch, case.heads, case.sq, case.d), (case.batch, case.kv_heads, case.skv, case.d)
+    q, k, v, dy = (torch.empty(s, dtype=dt, device=META) for s in (shape_q, shape_kv, shape_kv, shape_q))
+    return Inputs(q, k, v, dy, dict(causal=case.causal), case.d ** -0.5)
+
+
+def _dry(call):
+    """``call`` run inside a dry run without the host-read guard (the guard's own dispatch mode would be timed)."""
+    from .._core.triton import dry_run
+
+    def fn():
+        run = dry_run.push()
+        try:
+            return call()
+        finally:
+            dry_run.pop(run)
+    return fn
+
+
+def build_host(case: Case, inp, device: torch.device):
+    """One attnops call of the case's scenario on the Triton path (launches recorded, not run)."""
+    import attnops
+
+    from .impls import Runnable, _autograd_runnable
+
+    leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
+    r = _autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **inp.kwargs), leaves, inp.dy,
+                           case.mode)
+    return Runnable(_dry(r.fn), r.reset)
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor of ``t``'s shape, dtype and device (``torch.empty_like`` is a slow Python kernel on ``meta``)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+@functools.cache
+def _floor_op():
+    """``attnops_bench::floor(q, k, v) -> empty(q.shape)``, differentiable (the backward allocates three
+    gradients)."""
+    @torch.library.custom_op("attnops_bench::floor", mutates_args=(), device_types=("cpu", "cuda", "meta"))
+    def floor(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return _like(query)
+
+    @floor.register_fake
+    def _(query, key, value):
+        return _like(query)
+
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward(ctx, grad):
+        return tuple(_like(t) for t in ctx.saved_tensors)
+
+    floor.register_autograd(backward, setup_context=setup)
+    return floor
+
+
+def build_floor(case: Case, inp, device: torch.device):
+    """The ``custom-op-floor`` baseline: one trivial custom op call (and its backward) on the same tensors."""
+    from .impls import _autograd_runnable
+
+    leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
+    return _autograd_runnable(_floor_op(), leaves, inp.dy, case.mode)
+
+
+def host_cases() -> tuple[Case, ...]:
+    """FlashAttention forward and forward+backward, [2, 16, 4096, 128] fp16, full and causal."""
+    shape = dict(op="host_overhead", batch=2, heads=16, kv_heads=16, sq=4096, skv=4096, d=128, dv=128,
+                 dtype="float16", layout="BNSD", baselines=("custom-op-floor",))
+    return tuple(Case(name=f"host-fa-b2-n16-s4096-d128-fp16-{mode}-{'causal' if causal else 'full'}", mode=mode,
+                      causal=causal, **shape) for mode in ("fwd", "fwd+bwd") for causal in (False, True))
