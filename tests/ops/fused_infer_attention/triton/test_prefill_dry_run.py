@@ -1,6 +1,6 @@
 """The FIA prefill route on the GPU hot path, checked without a GPU inside :func:`attnops.testing.gpu_dry_run` on
 ``meta`` tensors: every entry (the Pythonic API, aclnn one- and two-phase, torch_npu
-``npu_fused_infer_attention_score(_v2)`` and ``npu_prompt_flash_attention``) over dense, TND, paged ND/NZ and
+``npu_fused_infer_attention_score(_v2)``, ``npu_prompt_flash_attention``, ``npu_incre_flash_attention``) over dense, TND, paged ND/NZ and
 tensor-list K/V, int8/int4 antiquant, masks, pse, left padding, the shared prefix, lse and int8 output records prefill
 launches with no host read of device values; and the launcher alone (its problem built on the CPU and moved to
 ``meta``) reads nothing on the host for every feature.
@@ -111,6 +111,14 @@ def _prompt_flash_attention():
                                                         sparse_mode=3, actual_seq_lengths=[100, 37])
 
 
+def _incre_flash_attention_nz():
+    kc, vc, kw = paged(nz=True)
+    return lambda: torch_npu.npu_incre_flash_attention(e(B, 1, N * D), kc, vc, num_heads=N, num_key_value_heads=NKV,
+                                                       input_layout="BSH", scale_value=0.125,
+                                                       block_table=kw["block_table"], block_size=BS,
+                                                       actual_seq_lengths=kw["actual_seq_lengths_kv"])
+
+
 CASES = {
     "api-bnsd": _api(),
     "api-causal": _api(causal=True),
@@ -140,6 +148,7 @@ CASES = {
     "torch_npu": _torch_npu(atten_mask=causal(), sparse_mode=3, softmax_lse_flag=True),
     "torch_npu-v2": _torch_npu(v2=True, atten_mask=causal(), sparse_mode=3, return_softmax_lse=True),
     "npu_prompt_flash_attention": _prompt_flash_attention(),
+    "npu_incre_flash_attention-nz": _incre_flash_attention_nz(),
 }
 
 
