@@ -17,9 +17,7 @@ import torch
 import attnops
 import attnops.aclnn
 from attnops import torch_npu
-from attnops._core.masks import MaskSpec
 from attnops.ops.fused_infer_attention.problem import build_problem
-from attnops.ops.fused_infer_attention.quant import Antiquant, OutputQuant
 from attnops.ops.fused_infer_attention.triton import prefill, verify
 from attnops.testing import HostSyncError, gpu_dry_run
 from tests.ops.fused_infer_attention.fia_helpers import aclnn_args
@@ -130,8 +128,8 @@ CASES = {
     "api-tnd": lambda: attnops.fused_infer_attention(e(150, N, D), e(500, NKV, D), e(500, NKV, D), layout="TND",
                                                      num_key_value_heads=NKV, actual_seq_lengths=[100, 150],
                                                      actual_seq_lengths_kv=[300, 500], causal=True),
-    "api-left-padding": _api(actual_seq_lengths=[90, 60], actual_seq_lengths_kv=[250, 200],
-                             query_padding_size=e(1, dtype=torch.int64), kv_padding_size=e(1, dtype=torch.int64)),
+    "api-left-padding": _api(actual_seq_lengths=[90, 60], actual_seq_lengths_kv=[250, 200], query_padding_size=3,
+                             kv_padding_size=5),
     "api-paged-nd": _api_paged(),
     "api-paged-nz": _api_paged(nz=True, layout="BNSD"),
     "api-int8-kv": _int8_kv(),
@@ -168,24 +166,22 @@ def test_entries_record_prefill_launches(case, monkeypatch):
 
 # ------------------------------------------------------------------------------------------------- the launcher
 def _meta_problem(p):
-    """Problem ``p`` (built on the CPU) with every tensor the launcher reads moved to ``meta``."""
-    def aq(a):
-        return None if a is None else Antiquant(a.kind, a.scale.to(META), None if a.offset is None else a.offset.to(META))
-
-    mask = p.mask if p.mask.explicit is None else MaskSpec(p.mask.lo, p.mask.hi, p.mask.prefix,
-                                                          p.mask.explicit.to(META))
-    pse = None if p.pse is None else dataclasses.replace(p.pse, tensor=p.pse.tensor.to(META))
-    out_quant = None if p.out_quant is None else OutputQuant(
-        p.out_quant.scale.to(META), None if p.out_quant.offset is None else p.out_quant.offset.to(META))
-    return dataclasses.replace(p, key_quant=aq(p.key_quant), value_quant=aq(p.value_quant), mask=mask, pse=pse,
-                               out_quant=out_quant, device=META)
+    """Problem ``p`` (built on the CPU, its mask and pse too) with every tensor it holds on ``meta``."""
+    p.mask, p.pse  # noqa: B018  (built now, on the CPU, where they are built on first use)
+    return dataclasses.replace(_on_meta(p), device=META)
 
 
 def _on_meta(x):
+    """``x`` with every tensor it holds (in dataclasses, tuples, lists, dicts) moved to ``meta``."""
     if isinstance(x, torch.Tensor):
         return x.to(META)
-    if isinstance(x, list) and x and isinstance(x[0], torch.Tensor):
-        return [t.to(META) for t in x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: _on_meta(getattr(x, f.name)) for f in dataclasses.fields(x)
+                                         if f.init})
+    if isinstance(x, (tuple, list)):
+        return type(x)(_on_meta(y) for y in x)
+    if isinstance(x, dict):
+        return {name: _on_meta(y) for name, y in x.items()}
     return x
 
 
