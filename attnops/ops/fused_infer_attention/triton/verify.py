@@ -1,12 +1,12 @@
 """Why an FIA call cannot run on the Triton kernels (None when it can): the decode kernels (a few query rows per
-batch; dense, paged ND and NZ caches) or, for the rest, the prefill kernels. Pure Python: no Triton import beyond
-the availability check, so dispatch can ask on any machine; O(1) in the batch size and the page count."""
+batch; dense, paged ND and NZ caches) or, for the rest, the prefill kernel (every batch in one launch). Pure Python:
+no Triton import beyond the availability check, so dispatch can ask on any machine; O(1) in the batch size and the
+page count."""
 from __future__ import annotations
 
 import torch
 
 from ...._core.triton.support import kernel_input_reason
-from ...flash_attention.triton.verify import MAX_GRID_Y
 from ..problem import FIAProblem
 
 MAX_HEAD_DIM = 256
@@ -26,7 +26,7 @@ def kernel_route(p: FIAProblem, query: torch.Tensor, key, value, options: dict) 
     prefill = prefill_reason(p)
     if prefill is None:
         return "prefill", None
-    return None, f"{decode}; the FlashAttention kernels (prefill) cannot serve it either: {prefill}"
+    return None, f"{decode}; the prefill kernel cannot serve it either: {prefill}"
 
 
 def unsupported_reason(p: FIAProblem, query: torch.Tensor, key, value, options: dict) -> str | None:
@@ -35,14 +35,12 @@ def unsupported_reason(p: FIAProblem, query: torch.Tensor, key, value, options: 
 
 
 def prefill_reason(p: FIAProblem) -> str | None:
-    """Why the FlashAttention kernels cannot run ``p`` batch by batch (float queries: no int8 chain), or None."""
+    """Why the prefill kernel cannot run ``p`` (float queries: no int8 chain), or None."""
     if p.device_values:
         return (f"{', '.join(p.device_values)} given as device tensors are read by the decode kernels only (pass "
                 "host lists for this call)")
     if max(p.d, p.dv) > MAX_HEAD_DIM:
         return f"head dims up to {MAX_HEAD_DIM} (got D={p.d}, Dv={p.dv})"
-    if p.n1 > MAX_GRID_Y:
-        return f"query heads up to {MAX_GRID_Y} (got {p.n1})"
     return None
 
 

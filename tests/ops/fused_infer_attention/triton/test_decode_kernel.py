@@ -213,24 +213,6 @@ def test_verifier_reasons(triton_backend):
     assert "queries (got torch.int8)" in _reasons(qi, ki, vi, **int8)[1]
 
 
-def test_paged_prefill_runs_the_flash_attention_kernel(triton_backend):
-    """Queries longer than the decode kernels take, over a paged cache: per batch on the FlashAttention kernel."""
-    n, bs, lens = 2, 16, [40, 27]
-    q, kc, vc, bt = _paged("BSND", "BSH", n=n, nkv=1, sq=20, lens=lens, bs=bs, d=32)
-    run_kernel(triton_backend, ["fwd_kernel"] * 2, q, kc, vc, via="api", block_table=bt, block_size=bs,
-               actual_seq_lengths_kv=lens, atten_mask=TRIU2048, sparse_mode=3, actual_seq_lengths=[20, 9],
-               num_heads=n, num_key_value_heads=1, scale_value=0.25, input_layout="BSND", softmax_lse_flag=True)
-
-
-def test_shared_prefix_runs_the_flash_attention_kernel(triton_backend):
-    q, k, v = make_inputs("BNSD", b=2, n=2, sq=3, skv=10, d=16, dtype=F16)
-    prefix_k, prefix_v = randn(1, 2, 9, 16, dtype=F16, seed=4), randn(1, 2, 9, 16, dtype=F16, seed=5)
-    run_kernel(triton_backend, ["fwd_kernel"] * 2, q, k, v, key_shared_prefix=prefix_k,
-               value_shared_prefix=prefix_v, actual_shared_prefix_len=[7], actual_seq_lengths_kv=[10, 6],
-               atten_mask=TRIU2048, sparse_mode=3, num_heads=2, scale_value=0.25, input_layout="BNSD",
-               softmax_lse_flag=True)
-
-
 def test_forced_triton_raises_with_the_reason(triton_backend):
     qi, ki, vi = (_dev(randint8(1, 4, 2, 16, seed=i)) for i in range(3))
     with pytest.raises(attnops.ParamInvalidError, match="got torch.int8"):
