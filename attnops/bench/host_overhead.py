@@ -3,7 +3,11 @@
 Every call runs inside :func:`attnops.testing.gpu_dry_run` on ``meta`` tensors: the Triton path is planned as for a
 GPU and its launches are recorded instead of run, and ``meta`` tensors have no data, so what is timed is exactly the
 host work a GPU call would do before its (asynchronous) launches: validation, dispatch, metadata, allocation, launch
-planning. The baseline ``custom-op-floor`` is the least any custom-op design pays: a ``torch.library`` custom op that
+planning. Scenarios (``case.params["scenario"]``): ``fa`` (FlashAttention, the case's mode), ``fia-run`` (a paged
+decode step through a :func:`attnops.fused_infer_attention_plan` made beforehand, untimed), ``fia-call`` (the same
+step as one :func:`attnops.fused_infer_attention` call) and ``fia-prefill`` (chunked prefill: ``sq`` new tokens per
+sequence over ``skv`` cached ones, one call). A paged case with ``params["host_table"]`` holds every tensor on the CPU
+instead, with a block table of real (shuffled) page ids, so that any host work per page would show. The baseline ``custom-op-floor`` is the least any custom-op design pays: a ``torch.library`` custom op that
 takes the same tensors and only allocates its output (with an autograd formula that only allocates the gradients),
 measured in the same run.
 """
@@ -18,16 +22,34 @@ from .cases import Case
 META = torch.device("meta")
 
 
+PAGE = 128  # tokens per page of the paged scenarios
+
+
 def host_inputs(case: Case, device: torch.device, seed: int):
-    """The case's ``meta`` tensors (``device`` must be ``meta``: the suite times host work only)."""
+    """The case's tensors: ``meta`` (``device`` must be ``meta``: the suite times host work only), or for a
+    ``host_table`` case CPU tensors (never written: allocated, not touched)."""
     from .impls import Inputs
 
     if device.type != "meta":
         raise ValueError(f"the host-overhead suite runs on the meta device (got {device}): it times host work only")
+    scenario = case.params.get("scenario", "fa")
     dt = getattr(torch, case.dtype)
-    shape_q, shape_kv = (case.batch, case.heads, case.sq, case.d), (case.batch, case.kv_heads, case.skv, case.d)
-    q, k, v, dy = (torch.empty(s, dtype=dt, device=META) for s in (shape_q, shape_kv, shape_kv, shape_q))
-    return Inputs(q, k, v, dy, dict(causal=case.causal), case.d ** -0.5)
+    if scenario == "fa":
+        shape_q, shape_kv = (case.batch, case.heads, case.sq, case.d), (case.batch, case.kv_heads, case.skv, case.d)
+        q, k, v, dy = (torch.empty(s, dtype=dt, device=META) for s in (shape_q, shape_kv, shape_kv, shape_q))
+        return Inputs(q, k, v, dy, dict(causal=case.causal), case.d ** -0.5)
+    where = torch.device("cpu") if case.params.get("host_table") else META
+    pages = -(-case.skv // PAGE)
+    q = torch.empty(case.batch, case.heads, case.sq, case.d, dtype=dt, device=where)
+    cache = torch.empty(case.batch * pages, case.kv_heads, PAGE, case.d, dtype=dt, device=where)
+    ids = torch.randperm(case.batch * pages, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+    table = ids.view(case.batch, pages) if where.type == "cpu" else torch.empty(case.batch, pages,
+                                                                                 dtype=torch.int32, device=META)
+    kw = dict(num_heads=case.heads, num_key_value_heads=case.kv_heads, block_table=table, block_size=PAGE,
+              actual_seq_lengths_kv=[case.skv] * case.batch, causal=case.causal)
+    if scenario == "fia-prefill":
+        kw["actual_seq_lengths"] = [case.sq] * case.batch
+    return Inputs(q, cache, cache, q, kw, case.d ** -0.5)
 
 
 def _dry(call):
@@ -49,10 +71,19 @@ def build_host(case: Case, inp, device: torch.device):
 
     from .impls import Runnable, _autograd_runnable
 
-    leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
-    r = _autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **inp.kwargs), leaves, inp.dy,
-                           case.mode)
-    return Runnable(_dry(r.fn), r.reset)
+    scenario = case.params.get("scenario", "fa")
+    if scenario == "fa":
+        leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
+        r = _autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **inp.kwargs), leaves, inp.dy,
+                               case.mode)
+        return Runnable(_dry(r.fn), r.reset)
+    if scenario == "fia-run":
+        plan = _dry(lambda: attnops.fused_infer_attention_plan(inp.q, inp.k, inp.v, **inp.kwargs))()
+        if not plan.kernels:
+            raise RuntimeError("the decode plan does not run on the Triton decode kernels")
+        table = inp.kwargs["block_table"]
+        return Runnable(_dry(lambda: plan.run(inp.q, inp.k, inp.v, block_table=table)))
+    return Runnable(_dry(lambda: attnops.fused_infer_attention(inp.q, inp.k, inp.v, **inp.kwargs)))
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
@@ -91,8 +122,21 @@ def build_floor(case: Case, inp, device: torch.device):
 
 
 def host_cases() -> tuple[Case, ...]:
-    """FlashAttention forward and forward+backward, [2, 16, 4096, 128] fp16, full and causal."""
+    """FlashAttention forward and forward+backward, [2, 16, 4096, 128] fp16, full and causal; FusedInferAttention
+    paged decode (N1=32, N2=8, D=128, fp16, 128-token pages) at B=1 x 32k and B=64 x 8k through a plan and as one
+    call, the B=64 plan once more with CPU tensors and a shuffled block table, and chunked prefill (B=4 x 512 new
+    tokens over 4k cached, causal)."""
     shape = dict(op="host_overhead", batch=2, heads=16, kv_heads=16, sq=4096, skv=4096, d=128, dv=128,
                  dtype="float16", layout="BNSD", baselines=("custom-op-floor",))
-    return tuple(Case(name=f"host-fa-b2-n16-s4096-d128-fp16-{mode}-{'causal' if causal else 'full'}", mode=mode,
-                      causal=causal, **shape) for mode in ("fwd", "fwd+bwd") for causal in (False, True))
+    fa = tuple(Case(name=f"host-fa-b2-n16-s4096-d128-fp16-{mode}-{'causal' if causal else 'full'}", mode=mode,
+                    causal=causal, **shape) for mode in ("fwd", "fwd+bwd") for causal in (False, True))
+    fia = dict(op="host_overhead", heads=32, kv_heads=8, d=128, dv=128, dtype="float16", layout="BNSD",
+               baselines=("custom-op-floor",))
+    decode = tuple(Case(name=f"host-fia-decode-{kind}-b{b}-kv{s}-n32-kvn8-d128-fp16", batch=b, sq=1, skv=s,
+                        params={"scenario": f"fia-{kind}"}, **fia)
+                   for kind in ("run", "call") for b, s in ((1, 32768), (64, 8192)))
+    shuffled = Case(name="host-fia-decode-run-b64-kv8192-n32-kvn8-d128-fp16-cpu-shuffled", batch=64, sq=1, skv=8192,
+                    params={"scenario": "fia-run", "host_table": True}, **fia)
+    prefill = Case(name="host-fia-chunked-prefill-b4-q512-kv4096-n32-kvn8-d128-fp16", batch=4, sq=512, skv=4096,
+                   causal=True, params={"scenario": "fia-prefill"}, **fia)
+    return (*fa, *decode, shuffled, prefill)
