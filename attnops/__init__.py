@@ -7,7 +7,8 @@ from . import nn, testing
 from ._core.errors import (AclnnError, InferenceOnlyError, ParamDtypeError, ParamInvalidError, ParamNullptrError,
                            PerformanceWarning)
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
-from .ops.fused_infer_attention import FusedInferAttentionResult, PagedKVCache, fused_infer_attention
+from .ops.fused_infer_attention import (FusedInferAttentionPlan, FusedInferAttentionResult, PagedKVCache,
+                                        fused_infer_attention, fused_infer_attention_plan)
 from .ops.nsa import (
     CompressAttentionResult,
     native_sparse_attention,
@@ -24,6 +25,7 @@ __all__ = [
     "AclnnError",
     "CompressAttentionResult",
     "FlashAttentionResult",
+    "FusedInferAttentionPlan",
     "FusedInferAttentionResult",
     "InferenceOnlyError",
     "PagedKVCache",
@@ -34,6 +36,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_backward",
     "fused_infer_attention",
+    "fused_infer_attention_plan",
     "native_sparse_attention",
     "nsa_compress",
     "nsa_compress_attention",

@@ -408,13 +408,11 @@ def _prefix(prefix, seq: SeqInfo | DeviceSeqLens) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _infer_explicit(atten_mask: torch.Tensor, *, decode: bool, batch: int, rows: int, cols: int,
-                    q_offsets, kv_offsets, seq: SeqInfo) -> torch.Tensor:
-    """Validate an FIA full mask and return it as bool ``[Bm, 1, R, C]`` in per-batch effective coordinates.
+def _infer_mask_view(atten_mask: torch.Tensor, *, decode: bool, batch: int, rows: int, cols: int) -> torch.Tensor:
+    """Validate an FIA full mask and return it as ``[Bm, 1, R, C]`` (a view, its own dtype).
 
     Decode (Q_S = 1): ``(B, C)``, ``(B, 1, C)``, ``(B, 1, 1, C)``. Otherwise ``(R, C)``, ``(B|1, R, C)``,
-    ``(B|1, 1, R, C)``. ``R >= rows`` and ``C >= cols`` (masks may be padded up to aligned sizes). Batch ``b``'s
-    element ``(i, j)`` is the mask's ``(i + q_offsets[b], j + kv_offsets[b])`` (left padding).
+    ``(B|1, 1, R, C)``. ``R >= rows`` and ``C >= cols`` (masks may be padded up to aligned sizes).
     """
     shape = tuple(atten_mask.shape)
     if decode:
@@ -428,28 +426,22 @@ def _infer_explicit(atten_mask: torch.Tensor, *, decode: bool, batch: int, rows:
         as4d = ((1,) * (4 - len(shape)) + shape) if len(shape) != 3 else (shape[0], 1, *shape[1:])
     ok = ok and as4d[-2] >= rows and as4d[-1] >= cols
     require(ok, "atten_mask", f"a mask of shape {forms} with B={batch}, Q_S >= {rows}, KV_S >= {cols}", atten_mask)
-    m = atten_mask.reshape(as4d)
-    m = m if m.dtype == torch.bool else m != 0
-    if not any(q_offsets) and not any(kv_offsets):
-        return m
-    return batch_windows(m, q_offsets, kv_offsets, seq, True)
+    return atten_mask.reshape(as4d)
 
 
-def build_infer_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, pre_tokens: int, next_tokens: int,
-                          seq: SeqInfo, decode: bool, rows: int, cols: int, q_offsets=None, kv_offsets=None,
-                          left_padding: bool = False) -> MaskSpec:
-    """Convert a FusedInferAttentionScore mask (``cann_semantics.md`` §1.2) into a :class:`MaskSpec`.
+def check_infer_mask(*, sparse_mode: int, atten_mask: torch.Tensor | None, pre_tokens: int, next_tokens: int,
+                     batch: int, decode: bool, rows: int, cols: int, left_padding: bool = False) -> MaskRule:
+    """Validate a FusedInferAttentionScore mask (``cann_semantics.md`` §1.2) and return its :class:`MaskRule`: the
+    band as a rule of each batch's effective lengths and the explicit mask as ``[Bm, 1, R, C]`` in its own dtype
+    (non-zero = masked), read at the batch's left-padding offsets (batch 0 when ``Bm = 1``).
 
-    ``seq`` holds the actual query lengths and the effective KV lengths (shared prefix included), so the
-    bottom-right modes 3/4 use ``delta_b = Skv_b + prefix - Sq_b``. Decode (Q_S = 1) ignores ``sparse_mode``,
-    ``pre_tokens`` and ``next_tokens`` and takes the ``(B, KV_S)`` mask. Otherwise modes 0-4: 0 = the mask plus
-    the left-top band ``LU(pre, next)`` (the band is dropped without a mask or with left padding), 1 = the mask,
-    2/3/4 = the canonical 2048x2048 mask replaced by the left-up causal, right-down causal and bottom-right band.
-    ``rows``/``cols`` are the least mask sizes (query S, KV S); ``q_offsets``/``kv_offsets`` the left-padding
-    starts at which each batch reads the mask.
+    Decode (Q_S = 1) ignores ``sparse_mode``, ``pre_tokens`` and ``next_tokens`` and takes the ``(B, KV_S)`` mask.
+    Otherwise modes 0-4: 0 = the mask plus the left-top band ``LU(pre, next)`` (the band is dropped without a mask
+    or with left padding), 1 = the mask, 2/3/4 = the canonical 2048x2048 mask replaced by the left-up causal,
+    right-down causal and bottom-right band. ``rows``/``cols`` are the least mask sizes (query S, KV S). The content
+    of a compressed mask is checked on the CPU only (a device mask is not read on the host).
     """
-    nb = seq.batch
-    full = MaskSpec((-INF,) * nb, (INF,) * nb)
+    full = MaskRule(BandRule())
     if not decode:
         require(sparse_mode in INFER_SPARSE_MODES, "sparse_mode",
                 f"one of {list(INFER_SPARSE_MODES)} (5-8 are not supported by FusedInferAttentionScore)", sparse_mode)
@@ -458,16 +450,36 @@ def build_infer_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, 
                 "modes 2-4 take torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)")
         return full
     check_tensor("atten_mask", atten_mask, ndim=(2, 3, 4), dtypes=INFER_MASK_DTYPES)
-    zeros = (0,) * nb
     if decode or sparse_mode in (0, 1):
-        q_offsets, kv_offsets = tuple(q_offsets or zeros), tuple(kv_offsets or zeros)
-        explicit = _infer_explicit(atten_mask, decode=decode, batch=nb, rows=rows, cols=cols,
-                                   q_offsets=q_offsets, kv_offsets=kv_offsets, seq=seq)
+        explicit = _infer_mask_view(atten_mask, decode=decode, batch=batch, rows=rows, cols=cols)
         plain = decode or sparse_mode == 1 or left_padding
-        lo, hi = (full.lo, full.hi) if plain else ((-pre_tokens,) * nb, (next_tokens,) * nb)
-        return _with_explicit(lo, hi, explicit, seq, atten_mask, ("infer", decode, rows, cols, q_offsets, kv_offsets))
+        return MaskRule(BandRule() if plain else band_rule(0, pre_tokens, next_tokens), explicit=explicit)
     _check_compressed(atten_mask, 2048, sparse_mode)
-    return MaskSpec(*band_rule(sparse_mode, pre_tokens, next_tokens).bands(seq.q_lens, seq.kv_lens))
+    return MaskRule(band_rule(sparse_mode, pre_tokens, next_tokens))  # 2, 3, 4: as training FlashAttention
+
+
+def build_infer_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, pre_tokens: int, next_tokens: int,
+                          seq: SeqInfo, decode: bool, rows: int, cols: int, q_offsets=None, kv_offsets=None,
+                          left_padding: bool = False) -> MaskSpec:
+    """Convert a FusedInferAttentionScore mask (:func:`check_infer_mask`) into a :class:`MaskSpec`.
+
+    ``seq`` holds the actual query lengths and the effective KV lengths (shared prefix included), so the
+    bottom-right modes 3/4 use ``delta_b = Skv_b + prefix - Sq_b``. ``q_offsets``/``kv_offsets`` are the
+    left-padding starts at which each batch reads the mask.
+    """
+    nb = seq.batch
+    rule = check_infer_mask(sparse_mode=sparse_mode, atten_mask=atten_mask, pre_tokens=pre_tokens,
+                            next_tokens=next_tokens, batch=nb, decode=decode, rows=rows, cols=cols,
+                            left_padding=left_padding)
+    lo, hi = rule.band.bands(seq.q_lens, seq.kv_lens)
+    if rule.explicit is None:
+        return MaskSpec(lo, hi)
+    zeros = (0,) * nb
+    q_offsets, kv_offsets = tuple(q_offsets or zeros), tuple(kv_offsets or zeros)
+    m = rule.explicit if rule.explicit.dtype == torch.bool else rule.explicit != 0
+    if any(q_offsets) or any(kv_offsets):
+        m = batch_windows(m, q_offsets, kv_offsets, seq, True)
+    return _with_explicit(lo, hi, m, seq, atten_mask, ("infer", decode, rows, cols, q_offsets, kv_offsets))
 
 
 TOKENS_UNBOUNDED = 2147483647  # CANN's "no limit" for pre_tokens / next_tokens

@@ -3,16 +3,20 @@
 Every call runs inside :func:`attnops.testing.gpu_dry_run` on ``meta`` tensors: the Triton path is planned as for a
 GPU and its launches are recorded instead of run, and ``meta`` tensors have no data, so what is timed is exactly the
 host work a GPU call would do before its (asynchronous) launches: validation, dispatch, metadata, allocation, launch
-planning. PyTorch runs elementwise ops on ``meta`` through Python decompositions (tens to hundreds of microseconds
-each, where a GPU launch costs 5-10), so paths made of many small ops read high.
+planning. Scenarios (``case.params["scenario"]``): ``fa`` (FlashAttention, the case's mode), ``fia-run`` (a paged
+decode step through a :func:`attnops.fused_infer_attention_plan` made beforehand, untimed), ``fia-call`` (the same
+step as one :func:`attnops.fused_infer_attention` call) and ``fia-prefill`` (chunked prefill: ``sq`` new tokens per
+sequence over ``skv`` cached ones, one call), ``nsa-layer`` (:func:`attnops.native_sparse_attention` on ``seq_lens``,
+its gates and learned compression weights given, the case's mode) and ``nsa-decode`` (one token through
+:class:`attnops.nn.NativeSparseAttention` with an :class:`~attnops.nn.NSACache` prefilled with ``skv`` tokens,
+truncated back before every call). A paged case with ``params["host_table"]`` holds every tensor on the CPU instead,
+with a block table of real (shuffled) page ids, so that any host work per page would show. PyTorch runs elementwise
+ops on ``meta`` through Python decompositions (tens to hundreds of microseconds each, where a GPU launch costs 5-10),
+so paths made of many small ops read high.
 
-What is called (``case.params["target"]``): ``flash_attention`` (the default), ``nsa_layer``
-(:func:`attnops.native_sparse_attention`, its gates and learned compression weights given) or ``nsa_decode`` (one
-token through :class:`attnops.nn.NativeSparseAttention` with an :class:`~attnops.nn.NSACache` prefilled with
-``skv`` tokens, truncated back before every call). The FlashAttention cases have the baseline ``custom-op-floor``: the
-least any custom-op design pays, a ``torch.library`` custom op that takes the same tensors and only allocates its
-output (with an autograd formula that only allocates the gradients), measured in the same run; the NSA cases, several
-operators and tensor ops per call, have none.
+The baseline ``custom-op-floor`` is the least any custom-op design pays: a ``torch.library`` custom op that takes the
+same tensors and only allocates its output (with an autograd formula that only allocates the gradients), measured in
+the same run. The NSA cases, several operators and tensor ops per call, have none.
 """
 from __future__ import annotations
 
@@ -25,50 +29,62 @@ from .cases import Case
 META = torch.device("meta")
 
 
+PAGE = 128  # tokens per page of the paged scenarios
 NSA_LAYER = dict(compress_block_size=32, compress_stride=16, select_block_size=64, select_block_count=16,
                  window_size=512)  # the layer's defaults, written out
 
 
-def _target(case: Case) -> str:
-    return case.params.get("target", "flash_attention")
-
-
 def host_inputs(case: Case, device: torch.device, seed: int):
-    """The case's ``meta`` tensors (``device`` must be ``meta``: the suite times host work only)."""
+    """The case's tensors: ``meta`` (``device`` must be ``meta``: the suite times host work only), or for a
+    ``host_table`` case CPU tensors (never written: allocated, not touched)."""
     from .impls import Inputs
 
     if device.type != "meta":
         raise ValueError(f"the host-overhead suite runs on the meta device (got {device}): it times host work only")
-    if _target(case) == "nsa_decode":
-        return _decode_inputs(case)
+    scenario = case.params.get("scenario", "fa")
     dt = getattr(torch, case.dtype)
-    if _target(case) == "nsa_layer":
+    if scenario == "fa":
+        shape_q, shape_kv = (case.batch, case.heads, case.sq, case.d), (case.batch, case.kv_heads, case.skv, case.d)
+        q, k, v, dy = (torch.empty(s, dtype=dt, device=META) for s in (shape_q, shape_kv, shape_kv, shape_q))
+        return Inputs(q, k, v, dy, dict(causal=case.causal), case.d ** -0.5)
+    if scenario == "nsa-layer":
         t = sum(case.seq_lens)
         q, k, v, dy = (_meta((t, n, d), dt) for n, d in ((case.heads, case.d), (case.kv_heads, case.d),
                                                           (case.kv_heads, case.dv), (case.heads, case.dv)))
         extra = [_meta((t, case.heads, 3), dt)] + [_meta((NSA_LAYER["compress_block_size"], case.kv_heads), dt)] * 2
         cum = [sum(case.seq_lens[:i]) for i in range(len(case.seq_lens) + 1)]
         return Inputs(q, k, v, dy, dict(NSA_LAYER, cu_seqlens=cum, extra=extra), case.d ** -0.5)
-    shape_q, shape_kv = (case.batch, case.heads, case.sq, case.d), (case.batch, case.kv_heads, case.skv, case.d)
-    q, k, v, dy = (_meta(s, dt) for s in (shape_q, shape_kv, shape_kv, shape_q))
-    return Inputs(q, k, v, dy, dict(causal=case.causal), case.d ** -0.5)
+    if scenario == "nsa-decode":
+        return _decode_inputs(case, dt)
+    where = torch.device("cpu") if case.params.get("host_table") else META
+    pages = -(-case.skv // PAGE)
+    q = torch.empty(case.batch, case.heads, case.sq, case.d, dtype=dt, device=where)
+    cache = torch.empty(case.batch * pages, case.kv_heads, PAGE, case.d, dtype=dt, device=where)
+    ids = torch.randperm(case.batch * pages, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+    table = ids.view(case.batch, pages) if where.type == "cpu" else torch.empty(case.batch, pages,
+                                                                                 dtype=torch.int32, device=META)
+    kw = dict(num_heads=case.heads, num_key_value_heads=case.kv_heads, block_table=table, block_size=PAGE,
+              actual_seq_lengths_kv=[case.skv] * case.batch, causal=case.causal)
+    if scenario == "fia-prefill":
+        kw["actual_seq_lengths"] = [case.sq] * case.batch
+    return Inputs(q, cache, cache, q, kw, case.d ** -0.5)
 
 
 def _meta(shape, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=META)
 
 
-def _decode_inputs(case: Case):
+def _decode_inputs(case: Case, dtype: torch.dtype):
     """The module (on ``meta``), its cache prefilled with ``skv`` tokens (in a dry run, untimed) and the next token."""
     from ..nn import NativeSparseAttention
     from .impls import Inputs
 
-    p, dt = case.params, getattr(torch, case.dtype)
-    m = NativeSparseAttention(p["hidden"], case.heads, case.kv_heads, case.d).to(device=META, dtype=dt)
+    p = case.params
+    m = NativeSparseAttention(p["hidden"], case.heads, case.kv_heads, case.d).to(device=META, dtype=dtype)
     cache = m.new_cache(case.batch, max_seq_len=p["max_seq_len"])
     with torch.no_grad():
-        _dry(lambda: m(_meta((case.batch, case.skv, p["hidden"]), dt), cache=cache))()
-    x = _meta((case.batch, 1, p["hidden"]), dt)
+        _dry(lambda: m(_meta((case.batch, case.skv, p["hidden"]), dtype), cache=cache))()
+    x = _meta((case.batch, 1, p["hidden"]), dtype)
     return Inputs(x, None, None, None, dict(module=m, cache=cache), case.d ** -0.5)
 
 
@@ -91,23 +107,32 @@ def build_host(case: Case, inp, device: torch.device):
 
     from .impls import Runnable, _autograd_runnable
 
-    if _target(case) == "nsa_decode":
+    scenario = case.params.get("scenario", "fa")
+    if scenario == "fa":
+        leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
+        r = _autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **inp.kwargs), leaves, inp.dy,
+                               case.mode)
+        return Runnable(_dry(r.fn), r.reset)
+    if scenario == "nsa-layer":
+        kw = dict(inp.kwargs)
+        tensors = [inp.q, inp.k, inp.v, *kw.pop("extra")]
+        leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in tensors]
+        r = _autograd_runnable(lambda *x: attnops.native_sparse_attention(*x, **kw), leaves, inp.dy, case.mode)
+        return Runnable(_dry(r.fn), r.reset)
+    if scenario == "nsa-decode":
         m, cache = inp.kwargs["module"], inp.kwargs["cache"]
 
         def step():
             with torch.no_grad():
                 m(inp.q, cache=cache)
         return Runnable(_dry(step), lambda: cache.truncate(case.skv))
-    if _target(case) == "nsa_layer":
-        kw = dict(inp.kwargs)
-        tensors = [inp.q, inp.k, inp.v, *kw.pop("extra")]
-        leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in tensors]
-        r = _autograd_runnable(lambda *x: attnops.native_sparse_attention(*x, **kw), leaves, inp.dy, case.mode)
-        return Runnable(_dry(r.fn), r.reset)
-    leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
-    r = _autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **inp.kwargs), leaves, inp.dy,
-                           case.mode)
-    return Runnable(_dry(r.fn), r.reset)
+    if scenario == "fia-run":
+        plan = _dry(lambda: attnops.fused_infer_attention_plan(inp.q, inp.k, inp.v, **inp.kwargs))()
+        if not plan.kernels:
+            raise RuntimeError("the decode plan does not run on the Triton decode kernels")
+        table = inp.kwargs["block_table"]
+        return Runnable(_dry(lambda: plan.run(inp.q, inp.k, inp.v, block_table=table)))
+    return Runnable(_dry(lambda: attnops.fused_infer_attention(inp.q, inp.k, inp.v, **inp.kwargs)))
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
@@ -146,18 +171,30 @@ def build_floor(case: Case, inp, device: torch.device):
 
 
 def host_cases() -> tuple[Case, ...]:
-    """FlashAttention forward and forward+backward, [2, 16, 4096, 128] fp16, full and causal; the NSA layer forward
-    and forward+backward on two sequences of 2048 tokens (16 query heads, 1 KV head, D=192, Dv=128, fp16); the NSA
-    module's decoding step at context 4096 (B=2, hidden 2048, 16 query heads, 1 KV head, D=128, fp16)."""
+    """FlashAttention forward and forward+backward, [2, 16, 4096, 128] fp16, full and causal; FusedInferAttention
+    paged decode (N1=32, N2=8, D=128, fp16, 128-token pages) at B=1 x 32k and B=64 x 8k through a plan and as one
+    call, the B=64 plan once more with CPU tensors and a shuffled block table, and chunked prefill (B=4 x 512 new
+    tokens over 4k cached, causal); the NSA layer forward and forward+backward on two sequences of 2048 tokens (16
+    query heads, 1 KV head, D=192, Dv=128, fp16) and the NSA module's decoding step at context 4096 (B=2, hidden
+    2048, 16 query heads, 1 KV head, D=128, fp16)."""
     shape = dict(op="host_overhead", batch=2, heads=16, kv_heads=16, sq=4096, skv=4096, d=128, dv=128,
                  dtype="float16", layout="BNSD", baselines=("custom-op-floor",))
     fa = tuple(Case(name=f"host-fa-b2-n16-s4096-d128-fp16-{mode}-{'causal' if causal else 'full'}", mode=mode,
                     causal=causal, **shape) for mode in ("fwd", "fwd+bwd") for causal in (False, True))
+    fia = dict(op="host_overhead", heads=32, kv_heads=8, d=128, dv=128, dtype="float16", layout="BNSD",
+               baselines=("custom-op-floor",))
+    decode = tuple(Case(name=f"host-fia-decode-{kind}-b{b}-kv{s}-n32-kvn8-d128-fp16", batch=b, sq=1, skv=s,
+                        params={"scenario": f"fia-{kind}"}, **fia)
+                   for kind in ("run", "call") for b, s in ((1, 32768), (64, 8192)))
+    shuffled = Case(name="host-fia-decode-run-b64-kv8192-n32-kvn8-d128-fp16-cpu-shuffled", batch=64, sq=1, skv=8192,
+                    params={"scenario": "fia-run", "host_table": True}, **fia)
+    prefill = Case(name="host-fia-chunked-prefill-b4-q512-kv4096-n32-kvn8-d128-fp16", batch=4, sq=512, skv=4096,
+                   causal=True, params={"scenario": "fia-prefill"}, **fia)
     layer = dict(op="host_overhead", heads=16, kv_heads=1, d=192, dv=128, dtype="float16", layout="TND",
-                 seq_lens=(2048, 2048), causal=True, baselines=(), params={"target": "nsa_layer"})
+                 seq_lens=(2048, 2048), causal=True, baselines=(), params={"scenario": "nsa-layer"})
     nsa = tuple(Case(name=f"host-nsa-layer-t4096-2x2048-n16-kvn1-d192-dv128-fp16-{mode}", mode=mode, **layer)
                 for mode in ("fwd", "fwd+bwd"))
-    decode = Case(name="host-nsa-module-decode-b2-ctx4096-n16-kvn1-d128-fp16", op="host_overhead", batch=2, heads=16,
-                  kv_heads=1, sq=1, skv=4096, d=128, dv=128, dtype="float16", layout="BSND", causal=True,
-                  baselines=(), params={"target": "nsa_decode", "hidden": 2048, "max_seq_len": 8192})
-    return (*fa, *nsa, decode)
+    nsa_decode = Case(name="host-nsa-module-decode-b2-ctx4096-n16-kvn1-d128-fp16", op="host_overhead", batch=2,
+                      heads=16, kv_heads=1, sq=1, skv=4096, d=128, dv=128, dtype="float16", layout="BSND", causal=True,
+                      baselines=(), params={"scenario": "nsa-decode", "hidden": 2048, "max_seq_len": 8192})
+    return (*fa, *decode, shuffled, prefill, *nsa, nsa_decode)

@@ -350,7 +350,7 @@ def fia_forward_detail(query, key, value, *, pse_shift=None, atten_mask=None, ac
                 if cache.dim() == 3:  # (blocknum, blocksize, H)
                     x = cache[blk, off].reshape(kv_lens[b], nkv, cache.shape[-1] // nkv).permute(1, 0, 2)
                 elif cache.dim() == 5:  # NZ (blocknum, KV_N, D/x, blocksize, x): (n, t, d) at [n, d // x, t, d % x]
-                    x = cache[blk, :, :, off].reshape(kv_lens[b], nkv, -1).permute(1, 0, 2)
+                    x = cache[blk, :, :, off].reshape(kv_lens[b], nkv, cache.shape[2] * cache.shape[4]).permute(1, 0, 2)
                 else:  # (blocknum, KV_N, blocksize, D)
                     x = cache[blk, :, off].permute(1, 0, 2)
                 acc.append(x)

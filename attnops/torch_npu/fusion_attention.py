@@ -29,6 +29,19 @@ def _seq_lists(layout: str, actual_seq_qlen, actual_seq_kvlen):
     return int_list("actual_seq_qlen", actual_seq_qlen), int_list("actual_seq_kvlen", actual_seq_kvlen)
 
 
+def _device_lengths(layout: str, actual_seq_qlen, actual_seq_kvlen, graph_friendly: bool) -> tuple | None:
+    """``(cu_seqlens_q, cu_seqlens_k)`` (a leading 0 prepended on the device) when the v3 ops get their TND
+    cumulative lengths as tensors on a device: passed to the kernels unread. None otherwise (host lists, CPU
+    tensors, v1/v2, whose ``numels`` output needs the lengths on the host)."""
+    given = (actual_seq_qlen, actual_seq_kvlen)
+    if not (graph_friendly and layout == "TND" and all(isinstance(t, Tensor) and t.device.type != "cpu"
+                                                         for t in given)):
+        return None
+    for name, t in zip(("actual_seq_qlen", "actual_seq_kvlen"), given):
+        require(t.dim() == 1 and not t.is_floating_point(), name, "a 1-D integer tensor of cumulative lengths", t)
+    return tuple(torch.cat([t.new_zeros(1), t]) for t in given)
+
+
 def _numels(query: Tensor, key: Tensor, value: Tensor, head_num: int, layout: str, qlen, kvlen) -> int:
     """torch_npu's ``numels``: the dropout mask length ``N * sum_b Sq_b * Skv_b`` (``B*N*Sq*Skv`` when dense)."""
     g = parse_geometry(query, key, value, head_num, layout)
@@ -97,13 +110,15 @@ class _SinkAttention(torch.autograd.Function):
 
 def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, atten_mask, query_rope, key_rope, scale,
              keep_prob, pre_tokens, next_tokens, inner_precise, prefix, actual_seq_qlen, actual_seq_kvlen,
-             sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, sink, dropout_mask, seed, offset):
+             sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, sink, dropout_mask, seed, offset,
+             graph_friendly=False):
     reject_unsupported(padding_mask=padding_mask)
     check_int("inner_precise", inner_precise)  # accepted: the invalid-row rule is always on
     layout = normalize_layout("input_layout", input_layout)
-    qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen)
+    cu = None if sink is not None else _device_lengths(layout, actual_seq_qlen, actual_seq_kvlen, graph_friendly)
+    qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen) if cu is None else (None, None)
     q, k = _with_rope(query, key, query_rope, key_rope, layout, head_num)
-    numels = _numels(q, k, value, head_num, layout, qlen, kvlen)
+    numels = None if graph_friendly else _numels(q, k, value, head_num, layout, qlen, kvlen)
     seed, offset = check_seed_offset(seed, offset)
     if keep_prob < 1.0 and dropout_mask is None:  # the NPU draws from its generator and ignores seed/offset
         seed, offset = draw_seed(), 0
@@ -112,7 +127,8 @@ def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, at
                int_list("prefix", prefix), qlen, kvlen, sparse_mode, pse_type, _start("q_start_idx", q_start_idx),
                _start("kv_start_idx", kv_start_idx), softmax_layout, seed, offset)
     if sink is None:
-        out, smax, ssum = fa_op.flash_attention(q, k, value, pse, atten_mask, drop_mask, *scalars)
+        lengths = () if cu is None else ("auto", *cu)  # the ops' trailing arguments: backend, cu_seqlens_q/k
+        out, smax, ssum = fa_op.flash_attention(q, k, value, pse, atten_mask, drop_mask, *scalars, *lengths)
     else:
         check_sink(sink, head_num)
         sink_kw = dict(layout=layout, softmax_layout=softmax_layout, q_lens=_q_lens(layout, qlen, query),
@@ -130,7 +146,8 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
     reject_unsupported(padding_mask=padding_mask)
     check_int("inner_precise", inner_precise)
     layout = normalize_layout("input_layout", input_layout)
-    qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen)
+    cu = None if sink is not None else _device_lengths(layout, actual_seq_qlen, actual_seq_kvlen, numels is None)
+    qlen, kvlen = _seq_lists(layout, actual_seq_qlen, actual_seq_kvlen) if cu is None else (None, None)
     q, k = _with_rope(query, key, query_rope, key_rope, layout, head_num)
     seed, offset = check_seed_offset(seed, offset)
     if keep_prob < 1.0 and numels is not None:  # v3 passes no numels
@@ -140,7 +157,7 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
         dy, q, k, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, None, head_num, layout,
         check_scale("scale_value", scale_value), float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix),
         qlen, kvlen, sparse_mode, pse_type, _start("q_start_idx", q_start_idx), _start("kv_start_idx", kv_start_idx),
-        softmax_layout, seed, offset)
+        softmax_layout, seed, offset, *(() if cu is None else ("auto", *cu)))
     dq_rope = dk_rope = None
     if query_rope is not None:
         dq, dq_rope = _split_rope(dq, query, layout, head_num)
@@ -248,11 +265,14 @@ def npu_fusion_attention_v3(query, key, value, head_num, input_layout, pse=None,
                             gen_mask_parallel=True, sync=False, softmax_layout="", sink=None):
     """``torch_npu.npu_fusion_attention_v3`` (graph-friendly v1): ``(attention_out, softmax_max, softmax_sum,
     softmax_out, seed, offset)`` with ``seed``/``offset`` int64 ``[1]`` CPU tensors and no ``numels``;
-    ``actual_seq_qlen``/``actual_seq_kvlen`` may be 1-D int64 tensors (cumulative). Differentiable as v1."""
-    out, smax, ssum, softmax_out, seed, offset, _ = npu_fusion_attention(
-        query, key, value, head_num, input_layout, pse, padding_mask, atten_mask, scale, keep_prob, pre_tockens,
-        next_tockens, inner_precise, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync,
-        softmax_layout, sink)
+    ``actual_seq_qlen``/``actual_seq_kvlen`` may be 1-D int64 tensors (cumulative): on a GPU (without ``sink``) the
+    kernels read them, never the host, so the call is capturable in a CUDA graph. Differentiable as v1."""
+    out, smax, ssum, softmax_out, seed, offset, _ = _forward(
+        query, key, value, head_num, input_layout, pse=pse, padding_mask=padding_mask, atten_mask=atten_mask,
+        query_rope=None, key_rope=None, scale=scale, keep_prob=keep_prob, pre_tokens=pre_tockens,
+        next_tokens=next_tockens, inner_precise=inner_precise, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
+        actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, pse_type=1, q_start_idx=None, kv_start_idx=None,
+        softmax_layout=softmax_layout, sink=sink, dropout_mask=None, seed=0, offset=0, graph_friendly=True)
     return out, smax, ssum, softmax_out, torch.tensor([seed]), torch.tensor([offset])
 
 

@@ -65,19 +65,29 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
             query, key, value, query_rope, key_rope, block_table, input_layout=input_layout, num_heads=num_heads,
             num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
             next_tokens=next_tokens)
+    (q_lens, q_lens_tensor), (kv_lens, kv_lens_tensor) = (_lengths(name, x) for name, x in (
+        ("actual_seq_lengths", actual_seq_lengths), ("actual_seq_lengths_kv", actual_seq_lengths_kv)))
     out, lse = fia_op.fused_infer_attention(
-        query, key, value, pse_shift, atten_mask, int_list("actual_seq_lengths", actual_seq_lengths),
-        int_list("actual_seq_lengths_kv", actual_seq_lengths_kv), deq_scale1, quant_scale1, deq_scale2,
+        query, key, value, pse_shift, atten_mask, q_lens, kv_lens, deq_scale1, quant_scale1, deq_scale2,
         quant_scale2, quant_offset2, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset,
         value_antiquant_scale, value_antiquant_offset, block_table, query_padding_size, kv_padding_size,
         key_shared_prefix, value_shared_prefix, int_list("actual_shared_prefix_len", actual_shared_prefix_len),
         num_heads, check_scale("scale", scale), pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
-        inner_precise, block_size, antiquant_mode, key_antiquant_mode, value_antiquant_mode)
+        inner_precise, block_size, antiquant_mode, key_antiquant_mode, value_antiquant_mode,
+        actual_seq_lengths_tensor=q_lens_tensor, actual_seq_lengths_kv_tensor=kv_lens_tensor)
     core_out = io_layouts("input_layout", input_layout, LAYOUTS)[1]
     if learnable_sink is not None:  # inference-only in the sink too
         out, lse = run_inference_only(fia_op.INFERENCE_ONLY, partial(_apply_sink, out, lse, learnable_sink, core_out,
                                                                      num_heads), out, lse, learnable_sink)
     return fia_layouts.from_core(out, core_out, layouts.writes, num_heads), lse
+
+
+def _lengths(name: str, value) -> tuple[list[int] | None, Tensor | None]:
+    """``(list, tensor)``: per-batch lengths for the op's ``int[]`` argument, or a tensor passed on as it is (its
+    values are read by the kernels, or on the host for CPU tensors, and never traced by ``torch.compile``)."""
+    if isinstance(value, Tensor):
+        return None, value
+    return int_list(name, value), None
 
 
 def _mla_operands(query, key, value, query_rope, key_rope, block_table, *, input_layout, num_heads,

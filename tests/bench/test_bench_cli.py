@@ -76,3 +76,14 @@ def test_out_selects_the_results_folder(tiny_suite, monkeypatch):
 def test_a_filter_that_matches_nothing_lists_the_suites_cases(tiny_suite, capsys):
     assert main(["--suite", "tiny", "--filter", "bwd"]) == 2
     assert capsys.readouterr().err.splitlines()[1:] == ["tiny-fwd"]
+
+
+def test_host_overhead_suite_times_every_scenario_on_the_triton_path(tmp_path, capsys):
+    """Every case of the host-overhead suite runs on the Triton path (launches recorded, nothing falls back)."""
+    assert main(["--suite", "host-overhead", "--repeat", "2", "--warmup", "1", "--out", str(tmp_path)]) == 0
+    (written,) = tmp_path.glob("host-overhead-meta-*.json")
+    result = json.loads(written.read_text())
+    assert len(result["cases"]) == len(SUITES["host-overhead"].cases)
+    for entry in result["cases"]:
+        assert entry["results"]["attnops"]["status"] == "ok", entry["case"]["name"]
+    assert " us " in capsys.readouterr().out

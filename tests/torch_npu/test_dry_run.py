@@ -9,17 +9,12 @@ import pytest
 import torch
 
 from attnops import torch_npu
-from attnops.testing import HostSyncError, gpu_dry_run
+from attnops.testing import gpu_dry_run
 from attnops.torch_npu import mindspeed_ops, rope, sink
 
 META = torch.device("meta")
 F16 = torch.float16
 T, N, KVN, D, DV, BLOCKS, BLOCK = 6, 4, 2, 32, 16, 8, 16
-
-# FusedInferAttention still reads device values on the host; these flip to passing when it no longer does
-FIA_SYNC = pytest.mark.xfail(strict=True, raises=HostSyncError,
-                             reason="FusedInferAttention sync: attnops/ops/fused_infer_attention/problem.py:338 "
-                                    "(block ids checked on the host), problem.py:224 (length tensor read)")
 
 
 def meta(*shape, dtype=F16):
@@ -155,12 +150,10 @@ def _paged_attention(context_lens):
     assert launches
 
 
-@FIA_SYNC
 def test_paged_attention_with_host_context_lens():
     _paged_attention(torch.tensor([40, 9], dtype=torch.int32))
 
 
-@FIA_SYNC
 def test_paged_attention_with_device_context_lens():
     _paged_attention(meta(2, dtype=torch.int32))
 

@@ -1,6 +1,7 @@
 """Pythonic FusedInferAttentionScore: defaults, validation, dispatch. No math here."""
 from __future__ import annotations
 
+import inspect
 from functools import partial
 from typing import Literal, NamedTuple, Sequence
 
@@ -79,27 +80,43 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
         >>> out.shape  # GQA decode, the second batch attends to its first 37 keys
         torch.Size([2, 8, 1, 64])
     """
-    check_tensor("query", query)
-    _check_devices(query, key, value, locals())
-    dtype = autocast_dtype(query.device)
-    query, pse_shift, key_shared_prefix, value_shared_prefix = cast_inputs(
-        dtype, query, pse_shift, key_shared_prefix, value_shared_prefix)
-    key, value = _cast_kv(dtype, key), _cast_kv(dtype, value)
-    check_choice("backend", backend, BACKENDS)
-    in_layout, _ = io_layouts("layout", layout, LAYOUTS)
-    num_heads = check_int("num_heads", _num_heads(query, in_layout, num_heads), lo=1)
-    scale = softmax_scale(scale, query, query.shape[-1] // num_heads if in_layout == "BSH" else query.shape[-1])
-    sparse_mode, atten_mask = _causal_args(causal, query, in_layout, sparse_mode=sparse_mode, atten_mask=atten_mask,
-                                           pre_tokens=pre_tokens, next_tokens=next_tokens)
-    options = {name: value_ for name, value_ in locals().items() if name in OPTION_NAMES}
-    if isinstance(actual_shared_prefix_len, int):
-        actual_shared_prefix_len = [actual_shared_prefix_len]
-    options.update(num_heads=num_heads, scale=scale, input_layout=layout,
-                   actual_shared_prefix_len=actual_shared_prefix_len)
+    query, key, value, options = call_options(query, key, value, locals())
     with autocast_off(query.device):
         out, lse = run_inference_only(INFERENCE_ONLY, partial(backends.forward, query, key, value, options, backend),
-                                      query, key, value, options)
+                                      query, key, value, tensor_options(options))
     return FusedInferAttentionResult(out, lse) if return_lse else out
+
+
+SIGNATURE = inspect.signature(fused_infer_attention)
+
+
+def call_options(query: Tensor, key, value, arguments: dict) -> tuple[Tensor, object, object, dict]:
+    """The call's ``(query, key, value, options)`` from the Pythonic ``arguments`` (:func:`fused_infer_attention`'s
+    parameters by name): devices checked, autocast applied, defaults resolved, options under the aclnn names."""
+    check_tensor("query", query)
+    _check_devices(query, key, value, arguments)
+    dtype = autocast_dtype(query.device)
+    a = dict(arguments)
+    query, a["pse_shift"], a["key_shared_prefix"], a["value_shared_prefix"] = cast_inputs(
+        dtype, query, a["pse_shift"], a["key_shared_prefix"], a["value_shared_prefix"])
+    key, value = _cast_kv(dtype, key), _cast_kv(dtype, value)
+    check_choice("backend", a["backend"], BACKENDS)
+    in_layout, _ = io_layouts("layout", a["layout"], LAYOUTS)
+    num_heads = check_int("num_heads", _num_heads(query, in_layout, a["num_heads"]), lo=1)
+    scale = softmax_scale(a["scale"], query, query.shape[-1] // num_heads if in_layout == "BSH" else query.shape[-1])
+    a["sparse_mode"], a["atten_mask"] = _causal_args(a["causal"], query, in_layout, sparse_mode=a["sparse_mode"],
+                                                     atten_mask=a["atten_mask"], pre_tokens=a["pre_tokens"],
+                                                     next_tokens=a["next_tokens"])
+    options = {name: a[name] for name in OPTION_NAMES if name in a}
+    prefix_len = a["actual_shared_prefix_len"]
+    options.update(num_heads=num_heads, scale=scale, input_layout=a["layout"],
+                   actual_shared_prefix_len=[prefix_len] if isinstance(prefix_len, int) else prefix_len)
+    return query, key, value, options
+
+
+def tensor_options(options: dict) -> dict:
+    """The tensors among ``options`` (what an inference-only guard searches for tensors requiring grad)."""
+    return {name: x for name, x in options.items() if isinstance(x, Tensor)}
 
 
 _TENSOR_OPTIONS = ("pse_shift", "atten_mask", "block_table", "deq_scale1", "quant_scale1", "deq_scale2",

@@ -1,5 +1,5 @@
 """Runs an FIA call on the backend :func:`~attnops._core.dispatch.choose_backend` picks for it: the Triton kernels
-(``triton/``: the decode kernels for a few query rows per batch, else the FlashAttention kernels batch by batch) when
+(``triton/``: the decode kernels for a few query rows per batch, else the prefill kernel over every batch) when
 their verifier accepts the call, else the reference (on CPU copies for tensors elsewhere).
 
 ``auto`` on CUDA runs the kernels when the verifier accepts (a PerformanceWarning names the reason when it does not); an explicit
@@ -33,7 +33,7 @@ def forward(query: Tensor, key, value, options: dict, backend: str = "auto") -> 
 
         if built["route"] == "decode":
             return launch.forward(built["p"], query, key, value, options.get("block_table"))
-        return prefill.forward(built["p"], query)
+        return prefill.forward(built["p"], query, key, value, options)
     device = origin_device(query, key, value, options)
     return to_device(reference.forward(build_problem(*to_cpu((query, key, value)), **to_cpu(options))), device)
 

@@ -4,7 +4,9 @@
 
 The op takes the aclnn parameters with single ``key``/``value`` tensors (dense or a paged cache; the torch_npu
 dialect never passes tensor lists) and always returns ``(attention_out, softmax_lse)``; callers that did not ask
-for the lse drop it.
+for the lse drop it. Lengths given as tensors go in ``actual_seq_lengths_tensor``/``actual_seq_lengths_kv_tensor``
+(appended, instead of the ``int[]`` lists): their values are never traced, so ``torch.compile`` keeps one graph
+for all lengths, and on CUDA the decode kernels read the KV lengths on the device.
 """
 from __future__ import annotations
 
@@ -39,11 +41,16 @@ def fused_infer_attention(query: Tensor, key: Tensor, value: Tensor, pse_shift: 
                           value_shared_prefix: Optional[Tensor], actual_shared_prefix_len: Optional[list[int]],
                           num_heads: int, scale: float, pre_tokens: int, next_tokens: int, input_layout: str,
                           num_key_value_heads: int, sparse_mode: int, inner_precise: int, block_size: int,
-                          antiquant_mode: int, key_antiquant_mode: int, value_antiquant_mode: int
-                          ) -> tuple[Tensor, Tensor]:
+                          antiquant_mode: int, key_antiquant_mode: int, value_antiquant_mode: int,
+                          actual_seq_lengths_tensor: Optional[Tensor] = None,
+                          actual_seq_lengths_kv_tensor: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """``(attention_out, softmax_lse)``: the output in the output layout and the fp32 lse ``[B, N, Q_S, 1]`` /
-    ``[T, N, 1]``."""
+    ``[T, N, 1]``. A ``*_tensor`` length replaces its list."""
     options = locals()
+    for name in ("actual_seq_lengths", "actual_seq_lengths_kv"):
+        given = options.pop(f"{name}_tensor")
+        if given is not None:
+            options[name] = given
     return backends.forward(options.pop("query"), options.pop("key"), options.pop("value"), options)
 
 
@@ -53,7 +60,8 @@ def _(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_l
       key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, block_table, query_padding_size,
       kv_padding_size, key_shared_prefix, value_shared_prefix, actual_shared_prefix_len, num_heads, scale,
       pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size,
-      antiquant_mode, key_antiquant_mode, value_antiquant_mode):
+      antiquant_mode, key_antiquant_mode, value_antiquant_mode, actual_seq_lengths_tensor=None,
+      actual_seq_lengths_kv_tensor=None):
     in_layout, out_layout = io_layouts("input_layout", input_layout, LAYOUTS)
     dv = output_head_dim(value, in_layout, block_table is not None, num_key_value_heads or num_heads)
     shape = (*query.shape[:-1], num_heads * dv if in_layout == "BSH" else dv)

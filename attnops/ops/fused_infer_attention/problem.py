@@ -6,6 +6,13 @@ Normal form, per batch: the valid query rows ``[Sq_b, N1, D]`` (views) and the e
 one :class:`MaskSpec` and one pse over these effective coordinates; the antiquant of K and V, the int8 chain and the
 int8 output parameters. Every seed constraint is checked here before any compute; ``strict`` (the aclnn dialect)
 adds the seed's dtype lists and the NPU's size, alignment and block-size envelope.
+
+The per-batch parts (query rows, KV runs, mask and pse windows) are built on first use: the Triton decode kernels
+never need them (they address the tensors as given, :class:`CallSource`), so a call on the GPU costs the checks
+alone. Values that live on a device (``actual_seq_lengths_kv``, ``query_padding_size``/``kv_padding_size`` and
+``block_table`` tensors off the CPU, masks on a device) are never read here: their shapes and dtypes are checked,
+lengths are bounded by the capacity of the call (a paged batch: ``block_table`` columns x block size; dense: the
+KV S), and only the kernels, which read them on the device, can run such a problem (:attr:`FIAProblem.device_values`).
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ from ..._core.checks import (check_int, check_scale, check_tensor, describe, fai
                              require_not_none)
 from ..._core.errors import ParamDtypeError
 from ..._core.layouts import bsnd_dims, io_layouts, tokens_view
-from ..._core.masks import MaskSpec, build_infer_mask_spec
+from ..._core.masks import MaskRule, MaskSpec, build_infer_mask_spec, check_infer_mask
 from ..._core.pse import PseSpec
 from ..._core.varlen import SeqInfo, batch_windows, lengths_from_cumulative, seq_info_varlen
 from .paged import KVSegment, dense_segment, nz_width, page_segments
@@ -35,21 +42,64 @@ MAX_GROUP = 64
 MAX_S = 20 << 20
 
 
+def _built_once(build):
+    """A property built on first use and kept (``functools.cached_property`` without its lock, which
+    ``torch.compile`` cannot trace on Python 3.11)."""
+    name = build.__name__
+
+    def get(self):
+        built = self._parts.built
+        if name not in built:
+            built[name] = build(self)
+        return built[name]
+
+    return property(get, doc=build.__doc__)
+
+
+@dataclass(frozen=True)
+class CallSource:
+    """The call's tensors and lengths as given, which kernels read in place.
+
+    ``kind``: "dense" (``key``/``value`` in the query's layout), "list" (per-batch tensors) or "paged" (a cache
+    and ``block_table``). ``q_s``: the query S (TND: T); ``kv_s``: the dense key S (TND: T; 0 for the other kinds).
+    ``q_lens_given``: per-batch query lengths are in use (``actual_seq_lengths`` with Q_S > 1, or TND).
+    ``kv_lengths``: ``actual_seq_lengths_kv`` as a device tensor (not read on the host; ``seq.kv_lens`` then hold
+    the capacities). ``query_padding``/``kv_padding``: the left padding in use (an int, or a device tensor).
+    """
+
+    query: Tensor
+    key: Tensor | list
+    value: Tensor | list
+    in_layout: str
+    kind: str
+    q_s: int
+    kv_s: int
+    q_lens_given: bool
+    kv_lengths: Tensor | None
+    query_padding: int | Tensor | None
+    kv_padding: int | Tensor | None
+    block_table: Tensor | None
+    block_size: int
+
+
 @dataclass(frozen=True)
 class FIAProblem:
-    """A validated FIA call. ``seq``: actual query lengths and effective KV lengths (prefix included)."""
+    """A validated FIA call. ``seq``: actual query lengths and effective KV lengths (prefix included).
+
+    ``rule`` and ``pse_shift`` are the mask and pse as kernels take them (read at each batch's left-padding
+    offsets); ``queries``, ``kv``, ``mask`` and ``pse`` are the per-batch normal form, built on first use and
+    available only when no value lives on a device (``device_values`` empty).
+    """
 
     n1: int
     n2: int
     d: int
     dv: int  # value (and output) head dim
     seq: SeqInfo
-    queries: tuple[Tensor, ...]  # per batch [Sq_b, N1, D] views
-    kv: tuple[tuple[KVSegment, ...], ...]  # per batch, runs in effective-column order
     key_quant: Antiquant | None
     value_quant: Antiquant | None
-    mask: MaskSpec
-    pse: PseSpec | None
+    rule: MaskRule
+    pse_shift: Tensor | None  # [B|1, N1, >= Q_S, >= KV_S], added after the scale
     scale: float
     int8: Int8Chain | None
     out_quant: OutputQuant | None
@@ -59,10 +109,60 @@ class FIAProblem:
     row_starts: tuple[int, ...]  # first output row of each batch (the token index for TND)
     lse_shape: tuple[int, ...]
     device: torch.device
+    kv_starts: tuple[int, ...]  # per batch, the row of its first key in its key tensor (left padding, TND offset)
+    prefix_len: int  # columns of the shared prefix, the first effective columns of every batch
+    source: CallSource
+    device_values: tuple[str, ...]  # arguments whose values live on a device and were not read
+    _parts: "_Deferred" = dataclasses.field(repr=False, compare=False)
 
     @property
     def group(self) -> int:
         return self.n1 // self.n2
+
+    @property
+    def batch(self) -> int:
+        return self.seq.batch
+
+    @property
+    def q_rows(self) -> int:
+        """The longest query of a batch (rows)."""
+        return self.seq.max_q
+
+    @_built_once
+    def queries(self) -> tuple[Tensor, ...]:
+        """Per batch, the valid query rows ``[Sq_b, N1, D]`` (views)."""
+        return _query_rows(self.source.query, self._host_parts("queries").g, self._parts.lens)
+
+    @_built_once
+    def kv(self) -> tuple[tuple[KVSegment, ...], ...]:
+        """Per batch, the effective KV runs in column order (the shared prefix first)."""
+        d = self._host_parts("kv")
+        return _segments(d.g, d.lens, d.kv_tokens, d.value_tokens, d.prefix, self.source.block_table,
+                         self.source.block_size)
+
+    @_built_once
+    def mask(self) -> MaskSpec:
+        """The mask in the one normal form over effective coordinates (left-padding windows applied)."""
+        d = self._host_parts("mask")
+        return build_infer_mask_spec(**d.mask_args, seq=self.seq, q_offsets=d.q_offsets, kv_offsets=d.kv_offsets,
+                                     left_padding=d.lens.left_padding is not None)
+
+    @_built_once
+    def pse(self) -> PseSpec | None:
+        """The pse over effective coordinates (left-padding windows applied), or None."""
+        if self.pse_shift is None:
+            return None
+        d = self._host_parts("pse")
+        t = self.pse_shift
+        if d.q_offsets is not None and (any(d.q_offsets) or any(d.kv_offsets)):
+            t = batch_windows(t, d.q_offsets, d.kv_offsets, self.seq, 0.0)
+        return PseSpec(0, "full", t)
+
+    def _host_parts(self, what: str) -> "_Deferred":
+        if self.device_values:
+            raise RuntimeError(f"FIAProblem.{what} needs the host values of {', '.join(self.device_values)} (given "
+                               "as device tensors: only the Triton decode kernels read them)")
+        return self._parts
 
 
 @dataclass(frozen=True)
@@ -213,10 +313,25 @@ def _kv_tokens(g: _Inputs, x: Tensor, name: str, value: bool = False) -> Tensor:
 class _Lengths:
     q_lens: list[int]
     q_starts: list[int]  # first valid query row (left padding; TND token offset)
-    kv_lens: list[int]  # keys only, prefix excluded
+    kv_lens: list[int]  # keys only, prefix excluded (capacities with kv_lengths)
     kv_starts: list[int]  # first valid key row (left padding; TND token offset)
     kv_cols: int  # least KV_S of masks, pse and per-token antiquant parameters
     left_padding: str | None  # the padding argument in use (left padding), if any
+    kv_lengths: Tensor | None = None  # actual_seq_lengths_kv as a device tensor
+    query_padding: int | Tensor | None = None  # the paddings in use
+    kv_padding: int | Tensor | None = None
+
+    @property
+    def device_values(self) -> tuple[str, ...]:
+        """The arguments in use whose values live on a device (starts and lengths above are placeholders)."""
+        given = (("actual_seq_lengths_kv", self.kv_lengths), ("query_padding_size", self.query_padding),
+                 ("kv_padding_size", self.kv_padding))
+        return tuple(name for name, v in given if isinstance(v, Tensor))
+
+
+def _on_device(x) -> bool:
+    """A tensor whose values live off the CPU (reading them would synchronise)."""
+    return isinstance(x, Tensor) and x.device.type != "cpu"
 
 
 def _per_batch(name: str, value, batch: int, default: list[int]) -> list[int]:
@@ -231,15 +346,29 @@ def _per_batch(name: str, value, batch: int, default: list[int]) -> list[int]:
     return values
 
 
-def _padding(name: str, value, strict: bool) -> int | None:
-    """query/kv_padding_size: int64 shape (1); negative values count as 0."""
+def _padding(name: str, value, strict: bool) -> int | Tensor | None:
+    """query/kv_padding_size: int64 shape (1); negative values count as 0. A device tensor is returned unread (the
+    kernels read it)."""
     if value is None:
         return None
     if strict or isinstance(value, Tensor):
         check_tensor(name, value, dtypes=(torch.int64,) if strict else (torch.int64, torch.int32))
         require(value.numel() == 1, name, "shape [1]", value)
+        if _on_device(value):
+            return value
         value = int(value.reshape(-1)[0])
     return max(0, check_int(name, value))
+
+
+def _device_kv_lengths(g: _Inputs, value: Tensor, batch: int) -> Tensor:
+    """``actual_seq_lengths_kv`` as a device tensor: int32/int64 ``[1]`` (shared) or ``[>= B]``; not read."""
+    require(g.in_layout != "TND" and g.kind != "list", "actual_seq_lengths_kv", "a list or a CPU tensor for layout "
+            "TND and for key/value tensor lists (a device tensor is read by the paged and dense decode kernels)",
+            value)
+    check_tensor("actual_seq_lengths_kv", value, ndim=1, dtypes=(torch.int32, torch.int64))
+    require(value.numel() == 1 or value.numel() >= batch, "actual_seq_lengths_kv", f"1 value or at least B={batch} "
+            "values", value)
+    return value
 
 
 def _lengths(g: _Inputs, kv_tokens: list[Tensor], *, actual_seq_lengths, actual_seq_lengths_kv, query_padding_size,
@@ -263,16 +392,20 @@ def _lengths(g: _Inputs, kv_tokens: list[Tensor], *, actual_seq_lengths, actual_
     qpad = None if g.decode else _padding("query_padding_size", query_padding_size, strict)  # Q_S = 1: ignored
     kvpad = _padding("kv_padding_size", kv_padding_size, strict)
     q_left = qpad is not None and actual_seq_lengths is not None
-    if q_left:
+    if q_left and not _on_device(qpad):
         q_starts = [g.q_s - qpad - n for n in q_lens]
         for b, s in enumerate(q_starts):
             require(s >= 0, "query_padding_size", f"Q_S - query_padding_size - actual_seq_lengths[{b}] >= 0 "
                     "(left padding)", f"Q_S={g.q_s}, query_padding_size={qpad}, length {q_lens[b]}")
+    device_lens = _device_kv_lengths(g, actual_seq_lengths_kv, batch) if _on_device(actual_seq_lengths_kv) else None
+    pads = dict(kv_lengths=device_lens, query_padding=qpad if q_left else None)
     if g.kind == "paged":
         require(actual_seq_lengths_kv is not None, "actual_seq_lengths_kv", "the per-batch KV lengths (required "
                 "with block_table)", None)
-        kv_lens = _per_batch("actual_seq_lengths_kv", actual_seq_lengths_kv, batch, [])
-        return _Lengths(q_lens, q_starts, kv_lens, [0] * batch, 0, _left_padding(q_left, kvpad is not None)), batch
+        kv_lens = [0] * batch if device_lens is not None else _per_batch("actual_seq_lengths_kv",
+                                                                          actual_seq_lengths_kv, batch, [])
+        return _Lengths(q_lens, q_starts, kv_lens, [0] * batch, 0, _left_padding(q_left, kvpad is not None),
+                        **pads), batch
     if g.in_layout == "TND":
         require(actual_seq_lengths_kv is not None, "actual_seq_lengths_kv", "cumulative KV lengths for layout TND",
                 None)
@@ -282,12 +415,14 @@ def _lengths(g: _Inputs, kv_tokens: list[Tensor], *, actual_seq_lengths, actual_
         starts = [sum(kv_lens[:b]) for b in range(batch)]
         return _Lengths(q_lens, q_starts, kv_lens, starts, max(kv_lens, default=0), None), batch
     phys = [t.shape[1] for t in kv_tokens] if g.kind == "list" else [kv_tokens[0].shape[1]] * batch
-    kv_lens = _per_batch("actual_seq_lengths_kv", actual_seq_lengths_kv, batch, phys)
+    kv_lens = phys if device_lens is not None else _per_batch("actual_seq_lengths_kv", actual_seq_lengths_kv, batch,
+                                                              phys)
     for b, (n, s) in enumerate(zip(kv_lens, phys)):
         require(n <= s, f"actual_seq_lengths_kv[{b}]", f"at most the key/value S={s} of batch {b}", n)
     kv_starts = [0] * batch
     kv_left = kvpad is not None and actual_seq_lengths_kv is not None
-    if kv_left:
+    pads["kv_padding"] = kvpad if kv_left else None
+    if kv_left and not (_on_device(kvpad) or device_lens is not None):  # else the kernels compute the starts
         kv_starts = [s - kvpad - n for s, n in zip(phys, kv_lens)]
         for b, s in enumerate(kv_starts):
             # Q_S = 1: a start before 0 gives an all-zero batch (seed); Q_S > 1: undefined on the NPU, rejected
@@ -295,7 +430,8 @@ def _lengths(g: _Inputs, kv_tokens: list[Tensor], *, actual_seq_lengths, actual_
                     ">= 0 (left padding)", f"KV_S={phys[b]}, kv_padding_size={kvpad}, length {kv_lens[b]}")
         kv_lens = [0 if s < 0 else n for s, n in zip(kv_starts, kv_lens)]
         kv_starts = [max(s, 0) for s in kv_starts]
-    return _Lengths(q_lens, q_starts, kv_lens, kv_starts, max(phys, default=0), _left_padding(q_left, kv_left)), batch
+    return _Lengths(q_lens, q_starts, kv_lens, kv_starts, max(phys, default=0), _left_padding(q_left, kv_left),
+                    **pads), batch
 
 
 def _left_padding(query: bool, kv: bool) -> str | None:
@@ -326,19 +462,31 @@ def _paged_kv(g: _Inputs, lens: _Lengths, block_table, block_size, strict) -> tu
     check_tensor("block_table", block_table, ndim=2, dtypes=(I32,) if strict else (I32, torch.int64))
     require(block_table.shape[0] == len(lens.kv_lens), "block_table", f"[B={len(lens.kv_lens)}, maxBlocks]",
             block_table)
+    num_blocks = cache.shape[0]
+    if lens.kv_lengths is not None:  # device lengths: every batch may use the whole table
+        capacity = block_table.shape[1] * block_size
+        return (dataclasses.replace(lens, kv_lens=[capacity] * len(lens.kv_lens), kv_cols=capacity), block_size,
+                num_blocks)
     need = [math.ceil(n / block_size) for n in lens.kv_lens]
     max_blocks = max(need, default=0)
     require(block_table.shape[1] >= max_blocks, "block_table", f"at least maxBlockNumPerSeq={max_blocks} columns "
             f"(blocks of the longest actual_seq_lengths_kv)", block_table)
-    num_blocks = cache.shape[0]
     require(sum(need) <= num_blocks, "key", f"at least {sum(need)} blocks (sum over batches of the blocks of "
             "actual_seq_lengths_kv)", cache)
-    for b, n in enumerate(need):
-        ids = block_table[b, :n]
-        if n and not bool(((ids >= 0) & (ids < num_blocks)).all()):
-            fail(f"block_table[{b}]", f"block ids in [0, {num_blocks}) for the {n} blocks in use",
-                 ids.tolist()[:8])
+    if not _on_device(block_table):  # a device table is not read: the kernels clamp its ids
+        _check_block_ids(block_table, need, num_blocks)
     return dataclasses.replace(lens, kv_cols=max_blocks * block_size), block_size, num_blocks
+
+
+def _check_block_ids(block_table: Tensor, need: list[int], num_blocks: int) -> None:
+    """The ids of the blocks in use are in ``[0, num_blocks)`` (one vectorised test; the failing row named)."""
+    cols = torch.arange(block_table.shape[1])
+    used = cols[None, :] < torch.tensor(need, dtype=torch.int64)[:, None]
+    bad = used & ((block_table < 0) | (block_table >= num_blocks))
+    if bool(bad.any()):
+        b = int(bad.any(1).nonzero()[0])
+        fail(f"block_table[{b}]", f"block ids in [0, {num_blocks}) for the {need[b]} blocks in use",
+             block_table[b, :need[b]].tolist()[:8])
 
 
 def _check_nz(g: _Inputs, cache: Tensor, name: str, d: int) -> None:
@@ -379,10 +527,11 @@ def _segments(g: _Inputs, lens: _Lengths, kv_tokens, value_tokens, prefix, block
     """Per batch, the effective KV runs: prefix rows, then the batch's keys."""
     out = []
     plen = 0 if prefix is None else prefix[2]
+    table = block_table.tolist() if g.kind == "paged" else None
     for b, n in enumerate(lens.kv_lens):
         segs = [] if not plen else [dense_segment(prefix[0], prefix[1], 0, 0, plen, 0)]
         if g.kind == "paged" and n:
-            blocks = block_table[b, :math.ceil(n / block_size)].tolist()
+            blocks = table[b][:math.ceil(n / block_size)]
             segs += page_segments(g.keys[0], g.values[0], blocks, n, block_size, g.n2)
         elif n:
             if g.in_layout == "TND":
@@ -398,8 +547,8 @@ def _segments(g: _Inputs, lens: _Lengths, kv_tokens, value_tokens, prefix, block
     return tuple(out)
 
 
-def _pse(pse_shift, g: _Inputs, lens: _Lengths, seq: SeqInfo, kv_cols: int, query_dtype) -> PseSpec | None:
-    """pse_shift ``(B|1, N1, >=Q_S, >=KV_S)``, added after the scale; read at the left-padding offsets."""
+def _check_pse(pse_shift, g: _Inputs, seq: SeqInfo, kv_cols: int, query_dtype) -> Tensor | None:
+    """pse_shift ``(B|1, N1, >=Q_S, >=KV_S)``, added after the scale (read at the left-padding offsets)."""
     if pse_shift is None:
         return None
     check_tensor("pse_shift", pse_shift, ndim=4, dtypes=(F16 if query_dtype == I8 else query_dtype,))
@@ -407,9 +556,7 @@ def _pse(pse_shift, g: _Inputs, lens: _Lengths, seq: SeqInfo, kv_cols: int, quer
     ok = pse_shift.shape[0] in (1, seq.batch) and pse_shift.shape[1] == g.n1 and pse_shift.shape[2] >= rows and \
         pse_shift.shape[3] >= kv_cols
     require(ok, "pse_shift", f"shape (B={seq.batch} or 1, N={g.n1}, Q_S >= {rows}, KV_S >= {kv_cols})", pse_shift)
-    if g.in_layout != "TND" and (any(lens.q_starts) or any(lens.kv_starts)):
-        pse_shift = batch_windows(pse_shift, lens.q_starts, lens.kv_starts, seq, 0.0)
-    return PseSpec(0, "full", pse_shift)
+    return pse_shift
 
 
 def _check_int8_output_rows(mask_mode: int, has_mask: bool, pre: int, nxt: int, offset: bool, seq: SeqInfo) -> None:
@@ -506,28 +653,48 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
         key_antiquant_offset=key_antiquant_offset, value_antiquant_scale=value_antiquant_scale,
         value_antiquant_offset=value_antiquant_offset, key_antiquant_mode=key_antiquant_mode,
         value_antiquant_mode=value_antiquant_mode)
-    mask = build_infer_mask_spec(sparse_mode=sparse_mode, atten_mask=atten_mask, pre_tokens=pre_tokens,
-                                 next_tokens=next_tokens, seq=seq, decode=g.decode,
-                                 rows=max(seq.q_lens, default=0) if g.in_layout == "TND" else g.q_s, cols=kv_cols,
-                                 q_offsets=lens.q_starts if g.in_layout != "TND" else None,
-                                 kv_offsets=lens.kv_starts if g.in_layout != "TND" else None,
-                                 left_padding=lens.left_padding is not None)
-    if out_quant is not None and not g.decode:
+    rows = max(seq.q_lens, default=0) if g.in_layout == "TND" else g.q_s
+    mask_args = dict(sparse_mode=sparse_mode, atten_mask=atten_mask, pre_tokens=pre_tokens, next_tokens=next_tokens,
+                     decode=g.decode, rows=rows, cols=kv_cols)
+    rule = check_infer_mask(**mask_args, batch=batch, left_padding=lens.left_padding is not None)
+    if out_quant is not None and not g.decode and not lens.device_values:
         _check_int8_output_rows(sparse_mode, atten_mask is not None, pre_tokens, next_tokens,
                                 quant_offset2 is not None, seq)
-    pse = _pse(pse_shift, g, lens, seq, kv_cols, query.dtype)
+    pse_shift = _check_pse(pse_shift, g, seq, kv_cols, query.dtype)
     if strict:
         _check_envelope(g, lens, kv_cols, out_quant, pse_shift, block_size)
     out_shape = (*query.shape[:-1], g.n1 * g.dv if g.in_layout == "BSH" else g.dv) if g.out_layout == g.in_layout \
         else (g.batch, g.q_s, g.n1, g.dv)
     tnd = g.in_layout == "TND"
+    source = CallSource(query, key, value, g.in_layout, g.kind, g.q_s, kv_tokens[0].shape[0 if tnd else 1]
+                        if g.kind == "dense" else 0, tnd or (not g.decode and actual_seq_lengths is not None),
+                        lens.kv_lengths, lens.query_padding, lens.kv_padding, block_table,
+                        block_size if g.kind == "paged" else 0)
+    parts = _Deferred(g, lens, kv_tokens, value_tokens, prefix, mask_args,
+                      None if tnd else lens.q_starts, None if tnd else lens.kv_starts)
     return FIAProblem(
-        n1=g.n1, n2=g.n2, d=g.d, dv=g.dv, seq=seq, queries=_query_rows(query, g, lens), kv=_segments(
-            g, lens, kv_tokens, value_tokens, prefix, block_table, block_size), key_quant=key_quant,
-        value_quant=value_quant, mask=mask, pse=pse, scale=float(scale), int8=int8, out_quant=out_quant,
+        n1=g.n1, n2=g.n2, d=g.d, dv=g.dv, seq=seq, key_quant=key_quant, value_quant=value_quant, rule=rule,
+        pse_shift=pse_shift, scale=float(scale), int8=int8, out_quant=out_quant,
         out_dtype=I8 if out_quant is not None else F16 if int8 is not None else query.dtype, out_layout=g.out_layout,
         out_shape=out_shape, row_starts=tuple(lens.q_starts), device=query.device,
-        lse_shape=(query.shape[0], g.n1, 1) if tnd else (g.batch, g.n1, g.q_s, 1))
+        lse_shape=(query.shape[0], g.n1, 1) if tnd else (g.batch, g.n1, g.q_s, 1), kv_starts=tuple(lens.kv_starts),
+        prefix_len=plen, source=source,
+        device_values=lens.device_values, _parts=parts)
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """What the per-batch normal form of a problem is built from, on first use."""
+
+    g: _Inputs
+    lens: _Lengths
+    kv_tokens: list
+    value_tokens: list
+    prefix: tuple | None
+    mask_args: dict
+    q_offsets: list[int] | None  # left-padding starts at which masks and pse are read (None for TND)
+    kv_offsets: list[int] | None
+    built: dict = dataclasses.field(default_factory=dict)  # the parts built so far, by name
 
 
 def _check_features(g: _Inputs, lens: _Lengths, prefix, query: Tensor, block_table, strict: bool) -> None:

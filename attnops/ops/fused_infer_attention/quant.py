@@ -98,11 +98,24 @@ class Antiquant:
 class Int8Chain:
     """Per-tensor parameters of the int8 full-quant chain (§6.7): ``S = (Q_i8 K_i8^T) * deq_scale1`` (then scale,
     pse, mask), ``P_i8 = sat_int8(round(exp(S - rowmax) * quant_scale1))``,
-    ``O = (P_i8 V_i8) * deq_scale2 / rowsum(exp(S - rowmax))``."""
+    ``O = (P_i8 V_i8) * deq_scale2 / rowsum(exp(S - rowmax))``. The validated ``[1]`` tensors are kept as given
+    and read when a value is asked for (a device tensor is not read while a call is only being checked)."""
 
-    deq_scale1: float
-    quant_scale1: float
-    deq_scale2: float
+    deq_scale1_tensor: Tensor
+    quant_scale1_tensor: Tensor
+    deq_scale2_tensor: Tensor
+
+    @property
+    def deq_scale1(self) -> float:
+        return decode_deq_scale(self.deq_scale1_tensor)
+
+    @property
+    def quant_scale1(self) -> float:
+        return float(self.quant_scale1_tensor.reshape(-1)[0])
+
+    @property
+    def deq_scale2(self) -> float:
+        return decode_deq_scale(self.deq_scale2_tensor)
 
 
 @dataclass(frozen=True)
@@ -128,9 +141,9 @@ def _scalar_param(name: str, t, dtypes) -> Tensor:
 def build_int8_chain(deq_scale1, quant_scale1, deq_scale2) -> Int8Chain:
     """Validate the int8 full-quant parameters (all three required, per-tensor; deq scales UINT64 or FLOAT32)."""
     deq = (torch.uint64, torch.int64, torch.float32)
-    return Int8Chain(decode_deq_scale(_scalar_param("deq_scale1", deq_scale1, deq)),
-                     float(_scalar_param("quant_scale1", quant_scale1, (torch.float32,)).reshape(-1)[0]),
-                     decode_deq_scale(_scalar_param("deq_scale2", deq_scale2, deq)))
+    return Int8Chain(_scalar_param("deq_scale1", deq_scale1, deq),
+                     _scalar_param("quant_scale1", quant_scale1, (torch.float32,)),
+                     _scalar_param("deq_scale2", deq_scale2, deq))
 
 
 def build_output_quant(quant_scale2, quant_offset2, *, n1: int, dv: int, query_dtype: torch.dtype

@@ -153,7 +153,8 @@ def _prefill_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
 def _int8_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
     """The int8 chain: ``S = (Q K^T) deq1`` -> scale, pse, mask -> ``P~ = exp(S - max)`` ->
     ``O = (sat_int8(P~ qs1) V) deq2 / sum(P~)``. Integer GEMMs are exact in fp64."""
-    sq, skv, g, c = q.shape[0], p.seq.kv_lens[b], p.group, p.int8
+    sq, skv, g = q.shape[0], p.seq.kv_lens[b], p.group
+    deq1, qs1, deq2 = p.int8.deq_scale1, p.int8.quant_scale1, p.int8.deq_scale2
     k, v = _batch_kv(p, b, dequantize=False)
     qh, kh, vh = (x.transpose(0, 1).to(F64) for x in (q, k, v))  # [N, S, D]
     o = torch.empty(p.n1, sq, p.dv, dtype=F32, device=q.device)
@@ -163,8 +164,8 @@ def _int8_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
         heads = slice(n2 * g, (n2 + 1) * g)
         for r0 in range(0, sq, rows):
             r1 = min(sq, r0 + rows)
-            s = torch.matmul(qh[heads, r0:r1], kh[n2].transpose(0, 1)).to(F32).mul_(c.deq_scale1).mul_(p.scale)
+            s = torch.matmul(qh[heads, r0:r1], kh[n2].transpose(0, 1)).to(F32).mul_(deq1).mul_(p.scale)
             total, lse[heads, r0:r1] = _softmax_(_shift_and_mask_(p, b, s, r0, r1, heads))
-            p_i8 = quantize_int8(s.mul_(c.quant_scale1)).to(F64)
-            o[heads, r0:r1] = torch.matmul(p_i8, vh[n2]).mul_(c.deq_scale2).to(F32).div_(total)
+            p_i8 = quantize_int8(s.mul_(qs1)).to(F64)
+            o[heads, r0:r1] = torch.matmul(p_i8, vh[n2]).mul_(deq2).to(F32).div_(total)
     return o.transpose(0, 1), lse

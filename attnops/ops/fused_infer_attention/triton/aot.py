@@ -1,21 +1,30 @@
-"""The FIA decode kernels in the shared AOT machinery: small problems whose plans give the call sites
-``python -m attnops aot`` compiles (fp16/bf16/fp32; dense and paged KV; head dims 128 and 192/128; GQA groups 4 to 16
-with up to 4 query rows; int8 and int4 antiquant; masks and pse)."""
+"""The FIA kernels in the shared AOT machinery: small problems whose plans give the call sites ``python -m attnops aot``
+compiles. Decode (fp16/bf16/fp32; dense, paged ND and NZ KV; head dims 128 and 192/128; GQA groups 4 to 16 with up to
+4 query rows; int8 and int4 antiquant; masks and pse; int8 output) and prefill (the same dtypes and head dims; dense, paged ND and NZ
+caches; int8 NZ caches with page-managed scales, int8 K/V with the shared prefix, int4 K/V; a few query rows after
+the shared prefix; masks and pse; int8 output)."""
 from __future__ import annotations
 
 import torch
 
 from ...._core.triton.registry import register_aot
 from ..problem import build_problem
-from . import launch
+from . import launch, prefill
+from .decode_plan import make_plan
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def _launches(query, key, value, **options) -> list:
     p = build_problem(query, key, value, **options)
-    _, _, plan = launch.decode_plan(p, query, key, value, options.get("block_table"), interpret=False)
-    return [launch.KERNELS.aot_launch(x) for x in plan]
+    _, launches = launch.run_launches(make_plan(p, interpret=False), query, key, value, options.get("block_table"))
+    return [launch.KERNELS.aot_launch(x) for x in launches]
+
+
+def _prefill_launches(query, key, value, **options) -> list:
+    p = build_problem(query, key, value, **options)
+    _, plan = prefill.prefill_plan(p, query, key, value, options, interpret=False)
+    return [prefill.KERNELS.aot_launch(x) for x in plan]
 
 
 def _dense(dtype: str, d: int, dv: int, group: int) -> list:
@@ -44,6 +53,31 @@ def _paged(dtype: str, d: int, quant: str | None) -> list:
     return _launches(q, k, v, **options)
 
 
+def _nz(dtype: str, quant: str | None) -> list:
+    """Two requests over NZ caches ``[blocknum, 8, D/x, 128, x]``; int8 with page-managed per-token scales."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 32, 1, 128, generator=gen).to(t)
+    table = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    options = dict(num_heads=32, num_key_value_heads=8, input_layout="BNSD", scale=128 ** -0.5, block_table=table,
+                   block_size=128, actual_seq_lengths_kv=[512, 300])
+    store = torch.int8 if quant == "int8" else t
+    x = 32 // store.itemsize
+    k, v = (torch.randint(-100, 100, (8, 8, 128 // x, 128, x), generator=gen).to(store) for _ in range(2))
+    if quant == "int8":
+        options.update({f"{n}_antiquant_scale": torch.rand(8, 8, 128, generator=gen) for n in ("key", "value")},
+                       key_antiquant_mode=5, value_antiquant_mode=5)
+    return _launches(q, k, v, **options)
+
+
+def _int8_out(dtype: str) -> list:
+    """Dense GQA decode quantized to int8 per channel on output (the merge kernel's int8 store)."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 16, 128, generator=gen).to(t)
+    k, v = (torch.randn(2, 300, 4, 128, generator=gen).to(t) for _ in range(2))
+    return _launches(q, k, v, num_heads=16, num_key_value_heads=4, input_layout="BSND", scale=128 ** -0.5,
+                     quant_scale2=torch.rand(16 * 128, generator=gen), quant_offset2=torch.rand(16 * 128, generator=gen))
+
+
 def _masked(dtype: str) -> list:
     """Four query rows of a GQA group of 16 (64 rows per program), bottom-right causal, pse."""
     t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
@@ -54,6 +88,100 @@ def _masked(dtype: str) -> list:
                      atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1))
 
 
+def _prefill_dense(dtype: str, d: int, dv: int) -> list:
+    """Causal GQA prefill (group 4) over a dense BSND K/V with actual lengths."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 300, 16, d, generator=gen).to(t)
+    k, v = torch.randn(2, 300, 4, d, generator=gen).to(t), torch.randn(2, 300, 4, dv, generator=gen).to(t)
+    return _prefill_launches(q, k, v, num_heads=16, num_key_value_heads=4, input_layout="BSND", scale=d ** -0.5,
+                             sparse_mode=3, atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1),
+                             actual_seq_lengths_kv=[300, 211])
+
+
+def _prefill_paged(dtype: str, cache: str) -> list:
+    """Chunked prefill: 256 new rows of 32 heads over two requests in a ``[blocknum, 128, N2*D]`` or NZ cache."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 256, 32 * 128, generator=gen).to(t)
+    shape = (8, 128, 8 * 128) if cache == "nd" else (8, 8, 128 // (32 // t.itemsize), 128, 32 // t.itemsize)
+    k, v = (torch.randn(shape, generator=gen).to(t) for _ in range(2))
+    return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BSH", scale=128 ** -0.5,
+                             block_table=torch.arange(8, dtype=torch.int32).reshape(2, 4), block_size=128,
+                             actual_seq_lengths_kv=[512, 300], sparse_mode=3,
+                             atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1))
+
+
+def _prefill_masked(dtype: str) -> list:
+    """An explicit mask and a pse (fp16/bf16 pse of the query's dtype)."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 32, 200, 128, generator=gen).to(t)
+    k, v = (torch.randn(2, 8, 300, 128, generator=gen).to(t) for _ in range(2))
+    return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BNSD", scale=128 ** -0.5,
+                             pse_shift=torch.randn(2, 32, 200, 300, generator=gen).to(t), sparse_mode=1,
+                             atten_mask=torch.rand(2, 1, 200, 300, generator=gen) < 0.3)
+
+
+def _prefill_nz_int8(dtype: str) -> list:
+    """One query row over an int8 NZ cache with page-managed per-token + head scales and offsets."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 32, 1, 128, generator=gen).to(t)
+    k, v = (torch.randint(-100, 100, (8, 8, 4, 128, 32), generator=gen, dtype=torch.int8) for _ in range(2))
+    scales = {f"{x}_antiquant_{y}": torch.rand(8, 8, 128, generator=gen) for x in ("key", "value")
+              for y in ("scale", "offset")}
+    return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BNSD", scale=128 ** -0.5,
+                             block_table=torch.arange(8, dtype=torch.int32).reshape(2, 4), block_size=128,
+                             actual_seq_lengths_kv=[512, 300], key_antiquant_mode=5, value_antiquant_mode=5, **scales)
+
+
+def _prefill_prefix_int8() -> list:
+    """int8 K/V and shared prefix with the combined per-channel antiquant, fp16 queries, int8 output."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 32, 200, 128, generator=gen).half()
+    k, v = (torch.randint(-100, 100, (2, 8, 300, 128), generator=gen, dtype=torch.int8) for _ in range(2))
+    kp, vp = (torch.randint(-100, 100, (1, 8, 100, 128), generator=gen, dtype=torch.int8) for _ in range(2))
+    return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BNSD", scale=128 ** -0.5,
+                             antiquant_scale=torch.rand(2, 8, 1, 128, generator=gen).half(),
+                             antiquant_offset=torch.rand(2, 8, 1, 128, generator=gen).half(),
+                             key_shared_prefix=kp, value_shared_prefix=vp, sparse_mode=3,
+                             atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1),
+                             quant_scale2=torch.rand(1, generator=gen) + 1)
+
+
+def _prefill_prefix_rows(dtype: str) -> list:
+    """Four query rows after a shared prefix (the decode kernels take no prefix), causal."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 32, 4, 128, generator=gen).to(t)
+    k, v = (torch.randn(2, 8, 300, 128, generator=gen).to(t) for _ in range(2))
+    kp, vp = (torch.randn(1, 8, 100, 128, generator=gen).to(t) for _ in range(2))
+    return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BNSD", scale=128 ** -0.5,
+                             key_shared_prefix=kp, value_shared_prefix=vp, sparse_mode=3,
+                             atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1))
+
+
+def _prefill_int4_list(dtype: str) -> list:
+    """int4 K/V (packed in int32) as a per-batch tensor list with per-token scales and offsets, one query row."""
+    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 32, 128, generator=gen).to(t)
+    k, v = ([torch.randint(-2 ** 31, 2 ** 31 - 1, (1, s, 8, 16), generator=gen, dtype=torch.int32)
+             for s in (300, 200)] for _ in range(2))
+    scales = {f"{x}_antiquant_{y}": torch.rand(2, 300, generator=gen) for x in ("key", "value")
+              for y in ("scale", "offset")}
+    return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BSND", scale=128 ** -0.5,
+                             key_antiquant_mode=1, value_antiquant_mode=1, **scales)
+
+
+PREFILL_CASES = {**{f"prefill-dense-{t}-d128": lambda t=t: _prefill_dense(t, 128, 128) for t in DTYPES},
+                 **{f"prefill-dense-{t}-d192-dv128": lambda t=t: _prefill_dense(t, 192, 128) for t in DTYPES},
+                 **{f"prefill-masked-pse-{t}-d128": lambda t=t: _prefill_masked(t) for t in DTYPES},
+                 **{f"prefill-paged-{c}-{t}-d128": lambda t=t, c=c: _prefill_paged(t, c) for t in ("fp16", "bf16")
+                    for c in ("nd", "nz")},
+                 **{f"prefill-nz-int8-{t}-d128": lambda t=t: _prefill_nz_int8(t) for t in ("fp16", "bf16")},
+                 **{f"prefill-list-int4-{t}-d128": lambda t=t: _prefill_int4_list(t) for t in ("fp16", "bf16")},
+                 **{f"prefill-prefix-{t}-d128-sq4": lambda t=t: _prefill_prefix_rows(t) for t in DTYPES},
+                 "prefill-prefix-int8-out-int8-fp16-d128": _prefill_prefix_int8}
+"""The prefill kernel's AOT cases by name (``tests/ops/fused_infer_attention/triton/test_gpu_compile.py``)."""
+
+for _name, _case in PREFILL_CASES.items():
+    register_aot("fused_infer_attention", _name, _case)
 for _dtype in DTYPES:
     register_aot("fused_infer_attention", f"decode-dense-{_dtype}-d128-g4", lambda t=_dtype: _dense(t, 128, 128, 4))
     register_aot("fused_infer_attention", f"decode-dense-{_dtype}-d192-dv128-g8",
@@ -61,6 +189,9 @@ for _dtype in DTYPES:
     register_aot("fused_infer_attention", f"decode-paged-{_dtype}-d128", lambda t=_dtype: _paged(t, 128, None))
     register_aot("fused_infer_attention", f"decode-masked-pse-{_dtype}-g16-sq4", lambda t=_dtype: _masked(t))
 for _dtype in ("fp16", "bf16"):
+    register_aot("fused_infer_attention", f"decode-nz-{_dtype}-d128", lambda t=_dtype: _nz(t, None))
+    register_aot("fused_infer_attention", f"decode-nz-int8-{_dtype}-d128", lambda t=_dtype: _nz(t, "int8"))
+    register_aot("fused_infer_attention", f"decode-int8-out-{_dtype}-d128", lambda t=_dtype: _int8_out(t))
     for _quant in ("int8", "int4"):
         register_aot("fused_infer_attention", f"decode-paged-{_quant}-{_dtype}-d128",
                      lambda t=_dtype, quant=_quant: _paged(t, 128, quant))

@@ -1,12 +1,12 @@
 """Why an FIA call cannot run on the Triton kernels (None when it can): the decode kernels (a few query rows per
-batch) or, for the rest, the FlashAttention kernels batch by batch (prefill). Pure Python: no Triton import beyond
-the availability check, so dispatch can ask on any machine."""
+batch; dense, paged ND and NZ caches) or, for the rest, the prefill kernel (every batch in one launch). Pure Python:
+no Triton import beyond the availability check, so dispatch can ask on any machine; O(1) in the batch size and the
+page count."""
 from __future__ import annotations
 
 import torch
 
 from ...._core.triton.support import kernel_input_reason
-from ...flash_attention.triton.verify import MAX_GRID_Y
 from ..problem import FIAProblem
 
 MAX_HEAD_DIM = 256
@@ -26,7 +26,7 @@ def kernel_route(p: FIAProblem, query: torch.Tensor, key, value, options: dict) 
     prefill = prefill_reason(p)
     if prefill is None:
         return "prefill", None
-    return None, f"{decode}; the FlashAttention kernels (prefill) cannot serve it either: {prefill}"
+    return None, f"{decode}; the prefill kernel cannot serve it either: {prefill}"
 
 
 def unsupported_reason(p: FIAProblem, query: torch.Tensor, key, value, options: dict) -> str | None:
@@ -35,39 +35,29 @@ def unsupported_reason(p: FIAProblem, query: torch.Tensor, key, value, options: 
 
 
 def prefill_reason(p: FIAProblem) -> str | None:
-    """Why the FlashAttention kernels cannot run ``p`` batch by batch (float queries: no int8 chain), or None."""
+    """Why the prefill kernel cannot run ``p`` (float queries: no int8 chain), or None."""
+    if p.device_values:
+        return (f"{', '.join(p.device_values)} given as device tensors are read by the decode kernels only (pass "
+                "host lists for this call)")
     if max(p.d, p.dv) > MAX_HEAD_DIM:
         return f"head dims up to {MAX_HEAD_DIM} (got D={p.d}, Dv={p.dv})"
-    if p.n1 > MAX_GRID_Y:
-        return f"query heads up to {MAX_GRID_Y} (got {p.n1})"
     return None
 
 
 def decode_reason(p: FIAProblem, query: torch.Tensor, key, value, options: dict) -> str | None:
-    """Why the decode kernels cannot serve ``p`` (queries of a kernel dtype), or None."""
+    """Why the decode kernels cannot serve ``p`` (queries of a kernel dtype), or None. O(1): no per-batch work."""
     if not isinstance(key, torch.Tensor) or not isinstance(value, torch.Tensor):
         return "a key/value tensor list is not implemented in the Triton decode kernels"
-    if options.get("key_shared_prefix") is not None:
+    if p.prefix_len or options.get("key_shared_prefix") is not None:
         return "a shared prefix (key_shared_prefix) is not implemented in the Triton decode kernels"
-    if key.dim() == 5:
-        return "NZ paged caches are not implemented in the Triton decode kernels"
     if any(x.stride(-1) != 1 for x in (query, key, value)):
         return "query, key and value need a unit last stride"
     if p.key_quant is None and key.dtype != query.dtype:
         return f"key/value of dtype {key.dtype} need antiquant parameters"
-    rows = max((q.shape[0] for q in p.queries), default=0)
+    rows = p.q_rows
     if rows > MAX_QUERY_ROWS or rows * p.group > MAX_GROUP_ROWS:
         return (f"the Triton decode kernels take at most {MAX_QUERY_ROWS} query rows per batch and "
                 f"{MAX_GROUP_ROWS} rows per KV head (got {rows} x group {p.group})")
     if max(p.d, p.dv) > MAX_HEAD_DIM:
         return f"head dims up to {MAX_HEAD_DIM} (got D={p.d}, Dv={p.dv})"
-    if options.get("block_table") is None and not _runs_in_place(p, key, value):
-        return "dense key/value runs must be views of key and value"
     return None
-
-
-def _runs_in_place(p: FIAProblem, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """Each batch's effective KV is at most one run, a view of ``key`` / ``value``."""
-    same = key.untyped_storage().data_ptr(), value.untyped_storage().data_ptr()
-    return all(len(runs) <= 1 and all((r.key.untyped_storage().data_ptr(), r.value.untyped_storage().data_ptr())
-                                      == same for r in runs) for runs in p.kv)

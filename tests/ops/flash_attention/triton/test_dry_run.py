@@ -158,6 +158,25 @@ def test_torch_npu_entries():
     assert _kernels(launches).count("fwd_kernel") == 3 and _kernels(launches).count("dq_kernel") == 3
 
 
+@pytest.mark.parametrize("device_lengths", [False, True])
+def test_torch_npu_graph_friendly_v3(device_lengths):
+    """v3 takes the cumulative lengths as tensors: on the device the kernels read them (no numels to compute)."""
+    qt = t(T_Q, N1, D)
+    leaves = [x.clone().requires_grad_() for x in (qt, qt, qt)]
+    lengths = (cu([40, T_Q]), cu([40, T_Q])) if device_lengths else ([40, T_Q], [40, T_Q])
+    lens = dict(actual_seq_qlen=lengths[0], actual_seq_kvlen=lengths[1])
+    with gpu_dry_run() as launches:
+        o, smax, ssum, _, seed, offset = tnpu.npu_fusion_attention_v3(*leaves, N1, "TND", atten_mask=TRIU, scale=0.2,
+                                                                     sparse_mode=3, **lens)
+        o.backward(torch.empty_like(o))
+        tnpu.npu_fusion_attention_grad_v3(qt, qt, qt, qt, N1, "TND", atten_mask=TRIU, softmax_max=smax,
+                                          softmax_sum=ssum, attention_in=o, scale_value=0.2, sparse_mode=3,
+                                          seed=seed, offset=offset, **lens)
+    kernels = _kernels(launches)
+    assert kernels.count("fwd_kernel") == 1 and kernels.count("dq_kernel") == 2
+    assert ("prepare_kernel" in kernels) == device_lengths
+
+
 @pytest.mark.parametrize("kw,name", [
     (dict(pse=t(N1 * 4000), pse_type=0), "pse"),  # the 1-D pse's form follows from the lengths
     (dict(pse=t(1, N1, 1024, 64), atten_mask=torch.empty(64, 64, dtype=torch.bool, device=META)), "pse"),

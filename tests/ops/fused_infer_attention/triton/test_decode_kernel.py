@@ -14,6 +14,7 @@ from attnops.testing.golden_fia import pack_int4
 from tests.helpers import randn
 from tests.ops.fused_infer_attention.fia_helpers import (TRIU2048, check_fia, make_inputs, rand_mask, randint4,
                                                          randint8, to_paged)
+from tests.ops.fused_infer_attention.test_fia_nz_cache import nz
 from tests.triton_backend import DEVICE
 
 F16, F32 = torch.float16, torch.float32
@@ -74,6 +75,18 @@ def test_paged_decode(triton_backend, layout, cache_layout, bs, lens):
     q, kc, vc, bt = _paged(layout, cache_layout, n=4, nkv=2, sq=1, lens=lens, bs=bs)
     run(triton_backend, q, kc, vc, block_table=bt, block_size=bs, actual_seq_lengths_kv=lens, num_heads=4,
         num_key_value_heads=2, scale_value=0.25, input_layout=layout, softmax_lse_flag=True)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_nz_paged_decode(triton_backend, int8):
+    """NZ caches ``[blocknum, N2, D/x, blocksize, x]`` (x = 16 fp16, 32 int8) through the block table."""
+    n, d, bs, lens = 4, 64, 16, [50, 0, 21]
+    q, kc, vc, bt = _paged("BNSD", "BNSD", n=n, nkv=2, sq=1, lens=lens, bs=bs, d=d, int8=int8)
+    quant = dict(key_antiquant_scale=_param((kc.shape[0], 2, bs), F32, 1),
+                 value_antiquant_scale=_param((kc.shape[0], 2, bs), F32, 2), key_antiquant_mode=5,
+                 value_antiquant_mode=5) if int8 else {}
+    run(triton_backend, q, nz(kc), nz(vc), via="api", block_table=bt, block_size=bs, actual_seq_lengths_kv=lens,
+        num_heads=n, num_key_value_heads=2, scale_value=0.25, input_layout="BNSD", softmax_lse_flag=True, **quant)
 
 
 @pytest.mark.parametrize("sq", [1, 3])
@@ -200,26 +213,20 @@ def test_verifier_reasons(triton_backend):
     assert "queries (got torch.int8)" in _reasons(qi, ki, vi, **int8)[1]
 
 
-def test_paged_prefill_runs_the_flash_attention_kernel(triton_backend):
-    """Queries longer than the decode kernels take, over a paged cache: per batch on the FlashAttention kernel."""
-    n, bs, lens = 2, 16, [40, 27]
-    q, kc, vc, bt = _paged("BSND", "BSH", n=n, nkv=1, sq=20, lens=lens, bs=bs, d=32)
-    run_kernel(triton_backend, ["fwd_kernel"] * 2, q, kc, vc, via="api", block_table=bt, block_size=bs,
-               actual_seq_lengths_kv=lens, atten_mask=TRIU2048, sparse_mode=3, actual_seq_lengths=[20, 9],
-               num_heads=n, num_key_value_heads=1, scale_value=0.25, input_layout="BSND", softmax_lse_flag=True)
-
-
-def test_shared_prefix_runs_the_flash_attention_kernel(triton_backend):
-    q, k, v = make_inputs("BNSD", b=2, n=2, sq=3, skv=10, d=16, dtype=F16)
-    prefix_k, prefix_v = randn(1, 2, 9, 16, dtype=F16, seed=4), randn(1, 2, 9, 16, dtype=F16, seed=5)
-    run_kernel(triton_backend, ["fwd_kernel"] * 2, q, k, v, key_shared_prefix=prefix_k,
-               value_shared_prefix=prefix_v, actual_shared_prefix_len=[7], actual_seq_lengths_kv=[10, 6],
-               atten_mask=TRIU2048, sparse_mode=3, num_heads=2, scale_value=0.25, input_layout="BNSD",
-               softmax_lse_flag=True)
-
-
 def test_forced_triton_raises_with_the_reason(triton_backend):
     qi, ki, vi = (_dev(randint8(1, 4, 2, 16, seed=i)) for i in range(3))
     with pytest.raises(attnops.ParamInvalidError, match="got torch.int8"):
         attnops.fused_infer_attention(qi, ki, vi, num_heads=2, layout="BSND", deq_scale1=_dev(torch.tensor([1e-3])),
                                       quant_scale1=_dev(torch.tensor([1.0])), deq_scale2=_dev(torch.tensor([1e-2])))
+
+
+def test_output_ties_round_away_from_zero(triton_backend):
+    """CAST_ROUND in the merge kernel: two equally weighted values one fp16 ulp apart average to an exact tie, which
+    rounds to the neighbour of larger magnitude (round-half-to-even would keep the even one)."""
+    even = torch.tensor([1.0, -1.0, 2.0, -0.5, 1024.0, 3.0, -6.0, 0.25] * 2, dtype=F16)
+    away = torch.nextafter(even, even * 2)
+    v = torch.stack([even, away])[None, :, None, :]  # [B=1, KV_S=2, N=1, D=16]
+    q, k = randn(1, 1, 1, 16, dtype=F16, seed=1), torch.zeros(1, 2, 1, 16, dtype=F16)
+    out = attnops.fused_infer_attention(_dev(q), _dev(k), _dev(v), layout="BSND", scale=1.0)
+    assert triton_backend == KERNELS
+    assert torch.equal(out.cpu()[0, 0, 0], away)

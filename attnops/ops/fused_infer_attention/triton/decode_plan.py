@@ -1,0 +1,265 @@
+"""The host arithmetic of the Triton FIA decode kernels, done once per batch composition (FlashInfer's ``plan``):
+the work list, the partial buffers and every kernel argument that does not change from call to call.
+
+Work list: batch ``b`` gets ``splits[b]`` units (KV chunks), each a program per KV head. With the KV lengths on the
+host, the chunk length is balanced over the TOTAL number of KV tokens of the batch (about two programs per SM, at
+least :data:`MIN_SPLIT_TOKENS` tokens each, at most :data:`MAX_SPLITS` units per batch), so one long sequence among
+short ones is split and the short ones are not. With the lengths on the device (a capacity plan), every batch gets
+the same number of units, sized for the batch count and the capacity; the kernels cut each batch's actual columns
+into that many chunks. Either way the kernels take any length up to the capacity fixed here (paged: the block
+table's columns x block size; dense: the KV S), so one plan serves calls whose lengths change: a CUDA graph of
+:func:`launch.run` stays correct when new lengths and block tables are written into the captured tensors.
+
+Host metadata (work list, per-batch query facts, paddings, antiquant strides) goes up with
+:func:`attnops._core.staging.cached_upload`: pinned, non-blocking, and kept at one address per distinct value.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ...._core import staging
+from ...._core.masks import INF
+from ...._core.triton.launch import cdiv, pow2
+from ..problem import FIAProblem
+from . import codes as K
+
+MAX_SPLITS = 64
+MIN_SPLIT_TOKENS = 256  # GPU: the least tokens per unit worth a program
+SPLIT_GRAIN = 64  # GPU unit lengths are multiples of every tile width
+INTERPRET_TILE, INTERPRET_SPLIT = 16, 32  # Triton's interpreter: small units, so tiny tests cover several
+MIN_ROWS = 16  # tl.dot needs 16 rows: the G x Sq query rows are padded to at least this
+PROGRAMS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Everything the decode launches need but the call's query, caches, block table and KV lengths.
+
+    ``split_args``/``merge_args``: the kernels' arguments after the per-call ones; ``split_consts``/
+    ``merge_consts``: their constexprs. ``query_shape``, ``key_shape``, ... are what a call must match."""
+
+    batch: int
+    n1: int
+    n2: int
+    rows: int  # query rows per batch (padded to the longest)
+    in_layout: str
+    kv_layout: int  # kernels.KV_*
+    units: int
+    out_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    lse_shape: tuple[int, ...]
+    out_zeroed: bool  # some output rows are written by no program (TND tokens past the last batch)
+    merge_rows: int  # second extent of the merge grid
+    device: torch.device
+    query_shape: tuple[int, ...]
+    query_dtype: torch.dtype
+    key_shape: tuple[int, ...]
+    value_shape: tuple[int, ...]
+    kv_dtype: torch.dtype
+    table_shape: tuple[int, ...] | None
+    capacity: int
+    lengths: torch.Tensor  # the KV lengths a call without its own uses (int32 [B] or [1])
+    split_args: tuple
+    merge_args: tuple
+    split_consts: dict
+    merge_consts: dict
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (an H100's 132 off CUDA: dry runs and ahead-of-time compilation)."""
+    return _cuda_sm_count(device.index or 0) if device.type == "cuda" else 132
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def split_counts(kv_lens: list[int] | None, batch: int, n2: int, capacity: int, device: torch.device,
+                 interpret: bool) -> tuple[torch.Tensor, int]:
+    """``(splits [B] int64 on the CPU, chunk grain)``: units per batch balanced over the total KV tokens of
+    ``kv_lens`` (host lengths), or the same count for every batch when they are on the device (None)."""
+    grain = INTERPRET_TILE if interpret else SPLIT_GRAIN
+    if interpret:
+        if kv_lens is None:
+            return torch.full((batch,), min(max(cdiv(capacity, INTERPRET_SPLIT), 1), MAX_SPLITS)), grain
+        chunk = INTERPRET_SPLIT
+    else:
+        units = max(1, PROGRAMS_PER_SM * _sm_count(device) // n2)  # units that fill the GPU once
+        if kv_lens is None:
+            n = min(cdiv(units, batch), cdiv(capacity, MIN_SPLIT_TOKENS), MAX_SPLITS)
+            return torch.full((batch,), max(n, 1)), grain
+        chunk = max(cdiv(sum(kv_lens), units), MIN_SPLIT_TOKENS)
+        chunk = cdiv(chunk, grain) * grain
+    lens = torch.tensor(kv_lens, dtype=torch.int64)
+    return ((lens + chunk - 1) // chunk).clamp_(1, MAX_SPLITS), grain
+
+
+def _work_tables(splits: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """``(work [W, 2] = (batch, split), batches [B, 2] = (first unit, splits), W, max splits)`` on ``device``."""
+    first = splits.cumsum(0) - splits
+    units = int(splits.sum())
+    key = ("fia-work", splits.numpy().tobytes())
+
+    def work():
+        b = torch.repeat_interleave(torch.arange(len(splits)), splits)
+        return torch.stack([b, torch.arange(units) - first[b]], 1)
+
+    return (staging.cached_upload(key, work, torch.int32, device),
+            staging.cached_upload(key + ("batches",), lambda: torch.stack([first, splits], 1), torch.int32, device),
+            units, int(splits.max()))
+
+
+def dummy(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A one-element tensor for a pointer argument a kernel does not read (shared; never written)."""
+    return staging.cached_upload(("fia-dummy",), lambda: [0], dtype, device)
+
+
+def _param_strides(kind: str, t: torch.Tensor) -> list[int]:
+    """(batch, head, position, block, offset, channel) strides of an antiquant parameter of ``kind``; broadcast
+    sizes get stride 0."""
+    head = t.stride(1) if t.shape[1] > 1 else 0
+    if kind == "static":  # [1, N2|1, 1, D|1]
+        return [0, head, 0, 0, 0, t.stride(3) if t.shape[3] > 1 else 0]
+    if kind == "token":  # [B, N2|1, S]
+        return [t.stride(0), head, t.stride(2), 0, 0, 0]
+    return [0, head, 0, t.stride(0), t.stride(2), 0]  # page: [blocknum, N2|1, blocksize]
+
+
+def _antiquant_args(p: FIAProblem, device: torch.device) -> tuple[list, dict]:
+    """Scale/offset pointers of K and V and their ``[4, 6]`` strides table (rows: K scale, K offset, V scale,
+    V offset), with the offset flags and whether each is per channel (``static``) rather than per column."""
+    tensors, strides, flags = [], [], {}
+    for name, quant in (("K", p.key_quant), ("V", p.value_quant)):
+        for t in (None, None) if quant is None else (quant.scale, quant.offset):
+            tensors.append(dummy(torch.float32, device) if t is None else t.to(torch.float32))
+            strides.append([0] * 6 if t is None else _param_strides(quant.kind, tensors[-1]))
+        flags[f"{name}_OFFSET"] = quant is not None and quant.offset is not None
+        flags[f"{name}_STATIC"] = quant is not None and quant.kind == "static"
+    table = staging.cached_upload(("fia-antiquant", tuple(map(tuple, strides))), lambda: strides, torch.int64, device)
+    return [*tensors, table], flags
+
+
+def _pse_args(p: FIAProblem, device: torch.device) -> tuple[list, bool]:
+    t = p.pse_shift
+    if t is None:
+        return [dummy(torch.float32, device), 0, 0, 0], False
+    t = t if t.stride(-1) == 1 else t.contiguous()
+    return [t, t.stride(0) if t.shape[0] > 1 else 0, t.stride(1), t.stride(2)], True
+
+
+def _mask_args(p: FIAProblem, device: torch.device) -> tuple[list, bool]:
+    """The explicit mask ``[Bm, 1, R, C]`` (bool read as uint8; non-zero = masked), its batch and row strides."""
+    e = p.rule.explicit
+    if e is None:
+        return [dummy(torch.uint8, device), 0, 0], False
+    e = e if e.stride(-1) == 1 else e.contiguous()
+    e = e.view(torch.uint8) if e.dtype == torch.bool else e
+    return [e, e.stride(0) if e.shape[0] > 1 else 0, e.stride(2)], True
+
+
+def _kv_storage(x: torch.Tensor, quantized: bool) -> int:
+    if not quantized:
+        return K.KV_FLOAT
+    return K.KV_INT4 if x.dtype == torch.int32 else K.KV_INT8
+
+
+def _padding(value, device: torch.device) -> torch.Tensor:
+    """A left padding as a device scalar the kernels read (a device tensor as given)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return staging.cached_upload(("fia-padding", value), lambda: [value], torch.int64, device)
+
+
+def _varlen_meta(p: FIAProblem, device: torch.device) -> torch.Tensor:
+    """int32 ``[B, 3]`` per-batch query rows and (TND) first query and key tokens."""
+    tnd = p.source.in_layout == "TND"
+    rows = [(n, p.row_starts[b] if tnd else 0, p.kv_starts[b] if tnd else 0) for b, n in enumerate(p.seq.q_lens)]
+    return staging.cached_upload(("fia-qmeta", tuple(rows)), lambda: rows, torch.int32, device)
+
+
+def _output_args(p: FIAProblem, device: torch.device) -> tuple[list, dict]:
+    """``([scale, offset, head stride, channel stride], flags)`` of the output conversion: int8 quantization
+    (per-tensor or per-channel ``[N1, Dv]``), CAST_ROUND to fp16/bf16, or fp32 as it is."""
+    quant = p.out_quant
+    if quant is None:
+        kind = K.OUT_ROUND if p.out_dtype in (torch.float16, torch.bfloat16) else K.OUT_FLOAT
+        none = dummy(torch.float32, device)
+        return [none, none, 0, 0], dict(OUT_KIND=kind, HAS_OUT_OFFSET=False)
+    scale, offset = quant.scale, quant.offset
+    strides = [scale.stride(0), scale.stride(1)] if scale.numel() > 1 else [0, 0]
+    return ([scale, scale if offset is None else offset, *strides],
+            dict(OUT_KIND=K.OUT_INT8, HAS_OUT_OFFSET=offset is not None))
+
+
+def out_strides(layout: str, shape: tuple[int, ...], heads: int) -> tuple[int, int, int]:
+    """(batch, token, head) element strides of a contiguous output of ``shape`` in ``layout``."""
+    if layout == "TND":
+        return 0, shape[1] * shape[2], shape[2]
+    if layout == "BNSD":
+        return shape[1] * shape[2] * shape[3], shape[3], shape[2] * shape[3]
+    token = shape[2] * shape[3] if layout == "BSND" else shape[2]
+    return shape[1] * token, token, token // heads
+
+
+def lengths_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host KV lengths as the int32 device tensor the kernels read (one upload per distinct list)."""
+    host = torch.tensor(values, dtype=torch.int32)
+    return staging.cached_upload(("fia-lengths", host.numpy().tobytes()), lambda: host, torch.int32, device)
+
+
+def make_plan(p: FIAProblem, interpret: bool, lengths_on_host: bool = True) -> DecodePlan:
+    """The plan of a problem the decode verifier accepted. ``lengths_on_host``: balance the work over ``p``'s host
+    KV lengths; otherwise (or when they are on the device) plan for the capacity."""
+    src, device = p.source, p.device
+    key, value, query = src.key, src.value, src.query
+    batch, sq, tnd = p.batch, p.q_rows, src.in_layout == "TND"
+    paged = src.kind == "paged"
+    if paged:
+        capacity = src.block_table.shape[1] * src.block_size
+        kv_layout, nz_x = (K.KV_NZ, key.shape[-1]) if key.dim() == 5 else (K.KV_PAGED, 0)
+    else:
+        capacity, kv_layout, nz_x = src.kv_s, K.KV_DENSE, 0
+    host_lens = list(p.seq.kv_lens) if src.kv_lengths is None and lengths_on_host else None
+    splits, grain = split_counts(host_lens, batch, p.n2, capacity, device, interpret)
+    work, batches, units, max_splits = _work_tables(splits, device)
+    row_count = units * p.n1 * sq
+    pm, pl = (torch.empty(row_count, dtype=torch.float32, device=device) for _ in range(2))
+    po = torch.empty(row_count * p.dv, dtype=torch.float32, device=device)
+    lengths = src.kv_lengths if src.kv_lengths is not None else lengths_tensor(list(p.seq.kv_lens), device)
+    qmeta = _varlen_meta(p, device) if src.q_lens_given else dummy(torch.int32, device)
+    q_pad = _padding(src.query_padding, device) if src.query_padding is not None else dummy(torch.int64, device)
+    kv_pad = _padding(src.kv_padding, device) if src.kv_padding is not None else dummy(torch.int64, device)
+    pse, has_pse = _pse_args(p, device)
+    mask, has_mask = _mask_args(p, device)
+    antiquant, aq_flags = _antiquant_args(p, device)
+    band = p.rule.band  # FIA's bands shift both sides by Skv_b - Sq_b or neither (an unbounded side stays so)
+    lo, hi = max(band.lo, -INF), min(band.hi, INF)
+    has_band = lo > -INF or hi < INF
+    upcast = interpret or query.dtype == torch.float32
+    num_blocks = key.shape[0] if paged else 1
+    flags = dict(GRAIN=grain, VARLEN=src.q_lens_given, Q_LEFT=src.query_padding is not None,
+                 KV_LEFT=src.kv_padding is not None, HAS_BAND=has_band, ALIGN=(band.lo_delta or band.hi_delta) and has_band)
+    split_consts = dict(BLOCK_R=pow2(p.group * sq, MIN_ROWS), BLOCK_D=pow2(p.d), BLOCK_DV=pow2(p.dv), **flags,
+                        KV_LAYOUT=kv_layout, NZ_X=nz_x, K_QUANT=_kv_storage(key, p.key_quant is not None),
+                        V_QUANT=_kv_storage(value, p.value_quant is not None), **aq_flags, HAS_PSE=has_pse,
+                        HAS_EXPLICIT=has_mask, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32")
+    split_args = (work, batches, qmeta, q_pad, kv_pad, pm, pl, po, *pse, *mask, *antiquant, src.q_s, src.kv_s,
+                  capacity, src.block_size, num_blocks, lo, hi, p.scale, p.n1, p.group, sq, p.d, p.dv)
+    quant_args, quant_flags = _output_args(p, device)
+    out_st = out_strides(p.out_layout, p.out_shape, p.n1)
+    lse_st = (0, p.n1, 1) if tnd else (p.n1 * p.lse_shape[2], 1, p.lse_shape[2])
+    merge_args = (pm, pl, po, batches, qmeta, q_pad, kv_pad, *quant_args[:2], *out_st, *lse_st, *quant_args[2:],
+                  src.q_s, src.kv_s, capacity, lo, hi, p.n1, sq, p.dv)
+    merge_consts = dict(BLOCK_S=pow2(max_splits, 2), BLOCK_DV=pow2(p.dv), **flags, **quant_flags, ZERO_FILL=not tnd)
+    return DecodePlan(
+        batch=batch, n1=p.n1, n2=p.n2, rows=sq, in_layout=src.in_layout, kv_layout=kv_layout, units=units,
+        out_shape=p.out_shape, out_dtype=p.out_dtype, lse_shape=p.lse_shape,
+        out_zeroed=tnd and sum(p.seq.q_lens) < src.q_s, merge_rows=sq if tnd else src.q_s, device=device,
+        query_shape=tuple(query.shape), query_dtype=query.dtype, key_shape=tuple(key.shape),
+        value_shape=tuple(value.shape), kv_dtype=key.dtype,
+        table_shape=tuple(src.block_table.shape) if paged else None, capacity=capacity, lengths=lengths,
+        split_args=split_args, merge_args=merge_args, split_consts=split_consts, merge_consts=merge_consts)
