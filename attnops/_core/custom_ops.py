@@ -12,6 +12,7 @@ the op (compilation, dispatch modes, functorch, the profiler) gets the op itself
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -33,6 +34,19 @@ def register_dry_run_meta(op) -> None:
             return implementation(*args, **kwargs)
 
     op.register_kernel("meta", meta)
+
+
+@contextlib.contextmanager
+def autograd_inside_op():
+    """Record autograd graphs inside a custom op's implementation (grad mode on, the autograd dispatch keys no longer
+    excluded), for an op whose backward recomputes a forward and differentiates it: the dispatcher runs an op's
+    kernels below autograd, where nothing would be recorded."""
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradFunctionality)
+    for key in (torch._C.DispatchKey.AutogradOther, torch._C.DispatchKey.AutogradNestedTensor):
+        keys = keys | torch._C.DispatchKeySet(key)
+    with torch.enable_grad(), torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(),
+                                                               torch._C._dispatch_tls_local_exclude_set() - keys):
+        yield
 
 
 def runs_directly(tensors) -> bool:

@@ -285,6 +285,12 @@ def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Te
         compress_weight_v=compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa, block_indices=block_indices,
         block_counts=block_counts)
     with autocast_off(query.device):
+        if torch.compiler.is_compiling() and layout == "TND" and isinstance(
+                cu_seqlens if cu_seqlens is not None else actual_seq_len, Tensor):
+            return _compiled_with_tensor_lengths(
+                query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp, g_slc, g_swa, cu_seqlens,
+                actual_seq_len, block_indices, block_counts, compress_block_size, compress_stride, select_block_size,
+                select_block_count, window_size, local_blocks, compress, scale)
         return _native_sparse_attention(
             query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa,
             cu_seqlens=cu_seqlens, actual_seq_len=actual_seq_len, layout=layout,
@@ -292,6 +298,24 @@ def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Te
             select_block_size=select_block_size, select_block_count=select_block_count, window_size=window_size,
             local_blocks=local_blocks, block_indices=block_indices, block_counts=block_counts, compress=compress,
             scale=scale)
+
+
+def _compiled_with_tensor_lengths(query, key, value, gates, wk, wv, g_cmp, g_slc, g_swa, cu_seqlens, actual_seq_len,
+                                  block_indices, block_counts, *sizes_and_options):
+    """Under ``torch.compile``: the layer as one op (:mod:`.layer_op`) taking the lengths as a tensor, so the traced
+    graph never reads them and serves every length set."""
+    from .layer_op import native_sparse_attention_op
+
+    if cu_seqlens is None:  # CANN's cumulative lengths: cu_seqlens without its leading 0
+        require(isinstance(actual_seq_len, Tensor) and actual_seq_len.dim() == 1, "actual_seq_len",
+                "a 1-D tensor of cumulative lengths", actual_seq_len)
+        cu_seqlens = torch.cat([actual_seq_len.new_zeros(1), actual_seq_len])
+    else:
+        require(actual_seq_len is None, "cu_seqlens", "either cu_seqlens or actual lengths, not both", "both")
+    counts = block_counts if isinstance(block_counts, Tensor) else None
+    return native_sparse_attention_op(query, key, value, gates, wk, wv, g_cmp, g_slc, g_swa, cu_seqlens,
+                                      block_indices, counts, None if counts is not None else block_counts,
+                                      *sizes_and_options)
 
 
 def _native_sparse_attention(query, key, value, gates, compress_weight_k, compress_weight_v, *, g_cmp, g_slc,

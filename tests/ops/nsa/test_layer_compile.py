@@ -1,0 +1,49 @@
+"""``torch.compile(fullgraph=True, dynamic=True)`` of the NSA layer with ``cu_seqlens`` as a tensor: one graph for
+every length set (the layer is one op then, :mod:`attnops.ops.nsa.layer_op`), outputs and gradients equal to eager."""
+import pytest
+import torch
+
+import attnops
+
+N1, N2, D, DV = 4, 1, 32, 16
+SIZES = dict(compress_block_size=16, compress_stride=8, select_block_size=16, select_block_count=2, window_size=8)
+
+
+def _inputs(t: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(t, n, d, generator=g) for n, d in ((N1, D), (N2, D), (N2, DV)))
+    gates = torch.rand(t, N1, 3, generator=g)
+    wk, wv = (torch.rand(16, N2, generator=g) for _ in range(2))
+    return [x.requires_grad_() for x in (q, k, v, gates, wk, wv)]
+
+
+def _layer(q, k, v, gates, wk, wv, cu):
+    return attnops.native_sparse_attention(q, k, v, gates, wk, wv, cu_seqlens=cu, **SIZES)
+
+
+@pytest.mark.parametrize("kind", ["cu_seqlens", "actual_seq_len"])
+def test_one_graph_for_every_length_set(kind):
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def layer(q, k, v, gates, wk, wv, lengths):
+        lens = dict(cu_seqlens=lengths) if kind == "cu_seqlens" else dict(actual_seq_len=lengths[1:])
+        return attnops.native_sparse_attention(q, k, v, gates, wk, wv, **lens, **SIZES)
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend=counting)
+    for seed, lens in enumerate(([10, 20, 5, 30, 9], [40, 24], [17, 50, 9], [64], [33, 1, 30])):
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        eager_inputs, compiled_inputs = _inputs(sum(lens), seed), _inputs(sum(lens), seed)
+        want = layer(*eager_inputs, cu)
+        got = compiled(*compiled_inputs, cu)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        dy = torch.randn_like(want)
+        want.backward(dy)
+        got.backward(dy)
+        for a, b in zip(compiled_inputs, eager_inputs):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5)
+    assert len(graphs) == 1
