@@ -5,6 +5,7 @@ import inspect
 from functools import partial
 from typing import Literal, NamedTuple, Sequence
 
+import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
@@ -82,9 +83,26 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     """
     query, key, value, options = call_options(query, key, value, locals())
     with autocast_off(query.device):
-        out, lse = run_inference_only(INFERENCE_ONLY, partial(backends.forward, query, key, value, options, backend),
-                                      query, key, value, tensor_options(options))
+        if torch.compiler.is_compiling() and isinstance(key, Tensor) and isinstance(value, Tensor):
+            out, lse = _traced_op(query, key, value, options)  # the op, so that no length value is traced
+        else:
+            out, lse = run_inference_only(INFERENCE_ONLY, partial(backends.forward, query, key, value, options,
+                                                                  backend), query, key, value,
+                                          tensor_options(options))
     return FusedInferAttentionResult(out, lse) if return_lse else out
+
+
+def _traced_op(query: Tensor, key: Tensor, value: Tensor, options: dict) -> tuple[Tensor, Tensor]:
+    """The call as the ``attnops::fused_infer_attention`` custom op (under ``torch.compile``: the fake kernel needs
+    only shapes, so lengths given as tensors serve every length set with one graph)."""
+    from . import op
+
+    args = dict(options, block_size=options["block_size"] or 0)
+    for name in ("actual_seq_lengths", "actual_seq_lengths_kv"):
+        if isinstance(args[name], Tensor):
+            args[f"{name}_tensor"], args[name] = args[name], None
+    return op.fused_infer_attention(query, key, value, **{name: args[name] for name in op.ARGUMENT_NAMES
+                                                          if name in args})
 
 
 SIGNATURE = inspect.signature(fused_infer_attention)

@@ -54,6 +54,9 @@ def fused_infer_attention(query: Tensor, key: Tensor, value: Tensor, pse_shift: 
     return backends.forward(options.pop("query"), options.pop("key"), options.pop("value"), options)
 
 
+ARGUMENT_NAMES = tuple(a.name for a in fused_infer_attention._opoverload._schema.arguments)[3:]  # after q, k, v
+
+
 @fused_infer_attention.register_fake
 def _(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, deq_scale1, quant_scale1,
       deq_scale2, quant_scale2, quant_offset2, antiquant_scale, antiquant_offset, key_antiquant_scale,
