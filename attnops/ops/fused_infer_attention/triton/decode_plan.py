@@ -22,7 +22,7 @@ import torch
 
 from ...._core import staging
 from ...._core.masks import INF
-from ...._core.triton.launch import cdiv, placeholder, pow2
+from ...._core.triton.launch import cdiv, placeholder, pow2, unit_last_stride
 from ..problem import FIAProblem
 from .family import INTERPRET_TILE, MIN_ROWS, precision_flags
 from .kv_args import antiquant_args, nz_x, storage
@@ -115,10 +115,10 @@ def _work_tables(splits: torch.Tensor, device: torch.device) -> tuple[torch.Tens
 
 
 def _pse_args(p: FIAProblem, device: torch.device) -> tuple[list, bool]:
-    t = p.pse_shift
-    if t is None:
+    """The pse ``[B|1, N1, >= Q_S, >= KV_S]`` (read at the left-padding offsets), its batch, head and row strides."""
+    if p.pse_shift is None:
         return [placeholder(device), 0, 0, 0], False
-    t = t if t.stride(-1) == 1 else t.contiguous()
+    t = unit_last_stride(p.pse_shift)
     return [t, t.stride(0) if t.shape[0] > 1 else 0, t.stride(1), t.stride(2)], True
 
 
@@ -127,7 +127,7 @@ def _mask_args(p: FIAProblem, device: torch.device) -> tuple[list, bool]:
     e = p.rule.explicit
     if e is None:
         return [placeholder(device, torch.uint8), 0, 0], False
-    e = e if e.stride(-1) == 1 else e.contiguous()
+    e = unit_last_stride(e)
     e = e.view(torch.uint8) if e.dtype == torch.bool else e
     return [e, e.stride(0) if e.shape[0] > 1 else 0, e.stride(2)], True
 
