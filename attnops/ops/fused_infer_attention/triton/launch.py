@@ -21,9 +21,10 @@ from .kv_args import cache_strides, dense_strides
 
 def _check_same(name: str, x, shape, dtype, device) -> None:
     """O(1): ``x`` is a tensor of the plan's shape, dtype and device, with a unit last stride."""
-    if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.dtype != dtype or x.device != device:
+    if not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != dtype or x.device != device:
         fail(name, f"a tensor of shape {list(shape)}, dtype {dtype} on {device} (as planned)", x)
-    require(x.stride(-1) == 1, name, "a unit last stride", f"strides {x.stride()}")
+    if x.stride(-1) != 1:  # the message is formatted only on failure (a per-call path)
+        fail(name, "a unit last stride", f"strides {x.stride()}")
 
 
 def _lengths(plan: DecodePlan, lengths) -> tuple[torch.Tensor, int]:
@@ -32,16 +33,19 @@ def _lengths(plan: DecodePlan, lengths) -> tuple[torch.Tensor, int]:
         lengths = plan.lengths
     elif not isinstance(lengths, torch.Tensor) or (lengths.device.type == "cpu" and plan.device.type != "cpu"):
         values = int_list("actual_seq_lengths_kv", lengths)
-        require(len(values) in (1, plan.batch), "actual_seq_lengths_kv", f"1 or B={plan.batch} lengths", values)
-        for b, n in enumerate(values):
-            require(0 <= n <= plan.capacity, f"actual_seq_lengths_kv[{b}]", f"a length in [0, {plan.capacity}] "
-                    "(the planned capacity)", n)
+        if len(values) not in (1, plan.batch):  # messages are formatted only on failure (a per-call path)
+            fail("actual_seq_lengths_kv", f"1 or B={plan.batch} lengths", values)
+        bad = next((b for b, n in enumerate(values) if not 0 <= n <= plan.capacity), None)
+        if bad is not None:
+            fail(f"actual_seq_lengths_kv[{bad}]", f"a length in [0, {plan.capacity}] (the planned capacity)",
+                 values[bad])
         lengths = lengths_tensor(values, plan.device)
     else:
         check_tensor("actual_seq_lengths_kv", lengths, ndim=1, dtypes=(torch.int32, torch.int64))
-        require(lengths.device == plan.device, "actual_seq_lengths_kv", f"a tensor on {plan.device}", lengths)
-        require(lengths.numel() == 1 or lengths.numel() >= plan.batch, "actual_seq_lengths_kv",
-                f"1 or at least B={plan.batch} lengths", lengths)
+        if lengths.device != plan.device:
+            fail("actual_seq_lengths_kv", f"a tensor on {plan.device}", lengths)
+        if lengths.numel() != 1 and lengths.numel() < plan.batch:
+            fail("actual_seq_lengths_kv", f"1 or at least B={plan.batch} lengths", lengths)
     return lengths, (0 if lengths.numel() == 1 else lengths.stride(0))
 
 
