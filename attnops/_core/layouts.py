@@ -119,6 +119,20 @@ def tokens_view(x: torch.Tensor, layout: str, heads: int) -> torch.Tensor:
     return split if layout == "BSH" else split.permute(1, 0, 2, 3)
 
 
+def token_strides(x: torch.Tensor, layout: str, heads: int) -> tuple[int, int, int]:
+    """``(batch, token, head)`` element strides of :func:`tokens_view`'s view of ``x`` (TND: batch stride 0), read off
+    ``x`` without making the view (a launcher's per-call path)."""
+    s = x.stride()
+    if layout == "TND":
+        return 0, s[0], s[1]
+    if layout == "BSND":
+        return s[0], s[1], s[2]
+    if layout == "BNSD":
+        return s[0], s[2], s[1]
+    head = x.shape[-1] // heads * s[-1]  # BSH / SBH: the hidden dim split into heads
+    return (s[0], s[1], head) if layout == "BSH" else (s[1], s[0], head)
+
+
 def with_head_dim(shape: torch.Size, layout: str, heads: int, dim: int) -> tuple[int, ...]:
     """``shape`` of a q-like tensor in ``layout`` with the head dim replaced by ``dim`` (e.g. the output's Dv)."""
     last = heads * dim if layout in ("BSH", "SBH") else dim

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from attnops import ParamInvalidError
-from attnops._core.layouts import (LAYOUTS, batch_tokens, normalize_layout, parse_geometry, tokens_view,
-                                   with_head_dim)
+from attnops._core.layouts import (LAYOUTS, batch_tokens, normalize_layout, parse_geometry, token_strides,
+                                   tokens_view, with_head_dim)
 from attnops._core.varlen import SeqInfo, seq_info_varlen
 
 B, S, N, D = 2, 5, 3, 4
@@ -39,6 +39,17 @@ def test_dense_round_trip(layout):
     y = _bsnd(seed=1)
     view.copy_(y)
     assert torch.equal(t, _from_bsnd(y, layout))
+
+
+@pytest.mark.parametrize("layout", ["BSND", "BNSD", "BSH", "SBH", "TND"])
+def test_token_strides_are_the_views(layout):
+    """token_strides reads the (batch, token, head) strides of tokens_view off a (non-contiguous) tensor without the
+    view (TND: batch stride 0)."""
+    x = {"BSND": torch.empty(B, S, 2 * N, 11)[:, :, ::2, :D], "BNSD": torch.empty(B, 2 * N, S, 11)[:, ::2, :, :D],
+         "BSH": torch.empty(B, S, N * D + 3)[..., 1:1 + N * D], "SBH": torch.empty(S, B, N * D + 3)[..., 1:1 + N * D],
+         "TND": torch.empty(9, N, 11)[..., :D]}[layout]
+    view = tokens_view(x, layout, N)
+    assert token_strides(x, layout, N) == ((0, *view.stride()[:2]) if layout == "TND" else view.stride()[:3])
 
 
 def test_tnd_round_trip_and_batches():

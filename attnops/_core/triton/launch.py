@@ -69,6 +69,13 @@ def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+@functools.lru_cache(maxsize=16)
+def placeholder(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A one-element tensor for the pointer arguments a launch does not use (one per device and dtype, never read
+    nor written)."""
+    return torch.zeros(1, dtype=dtype, device=device)
+
+
 TileConfigs = Callable[[Launch, dict, bool], list]  # (launch, argument values by name, interpret) -> [Config]
 Autotuning = Callable[[str], tuple[list, list, Callable | None]]  # kernel -> (configs, key, early prune)
 

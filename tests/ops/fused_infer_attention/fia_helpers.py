@@ -65,6 +65,14 @@ def randint4(*shape, seed=0) -> torch.Tensor:
     return torch.randint(-8, 8, shape, generator=g, dtype=torch.int64)
 
 
+def int8_output_params(shape, seed=3) -> dict:
+    """``quant_scale2`` / ``quant_offset2`` of ``shape`` (per tensor or per channel) that spread unit-sized outputs
+    over the int8 range."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.rand(shape, generator=g) * 40 + 20
+    return dict(quant_scale2=scale, quant_offset2=torch.randn(shape, generator=g) * 3)
+
+
 def rand_mask(*shape, p=0.3, seed=0, dtype=torch.bool, keep_col0=True) -> torch.Tensor:
     """Random mask (True/1 = masked). ``keep_col0``: column 0 never masked (no fully-masked rows)."""
     g = torch.Generator().manual_seed(seed)

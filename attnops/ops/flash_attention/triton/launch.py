@@ -17,11 +17,11 @@ from collections.abc import Callable
 import torch
 
 from ...._core import staging
-from ...._core.layouts import tokens_view, with_head_dim
+from ...._core.layouts import token_strides, tokens_view, with_head_dim
 from ...._core.masks import INF
 from ...._core.pse import ALIBI_ROWS
 from ...._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype, stats_shape
-from ...._core.triton.launch import KernelFamily, Launch, cdiv, fold_grid, pow2, unit_last_stride
+from ...._core.triton.launch import KernelFamily, Launch, cdiv, fold_grid, placeholder, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
 from ..problem import FAProblem
 from .verify import MAX_GRID_Y
@@ -142,15 +142,7 @@ def _operand(p: FAProblem, x: torch.Tensor, kv: bool = False) -> tuple[torch.Ten
     address it, with the query's heads or the key's (``kv``): those of :func:`token_view` (TND: batch stride 0,
     tokens addressed by offsets), without making the view."""
     x = unit_last_stride(x)
-    s, layout = x.stride(), p.layout
-    if layout == "TND":
-        return x, (0, s[0], s[1])
-    if layout == "BSND":
-        return x, s[:3]
-    if layout == "BNSD":
-        return x, (s[0], s[2], s[1])
-    head = x.shape[-1] // (p.geom.n2 if kv else p.geom.n1)  # BSH / SBH: the hidden dim split into unit-stride heads
-    return x, ((s[0], s[1], head) if layout == "BSH" else (s[1], s[0], head))
+    return x, token_strides(x, p.layout, p.geom.n2 if kv else p.geom.n1)
 
 
 def _stat_row(p: FAProblem) -> int:
@@ -210,7 +202,7 @@ def _prepare_launch(p: FAProblem, meta: torch.Tensor) -> Launch:
     """The prepare kernel's launch filling ``meta`` (``[B + 1, 12]``) from the ``cu_seqlens`` tensors."""
     seq, band, device = p.seq, p.mask.band, meta.device
     prefix = p.mask.prefix
-    prefix_t = _dummy(device, torch.int64) if prefix is None else staging.cached_upload(
+    prefix_t = placeholder(device, torch.int64) if prefix is None else staging.cached_upload(
         ("flash_attention.prefix", prefix), lambda: list(prefix), torch.int64, device)
     slopes = _slopes(p)
     q_start, kv_start = p.pse.start_idx if slopes else (0, 0)
@@ -255,12 +247,6 @@ def _grid(rows: int, batch: int, heads: int) -> tuple[tuple[int, int, int], dict
     return fold_grid(rows, batch * heads, MAX_GRID_Y)
 
 
-@functools.lru_cache(maxsize=16)
-def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A one-element placeholder for the pointer arguments a call does not use (one per device, never written)."""
-    return torch.zeros(1, dtype=dtype, device=device)
-
-
 def pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
     """Pointer/strides of the pse source and its kernel flags (``p``: any problem with a ``PseSpec`` ``pse``, the
     FusedInferAttention one too)."""
@@ -303,7 +289,7 @@ def _dropout_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tu
 def _common(p: FAProblem, query: torch.Tensor, interpret: bool):
     """Arguments shared by the score-computing kernels: pse, explicit mask, dropout and compile-time flags."""
     device = query.device
-    dummy = _dummy(device, torch.uint8)
+    dummy = placeholder(device, torch.uint8)
     pse, pse_flags = pse_args(p, device, dummy)
     mask, mask_flags = mask_args(p, device, dummy)
     drop, drop_flags = _dropout_args(p, device, dummy)
@@ -413,7 +399,7 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
         kv_grid, kv_fold = _grid(seq.max_kv, seq.batch, g.n2)
         pse, mask, drop, flags = _common(p, query, interpret)
         stat_row = _stat_row(p)
-        dummy = _dummy(device, torch.float32)
+        dummy = placeholder(device, torch.float32)
         full = dpse_buf is not None and p.pse.kind in ("full", "alibi")
         row = dpse_buf is not None and p.pse.kind == "row"
         dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]

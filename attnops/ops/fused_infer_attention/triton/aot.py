@@ -11,6 +11,7 @@ from ...._core.triton.registry import register_aot
 from ..problem import build_problem
 from . import launch, prefill
 from .decode_plan import make_plan
+from .family import KERNELS
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -18,19 +19,25 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 def _launches(query, key, value, **options) -> list:
     p = build_problem(query, key, value, **options)
     _, launches = launch.run_launches(make_plan(p, interpret=False), query, key, value, options.get("block_table"))
-    return [launch.KERNELS.aot_launch(x) for x in launches]
+    return [KERNELS.aot_launch(x) for x in launches]
 
 
 def _prefill_launches(query, key, value, **options) -> list:
     p = build_problem(query, key, value, **options)
     _, plan = prefill.prefill_plan(p, query, key, value, options, interpret=False)
-    return [prefill.KERNELS.aot_launch(x) for x in plan]
+    return [KERNELS.aot_launch(x) for x in plan]
+
+
+def _qkv(dtype: str, q_shape: tuple, k_shape: tuple, v_shape: tuple | None = None) -> tuple:
+    """``(query, key, value, generator)``: random tensors of ``dtype`` (the value of ``k_shape`` unless given) and
+    the generator for the case's other inputs."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(s, generator=gen).to(DTYPES[dtype]) for s in (q_shape, k_shape, v_shape or k_shape))
+    return q, k, v, gen
 
 
 def _dense(dtype: str, d: int, dv: int, group: int) -> list:
-    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
-    q = torch.randn(2, 4 * group, 1, d, generator=gen).to(t)
-    k, v = torch.randn(2, 4, 300, d, generator=gen).to(t), torch.randn(2, 4, 300, dv, generator=gen).to(t)
+    q, k, v, _ = _qkv(dtype, (2, 4 * group, 1, d), (2, 4, 300, d), (2, 4, 300, dv))
     return _launches(q, k, v, num_heads=4 * group, num_key_value_heads=4, input_layout="BNSD", scale=d ** -0.5)
 
 
@@ -71,28 +78,22 @@ def _nz(dtype: str, quant: str | None) -> list:
 
 def _int8_out(dtype: str) -> list:
     """Dense GQA decode quantized to int8 per channel on output (the merge kernel's int8 store)."""
-    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
-    q = torch.randn(2, 1, 16, 128, generator=gen).to(t)
-    k, v = (torch.randn(2, 300, 4, 128, generator=gen).to(t) for _ in range(2))
+    q, k, v, gen = _qkv(dtype, (2, 1, 16, 128), (2, 300, 4, 128))
     return _launches(q, k, v, num_heads=16, num_key_value_heads=4, input_layout="BSND", scale=128 ** -0.5,
                      quant_scale2=torch.rand(16 * 128, generator=gen), quant_offset2=torch.rand(16 * 128, generator=gen))
 
 
 def _masked(dtype: str) -> list:
     """Four query rows of a GQA group of 16 (64 rows per program), bottom-right causal, pse."""
-    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
-    q = torch.randn(2, 4, 32, 128, generator=gen).to(t)
-    k, v = (torch.randn(2, 300, 2, 128, generator=gen).to(t) for _ in range(2))
+    q, k, v, gen = _qkv(dtype, (2, 4, 32, 128), (2, 300, 2, 128))
     return _launches(q, k, v, num_heads=32, num_key_value_heads=2, input_layout="BSND", scale=128 ** -0.5,
-                     pse_shift=torch.randn(2, 32, 4, 300, generator=gen).to(t), sparse_mode=3,
+                     pse_shift=torch.randn(2, 32, 4, 300, generator=gen).to(q.dtype), sparse_mode=3,
                      atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1))
 
 
 def _prefill_dense(dtype: str, d: int, dv: int) -> list:
     """Causal GQA prefill (group 4) over a dense BSND K/V with actual lengths."""
-    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
-    q = torch.randn(2, 300, 16, d, generator=gen).to(t)
-    k, v = torch.randn(2, 300, 4, d, generator=gen).to(t), torch.randn(2, 300, 4, dv, generator=gen).to(t)
+    q, k, v, _ = _qkv(dtype, (2, 300, 16, d), (2, 300, 4, d), (2, 300, 4, dv))
     return _prefill_launches(q, k, v, num_heads=16, num_key_value_heads=4, input_layout="BSND", scale=d ** -0.5,
                              sparse_mode=3, atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1),
                              actual_seq_lengths_kv=[300, 211])
@@ -112,11 +113,9 @@ def _prefill_paged(dtype: str, cache: str) -> list:
 
 def _prefill_masked(dtype: str) -> list:
     """An explicit mask and a pse (fp16/bf16 pse of the query's dtype)."""
-    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
-    q = torch.randn(2, 32, 200, 128, generator=gen).to(t)
-    k, v = (torch.randn(2, 8, 300, 128, generator=gen).to(t) for _ in range(2))
+    q, k, v, gen = _qkv(dtype, (2, 32, 200, 128), (2, 8, 300, 128))
     return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BNSD", scale=128 ** -0.5,
-                             pse_shift=torch.randn(2, 32, 200, 300, generator=gen).to(t), sparse_mode=1,
+                             pse_shift=torch.randn(2, 32, 200, 300, generator=gen).to(q.dtype), sparse_mode=1,
                              atten_mask=torch.rand(2, 1, 200, 300, generator=gen) < 0.3)
 
 
@@ -148,10 +147,8 @@ def _prefill_prefix_int8() -> list:
 
 def _prefill_prefix_rows(dtype: str) -> list:
     """Four query rows after a shared prefix (the decode kernels take no prefix), causal."""
-    t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
-    q = torch.randn(2, 32, 4, 128, generator=gen).to(t)
-    k, v = (torch.randn(2, 8, 300, 128, generator=gen).to(t) for _ in range(2))
-    kp, vp = (torch.randn(1, 8, 100, 128, generator=gen).to(t) for _ in range(2))
+    q, k, v, gen = _qkv(dtype, (2, 32, 4, 128), (2, 8, 300, 128))
+    kp, vp = (torch.randn(1, 8, 100, 128, generator=gen).to(q.dtype) for _ in range(2))
     return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BNSD", scale=128 ** -0.5,
                              key_shared_prefix=kp, value_shared_prefix=vp, sparse_mode=3,
                              atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1))

@@ -22,15 +22,16 @@ import torch
 
 from ...._core import staging
 from ...._core.masks import INF
-from ...._core.triton.launch import cdiv, pow2
+from ...._core.triton.launch import cdiv, placeholder, pow2, unit_last_stride
 from ..problem import FIAProblem
-from . import codes as K
+from .family import INTERPRET_TILE, MIN_ROWS, precision_flags
+from .kv_args import antiquant_args, nz_x, storage
+from .out_args import output_args
 
 MAX_SPLITS = 64
 MIN_SPLIT_TOKENS = 256  # GPU: the least tokens per unit worth a program
 SPLIT_GRAIN = 64  # GPU unit lengths are multiples of every tile width
-INTERPRET_TILE, INTERPRET_SPLIT = 16, 32  # Triton's interpreter: small units, so tiny tests cover several
-MIN_ROWS = 16  # tl.dot needs 16 rows: the G x Sq query rows are padded to at least this
+INTERPRET_SPLIT = 32  # Triton's interpreter: small units, so tiny tests cover several
 PROGRAMS_PER_SM = 2
 
 
@@ -46,7 +47,7 @@ class DecodePlan:
     n2: int
     rows: int  # query rows per batch (padded to the longest)
     in_layout: str
-    kv_layout: int  # kernels.KV_*
+    paged: bool
     units: int
     out_shape: tuple[int, ...]
     out_dtype: torch.dtype
@@ -113,41 +114,11 @@ def _work_tables(splits: torch.Tensor, device: torch.device) -> tuple[torch.Tens
             units, int(splits.max()))
 
 
-def dummy(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A one-element tensor for a pointer argument a kernel does not read (shared; never written)."""
-    return staging.cached_upload(("fia-dummy",), lambda: [0], dtype, device)
-
-
-def _param_strides(kind: str, t: torch.Tensor) -> list[int]:
-    """(batch, head, position, block, offset, channel) strides of an antiquant parameter of ``kind``; broadcast
-    sizes get stride 0."""
-    head = t.stride(1) if t.shape[1] > 1 else 0
-    if kind == "static":  # [1, N2|1, 1, D|1]
-        return [0, head, 0, 0, 0, t.stride(3) if t.shape[3] > 1 else 0]
-    if kind == "token":  # [B, N2|1, S]
-        return [t.stride(0), head, t.stride(2), 0, 0, 0]
-    return [0, head, 0, t.stride(0), t.stride(2), 0]  # page: [blocknum, N2|1, blocksize]
-
-
-def _antiquant_args(p: FIAProblem, device: torch.device) -> tuple[list, dict]:
-    """Scale/offset pointers of K and V and their ``[4, 6]`` strides table (rows: K scale, K offset, V scale,
-    V offset), with the offset flags and whether each is per channel (``static``) rather than per column."""
-    tensors, strides, flags = [], [], {}
-    for name, quant in (("K", p.key_quant), ("V", p.value_quant)):
-        for t in (None, None) if quant is None else (quant.scale, quant.offset):
-            tensors.append(dummy(torch.float32, device) if t is None else t.to(torch.float32))
-            strides.append([0] * 6 if t is None else _param_strides(quant.kind, tensors[-1]))
-        flags[f"{name}_OFFSET"] = quant is not None and quant.offset is not None
-        flags[f"{name}_STATIC"] = quant is not None and quant.kind == "static"
-    table = staging.cached_upload(("fia-antiquant", tuple(map(tuple, strides))), lambda: strides, torch.int64, device)
-    return [*tensors, table], flags
-
-
 def _pse_args(p: FIAProblem, device: torch.device) -> tuple[list, bool]:
-    t = p.pse_shift
-    if t is None:
-        return [dummy(torch.float32, device), 0, 0, 0], False
-    t = t if t.stride(-1) == 1 else t.contiguous()
+    """The pse ``[B|1, N1, >= Q_S, >= KV_S]`` (read at the left-padding offsets), its batch, head and row strides."""
+    if p.pse_shift is None:
+        return [placeholder(device), 0, 0, 0], False
+    t = unit_last_stride(p.pse_shift)
     return [t, t.stride(0) if t.shape[0] > 1 else 0, t.stride(1), t.stride(2)], True
 
 
@@ -155,16 +126,10 @@ def _mask_args(p: FIAProblem, device: torch.device) -> tuple[list, bool]:
     """The explicit mask ``[Bm, 1, R, C]`` (bool read as uint8; non-zero = masked), its batch and row strides."""
     e = p.rule.explicit
     if e is None:
-        return [dummy(torch.uint8, device), 0, 0], False
-    e = e if e.stride(-1) == 1 else e.contiguous()
+        return [placeholder(device, torch.uint8), 0, 0], False
+    e = unit_last_stride(e)
     e = e.view(torch.uint8) if e.dtype == torch.bool else e
     return [e, e.stride(0) if e.shape[0] > 1 else 0, e.stride(2)], True
-
-
-def _kv_storage(x: torch.Tensor, quantized: bool) -> int:
-    if not quantized:
-        return K.KV_FLOAT
-    return K.KV_INT4 if x.dtype == torch.int32 else K.KV_INT8
 
 
 def _padding(value, device: torch.device) -> torch.Tensor:
@@ -179,20 +144,6 @@ def _varlen_meta(p: FIAProblem, device: torch.device) -> torch.Tensor:
     tnd = p.source.in_layout == "TND"
     rows = [(n, p.row_starts[b] if tnd else 0, p.kv_starts[b] if tnd else 0) for b, n in enumerate(p.seq.q_lens)]
     return staging.cached_upload(("fia-qmeta", tuple(rows)), lambda: rows, torch.int32, device)
-
-
-def _output_args(p: FIAProblem, device: torch.device) -> tuple[list, dict]:
-    """``([scale, offset, head stride, channel stride], flags)`` of the output conversion: int8 quantization
-    (per-tensor or per-channel ``[N1, Dv]``), CAST_ROUND to fp16/bf16, or fp32 as it is."""
-    quant = p.out_quant
-    if quant is None:
-        kind = K.OUT_ROUND if p.out_dtype in (torch.float16, torch.bfloat16) else K.OUT_FLOAT
-        none = dummy(torch.float32, device)
-        return [none, none, 0, 0], dict(OUT_KIND=kind, HAS_OUT_OFFSET=False)
-    scale, offset = quant.scale, quant.offset
-    strides = [scale.stride(0), scale.stride(1)] if scale.numel() > 1 else [0, 0]
-    return ([scale, scale if offset is None else offset, *strides],
-            dict(OUT_KIND=K.OUT_INT8, HAS_OUT_OFFSET=offset is not None))
 
 
 def out_strides(layout: str, shape: tuple[int, ...], heads: int) -> tuple[int, int, int]:
@@ -218,11 +169,7 @@ def make_plan(p: FIAProblem, interpret: bool, lengths_on_host: bool = True) -> D
     key, value, query = src.key, src.value, src.query
     batch, sq, tnd = p.batch, p.q_rows, src.in_layout == "TND"
     paged = src.kind == "paged"
-    if paged:
-        capacity = src.block_table.shape[1] * src.block_size
-        kv_layout, nz_x = (K.KV_NZ, key.shape[-1]) if key.dim() == 5 else (K.KV_PAGED, 0)
-    else:
-        capacity, kv_layout, nz_x = src.kv_s, K.KV_DENSE, 0
+    capacity = src.block_table.shape[1] * src.block_size if paged else src.kv_s
     host_lens = list(p.seq.kv_lens) if src.kv_lengths is None and lengths_on_host else None
     splits, grain = split_counts(host_lens, batch, p.n2, capacity, device, interpret)
     work, batches, units, max_splits = _work_tables(splits, device)
@@ -230,33 +177,32 @@ def make_plan(p: FIAProblem, interpret: bool, lengths_on_host: bool = True) -> D
     pm, pl = (torch.empty(row_count, dtype=torch.float32, device=device) for _ in range(2))
     po = torch.empty(row_count * p.dv, dtype=torch.float32, device=device)
     lengths = src.kv_lengths if src.kv_lengths is not None else lengths_tensor(list(p.seq.kv_lens), device)
-    qmeta = _varlen_meta(p, device) if src.q_lens_given else dummy(torch.int32, device)
-    q_pad = _padding(src.query_padding, device) if src.query_padding is not None else dummy(torch.int64, device)
-    kv_pad = _padding(src.kv_padding, device) if src.kv_padding is not None else dummy(torch.int64, device)
+    qmeta = _varlen_meta(p, device) if src.q_lens_given else placeholder(device, torch.int32)
+    q_pad = _padding(src.query_padding, device) if src.query_padding is not None else placeholder(device, torch.int64)
+    kv_pad = _padding(src.kv_padding, device) if src.kv_padding is not None else placeholder(device, torch.int64)
     pse, has_pse = _pse_args(p, device)
     mask, has_mask = _mask_args(p, device)
-    antiquant, aq_flags = _antiquant_args(p, device)
+    antiquant, aq_flags = antiquant_args(p, device, placeholder(device))
     band = p.rule.band  # FIA's bands shift both sides by Skv_b - Sq_b or neither (an unbounded side stays so)
     lo, hi = max(band.lo, -INF), min(band.hi, INF)
     has_band = lo > -INF or hi < INF
-    upcast = interpret or query.dtype == torch.float32
     num_blocks = key.shape[0] if paged else 1
     flags = dict(GRAIN=grain, VARLEN=src.q_lens_given, Q_LEFT=src.query_padding is not None,
                  KV_LEFT=src.kv_padding is not None, HAS_BAND=has_band, ALIGN=(band.lo_delta or band.hi_delta) and has_band)
     split_consts = dict(BLOCK_R=pow2(p.group * sq, MIN_ROWS), BLOCK_D=pow2(p.d), BLOCK_DV=pow2(p.dv), **flags,
-                        KV_LAYOUT=kv_layout, NZ_X=nz_x, K_QUANT=_kv_storage(key, p.key_quant is not None),
-                        V_QUANT=_kv_storage(value, p.value_quant is not None), **aq_flags, HAS_PSE=has_pse,
-                        HAS_EXPLICIT=has_mask, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32")
+                        PAGED=paged, NZ_X=nz_x(key), K_QUANT=storage(key, p.key_quant is not None),
+                        V_QUANT=storage(value, p.value_quant is not None), **aq_flags, HAS_PSE=has_pse,
+                        HAS_EXPLICIT=has_mask, **precision_flags(query.dtype, interpret))
     split_args = (work, batches, qmeta, q_pad, kv_pad, pm, pl, po, *pse, *mask, *antiquant, src.q_s, src.kv_s,
                   capacity, src.block_size, num_blocks, lo, hi, p.scale, p.n1, p.group, sq, p.d, p.dv)
-    quant_args, quant_flags = _output_args(p, device)
+    quant_args, quant_strides, quant_flags = output_args(p, placeholder(device))
     out_st = out_strides(p.out_layout, p.out_shape, p.n1)
     lse_st = (0, p.n1, 1) if tnd else (p.n1 * p.lse_shape[2], 1, p.lse_shape[2])
-    merge_args = (pm, pl, po, batches, qmeta, q_pad, kv_pad, *quant_args[:2], *out_st, *lse_st, *quant_args[2:],
+    merge_args = (pm, pl, po, batches, qmeta, q_pad, kv_pad, *quant_args, *out_st, *lse_st, *quant_strides,
                   src.q_s, src.kv_s, capacity, lo, hi, p.n1, sq, p.dv)
     merge_consts = dict(BLOCK_S=pow2(max_splits, 2), BLOCK_DV=pow2(p.dv), **flags, **quant_flags, ZERO_FILL=not tnd)
     return DecodePlan(
-        batch=batch, n1=p.n1, n2=p.n2, rows=sq, in_layout=src.in_layout, kv_layout=kv_layout, units=units,
+        batch=batch, n1=p.n1, n2=p.n2, rows=sq, in_layout=src.in_layout, paged=paged, units=units,
         out_shape=p.out_shape, out_dtype=p.out_dtype, lse_shape=p.lse_shape,
         out_zeroed=tnd and sum(p.seq.q_lens) < src.q_s, merge_rows=sq if tnd else src.q_s, device=device,
         query_shape=tuple(query.shape), query_dtype=query.dtype, key_shape=tuple(key.shape),

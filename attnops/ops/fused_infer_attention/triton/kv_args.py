@@ -1,52 +1,41 @@
-"""Host side of ``kv_tiles.py``: the strides by which a kernel addresses a dense KV, a paged cache (ND or NZ) or the
-shared prefix (:class:`KVAddressing`), the storage kind of K/V, and the antiquant arguments (parameter pointers and
-their strides table, staged once per distinct table). Reads shapes and strides only, never tensor values."""
-from __future__ import annotations
+"""Host side of ``kv_tiles.py``: the kernels' stride arguments of a dense KV, a paged cache (ND or NZ) or the shared
+prefix, the storage kind of K/V, and the antiquant arguments (parameter pointers and their strides table, staged
+once per distinct table). Reads shapes and strides only, never tensor values.
 
-from dataclasses import dataclass
+A K or V source is addressed through six element strides, in the kernels' argument order: ``batch`` (0 for TND,
+paged caches and the prefix), ``token``, ``head``, ``block`` (paged), ``group`` (the ``x``-wide channel groups of an
+NZ cache) and ``chan``. Plain tuples: the decode run computes two per call.
+"""
+from __future__ import annotations
 
 import torch
 
+from ...._core.layouts import token_strides
 from ...._core.staging import cached_upload
 from ..problem import FIAProblem
-
-KV_FLOAT, KV_INT8, KV_INT4 = 0, 1, 2  # kv_tiles.KV_*
-
-
-@dataclass(frozen=True)
-class KVAddressing:
-    """Element strides of a K or V source: ``batch`` (0 for TND, paged caches and the prefix), ``token``, ``head``,
-    ``block`` (paged), ``group`` (the ``x``-wide channel groups of an NZ cache), ``chan``; ``nz_x`` is ``x`` (0: ND)."""
-
-    batch: int
-    token: int
-    head: int
-    block: int = 0
-    group: int = 0
-    chan: int = 1
-    nz_x: int = 0
-
-    def args(self) -> tuple[int, int, int, int, int, int]:
-        """``(batch, token, head, block, group, chan)``, the order of the kernels' stride arguments."""
-        return self.batch, self.token, self.head, self.block, self.group, self.chan
+from .codes import KV_FLOAT, KV_INT4, KV_INT8
 
 
-def dense_addressing(view: torch.Tensor) -> KVAddressing:
-    """A ``[B, S, N2, W]`` or TND ``[T, N2, W]`` token view."""
-    if view.dim() == 3:
-        return KVAddressing(0, view.stride(0), view.stride(1), chan=view.stride(2))
-    return KVAddressing(view.stride(0), view.stride(1), view.stride(2), chan=view.stride(3))
+def dense_strides(x: torch.Tensor, layout: str, heads: int) -> tuple[int, int, int, int, int, int]:
+    """The six strides of a dense K/V (or shared prefix) ``x`` in ``layout`` with ``heads`` heads: those of its
+    ``[B, S, N2, W]`` or TND ``[T, N2, W]`` token view."""
+    return (*token_strides(x, layout, heads), 0, 0, x.stride(-1))
 
 
-def cache_addressing(cache: torch.Tensor, n2: int) -> KVAddressing:
-    """A paged cache ``[blocknum, blocksize, N2*W]``, ``[blocknum, N2, blocksize, W]`` or NZ
+def cache_strides(cache: torch.Tensor, n2: int) -> tuple[int, int, int, int, int, int]:
+    """The six strides of a paged cache ``[blocknum, blocksize, N2*W]``, ``[blocknum, N2, blocksize, W]`` or NZ
     ``[blocknum, N2, W/x, blocksize, x]``."""
     s = cache.stride()
     if cache.dim() == 5:
-        return KVAddressing(0, s[3], s[1], block=s[0], group=s[2], chan=s[4], nz_x=cache.shape[4])
+        return 0, s[3], s[1], s[0], s[2], s[4]
     if cache.dim() == 4:
-        return KVAddressing(0, s[2], s[1], block=s[0], chan=s[3])
-    return KVAddressing(0, s[1], cache.shape[2] // n2 * s[2], block=s[0], chan=s[2])
+        return 0, s[2], s[1], s[0], 0, s[3]
+    return 0, s[1], cache.shape[2] // n2 * s[2], s[0], 0, s[2]
+
+
+def nz_x(x: torch.Tensor) -> int:
+    """The kernels' ``NZ_X``: ``x`` of an NZ cache ``[blocknum, N2, W/x, blocksize, x]``, 0 for any other K/V."""
+    return x.shape[4] if x.dim() == 5 else 0
 
 
 def cache_block_size(cache: torch.Tensor) -> int:

@@ -22,11 +22,12 @@ import triton
 import triton.language as tl
 
 from ...flash_attention.triton.common import upcast
+from . import codes
 
 # KV storage (constexpr QUANT)
-KV_FLOAT: tl.constexpr = tl.constexpr(0)
-KV_INT8: tl.constexpr = tl.constexpr(1)
-KV_INT4: tl.constexpr = tl.constexpr(2)
+KV_FLOAT: tl.constexpr = tl.constexpr(codes.KV_FLOAT)
+KV_INT8: tl.constexpr = tl.constexpr(codes.KV_INT8)
+KV_INT4: tl.constexpr = tl.constexpr(codes.KV_INT4)
 QUANT_STRIDES: tl.constexpr = tl.constexpr(6)  # per antiquant parameter: batch, head, position, block, offset, channel
 
 

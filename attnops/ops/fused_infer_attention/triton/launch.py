@@ -10,67 +10,21 @@ import math
 import torch
 
 from ...._core.checks import check_tensor, fail, int_list, require
-from ...._core.triton.launch import KernelFamily, Launch
+from ...._core.layouts import token_strides
+from ...._core.triton.launch import Launch, placeholder
 from ...._core.triton.support import interpreting
 from ..problem import FIAProblem
-from . import codes
-from .decode_plan import INTERPRET_TILE, DecodePlan, dummy, lengths_tensor, make_plan
-
-
-def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
-    """One configuration per launch: 16-token tiles in the interpreter; on the GPU the widest KV tile that compiles
-    without spills on sm_80 and sm_90 with Triton 3.6 and 3.9 (``python -m attnops aot``): 16 tokens for int4
-    (unpacking doubles the live tile) and for 64 or more query rows, 32 for fp32, else 64, with 8 warps for those and
-    for head dims over 128."""
-    import triton
-
-    kw = launch.kwargs
-    if launch.kernel == "merge_kernel":
-        return [triton.Config({}, num_warps=4 if kw["BLOCK_DV"] > 64 else 2, num_stages=1)]
-    if interpret:
-        return [triton.Config(dict(BLOCK_N=INTERPRET_TILE), num_warps=4, num_stages=1)]
-    if kw["BLOCK_R"] >= 64:
-        return [triton.Config(dict(BLOCK_N=16), num_warps=8, num_stages=1)]
-    if codes.KV_INT4 in (kw["K_QUANT"], kw["V_QUANT"]):
-        return [triton.Config(dict(BLOCK_N=16), num_warps=8, num_stages=2)]
-    if named_args["q_ptr"].dtype == torch.float32:
-        return [triton.Config(dict(BLOCK_N=32), num_warps=8, num_stages=2)]
-    wide = max(kw["BLOCK_D"], kw["BLOCK_DV"]) > 128
-    return [triton.Config(dict(BLOCK_N=64), num_warps=8 if wide else 4, num_stages=2)]
-
-
-KERNELS = KernelFamily("fused_infer_attention", ("attnops.ops.fused_infer_attention.triton.kernels",),
-                       _tile_configs)
-
-
-def token_strides(x: torch.Tensor, layout: str, heads: int) -> tuple[int, int, int]:
-    """(batch, token, head) element strides of a query/key/value in ``layout`` (TND: batch stride 0)."""
-    s = x.stride()
-    if layout == "TND":
-        return 0, s[0], s[1]
-    if layout == "BNSD":
-        return s[0], s[2], s[1]
-    if layout == "BSH":
-        return s[0], s[1], x.shape[2] // heads * s[2]
-    return s[0], s[1], s[2]
-
-
-def cache_strides(x: torch.Tensor, heads: int) -> tuple[int, int, int, int]:
-    """(block, token, head, D/x group) element strides of a paged cache: ``[blocknum, blocksize, N2*D]``,
-    ``[blocknum, N2, blocksize, D]`` or NZ ``[blocknum, N2, D/x, blocksize, x]``."""
-    s = x.stride()
-    if x.dim() == 5:
-        return s[0], s[3], s[1], s[2]
-    if x.dim() == 4:
-        return s[0], s[2], s[1], 0
-    return s[0], s[1], x.shape[2] // heads * s[2], 0
+from .decode_plan import DecodePlan, lengths_tensor, make_plan
+from .family import KERNELS
+from .kv_args import cache_strides, dense_strides
 
 
 def _check_same(name: str, x, shape, dtype, device) -> None:
     """O(1): ``x`` is a tensor of the plan's shape, dtype and device, with a unit last stride."""
-    if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.dtype != dtype or x.device != device:
+    if not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != dtype or x.device != device:
         fail(name, f"a tensor of shape {list(shape)}, dtype {dtype} on {device} (as planned)", x)
-    require(x.stride(-1) == 1, name, "a unit last stride", f"strides {x.stride()}")
+    if x.stride(-1) != 1:  # the message is formatted only on failure (a per-call path)
+        fail(name, "a unit last stride", f"strides {x.stride()}")
 
 
 def _lengths(plan: DecodePlan, lengths) -> tuple[torch.Tensor, int]:
@@ -79,16 +33,19 @@ def _lengths(plan: DecodePlan, lengths) -> tuple[torch.Tensor, int]:
         lengths = plan.lengths
     elif not isinstance(lengths, torch.Tensor) or (lengths.device.type == "cpu" and plan.device.type != "cpu"):
         values = int_list("actual_seq_lengths_kv", lengths)
-        require(len(values) in (1, plan.batch), "actual_seq_lengths_kv", f"1 or B={plan.batch} lengths", values)
-        for b, n in enumerate(values):
-            require(0 <= n <= plan.capacity, f"actual_seq_lengths_kv[{b}]", f"a length in [0, {plan.capacity}] "
-                    "(the planned capacity)", n)
+        if len(values) not in (1, plan.batch):  # messages are formatted only on failure (a per-call path)
+            fail("actual_seq_lengths_kv", f"1 or B={plan.batch} lengths", values)
+        bad = next((b for b, n in enumerate(values) if not 0 <= n <= plan.capacity), None)
+        if bad is not None:
+            fail(f"actual_seq_lengths_kv[{bad}]", f"a length in [0, {plan.capacity}] (the planned capacity)",
+                 values[bad])
         lengths = lengths_tensor(values, plan.device)
     else:
         check_tensor("actual_seq_lengths_kv", lengths, ndim=1, dtypes=(torch.int32, torch.int64))
-        require(lengths.device == plan.device, "actual_seq_lengths_kv", f"a tensor on {plan.device}", lengths)
-        require(lengths.numel() == 1 or lengths.numel() >= plan.batch, "actual_seq_lengths_kv",
-                f"1 or at least B={plan.batch} lengths", lengths)
+        if lengths.device != plan.device:
+            fail("actual_seq_lengths_kv", f"a tensor on {plan.device}", lengths)
+        if lengths.numel() != 1 and lengths.numel() < plan.batch:
+            fail("actual_seq_lengths_kv", f"1 or at least B={plan.batch} lengths", lengths)
     return lengths, (0 if lengths.numel() == 1 else lengths.stride(0))
 
 
@@ -119,7 +76,7 @@ def run_launches(plan: DecodePlan, query: torch.Tensor, key: torch.Tensor, value
     else:
         require(block_table is None, "block_table", "None (the plan has a dense key/value, no paged cache)",
                 block_table)
-        table, table_stride = dummy(torch.int32, device), 0
+        table, table_stride = placeholder(device, torch.int32), 0
     lengths, lengths_stride = _lengths(plan, lengths)
     if plan.units == 0 or plan.rows == 0:
         return (torch.zeros(plan.out_shape, dtype=plan.out_dtype, device=device),
@@ -128,10 +85,10 @@ def run_launches(plan: DecodePlan, query: torch.Tensor, key: torch.Tensor, value
     out = new(plan.out_shape, dtype=plan.out_dtype, device=device)
     lse = torch.full(plan.lse_shape, math.inf, device=device) if plan.out_zeroed else \
         torch.empty(plan.lse_shape, dtype=torch.float32, device=device)
-    if plan.kv_layout == codes.KV_DENSE:
-        k_st, v_st = (token_strides(x, plan.in_layout, plan.n2) + (0,) for x in (key, value))
-    else:
+    if plan.paged:
         k_st, v_st = cache_strides(key, plan.n2), cache_strides(value, plan.n2)
+    else:
+        k_st, v_st = dense_strides(key, plan.in_layout, plan.n2), dense_strides(value, plan.in_layout, plan.n2)
     split = Launch("split_kernel", (plan.units, plan.n2),
                    (query, key, value, table, lengths, *token_strides(query, plan.in_layout, plan.n1), *k_st, *v_st,
                     table_stride, lengths_stride, *plan.split_args), plan.split_consts)

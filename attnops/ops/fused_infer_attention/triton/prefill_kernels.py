@@ -135,6 +135,6 @@ def prefill_kernel(q_ptr, k_ptr, v_ptr, kp_ptr, vp_ptr, o_ptr, lse_ptr, meta_ptr
     o_ok = row_ok[:, None] & (dv[None, :] < head_dv)
     quant_offs = h.to(tl.int64) * oq_sh + dv[None, :].to(tl.int64) * oq_sc + rows[:, None] * 0
     o_off = b.to(tl.int64) * o_sb + q_rows[:, None] * o_st + h.to(tl.int64) * o_sh + dv[None, :]
-    tl.store(o_ptr + o_off, output_tile(out, kept, oqs_ptr, oqo_ptr, quant_offs, o_ok, OUT_MODE, OUT_OFFSET,
+    tl.store(o_ptr + o_off, output_tile(out, kept[:, None], oqs_ptr, oqo_ptr, quant_offs, o_ok, OUT_MODE, OUT_OFFSET,
                                         o_ptr.dtype.element_ty), mask=o_ok)
     tl.store(lse_ptr + b.to(tl.int64) * lse_sb + q_rows * lse_st + h.to(tl.int64) * lse_sh, lse, mask=row_ok)

@@ -4,10 +4,12 @@ round half away from zero, not the cast's half to even) and the int8 output ``sa
 import triton
 import triton.language as tl
 
+from . import codes
+
 # output conversions (constexpr OUT_MODE)
-OUT_CAST: tl.constexpr = tl.constexpr(0)  # fp32 output: as computed
-OUT_CAST_ROUND: tl.constexpr = tl.constexpr(1)  # fp16/bf16 output
-OUT_INT8: tl.constexpr = tl.constexpr(2)  # int8 output (quant_scale2, quant_offset2)
+OUT_CAST: tl.constexpr = tl.constexpr(codes.OUT_CAST)  # fp32 output: as computed
+OUT_CAST_ROUND: tl.constexpr = tl.constexpr(codes.OUT_CAST_ROUND)  # fp16/bf16 output
+OUT_INT8: tl.constexpr = tl.constexpr(codes.OUT_INT8)  # int8 output (quant_scale2, quant_offset2)
 
 
 @triton.jit
@@ -37,13 +39,14 @@ def quantize_int8(y):
 @triton.jit
 def output_tile(out, kept, scale_ptr, offset_ptr, offs, ok, OUT_MODE: tl.constexpr, HAS_OFFSET: tl.constexpr,
                 DTYPE: tl.constexpr):
-    """An fp32 output tile ``[rows, Dv]`` in the output dtype ``DTYPE``: cast (fp32), CAST_ROUND (fp16/bf16) or
-    quantized to int8 with the scale (and offset) at ``offs`` (rows that kept nothing, ``kept`` False: 0)."""
+    """An fp32 output tile (``[rows, Dv]``, or one row ``[Dv]``) in the output dtype ``DTYPE``: cast (fp32),
+    CAST_ROUND (fp16/bf16) or quantized to int8 with the scale (and offset) at ``offs`` (0 where ``kept``, which
+    broadcasts against the tile, is False: rows that kept nothing)."""
     if OUT_MODE == OUT_INT8:
         y = out * tl.load(scale_ptr + offs, mask=ok, other=0.0)
         if HAS_OFFSET:
             y += tl.load(offset_ptr + offs, mask=ok, other=0.0)
-        res = tl.where(kept[:, None], quantize_int8(y), 0).to(tl.int8)
+        res = tl.where(kept, quantize_int8(y), 0).to(tl.int8)
     elif OUT_MODE == OUT_CAST_ROUND:
         res = cast_round(out, DTYPE)
     else:

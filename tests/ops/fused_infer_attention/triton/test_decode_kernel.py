@@ -12,8 +12,8 @@ from attnops.ops.fused_infer_attention.problem import build_problem
 from attnops.ops.fused_infer_attention.triton.verify import decode_reason, unsupported_reason
 from attnops.testing.golden_fia import pack_int4
 from tests.helpers import randn
-from tests.ops.fused_infer_attention.fia_helpers import (TRIU2048, check_fia, make_inputs, rand_mask, randint4,
-                                                         randint8, to_paged)
+from tests.ops.fused_infer_attention.fia_helpers import (TRIU2048, check_fia, int8_output_params, make_inputs,
+                                                         rand_mask, randint4, randint8, to_paged)
 from tests.ops.fused_infer_attention.test_fia_nz_cache import nz
 from tests.triton_backend import DEVICE
 
@@ -185,9 +185,7 @@ def test_paged_int8_combined_per_channel(triton_backend):
 @pytest.mark.parametrize("shape", [(1,), (2, 32)])
 def test_int8_output(triton_backend, shape):
     q, k, v = make_inputs("BSND", b=2, n=2, sq=1, skv=40, d=32, dtype=F16)
-    g = torch.Generator().manual_seed(3)
-    run(triton_backend, q, k, v, quant_scale2=torch.rand(shape, generator=g) * 40 + 20,
-        quant_offset2=torch.randn(shape, generator=g) * 3, actual_seq_lengths_kv=[40, 0], num_heads=2,
+    run(triton_backend, q, k, v, **int8_output_params(shape), actual_seq_lengths_kv=[40, 0], num_heads=2,
         scale_value=0.25, input_layout="BSND", softmax_lse_flag=True)
 
 

@@ -20,8 +20,8 @@ from attnops.ops.fused_infer_attention.triton.rounding import output_tile
 from attnops.ops.fused_infer_attention.triton.verify import kernel_route
 from attnops.testing.golden_fia import pack_int4
 from tests.helpers import cum, noncontig, randn
-from tests.ops.fused_infer_attention.fia_helpers import (TRIU2048, check_fia, make_inputs, rand_mask, randint4,
-                                                         randint8, to_paged)
+from tests.ops.fused_infer_attention.fia_helpers import (TRIU2048, check_fia, int8_output_params, make_inputs,
+                                                         rand_mask, randint4, randint8, to_paged)
 from tests.triton_backend import DEVICE
 
 F16, F32 = torch.float16, torch.float32
@@ -214,9 +214,7 @@ def test_shared_prefix(triton_backend, prefill_route, int8, sq):
 @pytest.mark.parametrize("shape", [(1,), (1, 1, 2 * 32)])
 def test_int8_output(triton_backend, shape):
     q, k, v = make_inputs("BSH", b=2, n=2, sq=20, skv=40, d=32, dtype=F16)
-    g = torch.Generator().manual_seed(3)
-    run(triton_backend, q, k, v, quant_scale2=torch.rand(shape, generator=g) * 40 + 20,
-        quant_offset2=torch.randn(shape, generator=g) * 3, actual_seq_lengths_kv=[40, 31], num_heads=2,
+    run(triton_backend, q, k, v, **int8_output_params(shape), actual_seq_lengths_kv=[40, 31], num_heads=2,
         scale_value=0.25, input_layout="BSH", softmax_lse_flag=True)
 
 
@@ -247,13 +245,8 @@ def test_block_table_values_are_clamped(triton_backend):
 
 def test_host_constants_mirror_the_kernels():
     from attnops.ops.flash_attention.triton import common
-    from attnops.ops.fused_infer_attention.triton import kv_args, kv_tiles, rounding
 
     assert prefill.META_FIELDS == common.META_FIELDS
-    assert (prefill.OUT_CAST, prefill.OUT_CAST_ROUND, prefill.OUT_INT8) == (
-        rounding.OUT_CAST.value, rounding.OUT_CAST_ROUND.value, rounding.OUT_INT8.value)
-    assert (kv_args.KV_FLOAT, kv_args.KV_INT8, kv_args.KV_INT4) == (
-        kv_tiles.KV_FLOAT.value, kv_tiles.KV_INT8.value, kv_tiles.KV_INT4.value)
 
 
 def test_outputs_empty_only_when_every_row_is_written(triton_backend):
@@ -273,7 +266,7 @@ def _rounding_kernel(x_ptr, o_ptr, one_ptr, n, MODE: tl.constexpr, BLOCK: tl.con
     i = tl.arange(0, BLOCK)
     ok = i < n
     x = tl.load(x_ptr + i, mask=ok, other=0.0)[:, None]
-    y = output_tile(x, ok, one_ptr, one_ptr, i[:, None] * 0, ok[:, None], MODE, False, o_ptr.dtype.element_ty)
+    y = output_tile(x, ok[:, None], one_ptr, one_ptr, i[:, None] * 0, ok[:, None], MODE, False, o_ptr.dtype.element_ty)
     tl.store(o_ptr + i[:, None], y, mask=ok[:, None])
 
 
