@@ -36,6 +36,10 @@ class DryRun:
     guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     launches: list[LaunchRecord] = field(default_factory=list)
 
+    @property
+    def checks_host_reads(self) -> bool:
+        return self.guard is not contextlib.nullcontext
+
 
 _ACTIVE: list[DryRun] = []  # a stack: dry runs may nest (the innermost records)
 

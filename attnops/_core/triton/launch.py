@@ -110,7 +110,8 @@ class KernelFamily:
         configs = self.configs(launch, interpret)
         recording = dry_run.active()
         if recording is not None:
-            self._check_devices(launch, device)
+            if recording.checks_host_reads:
+                self._check_devices(launch, device)
             config = configs[0]
             recording.launches.append(dry_run.LaunchRecord(
                 self.name, launch.kernel, launch.grid_for(config.kwargs), {**launch.kwargs, **config.kwargs},
