@@ -3,10 +3,12 @@ and copied with ``non_blocking=True`` (FlashInfer's plan does the same), so the 
 
 :func:`upload` copies every time; :func:`cached_upload` keeps the device copy of metadata that repeats from call to
 call (dense shapes, a fixed batch composition), so a steady training or decoding loop uploads nothing and the
-tensor a CUDA graph captured stays alive at the same address.
+tensor a CUDA graph captured stays alive at the same address. :func:`device_constant` keeps tensors built on the
+device from a few arguments (index ranges, fixed masks) the same way.
 """
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
@@ -44,3 +46,17 @@ def cached_upload(key: Hashable, build: Callable[[], object], dtype: torch.dtype
     else:
         _CACHE.move_to_end(full_key)
     return tensor
+
+
+def device_constant(maxsize: int = 16):
+    """Decorator: keep the tensors a function builds on the device from hashable arguments (one per argument set,
+    never written), like ``functools.lru_cache``; under ``torch.compile`` the function runs as it is, so the traced
+    graph builds the tensor (a kept tensor cannot be traced)."""
+    def decorate(build: Callable) -> Callable:
+        kept = functools.lru_cache(maxsize=maxsize)(build)
+
+        @functools.wraps(build)
+        def constant(*args):
+            return build(*args) if torch.compiler.is_compiling() else kept(*args)
+        return constant
+    return decorate

@@ -14,12 +14,12 @@ be captured in a CUDA graph and replayed for the following tokens.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch import Tensor
 
 from .._core.parallel import run_jobs
+from .._core.staging import device_constant
 from ..ops.flash_attention import flash_attention
 from ..ops.nsa import op as nsa_op
 from ..ops.nsa.api import nsa_compress, nsa_compress_attention, nsa_selected_attention_infer
@@ -103,7 +103,7 @@ def _window(cache: NSACache, q: Tensor, row: Tensor, window: int) -> Tensor:
                            atten_mask=mask, sparse_mode=0)
 
 
-@functools.lru_cache(maxsize=32)
+@device_constant(32)
 def _window_band(t: int, window: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """``(arange(span), band)`` on ``device`` for ``t`` new tokens (``span = window - 1 + t``): the keys' offsets and
     the ``[t, span]`` mask (True = masked) of keys outside each token's window (made once per size; read only)."""
@@ -121,7 +121,7 @@ def _selected(cache: NSACache, q: Tensor, idx: Tensor, kv_lens: Tensor, t: int, 
     def attend(rows: slice) -> Tensor:
         return nsa_selected_attention_infer(q[rows], cache.key_pages, cache.value_pages, idx[rows], table[rows],
                                             kv_lens[rows], select_block_size=ls)
-    if q.device.type != "cpu":
+    if q.device.type != "cpu" or torch.compiler.is_compiling():  # one call (compiled: no worker threads to trace)
         return attend(slice(None))
     out = q.new_empty(q.shape[0], q.shape[1], cache.value_pages.shape[-1])
     step = -(-q.shape[0] // (4 * torch.get_num_threads()))

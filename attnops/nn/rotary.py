@@ -1,10 +1,10 @@
 """Rotary position embedding (rotate-half convention, as in Llama / HF ``rotate_half``)."""
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
+
+from .._core.staging import device_constant
 
 
 def rotary_angles(positions: Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -15,7 +15,7 @@ def rotary_angles(positions: Tensor, d: int, theta: float, dtype: torch.dtype) -
     return twice.cos().to(dtype), twice.sin().to(dtype)
 
 
-@functools.lru_cache(maxsize=16)
+@device_constant(16)
 def _inverse_frequencies(d: int, theta: float, device: torch.device) -> Tensor:
     """``theta**(-2i/D)`` (fp32 ``[D/2]``) on ``device``, made once per (D, theta, device); read only."""
     return theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)

@@ -118,3 +118,19 @@ def test_cuda_graph_of_the_decoding_step_equals_eager():
     torch.testing.assert_close(torch.cat(replayed, 1), torch.cat(eager[1:], 1), rtol=1e-5, atol=1e-5)
     assert graph_cache.seq_len == eager_cache.seq_len == 200
     assert graph_cache.lengths.tolist() == eager_cache.lengths.tolist() == [200, 200]
+
+
+def test_reduce_overhead_compile_of_the_decoding_step_equals_eager():
+    """``torch.compile(mode="reduce-overhead")`` (CUDA graphs under the compiler) of the decoding step, token after
+    token, equals eager."""
+    torch._dynamo.reset()
+    m = _module(torch.float32).cuda()
+    x = randn(2, 180, 256, seed=10).cuda()
+    eager_cache, compiled_cache = m.new_cache(2, max_seq_len=256), m.new_cache(2, max_seq_len=256)
+    step = torch.compile(lambda t, cache: m(t, cache=cache), mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        m(x[:, :150], cache=eager_cache)
+        m(x[:, :150], cache=compiled_cache)
+        for i in range(150, 180):
+            got = step(x[:, i:i + 1].clone(), compiled_cache).clone()
+            torch.testing.assert_close(got, m(x[:, i:i + 1], cache=eager_cache), rtol=1e-5, atol=1e-5)

@@ -1,7 +1,6 @@
 """Pythonic NSA API (differentiable) and the composed ``native_sparse_attention`` layer. No math here."""
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -11,6 +10,7 @@ from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
 from ..._core.custom_ops import call
 from ..._core.checks import check_same_device, check_tensor, require, require_not_none, softmax_scale
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
+from ..._core.staging import device_constant
 from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from .decode import lengths_arg
 from .selected import SelectedSpec
@@ -30,7 +30,7 @@ def _prepared(ref_name: str, ref: Tensor, **others) -> tuple:
     return cast_inputs(autocast_dtype(ref.device), ref, *others.values())
 
 
-@functools.lru_cache(maxsize=16)
+@device_constant(16)
 def _causal_flag(device: torch.device) -> Tensor:
     """The ``[1, 1]`` ``atten_mask`` that turns on the operator's causal rule (``sparse_mode=2``; never read), one
     per device."""

@@ -63,9 +63,10 @@ class PagedKV:
 
 
 def lengths_arg(name: str, lens) -> tuple[list[int] | None, Tensor | None]:
-    """Per-request lengths as ``(host list, None)`` (a list, or a CPU tensor: read for free) or ``(None, device
-    tensor)`` (read by the kernels only; the operator checks its shape and dtype)."""
-    if isinstance(lens, Tensor) and lens.device.type != "cpu":
+    """Per-request lengths as ``(host list, None)`` (a list, or a CPU tensor: read for free) or ``(None, tensor)``: a
+    device tensor (read by the kernels only; the operator checks its shape and dtype), or any tensor under
+    ``torch.compile`` (the traced graph passes it to the op, which reads it when it runs)."""
+    if isinstance(lens, Tensor) and (lens.device.type != "cpu" or torch.compiler.is_compiling()):
         return None, lens
     return int_list(name, lens), None
 
