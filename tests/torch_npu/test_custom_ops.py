@@ -22,6 +22,8 @@ OPCHECKED = {
     "nsa_compress_attention_infer": "tests/torch_npu/test_nsa_compress_infer.py",
     "nsa_compress_infer": "tests/torch_npu/test_nsa_compress_infer.py",
     "fused_infer_attention": __name__,
+    "native_sparse_attention": "tests/ops/nsa/test_layer_compile.py",
+    "native_sparse_attention_backward": "tests/ops/nsa/test_layer_compile.py",
     "inference_only_backward": "tests/_core/test_inference_only.py",
 }
 

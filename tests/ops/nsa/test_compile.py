@@ -39,14 +39,26 @@ def test_native_sparse_attention_compile_fullgraph_fwd_bwd_equals_eager(lengths)
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
 
 
-def test_tensor_lengths_under_compile_raise_a_clear_error_and_work_in_eager():
+def test_tensor_lengths_work_in_eager_and_compiled():
+    """A cu_seqlens tensor: read in eager mode; under compilation the layer is one op (tests/ops/nsa/
+    test_layer_compile.py checks one graph for many length sets)."""
     torch._dynamo.reset()
     inputs = _inputs()
     cu = torch.tensor([0, *LENS_CUM])
     want = _layer(*inputs, actual_seq_len=LENS_CUM)
     torch.testing.assert_close(_layer(*inputs, cu_seqlens=cu), want, rtol=0, atol=0)
-    with pytest.raises(Exception, match="cu_seqlens: expected a list of ints under torch.compile"):
-        torch.compile(lambda *a: _layer(*a, cu_seqlens=cu), fullgraph=True, backend="aot_eager")(*inputs)
+    compiled = torch.compile(lambda *a: _layer(*a, cu_seqlens=cu), fullgraph=True, backend="aot_eager")(*inputs)
+    torch.testing.assert_close(compiled, want, rtol=0, atol=0)
+
+
+def test_operator_tensor_lengths_under_compile_raise_a_clear_error():
+    """The NSA operators' output shapes depend on their lengths: a tensor under compilation names the argument."""
+    torch._dynamo.reset()
+    x, w = randn(48, 1, 8, seed=1), randn(8, 1, seed=2)
+    with pytest.raises(Exception, match="actual_seq_len: expected a list of ints"):
+        torch.compile(lambda x, w: attnops.nsa_compress(x, w, block_size=8, stride=4,
+                                                         actual_seq_len=torch.tensor(LENS_CUM)),
+                      fullgraph=True, backend="aot_eager")(x, w)
 
 
 def test_eager_validation_kept():

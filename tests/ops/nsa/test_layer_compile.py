@@ -47,3 +47,13 @@ def test_one_graph_for_every_length_set(kind):
         for a, b in zip(compiled_inputs, eager_inputs):
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5)
     assert len(graphs) == 1
+
+
+def test_opcheck():
+    q, k, v, gates, wk, wv = (x.detach() for x in _inputs(64, 7))
+    cu = torch.tensor([0, 40, 64], dtype=torch.int32)
+    args = (q, k, v, gates, wk, wv, None, None, None, cu, None, None, None, 16, 8, 16, 2, 8, 2, "weighted", None)
+    torch.library.opcheck(torch.ops.attnops.native_sparse_attention.default, args)
+    dy = torch.randn(64, N1, DV)
+    torch.library.opcheck(torch.ops.attnops.native_sparse_attention_backward.default,
+                          (dy, [True, True, True, True, False, False, False, False, False], *args))
