@@ -1,5 +1,6 @@
 """Ahead-of-time compilation of Triton kernels for a GPU target, down to cubin, without a GPU or a driver: the
-check that the kernels compile for real NVIDIA GPUs, and their resource usage (registers, spills, shared memory).
+check that the kernels compile for real NVIDIA GPUs, their resource usage (registers, spills, shared memory) and
+the instruction mix of their PTX (:class:`PtxCounts`: tensor-core products, asynchronous copies, narrow loads).
 
 A :class:`KernelLaunch` is one call site: the ``@triton.jit`` function, the argument values the launcher passes
 and the tile configurations it would run with (every autotuning candidate on CUDA). It compiles once per
@@ -30,8 +31,47 @@ class KernelLaunch:
 
 
 @dataclass(frozen=True)
+class PtxCounts:
+    """What a kernel's PTX says about the hardware paths it takes: ``wgmma`` (Hopper's asynchronous warpgroup
+    products, ``wgmma.mma_async``), ``mma_sync`` (the older per-warp ``mma.sync``), ``cp_async`` (asynchronous
+    global-to-shared copies, ``cp.async.ca/cg``), ``tma`` (tensor-memory-accelerator copies, ``cp.async.bulk``) and
+    ``ld_global_narrow`` (scalar global loads of 2 bytes or fewer, e.g. ``ld.global.b16``: one element per thread
+    and instruction where a 16-byte vector would serve)."""
+
+    wgmma: int
+    mma_sync: int
+    cp_async: int
+    tma: int
+    ld_global_narrow: int
+
+    @staticmethod
+    def of(ptx: str) -> "PtxCounts":
+        return PtxCounts(len(_WGMMA.findall(ptx)), len(_MMA_SYNC.findall(ptx)), len(_CP_ASYNC.findall(ptx)),
+                         len(_TMA.findall(ptx)), sum(_narrow_load(m) for m in _LD_GLOBAL.findall(ptx)))
+
+    def describe(self) -> str:
+        return f"{self.wgmma}/{self.mma_sync}/{self.cp_async}/{self.tma}/{self.ld_global_narrow}"
+
+
+_WGMMA = re.compile(r"\bwgmma\.mma_async\b")
+_MMA_SYNC = re.compile(r"\bmma\.sync\b")
+_CP_ASYNC = re.compile(r"\bcp\.async\.c[ag]\b")
+_TMA = re.compile(r"\bcp\.async\.bulk\b")
+_LD_GLOBAL = re.compile(r"\bld\.global((?:\.[\w:]+)+)")
+_NARROW_TYPES = {"b8", "u8", "s8", "b16", "u16", "s16", "f16", "bf16"}
+
+
+def _narrow_load(qualifiers: str) -> bool:
+    """Whether an ``ld.global`` with these qualifiers (``.nc.b16``, ``.v4.b32``, ...) is a scalar load of 2 bytes
+    or fewer."""
+    parts = qualifiers.strip(".").split(".")
+    return not any(re.fullmatch(r"v\d+", p) for p in parts) and parts[-1] in _NARROW_TYPES
+
+
+@dataclass(frozen=True)
 class CompiledVariant:
-    """One compiled (launch, tile configuration): its tiles, warps/stages and the compiler's resource figures."""
+    """One compiled (launch, tile configuration): its tiles, warps/stages, the compiler's resource figures, the PTX's
+    instruction mix, and whether it is the configuration the launcher runs (the launch's first)."""
 
     kernel: str
     tiles: dict
@@ -40,6 +80,8 @@ class CompiledVariant:
     n_regs: int
     n_spills: int  # local memory (spills) in 4-byte words, as ``CompiledKernel.n_spills`` on a device
     shared: int  # bytes of shared memory per block
+    ptx: PtxCounts
+    default: bool
 
     def describe(self) -> str:
         tiles = " ".join(f"{k}={v}" for k, v in sorted(self.tiles.items()))
@@ -92,11 +134,12 @@ def compile_launch(launch: KernelLaunch, target: tuple[str, int, int]) -> list[C
     from triton.backends.compiler import GPUTarget
 
     variants = []
-    for config in launch.configs:
+    for i, config in enumerate(launch.configs):
         src = _source(launch.function, dict(launch.values, **config.kwargs))
         compiled = triton.compile(src, target=GPUTarget(*target),
                                   options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
         regs, spills = _registers_and_spills(compiled.asm["cubin"])
         variants.append(CompiledVariant(launch.kernel, dict(config.kwargs), config.num_warps, config.num_stages,
-                                        regs, spills, compiled.metadata.shared))
+                                        regs, spills, compiled.metadata.shared, PtxCounts.of(compiled.asm["ptx"]),
+                                        default=i == 0))
     return variants
