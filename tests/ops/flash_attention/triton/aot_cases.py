@@ -6,6 +6,7 @@ A case names a dtype, head dims and features; the problem is built with ``build_
 and the launches come from the launchers' own plans (``launch.forward_plan`` / ``backward_plan``), so the
 compiled signatures are those of the real call sites.
 """
+import dataclasses
 import json
 import sys
 
@@ -78,7 +79,7 @@ def compile_case(arch: int, case: dict) -> dict:
     result = {}
     for item in launches(case):
         try:
-            result[item.kernel] = [v.__dict__ for v in compile_launch(launch.KERNELS.aot_launch(item), ("cuda", arch, 32))]
+            result[item.kernel] = [dataclasses.asdict(v) for v in compile_launch(launch.KERNELS.aot_launch(item), ("cuda", arch, 32))]
         except Exception as e:  # the report names the failure; the test fails on it
             result[item.kernel] = f"{type(e).__name__}: {e}"
     return result
