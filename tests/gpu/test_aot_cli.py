@@ -58,3 +58,29 @@ def test_ptx_counts():
     ld.global.L1::evict_last.b32 %r10, [%rd6];
     """
     assert PtxCounts.of(ptx) == PtxCounts(wgmma=1, mma_sync=1, cp_async=1, tma=1, ld_global_narrow=2)
+
+
+def _record(**kw):
+    record = dict(operator="flash_attention", case="bf16-d128-causal", kernel="dq_kernel", target="sm_90",
+                  tiles={"BLOCK_M": 64}, warps=4, stages=2, registers=128, spills=0, shared=1024, default=True,
+                  ptx=dict(wgmma=4, mma_sync=0, cp_async=2, tma=0, ld_global_narrow=0))
+    record.update(kw)
+    return record
+
+
+def test_fast_path_rules():
+    from attnops._core.triton.fast_path import violations
+
+    good = _record()
+    assert violations([good]) == []
+    mma = _record(ptx=dict(good["ptx"], wgmma=0, mma_sync=8))
+    assert [v.split(":")[0] for v in violations([mma])] == ["tensor cores"]
+    assert violations([dict(mma, target="sm_80")]) == []  # wgmma is Hopper's
+    assert violations([dict(mma, case="fp32-d128-causal")]) == []  # fp32 is outside the rules
+    assert violations([dict(mma, default=False)]) == []  # only the configuration the launcher runs
+    narrow = _record(operator="fused_infer_attention", case="decode-paged-fp16-d128", kernel="split_kernel",
+                     ptx=dict(good["ptx"], ld_global_narrow=16))
+    assert [v.split(":")[0] for v in violations([narrow])] == ["vector loads"]
+    assert "narrow loads=16" in violations([narrow])[0]
+    spills = _record(kernel="merge_kernel", operator="fused_infer_attention", spills=12, target="sm_80")
+    assert [v.split(":")[0] for v in violations([spills])] == ["no spills"]

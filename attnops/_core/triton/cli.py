@@ -1,9 +1,10 @@
-"""``python -m attnops aot [--target sm_90|sm_80|all] [--filter TEXT] [--json FILE]``: compile every registered
+"""``python -m attnops aot [--target sm_90|sm_80|all] [--filter TEXT] [--json FILE] [--check]``: compile every registered
 Triton kernel (:mod:`.registry`) at its launch configurations down to cubin without a GPU and print one row per
 compiled variant: operator, case, kernel, tiles, warps, stages, registers, spills, shared memory (bytes), whether it
 is the configuration the launcher runs ("default": the launch's first) and the PTX's instruction mix
 (wgmma/mma.sync/cp.async/TMA/narrow global loads, :class:`~.aot.PtxCounts`). ``--json FILE`` writes the same, one
-record per variant. Exits 1 when a kernel fails to compile or needs more shared memory than the target has."""
+record per variant. ``--check`` also applies the Hopper fast-path rules (:mod:`.fast_path`). Exits 1 when a kernel
+fails to compile, needs more shared memory than the target has, or (with ``--check``) breaks a rule."""
 from __future__ import annotations
 
 import argparse
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", default="", help="only kernels whose name contains this text")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="also write one JSON record per compiled variant (resources, default, PTX counts)")
+    parser.add_argument("--check", action="store_true",
+                        help="fail on any break of the Hopper fast-path rules (wgmma, vector loads, no spills)")
     args = parser.parse_args(argv)
     if any(os.environ.get(v) for v in INTERPRET_VARS):  # the compiled kernels need Triton without its interpreter
         env = {k: v for k, v in os.environ.items() if k not in INTERPRET_VARS}
@@ -90,4 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
         print(f"wrote {args.json}")
     print(f"{len(rows)} variant(s), {failures} failure(s) in {time.perf_counter() - start:.1f} s")
+    if args.check:
+        from .fast_path import violations
+
+        broken = violations(records)
+        print("\n".join(broken + [f"{len(broken)} fast-path rule violation(s)"]))
+        failures += len(broken)
     return 1 if failures else 0

@@ -1,0 +1,58 @@
+"""Hopper fast-path rules checked on ``python -m attnops aot --json`` records (``--check``): which kernels must use
+wgmma, which must load K/V with 16-byte vectors, and that no default configuration spills. A rule applies to the
+default configuration (the one the launcher runs) of fp16/bf16 cases only: fp32 products take the tf32/FMA paths
+and are outside the targets. Kernel names are ``fnmatch`` patterns per operator."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from typing import Callable
+
+HALF_DTYPES = ("fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    targets: tuple[str, ...]
+    kernels: dict  # operator -> kernel name patterns
+    holds: Callable[[dict], bool]
+    expected: str
+    exempt: tuple = ()  # (operator, case substring, reason): cases a rule does not cover, with the reason
+
+    def applies(self, record: dict) -> bool:
+        if record["target"] not in self.targets or not record["default"]:
+            return False
+        if not any(dtype in record["case"] for dtype in HALF_DTYPES):
+            return False
+        if not any(fnmatch(record["kernel"], p) for p in self.kernels.get(record["operator"], ())):
+            return False
+        return not any(op == record["operator"] and text in record["case"] for op, text, _ in self.exempt)
+
+
+RULES = (
+    Rule("tensor cores", ("sm_90",),
+         {"flash_attention": ("fwd_kernel", "dq_kernel", "dkdv_kernel"),
+          "nsa": ("fwd_kernel", "importance_kernel", "selected_dkdv_kernel")},
+         lambda r: r["ptx"]["mma_sync"] == 0 and r["ptx"]["wgmma"] > 0, "wgmma > 0 and mma.sync = 0"),
+    Rule("vector loads", ("sm_90", "sm_80"),
+         {"fused_infer_attention": ("split_kernel",), "nsa": ("selected_*", "compress_*")},
+         lambda r: r["ptx"]["ld_global_narrow"] == 0, "no scalar global loads of 2 bytes or fewer"),
+    Rule("no spills", ("sm_90", "sm_80"), {op: ("*",) for op in ("flash_attention", "fused_infer_attention", "nsa",
+                                                                  "torch_npu")},
+         lambda r: r["spills"] == 0, "0 words of local memory"),
+)
+
+
+def violations(records: list[dict], rules: tuple[Rule, ...] = RULES) -> list[str]:
+    """One line per (rule, record) that breaks a rule: where, what was expected and what the compiler produced."""
+    found = []
+    for rule in rules:
+        for r in records:
+            if rule.applies(r) and not rule.holds(r):
+                tiles = " ".join(f"{k}={v}" for k, v in sorted(r["tiles"].items()))
+                found.append(f"{rule.name}: {r['operator']}/{r['case']} {r['kernel']} on {r['target']} [{tiles} "
+                             f"warps={r['warps']}]: expected {rule.expected}, got wgmma={r['ptx']['wgmma']} "
+                             f"mma.sync={r['ptx']['mma_sync']} narrow loads={r['ptx']['ld_global_narrow']} "
+                             f"spills={r['spills']}")
+    return found
