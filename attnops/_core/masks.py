@@ -50,7 +50,7 @@ class MaskSpec:
     """Per-batch band ``lo <= j - i <= hi``, optional prefix columns and optional explicit mask.
 
     ``explicit`` is bool ``[Bm, Nm, R, C]`` (True = masked) with ``Bm`` in {1, B} and ``Nm`` in {1, N1};
-    batch ``b`` uses the top-left ``[:Sq_b, :Skv_b]`` slice. ``rule`` is an explicit mask given as a formula
+    batch ``b`` uses the top-left ``[:Sq_b, :Skv_b]`` slice. ``strided`` is an explicit mask given as a formula
     (:class:`StridedCausal`; the same for every batch and head), exclusive with ``explicit``.
     """
 
@@ -58,18 +58,18 @@ class MaskSpec:
     hi: tuple[int, ...]
     prefix: tuple[int, ...] | None = None
     explicit: torch.Tensor | None = None
-    rule: StridedCausal | None = None
+    strided: StridedCausal | None = None
 
     def batch(self, b: int) -> "MaskSpec":
         """The spec of batch ``b`` alone (as a one-batch spec)."""
         e = self.explicit
         return MaskSpec((self.lo[b],), (self.hi[b],), None if self.prefix is None else (self.prefix[b],),
-                        e if e is None or e.shape[0] == 1 else e[b:b + 1], self.rule)
+                        e if e is None or e.shape[0] == 1 else e[b:b + 1], self.strided)
 
     @property
     def has_explicit(self) -> bool:
         """An explicit mask, as a tensor or as a rule: entries the band keeps may still be masked."""
-        return self.explicit is not None or self.rule is not None
+        return self.explicit is not None or self.strided is not None
 
     @property
     def is_full(self) -> bool:
@@ -93,8 +93,8 @@ class MaskSpec:
         return masked
 
     def _explicit_block(self, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice | None):
-        if self.rule is not None:
-            return self.rule.block(r0, r1, c0, c1)
+        if self.strided is not None:
+            return self.strided.block(r0, r1, c0, c1)
         e = self.explicit[b if self.explicit.shape[0] > 1 else 0]
         if heads is not None and e.shape[0] > 1:
             e = e[heads]
@@ -198,11 +198,13 @@ def band_rule(sparse_mode: int, pre_tokens: int, next_tokens: int) -> BandRule:
 @dataclass(frozen=True)
 class MaskRule:
     """The mask of a call whose sequence lengths are device tensors: the :class:`BandRule`, the prefix list and the
-    explicit mask (read by the kernels as given; never recognised as a band on the host)."""
+    explicit mask (read by the kernels as given; never recognised as a band on the host), and the formula mask
+    (``MaskSpec.strided``)."""
 
     band: BandRule
     prefix: tuple[int, ...] | None = None
     explicit: torch.Tensor | None = None
+    strided: StridedCausal | None = None
 
 
 @functools.lru_cache(maxsize=64)

@@ -75,8 +75,8 @@ def compress_attention_problem(query, key, value, *, scale_value: float, head_nu
                        actual_seq_kvlen=int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
     if not causal:
         return fa
-    rule = StridedCausal(compress_stride, compress_block_size - 1)
-    return dataclasses.replace(fa, mask=dataclasses.replace(fa.mask, rule=rule))
+    strided = StridedCausal(compress_stride, compress_block_size - 1)
+    return dataclasses.replace(fa, mask=dataclasses.replace(fa.mask, strided=strided))
 
 
 def _build_compress_attention_spec(query, key, value, *, scale_value, head_num, compress_block_size, compress_stride,

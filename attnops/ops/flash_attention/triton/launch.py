@@ -266,11 +266,11 @@ def pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[l
 
 def mask_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
     """Pointer/strides of the explicit mask (bool read as uint8, broadcast dims at stride 0) and its kernel flag
-    (``p``: any problem with a ``MaskSpec`` ``mask``, the FusedInferAttention one too); a mask rule
+    (``p``: any problem with a ``MaskSpec`` ``mask``, the FusedInferAttention one too); a formula mask
     (``masks.StridedCausal``) passes its stride and shift in the stride slots instead, and reads no tensor."""
-    rule, e = p.mask.rule, p.mask.explicit
-    if rule is not None:
-        return [dummy, 0, rule.shift, rule.stride], dict(HAS_EXPLICIT=MASK_STRIDED_CAUSAL)
+    strided, e = p.mask.strided, p.mask.explicit
+    if strided is not None:
+        return [dummy, 0, strided.shift, strided.stride], dict(HAS_EXPLICIT=MASK_STRIDED_CAUSAL)
     if e is None:
         return [dummy, 0, 0, 0], dict(HAS_EXPLICIT=False)
     e = e.to(device)
