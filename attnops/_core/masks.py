@@ -1,6 +1,7 @@
 """Sparse modes -> the one mask normal form (:class:`MaskSpec`).
 
-keep(i, j) iff ``(lo_b <= j - i <= hi_b  OR  j < prefix_b)  AND  NOT explicit[b, n, i, j]``.
+keep(i, j) iff ``(lo_b <= j - i <= hi_b  OR  j < prefix_b)  AND  NOT explicit[b, n, i, j]``, where the explicit
+mask may be a rule instead of a tensor (:class:`StridedCausal`, NSA's compressed causal mask, computed by the kernels).
 Every sparse mode of every operator is converted here, once, on the host (``cann_semantics.md`` §1.1/§1.2):
 :func:`build_mask_spec` for training FlashAttention, :func:`build_infer_mask_spec` for FusedInferAttentionScore.
 A training sparse mode is first a :class:`BandRule` (the band as a function of each batch's lengths), evaluated on
@@ -30,27 +31,49 @@ COMPRESSED_PREFIX_MODE = 6
 
 
 @dataclass(frozen=True)
+class StridedCausal:
+    """The explicit mask ``masked(i, j) = j * stride + shift > i`` as a rule (never stored): key ``j`` stands for
+    positions ``j * stride .. j * stride + shift`` (NSA's compressed block ``j``, ``shift = block - 1``) and is visible
+    to query row ``i`` once complete."""
+
+    stride: int
+    shift: int
+
+    def block(self, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+        """Bool ``[1, r1 - r0, c1 - c0]`` (True = masked) of rows ``[r0, r1)`` x columns ``[c0, c1)``."""
+        ends = torch.arange(c0, c1) * self.stride + self.shift
+        return (ends.unsqueeze(0) > torch.arange(r0, r1).unsqueeze(1)).unsqueeze(0)
+
+
+@dataclass(frozen=True)
 class MaskSpec:
     """Per-batch band ``lo <= j - i <= hi``, optional prefix columns and optional explicit mask.
 
     ``explicit`` is bool ``[Bm, Nm, R, C]`` (True = masked) with ``Bm`` in {1, B} and ``Nm`` in {1, N1};
-    batch ``b`` uses the top-left ``[:Sq_b, :Skv_b]`` slice.
+    batch ``b`` uses the top-left ``[:Sq_b, :Skv_b]`` slice. ``strided`` is an explicit mask given as a formula
+    (:class:`StridedCausal`; the same for every batch and head), exclusive with ``explicit``.
     """
 
     lo: tuple[int, ...]
     hi: tuple[int, ...]
     prefix: tuple[int, ...] | None = None
     explicit: torch.Tensor | None = None
+    strided: StridedCausal | None = None
 
     def batch(self, b: int) -> "MaskSpec":
         """The spec of batch ``b`` alone (as a one-batch spec)."""
         e = self.explicit
         return MaskSpec((self.lo[b],), (self.hi[b],), None if self.prefix is None else (self.prefix[b],),
-                        e if e is None or e.shape[0] == 1 else e[b:b + 1])
+                        e if e is None or e.shape[0] == 1 else e[b:b + 1], self.strided)
+
+    @property
+    def has_explicit(self) -> bool:
+        """An explicit mask, as a tensor or as a rule: entries the band keeps may still be masked."""
+        return self.explicit is not None or self.strided is not None
 
     @property
     def is_full(self) -> bool:
-        return self.explicit is None and self.prefix is None and all(
+        return not self.has_explicit and self.prefix is None and all(
             lo <= -INF and hi >= INF for lo, hi in zip(self.lo, self.hi))
 
     def col_range(self, b: int, r0: int, r1: int, skv: int) -> tuple[int, int]:
@@ -70,6 +93,8 @@ class MaskSpec:
         return masked
 
     def _explicit_block(self, b: int, r0: int, r1: int, c0: int, c1: int, heads: slice | None):
+        if self.strided is not None:
+            return self.strided.block(r0, r1, c0, c1)
         e = self.explicit[b if self.explicit.shape[0] > 1 else 0]
         if heads is not None and e.shape[0] > 1:
             e = e[heads]
@@ -80,7 +105,7 @@ class MaskSpec:
         masked = None
         if not (c0 - (r1 - 1) >= self.lo[b] and (c1 - 1) - r0 <= self.hi[b]):
             masked = self._band_masked(b, r0, r1, c0, c1).unsqueeze(0)
-        if self.explicit is not None:
+        if self.has_explicit:
             e = self._explicit_block(b, r0, r1, c0, c1, heads)
             masked = e if masked is None else (masked | e)
         return masked
@@ -88,7 +113,7 @@ class MaskSpec:
     def keeps_every_row(self, b: int, r0: int, r1: int, c0: int, c1: int) -> bool:
         """Whether every row of ``[r0, r1)`` keeps at least one column of ``[c0, c1)`` (False with an explicit
         mask, which may mask anything)."""
-        if self.explicit is not None or c0 >= c1:
+        if self.has_explicit or c0 >= c1:
             return False
         if self.prefix is not None and self.prefix[b] > c0:
             return True  # column c0 is a prefix column
@@ -120,7 +145,7 @@ class MaskSpec:
         """
         for a, z, bound in self.band_bounds(b, r0, r1, c0, c1) if band is None else band:
             scores[..., a:z].clamp_(max=bound)
-        if self.explicit is not None:
+        if self.has_explicit:
             scores.masked_fill_(self._explicit_block(b, r0, r1, c0, c1, heads), float("-inf"))
         return scores
 
@@ -173,11 +198,13 @@ def band_rule(sparse_mode: int, pre_tokens: int, next_tokens: int) -> BandRule:
 @dataclass(frozen=True)
 class MaskRule:
     """The mask of a call whose sequence lengths are device tensors: the :class:`BandRule`, the prefix list and the
-    explicit mask (read by the kernels as given; never recognised as a band on the host)."""
+    explicit mask (read by the kernels as given; never recognised as a band on the host), and the formula mask
+    (``MaskSpec.strided``)."""
 
     band: BandRule
     prefix: tuple[int, ...] | None = None
     explicit: torch.Tensor | None = None
+    strided: StridedCausal | None = None
 
 
 @functools.lru_cache(maxsize=64)

@@ -137,7 +137,7 @@ def _tiles(p: FAProblem, b: int, rows: int):
 
 def _has_tile_extras(p: FAProblem) -> bool:
     """Whether tiles need a :class:`_Tile` (a pse, dropout or an explicit mask) beyond the band's masking."""
-    return p.pse is not None or p.dropout is not None or p.mask.explicit is not None
+    return p.pse is not None or p.dropout is not None or p.mask.has_explicit
 
 
 def _head_scores(p: FAProblem, b: int, n2: int, h: int, r0: int, r1: int, c0: int, c1: int, qs: torch.Tensor,

@@ -11,8 +11,9 @@ import torch
 
 from ..._core.devices import on_cpu
 from ..._core.dispatch import choose_backend
+from ..flash_attention import backends as fa_backends
 from .compress import compress_backward, compress_forward
-from .compress_attention import build_compress_attention_spec, compress_attention_forward
+from .compress_attention import build_compress_attention_spec, compress_attention_forward, compress_attention_problem
 from .decode import compress_decode, compress_into_cache, selected_decode
 from .selected import selected_backward, selected_forward
 from .triton import infer_launch
@@ -71,6 +72,15 @@ def compress_attention(query, key, value, topk_mask, atten_mask, **spec_args):
 
     return _run(query, lambda: triton_verify.compress_attention_reason(spec, query),
                 lambda *_: infer_launch.compress_attention(spec, query, key, value), reference, *tensors)
+
+
+def compress_attention_backward(grad, query, key, value, attention_out, softmax_max, softmax_sum, atten_mask,
+                                **problem_args):
+    """``nsa_compress_attention``'s ``(dq, dk, dv)``: the FlashAttention backward of its problem
+    (:func:`compress_attention_problem`'s keywords in ``problem_args``)."""
+    p = compress_attention_problem(query, key, value, atten_mask=atten_mask, **problem_args)
+    dq, dk, dv, _ = fa_backends.backward(p, query, key, value, grad, attention_out, softmax_max, softmax_sum)
+    return dq, dk, dv
 
 
 def selected_infer(kv, block, query, key, value, topk_indices, block_table, lens=None):

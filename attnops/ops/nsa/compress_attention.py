@@ -5,15 +5,19 @@ Attention over the compressed keys/values is the FlashAttention forward (TND, ``
 selection block ``k`` for query row ``i`` is ``sum_t times[t] * P[i, m*(k+1) - t]`` (``m = l'/d``, ``nn = l//d``,
 ``times[t] = min(t+1, nn, m+nn-1-t)``, out-of-range columns contribute 0), summed over the GQA group;
 ``topk_mask`` blocks are always selected; ties go to the lower block index (``cann_semantics.md`` §7.3).
+``causal`` (an attnops extension, the NSA layer's mask) masks compressed key ``c`` for the query at position ``i`` of
+its sequence until its block is complete, ``c*stride + block - 1 > i``: a rule (``masks.StridedCausal``) the kernels
+compute, in place of a dense ``[maxSq, maxCmpSkv]`` atten_mask.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from ..._core.checks import check_int, check_tensor, int_list, require
-from ..._core.masks import MASK_DTYPES
+from ..._core.masks import MASK_DTYPES, StridedCausal
 from ..._core.softmax_stats import FLT_MAX
 from ..._core.varlen import lengths_from_cumulative
 from ..flash_attention import reference as fa_reference
@@ -43,7 +47,8 @@ class CompressAttentionSpec:
 def build_compress_attention_spec(query, key, value, *, scale_value: float, head_num: int, compress_block_size: int,
                                   compress_stride: int, select_block_size: int, select_block_count: int,
                                   topk_mask=None, atten_mask=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None,
-                                  actual_sel_seq_kvlen=None, sparse_mode: int = 1) -> CompressAttentionSpec:
+                                  actual_sel_seq_kvlen=None, sparse_mode: int = 1,
+                                  causal: bool = False) -> CompressAttentionSpec:
     """Validate a compressed-attention call and build its FlashAttention problem (remembered per configuration,
     the masks by identity, :mod:`.memo`)."""
     return memoized(_build_compress_attention_spec, query, key, value, held=("topk_mask", "atten_mask"),
@@ -51,24 +56,43 @@ def build_compress_attention_spec(query, key, value, *, scale_value: float, head
                     compress_stride=compress_stride, select_block_size=select_block_size,
                     select_block_count=select_block_count, topk_mask=topk_mask, atten_mask=atten_mask,
                     actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen,
-                    actual_sel_seq_kvlen=actual_sel_seq_kvlen, sparse_mode=sparse_mode)
+                    actual_sel_seq_kvlen=actual_sel_seq_kvlen, sparse_mode=sparse_mode, causal=causal)
+
+
+def compress_attention_problem(query, key, value, *, scale_value: float, head_num: int, compress_block_size: int,
+                               compress_stride: int, atten_mask, actual_seq_qlen, actual_cmp_seq_kvlen,
+                               sparse_mode: int, causal: bool) -> FAProblem:
+    """The FlashAttention problem of compressed attention (TND, sparse mode 0/1), with the causal rule when
+    ``causal`` (then no ``atten_mask``)."""
+    require(sparse_mode in (0, 1), "sparse_mode", "0 or 1", sparse_mode)
+    require(not (causal and atten_mask is not None), "atten_mask", "None with causal=True (the mask is computed)",
+            atten_mask)
+    require(actual_seq_qlen is not None and actual_cmp_seq_kvlen is not None, "actual_seq_qlen",
+            "cumulative actual_seq_qlen and actual_cmp_seq_kvlen", None)
+    fa = build_problem(query, key, value, head_num=head_num, layout="TND", scale=scale_value,
+                       atten_mask=atten_mask, sparse_mode=sparse_mode, actual_seq_qlen=int_list(
+                           "actual_seq_qlen", actual_seq_qlen),
+                       actual_seq_kvlen=int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
+    if not causal:
+        return fa
+    strided = StridedCausal(compress_stride, compress_block_size - 1)
+    return dataclasses.replace(fa, mask=dataclasses.replace(fa.mask, strided=strided))
 
 
 def _build_compress_attention_spec(query, key, value, *, scale_value, head_num, compress_block_size, compress_stride,
                                    select_block_size, select_block_count, topk_mask, atten_mask, actual_seq_qlen,
-                                   actual_cmp_seq_kvlen, actual_sel_seq_kvlen, sparse_mode) -> CompressAttentionSpec:
+                                   actual_cmp_seq_kvlen, actual_sel_seq_kvlen, sparse_mode, causal
+                                   ) -> CompressAttentionSpec:
     l_ = check_int("compress_block_size", compress_block_size, lo=1)
     d_ = check_int("compress_stride", compress_stride, lo=1, hi=l_)
     ls = check_int("select_block_size", select_block_size, lo=l_)
     require(ls % d_ == 0, "select_block_size", f"a multiple of compress_stride={d_}", ls)
     count = check_int("select_block_count", select_block_count, lo=1)
-    require(sparse_mode in (0, 1), "sparse_mode", "0 or 1", sparse_mode)
-    require(actual_seq_qlen is not None and actual_cmp_seq_kvlen is not None and actual_sel_seq_kvlen is not None,
-            "actual_seq_qlen", "cumulative actual_seq_qlen, actual_cmp_seq_kvlen and actual_sel_seq_kvlen", None)
-    fa = build_problem(query, key, value, head_num=head_num, layout="TND", scale=scale_value,
-                       atten_mask=atten_mask, sparse_mode=sparse_mode, actual_seq_qlen=int_list(
-                           "actual_seq_qlen", actual_seq_qlen),
-                       actual_seq_kvlen=int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
+    require(actual_sel_seq_kvlen is not None, "actual_sel_seq_kvlen", "cumulative selection lengths", None)
+    fa = compress_attention_problem(query, key, value, scale_value=scale_value, head_num=head_num,
+                                    compress_block_size=l_, compress_stride=d_, atten_mask=atten_mask,
+                                    actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen,
+                                    sparse_mode=sparse_mode, causal=causal)
     sel = lengths_from_cumulative("actual_sel_seq_kvlen", actual_sel_seq_kvlen)
     require(len(sel) == fa.seq.batch, "actual_sel_seq_kvlen", f"{fa.seq.batch} cumulative lengths (one per batch)",
             actual_sel_seq_kvlen)

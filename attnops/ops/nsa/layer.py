@@ -42,7 +42,6 @@ class _Geometry:
     padded_cum: tuple[int, ...]
     cmp_cum: tuple[int, ...]
     max_len: int
-    n_cmp: int  # compressed rows of the longest padded sequence (the atten_mask's columns)
     n_sel: int  # selection blocks of the longest padded sequence (the topk_mask's columns)
 
     @property
@@ -58,8 +57,7 @@ def _geometry(cum: tuple[int, ...], t: int, select_block: int, slots: int, block
     padded = tuple(max(-(-n // select_block) + 1, slots) * select_block for n in lengths)
     cmp_lens = [compress_block_count(p, block, stride) for p in padded]
     return _Geometry(tuple(lengths), tuple(accumulate(lengths, initial=0))[:-1], padded, tuple(accumulate(padded)),
-                     tuple(accumulate(cmp_lens)), max(lengths, default=0), max(cmp_lens, default=0),
-                     max(padded, default=0) // select_block)
+                     tuple(accumulate(cmp_lens)), max(lengths, default=0), max(padded, default=0) // select_block)
 
 
 def _pad_kv(x: Tensor, geo: _Geometry) -> Tensor:
@@ -76,7 +74,8 @@ def _pad_kv(x: Tensor, geo: _Geometry) -> Tensor:
 
 def causal_compressed_mask(positions: Tensor, n_cmp: int, block: int, stride: int) -> Tensor:
     """``[len(positions), n_cmp]`` atten_mask (True = masked): compressed block ``c`` is visible to the token at
-    ``positions[i]`` once complete (``c*stride + block - 1 <= positions[i]``)."""
+    ``positions[i]`` once complete (``c*stride + block - 1 <= positions[i]``). The layer asks the operator for the
+    same mask as a rule (``causal=True``); the decoding module's prefill chunks use this tensor form."""
     ends = torch.arange(n_cmp, device=positions.device) * stride + block - 1
     return ends.unsqueeze(0) > positions.unsqueeze(1)
 
@@ -360,9 +359,7 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
                              actual_seq_len=list(geo.padded_cum))
         o_cmp, topk, _, _ = nsa_compress_attention(
             query, k_cmp, v_cmp, compress_block_size=compress_block_size, compress_stride=compress_stride,
-            select_block_size=ls, select_block_count=count, scale=scale,
-            atten_mask=_mask_slice("causal", causal_compressed_mask, geo.max_len, geo.n_cmp, compress_block_size,
-                                   compress_stride, device=query.device),
+            select_block_size=ls, select_block_count=count, scale=scale, causal=True,
             topk_mask=_mask_slice("forced", forced_blocks, geo.max_len, geo.n_sel, ls, local_blocks,
                                   device=query.device),
             actual_seq_qlen=cum, actual_cmp_seq_kvlen=list(geo.cmp_cum))

@@ -15,7 +15,6 @@ from torch import Tensor
 
 from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
-from ..flash_attention import op as fa_op
 from ..._core.varlen import lengths_from_cumulative
 from ..._core.custom_ops import call, register_dry_run_meta
 from . import backends
@@ -23,7 +22,6 @@ from .compress import build_compress_spec, check_output_grad, compress_block_cou
 from .selected import build_selected_spec
 from .decode import check_compress_cache, check_compress_selection, check_paged, check_selected_topk
 
-INT_MAX = 2147483647
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
 
 
@@ -244,20 +242,20 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, topk_mask:
                            atten_mask: Optional[Tensor], scale_value: float, head_num: int, compress_block_size: int,
                            compress_stride: int, select_block_size: int, select_block_count: int,
                            actual_seq_qlen: Optional[list[int]], actual_cmp_seq_kvlen: Optional[list[int]],
-                           actual_sel_seq_kvlen: Optional[list[int]], sparse_mode: int
+                           actual_sel_seq_kvlen: Optional[list[int]], sparse_mode: int, causal: bool = False
                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return backends.compress_attention(
         query, key, value, topk_mask, atten_mask, scale_value=scale_value, head_num=head_num,
         compress_block_size=compress_block_size, compress_stride=compress_stride, select_block_size=select_block_size,
         select_block_count=select_block_count, actual_seq_qlen=actual_seq_qlen,
         actual_cmp_seq_kvlen=actual_cmp_seq_kvlen, actual_sel_seq_kvlen=actual_sel_seq_kvlen,
-        sparse_mode=sparse_mode)
+        sparse_mode=sparse_mode, causal=causal)
 
 
 @nsa_compress_attention.register_fake
 def _(query, key, value, topk_mask, atten_mask, scale_value, head_num, compress_block_size, compress_stride,
       select_block_size, select_block_count, actual_seq_qlen, actual_cmp_seq_kvlen, actual_sel_seq_kvlen,
-      sparse_mode):
+      sparse_mode, causal=False):
     t, n1 = query.shape[0], query.shape[1]
     dt = stats_dtype(query.dtype)
     return (query.new_empty((t, n1, value.shape[2])),
@@ -265,23 +263,46 @@ def _(query, key, value, topk_mask, atten_mask, scale_value, head_num, compress_
             query.new_empty((t, n1, STAT_LANES), dtype=dt), query.new_empty((t, n1, STAT_LANES), dtype=dt))
 
 
+@torch.library.custom_op("attnops::nsa_compress_attention_grad", mutates_args=(), device_types=DEVICE_TYPES)
+def nsa_compress_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, attention_out: Tensor,
+                                softmax_max: Tensor, softmax_sum: Tensor, atten_mask: Optional[Tensor],
+                                scale_value: float, head_num: int, compress_block_size: int, compress_stride: int,
+                                actual_seq_qlen: Optional[list[int]], actual_cmp_seq_kvlen: Optional[list[int]],
+                                sparse_mode: int, causal: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of compressed attention: the FlashAttention backward of its problem (causal rule included)."""
+    return backends.compress_attention_backward(
+        grad, query, key, value, attention_out, softmax_max, softmax_sum, atten_mask, scale_value=scale_value,
+        head_num=head_num, compress_block_size=compress_block_size, compress_stride=compress_stride,
+        actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen, sparse_mode=sparse_mode,
+        causal=causal)
+
+
+@nsa_compress_attention_grad.register_fake
+def _(grad, query, key, value, *_args, **_kwargs):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+_CMP_GRAD_SCALARS = ("scale_value", "head_num", "compress_block_size", "compress_stride", "actual_seq_qlen",
+                     "actual_cmp_seq_kvlen", "sparse_mode", "causal")
+
+
 def _cmp_setup(ctx, inputs, output):
     args = dict(zip(_schema_names(nsa_compress_attention), inputs))
     out, _, smax, ssum = output
-    ctx.save_for_backward(args["query"], args["key"], args["value"], args["atten_mask"], out, smax, ssum)
-    ctx.fa_scalars = (args["head_num"], "TND", args["scale_value"], 1.0, INT_MAX, INT_MAX, None,
-                      args["actual_seq_qlen"], args["actual_cmp_seq_kvlen"], args["sparse_mode"], 1, 0, 0, "", 0, 0)
+    ctx.save_for_backward(args["query"], args["key"], args["value"], args.get("atten_mask"), out, smax, ssum)
+    ctx.scalars = tuple(args.get(name, False) for name in _CMP_GRAD_SCALARS)
 
 
 def _cmp_backward(ctx, grad_out, _gtopk, _gmax, _gsum):
     query, key, value, mask, out, smax, ssum = ctx.saved_tensors
-    dq, dk, dv, _ = call(fa_op.flash_attention_bwd, grad_out.contiguous(), query, key, value, out, smax, ssum, None,
-                         mask, None, *ctx.fa_scalars)
+    dq, dk, dv = call(nsa_compress_attention_grad, grad_out.contiguous(), query, key, value, out, smax, ssum, mask,
+                      *ctx.scalars)
     return _grads_for(nsa_compress_attention, query=dq, key=dk, value=dv)
 
 
 nsa_compress_attention.register_autograd(_cmp_backward, setup_context=_cmp_setup)
 
 for _op in (nsa_compress, nsa_compress_grad, nsa_selected_attention, nsa_selected_attention_grad,
-            nsa_selected_attention_infer, nsa_compress_attention_infer, nsa_compress_infer, nsa_compress_attention):
+            nsa_selected_attention_infer, nsa_compress_attention_infer, nsa_compress_infer, nsa_compress_attention,
+            nsa_compress_attention_grad):
     register_dry_run_meta(_op)

@@ -35,6 +35,9 @@ PSE_ALIBI: tl.constexpr = tl.constexpr(3)  # ALiBi-compressed [B|1, N1, 1024, C]
 PSE_SLOPES: tl.constexpr = tl.constexpr(4)  # pse_type 2: -slope * |j - i| generated in-kernel
 PSE_SLOPES_SQRT: tl.constexpr = tl.constexpr(5)  # pse_type 3: -slope * sqrt|j - i|
 
+# explicit-mask kinds (constexpr HAS_EXPLICIT; False/True: none / a mask tensor)
+MASK_STRIDED_CAUSAL: tl.constexpr = tl.constexpr(2)  # masked(i, j) = j * stride + shift > i, computed (no tensor)
+
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 FLT_LOWEST: tl.constexpr = tl.constexpr(-3.4028234663852886e38)
 FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
@@ -117,7 +120,9 @@ def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
     """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) in fp32 with masked entries at -inf.
 
     ``qk`` is the fp32 ``[BLOCK_M, BLOCK_N]`` product of query rows ``rows`` and key columns ``cols`` of batch
-    ``b``, query head ``h``. The band test is skipped on tiles the band keeps entirely.
+    ``b``, query head ``h``. The band test is skipped on tiles the band keeps entirely. ``HAS_EXPLICIT`` is
+    False, True (the mask tensor at ``mask_ptr``) or ``MASK_STRIDED_CAUSAL`` (the rule's stride and shift in
+    ``mask_sr`` and ``mask_sh``).
     """
     s = qk
     if PSE == PSE_FULL or PSE == PSE_ROW or PSE == PSE_ALIBI:
@@ -151,7 +156,9 @@ def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
         keep = keep | (cols[None, :] < meta(meta_ptr, b, PREFIX))
         keep = keep & (rows[:, None] < meta(meta_ptr, b, Q_LEN)) & (cols[None, :] < meta(meta_ptr, b, KV_LEN))
         s = tl.where(keep, s, float("-inf"))
-    if HAS_EXPLICIT:
+    if HAS_EXPLICIT == MASK_STRIDED_CAUSAL:  # masks.StridedCausal: mask_sr = stride, mask_sh = shift
+        s = tl.where(cols[None, :] * mask_sr + mask_sh > rows[:, None], float("-inf"), s)
+    elif HAS_EXPLICIT:
         ok = (rows[:, None] < meta(meta_ptr, b, Q_LEN)) & (cols[None, :] < meta(meta_ptr, b, KV_LEN))
         m_off = b.to(tl.int64) * mask_sb + tl.cast(h, tl.int64) * mask_sh + rows[:, None].to(tl.int64) * mask_sr \
             + cols[None, :]

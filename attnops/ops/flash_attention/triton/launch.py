@@ -28,6 +28,7 @@ from .verify import MAX_GRID_Y
 
 INTERPRET_BLOCK = 16
 _PSE_KINDS = {"full": 1, "row": 2, "alibi": 3}  # common.PSE_FULL / PSE_ROW / PSE_ALIBI; slopes: 4 + (type 3)
+MASK_STRIDED_CAUSAL = 2  # common.MASK_STRIDED_CAUSAL: HAS_EXPLICIT of a masks.StridedCausal rule
 _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 
 
@@ -89,7 +90,7 @@ def _prune(kind: str, configs, named_args, **kwargs):
     or dropout adds per-element tiles (registers and shared memory, docs/triton.md) and the class has some, else
     ``_TILES``."""
     key = (kind, named_args["q_ptr"].element_size(), max(named_args["head_d"], named_args["head_dv"]) > 128)
-    features = kwargs["PSE"] or kwargs["HAS_EXPLICIT"] or kwargs["DROPOUT"]
+    features = kwargs["PSE"] or kwargs["HAS_EXPLICIT"] is True or kwargs["DROPOUT"]
     wanted = set(_FEATURE_TILES.get(key, _TILES[key]) if features else _TILES[key])
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
 
@@ -117,7 +118,7 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     key = (_kind(launch.kernel), named_args["q_ptr"].element_size(),
            max(named_args["head_d"], named_args["head_dv"]) > 128)
     kw = launch.kwargs
-    return _class_configs(key, bool(kw["PSE"] or kw["HAS_EXPLICIT"] or kw["DROPOUT"]))
+    return _class_configs(key, bool(kw["PSE"] or kw["HAS_EXPLICIT"] is True or kw["DROPOUT"]))
 
 
 def _autotuning(kernel_name: str):
@@ -265,8 +266,11 @@ def pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[l
 
 def mask_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
     """Pointer/strides of the explicit mask (bool read as uint8, broadcast dims at stride 0) and its kernel flag
-    (``p``: any problem with a ``MaskSpec`` ``mask``, the FusedInferAttention one too)."""
-    e = p.mask.explicit
+    (``p``: any problem with a ``MaskSpec`` ``mask``, the FusedInferAttention one too); a formula mask
+    (``masks.StridedCausal``) passes its stride and shift in the stride slots instead, and reads no tensor."""
+    strided, e = p.mask.strided, p.mask.explicit
+    if strided is not None:
+        return [dummy, 0, strided.shift, strided.stride], dict(HAS_EXPLICIT=MASK_STRIDED_CAUSAL)
     if e is None:
         return [dummy, 0, 0, 0], dict(HAS_EXPLICIT=False)
     e = e.to(device)

@@ -1,7 +1,8 @@
 """The NSA kernels in the shared AOT machinery (``attnops._core.triton``): the problems ``python -m attnops aot``
 compiles, from the launchers' own plans, fp16/bf16/fp32 x head dims 128 and 192/128: selected attention forward and
 backward (GQA group 16, select blocks of 64), compression forward and backward (blocks of 32, stride 16),
-compressed attention (the FlashAttention forward with the explicit NSA mask, then the score and top-k kernels) and
+compressed attention (the FlashAttention forward with the NSA causal rule or an explicit mask, then the score and
+top-k kernels) and
 the paged decode kernels (compression into a cache included)."""
 from __future__ import annotations
 
@@ -48,17 +49,19 @@ def _compress(dtype: str, d: int) -> list:
     return [KERNELS.aot_launch(item) for item in fwd + bwd]
 
 
-def _compress_attention(dtype: str, d: int, dv: int) -> list:
-    """The attention forward and score launches of a two-batch TND problem with the NSA causal mask."""
+def _compress_attention(dtype: str, d: int, dv: int, causal: bool) -> list:
+    """The attention forward and score launches of a two-batch TND problem: with the NSA causal rule and a
+    ``topk_mask`` (the layer's call) or with an explicit atten_mask tensor."""
     t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
     q = torch.randn(96, 16, d, generator=gen).to(t)
     k = torch.randn(20, 4, d, generator=gen).to(t)
     v = torch.randn(20, 4, dv, generator=gen).to(t)
-    mask = torch.rand(64, 12, generator=gen) < 0.3
+    mask = None if causal else torch.rand(64, 12, generator=gen) < 0.3
+    forced = (torch.arange(5) == 0).expand(64, 5) if causal else None  # the layer's topk_mask
     spec = build_compress_attention_spec(q, k, v, scale_value=d ** -0.5, head_num=16, compress_block_size=32,
                                          compress_stride=16, select_block_size=64, select_block_count=2,
-                                         atten_mask=mask, actual_seq_qlen=[32, 96], actual_cmp_seq_kvlen=[8, 20],
-                                         actual_sel_seq_kvlen=[2, 5], sparse_mode=0)
+                                         atten_mask=mask, topk_mask=forced, actual_seq_qlen=[32, 96], actual_cmp_seq_kvlen=[8, 20],
+                                         actual_sel_seq_kvlen=[2, 5], sparse_mode=0, causal=causal)
     (out, smax, ssum), fwd = fa_launch.forward_plan(spec.fa, q, k, v, interpret=False)
     _, scores = infer_launch.importance_plan(spec, q, k, smax, ssum, interpret=False)
     return [fa_launch.KERNELS.aot_launch(x) for x in fwd] + [KERNELS.aot_launch(x) for x in scores]
@@ -84,8 +87,10 @@ for _dtype in DTYPES:
     for _d, _dv in HEAD_DIMS:
         register_aot("nsa", f"selected-{_dtype}-d{_d}-dv{_dv}",
                      lambda dtype=_dtype, d=_d, dv=_dv: _selected(dtype, d, dv))
-        register_aot("nsa", f"compress-attention-{_dtype}-d{_d}-dv{_dv}",
-                     lambda dtype=_dtype, d=_d, dv=_dv: _compress_attention(dtype, d, dv))
+        register_aot("nsa", f"compress-attention-causal-{_dtype}-d{_d}-dv{_dv}",
+                     lambda dtype=_dtype, d=_d, dv=_dv: _compress_attention(dtype, d, dv, True))
+        register_aot("nsa", f"compress-attention-mask-{_dtype}-d{_d}-dv{_dv}",
+                     lambda dtype=_dtype, d=_d, dv=_dv: _compress_attention(dtype, d, dv, False))
         register_aot("nsa", f"decode-{_dtype}-d{_d}-dv{_dv}", lambda dtype=_dtype, d=_d, dv=_dv: _decode(dtype, d, dv))
     for _d in sorted({d for d, _ in HEAD_DIMS}):
         register_aot("nsa", f"compress-{_dtype}-d{_d}", lambda dtype=_dtype, d=_d: _compress(dtype, d))

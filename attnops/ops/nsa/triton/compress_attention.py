@@ -4,15 +4,17 @@ storing the probabilities. No allocation here (``infer_launch.py`` allocates and
 One program per (query row block x selection block tile, batch x KV head; the pairs folded into axes 1 and 2 past
 CUDA's 65535 programs per axis, ``FOLD``, as the FlashAttention kernels): for each query head of the GQA group it
 recomputes ``P = exp(S - max) / sum`` over the compressed columns that feed the tile's selection blocks (the
-FlashAttention score tile: scale, band and explicit mask) and accumulates ``P @ W``, where
+FlashAttention score tile: scale, band and explicit mask or causal rule) and accumulates ``P @ W``, where
 ``W[c, k] = times[m*(k+1) - c]`` is the score formula's weight of column ``c`` in block ``k`` (0 out of range).
+A program whose column range is empty (all blocks past the causal edge of its rows, about half of the grid for
+causal sequences) loads no query tile and no statistics: it only writes its zeros (and forced blocks).
 Blocks the ``topk_mask`` forces score ``FLT_MAX``, so the top-k kernel (``topk.py``) takes them first.
 """
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import (FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, meta,
-                                              program_batch_head, row_stats, score_tile)
+from ...flash_attention.triton.common import (FLT_MAX, KV_START, LOG2E, MASK_STRIDED_CAUSAL, Q_LEN, Q_START,
+                                              band_cols, meta, program_batch_head, row_stats, score_tile)
 
 
 @triton.jit
@@ -42,11 +44,15 @@ def importance_kernel(q_ptr, k_ptr, smax_ptr, ssum_ptr, score_ptr, meta_ptr, sel
     band_lo, band_hi = band_cols(meta_ptr, b, r0, tl.minimum(r0 + BLOCK_M, sq))
     c_lo = tl.maximum(m * (k0 + 1) - taps + 1, band_lo)  # the columns feeding blocks k0 .. k0 + BLOCK_K - 1
     c_hi = tl.minimum(m * (k0 + BLOCK_K) + 1, band_hi)
+    if HAS_EXPLICIT == MASK_STRIDED_CAUSAL:  # the causal rule: columns complete by the tile's last row
+        last = tl.minimum(r0 + BLOCK_M, sq) - 1
+        c_hi = tl.minimum(c_hi, tl.where(last >= mask_sh, (last - mask_sh) // mask_sr + 1, 0))
     q_rows = (meta(meta_ptr, b, Q_START) + rows).to(tl.int64)
     kv_base = meta(meta_ptr, b, KV_START)
     k_base = k_ptr + hk.to(tl.int64) * k_sh
     acc = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-    for g in range(group):
+    heads = tl.where(c_lo < c_hi, group, 0)  # an empty column range (past the causal edge): zeros, no loads
+    for g in range(heads):
         h = hk * group + g
         q_tile = tl.load(q_ptr + q_rows[:, None] * q_st + tl.cast(h, tl.int64) * q_sh + dk[None, :],
                          mask=(rows[:, None] < sq) & (dk[None, :] < head_d), other=0.0)

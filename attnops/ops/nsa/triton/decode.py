@@ -136,10 +136,11 @@ def compress_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, score_ptr, bt_ptr, lens_p
 @triton.jit
 def compress_cache_kernel(x_ptr, w_ptr, slot_ptr, bt_ptr, lens_ptr, cache_ptr, x_s0, x_s1, x_s2, w_sw, w_sh, bt_sb,
                           c_s0, c_s1, n_requests, n_pages, capacity, n_rows, page, head_d, block, stride,
-                          BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                          BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
     """``nsa_compress_infer``: when request ``b``'s length ``L`` completes a block (``L >= block``, ``(L - block) %
     stride == 0``), head ``h`` of cache row ``slot_mapping[b]`` gets ``sum_t weight[t, h] * x[L - block + t, h]``
-    (fp32), read through the block table. A row that a later completing request names is left to that request (the
+    (fp32 weights; ``BLOCK_T`` taps per step as a ``[BLOCK_T, D]`` tile, 16-byte loads), read through the block
+    table. A row that a later completing request names is left to that request (the
     reference's order), so every row has one writer. Lengths, slots and block ids are clamped into range."""
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -157,13 +158,14 @@ def compress_cache_kernel(x_ptr, w_ptr, slot_ptr, bt_ptr, lens_ptr, cache_ptr, x
         later += tl.sum((completes & (s_r == slot)).to(tl.int32), 0)
     if later == 0:
         d = tl.arange(0, BLOCK_D)
-        acc = tl.zeros([BLOCK_D], tl.float32)
-        for t in range(block):
+        acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+        for t0 in range(0, block, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
             pos = n - block + t
-            blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + pos // page).to(tl.int64)
+            blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + pos // page, mask=t < block, other=0).to(tl.int64)
             blk = tl.minimum(tl.maximum(blk, 0), n_pages - 1)
-            x = tl.load(x_ptr + blk * x_s0 + (pos % page).to(tl.int64) * x_s1 + tl.cast(h, tl.int64) * x_s2 + d,
-                        mask=d < head_d, other=0.0)
-            acc += x.to(tl.float32) * tl.load(w_ptr + t * w_sw + h * w_sh).to(tl.float32)
+            x = tl.load(x_ptr + (blk * x_s0 + (pos % page).to(tl.int64) * x_s1)[:, None] + tl.cast(h, tl.int64) * x_s2
+                        + d[None, :], mask=(t[:, None] < block) & (d[None, :] < head_d), other=0.0)
+            acc += x.to(tl.float32) * tl.load(w_ptr + t * w_sw + h * w_sh, mask=t < block, other=0.0)[:, None]
         tl.store(cache_ptr + slot.to(tl.int64) * c_s0 + tl.cast(h, tl.int64) * c_s1 + d,
-                 acc.to(cache_ptr.dtype.element_ty), mask=d < head_d)
+                 tl.sum(acc, 0).to(cache_ptr.dtype.element_ty), mask=d < head_d)

@@ -14,13 +14,14 @@ from ...._core.triton.launch import KernelFamily, Launch, fold_grid, pow2
 MAX_GRID = 65535  # CUDA's limit on a grid's second and third extents
 INTERPRET_TILE = 16
 MAX_KEY_TILE = {2: 64, 4: 32}  # keys of a selected block per step on a GPU, by operand bytes
-WEIGHT_GRAD_ROWS = 32  # compressed rows per weight-gradient program on a GPU
+COMPRESSION_ROWS = 32  # compressed rows (tokens for the input gradient) per compression program on a GPU
 SCORE_BLOCK_K = 16  # selection blocks per score program (the score grid's third extent counts such tiles)
 MAX_TOPK_TILE = 2048  # block scores the top-k kernel holds per step on a GPU
 # importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps)
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
 SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel")
 DECODE = ("selected_decode_kernel", "compress_decode_kernel")
+COMPRESS = ("compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel")
 
 
 def pair_grid(rows: int, batch: int, heads: int) -> tuple[tuple[int, int, int], int, dict]:
@@ -42,8 +43,8 @@ def key_tile(block_size: int, dtype: torch.dtype, interpret: bool) -> int:
 
 
 def row_tile(interpret: bool) -> int:
-    """``BLOCK_R`` of ``compress_dw_kernel``: compressed rows per weight-gradient program."""
-    return INTERPRET_TILE if interpret else WEIGHT_GRAD_ROWS
+    """``BLOCK_R`` of the compression kernels: compressed rows (tokens) per program."""
+    return INTERPRET_TILE if interpret else COMPRESSION_ROWS
 
 
 def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
@@ -62,7 +63,7 @@ def _training_config(launch: Launch, named_args: dict, interpret: bool):
     fp32 = dtype == torch.float32
     if launch.kernel in SELECTED:
         tiles = {"BLOCK_N": key_tile(named_args["block_size"], dtype, interpret)}
-    elif launch.kernel == "compress_dw_kernel":
+    elif launch.kernel in COMPRESS:
         tiles = {"BLOCK_R": row_tile(interpret)}
     else:
         tiles = {}

@@ -143,14 +143,18 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query, key, value, bloc
     return out, topk
 
 
+CACHE_TAPS = 16  # compression taps per step of compress_cache_kernel
+
+
 def compress_cache_plan(input, weight, slot_mapping, block_table, cache, lens: torch.Tensor, block: int,
                         stride: int) -> list[Launch]:
     """The launch of ``compress_cache_kernel``: one program per (request, head); ``lens`` on the device."""
-    x, table, slots = unit_last_stride(input), block_table.contiguous(), slot_mapping.contiguous()
+    x, table, slots, w = unit_last_stride(input), block_table.contiguous(), slot_mapping.contiguous(), weight.float()
     return [Launch("compress_cache_kernel", (slots.shape[0], x.shape[2]),
-                   (x, weight, slots, table, lens, cache, *x.stride()[:3], *weight.stride(), table.stride(0),
+                   (x, w, slots, table, lens, cache, *x.stride()[:3], *w.stride(), table.stride(0),
                     *cache.stride()[:2], slots.shape[0], x.shape[0], table.shape[1] * x.shape[1], cache.shape[0],
-                    x.shape[1], x.shape[3], block, stride), dict(BLOCK_D=pow2(x.shape[3]), BLOCK_R=64))]
+                    x.shape[1], x.shape[3], block, stride),
+                   dict(BLOCK_D=pow2(x.shape[3]), BLOCK_R=64, BLOCK_T=CACHE_TAPS))]
 
 
 def compress_into_cache(input, weight, slot_mapping, block_table, cache, lens: list[int] | None, block: int,

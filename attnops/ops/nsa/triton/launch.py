@@ -204,8 +204,8 @@ def compress_forward_plan(spec: CompressSpec, input, weight, interpret: bool):
     out = torch.empty((spec.total_blocks, n, d), dtype=input.dtype, device=input.device)
     if out.shape[0] == 0 or n == 0:
         return out, []
-    x, w, batches = unit_last_stride(input), weight, len(spec.lengths)
-    grid, bh_fold, fold = pair_grid(_compress_geometry(spec)[1], batches, n)
+    x, w, batches = unit_last_stride(input), weight.float(), len(spec.lengths)
+    grid, bh_fold, fold = pair_grid(cdiv(_compress_geometry(spec)[1], row_tile(interpret)), batches, n)
     launch = Launch("compress_fwd_kernel", grid,
                     (x, w, out, _compress_table(spec, input.device), *x.stride()[:2], *w.stride(), *out.stride()[:2],
                      d, spec.block, spec.stride, n, batches, bh_fold), dict(BLOCK_D=pow2(d), **fold))
@@ -225,9 +225,10 @@ def compress_backward_plan(spec: CompressSpec, output_grad, input, weight, inter
         return (dx, parts), []
     x, dy = unit_last_stride(input), unit_last_stride(output_grad)
     table = _compress_table(spec, input.device)
-    dx_grid, bh_fold, dx_fold = pair_grid(max_len, batches, n)
+    dx_grid, bh_fold, dx_fold = pair_grid(cdiv(max_len, row_tile(interpret)), batches, n)
+    w = weight.float()
     dx_launch = Launch("compress_dx_kernel", dx_grid,
-                       (dy, weight, dx, table, *dy.stride()[:2], *weight.stride(), *dx.stride()[:2], d, spec.block,
+                       (dy, w, dx, table, *dy.stride()[:2], *w.stride(), *dx.stride()[:2], d, spec.block,
                         spec.stride, n, batches, bh_fold), dict(BLOCK_D=pow2(d), **dx_fold))
     dw_grid, _, dw_fold = pair_grid(programs, batches, n)
     dw_launch = Launch("compress_dw_kernel", dw_grid,

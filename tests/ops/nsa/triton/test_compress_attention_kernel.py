@@ -61,6 +61,28 @@ def test_head_dims_192_128_causal_mask_and_forced_blocks(triton_backend):
     assert triton_backend == FWD
 
 
+def test_causal_rule_forward_and_backward(triton_backend):
+    """``causal=True``: the kernels compute the NSA mask (no mask tensor); rows before the first complete block are
+    fully masked, and score tiles past the causal edge load nothing (several row blocks and block tiles)."""
+    l, d, ls = 32, 16, 32
+    seq = [60, 600]  # 2 and 36 compressed keys; 1 and 18 selection blocks (two tiles of 16)
+    cmp_lens = [(n - l) // d + 1 for n in seq]
+    q, k, v = _inputs(seq, cmp_lens, 2, 1, 16, 8, torch.float16, seed=7)
+    res = check_compress_attention(q, k, v, block=l, stride=d, select_block=ls, count=1, q_lens=seq,
+                                   cmp_lens=cmp_lens, causal=True)
+    assert bool((res["out"][:l - 1] == 0).all())
+    assert triton_backend == FWD + BWD
+
+
+def test_causal_rule_excludes_a_mask(triton_backend):
+    q, k, v = _inputs([4], [3], 2, 1, 16, 16, torch.float32)
+    with pytest.raises(ParamInvalidError, match="atten_mask"):
+        attnops.nsa_compress_attention(q, k, v, compress_block_size=32, compress_stride=16, select_block_size=32,
+                                       select_block_count=1, atten_mask=torch.zeros(4, 3, dtype=torch.bool,
+                                                                                    device=DEVICE),
+                                       causal=True, actual_seq_qlen=[4], actual_cmp_seq_kvlen=[3])
+
+
 def test_geometry_with_overlapping_blocks(triton_backend):
     """l > d and l_sel > l: a compressed column feeds several selection blocks with weights 1..nn; more than one
     tile of selection blocks."""
