@@ -40,19 +40,21 @@ _TILES = {
     ("fwd", 2, True): [(64, 64, 8, 1), (64, 32, 8, 2)],
     ("fwd", 4, False): [(64, 32, 4, 2), (32, 64, 4, 2)],
     ("fwd", 4, True): [(32, 32, 8, 1), (64, 32, 8, 1)],
-    ("bwd", 2, False): [(64, 64, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2)],
-    ("bwd", 2, True): [(64, 64, 8, 1), (64, 32, 8, 1)],
+    ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
+    ("bwd", 2, True): [(32, 32, 8, 2), (16, 64, 8, 1)],
     ("bwd", 4, False): [(32, 32, 8, 1)],
     ("bwd", 4, True): [(32, 32, 8, 1)],
 }
-# The forward's candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared
-# memory), spill-free with an explicit mask at D=128 and D=192/Dv=128 on sm_80/sm_90 (Triton 3.6 and 3.9); the
-# backward's candidates are small enough as they are.
+# The candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared memory). The
+# forward's are spill-free with an explicit mask at D=128 and D=192/Dv=128 on sm_80/sm_90 (Triton 3.6 and 3.9); the
+# backward's take 16 query rows per step at D <= 128 (the key block stays the products' M = 64).
 _FEATURE_TILES = {
     ("fwd", 2, False): [(64, 32, 8, 2), (32, 32, 4, 2)],
     ("fwd", 2, True): [(64, 32, 8, 2), (32, 32, 4, 2)],
     ("fwd", 4, False): [(32, 16, 8, 1), (16, 32, 4, 1)],
     ("fwd", 4, True): [(32, 16, 8, 1), (16, 32, 4, 1)],
+    ("bwd", 2, False): [(16, 64, 8, 2), (32, 64, 8, 2)],
+    ("bwd", 2, True): [(16, 32, 8, 2), (32, 32, 8, 2)],
 }
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
 PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)

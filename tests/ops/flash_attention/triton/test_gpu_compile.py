@@ -24,7 +24,7 @@ MAX_SPILL_WORDS = 128
 MAX_SPILL_WORDS_WITH_FEATURES = 512
 ELEMENT_FEATURES = {"explicit", "pse_full0", "pse_full1", "pse_row", "alibi", "slopes2", "slopes3", "drop_seed",
                     "drop_packed"}
-ALL_KERNELS = {"fwd_kernel", "preprocess_kernel", "dq_kernel", "dkdv_kernel"}
+ALL_KERNELS = {"fwd_kernel", "preprocess_kernel", "dkdv_kernel", "grad_sum_kernel"}
 DEVICE_LENGTH_KERNELS = {"prepare_kernel", "tail_kernel"}  # with cu_seqlens tensors (feature "device")
 EVERYTHING = ["explicit", "pse_full1", "drop_seed"]  # explicit mask + pse (and its gradient) + Philox dropout
 
