@@ -34,16 +34,21 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # Autotuning candidates (BLOCK_M, BLOCK_N, warps, stages) per (kernel kind, operand bytes, D > 128), chosen from the
 # compiler's figures (AOT compile, docs/triton.md): each fits sm_80's 163 KB and sm_90's 227 KB of shared memory per
 # block and spills little (tests/ops/flash_attention/triton/test_gpu_compile.py asserts both for every candidate).
-# fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles.
+# fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles. The
+# backward has a third width class, ``BWD_WIDEST`` (:func:`_class_key`): the 64-key blocks of D <= 192 / Dv <= 128
+# (wgmma) do not fit the registers with D = Dv = 256.
+BWD_WIDEST = 2
 _TILES = {
     ("fwd", 2, False): [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)],
     ("fwd", 2, True): [(64, 64, 8, 1), (64, 32, 8, 2)],
     ("fwd", 4, False): [(64, 32, 4, 2), (32, 64, 4, 2)],
     ("fwd", 4, True): [(32, 32, 8, 1), (64, 32, 8, 1)],
     ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
-    ("bwd", 2, True): [(32, 32, 8, 2), (16, 64, 8, 1)],
+    ("bwd", 2, True): [(16, 64, 8, 2), (32, 32, 8, 2)],
+    ("bwd", 2, BWD_WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 4, False): [(32, 32, 8, 1)],
-    ("bwd", 4, True): [(32, 32, 8, 1)],
+    ("bwd", 4, True): [(16, 32, 8, 1)],
+    ("bwd", 4, BWD_WIDEST): [(16, 32, 8, 1)],
 }
 # The candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared memory). The
 # forward's are spill-free with an explicit mask at D=128 and D=192/Dv=128 on sm_80/sm_90 (Triton 3.6 and 3.9); the
@@ -54,7 +59,8 @@ _FEATURE_TILES = {
     ("fwd", 4, False): [(32, 16, 8, 1), (16, 32, 4, 1)],
     ("fwd", 4, True): [(32, 16, 8, 1), (16, 32, 4, 1)],
     ("bwd", 2, False): [(16, 64, 8, 2), (32, 64, 8, 2)],
-    ("bwd", 2, True): [(16, 32, 8, 2), (32, 32, 8, 2)],
+    ("bwd", 2, True): [(16, 64, 8, 2), (16, 32, 8, 2)],
+    ("bwd", 2, BWD_WIDEST): [(16, 32, 8, 2), (32, 32, 8, 2)],
 }
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
 PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)
@@ -88,6 +94,16 @@ def _configs(kind: str) -> tuple:
     return tuple(_config(t, _zero_dq_partials if kind == "bwd" else None) for t in tiles)
 
 
+def _class_key(kind: str, named_args: dict) -> tuple:
+    """The tile class of a call: kernel kind, operand bytes and head dims (D and Dv <= 128: False; above: True; for
+    the backward ``BWD_WIDEST`` when the padded head dims together exceed 256 + 128)."""
+    d, dv = named_args["head_d"], named_args["head_dv"]
+    width = max(d, dv) > 128
+    if kind == "bwd" and pow2(d) + pow2(dv) > 384:
+        width = BWD_WIDEST
+    return kind, named_args["q_ptr"].element_size(), width
+
+
 @functools.cache
 def _class_configs(key: tuple, features: bool) -> list:
     """The candidates of one class (:func:`_prune`), in the table's order: the first is the fixed choice."""
@@ -99,7 +115,7 @@ def _prune(kind: str, configs, named_args, **kwargs):
     """The candidates of the call's class (operand bytes, D > 128): ``_FEATURE_TILES`` when a pse, an explicit mask
     or dropout adds per-element tiles (registers and shared memory, docs/triton.md) and the class has some, else
     ``_TILES``."""
-    key = (kind, named_args["q_ptr"].element_size(), max(named_args["head_d"], named_args["head_dv"]) > 128)
+    key = _class_key(kind, named_args)
     features = kwargs["PSE"] or kwargs["HAS_EXPLICIT"] or kwargs["DROPOUT"]
     wanted = set(_FEATURE_TILES.get(key, _TILES[key]) if features else _TILES[key])
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
@@ -125,8 +141,7 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     and in the interpreter, the class's configurations on CUDA (exactly those the autotuner would try)."""
     if launch.kernel in ("preprocess_kernel", "prepare_kernel", "tail_kernel", "grad_sum_kernel") or interpret:
         return _fixed_config(launch.kernel, interpret, launch.kwargs.get("BLOCK_DV", 0))
-    key = (_kind(launch.kernel), named_args["q_ptr"].element_size(),
-           max(named_args["head_d"], named_args["head_dv"]) > 128)
+    key = _class_key(_kind(launch.kernel), named_args)
     kw = launch.kwargs
     return _class_configs(key, bool(kw["PSE"] or kw["HAS_EXPLICIT"] or kw["DROPOUT"]))
 
