@@ -1,13 +1,15 @@
 """FlashAttention backward kernels: ``D = rowsum(dO * O)`` (from the given attention output), then one pass over
-the key blocks that computes dK, dV and dQ from the same five tensor-core products per (key block, query row block)
-tile pair: ``S = Q K^T``, ``dP = dO V^T``, ``dV += P^T dO``, ``dK += dS^T Q``, ``dQ += dS K``.
+the key blocks that computes dK, dV and dQ from five tensor-core products per (key block, query row block) pair,
+in transposed form so that the key block (or, for dQ, the head dim) is every product's M dimension, as Hopper's
+wgmma needs: ``S^T = K Q^T``, ``dP^T = V dO^T``, ``dV += P^T dO``, ``dK += dS^T Q``, ``dQ^T = K^T dS^T``.
 
 A program of the pass owns one query head and every ``splits``-th key block of it (``j, j + splits, ...``). It
-writes its dK/dV rows once (a GQA group's query heads each into their own fp32 partial) and accumulates the dQ of
-its key blocks into its own fp32 partial (read-modify-write, in its fixed key block order). ``grad_sum_kernel``
-then sums the partials in index order (dQ over the splits, dK/dV over a group's heads). No atomics and no order
-between programs, so the backward is deterministic: the same inputs give bitwise equal gradients. The given
-softmax statistics are used as they are, never recomputed. No allocation here (``launch.py`` allocates)."""
+writes its dK/dV rows once (with GQA, each query head into its own fp32 partial) and adds the dQ of its key blocks
+into its own fp32 partial, in its fixed key block order (relaxed atomic adds, only to skip reading the tile back:
+no other program writes that partial). ``grad_sum_kernel`` then sums the partials in index order (dQ over the
+splits, dK/dV over a group's heads). No program depends on another, so the backward is deterministic: the same
+inputs give bitwise equal gradients. The given softmax statistics are used as they are, never recomputed. No
+allocation here (``launch.py`` allocates)."""
 import triton
 import triton.language as tl
 
