@@ -2,7 +2,8 @@
 :class:`~attnops._core.triton.aot.KernelLaunch` call sites, and the problems ``python -m attnops aot`` compiles:
 every kernel and every tile class (fp16/bf16/fp32 x head dims 64/128/256, causal), fp16/bf16 at D=64 and 128 with
 each feature alone (no mask, band, explicit mask, pse with its gradient, Philox dropout) and all of them at once,
-GQA and MQA, D=192/Dv=128, and one problem with ``cu_seqlens`` tensors for the prepare and tail kernels."""
+GQA and MQA, D=192/Dv=128, the backward's form for GPUs before sm_90 (``-dq-kernel``), and one problem with
+``cu_seqlens`` tensors for the prepare and tail kernels."""
 from __future__ import annotations
 
 import torch
@@ -27,10 +28,11 @@ def _features(name: str, n: int, gen: torch.Generator, t: torch.dtype) -> dict:
             "dropout": dropout, "everything": {**mask, **pse, **dropout}}[name]
 
 
-def _plan(dtype: str, d: int, feature: str, dv: int | None = None, n2: int = 4,
-          device_lengths: bool = False) -> list[KernelLaunch]:
+def _plan(dtype: str, d: int, feature: str, dv: int | None = None, n2: int = 4, device_lengths: bool = False,
+          fused: bool = True) -> list[KernelLaunch]:
     """Forward and backward launches of a small BNSD problem (4 query heads, ``n2`` KV heads), or a TND one with
-    ``cu_seqlens`` tensors (the prepare and tail kernels too)."""
+    ``cu_seqlens`` tensors (the prepare and tail kernels too); ``fused`` False: the backward of GPUs before sm_90
+    (the dQ kernel beside the dK/dV pass)."""
     gen = torch.Generator().manual_seed(0)
     b, n, t, dv = 2, 4, DTYPES[dtype], d if dv is None else dv
     q, dy = (torch.randn(b, n, S, dk, generator=gen).to(t) for dk in (d, dv))
@@ -43,7 +45,7 @@ def _plan(dtype: str, d: int, feature: str, dv: int | None = None, n2: int = 4,
     kw.update(_features(feature, n, gen, t))
     p = build_problem(q, k, v, **kw)
     (out, smax, ssum), fwd = fa_launch.forward_plan(p, q, k, v, interpret=False)
-    _, bwd = fa_launch.backward_plan(p, q, k, v, dy, out, smax, ssum, interpret=False)
+    _, bwd = fa_launch.backward_plan(p, q, k, v, dy, out, smax, ssum, interpret=False, fused=fused)
     return [fa_launch.KERNELS.aot_launch(item) for item in fwd + bwd]
 
 
@@ -61,4 +63,7 @@ for _dtype in ("fp16", "bf16"):
         _register(f"{_dtype}-d{_d}-causal-gqa", _dtype, _d, "causal", n2=2)
         _register(f"{_dtype}-d{_d}-causal-mqa", _dtype, _d, "causal", n2=1)
     _register(f"{_dtype}-d192-dv128-causal", _dtype, 192, "causal", dv=128)
+    for _d in (64, 128):
+        for _feature in ("causal", "everything"):
+            _register(f"{_dtype}-d{_d}-{_feature}-dq-kernel", _dtype, _d, _feature, fused=False)
 _register("fp16-d128-causal-device-lengths", "fp16", 128, "causal", device_lengths=True)

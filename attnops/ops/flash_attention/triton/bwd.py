@@ -13,8 +13,8 @@ allocation here (``launch.py`` allocates)."""
 import triton
 import triton.language as tl
 
-from .common import (KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_rows, delta_offsets, dropout_scale, meta,
-                     program_batch_head, row_stats, score_tile, upcast)
+from .common import (KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_rows, delta_offsets, dropout_scale,
+                     meta, program_batch_head, row_stats, score_tile, upcast)
 
 
 @triton.jit
@@ -42,6 +42,65 @@ def preprocess_kernel(o_ptr, do_ptr, delta_ptr, meta_ptr, o_sb, o_st, o_sh, do_s
 
 
 @triton.jit
+def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr, meta_ptr,
+              q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh, dq_sb, dq_st, dq_sh,
+              stat_row, delta_sb, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
+              drop_ptr, keep_prob, seed, offset, scale, n1, group, head_d, head_dv, batch, bh_fold,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+              PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
+              DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
+    """``dQ = scale * dS K`` for one query row block of one query head: the backward's dQ where the dK/dV pass
+    leaves it out (``DQ`` False: GPUs without wgmma, whose registers do not hold the fifth product; the former
+    two-kernel form, which recomputes ``S`` and ``dP``)."""
+    pid_m = tl.program_id(0)
+    b, h = program_batch_head(n1, bh_fold, FOLD)
+    if FOLD:
+        if b >= batch:
+            return
+    sq = meta(meta_ptr, b, Q_LEN)
+    r0 = pid_m * BLOCK_M
+    if r0 >= sq:
+        return
+    hk = h // group
+    rows = r0 + tl.arange(0, BLOCK_M)
+    dk = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    tok = (meta(meta_ptr, b, Q_START) + rows).to(tl.int64)
+    row_ok = rows[:, None] < sq
+    q_tile = upcast(tl.load(q_ptr + b.to(tl.int64) * q_sb + tok[:, None] * q_st + tl.cast(h, tl.int64) * q_sh + dk[None, :],
+                            mask=row_ok & (dk[None, :] < head_d), other=0.0), UPCAST)
+    do_tile = upcast(tl.load(do_ptr + b.to(tl.int64) * do_sb + tok[:, None] * do_st + tl.cast(h, tl.int64) * do_sh
+                             + dv[None, :], mask=row_ok & (dv[None, :] < head_dv), other=0.0), UPCAST)
+    m, log2l = row_stats(smax_ptr, ssum_ptr, meta_ptr, b, h, rows, stat_row)
+    delta = tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1), mask=rows < sq, other=0.0)
+    k_base = k_ptr + b.to(tl.int64) * k_sb + hk.to(tl.int64) * k_sh
+    v_base = v_ptr + b.to(tl.int64) * v_sb + hk.to(tl.int64) * v_sh
+    kv_base = meta(meta_ptr, b, KV_START)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    c_lo, c_hi = band_cols(meta_ptr, b, r0, tl.minimum(r0 + BLOCK_M, sq))
+    for c0 in range((c_lo // BLOCK_N) * BLOCK_N, c_hi, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        kv_rows = (kv_base + cols).to(tl.int64)
+        col_ok = cols[None, :] < c_hi
+        k_t = upcast(tl.load(k_base + kv_rows[None, :] * k_st + dk[:, None], mask=col_ok & (dk[:, None] < head_d),
+                             other=0.0), UPCAST)
+        v_t = upcast(tl.load(v_base + kv_rows[None, :] * v_st + dv[:, None], mask=col_ok & (dv[:, None] < head_dv),
+                             other=0.0), UPCAST)
+        s = score_tile(tl.dot(q_tile, k_t, input_precision=PRECISION), meta_ptr, b, h, rows, cols, r0, c0, scale,
+                       pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
+                       PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, BLOCK_M, BLOCK_N)
+        p = tl.exp2((s - m[:, None]) * LOG2E - log2l[:, None])
+        dp = tl.dot(do_tile, v_t, input_precision=PRECISION)
+        if DROPOUT != 0:
+            dp = dp * dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, DROPOUT == 2)
+        ds = p * (dp - delta[:, None])
+        acc += tl.dot(ds.to(k_t.dtype), tl.trans(k_t), input_precision=PRECISION)
+    dq = acc * scale
+    tl.store(dq_ptr + b.to(tl.int64) * dq_sb + tok[:, None] * dq_st + tl.cast(h, tl.int64) * dq_sh + dk[None, :],
+             dq.to(dq_ptr.dtype.element_ty), mask=row_ok & (dk[None, :] < head_d))
+
+
+@triton.jit
 def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr, smax_ptr, ssum_ptr, meta_ptr,
                 q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh,
                 dq_sb, dq_st, dq_sh, dq_part, dk_sb, dk_st, dk_sh, dk_part, dv_sb, dv_st, dv_sh, dv_part,
@@ -50,14 +109,15 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
                 scale, n1, group, splits, head_d, head_dv, batch, bh_fold,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-                DROPOUT: tl.constexpr, DPSE_FULL: tl.constexpr, DPSE_ROW: tl.constexpr, UPCAST: tl.constexpr,
-                PRECISION: tl.constexpr, FOLD: tl.constexpr):
+                DROPOUT: tl.constexpr, DPSE_FULL: tl.constexpr, DPSE_ROW: tl.constexpr, DQ: tl.constexpr,
+                UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
     """For query head ``h`` and its key blocks ``j, j + splits, ...`` (``j``: axis 0): ``dK = scale * dS^T Q`` and
     ``dV = (P * drop)^T dO`` of each key block, written to ``dk_ptr``/``dv_ptr`` at partial ``h % group`` (element
-    offsets ``dk_part``/``dv_part`` apart; 0 without GQA: the gradients themselves), and ``dS K`` added into dQ
-    partial ``j`` (``dq_part`` elements apart, fp32, zero on entry; unscaled). ``DPSE_FULL`` also writes the score
-    gradient (the gradient of a full ``[.., Sq, Skv]`` pse) into the fp32 ``[B, N1, R, C]`` buffer, ``DPSE_ROW`` its
-    column sums (of a row-broadcast ``[.., 1, Skv]`` pse) into the fp32 ``[B, N1, 1, C]`` buffer."""
+    offsets ``dk_part``/``dv_part`` apart; 0 without GQA: the gradients themselves), and with ``DQ`` ``dS K`` added
+    into dQ partial ``j`` (``dq_part`` elements apart, fp32, zero on entry; unscaled; without ``DQ``: ``dq_kernel``).
+    ``DPSE_FULL`` also writes the score gradient (the gradient of a full ``[.., Sq, Skv]`` pse) into the fp32
+    ``[B, N1, R, C]`` buffer, ``DPSE_ROW`` its column sums (of a row-broadcast ``[.., 1, Skv]`` pse) into the fp32
+    ``[B, N1, 1, C]`` buffer."""
     pid_j = tl.program_id(0)
     b, h = program_batch_head(n1, bh_fold, FOLD)
     if FOLD:
@@ -118,9 +178,10 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
             ds_in = ds_t.to(q_tile.dtype)
             acc_k += tl.dot(ds_in, q_tile, input_precision=PRECISION)
             # dQ^T = K^T dS^T: the head dim is M (a key block of 32 rows would not be)
-            tl.atomic_add(dq_head + tok[None, :] * dq_st + dk[:, None],
-                          tl.dot(tl.trans(k_tile), ds_in, input_precision=PRECISION),
-                          mask=(rows[None, :] < sq) & (dk[:, None] < head_d), sem="relaxed")
+            if DQ:
+                tl.atomic_add(dq_head + tok[None, :] * dq_st + dk[:, None],
+                              tl.dot(tl.trans(k_tile), ds_in, input_precision=PRECISION),
+                              mask=(rows[None, :] < sq) & (dk[:, None] < head_d), sem="relaxed")
             if DPSE_FULL:
                 g = ds_t * scale if PSE_BEFORE_SCALE else ds_t
                 off = b.to(tl.int64) * dpse_sb + tl.cast(h, tl.int64) * dpse_sh \

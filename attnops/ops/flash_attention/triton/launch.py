@@ -419,12 +419,20 @@ def _grad_sum(count: int, numel: int, scale: float) -> tuple:
     return ("grad_sum_kernel", (min(cdiv(numel, TAIL_BLOCK), TAIL_PROGRAMS),), (numel, count, scale), {}, None)
 
 
-def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum, interpret: bool):
+def dq_in_pass(device: torch.device) -> bool:
+    """Whether the backward's dK/dV pass computes dQ too (five products per tile pair): on every device but CUDA GPUs
+    older than sm_90, whose products hold their operands in registers; these run the dQ kernel instead."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum, interpret: bool,
+                  fused: bool | None = None):
     """``((dq, dk, dv, dpse_buffer), launches)``: the allocated gradients (the pse gradient as its fp32 per-batch
     buffer, or None) and the launches that fill them (none for an empty problem): the preprocess, the dK/dV pass
-    (dQ into ``dq_splits`` fp32 partials; with GQA dK/dV into one fp32 partial per query head of a group), the
-    ordered sums of the partials. Every query row and key row of a sequence is written (0 where no score reaches
-    it); the rows of TND tokens past every sequence get 0."""
+    (with GQA dK/dV into one fp32 partial per query head of a group) computing dQ into ``dq_splits`` fp32 partials
+    (``fused``, default :func:`dq_in_pass`) or else followed by the dQ kernel, the ordered sums of the partials.
+    Every query row and key row of a sequence is written (0 where no score reaches it); the rows of TND tokens past
+    every sequence get 0."""
     g, seq, device = p.geom, p.seq, query.device
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=device) for t in (query, key, value))  # unit last stride
     dpse_buf = _dpse_buffer(p, device)
@@ -437,8 +445,10 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
     (q, qs), (k, ks), (v, vs) = _operand(p, query), _operand(p, key, kv=True), _operand(p, value, kv=True)
     (do, dos), (o, os_) = _operand(p, dy), _operand(p, attention_in)
     delta = torch.empty((p.total_q, g.n1), dtype=torch.float32, device=device)
-    splits = dq_splits(p, device)
-    dq_part = torch.zeros((splits, *dq.shape), dtype=torch.float32, device=device)
+    fused = dq_in_pass(device) if fused is None else fused
+    splits = dq_splits(p, device) if fused else cdiv(seq.max_kv, MIN_BLOCK_N)  # without partials: one per key block
+    dq_part = (torch.zeros((splits, *dq.shape), dtype=torch.float32, device=device) if fused
+               else placeholder(device, torch.float32))
     gqa = g.group > 1
     dk_part, dv_part = ((torch.zeros((g.group, *t.shape), dtype=torch.float32, device=device) for t in (dk, dv))
                         if gqa else (dk, dv))
@@ -455,27 +465,35 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
         row = dpse_buf is not None and p.pse.kind == "row"
         dpse = [dpse_buf, *dpse_buf.stride()[:3]] if dpse_buf is not None else [dummy, 0, 0, 0]
         kv_parts = (dk.numel(), dv.numel()) if gqa else (0, 0)
-        sums = [_grad_sum(splits, dq.numel(), p.scale)]
+        scores = (*pse, *mask, *drop)
+        templates = [("preprocess_kernel", q_grid, (table, *os_, *dos, delta_sb, g.n1, g.dv, seq.batch, MAX_GRID_Y),
+                      dict(BLOCK_DV=pow2(g.dv), **q_fold), "BLOCK_M"),
+                     ("dkdv_kernel", kv_grid,
+                      (table, *qs, *ks, *vs, *dos, *dqs, dq.numel() if fused else 0, *dks, kv_parts[0], *dvs,
+                       kv_parts[1], _stat_row(p), delta_sb, *scores, *dpse, p.scale, g.n1, g.group, splits, g.d, g.dv,
+                       seq.batch, MAX_GRID_Y), dict(DPSE_FULL=full, DPSE_ROW=row, DQ=fused, **flags, **kv_fold),
+                      None)]
+        if fused:
+            templates.append(_grad_sum(splits, dq.numel(), p.scale))
+        else:
+            templates.append(("dq_kernel", q_grid,
+                              (table, *qs, *ks, *vs, *dos, *dqs, _stat_row(p), delta_sb, *scores, p.scale, g.n1,
+                               g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(**flags, **q_fold), "BLOCK_M"))
         if gqa:
-            sums += [_grad_sum(g.group, dk.numel(), 1.0), _grad_sum(g.group, dv.numel(), 1.0)]
-        return [("preprocess_kernel", q_grid, (table, *os_, *dos, delta_sb, g.n1, g.dv, seq.batch, MAX_GRID_Y),
-                 dict(BLOCK_DV=pow2(g.dv), **q_fold), "BLOCK_M"),
-                ("dkdv_kernel", kv_grid,
-                 (table, *qs, *ks, *vs, *dos, *dqs, dq.numel(), *dks, kv_parts[0], *dvs, kv_parts[1], _stat_row(p),
-                  delta_sb, *pse, *mask, *drop, *dpse, p.scale, g.n1, g.group, splits, g.d, g.dv, seq.batch,
-                  MAX_GRID_Y), dict(DPSE_FULL=full, DPSE_ROW=row, **flags, **kv_fold), None),
-                *sums]
+            templates += [_grad_sum(g.group, dk.numel(), 1.0), _grad_sum(g.group, dv.numel(), 1.0)]
+        return templates
 
     static = None if p.device_lengths or dpse_buf is not None else _static_key(
-        "bwd", interpret, query, key, value, dy, attention_in)
+        "bwd" if fused else "bwd-dq", interpret, query, key, value, dy, attention_in)
+    dq_front = (dq_part, dq) if fused else (q, k, v, do, dq, delta, softmax_max, softmax_sum)
     launches += _launches(_templates(p, static, build), (o, do, delta),
-                          (q, k, v, do, dq_part, dk_part, dv_part, delta, softmax_max, softmax_sum),
-                          (dq_part, dq), (dk_part, dk), (dv_part, dv))
+                          (q, k, v, do, dq_part, dk_part, dv_part, delta, softmax_max, softmax_sum), dq_front,
+                          (dk_part, dk), (dv_part, dv))
     return (dq, dk, dv, dpse_buf), launches
 
 
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
-    """``(dq, dk, dv, dpse)`` of problem ``p`` from the preprocess, dQ and dK/dV kernels."""
+    """``(dq, dk, dv, dpse)`` of problem ``p`` from the backward kernels."""
     (dq, dk, dv, dpse_buf), launches = backward_plan(p, query, key, value, dy, attention_in, softmax_max,
                                                      softmax_sum, interpreting(query.device))
     KERNELS.run_all(launches, query.device)

@@ -1,6 +1,7 @@
 """The Triton FlashAttention backward is deterministic and its dK/dV pass fills the GPU: dQ/dK/dV (and the pse
 gradient) are bitwise equal across two runs and two processes, with dQ split over several partials and a GQA group
-summed from per-head partials; the host rule that sizes the dQ partials (``launch.dq_splits``)."""
+summed from per-head partials; the form of GPUs before sm_90 (a dQ kernel beside the pass); the host rule that
+sizes the dQ partials (``launch.dq_splits``)."""
 import json
 import os
 import subprocess
@@ -42,10 +43,26 @@ def test_split_dq_and_gqa_partials_match_the_golden():
     check_fa(q, k, v, dy, backend="triton", pse=pse, **dict(CALL, atten_mask=TRIU2048.to(DEVICE)))
 
 
-def test_gradients_bitwise_equal_across_runs_and_processes():
+def test_dq_kernel_form_matches_the_golden(monkeypatch, triton_backend):
+    """GPUs before sm_90 run the dK/dV pass without dQ, then the dQ kernel (GQA's dK/dV partials summed as usual)."""
+    monkeypatch.setattr(launch, "dq_in_pass", lambda device: False)
+    q, k, v, dy = (t.to(DEVICE) for t in make_qkv("BNSD", **SHAPE, seed=23))
+    pse = torch.randn(1, 4, SHAPE["sq"], SHAPE["skv"], generator=torch.Generator().manual_seed(24)).to(DEVICE)
+    check_fa(q, k, v, dy, backend="triton", pse=pse, keep_prob=0.8, drop="seed", drop_seed=5,
+             **dict(CALL, atten_mask=TRIU2048.to(DEVICE)))
+    assert triton_backend[-5:] == ["preprocess_kernel", "dkdv_kernel", "dq_kernel", "grad_sum_kernel",
+                                   "grad_sum_kernel"]
+
+
+def test_gradients_bitwise_equal_across_runs():
     first, second = _gradients(), _gradients()
     assert len(first) == 4
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.slow
+def test_gradients_bitwise_equal_across_processes():
+    first = _gradients()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     code = ("import json, torch; from tests.ops.flash_attention.triton.test_backward_determinism import _gradients; "
             "print(json.dumps([g.double().flatten().tolist() for g in _gradients()]))")
