@@ -67,8 +67,8 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
     dv = tl.arange(0, BLOCK_DV)
     tok = (meta(meta_ptr, b, Q_START) + rows).to(tl.int64)
     row_ok = rows[:, None] < sq
-    q_tile = upcast(tl.load(q_ptr + b.to(tl.int64) * q_sb + tok[:, None] * q_st + tl.cast(h, tl.int64) * q_sh + dk[None, :],
-                            mask=row_ok & (dk[None, :] < head_d), other=0.0), UPCAST)
+    q_tile = upcast(tl.load(q_ptr + b.to(tl.int64) * q_sb + tok[:, None] * q_st + tl.cast(h, tl.int64) * q_sh
+                            + dk[None, :], mask=row_ok & (dk[None, :] < head_d), other=0.0), UPCAST)
     do_tile = upcast(tl.load(do_ptr + b.to(tl.int64) * do_sb + tok[:, None] * do_st + tl.cast(h, tl.int64) * do_sh
                              + dv[None, :], mask=row_ok & (dv[None, :] < head_dv), other=0.0), UPCAST)
     m, log2l = row_stats(smax_ptr, ssum_ptr, meta_ptr, b, h, rows, stat_row)

@@ -1,6 +1,6 @@
 """The Triton FlashAttention kernels compile for real NVIDIA GPUs: every launch of a problem (forward, preprocess,
-the backward's dK/dV pass and grad sums; before sm_90 the dQ kernel beside the pass) in every tile configuration the launcher would try, compiled ahead of time down to cubin for sm_90
-(H100) and sm_80 (A100) without a GPU (``triton/aot.py``), within each target's shared memory and without heavy
+the backward's dK/dV pass and grad sums; before sm_90 the dQ kernel beside the pass) in every tile configuration
+the launcher would try, compiled ahead of time down to cubin for sm_90 (H100) and sm_80 (A100) without a GPU (``triton/aot.py``), within each target's shared memory and without heavy
 register spills. The signatures come from the launchers' own plans (``aot_cases.py``).
 
 The compile runs in a child process without ``TRITON_INTERPRET`` (this process runs the kernels through the
