@@ -112,29 +112,39 @@ def tile_needs_mask(meta_ptr, b, r0, c0, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
+def index_grid(rows, cols, TRANSPOSED: tl.constexpr):
+    """``rows`` and ``cols`` as broadcastable 2-D index tiles: ``[R, 1]`` and ``[1, C]``, or with ``TRANSPOSED``
+    ``[1, R]`` and ``[C, 1]`` (a ``[C, R]`` tile: keys along the first axis)."""
+    r2 = rows[None, :] if TRANSPOSED else rows[:, None]
+    c2 = cols[:, None] if TRANSPOSED else cols[None, :]
+    return r2, c2
+
+
+@triton.jit
 def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
                pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
                mask_ptr, mask_sb, mask_sh, mask_sr,
                PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr = False):
     """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) in fp32 with masked entries at -inf.
 
     ``qk`` is the fp32 ``[BLOCK_M, BLOCK_N]`` product of query rows ``rows`` and key columns ``cols`` of batch
-    ``b``, query head ``h``. The band test is skipped on tiles the band keeps entirely. ``HAS_EXPLICIT`` is
-    False, True (the mask tensor at ``mask_ptr``) or ``MASK_STRIDED_CAUSAL`` (the rule's stride and shift in
-    ``mask_sr`` and ``mask_sh``).
+    ``b``, query head ``h`` (with ``TRANSPOSED`` the ``[BLOCK_N, BLOCK_M]`` product ``K Q^T``). The band test is
+    skipped on tiles the band keeps entirely. ``HAS_EXPLICIT`` is False, True (the mask tensor at ``mask_ptr``) or
+    ``MASK_STRIDED_CAUSAL`` (the rule's stride and shift in ``mask_sr`` and ``mask_sh``).
     """
     s = qk
+    r2, c2 = index_grid(rows, cols, TRANSPOSED)
     if PSE == PSE_FULL or PSE == PSE_ROW or PSE == PSE_ALIBI:
         pse_b = pse_ptr + b.to(tl.int64) * pse_sb + tl.cast(h, tl.int64) * pse_sh
         if PSE == PSE_FULL:
-            off = rows[:, None].to(tl.int64) * pse_sr + cols[None, :]
+            off = r2.to(tl.int64) * pse_sr + c2
         elif PSE == PSE_ROW:
-            off = rows[:, None].to(tl.int64) * 0 + cols[None, :]
+            off = r2.to(tl.int64) * 0 + c2
         else:  # ALiBi-compressed: the last of the 1024 rows, read along the diagonal distance
-            diag = rows[:, None] - cols[None, :]
+            diag = r2 - c2
             off = 1023 * pse_sr + tl.minimum(tl.maximum(pse_cols - 1 - diag, 0), pse_cols - 1).to(tl.int64)
-        ok = (rows[:, None] < meta(meta_ptr, b, Q_LEN)) & (cols[None, :] < meta(meta_ptr, b, KV_LEN))
+        ok = (r2 < meta(meta_ptr, b, Q_LEN)) & (c2 < meta(meta_ptr, b, KV_LEN))
         pse = tl.load(pse_b + off, mask=ok, other=0.0).to(tl.float32)
         if PSE_BEFORE_SCALE:
             s = (s + pse) * scale
@@ -142,8 +152,8 @@ def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
             s = s * scale + pse
     elif PSE == PSE_SLOPES or PSE == PSE_SLOPES_SQRT:
         slope = tl.load(pse_ptr + b.to(tl.int64) * pse_sb + tl.cast(h, tl.int64) * pse_sh)
-        qi = rows[:, None].to(tl.int64) + meta(meta_ptr, b, PSE_QS)
-        kj = cols[None, :].to(tl.int64) + meta(meta_ptr, b, PSE_KS)
+        qi = r2.to(tl.int64) + meta(meta_ptr, b, PSE_QS)
+        kj = c2.to(tl.int64) + meta(meta_ptr, b, PSE_KS)
         dist = tl.abs(kj - qi).to(tl.float32)
         if PSE == PSE_SLOPES_SQRT:
             dist = tl.sqrt(dist)
@@ -151,32 +161,34 @@ def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
     else:
         s = s * scale
     if tile_needs_mask(meta_ptr, b, r0, c0, BLOCK_M, BLOCK_N):
-        diff = cols[None, :].to(tl.int64) - rows[:, None]
+        diff = c2.to(tl.int64) - r2
         keep = (diff >= meta(meta_ptr, b, LO)) & (diff <= meta(meta_ptr, b, HI))
-        keep = keep | (cols[None, :] < meta(meta_ptr, b, PREFIX))
-        keep = keep & (rows[:, None] < meta(meta_ptr, b, Q_LEN)) & (cols[None, :] < meta(meta_ptr, b, KV_LEN))
+        keep = keep | (c2 < meta(meta_ptr, b, PREFIX))
+        keep = keep & (r2 < meta(meta_ptr, b, Q_LEN)) & (c2 < meta(meta_ptr, b, KV_LEN))
         s = tl.where(keep, s, float("-inf"))
     if HAS_EXPLICIT == MASK_STRIDED_CAUSAL:  # masks.StridedCausal: mask_sr = stride, mask_sh = shift
-        s = tl.where(cols[None, :] * mask_sr + mask_sh > rows[:, None], float("-inf"), s)
+        s = tl.where(c2 * mask_sr + mask_sh > r2, float("-inf"), s)
     elif HAS_EXPLICIT:
-        ok = (rows[:, None] < meta(meta_ptr, b, Q_LEN)) & (cols[None, :] < meta(meta_ptr, b, KV_LEN))
-        m_off = b.to(tl.int64) * mask_sb + tl.cast(h, tl.int64) * mask_sh + rows[:, None].to(tl.int64) * mask_sr \
-            + cols[None, :]
+        ok = (r2 < meta(meta_ptr, b, Q_LEN)) & (c2 < meta(meta_ptr, b, KV_LEN))
+        m_off = b.to(tl.int64) * mask_sb + tl.cast(h, tl.int64) * mask_sh + r2.to(tl.int64) * mask_sr + c2
         masked = tl.load(mask_ptr + m_off, mask=ok, other=1)
         s = tl.where(masked != 0, float("-inf"), s)
     return s
 
 
 @triton.jit
-def dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, PACKED: tl.constexpr):
-    """``keep / keep_prob`` as an fp32 tile; element ``(h, i, j)`` of batch ``b`` has the index
-    ``drop_off_b + (h * Sq_b + i) * Skv_b + j`` of ``attnops._core.dropout`` (Philox ``tl.rand`` or packed bits).
-    With ``PACKED``, ``offset`` is the packed mask's size in bytes: no byte past it is read (dropped)."""
+def dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, PACKED: tl.constexpr,
+                  TRANSPOSED: tl.constexpr = False):
+    """``keep / keep_prob`` as an fp32 ``[rows, cols]`` tile (``TRANSPOSED``: ``[cols, rows]``); element
+    ``(h, i, j)`` of batch ``b`` has the index ``drop_off_b + (h * Sq_b + i) * Skv_b + j`` of
+    ``attnops._core.dropout`` (Philox ``tl.rand`` or packed bits). With ``PACKED``, ``offset`` is the packed mask's
+    size in bytes: no byte past it is read (dropped)."""
     sq = meta(meta_ptr, b, Q_LEN)
     skv = meta(meta_ptr, b, KV_LEN)
-    idx = meta(meta_ptr, b, DROP_OFF) + (tl.cast(h, tl.int64) * sq + rows[:, None]) * skv + cols[None, :]
+    r2, c2 = index_grid(rows, cols, TRANSPOSED)
+    idx = meta(meta_ptr, b, DROP_OFF) + (tl.cast(h, tl.int64) * sq + r2) * skv + c2
     if PACKED:
-        ok = (rows[:, None] < sq) & (cols[None, :] < skv) & ((idx >> 3) < offset)
+        ok = (r2 < sq) & (c2 < skv) & ((idx >> 3) < offset)
         byte = tl.load(drop_ptr + (idx >> 3), mask=ok, other=0).to(tl.int32)
         keep = ((byte >> (idx & 7).to(tl.int32)) & 1) != 0
     else:

@@ -35,36 +35,53 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # Autotuning candidates (BLOCK_M, BLOCK_N, warps, stages) per (kernel kind, operand bytes, D > 128), chosen from the
 # compiler's figures (AOT compile, docs/triton.md): each fits sm_80's 163 KB and sm_90's 227 KB of shared memory per
 # block and spills little (tests/ops/flash_attention/triton/test_gpu_compile.py asserts both for every candidate).
-# fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles.
+# fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles. The
+# backward has a third width class, ``BWD_WIDEST`` (:func:`_class_key`): the 64-key blocks of D <= 192 / Dv <= 128
+# (wgmma) do not fit the registers with D = Dv = 256.
+BWD_WIDEST = 2
 _TILES = {
     ("fwd", 2, False): [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)],
     ("fwd", 2, True): [(64, 64, 8, 1), (64, 32, 8, 2)],
     ("fwd", 4, False): [(64, 32, 4, 2), (32, 64, 4, 2)],
     ("fwd", 4, True): [(32, 32, 8, 1), (64, 32, 8, 1)],
-    ("bwd", 2, False): [(32, 64, 8, 2), (64, 32, 8, 2)],
-    ("bwd", 2, True): [(32, 32, 8, 2), (64, 32, 8, 2)],
+    ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
+    ("bwd", 2, True): [(16, 64, 8, 2), (32, 32, 8, 2)],
+    ("bwd", 2, BWD_WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 4, False): [(32, 32, 8, 1)],
-    ("bwd", 4, True): [(32, 32, 8, 1)],
+    ("bwd", 4, True): [(16, 32, 8, 1)],
+    ("bwd", 4, BWD_WIDEST): [(16, 32, 8, 1)],
 }
-# The forward's candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared
-# memory), spill-free with an explicit mask at D=128 and D=192/Dv=128 on sm_80/sm_90 (Triton 3.6 and 3.9); the
-# backward's candidates are small enough as they are.
+# The candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared memory). The
+# forward's are spill-free with an explicit mask at D=128 and D=192/Dv=128 on sm_80/sm_90 (Triton 3.6 and 3.9); the
+# backward's take 16 query rows per step at D <= 128 (the key block stays the products' M = 64).
 _FEATURE_TILES = {
     ("fwd", 2, False): [(64, 32, 8, 2), (32, 32, 4, 2)],
     ("fwd", 2, True): [(64, 32, 8, 2), (32, 32, 4, 2)],
     ("fwd", 4, False): [(32, 16, 8, 1), (16, 32, 4, 1)],
     ("fwd", 4, True): [(32, 16, 8, 1), (16, 32, 4, 1)],
+    ("bwd", 2, False): [(16, 64, 8, 2), (32, 64, 8, 2)],
+    ("bwd", 2, True): [(16, 64, 8, 2), (16, 32, 8, 2)],
+    ("bwd", 2, BWD_WIDEST): [(16, 32, 8, 2), (32, 32, 8, 2)],
 }
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
 PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)
-TAIL_BLOCK, TAIL_PROGRAMS = 1024, 1024  # elements per step and programs of the tail kernel (grid-stride loop)
+TAIL_BLOCK, TAIL_PROGRAMS = 1024, 1024  # elements per step and programs of the tail and grad-sum kernels (grid-stride)
+# The backward's dK/dV pass splits each query head's key blocks over programs (dQ partials, :func:`dq_splits`)
+TARGET_PROGRAMS = 2 * 132  # programs wanted without a CUDA device to ask: two waves of an H100's 132 SMs
+MIN_BLOCK_N = 64  # the backward's smallest key block on 16-bit inputs: at most one split per 64 keys
+MAX_DQ_SPLITS = 16  # bound of the dQ partials' memory: at most 16 fp32 copies of dQ
 
 
-def _config(tiles: tuple[int, int, int, int]):
+def _config(tiles: tuple[int, int, int, int], pre_hook: Callable | None = None):
     import triton
 
     m, n, warps, stages = tiles
-    return triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages)
+    return triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages, pre_hook=pre_hook)
+
+
+def _zero_dq_partials(args: dict) -> None:
+    """The autotuner's hook before each run of the dK/dV pass: its dQ partials start at zero (it adds into them)."""
+    args["dqp_ptr"].zero_()
 
 
 def _kind(kernel_name: str) -> str:
@@ -75,7 +92,17 @@ def _kind(kernel_name: str) -> str:
 def _configs(kind: str) -> tuple:
     """Every candidate of a kernel kind (the autotuner's list; :func:`_prune` keeps those of the problem's class)."""
     tiles = {t: None for table in (_TILES, _FEATURE_TILES) for key, ts in table.items() if key[0] == kind for t in ts}
-    return tuple(_config(t) for t in tiles)
+    return tuple(_config(t, _zero_dq_partials if kind == "bwd" else None) for t in tiles)
+
+
+def _class_key(kind: str, named_args: dict) -> tuple:
+    """The tile class of a call: kernel kind, operand bytes and head dims (D and Dv <= 128: False; above: True; for
+    the backward ``BWD_WIDEST`` when the padded head dims together exceed 256 + 128)."""
+    d, dv = named_args["head_d"], named_args["head_dv"]
+    width = max(d, dv) > 128
+    if kind == "bwd" and pow2(d) + pow2(dv) > 384:
+        width = BWD_WIDEST
+    return kind, named_args["q_ptr"].element_size(), width
 
 
 @functools.cache
@@ -89,7 +116,7 @@ def _prune(kind: str, configs, named_args, **kwargs):
     """The candidates of the call's class (operand bytes, D > 128): ``_FEATURE_TILES`` when a pse, an explicit mask
     or dropout adds per-element tiles (registers and shared memory, docs/triton.md) and the class has some, else
     ``_TILES``."""
-    key = (kind, named_args["q_ptr"].element_size(), max(named_args["head_d"], named_args["head_dv"]) > 128)
+    key = _class_key(kind, named_args)
     features = kwargs["PSE"] or kwargs["HAS_EXPLICIT"] is True or kwargs["DROPOUT"]
     wanted = set(_FEATURE_TILES.get(key, _TILES[key]) if features else _TILES[key])
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
@@ -105,7 +132,7 @@ def _fixed_config(kernel: str, interpret: bool, block_dv: int = 0) -> list:
         return [triton.Config({"BLOCK_M": INTERPRET_BLOCK if interpret else max(16, PREPROCESS_ELEMENTS // block_dv)})]
     if kernel == "prepare_kernel":
         return [triton.Config({"BLOCK_B": INTERPRET_BLOCK if interpret else PREPARE_BATCHES}, num_warps=4)]
-    if kernel == "tail_kernel":
+    if kernel in ("tail_kernel", "grad_sum_kernel"):
         return [triton.Config({"BLOCK": TAIL_BLOCK}, num_warps=4)]
     return [triton.Config({"BLOCK_M": INTERPRET_BLOCK, "BLOCK_N": INTERPRET_BLOCK})]
 
@@ -113,10 +140,9 @@ def _fixed_config(kernel: str, interpret: bool, block_dv: int = 0) -> list:
 def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     """The ``triton.Config`` candidates of ``launch``: one fixed config for the preprocess, prepare and tail kernels
     and in the interpreter, the class's configurations on CUDA (exactly those the autotuner would try)."""
-    if launch.kernel in ("preprocess_kernel", "prepare_kernel", "tail_kernel") or interpret:
+    if launch.kernel in ("preprocess_kernel", "prepare_kernel", "tail_kernel", "grad_sum_kernel") or interpret:
         return _fixed_config(launch.kernel, interpret, launch.kwargs.get("BLOCK_DV", 0))
-    key = (_kind(launch.kernel), named_args["q_ptr"].element_size(),
-           max(named_args["head_d"], named_args["head_dv"]) > 128)
+    key = _class_key(_kind(launch.kernel), named_args)
     kw = launch.kwargs
     return _class_configs(key, bool(kw["PSE"] or kw["HAS_EXPLICIT"] is True or kw["DROPOUT"]))
 
@@ -377,11 +403,40 @@ def _dpse_buffer(p: FAProblem, device: torch.device) -> torch.Tensor | None:
     return torch.zeros((seq.batch, p.geom.n1, rows, cols), dtype=torch.float32, device=device)
 
 
-def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum, interpret: bool):
+def _target_programs(device: torch.device) -> int:
+    """Programs that fill the device twice (two waves of its SMs)."""
+    if device.type == "cuda":
+        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return TARGET_PROGRAMS
+
+
+def dq_splits(p: FAProblem, device: torch.device) -> int:
+    """Programs per (batch, query head) of the backward's dK/dV pass, each with its own fp32 dQ partial: enough for
+    two waves of the device's SMs, at most one per ``MIN_BLOCK_N`` keys and ``MAX_DQ_SPLITS`` (the partials'
+    memory: ``splits x`` dQ's elements in fp32)."""
+    pairs = max(1, p.seq.batch * p.geom.n1)
+    return max(1, min(cdiv(_target_programs(device), pairs), cdiv(p.seq.max_kv, MIN_BLOCK_N), MAX_DQ_SPLITS))
+
+
+def _grad_sum(count: int, numel: int, scale: float) -> tuple:
+    """The template of a grad-sum launch: ``count`` fp32 partials of ``numel`` elements summed in order, scaled."""
+    return ("grad_sum_kernel", (min(cdiv(numel, TAIL_BLOCK), TAIL_PROGRAMS),), (numel, count, scale), {}, None)
+
+
+def dq_in_pass(device: torch.device) -> bool:
+    """Whether the backward's dK/dV pass computes dQ too (five products per tile pair): on every device but CUDA GPUs
+    older than sm_90, whose products hold their operands in registers; these run the dQ kernel instead."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum, interpret: bool,
+                  fused: bool | None = None):
     """``((dq, dk, dv, dpse_buffer), launches)``: the allocated gradients (the pse gradient as its fp32 per-batch
-    buffer, or None) and the preprocess, dQ and dK/dV launches that fill them (none for an empty problem). Every
-    query row and key row of a sequence is written (0 where no score reaches it); the rows of TND tokens past every
-    sequence get 0."""
+    buffer, or None) and the launches that fill them (none for an empty problem): the preprocess, the dK/dV pass
+    (with GQA dK/dV into one fp32 partial per query head of a group) computing dQ into ``dq_splits`` fp32 partials
+    (``fused``, default :func:`dq_in_pass`) or else followed by the dQ kernel, the ordered sums of the partials.
+    Every query row and key row of a sequence is written (0 where no score reaches it); the rows of TND tokens past
+    every sequence get 0."""
     g, seq, device = p.geom, p.seq, query.device
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=device) for t in (query, key, value))  # unit last stride
     dpse_buf = _dpse_buffer(p, device)
@@ -394,40 +449,55 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
     (q, qs), (k, ks), (v, vs) = _operand(p, query), _operand(p, key, kv=True), _operand(p, value, kv=True)
     (do, dos), (o, os_) = _operand(p, dy), _operand(p, attention_in)
     delta = torch.empty((p.total_q, g.n1), dtype=torch.float32, device=device)
+    fused = dq_in_pass(device) if fused is None else fused
+    splits = dq_splits(p, device) if fused else cdiv(seq.max_kv, MIN_BLOCK_N)  # without partials: one per key block
+    dq_part = (torch.zeros((splits, *dq.shape), dtype=torch.float32, device=device) if fused
+               else placeholder(device, torch.float32))
+    gqa = g.group > 1
+    dk_part, dv_part = ((torch.zeros((g.group, *t.shape), dtype=torch.float32, device=device) for t in (dk, dv))
+                        if gqa else (dk, dv))
 
     def build():
         table = batch_meta(p, device) if meta is None else meta
         dqs, dks, dvs = _operand(p, dq)[1], _operand(p, dk, kv=True)[1], _operand(p, dv, kv=True)[1]
         delta_sb = 0 if seq.packed else seq.max_q
         q_grid, q_fold = _grid(seq.max_q, seq.batch, g.n1)
-        kv_grid, kv_fold = _grid(seq.max_kv, seq.batch, g.n2)
+        kv_grid, kv_fold = _grid(splits, seq.batch, g.n1)
         pse, mask, drop, flags = _common(p, query, interpret)
-        stat_row = _stat_row(p)
         dummy = placeholder(device, torch.float32)
         full = dpse_buf is not None and p.pse.kind in ("full", "alibi")
         row = dpse_buf is not None and p.pse.kind == "row"
-        dpse_full = [dpse_buf, *dpse_buf.stride()[:3]] if full else [dummy, 0, 0, 0]
-        dpse_row = [dpse_buf, *dpse_buf.stride()[:2]] if row else [dummy, 0, 0]
-        return [("preprocess_kernel", q_grid, (table, *os_, *dos, delta_sb, g.n1, g.dv, seq.batch, MAX_GRID_Y),
-                 dict(BLOCK_DV=pow2(g.dv), **q_fold), "BLOCK_M"),
-                ("dq_kernel", q_grid,
-                 (table, *qs, *ks, *vs, *dos, *dqs, stat_row, delta_sb, *pse, *mask, *drop, *dpse_full, p.scale, g.n1,
-                  g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_FULL=full, **flags, **q_fold), "BLOCK_M"),
-                ("dkdv_kernel", kv_grid,
-                 (table, *qs, *ks, *vs, *dos, *dks, *dvs, stat_row, delta_sb, *pse, *mask, *drop, *dpse_row, p.scale,
-                  g.n1, g.n2, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(DPSE_ROW=row, **flags, **kv_fold),
-                 "BLOCK_N")]
+        dpse = [dpse_buf, *dpse_buf.stride()[:3]] if dpse_buf is not None else [dummy, 0, 0, 0]
+        kv_parts = (dk.numel(), dv.numel()) if gqa else (0, 0)
+        scores = (*pse, *mask, *drop)
+        templates = [("preprocess_kernel", q_grid, (table, *os_, *dos, delta_sb, g.n1, g.dv, seq.batch, MAX_GRID_Y),
+                      dict(BLOCK_DV=pow2(g.dv), **q_fold), "BLOCK_M"),
+                     ("dkdv_kernel", kv_grid,
+                      (table, *qs, *ks, *vs, *dos, *dqs, dq.numel() if fused else 0, *dks, kv_parts[0], *dvs,
+                       kv_parts[1], _stat_row(p), delta_sb, *scores, *dpse, p.scale, g.n1, g.group, splits, g.d, g.dv,
+                       seq.batch, MAX_GRID_Y), dict(DPSE_FULL=full, DPSE_ROW=row, DQ=fused, **flags, **kv_fold),
+                      None)]
+        if fused:
+            templates.append(_grad_sum(splits, dq.numel(), p.scale))
+        else:
+            templates.append(("dq_kernel", q_grid,
+                              (table, *qs, *ks, *vs, *dos, *dqs, _stat_row(p), delta_sb, *scores, p.scale, g.n1,
+                               g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(**flags, **q_fold), "BLOCK_M"))
+        if gqa:
+            templates += [_grad_sum(g.group, dk.numel(), 1.0), _grad_sum(g.group, dv.numel(), 1.0)]
+        return templates
 
     static = None if p.device_lengths or dpse_buf is not None else _static_key(
-        "bwd", interpret, query, key, value, dy, attention_in)
-    launches += _launches(_templates(p, static, build), (o, do, delta), (q, k, v, do, dq, delta, softmax_max,
-                                                                        softmax_sum),
-                          (q, k, v, do, dk, dv, delta, softmax_max, softmax_sum))
+        "bwd" if fused else "bwd-dq", interpret, query, key, value, dy, attention_in)
+    dq_front = (dq_part, dq) if fused else (q, k, v, do, dq, delta, softmax_max, softmax_sum)
+    launches += _launches(_templates(p, static, build), (o, do, delta),
+                          (q, k, v, do, dq_part, dk_part, dv_part, delta, softmax_max, softmax_sum), dq_front,
+                          (dk_part, dk), (dv_part, dv))
     return (dq, dk, dv, dpse_buf), launches
 
 
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
-    """``(dq, dk, dv, dpse)`` of problem ``p`` from the preprocess, dQ and dK/dV kernels."""
+    """``(dq, dk, dv, dpse)`` of problem ``p`` from the backward kernels."""
     (dq, dk, dv, dpse_buf), launches = backward_plan(p, query, key, value, dy, attention_in, softmax_max,
                                                      softmax_sum, interpreting(query.device))
     KERNELS.run_all(launches, query.device)

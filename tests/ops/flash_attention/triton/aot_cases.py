@@ -65,19 +65,20 @@ def _inputs(case: dict):
     return q, k, v, dy, kw
 
 
-def launches(case: dict) -> list:
-    """The forward launch and, unless the case is forward-only, the three backward launches of a case."""
+def launches(case: dict, arch: int = 90) -> list:
+    """The forward launch and the backward launches of a case, in the backward's form for ``sm_<arch>`` (the dQ
+    kernel beside the dK/dV pass before sm_90: ``launch.dq_in_pass``)."""
     q, k, v, dy, kw = _inputs(case)
     p = build_problem(q, k, v, **kw)
     (out, smax, ssum), fwd = launch.forward_plan(p, q, k, v, interpret=False)
-    _, bwd = launch.backward_plan(p, q, k, v, dy, out, smax, ssum, interpret=False)
+    _, bwd = launch.backward_plan(p, q, k, v, dy, out, smax, ssum, interpret=False, fused=arch >= 90)
     return fwd + bwd
 
 
 def compile_case(arch: int, case: dict) -> dict:
     """``{kernel: [variant dicts] or error text}`` for every launch of the case compiled for ``sm_<arch>``."""
     result = {}
-    for item in launches(case):
+    for item in launches(case, arch):
         try:
             result[item.kernel] = [dataclasses.asdict(v) for v in compile_launch(launch.KERNELS.aot_launch(item), ("cuda", arch, 32))]
         except Exception as e:  # the report names the failure; the test fails on it
