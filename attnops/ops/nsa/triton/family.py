@@ -19,7 +19,14 @@ SCORE_BLOCK_K = 16  # selection blocks per score program (the score grid's third
 MAX_TOPK_TILE = 2048  # block scores the top-k kernel holds per step on a GPU
 # importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps)
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
-SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel")
+# selected dK/dV on a GPU: (entry, query head) rows per step by operand bytes (the N of its [BLOCK_N x BLOCK_R]
+# products: 64 spills at D >= 128), the least rows per program, and the longest list chunk as a multiple of the mean
+# list (the partials' memory bound)
+DKDV_ROWS = {2: 32, 4: 16}
+MIN_CHUNK_ROWS = 1024
+CHUNK_PER_MEAN_LIST = 4
+INTERPRET_LIST_CHUNK = 4  # entries per list chunk in the interpreter (so that small tests split lists)
+SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel", "selected_dkdv_reduce_kernel")
 DECODE = ("selected_decode_kernel", "compress_decode_kernel")
 
 
@@ -39,6 +46,25 @@ def importance_tiles(dtype: torch.dtype, interpret: bool) -> tuple[int, int, int
 def key_tile(block_size: int, dtype: torch.dtype, interpret: bool) -> int:
     """``BLOCK_N`` of the selected-attention kernels: keys of a selected block per step."""
     return min(pow2(block_size), INTERPRET_TILE if interpret else MAX_KEY_TILE[dtype.itemsize])
+
+
+def head_tiles(d: int) -> tuple[int, int, bool]:
+    """``(BLOCK_D, BLOCK_DT, SPLIT_D)`` of selected dK/dV: a head dim between 128 and 256 that is not a power of two
+    is two tiles, 128 columns and the rest (D=192: 128 + 64, not a 256-wide tile with 64 padding columns in the
+    accumulator, which spills); else one tile (``BLOCK_DT`` unused)."""
+    if 128 < d < pow2(d):
+        return 128, pow2(d - 128), True
+    return pow2(d), 16, False
+
+
+def list_chunk(pairs: int, lists: int, group: int, interpret: bool) -> int:
+    """Entries of an inverted list per selected dK/dV program: ``CHUNK_PER_MEAN_LIST`` mean lists and at least
+    ``MIN_CHUNK_ROWS`` rows on a GPU, so a long list (block 0, forced for every token) runs on several programs
+    while the partials of the split lists (at most ``2 * pairs // chunk`` chunks) stay within half the size of
+    fp32 dK/dV."""
+    if interpret:
+        return INTERPRET_LIST_CHUNK
+    return max(-(-MIN_CHUNK_ROWS // group), CHUNK_PER_MEAN_LIST * -(-pairs // max(lists, 1)))
 
 
 def row_tile(interpret: bool) -> int:
@@ -70,6 +96,19 @@ def _training_config(launch: Launch, named_args: dict, interpret: bool):
     warps = 8 if wide or fp32 or launch.kernel == "selected_fwd_kernel" else 4
     single = interpret or (fp32 and launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel"))
     return triton.Config(tiles, num_warps=warps, num_stages=1 if single else 2)
+
+
+def _dkdv_config(launch: Launch, named_args: dict, interpret: bool):
+    """Selected dK/dV: ``BLOCK_N`` keys (:func:`key_tile`) x ``BLOCK_R`` rows per step (``DKDV_ROWS``), 8 warps,
+    2 stages (3 with a split head dim: fewer registers at D=192)."""
+    import triton
+
+    dtype = named_args["q_ptr"].dtype
+    tiles = dict(BLOCK_N=key_tile(named_args["block_size"], dtype, interpret),
+                 BLOCK_R=INTERPRET_TILE if interpret else DKDV_ROWS[dtype.itemsize])
+    if interpret:
+        return triton.Config(tiles, num_warps=4, num_stages=1)
+    return triton.Config(tiles, num_warps=8, num_stages=3 if launch.kwargs["SPLIT_D"] else 2)
 
 
 def _decode_config(launch: Launch, named_args: dict, interpret: bool):
@@ -110,6 +149,8 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
         return [_importance_config(launch, named_args, interpret)]
     if launch.kernel in DECODE:
         return [_decode_config(launch, named_args, interpret)]
+    if launch.kernel == "selected_dkdv_kernel":
+        return [_dkdv_config(launch, named_args, interpret)]
     return [_training_config(launch, named_args, interpret)]
 
 
