@@ -81,7 +81,8 @@ def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
 
 def _training_config(launch: Launch, named_args: dict, interpret: bool):
     """Selected attention and compression: 4 warps (8 for the selected forward, at head dims > 128 and for fp32),
-    2 stages (1 for the fp32 selected forward and dQ)."""
+    2 stages; the selected forward and dQ, whose one loop over (slot, key tile) the compiler pipelines, 3 (2 for fp32):
+    the keys and values of step ``i + 2`` load while step ``i`` computes."""
     import triton
 
     dtype = launch.args[0].dtype
@@ -94,8 +95,13 @@ def _training_config(launch: Launch, named_args: dict, interpret: bool):
         tiles = {}
     wide = max(launch.kwargs.get("BLOCK_D", 0), launch.kwargs.get("BLOCK_DV", 0)) > 128
     warps = 8 if wide or fp32 or launch.kernel == "selected_fwd_kernel" else 4
-    single = interpret or (fp32 and launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel"))
-    return triton.Config(tiles, num_warps=warps, num_stages=1 if single else 2)
+    if interpret:
+        stages = 1
+    elif launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel"):
+        stages = 2 if fp32 else 3
+    else:
+        stages = 2
+    return triton.Config(tiles, num_warps=warps, num_stages=stages)
 
 
 def _dkdv_config(launch: Launch, named_args: dict, interpret: bool):

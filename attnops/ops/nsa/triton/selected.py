@@ -68,20 +68,24 @@ def _outside(batch_ptr, b):
 
 
 @triton.jit
-def _selected_tiles(q, k_ptr, v_ptr, p_block, n0, kv0, row, h2, k_st, k_sh, v_st, v_sh, head_d, head_dv,
+def _selected_tiles(q, k_ptr, v_ptr, topk_row, step, n_blocks, kv0, row, h2, k_st, k_sh, v_st, v_sh, head_d, head_dv,
                     block_size, scale, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    """Keys ``n0 .. n0+BLOCK_N-1`` of the selected block at local position ``p_block``: ``(K, V, S)`` with
-    ``S = scale * q K^T`` ``[BLOCK_G, BLOCK_N]``, padding and causally hidden keys at -inf."""
-    n_keys = tl.minimum(block_size - n0, BLOCK_N)
-    first = kv0 + p_block + n0
-    k = upcast(_key_tile(k_ptr, first, h2, k_st, k_sh, n_keys, head_d, BLOCK_N, BLOCK_D), UPCAST)
-    v = upcast(_key_tile(v_ptr, first, h2, v_st, v_sh, n_keys, head_dv, BLOCK_N, BLOCK_DV), UPCAST)
+    """Step ``step`` of the token's walk over (slot, ``BLOCK_N`` keys of the slot's block): ``(K, V, S)`` with
+    ``S = scale * q K^T`` ``[BLOCK_G, BLOCK_N]``, padding, causally hidden keys and every key of a slot outside
+    ``[0, n_blocks)`` at -inf (such a slot reads nothing)."""
+    n_tiles = tl.cdiv(block_size, BLOCK_N)
+    idx = tl.load(topk_row + step // n_tiles).to(tl.int64)
+    n0 = (step % n_tiles) * BLOCK_N
+    valid = (idx >= 0) & (idx < n_blocks)
+    p_block = tl.where(valid, idx, 0) * block_size + n0
+    n_keys = tl.where(valid, tl.minimum(block_size - n0, BLOCK_N), 0)
+    k = upcast(_key_tile(k_ptr, kv0 + p_block, h2, k_st, k_sh, n_keys, head_d, BLOCK_N, BLOCK_D), UPCAST)
+    v = upcast(_key_tile(v_ptr, kv0 + p_block, h2, v_st, v_sh, n_keys, head_dv, BLOCK_N, BLOCK_DV), UPCAST)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    pos = p_block + n0 + tl.arange(0, BLOCK_N)
     keep = tl.arange(0, BLOCK_N) < n_keys
     if CAUSAL:
-        keep = keep & (pos <= row)
+        keep = keep & (p_block + tl.arange(0, BLOCK_N) <= row)
     return k, v, tl.where(keep[None, :], s, float("-inf"))
 
 
@@ -114,14 +118,11 @@ def selected_fwd_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, o_ptr, smax_ptr, ssum_ptr
     t, head0, kv0, row, n_blocks, q, topk_row = _token_program(q_ptr, topk_ptr, batch_ptr, b, h2, group, q_st, q_sh,
                                                                topk_st, topk_sh, head_d, BLOCK_G, BLOCK_D, UPCAST)
     m_i, l_i, acc = _softmax_init(BLOCK_G, BLOCK_DV)
-    for slot in range(block_count):
-        idx = tl.load(topk_row + slot).to(tl.int64)
-        if (idx >= 0) & (idx < n_blocks):
-            for n0 in range(0, block_size, BLOCK_N):
-                _, v, s = _selected_tiles(q, k_ptr, v_ptr, idx * block_size, n0, kv0, row, h2, k_st, k_sh, v_st,
-                                          v_sh, head_d, head_dv, block_size, scale, CAUSAL, BLOCK_N, BLOCK_D,
-                                          BLOCK_DV, UPCAST, PRECISION)
-                m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
+    for step in range(block_count * tl.cdiv(block_size, BLOCK_N)):
+        _, v, s = _selected_tiles(q, k_ptr, v_ptr, topk_row, step, n_blocks, kv0, row, h2, k_st, k_sh, v_st, v_sh,
+                                  head_d, head_dv, block_size, scale, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, UPCAST,
+                                  PRECISION)
+        m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
     kept = m_i > float("-inf")
     _store_group_tile(o_ptr, acc / tl.where(kept, l_i, 1.0)[:, None], t, head0, group, o_st, o_sh, head_dv, BLOCK_G,
                       BLOCK_DV)
@@ -164,17 +165,14 @@ def selected_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr,
     dq = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     do = upcast(_group_tile(do_ptr, t, head0, group, do_st, do_sh, head_dv, BLOCK_G, BLOCK_DV), UPCAST)
     m, log2_l, delta = _row_stats(smax_ptr, ssum_ptr, delta_ptr, t, head0, group, n1, BLOCK_G)
-    for slot in range(block_count):
-        idx = tl.load(topk_row + slot).to(tl.int64)
-        if (idx >= 0) & (idx < n_blocks):
-            for n0 in range(0, block_size, BLOCK_N):
-                k, v, s = _selected_tiles(q, k_ptr, v_ptr, idx * block_size, n0, kv0, row, h2, k_st, k_sh, v_st,
-                                          v_sh, head_d, head_dv, block_size, scale, CAUSAL, BLOCK_N, BLOCK_D,
-                                          BLOCK_DV, UPCAST, PRECISION)
-                p = tl.exp2((s - m[:, None]) * LOG2E - log2_l[:, None])
-                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-                ds = p * (dp - delta[:, None])
-                dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    for step in range(block_count * tl.cdiv(block_size, BLOCK_N)):
+        k, v, s = _selected_tiles(q, k_ptr, v_ptr, topk_row, step, n_blocks, kv0, row, h2, k_st, k_sh, v_st, v_sh,
+                                  head_d, head_dv, block_size, scale, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, UPCAST,
+                                  PRECISION)
+        p = tl.exp2((s - m[:, None]) * LOG2E - log2_l[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     _store_group_tile(dq_ptr, dq * scale, t, head0, group, dq_st, dq_sh, head_d, BLOCK_G, BLOCK_D)
 
 
