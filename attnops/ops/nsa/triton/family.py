@@ -81,8 +81,8 @@ def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
 
 def _training_config(launch: Launch, named_args: dict, interpret: bool):
     """Selected attention and compression: 4 warps (8 for the selected forward, at head dims > 128 and for fp32),
-    2 stages; the selected forward and dQ, whose one loop over (slot, key tile) the compiler pipelines, 3 (2 for fp32):
-    the keys and values of step ``i + 2`` load while step ``i`` computes."""
+    2 stages; the selected forward and dQ, whose one loop over (slot, key tile) the compiler pipelines, 3 (the keys
+    and values of step ``i + 2`` load while step ``i`` computes; fp32: 1, which never spills)."""
     import triton
 
     dtype = launch.args[0].dtype
@@ -98,7 +98,7 @@ def _training_config(launch: Launch, named_args: dict, interpret: bool):
     if interpret:
         stages = 1
     elif launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel"):
-        stages = 2 if fp32 else 3
+        stages = 1 if fp32 else 3
     else:
         stages = 2
     return triton.Config(tiles, num_warps=warps, num_stages=stages)
