@@ -20,9 +20,10 @@ MAX_TOPK_TILE = 2048  # block scores the top-k kernel holds per step on a GPU
 # importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps)
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
 # selected dK/dV on a GPU: (entry, query head) rows per step by operand bytes (the N of its [BLOCK_N x BLOCK_R]
-# products: 64 spills at D >= 128), the least rows per program, and the longest list chunk as a multiple of the mean
-# list (the partials' memory bound)
+# products: 64 spills at D >= 128; with a split head dim (D=192) 16, as 32 spills on sm_80), the least rows per
+# program, and the longest list chunk as a multiple of the mean list (the partials' memory bound)
 DKDV_ROWS = {2: 32, 4: 16}
+SPLIT_DKDV_ROWS = 16
 MIN_CHUNK_ROWS = 1024
 CHUNK_PER_MEAN_LIST = 4
 INTERPRET_LIST_CHUNK = 4  # entries per list chunk in the interpreter (so that small tests split lists)
@@ -105,16 +106,18 @@ def _training_config(launch: Launch, named_args: dict, interpret: bool):
 
 
 def _dkdv_config(launch: Launch, named_args: dict, interpret: bool):
-    """Selected dK/dV: ``BLOCK_N`` keys (:func:`key_tile`) x ``BLOCK_R`` rows per step (``DKDV_ROWS``), 8 warps,
-    2 stages (3 with a split head dim: fewer registers at D=192)."""
+    """Selected dK/dV: ``BLOCK_N`` keys (:func:`key_tile`) x ``BLOCK_R`` rows per step (``DKDV_ROWS``;
+    ``SPLIT_DKDV_ROWS`` with a split head dim), 8 warps, 2 stages (3 with a split head dim: fewer registers)."""
     import triton
 
     dtype = named_args["q_ptr"].dtype
+    split = launch.kwargs["SPLIT_D"]
+    rows = min(DKDV_ROWS[dtype.itemsize], SPLIT_DKDV_ROWS) if split else DKDV_ROWS[dtype.itemsize]
     tiles = dict(BLOCK_N=key_tile(named_args["block_size"], dtype, interpret),
-                 BLOCK_R=INTERPRET_TILE if interpret else DKDV_ROWS[dtype.itemsize])
+                 BLOCK_R=INTERPRET_TILE if interpret else rows)
     if interpret:
         return triton.Config(tiles, num_warps=4, num_stages=1)
-    return triton.Config(tiles, num_warps=8, num_stages=3 if launch.kwargs["SPLIT_D"] else 2)
+    return triton.Config(tiles, num_warps=8, num_stages=3 if split else 2)
 
 
 def _decode_config(launch: Launch, named_args: dict, interpret: bool):
