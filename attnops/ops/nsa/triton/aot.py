@@ -1,7 +1,7 @@
 """The NSA kernels in the shared AOT machinery (``attnops._core.triton``): the problems ``python -m attnops aot``
-compiles, from the launchers' own plans, fp16/bf16/fp32 x head dims 128 and 192/128 (selected attention also 64):
-selected attention forward and backward (GQA group 16, select blocks of 64), compression forward and backward
-(blocks of 32, stride 16), compressed attention (the FlashAttention forward with the explicit NSA mask, then the score and top-k kernels) and
+compiles, from the launchers' own plans, fp16/bf16/fp32 x head dims 128 and 192/128: selected attention forward and
+backward (GQA group 16, select blocks of 64), compression forward and backward (blocks of 32, stride 16),
+compressed attention (the FlashAttention forward with the explicit NSA mask, then the score and top-k kernels) and
 the paged decode kernels (compression into a cache included)."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .family import KERNELS
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HEAD_DIMS = ((128, 128), (192, 128))
-SELECTED_HEAD_DIMS = ((64, 64), *HEAD_DIMS)
+SELECTED_HEAD_DIMS = ((64, 64), *HEAD_DIMS)  # selected attention: also D=64
 
 
 def _selected(dtype: str, d: int, dv: int) -> list:

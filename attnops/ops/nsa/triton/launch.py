@@ -4,11 +4,11 @@ by ``python -m attnops aot``) and runs it on the NSA kernel family (``family.py`
 grids depend on).
 
 Tensors are read in place through strides (a unit last stride, copied only when missing). The only metadata is one
-small per-batch table per call geometry, built on the host from the host lengths and uploaded once
-(:func:`attnops._core.staging.cached_upload`: pinned, non-blocking, kept for the next call); the kernels find their
-token from it (grids over ``(row, batch x head)``, the pairs folded into axes 1 and 2 past CUDA's 65535 programs per
-axis: :func:`.family.pair_grid`). Nothing is read back from the device, so the plans never
-synchronise and a CUDA graph can capture them. Outputs the kernels fully write are allocated empty.
+small per-batch table per call geometry (and, for selected dK/dV, one row per selectable block), built on the host
+from the host lengths and uploaded once (:func:`attnops._core.staging.cached_upload`: pinned, non-blocking, kept for
+the next call); the kernels find their token from it (grids over ``(row, batch x head)``, the pairs folded into axes 1
+and 2 past CUDA's 65535 programs per axis: :func:`.family.pair_grid`). Nothing is read back from the device, so the
+plans never synchronise and a CUDA graph can capture them. Outputs the kernels fully write are allocated empty.
 """
 from __future__ import annotations
 

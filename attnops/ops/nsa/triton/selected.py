@@ -1,17 +1,20 @@
 """Selected-attention kernels: forward, ``D = rowsum(dO * O)``, dQ and dK/dV (``launch.py`` plans them).
 
 One program of the forward and of dQ holds one query token and one KV head with its whole GQA group (``G`` query
-heads, padded to ``BLOCK_G >= 16`` rows for ``tl.dot``); the forward and dQ walk the token's selected blocks in slot
-order, ``BLOCK_N`` keys at a time. One dK/dV program holds ``BLOCK_N`` keys of one block of its batch and one KV head
-and walks the (token, slot) pairs that selected the block, in the fixed order of the inverted lists: every dK/dV
-element has one writer and a fixed summation order (deterministic, no atomics).
+heads, padded to ``BLOCK_G >= 16`` rows for ``tl.dot``); the forward and dQ walk the token's (slot, ``BLOCK_N`` keys)
+steps in one loop, which Triton pipelines. One dK/dV program holds ``BLOCK_N`` keys of one block and one KV head and
+walks a chunk of the (token, slot) pairs that selected the block, in the fixed order of the inverted lists,
+``BLOCK_R`` (pair, query head) rows per step; the partials of a list cut into several chunks are added in chunk order
+by a second kernel: every dK/dV element has one writer and a fixed summation order (deterministic, no atomics).
 
-The grids are ``(row, batch x KV head)``, the pairs folded into axes 1 and 2 past CUDA's 65535 programs per axis
-(``FOLD``, as the FlashAttention kernels): a program finds its token (or block) from the per-batch table (int64
-``[B, BATCH_COLS]``: first query token, query length, first KV token, KV blocks, the batch's first global block), so
-no per-token metadata is built. A selected index outside ``[0, KV blocks of the batch)`` selects nothing (the host
-validates indices of CPU tensors only; on the device such a slot is skipped, never read out of bounds). Causal rule:
-local KV position ``p`` is kept iff ``p <= row``. Scores are ``scale * q k^T``; statistics are in natural units.
+The forward, dQ and key grids are ``(row, batch x KV head)``, the pairs folded into axes 1 and 2 past CUDA's 65535
+programs per axis (``FOLD``, as the FlashAttention kernels): a program finds its token from the per-batch table
+(int64 ``[B, BATCH_COLS]``: first query token, query length, first KV token, KV blocks, the batch's first global
+block), so no per-token metadata is built; the dK/dV grids are one axis of (list chunk, key tile), a chunk's block
+found in the per-block table (``[NB, BLOCK_COLS]``). A selected index outside ``[0, KV blocks of the batch)``
+selects nothing (the host validates indices of CPU tensors only; on the device such a slot is skipped, never read out
+of bounds). Causal rule: local KV position ``p`` is kept iff ``p <= row``. Scores are ``scale * q k^T``; statistics
+are in natural units.
 """
 import triton
 import triton.language as tl
@@ -235,12 +238,13 @@ def selected_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, part_k_ptr
                          CAUSAL: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DT: tl.constexpr, SPLIT_D: tl.constexpr,
                          BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
-    """dK/dV of keys ``n0 .. n0+BLOCK_N-1`` of list ``l = unit_list[u]`` (KV head ``l // n_blocks``, global block
-    ``l % n_blocks``) over the entries of its chunk (``token``: the list entries' query tokens), in list order, ``BLOCK_R`` (entry, query head) rows per step: the
-    products are ``[BLOCK_N, BLOCK_R]`` and ``[BLOCK_N, D]``. With ``SPLIT_D`` the head dim is two tiles, columns
-    ``[0, BLOCK_D)`` and ``[BLOCK_D, BLOCK_D + BLOCK_DT)`` (D=192: 128 + 64 instead of a 256-wide padded tile). A
-    list of one chunk stores dK/dV; a longer one stores its chunks' fp32 sums as partials ``slot_end[l] - chunks +
-    c`` (``selected_dkdv_reduce_kernel`` adds them in chunk order)."""
+    """dK/dV of keys ``n0 .. n0+BLOCK_N-1`` of list ``l = unit_list[u]`` (KV head ``l // n_blocks``, global
+    block ``l % n_blocks``) over the entries of its chunk (``token``: the list entries' query tokens), in list order,
+    ``BLOCK_R`` (entry, query head) rows per step: the products are ``[BLOCK_N, BLOCK_R]`` and ``[BLOCK_N, D]``.
+    With ``SPLIT_D`` the head dim is two tiles, columns ``[0, BLOCK_D)`` and ``[BLOCK_D, BLOCK_D + BLOCK_DT)``
+    (D=192: 128 + 64 instead of a 256-wide padded tile). A list of one chunk stores dK/dV; a longer one stores its
+    chunks' fp32 sums as partials ``slot_end[l] - chunks + c`` (``selected_dkdv_reduce_kernel`` adds them in chunk
+    order)."""
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(block_size, BLOCK_N)
     u = pid // n_tiles
