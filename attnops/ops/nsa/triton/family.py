@@ -25,6 +25,7 @@ IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
 DKDV_ROWS = {2: 32, 4: 16}
 SPLIT_DKDV_ROWS = 16
 MIN_CHUNK_ROWS = 1024
+MAX_CHUNK_ROWS = 1 << 30
 CHUNK_PER_MEAN_LIST = 4
 INTERPRET_LIST_CHUNK = 4  # entries per list chunk in the interpreter (so that small tests split lists)
 SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel", "selected_dkdv_reduce_kernel")
@@ -60,12 +61,13 @@ def head_tiles(d: int) -> tuple[int, int, bool]:
 
 def list_chunk(pairs: int, lists: int, group: int, interpret: bool) -> int:
     """Entries of an inverted list per selected dK/dV program: ``CHUNK_PER_MEAN_LIST`` mean lists and at least
-    ``MIN_CHUNK_ROWS`` rows on a GPU, so a long list (block 0, forced for every token) runs on several programs
-    while the partials of the split lists (at most ``2 * pairs // chunk`` chunks) stay within half the size of
-    fp32 dK/dV."""
+    ``MIN_CHUNK_ROWS`` rows on a GPU (at most ``MAX_CHUNK_ROWS``: int32 row counts), so a long list (block 0,
+    forced for every token) runs on several programs while the partials of the split lists (at most
+    ``2 * pairs // chunk`` chunks) stay within half the size of fp32 dK/dV."""
     if interpret:
         return INTERPRET_LIST_CHUNK
-    return max(-(-MIN_CHUNK_ROWS // group), CHUNK_PER_MEAN_LIST * -(-pairs // max(lists, 1)))
+    chunk = max(-(-MIN_CHUNK_ROWS // group), CHUNK_PER_MEAN_LIST * -(-pairs // max(lists, 1)))
+    return min(chunk, MAX_CHUNK_ROWS // group)  # a program counts its rows in int32
 
 
 def row_tile(interpret: bool) -> int:

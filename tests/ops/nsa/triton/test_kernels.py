@@ -147,6 +147,19 @@ def test_selected_long_lists_split_over_programs(kernels, dtype):
     assert kernels == SELECTED * 2
 
 
+def test_list_chunk_bounds_the_partials():
+    """On a GPU a chunk is 4 mean lists (so the split lists' partials, at most ``2 * pairs // chunk`` chunks, take at
+    most half of fp32 dK/dV: a quarter of the lists), at least 1024 rows, and its rows fit an int32."""
+    from attnops.ops.nsa.triton.family import list_chunk
+
+    pairs, lists = 65536 * 4 * 16, 4 * 1024  # T=64k, 4 KV heads, 16 slots, 1024 blocks
+    chunk = list_chunk(pairs, lists, 16, interpret=False)
+    assert chunk == 4096 and 2 * (pairs // chunk) <= lists // 2
+    assert list_chunk(64, 64, 16, interpret=False) * 16 >= 1024
+    assert list_chunk(1 << 40, 1, 64, interpret=False) * 64 <= 1 << 30
+    assert list_chunk(pairs, lists, 16, interpret=True) == 4
+
+
 def test_inverted_list_schedule():
     """The dK/dV units of lists of 0, 3, 9 and 4 entries in chunks of 4: one unit per list at least, the long list's
     three chunks in partial slots 0-2."""
