@@ -19,6 +19,7 @@ from .family import KERNELS
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HEAD_DIMS = ((128, 128), (192, 128))
+SELECTED_HEAD_DIMS = ((64, 64), *HEAD_DIMS)  # selected attention: also D=64
 
 
 def _selected(dtype: str, d: int, dv: int) -> list:
@@ -84,9 +85,10 @@ def _decode(dtype: str, d: int, dv: int) -> list:
 
 
 for _dtype in DTYPES:
-    for _d, _dv in HEAD_DIMS:
+    for _d, _dv in SELECTED_HEAD_DIMS:
         register_aot("nsa", f"selected-{_dtype}-d{_d}-dv{_dv}",
                      lambda dtype=_dtype, d=_d, dv=_dv: _selected(dtype, d, dv))
+    for _d, _dv in HEAD_DIMS:
         register_aot("nsa", f"compress-attention-causal-{_dtype}-d{_d}-dv{_dv}",
                      lambda dtype=_dtype, d=_d, dv=_dv: _compress_attention(dtype, d, dv, True))
         register_aot("nsa", f"compress-attention-mask-{_dtype}-d{_d}-dv{_dv}",

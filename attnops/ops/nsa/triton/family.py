@@ -19,7 +19,16 @@ SCORE_BLOCK_K = 16  # selection blocks per score program (the score grid's third
 MAX_TOPK_TILE = 2048  # block scores the top-k kernel holds per step on a GPU
 # importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps)
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
-SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel")
+# selected dK/dV on a GPU: (entry, query head) rows per step by operand bytes (the N of its [BLOCK_N x BLOCK_R]
+# products: 64 spills at D >= 128; with a split head dim (D=192) 16, as 32 spills on sm_80), the least rows per
+# program, and the longest list chunk as a multiple of the mean list (the partials' memory bound)
+DKDV_ROWS = {2: 32, 4: 16}
+SPLIT_DKDV_ROWS = 16
+MIN_CHUNK_ROWS = 1024
+MAX_CHUNK_ROWS = 1 << 30
+CHUNK_PER_MEAN_LIST = 4
+INTERPRET_LIST_CHUNK = 4  # entries per list chunk in the interpreter (so that small tests split lists)
+SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel", "selected_dkdv_reduce_kernel")
 DECODE = ("selected_decode_kernel", "compress_decode_kernel")
 COMPRESS = ("compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel")
 
@@ -42,6 +51,26 @@ def key_tile(block_size: int, dtype: torch.dtype, interpret: bool) -> int:
     return min(pow2(block_size), INTERPRET_TILE if interpret else MAX_KEY_TILE[dtype.itemsize])
 
 
+def head_tiles(d: int) -> tuple[int, int, bool]:
+    """``(BLOCK_D, BLOCK_DT, SPLIT_D)`` of selected dK/dV: a head dim between 128 and 256 that is not a power of two
+    is two tiles, 128 columns and the rest (D=192: 128 + 64, not a 256-wide tile with 64 padding columns in the
+    accumulator, which spills); else one tile (``BLOCK_DT`` unused)."""
+    if 128 < d < pow2(d):
+        return 128, pow2(d - 128), True
+    return pow2(d), 16, False
+
+
+def list_chunk(pairs: int, lists: int, group: int, interpret: bool) -> int:
+    """Entries of an inverted list per selected dK/dV program: ``CHUNK_PER_MEAN_LIST`` mean lists and at least
+    ``MIN_CHUNK_ROWS`` rows on a GPU (at most ``MAX_CHUNK_ROWS``: int32 row counts), so a long list (block 0,
+    forced for every token) runs on several programs while the partials of the split lists (at most
+    ``2 * pairs // chunk`` chunks) stay within half the size of fp32 dK/dV."""
+    if interpret:
+        return INTERPRET_LIST_CHUNK
+    chunk = max(-(-MIN_CHUNK_ROWS // group), CHUNK_PER_MEAN_LIST * -(-pairs // max(lists, 1)))
+    return min(chunk, MAX_CHUNK_ROWS // group)  # a program counts its rows in int32
+
+
 def row_tile(interpret: bool) -> int:
     """``BLOCK_R`` of the compression kernels: compressed rows (tokens) per program."""
     return INTERPRET_TILE if interpret else COMPRESSION_ROWS
@@ -56,7 +85,8 @@ def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
 
 def _training_config(launch: Launch, named_args: dict, interpret: bool):
     """Selected attention and compression: 4 warps (8 for the selected forward, at head dims > 128 and for fp32),
-    2 stages (1 for the fp32 selected forward and dQ)."""
+    2 stages; the selected forward and dQ, whose one loop over (slot, key tile) the compiler pipelines, 3 (the keys
+    and values of step ``i + 2`` load while step ``i`` computes; fp32: 1, which never spills)."""
     import triton
 
     dtype = launch.args[0].dtype
@@ -69,8 +99,28 @@ def _training_config(launch: Launch, named_args: dict, interpret: bool):
         tiles = {}
     wide = max(launch.kwargs.get("BLOCK_D", 0), launch.kwargs.get("BLOCK_DV", 0)) > 128
     warps = 8 if wide or fp32 or launch.kernel == "selected_fwd_kernel" else 4
-    single = interpret or (fp32 and launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel"))
-    return triton.Config(tiles, num_warps=warps, num_stages=1 if single else 2)
+    if interpret:
+        stages = 1
+    elif launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel"):
+        stages = 1 if fp32 else 3
+    else:
+        stages = 2
+    return triton.Config(tiles, num_warps=warps, num_stages=stages)
+
+
+def _dkdv_config(launch: Launch, named_args: dict, interpret: bool):
+    """Selected dK/dV: ``BLOCK_N`` keys (:func:`key_tile`) x ``BLOCK_R`` rows per step (``DKDV_ROWS``;
+    ``SPLIT_DKDV_ROWS`` with a split head dim), 8 warps, 2 stages (3 with a split head dim: fewer registers)."""
+    import triton
+
+    dtype = named_args["q_ptr"].dtype
+    split = launch.kwargs["SPLIT_D"]
+    rows = min(DKDV_ROWS[dtype.itemsize], SPLIT_DKDV_ROWS) if split else DKDV_ROWS[dtype.itemsize]
+    tiles = dict(BLOCK_N=key_tile(named_args["block_size"], dtype, interpret),
+                 BLOCK_R=INTERPRET_TILE if interpret else rows)
+    if interpret:
+        return triton.Config(tiles, num_warps=4, num_stages=1)
+    return triton.Config(tiles, num_warps=8, num_stages=3 if split else 2)
 
 
 def _decode_config(launch: Launch, named_args: dict, interpret: bool):
@@ -111,6 +161,8 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
         return [_importance_config(launch, named_args, interpret)]
     if launch.kernel in DECODE:
         return [_decode_config(launch, named_args, interpret)]
+    if launch.kernel == "selected_dkdv_kernel":
+        return [_dkdv_config(launch, named_args, interpret)]
     return [_training_config(launch, named_args, interpret)]
 
 

@@ -4,11 +4,11 @@ by ``python -m attnops aot``) and runs it on the NSA kernel family (``family.py`
 grids depend on).
 
 Tensors are read in place through strides (a unit last stride, copied only when missing). The only metadata is one
-small per-batch table per call geometry, built on the host from the host lengths and uploaded once
-(:func:`attnops._core.staging.cached_upload`: pinned, non-blocking, kept for the next call); the kernels find their
-token from it (grids over ``(row, batch x head)``, the pairs folded into axes 1 and 2 past CUDA's 65535 programs per
-axis: :func:`.family.pair_grid`). Nothing is read back from the device, so the plans never
-synchronise and a CUDA graph can capture them. Outputs the kernels fully write are allocated empty.
+small per-batch table per call geometry (and, for selected dK/dV, one row per selectable block), built on the host
+from the host lengths and uploaded once (:func:`attnops._core.staging.cached_upload`: pinned, non-blocking, kept for
+the next call); the kernels find their token from it (grids over ``(row, batch x head)``, the pairs folded into axes 1
+and 2 past CUDA's 65535 programs per axis: :func:`.family.pair_grid`). Nothing is read back from the device, so the
+plans never synchronise and a CUDA graph can capture them. Outputs the kernels fully write are allocated empty.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ...._core.triton.support import interpreting
 from ...._core.varlen import SeqInfo
 from ..compress import CompressSpec
 from ..selected import SelectedSpec
-from .family import KERNELS, key_tile, pair_grid, precision_flags, row_tile
+from .family import KERNELS, head_tiles, key_tile, list_chunk, pair_grid, precision_flags, row_tile
 
 
 def _new(shape, like: torch.Tensor, fill, dtype=None) -> torch.Tensor:
@@ -37,17 +37,15 @@ def _new(shape, like: torch.Tensor, fill, dtype=None) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------- selected attention
 @functools.lru_cache(maxsize=256)
-def _selected_geometry(seq: SeqInfo, block_size: int) -> tuple[tuple, int, int, bool, bool]:
-    """``(rows of the per-batch table, selectable blocks NB, largest batch's blocks, every query token in a batch,
-    every key in a selectable block)`` (pure host arithmetic, memoized). A batch without queries has no blocks: no
-    token selects its keys."""
+def _selected_geometry(seq: SeqInfo, block_size: int) -> tuple[tuple, int, int, int]:
+    """``(rows of the per-batch table, selectable blocks NB, query tokens in a batch, keys in a selectable block)``
+    (pure host arithmetic, memoized). A batch without queries has no blocks: no token selects its keys."""
     rows, base = [], 0
     for b in range(seq.batch):
         blocks = seq.kv_lens[b] // block_size if seq.q_lens[b] else 0
         rows.append((seq.q_starts[b], seq.q_lens[b], seq.kv_starts[b], blocks, base))
         base += blocks
-    return (tuple(rows), base, max((r[3] for r in rows), default=0), sum(seq.q_lens),
-            base * block_size)
+    return tuple(rows), base, sum(seq.q_lens), base * block_size
 
 
 def _batch_table(spec: SelectedSpec, device: torch.device) -> torch.Tensor:
@@ -69,7 +67,7 @@ def selected_forward_plan(spec: SelectedSpec, query, key, value, topk, interpret
     """``((attention_out, softmax_max, softmax_sum), launches)``; tokens outside every batch get out 0 and the
     invalid-row statistics."""
     seq = spec.seq
-    covered = _selected_geometry(seq, spec.block_size)[3] == spec.total_q
+    covered = _selected_geometry(seq, spec.block_size)[2] == spec.total_q
     shape, stat = (spec.total_q, spec.n1, spec.dv), (spec.total_q, spec.n1, STAT_LANES)
     out = _new(shape, query, None if covered else 0.0)
     smax = _new(stat, query, None if covered else FLT_LOWEST, torch.float32)
@@ -86,49 +84,92 @@ def selected_forward_plan(spec: SelectedSpec, query, key, value, topk, interpret
     return (out, smax, ssum), [launch]
 
 
+def _block_table(spec: SelectedSpec, device: torch.device) -> torch.Tensor:
+    """int64 ``[NB, 3]`` (``selected.BLOCK_COLS``) on ``device``, one row per selectable block of every batch (its
+    first key's row, its first key's local position, the batch's first query token): uploaded once per geometry."""
+    rows = _selected_geometry(spec.seq, spec.block_size)[0]
+    bs = spec.block_size
+    return staging.cached_upload(
+        ("nsa.selected.blocks", rows, bs),
+        lambda: [(kv0 + j * bs, j * bs, q0) for q0, _, kv0, blocks, _ in rows for j in range(blocks)],
+        torch.int64, device)
+
+
 @dataclass(frozen=True)
 class InvertedLists:
-    """Per (KV head, selectable block), the (token, slot) pairs that selected it, for the deterministic dK/dV.
+    """Per (KV head, selectable block), the (token, slot) pairs that selected it, for the deterministic dK/dV, and
+    the schedule of the dK/dV programs over them.
 
     ``selected_keys_kernel`` writes every (token, KV head, slot) the key of its list into ``keys`` (``h * NB +``
-    global block; past every list for an index outside the batch's blocks); :meth:`sort` then orders them (a stable
-    sort: ``pair`` holds the sorted positions, in (token, slot) order within a list, so duplicates accumulate) and
-    finds the lists' bounds ``list_start [N2*NB + 1]``. Deterministic ops only (no ``bincount``), so
-    ``torch.use_deterministic_algorithms(True)`` accepts them on CUDA."""
+    global block; past every list for an index outside the batch's blocks); :meth:`schedule` then orders them (a
+    stable sort: ``pair`` holds the sorted positions, in (token, slot) order within a list, so duplicates accumulate;
+    ``token`` their int32 query tokens, the position divided by ``pairs_per_token = N2 * count``),
+    finds the lists' bounds ``list_start [N2*NB + 1]`` and cuts every list into chunks of ``chunk`` entries (at least
+    one chunk per list): ``unit_end`` (inclusive cumulative chunk counts), ``unit_list`` (the list of each dK/dV
+    unit, ``N2*NB`` past the last unit) and ``slot_end`` (inclusive cumulative partial slots: the chunk counts of
+    the lists of several chunks). ``part_k``/``part_v`` hold those chunks' fp32 partial sums. ``units`` and ``slots``
+    bound the units and slots from the number of pairs alone (a list of ``k > 1`` chunks holds more than
+    ``(k - 1) * chunk`` pairs). Deterministic ops only (no ``bincount``), so
+    ``torch.use_deterministic_algorithms(True)`` accepts them on CUDA; nothing is read back."""
 
     keys: torch.Tensor
     bounds: torch.Tensor
     sorted_keys: torch.Tensor
     pair: torch.Tensor
+    token: torch.Tensor
     list_start: torch.Tensor
+    unit_ids: torch.Tensor
+    unit_end: torch.Tensor
+    unit_list: torch.Tensor
+    slot_end: torch.Tensor
+    part_k: torch.Tensor
+    part_v: torch.Tensor
+    chunk: int
+    pairs_per_token: int
 
     @staticmethod
-    def allocate(spec: SelectedSpec, like: torch.Tensor, n_blocks: int, covered: bool) -> "InvertedLists":
+    def allocate(spec: SelectedSpec, like: torch.Tensor, n_blocks: int, covered: bool,
+                 interpret: bool) -> "InvertedLists":
         lists, device = spec.n2 * n_blocks, like.device
         keys = _new((spec.total_q, spec.n2, spec.block_count), like, None if covered else lists, torch.int64)
+        chunk = list_chunk(keys.numel(), lists, spec.group, interpret)
+        units, slots = lists + keys.numel() // chunk, max(1, 2 * (keys.numel() // chunk))
         flat, pair = (torch.empty(keys.numel(), dtype=torch.int64, device=device) for _ in range(2))
+        empty = functools.partial(torch.empty, dtype=torch.int64, device=device)
+        parts = (torch.empty((slots, spec.block_size, width), dtype=torch.float32, device=device)
+                 for width in (spec.d, spec.dv))
         return InvertedLists(keys, _list_ids(lists + 1, device), flat, pair,
-                             torch.empty(lists + 1, dtype=torch.int64, device=device))
+                             torch.empty(keys.numel(), dtype=torch.int32, device=device), empty(lists + 1),
+                             _list_ids(units, device), empty(lists), empty(units), empty(lists), *parts, chunk,
+                             spec.n2 * spec.block_count)
 
-    def sort(self) -> None:
-        """Order the keys the key kernel wrote (run between that launch and dK/dV)."""
+    def schedule(self) -> None:
+        """Order the keys the key kernel wrote and cut the lists into chunks (run between that launch and dK/dV)."""
         torch.sort(self.keys.view(-1), stable=True, out=(self.sorted_keys, self.pair))
+        self.token.copy_(self.pair.div(self.pairs_per_token, rounding_mode="floor"))
         torch.searchsorted(self.sorted_keys, self.bounds, out=self.list_start)
+        chunks = torch.diff(self.list_start).add_(self.chunk - 1).div_(self.chunk, rounding_mode="floor")
+        chunks.clamp_(min=1)
+        torch.cumsum(chunks, 0, out=self.unit_end)
+        torch.searchsorted(self.unit_end, self.unit_ids, right=True, out=self.unit_list)
+        torch.cumsum(chunks.masked_fill_(chunks == 1, 0), 0, out=self.slot_end)
 
 
 @functools.lru_cache(maxsize=64)
 def _list_ids(n: int, device: torch.device) -> torch.Tensor:
-    """``arange(n)`` on ``device``, made once per size (read only: the bounds the lists' starts are searched for)."""
+    """``arange(n)`` on ``device``, made once per size (read only: the bounds the lists' starts are searched for, the
+    dK/dV units' ids)."""
     return torch.arange(n, device=device)
 
 
 def selected_backward_plan(spec: SelectedSpec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
                            topk, interpret: bool):
     """``((dq, dk, dv), launches, lists)``: ``D = rowsum(dO * O)`` and dQ per token, the inverted lists' keys, and
-    dK/dV per (selectable block, KV head) over the lists (keys no token selected get 0). With ``lists`` (not None),
-    :meth:`InvertedLists.sort` must run before the last launch (dK/dV), as :func:`selected_backward` does."""
+    dK/dV per chunk of a (selectable block, KV head) list, then the fixed-order sum of the split lists' partials
+    (keys no token selected get 0). With ``lists`` (not None), :meth:`InvertedLists.schedule` must run before the
+    last two launches (dK/dV and its reduction), as :func:`selected_backward` does."""
     seq, device = spec.seq, query.device
-    _, n_blocks, max_blocks, queries, selectable = _selected_geometry(seq, spec.block_size)
+    _, n_blocks, queries, selectable = _selected_geometry(seq, spec.block_size)
     covered = queries == spec.total_q
     dq = _new(query.shape, query, None if covered else 0.0)
     dk, dv = (_new(t.shape, t, None if selectable == t.shape[0] else 0.0) for t in (key, value))
@@ -149,18 +190,25 @@ def selected_backward_plan(spec: SelectedSpec, query, key, value, attention_out,
                         spec.block_count, spec.n2, seq.batch, bh_fold), {**flags, **fold})
     if n_blocks == 0:
         return (dq, dk, dv), [delta_launch, dq_launch], None
-    lists = InvertedLists.allocate(spec, query, n_blocks, covered)
+    lists = InvertedLists.allocate(spec, query, n_blocks, covered, interpret)
     keys_launch = Launch("selected_keys_kernel", grid,
                          (topk, lists.keys, batches, *topk.stride()[:2], spec.n2, n_blocks, spec.block_count,
                           seq.batch, bh_fold), dict(BLOCK_S=pow2(spec.block_count, 1), **fold))
     tiles = cdiv(spec.block_size, key_tile(spec.block_size, query.dtype, interpret))
-    kv_grid, _, kv_fold = pair_grid(max_blocks * tiles, seq.batch, spec.n2)
-    dkdv_launch = Launch("selected_dkdv_kernel", kv_grid,
-                         (q, k, v, do, dk, dv, delta, smax, ssum, batches, lists.list_start, lists.pair,
+    blocks = _block_table(spec, device)
+    dkdv_flags = {name: flags[name] for name in ("CAUSAL", "BLOCK_DV", "UPCAST", "PRECISION")}
+    dkdv_flags.update(zip(("BLOCK_D", "BLOCK_DT", "SPLIT_D"), head_tiles(spec.d)))
+    dkdv_launch = Launch("selected_dkdv_kernel", (lists.unit_ids.numel() * tiles,),
+                         (q, k, v, do, dk, dv, lists.part_k, lists.part_v, delta, smax, ssum, blocks,
+                          lists.list_start, lists.token, lists.unit_list, lists.unit_end, lists.slot_end,
                           *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *do.stride()[:2], *dk.stride()[:2],
                           *dv.stride()[:2], spec.scale, spec.n1, spec.n2, spec.group, spec.d, spec.dv,
-                          spec.block_size, spec.block_count, n_blocks, seq.batch, bh_fold), {**flags, **kv_fold})
-    return (dq, dk, dv), [delta_launch, dq_launch, keys_launch, dkdv_launch], lists
+                          spec.block_size, n_blocks, lists.chunk), dkdv_flags)
+    reduce_launch = Launch("selected_dkdv_reduce_kernel", (spec.n2 * n_blocks * tiles,),
+                           (dk, dv, lists.part_k, lists.part_v, blocks, lists.list_start, lists.slot_end,
+                            *dk.stride()[:2], *dv.stride()[:2], spec.scale, spec.d, spec.dv, spec.block_size,
+                            n_blocks, lists.chunk), dict(BLOCK_D=flags["BLOCK_D"], BLOCK_DV=flags["BLOCK_DV"]))
+    return (dq, dk, dv), [delta_launch, dq_launch, keys_launch, dkdv_launch, reduce_launch], lists
 
 
 def selected_forward(spec: SelectedSpec, query, key, value, topk):
@@ -175,9 +223,9 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, grad
     if lists is None:
         KERNELS.run_all(launches, query.device)
         return outputs
-    KERNELS.run_all(launches[:-1], query.device)
-    lists.sort()
-    KERNELS.run_all(launches[-1:], query.device)
+    KERNELS.run_all(launches[:-2], query.device)
+    lists.schedule()
+    KERNELS.run_all(launches[-2:], query.device)
     return outputs
 
 

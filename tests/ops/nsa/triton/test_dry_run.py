@@ -49,7 +49,7 @@ def test_selected_forward_and_backward_with_inverted_lists():
                                              actual_seq_kvlen=[256, 512, 768])
         out.backward(meta(70, N1, DV))
     assert kernels(launches) == ["selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel",
-                                 "selected_keys_kernel", "selected_dkdv_kernel"]
+                                 "selected_keys_kernel", "selected_dkdv_kernel", "selected_dkdv_reduce_kernel"]
 
 
 def test_compress_attention_with_top_k_forward_and_backward():

@@ -38,7 +38,7 @@ def kernels(monkeypatch):
 
 
 SELECTED = ["selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel", "selected_keys_kernel",
-            "selected_dkdv_kernel"]
+            "selected_dkdv_kernel", "selected_dkdv_reduce_kernel"]
 COMPRESS = ["compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"]
 
 
@@ -129,6 +129,53 @@ def test_selected_backward_is_deterministic(kernels):
     for a, b in zip(*runs):
         assert torch.equal(a, b)
     assert kernels == SELECTED * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_selected_long_lists_split_over_programs(kernels, dtype):
+    """Block 0 forced for every token (the NSA layer's rule): its lists are far longer than a chunk (4 entries in the
+    interpreter), so several dK/dV programs share each and their partials are added in chunk order; the gradients
+    match the golden and two backward runs are bit-identical."""
+    q_lens, kv_lens, bs, count = [23, 9], [32, 24], 8, 2
+    q, k, v = _qkv(q_lens, kv_lens, 8, 2, 16, 16, dtype, seed=40)
+    topk = random_topk(q_lens, kv_lens, 2, count, bs, seed=41)
+    topk[:, :, 0] = 0
+    runs = [check_selected(q, k, v, topk, block=bs, q_lens=q_lens, kv_lens=kv_lens, causal=True)["grads"]
+            for _ in range(2)]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    assert kernels == SELECTED * 2
+
+
+def test_list_chunk_bounds_the_partials():
+    """On a GPU a chunk is 4 mean lists (so the split lists' partials, at most ``2 * pairs // chunk`` chunks, take at
+    most half of fp32 dK/dV: a quarter of the lists), at least 1024 rows, and its rows fit an int32."""
+    from attnops.ops.nsa.triton.family import list_chunk
+
+    pairs, lists = 65536 * 4 * 16, 4 * 1024  # T=64k, 4 KV heads, 16 slots, 1024 blocks
+    chunk = list_chunk(pairs, lists, 16, interpret=False)
+    assert chunk == 4096 and 2 * (pairs // chunk) <= lists // 2
+    assert list_chunk(64, 64, 16, interpret=False) * 16 >= 1024
+    assert list_chunk(1 << 40, 1, 64, interpret=False) * 64 <= 1 << 30
+    assert list_chunk(pairs, lists, 16, interpret=True) == 4
+
+
+def test_inverted_list_schedule():
+    """The dK/dV units of lists of 0, 3, 9 and 4 entries in chunks of 4: one unit per list at least, the long list's
+    three chunks in partial slots 0-2."""
+    from attnops.ops.nsa.triton.launch import InvertedLists
+
+    lengths = [0, 3, 9, 4]
+    keys = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))
+    lists = InvertedLists(keys, torch.arange(5), *(torch.empty(16, dtype=torch.int64) for _ in range(2)),
+                          torch.empty(16, dtype=torch.int32), torch.empty(5, dtype=torch.int64), torch.arange(8),
+                          *(torch.empty(n, dtype=torch.int64) for n in (4, 8, 4)), None, None, 4, 1)
+    lists.schedule()
+    assert lists.list_start.tolist() == [0, 0, 3, 12, 16]
+    assert lists.unit_end.tolist() == [1, 2, 5, 6]
+    assert lists.unit_list.tolist() == [0, 1, 2, 2, 2, 3, 4, 4]
+    assert lists.slot_end.tolist() == [0, 0, 3, 3]
+    assert torch.equal(lists.token, torch.arange(16, dtype=torch.int32)[lists.pair])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
