@@ -24,13 +24,14 @@ DIMS = {"selected": ("d64-dv64", "d128-dv128", "d192-dv128"), "compress": ("d128
 
 
 def check(case: str, target: str) -> None:
-    assert_compiles(case, target, KERNELS[re.match(r"nsa/(.+)-(fp16|bf16|fp32)-", case).group(1)])
+    assert_compiles(case, target, KERNELS[re.match(r"nsa/(.+?)(-causal|-mask)?-(fp16|bf16|fp32)-", case).group(1)])
 
 
 @pytest.mark.parametrize("case,target", [("nsa/selected-fp16-d192-dv128", "sm_90"),
                                          ("nsa/selected-fp32-d128-dv128", "sm_80"),
                                          ("nsa/compress-bf16-d192", "sm_90"),
-                                         ("nsa/compress-attention-fp32-d128-dv128", "sm_80"),
+                                         ("nsa/compress-attention-causal-fp32-d128-dv128", "sm_80"),
+                                         ("nsa/compress-attention-mask-bf16-d128-dv128", "sm_90"),
                                          ("nsa/decode-bf16-d192-dv128", "sm_90")])
 def test_nsa_kernels_compile(case, target):
     check(case, target)
@@ -39,6 +40,8 @@ def test_nsa_kernels_compile(case, target):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])
 @pytest.mark.parametrize("case", [f"nsa/{kind}-{dtype}-{dims}" for dtype in ("fp16", "bf16", "fp32")
-                                  for kind, dims_list in DIMS.items() for dims in dims_list])
+                                  for kind, dims_list in DIMS.items() for dims in dims_list
+                                  for kind in ((f"{kind}-causal", f"{kind}-mask") if kind == "compress-attention"
+                                               else (kind,))])
 def test_nsa_kernels_compile_matrix(case, target):
     check(case, target)
