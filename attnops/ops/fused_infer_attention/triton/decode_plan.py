@@ -132,6 +132,12 @@ def _mask_args(p: FIAProblem, device: torch.device) -> tuple[list, bool]:
     return [e, e.stride(0) if e.shape[0] > 1 else 0, e.stride(2)], True
 
 
+def _side_cols(p: FIAProblem) -> int:
+    """The columns every row of the pse and of the explicit mask has (the least of their widths; 0 without)."""
+    widths = [t.shape[-1] for t in (p.pse_shift, p.rule.explicit) if t is not None]
+    return min(widths, default=0)
+
+
 def _padding(value, device: torch.device) -> torch.Tensor:
     """A left padding as a device scalar the kernels read (a device tensor as given)."""
     if isinstance(value, torch.Tensor):
@@ -194,7 +200,7 @@ def make_plan(p: FIAProblem, interpret: bool, lengths_on_host: bool = True) -> D
                         V_QUANT=storage(value, p.value_quant is not None), **aq_flags, HAS_PSE=has_pse,
                         HAS_EXPLICIT=has_mask, **precision_flags(query.dtype, interpret))
     split_args = (work, batches, qmeta, q_pad, kv_pad, pm, pl, po, *pse, *mask, *antiquant, src.q_s, src.kv_s,
-                  capacity, src.block_size, num_blocks, lo, hi, p.scale, p.n1, p.group, sq, p.d, p.dv)
+                  capacity, _side_cols(p), src.block_size, num_blocks, lo, hi, p.scale, p.n1, p.group, sq, p.d, p.dv)
     quant_args, quant_strides, quant_flags = output_args(p, placeholder(device))
     out_st = out_strides(p.out_layout, p.out_shape, p.n1)
     lse_st = (0, p.n1, 1) if tnd else (p.n1 * p.lse_shape[2], 1, p.lse_shape[2])

@@ -44,8 +44,8 @@ def _query_rows(qmeta_ptr, q_pad_ptr, b, q_s, VARLEN: tl.constexpr, Q_LEFT: tl.c
         token = tl.load(qmeta_ptr + b * QMETA_COLS + QMETA_Q_TOKEN).to(tl.int64)
     else:
         rows = b.to(tl.int64) * 0 + q_s
-        token = rows * 0
-    first = rows * 0
+        token = 0
+    first = 0
     if Q_LEFT:
         first = tl.maximum(q_s - tl.maximum(tl.load(q_pad_ptr).to(tl.int64), 0) - rows, 0)
         rows = tl.minimum(rows, q_s - first)
@@ -59,10 +59,10 @@ def _kv_columns(lens_ptr, lens_stride, qmeta_ptr, kv_pad_ptr, b, capacity, kv_s,
     ``[0, capacity]``, its first token of a TND key (0 otherwise) and its first valid row after left padding
     (``KV_S - pad - length``; a negative start empties the batch)."""
     n = tl.minimum(tl.maximum(tl.load(lens_ptr + b * lens_stride).to(tl.int64), 0), capacity)
-    token = n * 0
+    token = 0  # a compile-time 0 keeps the offsets' alignment provable
     if VARLEN:
         token = tl.load(qmeta_ptr + b * QMETA_COLS + QMETA_KV_TOKEN).to(tl.int64)
-    first = n * 0
+    first = 0
     if KV_LEFT:
         start = kv_s - tl.maximum(tl.load(kv_pad_ptr).to(tl.int64), 0) - n
         n = tl.where(start < 0, 0, n)
@@ -81,12 +81,14 @@ def _band(q_rows, kv_len, lo, hi, ALIGN: tl.constexpr):
 
 @triton.jit
 def _chunking(q_rows, kv_len, lo, hi, splits, GRAIN: tl.constexpr, HAS_BAND: tl.constexpr):
-    """``(first column, end column, chunk)``: the columns the batch's rows may keep and the length of each of its
-    ``splits`` units (a multiple of ``GRAIN``); unit ``s`` has ``[first + s*chunk, first + (s+1)*chunk)``."""
+    """``(first column, end column, chunk)``: the columns the batch's rows may keep, from the band's first column
+    rounded down to a multiple of ``GRAIN`` (the band masks the few before it), and the length of each of its
+    ``splits`` units (a multiple of ``GRAIN``); unit ``s`` has ``[first + s*chunk, first + (s+1)*chunk)``. Every
+    unit and tile thus starts at a multiple of ``GRAIN`` columns, so the pse and mask rows load as vectors."""
     c_first = kv_len * 0
     c_end = tl.where(q_rows > 0, kv_len, 0)
     if HAS_BAND:
-        c_first = tl.minimum(tl.maximum(lo, 0), c_end)
+        c_first = (tl.minimum(tl.maximum(lo, 0), c_end) // GRAIN) * GRAIN
         c_end = tl.maximum(tl.minimum(q_rows + hi, c_end), c_first)
     chunk = (tl.cdiv(tl.cdiv(c_end - c_first, splits), GRAIN) * GRAIN).to(tl.int64)
     return c_first, c_end, tl.maximum(chunk, GRAIN)
@@ -98,8 +100,8 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
                  work_ptr, batches_ptr, qmeta_ptr, q_pad_ptr, kv_pad_ptr, pm_ptr, pl_ptr, po_ptr,
                  pse_ptr, pse_sb, pse_sh, pse_sr, mask_ptr, mask_sb, mask_sr,
                  ks_ptr, ko_ptr, vs_ptr, vo_ptr, aq_strides_ptr,
-                 q_s, kv_s, capacity, block_size, num_blocks, lo, hi, scale, n1, group, sq, head_d, head_dv,
-                 BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                 q_s, kv_s, capacity, side_cols, block_size, num_blocks, lo, hi, scale, n1, group, sq, head_d,
+                 head_dv, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                  GRAIN: tl.constexpr, PAGED: tl.constexpr, NZ_X: tl.constexpr, K_QUANT: tl.constexpr,
                  V_QUANT: tl.constexpr, K_STATIC: tl.constexpr, V_STATIC: tl.constexpr, K_OFFSET: tl.constexpr,
                  V_OFFSET: tl.constexpr, VARLEN: tl.constexpr, Q_LEFT: tl.constexpr, KV_LEFT: tl.constexpr,
@@ -110,7 +112,9 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
     ``hk*group + g``, query row ``i``. Partial buffers are ``[units, N1, sq]`` (and ``[..., Dv]``), contiguous.
 
     K/V strides (``kv_args``): ``*_sb``/``*_st``/``*_sh`` batch/token/head (paged: batch stride 0),
-    ``*_sblk`` a cache block, ``*_sx`` an NZ channel group, ``*_sc`` a channel."""
+    ``*_sblk`` a cache block, ``*_sx`` an NZ channel group, ``*_sc`` a channel. ``side_cols``: the columns of the
+    pse and mask rows (the least of their widths): their tiles load whole within it and are masked after the load,
+    so that they load as vectors."""
     u = tl.program_id(0)
     hk = tl.program_id(1)
     b = tl.load(work_ptr + 2 * u)
@@ -159,13 +163,14 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
                       off, K_QUANT, K_STATIC, K_OFFSET, 0).to(q.dtype)
         sc = tl.dot(q, k_t, input_precision=PRECISION) * scale
         keep = row_ok[:, None] & ok[None, :]
+        side_ok = row_ok[:, None] & (kv_first + cols < side_cols)[None, :]
         if HAS_PSE:
-            sc += tl.load(pse_row + cols[None, :], mask=keep, other=0.0).to(tl.float32)
+            sc += tl.load(pse_row + cols[None, :], mask=side_ok, other=0.0).to(tl.float32)
         if HAS_BAND:
             diff = cols[None, :] - qi[:, None]
             keep = keep & (diff >= lo) & (diff <= hi)
         if HAS_EXPLICIT:
-            keep = keep & (tl.load(mask_row + cols[None, :], mask=keep, other=1) == 0)
+            keep = keep & (tl.load(mask_row + cols[None, :], mask=side_ok, other=1) == 0)
         sc = tl.where(keep, sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         alpha = tl.exp2((m_i - m_new) * LOG2E)
