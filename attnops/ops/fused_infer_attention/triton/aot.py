@@ -1,8 +1,8 @@
 """The FIA kernels in the shared AOT machinery: small problems whose plans give the call sites ``python -m attnops aot``
 compiles. Decode (fp16/bf16/fp32; dense, paged ND ``[blocknum, blocksize, H]`` and ``[blocknum, N2, blocksize, D]`` and
 NZ KV; head dims 64, 128 and 192/128; GQA groups 4 to 16 with up to 4 query rows; int8 and int4 antiquant on dense
-and paged K/V; masks and pse; int8 output) and prefill (the same dtypes and head dims; dense, paged ND and NZ
-caches; int8 NZ caches with page-managed scales, int8 K/V with the shared prefix, int4 K/V; a few query rows after
+and paged K/V; masks and pse; int8 output) and prefill (the same dtypes and head dims; dense, paged ND (both layouts) and NZ
+caches at D=64 and 128; int8 NZ caches with page-managed scales, int8 K/V with the shared prefix, int4 K/V; a few query rows after
 the shared prefix; masks and pse; int8 output)."""
 from __future__ import annotations
 
@@ -130,13 +130,18 @@ def _prefill_dense(dtype: str, d: int, dv: int) -> list:
                              actual_seq_lengths_kv=[300, 211])
 
 
-def _prefill_paged(dtype: str, cache: str) -> list:
-    """Chunked prefill: 256 new rows of 32 heads over two requests in a ``[blocknum, 128, N2*D]`` or NZ cache."""
+def _prefill_paged(dtype: str, cache: str, d: int = 128) -> list:
+    """Chunked prefill: 256 new rows of 32 heads over two requests in a ``[blocknum, 128, N2*D]`` (``nd``),
+    ``[blocknum, N2, 128, D]`` (``bnsd``) or NZ cache."""
     t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
-    q = torch.randn(2, 256, 32 * 128, generator=gen).to(t)
-    shape = (8, 128, 8 * 128) if cache == "nd" else (8, 8, 128 // (32 // t.itemsize), 128, 32 // t.itemsize)
+    q = torch.randn(2, 256, 32 * d, generator=gen).to(t)
+    layout = "BNSD" if cache == "bnsd" else "BSH"
+    if layout == "BNSD":
+        q = q.reshape(2, 256, 32, d).transpose(1, 2).contiguous()
+    x = 32 // t.itemsize
+    shape = {"nd": (8, 128, 8 * d), "bnsd": (8, 8, 128, d), "nz": (8, 8, d // x, 128, x)}[cache]
     k, v = (torch.randn(shape, generator=gen).to(t) for _ in range(2))
-    return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BSH", scale=128 ** -0.5,
+    return _prefill_launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout=layout, scale=d ** -0.5,
                              block_table=torch.arange(8, dtype=torch.int32).reshape(2, 4), block_size=128,
                              actual_seq_lengths_kv=[512, 300], sparse_mode=3,
                              atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1))
@@ -200,8 +205,9 @@ def _prefill_int4_list(dtype: str) -> list:
 PREFILL_CASES = {**{f"prefill-dense-{t}-d128": lambda t=t: _prefill_dense(t, 128, 128) for t in DTYPES},
                  **{f"prefill-dense-{t}-d192-dv128": lambda t=t: _prefill_dense(t, 192, 128) for t in DTYPES},
                  **{f"prefill-masked-pse-{t}-d128": lambda t=t: _prefill_masked(t) for t in DTYPES},
-                 **{f"prefill-paged-{c}-{t}-d128": lambda t=t, c=c: _prefill_paged(t, c) for t in ("fp16", "bf16")
-                    for c in ("nd", "nz")},
+                 **{f"prefill-dense-{t}-d64": lambda t=t: _prefill_dense(t, 64, 64) for t in ("fp16", "bf16")},
+                 **{f"prefill-paged-{c}-{t}-d{d}": lambda t=t, c=c, d=d: _prefill_paged(t, c, d)
+                    for t in ("fp16", "bf16") for c in ("nd", "bnsd", "nz") for d in (64, 128)},
                  **{f"prefill-nz-int8-{t}-d128": lambda t=t: _prefill_nz_int8(t) for t in ("fp16", "bf16")},
                  **{f"prefill-list-int4-{t}-d128": lambda t=t: _prefill_int4_list(t) for t in ("fp16", "bf16")},
                  **{f"prefill-prefix-{t}-d128-sq4": lambda t=t: _prefill_prefix_rows(t) for t in DTYPES},
