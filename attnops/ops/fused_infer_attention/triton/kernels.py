@@ -13,7 +13,7 @@ scale, applies the band and the explicit mask, and writes the unit's fp32 partia
 un-normalised output (a unit past the batch's columns writes nothing).
 
 ``merge_kernel``: one program per (batch x query head, output row) merges the valid units of its batch in split
-order (results do not depend on scheduling) and writes the final output row in the output's layout and dtype
+order, ``BLOCK_S`` units a step (results do not depend on scheduling; a batch may have hundreds of units) and writes the final output row in the output's layout and dtype
 (``rounding.py``: CAST_ROUND for fp16/bf16, int8 quantization where the row attended something) and the lse in its
 final place; rows outside the batch's query rows and rows that saw nothing get 0 and +inf.
 
@@ -214,19 +214,26 @@ def merge_kernel(out_ptr, lse_ptr, lens_ptr, lens_stride, pm_ptr, pl_ptr, po_ptr
     row_ok = (i >= 0) & (i < q_rows)
     valid = tl.where(row_ok, tl.minimum(tl.cdiv(c_end - c_first, chunk), splits), 0)
 
-    sp = tl.arange(0, BLOCK_S)
     dv = tl.arange(0, BLOCK_DV)
-    s_ok = sp < valid
-    rows = ((first + sp).to(tl.int64) * n1 + h) * sq + i
-    l = tl.load(pl_ptr + rows, mask=s_ok, other=0.0)
-    m = tl.where(l > 0, tl.load(pm_ptr + rows, mask=s_ok, other=FLT_LOWEST), FLT_LOWEST)
-    top = tl.max(m, 0)
-    w = tl.where(l > 0, tl.exp2((m - top) * LOG2E), 0.0)
-    total = tl.sum(w * l, 0)
-    o = tl.load(po_ptr + rows[:, None] * head_dv + dv[None, :], mask=(s_ok & (l > 0))[:, None] &
-                (dv[None, :] < head_dv), other=0.0)
+    top = tl.full([], FLT_LOWEST, tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    for s0 in range(0, valid, BLOCK_S):  # BLOCK_S units a step, rescaled to the running top
+        sp = s0 + tl.arange(0, BLOCK_S)
+        s_ok = sp < valid
+        rows = ((first + sp).to(tl.int64) * n1 + h) * sq + i
+        l = tl.load(pl_ptr + rows, mask=s_ok, other=0.0)
+        m = tl.where(l > 0, tl.load(pm_ptr + rows, mask=s_ok, other=FLT_LOWEST), FLT_LOWEST)
+        new_top = tl.maximum(top, tl.max(m, 0))
+        alpha = tl.exp2((top - new_top) * LOG2E)
+        w = tl.where(l > 0, tl.exp2((m - new_top) * LOG2E), 0.0)
+        o = tl.load(po_ptr + rows[:, None] * head_dv + dv[None, :], mask=(s_ok & (l > 0))[:, None] &
+                    (dv[None, :] < head_dv), other=0.0)
+        total = total * alpha + tl.sum(w * l, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * o, 0)
+        top = new_top
     kept = total > 0
-    out = tl.sum(w[:, None] * o, 0) / tl.where(kept, total, 1.0)
+    out = acc / tl.where(kept, total, 1.0)
     lse = tl.where(kept, top + tl.log(tl.where(kept, total, 1.0)), float("inf"))
     dv_ok = dv < head_dv
     rows_ok = dv * 0 + row_ok.to(tl.int32) > 0  # row_ok along the channels
