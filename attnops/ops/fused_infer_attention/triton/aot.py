@@ -114,11 +114,11 @@ def _int8_out(dtype: str) -> list:
                      quant_scale2=torch.rand(16 * 128, generator=gen), quant_offset2=torch.rand(16 * 128, generator=gen))
 
 
-def _masked(dtype: str) -> list:
-    """Four query rows of a GQA group of 16 (64 rows per program), bottom-right causal, pse."""
-    q, k, v, gen = _qkv(dtype, (2, 4, 32, 128), (2, 512, 2, 128))
-    return _launches(q, k, v, num_heads=32, num_key_value_heads=2, input_layout="BSND", scale=128 ** -0.5,
-                     pse_shift=torch.randn(2, 32, 4, 512, generator=gen).to(q.dtype), sparse_mode=3,
+def _masked(dtype: str, group: int = 16) -> list:
+    """Four query rows of a GQA group of 16 (64 rows per program) or 32 (128 rows), bottom-right causal, pse."""
+    q, k, v, gen = _qkv(dtype, (2, 4, 2 * group, 128), (2, 512, 2, 128))
+    return _launches(q, k, v, num_heads=2 * group, num_key_value_heads=2, input_layout="BSND", scale=128 ** -0.5,
+                     pse_shift=torch.randn(2, 2 * group, 4, 512, generator=gen).to(q.dtype), sparse_mode=3,
                      atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1))
 
 
@@ -224,6 +224,10 @@ for _dtype in DTYPES:
     register_aot("fused_infer_attention", f"decode-masked-pse-{_dtype}-g16-sq4", lambda t=_dtype: _masked(t))
 for _dtype in ("fp16", "bf16"):
     register_aot("fused_infer_attention", f"decode-dense-{_dtype}-d64-g4", lambda t=_dtype: _dense(t, 64, 64, 4))
+    for _d in (64, 128):
+        register_aot("fused_infer_attention", f"decode-dense-{_dtype}-d{_d}-g64",
+                     lambda t=_dtype, d=_d: _dense(t, d, d, 64))
+    register_aot("fused_infer_attention", f"decode-masked-pse-{_dtype}-g32-sq4", lambda t=_dtype: _masked(t, 32))
     register_aot("fused_infer_attention", f"decode-paged-{_dtype}-d64", lambda t=_dtype: _paged(t, 64, None))
     for _d in (64, 128):
         register_aot("fused_infer_attention", f"decode-paged-bnsd-{_dtype}-d{_d}",
