@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ...._core import staging
@@ -88,17 +89,16 @@ def balanced_chunk(kv_lens: list[int], target: int, grain: int) -> int:
     """The unit length (a multiple of ``grain``) for host lengths: the largest that still gives ``target`` units
     (``sum(ceil(len / chunk)) >= target``, binary search), and no more than the batch's mean share
     ``total / target``, so one long sequence among short ones is split into units of the common size."""
-    lens = torch.tensor(kv_lens, dtype=torch.int64)
-    total, longest = sum(kv_lens), max(kv_lens, default=0)
-    share = cdiv(cdiv(max(total, 1), target), grain)  # in grains
-    lo, hi = 1, max(cdiv(longest, grain), 1)  # the largest c in [lo, hi] with enough units (lo if none)
+    lens = np.asarray(kv_lens, dtype=np.int64)
+    share = cdiv(cdiv(max(int(lens.sum()), 1), target), grain)  # in grains
+    lo, hi = 1, max(min(cdiv(int(lens.max(initial=0)), grain), share), 1)  # the largest enough in [lo, hi], else lo
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if int(((lens + mid * grain - 1) // (mid * grain)).sum()) >= target:
+        if int((-(-lens // (mid * grain))).sum()) >= target:
             lo = mid
         else:
             hi = mid - 1
-    return min(lo, share) * grain
+    return lo * grain
 
 
 def split_counts(kv_lens: list[int] | None, batch: int, n2: int, capacity: int, device: torch.device,
@@ -112,8 +112,7 @@ def split_counts(kv_lens: list[int] | None, batch: int, n2: int, capacity: int, 
         n = min(MAX_INTERPRET_SPLITS, most) if interpret else min(cdiv(target_units(n2, device), batch), most)
         return torch.full((batch,), n), grain
     chunk = INTERPRET_SPLIT if interpret else balanced_chunk(kv_lens, target_units(n2, device), grain)
-    lens = torch.tensor(kv_lens, dtype=torch.int64)
-    return ((lens + chunk - 1) // chunk).clamp_(min=1), grain
+    return torch.from_numpy(np.maximum(-(-np.asarray(kv_lens, dtype=np.int64) // chunk), 1)), grain
 
 
 def _work_tables(splits: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
