@@ -1,9 +1,9 @@
 """The FIA kernels in the shared AOT machinery: small problems whose plans give the call sites ``python -m attnops aot``
 compiles. Decode (fp16/bf16/fp32; dense, paged ND ``[blocknum, blocksize, H]`` and ``[blocknum, N2, blocksize, D]`` and
-NZ KV; head dims 64, 128 and 192/128; GQA groups 4 to 16 with up to 4 query rows; int8 and int4 antiquant on dense
-and paged K/V; masks and pse; int8 output) and prefill (the same dtypes and head dims; dense, paged ND (both layouts) and NZ
-caches at D=64 and 128; int8 NZ caches with page-managed scales, int8 K/V with the shared prefix, int4 K/V; a few query rows after
-the shared prefix; masks and pse; int8 output)."""
+NZ KV; head dims 64, 128 and 192/128; GQA groups 4 to 64 with up to 4 query rows (16 to 128 rows per program); int8
+and int4 antiquant on dense and paged K/V; masks and pse; KV left padding; int8 output) and prefill (the same dtypes
+and head dims; dense, paged ND (both layouts) and NZ caches at D=64 and 128; int8 NZ caches with page-managed scales,
+int8 K/V with the shared prefix, int4 K/V; a few query rows after the shared prefix; masks and pse; int8 output)."""
 from __future__ import annotations
 
 import torch
@@ -105,6 +105,13 @@ def _nz(dtype: str, quant: str | None, d: int = 128) -> list:
         options.update({f"{n}_antiquant_scale": torch.rand(8, 8, 128, generator=gen) for n in ("key", "value")},
                        key_antiquant_mode=5, value_antiquant_mode=5)
     return _launches(q, k, v, **options)
+
+
+def _left_padded(dtype: str) -> list:
+    """Dense BSND K/V with actual lengths after a left padding (the first key row read on the device)."""
+    q, k, v, _ = _qkv(dtype, (2, 1, 32, 128), (2, 512, 8, 128))
+    return _launches(q, k, v, num_heads=32, num_key_value_heads=8, input_layout="BSND", scale=128 ** -0.5,
+                     actual_seq_lengths_kv=[300, 500], kv_padding_size=torch.tensor([7]))
 
 
 def _int8_out(dtype: str) -> list:
@@ -235,6 +242,7 @@ for _dtype in ("fp16", "bf16"):
         register_aot("fused_infer_attention", f"decode-nz-{_dtype}-d{_d}", lambda t=_dtype, d=_d: _nz(t, None, d))
     register_aot("fused_infer_attention", f"decode-nz-int8-{_dtype}-d128", lambda t=_dtype: _nz(t, "int8"))
     register_aot("fused_infer_attention", f"decode-int8-out-{_dtype}-d128", lambda t=_dtype: _int8_out(t))
+    register_aot("fused_infer_attention", f"decode-left-padded-{_dtype}-d128", lambda t=_dtype: _left_padded(t))
     for _quant in ("int8", "int4"):
         register_aot("fused_infer_attention", f"decode-dense-{_quant}-{_dtype}-d128",
                      lambda t=_dtype, quant=_quant: _dense_quant(t, quant))
