@@ -3,10 +3,10 @@ the work list, the partial buffers and every kernel argument that does not chang
 
 Work list: batch ``b`` gets ``splits[b]`` units (KV chunks), each a program per KV head. The plan aims for at least
 :data:`WAVES` programs per SM (264 on an H100, whatever the KV head count: MQA included). With the KV lengths on the
-host, one unit length serves the whole batch, balanced over its TOTAL KV tokens (:func:`balanced_chunk`), so one
-long sequence among short ones is split and the short ones are not. With the lengths on the device (a capacity
-plan), every batch gets the same number of units, sized for the batch count and the capacity; the kernels cut each
-batch's actual columns into that many chunks. Either way the kernels take any length up to the capacity fixed here (paged: the block
+host, one unit length serves the whole batch, balanced over its TOTAL KV tokens (:func:`balanced_chunk`), so one long
+sequence among short ones is split and the short ones are not. With the lengths on the device (a capacity plan), every
+batch gets the same number of units, sized for the batch count and the capacity; the kernels cut each batch's actual
+columns into that many chunks. Either way the kernels take any length up to the capacity fixed here (paged: the block
 table's columns x block size; dense: the KV S), so one plan serves calls whose lengths change: a CUDA graph of
 :func:`launch.run` stays correct when new lengths and block tables are written into the captured tensors.
 
@@ -222,7 +222,8 @@ def make_plan(p: FIAProblem, interpret: bool, lengths_on_host: bool = True) -> D
     lse_st = (0, p.n1, 1) if tnd else (p.n1 * p.lse_shape[2], 1, p.lse_shape[2])
     merge_args = (pm, pl, po, batches, qmeta, q_pad, kv_pad, *quant_args, *out_st, *lse_st, *quant_strides,
                   src.q_s, src.kv_s, capacity, lo, hi, p.n1, sq, p.dv)
-    merge_consts = dict(BLOCK_S=min(pow2(max_splits, 2), MERGE_SPLITS), BLOCK_DV=pow2(p.dv), **flags, **quant_flags, ZERO_FILL=not tnd)
+    merge_consts = dict(BLOCK_S=min(pow2(max_splits, 2), MERGE_SPLITS), BLOCK_DV=pow2(p.dv), **flags, **quant_flags,
+                        ZERO_FILL=not tnd)
     return DecodePlan(
         batch=batch, n1=p.n1, n2=p.n2, rows=sq, in_layout=src.in_layout, paged=paged, units=units,
         out_shape=p.out_shape, out_dtype=p.out_dtype, lse_shape=p.lse_shape,

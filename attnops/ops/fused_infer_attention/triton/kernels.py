@@ -13,9 +13,10 @@ scale, applies the band and the explicit mask, and writes the unit's fp32 partia
 un-normalised output (a unit past the batch's columns writes nothing).
 
 ``merge_kernel``: one program per (batch x query head, output row) merges the valid units of its batch in split
-order, ``BLOCK_S`` units a step (results do not depend on scheduling; a batch may have hundreds of units) and writes the final output row in the output's layout and dtype
-(``rounding.py``: CAST_ROUND for fp16/bf16, int8 quantization where the row attended something) and the lse in its
-final place; rows outside the batch's query rows and rows that saw nothing get 0 and +inf.
+order, ``BLOCK_S`` units a step (results do not depend on scheduling; a batch may have hundreds of units) and writes the
+final output row in the output's layout and dtype (``rounding.py``: CAST_ROUND for fp16/bf16, int8 quantization where
+the row attended something) and the lse in its final place; rows outside the batch's query rows and rows that saw
+nothing get 0 and +inf.
 
 Lengths are device tensors read here (clamped to the call's capacity: no value reads or writes out of bounds). Left
 padding moves each batch's first query and key row (``Q_S - pad - Sq_b``, ``KV_S - pad - Skv_b``); masks, pse and

@@ -33,8 +33,8 @@ def test_fia_kernels_compile_matrix(case, target):
     check(case, target)
 
 
-@pytest.mark.parametrize("case,wgmma", [("decode-paged-bnsd-int8-bf16-d128", False), ("decode-dense-fp16-d64-g4", False),
-                                        ("decode-dense-bf16-d128-g64", True)])
+@pytest.mark.parametrize("case,wgmma", [("decode-paged-bnsd-int8-bf16-d128", False),
+                                        ("decode-dense-fp16-d64-g4", False), ("decode-dense-bf16-d128-g64", True)])
 def test_split_kernel_takes_hoppers_fast_path(case, wgmma):
     """sm_90, the configuration the launcher runs: K/V (and pse/mask) load as 16-byte vectors or ``cp.async``, no
     element at a time; 64 query rows per program make ``wgmma`` products, fewer rows ``mma.sync``."""
