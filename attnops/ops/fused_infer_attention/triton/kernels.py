@@ -160,7 +160,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
         blk, off = page_of(b, cols, ok, bt_ptr, bt_sb, block_size, num_blocks, PAGED)
         k_rows = token_rows(cols, blk, off, (kv_token + kv_first) * k_st, k_st, k_sblk, PAGED)
         v_rows = token_rows(cols, blk, off, (kv_token + kv_first) * v_st, v_st, v_sblk, PAGED)
-        k_t = kv_tile(k_head, k_rows, ok, dk, head_d, k_chan, ks_ptr, ko_ptr, aq_strides_ptr, 0, b, hk, pos, blk,
+        k_t = kv_tile(k_head, k_rows, ok, dk, dk < head_d, k_chan, ks_ptr, ko_ptr, aq_strides_ptr, 0, b, hk, pos, blk,
                       off, K_QUANT, K_STATIC, K_OFFSET, 0).to(q.dtype)
         sc = tl.dot(q, k_t, input_precision=PRECISION) * scale
         keep = row_ok[:, None] & ok[None, :]
@@ -177,7 +177,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
         alpha = tl.exp2((m_i - m_new) * LOG2E)
         p = tl.exp2((sc - m_new[:, None]) * LOG2E)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = kv_tile(v_head, v_rows, ok, dv, head_dv, v_chan, vs_ptr, vo_ptr, aq_strides_ptr, 2, b, hk, pos, blk,
+        v = kv_tile(v_head, v_rows, ok, dv, dv < head_dv, v_chan, vs_ptr, vo_ptr, aq_strides_ptr, 2, b, hk, pos, blk,
                     off, V_QUANT, V_STATIC, V_OFFSET, 1).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=PRECISION)
         m_i = m_new

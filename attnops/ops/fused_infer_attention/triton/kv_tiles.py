@@ -58,10 +58,10 @@ def token_rows(tokens, blk, off, base, token_stride, block_stride, PAGED: tl.con
 
 @triton.jit
 def channel_offsets(chan, chan_stride, x_stride, QUANT: tl.constexpr, NZ_X: tl.constexpr):
-    """Element offsets of channels ``chan`` (an ``arange``) within a token's head; int4: of the ``len(chan) / 8``
-    int32 words that hold them; ``NZ_X`` > 0: an NZ cache whose ``x``-wide channel groups are ``x_stride`` apart."""
+    """Element offsets of channels ``chan`` within a token's head (int4: of their int32 words); ``NZ_X`` > 0: an NZ
+    cache whose ``x``-wide channel groups are ``x_stride`` apart."""
     if QUANT == KV_INT4:
-        word = tl.arange(0, chan.shape[0] // 8)
+        word = chan // 8
     else:
         word = chan
     if NZ_X > 0:
@@ -92,36 +92,24 @@ def antiquant_factor(ptr, strides_ptr, which, b, hk, pos, blk, off, cols_ok, cha
 
 
 @triton.jit
-def _int4_tile(head_ptr, rows, rows_ok, words, n_chan, CHAN_AXIS: tl.constexpr):
-    """An int4 tile loaded once per int32 word (``words``: the offsets of the ``W`` words of a token's channels) and
-    unpacked to ``8 W`` channels: channel ``8 w + j`` is the two's complement nibble in bits ``4 j`` of word ``w``."""
-    w = tl.arange(0, words.shape[0])
-    w_ok = w * 8 < n_chan
-    nib = tl.arange(0, 8) * 4
-    if CHAN_AXIS == 0:
-        x = tl.load(head_ptr + rows[None, :] + words[:, None], mask=rows_ok[None, :] & w_ok[:, None], other=0)
-        x = tl.reshape((x[:, None, :] >> nib[None, :, None]) & 0xF, [words.shape[0] * 8, rows.shape[0]])
-    else:
-        x = tl.load(head_ptr + rows[:, None] + words[None, :], mask=rows_ok[:, None] & w_ok[None, :], other=0)
-        x = tl.reshape((x[:, :, None] >> nib[None, None, :]) & 0xF, [rows.shape[0], words.shape[0] * 8])
-    return (x ^ 8) - 8
-
-
-@triton.jit
-def kv_tile(head_ptr, rows, rows_ok, chan, n_chan, chan_offs, scale_ptr, offset_ptr, strides_ptr, which, b, hk, pos,
+def kv_tile(head_ptr, rows, rows_ok, chan, chan_ok, chan_offs, scale_ptr, offset_ptr, strides_ptr, which, b, hk, pos,
             blk, off, QUANT: tl.constexpr, STATIC: tl.constexpr, HAS_OFFSET: tl.constexpr, CHAN_AXIS: tl.constexpr):
-    """A K or V tile of tokens at ``rows`` (element offsets) and channels ``chan`` (at ``chan_offs``; int4: the
-    offsets of their words, ``channel_offsets``), of which the first ``n_chan`` exist, channels on axis
-    ``CHAN_AXIS`` (K^T: 0, V: 1); loaded as stored, or dequantized to fp32 when ``QUANT`` (``(x + offset) *
-    scale``). Tokens or channels out of range read 0."""
-    chan_ok = chan < n_chan
+    """A K or V tile of tokens at ``rows`` (element offsets) and channels ``chan`` (at ``chan_offs``), channels on
+    axis ``CHAN_AXIS`` (K^T: 0, V: 1); loaded as stored, or dequantized to fp32 when ``QUANT`` (``(x + offset) *
+    scale``; int4: two's complement nibbles, channel ``c`` in bits ``4*(c % 8)`` of its word). Tokens or channels
+    out of range read 0."""
     if QUANT == KV_INT4:
-        x = _int4_tile(head_ptr, rows, rows_ok, chan_offs, n_chan, CHAN_AXIS)
-    elif CHAN_AXIS == 0:
-        x = tl.load(head_ptr + rows[None, :] + chan_offs[:, None], mask=rows_ok[None, :] & chan_ok[:, None], other=0)
+        shift = (chan % 8) * 4
     else:
-        x = tl.load(head_ptr + rows[:, None] + chan_offs[None, :], mask=rows_ok[:, None] & chan_ok[None, :], other=0)
+        shift = chan * 0
+    if CHAN_AXIS == 0:
+        offs, ok, shifts = rows[None, :] + chan_offs[:, None], rows_ok[None, :] & chan_ok[:, None], shift[:, None]
+    else:
+        offs, ok, shifts = rows[:, None] + chan_offs[None, :], rows_ok[:, None] & chan_ok[None, :], shift[None, :]
+    x = tl.load(head_ptr + offs, mask=ok, other=0)
     if QUANT != KV_FLOAT:
+        if QUANT == KV_INT4:
+            x = (((x >> shifts) & 0xF) ^ 8) - 8
         x = x.to(tl.float32)
         if HAS_OFFSET:
             x += antiquant_factor(offset_ptr, strides_ptr, which + 1, b, hk, pos, blk, off, rows_ok, chan, chan_ok,

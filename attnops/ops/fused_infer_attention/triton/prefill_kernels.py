@@ -39,7 +39,7 @@ def _span(acc, m_i, l_i, q, k_head, v_head, c_begin, c_end, first_col, k_base, v
         blk, off = page_of(b, tokens, ok, bt_ptr, bt_sb, block_size, num_blocks, PAGED)
         pos = tokens.to(tl.int64) + pos_shift
         k_rows = token_rows(tokens, blk, off, k_base, k_st, k_sblk, PAGED)
-        k_t = kv_tile(k_head, k_rows, ok, dk, head_d, k_chan, ks_ptr, ko_ptr, aq_strides_ptr, 0, b, hk, pos, blk,
+        k_t = kv_tile(k_head, k_rows, ok, dk, dk < head_d, k_chan, ks_ptr, ko_ptr, aq_strides_ptr, 0, b, hk, pos, blk,
                       off, K_QUANT, K_STATIC, K_OFFSET, 0)
         qk = tl.dot(q, mma_operand(k_t, K_QUANT, DTYPE, UPCAST), input_precision=PRECISION)
         s = score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr, 0,
@@ -51,7 +51,7 @@ def _span(acc, m_i, l_i, q, k_head, v_head, c_begin, c_end, first_col, k_base, v
         p = tl.exp2((s - m_new[:, None]) * LOG2E)
         l_i = l_i * alpha + tl.sum(p, 1)
         v_rows = token_rows(tokens, blk, off, v_base, v_st, v_sblk, PAGED)
-        v = mma_operand(kv_tile(v_head, v_rows, ok, dv, head_dv, v_chan, vs_ptr, vo_ptr, aq_strides_ptr, 2, b, hk,
+        v = mma_operand(kv_tile(v_head, v_rows, ok, dv, dv < head_dv, v_chan, vs_ptr, vo_ptr, aq_strides_ptr, 2, b, hk,
                                 pos, blk, off, V_QUANT, V_STATIC, V_OFFSET, 1), V_QUANT, DTYPE, UPCAST)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
