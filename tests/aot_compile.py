@@ -15,13 +15,15 @@ case, target = sys.argv[1], sys.argv[2]
 out = []
 for launch in all_aot_cases()[case].launches():
     for v in compile_launch(launch, TARGETS[target]):
-        out.append(dict(kernel=v.kernel, spills=v.n_spills, shared=v.shared, limit=SHARED_LIMIT[TARGETS[target][1]]))
+        out.append(dict(kernel=v.kernel, spills=v.n_spills, shared=v.shared, limit=SHARED_LIMIT[TARGETS[target][1]],
+                        default=v.default, ptx=vars(v.ptx)))
 print(json.dumps(out))
 """
 
 
 def compile_case(case: str, target: str) -> list[dict]:
-    """``[{kernel, spills, shared, limit}]`` for every compiled variant of ``case`` ("operator/name") on ``target``."""
+    """``[{kernel, spills, shared, limit, default, ptx}]`` (``ptx``: :class:`~attnops._core.triton.aot.PtxCounts`'
+    fields) for every compiled variant of ``case`` ("operator/name") on ``target``."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ATTNOPS_TRITON_INTERPRET")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")

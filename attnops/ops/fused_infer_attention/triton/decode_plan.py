@@ -1,12 +1,12 @@
 """The host arithmetic of the Triton FIA decode kernels, done once per batch composition (FlashInfer's ``plan``):
 the work list, the partial buffers and every kernel argument that does not change from call to call.
 
-Work list: batch ``b`` gets ``splits[b]`` units (KV chunks), each a program per KV head. With the KV lengths on the
-host, the chunk length is balanced over the TOTAL number of KV tokens of the batch (about two programs per SM, at
-least :data:`MIN_SPLIT_TOKENS` tokens each, at most :data:`MAX_SPLITS` units per batch), so one long sequence among
-short ones is split and the short ones are not. With the lengths on the device (a capacity plan), every batch gets
-the same number of units, sized for the batch count and the capacity; the kernels cut each batch's actual columns
-into that many chunks. Either way the kernels take any length up to the capacity fixed here (paged: the block
+Work list: batch ``b`` gets ``splits[b]`` units (KV chunks), each a program per KV head. The plan aims for at least
+:data:`WAVES` programs per SM (264 on an H100, whatever the KV head count: MQA included). With the KV lengths on the
+host, one unit length serves the whole batch, balanced over its TOTAL KV tokens (:func:`balanced_chunk`), so one long
+sequence among short ones is split and the short ones are not. With the lengths on the device (a capacity plan), every
+batch gets the same number of units, sized for the batch count and the capacity; the kernels cut each batch's actual
+columns into that many chunks. Either way the kernels take any length up to the capacity fixed here (paged: the block
 table's columns x block size; dense: the KV S), so one plan serves calls whose lengths change: a CUDA graph of
 :func:`launch.run` stays correct when new lengths and block tables are written into the captured tensors.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ...._core import staging
@@ -28,11 +29,11 @@ from .family import INTERPRET_TILE, MIN_ROWS, precision_flags
 from .kv_args import antiquant_args, nz_x, storage
 from .out_args import output_args
 
-MAX_SPLITS = 64
-MIN_SPLIT_TOKENS = 256  # GPU: the least tokens per unit worth a program
 SPLIT_GRAIN = 64  # GPU unit lengths are multiples of every tile width
 INTERPRET_SPLIT = 32  # Triton's interpreter: small units, so tiny tests cover several
-PROGRAMS_PER_SM = 2
+MAX_INTERPRET_SPLITS = 64  # Triton's interpreter: units per batch of a capacity plan
+WAVES = 2  # programs per SM the plan aims for (the split kernel fits two per SM)
+MERGE_SPLITS = 32  # units the merge kernel reads per step
 
 
 @dataclass(frozen=True)
@@ -79,24 +80,39 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def target_units(n2: int, device: torch.device) -> int:
+    """Units (programs per KV head) that give ``WAVES`` programs per SM of ``device``."""
+    return cdiv(WAVES * _sm_count(device), n2)
+
+
+def balanced_chunk(kv_lens: list[int], target: int, grain: int) -> int:
+    """The unit length (a multiple of ``grain``) for host lengths: the largest that still gives ``target`` units
+    (``sum(ceil(len / chunk)) >= target``, binary search), and no more than the batch's mean share
+    ``total / target``, so one long sequence among short ones is split into units of the common size."""
+    lens = np.asarray(kv_lens, dtype=np.int64)
+    share = cdiv(cdiv(max(int(lens.sum()), 1), target), grain)  # in grains
+    lo, hi = 1, max(min(cdiv(int(lens.max(initial=0)), grain), share), 1)  # the largest enough in [lo, hi], else lo
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if int((-(-lens // (mid * grain))).sum()) >= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * grain
+
+
 def split_counts(kv_lens: list[int] | None, batch: int, n2: int, capacity: int, device: torch.device,
                  interpret: bool) -> tuple[torch.Tensor, int]:
-    """``(splits [B] int64 on the CPU, chunk grain)``: units per batch balanced over the total KV tokens of
-    ``kv_lens`` (host lengths), or the same count for every batch when they are on the device (None)."""
+    """``(splits [B] int64 on the CPU, chunk grain)``: units per batch of :func:`balanced_chunk` over the host
+    lengths ``kv_lens``, or, when they are on the device (None), the same count for every batch: the
+    :func:`target_units` shared among the batches, at most one per grain of the capacity."""
     grain = INTERPRET_TILE if interpret else SPLIT_GRAIN
-    if interpret:
-        if kv_lens is None:
-            return torch.full((batch,), min(max(cdiv(capacity, INTERPRET_SPLIT), 1), MAX_SPLITS)), grain
-        chunk = INTERPRET_SPLIT
-    else:
-        units = max(1, PROGRAMS_PER_SM * _sm_count(device) // n2)  # units that fill the GPU once
-        if kv_lens is None:
-            n = min(cdiv(units, batch), cdiv(capacity, MIN_SPLIT_TOKENS), MAX_SPLITS)
-            return torch.full((batch,), max(n, 1)), grain
-        chunk = max(cdiv(sum(kv_lens), units), MIN_SPLIT_TOKENS)
-        chunk = cdiv(chunk, grain) * grain
-    lens = torch.tensor(kv_lens, dtype=torch.int64)
-    return ((lens + chunk - 1) // chunk).clamp_(1, MAX_SPLITS), grain
+    if kv_lens is None:
+        most = max(cdiv(capacity, INTERPRET_SPLIT if interpret else grain), 1)
+        n = min(MAX_INTERPRET_SPLITS, most) if interpret else min(cdiv(target_units(n2, device), batch), most)
+        return torch.full((batch,), n), grain
+    chunk = INTERPRET_SPLIT if interpret else balanced_chunk(kv_lens, target_units(n2, device), grain)
+    return torch.from_numpy(np.maximum(-(-np.asarray(kv_lens, dtype=np.int64) // chunk), 1)), grain
 
 
 def _work_tables(splits: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -130,6 +146,12 @@ def _mask_args(p: FIAProblem, device: torch.device) -> tuple[list, bool]:
     e = unit_last_stride(e)
     e = e.view(torch.uint8) if e.dtype == torch.bool else e
     return [e, e.stride(0) if e.shape[0] > 1 else 0, e.stride(2)], True
+
+
+def _side_cols(p: FIAProblem) -> int:
+    """The columns every row of the pse and of the explicit mask has (the least of their widths; 0 without)."""
+    widths = [t.shape[-1] for t in (p.pse_shift, p.rule.explicit) if t is not None]
+    return min(widths, default=0)
 
 
 def _padding(value, device: torch.device) -> torch.Tensor:
@@ -194,13 +216,14 @@ def make_plan(p: FIAProblem, interpret: bool, lengths_on_host: bool = True) -> D
                         V_QUANT=storage(value, p.value_quant is not None), **aq_flags, HAS_PSE=has_pse,
                         HAS_EXPLICIT=has_mask, **precision_flags(query.dtype, interpret))
     split_args = (work, batches, qmeta, q_pad, kv_pad, pm, pl, po, *pse, *mask, *antiquant, src.q_s, src.kv_s,
-                  capacity, src.block_size, num_blocks, lo, hi, p.scale, p.n1, p.group, sq, p.d, p.dv)
+                  capacity, _side_cols(p), src.block_size, num_blocks, lo, hi, p.scale, p.n1, p.group, sq, p.d, p.dv)
     quant_args, quant_strides, quant_flags = output_args(p, placeholder(device))
     out_st = out_strides(p.out_layout, p.out_shape, p.n1)
     lse_st = (0, p.n1, 1) if tnd else (p.n1 * p.lse_shape[2], 1, p.lse_shape[2])
     merge_args = (pm, pl, po, batches, qmeta, q_pad, kv_pad, *quant_args, *out_st, *lse_st, *quant_strides,
                   src.q_s, src.kv_s, capacity, lo, hi, p.n1, sq, p.dv)
-    merge_consts = dict(BLOCK_S=pow2(max_splits, 2), BLOCK_DV=pow2(p.dv), **flags, **quant_flags, ZERO_FILL=not tnd)
+    merge_consts = dict(BLOCK_S=min(pow2(max_splits, 2), MERGE_SPLITS), BLOCK_DV=pow2(p.dv), **flags, **quant_flags,
+                        ZERO_FILL=not tnd)
     return DecodePlan(
         batch=batch, n1=p.n1, n2=p.n2, rows=sq, in_layout=src.in_layout, paged=paged, units=units,
         out_shape=p.out_shape, out_dtype=p.out_dtype, lse_shape=p.lse_shape,

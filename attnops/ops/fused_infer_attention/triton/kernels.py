@@ -13,9 +13,10 @@ scale, applies the band and the explicit mask, and writes the unit's fp32 partia
 un-normalised output (a unit past the batch's columns writes nothing).
 
 ``merge_kernel``: one program per (batch x query head, output row) merges the valid units of its batch in split
-order (results do not depend on scheduling) and writes the final output row in the output's layout and dtype
-(``rounding.py``: CAST_ROUND for fp16/bf16, int8 quantization where the row attended something) and the lse in its
-final place; rows outside the batch's query rows and rows that saw nothing get 0 and +inf.
+order, ``BLOCK_S`` units a step (results do not depend on scheduling; a batch may have hundreds of units) and writes the
+final output row in the output's layout and dtype (``rounding.py``: CAST_ROUND for fp16/bf16, int8 quantization where
+the row attended something) and the lse in its final place; rows outside the batch's query rows and rows that saw
+nothing get 0 and +inf.
 
 Lengths are device tensors read here (clamped to the call's capacity: no value reads or writes out of bounds). Left
 padding moves each batch's first query and key row (``Q_S - pad - Sq_b``, ``KV_S - pad - Skv_b``); masks, pse and
@@ -44,8 +45,8 @@ def _query_rows(qmeta_ptr, q_pad_ptr, b, q_s, VARLEN: tl.constexpr, Q_LEFT: tl.c
         token = tl.load(qmeta_ptr + b * QMETA_COLS + QMETA_Q_TOKEN).to(tl.int64)
     else:
         rows = b.to(tl.int64) * 0 + q_s
-        token = rows * 0
-    first = rows * 0
+        token = 0
+    first = 0
     if Q_LEFT:
         first = tl.maximum(q_s - tl.maximum(tl.load(q_pad_ptr).to(tl.int64), 0) - rows, 0)
         rows = tl.minimum(rows, q_s - first)
@@ -59,10 +60,10 @@ def _kv_columns(lens_ptr, lens_stride, qmeta_ptr, kv_pad_ptr, b, capacity, kv_s,
     ``[0, capacity]``, its first token of a TND key (0 otherwise) and its first valid row after left padding
     (``KV_S - pad - length``; a negative start empties the batch)."""
     n = tl.minimum(tl.maximum(tl.load(lens_ptr + b * lens_stride).to(tl.int64), 0), capacity)
-    token = n * 0
+    token = 0  # a compile-time 0 keeps the offsets' alignment provable
     if VARLEN:
         token = tl.load(qmeta_ptr + b * QMETA_COLS + QMETA_KV_TOKEN).to(tl.int64)
-    first = n * 0
+    first = 0
     if KV_LEFT:
         start = kv_s - tl.maximum(tl.load(kv_pad_ptr).to(tl.int64), 0) - n
         n = tl.where(start < 0, 0, n)
@@ -81,12 +82,14 @@ def _band(q_rows, kv_len, lo, hi, ALIGN: tl.constexpr):
 
 @triton.jit
 def _chunking(q_rows, kv_len, lo, hi, splits, GRAIN: tl.constexpr, HAS_BAND: tl.constexpr):
-    """``(first column, end column, chunk)``: the columns the batch's rows may keep and the length of each of its
-    ``splits`` units (a multiple of ``GRAIN``); unit ``s`` has ``[first + s*chunk, first + (s+1)*chunk)``."""
+    """``(first column, end column, chunk)``: the columns the batch's rows may keep, from the band's first column
+    rounded down to a multiple of ``GRAIN`` (the band masks the few before it), and the length of each of its
+    ``splits`` units (a multiple of ``GRAIN``); unit ``s`` has ``[first + s*chunk, first + (s+1)*chunk)``. Every
+    unit and tile thus starts at a multiple of ``GRAIN`` columns, so the pse and mask rows load as vectors."""
     c_first = kv_len * 0
     c_end = tl.where(q_rows > 0, kv_len, 0)
     if HAS_BAND:
-        c_first = tl.minimum(tl.maximum(lo, 0), c_end)
+        c_first = (tl.minimum(tl.maximum(lo, 0), c_end) // GRAIN) * GRAIN
         c_end = tl.maximum(tl.minimum(q_rows + hi, c_end), c_first)
     chunk = (tl.cdiv(tl.cdiv(c_end - c_first, splits), GRAIN) * GRAIN).to(tl.int64)
     return c_first, c_end, tl.maximum(chunk, GRAIN)
@@ -98,8 +101,8 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
                  work_ptr, batches_ptr, qmeta_ptr, q_pad_ptr, kv_pad_ptr, pm_ptr, pl_ptr, po_ptr,
                  pse_ptr, pse_sb, pse_sh, pse_sr, mask_ptr, mask_sb, mask_sr,
                  ks_ptr, ko_ptr, vs_ptr, vo_ptr, aq_strides_ptr,
-                 q_s, kv_s, capacity, block_size, num_blocks, lo, hi, scale, n1, group, sq, head_d, head_dv,
-                 BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                 q_s, kv_s, capacity, side_cols, block_size, num_blocks, lo, hi, scale, n1, group, sq, head_d,
+                 head_dv, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                  GRAIN: tl.constexpr, PAGED: tl.constexpr, NZ_X: tl.constexpr, K_QUANT: tl.constexpr,
                  V_QUANT: tl.constexpr, K_STATIC: tl.constexpr, V_STATIC: tl.constexpr, K_OFFSET: tl.constexpr,
                  V_OFFSET: tl.constexpr, VARLEN: tl.constexpr, Q_LEFT: tl.constexpr, KV_LEFT: tl.constexpr,
@@ -110,7 +113,9 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
     ``hk*group + g``, query row ``i``. Partial buffers are ``[units, N1, sq]`` (and ``[..., Dv]``), contiguous.
 
     K/V strides (``kv_args``): ``*_sb``/``*_st``/``*_sh`` batch/token/head (paged: batch stride 0),
-    ``*_sblk`` a cache block, ``*_sx`` an NZ channel group, ``*_sc`` a channel."""
+    ``*_sblk`` a cache block, ``*_sx`` an NZ channel group, ``*_sc`` a channel. ``side_cols``: the columns of the
+    pse and mask rows (the least of their widths): their tiles load whole within it and are masked after the load,
+    so that they load as vectors."""
     u = tl.program_id(0)
     hk = tl.program_id(1)
     b = tl.load(work_ptr + 2 * u)
@@ -159,13 +164,14 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
                       off, K_QUANT, K_STATIC, K_OFFSET, 0).to(q.dtype)
         sc = tl.dot(q, k_t, input_precision=PRECISION) * scale
         keep = row_ok[:, None] & ok[None, :]
+        side_ok = row_ok[:, None] & (kv_first + cols < side_cols)[None, :]
         if HAS_PSE:
-            sc += tl.load(pse_row + cols[None, :], mask=keep, other=0.0).to(tl.float32)
+            sc += tl.load(pse_row + cols[None, :], mask=side_ok, other=0.0).to(tl.float32)
         if HAS_BAND:
             diff = cols[None, :] - qi[:, None]
             keep = keep & (diff >= lo) & (diff <= hi)
         if HAS_EXPLICIT:
-            keep = keep & (tl.load(mask_row + cols[None, :], mask=keep, other=1) == 0)
+            keep = keep & (tl.load(mask_row + cols[None, :], mask=side_ok, other=1) == 0)
         sc = tl.where(keep, sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         alpha = tl.exp2((m_i - m_new) * LOG2E)
@@ -209,19 +215,26 @@ def merge_kernel(out_ptr, lse_ptr, lens_ptr, lens_stride, pm_ptr, pl_ptr, po_ptr
     row_ok = (i >= 0) & (i < q_rows)
     valid = tl.where(row_ok, tl.minimum(tl.cdiv(c_end - c_first, chunk), splits), 0)
 
-    sp = tl.arange(0, BLOCK_S)
     dv = tl.arange(0, BLOCK_DV)
-    s_ok = sp < valid
-    rows = ((first + sp).to(tl.int64) * n1 + h) * sq + i
-    l = tl.load(pl_ptr + rows, mask=s_ok, other=0.0)
-    m = tl.where(l > 0, tl.load(pm_ptr + rows, mask=s_ok, other=FLT_LOWEST), FLT_LOWEST)
-    top = tl.max(m, 0)
-    w = tl.where(l > 0, tl.exp2((m - top) * LOG2E), 0.0)
-    total = tl.sum(w * l, 0)
-    o = tl.load(po_ptr + rows[:, None] * head_dv + dv[None, :], mask=(s_ok & (l > 0))[:, None] &
-                (dv[None, :] < head_dv), other=0.0)
+    top = tl.full([], FLT_LOWEST, tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    for s0 in range(0, valid, BLOCK_S):  # BLOCK_S units a step, rescaled to the running top
+        sp = s0 + tl.arange(0, BLOCK_S)
+        s_ok = sp < valid
+        rows = ((first + sp).to(tl.int64) * n1 + h) * sq + i
+        l = tl.load(pl_ptr + rows, mask=s_ok, other=0.0)
+        m = tl.where(l > 0, tl.load(pm_ptr + rows, mask=s_ok, other=FLT_LOWEST), FLT_LOWEST)
+        new_top = tl.maximum(top, tl.max(m, 0))
+        alpha = tl.exp2((top - new_top) * LOG2E)
+        w = tl.where(l > 0, tl.exp2((m - new_top) * LOG2E), 0.0)
+        o = tl.load(po_ptr + rows[:, None] * head_dv + dv[None, :], mask=(s_ok & (l > 0))[:, None] &
+                    (dv[None, :] < head_dv), other=0.0)
+        total = total * alpha + tl.sum(w * l, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * o, 0)
+        top = new_top
     kept = total > 0
-    out = tl.sum(w[:, None] * o, 0) / tl.where(kept, total, 1.0)
+    out = acc / tl.where(kept, total, 1.0)
     lse = tl.where(kept, top + tl.log(tl.where(kept, total, 1.0)), float("inf"))
     dv_ok = dv < head_dv
     rows_ok = dv * 0 + row_ok.to(tl.int32) > 0  # row_ok along the channels

@@ -110,6 +110,17 @@ def test_few_query_rows_causal_and_actual_lengths(triton_backend, sparse_mode, m
         softmax_lse_flag=True)
 
 
+def test_sliding_window_over_many_units(triton_backend):
+    """Three speculative rows with a sliding window (sparse_mode 4) whose first column is no multiple of the tile
+    width, and a pse: units start at the window rounded down (the band masks the rest); the long batch's 35 units
+    take the merge kernel two steps."""
+    q, k, v = make_inputs("BSND", b=2, n=4, nkv=2, sq=3, skv=1300, d=16, dtype=F16)
+    pse = randn(2, 4, 3, 1300, dtype=F16, seed=7)
+    run(triton_backend, q, k, v, atten_mask=TRIU2048, sparse_mode=4, pre_tokens=1100, next_tokens=0, pse_shift=pse,
+        actual_seq_lengths_kv=[1300, 555], num_heads=4, num_key_value_heads=2, scale_value=0.25,
+        input_layout="BSND", softmax_lse_flag=True)
+
+
 def test_bnsd_in_bsnd_out(triton_backend):
     q, k, v = make_inputs("BNSD_BSND", b=2, n=4, nkv=1, sq=3, skv=37, d=16, dtype=F16)
     run(triton_backend, q, k, v, atten_mask=TRIU2048, sparse_mode=3, num_heads=4, num_key_value_heads=1,

@@ -4,16 +4,13 @@ for sm_90 / sm_80 without a GPU, within the target's shared memory and without r
 subset runs in CI; the full case x target matrix is slow."""
 import pytest
 
+from attnops._core.triton.registry import AOT_CASES
 from attnops.ops.fused_infer_attention.triton.aot import PREFILL_CASES
-from tests.aot_compile import assert_compiles
+from tests.aot_compile import assert_compiles, compile_case
 
 pytest.importorskip("triton")
 
-CASES = [f"decode-{kind}-{dtype}-{dims}" for dtype in ("fp16", "bf16", "fp32")
-         for kind, dims in (("dense", "d128-g4"), ("dense", "d192-dv128-g8"), ("paged", "d128"),
-                            ("masked-pse", "g16-sq4"))] + \
-        [f"decode-{kind}-{dtype}-d128" for kind in ("paged-int8", "paged-int4", "nz", "nz-int8", "int8-out")
-         for dtype in ("fp16", "bf16")]
+CASES = sorted(name.split("/", 1)[1] for name in AOT_CASES if name.startswith("fused_infer_attention/decode-"))
 
 
 def check(case: str, target: str) -> None:
@@ -34,3 +31,15 @@ def test_fia_kernels_compile(case, target):
 @pytest.mark.parametrize("case", CASES + list(PREFILL_CASES))
 def test_fia_kernels_compile_matrix(case, target):
     check(case, target)
+
+
+@pytest.mark.parametrize("case,wgmma", [("decode-paged-bnsd-int8-bf16-d128", False),
+                                        ("decode-dense-fp16-d64-g4", False), ("decode-dense-bf16-d128-g64", True)])
+def test_split_kernel_takes_hoppers_fast_path(case, wgmma):
+    """sm_90, the configuration the launcher runs: K/V (and pse/mask) load as 16-byte vectors or ``cp.async``, no
+    element at a time; 64 query rows per program make ``wgmma`` products, fewer rows ``mma.sync``."""
+    (split,) = [v for v in compile_case(f"fused_infer_attention/{case}", "sm_90")
+                if v["kernel"] == "split_kernel" and v["default"]]
+    ptx = split["ptx"]
+    assert ptx["ld_global_narrow"] == 0 and ptx["cp_async"] > 0, ptx
+    assert (ptx["wgmma"] > 0, ptx["mma_sync"] == 0) == (wgmma, wgmma), ptx

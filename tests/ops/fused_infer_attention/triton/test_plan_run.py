@@ -61,17 +61,34 @@ def _plan(q, kc, vc, bt, lens, **kw):
                                               actual_seq_lengths_kv=_dev(lens), return_lse=True, **kw)
 
 
+def _programs(kv_lens, n2, capacity=None):
+    """Split-kernel programs (units x KV heads) and units per batch of a plan on an H100 (132 SMs)."""
+    batch = len(kv_lens) if kv_lens is not None else 1
+    splits, _ = split_counts(kv_lens, batch, n2, capacity or max(kv_lens), torch.device("meta"), interpret=False)
+    return int(splits.sum()) * n2, splits.tolist()
+
+
+@pytest.mark.parametrize("n2", [8, 1])
+def test_splits_fill_two_waves_of_an_h100(n2):
+    """B=1 x 32k and B=64 x 8k give at least two programs per SM (264), MQA included, with host lengths and with a
+    capacity plan (device lengths)."""
+    for kv_lens in ([32768], [8192] * 64):
+        assert _programs(kv_lens, n2)[0] >= 2 * 132
+    for batch, capacity in ((1, 32768), (64, 8192)):
+        splits, _ = split_counts(None, batch, n2, capacity, torch.device("meta"), interpret=False)
+        assert int(splits.sum()) * n2 >= 2 * 132
+    assert _programs([32768], 8) == (280, [35])
+    assert _programs([32768], 1) == (512, [512])
+    assert _programs([8192] * 64, 8) == (512, [1] * 64)
+    assert _programs([8192] * 64, 1) == (320, [5] * 64)
+
+
 def test_splits_are_balanced_over_the_batch_tokens():
-    """One long sequence among short ones gets the units (chunks of the total over the GPU's programs, at least 256
-    tokens); a capacity plan splits each batch alike."""
-    splits, _ = split_counts([4096, 10, 300, 0], 4, 8, 4096, torch.device("meta"), interpret=False)
-    assert splits.tolist() == [16, 1, 2, 1]
-    splits, _ = split_counts([32768] + [64] * 15, 16, 8, 32768, torch.device("meta"), interpret=False)
-    assert splits.tolist() == [32] + [1] * 15 and int(splits.sum()) * 8 <= 2 * 132 * 2
-    uniform, _ = split_counts(None, 64, 8, 8192, torch.device("meta"), interpret=False)
-    assert set(uniform.tolist()) == {1}
-    one, _ = split_counts(None, 1, 8, 32768, torch.device("meta"), interpret=False)
-    assert one.tolist() == [33]
+    """One long sequence among short ones is split into units of about the batch's mean share; short ones are not."""
+    programs, splits = _programs([131072] + [1024] * 63, 8)
+    assert splits == [23] + [1] * 63 and programs == 688
+    assert _programs([4096, 10, 300, 0], 8)[1] == [32, 1, 3, 1]
+    assert _programs([0], 8)[1] == [1]
 
 
 @pytest.mark.parametrize("layout", ["BNSD", "NZ"])
