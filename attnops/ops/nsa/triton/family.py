@@ -20,7 +20,7 @@ MAX_TOPK_TILE = 2048  # block scores the top-k kernel holds per step on a GPU
 # importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps)
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
 SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel")
-DECODE = ("selected_decode_kernel", "compress_decode_kernel")
+DECODE = ("selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel")
 COMPRESS = ("compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel")
 
 
@@ -80,7 +80,7 @@ def _decode_config(launch: Launch, named_args: dict, interpret: bool):
     fp32 = named_args["q_ptr"].element_size() == 4
     wide = launch.kwargs["BLOCK_D"] > 128
     tiles = dict(BLOCK_N=INTERPRET_TILE if interpret else 16 if fp32 else 32 if wide else 64)
-    if launch.kernel == "compress_decode_kernel":
+    if launch.kernel == "compress_decode_score_kernel":
         tiles["BLOCK_K"] = SCORE_BLOCK_K
     return triton.Config(tiles, num_warps=4, num_stages=2)
 

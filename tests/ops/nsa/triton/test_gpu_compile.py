@@ -18,7 +18,7 @@ KERNELS = {"selected": {"selected_fwd_kernel", "selected_delta_kernel", "selecte
                         "selected_dkdv_kernel"},
            "compress": {"compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"},
            "compress-attention": {"fwd_kernel", "importance_kernel", "topk_kernel"},
-           "decode": {"selected_decode_kernel", "compress_decode_kernel", "topk_kernel", "compress_cache_kernel"}}
+           "decode": {"selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel", "topk_kernel", "compress_cache_kernel"}}
 DIMS = {"selected": ("d128-dv128", "d192-dv128"), "compress": ("d128", "d192"),
         "compress-attention": ("d128-dv128", "d192-dv128"), "decode": ("d128-dv128", "d192-dv128")}
 
