@@ -3,7 +3,7 @@ NSA kernel family of ``family.py``) and the device steps around them.
 
 Compressed attention is the FlashAttention forward kernel (output and statistics), then ``importance_kernel``
 (block scores ``[T, N2, maxSel]`` from the final statistics, the ``[T, N1, CmpS]`` probabilities never stored;
-``topk_mask`` blocks at ``FLT_MAX``, blocks past a batch's selection length at -inf), then ``topk_kernel``: the
+forced blocks (``topk_mask`` or the ``local_blocks`` rule) at ``FLT_MAX``, blocks past a batch's selection length at -inf), then ``topk_kernel``: the
 ``count`` best blocks per row, ties to the lower index (the reference's stable descending sort).
 
 Decode (one query token per request, paged caches): ``selected_decode_kernel`` (one program per request and KV
@@ -62,10 +62,16 @@ def importance_plan(spec: CompressAttentionSpec, query, key, softmax_max, softma
                     (qv, kv, softmax_max, softmax_sum, scores, fa_launch.batch_meta(fa, device), sel,
                      qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1), fa_launch.stats_geometry(fa)[2],
                      scores.stride(0), scores.stride(1), *mask, forced, forced.stride(0) if forced.dim() == 2 else 0,
-                     fa.scale, g.n2, g.group, g.d, spec.m, spec.nn, sel_tiles, seq.batch, bh_fold),
+                     spec.local_blocks or 0, spec.select_block, fa.scale, g.n2, g.group, g.d, spec.m, spec.nn,
+                     sel_tiles, seq.batch, bh_fold),
                     dict(BLOCK_D=pow2(g.d), **precision_flags(query.dtype, interpret), **mask_flags,
-                         HAS_FORCED=spec.topk_mask is not None, **fold))
+                         FORCED=_forced_kind(spec), **fold))
     return (scores, topk), [launch, topk_launch]
+
+
+def _forced_kind(spec: CompressAttentionSpec) -> int:
+    """``FORCED`` of ``importance_kernel``: 0 none, 1 a ``topk_mask`` tensor, 2 the ``local_blocks`` rule."""
+    return 2 if spec.local_blocks is not None else 0 if spec.topk_mask is None else 1
 
 
 def compress_attention(spec: CompressAttentionSpec, query, key, value):
