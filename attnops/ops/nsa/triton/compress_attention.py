@@ -85,8 +85,7 @@ def importance_kernel(q_ptr, k_ptr, smax_ptr, ssum_ptr, score_ptr, meta_ptr, sel
         forced = tl.load(forced_ptr + rows[:, None].to(tl.int64) * forced_sr + blocks[None, :], mask=ok, other=0)
         acc = tl.where(forced != 0, FLT_MAX, acc)
     if FORCED == FORCED_LOCAL:  # the layer's rule at the rows' positions in the batch
-        own = (rows // sel_block)[:, None]
-        local = (blocks[None, :] <= own) & (blocks[None, :] > own - local_blocks)
-        acc = tl.where((blocks[None, :] == 0) | local, FLT_MAX, acc)
+        back = (rows // sel_block)[:, None] - blocks[None, :]  # blocks before the row's own block
+        acc = tl.where((blocks[None, :] == 0) | ((back >= 0) & (back < local_blocks)), FLT_MAX, acc)
     s_off = q_rows[:, None] * score_st + hk.to(tl.int64) * score_sh + blocks[None, :]
     tl.store(score_ptr + s_off, acc, mask=ok)

@@ -17,10 +17,14 @@ pytest.importorskip("triton")
 KERNELS = {"selected": {"selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel", "selected_keys_kernel",
                         "selected_dkdv_kernel"},
            "compress": {"compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"},
-           "compress-attention": {"fwd_kernel", "importance_kernel", "topk_kernel"},
-           "decode": {"selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel", "topk_kernel", "compress_cache_kernel"}}
+           "compress-attention-causal": {"fwd_kernel", "importance_kernel", "topk_kernel"},
+           "compress-attention-mask": {"fwd_kernel", "importance_kernel", "topk_kernel"},
+           "decode": {"selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel", "topk_kernel",
+                      "compress_cache_kernel"}}
 DIMS = {"selected": ("d128-dv128", "d192-dv128"), "compress": ("d128", "d192"),
-        "compress-attention": ("d128-dv128", "d192-dv128"), "decode": ("d128-dv128", "d192-dv128")}
+        "compress-attention-causal": ("d128-dv128", "d192-dv128"),
+        "compress-attention-mask": ("d128-dv128", "d192-dv128"),
+        "decode": ("d128-dv128", "d192-dv128")}
 
 
 def check(case: str, target: str) -> None:
@@ -30,7 +34,7 @@ def check(case: str, target: str) -> None:
 @pytest.mark.parametrize("case,target", [("nsa/selected-fp16-d192-dv128", "sm_90"),
                                          ("nsa/selected-fp32-d128-dv128", "sm_80"),
                                          ("nsa/compress-bf16-d192", "sm_90"),
-                                         ("nsa/compress-attention-fp32-d128-dv128", "sm_80"),
+                                         ("nsa/compress-attention-mask-fp32-d128-dv128", "sm_80"),
                                          ("nsa/decode-bf16-d192-dv128", "sm_90")])
 def test_nsa_kernels_compile(case, target):
     check(case, target)
