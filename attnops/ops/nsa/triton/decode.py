@@ -149,19 +149,21 @@ def compress_decode_score_kernel(q_ptr, k_ptr, o_ptr, score_ptr, stats_ptr, part
                                  cmp_stride, cmp_block, sel_block, n_scores, BLOCK_G: tl.constexpr,
                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
                                  BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    """Second pass of the compressed decode, one program per (request, KV head, ``BLOCK_K`` selection blocks): the
+    """Second pass of the compressed decode, one program per (request x ``BLOCK_K`` selection blocks, KV head): the
     final softmax statistics merged from the splits' partials (fixed order), then the tile's group-summed block
     scores ``sum_t times[t] * P[m*(k+1) - t]`` (0 for blocks ``k >= S2 - 1``) with ``P`` from those final
     statistics, the always chosen blocks (the first and the last two) at ``FLT_MAX`` for the top-k kernel, blocks
     past the request's (up to ``n_scores``) at ``-inf``. The program of the first tile also merges the splits'
     outputs (same order) and stores the attention output."""
-    b = tl.program_id(0)
+    tiles = tl.maximum(tl.cdiv(n_scores, BLOCK_K), 1)  # as the plan's grid
+    b = tl.program_id(0) // tiles
+    tile = tl.program_id(0) % tiles
     hk = tl.program_id(1)
-    k0 = tl.program_id(2) * BLOCK_K
+    k0 = tile * BLOCK_K
     s2 = _length(lens_ptr, b, capacity)
     first = (b.to(tl.int64) * n2 + hk) * splits
     m_i, shift, l_i = _merged_stats(stats_ptr, first, splits, BLOCK_G)
-    if tl.program_id(2) == 0:
+    if tile == 0:
         g = tl.arange(0, BLOCK_G)
         dv = tl.arange(0, BLOCK_DV)
         acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)

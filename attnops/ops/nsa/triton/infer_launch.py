@@ -164,7 +164,7 @@ def compress_decode_plan(kv: PagedKV, sel: CompressSelection, query, key, value,
     attend = Launch("compress_decode_kernel", (kv.batch, kv.n2, splits),
                     (q, k, v, stats, partial, table, lengths, q.stride(0), q.stride(1), *_cache_strides(k),
                      *_cache_strides(v), table.stride(0), *geometry, chunk), flags)
-    score = Launch("compress_decode_score_kernel", (kv.batch, kv.n2, max(cdiv(width, SCORE_BLOCK_K), 1)),
+    score = Launch("compress_decode_score_kernel", (kv.batch * max(cdiv(width, SCORE_BLOCK_K), 1), kv.n2),
                    (q, k, out, scores, stats, partial, table, lengths, q.stride(0), q.stride(1), *_cache_strides(k),
                     out.stride(0), out.stride(1), scores.stride(0), scores.stride(1), table.stride(0), *geometry,
                     splits, sel.select_block // sel.stride, sel.block // sel.stride, sel.stride, sel.block,
