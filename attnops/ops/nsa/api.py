@@ -82,8 +82,9 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
     ``c`` for the token at position ``i`` of its sequence until its block is complete (``c * compress_stride +
     compress_block_size - 1 > i``), computed in the kernels: the mask of the NSA layer. ``local_blocks`` (instead of a
     ``topk_mask``) forces block 0 and the ``local_blocks`` selection blocks ending at the block of the token's
-    position, also computed in the kernels: the layer's ``topk_mask``. Returns the output (differentiable in q, k, v), the int32
-    ``topk_indices [T, N2, select_block_count]`` (block indices local to each batch) and the statistics.
+    position, also computed in the kernels: the layer's ``topk_mask``. Returns the output (differentiable in q, k,
+    v), the int32 ``topk_indices [T, N2, select_block_count]`` (block indices local to each batch) and the
+    statistics.
     """
     check_tensor("query", query, ndim=3)
     check_tensor("key", key, ndim=3)

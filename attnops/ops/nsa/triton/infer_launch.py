@@ -3,13 +3,14 @@ NSA kernel family of ``family.py``) and the device steps around them.
 
 Compressed attention is the FlashAttention forward kernel (output and statistics), then ``importance_kernel``
 (block scores ``[T, N2, maxSel]`` from the final statistics, the ``[T, N1, CmpS]`` probabilities never stored;
-forced blocks (``topk_mask`` or the ``local_blocks`` rule) at ``FLT_MAX``, blocks past a batch's selection length at -inf), then ``topk_kernel``: the
-``count`` best blocks per row, ties to the lower index (the reference's stable descending sort).
+forced blocks (``topk_mask`` or the ``local_blocks`` rule) at ``FLT_MAX``, blocks past a batch's selection length at
+-inf), then ``topk_kernel``: the ``count`` best blocks per row, ties to the lower index (the reference's stable
+descending sort).
 
 Decode (one query token per request, paged caches): ``selected_decode_kernel`` (one program per request and KV
 head) and the compressed decode, split over the compressed keys for small batches (FlashDecoding,
 :func:`decode_splits`): ``compress_decode_kernel`` per (request, KV head, split), then ``compress_decode_score_kernel``
-per (request, KV head, score tile) merges the splits in a fixed order; the decode top-k rule (first and last two
+per (request x score tile, KV head) merges the splits in a fixed order; the decode top-k rule (first and last two
 blocks forced, then the best others) is the score kernel's scores (forced blocks at ``FLT_MAX``) through
 ``topk_kernel``; compression into the cache is
 ``compress_cache_kernel``. Per-request lengths are a host list (staged to the device
