@@ -23,8 +23,8 @@ from .._core.staging import device_constant
 from ..ops.flash_attention import flash_attention
 from ..ops.nsa import op as nsa_op
 from ..ops.nsa.api import nsa_compress, nsa_compress_attention, nsa_selected_attention_infer
-from ..ops.nsa.layer import (block_of, causal_compressed_mask, compress_weights, forced_blocks, gated_sum,
-                             unused_future_blocks)
+from ..ops.nsa.compress_attention import forced_blocks
+from ..ops.nsa.layer import block_of, causal_compressed_mask, compress_weights, gated_sum, unused_future_blocks
 from .nsa_cache import NSACache
 
 

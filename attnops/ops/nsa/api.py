@@ -72,16 +72,19 @@ class CompressAttentionResult(NamedTuple):
 def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compress_block_size: int,
                            compress_stride: int, select_block_size: int, select_block_count: int,
                            scale: float | None = None, atten_mask: Tensor | None = None,
-                           topk_mask: Tensor | None = None, causal: bool = False, cu_seqlens_q=None,
-                           cu_seqlens_cmp=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None
+                           topk_mask: Tensor | None = None, causal: bool = False, local_blocks: int | None = None,
+                           cu_seqlens_q=None, cu_seqlens_cmp=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None
                            ) -> CompressAttentionResult:
     """Attention of ``query [T, N1, D]`` over compressed ``key/value [T_cmp, N2, D/Dv]`` plus top-k selection.
 
     ``atten_mask`` ``[maxSq, maxCmpSkv]`` (True = masked) and ``topk_mask`` ``[maxSq, maxSelSkv]`` (True = always
     selected) use their top-left slice per batch. ``causal=True`` (instead of an ``atten_mask``) masks compressed key
     ``c`` for the token at position ``i`` of its sequence until its block is complete (``c * compress_stride +
-    compress_block_size - 1 > i``), computed in the kernels: the mask of the NSA layer. Returns the output (differentiable in q, k, v), the int32
-    ``topk_indices [T, N2, select_block_count]`` (block indices local to each batch) and the statistics.
+    compress_block_size - 1 > i``), computed in the kernels: the mask of the NSA layer. ``local_blocks`` (instead of a
+    ``topk_mask``) forces block 0 and the ``local_blocks`` selection blocks ending at the block of the token's
+    position, also computed in the kernels: the layer's ``topk_mask``. Returns the output (differentiable in q, k,
+    v), the int32 ``topk_indices [T, N2, select_block_count]`` (block indices local to each batch) and the
+    statistics.
     """
     check_tensor("query", query, ndim=3)
     check_tensor("key", key, ndim=3)
@@ -99,7 +102,7 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
         return CompressAttentionResult(*call(
             _op().nsa_compress_attention, query, key, value, topk_mask, atten_mask, float(scale), query.shape[1],
             compress_block_size, compress_stride, select_block_size, select_block_count, qlen, cmp, sel,
-            1 if atten_mask is not None else 0, bool(causal)))
+            1 if atten_mask is not None else 0, bool(causal), -1 if local_blocks is None else int(local_blocks)))
 
 
 def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor, *,

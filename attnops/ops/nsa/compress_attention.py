@@ -7,7 +7,9 @@ selection block ``k`` for query row ``i`` is ``sum_t times[t] * P[i, m*(k+1) - t
 ``topk_mask`` blocks are always selected; ties go to the lower block index (``cann_semantics.md`` §7.3).
 ``causal`` (an attnops extension, the NSA layer's mask) masks compressed key ``c`` for the query at position ``i`` of
 its sequence until its block is complete, ``c*stride + block - 1 > i``: a rule (``masks.StridedCausal``) the kernels
-compute, in place of a dense ``[maxSq, maxCmpSkv]`` atten_mask.
+compute, in place of a dense ``[maxSq, maxCmpSkv]`` atten_mask. ``local_blocks`` (an attnops extension, the NSA layer's
+``topk_mask``) forces block 0 and the ``local_blocks`` selection blocks ending at the token's own block
+(:func:`forced_blocks`), a rule in place of a dense ``[maxSq, maxSelSkv]`` topk_mask.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class CompressAttentionSpec:
     select_count: int
     sel_lens: tuple[int, ...]
     topk_mask: torch.Tensor | None
+    local_blocks: int | None = None  # the forced-block rule (:func:`forced_blocks`) in place of a topk_mask
 
     @property
     def m(self) -> int:
@@ -44,11 +47,19 @@ class CompressAttentionSpec:
         return self.block // self.stride
 
 
+def forced_blocks(positions: torch.Tensor, n_sel: int, select_block: int, local_blocks: int) -> torch.Tensor:
+    """``[len(positions), n_sel]`` topk_mask of the NSA layer: block 0 and the ``local_blocks`` blocks ending at the
+    block of the token's position (``positions``: within its sequence)."""
+    own = torch.div(positions, select_block, rounding_mode="trunc").unsqueeze(1)
+    cols = torch.arange(n_sel, device=positions.device).unsqueeze(0)
+    return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
+
+
 def build_compress_attention_spec(query, key, value, *, scale_value: float, head_num: int, compress_block_size: int,
                                   compress_stride: int, select_block_size: int, select_block_count: int,
                                   topk_mask=None, atten_mask=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None,
                                   actual_sel_seq_kvlen=None, sparse_mode: int = 1,
-                                  causal: bool = False) -> CompressAttentionSpec:
+                                  causal: bool = False, local_blocks: int = -1) -> CompressAttentionSpec:
     """Validate a compressed-attention call and build its FlashAttention problem (remembered per configuration,
     the masks by identity, :mod:`.memo`)."""
     return memoized(_build_compress_attention_spec, query, key, value, held=("topk_mask", "atten_mask"),
@@ -56,7 +67,8 @@ def build_compress_attention_spec(query, key, value, *, scale_value: float, head
                     compress_stride=compress_stride, select_block_size=select_block_size,
                     select_block_count=select_block_count, topk_mask=topk_mask, atten_mask=atten_mask,
                     actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen,
-                    actual_sel_seq_kvlen=actual_sel_seq_kvlen, sparse_mode=sparse_mode, causal=causal)
+                    actual_sel_seq_kvlen=actual_sel_seq_kvlen, sparse_mode=sparse_mode, causal=causal,
+                    local_blocks=local_blocks)
 
 
 def compress_attention_problem(query, key, value, *, scale_value: float, head_num: int, compress_block_size: int,
@@ -81,8 +93,9 @@ def compress_attention_problem(query, key, value, *, scale_value: float, head_nu
 
 def _build_compress_attention_spec(query, key, value, *, scale_value, head_num, compress_block_size, compress_stride,
                                    select_block_size, select_block_count, topk_mask, atten_mask, actual_seq_qlen,
-                                   actual_cmp_seq_kvlen, actual_sel_seq_kvlen, sparse_mode, causal
-                                   ) -> CompressAttentionSpec:
+                                   actual_cmp_seq_kvlen, actual_sel_seq_kvlen, sparse_mode, causal,
+                                   local_blocks=-1) -> CompressAttentionSpec:
+    """``local_blocks`` -1: no forced-block rule (the operator's signature has no None for an int)."""
     l_ = check_int("compress_block_size", compress_block_size, lo=1)
     d_ = check_int("compress_stride", compress_stride, lo=1, hi=l_)
     ls = check_int("select_block_size", select_block_size, lo=l_)
@@ -109,7 +122,10 @@ def _build_compress_attention_spec(query, key, value, *, scale_value, head_num, 
         require(topk_mask.shape[0] >= fa.seq.max_q and topk_mask.shape[1] >= max(sel, default=0), "topk_mask",
                 f"a [maxSq, maxSelSkv] = [>={fa.seq.max_q}, >={max(sel, default=0)}] mask", topk_mask)
         topk_mask = topk_mask if topk_mask.dtype == torch.bool else topk_mask != 0
-    return CompressAttentionSpec(fa, l_, d_, ls, count, tuple(sel), topk_mask)
+    local = None if local_blocks == -1 else check_int("local_blocks", local_blocks, lo=0)
+    require(local is None or topk_mask is None, "topk_mask", "None with local_blocks (the forced blocks are a rule)",
+            "a mask")
+    return CompressAttentionSpec(fa, l_, d_, ls, count, tuple(sel), topk_mask, local)
 
 
 def _importance_weights(spec: CompressAttentionSpec, cmp_len: int, sel_len: int):
@@ -137,11 +153,18 @@ def importance_scores(spec: CompressAttentionSpec, query, key, softmax_max, soft
                 full[..., tile.c0:tile.c1] = prob
                 s = (full[..., cols] * weights.to(prob.dtype)).sum(-1).sum(0)  # [r, sel], summed over G
                 score[tile.r0:tile.r1, tile.n2] = s.float()
-        if spec.topk_mask is not None:
-            forced = spec.topk_mask[:sq, :sel_len].unsqueeze(1)
-            score = score.masked_fill(forced, FLT_MAX)
+        forced = _forced(spec, sq, sel_len)
+        if forced is not None:
+            score = score.masked_fill(forced.unsqueeze(1), FLT_MAX)
         scores.append(score)
     return scores
+
+
+def _forced(spec: CompressAttentionSpec, sq: int, sel_len: int) -> torch.Tensor | None:
+    """The ``[sq, sel_len]`` forced blocks of a batch: its ``topk_mask`` slice or the rule's (None: none)."""
+    if spec.local_blocks is not None:
+        return forced_blocks(torch.arange(sq), sel_len, spec.select_block, spec.local_blocks)
+    return None if spec.topk_mask is None else spec.topk_mask[:sq, :sel_len]
 
 
 def select_top_k(spec: CompressAttentionSpec, scores: list[torch.Tensor]) -> torch.Tensor:

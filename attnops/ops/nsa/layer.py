@@ -41,8 +41,6 @@ class _Geometry:
     padded: tuple[int, ...]
     padded_cum: tuple[int, ...]
     cmp_cum: tuple[int, ...]
-    max_len: int
-    n_sel: int  # selection blocks of the longest padded sequence (the topk_mask's columns)
 
     @property
     def uniform(self) -> bool:
@@ -57,7 +55,7 @@ def _geometry(cum: tuple[int, ...], t: int, select_block: int, slots: int, block
     padded = tuple(max(-(-n // select_block) + 1, slots) * select_block for n in lengths)
     cmp_lens = [compress_block_count(p, block, stride) for p in padded]
     return _Geometry(tuple(lengths), tuple(accumulate(lengths, initial=0))[:-1], padded, tuple(accumulate(padded)),
-                     tuple(accumulate(cmp_lens)), max(lengths, default=0), max(padded, default=0) // select_block)
+                     tuple(accumulate(cmp_lens)))
 
 
 def _pad_kv(x: Tensor, geo: _Geometry) -> Tensor:
@@ -84,36 +82,6 @@ def block_of(positions: Tensor, size: int) -> Tensor:
     """``positions // size`` for non-negative positions, as a truncating division (one op; the flooring one is
     several when decomposed, as on ``meta`` tensors)."""
     return torch.div(positions, size, rounding_mode="trunc")
-
-
-def forced_blocks(positions: Tensor, n_sel: int, select_block: int, local_blocks: int) -> Tensor:
-    """``[len(positions), n_sel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the token's own
-    block."""
-    own = block_of(positions, select_block).unsqueeze(1)
-    cols = torch.arange(n_sel, device=positions.device).unsqueeze(0)
-    return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
-
-
-_MASKS: dict[tuple, tuple[Tensor, dict]] = {}  # (kind, parameters, device) -> (largest mask so far, its slices)
-SLICES_KEPT = 64  # slices remembered per mask (all dropped when more are asked for)
-
-
-def _mask_slice(kind, build, rows: int, cols: int, *params, device: torch.device) -> Tensor:
-    """The ``[rows, cols]`` top-left slice of ``build(arange(R), C, *params)`` (a mask of token positions ``0 ..
-    R-1``): one device mask kept per kind, parameters and device, rebuilt larger when a call needs more (so a steady
-    training loop builds nothing), and the same slice object for the same size (the operators' validation is
-    remembered per mask object, :mod:`.memo`)."""
-    key = (kind, params, device)
-    mask, slices = _MASKS.get(key, (None, None))
-    if mask is None or mask.shape[0] < rows or mask.shape[1] < cols:
-        r, c = (rows, cols) if mask is None else (max(rows, mask.shape[0]), max(cols, mask.shape[1]))
-        mask, slices = _MASKS[key] = build(torch.arange(r, device=device), c, *params), {}
-    view = slices.get((rows, cols))
-    if view is None:
-        if len(slices) >= SLICES_KEPT:
-            slices.clear()
-        view = slices[rows, cols] = mask[:rows, :cols]
-    return view
 
 
 def unused_future_blocks(topk: Tensor, positions: Tensor, select_block: int) -> Tensor:
@@ -360,8 +328,7 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
         o_cmp, topk, _, _ = nsa_compress_attention(
             query, k_cmp, v_cmp, compress_block_size=compress_block_size, compress_stride=compress_stride,
             select_block_size=ls, select_block_count=count, scale=scale, causal=True,
-            topk_mask=_mask_slice("forced", forced_blocks, geo.max_len, geo.n_sel, ls, local_blocks,
-                                  device=query.device),
+            local_blocks=local_blocks,
             actual_seq_qlen=cum, actual_cmp_seq_kvlen=list(geo.cmp_cum))
         if gate[0] is not None:
             outs[0] = o_cmp

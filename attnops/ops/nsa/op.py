@@ -242,20 +242,20 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, topk_mask:
                            atten_mask: Optional[Tensor], scale_value: float, head_num: int, compress_block_size: int,
                            compress_stride: int, select_block_size: int, select_block_count: int,
                            actual_seq_qlen: Optional[list[int]], actual_cmp_seq_kvlen: Optional[list[int]],
-                           actual_sel_seq_kvlen: Optional[list[int]], sparse_mode: int, causal: bool = False
-                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                           actual_sel_seq_kvlen: Optional[list[int]], sparse_mode: int, causal: bool = False,
+                           local_blocks: int = -1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return backends.compress_attention(
         query, key, value, topk_mask, atten_mask, scale_value=scale_value, head_num=head_num,
         compress_block_size=compress_block_size, compress_stride=compress_stride, select_block_size=select_block_size,
         select_block_count=select_block_count, actual_seq_qlen=actual_seq_qlen,
         actual_cmp_seq_kvlen=actual_cmp_seq_kvlen, actual_sel_seq_kvlen=actual_sel_seq_kvlen,
-        sparse_mode=sparse_mode, causal=causal)
+        sparse_mode=sparse_mode, causal=causal, local_blocks=local_blocks)
 
 
 @nsa_compress_attention.register_fake
 def _(query, key, value, topk_mask, atten_mask, scale_value, head_num, compress_block_size, compress_stride,
       select_block_size, select_block_count, actual_seq_qlen, actual_cmp_seq_kvlen, actual_sel_seq_kvlen,
-      sparse_mode, causal=False):
+      sparse_mode, causal=False, local_blocks=-1):
     t, n1 = query.shape[0], query.shape[1]
     dt = stats_dtype(query.dtype)
     return (query.new_empty((t, n1, value.shape[2])),

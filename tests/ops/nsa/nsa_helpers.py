@@ -172,18 +172,28 @@ def assert_topk(actual, golden, scores, q_lens, *, exact=True, sep=1e-5, tol=1e-
                     assert a == e, f"batch {b} row {i} head {h}: got {a}, golden {e}, scores {row.tolist()}"
 
 
+def local_forced_mask(q_lens, cmp_lens, select_block, stride, local_blocks):
+    """The NSA layer's ``[maxSq, maxSel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the row's."""
+    own = (torch.arange(max(q_lens)) // select_block).unsqueeze(1)
+    cols = torch.arange(max(-(-c // (select_block // stride)) for c in cmp_lens)).unsqueeze(0)
+    return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
+
+
 def check_compress_attention(q, k, v, *, block, stride, select_block, count, q_lens, cmp_lens, atten_mask=None,
                              topk_mask=None, scale=None, via="api", backward=True, exact_topk=True, seed=13,
-                             topk_tol=1e-5, causal=False):
-    """Outputs (out, stats, top-k) and gradients of compressed attention vs the golden (``causal``: the operator
-    computes the NSA causal mask, the golden reads it as a dense mask)."""
+                             topk_tol=1e-5, causal=False, local_blocks=None):
+    """Outputs (out, stats, top-k) and gradients of compressed attention vs the golden (``causal``,
+    ``local_blocks``: the operator computes the NSA causal mask and the layer's forced blocks, the golden reads them
+    as dense masks)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     golden_mask = causal_cmp_mask(q_lens, cmp_lens, block, stride) if causal else atten_mask
+    golden_forced = topk_mask if local_blocks is None else local_forced_mask(q_lens, cmp_lens, select_block, stride,
+                                                                             local_blocks)
     qc, cc, sc = cum(q_lens), cum(cmp_lens), sel_cum(cmp_lens, select_block, stride)
     n1 = q.shape[1]
     gq, gk, gv = _c(q), _c(k), _c(v)
     bdt = baseline_dtype(q.dtype)
-    gargs = (scale, n1, block, stride, select_block, count, _c(golden_mask), _c(topk_mask), qc, cc, sc)
+    gargs = (scale, n1, block, stride, select_block, count, _c(golden_mask), _c(golden_forced), qc, cc, sc)
     g_out, g_topk, g_max, g_sum, g_scores = G.nsa_compress_attention(gq, gk, gv, *gargs, return_scores=True)
     b_out, _, b_max, b_sum = G.nsa_compress_attention(gq, gk, gv, *gargs, dtype=bdt)
     dy = randn(*g_out.shape, dtype=q.dtype, seed=seed)
@@ -192,6 +202,7 @@ def check_compress_attention(q, k, v, *, block, stride, select_block, count, q_l
         r = attnops.nsa_compress_attention(qq, kk, vv, compress_block_size=block, compress_stride=stride,
                                            select_block_size=select_block, select_block_count=count, scale=scale,
                                            atten_mask=atten_mask, topk_mask=topk_mask, causal=causal,
+                                           local_blocks=local_blocks,
                                            actual_seq_qlen=qc, actual_cmp_seq_kvlen=cc)
         out, topk, smax, ssum = r.out, r.topk_indices, r.softmax_max, r.softmax_sum
     else:

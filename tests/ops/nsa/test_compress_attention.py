@@ -44,6 +44,21 @@ def test_compress_attention_causal_mask_and_forced_blocks(dtype):
                              atten_mask=mask, topk_mask=tmask)
 
 
+def test_compress_attention_causal_and_forced_block_rules():
+    """``causal=True`` and ``local_blocks``: the layer's masks as rules, exactly as the golden's dense masks."""
+    l, d, ls = 32, 16, 32
+    seq = [130, 230]
+    cmp_lens = [(n - l) // d + 1 for n in seq]
+    q, k, v = _inputs(seq, cmp_lens, 2, 1, 16, 16, torch.float32, seed=6)
+    check_compress_attention(q, k, v, block=l, stride=d, select_block=ls, count=4, q_lens=seq, cmp_lens=cmp_lens,
+                             causal=True, local_blocks=2, backward=False)
+    with pytest.raises(attnops.ParamInvalidError, match="topk_mask"):
+        attnops.nsa_compress_attention(q, k, v, compress_block_size=l, compress_stride=d, select_block_size=ls,
+                                       select_block_count=4, causal=True, local_blocks=2,
+                                       topk_mask=torch.ones(max(seq), 8, dtype=torch.bool),
+                                       actual_seq_qlen=cum(seq), actual_cmp_seq_kvlen=cum(cmp_lens))
+
+
 def test_compress_attention_fully_masked_rows():
     """Rows before the first complete compressed block: out 0, invalid stats, zero gradients, indices 0..k-1."""
     l, d, ls = 32, 16, 32

@@ -51,17 +51,18 @@ def _compress(dtype: str, d: int) -> list:
 
 
 def _compress_attention(dtype: str, d: int, dv: int, causal: bool) -> list:
-    """The attention forward and score launches of a two-batch TND problem: with the NSA causal rule and a
-    ``topk_mask`` (the layer's call) or with an explicit atten_mask tensor."""
+    """The attention forward and score launches of a two-batch TND problem: with the NSA causal rule and the
+    forced-block rule (the layer's call) or with explicit atten_mask and topk_mask tensors."""
     t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
     q = torch.randn(96, 16, d, generator=gen).to(t)
     k = torch.randn(20, 4, d, generator=gen).to(t)
     v = torch.randn(20, 4, dv, generator=gen).to(t)
     mask = None if causal else torch.rand(64, 12, generator=gen) < 0.3
-    forced = (torch.arange(5) == 0).expand(64, 5) if causal else None  # the layer's topk_mask
+    forced = None if causal else (torch.arange(5) == 0).expand(64, 5)  # a topk_mask tensor
     spec = build_compress_attention_spec(q, k, v, scale_value=d ** -0.5, head_num=16, compress_block_size=32,
                                          compress_stride=16, select_block_size=64, select_block_count=2,
-                                         atten_mask=mask, topk_mask=forced, actual_seq_qlen=[32, 96], actual_cmp_seq_kvlen=[8, 20],
+                                         atten_mask=mask, topk_mask=forced, local_blocks=2 if causal else -1,
+                                         actual_seq_qlen=[32, 96], actual_cmp_seq_kvlen=[8, 20],
                                          actual_sel_seq_kvlen=[2, 5], sparse_mode=0, causal=causal)
     (out, smax, ssum), fwd = fa_launch.forward_plan(spec.fa, q, k, v, interpret=False)
     _, scores = infer_launch.importance_plan(spec, q, k, smax, ssum, interpret=False)

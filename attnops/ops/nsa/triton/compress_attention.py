@@ -8,7 +8,9 @@ FlashAttention score tile: scale, band and explicit mask or causal rule) and acc
 ``W[c, k] = times[m*(k+1) - c]`` is the score formula's weight of column ``c`` in block ``k`` (0 out of range).
 A program whose column range is empty (all blocks past the causal edge of its rows, about half of the grid for
 causal sequences) loads no query tile and no statistics: it only writes its zeros (and forced blocks).
-Blocks the ``topk_mask`` forces score ``FLT_MAX``, so the top-k kernel (``topk.py``) takes them first.
+Forced blocks score ``FLT_MAX``, so the top-k kernel (``topk.py``) takes them first: those of a ``topk_mask``
+(``FORCED_MASK``, one byte per (row, block)) or of the layer's rule (``FORCED_LOCAL``: block 0 and the
+``local_blocks`` blocks ending at the row's own block, computed).
 """
 import triton
 import triton.language as tl
@@ -16,13 +18,16 @@ import triton.language as tl
 from ...flash_attention.triton.common import (FLT_MAX, KV_START, LOG2E, MASK_STRIDED_CAUSAL, Q_LEN, Q_START,
                                               band_cols, meta, program_batch_head, row_stats, score_tile)
 
+FORCED_MASK: tl.constexpr = tl.constexpr(1)  # FORCED: a topk_mask tensor
+FORCED_LOCAL: tl.constexpr = tl.constexpr(2)  # FORCED: block 0 and the local blocks ending at the row's own block
+
 
 @triton.jit
 def importance_kernel(q_ptr, k_ptr, smax_ptr, ssum_ptr, score_ptr, meta_ptr, sel_ptr,
                       q_st, q_sh, k_st, k_sh, stat_row, score_st, score_sh,
-                      mask_ptr, mask_sb, mask_sh, mask_sr, forced_ptr, forced_sr, scale, n2, group, head_d, m, nn,
-                      sel_tiles, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      BLOCK_D: tl.constexpr, HAS_EXPLICIT: tl.constexpr, HAS_FORCED: tl.constexpr,
+                      mask_ptr, mask_sb, mask_sh, mask_sr, forced_ptr, forced_sr, local_blocks, sel_block, scale, n2,
+                      group, head_d, m, nn, sel_tiles, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_EXPLICIT: tl.constexpr, FORCED: tl.constexpr,
                       UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
     """Scores ``[rows, KV head, blocks k0..k0+BLOCK_K)`` (fp32, summed over the group) of TND query/key tokens; axis 0
     counts ``sel_tiles`` selection block tiles per row block."""
@@ -76,8 +81,11 @@ def importance_kernel(q_ptr, k_ptr, smax_ptr, ssum_ptr, score_ptr, meta_ptr, sel
             w = tl.where((t >= 0) & (t < taps), times, 0).to(tl.float32)
             acc += tl.dot(p, w, input_precision="ieee")
     ok = (rows[:, None] < sq) & (blocks[None, :] < sel)
-    if HAS_FORCED:  # topk_mask [maxSq, maxSel] (uint8), read at the rows' positions in the batch
+    if FORCED == FORCED_MASK:  # topk_mask [maxSq, maxSel] (uint8), read at the rows' positions in the batch
         forced = tl.load(forced_ptr + rows[:, None].to(tl.int64) * forced_sr + blocks[None, :], mask=ok, other=0)
         acc = tl.where(forced != 0, FLT_MAX, acc)
+    if FORCED == FORCED_LOCAL:  # the layer's rule at the rows' positions in the batch
+        back = (rows // sel_block)[:, None] - blocks[None, :]  # blocks before the row's own block
+        acc = tl.where((blocks[None, :] == 0) | ((back >= 0) & (back < local_blocks)), FLT_MAX, acc)
     s_off = q_rows[:, None] * score_st + hk.to(tl.int64) * score_sh + blocks[None, :]
     tl.store(score_ptr + s_off, acc, mask=ok)

@@ -2,6 +2,12 @@
 by ``topk_indices`` and compressed attention with its block scores. No allocation here (``infer_launch.py``
 allocates and launches).
 
+Compressed attention is split over the compressed keys (FlashDecoding): ``compress_decode_kernel`` runs one program
+per (request, KV head, split) and stores each split's partial softmax statistics and unnormalised output in fp32;
+``compress_decode_score_kernel`` merges them in split order (bitwise deterministic) into the final statistics, from
+which it computes the block scores (a second pass over the keys: a score needs the final max and sum) and, in the
+program of the first score tile, the output.
+
 One program per (request, KV head) serves the whole GQA group at once (its query heads are the rows of the tiles,
 padded to ``BLOCK_G``). A KV position ``pos`` of request ``b`` lives at row ``pos % page`` of cache block
 ``block_table[b, pos // page]``. Lengths and tables may be device tensors nobody validated: a length is clamped to
@@ -84,53 +90,114 @@ def selected_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, topk_ptr, bt_ptr, lens_pt
 
 
 @triton.jit
-def compress_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, score_ptr, bt_ptr, lens_ptr,
-                           q_sb, q_sh, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, o_sb, o_sh, sc_sb, sc_sh, bt_sb,
-                           scale, n2, group, head_d, head_dv, page, n_pages, capacity, m, nn, cmp_stride, cmp_block,
-                           sel_block, n_scores, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr,
-                           PRECISION: tl.constexpr):
-    """Softmax attention of request ``b``'s group over its ``S2`` compressed keys, then the group-summed block
-    scores ``sum_t times[t] * P[m*(k+1) - t]`` (0 for blocks ``k >= S2 - 1``) from the final max and sum, with the
-    always chosen blocks (the first and the last two) at ``FLT_MAX`` for the top-k kernel; blocks past the
-    request's (up to ``n_scores``) at ``-inf``."""
+def compress_decode_kernel(q_ptr, k_ptr, v_ptr, stats_ptr, part_ptr, bt_ptr, lens_ptr,
+                           q_sb, q_sh, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, bt_sb,
+                           scale, n2, group, head_d, head_dv, page, n_pages, capacity, chunk,
+                           BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """Split ``split`` (axis 2) of request ``b``'s group attention over its ``S2`` compressed keys: the online
+    softmax over keys ``[split * chunk, (split + 1) * chunk)`` (clipped at ``S2``), stored unnormalised as the
+    partial ``(max, sum)`` and ``acc`` of the split (an empty split: ``(-inf, 0)`` and zeros)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
+    split = tl.program_id(2)
     s2 = _length(lens_ptr, b, capacity)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, s2)
     q = upcast(_group_tile(q_ptr, b, hk * group, group, q_sb, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
     m_i, l_i, acc = _softmax_init(BLOCK_G, BLOCK_DV)
-    for c0 in range(0, s2, BLOCK_N):
+    for c0 in range(lo, hi, BLOCK_N):
         pos = c0 + tl.arange(0, BLOCK_N)
-        m_i, l_i, acc = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, pos < s2, head_d, head_dv, bt_sb, k_s0, k_s1,
+        m_i, l_i, acc = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, pos < hi, head_d, head_dv, bt_sb, k_s0, k_s1,
                                     k_s2, v_s0, v_s1, v_s2, page, n_pages, m_i, l_i, acc, scale, BLOCK_D, BLOCK_DV,
                                     UPCAST, PRECISION)
-    _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G, BLOCK_DV)
+    part = (b.to(tl.int64) * n2 + hk) * tl.num_programs(2) + split
+    g = tl.arange(0, BLOCK_G)
+    tl.store(stats_ptr + part * (2 * BLOCK_G) + g, m_i)
+    tl.store(stats_ptr + part * (2 * BLOCK_G) + BLOCK_G + g, l_i)
+    tl.store(part_ptr + part * (BLOCK_G * BLOCK_DV) + g[:, None] * BLOCK_DV + tl.arange(0, BLOCK_DV)[None, :], acc)
 
+
+@triton.jit
+def _split_weights(stats_ptr, part, shift, BLOCK_G: tl.constexpr):
+    """``(exp(max_s - shift), sum_s)`` of split ``part``'s partial statistics."""
+    g = tl.arange(0, BLOCK_G)
+    m_s = tl.load(stats_ptr + part * (2 * BLOCK_G) + g)
+    return tl.exp2((m_s - shift) * LOG2E), tl.load(stats_ptr + part * (2 * BLOCK_G) + BLOCK_G + g)
+
+
+@triton.jit
+def _merged_stats(stats_ptr, first, splits, BLOCK_G: tl.constexpr):
+    """``(max, shift, sum)`` of the group's softmax over all keys from the partials of splits ``first ..
+    first + splits - 1``, in that order (the max first, then the rescaled sums: the same bits in every program)."""
+    g = tl.arange(0, BLOCK_G)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    for s in range(splits):
+        m_i = tl.maximum(m_i, tl.load(stats_ptr + (first + s) * (2 * BLOCK_G) + g))
+    shift = tl.where(m_i == float("-inf"), 0.0, m_i)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    for s in range(splits):
+        alpha, l_s = _split_weights(stats_ptr, first + s, shift, BLOCK_G)
+        l_i += l_s * alpha
+    return m_i, shift, l_i
+
+
+@triton.jit
+def compress_decode_score_kernel(q_ptr, k_ptr, o_ptr, score_ptr, stats_ptr, part_ptr, bt_ptr, lens_ptr,
+                                 q_sb, q_sh, k_s0, k_s1, k_s2, o_sb, o_sh, sc_sb, sc_sh, bt_sb,
+                                 scale, n2, group, head_d, head_dv, page, n_pages, capacity, splits, m, nn,
+                                 cmp_stride, cmp_block, sel_block, n_scores, BLOCK_G: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                                 BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """Second pass of the compressed decode, one program per (request x ``BLOCK_K`` selection blocks, KV head): the
+    final softmax statistics merged from the splits' partials (fixed order), then the tile's group-summed block
+    scores ``sum_t times[t] * P[m*(k+1) - t]`` (0 for blocks ``k >= S2 - 1``) with ``P`` from those final
+    statistics, the always chosen blocks (the first and the last two) at ``FLT_MAX`` for the top-k kernel, blocks
+    past the request's (up to ``n_scores``) at ``-inf``. The program of the first tile also merges the splits'
+    outputs (same order) and stores the attention output."""
+    tiles = tl.maximum(tl.cdiv(n_scores, BLOCK_K), 1)  # as the plan's grid
+    b = tl.program_id(0) // tiles
+    tile = tl.program_id(0) % tiles
+    hk = tl.program_id(1)
+    k0 = tile * BLOCK_K
+    s2 = _length(lens_ptr, b, capacity)
+    first = (b.to(tl.int64) * n2 + hk) * splits
+    m_i, shift, l_i = _merged_stats(stats_ptr, first, splits, BLOCK_G)
+    if tile == 0:
+        g = tl.arange(0, BLOCK_G)
+        dv = tl.arange(0, BLOCK_DV)
+        acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
+        for s in range(splits):
+            alpha, _ = _split_weights(stats_ptr, first + s, shift, BLOCK_G)
+            acc += tl.load(part_ptr + (first + s) * (BLOCK_G * BLOCK_DV) + g[:, None] * BLOCK_DV + dv[None, :]) \
+                * alpha[:, None]
+        _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G, BLOCK_DV)
+
+    q = upcast(_group_tile(q_ptr, b, hk * group, group, q_sb, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
     in_group = tl.arange(0, BLOCK_G) < group
     log2_l = tl.log2(tl.where(l_i > 0, l_i, 1.0))
     taps = m + nn - 1
     n_blocks = tl.minimum(((s2 - 1) * cmp_stride + cmp_block + sel_block - 1) // sel_block, n_scores)
-    for k0 in range(0, n_scores, BLOCK_K):
-        blocks = k0 + tl.arange(0, BLOCK_K)
-        c_lo = tl.maximum(m * (k0 + 1) - taps + 1, 0)
-        c_hi = tl.minimum(m * (k0 + BLOCK_K) + 1, s2)
-        score = tl.zeros([BLOCK_K], tl.float32)
-        for c0 in range(c_lo, c_hi, BLOCK_N):
-            pos = c0 + tl.arange(0, BLOCK_N)
-            ok = pos < c_hi
-            k_t = tl.trans(_paged_tile(k_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_D), head_d, bt_sb, k_s0,
-                                       k_s1, k_s2, page, n_pages, UPCAST))
-            s = tl.dot(q, k_t, input_precision=PRECISION) * scale
-            p = tl.exp2((s - m_i[:, None]) * LOG2E - log2_l[:, None])
-            p_sum = tl.sum(tl.where(in_group[:, None] & ok[None, :], p, 0.0), 0)  # [BLOCK_N], summed over the group
-            t = m * (blocks[None, :] + 1) - pos[:, None]
-            times = tl.minimum(tl.minimum(t + 1, nn), taps - t)
-            w = tl.where((t >= 0) & (t < taps) & (blocks[None, :] < s2 - 1), times, 0).to(tl.float32)
-            score += tl.sum(p_sum[:, None] * w, 0)
-        forced = (blocks == 0) | (blocks == n_blocks - 2) | (blocks == n_blocks - 1)
-        score = tl.where(blocks < n_blocks, tl.where(forced, FLT_MAX, score), float("-inf"))
-        off = b.to(tl.int64) * sc_sb + hk.to(tl.int64) * sc_sh + blocks
-        tl.store(score_ptr + off, score, mask=blocks < n_scores)
+    blocks = k0 + tl.arange(0, BLOCK_K)
+    c_lo = tl.maximum(m * (k0 + 1) - taps + 1, 0)
+    c_hi = tl.minimum(m * (k0 + BLOCK_K) + 1, s2)
+    score = tl.zeros([BLOCK_K], tl.float32)
+    for c0 in range(c_lo, c_hi, BLOCK_N):
+        pos = c0 + tl.arange(0, BLOCK_N)
+        ok = pos < c_hi
+        k_t = tl.trans(_paged_tile(k_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_D), head_d, bt_sb, k_s0,
+                                   k_s1, k_s2, page, n_pages, UPCAST))
+        s = tl.dot(q, k_t, input_precision=PRECISION) * scale
+        p = tl.exp2((s - m_i[:, None]) * LOG2E - log2_l[:, None])
+        p_sum = tl.sum(tl.where(in_group[:, None] & ok[None, :], p, 0.0), 0)  # [BLOCK_N], summed over the group
+        t = m * (blocks[None, :] + 1) - pos[:, None]
+        times = tl.minimum(tl.minimum(t + 1, nn), taps - t)
+        w = tl.where((t >= 0) & (t < taps) & (blocks[None, :] < s2 - 1), times, 0).to(tl.float32)
+        score += tl.sum(p_sum[:, None] * w, 0)
+    forced = (blocks == 0) | (blocks == n_blocks - 2) | (blocks == n_blocks - 1)
+    score = tl.where(blocks < n_blocks, tl.where(forced, FLT_MAX, score), float("-inf"))
+    off = b.to(tl.int64) * sc_sb + hk.to(tl.int64) * sc_sh + blocks
+    tl.store(score_ptr + off, score, mask=blocks < n_scores)
 
 
 @triton.jit

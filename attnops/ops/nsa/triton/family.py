@@ -29,7 +29,7 @@ MAX_CHUNK_ROWS = 1 << 30
 CHUNK_PER_MEAN_LIST = 4
 INTERPRET_LIST_CHUNK = 4  # entries per list chunk in the interpreter (so that small tests split lists)
 SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel", "selected_dkdv_reduce_kernel")
-DECODE = ("selected_decode_kernel", "compress_decode_kernel")
+DECODE = ("selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel")
 COMPRESS = ("compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel")
 
 
@@ -130,7 +130,7 @@ def _decode_config(launch: Launch, named_args: dict, interpret: bool):
     fp32 = named_args["q_ptr"].element_size() == 4
     wide = launch.kwargs["BLOCK_D"] > 128
     tiles = dict(BLOCK_N=INTERPRET_TILE if interpret else 16 if fp32 else 32 if wide else 64)
-    if launch.kernel == "compress_decode_kernel":
+    if launch.kernel == "compress_decode_score_kernel":
         tiles["BLOCK_K"] = SCORE_BLOCK_K
     return triton.Config(tiles, num_warps=4, num_stages=2)
 

@@ -3,12 +3,16 @@ NSA kernel family of ``family.py``) and the device steps around them.
 
 Compressed attention is the FlashAttention forward kernel (output and statistics), then ``importance_kernel``
 (block scores ``[T, N2, maxSel]`` from the final statistics, the ``[T, N1, CmpS]`` probabilities never stored;
-``topk_mask`` blocks at ``FLT_MAX``, blocks past a batch's selection length at -inf), then ``topk_kernel``: the
-``count`` best blocks per row, ties to the lower index (the reference's stable descending sort).
+forced blocks (``topk_mask`` or the ``local_blocks`` rule) at ``FLT_MAX``, blocks past a batch's selection length at
+-inf), then ``topk_kernel``: the ``count`` best blocks per row, ties to the lower index (the reference's stable
+descending sort).
 
-Decode (one query token per request, paged caches): ``selected_decode_kernel`` and ``compress_decode_kernel`` (one
-program per request and KV head); the decode top-k rule (first and last two blocks forced, then the best others) is
-the compressed kernel's scores (forced blocks at ``FLT_MAX``) through ``topk_kernel``; compression into the cache is
+Decode (one query token per request, paged caches): ``selected_decode_kernel`` (one program per request and KV
+head) and the compressed decode, split over the compressed keys for small batches (FlashDecoding,
+:func:`decode_splits`): ``compress_decode_kernel`` per (request, KV head, split), then ``compress_decode_score_kernel``
+per (request x score tile, KV head) merges the splits in a fixed order; the decode top-k rule (first and last two
+blocks forced, then the best others) is the score kernel's scores (forced blocks at ``FLT_MAX``) through
+``topk_kernel``; compression into the cache is
 ``compress_cache_kernel``. Per-request lengths are a host list (staged to the device
 without a synchronisation) or a device tensor the kernels read; no plan reads a device value on the host.
 """
@@ -59,10 +63,16 @@ def importance_plan(spec: CompressAttentionSpec, query, key, softmax_max, softma
                     (qv, kv, softmax_max, softmax_sum, scores, fa_launch.batch_meta(fa, device), sel,
                      qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1), fa_launch.stats_geometry(fa)[2],
                      scores.stride(0), scores.stride(1), *mask, forced, forced.stride(0) if forced.dim() == 2 else 0,
-                     fa.scale, g.n2, g.group, g.d, spec.m, spec.nn, sel_tiles, seq.batch, bh_fold),
+                     spec.local_blocks or 0, spec.select_block, fa.scale, g.n2, g.group, g.d, spec.m, spec.nn,
+                     sel_tiles, seq.batch, bh_fold),
                     dict(BLOCK_D=pow2(g.d), **precision_flags(query.dtype, interpret), **mask_flags,
-                         HAS_FORCED=spec.topk_mask is not None, **fold))
+                         FORCED=_forced_kind(spec), **fold))
     return (scores, topk), [launch, topk_launch]
+
+
+def _forced_kind(spec: CompressAttentionSpec) -> int:
+    """``FORCED`` of ``importance_kernel``: 0 none, 1 a ``topk_mask`` tensor, 2 the ``local_blocks`` rule."""
+    return 2 if spec.local_blocks is not None else 0 if spec.topk_mask is None else 1
 
 
 def compress_attention(spec: CompressAttentionSpec, query, key, value):
@@ -71,6 +81,21 @@ def compress_attention(spec: CompressAttentionSpec, query, key, value):
     (_, topk), launches = importance_plan(spec, query, key, smax, ssum, interpreting(query.device))
     KERNELS.run_all(launches, query.device)
     return out, topk, smax, ssum
+
+
+DECODE_PROGRAMS = 2 * 132  # compressed decode: programs for two waves of an H100's 132 SMs
+SPLIT_KEYS = 16  # compressed decode: a split's keys are a multiple of this (a key tile of fp32 and the interpreter)
+
+
+def decode_splits(batch: int, n2: int, keys: int) -> tuple[int, int]:
+    """``(splits, chunk)`` of the compressed decode over (at most) ``keys`` compressed keys per request: ``chunk``
+    keys per split, a multiple of ``SPLIT_KEYS`` rounded down so that ``batch x n2 x splits >= DECODE_PROGRAMS``
+    where the keys allow, and no split past the last key. From shapes and host lengths only; the same chunk (and
+    so the same bits) whether the lengths are a host list or bounded by the block table, as long as both bounds
+    give it (always for contexts under ``SPLIT_KEYS x DECODE_PROGRAMS / (batch x n2)`` keys)."""
+    want = cdiv(DECODE_PROGRAMS, max(batch * n2, 1))
+    chunk = max(keys // want // SPLIT_KEYS * SPLIT_KEYS, SPLIT_KEYS)
+    return max(cdiv(keys, chunk), 1), chunk
 
 
 def _decode_flags(kv: PagedKV, query: torch.Tensor, interpret: bool) -> dict:
@@ -115,25 +140,37 @@ def selected_decode(kv: PagedKV, block: int, query, key, value, topk_indices, bl
 def compress_decode_plan(kv: PagedKV, sel: CompressSelection, query, key, value, block_table, interpret: bool,
                          lens: torch.Tensor | None = None):
     """``((attention_out [B, N1, Dv], topk_indices [B, N2, count] int32), launches)`` of
-    ``nsa_compress_attention_infer``: the compressed kernel's block scores ``[B, N2, maxBlocks]`` (the first and
-    last two blocks at ``FLT_MAX``, -inf past each request's blocks; ``maxBlocks`` from the host lengths, or from the
-    block table's capacity for device lengths), then their top-k."""
+    ``nsa_compress_attention_infer``: ``compress_decode_kernel`` over :func:`decode_splits` of the compressed keys
+    (partials in fp32 workspaces), ``compress_decode_score_kernel`` (merged output and the block scores
+    ``[B, N2, maxBlocks]``: the first and last two blocks at ``FLT_MAX``, -inf past each request's blocks;
+    ``maxBlocks`` and the split count from the host lengths, or from the block table's capacity for device
+    lengths), then their top-k."""
     device = query.device
     out = torch.empty(kv.batch, kv.n1, kv.dv, dtype=query.dtype, device=device)
-    width = max((sel.blocks(n) for n in (kv.kv_lens if kv.kv_lens is not None else [kv.capacity])), default=0)
+    longest = max(kv.kv_lens, default=0) if kv.kv_lens is not None else kv.capacity
+    width = sel.blocks(longest) if kv.batch else 0
     scores = torch.empty((kv.batch, kv.n2, width), dtype=torch.float32, device=device)
     topk, topk_launch = _top_k(scores, sel.count)
     if kv.batch == 0:
         return (out, topk), []
     q, k, v = (unit_last_stride(t) for t in (query, key, value))
     table = block_table.contiguous()
-    launch = Launch("compress_decode_kernel", (kv.batch, kv.n2),
-                    (q, k, v, out, scores, table, _lengths(kv, lens, device), q.stride(0), q.stride(1),
-                     *_cache_strides(k), *_cache_strides(v), out.stride(0), out.stride(1), scores.stride(0),
-                     scores.stride(1), table.stride(0), kv.scale, kv.n2, kv.n1 // kv.n2, query.shape[-1], kv.dv,
-                     key.shape[1], key.shape[0], kv.capacity, sel.select_block // sel.stride, sel.block // sel.stride,
-                     sel.stride, sel.block, sel.select_block, width), _decode_flags(kv, query, interpret))
-    return (out, topk), [launch, topk_launch]
+    flags = _decode_flags(kv, query, interpret)
+    splits, chunk = decode_splits(kv.batch, kv.n2, longest)
+    rows, dv_tile = flags["BLOCK_G"], flags["BLOCK_DV"]
+    stats = torch.empty(kv.batch * kv.n2 * splits * 2 * rows, dtype=torch.float32, device=device)
+    partial = torch.empty(kv.batch * kv.n2 * splits * rows * dv_tile, dtype=torch.float32, device=device)
+    lengths = _lengths(kv, lens, device)
+    geometry = (kv.scale, kv.n2, kv.n1 // kv.n2, query.shape[-1], kv.dv, key.shape[1], key.shape[0], kv.capacity)
+    attend = Launch("compress_decode_kernel", (kv.batch, kv.n2, splits),
+                    (q, k, v, stats, partial, table, lengths, q.stride(0), q.stride(1), *_cache_strides(k),
+                     *_cache_strides(v), table.stride(0), *geometry, chunk), flags)
+    score = Launch("compress_decode_score_kernel", (kv.batch * max(cdiv(width, SCORE_BLOCK_K), 1), kv.n2),
+                   (q, k, out, scores, stats, partial, table, lengths, q.stride(0), q.stride(1), *_cache_strides(k),
+                    out.stride(0), out.stride(1), scores.stride(0), scores.stride(1), table.stride(0), *geometry,
+                    splits, sel.select_block // sel.stride, sel.block // sel.stride, sel.stride, sel.block,
+                    sel.select_block, width), flags)
+    return (out, topk), [attend, score, topk_launch]
 
 
 def compress_decode(kv: PagedKV, sel: CompressSelection, query, key, value, block_table, lens=None):

@@ -61,6 +61,18 @@ def test_head_dims_192_128_causal_mask_and_forced_blocks(triton_backend):
     assert triton_backend == FWD
 
 
+def test_forced_block_rule(triton_backend):
+    """``local_blocks``: the kernel computes the layer's forced blocks (block 0 and the local blocks ending at the
+    row's own block, no topk_mask), exactly as the dense mask (several row blocks and block tiles)."""
+    l, d, ls = 32, 16, 32
+    seq = [200, 600]
+    cmp_lens = [(n - l) // d + 1 for n in seq]
+    q, k, v = _inputs(seq, cmp_lens, 2, 1, 16, 8, torch.float16, seed=5)
+    check_compress_attention(q, k, v, block=l, stride=d, select_block=ls, count=4, q_lens=seq, cmp_lens=cmp_lens,
+                             causal=True, local_blocks=2, backward=False)
+    assert triton_backend == FWD
+
+
 def test_causal_rule_forward_and_backward(triton_backend):
     """``causal=True``: the kernels compute the NSA mask (no mask tensor); rows before the first complete block are
     fully masked, and score tiles past the causal edge load nothing (several row blocks and block tiles)."""

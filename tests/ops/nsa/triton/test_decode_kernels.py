@@ -91,7 +91,7 @@ def test_compress_attention_infer(triton_backend, g, d, dv, dtype):
             if chosen != want:  # only a near-tie may swap (the golden scores in fp64)
                 scores = _golden_scores(q, k, table, s2, b, h, g, sel // stride, cmp // stride, scale)
                 assert scores[chosen].tolist() == pytest.approx(scores[want].tolist(), rel=1e-4, abs=1e-6)
-    assert triton_backend == ["compress_decode_kernel", "topk_kernel"]
+    assert triton_backend == ["compress_decode_kernel", "compress_decode_score_kernel", "topk_kernel"]
 
 
 def test_compress_attention_infer_ties_go_to_the_lower_block(triton_backend):
@@ -162,7 +162,8 @@ def test_device_lengths_are_read_by_the_kernels_and_bad_values_clamped(triton_ba
     cmp_got = op.nsa_compress_attention_infer(q, k, v, table, 0.25, 4, 2, 64, 3, PAGE, 32, 16, None,
                                               torch.tensor([37, 20, 9]))
     assert torch.equal(cmp_got[0], cmp_want[0]) and torch.equal(cmp_got[1], cmp_want[1])
-    assert triton_backend == ["selected_decode_kernel"] * 3 + ["compress_decode_kernel", "topk_kernel"] * 2
+    compressed = ["compress_decode_kernel", "compress_decode_score_kernel", "topk_kernel"]
+    assert triton_backend == ["selected_decode_kernel"] * 3 + compressed * 2
 
 
 def test_compress_into_cache_with_device_lengths_and_a_shared_row(triton_backend):

@@ -88,7 +88,8 @@ def test_compress_attention_infer(lengths):
         out, topk = attnops.nsa_compress_attention_infer(q, k, v, table, lens, compress_block_size=32,
                                                          compress_stride=16, select_block_size=64,
                                                          select_block_count=5)
-    assert kernels(launches) == ["compress_decode_kernel", "topk_kernel"] and topk.shape == (3, N2, 5)
+    assert kernels(launches) == ["compress_decode_kernel", "compress_decode_score_kernel", "topk_kernel"]
+    assert topk.shape == (3, N2, 5)
 
 
 # ----------------------------------------------------------------------------------------------------- aclnn
@@ -146,7 +147,8 @@ def test_torch_npu_decode_ops(lengths):
                                             layout="TND", block_table=table, actual_seq_kvlen=kv_lens)
         tnpu.npu_nsa_compress_attention_infer(q, k, v, D ** -0.5, N1, N2, 64, 3, 64, 32, 16, block_table=table,
                                               actual_cmp_seq_kvlen=kv_lens)
-    assert kernels(launches) == ["selected_decode_kernel", "compress_decode_kernel", "topk_kernel"]
+    assert kernels(launches) == ["selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel",
+                                 "topk_kernel"]
 
 
 @pytest.mark.parametrize("lengths", ["list", "device"])

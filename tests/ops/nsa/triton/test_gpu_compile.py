@@ -17,21 +17,25 @@ pytest.importorskip("triton")
 KERNELS = {"selected": {"selected_fwd_kernel", "selected_delta_kernel", "selected_dq_kernel", "selected_keys_kernel",
                         "selected_dkdv_kernel", "selected_dkdv_reduce_kernel"},
            "compress": {"compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"},
-           "compress-attention": {"fwd_kernel", "importance_kernel", "topk_kernel"},
-           "decode": {"selected_decode_kernel", "compress_decode_kernel", "topk_kernel", "compress_cache_kernel"}}
+           "compress-attention-causal": {"fwd_kernel", "importance_kernel", "topk_kernel"},
+           "compress-attention-mask": {"fwd_kernel", "importance_kernel", "topk_kernel"},
+           "decode": {"selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel", "topk_kernel",
+                      "compress_cache_kernel"}}
 DIMS = {"selected": ("d64-dv64", "d128-dv128", "d192-dv128"), "compress": ("d128", "d192"),
-        "compress-attention": ("d128-dv128", "d192-dv128"), "decode": ("d128-dv128", "d192-dv128")}
+        "compress-attention-causal": ("d128-dv128", "d192-dv128"),
+        "compress-attention-mask": ("d128-dv128", "d192-dv128"),
+        "decode": ("d128-dv128", "d192-dv128")}
 
 
 def check(case: str, target: str) -> None:
-    assert_compiles(case, target, KERNELS[re.match(r"nsa/(.+?)(-causal|-mask)?-(fp16|bf16|fp32)-", case).group(1)])
+    assert_compiles(case, target, KERNELS[re.match(r"nsa/(.+)-(fp16|bf16|fp32)-", case).group(1)])
 
 
 @pytest.mark.parametrize("case,target", [("nsa/selected-fp16-d192-dv128", "sm_90"),
                                          ("nsa/selected-fp32-d128-dv128", "sm_80"),
                                          ("nsa/compress-bf16-d192", "sm_90"),
-                                         ("nsa/compress-attention-causal-fp32-d128-dv128", "sm_80"),
-                                         ("nsa/compress-attention-mask-bf16-d128-dv128", "sm_90"),
+                                         ("nsa/compress-attention-mask-fp32-d128-dv128", "sm_80"),
+                                         ("nsa/compress-attention-causal-bf16-d192-dv128", "sm_90"),
                                          ("nsa/decode-bf16-d192-dv128", "sm_90")])
 def test_nsa_kernels_compile(case, target):
     check(case, target)
@@ -40,8 +44,6 @@ def test_nsa_kernels_compile(case, target):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm_90", "sm_80"])
 @pytest.mark.parametrize("case", [f"nsa/{kind}-{dtype}-{dims}" for dtype in ("fp16", "bf16", "fp32")
-                                  for kind, dims_list in DIMS.items() for dims in dims_list
-                                  for kind in ((f"{kind}-causal", f"{kind}-mask") if kind == "compress-attention"
-                                               else (kind,))])
+                                  for kind, dims_list in DIMS.items() for dims in dims_list])
 def test_nsa_kernels_compile_matrix(case, target):
     check(case, target)
