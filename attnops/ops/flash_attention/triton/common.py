@@ -109,28 +109,57 @@ def tile_needs_mask(meta_ptr, b, r0, c0, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
-               pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
-               mask_ptr, mask_sb, mask_sh, mask_sr,
-               PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) in fp32 with masked entries at -inf.
+def full_cols(meta_ptr, b, r0, c_begin, c_end, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``[a, e)``, multiples of ``BLOCK_N`` with ``c_begin <= a <= e <= c_end`` (``c_begin`` a multiple of
+    ``BLOCK_N``; ``a = e = c_begin`` when ``c_end < c_begin``): key tiles that every query row
+    ``r0 .. r0 + BLOCK_M - 1`` keeps entirely (band or prefix, columns in bounds), so
+    their scores need no mask. Rows past the sequence are not checked: their results are never stored."""
+    skv = meta(meta_ptr, b, KV_LEN)
+    pfx = tl.minimum(meta(meta_ptr, b, PREFIX), skv)
+    a = tl.cdiv(tl.maximum(r0 + BLOCK_M - 1 + meta(meta_ptr, b, LO), 0), BLOCK_N) * BLOCK_N
+    e = tl.maximum(tl.minimum(r0 + meta(meta_ptr, b, HI) + 1, skv), 0) // BLOCK_N * BLOCK_N
+    pe = pfx // BLOCK_N * BLOCK_N
+    if pe > 0:  # prefix columns [0, pfx) are kept by every row: join them when they touch the band's
+        if e <= a:
+            a = a * 0
+            e = pe
+        elif a <= pe:
+            a = a * 0
+            e = tl.maximum(e, pe)
+    c_floor = c_end // BLOCK_N * BLOCK_N
+    a = tl.multiple_of(tl.maximum(tl.minimum(a, c_floor), c_begin), BLOCK_N)
+    e = tl.multiple_of(tl.maximum(tl.minimum(e, c_floor), a), BLOCK_N)
+    return a, e
 
-    ``qk`` is the fp32 ``[BLOCK_M, BLOCK_N]`` product of query rows ``rows`` and key columns ``cols`` of batch
-    ``b``, query head ``h``. The band test is skipped on tiles the band keeps entirely.
-    """
+
+@triton.jit
+def band_keep(meta_ptr, b, rows, cols):
+    """The ``[rows, cols]`` entries kept by the band and the prefix, within the batch's bounds."""
+    diff = cols[None, :].to(tl.int64) - rows[:, None]
+    keep = (diff >= meta(meta_ptr, b, LO)) & (diff <= meta(meta_ptr, b, HI))
+    keep = keep | (cols[None, :] < meta(meta_ptr, b, PREFIX))
+    return keep & (rows[:, None] < meta(meta_ptr, b, Q_LEN)) & (cols[None, :] < meta(meta_ptr, b, KV_LEN))
+
+
+@triton.jit
+def pse_scores(qk, meta_ptr, b, h, rows, cols, row_ok, col_ok, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
+               PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr):
+    """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) in fp32. A pse tensor is read where ``row_ok`` /
+    ``col_ok`` (0 elsewhere): a full pse as a ``[rows, cols]`` tile, a row pse as one ``[cols]`` vector; both are
+    contiguous along the columns, so they load as 16-byte vectors when the column bound and strides allow it. The
+    ALiBi-compressed pse is read along diagonals (element loads); slopes are generated."""
     s = qk
     if PSE == PSE_FULL or PSE == PSE_ROW or PSE == PSE_ALIBI:
         pse_b = pse_ptr + b.to(tl.int64) * pse_sb + tl.cast(h, tl.int64) * pse_sh
         if PSE == PSE_FULL:
-            off = rows[:, None].to(tl.int64) * pse_sr + cols[None, :]
+            pse = tl.load(pse_b + rows[:, None].to(tl.int64) * pse_sr + cols[None, :],
+                          mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
         elif PSE == PSE_ROW:
-            off = rows[:, None].to(tl.int64) * 0 + cols[None, :]
+            pse = tl.load(pse_b + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         else:  # ALiBi-compressed: the last of the 1024 rows, read along the diagonal distance
             diag = rows[:, None] - cols[None, :]
             off = 1023 * pse_sr + tl.minimum(tl.maximum(pse_cols - 1 - diag, 0), pse_cols - 1).to(tl.int64)
-        ok = (rows[:, None] < meta(meta_ptr, b, Q_LEN)) & (cols[None, :] < meta(meta_ptr, b, KV_LEN))
-        pse = tl.load(pse_b + off, mask=ok, other=0.0).to(tl.float32)
+            pse = tl.load(pse_b + off, mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
         if PSE_BEFORE_SCALE:
             s = (s + pse) * scale
         else:
@@ -145,18 +174,38 @@ def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
         s = s * scale - slope * dist
     else:
         s = s * scale
+    return s
+
+
+@triton.jit
+def explicit_masked(s, mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols, row_ok, col_ok):
+    """``s`` at -inf where the explicit mask (uint8, nonzero = masked) is set or outside ``row_ok`` / ``col_ok``;
+    the mask's rows are contiguous along the columns (16-byte vector loads when its strides allow)."""
+    off = b.to(tl.int64) * mask_sb + tl.cast(h, tl.int64) * mask_sh + rows[:, None].to(tl.int64) * mask_sr \
+        + cols[None, :]
+    masked = tl.load(mask_ptr + off, mask=row_ok[:, None] & col_ok[None, :], other=1)
+    return tl.where(masked != 0, float("-inf"), s)
+
+
+@triton.jit
+def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
+               pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
+               mask_ptr, mask_sb, mask_sh, mask_sr,
+               PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) in fp32 with masked entries at -inf.
+
+    ``qk`` is the fp32 ``[BLOCK_M, BLOCK_N]`` product of query rows ``rows`` and key columns ``cols`` of batch
+    ``b``, query head ``h``. The band test is skipped on tiles the band keeps entirely.
+    """
+    row_ok = rows < meta(meta_ptr, b, Q_LEN)
+    col_ok = cols < meta(meta_ptr, b, KV_LEN)
+    s = pse_scores(qk, meta_ptr, b, h, rows, cols, row_ok, col_ok, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
+                   PSE, PSE_BEFORE_SCALE)
     if tile_needs_mask(meta_ptr, b, r0, c0, BLOCK_M, BLOCK_N):
-        diff = cols[None, :].to(tl.int64) - rows[:, None]
-        keep = (diff >= meta(meta_ptr, b, LO)) & (diff <= meta(meta_ptr, b, HI))
-        keep = keep | (cols[None, :] < meta(meta_ptr, b, PREFIX))
-        keep = keep & (rows[:, None] < meta(meta_ptr, b, Q_LEN)) & (cols[None, :] < meta(meta_ptr, b, KV_LEN))
-        s = tl.where(keep, s, float("-inf"))
+        s = tl.where(band_keep(meta_ptr, b, rows, cols), s, float("-inf"))
     if HAS_EXPLICIT:
-        ok = (rows[:, None] < meta(meta_ptr, b, Q_LEN)) & (cols[None, :] < meta(meta_ptr, b, KV_LEN))
-        m_off = b.to(tl.int64) * mask_sb + tl.cast(h, tl.int64) * mask_sh + rows[:, None].to(tl.int64) * mask_sr \
-            + cols[None, :]
-        masked = tl.load(mask_ptr + m_off, mask=ok, other=1)
-        s = tl.where(masked != 0, float("-inf"), s)
+        s = explicit_masked(s, mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols, row_ok, col_ok)
     return s
 
 
@@ -164,16 +213,25 @@ def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
 def dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, PACKED: tl.constexpr):
     """``keep / keep_prob`` as an fp32 tile; element ``(h, i, j)`` of batch ``b`` has the index
     ``drop_off_b + (h * Sq_b + i) * Skv_b + j`` of ``attnops._core.dropout`` (Philox ``tl.rand`` or packed bits).
-    With ``PACKED``, ``offset`` is the packed mask's size in bytes: no byte past it is read (dropped)."""
+    With ``PACKED``, ``drop_ptr`` is the packed mask as little-endian int32 words (zero-padded to whole words) and
+    ``offset`` their number: each row reads the few words that hold its ``cols`` (``cols`` contiguous), no word past
+    the end (dropped). Columns past the batch's keys are not checked (their scores are masked)."""
     sq = meta(meta_ptr, b, Q_LEN)
     skv = meta(meta_ptr, b, KV_LEN)
-    idx = meta(meta_ptr, b, DROP_OFF) + (tl.cast(h, tl.int64) * sq + rows[:, None]) * skv + cols[None, :]
+    row_bit = meta(meta_ptr, b, DROP_OFF) + (tl.cast(h, tl.int64) * sq + rows) * skv  # [BLOCK_M]
     if PACKED:
-        ok = (rows[:, None] < sq) & (cols[None, :] < skv) & ((idx >> 3) < offset)
-        byte = tl.load(drop_ptr + (idx >> 3), mask=ok, other=0).to(tl.int32)
-        keep = ((byte >> (idx & 7).to(tl.int32)) & 1) != 0
+        first = row_bit + tl.min(cols, 0)  # bit index of the tile's first column, per row
+        word0 = first >> 5
+        rel = (first & 31).to(tl.int32)[:, None] + (cols - tl.min(cols, 0))[None, :]  # bit offset from word0
+        which = rel >> 5
+        bits = tl.zeros(rel.shape, tl.int32)
+        row_ok = rows < sq
+        for w in tl.static_range((cols.shape[0] + 31) // 32 + 1):
+            word = tl.load(drop_ptr + word0 + w, mask=row_ok & (word0 + w < offset), other=0)
+            bits = tl.where(which == w, word[:, None], bits)
+        keep = ((bits >> (rel & 31)) & 1) != 0
     else:
-        keep = tl.rand(seed, idx + offset) < keep_prob
+        keep = tl.rand(seed, row_bit[:, None] + cols[None, :] + offset) < keep_prob
     return tl.where(keep, 1.0 / keep_prob, 0.0)
 
 

@@ -275,6 +275,21 @@ def mask_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[
             dict(HAS_EXPLICIT=True))
 
 
+def packed_words(packed: torch.Tensor) -> torch.Tensor:
+    """A packed dropout mask (uint8, LSB first) as the int32 words the kernels read (``common.dropout_scale``): a
+    view when it is contiguous and whole words long and aligned, else a zero-padded copy (zero bits drop, as the
+    bytes past the mask do)."""
+    flat = packed.reshape(-1)
+    if flat.numel() % 4 == 0 and flat.storage_offset() % 4 == 0:
+        return flat.view(torch.int32)
+    return torch.nn.functional.pad(flat, (0, -flat.numel() % 4)).view(torch.int32)
+
+
+def _explicit_cols(p: FAProblem) -> int:
+    """The columns of the explicit mask tensor (0 without one): the forward's load bound for it."""
+    return 0 if p.mask.explicit is None else p.mask.explicit.shape[-1]
+
+
 def _dropout_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
     """Dropout pointer and scalars: Philox ``(seed, offset)``, or a packed mask with its size in bytes (the kernels
     read no byte past it)."""
@@ -282,7 +297,8 @@ def _dropout_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tu
     if d is None:
         return [dummy, 1.0, 0, 0], dict(DROPOUT=0)
     if d.packed is not None:
-        return [d.packed.to(device), d.keep_prob, 0, d.packed.numel()], dict(DROPOUT=2)
+        words = packed_words(d.packed.to(device))
+        return [words, d.keep_prob, 0, words.numel()], dict(DROPOUT=2)
     return [dummy, d.keep_prob, d.seed, d.offset], dict(DROPOUT=1)
 
 
@@ -347,8 +363,9 @@ def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: to
         pse, mask, drop, flags = _common(p, query, interpret)
         grid, fold = _grid(seq.max_q, seq.batch, g.n1)
         return [("fwd_kernel", grid,
-                 (table, *qs, *ks, *vs, *_operand(p, out)[1], _stat_row(p), *pse, *mask, *drop, p.scale, g.n1, g.group,
-                  g.d, g.dv, seq.batch, MAX_GRID_Y), dict(**flags, **fold), "BLOCK_M")]
+                 (table, *qs, *ks, *vs, *_operand(p, out)[1], _stat_row(p), *pse, *mask, _explicit_cols(p), *drop,
+                  p.scale, g.n1, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y),
+                 dict(**flags, **fold, NEGATIVE_SCALE=p.scale < 0), "BLOCK_M")]
 
     static = None if p.device_lengths else _static_key("fwd", interpret, query, key, value)
     launches += _launches(_templates(p, static, build), (q, k, v, out, smax, ssum))
