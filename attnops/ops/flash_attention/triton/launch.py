@@ -37,9 +37,9 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles.
 _TILES = {
     ("fwd", 2, False): [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)],
-    ("fwd", 2, True): [(64, 64, 8, 1), (64, 32, 8, 2)],
-    ("fwd", 4, False): [(64, 32, 4, 2), (32, 64, 4, 2)],
-    ("fwd", 4, True): [(32, 32, 8, 1), (64, 32, 8, 1)],
+    ("fwd", 2, True): [(64, 32, 8, 2), (64, 16, 8, 2)],
+    ("fwd", 4, False): [(32, 32, 8, 2), (64, 32, 8, 2)],
+    ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(32, 64, 8, 2), (64, 32, 8, 2)],
     ("bwd", 2, True): [(32, 32, 8, 2), (64, 32, 8, 2)],
     ("bwd", 4, False): [(32, 32, 8, 1)],
@@ -49,10 +49,10 @@ _TILES = {
 # memory), spill-free with an explicit mask at D=128 and D=192/Dv=128 on sm_80/sm_90 (Triton 3.6 and 3.9); the
 # backward's candidates are small enough as they are.
 _FEATURE_TILES = {
-    ("fwd", 2, False): [(64, 32, 8, 2), (32, 32, 4, 2)],
-    ("fwd", 2, True): [(64, 32, 8, 2), (32, 32, 4, 2)],
+    ("fwd", 2, False): [(128, 32, 8, 2), (64, 32, 8, 2)],
+    ("fwd", 2, True): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 4, False): [(32, 16, 8, 1), (16, 32, 4, 1)],
-    ("fwd", 4, True): [(32, 16, 8, 1), (16, 32, 4, 1)],
+    ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
 }
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
 PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)
