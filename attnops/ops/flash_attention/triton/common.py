@@ -34,6 +34,7 @@ PSE_ROW: tl.constexpr = tl.constexpr(2)  # [B|1, N1, 1, C], broadcast over rows
 PSE_ALIBI: tl.constexpr = tl.constexpr(3)  # ALiBi-compressed [B|1, N1, 1024, C]: last row along the diagonal
 PSE_SLOPES: tl.constexpr = tl.constexpr(4)  # pse_type 2: -slope * |j - i| generated in-kernel
 PSE_SLOPES_SQRT: tl.constexpr = tl.constexpr(5)  # pse_type 3: -slope * sqrt|j - i|
+PSE_ALIBI_COPIES: tl.constexpr = tl.constexpr(6)  # the ALiBi-compressed pse's row 1023 as 8 shifted copies (the forward)
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 FLT_LOWEST: tl.constexpr = tl.constexpr(-3.4028234663852886e38)
@@ -147,15 +148,22 @@ def pse_scores(qk, meta_ptr, b, h, rows, cols, row_ok, col_ok, scale, pse_ptr, p
     """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) in fp32. A pse tensor is read where ``row_ok`` /
     ``col_ok`` (0 elsewhere): a full pse as a ``[rows, cols]`` tile, a row pse as one ``[cols]`` vector; both are
     contiguous along the columns, so they load as 16-byte vectors when the column bound and strides allow it. The
-    ALiBi-compressed pse is read along diagonals (element loads); slopes are generated."""
+    ALiBi-compressed pse is read along diagonals: element loads from the tensor (``PSE_ALIBI``), or from the 8
+    shifted copies of its row 1023 that make every row's read start 16-byte aligned (``PSE_ALIBI_COPIES``:
+    ``launch.alibi_copies``; ``pse_sr`` is the stride between copies). Slopes are generated."""
     s = qk
-    if PSE == PSE_FULL or PSE == PSE_ROW or PSE == PSE_ALIBI:
+    if PSE == PSE_FULL or PSE == PSE_ROW or PSE == PSE_ALIBI or PSE == PSE_ALIBI_COPIES:
         pse_b = pse_ptr + b.to(tl.int64) * pse_sb + tl.cast(h, tl.int64) * pse_sh
         if PSE == PSE_FULL:
             pse = tl.load(pse_b + rows[:, None].to(tl.int64) * pse_sr + cols[None, :],
                           mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
         elif PSE == PSE_ROW:
             pse = tl.load(pse_b + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        elif PSE == PSE_ALIBI_COPIES:  # row r reads columns x0 + j, x0 = W - 1 - r + c0, from copy (-x0) mod 8
+            x0 = pse_cols - 1 - rows + tl.min(cols, 0)
+            start = tl.multiple_of((x0 + 7) // 8 * 8, 8)
+            off = (start - x0)[:, None].to(tl.int64) * pse_sr + start[:, None] + tl.arange(0, cols.shape[0])[None, :]
+            pse = tl.load(pse_b + off, mask=(row_ok & (x0 >= 0))[:, None], other=0.0).to(tl.float32)
         else:  # ALiBi-compressed: the last of the 1024 rows, read along the diagonal distance
             diag = rows[:, None] - cols[None, :]
             off = 1023 * pse_sr + tl.minimum(tl.maximum(pse_cols - 1 - diag, 0), pse_cols - 1).to(tl.int64)

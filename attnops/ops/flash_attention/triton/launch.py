@@ -263,6 +263,25 @@ def pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[l
             dict(PSE=_PSE_KINDS[pse.kind], PSE_BEFORE_SCALE=pse.add_before_scale))
 
 
+ALIBI_COPIES = 8  # shifted copies of the ALiBi-compressed pse's row 1023: 16 bytes of fp16/bf16
+PSE_ALIBI_COPIES = 6  # common.PSE_ALIBI_COPIES
+
+
+def alibi_copies(p: FAProblem, device: torch.device) -> list:
+    """The forward's pse arguments for the ALiBi-compressed pse: its row 1023 (``[Bp, N1, W]``) as
+    ``[Bp, N1, 8, L]`` copies, copy ``k`` shifted right by ``k`` elements and zero elsewhere, so that the kernel
+    reads each score row's diagonal run ``W - 1 - r + c0 ..`` from the copy where it starts 16-byte aligned (a
+    vector load; the tensor itself gives every row another alignment). ``L`` covers the largest aligned start
+    plus a tile of 128 columns, so the reads need no column mask."""
+    row = p.pse.tensor.to(device)[:, :, ALIBI_ROWS - 1, :]
+    w = row.shape[-1]
+    length = -(-(w + ALIBI_COPIES + 128) // 16) * 16
+    copies = row.new_zeros((row.shape[0], row.shape[1], ALIBI_COPIES, length))
+    for k in range(ALIBI_COPIES):
+        copies[:, :, k, k:k + w] = row
+    return [copies, copies.stride(0) if copies.shape[0] > 1 else 0, copies.stride(1), copies.stride(2), w]
+
+
 def mask_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
     """Pointer/strides of the explicit mask (bool read as uint8, broadcast dims at stride 0) and its kernel flag
     (``p``: any problem with a ``MaskSpec`` ``mask``, the FusedInferAttention one too)."""
@@ -361,6 +380,8 @@ def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: to
     def build():
         table = batch_meta(p, device) if meta is None else meta
         pse, mask, drop, flags = _common(p, query, interpret)
+        if flags["PSE"] == _PSE_KINDS["alibi"]:
+            pse, flags["PSE"] = alibi_copies(p, device), PSE_ALIBI_COPIES
         grid, fold = _grid(seq.max_q, seq.batch, g.n1)
         return [("fwd_kernel", grid,
                  (table, *qs, *ks, *vs, *_operand(p, out)[1], _stat_row(p), *pse, *mask, _explicit_cols(p), *drop,

@@ -7,7 +7,7 @@ import torch
 import triton
 
 from attnops.ops.flash_attention.triton import launch
-from tests.helpers import PREFIX3072, TRIU2048, check_fa, make_qkv, random_keep
+from tests.helpers import PREFIX3072, TRIU2048, check_fa, cum, make_qkv, random_keep
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
@@ -51,3 +51,15 @@ def test_forward_tiles(forward_tiles, case):
         kw.update(pse=torch.randn(1, n1, sq, skv, generator=torch.Generator().manual_seed(33)).half(), pse_type=1)
     # packed dropout of 1 * 2 * 32 * 64 bits: whole int32 words, read in place
     check_fa(q, k, v, backward=False, backend="triton", head_num=n1, scale=kw.pop("scale", 0.3), **kw)
+
+
+def test_alibi_compressed_copies(forward_tiles):
+    """The ALiBi-compressed pse read from its row's 8 shifted copies (``launch.alibi_copies``): every row's diagonal
+    run starts at another alignment, a pse width that is not a multiple of 8, batch-broadcast and per-batch pse."""
+    lens, n1 = [37, 20, 45], 2
+    q, k, v, _ = make_qkv("TND", n1=n1, n2=1, d=16, q_lens=lens, kv_lens=lens, dtype=torch.float16, seed=34)
+    for pse_b, pse_type in ((1, 1), (3, 0)):
+        pse = torch.randn(pse_b, n1, 1024, 51, generator=torch.Generator().manual_seed(35)).half()
+        check_fa(q, k, v, backward=False, backend="triton", layout="TND", head_num=n1, scale=0.3, pse=pse,
+                 pse_type=pse_type, atten_mask=TRIU2048, sparse_mode=3, actual_seq_qlen=cum(lens),
+                 actual_seq_kvlen=cum(lens))
