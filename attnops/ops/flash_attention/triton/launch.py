@@ -46,8 +46,9 @@ _TILES = {
     ("bwd", 4, True): [(32, 32, 8, 1)],
 }
 # The forward's candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared
-# memory), spill-free with an explicit mask at D=128 and D=192/Dv=128 on sm_80/sm_90 (Triton 3.6 and 3.9); the
-# backward's candidates are small enough as they are.
+# memory): 128 (two warpgroups of 64 rows: wgmma) x 32 keys at D <= 128, 64 x 32 above, spill-free on sm_90 for every
+# feature up to D=192/Dv=128 (Triton 3.6 and 3.9; docs/triton.md has the figures); the backward's candidates are
+# small enough as they are.
 _FEATURE_TILES = {
     ("fwd", 2, False): [(128, 32, 8, 2), (64, 32, 8, 2)],
     ("fwd", 2, True): [(64, 32, 8, 2), (64, 16, 8, 2)],
@@ -301,7 +302,7 @@ def packed_words(packed: torch.Tensor) -> torch.Tensor:
     flat = packed.reshape(-1)
     if flat.numel() % 4 == 0 and flat.storage_offset() % 4 == 0:
         return flat.view(torch.int32)
-    return torch.nn.functional.pad(flat, (0, -flat.numel() % 4)).view(torch.int32)
+    return torch.cat([flat, flat.new_zeros(-flat.numel() % 4)]).view(torch.int32)
 
 
 def _explicit_cols(p: FAProblem) -> int:
@@ -310,8 +311,8 @@ def _explicit_cols(p: FAProblem) -> int:
 
 
 def _dropout_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
-    """Dropout pointer and scalars: Philox ``(seed, offset)``, or a packed mask with its size in bytes (the kernels
-    read no byte past it)."""
+    """Dropout pointer and scalars: Philox ``(seed, offset)``, or a packed mask as int32 words with their number (the
+    kernels read no word past them)."""
     d = p.dropout
     if d is None:
         return [dummy, 1.0, 0, 0], dict(DROPOUT=0)
