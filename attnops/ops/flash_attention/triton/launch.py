@@ -47,13 +47,13 @@ _TILES = {
 }
 # The forward's candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared
 # memory): 64 rows (wgmma) x 32 keys at D <= 128, x 16 keys above, spill-free on sm_80 and sm_90 for every feature up
-# to D=192/Dv=128, NSA's compressed attention (an explicit mask of odd width) included (Triton 3.6 and 3.9;
-# docs/triton.md has the figures; 128 x 32 spills 36-38 words there); the backward's candidates are small enough as
-# they are.
+# to D=192/Dv=128, NSA's compressed attention (an explicit mask of odd width) included, where 128 x 32 spills 36-38
+# words (Triton 3.6 and 3.9; docs/triton.md has the figures); fp32 16 x 16 (NSA's fp32 compressed attention spills
+# 2 words on sm_80 with 32 x 16); the backward's candidates are small enough as they are.
 _FEATURE_TILES = {
     ("fwd", 2, False): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 2, True): [(64, 16, 8, 2), (32, 32, 4, 2)],
-    ("fwd", 4, False): [(32, 16, 8, 1), (16, 32, 4, 1)],
+    ("fwd", 4, False): [(16, 16, 4, 1)],
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
 }
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
