@@ -34,6 +34,7 @@ PSE_ROW: tl.constexpr = tl.constexpr(2)  # [B|1, N1, 1, C], broadcast over rows
 PSE_ALIBI: tl.constexpr = tl.constexpr(3)  # ALiBi-compressed [B|1, N1, 1024, C]: last row along the diagonal
 PSE_SLOPES: tl.constexpr = tl.constexpr(4)  # pse_type 2: -slope * |j - i| generated in-kernel
 PSE_SLOPES_SQRT: tl.constexpr = tl.constexpr(5)  # pse_type 3: -slope * sqrt|j - i|
+PSE_ALIBI_COPIES: tl.constexpr = tl.constexpr(6)  # the ALiBi-compressed pse's row 1023 as 8 shifted copies (the forward)
 
 # explicit-mask kinds (constexpr HAS_EXPLICIT; False/True: none / a mask tensor)
 MASK_STRIDED_CAUSAL: tl.constexpr = tl.constexpr(2)  # masked(i, j) = j * stride + shift > i, computed (no tensor)
@@ -112,6 +113,30 @@ def tile_needs_mask(meta_ptr, b, r0, c0, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
+def full_cols(meta_ptr, b, r0, c_begin, c_end, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``[a, e)``, multiples of ``BLOCK_N`` with ``c_begin <= a <= e <= c_end`` (``c_begin`` a multiple of
+    ``BLOCK_N``; ``a = e = c_begin`` when ``c_end < c_begin``): key tiles that every query row
+    ``r0 .. r0 + BLOCK_M - 1`` keeps entirely (band or prefix, columns in bounds), so
+    their scores need no mask. Rows past the sequence are not checked: their results are never stored."""
+    skv = meta(meta_ptr, b, KV_LEN)
+    pfx = tl.minimum(meta(meta_ptr, b, PREFIX), skv)
+    a = tl.cdiv(tl.maximum(r0 + BLOCK_M - 1 + meta(meta_ptr, b, LO), 0), BLOCK_N) * BLOCK_N
+    e = tl.maximum(tl.minimum(r0 + meta(meta_ptr, b, HI) + 1, skv), 0) // BLOCK_N * BLOCK_N
+    pe = pfx // BLOCK_N * BLOCK_N
+    if pe > 0:  # prefix columns [0, pfx) are kept by every row: join them when they touch the band's
+        if e <= a:
+            a = a * 0
+            e = pe
+        elif a <= pe:
+            a = a * 0
+            e = tl.maximum(e, pe)
+    c_floor = c_end // BLOCK_N * BLOCK_N
+    a = tl.multiple_of(tl.maximum(tl.minimum(a, c_floor), c_begin), BLOCK_N)
+    e = tl.multiple_of(tl.maximum(tl.minimum(e, c_floor), a), BLOCK_N)
+    return a, e
+
+
+@triton.jit
 def index_grid(rows, cols, TRANSPOSED: tl.constexpr):
     """``rows`` and ``cols`` as broadcastable 2-D index tiles: ``[R, 1]`` and ``[1, C]``, or with ``TRANSPOSED``
     ``[1, R]`` and ``[C, 1]`` (a ``[C, R]`` tile: keys along the first axis)."""
@@ -121,31 +146,45 @@ def index_grid(rows, cols, TRANSPOSED: tl.constexpr):
 
 
 @triton.jit
-def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
-               pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
-               mask_ptr, mask_sb, mask_sh, mask_sr,
-               PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr = False):
-    """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) in fp32 with masked entries at -inf.
+def band_keep(meta_ptr, b, rows, cols, TRANSPOSED: tl.constexpr = False):
+    """The ``[rows, cols]`` entries (``TRANSPOSED``: ``[cols, rows]``) kept by the band and the prefix, within the
+    batch's bounds."""
+    r2, c2 = index_grid(rows, cols, TRANSPOSED)
+    diff = c2.to(tl.int64) - r2
+    keep = (diff >= meta(meta_ptr, b, LO)) & (diff <= meta(meta_ptr, b, HI))
+    keep = keep | (c2 < meta(meta_ptr, b, PREFIX))
+    return keep & (r2 < meta(meta_ptr, b, Q_LEN)) & (c2 < meta(meta_ptr, b, KV_LEN))
 
-    ``qk`` is the fp32 ``[BLOCK_M, BLOCK_N]`` product of query rows ``rows`` and key columns ``cols`` of batch
-    ``b``, query head ``h`` (with ``TRANSPOSED`` the ``[BLOCK_N, BLOCK_M]`` product ``K Q^T``). The band test is
-    skipped on tiles the band keeps entirely. ``HAS_EXPLICIT`` is False, True (the mask tensor at ``mask_ptr``) or
-    ``MASK_STRIDED_CAUSAL`` (the rule's stride and shift in ``mask_sr`` and ``mask_sh``).
-    """
+
+@triton.jit
+def pse_scores(qk, meta_ptr, b, h, rows, cols, row_ok, col_ok, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
+               PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+    """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) in fp32. A pse tensor is read where ``row_ok`` /
+    ``col_ok`` (0 elsewhere): a full pse as a ``[rows, cols]`` tile, a row pse as one ``[cols]`` vector; both are
+    contiguous along the columns, so they load as 16-byte vectors when the column bound and strides allow it. The
+    ALiBi-compressed pse is read along diagonals: element loads from the tensor (``PSE_ALIBI``), or from the 8
+    shifted copies of its row 1023 that make every row's read start 16-byte aligned (``PSE_ALIBI_COPIES``:
+    ``launch.alibi_copies``; ``pse_sr`` is the stride between copies; not ``TRANSPOSED``). Slopes are generated.
+    ``TRANSPOSED``: ``qk`` and the result are ``[cols, rows]``."""
     s = qk
     r2, c2 = index_grid(rows, cols, TRANSPOSED)
-    if PSE == PSE_FULL or PSE == PSE_ROW or PSE == PSE_ALIBI:
+    rok, cok = index_grid(row_ok, col_ok, TRANSPOSED)
+    if PSE == PSE_FULL or PSE == PSE_ROW or PSE == PSE_ALIBI or PSE == PSE_ALIBI_COPIES:
         pse_b = pse_ptr + b.to(tl.int64) * pse_sb + tl.cast(h, tl.int64) * pse_sh
         if PSE == PSE_FULL:
-            off = r2.to(tl.int64) * pse_sr + c2
+            pse = tl.load(pse_b + r2.to(tl.int64) * pse_sr + c2, mask=rok & cok, other=0.0).to(tl.float32)
         elif PSE == PSE_ROW:
-            off = r2.to(tl.int64) * 0 + c2
+            pse = tl.load(pse_b + c2, mask=cok, other=0.0).to(tl.float32)
+        elif PSE == PSE_ALIBI_COPIES:
+            tl.static_assert(not TRANSPOSED, "the ALiBi copies serve the forward's [rows, cols] tiles")  # row r reads columns x0 + j, x0 = W - 1 - r + c0, from copy (-x0) mod 8
+            x0 = pse_cols - 1 - rows + tl.min(cols, 0)
+            start = tl.multiple_of((x0 + 7) // 8 * 8, 8)
+            off = (start - x0)[:, None].to(tl.int64) * pse_sr + start[:, None] + tl.arange(0, cols.shape[0])[None, :]
+            pse = tl.load(pse_b + off, mask=(row_ok & (x0 >= 0))[:, None], other=0.0).to(tl.float32)
         else:  # ALiBi-compressed: the last of the 1024 rows, read along the diagonal distance
             diag = r2 - c2
             off = 1023 * pse_sr + tl.minimum(tl.maximum(pse_cols - 1 - diag, 0), pse_cols - 1).to(tl.int64)
-        ok = (r2 < meta(meta_ptr, b, Q_LEN)) & (c2 < meta(meta_ptr, b, KV_LEN))
-        pse = tl.load(pse_b + off, mask=ok, other=0.0).to(tl.float32)
+            pse = tl.load(pse_b + off, mask=rok & cok, other=0.0).to(tl.float32)
         if PSE_BEFORE_SCALE:
             s = (s + pse) * scale
         else:
@@ -160,39 +199,79 @@ def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
         s = s * scale - slope * dist
     else:
         s = s * scale
+    return s
+
+
+@triton.jit
+def explicit_masked(s, mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols, row_ok, col_ok,
+                    KIND: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+    """``s`` at -inf where the explicit mask is set. ``KIND`` True: a uint8 tensor (nonzero = masked; outside
+    ``row_ok`` / ``col_ok`` masked too), its rows contiguous along the columns (16-byte vector loads when its strides
+    allow); ``MASK_STRIDED_CAUSAL``: the rule ``j * stride + shift > i`` (``mask_sr`` = stride, ``mask_sh`` = shift),
+    nothing read. ``TRANSPOSED``: ``s`` is ``[cols, rows]``."""
+    r2, c2 = index_grid(rows, cols, TRANSPOSED)
+    if KIND == MASK_STRIDED_CAUSAL:
+        masked = c2 * mask_sr + mask_sh > r2
+    else:
+        rok, cok = index_grid(row_ok, col_ok, TRANSPOSED)
+        off = b.to(tl.int64) * mask_sb + tl.cast(h, tl.int64) * mask_sh + r2.to(tl.int64) * mask_sr + c2
+        masked = tl.load(mask_ptr + off, mask=rok & cok, other=1) != 0
+    return tl.where(masked, float("-inf"), s)
+
+
+@triton.jit
+def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
+               pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
+               mask_ptr, mask_sb, mask_sh, mask_sr,
+               PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+    """``scale*QK^T + pse`` (pse_type 1: ``scale*(QK^T + pse)``) in fp32 with masked entries at -inf.
+
+    ``qk`` is the fp32 ``[BLOCK_M, BLOCK_N]`` product of query rows ``rows`` and key columns ``cols`` of batch
+    ``b``, query head ``h`` (with ``TRANSPOSED`` the ``[BLOCK_N, BLOCK_M]`` product ``K Q^T``). The band test is
+    skipped on tiles the band keeps entirely. ``HAS_EXPLICIT``: False, True (a mask tensor) or
+    ``MASK_STRIDED_CAUSAL`` (:func:`explicit_masked`).
+    """
+    row_ok = rows < meta(meta_ptr, b, Q_LEN)
+    col_ok = cols < meta(meta_ptr, b, KV_LEN)
+    s = pse_scores(qk, meta_ptr, b, h, rows, cols, row_ok, col_ok, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
+                   PSE, PSE_BEFORE_SCALE, TRANSPOSED)
     if tile_needs_mask(meta_ptr, b, r0, c0, BLOCK_M, BLOCK_N):
-        diff = c2.to(tl.int64) - r2
-        keep = (diff >= meta(meta_ptr, b, LO)) & (diff <= meta(meta_ptr, b, HI))
-        keep = keep | (c2 < meta(meta_ptr, b, PREFIX))
-        keep = keep & (r2 < meta(meta_ptr, b, Q_LEN)) & (c2 < meta(meta_ptr, b, KV_LEN))
-        s = tl.where(keep, s, float("-inf"))
-    if HAS_EXPLICIT == MASK_STRIDED_CAUSAL:  # masks.StridedCausal: mask_sr = stride, mask_sh = shift
-        s = tl.where(c2 * mask_sr + mask_sh > r2, float("-inf"), s)
-    elif HAS_EXPLICIT:
-        ok = (r2 < meta(meta_ptr, b, Q_LEN)) & (c2 < meta(meta_ptr, b, KV_LEN))
-        m_off = b.to(tl.int64) * mask_sb + tl.cast(h, tl.int64) * mask_sh + r2.to(tl.int64) * mask_sr + c2
-        masked = tl.load(mask_ptr + m_off, mask=ok, other=1)
-        s = tl.where(masked != 0, float("-inf"), s)
+        s = tl.where(band_keep(meta_ptr, b, rows, cols, TRANSPOSED), s, float("-inf"))
+    if HAS_EXPLICIT:
+        s = explicit_masked(s, mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols, row_ok, col_ok, HAS_EXPLICIT,
+                            TRANSPOSED)
     return s
 
 
 @triton.jit
 def dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, PACKED: tl.constexpr,
                   TRANSPOSED: tl.constexpr = False):
-    """``keep / keep_prob`` as an fp32 ``[rows, cols]`` tile (``TRANSPOSED``: ``[cols, rows]``); element
-    ``(h, i, j)`` of batch ``b`` has the index ``drop_off_b + (h * Sq_b + i) * Skv_b + j`` of
-    ``attnops._core.dropout`` (Philox ``tl.rand`` or packed bits). With ``PACKED``, ``offset`` is the packed mask's
-    size in bytes: no byte past it is read (dropped)."""
+    """``keep / keep_prob`` as an fp32 ``[rows, cols]`` tile (``TRANSPOSED``: ``[cols, rows]``); element ``(h, i, j)`` of batch ``b`` has the index
+    ``drop_off_b + (h * Sq_b + i) * Skv_b + j`` of ``attnops._core.dropout`` (Philox ``tl.rand`` or packed bits).
+    With ``PACKED``, ``drop_ptr`` is the packed mask as little-endian int32 words (zero-padded to whole words) and
+    ``offset`` their number: each row reads the few words that hold its ``cols`` (``cols`` contiguous), no word past
+    the end (dropped). Columns past the batch's keys are not checked (their scores are masked)."""
     sq = meta(meta_ptr, b, Q_LEN)
     skv = meta(meta_ptr, b, KV_LEN)
-    r2, c2 = index_grid(rows, cols, TRANSPOSED)
-    idx = meta(meta_ptr, b, DROP_OFF) + (tl.cast(h, tl.int64) * sq + r2) * skv + c2
+    row_bit = meta(meta_ptr, b, DROP_OFF) + (tl.cast(h, tl.int64) * sq + rows) * skv  # [BLOCK_M]
     if PACKED:
-        ok = (r2 < sq) & (c2 < skv) & ((idx >> 3) < offset)
-        byte = tl.load(drop_ptr + (idx >> 3), mask=ok, other=0).to(tl.int32)
-        keep = ((byte >> (idx & 7).to(tl.int32)) & 1) != 0
+        first = row_bit + tl.min(cols, 0)  # bit index of the tile's first column, per row
+        word0 = first >> 5
+        rel = (first & 31).to(tl.int32)[:, None] + (cols - tl.min(cols, 0))[None, :]  # bit offset from word0
+        which = rel >> 5
+        bits = tl.zeros(rel.shape, tl.int32)
+        row_ok = rows < sq
+        for w in tl.static_range((cols.shape[0] + 31) // 32 + 1):
+            word = tl.load(drop_ptr + word0 + w, mask=row_ok & (word0 + w < offset), other=0)
+            bits = tl.where(which == w, word[:, None], bits)
+        bit = (bits >> (rel & 31)) & 1
+        if TRANSPOSED:
+            bit = tl.trans(bit)
+        keep = bit != 0
     else:
-        keep = tl.rand(seed, idx + offset) < keep_prob
+        r2, c2 = index_grid(row_bit, cols, TRANSPOSED)
+        keep = tl.rand(seed, r2 + c2 + offset) < keep_prob
     return tl.where(keep, 1.0 / keep_prob, 0.0)
 
 

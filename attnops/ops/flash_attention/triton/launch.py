@@ -41,9 +41,9 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 BWD_WIDEST = 2
 _TILES = {
     ("fwd", 2, False): [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)],
-    ("fwd", 2, True): [(64, 64, 8, 1), (64, 32, 8, 2)],
-    ("fwd", 4, False): [(64, 32, 4, 2), (32, 64, 4, 2)],
-    ("fwd", 4, True): [(32, 32, 8, 1), (64, 32, 8, 1)],
+    ("fwd", 2, True): [(64, 32, 8, 2), (64, 16, 8, 2)],
+    ("fwd", 4, False): [(16, 32, 8, 2), (32, 32, 8, 2)],
+    ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
     ("bwd", 2, True): [(16, 64, 8, 2), (32, 32, 8, 2)],
     ("bwd", 2, BWD_WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
@@ -52,13 +52,16 @@ _TILES = {
     ("bwd", 4, BWD_WIDEST): [(16, 32, 8, 1)],
 }
 # The candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared memory). The
-# forward's are spill-free with an explicit mask at D=128 and D=192/Dv=128 on sm_80/sm_90 (Triton 3.6 and 3.9); the
-# backward's take 16 query rows per step at D <= 128 (the key block stays the products' M = 64).
+# forward's: 64 rows (wgmma) x 32 keys at D <= 128, x 16 keys above, spill-free on sm_80 and sm_90 for every feature
+# up to D=192/Dv=128, NSA's compressed attention (an explicit mask of odd width) included, where 128 x 32 spills 36-38
+# words (Triton 3.6 and 3.9; docs/triton.md has the figures); fp32 16 x 16 (NSA's fp32 compressed attention spills
+# 2 words on sm_80 with 32 x 16). The backward's take 16 query rows per step at D <= 128 (the key block stays the
+# products' M = 64).
 _FEATURE_TILES = {
-    ("fwd", 2, False): [(64, 32, 8, 2), (32, 32, 4, 2)],
-    ("fwd", 2, True): [(64, 32, 8, 2), (32, 32, 4, 2)],
-    ("fwd", 4, False): [(32, 16, 8, 1), (16, 32, 4, 1)],
-    ("fwd", 4, True): [(32, 16, 8, 1), (16, 32, 4, 1)],
+    ("fwd", 2, False): [(64, 32, 8, 2), (64, 16, 8, 2)],
+    ("fwd", 2, True): [(64, 16, 8, 2), (32, 32, 4, 2)],
+    ("fwd", 4, False): [(16, 16, 4, 1)],
+    ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(16, 64, 8, 2), (32, 64, 8, 2)],
     ("bwd", 2, True): [(16, 64, 8, 2), (16, 32, 8, 2)],
     ("bwd", 2, BWD_WIDEST): [(16, 32, 8, 2), (32, 32, 8, 2)],
@@ -290,6 +293,25 @@ def pse_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[l
             dict(PSE=_PSE_KINDS[pse.kind], PSE_BEFORE_SCALE=pse.add_before_scale))
 
 
+ALIBI_COPIES = 8  # shifted copies of the ALiBi-compressed pse's row 1023: 16 bytes of fp16/bf16
+PSE_ALIBI_COPIES = 6  # common.PSE_ALIBI_COPIES
+
+
+def alibi_copies(p: FAProblem, device: torch.device) -> list:
+    """The forward's pse arguments for the ALiBi-compressed pse: its row 1023 (``[Bp, N1, W]``) as
+    ``[Bp, N1, 8, L]`` copies, copy ``k`` shifted right by ``k`` elements and zero elsewhere, so that the kernel
+    reads each score row's diagonal run ``W - 1 - r + c0 ..`` from the copy where it starts 16-byte aligned (a
+    vector load; the tensor itself gives every row another alignment). ``L`` covers the largest aligned start
+    plus a tile of 128 columns, so the reads need no column mask."""
+    row = p.pse.tensor.to(device)[:, :, ALIBI_ROWS - 1, :]
+    w = row.shape[-1]
+    length = -(-(w + ALIBI_COPIES + 128) // 16) * 16
+    copies = row.new_zeros((row.shape[0], row.shape[1], ALIBI_COPIES, length))
+    for k in range(ALIBI_COPIES):
+        copies[:, :, k, k:k + w] = row
+    return [copies, copies.stride(0) if copies.shape[0] > 1 else 0, copies.stride(1), copies.stride(2), w]
+
+
 def mask_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
     """Pointer/strides of the explicit mask (bool read as uint8, broadcast dims at stride 0) and its kernel flag
     (``p``: any problem with a ``MaskSpec`` ``mask``, the FusedInferAttention one too); a formula mask
@@ -305,14 +327,30 @@ def mask_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[
             dict(HAS_EXPLICIT=True))
 
 
+def packed_words(packed: torch.Tensor) -> torch.Tensor:
+    """A packed dropout mask (uint8, LSB first) as the int32 words the kernels read (``common.dropout_scale``): a
+    view when it is contiguous and whole words long and aligned, else a zero-padded copy (zero bits drop, as the
+    bytes past the mask do)."""
+    flat = packed.reshape(-1)
+    if flat.numel() % 4 == 0 and flat.storage_offset() % 4 == 0:
+        return flat.view(torch.int32)
+    return torch.cat([flat, flat.new_zeros(-flat.numel() % 4)]).view(torch.int32)
+
+
+def _explicit_cols(p: FAProblem) -> int:
+    """The columns of the explicit mask tensor (0 without one): the forward's load bound for it."""
+    return 0 if p.mask.explicit is None else p.mask.explicit.shape[-1]
+
+
 def _dropout_args(p: FAProblem, device: torch.device, dummy: torch.Tensor) -> tuple[list, dict]:
-    """Dropout pointer and scalars: Philox ``(seed, offset)``, or a packed mask with its size in bytes (the kernels
-    read no byte past it)."""
+    """Dropout pointer and scalars: Philox ``(seed, offset)``, or a packed mask as int32 words with their number (the
+    kernels read no word past them)."""
     d = p.dropout
     if d is None:
         return [dummy, 1.0, 0, 0], dict(DROPOUT=0)
     if d.packed is not None:
-        return [d.packed.to(device), d.keep_prob, 0, d.packed.numel()], dict(DROPOUT=2)
+        words = packed_words(d.packed.to(device))
+        return [words, d.keep_prob, 0, words.numel()], dict(DROPOUT=2)
     return [dummy, d.keep_prob, d.seed, d.offset], dict(DROPOUT=1)
 
 
@@ -375,10 +413,13 @@ def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: to
     def build():
         table = batch_meta(p, device) if meta is None else meta
         pse, mask, drop, flags = _common(p, query, interpret)
+        if flags["PSE"] == _PSE_KINDS["alibi"]:
+            pse, flags["PSE"] = alibi_copies(p, device), PSE_ALIBI_COPIES
         grid, fold = _grid(seq.max_q, seq.batch, g.n1)
         return [("fwd_kernel", grid,
-                 (table, *qs, *ks, *vs, *_operand(p, out)[1], _stat_row(p), *pse, *mask, *drop, p.scale, g.n1, g.group,
-                  g.d, g.dv, seq.batch, MAX_GRID_Y), dict(**flags, **fold), "BLOCK_M")]
+                 (table, *qs, *ks, *vs, *_operand(p, out)[1], _stat_row(p), *pse, *mask, _explicit_cols(p), *drop,
+                  p.scale, g.n1, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y),
+                 dict(**flags, **fold, NEGATIVE_SCALE=p.scale < 0), "BLOCK_M")]
 
     static = None if p.device_lengths else _static_key("fwd", interpret, query, key, value)
     launches += _launches(_templates(p, static, build), (q, k, v, out, smax, ssum))

@@ -95,8 +95,7 @@ KNOWN_SPILLS = {
     "90-fp16-256-256-explicit-pse_full1-drop_seed", "90-bf16-256-256-explicit-pse_full1-drop_seed",
     "90-fp32-256-256-explicit-pse_full1-drop_seed", "80-fp16-256-256-causal",
     "80-fp16-256-256-explicit-pse_full1-drop_seed", "80-bf16-256-256-causal",
-    "80-bf16-256-256-explicit-pse_full1-drop_seed", "80-fp32-128-128-causal",
-    "80-fp32-256-256-explicit-pse_full1-drop_seed", "80-fp32-128-64-causal",
+    "80-bf16-256-256-explicit-pse_full1-drop_seed", "80-fp32-256-256-explicit-pse_full1-drop_seed",
     "80-bf16-256-256-pse_full0-prefix-drop_packed",
 }
 
