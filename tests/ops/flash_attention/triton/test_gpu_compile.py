@@ -80,6 +80,20 @@ def test_kernels_compile(arch, problem):
     assert not spilling, spilling
 
 
+def test_hopper_products_are_wgmma():
+    """sm_90, the configurations the launcher runs: every product of the forward and of the backward's single pass
+    is a wgmma, none an ``mma.sync`` (fast-path rule ``tensor cores``, ``attnops/_core/triton/fast_path.py``)."""
+    from attnops._core.triton.fast_path import RULES, violations
+
+    problem = case("bf16", 128, 128, "causal", "pse_row", "drop_packed")
+    records = [dict(operator="flash_attention", case="bf16-d128", kernel=kernel, target="sm_90", tiles=v["tiles"],
+                    warps=v["num_warps"], spills=v["n_spills"], default=v["default"], ptx=v["ptx"])
+               for kernel, variants in compile_in_child(90, problem).items() for v in variants]
+    tensor_cores = [rule for rule in RULES if rule.name == "tensor cores"]
+    assert {r["kernel"] for r in records if tensor_cores[0].applies(r)} == {"fwd_kernel", "dkdv_kernel"}
+    assert violations(records, tuple(tensor_cores)) == []
+
+
 SLOW_CASES = [(arch, case(dtype, d, dv, *features)) for arch in (90, 80) for dtype in ("fp16", "bf16", "fp32")
               for d, dv in ((64, 64), (128, 128), (256, 256), (128, 64)) for features in (["causal"], EVERYTHING)]
 SLOW_CASES += [(90, case("bf16", 128, 128, feature)) for feature in
