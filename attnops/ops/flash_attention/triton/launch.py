@@ -56,14 +56,15 @@ _TILES = {
 # up to D=192/Dv=128, NSA's compressed attention (an explicit mask of odd width) included, where 128 x 32 spills 36-38
 # words (Triton 3.6 and 3.9; docs/triton.md has the figures); fp32 16 x 16 (NSA's fp32 compressed attention spills
 # 2 words on sm_80 with 32 x 16). The backward's take 16 query rows per step at D <= 128 (the key block stays the
-# products' M = 64).
+# products' M = 64); above, 32-key blocks (mma.sync): 64-key blocks spill 118 words at D=192/Dv=128 with a mask, a pse
+# and dropout, 32-key blocks 4.
 _FEATURE_TILES = {
     ("fwd", 2, False): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 2, True): [(64, 16, 8, 2), (32, 32, 4, 2)],
     ("fwd", 4, False): [(16, 16, 4, 1)],
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(16, 64, 8, 2), (32, 64, 8, 2)],
-    ("bwd", 2, True): [(16, 64, 8, 2), (16, 32, 8, 2)],
+    ("bwd", 2, True): [(16, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 2, BWD_WIDEST): [(16, 32, 8, 2), (32, 32, 8, 2)],
 }
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
