@@ -15,6 +15,7 @@ OPCHECKED = {
     "flash_attention_bwd": "tests/ops/flash_attention/test_custom_ops.py",
     "nsa_compress": "tests/ops/nsa/test_opcheck.py",
     "nsa_compress_attention": "tests/ops/nsa/test_opcheck.py",
+    "nsa_compress_attention_grad": "tests/ops/nsa/test_opcheck.py",
     "nsa_selected_attention": "tests/ops/nsa/test_opcheck.py",
     "nsa_compress_grad": __name__,
     "nsa_selected_attention_grad": __name__,

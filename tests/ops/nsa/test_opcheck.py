@@ -38,3 +38,16 @@ def test_opcheck_nsa_compress_attention():
     tmask[:, 0] = True
     torch.library.opcheck(torch.ops.attnops.nsa_compress_attention.default,
                           (q, k, v, tmask, mask, 0.5, 2, 32, 16, 32, 2, [3, 7], [4, 9], [2, 5], 1))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_opcheck_nsa_compress_attention_grad(causal):
+    """The backward op of compressed attention, with a mask tensor or the causal rule computed by the kernels."""
+    q, k, v = randn(7, 2, 8, seed=10), randn(9, 1, 8, seed=11), randn(9, 1, 4, seed=12)
+    mask = None if causal else torch.zeros(4, 5, dtype=torch.bool)
+    lens = ([3, 7], [4, 9])
+    out, _, smax, ssum = torch.ops.attnops.nsa_compress_attention(q, k, v, None, mask, 0.5, 2, 32, 16, 32, 2, *lens,
+                                                                  [2, 5], 0 if causal else 1, causal)
+    torch.library.opcheck(torch.ops.attnops.nsa_compress_attention_grad.default,
+                          (randn(7, 2, 4, seed=13), q, k, v, out, smax, ssum, mask, 0.5, 2, 32, 16, *lens,
+                           0 if causal else 1, causal))
