@@ -85,3 +85,9 @@ def test_fast_path_rules():
     assert "narrow loads=16" in violations([narrow])[0]
     spills = _record(kernel="merge_kernel", operator="fused_infer_attention", spills=12, target="sm_80")
     assert [v.split(":")[0] for v in violations([spills])] == ["no spills"]
+    # the FlashAttention backward's form of the other architecture is never launched there
+    assert violations([_record(kernel="dkdv_kernel", spills=400, target="sm_80")]) == []
+    assert violations([_record(case="bf16-d128-causal-dq-kernel", kernel="dq_kernel", target="sm_90",
+                               ptx=dict(good["ptx"], wgmma=0, mma_sync=8))]) == []
+    assert [v.split(":")[0] for v in violations([_record(case="bf16-d128-causal-dq-kernel", target="sm_80",
+                                                         spills=4)])] == ["no spills"]

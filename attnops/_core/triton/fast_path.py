@@ -1,7 +1,11 @@
 """Hopper fast-path rules checked on ``python -m attnops aot --json`` records (``--check``): which kernels must use
 wgmma, which must load K/V with 16-byte vectors, and that no default configuration spills. A rule applies to the
 default configuration (the one the launcher runs) of fp16/bf16 cases only: fp32 products take the tf32/FMA paths
-and are outside the targets. Kernel names are ``fnmatch`` patterns per operator."""
+and are outside the targets. Kernel names are ``fnmatch`` patterns per operator.
+
+An AOT case compiles its launches for every target, but the FlashAttention backward has a form per target (the
+single dK/dV/dQ pass from sm_90 on, the dK/dV pass beside a dQ kernel before: the ``-dq-kernel`` cases): a record of
+the form a target never runs (:func:`launched`) is outside every rule."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +25,7 @@ class Rule:
     exempt: tuple = ()  # (operator, case substring, reason): cases a rule does not cover, with the reason
 
     def applies(self, record: dict) -> bool:
-        if record["target"] not in self.targets or not record["default"]:
+        if record["target"] not in self.targets or not record["default"] or not launched(record):
             return False
         if not any(dtype in record["case"] for dtype in HALF_DTYPES):
             return False
@@ -30,13 +34,20 @@ class Rule:
         return not any(op == record["operator"] and text in record["case"] for op, text, _ in self.exempt)
 
 
+def launched(record: dict) -> bool:
+    """Whether the launcher runs this compiled launch on the record's target: False for the FlashAttention
+    backward's form of the other architecture (``launch.dq_in_pass``)."""
+    if record["operator"] != "flash_attention" or record["kernel"] not in ("dq_kernel", "dkdv_kernel"):
+        return True
+    return ("-dq-kernel" in record["case"]) == (record["target"] == "sm_80")
+
+
 RULES = (
     Rule("tensor cores", ("sm_90",),
          {"flash_attention": ("fwd_kernel", "dq_kernel", "dkdv_kernel"),
           "nsa": ("fwd_kernel", "importance_kernel", "selected_dkdv_kernel")},
          lambda r: r["ptx"]["mma_sync"] == 0 and r["ptx"]["wgmma"] > 0, "wgmma > 0 and mma.sync = 0",
-         exempt=(("flash_attention", "-dq-kernel", "the backward of GPUs before sm_90 (sm_90 runs the single pass)"),
-                 ("flash_attention", "d256", "D=Dv=256: 64-key backward blocks spill, the pass takes 32x32 tiles"),
+         exempt=(("flash_attention", "d256", "D=Dv=256: 64-key backward blocks spill, the pass takes 32x32 tiles"),
                  ("flash_attention", "d192-dv128-mask-pse-dropout",
                   "per-element features above D=128: 64-key backward blocks spill 118 words, the pass takes 16x32"))),
     Rule("vector loads", ("sm_90", "sm_80"),
