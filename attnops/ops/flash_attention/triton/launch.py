@@ -40,7 +40,7 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # (wgmma) do not fit the registers with D = Dv = 256.
 BWD_WIDEST = 2
 _TILES = {
-    ("fwd", 2, False): [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2)],
+    ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
     ("fwd", 2, True): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 4, False): [(16, 32, 8, 2), (32, 32, 8, 2)],
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
