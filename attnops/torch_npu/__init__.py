@@ -3,7 +3,20 @@
 Use them directly (``from attnops import torch_npu``) or call :func:`install` so that unmodified Ascend code that
 does ``import torch_npu`` and ``torch.ops.npu.<op>`` runs on the CPU or a CUDA GPU. See ``docs/porting.md``.
 """
-from .atb import _npu_flash_attention_unpad, _npu_paged_attention, _npu_paged_attention_get_workspace
+from .atb import (
+    _npu_flash_attention_qlens,
+    _npu_paged_attention,
+    _npu_paged_attention_get_workspace,
+    _npu_paged_attention_mla,
+    _npu_paged_attention_splitfuse,
+    _npu_paged_attention_splitfuse_v2,
+)
+from .atb_self_attention import (
+    _npu_flash_attention,
+    _npu_flash_attention_unpad,
+    _npu_flash_attention_unpad_v2,
+    _npu_flash_attention_v3,
+)
 from .attention_update import npu_attention_update, npu_ring_attention_update
 from .fusion_attention import (
     npu_fusion_attention,
@@ -38,6 +51,7 @@ from .nsa import (
     npu_nsa_select_attention_grad,
     npu_nsa_select_attention_infer,
 )
+from .scatter_nd import npu_scatter_nd_update, npu_scatter_nd_update_
 from .shim import install
 
 __all__ = [
@@ -64,6 +78,8 @@ __all__ = [
     "npu_nsa_select_attention_infer",
     "npu_prompt_flash_attention",
     "npu_ring_attention_update",
+    "npu_scatter_nd_update",
+    "npu_scatter_nd_update_",
     "npu_scatter_pa_kv_cache",
     "npu_scatter_pa_kv_cache_functional",
 ]
@@ -72,5 +88,7 @@ __all__ = [
 OPS = tuple(name for name in __all__ if name != "install") + (
     "_npu_fused_infer_attention_score_get_max_workspace", "_npu_fused_infer_attention_score_v2_get_max_workspace")
 # ATB ops (torch_npu._npu_*; torch.ops.atb once install() ran)
-ATB_OPS = ("_npu_flash_attention_unpad", "_npu_paged_attention", "_npu_paged_attention_get_workspace",
-           "_npu_reshape_and_cache")
+ATB_OPS = ("_npu_flash_attention", "_npu_flash_attention_qlens", "_npu_flash_attention_unpad",
+           "_npu_flash_attention_unpad_v2", "_npu_flash_attention_v3", "_npu_paged_attention",
+           "_npu_paged_attention_get_workspace", "_npu_paged_attention_mla", "_npu_paged_attention_splitfuse",
+           "_npu_paged_attention_splitfuse_v2", "_npu_reshape_and_cache")

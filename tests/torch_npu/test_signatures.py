@@ -105,6 +105,26 @@ def case(name: str):
     if name == "_npu_flash_attention_unpad":
         q, k, v = _r(9, 4, 16, seed=25), _r(9, 2, 16, seed=26), _r(9, 2, 8, seed=27)
         return (q, k, v, torch.tensor([4, 5], dtype=torch.int32), 0.25, 4, 2, torch.empty(9, 4, 8)), {}
+    if name in ("_npu_flash_attention", "_npu_flash_attention_v3", "_npu_flash_attention_unpad_v2"):
+        q, k, v = _r(9, 4, 16, seed=28), _r(9, 2, 16, seed=29), _r(9, 2, 8, seed=30)
+        mask = () if name == "_npu_flash_attention_unpad_v2" else (torch.triu(torch.ones(5, 5), 1),)
+        return (q, k, v, *mask, torch.tensor([4, 5], dtype=torch.int32), 0.25, 4, 2), {"out": torch.empty(9, 4, 8)}
+    if name in ("_npu_flash_attention_qlens", "_npu_paged_attention_splitfuse", "_npu_paged_attention_splitfuse_v2"):
+        caches = (_r(4, 4, 2, 16, seed=31), _r(4, 4, 2, 8, seed=32))
+        table, q_lens, kv_lens = torch.tensor([[2, 0], [3, 1]], dtype=torch.int32), torch.tensor([2, 3]), \
+            torch.tensor([6, 3])
+        mask = torch.triu(torch.ones(5, 8), 1) if name == "_npu_paged_attention_splitfuse" else torch.ones(8, 8)
+        lens_and_mask = (mask, q_lens, kv_lens) if name == "_npu_flash_attention_qlens" else (kv_lens, mask, q_lens)
+        out = {"out": torch.empty(5, 4, 8)}
+        if name == "_npu_flash_attention_qlens":
+            return (_r(5, 4, 16, seed=33), *caches, table, *lens_and_mask, 2, 4, 0.25, out["out"]), {}
+        required = (_r(5, 4, 16, seed=33), *caches, table, *lens_and_mask, 2, 4, 0.25)
+        return (required, out) if name.endswith("_v2") else ((*required, out["out"]), {})
+    if name == "_npu_paged_attention_mla":
+        return (_r(2, 4, 24, seed=34), _r(4, 4, 1, 24, seed=35), 1, 4, 0.25, torch.tensor([[2, 0], [3, 1]]),
+                torch.tensor([6, 3]), 16, torch.empty(2, 4, 16)), {}
+    if name in ("npu_scatter_nd_update_", "npu_scatter_nd_update"):
+        return (torch.zeros(6, 2, 4), torch.tensor([[4], [1]]), _r(2, 2, 4, seed=36)), {}
     if name == "npu_attention_update":
         return ([_r(6), _r(6, seed=1)], [_r(6, 4, seed=2), _r(6, 4, seed=3)], 1), {}
     raise KeyError(name)

@@ -1,0 +1,41 @@
+"""``npu_scatter_nd_update(_)``: rows of a tensor replaced at N-d indices (sglang's and vllm-ascend's KV-cache writes
+with ``indices = slots.view(-1, 1)``)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._core.checks import check_tensor, require
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _validated_index(input: Tensor, indices: Tensor, updates: Tensor) -> tuple[Tensor, ...]:
+    """Check the shapes (``updates`` = ``indices.shape[:-1] + input.shape[K:]`` for ``K = indices.shape[-1]``),
+    dtypes, devices and, when ``indices`` is on the CPU, the index values; returns the per-dimension indices."""
+    check_tensor("input", input, ndim=range(1, 9))
+    check_tensor("indices", indices, dtypes=_INDEX_DTYPES, device=input.device)
+    require(indices.dim() >= 2 and 1 <= indices.shape[-1] <= input.dim(), "indices",
+            f"at least 2 dims with the last one (the index depth) in [1, input.dim()={input.dim()}]", indices)
+    depth = indices.shape[-1]
+    expected = (*indices.shape[:-1], *input.shape[depth:])
+    check_tensor("updates", updates, shape=expected, dtypes=(input.dtype,), device=input.device)
+    if indices.device.type == "cpu" and indices.numel():  # a device index is used unread (graph capture)
+        bounds = torch.tensor(input.shape[:depth], dtype=indices.dtype)
+        bad = ((indices < 0) | (indices >= bounds)).any(-1).nonzero()
+        require(bad.numel() == 0, "indices", f"indices in [0, {list(input.shape[:depth])}) (the NPU does not "
+                "support out-of-range or negative indices)",
+                f"{indices[tuple(bad[0])].tolist()} at {bad[0].tolist()}" if bad.numel() else "")
+    return tuple(indices[..., i].long() for i in range(depth))
+
+
+def npu_scatter_nd_update_(input: Tensor, indices: Tensor, updates: Tensor) -> Tensor:
+    """In place: ``input[indices[j]] = updates[j]`` for every index row ``j`` (``indices [..., K]`` int32/int64,
+    ``updates [..., *input.shape[K:]]``, ``input``'s dtype); returns ``input``. Indices must lie in
+    ``input.shape[:K]`` (checked on the CPU); with repeated indices one of the rows is kept."""
+    return input.index_put_(_validated_index(input, indices, updates), updates)
+
+
+def npu_scatter_nd_update(input: Tensor, indices: Tensor, updates: Tensor) -> Tensor:
+    """:func:`npu_scatter_nd_update_` on a copy: returns the updated copy, ``input`` is unchanged."""
+    return input.index_put(_validated_index(input, indices, updates), updates)
