@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .._core.checks import check_int, check_scale, check_tensor, int_list, require
+from .._core.staging import cached_upload
 from ._common import with_overloads
 
 
@@ -162,8 +163,8 @@ def _masked_rows(fia, q: Tensor, key: Tensor, value: Tensor, token_mask: Tensor,
             f"[num_tokens={q.shape[0]}, max_seq_len >= {max(kv_lens, default=0)}] (one row per query token)",
             token_mask)
     batch, longest = len(q_lens), max(q_lens, default=0)
-    rows = torch.tensor([b * longest + i for b, n in enumerate(q_lens) for i in range(n)], dtype=torch.long,
-                        device=q.device)
+    rows = cached_upload(("atb_token_rows", tuple(q_lens)),
+                         lambda: [b * longest + i for b, n in enumerate(q_lens) for i in range(n)], torch.long, q.device)
     padded = q.new_zeros(batch * longest, *q.shape[1:]).index_copy_(0, rows, q)
     cols = min(token_mask.shape[1], capacity)
     mask = torch.ones(batch * longest, capacity, dtype=torch.bool, device=q.device)
