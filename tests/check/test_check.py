@@ -62,8 +62,9 @@ def test_list_prints_every_case_without_running(capsys):
     assert check.main(["--list", "--filter", "npu_"]) == 0
     lines = capsys.readouterr().out.splitlines()
     from attnops.check import torch_npu as npu_cases
-    assert len(lines) == len(npu_cases.cases()) and all(line.startswith("npu_") and line.endswith("reference")
-                                                        for line in lines)
+    from attnops.check import torch_npu_atb as atb_cases
+    assert len(lines) == len(npu_cases.cases()) + len(atb_cases.cases())
+    assert all(line.startswith(("npu_", "_npu_")) and line.endswith("reference") for line in lines)
 
 
 def test_triton_skip_reasons(monkeypatch):
