@@ -87,6 +87,8 @@ def test_self_attention_validation():
         torch_npu._npu_flash_attention_v3(q, k, v, torch.ones(128, 128), lens, 0.2, N, KVN, mask_type=1, out=out)
     with pytest.raises(ParamInvalidError, match="mask: expected .*one mask for every sequence"):
         torch_npu._npu_flash_attention(q, k, v, torch.ones(4, 24, 24), lens, 0.2, N, KVN, out)
+    with pytest.raises(ParamInvalidError, match=r"mask: expected .*max_seq_len >= the longest sequence \(19\)"):
+        torch_npu._npu_flash_attention(q, k, v, torch.ones(16, 16), lens, 0.2, N, KVN, out)
     with pytest.raises(ParamInvalidError, match="seq_len: expected non-negative per-sequence lengths summing to T"):
         torch_npu._npu_flash_attention(q, k, v, torch.ones(24, 24), torch.tensor([7, 19]), 0.2, N, KVN, out)
 
