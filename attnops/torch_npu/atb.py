@@ -164,7 +164,8 @@ def _masked_rows(fia, q: Tensor, key: Tensor, value: Tensor, token_mask: Tensor,
             token_mask)
     batch, longest = len(q_lens), max(q_lens, default=0)
     rows = cached_upload(("atb_token_rows", tuple(q_lens)),
-                         lambda: [b * longest + i for b, n in enumerate(q_lens) for i in range(n)], torch.long, q.device)
+                         lambda: [b * longest + i for b, n in enumerate(q_lens) for i in range(n)], torch.long,
+                         q.device)
     padded = q.new_zeros(batch * longest, *q.shape[1:]).index_copy_(0, rows, q)
     cols = min(token_mask.shape[1], capacity)
     mask = torch.ones(batch * longest, capacity, dtype=torch.bool, device=q.device)

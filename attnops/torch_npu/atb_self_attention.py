@@ -72,7 +72,7 @@ def _npu_flash_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor
     check_tensor("mask", mask, ndim=(2, 3), device=query.device)
     require(mask.dim() == 2 or mask.shape[0] == 1, "mask", "[max_seq_len, max_seq_len] or [1, max_seq_len, "
             "max_seq_len] (one mask for every sequence)", mask, "per-sequence masks are not supported")
-    if isinstance(seq_len, Tensor) and seq_len.device.type == "cpu" and seq_len.numel():  # device lengths are bounded by the mask's size instead
+    if isinstance(seq_len, Tensor) and seq_len.device.type == "cpu" and seq_len.numel():  # device: not read
         longest = int(seq_len.max())
         require(min(mask.shape[-2:]) >= longest, "mask", f"[max_seq_len, max_seq_len] with max_seq_len >= the "
                 f"longest sequence ({longest})", mask)
