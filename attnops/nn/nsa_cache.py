@@ -11,14 +11,21 @@ a synchronisation) and ``lengths``, the per-sequence token counts the decoding r
 takes its positions from ``lengths`` and advances it there, so with ``max_seq_len`` (fixed storage) a step can be
 captured in a CUDA graph and replayed token after token; the host's ``seq_len`` counts the calls Python made
 (:meth:`NSACache.advance` adds the tokens replays appended).
+
+A cache belongs to one layer: :meth:`NSACache.bind` records the layer (its identity, held weakly) and its settings
+at :meth:`NativeSparseAttention.new_cache` (or at the first call of a cache constructed directly), and every later
+call checks them, so a cache shared by two layers, or passed to a layer with other settings, raises.
 """
 from __future__ import annotations
+
+import weakref
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._core import staging
-from .._core.checks import check_int, require
+from .._core.checks import check_int, fail, require
 from ..ops.nsa.compress import compress_block_count
 from ..ops.nsa.layer import block_of
 
@@ -35,6 +42,11 @@ def _grown(store: Tensor | None, rows: int, capacity: int | None, like: Tensor, 
     return extra if store is None else torch.cat([store, extra], dim)
 
 
+def _differences(cache: dict[str, Any], layer: dict[str, Any]) -> str:
+    """``name=cache's value (this layer: layer's value)`` for every setting of ``cache`` the layer gives otherwise."""
+    return ", ".join(f"{k}={v!r} (this layer: {layer.get(k)!r})" for k, v in cache.items() if layer.get(k) != v)
+
+
 class NSACache:
     """Paged keys/values and compressed keys/values of ``batch_size`` sequences (from
     :meth:`NativeSparseAttention.new_cache`). ``forward(x, cache=cache)`` appends ``x``'s tokens and updates it.
@@ -45,7 +57,8 @@ class NSACache:
       pools tokens ``[c*stride, c*stride + block)``, written when the token ``c*stride + block - 1`` arrives;
       ``capacity`` covers the rows a decoding step attends (:meth:`compressed_rows`);
     * ``lengths [B]`` (int64, on the keys' device): the tokens of each sequence (all equal: the rows advance
-      together).
+      together);
+    * ``layer_settings``: the settings of the layer the cache belongs to (None until it is bound, see :meth:`bind`).
     """
 
     def __init__(self, batch_size: int, *, compress_block_size: int, compress_stride: int, page_size: int,
@@ -63,6 +76,30 @@ class NSACache:
         self.lengths = torch.zeros(self.batch_size, dtype=torch.int64)
         self.compressed_len = 0
         self._len = 0
+        self.layer_settings: dict[str, Any] | None = None
+        self._owner_id: int | None = None  # id() of the layer: compared under torch.compile, which traces id()
+        self._owner: weakref.ref | None = None  # the layer itself, weakly: an id a dead layer's successor reuses
+
+    def bind(self, layer: Any, settings: dict[str, Any]) -> None:
+        """Tie the cache to ``layer`` with ``settings`` (its sizes, head counts and branch options) at its first use,
+        or check that it is that layer's: any other layer, even one with equal settings (a copy of the layer, or
+        another layer of the same model), raises, since its keys and compressed rows are not this cache's. An unbound
+        cache (constructed directly) must have the layer's compression and selection sizes."""
+        if self._owner_id is None:
+            mine = dict(compress_block_size=self.compress_block_size, compress_stride=self.compress_stride,
+                        select_block_size=self.select_block_size, select_block_count=self.select_block_count)
+            differ = _differences(mine, settings)
+            require(not differ, "cache", "a cache with this layer's sizes", f"a cache with {differ}",
+                    "Make it with layer.new_cache(batch_size)")
+            self._owner_id, self._owner, self.layer_settings = id(layer), weakref.ref(layer), dict(settings)
+            return
+        same = self._owner_id == id(layer) and (torch.compiler.is_compiling() or self._owner() is layer)
+        if not same or settings != self.layer_settings:
+            differ = _differences(self.layer_settings, settings)
+            got = "the cache of another layer" if not same else "a cache made when this layer had other settings"
+            fail("cache", "a cache made by this layer's new_cache()", got + (f" ({differ})" if differ else ""),
+                 "A cache holds one layer's keys: make one cache per layer, e.g. caches = [layer.new_cache(batch_size)"
+                 " for layer in layers], and call layers[i](x, cache=caches[i])")
 
     @property
     def seq_len(self) -> int:
