@@ -128,3 +128,37 @@ def test_compiled_call_with_another_layers_cache_raises():
     with torch.no_grad():
         step(x[:, :1], own)  # compiled with a cache of b: then a cache of a must not pass the guards
     _unchanged(foreign, lambda: step(x[:, :1], foreign))
+
+
+def test_a_cache_keeps_the_dtype_of_its_first_call():
+    layer = _layer()
+    cache = _prefilled(layer, _x(2, 20))
+    layer.float()
+    with torch.no_grad(), pytest.raises(attnops.ParamInvalidError, match="cache: expected keys of the cached heads, "
+                                        "dtype and device .*torch.float64.*got keys .*torch.float32.*new_cache"):
+        layer(_x(2, 1).float(), cache=cache)
+    assert cache.seq_len == 20
+
+
+@pytest.mark.parametrize("sizes, match", [
+    (dict(compress_block_size=0, compress_stride=1), "compress_block_size: expected an int in \\[1"),
+    (dict(compress_block_size=4, compress_stride=8), "compress_stride: expected an int in \\[1, 4\\]"),
+    ({**SIZES, "select_block_size": 10}, "select_block_size: expected a multiple of compress_stride=4"),
+    ({**SIZES, "select_block_count": 0}, "select_block_count: expected an int in \\[1"),
+])
+def test_a_directly_constructed_cache_checks_its_sizes(sizes, match):
+    with pytest.raises(attnops.ParamInvalidError, match=match):
+        NSACache(2, page_size=8, **sizes)
+
+
+@pytest.mark.parametrize("k, v, match", [
+    (torch.zeros(2, 3, 8), torch.zeros(2, 3, 8), "k: expected a tensor with ndim in \\[4\\]"),
+    (torch.zeros(3, 3, 2, 8), torch.zeros(3, 3, 2, 8), "k: expected \\[B=2 \\(the cache's\\), t, N2, D\\]"),
+    (torch.zeros(2, 3, 2, 8), torch.zeros(2, 4, 2, 8), "v: expected shape \\[2, 3, 2, \\*\\]"),
+])
+def test_append_checks_keys_and_values(k, v, match):
+    cache = NSACache(2, **SIZES, page_size=8)
+    with pytest.raises(attnops.ParamInvalidError, match=match):
+        cache.append(k, v)
+    with pytest.raises(attnops.ParamInvalidError, match="end: expected a token range within the 0 cached tokens"):
+        cache.rows(0, 0)
