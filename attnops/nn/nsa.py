@@ -22,7 +22,9 @@ class NativeSparseAttention(nn.Module):
     values carry no rotation. ``compress="weighted"`` learns ``compress_weight_k/v [compress_block_size,
     num_kv_heads]`` (initialised to the mean); ``"mean"`` has no compression weights. ``local_blocks``: block 0
     and that many blocks ending at the token's own one are always selected. Positions restart at 0 for each
-    sequence. Decoding: :meth:`new_cache`, then ``forward(x, cache=cache)`` chunk by chunk.
+    sequence. Decoding: :meth:`new_cache` (one cache per layer: the cache is bound to this layer and its settings,
+    another layer raises), then ``forward(x, cache=cache)`` chunk by chunk. Settings are checked at construction
+    and ``x``/``cu_seqlens`` at every call.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
@@ -63,7 +65,7 @@ class NativeSparseAttention(nn.Module):
                   ) -> NSACache:
         """An empty cache for decoding ``[batch_size, chunk, hidden]`` inputs chunk by chunk (the rows advance
         together); ``max_seq_len`` allocates every page at the first call; pages of ``page_size`` tokens (default:
-        ``select_block_size``)."""
+        ``select_block_size``). The cache belongs to this layer (:meth:`NSACache.bind`): use one per layer."""
         cfg = self.config
         cache = NSACache(batch_size, compress_block_size=cfg["compress_block_size"],
                          compress_stride=cfg["compress_stride"],
