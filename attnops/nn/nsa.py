@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._core.checks import check_int, check_tensor, fail, require
-from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
+from .._core.checks import check_int, check_scale, check_tensor, fail, int_list, require
+from .._core.errors import ParamDtypeError
+from ..ops.nsa.compress_attention import check_block_sizes
 from ..ops.nsa.layer import COMPRESS_MODES, native_sparse_attention
 from .nsa_cache import NSACache
 from .nsa_decode import cached_sparse_attention, compress_new, compress_pending
@@ -21,7 +22,9 @@ class NativeSparseAttention(nn.Module):
     values carry no rotation. ``compress="weighted"`` learns ``compress_weight_k/v [compress_block_size,
     num_kv_heads]`` (initialised to the mean); ``"mean"`` has no compression weights. ``local_blocks``: block 0
     and that many blocks ending at the token's own one are always selected. Positions restart at 0 for each
-    sequence. Decoding: :meth:`new_cache`, then ``forward(x, cache=cache)`` chunk by chunk.
+    sequence. Decoding: :meth:`new_cache` (one cache per layer: the cache is bound to this layer and its settings,
+    another layer raises), then ``forward(x, cache=cache)`` chunk by chunk. Settings are checked at construction
+    and ``x``/``cu_seqlens`` at every call.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
@@ -29,17 +32,23 @@ class NativeSparseAttention(nn.Module):
                  select_block_count: int = 16, window_size: int = 512, local_blocks: int = 2,
                  rope_theta: float = 10000.0, compress: str = "weighted"):
         super().__init__()
+        self.hidden_size = check_int("hidden_size", hidden_size, lo=1)
         n1 = check_int("num_heads", num_heads, lo=1)
         n2 = check_int("num_kv_heads", num_kv_heads, lo=1)
         require(n1 % n2 == 0, "num_kv_heads", f"a divisor of num_heads={n1}", n2)
         d = check_int("head_dim", head_dim, lo=2)
         require(d % 2 == 0, "head_dim", "an even number (RoPE)", d)
         require(compress in COMPRESS_MODES, "compress", f"one of {COMPRESS_MODES}", compress)
+        compress_block_size, compress_stride, select_block_size, select_block_count = check_block_sizes(
+            compress_block_size, compress_stride, select_block_size, select_block_count)
         self.num_heads, self.num_kv_heads, self.head_dim = n1, n2, d
         self.config = dict(compress_block_size=compress_block_size, compress_stride=compress_stride,
                            select_block_size=select_block_size, select_block_count=select_block_count,
-                           window_size=window_size, local_blocks=local_blocks, compress=compress)
-        self.rope_theta = float(rope_theta)
+                           window_size=check_int("window_size", window_size, lo=0),
+                           local_blocks=check_int("local_blocks", local_blocks, lo=0), compress=compress)
+        theta = check_scale("rope_theta", rope_theta)
+        require(theta > 0, "rope_theta", "a positive float", theta)
+        self.rope_theta = theta
         self.q_proj = nn.Linear(hidden_size, n1 * d, bias=False)
         self.k_proj = nn.Linear(hidden_size, n2 * d, bias=False)
         self.v_proj = nn.Linear(hidden_size, n2 * d, bias=False)
@@ -56,12 +65,19 @@ class NativeSparseAttention(nn.Module):
                   ) -> NSACache:
         """An empty cache for decoding ``[batch_size, chunk, hidden]`` inputs chunk by chunk (the rows advance
         together); ``max_seq_len`` allocates every page at the first call; pages of ``page_size`` tokens (default:
-        ``select_block_size``)."""
+        ``select_block_size``). The cache belongs to this layer (:meth:`NSACache.bind`): use one per layer."""
         cfg = self.config
-        return NSACache(batch_size, compress_block_size=cfg["compress_block_size"],
-                        compress_stride=cfg["compress_stride"], page_size=page_size or cfg["select_block_size"],
-                        max_seq_len=max_seq_len, select_block_size=cfg["select_block_size"],
-                        select_block_count=cfg["select_block_count"])
+        cache = NSACache(batch_size, compress_block_size=cfg["compress_block_size"],
+                         compress_stride=cfg["compress_stride"],
+                         page_size=cfg["select_block_size"] if page_size is None else page_size,
+                         max_seq_len=max_seq_len, select_block_size=cfg["select_block_size"],
+                         select_block_count=cfg["select_block_count"])
+        cache.bind(self, self._settings())
+        return cache
+
+    def _settings(self) -> dict:
+        """What a cache of this layer depends on: the head counts and dims and the branches' settings."""
+        return dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, **self.config)
 
     def _attend(self, q, k, v, g, layout, cu):
         return native_sparse_attention(q, k, v, g, self.compress_weight_k, self.compress_weight_v, layout=layout,
@@ -74,18 +90,20 @@ class NativeSparseAttention(nn.Module):
         the full forward's on these tokens, at a cost linear in the chunk and the attended keys (see
         :mod:`attnops.nn.nsa_decode`). Cached calls are inference only: they must run under ``torch.no_grad()``
         or ``torch.inference_mode()``."""
-        check_tensor("x", x)
+        self._check_input(x)
         if x.ndim == 2:
             require(cache is None, "cache", "None for packed input (use [B, T, hidden])", "a cache")
-            cum = cumulative_from_cu_seqlens("cu_seqlens", cu_seqlens) if cu_seqlens is not None else [x.shape[0]]
-            lengths = lengths_from_cumulative("cu_seqlens", cum, x.shape[0])
-            pos = torch.cat([torch.arange(n, device=x.device) for n in lengths])
+            cu = _packed_offsets(cu_seqlens, x.shape[0])
+            pos = torch.cat([torch.arange(end - start, device=x.device) for start, end in zip(cu, cu[1:])])
             q, k, v, g = self._project(x, pos)
-            out = self._attend(q, k, v, g, "TND", [0, *cum])
+            out = self._attend(q, k, v, g, "TND", cu)
             return self.o_proj(out.flatten(-2))
-        if x.ndim != 3:
-            fail("x", "[B, T, hidden] or packed [T, hidden]", x)
         require(cu_seqlens is None, "cu_seqlens", "None for [B, T, hidden] input", cu_seqlens)
+        if cache is not None:
+            if not isinstance(cache, NSACache):
+                fail("cache", "an NSACache from layer.new_cache(batch_size)", type(cache).__name__,
+                     error=ParamDtypeError)
+            cache.bind(self, self._settings())
         b, t = x.shape[:2]
         if cache is None:
             pos = torch.arange(t, device=x.device).expand(b, t)
@@ -110,6 +128,20 @@ class NativeSparseAttention(nn.Module):
             out = cached_sparse_attention(cache, q, g, pos, **cfg)
         return self.o_proj(out.flatten(-2))
 
+    def _check_input(self, x) -> None:
+        """``x``: ``[B, T, hidden]`` or ``[T, hidden]`` in the parameters' dtype (any floating dtype under autocast) and
+        on their device."""
+        weight = self.q_proj.weight
+        check_tensor("x", x)
+        if x.ndim not in (2, 3) or x.shape[-1] != self.hidden_size:
+            fail("x", f"[B, T, hidden={self.hidden_size}] or packed [T, hidden={self.hidden_size}]", x)
+        if not x.dtype.is_floating_point or (x.dtype != weight.dtype
+                                             and not torch.is_autocast_enabled(x.device.type)):
+            fail("x", f"dtype {weight.dtype} (the layer's parameters)", x,
+                 f"convert it with x.to({weight.dtype}) or the layer with layer.to(dtype)", error=ParamDtypeError)
+        require(x.device == weight.device, "x", f"a tensor on {weight.device} (the layer's parameters)", x,
+                f"move it with x.to({str(weight.device)!r})")
+
     def _project(self, x: Tensor, pos: Tensor):
         """``x [T, hidden]`` -> rotated q ``[T, N1, D]``, rotated k, v ``[T, N2, D]`` and gates ``[T, N1, 3]``."""
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
@@ -119,3 +151,17 @@ class NativeSparseAttention(nn.Module):
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         g = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.num_heads, 3))
         return q, k, v, g
+
+
+def _packed_offsets(cu_seqlens, tokens: int) -> list[int]:
+    """``cu_seqlens`` (list or integer tensor, read on the host: the positions need the lengths) as a list
+    ``[0, end of sequence 1, ..., tokens]``, non-decreasing; None: one sequence."""
+    if cu_seqlens is None:
+        return [0, tokens]
+    cu = int_list("cu_seqlens", cu_seqlens)
+    require(len(cu) >= 2 and cu[0] == 0, "cu_seqlens", "the offsets [0, end of sequence 1, ..., T]: a leading 0 and "
+            "B + 1 entries", cu)
+    require(all(a <= b for a, b in zip(cu, cu[1:])), "cu_seqlens", "non-decreasing offsets", cu)
+    require(cu[-1] == tokens, "cu_seqlens", f"a last offset equal to x's token count T={tokens}", cu,
+            "the sequences must cover every token of x")
+    return cu

@@ -11,15 +11,23 @@ a synchronisation) and ``lengths``, the per-sequence token counts the decoding r
 takes its positions from ``lengths`` and advances it there, so with ``max_seq_len`` (fixed storage) a step can be
 captured in a CUDA graph and replayed token after token; the host's ``seq_len`` counts the calls Python made
 (:meth:`NSACache.advance` adds the tokens replays appended).
+
+A cache belongs to one layer: :meth:`NSACache.bind` records the layer (its identity, held weakly) and its settings
+at :meth:`NativeSparseAttention.new_cache` (or at the first call of a cache constructed directly), and every later
+call checks them, so a cache shared by two layers, or passed to a layer with other settings, raises.
 """
 from __future__ import annotations
+
+import weakref
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._core import staging
-from .._core.checks import check_int, require
+from .._core.checks import check_int, check_same_device, check_tensor, fail, require
 from ..ops.nsa.compress import compress_block_count
+from ..ops.nsa.compress_attention import check_block_sizes
 from ..ops.nsa.layer import block_of
 
 
@@ -35,6 +43,11 @@ def _grown(store: Tensor | None, rows: int, capacity: int | None, like: Tensor, 
     return extra if store is None else torch.cat([store, extra], dim)
 
 
+def _differences(cache: dict[str, Any], layer: dict[str, Any]) -> str:
+    """``name=cache's value (this layer: layer's value)`` for every setting of ``cache`` the layer gives otherwise."""
+    return ", ".join(f"{k}={v!r} (this layer: {layer.get(k)!r})" for k, v in cache.items() if layer.get(k) != v)
+
+
 class NSACache:
     """Paged keys/values and compressed keys/values of ``batch_size`` sequences (from
     :meth:`NativeSparseAttention.new_cache`). ``forward(x, cache=cache)`` appends ``x``'s tokens and updates it.
@@ -45,7 +58,8 @@ class NSACache:
       pools tokens ``[c*stride, c*stride + block)``, written when the token ``c*stride + block - 1`` arrives;
       ``capacity`` covers the rows a decoding step attends (:meth:`compressed_rows`);
     * ``lengths [B]`` (int64, on the keys' device): the tokens of each sequence (all equal: the rows advance
-      together).
+      together);
+    * ``layer_settings``: the settings of the layer the cache belongs to (None until it is bound, see :meth:`bind`).
     """
 
     def __init__(self, batch_size: int, *, compress_block_size: int, compress_stride: int, page_size: int,
@@ -54,8 +68,15 @@ class NSACache:
         self.batch_size = check_int("batch_size", batch_size, lo=1)
         self.max_seq_len = None if max_seq_len is None else check_int("max_seq_len", max_seq_len, lo=1)
         self.page_size = check_int("page_size", page_size, lo=1)
-        self.compress_block_size, self.compress_stride = compress_block_size, compress_stride
-        self.select_block_size, self.select_block_count = select_block_size, select_block_count
+        if select_block_size is None:  # no selection: the compression sizes only
+            self.compress_block_size = check_int("compress_block_size", compress_block_size, lo=1)
+            self.compress_stride = check_int("compress_stride", compress_stride, lo=1, hi=compress_block_size)
+            self.select_block_count = check_int("select_block_count", select_block_count, lo=1)
+            self.select_block_size = None
+        else:
+            (self.compress_block_size, self.compress_stride, self.select_block_size,
+             self.select_block_count) = check_block_sizes(compress_block_size, compress_stride, select_block_size,
+                                                          select_block_count)
         self.key_pages = self.value_pages = None
         self.compressed_keys = self.compressed_values = None
         self._host_table = torch.zeros(self.batch_size, 0, dtype=torch.int32)  # the block table as the host built it
@@ -63,6 +84,30 @@ class NSACache:
         self.lengths = torch.zeros(self.batch_size, dtype=torch.int64)
         self.compressed_len = 0
         self._len = 0
+        self.layer_settings: dict[str, Any] | None = None
+        self._owner_id: int | None = None  # id() of the layer: compared under torch.compile, which traces id()
+        self._owner: weakref.ref | None = None  # the layer itself, weakly: an id a dead layer's successor reuses
+
+    def bind(self, layer: Any, settings: dict[str, Any]) -> None:
+        """Tie the cache to ``layer`` with ``settings`` (its sizes, head counts and branch options) at its first use,
+        or check that it is that layer's: any other layer, even one with equal settings (a copy of the layer, or
+        another layer of the same model), raises, since its keys and compressed rows are not this cache's. An unbound
+        cache (constructed directly) must have the layer's compression and selection sizes."""
+        if self._owner_id is None:
+            mine = dict(compress_block_size=self.compress_block_size, compress_stride=self.compress_stride,
+                        select_block_size=self.select_block_size, select_block_count=self.select_block_count)
+            differ = _differences(mine, settings)
+            require(not differ, "cache", "a cache with this layer's sizes", f"a cache with {differ}",
+                    "Make it with layer.new_cache(batch_size)")
+            self._owner_id, self._owner, self.layer_settings = id(layer), weakref.ref(layer), dict(settings)
+            return
+        same = self._owner_id == id(layer) and (torch.compiler.is_compiling() or self._owner() is layer)
+        if not same or settings != self.layer_settings:
+            differ = _differences(self.layer_settings, settings)
+            got = "the cache of another layer" if not same else "a cache made when this layer had other settings"
+            fail("cache", "a cache made by this layer's new_cache()", got + (f" ({differ})" if differ else ""),
+                 "A cache holds one layer's keys: make one cache per layer, e.g. caches = [layer.new_cache(batch_size)"
+                 " for layer in layers], and call layers[i](x, cache=caches[i])")
 
     @property
     def seq_len(self) -> int:
@@ -95,13 +140,17 @@ class NSACache:
     def append(self, k: Tensor, v: Tensor) -> None:
         """Store ``k``, ``v [B, t, N2, D]`` (detached) after the cached tokens: at the positions ``lengths`` holds on
         the device, which then advances by ``t``."""
-        require(k.shape[0] == self.batch_size, "x", f"a batch of {self.batch_size} (the cache's)", k.shape[0])
+        check_tensor("k", k, ndim=4)
+        require(k.shape[0] == self.batch_size, "k", f"[B={self.batch_size} (the cache's), t, N2, D]", k)
+        check_tensor("v", v, shape=(*k.shape[:3], None), dtypes=(k.dtype,))
+        check_same_device("k", k, v=v)
         if self.key_pages is not None:
-            require(k.shape[2:] == self.key_pages.shape[2:] and v.shape[2:] == self.value_pages.shape[2:]
+            require(k.shape[2:] == self.key_pages.shape[2:] and v.shape[3] == self.value_pages.shape[3]
                     and k.dtype == self.key_pages.dtype and k.device == self.key_pages.device, "cache",
-                    f"a cache of this layer, dtype and device ({tuple(self.key_pages.shape[2:])}, "
-                    f"{self.key_pages.dtype}, {self.key_pages.device})", f"keys {tuple(k.shape[2:])}, {k.dtype}, "
-                    f"{k.device}")
+                    f"keys of the cached heads, dtype and device ([N2, D] = {list(self.key_pages.shape[2:])}, "
+                    f"{self.key_pages.dtype}, {self.key_pages.device})", f"keys {list(k.shape[2:])}, {k.dtype}, "
+                    f"{k.device}", "A cache keeps the dtype and device of its first call: after layer.to(...), make "
+                    "a new one with layer.new_cache(batch_size)")
         past, t = self._len, k.shape[1]
         if self.max_seq_len is not None:
             require(past + t <= self.max_seq_len, "x", f"at most max_seq_len={self.max_seq_len} tokens in all",
@@ -156,8 +205,8 @@ class NSACache:
 
     def rows(self, start: int, end: int) -> tuple[Tensor, Tensor]:
         """Cached keys and values of the tokens ``[start, end)``: ``[B, end - start, N2, D]`` each."""
-        require(0 <= start <= end <= self._len, "end", f"a token range within the {self._len} cached tokens",
-                (start, end))
+        require(0 <= start <= end <= self._len and self.key_pages is not None, "end",
+                f"a token range within the {self._len} cached tokens", (start, end))
         pos = torch.arange(start, end, device=self.key_pages.device)
         page = self.block_table.long()[:, pos // self.page_size]
         return self.key_pages[page, pos % self.page_size], self.value_pages[page, pos % self.page_size]
@@ -177,6 +226,8 @@ class NSACache:
 
     def add_compressed(self, k_cmp: Tensor, v_cmp: Tensor) -> None:
         """Store the next compressed rows ``[B, c, N2, D]`` (detached)."""
+        check_tensor("k_cmp", k_cmp, ndim=4)
+        check_tensor("v_cmp", v_cmp, shape=(*k_cmp.shape[:2], None, None))
         first, end = self.pending_compression()
         require(k_cmp.shape[1] == end - first, "k_cmp", f"{end - first} compressed rows (blocks {first}..{end - 1})",
                 k_cmp.shape[1])

@@ -55,6 +55,18 @@ def forced_blocks(positions: torch.Tensor, n_sel: int, select_block: int, local_
     return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
 
 
+def check_block_sizes(compress_block_size, compress_stride, select_block_size, select_block_count
+                      ) -> tuple[int, int, int, int]:
+    """The compression and selection sizes NSA's compressed attention accepts: ``1 <= compress_stride <=
+    compress_block_size <= select_block_size``, ``select_block_size`` a multiple of the stride, at least one selected
+    block; returns them as ints."""
+    block = check_int("compress_block_size", compress_block_size, lo=1)
+    stride = check_int("compress_stride", compress_stride, lo=1, hi=block)
+    select = check_int("select_block_size", select_block_size, lo=block)
+    require(select % stride == 0, "select_block_size", f"a multiple of compress_stride={stride}", select)
+    return block, stride, select, check_int("select_block_count", select_block_count, lo=1)
+
+
 def build_compress_attention_spec(query, key, value, *, scale_value: float, head_num: int, compress_block_size: int,
                                   compress_stride: int, select_block_size: int, select_block_count: int,
                                   topk_mask=None, atten_mask=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None,
@@ -96,11 +108,7 @@ def _build_compress_attention_spec(query, key, value, *, scale_value, head_num, 
                                    actual_cmp_seq_kvlen, actual_sel_seq_kvlen, sparse_mode, causal,
                                    local_blocks=-1) -> CompressAttentionSpec:
     """``local_blocks`` -1: no forced-block rule (the operator's signature has no None for an int)."""
-    l_ = check_int("compress_block_size", compress_block_size, lo=1)
-    d_ = check_int("compress_stride", compress_stride, lo=1, hi=l_)
-    ls = check_int("select_block_size", select_block_size, lo=l_)
-    require(ls % d_ == 0, "select_block_size", f"a multiple of compress_stride={d_}", ls)
-    count = check_int("select_block_count", select_block_count, lo=1)
+    l_, d_, ls, count = check_block_sizes(compress_block_size, compress_stride, select_block_size, select_block_count)
     require(actual_sel_seq_kvlen is not None, "actual_sel_seq_kvlen", "cumulative selection lengths", None)
     fa = compress_attention_problem(query, key, value, scale_value=scale_value, head_num=head_num,
                                     compress_block_size=l_, compress_stride=d_, atten_mask=atten_mask,
