@@ -19,10 +19,10 @@ from .._core.checks import check_int, check_scale, fail, int_list, require
 from .._core.inference_only import run_inference_only
 from .._core.layouts import bsnd_dims, io_layouts
 from ..ops.fused_infer_attention import op as fia_op
-from ..ops.fused_infer_attention.problem import LAYOUTS
+from ..ops.fused_infer_attention.problem import LAYOUTS, output_head_dim
 from ._common import INT_MAX, reject_unsupported, with_overloads
 from . import fia_layouts
-from .rope import append_rope, check_rope, rope_given
+from .rope import append_nz_rope, append_rope, check_nz_rope, check_rope, head_split, rope_given
 
 PFA_HIGH_PRECISION_MODES = range(10, 15)  # PFA sparse_mode 10-14 = modes 0-4 with inner_precise 0
 
@@ -112,12 +112,18 @@ def _mla_operands(query, key, value, query_rope, key_rope, block_table, *, input
                 f"next_tokens={next_tokens}")
     per_head = kv_heads if kv_packed else 1
     q = append_rope("query_rope", query, query_rope, packed=q_packed, heads=num_heads, like="query")
+    nz = paged and key.dim() == 5
+    dr = head_split(query_rope, q_packed, num_heads).shape[-1]
     if paged:
-        check_rope("key_rope", key, key_rope, packed=kv_packed, heads=kv_heads, like="key")
+        if nz:
+            check_nz_rope(key, key_rope, dr)
+        else:
+            check_rope("key_rope", key, key_rope, packed=kv_packed, heads=kv_heads, like="key")
         require(value.shape[0] == key.shape[0], "value", f"{key.shape[0]} blocks like key", value)
         block_table, (key, value, key_rope) = _referenced_pages(block_table, key, value, key_rope)
-    k = append_rope("key_rope", key, key_rope, packed=kv_packed, heads=kv_heads, like="key")
-    dk, dv = k.shape[-1] // per_head, value.shape[-1] // per_head
+    k = append_nz_rope(key, key_rope, dr) if nz else append_rope("key_rope", key, key_rope, packed=kv_packed,
+                                                              heads=kv_heads, like="key")
+    dk, dv = (output_head_dim(x, in_layout, paged, kv_heads) for x in (k, value))
     require(dv <= dk and value.shape[-1] % per_head == 0, "value", f"a head dim of at most D + Dr = {dk} (key and "
             "key_rope)", value)
     return q, k, value, block_table

@@ -1,12 +1,11 @@
 """Paged KV-cache writes and reads with torch_npu's signatures: ``npu_scatter_pa_kv_cache``,
 ``npu_gather_pa_kv_cache`` (and their ``_functional`` forms) and ``_npu_reshape_and_cache``.
 
-Cache layouts (``cache_mode``):
-
-* ``"Norm"`` (ND): ``[num_blocks, block_size, N, D]`` (or ``[num_blocks, block_size, N*D]``); token slot ``s`` is
-  row ``s % block_size`` of block ``s // block_size``;
-* ``"PA_NZ"`` (NZ): ``[num_blocks, N*D // x, block_size, x]`` or ``[num_blocks, N, D // x, block_size, x]``: element
-  ``h = n*D + d`` of the token at slot ``s`` lives at ``[s // block_size, h // x, s % block_size, h % x]``.
+Cache layouts (:mod:`.cache_layouts`): ND ``[num_blocks, block_size, N, D]`` (or ``[..., N*D]``) and NZ
+``[num_blocks, N*D // x, block_size, x]`` (or ``[num_blocks, N, D // x, block_size, x]``), read from the shapes.
+Key and value (and their caches) may have different dtypes in the writes (an int8 key beside a bf16 value, as ATB's
+ReshapeAndCache and CANN's ScatterPaKvCache take them); the read takes one dtype, as CANN's GatherPaKvCache does.
+Every argument is validated before anything is written.
 
 A negative slot skips its token (as the NPU kernel and op-plugin's golden do).
 
@@ -29,28 +28,12 @@ from .._core import staging
 from .._core.checks import check_choice, check_tensor, fail, require
 from .._core.dispatch import choose_backend
 from ._common import with_overloads
+from .cache_layouts import ND, NZ, cache_view
 from .triton import launch as cache_launch
 
 CACHE_MODES = ("Norm", "PA_NZ")
-
-
-def _cache_view(cache: Tensor, name: str, tokens: Tensor, token_name: str, nz: bool) -> Tensor:
-    """``cache`` as a 4-D ``[num_blocks, chunks, block_size, X]`` view (ND: ``chunks = 1``, ``X = N*D``) in which
-    element ``h`` of the token at slot ``s`` is ``[s // block_size, h // X, s % block_size, h % X]``, for
-    ``tokens`` ``[T, N, D]``."""
-    width = tokens.shape[1:].numel()
-    require(cache.dtype == tokens.dtype, name, f"dtype {tokens.dtype} (same as {token_name})", cache.dtype)
-    if nz:
-        require(cache.dim() in (4, 5), name, "a 4-D [num_blocks, N*D/x, block_size, x] or 5-D "
-                "[num_blocks, N, D/x, block_size, x] NZ cache (cache_mode='PA_NZ')", cache)
-        view = cache if cache.dim() == 4 else cache.flatten(1, 2)
-        require(view.shape[1] * view.shape[3] == width, name,
-                f"an NZ cache holding N*D={width} elements per token (dim 1 x dim 3)", cache)
-        return view
-    require(cache.dim() in (3, 4) and cache.shape[2:].numel() == width, name,
-            f"an ND cache [num_blocks, block_size, N, D] or [num_blocks, block_size, N*D] with N*D={width} "
-            "(cache_mode='Norm')", cache)
-    return cache.view(cache.shape[0], cache.shape[1], width).unsqueeze(1)
+MODE_LAYOUTS = {"Norm": (ND,), "PA_NZ": (NZ, ND)}  # PA_NZ, the default: NZ, or ND for an ND-only shape
+READ_LAYOUTS = (ND, NZ)  # ops without cache_mode: ND where a shape fits both
 
 
 def _capacity(view: Tensor) -> int:
@@ -79,8 +62,7 @@ def _check_slot_values(slots: Tensor, capacity: int) -> None:
 
 
 def _write_reference(tokens: Tensor, view: Tensor, slot_mapping: Tensor) -> None:
-    """Plain-indexing write of the tokens whose slot is not negative (values checked first)."""
-    _check_slot_values(slot_mapping, _capacity(view))
+    """Plain-indexing write of the tokens whose slot is not negative (slot values checked by the caller)."""
     slots = slot_mapping.to(device=tokens.device, dtype=torch.int64)
     rows = torch.nonzero(slots >= 0).flatten()
     slots = slots[rows]
@@ -90,29 +72,31 @@ def _write_reference(tokens: Tensor, view: Tensor, slot_mapping: Tensor) -> None
 
 
 def _write_pair(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
-                key_nz: bool, value_nz: bool) -> None:
-    """Write ``key``/``value`` ``[T, N, D]`` at ``slot_mapping`` into the caches: one Triton launch on a GPU (slot
-    values read by the kernel, never on the host), plain indexing in the reference."""
-    _check_pair(key, value)
+                key_layouts: tuple[str, ...], value_layouts: tuple[str, ...]) -> None:
+    """Write ``key``/``value`` ``[T, N, D]`` at ``slot_mapping`` into the caches (each read in the first of its
+    ``layouts`` its shape fits): one Triton launch on a GPU (slot values read by the kernel, never on the host),
+    plain indexing in the reference. Everything is checked before the first write."""
+    _check_pair(key, value, same_dtype=False)
     check_tensor("key_cache", key_cache, device=key.device)
     check_tensor("value_cache", value_cache, device=key.device)
-    key_view = _cache_view(key_cache, "key_cache", key, "key", key_nz)
-    value_view = _cache_view(value_cache, "value_cache", value, "value", value_nz)
+    key_view = cache_view(key_cache, "key_cache", key, "key", key_layouts)
+    value_view = cache_view(value_cache, "value_cache", value, "value", value_layouts)
     _check_slots(slot_mapping, key.shape[0])
-    if choose_backend("auto", key.device, lambda: cache_launch.unsupported_reason(key)) == "reference":
+    reference = choose_backend("auto", key.device, lambda: cache_launch.unsupported_reason(key, value)) == "reference"
+    if reference or slot_mapping.device.type == "cpu":
+        _check_slot_values(slot_mapping, min(_capacity(key_view), _capacity(value_view)))
+    if reference:
         _write_reference(key, key_view, slot_mapping)
         _write_reference(value, value_view, slot_mapping)
         return
-    if slot_mapping.device.type == "cpu":
-        _check_slot_values(slot_mapping, min(_capacity(key_view), _capacity(value_view)))
     slots = _same_device("slot_mapping", slot_mapping, slot_mapping.dtype, key.device)
     plan = cache_launch.scatter_plan(slots, key.flatten(1), key_view, value.flatten(1), value_view)
     cache_launch.KERNELS.run_all(plan, key.device)
 
 
-def _check_pair(key: Tensor, value: Tensor) -> None:
+def _check_pair(key: Tensor, value: Tensor, *, same_dtype: bool) -> None:
     check_tensor("key", key, ndim=3)
-    check_tensor("value", value, ndim=3, dtypes=(key.dtype,), device=key.device)
+    check_tensor("value", value, ndim=3, dtypes=(key.dtype,) if same_dtype else None, device=key.device)
     require(value.shape[:2] == key.shape[:2], "value", f"[T={key.shape[0]}, N={key.shape[1]}, Dv] like key", value)
 
 
@@ -122,8 +106,11 @@ def npu_scatter_pa_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
                             cache_mode: str | None = "PA_NZ") -> None:
     """Write ``key``/``value`` ``[T, N, D]`` into the caches at ``slot_mapping`` ``[T]`` (in place).
 
-    ``cache_mode``: ``"PA_NZ"`` (default, NZ caches) or ``"Norm"``/None (ND caches). The compressed variants
-    (``compress_lens``, ``compress_seq_offsets``, ``seq_lens``; 4-D keys) are not supported.
+    ``cache_mode``: ``"PA_NZ"`` (the default) writes an NZ cache, or an ND one when the cache's shape is ND only
+    (``[num_blocks, block_size, N, D]`` with ``block_size != N``, or ``[num_blocks, block_size, N*D]``), as CANN
+    picks the scenario from the shapes; ``"Norm"``/None: ND caches only. Key and value may differ in dtype (each
+    cache in its token's). The compressed variants (``compress_lens``, ``compress_seq_offsets``, ``seq_lens``; 4-D
+    keys) are not supported.
     """
     mode = "Norm" if cache_mode is None else cache_mode
     check_choice("cache_mode", mode, CACHE_MODES)
@@ -132,7 +119,7 @@ def npu_scatter_pa_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
         if arg is not None:
             raise NotImplementedError(f"{name}: the compressed-cache variant of npu_scatter_pa_kv_cache is not "
                                       "supported by attnops (expected None); see docs/porting.md")
-    _write_pair(key, value, key_cache, value_cache, slot_mapping, mode == "PA_NZ", mode == "PA_NZ")
+    _write_pair(key, value, key_cache, value_cache, slot_mapping, MODE_LAYOUTS[mode], MODE_LAYOUTS[mode])
 
 
 def npu_scatter_pa_kv_cache_functional(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -146,24 +133,12 @@ def npu_scatter_pa_kv_cache_functional(key: Tensor, value: Tensor, key_cache: Te
     return key_cache, value_cache
 
 
-def _is_nz(cache: Tensor, tokens: Tensor) -> bool:
-    """Cache layout from the shapes (torch_npu reads it from the tensor's storage format): ND when
-    ``cache.shape[2:]`` is the token's ``[N, D]``, else NZ."""
-    return not (cache.dim() == 4 and tuple(cache.shape[2:]) == tuple(tokens.shape[1:]))
-
-
-def _reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                       slot_indices: Tensor) -> None:
-    """ATB's ReshapeAndCache: :func:`npu_scatter_pa_kv_cache` with the layout read from the caches' shapes."""
-    _check_pair(key, value)
-    _write_pair(key, value, key_cache, value_cache, slot_indices, _is_nz(key_cache, key), _is_nz(value_cache, value))
-
-
 def _npu_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                            slot_indices: Tensor) -> None:
-    """``torch_npu._npu_reshape_and_cache``: write ``key``/``value`` ``[T, N, D]`` at ``slot_indices`` ``[T]``
-    into ND ``[num_blocks, block_size, N, D]`` or NZ caches (in place)."""
-    _reshape_and_cache(key, value, key_cache, value_cache, slot_indices)
+    """``torch_npu._npu_reshape_and_cache`` (ATB's ReshapeAndCache): write ``key``/``value`` ``[T, N, D]`` at
+    ``slot_indices`` ``[T]`` into ND ``[num_blocks, block_size, N, D]`` or NZ caches, each layout read from its
+    cache's shape (in place). Key and value may differ in dtype (e.g. an int8 key with a bf16 value)."""
+    _write_pair(key, value, key_cache, value_cache, slot_indices, READ_LAYOUTS, READ_LAYOUTS)
 
 
 def _check_host_lengths(seq_lens: Tensor, cumsum: bool) -> None:
@@ -231,11 +206,11 @@ def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables:
         _check_host_lengths(seq_lens, is_seq_lens_cumsum)
     if seq_offset is not None and seq_offset.device.type == "cpu":
         require(bool((seq_offset >= 0).all()), "seq_offset", "non-negative offsets", seq_offset.tolist())
-    _check_pair(key, value)
+    _check_pair(key, value, same_dtype=True)
     check_tensor("key_cache", key_cache, device=key.device)
     check_tensor("value_cache", value_cache, device=key.device)
-    key_view = _cache_view(key_cache, "key_cache", key, "key", _is_nz(key_cache, key))
-    value_view = _cache_view(value_cache, "value_cache", value, "value", _is_nz(value_cache, value))
+    key_view = cache_view(key_cache, "key_cache", key, "key", READ_LAYOUTS)
+    value_view = cache_view(value_cache, "value_cache", value, "value", READ_LAYOUTS)
     block_size = key_view.shape[2]
     require(value_view.shape[2] == block_size, "value_cache", f"block_size {block_size} like key_cache", value_cache)
     if batch == 0:

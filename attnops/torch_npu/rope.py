@@ -43,6 +43,24 @@ def append_rope(name: str, x: Tensor, rope: Tensor, *, packed: bool, heads: int,
     return head_merge(torch.cat([head_split(x, packed, heads), head_split(rope, packed, heads)], -1), packed)
 
 
+def check_nz_rope(key: Tensor, key_rope: Tensor, dr: int) -> None:
+    """``key_rope`` must be an NZ cache like the NZ ``key`` ``[blocknum, KV_N, D/x, blocksize, x]`` but for its
+    ``Dr/x`` (the V3 doc's form: ``key_rope`` has ``key``'s format and dtype; ``dr``: the query rope's head dim)."""
+    check_tensor("key_rope", key_rope, dtypes=(key.dtype,))
+    x = key.shape[-1]
+    expected = (*key.shape[:2], dr // x, *key.shape[3:])
+    require(tuple(key_rope.shape) == expected and dr % x == 0 and key_rope.device == key.device, "key_rope",
+            f"an NZ cache like key with query_rope's Dr={dr}: [blocknum={key.shape[0]}, KV_N={key.shape[1]}, "
+            f"Dr/{x}={dr / x:g}, blocksize={key.shape[3]}, {x}] on {key.device}", key_rope)
+
+
+def append_nz_rope(key: Tensor, key_rope: Tensor, dr: int) -> Tensor:
+    """An NZ paged ``key`` with its NZ ``key_rope`` appended to each head's D: their concatenation along ``D/x``,
+    which is the NZ form of ``[key | key_rope]``."""
+    check_nz_rope(key, key_rope, dr)
+    return torch.cat([key, key_rope], 2)
+
+
 def split_head_dim(x: Tensor, d: int, *, packed: bool, heads: int) -> tuple[Tensor, Tensor]:
     """Each head's first ``d`` elements and the rest, as two contiguous tensors in ``x``'s layout."""
     parts = head_split(x, packed, heads)

@@ -119,6 +119,46 @@ def test_fia_rope_paged_decode(cache):
     assert_close_to_golden("softmax_lse", lse, g_lse, b_lse)
 
 
+def _nz(cache):
+    """The NZ ``[blocknum, KV_N, D/16, blocksize, 16]`` form of a fp16 ``[blocknum, KV_N, blocksize, D]`` cache."""
+    return cache.unflatten(-1, (-1, 16)).transpose(2, 3).contiguous()
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "TND"])
+def test_fia_rope_nz_caches_as_the_v3_doc_shapes_them(layout):
+    """MLA with NZ caches (D = 512, Dr = 64, KV_N = 1, fp16): key and value ``[blocknum, 1, 512/16, blocksize, 16]``
+    and ``key_rope`` ``[blocknum, 1, 64/16, blocksize, 16]`` (``key_rope`` takes key's format), against the golden
+    of the same caches in the ND ``[blocknum, KV_N, blocksize, D]`` form."""
+    b, n, nkv, d, dr, bs, lens = 2, 2, 1, 512, 64, 16, [29, 17]
+    table = torch.tensor([[3, 0], [5, 1]], dtype=torch.int32)
+    k, kr = randn(6, nkv, bs, d, dtype=F16, seed=15), randn(6, nkv, bs, dr, dtype=F16, seed=16)
+    q, qr = randn(b, n, 1, d, dtype=F16, seed=17), randn(b, n, 1, dr, dtype=F16, seed=18)
+    kw = dict(block_table=table, block_size=bs, actual_seq_lengths_kv=lens, scale_value=(d + dr) ** -0.5,
+              softmax_lse_flag=True)
+    (g_out, g_lse), (b_out, b_lse) = _golden_with_rope(q, qr, k, kr, k, layout="BNSD", heads=n, kv_heads=nkv, **kw)
+    npu_kw = {("scale" if key == "scale_value" else key): value for key, value in kw.items()}
+    if layout == "TND":  # one query token per request
+        q, qr, g_out, b_out = (x.transpose(1, 2).flatten(0, 1) for x in (q, qr, g_out, b_out))
+        g_lse, b_lse = (x.transpose(1, 2).flatten(0, 1) for x in (g_lse, b_lse))
+        npu_kw["actual_seq_lengths"] = [1, 2]  # cumulative; a paged KV keeps per-request lengths
+    out, lse = torch_npu.npu_fused_infer_attention_score(q, _nz(k), _nz(k), query_rope=qr, key_rope=_nz(kr),
+                                                         num_heads=n, num_key_value_heads=nkv, input_layout=layout,
+                                                         **npu_kw)
+    assert_close_to_golden("attention_out", out, g_out, b_out)
+    assert_close_to_golden("softmax_lse", lse, g_lse, b_lse)
+
+
+def test_fia_rope_nz_key_rope_in_another_form_names_the_nz_form():
+    k, q, qr = randn(2, 1, 2, 16, 16, dtype=F16, seed=19), randn(1, 2, 1, 32, dtype=F16), randn(1, 2, 1, 16, dtype=F16)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    for key_rope in (randn(2, 1, 2, 16, 16, dtype=F16), randn(2, 1, 16, 16, dtype=F16)):  # [.., D/16, bs, Dr], ND
+        with pytest.raises(ValueError, match=r"key_rope: expected an NZ cache like key with query_rope's Dr=16: "
+                                             r"\[blocknum=2, KV_N=1, Dr/16=1, blocksize=16, 16\]"):
+            torch_npu.npu_fused_infer_attention_score(q, k, k, query_rope=qr, key_rope=key_rope, num_heads=2,
+                                                      num_key_value_heads=1, input_layout="BNSD", block_table=table,
+                                                      block_size=16, actual_seq_lengths_kv=[20])
+
+
 def test_fia_v2_rope_with_learnable_sink_and_out_overload():
     q_lens, n, d, dr = [3, 5], 2, 16, 8
     t = sum(q_lens)

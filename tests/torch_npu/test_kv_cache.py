@@ -24,7 +24,7 @@ def _tokens(dtype, dims, seed):
 
 def _caches(layout, dtype, seed):
     """Random (not zero) caches, so that a row written where it should not be shows."""
-    x = 32 if dtype == torch.int8 else 16
+    x = 32 // dtype.itemsize  # NZ: the values in 32 bytes
     shapes = {"nd4": ((BLOCKS, BLOCK, N, D), (BLOCKS, BLOCK, N, DV)),
               "nd3": ((BLOCKS, BLOCK, N * D), (BLOCKS, BLOCK, N * DV)),
               "nz4": ((BLOCKS, N * D // x, BLOCK, x), (BLOCKS, N * DV // x, BLOCK, x)),
@@ -148,3 +148,156 @@ def test_gather_token_sources_stay_in_range_for_any_values():
                                                            50, BLOCK, BLOCKS)
     assert bool(((blocks >= 0) & (blocks < BLOCKS) & (rows >= 0) & (rows < BLOCK)).all())
     assert valid.shape == written.shape == (50,)
+
+
+# --- goldens of op-plugin's tests, layouts from the shapes, mixed dtypes, validation before writing ---------------
+
+def _golden_write(cache, tokens, slots, nz):
+    """op-plugin's loop: each token with a non-negative slot copied to its row (NZ: ``x``-wide chunks of its
+    flattened ``[N*D]`` row, one per chunk index)."""
+    out = cache.clone()
+    block_size = cache.shape[2] if nz else cache.shape[1]
+    for t, slot in enumerate(slots.tolist()):
+        if slot < 0:
+            continue
+        block, row = divmod(slot, block_size)
+        if nz:
+            x = cache.shape[-1]
+            for k, chunk in enumerate(tokens[t].reshape(-1, x)):
+                out[block, k, row] = chunk
+        else:
+            out[block, row] = tokens[t].reshape(out[block, row].shape)
+    return out
+
+
+def _nz_from_nd(cache):
+    """The NZ ``[num_blocks, N*D/x, block_size, x]`` cache holding the rows of an ND ``[num_blocks, block_size, N,
+    D]`` cache."""
+    x = 32 // cache.element_size()
+    return cache.flatten(2).unflatten(2, (-1, x)).transpose(1, 2).contiguous()
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_reshape_and_cache_int8_key_bf16_value_nz_like_op_plugins_int8_test(monkeypatch, backend):
+    """op-plugin's ``test_reshape_and_cache_int8``: an int8 key [T, 1, 512] and a bf16 value [T, 1, 64] written into
+    NZ caches [8, 16, 128, 32] (int8) and [8, 4, 128, 16] (bf16) (the interpreter copies bf16 as 16-bit integers)."""
+    monkeypatch.setenv("ATTNOPS_BACKEND", backend)
+    g = torch.Generator().manual_seed(30)
+    key = torch.randint(-128, 128, (14, 1, 512), generator=g, dtype=torch.int8)
+    value = torch.rand(14, 1, 64, generator=g).to(torch.bfloat16)
+    key_cache = torch.randint(-128, 128, (8, 16, 128, 32), generator=g, dtype=torch.int8)
+    value_cache = torch.rand(8, 4, 128, 16, generator=g).to(torch.bfloat16)
+    slots = torch.randperm(8 * 128, generator=g)[:14].to(torch.int32)
+    want_key, want_value = (_golden_write(c, x, slots, nz=True) for c, x in ((key_cache, key), (value_cache, value)))
+    torch_npu._npu_reshape_and_cache(key, value, key_cache, value_cache, slots)
+    assert torch.equal(key_cache, want_key)
+    assert torch.equal(value_cache.view(torch.int16), want_value.view(torch.int16))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("cache_mode", ["PA_NZ", "Norm"])
+def test_scatter_of_mixed_key_and_value_dtypes(monkeypatch, backend, cache_mode):
+    monkeypatch.setenv("ATTNOPS_BACKEND", backend)
+    key, value = _tokens(torch.int8, D, 31), _tokens(torch.float16, DV, 32)
+    nz = cache_mode == "PA_NZ"
+    key_cache = (randn(BLOCKS, BLOCK, N, D, seed=33) * 40).to(torch.int8)
+    value_cache = randn(BLOCKS, BLOCK, N, DV, seed=34).half()
+    if nz:
+        key_cache, value_cache = _nz_from_nd(key_cache), _nz_from_nd(value_cache)
+    slots = torch.tensor([6, -1, 19, 0, 13, 2, 4])
+    want = [_golden_write(c, x, slots, nz) for c, x in ((key_cache, key), (value_cache, value))]
+    torch_npu.npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slots, cache_mode=cache_mode)
+    assert torch.equal(key_cache, want[0]) and torch.equal(value_cache, want[1])
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_scatter_without_cache_mode_writes_an_nd_cache(monkeypatch, backend):
+    """vllm-ascend writes its ND ``[num_blocks, block_size, N, D]`` caches without cache_mode ("PA_NZ" by default):
+    the shapes fit ND only, so the call is the "Norm" one (CANN picks the scenario from the shapes)."""
+    monkeypatch.setenv("ATTNOPS_BACKEND", backend)
+    key, value = _tokens(torch.float16, D, 35), _tokens(torch.float16, DV, 36)
+    caches = _caches("nd4", torch.float16, 37)
+    slots = torch.tensor([6, -1, 19, 0, 13, 2, 4])
+    default = tuple(c.clone() for c in caches)
+    torch_npu.npu_scatter_pa_kv_cache(key, value, *default, slots)
+    norm = torch_npu.npu_scatter_pa_kv_cache_functional(key, value, *caches, slots, cache_mode="Norm")
+    assert torch.equal(default[0], norm[0]) and torch.equal(default[1], norm[1])
+    assert torch.equal(norm[0], _golden_write(caches[0], key, slots, nz=False))
+
+
+def test_a_shape_that_fits_both_layouts_follows_cache_mode():
+    """[num_blocks, 2, 2, 16] fp16 with N=2, D=16 is ND (block_size 2) and NZ (N*D/16 = 2 chunks of x=16): "PA_NZ"
+    writes NZ, "Norm" (and the ops without cache_mode) ND."""
+    key = randn(3, 2, 16, seed=38).half()
+    cache = randn(4, 2, 2, 16, seed=39).half()
+    slots = torch.tensor([0, 5, 3])
+    nz = torch_npu.npu_scatter_pa_kv_cache_functional(key, key, cache, cache, slots)[0]
+    nd = torch_npu.npu_scatter_pa_kv_cache_functional(key, key, cache, cache, slots, cache_mode="Norm")[0]
+    assert torch.equal(nz, _golden_write(cache, key, slots, nz=True))
+    assert torch.equal(nd, _golden_write(cache, key, slots, nz=False))
+    written = cache.clone()
+    torch_npu._npu_reshape_and_cache(key, key, written, written.clone(), slots)
+    assert torch.equal(written, nd)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("bad", ["value_cache_blocks", "value_cache_dtype", "value_cache_shape"])
+def test_nothing_is_written_when_an_argument_is_bad(monkeypatch, backend, bad):
+    """Every argument is validated before the first write: a bad value cache leaves the key cache as it was."""
+    monkeypatch.setenv("ATTNOPS_BACKEND", backend)
+    key, value = _tokens(torch.float16, D, 40), _tokens(torch.float16, DV, 41)
+    key_cache, value_cache = _caches("nd4", torch.float16, 42)
+    value_cache = {"value_cache_blocks": value_cache[:2], "value_cache_dtype": value_cache.float(),
+                   "value_cache_shape": value_cache[..., :DV - 1]}[bad]
+    before = key_cache.clone()
+    slots = torch.tensor([6, -1, 19, 0, 13, 2, 4])  # 19 fits the key cache (20 slots), not a 2-block value cache
+    with pytest.raises(ValueError, match="slot_mapping|value_cache"):
+        torch_npu._npu_reshape_and_cache(key, value, key_cache, value_cache, slots)
+    with pytest.raises(ValueError, match="slot_mapping|value_cache"):
+        torch_npu.npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slots, cache_mode="Norm")
+    assert torch.equal(key_cache, before)
+
+
+def test_cache_errors_name_the_accepted_forms():
+    key = randn(3, 2, 16, seed=43).half()
+    with pytest.raises(ValueError, match=r"key_cache: expected a paged cache .*: NZ \[num_blocks, N\*D/16, block_size, "
+                                         r"16\] .* or ND \[num_blocks, block_size, N, D\]"):
+        torch_npu.npu_scatter_pa_kv_cache(key, key, torch.zeros(4, 4, 2, 8).half(), torch.zeros(4, 4, 2, 16).half(),
+                                          torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="value_cache: expected dtype torch.float32 .same as value."):
+        torch_npu._npu_reshape_and_cache(key, key.float(), torch.zeros(4, 4, 2, 16).half(),
+                                         torch.zeros(4, 4, 2, 16).half(), torch.tensor([0, 1, 2]))
+
+
+def _golden_gather(cache_rows, block_tables, lens, offsets, out):
+    """op-plugin's ``gather_pa_kv_cache_nd``: tokens of consecutive sequences from their blocks
+    (``block_tables[b, offset // block_size + pos // block_size]``), zeros for an id outside ``[0, num_blocks)`` or
+    a position past the table, the copy stopping at ``out.shape[0]`` tokens."""
+    num_blocks, block_size = cache_rows.shape[:2]
+    out, t = out.clone(), 0
+    for b, n in enumerate(lens):
+        for pos in range(n):
+            if t == out.shape[0]:
+                return out
+            column = offsets[b] // block_size + pos // block_size
+            block = int(block_tables[b, column]) if column < block_tables.shape[1] else -1
+            out[t] = cache_rows[block, pos % block_size] if 0 <= block < num_blocks else 0
+            t += 1
+    return out
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("layout", ["nd4", "nd3", "nz4"])
+def test_gather_reads_zeros_for_block_ids_past_the_cache(monkeypatch, backend, layout):
+    """op-plugin's golden (ND and NZ): a block id >= num_blocks (or negative, or past the table) reads zeros."""
+    monkeypatch.setenv("ATTNOPS_BACKEND", backend)
+    rows = (randn(BLOCKS, BLOCK, N, D, seed=44), randn(BLOCKS, BLOCK, N, DV, seed=45))
+    caches = {"nd4": rows, "nd3": tuple(c.flatten(2) for c in rows),
+              "nz4": tuple(_nz_from_nd(c) for c in rows)}[layout]
+    table = torch.tensor([[BLOCKS, 1, 2 ** 31 - 1], [3, -4, BLOCKS + 7]], dtype=torch.int32)
+    lens, offsets = [9, 11], [0, 2]
+    key, value = torch.full((20, N, D), 7.0), torch.full((20, N, DV), 7.0)
+    got = torch_npu.npu_gather_pa_kv_cache_functional(*caches, table, torch.tensor(lens, dtype=torch.int32), key,
+                                                      value, seq_offset=torch.tensor(offsets, dtype=torch.int32))
+    for g, cache, out in zip(got, rows, (key, value)):
+        assert torch.equal(g, _golden_gather(cache, table, lens, offsets, out))

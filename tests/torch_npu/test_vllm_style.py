@@ -146,8 +146,9 @@ def test_scatter_skips_negative_slots_and_rejects_out_of_range():
         torch_npu.npu_scatter_pa_kv_cache(key, value, kc, vc, torch.tensor([0, 1, 8]), cache_mode="Norm")
     with pytest.raises(ValueError, match="cache_mode"):
         torch_npu.npu_scatter_pa_kv_cache(key, value, kc, vc, torch.tensor([0, 1, 2]), cache_mode="NZ")
-    with pytest.raises(ValueError, match="key_cache"):
-        torch_npu.npu_scatter_pa_kv_cache(key, value, kc, vc, torch.tensor([0, 1, 2]))  # ND cache, NZ mode
+    with pytest.raises(ValueError, match="key_cache: expected a paged cache .* ND"):  # an NZ cache, Norm mode
+        torch_npu.npu_scatter_pa_kv_cache(key, value, torch.zeros(2, KVN * D // 8, BLOCK, 8), vc,
+                                          torch.tensor([0, 1, 2]), cache_mode="Norm")
     with pytest.raises(NotImplementedError, match="compress_lens"):
         torch_npu.npu_scatter_pa_kv_cache(key, value, kc, vc, torch.tensor([0, 1, 2]), cache_mode="Norm",
                                           compress_lens=torch.tensor([1]))

@@ -59,7 +59,9 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     ``key``/``value``: a tensor with ``num_key_value_heads`` heads (0 = ``num_heads``; GQA ratio <= 64), a list of
     per-batch tensors of different lengths, or with ``block_table`` ``[B, maxBlocks]`` a paged cache
     ``[blocknum, blocksize, N2*D]`` / ``[blocknum, N2, blocksize, D]`` / NZ ``[blocknum, N2, D/x, blocksize, x]``
-    (see :class:`PagedKVCache`). ``value`` may have its own head dim Dv (e.g. K 192 / V 128): the output takes it.
+    (see :class:`PagedKVCache`) or flash-attn/vLLM's ``[blocknum, blocksize, N2, D]`` (read as its ``.flatten(2)``
+    view; a shape that is both 4-D forms, blocksize = N2, with a BNSD/TND query is CANN's). ``value`` may have
+    its own head dim Dv (e.g. K 192 / V 128): the output takes it.
     ``scale`` defaults to ``1/sqrt(D)``. ``causal=True`` (flash-attn style, bottom-right aligned when
     Q_S != KV_S) is sparse_mode 3 with the compressed mask at Q_S > 1 and masks nothing at Q_S = 1; it cannot be
     combined with ``atten_mask``, ``sparse_mode``, ``pre_tokens`` or ``next_tokens``.

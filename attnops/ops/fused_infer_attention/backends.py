@@ -13,6 +13,7 @@ from torch import Tensor
 from ..._core.devices import origin_device, to_cpu, to_device
 from ..._core.dispatch import choose_backend
 from . import reference
+from .paged import flash_attn_cache_views
 from .problem import build_problem
 from .triton.verify import kernel_route
 
@@ -20,7 +21,7 @@ from .triton.verify import kernel_route
 def forward(query: Tensor, key, value, options: dict, backend: str = "auto") -> tuple[Tensor, Tensor]:
     """``(attention_out, softmax_lse)`` of the call (``options``: :func:`build_problem`'s keywords), on the query's
     device."""
-    key, value = _single(key), _single(value)
+    key, value = flash_attn_cache_views(_single(key), _single(value), options)
     built = {}
 
     def verify() -> str | None:

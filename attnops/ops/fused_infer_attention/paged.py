@@ -3,7 +3,8 @@
 
 Cache layouts (``cann_semantics.md`` §6.8): ``BnBsH`` ``[blocknum, blocksize, N2*D]``, ``BnNBsD``
 ``[blocknum, N2, blocksize, D]`` and ``NZ`` ``[blocknum, N2, D/x, blocksize, x]`` (x = 32 bytes: 16 fp16/bf16
-values, 32 int8; element ``(n, t, d)`` of a block at ``[n, d // x, t, d % x]``). Logical token ``t`` of batch
+values, 32 int8; element ``(n, t, d)`` of a block at ``[n, d // x, t, d % x]``), and outside the aclnn dialect
+flash-attn/vLLM's ``[blocknum, blocksize, N2, D]``, read as its ``BnBsH`` view. Logical token ``t`` of batch
 ``b`` is in block ``block_table[b, t // blocksize]`` at offset ``t % blocksize``.
 """
 from __future__ import annotations
@@ -23,6 +24,22 @@ CACHE_LAYOUTS = ("BnBsH", "BnNBsD", "NZ")
 def nz_width(dtype: torch.dtype) -> int:
     """x of an NZ cache: the values in 32 bytes."""
     return 32 // dtype.itemsize
+
+
+def flash_attn_cache_views(key, value, options: dict) -> tuple:
+    """``key``/``value`` paged caches in flash-attn/vLLM's ``[blocknum, blocksize, N2, D]`` layout as the
+    ``[blocknum, blocksize, N2*D]`` views CANN reads (``.flatten(2)``, no copy for a cache with contiguous heads);
+    anything else as it is (the aclnn dialect, ``strict``, takes CANN's layouts only). A 4-D cache that is also
+    CANN's ``[blocknum, N2, blocksize, D]`` (``blocksize = N2``) with a BNSD/TND query is read as CANN's."""
+    n2 = options.get("num_key_value_heads") or options.get("num_heads")
+    layout = options.get("input_layout")
+    if (options.get("block_table") is None or options.get("strict") or not isinstance(n2, int)
+            or not isinstance(layout, str) or not all(isinstance(x, Tensor) and x.dim() == 4 for x in (key, value))):
+        return key, value
+    cann = key.shape[1] == n2 and layout.upper().split("_")[0] in ("BNSD", "TND")
+    if cann or key.shape[2] != n2 or value.shape[2] != n2:
+        return key, value
+    return key.flatten(2), value.flatten(2)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from ..._core.inference_only import run_inference_only
 from ..._core.triton.support import interpreting
 from . import api
 from .op import INFERENCE_ONLY
+from .paged import flash_attn_cache_views
 from .problem import build_problem
 
 
@@ -33,6 +34,8 @@ class FusedInferAttentionPlan:
         self._arguments = arguments
         self._plan = None
         query, key, value, options = api.call_options(query, key, value, arguments)
+        key, value = flash_attn_cache_views(key, value, options)
+        self._options = options
         self._block_table = options.get("block_table")
         built = {}
 
@@ -72,6 +75,7 @@ class FusedInferAttentionPlan:
 
         if block_table is None:
             block_table = self._block_table
+        key, value = flash_attn_cache_views(key, value, self._options)
         with autocast_off(query.device):
             out, lse = run_inference_only(INFERENCE_ONLY, partial(launch.run, self._plan, query, key, value,
                                                                   block_table, actual_seq_lengths_kv),

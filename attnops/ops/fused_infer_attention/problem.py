@@ -444,16 +444,20 @@ def _paged_kv(g: _Inputs, lens: _Lengths, block_table, block_size, strict) -> tu
     w = _kv_width(g)
     check_tensor("key", cache, ndim=(3, 4, 5))
     bs_dim = cache.shape[1] if cache.dim() == 3 else cache.shape[cache.dim() - 2]
+    forms = (f"a paged cache (blocknum, blocksize, H={g.n2}*{w}), NZ (blocknum, KV_N={g.n2}, D/x, blocksize, x) or, "
+             f"with a BNSD/TND query, (blocknum, KV_N={g.n2}, blocksize, D={w})")
+    if not strict:
+        forms += f", or flash-attn/vLLM's (blocknum, blocksize, KV_N={g.n2}, D={w})"
+    hint = ("a flash-attn/vLLM cache (blocknum, blocksize, KV_N, D) is the (blocknum, blocksize, H) cache "
+            ".flatten(2) gives")
     if cache.dim() == 3:
-        require(cache.shape[2] == g.n2 * w, "key", f"a (blocknum, blocksize, H={g.n2}*{w}) cache", cache)
+        require(cache.shape[2] == g.n2 * w, "key", forms, cache, hint)
     elif cache.dim() == 5:
         _check_nz(g, cache, "key", g.d)
         _check_nz(g, g.values[0], "value", g.dv)
     else:
-        require(cache.shape[1] == g.n2 and cache.shape[3] == w, "key",
-                f"a (blocknum, KV_N={g.n2}, blocksize, D={w}) cache", cache)
-        require(g.in_layout in ("BNSD", "TND"), "key", "a (blocknum, blocksize, H) cache for query layouts BSH and "
-                "BSND ((blocknum, KV_N, blocksize, D) needs BNSD)", cache)
+        require(cache.shape[1] == g.n2 and cache.shape[3] == w and g.in_layout in ("BNSD", "TND"), "key", forms,
+                cache, hint)
     if strict or block_size not in (None, 0):
         check_int("block_size", block_size, lo=1)
         require(block_size == bs_dim, "block_size", f"the cache's block size ({bs_dim})", block_size)

@@ -30,11 +30,12 @@ def _tile_configs(launch: Launch, args: dict, interpret: bool) -> list:
 KERNELS = KernelFamily("torch_npu_kv_cache", ("attnops.torch_npu.triton.kv_cache",), _tile_configs)
 
 
-def unsupported_reason(tokens: torch.Tensor) -> str | None:
-    """Why the kernel cannot write ``tokens``' rows (device, element width), or None."""
-    reason = triton_unavailable_reason(tokens.device)
-    if reason is None and tokens.element_size() not in BITS:
-        reason = f"the cache-write kernel copies 1/2/4/8-byte elements (got {tokens.dtype})"
+def unsupported_reason(*tokens: torch.Tensor) -> str | None:
+    """Why the kernel cannot copy the rows of ``tokens`` (device, element width), or None."""
+    reason = triton_unavailable_reason(tokens[0].device)
+    for x in tokens:
+        if reason is None and x.element_size() not in BITS:
+            reason = f"the cache kernels copy 1/2/4/8-byte elements (got {x.dtype})"
     return reason
 
 
