@@ -49,7 +49,7 @@ RULES = (
          lambda r: r["ptx"]["mma_sync"] == 0 and r["ptx"]["wgmma"] > 0, "wgmma > 0 and mma.sync = 0",
          exempt=(("flash_attention", "d256", "D=Dv=256: 64-key backward blocks spill, the pass takes 32x32 tiles"),
                  ("flash_attention", "d192-dv128-mask-pse-dropout",
-                  "per-element features above D=128: 64-key backward blocks spill 118 words, the pass takes 16x32"))),
+                  "per-element features above D=128: 64-key backward blocks spill 118 words, the pass takes 16x16"))),
     Rule("vector loads", ("sm_90", "sm_80"),
          {"fused_infer_attention": ("split_kernel",), "nsa": ("selected_*", "compress_*")},
          lambda r: r["ptx"]["ld_global_narrow"] == 0, "no scalar global loads of 2 bytes or fewer"),

@@ -19,7 +19,8 @@ from .common import (KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_ro
 
 @triton.jit
 def preprocess_kernel(o_ptr, do_ptr, delta_ptr, meta_ptr, o_sb, o_st, o_sh, do_sb, do_st, do_sh, delta_sb, n1,
-                      head_dv, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, FOLD: tl.constexpr):
+                      head_dv: tl.constexpr, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+                      FOLD: tl.constexpr):
     """``D[row, h] = sum_d dO * O`` in fp32 for one block of query rows of one head."""
     pid_m = tl.program_id(0)
     b, h = program_batch_head(n1, bh_fold, FOLD)
@@ -45,9 +46,9 @@ def preprocess_kernel(o_ptr, do_ptr, delta_ptr, meta_ptr, o_sb, o_st, o_sh, do_s
 def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr, meta_ptr,
               q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh, dq_sb, dq_st, dq_sh,
               stat_row, delta_sb, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
-              drop_ptr, keep_prob, seed, offset, scale, n1, group, head_d, head_dv, batch, bh_fold,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-              PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
+              drop_ptr, keep_prob, seed, offset, scale, n1, group, head_d: tl.constexpr, head_dv: tl.constexpr,
+              batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_DV: tl.constexpr, PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
               DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
     """``dQ = scale * dS K`` for one query row block of one query head: the backward's dQ where the dK/dV pass
     leaves it out (``DQ`` False: GPUs without wgmma, whose registers do not hold the fifth product; the former
@@ -106,7 +107,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
                 dq_sb, dq_st, dq_sh, dq_part, dk_sb, dk_st, dk_sh, dk_part, dv_sb, dv_st, dv_sh, dv_part,
                 stat_row, delta_sb, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
                 drop_ptr, keep_prob, seed, offset, dpse_ptr, dpse_sb, dpse_sh, dpse_sr,
-                scale, n1, group, splits, head_d, head_dv, batch, bh_fold,
+                scale, n1, group, splits, head_d: tl.constexpr, head_dv: tl.constexpr, batch, bh_fold,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
                 DROPOUT: tl.constexpr, DPSE_FULL: tl.constexpr, DPSE_ROW: tl.constexpr, DQ: tl.constexpr,

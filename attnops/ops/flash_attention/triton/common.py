@@ -250,27 +250,18 @@ def dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr,
     """``keep / keep_prob`` as an fp32 ``[rows, cols]`` tile (``TRANSPOSED``: ``[cols, rows]``); element ``(h, i, j)`` of batch ``b`` has the index
     ``drop_off_b + (h * Sq_b + i) * Skv_b + j`` of ``attnops._core.dropout`` (Philox ``tl.rand`` or packed bits).
     With ``PACKED``, ``drop_ptr`` is the packed mask as little-endian int32 words (zero-padded to whole words) and
-    ``offset`` their number: each row reads the few words that hold its ``cols`` (``cols`` contiguous), no word past
-    the end (dropped). Columns past the batch's keys are not checked (their scores are masked)."""
+    ``offset`` their number: each element reads the word that holds its bit (4-byte loads; the words of a row are
+    shared by its neighbours, so they come from L1), no word past the end (dropped). Elements past the batch's rows
+    or keys are not checked (their scores or gradients are masked)."""
     sq = meta(meta_ptr, b, Q_LEN)
     skv = meta(meta_ptr, b, KV_LEN)
     row_bit = meta(meta_ptr, b, DROP_OFF) + (tl.cast(h, tl.int64) * sq + rows) * skv  # [BLOCK_M]
+    r2, c2 = index_grid(row_bit, cols, TRANSPOSED)
     if PACKED:
-        first = row_bit + tl.min(cols, 0)  # bit index of the tile's first column, per row
-        word0 = first >> 5
-        rel = (first & 31).to(tl.int32)[:, None] + (cols - tl.min(cols, 0))[None, :]  # bit offset from word0
-        which = rel >> 5
-        bits = tl.zeros(rel.shape, tl.int32)
-        row_ok = rows < sq
-        for w in tl.static_range((cols.shape[0] + 31) // 32 + 1):
-            word = tl.load(drop_ptr + word0 + w, mask=row_ok & (word0 + w < offset), other=0)
-            bits = tl.where(which == w, word[:, None], bits)
-        bit = (bits >> (rel & 31)) & 1
-        if TRANSPOSED:
-            bit = tl.trans(bit)
-        keep = bit != 0
+        bit = r2 + c2
+        word = tl.load(drop_ptr + (bit >> 5), mask=(bit >> 5) < offset, other=0)
+        keep = ((word >> (bit & 31).to(tl.int32)) & 1) != 0
     else:
-        r2, c2 = index_grid(row_bit, cols, TRANSPOSED)
         keep = tl.rand(seed, r2 + c2 + offset) < keep_prob
     return tl.where(keep, 1.0 / keep_prob, 0.0)
 

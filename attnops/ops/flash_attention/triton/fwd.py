@@ -74,9 +74,9 @@ def _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, 
 def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
                q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, o_sb, o_st, o_sh, stat_row,
                pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols,
-               drop_ptr, keep_prob, seed, offset, scale, n1, group, head_d, head_dv, batch, bh_fold,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
+               drop_ptr, keep_prob, seed, offset, scale, n1, group, head_d: tl.constexpr, head_dv: tl.constexpr,
+               batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_DV: tl.constexpr, PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
                DROPOUT: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                FOLD: tl.constexpr):
     """``O = softmax(S) V`` for rows ``[r0, r0 + BLOCK_M)``; writes O (0 on fully-masked rows) and the statistics

@@ -56,17 +56,20 @@ _TILES = {
 # up to D=192/Dv=128, NSA's compressed attention (an explicit mask of odd width) included, where 128 x 32 spills 36-38
 # words (Triton 3.6 and 3.9; docs/triton.md has the figures); fp32 16 x 16 (NSA's fp32 compressed attention spills
 # 2 words on sm_80 with 32 x 16). The backward's take 16 query rows per step at D <= 128 (the key block stays the
-# products' M = 64); above, 32-key blocks (mma.sync): 64-key blocks spill 118 words at D=192/Dv=128 with a mask, a pse
-# and dropout, 32-key blocks 4.
+# products' M = 64); above, 16-key blocks (mma.sync): with a mask, a pse and dropout 64-key blocks spill 118 words at
+# D=192/Dv=128, 32-key blocks 6 (D=192) and 18 (D=256) with two stages, none with one (the second candidate).
 _FEATURE_TILES = {
     ("fwd", 2, False): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 2, True): [(64, 16, 8, 2), (32, 32, 4, 2)],
     ("fwd", 4, False): [(16, 16, 4, 1)],
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(16, 64, 8, 2), (32, 64, 8, 2)],
-    ("bwd", 2, True): [(16, 32, 8, 2), (16, 64, 8, 2)],
-    ("bwd", 2, BWD_WIDEST): [(16, 32, 8, 2), (32, 32, 8, 2)],
+    ("bwd", 2, True): [(16, 16, 8, 2), (16, 32, 8, 1)],
+    ("bwd", 2, BWD_WIDEST): [(16, 16, 8, 2), (16, 32, 8, 1)],
 }
+# The dK/dV pass of GPUs before sm_90 (no dQ in the pass, ``DQ`` False: mma.sync, operands in registers) with
+# per-element features: its 64-key blocks spill 4-20 words at D <= 128 (sm_80), 32-key blocks none.
+_SPLIT_FEATURE_TILES = {("bwd", 2, False): [(16, 32, 8, 2), (32, 32, 8, 2)]}
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
 PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)
 TAIL_BLOCK, TAIL_PROGRAMS = 1024, 1024  # elements per step and programs of the tail and grad-sum kernels (grid-stride)
@@ -95,7 +98,8 @@ def _kind(kernel_name: str) -> str:
 @functools.cache
 def _configs(kind: str) -> tuple:
     """Every candidate of a kernel kind (the autotuner's list; :func:`_prune` keeps those of the problem's class)."""
-    tiles = {t: None for table in (_TILES, _FEATURE_TILES) for key, ts in table.items() if key[0] == kind for t in ts}
+    tiles = {t: None for table in (_TILES, _FEATURE_TILES, _SPLIT_FEATURE_TILES) for key, ts in table.items()
+             if key[0] == kind for t in ts}
     return tuple(_config(t, _zero_dq_partials if kind == "bwd" else None) for t in tiles)
 
 
@@ -109,20 +113,27 @@ def _class_key(kind: str, named_args: dict) -> tuple:
     return kind, named_args["q_ptr"].element_size(), width
 
 
+def _class_tiles(key: tuple, constexprs: dict) -> list:
+    """The tiles of a call's class (:func:`_class_key`) in the table's order: ``_FEATURE_TILES`` when a pse, an
+    explicit mask or dropout adds per-element tiles (registers and shared memory, docs/triton.md) and the class has
+    some (``_SPLIT_FEATURE_TILES`` for the dK/dV pass without dQ), else ``_TILES``."""
+    if not (constexprs["PSE"] or constexprs["HAS_EXPLICIT"] is True or constexprs["DROPOUT"]):
+        return _TILES[key]
+    if constexprs.get("DQ", True) is False and key in _SPLIT_FEATURE_TILES:
+        return _SPLIT_FEATURE_TILES[key]
+    return _FEATURE_TILES.get(key, _TILES[key])
+
+
 @functools.cache
-def _class_configs(key: tuple, features: bool) -> list:
+def _class_configs(key: tuple, tiles: tuple) -> list:
     """The candidates of one class (:func:`_prune`), in the table's order: the first is the fixed choice."""
     configs = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages): c for c in _configs(key[0])}
-    return [configs[t] for t in (_FEATURE_TILES.get(key, _TILES[key]) if features else _TILES[key])]
+    return [configs[t] for t in tiles]
 
 
 def _prune(kind: str, configs, named_args, **kwargs):
-    """The candidates of the call's class (operand bytes, D > 128): ``_FEATURE_TILES`` when a pse, an explicit mask
-    or dropout adds per-element tiles (registers and shared memory, docs/triton.md) and the class has some, else
-    ``_TILES``."""
-    key = _class_key(kind, named_args)
-    features = kwargs["PSE"] or kwargs["HAS_EXPLICIT"] is True or kwargs["DROPOUT"]
-    wanted = set(_FEATURE_TILES.get(key, _TILES[key]) if features else _TILES[key])
+    """The candidates of the call's class (:func:`_class_tiles`)."""
+    wanted = set(_class_tiles(_class_key(kind, named_args), kwargs))
     return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
 
 
@@ -147,8 +158,7 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     if launch.kernel in ("preprocess_kernel", "prepare_kernel", "tail_kernel", "grad_sum_kernel") or interpret:
         return _fixed_config(launch.kernel, interpret, launch.kwargs.get("BLOCK_DV", 0))
     key = _class_key(_kind(launch.kernel), named_args)
-    kw = launch.kwargs
-    return _class_configs(key, bool(kw["PSE"] or kw["HAS_EXPLICIT"] is True or kw["DROPOUT"]))
+    return _class_configs(key, tuple(_class_tiles(key, launch.kwargs)))
 
 
 def _autotuning(kernel_name: str):
