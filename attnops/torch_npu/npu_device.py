@@ -128,6 +128,8 @@ def _cpu_names() -> dict:
         set_stream=lambda stream: None, get_device_name=lambda device=None: "cpu (attnops torch_npu stand-in)",
         mem_get_info=lambda device=None: (0, 0), memory_allocated=lambda device=None: 0,
         max_memory_allocated=lambda device=None: 0, reset_peak_memory_stats=lambda device=None: None,
+        get_rng_state=lambda device="npu": torch.get_rng_state(),
+        set_rng_state=lambda new_state, device="npu": torch.set_rng_state(new_state),
     )
 
 
@@ -140,7 +142,8 @@ def _cuda_names() -> dict:
         current_stream=cuda.current_stream, default_stream=cuda.default_stream, set_stream=cuda.set_stream,
         get_device_name=cuda.get_device_name, mem_get_info=cuda.mem_get_info,
         memory_allocated=cuda.memory_allocated, max_memory_allocated=cuda.max_memory_allocated,
-        reset_peak_memory_stats=cuda.reset_peak_memory_stats,
+        reset_peak_memory_stats=cuda.reset_peak_memory_stats, get_rng_state=cuda.get_rng_state,
+        set_rng_state=cuda.set_rng_state,
     )
 
 
