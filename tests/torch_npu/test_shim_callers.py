@@ -71,6 +71,13 @@ assert x.device == y.device == z.device == next(m.parameters()).device == torch.
 p = torch.empty(4, pin_memory=True).pin_memory()
 with torch.random.fork_rng():                       # "npu" is PyTorch's accelerator now, as with torch_npu
     torch.randn(2)
+import warnings
+with warnings.catch_warnings():
+    warnings.simplefilter("error")                 # torch.manual_seed seeds the named npu device without a warning
+    torch.manual_seed(3)
+    drawn = torch.randn(2)
+    torch.npu.manual_seed(3)
+    assert torch.equal(drawn, torch.randn(2))
 print("ok")
 """
 
