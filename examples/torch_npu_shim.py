@@ -15,7 +15,7 @@ import torch_npu  # noqa: E402  (attnops' torch_npu dialect)
 
 def main() -> None:
     torch.manual_seed(0)
-    device = torch.npu.device                                  # the stand-in device (cuda if present, else cpu)
+    device = "npu"                                             # the shim maps it to cuda if present, else cpu
     b, s, n, d = 2, 256, 8, 64
     q, k, v = (torch.randn(b, s, n * d, device=device, requires_grad=True) for _ in range(3))   # BSH
     mask = torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)                  # compressed causal

@@ -49,8 +49,7 @@ def check_tensor(
 ) -> torch.Tensor:
     """Validate a required tensor argument; returns it unchanged."""
     require_not_none(x, name)
-    if not isinstance(x, torch.Tensor):
-        fail(name, "a torch.Tensor", type(x).__name__, error=ParamDtypeError)
+    _require_tensor_type(name, x)
     if ndim is not None and x.dim() != ndim and (isinstance(ndim, int) or x.dim() not in ndim):
         allowed = {ndim} if isinstance(ndim, int) else set(ndim)
         fail(name, f"a tensor with ndim in {sorted(allowed)}", x)
@@ -137,10 +136,23 @@ def check_scale(name: str, value: Any) -> float:
     return float(value)
 
 
+def _require_tensor_type(name: str, x: Any) -> None:
+    """``x`` is a torch.Tensor (a NumPy array or a list is named as such, with the conversion to use)."""
+    if not isinstance(x, torch.Tensor):
+        kind = f"{type(x).__module__}.{type(x).__name__}" if type(x).__module__ != "builtins" else type(x).__name__
+        fail(name, "a torch.Tensor", kind, "convert it with torch.as_tensor(...)" if _is_ndarray(x) or
+             isinstance(x, (list, tuple)) else None, error=ParamDtypeError)
+
+
 def check_same_device(reference: str, ref: torch.Tensor, **tensors: Any) -> None:
-    """Every given tensor (None skipped) lives on ``ref``'s device; never copied silently."""
+    """``ref`` and every given tensor (None skipped) are torch tensors on ``ref``'s device; never copied silently."""
+    require_not_none(ref, reference)
+    _require_tensor_type(reference, ref)
     for name, t in tensors.items():
-        if isinstance(t, torch.Tensor) and t.device != ref.device:
+        if t is None:
+            continue
+        _require_tensor_type(name, t)
+        if t.device != ref.device:
             fail(name, f"a tensor on {ref.device} (the device of {reference})", t,
                  f"move it with .to({str(ref.device)!r})")
 

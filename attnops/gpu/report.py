@@ -5,7 +5,7 @@ next one runs): the environment (GPU, driver, CUDA, torch, Triton, the GPU's pea
 (``pytest -m cuda`` and the Triton kernel tests, compiled), ``python -m attnops check``, and the GPU benchmark
 suites (:mod:`.suites`) against SDPA (flash, cuDNN) and FlexAttention, in TFLOP/s (or GB/s) and % of the peak.
 Writes the benchmark JSON/PNG, one log per step and a markdown summary ``gpu-report-<gpu>-<date>.md`` into the
-output folder; exits 1 on any failure.
+output folder (``./attnops-gpu-report`` unless ``--out DIR``); exits 1 on any failure.
 
 Without CUDA it exits 2, unless ``--interpret``: the same flow on the CPU through Triton's interpreter at tiny
 sizes (interpreter kernel tests, the Triton rows of ``check``, the suites' smoke stand-ins).
@@ -28,7 +28,7 @@ from .peaks import Peak, peak_for
 from .suites import GPU_SUITES, GpuSuite
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = ROOT / "benchmarks" / "results"
+DEFAULT_OUT = "attnops-gpu-report"  # in the current directory; the recorded runs use --out benchmarks/results
 INTERPRET_ENV = {"ATTNOPS_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1"}
 KERNEL_TESTS = "tests/ops/flash_attention/triton"
 NSA_KERNEL_TESTS = "tests/ops/nsa/triton"  # compressed attention and decode kernels (the full CUDA run)
@@ -207,14 +207,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "gpu"
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m attnops gpu-report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a subset of tests and benchmarks (under 3.5 minutes)")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"output folder (default: ./{DEFAULT_OUT} in the current directory)")
+    p.add_argument("--interpret", action="store_true",
+                   help="without a GPU: the same flow on the CPU through Triton's interpreter at tiny sizes")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnops gpu-report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a subset of tests and benchmarks (under 3.5 minutes)")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"output folder (default {DEFAULT_OUT})")
-    parser.add_argument("--interpret", action="store_true",
-                        help="without a GPU: the same flow on the CPU through Triton's interpreter at tiny sizes")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     import torch
 
     if not args.interpret and not torch.cuda.is_available():

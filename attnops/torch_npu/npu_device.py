@@ -128,6 +128,8 @@ def _cpu_names() -> dict:
         set_stream=lambda stream: None, get_device_name=lambda device=None: "cpu (attnops torch_npu stand-in)",
         mem_get_info=lambda device=None: (0, 0), memory_allocated=lambda device=None: 0,
         max_memory_allocated=lambda device=None: 0, reset_peak_memory_stats=lambda device=None: None,
+        get_rng_state=lambda device="npu": torch.get_rng_state(),
+        set_rng_state=lambda new_state, device="npu": torch.set_rng_state(new_state),
     )
 
 
@@ -140,7 +142,8 @@ def _cuda_names() -> dict:
         current_stream=cuda.current_stream, default_stream=cuda.default_stream, set_stream=cuda.set_stream,
         get_device_name=cuda.get_device_name, mem_get_info=cuda.mem_get_info,
         memory_allocated=cuda.memory_allocated, max_memory_allocated=cuda.max_memory_allocated,
-        reset_peak_memory_stats=cuda.reset_peak_memory_stats,
+        reset_peak_memory_stats=cuda.reset_peak_memory_stats, get_rng_state=cuda.get_rng_state,
+        set_rng_state=cuda.set_rng_state,
     )
 
 
@@ -152,11 +155,16 @@ def npu_device_module(device: torch.device) -> types.ModuleType:
         setattr(mod, name, value)
 
     def manual_seed(seed: int) -> None:
-        torch.manual_seed(seed)  # also seeds CUDA; attnops draws dropout seeds from the default generator
+        """Seed the stand-in's generators (the CPU's, where attnops draws dropout seeds, and CUDA's). Not through
+        ``torch.manual_seed``: with ``torch.device("npu")`` parsing, that one calls ``torch.npu.manual_seed_all``."""
+        torch.default_generator.manual_seed(int(seed))
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(int(seed))
 
     mod.is_available = lambda: True
     mod.manual_seed = manual_seed
     mod.manual_seed_all = manual_seed
+    mod._is_in_bad_fork = lambda: False  # with manual_seed_all: what torch.manual_seed asks of a named PrivateUse1
     # aclgraph task groups (vllm-ascend's graph capture): nothing to group or update outside the NPU
     mod.graph_task_group_begin = lambda stream=None: None
     mod.graph_task_group_end = lambda stream=None: _GraphTaskHandle()
@@ -167,5 +175,5 @@ def npu_device_module(device: torch.device) -> types.ModuleType:
 
 
 NPU_NAMES = tuple(sorted(set(_cpu_names()) | {
-    "is_available", "manual_seed", "manual_seed_all", "graph_task_group_begin", "graph_task_group_end",
-    "graph_task_update_begin", "graph_task_update_end", "device"}))
+    "is_available", "manual_seed", "manual_seed_all", "_is_in_bad_fork", "graph_task_group_begin",
+    "graph_task_group_end", "graph_task_update_begin", "graph_task_update_end", "device"}))

@@ -1,6 +1,7 @@
-"""Opt-in shim: ``import torch_npu`` returns :mod:`attnops.torch_npu`, ``torch.ops.npu.<op>`` resolves to the same
-functions, and ``torch.npu`` offers the device, stream, event and graph-capture calls Ascend scripts make
-(:mod:`attnops.torch_npu.npu_device`).
+"""The shim: ``import torch_npu`` returns :mod:`attnops.torch_npu`, ``torch.ops.npu.<op>`` resolves to the same
+functions, ``torch.npu`` offers the device, stream, event and graph-capture calls Ascend scripts make
+(:mod:`attnops.torch_npu.npu_device`), and PyTorch takes ``"npu"`` devices and ``pin_memory`` as on the NPU
+(:mod:`attnops.torch_npu.tensor_patch`).
 
 Only when the real torch_npu is absent; nothing happens on import, only when :func:`install` is called.
 """
@@ -28,13 +29,17 @@ def _transfer_to_npu_module(package: types.ModuleType) -> types.ModuleType:
     return contrib
 
 
-def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool = False) -> bool:
-    """Make ``import torch_npu``, ``torch.ops.npu.<op>`` and ``torch.npu`` work without an NPU.
+def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool = True,
+            patch_pin_memory: bool = True) -> bool:
+    """Make ``import torch_npu``, ``torch.ops.npu.<op>``, ``torch.npu`` and ``"npu"`` devices work without an NPU.
 
     ``device``: the device that stands in for the NPU (``"cuda"`` when available by default, else ``"cpu"``);
-    ``torch.npu.device`` holds it, so a ported script replaces ``.npu()`` by ``.to(torch.npu.device)``.
-    ``patch_tensor_npu``: also make ``Tensor.npu()``, ``Tensor.to("npu")`` and ``device="npu"`` in the common
-    factories mean that device (patches PyTorch for the whole process; see :mod:`attnops.torch_npu.tensor_patch`).
+    ``torch.npu.device`` holds it.
+    ``patch_tensor_npu``: ``"npu"`` / ``"npu:N"`` strings (and ``torch.device("npu")`` where no CUDA exists) mean that
+    device in the tensor factories, ``Tensor.to/.npu/.new_*``, ``Module.to/.npu``; ``Tensor.is_npu`` is added.
+    ``patch_pin_memory``: where no CUDA exists, ``Tensor.pin_memory()`` and ``pin_memory=True`` in the factories are
+    no-ops (a CPU-only PyTorch raises). Both patch PyTorch for the whole process
+    (:mod:`attnops.torch_npu.tensor_patch`; ``tensor_patch.unpatch()`` undoes them); pass False to leave it alone.
     Returns False, changing nothing, when the real torch_npu is importable; True once installed (idempotent).
     """
     from . import ATB_OPS, OPS
@@ -42,8 +47,7 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
 
     package = sys.modules[package_name]
     if sys.modules.get("torch_npu") is package:
-        if patch_tensor_npu:
-            tensor_patch.patch(torch.npu.device)
+        tensor_patch.patch(torch.npu.device, devices=patch_tensor_npu, pin_memory=patch_pin_memory)
         return True
     if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
         return False
@@ -64,6 +68,5 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
     contrib = _transfer_to_npu_module(package)
     sys.modules["torch_npu.contrib"] = contrib
     sys.modules["torch_npu.contrib.transfer_to_npu"] = contrib.transfer_to_npu
-    if patch_tensor_npu:
-        tensor_patch.patch(device)
+    tensor_patch.patch(device, devices=patch_tensor_npu, pin_memory=patch_pin_memory)
     return True

@@ -51,3 +51,4 @@ def test_examples_exist():
 def test_example_runs(script):
     res = _run([f"examples/{script}"])
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "Dynamo" not in res.stderr and "Warning" not in res.stderr, res.stderr[-3000:]  # examples run clean

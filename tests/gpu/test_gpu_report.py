@@ -42,6 +42,11 @@ def test_memory_bound_rate_uses_bytes():
     assert report.bytes_moved(int8_kv) == 2 * 2 * 1 * 4 * 16 + 2 * 100 * 1 * 16
 
 
+def test_default_output_folder_is_in_the_current_directory():
+    assert report.parser().parse_args([]).out == "attnops-gpu-report"
+    assert report.parser().parse_args(["--out", "elsewhere"]).out == "elsewhere"
+
+
 def test_hanging_step_is_killed_at_its_budget(tmp_path):
     step = report.Step("hang", [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"],
                        budget_s=2)

@@ -53,6 +53,15 @@ def test_tensor_on_another_device_raises(name):
         attnops.flash_attention(q, kw.pop("key"), kw.pop("value"), **kw)
 
 
+@pytest.mark.parametrize("name", ["query", "key", "value", "atten_mask"])
+def test_numpy_array_is_named_not_a_tensor(name):
+    q, k, v, _ = _qkv()
+    kw = dict(query=q, key=k, value=v, atten_mask=torch.zeros(4, 4, dtype=torch.bool))
+    kw[name] = kw[name].numpy()
+    with pytest.raises(ParamDtypeError, match=rf"{name}: expected a torch.Tensor, got numpy.ndarray\. convert it"):
+        attnops.flash_attention(kw.pop("query"), kw.pop("key"), kw.pop("value"), **kw)
+
+
 def test_backward_tensor_on_another_device_raises():
     q, k, v, dy = _qkv()
     res = attnops.flash_attention(q, k, v, return_stats=True)

@@ -73,6 +73,15 @@ def test_tensor_on_another_device_raises(name):
         attnops.fused_infer_attention(q, kw.pop("key"), kw.pop("value"), **kw)
 
 
+@pytest.mark.parametrize("name", ["query", "key", "value", "atten_mask"])
+def test_numpy_array_is_named_not_a_tensor(name):
+    q, k, v = make_inputs("BNSD", b=1, n=2, sq=3, skv=5, dtype=torch.float32)
+    kw = dict(query=q, key=k, value=v, atten_mask=torch.zeros(3, 5, dtype=torch.bool))
+    kw[name] = kw[name].numpy()
+    with pytest.raises(TypeError, match=rf"{name}: expected a torch.Tensor, got numpy.ndarray\. convert it"):
+        attnops.fused_infer_attention(kw.pop("query"), kw.pop("key"), kw.pop("value"), **kw)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_casts_float_inputs(dtype):
     q, k, v = make_inputs("BNSD", b=1, n=2, sq=4, skv=6, dtype=torch.float32, seed=8)

@@ -85,6 +85,16 @@ def test_tensor_on_another_device_raises(case):
 
 
 @pytest.mark.parametrize("case", list(_cases()))
+def test_numpy_array_is_named_not_a_tensor(case):
+    fn, args, names = _cases()[case]
+    for i, name in enumerate(["input" if case == "nsa_compress" else "query", *names]):
+        converted = list(args)
+        converted[i] = converted[i].numpy()
+        with pytest.raises(TypeError, match=rf"{name}: expected a torch.Tensor, got numpy.ndarray\. convert it"):
+            fn(*converted)
+
+
+@pytest.mark.parametrize("case", list(_cases()))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_casts_float_inputs(case, dtype):
     fn, args, _ = _cases()[case]

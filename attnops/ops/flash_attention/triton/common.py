@@ -45,6 +45,13 @@ FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
+def base2_max(m):
+    """``m * log2(e)``, finite for rows without a kept score yet (``m`` = FLT_LOWEST: clamped to half of it
+    first, so the product and a difference of two such values do not overflow; no real score is that low)."""
+    return tl.maximum(m, FLT_LOWEST * 0.5) * LOG2E
+
+
+@triton.jit
 def upcast(x, UPCAST: tl.constexpr):
     """fp32 math for loaded tiles where asked (fp32 inputs, and always in the interpreter, which has no bf16)."""
     if UPCAST:

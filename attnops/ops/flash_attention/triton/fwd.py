@@ -8,15 +8,9 @@ without a pse or explicit mask."""
 import triton
 import triton.language as tl
 
-from .common import (FLT_LOWEST, FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_keep, dropout_scale,
-                     explicit_masked, full_cols, meta, program_batch_head, pse_scores, stat_offsets, upcast)
-
-
-@triton.jit
-def _base2_max(m):
-    """``m * log2(e)``, finite for rows without a kept score yet (``m`` = FLT_LOWEST: clamped to half of it
-    first; no real score is that low)."""
-    return tl.maximum(m, FLT_LOWEST * 0.5) * LOG2E
+from .common import (FLT_LOWEST, FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_keep, base2_max,
+                     dropout_scale, explicit_masked, full_cols, meta, program_batch_head, pse_scores, stat_offsets,
+                     upcast)
 
 
 @triton.jit
@@ -42,7 +36,7 @@ def _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, 
             m_new = tl.maximum(m_i, tl.min(qk, 1) * scale)
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
-        m2 = _base2_max(m_new)
+        m2 = base2_max(m_new)
         p = tl.exp2(qk * (scale * LOG2E) - m2[:, None])
     else:
         # tensors (pse, explicit mask) are read within their own columns: a bound the compiler can prove aligned
@@ -54,9 +48,9 @@ def _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, 
             s = explicit_masked(s, mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols, row_ok, cols < mask_cols,
                                 HAS_EXPLICIT)
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        m2 = _base2_max(m_new)
+        m2 = base2_max(m_new)
         p = tl.exp2(s * LOG2E - m2[:, None])
-    alpha = tl.exp2(_base2_max(m_i) - m2)
+    alpha = tl.exp2(base2_max(m_i) - m2)
     l_i = l_i * alpha + tl.sum(p, 1)
     if DROPOUT != 0:
         p = p * dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, DROPOUT == 2)

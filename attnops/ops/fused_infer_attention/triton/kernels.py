@@ -25,7 +25,7 @@ per-token antiquant parameters are read at those offsets.
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import FLT_LOWEST, LOG2E, upcast
+from ...flash_attention.triton.common import FLT_LOWEST, LOG2E, base2_max, upcast
 from .kv_tiles import channel_offsets, kv_tile, page_of, token_rows
 from .rounding import output_tile
 
@@ -174,7 +174,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
             keep = keep & (tl.load(mask_row + cols[None, :], mask=side_ok, other=1) == 0)
         sc = tl.where(keep, sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, 1))
-        alpha = tl.exp2((m_i - m_new) * LOG2E)
+        alpha = tl.exp2(base2_max(m_i) - base2_max(m_new))
         p = tl.exp2((sc - m_new[:, None]) * LOG2E)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = kv_tile(v_head, v_rows, ok, dv, dv < head_dv, v_chan, vs_ptr, vo_ptr, aq_strides_ptr, 2, b, hk, pos, blk,
@@ -226,8 +226,8 @@ def merge_kernel(out_ptr, lse_ptr, lens_ptr, lens_stride, pm_ptr, pl_ptr, po_ptr
         l = tl.load(pl_ptr + rows, mask=s_ok, other=0.0)
         m = tl.where(l > 0, tl.load(pm_ptr + rows, mask=s_ok, other=FLT_LOWEST), FLT_LOWEST)
         new_top = tl.maximum(top, tl.max(m, 0))
-        alpha = tl.exp2((top - new_top) * LOG2E)
-        w = tl.where(l > 0, tl.exp2((m - new_top) * LOG2E), 0.0)
+        alpha = tl.exp2(base2_max(top) - base2_max(new_top))
+        w = tl.where(l > 0, tl.exp2(base2_max(m) - base2_max(new_top)), 0.0)
         o = tl.load(po_ptr + rows[:, None] * head_dv + dv[None, :], mask=(s_ok & (l > 0))[:, None] &
                     (dv[None, :] < head_dv), other=0.0)
         total = total * alpha + tl.sum(w * l, 0)

@@ -16,8 +16,8 @@ size runs.
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import (FLT_LOWEST, KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols, meta,
-                                              score_tile, upcast)
+from ...flash_attention.triton.common import (FLT_LOWEST, KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols,
+                                              base2_max, meta, score_tile, upcast)
 from .kv_tiles import channel_offsets, kv_tile, mma_operand, page_of, token_rows
 from .rounding import output_tile
 
@@ -47,7 +47,7 @@ def _span(acc, m_i, l_i, q, k_head, v_head, c_begin, c_end, first_col, k_base, v
         if c0 + BLOCK_N > c_end:  # the last tile of a source ends inside the effective columns
             s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2((m_i - m_new) * LOG2E)
+        alpha = tl.exp2(base2_max(m_i) - base2_max(m_new))
         p = tl.exp2((s - m_new[:, None]) * LOG2E)
         l_i = l_i * alpha + tl.sum(p, 1)
         v_rows = token_rows(tokens, blk, off, v_base, v_st, v_sblk, PAGED)
