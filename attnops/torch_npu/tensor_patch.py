@@ -14,6 +14,7 @@ device reaching any other PyTorch call still fails there. :func:`unpatch` restor
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -43,8 +44,24 @@ def rename_device_type() -> bool:
     name = torch._C._get_privateuse1_backend_name()
     if name == "privateuseone" and not torch.cuda.is_available():
         torch.utils.rename_privateuse1_backend("npu")
+        _register_accelerator_hooks()
         name = "npu"
     return name == "npu"
+
+
+def _register_accelerator_hooks() -> None:
+    """Give the renamed device type the Python hooks and device guard PyTorch's accelerator API calls into (PyTorch's
+    own stand-ins for a Python backend): without them ``torch.accelerator.current_stream()`` fails, and with it
+    ``torch.compile``, whose tracer asks for the current stream of an available accelerator."""
+    from torch.utils import backend_registration
+
+    acc = getattr(torch._C, "_acc", None)
+    hook = getattr(backend_registration, "_DummyPrivateUse1Hook", None)
+    guard = getattr(backend_registration, "_DummyDeviceGuard", None)
+    if acc is None or hook is None or guard is None:
+        return  # an older PyTorch: torch.compile fails once "npu" is named (docs/porting.md)
+    acc.register_python_privateuseone_hook(hook())
+    acc.register_python_privateuseone_device_guard(guard())
 
 
 def _wrap(owner, name: str, make) -> None:
@@ -139,3 +156,12 @@ def unpatch() -> None:
     for owner, attr in ((torch.Tensor, "npu"), (torch.Tensor, "is_npu"), (torch.nn.Module, "npu")):
         if attr in owner.__dict__:
             delattr(owner, attr)
+    _forget_traced_functions()
+
+
+def _forget_traced_functions() -> None:
+    """Drop torch.compile's table of PyTorch functions if it was built while patched: it holds the wrappers by
+    identity, and ``torch.tensor`` and friends would no longer trace once restored (rebuilt on the next compile)."""
+    trace_rules = sys.modules.get("torch._dynamo.trace_rules")
+    if trace_rules is not None:
+        trace_rules.get_torch_obj_rule_map.cache_clear()

@@ -69,6 +69,9 @@ z = x.new_zeros(2, device=torch.device("npu")) + torch.ones(2, device="npu:0", d
 m = torch.nn.Linear(2, 2).npu().to("npu")
 assert x.device == y.device == z.device == next(m.parameters()).device == torch.npu.device and x.is_npu
 p = torch.empty(4, pin_memory=True).pin_memory()
+compiled = torch.compile(lambda t: t + torch.tensor([1.0, 0.0], device="npu") + torch.zeros(2, device="npu:0"),
+                         fullgraph=True)             # torch.compile still traces and compiles with "npu" named
+assert torch.equal(compiled(torch.ones(2, device=torch.device("npu"))), torch.tensor([2.0, 1.0]))
 with torch.random.fork_rng():                       # "npu" is PyTorch's accelerator now, as with torch_npu
     torch.randn(2)
 import warnings

@@ -303,7 +303,9 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
     ls = check_int("select_block_size", select_block_size, lo=1)
     count = check_int("select_block_count", select_block_count, lo=1)
     slots = block_indices.shape[-1] if block_indices is not None else count
-    geo = _geometry(tuple(cum), t, ls, slots, compress_block_size, compress_stride)
+    # under torch.compile the cache wrapper is bypassed (Dynamo traces the function once per graph anyway)
+    geometry = _geometry.__wrapped__ if torch.compiler.is_compiling() else _geometry
+    geo = geometry(tuple(cum), t, ls, slots, compress_block_size, compress_stride)
     gate = _split_gates(gates, g_cmp, g_slc, g_swa, t, n1, value.dtype)
     require(any(g is not None for g in gate), "gates", "at least one branch gate", "none")
     shape = (t, n1, value.shape[2])

@@ -36,20 +36,22 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # compiler's figures (AOT compile, docs/triton.md): each fits sm_80's 163 KB and sm_90's 227 KB of shared memory per
 # block and spills little (tests/ops/flash_attention/triton/test_gpu_compile.py asserts both for every candidate).
 # fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles. The
-# backward has a third width class, ``BWD_WIDEST`` (:func:`_class_key`): the 64-key blocks of D <= 192 / Dv <= 128
-# (wgmma) do not fit the registers with D = Dv = 256.
-BWD_WIDEST = 2
+# third width class, ``WIDEST`` (:func:`_class_key`): the backward's 64-key blocks of D <= 192 / Dv <= 128 (wgmma)
+# and the forward's 64-row tiles with every feature do not fit the registers with D = Dv = 256.
+WIDEST = 2
 _TILES = {
     ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
     ("fwd", 2, True): [(64, 32, 8, 2), (64, 16, 8, 2)],
+    ("fwd", 2, WIDEST): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 4, False): [(16, 32, 8, 2), (32, 32, 8, 2)],
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
+    ("fwd", 4, WIDEST): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
     ("bwd", 2, True): [(16, 64, 8, 2), (32, 32, 8, 2)],
-    ("bwd", 2, BWD_WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
+    ("bwd", 2, WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 4, False): [(32, 32, 8, 1)],
     ("bwd", 4, True): [(16, 32, 8, 1)],
-    ("bwd", 4, BWD_WIDEST): [(16, 32, 8, 1)],
+    ("bwd", 4, WIDEST): [(16, 32, 8, 1)],
 }
 # The candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared memory). The
 # forward's: 64 rows (wgmma) x 32 keys at D <= 128, x 16 keys above, spill-free on sm_80 and sm_90 for every feature
@@ -57,15 +59,17 @@ _TILES = {
 # words (Triton 3.6 and 3.9; docs/triton.md has the figures); fp32 16 x 16 (NSA's fp32 compressed attention spills
 # 2 words on sm_80 with 32 x 16). The backward's take 16 query rows per step at D <= 128 (the key block stays the
 # products' M = 64); above, 16-key blocks (mma.sync): with a mask, a pse and dropout 64-key blocks spill 118 words at
-# D=192/Dv=128, 32-key blocks 6 (D=192) and 18 (D=256) with two stages, none with one (the second candidate).
+# D=192/Dv=128, 32-key blocks 6 (D=192) and 18 (D=256) with two stages, none with one (the second candidate). The
+# forward at D=Dv=256 with every feature spills 8 words with 64-row tiles (wgmma), none with 32 x 16 (mma.sync).
 _FEATURE_TILES = {
     ("fwd", 2, False): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 2, True): [(64, 16, 8, 2), (32, 32, 4, 2)],
+    ("fwd", 2, WIDEST): [(32, 16, 8, 2), (64, 16, 8, 2)],
     ("fwd", 4, False): [(16, 16, 4, 1)],
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(16, 64, 8, 2), (32, 64, 8, 2)],
     ("bwd", 2, True): [(16, 16, 8, 2), (16, 32, 8, 1)],
-    ("bwd", 2, BWD_WIDEST): [(16, 16, 8, 2), (16, 32, 8, 1)],
+    ("bwd", 2, WIDEST): [(16, 16, 8, 2), (16, 32, 8, 1)],
 }
 # The dK/dV pass of GPUs before sm_90 (no dQ in the pass, ``DQ`` False: mma.sync, operands in registers) with
 # per-element features: its 64-key blocks spill 4-20 words at D <= 128 (sm_80), 32-key blocks none.
@@ -104,12 +108,12 @@ def _configs(kind: str) -> tuple:
 
 
 def _class_key(kind: str, named_args: dict) -> tuple:
-    """The tile class of a call: kernel kind, operand bytes and head dims (D and Dv <= 128: False; above: True; for
-    the backward ``BWD_WIDEST`` when the padded head dims together exceed 256 + 128)."""
+    """The tile class of a call: kernel kind, operand bytes and head dims (D and Dv <= 128: False; above: True;
+    ``WIDEST`` when the padded head dims together exceed 256 + 128)."""
     d, dv = named_args["head_d"], named_args["head_dv"]
     width = max(d, dv) > 128
-    if kind == "bwd" and pow2(d) + pow2(dv) > 384:
-        width = BWD_WIDEST
+    if pow2(d) + pow2(dv) > 384:
+        width = WIDEST
     return kind, named_args["q_ptr"].element_size(), width
 
 
