@@ -28,6 +28,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._core.dynamo import forget_traced_functions
 from .._core.triton import dry_run
 from .._core.triton.dry_run import HostSyncError, LaunchRecord
 
@@ -122,6 +123,7 @@ def _guarded_constructors() -> Iterator[None]:
         yield
     finally:
         torch.tensor, torch.as_tensor = saved
+        forget_traced_functions()
 
 
 @contextlib.contextmanager

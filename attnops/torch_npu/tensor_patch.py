@@ -14,9 +14,10 @@ device reaching any other PyTorch call still fails there. :func:`unpatch` restor
 from __future__ import annotations
 
 import functools
-import sys
 
 import torch
+
+from .._core.dynamo import forget_traced_functions
 
 FACTORIES = ("empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange", "tensor",
              "as_tensor", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
@@ -156,12 +157,5 @@ def unpatch() -> None:
     for owner, attr in ((torch.Tensor, "npu"), (torch.Tensor, "is_npu"), (torch.nn.Module, "npu")):
         if attr in owner.__dict__:
             delattr(owner, attr)
-    _forget_traced_functions()
+    forget_traced_functions()
 
-
-def _forget_traced_functions() -> None:
-    """Drop torch.compile's table of PyTorch functions if it was built while patched: it holds the wrappers by
-    identity, and ``torch.tensor`` and friends would no longer trace once restored (rebuilt on the next compile)."""
-    trace_rules = sys.modules.get("torch._dynamo.trace_rules")
-    if trace_rules is not None:
-        trace_rules.get_torch_obj_rule_map.cache_clear()
