@@ -56,7 +56,7 @@ def test_new_cache_checks_page_size():
     (torch.ones(2, 10, 16, dtype=torch.int64), attnops.ParamDtypeError, "x: expected dtype torch.float32"),
     (torch.empty(2, 10, 16, device="meta"), attnops.ParamInvalidError, "x: expected a tensor on cpu \\(the layer's "
                                                                        "parameters\\), got .*device=meta.*x.to"),
-    (_x(2, 10, 16).numpy(), attnops.ParamDtypeError, "x: expected a torch.Tensor, got ndarray"),
+    (_x(2, 10, 16).numpy(), attnops.ParamDtypeError, "x: expected a torch.Tensor, got numpy.ndarray"),
 ], ids=["hidden", "packed-hidden", "rank-4", "rank-1", "dtype", "integer", "device", "numpy"])
 def test_x_is_checked(x, error, match):
     with pytest.raises(error, match=match):
