@@ -28,6 +28,15 @@ def check(q, k, v, dy, **kw):
     return check_fa(q, k, v, dy, backend="triton", **kw)
 
 
+@pytest.mark.parametrize("d,dv,dtype", [(192, 128, torch.float16), (160, 64, torch.float32)])
+def test_padded_head_dims_above_128(d, dv, dtype):
+    """Head dims above 128 that are not powers of two (padded tiles; D=192/Dv=128 is NSA's compressed attention),
+    with GQA, causal and a pse."""
+    q, k, v, dy = make_qkv("BNSD", b=1, n1=2, n2=1, sq=20, skv=37, d=d, dv=dv, dtype=dtype, seed=5)
+    pse = torch.randn(1, 2, 20, 37, dtype=dtype)
+    check(q, k, v, dy, layout="BNSD", head_num=2, scale=0.1, pse=pse, atten_mask=TRIU2048, sparse_mode=3)
+
+
 @pytest.mark.parametrize("layout,dtype", [("BNSD", torch.float32), ("BSH", torch.float16), ("SBH", torch.float32)])
 def test_dense_layouts_gqa_dv(layout, dtype):
     q, k, v, dy = make_qkv(layout, b=2, n1=4, n2=2, sq=20, skv=37, d=16, dv=8, dtype=dtype, seed=1)
