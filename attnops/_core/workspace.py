@@ -44,13 +44,14 @@ class Buffers:
         if view is not None:
             return view
         n = math.prod(shape)
-        buf = self._bufs.get(name)
-        if buf is None or buf.numel() < n:
-            skew = (len(self._bufs) * 5 + 1) * (64 // self.dtype.itemsize) % 1024
-            buf = torch.empty(n + skew, dtype=self.dtype, device=self.device)[skew:]
-            self._bufs[name] = buf
-            self._views = {key: v for key, v in self._views.items() if key[0] != name}
-        if len(self._views) >= MAX_CACHED_VIEWS:
-            self._views.clear()
-        view = self._views[(name, shape)] = buf[:n].view(shape)
+        with torch.inference_mode(False):  # kept across calls: a buffer or view made in inference mode would refuse
+            buf = self._bufs.get(name)     # the in-place writes of a later call outside it
+            if buf is None or buf.numel() < n:
+                skew = (len(self._bufs) * 5 + 1) * (64 // self.dtype.itemsize) % 1024
+                buf = torch.empty(n + skew, dtype=self.dtype, device=self.device)[skew:]
+                self._bufs[name] = buf
+                self._views = {key: v for key, v in self._views.items() if key[0] != name}
+            if len(self._views) >= MAX_CACHED_VIEWS:
+                self._views.clear()
+            view = self._views[(name, shape)] = buf[:n].view(shape)
         return view

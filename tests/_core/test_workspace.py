@@ -1,0 +1,16 @@
+"""The CPU references' per-thread workspaces outlive the call that made them, in or out of inference mode."""
+import torch
+
+from attnops._core.workspace import Buffers
+
+
+def test_buffers_made_in_inference_mode_serve_later_calls():
+    buf = Buffers(torch.float32, "cpu")
+    with torch.inference_mode():  # e.g. a decoding step under torch.inference_mode()
+        buf.get("x", 4, 4).fill_(1.0)
+    buf.get("x", 4, 4).fill_(2.0)  # a later training call writes the same buffer in place
+    buf.get("x", 2, 8).add_(1.0)
+    assert torch.equal(buf.get("x", 16), torch.full((16,), 3.0))
+    with torch.inference_mode():
+        buf.get("x", 4, 4).mul_(2.0)
+    assert torch.equal(buf.get("x", 16), torch.full((16,), 6.0))
