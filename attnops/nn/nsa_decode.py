@@ -78,17 +78,25 @@ def cached_sparse_attention(cache: NSACache, q: Tensor, gates: Tensor, pos: Tens
     ls, m = select_block_size, select_block_size // compress_stride
     rows = cache.compressed_rows()  # the complete blocks, then rows the causal mask hides
     n_sel = rows // m
+    if t > 1 and not _capturing(q):  # a chunk: the rules from its first position, as the host counts it
+        masks = dict(causal=True, local_blocks=local_blocks, position_offset=cache.seq_len - t)
+    else:  # a decoding step (capturable): the masks of the positions the device holds
+        masks = dict(atten_mask=causal_compressed_mask(row, rows, compress_block_size, compress_stride),
+                     topk_mask=forced_blocks(row, n_sel, ls, local_blocks))
     o_cmp, topk, _, _ = nsa_compress_attention(
         q_flat, cache.compressed_keys[:, :rows].flatten(0, 1), cache.compressed_values[:, :rows].flatten(0, 1),
         compress_block_size=compress_block_size, compress_stride=compress_stride, select_block_size=ls,
-        select_block_count=select_block_count,
-        atten_mask=causal_compressed_mask(row, rows, compress_block_size, compress_stride),
-        topk_mask=forced_blocks(row, n_sel, ls, local_blocks), actual_seq_qlen=[t * (i + 1) for i in range(b)],
-        actual_cmp_seq_kvlen=[rows * (i + 1) for i in range(b)])
+        select_block_count=select_block_count, actual_seq_qlen=[t * (i + 1) for i in range(b)],
+        actual_cmp_seq_kvlen=[rows * (i + 1) for i in range(b)], **masks)
     outs[0] = o_cmp
     idx = unused_future_blocks(topk, pos.flatten(), ls).to(torch.int32)
     outs[1] = _selected(cache, q_flat, idx, (pos + 1).flatten(), t, ls)
     return gated_sum(outs, [g[..., i] for i in range(3)], g).unflatten(0, (b, t))
+
+
+def _capturing(q: Tensor) -> bool:
+    """Whether a CUDA graph is being captured on ``q``'s device (a host position would be frozen into it)."""
+    return q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _window(cache: NSACache, q: Tensor, row: Tensor, window: int) -> Tensor:

@@ -73,7 +73,7 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
                            compress_stride: int, select_block_size: int, select_block_count: int,
                            scale: float | None = None, atten_mask: Tensor | None = None,
                            topk_mask: Tensor | None = None, causal: bool = False, local_blocks: int | None = None,
-                           cu_seqlens_q=None, cu_seqlens_cmp=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None
+                           position_offset: int = 0, cu_seqlens_q=None, cu_seqlens_cmp=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None
                            ) -> CompressAttentionResult:
     """Attention of ``query [T, N1, D]`` over compressed ``key/value [T_cmp, N2, D/Dv]`` plus top-k selection.
 
@@ -82,7 +82,8 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
     ``c`` for the token at position ``i`` of its sequence until its block is complete (``c * compress_stride +
     compress_block_size - 1 > i``), computed in the kernels: the mask of the NSA layer. ``local_blocks`` (instead of a
     ``topk_mask``) forces block 0 and the ``local_blocks`` selection blocks ending at the block of the token's
-    position, also computed in the kernels: the layer's ``topk_mask``. Returns the output (differentiable in q, k,
+    position, also computed in the kernels: the layer's ``topk_mask``. ``position_offset`` (with either rule): every
+    sequence's first query row is at that position (a chunk of new tokens after as many cached ones). Returns the output (differentiable in q, k,
     v), the int32 ``topk_indices [T, N2, select_block_count]`` (block indices local to each batch) and the
     statistics.
     """
@@ -102,7 +103,8 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
         return CompressAttentionResult(*call(
             _op().nsa_compress_attention, query, key, value, topk_mask, atten_mask, float(scale), query.shape[1],
             compress_block_size, compress_stride, select_block_size, select_block_count, qlen, cmp, sel,
-            1 if atten_mask is not None else 0, bool(causal), -1 if local_blocks is None else int(local_blocks)))
+            1 if atten_mask is not None else 0, bool(causal), -1 if local_blocks is None else int(local_blocks),
+            position_offset))
 
 
 def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor, *,

@@ -9,7 +9,9 @@ selection block ``k`` for query row ``i`` is ``sum_t times[t] * P[i, m*(k+1) - t
 its sequence until its block is complete, ``c*stride + block - 1 > i``: a rule (``masks.StridedCausal``) the kernels
 compute, in place of a dense ``[maxSq, maxCmpSkv]`` atten_mask. ``local_blocks`` (an attnops extension, the NSA layer's
 ``topk_mask``) forces block 0 and the ``local_blocks`` selection blocks ending at the token's own block
-(:func:`forced_blocks`), a rule in place of a dense ``[maxSq, maxSelSkv]`` topk_mask.
+(:func:`forced_blocks`), a rule in place of a dense ``[maxSq, maxSelSkv]`` topk_mask. ``position_offset`` (with
+either rule) is the position of every sequence's first query row: row ``r`` is at position ``position_offset + r``
+(a chunk of new tokens after that many cached ones).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class CompressAttentionSpec:
     sel_lens: tuple[int, ...]
     topk_mask: torch.Tensor | None
     local_blocks: int | None = None  # the forced-block rule (:func:`forced_blocks`) in place of a topk_mask
+    position_offset: int = 0  # the position of each sequence's first query row (the rules' positions)
 
     @property
     def m(self) -> int:
@@ -71,7 +74,8 @@ def build_compress_attention_spec(query, key, value, *, scale_value: float, head
                                   compress_stride: int, select_block_size: int, select_block_count: int,
                                   topk_mask=None, atten_mask=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None,
                                   actual_sel_seq_kvlen=None, sparse_mode: int = 1,
-                                  causal: bool = False, local_blocks: int = -1) -> CompressAttentionSpec:
+                                  causal: bool = False, local_blocks: int = -1, position_offset: int = 0
+                                  ) -> CompressAttentionSpec:
     """Validate a compressed-attention call and build its FlashAttention problem (remembered per configuration,
     the masks by identity, :mod:`.memo`)."""
     return memoized(_build_compress_attention_spec, query, key, value, held=("topk_mask", "atten_mask"),
@@ -80,14 +84,14 @@ def build_compress_attention_spec(query, key, value, *, scale_value: float, head
                     select_block_count=select_block_count, topk_mask=topk_mask, atten_mask=atten_mask,
                     actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen,
                     actual_sel_seq_kvlen=actual_sel_seq_kvlen, sparse_mode=sparse_mode, causal=causal,
-                    local_blocks=local_blocks)
+                    local_blocks=local_blocks, position_offset=position_offset)
 
 
 def compress_attention_problem(query, key, value, *, scale_value: float, head_num: int, compress_block_size: int,
                                compress_stride: int, atten_mask, actual_seq_qlen, actual_cmp_seq_kvlen,
-                               sparse_mode: int, causal: bool) -> FAProblem:
+                               sparse_mode: int, causal: bool, position_offset: int = 0) -> FAProblem:
     """The FlashAttention problem of compressed attention (TND, sparse mode 0/1), with the causal rule when
-    ``causal`` (then no ``atten_mask``)."""
+    ``causal`` (then no ``atten_mask``; query row ``r`` at position ``position_offset + r``)."""
     require(sparse_mode in (0, 1), "sparse_mode", "0 or 1", sparse_mode)
     require(not (causal and atten_mask is not None), "atten_mask", "None with causal=True (the mask is computed)",
             atten_mask)
@@ -99,21 +103,25 @@ def compress_attention_problem(query, key, value, *, scale_value: float, head_nu
                        actual_seq_kvlen=int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
     if not causal:
         return fa
-    strided = StridedCausal(compress_stride, compress_block_size - 1)
+    offset = check_int("position_offset", position_offset, lo=0)
+    strided = StridedCausal(compress_stride, compress_block_size - 1 - offset)
     return dataclasses.replace(fa, mask=dataclasses.replace(fa.mask, strided=strided))
 
 
 def _build_compress_attention_spec(query, key, value, *, scale_value, head_num, compress_block_size, compress_stride,
                                    select_block_size, select_block_count, topk_mask, atten_mask, actual_seq_qlen,
                                    actual_cmp_seq_kvlen, actual_sel_seq_kvlen, sparse_mode, causal,
-                                   local_blocks=-1) -> CompressAttentionSpec:
+                                   local_blocks=-1, position_offset=0) -> CompressAttentionSpec:
     """``local_blocks`` -1: no forced-block rule (the operator's signature has no None for an int)."""
     l_, d_, ls, count = check_block_sizes(compress_block_size, compress_stride, select_block_size, select_block_count)
+    offset = check_int("position_offset", position_offset, lo=0)
+    require(offset == 0 or causal or local_blocks != -1, "position_offset",
+            "0 without causal=True or local_blocks (only the rules use positions)", offset)
     require(actual_sel_seq_kvlen is not None, "actual_sel_seq_kvlen", "cumulative selection lengths", None)
     fa = compress_attention_problem(query, key, value, scale_value=scale_value, head_num=head_num,
                                     compress_block_size=l_, compress_stride=d_, atten_mask=atten_mask,
                                     actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen,
-                                    sparse_mode=sparse_mode, causal=causal)
+                                    sparse_mode=sparse_mode, causal=causal, position_offset=offset)
     sel = lengths_from_cumulative("actual_sel_seq_kvlen", actual_sel_seq_kvlen)
     require(len(sel) == fa.seq.batch, "actual_sel_seq_kvlen", f"{fa.seq.batch} cumulative lengths (one per batch)",
             actual_sel_seq_kvlen)
@@ -133,7 +141,7 @@ def _build_compress_attention_spec(query, key, value, *, scale_value, head_num, 
     local = None if local_blocks == -1 else check_int("local_blocks", local_blocks, lo=0)
     require(local is None or topk_mask is None, "topk_mask", "None with local_blocks (the forced blocks are a rule)",
             "a mask")
-    return CompressAttentionSpec(fa, l_, d_, ls, count, tuple(sel), topk_mask, local)
+    return CompressAttentionSpec(fa, l_, d_, ls, count, tuple(sel), topk_mask, local, offset)
 
 
 def _importance_weights(spec: CompressAttentionSpec, cmp_len: int, sel_len: int):
@@ -171,7 +179,7 @@ def importance_scores(spec: CompressAttentionSpec, query, key, softmax_max, soft
 def _forced(spec: CompressAttentionSpec, sq: int, sel_len: int) -> torch.Tensor | None:
     """The ``[sq, sel_len]`` forced blocks of a batch: its ``topk_mask`` slice or the rule's (None: none)."""
     if spec.local_blocks is not None:
-        return forced_blocks(torch.arange(sq), sel_len, spec.select_block, spec.local_blocks)
+        return forced_blocks(torch.arange(sq) + spec.position_offset, sel_len, spec.select_block, spec.local_blocks)
     return None if spec.topk_mask is None else spec.topk_mask[:sq, :sel_len]
 
 

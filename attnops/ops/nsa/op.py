@@ -243,19 +243,19 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, topk_mask:
                            compress_stride: int, select_block_size: int, select_block_count: int,
                            actual_seq_qlen: Optional[list[int]], actual_cmp_seq_kvlen: Optional[list[int]],
                            actual_sel_seq_kvlen: Optional[list[int]], sparse_mode: int, causal: bool = False,
-                           local_blocks: int = -1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                           local_blocks: int = -1, position_offset: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return backends.compress_attention(
         query, key, value, topk_mask, atten_mask, scale_value=scale_value, head_num=head_num,
         compress_block_size=compress_block_size, compress_stride=compress_stride, select_block_size=select_block_size,
         select_block_count=select_block_count, actual_seq_qlen=actual_seq_qlen,
         actual_cmp_seq_kvlen=actual_cmp_seq_kvlen, actual_sel_seq_kvlen=actual_sel_seq_kvlen,
-        sparse_mode=sparse_mode, causal=causal, local_blocks=local_blocks)
+        sparse_mode=sparse_mode, causal=causal, local_blocks=local_blocks, position_offset=position_offset)
 
 
 @nsa_compress_attention.register_fake
 def _(query, key, value, topk_mask, atten_mask, scale_value, head_num, compress_block_size, compress_stride,
       select_block_size, select_block_count, actual_seq_qlen, actual_cmp_seq_kvlen, actual_sel_seq_kvlen,
-      sparse_mode, causal=False, local_blocks=-1):
+      sparse_mode, causal=False, local_blocks=-1, position_offset=0):
     t, n1 = query.shape[0], query.shape[1]
     dt = stats_dtype(query.dtype)
     return (query.new_empty((t, n1, value.shape[2])),
@@ -268,13 +268,14 @@ def nsa_compress_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value:
                                 softmax_max: Tensor, softmax_sum: Tensor, atten_mask: Optional[Tensor],
                                 scale_value: float, head_num: int, compress_block_size: int, compress_stride: int,
                                 actual_seq_qlen: Optional[list[int]], actual_cmp_seq_kvlen: Optional[list[int]],
-                                sparse_mode: int, causal: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                                sparse_mode: int, causal: bool = False, position_offset: int = 0
+                                ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of compressed attention: the FlashAttention backward of its problem (causal rule included)."""
     return backends.compress_attention_backward(
         grad, query, key, value, attention_out, softmax_max, softmax_sum, atten_mask, scale_value=scale_value,
         head_num=head_num, compress_block_size=compress_block_size, compress_stride=compress_stride,
         actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen, sparse_mode=sparse_mode,
-        causal=causal)
+        causal=causal, position_offset=position_offset)
 
 
 @nsa_compress_attention_grad.register_fake
@@ -283,14 +284,14 @@ def _(grad, query, key, value, *_args, **_kwargs):
 
 
 _CMP_GRAD_SCALARS = ("scale_value", "head_num", "compress_block_size", "compress_stride", "actual_seq_qlen",
-                     "actual_cmp_seq_kvlen", "sparse_mode", "causal")
+                     "actual_cmp_seq_kvlen", "sparse_mode", "causal", "position_offset")
 
 
 def _cmp_setup(ctx, inputs, output):
     args = dict(zip(_schema_names(nsa_compress_attention), inputs))
     out, _, smax, ssum = output
     ctx.save_for_backward(args["query"], args["key"], args["value"], args.get("atten_mask"), out, smax, ssum)
-    ctx.scalars = tuple(args.get(name, False) for name in _CMP_GRAD_SCALARS)
+    ctx.scalars = tuple(args.get(name, 0 if name == "position_offset" else False) for name in _CMP_GRAD_SCALARS)
 
 
 def _cmp_backward(ctx, grad_out, _gtopk, _gmax, _gsum):

@@ -136,10 +136,11 @@ def sel_cum(cmp_lens, select_block, stride) -> list[int]:
     return cum([-(-n // m) for n in cmp_lens])
 
 
-def causal_cmp_mask(q_lens, cmp_lens, block, stride) -> torch.Tensor:
-    """``[maxSq, maxCmp]`` (True = masked): compressed block c visible to token i once complete."""
+def causal_cmp_mask(q_lens, cmp_lens, block, stride, offset=0) -> torch.Tensor:
+    """``[maxSq, maxCmp]`` (True = masked): compressed block c visible to token i (at position ``offset + i``) once
+    complete."""
     ends = torch.arange(max(cmp_lens)) * stride + block - 1
-    return ends.unsqueeze(0) > torch.arange(max(q_lens)).unsqueeze(1)
+    return ends.unsqueeze(0) > torch.arange(max(q_lens)).unsqueeze(1) + offset
 
 
 def assert_topk(actual, golden, scores, q_lens, *, exact=True, sep=1e-5, tol=1e-5, qc=None):
@@ -172,23 +173,24 @@ def assert_topk(actual, golden, scores, q_lens, *, exact=True, sep=1e-5, tol=1e-
                     assert a == e, f"batch {b} row {i} head {h}: got {a}, golden {e}, scores {row.tolist()}"
 
 
-def local_forced_mask(q_lens, cmp_lens, select_block, stride, local_blocks):
-    """The NSA layer's ``[maxSq, maxSel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the row's."""
-    own = (torch.arange(max(q_lens)) // select_block).unsqueeze(1)
+def local_forced_mask(q_lens, cmp_lens, select_block, stride, local_blocks, offset=0):
+    """The NSA layer's ``[maxSq, maxSel]`` topk_mask: block 0 and the ``local_blocks`` blocks ending at the row's
+    (row ``i`` at position ``offset + i``)."""
+    own = ((torch.arange(max(q_lens)) + offset) // select_block).unsqueeze(1)
     cols = torch.arange(max(-(-c // (select_block // stride)) for c in cmp_lens)).unsqueeze(0)
     return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
 
 
 def check_compress_attention(q, k, v, *, block, stride, select_block, count, q_lens, cmp_lens, atten_mask=None,
                              topk_mask=None, scale=None, via="api", backward=True, exact_topk=True, seed=13,
-                             topk_tol=1e-5, causal=False, local_blocks=None):
+                             topk_tol=1e-5, causal=False, local_blocks=None, position_offset=0):
     """Outputs (out, stats, top-k) and gradients of compressed attention vs the golden (``causal``,
     ``local_blocks``: the operator computes the NSA causal mask and the layer's forced blocks, the golden reads them
-    as dense masks)."""
+    as dense masks; ``position_offset``: the position of every sequence's first row in both)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    golden_mask = causal_cmp_mask(q_lens, cmp_lens, block, stride) if causal else atten_mask
+    golden_mask = causal_cmp_mask(q_lens, cmp_lens, block, stride, position_offset) if causal else atten_mask
     golden_forced = topk_mask if local_blocks is None else local_forced_mask(q_lens, cmp_lens, select_block, stride,
-                                                                             local_blocks)
+                                                                             local_blocks, position_offset)
     qc, cc, sc = cum(q_lens), cum(cmp_lens), sel_cum(cmp_lens, select_block, stride)
     n1 = q.shape[1]
     gq, gk, gv = _c(q), _c(k), _c(v)
@@ -202,7 +204,7 @@ def check_compress_attention(q, k, v, *, block, stride, select_block, count, q_l
         r = attnops.nsa_compress_attention(qq, kk, vv, compress_block_size=block, compress_stride=stride,
                                            select_block_size=select_block, select_block_count=count, scale=scale,
                                            atten_mask=atten_mask, topk_mask=topk_mask, causal=causal,
-                                           local_blocks=local_blocks,
+                                           local_blocks=local_blocks, position_offset=position_offset,
                                            actual_seq_qlen=qc, actual_cmp_seq_kvlen=cc)
         out, topk, smax, ssum = r.out, r.topk_indices, r.softmax_max, r.softmax_sum
     else:

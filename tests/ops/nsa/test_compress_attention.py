@@ -59,6 +59,21 @@ def test_compress_attention_causal_and_forced_block_rules():
                                        actual_seq_qlen=cum(seq), actual_cmp_seq_kvlen=cum(cmp_lens))
 
 
+def test_compress_attention_rules_from_a_position_offset():
+    """``position_offset``: a chunk of new tokens after cached ones, its rows at positions ``offset + i`` in both
+    rules (forward and backward, several sequences)."""
+    l, d, ls = 32, 16, 32
+    seq, offset = [20, 45], 70
+    cmp_lens = [(offset + n - l) // d + 1 for n in seq]
+    q, k, v = _inputs(seq, cmp_lens, 2, 1, 16, 16, torch.float32, seed=8)
+    check_compress_attention(q, k, v, block=l, stride=d, select_block=ls, count=2, q_lens=seq, cmp_lens=cmp_lens,
+                             causal=True, local_blocks=2, position_offset=offset)
+    with pytest.raises(attnops.ParamInvalidError, match="position_offset"):
+        attnops.nsa_compress_attention(q, k, v, compress_block_size=l, compress_stride=d, select_block_size=ls,
+                                       select_block_count=2, position_offset=3, actual_seq_qlen=cum(seq),
+                                       actual_cmp_seq_kvlen=cum(cmp_lens))
+
+
 def test_compress_attention_fully_masked_rows():
     """Rows before the first complete compressed block: out 0, invalid stats, zero gradients, indices 0..k-1."""
     l, d, ls = 32, 16, 32

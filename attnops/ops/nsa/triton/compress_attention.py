@@ -25,7 +25,8 @@ FORCED_LOCAL: tl.constexpr = tl.constexpr(2)  # FORCED: block 0 and the local bl
 @triton.jit
 def importance_kernel(q_ptr, k_ptr, smax_ptr, ssum_ptr, score_ptr, meta_ptr, sel_ptr,
                       q_st, q_sh, k_st, k_sh, stat_row, score_st, score_sh,
-                      mask_ptr, mask_sb, mask_sh, mask_sr, forced_ptr, forced_sr, local_blocks, sel_block, scale, n2,
+                      mask_ptr, mask_sb, mask_sh, mask_sr, forced_ptr, forced_sr, local_blocks, first_position,
+                      sel_block, scale, n2,
                       group, head_d, m, nn, sel_tiles, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HAS_EXPLICIT: tl.constexpr, FORCED: tl.constexpr,
                       UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
@@ -84,8 +85,8 @@ def importance_kernel(q_ptr, k_ptr, smax_ptr, ssum_ptr, score_ptr, meta_ptr, sel
     if FORCED == FORCED_MASK:  # topk_mask [maxSq, maxSel] (uint8), read at the rows' positions in the batch
         forced = tl.load(forced_ptr + rows[:, None].to(tl.int64) * forced_sr + blocks[None, :], mask=ok, other=0)
         acc = tl.where(forced != 0, FLT_MAX, acc)
-    if FORCED == FORCED_LOCAL:  # the layer's rule at the rows' positions in the batch
-        back = (rows // sel_block)[:, None] - blocks[None, :]  # blocks before the row's own block
+    if FORCED == FORCED_LOCAL:  # the layer's rule at the rows' positions (first_position + row) in the batch
+        back = ((first_position + rows) // sel_block)[:, None] - blocks[None, :]  # blocks before the row's own
         acc = tl.where((blocks[None, :] == 0) | ((back >= 0) & (back < local_blocks)), FLT_MAX, acc)
     s_off = q_rows[:, None] * score_st + hk.to(tl.int64) * score_sh + blocks[None, :]
     tl.store(score_ptr + s_off, acc, mask=ok)

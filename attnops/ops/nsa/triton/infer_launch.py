@@ -63,7 +63,7 @@ def importance_plan(spec: CompressAttentionSpec, query, key, softmax_max, softma
                     (qv, kv, softmax_max, softmax_sum, scores, fa_launch.batch_meta(fa, device), sel,
                      qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1), fa_launch.stats_geometry(fa)[2],
                      scores.stride(0), scores.stride(1), *mask, forced, forced.stride(0) if forced.dim() == 2 else 0,
-                     spec.local_blocks or 0, spec.select_block, fa.scale, g.n2, g.group, g.d, spec.m, spec.nn,
+                     spec.local_blocks or 0, spec.position_offset, spec.select_block, fa.scale, g.n2, g.group, g.d, spec.m, spec.nn,
                      sel_tiles, seq.batch, bh_fold),
                     dict(BLOCK_D=pow2(g.d), **precision_flags(query.dtype, interpret), **mask_flags,
                          FORCED=_forced_kind(spec), **fold))

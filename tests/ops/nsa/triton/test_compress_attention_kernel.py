@@ -86,6 +86,18 @@ def test_causal_rule_forward_and_backward(triton_backend):
     assert triton_backend == FWD + BWD + ["grad_sum_kernel"] * 2  # GQA: dK and dV summed over the group's heads
 
 
+def test_rules_from_a_position_offset(triton_backend):
+    """``position_offset`` (a prefill chunk after cached tokens): both rules in the kernels at positions
+    ``offset + i``, forward and backward."""
+    l, d, ls = 32, 16, 32
+    seq, offset = [40, 70], 300
+    cmp_lens = [(offset + n - l) // d + 1 for n in seq]
+    q, k, v = _inputs(seq, cmp_lens, 2, 1, 16, 8, torch.float16, seed=9)
+    check_compress_attention(q, k, v, block=l, stride=d, select_block=ls, count=2, q_lens=seq, cmp_lens=cmp_lens,
+                             causal=True, local_blocks=2, position_offset=offset)
+    assert triton_backend == FWD + BWD + ["grad_sum_kernel"] * 2
+
+
 def test_causal_rule_excludes_a_mask(triton_backend):
     q, k, v = _inputs([4], [3], 2, 1, 16, 16, torch.float32)
     with pytest.raises(ParamInvalidError, match="atten_mask"):
