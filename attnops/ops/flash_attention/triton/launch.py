@@ -37,7 +37,9 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # block and spills little (tests/ops/flash_attention/triton/test_gpu_compile.py asserts both for every candidate).
 # fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles. The
 # third width class, ``WIDEST`` (:func:`_class_key`): the backward's 64-key blocks of D <= 192 / Dv <= 128 (wgmma)
-# and the forward's 64-row tiles with every feature do not fit the registers with D = Dv = 256.
+# and the forward's 64-row tiles with every feature do not fit the registers with D = Dv = 256. The backward above
+# D=128 takes 32-key blocks (mma.sync but the dQ product): 64-key blocks (wgmma) spill 4 words at D=192/Dv=128
+# (Triton 3.9; 10 with 3.6), 32-key blocks none.
 WIDEST = 2
 _TILES = {
     ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
@@ -47,7 +49,7 @@ _TILES = {
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("fwd", 4, WIDEST): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
-    ("bwd", 2, True): [(16, 64, 8, 2), (32, 32, 8, 2)],
+    ("bwd", 2, True): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 2, WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 4, False): [(32, 32, 8, 1)],
     ("bwd", 4, True): [(16, 32, 8, 1)],
@@ -74,6 +76,10 @@ _FEATURE_TILES = {
 # The dK/dV pass of GPUs before sm_90 (no dQ in the pass, ``DQ`` False: mma.sync, operands in registers) with
 # per-element features: its 64-key blocks spill 4-20 words at D <= 128 (sm_80), 32-key blocks none.
 _SPLIT_FEATURE_TILES = {("bwd", 2, False): [(16, 32, 8, 2), (32, 32, 8, 2)]}
+# Triton before 3.7 pipelines the dK/dV pass with every feature at D <= 128 differently: two stages spill 6 words
+# on sm_90 (Triton 3.6), one stage none (while one stage spills 18 with Triton 3.9, two none). These replace the
+# ``_FEATURE_TILES`` entries there.
+_FEATURE_TILES_BEFORE_TRITON_3_7 = {("bwd", 2, False): [(16, 64, 8, 1), (16, 64, 8, 2)]}
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
 PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)
 TAIL_BLOCK, TAIL_PROGRAMS = 1024, 1024  # elements per step and programs of the tail and grad-sum kernels (grid-stride)
@@ -102,7 +108,7 @@ def _kind(kernel_name: str) -> str:
 @functools.cache
 def _configs(kind: str) -> tuple:
     """Every candidate of a kernel kind (the autotuner's list; :func:`_prune` keeps those of the problem's class)."""
-    tiles = {t: None for table in (_TILES, _FEATURE_TILES, _SPLIT_FEATURE_TILES) for key, ts in table.items()
+    tiles = {t: None for table in (_TILES, _feature_tiles(), _SPLIT_FEATURE_TILES) for key, ts in table.items()
              if key[0] == kind for t in ts}
     return tuple(_config(t, _zero_dq_partials if kind == "bwd" else None) for t in tiles)
 
@@ -125,7 +131,16 @@ def _class_tiles(key: tuple, constexprs: dict) -> list:
         return _TILES[key]
     if constexprs.get("DQ", True) is False and key in _SPLIT_FEATURE_TILES:
         return _SPLIT_FEATURE_TILES[key]
-    return _FEATURE_TILES.get(key, _TILES[key])
+    return _feature_tiles().get(key, _TILES[key])
+
+
+@functools.cache
+def _feature_tiles() -> dict:
+    """``_FEATURE_TILES`` for the installed Triton (``_FEATURE_TILES_BEFORE_TRITON_3_7`` over it before 3.7)."""
+    import triton
+
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    return {**_FEATURE_TILES, **_FEATURE_TILES_BEFORE_TRITON_3_7} if (major, minor) < (3, 7) else _FEATURE_TILES
 
 
 @functools.cache
