@@ -36,8 +36,16 @@ def _rebuild_npu_tensor(storage, storage_offset, size, stride, requires_grad, ba
     return torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks)
 
 
+class _Format:
+    """Stand-in for ``torch_npu.npu._format.Format``, the device layout some torch_npu versions pickle."""
+
+    def __init__(self, *args):
+        self.args = args
+
+
 _rebuild_npu_tensor.__module__ = "torch_npu.utils.storage"
-NPU_REBUILD = _rebuild_npu_tensor
+_Format.__module__, _Format.__name__, _Format.__qualname__ = "torch_npu.npu._format", "Format", "Format"
+NPU_GLOBALS = [_rebuild_npu_tensor, _Format]
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,7 @@ def load_dump(path: Path) -> DumpDir:
 def load_tensor(file: Path) -> torch.Tensor:
     """Load one dumped ``.pt`` on the CPU with ``weights_only=True``, NPU-pickled files included."""
     try:
-        with torch.serialization.safe_globals([NPU_REBUILD]):
+        with torch.serialization.safe_globals(NPU_GLOBALS):
             value = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is a format error of that file
         raise DumpFormatError(f"{file}: not a loadable tensor file ({type(exc).__name__}: "
