@@ -14,7 +14,8 @@ from typing import Any
 from .. import torch_npu
 from .dump import DumpDir, DumpFormatError, Entry, MissingTensor, decode_value
 
-__all__ = ["ATTENTION_APIS", "SUPPORTED_APIS", "Call", "Unsupported", "rebuild_call", "attention_entries"]
+__all__ = ["ATTENTION_APIS", "SUPPORTED_APIS", "Call", "Unsupported", "rebuild_call", "attention_entries",
+           "bind_arguments"]
 
 FA_APIS = ("npu_fusion_attention", "npu_fusion_attention_v2")
 FIA_APIS = ("npu_fused_infer_attention_score", "npu_prompt_flash_attention", "npu_incre_flash_attention")
@@ -72,13 +73,18 @@ def _missing(values: Any) -> list[MissingTensor]:
     return [m for v in values for m in _missing(v)] if isinstance(values, list) else []
 
 
-def _bind(forward: Entry, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    try:
-        bound = inspect.signature(getattr(torch_npu, forward.api)).bind(*_as_list(args), **kwargs)
-    except TypeError as exc:
-        raise DumpFormatError(f"{forward.name}: its arguments do not fit torch_npu.{forward.api} ({exc})") from None
+def bind_arguments(api: str, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``torch_npu.<api>``'s arguments by parameter name, defaults applied (TypeError when they do not fit)."""
+    bound = inspect.signature(getattr(torch_npu, api)).bind(*_as_list(args), **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+def _bind(forward: Entry, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return bind_arguments(forward.api, args, kwargs)
+    except TypeError as exc:
+        raise DumpFormatError(f"{forward.name}: its arguments do not fit torch_npu.{forward.api} ({exc})") from None
 
 
 def rebuild_call(entry: Entry, dump: DumpDir) -> Call:

@@ -20,7 +20,7 @@ from ..ops.fused_infer_attention.problem import LAYOUTS as FIA_LAYOUTS
 from ..testing.golden_fia import fia_forward
 from .rebuild import FA_APIS, Call, Unsupported
 
-__all__ = ["golden", "emulate", "npu_results", "RESULT_NAMES"]
+__all__ = ["golden", "golden_values", "emulate", "npu_results", "RESULT_NAMES"]
 
 RESULT_NAMES = {
     ("fa", "forward"): ("attention_out", "softmax_max", "softmax_sum"),
@@ -124,11 +124,15 @@ def _labelled(call: Call, values: list[Tensor | None]) -> dict[str, tuple[str, T
     return {f"output.{i}": (names[i], v) for i, v in enumerate(values) if isinstance(v, Tensor) and v.numel()}
 
 
+def golden_values(call: Call) -> list[Tensor | None]:
+    """G as a list: FA forward ``[out, softmax_max, softmax_sum]``, backward ``[dq, dk, dv, dpse]``, FIA ``[out]``
+    or ``[out, softmax_lse]`` with ``softmax_lse_flag``."""
+    return _fa(call, to_dtype=_f64) if _family(call) == "fa" else _fia_golden(call)
+
+
 def golden(call: Call) -> dict[str, tuple[str, Tensor]]:
     """G: the call's results computed exactly in float64."""
-    if _family(call) == "fa":
-        return _labelled(call, _fa(call, to_dtype=_f64))
-    return _labelled(call, _fia_golden(call))
+    return _labelled(call, golden_values(call))
 
 
 def emulate(call: Call) -> dict[str, tuple[str, Tensor]]:
