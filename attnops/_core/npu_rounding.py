@@ -34,6 +34,29 @@ def cast_round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(tie, away, y)
 
 
+def cast_round_int8(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (integral-valued or not) to int8 with ``CAST_ROUND``, saturating to ``[-128, 127]``."""
+    return (x.abs() + 0.5).floor_().copysign_(x).clamp_(-128, 127).to(torch.int8)
+
+
+MSD_SCALE, MSD_STEP = 127.0, 254.0  # IFA's antiqCoeff1 and antiquantPreExpandCoeff
+
+
+def msd_planes(x: torch.Tensor, planes: int) -> torch.Tensor:
+    """fp32 ``x`` (rows on the last axis) as IFA's MSD sees it against int8 KV: per row ``a = x * 127 / max|x|``,
+    plane 0 ``= round(a)``, plane i ``= round((a - planes before) * 254^i)`` (every round CAST_ROUND to an integral
+    fp32, then exact conversions to fp16 and int8), recombined
+    as ``sum_i plane_i * 254^-i * max|x| / 127`` in fp32. Rows of zeros stay zero."""
+    top = x.abs().amax(-1, keepdim=True)
+    a = x * (MSD_SCALE / torch.where(top > 0, top, 1.0))
+    total = torch.zeros_like(a)
+    for i in range(planes):
+        step = MSD_STEP ** i
+        plane = cast_round_int8((a - total) * step).float()  # fp32 -> integral fp32 -> fp16 -> int8: one rounding
+        total = total + plane / step
+    return total * (top / MSD_SCALE)
+
+
 def check_precision(precision) -> str:
     """``precision`` validated: ``"exact"`` or ``"npu"`` (ParamInvalidError naming it otherwise)."""
     return check_choice("precision", precision, PRECISIONS)
@@ -45,13 +68,15 @@ class NpuRounding:
 
     ``key_block``: keys per online-softmax step (``P`` is rounded relative to the running max of the blocks seen
     so far); ``even_output``: the output cast is ``CAST_RINT`` (ties to even: FIA/IFA bf16 outputs) instead of
-    ``CAST_ROUND``; ``half_softmax``: scores and softmax in fp16 (PFA ``inner_precise=1``).
+    ``CAST_ROUND``; ``half_softmax``: scores and softmax in fp16 (PFA ``inner_precise=1``); ``query_planes``: int8
+    planes of the query (and of P) against an int8 KV cache (IFA's MSD, :func:`msd_planes`; 0: not that kernel).
     """
 
     dtype: torch.dtype
     key_block: int = FA_KEY_BLOCK
     even_output: bool = False
     half_softmax: bool = False
+    query_planes: int = 0
 
     def grid(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` rounded to the ``dtype`` grid with ``CAST_ROUND`` and returned in ``x``'s dtype (what the cube

@@ -360,13 +360,20 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
     q, vt, out, m_h, l_h = fb.q[h], fb.v[n2].t(), fb.out[h], fb.m[h], fb.l[h]
     keys = _Keys(fb.k[n2], [(c0, c1) for _, _, blocks in chunks for c0, c1, _ in blocks])
     extras = _has_tile_extras(p)
+    half = p.rounding is not None and p.rounding.half_softmax  # PFA fp16 high performance: fp16 scores, softmax
     for r0, r1, blocks in chunks:
         m, l = m_h[r0:r1], l_h[r0:r1]
         qs = _stage_rows(buf, "q", q[r0:r1], p.scale)
         kept = not extras and p.mask.keeps_every_row(fb.b, r0, r1, blocks[0][0], blocks[0][1])  # l >= 1
         for j, (c0, c1, band) in enumerate(blocks):
             s, t = _head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
+            if half:
+                p.rounding.grid_(s)
             rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
+            if half:  # the softmax's running sum and rescaling factor in fp16
+                p.rounding.grid_(l)
+                if rescale is not None:
+                    p.rounding.grid_(rescale)
             drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
             if drop is not None:
                 s.mul_(drop[0])
