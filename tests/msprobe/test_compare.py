@@ -192,6 +192,7 @@ def test_metrics_follow_msprobes_definitions():
 
 
 # --------------------------------------------------------------------------------- live msprobe (optional)
+@pytest.mark.slow  # ~70 s: three processes import msprobe
 @pytest.mark.skipif(importlib.util.find_spec("msprobe") is None,
                     reason="mindstudio-probe is not installed (pip install 'attnops[msprobe]')")
 def test_live_msprobe_dump(tmp_path):
