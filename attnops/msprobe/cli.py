@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     except DumpFormatError as exc:
         print(f"attnops compare: {exc}", file=sys.stderr)
         return 2
+    if args.api is not None and not results:
+        print(f"attnops compare: --api {args.api!r} matches no fused-attention call in {args.path}", file=sys.stderr)
+        return 2
     for r in results:
         detail = r.reason or "; ".join(f"{t.tensor} {t.name}: {', '.join(t.verdict.reasons)}"
                                        for t in r.tensors if t.verdict.reasons)

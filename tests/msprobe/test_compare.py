@@ -79,6 +79,7 @@ def test_reports(tmp_path):
     (["missing-dir"], "does not exist"),
     (["{data}", "--step", "7"], "--step=7"),
     (["{data}", "--rank", "0"], "--rank=0"),
+    (["{data}", "--api", "npu_nsa*"], "--api 'npu_nsa*' matches no fused-attention call"),
 ])
 def test_usage_errors_exit_2(argv, message, capsys):
     argv = [a.replace("{data}", str(DATA / "correct")) for a in argv]
@@ -161,6 +162,14 @@ def test_hand_written_statistics_dump_skips(tmp_path):
     write_dump(tmp_path, {"NPU.npu_fusion_attention.0.forward": fwd}, with_data=False)
     (result,) = judge_path(tmp_path)
     assert result.verdict == "SKIP" and "input_args[0]" in result.reason
+
+
+def test_arguments_attnops_rejects_skip_with_the_error(tmp_path):
+    *_, fwd = _fa_call(lambda o: o)
+    fwd["input_kwargs"]["sparse_mode"] = 9
+    write_dump(tmp_path, {"NPU.npu_fusion_attention.0.forward": fwd})
+    (result,) = judge_path(tmp_path)
+    assert result.verdict == "SKIP" and "attnops cannot re-run it: " in result.reason and "sparse_mode" in result.reason
 
 
 def test_dropout_and_unsupported_apis_skip(tmp_path):
