@@ -74,8 +74,9 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
                            compress_stride: int, select_block_size: int, select_block_count: int,
                            scale: float | None = None, atten_mask: Tensor | None = None,
                            topk_mask: Tensor | None = None, causal: bool = False, local_blocks: int | None = None,
-                           position_offset: int = 0, cu_seqlens_q=None, cu_seqlens_cmp=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None,
-                           precision: Literal["exact", "npu"] = "exact") -> CompressAttentionResult:
+                           position_offset: int = 0, cu_seqlens_q=None, cu_seqlens_cmp=None, actual_seq_qlen=None,
+                           actual_cmp_seq_kvlen=None, precision: Literal["exact", "npu"] = "exact"
+                           ) -> CompressAttentionResult:
     """Attention of ``query [T, N1, D]`` over compressed ``key/value [T_cmp, N2, D/Dv]`` plus top-k selection.
 
     ``atten_mask`` ``[maxSq, maxCmpSkv]`` (True = masked) and ``topk_mask`` ``[maxSq, maxSelSkv]`` (True = always

@@ -29,7 +29,8 @@ def _model(q, k, v, topk, dy):
     out = cast_round(cast_round(e, dtype).double() @ v64 / e.sum(-1, keepdim=True), dtype)
     ds = p * (dy64 @ v64.transpose(-1, -2) - (dy64 * out.double()).sum(-1, keepdim=True))
     ds = cast_round(ds, dtype).double()
-    grads = (ds @ k64 * scale, ds.transpose(-1, -2) @ q64 * scale, cast_round(p, dtype).double().transpose(-1, -2) @ dy64)
+    p_v = cast_round(p, dtype).double()
+    grads = (ds @ k64 * scale, ds.transpose(-1, -2) @ q64 * scale, p_v.transpose(-1, -2) @ dy64)
     return out.transpose(0, 1), [cast_round(x.transpose(0, 1), dtype) for x in grads]
 
 
