@@ -100,6 +100,19 @@ def npu_rounding(precision: str, dtype: torch.dtype, **options) -> NpuRounding |
     return NpuRounding(dtype, **options)
 
 
+def rounded_softmax(s: torch.Tensor, rounding: NpuRounding) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(P, l)`` of scores ``s`` (rows on the last axis, fp32): ``P = exp(s - rowmax)`` as the kernel multiplies it
+    with V (CAST_ROUND to ``rounding.dtype``) and ``l`` the row sums of the unrounded values (keepdim): the
+    kernel's output is ``(P V) / l``."""
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    return rounding.grid(e), e.sum(-1, keepdim=True)
+
+
+def cast_output(rounding: NpuRounding | None, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)``, through ``rounding``'s output cast when there is one."""
+    return x.to(dtype) if rounding is None else rounding.store(torch.empty_like(x, dtype=dtype), x)
+
+
 def store(rounding: NpuRounding | None, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """``dst.copy_(src)``, through ``rounding``'s output cast when there is one."""
     return dst.copy_(src) if rounding is None else rounding.store(dst, src)
