@@ -19,12 +19,14 @@ __all__ = ["ATTENTION_APIS", "SUPPORTED_APIS", "Call", "Unsupported", "rebuild_c
 
 FA_APIS = ("npu_fusion_attention", "npu_fusion_attention_v2")
 FIA_APIS = ("npu_fused_infer_attention_score", "npu_prompt_flash_attention", "npu_incre_flash_attention")
-SUPPORTED_APIS = FA_APIS + FIA_APIS
+NSA_APIS = ("npu_nsa_select_attention",)
+TRAINING_APIS = FA_APIS + NSA_APIS  # with a .backward entry
+SUPPORTED_APIS = FA_APIS + FIA_APIS + NSA_APIS
 # fused-attention APIs this command reports on; those not in SUPPORTED_APIS are SKIP with the reason
 ATTENTION_APIS = SUPPORTED_APIS + (
     "npu_fusion_attention_v3", "npu_fusion_attention_grad", "npu_fusion_attention_grad_v2",
     "npu_fused_infer_attention_score_v2", "npu_nsa_compress", "npu_nsa_compress_grad", "npu_nsa_compress_attention",
-    "npu_nsa_select_attention", "npu_nsa_select_attention_grad", "npu_nsa_compress_attention_infer",
+    "npu_nsa_select_attention_grad", "npu_nsa_compress_attention_infer",
     "npu_nsa_select_attention_infer", "npu_nsa_compress_infer")
 
 
@@ -93,7 +95,7 @@ def rebuild_call(entry: Entry, dump: DumpDir) -> Call:
         raise Unsupported(f"no rebuild for {entry.api} yet (supported: {', '.join(SUPPORTED_APIS)})")
     forward = entry
     if entry.direction == "backward":
-        if entry.api not in FA_APIS:
+        if entry.api not in TRAINING_APIS:
             raise Unsupported(f"{entry.api} is inference-only: no backward to rebuild")
         forward = dump.entries.get(entry.name.removesuffix("backward") + "forward")
         if forward is None:

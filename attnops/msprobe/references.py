@@ -1,7 +1,8 @@
 """The two references a dumped call is judged with, from the same rebuilt arguments:
 
-- :func:`golden` G: float64, computed exactly (FlashAttention: attnops' operator on float64 inputs;
-  FusedInferAttention/PFA/IFA, which take no float64: the dense fp64 golden :func:`attnops.testing.golden_fia.fia_forward`).
+- :func:`golden` G: float64, computed exactly: FlashAttention and NSA selected attention by attnops' operator on
+  float64 inputs; FusedInferAttention/PFA/IFA, whose operator takes no float64, by the dense fp64 golden
+  :func:`attnops.testing.golden_fia.fia_forward`.
 - :func:`emulate` E: attnops' operator with ``precision="npu"`` on the dumped inputs as they are: what a correct
   Ascend A2/A3 kernel computes, rounding included.
 
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from ..ops.fused_infer_attention.problem import LAYOUTS as FIA_LAYOUTS
 from ..testing.golden_fia import fia_forward
-from .rebuild import FA_APIS, Call, Unsupported
+from .rebuild import FA_APIS, FIA_APIS, NSA_APIS, Call, Unsupported
 
 __all__ = ["golden", "golden_values", "emulate", "npu_results", "RESULT_NAMES"]
 
@@ -26,12 +27,15 @@ RESULT_NAMES = {
     ("fa", "forward"): ("attention_out", "softmax_max", "softmax_sum"),
     ("fa", "backward"): ("dq", "dk", "dv", "dpse"),
     ("fia", "forward"): ("attention_out", "softmax_lse"),
+    ("nsa_select", "forward"): ("attention_out", "softmax_max", "softmax_sum"),
+    ("nsa_select", "backward"): ("dq", "dk", "dv"),
 }
+_FAMILY = {**dict.fromkeys(FA_APIS, "fa"), **dict.fromkeys(FIA_APIS, "fia"), **dict.fromkeys(NSA_APIS, "nsa_select")}
 _PFA_HIGH_PRECISION = range(10, 15)  # PFA sparse_mode 10-14: modes 0-4 with inner_precise 0
 
 
 def _family(call: Call) -> str:
-    return "fa" if call.api in FA_APIS else "fia"
+    return _FAMILY[call.api]
 
 
 def _unsupported_if(call: Call, **given: Any) -> None:
@@ -118,6 +122,24 @@ def _fia_emulation(call: Call) -> list[Tensor]:
     return list(result) if lse_flag else [result]
 
 
+# ------------------------------------------------------------------------------------- NSA selected attention
+def _nsa_select(call: Call, *, to_dtype, **precision) -> list[Tensor]:
+    """``npu_nsa_select_attention`` as :func:`attnops.nsa_selected_attention` (its ``atten_mask`` is the causal
+    mask of sparse mode 2: ``causal=True``); the backward by autograd from the dumped ``dy``."""
+    import attnops
+
+    a = call.arguments
+    q, k, v = (to_dtype(a[n]).detach() for n in ("query", "key", "value"))
+    options = dict(select_block_size=a["select_block_size"], causal=a["atten_mask"] is not None,
+                   scale=a["scale_value"], actual_seq_qlen=a["actual_seq_qlen"],
+                   actual_seq_kvlen=a["actual_seq_kvlen"], **precision)
+    if call.direction == "forward":
+        return list(attnops.nsa_selected_attention(q, k, v, a["topk_indices"], return_stats=True, **options))
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    out = attnops.nsa_selected_attention(*leaves, a["topk_indices"], **options)
+    return list(torch.autograd.grad(out, leaves, to_dtype(call.grads[0])))
+
+
 # ------------------------------------------------------------------------------------------------- public
 def _labelled(call: Call, values: list[Tensor | None]) -> dict[str, tuple[str, Tensor]]:
     names = RESULT_NAMES[(_family(call), call.direction)]
@@ -127,7 +149,10 @@ def _labelled(call: Call, values: list[Tensor | None]) -> dict[str, tuple[str, T
 def golden_values(call: Call) -> list[Tensor | None]:
     """G as a list: FA forward ``[out, softmax_max, softmax_sum]``, backward ``[dq, dk, dv, dpse]``, FIA ``[out]``
     or ``[out, softmax_lse]`` with ``softmax_lse_flag``."""
-    return _fa(call, to_dtype=_f64) if _family(call) == "fa" else _fia_golden(call)
+    family = _family(call)
+    if family == "fia":
+        return _fia_golden(call)
+    return (_fa if family == "fa" else _nsa_select)(call, to_dtype=_f64)
 
 
 def golden(call: Call) -> dict[str, tuple[str, Tensor]]:
@@ -137,9 +162,10 @@ def golden(call: Call) -> dict[str, tuple[str, Tensor]]:
 
 def emulate(call: Call) -> dict[str, tuple[str, Tensor]]:
     """E: the call's results with attnops' NPU-precision mode (``precision="npu"``) on the dumped inputs."""
-    if _family(call) == "fa":
-        return _labelled(call, _fa(call, to_dtype=lambda x: x, precision="npu"))
-    return _labelled(call, _fia_emulation(call))
+    family = _family(call)
+    if family == "fia":
+        return _labelled(call, _fia_emulation(call))
+    return _labelled(call, (_fa if family == "fa" else _nsa_select)(call, to_dtype=lambda x: x, precision="npu"))
 
 
 def npu_results(call: Call) -> dict[str, tuple[str, Tensor]]:

@@ -2,8 +2,8 @@
 
     python tests/msprobe/make_dumps.py OUT_DIR
 
-writes three dump roots: ``OUT_DIR/correct`` (FlashAttention forward+backward in fp16 and bf16 and a
-FusedInferAttention decode call, results as the shim computed them), ``OUT_DIR/corrupt`` (four FlashAttention
+writes three dump roots: ``OUT_DIR/correct`` (FlashAttention forward+backward in fp16 and bf16, a
+FusedInferAttention decode call and an NSA selected attention forward+backward, results as the shim computed them), ``OUT_DIR/corrupt`` (four FlashAttention
 forwards whose dumped output is replaced by a wrong computation: one mask row flipped, the scale dropped, sparse
 mode 1 run instead of 0, and QK^T overflowing in fp16) and ``OUT_DIR/statistics`` (a statistics-only dump).
 The committed fixtures in tests/msprobe/data were made by this script.
@@ -23,7 +23,7 @@ attnops.torch_npu.install()  # before msprobe is imported: msprobe then takes th
 import torch_npu  # noqa: E402  (attnops' shim)
 from msprobe.pytorch import PrecisionDebugger  # noqa: E402
 
-APIS = ["npu_fusion_attention", "npu_fused_infer_attention_score"]
+APIS = ["npu_fusion_attention", "npu_fused_infer_attention_score", "npu_nsa_select_attention"]
 B, S, N, D = 1, 32, 2, 16
 SCALE = D ** -0.5
 
@@ -45,7 +45,9 @@ def _debugger(root: Path, task: str) -> PrecisionDebugger:
     root.mkdir(parents=True, exist_ok=True)
     path = root / "config.json"
     path.write_text(json.dumps(config))
-    return PrecisionDebugger(config_path=str(path))
+    debugger = PrecisionDebugger(config_path=str(path))
+    debugger.register_custom_api(torch_npu, "npu_nsa_select_attention", "NPU")  # not in msprobe's hooked list
+    return debugger
 
 
 def _dump(root: Path, task: str, body) -> Path:
@@ -67,6 +69,11 @@ def correct_calls():
     q, k, v = (x.detach() for x in _inputs(2))
     torch_npu.npu_fused_infer_attention_score(q[:, :1], k, v, num_heads=N, input_layout="BSND", scale=SCALE,
                                               softmax_lse_flag=True)
+    q, k, v = (x[0].requires_grad_() for x in _inputs(3))  # TND [S, N, D], one sequence, KV heads shared below
+    topk = torch.stack([torch.zeros(S, dtype=torch.int32), torch.arange(S, dtype=torch.int32) // 8], -1)
+    out = torch_npu.npu_nsa_select_attention(q, k[:, :1], v[:, :1], topk.view(S, 1, 2), SCALE, N, 8, 2,
+                                             atten_mask=_causal(), actual_seq_qlen=[S], actual_seq_kvlen=[S])[0]
+    out.float().square().sum().backward()
 
 
 # The wrong computations: (dumped call arguments, the result a broken kernel would give)

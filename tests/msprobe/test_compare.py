@@ -33,8 +33,9 @@ def test_msprobe_dump_of_correct_calls_passes(capsys):
     assert _verdicts(judge_path(DATA / "correct")) == {
         "NPU.npu_fusion_attention.0.forward": "PASS", "NPU.npu_fusion_attention.0.backward": "PASS",
         "NPU.npu_fusion_attention.1.forward": "PASS", "NPU.npu_fusion_attention.1.backward": "PASS",
-        "NPU.npu_fused_infer_attention_score.0.forward": "PASS"}
-    assert "5 calls: 5 PASS, 0 FAIL, 0 SKIP" in capsys.readouterr().out
+        "NPU.npu_fused_infer_attention_score.0.forward": "PASS", "NPU.npu_nsa_select_attention.0.forward": "PASS",
+        "NPU.npu_nsa_select_attention.0.backward": "PASS"}
+    assert "7 calls: 7 PASS, 0 FAIL, 0 SKIP" in capsys.readouterr().out
 
 
 def test_msprobe_dump_of_corrupted_calls_fails_each_call(capsys):
@@ -49,13 +50,13 @@ def test_msprobe_dump_of_corrupted_calls_fails_each_call(capsys):
 def test_statistics_dump_skips_with_the_reason(capsys):
     assert main(["compare", str(DATA / "statistics")]) == 0
     results = judge_path(DATA / "statistics")
-    assert len(results) == 5 and {r.verdict for r in results} == {"SKIP"}
+    assert len(results) == 7 and {r.verdict for r in results} == {"SKIP"}
     assert all("statistics-level dump" in r.reason for r in results)
 
 
 def test_filters_and_json_records(tmp_path):
     file = tmp_path / "r.json"
-    assert main(["compare", str(DATA / "correct"), "--step", "0", "--api", "*.0.backward", "--json", str(file)]) == 0
+    assert main(["compare", str(DATA / "correct"), "--step", "0", "--api", "*fusion_attention.0.backward", "--json", str(file)]) == 0
     records = json.loads(file.read_text())
     assert [(r["call"], r["tensor"], r["name"], r["verdict"]) for r in records] == [
         ("NPU.npu_fusion_attention.0.backward", f"output.{i}", name, "PASS") for i, name in enumerate(("dq", "dk", "dv"))]
@@ -79,7 +80,7 @@ def test_reports(tmp_path):
     (["missing-dir"], "does not exist"),
     (["{data}", "--step", "7"], "--step=7"),
     (["{data}", "--rank", "0"], "--rank=0"),
-    (["{data}", "--api", "npu_nsa*"], "--api 'npu_nsa*' matches no fused-attention call"),
+    (["{data}", "--api", "npu_nsa_compress*"], "--api 'npu_nsa_compress*' matches no fused-attention call"),
 ])
 def test_usage_errors_exit_2(argv, message, capsys):
     argv = [a.replace("{data}", str(DATA / "correct")) for a in argv]
