@@ -56,10 +56,12 @@ def test_statistics_dump_skips_with_the_reason(capsys):
 
 def test_filters_and_json_records(tmp_path):
     file = tmp_path / "r.json"
-    assert main(["compare", str(DATA / "correct"), "--step", "0", "--api", "*fusion_attention.0.backward", "--json", str(file)]) == 0
+    argv = [str(DATA / "correct"), "--step", "0", "--api", "*fusion_attention.0.backward", "--json", str(file)]
+    assert main(["compare", *argv]) == 0
     records = json.loads(file.read_text())
     assert [(r["call"], r["tensor"], r["name"], r["verdict"]) for r in records] == [
-        ("NPU.npu_fusion_attention.0.backward", f"output.{i}", name, "PASS") for i, name in enumerate(("dq", "dk", "dv"))]
+        ("NPU.npu_fusion_attention.0.backward", f"output.{i}", name, "PASS")
+        for i, name in enumerate(("dq", "dk", "dv"))]
     assert set(records[0]["npu_vs_golden"]) == {"cosine", "max_abs_err", "max_rel_err", "one_thousandth_ratio",
                                                 "five_thousandths_ratio", "rmse", "mean_rel_err",
                                                 "small_value_err_ratio"}
