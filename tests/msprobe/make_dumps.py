@@ -4,8 +4,9 @@
 
 writes three dump roots: ``OUT_DIR/correct`` (FlashAttention forward+backward in fp16 and bf16, a
 FusedInferAttention decode call and an NSA selected attention forward+backward, results as the shim computed
-them), ``OUT_DIR/corrupt`` (four FlashAttention forwards whose dumped output is replaced by a wrong computation: one mask row flipped, the scale dropped, sparse
-mode 1 run instead of 0, and QK^T overflowing in fp16) and ``OUT_DIR/statistics`` (a statistics-only dump).
+them), ``OUT_DIR/corrupt`` (four FlashAttention forwards whose dumped output is replaced by a wrong
+computation: one mask row flipped, the scale dropped, sparse mode 1 run instead of 0, and QK^T overflowing in
+fp16) and ``OUT_DIR/statistics`` (a statistics-only dump).
 The committed fixtures in tests/msprobe/data were made by this script.
 """
 from __future__ import annotations
