@@ -14,6 +14,7 @@ import torch
 from ..._core.checks import check_choice, check_scale, check_tensor, fail, require
 from ..._core.dropout import DropoutSpec, build_dropout_spec, check_seed_offset
 from ..._core.layouts import Geometry, normalize_layout, parse_geometry
+from ..._core.npu_rounding import NpuRounding
 from ..._core.masks import MaskRule, MaskSpec, build_mask_spec, compressed_mask_key
 from ..._core.pse import PseSpec, build_pse_spec, pse_extents
 from ..._core.softmax_stats import SOFTMAX_LAYOUTS
@@ -42,6 +43,7 @@ class FAProblem:
     softmax_layout: str
     total_q: int  # T of query (TND) or B*Sq
     total_kv: int
+    rounding: NpuRounding | None = None  # precision="npu": the kernels' rounding (None: exact)
     plans: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # launchers' derived launches
 
     @property
