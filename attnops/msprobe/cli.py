@@ -18,7 +18,7 @@ import sys
 
 from .dump import DumpFormatError
 from .judge import judge_path
-from .report import summary_line, write_json, write_reports
+from .report import call_detail, summary_line, write_json, write_reports
 
 __all__ = ["add_arguments", "run"]
 
@@ -44,8 +44,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"attnops compare: --api {args.api!r} matches no fused-attention call in {args.path}", file=sys.stderr)
         return 2
     for r in results:
-        detail = r.reason or "; ".join(f"{t.tensor} {t.name}: {', '.join(t.verdict.reasons)}"
-                                       for t in r.tensors if t.verdict.reasons)
+        detail = call_detail(r)
         print(f"{r.verdict:4}  {r.where}  {r.call}" + (f"  ({detail})" if detail else ""))
     print(summary_line(results))
     if args.json:

@@ -8,8 +8,8 @@ from pathlib import Path
 from .._core.errors import AclnnError
 from .dump import DumpDir, find_dump_dirs, load_dump
 from .rebuild import Unsupported, attention_entries, rebuild_call
-from .references import emulate, golden, npu_results
-from .verdict import TensorVerdict, judge_tensor
+from .references import INDEX_RESULTS, emulate, golden, npu_results
+from .verdict import TensorVerdict, judge_indices, judge_tensor
 
 __all__ = ["TensorResult", "CallResult", "judge_dump", "judge_path"]
 
@@ -27,10 +27,13 @@ class TensorResult:
 
 @dataclass
 class CallResult:
+    """``reason``: why a call is SKIP; ``note``: how it was judged when E is not the NPU emulation."""
+
     call: str
     where: str
     verdict: str
     reason: str = ""
+    note: str = ""
     tensors: list[TensorResult] = field(default_factory=list)
 
 
@@ -38,16 +41,19 @@ def _judge_call(entry, dump: DumpDir) -> CallResult:
     where = f"{dump.step}/{dump.rank}" if dump.step else dump.rank
     try:
         call = rebuild_call(entry, dump)
-        g, e, n = golden(call), emulate(call), npu_results(call)
+        g, (e, note), n = golden(call), emulate(call), npu_results(call)
     except Unsupported as exc:
         return CallResult(entry.name, where, "SKIP", str(exc))
     except (AclnnError, NotImplementedError) as exc:  # arguments attnops cannot run: no verdict either way
         return CallResult(entry.name, where, "SKIP", f"attnops cannot re-run it: {type(exc).__name__}: {exc}")
-    result = CallResult(entry.name, where, "PASS")
+    result = CallResult(entry.name, where, "PASS", note=note)
     for label, (name, npu) in n.items():
         if label not in e:
             result.tensors.append(TensorResult(label, name, TensorVerdict(
                 "FAIL", [f"dumped {label} has no counterpart in the re-run call"])))
+            continue
+        if name in INDEX_RESULTS:
+            result.tensors.append(TensorResult(label, name, judge_indices(npu, e[label][1])))
             continue
         verdict = judge_tensor(npu, e[label][1], g[label][1])
         errors = {}

@@ -14,20 +14,21 @@ from typing import Any
 from .. import torch_npu
 from .dump import DumpDir, DumpFormatError, Entry, MissingTensor, decode_value
 
-__all__ = ["ATTENTION_APIS", "SUPPORTED_APIS", "Call", "Unsupported", "rebuild_call", "attention_entries",
+__all__ = ["ATTENTION_APIS", "SUPPORTED_APIS", "FA_APIS", "FA_GRAD_APIS", "FIA_APIS", "NSA_APIS", "Call", "Unsupported", "rebuild_call", "attention_entries",
            "bind_arguments"]
 
-FA_APIS = ("npu_fusion_attention", "npu_fusion_attention_v2")
-FIA_APIS = ("npu_fused_infer_attention_score", "npu_prompt_flash_attention", "npu_incre_flash_attention")
-NSA_APIS = ("npu_nsa_select_attention",)
-TRAINING_APIS = FA_APIS + NSA_APIS  # with a .backward entry
-SUPPORTED_APIS = FA_APIS + FIA_APIS + NSA_APIS
+FA_APIS = ("npu_fusion_attention", "npu_fusion_attention_v2", "npu_fusion_attention_v3")
+FA_GRAD_APIS = ("npu_fusion_attention_grad", "npu_fusion_attention_grad_v2", "npu_fusion_attention_grad_v3")
+FIA_APIS = ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2", "npu_prompt_flash_attention",
+            "npu_incre_flash_attention")
+NSA_TRAINING_APIS = ("npu_nsa_select_attention", "npu_nsa_compress_attention", "npu_nsa_compress")
+NSA_APIS = NSA_TRAINING_APIS + ("npu_nsa_select_attention_grad", "npu_nsa_compress_grad",
+                                "npu_nsa_select_attention_infer", "npu_nsa_compress_attention_infer")
+TRAINING_APIS = FA_APIS + NSA_TRAINING_APIS  # with a .backward entry
+SUPPORTED_APIS = FA_APIS + FA_GRAD_APIS + FIA_APIS + NSA_APIS
 # fused-attention APIs this command reports on; those not in SUPPORTED_APIS are SKIP with the reason
-ATTENTION_APIS = SUPPORTED_APIS + (
-    "npu_fusion_attention_v3", "npu_fusion_attention_grad", "npu_fusion_attention_grad_v2",
-    "npu_fused_infer_attention_score_v2", "npu_nsa_compress", "npu_nsa_compress_grad", "npu_nsa_compress_attention",
-    "npu_nsa_select_attention_grad", "npu_nsa_compress_attention_infer",
-    "npu_nsa_select_attention_infer", "npu_nsa_compress_infer")
+NOT_RERUN = {"npu_nsa_compress_infer": "an in-place update of a paged cache, not an attention result"}
+ATTENTION_APIS = SUPPORTED_APIS + tuple(NOT_RERUN)
 
 
 class Unsupported(Exception):
@@ -91,8 +92,8 @@ def _bind(forward: Entry, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def rebuild_call(entry: Entry, dump: DumpDir) -> Call:
     """The :class:`Call` of ``entry``; raises :class:`Unsupported` (SKIP) or :class:`DumpFormatError`."""
-    if entry.api not in SUPPORTED_APIS:
-        raise Unsupported(f"no rebuild for {entry.api} yet (supported: {', '.join(SUPPORTED_APIS)})")
+    if entry.api in NOT_RERUN:
+        raise Unsupported(f"{entry.api} is not re-run: {NOT_RERUN[entry.api]}")
     forward = entry
     if entry.direction == "backward":
         if entry.api not in TRAINING_APIS:

@@ -11,7 +11,7 @@ from pathlib import Path
 from .judge import CallResult, TensorResult
 from .verdict import RATIO_LIMITS
 
-__all__ = ["records", "write_json", "write_reports", "summary_line"]
+__all__ = ["records", "write_json", "write_reports", "summary_line", "call_detail"]
 
 _METRICS = ("cosine", "max_abs_err", "max_rel_err", "one_thousandth_ratio", "five_thousandths_ratio", "rmse",
             "mean_rel_err", "small_value_err_ratio")
@@ -27,7 +27,7 @@ def _tensor_record(call: CallResult, t: TensorResult) -> dict:
             "reasons": v.reasons, "dtype": v.dtype, "shape": list(v.shape), "exact": v.exact,
             "npu_vs_golden": {k: _finite(x) for k, x in (v.npu.as_dict() if v.npu else {}).items()},
             "emulation_vs_golden": {k: _finite(x) for k, x in (v.emulation.as_dict() if v.emulation else {}).items()},
-            "ratios": {k: _finite(x) for k, x in v.ratios.items()}}
+            "ratios": {k: _finite(x) for k, x in v.ratios.items()}, "note": call.note}
 
 
 def records(results: list[CallResult]) -> list[dict]:
@@ -49,11 +49,12 @@ def summary_line(results: list[CallResult]) -> str:
     return f"{len(results)} calls: " + ", ".join(f"{n} {v}" for v, n in counts.items())
 
 
-def _call_reason(r: CallResult) -> str:
+def call_detail(r: CallResult) -> str:
+    """A SKIP's reason, or the FAIL reasons of the tensors and the note on how the call was judged."""
     if r.reason:
         return r.reason
-    return "; ".join(f"{t.tensor} ({t.name}): {', '.join(t.verdict.reasons)}" for t in r.tensors
-                     if t.verdict.reasons)
+    return "; ".join([f"{t.tensor} ({t.name}): {', '.join(t.verdict.reasons)}" for t in r.tensors
+                      if t.verdict.reasons] + ([r.note] if r.note else []))
 
 
 def _table(r: CallResult) -> tuple[list[str], list[list[str]]]:
@@ -104,15 +105,15 @@ def write_reports(results: list[CallResult], out_dir: str | Path) -> Path:
           "NPU value N and NPU emulation E (attnops, precision=\"npu\") against the float64 golden G; verdict by "
           "msprobe's benchmark standard with ratio = metric(N,G) / max(metric(E,G), minimum_err).", "",
           "| call | where | verdict | reason |", "|---|---|---|---|"]
-    md += [f"| {r.call} | {r.where} | {r.verdict} | {_call_reason(r)} |" for r in results]
+    md += [f"| {r.call} | {r.where} | {r.verdict} | {call_detail(r)} |" for r in results]
     body = [f"<h1>attnops compare</h1><p>{html.escape(summary_line(results))}</p>"]
     plots_missing = False
     for r in results:
         md += ["", f"## {r.call} ({r.where}): {r.verdict}", ""]
         body.append(f"<h2>{html.escape(r.call)} ({html.escape(r.where)}): {r.verdict}</h2>")
         if r.verdict == "SKIP" or not r.tensors:
-            md.append(_call_reason(r))
-            body.append(f"<p>{html.escape(_call_reason(r))}</p>")
+            md.append(call_detail(r))
+            body.append(f"<p>{html.escape(call_detail(r))}</p>")
             continue
         head, rows = _table(r)
         md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -120,7 +121,7 @@ def write_reports(results: list[CallResult], out_dir: str | Path) -> Path:
         body.append("<table border=1><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
                     + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
                     + "</table>")
-        reasons = _call_reason(r)
+        reasons = call_detail(r)
         if reasons:
             md += ["", reasons]
             body.append(f"<p>{html.escape(reasons)}</p>")

@@ -3,6 +3,8 @@ msprobe gives a GPU, both measured against the fp64 golden G.
 
 - FAIL when N's shape or dtype differs from E's, or its inf/NaN positions do.
 - Integer outputs (int8 FIA): PASS iff ``max|N - E| <= 1`` (msprobe's rule for quantized outputs).
+- Selected block indices (NSA ``topk_indices``, :func:`judge_indices`): PASS iff every row selects the same set
+  of blocks as E (the order within a row is free).
 - Float outputs: ``ratio = metric(N, G) / max(metric(E, G), minimum_err[dtype])`` must stay within msprobe's L1
   limits (the level it gives npu_fusion_attention and its grad): RMSE 1.5, mean relative error 1.5, max
   relative error 5, small-value error ratio 2.
@@ -16,7 +18,7 @@ from torch import Tensor
 
 from .metrics import Metrics, compute_metrics, constants_for
 
-__all__ = ["RATIO_LIMITS", "TensorVerdict", "judge_tensor"]
+__all__ = ["RATIO_LIMITS", "TensorVerdict", "judge_tensor", "judge_indices"]
 
 RATIO_LIMITS = {"rmse": 1.5, "mean_rel_err": 1.5, "max_rel_err": 5.0, "small_value_err_ratio": 2.0}
 
@@ -41,12 +43,35 @@ def _nonfinite(x: Tensor) -> Tensor:
         torch.zeros((3, *x.shape), dtype=torch.bool)
 
 
-def judge_tensor(npu: Tensor, emulation: Tensor, golden: Tensor) -> TensorVerdict:
-    """Judge N against E and G (G in float64, E in the NPU's output dtype)."""
-    result = TensorVerdict("PASS", dtype=str(npu.dtype).removeprefix("torch."), shape=tuple(npu.shape))
+def _layout_mismatch(npu: Tensor, emulation: Tensor, result: TensorVerdict) -> TensorVerdict | None:
     if tuple(npu.shape) != tuple(emulation.shape) or npu.dtype != emulation.dtype:
         return TensorVerdict("FAIL", [f"NPU {npu.dtype} {list(npu.shape)} vs emulation {emulation.dtype} "
                                       f"{list(emulation.shape)}"], dtype=result.dtype, shape=result.shape)
+    return None
+
+
+def judge_indices(npu: Tensor, emulation: Tensor) -> TensorVerdict:
+    """Judge selected block indices (rows on the last axis): the same set per row as E's."""
+    result = TensorVerdict("PASS", dtype=str(npu.dtype).removeprefix("torch."), shape=tuple(npu.shape))
+    mismatch = _layout_mismatch(npu, emulation, result)
+    if mismatch is not None:
+        return mismatch
+    result.exact = bool(torch.equal(npu, emulation))
+    rows = (npu.sort(-1).values != emulation.sort(-1).values).reshape(-1, npu.shape[-1] if npu.dim() else 1)
+    differing = int(rows.any(-1).sum())
+    result.ratios = {"rows_selecting_other_blocks": float(differing)}
+    if differing:
+        result.verdict = "FAIL"
+        result.reasons = [f"{differing} of {rows.shape[0]} rows select other blocks than the emulation"]
+    return result
+
+
+def judge_tensor(npu: Tensor, emulation: Tensor, golden: Tensor) -> TensorVerdict:
+    """Judge N against E and G (G in float64, E in the NPU's output dtype)."""
+    result = TensorVerdict("PASS", dtype=str(npu.dtype).removeprefix("torch."), shape=tuple(npu.shape))
+    mismatch = _layout_mismatch(npu, emulation, result)
+    if mismatch is not None:
+        return mismatch
     result.exact = bool(torch.equal(npu, emulation))
     if not npu.is_floating_point():
         diff = (npu.to(torch.int64) - emulation.to(torch.int64)).abs()

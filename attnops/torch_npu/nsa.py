@@ -74,7 +74,7 @@ def npu_nsa_select_attention_grad(grad, query, key, value, attention_out, softma
         SELECTED_ATTENTION_MODE)
 
 
-def _decode_operands(query, key, value, *, layout, allowed, head_num, key_value_head_num, block_table):
+def decode_operands(query, key, value, *, layout, allowed, head_num, key_value_head_num, block_table):
     """``(query [B, N, D], key, value [blocks, page, KV_N, D])`` from a decode call in ``layout`` (one token per
     request) and ``(blocknum, page, KV_N*D)`` or ``(blocknum, page, KV_N, D)`` caches; returns the layout too."""
     if not isinstance(layout, str) or layout.upper() not in allowed:
@@ -110,7 +110,7 @@ def npu_nsa_select_attention_infer(query, key, value, topk_indices, scale_value,
     ``atten_mask`` and ``actual_seq_qlen`` are not supported (by the NPU either).
     """
     reject_unsupported(atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen)
-    q, k, v, layout = _decode_operands(query, key, value, layout=layout, allowed=("BSH", "BSND", "TND"),
+    q, k, v, layout = decode_operands(query, key, value, layout=layout, allowed=("BSH", "BSND", "TND"),
                                        head_num=head_num, key_value_head_num=key_value_head_num,
                                        block_table=block_table)
     out = nsa_op.nsa_selected_attention_infer(
@@ -136,7 +136,7 @@ def npu_nsa_compress_attention_infer(query, key, value, scale_value, head_num, k
     """
     reject_unsupported(atten_mask=atten_mask, topk_mask=topk_mask, actual_seq_qlen=actual_seq_qlen,
                        actual_sel_seq_kvlen=actual_sel_seq_kvlen)
-    q, k, v, layout = _decode_operands(query, key, value, layout=layout, allowed=("BSND", "TND"), head_num=head_num,
+    q, k, v, layout = decode_operands(query, key, value, layout=layout, allowed=("BSND", "TND"), head_num=head_num,
                                        key_value_head_num=key_value_head_num, block_table=block_table)
     out, topk = nsa_op.nsa_compress_attention_infer(
         q, k, v, block_table, check_scale("scale_value", scale_value), head_num, key_value_head_num, select_block_size,

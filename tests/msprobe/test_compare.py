@@ -179,12 +179,12 @@ def test_dropout_and_unsupported_apis_skip(tmp_path):
     *_, fwd = _fa_call(lambda o: o)
     fwd["input_kwargs"]["keep_prob"] = 0.9
     write_dump(tmp_path, {"NPU.npu_fusion_attention.0.forward": fwd,
-                          "NPU.npu_nsa_compress.0.forward": {"input_args": [], "input_kwargs": {}, "output": []}})
+                          "NPU.npu_nsa_compress_infer.0.forward": {"input_args": [], "input_kwargs": {}, "output": []}})
     reasons = {r.call: (r.verdict, r.reason) for r in judge_path(tmp_path)}
     assert reasons["NPU.npu_fusion_attention.0.forward"][0] == "SKIP"
     assert "dropout mask" in reasons["NPU.npu_fusion_attention.0.forward"][1]
-    assert reasons["NPU.npu_nsa_compress.0.forward"][0] == "SKIP"
-    assert "no rebuild for npu_nsa_compress" in reasons["NPU.npu_nsa_compress.0.forward"][1]
+    assert reasons["NPU.npu_nsa_compress_infer.0.forward"] == (
+        "SKIP", "npu_nsa_compress_infer is not re-run: an in-place update of a paged cache, not an attention result")
 
 
 # ------------------------------------------------------------------------------------------------ metrics
