@@ -7,9 +7,8 @@ Layout: ``dump_path/step<S>/rank<R>|proc<pid>/{dump.json, dump_tensor_data/}``. 
 
 An NPU saves its tensors through torch_npu's pickler, which rebuilds them with
 ``torch_npu.utils.storage._rebuild_npu_tensor(storage, offset, size, stride, requires_grad, hooks, npu_format)``;
-:func:`load_tensor` allow-lists a stand-in for it that rebuilds the same CPU tensor, so such files load with
-``weights_only=True`` and no torch_npu. The storage holds the logical (ND) values, so ``npu_format`` (the
-device-side layout torch_npu re-applies on an NPU) is not needed.
+:func:`load_tensor` allow-lists attnops' stand-in for it (:mod:`attnops.torch_npu.pickling`), which rebuilds the
+same CPU tensor, so such files load with ``weights_only=True`` and no torch_npu.
 """
 from __future__ import annotations
 
@@ -21,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..torch_npu.pickling import NPU_GLOBALS
+
 __all__ = ["DumpFormatError", "MissingTensor", "Entry", "DumpDir", "find_dump_dirs", "load_dump", "load_tensor",
            "decode_value"]
 
@@ -29,23 +30,6 @@ ENTRY_NAME = re.compile(r"^(?P<prefix>[^.]+)\.(?P<api>[^.]+)\.(?P<index>\d+)\.(?
 
 class DumpFormatError(ValueError):
     """A dump directory, ``dump.json`` field or tensor file is not in msprobe's format (names the file/field)."""
-
-
-def _rebuild_npu_tensor(storage, storage_offset, size, stride, requires_grad, backward_hooks, npu_format=None):
-    """Stand-in for torch_npu's unpickling function: the same tensor on the CPU."""
-    return torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks)
-
-
-class _Format:
-    """Stand-in for ``torch_npu.npu._format.Format``, the device layout some torch_npu versions pickle."""
-
-    def __init__(self, *args):
-        self.args = args
-
-
-_rebuild_npu_tensor.__module__ = "torch_npu.utils.storage"
-_Format.__module__, _Format.__name__, _Format.__qualname__ = "torch_npu.npu._format", "Format", "Format"
-NPU_GLOBALS = [_rebuild_npu_tensor, _Format]
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The shim: ``import torch_npu`` returns :mod:`attnops.torch_npu`, ``torch.ops.npu.<op>`` resolves to the same
 functions, ``torch.npu`` offers the device, stream, event and graph-capture calls Ascend scripts make
 (:mod:`attnops.torch_npu.npu_device`), and PyTorch takes ``"npu"`` devices and ``pin_memory`` as on the NPU
-(:mod:`attnops.torch_npu.tensor_patch`).
+(:mod:`attnops.torch_npu.tensor_patch`); tensor files an NPU pickled load (:mod:`attnops.torch_npu.pickling`).
 
 Only when the real torch_npu is absent; nothing happens on import, only when :func:`install` is called.
 """
@@ -14,8 +14,9 @@ import types
 import torch
 
 from .._core.checks import check_choice
-from . import tensor_patch
+from . import pickling, tensor_patch
 from .npu_device import npu_device_module
+
 
 def _transfer_to_npu_module(package: types.ModuleType) -> types.ModuleType:
     """``torch_npu.contrib.transfer_to_npu``: on the NPU it redirects ``cuda`` calls to the NPU; on the stand-in
@@ -27,6 +28,17 @@ def _transfer_to_npu_module(package: types.ModuleType) -> types.ModuleType:
     contrib.transfer_to_npu = transfer
     package.contrib = contrib
     return contrib
+
+
+def _install_pickling_modules(package: types.ModuleType, npu: types.ModuleType) -> None:
+    """``torch_npu.utils.storage`` and ``torch_npu.npu._format`` (:mod:`.pickling`): NPU-pickled tensor files load,
+    on the CPU, and msprobe's allow-listing of torch_npu's unpickling function finds it."""
+    utils = types.ModuleType("torch_npu.utils", "attnops stand-in for torch_npu.utils")
+    utils.storage = pickling.storage_module()
+    package.utils = utils
+    npu._format = pickling.format_module()
+    sys.modules.update({"torch_npu.utils": utils, "torch_npu.utils.storage": utils.storage,
+                        "torch_npu.npu._format": npu._format})
 
 
 def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool = True,
@@ -68,5 +80,6 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
     contrib = _transfer_to_npu_module(package)
     sys.modules["torch_npu.contrib"] = contrib
     sys.modules["torch_npu.contrib.transfer_to_npu"] = contrib.transfer_to_npu
+    _install_pickling_modules(package, npu)
     tensor_patch.patch(device, devices=patch_tensor_npu, pin_memory=patch_pin_memory)
     return True

@@ -226,12 +226,29 @@ for b, n in enumerate(seq_lens):
 print("ok")
 """
 
+NPU_PICKLED_FILES = """
+import pathlib, sys, tempfile
+from tests.msprobe.npu_dump import save_npu_tensor
+x = torch.randn(3, 5).half()
+file = pathlib.Path(tempfile.mkdtemp()) / "x.pt"
+save_npu_tensor(x, file)                  # as torch_npu pickles a tensor on an NPU
+assert sys.modules["torch_npu"] is attnops.torch_npu
+torch.serialization.add_safe_globals([torch_npu.utils.storage._rebuild_npu_tensor])  # msprobe does this at import
+assert torch.equal(torch.load(file, weights_only=True), x) and torch.equal(torch.load(file, weights_only=False), x)
+assert torch_npu.npu._format.Format.__module__ == "torch_npu.npu._format"
+print("ok")
+"""
+
 
 def _run(body: str, args: str = "") -> None:
     script = IMPORTS.format(args=args) + textwrap.dedent(body)
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "ok"
+
+
+def test_npu_pickled_tensor_files_load_under_the_shim():
+    _run(NPU_PICKLED_FILES, 'device="cpu"')
 
 
 def test_mindspeed_mask_on_current_device_and_numpy_lengths():
