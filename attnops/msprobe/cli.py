@@ -1,13 +1,15 @@
 """Judge the fused-attention calls of a msprobe dump (``python -m attnops compare PATH``).
 
-Every npu_fusion_attention(_v2) and npu_nsa_select_attention forward and backward, and every
-npu_fused_infer_attention_score, npu_prompt_flash_attention and npu_incre_flash_attention call in a tensor dump
-is re-run twice on the CPU from its dumped inputs: exactly in float64 (the golden G) and with attnops'
-NPU-precision emulation (E, the rounding of the Ascend A2/A3 kernels).
+Every FlashAttention (npu_fusion_attention v1-v3, forward and backward, and its grad ops), FusedInferAttention
+(npu_fused_infer_attention_score v1/v2, npu_prompt_flash_attention, npu_incre_flash_attention) and NSA (npu_nsa_*)
+call in a tensor dump is re-run twice on the CPU from its dumped inputs: exactly in float64 (the golden G) and with
+attnops' NPU-precision emulation (E, the rounding of the Ascend A2/A3 kernels; attnops' exact result, with a note,
+where that rounding is not emulated).
 Each dumped result N is judged by msprobe's benchmark standard with E in the place of the GPU: with
 ratio = metric(N,G) / max(metric(E,G), minimum_err), PASS iff RMSE <= 1.5, mean rel <= 1.5, max rel <= 5 and
-small-value error <= 2 (and shapes, dtypes, inf/NaN positions match; integer outputs within 1 of E). Calls
-without dumped tensors (statistics level) and features that cannot be re-run (dropout, sink, rope) are SKIP.
+small-value error <= 2 (and shapes, dtypes, inf/NaN positions match; integer outputs within 1 of E; NSA
+topk_indices: the same blocks per row). Calls without dumped tensors (statistics level) and features that cannot
+be re-run (dropout, sink, rope) are SKIP.
 
 Exit status: 0 when nothing failed, 1 when a call FAILs, 2 on a usage or dump format error.
 """

@@ -14,8 +14,8 @@ from typing import Any
 from .. import torch_npu
 from .dump import DumpDir, DumpFormatError, Entry, MissingTensor, decode_value
 
-__all__ = ["ATTENTION_APIS", "SUPPORTED_APIS", "FA_APIS", "FA_GRAD_APIS", "FIA_APIS", "NSA_APIS", "Call", "Unsupported", "rebuild_call", "attention_entries",
-           "bind_arguments"]
+__all__ = ["ATTENTION_APIS", "SUPPORTED_APIS", "FA_APIS", "FA_GRAD_APIS", "FIA_APIS", "NSA_APIS", "Call",
+           "Unsupported", "rebuild_call", "attention_entries", "bind_arguments"]
 
 FA_APIS = ("npu_fusion_attention", "npu_fusion_attention_v2", "npu_fusion_attention_v3")
 FA_GRAD_APIS = ("npu_fusion_attention_grad", "npu_fusion_attention_grad_v2", "npu_fusion_attention_grad_v3")
