@@ -76,9 +76,9 @@ _FEATURE_TILES = {
 # The dK/dV pass of GPUs before sm_90 (no dQ in the pass, ``DQ`` False: mma.sync, operands in registers) with
 # per-element features: its 64-key blocks spill 4-20 words at D <= 128 (sm_80), 32-key blocks none.
 _SPLIT_FEATURE_TILES = {("bwd", 2, False): [(16, 32, 8, 2), (32, 32, 8, 2)]}
-# Triton before 3.7 pipelines the dK/dV pass with every feature at D <= 128 differently: two stages spill 6 words
-# on sm_90 (Triton 3.6), one stage none (while one stage spills 18 with Triton 3.9, two none). These replace the
-# ``_FEATURE_TILES`` entries there.
+# Triton 3.6 pipelines the dK/dV pass with every feature at D <= 128 differently from 3.9: two stages spill 6 words
+# on sm_90 with 3.6, one stage none (one stage spills 18 with 3.9, two none). Under Triton before 3.7 (3.6 is what the
+# GPU machines carry; 3.7 and 3.8 were not compiled) these replace the ``_FEATURE_TILES`` entries.
 _FEATURE_TILES_BEFORE_TRITON_3_7 = {("bwd", 2, False): [(16, 64, 8, 1), (16, 64, 8, 2)]}
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
 PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)
