@@ -1,0 +1,13 @@
+"""flash-attn's Python API on attnops' core: ``from attnops import flash_attn`` or, after :func:`install`,
+``import flash_attn`` in unmodified code, on the CPU (reference) or a CUDA GPU (attnops' Triton kernels).
+
+Names, arguments, defaults, shapes and return values follow flash-attn 2; see ``docs/flash_attn.md``.
+"""
+# The version reported to code that checks ``flash_attn.__version__`` (flash-attn 2's API level it implements).
+__version__ = "2.7.4"
+
+__all__ = ["__version__"]
+
+# --- kv-cache, bert_padding and layers.rotary ------------------------------------------------------------------
+# flash_attn_with_kvcache (kvcache.py), the bert_padding module and layers.rotary are exported here.
+# --- end kv-cache, bert_padding and layers.rotary -------------------------------------------------------------
