@@ -122,7 +122,8 @@ def _op_args(query, *, causal, window_size, layout, head_num, scale, pse, pse_ty
                 pse_type=pse_type, q_start_idx=_start("q_start_idx", q_start_idx),
                 kv_start_idx=_start("kv_start_idx", kv_start_idx), softmax_layout=softmax_layout,
                 seed=seed, offset=offset, backend=backend, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softcap=softcap, pse_bottom_right=pse_bottom_right)
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softcap=softcap,
+                pse_bottom_right=pse_bottom_right)
 
 
 def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool = False,

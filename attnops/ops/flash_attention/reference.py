@@ -652,7 +652,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         ds.mul_(cap_grad)
                     add_mm_nt_(dq, ds, k[c0:c1].t(), alpha=p.scale)  # dq starts zeroed
                     tk[:, tcols].addmm_(qs_t, ds)
-                    del prob, dp, ds, t, cap_grad  # freed before the next tile's GEMMs allocate theirs (see _forward_rows)
+                    del prob, dp, ds, t, cap_grad  # freed before the next tile's GEMMs allocate theirs
+                    # (see _forward_rows)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv
