@@ -8,12 +8,12 @@ import torch
 from torch import Tensor
 
 
-def keep_matrix(sq: int, sk: int, causal: bool, window_size) -> Tensor:
+def keep_matrix(sq: int, sk: int, causal: bool, window_size, device=None) -> Tensor:
     """Bool ``[Sq, Sk]``: key j kept by query i iff ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``."""
     left, right = window_size
     right = 0 if causal else right
-    i, j = torch.arange(sq)[:, None], torch.arange(sk)[None]
-    keep = torch.ones(sq, sk, dtype=torch.bool)
+    i, j = torch.arange(sq, device=device)[:, None], torch.arange(sk, device=device)[None]
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=device)
     if left >= 0:
         keep &= j >= i + sk - sq - left
     if right >= 0:
@@ -34,11 +34,11 @@ def attention_ref(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1,
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if softcap > 0:
         s = torch.tanh(s / softcap) * softcap
-    i, j = torch.arange(sq)[:, None], torch.arange(sk)[None]
+    i, j = torch.arange(sq, device=q.device)[:, None], torch.arange(sk, device=q.device)[None]
     if alibi_slopes is not None:
         slopes = alibi_slopes.to(dtype).reshape(-1 if alibi_slopes.dim() == 2 else 1, h, 1, 1)
         s = s - slopes * (i + sk - sq - j).abs().to(dtype)
-    s = s.masked_fill(~keep_matrix(sq, sk, causal, window_size), float("-inf"))
+    s = s.masked_fill(~keep_matrix(sq, sk, causal, window_size, q.device), float("-inf"))
     lse = torch.logsumexp(s, -1)
     p = torch.softmax(s, -1).nan_to_num(0.0)
     if keep is not None:
