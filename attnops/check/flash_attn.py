@@ -115,6 +115,7 @@ def flash_attn_cases() -> list[FlashAttnCase]:
                       pack="kv", varlen=(VARLEN[1], VARLEN[1])),
         FlashAttnCase("flash_attn_func", "causal softcap (FA3)", dict(causal=True, softcap=20.0), fa3=True),
         FlashAttnCase("flash_attn_varlen_func", "causal (FA3)", dict(causal=True), varlen=VARLEN, fa3=True),
+        FlashAttnCase("flash_attn_qkvpacked_func", "window (FA3)", dict(window_size=(5, 5)), pack="qkv", fa3=True),
     ]
 
 
