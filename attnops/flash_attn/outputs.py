@@ -36,7 +36,7 @@ def dropout_probs(query: Tensor, key: Tensor, value: Tensor, result: FlashAttent
         if isinstance(options.get(name), Tensor):
             options[name] = options[name].tolist()
     args = _op_args(query, **options)
-    del args["backend"]
+    del args["backend"], args["precision"]  # op-level choices, not the problem's
     p = build_problem(query, key, value, **args)
     seq = p.seq
     out = torch.zeros((seq.batch, p.geom.n1, seq.max_q, seq.max_kv), dtype=query.dtype, device=query.device)
