@@ -103,10 +103,10 @@ def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache
     """Validate the caches and their indexing arguments; returns the capacity in tokens of one sequence."""
     batch, _, heads, d = q.shape
     check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,))
-    check_tensor("v_cache", v_cache, shape=(*k_cache.shape[:3], None), dtypes=(q.dtype,))
     h_k = k_cache.shape[2]
     require(k_cache.shape[3] == d and h_k > 0 and heads % h_k == 0, "k_cache",
             f"[*, *, H_k, D={d}] with H={heads} a multiple of H_k", k_cache)
+    check_tensor("v_cache", v_cache, shape=(*k_cache.shape[:3], None), dtypes=(q.dtype,))
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
                     ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         require(x is None or x.device == q.device, name, f"a tensor on {q.device} (the device of q)", x)

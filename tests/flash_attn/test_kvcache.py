@@ -1,0 +1,174 @@
+"""``flash_attn_with_kvcache`` against the fp64 golden written from flash-attn's documented semantics
+(``attnops.testing.golden_flash_attn_kvcache``), with FlashAttention's tolerance rule; the caches after the call;
+the validation table; the GPU path with no host reads (dry run)."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import attnops
+from attnops.flash_attn import flash_attn_with_kvcache
+from attnops.testing.compare import assert_close_to_golden
+from attnops.testing.golden_flash_attn_kvcache import kvcache_golden
+from tests.helpers import randn
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+CAPACITY, PAGE, BLOCKS = 24, 8, 10  # contiguous caches [3, 24, H_k, D]; paged: 10 pages of 8, 3 per sequence
+
+
+def make_case(*, seed=0, dtype=F32, b=2, sq=1, h=4, h_k=2, d=16, new=1, paged=False, rotary=None, rotary_dim=None,
+              batch_idx=False, leftpad=False, causal=False, window=(-1, -1), alibi=None, seqlens="tensor"):
+    """Inputs of one call (a dict of flash_attn_with_kvcache's arguments)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = BLOCKS if paged else b + 1
+    slots = PAGE if paged else CAPACITY
+    kw = dict(q=randn(b, sq, h, d, dtype=dtype, seed=seed), k_cache=randn(rows, slots, h_k, d, dtype=dtype,
+                                                                          seed=seed + 1),
+              v_cache=randn(rows, slots, h_k, d, dtype=dtype, seed=seed + 2), causal=causal, window_size=window)
+    if new:
+        kw.update(k=randn(b, new, h_k, d, dtype=dtype, seed=seed + 3), v=randn(b, new, h_k, d, dtype=dtype,
+                                                                               seed=seed + 4))
+    if seqlens == "tensor":
+        kw["cache_seqlens"] = torch.randint(1, CAPACITY - max(new, sq) + 1, (b,), generator=g, dtype=torch.int32)
+    elif seqlens == "int":
+        kw["cache_seqlens"] = CAPACITY - max(new, sq) - 3
+    if paged:
+        kw["block_table"] = torch.randperm(BLOCKS, generator=g)[:b * CAPACITY // PAGE].view(b, -1).to(torch.int32)
+    if batch_idx:
+        kw["cache_batch_idx"] = torch.randperm(rows, generator=g)[:b].to(torch.int32)
+    if leftpad:
+        kw["cache_leftpad"] = torch.stack([torch.randint(0, int(n) + 1, (), generator=g)
+                                           for n in kw["cache_seqlens"]]).to(torch.int32)
+    if rotary is not None:
+        angles = torch.rand(CAPACITY, (rotary_dim or d) // 2, generator=g, dtype=torch.float64) * 2 * math.pi
+        kw.update(rotary_cos=angles.cos().to(dtype), rotary_sin=angles.sin().to(dtype),
+                  rotary_interleaved=rotary == "interleaved")
+    if alibi == "heads":
+        kw["alibi_slopes"] = torch.rand(h, generator=g) * 0.3
+    elif alibi == "batch":
+        kw["alibi_slopes"] = torch.rand(b, h, generator=g) * 0.3
+    return kw
+
+
+def check_case(kw: dict) -> None:
+    """Run the call on copies of the caches and judge out, lse and the caches against the golden."""
+    inputs = {name: x.clone() if isinstance(x, torch.Tensor) else x for name, x in kw.items()}
+    out, lse = flash_attn_with_kvcache(**inputs, return_softmax_lse=True)
+    args = {name: x for name, x in kw.items() if name not in ("q", "k_cache", "v_cache", "k", "v")}
+    tensors = [kw["q"], kw["k_cache"], kw["v_cache"], kw.get("k"), kw.get("v")]
+    want = kvcache_golden(*tensors, **args)
+    base = kvcache_golden(*tensors, **args, dtype=kw["q"].dtype)
+    assert out.shape == kw["q"].shape and out.dtype == kw["q"].dtype
+    assert lse.shape == (kw["q"].shape[0], kw["q"].shape[2], kw["q"].shape[1]) and lse.dtype == F32
+    assert_close_to_golden("out", out, want.out, base.out)
+    assert_close_to_golden("softmax_lse", lse, want.lse, base.lse)
+    assert torch.equal(inputs["v_cache"], want.v_cache)
+    if "rotary_cos" in kw:
+        assert_close_to_golden("k_cache", inputs["k_cache"], want.k_cache, base.k_cache)
+    else:
+        assert torch.equal(inputs["k_cache"], want.k_cache)
+
+
+CASES = {
+    "decode_gqa_causal": dict(causal=True),
+    "decode_no_new_kv": dict(new=0),
+    "decode_int_seqlens_window": dict(seqlens="int", window=(5, -1)),
+    "paged_append_rotary_interleaved": dict(paged=True, rotary="interleaved", causal=True, dtype=F16, new=2, sq=2),
+    "paged_window_alibi": dict(paged=True, window=(4, 1), sq=3, new=3, alibi="heads"),
+    "batch_idx_leftpad_rotary_neox": dict(batch_idx=True, leftpad=True, rotary="neox", rotary_dim=8, sq=3, new=2,
+                                          dtype=F16),
+    "leftpad_causal_alibi_batch": dict(leftpad=True, causal=True, sq=2, new=2, alibi="batch", dtype=BF16),
+    "prefill_local_rotary": dict(sq=4, new=4, window=(2, 0), rotary="interleaved", h_k=1, dtype=BF16),
+    "mha_whole_cache": dict(h_k=4, new=0, seqlens=None, sq=2),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kvcache_matches_the_golden(name):
+    check_case(make_case(seed=len(name), **CASES[name]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("paged,new,rotary,leftpad_or_idx,mask,dtype", itertools.product(
+    (False, True), (0, 3), (None, "interleaved", "neox"), (None, "leftpad", "batch_idx"),
+    ("none", "causal", "window", "alibi"), (F32, F16, BF16)))
+def test_kvcache_matrix(paged, new, rotary, leftpad_or_idx, mask, dtype):
+    if rotary is not None and not new or paged and leftpad_or_idx is not None:
+        pytest.skip("rotary needs new k/v; paged caches take neither cache_leftpad nor cache_batch_idx")
+    check_case(make_case(seed=7, dtype=dtype, sq=3, new=new, paged=paged, rotary=rotary,
+                         leftpad=leftpad_or_idx == "leftpad", batch_idx=leftpad_or_idx == "batch_idx",
+                         causal=mask == "causal", window=(3, 1) if mask == "window" else (-1, -1),
+                         alibi="heads" if mask == "alibi" else None))
+
+
+def test_rows_that_see_no_key_are_zero_with_infinite_lse():
+    kw = make_case(sq=4, new=1, seqlens=None, causal=True)
+    kw["cache_seqlens"] = torch.tensor([1, 0], dtype=torch.int32)  # L = 2 and 1 keys for 4 queries
+    out, lse = flash_attn_with_kvcache(**kw, return_softmax_lse=True)
+    assert torch.equal(out[0, :2], torch.zeros_like(out[0, :2])) and torch.equal(out[1, :3], torch.zeros_like(
+        out[1, :3]))
+    assert torch.isinf(lse[0, :, :2]).all() and torch.isfinite(lse[0, :, 2:]).all()
+
+
+def test_the_append_is_in_place_at_cache_seqlens():
+    kw = make_case(new=2, paged=True)
+    k_cache, table = kw["k_cache"], kw["block_table"]
+    flash_attn_with_kvcache(**kw)
+    for b, n in enumerate(kw["cache_seqlens"].tolist()):
+        for s in range(2):
+            blk, off = int(table[b, (n + s) // PAGE]), (n + s) % PAGE
+            assert torch.equal(k_cache[blk, off], kw["k"][b, s])
+            assert torch.equal(kw["v_cache"][blk, off], kw["v"][b, s])
+
+
+def test_num_splits_changes_nothing():
+    kw = make_case(causal=True, new=0)
+    assert torch.equal(flash_attn_with_kvcache(**kw, num_splits=1), flash_attn_with_kvcache(**kw, num_splits=0))
+
+
+BAD = {
+    "k_cache": (dict(k_cache=torch.zeros(3, 24, 3, 16)), r"k_cache: expected \[\*, \*, H_k, D=16\]"),
+    "k_without_v": (dict(v=None), r"v: expected k and v together"),
+    "k_without_seqlens": (dict(cache_seqlens=None), r"cache_seqlens: expected the cache lengths"),
+    "rotary_without_k": (dict(k=None, v=None, rotary_cos=torch.ones(24, 8), rotary_sin=torch.ones(24, 8)),
+                         r"rotary_cos: expected None without k and v"),
+    "rotary_too_short": (dict(rotary_cos=torch.ones(8, 8), rotary_sin=torch.ones(8, 8)),
+                         r"rotary_cos: expected \[seqlen_ro >= 24"),
+    "overflow": (dict(cache_seqlens=24), r"cache_seqlens: expected cache_seqlens \+ seqlen_new <= 24"),
+    "batch_idx_range": (dict(cache_batch_idx=torch.tensor([0, 3], dtype=torch.int32)),
+                        r"cache_batch_idx: expected rows of the cache in \[0, 3\)"),
+    "leftpad_past_end": (dict(cache_leftpad=torch.tensor([30, 0], dtype=torch.int32)),
+                         r"cache_leftpad: expected values in \[0, cache_seqlens \+ seqlen_new\]"),
+    "paged_leftpad": (dict(block_table=torch.zeros(2, 3, dtype=torch.int32),
+                           cache_leftpad=torch.zeros(2, dtype=torch.int32)), r"cache_leftpad: expected None with a paged"),
+    "alibi_shape": (dict(alibi_slopes=torch.ones(3)), r"alibi_slopes: expected \[H=4\] or \[B=2, H=4\]"),
+    "window": (dict(window_size=(-2, 0)), r"window_size: expected a pair \(left, right\) of ints >= -1"),
+    "softcap": (dict(softcap=30.0), r"softcap: expected 0.0"),
+    "dtype": (dict(k=torch.zeros(2, 1, 2, 16, dtype=F16)), r"k: expected dtype in \['torch.float32'\]"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_arguments_raise_naming_them(name):
+    changes, message = BAD[name]
+    kw = dict(make_case(), **changes)
+    with pytest.raises((attnops.ParamInvalidError, attnops.ParamDtypeError, attnops.ParamNullptrError),
+                       match=message):
+        flash_attn_with_kvcache(**kw)
+
+
+def test_gpu_path_reads_nothing_back():
+    meta = dict(device="meta", dtype=F16)
+    q, k = torch.empty(2, 1, 8, 64, **meta), torch.empty(2, 1, 2, 64, **meta)
+    cache = torch.empty(16, 16, 2, 64, **meta)
+    table = torch.empty(2, 4, dtype=torch.int32, device="meta")
+    lens = torch.empty(2, dtype=torch.int32, device="meta")
+    cos = torch.empty(64, 32, **meta)
+    for options in (dict(causal=True), dict(window_size=(8, 0), rotary_cos=cos, rotary_sin=cos),
+                    dict(alibi_slopes=torch.empty(8, device="meta"))):
+        with attnops.testing.gpu_dry_run() as launches:
+            flash_attn_with_kvcache(q, cache, cache, k, k, cache_seqlens=lens, block_table=table, **options)
+        assert launches, options
