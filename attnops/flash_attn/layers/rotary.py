@@ -4,7 +4,7 @@
 rest pass through. ``interleaved=False`` (GPT-NeoX) pairs dimension ``i`` with ``i + rotary_dim / 2``;
 ``interleaved=True`` (GPT-J) pairs ``2i`` with ``2i + 1``. Token ``s`` of sequence ``b`` is at position
 ``s + seqlen_offsets[b]``; a position at or past ``seqlen_ro`` is left unrotated, as flash-attn's kernel does.
-Computed in fp32 and rounded once to ``x``'s dtype; differentiable (plain PyTorch, so ``torch.compile`` traces it).
+Computed in fp32 (fp64 for fp64 inputs) and rounded once to ``x``'s dtype; differentiable (plain PyTorch, so ``torch.compile`` traces it).
 """
 from __future__ import annotations
 
@@ -58,9 +58,10 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: 
     rotary_dim = 2 * cos.shape[1]
     inside = (positions < cos.shape[0]).unsqueeze(-1).unsqueeze(-1)
     index = positions.clamp(max=cos.shape[0] - 1)
-    c = torch.where(inside, cos[index].float().unsqueeze(-2), 1.0)
-    s = torch.where(inside, sin[index].float().unsqueeze(-2), 0.0)
-    head = x[..., :rotary_dim].float()
+    compute = torch.promote_types(x.dtype, torch.float32)
+    c = torch.where(inside, cos[index].to(compute).unsqueeze(-2), 1.0)
+    s = torch.where(inside, sin[index].to(compute).unsqueeze(-2), 0.0)
+    head = x[..., :rotary_dim].to(compute)
     if interleaved:
         x1, x2 = head[..., 0::2], head[..., 1::2]
         rotated = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
