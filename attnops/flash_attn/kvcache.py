@@ -12,8 +12,10 @@ import torch
 from torch import Tensor
 
 from .._core.checks import check_int, check_tensor, fail, require
+from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
 from .layers.rotary import rotate
+from .outputs import softmax_lse
 
 __all__ = ["flash_attn_with_kvcache"]
 
@@ -39,6 +41,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
     cache, without ``k``/``v``); batch ``b`` attends to cache tokens ``[cache_leftpad[b], cache_seqlens[b] +
     S_new)``. ``cache_batch_idx`` ``[B]``: the cache rows of the batches (contiguous caches). ``cache_leftpad``
     ``[B]``: the first valid token of each row (contiguous caches); positions stay absolute.
+    ``softcap`` > 0 caps the scaled scores at ``softcap * tanh(S / softcap)`` (before ALiBi and the masks).
     Rotary (with ``k``/``v``): ``rotary_cos``/``rotary_sin`` ``[seqlen_ro, rotary_dim / 2]`` (``seqlen_ro`` at
     least the cache capacity) rotate the first ``rotary_dim`` values of ``k`` at ``cache_seqlens + s`` and of ``q``
     at ``cache_seqlens + s`` when causal or local, else at ``cache_seqlens``; ``rotary_interleaved`` pairs ``2i``
@@ -64,8 +67,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
     batch, sq, heads, _ = check_tensor("q", q, ndim=4, dtypes=_FLOATS).shape
     capacity = _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad)
     left, right = _window(causal, window_size)
-    require(softcap == 0.0, "softcap", "0.0 in flash_attn_with_kvcache (softcapping is not supported here yet)",
-            softcap)
+    ok = isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0
+    require(ok, "softcap", "a float >= 0 (0.0: no softcapping)", softcap)
     check_int("num_splits", num_splits, lo=0)
     seqlens = _seqlens(cache_seqlens, batch, q.device)
     tables = None if rotary_cos is None and rotary_sin is None else _rotary_tables(k_cache, rotary_cos, rotary_sin,
@@ -86,17 +89,36 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
     lengths = None if seqlens is None else seqlens + new
     if lengths is not None and not torch.compiler.is_compiling() and lengths.device.type == "cpu":
         _check_lengths(lengths, cache_leftpad, capacity)
-    key, value = _cache_views(k_cache, v_cache, block_table, cache_batch_idx, batch)
     ends = torch.full((batch,), capacity, device=q.device) if lengths is None else lengths.long()
-    mask = None
-    if cache_leftpad is not None or (left, right) != (-1, -1):
-        mask = _mask(ends, cache_leftpad, sq, capacity, left, right)
     pse = None if alibi_slopes is None else _alibi_bias(alibi_slopes, ends, batch, heads, sq, capacity, q.dtype)
-    out, lse = fused_infer_attention(q, key, value, layout="BSND", num_key_value_heads=key.shape[-2],
-                                     scale=softmax_scale, causal=causal and mask is None, atten_mask=mask,
-                                     pse_shift=pse, actual_seq_lengths_kv=lengths, block_table=block_table,
-                                     return_lse=True)
-    return (out, lse.squeeze(-1)) if return_softmax_lse else out
+    if softcap > 0:
+        out, lse = _softcapped_attention(q, k_cache, v_cache, block_table, cache_batch_idx, softmax_scale, softcap,
+                                         _mask(ends, cache_leftpad, sq, capacity, left, right), pse)
+    else:
+        mask = None
+        if cache_leftpad is not None or (left, right) != (-1, -1):
+            mask = _mask(ends, cache_leftpad, sq, capacity, left, right)
+        key, value = _cache_views(k_cache, v_cache, block_table, cache_batch_idx, batch)
+        out, lse = fused_infer_attention(q, key, value, layout="BSND", num_key_value_heads=key.shape[-2],
+                                         scale=softmax_scale, causal=causal and mask is None, atten_mask=mask,
+                                         pse_shift=pse, actual_seq_lengths_kv=lengths, block_table=block_table,
+                                         return_lse=True)
+        lse = lse.squeeze(-1)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _softcapped_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, scale, softcap,
+                          mask: Tensor, pse) -> tuple[Tensor, Tensor]:
+    """Softcapping, which FusedInferAttention lacks, on the FlashAttention core: each batch's cache as a dense
+    ``[B, capacity, H_k, D]`` copy (paged: its pages in order), the lengths, left padding and window in ``mask``,
+    ALiBi as a pse added after the cap; ``(out, lse [B, H, Sq])``."""
+    if block_table is None:
+        key, value = _cache_views(k_cache, v_cache, None, cache_batch_idx, q.shape[0])
+    else:
+        key, value = (c[block_table.long()].flatten(1, 2) for c in (k_cache, v_cache))
+    result = flash_attention(q, key, value, layout="BSND", scale=scale, softcap=float(softcap), atten_mask=mask,
+                             pse=pse, pse_type=0, return_stats=True)
+    return result.out, softmax_lse(result, False)
 
 
 def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, cache_leftpad) -> int:
@@ -214,17 +236,16 @@ def _offsets(ends: Tensor, sq: int, capacity: int) -> Tensor:
 
 
 def _mask(ends: Tensor, cache_leftpad, sq: int, capacity: int, left: int, right: int) -> Tensor:
-    """Bool ``[B, 1, Sq, capacity]`` (True = masked): the window band and the left padding."""
+    """Bool ``[B, 1, Sq, capacity]`` (True = masked): keys at or past each batch's length ``ends``, outside the
+    window band, or before the left padding's end."""
     offset = _offsets(ends, sq, capacity)
-    masked = torch.zeros_like(offset, dtype=torch.bool)
-    if right >= 0:
-        masked |= offset > right
+    j = torch.arange(capacity, device=ends.device)
+    masked = (j >= ends.view(-1, 1)).view(-1, 1, 1, capacity) | (offset > right if right >= 0 else False)
     if left >= 0:
-        masked |= offset < -left
+        masked = masked | (offset < -left)
     if cache_leftpad is not None:
-        j = torch.arange(capacity, device=ends.device)
-        masked |= (j < cache_leftpad.long().view(-1, 1)).view(-1, 1, 1, capacity)
-    return masked
+        masked = masked | (j < cache_leftpad.long().view(-1, 1)).view(-1, 1, 1, capacity)
+    return masked.expand(-1, 1, sq, capacity).contiguous()
 
 
 def _alibi_bias(slopes, ends: Tensor, batch: int, heads: int, sq: int, capacity: int, dtype) -> Tensor:

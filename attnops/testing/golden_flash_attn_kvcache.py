@@ -11,7 +11,8 @@ One loop over the batches:
    copy; the new ``k`` (rotated at ``cache_seqlens + s``) and ``v`` written at ``cache_seqlens + s``.
 2. Valid keys ``[cache_leftpad, L)`` with ``L = cache_seqlens + S_new``; query ``i`` keeps key ``j`` iff
    ``i + L - Sq - left <= j <= i + L - Sq + right`` (-1 unbounded, ``right = 0`` when causal).
-3. ``S = scale * q k^T - slope * |i + L - Sq - j|``; masked scores ``-inf``; ``out = softmax(S) v``; rows that keep
+3. ``S = cap(scale * q k^T) - slope * |i + L - Sq - j|`` (``cap(x) = softcap * tanh(x / softcap)`` when
+   ``softcap`` > 0); masked scores ``-inf``; ``out = softmax(S) v``; rows that keep
    nothing give 0 and lse ``+inf``.
 """
 from __future__ import annotations
@@ -21,7 +22,52 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["rotary_golden", "kvcache_golden", "KVCacheGolden"]
+__all__ = ["CAPACITY", "PAGE", "BLOCKS", "KVCacheGolden", "kvcache_golden", "kvcache_inputs", "rotary_golden"]
+
+CAPACITY, PAGE, BLOCKS = 24, 8, 10  # tokens a sequence can hold; paged inputs: page size, pages in the cache
+
+
+def _randn(*shape, dtype=torch.float32, seed=0) -> Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+
+
+def kvcache_inputs(*, seed=0, dtype=torch.float32, b=2, sq=1, h=4, h_k=2, d=16, new=1, paged=False, rotary=None, rotary_dim=None,
+              batch_idx=False, leftpad=False, causal=False, window=(-1, -1), alibi=None, seqlens="tensor", softcap=0.0):
+    """Random inputs of one call: a dict of ``flash_attn_with_kvcache``'s arguments. Contiguous caches are
+    ``[b + 1, CAPACITY, h_k, d]``; paged ones ``BLOCKS`` pages of ``PAGE`` tokens, ``CAPACITY / PAGE`` per sequence
+    in a random order. ``seqlens``: "tensor" (random int32 lengths), "int" or None."""
+    g = torch.Generator().manual_seed(seed)
+    rows = BLOCKS if paged else b + 1
+    slots = PAGE if paged else CAPACITY
+    kw = dict(q=_randn(b, sq, h, d, dtype=dtype, seed=seed), k_cache=_randn(rows, slots, h_k, d, dtype=dtype,
+                                                                          seed=seed + 1),
+              v_cache=_randn(rows, slots, h_k, d, dtype=dtype, seed=seed + 2), causal=causal, window_size=window,
+              softcap=softcap)
+    if new:
+        kw.update(k=_randn(b, new, h_k, d, dtype=dtype, seed=seed + 3), v=_randn(b, new, h_k, d, dtype=dtype,
+                                                                               seed=seed + 4))
+    if seqlens == "tensor":
+        kw["cache_seqlens"] = torch.randint(1, CAPACITY - max(new, sq) + 1, (b,), generator=g, dtype=torch.int32)
+    elif seqlens == "int":
+        kw["cache_seqlens"] = CAPACITY - max(new, sq) - 3
+    if paged:
+        kw["block_table"] = torch.randperm(BLOCKS, generator=g)[:b * CAPACITY // PAGE].view(b, -1).to(torch.int32)
+    if batch_idx:
+        kw["cache_batch_idx"] = torch.randperm(rows, generator=g)[:b].to(torch.int32)
+    if leftpad:
+        kw["cache_leftpad"] = torch.stack([torch.randint(0, int(n) + 1, (), generator=g)
+                                           for n in kw["cache_seqlens"]]).to(torch.int32)
+    if rotary is not None:
+        angles = torch.rand(CAPACITY, (rotary_dim or d) // 2, generator=g, dtype=torch.float64) * 2 * math.pi
+        kw.update(rotary_cos=angles.cos().to(dtype), rotary_sin=angles.sin().to(dtype),
+                  rotary_interleaved=rotary == "interleaved")
+    if alibi == "heads":
+        kw["alibi_slopes"] = torch.rand(h, generator=g) * 0.3
+    elif alibi == "batch":
+        kw["alibi_slopes"] = torch.rand(b, h, generator=g) * 0.3
+    return kw
+
+
 
 
 def rotary_golden(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: bool, dtype) -> Tensor:
@@ -53,7 +99,7 @@ class KVCacheGolden:
 
 def kvcache_golden(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                    cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
-                   window_size=(-1, -1), rotary_interleaved=True, alibi_slopes=None,
+                   window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None,
                    dtype=torch.float64) -> KVCacheGolden:
     """The call's results, computed in ``dtype`` (the inputs are left unchanged)."""
     b_count, sq, h, d = q.shape
@@ -92,19 +138,22 @@ def kvcache_golden(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=None, rota
         length = start + new
         lo = 0 if cache_leftpad is None else int(cache_leftpad[b])
         slopes = None if alibi_slopes is None else alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b]
-        out_b, lse_b = _attend(qb.to(dtype), keys, values, scale, length, lo, left, right, slopes, h // h_k, dtype)
+        out_b, lse_b = _attend(qb.to(dtype), keys, values, scale, softcap, length, lo, left, right, slopes, h // h_k,
+                               dtype)
         outs.append(out_b)
         lses.append(lse_b)
     return KVCacheGolden(torch.stack(outs), torch.stack(lses), k_cache_after, v_cache_after)
 
 
-def _attend(q: Tensor, keys: Tensor, values: Tensor, scale: float, length: int, lo: int, left: int, right: int,
+def _attend(q: Tensor, keys: Tensor, values: Tensor, scale: float, softcap: float, length: int, lo: int, left: int, right: int,
             slopes, group: int, dtype):
     """One batch: ``q [Sq, H, D]`` over ``keys/values [capacity, H_k, *]``; ``(out [Sq, H, Dv], lse [H, Sq])``."""
     sq, h, _ = q.shape
     keys = keys.repeat_interleave(group, 1)
     values = values.repeat_interleave(group, 1)
     scores = torch.einsum("ihd,jhd->hij", q, keys) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     i = torch.arange(sq).view(sq, 1)
     j = torch.arange(keys.shape[0]).view(1, -1)
     diag = i + length - sq

@@ -12,45 +12,10 @@ import torch
 import attnops
 from attnops.flash_attn import flash_attn_with_kvcache
 from attnops.testing.compare import assert_close_to_golden
-from attnops.testing.golden_flash_attn_kvcache import kvcache_golden
-from tests.helpers import randn
+from attnops.testing.golden_flash_attn_kvcache import CAPACITY, PAGE, kvcache_golden
+from attnops.testing.golden_flash_attn_kvcache import kvcache_inputs as make_case
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
-CAPACITY, PAGE, BLOCKS = 24, 8, 10  # contiguous caches [3, 24, H_k, D]; paged: 10 pages of 8, 3 per sequence
-
-
-def make_case(*, seed=0, dtype=F32, b=2, sq=1, h=4, h_k=2, d=16, new=1, paged=False, rotary=None, rotary_dim=None,
-              batch_idx=False, leftpad=False, causal=False, window=(-1, -1), alibi=None, seqlens="tensor"):
-    """Inputs of one call (a dict of flash_attn_with_kvcache's arguments)."""
-    g = torch.Generator().manual_seed(seed)
-    rows = BLOCKS if paged else b + 1
-    slots = PAGE if paged else CAPACITY
-    kw = dict(q=randn(b, sq, h, d, dtype=dtype, seed=seed), k_cache=randn(rows, slots, h_k, d, dtype=dtype,
-                                                                          seed=seed + 1),
-              v_cache=randn(rows, slots, h_k, d, dtype=dtype, seed=seed + 2), causal=causal, window_size=window)
-    if new:
-        kw.update(k=randn(b, new, h_k, d, dtype=dtype, seed=seed + 3), v=randn(b, new, h_k, d, dtype=dtype,
-                                                                               seed=seed + 4))
-    if seqlens == "tensor":
-        kw["cache_seqlens"] = torch.randint(1, CAPACITY - max(new, sq) + 1, (b,), generator=g, dtype=torch.int32)
-    elif seqlens == "int":
-        kw["cache_seqlens"] = CAPACITY - max(new, sq) - 3
-    if paged:
-        kw["block_table"] = torch.randperm(BLOCKS, generator=g)[:b * CAPACITY // PAGE].view(b, -1).to(torch.int32)
-    if batch_idx:
-        kw["cache_batch_idx"] = torch.randperm(rows, generator=g)[:b].to(torch.int32)
-    if leftpad:
-        kw["cache_leftpad"] = torch.stack([torch.randint(0, int(n) + 1, (), generator=g)
-                                           for n in kw["cache_seqlens"]]).to(torch.int32)
-    if rotary is not None:
-        angles = torch.rand(CAPACITY, (rotary_dim or d) // 2, generator=g, dtype=torch.float64) * 2 * math.pi
-        kw.update(rotary_cos=angles.cos().to(dtype), rotary_sin=angles.sin().to(dtype),
-                  rotary_interleaved=rotary == "interleaved")
-    if alibi == "heads":
-        kw["alibi_slopes"] = torch.rand(h, generator=g) * 0.3
-    elif alibi == "batch":
-        kw["alibi_slopes"] = torch.rand(b, h, generator=g) * 0.3
-    return kw
 
 
 def check_case(kw: dict) -> None:
@@ -83,6 +48,8 @@ CASES = {
     "leftpad_causal_alibi_batch": dict(leftpad=True, causal=True, sq=2, new=2, alibi="batch", dtype=BF16),
     "prefill_local_rotary": dict(sq=4, new=4, window=(2, 0), rotary="interleaved", h_k=1, dtype=BF16),
     "mha_whole_cache": dict(h_k=4, new=0, seqlens=None, sq=2),
+    "softcap_paged_window_alibi": dict(paged=True, softcap=0.5, window=(4, 1), sq=3, new=3, alibi="heads", dtype=F16),
+    "softcap_leftpad_causal_rotary": dict(softcap=0.7, leftpad=True, causal=True, sq=2, new=2, rotary="neox"),
 }
 
 
@@ -92,16 +59,16 @@ def test_kvcache_matches_the_golden(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("paged,new,rotary,leftpad_or_idx,mask,dtype", itertools.product(
+@pytest.mark.parametrize("paged,new,rotary,leftpad_or_idx,mask,dtype,softcap", itertools.product(
     (False, True), (0, 3), (None, "interleaved", "neox"), (None, "leftpad", "batch_idx"),
-    ("none", "causal", "window", "alibi"), (F32, F16, BF16)))
-def test_kvcache_matrix(paged, new, rotary, leftpad_or_idx, mask, dtype):
+    ("none", "causal", "window", "alibi"), (F32, F16, BF16), (0.0, 0.5)))
+def test_kvcache_matrix(paged, new, rotary, leftpad_or_idx, mask, dtype, softcap):
     if rotary is not None and not new or paged and leftpad_or_idx is not None:
         pytest.skip("rotary needs new k/v; paged caches take neither cache_leftpad nor cache_batch_idx")
     check_case(make_case(seed=7, dtype=dtype, sq=3, new=new, paged=paged, rotary=rotary,
                          leftpad=leftpad_or_idx == "leftpad", batch_idx=leftpad_or_idx == "batch_idx",
                          causal=mask == "causal", window=(3, 1) if mask == "window" else (-1, -1),
-                         alibi="heads" if mask == "alibi" else None))
+                         alibi="heads" if mask == "alibi" else None, softcap=softcap))
 
 
 def test_rows_that_see_no_key_are_zero_with_infinite_lse():
@@ -146,7 +113,7 @@ BAD = {
                            cache_leftpad=torch.zeros(2, dtype=torch.int32)), r"cache_leftpad: expected None with a paged"),
     "alibi_shape": (dict(alibi_slopes=torch.ones(3)), r"alibi_slopes: expected \[H=4\] or \[B=2, H=4\]"),
     "window": (dict(window_size=(-2, 0)), r"window_size: expected a pair \(left, right\) of ints >= -1"),
-    "softcap": (dict(softcap=30.0), r"softcap: expected 0.0"),
+    "softcap": (dict(softcap=-1.0), r"softcap: expected a float >= 0"),
     "dtype": (dict(k=torch.zeros(2, 1, 2, 16, dtype=F16)), r"k: expected dtype in \['torch.float32'\]"),
 }
 
@@ -168,7 +135,7 @@ def test_gpu_path_reads_nothing_back():
     lens = torch.empty(2, dtype=torch.int32, device="meta")
     cos = torch.empty(64, 32, **meta)
     for options in (dict(causal=True), dict(window_size=(8, 0), rotary_cos=cos, rotary_sin=cos),
-                    dict(alibi_slopes=torch.empty(8, device="meta"))):
+                    dict(alibi_slopes=torch.empty(8, device="meta")), dict(softcap=30.0, window_size=(4, 0))):
         with attnops.testing.gpu_dry_run() as launches:
             flash_attn_with_kvcache(q, cache, cache, k, k, cache_seqlens=lens, block_table=table, **options)
         assert launches, options
