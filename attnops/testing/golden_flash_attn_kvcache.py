@@ -31,21 +31,22 @@ def _randn(*shape, dtype=torch.float32, seed=0) -> Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
 
 
-def kvcache_inputs(*, seed=0, dtype=torch.float32, b=2, sq=1, h=4, h_k=2, d=16, new=1, paged=False, rotary=None, rotary_dim=None,
-              batch_idx=False, leftpad=False, causal=False, window=(-1, -1), alibi=None, seqlens="tensor", softcap=0.0):
+def kvcache_inputs(*, seed=0, dtype=torch.float32, b=2, sq=1, h=4, h_k=2, d=16, new=1, paged=False, rotary=None,
+                   rotary_dim=None, batch_idx=False, leftpad=False, causal=False, window=(-1, -1), alibi=None,
+                   seqlens="tensor", softcap=0.0) -> dict:
     """Random inputs of one call: a dict of ``flash_attn_with_kvcache``'s arguments. Contiguous caches are
     ``[b + 1, CAPACITY, h_k, d]``; paged ones ``BLOCKS`` pages of ``PAGE`` tokens, ``CAPACITY / PAGE`` per sequence
     in a random order. ``seqlens``: "tensor" (random int32 lengths), "int" or None."""
     g = torch.Generator().manual_seed(seed)
     rows = BLOCKS if paged else b + 1
     slots = PAGE if paged else CAPACITY
-    kw = dict(q=_randn(b, sq, h, d, dtype=dtype, seed=seed), k_cache=_randn(rows, slots, h_k, d, dtype=dtype,
-                                                                          seed=seed + 1),
+    kw = dict(q=_randn(b, sq, h, d, dtype=dtype, seed=seed),
+              k_cache=_randn(rows, slots, h_k, d, dtype=dtype, seed=seed + 1),
               v_cache=_randn(rows, slots, h_k, d, dtype=dtype, seed=seed + 2), causal=causal, window_size=window,
               softcap=softcap)
     if new:
-        kw.update(k=_randn(b, new, h_k, d, dtype=dtype, seed=seed + 3), v=_randn(b, new, h_k, d, dtype=dtype,
-                                                                               seed=seed + 4))
+        kw.update(k=_randn(b, new, h_k, d, dtype=dtype, seed=seed + 3),
+                  v=_randn(b, new, h_k, d, dtype=dtype, seed=seed + 4))
     if seqlens == "tensor":
         kw["cache_seqlens"] = torch.randint(1, CAPACITY - max(new, sq) + 1, (b,), generator=g, dtype=torch.int32)
     elif seqlens == "int":
@@ -145,8 +146,8 @@ def kvcache_golden(q, k_cache, v_cache, k=None, v=None, *, rotary_cos=None, rota
     return KVCacheGolden(torch.stack(outs), torch.stack(lses), k_cache_after, v_cache_after)
 
 
-def _attend(q: Tensor, keys: Tensor, values: Tensor, scale: float, softcap: float, length: int, lo: int, left: int, right: int,
-            slopes, group: int, dtype):
+def _attend(q: Tensor, keys: Tensor, values: Tensor, scale: float, softcap: float, length: int, lo: int, left: int,
+            right: int, slopes, group: int, dtype):
     """One batch: ``q [Sq, H, D]`` over ``keys/values [capacity, H_k, *]``; ``(out [Sq, H, Dv], lse [H, Sq])``."""
     sq, h, _ = q.shape
     keys = keys.repeat_interleave(group, 1)

@@ -4,7 +4,6 @@ the validation table; the GPU path with no host reads (dry run)."""
 from __future__ import annotations
 
 import itertools
-import math
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import torch
 import attnops
 from attnops.flash_attn import flash_attn_with_kvcache
 from attnops.testing.compare import assert_close_to_golden
-from attnops.testing.golden_flash_attn_kvcache import CAPACITY, PAGE, kvcache_golden
+from attnops.testing.golden_flash_attn_kvcache import PAGE, kvcache_golden
 from attnops.testing.golden_flash_attn_kvcache import kvcache_inputs as make_case
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -109,8 +108,8 @@ BAD = {
                         r"cache_batch_idx: expected rows of the cache in \[0, 3\)"),
     "leftpad_past_end": (dict(cache_leftpad=torch.tensor([30, 0], dtype=torch.int32)),
                          r"cache_leftpad: expected values in \[0, cache_seqlens \+ seqlen_new\]"),
-    "paged_leftpad": (dict(block_table=torch.zeros(2, 3, dtype=torch.int32),
-                           cache_leftpad=torch.zeros(2, dtype=torch.int32)), r"cache_leftpad: expected None with a paged"),
+    "paged_leftpad": (dict(block_table=torch.zeros(2, 3, dtype=torch.int32), cache_leftpad=torch.zeros(
+        2, dtype=torch.int32)), r"cache_leftpad: expected None with a paged"),
     "alibi_shape": (dict(alibi_slopes=torch.ones(3)), r"alibi_slopes: expected \[H=4\] or \[B=2, H=4\]"),
     "window": (dict(window_size=(-2, 0)), r"window_size: expected a pair \(left, right\) of ints >= -1"),
     "softcap": (dict(softcap=-1.0), r"softcap: expected a float >= 0"),

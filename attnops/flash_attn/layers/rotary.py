@@ -4,7 +4,8 @@
 rest pass through. ``interleaved=False`` (GPT-NeoX) pairs dimension ``i`` with ``i + rotary_dim / 2``;
 ``interleaved=True`` (GPT-J) pairs ``2i`` with ``2i + 1``. Token ``s`` of sequence ``b`` is at position
 ``s + seqlen_offsets[b]``; a position at or past ``seqlen_ro`` is left unrotated, as flash-attn's kernel does.
-Computed in fp32 (fp64 for fp64 inputs) and rounded once to ``x``'s dtype; differentiable (plain PyTorch, so ``torch.compile`` traces it).
+Computed in fp32 (fp64 for fp64 inputs) and rounded once to ``x``'s dtype; differentiable (plain PyTorch, so
+``torch.compile`` traces it).
 """
 from __future__ import annotations
 
