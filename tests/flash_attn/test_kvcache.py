@@ -138,3 +138,15 @@ def test_gpu_path_reads_nothing_back():
         with attnops.testing.gpu_dry_run() as launches:
             flash_attn_with_kvcache(q, cache, cache, k, k, cache_seqlens=lens, block_table=table, **options)
         assert launches, options
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [dict(paged=True, rotary="interleaved", causal=True),
+                                     dict(leftpad=True, window=(3, 0), alibi="heads", softcap=0.5, new=2, sq=2)])
+def test_compiles_with_fullgraph_and_matches_eager(options):
+    kw = make_case(seed=5, **options)
+    eager = {name: x.clone() if isinstance(x, torch.Tensor) else x for name, x in kw.items()}
+    want_out, want_lse = flash_attn_with_kvcache(**eager, return_softmax_lse=True)
+    out, lse = torch.compile(flash_attn_with_kvcache, fullgraph=True)(**kw, return_softmax_lse=True)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    assert torch.equal(kw["k_cache"], eager["k_cache"]) and torch.equal(kw["v_cache"], eager["v_cache"])
