@@ -148,7 +148,7 @@ def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo | De
             pse)
     device = isinstance(seq, DeviceSeqLens)
     unbounded = device and not seq.bounds_given  # device lengths bounded by the pse's extents, not checked here
-    if not device:
+    if not device and not bottom_right:  # flash-attn's ALiBi takes empty sequences
         require(all(n > 0 for n in seq.q_lens), "pse",
                 "None when some batch has a query length of 0 (actual_seq_qlen repeats a value)", pse)
     if pse_type in (2, 3):

@@ -13,7 +13,7 @@ from ..testing.golden_flash_attn_kvcache import kvcache_golden, kvcache_inputs, 
 from . import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
-KVCACHE = "flash_attn.flash_attn_with_kvcache"
+KVCACHE = "attnops.flash_attn.flash_attn_with_kvcache"
 
 KVCACHE_CASES = [
     ("decode fp16, paged, append + interleaved rotary, causal, GQA 2",
@@ -108,11 +108,11 @@ def cases() -> list[CheckCase]:
     kvcache = [CheckCase(KVCACHE, name, _kvcache_case(options), _backends(options))
                for name, options in KVCACHE_CASES]
     return kvcache + [
-        CheckCase("flash_attn.layers.rotary.apply_rotary_emb", "fp16 GPT-J pairs, per-batch offsets past the table",
-                  _apply_rotary_emb),
-        CheckCase("flash_attn.layers.rotary.apply_rotary_emb_qkv_", "fp32 packed qkv, GPT-NeoX pairs",
+        CheckCase("attnops.flash_attn.layers.rotary.apply_rotary_emb",
+                  "fp16 GPT-J pairs, per-batch offsets past the table", _apply_rotary_emb),
+        CheckCase("attnops.flash_attn.layers.rotary.apply_rotary_emb_qkv_", "fp32 packed qkv, GPT-NeoX pairs",
                   _apply_rotary_emb_qkv),
-        CheckCase("flash_attn.layers.rotary.RotaryEmbedding", "fp32 packed qkv, offset 2", _rotary_embedding),
-        CheckCase("flash_attn.bert_padding", "unpad_input / pad_input / index_first_axis, an empty row",
+        CheckCase("attnops.flash_attn.layers.rotary.RotaryEmbedding", "fp32 packed qkv, offset 2", _rotary_embedding),
+        CheckCase("attnops.flash_attn.bert_padding", "unpad_input / pad_input / index_first_axis, an empty row",
                   _unpad_pad),
     ]

@@ -18,7 +18,7 @@ __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_fu
 def _refuse_unsupported(**options) -> None:
     """Raise for FA3 options attnops does not implement (each must keep its default: None or 0)."""
     for name, value in options.items():
-        require(value is None or (value == 0 and not isinstance(value, Tensor)), name,
+        require(value is None or (not isinstance(value, Tensor) and value == 0), name,
                 "its default (not supported by attnops)", value)
 
 

@@ -25,6 +25,7 @@ def softmax_lse(result: FlashAttentionResult, varlen: bool) -> Tensor:
     return lse.t() if varlen else lse
 
 
+@torch.no_grad()
 def dropout_probs(query: Tensor, key: Tensor, value: Tensor, result: FlashAttentionResult, options: dict) -> Tensor:
     """``S_dmask`` ``[B, H, max Sq, max Skv]`` in the query's dtype: the normalised attention probabilities of the
     forward that gave ``result`` (called with ``options``), negated where dropout dropped them; 0 where masked and
