@@ -11,8 +11,9 @@ from torch import Tensor
 
 from .._core.checks import check_tensor, require
 from .flash_attn_interface import attention
+from .kvcache import flash_attn_with_kvcache as _fa2_with_kvcache
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func"]
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 
 def _refuse_unsupported(**options) -> None:
@@ -71,3 +72,22 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
         hk = (heads - hq) // 2
         q, k, v = qkv.split([hq, hk, hk], dim=2)
     return _fa3(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                            cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
+                            scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
+                            return_softmax_lse=False):
+    """FA3 ``flash_attn_with_kvcache``: flash-attn 2's (:func:`attnops.flash_attn.flash_attn_with_kvcache`) with
+    ``page_table`` for ``block_table``; ``scheduler_metadata`` is accepted and changes nothing; ``qv``, the FP8
+    descales, varlen queries (``cu_seqlens_q``, ``cu_seqlens_k_new``, ``max_seqlen_q``), ``rotary_seqlens`` and
+    ``attention_chunk`` are refused. Returns ``out``, or ``(out, softmax_lse [B, H, Sq])``."""
+    _refuse_unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new, max_seqlen_q=max_seqlen_q,
+                        rotary_seqlens=rotary_seqlens, attention_chunk=attention_chunk)
+    return _fa2_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                             cache_leftpad, page_table, softmax_scale, causal, window_size, softcap,
+                             rotary_interleaved, None, num_splits, return_softmax_lse)

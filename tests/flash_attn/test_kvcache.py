@@ -150,3 +150,17 @@ def test_compiles_with_fullgraph_and_matches_eager(options):
     out, lse = torch.compile(flash_attn_with_kvcache, fullgraph=True)(**kw, return_softmax_lse=True)
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
     assert torch.equal(kw["k_cache"], eager["k_cache"]) and torch.equal(kw["v_cache"], eager["v_cache"])
+
+
+def test_fa3_name_takes_page_table_and_refuses_what_attnops_lacks():
+    from attnops.flash_attn import fa3, flash_attn_interface
+
+    assert flash_attn_interface.flash_attn_with_kvcache is flash_attn_with_kvcache
+    kw = make_case(paged=True, new=0, causal=True)
+    table = kw.pop("block_table")
+    want = flash_attn_with_kvcache(**kw, block_table=table, return_softmax_lse=True)
+    got = fa3.flash_attn_with_kvcache(**kw, page_table=table, scheduler_metadata=torch.zeros(4, dtype=torch.int32),
+                                      pack_gqa=True, return_softmax_lse=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(attnops.ParamInvalidError, match=r"qv: expected its default \(not supported by attnops\)"):
+        fa3.flash_attn_with_kvcache(**kw, page_table=table, qv=kw["q"])
