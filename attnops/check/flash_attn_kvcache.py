@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ..flash_attn import bert_padding, flash_attn_with_kvcache
+from ..flash_attn import bert_padding, fa3, flash_attn_with_kvcache
 from ..flash_attn.layers import rotary
 from ..testing.golden_flash_attn_kvcache import kvcache_golden, kvcache_inputs, rotary_golden
 from . import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
@@ -26,7 +26,12 @@ KVCACHE_CASES = [
 ]
 
 
-def _kvcache_case(options: dict):
+def _fa3_call(block_table=None, **kw):
+    """FA3's ``flash_attn_with_kvcache``, which names the block table ``page_table``."""
+    return fa3.flash_attn_with_kvcache(page_table=block_table, **kw)
+
+
+def _kvcache_case(options: dict, call=flash_attn_with_kvcache):
     def run(backend):
         kw = kvcache_inputs(seed=3, **options)
         tensors = {n: kw.pop(n, None) for n in ("q", "k_cache", "v_cache", "k", "v")}
@@ -34,8 +39,7 @@ def _kvcache_case(options: dict):
         base = kvcache_golden(*tensors.values(), **kw, dtype=tensors["q"].dtype)
         dev = input_device(backend)
         moved_in = {n: moved(dev, x.clone() if isinstance(x, torch.Tensor) else x) for n, x in tensors.items()}
-        out, lse = on_cpu(flash_attn_with_kvcache(**moved_in, **{n: moved(dev, x) for n, x in kw.items()},
-                                                  return_softmax_lse=True))
+        out, lse = on_cpu(call(**moved_in, **{n: moved(dev, x) for n, x in kw.items()}, return_softmax_lse=True))
         k_cache, v_cache = on_cpu([moved_in["k_cache"], moved_in["v_cache"]])
         return [Comparison("out", out, golden.out, base.out), Comparison("softmax_lse", lse, golden.lse, base.lse),
                 Comparison("k_cache", k_cache, golden.k_cache, base.k_cache),
@@ -107,6 +111,9 @@ def _backends(options: dict) -> tuple[str, ...]:
 def cases() -> list[CheckCase]:
     kvcache = [CheckCase(KVCACHE, name, _kvcache_case(options), _backends(options))
                for name, options in KVCACHE_CASES]
+    fa3_options = dict(dtype=F16, paged=True, sq=2, new=2, causal=True)
+    kvcache.append(CheckCase("attnops.flash_attn.fa3.flash_attn_with_kvcache", "2 rows fp16, page_table, causal",
+                             _kvcache_case(fa3_options, _fa3_call), _backends(fa3_options)))
     return kvcache + [
         CheckCase("attnops.flash_attn.layers.rotary.apply_rotary_emb",
                   "fp16 GPT-J pairs, per-batch offsets past the table", _apply_rotary_emb),
