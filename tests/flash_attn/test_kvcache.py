@@ -13,18 +13,27 @@ from attnops.flash_attn import flash_attn_with_kvcache
 from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden_flash_attn_kvcache import PAGE, kvcache_golden
 from attnops.testing.golden_flash_attn_kvcache import kvcache_inputs as make_case
+from tests.triton_backend import DEVICE, triton_backend  # noqa: F401  (the fixture)
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+
+
+TENSORS = ("q", "k_cache", "v_cache", "k", "v")
+
+
+def goldens(kw: dict):
+    """The fp64 golden and the low-precision baseline of a call's inputs (CPU copies; the inputs are unchanged)."""
+    cpu = {name: x.cpu() if isinstance(x, torch.Tensor) else x for name, x in kw.items()}
+    tensors = [cpu.get(name) for name in TENSORS]
+    options = {name: x for name, x in cpu.items() if name not in TENSORS}
+    return kvcache_golden(*tensors, **options), kvcache_golden(*tensors, **options, dtype=kw["q"].dtype)
 
 
 def check_case(kw: dict) -> None:
     """Run the call on copies of the caches and judge out, lse and the caches against the golden."""
     inputs = {name: x.clone() if isinstance(x, torch.Tensor) else x for name, x in kw.items()}
     out, lse = flash_attn_with_kvcache(**inputs, return_softmax_lse=True)
-    args = {name: x for name, x in kw.items() if name not in ("q", "k_cache", "v_cache", "k", "v")}
-    tensors = [kw["q"], kw["k_cache"], kw["v_cache"], kw.get("k"), kw.get("v")]
-    want = kvcache_golden(*tensors, **args)
-    base = kvcache_golden(*tensors, **args, dtype=kw["q"].dtype)
+    want, base = goldens(kw)
     assert out.shape == kw["q"].shape and out.dtype == kw["q"].dtype
     assert lse.shape == (kw["q"].shape[0], kw["q"].shape[2], kw["q"].shape[1]) and lse.dtype == F32
     assert_close_to_golden("out", out, want.out, base.out)
@@ -164,3 +173,17 @@ def test_fa3_name_takes_page_table_and_refuses_what_attnops_lacks():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     with pytest.raises(attnops.ParamInvalidError, match=r"qv: expected its default \(not supported by attnops\)"):
         fa3.flash_attn_with_kvcache(**kw, page_table=table, qv=kw["q"])
+
+
+@pytest.mark.parametrize("options,kernel", [
+    (dict(dtype=F16, paged=True, rotary="interleaved", causal=True, new=1), "split_kernel"),
+    (dict(leftpad=True, window=(4, 0), alibi="heads", sq=2, new=2), "split_kernel"),
+    (dict(dtype=F16, paged=True, softcap=0.5, window=(3, 1), sq=2, new=2), "fwd_kernel"),
+], ids=["paged-rotary-decode", "leftpad-window-alibi", "softcap"])
+def test_on_the_triton_kernels(options, kernel, triton_backend):
+    kw = {name: x.to(DEVICE) if isinstance(x, torch.Tensor) else x for name, x in make_case(seed=9, **options).items()}
+    want, base = goldens(kw)
+    out, lse = flash_attn_with_kvcache(**kw, return_softmax_lse=True)
+    assert kernel in triton_backend
+    assert_close_to_golden("out", out.cpu(), want.out, base.out)
+    assert_close_to_golden("softmax_lse", lse.cpu(), want.lse, base.lse)
