@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import check_int, check_tensor, fail, require
+from .._core.checks import check_int, check_tensor, require
 from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
 from .layers.rotary import rotate
@@ -70,25 +70,20 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
     ok = isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0
     require(ok, "softcap", "a float >= 0 (0.0: no softcapping)", softcap)
     check_int("num_splits", num_splits, lo=0)
+    _check_alibi(alibi_slopes, q)
     seqlens = _seqlens(cache_seqlens, batch, q.device)
-    tables = None if rotary_cos is None and rotary_sin is None else _rotary_tables(k_cache, rotary_cos, rotary_sin,
-                                                                                  capacity)
-    new = 0
-    if k is not None or v is not None:
-        new = _check_new_kv(q, k_cache, v_cache, k, v, seqlens)
-        positions = seqlens.unsqueeze(1) + torch.arange(new, device=q.device)
-        if tables is not None:
-            k = rotate(k, *tables, positions, rotary_interleaved)
-        _write_cache(k_cache, v_cache, k, v, positions, block_table, cache_batch_idx, capacity)
-    elif tables is not None:
-        fail("rotary_cos", "None without k and v (rotary embedding rotates the appended keys)", rotary_cos)
-    if tables is not None:
-        local = causal or (left, right) != (-1, -1)
-        q_pos = (seqlens.unsqueeze(1) + torch.arange(sq, device=q.device)) if local else seqlens.unsqueeze(1)
-        q = rotate(q, *tables, q_pos.expand(batch, sq), rotary_interleaved)
+    new = 0 if k is None and v is None else _check_new_kv(q, k_cache, v_cache, k, v, seqlens)
+    tables = None
+    if rotary_cos is not None or rotary_sin is not None:
+        require(k is not None, "rotary_cos", "None without k and v (rotary embedding rotates the appended keys)",
+                rotary_cos)
+        tables = _rotary_tables(k_cache, rotary_cos, rotary_sin, capacity)
     lengths = None if seqlens is None else seqlens + new
-    if lengths is not None and not torch.compiler.is_compiling() and lengths.device.type == "cpu":
+    if lengths is not None and lengths.device.type == "cpu" and not torch.compiler.is_compiling():
         _check_lengths(lengths, cache_leftpad, capacity)
+    if k is not None:
+        q = _append(q, k_cache, v_cache, k, v, seqlens, tables, rotary_interleaved, causal or (left, right) != (-1, -1),
+                    block_table, cache_batch_idx)
     ends = torch.full((batch,), capacity, device=q.device) if lengths is None else lengths.long()
     pse = None if alibi_slopes is None else _alibi_bias(alibi_slopes, ends, batch, heads, sq, capacity, q.dtype)
     if softcap > 0:
@@ -105,6 +100,26 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
                                          return_lse=True)
         lse = lse.squeeze(-1)
     return (out, lse) if return_softmax_lse else out
+
+
+def _append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, seqlens: Tensor, tables,
+            interleaved: bool, local: bool, block_table, cache_batch_idx) -> Tensor:
+    """Write ``k`` (rotated by ``tables``) and ``v`` into the caches at ``seqlens + s``; returns ``q``, rotated at
+    ``seqlens + s`` when ``local`` (causal or windowed), else at ``seqlens``, when there are tables."""
+    positions = seqlens.unsqueeze(1) + torch.arange(k.shape[1], device=k.device)
+    if tables is not None:
+        k = rotate(k, *tables, positions, interleaved)
+        q_positions = seqlens.unsqueeze(1) + torch.arange(q.shape[1], device=q.device) if local else seqlens[:, None]
+        q = rotate(q, *tables, q_positions.expand(q.shape[0], q.shape[1]), interleaved)
+    if block_table is None:
+        rows = torch.arange(k.shape[0], device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
+        index = (rows.unsqueeze(1).expand_as(positions), positions)
+    else:
+        page = k_cache.shape[1]
+        index = (block_table.long().gather(1, positions // page), positions % page)
+    k_cache.index_put_(index, k)
+    v_cache.index_put_(index, v)
+    return q
 
 
 def _softcapped_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, scale, softcap,
@@ -194,26 +209,11 @@ def _rotary_tables(k_cache: Tensor, cos, sin, capacity: int) -> tuple[Tensor, Te
     return cos, sin
 
 
-def _write_cache(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, positions: Tensor, block_table,
-                 cache_batch_idx, capacity: int) -> None:
-    """Write ``k``/``v`` ``[B, S_new, ...]`` at cache ``positions`` ``[B, S_new]`` in place (device indexing)."""
-    if positions.device.type == "cpu" and not torch.compiler.is_compiling() and positions.numel():
-        require(int(positions.max()) < capacity, "cache_seqlens", f"cache_seqlens + seqlen_new <= {capacity} (the "
-                "cache's capacity)", f"a sequence ending at {int(positions.max()) + 1}")
-    if block_table is None:
-        rows = (torch.arange(k.shape[0], device=k.device) if cache_batch_idx is None else cache_batch_idx.long())
-        index = (rows.unsqueeze(1).expand_as(positions), positions)
-    else:
-        page = k_cache.shape[1]
-        index = (block_table.long().gather(1, positions // page), positions % page)
-    k_cache.index_put_(index, k)
-    v_cache.index_put_(index, v)
-
-
 def _check_lengths(lengths: Tensor, cache_leftpad, capacity: int) -> None:
-    """Host checks of CPU lengths: ``0 <= cache_leftpad <= cache_seqlens + S_new <= capacity``."""
-    require(bool((lengths <= capacity).all()) and bool((lengths >= 0).all()), "cache_seqlens",
-            f"values in [0, {capacity}] (the cache's capacity)", lengths.tolist())
+    """Host checks of CPU lengths, before anything is written: ``0 <= cache_leftpad <= cache_seqlens + S_new <=
+    capacity``."""
+    require(bool(((lengths >= 0) & (lengths <= capacity)).all()), "cache_seqlens",
+            f"cache_seqlens + seqlen_new in [0, {capacity}] (the cache's capacity)", f"ends {lengths.tolist()}")
     if cache_leftpad is not None:
         require(bool(((cache_leftpad >= 0) & (cache_leftpad <= lengths)).all()), "cache_leftpad",
                 "values in [0, cache_seqlens + seqlen_new]", cache_leftpad.tolist())
@@ -248,11 +248,18 @@ def _mask(ends: Tensor, cache_leftpad, sq: int, capacity: int, left: int, right:
     return masked.expand(-1, 1, sq, capacity).contiguous()
 
 
-def _alibi_bias(slopes, ends: Tensor, batch: int, heads: int, sq: int, capacity: int, dtype) -> Tensor:
-    """``-slope * |i + L - Sq - j|`` as ``[B, H, Sq, capacity]`` in ``dtype`` (FusedInferAttention's pse_shift)."""
+def _check_alibi(slopes, q: Tensor) -> None:
+    """``alibi_slopes``: None or fp32 ``[H]`` / ``[B, H]`` on q's device."""
+    if slopes is None:
+        return
+    batch, _, heads, _ = q.shape
     check_tensor("alibi_slopes", slopes, dtypes=(torch.float32,))
     require(tuple(slopes.shape) in ((heads,), (batch, heads)), "alibi_slopes", f"[H={heads}] or [B={batch}, "
             f"H={heads}]", slopes)
-    require(slopes.device == ends.device, "alibi_slopes", f"a tensor on {ends.device}", slopes)
+    require(slopes.device == q.device, "alibi_slopes", f"a tensor on {q.device} (the device of q)", slopes)
+
+
+def _alibi_bias(slopes, ends: Tensor, batch: int, heads: int, sq: int, capacity: int, dtype) -> Tensor:
+    """``-slope * |i + L - Sq - j|`` as ``[B, H, Sq, capacity]`` in ``dtype`` (FusedInferAttention's pse_shift)."""
     distance = _offsets(ends, sq, capacity).abs().to(torch.float32)
     return (-slopes.expand(batch, heads).view(batch, heads, 1, 1) * distance).to(dtype)

@@ -112,7 +112,7 @@ BAD = {
                          r"rotary_cos: expected None without k and v"),
     "rotary_too_short": (dict(rotary_cos=torch.ones(8, 8), rotary_sin=torch.ones(8, 8)),
                          r"rotary_cos: expected \[seqlen_ro >= 24"),
-    "overflow": (dict(cache_seqlens=24), r"cache_seqlens: expected cache_seqlens \+ seqlen_new <= 24"),
+    "overflow": (dict(cache_seqlens=24), r"cache_seqlens: expected cache_seqlens \+ seqlen_new in \[0, 24\]"),
     "batch_idx_range": (dict(cache_batch_idx=torch.tensor([0, 3], dtype=torch.int32)),
                         r"cache_batch_idx: expected rows of the cache in \[0, 3\)"),
     "leftpad_past_end": (dict(cache_leftpad=torch.tensor([30, 0], dtype=torch.int32)),
@@ -130,9 +130,11 @@ BAD = {
 def test_bad_arguments_raise_naming_them(name):
     changes, message = BAD[name]
     kw = dict(make_case(), **changes)
+    before = kw["k_cache"].clone(), kw["v_cache"].clone()
     with pytest.raises((attnops.ParamInvalidError, attnops.ParamDtypeError, attnops.ParamNullptrError),
                        match=message):
         flash_attn_with_kvcache(**kw)
+    assert torch.equal(kw["k_cache"], before[0]) and torch.equal(kw["v_cache"], before[1])  # nothing written
 
 
 def test_gpu_path_reads_nothing_back():
