@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import check_int, check_tensor, require
+from .._core.checks import check_int, check_tensor, fail, require
 from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
 from .layers.rotary import rotate
@@ -80,7 +80,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         tables = _rotary_tables(k_cache, rotary_cos, rotary_sin, capacity)
     lengths = None if seqlens is None else seqlens + new
     if lengths is not None and lengths.device.type == "cpu" and not torch.compiler.is_compiling():
-        _check_lengths(lengths, cache_leftpad, capacity)
+        _check_lengths(lengths, cache_leftpad, capacity, block_table, k_cache.shape[0])
     if k is not None:
         q = _append(q, k_cache, v_cache, k, v, seqlens, tables, rotary_interleaved, causal or (left, right) != (-1, -1),
                     block_table, cache_batch_idx)
@@ -209,14 +209,22 @@ def _rotary_tables(k_cache: Tensor, cos, sin, capacity: int) -> tuple[Tensor, Te
     return cos, sin
 
 
-def _check_lengths(lengths: Tensor, cache_leftpad, capacity: int) -> None:
+def _check_lengths(lengths: Tensor, cache_leftpad, capacity: int, block_table, num_blocks: int) -> None:
     """Host checks of CPU lengths, before anything is written: ``0 <= cache_leftpad <= cache_seqlens + S_new <=
-    capacity``."""
+    capacity``, and the pages a sequence uses are pages of the cache."""
     require(bool(((lengths >= 0) & (lengths <= capacity)).all()), "cache_seqlens",
             f"cache_seqlens + seqlen_new in [0, {capacity}] (the cache's capacity)", f"ends {lengths.tolist()}")
     if cache_leftpad is not None:
         require(bool(((cache_leftpad >= 0) & (cache_leftpad <= lengths)).all()), "cache_leftpad",
                 "values in [0, cache_seqlens + seqlen_new]", cache_leftpad.tolist())
+    if block_table is not None:
+        page = capacity // block_table.shape[1]
+        used = torch.arange(block_table.shape[1]) < ((lengths + page - 1) // page).unsqueeze(1)
+        bad = used & ((block_table < 0) | (block_table >= num_blocks))
+        if bool(bad.any()):
+            where = [int(i) for i in bad.nonzero()[0]]
+            fail("block_table", f"page ids in [0, {num_blocks}) for the pages each sequence uses",
+                 f"{int(block_table[where[0], where[1]])} at {where}")
 
 
 def _cache_views(k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, batch: int):
