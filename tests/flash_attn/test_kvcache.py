@@ -13,6 +13,7 @@ from attnops.flash_attn import flash_attn_with_kvcache
 from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden_flash_attn_kvcache import PAGE, kvcache_golden
 from attnops.testing.golden_flash_attn_kvcache import kvcache_inputs as make_case
+from tests.helpers import noncontig
 from tests.triton_backend import DEVICE, triton_backend  # noqa: F401  (the fixture)
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -191,3 +192,13 @@ def test_on_the_triton_kernels(options, kernel, triton_backend):
     assert kernel in triton_backend
     assert_close_to_golden("out", out.cpu(), want.out, base.out)
     assert_close_to_golden("softmax_lse", lse.cpu(), want.lse, base.lse)
+
+
+def test_non_contiguous_inputs_give_the_same_result():
+    kw = make_case(paged=True, rotary="neox", new=2, sq=2, alibi="heads", causal=True)
+    plain = {name: x.clone() if isinstance(x, torch.Tensor) else x for name, x in kw.items()}
+    strided = dict(plain, **{name: noncontig(kw[name]) for name in ("q", "k", "v", "rotary_cos", "rotary_sin")},
+                   k_cache=kw["k_cache"].clone(), v_cache=kw["v_cache"].clone())
+    assert not strided["q"].is_contiguous()
+    assert torch.equal(flash_attn_with_kvcache(**strided), flash_attn_with_kvcache(**plain))
+    assert torch.equal(strided["k_cache"], plain["k_cache"]) and torch.equal(strided["v_cache"], plain["v_cache"])
