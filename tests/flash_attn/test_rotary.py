@@ -120,3 +120,13 @@ def test_xpos_scales_q_and_k_reciprocally():
 def test_bad_arguments_raise_naming_them(call, message):
     with pytest.raises((attnops.ParamInvalidError, attnops.ParamDtypeError), match=message):
         call()
+
+
+def test_half_module_keeps_fp32_angles():
+    module = RotaryEmbedding(8).half()
+    assert module.inv_freq.dtype == torch.float16
+    qkv = randn(1, 300, 3, 1, 8, dtype=F16)
+    before = qkv.clone()
+    module(qkv)
+    angles = torch.arange(300, dtype=F64).unsqueeze(1) * 10000.0 ** (-torch.arange(0, 8, 2, dtype=F64) / 8)
+    judge(qkv[:, :, 0], before[:, :, 0], angles.cos(), angles.sin(), torch.arange(300).unsqueeze(0), False)

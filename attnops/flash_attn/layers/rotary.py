@@ -142,10 +142,14 @@ class RotaryEmbedding(nn.Module):
         self.base, self.interleaved, self.scale_base, self.pos_idx_in_fp32 = float(base), interleaved, scale_base, \
             pos_idx_in_fp32
         half = torch.arange(0, dim, 2, device=device, dtype=torch.float32)
-        self.register_buffer("inv_freq", 1.0 / (self.base ** (half / dim)), persistent=False)
+        self.register_buffer("inv_freq", self._inverse_frequencies(device), persistent=False)
         self.register_buffer("scale", None if scale_base is None else (half + 0.4 * dim) / (1.4 * dim),
                              persistent=False)
         self._cos_cached = self._sin_cached = self._cos_k_cached = self._sin_k_cached = None
+
+    def _inverse_frequencies(self, device) -> Tensor:
+        """fp32 ``base**(-2i/dim)``."""
+        return 1.0 / (self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim))
 
     def _update_cos_sin_cache(self, seqlen: int, device: torch.device, dtype: torch.dtype) -> None:
         cached = self._cos_cached
@@ -154,8 +158,9 @@ class RotaryEmbedding(nn.Module):
             return
         length = max(seqlen, 1)
         if self.pos_idx_in_fp32:
-            t = torch.arange(length, device=device, dtype=torch.float32)
-            inv_freq = self.inv_freq.to(device=device, dtype=torch.float32)
+            t = torch.arange(length, device=device, dtype=torch.float32)  # an fp16 copy of inv_freq is recomputed
+            inv_freq = (self.inv_freq.to(device) if self.inv_freq.dtype == torch.float32
+                        else self._inverse_frequencies(device))
         else:
             t = torch.arange(length, device=device, dtype=self.inv_freq.dtype)
             inv_freq = self.inv_freq.to(device)
