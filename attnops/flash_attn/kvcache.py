@@ -4,7 +4,8 @@ The call runs in three steps, each on the device with no value read back on a GP
 written into the cache in place at ``cache_seqlens``; the query is rotated; FusedInferAttention attends over each
 batch's first ``cache_seqlens + seqlen_new`` cache tokens (the paged cache read in place through ``block_table``),
 with the masks that flash-attn's options imply built as one boolean tensor where its own sparse modes cannot say
-them (left padding, sliding windows) and ALiBi as its ``pse_shift``.
+them (left padding, sliding windows) and ALiBi as its ``pse_shift``. Softcapping, which FusedInferAttention lacks,
+runs on the FlashAttention core over a dense copy of the batch's cache with the same mask.
 """
 from __future__ import annotations
 
