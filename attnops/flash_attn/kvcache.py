@@ -65,6 +65,15 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         >>> out.shape  # the new token was written at positions 10 and 3 of the two cache rows
         torch.Size([2, 1, 4, 16])
     """
+    return with_kvcache(**locals(), q_lens=None)
+
+
+def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                 block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                 return_softmax_lse, q_lens: Tensor | None):
+    """:func:`flash_attn_with_kvcache`'s body. ``q_lens`` (int64 ``[B]``, on q's device): the query rows of each
+    batch of a padded ``q`` (FlashAttention-3's varlen queries), each batch aligned to its own bottom-right corner;
+    None: all ``Sq`` rows."""
     batch, sq, heads, _ = check_tensor("q", q, ndim=4, dtypes=_FLOATS).shape
     capacity = _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad)
     left, right = _window(causal, window_size)
@@ -86,19 +95,20 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         q = _append(q, k_cache, v_cache, k, v, seqlens, tables, rotary_interleaved, causal or (left, right) != (-1, -1),
                     block_table, cache_batch_idx)
     ends = torch.full((batch,), capacity, device=q.device) if lengths is None else lengths.long()
-    pse = None if alibi_slopes is None else _alibi_bias(alibi_slopes, ends, batch, heads, sq, capacity, q.dtype)
+    shift = ends - (sq if q_lens is None else q_lens)  # the key column of query row 0's bottom-right diagonal
+    pse = None if alibi_slopes is None else _alibi_bias(alibi_slopes, shift, batch, heads, sq, capacity, q.dtype)
     if softcap > 0:
         out, lse = _softcapped_attention(q, k_cache, v_cache, block_table, cache_batch_idx, softmax_scale, softcap,
-                                         _mask(ends, cache_leftpad, sq, capacity, left, right), pse)
+                                         _mask(ends, shift, cache_leftpad, sq, capacity, left, right), pse)
     else:
         mask = None
         if cache_leftpad is not None or (left, right) != (-1, -1):
-            mask = _mask(ends, cache_leftpad, sq, capacity, left, right)
+            mask = _mask(ends, shift, cache_leftpad, sq, capacity, left, right)
         key, value = _cache_views(k_cache, v_cache, block_table, cache_batch_idx, batch)
         out, lse = fused_infer_attention(q, key, value, layout="BSND", num_key_value_heads=key.shape[-2],
                                          scale=softmax_scale, causal=causal and mask is None, atten_mask=mask,
-                                         pse_shift=pse, actual_seq_lengths_kv=lengths, block_table=block_table,
-                                         return_lse=True)
+                                         pse_shift=pse, actual_seq_lengths=q_lens, actual_seq_lengths_kv=lengths,
+                                         block_table=block_table, return_lse=True)
         lse = lse.squeeze(-1)
     return (out, lse) if return_softmax_lse else out
 
@@ -237,17 +247,18 @@ def _cache_views(k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx,
     return k_cache.index_select(0, cache_batch_idx.long()), v_cache.index_select(0, cache_batch_idx.long())
 
 
-def _offsets(ends: Tensor, sq: int, capacity: int) -> Tensor:
-    """``j - (i + L - Sq)`` as int64 ``[B, 1, Sq, capacity]``: a key's distance from the bottom-right diagonal."""
-    i = torch.arange(sq, device=ends.device).view(1, 1, sq, 1)
-    j = torch.arange(capacity, device=ends.device).view(1, 1, 1, capacity)
-    return j - i - (ends - sq).view(-1, 1, 1, 1)
+def _offsets(shift: Tensor, sq: int, capacity: int) -> Tensor:
+    """``j - (i + shift)`` as int64 ``[B, 1, Sq, capacity]``: a key's distance from the bottom-right diagonal
+    (``shift = L - Sq`` per batch)."""
+    i = torch.arange(sq, device=shift.device).view(1, 1, sq, 1)
+    j = torch.arange(capacity, device=shift.device).view(1, 1, 1, capacity)
+    return j - i - shift.view(-1, 1, 1, 1)
 
 
-def _mask(ends: Tensor, cache_leftpad, sq: int, capacity: int, left: int, right: int) -> Tensor:
+def _mask(ends: Tensor, shift: Tensor, cache_leftpad, sq: int, capacity: int, left: int, right: int) -> Tensor:
     """Bool ``[B, 1, Sq, capacity]`` (True = masked): keys at or past each batch's length ``ends``, outside the
-    window band, or before the left padding's end."""
-    offset = _offsets(ends, sq, capacity)
+    window band around the diagonal ``j = i + shift``, or before the left padding's end."""
+    offset = _offsets(shift, sq, capacity)
     j = torch.arange(capacity, device=ends.device)
     masked = (j >= ends.view(-1, 1)).view(-1, 1, 1, capacity) | (offset > right if right >= 0 else False)
     if left >= 0:
@@ -268,7 +279,8 @@ def _check_alibi(slopes, q: Tensor) -> None:
     require(slopes.device == q.device, "alibi_slopes", f"a tensor on {q.device} (the device of q)", slopes)
 
 
-def _alibi_bias(slopes, ends: Tensor, batch: int, heads: int, sq: int, capacity: int, dtype) -> Tensor:
-    """``-slope * |i + L - Sq - j|`` as ``[B, H, Sq, capacity]`` in ``dtype`` (FusedInferAttention's pse_shift)."""
-    distance = _offsets(ends, sq, capacity).abs().to(torch.float32)
+def _alibi_bias(slopes, shift: Tensor, batch: int, heads: int, sq: int, capacity: int, dtype) -> Tensor:
+    """``-slope * |i + shift - j|`` (``shift = L - Sq``) as ``[B, H, Sq, capacity]`` in ``dtype`` (FusedInferAttention's
+    pse_shift)."""
+    distance = _offsets(shift, sq, capacity).abs().to(torch.float32)
     return (-slopes.expand(batch, heads).view(batch, heads, 1, 1) * distance).to(dtype)
