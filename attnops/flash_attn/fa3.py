@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .._core.checks import check_tensor, require
 from .flash_attn_interface import attention
-from .kvcache import flash_attn_with_kvcache as _fa2_with_kvcache
+from .kvcache import packed_rows, padded_queries, with_kvcache
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -82,12 +82,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
                             return_softmax_lse=False):
     """FA3 ``flash_attn_with_kvcache``: flash-attn 2's (:func:`attnops.flash_attn.flash_attn_with_kvcache`) with
-    ``page_table`` for ``block_table``; ``scheduler_metadata`` is accepted and changes nothing; ``qv``, the FP8
-    descales, varlen queries (``cu_seqlens_q``, ``cu_seqlens_k_new``, ``max_seqlen_q``), ``rotary_seqlens`` and
-    ``attention_chunk`` are refused. Returns ``out``, or ``(out, softmax_lse [B, H, Sq])``."""
+    ``page_table`` for ``block_table``, and varlen queries: ``q`` ``[T, H, D]`` with int32 ``cu_seqlens_q``
+    ``[B + 1]`` and ``max_seqlen_q``, each batch's rows aligned to the bottom right of its own keys (its new
+    ``k``/``v`` then ``[B, S_new, H_k, D]``). ``scheduler_metadata``, ``num_splits``, ``pack_gqa`` and ``sm_margin``
+    are accepted and change nothing; ``qv``, the FP8 descales, ``cu_seqlens_k_new``, ``rotary_seqlens`` and
+    ``attention_chunk`` are refused. Returns ``out``, or ``(out, softmax_lse)``: ``[B, H, Sq]``, varlen
+    ``[H, T]``."""
     _refuse_unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new, max_seqlen_q=max_seqlen_q,
-                        rotary_seqlens=rotary_seqlens, attention_chunk=attention_chunk)
-    return _fa2_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                             cache_leftpad, page_table, softmax_scale, causal, window_size, softcap,
-                             rotary_interleaved, None, num_splits, return_softmax_lse)
+                        cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens,
+                        attention_chunk=attention_chunk)
+    varlen = cu_seqlens_q is not None
+    require(varlen or max_seqlen_q is None, "max_seqlen_q", "None without cu_seqlens_q", max_seqlen_q)
+    padded, q_lens = padded_queries(q, cu_seqlens_q, max_seqlen_q) if varlen else (q, None)
+    out, lse = with_kvcache(padded, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, page_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                            None, num_splits, True, q_lens)
+    if varlen:
+        out, lse = packed_rows(out, cu_seqlens_q, q.shape[0]), packed_rows(lse.transpose(1, 2), cu_seqlens_q,
+                                                                           q.shape[0]).t()
+    return (out, lse) if return_softmax_lse else out

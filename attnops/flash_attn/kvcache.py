@@ -18,7 +18,7 @@ from ..ops.fused_infer_attention import fused_infer_attention
 from .layers.rotary import rotate
 from .outputs import softmax_lse
 
-__all__ = ["flash_attn_with_kvcache"]
+__all__ = ["flash_attn_with_kvcache", "padded_queries", "packed_rows", "with_kvcache"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INTS = (torch.int32, torch.int64)
@@ -284,3 +284,31 @@ def _alibi_bias(slopes, shift: Tensor, batch: int, heads: int, sq: int, capacity
     pse_shift)."""
     distance = _offsets(shift, sq, capacity).abs().to(torch.float32)
     return (-slopes.expand(batch, heads).view(batch, heads, 1, 1) * distance).to(dtype)
+
+
+def padded_queries(q: Tensor, cu_seqlens_q, max_seqlen_q) -> tuple[Tensor, Tensor]:
+    """Varlen queries ``[T, H, D]`` with int32 ``cu_seqlens_q`` ``[B + 1]`` (leading 0) as ``[B, max_seqlen_q, H, D]``
+    (rows past a batch's length repeat a valid token and are ignored) and the per-batch lengths (int64 ``[B]``), by
+    device indexing; CPU lengths are checked."""
+    check_tensor("q", q, ndim=3, dtypes=_FLOATS)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_INTS)
+    require(cu_seqlens_q.shape[0] >= 2 and cu_seqlens_q.device == q.device, "cu_seqlens_q",
+            f"[B + 1] (B >= 1) on {q.device} (the device of q)", cu_seqlens_q)
+    max_len = check_int("max_seqlen_q", max_seqlen_q, lo=1)
+    cu = cu_seqlens_q.long()
+    lens = cu[1:] - cu[:-1]
+    if cu.device.type == "cpu" and not torch.compiler.is_compiling():
+        ok = int(cu[0]) == 0 and int(cu[-1]) == q.shape[0] and bool(((lens >= 0) & (lens <= max_len)).all())
+        require(ok, "cu_seqlens_q", f"prefix sums from 0 to T={q.shape[0]} with lengths <= max_seqlen_q={max_len}",
+                cu_seqlens_q.tolist())
+    rows = (cu[:-1].unsqueeze(1) + torch.arange(max_len, device=q.device)).clamp(max=max(q.shape[0] - 1, 0))
+    return q[rows], lens
+
+
+def packed_rows(x: Tensor, cu_seqlens_q: Tensor, total: int) -> Tensor:
+    """The inverse of :func:`padded_queries` for per-row results ``x`` ``[B, max_seqlen_q, ...]``: ``[total, ...]``,
+    token ``t`` of batch ``b`` from row ``t - cu_seqlens_q[b]``."""
+    cu = cu_seqlens_q.long()
+    tokens = torch.arange(total, device=x.device)
+    batch = torch.searchsorted(cu[1:], tokens, right=True).clamp_(max=cu.shape[0] - 2)
+    return x[batch, (tokens - cu[batch]).clamp(0, x.shape[1] - 1)]

@@ -202,3 +202,33 @@ def test_non_contiguous_inputs_give_the_same_result():
     assert not strided["q"].is_contiguous()
     assert torch.equal(flash_attn_with_kvcache(**strided), flash_attn_with_kvcache(**plain))
     assert torch.equal(strided["k_cache"], plain["k_cache"]) and torch.equal(strided["v_cache"], plain["v_cache"])
+
+
+@pytest.mark.parametrize("options", [
+    dict(paged=True, causal=True, new=1, rotary="interleaved", dtype=F16),
+    dict(window=(3, 0), new=0, softcap=0.5),
+    dict(leftpad=True, causal=True, new=2),
+], ids=["paged-causal-rotary", "window-softcap", "leftpad"])
+def test_fa3_varlen_queries_align_each_batch_to_its_own_keys(options):
+    from attnops.flash_attn import fa3
+
+    lens, cu = [3, 1, 0], torch.tensor([0, 3, 4, 4], dtype=torch.int32)
+    kw = make_case(seed=11, b=3, sq=max(lens), **options)
+    table = kw.pop("block_table", None)
+    packed = torch.cat([kw["q"][b, :n] for b, n in enumerate(lens)])
+    caches = {name: kw[name].clone() for name in ("k_cache", "v_cache")}
+    out, lse = fa3.flash_attn_with_kvcache(**dict(kw, q=packed, **caches), page_table=table, cu_seqlens_q=cu,
+                                           max_seqlen_q=3, return_softmax_lse=True)
+    assert out.shape == packed.shape and lse.shape == (packed.shape[1], packed.shape[0])
+    for b, n in enumerate(lens):
+        one = dict(kw, q=kw["q"][b:b + 1, :n], **{name: kw[name][b:b + 1] for name in (
+            "k", "v", "cache_seqlens", "cache_leftpad") if name in kw})
+        one.update(cache_batch_idx=torch.tensor([b]) if table is None else None,
+                   block_table=None if table is None else table[b:b + 1])
+        want, base = goldens(one)
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        assert_close_to_golden(f"out[{b}]", out[rows], want.out[0], base.out[0])
+        assert_close_to_golden(f"lse[{b}]", lse[:, rows], want.lse[0], base.lse[0])
+    dense = {name: kw[name].clone() for name in ("k_cache", "v_cache")}
+    flash_attn_with_kvcache(**dict(kw, **dense), block_table=table)  # the same appends, padded queries
+    assert torch.equal(caches["k_cache"], dense["k_cache"]) and torch.equal(caches["v_cache"], dense["v_cache"])
