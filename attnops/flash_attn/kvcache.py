@@ -101,14 +101,15 @@ def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
         out, lse = _softcapped_attention(q, k_cache, v_cache, block_table, cache_batch_idx, softmax_scale, softcap,
                                          _mask(ends, shift, cache_leftpad, sq, capacity, left, right), pse)
     else:
+        native_causal = causal and left < 0 and q_lens is None and cache_leftpad is None  # FIA's own band
         mask = None
-        if cache_leftpad is not None or (left, right) != (-1, -1):
+        if cache_leftpad is not None or (left, right) != (-1, -1) and not native_causal:
             mask = _mask(ends, shift, cache_leftpad, sq, capacity, left, right)
         key, value = _cache_views(k_cache, v_cache, block_table, cache_batch_idx, batch)
         out, lse = fused_infer_attention(q, key, value, layout="BSND", num_key_value_heads=key.shape[-2],
-                                         scale=softmax_scale, causal=causal and mask is None, atten_mask=mask,
-                                         pse_shift=pse, actual_seq_lengths=q_lens, actual_seq_lengths_kv=lengths,
-                                         block_table=block_table, return_lse=True)
+                                         scale=softmax_scale, causal=native_causal, atten_mask=mask,
+                                         pse_shift=pse, actual_seq_lengths_kv=lengths, block_table=block_table,
+                                         return_lse=True)
         lse = lse.squeeze(-1)
     return (out, lse) if return_softmax_lse else out
 

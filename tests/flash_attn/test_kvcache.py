@@ -152,6 +152,13 @@ def test_gpu_path_reads_nothing_back():
         with attnops.testing.gpu_dry_run() as launches:
             flash_attn_with_kvcache(q, cache, cache, k, k, cache_seqlens=lens, block_table=table, **options)
         assert launches, options
+    from attnops.flash_attn import fa3
+
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    with attnops.testing.gpu_dry_run() as launches:  # FA3's varlen queries
+        fa3.flash_attn_with_kvcache(torch.empty(5, 8, 64, **meta), cache, cache, cache_seqlens=lens, page_table=table,
+                                    cu_seqlens_q=cu, max_seqlen_q=4, causal=True)
+    assert launches
 
 
 @pytest.mark.slow
