@@ -25,7 +25,8 @@ class PseSpec:
     of the 1-D tensor, read as ``[N1, rows, cols]`` (rows = Sq_b for ``full``, 1 for ``row``).
     ``slopes`` (pse_type 2/3) start counting positions at ``start_idx`` (q, kv) in every batch, or in batch 0 alone
     with ``first_batch_only`` (varlen sparse_mode 8); with ``bottom_right`` query positions start at
-    ``Skv_b - Sq_b + q_start`` (flash-attn's alignment, any Sq and Skv); ``q_start``/``kv_start`` hold the per-batch starts for host
+    ``Skv_b - Sq_b + q_start`` (flash-attn's alignment, any Sq and Skv); ``q_start``/``kv_start`` hold the per-batch
+    starts for host
     lengths (the prepare kernel derives them for device lengths).
     """
 

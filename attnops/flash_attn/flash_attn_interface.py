@@ -66,7 +66,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scal
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
-    """Attention of ``q`` ``[B, Sq, H, D]`` over ``k``/``v`` ``[B, Sk, H_k, D]`` (``H`` a multiple of ``H_k``: GQA/MQA).
+    """Attention of ``q`` ``[B, Sq, H, D]`` over ``k``/``v`` ``[B, Sk, H_k, D]`` (``H`` a multiple of ``H_k``).
 
     ``dropout_p``: dropout on the probabilities (0.0 in evaluation). ``softmax_scale``: default ``D ** -0.5``.
     ``causal`` / ``window_size=(left, right)``: keep ``i + Sk - Sq - left <= j <= i + Sk - Sq + right`` (-1:

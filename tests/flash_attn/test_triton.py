@@ -8,7 +8,7 @@ from attnops.flash_attn import flash_attn_func
 from attnops.ops.flash_attention.triton import launch
 from tests.flash_attn.attention_ref import attention_ref
 from tests.flash_attn.test_interface import _check, _inputs
-from tests.triton_backend import DEVICE, triton_backend  # noqa: F401  (the fixture)
+from tests.triton_backend import DEVICE
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # exp2(-inf) in numpy
 

@@ -1,11 +1,11 @@
 """The FlashAttention kernels in the shared AOT machinery (``attnops._core.triton``): a plan's launches as
 :class:`~attnops._core.triton.aot.KernelLaunch` call sites, and the problems ``python -m attnops aot`` compiles:
-fp16/bf16/fp32 x head dims 64/128/256 causal (every tile class), fp16/bf16 at D=64/128 with each mask and
-per-element feature alone (none, causal, band, explicit mask, each pse kind, each dropout kind, softcap) and all of
-them at once (also at D=192/Dv=128 and D=256), GQA and MQA, D=192/Dv=128 causal, the backward's form for GPUs before sm_90
-(``-dq-kernel``), and one problem with ``cu_seqlens`` tensors for the prepare and tail kernels. Sequence lengths
-are multiples of 16, as in real training shapes, so the row strides of a pse or an explicit mask get Triton's
-divisible-by-16 specialisation (only the signature matters, not the sizes)."""
+fp16/bf16/fp32 x head dims 64/128/256 causal (every tile class), fp16/bf16 at D=64/128 with each mask and per-element
+feature alone (none, causal, band, explicit mask, each pse kind, each dropout kind, softcap) and all of them at once
+(also at D=192/Dv=128 and D=256), GQA and MQA, D=192/Dv=128 causal, causal + softcap + slopes, the backward's form for
+GPUs before sm_90 (``-dq-kernel``), and one problem with ``cu_seqlens`` tensors for the prepare and tail kernels.
+Sequence lengths are multiples of 16, as in real training shapes, so the row strides of a pse or an explicit mask get
+Triton's divisible-by-16 specialisation (only the signature matters, not the sizes)."""
 from __future__ import annotations
 
 import torch

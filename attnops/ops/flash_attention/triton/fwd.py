@@ -111,8 +111,8 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
         acc, m_i, l_i = _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b,
                                 h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb, pse_sh, pse_sr,
                                 pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols, drop_ptr, keep_prob, seed,
-                                offset, row_ok, BLOCK_N, False, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT, NEGATIVE_SCALE,
-                                SOFTCAP, UPCAST, PRECISION)
+                                offset, row_ok, BLOCK_N, False, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT,
+                                NEGATIVE_SCALE, SOFTCAP, UPCAST, PRECISION)
     # edge tiles: [c_begin, full_lo) then [full_hi, c_hi), one loop
     n_left = (full_lo - c_begin) // BLOCK_N
     for t in range(0, n_left + tl.cdiv(c_hi - full_hi, BLOCK_N)):
@@ -120,8 +120,8 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
         acc, m_i, l_i = _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b,
                                 h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb, pse_sh, pse_sr,
                                 pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols, drop_ptr, keep_prob, seed,
-                                offset, row_ok, BLOCK_N, True, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT, NEGATIVE_SCALE,
-                                SOFTCAP, UPCAST, PRECISION)
+                                offset, row_ok, BLOCK_N, True, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT,
+                                NEGATIVE_SCALE, SOFTCAP, UPCAST, PRECISION)
 
     kept = l_i > 0
     out = acc / tl.where(kept, l_i, 1.0)[:, None]
