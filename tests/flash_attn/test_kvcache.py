@@ -14,7 +14,7 @@ from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden_flash_attn_kvcache import PAGE, kvcache_golden
 from attnops.testing.golden_flash_attn_kvcache import kvcache_inputs as make_case
 from tests.helpers import noncontig
-from tests.triton_backend import DEVICE, triton_backend  # noqa: F401  (the fixture)
+from tests.triton_backend import DEVICE
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
