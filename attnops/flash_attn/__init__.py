@@ -33,5 +33,9 @@ __all__ = [
 ]
 
 # --- kv-cache, bert_padding and layers.rotary ------------------------------------------------------------------
-# flash_attn_with_kvcache (kvcache.py), the bert_padding module and layers.rotary are exported here.
+from . import bert_padding  # noqa: E402
+from .kvcache import flash_attn_with_kvcache  # noqa: E402
+from .layers import rotary  # noqa: E402,F401
+
+__all__ += ["bert_padding", "flash_attn_with_kvcache"]
 # --- end kv-cache, bert_padding and layers.rotary -------------------------------------------------------------

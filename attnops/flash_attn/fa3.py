@@ -11,8 +11,9 @@ from torch import Tensor
 
 from .._core.checks import check_tensor, require
 from .flash_attn_interface import attention
+from .kvcache import packed_rows, padded_queries, with_kvcache
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func"]
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 
 def _refuse_unsupported(**options) -> None:
@@ -71,3 +72,32 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
         hk = (heads - hq) // 2
         q, k, v = qkv.split([hq, hk, hk], dim=2)
     return _fa3(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                            cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
+                            scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
+                            return_softmax_lse=False):
+    """FA3 ``flash_attn_with_kvcache``: flash-attn 2's (:func:`attnops.flash_attn.flash_attn_with_kvcache`) with
+    ``page_table`` for ``block_table``, and varlen queries: ``q`` ``[T, H, D]`` with int32 ``cu_seqlens_q``
+    ``[B + 1]`` and ``max_seqlen_q``, each batch's rows aligned to the bottom right of its own keys (its new
+    ``k``/``v`` then ``[B, S_new, H_k, D]``). ``scheduler_metadata``, ``num_splits``, ``pack_gqa`` and ``sm_margin``
+    are accepted and change nothing; ``qv``, the FP8 descales, ``cu_seqlens_k_new``, ``rotary_seqlens`` and
+    ``attention_chunk`` are refused. Returns ``out``, or ``(out, softmax_lse)``: ``[B, H, Sq]``, varlen
+    ``[H, T]``."""
+    _refuse_unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                        cu_seqlens_k_new=cu_seqlens_k_new, rotary_seqlens=rotary_seqlens,
+                        attention_chunk=attention_chunk)
+    varlen = cu_seqlens_q is not None
+    require(varlen or max_seqlen_q is None, "max_seqlen_q", "None without cu_seqlens_q", max_seqlen_q)
+    padded, q_lens = padded_queries(q, cu_seqlens_q, max_seqlen_q) if varlen else (q, None)
+    out, lse = with_kvcache(padded, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, page_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                            None, num_splits, True, q_lens)
+    if varlen:
+        out, lse = packed_rows(out, cu_seqlens_q, q.shape[0]), packed_rows(lse.transpose(1, 2), cu_seqlens_q,
+                                                                           q.shape[0]).t()
+    return (out, lse) if return_softmax_lse else out

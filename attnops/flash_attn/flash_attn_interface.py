@@ -11,6 +11,7 @@ from torch import Tensor
 
 from .._core.checks import check_tensor, require
 from ..ops.flash_attention import flash_attention
+from .kvcache import flash_attn_with_kvcache
 from .outputs import dropout_probs, softmax_lse
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
 ]
 
 

@@ -14,7 +14,7 @@ DOCS = ("README.md", "docs/guide.md")
 # scripts run by torchrun elsewhere (tests/distributed covers their content)
 TORCHRUN_EXAMPLES = {"ring_attention_cpu.py"}
 # unmodified flash-attn scripts: run through the shim's runner, as docs/flash_attn.md says
-FLASH_ATTN_EXAMPLES = {"flash_attn_example.py"}
+FLASH_ATTN_EXAMPLES = {"flash_attn_example.py", "flash_attn_kvcache_decode.py"}
 
 
 def python_blocks(path: Path) -> list[str]:
