@@ -74,7 +74,8 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], a
              kv_start_idx: int, softmax_layout: str, seed: int, offset: int, backend: str = "auto",
              cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
              max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
-             precision: str = "exact") -> tuple[Tensor, Tensor, Tensor]:
+             precision: str = "exact", softcap: float = 0.0,
+             pse_bottom_right: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Forward: ``(attention_out, softmax_max, softmax_sum)``."""
     return _run_forward(tuple(locals().values()))[0]  # the arguments, in schema order
 
@@ -87,7 +88,7 @@ flash_attention_fwd = torch.library.custom_op("attnops::flash_attention_fwd", _f
 def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, keep_prob, pre_tokens, next_tokens,
       prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout,
       seed, offset, backend="auto", cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-      precision="exact"):
+      precision="exact", softcap=0.0, pse_bottom_right=False):
     layout = normalize_layout("input_layout", layout)
     if layout in ("BSH", "SBH"):
         d = query.shape[-1] // head_num
@@ -112,8 +113,8 @@ def _backward_grads(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, atten
                     pse_type: int, q_start_idx: int, kv_start_idx: int, softmax_layout: str, seed: int, offset: int,
                     backend: str = "auto", cu_seqlens_q: Optional[Tensor] = None,
                     cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
-                    max_seqlen_k: Optional[int] = None, precision: str = "exact"
-                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                    max_seqlen_k: Optional[int] = None, precision: str = "exact", softcap: float = 0.0,
+                    pse_bottom_right: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Backward: ``(dq, dk, dv, dpse)`` with ``dpse`` empty when there is no pse tensor gradient."""
     inputs = tuple(locals().values())  # the arguments, in schema order
     forward_inputs = (*inputs[1:4], *inputs[7:])  # query, key, value, then pse onwards
@@ -139,7 +140,7 @@ def pse_grad(dpse: Tensor, pse: Optional[Tensor], pse_type: int) -> Optional[Ten
 def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, drop_mask, head_num, layout,
       scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
       q_start_idx, kv_start_idx, softmax_layout, seed, offset, backend="auto", cu_seqlens_q=None, cu_seqlens_k=None,
-      max_seqlen_q=None, max_seqlen_k=None, precision="exact"):
+      max_seqlen_q=None, max_seqlen_k=None, precision="exact", softcap=0.0, pse_bottom_right=False):
     dpse = torch.empty_like(pse) if has_pse_grad(pse, pse_type) else query.new_empty(0)
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dpse
 

@@ -97,7 +97,7 @@ class _Tile:
             s = mm_nt(q_rows[0], k_cols, out=out[0], packed=k_packed).unsqueeze(0)
         else:
             s = torch.matmul(q_rows, k_cols.transpose(0, 1), out=out)
-        return self.shift_and_mask_(s, band)
+        return self.shift_and_mask_(softcap_(self.p, s), band)
 
     def shift_and_mask_(self, s: torch.Tensor, band=None) -> torch.Tensor:
         """In place on the tile's ``scale*QK^T`` scores ``s``: add the pse, set masked entries to -inf."""
@@ -141,17 +141,30 @@ def _has_tile_extras(p: FAProblem) -> bool:
     return p.pse is not None or p.dropout is not None or p.mask.has_explicit
 
 
+def softcap_(p: FAProblem, s: torch.Tensor, cap_grad: torch.Tensor | None = None) -> torch.Tensor:
+    """In place on scaled scores ``s``: ``softcap * tanh(s / softcap)`` when ``p.softcap`` > 0 (else ``s`` as it
+    is); ``cap_grad`` (``s``'s shape) receives the derivative ``1 - tanh^2`` for the backward."""
+    if p.softcap == 0:
+        return s
+    s.div_(p.softcap).tanh_()
+    if cap_grad is not None:
+        torch.mul(s, s, out=cap_grad).neg_().add_(1.0)
+    return s.mul_(p.softcap)
+
+
 def _head_scores(p: FAProblem, b: int, n2: int, h: int, r0: int, r1: int, c0: int, c1: int, qs: torch.Tensor,
-                 keys: "_Keys", band, buf: "Buffers", extras: bool) -> tuple[torch.Tensor, "_Tile | None"]:
+                 keys: "_Keys", band, buf: "Buffers", extras: bool, cap_grad: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, "_Tile | None"]:
     """Query head ``h``'s masked scores ``[r1 - r0, c1 - c0]`` (``qs``: its rows times the scale; ``keys``: those
     of KV head ``n2``) in workspace ``"s"``, and the :class:`_Tile` when ``extras`` (for its pse, dropout and pse
-    gradient). Without extras no tile object is built: every tensor call of a worker contends for the GIL."""
+    gradient). Without extras no tile object is built: every tensor call of a worker contends for the GIL.
+    ``cap_grad``: see :func:`softcap_`."""
     k_cols, k_packed = keys.block(c0, c1, r1 - r0)
+    s = softcap_(p, mm_nt(qs, k_cols, out=buf.get("s", r1 - r0, c1 - c0), packed=k_packed), cap_grad)
     if not extras:
-        s = mm_nt(qs, k_cols, out=buf.get("s", r1 - r0, c1 - c0), packed=k_packed)
         return p.mask.fill_masked_(s, b, r0, r1, c0, c1, None, band), None
     t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
-    return t.scores(qs.unsqueeze(0), k_cols, buf.get("s", 1, r1 - r0, c1 - c0), band, k_packed)[0], t
+    return t.shift_and_mask_(s.unsqueeze(0), band)[0], t
 
 
 class _Keys:
@@ -643,7 +656,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 for c0, c1, band in blocks:
                     tcols = slice(c0 - u0, c1 - u0)
-                    prob, t = _head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
+                    cap_grad = buf.get("cap", r1 - r0, c1 - c0) if p.softcap else None
+                    prob, t = _head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras, cap_grad)
                     drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
                     drop = None if drop is None else drop[0]
                     prob.sub_(m)  # natural units first: exact where s ~ max
@@ -658,12 +672,14 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     if peaked:
                         _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
                     ds = prob.mul_(dp)
+                    if t is not None:
+                        t.add_pse_grad(ds.unsqueeze(0), dpse)  # the pse is added after the softcap
+                    if cap_grad is not None:
+                        ds.mul_(cap_grad)
                     ds_mm = ds if p.rounding is None else p.rounding.grid(ds)  # the NPU rounds dS for the cube
                     add_mm_nt_(dq, ds_mm, k[c0:c1].t(), alpha=p.scale)  # dq starts zeroed
                     tk[:, tcols].addmm_(qs_t, ds_mm)
-                    if t is not None:
-                        t.add_pse_grad(prob.unsqueeze(0), dpse)
-                    del prob, dp, ds, ds_mm, p_v, t  # freed before the next tile allocates (see _forward_rows)
+                    del prob, dp, ds, ds_mm, p_v, t, cap_grad  # freed before the next tile allocates (see _forward_rows)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv

@@ -1,0 +1,315 @@
+"""``flash_attn_with_kvcache``: flash-attn 2's decode/append call on attnops' FusedInferAttention core.
+
+The call runs in three steps, each on the device with no value read back on a GPU: new keys (rotated) and values are
+written into the cache in place at ``cache_seqlens``; the query is rotated; FusedInferAttention attends over each
+batch's first ``cache_seqlens + seqlen_new`` cache tokens (the paged cache read in place through ``block_table``),
+with the masks that flash-attn's options imply built as one boolean tensor where its own sparse modes cannot say
+them (left padding, sliding windows) and ALiBi as its ``pse_shift``. Softcapping, which FusedInferAttention lacks,
+runs on the FlashAttention core over a dense copy of the batch's cache with the same mask.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._core.checks import check_int, check_tensor, fail, require
+from ..ops.flash_attention import flash_attention
+from ..ops.fused_infer_attention import fused_infer_attention
+from .layers.rotary import rotate
+from .outputs import softmax_lse
+
+__all__ = ["flash_attn_with_kvcache", "padded_queries", "packed_rows", "with_kvcache"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_INTS = (torch.int32, torch.int64)
+
+
+def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None = None,
+                            v: Tensor | None = None, rotary_cos: Tensor | None = None,
+                            rotary_sin: Tensor | None = None, cache_seqlens: int | Tensor | None = None,
+                            cache_batch_idx: Tensor | None = None, cache_leftpad: Tensor | None = None,
+                            block_table: Tensor | None = None, softmax_scale: float | None = None,
+                            causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: Tensor | None = None,
+                            num_splits: int = 0, return_softmax_lse: bool = False):
+    """flash-attn's ``flash_attn_with_kvcache``: attention of ``q`` over a KV cache, after appending ``k``/``v``.
+
+    Shapes: ``q`` ``[B, Sq, H, D]``; ``k_cache``/``v_cache`` ``[B_c, S_c, H_k, D]`` (``H % H_k == 0``), or with
+    ``block_table`` (int32 ``[B, max_blocks]``) a paged cache ``[num_blocks, page, H_k, D]`` (any page size);
+    ``v_cache`` may have its own head dim Dv. ``k``/``v`` ``[B, S_new, H_k, D]`` are written in place into the cache
+    at positions ``cache_seqlens[b] + s`` (the cache must have room: on the CPU this is checked).
+    ``cache_seqlens``: an int or an int32 ``[B]`` tensor, the tokens already in the cache (default: the whole
+    cache, without ``k``/``v``); batch ``b`` attends to cache tokens ``[cache_leftpad[b], cache_seqlens[b] +
+    S_new)``. ``cache_batch_idx`` ``[B]``: the cache rows of the batches (contiguous caches). ``cache_leftpad``
+    ``[B]``: the first valid token of each row (contiguous caches); positions stay absolute.
+    ``softcap`` > 0 caps the scaled scores at ``softcap * tanh(S / softcap)`` (before ALiBi and the masks).
+    Rotary (with ``k``/``v``): ``rotary_cos``/``rotary_sin`` ``[seqlen_ro, rotary_dim / 2]`` (``seqlen_ro`` at
+    least the cache capacity) rotate the first ``rotary_dim`` values of ``k`` at ``cache_seqlens + s`` and of ``q``
+    at ``cache_seqlens + s`` when causal or local, else at ``cache_seqlens``; ``rotary_interleaved`` pairs ``2i``
+    with ``2i + 1`` (else ``i`` with ``i + rotary_dim / 2``).
+    ``softmax_scale`` defaults to ``D**-0.5``. ``causal`` and ``window_size=(left, right)`` (-1 unbounded) keep
+    key ``j`` for query ``i`` iff ``i + L - Sq - left <= j <= i + L - Sq + right`` (``right = 0`` when causal),
+    ``L = cache_seqlens + S_new``: aligned to the bottom right of each batch's valid keys. ``alibi_slopes`` fp32
+    ``[H]`` or ``[B, H]`` add ``-slope * |i + L - Sq - j|`` to the scaled scores. ``num_splits`` is accepted and
+    has no effect. Rows that see no key give 0 (and lse +inf). Inference only (no backward), as flash-attn.
+
+    Returns ``out`` ``[B, Sq, H, Dv]``, or ``(out, softmax_lse)`` with fp32 ``softmax_lse`` ``[B, H, Sq]`` when
+    ``return_softmax_lse``.
+
+    Example::
+
+        >>> k_cache, v_cache = torch.zeros(2, 64, 2, 16), torch.zeros(2, 64, 2, 16)
+        >>> lens = torch.tensor([10, 3], dtype=torch.int32)
+        >>> out = flash_attn_with_kvcache(torch.randn(2, 1, 4, 16), k_cache, v_cache, torch.randn(2, 1, 2, 16),
+        ...                               torch.randn(2, 1, 2, 16), cache_seqlens=lens, causal=True)
+        >>> out.shape  # the new token was written at positions 10 and 3 of the two cache rows
+        torch.Size([2, 1, 4, 16])
+    """
+    return with_kvcache(**locals(), q_lens=None)
+
+
+def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                 block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                 return_softmax_lse, q_lens: Tensor | None):
+    """:func:`flash_attn_with_kvcache`'s body. ``q_lens`` (int64 ``[B]``, on q's device): the query rows of each
+    batch of a padded ``q`` (FlashAttention-3's varlen queries), each batch aligned to its own bottom-right corner;
+    None: all ``Sq`` rows."""
+    batch, sq, heads, _ = check_tensor("q", q, ndim=4, dtypes=_FLOATS).shape
+    capacity = _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad)
+    left, right = _window(causal, window_size)
+    ok = isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0
+    require(ok, "softcap", "a float >= 0 (0.0: no softcapping)", softcap)
+    check_int("num_splits", num_splits, lo=0)
+    _check_alibi(alibi_slopes, q)
+    seqlens = _seqlens(cache_seqlens, batch, q.device)
+    new = 0 if k is None and v is None else _check_new_kv(q, k_cache, v_cache, k, v, seqlens)
+    tables = None
+    if rotary_cos is not None or rotary_sin is not None:
+        require(k is not None, "rotary_cos", "None without k and v (rotary embedding rotates the appended keys)",
+                rotary_cos)
+        tables = _rotary_tables(k_cache, rotary_cos, rotary_sin, capacity)
+    lengths = None if seqlens is None else seqlens + new
+    if lengths is not None and lengths.device.type == "cpu" and not torch.compiler.is_compiling():
+        _check_lengths(lengths, cache_leftpad, capacity, block_table, k_cache.shape[0])
+    if k is not None:
+        q = _append(q, k_cache, v_cache, k, v, seqlens, tables, rotary_interleaved, causal or (left, right) != (-1, -1),
+                    block_table, cache_batch_idx)
+    ends = torch.full((batch,), capacity, device=q.device) if lengths is None else lengths.long()
+    shift = ends - (sq if q_lens is None else q_lens)  # the key column of query row 0's bottom-right diagonal
+    pse = None if alibi_slopes is None else _alibi_bias(alibi_slopes, shift, batch, heads, sq, capacity, q.dtype)
+    if softcap > 0:
+        out, lse = _softcapped_attention(q, k_cache, v_cache, block_table, cache_batch_idx, softmax_scale, softcap,
+                                         _mask(ends, shift, cache_leftpad, sq, capacity, left, right), pse)
+    else:
+        native_causal = causal and left < 0 and q_lens is None and cache_leftpad is None  # FIA's own band
+        mask = None
+        if cache_leftpad is not None or (left, right) != (-1, -1) and not native_causal:
+            mask = _mask(ends, shift, cache_leftpad, sq, capacity, left, right)
+        key, value = _cache_views(k_cache, v_cache, block_table, cache_batch_idx, batch)
+        out, lse = fused_infer_attention(q, key, value, layout="BSND", num_key_value_heads=key.shape[-2],
+                                         scale=softmax_scale, causal=native_causal, atten_mask=mask,
+                                         pse_shift=pse, actual_seq_lengths_kv=lengths, block_table=block_table,
+                                         return_lse=True)
+        lse = lse.squeeze(-1)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, seqlens: Tensor, tables,
+            interleaved: bool, local: bool, block_table, cache_batch_idx) -> Tensor:
+    """Write ``k`` (rotated by ``tables``) and ``v`` into the caches at ``seqlens + s``; returns ``q``, rotated at
+    ``seqlens + s`` when ``local`` (causal or windowed), else at ``seqlens``, when there are tables."""
+    positions = seqlens.unsqueeze(1) + torch.arange(k.shape[1], device=k.device)
+    if tables is not None:
+        k = rotate(k, *tables, positions, interleaved)
+        q_positions = seqlens.unsqueeze(1) + torch.arange(q.shape[1], device=q.device) if local else seqlens[:, None]
+        q = rotate(q, *tables, q_positions.expand(q.shape[0], q.shape[1]), interleaved)
+    if block_table is None:
+        rows = torch.arange(k.shape[0], device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
+        index = (rows.unsqueeze(1).expand_as(positions), positions)
+    else:
+        page = k_cache.shape[1]
+        index = (block_table.long().gather(1, positions // page), positions % page)
+    k_cache.index_put_(index, k)
+    v_cache.index_put_(index, v)
+    return q
+
+
+def _softcapped_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, scale, softcap,
+                          mask: Tensor, pse) -> tuple[Tensor, Tensor]:
+    """Softcapping, which FusedInferAttention lacks, on the FlashAttention core: each batch's cache as a dense
+    ``[B, capacity, H_k, D]`` copy (paged: its pages in order), the lengths, left padding and window in ``mask``,
+    ALiBi as a pse added after the cap; ``(out, lse [B, H, Sq])``."""
+    if block_table is None:
+        key, value = _cache_views(k_cache, v_cache, None, cache_batch_idx, q.shape[0])
+    else:
+        key, value = (c[block_table.long()].flatten(1, 2) for c in (k_cache, v_cache))
+    result = flash_attention(q, key, value, layout="BSND", scale=scale, softcap=float(softcap), atten_mask=mask,
+                             pse=pse, pse_type=0, return_stats=True)
+    return result.out, softmax_lse(result, False)
+
+
+def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, cache_leftpad) -> int:
+    """Validate the caches and their indexing arguments; returns the capacity in tokens of one sequence."""
+    batch, _, heads, d = q.shape
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,))
+    h_k = k_cache.shape[2]
+    require(k_cache.shape[3] == d and h_k > 0 and heads % h_k == 0, "k_cache",
+            f"[*, *, H_k, D={d}] with H={heads} a multiple of H_k", k_cache)
+    check_tensor("v_cache", v_cache, shape=(*k_cache.shape[:3], None), dtypes=(q.dtype,))
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+                    ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        require(x is None or x.device == q.device, name, f"a tensor on {q.device} (the device of q)", x)
+    if block_table is not None:
+        check_tensor("block_table", block_table, ndim=2, dtypes=_INTS)
+        require(block_table.shape[0] == batch, "block_table", f"[B={batch}, max_blocks]", block_table)
+        require(cache_batch_idx is None, "cache_batch_idx", "None with a paged cache (block_table)", cache_batch_idx)
+        require(cache_leftpad is None, "cache_leftpad", "None with a paged cache (block_table)", cache_leftpad)
+        return block_table.shape[1] * k_cache.shape[1]
+    if cache_batch_idx is None:
+        require(k_cache.shape[0] >= batch, "k_cache", f"[B_c >= {batch}, S_c, H_k, D] (a row per batch of q)",
+                k_cache)
+    else:
+        check_tensor("cache_batch_idx", cache_batch_idx, shape=(batch,), dtypes=_INTS)
+        if cache_batch_idx.device.type == "cpu" and not torch.compiler.is_compiling():
+            require(bool(((cache_batch_idx >= 0) & (cache_batch_idx < k_cache.shape[0])).all()), "cache_batch_idx",
+                    f"rows of the cache in [0, {k_cache.shape[0]})", cache_batch_idx.tolist())
+    if cache_leftpad is not None:
+        check_tensor("cache_leftpad", cache_leftpad, shape=(batch,), dtypes=_INTS)
+    return k_cache.shape[1]
+
+
+def _window(causal, window_size) -> tuple[int, int]:
+    """``(left, right)`` with -1 for unbounded and ``right = 0`` when causal (flash-attn's normal form)."""
+    require(isinstance(causal, bool), "causal", "a bool", causal)
+    ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
+          and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
+    require(ok, "window_size", "a pair (left, right) of ints >= -1 (-1: unbounded)", window_size)
+    return window_size[0], 0 if causal else window_size[1]
+
+
+def _seqlens(cache_seqlens, batch: int, device: torch.device) -> Tensor | None:
+    """``cache_seqlens`` as int64 ``[B]`` on ``device`` (None: the whole cache)."""
+    if cache_seqlens is None:
+        return None
+    if isinstance(cache_seqlens, Tensor):
+        check_tensor("cache_seqlens", cache_seqlens, shape=(batch,), dtypes=_INTS)
+        require(cache_seqlens.device == device, "cache_seqlens", f"a tensor on {device} (the device of q)",
+                cache_seqlens)
+        return cache_seqlens.long()
+    return torch.full((batch,), check_int("cache_seqlens", cache_seqlens, lo=0), dtype=torch.int64, device=device)
+
+
+def _check_new_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k, v, seqlens) -> int:
+    """Validate ``k``/``v`` ``[B, S_new, H_k, D]``; returns ``S_new``."""
+    require(k is not None and v is not None, "k" if k is None else "v", "k and v together (or neither)", None)
+    check_tensor("k", k, shape=(q.shape[0], None, *k_cache.shape[2:]), dtypes=(q.dtype,))
+    check_tensor("v", v, shape=(*k.shape[:2], *v_cache.shape[2:]), dtypes=(q.dtype,))
+    require(k.device == q.device and v.device == q.device, "k", f"k and v on {q.device} (the device of q)", k)
+    require(seqlens is not None, "cache_seqlens", "the cache lengths at which k and v are appended", None)
+    return k.shape[1]
+
+
+def _rotary_tables(k_cache: Tensor, cos, sin, capacity: int) -> tuple[Tensor, Tensor]:
+    """Validate ``rotary_cos``/``rotary_sin`` ``[seqlen_ro >= capacity, rotary_dim / 2]``."""
+    check_tensor("rotary_cos", cos, ndim=2, dtypes=_FLOATS)
+    check_tensor("rotary_sin", sin, shape=tuple(cos.shape), dtypes=(cos.dtype,))
+    require(cos.shape[0] >= capacity and 0 < 2 * cos.shape[1] <= k_cache.shape[-1], "rotary_cos",
+            f"[seqlen_ro >= {capacity} (the cache's capacity), rotary_dim / 2] with rotary_dim <= "
+            f"{k_cache.shape[-1]}", cos)
+    require(cos.device == k_cache.device and sin.device == k_cache.device, "rotary_cos",
+            f"rotary_cos/rotary_sin on {k_cache.device}", cos)
+    return cos, sin
+
+
+def _check_lengths(lengths: Tensor, cache_leftpad, capacity: int, block_table, num_blocks: int) -> None:
+    """Host checks of CPU lengths, before anything is written: ``0 <= cache_leftpad <= cache_seqlens + S_new <=
+    capacity``, and the pages a sequence uses are pages of the cache."""
+    require(bool(((lengths >= 0) & (lengths <= capacity)).all()), "cache_seqlens",
+            f"cache_seqlens + seqlen_new in [0, {capacity}] (the cache's capacity)", f"ends {lengths.tolist()}")
+    if cache_leftpad is not None:
+        require(bool(((cache_leftpad >= 0) & (cache_leftpad <= lengths)).all()), "cache_leftpad",
+                "values in [0, cache_seqlens + seqlen_new]", cache_leftpad.tolist())
+    if block_table is not None:
+        page = capacity // block_table.shape[1]
+        used = torch.arange(block_table.shape[1]) < ((lengths + page - 1) // page).unsqueeze(1)
+        bad = used & ((block_table < 0) | (block_table >= num_blocks))
+        if bool(bad.any()):
+            where = [int(i) for i in bad.nonzero()[0]]
+            fail("block_table", f"page ids in [0, {num_blocks}) for the pages each sequence uses",
+                 f"{int(block_table[where[0], where[1]])} at {where}")
+
+
+def _cache_views(k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, batch: int):
+    """The key/value tensors FusedInferAttention reads: the paged cache as it is, the rows of a contiguous one."""
+    if block_table is not None:
+        return k_cache, v_cache
+    if cache_batch_idx is None:
+        return k_cache[:batch], v_cache[:batch]
+    return k_cache.index_select(0, cache_batch_idx.long()), v_cache.index_select(0, cache_batch_idx.long())
+
+
+def _offsets(shift: Tensor, sq: int, capacity: int) -> Tensor:
+    """``j - (i + shift)`` as int64 ``[B, 1, Sq, capacity]``: a key's distance from the bottom-right diagonal
+    (``shift = L - Sq`` per batch)."""
+    i = torch.arange(sq, device=shift.device).view(1, 1, sq, 1)
+    j = torch.arange(capacity, device=shift.device).view(1, 1, 1, capacity)
+    return j - i - shift.view(-1, 1, 1, 1)
+
+
+def _mask(ends: Tensor, shift: Tensor, cache_leftpad, sq: int, capacity: int, left: int, right: int) -> Tensor:
+    """Bool ``[B, 1, Sq, capacity]`` (True = masked): keys at or past each batch's length ``ends``, outside the
+    window band around the diagonal ``j = i + shift``, or before the left padding's end."""
+    offset = _offsets(shift, sq, capacity)
+    j = torch.arange(capacity, device=ends.device)
+    masked = (j >= ends.view(-1, 1)).view(-1, 1, 1, capacity) | (offset > right if right >= 0 else False)
+    if left >= 0:
+        masked = masked | (offset < -left)
+    if cache_leftpad is not None:
+        masked = masked | (j < cache_leftpad.long().view(-1, 1)).view(-1, 1, 1, capacity)
+    return masked.expand(-1, 1, sq, capacity).contiguous()
+
+
+def _check_alibi(slopes, q: Tensor) -> None:
+    """``alibi_slopes``: None or fp32 ``[H]`` / ``[B, H]`` on q's device."""
+    if slopes is None:
+        return
+    batch, _, heads, _ = q.shape
+    check_tensor("alibi_slopes", slopes, dtypes=(torch.float32,))
+    require(tuple(slopes.shape) in ((heads,), (batch, heads)), "alibi_slopes", f"[H={heads}] or [B={batch}, "
+            f"H={heads}]", slopes)
+    require(slopes.device == q.device, "alibi_slopes", f"a tensor on {q.device} (the device of q)", slopes)
+
+
+def _alibi_bias(slopes, shift: Tensor, batch: int, heads: int, sq: int, capacity: int, dtype) -> Tensor:
+    """``-slope * |i + shift - j|`` (``shift = L - Sq``) as ``[B, H, Sq, capacity]`` in ``dtype`` (FusedInferAttention's
+    pse_shift)."""
+    distance = _offsets(shift, sq, capacity).abs().to(torch.float32)
+    return (-slopes.expand(batch, heads).view(batch, heads, 1, 1) * distance).to(dtype)
+
+
+def padded_queries(q: Tensor, cu_seqlens_q, max_seqlen_q) -> tuple[Tensor, Tensor]:
+    """Varlen queries ``[T, H, D]`` with int32 ``cu_seqlens_q`` ``[B + 1]`` (leading 0) as ``[B, max_seqlen_q, H, D]``
+    (rows past a batch's length repeat a valid token and are ignored) and the per-batch lengths (int64 ``[B]``), by
+    device indexing; CPU lengths are checked."""
+    check_tensor("q", q, ndim=3, dtypes=_FLOATS)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_INTS)
+    require(cu_seqlens_q.shape[0] >= 2 and cu_seqlens_q.device == q.device, "cu_seqlens_q",
+            f"[B + 1] (B >= 1) on {q.device} (the device of q)", cu_seqlens_q)
+    max_len = check_int("max_seqlen_q", max_seqlen_q, lo=1)
+    cu = cu_seqlens_q.long()
+    lens = cu[1:] - cu[:-1]
+    if cu.device.type == "cpu" and not torch.compiler.is_compiling():
+        ok = int(cu[0]) == 0 and int(cu[-1]) == q.shape[0] and bool(((lens >= 0) & (lens <= max_len)).all())
+        require(ok, "cu_seqlens_q", f"prefix sums from 0 to T={q.shape[0]} with lengths <= max_seqlen_q={max_len}",
+                cu_seqlens_q.tolist())
+    rows = (cu[:-1].unsqueeze(1) + torch.arange(max_len, device=q.device)).clamp(max=max(q.shape[0] - 1, 0))
+    return q[rows], lens
+
+
+def packed_rows(x: Tensor, cu_seqlens_q: Tensor, total: int) -> Tensor:
+    """The inverse of :func:`padded_queries` for per-row results ``x`` ``[B, max_seqlen_q, ...]``: ``[total, ...]``,
+    token ``t`` of batch ``b`` from row ``t - cu_seqlens_q[b]``."""
+    cu = cu_seqlens_q.long()
+    tokens = torch.arange(total, device=x.device)
+    batch = torch.searchsorted(cu[1:], tokens, right=True).clamp_(max=cu.shape[0] - 2)
+    return x[batch, (tokens - cu[batch]).clamp(0, x.shape[1] - 1)]
