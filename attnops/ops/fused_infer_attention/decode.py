@@ -6,6 +6,10 @@ every GQA group at once, the chunk's partial row max, row sum and un-normalised 
 they lie (no copy); fp16/bf16 pages are converted, and int8/int4 pages dequantized, into a per-worker fp32 buffer
 one chunk at a time, so no gathered copy of the cache is ever made. The partials of a batch are merged in chunk
 order, so results do not depend on the thread count.
+
+Where the compiled kernel is available (:mod:`.fused_decode`), it computes every chunk it takes (one predicate,
+:func:`.fused_decode.unsupported`, plus the chunk's mask) in one pass over the chunk's K and V; the PyTorch
+partial below computes the others, with the same partials and the same merge.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from torch import Tensor
 
 from ..._core.parallel import run_jobs
 from ..._core.workspace import Buffers
+from . import fused_decode
 from .paged import KVSegment
 from .problem import FIAProblem
 
@@ -162,7 +167,16 @@ def forward(p: FIAProblem, batches: list[int]) -> dict[int, tuple[Tensor, Tensor
                .mul(p.scale) for b in batches}  # head n2*G + g -> [N2, G*Sq, D]
     chunks = [c for b in batches for c in _chunks(p, b)]
     partials: dict = {}
-    run_jobs(lambda c: _partial(p, c, queries[c.b], partials), chunks, p.device)
+    fused = {b: fused_decode.kernel_query(p, q) for b, q in queries.items()} if fused_decode.unsupported(p) is None \
+        else {}
+
+    def job(c: _Chunk) -> None:
+        if c.b in fused and fused_decode.takes(p, c.b, p.queries[c.b].shape[0], c.start, c.start + c.length, c.pieces):
+            partials[c.b, c.index] = fused_decode.partial(p, c, *fused[c.b])
+        else:
+            _partial(p, c, queries[c.b], partials)
+
+    run_jobs(job, chunks, p.device)
     counts = {b: 0 for b in batches}
     for c in chunks:
         counts[c.b] += 1

@@ -1,0 +1,335 @@
+// Fused split-KV decode attention on the CPU: one call computes a chunk of one batch's KV for every KV head.
+//
+// For each KV head the chunk's keys are streamed once, 8 tokens at a time (converted from fp32/fp16/bf16/int8 to
+// fp32 into an L1 tile, never into a copy of the cache), giving the scores of the GQA group's query rows; then the
+// chunk's row max, exp and row sum; then the values are streamed once into the un-normalised output. Every sum
+// runs in a fixed order (8 lanes, then a fixed tree), so a result depends neither on the thread that runs it nor on
+// how many threads there are. Per-token antiquant (a scale, optionally an offset, per token or page slot) is applied
+// here; per-channel antiquant is folded into the query and the output by the caller.
+//
+// AVX2 + FMA + F16C where the compiler targets them, plain loops with the same order of operations elsewhere.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ATTNOPS_AVX2 1
+#include <immintrin.h>
+#else
+#define ATTNOPS_AVX2 0
+#endif
+
+namespace {
+
+enum DType { F32 = 0, F16 = 1, BF16 = 2, I8 = 3 };
+
+constexpr int64_t itemsize(int dt) { return dt == F32 ? 4 : (dt == I8 ? 1 : 2); }
+
+// One run of tokens: R blocks of L tokens; element (r, n, l, d) at addr + (r*sr + n*sn + l*sl + d) * itemsize.
+struct Run {
+  int64_t k_addr, k_sr, k_sn, k_sl;
+  int64_t v_addr, v_sr, v_sn, v_sl;
+  int64_t blocks, length;
+  // per-token antiquant of the keys and of the values: the scale (and the offset, same strides) of token (r, l)
+  // of head n at addr + (r*sr + n*sn + l*sl) floats; addr 0: none
+  int64_t ks_addr, ko_addr, ks_sr, ks_sn, ks_sl;
+  int64_t vs_addr, vo_addr, vs_sr, vs_sn, vs_sl;
+};
+static_assert(sizeof(Run) == 20 * sizeof(int64_t), "Run is 20 int64 fields");
+
+constexpr int W = 8;  // vector width (floats) and tokens per tile
+
+#if ATTNOPS_AVX2
+using V = __m256;
+inline V vzero() { return _mm256_setzero_ps(); }
+inline V vset(float x) { return _mm256_set1_ps(x); }
+inline V vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, V x) { _mm256_storeu_ps(p, x); }
+inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
+
+template <int DT>
+inline V vconvert(const void* src) {
+  if constexpr (DT == F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(src));
+  } else if constexpr (DT == F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(src)));
+  } else if constexpr (DT == BF16) {
+    __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  } else {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(src))));
+  }
+}
+
+// lane i of the result: the sum of the lanes of a[i] (a fixed tree of pairwise adds)
+inline V vsum8(const V* a) {
+  V s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+  V s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+  V s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  V lo = _mm256_permute2f128_ps(s0123, s4567, 0x20), hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+
+// exp(x) for x <= 0: 2^n p(r) with r = x - n ln2 (Cephes' polynomial, about 2 ulp); 0 below -87.
+inline V vexp(V x) {
+  const V zero_below = _mm256_cmp_ps(x, vset(-87.0f), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, vset(-87.0f));
+  const V n = _mm256_round_ps(_mm256_mul_ps(x, vset(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  V r = _mm256_fnmadd_ps(n, vset(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, vset(-2.12194440e-4f), r);
+  V p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  p = vfma(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, vset(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(zero_below, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+#else
+struct V {
+  float x[W];
+};
+inline V vzero() { return V{}; }
+inline V vset(float a) { V r; for (int i = 0; i < W; ++i) r.x[i] = a; return r; }
+inline V vload(const float* p) { V r; std::memcpy(r.x, p, sizeof r.x); return r; }
+inline void vstore(float* p, V a) { std::memcpy(p, a.x, sizeof a.x); }
+inline V vfma(V a, V b, V c) { for (int i = 0; i < W; ++i) c.x[i] = std::fma(a.x[i], b.x[i], c.x[i]); return c; }
+inline V vadd(V a, V b) { for (int i = 0; i < W; ++i) a.x[i] += b.x[i]; return a; }
+
+template <int DT>
+inline V vconvert(const void* src) {
+  V r;
+  for (int i = 0; i < W; ++i) {
+    if constexpr (DT == F32) {
+      r.x[i] = static_cast<const float*>(src)[i];
+    } else if constexpr (DT == F16) {
+      r.x[i] = static_cast<float>(static_cast<const _Float16*>(src)[i]);
+    } else if constexpr (DT == BF16) {
+      uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(src)[i]) << 16;
+      std::memcpy(&r.x[i], &u, 4);
+    } else {
+      r.x[i] = static_cast<float>(static_cast<const int8_t*>(src)[i]);
+    }
+  }
+  return r;
+}
+
+inline V vsum8(const V* a) {
+  V r;
+  for (int i = 0; i < W; ++i) {
+    const float* x = a[i].x;
+    r.x[i] = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+  }
+  return r;
+}
+
+inline V vexp(V a) { for (int i = 0; i < W; ++i) a.x[i] = std::exp(a.x[i]); return a; }
+#endif
+
+// Converts one token's row of n values (n a multiple of W; the source holds exactly `valid` of them) to fp32.
+template <int DT>
+inline void convert_row(const char* src, int valid, int n, float* dst) {
+  int i = 0;
+  for (; i + W <= valid; i += W) vstore(dst + i, vconvert<DT>(src + i * itemsize(DT)));
+  if (i < n) {  // a head dim that is not a multiple of W: the last values through a zero-padded copy
+    alignas(32) char tail[W * 4] = {0};
+    std::memcpy(tail, src + i * itemsize(DT), (valid - i) * itemsize(DT));
+    vstore(dst + i, vconvert<DT>(tail));
+  }
+}
+
+// The tokens of a chunk, W at a time, for head n: source rows of K and V and the per-token antiquant parameters.
+struct Tile {
+  const char* k[W];
+  const char* v[W];
+  float ks[W], ko[W], vs[W], vo[W];
+  int count;
+};
+
+inline float param(int64_t addr, int64_t idx, float none) {
+  return addr ? reinterpret_cast<const float*>(addr)[idx] : none;
+}
+
+template <int KT, int VT, class F>
+void each_tile(const Run* runs, int nruns, int64_t n, F&& f) {
+  Tile tile;
+  tile.count = 0;
+  int64_t t0 = 0;
+  for (int i = 0; i < nruns; ++i) {
+    const Run& u = runs[i];
+    for (int64_t r = 0; r < u.blocks; ++r)
+      for (int64_t l = 0; l < u.length; ++l) {
+        const int c = tile.count++;
+        tile.k[c] = reinterpret_cast<const char*>(u.k_addr) + (r * u.k_sr + n * u.k_sn + l * u.k_sl) * itemsize(KT);
+        tile.v[c] = reinterpret_cast<const char*>(u.v_addr) + (r * u.v_sr + n * u.v_sn + l * u.v_sl) * itemsize(VT);
+        const int64_t ki = r * u.ks_sr + n * u.ks_sn + l * u.ks_sl, vi = r * u.vs_sr + n * u.vs_sn + l * u.vs_sl;
+        tile.ks[c] = param(u.ks_addr, ki, 1.f);
+        tile.ko[c] = param(u.ko_addr, ki, 0.f);
+        tile.vs[c] = param(u.vs_addr, vi, 1.f);
+        tile.vo[c] = param(u.vo_addr, vi, 0.f);
+        if (tile.count == W) {
+          f(t0, tile);
+          t0 += W;
+          tile.count = 0;
+        }
+      }
+  }
+  if (tile.count) f(t0, tile);
+}
+
+struct Head {
+  const float* q;   // [rows, dp] (zero-padded)
+  const float* qsum;  // [rows]
+  int rows, d, dv, dp, dvp;  // dp, dvp: d, dv rounded up to W
+  float* buf;       // [W, max(dp, dvp)]
+  float* scores;    // [rows, tokens]
+  int64_t tokens;
+};
+
+// scores[:, t0:t0+count] = (q . (k_t + offset_t)) * scale_t
+template <int KT>
+void tile_scores(const Head& h, int64_t t0, const Tile& tile) {
+  for (int t = 0; t < W; ++t) {
+    float* row = h.buf + t * h.dp;
+    if (t < tile.count) convert_row<KT>(tile.k[t], h.d, h.dp, row);
+    else std::memset(row, 0, sizeof(float) * h.dp);
+  }
+  alignas(32) float out[W];
+  for (int j = 0; j < h.rows; ++j) {
+    V acc[W];
+    for (int t = 0; t < W; ++t) acc[t] = vzero();
+    const float* qj = h.q + j * h.dp;
+    for (int c = 0; c < h.dp; c += W) {
+      const V qv = vload(qj + c);
+      for (int t = 0; t < W; ++t) acc[t] = vfma(qv, vload(h.buf + t * h.dp + c), acc[t]);
+    }
+    vstore(out, vsum8(acc));
+    float* s = h.scores + j * h.tokens + t0;
+    for (int t = 0; t < tile.count; ++t) s[t] = (out[t] + tile.ko[t] * h.qsum[j]) * tile.ks[t];
+  }
+}
+
+// o[j, :] += sum_t p[j, t] scale_t (v_t + offset_t), the tile's tokens in order
+template <int VT>
+void tile_values(const Head& h, int64_t t0, const Tile& tile, float* o) {
+  for (int t = 0; t < tile.count; ++t) {
+    float* row = h.buf + t * h.dvp;
+    convert_row<VT>(tile.v[t], h.dv, h.dvp, row);
+    if (tile.vo[t] != 0.f)
+      for (int c = 0; c < h.dv; ++c) row[c] += tile.vo[t];
+  }
+  for (int j = 0; j < h.rows; ++j) {
+    float w[W];
+    const float* p = h.scores + j * h.tokens + t0;
+    for (int t = 0; t < tile.count; ++t) w[t] = p[t] * tile.vs[t];
+    float* oj = o + j * h.dvp;
+    for (int c = 0; c < h.dvp; c += W) {
+      V a = vload(oj + c);
+      for (int t = 0; t < tile.count; ++t) a = vfma(vset(w[t]), vload(h.buf + t * h.dvp + c), a);
+      vstore(oj + c, a);
+    }
+  }
+}
+
+// row max and sum of exp(s - max) of scores s [tokens], s replaced by exp(s - max)
+inline void softmax_row(float* s, int64_t tokens, float* m_out, float* l_out) {
+  float m = -INFINITY;
+  for (int64_t t = 0; t < tokens; ++t) m = s[t] > m ? s[t] : m;
+  const float shift = m > -INFINITY ? m : 0.f;
+  const V neg = vset(-shift);
+  V acc[W];
+  for (int t = 0; t < W; ++t) acc[t] = vzero();
+  int64_t t = 0;
+  for (; t + W * W <= tokens; t += W * W)
+    for (int i = 0; i < W; ++i) {
+      const V e = vexp(vadd(vload(s + t + i * W), neg));
+      vstore(s + t + i * W, e);
+      acc[i] = vadd(acc[i], e);
+    }
+  alignas(32) float lanes[W];
+  vstore(lanes, vsum8(acc));
+  float total = 0.f;
+  for (int i = 0; i < W; ++i) total += lanes[i];
+  for (; t < tokens; ++t) {
+    s[t] = std::exp(s[t] - shift);
+    total += s[t];
+  }
+  *m_out = m;
+  *l_out = total;
+}
+
+template <int KT, int VT>
+void chunk(const float* q, int heads, int rows, int d, int dv, const Run* runs, int nruns, int64_t tokens,
+           float* scratch, float* m_out, float* l_out, float* o_out) {
+  const int dp = (d + W - 1) / W * W, dvp = (dv + W - 1) / W * W;
+  Head h{nullptr, nullptr, rows, d, dv, dp, dvp, nullptr, nullptr, tokens};
+  float* qpad = scratch;                       // rows * dp
+  float* qsum = qpad + rows * dp;              // rows
+  float* opad = qsum + rows;                   // rows * dvp
+  h.buf = opad + rows * dvp;                   // W * max(dp, dvp)
+  h.scores = h.buf + W * (dp > dvp ? dp : dvp);  // rows * tokens
+  h.q = qpad;
+  h.qsum = qsum;
+  for (int64_t n = 0; n < heads; ++n) {
+    std::memset(qpad, 0, sizeof(float) * rows * dp);
+    for (int j = 0; j < rows; ++j) {
+      const float* src = q + (n * rows + j) * d;
+      std::memcpy(qpad + j * dp, src, sizeof(float) * d);
+      float s = 0.f;
+      for (int c = 0; c < d; ++c) s += src[c];
+      qsum[j] = s;
+    }
+    each_tile<KT, VT>(runs, nruns, n, [&](int64_t t0, const Tile& tile) { tile_scores<KT>(h, t0, tile); });
+    for (int j = 0; j < rows; ++j) softmax_row(h.scores + j * tokens, tokens, m_out + n * rows + j, l_out + n * rows + j);
+    std::memset(opad, 0, sizeof(float) * rows * dvp);
+    each_tile<KT, VT>(runs, nruns, n, [&](int64_t t0, const Tile& tile) { tile_values<VT>(h, t0, tile, opad); });
+    for (int j = 0; j < rows; ++j) std::memcpy(o_out + (n * rows + j) * dv, opad + j * dvp, sizeof(float) * dv);
+  }
+}
+
+using ChunkFn = void (*)(const float*, int, int, int, int, const Run*, int, int64_t, float*, float*, float*, float*);
+
+template <int KT>
+ChunkFn pick_value(int vt) {
+  switch (vt) {
+    case F32: return chunk<KT, F32>;
+    case F16: return chunk<KT, F16>;
+    case BF16: return chunk<KT, BF16>;
+    case I8: return chunk<KT, I8>;
+  }
+  return nullptr;
+}
+
+inline int64_t padded(int x) { return (x + W - 1) / W * W; }
+
+}  // namespace
+
+extern "C" {
+
+// Floats of scratch one call needs.
+int64_t attnops_decode_scratch(int rows, int d, int dv, int64_t tokens) {
+  const int64_t dp = padded(d), dvp = padded(dv);
+  return rows * dp + rows + rows * dvp + W * (dp > dvp ? dp : dvp) + rows * tokens;
+}
+
+// q [heads, rows, d] fp32 (scaled); runs: the chunk's `tokens` tokens in column order; outputs per head and row:
+// the max m [heads, rows], the sum of exp(s - m) l [heads, rows] and the un-normalised output o [heads, rows, dv].
+// Returns 0, or -1 for an unknown dtype code.
+int attnops_decode_chunk(const float* q, int heads, int rows, int d, int dv, int kt, int vt, const int64_t* runs,
+                         int nruns, int64_t tokens, float* scratch, float* m_out, float* l_out, float* o_out) {
+  ChunkFn fn = nullptr;
+  switch (kt) {
+    case F32: fn = pick_value<F32>(vt); break;
+    case F16: fn = pick_value<F16>(vt); break;
+    case BF16: fn = pick_value<BF16>(vt); break;
+    case I8: fn = pick_value<I8>(vt); break;
+  }
+  if (!fn) return -1;
+  fn(q, heads, rows, d, dv, reinterpret_cast<const Run*>(runs), nruns, tokens, scratch, m_out, l_out, o_out);
+  return 0;
+}
+
+}  // extern "C"
