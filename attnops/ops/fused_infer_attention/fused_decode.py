@@ -100,7 +100,7 @@ def partial(p: FIAProblem, chunk, q: Tensor, shift: Tensor | None) -> tuple[Tens
     dv = v0.shape[-1]
     m, total = torch.empty(n2, rows, dtype=F32), torch.empty(n2, rows, dtype=F32)
     o = torch.empty(n2, rows, dv, dtype=F32)
-    scratch = torch.empty(lib.attnops_decode_scratch(rows, p.d, dv, chunk.length), dtype=F32)
+    scratch = torch.empty(lib.attnops_decode_scratch(n2 * rows, p.d, dv, chunk.length), dtype=F32)
     code = lib.attnops_decode_chunk(q.data_ptr(), n2, rows, p.d, dv, _DTYPE_CODES[k0.dtype], _DTYPE_CODES[v0.dtype],
                                     runs.data_ptr(), runs.shape[0], chunk.length, scratch.data_ptr(), m.data_ptr(),
                                     total.data_ptr(), o.data_ptr())
