@@ -180,4 +180,6 @@ def forward(p: FIAProblem, batches: list[int]) -> dict[int, tuple[Tensor, Tensor
     counts = {b: 0 for b in batches}
     for c in chunks:
         counts[c.b] += 1
-    return {b: _merge([partials[b, i] for i in range(counts[b])]) for b in batches}
+    merged: dict = {}  # merged on the workers too: no OpenMP region on the calling thread (see run_jobs)
+    run_jobs(lambda b: merged.__setitem__(b, _merge([partials[b, i] for i in range(counts[b])])), batches, p.device)
+    return merged
