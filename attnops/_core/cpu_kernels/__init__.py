@@ -1,8 +1,9 @@
 """Small C++ CPU kernels, compiled on first use with the system C++ compiler and loaded with :mod:`ctypes`.
 
 The sources ship in this package. The first call builds a shared library into a cache directory
-(``$ATTNOPS_CACHE_DIR``, default ``~/.cache/attnops``; one file per source, compiler flags and CPU, so a rebuilt or
-moved installation never loads a stale one) and later calls load it. The kernels take raw pointers and
+(``$ATTNOPS_CACHE_DIR``, default ``~/.cache/attnops``; one file per source, compiler, flags and CPU, so a rebuilt or
+moved installation never loads a stale one), for the CPU it runs on (``-march=native``; ``ATTNOPS_CPU_ARCH`` names
+another target) and later calls load it. The kernels take raw pointers and
 strides, need no PyTorch headers (a build takes about two seconds) and run inside :func:`attnops._core.parallel.
 run_jobs` workers (:mod:`ctypes` releases the GIL for the call).
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from ..errors import PerformanceWarning
 
 _SOURCE = Path(__file__).with_name("decode.cpp")
-_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 _lock = threading.Lock()
 _state: dict = {}  # "lib": the loaded library or None, "why": the reason it is None
 
@@ -43,16 +44,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ATTNOPS_CACHE_DIR") or Path.home() / ".cache" / "attnops")
 
 
+def _flags() -> tuple[str, ...]:
+    """The compiler flags: ``_FLAGS`` and ``-march=$ATTNOPS_CPU_ARCH`` (default ``native``: AVX-512 or AVX2 where
+    the CPU has them)."""
+    return _FLAGS + (f"-march={os.environ.get('ATTNOPS_CPU_ARCH') or 'native'}",)
+
+
 def _build(compiler: str) -> Path:
     source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join((compiler,) + _FLAGS).encode() + _cpu_tag().encode()).hexdigest()[:16]
+    flags = _flags()
+    key = hashlib.sha256(source + " ".join((compiler,) + flags).encode() + _cpu_tag().encode()).hexdigest()[:16]
     target = cache_dir() / f"attnops_cpu_decode_{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        done = subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(out)], capture_output=True, text=True,
+        done = subprocess.run([compiler, *flags, str(_SOURCE), "-o", str(out)], capture_output=True, text=True,
                               timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")

@@ -7,7 +7,8 @@
 // how many threads there are. Per-token antiquant (a scale, optionally an offset, per token or page slot) is applied
 // here; per-channel antiquant is folded into the query and the output by the caller.
 //
-// AVX2 + FMA + F16C where the compiler targets them, plain loops with the same order of operations elsewhere.
+// AVX2 + FMA + F16C where the compiler targets them (head-dim loops in AVX-512 where it targets that too), plain
+// loops elsewhere. The order of operations is fixed for a given build.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -129,15 +130,53 @@ inline V vsum8(const V* a) {
 inline V vexp(V a) { for (int i = 0; i < W; ++i) a.x[i] = std::exp(a.x[i]); return a; }
 #endif
 
+// Row vectors: the head-dim loops step RW floats (16 with AVX-512, else 8); to8 folds one into 8 lanes.
+#if ATTNOPS_AVX2 && defined(__AVX512F__) && defined(__AVX512DQ__)
+constexpr int RW = 16;
+using R = __m512;
+inline R rzero() { return _mm512_setzero_ps(); }
+inline R rset(float x) { return _mm512_set1_ps(x); }
+inline R rload(const float* p) { return _mm512_loadu_ps(p); }
+inline void rstore(float* p, R x) { _mm512_storeu_ps(p, x); }
+inline R rfma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+inline V to8(R a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)); }
+
+template <int DT>
+inline R rconvert(const void* src) {
+  if constexpr (DT == F32) {
+    return _mm512_loadu_ps(static_cast<const float*>(src));
+  } else if constexpr (DT == F16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(src)));
+  } else if constexpr (DT == BF16) {
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(src)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  } else {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src))));
+  }
+}
+#else
+constexpr int RW = W;
+using R = V;
+inline R rzero() { return vzero(); }
+inline R rset(float x) { return vset(x); }
+inline R rload(const float* p) { return vload(p); }
+inline void rstore(float* p, R x) { vstore(p, x); }
+inline R rfma(R a, R b, R c) { return vfma(a, b, c); }
+inline V to8(R a) { return a; }
+
+template <int DT>
+inline R rconvert(const void* src) { return vconvert<DT>(src); }
+#endif
+
 // Converts one token's row of n values (n a multiple of W; the source holds exactly `valid` of them) to fp32.
 template <int DT>
 inline void convert_row(const char* src, int valid, int n, float* dst) {
   int i = 0;
-  for (; i + W <= valid; i += W) vstore(dst + i, vconvert<DT>(src + i * itemsize(DT)));
-  if (i < n) {  // a head dim that is not a multiple of W: the last values through a zero-padded copy
-    alignas(32) char tail[W * 4] = {0};
+  for (; i + RW <= valid; i += RW) rstore(dst + i, rconvert<DT>(src + i * itemsize(DT)));
+  if (i < n) {  // a head dim that is not a multiple of RW: the last values through a zero-padded copy
+    alignas(64) char tail[RW * 4] = {0};
     std::memcpy(tail, src + i * itemsize(DT), (valid - i) * itemsize(DT));
-    vstore(dst + i, vconvert<DT>(tail));
+    rstore(dst + i, rconvert<DT>(tail));
   }
 }
 
@@ -205,7 +244,7 @@ void each_tile(const Run* runs, int nruns, F&& f) {
 struct Chunk {
   const float* q;     // [heads, rows, dp] (zero-padded)
   const float* qsum;  // [heads, rows]
-  int heads, rows, d, dv, dp, dvp;  // dp, dvp: d, dv rounded up to W
+  int heads, rows, d, dv, dp, dvp;  // dp, dvp: d, dv rounded up to RW
   float* buf;         // [W, max(dp, dvp)]
   float* scores;      // [heads, rows, tokens]
   float* o;           // [heads, rows, dvp]
@@ -224,14 +263,16 @@ void tile_scores(const Chunk& h, int64_t t0, const Tile& tile) {
       convert_row<KT>(src, h.d, h.dp, h.buf + t * h.dp);
     }
     for (int j = 0; j < h.rows; ++j) {
-      V acc[W];
-      for (int t = 0; t < W; ++t) acc[t] = vzero();
+      R acc[W];
+      for (int t = 0; t < W; ++t) acc[t] = rzero();
       const float* qj = h.q + (n * h.rows + j) * h.dp;
-      for (int c = 0; c < h.dp; c += W) {
-        const V qv = vload(qj + c);
-        for (int t = 0; t < W; ++t) acc[t] = vfma(qv, vload(h.buf + t * h.dp + c), acc[t]);
+      for (int c = 0; c < h.dp; c += RW) {
+        const R qv = rload(qj + c);
+        for (int t = 0; t < W; ++t) acc[t] = rfma(qv, rload(h.buf + t * h.dp + c), acc[t]);
       }
-      vstore(out, vsum8(acc));
+      V lanes[W];
+      for (int t = 0; t < W; ++t) lanes[t] = to8(acc[t]);
+      vstore(out, vsum8(lanes));
       const float qs = h.qsum[n * h.rows + j];
       float* s = h.scores + (n * h.rows + j) * h.tokens + t0;
       for (int t = 0; t < tile.count; ++t)
@@ -259,18 +300,18 @@ void tile_values(const Chunk& h, int64_t t0, const Tile& tile) {
       const float* p = h.scores + (n * h.rows + j) * h.tokens + t0;
       float* oj = h.o + (n * h.rows + j) * h.dvp;
       if (tile.count == W) {
-        V w[W];
-        for (int t = 0; t < W; ++t) w[t] = vset(p[t] * scale[t]);
-        for (int c = 0; c < h.dvp; c += W) {
-          V a = vload(oj + c);
-          for (int t = 0; t < W; ++t) a = vfma(w[t], vload(h.buf + t * h.dvp + c), a);
-          vstore(oj + c, a);
+        R w[W];
+        for (int t = 0; t < W; ++t) w[t] = rset(p[t] * scale[t]);
+        for (int c = 0; c < h.dvp; c += RW) {
+          R a = rload(oj + c);
+          for (int t = 0; t < W; ++t) a = rfma(w[t], rload(h.buf + t * h.dvp + c), a);
+          rstore(oj + c, a);
         }
       } else {
-        for (int c = 0; c < h.dvp; c += W) {
-          V a = vload(oj + c);
-          for (int t = 0; t < tile.count; ++t) a = vfma(vset(p[t] * scale[t]), vload(h.buf + t * h.dvp + c), a);
-          vstore(oj + c, a);
+        for (int c = 0; c < h.dvp; c += RW) {
+          R a = rload(oj + c);
+          for (int t = 0; t < tile.count; ++t) a = rfma(rset(p[t] * scale[t]), rload(h.buf + t * h.dvp + c), a);
+          rstore(oj + c, a);
         }
       }
     }
@@ -304,7 +345,7 @@ inline void softmax_row(float* s, int64_t tokens, float* m_out, float* l_out) {
   *l_out = total;
 }
 
-inline int padded(int x) { return (x + W - 1) / W * W; }
+inline int padded(int x) { return (x + RW - 1) / RW * RW; }
 
 template <int KT, int VT>
 void chunk(const float* q, int heads, int rows, int d, int dv, const Run* runs, int nruns, int64_t tokens,

@@ -4,6 +4,8 @@ that are not multiples of the vector width, GQA and several query rows; each tes
 are bitwise the same on 1 and 2 threads; a failed build warns and leaves every call to the PyTorch path."""
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -107,3 +109,17 @@ def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("ATTNOPS_CPU_KERNELS", "0")
     assert cpu_kernels.library() is None
     assert cpu_kernels.status() == "pure PyTorch (disabled by ATTNOPS_CPU_KERNELS=0)"
+
+
+@needs_kernel
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 targets")
+@pytest.mark.parametrize("arch", ["x86-64", "haswell"])  # plain loops; AVX2 without AVX-512
+def test_other_instruction_sets(monkeypatch, tmp_path, kernel_calls, arch):
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("ATTNOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTNOPS_CPU_ARCH", arch)
+    assert cpu_kernels.library() is not None
+    q, k, v = make_inputs("BNSD", b=2, n=4, nkv=2, sq=2, skv=40, d=20, dtype=BF16)
+    check_fia(q, k, v, via="api", num_heads=4, num_key_value_heads=2, input_layout="BNSD", softmax_lse_flag=True)
+    test_int8_kv(kernel_calls, 1, 1)
+    assert kernel_calls[0] > 0
