@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -43,11 +44,11 @@ class _Piece:
         per_block = x.shape[2]
         return x[self.t0 // per_block:self.t1 // per_block]
 
-    @property
+    @cached_property
     def key(self) -> Tensor:
         return self._part(self.seg.key)
 
-    @property
+    @cached_property
     def value(self) -> Tensor:
         return self._part(self.seg.value)
 
@@ -165,13 +166,15 @@ def forward(p: FIAProblem, batches: list[int]) -> dict[int, tuple[Tensor, Tensor
     """``{b: (o [Sq_b, N1, Dv] fp32, lse [N1, Sq_b])}`` for the decode ``batches`` (each with KV and queries)."""
     queries = {b: p.queries[b].to(F32).transpose(0, 1).reshape(p.n2, p.group * p.queries[b].shape[0], p.d)
                .mul(p.scale) for b in batches}  # head n2*G + g -> [N2, G*Sq, D]
-    chunks = [c for b in batches for c in _chunks(p, b)]
     partials: dict = {}
     fused = {b: fused_decode.kernel_query(p, q) for b, q in queries.items()} if fused_decode.unsupported(p) is None \
         else {}
+    paged = {b: fused_decode.paged_chunks(p, b, CHUNK_TOKENS) for b in fused}
+    chunks = [c for b in batches for c in (paged.get(b) or _chunks(p, b))]
 
-    def job(c: _Chunk) -> None:
-        if c.b in fused and fused_decode.takes(p, c.b, p.queries[c.b].shape[0], c.start, c.start + c.length, c.pieces):
+    def job(c) -> None:
+        if isinstance(c, fused_decode.PagedChunk) or (c.b in fused and fused_decode.takes(
+                p, c.b, p.queries[c.b].shape[0], c.start, c.start + c.length, c.pieces)):
             partials[c.b, c.index] = fused_decode.partial(p, c, *fused[c.b])
         else:
             _partial(p, c, queries[c.b], partials)

@@ -10,6 +10,8 @@ all-keep), :mod:`.decode` runs its pure-PyTorch partial instead.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -32,9 +34,9 @@ def unsupported(p: FIAProblem) -> str | None:
         return "tensors not on the CPU"
     if p.pse is not None:
         return "a pse"
-    seg = next((s for segs in p.kv for s in segs), None)
-    if seg is not None and (seg.key.dtype not in _DTYPE_CODES or seg.value.dtype not in _DTYPE_CODES):
-        return f"K/V dtype {seg.key.dtype}/{seg.value.dtype} (int4 runs on the PyTorch path)"
+    dtypes = (_cache(p.source.key).dtype, _cache(p.source.value).dtype)
+    if any(dt not in _DTYPE_CODES for dt in dtypes):
+        return f"K/V dtypes {dtypes} (int4 runs on the PyTorch path)"
     return None
 
 
@@ -91,17 +93,19 @@ def kernel_query(p: FIAProblem, qs: Tensor) -> tuple[Tensor, Tensor | None]:
 
 def partial(p: FIAProblem, chunk, q: Tensor, shift: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """The chunk's row max ``[N1, Sq]``, row sum and un-normalised output ``[N1, Sq, Dv]`` (``q``, ``shift``: from
-    :func:`kernel_query`)."""
-    lib = cpu_kernels.library()
+    :func:`kernel_query`; ``chunk``: one of :mod:`.decode`'s, or a :class:`PagedChunk`)."""
     keep: list = []
-    runs = _runs(p, chunk.b, chunk.pieces, keep)
-    n2, rows = q.shape[0], q.shape[1]
-    k0, v0 = chunk.pieces[0].key, chunk.pieces[0].value
-    dv = v0.shape[-1]
+    if isinstance(chunk, PagedChunk):
+        runs, dtypes = chunk.runs, chunk.dtypes
+    else:
+        runs = _runs(p, chunk.b, chunk.pieces, keep)
+        dtypes = (chunk.pieces[0].key.dtype, chunk.pieces[0].value.dtype)
+    lib = cpu_kernels.library()
+    n2, rows, dv = q.shape[0], q.shape[1], p.dv
     m, total = torch.empty(n2, rows, dtype=F32), torch.empty(n2, rows, dtype=F32)
     o = torch.empty(n2, rows, dv, dtype=F32)
     scratch = torch.empty(lib.attnops_decode_scratch(n2 * rows, p.d, dv, chunk.length), dtype=F32)
-    code = lib.attnops_decode_chunk(q.data_ptr(), n2, rows, p.d, dv, _DTYPE_CODES[k0.dtype], _DTYPE_CODES[v0.dtype],
+    code = lib.attnops_decode_chunk(q.data_ptr(), n2, rows, p.d, dv, _DTYPE_CODES[dtypes[0]], _DTYPE_CODES[dtypes[1]],
                                     runs.data_ptr(), runs.shape[0], chunk.length, scratch.data_ptr(), m.data_ptr(),
                                     total.data_ptr(), o.data_ptr())
     if code != 0:
@@ -114,3 +118,76 @@ def partial(p: FIAProblem, chunk, q: Tensor, shift: Tensor | None) -> tuple[Tens
         o = (o if offset is None else o.add_(offset * total.unsqueeze(-1))).mul_(scale)
     sq = rows // p.group
     return m.view(p.n1, sq), total.view(p.n1, sq), o.view(p.n1, sq, dv)
+
+
+@dataclass(frozen=True)
+class PagedChunk:
+    """Pages of one batch's paged cache as kernel run descriptors (one row per page), made without a tensor view
+    per page: ``runs`` int64 ``[pages, 20]``, ``start``/``length`` its effective columns."""
+
+    b: int
+    index: int
+    start: int
+    length: int
+    runs: Tensor
+    dtypes: tuple[torch.dtype, torch.dtype]
+    keep: tuple  # tensors whose memory ``runs`` points into
+
+
+def _cache(x) -> Tensor:
+    return x[0] if isinstance(x, (list, tuple)) else x
+
+
+def _page_geometry(cache: Tensor, n2: int) -> tuple[int, int] | None:
+    """``(head step, token step)`` in elements of a BnBsH ``[blocknum, blocksize, N2*D]`` or BnNBsD
+    ``[blocknum, N2, blocksize, D]`` cache with unit stride along D, else None (NZ and other caches)."""
+    if cache.stride(-1) != 1 or cache.dim() not in (3, 4):
+        return None
+    if cache.dim() == 4:
+        return cache.stride(1), cache.stride(2)
+    return cache.shape[2] // n2 * cache.stride(2), cache.stride(1)
+
+
+def paged_chunks(p: FIAProblem, b: int, chunk_tokens: int) -> list[PagedChunk] | None:
+    """Batch ``b`` of a paged call (no shared prefix, nothing masked) in chunks of whole pages (at least
+    ``chunk_tokens`` tokens' worth), descriptors computed with a few tensor operations for all pages at once; None
+    when the call is not of that kind (the caller then chunks ``p.kv``)."""
+    src = p.source
+    if src.kind != "paged" or p.prefix_len or src.block_table is None:
+        return None
+    kc, vc = _cache(src.key), _cache(src.value)
+    geo_k, geo_v = _page_geometry(kc, p.n2), _page_geometry(vc, p.n2)
+    n, bs = p.seq.kv_lens[b], src.block_size
+    if geo_k is None or geo_v is None or p.mask.masked_block(b, 0, p.queries[b].shape[0], 0, n) is not None:
+        return None
+    pages = -(-n // bs)
+    blocks = src.block_table[b, :pages].to(torch.int64)
+    lengths = torch.full((pages,), bs, dtype=torch.int64)
+    lengths[-1] = n - (pages - 1) * bs
+    cols = [kc.data_ptr() + blocks * (kc.stride(0) * kc.element_size()), 0, geo_k[0], geo_k[1],
+            vc.data_ptr() + blocks * (vc.stride(0) * vc.element_size()), 0, geo_v[0], geo_v[1], 1, lengths]
+    keep = [kc, vc]
+    positions = torch.arange(pages, dtype=torch.int64) * bs
+    for quant in (p.key_quant, p.value_quant):
+        cols += _page_factors(quant, b, blocks, positions, keep)
+    runs = torch.stack([c if isinstance(c, Tensor) else torch.full((pages,), c, dtype=torch.int64) for c in cols], 1)
+    per_chunk = max(1, chunk_tokens // bs)
+    dtypes = (kc.dtype, vc.dtype)
+    return [PagedChunk(b, i, i * per_chunk * bs, int(lengths[i * per_chunk:(i + 1) * per_chunk].sum()),
+                       runs[i * per_chunk:(i + 1) * per_chunk], dtypes, tuple(keep))
+            for i in range(-(-pages // per_chunk))]
+
+
+def _page_factors(quant: Antiquant | None, b: int, blocks: Tensor, positions: Tensor, keep: list) -> list:
+    """The five antiquant columns of every page (scale addr, offset addr, sr, sn, sl): per-token parameters
+    ``[B, N2|1, S]`` at the page's positions, page-managed ones ``[blocknum, N2|1, blocksize]`` at its block."""
+    if quant is None or quant.kind == "static":
+        return [0] * 5
+    scale, offset = quant.scale, quant.offset
+    if offset is not None and offset.stride() != scale.stride():
+        scale, offset = scale.contiguous(), offset.contiguous()
+    keep += [scale, offset]
+    s0, s1, s2 = scale.stride()
+    first = b * s0 + positions * s2 if quant.kind == "token" else blocks * s0
+    addr = [t.data_ptr() + first * 4 for t in (scale, offset) if t is not None]
+    return [addr[0], addr[1] if offset is not None else 0, 0, 0 if scale.shape[1] == 1 else s1, s2]
