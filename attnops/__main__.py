@@ -1,4 +1,4 @@
-"""Command line: ``python -m attnops {check,bench,gpu-report,aot} [options]``; ``python -m attnops COMMAND --help`` for details."""
+"""Command line: ``python -m attnops {check,bench,compare,gpu-report,aot} [options]``; ``python -m attnops COMMAND --help`` for details."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,8 @@ COMMANDS = {
                                "(prints which backends ran and why any was skipped)"),
     "bench": ("attnops.bench.runner", "time the operators against PyTorch baselines (without --suite: list the "
                                       "benchmark suites)"),
+    "compare": ("attnops.msprobe.cli", "judge the fused-attention calls of a msprobe dump from an NPU against the "
+                                       "fp64 golden and the NPU-precision emulation (docs/compare.md)"),
 }
 # command -> (module with main(argv), one-line description)
 OWN_PARSER = {

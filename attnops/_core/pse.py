@@ -24,7 +24,9 @@ class PseSpec:
     A flattened TND pse (1-D) is ``full`` or ``row`` with ``segments``: batch b's ``(offset, N1, rows, cols)`` block
     of the 1-D tensor, read as ``[N1, rows, cols]`` (rows = Sq_b for ``full``, 1 for ``row``).
     ``slopes`` (pse_type 2/3) start counting positions at ``start_idx`` (q, kv) in every batch, or in batch 0 alone
-    with ``first_batch_only`` (varlen sparse_mode 8); ``q_start``/``kv_start`` hold the per-batch starts for host
+    with ``first_batch_only`` (varlen sparse_mode 8); with ``bottom_right`` query positions start at
+    ``Skv_b - Sq_b + q_start`` (flash-attn's alignment, any Sq and Skv); ``q_start``/``kv_start`` hold the per-batch
+    starts for host
     lengths (the prepare kernel derives them for device lengths).
     """
 
@@ -36,6 +38,7 @@ class PseSpec:
     segments: tuple[tuple[int, int, int, int], ...] = ()
     start_idx: tuple[int, int] = (0, 0)
     first_batch_only: bool = False
+    bottom_right: bool = False  # slopes: query positions start at Skv - Sq + q_start in each batch (flash-attn)
 
     @property
     def flattened(self) -> bool:
@@ -130,12 +133,15 @@ def _masks_upper_triangle(mask: MaskSpec, seq: SeqInfo) -> bool:
 
 def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo | DeviceSeqLens, n1: int,
                    dtype: torch.dtype, mask: MaskSpec | MaskRule, sparse_mode: int, q_start_idx=None,
-                   kv_start_idx=None) -> PseSpec | None:
+                   kv_start_idx=None, bottom_right: bool = False) -> PseSpec | None:
     """Validate ``pse`` against ``pse_type`` and the geometry; None when there is no pse. With lengths in device
     tensors the checks that need their values (Sq == Skv for ALiBi, segment sizes) cannot run; the forms that
     cannot be told apart without them (the 1-D TND pse) or need them checked (the ALiBi-compressed pse with an
-    explicit mask) are refused."""
+    explicit mask) are refused. ``bottom_right``: see :class:`PseSpec` (slopes only)."""
     require(pse_type in PSE_TYPES, "pse_type", f"one of {list(PSE_TYPES)}", pse_type)
+    require(isinstance(bottom_right, bool), "pse_bottom_right", "a bool", bottom_right)
+    require(not bottom_right or pse is None or pse_type in (2, 3), "pse_bottom_right",
+            "False unless pse holds ALiBi slopes (pse_type 2/3)", bottom_right)
     if pse is None:
         return None
     check_tensor("pse", pse)
@@ -143,12 +149,12 @@ def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo | De
             pse)
     device = isinstance(seq, DeviceSeqLens)
     unbounded = device and not seq.bounds_given  # device lengths bounded by the pse's extents, not checked here
-    if not device:
+    if not device and not bottom_right:  # flash-attn's ALiBi takes empty sequences
         require(all(n > 0 for n in seq.q_lens), "pse",
                 "None when some batch has a query length of 0 (actual_seq_qlen repeats a value)", pse)
     if pse_type in (2, 3):
         return _slopes_spec(pse, pse_type, seq, n1, sparse_mode, _start("q_start_idx", q_start_idx),
-                            _start("kv_start_idx", kv_start_idx))
+                            _start("kv_start_idx", kv_start_idx), bottom_right)
     if pse.dtype != dtype:
         fail("pse", f"dtype {dtype} (same as query) for pse_type {pse_type}", pse)
     if pse.dim() == 1:
@@ -211,15 +217,19 @@ def _flattened_spec(pse: torch.Tensor, pse_type: int, seq: SeqInfo, n1: int) -> 
     return PseSpec(pse_type, "row" if row else "full", pse, segments=tuple(segments))
 
 
-def _slopes_spec(slopes, pse_type, seq: SeqInfo | DeviceSeqLens, n1, sparse_mode, q_start, kv_start) -> PseSpec:
+def _slopes_spec(slopes, pse_type, seq: SeqInfo | DeviceSeqLens, n1, sparse_mode, q_start, kv_start,
+                 bottom_right: bool) -> PseSpec:
     if slopes.dtype != torch.float32:
         fail("pse", f"float32 ALiBi slopes for pse_type {pse_type}", slopes)
     ok = (slopes.dim() == 1 and slopes.shape[0] == n1) or (slopes.dim() == 2 and tuple(slopes.shape) == (seq.batch, n1))
     require(ok, "pse", f"slopes of shape [B={seq.batch}, N1={n1}] or [N1={n1}] for pse_type {pse_type}", slopes)
-    first_only = seq.packed and sparse_mode == 8
-    rule = dict(start_idx=(q_start, kv_start), first_batch_only=first_only)
+    first_only = seq.packed and sparse_mode == 8 and not bottom_right
+    rule = dict(start_idx=(q_start, kv_start), first_batch_only=first_only, bottom_right=bottom_right)
     if isinstance(seq, DeviceSeqLens):
         return PseSpec(pse_type, "slopes", slopes, **rule)
+    if bottom_right:
+        qs = tuple(q_start + skv - sq for sq, skv in zip(seq.q_lens, seq.kv_lens))
+        return PseSpec(pse_type, "slopes", slopes, qs, (kv_start,) * seq.batch, **rule)
     qs, ks = [], []
     for b, (sq, skv) in enumerate(zip(seq.q_lens, seq.kv_lens)):
         if first_only and b == 0:

@@ -1,13 +1,13 @@
 """``python -m attnops check``: run every implemented operator and dialect on every available backend over built-in
 cases, compare with the fp64 golden (FlashAttention's tolerance rule), print a table and fail on any mismatch.
 
-Rows: the aclnn operators and the Pythonic API (FlashAttention, NSA, FusedInferAttentionScore), the torch_npu
-functions called as Ascend code calls them, and ring / Ulysses context parallelism at world size 2 on CPU Gloo (one
-spawn of two processes for all of them; a hang becomes a FAIL row after a timeout). Backends: ``reference``
-always; ``triton`` when the Triton kernels can run (CUDA and Triton importable, or ``ATTNOPS_TRITON_INTERPRET=1``
-for Triton's CPU interpreter). Only cases of operators with Triton kernels (FlashAttention) run on ``triton``; each
-case runs with ``ATTNOPS_BACKEND`` set to its backend, so the aclnn functions dispatch there too. The output starts
-with one line per backend: the cases it runs, or why it is skipped.
+Rows: the aclnn operators and the Pythonic API (FlashAttention, NSA, FusedInferAttentionScore), the flash-attn functions
+(:mod:`attnops.flash_attn`) and the torch_npu functions called as flash-attn and Ascend code call them, and ring /
+Ulysses context parallelism at world size 2 on CPU Gloo (one spawn of two processes for all of them; a hang becomes a
+FAIL row after a timeout). Backends: ``reference`` always; ``triton`` when the Triton kernels can run (CUDA and Triton
+importable, or ``ATTNOPS_TRITON_INTERPRET=1`` for Triton's CPU interpreter). Only cases of operators with Triton kernels
+(FlashAttention) run on ``triton``; each case runs with ``ATTNOPS_BACKEND`` set to its backend, so the aclnn functions
+dispatch there too. The output starts with one line per backend: the cases it runs, or why it is skipped.
 ``--filter TEXT`` keeps the cases whose operator or name contains TEXT (any case; a filter that keeps nothing is an
 error that lists the cases); ``--list`` prints the cases and exits."""
 from __future__ import annotations
@@ -111,10 +111,10 @@ def run_case(case: CheckCase, backend: str) -> Row:
 
 
 def all_cases() -> list[CheckCase]:
-    from . import context_parallel, flash_attention, fused_infer_attention, nsa, torch_npu, torch_npu_atb
+    from . import context_parallel, flash_attention, flash_attn, fused_infer_attention, nsa, torch_npu, torch_npu_atb
 
-    return (flash_attention.cases() + nsa.cases() + fused_infer_attention.cases() + torch_npu.cases()
-            + torch_npu_atb.cases() + context_parallel.cases())
+    return (flash_attention.cases() + flash_attn.cases() + nsa.cases() + fused_infer_attention.cases()
+            + torch_npu.cases() + torch_npu_atb.cases() + context_parallel.cases())
 
 
 def triton_runs_on_cuda() -> bool:

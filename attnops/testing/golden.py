@@ -160,18 +160,19 @@ def _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, d
 
 
 def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, tnd, q_start, kv_start, dtype,
-           drop_keep, keep_prob, drop_off, lens):
+           drop_keep, keep_prob, drop_off, lens, softcap=0.0):
     """One batch: q [N1,Sq,D], k [N2,Skv,D], v [N2,Skv,Dv] -> out [N1,Sq,Dv], max, sum [N1,Sq]."""
     sq, skv = q.shape[1], k.shape[1]
     g = n1 // k.shape[0]
     k = k.repeat_interleave(g, dim=0)
     v = v.repeat_interleave(g, dim=0)
     qk = q @ k.transpose(-1, -2)
-    if pse is None:
-        s = scale * qk
-    else:
+    s = scale * qk
+    if softcap > 0:  # flash-attn: scaled scores capped before the bias and the mask
+        s = softcap * torch.tanh(s / softcap)
+    if pse is not None:
         bias = _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, dtype, lens)
-        s = scale * (qk + bias) if pse_type == 1 else scale * qk + bias
+        s = scale * (qk + bias) if pse_type == 1 else s + bias
     keep = keep.expand(n1, sq, skv)
     valid = keep.any(dim=-1, keepdim=True)
     s_masked = torch.where(keep, s, torch.full_like(s, -math.inf))
@@ -196,8 +197,11 @@ def fa_forward(query, key, value, *, head_num: int, input_layout: str, pse=None,
                pre_tokens: int = 2147483647, next_tokens: int = 2147483647, prefix=None,
                actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode: int = 0, pse_type: int = 1,
                q_start_idx: int = 0, kv_start_idx: int = 0, softmax_layout: str = "",
+               softcap: float = 0.0, pse_bottom_right: bool = False,
                dtype=torch.float64) -> tuple[Tensor, Tensor, Tensor]:
-    """Dense golden forward: returns (attention_out, softmax_max, softmax_sum)."""
+    """Dense golden forward: returns (attention_out, softmax_max, softmax_sum). ``softcap`` > 0: scores
+    ``softcap * tanh(scale*QK^T / softcap)`` before the pse (types 0/2/3) and the mask; ``pse_bottom_right``: ALiBi
+    slopes with query positions from ``Skv - Sq + q_start_idx`` in every batch (flash-attn's alignment)."""
     q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
     if pse is not None:
         pse = pse.to(dtype)
@@ -243,12 +247,13 @@ def fa_forward(query, key, value, *, head_num: int, input_layout: str, pse=None,
         sq, skv = sq_list[b], skv_list[b]
         keep = _keep_matrix(b, sq, skv, n1, atten_mask=atten_mask, sparse_mode=sparse_mode,
                             pre=pre_tokens, nxt=next_tokens, prefix=prefix, band_idx=band_idx)
-        reset = tnd and sparse_mode == 8 and b != 0
+        reset = tnd and sparse_mode == 8 and b != 0 and not pse_bottom_right
+        q_start = 0 if reset else q_start_idx + (skv - sq if pse_bottom_right else 0)
         o, m, l, valid = _batch(qs[b], ks[b], vs[b], b, n1=n1, scale=scale, pse=pse, pse_type=pse_type,
-                                keep=keep, max_sq=max_sq, tnd=tnd, q_start=0 if reset else q_start_idx,
+                                keep=keep, max_sq=max_sq, tnd=tnd, q_start=q_start,
                                 kv_start=0 if reset else kv_start_idx, dtype=dtype,
                                 drop_keep=drop_keep, keep_prob=keep_prob, drop_off=drop_off,
-                                lens=(sq_list, skv_list))
+                                lens=(sq_list, skv_list), softcap=softcap)
         drop_off += n1 * sq * skv
         m = torch.where(valid, m.to(stat_dtype), torch.full_like(m, FLT_LOWEST, dtype=stat_dtype))
         l = torch.where(valid, l.to(stat_dtype), torch.full_like(l, FLT_MAX, dtype=stat_dtype))

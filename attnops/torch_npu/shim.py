@@ -7,13 +7,13 @@ Only when the real torch_npu is absent; nothing happens on import, only when :fu
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
 
 import torch
 
 from .._core.checks import check_choice
+from .._core.module_alias import real_package_present
 from . import tensor_patch
 from .npu_device import npu_device_module
 
@@ -49,7 +49,7 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
     if sys.modules.get("torch_npu") is package:
         tensor_patch.patch(torch.npu.device, devices=patch_tensor_npu, pin_memory=patch_pin_memory)
         return True
-    if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
+    if real_package_present("torch_npu"):
         return False
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

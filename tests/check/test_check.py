@@ -52,7 +52,8 @@ def test_flash_attention_and_fia_cases_run_on_triton():
     on_triton = {c.operator for c in check.all_cases() if "triton" in c.backends}
     fa = {"flash_attention_score(+_grad)", "flash_attention_var_len_score / unpadding_grad",
           "flash_attention_var_len_score_v2 / unpadding_grad_v2", "attnops.flash_attention"}
-    assert on_triton == fa | {"fused_infer_attention_score_v2", "attnops.fused_infer_attention"}
+    flash_attn = {c.operator for c in check.all_cases() if c.operator.startswith("attnops.flash_attn.")}
+    assert on_triton == fa | flash_attn | {"fused_infer_attention_score_v2", "attnops.fused_infer_attention"}
     reference_only = {c.name for c in check.all_cases() if "triton" not in c.backends and c.operator in fa}
     bf16 = set() if torch.cuda.is_available() else {"SBH GQA 4 mode 3 bf16"}  # the interpreter has no bf16
     assert reference_only == {"TND V2 sqrt ALiBi pse_type 3, D=640"} | bf16  # head dims up to 256

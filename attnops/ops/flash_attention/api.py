@@ -11,12 +11,14 @@ from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
 from ..._core.checks import check_same_device, check_tensor, fail, require, require_not_none, softmax_scale
 from ..._core.dropout import check_seed_offset, draw_seed
 from ..._core.layouts import normalize_layout, with_head_dim
+from ..._core.npu_rounding import check_precision
 from ..._core.masks import require_mask_for_mode, window_sparse_args
 from ..._core.softmax_stats import check_stats
 from ..._core.varlen import cumulative_from_cu_seqlens
 from .problem import INT_MAX, FAProblem
 
 Backend = Literal["auto", "reference", "triton"]
+Precision = Literal["exact", "npu"]
 
 
 class FlashAttentionResult(NamedTuple):
@@ -83,7 +85,7 @@ _OPTIONS = frozenset((
     "causal", "window_size", "layout", "head_num", "scale", "pse", "pse_type", "atten_mask", "sparse_mode",
     "pre_tokens", "next_tokens", "prefix", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
     "actual_seq_qlen", "actual_seq_kvlen", "keep_prob", "drop_mask", "seed", "offset", "q_start_idx", "kv_start_idx",
-    "softmax_layout", "backend"))
+    "softmax_layout", "backend", "precision", "softcap", "pse_bottom_right"))
 
 
 def _prefix_list(prefix):
@@ -97,8 +99,13 @@ def _prefix_list(prefix):
 
 def _op_args(query, *, causal, window_size, layout, head_num, scale, pse, pse_type, atten_mask, sparse_mode, pre_tokens,
              next_tokens, prefix, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, actual_seq_qlen,
-             actual_seq_kvlen, keep_prob, drop_mask, seed, offset, q_start_idx, kv_start_idx, softmax_layout, backend):
+             actual_seq_kvlen, keep_prob, drop_mask, seed, offset, q_start_idx, kv_start_idx, softmax_layout, backend,
+             precision, softcap, pse_bottom_right):
     """Resolve the Pythonic defaults into the custom ops' argument list (after the tensors)."""
+    if check_precision(precision) == "npu":  # the emulation is the reference's
+        require(backend in ("auto", "reference"), "backend", "'auto' or 'reference' with precision='npu' (the NPU "
+                "emulation runs the reference)", backend)
+        backend = "reference"
     check_tensor("query", query)
     layout = normalize_layout("layout", layout)
     head_num = _head_num(query, layout, head_num)
@@ -121,7 +128,8 @@ def _op_args(query, *, causal, window_size, layout, head_num, scale, pse, pse_ty
                 pse_type=pse_type, q_start_idx=_start("q_start_idx", q_start_idx),
                 kv_start_idx=_start("kv_start_idx", kv_start_idx), softmax_layout=softmax_layout,
                 seed=seed, offset=offset, backend=backend, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, precision=precision, softcap=softcap,
+                pse_bottom_right=pse_bottom_right)
 
 
 def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool = False,
@@ -132,8 +140,9 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
                     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
                     actual_seq_qlen=None, actual_seq_kvlen=None, keep_prob: float = 1.0,
                     drop_mask: Tensor | None = None, seed: int | None = None, offset: int = 0,
-                    q_start_idx: int = 0, kv_start_idx: int = 0, softmax_layout: str = "",
-                    return_stats: bool = False, backend: Backend = "auto"):
+                    q_start_idx: int = 0, kv_start_idx: int = 0, softmax_layout: str = "", softcap: float = 0.0,
+                    pse_bottom_right: bool = False, return_stats: bool = False, backend: Backend = "auto",
+                    precision: Precision = "exact"):
     """CANN FlashAttention (FlashAttentionScore / VarLenScore V1-V2), differentiable.
 
     Shapes: ``layout`` "BNSD" ``[B, N, S, D]`` (default), "BSND", "BSH"/"SBH" (``head_num`` required), or "TND"
@@ -148,10 +157,16 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
     = sparse_mode 4 with ``pre_tokens=left, next_tokens=right``); no mask tensor needed. Or CANN style:
     ``atten_mask`` (True/1 = masked) with ``sparse_mode`` 0-8, ``pre_tokens``, ``next_tokens`` and ``prefix``;
     sparse modes 2-8 require ``atten_mask`` (raise without one). The two styles cannot be mixed. ``pse`` with ``pse_type`` 0-3
-    (types 2/3: fp32 ALiBi slopes ``[B, N]`` or ``[N]`` with ``q_start_idx``/``kv_start_idx``).
+    (types 2/3: fp32 ALiBi slopes ``[B, N]`` or ``[N]`` with ``q_start_idx``/``kv_start_idx``; CANN requires
+    Sq == Skv for them; ``pse_bottom_right=True`` takes any lengths with flash-attn's ``-slope * |i + Skv - Sq - j|``).
+    ``softcap`` > 0: scores ``softcap * tanh(scale*QK^T / softcap)`` before the pse and the mask (as flash-attn).
     Dropout: ``keep_prob`` < 1 with a packed ``drop_mask`` or the Philox ``seed``/``offset`` (drawn when omitted).
     Fully-masked rows return 0. Returns the output, or a :class:`FlashAttentionResult` (output, fp32 softmax
     statistics ``[B, N, Sq, 8]`` / ``[T, N, 8]``, seed, offset) when ``return_stats`` is true.
+    ``precision``: "exact" (default: fp32 compute, one cast of the result) or "npu", the Ascend kernel's rounding
+    for fp16/bf16 inputs (P rounded to the input dtype per 512-key block before P V, ties away from zero; see
+    docs/precision.md; fp32/fp64 inputs: same as "exact"). "npu" always runs the reference, never the Triton
+    kernels (``backend="triton"`` raises), and the backward of such a forward rounds as the NPU's does.
 
     Example::
 
@@ -184,14 +199,16 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
                              actual_seq_qlen=None, actual_seq_kvlen=None,
                              keep_prob: float = 1.0, drop_mask: Tensor | None = None, seed: int | None = None,
                              offset: int = 0, q_start_idx: int = 0, kv_start_idx: int = 0,
-                             softmax_layout: str = "", backend: Backend = "auto"):
+                             softmax_layout: str = "", softcap: float = 0.0, pse_bottom_right: bool = False,
+                             backend: Backend = "auto", precision: Precision = "exact"):
     """Gradients ``(dq, dk, dv, dpse)`` of :func:`flash_attention` from the given forward results.
 
     Uses ``attention_out`` and the softmax statistics exactly as given (context-parallel callers pass merged
     statistics); they are never recomputed. The dropout mask is regenerated from ``drop_mask`` or from
     ``seed``/``offset`` (required when ``keep_prob`` < 1). ``dpse`` is None unless a pse tensor of type 0/1 is given.
     Every option (``causal``, ``window_size``, ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` included) must match the
-    forward call.
+    forward call. ``precision="npu"``: the Ascend kernel's rounding (P and dS rounded to the input dtype before
+    their products, outputs cast ties away from zero; docs/precision.md), on the reference.
     """
     require(keep_prob == 1.0 or drop_mask is not None or seed is not None, "seed",
             "the forward's seed (or a drop_mask) when keep_prob < 1", None)

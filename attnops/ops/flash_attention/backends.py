@@ -3,7 +3,8 @@
 The custom ops (``op.py``) call these two functions and nothing else, so a new backend plugs in here once.
 The Triton verifier (``triton/verify.py``) states why a call cannot run on the kernels; ``auto`` then runs the
 reference (a PerformanceWarning names the reason), an explicit ``backend="triton"`` raises with it. The reference computes on the
-CPU: tensors on another device are copied there and the results copied back.
+CPU: tensors on another device are copied there and the results copied back. A problem with an NPU rounding
+(``precision="npu"``) always runs the reference.
 """
 from __future__ import annotations
 
@@ -45,13 +46,13 @@ def _reference(fn, p: FAProblem, *tensors: torch.Tensor):
 
 def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, backend: str = "auto"):
     """``(attention_out, softmax_max, softmax_sum)`` of problem ``p``."""
-    if _choose(p.geom, query, backend, backward=False) == "triton":
+    if p.rounding is None and _choose(p.geom, query, backend, backward=False) == "triton":
         return launch.forward(p, query, key, value)
     return _reference(reference.forward, p, query, key, value)
 
 
 def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum, backend: str = "auto"):
     """``(dq, dk, dv, dpse)`` of problem ``p`` from the given forward results (``dpse`` None without a pse grad)."""
-    if _choose(p.geom, query, backend, backward=True) == "triton":
+    if p.rounding is None and _choose(p.geom, query, backend, backward=True) == "triton":
         return launch.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum)
     return _reference(reference.backward, p, query, key, value, dy, attention_in, softmax_max, softmax_sum)

@@ -9,6 +9,7 @@ never depend on their values, so ``torch.compile`` traces a function once for ev
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -16,6 +17,7 @@ from torch import Tensor
 
 from ..._core.layouts import normalize_layout, parse_geometry, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
+from ..._core.npu_rounding import npu_rounding
 from ..._core.custom_ops import register_dry_run_meta, runs_directly
 from ..._core.varlen import cumulative_from_cu_seqlens
 from . import backends
@@ -34,6 +36,7 @@ def _problem(inputs: tuple, backward: bool) -> FAProblem:
     query, key, value, pse, atten_mask, drop_mask = inputs[:_N_TENSORS]
     kw = dict(zip(_SCHEMA[_N_TENSORS:], inputs[_N_TENSORS:]))
     backend = kw.pop("backend", "auto")
+    rounding = npu_rounding(kw.pop("precision", "exact"), query.dtype)
     cu_q, cu_k = kw.get("cu_seqlens_q"), kw.get("cu_seqlens_k")
     given = [t for t in (cu_q, cu_k) if t is not None]
     if given and (all(t.device.type == "cpu" for t in given) or backends.runs_reference(
@@ -42,7 +45,8 @@ def _problem(inputs: tuple, backward: bool) -> FAProblem:
         kw.update(cu_seqlens_q=None, cu_seqlens_k=None,
                   actual_seq_qlen=cumulative_from_cu_seqlens("cu_seqlens_q", cu_q),
                   actual_seq_kvlen=cumulative_from_cu_seqlens("cu_seqlens_k", cu_k))
-    return build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, **kw)
+    p = build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, **kw)
+    return p if rounding is None else dataclasses.replace(p, rounding=rounding)
 
 
 def _run_forward(inputs: tuple) -> tuple[tuple[Tensor, Tensor, Tensor], FAProblem]:
@@ -69,7 +73,9 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, pse: Optional[Tensor], a
              actual_seq_kvlen: Optional[list[int]], sparse_mode: int, pse_type: int, q_start_idx: int,
              kv_start_idx: int, softmax_layout: str, seed: int, offset: int, backend: str = "auto",
              cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
-             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
+             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
+             precision: str = "exact", softcap: float = 0.0,
+             pse_bottom_right: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Forward: ``(attention_out, softmax_max, softmax_sum)``."""
     return _run_forward(tuple(locals().values()))[0]  # the arguments, in schema order
 
@@ -81,7 +87,8 @@ flash_attention_fwd = torch.library.custom_op("attnops::flash_attention_fwd", _f
 @flash_attention_fwd.register_fake
 def _(query, key, value, pse, atten_mask, drop_mask, head_num, layout, scale, keep_prob, pre_tokens, next_tokens,
       prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout,
-      seed, offset, backend="auto", cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+      seed, offset, backend="auto", cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+      precision="exact", softcap=0.0, pse_bottom_right=False):
     layout = normalize_layout("input_layout", layout)
     if layout in ("BSH", "SBH"):
         d = query.shape[-1] // head_num
@@ -106,7 +113,8 @@ def _backward_grads(dy: Tensor, query: Tensor, key: Tensor, value: Tensor, atten
                     pse_type: int, q_start_idx: int, kv_start_idx: int, softmax_layout: str, seed: int, offset: int,
                     backend: str = "auto", cu_seqlens_q: Optional[Tensor] = None,
                     cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
-                    max_seqlen_k: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                    max_seqlen_k: Optional[int] = None, precision: str = "exact", softcap: float = 0.0,
+                    pse_bottom_right: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Backward: ``(dq, dk, dv, dpse)`` with ``dpse`` empty when there is no pse tensor gradient."""
     inputs = tuple(locals().values())  # the arguments, in schema order
     forward_inputs = (*inputs[1:4], *inputs[7:])  # query, key, value, then pse onwards
@@ -132,7 +140,7 @@ def pse_grad(dpse: Tensor, pse: Optional[Tensor], pse_type: int) -> Optional[Ten
 def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, drop_mask, head_num, layout,
       scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
       q_start_idx, kv_start_idx, softmax_layout, seed, offset, backend="auto", cu_seqlens_q=None, cu_seqlens_k=None,
-      max_seqlen_q=None, max_seqlen_k=None):
+      max_seqlen_q=None, max_seqlen_k=None, precision="exact", softcap=0.0, pse_bottom_right=False):
     dpse = torch.empty_like(pse) if has_pse_grad(pse, pse_type) else query.new_empty(0)
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dpse
 

@@ -14,6 +14,7 @@ import torch
 from ..._core.checks import check_choice, check_scale, check_tensor, fail, require
 from ..._core.dropout import DropoutSpec, build_dropout_spec, check_seed_offset
 from ..._core.layouts import Geometry, normalize_layout, parse_geometry
+from ..._core.npu_rounding import NpuRounding
 from ..._core.masks import MaskRule, MaskSpec, build_mask_spec, compressed_mask_key
 from ..._core.pse import PseSpec, build_pse_spec, pse_extents
 from ..._core.softmax_stats import SOFTMAX_LAYOUTS
@@ -42,6 +43,8 @@ class FAProblem:
     softmax_layout: str
     total_q: int  # T of query (TND) or B*Sq
     total_kv: int
+    softcap: float = 0.0  # > 0: scores ``softcap * tanh(scale*QK^T / softcap)`` before the pse and the mask
+    rounding: NpuRounding | None = None  # precision="npu": the kernels' rounding (None: exact)
     plans: dict = dataclasses.field(default_factory=dict, init=False, repr=False)  # launchers' derived launches
 
     @property
@@ -57,7 +60,7 @@ class FAProblem:
 CACHE_ENTRIES = 256  # problems remembered by :func:`build_problem` (least recently used dropped first)
 _OPTIONS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_tokens", "prefix", "actual_seq_qlen",
             "actual_seq_kvlen", "sparse_mode", "pse_type", "q_start_idx", "kv_start_idx", "softmax_layout",
-            "max_seqlen_q", "max_seqlen_k")
+            "max_seqlen_q", "max_seqlen_k", "softcap", "pse_bottom_right")
 _MODE = _OPTIONS.index("sparse_mode")
 _CACHE: OrderedDict[tuple, FAProblem] = OrderedDict()
 _PLAIN = frozenset((int, float, str, type(None)))
@@ -89,16 +92,20 @@ def build_problem(query, key, value, *, head_num: int, layout: str, scale: float
                   pre_tokens: int = INT_MAX, next_tokens: int = INT_MAX, prefix=None, actual_seq_qlen=None,
                   actual_seq_kvlen=None, sparse_mode: int = 0, pse_type: int = 1, q_start_idx=None,
                   kv_start_idx=None, softmax_layout: str = "", cu_seqlens_q=None, cu_seqlens_k=None,
-                  max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> FAProblem:
+                  max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, softcap: float = 0.0,
+                  pse_bottom_right: bool = False) -> FAProblem:
     """Validate a FlashAttention call (forward or backward inputs) and convert it to an :class:`FAProblem`.
 
     TND lengths are the cumulative ``actual_seq_qlen/kvlen`` lists, or ``cu_seqlens_q/k`` tensors on the query's
     device (:class:`DeviceSeqLens`: their values are not read, so not validated) bounded by ``max_seqlen_q/k``.
     A call whose problem depends on shapes, dtypes, devices and options only (the common training step) reuses the
     problem of the same earlier call: validation runs once per such configuration, the Philox seed and offset are
-    the call's own."""
+    the call's own. ``softcap`` > 0 caps the scaled scores (``softcap * tanh(S / softcap)``) before the pse and the
+    mask; ``pse_bottom_right`` aligns ALiBi slopes (pse_type 2/3) to the bottom-right corner of each batch's score
+    matrix (flash-attn's ``-slope * |i + Skv - Sq - j|``: query positions start at ``Skv - Sq + q_start_idx``)."""
     options = (head_num, layout, scale, keep_prob, pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen,
-               sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, max_seqlen_q, max_seqlen_k)
+               sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, max_seqlen_q, max_seqlen_k, softcap,
+               pse_bottom_right)
     cache_key = _cache_key(query, key, value, pse, atten_mask, drop_mask, cu_seqlens_q, cu_seqlens_k, options)
     p = None if cache_key is None else _CACHE.get(cache_key)
     if p is None:
@@ -123,7 +130,7 @@ def build_problem(query, key, value, *, head_num: int, layout: str, scale: float
 def _build_problem(query, key, value, *, head_num, layout, scale, pse, atten_mask, keep_prob, drop_mask, seed, offset,
                    pre_tokens, next_tokens, prefix, actual_seq_qlen, actual_seq_kvlen, sparse_mode, pse_type,
                    q_start_idx, kv_start_idx, softmax_layout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                   max_seqlen_k) -> FAProblem:
+                   max_seqlen_k, softcap, pse_bottom_right) -> FAProblem:
     layout = normalize_layout("input_layout", layout)
     check_tensor("query", query, dtypes=FA_DTYPES)
     for name, t in (("key", key), ("value", value)):
@@ -155,7 +162,9 @@ def _build_problem(query, key, value, *, head_num, layout, scale, pse, atten_mas
     mask = build_mask_spec(sparse_mode=sparse_mode, atten_mask=atten_mask, pre_tokens=pre_tokens,
                            next_tokens=next_tokens, prefix=prefix, seq=seq, n1=geom.n1, allowed_modes=allowed)
     pse_spec = build_pse_spec(pse, pse_type=pse_type, seq=seq, n1=geom.n1, dtype=query.dtype, mask=mask,
-                              sparse_mode=sparse_mode, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx)
+                              sparse_mode=sparse_mode, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx,
+                              bottom_right=pse_bottom_right)
+    softcap = _check_softcap(softcap, scale, pse_spec)
     if isinstance(seq, DeviceSeqLens):
         if mask.explicit is not None:
             seq = seq.bounded(*mask.explicit.shape[-2:])
@@ -165,7 +174,20 @@ def _build_problem(query, key, value, *, head_num, layout, scale, pse, atten_mas
     else:
         dropout = build_dropout_spec(keep_prob=keep_prob, drop_mask=drop_mask, seed=seed, offset=offset,
                                      numels=seq.score_numel(geom.n1), block_offsets=seq.score_offsets(geom.n1))
-    return FAProblem(geom, seq, mask, pse_spec, dropout, float(scale), softmax_layout, total_q, total_kv)
+    return FAProblem(geom, seq, mask, pse_spec, dropout, float(scale), softmax_layout, total_q, total_kv, softcap)
+
+
+def _check_softcap(softcap, scale: float, pse: PseSpec | None) -> float:
+    """``softcap`` as a float: 0 (off) or a finite positive cap of the scaled scores, which needs a nonzero scale and
+    no pse_type 1 pse (that pse is added before the scale, inside what would be capped)."""
+    ok = isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and 0 <= softcap < float("inf")
+    require(ok, "softcap", "a finite float >= 0 (0: no capping)", softcap)
+    if softcap > 0:
+        require(scale != 0, "scale", "a nonzero scale with softcap > 0", scale)
+        require(pse is None or not pse.add_before_scale, "pse_type",
+                "0, 2 or 3 with softcap > 0 (pse_type 1 adds the pse before the scale, inside the capped scores)",
+                pse.pse_type if pse is not None else None)
+    return float(softcap)
 
 
 def _varlen(query, key, actual_seq_qlen, actual_seq_kvlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k

@@ -26,6 +26,7 @@ import torch
 from ..._core.gemm import add_mm_nt_, mm_nt, pack_nt
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
 from ..._core.memory import work_memory
+from ..._core.npu_rounding import store
 from ..._core.parallel import fill_, run_jobs
 from ..._core.workspace import Buffers
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_block, stats_dtype, stats_shape
@@ -96,7 +97,7 @@ class _Tile:
             s = mm_nt(q_rows[0], k_cols, out=out[0], packed=k_packed).unsqueeze(0)
         else:
             s = torch.matmul(q_rows, k_cols.transpose(0, 1), out=out)
-        return self.shift_and_mask_(s, band)
+        return self.shift_and_mask_(softcap_(self.p, s), band)
 
     def shift_and_mask_(self, s: torch.Tensor, band=None) -> torch.Tensor:
         """In place on the tile's ``scale*QK^T`` scores ``s``: add the pse, set masked entries to -inf."""
@@ -140,17 +141,30 @@ def _has_tile_extras(p: FAProblem) -> bool:
     return p.pse is not None or p.dropout is not None or p.mask.has_explicit
 
 
+def softcap_(p: FAProblem, s: torch.Tensor, cap_grad: torch.Tensor | None = None) -> torch.Tensor:
+    """In place on scaled scores ``s``: ``softcap * tanh(s / softcap)`` when ``p.softcap`` > 0 (else ``s`` as it
+    is); ``cap_grad`` (``s``'s shape) receives the derivative ``1 - tanh^2`` for the backward."""
+    if p.softcap == 0:
+        return s
+    s.div_(p.softcap).tanh_()
+    if cap_grad is not None:
+        torch.mul(s, s, out=cap_grad).neg_().add_(1.0)
+    return s.mul_(p.softcap)
+
+
 def _head_scores(p: FAProblem, b: int, n2: int, h: int, r0: int, r1: int, c0: int, c1: int, qs: torch.Tensor,
-                 keys: "_Keys", band, buf: "Buffers", extras: bool) -> tuple[torch.Tensor, "_Tile | None"]:
+                 keys: "_Keys", band, buf: "Buffers", extras: bool, cap_grad: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, "_Tile | None"]:
     """Query head ``h``'s masked scores ``[r1 - r0, c1 - c0]`` (``qs``: its rows times the scale; ``keys``: those
     of KV head ``n2``) in workspace ``"s"``, and the :class:`_Tile` when ``extras`` (for its pse, dropout and pse
-    gradient). Without extras no tile object is built: every tensor call of a worker contends for the GIL."""
+    gradient). Without extras no tile object is built: every tensor call of a worker contends for the GIL.
+    ``cap_grad``: see :func:`softcap_`."""
     k_cols, k_packed = keys.block(c0, c1, r1 - r0)
+    s = softcap_(p, mm_nt(qs, k_cols, out=buf.get("s", r1 - r0, c1 - c0), packed=k_packed), cap_grad)
     if not extras:
-        s = mm_nt(qs, k_cols, out=buf.get("s", r1 - r0, c1 - c0), packed=k_packed)
         return p.mask.fill_masked_(s, b, r0, r1, c0, c1, None, band), None
     t = _Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
-    return t.scores(qs.unsqueeze(0), k_cols, buf.get("s", 1, r1 - r0, c1 - c0), band, k_packed)[0], t
+    return t.shift_and_mask_(s.unsqueeze(0), band)[0], t
 
 
 class _Keys:
@@ -211,6 +225,17 @@ def _col_blocks(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int, band, 
     width = -(-(c1 - c0) // n)
     return [(a, min(c1, a + width), p.mask.band_bounds(b, r0, r1, a, min(c1, a + width)))
             for a in range(c0, c1, width)]
+
+
+def _forward_blocks(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int, band
+                    ) -> list[tuple[int, int, list | None]]:
+    """The forward's column blocks of a row chunk: at most ``FWD_COL_BLOCK`` wide, or, under an NPU rounding, the
+    kernel's key blocks (``key_block`` keys aligned to key 0: where the running max P is rounded against moves)."""
+    if p.rounding is None:
+        return _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK)
+    w = p.rounding.key_block
+    edges = [c0, *range((c0 // w + 1) * w, c1, w), c1]
+    return [(a, e, p.mask.band_bounds(b, r0, r1, a, e)) for a, e in zip(edges, edges[1:])]
 
 
 def _carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
@@ -304,7 +329,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
         out = torch.empty(out_shape, dtype=query.dtype, device=query.device)
         smax, ssum = (torch.empty(stats, dtype=stats_dtype(query.dtype), device=query.device) for _ in range(2))
     active = _active_batches(p)
-    chunks = {b: [(r0, r1, _col_blocks(p, b, r0, r1, c0, c1, band, FWD_COL_BLOCK))
+    chunks = {b: [(r0, r1, _forward_blocks(p, b, r0, r1, c0, c1, band))
                   for r0, r1, c0, c1, band in _row_chunks(p, b, TILE_BYTES // acc.itemsize, MAX_ROWS, FWD_COL_BLOCK)]
               for b in active}
     qv, kv, vv, ov = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (out, g.n1)))
@@ -348,22 +373,35 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
     q, vt, out, m_h, l_h = fb.q[h], fb.v[n2].t(), fb.out[h], fb.m[h], fb.l[h]
     keys = _Keys(fb.k[n2], [(c0, c1) for _, _, blocks in chunks for c0, c1, _ in blocks])
     extras = _has_tile_extras(p)
+    half = p.rounding is not None and p.rounding.half_softmax  # PFA fp16 high performance: fp16 scores, softmax
     for r0, r1, blocks in chunks:
         m, l = m_h[r0:r1], l_h[r0:r1]
         qs = _stage_rows(buf, "q", q[r0:r1], p.scale)
         kept = not extras and p.mask.keeps_every_row(fb.b, r0, r1, blocks[0][0], blocks[0][1])  # l >= 1
         for j, (c0, c1, band) in enumerate(blocks):
             s, t = _head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
+            if half:
+                p.rounding.grid_(s)
             rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
+            if half:  # the softmax's running sum and rescaling factor in fp16
+                p.rounding.grid_(l)
+                if rescale is not None:
+                    p.rounding.grid_(rescale)
             drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
             if drop is not None:
                 s.mul_(drop[0])
+            if p.rounding is not None:  # the NPU casts P to the input dtype for the P V product (l: unrounded)
+                p.rounding.grid_(s)
             if j == 0:
                 o = mm_nt(s, vt[:, c0:c1], out=buf.get("o", r1 - r0, vt.shape[0]))
             else:
                 o.mul_(rescale).add_(mm_nt(s, vt[:, c0:c1], out=buf.get("pv", r1 - r0, vt.shape[0])))
             del s, t  # freed before the next tile's GEMM allocates its scores: they reuse this memory, still cached
-        torch.div(o, l if kept else l.clamp_min(1.0), out=out[r0:r1])  # l >= 1 on rows with a kept score, else 0
+        l = l if kept else l.clamp_min(1.0)  # l >= 1 on rows with a kept score, else 0
+        if p.rounding is None:
+            torch.div(o, l, out=out[r0:r1])
+        else:
+            p.rounding.store(out[r0:r1], o.div_(l))
     _write_stats(fb, h, chunks)
     buf.release()
 
@@ -534,9 +572,9 @@ def _backward_finish(p: FAProblem, bb: _BackwardBatch, n2: int, partials: list, 
     if outputs is not None:
         heads = slice(n2 * p.geom.group, (n2 + 1) * p.geom.group)
         dqv, dkv, dvv = outputs
-        batch_tokens(dqv, p.seq, bb.b)[:, heads].copy_(bb.dq[heads].transpose(0, 1))
-        batch_tokens(dkv, p.seq, bb.b, kv=True)[:, n2].copy_(bb.dk[n2])
-        batch_tokens(dvv, p.seq, bb.b, kv=True)[:, n2].copy_(bb.dv[n2])
+        store(p.rounding, batch_tokens(dqv, p.seq, bb.b)[:, heads], bb.dq[heads].transpose(0, 1))
+        store(p.rounding, batch_tokens(dkv, p.seq, bb.b, kv=True)[:, n2], bb.dk[n2])
+        store(p.rounding, batch_tokens(dvv, p.seq, bb.b, kv=True)[:, n2], bb.dv[n2])
 
 
 def _peaked_delta(peaked: list[list[int]] | None, do: torch.Tensor, o: torch.Tensor) -> torch.Tensor | None:
@@ -618,12 +656,14 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 for c0, c1, band in blocks:
                     tcols = slice(c0 - u0, c1 - u0)
-                    prob, t = _head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
+                    cap_grad = buf.get("cap", r1 - r0, c1 - c0) if p.softcap else None
+                    prob, t = _head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras, cap_grad)
                     drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
                     drop = None if drop is None else drop[0]
                     prob.sub_(m)  # natural units first: exact where s ~ max
                     torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
-                    tv[:, tcols].addmm_(dot_t, prob if drop is None else prob * drop)
+                    p_v = prob if drop is None else prob * drop
+                    tv[:, tcols].addmm_(dot_t, p_v if p.rounding is None else p.rounding.grid(p_v))
                     vc = v[c0:c1]
                     dp = mm_nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
                     if drop is not None:
@@ -632,11 +672,14 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     if peaked:
                         _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
                     ds = prob.mul_(dp)
-                    add_mm_nt_(dq, ds, k[c0:c1].t(), alpha=p.scale)  # dq starts zeroed
-                    tk[:, tcols].addmm_(qs_t, ds)
                     if t is not None:
-                        t.add_pse_grad(prob.unsqueeze(0), dpse)
-                    del prob, dp, ds, t  # freed before the next tile's GEMMs allocate theirs (see _forward_rows)
+                        t.add_pse_grad(ds.unsqueeze(0), dpse)  # the pse is added after the softcap
+                    if cap_grad is not None:
+                        ds.mul_(cap_grad)
+                    ds_mm = ds if p.rounding is None else p.rounding.grid(ds)  # the NPU rounds dS for the cube
+                    add_mm_nt_(dq, ds_mm, k[c0:c1].t(), alpha=p.scale)  # dq starts zeroed
+                    tk[:, tcols].addmm_(qs_t, ds_mm)
+                    del prob, dp, ds, ds_mm, p_v, t, cap_grad  # freed before the next tile allocates (see _forward_rows)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
-from ..._core.checks import check_choice, check_int, check_same_device, check_tensor, fail, softmax_scale
+from ..._core.checks import check_choice, check_int, check_same_device, check_tensor, fail, require, softmax_scale
 from ..._core.dispatch import BACKENDS
+from ..._core.npu_rounding import check_precision
 from ..._core.inference_only import run_inference_only
 from ..._core.layouts import io_layouts
 from ..._core.masks import window_sparse_args
@@ -51,7 +52,8 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
                           key_antiquant_mode: int = 0, value_antiquant_mode: int = 0, query_padding_size=None,
                           kv_padding_size=None, key_shared_prefix: Tensor | None = None,
                           value_shared_prefix: Tensor | None = None, actual_shared_prefix_len=None,
-                          inner_precise: int = 0, return_lse: bool = False, backend: Backend = "auto"):
+                          inner_precise: int = 0, return_lse: bool = False, backend: Backend = "auto",
+                          precision: Literal["exact", "npu"] = "exact"):
     """CANN FusedInferAttentionScore (prefill and decode inference attention), with CANN's semantics.
 
     Shapes: ``layout`` "BNSD" ``[B, N, S, D]`` (default), "BSND", "BSH" (``num_heads`` required), "BNSD_BSND"
@@ -75,6 +77,10 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
     carry a grad_fn, and a backward through them raises :class:`attnops.InferenceOnlyError`.
     Every tensor must be on the query's device. Under ``torch.autocast`` the floating-point query, key, value,
     shared prefix and ``pse_shift`` are cast to the autocast dtype (as SDPA); int8 inputs are left alone.
+    ``precision``: "exact" (default: fp32 compute, output cast ties away from zero) or "npu", the Ascend kernels'
+    rounding (P in the input dtype before P V; decode bf16 outputs ties to even; fp16 prefill with
+    ``inner_precise=1`` scores and softmax in fp16; int8 query planes against int8 KV; int8 output through fp16;
+    docs/precision.md). "npu" always runs the reference, never the Triton kernels.
 
     Example::
 
@@ -84,6 +90,7 @@ def fused_infer_attention(query: Tensor, key: Tensor | Sequence[Tensor], value: 
         torch.Size([2, 8, 1, 64])
     """
     query, key, value, options = call_options(query, key, value, locals())
+    backend = "reference" if options["precision"] == "npu" else backend
     with autocast_off(query.device):
         if torch.compiler.is_compiling() and isinstance(key, Tensor) and isinstance(value, Tensor):
             out, lse = _traced_op(query, key, value, options)  # the op, so that no length value is traced
@@ -121,6 +128,9 @@ def call_options(query: Tensor, key, value, arguments: dict) -> tuple[Tensor, ob
         dtype, query, a["pse_shift"], a["key_shared_prefix"], a["value_shared_prefix"])
     key, value = _cast_kv(dtype, key), _cast_kv(dtype, value)
     check_choice("backend", a["backend"], BACKENDS)
+    if check_precision(a.get("precision", "exact")) == "npu":
+        require(a["backend"] in ("auto", "reference"), "backend", "'auto' or 'reference' with precision='npu' (the "
+                "NPU emulation runs the reference)", a["backend"])
     in_layout, _ = io_layouts("layout", a["layout"], LAYOUTS)
     num_heads = check_int("num_heads", _num_heads(query, in_layout, a["num_heads"]), lo=1)
     scale = softmax_scale(a["scale"], query, query.shape[-1] // num_heads if in_layout == "BSH" else query.shape[-1])

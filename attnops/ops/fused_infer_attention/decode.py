@@ -20,6 +20,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from ..._core.npu_rounding import msd_planes
 from ..._core.parallel import run_jobs
 from ..._core.workspace import Buffers
 from . import fused_decode
@@ -141,12 +142,32 @@ def _partial(p: FIAProblem, chunk: _Chunk, qs: Tensor, partials: dict) -> None:
     m = s.amax(-1, keepdim=True)
     s.sub_(torch.where(m > -math.inf, m, 0.0)).exp_()
     total = s.sum(-1)
+    if p.rounding is not None:  # P for P V as the NPU's cube reads it (the sum: unrounded)
+        s = _npu_probabilities(p, s)
     probs, o, offset = s.view(p.n2, p.group * sq, chunk.length), None, 0
     for v in _chunk_parts(p, chunk, bufs, "value"):
         part = probs[:, :, offset:offset + v.shape[1]]
         o = torch.bmm(part, v) if o is None else o.baddbmm_(part, v)
         offset += v.shape[1]
     partials[chunk.b, chunk.index] = (m.squeeze(-1), total, o.view(p.n1, sq, -1))
+
+
+def _npu_probabilities(p: FIAProblem, s: Tensor) -> Tensor:
+    """P ``[N1, Sq, n]`` as the IFA kernel multiplies it with V: int8 planes against an int8 value cache (MSD,
+    relative to the chunk's row max), else cast to the input dtype (CAST_ROUND)."""
+    if p.value_quant is not None and p.rounding.query_planes:
+        return msd_planes(s, p.rounding.query_planes)
+    return p.rounding.grid_(s)
+
+
+def _msd_queries(p: FIAProblem, q: Tensor) -> Tensor:
+    """The query ``[Sq, N1, D]`` (fp32) as IFA's MSD sees it against an int8 key cache: times the key's static
+    antiquant scale, in int8 planes, and divided by the scale again (the product with the dequantized keys then
+    equals the kernel's plane products with the int8 keys, up to fp32 rounding)."""
+    scale = p.key_quant.scale[0, :, 0, :]  # [N2|1, D|1]
+    if scale.shape[0] > 1:
+        scale = scale.repeat_interleave(p.group, 0)
+    return msd_planes(q * scale, p.rounding.query_planes) / scale
 
 
 def _merge(parts: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
@@ -164,8 +185,10 @@ def _merge(parts: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
 
 def forward(p: FIAProblem, batches: list[int]) -> dict[int, tuple[Tensor, Tensor]]:
     """``{b: (o [Sq_b, N1, Dv] fp32, lse [N1, Sq_b])}`` for the decode ``batches`` (each with KV and queries)."""
-    queries = {b: p.queries[b].to(F32).transpose(0, 1).reshape(p.n2, p.group * p.queries[b].shape[0], p.d)
-               .mul(p.scale) for b in batches}  # head n2*G + g -> [N2, G*Sq, D]
+    msd = p.rounding is not None and p.rounding.query_planes and p.key_quant is not None
+    queries = {b: (_msd_queries(p, p.queries[b].to(F32)) if msd else p.queries[b].to(F32)).transpose(0, 1)
+               .reshape(p.n2, p.group * p.queries[b].shape[0], p.d).mul(p.scale)
+               for b in batches}  # head n2*G + g -> [N2, G*Sq, D]
     partials: dict = {}
     fused = {b: fused_decode.kernel_query(p, q) for b, q in queries.items()} if fused_decode.unsupported(p) is None \
         else {}

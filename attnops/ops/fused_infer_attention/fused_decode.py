@@ -34,6 +34,8 @@ def unsupported(p: FIAProblem) -> str | None:
         return "tensors not on the CPU"
     if p.pse is not None:
         return "a pse"
+    if p.rounding is not None:
+        return "precision=\"npu\" (the NPU's rounding of P runs on the PyTorch path)"
     dtypes = (_cache(p.source.key).dtype, _cache(p.source.value).dtype)
     if any(dt not in _DTYPE_CODES for dt in dtypes):
         return f"K/V dtypes {dtypes} (int4 runs on the PyTorch path)"

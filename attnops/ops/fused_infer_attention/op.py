@@ -43,7 +43,8 @@ def fused_infer_attention(query: Tensor, key: Tensor, value: Tensor, pse_shift: 
                           num_key_value_heads: int, sparse_mode: int, inner_precise: int, block_size: int,
                           antiquant_mode: int, key_antiquant_mode: int, value_antiquant_mode: int,
                           actual_seq_lengths_tensor: Optional[Tensor] = None,
-                          actual_seq_lengths_kv_tensor: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                          actual_seq_lengths_kv_tensor: Optional[Tensor] = None,
+                          precision: str = "exact") -> tuple[Tensor, Tensor]:
     """``(attention_out, softmax_lse)``: the output in the output layout and the fp32 lse ``[B, N, Q_S, 1]`` /
     ``[T, N, 1]``. A ``*_tensor`` length replaces its list."""
     options = locals()
@@ -64,7 +65,7 @@ def _(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_l
       kv_padding_size, key_shared_prefix, value_shared_prefix, actual_shared_prefix_len, num_heads, scale,
       pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size,
       antiquant_mode, key_antiquant_mode, value_antiquant_mode, actual_seq_lengths_tensor=None,
-      actual_seq_lengths_kv_tensor=None):
+      actual_seq_lengths_kv_tensor=None, precision="exact"):
     in_layout, out_layout = io_layouts("input_layout", input_layout, LAYOUTS)
     dv = output_head_dim(value, in_layout, block_table is not None, num_key_value_heads or num_heads)
     shape = (*query.shape[:-1], num_heads * dv if in_layout == "BSH" else dv)

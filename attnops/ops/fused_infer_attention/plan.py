@@ -46,7 +46,8 @@ class FusedInferAttentionPlan:
             built["route"], reason = kernel_route(built["p"], query, key, value, options)
             return reason
 
-        if choose_backend(arguments["backend"], query.device, verify) == "triton" and built["route"] == "decode":
+        backend = "reference" if options["precision"] == "npu" else arguments["backend"]  # the NPU emulation
+        if choose_backend(backend, query.device, verify) == "triton" and built["route"] == "decode":
             from .triton.decode_plan import make_plan
 
             lengths_on_host = not isinstance(arguments["actual_seq_lengths_kv"], Tensor)  # a tensor: plan for any

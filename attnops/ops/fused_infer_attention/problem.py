@@ -28,6 +28,7 @@ from ..._core.checks import (check_int, check_scale, check_tensor, describe, fai
                              require_not_none)
 from ..._core.errors import ParamDtypeError
 from ..._core.layouts import bsnd_dims, io_layouts, tokens_view
+from ..._core.npu_rounding import NpuRounding, check_precision, npu_rounding
 from ..._core.masks import MaskRule, MaskSpec, build_infer_mask_spec, check_infer_mask
 from ..._core.pse import PseSpec
 from ..._core.varlen import SeqInfo, batch_windows, lengths_from_cumulative, seq_info_varlen
@@ -114,6 +115,7 @@ class FIAProblem:
     source: CallSource
     device_values: tuple[str, ...]  # arguments whose values live on a device and were not read
     _parts: "_Deferred" = dataclasses.field(repr=False, compare=False)
+    rounding: NpuRounding | None = None  # precision="npu": the kernels' rounding (None: exact)
 
     @property
     def group(self) -> int:
@@ -624,12 +626,14 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
                   pre_tokens: int = INT_MAX, next_tokens: int = INT_MAX, input_layout: str = "BSH",
                   num_key_value_heads: int = 0, sparse_mode: int = 0, inner_precise: int = 0, block_size=0,
                   antiquant_mode: int = 0, key_antiquant_mode: int = 0, value_antiquant_mode: int = 0,
-                  strict: bool = False) -> FIAProblem:
+                  precision: str = "exact", strict: bool = False) -> FIAProblem:
     """Validate an FIA call (aclnn parameter names) and convert it to an :class:`FIAProblem`.
 
     ``key``/``value``: a tensor in the query's layout, a list of per-batch tensors (batch 1 each), or with
     ``block_table`` a paged cache. ``strict``: the aclnn dialect (the seed's dtypes and the NPU envelope).
+    ``precision="npu"``: :func:`npu_rounding_of` sets the problem's rounding.
     """
+    check_precision(precision)
     g = _inputs(query, key, value, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
                 input_layout=input_layout, block_table=block_table, strict=strict)
     check_scale("scale_value", scale)
@@ -665,6 +669,11 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
         _check_int8_output_rows(sparse_mode, atten_mask is not None, pre_tokens, next_tokens,
                                 quant_offset2 is not None, seq)
     pse_shift = _check_pse(pse_shift, g, seq, kv_cols, query.dtype)
+    rounding = npu_rounding_of(precision, query.dtype, inner_precise, g.decode)
+    if rounding is not None and g.decode:
+        require(not g.int4 and all(q is None or q.kind == "static" for q in (key_quant, value_quant)), "precision",
+                "'exact' for int4 or per-token antiquant KV in decode (the NPU emulation covers float KV and "
+                "per-tensor/per-channel int8 KV)", precision)
     if strict:
         _check_envelope(g, lens, kv_cols, out_quant, pse_shift, block_size)
     out_shape = (*query.shape[:-1], g.n1 * g.dv if g.in_layout == "BSH" else g.dv) if g.out_layout == g.in_layout \
@@ -683,7 +692,19 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
         out_shape=out_shape, row_starts=tuple(lens.q_starts), device=query.device,
         lse_shape=(query.shape[0], g.n1, 1) if tnd else (g.batch, g.n1, g.q_s, 1), kv_starts=tuple(lens.kv_starts),
         prefix_len=plen, source=source,
-        device_values=lens.device_values, _parts=parts)
+        device_values=lens.device_values, _parts=parts, rounding=rounding)
+
+
+def npu_rounding_of(precision: str, query_dtype: torch.dtype, inner_precise: int, decode: bool
+                    ) -> NpuRounding | None:
+    """The NPU rounding of an FIA call (docs/precision.md): P and the output in the query's dtype; bf16 outputs of
+    decode (the IFA kernels) ties to even; fp16 prefill with ``inner_precise`` bit 0 set (high performance) scores
+    and softmax in fp16. None for "exact" and for fp32 and int8 queries (fp32 runs fp32 end to end; the int8
+    chain is emulated as it is)."""
+    dtype = F16 if query_dtype == I8 else query_dtype  # int8 queries: fp16 output
+    return npu_rounding(precision, dtype, even_output=decode and dtype == torch.bfloat16,
+                        half_softmax=not decode and query_dtype == F16 and inner_precise & 1 == 1,
+                        query_planes=(2 if inner_precise & 1 else 3) if decode else 0)
 
 
 @dataclass(frozen=True)

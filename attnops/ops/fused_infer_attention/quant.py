@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_int, check_tensor, describe, require
+from ..._core.npu_rounding import NpuRounding, cast_round, cast_round_int8
 
 _NIBBLE_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 
@@ -20,17 +21,6 @@ _NIBBLE_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 def quantize_int8(x: Tensor) -> Tensor:
     """``sat_int8(round_half_even(x))`` (AscendQuant)."""
     return torch.round(x).clamp_(-128, 127).to(torch.int8)
-
-
-def cast_round(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """Cast fp32 ``x`` to ``dtype``; fp16/bf16 round half away from zero (CAST_ROUND) instead of half to even."""
-    if dtype not in (torch.float16, torch.bfloat16) or x.dtype == dtype:
-        return x.to(dtype)
-    r = x.to(dtype)
-    away = torch.nextafter(r, torch.full_like(r, float("inf")).copysign(x.to(dtype)))
-    below = x - r.to(x.dtype)  # exact; same sign as x when r is the neighbour nearer to zero
-    tie = (below != 0) & ((below > 0) == (x > 0)) & (2 * below.abs() == (away.to(x.dtype) - r.to(x.dtype)).abs())
-    return torch.where(tie, away, r)
 
 
 def decode_deq_scale(t: Tensor) -> float:
@@ -83,15 +73,21 @@ class Antiquant:
             x = t[block:block + runs, :, :length]
         return x.unsqueeze(-1)
 
-    def apply(self, x: Tensor, b: int, pos: int, block: int | None) -> Tensor:
-        """Dequantize a run ``[R, N2, L, D]`` (int8, or int32-packed int4 ``[R, N2, L, D/8]``) to fp32."""
+    def apply(self, x: Tensor, b: int, pos: int, block: int | None, rounding: NpuRounding | None = None) -> Tensor:
+        """Dequantize a run ``[R, N2, L, D]`` (int8, or int32-packed int4 ``[R, N2, L, D/8]``) to fp32. Under an
+        NPU ``rounding`` as PFA's AscendAntiQuant: fp16 rounds after the offset and after the scale, bf16 once at
+        the end."""
         if x.dtype == torch.int32:
             x = unpack_int4(x)
         scale, offset = self.factors(b, pos, block, x.shape[0], x.shape[2])
         y = x.to(torch.float32)
+        half = rounding is not None and rounding.dtype == torch.float16
         if offset is not None:
             y = y.add_(offset)
-        return y.mul_(scale)
+            if half:
+                rounding.grid_(y)
+        y = y.mul_(scale)
+        return y if rounding is None else rounding.grid_(y)
 
 
 @dataclass(frozen=True)
@@ -126,9 +122,12 @@ class OutputQuant:
     scale: Tensor
     offset: Tensor | None
 
-    def apply(self, o: Tensor) -> Tensor:
+    def apply(self, o: Tensor, rounding: NpuRounding | None = None) -> Tensor:
+        """The int8 output of fp32 ``o``; under an NPU ``rounding`` through fp16 as the kernel does (fp32 -> fp16
+        CAST_ROUND -> int8 CAST_ROUND, saturating)."""
         y = o * self.scale
-        return quantize_int8(y if self.offset is None else y.add_(self.offset))
+        y = y if self.offset is None else y.add_(self.offset)
+        return quantize_int8(y) if rounding is None else cast_round_int8(cast_round(y, torch.float16).float())
 
 
 def _scalar_param(name: str, t, dtypes) -> Tensor:

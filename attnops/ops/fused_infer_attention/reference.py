@@ -37,7 +37,9 @@ def forward(p: FIAProblem) -> tuple[Tensor, Tensor]:
     out, lse = new_outputs(p)
     out_tokens = tokens_view(out, p.out_layout, p.n1)
     active = active_batches(p)
-    decoded = decode.forward(p, [b for b in active if p.int8 is None and p.queries[b].shape[0] <= DECODE_ROWS])
+    half = p.rounding is not None and p.rounding.half_softmax  # fp16 softmax: the prefill route has it
+    decoded = decode.forward(p, [b for b in active
+                                 if p.int8 is None and not half and p.queries[b].shape[0] <= DECODE_ROWS])
     for b in active:
         q = p.queries[b]
         if b in decoded:
@@ -69,7 +71,9 @@ def store(p: FIAProblem, b: int, o: Tensor, lse_b: Tensor, out_tokens: Tensor, l
     s, n = p.row_starts[b], o.shape[0]
     if p.out_quant is not None:
         valid = lse_b.isfinite().transpose(0, 1).unsqueeze(-1)
-        o = torch.where(valid, p.out_quant.apply(o), 0)
+        o = torch.where(valid, p.out_quant.apply(o, p.rounding), 0)
+    elif p.rounding is not None and p.rounding.even_output:
+        o = o.to(p.out_dtype)
     else:
         o = cast_round(o, p.out_dtype)
     if p.out_layout == "TND":
@@ -80,9 +84,10 @@ def store(p: FIAProblem, b: int, o: Tensor, lse_b: Tensor, out_tokens: Tensor, l
         lse[b, :, s:s + n, 0] = lse_b
 
 
-def _run(x: Tensor, quant, b: int, seg: KVSegment, dtype: torch.dtype) -> Tensor:
-    """A key or value run ``[R, N2, L, D]`` in ``dtype`` (dequantized in fp32 first when ``quant`` is given)."""
-    return x.to(dtype) if quant is None else quant.apply(x, b, seg.pos, seg.block).to(dtype)
+def _run(x: Tensor, quant, b: int, seg: KVSegment, dtype: torch.dtype, rounding=None) -> Tensor:
+    """A key or value run ``[R, N2, L, D]`` in ``dtype`` (dequantized in fp32 first when ``quant`` is given, with
+    the NPU's roundings under ``rounding``)."""
+    return x.to(dtype) if quant is None else quant.apply(x, b, seg.pos, seg.block, rounding).to(dtype)
 
 
 def _tokens(x: Tensor) -> Tensor:
@@ -96,8 +101,8 @@ def _batch_kv(p: FIAProblem, b: int, dequantize: bool = True, dtype: torch.dtype
     ks, vs = [], []
     for seg in p.kv[b]:
         if dequantize:
-            ks.append(_tokens(_run(seg.key, p.key_quant, b, seg, dtype)))
-            vs.append(_tokens(_run(seg.value, p.value_quant, b, seg, dtype)))
+            ks.append(_tokens(_run(seg.key, p.key_quant, b, seg, dtype, p.rounding)))
+            vs.append(_tokens(_run(seg.value, p.value_quant, b, seg, dtype, p.rounding)))
         else:
             ks.append(_tokens(seg.key))
             vs.append(_tokens(seg.value))
@@ -133,7 +138,7 @@ def prefill_problem(p: FIAProblem, b: int, dtype: torch.dtype) -> tuple[FAProble
         t = p.pse.tensor
         pse = PseSpec(0, "full", t if t.shape[0] == 1 else t[b:b + 1])
     fa = FAProblem(Geometry("BSND", p.n1, p.n2, p.d, p.dv, 1, sq, skv), SeqInfo.dense(1, sq, skv), p.mask.batch(b),
-                   pse, None, p.scale, "", sq, skv)
+                   pse, None, p.scale, "", sq, skv, rounding=p.rounding)
     return fa, q.to(dtype)[None], k[None], v[None]
 
 

@@ -1,7 +1,7 @@
 """Pythonic NSA API (differentiable) and the composed ``native_sparse_attention`` layer. No math here."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -10,6 +10,7 @@ from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
 from ..._core.custom_ops import call
 from ..._core.checks import check_same_device, check_tensor, require, require_not_none, softmax_scale
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
+from ..._core.npu_rounding import check_precision
 from ..._core.staging import device_constant
 from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from .decode import lengths_arg
@@ -73,7 +74,8 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
                            compress_stride: int, select_block_size: int, select_block_count: int,
                            scale: float | None = None, atten_mask: Tensor | None = None,
                            topk_mask: Tensor | None = None, causal: bool = False, local_blocks: int | None = None,
-                           position_offset: int = 0, cu_seqlens_q=None, cu_seqlens_cmp=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None
+                           position_offset: int = 0, cu_seqlens_q=None, cu_seqlens_cmp=None, actual_seq_qlen=None,
+                           actual_cmp_seq_kvlen=None, precision: Literal["exact", "npu"] = "exact"
                            ) -> CompressAttentionResult:
     """Attention of ``query [T, N1, D]`` over compressed ``key/value [T_cmp, N2, D/Dv]`` plus top-k selection.
 
@@ -85,8 +87,10 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
     position, also computed in the kernels: the layer's ``topk_mask``. ``position_offset`` (with either rule): every
     sequence's first query row is at that position (a chunk of new tokens after as many cached ones). Returns the output (differentiable in q, k,
     v), the int32 ``topk_indices [T, N2, select_block_count]`` (block indices local to each batch) and the
-    statistics.
+    statistics. ``precision="npu"``: the Ascend kernels' rounding of the attention (forward and backward) for
+    fp16/bf16 inputs, on the reference (docs/precision.md); the importance scores and the selection stay exact.
     """
+    check_precision(precision)
     check_tensor("query", query, ndim=3)
     check_tensor("key", key, ndim=3)
     query, key, value, atten_mask, topk_mask = _prepared("query", query, key=key, value=value, atten_mask=atten_mask,
@@ -104,19 +108,21 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, *, compres
             _op().nsa_compress_attention, query, key, value, topk_mask, atten_mask, float(scale), query.shape[1],
             compress_block_size, compress_stride, select_block_size, select_block_count, qlen, cmp, sel,
             1 if atten_mask is not None else 0, bool(causal), -1 if local_blocks is None else int(local_blocks),
-            position_offset))
+            position_offset, precision))
 
 
 def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor, *,
                            select_block_size: int, causal: bool = True, scale: float | None = None,
                            cu_seqlens_q=None, cu_seqlens_k=None, actual_seq_qlen=None, actual_seq_kvlen=None,
-                           return_stats: bool = False):
+                           return_stats: bool = False, precision: Literal["exact", "npu"] = "exact"):
     """Each query token attends to its selected KV blocks: ``topk_indices [T1, N2, count]`` (local to the batch).
 
     ``causal`` hides KV positions after the query's position within its sequence (the NPU's sparse_mode 2).
     Returns ``[T1, N1, Dv]`` (differentiable in q, k, v), or ``(out, softmax_max, softmax_sum)`` with
-    ``return_stats``.
+    ``return_stats``. ``precision="npu"``: the Ascend kernels' rounding for fp16/bf16 inputs (P and dS to the
+    input dtype before their products, outputs ties away from zero), on the reference (docs/precision.md).
     """
+    check_precision(precision)
     check_tensor("query", query, ndim=3)
     check_tensor("key", key, ndim=3)
     check_tensor("topk_indices", topk_indices, ndim=3)
@@ -128,19 +134,21 @@ def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indic
     with autocast_off(query.device):
         out, smax, ssum = call(_op().nsa_selected_attention, query, key, value, topk_indices, mask, float(scale),
                                query.shape[1], select_block_size, topk_indices.shape[-1], qlen, kvlen,
-                               2 if causal else 0)
+                               2 if causal else 0, precision)
     return (out, smax, ssum) if return_stats else out
 
 
 def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: Tensor, topk_indices: Tensor,
                                  block_table: Tensor, seq_lens, *, select_block_size: int,
-                                 scale: float | None = None) -> Tensor:
+                                 scale: float | None = None, precision: Literal["exact", "npu"] = "exact") -> Tensor:
     """Decoding: one new token per request (``query [B, N1, D]``) attends, per KV head, to the blocks of
     ``select_block_size`` keys named by ``topk_indices [B, N2, count]`` (in order up to the first ``-1``, each cut
     at the request's length), read from paged caches ``[blocks, page_size, N2, D/Dv]`` through ``block_table
     [B, maxBlocks]``; ``seq_lens`` are the per-request KV lengths (a list, or a tensor: one on the query's GPU is read
     by the kernels only, never on the host, so a CUDA graph can capture the call). Returns ``[B, N1, Dv]`` (0 for a
-    head that selects nothing)."""
+    head that selects nothing). ``precision="npu"``: P rounded to the input dtype before P V and the output cast
+    ties away from zero, on the reference (docs/precision.md)."""
+    check_precision(precision)
     check_tensor("query", query, ndim=3)
     check_tensor("key_cache", key_cache, ndim=4)
     check_tensor("topk_indices", topk_indices, ndim=3)
@@ -152,19 +160,21 @@ def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     with autocast_off(query.device):
         return call(_op().nsa_selected_attention_infer, query, key_cache, value_cache, topk_indices, block_table,
                     float(scale), query.shape[1], key_cache.shape[2], select_block_size, topk_indices.shape[-1],
-                    key_cache.shape[1], lens, lens_tensor)
+                    key_cache.shape[1], lens, lens_tensor, precision)
 
 
 def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
                                  cmp_seq_lens, *, compress_block_size: int, compress_stride: int,
-                                 select_block_size: int, select_block_count: int, scale: float | None = None
-                                 ) -> tuple[Tensor, Tensor]:
+                                 select_block_size: int, select_block_count: int, scale: float | None = None,
+                                 precision: Literal["exact", "npu"] = "exact") -> tuple[Tensor, Tensor]:
     """Decoding: one new token per request (``query [B, N1, D]``) attends to its compressed keys/values, read from
     paged caches ``[blocks, page_size, N2, D/Dv]`` through ``block_table`` (``cmp_seq_lens``: per-request
     compressed lengths, a list or a tensor as ``seq_lens`` of :func:`nsa_selected_attention_infer`), and picks the
     next step's selection blocks. Returns ``(out [B, N1, Dv], topk_indices
     [B, N2, select_block_count] int32)``; the first and the last two blocks are always chosen, first
-    (:mod:`attnops.ops.nsa.decode`)."""
+    (:mod:`attnops.ops.nsa.decode`). ``precision="npu"``: as :func:`nsa_selected_attention_infer` (the selection
+    stays exact)."""
+    check_precision(precision)
     check_tensor("query", query, ndim=3)
     check_tensor("key_cache", key_cache, ndim=4)
     query, key_cache, value_cache, block_table = _prepared("query", query, key_cache=key_cache,
@@ -174,7 +184,7 @@ def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
     with autocast_off(query.device):
         return call(_op().nsa_compress_attention_infer, query, key_cache, value_cache, block_table, float(scale),
                     query.shape[1], key_cache.shape[2], select_block_size, select_block_count, key_cache.shape[1],
-                    compress_block_size, compress_stride, lens, lens_tensor)
+                    compress_block_size, compress_stride, lens, lens_tensor, precision)
 
 
 def check_selected_backward_inputs(spec: SelectedSpec, query, grad, attention_out, softmax_max, softmax_sum):

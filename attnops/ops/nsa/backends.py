@@ -21,10 +21,11 @@ from .triton import launch as triton_launch
 from .triton import verify as triton_verify
 
 
-def _run(device_tensor, verify, triton_fn, reference_fn, *args):
+def _run(device_tensor, verify, triton_fn, reference_fn, *args, emulated: bool = False):
     """``triton_fn(*args)`` when :func:`choose_backend` picks the Triton kernels for ``device_tensor``'s device
-    (``verify()``: why they cannot serve the call, or None), else the reference on CPU copies."""
-    if choose_backend("auto", device_tensor.device, verify) == "triton":
+    (``verify()``: why they cannot serve the call, or None), else the reference on CPU copies; always the reference
+    when ``emulated`` (``precision="npu"``)."""
+    if not emulated and choose_backend("auto", device_tensor.device, verify) == "triton":
         return triton_fn(*args)
     return on_cpu(reference_fn, *args)
 
@@ -44,14 +45,14 @@ def compress_grad(spec, output_grad, input, weight):
 def selected(spec, query, key, value, topk_indices):
     """``nsa_selected_attention``: ``(attention_out, softmax_max, softmax_sum)``."""
     return _run(query, lambda: triton_verify.selected_reason(spec, query), triton_launch.selected_forward,
-                selected_forward, spec, query, key, value, topk_indices)
+                selected_forward, spec, query, key, value, topk_indices, emulated=spec.rounding is not None)
 
 
 def selected_grad(spec, query, key, value, attention_out, grad, softmax_max, softmax_sum, topk_indices):
     """``nsa_selected_attention_grad``: ``(dq, dk, dv)``."""
     return _run(query, lambda: triton_verify.selected_grad_reason(spec, query), triton_launch.selected_backward,
                 selected_backward, spec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
-                topk_indices)
+                topk_indices, emulated=spec.rounding is not None)
 
 
 def compress_attention(query, key, value, topk_mask, atten_mask, **spec_args):
@@ -71,7 +72,8 @@ def compress_attention(query, key, value, topk_mask, atten_mask, **spec_args):
         return compress_attention_forward(cpu_spec, *cpu_tensors[:3])
 
     return _run(query, lambda: triton_verify.compress_attention_reason(spec, query),
-                lambda *_: infer_launch.compress_attention(spec, query, key, value), reference, *tensors)
+                lambda *_: infer_launch.compress_attention(spec, query, key, value), reference, *tensors,
+                emulated=spec.fa.rounding is not None)
 
 
 def compress_attention_backward(grad, query, key, value, attention_out, softmax_max, softmax_sum, atten_mask,
@@ -86,13 +88,14 @@ def compress_attention_backward(grad, query, key, value, attention_out, softmax_
 def selected_infer(kv, block, query, key, value, topk_indices, block_table, lens=None):
     """``nsa_selected_attention_infer``: the output ``[B, N1, Dv]`` (``lens``: device lengths, or None)."""
     return _run(query, lambda: triton_verify.decode_reason(query, key, value), infer_launch.selected_decode,
-                selected_decode, kv, block, query, key, value, topk_indices, block_table, lens)
+                selected_decode, kv, block, query, key, value, topk_indices, block_table, lens,
+                emulated=kv.rounding is not None)
 
 
 def compress_attention_infer(kv, sel, query, key, value, block_table, lens=None):
     """``nsa_compress_attention_infer``: ``(attention_out, topk_indices)`` (``lens``: device lengths, or None)."""
     return _run(query, lambda: triton_verify.decode_reason(query, key, value), infer_launch.compress_decode,
-                compress_decode, kv, sel, query, key, value, block_table, lens)
+                compress_decode, kv, sel, query, key, value, block_table, lens, emulated=kv.rounding is not None)
 
 
 def compress_infer(input, weight, slot_mapping, block_table, cache, lens, block, stride, lens_tensor=None) -> None:

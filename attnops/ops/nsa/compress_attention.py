@@ -22,6 +22,7 @@ import torch
 
 from ..._core.checks import check_int, check_tensor, int_list, require
 from ..._core.masks import MASK_DTYPES, StridedCausal
+from ..._core.npu_rounding import npu_rounding
 from ..._core.softmax_stats import FLT_MAX
 from ..._core.varlen import lengths_from_cumulative
 from ..flash_attention import reference as fa_reference
@@ -74,24 +75,29 @@ def build_compress_attention_spec(query, key, value, *, scale_value: float, head
                                   compress_stride: int, select_block_size: int, select_block_count: int,
                                   topk_mask=None, atten_mask=None, actual_seq_qlen=None, actual_cmp_seq_kvlen=None,
                                   actual_sel_seq_kvlen=None, sparse_mode: int = 1,
-                                  causal: bool = False, local_blocks: int = -1, position_offset: int = 0
-                                  ) -> CompressAttentionSpec:
+                                  causal: bool = False, local_blocks: int = -1, position_offset: int = 0,
+                                  precision: str = "exact") -> CompressAttentionSpec:
     """Validate a compressed-attention call and build its FlashAttention problem (remembered per configuration,
-    the masks by identity, :mod:`.memo`)."""
-    return memoized(_build_compress_attention_spec, query, key, value, held=("topk_mask", "atten_mask"),
+    the masks by identity, :mod:`.memo`); ``precision="npu"``: the problem's NPU rounding (the attention output;
+    the importance scores stay exact)."""
+    rounding = npu_rounding(precision, query.dtype)
+    spec = memoized(_build_compress_attention_spec, query, key, value, held=("topk_mask", "atten_mask"),
                     scale_value=scale_value, head_num=head_num, compress_block_size=compress_block_size,
                     compress_stride=compress_stride, select_block_size=select_block_size,
                     select_block_count=select_block_count, topk_mask=topk_mask, atten_mask=atten_mask,
                     actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen,
                     actual_sel_seq_kvlen=actual_sel_seq_kvlen, sparse_mode=sparse_mode, causal=causal,
                     local_blocks=local_blocks, position_offset=position_offset)
+    return spec if rounding is None else dataclasses.replace(spec, fa=dataclasses.replace(spec.fa, rounding=rounding))
 
 
 def compress_attention_problem(query, key, value, *, scale_value: float, head_num: int, compress_block_size: int,
                                compress_stride: int, atten_mask, actual_seq_qlen, actual_cmp_seq_kvlen,
-                               sparse_mode: int, causal: bool, position_offset: int = 0) -> FAProblem:
+                               sparse_mode: int, causal: bool, position_offset: int = 0,
+                               precision: str = "exact") -> FAProblem:
     """The FlashAttention problem of compressed attention (TND, sparse mode 0/1), with the causal rule when
-    ``causal`` (then no ``atten_mask``; query row ``r`` at position ``position_offset + r``)."""
+    ``causal`` (then no ``atten_mask``; query row ``r`` at position ``position_offset + r``) and the NPU rounding
+    of ``precision``."""
     require(sparse_mode in (0, 1), "sparse_mode", "0 or 1", sparse_mode)
     require(not (causal and atten_mask is not None), "atten_mask", "None with causal=True (the mask is computed)",
             atten_mask)
@@ -101,6 +107,9 @@ def compress_attention_problem(query, key, value, *, scale_value: float, head_nu
                        atten_mask=atten_mask, sparse_mode=sparse_mode, actual_seq_qlen=int_list(
                            "actual_seq_qlen", actual_seq_qlen),
                        actual_seq_kvlen=int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
+    rounding = npu_rounding(precision, query.dtype)
+    if rounding is not None:
+        fa = dataclasses.replace(fa, rounding=rounding)
     if not causal:
         return fa
     offset = check_int("position_offset", position_offset, lo=0)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_int, check_scale, check_tensor, fail, int_list, require
+from ..._core.npu_rounding import NpuRounding, cast_output, npu_rounding, rounded_softmax
 from ..flash_attention.reference import compute_dtype
 from .compress import NSA_DTYPES
 
@@ -53,6 +54,7 @@ class PagedKV:
     kv_lens: tuple[int, ...] | None
     scale: float
     capacity: int
+    rounding: NpuRounding | None = None  # precision="npu": the kernels' rounding (None: exact)
 
     def rows(self, cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
         return paged_rows(cache, table_row, pos)
@@ -85,11 +87,13 @@ def paged_rows(cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
 
 def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, *, scale_value: float, head_num: int,
                 key_value_head_num: int, page_block_size: int, seq_lens, lens_name: str,
-                lens_tensor: Tensor | None = None) -> PagedKV:
+                lens_tensor: Tensor | None = None, precision: str = "exact") -> PagedKV:
     """Validate ``query [B, N1, D]``, caches ``[blocks, page_block_size, N2, D/Dv]``, the block table and the
     per-request KV lengths (``seq_lens``, a host list; or ``lens_tensor`` on the device, not read; ``lens_name``:
-    the argument holding them). Values of the block table are checked when it and the lengths are on the host."""
+    the argument holding them). Values of the block table are checked when it and the lengths are on the host.
+    ``precision="npu"``: the batch carries the NPU rounding of the query's dtype."""
     check_tensor("query", query, ndim=3, dtypes=NSA_DTYPES)
+    rounding = npu_rounding(precision, query.dtype)
     batch, n1, d = query.shape
     require(head_num == n1, "head_num", f"the number of query heads ({n1})", head_num)
     n2 = check_int("key_value_head_num", key_value_head_num, lo=1)
@@ -108,14 +112,16 @@ def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, 
         require(seq_lens is None, lens_name, "a list or a tensor, not both", "both")
         check_tensor(lens_name, lens_tensor, shape=(batch,), dtypes=(torch.int32, torch.int64))
         require(lens_tensor.device == query.device, lens_name, f"a tensor on {query.device} like query", lens_tensor)
-        return PagedKV(batch, n1, n2, value.shape[-1], None, check_scale("scale_value", scale_value), capacity)
+        return PagedKV(batch, n1, n2, value.shape[-1], None, check_scale("scale_value", scale_value), capacity,
+                       rounding)
     lens = int_list(lens_name, seq_lens)
     require(lens is not None and len(lens) == batch, lens_name, f"B={batch} per-request KV lengths", lens)
     for b, n in enumerate(lens):
         require(0 <= n <= capacity, f"{lens_name}[{b}]", f"a length in [0, {capacity}] (the block_table's pages)", n)
         if readable(block_table):
             _check_pages(block_table, b, 0, n, page, key.shape[0], f"the pages of request {b}'s {n} keys")
-    return PagedKV(batch, n1, n2, value.shape[-1], tuple(lens), check_scale("scale_value", scale_value), capacity)
+    return PagedKV(batch, n1, n2, value.shape[-1], tuple(lens), check_scale("scale_value", scale_value), capacity,
+                   rounding)
 
 
 def _check_pages(block_table: Tensor, b: int, lo: int, hi: int, page: int, blocks: int, what: str) -> None:
@@ -168,8 +174,13 @@ def selected_decode(kv: PagedKV, block: int, query: Tensor, key: Tensor, value: 
                 continue
             heads = slice(n2 * g, (n2 + 1) * g)
             s = query[b, heads].to(acc) @ kv.rows(key, block_table[b], pos)[:, n2].to(acc).T * kv.scale
-            out[b, heads] = torch.softmax(s, -1) @ kv.rows(value, block_table[b], pos)[:, n2].to(acc)
-    return out.to(query.dtype)
+            v = kv.rows(value, block_table[b], pos)[:, n2].to(acc)
+            if kv.rounding is None:
+                out[b, heads] = torch.softmax(s, -1) @ v
+            else:
+                p, total = rounded_softmax(s, kv.rounding)
+                out[b, heads] = (p @ v).div_(total)
+    return cast_output(kv.rounding, out, query.dtype)
 
 
 # ---------------------------------------------------------------------------------------- compressed attention
@@ -226,13 +237,17 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Ten
         keys, values = kv.rows(key, block_table[b], pos).to(acc), kv.rows(value, block_table[b], pos).to(acc)
         s = torch.einsum("hd,lhd->hl", query[b].to(acc), keys.repeat_interleave(g, 1)) * kv.scale
         p = torch.softmax(s, -1)  # [N1, S2]
-        out[b] = torch.einsum("hl,lhd->hd", p, values.repeat_interleave(g, 1))
+        if kv.rounding is None:
+            out[b] = torch.einsum("hl,lhd->hd", p, values.repeat_interleave(g, 1))
+        else:  # the importance scores below keep the exact p
+            rounded, total = rounded_softmax(s, kv.rounding)
+            out[b] = torch.einsum("hl,lhd->hd", rounded, values.repeat_interleave(g, 1)).div_(total)
         n_blocks = sel.blocks(kv.kv_lens[b])
         score = _importance(p, sel, n_blocks).view(kv.n2, g, n_blocks).sum(1)  # [N2, n_blocks]
         middle = torch.sort(score[:, 1:n_blocks - 2], dim=-1, descending=True, stable=True).indices + 1
         forced = torch.tensor([0, n_blocks - 2, n_blocks - 1], device=query.device).expand(kv.n2, FORCED)
         topk[b] = torch.cat([forced, middle[:, :sel.count - FORCED]], -1).to(torch.int32)
-    return out.to(query.dtype), topk
+    return cast_output(kv.rounding, out, query.dtype), topk
 
 
 # ------------------------------------------------------------------------------------------------- compression

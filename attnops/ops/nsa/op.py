@@ -95,17 +95,18 @@ nsa_compress.register_autograd(_compress_backward, setup_context=_compress_setup
 def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor,
                            atten_mask: Optional[Tensor], scale_value: float, head_num: int, select_block_size: int,
                            select_block_count: int, actual_seq_qlen: Optional[list[int]],
-                           actual_seq_kvlen: Optional[list[int]], sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
+                           actual_seq_kvlen: Optional[list[int]], sparse_mode: int, precision: str = "exact"
+                           ) -> tuple[Tensor, Tensor, Tensor]:
     spec = build_selected_spec(query, key, value, topk_indices, scale_value=scale_value, head_num=head_num,
                                select_block_size=select_block_size, select_block_count=select_block_count,
                                atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
-                               actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode)
+                               actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, precision=precision)
     return backends.selected(spec, query, key, value, topk_indices)
 
 
 @nsa_selected_attention.register_fake
 def _(query, key, value, topk_indices, atten_mask, scale_value, head_num, select_block_size, select_block_count,
-      actual_seq_qlen, actual_seq_kvlen, sparse_mode):
+      actual_seq_qlen, actual_seq_kvlen, sparse_mode, precision="exact"):
     stat = (query.shape[0], query.shape[1], STAT_LANES)
     dt = stats_dtype(query.dtype)
     return (query.new_empty((query.shape[0], query.shape[1], value.shape[2])), query.new_empty(stat, dtype=dt),
@@ -118,13 +119,14 @@ def nsa_selected_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value:
                                 atten_mask: Optional[Tensor], scale_value: float, head_num: int,
                                 select_block_size: int, select_block_count: int,
                                 actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]],
-                                sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
+                                sparse_mode: int, precision: str = "exact") -> tuple[Tensor, Tensor, Tensor]:
     from .api import check_selected_backward_inputs
 
     spec = build_selected_spec(query, key, value, topk_indices, scale_value=scale_value, head_num=head_num,
                                select_block_size=select_block_size, select_block_count=select_block_count,
                                atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,
-                               actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, grad=True)
+                               actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode, grad=True,
+                               precision=precision)
     check_selected_backward_inputs(spec, query, grad, attention_out, softmax_max, softmax_sum)
     return backends.selected_grad(spec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
                                   topk_indices)
@@ -132,12 +134,13 @@ def nsa_selected_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value:
 
 @nsa_selected_attention_grad.register_fake
 def _(grad, query, key, value, attention_out, softmax_max, softmax_sum, topk_indices, atten_mask, scale_value,
-      head_num, select_block_size, select_block_count, actual_seq_qlen, actual_seq_kvlen, sparse_mode):
+      head_num, select_block_size, select_block_count, actual_seq_qlen, actual_seq_kvlen, sparse_mode,
+      precision="exact"):
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
 
 
 _SEL_SCALARS = ("scale_value", "head_num", "select_block_size", "select_block_count", "actual_seq_qlen",
-                "actual_seq_kvlen", "sparse_mode")
+                "actual_seq_kvlen", "sparse_mode", "precision")
 
 
 def _selected_setup(ctx, inputs, output):
@@ -145,7 +148,7 @@ def _selected_setup(ctx, inputs, output):
     out, smax, ssum = output
     ctx.save_for_backward(args["query"], args["key"], args["value"], args["topk_indices"], args["atten_mask"], out,
                           smax, ssum)
-    ctx.scalars = tuple(args[n] for n in _SEL_SCALARS)
+    ctx.scalars = tuple(args.get(n, "exact") for n in _SEL_SCALARS)  # precision: its default when not given
 
 
 def _selected_backward(ctx, grad_out, _gmax, _gsum):
@@ -164,10 +167,11 @@ def nsa_selected_attention_infer(query: Tensor, key: Tensor, value: Tensor, topk
                                  block_table: Tensor, scale_value: float, head_num: int, key_value_head_num: int,
                                  select_block_size: int, select_block_count: int, page_block_size: int,
                                  actual_seq_kvlen: Optional[list[int]],
-                                 actual_seq_kvlen_tensor: Optional[Tensor] = None) -> Tensor:
+                                 actual_seq_kvlen_tensor: Optional[Tensor] = None, precision: str = "exact") -> Tensor:
     kv = check_paged(query, key, value, block_table, scale_value=scale_value, head_num=head_num,
                      key_value_head_num=key_value_head_num, page_block_size=page_block_size,
-                     seq_lens=actual_seq_kvlen, lens_name="actual_seq_kvlen", lens_tensor=actual_seq_kvlen_tensor)
+                     seq_lens=actual_seq_kvlen, lens_name="actual_seq_kvlen", lens_tensor=actual_seq_kvlen_tensor,
+                     precision=precision)
     block = check_selected_topk(kv, topk_indices, select_block_size=select_block_size,
                                 select_block_count=select_block_count)
     return backends.selected_infer(kv, block, query, key, value, topk_indices, block_table, actual_seq_kvlen_tensor)
@@ -175,7 +179,7 @@ def nsa_selected_attention_infer(query: Tensor, key: Tensor, value: Tensor, topk
 
 @nsa_selected_attention_infer.register_fake
 def _(query, key, value, topk_indices, block_table, scale_value, head_num, key_value_head_num, select_block_size,
-      select_block_count, page_block_size, actual_seq_kvlen, actual_seq_kvlen_tensor=None):
+      select_block_count, page_block_size, actual_seq_kvlen, actual_seq_kvlen_tensor=None, precision="exact"):
     return query.new_empty((query.shape[0], query.shape[1], value.shape[-1]))
 
 
@@ -189,11 +193,12 @@ def nsa_compress_attention_infer(query: Tensor, key: Tensor, value: Tensor, bloc
                                  head_num: int, key_value_head_num: int, select_block_size: int,
                                  select_block_count: int, page_block_size: int, compress_block_size: int,
                                  compress_stride: int, actual_cmp_seq_kvlen: Optional[list[int]],
-                                 actual_cmp_seq_kvlen_tensor: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                                 actual_cmp_seq_kvlen_tensor: Optional[Tensor] = None, precision: str = "exact"
+                                 ) -> tuple[Tensor, Tensor]:
     kv = check_paged(query, key, value, block_table, scale_value=scale_value, head_num=head_num,
                      key_value_head_num=key_value_head_num, page_block_size=page_block_size,
                      seq_lens=actual_cmp_seq_kvlen, lens_name="actual_cmp_seq_kvlen",
-                     lens_tensor=actual_cmp_seq_kvlen_tensor)
+                     lens_tensor=actual_cmp_seq_kvlen_tensor, precision=precision)
     sel = check_compress_selection(kv, compress_block_size=compress_block_size, compress_stride=compress_stride,
                                    select_block_size=select_block_size, select_block_count=select_block_count)
     return backends.compress_attention_infer(kv, sel, query, key, value, block_table, actual_cmp_seq_kvlen_tensor)
@@ -202,7 +207,7 @@ def nsa_compress_attention_infer(query: Tensor, key: Tensor, value: Tensor, bloc
 @nsa_compress_attention_infer.register_fake
 def _(query, key, value, block_table, scale_value, head_num, key_value_head_num, select_block_size,
       select_block_count, page_block_size, compress_block_size, compress_stride, actual_cmp_seq_kvlen,
-      actual_cmp_seq_kvlen_tensor=None):
+      actual_cmp_seq_kvlen_tensor=None, precision="exact"):
     return (query.new_empty((query.shape[0], query.shape[1], value.shape[-1])),
             query.new_empty((query.shape[0], key_value_head_num, select_block_count), dtype=torch.int32))
 
@@ -243,19 +248,21 @@ def nsa_compress_attention(query: Tensor, key: Tensor, value: Tensor, topk_mask:
                            compress_stride: int, select_block_size: int, select_block_count: int,
                            actual_seq_qlen: Optional[list[int]], actual_cmp_seq_kvlen: Optional[list[int]],
                            actual_sel_seq_kvlen: Optional[list[int]], sparse_mode: int, causal: bool = False,
-                           local_blocks: int = -1, position_offset: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                           local_blocks: int = -1, position_offset: int = 0, precision: str = "exact"
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return backends.compress_attention(
         query, key, value, topk_mask, atten_mask, scale_value=scale_value, head_num=head_num,
         compress_block_size=compress_block_size, compress_stride=compress_stride, select_block_size=select_block_size,
         select_block_count=select_block_count, actual_seq_qlen=actual_seq_qlen,
         actual_cmp_seq_kvlen=actual_cmp_seq_kvlen, actual_sel_seq_kvlen=actual_sel_seq_kvlen,
-        sparse_mode=sparse_mode, causal=causal, local_blocks=local_blocks, position_offset=position_offset)
+        sparse_mode=sparse_mode, causal=causal, local_blocks=local_blocks, position_offset=position_offset,
+        precision=precision)
 
 
 @nsa_compress_attention.register_fake
 def _(query, key, value, topk_mask, atten_mask, scale_value, head_num, compress_block_size, compress_stride,
       select_block_size, select_block_count, actual_seq_qlen, actual_cmp_seq_kvlen, actual_sel_seq_kvlen,
-      sparse_mode, causal=False, local_blocks=-1, position_offset=0):
+      sparse_mode, causal=False, local_blocks=-1, position_offset=0, precision="exact"):
     t, n1 = query.shape[0], query.shape[1]
     dt = stats_dtype(query.dtype)
     return (query.new_empty((t, n1, value.shape[2])),
@@ -268,14 +275,14 @@ def nsa_compress_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value:
                                 softmax_max: Tensor, softmax_sum: Tensor, atten_mask: Optional[Tensor],
                                 scale_value: float, head_num: int, compress_block_size: int, compress_stride: int,
                                 actual_seq_qlen: Optional[list[int]], actual_cmp_seq_kvlen: Optional[list[int]],
-                                sparse_mode: int, causal: bool = False, position_offset: int = 0
-                                ) -> tuple[Tensor, Tensor, Tensor]:
+                                sparse_mode: int, causal: bool = False, position_offset: int = 0,
+                                precision: str = "exact") -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of compressed attention: the FlashAttention backward of its problem (causal rule included)."""
     return backends.compress_attention_backward(
         grad, query, key, value, attention_out, softmax_max, softmax_sum, atten_mask, scale_value=scale_value,
         head_num=head_num, compress_block_size=compress_block_size, compress_stride=compress_stride,
         actual_seq_qlen=actual_seq_qlen, actual_cmp_seq_kvlen=actual_cmp_seq_kvlen, sparse_mode=sparse_mode,
-        causal=causal, position_offset=position_offset)
+        causal=causal, position_offset=position_offset, precision=precision)
 
 
 @nsa_compress_attention_grad.register_fake
@@ -284,14 +291,15 @@ def _(grad, query, key, value, *_args, **_kwargs):
 
 
 _CMP_GRAD_SCALARS = ("scale_value", "head_num", "compress_block_size", "compress_stride", "actual_seq_qlen",
-                     "actual_cmp_seq_kvlen", "sparse_mode", "causal", "position_offset")
+                     "actual_cmp_seq_kvlen", "sparse_mode", "causal", "position_offset", "precision")
+_CMP_DEFAULTS = {"causal": False, "position_offset": 0, "precision": "exact"}
 
 
 def _cmp_setup(ctx, inputs, output):
     args = dict(zip(_schema_names(nsa_compress_attention), inputs))
     out, _, smax, ssum = output
     ctx.save_for_backward(args["query"], args["key"], args["value"], args.get("atten_mask"), out, smax, ssum)
-    ctx.scalars = tuple(args.get(name, 0 if name == "position_offset" else False) for name in _CMP_GRAD_SCALARS)
+    ctx.scalars = tuple(args.get(name, _CMP_DEFAULTS.get(name)) for name in _CMP_GRAD_SCALARS)
 
 
 def _cmp_backward(ctx, grad_out, _gtopk, _gmax, _gsum):

@@ -15,12 +15,14 @@ chunks (forward) and groups of them (backward) run side by side on single-thread
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from ..._core.checks import check_int, check_scale, check_tensor, fail, require
 from ..._core.masks import MASK_DTYPES
+from ..._core.npu_rounding import NpuRounding, cast_round, npu_rounding, store
 from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype
 from ..._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
@@ -44,6 +46,7 @@ class SelectedSpec:
     causal: bool
     scale: float
     total_q: int
+    rounding: NpuRounding | None = None  # precision="npu": the kernels' rounding (None: exact)
 
     @property
     def group(self) -> int:
@@ -53,7 +56,7 @@ class SelectedSpec:
 def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, head_num: int,
                         select_block_size: int, select_block_count: int, atten_mask=None, actual_seq_qlen=None,
                         actual_seq_kvlen=None, sparse_mode: int = 2, layout: str = "TND",
-                        grad: bool = False) -> SelectedSpec:
+                        grad: bool = False, precision: str = "exact") -> SelectedSpec:
     """Validate a selected-attention call: forward inputs, or with ``grad`` the grad's (causal whenever
     ``sparse_mode == 2``, without an ``atten_mask`` too, like NsaSelectedAttentionGrad). The spec is remembered per
     configuration (:mod:`.memo`); the indices of CPU tensors are checked on every call."""
@@ -63,7 +66,8 @@ def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, 
                     layout=layout, grad=grad)
     if topk_indices.device.type == "cpu":  # device values are clamped by the kernels, never read on the host
         _check_indices(topk_indices, spec.seq, spec.block_size)
-    return spec
+    rounding = npu_rounding(precision, query.dtype)
+    return spec if rounding is None else dataclasses.replace(spec, rounding=rounding)
 
 
 def _build_selected_spec(query, key, value, topk_indices, atten_mask, *, scale_value, head_num, select_block_size,
@@ -254,10 +258,10 @@ def _forward_chunk(bt: _Batch, t0: int, t1: int, out, smax, ssum) -> None:
     for seg, s in zip(segments, scores):
         p = s.sub_(seg.take(shift).unsqueeze(-1)).mul_(LOG2E).exp2_()
         seg.add_to(l, p.sum(-1))
-        seg.add_to(o, torch.matmul(p, bt.v[seg.block]))
+        seg.add_to(o, torch.matmul(p if spec.rounding is None else spec.rounding.grid_(p), bt.v[seg.block]))
     o.div_(torch.where(valid, l, 1.0).unsqueeze(-1))
     rows = slice(bt.q_start + t0, bt.q_start + t1)
-    out[rows, bt.heads] = o.to(out.dtype)
+    store(spec.rounding, out[rows, bt.heads], o)
     smax[rows, bt.heads] = torch.where(valid, m, FLT_LOWEST).unsqueeze(-1).to(sdt)
     ssum[rows, bt.heads] = torch.where(valid, l, FLT_MAX).unsqueeze(-1).to(sdt)
 
@@ -294,6 +298,8 @@ def selected_backward(spec: SelectedSpec, query, key, value, attention_out, atte
             for lo, pk, pv in partials:
                 dk_b[lo:lo + pk.shape[0]] += pk
                 dv_b[lo:lo + pv.shape[0]] += pv
+    if spec.rounding is not None:  # the NPU's CAST_ROUND of the gradients
+        return tuple(cast_round(g, x.dtype) for g, x in ((dq, query), (dk, key), (dv, value)))
     return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype)
 
 
@@ -320,6 +326,7 @@ class _BlockGrads:
         pk = torch.zeros(hi - lo, bs, spec.d, dtype=self.kv_acc)
         pv = torch.zeros(hi - lo, bs, spec.dv, dtype=self.kv_acc)
         v_dp = bt.v.to(dp_dt)
+        rounding = spec.rounding  # the NPU rounds P (for dV) and dS (for dQ, dK) to the input dtype
         for t0, t1 in chunks:
             do = self.do[t0:t1].to(acc)
             do_dp = do.to(dp_dt)
@@ -330,8 +337,10 @@ class _BlockGrads:
                 p = p.sub_(seg.take(self.log2_l, t0).unsqueeze(-1)).exp2_()
                 do_j = seg.take(do)
                 dp = torch.matmul(seg.take(do_dp), v_dp[seg.block].transpose(0, 1))
-                pv[seg.block - lo] += (p.reshape(-1, bs).transpose(0, 1) @ do_j.reshape(-1, spec.dv)).to(self.kv_acc)
+                p_v = p if rounding is None else rounding.grid(p)
+                pv[seg.block - lo] += (p_v.reshape(-1, bs).transpose(0, 1) @ do_j.reshape(-1, spec.dv)).to(self.kv_acc)
                 ds = p.mul_(dp.sub_(seg.take(delta).unsqueeze(-1)).to(p.dtype))
+                ds = ds if rounding is None else rounding.grid_(ds)
                 pk[seg.block - lo] += (ds.reshape(-1, bs).transpose(0, 1) @ qj.reshape(-1, spec.d)).to(self.kv_acc)
                 seg.add_to(self.dq, torch.matmul(ds, bt.k[seg.block]), t0, alpha=spec.scale)
         return lo, pk, pv

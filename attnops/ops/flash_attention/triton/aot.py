@@ -1,11 +1,11 @@
 """The FlashAttention kernels in the shared AOT machinery (``attnops._core.triton``): a plan's launches as
 :class:`~attnops._core.triton.aot.KernelLaunch` call sites, and the problems ``python -m attnops aot`` compiles:
-fp16/bf16/fp32 x head dims 64/128/256 causal (every tile class), fp16/bf16 at D=64/128 with each mask and
-per-element feature alone (none, causal, band, explicit mask, each pse kind, each dropout kind) and all of them at
-once (also at D=192/Dv=128 and D=256), GQA and MQA, D=192/Dv=128 causal, the backward's form for GPUs before sm_90
-(``-dq-kernel``), and one problem with ``cu_seqlens`` tensors for the prepare and tail kernels. Sequence lengths
-are multiples of 16, as in real training shapes, so the row strides of a pse or an explicit mask get Triton's
-divisible-by-16 specialisation (only the signature matters, not the sizes)."""
+fp16/bf16/fp32 x head dims 64/128/256 causal (every tile class), fp16/bf16 at D=64/128 with each mask and per-element
+feature alone (none, causal, band, explicit mask, each pse kind, each dropout kind, softcap) and all of them at once
+(also at D=192/Dv=128 and D=256), GQA and MQA, D=192/Dv=128 causal, causal + softcap + slopes, the backward's form for
+GPUs before sm_90 (``-dq-kernel``), and one problem with ``cu_seqlens`` tensors for the prepare and tail kernels.
+Sequence lengths are multiples of 16, as in real training shapes, so the row strides of a pse or an explicit mask get
+Triton's divisible-by-16 specialisation (only the signature matters, not the sizes)."""
 from __future__ import annotations
 
 import torch
@@ -19,7 +19,7 @@ from . import launch as fa_launch
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # one problem per feature (each alone) at fp16/bf16 x D 64/128; "all": explicit mask + full pse + Philox dropout
 FEATURES = ("plain", "causal", "band", "explicit", "pse_full0", "pse_full1", "pse_row", "alibi", "slopes2",
-            "slopes3", "drop_seed", "drop_packed")
+            "slopes3", "drop_seed", "drop_packed", "softcap")
 EVERYTHING = ("explicit", "pse_full1", "drop_seed")
 
 
@@ -40,6 +40,8 @@ def _feature_kwargs(features: tuple[str, ...], b: int, n: int, s: int, dtype: to
     for name, pse_type in (("slopes2", 2), ("slopes3", 3)):
         if name in features:
             kw.update(pse=torch.rand(b, n, generator=gen), pse_type=pse_type)
+    if "softcap" in features:
+        kw.update(softcap=30.0)
     if "drop_seed" in features:
         kw.update(keep_prob=0.9, seed=7, offset=0)
     if "drop_packed" in features:
@@ -92,3 +94,5 @@ for _dtype in ("fp16", "bf16"):
     _register(f"{_dtype}-d256-mask-pse-dropout", _dtype, 256, EVERYTHING)
 _register("fp32-d128-mask-pse-dropout", "fp32", 128, EVERYTHING)
 _register("fp16-d128-causal-device-lengths", "fp16", 128, ("causal",), device_lengths=True)
+_register("bf16-d128-causal-softcap-slopes2", "bf16", 128, ("causal", "softcap", "slopes2"))
+_register("bf16-d128-causal-softcap-slopes2-dq-kernel", "bf16", 128, ("causal", "softcap", "slopes2"), fused=False)

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .common import (KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_rows, delta_offsets, dropout_scale,
-                     meta, program_batch_head, row_stats, score_tile, upcast)
+                     meta, program_batch_head, row_stats, score_tile, softcap_tanh, upcast)
 
 
 @triton.jit
@@ -46,10 +46,11 @@ def preprocess_kernel(o_ptr, do_ptr, delta_ptr, meta_ptr, o_sb, o_st, o_sh, do_s
 def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr, meta_ptr,
               q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh, dq_sb, dq_st, dq_sh,
               stat_row, delta_sb, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
-              drop_ptr, keep_prob, seed, offset, scale, n1, group, head_d: tl.constexpr, head_dv: tl.constexpr,
-              batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_DV: tl.constexpr, PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-              DROPOUT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
+              drop_ptr, keep_prob, seed, offset, scale, softcap, n1, group, head_d: tl.constexpr,
+              head_dv: tl.constexpr, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr,
+              HAS_EXPLICIT: tl.constexpr, DROPOUT: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
+              PRECISION: tl.constexpr, FOLD: tl.constexpr):
     """``dQ = scale * dS K`` for one query row block of one query head: the backward's dQ where the dK/dV pass
     leaves it out (``DQ`` False: GPUs without wgmma, whose registers do not hold the fifth product; the former
     two-kernel form, which recomputes ``S`` and ``dP``)."""
@@ -87,14 +88,19 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
                              other=0.0), UPCAST)
         v_t = upcast(tl.load(v_base + kv_rows[None, :] * v_st + dv[:, None], mask=col_ok & (dv[:, None] < head_dv),
                              other=0.0), UPCAST)
-        s = score_tile(tl.dot(q_tile, k_t, input_precision=PRECISION), meta_ptr, b, h, rows, cols, r0, c0, scale,
-                       pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
-                       PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, BLOCK_M, BLOCK_N)
+        qk = tl.dot(q_tile, k_t, input_precision=PRECISION)
+        if SOFTCAP:
+            cap = softcap_tanh(qk, scale, softcap)
+            qk = cap * (softcap / scale)
+        s = score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
+                       mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, BLOCK_M, BLOCK_N)
         p = tl.exp2((s - m[:, None]) * LOG2E - log2l[:, None])
         dp = tl.dot(do_tile, v_t, input_precision=PRECISION)
         if DROPOUT != 0:
             dp = dp * dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, DROPOUT == 2)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - cap * cap)
         acc += tl.dot(ds.to(k_t.dtype), tl.trans(k_t), input_precision=PRECISION)
     dq = acc * scale
     tl.store(dq_ptr + b.to(tl.int64) * dq_sb + tok[:, None] * dq_st + tl.cast(h, tl.int64) * dq_sh + dk[None, :],
@@ -107,18 +113,19 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
                 dq_sb, dq_st, dq_sh, dq_part, dk_sb, dk_st, dk_sh, dk_part, dv_sb, dv_st, dv_sh, dv_part,
                 stat_row, delta_sb, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
                 drop_ptr, keep_prob, seed, offset, dpse_ptr, dpse_sb, dpse_sh, dpse_sr,
-                scale, n1, group, splits, head_d: tl.constexpr, head_dv: tl.constexpr, batch, bh_fold,
+                scale, softcap, n1, group, splits, head_d: tl.constexpr, head_dv: tl.constexpr, batch, bh_fold,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
                 DROPOUT: tl.constexpr, DPSE_FULL: tl.constexpr, DPSE_ROW: tl.constexpr, DQ: tl.constexpr,
-                UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
+                SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
     """For query head ``h`` and its key blocks ``j, j + splits, ...`` (``j``: axis 0): ``dK = scale * dS^T Q`` and
     ``dV = (P * drop)^T dO`` of each key block, written to ``dk_ptr``/``dv_ptr`` at partial ``h % group`` (element
     offsets ``dk_part``/``dv_part`` apart; 0 without GQA: the gradients themselves), and with ``DQ`` ``dS K`` added
     into dQ partial ``j`` (``dq_part`` elements apart, fp32, zero on entry; unscaled; without ``DQ``: ``dq_kernel``).
     ``DPSE_FULL`` also writes the score gradient (the gradient of a full ``[.., Sq, Skv]`` pse) into the fp32
     ``[B, N1, R, C]`` buffer, ``DPSE_ROW`` its column sums (of a row-broadcast ``[.., 1, Skv]`` pse) into the fp32
-    ``[B, N1, 1, C]`` buffer."""
+    ``[B, N1, 1, C]`` buffer. ``SOFTCAP``: scores capped by ``softcap * tanh``, whose derivative scales dS after the
+    pse gradient (the pse is added after the cap)."""
     pid_j = tl.program_id(0)
     b, h = program_batch_head(n1, bh_fold, FOLD)
     if FOLD:
@@ -163,9 +170,13 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
             m, log2l = row_stats(smax_ptr, ssum_ptr, meta_ptr, b, h, rows, stat_row)
             delta = tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1), mask=rows < sq, other=0.0)
             # transposed tiles [keys, rows]: the key block is the products' M dimension
-            s_t = score_tile(tl.dot(k_tile, tl.trans(q_tile), input_precision=PRECISION), meta_ptr, b, h, rows,
-                             cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb,
-                             mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, BLOCK_M, BLOCK_N, True)
+            qk_t = tl.dot(k_tile, tl.trans(q_tile), input_precision=PRECISION)
+            if SOFTCAP:
+                cap_t = softcap_tanh(qk_t, scale, softcap)
+                qk_t = cap_t * (softcap / scale)
+            s_t = score_tile(qk_t, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr,
+                             pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT,
+                             BLOCK_M, BLOCK_N, True)
             p_t = tl.exp2((s_t - m[None, :]) * LOG2E - log2l[None, :])
             dp_t = tl.dot(v_tile, tl.trans(do_tile), input_precision=PRECISION)
             p_drop = p_t
@@ -176,7 +187,10 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
                 dp_t = dp_t * drop
             acc_v += tl.dot(p_drop.to(do_tile.dtype), do_tile, input_precision=PRECISION)
             ds_t = p_t * (dp_t - delta[None, :])
-            ds_in = ds_t.to(q_tile.dtype)
+            if SOFTCAP:
+                ds_in = (ds_t * (1.0 - cap_t * cap_t)).to(q_tile.dtype)
+            else:
+                ds_in = ds_t.to(q_tile.dtype)
             acc_k += tl.dot(ds_in, q_tile, input_precision=PRECISION)
             # dQ^T = K^T dS^T: the head dim is M (a key block of 32 rows would not be)
             if DQ:

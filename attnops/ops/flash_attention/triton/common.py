@@ -45,6 +45,26 @@ FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
+def tanh(x):
+    """fp32 tanh within about an ulp: ``(1 - e) / (1 + e)`` with ``e = exp(-2|x|)`` for ``|x| >= 1/4``, an odd Taylor
+    polynomial below (where ``1 - e`` would cancel); the interpreter has no libdevice."""
+    a = tl.abs(x)
+    e = tl.exp2(a * (-2.0 * LOG2E))
+    a2 = a * a
+    small = a * (1.0 + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0 + a2 * (62.0 / 2835.0)))))
+    t = tl.where(a < 0.25, small, (1.0 - e) / (1.0 + e))
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def softcap_tanh(qk, scale, softcap):
+    """``tanh(scale * QK^T / softcap)`` of a raw ``QK^T`` tile: the capped scores are ``softcap`` times it, entered
+    into the score path as ``qk = tanh * softcap / scale`` so that it scales them as it does uncapped ones; the
+    backward's derivative of the cap is ``1 - tanh^2``."""
+    return tanh(qk * (scale / softcap))
+
+
+@triton.jit
 def base2_max(m):
     """``m * log2(e)``, finite for rows without a kept score yet (``m`` = FLT_LOWEST: clamped to half of it
     first, so the product and a difference of two such values do not overflow; no real score is that low)."""

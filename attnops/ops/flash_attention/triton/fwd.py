@@ -9,19 +9,19 @@ import triton
 import triton.language as tl
 
 from .common import (FLT_LOWEST, FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_keep, base2_max,
-                     dropout_scale, explicit_masked, full_cols, meta, program_batch_head, pse_scores, stat_offsets,
-                     upcast)
+                     dropout_scale, explicit_masked, full_cols, meta, program_batch_head, pse_scores, softcap_tanh,
+                     stat_offsets, upcast)
 
 
 @triton.jit
 def _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b, h, k_st, v_st,
-            head_d, head_dv, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
-            mask_cols, drop_ptr, keep_prob, seed, offset, row_ok,
+            head_d, head_dv, scale, softcap, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh,
+            mask_sr, mask_cols, drop_ptr, keep_prob, seed, offset, row_ok,
             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr,
-            HAS_EXPLICIT: tl.constexpr, DROPOUT: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
+            HAS_EXPLICIT: tl.constexpr, DROPOUT: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, SOFTCAP: tl.constexpr,
             UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """One step of the online softmax: key tile ``[c0, c0 + BLOCK_N)``; ``MASKED``: an edge tile (band, prefix and
-    bounds tested per element, keys past ``c_hi`` not read)."""
+    bounds tested per element, keys past ``c_hi`` not read); ``SOFTCAP``: ``QK^T`` capped first."""
     cols = c0 + tl.arange(0, BLOCK_N)
     kv_rows = (kv_base + cols).to(tl.int64)
     col_ok = cols < c_hi
@@ -31,6 +31,8 @@ def _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, 
     else:
         k_t = tl.load(k_base + kv_rows[None, :] * k_st + dk[:, None], mask=dk[:, None] < head_d, other=0.0)
     qk = tl.dot(q_tile, upcast(k_t, UPCAST), input_precision=PRECISION)
+    if SOFTCAP:
+        qk = softcap_tanh(qk, scale, softcap) * (softcap / scale)
     if PSE == 0 and not HAS_EXPLICIT and not MASKED:  # the tutorial's form: max of QK^T, one FFMA per score
         if NEGATIVE_SCALE:
             m_new = tl.maximum(m_i, tl.min(qk, 1) * scale)
@@ -68,11 +70,11 @@ def _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, 
 def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
                q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, o_sb, o_st, o_sh, stat_row,
                pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols,
-               drop_ptr, keep_prob, seed, offset, scale, n1, group, head_d: tl.constexpr, head_dv: tl.constexpr,
-               batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_DV: tl.constexpr, PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
-               DROPOUT: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-               FOLD: tl.constexpr):
+               drop_ptr, keep_prob, seed, offset, scale, softcap, n1, group, head_d: tl.constexpr,
+               head_dv: tl.constexpr, batch, bh_fold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr,
+               HAS_EXPLICIT: tl.constexpr, DROPOUT: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
+               SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
     """``O = softmax(S) V`` for rows ``[r0, r0 + BLOCK_M)``; writes O (0 on fully-masked rows) and the statistics
     ``softmax_max = rowmax(S)``, ``softmax_sum = rowsum(exp(S - max))`` (FLT_LOWEST / FLT_MAX on fully-masked
     rows) replicated over 8 lanes. Dropout scales P after the sum, like the reference. ``pse_cols`` /
@@ -107,19 +109,19 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
     full_lo, full_hi = full_cols(meta_ptr, b, r0, c_begin, c_hi, BLOCK_M, BLOCK_N)
     for c0 in range(full_lo, full_hi, BLOCK_N):  # tiles kept entirely: no mask
         acc, m_i, l_i = _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b,
-                                h, k_st, v_st, head_d, head_dv, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
-                                mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols, drop_ptr, keep_prob, seed, offset,
-                                row_ok, BLOCK_N, False, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT, NEGATIVE_SCALE,
-                                UPCAST, PRECISION)
+                                h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb, pse_sh, pse_sr,
+                                pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols, drop_ptr, keep_prob, seed,
+                                offset, row_ok, BLOCK_N, False, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT,
+                                NEGATIVE_SCALE, SOFTCAP, UPCAST, PRECISION)
     # edge tiles: [c_begin, full_lo) then [full_hi, c_hi), one loop
     n_left = (full_lo - c_begin) // BLOCK_N
     for t in range(0, n_left + tl.cdiv(c_hi - full_hi, BLOCK_N)):
         c0 = tl.where(t < n_left, c_begin + t * BLOCK_N, full_hi + (t - n_left) * BLOCK_N)
         acc, m_i, l_i = _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b,
-                                h, k_st, v_st, head_d, head_dv, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
-                                mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols, drop_ptr, keep_prob, seed, offset,
-                                row_ok, BLOCK_N, True, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT, NEGATIVE_SCALE,
-                                UPCAST, PRECISION)
+                                h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb, pse_sh, pse_sr,
+                                pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols, drop_ptr, keep_prob, seed,
+                                offset, row_ok, BLOCK_N, True, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT,
+                                NEGATIVE_SCALE, SOFTCAP, UPCAST, PRECISION)
 
     kept = l_i > 0
     out = acc / tl.where(kept, l_i, 1.0)[:, None]

@@ -37,7 +37,9 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # block and spills little (tests/ops/flash_attention/triton/test_gpu_compile.py asserts both for every candidate).
 # fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles. The
 # third width class, ``WIDEST`` (:func:`_class_key`): the backward's 64-key blocks of D <= 192 / Dv <= 128 (wgmma)
-# and the forward's 64-row tiles with every feature do not fit the registers with D = Dv = 256.
+# and the forward's 64-row tiles with every feature do not fit the registers with D = Dv = 256. The backward above
+# D=128 takes 32-key blocks (mma.sync but the dQ product): 64-key blocks (wgmma) spill 4 words at D=192/Dv=128
+# (Triton 3.9; 10 with 3.6), 32-key blocks none.
 WIDEST = 2
 _TILES = {
     ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
@@ -47,7 +49,7 @@ _TILES = {
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("fwd", 4, WIDEST): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
-    ("bwd", 2, True): [(16, 64, 8, 2), (32, 32, 8, 2)],
+    ("bwd", 2, True): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 2, WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 4, False): [(32, 32, 8, 1)],
     ("bwd", 4, True): [(16, 32, 8, 1)],
@@ -74,6 +76,10 @@ _FEATURE_TILES = {
 # The dK/dV pass of GPUs before sm_90 (no dQ in the pass, ``DQ`` False: mma.sync, operands in registers) with
 # per-element features: its 64-key blocks spill 4-20 words at D <= 128 (sm_80), 32-key blocks none.
 _SPLIT_FEATURE_TILES = {("bwd", 2, False): [(16, 32, 8, 2), (32, 32, 8, 2)]}
+# Triton 3.6 pipelines the dK/dV pass with every feature at D <= 128 differently from 3.9: two stages spill 6 words
+# on sm_90 with 3.6, one stage none (one stage spills 18 with 3.9, two none). Under Triton before 3.7 (3.6 is what the
+# GPU machines carry; 3.7 and 3.8 were not compiled) these replace the ``_FEATURE_TILES`` entries.
+_FEATURE_TILES_BEFORE_TRITON_3_7 = {("bwd", 2, False): [(16, 64, 8, 1), (16, 64, 8, 2)]}
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
 PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)
 TAIL_BLOCK, TAIL_PROGRAMS = 1024, 1024  # elements per step and programs of the tail and grad-sum kernels (grid-stride)
@@ -102,7 +108,7 @@ def _kind(kernel_name: str) -> str:
 @functools.cache
 def _configs(kind: str) -> tuple:
     """Every candidate of a kernel kind (the autotuner's list; :func:`_prune` keeps those of the problem's class)."""
-    tiles = {t: None for table in (_TILES, _FEATURE_TILES, _SPLIT_FEATURE_TILES) for key, ts in table.items()
+    tiles = {t: None for table in (_TILES, _feature_tiles(), _SPLIT_FEATURE_TILES) for key, ts in table.items()
              if key[0] == kind for t in ts}
     return tuple(_config(t, _zero_dq_partials if kind == "bwd" else None) for t in tiles)
 
@@ -125,7 +131,16 @@ def _class_tiles(key: tuple, constexprs: dict) -> list:
         return _TILES[key]
     if constexprs.get("DQ", True) is False and key in _SPLIT_FEATURE_TILES:
         return _SPLIT_FEATURE_TILES[key]
-    return _FEATURE_TILES.get(key, _TILES[key])
+    return _feature_tiles().get(key, _TILES[key])
+
+
+@functools.cache
+def _feature_tiles() -> dict:
+    """``_FEATURE_TILES`` for the installed Triton (``_FEATURE_TILES_BEFORE_TRITON_3_7`` over it before 3.7)."""
+    import triton
+
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    return {**_FEATURE_TILES, **_FEATURE_TILES_BEFORE_TRITON_3_7} if (major, minor) < (3, 7) else _FEATURE_TILES
 
 
 @functools.cache
@@ -255,8 +270,13 @@ def _prepare_launch(p: FAProblem, meta: torch.Tensor) -> Launch:
                   (meta, seq.cu_q, seq.cu_kv, prefix_t, seq.batch, p.total_q, p.total_kv, seq.max_q, seq.max_kv,
                    p.geom.n1, band.lo, band.hi, band.special_lo, band.special_hi, q_start, kv_start, INF),
                   dict(LO_DELTA=band.lo_delta, HI_DELTA=band.hi_delta, SPECIAL=_SPECIAL[band.special],
-                       HAS_PREFIX=prefix is not None, SLOPES=(2 if p.pse.first_batch_only else 1) if slopes else 0,
+                       HAS_PREFIX=prefix is not None, SLOPES=_slopes_mode(p.pse) if slopes else 0,
                        STATS_TND=p.softmax_layout == "TND"))
+
+
+def _slopes_mode(pse) -> int:
+    """The prepare kernel's ``SLOPES`` for ALiBi slopes ``pse`` (prepare.SLOPES_*)."""
+    return 3 if pse.bottom_right else 2 if pse.first_batch_only else 1
 
 
 def _device_metadata(p: FAProblem, device: torch.device) -> tuple[torch.Tensor | None, list[Launch]]:
@@ -377,7 +397,8 @@ def _common(p: FAProblem, query: torch.Tensor, interpret: bool):
     mask, mask_flags = mask_args(p, device, dummy)
     drop, drop_flags = _dropout_args(p, device, dummy)
     upcast = interpret or query.dtype == torch.float32
-    flags = dict(**pse_flags, **mask_flags, **drop_flags, UPCAST=upcast, PRECISION="ieee" if upcast else "tf32",
+    flags = dict(**pse_flags, **mask_flags, **drop_flags, SOFTCAP=p.softcap > 0, UPCAST=upcast,
+                 PRECISION="ieee" if upcast else "tf32",
                  BLOCK_D=pow2(p.geom.d), BLOCK_DV=pow2(p.geom.dv))
     return pse, mask, drop, flags
 
@@ -433,7 +454,7 @@ def forward_plan(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: to
         grid, fold = _grid(seq.max_q, seq.batch, g.n1)
         return [("fwd_kernel", grid,
                  (table, *qs, *ks, *vs, *_operand(p, out)[1], _stat_row(p), *pse, *mask, _explicit_cols(p), *drop,
-                  p.scale, g.n1, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y),
+                  p.scale, p.softcap, g.n1, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y),
                  dict(**flags, **fold, NEGATIVE_SCALE=p.scale < 0), "BLOCK_M")]
 
     static = None if p.device_lengths else _static_key("fwd", interpret, query, key, value)
@@ -530,15 +551,17 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
                       dict(BLOCK_DV=pow2(g.dv), **q_fold), "BLOCK_M"),
                      ("dkdv_kernel", kv_grid,
                       (table, *qs, *ks, *vs, *dos, *dqs, dq.numel() if fused else 0, *dks, kv_parts[0], *dvs,
-                       kv_parts[1], _stat_row(p), delta_sb, *scores, *dpse, p.scale, g.n1, g.group, splits, g.d, g.dv,
+                       kv_parts[1], _stat_row(p), delta_sb, *scores, *dpse, p.scale, p.softcap, g.n1, g.group, splits,
+                       g.d, g.dv,
                        seq.batch, MAX_GRID_Y), dict(DPSE_FULL=full, DPSE_ROW=row, DQ=fused, **flags, **kv_fold),
                       None)]
         if fused:
             templates.append(_grad_sum(splits, dq.numel(), p.scale))
         else:
             templates.append(("dq_kernel", q_grid,
-                              (table, *qs, *ks, *vs, *dos, *dqs, _stat_row(p), delta_sb, *scores, p.scale, g.n1,
-                               g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(**flags, **q_fold), "BLOCK_M"))
+                              (table, *qs, *ks, *vs, *dos, *dqs, _stat_row(p), delta_sb, *scores, p.scale,
+                               p.softcap, g.n1, g.group, g.d, g.dv, seq.batch, MAX_GRID_Y), dict(**flags, **q_fold),
+                              "BLOCK_M"))
         if gqa:
             templates += [_grad_sum(g.group, dk.numel(), 1.0), _grad_sum(g.group, dv.numel(), 1.0)]
         return templates

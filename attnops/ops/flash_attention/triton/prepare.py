@@ -13,6 +13,7 @@ SPECIAL_FIRST: tl.constexpr = tl.constexpr(2)  # sparse_mode 8: the first one
 SLOPES_NONE: tl.constexpr = tl.constexpr(0)
 SLOPES_ALL: tl.constexpr = tl.constexpr(1)  # every batch counts ALiBi positions from the start indices
 SLOPES_FIRST: tl.constexpr = tl.constexpr(2)  # batch 0 alone (varlen sparse_mode 8); the others from 0
+SLOPES_BOTTOM_RIGHT: tl.constexpr = tl.constexpr(3)  # every batch, query positions shifted by Skv - Sq (flash-attn)
 
 
 @triton.jit
@@ -84,6 +85,9 @@ def prepare_kernel(meta_ptr, cu_q_ptr, cu_kv_ptr, prefix_ptr, batch, total_q, to
         elif SLOPES == SLOPES_FIRST:
             pse_qs = tl.where(b == 0, pse_q_start, pse_qs)
             pse_ks = tl.where(b == 0, pse_kv_start, pse_ks)
+        elif SLOPES == SLOPES_BOTTOM_RIGHT:
+            pse_qs += pse_q_start + delta
+            pse_ks += pse_kv_start
         stat_head = sq * 0 + 8 if STATS_TND else sq * 8
         row = meta_ptr + b.to(tl.int64) * META_COLS
         tl.store(row + Q_START, qs, mask=ok)

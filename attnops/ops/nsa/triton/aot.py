@@ -70,7 +70,8 @@ def _compress_attention(dtype: str, d: int, dv: int, causal: bool) -> list:
 
 
 def _decode(dtype: str, d: int, dv: int) -> list:
-    """The selected and compressed decode launches of two requests over a paged cache (64 query / 4 KV heads)."""
+    """The selected (split over its slots and merged, and in one piece) and compressed decode launches of two
+    requests over a paged cache (64 query / 4 KV heads)."""
     t, gen = DTYPES[dtype], torch.Generator().manual_seed(0)
     q = torch.randn(2, 64, d, generator=gen).to(t)
     k = torch.randn(8, 16, 4, d, generator=gen).to(t)
@@ -78,11 +79,12 @@ def _decode(dtype: str, d: int, dv: int) -> list:
     table = torch.arange(8, dtype=torch.int32).reshape(2, 4)
     kv = PagedKV(2, 64, 4, dv, (64, 50), d ** -0.5, table.shape[1] * k.shape[1])
     topk = torch.zeros(2, 4, 2, dtype=torch.int32)
-    _, sel = infer_launch.selected_decode_plan(kv, 32, q, k, v, topk, table, interpret=False)
+    _, sel = infer_launch.selected_decode_plan(kv, 32, q, k, v, topk, table, interpret=False)  # split, merged
+    _, whole = infer_launch.selected_decode_plan(kv, 32, q, k, v, topk[..., :1], table, interpret=False)
     _, cmp = infer_launch.compress_decode_plan(kv, CompressSelection(32, 16, 64, 3), q, k, v, table, interpret=False)
     cache = infer_launch.compress_cache_plan(k, torch.randn(32, 4, generator=gen).to(t), torch.arange(2), table,
                                              torch.empty(6, 4, d, dtype=t), torch.tensor([64, 50]), 32, 16)
-    return [KERNELS.aot_launch(x) for x in sel + cmp + cache]
+    return [KERNELS.aot_launch(x) for x in sel + whole + cmp + cache]
 
 
 for _dtype in DTYPES:

@@ -61,22 +61,39 @@ def _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G: tl
 
 
 @triton.jit
-def selected_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, topk_ptr, bt_ptr, lens_ptr,
+def _store_partial(stats_ptr, part_ptr, part, m_i, l_i, acc, BLOCK_G: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """A split's partial softmax statistics ``(max, sum)`` and unnormalised output, at index ``part``."""
+    g = tl.arange(0, BLOCK_G)
+    tl.store(stats_ptr + part * (2 * BLOCK_G) + g, m_i)
+    tl.store(stats_ptr + part * (2 * BLOCK_G) + BLOCK_G + g, l_i)
+    tl.store(part_ptr + part * (BLOCK_G * BLOCK_DV) + g[:, None] * BLOCK_DV + tl.arange(0, BLOCK_DV)[None, :], acc)
+
+
+@triton.jit
+def selected_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, stats_ptr, part_ptr, topk_ptr, bt_ptr, lens_ptr,
                            q_sb, q_sh, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, o_sb, o_sh, t_sb, t_sh, bt_sb,
-                           scale, n2, group, head_d, head_dv, page, n_pages, capacity, block, count,
+                           scale, n2, group, head_d, head_dv, page, n_pages, capacity, block, count, chunk,
                            BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                           BLOCK_DV: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+                           PRECISION: tl.constexpr):
     """Softmax attention of request ``b``'s group over the selected blocks (in order, up to the first -1, each cut
     at the KV length; a repeated index counts twice, another negative one selects nothing); output 0 when nothing
-    is selected."""
+    is selected. With ``SPLIT``, program ``split`` (axis 2) covers slots ``[split * chunk, (split + 1) * chunk)``
+    and stores its partial ``(max, sum)`` and ``acc`` for ``decode_merge_kernel``; else it stores the output."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
+    split = tl.program_id(2)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, count)
     kv_len = _length(lens_ptr, b, capacity)
+    topk_row = topk_ptr + b.to(tl.int64) * t_sb + hk.to(tl.int64) * t_sh
     q = upcast(_group_tile(q_ptr, b, hk * group, group, q_sb, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
     m_i, l_i, acc = _softmax_init(BLOCK_G, BLOCK_DV)
     alive = 1
-    for i in range(count):
-        idx = tl.load(topk_ptr + b.to(tl.int64) * t_sb + hk.to(tl.int64) * t_sh + i).to(tl.int64)
+    for i in range(0, lo):  # a -1 in an earlier split's slots ends the list here too
+        alive = tl.where(tl.load(topk_row + i) == -1, 0, alive)
+    for i in range(lo, hi):
+        idx = tl.load(topk_row + i).to(tl.int64)
         alive = tl.where(idx == -1, 0, alive)
         if alive != 0:
             for j0 in range(0, block, BLOCK_N):
@@ -86,7 +103,11 @@ def selected_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, topk_ptr, bt_ptr, lens_pt
                 m_i, l_i, acc = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, ok, head_d, head_dv, bt_sb, k_s0,
                                             k_s1, k_s2, v_s0, v_s1, v_s2, page, n_pages, m_i, l_i, acc, scale,
                                             BLOCK_D, BLOCK_DV, UPCAST, PRECISION)
-    _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G, BLOCK_DV)
+    if SPLIT:
+        _store_partial(stats_ptr, part_ptr, (b.to(tl.int64) * n2 + hk) * tl.num_programs(2) + split, m_i, l_i, acc,
+                       BLOCK_G, BLOCK_DV)
+    else:
+        _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G, BLOCK_DV)
 
 
 @triton.jit
@@ -111,11 +132,8 @@ def compress_decode_kernel(q_ptr, k_ptr, v_ptr, stats_ptr, part_ptr, bt_ptr, len
         m_i, l_i, acc = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, pos < hi, head_d, head_dv, bt_sb, k_s0, k_s1,
                                     k_s2, v_s0, v_s1, v_s2, page, n_pages, m_i, l_i, acc, scale, BLOCK_D, BLOCK_DV,
                                     UPCAST, PRECISION)
-    part = (b.to(tl.int64) * n2 + hk) * tl.num_programs(2) + split
-    g = tl.arange(0, BLOCK_G)
-    tl.store(stats_ptr + part * (2 * BLOCK_G) + g, m_i)
-    tl.store(stats_ptr + part * (2 * BLOCK_G) + BLOCK_G + g, l_i)
-    tl.store(part_ptr + part * (BLOCK_G * BLOCK_DV) + g[:, None] * BLOCK_DV + tl.arange(0, BLOCK_DV)[None, :], acc)
+    _store_partial(stats_ptr, part_ptr, (b.to(tl.int64) * n2 + hk) * tl.num_programs(2) + split, m_i, l_i, acc,
+                   BLOCK_G, BLOCK_DV)
 
 
 @triton.jit
@@ -143,6 +161,34 @@ def _merged_stats(stats_ptr, first, splits, BLOCK_G: tl.constexpr):
 
 
 @triton.jit
+def _store_merged(o_ptr, part_ptr, stats_ptr, first, splits, shift, l_i, b, hk, o_sb, o_sh, group, head_dv,
+                  BLOCK_G: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Stores the group's output from the partial outputs of splits ``first ..`` (rescaled to ``shift``, summed in
+    split order) and the merged sum ``l_i``."""
+    g = tl.arange(0, BLOCK_G)
+    dv = tl.arange(0, BLOCK_DV)
+    acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
+    for s in range(splits):
+        alpha, _ = _split_weights(stats_ptr, first + s, shift, BLOCK_G)
+        acc += tl.load(part_ptr + (first + s) * (BLOCK_G * BLOCK_DV) + g[:, None] * BLOCK_DV + dv[None, :]) \
+            * alpha[:, None]
+    _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G, BLOCK_DV)
+
+
+@triton.jit
+def decode_merge_kernel(o_ptr, stats_ptr, part_ptr, o_sb, o_sh, n2, group, head_dv, splits, BLOCK_G: tl.constexpr,
+                        BLOCK_DV: tl.constexpr):
+    """The selected decode's output of (request ``b``, KV head ``hk``) from its splits' partials, merged in split
+    order (bitwise deterministic)."""
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    first = (b.to(tl.int64) * n2 + hk) * splits
+    _, shift, l_i = _merged_stats(stats_ptr, first, splits, BLOCK_G)
+    _store_merged(o_ptr, part_ptr, stats_ptr, first, splits, shift, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G,
+                  BLOCK_DV)
+
+
+@triton.jit
 def compress_decode_score_kernel(q_ptr, k_ptr, o_ptr, score_ptr, stats_ptr, part_ptr, bt_ptr, lens_ptr,
                                  q_sb, q_sh, k_s0, k_s1, k_s2, o_sb, o_sh, sc_sb, sc_sh, bt_sb,
                                  scale, n2, group, head_d, head_dv, page, n_pages, capacity, splits, m, nn,
@@ -164,14 +210,8 @@ def compress_decode_score_kernel(q_ptr, k_ptr, o_ptr, score_ptr, stats_ptr, part
     first = (b.to(tl.int64) * n2 + hk) * splits
     m_i, shift, l_i = _merged_stats(stats_ptr, first, splits, BLOCK_G)
     if tile == 0:
-        g = tl.arange(0, BLOCK_G)
-        dv = tl.arange(0, BLOCK_DV)
-        acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
-        for s in range(splits):
-            alpha, _ = _split_weights(stats_ptr, first + s, shift, BLOCK_G)
-            acc += tl.load(part_ptr + (first + s) * (BLOCK_G * BLOCK_DV) + g[:, None] * BLOCK_DV + dv[None, :]) \
-                * alpha[:, None]
-        _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G, BLOCK_DV)
+        _store_merged(o_ptr, part_ptr, stats_ptr, first, splits, shift, l_i, b, hk, o_sb, o_sh, group, head_dv,
+                      BLOCK_G, BLOCK_DV)
 
     q = upcast(_group_tile(q_ptr, b, hk * group, group, q_sb, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
     in_group = tl.arange(0, BLOCK_G) < group

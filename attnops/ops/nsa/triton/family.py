@@ -30,6 +30,7 @@ CHUNK_PER_MEAN_LIST = 4
 INTERPRET_LIST_CHUNK = 4  # entries per list chunk in the interpreter (so that small tests split lists)
 SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel", "selected_dkdv_reduce_kernel")
 DECODE = ("selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel")
+MERGE = "decode_merge_kernel"
 COMPRESS = ("compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel")
 
 
@@ -135,6 +136,12 @@ def _decode_config(launch: Launch, named_args: dict, interpret: bool):
     return triton.Config(tiles, num_warps=4, num_stages=2)
 
 
+def _plain_config():
+    import triton
+
+    return triton.Config({}, num_warps=4, num_stages=1)
+
+
 def _importance_config(launch: Launch, named_args: dict, interpret: bool):
     """Compressed-attention scores: :func:`importance_tiles` (the plan sizes its grid with them), 1 stage."""
     import triton
@@ -161,6 +168,8 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
         return [_importance_config(launch, named_args, interpret)]
     if launch.kernel in DECODE:
         return [_decode_config(launch, named_args, interpret)]
+    if launch.kernel == MERGE:  # a few loads and stores per (request, KV head): no tiles, no pipelining
+        return [_plain_config()]
     if launch.kernel == "selected_dkdv_kernel":
         return [_dkdv_config(launch, named_args, interpret)]
     return [_training_config(launch, named_args, interpret)]

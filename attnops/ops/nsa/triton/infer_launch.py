@@ -7,8 +7,9 @@ forced blocks (``topk_mask`` or the ``local_blocks`` rule) at ``FLT_MAX``, block
 -inf), then ``topk_kernel``: the ``count`` best blocks per row, ties to the lower index (the reference's stable
 descending sort).
 
-Decode (one query token per request, paged caches): ``selected_decode_kernel`` (one program per request and KV
-head) and the compressed decode, split over the compressed keys for small batches (FlashDecoding,
+Decode (one query token per request, paged caches): ``selected_decode_kernel`` per (request, KV head, split of the
+selected slots; :func:`selected_decode_splits`), merged in split order by ``decode_merge_kernel``, and the
+compressed decode, split over the compressed keys for small batches (FlashDecoding,
 :func:`decode_splits`): ``compress_decode_kernel`` per (request, KV head, split), then ``compress_decode_score_kernel``
 per (request x score tile, KV head) merges the splits in a fixed order; the decode top-k rule (first and last two
 blocks forced, then the best others) is the score kernel's scores (forced blocks at ``FLT_MAX``) through
@@ -112,22 +113,44 @@ def _lengths(kv: PagedKV, lens: torch.Tensor | None, device: torch.device) -> to
     return lens if lens is not None else staging.upload(list(kv.kv_lens), torch.int64, device)
 
 
+def selected_decode_splits(batch: int, n2: int, count: int) -> tuple[int, int]:
+    """``(splits, chunk)`` of the selected decode: ``chunk`` slots per split, enough splits for ``batch x n2 x
+    splits >= DECODE_PROGRAMS`` where the ``count`` slots allow (shapes only: the same bits at every length)."""
+    splits = max(min(count, cdiv(DECODE_PROGRAMS, max(batch * n2, 1))), 1)
+    chunk = max(cdiv(count, splits), 1)
+    return max(cdiv(count, chunk), 1), chunk
+
+
 def selected_decode_plan(kv: PagedKV, block: int, query, key, value, topk_indices, block_table, interpret: bool,
                          lens: torch.Tensor | None = None):
-    """``(attention_out [B, N1, Dv], launches)`` of ``nsa_selected_attention_infer``."""
+    """``(attention_out [B, N1, Dv], launches)`` of ``nsa_selected_attention_infer``: ``selected_decode_kernel``
+    over :func:`selected_decode_splits` of the selected slots (partials in fp32 workspaces), merged in split order
+    by ``decode_merge_kernel`` when there is more than one split."""
     device = query.device
     out = torch.empty(kv.batch, kv.n1, kv.dv, dtype=query.dtype, device=device)
     if kv.batch == 0:
         return out, []
     q, k, v = (unit_last_stride(t) for t in (query, key, value))
     topk, table = topk_indices.contiguous(), block_table.contiguous()
-    launch = Launch("selected_decode_kernel", (kv.batch, kv.n2),
-                    (q, k, v, out, topk, table, _lengths(kv, lens, device), q.stride(0), q.stride(1),
-                     *_cache_strides(k), *_cache_strides(v), out.stride(0), out.stride(1), topk.stride(0),
-                     topk.stride(1), table.stride(0), kv.scale, kv.n2, kv.n1 // kv.n2, query.shape[-1], kv.dv,
-                     key.shape[1], key.shape[0], kv.capacity, block, topk.shape[-1]),
-                    _decode_flags(kv, query, interpret))
-    return out, [launch]
+    flags = _decode_flags(kv, query, interpret)
+    splits, chunk = selected_decode_splits(kv.batch, kv.n2, topk.shape[-1])
+    rows, dv_tile = flags["BLOCK_G"], flags["BLOCK_DV"]
+    parts = kv.batch * kv.n2 * splits if splits > 1 else 0
+    stats = torch.empty(parts * 2 * rows, dtype=torch.float32, device=device)
+    partial = torch.empty(parts * rows * dv_tile, dtype=torch.float32, device=device)
+    launches = [Launch("selected_decode_kernel", (kv.batch, kv.n2, splits),
+                       (q, k, v, out, stats, partial, topk, table, _lengths(kv, lens, device), q.stride(0),
+                        q.stride(1), *_cache_strides(k), *_cache_strides(v), out.stride(0), out.stride(1),
+                        topk.stride(0), topk.stride(1), table.stride(0), kv.scale, kv.n2, kv.n1 // kv.n2,
+                        query.shape[-1], kv.dv, key.shape[1], key.shape[0], kv.capacity, block, topk.shape[-1],
+                        chunk),
+                       dict(flags, SPLIT=splits > 1))]
+    if splits > 1:
+        launches.append(Launch("decode_merge_kernel", (kv.batch, kv.n2),
+                               (out, stats, partial, out.stride(0), out.stride(1), kv.n2, kv.n1 // kv.n2, kv.dv,
+                                splits),
+                               dict(BLOCK_G=rows, BLOCK_DV=dv_tile)))
+    return out, launches
 
 
 def selected_decode(kv: PagedKV, block: int, query, key, value, topk_indices, block_table, lens=None):

@@ -42,6 +42,9 @@ CASES = {
     "dropout_seed": (Q_LENS, KV_LENS, dict(keep_prob=0.7, seed=2 ** 40 + 7, offset=11)),
     "dropout_mask": (Q_LENS, KV_LENS, dict(keep_prob=0.7, drop_mask=pack_bits(random_keep(2 * 1340, 0.7, seed=3)))),
     "slopes": (EQUAL_LENS, EQUAL_LENS, dict(pse=torch.rand(3, 2), pse_type=2, q_start_idx=3, kv_start_idx=1)),
+    "slopes_bottom_right": ([19, 7, 30], [21, 9, 30], dict(pse=torch.rand(2), pse_type=2, pse_bottom_right=True,
+                                                            q_start_idx=1, kv_start_idx=2)),
+    "softcap": (Q_LENS, KV_LENS, dict(softcap=2.0, atten_mask=TRIU2048, sparse_mode=3)),
     "slopes_split_first": ([19, 7, 30], [21, 7, 30], dict(pse=torch.rand(2), pse_type=3, q_start_idx=2,
                                                            kv_start_idx=0, atten_mask=TRIU2048, sparse_mode=8)),
     "pse_full": (EQUAL_LENS, [20, 9, 31], dict(pse=randn(1, 2, 30, 31, seed=4), pse_type=1)),
@@ -108,7 +111,7 @@ def _poisoned_empty(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["causal", "explicit_tokens", "prefix", "split_first", "dropout_mask",
-                                  "slopes_split_first", "pse_full", "alibi"])
+                                  "slopes_split_first", "slopes_bottom_right", "softcap", "pse_full", "alibi"])
 def test_forward_and_backward_equal_the_host_lengths(case, triton_backend, monkeypatch):
     q_lens, kv_lens, kw = CASES[case]
     host, device, (q, k, v, dy) = _problems(q_lens, kv_lens, kw, dtype=torch.float16)

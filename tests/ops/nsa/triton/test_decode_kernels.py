@@ -39,10 +39,14 @@ def _dev(*xs):
     return [x.to(DEVICE) for x in xs]
 
 
-@pytest.mark.parametrize("g,d,dv,dtype", [(1, 16, 16, torch.float32), (2, 16, 8, torch.float16),
-                                          (4, 8, 8, torch.float32), (16, 192, 128, torch.float16)])
-def test_selected_attention_infer(triton_backend, g, d, dv, dtype):
-    """Padding (-1, later indices ignored), a repeated block, a block cut at the length, a head selecting nothing."""
+@pytest.mark.parametrize("g,d,dv,dtype,programs", [(1, 16, 16, torch.float32, None), (2, 16, 8, torch.float16, None),
+                                                   (4, 8, 8, torch.float32, 1), (16, 192, 128, torch.float16, None)])
+def test_selected_attention_infer(triton_backend, monkeypatch, g, d, dv, dtype, programs):
+    """Padding (-1, later indices ignored, also when the -1 is in an earlier split), a repeated block, a block cut
+    at the length, a head selecting nothing; split over the slots (one slot per split at these sizes, merged by
+    ``decode_merge_kernel``) or, with ``programs`` = 1, one program per (request, KV head)."""
+    if programs is not None:
+        monkeypatch.setattr(infer_launch, "DECODE_PROGRAMS", programs)
     lens, n2, block = [37, 20, 9], 2 if g < 16 else 1, 16
     q, k, v, table = _paged(lens, n2 * g, n2, d, dv, dtype, seed=g)
     topk = torch.tensor([[[2, 0, -1, 1], [1, 1, 0, 2]], [[0, 1, -1, -1], [-1, 0, 1, 0]],
@@ -56,7 +60,7 @@ def test_selected_attention_infer(triton_backend, g, d, dv, dtype):
     assert_close_to_golden("selected_infer.out", out.cpu(), golden, base, factor=2)
     if n2 == 2:
         assert bool((out[1, g:2 * g] == 0).all())  # request 1, KV head 1: -1 first, nothing selected
-    assert triton_backend == ["selected_decode_kernel"]
+    assert triton_backend == ["selected_decode_kernel"] + (["decode_merge_kernel"] if programs is None else [])
 
 
 def _golden_scores(q, k, table, s2, b, h, g, m, nn, scale):
@@ -163,7 +167,7 @@ def test_device_lengths_are_read_by_the_kernels_and_bad_values_clamped(triton_ba
                                               torch.tensor([37, 20, 9]))
     assert torch.equal(cmp_got[0], cmp_want[0]) and torch.equal(cmp_got[1], cmp_want[1])
     compressed = ["compress_decode_kernel", "compress_decode_score_kernel", "topk_kernel"]
-    assert triton_backend == ["selected_decode_kernel"] * 3 + compressed * 2
+    assert triton_backend == ["selected_decode_kernel", "decode_merge_kernel"] * 3 + compressed * 2
 
 
 def test_compress_into_cache_with_device_lengths_and_a_shared_row(triton_backend):

@@ -76,7 +76,7 @@ def test_selected_attention_infer(lengths):
     lens = [300, 64, 1] if lengths == "list" else meta(3, dtype=torch.int64)
     with gpu_dry_run() as launches:
         out = attnops.nsa_selected_attention_infer(q, k, v, topk, table, lens, select_block_size=64)
-    assert kernels(launches) == ["selected_decode_kernel"] and out.shape == (3, N1, DV)
+    assert kernels(launches) == ["selected_decode_kernel", "decode_merge_kernel"] and out.shape == (3, N1, DV)
 
 
 @pytest.mark.parametrize("lengths", ["list", "device"])
@@ -147,8 +147,8 @@ def test_torch_npu_decode_ops(lengths):
                                             layout="TND", block_table=table, actual_seq_kvlen=kv_lens)
         tnpu.npu_nsa_compress_attention_infer(q, k, v, D ** -0.5, N1, N2, 64, 3, 64, 32, 16, block_table=table,
                                               actual_cmp_seq_kvlen=kv_lens)
-    assert kernels(launches) == ["selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel",
-                                 "topk_kernel"]
+    assert kernels(launches) == ["selected_decode_kernel", "decode_merge_kernel", "compress_decode_kernel",
+                                 "compress_decode_score_kernel", "topk_kernel"]
 
 
 @pytest.mark.parametrize("lengths", ["list", "device"])

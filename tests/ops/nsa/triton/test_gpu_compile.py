@@ -19,8 +19,8 @@ KERNELS = {"selected": {"selected_fwd_kernel", "selected_delta_kernel", "selecte
            "compress": {"compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel"},
            "compress-attention-causal": {"fwd_kernel", "importance_kernel", "topk_kernel"},
            "compress-attention-mask": {"fwd_kernel", "importance_kernel", "topk_kernel"},
-           "decode": {"selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel", "topk_kernel",
-                      "compress_cache_kernel"}}
+           "decode": {"selected_decode_kernel", "decode_merge_kernel", "compress_decode_kernel",
+                      "compress_decode_score_kernel", "topk_kernel", "compress_cache_kernel"}}
 DIMS = {"selected": ("d64-dv64", "d128-dv128", "d192-dv128"), "compress": ("d128", "d192"),
         "compress-attention-causal": ("d128-dv128", "d192-dv128"),
         "compress-attention-mask": ("d128-dv128", "d192-dv128"),

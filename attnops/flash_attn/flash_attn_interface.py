@@ -1,0 +1,143 @@
+"""flash-attn 2's attention functions (``flash_attn.flash_attn_interface``) on :func:`attnops.flash_attention`:
+the same names, arguments, defaults, shapes and return values; CPU reference or Triton kernels by device.
+
+Dense tensors are ``[B, S, H, D]`` (attnops layout "BSND"), varlen ones ``[T, H, D]`` with int32 ``cu_seqlens``
+(layout "TND"). ``causal`` and ``window_size`` are bottom-right aligned; ``alibi_slopes`` adds
+``-slope * |i + Sk - Sq - j|``; ``softcap`` > 0 caps the scaled scores at ``softcap * tanh(S / softcap)``.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from .._core.checks import check_tensor, require
+from ..ops.flash_attention import flash_attention
+from .outputs import dropout_probs, softmax_lse
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+]
+
+
+def _check_options(dropout_p, window_size, alibi_slopes, deterministic, heads: int) -> tuple[int, int]:
+    """Validate the options the core does not see under flash-attn's names; returns ``window_size`` as a tuple."""
+    ok = isinstance(dropout_p, (int, float)) and not isinstance(dropout_p, bool) and 0.0 <= dropout_p < 1.0
+    require(ok, "dropout_p", "a float in [0, 1) (0.0 in evaluation)", dropout_p)
+    require(isinstance(deterministic, bool), "deterministic", "a bool", deterministic)
+    require(isinstance(window_size, (tuple, list)) and len(window_size) == 2, "window_size",
+            "a pair (left, right) of ints, -1 for an unbounded side", window_size)
+    if alibi_slopes is not None:
+        check_tensor("alibi_slopes", alibi_slopes, ndim=(1, 2))
+        require(alibi_slopes.shape[-1] == heads, "alibi_slopes",
+                f"fp32 slopes of shape (nheads={heads},) or (batch_size, nheads={heads})", alibi_slopes)
+    return tuple(window_size)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scale: float | None, causal: bool,
+              window_size, softcap: float, alibi_slopes: Tensor | None, deterministic: bool,
+              return_attn_probs: bool, cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
+              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None):
+    """The shared body of the functions below (varlen when ``cu_seqlens_q`` is given): ``out``, or
+    ``(out, softmax_lse, S_dmask)`` with ``return_attn_probs`` (``S_dmask`` empty without dropout, as in
+    flash-attn). ``deterministic`` is accepted: attnops' backward is always deterministic."""
+    varlen = cu_seqlens_q is not None
+    check_tensor("q", q, ndim=3 if varlen else 4)
+    window = _check_options(dropout_p, window_size, alibi_slopes, deterministic, q.shape[-2])
+    options = dict(layout="TND" if varlen else "BSND", causal=causal, window_size=window, scale=softmax_scale,
+                   softcap=softcap, keep_prob=1.0 - dropout_p)
+    if alibi_slopes is not None:
+        options.update(pse=alibi_slopes, pse_type=2, pse_bottom_right=True)
+    if varlen:
+        options.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                       max_seqlen_k=max_seqlen_k, softmax_layout="TND")
+    result = flash_attention(q, k, v, return_stats=True, **options)
+    if not return_attn_probs:
+        return result.out
+    probs = (dropout_probs(q, k, v, result, options) if dropout_p > 0
+             else q.new_empty((0,)))
+    return result.out, softmax_lse(result, varlen), probs
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Attention of ``q`` ``[B, Sq, H, D]`` over ``k``/``v`` ``[B, Sk, H_k, D]`` (``H`` a multiple of ``H_k``).
+
+    ``dropout_p``: dropout on the probabilities (0.0 in evaluation). ``softmax_scale``: default ``D ** -0.5``.
+    ``causal`` / ``window_size=(left, right)``: keep ``i + Sk - Sq - left <= j <= i + Sk - Sq + right`` (-1:
+    unbounded; causal sets right = 0); rows with no key give 0. ``softcap`` > 0: ``softcap * tanh(S / softcap)``.
+    ``alibi_slopes`` fp32 ``(H,)`` or ``(B, H)``: bias ``-slope * |i + Sk - Sq - j|``.
+    Returns ``out`` ``[B, Sq, H, D]``, or with ``return_attn_probs`` ``(out, softmax_lse [B, H, Sq] fp32,
+    S_dmask)`` (see ``docs/flash_attn.md``).
+
+    Example::
+
+        >>> q = k = v = torch.randn(1, 16, 2, 8)
+        >>> flash_attn_func(q, k, v, causal=True).shape
+        torch.Size([1, 16, 2, 8])
+    """
+    return attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                     deterministic=deterministic, return_attn_probs=return_attn_probs)
+
+
+def _unpack(name: str, packed: Tensor, dim: int, count: int) -> tuple[Tensor, ...]:
+    """The ``count`` tensors stacked along ``dim`` of ``packed`` (views: gradients flow back into it)."""
+    check_tensor(name, packed)
+    require(packed.dim() > dim and packed.shape[dim] == count, name,
+            f"a tensor with {count} stacked along dim {dim}", packed)
+    return packed.unbind(dim)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` of ``qkv`` ``[B, S, 3, H, D]`` (its gradient comes back in the same packed form)."""
+    q, k, v = _unpack("qkv", qkv, 2, 3)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_func` of ``q`` ``[B, Sq, H, D]`` and ``kv`` ``[B, Sk, 2, H_k, D]``."""
+    k, v = _unpack("kv", kv, 2, 2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """:func:`flash_attn_func` over packed sequences: ``q`` ``[T_q, H, D]``, ``k``/``v`` ``[T_k, H_k, D]``, sequence
+    ``b`` at ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` (int32 ``[B + 1]``, leading 0), lengths at most
+    ``max_seqlen_q/k``. Masks and ALiBi are aligned per sequence. ``softmax_lse`` is ``[H, T_q]``.
+    ``block_table`` (paged keys/values) is not supported here: see ``flash_attn_with_kvcache``."""
+    require(block_table is None, "block_table", "None (paged keys/values: use flash_attn_with_kvcache)",
+            block_table)
+    return attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                     deterministic=deterministic, return_attn_probs=return_attn_probs, cu_seqlens_q=cu_seqlens_q,
+                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` of ``qkv`` ``[T, 3, H, D]``, one ``cu_seqlens`` for queries and keys."""
+    q, k, v = _unpack("qkv", qkv, 1, 3)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """:func:`flash_attn_varlen_func` of ``q`` ``[T_q, H, D]`` and ``kv`` ``[T_k, 2, H_k, D]``."""
+    k, v = _unpack("kv", kv, 1, 2)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)

@@ -1,0 +1,70 @@
+"""The verdict on one dumped NPU tensor N, by msprobe's benchmark standard with the NPU emulation E in the place
+msprobe gives a GPU, both measured against the fp64 golden G.
+
+- FAIL when N's shape or dtype differs from E's, or its inf/NaN positions do.
+- Integer outputs (int8 FIA): PASS iff ``max|N - E| <= 1`` (msprobe's rule for quantized outputs).
+- Float outputs: ``ratio = metric(N, G) / max(metric(E, G), minimum_err[dtype])`` must stay within msprobe's L1
+  limits (the level it gives npu_fusion_attention and its grad): RMSE 1.5, mean relative error 1.5, max
+  relative error 5, small-value error ratio 2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .metrics import Metrics, compute_metrics, constants_for
+
+__all__ = ["RATIO_LIMITS", "TensorVerdict", "judge_tensor"]
+
+RATIO_LIMITS = {"rmse": 1.5, "mean_rel_err": 1.5, "max_rel_err": 5.0, "small_value_err_ratio": 2.0}
+
+
+@dataclass
+class TensorVerdict:
+    """``verdict`` PASS/FAIL/SKIP, the reasons for a FAIL/SKIP, metrics of N and E against G and the ratios."""
+
+    verdict: str
+    reasons: list[str] = field(default_factory=list)
+    npu: Metrics | None = None
+    emulation: Metrics | None = None
+    ratios: dict[str, float] = field(default_factory=dict)
+    exact: bool = False
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+
+
+def _nonfinite(x: Tensor) -> Tensor:
+    x = x.detach()
+    return torch.stack([torch.isnan(x), torch.isposinf(x), torch.isneginf(x)]) if x.is_floating_point() else \
+        torch.zeros((3, *x.shape), dtype=torch.bool)
+
+
+def judge_tensor(npu: Tensor, emulation: Tensor, golden: Tensor) -> TensorVerdict:
+    """Judge N against E and G (G in float64, E in the NPU's output dtype)."""
+    result = TensorVerdict("PASS", dtype=str(npu.dtype).removeprefix("torch."), shape=tuple(npu.shape))
+    if tuple(npu.shape) != tuple(emulation.shape) or npu.dtype != emulation.dtype:
+        return TensorVerdict("FAIL", [f"NPU {npu.dtype} {list(npu.shape)} vs emulation {emulation.dtype} "
+                                      f"{list(emulation.shape)}"], dtype=result.dtype, shape=result.shape)
+    result.exact = bool(torch.equal(npu, emulation))
+    if not npu.is_floating_point():
+        diff = (npu.to(torch.int64) - emulation.to(torch.int64)).abs()
+        worst = int(diff.max()) if diff.numel() else 0
+        result.ratios = {"max_abs_diff_vs_emulation": float(worst)}
+        if worst > 1:
+            result.verdict, result.reasons = "FAIL", [f"integer output differs from the emulation by {worst} > 1"]
+        return result
+    if not torch.equal(_nonfinite(npu), _nonfinite(emulation)):
+        result.reasons.append("inf/NaN positions differ from the emulation's")
+    result.npu = compute_metrics(npu, golden, npu.dtype)
+    result.emulation = compute_metrics(emulation, golden, npu.dtype)
+    floor = constants_for(npu.dtype).minimum_err
+    for name, limit in RATIO_LIMITS.items():
+        ratio = getattr(result.npu, name) / max(getattr(result.emulation, name), floor)
+        result.ratios[name] = ratio
+        if not ratio <= limit:  # NaN fails
+            result.reasons.append(f"{name} ratio {ratio:.3g} > {limit}")
+    if result.reasons:
+        result.verdict = "FAIL"
+    return result

@@ -1,0 +1,215 @@
+"""``python -m attnops compare``: msprobe-made dumps (committed fixtures, and a live one when mindstudio-probe is
+installed), hand-written dumps with NPU-pickled tensors, exit codes, JSON records and reports."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnops
+from attnops.__main__ import main
+from attnops.msprobe import judge_path
+from attnops.msprobe.dump import DumpFormatError, load_tensor
+from attnops.msprobe.metrics import compute_metrics
+
+from .npu_dump import save_npu_tensor, write_dump
+
+DATA = Path(__file__).parent / "data"
+B, S, N, D = 1, 32, 2, 16
+
+
+def _verdicts(results):
+    return {r.call: r.verdict for r in results}
+
+
+# --------------------------------------------------------------------------------- committed msprobe dumps
+def test_msprobe_dump_of_correct_calls_passes(capsys):
+    assert main(["compare", str(DATA / "correct")]) == 0
+    assert _verdicts(judge_path(DATA / "correct")) == {
+        "NPU.npu_fusion_attention.0.forward": "PASS", "NPU.npu_fusion_attention.0.backward": "PASS",
+        "NPU.npu_fusion_attention.1.forward": "PASS", "NPU.npu_fusion_attention.1.backward": "PASS",
+        "NPU.npu_fused_infer_attention_score.0.forward": "PASS", "NPU.npu_nsa_select_attention.0.forward": "PASS",
+        "NPU.npu_nsa_select_attention.0.backward": "PASS"}
+    assert "7 calls: 7 PASS, 0 FAIL, 0 SKIP" in capsys.readouterr().out
+
+
+def test_msprobe_dump_of_corrupted_calls_fails_each_call(capsys):
+    """Calls 0-3: one mask row flipped, scale dropped, sparse mode 1 instead of 0, fp16 QK^T overflow."""
+    assert main(["compare", str(DATA / "corrupt")]) == 1
+    out = capsys.readouterr().out
+    for i in range(4):
+        assert f"FAIL  step0/proc24766  NPU.npu_fusion_attention.{i}.forward" in out
+    assert "inf/NaN positions differ" in out.split("NPU.npu_fusion_attention.3.forward")[1]
+
+
+def test_statistics_dump_skips_with_the_reason(capsys):
+    assert main(["compare", str(DATA / "statistics")]) == 0
+    results = judge_path(DATA / "statistics")
+    assert len(results) == 7 and {r.verdict for r in results} == {"SKIP"}
+    assert all("statistics-level dump" in r.reason for r in results)
+
+
+def test_filters_and_json_records(tmp_path):
+    file = tmp_path / "r.json"
+    argv = [str(DATA / "correct"), "--step", "0", "--api", "*fusion_attention.0.backward", "--json", str(file)]
+    assert main(["compare", *argv]) == 0
+    records = json.loads(file.read_text())
+    assert [(r["call"], r["tensor"], r["name"], r["verdict"]) for r in records] == [
+        ("NPU.npu_fusion_attention.0.backward", f"output.{i}", name, "PASS")
+        for i, name in enumerate(("dq", "dk", "dv"))]
+    assert set(records[0]["npu_vs_golden"]) == {"cosine", "max_abs_err", "max_rel_err", "one_thousandth_ratio",
+                                                "five_thousandths_ratio", "rmse", "mean_rel_err",
+                                                "small_value_err_ratio"}
+    assert all(records[0]["ratios"][k] <= limit for k, limit in (("rmse", 1.5), ("mean_rel_err", 1.5)))
+
+
+def test_reports(tmp_path):
+    assert main(["compare", str(DATA / "corrupt"), "--api", "npu_fusion_attention", "--out", str(tmp_path)]) == 1
+    md = (tmp_path / "report.md").read_text()
+    assert "4 calls: 0 PASS, 4 FAIL, 0 SKIP" in md and "## NPU.npu_fusion_attention.2.forward" in md
+    assert "<table" in (tmp_path / "report.html").read_text()
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    assert (len(list(tmp_path.glob("*.png"))) == 4) == has_matplotlib
+    assert ("matplotlib is not installed" in md) != has_matplotlib
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["missing-dir"], "does not exist"),
+    (["{data}", "--step", "7"], "--step=7"),
+    (["{data}", "--rank", "0"], "--rank=0"),
+    (["{data}", "--api", "npu_nsa_compress*"], "--api 'npu_nsa_compress*' matches no fused-attention call"),
+])
+def test_usage_errors_exit_2(argv, message, capsys):
+    argv = [a.replace("{data}", str(DATA / "correct")) for a in argv]
+    assert main(["compare", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_broken_dump_json_exits_2_naming_the_file(tmp_path, capsys):
+    (tmp_path / "dump.json").write_text("{not json")
+    assert main(["compare", str(tmp_path)]) == 2
+    assert f"{tmp_path / 'dump.json'}: not readable as JSON" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- NPU-pickled tensor files
+def test_npu_pickled_tensor_loads_without_torch_npu(tmp_path):
+    x = torch.randn(3, 5).half()
+    save_npu_tensor(x, tmp_path / "x.pt")
+    with pytest.raises(Exception, match="torch_npu"):  # what torch.load alone does with such a file
+        torch.load(tmp_path / "x.pt", weights_only=True)
+    y = load_tensor(tmp_path / "x.pt")
+    assert y.dtype == torch.float16 and torch.equal(y, x)
+
+
+def test_unloadable_tensor_file_is_a_format_error(tmp_path):
+    (tmp_path / "x.pt").write_bytes(b"garbage")
+    with pytest.raises(DumpFormatError, match="x.pt: not a loadable tensor file"):
+        load_tensor(tmp_path / "x.pt")
+
+
+# ------------------------------------------------------------------------------------ hand-written dumps
+def _fa_call(out, dq=None):
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(B, S, N, D, generator=g).half() for _ in range(3))
+    mask = torch.ones(S, S, dtype=torch.bool).triu(1)
+    kwargs = dict(atten_mask=mask, scale=D ** -0.5, sparse_mode=0)
+    res = attnops.flash_attention(q, k, v, layout="BSND", head_num=N, return_stats=True, precision="npu",
+                                  **kwargs)
+    fwd = {"input_args": [q, k, v, N, "BSND"], "input_kwargs": kwargs,
+           "output": [out(res.out), res.softmax_max, res.softmax_sum, torch.empty(0, dtype=torch.float16), None,
+                      None, B * N * S * S]}
+    return q, k, v, res, fwd
+
+
+def test_hand_written_dump_emulated_outputs_pass(tmp_path):
+    q, k, v, res, fwd = _fa_call(lambda o: o)
+    dy = torch.randn(B, S, N, D, generator=torch.Generator().manual_seed(6)).half()
+    grads = attnops.flash_attention_backward(dy, q, k, v, res.out, res.softmax_max, res.softmax_sum, layout="BSND",
+                                             head_num=N, atten_mask=fwd["input_kwargs"]["atten_mask"],
+                                             scale=D ** -0.5, precision="npu")
+    write_dump(tmp_path / "step0" / "rank0", {
+        "NPU.npu_fusion_attention.0.forward": fwd,
+        "NPU.npu_fusion_attention.0.backward": {"input": [dy, None, None], "output": [*grads[:3], None]}})
+    results = judge_path(tmp_path, rank=0)
+    assert _verdicts(results) == {"NPU.npu_fusion_attention.0.forward": "PASS",
+                                  "NPU.npu_fusion_attention.0.backward": "PASS"}
+    assert all(t.verdict.exact for r in results for t in r.tensors)  # N is E here
+
+
+def _wrong_row(o):
+    o = o.clone()
+    o[0, S // 2] += 0.05
+    return o
+
+
+@pytest.mark.parametrize("corrupt, reason", [
+    (_wrong_row, "ratio"),
+    (lambda o: torch.where(torch.arange(S).view(1, S, 1, 1) == 3, torch.inf, o).half(), "inf/NaN positions"),
+    (lambda o: o.float(), "NPU torch.float32"),
+    (lambda o: o[:, :-1], "[1, 31, 2, 16] vs emulation"),
+])
+def test_hand_written_dump_with_a_wrong_output_fails(tmp_path, corrupt, reason):
+    *_, fwd = _fa_call(corrupt)
+    write_dump(tmp_path, {"NPU.npu_fusion_attention.0.forward": fwd})
+    (result,) = judge_path(tmp_path)
+    assert result.verdict == "FAIL" and reason in "; ".join(result.tensors[0].verdict.reasons)
+
+
+def test_hand_written_statistics_dump_skips(tmp_path):
+    *_, fwd = _fa_call(lambda o: o)
+    write_dump(tmp_path, {"NPU.npu_fusion_attention.0.forward": fwd}, with_data=False)
+    (result,) = judge_path(tmp_path)
+    assert result.verdict == "SKIP" and "input_args[0]" in result.reason
+
+
+def test_arguments_attnops_rejects_skip_with_the_error(tmp_path):
+    *_, fwd = _fa_call(lambda o: o)
+    fwd["input_kwargs"]["sparse_mode"] = 9
+    write_dump(tmp_path, {"NPU.npu_fusion_attention.0.forward": fwd})
+    (result,) = judge_path(tmp_path)
+    assert result.verdict == "SKIP" and "attnops cannot re-run it: " in result.reason and "sparse_mode" in result.reason
+
+
+def test_dropout_and_unsupported_apis_skip(tmp_path):
+    *_, fwd = _fa_call(lambda o: o)
+    fwd["input_kwargs"]["keep_prob"] = 0.9
+    write_dump(tmp_path, {"NPU.npu_fusion_attention.0.forward": fwd,
+                          "NPU.npu_nsa_compress.0.forward": {"input_args": [], "input_kwargs": {}, "output": []}})
+    reasons = {r.call: (r.verdict, r.reason) for r in judge_path(tmp_path)}
+    assert reasons["NPU.npu_fusion_attention.0.forward"][0] == "SKIP"
+    assert "dropout mask" in reasons["NPU.npu_fusion_attention.0.forward"][1]
+    assert reasons["NPU.npu_nsa_compress.0.forward"][0] == "SKIP"
+    assert "no rebuild for npu_nsa_compress" in reasons["NPU.npu_nsa_compress.0.forward"][1]
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+def test_metrics_follow_msprobes_definitions():
+    bench = torch.tensor([1.0, -2.0, 0.0, 2.0 ** -12, 4.0], dtype=torch.float64)
+    actual = torch.tensor([1.002, -2.0, 2.0 ** -13, 2.0 ** -12, 4.04], dtype=torch.float64)
+    m = compute_metrics(actual, bench, torch.float16)
+    err = (actual - bench).abs()
+    assert m.max_abs_err == pytest.approx(0.04)
+    assert m.rmse == pytest.approx(float(err.square().mean().sqrt()))
+    large = bench.abs() > 2.0 ** -10  # 1, -2, 4: relative errors 0.002, 0, 0.01 (eps 2^-10 in the denominator)
+    rel = err[large] / (bench[large].abs() + 2.0 ** -10)
+    assert m.mean_rel_err == pytest.approx(float(rel.mean())) and m.max_rel_err == pytest.approx(float(rel.max()))
+    assert m.small_value_err_ratio == pytest.approx(0.5)  # of the two small values, one is off
+    assert m.one_thousandth_ratio == pytest.approx(2 / 5) and m.five_thousandths_ratio == pytest.approx(3 / 5)
+    assert m.cosine == pytest.approx(float(actual @ bench / actual.norm() / bench.norm()))
+
+
+# --------------------------------------------------------------------------------- live msprobe (optional)
+@pytest.mark.slow  # ~70 s: three processes import msprobe
+@pytest.mark.skipif(importlib.util.find_spec("msprobe") is None,
+                    reason="mindstudio-probe is not installed (pip install 'attnops[msprobe]')")
+def test_live_msprobe_dump(tmp_path):
+    subprocess.run([sys.executable, str(Path(__file__).parent / "make_dumps.py"), str(tmp_path)], check=True,
+                   capture_output=True, timeout=600)
+    assert set(_verdicts(judge_path(tmp_path / "correct")).values()) == {"PASS"}
+    assert set(_verdicts(judge_path(tmp_path / "corrupt")).values()) == {"FAIL"}
+    assert set(_verdicts(judge_path(tmp_path / "statistics")).values()) == {"SKIP"}
