@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._core import cpu_kernels
 from .._core.dispatch import triton_interpret_requested
 from .._progress import Progress
 from ..testing.compare import default_floor, max_abs_err
@@ -157,7 +158,8 @@ def available_backends() -> list[str]:
 def backend_report(selected: list[tuple[CheckCase, list[str]]]) -> list[str]:
     """One line per backend: how many of the selected cases it runs (and where), or why it is skipped."""
     total = f"{len(selected)} case{'s' * (len(selected) != 1)}"
-    lines = [f"reference: runs {sum('reference' in on for _, on in selected)} of {total}"]
+    lines = [f"reference: runs {sum('reference' in on for _, on in selected)} of {total}; "
+             f"CPU decode (FIA): {cpu_kernels.status()}"]
     reason = triton_skip_reason()
     if reason is not None:
         return lines + [f"triton: skipped ({reason})"]

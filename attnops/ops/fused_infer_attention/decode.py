@@ -6,11 +6,16 @@ every GQA group at once, the chunk's partial row max, row sum and un-normalised 
 they lie (no copy); fp16/bf16 pages are converted, and int8/int4 pages dequantized, into a per-worker fp32 buffer
 one chunk at a time, so no gathered copy of the cache is ever made. The partials of a batch are merged in chunk
 order, so results do not depend on the thread count.
+
+Where the compiled kernel is available (:mod:`.fused_decode`), it computes every chunk it takes (one predicate,
+:func:`.fused_decode.unsupported`, plus the chunk's mask) in one pass over the chunk's K and V; the PyTorch
+partial below computes the others, with the same partials and the same merge.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -18,6 +23,7 @@ from torch import Tensor
 from ..._core.npu_rounding import msd_planes
 from ..._core.parallel import run_jobs
 from ..._core.workspace import Buffers
+from . import fused_decode
 from .paged import KVSegment
 from .problem import FIAProblem
 
@@ -39,11 +45,11 @@ class _Piece:
         per_block = x.shape[2]
         return x[self.t0 // per_block:self.t1 // per_block]
 
-    @property
+    @cached_property
     def key(self) -> Tensor:
         return self._part(self.seg.key)
 
-    @property
+    @cached_property
     def value(self) -> Tensor:
         return self._part(self.seg.value)
 
@@ -183,10 +189,23 @@ def forward(p: FIAProblem, batches: list[int]) -> dict[int, tuple[Tensor, Tensor
     queries = {b: (_msd_queries(p, p.queries[b].to(F32)) if msd else p.queries[b].to(F32)).transpose(0, 1)
                .reshape(p.n2, p.group * p.queries[b].shape[0], p.d).mul(p.scale)
                for b in batches}  # head n2*G + g -> [N2, G*Sq, D]
-    chunks = [c for b in batches for c in _chunks(p, b)]
     partials: dict = {}
-    run_jobs(lambda c: _partial(p, c, queries[c.b], partials), chunks, p.device)
+    fused = {b: fused_decode.kernel_query(p, q) for b, q in queries.items()} if fused_decode.unsupported(p) is None \
+        else {}
+    paged = {b: fused_decode.paged_chunks(p, b, CHUNK_TOKENS) for b in fused}
+    chunks = [c for b in batches for c in (paged.get(b) or _chunks(p, b))]
+
+    def job(c) -> None:
+        if isinstance(c, fused_decode.PagedChunk) or (c.b in fused and fused_decode.takes(
+                p, c.b, p.queries[c.b].shape[0], c.start, c.start + c.length, c.pieces)):
+            partials[c.b, c.index] = fused_decode.partial(p, c, *fused[c.b])
+        else:
+            _partial(p, c, queries[c.b], partials)
+
+    run_jobs(job, chunks, p.device)
     counts = {b: 0 for b in batches}
     for c in chunks:
         counts[c.b] += 1
-    return {b: _merge([partials[b, i] for i in range(counts[b])]) for b in batches}
+    merged: dict = {}  # merged on the workers too: no OpenMP region on the calling thread (see run_jobs)
+    run_jobs(lambda b: merged.__setitem__(b, _merge([partials[b, i] for i in range(counts[b])])), batches, p.device)
+    return merged

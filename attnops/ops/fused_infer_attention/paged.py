@@ -89,12 +89,14 @@ def page_segments(key_cache: Tensor, value_cache: Tensor, blocks: list[int], len
 
 def _blocks(cache: Tensor, first: int, runs: int, tokens: int, kv_heads: int) -> Tensor:
     """``[runs, N2, tokens, D]`` view of blocks ``first .. first + runs`` of a cache in any layout (NZ: a copy)."""
-    part = cache[first:first + runs]
     if cache.dim() == 5:  # NZ
-        return part[:, :, :, :tokens].permute(0, 1, 3, 2, 4).flatten(-2)
+        return cache[first:first + runs, :, :, :tokens].permute(0, 1, 3, 2, 4).flatten(-2)
+    offset = cache.storage_offset() + first * cache.stride(0)  # one view op per run: pages are many
     if cache.dim() == 4:  # BnNBsD
-        return part[:, :, :tokens]
-    return part[:, :tokens].unflatten(-1, (kv_heads, -1)).transpose(1, 2)  # BnBsH
+        return cache.as_strided((runs, cache.shape[1], tokens, cache.shape[3]), cache.stride(), offset)
+    s0, s1, s2 = cache.stride()  # BnBsH
+    d = cache.shape[2] // kv_heads
+    return cache.as_strided((runs, kv_heads, tokens, d), (s0, d * s2, s1, s2), offset)
 
 
 class PagedKVCache:

@@ -1,0 +1,107 @@
+"""Small C++ CPU kernels, compiled on first use with the system C++ compiler and loaded with :mod:`ctypes`.
+
+The sources ship in this package. The first call builds a shared library into a cache directory
+(``$ATTNOPS_CACHE_DIR``, default ``~/.cache/attnops``; one file per source, compiler, flags and CPU, so a rebuilt or
+moved installation never loads a stale one), for the CPU it runs on (``-march=native``; ``ATTNOPS_CPU_ARCH`` names
+another target) and later calls load it. The kernels take raw pointers and
+strides, need no PyTorch headers (a build takes about two seconds) and run inside :func:`attnops._core.parallel.
+run_jobs` workers (:mod:`ctypes` releases the GIL for the call).
+
+Without a compiler, when the build fails, or with ``ATTNOPS_CPU_KERNELS=0``, :func:`library` returns None once
+(with a warning naming the reason when a build was tried) and callers run the pure-PyTorch path;
+:func:`status` says which.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+from ..errors import PerformanceWarning
+
+_SOURCE = Path(__file__).with_name("decode.cpp")
+_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+_lock = threading.Lock()
+_state: dict = {}  # "lib": the loaded library or None, "why": the reason it is None
+
+
+def _cpu_tag() -> str:
+    """The CPU's model and flags (``-march=native`` code is only loaded on the CPU it was built for)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return os.uname().machine
+    return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags"))}))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ATTNOPS_CACHE_DIR") or Path.home() / ".cache" / "attnops")
+
+
+def _flags() -> tuple[str, ...]:
+    """The compiler flags: ``_FLAGS`` and ``-march=$ATTNOPS_CPU_ARCH`` (default ``native``: AVX-512 or AVX2 where
+    the CPU has them)."""
+    return _FLAGS + (f"-march={os.environ.get('ATTNOPS_CPU_ARCH') or 'native'}",)
+
+
+def _build(compiler: str) -> Path:
+    source = _SOURCE.read_bytes()
+    flags = _flags()
+    key = hashlib.sha256(source + " ".join((compiler,) + flags).encode() + _cpu_tag().encode()).hexdigest()[:16]
+    target = cache_dir() / f"attnops_cpu_decode_{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        done = subprocess.run([compiler, *flags, str(_SOURCE), "-o", str(out)], capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(out, target)  # atomic: a concurrent build of the same key writes the same file
+    return target
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    lib.attnops_decode_scratch.argtypes = [i32, i32, i32, i64]
+    lib.attnops_decode_scratch.restype = i64
+    lib.attnops_decode_chunk.argtypes = [p, i32, i32, i32, i32, i32, i32, p, i32, i64, p, p, p, p]
+    lib.attnops_decode_chunk.restype = i32
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, built on first use, or None (see the module docstring)."""
+    if "lib" not in _state:
+        with _lock:
+            if "lib" not in _state:
+                _state.update(_open())
+    return _state["lib"]
+
+
+def _open() -> dict:
+    if os.environ.get("ATTNOPS_CPU_KERNELS", "1") == "0":
+        return {"lib": None, "why": "disabled by ATTNOPS_CPU_KERNELS=0"}
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        return {"lib": None, "why": "no C++ compiler found (set CXX, or install g++)"}
+    try:
+        return {"lib": _load(_build(compiler)), "why": None}
+    except Exception as e:  # any build or load failure: the PyTorch path serves every call
+        warnings.warn(f"attnops: the CPU decode kernel could not be built ({e}); the pure-PyTorch path runs instead",
+                      PerformanceWarning, stacklevel=3)
+        return {"lib": None, "why": f"build failed: {e}"}
+
+
+def status() -> str:
+    """Which CPU decode path runs: the compiled kernel, or the PyTorch path and why."""
+    lib = library()
+    return "compiled C++ kernel" if lib is not None else f"pure PyTorch ({_state['why']})"

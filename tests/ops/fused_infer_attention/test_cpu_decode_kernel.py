@@ -1,0 +1,125 @@
+"""The compiled CPU decode kernel (``attnops._core.cpu_kernels``) against the fp64 golden: fp32/fp16/bf16 and int8
+KV (per-channel, per-token and page-managed antiquant, with offsets), dense and shuffled paged caches, head dims
+that are not multiples of the vector width, GQA and several query rows; each test asserts the kernel ran. Results
+are bitwise the same on 1 and 2 threads; a failed build warns and leaves every call to the PyTorch path."""
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+import attnops
+from attnops._core import cpu_kernels
+from attnops._core.errors import PerformanceWarning
+from attnops.ops.fused_infer_attention import decode, fused_decode
+from tests.helpers import randn
+from tests.ops.fused_infer_attention.fia_helpers import check_fia, make_inputs, randint8, to_paged
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+needs_kernel = pytest.mark.skipif(cpu_kernels.library() is None, reason=f"CPU decode: {cpu_kernels.status()}")
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The number of chunks the kernel computed (a list holding one count)."""
+    count = [0]
+    real = fused_decode.partial
+
+    def counted(*args):
+        count[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(fused_decode, "partial", counted)
+    return count
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+@pytest.mark.parametrize("d,dv", [(32, 32), (20, 12)])
+@pytest.mark.parametrize("sq", [1, 3])
+@pytest.mark.parametrize("paged", [False, True])
+def test_float_kv(kernel_calls, dtype, d, dv, sq, paged):
+    b, n, nkv, bs, lens = 2, 8, 2, 16, [70, 33]
+    q, k, v = make_inputs("BNSD", b=b, n=n, nkv=nkv, sq=sq, skv=70, d=d, dv=dv, dtype=dtype)
+    kw = dict(actual_seq_lengths_kv=lens, num_heads=n, num_key_value_heads=nkv, scale_value=d ** -0.5,
+              input_layout="BNSD", softmax_lse_flag=True)
+    if paged:
+        k, bt = to_paged(k, lens, bs, seed=4)
+        v, _ = to_paged(v, lens, bs, seed=4)
+        kw.update(block_table=bt, block_size=bs)
+    check_fia(q, k, v, via="api", **kw)
+    assert kernel_calls[0] > 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("kmode,vmode", [(0, 0), (1, 1), (5, 5), (0, 1)])
+def test_int8_kv(kernel_calls, kmode, vmode):
+    b, n, nkv, d, bs, lens = 2, 4, 2, 32, 16, [70, 33]
+    q = randn(b, n, 1, d, dtype=F16, seed=1)
+    k, v = randint8(b, nkv, 70, d, seed=2), randint8(b, nkv, 70, d, seed=3)
+    kc, bt = to_paged(k, lens, bs, cache_layout="BNSD", seed=4)
+    vc, _ = to_paged(v, lens, bs, cache_layout="BNSD", seed=4)
+    g = torch.Generator().manual_seed(6)
+    shapes = {0: ((nkv, d), F16), 1: ((b, 80), F32), 5: ((kc.shape[0], nkv, bs), F32)}
+    p = {}
+    for name, mode in (("key", kmode), ("value", vmode)):
+        shape, pdt = shapes[mode]
+        p[f"{name}_antiquant_scale"] = (torch.rand(shape, generator=g) * 0.02 + 0.005).to(pdt)
+        p[f"{name}_antiquant_offset"] = (torch.randn(shape, generator=g) * 4).to(pdt)
+    check_fia(q, kc, vc, via="api", **p, key_antiquant_mode=kmode, value_antiquant_mode=vmode, block_table=bt,
+              block_size=bs, actual_seq_lengths_kv=lens, num_heads=n, num_key_value_heads=nkv, scale_value=0.25,
+              input_layout="BNSD", softmax_lse_flag=True)
+    assert kernel_calls[0] > 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+def test_same_bits_on_one_and_two_threads(kernel_calls, monkeypatch, dtype):
+    monkeypatch.setattr(decode, "CHUNK_TOKENS", 256)
+    q, k, v = make_inputs("BNSD", b=2, n=8, nkv=2, sq=1, skv=1500, d=64, dtype=dtype)
+    kw = dict(num_key_value_heads=2, layout="BNSD", return_lse=True, actual_seq_lengths_kv=[1500, 999])
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(attnops.fused_infer_attention(q, k, v, **kw))
+    finally:
+        torch.set_num_threads(threads)
+    assert kernel_calls[0] >= 2 * (6 + 4)
+    for a, b in zip(results[0], results[1]):
+        assert torch.equal(a, b)
+
+
+def test_a_failed_build_warns_and_the_pytorch_path_serves(monkeypatch, tmp_path, kernel_calls):
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("ATTNOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    with pytest.warns(PerformanceWarning, match="could not be built"):
+        assert cpu_kernels.library() is None
+    assert cpu_kernels.status().startswith("pure PyTorch (build failed")
+    q, k, v = make_inputs("BNSD", b=2, n=4, nkv=2, sq=1, skv=40, d=16, dtype=F16)
+    check_fia(q, k, v, via="api", num_heads=4, num_key_value_heads=2, input_layout="BNSD", softmax_lse_flag=True)
+    assert kernel_calls[0] == 0
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("ATTNOPS_CPU_KERNELS", "0")
+    assert cpu_kernels.library() is None
+    assert cpu_kernels.status() == "pure PyTorch (disabled by ATTNOPS_CPU_KERNELS=0)"
+
+
+@needs_kernel
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 targets")
+@pytest.mark.parametrize("arch", ["x86-64", "haswell"])  # plain loops; AVX2 without AVX-512
+def test_other_instruction_sets(monkeypatch, tmp_path, kernel_calls, arch):
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("ATTNOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTNOPS_CPU_ARCH", arch)
+    assert cpu_kernels.library() is not None
+    q, k, v = make_inputs("BNSD", b=2, n=4, nkv=2, sq=2, skv=40, d=20, dtype=BF16)
+    check_fia(q, k, v, via="api", num_heads=4, num_key_value_heads=2, input_layout="BNSD", softmax_lse_flag=True)
+    test_int8_kv(kernel_calls, 1, 1)
+    assert kernel_calls[0] > 0
