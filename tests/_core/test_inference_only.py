@@ -227,8 +227,8 @@ def test_inference_only_backward_op_raises_and_has_a_fake_kernel():
 
 
 def _op_args(op, **values) -> tuple:
-    """The custom op's arguments in schema order: ``values`` by name, None for the rest (its optional tensors)."""
-    return tuple(values.get(a.name) for a in op._schema.arguments)
+    """The custom op's arguments in schema order: ``values`` by name, the schema's default or None for the rest."""
+    return tuple(values.get(a.name, a.default_value if a.has_default_value() else None) for a in op._schema.arguments)
 
 
 @pytest.mark.parametrize("name", ["fused_infer_attention", "nsa_selected_attention_infer",
