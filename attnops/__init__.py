@@ -6,7 +6,8 @@ Three dialects share one core: this Pythonic API, :mod:`attnops.aclnn` (the seed
 from . import nn, testing
 from ._core.errors import (AclnnError, InferenceOnlyError, ParamDtypeError, ParamInvalidError, ParamNullptrError,
                            PerformanceWarning)
-from .ops.dsa import LightningIndexerResult, SparseAttentionResult, lightning_indexer, sparse_flash_attention
+from .ops.dsa import (LightningIndexerResult, SparseAttentionResult, lightning_indexer, lightning_indexer_kl_loss,
+                      sparse_flash_attention)
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
 from .ops.fused_infer_attention import (FusedInferAttentionPlan, FusedInferAttentionResult, PagedKVCache,
                                         fused_infer_attention, fused_infer_attention_plan)
@@ -41,6 +42,7 @@ __all__ = [
     "fused_infer_attention",
     "fused_infer_attention_plan",
     "lightning_indexer",
+    "lightning_indexer_kl_loss",
     "native_sparse_attention",
     "nsa_compress",
     "nsa_compress_attention",

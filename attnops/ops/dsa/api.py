@@ -93,3 +93,39 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
                      block_table, _lengths(actual_seq_lengths_query), _lengths(actual_seq_lengths_kv),
                      softmax_scale(scale, query, d), sparse_block_size, layout, layout_kv or layout, sparse_mode)
     return SparseAttentionResult(out, m, l)
+
+
+class _IndexerKLLoss(torch.autograd.Function):
+    """The loss from the fused op, whose gradients (computed with it) are scaled by the upstream gradient."""
+
+    @staticmethod
+    def forward(ctx, query_index, key_index, weights, args):
+        d_qi, d_ki, d_w, loss = call(_op().dsa_indexer_kl_loss_grad, *args)
+        ctx.save_for_backward(d_qi, d_ki, d_w)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        d_qi, d_ki, d_w = ctx.saved_tensors
+        g = grad_loss.reshape(())
+        return (d_qi * g.to(d_qi.dtype), d_ki * g.to(d_ki.dtype), d_w * g.to(d_w.dtype), None)
+
+
+def lightning_indexer_kl_loss(query: Tensor, key: Tensor, query_index: Tensor, key_index: Tensor, weights: Tensor,
+                              sparse_indices: Tensor, softmax_max: Tensor, softmax_sum: Tensor, *, scale: float,
+                              query_rope: Tensor | None = None, key_rope: Tensor | None = None,
+                              layout: QueryLayout = "BSND", actual_seq_lengths_query=None,
+                              actual_seq_lengths_key=None) -> Tensor:
+    """The DSA indexer's training loss ``sum_t KL(P_t || softmax(I_t))`` (fp32 ``[1]``): ``P`` is the main sparse
+    attention's head-averaged distribution over the selected keys (from its ``softmax_max``/``softmax_sum``,
+    :func:`sparse_flash_attention`'s statistics with the same indices and ``scale``), ``I`` the indexer's scores.
+    Differentiable in ``query_index``, ``key_index`` and ``weights`` (the gradients come from the fused backward op,
+    computed with the loss); the main attention's tensors get no gradient. Causal (mode 3); lengths: TND only,
+    cumulative lists."""
+    args = (query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum, query_rope,
+            key_rope, float(scale), _int_list(actual_seq_lengths_query), _int_list(actual_seq_lengths_key), layout, 3)
+    return _IndexerKLLoss.apply(query_index, key_index, weights, args)
+
+
+def _int_list(x) -> list[int] | None:
+    return [int(v) for v in (x.tolist() if isinstance(x, Tensor) else x)] if x is not None else None

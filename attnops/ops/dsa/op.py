@@ -15,7 +15,8 @@ from torch import Tensor
 from ..._core.custom_ops import call, register_dry_run_meta
 from . import backends
 from .quant_cache import NOPE_DIM
-from .validate import indexer_problem, kl_loss_problem, sparse_attention_problem, stats_shape
+from .validate import (indexer_problem, kl_loss_problem, quant_sparse_attention_problem, sparse_attention_problem,
+                       stats_shape)
 
 DEVICE_TYPES = ("cpu", "cuda")
 
@@ -146,12 +147,11 @@ def dsa_kv_quant_sparse_flash_attention(query: Tensor, key: Tensor, value: Tenso
                                         actual_seq_lengths_kv: Optional[Tensor], scale_value: float,
                                         sparse_block_size: int, layout_query: str, layout_kv: str, sparse_mode: int,
                                         rope_head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
-    d = query.shape[-1] - rope_head_dim
-    problem = sparse_attention_problem(
-        query[..., :d], key, key, sparse_indices, query_rope=None, key_rope=None, sinks=sinks,
-        block_table=block_table, actual_seq_lengths_query=actual_seq_lengths_query,
-        actual_seq_lengths_kv=actual_seq_lengths_kv, layout_query=layout_query, layout_kv=layout_kv,
-        sparse_mode=sparse_mode, sparse_block_size=sparse_block_size)
+    problem = quant_sparse_attention_problem(
+        query, key, value, sparse_indices, sinks=sinks, block_table=block_table,
+        actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_kv=actual_seq_lengths_kv,
+        layout_query=layout_query, layout_kv=layout_kv, sparse_mode=sparse_mode, sparse_block_size=sparse_block_size,
+        rope_head_dim=rope_head_dim)
     out, m, l = backends.quant_sparse_attention(problem, query, key, value, sparse_indices, sinks, scale_value,
                                                 sparse_block_size, rope_head_dim)
     shape = stats_shape(query, layout_query)

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..._core.checks import check_int, check_same_device, check_tensor, require
 from .problem import INDEX_DTYPES, Problem, build_problem
+from .quant_cache import CODE_DTYPES, NOPE_DIM, ROPE_DIM, ROW_BYTES
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SPARSE_COUNTS_MAX = 8192
@@ -67,15 +68,46 @@ def sparse_attention_problem(query: Tensor, key: Tensor, value: Tensor, sparse_i
     require(tuple(value.shape[:-1]) == tuple(key.shape[:-1]), "value", f"key's shape but D ({list(key.shape)})",
             value)
     check_sparse_indices(sparse_indices, query)
+    _check_block(sparse_block_size, key, layout_kv)
+    _check_rope(query, key, query_rope, key_rope)
+    _check_sinks(sinks, query)
+    return problem
+
+
+def _check_block(sparse_block_size: int, key: Tensor, layout_kv: str) -> None:
     block = check_int("sparse_block_size", sparse_block_size, lo=1, hi=128)
     require(block & (block - 1) == 0, "sparse_block_size", "a power of two in [1, 128]", block)
     if layout_kv == "PA_BSND":
         require(key.shape[1] % block == 0, "sparse_block_size", f"a divisor of the cache's block_size {key.shape[1]}",
                 block)
-    _check_rope(query, key, query_rope, key_rope)
+
+
+def _check_sinks(sinks: Tensor | None, query: Tensor) -> None:
     if sinks is not None:
-        _check_like("sinks", sinks, (query.shape[-2],), None, "one sink logit per query head")
         check_tensor("sinks", sinks, dtypes=(torch.float32, torch.float64))
+        _check_like("sinks", sinks, (query.shape[-2],), None, "one sink logit per query head")
+
+
+def quant_sparse_attention_problem(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *, sinks,
+                                   block_table, actual_seq_lengths_query, actual_seq_lengths_kv, layout_query: str,
+                                   layout_kv: str, sparse_mode: int, sparse_block_size: int,
+                                   rope_head_dim: int) -> Problem:
+    """A call over the packed cache: query ``[.., N1, 512 + 64]``, key ``[.., 1, 656]`` int8 / fp8 rows."""
+    check_same_device("query", query, key=key, value=value, sparse_indices=sparse_indices, sinks=sinks,
+                      block_table=block_table)
+    require(rope_head_dim == ROPE_DIM, "rope_head_dim", str(ROPE_DIM), rope_head_dim)
+    check_tensor("query", query, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    require(query.shape[-1] == NOPE_DIM + ROPE_DIM, "query", f"head dim {NOPE_DIM + ROPE_DIM} (nope | rope)", query)
+    check_tensor("key", key, dtypes=CODE_DTYPES)
+    require(key.shape[-1] == ROW_BYTES, "key", f"packed rows of {ROW_BYTES} bytes (last dim)", key)
+    check_tensor("value", value, dtypes=(key.dtype,))
+    problem = build_problem(query, key, layout_query=layout_query, layout_key=layout_kv, sparse_mode=sparse_mode,
+                            actual_seq_lengths_query=actual_seq_lengths_query,
+                            actual_seq_lengths_key=actual_seq_lengths_kv, block_table=block_table,
+                            key_lengths_name="actual_seq_lengths_kv")
+    check_sparse_indices(sparse_indices, query)
+    _check_block(sparse_block_size, key, layout_kv)
+    _check_sinks(sinks, query)
     return problem
 
 
