@@ -148,8 +148,8 @@ def sparse_attention_backward(problem: Problem, grad: Tensor, query: Tensor, key
         else:
             dv.index_add_(0, index, pv)
 
-    def shaped(x, like):
-        return None if like is None else x.reshape(like.shape).to(like.dtype)
+    def shaped(x, like):  # own memory: the parts of dqk / dkk must not alias each other
+        return None if like is None else x.contiguous().reshape(like.shape).to(like.dtype)
 
     return (shaped(dqk[..., :d], query), shaped(dkk[:, :d], key),
             torch.zeros_like(value) if dv is None else shaped(dv, value), shaped(dqk[..., d:], query_rope),

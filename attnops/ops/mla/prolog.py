@@ -101,5 +101,5 @@ def mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gamma
         data = rows[:, None].expand(-1, heads, -1).to(cache.dtype)
         write_rows(cache, data, slots, nz=nz, block_size=block)
     out = token_x.dtype
-    return (query.to(out).view(*lead, n, hckv), query_rope.to(out).view(*lead, n, -1),
-            c_q.to(out).view(*lead, -1))
+    return (query.to(out).contiguous().view(*lead, n, hckv), query_rope.to(out).contiguous().view(*lead, n, -1),
+            c_q.to(out).contiguous().view(*lead, -1))
