@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..._core.workspace import Buffers
 from .problem import Problem, compute_dtype, flat_key, flat_query, row_chunks
 
 
@@ -36,29 +37,39 @@ def selected_positions(indices: Tensor, limit: Tensor, block: int) -> tuple[Tens
 
 class _Gathered:
     """A chunk's inputs in the compute dtype: queries ``qk [C, N1, D + Dr]`` (nope | rope), the selected key rows
-    ``kk [C, P, D + Dr]``, value rows ``v [C, P, Dv]`` (a view of ``kk`` when value is key) and the mask."""
+    ``kk [C, P, D + Dr]``, value rows ``v [C, P, Dv]`` (a view of ``kk`` when value is key) and the mask. With
+    ``buffers`` the gathered rows and the logits go to reused workspaces (fresh tens-of-MB tensors per chunk cost
+    page faults that can exceed the gather itself)."""
 
-    def __init__(self, problem: Problem, lo: int, hi: int, t: dict, block: int, dt: torch.dtype):
+    def __init__(self, problem: Problem, lo: int, hi: int, t: dict, block: int, dt: torch.dtype,
+                 buffers: Buffers | None = None):
         rows = problem.rows
         pos, self.mask = selected_positions(t["indices"][lo:hi], rows.limit[lo:hi], block)
         self.flat = problem.keys.flat(rows.batch[lo:hi, None], pos)
+        self.buffers = buffers
         index = self.flat.reshape(-1)
         c, p = self.flat.shape
 
-        def rows_of(x):
-            return x.index_select(0, index).to(dt).view(c, p, -1)
+        def rows_of(x, name):
+            if buffers is None or x.dtype != dt:
+                return x.index_select(0, index).to(dt).view(c, p, -1)
+            return torch.index_select(x, 0, index, out=buffers.get(name, c * p, x.shape[-1])).view(c, p, -1)
 
         q = t["q"][lo:hi].to(dt)
         self.qk = q if t["q_rope"] is None else torch.cat([q, t["q_rope"][lo:hi].to(dt)], -1)
         if t["kk"] is not None or t["k_rope"] is None:
-            self.kk = rows_of(t["k"] if t["kk"] is None else t["kk"])
+            self.kk = rows_of(t["k"] if t["kk"] is None else t["kk"], "kk")
         else:
-            self.kk = torch.cat([rows_of(t["k"]), rows_of(t["k_rope"])], -1)
-        self.v = self.kk[..., :t["v"].shape[-1]] if t["v"] is t["k"] else rows_of(t["v"])
+            self.kk = torch.cat([rows_of(t["k"], "k"), rows_of(t["k_rope"], "k_rope")], -1)
+        self.v = self.kk[..., :t["v"].shape[-1]] if t["v"] is t["k"] else rows_of(t["v"], "v")
 
     def logits(self, scale: float) -> Tensor:
         """``[C, N1, P]`` scaled logits, ``-inf`` where the mask is off."""
-        s = torch.bmm(self.qk * scale, self.kk.transpose(1, 2))
+        qk, kk = self.qk * scale, self.kk.transpose(1, 2)
+        if self.buffers is None:
+            s = torch.bmm(qk, kk)
+        else:
+            s = torch.bmm(qk, kk, out=self.buffers.get("logits", qk.shape[0], qk.shape[1], kk.shape[2]))
         if not bool(self.mask.all()):
             s.masked_fill_(~self.mask[:, None, :], float("-inf"))
         return s
@@ -99,8 +110,9 @@ def sparse_attention_forward(problem: Problem, query: Tensor, key: Tensor, value
     row_max = torch.zeros(total, heads, dtype=dt)
     row_sum = torch.zeros(total, heads, dtype=dt)
     sink = None if sinks is None else sinks.to(dt)
+    buffers = Buffers.acquire(dt, "cpu")
     for _, lo, hi in row_chunks(problem, _bytes_per_row(t, heads, block)):
-        g = _Gathered(problem, lo, hi, t, block, dt)
+        g = _Gathered(problem, lo, hi, t, block, dt, buffers)
         p = g.logits(scale)
         m = p.amax(-1)
         if sink is not None:
@@ -110,8 +122,9 @@ def sparse_attention_forward(problem: Problem, query: Tensor, key: Tensor, value
         l = p.sum(-1)
         if sink is not None:
             l += torch.exp(sink - m)
-        out[lo:hi] = torch.bmm(p, g.v).div_(l.clamp_min(torch.finfo(dt).tiny)[..., None])  # empty rows: 0 / tiny
+        torch.bmm(p, g.v, out=out[lo:hi]).div_(l.clamp_min(torch.finfo(dt).tiny)[..., None])  # empty rows: 0/tiny
         row_max[lo:hi], row_sum[lo:hi] = m, l
+    buffers.release()
     return out.to(query.dtype), row_max, row_sum
 
 
