@@ -55,6 +55,10 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
         return nsa_decode.decode_inputs(case, device, seed)
     if case.op == "host_overhead":
         return _host_overhead().host_inputs(case, device, seed)
+    if case.op in ("dsa_sparse", "dsa_indexer"):
+        from . import dsa
+
+        return dsa.dsa_inputs(case, device, seed)
     if case.op != "flash_attention":
         from . import sparse_infer
 
@@ -147,6 +151,10 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
 
     if case.op == "host_overhead":
         return _host_overhead().build_host(case, inp, device)
+    if case.op in ("dsa_sparse", "dsa_indexer"):
+        from . import dsa
+
+        return dsa.build_dsa(case, inp, device)
     if case.op in ("nsa_decode", "nsa_prefill_decode"):
         from . import nsa_decode
 
