@@ -65,17 +65,18 @@ def _runs(key: Tensor, value: Tensor, tables: Tensor, heads: Tensor, starts: Ten
     lengths = hi - lo
     cols += [zero + 1, lengths]
     cols += [zero] * (_RUN_FIELDS - len(cols))  # no per-token antiquant
-    runs = torch.stack(cols, -1)[keep]
+    # index_select: a mask or an index tensor in [] takes milliseconds here (an OpenMP region on two threads)
+    runs = torch.stack(cols, -1).flatten(0, 1).index_select(0, keep.flatten().nonzero().squeeze(1))
     return runs, keep.sum(1).tolist(), (lengths * keep).sum(1).tolist()
 
 
 def _each_job(runs: Tensor, counts: list[int], tokens: list[int], fn) -> None:
-    """``fn(j, runs of job j, its tokens)`` for every job with tokens, on the workers."""
+    """``fn(j, runs of job j, its tokens)`` for every job, on the workers (outputs are allocated empty and written
+    there: a fill on the calling thread would start an OpenMP region, see :mod:`attnops._core.parallel`)."""
     offsets = [0]
     for c in counts:
         offsets.append(offsets[-1] + c)
-    jobs = [j for j, n in enumerate(tokens) if n > 0]
-    run_jobs(lambda j: fn(j, runs[offsets[j]:offsets[j + 1]], tokens[j]), jobs, runs.device)
+    run_jobs(lambda j: fn(j, runs[offsets[j]:offsets[j + 1]], tokens[j]), range(len(tokens)), runs.device)
 
 
 def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, starts: Tensor,
@@ -83,12 +84,15 @@ def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, b
     """``attention_out [B, N1, Dv]`` fp32 of every KV head's group over its key ranges ``[starts, ends)``
     ``[B, N2, C]`` (0 where a head has none)."""
     batch, n2, g = kv.batch, kv.n2, kv.n1 // kv.n2
-    runs, counts, tokens = _runs(key, value, block_table.repeat_interleave(n2, 0), torch.arange(n2).repeat(batch),
+    runs, counts, tokens = _runs(key, value, block_table.unsqueeze(1).expand(-1, n2, -1).flatten(0, 1), torch.arange(n2).repeat(batch),
                                  starts.flatten(0, 1), ends.flatten(0, 1))
     q = query.to(F32).mul(kv.scale).view(batch * n2, 1, g, -1)
-    out = torch.zeros(batch * n2, g, kv.dv, dtype=F32)
+    out = torch.empty(batch * n2, g, kv.dv, dtype=F32)
 
     def job(j: int, job_runs: Tensor, n: int) -> None:
+        if n == 0:
+            out[j].zero_()
+            return
         _, total, o = cpu_kernels.decode_chunk(q[j], job_runs, n, (key.dtype, value.dtype), kv.dv)
         torch.div(o[0], total[0].unsqueeze(-1), out=out[j])
 
@@ -99,21 +103,21 @@ def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, b
 def compress_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor,
                        block_table: Tensor) -> tuple[Tensor, list[Tensor]]:
     """``(attention_out [B, N1, Dv] fp32, per request the probabilities [N1, S2_b] fp32)`` over every request's
-    ``S2_b`` compressed keys."""
+    ``S2_b >= 1`` compressed keys."""
     batch, n2, g = kv.batch, kv.n2, kv.n1 // kv.n2
     lens = torch.tensor(kv.kv_lens, dtype=torch.int64).unsqueeze(-1)
     runs, counts, tokens = _runs(key, value, block_table, torch.zeros(batch, dtype=torch.int64),
                                  torch.zeros_like(lens), lens)
     q = query.to(F32).mul(kv.scale).view(batch, n2, g, -1)
-    out = torch.zeros(batch, kv.n1, kv.dv, dtype=F32)
-    probs = [torch.zeros(kv.n1, n, dtype=F32) for n in kv.kv_lens]
+    out = torch.empty(batch, kv.n1, kv.dv, dtype=F32)
+    probs: list = [None] * batch
 
-    def job(b: int, job_runs: Tensor, n: int) -> None:
+    def job(b: int, job_runs: Tensor, n: int) -> None:  # n >= 1 (checked)
         _, total, o, p = cpu_kernels.decode_chunk(q[b], job_runs, n, (key.dtype, value.dtype), kv.dv,
                                                   probabilities=True)
         total = total.unsqueeze(-1)
         torch.div(o, total, out=out[b].view(n2, g, kv.dv))
-        torch.div(p, total, out=probs[b].view(n2, g, n))
+        probs[b] = (p / total).view(kv.n1, n)
 
     _each_job(runs, counts, tokens, job)
     return out, probs

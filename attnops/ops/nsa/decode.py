@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..._core.checks import check_int, check_scale, check_tensor, fail, int_list, require
 from ..._core.npu_rounding import NpuRounding, cast_output, npu_rounding, rounded_softmax
+from ..._core.parallel import run_jobs
 from ..flash_attention.reference import compute_dtype
 from . import cpu_decode
 from .compress import NSA_DTYPES
@@ -248,8 +249,7 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Ten
     else:
         out, probs = _compress_attention(kv, query, key, value, block_table)
     topk = torch.zeros(kv.batch, kv.n2, sel.count, dtype=torch.int32, device=query.device)
-    for b, p in enumerate(probs):
-        topk[b] = _next_blocks(kv, sel, p, query.device)
+    run_jobs(lambda b: topk[b].copy_(_next_blocks(kv, sel, probs[b], query.device)), range(kv.batch), query.device)
     return cast_output(kv.rounding, out, query.dtype), topk
 
 
