@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 F32 = torch.float32
 _RUN_FIELDS = 20  # int64 fields of decode.cpp's Run
+TASKS_PER_THREAD = 4  # worker tasks per thread (each a few kernel calls: one call is ~0.1 ms at 1024 tokens)
 
 
 def unsupported(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor) -> str | None:
@@ -76,7 +77,13 @@ def _each_job(runs: Tensor, counts: list[int], tokens: list[int], fn) -> None:
     offsets = [0]
     for c in counts:
         offsets.append(offsets[-1] + c)
-    run_jobs(lambda j: fn(j, runs[offsets[j]:offsets[j + 1]], tokens[j]), range(len(tokens)), runs.device)
+    per_task = -(-len(tokens) // (TASKS_PER_THREAD * torch.get_num_threads()))  # consecutive jobs per worker task
+
+    def task(first: int) -> None:
+        for j in range(first, min(first + per_task, len(tokens))):
+            fn(j, runs[offsets[j]:offsets[j + 1]], tokens[j])
+
+    run_jobs(task, range(0, len(tokens), per_task), runs.device)
 
 
 def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, starts: Tensor,
