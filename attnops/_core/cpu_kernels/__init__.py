@@ -5,7 +5,8 @@ The sources ship in this package. The first call builds a shared library into a 
 moved installation never loads a stale one), for the CPU it runs on (``-march=native``; ``ATTNOPS_CPU_ARCH`` names
 another target) and later calls load it. The kernels take raw pointers and
 strides, need no PyTorch headers (a build takes about two seconds) and run inside :func:`attnops._core.parallel.
-run_jobs` workers (:mod:`ctypes` releases the GIL for the call).
+run_jobs` workers (:mod:`ctypes` releases the GIL for the call). :func:`decode_chunk` is the one Python entry to
+the decode kernel (FIA decode and the NSA decode operators call it).
 
 Without a compiler, when the build fails, or with ``ATTNOPS_CPU_KERNELS=0``, :func:`library` returns None once
 (with a warning naming the reason when a build was tried) and callers run the pure-PyTorch path;

@@ -77,7 +77,7 @@ def _each_job(runs: Tensor, counts: list[int], tokens: list[int], fn) -> None:
     offsets = [0]
     for c in counts:
         offsets.append(offsets[-1] + c)
-    per_task = -(-len(tokens) // (TASKS_PER_THREAD * torch.get_num_threads()))  # consecutive jobs per worker task
+    per_task = max(1, -(-len(tokens) // (TASKS_PER_THREAD * torch.get_num_threads())))  # consecutive jobs a task runs
 
     def task(first: int) -> None:
         for j in range(first, min(first + per_task, len(tokens))):
@@ -91,8 +91,9 @@ def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, b
     """``attention_out [B, N1, Dv]`` fp32 of every KV head's group over its key ranges ``[starts, ends)``
     ``[B, N2, C]`` (0 where a head has none)."""
     batch, n2, g = kv.batch, kv.n2, kv.n1 // kv.n2
-    runs, counts, tokens = _runs(key, value, block_table.unsqueeze(1).expand(-1, n2, -1).flatten(0, 1), torch.arange(n2).repeat(batch),
-                                 starts.flatten(0, 1), ends.flatten(0, 1))
+    tables = block_table.unsqueeze(1).expand(-1, n2, -1).flatten(0, 1)  # job b * N2 + h: request b, KV head h
+    runs, counts, tokens = _runs(key, value, tables, torch.arange(n2).repeat(batch), starts.flatten(0, 1),
+                                 ends.flatten(0, 1))
     q = query.to(F32).mul(kv.scale).view(batch * n2, 1, g, -1)
     out = torch.empty(batch * n2, g, kv.dv, dtype=F32)
 
