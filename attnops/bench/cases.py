@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 MODES = ("fwd", "bwd", "fwd+bwd")
+NSA_INFER_OPS = ("nsa_selected_infer", "nsa_compress_infer")  # the NSA decode operators alone
 BWD_FACTOR = 2.5
 
 
@@ -52,6 +53,12 @@ class Case:
             return [(s, s) for s in self.seq_lens]
         return [(self.sq, self.skv)] * self.batch
 
+    def decode_keys(self) -> int:
+        """Keys (and values) an NSA decode operator reads per request and KV head: the selected blocks, or the
+        compressed keys of ``skv`` tokens."""
+        p = self.params
+        return p["count"] * p["block"] if self.op == "nsa_selected_infer" else self.skv // p["stride"]
+
     def kept_pairs(self) -> int:
         """Number of (query, key) pairs the mask keeps, summed over batches (causal is top-left aligned)."""
         if self.op == "nsa_selected":  # every query attends to count*block selected keys (causal masking ignored)
@@ -63,6 +70,8 @@ class Case:
             p = self.params
             return sum(s * (p["count"] * p["block"] + p["window"]) + s * s // (2 * p["stride"])
                        for s in self.seq_lens)
+        if self.op in NSA_INFER_OPS:  # one query per request
+            return self.batch * self.decode_keys()
         if self.op in ("nsa_decode", "nsa_prefill_decode"):  # the new tokens' selected, window and compressed keys
             p = self.params
             decode = self.op == "nsa_decode"
@@ -360,18 +369,27 @@ def _nsa_decode_cases() -> tuple[Case, ...]:
                   baselines=("nsa-recompute",), **shape)
     memory = tuple(Case(name=f"nsa-module-prefill-decode-t{t}-n8-kvn2-d64-fp32", op="nsa_prefill_decode", skv=t,
                         baselines=(), track_memory=True, **shape) for t in (2048, 4096, 8192, 16384))
-    return (decode, *memory)
+    infer = tuple(Case(name=f"nsa-{op[4:-6]}-infer-b8-t{skv}-n32-kvn8-d128-{tag}", op=op, batch=8, heads=32,
+                       kv_heads=8, d=128, dv=128, sq=1, skv=skv, dtype=dtype, baselines=("read-bandwidth",),
+                       params={"block": 64, "count": 16, "stride": 16})
+                  for op, skv in (("nsa_selected_infer", 16384), ("nsa_compress_infer", 32768))
+                  for dtype, tag in (("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16")))
+    return (decode, *memory, *infer)
 
 
 register_suite(Suite(
     name="nsa-cpu-decode",
     description="NSA module decoding on the CPU: one token at context 16k with NSACache vs recomputing the layer; "
-                "prefill+decode memory",
+                "prefill+decode memory; the decode operators vs the read bandwidth",
     details="attnops.nn.NativeSparseAttention(hidden 512, N1=8, N2=2, D=64, compression 32/16, selection 64 x 16, "
             "window 512), fp32, B=1. nsa-module-decode: one token appended to a cache prefilled with 16384 tokens "
             "(each timed call on a fresh copy); baseline nsa-recompute: the module's forward over all 16385 tokens, "
             "its last output compared. nsa-module-prefill-decode: a fresh cache, prefill of T-16 tokens in chunks of "
-            "1024, 16 decode steps; time and peak resident memory",
+            "1024, 16 decode steps; time and peak resident memory. nsa-selected-infer / nsa-compress-infer: "
+            "the decode operators alone, B=8, N1=32, N2=8, D=128, paged caches in shuffled 64-token pages: 16 selected "
+            "blocks of 64 per request and KV head out of 16384 keys, or 2048 compressed keys (32768 tokens, stride "
+            "16); ratio read-bandwidth/attnops = the fraction of the read bandwidth (torch.sum over as many bytes as "
+            "the keys and values read, measured in the same run)",
     cases=_nsa_decode_cases(), device="cpu", repeat=2, warmup=1))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .._core.dropout import pack_bits
-from .cases import Case
+from .cases import NSA_INFER_OPS, Case
 
 CAUSAL_MASK_SIZE = 2048  # CANN's compressed causal mask for sparse_mode 2
 
@@ -53,6 +53,8 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
         from . import nsa_decode
 
         return nsa_decode.decode_inputs(case, device, seed)
+    if case.op in NSA_INFER_OPS:
+        return _nsa_decode().infer_inputs(case, device, seed)
     if case.op == "host_overhead":
         return _host_overhead().host_inputs(case, device, seed)
     if case.op in ("dsa_sparse", "dsa_indexer"):
@@ -160,6 +162,8 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
 
         return (nsa_decode.build_decode if case.op == "nsa_decode" else nsa_decode.build_prefill_decode)(
             case, inp, device)
+    if case.op in NSA_INFER_OPS:
+        return _nsa_decode().build_infer(case, inp, device)
     if case.op != "flash_attention":
         from . import sparse_infer
 

@@ -6,6 +6,10 @@ part of the inputs, untimed; before every timed call the cache is truncated back
 its last output compared. ``nsa_prefill_decode``: a fresh cache, a prefill of ``skv - params["steps"]`` tokens in
 chunks of ``params["chunk"]``, then ``params["steps"]`` tokens one at a time (time and peak memory, which grows
 linearly with the context; the cache's bytes per token are in :func:`cache_bytes_per_token`).
+
+``nsa_selected_infer`` / ``nsa_compress_infer``: the decode operators alone (``attnops.nsa_selected_attention_infer``,
+``attnops.nsa_compress_attention_infer``) on paged caches in shuffled pages of ``params["block"]`` tokens, beside the
+read bandwidth over the bytes they read (:meth:`Case.decode_keys` keys and values per request and KV head).
 """
 from __future__ import annotations
 
@@ -97,3 +101,42 @@ def cache_bytes_per_token(case: Case, device: torch.device = torch.device("cpu")
         cache = m.new_cache(case.batch, max_seq_len=case.skv)
         m(x, cache=cache)
     return cache.nbytes() / (case.batch * case.skv)
+
+
+def infer_inputs(case: Case, device: torch.device, seed: int):
+    """``query [B, N1, D]`` and paged caches (pages of ``params["block"]`` tokens, shuffled) holding every request's
+    ``skv`` keys (selected) or ``skv // stride`` compressed keys; ``nsa_selected_infer`` also gets ``count``
+    distinct random blocks per request and KV head."""
+    from .impls import Inputs
+
+    p, b, kvn = case.params, case.batch, case.kv_heads
+    gen = torch.Generator().manual_seed(seed)
+    dt = getattr(torch, case.dtype)
+    page = p["block"]
+    tokens = case.skv if case.op == "nsa_selected_infer" else case.skv // p["stride"]
+    per_seq = tokens // page
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dt)
+
+    kw = {"table": torch.randperm(b * per_seq, generator=gen).view(b, per_seq).to(device=device, dtype=torch.int32),
+          "lens": [tokens] * b}
+    if case.op == "nsa_selected_infer":
+        kw["topk"] = torch.stack([torch.randperm(per_seq, generator=gen)[:p["count"]] for _ in range(b * kvn)]).view(
+            b, kvn, p["count"]).to(device=device, dtype=torch.int32)
+    return Inputs(randn(b, case.heads, case.d), randn(b * per_seq, page, kvn, case.d),
+                  randn(b * per_seq, page, kvn, case.dv), None, kw, case.d ** -0.5)
+
+
+def build_infer(case: Case, inp, device):
+    import attnops
+
+    from .impls import Runnable
+
+    p, kw = case.params, inp.kwargs
+    if case.op == "nsa_selected_infer":
+        return Runnable(lambda: attnops.nsa_selected_attention_infer(inp.q, inp.k, inp.v, kw["topk"], kw["table"],
+                                                                     kw["lens"], select_block_size=p["block"]))
+    return Runnable(lambda: attnops.nsa_compress_attention_infer(
+        inp.q, inp.k, inp.v, kw["table"], kw["lens"], compress_block_size=2 * p["stride"],
+        compress_stride=p["stride"], select_block_size=p["block"], select_block_count=p["count"]))

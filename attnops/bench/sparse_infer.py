@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .cases import Case
+from .cases import NSA_INFER_OPS, Case
 
 
 def _randn(gen, *shape, dtype, device):
@@ -124,9 +124,10 @@ def fia_inputs(case: Case, device: torch.device, seed: int):
 
 
 def kv_bytes(case: Case) -> int:
-    """Bytes of K and V a decode call reads."""
+    """Bytes of K and V a decode call reads (an NSA decode operator: its :meth:`Case.decode_keys`)."""
     itemsize = 1 if case.params.get("kv") == "int8" else getattr(torch, case.dtype).itemsize
-    return case.batch * case.skv * case.kv_heads * (case.d + case.dv) * itemsize
+    keys = case.decode_keys() if case.op in NSA_INFER_OPS else case.skv
+    return case.batch * keys * case.kv_heads * (case.d + case.dv) * itemsize
 
 
 def build_read_bandwidth(case: Case, inp, device):

@@ -160,7 +160,7 @@ def backend_report(selected: list[tuple[CheckCase, list[str]]]) -> list[str]:
     """One line per backend: how many of the selected cases it runs (and where), or why it is skipped."""
     total = f"{len(selected)} case{'s' * (len(selected) != 1)}"
     lines = [f"reference: runs {sum('reference' in on for _, on in selected)} of {total}; "
-             f"CPU decode (FIA): {cpu_kernels.status()}"]
+             f"CPU decode (FIA, NSA): {cpu_kernels.status()}"]
     reason = triton_skip_reason()
     if reason is not None:
         return lines + [f"triton: skipped ({reason})"]

@@ -1,11 +1,14 @@
 """The nsa-cpu-decode suite's builders on a tiny case: decoding through the cache gives the recomputed output,
-the prefill + decode case runs, the cache's bytes per token follow the formula."""
+the prefill + decode case runs, the cache's bytes per token follow the formula; the decode operators' cases run
+beside the read bandwidth over the bytes they read."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from attnops.bench import SUITES, Case, run_case
 from attnops.bench.nsa_decode import cache_bytes_per_token
+from attnops.bench.sparse_infer import kv_bytes
 
 SHAPE = dict(batch=2, heads=4, kv_heads=2, d=16, dv=16, sq=1, dtype="float32",
              params={"hidden": 32, "block": 16, "count": 3, "window": 16, "stride": 4, "steps": 5, "chunk": 16})
@@ -35,3 +38,14 @@ def test_cache_bytes_per_token():
 def test_suite_registered():
     names = [c.name for c in SUITES["nsa-cpu-decode"].cases]
     assert any("decode-t16384" in n for n in names) and sum("prefill-decode" in n for n in names) >= 3
+    assert {"nsa_selected_infer", "nsa_compress_infer"} <= {c.op for c in SUITES["nsa-cpu-decode"].cases}
+
+
+@pytest.mark.parametrize("op, read", [("nsa_selected_infer", 3 * 16), ("nsa_compress_infer", 256 // 4)])
+def test_infer_cases_run_beside_the_read_bandwidth(op, read):
+    case = Case(name=f"tiny-{op}", op=op, batch=2, heads=4, kv_heads=2, d=16, dv=8, sq=1, skv=256, dtype="bfloat16",
+                baselines=("read-bandwidth",), params={"block": 16, "count": 3, "stride": 4})
+    assert kv_bytes(case) == 2 * read * 2 * (16 + 8) * 2  # B, keys per request and KV head, N2, D + Dv, bf16
+    entry = run_case(case, torch.device("cpu"), repeat=1, warmup=1, impls=None, idle_wait=0.0, seed=0, check=True,
+                     log=print)
+    assert all(entry["results"][impl]["status"] == "ok" for impl in ("attnops", "read-bandwidth")), entry

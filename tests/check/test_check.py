@@ -97,14 +97,14 @@ def test_report_says_which_backends_ran_and_why_one_was_skipped(monkeypatch, cap
     monkeypatch.setattr(check.cpu_kernels, "status", lambda: "pure PyTorch (no C++ compiler found)")
     assert check.main([]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[:2] == ["reference: runs 2 of 2 cases; CPU decode (FIA): pure PyTorch (no C++ compiler found)",
+    assert out[:2] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): pure PyTorch (no C++ compiler found)",
                        "triton: skipped (no CUDA device; set ATTNOPS_TRITON_INTERPRET=1)"]
     assert out[-1].startswith("2 passed, 0 failed in") and out[-1].endswith("(backends: reference)")
     monkeypatch.setattr(check, "triton_skip_reason", lambda: None)
     monkeypatch.setattr(check, "triton_runs_on_cuda", lambda: False)
     assert check.main(["--filter", "OP_"]) == 0  # the filter ignores case
     out = capsys.readouterr().out.splitlines()
-    assert out[:2] == ["reference: runs 2 of 2 cases; CPU decode (FIA): pure PyTorch (no C++ compiler found)",
+    assert out[:2] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): pure PyTorch (no C++ compiler found)",
                        "triton: runs 1 of 2 cases in Triton's CPU interpreter; the others run on the reference only"]
     assert out[-1].endswith("(backends: reference, triton)")
 

@@ -5,7 +5,8 @@ The sources ship in this package. The first call builds a shared library into a 
 moved installation never loads a stale one), for the CPU it runs on (``-march=native``; ``ATTNOPS_CPU_ARCH`` names
 another target) and later calls load it. The kernels take raw pointers and
 strides, need no PyTorch headers (a build takes about two seconds) and run inside :func:`attnops._core.parallel.
-run_jobs` workers (:mod:`ctypes` releases the GIL for the call).
+run_jobs` workers (:mod:`ctypes` releases the GIL for the call). :func:`decode_chunk` is the one Python entry to
+the decode kernel (FIA decode and the NSA decode operators call it).
 
 Without a compiler, when the build fails, or with ``ATTNOPS_CPU_KERNELS=0``, :func:`library` returns None once
 (with a warning naming the reason when a build was tried) and callers run the pure-PyTorch path;
@@ -23,10 +24,14 @@ import threading
 import warnings
 from pathlib import Path
 
+import torch
+from torch import Tensor
+
 from ..errors import PerformanceWarning
 
 _SOURCE = Path(__file__).with_name("decode.cpp")
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}  # the K/V dtypes it reads
 _lock = threading.Lock()
 _state: dict = {}  # "lib": the loaded library or None, "why": the reason it is None
 
@@ -75,6 +80,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.attnops_decode_scratch.restype = i64
     lib.attnops_decode_chunk.argtypes = [p, i32, i32, i32, i32, i32, i32, p, i32, i64, p, p, p, p]
     lib.attnops_decode_chunk.restype = i32
+    lib.attnops_decode_probabilities.argtypes = [i32, i32, i32]
+    lib.attnops_decode_probabilities.restype = i64
     return lib
 
 
@@ -105,3 +112,27 @@ def status() -> str:
     """Which CPU decode path runs: the compiled kernel, or the PyTorch path and why."""
     lib = library()
     return "compiled C++ kernel" if lib is not None else f"pure PyTorch ({_state['why']})"
+
+
+def decode_chunk(q: Tensor, runs: Tensor, tokens: int, dtypes: tuple[torch.dtype, torch.dtype], dv: int,
+                 probabilities: bool = False) -> tuple[Tensor, ...]:
+    """One kernel call over a chunk of ``tokens`` keys and values (``runs``: int64 ``[n, 20]`` descriptors, ``Run``
+    in ``decode.cpp``, whose memory must stay alive; ``dtypes``: of the keys and of the values): the row max ``m
+    [heads, rows]``, the row sum ``l`` of ``exp(s - m)`` and the un-normalised output ``[heads, rows, dv]`` of the
+    scaled fp32 query ``q [heads, rows, D]``; with ``probabilities``, also ``exp(s - m) [heads, rows, tokens]``."""
+    lib = library()
+    heads, rows, d = q.shape
+    q = q.contiguous()
+    f32 = torch.float32
+    m, total = torch.empty(heads, rows, dtype=f32), torch.empty(heads, rows, dtype=f32)
+    o = torch.empty(heads, rows, dv, dtype=f32)
+    scratch = torch.empty(lib.attnops_decode_scratch(heads * rows, d, dv, tokens), dtype=f32)
+    code = lib.attnops_decode_chunk(q.data_ptr(), heads, rows, d, dv, DTYPE_CODES[dtypes[0]], DTYPE_CODES[dtypes[1]],
+                                    runs.data_ptr(), runs.shape[0], tokens, scratch.data_ptr(), m.data_ptr(),
+                                    total.data_ptr(), o.data_ptr())
+    if code != 0:
+        raise RuntimeError(f"attnops_decode_chunk returned {code}")
+    if not probabilities:
+        return m, total, o
+    start = lib.attnops_decode_probabilities(heads * rows, d, dv)
+    return m, total, o, scratch[start:start + heads * rows * tokens].view(heads, rows, tokens)

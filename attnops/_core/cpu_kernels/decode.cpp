@@ -347,6 +347,12 @@ inline void softmax_row(float* s, int64_t tokens, float* m_out, float* l_out) {
 
 inline int padded(int x) { return (x + RW - 1) / RW * RW; }
 
+// where the scores [rows, tokens] (after a call: exp(s - m)) start in the scratch, in floats
+inline int64_t scores_offset(int64_t rows, int d, int dv) {
+  const int64_t dp = padded(d), dvp = padded(dv);
+  return rows * (dp + 1 + dvp) + W * (dp > dvp ? dp : dvp);
+}
+
 template <int KT, int VT>
 void chunk(const float* q, int heads, int rows, int d, int dv, const Run* runs, int nruns, int64_t tokens,
            float* scratch, float* m_out, float* l_out, float* o_out) {
@@ -355,7 +361,7 @@ void chunk(const float* q, int heads, int rows, int d, int dv, const Run* runs, 
   float* qsum = qpad + hr * dp;     // hr
   float* opad = qsum + hr;          // hr * dvp
   float* buf = opad + hr * dvp;     // W * max(dp, dvp)
-  float* scores = buf + W * (dp > dvp ? dp : dvp);  // hr * tokens
+  float* scores = scratch + scores_offset(hr, d, dv);  // hr * tokens
   const Chunk h{qpad, qsum, heads, rows, d, dv, dp, dvp, buf, scores, opad, tokens};
   std::memset(qpad, 0, sizeof(float) * hr * dp);
   for (int i = 0; i < hr; ++i) {
@@ -390,9 +396,12 @@ extern "C" {
 
 // Floats of scratch one call needs (rows: heads x query rows per head).
 int64_t attnops_decode_scratch(int rows, int d, int dv, int64_t tokens) {
-  const int64_t dp = padded(d), dvp = padded(dv);
-  return rows * (dp + 1 + dvp + tokens) + W * (dp > dvp ? dp : dvp);
+  return scores_offset(rows, d, dv) + rows * tokens;
 }
+
+// Where, after a call, the scratch holds exp(s - m) [heads, rows, tokens] (the unnormalised probabilities), in
+// floats from its start.
+int64_t attnops_decode_probabilities(int rows, int d, int dv) { return scores_offset(rows, d, dv); }
 
 // q [heads, rows, d] fp32 (scaled); runs: the chunk's `tokens` tokens in column order; outputs per head and row:
 // the max m [heads, rows], the sum of exp(s - m) l [heads, rows] and the un-normalised output o [heads, rows, dv].

@@ -19,8 +19,6 @@ from ..._core import cpu_kernels
 from .problem import FIAProblem
 from .quant import Antiquant
 
-F32 = torch.float32
-_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
 
 
 def unsupported(p: FIAProblem) -> str | None:
@@ -37,7 +35,7 @@ def unsupported(p: FIAProblem) -> str | None:
     if p.rounding is not None:
         return "precision=\"npu\" (the NPU's rounding of P runs on the PyTorch path)"
     dtypes = (_cache(p.source.key).dtype, _cache(p.source.value).dtype)
-    if any(dt not in _DTYPE_CODES for dt in dtypes):
+    if any(dt not in cpu_kernels.DTYPE_CODES for dt in dtypes):
         return f"K/V dtypes {dtypes} (int4 runs on the PyTorch path)"
     return None
 
@@ -102,16 +100,8 @@ def partial(p: FIAProblem, chunk, q: Tensor, shift: Tensor | None) -> tuple[Tens
     else:
         runs = _runs(p, chunk.b, chunk.pieces, keep)
         dtypes = (chunk.pieces[0].key.dtype, chunk.pieces[0].value.dtype)
-    lib = cpu_kernels.library()
-    n2, rows, dv = q.shape[0], q.shape[1], p.dv
-    m, total = torch.empty(n2, rows, dtype=F32), torch.empty(n2, rows, dtype=F32)
-    o = torch.empty(n2, rows, dv, dtype=F32)
-    scratch = torch.empty(lib.attnops_decode_scratch(n2 * rows, p.d, dv, chunk.length), dtype=F32)
-    code = lib.attnops_decode_chunk(q.data_ptr(), n2, rows, p.d, dv, _DTYPE_CODES[dtypes[0]], _DTYPE_CODES[dtypes[1]],
-                                    runs.data_ptr(), runs.shape[0], chunk.length, scratch.data_ptr(), m.data_ptr(),
-                                    total.data_ptr(), o.data_ptr())
-    if code != 0:
-        raise RuntimeError(f"attnops_decode_chunk returned {code}")
+    m, total, o = cpu_kernels.decode_chunk(q, runs, chunk.length, dtypes, p.dv)
+    n2, rows = q.shape[:2]
     if shift is not None:
         m += shift
     static = _static(p.value_quant, n2)
@@ -119,7 +109,7 @@ def partial(p: FIAProblem, chunk, q: Tensor, shift: Tensor | None) -> tuple[Tens
         scale, offset = static
         o = (o if offset is None else o.add_(offset * total.unsqueeze(-1))).mul_(scale)
     sq = rows // p.group
-    return m.view(p.n1, sq), total.view(p.n1, sq), o.view(p.n1, sq, dv)
+    return m.view(p.n1, sq), total.view(p.n1, sq), o.view(p.n1, sq, p.dv)
 
 
 @dataclass(frozen=True)

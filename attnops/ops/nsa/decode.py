@@ -35,7 +35,9 @@ from torch import Tensor
 
 from ..._core.checks import check_int, check_scale, check_tensor, fail, int_list, require
 from ..._core.npu_rounding import NpuRounding, cast_output, npu_rounding, rounded_softmax
+from ..._core.parallel import run_jobs
 from ..flash_attention.reference import compute_dtype
+from . import cpu_decode
 from .compress import NSA_DTYPES
 
 PAD = -1
@@ -159,10 +161,24 @@ def _chosen(topk: Tensor) -> list[Tensor]:
     return out
 
 
+def _selected_ranges(kv: PagedKV, block: int, topk_indices: Tensor) -> tuple[Tensor, Tensor]:
+    """The key positions ``[starts, ends)`` ``[B, N2, count]`` each index of ``topk_indices`` selects: its block cut
+    at the request's length; empty from the first ``-1`` on."""
+    topk = topk_indices.long()
+    chosen = (topk != PAD).cumprod(-1).bool()
+    lens = torch.tensor(kv.kv_lens, dtype=torch.int64).view(-1, 1, 1)
+    starts = torch.where(chosen, torch.minimum(topk.clamp(min=0) * block, lens), 0)
+    return starts, torch.where(chosen, torch.minimum(starts + block, lens), 0)
+
+
 def selected_decode(kv: PagedKV, block: int, query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor,
                     block_table: Tensor, lens: Tensor | None = None) -> Tensor:
     """``attention_out [B, N1, Dv]`` (``lens``: the lengths when ``kv`` holds none)."""
     kv = kv.with_lengths(lens)
+    if cpu_decode.unsupported(kv, query, key, value) is None:
+        out = cpu_decode.selected_attention(kv, query, key, value, block_table,
+                                            *_selected_ranges(kv, block, topk_indices))
+        return out.to(query.dtype)
     acc = compute_dtype(query.dtype)
     out = torch.zeros(kv.batch, kv.n1, kv.dv, dtype=acc, device=query.device)
     g = kv.n1 // kv.n2
@@ -228,10 +244,22 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Ten
     """``(attention_out [B, N1, Dv], topk_indices [B, N2, count] int32)`` (``lens``: the lengths when ``kv`` holds
     none)."""
     kv = kv.with_lengths(lens)
+    if cpu_decode.unsupported(kv, query, key, value) is None:
+        out, probs = cpu_decode.compress_attention(kv, query, key, value, block_table)
+    else:
+        out, probs = _compress_attention(kv, query, key, value, block_table)
+    topk = torch.zeros(kv.batch, kv.n2, sel.count, dtype=torch.int32, device=query.device)
+    run_jobs(lambda b: topk[b].copy_(_next_blocks(kv, sel, probs[b], query.device)), range(kv.batch), query.device)
+    return cast_output(kv.rounding, out, query.dtype), topk
+
+
+def _compress_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor,
+                        block_table: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """``(attention_out [B, N1, Dv], per request the exact probabilities [N1, S2_b])`` in the compute dtype."""
     acc = compute_dtype(query.dtype)
     out = torch.zeros(kv.batch, kv.n1, kv.dv, dtype=acc, device=query.device)
-    topk = torch.zeros(kv.batch, kv.n2, sel.count, dtype=torch.int32, device=query.device)
     g = kv.n1 // kv.n2
+    probs = []
     for b in range(kv.batch):
         pos = torch.arange(kv.kv_lens[b], device=query.device)
         keys, values = kv.rows(key, block_table[b], pos).to(acc), kv.rows(value, block_table[b], pos).to(acc)
@@ -239,15 +267,21 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Ten
         p = torch.softmax(s, -1)  # [N1, S2]
         if kv.rounding is None:
             out[b] = torch.einsum("hl,lhd->hd", p, values.repeat_interleave(g, 1))
-        else:  # the importance scores below keep the exact p
+        else:  # the importance scores keep the exact p
             rounded, total = rounded_softmax(s, kv.rounding)
             out[b] = torch.einsum("hl,lhd->hd", rounded, values.repeat_interleave(g, 1)).div_(total)
-        n_blocks = sel.blocks(kv.kv_lens[b])
-        score = _importance(p, sel, n_blocks).view(kv.n2, g, n_blocks).sum(1)  # [N2, n_blocks]
-        middle = torch.sort(score[:, 1:n_blocks - 2], dim=-1, descending=True, stable=True).indices + 1
-        forced = torch.tensor([0, n_blocks - 2, n_blocks - 1], device=query.device).expand(kv.n2, FORCED)
-        topk[b] = torch.cat([forced, middle[:, :sel.count - FORCED]], -1).to(torch.int32)
-    return cast_output(kv.rounding, out, query.dtype), topk
+        probs.append(p)
+    return out, probs
+
+
+def _next_blocks(kv: PagedKV, sel: CompressSelection, p: Tensor, device: torch.device) -> Tensor:
+    """A request's next selection blocks ``[N2, count]`` from its probabilities ``p [N1, S2]``: the forced ones,
+    then the best others by descending score."""
+    n_blocks = sel.blocks(p.shape[-1])
+    score = _importance(p, sel, n_blocks).view(kv.n2, -1, n_blocks).sum(1)  # [N2, n_blocks]
+    middle = torch.sort(score[:, 1:n_blocks - 2], dim=-1, descending=True, stable=True).indices + 1
+    forced = torch.tensor([0, n_blocks - 2, n_blocks - 1], device=device).expand(kv.n2, FORCED)
+    return torch.cat([forced, middle[:, :sel.count - FORCED]], -1).to(torch.int32)
 
 
 # ------------------------------------------------------------------------------------------------- compression
