@@ -1,0 +1,126 @@
+"""Sparse flash attention's kernel (MLA absorbed, ``attention_mode`` 2): each query row attends to the key positions
+its ``sparse_indices`` row lists, over a plain or a quantized (656-byte packed rows) latent cache in any layout
+(``launch.py`` plans it).
+
+One program holds one query row and ``BLOCK_H`` of its query heads (64 on a GPU: every head of the token shares the
+same latent key rows, so the heads are the M dimension of the tensor-core products; 128 heads are two programs). It
+walks the row's entries ``BLOCK_N`` key positions at a time (with ``sparse_block_size`` > 1 an entry names
+``sbs`` consecutive positions), gathers the latent rows ``K [BLOCK_N, 512]`` and rope rows ``[BLOCK_N, 64]`` through
+the layout (dense, packed or the block table) and runs the online softmax of
+``scale * (q k^T + q_rope k_rope^T)``; the value is the latent row itself (``V_IS_K``: loaded once for both
+products) or a separate tensor. Entries counted: the first ``min(K, ceil(L_i / sbs))`` up to the first -1, positions
+below ``min(Lkv, L_i)`` (``L_i = Lkv - Lq + i + 1`` in sparse mode 3); a repeated entry counts twice.
+
+``QUANT`` (1: int8 codes, 2: fp8 e4m3fn codes): the latent rows are the 512 codes of a packed row, dequantized in
+the kernel with the row's four fp32 per-128-column scales and rounded to the query dtype (the reference's order);
+the rope rows and the scales are the same bytes viewed as the query dtype and fp32 (host views, no copies).
+
+Outputs: ``acc / l`` (0 for a row that attends to nothing), and when asked the statistics ``(m, l)`` at
+``token * N1 + head`` (the BSND ``[B, 1, S1, N1]`` and TND ``[1, T1, N1]`` layouts flatten alike); sinks add
+``exp(sink - m)`` to the sum after the keys. Rows without keys: ``(0, 0)``, with sinks ``(sink, 1)``.
+"""
+import triton
+import triton.language as tl
+
+from ...flash_attention.triton.common import LOG2E, upcast
+from .common import head_rows, key_rows, kv_range, load_rows, query_row
+
+SCALE_TILE: tl.constexpr = tl.constexpr(128)  # latent columns per dequantization scale
+
+
+@triton.jit
+def _entry_count(idx_row, count, limit, sbs):
+    """Entries of the row that count: the first ``min(count, ceil(limit / sbs))``, cut at the first -1."""
+    c = tl.minimum(count, tl.cdiv(tl.maximum(limit, 0), sbs))
+    first_none = c
+    for e0 in range(0, c, 64):
+        e = e0 + tl.arange(0, 64)
+        v = tl.load(idx_row + e, mask=e < c, other=0)
+        first_none = tl.minimum(first_none, tl.min(tl.where((v == -1) & (e < c), e, c), 0))
+    return first_none
+
+
+@triton.jit
+def _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D: tl.constexpr,
+                 QUANT: tl.constexpr, UPCAST: tl.constexpr):
+    """The ``[BLOCK_N, BLOCK_D]`` latent rows, dequantized (``QUANT``) and rounded to the query ``dtype``."""
+    rows = load_rows(k_ptr, outer, inner, ok, k_s0, k_s1, head_d, BLOCK_D)
+    if QUANT:
+        c = tl.arange(0, BLOCK_D)
+        off = (outer * ks_s0 + inner * ks_s1)[:, None] + (c // SCALE_TILE)[None, :]
+        scale = tl.load(ks_ptr + off, mask=ok[:, None] & (c[None, :] < head_d), other=0.0)
+        rows = (rows.to(tl.float32) * scale).to(dtype)
+    return upcast(rows, UPCAST)
+
+
+@triton.jit
+def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr, o_ptr, smax_ptr, ssum_ptr,
+                            sink_ptr, q_lens_ptr, kv_lens_ptr, bt_ptr,
+                            q_sb, q_st, q_sh, qr_sb, qr_st, qr_sh, k_s0, k_s1, kr_s0, kr_s1, v_s0, v_s1, ks_s0, ks_s1,
+                            i_sb, i_st, o_sb, o_st, o_sh, q_lens_stride, kv_lens_stride, bt_sb,
+                            s1, s2, n_batch, heads, head_d, rope_d, head_dv, page, n_pages, count, sbs, scale,
+                            Q_PACKED: tl.constexpr, Q_LENS: tl.constexpr, KV_MODE: tl.constexpr,
+                            KV_LENS: tl.constexpr, CAUSAL: tl.constexpr, HAS_ROPE: tl.constexpr,
+                            V_IS_K: tl.constexpr, QUANT: tl.constexpr, HAS_SINKS: tl.constexpr,
+                            RETURN_LSE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                            BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr,
+                            PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    b, token, row, q_len, valid = query_row(q_lens_ptr, q_lens_stride, s1, n_batch, Q_PACKED, Q_LENS)
+    kv_start, kv_len = kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE, KV_LENS)
+    limit = kv_len
+    if CAUSAL:
+        limit = tl.minimum(kv_len, kv_len - q_len + row + 1)
+    limit = tl.where(valid, limit, 0)
+    head0 = tl.program_id(2) * BLOCK_H
+    dtype = q_ptr.dtype.element_ty
+    q = upcast(head_rows(q_ptr, b, token, head0, heads, q_sb, q_st, q_sh, head_d, BLOCK_H, BLOCK_D), UPCAST)
+    if HAS_ROPE:
+        q_rope = upcast(head_rows(qr_ptr, b, token, head0, heads, qr_sb, qr_st, qr_sh, rope_d, BLOCK_H, BLOCK_R),
+                        UPCAST)
+    idx_row = idx_ptr + b.to(tl.int64) * i_sb + token * i_st
+    n_pos = _entry_count(idx_row, count, limit, sbs) * sbs
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    for f0 in range(0, n_pos, BLOCK_N):
+        f = f0 + tl.arange(0, BLOCK_N)
+        entry = tl.load(idx_row + f // sbs, mask=f < n_pos, other=-1).to(tl.int64)
+        pos = entry * sbs + f % sbs
+        ok = (f < n_pos) & (entry >= 0) & (pos < limit)
+        outer, inner = key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE)
+        k = _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D, QUANT,
+                         UPCAST)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if HAS_ROPE:
+            k_rope = upcast(load_rows(kr_ptr, outer, inner, ok, kr_s0, kr_s1, rope_d, BLOCK_R), UPCAST)
+            s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
+        s = tl.where(ok[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2((m_i - shift) * LOG2E)
+        p = tl.exp2((s - shift[:, None]) * LOG2E)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if V_IS_K:
+            v = k
+        else:
+            v = upcast(load_rows(v_ptr, outer, inner, ok, v_s0, v_s1, head_dv, BLOCK_DV), UPCAST)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+    h = head0 + tl.arange(0, BLOCK_H)
+    if HAS_SINKS:
+        sink = tl.load(sink_ptr + h, mask=h < heads, other=0.0).to(tl.float32)
+        m_fin = tl.maximum(m_i, sink)
+        alpha = tl.exp2((m_i - m_fin) * LOG2E)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha + tl.exp2((sink - m_fin) * LOG2E)
+        m_i = m_fin
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    dv = tl.arange(0, BLOCK_DV)
+    o_off = b.to(tl.int64) * o_sb + token * o_st + h[:, None].to(tl.int64) * o_sh + dv[None, :]
+    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(h[:, None] < heads) & (dv[None, :] < head_dv))
+    if RETURN_LSE:
+        stat = token * heads + h
+        if not Q_PACKED:
+            stat += b.to(tl.int64) * s1 * heads
+        tl.store(smax_ptr + stat, tl.where(m_i == float("-inf"), 0.0, m_i), mask=h < heads)
+        tl.store(ssum_ptr + stat, l_i, mask=h < heads)
