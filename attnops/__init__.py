@@ -6,6 +6,8 @@ Three dialects share one core: this Pythonic API, :mod:`attnops.aclnn` (the seed
 from . import nn, testing
 from ._core.errors import (AclnnError, InferenceOnlyError, ParamDtypeError, ParamInvalidError, ParamNullptrError,
                            PerformanceWarning)
+from .ops.dsa import (LightningIndexerResult, SparseAttentionResult, lightning_indexer, lightning_indexer_kl_loss,
+                      sparse_flash_attention)
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
 from .ops.fused_infer_attention import (FusedInferAttentionPlan, FusedInferAttentionResult, PagedKVCache,
                                         fused_infer_attention, fused_infer_attention_plan)
@@ -28,19 +30,24 @@ __all__ = [
     "FusedInferAttentionPlan",
     "FusedInferAttentionResult",
     "InferenceOnlyError",
+    "LightningIndexerResult",
     "PagedKVCache",
     "ParamDtypeError",
     "ParamInvalidError",
     "ParamNullptrError",
     "PerformanceWarning",
+    "SparseAttentionResult",
     "flash_attention",
     "flash_attention_backward",
     "fused_infer_attention",
     "fused_infer_attention_plan",
+    "lightning_indexer",
+    "lightning_indexer_kl_loss",
     "native_sparse_attention",
     "nsa_compress",
     "nsa_compress_attention",
     "nsa_compress_attention_infer",
     "nsa_selected_attention",
     "nsa_selected_attention_infer",
+    "sparse_flash_attention",
 ]

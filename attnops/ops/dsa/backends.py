@@ -1,0 +1,59 @@
+"""Runs each DSA operator on its backend: the custom ops (``op.py``) call these functions and nothing else.
+
+Every operator runs its CPU reference (tensors on another device are copied to the CPU and the results back) unless
+a Triton implementation is registered for it and :func:`~attnops._core.dispatch.choose_backend` picks it. A Triton
+implementation plugs in by passing its verifier (``() -> reason or None``) and its launcher (same arguments as the
+reference) to :func:`_run` in the function below that serves its operator.
+"""
+from __future__ import annotations
+
+from ..._core.devices import on_cpu
+from ..._core.dispatch import choose_backend
+from .indexer import lightning_indexer_forward
+from .kl_loss import indexer_kl_loss_grad
+from .quant_cache import dequantized_operands
+from .sparse_attention import sparse_attention_backward, sparse_attention_forward
+
+
+def _run(device_tensor, verify, triton_fn, reference_fn, *args):
+    """``triton_fn(*args)`` when :func:`choose_backend` picks the Triton kernels for ``device_tensor``'s device
+    (``verify``: why they cannot serve the call, or None; both None while an operator has no kernel), else the
+    reference on CPU copies."""
+    if choose_backend("auto", device_tensor.device, verify) == "triton":
+        return triton_fn(*args)
+    return on_cpu(reference_fn, *args)
+
+
+def lightning_indexer(problem, query, key, weights, sparse_count, return_value):
+    """``(sparse_indices [R, K] int32, sparse_values [R, K] or [0])``."""
+    return _run(query, None, None, lightning_indexer_forward, problem, query, key, weights, sparse_count,
+                return_value)
+
+
+def sparse_attention(problem, query, key, value, sparse_indices, query_rope, key_rope, sinks, scale, block):
+    """``(out [R, N1, Dv], softmax_max [R, N1], softmax_sum [R, N1])``."""
+    return _run(query, None, None, sparse_attention_forward, problem, query, key, value, sparse_indices, query_rope,
+                key_rope, sinks, scale, block)
+
+
+def sparse_attention_grad(problem, grad, query, key, value, sparse_indices, query_rope, key_rope, out,
+                          softmax_max, softmax_sum, scale, block):
+    """``(dq, dk, dv, dq_rope, dk_rope)`` (rope gradients None without rope)."""
+    return _run(query, None, None, sparse_attention_backward, problem, grad, query, key, value, sparse_indices,
+                query_rope, key_rope, out, softmax_max, softmax_sum, scale, block)
+
+
+def quant_sparse_attention(problem, query, key, value, sparse_indices, sinks, scale, block, rope_dim):
+    """``(out [R, N1, 512], softmax_max, softmax_sum)`` over a packed int8/fp8 cache: the reference dequantizes the
+    selected rows' tiles, then runs :func:`sparse_attention_forward`."""
+
+    def reference(problem, query, key, value, sparse_indices, sinks):
+        q, q_rope, k, k_rope = dequantized_operands(query, key, rope_dim)
+        return sparse_attention_forward(problem, q, k, k, sparse_indices, q_rope, k_rope, sinks, scale, block)
+
+    return _run(query, None, None, reference, problem, query, key, value, sparse_indices, sinks)
+
+
+def kl_loss_grad(problem, *tensors, scale):
+    """``(d_query_index, d_key_index, d_weights, loss)`` of the indexer's KL loss."""
+    return _run(tensors[0], None, None, lambda *t: indexer_kl_loss_grad(problem, *t, scale=scale), *tensors)

@@ -1,0 +1,104 @@
+"""Dense golden of the DSA operators and MLA helpers, written straight from the spec (DeepSeek sparse attention:
+lightning indexer, sparse flash attention, the indexer's KL loss; interleaved RoPE, KV RMSNorm-RoPE).
+
+Independent of :mod:`attnops.ops`: plain per-batch loops over the logical key sequence of each batch (the caller
+passes it already gathered, ``keys[b] [Lk_b, D]``), computed in ``dtype`` (float64 for the golden, the low dtype
+for the tolerance rule's baseline). Gradients come from autograd through :func:`sparse_flash_attention`.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def allowed(lq: int, lk: int, i: int, sparse_mode: int) -> int:
+    """How many leading key positions query row ``i`` of a batch may use."""
+    return lk if sparse_mode == 0 else max(0, min(lk, lk - lq + i + 1))
+
+
+def lightning_scores(q: Tensor, k: Tensor, w: Tensor, dtype=torch.float64) -> Tensor:
+    """``[Lq, Lk]`` scores ``sum_h w[i, h] relu(q[i, h] . k[j])`` of one batch (q ``[Lq, N, D]``, k ``[Lk, D]``)."""
+    s = torch.einsum("ihd,jd->ihj", q.to(dtype), k.to(dtype)).clamp_min(0)
+    return torch.einsum("ih,ihj->ij", w.to(dtype), s)
+
+
+def lightning_indexer(q: Tensor, k: Tensor, w: Tensor, count: int, sparse_mode: int) -> list[list[int]]:
+    """One batch's index rows: positions sorted by score descending (ties: smaller position), ``count`` long,
+    -1 padded."""
+    scores = lightning_scores(q, k, w)
+    rows = []
+    for i in range(q.shape[0]):
+        a = allowed(q.shape[0], k.shape[0], i, sparse_mode)
+        order = sorted(range(a), key=lambda j: (-float(scores[i, j]), j))[:count]
+        rows.append(order + [-1] * (count - len(order)))
+    return rows
+
+
+def key_set(row: list[int], limit: int, block: int) -> list[int]:
+    """Key positions a sparse-attention index row selects (first ``ceil(limit / block)`` entries, up to a -1)."""
+    out = []
+    for v in row[:min(len(row), -(-limit // block))]:
+        if v < 0:
+            break
+        out += [p for p in range(v * block, v * block + block) if p < limit]
+    return out
+
+
+def sparse_flash_attention(q: Tensor, k: Tensor, v: Tensor, rows: list[list[int]], scale: float, *, sparse_mode=3,
+                           block=1, q_rope=None, k_rope=None, sinks=None, dtype=torch.float64):
+    """One batch: ``(out [Lq, N, Dv], max [Lq, N], sum [Lq, N])`` (q ``[Lq, N, D]``, k ``[Lk, D]``, v ``[Lk, Dv]``)."""
+    lq, heads = q.shape[:2]
+    outs, maxes, sums = [], [], []
+    for i in range(lq):
+        pos = key_set(rows[i], allowed(lq, k.shape[0], i, sparse_mode), block)
+        if not pos and sinks is None:
+            outs.append(torch.zeros(heads, v.shape[1], dtype=dtype))
+            maxes.append(torch.zeros(heads, dtype=dtype))
+            sums.append(torch.zeros(heads, dtype=dtype))
+            continue
+        idx = torch.tensor(pos, dtype=torch.long)
+        logit = q[i].to(dtype) @ k[idx].to(dtype).T
+        if q_rope is not None:
+            logit = logit + q_rope[i].to(dtype) @ k_rope[idx].to(dtype).T
+        logit = logit * scale
+        full = logit if sinks is None else torch.cat([logit, sinks.to(dtype)[:, None]], 1)
+        m = full.amax(1)
+        e = torch.exp(full - m[:, None])
+        l = e.sum(1)
+        outs.append(e[:, :len(pos)] @ v[idx].to(dtype) / l[:, None])
+        maxes.append(m)
+        sums.append(l)
+    return torch.stack(outs), torch.stack(maxes), torch.stack(sums)
+
+
+def indexer_kl_loss(q, k, qi, ki, w, rows, row_max, row_sum, scale, *, q_rope=None, k_rope=None):
+    """One batch's summed KL loss ``sum_t KL(P_t || softmax(I_t))`` over the first ``min(K, allowed)`` entries; its
+    autograd gradients w.r.t. ``qi``, ``ki``, ``w`` are the op's (up to the op's rounding of dS)."""
+    total = torch.zeros((), dtype=torch.float64)
+    lq = q.shape[0]
+    for t in range(lq):
+        n = min(len(rows[t]), allowed(lq, k.shape[0], t, 3))
+        if n == 0:
+            continue
+        idx = torch.tensor(rows[t][:n], dtype=torch.long)
+        logit = q[t].double() @ k[idx].double().T
+        if q_rope is not None:
+            logit = logit + q_rope[t].double() @ k_rope[idx].double().T
+        p = (torch.exp(logit * scale - row_max[t].double()[:, None]) / row_sum[t].double()[:, None]).mean(0)
+        scores = (w[t].double()[:, None] * (qi[t].double() @ ki[idx].double().T).clamp_min(0)).sum(0)
+        y = torch.softmax(scores, 0)
+        pc, yc = p.clamp_min(1e-8), y.clamp_min(1e-8)
+        total = total + (pc * (pc.log() - yc.log())).sum()
+    return total
+
+
+def interleave_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``cat(x_even, x_odd) * cos + cat(-x_odd, x_even) * sin`` in fp64 (the output stays de-interleaved)."""
+    x = x.double()
+    e, o = x[..., 0::2], x[..., 1::2]
+    return torch.cat([e, o], -1) * cos.double() + torch.cat([-o, e], -1) * sin.double()
+
+
+def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
+    x = x.double()
+    return gamma.double() * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
