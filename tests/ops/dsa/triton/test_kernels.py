@@ -1,156 +1,166 @@
-"""The DSA Triton kernels (lightning indexer with its streaming top-k, sparse flash attention over plain and
-quantized latent caches) against the fp64 formulas of ``dsa_golden``, in every layout pair: CUDA when there is a GPU,
-else Triton's CPU interpreter (fp16/fp32, tiny shapes)."""
+"""The DSA Triton kernels through the public operators (``ATTNOPS_BACKEND=triton``: the lightning indexer's fused
+scores and streaming top-k, sparse flash attention over plain and packed int8/fp8 latent caches) against the fp64
+golden, in every layout pair: CUDA when there is a GPU, else Triton's CPU interpreter (fp16/fp32, tiny shapes).
+Each test checks that the kernel ran (a silent fallback to the reference fails)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.ops.dsa.triton import dsa_golden as golden
-from tests.ops.dsa.triton.layouts import Case
+import attnops
+from attnops.testing import golden_dsa as G
+from attnops.testing.compare import assert_close_to_golden
+from tests.ops.dsa.dsa_helpers import golden_sfa, pack_keys, pack_query, pack_rows, randn, random_rows, unpack_rows
 
 from .conftest import DEVICE
 
 pytest.importorskip("triton")
 
-from attnops.ops.dsa.triton import launch  # noqa: E402
-
-CASES = {
-    "bsnd": Case("BSND", "BSND", [5, 3], [20, 9], 5, 20),
-    "tnd": Case("TND", "TND", [4, 0, 6], [17, 0, 40], 12, 60),
-    "paged": Case("TND", "PA_BSND", [1, 3, 2], [37, 20, 1], 7, 0),
-    "paged-bsnd": Case("BSND", "PA_BSND", [2, 1], [33, 5], 2, 0),
-}
+LAYOUTS = [("BSND", "BSND"), ("TND", "TND"), ("TND", "PA_BSND"), ("BSND", "PA_BSND")]
+H, F = torch.float16, torch.float32
 
 
-def _geometry(case: Case, query, key, table):
-    q_lens = case.q_lengths() if case.q_layout == "TND" else torch.tensor(case.q_lens, dtype=torch.int32)
-    return launch.geometry(query, key, case.q_layout, case.kv_layout, q_lens, case.kv_lengths(), table)
+def _dev(*xs):
+    return [None if x is None else x.to(DEVICE) for x in xs]
 
 
-def _rows(case: Case, tensor: torch.Tensor, b: int) -> torch.Tensor:
-    """Batch ``b``'s rows of an output in the query layout."""
-    if case.q_layout == "BSND":
-        return tensor[b]
-    start = sum(case.q_lens[:b])
-    return tensor[start:start + case.q_lens[b]]
-
-
-def _padding(case: Case, tensor: torch.Tensor) -> torch.Tensor:
-    """Every output row that is not a real query row, flattened."""
-    if case.q_layout == "BSND":
-        return torch.cat([tensor[b, case.q_lens[b]:].reshape(-1) for b in range(case.batch)])
-    return tensor[sum(case.q_lens):].reshape(-1)
-
-
+# ------------------------------------------------------------------------------------------- lightning indexer
 def _check_topk(got: list[int], scores: torch.Tensor, want: list[int]) -> None:
-    """Same count; any difference only among scores within rounding of the boundary score; descending order."""
-    assert len(got) == len(want), (got, want)
-    if not want:
+    """Same count and -1 tail; a difference only between keys whose golden scores are within rounding of the boundary
+    score; the row in descending score order."""
+    n = sum(v >= 0 for v in want)
+    assert sum(v >= 0 for v in got[:n]) == n and all(v == -1 for v in got[n:]), (got, want)
+    if n == 0:
         return
-    boundary = scores[want[-1]].item()
+    boundary = float(scores[want[n - 1]])
     tol = 1e-3 + 1e-2 * abs(boundary)
-    for j in set(got) ^ set(want):
-        assert abs(scores[j].item() - boundary) <= tol, (got, want)
-    got_scores = scores[torch.tensor(got)]
-    assert (got_scores[:-1] >= got_scores[1:] - tol).all(), got
+    assert all(abs(float(scores[j]) - boundary) <= tol for j in set(got[:n]) ^ set(want[:n])), (got, want)
+    ranked = scores[torch.tensor(got[:n])]
+    assert bool((ranked[:-1] >= ranked[1:] - tol).all()), got
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["mode3", "mode0"])
-@pytest.mark.parametrize("count", [8, 20])
-@pytest.mark.parametrize("name", list(CASES))
-def test_lightning_indexer(name, count, causal):
-    case, gen = CASES[name], torch.Generator().manual_seed(1)
-    heads, d = 4, 16
-    query, q_rows = case.q_tensor((heads, d), gen, torch.float16)
-    weights, w_rows = case.q_tensor((heads,), gen, torch.float32)
-    key, k_rows, table = case.kv_tensor(d, gen, torch.float16)
-    g = _geometry(case, query, key, table)
-    idx, val = launch.lightning_indexer(g, query.to(DEVICE), key.to(DEVICE), weights.to(DEVICE), count, causal, True)
-    idx, val = idx.cpu(), val.cpu()
-    assert idx.dtype == torch.int32 and idx.shape == (*query.shape[:-2], 1, count) and val.dtype == query.dtype
-    for b in range(case.batch):
-        got_rows, got_vals = _rows(case, idx, b)[:, 0], _rows(case, val, b)[:, 0]
-        for i in range(case.q_lens[b]):
-            limit = golden.causal_limit(case.q_lens[b], case.kv_lens[b], i, causal)
-            scores = golden.indexer_scores(q_rows(b)[i], k_rows(b)[:limit], w_rows(b)[i])
-            want = golden.topk_row(scores, count)
-            n = len(want)
-            got = got_rows[i, :n].tolist()
-            _check_topk(got, scores, want)
-            assert (got_rows[i, n:] == -1).all() and torch.isinf(got_vals[i, n:]).all()
-            torch.testing.assert_close(got_vals[i, :n].double(), scores[torch.tensor(got, dtype=torch.long)],
-                                       atol=2e-2, rtol=2e-3) if n else None
-    assert (_padding(case, idx) == -1).all()
+@pytest.mark.parametrize("layout_q,layout_k,mode,dtype,count", [
+    *[(q, k, m, F, 20) for q, k in LAYOUTS for m in (0, 3)],
+    ("TND", "PA_BSND", 3, H, 6), ("BSND", "BSND", 0, H, 6)])
+def test_lightning_indexer_kernel(triton_backend, layout_q, layout_k, mode, dtype, count):
+    q_lens, k_lens = [5, 0, 3], [9, 4, 40]
+    qs = [randn(n, 4, 16, dtype=dtype, seed=b) for b, n in enumerate(q_lens)]
+    ws = [randn(n, 4, dtype=F, seed=10 + b) for b, n in enumerate(q_lens)]
+    ks = [randn(n, 16, dtype=dtype, seed=20 + b) for b, n in enumerate(k_lens)]
+    q, q_len = pack_query(qs, layout_q)
+    w, _ = pack_query(ws, layout_q)
+    k, k_len, table = pack_keys(ks, layout_k)
+    value = layout_k != "PA_BSND"
+    res = attnops.lightning_indexer(*_dev(q, k, w), sparse_count=count, layout=layout_q, layout_key=layout_k,
+                                    actual_seq_lengths_query=q_len, actual_seq_lengths_key=k_len,
+                                    block_table=None if table is None else table.to(DEVICE), sparse_mode=mode,
+                                    return_value=value)
+    assert triton_backend == ["indexer_topk_kernel"]
+    idx = res.sparse_indices.cpu()
+    assert idx.dtype == torch.int32 and idx.shape == (*q.shape[:-2], 1, count)
+    got = unpack_rows(idx, layout_q, q_len.diff(prepend=q_len.new_zeros(1)) if layout_q == "TND" else q_len)[:, 0]
+    vals = unpack_rows(res.sparse_values.cpu(), layout_q, q_lens)[:, 0] if value else None
+    r = 0
+    for qb, wb, kb in zip(qs, ws, ks):
+        scores = G.lightning_scores(qb, kb, wb)
+        for i, want in enumerate(G.lightning_indexer(qb, kb, wb, count, mode)):
+            row = got[r].tolist()
+            _check_topk(row, scores[i], want)
+            if value:
+                n = sum(v >= 0 for v in want)
+                torch.testing.assert_close(vals[r, :n].double(), scores[i, torch.tensor(row[:n], dtype=torch.long)],
+                                           atol=2e-2, rtol=2e-3)
+                assert torch.isinf(vals[r, n:]).all()
+            r += 1
+    padding = idx[sum(q_lens):] if layout_q == "TND" else torch.cat([idx[b, n:] for b, n in enumerate(q_lens)])
+    assert (padding == -1).all()
 
 
-def _indices(case: Case, count: int, sbs: int, gen) -> torch.Tensor:
-    """Random distinct entries per row (some rows shorter than ``count``: -1 tails), in the query layout."""
-    lead = (case.batch, case.s1) if case.q_layout == "BSND" else (case.s1,)
-    idx = torch.full((*lead, 1, count), -1, dtype=torch.int32)
-    flat = idx.view(-1, count)
-    blocks = max(-(-max(case.kv_lens) // sbs), 1)
-    for r in range(flat.shape[0]):
-        n = int(torch.randint(0, count + 1, (), generator=gen))
-        flat[r, :min(n, blocks)] = torch.randperm(blocks, generator=gen)[:n].to(torch.int32)
-    return idx
+# ------------------------------------------------------------------------------------------ sparse attention
+def _sfa_case(q_lens, k_lens, heads, d, dr, dtype, count, block=1, mode=3, seed=0):
+    qs = [randn(n, heads, d, dtype=dtype, seed=seed + b) for b, n in enumerate(q_lens)]
+    qr = [randn(n, heads, dr, dtype=dtype, seed=seed + 10 + b) for b, n in enumerate(q_lens)]
+    ks = [randn(n, d, dtype=dtype, seed=seed + 20 + b) for b, n in enumerate(k_lens)]
+    kr = [randn(n, dr, dtype=dtype, seed=seed + 30 + b) for b, n in enumerate(k_lens)]
+    return qs, qr, ks, kr, random_rows(q_lens, k_lens, count, block=block, sparse_mode=mode, seed=seed + 40)
 
 
-def _check_attention(case, out, smax, ssum, q_rows, qr_rows, k_rows, kr_rows, v_rows, idx, scale, sbs, causal,
-                     sinks, dtype):
-    idx = idx.cpu()
-    tol = dict(atol=2e-3, rtol=2e-3) if dtype == torch.float16 else dict(atol=1e-5, rtol=1e-5)
-    for b in range(case.batch):
-        rows_idx = _rows(case, idx, b)[:, 0]
-        for i in range(case.q_lens[b]):
-            limit = golden.causal_limit(case.q_lens[b], case.kv_lens[b], i, causal)
-            want, m, l = golden.sparse_row(q_rows(b)[i], None if qr_rows is None else qr_rows(b)[i], k_rows(b),
-                                           None if kr_rows is None else kr_rows(b), v_rows(b), rows_idx[i].tolist(),
-                                           scale, limit, sbs, sinks)
-            torch.testing.assert_close(_rows(case, out.cpu(), b)[i].double(), want, **tol)
-            if smax.numel():
-                stat_row = (_rows(case, smax.cpu()[0], b)[i] if case.q_layout == "TND" else smax.cpu()[b, 0, i])
-                sum_row = (_rows(case, ssum.cpu()[0], b)[i] if case.q_layout == "TND" else ssum.cpu()[b, 0, i])
-                torch.testing.assert_close(stat_row.double(), m, atol=1e-4, rtol=1e-4)
-                torch.testing.assert_close(sum_row.double(), l, atol=1e-3, rtol=1e-3)
-    assert (_padding(case, out.cpu()) == 0).all()
+@pytest.mark.parametrize("layout_q,layout_kv,mode,dtype,block,sinks", [
+    *[(q, k, m, F, 1, False) for q, k in LAYOUTS for m in (0, 3)],
+    ("TND", "PA_BSND", 3, H, 1, False), ("BSND", "BSND", 3, H, 1, True), ("TND", "PA_BSND", 3, F, 4, False),
+    ("BSND", "BSND", 3, F, 1, True)])
+def test_sparse_flash_attention_kernel(triton_backend, layout_q, layout_kv, mode, dtype, block, sinks):
+    """Lq > Lk in the first batch leaves rows without keys (output 0, statistics (0, 0) or (sink, 1))."""
+    q_lens, k_lens = [6, 1, 4], [3, 33, 20]
+    qs, qr, ks, kr, rows = _sfa_case(q_lens, k_lens, 20, 32, 16, dtype, 6, block, mode, seed=1)
+    sink = randn(20, seed=9) if sinks else None
+    q, q_len = pack_query(qs, layout_q)
+    q_rope, _ = pack_query(qr, layout_q)
+    (k, k_rope), k_len, table = pack_keys([ks, kr], layout_kv, block_size=16)
+    idx = pack_rows(rows, layout_q, q.shape[1] if layout_q == "BSND" else None)
+    q_d, qr_d, k_d, kr_d, idx_d, table_d, sink_d = _dev(q, q_rope, k, k_rope, idx, table, sink)
+    res = attnops.sparse_flash_attention(q_d, k_d, k_d, idx_d, scale=0.3, query_rope=qr_d, key_rope=kr_d,
+                                         layout=layout_q, layout_kv=layout_kv, actual_seq_lengths_query=q_len,
+                                         actual_seq_lengths_kv=k_len, block_table=table_d, sparse_block_size=block,
+                                         sparse_mode=mode, sinks=sink_d)
+    assert triton_backend == ["sparse_attention_kernel"]
+    want = golden_sfa(qs, ks, ks, rows, 0.3, q_rope=qr, k_rope=kr, sparse_mode=mode, block=block, sinks=sink)
+    base = golden_sfa(qs, ks, ks, rows, 0.3, q_rope=qr, k_rope=kr, sparse_mode=mode, block=block, sinks=sink,
+                      dtype=dtype)
+    out = res.attention_out.cpu()
+    assert out.shape == q.shape and out.dtype == dtype
+    assert_close_to_golden("out", unpack_rows(out, layout_q, q_lens), want[0], base[0])
+    for name, stat, g, b in (("max", res.softmax_max, want[1], base[1]), ("sum", res.softmax_sum, want[2], base[2])):
+        flat = stat.cpu().reshape(-1, 20) if layout_q == "TND" else stat.cpu()[:, 0]
+        assert_close_to_golden(name, unpack_rows(flat, layout_q, q_lens), g, b)
+    padding = out[sum(q_lens):] if layout_q == "TND" else torch.cat([out[b, n:] for b, n in enumerate(q_lens)])
+    assert (padding == 0).all()
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-@pytest.mark.parametrize("sbs,causal,lse,sink", [(1, True, True, False), (1, False, False, True),
-                                                 (4, True, False, False)], ids=["mode3-lse", "mode0-sinks", "sbs4"])
-@pytest.mark.parametrize("name", list(CASES))
-def test_sparse_flash_attention(name, sbs, causal, lse, sink, dtype):
-    case, gen = CASES[name], torch.Generator().manual_seed(2)
-    heads, d, dr, count = 20, 32, 16, 6
-    query, q_rows = case.q_tensor((heads, d), gen, dtype)
-    query_rope, qr_rows = case.q_tensor((heads, dr), gen, dtype)
-    key, k_rows, table = case.kv_tensor(d, gen, dtype)
-    key_rope, kr_rows, _ = case.kv_tensor(dr, gen, dtype, table)
-    idx = _indices(case, count, sbs, gen)
-    sinks = torch.randn(heads, generator=gen) if sink else None
-    g = _geometry(case, query, key, table)
-    cache = launch.plain_cache(*(x.to(DEVICE) for x in (key, key, key_rope)))
-    out, smax, ssum = launch.sparse_flash_attention(
-        g, query.to(DEVICE), query_rope.to(DEVICE), cache, idx.to(DEVICE), 0.3, sbs, causal, lse,
-        None if sinks is None else sinks.to(DEVICE))
-    assert out.shape == query.shape and out.dtype == dtype and smax.shape == ssum.shape
-    assert smax.shape == (((1, case.s1, heads) if case.q_layout == "TND" else (case.batch, 1, case.s1, heads))
-                          if lse else (0,))
-    _check_attention(case, out, smax, ssum, q_rows, qr_rows, k_rows, kr_rows, k_rows, idx, 0.3, sbs, causal, sinks,
-                     dtype)
+def test_sparse_attention_kernel_separate_value_without_rope(triton_backend):
+    q_lens, k_lens = [4, 5], [7, 12]
+    qs, _, ks, _, rows = _sfa_case(q_lens, k_lens, 3, 32, 8, F, 5, seed=3)
+    vs = [randn(n, 16, dtype=F, seed=50 + b) for b, n in enumerate(k_lens)]
+    q, q_len = pack_query(qs, "TND")
+    k, k_len, _ = pack_keys(ks, "TND")
+    v, _, _ = pack_keys(vs, "TND")
+    res = attnops.sparse_flash_attention(*_dev(q, k, v, pack_rows(rows, "TND")), scale=0.2, layout="TND",
+                                         layout_kv="TND", actual_seq_lengths_query=q_len, actual_seq_lengths_kv=k_len)
+    assert triton_backend == ["sparse_attention_kernel"] and res.attention_out.shape == (9, 3, 16)
+    want = golden_sfa(qs, ks, vs, rows, 0.2)
+    base = golden_sfa(qs, ks, vs, rows, 0.2, dtype=F)
+    assert_close_to_golden("out", res.attention_out.cpu(), want[0], base[0])
 
 
-def test_sparse_attention_separate_value_without_rope():
-    case, gen = CASES["tnd"], torch.Generator().manual_seed(3)
-    query, q_rows = case.q_tensor((16, 32), gen, torch.float32)
-    key, k_rows, _ = case.kv_tensor(32, gen, torch.float32)
-    value, v_rows, _ = case.kv_tensor(16, gen, torch.float32)
-    idx = _indices(case, 5, 1, gen)
-    cache = launch.plain_cache(key.to(DEVICE), value.to(DEVICE), None)
-    assert cache.value is not None
-    out, smax, _ = launch.sparse_flash_attention(_geometry(case, query, key, None), query.to(DEVICE), None, cache,
-                                                 idx.to(DEVICE), 0.2, 1, True, False)
-    assert out.shape == (*query.shape[:-1], 16) and smax.shape == (0,)
-    _check_attention(case, out, smax, smax, q_rows, None, k_rows, None, v_rows, idx, 0.2, 1, True, None,
-                     torch.float32)
+def _packed(nope: torch.Tensor, rope: torch.Tensor, codes: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed 656-byte rows of ``[.., 512]`` latents with per-128-column scales, and the latents they decode to
+    (codes x scales, independent of the package's quantizer)."""
+    tiles = nope.float().unflatten(-1, (4, 128))
+    scale = tiles.abs().amax(-1) / (127.0 if codes == torch.int8 else 448.0)
+    code = (tiles / scale[..., None])
+    code = code.round().clamp(-128, 127).to(torch.int8) if codes == torch.int8 else code.to(codes)
+    rows = torch.cat([code.flatten(-2).view(torch.uint8), rope.contiguous().view(torch.uint8),
+                      scale.contiguous().view(torch.uint8)], -1).view(codes)
+    return rows, (code.double() * scale.double()[..., None]).flatten(-2)
+
+
+@pytest.mark.parametrize("codes", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8"])
+def test_quantized_cache_kernel(triton_backend, codes):
+    """Packed rows dequantized in the kernel (rounded to the query dtype, as the reference does)."""
+    q_lens, k_lens = [3, 2], [20, 37]
+    heads, dtype = 16, H
+    qs, qr, _, _, rows = _sfa_case(q_lens, k_lens, heads, 512, 64, dtype, 8, seed=5)
+    latents = [randn(n, 512, dtype=F, seed=60 + b) for b, n in enumerate(k_lens)]
+    ropes = [randn(n, 64, dtype=dtype, seed=70 + b) for b, n in enumerate(k_lens)]
+    packed = [_packed(n, r, codes) for n, r in zip(latents, ropes)]
+    key, k_len, table = pack_keys([p[0] for p in packed], "PA_BSND", block_size=16)
+    nope = [p[1].to(dtype) for p in packed]
+    q, q_len = pack_query([torch.cat([a, b], -1) for a, b in zip(qs, qr)], "TND")
+    key_d, = _dev(key)
+    out, _, _ = torch.ops.attnops.dsa_kv_quant_sparse_flash_attention(
+        *_dev(q), key_d, key_d, *_dev(pack_rows(rows, "TND")), None, *_dev(table), q_len, k_len, 0.05, 1, "TND",
+        "PA_BSND", 3, 64)
+    assert triton_backend == ["sparse_attention_kernel"] and out.shape == (5, heads, 512)
+    want = golden_sfa(qs, nope, nope, rows, 0.05, q_rope=qr, k_rope=ropes)
+    base = golden_sfa(qs, nope, nope, rows, 0.05, q_rope=qr, k_rope=ropes, dtype=dtype)
+    assert_close_to_golden("out", out.cpu(), want[0], base[0])
