@@ -39,9 +39,14 @@ def _check_topk(got: list[int], scores: torch.Tensor, want: list[int]) -> None:
     assert bool((ranked[:-1] >= ranked[1:] - tol).all()), got
 
 
+INDEXER_CASES = [(q, k, m, F, 20) for q, k in LAYOUTS for m in (0, 3)] + [("TND", "PA_BSND", 3, H, 6),
+                                                                          ("BSND", "BSND", 0, H, 6)]
+FAST_INDEXER = {("BSND", "BSND", 3, F, 20), ("TND", "TND", 0, F, 20), ("TND", "PA_BSND", 3, F, 20),
+                ("BSND", "PA_BSND", 0, F, 20), ("TND", "PA_BSND", 3, H, 6)}
+
+
 @pytest.mark.parametrize("layout_q,layout_k,mode,dtype,count", [
-    *[(q, k, m, F, 20) for q, k in LAYOUTS for m in (0, 3)],
-    ("TND", "PA_BSND", 3, H, 6), ("BSND", "BSND", 0, H, 6)])
+    pytest.param(*c, marks=() if c in FAST_INDEXER else pytest.mark.slow) for c in INDEXER_CASES])
 def test_lightning_indexer_kernel(triton_backend, layout_q, layout_k, mode, dtype, count):
     q_lens, k_lens = [5, 0, 3], [9, 4, 40]
     qs = [randn(n, 4, 16, dtype=dtype, seed=b) for b, n in enumerate(q_lens)]
