@@ -3,7 +3,7 @@ tiles; 16-wide tiles in the interpreter).
 
 GPU tiles: the indexer holds 64 query heads x ``BLOCK_N`` = 64 keys per product and a top-k vector of ``BLOCK_K``
 (``sparse_count`` rounded up to a power of two); sparse attention holds ``BLOCK_H`` = 64 heads (one wgmma M tile)
-against ``BLOCK_N`` gathered latent rows (32 for 16-bit caches: a 512-wide row tile is 32 KiB per stage; 16 for fp32).
+x ``BLOCK_DV`` = 256 output columns against ``BLOCK_N`` gathered latent rows (``ATTENTION_KEYS``).
 """
 from __future__ import annotations
 
@@ -12,9 +12,15 @@ import torch
 from ...._core.triton.launch import KernelFamily, Launch, pow2
 
 INTERPRET_TILE = 16
+VALUE_TILE = 256  # output (latent) columns per sparse-attention program on a GPU
+INTERPRET_VALUE_TILE = 32
 INDEXER_KEYS = 64  # keys per indexer product on a GPU
 MAX_HEAD_TILE = 64  # query heads per sparse-attention program on a GPU (the M of its products)
-ATTENTION_KEYS = {1: 32, 2: 32, 4: 16}  # gathered rows per step on a GPU, by query dtype bytes (1: never)
+# gathered rows per sparse-attention step on a GPU: 32 for a dense 16-bit cache, 16 through a block table, for a
+# quantized cache (dequantization registers) and for fp32 (the compiler's figures: no spills that way, except the
+# quantized cache's, which spills at either size)
+WIDE_ATTENTION_KEYS = 32
+ATTENTION_KEYS = 16
 
 
 def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
@@ -27,6 +33,12 @@ def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
 def head_tile(heads: int, interpret: bool) -> int:
     """``BLOCK_H`` of sparse attention: every head of the token up to ``MAX_HEAD_TILE`` (at least 16 rows)."""
     return pow2(heads) if interpret else min(pow2(heads), MAX_HEAD_TILE)
+
+
+def value_tile(dv: int, interpret: bool) -> int:
+    """``BLOCK_DV`` of sparse attention: output columns per program (``VALUE_TILE`` on a GPU, 32 in the interpreter,
+    so that its tests cover both the one-tile and the split form)."""
+    return min(pow2(dv), INTERPRET_VALUE_TILE if interpret else VALUE_TILE)
 
 
 def topk_tile(count: int, interpret: bool) -> int:
@@ -42,7 +54,8 @@ def _config(launch: Launch, named_args: dict, interpret: bool):
         keys = INTERPRET_TILE if interpret else INDEXER_KEYS
         tiles = dict(BLOCK_N=keys, BLOCK_K=topk_tile(named_args["count"], interpret))
         return triton.Config(tiles, num_warps=4 if interpret else 8, num_stages=1 if interpret else 2)
-    keys = INTERPRET_TILE if interpret else ATTENTION_KEYS[dtype.itemsize]
+    dense = launch.kwargs["KV_MODE"] != 2 and not launch.kwargs["QUANT"] and dtype.itemsize == 2
+    keys = INTERPRET_TILE if interpret else WIDE_ATTENTION_KEYS if dense else ATTENTION_KEYS
     return triton.Config(dict(BLOCK_N=keys), num_warps=4 if interpret else 8, num_stages=1 if interpret else 2)
 
 

@@ -15,7 +15,7 @@ import torch
 from ...._core import staging
 from ...._core.triton.launch import Launch, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
-from .family import KERNELS, head_tile, precision_flags
+from .family import KERNELS, head_tile, precision_flags, value_tile
 
 KV_MODES = {"BSND": 0, "TND": 1, "PA_BSND": 2}
 ROPE_DIM = 64  # rope columns of a packed quantized row
@@ -172,7 +172,8 @@ def attention_plan(g: Geometry, query, query_rope, cache: LatentCache, sparse_in
     (q_lens, kv_lens, table), lens_strides = g.length_args(q.device, idx)
     spare = smax if return_lse else out
     rope_d = 0 if kr is None else kr.shape[-1]
-    block_h = head_tile(heads, interpret)
+    block_h, block_dv = head_tile(heads, interpret), value_tile(dv, interpret)
+    dv_tiles = -(-dv // block_dv)
     args = (q, q if qr is None else qr, k, k if kr is None else kr, v,
             spare if cache.scales is None else cache.scales, idx, out, smax if return_lse else spare,
             ssum if return_lse else spare, spare if sinks is None else sinks, q_lens, kv_lens, table,
@@ -181,13 +182,14 @@ def attention_plan(g: Geometry, query, query_rope, cache: LatentCache, sparse_in
             *_row_strides(v, g.kv_mode), *(_row_strides(cache.scales, g.kv_mode) if cache.scales is not None
                                            else (0, 0)),
             *_idx_strides(idx, g.q_packed), *_token_strides(out, g.q_packed), *lens_strides,
-            g.s1, g.s2, g.n_batch, heads, d, rope_d, dv, g.page, g.n_pages, idx.shape[-1], sparse_block_size,
+            g.s1, g.s2, g.n_batch, heads, d, rope_d, dv, dv_tiles, g.page, g.n_pages, idx.shape[-1], sparse_block_size,
             float(scale))
     rows, batches = g.grid_rows
-    launch = Launch("sparse_attention_kernel", (rows, batches, -(-heads // block_h)), args,
-                    dict(**g.constexprs(causal), HAS_ROPE=kr is not None, V_IS_K=cache.value is None,
+    reuse = cache.value is None and dv_tiles == 1  # the value tile is the latent tile
+    launch = Launch("sparse_attention_kernel", (rows, batches, -(-heads // block_h) * dv_tiles), args,
+                    dict(**g.constexprs(causal), HAS_ROPE=kr is not None, V_IS_K=reuse,
                          QUANT=cache.quant, HAS_SINKS=sinks is not None, RETURN_LSE=return_lse, BLOCK_H=block_h,
-                         BLOCK_D=pow2(d), BLOCK_R=pow2(rope_d), BLOCK_DV=pow2(dv),
+                         BLOCK_D=pow2(d), BLOCK_R=pow2(rope_d), BLOCK_DV=block_dv,
                          **precision_flags(q.dtype, interpret)))
     return (out, smax, ssum), [launch]
 

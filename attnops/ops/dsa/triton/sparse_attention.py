@@ -7,8 +7,10 @@ same latent key rows, so the heads are the M dimension of the tensor-core produc
 walks the row's entries ``BLOCK_N`` key positions at a time (with ``sparse_block_size`` > 1 an entry names
 ``sbs`` consecutive positions), gathers the latent rows ``K [BLOCK_N, 512]`` and rope rows ``[BLOCK_N, 64]`` through
 the layout (dense, packed or the block table) and runs the online softmax of
-``scale * (q k^T + q_rope k_rope^T)``; the value is the latent row itself (``V_IS_K``: loaded once for both
-products) or a separate tensor. Entries counted: the first ``min(K, ceil(L_i / sbs))`` up to the first -1, positions
+``scale * (q k^T + q_rope k_rope^T)``. A program accumulates ``BLOCK_DV`` output columns (grid axis 2 counts head
+tiles x value column tiles): with one tile the value is the latent tile itself (``V_IS_K``: loaded once for both
+products); on a GPU the 512 latent columns are two programs of 256 (a 64 x 512 fp32 accumulator does not fit in
+registers beside the operands), each recomputing the scores and loading its value columns (L2 hits). Entries counted: the first ``min(K, ceil(L_i / sbs))`` up to the first -1, positions
 below ``min(Lkv, L_i)`` (``L_i = Lkv - Lq + i + 1`` in sparse mode 3); a repeated entry counts twice.
 
 ``QUANT`` (1: int8 codes, 2: fp8 e4m3fn codes): the latent rows are the 512 codes of a packed row, dequantized in
@@ -42,15 +44,28 @@ def _entry_count(idx_row, count, limit, sbs):
 
 @triton.jit
 def _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D: tl.constexpr,
-                 QUANT: tl.constexpr, UPCAST: tl.constexpr):
-    """The ``[BLOCK_N, BLOCK_D]`` latent rows, dequantized (``QUANT``) and rounded to the query ``dtype``."""
+                 QUANT: tl.constexpr, UPCAST: tl.constexpr, col0=0):
+    """The ``[BLOCK_N, BLOCK_D]`` latent rows (their columns from ``col0``, ``head_d`` of them), dequantized
+    (``QUANT``) and rounded to the query ``dtype``."""
     rows = load_rows(k_ptr, outer, inner, ok, k_s0, k_s1, head_d, BLOCK_D)
     if QUANT:
-        c = tl.arange(0, BLOCK_D)
-        off = (outer * ks_s0 + inner * ks_s1)[:, None] + (c // SCALE_TILE)[None, :]
-        scale = tl.load(ks_ptr + off, mask=ok[:, None] & (c[None, :] < head_d), other=0.0)
-        rows = (rows.to(tl.float32) * scale).to(dtype)
+        base = outer * ks_s0 + inner * ks_s1 + col0 // SCALE_TILE
+        if BLOCK_D >= SCALE_TILE:  # one scale per 128 columns, broadcast by a reshape
+            t = tl.arange(0, BLOCK_D // SCALE_TILE)
+            scale = tl.load(ks_ptr + base[:, None] + t[None, :], mask=ok[:, None], other=0.0)
+            tiles = tl.reshape(rows.to(tl.float32), [rows.shape[0], BLOCK_D // SCALE_TILE, SCALE_TILE])
+            rows = tl.reshape(tiles * scale[:, :, None], [rows.shape[0], BLOCK_D]).to(dtype)
+        else:  # a tile inside one scale's columns (the interpreter's narrow tiles)
+            rows = (rows.to(tl.float32) * tl.load(ks_ptr + base, mask=ok, other=0.0)[:, None]).to(dtype)
     return upcast(rows, UPCAST)
+
+
+@triton.jit
+def _value_rows(v_ptr, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, dv0, head_dv, dtype,
+                BLOCK_DV: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr):
+    """Columns ``dv0 .. dv0 + BLOCK_DV`` of the value rows (the latent rows' when quantized)."""
+    return _latent_rows(v_ptr + dv0, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, head_dv - dv0, dtype,
+                        BLOCK_DV, QUANT, UPCAST, dv0)
 
 
 @triton.jit
@@ -58,7 +73,7 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
                             sink_ptr, q_lens_ptr, kv_lens_ptr, bt_ptr,
                             q_sb, q_st, q_sh, qr_sb, qr_st, qr_sh, k_s0, k_s1, kr_s0, kr_s1, v_s0, v_s1, ks_s0, ks_s1,
                             i_sb, i_st, o_sb, o_st, o_sh, q_lens_stride, kv_lens_stride, bt_sb,
-                            s1, s2, n_batch, heads, head_d, rope_d, head_dv, page, n_pages, count, sbs, scale,
+                            s1, s2, n_batch, heads, head_d, rope_d, head_dv, dv_tiles, page, n_pages, count, sbs, scale,
                             Q_PACKED: tl.constexpr, Q_LENS: tl.constexpr, KV_MODE: tl.constexpr,
                             KV_LENS: tl.constexpr, CAUSAL: tl.constexpr, HAS_ROPE: tl.constexpr,
                             V_IS_K: tl.constexpr, QUANT: tl.constexpr, HAS_SINKS: tl.constexpr,
@@ -71,7 +86,8 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
     if CAUSAL:
         limit = tl.minimum(kv_len, kv_len - q_len + row + 1)
     limit = tl.where(valid, limit, 0)
-    head0 = tl.program_id(2) * BLOCK_H
+    head0 = (tl.program_id(2) // dv_tiles) * BLOCK_H
+    dv0 = (tl.program_id(2) % dv_tiles) * BLOCK_DV
     dtype = q_ptr.dtype.element_ty
     q = upcast(head_rows(q_ptr, b, token, head0, heads, q_sb, q_st, q_sh, head_d, BLOCK_H, BLOCK_D), UPCAST)
     if HAS_ROPE:
@@ -103,7 +119,8 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
         if V_IS_K:
             v = k
         else:
-            v = upcast(load_rows(v_ptr, outer, inner, ok, v_s0, v_s1, head_dv, BLOCK_DV), UPCAST)
+            v = _value_rows(v_ptr, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, dv0, head_dv, dtype,
+                            BLOCK_DV, QUANT, UPCAST)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
     h = head0 + tl.arange(0, BLOCK_H)
@@ -115,7 +132,7 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
         l_i = l_i * alpha + tl.exp2((sink - m_fin) * LOG2E)
         m_i = m_fin
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    dv = tl.arange(0, BLOCK_DV)
+    dv = dv0 + tl.arange(0, BLOCK_DV)
     o_off = b.to(tl.int64) * o_sb + token * o_st + h[:, None].to(tl.int64) * o_sh + dv[None, :]
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(h[:, None] < heads) & (dv[None, :] < head_dv))
     if RETURN_LSE:

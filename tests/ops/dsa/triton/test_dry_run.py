@@ -41,7 +41,7 @@ def test_operators_record_their_kernels(layout):
         attnops.sparse_flash_attention(meta(*lead, 128, 512), latent, latent, idx, query_rope=meta(*lead, 128, 64),
                                        key_rope=meta(*key_lead, 1, 64), layout=layout, **lens, **kv_lens)
     assert kernels(launches) == ["indexer_topk_kernel", "sparse_attention_kernel"]
-    assert launches[1].grid[2] == 2  # 128 heads: two programs of 64 per token
+    assert launches[1].grid[2] == 4  # 128 heads x 512 columns: two head tiles of 64 x two column tiles of 256
 
 
 def test_paged_launchers_read_device_lengths_and_tables():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import attnops
+from attnops.ops.dsa import op as dsa_op
 from attnops.testing import golden_dsa as G
 from attnops.testing.compare import assert_close_to_golden
 from tests.ops.dsa.dsa_helpers import golden_sfa, pack_keys, pack_query, pack_rows, randn, random_rows, unpack_rows
@@ -162,7 +163,7 @@ def test_quantized_cache_kernel(triton_backend, codes):
     nope = [p[1].to(dtype) for p in packed]
     q, q_len = pack_query([torch.cat([a, b], -1) for a, b in zip(qs, qr)], "TND")
     key_d, = _dev(key)
-    out, _, _ = torch.ops.attnops.dsa_kv_quant_sparse_flash_attention(
+    out, _, _ = dsa_op.dsa_kv_quant_sparse_flash_attention(
         *_dev(q), key_d, key_d, *_dev(pack_rows(rows, "TND")), None, *_dev(table), q_len, k_len, 0.05, 1, "TND",
         "PA_BSND", 3, 64)
     assert triton_backend == ["sparse_attention_kernel"] and out.shape == (5, heads, 512)
