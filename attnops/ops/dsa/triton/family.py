@@ -14,11 +14,11 @@ from ...._core.triton.launch import KernelFamily, Launch, pow2
 INTERPRET_TILE = 16
 VALUE_TILE = 256  # output (latent) columns per sparse-attention program on a GPU
 INTERPRET_VALUE_TILE = 32
-INDEXER_KEYS = 64  # keys per indexer product on a GPU
+INDEXER_KEYS = 64  # keys per indexer product on a GPU (16-bit inputs; 32 for fp32)
 MAX_HEAD_TILE = 64  # query heads per sparse-attention program on a GPU (the M of its products)
 # gathered rows per sparse-attention step on a GPU: 32 for a dense 16-bit cache, 16 through a block table, for a
-# quantized cache (dequantization registers) and for fp32 (the compiler's figures: no spills that way, except the
-# quantized cache's, which spills at either size)
+# quantized cache (dequantization registers) and for fp32 (one stage through a block table); the compiler's figures
+# (python -m attnops aot --filter dsa): no spills that way, except the quantized cache's, which spills at either size
 WIDE_ATTENTION_KEYS = 32
 ATTENTION_KEYS = 16
 
@@ -50,13 +50,19 @@ def _config(launch: Launch, named_args: dict, interpret: bool):
     import triton
 
     dtype = named_args["q_ptr"].dtype
+    if interpret:
+        tiles = dict(BLOCK_N=INTERPRET_TILE)
+        if launch.kernel == "indexer_topk_kernel":
+            tiles["BLOCK_K"] = topk_tile(named_args["count"], interpret)
+        return triton.Config(tiles, num_warps=4, num_stages=1)
     if launch.kernel == "indexer_topk_kernel":
-        keys = INTERPRET_TILE if interpret else INDEXER_KEYS
-        tiles = dict(BLOCK_N=keys, BLOCK_K=topk_tile(named_args["count"], interpret))
-        return triton.Config(tiles, num_warps=4 if interpret else 8, num_stages=1 if interpret else 2)
-    dense = launch.kwargs["KV_MODE"] != 2 and not launch.kwargs["QUANT"] and dtype.itemsize == 2
-    keys = INTERPRET_TILE if interpret else WIDE_ATTENTION_KEYS if dense else ATTENTION_KEYS
-    return triton.Config(dict(BLOCK_N=keys), num_warps=4 if interpret else 8, num_stages=1 if interpret else 2)
+        tiles = dict(BLOCK_N=INDEXER_KEYS // (dtype.itemsize // 2), BLOCK_K=topk_tile(named_args["count"], interpret))
+        return triton.Config(tiles, num_warps=8, num_stages=2)
+    paged = launch.kwargs["KV_MODE"] == 2
+    dense = not paged and not launch.kwargs["QUANT"] and dtype.itemsize == 2
+    stages = 1 if paged and dtype.itemsize == 4 else 2
+    return triton.Config(dict(BLOCK_N=WIDE_ATTENTION_KEYS if dense else ATTENTION_KEYS), num_warps=8,
+                         num_stages=stages)
 
 
 KERNELS = KernelFamily("dsa", ("attnops.ops.dsa.triton.indexer", "attnops.ops.dsa.triton.sparse_attention"),
