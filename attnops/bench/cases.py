@@ -353,8 +353,8 @@ def _dsa_cases(prefix: str, lengths, decode, *, heads: int, index_heads: int, to
 
 register_suite(Suite(
     name="dsa-gpu",
-    description="DeepSeek sparse attention on CUDA: sparse prefill (top-2048) vs dense causal attention at 8k/32k/128k, "
-                "the lightning indexer, paged decode; bf16",
+    description="DSA on CUDA: sparse prefill (top-2048) vs dense causal attention at 8k/32k/128k, indexer, paged decode; "
+                "bf16",
     details="DeepSeek-V3.2 shapes: 128 query heads, MLA-absorbed latent 512 + rope 64 shared by every head, top-2048 "
             "(each token its own and the preceding positions); baseline attnops-dense-mha: dense causal "
             "attnops.flash_attention of the same tokens in the non-absorbed form (128 heads, D=192, Dv=128). Indexer: "
