@@ -14,6 +14,8 @@ from ...._core.triton.launch import KernelFamily, Launch, pow2
 INTERPRET_TILE = 16
 VALUE_TILE = 256  # output (latent) columns per sparse-attention program on a GPU
 INTERPRET_VALUE_TILE = 32
+SPLIT_PROGRAMS, SPLIT_POSITIONS = 264, 256
+INTERPRET_SPLIT_PROGRAMS, INTERPRET_SPLIT_POSITIONS = 8, 8
 INDEXER_KEYS = 64  # keys per indexer product on a GPU (16-bit inputs; 32 for fp32)
 MAX_HEAD_TILE = 64  # query heads per sparse-attention program on a GPU (the M of its products)
 # gathered rows per sparse-attention step on a GPU: 32 for a dense 16-bit cache, 16 through a block table, for a
@@ -41,6 +43,17 @@ def value_tile(dv: int, interpret: bool) -> int:
     return min(pow2(dv), INTERPRET_VALUE_TILE if interpret else VALUE_TILE)
 
 
+def split_count(programs: int, positions: int, interpret: bool) -> int:
+    """Splits of each row's entries (decode): enough programs for ``SPLIT_PROGRAMS`` (two waves of an H100's 132 SMs;
+    8 in the interpreter, so that its decode tests split), at least ``SPLIT_POSITIONS`` positions each; 1
+    when the rows alone fill the GPU."""
+    target, least = (INTERPRET_SPLIT_PROGRAMS, INTERPRET_SPLIT_POSITIONS) if interpret else (SPLIT_PROGRAMS,
+                                                                                               SPLIT_POSITIONS)
+    if programs >= target:
+        return 1
+    return max(1, min(-(-target // programs), positions // least))
+
+
 def topk_tile(count: int, interpret: bool) -> int:
     """``BLOCK_K`` of the indexer: ``count`` rounded up to a power of two, at least one key tile."""
     return pow2(count, INTERPRET_TILE if interpret else INDEXER_KEYS)
@@ -49,6 +62,8 @@ def topk_tile(count: int, interpret: bool) -> int:
 def _config(launch: Launch, named_args: dict, interpret: bool):
     import triton
 
+    if launch.kernel == "sparse_attention_merge_kernel":
+        return triton.Config({}, num_warps=4, num_stages=1)
     dtype = named_args["q_ptr"].dtype
     if interpret:
         tiles = dict(BLOCK_N=INTERPRET_TILE)

@@ -15,7 +15,7 @@ import torch
 from ...._core import staging
 from ...._core.triton.launch import Launch, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
-from .family import KERNELS, head_tile, precision_flags, value_tile
+from .family import KERNELS, head_tile, precision_flags, split_count, value_tile
 
 KV_MODES = {"BSND": 0, "TND": 1, "PA_BSND": 2}
 ROPE_DIM = 64  # rope columns of a packed quantized row
@@ -170,28 +170,39 @@ def attention_plan(g: Geometry, query, query_rope, cache: LatentCache, sparse_in
     if out.numel() == 0:
         return (out, smax, ssum), []
     (q_lens, kv_lens, table), lens_strides = g.length_args(q.device, idx)
-    spare = smax if return_lse else out
     rope_d = 0 if kr is None else kr.shape[-1]
     block_h, block_dv = head_tile(heads, interpret), value_tile(dv, interpret)
-    dv_tiles = -(-dv // block_dv)
+    rows, batches = g.grid_rows
+    tiles = -(-heads // block_h) * -(-dv // block_dv)
+    splits = split_count(rows * batches * tiles, idx.shape[-1] * sparse_block_size, interpret)
+    spare = smax if return_lse else out
+    stats = (smax, ssum) if return_lse else (spare, spare)
+    if splits > 1:  # fp32 partials of every (flat row, head, split): accumulators, maxima, sums
+        part, pmax, psum = (torch.empty((rows * batches, heads, splits, *w), dtype=torch.float32, device=q.device)
+                            for w in ((dv,), (), ()))
+    sinks_arg = spare if sinks is None else sinks
     args = (q, q if qr is None else qr, k, k if kr is None else kr, v,
-            spare if cache.scales is None else cache.scales, idx, out, smax if return_lse else spare,
-            ssum if return_lse else spare, spare if sinks is None else sinks, q_lens, kv_lens, table,
+            spare if cache.scales is None else cache.scales, idx, out, *((pmax, psum) if splits > 1 else stats),
+            sinks_arg, part if splits > 1 else spare, q_lens, kv_lens, table,
             *_token_strides(q, g.q_packed), *_token_strides(q if qr is None else qr, g.q_packed),
             *_row_strides(k, g.kv_mode), *_row_strides(k if kr is None else kr, g.kv_mode),
             *_row_strides(v, g.kv_mode), *(_row_strides(cache.scales, g.kv_mode) if cache.scales is not None
                                            else (0, 0)),
             *_idx_strides(idx, g.q_packed), *_token_strides(out, g.q_packed), *lens_strides,
-            g.s1, g.s2, g.n_batch, heads, d, rope_d, dv, dv_tiles, g.page, g.n_pages, idx.shape[-1], sparse_block_size,
-            float(scale))
-    rows, batches = g.grid_rows
-    reuse = cache.value is None and dv_tiles == 1  # the value tile is the latent tile
-    launch = Launch("sparse_attention_kernel", (rows, batches, -(-heads // block_h) * dv_tiles), args,
-                    dict(**g.constexprs(causal), HAS_ROPE=kr is not None, V_IS_K=reuse,
-                         QUANT=cache.quant, HAS_SINKS=sinks is not None, RETURN_LSE=return_lse, BLOCK_H=block_h,
-                         BLOCK_D=pow2(d), BLOCK_R=pow2(rope_d), BLOCK_DV=block_dv,
-                         **precision_flags(q.dtype, interpret)))
-    return (out, smax, ssum), [launch]
+            g.s1, g.s2, g.n_batch, heads, d, rope_d, dv, -(-dv // block_dv), splits, g.page, g.n_pages,
+            idx.shape[-1], sparse_block_size, float(scale))
+    reuse = cache.value is None and block_dv >= dv  # the value tile is the latent tile
+    finish = dict(HAS_SINKS=sinks is not None, RETURN_LSE=return_lse, BLOCK_H=block_h, BLOCK_DV=block_dv)
+    launches = [Launch("sparse_attention_kernel", (rows, batches, tiles * splits), args,
+                       dict(**g.constexprs(causal), HAS_ROPE=kr is not None, V_IS_K=reuse, QUANT=cache.quant,
+                            SPLIT=splits > 1, BLOCK_D=pow2(d), BLOCK_R=pow2(rope_d), **finish,
+                            **precision_flags(q.dtype, interpret)))]
+    if splits > 1:
+        launches.append(Launch("sparse_attention_merge_kernel", (rows * batches, tiles),
+                               (pmax, psum, part, out, *stats, sinks_arg, *_token_strides(out, g.q_packed), g.s1,
+                                heads, dv, -(-dv // block_dv), splits),
+                               dict(Q_PACKED=g.q_packed, **finish)))
+    return (out, smax, ssum), launches
 
 
 def sparse_flash_attention(g: Geometry, query, query_rope, cache: LatentCache, sparse_indices, scale: float,

@@ -17,6 +17,10 @@ below ``min(Lkv, L_i)`` (``L_i = Lkv - Lq + i + 1`` in sparse mode 3); a repeate
 the kernel with the row's four fp32 per-128-column scales and rounded to the query dtype (the reference's order);
 the rope rows and the scales are the same bytes viewed as the query dtype and fp32 (host views, no copies).
 
+Decode with few programs (one token per request, 2 x 2 head/column tiles) splits each row's entries over ``splits``
+programs (axis 2 counts splits too), which store their unnormalised partials in fp32; ``sparse_attention_merge_kernel``
+merges them in split order (FlashDecoding; deterministic) and finishes the row.
+
 Outputs: ``acc / l`` (0 for a row that attends to nothing), and when asked the statistics ``(m, l)`` at
 ``token * N1 + head`` (the BSND ``[B, 1, S1, N1]`` and TND ``[1, T1, N1]`` layouts flatten alike); sinks add
 ``exp(sink - m)`` to the sum after the keys. Rows without keys: ``(0, 0)``, with sinks ``(sink, 1)``.
@@ -69,25 +73,58 @@ def _value_rows(v_ptr, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, dv0, 
 
 
 @triton.jit
+def _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, sink_ptr, o_sb, o_st, o_sh, heads,
+            head_dv, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, BLOCK_H: tl.constexpr,
+            BLOCK_DV: tl.constexpr):
+    """Sinks, ``acc / l`` (0 without keys) and the statistics (at ``r * N1 + head``; ``(0, 0)`` without keys) of
+    flat query row ``r`` (``token`` of batch ``b``), heads ``head0 ..``, output columns ``dv0 ..``."""
+    h = head0 + tl.arange(0, BLOCK_H)
+    if HAS_SINKS:
+        sink = tl.load(sink_ptr + h, mask=h < heads, other=0.0).to(tl.float32)
+        m_fin = tl.maximum(m_i, sink)
+        alpha = tl.exp2((m_i - m_fin) * LOG2E)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha + tl.exp2((sink - m_fin) * LOG2E)
+        m_i = m_fin
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    dv = dv0 + tl.arange(0, BLOCK_DV)
+    o_off = b.to(tl.int64) * o_sb + token * o_st + h[:, None].to(tl.int64) * o_sh + dv[None, :]
+    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(h[:, None] < heads) & (dv[None, :] < head_dv))
+    if RETURN_LSE:
+        stat = r * heads + h
+        tl.store(smax_ptr + stat, tl.where(m_i == float("-inf"), 0.0, m_i), mask=h < heads)
+        tl.store(ssum_ptr + stat, l_i, mask=h < heads)
+
+
+@triton.jit
+def _partial(r, h, split, splits, heads):
+    """Element offset of (row ``r``, heads ``h``, ``split``) in the ``[R, N1, splits]`` partial statistics."""
+    return (r * heads + h) * splits + split
+
+
+@triton.jit
 def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr, o_ptr, smax_ptr, ssum_ptr,
-                            sink_ptr, q_lens_ptr, kv_lens_ptr, bt_ptr,
+                            sink_ptr, part_ptr, q_lens_ptr, kv_lens_ptr, bt_ptr,
                             q_sb, q_st, q_sh, qr_sb, qr_st, qr_sh, k_s0, k_s1, kr_s0, kr_s1, v_s0, v_s1, ks_s0, ks_s1,
                             i_sb, i_st, o_sb, o_st, o_sh, q_lens_stride, kv_lens_stride, bt_sb,
-                            s1, s2, n_batch, heads, head_d, rope_d, head_dv, dv_tiles, page, n_pages, count, sbs, scale,
+                            s1, s2, n_batch, heads, head_d, rope_d, head_dv, dv_tiles, splits, page, n_pages, count,
+                            sbs, scale,
                             Q_PACKED: tl.constexpr, Q_LENS: tl.constexpr, KV_MODE: tl.constexpr,
                             KV_LENS: tl.constexpr, CAUSAL: tl.constexpr, HAS_ROPE: tl.constexpr,
                             V_IS_K: tl.constexpr, QUANT: tl.constexpr, HAS_SINKS: tl.constexpr,
-                            RETURN_LSE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr,
-                            PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                            RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr,
+                            BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+                            UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     b, token, row, q_len, valid = query_row(q_lens_ptr, q_lens_stride, s1, n_batch, Q_PACKED, Q_LENS)
     kv_start, kv_len = kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE, KV_LENS)
     limit = kv_len
     if CAUSAL:
         limit = tl.minimum(kv_len, kv_len - q_len + row + 1)
     limit = tl.where(valid, limit, 0)
-    head0 = (tl.program_id(2) // dv_tiles) * BLOCK_H
-    dv0 = (tl.program_id(2) % dv_tiles) * BLOCK_DV
+    split = tl.program_id(2) % splits
+    tile = tl.program_id(2) // splits
+    head0 = (tile // dv_tiles) * BLOCK_H
+    dv0 = (tile % dv_tiles) * BLOCK_DV
     dtype = q_ptr.dtype.element_ty
     q = upcast(head_rows(q_ptr, b, token, head0, heads, q_sb, q_st, q_sh, head_d, BLOCK_H, BLOCK_D), UPCAST)
     if HAS_ROPE:
@@ -95,14 +132,17 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
                         UPCAST)
     idx_row = idx_ptr + b.to(tl.int64) * i_sb + token * i_st
     n_pos = _entry_count(idx_row, count, limit, sbs) * sbs
+    chunk = tl.cdiv(tl.cdiv(n_pos, splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(n_pos, lo + chunk)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-    for f0 in range(0, n_pos, BLOCK_N):
+    for f0 in range(lo, hi, BLOCK_N):
         f = f0 + tl.arange(0, BLOCK_N)
-        entry = tl.load(idx_row + f // sbs, mask=f < n_pos, other=-1).to(tl.int64)
+        entry = tl.load(idx_row + f // sbs, mask=f < hi, other=-1).to(tl.int64)
         pos = entry * sbs + f % sbs
-        ok = (f < n_pos) & (entry >= 0) & (pos < limit)
+        ok = (f < hi) & (entry >= 0) & (pos < limit)
         outer, inner = key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE)
         k = _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D, QUANT,
                          UPCAST)
@@ -123,21 +163,52 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
                             BLOCK_DV, QUANT, UPCAST)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
+    r = token
+    if not Q_PACKED:
+        r += b.to(tl.int64) * s1
+    if SPLIT:  # the split's unnormalised partials: (max, sum) per head, acc per head and column
+        h = head0 + tl.arange(0, BLOCK_H)
+        dv = dv0 + tl.arange(0, BLOCK_DV)
+        at = _partial(r, h, split, splits, heads)
+        tl.store(smax_ptr + at, m_i, mask=h < heads)
+        tl.store(ssum_ptr + at, l_i, mask=h < heads)
+        tl.store(part_ptr + at[:, None] * head_dv + dv[None, :], acc,
+                 mask=(h[:, None] < heads) & (dv[None, :] < head_dv))
+    else:
+        _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, sink_ptr, o_sb, o_st, o_sh, heads,
+                head_dv, HAS_SINKS, RETURN_LSE, BLOCK_H, BLOCK_DV)
+
+
+@triton.jit
+def sparse_attention_merge_kernel(pmax_ptr, psum_ptr, part_ptr, o_ptr, smax_ptr, ssum_ptr, sink_ptr,
+                                  o_sb, o_st, o_sh, s1, heads, head_dv, dv_tiles, splits,
+                                  Q_PACKED: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
+                                  BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The splits of flat query row ``r`` (axis 0) merged in split order (the same bits every run): the max first,
+    then the rescaled sums and accumulators; then :func:`_finish`."""
+    r = tl.program_id(0).to(tl.int64)
+    head0 = (tl.program_id(1) // dv_tiles) * BLOCK_H
+    dv0 = (tl.program_id(1) % dv_tiles) * BLOCK_DV
     h = head0 + tl.arange(0, BLOCK_H)
-    if HAS_SINKS:
-        sink = tl.load(sink_ptr + h, mask=h < heads, other=0.0).to(tl.float32)
-        m_fin = tl.maximum(m_i, sink)
-        alpha = tl.exp2((m_i - m_fin) * LOG2E)
-        acc = acc * alpha[:, None]
-        l_i = l_i * alpha + tl.exp2((sink - m_fin) * LOG2E)
-        m_i = m_fin
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     dv = dv0 + tl.arange(0, BLOCK_DV)
-    o_off = b.to(tl.int64) * o_sb + token * o_st + h[:, None].to(tl.int64) * o_sh + dv[None, :]
-    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(h[:, None] < heads) & (dv[None, :] < head_dv))
-    if RETURN_LSE:
-        stat = token * heads + h
-        if not Q_PACKED:
-            stat += b.to(tl.int64) * s1 * heads
-        tl.store(smax_ptr + stat, tl.where(m_i == float("-inf"), 0.0, m_i), mask=h < heads)
-        tl.store(ssum_ptr + stat, l_i, mask=h < heads)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    for split in range(splits):
+        m_i = tl.maximum(m_i, tl.load(pmax_ptr + _partial(r, h, split, splits, heads), mask=h < heads,
+                                      other=float("-inf")))
+    shift = tl.where(m_i == float("-inf"), 0.0, m_i)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    for split in range(splits):
+        at = _partial(r, h, split, splits, heads)
+        alpha = tl.exp2((tl.load(pmax_ptr + at, mask=h < heads, other=float("-inf")) - shift) * LOG2E)
+        l_i += alpha * tl.load(psum_ptr + at, mask=h < heads, other=0.0)
+        part = tl.load(part_ptr + at[:, None] * head_dv + dv[None, :], mask=(h[:, None] < heads) &
+                       (dv[None, :] < head_dv), other=0.0)
+        acc += alpha[:, None] * part
+    b = tl.zeros([], tl.int64)
+    token = r
+    if not Q_PACKED:
+        b = r // s1
+        token = r % s1
+    _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, sink_ptr, o_sb, o_st, o_sh, heads,
+            head_dv, HAS_SINKS, RETURN_LSE, BLOCK_H, BLOCK_DV)

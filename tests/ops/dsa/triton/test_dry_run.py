@@ -61,5 +61,6 @@ def test_paged_launchers_read_device_lengths_and_tables():
             _, plan = launch.attention_plan(g, query, meta(t, 128, 64), cache, idx, 0.1, 1, True, True, None,
                                             interpret=False)
             KERNELS.run_all(plan, META)
-    assert kernels(launches) == ["indexer_topk_kernel", "sparse_attention_kernel", "sparse_attention_kernel"]
-    assert launches[2].constexprs["QUANT"] == 1
+    split = ["sparse_attention_kernel", "sparse_attention_merge_kernel"]  # 4 tokens: each row split over programs
+    assert kernels(launches) == ["indexer_topk_kernel", *split, *split]
+    assert launches[3].constexprs["QUANT"] == 1 and launches[1].constexprs["SPLIT"]

@@ -91,14 +91,19 @@ def _sfa_case(q_lens, k_lens, heads, d, dr, dtype, count, block=1, mode=3, seed=
     return qs, qr, ks, kr, random_rows(q_lens, k_lens, count, block=block, sparse_mode=mode, seed=seed + 40)
 
 
-@pytest.mark.parametrize("layout_q,layout_kv,mode,dtype,block,sinks", [
-    *[(q, k, m, F, 1, False) for q, k in LAYOUTS for m in (0, 3)],
-    ("TND", "PA_BSND", 3, H, 1, False), ("BSND", "BSND", 3, H, 1, True), ("TND", "PA_BSND", 3, F, 4, False),
-    ("BSND", "BSND", 3, F, 1, True)])
-def test_sparse_flash_attention_kernel(triton_backend, layout_q, layout_kv, mode, dtype, block, sinks):
-    """Lq > Lk in the first batch leaves rows without keys (output 0, statistics (0, 0) or (sink, 1))."""
-    q_lens, k_lens = [6, 1, 4], [3, 33, 20]
-    qs, qr, ks, kr, rows = _sfa_case(q_lens, k_lens, 20, 32, 16, dtype, 6, block, mode, seed=1)
+SHAPES = {"prefill": ([6, 1, 4], [3, 33, 20], 6), "decode": ([1, 1, 1], [50, 7, 33], 40)}
+
+
+@pytest.mark.parametrize("shape,layout_q,layout_kv,mode,dtype,block,sinks", [
+    *[("prefill", q, k, m, F, 1, False) for q, k in LAYOUTS for m in (0, 3)],
+    ("prefill", "TND", "PA_BSND", 3, H, 1, False), ("prefill", "BSND", "BSND", 3, H, 1, True),
+    ("prefill", "TND", "PA_BSND", 3, F, 4, False), ("prefill", "BSND", "BSND", 3, F, 1, True),
+    ("decode", "TND", "PA_BSND", 3, F, 1, True), ("decode", "TND", "PA_BSND", 3, H, 2, False)])
+def test_sparse_flash_attention_kernel(triton_backend, shape, layout_q, layout_kv, mode, dtype, block, sinks):
+    """Prefill: Lq > Lk in the first batch leaves rows without keys (output 0, statistics (0, 0) or (sink, 1)).
+    Decode: one token per request, few programs: each row's entries split over several, then merged."""
+    q_lens, k_lens, count = SHAPES[shape]
+    qs, qr, ks, kr, rows = _sfa_case(q_lens, k_lens, 20, 32, 16, dtype, count, block, mode, seed=1)
     sink = randn(20, seed=9) if sinks else None
     q, q_len = pack_query(qs, layout_q)
     q_rope, _ = pack_query(qr, layout_q)
@@ -109,7 +114,7 @@ def test_sparse_flash_attention_kernel(triton_backend, layout_q, layout_kv, mode
                                          layout=layout_q, layout_kv=layout_kv, actual_seq_lengths_query=q_len,
                                          actual_seq_lengths_kv=k_len, block_table=table_d, sparse_block_size=block,
                                          sparse_mode=mode, sinks=sink_d)
-    assert triton_backend == ["sparse_attention_kernel"]
+    assert triton_backend == ["sparse_attention_kernel"] + ["sparse_attention_merge_kernel"] * (shape == "decode")
     want = golden_sfa(qs, ks, ks, rows, 0.3, q_rope=qr, k_rope=kr, sparse_mode=mode, block=block, sinks=sink)
     base = golden_sfa(qs, ks, ks, rows, 0.3, q_rope=qr, k_rope=kr, sparse_mode=mode, block=block, sinks=sink,
                       dtype=dtype)
