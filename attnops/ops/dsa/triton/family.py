@@ -32,9 +32,12 @@ def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
     return dict(UPCAST=upcast, PRECISION="ieee" if upcast else "tf32")
 
 
-def head_tile(heads: int, interpret: bool) -> int:
-    """``BLOCK_H`` of sparse attention: every head of the token up to ``MAX_HEAD_TILE`` (at least 16 rows)."""
-    return pow2(heads) if interpret else min(pow2(heads), MAX_HEAD_TILE)
+def head_tile(heads: int, dtype: torch.dtype, interpret: bool) -> int:
+    """``BLOCK_H`` of sparse attention: every head of the token up to ``MAX_HEAD_TILE`` (half of it for fp32, whose
+    query tile would not fit in sm_80's shared memory), at least 16 rows."""
+    if interpret:
+        return pow2(heads)
+    return min(pow2(heads), MAX_HEAD_TILE // (dtype.itemsize // 2))
 
 
 def value_tile(dv: int, interpret: bool) -> int:

@@ -145,13 +145,15 @@ def plain_cache(key: torch.Tensor, value: torch.Tensor, key_rope: torch.Tensor |
 
 
 def packed_cache(key: torch.Tensor, query_dtype: torch.dtype) -> LatentCache:
-    """Views of a 656-byte packed quantized cache (int8 or fp8 e4m3fn rows): the 512 codes, the 64 rope values in
-    the query dtype, the four fp32 scales (no copies)."""
+    """Views of a 656-byte packed quantized cache (int8 or fp8 e4m3fn rows): the 512 codes (fp8 as bytes: the kernel
+    decodes them), the 64 rope values in the query dtype, the four fp32 scales (no copies)."""
     raw = unit_last_stride(key)
     as_bytes = raw.view(torch.uint8)
     rope = as_bytes[..., LATENT_DIM:LATENT_DIM + 2 * ROPE_DIM].view(query_dtype)
     scales = as_bytes[..., LATENT_DIM + 2 * ROPE_DIM:].view(torch.float32)
-    return LatentCache(raw[..., :LATENT_DIM], rope, None, scales, 2 if key.dtype == torch.float8_e4m3fn else 1)
+    fp8 = key.dtype == torch.float8_e4m3fn
+    codes = as_bytes[..., :LATENT_DIM] if fp8 else raw[..., :LATENT_DIM]
+    return LatentCache(codes, rope, None, scales, 2 if fp8 else 1)
 
 
 def attention_plan(g: Geometry, query, query_rope, cache: LatentCache, sparse_indices, scale: float,
@@ -171,7 +173,7 @@ def attention_plan(g: Geometry, query, query_rope, cache: LatentCache, sparse_in
         return (out, smax, ssum), []
     (q_lens, kv_lens, table), lens_strides = g.length_args(q.device, idx)
     rope_d = 0 if kr is None else kr.shape[-1]
-    block_h, block_dv = head_tile(heads, interpret), value_tile(dv, interpret)
+    block_h, block_dv = head_tile(heads, q.dtype, interpret), value_tile(dv, interpret)
     rows, batches = g.grid_rows
     tiles = -(-heads // block_h) * -(-dv // block_dv)
     splits = split_count(rows * batches * tiles, idx.shape[-1] * sparse_block_size, interpret)

@@ -13,7 +13,7 @@ products); on a GPU the 512 latent columns are two programs of 256 (a 64 x 512 f
 registers beside the operands), each recomputing the scores and loading its value columns (L2 hits). Entries counted: the first ``min(K, ceil(L_i / sbs))`` up to the first -1, positions
 below ``min(Lkv, L_i)`` (``L_i = Lkv - Lq + i + 1`` in sparse mode 3); a repeated entry counts twice.
 
-``QUANT`` (1: int8 codes, 2: fp8 e4m3fn codes): the latent rows are the 512 codes of a packed row, dequantized in
+``QUANT`` (1: int8 codes, 2: fp8 e4m3fn codes, read as bytes and decoded by their bits): the latent rows are the 512 codes of a packed row, dequantized in
 the kernel with the row's four fp32 per-128-column scales and rounded to the query dtype (the reference's order);
 the rope rows and the scales are the same bytes viewed as the query dtype and fp32 (host views, no copies).
 
@@ -47,6 +47,21 @@ def _entry_count(idx_row, count, limit, sbs):
 
 
 @triton.jit
+def _code_values(codes, QUANT: tl.constexpr):
+    """fp32 values of loaded codes: int8 as is; fp8 e4m3fn bytes (loaded as uint8) decoded by their bits (sign,
+    4 exponent bits with bias 7, 3 mantissa bits; exact, and the same on GPUs without fp8 conversions)."""
+    if QUANT == 1:
+        return codes.to(tl.float32)
+    bits = codes.to(tl.int32)
+    exponent = (bits >> 3) & 0xF
+    mantissa = (bits & 7).to(tl.float32)
+    magnitude = tl.where(exponent == 0, mantissa * 0.001953125,  # subnormal: m * 2^-9
+                         (mantissa + 8.0) * tl.exp2((exponent - 10).to(tl.float32)))
+    magnitude = tl.where((exponent == 15) & (mantissa == 7.0), float("nan"), magnitude)
+    return tl.where(bits >= 128, -magnitude, magnitude)
+
+
+@triton.jit
 def _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D: tl.constexpr,
                  QUANT: tl.constexpr, UPCAST: tl.constexpr, col0=0):
     """The ``[BLOCK_N, BLOCK_D]`` latent rows (their columns from ``col0``, ``head_d`` of them), dequantized
@@ -57,10 +72,10 @@ def _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head
         if BLOCK_D >= SCALE_TILE:  # one scale per 128 columns, broadcast by a reshape
             t = tl.arange(0, BLOCK_D // SCALE_TILE)
             scale = tl.load(ks_ptr + base[:, None] + t[None, :], mask=ok[:, None], other=0.0)
-            tiles = tl.reshape(rows.to(tl.float32), [rows.shape[0], BLOCK_D // SCALE_TILE, SCALE_TILE])
+            tiles = tl.reshape(_code_values(rows, QUANT), [rows.shape[0], BLOCK_D // SCALE_TILE, SCALE_TILE])
             rows = tl.reshape(tiles * scale[:, :, None], [rows.shape[0], BLOCK_D]).to(dtype)
         else:  # a tile inside one scale's columns (the interpreter's narrow tiles)
-            rows = (rows.to(tl.float32) * tl.load(ks_ptr + base, mask=ok, other=0.0)[:, None]).to(dtype)
+            rows = (_code_values(rows, QUANT) * tl.load(ks_ptr + base, mask=ok, other=0.0)[:, None]).to(dtype)
     return upcast(rows, UPCAST)
 
 
