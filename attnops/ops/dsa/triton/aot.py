@@ -1,8 +1,8 @@
 """The DSA kernels in the shared AOT machinery (``attnops._core.triton``): the problems ``python -m attnops aot``
 compiles, from the launchers' own plans, at DeepSeek-V3.2's shapes, fp16/bf16 (and fp32 for the plain kernels):
 the lightning indexer (64 heads x 128, top-2048) over BSND keys and a paged cache, sparse flash attention
-(128 heads, latent 512 + rope 64, MLA: value = key) in training (BSND) and decode (TND over a paged cache) form, and
-over the packed int8 / fp8 cache."""
+(128 heads, latent 512 + rope 64, MLA: value = key) in training (BSND) and decode (two requests of one token over a
+paged cache: rows split over programs, then merged) form, and decode over the packed int8 / fp8 cache."""
 from __future__ import annotations
 
 import torch
@@ -14,6 +14,7 @@ from .family import KERNELS
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HEADS, INDEX_HEADS, INDEX_DIM, LATENT, ROPE, TOPK = 128, 64, 128, 512, 64, 2048
 TOKENS, BLOCKS, PAGE = 256, 8, 64  # only the signature matters, not the sizes
+REQUESTS = 2  # decode: one token per request, few programs (the split rows and their merge)
 
 
 def _paged(dtype: torch.dtype, width: int) -> torch.Tensor:
@@ -25,11 +26,12 @@ def _geometry(paged: bool, query: torch.Tensor, key: torch.Tensor) -> launch.Geo
         return launch.geometry(query, key, "BSND", "BSND", None, None, None)
     table = torch.arange(BLOCKS, dtype=torch.int32).reshape(2, BLOCKS // 2)
     lens = torch.tensor([PAGE * 3, PAGE * 4], dtype=torch.int32)
-    return launch.geometry(query, key, "TND", "PA_BSND", lens.cumsum(0).to(torch.int32), lens, table)
+    return launch.geometry(query, key, "TND", "PA_BSND", torch.arange(1, REQUESTS + 1, dtype=torch.int32), lens,
+                           table)
 
 
 def _query(paged: bool, dtype: torch.dtype, heads: int, width: int) -> torch.Tensor:
-    return torch.zeros(((TOKENS,) if paged else (1, TOKENS)) + (heads, width), dtype=dtype)
+    return torch.zeros(((REQUESTS,) if paged else (1, TOKENS)) + (heads, width), dtype=dtype)
 
 
 def _indexer(dtype: str, paged: bool) -> list:

@@ -65,8 +65,8 @@ def topk_tile(count: int, interpret: bool) -> int:
 def _config(launch: Launch, named_args: dict, interpret: bool):
     import triton
 
-    if launch.kernel == "sparse_attention_merge_kernel":
-        return triton.Config({}, num_warps=4, num_stages=1)
+    if launch.kernel == "sparse_attention_merge_kernel":  # a [64, 256] fp32 accumulator: 8 warps, no spills
+        return triton.Config({}, num_warps=4 if interpret else 8, num_stages=1)
     dtype = named_args["q_ptr"].dtype
     if interpret:
         tiles = dict(BLOCK_N=INTERPRET_TILE)

@@ -16,17 +16,22 @@ PLAIN = [f"dsa/{kind}-{dtype}" for dtype in ("fp16", "bf16", "fp32")
 PACKED = [f"dsa/sparse-attention-{codes}-cache-{dtype}" for codes in ("int8", "fp8") for dtype in ("fp16", "bf16")]
 
 
-def _kernel(case: str) -> str:
-    return "indexer_topk_kernel" if "indexer" in case else "sparse_attention_kernel"
+def _kernels(case: str) -> set[str]:
+    """The indexer's one kernel; sparse attention's (decode and packed-cache cases: split rows and their merge)."""
+    if "indexer" in case:
+        return {"indexer_topk_kernel"}
+    split = "decode" in case or case in PACKED
+    return {"sparse_attention_kernel", *(["sparse_attention_merge_kernel"] if split else [])}
 
 
 def check(case: str, target: str) -> None:
     variants = compile_case(case, target)
-    assert {v["kernel"] for v in variants} == {_kernel(case)}
+    assert {v["kernel"] for v in variants} == _kernels(case)
     for v in variants:
         assert v["shared"] <= v["limit"], v
         assert case in PACKED or v["spills"] == 0, v
-        assert target != "sm_90" or case.endswith("fp32") or v["ptx"]["wgmma"] > 0, v
+        merge = v["kernel"] == "sparse_attention_merge_kernel"  # no products
+        assert target != "sm_90" or case.endswith("fp32") or merge or v["ptx"]["wgmma"] > 0, v
 
 
 def test_sparse_attention_compiles_with_wgmma():
