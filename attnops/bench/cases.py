@@ -56,6 +56,9 @@ class Case:
         """Number of (query, key) pairs the mask keeps, summed over batches (causal is top-left aligned)."""
         if self.op == "nsa_selected":  # every query attends to count*block selected keys (causal masking ignored)
             return sum(self.seq_lens) * self.params["count"] * self.params["block"]
+        if self.op in ("dsa_sparse", "dsa_indexer"):  # row i reads min(topk, i + 1) keys (indexer: all i + 1)
+            s, k = self.sq, self.params["topk"]
+            return s * (s + 1) // 2 if self.op == "dsa_indexer" else sum(min(k, i + 1) for i in range(s))
         if self.op == "nsa_layer":  # selected + window keys per query, plus the compressed branch (~S/stride/2)
             p = self.params
             return sum(s * (p["count"] * p["block"] + p["window"]) + s * s // (2 * p["stride"])
@@ -207,6 +210,25 @@ register_suite(Suite(
             "at S=16k (time vs kept area)",
     cases=_target_cases(), device="cuda", repeat=20, warmup=3))
 
+def _dsa_cpu_cases() -> tuple[Case, ...]:
+    mla = dict(heads=16, kv_heads=1, d=576, dv=512, causal=True, layout="TND", baselines=("attnops-dense",),
+               params={"topk": 2048, "rope": 64})
+    sparse = tuple(Case(name=f"dsa-sparse-t{s}-n16-k2048-fp32-fwd", op="dsa_sparse", sq=s, skv=s, seq_lens=(s,),
+                        track_memory=True, **mla) for s in (8192, 32768))
+    indexer = tuple(Case(name=f"dsa-indexer-t{s}-n16-d128-k2048-fp32", op="dsa_indexer", sq=s, skv=s, heads=16,
+                         kv_heads=1, d=128, dv=0, causal=True, baselines=(), track_memory=True,
+                         params={"topk": 2048, "rope": 0}) for s in (8192, 32768))
+    return sparse + indexer
+
+
+register_suite(Suite(
+    name="dsa-cpu",
+    description="DSA sparse attention (top-k 2048) vs dense causal FlashAttention, and the lightning indexer, CPU",
+    details="One causal sequence, MLA shapes: N1=16 query heads, one latent kv head (512 + 64 rope), value = latent, "
+            "fp32, forward; each row reads min(2048, i+1) keys spread over its prefix (1/8 of the causal work at "
+            "32k). Indexer: 16 heads of 128, causal top-2048; peak memory recorded",
+    cases=_dsa_cpu_cases(), device="cpu", repeat=1, warmup=0))
+
 register_suite(Suite(
     name="nsa-cpu",
     description="NSA selected attention vs dense causal FlashAttention on the CPU: 16384 tokens, fwd+bwd",
@@ -344,7 +366,7 @@ def _dsa_cases(prefix: str, lengths, decode, *, heads: int, index_heads: int, to
                           baselines=("attnops-dense-mha",), **mla))
         cases.append(Case(name=f"{prefix}-indexer-t{t}-n{index_heads}-top{topk}-{dtype}", op="dsa_indexer", sq=t,
                           skv=t, heads=index_heads, kv_heads=1, d=128, dv=0, dtype=dtype, causal=True,
-                          params={"topk": topk}, baselines=()))
+                          params={"topk": topk, "rope": 0}, baselines=()))
     for b, ctx in decode:
         cases.append(Case(name=f"{prefix}-decode-b{b}-kv{ctx}-n{heads}-top{topk}-{dtype}", op="dsa_decode", batch=b,
                           sq=1, skv=ctx, baselines=(), **mla))

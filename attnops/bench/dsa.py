@@ -1,107 +1,72 @@
-"""Benchmark builders for DeepSeek sparse attention (DeepSeek-V3.2 shapes).
+"""Benchmark builders for DeepSeek sparse attention on the CPU.
 
-``dsa_prefill``: ``attnops.sparse_flash_attention`` over one causal sequence (MLA absorbed: 128 query heads, latent
-512 + rope 64 shared by every head), each token attending to ``topk`` positions (its own and the preceding ones:
-the densest causal selection); ``dsa_decode``: one token per request over a paged latent cache (blocks of 64), the
-last ``topk`` positions; ``dsa_indexer``: ``attnops.lightning_indexer`` (64 heads x 128, top-``topk``) over one
-causal sequence. Baseline ``attnops-dense-mha``: the dense causal ``attnops.flash_attention`` of the same tokens in
-DeepSeek's non-absorbed prefill form (128 heads, D=192, Dv=128), the attention DSA replaces.
+``dsa_sparse``: :func:`attnops.sparse_flash_attention` over one causal sequence of ``S`` tokens (TND), MLA shapes
+(latent ``d - rope`` + rope ``params["rope"]`` for q.k, value = the latent), every query row reading
+``min(params["topk"], i + 1)`` keys spread evenly over its causal prefix; baseline ``attnops-dense`` is dense causal
+:func:`attnops.flash_attention` on the same tokens (``q = [q_nope | q_rope]``, ``k = [latent | rope]``,
+``v = latent``). ``dsa_indexer``: :func:`attnops.lightning_indexer` (``params["index_heads"]`` heads of
+``d``, causal top-``params["topk"]``), timed with its peak memory (no ``[S, S]`` score matrix).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from .cases import Case
 
-LATENT, ROPE, PAGE = 512, 64, 64
-MHA_D, MHA_DV = 192, 128
-
 
 def _randn(gen, *shape, dtype, device):
-    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
 
-def _window(rows: torch.Tensor, limit: torch.Tensor, topk: int, device) -> torch.Tensor:
-    """int32 ``[R, 1, topk]``: positions ``limit - 1, limit - 2, ...`` (at most ``topk``), then -1."""
-    pos = (limit[:, None] - 1 - torch.arange(topk, device=device)[None, :])
-    return torch.where(pos >= 0, pos, -1).to(torch.int32).view(rows.numel(), 1, topk)
+def spread_indices(s: int, topk: int, device) -> torch.Tensor:
+    """``[S, 1, topk]`` int32: row ``i`` lists ``min(topk, i + 1)`` distinct positions spread over ``0..i``."""
+    i = torch.arange(s)[:, None]
+    allowed = i + 1
+    slot = torch.arange(topk)[None]
+    pos = torch.where(allowed <= topk, slot, slot * allowed // topk)
+    return pos.masked_fill(slot >= allowed, -1).to(device=device, dtype=torch.int32)[:, None]
 
 
 def dsa_inputs(case: Case, device: torch.device, seed: int):
     from .impls import Inputs
 
     gen = torch.Generator().manual_seed(seed)
-    dt, topk = getattr(torch, case.dtype), case.params["topk"]
-    none = torch.empty(0, device=device)
+    dt = getattr(torch, case.dtype)
+    s, n, rope = case.sq, case.heads, case.params["rope"]
     if case.op == "dsa_indexer":
-        t = case.sq
-        q, k = _randn(gen, 1, t, case.heads, case.d, dtype=dt, device=device), _randn(gen, 1, t, 1, case.d, dtype=dt,
-                                                                                       device=device)
-        w = _randn(gen, 1, t, case.heads, dtype=torch.float32, device=device)
-        return Inputs(q, k, none, none, dict(weights=w, sparse_count=topk), 1.0)
-    scale = (LATENT + ROPE) ** -0.5
-    if case.op == "dsa_prefill":
-        t = case.sq
-        q = _randn(gen, 1, t, case.heads, LATENT, dtype=dt, device=device)
-        q_rope = _randn(gen, 1, t, case.heads, ROPE, dtype=dt, device=device)
-        latent = _randn(gen, 1, t, 1, LATENT, dtype=dt, device=device)
-        rope = _randn(gen, 1, t, 1, ROPE, dtype=dt, device=device)
-        rows = torch.arange(t, device=device)
-        idx = _window(rows, rows + 1, topk, device).view(1, t, 1, topk)
-        return Inputs(q, latent, latent, none, dict(sparse_indices=idx, query_rope=q_rope, key_rope=rope), scale)
-    b, ctx = case.batch, case.skv
-    blocks = b * -(-ctx // PAGE)
-    q = _randn(gen, b, case.heads, LATENT, dtype=dt, device=device)
-    q_rope = _randn(gen, b, case.heads, ROPE, dtype=dt, device=device)
-    latent = _randn(gen, blocks, PAGE, 1, LATENT, dtype=dt, device=device)
-    rope = _randn(gen, blocks, PAGE, 1, ROPE, dtype=dt, device=device)
-    table = torch.randperm(blocks, generator=gen).to(device=device, dtype=torch.int32).view(b, -1)
-    lens = torch.full((b,), ctx, dtype=torch.int32, device=device)
-    idx = _window(torch.arange(b, device=device), lens.long(), topk, device)
-    return Inputs(q, latent, latent, none, dict(sparse_indices=idx, query_rope=q_rope, key_rope=rope,
-                                                block_table=table, layout="TND", layout_kv="PA_BSND",
-                                                actual_seq_lengths_query=torch.arange(1, b + 1, dtype=torch.int32,
-                                                                                      device=device),
-                                                actual_seq_lengths_kv=lens), scale)
+        q, k = _randn(gen, 1, s, n, case.d, dtype=dt, device=device), _randn(gen, 1, s, 1, case.d, dtype=dt,
+                                                                                device=device)
+        w = _randn(gen, 1, s, n, dtype=dt, device=device).abs()
+        return Inputs(q, k, w, None, {}, 1.0)
+    q = _randn(gen, s, n, case.d, dtype=dt, device=device)  # [q_nope | q_rope]
+    k = _randn(gen, s, 1, case.d, dtype=dt, device=device)  # [latent | rope]
+    cum = [s]
+    kw = dict(actual_seq_qlen=cum, actual_seq_kvlen=cum, indices=spread_indices(s, case.params["topk"], device),
+              rope=rope)
+    return Inputs(q, k, k[..., :case.dv], None, kw, 1.0 / math.sqrt(case.d))
 
 
 def build_dsa(case: Case, inp, device):
-    """The DSA operator of the case, forward only (no grad)."""
+    """The sparse attention (forward) or the indexer."""
     import attnops
 
     from .impls import Runnable
 
-    kw = dict(inp.kwargs)
+    state: dict = {}
     if case.op == "dsa_indexer":
-        weights, count = kw["weights"], kw["sparse_count"]
-
         def index():
-            return attnops.lightning_indexer(inp.q, inp.k, weights, sparse_count=count).sparse_indices
-
+            state["out"] = attnops.lightning_indexer(inp.q, inp.k, inp.v, sparse_count=case.params["topk"])
         return Runnable(index)
-    idx = kw.pop("sparse_indices")
+    d = case.d - inp.kwargs["rope"]
+    q_nope, q_rope = inp.q[..., :d].contiguous(), inp.q[..., d:].contiguous()
+    latent, k_rope = inp.k[..., :d].contiguous(), inp.k[..., d:].contiguous()
+    lens = torch.tensor([case.sq], dtype=torch.int32)
 
-    def attend():
+    def sparse():
         with torch.no_grad():
-            return attnops.sparse_flash_attention(inp.q, inp.k, inp.v, idx, scale=inp.scale, **kw).attention_out
-
-    return Runnable(attend)
-
-
-def build_dense_mha(case: Case, inp, device):
-    """Dense causal FlashAttention of the prefill's tokens, non-absorbed MLA shape (128 heads, D=192, Dv=128)."""
-    import attnops
-
-    from .impls import Runnable
-
-    gen = torch.Generator().manual_seed(1)
-    t, dt = case.sq, getattr(torch, case.dtype)
-    q, k = (_randn(gen, t, case.heads, MHA_D, dtype=dt, device=device) for _ in range(2))
-    v = _randn(gen, t, case.heads, MHA_DV, dtype=dt, device=device)
-
-    def run():
-        with torch.no_grad():
-            return attnops.flash_attention(q, k, v, layout="TND", causal=True, actual_seq_qlen=[t],
-                                           actual_seq_kvlen=[t])
-
-    return Runnable(run)
+            state["out"] = attnops.sparse_flash_attention(
+                q_nope, latent, latent, inp.kwargs["indices"], scale=inp.scale, query_rope=q_rope, key_rope=k_rope,
+                layout="TND", actual_seq_lengths_query=lens, actual_seq_lengths_kv=lens).attention_out
+    return Runnable(sparse)

@@ -110,10 +110,10 @@ def run_case(case: CheckCase, backend: str) -> Row:
 
 
 def all_cases() -> list[CheckCase]:
-    from . import context_parallel, flash_attention, fused_infer_attention, nsa, torch_npu, torch_npu_atb
+    from . import context_parallel, dsa, flash_attention, fused_infer_attention, nsa, torch_npu, torch_npu_atb
 
     return (flash_attention.cases() + nsa.cases() + fused_infer_attention.cases() + torch_npu.cases()
-            + torch_npu_atb.cases() + context_parallel.cases())
+            + torch_npu_atb.cases() + dsa.cases() + context_parallel.cases())
 
 
 def triton_runs_on_cuda() -> bool:

@@ -3,7 +3,8 @@ lightning indexer, sparse flash attention, the indexer's KL loss; interleaved Ro
 
 Independent of :mod:`attnops.ops`: plain per-batch loops over the logical key sequence of each batch (the caller
 passes it already gathered, ``keys[b] [Lk_b, D]``), computed in ``dtype`` (float64 for the golden, the low dtype
-for the tolerance rule's baseline). Gradients come from autograd through :func:`sparse_flash_attention`.
+for the tolerance rule's baseline). Sparse attention's gradients come from autograd through
+:func:`sparse_flash_attention`; the KL loss's are the spec's formulas (:func:`indexer_kl_loss_grad`).
 """
 from __future__ import annotations
 
@@ -71,34 +72,42 @@ def sparse_flash_attention(q: Tensor, k: Tensor, v: Tensor, rows: list[list[int]
     return torch.stack(outs), torch.stack(maxes), torch.stack(sums)
 
 
-def indexer_kl_loss(q, k, qi, ki, w, rows, row_max, row_sum, scale, *, q_rope=None, k_rope=None):
-    """One batch's summed KL loss ``sum_t KL(P_t || softmax(I_t))`` over the first ``min(K, allowed)`` entries; its
-    autograd gradients w.r.t. ``qi``, ``ki``, ``w`` are the op's (up to the op's rounding of dS)."""
-    total = torch.zeros((), dtype=torch.float64)
+def indexer_kl_loss_grad(q, k, qi, ki, w, rows, row_max, row_sum, scale, *, q_rope=None, k_rope=None,
+                         dtype=torch.float64):
+    """One batch's summed KL loss ``sum_t KL(P_t || softmax(I_t))`` over the first ``min(K, allowed)`` entries and
+    the spec's gradients ``(loss, d_qi, d_ki, d_w)``: ``dI = Y - P`` (the clamps at 1e-8 enter the loss only),
+    ``d_w = sum_r dI relu(S)``, ``dS = dI w [S > 0]``, ``d_qi = sum_r dS k_index``, ``d_ki`` scatter-added."""
+    loss = torch.zeros((), dtype=dtype)
+    d_qi, d_ki, d_w = (torch.zeros(x.shape, dtype=dtype) for x in (qi, ki, w))
     lq = q.shape[0]
     for t in range(lq):
         n = min(len(rows[t]), allowed(lq, k.shape[0], t, 3))
         if n == 0:
             continue
         idx = torch.tensor(rows[t][:n], dtype=torch.long)
-        logit = q[t].double() @ k[idx].double().T
+        logit = q[t].to(dtype) @ k[idx].to(dtype).T
         if q_rope is not None:
-            logit = logit + q_rope[t].double() @ k_rope[idx].double().T
-        p = (torch.exp(logit * scale - row_max[t].double()[:, None]) / row_sum[t].double()[:, None]).mean(0)
-        scores = (w[t].double()[:, None] * (qi[t].double() @ ki[idx].double().T).clamp_min(0)).sum(0)
-        y = torch.softmax(scores, 0)
+            logit = logit + q_rope[t].to(dtype) @ k_rope[idx].to(dtype).T
+        p = (torch.exp(logit * scale - row_max[t].to(dtype)[:, None]) / row_sum[t].to(dtype)[:, None]).mean(0)
+        s = qi[t].to(dtype) @ ki[idx].to(dtype).T  # [G, n]
+        y = torch.softmax((w[t].to(dtype)[:, None] * s.clamp_min(0)).sum(0), 0)
         pc, yc = p.clamp_min(1e-8), y.clamp_min(1e-8)
-        total = total + (pc * (pc.log() - yc.log())).sum()
-    return total
+        loss = loss + (pc * (pc.log() - yc.log())).sum()
+        d_i = y - p
+        d_w[t] = s.clamp_min(0) @ d_i
+        d_s = d_i[None, :] * w[t].to(dtype)[:, None] * (s > 0)
+        d_qi[t] = d_s @ ki[idx].to(dtype)
+        d_ki.index_add_(0, idx, d_s.T @ qi[t].to(dtype))
+    return loss, d_qi, d_ki, d_w
 
 
-def interleave_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """``cat(x_even, x_odd) * cos + cat(-x_odd, x_even) * sin`` in fp64 (the output stays de-interleaved)."""
-    x = x.double()
+def interleave_rope(x: Tensor, cos: Tensor, sin: Tensor, dtype=torch.float64) -> Tensor:
+    """``cat(x_even, x_odd) * cos + cat(-x_odd, x_even) * sin`` in ``dtype`` (the output stays de-interleaved)."""
+    x = x.to(dtype)
     e, o = x[..., 0::2], x[..., 1::2]
-    return torch.cat([e, o], -1) * cos.double() + torch.cat([-o, e], -1) * sin.double()
+    return torch.cat([e, o], -1) * cos.to(dtype) + torch.cat([-o, e], -1) * sin.to(dtype)
 
 
-def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
-    x = x.double()
-    return gamma.double() * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+def rms_norm(x: Tensor, gamma: Tensor, eps: float, dtype=torch.float64) -> Tensor:
+    x = x.to(dtype)
+    return gamma.to(dtype) * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)

@@ -18,6 +18,13 @@ from .atb_self_attention import (
     _npu_flash_attention_v3,
 )
 from .attention_update import npu_attention_update, npu_ring_attention_update
+from .dsa import (
+    C_ASCEND_OPS,
+    npu_kv_quant_sparse_flash_attention,
+    npu_lightning_indexer,
+    npu_sparse_flash_attention,
+    npu_sparse_lightning_indexer_grad_kl_loss,
+)
 from .fusion_attention import (
     npu_fusion_attention,
     npu_fusion_attention_grad,
@@ -40,6 +47,13 @@ from .kv_cache import (
     npu_gather_pa_kv_cache_functional,
     npu_scatter_pa_kv_cache,
     npu_scatter_pa_kv_cache_functional,
+)
+from .mla import (
+    npu_interleave_rope,
+    npu_kv_rmsnorm_rope_cache,
+    npu_mla_prolog_v2,
+    npu_mla_prolog_v3,
+    npu_mla_prolog_v3_functional,
 )
 from .nsa import (
     npu_nsa_compress,
@@ -68,6 +82,13 @@ __all__ = [
     "npu_gather_pa_kv_cache",
     "npu_gather_pa_kv_cache_functional",
     "npu_incre_flash_attention",
+    "npu_interleave_rope",
+    "npu_kv_quant_sparse_flash_attention",
+    "npu_kv_rmsnorm_rope_cache",
+    "npu_lightning_indexer",
+    "npu_mla_prolog_v2",
+    "npu_mla_prolog_v3",
+    "npu_mla_prolog_v3_functional",
     "npu_nsa_compress",
     "npu_nsa_compress_attention",
     "npu_nsa_compress_attention_infer",
@@ -82,6 +103,8 @@ __all__ = [
     "npu_scatter_nd_update_",
     "npu_scatter_pa_kv_cache",
     "npu_scatter_pa_kv_cache_functional",
+    "npu_sparse_flash_attention",
+    "npu_sparse_lightning_indexer_grad_kl_loss",
 ]
 
 # the ops torch.ops.npu resolves to once install() ran

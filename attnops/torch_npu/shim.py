@@ -1,5 +1,5 @@
 """The shim: ``import torch_npu`` returns :mod:`attnops.torch_npu`, ``torch.ops.npu.<op>`` resolves to the same
-functions, ``torch.npu`` offers the device, stream, event and graph-capture calls Ascend scripts make
+functions (and ``torch.ops._C_ascend.<op>`` to vllm-ascend's twins of the DSA ops), ``torch.npu`` offers the device, stream, event and graph-capture calls Ascend scripts make
 (:mod:`attnops.torch_npu.npu_device`), and PyTorch takes ``"npu"`` devices and ``pin_memory`` as on the NPU
 (:mod:`attnops.torch_npu.tensor_patch`).
 
@@ -42,7 +42,7 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
     (:mod:`attnops.torch_npu.tensor_patch`; ``tensor_patch.unpatch()`` undoes them); pass False to leave it alone.
     Returns False, changing nothing, when the real torch_npu is importable; True once installed (idempotent).
     """
-    from . import ATB_OPS, OPS
+    from . import ATB_OPS, C_ASCEND_OPS, OPS
     from . import __name__ as package_name
 
     package = sys.modules[package_name]
@@ -60,6 +60,8 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
         setattr(torch.ops.npu, name, getattr(package, name))
     for name in ATB_OPS:
         setattr(torch.ops.atb, name, getattr(package, name))
+    for name, fn in C_ASCEND_OPS.items():  # vllm-ascend's own twins of the DSA ops
+        setattr(torch.ops._C_ascend, name, fn)
     npu = npu_device_module(device)
     torch.npu = npu
     package.npu = npu

@@ -1,4 +1,5 @@
-"""Parser of ``data/torch_npu_schemas.txt`` (the op schemas read out of the torch-npu 2.14.0 wheel)."""
+"""Parser of ``data/torch_npu_schemas.txt`` (the op schemas read out of the torch-npu 2.14.0 wheel, and the DSA / MLA
+ops' schemas from op-plugin's ``op_plugin_functions.yaml``)."""
 from __future__ import annotations
 
 import inspect
@@ -44,7 +45,7 @@ def _default(text: str):
         return text == "True"
     if text[0] in "\"'":
         return text[1:-1]
-    return float(text) if "." in text else int(text)
+    return float(text) if "." in text or "e" in text else int(text)
 
 
 def _parse(line: str) -> Schema:

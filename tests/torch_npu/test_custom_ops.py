@@ -28,6 +28,14 @@ OPCHECKED = {
     "native_sparse_attention": "tests/ops/nsa/test_layer_compile.py",
     "native_sparse_attention_backward": "tests/ops/nsa/test_layer_compile.py",
     "inference_only_backward": "tests/_core/test_inference_only.py",
+    "dsa_lightning_indexer": "tests/ops/dsa/test_opcheck.py",
+    "dsa_sparse_flash_attention": "tests/ops/dsa/test_opcheck.py",
+    "dsa_sparse_flash_attention_grad": "tests/ops/dsa/test_opcheck.py",
+    "dsa_kv_quant_sparse_flash_attention": "tests/ops/dsa/test_opcheck.py",
+    "dsa_indexer_kl_loss_grad": "tests/ops/dsa/test_opcheck.py",
+    "mla_interleave_rope": "tests/ops/dsa/test_opcheck.py",
+    "mla_kv_rmsnorm_rope_cache": "tests/ops/dsa/test_opcheck.py",
+    "mla_prolog": "tests/ops/dsa/test_opcheck.py",
 }
 
 

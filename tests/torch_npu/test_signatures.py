@@ -127,7 +127,63 @@ def case(name: str):
         return (torch.zeros(6, 2, 4), torch.tensor([[4], [1]]), _r(2, 2, 4, seed=36)), {}
     if name == "npu_attention_update":
         return ([_r(6), _r(6, seed=1)], [_r(6, 4, seed=2), _r(6, 4, seed=3)], 1), {}
+    if name in DSA_CASES:
+        return DSA_CASES[name]()
     raise KeyError(name)
+
+
+def _sfa_inputs():
+    q, qr = _r(1, 2, 2, 512, seed=40), _r(1, 2, 2, 64, seed=41)
+    kv, kr = _r(1, 3, 1, 512, seed=42), _r(1, 3, 1, 64, seed=43)
+    idx = torch.tensor([[[[1, 0]], [[2, -1]]]], dtype=torch.int32)
+    return q, qr, kv, kr, idx
+
+
+def _sfa_case():
+    q, qr, kv, kr, idx = _sfa_inputs()
+    return (q, kv, kv, idx, 0.1), dict(query_rope=qr, key_rope=kr, attention_mode=2)
+
+
+def _quant_case():
+    from attnops.ops.dsa.quant_cache import quantize
+
+    q, qr, kv, kr, idx = _sfa_inputs()
+    packed = quantize(kv, kr.bfloat16())
+    return (torch.cat([q, qr], -1).bfloat16(), packed, packed, idx, 0.1, 2, 2), dict(attention_mode=2)
+
+
+def _kl_case():
+    q, qr, kv, kr, idx = _sfa_inputs()
+    _, smax, ssum = torch_npu.npu_sparse_flash_attention(q, kv, kv, idx, 0.1, query_rope=qr, key_rope=kr,
+                                                         attention_mode=2, return_softmax_lse=True)
+    qi, ki, w = _r(1, 2, 2, 128, seed=44), _r(1, 3, 1, 128, seed=45), _r(1, 2, 2, seed=46)
+    return (q, kv, qi, ki, w, idx, smax, ssum, 0.1), dict(query_rope=qr, key_rope=kr)
+
+
+def _prolog_inputs(v2=False):
+    he, hcq, n, d, hckv, dr = 32, 16, 2, 8, 16, 8
+    weights = (_r(he, hcq, seed=50), _r(hcq, n * (d + dr), seed=51), _r(n, d, hckv, seed=52),
+               _r(he, hckv + dr, seed=53), _r(hcq, seed=54), _r(hckv, seed=55), _r(3, dr, seed=56),
+               _r(3, dr, seed=57))
+    caches = (torch.zeros(2, 16, 1, hckv), torch.zeros(2, 16, 1, dr))
+    slots = torch.tensor([0, 17, 5])
+    x = _r(3, he, seed=58)
+    return ((x, *weights, slots, *caches), {}) if v2 else ((x, *weights, *caches), dict(cache_index=slots))
+
+
+DSA_CASES = {
+    "npu_lightning_indexer": lambda: ((_r(1, 3, 2, 128), _r(1, 3, 1, 128, seed=1), _r(1, 3, 2, seed=2)),
+                                      dict(sparse_count=2)),
+    "npu_sparse_flash_attention": _sfa_case,
+    "npu_kv_quant_sparse_flash_attention": _quant_case,
+    "npu_sparse_lightning_indexer_grad_kl_loss": _kl_case,
+    "npu_interleave_rope": lambda: ((_r(1, 2, 3, 64), _r(1, 1, 3, 64, seed=1), _r(1, 1, 3, 64, seed=2)), {}),
+    "npu_kv_rmsnorm_rope_cache": lambda: ((_r(2, 1, 1, 576), _r(512, seed=1), _r(2, 1, 1, 64, seed=2),
+                                           _r(2, 1, 1, 64, seed=3), torch.tensor([3, -1]), torch.zeros(2, 16, 1, 64),
+                                           torch.zeros(2, 16, 1, 512)), dict(cache_mode="PA")),
+    "npu_mla_prolog_v3": _prolog_inputs,
+    "npu_mla_prolog_v2": lambda: _prolog_inputs(v2=True),
+}
 
 
 def test_every_schema_is_implemented_or_listed():

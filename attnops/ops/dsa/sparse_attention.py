@@ -16,57 +16,79 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..._core.workspace import Buffers
 from .problem import Problem, compute_dtype, flat_key, flat_query, row_chunks
 
 
 def selected_positions(indices: Tensor, limit: Tensor, block: int) -> tuple[Tensor, Tensor]:
     """``(positions [C, K*block] int64, mask [C, K*block] bool)`` of index rows ``indices [C, K]`` under per-row
-    key limits ``limit [C]``."""
+    key limits ``limit [C]`` (masked positions point at 0)."""
     idx = indices.to(torch.int64)
-    entry = torch.arange(idx.shape[1])
-    count = torch.clamp((limit + block - 1) // block, max=idx.shape[1])
-    live = (entry < count[:, None]) & ((idx < 0).cumsum(1) == 0)
-    pos = (idx[:, :, None] * block + torch.arange(block)).flatten(1)
-    mask = live.repeat_interleave(block, 1) & (pos < limit[:, None])
-    return pos.masked_fill_(~mask, 0), mask
+    negative = idx < 0
+    first_negative = torch.where(negative.any(1), negative.byte().argmax(1), idx.shape[1])
+    count = torch.minimum(torch.clamp((limit + block - 1) // block, max=idx.shape[1]), first_negative)
+    live = torch.arange(idx.shape[1]) < count[:, None]
+    if block > 1:
+        idx = (idx[:, :, None] * block + torch.arange(block)).flatten(1)
+        live = live.repeat_interleave(block, 1)
+    mask = live & (idx < limit[:, None])
+    return (idx if bool(mask.all()) else idx.masked_fill(~mask, 0)), mask
 
 
 class _Gathered:
-    """A chunk's inputs in the compute dtype: queries, the selected key (+ rope) and value rows, and the mask."""
+    """A chunk's inputs in the compute dtype: queries ``qk [C, N1, D + Dr]`` (nope | rope), the selected key rows
+    ``kk [C, P, D + Dr]``, value rows ``v [C, P, Dv]`` (a view of ``kk`` when value is key) and the mask. With
+    ``buffers`` the gathered rows and the logits go to reused workspaces (fresh tens-of-MB tensors per chunk cost
+    page faults that can exceed the gather itself)."""
 
-    def __init__(self, problem: Problem, lo: int, hi: int, tensors: dict, block: int, dt: torch.dtype):
+    def __init__(self, problem: Problem, lo: int, hi: int, t: dict, block: int, dt: torch.dtype,
+                 buffers: Buffers | None = None):
         rows = problem.rows
-        self.pos, self.mask = selected_positions(tensors["indices"][lo:hi], rows.limit[lo:hi], block)
-        self.flat = problem.keys.flat(rows.batch[lo:hi, None], self.pos)
+        pos, self.mask = selected_positions(t["indices"][lo:hi], rows.limit[lo:hi], block)
+        self.flat = problem.keys.flat(rows.batch[lo:hi, None], pos)
+        self.buffers = buffers
         index = self.flat.reshape(-1)
         c, p = self.flat.shape
 
-        def rows_of(x):
-            return None if x is None else x.index_select(0, index).to(dt).view(c, p, -1)
+        def rows_of(x, name):
+            if buffers is None or x.dtype != dt:
+                return x.index_select(0, index).to(dt).view(c, p, -1)
+            return torch.index_select(x, 0, index, out=buffers.get(name, c * p, x.shape[-1])).view(c, p, -1)
 
-        self.q = tensors["q"][lo:hi].to(dt)
-        self.q_rope = None if tensors["q_rope"] is None else tensors["q_rope"][lo:hi].to(dt)
-        self.k = rows_of(tensors["k"])
-        self.k_rope = rows_of(tensors["k_rope"])
-        self.v = self.k if tensors["v"] is tensors["k"] else rows_of(tensors["v"])
+        q = t["q"][lo:hi].to(dt)
+        self.qk = q if t["q_rope"] is None else torch.cat([q, t["q_rope"][lo:hi].to(dt)], -1)
+        if t["kk"] is not None or t["k_rope"] is None:
+            self.kk = rows_of(t["k"] if t["kk"] is None else t["kk"], "kk")
+        else:
+            self.kk = torch.cat([rows_of(t["k"], "k"), rows_of(t["k_rope"], "k_rope")], -1)
+        self.v = self.kk[..., :t["v"].shape[-1]] if t["v"] is t["k"] else rows_of(t["v"], "v")
 
     def logits(self, scale: float) -> Tensor:
         """``[C, N1, P]`` scaled logits, ``-inf`` where the mask is off."""
-        s = torch.bmm(self.q, self.k.transpose(1, 2))
-        if self.q_rope is not None:
-            s.baddbmm_(self.q_rope, self.k_rope.transpose(1, 2))
-        return s.mul_(scale).masked_fill_(~self.mask[:, None, :], float("-inf"))
+        qk, kk = self.qk * scale, self.kk.transpose(1, 2)
+        if self.buffers is None:
+            s = torch.bmm(qk, kk)
+        else:
+            s = torch.bmm(qk, kk, out=self.buffers.get("logits", qk.shape[0], qk.shape[1], kk.shape[2]))
+        if not bool(self.mask.all()):
+            s.masked_fill_(~self.mask[:, None, :], float("-inf"))
+        return s
 
 
-def _flat_inputs(problem: Problem, query, key, value, sparse_indices, query_rope, key_rope) -> dict:
-    """The flat views the chunks read (``v`` is ``k`` itself when value and key are the same tensor)."""
+def _flat_inputs(problem: Problem, query, key, value, sparse_indices, query_rope, key_rope, dt) -> dict:
+    """The flat views the chunks read (``v`` is ``k`` itself when value and key are the same tensor). ``kk``: key
+    and rope concatenated once, in the compute dtype, when the key store is no larger than what the chunks gather
+    (one gather per chunk); a larger store (a big paged cache, few queries) is gathered part by part."""
     k = flat_key(key)
     same = value is key or (value.data_ptr() == key.data_ptr() and value.shape == key.shape
                             and value.stride() == key.stride())
+    indices = sparse_indices.reshape(-1, sparse_indices.shape[-1])
+    k_rope = None if key_rope is None else flat_key(key_rope)
+    joint = k_rope is not None and k.shape[0] <= indices.numel()
     return {"q": flat_query(query, problem.layout_query), "k": k, "v": k if same else flat_key(value),
             "q_rope": None if query_rope is None else flat_query(query_rope, problem.layout_query),
-            "k_rope": None if key_rope is None else flat_key(key_rope),
-            "indices": sparse_indices.reshape(-1, sparse_indices.shape[-1])}
+            "k_rope": k_rope, "kk": torch.cat([k.to(dt), k_rope.to(dt)], -1) if joint else None,
+            "indices": indices}
 
 
 def _bytes_per_row(t: dict, heads: int, block: int) -> int:
@@ -82,26 +104,27 @@ def sparse_attention_forward(problem: Problem, query: Tensor, key: Tensor, value
     """``(out [R, N1, Dv] in query's dtype, softmax_max [R, N1], softmax_sum [R, N1])`` (statistics fp32, fp64 for
     fp64 inputs) over flat query rows ``R``; padding rows give zeros."""
     dt = compute_dtype(query)
-    t = _flat_inputs(problem, query, key, value, sparse_indices, query_rope, key_rope)
+    t = _flat_inputs(problem, query, key, value, sparse_indices, query_rope, key_rope, dt)
     total, heads = t["q"].shape[:2]
     out = torch.zeros(total, heads, t["v"].shape[-1], dtype=dt)
     row_max = torch.zeros(total, heads, dtype=dt)
     row_sum = torch.zeros(total, heads, dtype=dt)
     sink = None if sinks is None else sinks.to(dt)
+    buffers = Buffers.acquire(dt, "cpu")
     for _, lo, hi in row_chunks(problem, _bytes_per_row(t, heads, block)):
-        g = _Gathered(problem, lo, hi, t, block, dt)
-        s = g.logits(scale)
-        m = s.amax(-1)
+        g = _Gathered(problem, lo, hi, t, block, dt, buffers)
+        p = g.logits(scale)
+        m = p.amax(-1)
         if sink is not None:
             m = torch.maximum(m, sink)
-        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # rows with no key (and no sink)
-        p = torch.exp(s - m[..., None])
+        m.masked_fill_(torch.isinf(m), 0)  # rows with no key (and no sink)
+        p.sub_(m[..., None]).exp_()  # in place: the logits become the unnormalized probabilities
         l = p.sum(-1)
         if sink is not None:
-            l = l + torch.exp(sink - m)
-        o = torch.bmm(p, g.v)
-        out[lo:hi] = torch.where(l[..., None] > 0, o / l[..., None].clamp_min(torch.finfo(dt).tiny), 0)
+            l += torch.exp(sink - m)
+        torch.bmm(p, g.v, out=out[lo:hi]).div_(l.clamp_min(torch.finfo(dt).tiny)[..., None])  # empty rows: 0/tiny
         row_max[lo:hi], row_sum[lo:hi] = m, l
+    buffers.release()
     return out.to(query.dtype), row_max, row_sum
 
 
@@ -113,34 +136,34 @@ def sparse_attention_backward(problem: Problem, grad: Tensor, query: Tensor, key
     gradients of the key and value tensors as given (value's is zero when it is key itself: all of it is in
     ``dk``). Rope gradients are None without rope."""
     dt = compute_dtype(query)
-    t = _flat_inputs(problem, query, key, value, sparse_indices, query_rope, key_rope)
+    t = _flat_inputs(problem, query, key, value, sparse_indices, query_rope, key_rope, dt)
     do = flat_query(grad, problem.layout_query)
     o = flat_query(out, problem.layout_query)
-    dq = torch.zeros(t["q"].shape, dtype=dt)
-    dk = torch.zeros(t["k"].shape, dtype=dt)
-    dv = dk if t["v"] is t["k"] else torch.zeros(t["v"].shape, dtype=dt)
-    dq_rope = None if t["q_rope"] is None else torch.zeros(t["q_rope"].shape, dtype=dt)
-    dk_rope = None if t["k_rope"] is None else torch.zeros(t["k_rope"].shape, dtype=dt)
+    d, dr = t["q"].shape[-1], 0 if t["q_rope"] is None else t["q_rope"].shape[-1]
+    dqk = torch.zeros(*t["q"].shape[:2], d + dr, dtype=dt)
+    dkk = torch.zeros(t["k"].shape[0], d + dr, dtype=dt)  # key | key_rope (| value, when value is key)
+    dv = None if t["v"] is t["k"] else torch.zeros(t["v"].shape, dtype=dt)
     heads = t["q"].shape[1]
     for _, lo, hi in row_chunks(problem, 2 * _bytes_per_row(t, heads, block)):
         g = _Gathered(problem, lo, hi, t, block, dt)
         l = softmax_sum[lo:hi].to(dt)
-        p = torch.exp(g.logits(scale) - softmax_max[lo:hi].to(dt)[..., None]) / l.clamp_min(
-            torch.finfo(dt).tiny)[..., None]
-        p = torch.where(l[..., None] > 0, p, 0)
+        p = g.logits(scale).sub_(softmax_max[lo:hi].to(dt)[..., None]).exp_()
+        p.div_(l.clamp_min(torch.finfo(dt).tiny)[..., None])  # rows without keys: all-zero p
         gout = do[lo:hi].to(dt)
         delta = (gout * o[lo:hi].to(dt)).sum(-1, keepdim=True)
         ds = p * (torch.bmm(gout, g.v.transpose(1, 2)) - delta) * scale  # [C, N1, P]
         index = g.flat.reshape(-1)
-        dq[lo:hi] = torch.bmm(ds, g.k)
-        dk.index_add_(0, index, torch.bmm(ds.transpose(1, 2), g.q).flatten(0, 1))
-        dv.index_add_(0, index, torch.bmm(p.transpose(1, 2), gout).flatten(0, 1))
-        if dq_rope is not None:
-            dq_rope[lo:hi] = torch.bmm(ds, g.k_rope)
-            dk_rope.index_add_(0, index, torch.bmm(ds.transpose(1, 2), g.q_rope).flatten(0, 1))
+        dqk[lo:hi] = torch.bmm(ds, g.kk)
+        dkk.index_add_(0, index, torch.bmm(ds.transpose(1, 2), g.qk).flatten(0, 1))
+        pv = torch.bmm(p.transpose(1, 2), gout).flatten(0, 1)
+        if dv is None:
+            dkk[:, :pv.shape[-1]].index_add_(0, index, pv)
+        else:
+            dv.index_add_(0, index, pv)
 
-    def shaped(x, like):
-        return None if x is None else x.view(like.shape).to(like.dtype)
+    def shaped(x, like):  # own memory: the parts of dqk / dkk must not alias each other
+        return None if like is None else x.contiguous().reshape(like.shape).to(like.dtype)
 
-    dv_out = torch.zeros_like(value) if dv is dk else shaped(dv, value)
-    return (shaped(dq, query), shaped(dk, key), dv_out, shaped(dq_rope, query_rope), shaped(dk_rope, key_rope))
+    return (shaped(dqk[..., :d], query), shaped(dkk[:, :d], key),
+            torch.zeros_like(value) if dv is None else shaped(dv, value), shaped(dqk[..., d:], query_rope),
+            shaped(dkk[:, d:], key_rope))

@@ -96,7 +96,7 @@ def quant_sparse_attention_problem(query: Tensor, key: Tensor, value: Tensor, sp
     check_same_device("query", query, key=key, value=value, sparse_indices=sparse_indices, sinks=sinks,
                       block_table=block_table)
     require(rope_head_dim == ROPE_DIM, "rope_head_dim", str(ROPE_DIM), rope_head_dim)
-    check_tensor("query", query, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    check_tensor("query", query, dtypes=(torch.float16, torch.bfloat16))  # the rows store the rope in its dtype
     require(query.shape[-1] == NOPE_DIM + ROPE_DIM, "query", f"head dim {NOPE_DIM + ROPE_DIM} (nope | rope)", query)
     check_tensor("key", key, dtypes=CODE_DTYPES)
     require(key.shape[-1] == ROW_BYTES, "key", f"packed rows of {ROW_BYTES} bytes (last dim)", key)

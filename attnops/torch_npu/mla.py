@@ -1,0 +1,94 @@
+"""torch_npu's MLA helpers: ``npu_interleave_rope``, ``npu_kv_rmsnorm_rope_cache`` (every cache mode, NZ and int8
+caches) and ``npu_mla_prolog_v3`` / ``_v3_functional`` / ``_v2`` (the non-quantized path; the quantized modes raise
+:class:`NotImplementedError` naming the argument). They call the ``attnops::mla_*`` custom ops."""
+from __future__ import annotations
+
+import torch
+
+from .._core.custom_ops import call
+from ..ops.mla import op as mla_op
+from ._common import reject_unsupported
+
+
+def npu_interleave_rope(x, cos, sin):
+    """``x [B, N, S, Dr]`` rotated pairwise by ``cos``/``sin [B, 1, S or 1, Dr]``, output de-interleaved (evens
+    rotated first, then odds), in x's dtype."""
+    return call(mla_op.mla_interleave_rope, x, cos, sin)
+
+
+def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None, c_kv_scale=None,
+                              k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode="Norm",
+                              is_output_kv=False):
+    """``(k_cache, ckv_cache, k_embed_out [B, 1, S, Dr], y_out [B, 1, S, Dc])``: RMSNorm of ``kv[..., :Dc]`` into
+    ``ckv_cache`` and RoPE of the rest into ``k_cache`` (both written in place and returned)."""
+    reject_unsupported(v=v)
+    k_embed, y = call(mla_op.mla_kv_rmsnorm_rope_cache, kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale,
+                      c_kv_scale, k_rope_offset, c_kv_offset, float(epsilon), cache_mode)
+    return k_cache, ckv_cache, k_embed, y
+
+
+def _reject_quantized(**modes) -> None:
+    for name, value in modes.items():
+        if value:
+            raise NotImplementedError(f"{name}: attnops implements the MLA prolog's non-quantized path only "
+                                      f"(expected 0 / None, got {value!r}); see docs/dsa.md")
+
+
+def _prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv,
+            rope_sin, rope_cos, kv_cache, kr_cache, cache_index, actual_seq_len, rmsnorm_epsilon_cq,
+            rmsnorm_epsilon_ckv, cache_mode, qc_qr_scale=1.0, kc_scale=1.0):
+    return call(mla_op.mla_prolog_op, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+                rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, cache_index, actual_seq_len,
+                float(rmsnorm_epsilon_cq), float(rmsnorm_epsilon_ckv), cache_mode, float(qc_qr_scale),
+                float(kc_scale))
+
+
+def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+                      rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, *, cache_index=None,
+                      dequant_scale_x=None, dequant_scale_w_dq=None, dequant_scale_w_uq_qr=None,
+                      dequant_scale_w_dkv_kr=None, quant_scale_ckv=None, quant_scale_ckr=None, smooth_scales_cq=None,
+                      actual_seq_len=None, k_nope_clip_alpha=None, rmsnorm_epsilon_cq=1e-05,
+                      rmsnorm_epsilon_ckv=1e-05, cache_mode="PA_BSND", query_norm_flag=False, weight_quant_mode=0,
+                      kv_cache_quant_mode=0, query_quant_mode=0, ckvkr_repo_mode=0, quant_scale_repo_mode=0,
+                      tile_size=128, qc_qr_scale=1.0, kc_scale=1.0, token_x_dtype=None, weight_dq_dtype=None,
+                      weight_uq_qr_dtype=None, weight_dkv_kr_dtype=None, kv_cache_dtype=None):
+    """``(query [.., N, Hckv], query_rope [.., N, Dr], dequant_scale_q_nope ([0]), query_norm ([.., Hcq] when
+    query_norm_flag, else [0]), dequant_scale_q_norm ([0]))``; ``kv_cache``/``kr_cache`` written in place."""
+    _reject_quantized(weight_quant_mode=weight_quant_mode, kv_cache_quant_mode=kv_cache_quant_mode,
+                      query_quant_mode=query_quant_mode, ckvkr_repo_mode=ckvkr_repo_mode)
+    reject_unsupported(dequant_scale_x=dequant_scale_x, dequant_scale_w_dq=dequant_scale_w_dq,
+                       dequant_scale_w_uq_qr=dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr,
+                       quant_scale_ckv=quant_scale_ckv, quant_scale_ckr=quant_scale_ckr,
+                       smooth_scales_cq=smooth_scales_cq, k_nope_clip_alpha=k_nope_clip_alpha)
+    query, query_rope, query_norm = _prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr,
+                                            rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache,
+                                            kr_cache, cache_index, actual_seq_len, rmsnorm_epsilon_cq,
+                                            rmsnorm_epsilon_ckv, cache_mode, qc_qr_scale, kc_scale)
+    empty = token_x.new_empty((0,), dtype=torch.float32)
+    return query, query_rope, empty, query_norm if query_norm_flag else token_x.new_empty((0,)), empty
+
+
+def npu_mla_prolog_v3_functional(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+                                 rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, **kwargs):
+    """The out-of-place twin of :func:`npu_mla_prolog_v3`: the caches are copied, written and returned as well
+    (7 outputs: query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm, kv_cache, kr_cache)."""
+    kv_out, kr_out = kv_cache.clone(), kr_cache.clone()
+    outs = npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+                             rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_out, kr_out, **kwargs)
+    return (*outs, kv_out, kr_out)
+
+
+def npu_mla_prolog_v2(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+                      rmsnorm_gamma_ckv, rope_sin, rope_cos, cache_index, kv_cache, kr_cache, *,
+                      dequant_scale_x=None, dequant_scale_w_dq=None, dequant_scale_w_uq_qr=None,
+                      dequant_scale_w_dkv_kr=None, quant_scale_ckv=None, quant_scale_ckr=None, smooth_scales_cq=None,
+                      rmsnorm_epsilon_cq=1e-05, rmsnorm_epsilon_ckv=1e-05, cache_mode="PA_BSND"):
+    """``(query, query_rope, kv_cache, kr_cache, dequant_scale_q_nope [1])`` (the caches also written in place)."""
+    reject_unsupported(dequant_scale_x=dequant_scale_x, dequant_scale_w_dq=dequant_scale_w_dq,
+                       dequant_scale_w_uq_qr=dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr,
+                       quant_scale_ckv=quant_scale_ckv, quant_scale_ckr=quant_scale_ckr,
+                       smooth_scales_cq=smooth_scales_cq)
+    query, query_rope, _ = _prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+                                   rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, cache_index, None,
+                                   rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv, cache_mode)
+    return query, query_rope, kv_cache, kr_cache, token_x.new_zeros((1,), dtype=torch.float32)

@@ -1,0 +1,190 @@
+"""torch_npu's DSA and MLA ops vs goldens written from the spec: interleaved RoPE, the KV RMSNorm-RoPE cache in
+every cache mode (NZ and int8 writes), the MLA prolog, sparse attention over the packed int8 cache, the NPU's
+limits, and the torch_npu-only return conventions."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnops import ParamInvalidError, torch_npu
+from attnops.ops.dsa.quant_cache import dequantize, quantize
+from attnops.testing import golden_dsa as G
+from attnops.testing.compare import assert_close_to_golden
+
+
+def _r(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def test_interleave_rope_is_the_pair_rotation():
+    x, angle = _r(2, 3, 4, 64), _r(2, 1, 4, 32, seed=1)
+    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+    out = torch_npu.npu_interleave_rope(x, cos, sin)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    want = torch.cat([even * angle.cos() - odd * angle.sin(), odd * angle.cos() + even * angle.sin()], -1)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert out.shape == x.shape and out.dtype == x.dtype
+
+
+def _nz_offset(block, row, c, d, bs, d0):
+    return ((block * (d // d0) + c // d0) * bs + row) * d0 + c % d0
+
+
+def _kv_inputs(b=3, s=1):
+    kv = _r(b, 1, s, 576, seed=2)
+    gamma = _r(512, seed=3)
+    cos, sin = _r(b, 1, s, 64, seed=4), _r(b, 1, s, 64, seed=5)
+    y = G.rms_norm(kv[..., :512], gamma, 1e-5)
+    k = G.interleave_rope(kv[..., 512:], cos, sin)
+    return kv, gamma, cos, sin, y, k
+
+
+@pytest.mark.parametrize("mode", ["PA", "PA_BNSD", "PA_NZ"])
+def test_kv_cache_paged_slots(mode):
+    kv, gamma, cos, sin, y, k = _kv_inputs()
+    index = torch.tensor([17, -1, 2])
+    k_cache, ckv_cache = torch.zeros(3, 16, 1, 64), torch.zeros(3, 16, 1, 512)
+    out = torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, cache_mode=mode,
+                                              is_output_kv=True)
+    assert out[0] is k_cache and out[1] is ckv_cache
+    torch.testing.assert_close(out[2].double(), k, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[3].double(), y, atol=1e-5, rtol=1e-5)
+    for cache, rows, d in ((k_cache, k, 64), (ckv_cache, y, 512)):
+        flat = cache.view(-1)
+        written = torch.zeros_like(flat, dtype=torch.bool)
+        for t, slot in ((0, 17), (2, 2)):
+            for c in range(d):
+                off = _nz_offset(slot // 16, slot % 16, c, d, 16, 32 // cache.element_size()) if mode == "PA_NZ" else slot * d + c
+                assert abs(float(flat[off]) - float(rows[t, 0, 0, c])) < 1e-4
+                written[off] = True
+        assert (flat[~written] == 0).all()  # the -1 token wrote nothing
+
+
+@pytest.mark.parametrize("mode", ["PA_BLK_BNSD", "PA_BLK_NZ"])
+def test_kv_cache_page_slots(mode):
+    kv, gamma, cos, sin, y, k = _kv_inputs(b=2, s=20)
+    index = torch.tensor([32, 0, -1, 16])  # per (batch, page): the slot of the page's first row
+    k_cache, ckv_cache = torch.zeros(3, 16, 1, 64), torch.zeros(3, 16, 1, 512)
+    torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, cache_mode=mode)
+    logical = (lambda c: c) if mode == "PA_BLK_BNSD" else (
+        lambda c: c.reshape(3, c.shape[-1] // 8, 16, 8).permute(0, 2, 1, 3).reshape(3, 16, 1, -1))  # fp32: d0 = 8
+    kc, yc = logical(k_cache), logical(ckv_cache)
+    torch.testing.assert_close(kc[2, :16, 0].double(), k[0, 0, :16], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(yc[0, :4, 0].double(), y[0, 0, 16:20], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(kc[1, :4, 0].double(), k[1, 0, 16:20], atol=1e-5, rtol=1e-5)
+    assert (yc[1, 4:] == 0).all()  # batch 1's first page (-1) was not written
+
+
+def test_kv_cache_norm_mode_and_int8_nz():
+    kv, gamma, cos, sin, y, k = _kv_inputs(b=2, s=2)
+    k_cache, ckv_cache = torch.zeros(2, 1, 5, 64), torch.zeros(2, 1, 5, 512)
+    torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([[4, 0], [1, -1]]), k_cache, ckv_cache)
+    torch.testing.assert_close(ckv_cache[0, 0, 4].double(), y[0, 0, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_cache[1, 0, 1].double(), k[1, 0, 0], atol=1e-5, rtol=1e-5)
+    assert (ckv_cache[1, 0, 0] == 0).all() and (ckv_cache[1, 0, 2:] == 0).all()
+    ks, cs = torch.full((64,), 20.0), torch.full((512,), 30.0)
+    k8, c8 = torch.zeros(1, 16, 1, 64, dtype=torch.int8), torch.zeros(1, 16, 1, 512, dtype=torch.int8)
+    torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([3, 9, 0, 1]), k8, c8,
+                                        k_rope_scale=ks, c_kv_scale=cs, cache_mode="PA_NZ")
+    c_logical = c8.view(1, 512 // 32, 16, 32).permute(0, 2, 1, 3).reshape(16, 512)
+    want = torch.round(y[0, 0, 1] * 30).clamp(-128, 127).to(torch.int8)
+    assert torch.equal(c_logical[9], want)
+
+
+def _golden_prolog(x, wdq, wuq, wuk, wdkv, gq, gkv, sin, cos):
+    n, d, hckv = wuk.shape
+    c_q = G.rms_norm(x.double() @ wdq.double(), gq, 1e-5)
+    u = (c_q @ wuq.double()).view(x.shape[0], n, -1)
+    query = torch.einsum("tnd,ndh->tnh", u[..., :d], wuk.double())
+    q_rope = G.interleave_rope(u[..., d:], cos[:, None], sin[:, None])
+    kv = x.double() @ wdkv.double()
+    return query, q_rope, c_q, G.rms_norm(kv[:, :hckv], gkv, 1e-5), G.interleave_rope(kv[:, hckv:], cos, sin)
+
+
+def test_mla_prolog_v3_paged_and_functional():
+    he, hcq, n, d, hckv, dr, t = 32, 16, 2, 8, 16, 8, 3
+    w = (_r(he, hcq, seed=10), _r(hcq, n * (d + dr), seed=11), _r(n, d, hckv, seed=12), _r(he, hckv + dr, seed=13),
+         _r(hcq, seed=14), _r(hckv, seed=15), _r(t, dr, seed=16), _r(t, dr, seed=17))
+    x = _r(t, he, seed=18)
+    kv_cache, kr_cache = torch.zeros(2, 16, 1, hckv), torch.zeros(2, 16, 1, dr)
+    slots = torch.tensor([0, 17, -1])
+    q, qr, scale_q, qn, scale_n = torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=slots,
+                                                              query_norm_flag=True)
+    gq, gqr, gqn, gkv, gkr = _golden_prolog(x, *w)
+    for name, a, g in (("query", q, gq), ("query_rope", qr, gqr), ("query_norm", qn, gqn)):
+        torch.testing.assert_close(a.double(), g, atol=1e-4, rtol=1e-4, msg=name)
+    torch.testing.assert_close(kv_cache.view(32, hckv)[17].double(), gkv[1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kr_cache.view(32, dr)[0].double(), gkr[0], atol=1e-4, rtol=1e-4)
+    assert scale_q.numel() == 0 and scale_n.numel() == 0
+    kv2, kr2 = torch.zeros(t, 1, hckv), torch.zeros(t, 1, dr)
+    outs = torch_npu.npu_mla_prolog_v3_functional(x, *w, kv2, kr2, cache_mode="TND")
+    assert len(outs) == 7 and (kv2 == 0).all()
+    torch.testing.assert_close(outs[5][:, 0].double(), gkv, atol=1e-4, rtol=1e-4)
+    with pytest.raises(NotImplementedError, match="weight_quant_mode"):
+        torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=slots, weight_quant_mode=2)
+
+
+def test_kv_quant_sparse_attention_matches_golden_on_dequantized_rows():
+    q = _r(1, 3, 2, 576, seed=20, dtype=torch.bfloat16)
+    nope, rope = _r(1, 5, 1, 512, seed=21), _r(1, 5, 1, 64, seed=22, dtype=torch.bfloat16)
+    packed = quantize(nope, rope)
+    assert packed.shape == (1, 5, 1, 656) and packed.dtype == torch.int8
+    idx = torch.tensor([[[[2, 0, -1]], [[3, 1, 0]], [[4, 2, 1]]]], dtype=torch.int32)
+    out = torch_npu.npu_kv_quant_sparse_flash_attention(q, packed, packed, idx, 0.05, 2, 2, attention_mode=2)
+    assert out.shape == (1, 3, 2, 512) and out.dtype == torch.bfloat16
+    k_nope, k_rope = dequantize(packed[0, :, 0], torch.bfloat16)
+    k_nope = k_nope.to(torch.bfloat16)
+    rows = idx[0, :, 0].tolist()
+    g = G.sparse_flash_attention(q[0, :, :, :512], k_nope, k_nope, rows, 0.05, q_rope=q[0, :, :, 512:],
+                                 k_rope=k_rope)[0]
+    base = G.sparse_flash_attention(q[0, :, :, :512], k_nope, k_nope, rows, 0.05, q_rope=q[0, :, :, 512:],
+                                    k_rope=k_rope, dtype=torch.bfloat16)[0]
+    assert_close_to_golden("out", out[0], g, base)
+
+
+def test_quantize_round_trip_is_within_a_tile_step():
+    nope = _r(4, 512, seed=23)
+    back, _ = dequantize(quantize(nope, _r(4, 64, seed=24, dtype=torch.float16)), torch.float16)
+    step = nope.view(4, 4, 128).abs().amax(-1) / 127
+    assert ((back - nope).view(4, 4, 128).abs() <= step[..., None] / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: torch_npu.npu_sparse_flash_attention(_r(1, 2, 2, 512), _r(1, 2, 1, 512), _r(1, 2, 1, 512),
+                                                  torch.zeros(1, 2, 1, 2, dtype=torch.int32), 0.1), "attention_mode"),
+    (lambda: torch_npu.npu_sparse_flash_attention(_r(1, 2, 2, 64), _r(1, 2, 1, 64), _r(1, 2, 1, 64),
+                                                  torch.zeros(1, 2, 1, 2, dtype=torch.int32), 0.1, attention_mode=2),
+     "head dim 512"),
+    (lambda: torch_npu.npu_lightning_indexer(_r(1, 2, 2, 128), _r(1, 2, 1, 128), _r(1, 2, 2), sparse_count=2049),
+     "sparse_count"),
+    (lambda: torch_npu.npu_lightning_indexer(_r(1, 2, 2, 128), _r(1, 2, 1, 128), _r(1, 2, 2), sparse_mode=1),
+     "sparse_mode"),
+    (lambda: torch_npu.npu_lightning_indexer(_r(1, 2, 2, 128), _r(1, 2, 1, 128), _r(1, 2, 2), pre_tokens=5),
+     "pre_tokens"),
+    (lambda: torch_npu.npu_lightning_indexer(_r(2, 2, 128), _r(2, 1, 128), _r(2, 2), layout_query="TND",
+                                             layout_key="TND"), "actual_seq_lengths_query"),
+    (lambda: torch_npu.npu_lightning_indexer(_r(1, 2, 2, 128), _r(1, 2, 2, 128), _r(1, 2, 2)), "N2 = 1"),
+    (lambda: torch_npu.npu_lightning_indexer(_r(1, 2, 2, 128), _r(4, 16, 1, 128), _r(1, 2, 2),
+                                             layout_key="PA_BSND", block_table=torch.zeros(1, 1, dtype=torch.int32),
+                                             actual_seq_lengths_key=torch.tensor([2], dtype=torch.int32),
+                                             return_value=True), "return_value"),
+])
+def test_npu_limits_raise_named_errors(call, match):
+    with pytest.raises(ParamInvalidError, match=match):
+        call()
+
+
+def test_unrequested_outputs_are_empty():
+    q, kv = _r(1, 2, 2, 512), _r(1, 2, 1, 512)
+    qr, kr = _r(1, 2, 2, 64), _r(1, 2, 1, 64)
+    idx = torch.tensor([[[[0, -1]], [[1, 0]]]], dtype=torch.int32)
+    out, m, l = torch_npu.npu_sparse_flash_attention(q, kv, kv, idx, 0.1, query_rope=qr, key_rope=kr,
+                                                     attention_mode=2)
+    assert out.shape == q.shape and m.shape == (0,) and l.shape == (0,)
+    _, m, l = torch_npu.npu_sparse_flash_attention(q, kv, kv, idx, 0.1, query_rope=qr, key_rope=kr,
+                                                   attention_mode=2, return_softmax_lse=True)
+    assert m.shape == (1, 1, 2, 2) and m.dtype == torch.float32
+    idx_out, values = torch_npu.npu_lightning_indexer(_r(1, 2, 2, 128), _r(1, 2, 1, 128), _r(1, 2, 2),
+                                                      sparse_count=4)
+    assert idx_out.shape == (1, 2, 1, 4) and values.shape == (0,)
+    assert idx_out[0, 0, 0].tolist() == [0, -1, -1, -1]
