@@ -16,7 +16,7 @@ VALUE_TILE = 256  # output (latent) columns per sparse-attention program on a GP
 INTERPRET_VALUE_TILE = 32
 SPLIT_PROGRAMS, SPLIT_POSITIONS = 264, 256
 INTERPRET_SPLIT_PROGRAMS, INTERPRET_SPLIT_POSITIONS = 8, 8
-INDEXER_KEYS = 64  # keys per indexer product on a GPU (16-bit inputs; 32 for fp32)
+INDEXER_KEYS, FP32_INDEXER_KEYS = 64, 16  # keys per indexer product on a GPU (16-bit inputs, fp32)
 MAX_HEAD_TILE = 64  # query heads per sparse-attention program on a GPU (the M of its products)
 # gathered rows per sparse-attention step on a GPU: 32 for a dense 16-bit cache, 16 through a block table, for a
 # quantized cache (dequantization registers) and for fp32 (one stage through a block table); the compiler's figures
@@ -74,7 +74,8 @@ def _config(launch: Launch, named_args: dict, interpret: bool):
             tiles["BLOCK_K"] = topk_tile(named_args["count"], interpret)
         return triton.Config(tiles, num_warps=4, num_stages=1)
     if launch.kernel == "indexer_topk_kernel":
-        tiles = dict(BLOCK_N=INDEXER_KEYS // (dtype.itemsize // 2), BLOCK_K=topk_tile(named_args["count"], interpret))
+        keys = INDEXER_KEYS if dtype.itemsize == 2 else FP32_INDEXER_KEYS
+        tiles = dict(BLOCK_N=keys, BLOCK_K=topk_tile(named_args["count"], interpret))
         return triton.Config(tiles, num_warps=8, num_stages=2)
     paged = launch.kwargs["KV_MODE"] == 2
     dense = not paged and not launch.kwargs["QUANT"] and dtype.itemsize == 2
