@@ -72,6 +72,11 @@ class Case:
                        for s in self.seq_lens)
         if self.op in NSA_INFER_OPS:  # one query per request
             return self.batch * self.decode_keys()
+        if self.op in ("dsa_prefill", "dsa_decode"):  # every query attends to min(topk, its causal keys)
+            topk = self.params["topk"]
+            if self.op == "dsa_decode":
+                return self.batch * min(topk, self.skv)
+            return sum(min(topk, i + 1) for i in range(self.sq))
         if self.op in ("nsa_decode", "nsa_prefill_decode"):  # the new tokens' selected, window and compressed keys
             p = self.params
             decode = self.op == "nsa_decode"
@@ -358,6 +363,44 @@ register_suite(Suite(
     cases=_nsa_cases("nsa-smoke", (1024,), ((32, 32),), MODES, heads=4, kv_heads=1, dtype="float32",
                      baselines=("sdpa",)),
     device="cpu", repeat=3, warmup=1))
+
+
+def _dsa_cases(prefix: str, lengths, decode, *, heads: int, index_heads: int, topk: int, dtype: str) -> tuple:
+    """DSA sparse attention prefill (vs the dense causal MHA prefill of the same tokens), the lightning indexer over
+    the same tokens, and decode (``(requests, context)`` pairs); forward only."""
+    mla = dict(heads=heads, kv_heads=1, d=576, dv=512, dtype=dtype, causal=True, params={"topk": topk})
+    cases = []
+    for t in lengths:
+        cases.append(Case(name=f"{prefix}-prefill-t{t}-n{heads}-top{topk}-{dtype}", op="dsa_prefill", sq=t, skv=t,
+                          baselines=("attnops-dense-mha",), **mla))
+        cases.append(Case(name=f"{prefix}-indexer-t{t}-n{index_heads}-top{topk}-{dtype}", op="dsa_indexer", sq=t,
+                          skv=t, heads=index_heads, kv_heads=1, d=128, dv=0, dtype=dtype, causal=True,
+                          params={"topk": topk, "rope": 0}, baselines=()))
+    for b, ctx in decode:
+        cases.append(Case(name=f"{prefix}-decode-b{b}-kv{ctx}-n{heads}-top{topk}-{dtype}", op="dsa_decode", batch=b,
+                          sq=1, skv=ctx, baselines=(), **mla))
+    return tuple(cases)
+
+
+register_suite(Suite(
+    name="dsa-gpu",
+    description="DSA on CUDA: sparse prefill (top-2048) vs dense causal attention at 8k/32k/128k, indexer, paged decode; "
+                "bf16",
+    details="DeepSeek-V3.2 shapes: 128 query heads, MLA-absorbed latent 512 + rope 64 shared by every head, top-2048 "
+            "(each token its own and the preceding positions); baseline attnops-dense-mha: dense causal "
+            "attnops.flash_attention of the same tokens in the non-absorbed form (128 heads, D=192, Dv=128). Indexer: "
+            "64 heads x 128, weighted ReLU scores and top-2048 per token. Decode: one token per request over a paged "
+            "cache (blocks of 64). FLOPs: 2*N1*kept*(576+512) with kept = min(2048, causal keys) per token (sparse), "
+            "the causal pairs for the dense baseline and the indexer (2*64*128 per pair)",
+    cases=_dsa_cases("dsa", (8192, 32768, 131072), ((1, 32768), (64, 8192), (128, 131072)), heads=128,
+                     index_heads=64, topk=2048, dtype="bfloat16"),
+    device="cuda", repeat=10, warmup=2))
+
+register_suite(Suite(
+    name="dsa-smoke",
+    description="Tiny DSA cases (seconds on any device): sparse prefill, indexer and decode through the runner",
+    cases=_dsa_cases("dsa-smoke", (256,), ((2, 256),), heads=4, index_heads=4, topk=64, dtype="float32"),
+    device="cpu", repeat=2, warmup=1))
 
 
 def _nsa_decode_cases() -> tuple[Case, ...]:

@@ -57,6 +57,8 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
         return _nsa_decode().infer_inputs(case, device, seed)
     if case.op == "host_overhead":
         return _host_overhead().host_inputs(case, device, seed)
+    if case.op in ("dsa_prefill", "dsa_decode"):
+        return _dsa_gpu().dsa_inputs(case, device, seed)
     if case.op in ("dsa_sparse", "dsa_indexer"):
         from . import dsa
 
@@ -153,6 +155,8 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
 
     if case.op == "host_overhead":
         return _host_overhead().build_host(case, inp, device)
+    if case.op in ("dsa_prefill", "dsa_decode"):
+        return _dsa_gpu().build_dsa(case, inp, device)
     if case.op in ("dsa_sparse", "dsa_indexer"):
         from . import dsa
 
@@ -333,6 +337,7 @@ BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
     "read-bandwidth": lambda c, i, d: _sparse_infer().build_read_bandwidth(c, i, d),
     "nsa-recompute": lambda c, i, d: _nsa_decode().build_recompute(c, i, d),
     "custom-op-floor": lambda c, i, d: _host_overhead().build_floor(c, i, d),
+    "attnops-dense-mha": lambda c, i, d: _dsa_gpu().build_dense_mha(c, i, d),
 }
 
 
@@ -340,6 +345,12 @@ def _host_overhead():
     from . import host_overhead
 
     return host_overhead
+
+
+def _dsa_gpu():
+    from . import dsa_gpu
+
+    return dsa_gpu
 
 
 def _nsa_decode():

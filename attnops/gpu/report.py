@@ -33,6 +33,7 @@ INTERPRET_ENV = {"ATTNOPS_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1"}
 KERNEL_TESTS = "tests/ops/flash_attention/triton"
 NSA_KERNEL_TESTS = "tests/ops/nsa/triton"  # compressed attention and decode kernels (the full CUDA run)
 FIA_KERNEL_TESTS = "tests/ops/fused_infer_attention/triton"  # decode kernels and prefill (the full CUDA run)
+DSA_KERNEL_TESTS = "tests/ops/dsa/triton"  # lightning indexer and sparse attention kernels (the full CUDA run)
 # budgets in seconds: (full, quick); the sum stays under 9 min (full) and 3.5 min (quick) on one H100
 BUDGETS = {"tests": (210, 75), "check": (60, 30), "bench": (270, 90)}
 INTERPRET_BUDGETS = {"tests": (600, 90), "check": (600, 60), "bench": (300, 60)}
@@ -122,7 +123,7 @@ def plan(args, out_dir: Path) -> list[Step]:
     else:  # the CUDA tests; the full run adds the Triton kernel tests, which run compiled (bf16 too) on a GPU
         tests = pytest + ["-m", "cuda", "tests"] if args.quick else pytest + [
             "tests/cuda", f"{KERNEL_TESTS}/test_kernels.py", f"{KERNEL_TESTS}/test_verify.py", NSA_KERNEL_TESTS,
-            FIA_KERNEL_TESTS]
+            FIA_KERNEL_TESTS, DSA_KERNEL_TESTS]
         check = [py, "-m", "attnops", "check"]
     steps = [Step("tests", tests, budgets["tests"][pick], env), Step("check", check, budgets["check"][pick], env)]
     for suite in GPU_SUITES.values():

@@ -39,3 +39,6 @@ register_gpu_suite(GpuSuite("nsa-gpu", smoke_suite="nsa-smoke", quick_filter=r"t
 register_gpu_suite(GpuSuite("fia-gpu", smoke_suite="fia-smoke", quick_filter=r"b(1-kv32768|64-kv8192)-.*-shuffled",
                             bound="memory", impls=("attnops", "read-bandwidth", "sdpa-gathered"),
                             smoke_impls=("attnops", "sdpa-gathered"), smoke_quick_filter="float32-dense"))
+register_gpu_suite(GpuSuite("dsa-gpu", smoke_suite="dsa-smoke", quick_filter=r"t(8192|32768)-|decode-b64",
+                            impls=("attnops", "attnops-dense-mha"), smoke_impls=("attnops",),
+                            smoke_quick_filter="prefill"))

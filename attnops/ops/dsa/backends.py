@@ -13,6 +13,8 @@ from .indexer import lightning_indexer_forward
 from .kl_loss import indexer_kl_loss_grad
 from .quant_cache import dequantized_operands
 from .sparse_attention import sparse_attention_backward, sparse_attention_forward
+from .triton import launch as triton_launch
+from .triton import verify as triton_verify
 
 
 def _run(device_tensor, verify, triton_fn, reference_fn, *args):
@@ -26,14 +28,16 @@ def _run(device_tensor, verify, triton_fn, reference_fn, *args):
 
 def lightning_indexer(problem, query, key, weights, sparse_count, return_value):
     """``(sparse_indices [R, K] int32, sparse_values [R, K] or [0])``."""
-    return _run(query, None, None, lightning_indexer_forward, problem, query, key, weights, sparse_count,
+    return _run(query, lambda: triton_verify.indexer_reason(query, weights, sparse_count),
+                triton_launch.indexer_for, lightning_indexer_forward, problem, query, key, weights, sparse_count,
                 return_value)
 
 
 def sparse_attention(problem, query, key, value, sparse_indices, query_rope, key_rope, sinks, scale, block):
     """``(out [R, N1, Dv], softmax_max [R, N1], softmax_sum [R, N1])``."""
-    return _run(query, None, None, sparse_attention_forward, problem, query, key, value, sparse_indices, query_rope,
-                key_rope, sinks, scale, block)
+    return _run(query, lambda: triton_verify.sparse_attention_reason(query, value, query_rope),
+                triton_launch.sparse_attention_for, sparse_attention_forward, problem, query, key, value,
+                sparse_indices, query_rope, key_rope, sinks, scale, block)
 
 
 def sparse_attention_grad(problem, grad, query, key, value, sparse_indices, query_rope, key_rope, out,
@@ -51,7 +55,12 @@ def quant_sparse_attention(problem, query, key, value, sparse_indices, sinks, sc
         q, q_rope, k, k_rope = dequantized_operands(query, key, rope_dim)
         return sparse_attention_forward(problem, q, k, k, sparse_indices, q_rope, k_rope, sinks, scale, block)
 
-    return _run(query, None, None, reference, problem, query, key, value, sparse_indices, sinks)
+    def kernel(problem, query, key, value, sparse_indices, sinks):
+        return triton_launch.quant_sparse_attention_for(problem, query, key, sparse_indices, sinks, scale, block,
+                                                        rope_dim)
+
+    return _run(query, lambda: triton_verify.quant_sparse_attention_reason(query), kernel, reference, problem,
+                query, key, value, sparse_indices, sinks)
 
 
 def kl_loss_grad(problem, *tensors, scale):

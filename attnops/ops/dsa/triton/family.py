@@ -1,0 +1,88 @@
+"""The kernel family of the DSA Triton kernels and each kernel's one tile configuration (no autotuning: deterministic
+tiles; 16-wide tiles in the interpreter).
+
+GPU tiles: the indexer holds 64 query heads x ``BLOCK_N`` = 64 keys per product and a top-k vector of ``BLOCK_K``
+(``sparse_count`` rounded up to a power of two); sparse attention holds ``BLOCK_H`` = 64 heads (one wgmma M tile)
+x ``BLOCK_DV`` = 256 output columns against ``BLOCK_N`` gathered latent rows (``ATTENTION_KEYS``).
+"""
+from __future__ import annotations
+
+import torch
+
+from ...._core.triton.launch import KernelFamily, Launch, pow2
+
+INTERPRET_TILE = 16
+VALUE_TILE = 256  # output (latent) columns per sparse-attention program on a GPU
+INTERPRET_VALUE_TILE = 32
+SPLIT_PROGRAMS, SPLIT_POSITIONS = 264, 256
+INTERPRET_SPLIT_PROGRAMS, INTERPRET_SPLIT_POSITIONS = 8, 8
+INDEXER_KEYS, FP32_INDEXER_KEYS = 64, 16  # keys per indexer product on a GPU (16-bit inputs, fp32)
+MAX_HEAD_TILE = 64  # query heads per sparse-attention program on a GPU (the M of its products)
+# gathered rows per sparse-attention step on a GPU: 32 for a dense 16-bit cache, 16 through a block table, for a
+# quantized cache (dequantization registers) and for fp32 (one stage through a block table); the compiler's figures
+# (python -m attnops aot --filter dsa): no spills that way, except the quantized cache's, which spills at either size
+WIDE_ATTENTION_KEYS = 32
+ATTENTION_KEYS = 16
+
+
+def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
+    """``UPCAST`` (fp32 math on loaded tiles: fp32 inputs, and always in the interpreter, which has no bf16) and the
+    products' ``PRECISION``."""
+    upcast = interpret or dtype == torch.float32
+    return dict(UPCAST=upcast, PRECISION="ieee" if upcast else "tf32")
+
+
+def head_tile(heads: int, dtype: torch.dtype, interpret: bool) -> int:
+    """``BLOCK_H`` of sparse attention: every head of the token up to ``MAX_HEAD_TILE`` (half of it for fp32, whose
+    query tile would not fit in sm_80's shared memory), at least 16 rows."""
+    if interpret:
+        return pow2(heads)
+    return min(pow2(heads), MAX_HEAD_TILE // (dtype.itemsize // 2))
+
+
+def value_tile(dv: int, interpret: bool) -> int:
+    """``BLOCK_DV`` of sparse attention: output columns per program (``VALUE_TILE`` on a GPU, 32 in the interpreter,
+    so that its tests cover both the one-tile and the split form)."""
+    return min(pow2(dv), INTERPRET_VALUE_TILE if interpret else VALUE_TILE)
+
+
+def split_count(programs: int, positions: int, interpret: bool) -> int:
+    """Splits of each row's entries (decode): enough programs for ``SPLIT_PROGRAMS`` (two waves of an H100's 132 SMs;
+    8 in the interpreter, so that its decode tests split), at least ``SPLIT_POSITIONS`` positions each; 1
+    when the rows alone fill the GPU."""
+    target, least = (INTERPRET_SPLIT_PROGRAMS, INTERPRET_SPLIT_POSITIONS) if interpret else (SPLIT_PROGRAMS,
+                                                                                               SPLIT_POSITIONS)
+    if programs >= target:
+        return 1
+    return max(1, min(-(-target // programs), positions // least))
+
+
+def topk_tile(count: int, interpret: bool) -> int:
+    """``BLOCK_K`` of the indexer: ``count`` rounded up to a power of two, at least one key tile."""
+    return pow2(count, INTERPRET_TILE if interpret else INDEXER_KEYS)
+
+
+def _config(launch: Launch, named_args: dict, interpret: bool):
+    import triton
+
+    if launch.kernel == "sparse_attention_merge_kernel":  # a [64, 256] fp32 accumulator: 8 warps, no spills
+        return triton.Config({}, num_warps=4 if interpret else 8, num_stages=1)
+    dtype = named_args["q_ptr"].dtype
+    if interpret:
+        tiles = dict(BLOCK_N=INTERPRET_TILE)
+        if launch.kernel == "indexer_topk_kernel":
+            tiles["BLOCK_K"] = topk_tile(named_args["count"], interpret)
+        return triton.Config(tiles, num_warps=4, num_stages=1)
+    if launch.kernel == "indexer_topk_kernel":
+        keys = INDEXER_KEYS if dtype.itemsize == 2 else FP32_INDEXER_KEYS
+        tiles = dict(BLOCK_N=keys, BLOCK_K=topk_tile(named_args["count"], interpret))
+        return triton.Config(tiles, num_warps=8, num_stages=2)
+    paged = launch.kwargs["KV_MODE"] == 2
+    dense = not paged and not launch.kwargs["QUANT"] and dtype.itemsize == 2
+    stages = 1 if paged and dtype.itemsize == 4 else 2
+    return triton.Config(dict(BLOCK_N=WIDE_ATTENTION_KEYS if dense else ATTENTION_KEYS), num_warps=8,
+                         num_stages=stages)
+
+
+KERNELS = KernelFamily("dsa", ("attnops.ops.dsa.triton.indexer", "attnops.ops.dsa.triton.sparse_attention"),
+                       lambda launch, named_args, interpret: [_config(launch, named_args, interpret)])

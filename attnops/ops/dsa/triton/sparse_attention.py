@@ -1,0 +1,229 @@
+"""Sparse flash attention's kernel (MLA absorbed, ``attention_mode`` 2): each query row attends to the key positions
+its ``sparse_indices`` row lists, over a plain or a quantized (656-byte packed rows) latent cache in any layout
+(``launch.py`` plans it).
+
+One program holds one query row and ``BLOCK_H`` of its query heads (64 on a GPU: every head of the token shares the
+same latent key rows, so the heads are the M dimension of the tensor-core products; 128 heads are two programs). It
+walks the row's entries ``BLOCK_N`` key positions at a time (with ``sparse_block_size`` > 1 an entry names
+``sbs`` consecutive positions), gathers the latent rows ``K [BLOCK_N, 512]`` and rope rows ``[BLOCK_N, 64]`` through
+the layout (dense, packed or the block table) and runs the online softmax of
+``scale * (q k^T + q_rope k_rope^T)``. A program accumulates ``BLOCK_DV`` output columns (grid axis 2 counts head
+tiles x value column tiles): with one tile the value is the latent tile itself (``V_IS_K``: loaded once for both
+products); on a GPU the 512 latent columns are two programs of 256 (a 64 x 512 fp32 accumulator does not fit in
+registers beside the operands), each recomputing the scores and loading its value columns (L2 hits). Entries counted: the first ``min(K, ceil(L_i / sbs))`` up to the first -1, positions
+below ``min(Lkv, L_i)`` (``L_i = Lkv - Lq + i + 1`` in sparse mode 3); a repeated entry counts twice.
+
+``QUANT`` (1: int8 codes, 2: fp8 e4m3fn codes, read as bytes and decoded by their bits): the latent rows are the 512 codes of a packed row, dequantized in
+the kernel with the row's four fp32 per-128-column scales and rounded to the query dtype (the reference's order);
+the rope rows and the scales are the same bytes viewed as the query dtype and fp32 (host views, no copies).
+
+Decode with few programs (one token per request, 2 x 2 head/column tiles) splits each row's entries over ``splits``
+programs (axis 2 counts splits too), which store their unnormalised partials in fp32; ``sparse_attention_merge_kernel``
+merges them in split order (FlashDecoding; deterministic) and finishes the row.
+
+Outputs: ``acc / l`` (0 for a row that attends to nothing), and when asked the statistics ``(m, l)`` at
+``token * N1 + head`` (the BSND ``[B, 1, S1, N1]`` and TND ``[1, T1, N1]`` layouts flatten alike); sinks add
+``exp(sink - m)`` to the sum after the keys. Rows without keys: ``(0, 0)``, with sinks ``(sink, 1)``.
+"""
+import triton
+import triton.language as tl
+
+from ...flash_attention.triton.common import LOG2E, upcast
+from .common import head_rows, key_rows, kv_range, load_rows, query_row
+
+SCALE_TILE: tl.constexpr = tl.constexpr(128)  # latent columns per dequantization scale
+
+
+@triton.jit
+def _entry_count(idx_row, count, limit, sbs):
+    """Entries of the row that count: the first ``min(count, ceil(limit / sbs))``, cut at the first -1."""
+    c = tl.minimum(count, tl.cdiv(tl.maximum(limit, 0), sbs))
+    first_none = c
+    for e0 in range(0, c, 64):
+        e = e0 + tl.arange(0, 64)
+        v = tl.load(idx_row + e, mask=e < c, other=0)
+        first_none = tl.minimum(first_none, tl.min(tl.where((v == -1) & (e < c), e, c), 0))
+    return first_none
+
+
+@triton.jit
+def _code_values(codes, QUANT: tl.constexpr):
+    """fp32 values of loaded codes: int8 as is; fp8 e4m3fn bytes (loaded as uint8) decoded by their bits (sign,
+    4 exponent bits with bias 7, 3 mantissa bits; exact, and the same on GPUs without fp8 conversions)."""
+    if QUANT == 1:
+        return codes.to(tl.float32)
+    bits = codes.to(tl.int32)
+    exponent = (bits >> 3) & 0xF
+    mantissa = (bits & 7).to(tl.float32)
+    magnitude = tl.where(exponent == 0, mantissa * 0.001953125,  # subnormal: m * 2^-9
+                         (mantissa + 8.0) * tl.exp2((exponent - 10).to(tl.float32)))
+    magnitude = tl.where((exponent == 15) & (mantissa == 7.0), float("nan"), magnitude)
+    return tl.where(bits >= 128, -magnitude, magnitude)
+
+
+@triton.jit
+def _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D: tl.constexpr,
+                 QUANT: tl.constexpr, UPCAST: tl.constexpr, col0=0):
+    """The ``[BLOCK_N, BLOCK_D]`` latent rows (their columns from ``col0``, ``head_d`` of them), dequantized
+    (``QUANT``) and rounded to the query ``dtype``."""
+    rows = load_rows(k_ptr, outer, inner, ok, k_s0, k_s1, head_d, BLOCK_D)
+    if QUANT:
+        base = outer * ks_s0 + inner * ks_s1 + col0 // SCALE_TILE
+        if BLOCK_D >= SCALE_TILE:  # one scale per 128 columns, broadcast by a reshape
+            t = tl.arange(0, BLOCK_D // SCALE_TILE)
+            scale = tl.load(ks_ptr + base[:, None] + t[None, :], mask=ok[:, None], other=0.0)
+            tiles = tl.reshape(_code_values(rows, QUANT), [rows.shape[0], BLOCK_D // SCALE_TILE, SCALE_TILE])
+            rows = tl.reshape(tiles * scale[:, :, None], [rows.shape[0], BLOCK_D]).to(dtype)
+        else:  # a tile inside one scale's columns (the interpreter's narrow tiles)
+            rows = (_code_values(rows, QUANT) * tl.load(ks_ptr + base, mask=ok, other=0.0)[:, None]).to(dtype)
+    return upcast(rows, UPCAST)
+
+
+@triton.jit
+def _value_rows(v_ptr, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, dv0, head_dv, dtype,
+                BLOCK_DV: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr):
+    """Columns ``dv0 .. dv0 + BLOCK_DV`` of the value rows (the latent rows' when quantized)."""
+    return _latent_rows(v_ptr + dv0, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, head_dv - dv0, dtype,
+                        BLOCK_DV, QUANT, UPCAST, dv0)
+
+
+@triton.jit
+def _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, sink_ptr, o_sb, o_st, o_sh, heads,
+            head_dv, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, BLOCK_H: tl.constexpr,
+            BLOCK_DV: tl.constexpr):
+    """Sinks, ``acc / l`` (0 without keys) and the statistics (at ``r * N1 + head``; ``(0, 0)`` without keys) of
+    flat query row ``r`` (``token`` of batch ``b``), heads ``head0 ..``, output columns ``dv0 ..``."""
+    h = head0 + tl.arange(0, BLOCK_H)
+    if HAS_SINKS:
+        sink = tl.load(sink_ptr + h, mask=h < heads, other=0.0).to(tl.float32)
+        m_fin = tl.maximum(m_i, sink)
+        alpha = tl.exp2((m_i - m_fin) * LOG2E)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha + tl.exp2((sink - m_fin) * LOG2E)
+        m_i = m_fin
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    dv = dv0 + tl.arange(0, BLOCK_DV)
+    o_off = b.to(tl.int64) * o_sb + token * o_st + h[:, None].to(tl.int64) * o_sh + dv[None, :]
+    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(h[:, None] < heads) & (dv[None, :] < head_dv))
+    if RETURN_LSE:
+        stat = r * heads + h
+        tl.store(smax_ptr + stat, tl.where(m_i == float("-inf"), 0.0, m_i), mask=h < heads)
+        tl.store(ssum_ptr + stat, l_i, mask=h < heads)
+
+
+@triton.jit
+def _partial(r, h, split, splits, heads):
+    """Element offset of (row ``r``, heads ``h``, ``split``) in the ``[R, N1, splits]`` partial statistics."""
+    return (r * heads + h) * splits + split
+
+
+@triton.jit
+def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr, o_ptr, smax_ptr, ssum_ptr,
+                            sink_ptr, part_ptr, q_lens_ptr, kv_lens_ptr, bt_ptr,
+                            q_sb, q_st, q_sh, qr_sb, qr_st, qr_sh, k_s0, k_s1, kr_s0, kr_s1, v_s0, v_s1, ks_s0, ks_s1,
+                            i_sb, i_st, o_sb, o_st, o_sh, q_lens_stride, kv_lens_stride, bt_sb,
+                            s1, s2, n_batch, heads, head_d, rope_d, head_dv, dv_tiles, splits, page, n_pages, count,
+                            sbs, scale,
+                            Q_PACKED: tl.constexpr, Q_LENS: tl.constexpr, KV_MODE: tl.constexpr,
+                            KV_LENS: tl.constexpr, CAUSAL: tl.constexpr, HAS_ROPE: tl.constexpr,
+                            V_IS_K: tl.constexpr, QUANT: tl.constexpr, HAS_SINKS: tl.constexpr,
+                            RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr,
+                            BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+                            UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    b, token, row, q_len, valid = query_row(q_lens_ptr, q_lens_stride, s1, n_batch, Q_PACKED, Q_LENS)
+    kv_start, kv_len = kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE, KV_LENS)
+    limit = kv_len
+    if CAUSAL:
+        limit = tl.minimum(kv_len, kv_len - q_len + row + 1)
+    limit = tl.where(valid, limit, 0)
+    split = tl.program_id(2) % splits
+    tile = tl.program_id(2) // splits
+    head0 = (tile // dv_tiles) * BLOCK_H
+    dv0 = (tile % dv_tiles) * BLOCK_DV
+    dtype = q_ptr.dtype.element_ty
+    q = upcast(head_rows(q_ptr, b, token, head0, heads, q_sb, q_st, q_sh, head_d, BLOCK_H, BLOCK_D), UPCAST)
+    if HAS_ROPE:
+        q_rope = upcast(head_rows(qr_ptr, b, token, head0, heads, qr_sb, qr_st, qr_sh, rope_d, BLOCK_H, BLOCK_R),
+                        UPCAST)
+    idx_row = idx_ptr + b.to(tl.int64) * i_sb + token * i_st
+    n_pos = _entry_count(idx_row, count, limit, sbs) * sbs
+    chunk = tl.cdiv(tl.cdiv(n_pos, splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(n_pos, lo + chunk)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    for f0 in range(lo, hi, BLOCK_N):
+        f = f0 + tl.arange(0, BLOCK_N)
+        entry = tl.load(idx_row + f // sbs, mask=f < hi, other=-1).to(tl.int64)
+        pos = entry * sbs + f % sbs
+        ok = (f < hi) & (entry >= 0) & (pos < limit)
+        outer, inner = key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE)
+        k = _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D, QUANT,
+                         UPCAST)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if HAS_ROPE:
+            k_rope = upcast(load_rows(kr_ptr, outer, inner, ok, kr_s0, kr_s1, rope_d, BLOCK_R), UPCAST)
+            s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
+        s = tl.where(ok[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2((m_i - shift) * LOG2E)
+        p = tl.exp2((s - shift[:, None]) * LOG2E)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if V_IS_K:
+            v = k
+        else:
+            v = _value_rows(v_ptr, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, dv0, head_dv, dtype,
+                            BLOCK_DV, QUANT, UPCAST)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+    r = token
+    if not Q_PACKED:
+        r += b.to(tl.int64) * s1
+    if SPLIT:  # the split's unnormalised partials: (max, sum) per head, acc per head and column
+        h = head0 + tl.arange(0, BLOCK_H)
+        dv = dv0 + tl.arange(0, BLOCK_DV)
+        at = _partial(r, h, split, splits, heads)
+        tl.store(smax_ptr + at, m_i, mask=h < heads)
+        tl.store(ssum_ptr + at, l_i, mask=h < heads)
+        tl.store(part_ptr + at[:, None] * head_dv + dv[None, :], acc,
+                 mask=(h[:, None] < heads) & (dv[None, :] < head_dv))
+    else:
+        _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, sink_ptr, o_sb, o_st, o_sh, heads,
+                head_dv, HAS_SINKS, RETURN_LSE, BLOCK_H, BLOCK_DV)
+
+
+@triton.jit
+def sparse_attention_merge_kernel(pmax_ptr, psum_ptr, part_ptr, o_ptr, smax_ptr, ssum_ptr, sink_ptr,
+                                  o_sb, o_st, o_sh, s1, heads, head_dv, dv_tiles, splits,
+                                  Q_PACKED: tl.constexpr, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr,
+                                  BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The splits of flat query row ``r`` (axis 0) merged in split order (the same bits every run): the max first,
+    then the rescaled sums and accumulators; then :func:`_finish`."""
+    r = tl.program_id(0).to(tl.int64)
+    head0 = (tl.program_id(1) // dv_tiles) * BLOCK_H
+    dv0 = (tl.program_id(1) % dv_tiles) * BLOCK_DV
+    h = head0 + tl.arange(0, BLOCK_H)
+    dv = dv0 + tl.arange(0, BLOCK_DV)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    for split in range(splits):
+        m_i = tl.maximum(m_i, tl.load(pmax_ptr + _partial(r, h, split, splits, heads), mask=h < heads,
+                                      other=float("-inf")))
+    shift = tl.where(m_i == float("-inf"), 0.0, m_i)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    for split in range(splits):
+        at = _partial(r, h, split, splits, heads)
+        alpha = tl.exp2((tl.load(pmax_ptr + at, mask=h < heads, other=float("-inf")) - shift) * LOG2E)
+        l_i += alpha * tl.load(psum_ptr + at, mask=h < heads, other=0.0)
+        part = tl.load(part_ptr + at[:, None] * head_dv + dv[None, :], mask=(h[:, None] < heads) &
+                       (dv[None, :] < head_dv), other=0.0)
+        acc += alpha[:, None] * part
+    b = tl.zeros([], tl.int64)
+    token = r
+    if not Q_PACKED:
+        b = r // s1
+        token = r % s1
+    _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, sink_ptr, o_sb, o_st, o_sh, heads,
+            head_dv, HAS_SINKS, RETURN_LSE, BLOCK_H, BLOCK_DV)
