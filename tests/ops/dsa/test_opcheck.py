@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import attnops
+from attnops.ops.dsa import op as _dsa_ops  # noqa: F401  (registers attnops::dsa_*)
 from attnops.ops.dsa.quant_cache import quantize
+from attnops.ops.mla import op as _mla_ops  # noqa: F401  (registers attnops::mla_*)
 
 from .dsa_helpers import randn
 
