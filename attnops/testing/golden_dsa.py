@@ -111,3 +111,12 @@ def interleave_rope(x: Tensor, cos: Tensor, sin: Tensor, dtype=torch.float64) ->
 def rms_norm(x: Tensor, gamma: Tensor, eps: float, dtype=torch.float64) -> Tensor:
     x = x.to(dtype)
     return gamma.to(dtype) * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+def kv_cache_rows_v2(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, v: Tensor, eps: float,
+                     dtype=torch.float64) -> tuple[Tensor, Tensor]:
+    """``npu_kv_rmsnorm_rope_cache``'s V2 rows ``[B, N, S, D]``: ``(RmsNorm(kv; gamma)`` over all of ``Dk`` with its
+    first ``Dr`` (cos's width) dims rotated, ``v)``."""
+    y = rms_norm(kv, gamma, eps, dtype)
+    dr = cos.shape[-1]
+    return torch.cat([interleave_rope(y[..., :dr], cos, sin, dtype), y[..., dr:]], -1), v.to(dtype)

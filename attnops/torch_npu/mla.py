@@ -20,10 +20,11 @@ def npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *,
                               k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode="Norm",
                               is_output_kv=False):
     """``(k_cache, ckv_cache, k_embed_out [B, 1, S, Dr], y_out [B, 1, S, Dc])``: RMSNorm of ``kv[..., :Dc]`` into
-    ``ckv_cache`` and RoPE of the rest into ``k_cache`` (both written in place and returned)."""
-    reject_unsupported(v=v)
+    ``ckv_cache`` and RoPE of the rest into ``k_cache`` (both written in place and returned). With ``v [B, N, S, Dv]``
+    (V2): RMSNorm of all of ``kv [B, N, S, Dk]`` with its first ``Dr`` dims rotated into ``k_cache`` and ``v`` into
+    ``ckv_cache``; the outputs are then those rows ``[B, N, S, Dk]`` and ``v``."""
     k_embed, y = call(mla_op.mla_kv_rmsnorm_rope_cache, kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale,
-                      c_kv_scale, k_rope_offset, c_kv_offset, float(epsilon), cache_mode)
+                      c_kv_scale, k_rope_offset, c_kv_offset, float(epsilon), cache_mode, v)
     return k_cache, ckv_cache, k_embed, y
 
 

@@ -91,6 +91,69 @@ def test_kv_cache_norm_mode_and_int8_nz():
     assert torch.equal(c_logical[9], want)
 
 
+def _v2_inputs(b=2, n=2, s=3, dk=64, dv=32, dr=16):
+    kv, v, gamma = _r(b, n, s, dk, seed=30), _r(b, n, s, dv, seed=31), _r(dk, seed=32)
+    cos, sin = _r(b, 1, s, dr, seed=33), _r(b, 1, s, dr, seed=34)
+    return (kv, gamma, cos, sin, v), G.kv_cache_rows_v2(kv, gamma, cos, sin, v, 1e-5)
+
+
+def _nz_logical(cache):
+    """An NZ cache's logical ``[blocks, block_size, N, D]`` rows (memory ``[blocks, N, D/d0, block_size, d0]``)."""
+    blocks, bs, n, d = cache.shape
+    d0 = 32 // cache.element_size()
+    return cache.reshape(blocks, n, d // d0, bs, d0).permute(0, 3, 1, 2, 4).reshape(blocks, bs, n, d)
+
+
+@pytest.mark.parametrize("mode", ["PA_BNSD", "PA_NZ", "PA_BLK_BNSD"])
+def test_kv_cache_v2_writes_normed_rotated_k_and_v_per_head(mode):
+    (kv, gamma, cos, sin, v), (k, vv) = _v2_inputs()
+    index = torch.tensor([0, 16] if mode.startswith("PA_BLK") else [5, -1, 17, 2, 30, 9])
+    k_cache, v_cache = torch.zeros(3, 16, 2, 64), torch.zeros(3, 16, 2, 32)
+    out = torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, v_cache, v=v, cache_mode=mode,
+                                              is_output_kv=True)
+    torch.testing.assert_close(out[2].double(), k, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[3].double(), vv, atol=1e-5, rtol=1e-5)
+    kc, vc = (_nz_logical(k_cache), _nz_logical(v_cache)) if mode == "PA_NZ" else (k_cache, v_cache)
+    slots = index.view(2, 1) + torch.arange(3) if mode.startswith("PA_BLK") else index.view(2, 3)
+    for b in range(2):
+        for s in range(3):
+            slot = int(slots[b, s])
+            if slot >= 0:
+                torch.testing.assert_close(kc.view(48, 2, 64)[slot].double(), k[b, :, s], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(vc.view(48, 2, 32)[slot].double(), vv[b, :, s], atol=1e-6, rtol=0)
+    written = int((slots >= 0).sum())
+    assert int((kc.view(48, -1) != 0).any(-1).sum()) == written  # -1 wrote nothing, nothing else was touched
+
+
+def test_kv_cache_v2_norm_mode_and_int8_per_head_scales():
+    (kv, gamma, cos, sin, v), (k, vv) = _v2_inputs()
+    k_cache, v_cache = torch.zeros(2, 2, 4, 64), torch.zeros(2, 2, 4, 32)
+    torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([[3, 0, -1], [1, 2, 0]]), k_cache, v_cache,
+                                        v=v)
+    torch.testing.assert_close(k_cache[0, :, 3].double(), k[0, :, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(v_cache[1, :, 0].double(), vv[1, :, 2], atol=1e-6, rtol=0)
+    assert (k_cache[0, :, 1:3] == 0).all()
+    ks, vs = torch.tensor([[20.0], [10.0]]).expand(2, 64).contiguous(), torch.full((32,), 30.0)
+    k8, v8 = torch.zeros(1, 32, 2, 64, dtype=torch.int8), torch.zeros(1, 32, 2, 32, dtype=torch.int8)
+    torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.arange(6), k8, v8, v=v, k_rope_scale=ks,
+                                        c_kv_scale=vs, cache_mode="PA_NZ")
+    want_k = torch.round(k[1, :, 2] * ks.double()).clamp(-128, 127).to(torch.int8)
+    assert torch.equal(_nz_logical(k8)[0, 5], want_k)
+    assert torch.equal(_nz_logical(v8)[0, 4], torch.round(vv[1, :, 1] * 30).clamp(-128, 127).to(torch.int8))
+
+
+def test_kv_cache_v2_rejects_mismatched_shapes_by_name():
+    (kv, gamma, cos, sin, v), _ = _v2_inputs()
+    caches = torch.zeros(3, 16, 2, 64), torch.zeros(3, 16, 2, 32)
+    with pytest.raises(ParamInvalidError, match=r"^v: expected \[B, N, S, Dv\]"):
+        torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.arange(6), *caches, v=v[:, :1])
+    with pytest.raises(ParamInvalidError, match="^gamma: "):
+        torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma[:32], cos, sin, torch.arange(6), *caches, v=v)
+    with pytest.raises(ParamInvalidError, match="^ckv_cache: expected last dim 32"):
+        torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.arange(6), caches[0], caches[0], v=v,
+                                            cache_mode="PA")
+
+
 def _golden_prolog(x, wdq, wuq, wuk, wdkv, gq, gkv, sin, cos):
     n, d, hckv = wuk.shape
     c_q = G.rms_norm(x.double() @ wdq.double(), gq, 1e-5)

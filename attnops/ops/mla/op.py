@@ -38,14 +38,18 @@ def _(x, cos, sin):
 def mla_kv_rmsnorm_rope_cache(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, index: Tensor, k_cache: Tensor,
                               ckv_cache: Tensor, k_rope_scale: Optional[Tensor], c_kv_scale: Optional[Tensor],
                               k_rope_offset: Optional[Tensor], c_kv_offset: Optional[Tensor], epsilon: float,
-                              cache_mode: str) -> tuple[Tensor, Tensor]:
-    check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, cache_mode)
+                              cache_mode: str, v: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, cache_mode,
+                                v)
     return kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale,
-                                 k_rope_offset, c_kv_offset, epsilon, cache_mode)
+                                 k_rope_offset, c_kv_offset, epsilon, cache_mode, v)
 
 
 @mla_kv_rmsnorm_rope_cache.register_fake
-def _(kv, gamma, cos, sin, index, k_cache, ckv_cache, *args):
+def _(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset, epsilon,
+      cache_mode, v=None):
+    if v is not None:
+        return torch.empty_like(kv), torch.empty_like(v)
     dc = gamma.shape[-1]
     return kv.new_empty((*kv.shape[:-1], kv.shape[-1] - dc)), kv.new_empty((*kv.shape[:-1], dc))
 

@@ -54,6 +54,10 @@ def test_opcheck_mla_helpers():
     caches = (torch.zeros(2, 16, 1, 8), torch.zeros(2, 16, 1, 16))
     torch.library.opcheck(OPS.mla_kv_rmsnorm_rope_cache.default,
                           (kv, gamma, c8, s8, torch.tensor([3, 20]), *caches, None, None, None, None, 1e-5, "PA"))
+    kv2, v2 = randn(2, 2, 1, 16, seed=30), randn(2, 2, 1, 8, seed=31)  # V2: N=2 heads, Dk=16, Dv=8
+    torch.library.opcheck(OPS.mla_kv_rmsnorm_rope_cache.default,
+                          (kv2, gamma, c8, s8, torch.tensor([3, 20]), torch.zeros(2, 16, 2, 16),
+                           torch.zeros(2, 16, 2, 8), None, None, None, None, 1e-5, "PA_NZ", v2))
     he, hcq, n, d, hckv, dr = 16, 8, 2, 4, 8, 4
     w = (randn(he, hcq, seed=21), randn(hcq, n * (d + dr), seed=22), randn(n, d, hckv, seed=23),
          randn(he, hckv + dr, seed=24), randn(hcq, seed=25), randn(hckv, seed=26), randn(3, dr, seed=27),
