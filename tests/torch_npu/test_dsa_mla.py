@@ -183,8 +183,76 @@ def test_mla_prolog_v3_paged_and_functional():
     outs = torch_npu.npu_mla_prolog_v3_functional(x, *w, kv2, kr2, cache_mode="TND")
     assert len(outs) == 7 and (kv2 == 0).all()
     torch.testing.assert_close(outs[5][:, 0].double(), gkv, atol=1e-4, rtol=1e-4)
-    with pytest.raises(NotImplementedError, match="weight_quant_mode"):
+    with pytest.raises(NotImplementedError, match="^weight_quant_mode: .* got 3"):
+        torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=slots, weight_quant_mode=3)
+    with pytest.raises(ParamInvalidError, match="^weight_uq_qr: expected dtype in \\['torch.int8'\\]"):
         torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=slots, weight_quant_mode=2)
+
+
+def _assert_codes(name, codes, real):
+    """int8 ``codes`` are the round-half-even of the fp64 golden's unrounded ``real`` (up to fp32 error)."""
+    assert codes.dtype == torch.int8, name
+    err = (codes.double() - real.clamp(-128, 127)).abs().max()
+    assert err <= 0.5 + 1e-3, f"{name}: a code is {float(err)} from the golden value"
+
+
+def _int8_prolog_inputs(t=3, he=32, hcq=16, n=2, d=8, hckv=16, dr=8):
+    def i8(*shape, seed):
+        return torch.randint(-8, 9, shape, generator=torch.Generator().manual_seed(seed), dtype=torch.int8)
+
+    def pos(*shape, seed):
+        return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) * 0.1 + 0.01
+
+    w = (i8(he, hcq, seed=40), i8(hcq, n * (d + dr), seed=41), _r(n, d, hckv, seed=42), i8(he, hckv + dr, seed=43),
+         _r(hcq, seed=44), _r(hckv, seed=45), _r(t, dr, seed=46), _r(t, dr, seed=47))
+    scales = dict(dequant_scale_x=pos(t, 1, seed=48), dequant_scale_w_dq=pos(1, hcq, seed=49),
+                  dequant_scale_w_uq_qr=pos(1, n * (d + dr), seed=50), dequant_scale_w_dkv_kr=pos(1, hckv + dr, seed=51),
+                  smooth_scales_cq=pos(1, hcq, seed=52) * 10)
+    return i8(t, he, seed=53), w, scales
+
+
+def test_mla_prolog_v3_int8_weights_cache_and_query():
+    x, w, scales = _int8_prolog_inputs()
+    qs = torch.tensor([40.0])
+    kv_cache, kr_cache = torch.zeros(1, 16, 1, 16, dtype=torch.int8), torch.zeros(1, 16, 1, 8)
+    q, qr, scale_q, qn, scale_n = torch_npu.npu_mla_prolog_v3(
+        x, *w, kv_cache, kr_cache, cache_index=torch.tensor([4, -1, 9]), quant_scale_ckv=qs, query_norm_flag=True,
+        weight_quant_mode=2, kv_cache_quant_mode=1, query_quant_mode=1, **scales)
+    g = G.mla_prolog_int8(x, *w, quant_scale_ckv=qs, smooth=scales.pop("smooth_scales_cq"), **scales)
+    _assert_codes("query_norm", qn, g["query_norm_real"])
+    _assert_codes("query", q, g["query_real"])
+    _assert_codes("kv_cache", kv_cache.view(16, 16)[9], g["kv_real"][2])
+    assert (kv_cache.view(16, 16)[[0, 1, 2, 3, 5, 6, 7, 8]] == 0).all()  # the -1 token wrote nothing
+    for name, a, want in (("dequant_scale_q_norm", scale_n, g["dequant_scale_q_norm"]),
+                          ("dequant_scale_q_nope", scale_q, g["dequant_scale_q_nope"]),
+                          ("query_rope", qr, g["query_rope"]), ("kr_cache", kr_cache.view(16, 8)[4], g["kr"][0])):
+        torch.testing.assert_close(a.double(), want, atol=1e-4, rtol=1e-4, msg=name)
+    assert scale_q.shape == (3, 2, 1) and scale_n.shape == (3, 1)
+
+
+def test_mla_prolog_int8_uq_qr_only_and_v2_modes():
+    x8, w8, scales = _int8_prolog_inputs()
+    x = _r(*x8.shape, seed=54)
+    w = (_r(*w8[0].shape, seed=55), w8[1], w8[2], _r(*w8[3].shape, seed=56), *w8[4:])
+    kv_cache, kr_cache = torch.zeros(1, 16, 1, 16), torch.zeros(1, 16, 1, 8)
+    q, qr, scale_q, qn, scale_n = torch_npu.npu_mla_prolog_v3(
+        x, *w, kv_cache, kr_cache, cache_index=torch.tensor([0, 1, 2]), query_norm_flag=True, weight_quant_mode=1,
+        dequant_scale_w_uq_qr=scales["dequant_scale_w_uq_qr"])
+    g = G.mla_prolog_int8(x, *w, dequant_scale_w_uq_qr=scales["dequant_scale_w_uq_qr"])
+    _assert_codes("query_norm", qn, g["query_norm_real"])
+    for name, a, want in (("query", q, g["query"]), ("query_rope", qr, g["query_rope"]),
+                          ("kv_cache", kv_cache.view(16, 16)[:3], g["kv"])):
+        torch.testing.assert_close(a.double(), want, atol=1e-4, rtol=1e-4, msg=name)
+    assert scale_q.numel() == 0
+    out = torch_npu.npu_mla_prolog_v2(x8, *w8, torch.tensor([0, 1, 2]), torch.zeros(1, 16, 1, 16, dtype=torch.int8),
+                                      torch.zeros(1, 16, 1, 8), quant_scale_ckv=torch.tensor([40.0]), **scales)
+    assert out[0].dtype == torch.int8 and out[4].shape == (3, 2, 1)  # "full": int8 cache, quantized query
+    with pytest.raises(NotImplementedError, match="^query_quant_mode: "):
+        torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=torch.tensor([0, 1, 2]),
+                                    weight_quant_mode=1, query_quant_mode=1, **scales)
+    with pytest.raises(ParamInvalidError, match="^dequant_scale_x: expected None"):
+        torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=torch.tensor([0, 1, 2]),
+                                    weight_quant_mode=1, **scales)
 
 
 def test_kv_quant_sparse_attention_matches_golden_on_dequantized_rows():
