@@ -54,9 +54,13 @@ def check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, 
     dr, dk, dv = _row_widths(kv, gamma, cos, v)
     for name, x in (("cos", cos), ("sin", sin)):
         check_tensor(name, x, ndim=4)
-        require(tuple(x.shape[:3]) == (kv.shape[0], 1, kv.shape[2]) and 0 < x.shape[3] <= dk and x.shape[3] % 2 == 0
-                and x.shape[3] == dr, name, f"[{kv.shape[0]}, 1, {kv.shape[2]}, Dr] with an even Dr"
-                + ("" if v is None else f" <= Dk={dk}"), x)
+        if v is None:
+            require(tuple(x.shape) == (kv.shape[0], 1, kv.shape[2], dr), name,
+                    f"[{kv.shape[0]}, 1, {kv.shape[2]}, Dr={dr}] (kv's last dim minus gamma's)", x)
+        else:
+            require(tuple(x.shape[:3]) == (kv.shape[0], 1, kv.shape[2]) and 0 < x.shape[3] <= dk
+                    and x.shape[3] % 2 == 0 and x.shape[3] == dr, name,
+                    f"[{kv.shape[0]}, 1, {kv.shape[2]}, Dr] with an even Dr <= Dk={dk} (cos's)", x)
     check_tensor("index", index, dtypes=(torch.int32, torch.int64))
     check_tensor("k_cache", k_cache, ndim=4)
     check_tensor("ckv_cache", ckv_cache, ndim=4)
