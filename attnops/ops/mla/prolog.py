@@ -102,7 +102,7 @@ def mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gamma
     sin = rope_sin.reshape(x.shape[0], -1).to(dt)
     xq, kv = _projections(x, weight_dq, weight_dkv_kr, quant, dt)
     c_q = qc_qr_scale * rms_norm(xq, gamma_cq, eps_cq)
-    norm_scale = torch.empty(0, dtype=torch.float32)
+    norm_scale = token_x.new_empty(0, dtype=torch.float32)
     if quant.weight_mode >= 1:
         smooth = 1 if quant.smooth_scales_cq is None else quant.smooth_scales_cq.to(dt).reshape(-1)
         c_q, norm_scale = dynamic_int8(c_q * smooth, 1)  # query_norm becomes the int8 codes
@@ -112,7 +112,7 @@ def mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gamma
     u = u.view(x.shape[0], n, -1)
     query = torch.einsum("tnd,ndh->tnh", u[..., :d], weight_uk.to(dt))
     query_rope = interleave_rope(u[..., d:], cos[:, None], sin[:, None])
-    q_scale = torch.empty(0, dtype=torch.float32)
+    q_scale = token_x.new_empty(0, dtype=torch.float32)
     if quant.query_mode == 1:
         query, q_scale = dynamic_int8(query, 1)
         query_rope = query_rope * quant.quant_scale_ckv.to(dt).reshape(()) / q_scale.masked_fill(q_scale == 0, 1)

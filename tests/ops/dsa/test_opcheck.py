@@ -65,6 +65,14 @@ def test_opcheck_mla_helpers():
     torch.library.opcheck(OPS.mla_prolog.default,
                           (randn(3, he, seed=29), *w, torch.zeros(1, 16, 1, hckv), torch.zeros(1, 16, 1, dr),
                            torch.tensor([0, 5, 9]), None, 1e-5, 1e-5, "PA_BSND", 1.0, 1.0))
+    i8 = [torch.randint(-8, 9, shape, generator=torch.Generator().manual_seed(40 + i), dtype=torch.int8)
+          for i, shape in enumerate(((3, he), (he, hcq), (hcq, n * (d + dr)), (he, hckv + dr)))]
+    scales = [torch.rand(*shape, generator=torch.Generator().manual_seed(50 + i)) + 0.01
+              for i, shape in enumerate(((3, 1), (1, hcq), (1, n * (d + dr)), (1, hckv + dr), (1,)))]
+    torch.library.opcheck(OPS.mla_prolog.default,  # W8A8, int8 KV cache, int8 query
+                          (i8[0], i8[1], i8[2], w[2], i8[3], *w[4:], torch.zeros(1, 16, 1, hckv, dtype=torch.int8),
+                           torch.zeros(1, 16, 1, dr), torch.tensor([0, 5, 9]), None, 1e-5, 1e-5, "PA_BSND", 1.0, 1.0,
+                           *scales, None, 2, 1, 1))
 
 
 @pytest.mark.slow
