@@ -6,8 +6,9 @@
 causal :func:`attnops.flash_attention` on the same tokens (``q = [q_nope | q_rope]``, ``k = [latent | rope]``,
 ``v = latent``). With ``params["sample"] = (chunks, rows)`` both time the same query-row chunks
 (:func:`~attnops.bench.cases.sampled_row_chunks`): chunk ``[lo, hi)`` is one call with queries ``lo..hi-1`` over keys
-``0..hi-1`` (bottom-right causal, so each row sees exactly its prefix). ``dsa_indexer``: :func:`attnops.lightning_indexer` (``params["index_heads"]`` heads of
-``d``, causal top-``params["topk"]``), timed with its peak memory (no ``[S, S]`` score matrix).
+``0..hi-1`` (bottom-right causal, so each row sees exactly its prefix). ``dsa_indexer``:
+:func:`attnops.lightning_indexer` (``params["index_heads"]`` heads of ``d``, causal top-``params["topk"]``), timed
+with its peak memory (no ``[S, S]`` score matrix).
 """
 from __future__ import annotations
 

@@ -206,7 +206,8 @@ def _int8_prolog_inputs(t=3, he=32, hcq=16, n=2, d=8, hckv=16, dr=8):
     w = (i8(he, hcq, seed=40), i8(hcq, n * (d + dr), seed=41), _r(n, d, hckv, seed=42), i8(he, hckv + dr, seed=43),
          _r(hcq, seed=44), _r(hckv, seed=45), _r(t, dr, seed=46), _r(t, dr, seed=47))
     scales = dict(dequant_scale_x=pos(t, 1, seed=48), dequant_scale_w_dq=pos(1, hcq, seed=49),
-                  dequant_scale_w_uq_qr=pos(1, n * (d + dr), seed=50), dequant_scale_w_dkv_kr=pos(1, hckv + dr, seed=51),
+                  dequant_scale_w_uq_qr=pos(1, n * (d + dr), seed=50),
+                  dequant_scale_w_dkv_kr=pos(1, hckv + dr, seed=51),
                   smooth_scales_cq=pos(1, hcq, seed=52) * 10)
     return i8(t, he, seed=53), w, scales
 

@@ -102,8 +102,8 @@ def _to_cache(x: Tensor, cache: Tensor, scale, offset) -> Tensor:
 
 def cache_rows(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, v: Tensor | None, epsilon: float
                ) -> tuple[Tensor, Tensor]:
-    """``(k_cache rows, ckv_cache rows)`` ``[B, N, S, D]`` in the work dtype: V1 ``(IRoPE(rope part), RmsNorm(latent))``,
-    V2 ``(RmsNorm(kv) with its first Dr dims rotated, v)``."""
+    """``(k_cache rows, ckv_cache rows)`` ``[B, N, S, D]`` in the work dtype: V1 ``(IRoPE(rope part),
+    RmsNorm(latent))``, V2 ``(RmsNorm(kv) with its first Dr dims rotated, v)``."""
     if v is None:
         dc = gamma.shape[-1]
         return interleave_rope(kv[..., dc:], cos, sin), rms_norm(kv[..., :dc], gamma, epsilon)

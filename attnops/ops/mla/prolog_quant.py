@@ -93,7 +93,8 @@ def check_quant(q: PrologQuant, token_x: Tensor, weight_dq: Tensor, weight_uq_qr
 
 def dynamic_int8(x: Tensor, per: int) -> tuple[Tensor, Tensor]:
     """``(codes, scale)``: ``x`` quantized symmetrically over its last ``per`` dims, ``scale = max|x| / 127``
-    (keepdim over those dims), ``codes = clamp(round(x / scale))`` in ``x``'s dtype (rows of zeros: scale 0, codes 0)."""
+    (keepdim over those dims), ``codes = clamp(round(x / scale))`` in ``x``'s dtype (rows of zeros: scale 0,
+    codes 0)."""
     dims = tuple(range(-per, 0))
     scale = x.abs().amax(dim=dims, keepdim=True) / 127
     codes = torch.round(x / scale.masked_fill(scale == 0, 1)).clamp(-128, 127)
