@@ -1,7 +1,7 @@
 """The seeds' aclnn operators (and the DSA / MLA operators with an aclnn API) under their aclnn names
 (snake_case): same parameters in the same order, outputs as tuples, status-coded errors
-(:class:`attnops.AclnnError`) and the two-phase ``<op>_get_workspace_size(...) -> (workspace_size, executor)`` / ``<op>(workspace, workspace_size, executor, stream)``
-form.
+(:class:`attnops.AclnnError`) and the two-phase ``<op>_get_workspace_size(...) -> (workspace_size, executor)`` /
+``<op>(workspace, workspace_size, executor, stream)`` form.
 """
 from ._two_phase import AclnnExecutor
 from .dsa import (
