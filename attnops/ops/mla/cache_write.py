@@ -1,9 +1,13 @@
-"""Writes token rows into the MLA caches at slots, in ND or NZ storage, optionally quantized to int8.
+"""Writes token rows into the MLA caches at slots, in ND, NZ or head-major storage, optionally quantized to int8.
 
-A cache holds rows ``[slots, N, D]``: paged ``[num_blocks, block_size, N, D]`` (slot ``p`` is block ``p //
-block_size``, row ``p % block_size``), or token-shaped ``[B, S, N, D]`` / ``[T, N, D]`` / ``[B, N, L, D]`` (Norm).
-NZ storage: the cache's memory is ``[num_blocks, N, D/d0, block_size, d0]`` with ``d0 = 32 / itemsize`` (16 for
-2-byte dtypes, 32 for int8). Negative slots write nothing (vllm pads slot mappings with -1).
+A cache holds rows ``[slots, N, D]``. Token-major (ND): paged ``[num_blocks, block_size, N, D]`` (slot ``p`` is block
+``p // block_size``, row ``p % block_size``) or token-shaped ``[B, S, N, D]`` / ``[T, N, D]``. Head-major: the
+memory is ``[num_blocks, N, D/x, block_size, x]``; NZ storage takes ``x = 32 / itemsize`` (16 for 2-byte dtypes,
+32 for int8), the Norm caches ``[B, N, L, D]`` are the case ``x = D`` with a block per batch (``block_size = L``).
+Negative slots write nothing (vllm pads slot mappings with -1).
+
+Slots on the CPU are checked against the cache. Slots on a device are never read on the host (no sync): they are
+clamped into the cache, and a slot given twice takes the row of its last token on every device (deterministic).
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import require
+from ..._core.staging import upload
 
 
 def nz_width(dtype: torch.dtype) -> int:
@@ -25,25 +30,39 @@ def quantize_int8(x: Tensor, scale: Tensor, offset: Tensor | None) -> Tensor:
     return torch.round(y).clamp(-128, 127).to(torch.int8)
 
 
-def write_rows(cache: Tensor, rows: Tensor, slots: Tensor, *, nz: bool, block_size: int) -> None:
+def _addressed(cache: Tensor, slots: Tensor, heads: int, d: int, block_size: int, x: int | None
+               ) -> tuple[Tensor, tuple]:
+    """``(view, index)``: ``view[index]`` is the ``T`` rows at ``slots`` (in range) of the cache's storage."""
+    if x is None:
+        return cache.view(-1, heads, d), (slots,)
+    return cache.view(-1, heads, d // x, block_size, x), (slots // block_size, slice(None), slice(None),
+                                                         slots % block_size)
+
+
+def write_rows(cache: Tensor, rows: Tensor, slots: Tensor, *, block_size: int, x: int | None = None) -> None:
     """``cache``'s slot ``slots[t]`` (head ``n``) := ``rows[t, n]`` for ``slots[t] >= 0``; ``rows [T, N, D]`` already
-    in the cache's dtype; ``cache`` is updated in place."""
-    keep = slots >= 0
-    slots, rows = slots[keep].to(torch.int64), rows[keep]
-    if not nz:
-        flat = cache.view(-1, *rows.shape[1:])
-        require(bool((slots < flat.shape[0]).all()), "index", f"slots below the cache's {flat.shape[0]} rows",
-                slots.tolist() if slots.numel() < 9 else slots)
-        flat[slots.to(cache.device)] = rows.to(cache.device)
-        return
-    d0 = nz_width(cache.dtype)
+    in the cache's dtype; ``x``: None for token-major storage, else the head-major column width; ``cache`` is
+    updated in place."""
     heads, d = rows.shape[1:]
-    require(d % d0 == 0, "cache_mode", f"NZ caches with D % {d0} == 0", f"D={d}")
-    storage = cache.view(-1, heads, d // d0, block_size, d0)
-    require(bool((slots < storage.shape[0] * block_size).all()), "index", "slots inside the NZ cache", slots)
-    blocks, offs = slots // block_size, slots % block_size
-    storage[blocks.to(cache.device), :, :, offs.to(cache.device)] = rows.reshape(-1, heads, d // d0, d0).to(
-        cache.device)
+    if x is not None:
+        require(d % x == 0, "cache_mode", f"NZ caches with D % {x} == 0", f"D={d}")
+    capacity = cache.numel() // (heads * d)
+    slots = slots.to(torch.int64)
+    if slots.device.type == "cpu":
+        require(bool((slots < capacity).all()), "index", f"slots below the cache's {capacity} rows",
+                slots.tolist() if slots.numel() < 9 else slots)
+        slots = upload(slots, torch.int64, cache.device)
+    if slots.numel() == 0:
+        return
+    valid = slots >= 0
+    slots = slots.clamp(0, capacity - 1)
+    order = torch.arange(slots.numel(), device=slots.device)
+    winner = torch.full((capacity,), -1, dtype=torch.int64, device=slots.device).scatter_reduce_(
+        0, slots, torch.where(valid, order, -1), "amax")[slots]
+    view, index = _addressed(cache, slots, heads, d, block_size, x)
+    old = view[index]
+    new = rows.to(cache.device)[winner.clamp(min=0)].view(old.shape)
+    view[index] = torch.where((winner >= 0).view(-1, *[1] * (old.dim() - 1)), new, old)
 
 
 def read_nz(cache: Tensor, block_size: int) -> Tensor:

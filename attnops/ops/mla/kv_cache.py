@@ -13,7 +13,8 @@ to the cache's dtype (int8 caches: ``clamp(round(value * scale (+ offset)))``, s
 * ``PA_BLK_BNSD`` / ``PA_BLK_NZ``: ``index [B*ceil(S/block_size)]``, the slot of each page's first row:
   ``cache[index[b*ceil(S/bs) + s // bs] // bs, s % bs]``.
 
-``*_NZ`` modes store the caches in NZ order (:mod:`.cache_write`). Negative indices write nothing.
+``*_NZ`` modes store the caches in NZ order (:mod:`.cache_write`). Negative indices write nothing. A CPU ``index``
+is checked against the caches; an ``index`` on a device is never read on the host (clamped into the caches).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_choice, check_tensor, require
-from .cache_write import quantize_int8, write_rows
+from .cache_write import nz_width, quantize_int8, write_rows
 from .rope import interleave_rope, rms_norm
 
 CACHE_MODES = ("Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ")
@@ -86,14 +87,23 @@ def check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, 
 
 
 def token_slots(index: Tensor, cache_mode: str, batch: int, seq: int, block_size: int) -> Tensor:
-    """``[B, S]`` flat cache slots (Norm: positions) of every token, -1 where nothing is written."""
+    """``[B*S]`` flat cache slots of the tokens, -1 where nothing is written; ``block_size``: the paged caches' block
+    size, the Norm caches' length ``L`` (slot ``b * L + position``). Computed on ``index``'s device; positions of
+    the Norm mode at or past ``L`` raise for a CPU ``index`` and are clamped to ``L - 1`` on a device."""
     index = index.to(torch.int64)
+    s = torch.arange(seq, device=index.device)
+    if cache_mode == "Norm":
+        pos = index.view(batch, seq)
+        if index.device.type == "cpu":
+            require(bool((pos < block_size).all()), "index", f"positions below the caches' length {block_size}",
+                    pos.tolist() if pos.numel() < 9 else pos)
+        rows = torch.arange(batch, device=index.device)[:, None] * block_size + pos.clamp(max=block_size - 1)
+        return torch.where(pos >= 0, rows, -1).reshape(-1)
     if not cache_mode.startswith("PA_BLK"):
-        return index.view(batch, seq)
+        return index.reshape(-1)
     pages = -(-seq // block_size)
-    s = torch.arange(seq)
     first = index.view(batch, pages)[:, s // block_size]
-    return torch.where(first >= 0, (first // block_size) * block_size + s % block_size, -1)
+    return torch.where(first >= 0, (first // block_size) * block_size + s % block_size, -1).reshape(-1)
 
 
 def _to_cache(x: Tensor, cache: Tensor, scale, offset) -> Tensor:
@@ -119,17 +129,12 @@ def kv_rmsnorm_rope_cache(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, i
     y [B, 1, S, Dc])``, V2 ``(k rows [B, N, S, Dk], v)``."""
     k_rows, c_rows = cache_rows(kv, gamma, cos, sin, v, epsilon)
     batch, heads, seq = kv.shape[:3]
-    nz = cache_mode.endswith("NZ")
+    norm, nz = cache_mode == "Norm", cache_mode.endswith("NZ")
     for cache, rows, scale, offset in ((k_cache, k_rows, k_rope_scale, k_rope_offset),
                                        (ckv_cache, c_rows, c_kv_scale, c_kv_offset)):
         data = _to_cache(rows.transpose(1, 2), cache, scale, offset)  # [B, S, N, D]
-        if cache_mode == "Norm":
-            pos = index.to(torch.int64).view(batch, seq)
-            keep = pos >= 0
-            b = torch.arange(batch)[:, None].expand(batch, seq)
-            cache[b[keep].to(cache.device), :, pos[keep].to(cache.device)] = data[keep].to(cache.device)
-        else:
-            slots = token_slots(index.cpu(), cache_mode, batch, seq, cache.shape[1])
-            write_rows(cache, data.reshape(batch * seq, heads, -1), slots.reshape(-1), nz=nz,
-                       block_size=cache.shape[1])
+        block = cache.shape[2] if norm else cache.shape[1]
+        x = cache.shape[-1] if norm else nz_width(cache.dtype) if nz else None
+        write_rows(cache, data.reshape(batch * seq, heads, -1), token_slots(index, cache_mode, batch, seq, block),
+                   block_size=block, x=x)
     return k_rows.to(kv.dtype), c_rows.to(kv.dtype)

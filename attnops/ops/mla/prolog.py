@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_choice, check_tensor, require
-from .cache_write import quantize_int8, write_rows
+from .cache_write import nz_width, quantize_int8, write_rows
 from .prolog_quant import PrologQuant, dynamic_int8, int8_matmul
 from .rope import interleave_rope, rms_norm, work_dtype
 
@@ -52,28 +52,38 @@ def check_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gam
 
 
 def token_slots(token_x: Tensor, cache_index: Tensor | None, cache_mode: str, block_size: int,
-                actual_seq_len: Tensor | None) -> Tensor:
-    """``[T]`` flat cache slots of the tokens (-1: not written)."""
+                actual_seq_len: Tensor | None, device: torch.device) -> Tensor:
+    """``[T]`` flat cache slots of the tokens (-1: not written), on ``cache_index``'s device (``device`` for the
+    token-shaped caches). A CPU ``cache_index`` is checked; one on a device is read by index only (no sync), its
+    pages clamped into it, tokens past the last of ``actual_seq_len`` not written."""
     tokens = token_x.shape[:-1].numel()
     if cache_mode in ("BSND", "TND"):
-        return torch.arange(tokens)
-    index = cache_index.cpu().to(torch.int64)
+        return torch.arange(tokens, device=device)
+    index = cache_index.to(torch.int64).reshape(-1)
     if not cache_mode.startswith("PA_BLK"):
         require(index.numel() == tokens, "cache_index", f"{tokens} flat slots (one per token)", cache_index)
-        return index.reshape(-1)
+        return index
+    t = torch.arange(tokens, device=index.device)
     if token_x.dim() == 3:  # [B, S, He]: cache_index [B, pages]
         b, s = token_x.shape[:2]
-        pos = torch.arange(s)
+        pos = t[:s]
         blocks = index.view(b, -1)[:, pos // block_size]
         return torch.where(blocks >= 0, blocks * block_size + pos % block_size, -1).reshape(-1)
-    ends = [tokens] if actual_seq_len is None else [int(v) for v in actual_seq_len.tolist()]
-    slots, page = [], 0
-    for start, end in zip([0, *ends[:-1]], ends):
-        pos = torch.arange(end - start)
-        blocks = index[page + pos // block_size]
-        slots.append(torch.where(blocks >= 0, blocks * block_size + pos % block_size, -1))
-        page += -(-(end - start) // block_size)
-    return torch.cat(slots)
+    ends = (t.new_full((1,), tokens) if actual_seq_len is None else actual_seq_len.to(index.device, torch.int64)).reshape(-1)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    pages = (ends - starts + block_size - 1).div(block_size, rounding_mode="floor")
+    if index.device.type == "cpu":
+        require(ends.numel() > 0 and bool((ends >= starts).all()) and int(ends[-1]) == tokens, "actual_seq_len",
+                f"non-decreasing cumulative lengths ending at the {tokens} tokens", actual_seq_len)
+        require(int(pages.sum()) <= index.numel(), "cache_index", f"{int(pages.sum())} block ids (one per page)",
+                cache_index)
+    batch = torch.searchsorted(ends, t, right=True)
+    inside = batch < ends.numel()
+    batch = batch.clamp(max=ends.numel() - 1)
+    pos = t - starts[batch]
+    page = (torch.cumsum(pages, 0) - pages)[batch] + pos // block_size
+    blocks = index[page.clamp(0, index.numel() - 1)]
+    return torch.where(inside & (blocks >= 0), blocks * block_size + pos % block_size, -1)
 
 
 def _projections(x: Tensor, weight_dq: Tensor, weight_dkv_kr: Tensor, quant: PrologQuant, dt: torch.dtype
@@ -123,10 +133,10 @@ def mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gamma
     nz = cache_mode.endswith("NZ")
     for cache, rows in ((kv_cache, c_kv), (kr_cache, k_r)):
         block = cache.shape[1] if cache_mode.startswith("PA") else 1
-        slots = token_slots(token_x, cache_index, cache_mode, block, actual_seq_len)
+        slots = token_slots(token_x, cache_index, cache_mode, block, actual_seq_len, cache.device)
         heads = cache.shape[-2]
         data = rows[:, None].expand(-1, heads, -1).to(cache.dtype)
-        write_rows(cache, data, slots, nz=nz, block_size=block)
+        write_rows(cache, data, slots, block_size=block, x=nz_width(cache.dtype) if nz else None)
     query_dtype = torch.int8 if quant.query_mode == 1 else out
     norm_dtype = torch.int8 if quant.weight_mode >= 1 else out
     return (query.to(query_dtype).contiguous().view(*lead, n, hckv),
