@@ -91,6 +91,34 @@ def test_kv_cache_norm_mode_and_int8_nz():
     assert torch.equal(c_logical[9], want)
 
 
+@pytest.mark.parametrize("mode", ["PA", "PA_NZ", "Norm"])
+def test_kv_cache_slot_given_twice_takes_the_last_tokens_row(mode):
+    """The write rule the device path shares (no write order): a repeated slot holds its last token's row (Norm:
+    each batch has its own cache rows, so position 3 of batches 0, 1 and 3 are three rows)."""
+    kv, gamma, cos, sin, y, k = _kv_inputs(b=4)
+    norm = mode == "Norm"
+    index, shape = (torch.tensor([[3], [3], [-1], [3]]), (4, 1, 5)) if norm else (torch.tensor([7, 7, -1, 7]),
+                                                                                 (1, 16, 1))
+    k_cache, ckv_cache = torch.zeros(*shape, 64), torch.zeros(*shape, 512)
+    torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, cache_mode=mode)
+    rows = ckv_cache[:, 0] if norm else (_nz_logical(ckv_cache) if mode == "PA_NZ" else ckv_cache)[0, :, 0]
+    if norm:
+        torch.testing.assert_close(rows[[0, 1, 3], 3].double(), y[[0, 1, 3], 0, 0], atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(rows[7].double(), y[3, 0, 0], atol=1e-5, rtol=1e-5)
+    assert int((rows != 0).any(-1).sum()) == (3 if norm else 1)
+
+
+def test_kv_cache_host_positions_past_the_cache_raise_by_name():
+    kv, gamma, cos, sin, _, _ = _kv_inputs(b=2, s=2)
+    caches = torch.zeros(2, 1, 5, 64), torch.zeros(2, 1, 5, 512)
+    with pytest.raises(ParamInvalidError, match="^index: expected positions below the caches' length 5"):
+        torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([[4, 0], [5, 1]]), *caches)
+    with pytest.raises(ParamInvalidError, match="^index: expected slots below the cache's 16 rows"):
+        torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([3, 16, 0, 1]),
+                                            torch.zeros(1, 16, 1, 64), torch.zeros(1, 16, 1, 512), cache_mode="PA")
+
+
 def _v2_inputs(b=2, n=2, s=3, dk=64, dv=32, dr=16):
     kv, v, gamma = _r(b, n, s, dk, seed=30), _r(b, n, s, dv, seed=31), _r(dk, seed=32)
     cos, sin = _r(b, 1, s, dr, seed=33), _r(b, 1, s, dr, seed=34)
@@ -187,6 +215,30 @@ def test_mla_prolog_v3_paged_and_functional():
         torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=slots, weight_quant_mode=3)
     with pytest.raises(ParamInvalidError, match="^weight_uq_qr: expected dtype in \\['torch.int8'\\]"):
         torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=slots, weight_quant_mode=2)
+
+
+def test_mla_prolog_page_blocks_follow_actual_seq_len():
+    """``PA_BLK_BSND`` with ``[T, He]`` tokens: ``cache_index`` holds a block id per (batch, page), the batches
+    from the cumulative ``actual_seq_len``; a -1 page is not written."""
+    he, hcq, n, d, hckv, dr, t = 32, 16, 2, 8, 16, 8, 5
+    w = (_r(he, hcq, seed=10), _r(hcq, n * (d + dr), seed=11), _r(n, d, hckv, seed=12), _r(he, hckv + dr, seed=13),
+         _r(hcq, seed=14), _r(hckv, seed=15), _r(t, dr, seed=16), _r(t, dr, seed=17))
+    x = _r(t, he, seed=18)
+    kv_cache, kr_cache = torch.zeros(6, 2, 1, hckv), torch.zeros(6, 2, 1, dr)
+    lens = torch.tensor([2, 5], dtype=torch.int32)  # batch 0: tokens 0-1 (1 page), batch 1: tokens 2-4 (2 pages)
+    torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=torch.tensor([4, 1, -1]),
+                                actual_seq_len=lens, cache_mode="PA_BLK_BSND")
+    _, _, _, gkv, gkr = _golden_prolog(x, *w)
+    slots = [8, 9, 2, 3]  # block 4 rows 0-1, block 1 rows 0-1; token 4 is on the -1 page
+    torch.testing.assert_close(kv_cache.view(12, hckv)[slots].double(), gkv[:4], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kr_cache.view(12, dr)[slots].double(), gkr[:4], atol=1e-4, rtol=1e-4)
+    assert int((kv_cache.view(12, hckv) != 0).any(-1).sum()) == 4
+    with pytest.raises(ParamInvalidError, match="^actual_seq_len: expected non-decreasing cumulative lengths"):
+        torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=torch.tensor([4, 1, -1]),
+                                    actual_seq_len=torch.tensor([2, 4]), cache_mode="PA_BLK_BSND")
+    with pytest.raises(ParamInvalidError, match="^cache_index: expected 3 block ids"):
+        torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=torch.tensor([4, 1]),
+                                    actual_seq_len=lens, cache_mode="PA_BLK_BSND")
 
 
 def _assert_codes(name, codes, real):
