@@ -69,7 +69,8 @@ def token_slots(token_x: Tensor, cache_index: Tensor | None, cache_mode: str, bl
         pos = t[:s]
         blocks = index.view(b, -1)[:, pos // block_size]
         return torch.where(blocks >= 0, blocks * block_size + pos % block_size, -1).reshape(-1)
-    ends = (t.new_full((1,), tokens) if actual_seq_len is None else actual_seq_len.to(index.device, torch.int64)).reshape(-1)
+    ends = t.new_full((1,), tokens) if actual_seq_len is None else actual_seq_len.to(index.device, torch.int64)
+    ends = ends.reshape(-1)
     starts = torch.cat([ends.new_zeros(1), ends[:-1]])
     pages = (ends - starts + block_size - 1).div(block_size, rounding_mode="floor")
     if index.device.type == "cpu":
