@@ -236,6 +236,9 @@ def test_mla_prolog_page_blocks_follow_actual_seq_len():
     with pytest.raises(ParamInvalidError, match="^actual_seq_len: expected non-decreasing cumulative lengths"):
         torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=torch.tensor([4, 1, -1]),
                                     actual_seq_len=torch.tensor([2, 4]), cache_mode="PA_BLK_BSND")
+    with pytest.raises(ParamInvalidError, match="^cache_index: expected \\[1, >= 3\\] block ids"):
+        torch_npu.npu_mla_prolog_v3(x[None], *w[:6], w[6][None], w[7][None], kv_cache, kr_cache,
+                                    cache_index=torch.tensor([4, 1]), cache_mode="PA_BLK_BSND")
     with pytest.raises(ParamInvalidError, match="^cache_index: expected 3 block ids"):
         torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=torch.tensor([4, 1]),
                                     actual_seq_len=lens, cache_mode="PA_BLK_BSND")

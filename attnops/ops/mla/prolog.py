@@ -66,6 +66,8 @@ def token_slots(token_x: Tensor, cache_index: Tensor | None, cache_mode: str, bl
     t = torch.arange(tokens, device=index.device)
     if token_x.dim() == 3:  # [B, S, He]: cache_index [B, pages]
         b, s = token_x.shape[:2]
+        require(index.numel() % b == 0 and index.numel() // b >= -(-s // block_size), "cache_index",
+                f"[{b}, >= {-(-s // block_size)}] block ids (B, pages of S={s})", cache_index)
         pos = t[:s]
         blocks = index.view(b, -1)[:, pos // block_size]
         return torch.where(blocks >= 0, blocks * block_size + pos % block_size, -1).reshape(-1)
