@@ -64,3 +64,109 @@ def test_paged_launchers_read_device_lengths_and_tables():
     split = ["sparse_attention_kernel", "sparse_attention_merge_kernel"]  # 4 tokens: each row split over programs
     assert kernels(launches) == ["indexer_topk_kernel", *split, *split]
     assert launches[3].constexprs["QUANT"] == 1 and launches[1].constexprs["SPLIT"]
+
+
+# ------------------------------------------- device lengths, block tables and indices through every operator
+T, B, BLOCKS, PAGE = 6, 2, 16, 64
+I32 = torch.int32
+
+
+def _device_metadata(layout: str, layout_kv: str) -> tuple[tuple, tuple, dict, dict]:
+    """(query lead, key lead, lengths and table as ``meta`` tensors by the indexer's names, the same by sparse
+    attention's names) of a call whose metadata all live on the device."""
+    lead = (B, 3) if layout == "BSND" else (T,)
+    key_lead = {"BSND": (B, 128), "TND": (256,), "PA_BSND": (BLOCKS, PAGE)}[layout_kv]
+    lens = dict(actual_seq_lengths_query=meta(B, dtype=I32), actual_seq_lengths_key=meta(B, dtype=I32))
+    if layout_kv == "PA_BSND":
+        lens["block_table"] = meta(B, 8, dtype=I32)
+    kv_names = {("actual_seq_lengths_kv" if k == "actual_seq_lengths_key" else k): v for k, v in lens.items()}
+    return lead, key_lead, lens, kv_names
+
+
+DEVICE_LAYOUTS = [("BSND", "BSND"), ("TND", "TND"), ("TND", "PA_BSND"), ("BSND", "PA_BSND")]
+
+
+@pytest.mark.parametrize("layout,layout_kv", DEVICE_LAYOUTS)
+def test_pythonic_operators_leave_device_metadata_to_the_kernels(layout, layout_kv):
+    """Lengths, block tables and indices on the device: validated by shape only, read by the kernels (which
+    take the length tensors: ``Q_LENS`` / ``KV_LENS``)."""
+    lead, key_lead, lens, kv_names = _device_metadata(layout, layout_kv)
+    with gpu_dry_run() as launches:
+        idx = attnops.lightning_indexer(meta(*lead, 64, 128), meta(*key_lead, 1, 128), meta(*lead, 64),
+                                        layout=layout, layout_key=layout_kv, sparse_count=2048, **lens).sparse_indices
+        latent = meta(*key_lead, 1, 512)
+        attnops.sparse_flash_attention(meta(*lead, 128, 512), latent, latent, idx, query_rope=meta(*lead, 128, 64),
+                                       key_rope=meta(*key_lead, 1, 64), layout=layout, layout_kv=layout_kv,
+                                       **kv_names)
+    assert kernels(launches)[:2] == ["indexer_topk_kernel", "sparse_attention_kernel"]
+    for record in launches[:2]:
+        assert record.constexprs["Q_LENS"] and record.constexprs["KV_LENS"]
+        assert record.constexprs["KV_MODE"] == launch.KV_MODES[layout_kv]
+
+
+@pytest.mark.parametrize("layout,layout_kv", DEVICE_LAYOUTS)
+def test_torch_npu_names_leave_device_metadata_to_the_kernels(layout, layout_kv):
+    """torch_npu's names and vllm-ascend's ``_C_ascend`` twins, device lengths and tables, the quantized cache
+    included."""
+    import attnops.torch_npu as tnpu
+    from attnops.torch_npu.dsa import C_ASCEND_OPS
+
+    lead, key_lead, lens, kv_names = _device_metadata(layout, layout_kv)
+    layouts = dict(layout_query=layout, layout_kv=layout_kv)
+    q, qr, latent, rope = meta(*lead, 128, 512), meta(*lead, 128, 64), meta(*key_lead, 1, 512), meta(*key_lead, 1, 64)
+    packed, quant_q = meta(*key_lead, 1, 656, dtype=torch.int8), meta(*lead, 128, 576)
+    with gpu_dry_run() as launches:
+        for indexer in (tnpu.npu_lightning_indexer, C_ASCEND_OPS["npu_lightning_indexer"]):
+            idx, _ = indexer(meta(*lead, 64, 128), meta(*key_lead, 1, 128), meta(*lead, 64), layout_query=layout,
+                             layout_key=layout_kv, **lens)
+        for attention in (tnpu.npu_sparse_flash_attention, C_ASCEND_OPS["npu_sparse_flash_attention"]):
+            attention(q, latent, latent, idx, 0.04, query_rope=qr, key_rope=rope, attention_mode=2, **layouts,
+                      **kv_names)
+        tnpu.npu_kv_quant_sparse_flash_attention(quant_q, packed, packed, idx, 0.04, 2, 2, attention_mode=2,
+                                                 **layouts, **kv_names)
+        C_ASCEND_OPS["npu_kv_quant_sparse_flash_attention"](quant_q, packed, packed, idx, 0.04, key_quant_mode=2,
+                                                            value_quant_mode=2, attention_mode=2, **layouts,
+                                                            **kv_names)
+    names = [name for name in kernels(launches) if name != "sparse_attention_merge_kernel"]
+    assert names == ["indexer_topk_kernel"] * 2 + ["sparse_attention_kernel"] * 4
+    assert all(r.constexprs["KV_LENS"] for r in launches if r.kernel != "sparse_attention_merge_kernel")
+    assert [r.constexprs["QUANT"] for r in launches if r.kernel == "sparse_attention_kernel"] == [0, 0, 1, 1]
+
+
+def test_host_lengths_with_a_device_block_table():
+    """Host lengths are validated and uploaded; the device block table is not read."""
+    q = meta(T, 128, 512)
+    table = meta(B, 8, dtype=I32)
+    latent, rope = meta(BLOCKS, PAGE, 1, 512), meta(BLOCKS, PAGE, 1, 64)
+    idx = meta(T, 1, 2048, dtype=I32)
+    kw = dict(query_rope=meta(T, 128, 64), key_rope=rope, layout="TND", layout_kv="PA_BSND", block_table=table)
+    with gpu_dry_run() as launches:
+        attnops.sparse_flash_attention(q, latent, latent, idx, actual_seq_lengths_query=[2, 6],
+                                       actual_seq_lengths_kv=[300, 512], **kw)
+    assert kernels(launches)[0] == "sparse_attention_kernel"
+    with gpu_dry_run(), pytest.raises(attnops.ParamInvalidError, match="actual_seq_lengths_kv"):  # > 8 x 64
+        attnops.sparse_flash_attention(q, latent, latent, idx, actual_seq_lengths_query=[2, 6],
+                                       actual_seq_lengths_kv=[300, 513], **kw)
+
+
+@pytest.mark.parametrize("case,name", [
+    ("wrong_count", "actual_seq_lengths_kv"), ("host_beside_device", "actual_seq_lengths_query"),
+    ("float_lengths", "actual_seq_lengths_kv"), ("missing_table", "block_table"), ("table_rows", "block_table")])
+def test_device_metadata_shapes_are_checked(case, name):
+    """Device values are not read, but their shapes, dtypes and devices are: errors name the argument."""
+    q, latent = meta(T, 16, 64), meta(BLOCKS, PAGE, 1, 64)
+    args = dict(actual_seq_lengths_query=meta(B, dtype=I32), actual_seq_lengths_kv=meta(B, dtype=I32),
+                block_table=meta(B, 8, dtype=I32))
+    if case == "wrong_count":
+        args["actual_seq_lengths_kv"] = meta(B + 1, dtype=I32)
+    elif case == "host_beside_device":
+        args["actual_seq_lengths_query"] = torch.tensor([2, 6], dtype=I32)
+    elif case == "float_lengths":
+        args["actual_seq_lengths_kv"] = meta(B)
+    elif case == "missing_table":
+        args["block_table"] = None
+    else:
+        args["block_table"] = meta(B + 1, 8, dtype=I32)
+    with gpu_dry_run(), pytest.raises(attnops.AclnnError, match=name):
+        attnops.sparse_flash_attention(q, latent, latent, meta(T, 1, 8, dtype=I32), layout="TND",
+                                       layout_kv="PA_BSND", **args)
