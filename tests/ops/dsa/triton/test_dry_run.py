@@ -18,8 +18,8 @@ META = torch.device("meta")
 H = torch.float16
 
 
-def meta(*shape, dtype=H):
-    return torch.empty(*shape, device=META, dtype=dtype)
+def meta(*shape, dtype=H, grad=False):
+    return torch.empty(*shape, device=META, dtype=dtype, requires_grad=grad)
 
 
 def kernels(launches) -> list[str]:
@@ -170,3 +170,29 @@ def test_device_metadata_shapes_are_checked(case, name):
     with gpu_dry_run(), pytest.raises(attnops.AclnnError, match=name):
         attnops.sparse_flash_attention(q, latent, latent, meta(T, 1, 8, dtype=I32), layout="TND",
                                        layout_kv="PA_BSND", **args)
+
+
+def test_operators_without_kernels_say_so_after_validating_without_host_reads():
+    """The sparse attention backward and the indexer's KL loss (``lightning_indexer_kl_loss``,
+    ``npu_sparse_lightning_indexer_grad_kl_loss``) have no Triton kernel: on a GPU they run the reference (with a
+    PerformanceWarning); in the dry run they raise saying so, and nothing before that reads a device value."""
+    import attnops.torch_npu as tnpu
+
+    lead, key_lead, _, kv_names = _device_metadata("TND", "PA_BSND")
+    q, latent = meta(*lead, 16, 64, grad=True), meta(*key_lead, 1, 64, grad=True)
+    idx = meta(*lead, 1, 8, dtype=I32)
+    with gpu_dry_run() as launches:
+        out = attnops.sparse_flash_attention(q, latent, latent, idx, layout="TND", layout_kv="PA_BSND", **kv_names)
+        with pytest.raises(RuntimeError, match="would run the reference.*no Triton kernel"):
+            out.attention_out.sum().backward()
+    assert kernels(launches) == ["sparse_attention_kernel"]
+    qi, ki, w = meta(T, 8, 32), meta(T, 1, 32), meta(T, 8, dtype=torch.float32)
+    qk, kk, stats = meta(T, 16, 64), meta(T, 1, 64), meta(1, T, 16, dtype=torch.float32)
+    lens = dict(actual_seq_lengths_query=[2, 6], actual_seq_lengths_key=[2, 6])
+    with gpu_dry_run(), pytest.raises(RuntimeError, match="would run the reference.*no Triton kernel"):
+        attnops.lightning_indexer_kl_loss(qk, kk, qi, ki, w, idx, stats, stats, scale=0.1, layout="TND", **lens)
+    with gpu_dry_run(), pytest.raises(RuntimeError, match="would run the reference.*no Triton kernel"):
+        tnpu.npu_sparse_lightning_indexer_grad_kl_loss(
+            meta(T, 16, 512), meta(T, 1, 512), meta(T, 8, 128), meta(T, 1, 128), w, idx, stats, stats, 0.1,
+            query_rope=meta(T, 16, 64), key_rope=meta(T, 1, 64), actual_seq_qlen=[2, 6], actual_seq_klen=[2, 6],
+            layout="TND")
