@@ -1,9 +1,25 @@
-"""The seeds' aclnn operators under their aclnn names (snake_case): same parameters in the same order, outputs
-as tuples, status-coded errors (:class:`attnops.AclnnError`) and the two-phase
-``<op>_get_workspace_size(...) -> (workspace_size, executor)`` / ``<op>(workspace, workspace_size, executor, stream)``
-form.
+"""The seeds' aclnn operators (and the DSA / MLA operators with an aclnn API) under their aclnn names
+(snake_case): same parameters in the same order, outputs as tuples, status-coded errors
+(:class:`attnops.AclnnError`) and the two-phase ``<op>_get_workspace_size(...) -> (workspace_size, executor)`` /
+``<op>(workspace, workspace_size, executor, stream)`` form.
 """
 from ._two_phase import AclnnExecutor
+from .dsa import (
+    interleave_rope,
+    interleave_rope_get_workspace_size,
+    kv_rms_norm_rope_cache,
+    kv_rms_norm_rope_cache_get_workspace_size,
+    lightning_indexer,
+    lightning_indexer_get_workspace_size,
+    mla_prolog_v2_weight_nz,
+    mla_prolog_v2_weight_nz_get_workspace_size,
+    mla_prolog_v3_weight_nz,
+    mla_prolog_v3_weight_nz_get_workspace_size,
+    sparse_flash_attention,
+    sparse_flash_attention_get_workspace_size,
+    sparse_lightning_indexer_grad_kl_loss,
+    sparse_lightning_indexer_grad_kl_loss_get_workspace_size,
+)
 from .flash_attention import (
     flash_attention_score,
     flash_attention_score_get_workspace_size,
@@ -51,6 +67,16 @@ __all__ = [
     "flash_attention_var_len_score_v2_get_workspace_size",
     "fused_infer_attention_score_v2",
     "fused_infer_attention_score_v2_get_workspace_size",
+    "interleave_rope",
+    "interleave_rope_get_workspace_size",
+    "kv_rms_norm_rope_cache",
+    "kv_rms_norm_rope_cache_get_workspace_size",
+    "lightning_indexer",
+    "lightning_indexer_get_workspace_size",
+    "mla_prolog_v2_weight_nz",
+    "mla_prolog_v2_weight_nz_get_workspace_size",
+    "mla_prolog_v3_weight_nz",
+    "mla_prolog_v3_weight_nz_get_workspace_size",
     "nsa_compress",
     "nsa_compress_attention",
     "nsa_compress_attention_get_workspace_size",
@@ -61,4 +87,8 @@ __all__ = [
     "nsa_selected_attention_get_workspace_size",
     "nsa_selected_attention_grad",
     "nsa_selected_attention_grad_get_workspace_size",
+    "sparse_flash_attention",
+    "sparse_flash_attention_get_workspace_size",
+    "sparse_lightning_indexer_grad_kl_loss",
+    "sparse_lightning_indexer_grad_kl_loss_get_workspace_size",
 ]

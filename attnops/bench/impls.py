@@ -333,6 +333,7 @@ BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
     "flash-attn": build_flash_attn,
     "flashinfer": build_flashinfer,
     "attnops-dense": lambda c, i, d: _sparse_infer().build_dense_causal(c, i, d),
+    "attnops-dense-rows": lambda c, i, d: _dsa().build_dense_rows(c, i, d),
     "sdpa-gathered": lambda c, i, d: _sparse_infer().build_sdpa_gathered(c, i, d),
     "read-bandwidth": lambda c, i, d: _sparse_infer().build_read_bandwidth(c, i, d),
     "nsa-recompute": lambda c, i, d: _nsa_decode().build_recompute(c, i, d),
@@ -351,6 +352,12 @@ def _dsa_gpu():
     from . import dsa_gpu
 
     return dsa_gpu
+
+
+def _dsa():
+    from . import dsa
+
+    return dsa
 
 
 def _nsa_decode():

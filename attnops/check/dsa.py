@@ -1,17 +1,19 @@
 """Built-in DSA and MLA check cases against the fp64 golden (:mod:`attnops.testing.golden_dsa`): the Pythonic
 ``lightning_indexer`` / ``sparse_flash_attention`` (+ gradients) / ``lightning_indexer_kl_loss``, the torch_npu
-functions, vllm-ascend's ``_C_ascend`` twins, the MLA helpers and the ``DeepSeekSparseAttention`` module."""
+functions, vllm-ascend's ``_C_ascend`` twins, the aclnn operators, the MLA helpers and the ``DeepSeekSparseAttention``
+module."""
 from __future__ import annotations
 
 import torch
 
-from .. import lightning_indexer, lightning_indexer_kl_loss, nn, sparse_flash_attention, torch_npu
+from .. import aclnn, lightning_indexer, lightning_indexer_kl_loss, nn, sparse_flash_attention, torch_npu
 from ..ops.dsa.quant_cache import dequantize, quantize
 from ..testing import golden_dsa as gold
 from ..torch_npu.dsa import C_ASCEND_OPS
 from . import CheckCase, Comparison
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+INT64_MAX = 2**63 - 1
 
 
 def _randn(*shape, dtype=F32, seed=0):
@@ -25,10 +27,14 @@ def _exact(name, actual, golden) -> Comparison:
 
 def _indexer(via):
     def run(_backend):
-        s, heads, d, k = 40, 4, 128 if via == "npu" else 32, 8
+        s, heads, d, k = 40, 4, 32 if via == "api" else 128, 8
         q, key, w = _randn(1, s, heads, d, seed=1), _randn(1, s, 1, d, seed=2), _randn(1, s, heads, seed=3).abs()
         if via == "npu":
             idx, vals = torch_npu.npu_lightning_indexer(q, key, w, sparse_count=k, return_value=True)
+        elif via == "aclnn":
+            ws, executor = aclnn.lightning_indexer_get_workspace_size(q, key, w, None, None, None, "BSND", "BSND", k,
+                                                                      3, INT64_MAX, INT64_MAX, True)
+            idx, vals = aclnn.lightning_indexer(None, ws, executor, None)
         else:
             idx, vals = lightning_indexer(q, key, w, sparse_count=k, return_value=True)
         rows = torch.tensor(gold.lightning_indexer(q[0], key[0, :, 0], w[0], k, 3))
@@ -85,6 +91,9 @@ def _sfa_paged(via):
         elif via == "c_ascend":
             out = C_ASCEND_OPS["npu_sparse_flash_attention"](q, lat, lat, idx, 0.05, layout_query="TND",
                                                               layout_kv="PA_BSND", **kw)[0]
+        elif via == "aclnn":
+            out = aclnn.sparse_flash_attention(q, lat, lat, idx, a["block_table"], a["cu_q"], a["k_lens"], qr, rope,
+                                               0.05, 1, "TND", "PA_BSND", 3, INT64_MAX, INT64_MAX, 2, False)[0]
         else:
             out = sparse_flash_attention(q, lat, lat, idx, scale=0.05, layout="TND", layout_kv="PA_BSND",
                                          **kw).attention_out
@@ -151,7 +160,7 @@ def _quant(via):
 def _kl_loss(via):
     def run(_backend):
         s, heads, ni = 8, 4, 2
-        d, dr, di = (512, 64, 128) if via == "npu" else (32, 8, 16)
+        d, dr, di = (32, 8, 16) if via == "api" else (512, 64, 128)
         q, qr, kv, kr = (_randn(s, heads, d, seed=18), _randn(s, heads, dr, seed=19), _randn(s, d, seed=20),
                          _randn(s, dr, seed=21))
         qi, ki, w = _randn(s, ni, di, seed=22), _randn(s, di, seed=23), _randn(s, ni, seed=24).abs()
@@ -163,6 +172,10 @@ def _kl_loss(via):
         if via == "npu":
             dqi, dki, dw, loss = torch_npu.npu_sparse_lightning_indexer_grad_kl_loss(
                 q[None], kv[None, :, None], qi[None], ki[None, :, None], w[None], idx, *stats, 0.1, **lead)
+        elif via == "aclnn":
+            dqi, dki, dw, loss = aclnn.sparse_lightning_indexer_grad_kl_loss(
+                q[None], kv[None, :, None], qi[None], ki[None, :, None], w[None], idx, *stats, lead["query_rope"],
+                lead["key_rope"], None, None, 0.1, "BSND", 3, INT64_MAX, INT64_MAX, True)
         else:
             leaves = [t.requires_grad_() for t in (qi[None].clone(), ki[None, :, None].clone(), w[None].clone())]
             loss = lightning_indexer_kl_loss(q[None], kv[None, :, None], *leaves, idx, *stats, scale=0.1, **lead)
@@ -180,19 +193,29 @@ def stats_f32(m, l):
     return m.float(), l.float()
 
 
-def _mla_helpers(_backend):
+def _mla_helpers(via):
+    def run(_backend):
+        return _mla_helper_comparisons(via)
+    return run
+
+
+def _mla_helper_comparisons(via):
     kv, gamma, cos, sin = _randn(2, 1, 1, 576, seed=25), _randn(512, seed=26), _randn(2, 1, 1, 64, seed=27), \
         _randn(2, 1, 1, 64, seed=28)
     k_cache, ckv_cache = torch.zeros(2, 16, 1, 64, dtype=F16), torch.zeros(2, 16, 1, 512, dtype=F16)
-    torch_npu.npu_kv_rmsnorm_rope_cache(kv.half(), gamma.half(), cos.half(), sin.half(), torch.tensor([20, 3]),
-                                        k_cache, ckv_cache, cache_mode="PA")
+    args = (kv.half(), gamma.half(), cos.half(), sin.half(), torch.tensor([20, 3]), k_cache, ckv_cache)
+    if via == "aclnn":
+        aclnn.kv_rms_norm_rope_cache(*args, None, None, None, None, 1e-5, "PA", False)
+    else:
+        torch_npu.npu_kv_rmsnorm_rope_cache(*args, cache_mode="PA")
     y = gold.rms_norm(kv.half()[..., :512], gamma.half(), 1e-5)
     k = gold.interleave_rope(kv.half()[..., 512:], cos.half(), sin.half())
     y16 = gold.rms_norm(kv.half()[..., :512], gamma.half(), 1e-5, dtype=F16)
     k16 = gold.interleave_rope(kv.half()[..., 512:], cos.half(), sin.half(), dtype=F16)
     x = _randn(2, 3, 4, 64, dtype=F16, seed=29)
-    rot = torch_npu.npu_interleave_rope(x, cos.half()[:, :, :1].expand(2, 1, 4, 64).contiguous(),
-                                        sin.half()[:, :, :1].expand(2, 1, 4, 64).contiguous())
+    rope = aclnn.interleave_rope if via == "aclnn" else torch_npu.npu_interleave_rope
+    rot = rope(x, cos.half()[:, :, :1].expand(2, 1, 4, 64).contiguous(),
+               sin.half()[:, :, :1].expand(2, 1, 4, 64).contiguous())
     want = gold.interleave_rope(x, cos.half()[:, :, :1], sin.half()[:, :, :1])
     want16 = gold.interleave_rope(x, cos.half()[:, :, :1], sin.half()[:, :, :1], dtype=F16)
     return [Comparison("ckv_cache slot 20", ckv_cache[1, 4, 0], y[0, 0, 0], y16[0, 0, 0]),
@@ -200,7 +223,7 @@ def _mla_helpers(_backend):
             Comparison("interleave_rope", rot, want, want16)]
 
 
-def _mla_prolog(version):
+def _mla_prolog(version, via="npu"):
     def run(_backend):
         he, hcq, n, d, hckv, dr, t = 64, 32, 4, 16, 32, 16, 5
         x = _randn(t, he, seed=30)
@@ -209,7 +232,12 @@ def _mla_prolog(version):
              _randn(hcq, seed=35), _randn(hckv, seed=36), _randn(t, dr, seed=37), _randn(t, dr, seed=38)]
         caches = (torch.zeros(2, 16, 1, hckv), torch.zeros(2, 16, 1, dr))
         slots = torch.tensor([3, 30, 17, -1, 0])
-        if version == 3:
+        if via == "aclnn" and version == 3:
+            q, qr = aclnn.mla_prolog_v3_weight_nz(x, *w, *caches, slots, *[None] * 9, 1e-5, 1e-5, "PA_BSND", 0, 0, 0,
+                                                  0, 0, 128, 1.0, 1.0)[:2]
+        elif via == "aclnn":
+            q, qr = aclnn.mla_prolog_v2_weight_nz(x, *w, slots, *caches, *[None] * 7, 1e-5, 1e-5, "PA_BSND")[:2]
+        elif version == 3:
             q, qr = torch_npu.npu_mla_prolog_v3(x, *w, *caches, cache_index=slots)[:2]
         else:
             q, qr = torch_npu.npu_mla_prolog_v2(x, *w, slots, *caches)[:2]
@@ -257,8 +285,15 @@ def cases() -> list[CheckCase]:
         CheckCase("lightning_indexer_kl_loss", "BSND fp32, loss and indexer gradients", _kl_loss("api")),
         CheckCase("npu_sparse_lightning_indexer_grad_kl_loss", "BSND fp32, 512+64 main, 128 indexer",
                   _kl_loss("npu")),
-        CheckCase("npu_kv_rmsnorm_rope_cache + npu_interleave_rope", "fp16, PA cache", _mla_helpers),
+        CheckCase("npu_kv_rmsnorm_rope_cache + npu_interleave_rope", "fp16, PA cache", _mla_helpers("npu")),
         CheckCase("npu_mla_prolog_v3", "fp32, PA_BSND slots with -1", _mla_prolog(3)),
         CheckCase("npu_mla_prolog_v2", "fp32, PA_BSND slots with -1", _mla_prolog(2)),
+        CheckCase("aclnn.lightning_indexer", "two-phase, BSND fp32, D=128, return_values", _indexer("aclnn")),
+        CheckCase("aclnn.sparse_flash_attention", "TND fp16, PA_BSND 512+64, attention_mode 2", _sfa_paged("aclnn")),
+        CheckCase("aclnn.sparse_lightning_indexer_grad_kl_loss", "BSND fp32, 512+64 main, 128 indexer",
+                  _kl_loss("aclnn")),
+        CheckCase("aclnn.kv_rms_norm_rope_cache + aclnn.interleave_rope", "fp16, PA cache", _mla_helpers("aclnn")),
+        CheckCase("aclnn.mla_prolog_v3_weight_nz", "fp32, PA_BSND slots with -1", _mla_prolog(3, "aclnn")),
+        CheckCase("aclnn.mla_prolog_v2_weight_nz", "fp32, PA_BSND slots with -1", _mla_prolog(2, "aclnn")),
         CheckCase("nn.DeepSeekSparseAttention", "cached prefill + decode vs the full forward", _module),
     ]

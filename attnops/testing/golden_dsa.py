@@ -111,3 +111,43 @@ def interleave_rope(x: Tensor, cos: Tensor, sin: Tensor, dtype=torch.float64) ->
 def rms_norm(x: Tensor, gamma: Tensor, eps: float, dtype=torch.float64) -> Tensor:
     x = x.to(dtype)
     return gamma.to(dtype) * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+def kv_cache_rows_v2(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, v: Tensor, eps: float,
+                     dtype=torch.float64) -> tuple[Tensor, Tensor]:
+    """``npu_kv_rmsnorm_rope_cache``'s V2 rows ``[B, N, S, D]``: ``(RmsNorm(kv; gamma)`` over all of ``Dk`` with its
+    first ``Dr`` (cos's width) dims rotated, ``v)``."""
+    y = rms_norm(kv, gamma, eps, dtype)
+    dr = cos.shape[-1]
+    return torch.cat([interleave_rope(y[..., :dr], cos, sin, dtype), y[..., dr:]], -1), v.to(dtype)
+
+
+def mla_prolog_int8(x, w_dq, w_uq_qr, w_uk, w_dkv_kr, gamma_cq, gamma_ckv, sin, cos, *, dequant_scale_w_uq_qr,
+                    dequant_scale_x=None, dequant_scale_w_dq=None, dequant_scale_w_dkv_kr=None, smooth=None,
+                    quant_scale_ckv=None, eps=1e-5) -> dict[str, Tensor]:
+    """The MLA prolog's int8 paths in fp64, unrounded where the op rounds to int8 (``*_real``: the value whose
+    round-half-even is the code). int8 ``x`` (with ``dequant_scale_x``) means W8A8 (``weight_quant_mode`` 2);
+    ``quant_scale_ckv`` turns on the int8 cache and the per token-head query quantization."""
+    f = torch.float64
+    if x.dtype == torch.int8:
+        xq = (x.to(f) @ w_dq.to(f)) * dequant_scale_x.to(f).reshape(-1, 1) * dequant_scale_w_dq.to(f).reshape(1, -1)
+        kv = (x.to(f) @ w_dkv_kr.to(f)) * dequant_scale_x.to(f).reshape(-1, 1) * dequant_scale_w_dkv_kr.to(f).reshape(
+            1, -1)
+    else:
+        xq, kv = x.to(f) @ w_dq.to(f), x.to(f) @ w_dkv_kr.to(f)
+    c_q = rms_norm(xq, gamma_cq, eps) * (1 if smooth is None else smooth.to(f).reshape(-1))
+    norm_scale = c_q.abs().amax(-1, keepdim=True) / 127
+    codes = torch.round(c_q / norm_scale)
+    n, d, hckv = w_uk.shape
+    u = ((codes @ w_uq_qr.to(f)) * norm_scale * dequant_scale_w_uq_qr.to(f).reshape(1, -1)).view(x.shape[0], n, -1)
+    query = torch.einsum("tnd,ndh->tnh", u[..., :d], w_uk.to(f))
+    query_rope = interleave_rope(u[..., d:], cos[:, None], sin[:, None])
+    latent = rms_norm(kv[:, :hckv], gamma_ckv, eps)
+    out = {"query_norm_real": c_q / norm_scale, "dequant_scale_q_norm": norm_scale, "query": query,
+           "query_rope": query_rope, "kv": latent, "kr": interleave_rope(kv[:, hckv:], cos, sin)}
+    if quant_scale_ckv is not None:
+        q_scale = query.abs().amax(-1, keepdim=True) / 127
+        qs = float(quant_scale_ckv.reshape(()))
+        out.update(query_real=query / q_scale, dequant_scale_q_nope=q_scale, query_rope=query_rope * qs / q_scale,
+                   kv_real=latent * qs)
+    return out

@@ -1,5 +1,6 @@
-"""The benchmark harness on tiny FlashAttention cases: both dense layouts feed SDPA the same values, and the output
-check compares the two implementations element for element."""
+"""The benchmark harness on tiny cases: both dense FlashAttention layouts feed SDPA the same values, the output check
+compares the two implementations element for element, and the DSA sample times the same rows with sparse and
+dense attention."""
 import pytest
 import torch
 
@@ -32,3 +33,22 @@ def test_layouts_hold_the_same_values():
 def test_fa_cpu_suite_covers_both_layouts():
     layouts = {c.layout for c in suite_cases("fa-cpu")}
     assert layouts == {"BNSD", "BSND"}
+
+
+def test_dsa_sampled_rows_are_spread_and_timed_alike_by_sparse_and_dense(monkeypatch):
+    from attnops.bench import dsa
+    from attnops.bench.cases import sampled_row_chunks
+
+    chunks = sampled_row_chunks(32768, (16, 64))
+    assert len(chunks) == 16 and chunks[0] == (992, 1056) and chunks[-1] == (31712, 31776)
+    case = Case(name="x", op="dsa_sparse", sq=96, skv=96, seq_lens=(96,), heads=2, kv_heads=1, d=40, dv=32,
+                causal=True, layout="TND", params={"topk": 96, "rope": 8, "sample": (3, 4)})
+    assert case.kept_pairs() == sum(i + 1 for lo, hi in sampled_row_chunks(96, (3, 4)) for i in range(lo, hi))
+    inp = dsa.dsa_inputs(case, torch.device("cpu"), 0)
+    outs = []
+    per_chunk = dsa._per_chunk
+    monkeypatch.setattr(dsa, "_per_chunk", lambda inp, call: outs.append(per_chunk(inp, call)) or outs[-1])
+    dsa.build_dsa(case, inp, "cpu").fn()
+    dsa.build_dense_rows(case, inp, "cpu").fn()
+    assert outs[0].shape == (12, 2, 32)  # top-k >= S: the sparse rows read every allowed key, as dense does
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)

@@ -91,6 +91,69 @@ def test_kv_cache_norm_mode_and_int8_nz():
     assert torch.equal(c_logical[9], want)
 
 
+def _v2_inputs(b=2, n=2, s=3, dk=64, dv=32, dr=16):
+    kv, v, gamma = _r(b, n, s, dk, seed=30), _r(b, n, s, dv, seed=31), _r(dk, seed=32)
+    cos, sin = _r(b, 1, s, dr, seed=33), _r(b, 1, s, dr, seed=34)
+    return (kv, gamma, cos, sin, v), G.kv_cache_rows_v2(kv, gamma, cos, sin, v, 1e-5)
+
+
+def _nz_logical(cache):
+    """An NZ cache's logical ``[blocks, block_size, N, D]`` rows (memory ``[blocks, N, D/d0, block_size, d0]``)."""
+    blocks, bs, n, d = cache.shape
+    d0 = 32 // cache.element_size()
+    return cache.reshape(blocks, n, d // d0, bs, d0).permute(0, 3, 1, 2, 4).reshape(blocks, bs, n, d)
+
+
+@pytest.mark.parametrize("mode", ["PA_BNSD", "PA_NZ", "PA_BLK_BNSD"])
+def test_kv_cache_v2_writes_normed_rotated_k_and_v_per_head(mode):
+    (kv, gamma, cos, sin, v), (k, vv) = _v2_inputs()
+    index = torch.tensor([0, 16] if mode.startswith("PA_BLK") else [5, -1, 17, 2, 30, 9])
+    k_cache, v_cache = torch.zeros(3, 16, 2, 64), torch.zeros(3, 16, 2, 32)
+    out = torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, v_cache, v=v, cache_mode=mode,
+                                              is_output_kv=True)
+    torch.testing.assert_close(out[2].double(), k, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[3].double(), vv, atol=1e-5, rtol=1e-5)
+    kc, vc = (_nz_logical(k_cache), _nz_logical(v_cache)) if mode == "PA_NZ" else (k_cache, v_cache)
+    slots = index.view(2, 1) + torch.arange(3) if mode.startswith("PA_BLK") else index.view(2, 3)
+    for b in range(2):
+        for s in range(3):
+            slot = int(slots[b, s])
+            if slot >= 0:
+                torch.testing.assert_close(kc.view(48, 2, 64)[slot].double(), k[b, :, s], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(vc.view(48, 2, 32)[slot].double(), vv[b, :, s], atol=1e-6, rtol=0)
+    written = int((slots >= 0).sum())
+    assert int((kc.view(48, -1) != 0).any(-1).sum()) == written  # -1 wrote nothing, nothing else was touched
+
+
+def test_kv_cache_v2_norm_mode_and_int8_per_head_scales():
+    (kv, gamma, cos, sin, v), (k, vv) = _v2_inputs()
+    k_cache, v_cache = torch.zeros(2, 2, 4, 64), torch.zeros(2, 2, 4, 32)
+    torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([[3, 0, -1], [1, 2, 0]]), k_cache, v_cache,
+                                        v=v)
+    torch.testing.assert_close(k_cache[0, :, 3].double(), k[0, :, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(v_cache[1, :, 0].double(), vv[1, :, 2], atol=1e-6, rtol=0)
+    assert (k_cache[0, :, 1:3] == 0).all()
+    ks, vs = torch.tensor([[20.0], [10.0]]).expand(2, 64).contiguous(), torch.full((32,), 30.0)
+    k8, v8 = torch.zeros(1, 32, 2, 64, dtype=torch.int8), torch.zeros(1, 32, 2, 32, dtype=torch.int8)
+    torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.arange(6), k8, v8, v=v, k_rope_scale=ks,
+                                        c_kv_scale=vs, cache_mode="PA_NZ")
+    want_k = torch.round(k[1, :, 2] * ks.double()).clamp(-128, 127).to(torch.int8)
+    assert torch.equal(_nz_logical(k8)[0, 5], want_k)
+    assert torch.equal(_nz_logical(v8)[0, 4], torch.round(vv[1, :, 1] * 30).clamp(-128, 127).to(torch.int8))
+
+
+def test_kv_cache_v2_rejects_mismatched_shapes_by_name():
+    (kv, gamma, cos, sin, v), _ = _v2_inputs()
+    caches = torch.zeros(3, 16, 2, 64), torch.zeros(3, 16, 2, 32)
+    with pytest.raises(ParamInvalidError, match=r"^v: expected \[B, N, S, Dv\]"):
+        torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.arange(6), *caches, v=v[:, :1])
+    with pytest.raises(ParamInvalidError, match="^gamma: "):
+        torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma[:32], cos, sin, torch.arange(6), *caches, v=v)
+    with pytest.raises(ParamInvalidError, match="^ckv_cache: expected last dim 32"):
+        torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.arange(6), caches[0], caches[0], v=v,
+                                            cache_mode="PA")
+
+
 def _golden_prolog(x, wdq, wuq, wuk, wdkv, gq, gkv, sin, cos):
     n, d, hckv = wuk.shape
     c_q = G.rms_norm(x.double() @ wdq.double(), gq, 1e-5)
@@ -120,8 +183,77 @@ def test_mla_prolog_v3_paged_and_functional():
     outs = torch_npu.npu_mla_prolog_v3_functional(x, *w, kv2, kr2, cache_mode="TND")
     assert len(outs) == 7 and (kv2 == 0).all()
     torch.testing.assert_close(outs[5][:, 0].double(), gkv, atol=1e-4, rtol=1e-4)
-    with pytest.raises(NotImplementedError, match="weight_quant_mode"):
+    with pytest.raises(NotImplementedError, match="^weight_quant_mode: .* got 3"):
+        torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=slots, weight_quant_mode=3)
+    with pytest.raises(ParamInvalidError, match="^weight_uq_qr: expected dtype in \\['torch.int8'\\]"):
         torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=slots, weight_quant_mode=2)
+
+
+def _assert_codes(name, codes, real):
+    """int8 ``codes`` are the round-half-even of the fp64 golden's unrounded ``real`` (up to fp32 error)."""
+    assert codes.dtype == torch.int8, name
+    err = (codes.double() - real.clamp(-128, 127)).abs().max()
+    assert err <= 0.5 + 1e-3, f"{name}: a code is {float(err)} from the golden value"
+
+
+def _int8_prolog_inputs(t=3, he=32, hcq=16, n=2, d=8, hckv=16, dr=8):
+    def i8(*shape, seed):
+        return torch.randint(-8, 9, shape, generator=torch.Generator().manual_seed(seed), dtype=torch.int8)
+
+    def pos(*shape, seed):
+        return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) * 0.1 + 0.01
+
+    w = (i8(he, hcq, seed=40), i8(hcq, n * (d + dr), seed=41), _r(n, d, hckv, seed=42), i8(he, hckv + dr, seed=43),
+         _r(hcq, seed=44), _r(hckv, seed=45), _r(t, dr, seed=46), _r(t, dr, seed=47))
+    scales = dict(dequant_scale_x=pos(t, 1, seed=48), dequant_scale_w_dq=pos(1, hcq, seed=49),
+                  dequant_scale_w_uq_qr=pos(1, n * (d + dr), seed=50),
+                  dequant_scale_w_dkv_kr=pos(1, hckv + dr, seed=51),
+                  smooth_scales_cq=pos(1, hcq, seed=52) * 10)
+    return i8(t, he, seed=53), w, scales
+
+
+def test_mla_prolog_v3_int8_weights_cache_and_query():
+    x, w, scales = _int8_prolog_inputs()
+    qs = torch.tensor([40.0])
+    kv_cache, kr_cache = torch.zeros(1, 16, 1, 16, dtype=torch.int8), torch.zeros(1, 16, 1, 8)
+    q, qr, scale_q, qn, scale_n = torch_npu.npu_mla_prolog_v3(
+        x, *w, kv_cache, kr_cache, cache_index=torch.tensor([4, -1, 9]), quant_scale_ckv=qs, query_norm_flag=True,
+        weight_quant_mode=2, kv_cache_quant_mode=1, query_quant_mode=1, **scales)
+    g = G.mla_prolog_int8(x, *w, quant_scale_ckv=qs, smooth=scales.pop("smooth_scales_cq"), **scales)
+    _assert_codes("query_norm", qn, g["query_norm_real"])
+    _assert_codes("query", q, g["query_real"])
+    _assert_codes("kv_cache", kv_cache.view(16, 16)[9], g["kv_real"][2])
+    assert (kv_cache.view(16, 16)[[0, 1, 2, 3, 5, 6, 7, 8]] == 0).all()  # the -1 token wrote nothing
+    for name, a, want in (("dequant_scale_q_norm", scale_n, g["dequant_scale_q_norm"]),
+                          ("dequant_scale_q_nope", scale_q, g["dequant_scale_q_nope"]),
+                          ("query_rope", qr, g["query_rope"]), ("kr_cache", kr_cache.view(16, 8)[4], g["kr"][0])):
+        torch.testing.assert_close(a.double(), want, atol=1e-4, rtol=1e-4, msg=name)
+    assert scale_q.shape == (3, 2, 1) and scale_n.shape == (3, 1)
+
+
+def test_mla_prolog_int8_uq_qr_only_and_v2_modes():
+    x8, w8, scales = _int8_prolog_inputs()
+    x = _r(*x8.shape, seed=54)
+    w = (_r(*w8[0].shape, seed=55), w8[1], w8[2], _r(*w8[3].shape, seed=56), *w8[4:])
+    kv_cache, kr_cache = torch.zeros(1, 16, 1, 16), torch.zeros(1, 16, 1, 8)
+    q, qr, scale_q, qn, scale_n = torch_npu.npu_mla_prolog_v3(
+        x, *w, kv_cache, kr_cache, cache_index=torch.tensor([0, 1, 2]), query_norm_flag=True, weight_quant_mode=1,
+        dequant_scale_w_uq_qr=scales["dequant_scale_w_uq_qr"])
+    g = G.mla_prolog_int8(x, *w, dequant_scale_w_uq_qr=scales["dequant_scale_w_uq_qr"])
+    _assert_codes("query_norm", qn, g["query_norm_real"])
+    for name, a, want in (("query", q, g["query"]), ("query_rope", qr, g["query_rope"]),
+                          ("kv_cache", kv_cache.view(16, 16)[:3], g["kv"])):
+        torch.testing.assert_close(a.double(), want, atol=1e-4, rtol=1e-4, msg=name)
+    assert scale_q.numel() == 0
+    out = torch_npu.npu_mla_prolog_v2(x8, *w8, torch.tensor([0, 1, 2]), torch.zeros(1, 16, 1, 16, dtype=torch.int8),
+                                      torch.zeros(1, 16, 1, 8), quant_scale_ckv=torch.tensor([40.0]), **scales)
+    assert out[0].dtype == torch.int8 and out[4].shape == (3, 2, 1)  # "full": int8 cache, quantized query
+    with pytest.raises(NotImplementedError, match="^query_quant_mode: "):
+        torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=torch.tensor([0, 1, 2]),
+                                    weight_quant_mode=1, query_quant_mode=1, **scales)
+    with pytest.raises(ParamInvalidError, match="^dequant_scale_x: expected None"):
+        torch_npu.npu_mla_prolog_v3(x, *w, kv_cache, kr_cache, cache_index=torch.tensor([0, 1, 2]),
+                                    weight_quant_mode=1, **scales)
 
 
 def test_kv_quant_sparse_attention_matches_golden_on_dequantized_rows():

@@ -2,8 +2,8 @@
 
 A cache holds rows ``[slots, N, D]``: paged ``[num_blocks, block_size, N, D]`` (slot ``p`` is block ``p //
 block_size``, row ``p % block_size``), or token-shaped ``[B, S, N, D]`` / ``[T, N, D]`` / ``[B, N, L, D]`` (Norm).
-NZ storage (one kv head): the cache's memory is ``[num_blocks, D/d0, block_size, d0]`` with ``d0 = 32 / itemsize``
-(16 for 2-byte dtypes, 32 for int8). Negative slots write nothing (vllm pads slot mappings with -1).
+NZ storage: the cache's memory is ``[num_blocks, N, D/d0, block_size, d0]`` with ``d0 = 32 / itemsize`` (16 for
+2-byte dtypes, 32 for int8). Negative slots write nothing (vllm pads slot mappings with -1).
 """
 from __future__ import annotations
 
@@ -37,13 +37,13 @@ def write_rows(cache: Tensor, rows: Tensor, slots: Tensor, *, nz: bool, block_si
         flat[slots.to(cache.device)] = rows.to(cache.device)
         return
     d0 = nz_width(cache.dtype)
-    d = rows.shape[-1]
-    require(rows.shape[1] == 1 and d % d0 == 0, "cache_mode", f"NZ caches with one kv head and D % {d0} == 0",
-            f"N={rows.shape[1]}, D={d}")
-    storage = cache.view(-1, d // d0, block_size, d0)
+    heads, d = rows.shape[1:]
+    require(d % d0 == 0, "cache_mode", f"NZ caches with D % {d0} == 0", f"D={d}")
+    storage = cache.view(-1, heads, d // d0, block_size, d0)
     require(bool((slots < storage.shape[0] * block_size).all()), "index", "slots inside the NZ cache", slots)
     blocks, offs = slots // block_size, slots % block_size
-    storage[blocks.to(cache.device), :, offs.to(cache.device)] = rows[:, 0].reshape(-1, d // d0, d0).to(cache.device)
+    storage[blocks.to(cache.device), :, :, offs.to(cache.device)] = rows.reshape(-1, heads, d // d0, d0).to(
+        cache.device)
 
 
 def read_nz(cache: Tensor, block_size: int) -> Tensor:

@@ -1,11 +1,15 @@
 """RMSNorm + interleaved RoPE of the latent KV, written into the MLA caches (``npu_kv_rmsnorm_rope_cache``).
 
-``kv [B, 1, S, Dc + Dr]`` (DeepSeek: 512 + 64): ``y = RmsNorm(kv[..., :Dc]; gamma)`` goes to ``ckv_cache``,
-``k_embed = IRoPE(kv[..., Dc:], cos, sin)`` to ``k_cache``, both computed in fp32 and rounded to the cache's dtype
-(int8 caches: ``clamp(round(value * scale (+ offset)))``). Where token ``s`` of batch ``b`` goes, per ``cache_mode``:
+V1 (``v`` None, DeepSeek): ``kv [B, 1, S, Dc + Dr]`` (512 + 64): ``y = RmsNorm(kv[..., :Dc]; gamma)`` goes to
+``ckv_cache``, ``k_embed = IRoPE(kv[..., Dc:], cos, sin)`` to ``k_cache``. V2 (``v [B, N, S, Dv]`` given):
+``kv [B, N, S, Dk]`` is normalized over all ``Dk`` (``gamma [Dk]``), its first ``Dr`` (cos's last dim) dims are
+rotated, and that row goes to ``k_cache``; ``v`` goes unchanged to ``ckv_cache``. Both computed in fp32 and rounded
+to the cache's dtype (int8 caches: ``clamp(round(value * scale (+ offset)))``, scales ``[D]``, ``[1]`` or
+``[N, D]``). Where token ``s`` of batch ``b`` (head ``n``) goes, per ``cache_mode``:
 
-* ``Norm``: caches ``[B, 1, L, D]``, ``index [B, S]`` positions: ``cache[b, 0, index[b, s]]``;
-* ``PA`` / ``PA_BNSD`` / ``PA_NZ``: paged caches, ``index [B*S]`` flat slots ``block * block_size + row``;
+* ``Norm``: caches ``[B, N, L, D]``, ``index [B, S]`` positions: ``cache[b, n, index[b, s]]``;
+* ``PA`` / ``PA_BNSD`` / ``PA_NZ``: paged caches ``[blocks, block_size, N, D]``, ``index [B*S]`` flat slots
+  ``block * block_size + row``;
 * ``PA_BLK_BNSD`` / ``PA_BLK_NZ``: ``index [B*ceil(S/block_size)]``, the slot of each page's first row:
   ``cache[index[b*ceil(S/bs) + s // bs] // bs, s % bs]``.
 
@@ -24,26 +28,51 @@ CACHE_MODES = ("Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _row_widths(kv: Tensor, gamma: Tensor, cos: Tensor, v: Tensor | None) -> tuple[int, int, int]:
+    """``(rope width Dr, k_cache width, ckv_cache width)``: V1 ``(Dr, Dr, Dc)``, V2 ``(Dr, Dk, Dv)``."""
+    if v is None:
+        dc = gamma.shape[-1]
+        return kv.shape[-1] - dc, kv.shape[-1] - dc, dc
+    return cos.shape[-1], kv.shape[-1], v.shape[-1]
+
+
 def check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale,
-                                cache_mode) -> None:
+                                cache_mode, v=None) -> None:
     check_choice("cache_mode", cache_mode, CACHE_MODES)
     check_tensor("kv", kv, ndim=4, dtypes=FLOAT_DTYPES)
-    require(kv.shape[1] == 1, "kv", "[B, 1, S, Dc + Dr] (one kv head)", kv)
-    dc = gamma.shape[-1]
     check_tensor("gamma", gamma, ndim=1)
-    dr = kv.shape[-1] - dc
-    require(dr > 0 and dr % 2 == 0, "gamma", f"[Dc] with Dc < kv's last dim {kv.shape[-1]} and an even rest", gamma)
+    heads = kv.shape[1]
+    if v is None:
+        require(heads == 1, "kv", "[B, 1, S, Dc + Dr] (one kv head; V2 with v takes N heads)", kv)
+        require(gamma.shape[0] < kv.shape[-1] and (kv.shape[-1] - gamma.shape[0]) % 2 == 0, "gamma",
+                f"[Dc] with Dc < kv's last dim {kv.shape[-1]} and an even rest", gamma)
+    else:
+        check_tensor("v", v, ndim=4, dtypes=(kv.dtype,))
+        require(tuple(v.shape[:3]) == tuple(kv.shape[:3]), "v", f"[B, N, S, Dv] with B, N, S = {list(kv.shape[:3])}",
+                v)
+        check_tensor("gamma", gamma, shape=(kv.shape[-1],))
+    dr, dk, dv = _row_widths(kv, gamma, cos, v)
     for name, x in (("cos", cos), ("sin", sin)):
-        check_tensor(name, x, shape=(kv.shape[0], 1, kv.shape[2], dr))
+        check_tensor(name, x, ndim=4)
+        if v is None:
+            require(tuple(x.shape) == (kv.shape[0], 1, kv.shape[2], dr), name,
+                    f"[{kv.shape[0]}, 1, {kv.shape[2]}, Dr={dr}] (kv's last dim minus gamma's)", x)
+        else:
+            require(tuple(x.shape[:3]) == (kv.shape[0], 1, kv.shape[2]) and 0 < x.shape[3] <= dk
+                    and x.shape[3] % 2 == 0 and x.shape[3] == dr, name,
+                    f"[{kv.shape[0]}, 1, {kv.shape[2]}, Dr] with an even Dr <= Dk={dk} (cos's)", x)
     check_tensor("index", index, dtypes=(torch.int32, torch.int64))
-    check_tensor("k_cache", k_cache)
-    check_tensor("ckv_cache", ckv_cache)
-    require(k_cache.shape[-1] == dr, "k_cache", f"last dim {dr} (the rope part)", k_cache)
-    require(ckv_cache.shape[-1] == dc, "ckv_cache", f"last dim {dc} (gamma's)", ckv_cache)
-    for name, cache, scale, d in (("k_rope_scale", k_cache, k_rope_scale, dr), ("c_kv_scale", ckv_cache, c_kv_scale,
-                                                                                  dc)):
+    check_tensor("k_cache", k_cache, ndim=4)
+    check_tensor("ckv_cache", ckv_cache, ndim=4)
+    for name, cache, d, what in (("k_cache", k_cache, dk, "the rope part" if v is None else "kv's Dk"),
+                                 ("ckv_cache", ckv_cache, dv, "gamma's" if v is None else "v's Dv")):
+        n = cache.shape[1] if cache_mode == "Norm" else cache.shape[2]
+        require(cache.shape[-1] == d and n == heads, name, f"last dim {d} ({what}) and {heads} kv head(s)", cache)
+    for name, cache, scale, d in (("k_rope_scale", k_cache, k_rope_scale, dk), ("c_kv_scale", ckv_cache, c_kv_scale,
+                                                                                  dv)):
         if cache.dtype == torch.int8:
-            check_tensor(name, scale, shape=(d,))
+            check_tensor(name, scale, ndim=(1, 2))
+            require(tuple(scale.shape) in ((d,), (1,), (heads, d)), name, f"[{d}], [1] or [{heads}, {d}]", scale)
         else:
             require(scale is None, name, f"None for a {cache.dtype} cache (scales quantize int8 caches)", scale)
     b, s = kv.shape[0], kv.shape[2]
@@ -71,24 +100,36 @@ def _to_cache(x: Tensor, cache: Tensor, scale, offset) -> Tensor:
     return quantize_int8(x, scale, offset) if cache.dtype == torch.int8 else x.to(cache.dtype)
 
 
+def cache_rows(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, v: Tensor | None, epsilon: float
+               ) -> tuple[Tensor, Tensor]:
+    """``(k_cache rows, ckv_cache rows)`` ``[B, N, S, D]`` in the work dtype: V1 ``(IRoPE(rope part),
+    RmsNorm(latent))``, V2 ``(RmsNorm(kv) with its first Dr dims rotated, v)``."""
+    if v is None:
+        dc = gamma.shape[-1]
+        return interleave_rope(kv[..., dc:], cos, sin), rms_norm(kv[..., :dc], gamma, epsilon)
+    y = rms_norm(kv, gamma, epsilon)
+    dr = cos.shape[-1]
+    return torch.cat([interleave_rope(y[..., :dr], cos, sin), y[..., dr:]], -1), v.to(y.dtype, copy=True)
+
+
 def kv_rmsnorm_rope_cache(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, index: Tensor, k_cache: Tensor,
                           ckv_cache: Tensor, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset, epsilon: float,
-                          cache_mode: str) -> tuple[Tensor, Tensor]:
-    """Writes both caches in place; returns ``(k_embed [B, 1, S, Dr], y [B, 1, S, Dc])`` in kv's dtype."""
-    dc = gamma.shape[-1]
-    y = rms_norm(kv[..., :dc], gamma, epsilon)
-    k_embed = interleave_rope(kv[..., dc:], cos, sin)
-    batch, seq = kv.shape[0], kv.shape[2]
+                          cache_mode: str, v: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Writes both caches in place; returns the rows written, unquantized, in kv's dtype: V1 ``(k_embed [B, 1, S, Dr],
+    y [B, 1, S, Dc])``, V2 ``(k rows [B, N, S, Dk], v)``."""
+    k_rows, c_rows = cache_rows(kv, gamma, cos, sin, v, epsilon)
+    batch, heads, seq = kv.shape[:3]
     nz = cache_mode.endswith("NZ")
-    for cache, rows, scale, offset in ((k_cache, k_embed, k_rope_scale, k_rope_offset),
-                                       (ckv_cache, y, c_kv_scale, c_kv_offset)):
-        data = _to_cache(rows[:, 0], cache, scale, offset)  # [B, S, D]
+    for cache, rows, scale, offset in ((k_cache, k_rows, k_rope_scale, k_rope_offset),
+                                       (ckv_cache, c_rows, c_kv_scale, c_kv_offset)):
+        data = _to_cache(rows.transpose(1, 2), cache, scale, offset)  # [B, S, N, D]
         if cache_mode == "Norm":
             pos = index.to(torch.int64).view(batch, seq)
             keep = pos >= 0
             b = torch.arange(batch)[:, None].expand(batch, seq)
-            cache[b[keep].to(cache.device), 0, pos[keep].to(cache.device)] = data[keep].to(cache.device)
+            cache[b[keep].to(cache.device), :, pos[keep].to(cache.device)] = data[keep].to(cache.device)
         else:
             slots = token_slots(index.cpu(), cache_mode, batch, seq, cache.shape[1])
-            write_rows(cache, data.reshape(batch * seq, 1, -1), slots.reshape(-1), nz=nz, block_size=cache.shape[1])
-    return k_embed.to(kv.dtype), y.to(kv.dtype)
+            write_rows(cache, data.reshape(batch * seq, heads, -1), slots.reshape(-1), nz=nz,
+                       block_size=cache.shape[1])
+    return k_rows.to(kv.dtype), c_rows.to(kv.dtype)

@@ -1,5 +1,5 @@
-"""The MLA prolog (``npu_mla_prolog_v3`` / ``_v2``, non-quantized path): query and latent-KV projections with
-their RMSNorms and interleaved RoPE, the latent KV and its rope part written into the caches.
+"""The MLA prolog (``npu_mla_prolog_v3`` / ``_v2``): query and latent-KV projections with their RMSNorms and
+interleaved RoPE, the latent KV and its rope part written into the caches (int8 paths: :mod:`.prolog_quant`).
 
 ``c_q = qc_qr_scale * RmsNorm(x @ W_dq)``; ``[q_c | q_r] = c_q @ W_uq_qr`` per head; ``query = q_c @ W_uk`` per
 head (``[T, N, Hckv]``); ``query_rope = IRoPE(q_r)``; ``kv = x @ W_dkv_kr``, ``c_kv = kc_scale * RmsNorm(kv[:, :Hckv])``
@@ -7,7 +7,7 @@ and ``k_r = IRoPE(kv[:, Hckv:])`` go to ``kv_cache`` / ``kr_cache`` (every kv he
 ``PA_BSND`` / ``PA_NZ``: ``cache_index`` flat slots; ``PA_BLK_BSND`` / ``PA_BLK_NZ``: ``cache_index`` holds a block
 id per (batch, page of its tokens), batches from ``actual_seq_len`` (cumulative) for ``[T, He]`` tokens;
 ``BSND`` / ``TND``: caches shaped like the tokens, token ``t`` fills row ``t``. Work in fp32, results rounded to
-``token_x``'s dtype (caches: their dtype).
+``token_x``'s dtype (``rope_cos``'s for an int8 ``token_x``; caches: their dtype).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_choice, check_tensor, require
-from .cache_write import write_rows
+from .cache_write import quantize_int8, write_rows
+from .prolog_quant import PrologQuant, dynamic_int8, int8_matmul
 from .rope import interleave_rope, rms_norm, work_dtype
 
 CACHE_MODES = ("PA_BSND", "PA_NZ", "PA_BLK_BSND", "PA_BLK_NZ", "BSND", "TND")
@@ -75,23 +76,49 @@ def token_slots(token_x: Tensor, cache_index: Tensor | None, cache_mode: str, bl
     return torch.cat(slots)
 
 
+def _projections(x: Tensor, weight_dq: Tensor, weight_dkv_kr: Tensor, quant: PrologQuant, dt: torch.dtype
+                 ) -> tuple[Tensor, Tensor]:
+    """``(x @ W_dq, x @ W_dkv_kr)`` in ``dt`` (dequantized with ``weight_quant_mode`` 2)."""
+    if quant.weight_mode == 2:
+        return (int8_matmul(x, weight_dq, quant.dequant_scale_x, quant.dequant_scale_w_dq, dt),
+                int8_matmul(x, weight_dkv_kr, quant.dequant_scale_x, quant.dequant_scale_w_dkv_kr, dt))
+    x = x.to(dt)
+    return x @ weight_dq.to(dt), x @ weight_dkv_kr.to(dt)
+
+
 def mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gamma_cq, gamma_ckv, rope_sin, rope_cos,
                kv_cache, kr_cache, cache_index, actual_seq_len, eps_cq: float, eps_ckv: float, cache_mode: str,
-               qc_qr_scale: float, kc_scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Writes the caches in place; returns ``(query [.., N, Hckv], query_rope [.., N, Dr], query_norm [.., Hcq])``
-    in ``token_x``'s dtype."""
-    dt = work_dtype(token_x)
+               qc_qr_scale: float, kc_scale: float, quant: PrologQuant = PrologQuant()
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Writes the caches in place; returns ``(query [.., N, Hckv], query_rope [.., N, Dr], dequant_scale_q_nope
+    [T, N, 1], query_norm [.., Hcq], dequant_scale_q_norm [T, 1])``: query and query_norm int8 where quantized, the
+    scales fp32 and empty ``[0]`` where the mode produces none."""
+    out = token_x.dtype if token_x.is_floating_point() else rope_cos.dtype
+    dt = work_dtype(rope_cos)
     lead = token_x.shape[:-1]
-    x = token_x.reshape(-1, token_x.shape[-1]).to(dt)
+    x = token_x.reshape(-1, token_x.shape[-1])
     n, d, hckv = weight_uk.shape
     cos = rope_cos.reshape(x.shape[0], -1).to(dt)
     sin = rope_sin.reshape(x.shape[0], -1).to(dt)
-    c_q = qc_qr_scale * rms_norm(x @ weight_dq.to(dt), gamma_cq, eps_cq)
-    u = (c_q @ weight_uq_qr.to(dt)).view(x.shape[0], n, -1)
+    xq, kv = _projections(x, weight_dq, weight_dkv_kr, quant, dt)
+    c_q = qc_qr_scale * rms_norm(xq, gamma_cq, eps_cq)
+    norm_scale = token_x.new_empty(0, dtype=torch.float32)
+    if quant.weight_mode >= 1:
+        smooth = 1 if quant.smooth_scales_cq is None else quant.smooth_scales_cq.to(dt).reshape(-1)
+        c_q, norm_scale = dynamic_int8(c_q * smooth, 1)  # query_norm becomes the int8 codes
+        u = int8_matmul(c_q, weight_uq_qr, norm_scale, quant.dequant_scale_w_uq_qr, dt)
+    else:
+        u = c_q @ weight_uq_qr.to(dt)
+    u = u.view(x.shape[0], n, -1)
     query = torch.einsum("tnd,ndh->tnh", u[..., :d], weight_uk.to(dt))
     query_rope = interleave_rope(u[..., d:], cos[:, None], sin[:, None])
-    kv = x @ weight_dkv_kr.to(dt)
+    q_scale = token_x.new_empty(0, dtype=torch.float32)
+    if quant.query_mode == 1:
+        query, q_scale = dynamic_int8(query, 1)
+        query_rope = query_rope * quant.quant_scale_ckv.to(dt).reshape(()) / q_scale.masked_fill(q_scale == 0, 1)
     c_kv = kc_scale * rms_norm(kv[:, :hckv], gamma_ckv, eps_ckv)
+    if quant.kv_cache_mode == 1:
+        c_kv = quantize_int8(c_kv, quant.quant_scale_ckv.reshape(()), None)
     k_r = interleave_rope(kv[:, hckv:], cos, sin)
     nz = cache_mode.endswith("NZ")
     for cache, rows in ((kv_cache, c_kv), (kr_cache, k_r)):
@@ -100,6 +127,8 @@ def mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gamma
         heads = cache.shape[-2]
         data = rows[:, None].expand(-1, heads, -1).to(cache.dtype)
         write_rows(cache, data, slots, nz=nz, block_size=block)
-    out = token_x.dtype
-    return (query.to(out).contiguous().view(*lead, n, hckv), query_rope.to(out).contiguous().view(*lead, n, -1),
-            c_q.to(out).contiguous().view(*lead, -1))
+    query_dtype = torch.int8 if quant.query_mode == 1 else out
+    norm_dtype = torch.int8 if quant.weight_mode >= 1 else out
+    return (query.to(query_dtype).contiguous().view(*lead, n, hckv),
+            query_rope.to(out).contiguous().view(*lead, n, -1), q_scale.to(torch.float32),
+            c_q.to(norm_dtype).contiguous().view(*lead, -1), norm_scale.to(torch.float32))

@@ -56,6 +56,10 @@ def test_opcheck_mla_helpers():
     caches = (torch.zeros(2, 16, 1, 8), torch.zeros(2, 16, 1, 16))
     torch.library.opcheck(OPS.mla_kv_rmsnorm_rope_cache.default,
                           (kv, gamma, c8, s8, torch.tensor([3, 20]), *caches, None, None, None, None, 1e-5, "PA"))
+    kv2, v2 = randn(2, 2, 1, 16, seed=30), randn(2, 2, 1, 8, seed=31)  # V2: N=2 heads, Dk=16, Dv=8
+    torch.library.opcheck(OPS.mla_kv_rmsnorm_rope_cache.default,
+                          (kv2, gamma, c8, s8, torch.tensor([3, 20]), torch.zeros(2, 16, 2, 16),
+                           torch.zeros(2, 16, 2, 8), None, None, None, None, 1e-5, "PA_NZ", v2))
     he, hcq, n, d, hckv, dr = 16, 8, 2, 4, 8, 4
     w = (randn(he, hcq, seed=21), randn(hcq, n * (d + dr), seed=22), randn(n, d, hckv, seed=23),
          randn(he, hckv + dr, seed=24), randn(hcq, seed=25), randn(hckv, seed=26), randn(3, dr, seed=27),
@@ -63,6 +67,14 @@ def test_opcheck_mla_helpers():
     torch.library.opcheck(OPS.mla_prolog.default,
                           (randn(3, he, seed=29), *w, torch.zeros(1, 16, 1, hckv), torch.zeros(1, 16, 1, dr),
                            torch.tensor([0, 5, 9]), None, 1e-5, 1e-5, "PA_BSND", 1.0, 1.0))
+    i8 = [torch.randint(-8, 9, shape, generator=torch.Generator().manual_seed(40 + i), dtype=torch.int8)
+          for i, shape in enumerate(((3, he), (he, hcq), (hcq, n * (d + dr)), (he, hckv + dr)))]
+    scales = [torch.rand(*shape, generator=torch.Generator().manual_seed(50 + i)) + 0.01
+              for i, shape in enumerate(((3, 1), (1, hcq), (1, n * (d + dr)), (1, hckv + dr), (1,)))]
+    torch.library.opcheck(OPS.mla_prolog.default,  # W8A8, int8 KV cache, int8 query
+                          (i8[0], i8[1], i8[2], w[2], i8[3], *w[4:], torch.zeros(1, 16, 1, hckv, dtype=torch.int8),
+                           torch.zeros(1, 16, 1, dr), torch.tensor([0, 5, 9]), None, 1e-5, 1e-5, "PA_BSND", 1.0, 1.0,
+                           *scales, None, 2, 1, 1))
 
 
 @pytest.mark.slow
