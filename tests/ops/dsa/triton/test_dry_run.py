@@ -196,3 +196,25 @@ def test_operators_without_kernels_say_so_after_validating_without_host_reads():
             meta(T, 16, 512), meta(T, 1, 512), meta(T, 8, 128), meta(T, 1, 128), w, idx, stats, stats, 0.1,
             query_rope=meta(T, 16, 64), key_rope=meta(T, 1, 64), actual_seq_qlen=[2, 6], actual_seq_klen=[2, 6],
             layout="TND")
+
+
+def test_aclnn_two_phase_names_leave_device_metadata_to_the_kernels():
+    """aclnn's LightningIndexer and SparseFlashAttention (two phases: phase 1 runs the operator) over a paged cache
+    with device lengths and block table."""
+    from attnops import aclnn
+
+    lead, key_lead, lens, _ = _device_metadata("TND", "PA_BSND")
+    q_lens, kv_lens, table = lens["actual_seq_lengths_query"], lens["actual_seq_lengths_key"], lens["block_table"]
+    latent = meta(*key_lead, 1, 512)
+    with gpu_dry_run() as launches:
+        size, executor = aclnn.lightning_indexer_get_workspace_size(
+            meta(*lead, 64, 128), meta(*key_lead, 1, 128), meta(*lead, 64), q_lens, kv_lens, table, "TND",
+            "PA_BSND", 2048, 3, 2**63 - 1, 2**63 - 1, False)
+        idx, _ = aclnn.lightning_indexer(None, size, executor, None)
+        size, executor = aclnn.sparse_flash_attention_get_workspace_size(
+            meta(*lead, 128, 512), latent, latent, idx, table, q_lens, kv_lens, meta(*lead, 128, 64),
+            meta(*key_lead, 1, 64), 0.04, 1, "TND", "PA_BSND", 3, 2**63 - 1, 2**63 - 1, 2, False)
+        aclnn.sparse_flash_attention(None, size, executor, None)
+    assert [r.kernel for r in launches if r.kernel != "sparse_attention_merge_kernel"] == [
+        "indexer_topk_kernel", "sparse_attention_kernel"]
+    assert all(r.constexprs["KV_LENS"] and r.constexprs["Q_LENS"] for r in launches[:2])
