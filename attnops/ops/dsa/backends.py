@@ -1,4 +1,5 @@
-"""Runs each DSA operator on its backend: the custom ops (``op.py``) call these functions and nothing else.
+"""Runs each DSA operator on its backend: the custom ops (``op.py``) call these functions and nothing else, with the
+validated :class:`~.call.Call` (the Triton launchers take it as it is; the references its host normal form).
 
 Every operator runs its CPU reference (tensors on another device are copied to the CPU and the results back) unless
 a Triton implementation is registered for it and :func:`~attnops._core.dispatch.choose_backend` picks it. A Triton
@@ -17,37 +18,37 @@ from .triton import launch as triton_launch
 from .triton import verify as triton_verify
 
 
-def _run(device_tensor, verify, triton_fn, reference_fn, *args):
-    """``triton_fn(*args)`` when :func:`choose_backend` picks the Triton kernels for ``device_tensor``'s device
+def _run(device_tensor, verify, triton_fn, reference_fn, call, *args):
+    """``triton_fn(call, *args)`` when :func:`choose_backend` picks the Triton kernels for ``device_tensor``'s device
     (``verify``: why they cannot serve the call, or None; both None while an operator has no kernel), else the
-    reference on CPU copies."""
+    reference on CPU copies with the call's host normal form (device lengths and tables read there)."""
     if choose_backend("auto", device_tensor.device, verify) == "triton":
-        return triton_fn(*args)
-    return on_cpu(reference_fn, *args)
+        return triton_fn(call, *args)
+    return on_cpu(reference_fn, call.problem(), *args)
 
 
-def lightning_indexer(problem, query, key, weights, sparse_count, return_value):
+def lightning_indexer(call, query, key, weights, sparse_count, return_value):
     """``(sparse_indices [R, K] int32, sparse_values [R, K] or [0])``."""
     return _run(query, lambda: triton_verify.indexer_reason(query, weights, sparse_count),
-                triton_launch.indexer_for, lightning_indexer_forward, problem, query, key, weights, sparse_count,
+                triton_launch.indexer_for, lightning_indexer_forward, call, query, key, weights, sparse_count,
                 return_value)
 
 
-def sparse_attention(problem, query, key, value, sparse_indices, query_rope, key_rope, sinks, scale, block):
+def sparse_attention(call, query, key, value, sparse_indices, query_rope, key_rope, sinks, scale, block):
     """``(out [R, N1, Dv], softmax_max [R, N1], softmax_sum [R, N1])``."""
     return _run(query, lambda: triton_verify.sparse_attention_reason(query, value, query_rope),
-                triton_launch.sparse_attention_for, sparse_attention_forward, problem, query, key, value,
+                triton_launch.sparse_attention_for, sparse_attention_forward, call, query, key, value,
                 sparse_indices, query_rope, key_rope, sinks, scale, block)
 
 
-def sparse_attention_grad(problem, grad, query, key, value, sparse_indices, query_rope, key_rope, out,
+def sparse_attention_grad(call, grad, query, key, value, sparse_indices, query_rope, key_rope, out,
                           softmax_max, softmax_sum, scale, block):
     """``(dq, dk, dv, dq_rope, dk_rope)`` (rope gradients None without rope)."""
-    return _run(query, None, None, sparse_attention_backward, problem, grad, query, key, value, sparse_indices,
+    return _run(query, None, None, sparse_attention_backward, call, grad, query, key, value, sparse_indices,
                 query_rope, key_rope, out, softmax_max, softmax_sum, scale, block)
 
 
-def quant_sparse_attention(problem, query, key, value, sparse_indices, sinks, scale, block, rope_dim):
+def quant_sparse_attention(call, query, key, value, sparse_indices, sinks, scale, block, rope_dim):
     """``(out [R, N1, 512], softmax_max, softmax_sum)`` over a packed int8/fp8 cache: the reference dequantizes the
     selected rows' tiles, then runs :func:`sparse_attention_forward`."""
 
@@ -55,14 +56,15 @@ def quant_sparse_attention(problem, query, key, value, sparse_indices, sinks, sc
         q, q_rope, k, k_rope = dequantized_operands(query, key, rope_dim)
         return sparse_attention_forward(problem, q, k, k, sparse_indices, q_rope, k_rope, sinks, scale, block)
 
-    def kernel(problem, query, key, value, sparse_indices, sinks):
-        return triton_launch.quant_sparse_attention_for(problem, query, key, sparse_indices, sinks, scale, block,
+    def kernel(call, query, key, value, sparse_indices, sinks):
+        return triton_launch.quant_sparse_attention_for(call, query, key, sparse_indices, sinks, scale, block,
                                                         rope_dim)
 
-    return _run(query, lambda: triton_verify.quant_sparse_attention_reason(query), kernel, reference, problem,
+    return _run(query, lambda: triton_verify.quant_sparse_attention_reason(query), kernel, reference, call,
                 query, key, value, sparse_indices, sinks)
 
 
-def kl_loss_grad(problem, *tensors, scale):
+def kl_loss_grad(call, *tensors, scale):
     """``(d_query_index, d_key_index, d_weights, loss)`` of the indexer's KL loss."""
-    return _run(tensors[0], None, None, lambda *t: indexer_kl_loss_grad(problem, *t, scale=scale), *tensors)
+    return _run(tensors[0], None, None, lambda problem, *t: indexer_kl_loss_grad(problem, *t, scale=scale), call,
+                *tensors)

@@ -15,7 +15,7 @@ from torch import Tensor
 from ..._core.custom_ops import call, register_dry_run_meta
 from . import backends
 from .quant_cache import NOPE_DIM
-from .validate import (indexer_problem, kl_loss_problem, quant_sparse_attention_problem, sparse_attention_problem,
+from .validate import (indexer_call, kl_loss_call, quant_sparse_attention_call, sparse_attention_call,
                        stats_shape)
 
 DEVICE_TYPES = ("cpu", "cuda")
@@ -42,11 +42,11 @@ def dsa_lightning_indexer(query: Tensor, key: Tensor, weights: Tensor, actual_se
                           actual_seq_lengths_key: Optional[Tensor], block_table: Optional[Tensor], layout_query: str,
                           layout_key: str, sparse_count: int, sparse_mode: int, return_value: bool
                           ) -> tuple[Tensor, Tensor]:
-    problem = indexer_problem(query, key, weights, actual_seq_lengths_query=actual_seq_lengths_query,
-                              actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table,
-                              layout_query=layout_query, layout_key=layout_key, sparse_count=sparse_count,
-                              sparse_mode=sparse_mode, return_value=return_value)
-    indices, values = backends.lightning_indexer(problem, query, key, weights, sparse_count, return_value)
+    dsa_call = indexer_call(query, key, weights, actual_seq_lengths_query=actual_seq_lengths_query,
+                            actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table,
+                            layout_query=layout_query, layout_key=layout_key, sparse_count=sparse_count,
+                            sparse_mode=sparse_mode, return_value=return_value)
+    indices, values = backends.lightning_indexer(dsa_call, query, key, weights, sparse_count, return_value)
     shape = _indices_shape(query, sparse_count)
     return indices.view(shape), values.view(shape) if return_value else values
 
@@ -65,12 +65,12 @@ def dsa_sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse
                                block_table: Optional[Tensor], actual_seq_lengths_query: Optional[Tensor],
                                actual_seq_lengths_kv: Optional[Tensor], scale_value: float, sparse_block_size: int,
                                layout_query: str, layout_kv: str, sparse_mode: int) -> tuple[Tensor, Tensor, Tensor]:
-    problem = sparse_attention_problem(
+    dsa_call = sparse_attention_call(
         query, key, value, sparse_indices, query_rope=query_rope, key_rope=key_rope, sinks=sinks,
         block_table=block_table, actual_seq_lengths_query=actual_seq_lengths_query,
         actual_seq_lengths_kv=actual_seq_lengths_kv, layout_query=layout_query, layout_kv=layout_kv,
         sparse_mode=sparse_mode, sparse_block_size=sparse_block_size)
-    out, m, l = backends.sparse_attention(problem, query, key, value, sparse_indices, query_rope, key_rope, sinks,
+    out, m, l = backends.sparse_attention(dsa_call, query, key, value, sparse_indices, query_rope, key_rope, sinks,
                                           scale_value, sparse_block_size)
     shape = stats_shape(query, layout_query)
     return out.view(*query.shape[:-1], value.shape[-1]), m.view(shape), l.view(shape)
@@ -91,14 +91,14 @@ def dsa_sparse_flash_attention_grad(grad: Tensor, query: Tensor, key: Tensor, va
                                     sparse_block_size: int, layout_query: str, layout_kv: str, sparse_mode: int
                                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dq_rope, dk_rope)``; the rope gradients are empty ``[0]`` tensors without rope."""
-    problem = sparse_attention_problem(
+    dsa_call = sparse_attention_call(
         query, key, value, sparse_indices, query_rope=query_rope, key_rope=key_rope, sinks=None,
         block_table=block_table, actual_seq_lengths_query=actual_seq_lengths_query,
         actual_seq_lengths_kv=actual_seq_lengths_kv, layout_query=layout_query, layout_kv=layout_kv,
         sparse_mode=sparse_mode, sparse_block_size=sparse_block_size)
-    rows = problem.rows.batch.shape[0]
+    rows = query.shape[0] * query.shape[1] if layout_query == "BSND" else query.shape[0]
     dq, dk, dv, dqr, dkr = backends.sparse_attention_grad(
-        problem, grad, query, key, value, sparse_indices, query_rope, key_rope, attention_out,
+        dsa_call, grad, query, key, value, sparse_indices, query_rope, key_rope, attention_out,
         softmax_max.reshape(rows, -1), softmax_sum.reshape(rows, -1), scale_value, sparse_block_size)
     empty = query.new_empty((0,))
     return dq, dk, dv, empty if dqr is None else dqr, empty if dkr is None else dkr
@@ -147,12 +147,12 @@ def dsa_kv_quant_sparse_flash_attention(query: Tensor, key: Tensor, value: Tenso
                                         actual_seq_lengths_kv: Optional[Tensor], scale_value: float,
                                         sparse_block_size: int, layout_query: str, layout_kv: str, sparse_mode: int,
                                         rope_head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
-    problem = quant_sparse_attention_problem(
+    dsa_call = quant_sparse_attention_call(
         query, key, value, sparse_indices, sinks=sinks, block_table=block_table,
         actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_kv=actual_seq_lengths_kv,
         layout_query=layout_query, layout_kv=layout_kv, sparse_mode=sparse_mode, sparse_block_size=sparse_block_size,
         rope_head_dim=rope_head_dim)
-    out, m, l = backends.quant_sparse_attention(problem, query, key, value, sparse_indices, sinks, scale_value,
+    out, m, l = backends.quant_sparse_attention(dsa_call, query, key, value, sparse_indices, sinks, scale_value,
                                                 sparse_block_size, rope_head_dim)
     shape = stats_shape(query, layout_query)
     return out.view(*query.shape[:-1], NOPE_DIM), m.view(shape), l.view(shape)
@@ -171,10 +171,10 @@ def dsa_indexer_kl_loss_grad(query: Tensor, key: Tensor, query_index: Tensor, ke
                              query_rope: Optional[Tensor], key_rope: Optional[Tensor], scale_value: float,
                              actual_seq_qlen: Optional[list[int]], actual_seq_klen: Optional[list[int]], layout: str,
                              sparse_mode: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    problem = kl_loss_problem(query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum,
-                              query_rope=query_rope, key_rope=key_rope, actual_seq_qlen=actual_seq_qlen,
-                              actual_seq_klen=actual_seq_klen, layout=layout, sparse_mode=sparse_mode)
-    return backends.kl_loss_grad(problem, query, key, query_index, key_index, weights, sparse_indices, softmax_max,
+    dsa_call = kl_loss_call(query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum,
+                            query_rope=query_rope, key_rope=key_rope, actual_seq_qlen=actual_seq_qlen,
+                            actual_seq_klen=actual_seq_klen, layout=layout, sparse_mode=sparse_mode)
+    return backends.kl_loss_grad(dsa_call, query, key, query_index, key_index, weights, sparse_indices, softmax_max,
                                  softmax_sum, query_rope, key_rope, scale=scale_value)
 
 

@@ -36,7 +36,8 @@ class Rows:
 @dataclass(frozen=True)
 class KeyAddress:
     """Where logical key position ``j`` of batch ``b`` sits in the flat ``[M, D]`` key store: ``start[b] + j``
-    (contiguous layouts) or through the block table (paged)."""
+    (contiguous layouts) or through the block table (paged: int64 on the CPU, or a device table the kernels read,
+    see :mod:`.call`)."""
     start: Tensor | None
     block_table: Tensor | None
     block_size: int
@@ -119,15 +120,23 @@ def flat_key(x: Tensor) -> Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
-def build_problem(query: Tensor, key: Tensor, *, layout_query: str, layout_key: str, sparse_mode: int,
-                  actual_seq_lengths_query=None, actual_seq_lengths_key=None, block_table: Tensor | None = None,
-                  key_name: str = "key", key_lengths_name: str = "actual_seq_lengths_key") -> Problem:
-    """The normal form of a call with ``query`` ``[B, S1, N1, D]`` / ``[T1, N1, D]`` and one-kv-head ``key``."""
+def check_operands(query: Tensor, key: Tensor, *, layout_query: str, layout_key: str, sparse_mode: int,
+                   key_name: str = "key") -> None:
+    """The layouts, the sparse mode and the ranks of ``query`` and the one-kv-head ``key``."""
     check_layouts(layout_query, layout_key)
     check_choice("sparse_mode", sparse_mode, SPARSE_MODES)
     check_tensor("query", query, ndim=4 if layout_query == "BSND" else 3)
     check_tensor(key_name, key, ndim=3 if layout_key == "TND" else 4)
     require(key.shape[-2] == 1, key_name, "one key/value head (N2 = 1)", key)
+
+
+def build_problem(query: Tensor, key: Tensor, *, layout_query: str, layout_key: str, sparse_mode: int,
+                  actual_seq_lengths_query=None, actual_seq_lengths_key=None, block_table: Tensor | None = None,
+                  key_name: str = "key", key_lengths_name: str = "actual_seq_lengths_key") -> Problem:
+    """The normal form of a call with ``query`` ``[B, S1, N1, D]`` / ``[T1, N1, D]`` and one-kv-head ``key``
+    (lengths read and validated on the host; a block table on a device is kept there, unread)."""
+    check_operands(query, key, layout_query=layout_query, layout_key=layout_key, sparse_mode=sparse_mode,
+                   key_name=key_name)
     if layout_query == "BSND":
         batch, s1 = query.shape[0], query.shape[1]
         q_lens = _per_batch("actual_seq_lengths_query", actual_seq_lengths_query, batch, s1, required=False)
@@ -144,7 +153,8 @@ def build_problem(query: Tensor, key: Tensor, *, layout_query: str, layout_key: 
         block_size = key.shape[1]
         k_lens = _per_batch(key_lengths_name, actual_seq_lengths_key, batch, block_table.shape[1] * block_size,
                             required=True)
-        table = block_table.to("cpu", torch.int64)  # host metadata, like the lengths
+        on_host = block_table.device.type == "cpu"
+        table = block_table.to(torch.int64) if on_host else block_table  # a device table: the kernels read it
         k_starts = [0] * batch
     elif layout_key == "BSND":
         require(key.shape[0] == batch, key_name, f"batch B={batch} like query", key)

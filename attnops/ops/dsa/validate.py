@@ -1,4 +1,5 @@
-"""Validation of the DSA ops' arguments (before any compute), returning the call's :class:`~.problem.Problem`.
+"""Validation of the DSA ops' arguments (before any compute), returning the call's :class:`~.call.Call` (its
+normal form, or its device lengths left to the kernels).
 
 General shapes are accepted (any head dims and head counts, one kv head); the torch_npu layer adds the NPU's own
 limits on top (:mod:`attnops.torch_npu.dsa`).
@@ -9,7 +10,8 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_int, check_same_device, check_tensor, require
-from .problem import INDEX_DTYPES, Problem, build_problem
+from .call import Call, make_call
+from .problem import INDEX_DTYPES
 from .quant_cache import CODE_DTYPES, NOPE_DIM, ROPE_DIM, ROW_BYTES
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -33,35 +35,35 @@ def _check_rope(query: Tensor, key: Tensor, query_rope: Tensor | None, key_rope:
                     "key's shape with query_rope's rope dim")
 
 
-def indexer_problem(query: Tensor, key: Tensor, weights: Tensor, *, actual_seq_lengths_query,
+def indexer_call(query: Tensor, key: Tensor, weights: Tensor, *, actual_seq_lengths_query,
                     actual_seq_lengths_key, block_table, layout_query: str, layout_key: str, sparse_count: int,
-                    sparse_mode: int, return_value: bool) -> Problem:
+                    sparse_mode: int, return_value: bool) -> Call:
     check_same_device("query", query, key=key, weights=weights, block_table=block_table)
     check_tensor("query", query, dtypes=FLOAT_DTYPES)
     check_tensor("key", key, dtypes=(query.dtype,))
     check_tensor("weights", weights, dtypes=tuple({query.dtype, torch.float32, torch.float64}))
     check_int("sparse_count", sparse_count, lo=1, hi=SPARSE_COUNTS_MAX)
-    problem = build_problem(query, key, layout_query=layout_query, layout_key=layout_key, sparse_mode=sparse_mode,
-                            actual_seq_lengths_query=actual_seq_lengths_query,
-                            actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table)
+    call = make_call(query, key, layout_query=layout_query, layout_key=layout_key, sparse_mode=sparse_mode,
+                     actual_seq_lengths_query=actual_seq_lengths_query,
+                     actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table)
     require(key.shape[-1] == query.shape[-1], "key", f"head dim D={query.shape[-1]} like query", key)
     _check_like("weights", weights, query.shape[:-1], None, "query's shape without D")
     require(not (return_value and layout_key == "PA_BSND"), "return_value", "False with layout_key 'PA_BSND'",
             return_value)
-    return problem
+    return call
 
 
-def sparse_attention_problem(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *,
+def sparse_attention_call(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *,
                              query_rope, key_rope, sinks, block_table, actual_seq_lengths_query,
                              actual_seq_lengths_kv, layout_query: str, layout_kv: str, sparse_mode: int,
-                             sparse_block_size: int) -> Problem:
+                             sparse_block_size: int) -> Call:
     check_same_device("query", query, key=key, value=value, sparse_indices=sparse_indices, query_rope=query_rope,
                       key_rope=key_rope, sinks=sinks, block_table=block_table)
     check_tensor("query", query, dtypes=FLOAT_DTYPES)
-    problem = build_problem(query, key, layout_query=layout_query, layout_key=layout_kv, sparse_mode=sparse_mode,
-                            actual_seq_lengths_query=actual_seq_lengths_query,
-                            actual_seq_lengths_key=actual_seq_lengths_kv, block_table=block_table,
-                            key_lengths_name="actual_seq_lengths_kv")
+    call = make_call(query, key, layout_query=layout_query, layout_key=layout_kv, sparse_mode=sparse_mode,
+                     actual_seq_lengths_query=actual_seq_lengths_query,
+                     actual_seq_lengths_key=actual_seq_lengths_kv, block_table=block_table,
+                     key_lengths_name="actual_seq_lengths_kv")
     check_tensor("key", key, dtypes=(query.dtype,))
     require(key.shape[-1] == query.shape[-1], "key", f"head dim D={query.shape[-1]} like query", key)
     check_tensor("value", value, dtypes=(query.dtype,))
@@ -71,7 +73,7 @@ def sparse_attention_problem(query: Tensor, key: Tensor, value: Tensor, sparse_i
     _check_block(sparse_block_size, key, layout_kv)
     _check_rope(query, key, query_rope, key_rope)
     _check_sinks(sinks, query)
-    return problem
+    return call
 
 
 def _check_block(sparse_block_size: int, key: Tensor, layout_kv: str) -> None:
@@ -88,10 +90,10 @@ def _check_sinks(sinks: Tensor | None, query: Tensor) -> None:
         _check_like("sinks", sinks, (query.shape[-2],), None, "one sink logit per query head")
 
 
-def quant_sparse_attention_problem(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *, sinks,
+def quant_sparse_attention_call(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *, sinks,
                                    block_table, actual_seq_lengths_query, actual_seq_lengths_kv, layout_query: str,
                                    layout_kv: str, sparse_mode: int, sparse_block_size: int,
-                                   rope_head_dim: int) -> Problem:
+                                   rope_head_dim: int) -> Call:
     """A call over the packed cache: query ``[.., N1, 512 + 64]``, key ``[.., 1, 656]`` int8 / fp8 rows."""
     check_same_device("query", query, key=key, value=value, sparse_indices=sparse_indices, sinks=sinks,
                       block_table=block_table)
@@ -101,14 +103,14 @@ def quant_sparse_attention_problem(query: Tensor, key: Tensor, value: Tensor, sp
     check_tensor("key", key, dtypes=CODE_DTYPES)
     require(key.shape[-1] == ROW_BYTES, "key", f"packed rows of {ROW_BYTES} bytes (last dim)", key)
     check_tensor("value", value, dtypes=(key.dtype,))
-    problem = build_problem(query, key, layout_query=layout_query, layout_key=layout_kv, sparse_mode=sparse_mode,
-                            actual_seq_lengths_query=actual_seq_lengths_query,
-                            actual_seq_lengths_key=actual_seq_lengths_kv, block_table=block_table,
-                            key_lengths_name="actual_seq_lengths_kv")
+    call = make_call(query, key, layout_query=layout_query, layout_key=layout_kv, sparse_mode=sparse_mode,
+                     actual_seq_lengths_query=actual_seq_lengths_query,
+                     actual_seq_lengths_key=actual_seq_lengths_kv, block_table=block_table,
+                     key_lengths_name="actual_seq_lengths_kv")
     check_sparse_indices(sparse_indices, query)
     _check_block(sparse_block_size, key, layout_kv)
     _check_sinks(sinks, query)
-    return problem
+    return call
 
 
 def check_sparse_indices(sparse_indices: Tensor, query: Tensor) -> None:
@@ -118,17 +120,17 @@ def check_sparse_indices(sparse_indices: Tensor, query: Tensor) -> None:
             f"[{', '.join(map(str, query.shape[:-2]))}, 1, K >= 1] (query's rows, one kv head)", sparse_indices)
 
 
-def kl_loss_problem(query: Tensor, key: Tensor, query_index: Tensor, key_index: Tensor, weights: Tensor,
+def kl_loss_call(query: Tensor, key: Tensor, query_index: Tensor, key_index: Tensor, weights: Tensor,
                     sparse_indices: Tensor, softmax_max: Tensor, softmax_sum: Tensor, *, query_rope, key_rope,
-                    actual_seq_qlen, actual_seq_klen, layout: str, sparse_mode: int) -> Problem:
+                    actual_seq_qlen, actual_seq_klen, layout: str, sparse_mode: int) -> Call:
     check_same_device("query", query, key=key, query_index=query_index, key_index=key_index, weights=weights,
                       sparse_indices=sparse_indices, softmax_max=softmax_max, softmax_sum=softmax_sum,
                       query_rope=query_rope, key_rope=key_rope)
     require(sparse_mode == 3, "sparse_mode", "3 (the KL loss is causal only)", sparse_mode)
     check_tensor("query", query, dtypes=FLOAT_DTYPES)
-    problem = build_problem(query, key, layout_query=layout, layout_key=layout, sparse_mode=sparse_mode,
-                            actual_seq_lengths_query=actual_seq_qlen, actual_seq_lengths_key=actual_seq_klen,
-                            key_lengths_name="actual_seq_klen")
+    call = make_call(query, key, layout_query=layout, layout_key=layout, sparse_mode=sparse_mode,
+                     actual_seq_lengths_query=actual_seq_qlen, actual_seq_lengths_key=actual_seq_klen,
+                     key_lengths_name="actual_seq_klen")
     check_tensor("key", key, dtypes=(query.dtype,))
     check_tensor("query_index", query_index, dtypes=(query.dtype,), ndim=query.dim())
     require(tuple(query_index.shape[:-2]) == tuple(query.shape[:-2]), "query_index", "query's rows", query_index)
@@ -142,7 +144,7 @@ def kl_loss_problem(query: Tensor, key: Tensor, query_index: Tensor, key_index: 
         check_tensor(name, x, dtypes=(torch.float32, torch.float64))
         require(tuple(x.shape) == stats, name, f"shape {list(stats)} (the sparse attention's statistics)", x)
     _check_rope(query, key, query_rope, key_rope)
-    return problem
+    return call
 
 
 def stats_shape(query: Tensor, layout_query: str) -> tuple[int, ...]:

@@ -217,12 +217,19 @@ def sparse_flash_attention(g: Geometry, query, query_rope, cache: LatentCache, s
 
 
 # ------------------------------------------------------------------- the operators' seam (``ops/dsa/backends.py``)
-def geometry_of(problem, query: torch.Tensor, key: torch.Tensor) -> Geometry:
-    """The :class:`Geometry` of a validated call's :class:`~attnops.ops.dsa.problem.Problem` (host data): its
-    lengths uploaded once per batch composition (:func:`attnops._core.staging.cached_upload`: pinned, non-blocking),
-    the block table moved to the query's device. Query side: per-batch lengths (BSND) or cumulative ends (TND); key
-    side: per-batch lengths (BSND, paged) or cumulative ends (TND, from the batches' first key rows). A batch
-    without query rows gets key length 0 (no program reads its keys)."""
+def geometry_of(call, query: torch.Tensor, key: torch.Tensor) -> Geometry:
+    """The :class:`Geometry` of a validated :class:`~attnops.ops.dsa.call.Call`. Device lengths go to the kernels as
+    they are (the layouts' own forms: per-batch lengths, cumulative ends). Host lengths come from the call's normal
+    form, uploaded once per batch composition (:func:`attnops._core.staging.cached_upload`: pinned, non-blocking):
+    per-batch lengths (BSND) or cumulative ends (TND) of the queries; per-batch lengths (BSND, paged) or cumulative
+    ends (TND, from the batches' first key rows) of the keys, a batch without query rows getting key length 0 (no
+    program reads its keys). The block table stays on (or moves to) the query's device, never read here."""
+    problem = call.host
+    table = call.block_table
+    if table is not None:
+        table = table.to(device=query.device, dtype=torch.int32, non_blocking=True)
+    if problem is None:
+        return geometry(query, key, call.layout_query, call.layout_key, call.q_lens, call.kv_lens, table)
     q_packed = problem.layout_query == "TND"
     q_lens = tuple(start + n if q_packed else n for start, n in problem.spans)
     key_len = problem.rows.key_len
@@ -232,9 +239,6 @@ def geometry_of(problem, query: torch.Tensor, key: torch.Tensor) -> Geometry:
     if problem.layout_key == "TND":
         starts = problem.keys.start.tolist()
         k_lens = (*starts[1:], starts[-1] + k_lens[-1])
-    table = problem.keys.block_table
-    if table is not None:
-        table = table.to(device=query.device, dtype=torch.int32, non_blocking=True)
     return geometry(query, key, problem.layout_query, problem.layout_key, _upload("q", q_lens, query.device),
                     _upload("kv", k_lens, query.device), table)
 
@@ -243,23 +247,23 @@ def _upload(side: str, values: tuple, device: torch.device) -> torch.Tensor:
     return staging.cached_upload(("dsa", side, values), lambda: list(values), torch.int32, device)
 
 
-def indexer_for(problem, query, key, weights, sparse_count: int, return_value: bool):
+def indexer_for(call, query, key, weights, sparse_count: int, return_value: bool):
     """The reference's call (:func:`~attnops.ops.dsa.indexer.lightning_indexer_forward`) on the kernel."""
-    return lightning_indexer(geometry_of(problem, query, key), query, key, weights, sparse_count,
-                             problem.sparse_mode == 3, return_value)
+    return lightning_indexer(geometry_of(call, query, key), query, key, weights, sparse_count,
+                             call.sparse_mode == 3, return_value)
 
 
-def sparse_attention_for(problem, query, key, value, sparse_indices, query_rope, key_rope, sinks, scale, block):
+def sparse_attention_for(call, query, key, value, sparse_indices, query_rope, key_rope, sinks, scale, block):
     """The reference's call (:func:`~attnops.ops.dsa.sparse_attention.sparse_attention_forward`) on the kernel;
     the statistics are always computed (the operator returns them)."""
-    return sparse_flash_attention(geometry_of(problem, query, key), query, query_rope,
+    return sparse_flash_attention(geometry_of(call, query, key), query, query_rope,
                                   plain_cache(key, value, key_rope), sparse_indices, scale, block,
-                                  problem.sparse_mode == 3, True, sinks)
+                                  call.sparse_mode == 3, True, sinks)
 
 
-def quant_sparse_attention_for(problem, query, key, sparse_indices, sinks, scale, block, rope_dim: int):
+def quant_sparse_attention_for(call, query, key, sparse_indices, sinks, scale, block, rope_dim: int):
     """Sparse attention over a packed quantized cache: ``query [.., N1, 512 + rope_dim]`` split by views."""
     d = query.shape[-1] - rope_dim
-    return sparse_flash_attention(geometry_of(problem, query, key), query[..., :d], query[..., d:],
+    return sparse_flash_attention(geometry_of(call, query, key), query[..., :d], query[..., d:],
                                   packed_cache(key, query.dtype), sparse_indices, scale, block,
-                                  problem.sparse_mode == 3, True, sinks)
+                                  call.sparse_mode == 3, True, sinks)

@@ -18,8 +18,8 @@ META = torch.device("meta")
 H = torch.float16
 
 
-def meta(*shape, dtype=H):
-    return torch.empty(*shape, device=META, dtype=dtype)
+def meta(*shape, dtype=H, grad=False):
+    return torch.empty(*shape, device=META, dtype=dtype, requires_grad=grad)
 
 
 def kernels(launches) -> list[str]:
@@ -64,3 +64,157 @@ def test_paged_launchers_read_device_lengths_and_tables():
     split = ["sparse_attention_kernel", "sparse_attention_merge_kernel"]  # 4 tokens: each row split over programs
     assert kernels(launches) == ["indexer_topk_kernel", *split, *split]
     assert launches[3].constexprs["QUANT"] == 1 and launches[1].constexprs["SPLIT"]
+
+
+# ------------------------------------------- device lengths, block tables and indices through every operator
+T, B, BLOCKS, PAGE = 6, 2, 16, 64
+I32 = torch.int32
+
+
+def _device_metadata(layout: str, layout_kv: str) -> tuple[tuple, tuple, dict, dict]:
+    """(query lead, key lead, lengths and table as ``meta`` tensors by the indexer's names, the same by sparse
+    attention's names) of a call whose metadata all live on the device."""
+    lead = (B, 3) if layout == "BSND" else (T,)
+    key_lead = {"BSND": (B, 128), "TND": (256,), "PA_BSND": (BLOCKS, PAGE)}[layout_kv]
+    lens = dict(actual_seq_lengths_query=meta(B, dtype=I32), actual_seq_lengths_key=meta(B, dtype=I32))
+    if layout_kv == "PA_BSND":
+        lens["block_table"] = meta(B, 8, dtype=I32)
+    kv_names = {("actual_seq_lengths_kv" if k == "actual_seq_lengths_key" else k): v for k, v in lens.items()}
+    return lead, key_lead, lens, kv_names
+
+
+DEVICE_LAYOUTS = [("BSND", "BSND"), ("TND", "TND"), ("TND", "PA_BSND"), ("BSND", "PA_BSND")]
+
+
+@pytest.mark.parametrize("layout,layout_kv", DEVICE_LAYOUTS)
+def test_pythonic_operators_leave_device_metadata_to_the_kernels(layout, layout_kv):
+    """Lengths, block tables and indices on the device: validated by shape only, read by the kernels (which
+    take the length tensors: ``Q_LENS`` / ``KV_LENS``)."""
+    lead, key_lead, lens, kv_names = _device_metadata(layout, layout_kv)
+    with gpu_dry_run() as launches:
+        idx = attnops.lightning_indexer(meta(*lead, 64, 128), meta(*key_lead, 1, 128), meta(*lead, 64),
+                                        layout=layout, layout_key=layout_kv, sparse_count=2048, **lens).sparse_indices
+        latent = meta(*key_lead, 1, 512)
+        attnops.sparse_flash_attention(meta(*lead, 128, 512), latent, latent, idx, query_rope=meta(*lead, 128, 64),
+                                       key_rope=meta(*key_lead, 1, 64), layout=layout, layout_kv=layout_kv,
+                                       **kv_names)
+    assert kernels(launches)[:2] == ["indexer_topk_kernel", "sparse_attention_kernel"]
+    for record in launches[:2]:
+        assert record.constexprs["Q_LENS"] and record.constexprs["KV_LENS"]
+        assert record.constexprs["KV_MODE"] == launch.KV_MODES[layout_kv]
+
+
+@pytest.mark.parametrize("layout,layout_kv", DEVICE_LAYOUTS)
+def test_torch_npu_names_leave_device_metadata_to_the_kernels(layout, layout_kv):
+    """torch_npu's names and vllm-ascend's ``_C_ascend`` twins, device lengths and tables, the quantized cache
+    included."""
+    import attnops.torch_npu as tnpu
+    from attnops.torch_npu.dsa import C_ASCEND_OPS
+
+    lead, key_lead, lens, kv_names = _device_metadata(layout, layout_kv)
+    layouts = dict(layout_query=layout, layout_kv=layout_kv)
+    q, qr, latent, rope = meta(*lead, 128, 512), meta(*lead, 128, 64), meta(*key_lead, 1, 512), meta(*key_lead, 1, 64)
+    packed, quant_q = meta(*key_lead, 1, 656, dtype=torch.int8), meta(*lead, 128, 576)
+    with gpu_dry_run() as launches:
+        for indexer in (tnpu.npu_lightning_indexer, C_ASCEND_OPS["npu_lightning_indexer"]):
+            idx, _ = indexer(meta(*lead, 64, 128), meta(*key_lead, 1, 128), meta(*lead, 64), layout_query=layout,
+                             layout_key=layout_kv, **lens)
+        for attention in (tnpu.npu_sparse_flash_attention, C_ASCEND_OPS["npu_sparse_flash_attention"]):
+            attention(q, latent, latent, idx, 0.04, query_rope=qr, key_rope=rope, attention_mode=2, **layouts,
+                      **kv_names)
+        tnpu.npu_kv_quant_sparse_flash_attention(quant_q, packed, packed, idx, 0.04, 2, 2, attention_mode=2,
+                                                 **layouts, **kv_names)
+        C_ASCEND_OPS["npu_kv_quant_sparse_flash_attention"](quant_q, packed, packed, idx, 0.04, key_quant_mode=2,
+                                                            value_quant_mode=2, attention_mode=2, **layouts,
+                                                            **kv_names)
+    names = [name for name in kernels(launches) if name != "sparse_attention_merge_kernel"]
+    assert names == ["indexer_topk_kernel"] * 2 + ["sparse_attention_kernel"] * 4
+    assert all(r.constexprs["KV_LENS"] for r in launches if r.kernel != "sparse_attention_merge_kernel")
+    assert [r.constexprs["QUANT"] for r in launches if r.kernel == "sparse_attention_kernel"] == [0, 0, 1, 1]
+
+
+def test_host_lengths_with_a_device_block_table():
+    """Host lengths are validated and uploaded; the device block table is not read."""
+    q = meta(T, 128, 512)
+    table = meta(B, 8, dtype=I32)
+    latent, rope = meta(BLOCKS, PAGE, 1, 512), meta(BLOCKS, PAGE, 1, 64)
+    idx = meta(T, 1, 2048, dtype=I32)
+    kw = dict(query_rope=meta(T, 128, 64), key_rope=rope, layout="TND", layout_kv="PA_BSND", block_table=table)
+    with gpu_dry_run() as launches:
+        attnops.sparse_flash_attention(q, latent, latent, idx, actual_seq_lengths_query=[2, 6],
+                                       actual_seq_lengths_kv=[300, 512], **kw)
+    assert kernels(launches)[0] == "sparse_attention_kernel"
+    with gpu_dry_run(), pytest.raises(attnops.ParamInvalidError, match="actual_seq_lengths_kv"):  # > 8 x 64
+        attnops.sparse_flash_attention(q, latent, latent, idx, actual_seq_lengths_query=[2, 6],
+                                       actual_seq_lengths_kv=[300, 513], **kw)
+
+
+@pytest.mark.parametrize("case,name", [
+    ("wrong_count", "actual_seq_lengths_kv"), ("host_beside_device", "actual_seq_lengths_query"),
+    ("float_lengths", "actual_seq_lengths_kv"), ("missing_table", "block_table"), ("table_rows", "block_table")])
+def test_device_metadata_shapes_are_checked(case, name):
+    """Device values are not read, but their shapes, dtypes and devices are: errors name the argument."""
+    q, latent = meta(T, 16, 64), meta(BLOCKS, PAGE, 1, 64)
+    args = dict(actual_seq_lengths_query=meta(B, dtype=I32), actual_seq_lengths_kv=meta(B, dtype=I32),
+                block_table=meta(B, 8, dtype=I32))
+    if case == "wrong_count":
+        args["actual_seq_lengths_kv"] = meta(B + 1, dtype=I32)
+    elif case == "host_beside_device":
+        args["actual_seq_lengths_query"] = torch.tensor([2, 6], dtype=I32)
+    elif case == "float_lengths":
+        args["actual_seq_lengths_kv"] = meta(B)
+    elif case == "missing_table":
+        args["block_table"] = None
+    else:
+        args["block_table"] = meta(B + 1, 8, dtype=I32)
+    with gpu_dry_run(), pytest.raises(attnops.AclnnError, match=name):
+        attnops.sparse_flash_attention(q, latent, latent, meta(T, 1, 8, dtype=I32), layout="TND",
+                                       layout_kv="PA_BSND", **args)
+
+
+def test_operators_without_kernels_say_so_after_validating_without_host_reads():
+    """The sparse attention backward and the indexer's KL loss (``lightning_indexer_kl_loss``,
+    ``npu_sparse_lightning_indexer_grad_kl_loss``) have no Triton kernel: on a GPU they run the reference (with a
+    PerformanceWarning); in the dry run they raise saying so, and nothing before that reads a device value."""
+    import attnops.torch_npu as tnpu
+
+    lead, key_lead, _, kv_names = _device_metadata("TND", "PA_BSND")
+    q, latent = meta(*lead, 16, 64, grad=True), meta(*key_lead, 1, 64, grad=True)
+    idx = meta(*lead, 1, 8, dtype=I32)
+    with gpu_dry_run() as launches:
+        out = attnops.sparse_flash_attention(q, latent, latent, idx, layout="TND", layout_kv="PA_BSND", **kv_names)
+        with pytest.raises(RuntimeError, match="would run the reference.*no Triton kernel"):
+            out.attention_out.sum().backward()
+    assert kernels(launches) == ["sparse_attention_kernel"]
+    qi, ki, w = meta(T, 8, 32), meta(T, 1, 32), meta(T, 8, dtype=torch.float32)
+    qk, kk, stats = meta(T, 16, 64), meta(T, 1, 64), meta(1, T, 16, dtype=torch.float32)
+    lens = dict(actual_seq_lengths_query=[2, 6], actual_seq_lengths_key=[2, 6])
+    with gpu_dry_run(), pytest.raises(RuntimeError, match="would run the reference.*no Triton kernel"):
+        attnops.lightning_indexer_kl_loss(qk, kk, qi, ki, w, idx, stats, stats, scale=0.1, layout="TND", **lens)
+    with gpu_dry_run(), pytest.raises(RuntimeError, match="would run the reference.*no Triton kernel"):
+        tnpu.npu_sparse_lightning_indexer_grad_kl_loss(
+            meta(T, 16, 512), meta(T, 1, 512), meta(T, 8, 128), meta(T, 1, 128), w, idx, stats, stats, 0.1,
+            query_rope=meta(T, 16, 64), key_rope=meta(T, 1, 64), actual_seq_qlen=[2, 6], actual_seq_klen=[2, 6],
+            layout="TND")
+
+
+def test_aclnn_two_phase_names_leave_device_metadata_to_the_kernels():
+    """aclnn's LightningIndexer and SparseFlashAttention (two phases: phase 1 runs the operator) over a paged cache
+    with device lengths and block table."""
+    from attnops import aclnn
+
+    lead, key_lead, lens, _ = _device_metadata("TND", "PA_BSND")
+    q_lens, kv_lens, table = lens["actual_seq_lengths_query"], lens["actual_seq_lengths_key"], lens["block_table"]
+    latent = meta(*key_lead, 1, 512)
+    with gpu_dry_run() as launches:
+        size, executor = aclnn.lightning_indexer_get_workspace_size(
+            meta(*lead, 64, 128), meta(*key_lead, 1, 128), meta(*lead, 64), q_lens, kv_lens, table, "TND",
+            "PA_BSND", 2048, 3, 2**63 - 1, 2**63 - 1, False)
+        idx, _ = aclnn.lightning_indexer(None, size, executor, None)
+        size, executor = aclnn.sparse_flash_attention_get_workspace_size(
+            meta(*lead, 128, 512), latent, latent, idx, table, q_lens, kv_lens, meta(*lead, 128, 64),
+            meta(*key_lead, 1, 64), 0.04, 1, "TND", "PA_BSND", 3, 2**63 - 1, 2**63 - 1, 2, False)
+        aclnn.sparse_flash_attention(None, size, executor, None)
+    assert [r.kernel for r in launches if r.kernel != "sparse_attention_merge_kernel"] == [
+        "indexer_topk_kernel", "sparse_attention_kernel"]
+    assert all(r.constexprs["KV_LENS"] and r.constexprs["Q_LENS"] for r in launches[:2])
