@@ -206,6 +206,21 @@ def forward(p: FIAProblem, batches: list[int]) -> dict[int, tuple[Tensor, Tensor
     counts = {b: 0 for b in batches}
     for c in chunks:
         counts[c.b] += 1
+    groups: dict = {}  # batches with as many chunks and query rows merge together: a few ops for all of them
+    for b in batches:
+        groups.setdefault((counts[b], p.queries[b].shape[0]), []).append(b)
     merged: dict = {}  # merged on the workers too: no OpenMP region on the calling thread (see run_jobs)
-    run_jobs(lambda b: merged.__setitem__(b, _merge([partials[b, i] for i in range(counts[b])])), batches, p.device)
+    run_jobs(lambda group: merged.update(_merge_batches(partials, group, counts[group[0]])), list(groups.values()),
+             p.device)
     return merged
+
+
+def _merge_batches(partials: dict, group: list[int], count: int) -> dict[int, tuple[Tensor, Tensor]]:
+    """:func:`_merge` of batches with ``count`` chunks each and the same query rows, their heads side by side (the
+    merge is elementwise over heads and rows, so each batch gets the bits of a merge of its own)."""
+    if len(group) == 1:
+        return {group[0]: _merge([partials[group[0], i] for i in range(count)])}
+    parts = [tuple(torch.cat(x) for x in zip(*(partials[b, i] for b in group))) for i in range(count)]
+    o, lse = _merge(parts)  # [Sq, G*N1, Dv], [G*N1, Sq]
+    os, lses = o.chunk(len(group), 1), lse.chunk(len(group))
+    return {b: (os[k], lses[k]) for k, b in enumerate(group)}
