@@ -222,5 +222,5 @@ def _merge_batches(partials: dict, group: list[int], count: int) -> dict[int, tu
         return {group[0]: _merge([partials[group[0], i] for i in range(count)])}
     parts = [tuple(torch.cat(x) for x in zip(*(partials[b, i] for b in group))) for i in range(count)]
     o, lse = _merge(parts)  # [Sq, G*N1, Dv], [G*N1, Sq]
-    os, lses = o.chunk(len(group), 1), lse.chunk(len(group))
-    return {b: (os[k], lses[k]) for k, b in enumerate(group)}
+    outs, lses = o.chunk(len(group), 1), lse.chunk(len(group))
+    return {b: (outs[k], lses[k]) for k, b in enumerate(group)}
