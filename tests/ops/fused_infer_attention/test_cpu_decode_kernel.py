@@ -92,6 +92,19 @@ def test_same_bits_on_one_and_two_threads(kernel_calls, monkeypatch, dtype):
         assert torch.equal(a, b)
 
 
+@needs_kernel
+def test_batches_merged_together_get_the_bits_of_a_call_of_their_own(monkeypatch):
+    """Batches 0 and 2 (3 chunks each) merge in one pass, batch 1 (2 chunks) alone: each equals a B=1 call."""
+    monkeypatch.setattr(decode, "CHUNK_TOKENS", 64)
+    lens = [150, 100, 129]
+    q, k, v = make_inputs("BNSD", b=3, n=8, nkv=2, sq=1, skv=150, d=32, dtype=BF16)
+    kw = dict(num_key_value_heads=2, layout="BNSD", return_lse=True)
+    out, lse = attnops.fused_infer_attention(q, k, v, actual_seq_lengths_kv=lens, **kw)
+    for b, n in enumerate(lens):
+        alone = attnops.fused_infer_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], actual_seq_lengths_kv=[n], **kw)
+        assert torch.equal(out[b:b + 1], alone[0]) and torch.equal(lse[b:b + 1], alone[1])
+
+
 def test_a_failed_build_warns_and_the_pytorch_path_serves(monkeypatch, tmp_path, kernel_calls):
     monkeypatch.setattr(cpu_kernels, "_state", {})
     monkeypatch.setenv("ATTNOPS_CACHE_DIR", str(tmp_path))
