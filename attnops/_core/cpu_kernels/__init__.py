@@ -114,6 +114,20 @@ def status() -> str:
     return "compiled C++ kernel" if lib is not None else f"pure PyTorch ({_state['why']})"
 
 
+def unavailable(device: torch.device, rounding) -> str | None:
+    """Why no call on ``device`` can run on the kernel now, whatever the operator (None: it can): no built
+    library, ``torch.compile`` tracing, tensors off the CPU, or an NPU rounding (``precision="npu"``)."""
+    if library() is None:
+        return "the CPU decode kernel is not available"
+    if torch.compiler.is_compiling():
+        return "torch.compile traces the PyTorch path"
+    if device.type != "cpu":
+        return "tensors not on the CPU"
+    if rounding is not None:
+        return "precision=\"npu\" (the NPU's rounding of P runs on the PyTorch path)"
+    return None
+
+
 def decode_chunk(q: Tensor, runs: Tensor, tokens: int, dtypes: tuple[torch.dtype, torch.dtype], dv: int,
                  probabilities: bool = False) -> tuple[Tensor, ...]:
     """One kernel call over a chunk of ``tokens`` keys and values (``runs``: int64 ``[n, 20]`` descriptors, ``Run``

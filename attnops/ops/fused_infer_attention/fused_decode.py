@@ -24,16 +24,11 @@ from .quant import Antiquant
 def unsupported(p: FIAProblem) -> str | None:
     """Why the kernel cannot serve the decode chunks of ``p`` (None: it serves every chunk whose mask keeps
     everything, see :func:`takes`)."""
-    if cpu_kernels.library() is None:
-        return "the CPU decode kernel is not available"
-    if torch.compiler.is_compiling():
-        return "torch.compile traces the PyTorch path"
-    if p.device.type != "cpu":
-        return "tensors not on the CPU"
+    reason = cpu_kernels.unavailable(p.device, p.rounding)
+    if reason is not None:
+        return reason
     if p.pse is not None:
         return "a pse"
-    if p.rounding is not None:
-        return "precision=\"npu\" (the NPU's rounding of P runs on the PyTorch path)"
     dtypes = (_cache(p.source.key).dtype, _cache(p.source.value).dtype)
     if any(dt not in cpu_kernels.DTYPE_CODES for dt in dtypes):
         return f"K/V dtypes {dtypes} (int4 runs on the PyTorch path)"

@@ -29,14 +29,9 @@ TASKS_PER_THREAD = 4  # worker tasks per thread (each a few kernel calls: one ca
 
 def unsupported(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor) -> str | None:
     """Why the kernel cannot serve this decode call (None: it serves it)."""
-    if cpu_kernels.library() is None:
-        return "the CPU decode kernel is not available"
-    if torch.compiler.is_compiling():
-        return "torch.compile traces the PyTorch path"
-    if query.device.type != "cpu":
-        return "tensors not on the CPU"
-    if kv.rounding is not None:
-        return "precision=\"npu\" (the NPU's rounding of P runs on the PyTorch path)"
+    reason = cpu_kernels.unavailable(query.device, kv.rounding)
+    if reason is not None:
+        return reason
     if query.dtype not in cpu_kernels.DTYPE_CODES:
         return f"dtype {query.dtype} (fp64 runs on the PyTorch path)"
     if key.stride(-1) != 1 or value.stride(-1) != 1:
