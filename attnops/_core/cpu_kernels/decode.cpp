@@ -1,23 +1,31 @@
 // Fused split-KV decode attention on the CPU: one call computes a chunk of one batch's KV for every KV head.
 //
-// For each KV head the chunk's keys are streamed once, 8 tokens at a time (converted from fp32/fp16/bf16/int8 to
-// fp32 into an L1 tile, never into a copy of the cache), giving the scores of the GQA group's query rows; then the
-// chunk's row max, exp and row sum; then the values are streamed once into the un-normalised output. Every sum
-// runs in a fixed order (8 lanes, then a fixed tree), so a result depends neither on the thread that runs it nor on
-// how many threads there are. Per-token antiquant (a scale, optionally an offset, per token or page slot) is applied
-// here; per-channel antiquant is folded into the query and the output by the caller.
+// For each KV head the chunk's keys are streamed once, a tile of RW tokens at a time, converted from
+// fp32/fp16/bf16/int8 to fp32 in registers (never into a copy of the cache), giving the scores of the GQA group's
+// query rows; then the chunk's row max, exp and row sum; then the values are streamed once into the un-normalised
+// output. Query rows are taken four at a time and the value columns four vectors at a time, so every converted
+// vector feeds several FMAs from registers. Every sum runs in a fixed order (per lane along the head dim, then a
+// fixed tree across lanes; tokens in column order), so a result depends neither on the thread that runs it nor on
+// how many threads there are. Per-token antiquant (a scale, optionally an offset, per token or page slot) is
+// applied here; per-channel antiquant is folded into the query and the output by the caller.
 //
-// AVX2 + FMA + F16C where the compiler targets them (head-dim loops in AVX-512 where it targets that too), plain
-// loops elsewhere. The order of operations is fixed for a given build.
+// AVX-512 (F, DQ, BW, VL) or AVX2 + FMA + F16C where the compiler targets them, plain loops elsewhere. The order of
+// operations is fixed for a given build.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ATTNOPS_AVX2 1
 #include <immintrin.h>
 #else
 #define ATTNOPS_AVX2 0
+#endif
+#if ATTNOPS_AVX2 && defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define ATTNOPS_AVX512 1
+#else
+#define ATTNOPS_AVX512 0
 #endif
 
 namespace {
@@ -38,7 +46,8 @@ struct Run {
 };
 static_assert(sizeof(Run) == 20 * sizeof(int64_t), "Run is 20 int64 fields");
 
-constexpr int W = 8;  // vector width (floats) and tokens per tile
+// ---- 8-lane vectors (softmax) ----------------------------------------------------------------------------------
+constexpr int W = 8;
 
 #if ATTNOPS_AVX2
 using V = __m256;
@@ -48,20 +57,6 @@ inline V vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, V x) { _mm256_storeu_ps(p, x); }
 inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
 inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
-
-template <int DT>
-inline V vconvert(const void* src) {
-  if constexpr (DT == F32) {
-    return _mm256_loadu_ps(static_cast<const float*>(src));
-  } else if constexpr (DT == F16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(src)));
-  } else if constexpr (DT == BF16) {
-    __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
-  } else {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(src))));
-  }
-}
 
 // lane i of the result: the sum of the lanes of a[i] (a fixed tree of pairwise adds)
 inline V vsum8(const V* a) {
@@ -89,6 +84,20 @@ inline V vexp(V x) {
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(zero_below, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
+
+template <int DT>
+inline V vconvert(const void* src) {
+  if constexpr (DT == F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(src));
+  } else if constexpr (DT == F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(src)));
+  } else if constexpr (DT == BF16) {
+    __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  } else {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(src))));
+  }
+}
 #else
 struct V {
   float x[W];
@@ -99,6 +108,17 @@ inline V vload(const float* p) { V r; std::memcpy(r.x, p, sizeof r.x); return r;
 inline void vstore(float* p, V a) { std::memcpy(p, a.x, sizeof a.x); }
 inline V vfma(V a, V b, V c) { for (int i = 0; i < W; ++i) c.x[i] = std::fma(a.x[i], b.x[i], c.x[i]); return c; }
 inline V vadd(V a, V b) { for (int i = 0; i < W; ++i) a.x[i] += b.x[i]; return a; }
+
+inline V vsum8(const V* a) {
+  V r;
+  for (int i = 0; i < W; ++i) {
+    const float* x = a[i].x;
+    r.x[i] = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+  }
+  return r;
+}
+
+inline V vexp(V a) { for (int i = 0; i < W; ++i) a.x[i] = std::exp(a.x[i]); return a; }
 
 template <int DT>
 inline V vconvert(const void* src) {
@@ -117,21 +137,10 @@ inline V vconvert(const void* src) {
   }
   return r;
 }
-
-inline V vsum8(const V* a) {
-  V r;
-  for (int i = 0; i < W; ++i) {
-    const float* x = a[i].x;
-    r.x[i] = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
-  }
-  return r;
-}
-
-inline V vexp(V a) { for (int i = 0; i < W; ++i) a.x[i] = std::exp(a.x[i]); return a; }
 #endif
 
-// Row vectors: the head-dim loops step RW floats (16 with AVX-512, else 8); to8 folds one into 8 lanes.
-#if ATTNOPS_AVX2 && defined(__AVX512F__) && defined(__AVX512DQ__)
+// ---- row vectors: RW lanes (16 with AVX-512, else 8); the head-dim loops and the token tiles step RW ----------
+#if ATTNOPS_AVX512
 constexpr int RW = 16;
 using R = __m512;
 inline R rzero() { return _mm512_setzero_ps(); }
@@ -139,20 +148,47 @@ inline R rset(float x) { return _mm512_set1_ps(x); }
 inline R rload(const float* p) { return _mm512_loadu_ps(p); }
 inline void rstore(float* p, R x) { _mm512_storeu_ps(p, x); }
 inline R rfma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
-inline V to8(R a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)); }
+
+// the first `valid` (< RW) values at src, the other lanes 0; reads nothing past them
+template <int DT>
+inline R rconvert_part(const char* src, int valid) {
+  const __mmask16 m = static_cast<__mmask16>((1u << valid) - 1u);
+  if constexpr (DT == F32) {
+    return _mm512_maskz_loadu_ps(m, src);
+  } else if constexpr (DT == F16) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src));
+  } else if constexpr (DT == BF16) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src)), 16));
+  } else {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, src)));
+  }
+}
 
 template <int DT>
-inline R rconvert(const void* src) {
+inline R rconvert(const char* src) {
   if constexpr (DT == F32) {
-    return _mm512_loadu_ps(static_cast<const float*>(src));
+    return _mm512_loadu_ps(src);
   } else if constexpr (DT == F16) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(src)));
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
   } else if constexpr (DT == BF16) {
-    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(src)));
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
   } else {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src))));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
   }
+}
+
+// lane t of the result: the sum of the lanes of a[t] (a fixed tree: 128-bit lane halves, then quarters, then the
+// four 128-bit lanes)
+inline R rsum_lanes(const R* a) {
+  R b[8], c[4];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44), _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+  const R h01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+  const R h23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, 0x88), _mm512_shuffle_f32x4(h01, h23, 0xDD));
 }
 #else
 constexpr int RW = W;
@@ -162,22 +198,23 @@ inline R rset(float x) { return vset(x); }
 inline R rload(const float* p) { return vload(p); }
 inline void rstore(float* p, R x) { vstore(p, x); }
 inline R rfma(R a, R b, R c) { return vfma(a, b, c); }
-inline V to8(R a) { return a; }
+inline R rsum_lanes(const R* a) { return vsum8(a); }
 
 template <int DT>
-inline R rconvert(const void* src) { return vconvert<DT>(src); }
+inline R rconvert(const char* src) { return vconvert<DT>(src); }
+
+template <int DT>
+inline R rconvert_part(const char* src, int valid) {
+  alignas(64) char tail[RW * 4] = {0};
+  std::memcpy(tail, src, valid * itemsize(DT));
+  return vconvert<DT>(tail);
+}
 #endif
 
-// Converts one token's row of n values (n a multiple of W; the source holds exactly `valid` of them) to fp32.
+// the RW values at src converted to fp32 when `valid` >= RW, else the first `valid` and zeros
 template <int DT>
-inline void convert_row(const char* src, int valid, int n, float* dst) {
-  int i = 0;
-  for (; i + RW <= valid; i += RW) rstore(dst + i, rconvert<DT>(src + i * itemsize(DT)));
-  if (i < n) {  // a head dim that is not a multiple of RW: the last values through a zero-padded copy
-    alignas(64) char tail[RW * 4] = {0};
-    std::memcpy(tail, src + i * itemsize(DT), (valid - i) * itemsize(DT));
-    rstore(dst + i, rconvert<DT>(tail));
-  }
+inline R rconvert_n(const char* src, int valid) {
+  return valid >= RW ? rconvert<DT>(src) : rconvert_part<DT>(src, valid);
 }
 
 // Asks for the `bytes` at p ahead of use (the same row of a token further along the run); never faults.
@@ -185,20 +222,23 @@ inline void prefetch(const char* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
 }
 
-constexpr int AHEAD = 16;  // tokens ahead that the prefetches ask for (measured: 8-32 alike, none 1.7x slower)
+constexpr int AHEAD = 16;
+constexpr int MAXR = 4;    // query rows per register block
+constexpr int TB = 4;      // tokens per register block of the scores
 
-// W tokens of a chunk: where head 0 of each token's K and V rows and antiquant parameters are, and the step to
-// the next head (runs may differ in their strides, so per token).
+// RW tokens of a chunk (the last tile of a chunk may hold fewer: `count`; the rest read a zero row): where head 0
+// of each token's K and V rows and antiquant parameters are, and the steps to the next head and token.
 struct Tile {
-  const char* k[W];
-  const char* v[W];
-  int64_t k_sn[W], v_sn[W], k_sl[W], v_sl[W];  // head and token steps, bytes
-  const float* ks[W];                    // per-token scale / offset of the keys and the values, or null
-  const float* ko[W];
-  const float* vs[W];
-  const float* vo[W];
-  int64_t ks_sn[W], vs_sn[W];            // floats
+  const char* k[RW];
+  const char* v[RW];
+  int64_t k_sn[RW], v_sn[RW], k_sl[RW], v_sl[RW];  // head and token steps, bytes
+  const float* ks[RW];                             // per-token scale / offset of the keys and the values, or null
+  const float* ko[RW];
+  const float* vs[RW];
+  const float* vo[RW];
+  int64_t ks_sn[RW], vs_sn[RW];  // floats
   int count;
+  bool k_quant, v_quant;  // whether any token has per-token parameters
 };
 
 inline const float* param(int64_t addr, int64_t idx) {
@@ -207,12 +247,25 @@ inline const float* param(int64_t addr, int64_t idx) {
 
 inline float at(const float* p, int64_t idx, float none) { return p ? p[idx] : none; }
 
-// f(t0, tile) for the chunk's tokens in column order, W at a time (the last tile may hold fewer).
+// f(t0, tile) for the chunk's tokens in column order, RW at a time (`zero`: a zeroed row for the padding).
 template <int KT, int VT, class F>
-void each_tile(const Run* runs, int nruns, F&& f) {
+void each_tile(const Run* runs, int nruns, const char* zero, F&& f) {
   Tile tile;
   tile.count = 0;
+  tile.k_quant = tile.v_quant = false;
   int64_t t0 = 0;
+  auto flush = [&]() {
+    for (int c = tile.count; c < RW; ++c) {
+      tile.k[c] = tile.v[c] = zero;
+      tile.k_sn[c] = tile.v_sn[c] = tile.k_sl[c] = tile.v_sl[c] = 0;
+      tile.ks[c] = tile.ko[c] = tile.vs[c] = tile.vo[c] = nullptr;
+      tile.ks_sn[c] = tile.vs_sn[c] = 0;
+    }
+    f(t0, tile);
+    t0 += tile.count;
+    tile.count = 0;
+    tile.k_quant = tile.v_quant = false;
+  };
   for (int i = 0; i < nruns; ++i) {
     const Run& u = runs[i];
     for (int64_t r = 0; r < u.blocks; ++r)
@@ -231,88 +284,184 @@ void each_tile(const Run* runs, int nruns, F&& f) {
         tile.vo[c] = param(u.vo_addr, vi);
         tile.ks_sn[c] = u.ks_sn;
         tile.vs_sn[c] = u.vs_sn;
-        if (tile.count == W) {
-          f(t0, tile);
-          t0 += W;
-          tile.count = 0;
-        }
+        tile.k_quant |= u.ks_addr != 0;
+        tile.v_quant |= u.vs_addr != 0;
+        if (tile.count == RW) flush();
       }
   }
-  if (tile.count) f(t0, tile);
+  if (tile.count) flush();
 }
 
 struct Chunk {
   const float* q;     // [heads, rows, dp] (zero-padded)
   const float* qsum;  // [heads, rows]
   int heads, rows, d, dv, dp, dvp;  // dp, dvp: d, dv rounded up to RW
-  float* buf;         // [W, max(dp, dvp)]
+  float* weights;     // [rows, RW]: a tile's probabilities times the value scales
+  float* offsets;     // [heads, rows]: sum over tokens of probability x value scale x value offset
   float* scores;      // [heads, rows, tokens]
   float* o;           // [heads, rows, dvp]
   int64_t tokens;
 };
 
+// sums[j, t] = q_j . k_t for NR rows of q (row step dp) and the RW tokens at k (d values each)
+template <int KT, int NR>
+void score_block(const float* q, int d, int dp, const char* const* k, const int64_t* ahead, float* sums,
+                 int64_t sstep) {
+  R lanes[NR][RW];
+  for (int g = 0; g < RW; g += TB) {
+    R acc[TB][NR];
+    for (int t = 0; t < TB; ++t)
+      for (int j = 0; j < NR; ++j) acc[t][j] = rzero();
+    const char* kt[TB];
+    const char* later[TB];  // the same rows AHEAD tokens later
+    for (int t = 0; t < TB; ++t) {
+      kt[t] = k[g + t];
+      later[t] = ahead ? kt[t] + ahead[g + t] : nullptr;
+    }
+    auto step = [&](int c, auto full) {
+      R kv[TB];
+      for (int t = 0; t < TB; ++t) {
+        const char* src = kt[t] + c * itemsize(KT);
+        if (later[t]) __builtin_prefetch(later[t] + c * itemsize(KT), 0, 3);
+        if constexpr (decltype(full)::value) kv[t] = rconvert<KT>(src);
+        else kv[t] = rconvert_part<KT>(src, d - c);
+      }
+      for (int j = 0; j < NR; ++j) {
+        const R qv = rload(q + j * dp + c);
+        for (int t = 0; t < TB; ++t) acc[t][j] = rfma(qv, kv[t], acc[t][j]);
+      }
+    };
+    int c = 0;
+    for (; c + RW <= d; c += RW) step(c, std::true_type{});
+    if (c < d) step(c, std::false_type{});
+    for (int t = 0; t < TB; ++t)
+      for (int j = 0; j < NR; ++j) lanes[j][g + t] = acc[t][j];
+  }
+  for (int j = 0; j < NR; ++j) rstore(sums + j * sstep, rsum_lanes(lanes[j]));
+}
+
+template <int KT>
+void score_rows(const float* q, int nr, int d, int dp, const char* const* k, const int64_t* ahead, float* sums,
+                int64_t sstep) {
+  switch (nr) {
+    case 1: return score_block<KT, 1>(q, d, dp, k, ahead, sums, sstep);
+    case 2: return score_block<KT, 2>(q, d, dp, k, ahead, sums, sstep);
+    case 3: return score_block<KT, 3>(q, d, dp, k, ahead, sums, sstep);
+    default: return score_block<KT, 4>(q, d, dp, k, ahead, sums, sstep);
+  }
+}
+
 // scores[n, :, t0:t0+count] = (q_n . (k_t + offset_t)) * scale_t for every head n
 template <int KT>
 void tile_scores(const Chunk& h, int64_t t0, const Tile& tile) {
-  for (int t = tile.count; t < W; ++t) std::memset(h.buf + t * h.dp, 0, sizeof(float) * h.dp);
-  alignas(32) float out[W];
+  alignas(64) float sums[MAXR * RW];
+  const char* k[RW];
+  int64_t ahead[RW];
   for (int n = 0; n < h.heads; ++n) {
-    for (int t = 0; t < tile.count; ++t) {
-      const char* src = tile.k[t] + n * tile.k_sn[t];
-      prefetch(src + AHEAD * tile.k_sl[t], h.d * itemsize(KT));
-      convert_row<KT>(src, h.d, h.dp, h.buf + t * h.dp);
+    for (int t = 0; t < RW; ++t) {
+      k[t] = tile.k[t] + n * tile.k_sn[t];
+      ahead[t] = AHEAD * tile.k_sl[t];
     }
-    for (int j = 0; j < h.rows; ++j) {
-      R acc[W];
-      for (int t = 0; t < W; ++t) acc[t] = rzero();
-      const float* qj = h.q + (n * h.rows + j) * h.dp;
-      for (int c = 0; c < h.dp; c += RW) {
-        const R qv = rload(qj + c);
-        for (int t = 0; t < W; ++t) acc[t] = rfma(qv, rload(h.buf + t * h.dp + c), acc[t]);
+    for (int j0 = 0; j0 < h.rows; j0 += MAXR) {
+      const int nr = h.rows - j0 < MAXR ? h.rows - j0 : MAXR;
+      float* s0 = h.scores + (n * h.rows + j0) * h.tokens + t0;
+      const int64_t* pre = j0 ? nullptr : ahead;
+      if (tile.count == RW && !tile.k_quant) {  // straight into the scores
+        score_rows<KT>(h.q + (n * h.rows + j0) * h.dp, nr, h.d, h.dp, k, pre, s0, h.tokens);
+        continue;
       }
-      V lanes[W];
-      for (int t = 0; t < W; ++t) lanes[t] = to8(acc[t]);
-      vstore(out, vsum8(lanes));
-      const float qs = h.qsum[n * h.rows + j];
-      float* s = h.scores + (n * h.rows + j) * h.tokens + t0;
-      for (int t = 0; t < tile.count; ++t)
-        s[t] = (out[t] + at(tile.ko[t], n * tile.ks_sn[t], 0.f) * qs) * at(tile.ks[t], n * tile.ks_sn[t], 1.f);
+      score_rows<KT>(h.q + (n * h.rows + j0) * h.dp, nr, h.d, h.dp, k, pre, sums, RW);
+      for (int j = 0; j < nr; ++j) {
+        float* s = h.scores + (n * h.rows + j0 + j) * h.tokens + t0;
+        const float* sj = sums + j * RW;
+        if (!tile.k_quant) {
+          std::memcpy(s, sj, sizeof(float) * tile.count);
+          continue;
+        }
+        const float qs = h.qsum[n * h.rows + j0 + j];
+        for (int t = 0; t < tile.count; ++t)
+          s[t] = (sj[t] + at(tile.ko[t], n * tile.ks_sn[t], 0.f) * qs) * at(tile.ks[t], n * tile.ks_sn[t], 1.f);
+      }
     }
   }
+}
+
+// o[j, c0 : c0 + NC*RW] += sum_t w[j, t] v_t[c0 : ...] for NR rows (w row step RW, o row step ostep), the RW
+// tokens at v in order (dv values each)
+template <int VT, int NR, int NC>
+void value_block(const float* w, int64_t wstep, const char* const* v, const int64_t* ahead, int c0, int dv,
+                 float* o, int ostep) {
+  R acc[NR][NC];
+  for (int j = 0; j < NR; ++j)
+    for (int i = 0; i < NC; ++i) acc[j][i] = rload(o + j * ostep + c0 + i * RW);
+  for (int t = 0; t < RW; ++t) {
+    R x[NC];
+    const char* row = v[t] + c0 * itemsize(VT);
+    const char* later = ahead ? row + ahead[t] : nullptr;  // the same row AHEAD tokens later
+    for (int i = 0; i < NC; ++i) {
+      const char* src = row + i * RW * itemsize(VT);
+      if (later) __builtin_prefetch(later + i * RW * itemsize(VT), 0, 3);
+      x[i] = rconvert_n<VT>(src, dv - c0 - i * RW);
+    }
+    for (int j = 0; j < NR; ++j) {
+      const R wj = rset(w[j * wstep + t]);
+      for (int i = 0; i < NC; ++i) acc[j][i] = rfma(wj, x[i], acc[j][i]);
+    }
+  }
+  for (int j = 0; j < NR; ++j)
+    for (int i = 0; i < NC; ++i) rstore(o + j * ostep + c0 + i * RW, acc[j][i]);
+}
+
+template <int VT, int NR>
+void value_rows(const float* w, int64_t wstep, const char* const* v, const int64_t* ahead, int dv, int dvp,
+                float* o) {
+  int c0 = 0;
+  for (; c0 + 4 * RW <= dvp; c0 += 4 * RW) value_block<VT, NR, 4>(w, wstep, v, ahead, c0, dv, o, dvp);
+  if (c0 + 2 * RW <= dvp) {
+    value_block<VT, NR, 2>(w, wstep, v, ahead, c0, dv, o, dvp);
+    c0 += 2 * RW;
+  }
+  if (c0 < dvp) value_block<VT, NR, 1>(w, wstep, v, ahead, c0, dv, o, dvp);
 }
 
 // o[n, j, :] += sum_t p[n, j, t] scale_t (v_t + offset_t), the tile's tokens in order, for every head n
 template <int VT>
 void tile_values(const Chunk& h, int64_t t0, const Tile& tile) {
+  const char* v[RW];
+  int64_t ahead[RW];
   for (int n = 0; n < h.heads; ++n) {
-    float scale[W];
-    for (int t = 0; t < tile.count; ++t) {
-      float* row = h.buf + t * h.dvp;
-      const char* src = tile.v[t] + n * tile.v_sn[t];
-      prefetch(src + AHEAD * tile.v_sl[t], h.dv * itemsize(VT));
-      convert_row<VT>(src, h.dv, h.dvp, row);
-      const float off = at(tile.vo[t], n * tile.vs_sn[t], 0.f);
-      if (off != 0.f)
-        for (int c = 0; c < h.dv; ++c) row[c] += off;
-      scale[t] = at(tile.vs[t], n * tile.vs_sn[t], 1.f);
+    for (int t = 0; t < RW; ++t) {
+      v[t] = tile.v[t] + n * tile.v_sn[t];
+      ahead[t] = AHEAD * tile.v_sl[t];
     }
-    for (int j = 0; j < h.rows; ++j) {
-      const float* p = h.scores + (n * h.rows + j) * h.tokens + t0;
-      float* oj = h.o + (n * h.rows + j) * h.dvp;
-      if (tile.count == W) {
-        R w[W];
-        for (int t = 0; t < W; ++t) w[t] = rset(p[t] * scale[t]);
-        for (int c = 0; c < h.dvp; c += RW) {
-          R a = rload(oj + c);
-          for (int t = 0; t < W; ++t) a = rfma(w[t], rload(h.buf + t * h.dvp + c), a);
-          rstore(oj + c, a);
+    // the weights: the probabilities themselves, or (a partial tile, per-token value parameters) a copy, zero past
+    // the tile's tokens and times the value scales
+    const float* w = h.scores + n * h.rows * h.tokens + t0;
+    int64_t wstep = h.tokens;
+    if (tile.count < RW || tile.v_quant) {
+      for (int j = 0; j < h.rows; ++j) {
+        float* wj = h.weights + j * RW;
+        for (int t = 0; t < RW; ++t) wj[t] = t < tile.count ? w[j * wstep + t] : 0.f;
+        if (!tile.v_quant) continue;
+        float off = 0.f;
+        for (int t = 0; t < tile.count; ++t) {
+          wj[t] *= at(tile.vs[t], n * tile.vs_sn[t], 1.f);
+          off += wj[t] * at(tile.vo[t], n * tile.vs_sn[t], 0.f);
         }
-      } else {
-        for (int c = 0; c < h.dvp; c += RW) {
-          R a = rload(oj + c);
-          for (int t = 0; t < tile.count; ++t) a = rfma(rset(p[t] * scale[t]), rload(h.buf + t * h.dvp + c), a);
-          rstore(oj + c, a);
-        }
+        h.offsets[n * h.rows + j] += off;
+      }
+      w = h.weights;
+      wstep = RW;
+    }
+    for (int j0 = 0; j0 < h.rows; j0 += MAXR) {
+      const float* wj = w + j0 * wstep;
+      const int64_t* pre = j0 ? nullptr : ahead;
+      float* o = h.o + (n * h.rows + j0) * h.dvp;
+      switch (h.rows - j0 < MAXR ? h.rows - j0 : MAXR) {
+        case 1: value_rows<VT, 1>(wj, wstep, v, pre, h.dv, h.dvp, o); break;
+        case 2: value_rows<VT, 2>(wj, wstep, v, pre, h.dv, h.dvp, o); break;
+        case 3: value_rows<VT, 3>(wj, wstep, v, pre, h.dv, h.dvp, o); break;
+        default: value_rows<VT, 4>(wj, wstep, v, pre, h.dv, h.dvp, o); break;
       }
     }
   }
@@ -321,12 +470,22 @@ void tile_values(const Chunk& h, int64_t t0, const Tile& tile) {
 // row max and sum of exp(s - max) of scores s [tokens], s replaced by exp(s - max)
 inline void softmax_row(float* s, int64_t tokens, float* m_out, float* l_out) {
   float m = -INFINITY;
-  for (int64_t t = 0; t < tokens; ++t) m = s[t] > m ? s[t] : m;
+  int64_t t = 0;
+#if ATTNOPS_AVX2
+  if (tokens >= W) {
+    V mv = vload(s);
+    for (t = W; t + W <= tokens; t += W) mv = _mm256_max_ps(mv, vload(s + t));
+    alignas(32) float lanes[W];
+    vstore(lanes, mv);
+    for (int i = 0; i < W; ++i) m = lanes[i] > m ? lanes[i] : m;
+  }
+#endif
+  for (; t < tokens; ++t) m = s[t] > m ? s[t] : m;
   const float shift = m > -INFINITY ? m : 0.f;
   const V neg = vset(-shift);
   V acc[W];
-  for (int t = 0; t < W; ++t) acc[t] = vzero();
-  int64_t t = 0;
+  for (int i = 0; i < W; ++i) acc[i] = vzero();
+  t = 0;
   for (; t + W * W <= tokens; t += W * W)
     for (int i = 0; i < W; ++i) {
       const V e = vexp(vadd(vload(s + t + i * W), neg));
@@ -350,31 +509,37 @@ inline int padded(int x) { return (x + RW - 1) / RW * RW; }
 // where the scores [rows, tokens] (after a call: exp(s - m)) start in the scratch, in floats
 inline int64_t scores_offset(int64_t rows, int d, int dv) {
   const int64_t dp = padded(d), dvp = padded(dv);
-  return rows * (dp + 1 + dvp) + W * (dp > dvp ? dp : dvp);
+  return rows * (dp + 2 + dvp) + (rows + 1) * RW + (dp > dvp ? dp : dvp);
 }
 
 template <int KT, int VT>
 void chunk(const float* q, int heads, int rows, int d, int dv, const Run* runs, int nruns, int64_t tokens,
            float* scratch, float* m_out, float* l_out, float* o_out) {
   const int dp = padded(d), dvp = padded(dv), hr = heads * rows;
-  float* qpad = scratch;            // hr * dp
-  float* qsum = qpad + hr * dp;     // hr
-  float* opad = qsum + hr;          // hr * dvp
-  float* buf = opad + hr * dvp;     // W * max(dp, dvp)
+  float* qpad = scratch;              // hr * dp
+  float* qsum = qpad + hr * dp;       // hr
+  float* offsets = qsum + hr;         // hr
+  float* opad = offsets + hr;         // hr * dvp
+  float* weights = opad + hr * dvp;   // rows * RW
+  float* zero = weights + rows * RW;  // RW + max(dp, dvp): a zero row of either dtype
   float* scores = scratch + scores_offset(hr, d, dv);  // hr * tokens
-  const Chunk h{qpad, qsum, heads, rows, d, dv, dp, dvp, buf, scores, opad, tokens};
+  const Chunk h{qpad, qsum, heads, rows, d, dv, dp, dvp, weights, offsets, scores, opad, tokens};
   std::memset(qpad, 0, sizeof(float) * hr * dp);
+  std::memset(zero, 0, sizeof(float) * (scores - zero));
   for (int i = 0; i < hr; ++i) {
     std::memcpy(qpad + i * dp, q + i * d, sizeof(float) * d);
     float s = 0.f;
     for (int c = 0; c < d; ++c) s += q[i * d + c];
     qsum[i] = s;
   }
-  each_tile<KT, VT>(runs, nruns, [&](int64_t t0, const Tile& tile) { tile_scores<KT>(h, t0, tile); });
+  const char* z = reinterpret_cast<const char*>(zero);
+  each_tile<KT, VT>(runs, nruns, z, [&](int64_t t0, const Tile& tile) { tile_scores<KT>(h, t0, tile); });
   for (int i = 0; i < hr; ++i) softmax_row(scores + i * tokens, tokens, m_out + i, l_out + i);
   std::memset(opad, 0, sizeof(float) * hr * dvp);
-  each_tile<KT, VT>(runs, nruns, [&](int64_t t0, const Tile& tile) { tile_values<VT>(h, t0, tile); });
-  for (int i = 0; i < hr; ++i) std::memcpy(o_out + i * dv, opad + i * dvp, sizeof(float) * dv);
+  std::memset(offsets, 0, sizeof(float) * hr);
+  each_tile<KT, VT>(runs, nruns, z, [&](int64_t t0, const Tile& tile) { tile_values<VT>(h, t0, tile); });
+  for (int i = 0; i < hr; ++i)
+    for (int c = 0; c < dv; ++c) o_out[i * dv + c] = opad[i * dvp + c] + offsets[i];
 }
 
 using ChunkFn = void (*)(const float*, int, int, int, int, const Run*, int, int64_t, float*, float*, float*, float*);

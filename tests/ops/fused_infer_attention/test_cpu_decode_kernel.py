@@ -53,6 +53,26 @@ def test_float_kv(kernel_calls, dtype, d, dv, sq, paged):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [F32, F16, I8 := torch.int8], ids=str)
+def test_register_blocks_and_partial_vectors(kernel_calls, dtype):
+    """Query rows in blocks of 4 plus a remainder (G=5, Sq=2: 10 rows), a head dim of 6 vectors and a partial one
+    (d=100) and value columns in blocks of 4, 2 and 1 vectors with a partial last one (dv=120 and dv=40)."""
+    for d, dv in ((100, 120), (100, 40)):
+        b, n, nkv, lens = 2, 10, 2, [70, 33]
+        q = randn(b, n, 2, d, dtype=BF16 if dtype == I8 else dtype, seed=1)
+        if dtype == I8:
+            k, v = randint8(b, nkv, 70, d, seed=2), randint8(b, nkv, 70, dv, seed=3)
+            extra = dict(key_antiquant_scale=torch.full((nkv, d), 0.02, dtype=BF16),
+                         value_antiquant_scale=torch.full((nkv, dv), 0.02, dtype=BF16))
+        else:
+            k, v = randn(b, nkv, 70, d, dtype=dtype, seed=2), randn(b, nkv, 70, dv, dtype=dtype, seed=3)
+            extra = {}
+        check_fia(q, k, v, via="api", **extra, actual_seq_lengths_kv=lens, num_heads=n, num_key_value_heads=nkv,
+                  scale_value=d ** -0.5, input_layout="BNSD", softmax_lse_flag=True)
+    assert kernel_calls[0] > 0
+
+
+@needs_kernel
 @pytest.mark.parametrize("kmode,vmode", [(0, 0), (1, 1), (5, 5), (0, 1)])
 def test_int8_kv(kernel_calls, kmode, vmode):
     b, n, nkv, d, bs, lens = 2, 4, 2, 32, 16, [70, 33]
