@@ -5,8 +5,9 @@ The sources ship in this package. The first call builds a shared library into a 
 moved installation never loads a stale one), for the CPU it runs on (``-march=native``; ``ATTNOPS_CPU_ARCH`` names
 another target) and later calls load it. The kernels take raw pointers and
 strides, need no PyTorch headers (a build takes about two seconds) and run inside :func:`attnops._core.parallel.
-run_jobs` workers (:mod:`ctypes` releases the GIL for the call). :func:`decode_chunk` is the one Python entry to
-the decode kernel (FIA decode and the NSA decode operators call it).
+run_jobs` workers (:mod:`ctypes` releases the GIL for the call). :func:`decode_chunk` runs the decode kernel on one
+chunk (the NSA decode operators call it); :func:`decode_chunks` runs a table of :func:`chunk_row` rows in one call
+(FIA decode: no Python work per chunk).
 
 Without a compiler, when the build fails, or with ``ATTNOPS_CPU_KERNELS=0``, :func:`library` returns None once
 (with a warning naming the reason when a build was tried) and callers run the pure-PyTorch path;
@@ -80,6 +81,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.attnops_decode_scratch.restype = i64
     lib.attnops_decode_chunk.argtypes = [p, i32, i32, i32, i32, i32, i32, p, i32, i64, p, p, p, p]
     lib.attnops_decode_chunk.restype = i32
+    lib.attnops_decode_chunks.argtypes = [p, i32]
+    lib.attnops_decode_chunks.restype = i32
     lib.attnops_decode_probabilities.argtypes = [i32, i32, i32]
     lib.attnops_decode_probabilities.restype = i64
     return lib
@@ -150,3 +153,22 @@ def decode_chunk(q: Tensor, runs: Tensor, tokens: int, dtypes: tuple[torch.dtype
         return m, total, o
     start = lib.attnops_decode_probabilities(heads * rows, d, dv)
     return m, total, o, scratch[start:start + heads * rows * tokens].view(heads, rows, tokens)
+
+
+def chunk_row(q: Tensor, runs: Tensor, tokens: int, dtypes: tuple[torch.dtype, torch.dtype], dv: int,
+              outputs: tuple[int, int, int]) -> list[int]:
+    """One row of a :func:`decode_chunks` table: the chunk of :func:`decode_chunk` (``q`` contiguous fp32 ``[heads,
+    rows, D]``) whose ``m``, ``l`` and un-normalised ``o`` go to the fp32 memory at the ``outputs`` addresses
+    (``[heads, rows]``, ``[heads, rows]``, ``[heads, rows, dv]``, contiguous)."""
+    heads, rows, d = q.shape
+    return [q.data_ptr(), heads, rows, d, dv, DTYPE_CODES[dtypes[0]], DTYPE_CODES[dtypes[1]], runs.data_ptr(),
+            runs.shape[0], tokens, *outputs]
+
+
+def decode_chunks(rows: list[list[int]]) -> None:
+    """The chunks of :func:`chunk_row` ``rows``, one after another in one kernel call (every tensor the rows point
+    into must stay alive during the call)."""
+    table = torch.tensor(rows, dtype=torch.int64)
+    code = library().attnops_decode_chunks(table.data_ptr(), len(rows))
+    if code != 0:
+        raise RuntimeError(f"attnops_decode_chunks returned {code}")

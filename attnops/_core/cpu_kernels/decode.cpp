@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ATTNOPS_AVX2 1
@@ -582,6 +583,27 @@ int attnops_decode_chunk(const float* q, int heads, int rows, int d, int dv, int
   }
   if (!fn) return -1;
   fn(q, heads, rows, d, dv, reinterpret_cast<const Run*>(runs), nruns, tokens, scratch, m_out, l_out, o_out);
+  return 0;
+}
+
+// Several chunks one after another on the calling thread, in one call (no per-chunk call overhead): row i of
+// `table` [n, 13] is q, heads, rows, d, dv, kt, vt, runs, nruns, tokens, m_out, l_out, o_out of one
+// attnops_decode_chunk call (pointers as addresses). Returns 0, or the first non-zero code of a chunk.
+int attnops_decode_chunks(const int64_t* table, int n) {
+  std::vector<float> scratch;
+  for (int i = 0; i < n; ++i) {
+    const int64_t* c = table + 13 * i;
+    const int heads = static_cast<int>(c[1]), rows = static_cast<int>(c[2]), d = static_cast<int>(c[3]),
+              dv = static_cast<int>(c[4]);
+    const size_t need = static_cast<size_t>(attnops_decode_scratch(heads * rows, d, dv, c[9]));
+    if (scratch.size() < need) scratch.resize(need);
+    const int code = attnops_decode_chunk(reinterpret_cast<const float*>(c[0]), heads, rows, d, dv,
+                                          static_cast<int>(c[5]), static_cast<int>(c[6]),
+                                          reinterpret_cast<const int64_t*>(c[7]), static_cast<int>(c[8]), c[9],
+                                          scratch.data(), reinterpret_cast<float*>(c[10]),
+                                          reinterpret_cast<float*>(c[11]), reinterpret_cast<float*>(c[12]));
+    if (code != 0) return code;
+  }
   return 0;
 }
 

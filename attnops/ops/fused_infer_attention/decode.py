@@ -13,6 +13,7 @@ partial below computes the others, with the same partials and the same merge.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -128,8 +129,10 @@ def _chunk_parts(p: FIAProblem, chunk: _Chunk, bufs: Buffers | None, which: str)
     return [out]
 
 
-def _partial(p: FIAProblem, chunk: _Chunk, qs: Tensor, partials: dict) -> None:
-    """The chunk's row max ``[N1, Sq]``, row sum and un-normalised output ``[N1, Sq, Dv]``."""
+def _partial(p: FIAProblem, chunk: _Chunk, queries: dict, partials: dict) -> None:
+    """The chunk's row max ``[N1, Sq]``, row sum and un-normalised output ``[N1, Sq, Dv]``, into its slot of
+    ``partials[chunk.b]`` (``queries[b]``: the batch's scaled fp32 query ``[N2, G*Sq, D]``)."""
+    qs = queries[chunk.b]
     b, sq = chunk.b, qs.shape[1] // p.group
     # this worker's buffers; fresh tensors while torch.compile traces (it cannot trace thread-local state)
     bufs = None if torch.compiler.is_compiling() else Buffers.acquire(F32, qs.device)
@@ -149,7 +152,8 @@ def _partial(p: FIAProblem, chunk: _Chunk, qs: Tensor, partials: dict) -> None:
         part = probs[:, :, offset:offset + v.shape[1]]
         o = torch.bmm(part, v) if o is None else o.baddbmm_(part, v)
         offset += v.shape[1]
-    partials[chunk.b, chunk.index] = (m.squeeze(-1), total, o.view(p.n1, sq, -1))
+    for slots, x in zip(partials[b], (m.squeeze(-1), total, o.view(p.n1, sq, -1))):
+        slots[chunk.index].copy_(x)
 
 
 def _npu_probabilities(p: FIAProblem, s: Tensor) -> Tensor:
@@ -170,57 +174,93 @@ def _msd_queries(p: FIAProblem, q: Tensor) -> Tensor:
     return msd_planes(q * scale, p.rounding.query_planes) / scale
 
 
-def _merge(parts: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Chunk partials (in chunk order) -> ``(o [Sq, N1, Dv], lse [N1, Sq])``; rows that saw nothing: 0, +inf."""
-    m = torch.stack([x[0] for x in parts])  # [C, N1, Sq]
+def _merge(m: Tensor, total: Tensor, o: Tensor) -> tuple[Tensor, Tensor]:
+    """Chunk partials stacked in chunk order (``m``, ``total [C, N1, Sq]``, ``o [C, N1, Sq, Dv]``) -> ``(o [Sq, N1,
+    Dv], lse [N1, Sq])``; rows that saw nothing: 0, +inf."""
     top = m.amax(0)
     valid = top > -math.inf
     w = torch.where(valid, (m - torch.where(valid, top, 0.0)).exp(), 0.0)
-    total = (w * torch.stack([x[1] for x in parts])).sum(0)
-    o = (w.unsqueeze(-1) * torch.stack([x[2] for x in parts])).sum(0)
+    total = (w * total).sum(0)
+    o = (w.unsqueeze(-1) * o).sum(0)
     o = torch.where(valid.unsqueeze(-1), o / torch.where(valid, total, 1.0).unsqueeze(-1), 0.0)
     lse = torch.where(valid, top + total.log(), math.inf)
     return o.transpose(0, 1), lse
 
 
-def forward(p: FIAProblem, batches: list[int]) -> dict[int, tuple[Tensor, Tensor]]:
-    """``{b: (o [Sq_b, N1, Dv] fp32, lse [N1, Sq_b])}`` for the decode ``batches`` (each with KV and queries)."""
-    msd = p.rounding is not None and p.rounding.query_planes and p.key_quant is not None
-    queries = {b: (_msd_queries(p, p.queries[b].to(F32)) if msd else p.queries[b].to(F32)).transpose(0, 1)
-               .reshape(p.n2, p.group * p.queries[b].shape[0], p.d).mul(p.scale)
-               for b in batches}  # head n2*G + g -> [N2, G*Sq, D]
-    partials: dict = {}
+def forward(p: FIAProblem, batches: list[int], convert=None) -> dict[int, tuple[Tensor, Tensor]]:
+    """``{b: (o [Sq_b, N1, Dv], lse [N1, Sq_b])}`` for the decode ``batches`` (each with KV and queries): ``o`` fp32,
+    or ``convert(o)`` when given (an elementwise cast, applied to several batches at once)."""
+    queries = _queries(p, batches)
     fused = {b: fused_decode.kernel_query(p, q) for b, q in queries.items()} if fused_decode.unsupported(p) is None \
         else {}
-    paged = {b: fused_decode.paged_chunks(p, b, CHUNK_TOKENS) for b in fused}
+    paged = fused_decode.paged_chunks(p, list(fused), CHUNK_TOKENS)
     chunks = [c for b in batches for c in (paged.get(b) or _chunks(p, b))]
-
-    def job(c) -> None:
-        if isinstance(c, fused_decode.PagedChunk) or (c.b in fused and fused_decode.takes(
-                p, c.b, p.queries[c.b].shape[0], c.start, c.start + c.length, c.pieces)):
-            partials[c.b, c.index] = fused_decode.partial(p, c, *fused[c.b])
-        else:
-            _partial(p, c, queries[c.b], partials)
-
-    run_jobs(job, chunks, p.device)
     counts = {b: 0 for b in batches}
     for c in chunks:
         counts[c.b] += 1
+    partials = {b: _empty_partials(p, counts[b], p.queries[b].shape[0]) for b in batches}
+    kernel, other = [], []
+    for c in chunks:
+        takes = isinstance(c, fused_decode.PagedChunk) or (c.b in fused and fused_decode.takes(
+            p, c.b, p.queries[c.b].shape[0], c.start, c.start + c.length, c.pieces))
+        (kernel if takes else other).append(c)
+    jobs = [functools.partial(_partial, p, c, queries, partials) for c in other]
+    jobs += [functools.partial(fused_decode.compute, p, share, fused, partials)
+             for share in _shares(kernel, 2 * torch.get_num_threads())]
+    run_jobs(lambda job: job(), jobs, p.device)
     groups: dict = {}  # batches with as many chunks and query rows merge together: a few ops for all of them
     for b in batches:
         groups.setdefault((counts[b], p.queries[b].shape[0]), []).append(b)
     merged: dict = {}  # merged on the workers too: no OpenMP region on the calling thread (see run_jobs)
-    run_jobs(lambda group: merged.update(_merge_batches(partials, group, counts[group[0]])), list(groups.values()),
-             p.device)
+    run_jobs(lambda group: merged.update(_merge_batches(partials, group, convert)), list(groups.values()), p.device)
     return merged
 
 
-def _merge_batches(partials: dict, group: list[int], count: int) -> dict[int, tuple[Tensor, Tensor]]:
-    """:func:`_merge` of batches with ``count`` chunks each and the same query rows, their heads side by side (the
-    merge is elementwise over heads and rows, so each batch gets the bits of a merge of its own)."""
+def _queries(p: FIAProblem, batches: list[int]) -> dict[int, Tensor]:
+    """Each batch's scaled fp32 query ``[N2, G*Sq, D]`` (head ``n2*G + g``), contiguous; batches with as many query
+    rows are converted together."""
+    msd = p.rounding is not None and p.rounding.query_planes and p.key_quant is not None
+    by_rows: dict = {}
+    for b in batches:
+        by_rows.setdefault(p.queries[b].shape[0], []).append(b)
+    queries = {}
+    for sq, group in by_rows.items():
+        q = torch.stack([p.queries[b] for b in group]).to(F32)  # [batches, Sq, N1, D]
+        q = (_msd_queries(p, q) if msd else q).transpose(1, 2).reshape(len(group), p.n2, p.group * sq, p.d)
+        queries.update(zip(group, q.mul(p.scale)))
+    return queries
+
+
+def _empty_partials(p: FIAProblem, count: int, sq: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A batch's chunk partials, slot ``i`` for chunk ``i``: row max and row sum ``[count, N1, Sq]``, un-normalised
+    output ``[count, N1, Sq, Dv]`` (fp32)."""
+    return (torch.empty(count, p.n1, sq, dtype=F32, device=p.device),
+            torch.empty(count, p.n1, sq, dtype=F32, device=p.device),
+            torch.empty(count, p.n1, sq, p.dv, dtype=F32, device=p.device))
+
+
+def _shares(chunks: list, n: int) -> list[list]:
+    """``chunks`` in at most ``n`` runs of consecutive chunks with about as many tokens each (one kernel call per
+    run; which run a chunk falls in does not change its partials)."""
+    total = sum(c.length for c in chunks)
+    shares: list[list] = []
+    done = 0
+    for c in chunks:
+        if not shares or done >= total * len(shares) / n:
+            shares.append([])
+        shares[-1].append(c)
+        done += c.length
+    return shares
+
+
+def _merge_batches(partials: dict, group: list[int], convert) -> dict[int, tuple[Tensor, Tensor]]:
+    """:func:`_merge` of batches with as many chunks and the same query rows, their heads side by side (the merge
+    is elementwise over heads and rows, so each batch gets the bits of a merge of its own), then ``convert``."""
     if len(group) == 1:
-        return {group[0]: _merge([partials[group[0], i] for i in range(count)])}
-    parts = [tuple(torch.cat(x) for x in zip(*(partials[b, i] for b in group))) for i in range(count)]
-    o, lse = _merge(parts)  # [Sq, G*N1, Dv], [G*N1, Sq]
+        o, lse = _merge(*partials[group[0]])
+        return {group[0]: (o if convert is None else convert(o), lse)}
+    o, lse = _merge(*(torch.cat(x, 1) for x in zip(*(partials[b] for b in group))))  # [Sq, G*N1, Dv], [G*N1, Sq]
+    if convert is not None:
+        o = convert(o)
     outs, lses = o.chunk(len(group), 1), lse.chunk(len(group))
     return {b: (outs[k], lses[k]) for k, b in enumerate(group)}

@@ -1,7 +1,7 @@
 """The compiled CPU decode kernel (:mod:`attnops._core.cpu_kernels`) on :mod:`.decode`'s chunks.
 
-One kernel call computes a chunk's partials ``(row max, row sum, un-normalised output)`` for every KV head,
-streaming its K and V once from where they lie (pages in any order, fp32/fp16/bf16/int8) and converting in
+The kernel computes a chunk's partials ``(row max, row sum, un-normalised output)`` for every KV head (one call
+takes a worker's whole share of the chunks, :func:`compute`), streaming its K and V once from where they lie (pages in any order, fp32/fp16/bf16/int8) and converting in
 registers. Per-token and page-managed antiquant scales and offsets are applied in the kernel; per-channel and
 per-tensor ones are folded into the query (keys) and into the chunk's output (values) here.
 
@@ -86,25 +86,39 @@ def kernel_query(p: FIAProblem, qs: Tensor) -> tuple[Tensor, Tensor | None]:
     return q, None if offset is None else (q * offset).sum(-1)
 
 
-def partial(p: FIAProblem, chunk, q: Tensor, shift: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """The chunk's row max ``[N1, Sq]``, row sum and un-normalised output ``[N1, Sq, Dv]`` (``q``, ``shift``: from
-    :func:`kernel_query`; ``chunk``: one of :mod:`.decode`'s, or a :class:`PagedChunk`)."""
+def compute(p: FIAProblem, chunks: list, queries: dict, partials: dict) -> None:
+    """The partials of ``chunks`` (each one :func:`takes`, or a :class:`PagedChunk`) in one kernel call: chunk ``c``'s
+    row max, row sum and un-normalised output go to slot ``c.index`` of ``partials[c.b]`` (``m``, ``total [C_b, N1,
+    Sq]``, ``o [C_b, N1, Sq, Dv]``, contiguous fp32); ``queries[b]``: :func:`kernel_query`'s ``(q, shift)``."""
     keep: list = []
-    if isinstance(chunk, PagedChunk):
-        runs, dtypes = chunk.runs, chunk.dtypes
-    else:
-        runs = _runs(p, chunk.b, chunk.pieces, keep)
-        dtypes = (chunk.pieces[0].key.dtype, chunk.pieces[0].value.dtype)
-    m, total, o = cpu_kernels.decode_chunk(q, runs, chunk.length, dtypes, p.dv)
-    n2, rows = q.shape[:2]
+    rows = []
+    for c in chunks:
+        if isinstance(c, PagedChunk):
+            runs, dtypes = c.runs, c.dtypes
+        else:
+            runs = _runs(p, c.b, c.pieces, keep)
+            dtypes = (c.pieces[0].key.dtype, c.pieces[0].value.dtype)
+        keep.append(runs)
+        outputs = tuple(x.data_ptr() + c.index * x.stride(0) * x.element_size() for x in partials[c.b])
+        rows.append(cpu_kernels.chunk_row(queries[c.b][0], runs, c.length, dtypes, p.dv, outputs))
+    cpu_kernels.decode_chunks(rows)
+    static = _static(p.value_quant, p.n2)
+    for c in chunks:
+        if queries[c.b][1] is not None or static is not None:
+            _finish(p, queries[c.b][1], static, *(x[c.index] for x in partials[c.b]))
+
+
+def _finish(p: FIAProblem, shift: Tensor | None, static, m: Tensor, total: Tensor, o: Tensor) -> None:
+    """A kernel chunk's partials ``[N1, Sq(, Dv)]``, in place: plus the score shift of a per-channel key offset, and
+    the output through a per-channel/per-tensor value antiquant (``static``: :func:`_static`'s)."""
     if shift is not None:
-        m += shift
-    static = _static(p.value_quant, n2)
+        m += shift.view_as(m)
     if static is not None:
         scale, offset = static
-        o = (o if offset is None else o.add_(offset * total.unsqueeze(-1))).mul_(scale)
-    sq = rows // p.group
-    return m.view(p.n1, sq), total.view(p.n1, sq), o.view(p.n1, sq, p.dv)
+        o3 = o.view(p.n2, -1, p.dv)
+        if offset is not None:
+            o3.add_(offset * total.view(p.n2, -1, 1))
+        o3.mul_(scale)
 
 
 @dataclass(frozen=True)
@@ -135,39 +149,49 @@ def _page_geometry(cache: Tensor, n2: int) -> tuple[int, int] | None:
     return cache.shape[2] // n2 * cache.stride(2), cache.stride(1)
 
 
-def paged_chunks(p: FIAProblem, b: int, chunk_tokens: int) -> list[PagedChunk] | None:
-    """Batch ``b`` of a paged call (no shared prefix, nothing masked) in chunks of whole pages (at least
-    ``chunk_tokens`` tokens' worth), descriptors computed with a few tensor operations for all pages at once; None
-    when the call is not of that kind (the caller then chunks ``p.kv``)."""
+def paged_chunks(p: FIAProblem, batches: list[int], chunk_tokens: int) -> dict[int, list[PagedChunk]]:
+    """The batches of a paged call among ``batches`` (no shared prefix, nothing masked) in chunks of whole pages (at
+    least ``chunk_tokens`` tokens' worth), the descriptors of every page of every batch made by a few tensor
+    operations; batches not of that kind are left out (the caller chunks ``p.kv`` for them)."""
     src = p.source
     if src.kind != "paged" or p.prefix_len or src.block_table is None:
-        return None
+        return {}
     kc, vc = _cache(src.key), _cache(src.value)
     geo_k, geo_v = _page_geometry(kc, p.n2), _page_geometry(vc, p.n2)
-    n, bs = p.seq.kv_lens[b], src.block_size
-    if geo_k is None or geo_v is None or p.mask.masked_block(b, 0, p.queries[b].shape[0], 0, n) is not None:
-        return None
-    pages = -(-n // bs)
-    blocks = src.block_table[b, :pages].to(torch.int64)
-    lengths = torch.full((pages,), bs, dtype=torch.int64)
-    lengths[-1] = n - (pages - 1) * bs
+    bs, lens = src.block_size, p.seq.kv_lens
+    batches = [b for b in batches if p.mask.masked_block(b, 0, p.queries[b].shape[0], 0, lens[b]) is None]
+    if geo_k is None or geo_v is None or not batches:
+        return {}
+    pages = [-(-lens[b] // bs) for b in batches]
+    index = torch.arange(max(pages), dtype=torch.int64)
+    used = index < torch.tensor(pages)[:, None]  # [batches, pages], batch-major like the runs
+    rows = torch.tensor(batches)
+    blocks = src.block_table[rows, :index.shape[0]].to(torch.int64)[used]
+    lengths = (torch.tensor([lens[b] for b in batches])[:, None] - index * bs).clamp(max=bs)[used]
+    positions = (index * bs).expand_as(used)[used]
+    batch_of = rows[:, None].expand_as(used)[used]
     cols = [kc.data_ptr() + blocks * (kc.stride(0) * kc.element_size()), 0, geo_k[0], geo_k[1],
             vc.data_ptr() + blocks * (vc.stride(0) * vc.element_size()), 0, geo_v[0], geo_v[1], 1, lengths]
     keep = [kc, vc]
-    positions = torch.arange(pages, dtype=torch.int64) * bs
     for quant in (p.key_quant, p.value_quant):
-        cols += _page_factors(quant, b, blocks, positions, keep)
-    runs = torch.stack([c if isinstance(c, Tensor) else torch.full((pages,), c, dtype=torch.int64) for c in cols], 1)
+        cols += _page_factors(quant, batch_of, blocks, positions, keep)
+    runs = torch.stack([torch.as_tensor(c, dtype=torch.int64).expand(blocks.shape[0]) for c in cols], 1)
     per_chunk = max(1, chunk_tokens // bs)
-    dtypes = (kc.dtype, vc.dtype)
-    return [PagedChunk(b, i, i * per_chunk * bs, int(lengths[i * per_chunk:(i + 1) * per_chunk].sum()),
-                       runs[i * per_chunk:(i + 1) * per_chunk], dtypes, tuple(keep))
-            for i in range(-(-pages // per_chunk))]
+    dtypes, keep = (kc.dtype, vc.dtype), tuple(keep)
+    chunks: dict[int, list[PagedChunk]] = {}
+    first_page = 0
+    for b, count in zip(batches, pages):
+        chunks[b] = [PagedChunk(b, i, start * bs, min(lens[b], (start + per_chunk) * bs) - start * bs,
+                                runs[first_page + start:first_page + min(count, start + per_chunk)], dtypes, keep)
+                     for i, start in enumerate(range(0, count, per_chunk))]
+        first_page += count
+    return chunks
 
 
-def _page_factors(quant: Antiquant | None, b: int, blocks: Tensor, positions: Tensor, keep: list) -> list:
+def _page_factors(quant: Antiquant | None, batch: Tensor, blocks: Tensor, positions: Tensor, keep: list) -> list:
     """The five antiquant columns of every page (scale addr, offset addr, sr, sn, sl): per-token parameters
-    ``[B, N2|1, S]`` at the page's positions, page-managed ones ``[blocknum, N2|1, blocksize]`` at its block."""
+    ``[B, N2|1, S]`` at the page's batch and positions, page-managed ones ``[blocknum, N2|1, blocksize]`` at its
+    block."""
     if quant is None or quant.kind == "static":
         return [0] * 5
     scale, offset = quant.scale, quant.offset
@@ -175,6 +199,6 @@ def _page_factors(quant: Antiquant | None, b: int, blocks: Tensor, positions: Te
         scale, offset = scale.contiguous(), offset.contiguous()
     keep += [scale, offset]
     s0, s1, s2 = scale.stride()
-    first = b * s0 + positions * s2 if quant.kind == "token" else blocks * s0
+    first = batch * s0 + positions * s2 if quant.kind == "token" else blocks * s0
     addr = [t.data_ptr() + first * 4 for t in (scale, offset) if t is not None]
     return [addr[0], addr[1] if offset is not None else 0, 0, 0 if scale.shape[1] == 1 else s1, s2]

@@ -9,6 +9,7 @@ Rows with nothing to attend to give output 0 and lse +inf; the output is cast wi
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -39,7 +40,8 @@ def forward(p: FIAProblem) -> tuple[Tensor, Tensor]:
     active = active_batches(p)
     half = p.rounding is not None and p.rounding.half_softmax  # fp16 softmax: the prefill route has it
     decoded = decode.forward(p, [b for b in active
-                                 if p.int8 is None and not half and p.queries[b].shape[0] <= DECODE_ROWS])
+                                 if p.int8 is None and not half and p.queries[b].shape[0] <= DECODE_ROWS],
+                             convert=None if p.out_quant is not None else functools.partial(convert, p))
     for b in active:
         q = p.queries[b]
         if b in decoded:
@@ -72,16 +74,22 @@ def store(p: FIAProblem, b: int, o: Tensor, lse_b: Tensor, out_tokens: Tensor, l
     if p.out_quant is not None:
         valid = lse_b.isfinite().transpose(0, 1).unsqueeze(-1)
         o = torch.where(valid, p.out_quant.apply(o, p.rounding), 0)
-    elif p.rounding is not None and p.rounding.even_output:
-        o = o.to(p.out_dtype)
-    else:
-        o = cast_round(o, p.out_dtype)
+    elif o.dtype != p.out_dtype:
+        o = convert(p, o)
     if p.out_layout == "TND":
         out_tokens[s:s + n] = o
         lse[s:s + n, :, 0] = lse_b.transpose(0, 1)
     else:
         out_tokens[b, s:s + n] = o
         lse[b, :, s:s + n, 0] = lse_b
+
+
+def convert(p: FIAProblem, o: Tensor) -> Tensor:
+    """An fp32 output in the output dtype (no output quantization): round half to even where the NPU's output cast
+    does, else ``CAST_ROUND``."""
+    if p.rounding is not None and p.rounding.even_output:
+        return o.to(p.out_dtype)
+    return cast_round(o, p.out_dtype)
 
 
 def _run(x: Tensor, quant, b: int, seg: KVSegment, dtype: torch.dtype, rounding=None) -> Tensor:

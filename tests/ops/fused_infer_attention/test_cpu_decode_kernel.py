@@ -24,13 +24,13 @@ needs_kernel = pytest.mark.skipif(cpu_kernels.library() is None, reason=f"CPU de
 def kernel_calls(monkeypatch):
     """The number of chunks the kernel computed (a list holding one count)."""
     count = [0]
-    real = fused_decode.partial
+    real = fused_decode.compute
 
-    def counted(*args):
-        count[0] += 1
-        return real(*args)
+    def counted(p, chunks, *args):
+        count[0] += len(chunks)
+        return real(p, chunks, *args)
 
-    monkeypatch.setattr(fused_decode, "partial", counted)
+    monkeypatch.setattr(fused_decode, "compute", counted)
     return count
 
 
