@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -204,16 +205,39 @@ def forward(p: FIAProblem, batches: list[int], convert=None) -> dict[int, tuple[
         takes = isinstance(c, fused_decode.PagedChunk) or (c.b in fused and fused_decode.takes(
             p, c.b, p.queries[c.b].shape[0], c.start, c.start + c.length, c.pieces))
         (kernel if takes else other).append(c)
-    jobs = [functools.partial(_partial, p, c, queries, partials) for c in other]
-    jobs += [functools.partial(fused_decode.compute, p, share, fused, partials)
-             for share in _shares(kernel, 2 * torch.get_num_threads())]
-    run_jobs(lambda job: job(), jobs, p.device)
     groups: dict = {}  # batches with as many chunks and query rows merge together: a few ops for all of them
     for b in batches:
         groups.setdefault((counts[b], p.queries[b].shape[0]), []).append(b)
-    merged: dict = {}  # merged on the workers too: no OpenMP region on the calling thread (see run_jobs)
-    run_jobs(lambda group: merged.update(_merge_batches(partials, group, convert)), list(groups.values()), p.device)
-    return merged
+    merges = _Merges(partials, [tuple(g) for g in groups.values()], counts, convert)
+    jobs = [(functools.partial(_partial, p, c, queries, partials), [c]) for c in other]
+    jobs += [(functools.partial(fused_decode.compute, p, share, fused, partials), share)
+             for share in _shares(kernel, 2 * torch.get_num_threads())]
+    run_jobs(lambda job: merges.after(*job), jobs, p.device)
+    return merges.merged
+
+
+class _Merges:
+    """Merges each group of batches on the worker that computes its last chunk (no second round of jobs, and no
+    OpenMP region on the calling thread: see :func:`run_jobs`)."""
+
+    def __init__(self, partials: dict, groups: list[tuple[int, ...]], counts: dict, convert) -> None:
+        self.partials, self.convert, self.merged = partials, convert, {}
+        self.group_of = {b: g for g in groups for b in g}
+        self.left = {g: sum(counts[b] for b in g) for g in groups}  # chunks not yet computed
+        self.lock = threading.Lock()
+
+    def after(self, compute, chunks: list) -> None:
+        """``compute()`` (the partials of ``chunks``), then the merge of every group it completes."""
+        compute()
+        complete = []
+        with self.lock:
+            for c in chunks:
+                group = self.group_of[c.b]
+                self.left[group] -= 1
+                if self.left[group] == 0:
+                    complete.append(group)
+        for group in complete:
+            self.merged.update(_merge_batches(self.partials, list(group), self.convert))
 
 
 def _queries(p: FIAProblem, batches: list[int]) -> dict[int, Tensor]:
