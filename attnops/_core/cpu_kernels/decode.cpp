@@ -590,7 +590,7 @@ int attnops_decode_chunk(const float* q, int heads, int rows, int d, int dv, int
 // `table` [n, 13] is q, heads, rows, d, dv, kt, vt, runs, nruns, tokens, m_out, l_out, o_out of one
 // attnops_decode_chunk call (pointers as addresses). Returns 0, or the first non-zero code of a chunk.
 int attnops_decode_chunks(const int64_t* table, int n) {
-  std::vector<float> scratch;
+  thread_local std::vector<float> scratch;  // kept between calls: no page faults per call
   for (int i = 0; i < n; ++i) {
     const int64_t* c = table + 13 * i;
     const int heads = static_cast<int>(c[1]), rows = static_cast<int>(c[2]), d = static_cast<int>(c[3]),

@@ -176,13 +176,14 @@ def _msd_queries(p: FIAProblem, q: Tensor) -> Tensor:
 
 
 def _merge(m: Tensor, total: Tensor, o: Tensor) -> tuple[Tensor, Tensor]:
-    """Chunk partials stacked in chunk order (``m``, ``total [C, N1, Sq]``, ``o [C, N1, Sq, Dv]``) -> ``(o [Sq, N1,
-    Dv], lse [N1, Sq])``; rows that saw nothing: 0, +inf."""
+    """Chunk partials stacked in chunk order (``m``, ``total [C, N1, Sq]``, ``o [C, N1, Sq, Dv]``; ``o`` is scaled in
+    place, so that no temporary is as large as it) -> ``(o [Sq, N1, Dv], lse [N1, Sq])``; rows that saw nothing: 0,
+    +inf."""
     top = m.amax(0)
     valid = top > -math.inf
     w = torch.where(valid, (m - torch.where(valid, top, 0.0)).exp(), 0.0)
     total = (w * total).sum(0)
-    o = (w.unsqueeze(-1) * o).sum(0)
+    o = o.mul_(w.unsqueeze(-1)).sum(0)
     o = torch.where(valid.unsqueeze(-1), o / torch.where(valid, total, 1.0).unsqueeze(-1), 0.0)
     lse = torch.where(valid, top + total.log(), math.inf)
     return o.transpose(0, 1), lse
@@ -199,16 +200,16 @@ def forward(p: FIAProblem, batches: list[int], convert=None) -> dict[int, tuple[
     counts = {b: 0 for b in batches}
     for c in chunks:
         counts[c.b] += 1
-    partials = {b: _empty_partials(p, counts[b], p.queries[b].shape[0]) for b in batches}
+    groups: dict = {}  # batches with as many chunks and query rows merge together: a few ops for all of them
+    for b in batches:
+        groups.setdefault((counts[b], p.queries[b].shape[0]), []).append(b)
+    merges = _Merges(p, groups, convert)
+    partials = merges.partials
     kernel, other = [], []
     for c in chunks:
         takes = isinstance(c, fused_decode.PagedChunk) or (c.b in fused and fused_decode.takes(
             p, c.b, p.queries[c.b].shape[0], c.start, c.start + c.length, c.pieces))
         (kernel if takes else other).append(c)
-    groups: dict = {}  # batches with as many chunks and query rows merge together: a few ops for all of them
-    for b in batches:
-        groups.setdefault((counts[b], p.queries[b].shape[0]), []).append(b)
-    merges = _Merges(partials, [tuple(g) for g in groups.values()], counts, convert)
     jobs = [(functools.partial(_partial, p, c, queries, partials), [c]) for c in other]
     jobs += [(functools.partial(fused_decode.compute, p, share, fused, partials), share)
              for share in _shares(kernel, 2 * torch.get_num_threads())]
@@ -217,13 +218,25 @@ def forward(p: FIAProblem, batches: list[int], convert=None) -> dict[int, tuple[
 
 
 class _Merges:
-    """Merges each group of batches on the worker that computes its last chunk (no second round of jobs, and no
-    OpenMP region on the calling thread: see :func:`run_jobs`)."""
+    """The chunk partials of every group of batches (as many chunks and query rows) stacked in one set of tensors,
+    merged for all its batches at once by the worker that computes the group's last chunk (no second round of jobs,
+    and no OpenMP region on the calling thread: see :func:`run_jobs`).
 
-    def __init__(self, partials: dict, groups: list[tuple[int, ...]], counts: dict, convert) -> None:
-        self.partials, self.convert, self.merged = partials, convert, {}
-        self.group_of = {b: g for g in groups for b in g}
-        self.left = {g: sum(counts[b] for b in g) for g in groups}  # chunks not yet computed
+    ``partials[b]``: batch ``b``'s slots, slot ``i`` for chunk ``i``: row max and row sum ``[C_b, N1, Sq_b]`` and the
+    un-normalised output ``[C_b, N1, Sq_b, Dv]`` (fp32, each slot contiguous)."""
+
+    def __init__(self, p: FIAProblem, groups: dict, convert) -> None:
+        self.convert, self.merged, self.partials = convert, {}, {}
+        self.stacked, self.left, self.group_of = {}, {}, {}
+        for (count, sq), batches in groups.items():
+            group = tuple(batches)
+            shape = (count, len(group), p.n1, sq)
+            stacked = (torch.empty(shape, dtype=F32, device=p.device), torch.empty(shape, dtype=F32, device=p.device),
+                       torch.empty(*shape, p.dv, dtype=F32, device=p.device))
+            self.stacked[group], self.left[group] = stacked, count * len(group)  # chunks not yet computed
+            for j, b in enumerate(group):
+                self.partials[b] = tuple(x[:, j] for x in stacked)
+                self.group_of[b] = group
         self.lock = threading.Lock()
 
     def after(self, compute, chunks: list) -> None:
@@ -237,7 +250,16 @@ class _Merges:
                 if self.left[group] == 0:
                     complete.append(group)
         for group in complete:
-            self.merged.update(_merge_batches(self.partials, list(group), self.convert))
+            self.merged.update(self._merge(group))
+
+    def _merge(self, group: tuple[int, ...]) -> dict[int, tuple[Tensor, Tensor]]:
+        """:func:`_merge` of the group's batches, their heads side by side (the merge is elementwise over heads and
+        rows, so each batch gets the bits of a merge of its own), then ``convert``."""
+        o, lse = _merge(*(x.flatten(1, 2) for x in self.stacked[group]))  # [Sq, batches*N1, Dv], [batches*N1, Sq]
+        if self.convert is not None:
+            o = self.convert(o)
+        outs, lses = o.chunk(len(group), 1), lse.chunk(len(group))
+        return {b: (outs[k], lses[k]) for k, b in enumerate(group)}
 
 
 def _queries(p: FIAProblem, batches: list[int]) -> dict[int, Tensor]:
@@ -255,14 +277,6 @@ def _queries(p: FIAProblem, batches: list[int]) -> dict[int, Tensor]:
     return queries
 
 
-def _empty_partials(p: FIAProblem, count: int, sq: int) -> tuple[Tensor, Tensor, Tensor]:
-    """A batch's chunk partials, slot ``i`` for chunk ``i``: row max and row sum ``[count, N1, Sq]``, un-normalised
-    output ``[count, N1, Sq, Dv]`` (fp32)."""
-    return (torch.empty(count, p.n1, sq, dtype=F32, device=p.device),
-            torch.empty(count, p.n1, sq, dtype=F32, device=p.device),
-            torch.empty(count, p.n1, sq, p.dv, dtype=F32, device=p.device))
-
-
 def _shares(chunks: list, n: int) -> list[list]:
     """``chunks`` in at most ``n`` runs of consecutive chunks with about as many tokens each (one kernel call per
     run; which run a chunk falls in does not change its partials)."""
@@ -275,16 +289,3 @@ def _shares(chunks: list, n: int) -> list[list]:
         shares[-1].append(c)
         done += c.length
     return shares
-
-
-def _merge_batches(partials: dict, group: list[int], convert) -> dict[int, tuple[Tensor, Tensor]]:
-    """:func:`_merge` of batches with as many chunks and the same query rows, their heads side by side (the merge
-    is elementwise over heads and rows, so each batch gets the bits of a merge of its own), then ``convert``."""
-    if len(group) == 1:
-        o, lse = _merge(*partials[group[0]])
-        return {group[0]: (o if convert is None else convert(o), lse)}
-    o, lse = _merge(*(torch.cat(x, 1) for x in zip(*(partials[b] for b in group))))  # [Sq, G*N1, Dv], [G*N1, Sq]
-    if convert is not None:
-        o = convert(o)
-    outs, lses = o.chunk(len(group), 1), lse.chunk(len(group))
-    return {b: (outs[k], lses[k]) for k, b in enumerate(group)}
