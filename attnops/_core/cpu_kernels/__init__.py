@@ -155,14 +155,15 @@ def decode_chunk(q: Tensor, runs: Tensor, tokens: int, dtypes: tuple[torch.dtype
     return m, total, o, scratch[start:start + heads * rows * tokens].view(heads, rows, tokens)
 
 
-def chunk_row(q: Tensor, runs: Tensor, tokens: int, dtypes: tuple[torch.dtype, torch.dtype], dv: int,
+def chunk_row(q: Tensor, runs: tuple[int, int], tokens: int, dtypes: tuple[torch.dtype, torch.dtype], dv: int,
               outputs: tuple[int, int, int]) -> list[int]:
     """One row of a :func:`decode_chunks` table: the chunk of :func:`decode_chunk` (``q`` contiguous fp32 ``[heads,
-    rows, D]``) whose ``m``, ``l`` and un-normalised ``o`` go to the fp32 memory at the ``outputs`` addresses
-    (``[heads, rows]``, ``[heads, rows]``, ``[heads, rows, dv]``, contiguous)."""
+    rows, D]``; ``runs``: the address and count of its int64 run descriptors) whose ``m``, ``l`` and un-normalised
+    ``o`` go to the fp32 memory at the ``outputs`` addresses (``[heads, rows]``, ``[heads, rows]``, ``[heads, rows,
+    dv]``, contiguous)."""
     heads, rows, d = q.shape
-    return [q.data_ptr(), heads, rows, d, dv, DTYPE_CODES[dtypes[0]], DTYPE_CODES[dtypes[1]], runs.data_ptr(),
-            runs.shape[0], tokens, *outputs]
+    return [q.data_ptr(), heads, rows, d, dv, DTYPE_CODES[dtypes[0]], DTYPE_CODES[dtypes[1]], *runs, tokens,
+            *outputs]
 
 
 def decode_chunks(rows: list[list[int]]) -> None:

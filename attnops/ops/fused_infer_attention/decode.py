@@ -212,7 +212,7 @@ def forward(p: FIAProblem, batches: list[int], convert=None) -> dict[int, tuple[
         (kernel if takes else other).append(c)
     jobs = [(functools.partial(_partial, p, c, queries, partials), [c]) for c in other]
     jobs += [(functools.partial(fused_decode.compute, p, share, fused, partials), share)
-             for share in _shares(kernel, 2 * torch.get_num_threads())]
+             for share in _shares(kernel, torch.get_num_threads())]
     run_jobs(lambda job: merges.after(*job), jobs, p.device)
     return merges.merged
 

@@ -39,7 +39,7 @@ def takes(p: FIAProblem, b: int, sq: int, c0: int, c1: int, pieces) -> bool:
     """Whether the kernel computes rows ``[0, sq)`` x columns ``[c0, c1)`` of batch ``b`` (nothing masked there, and
     every run with unit stride along the head dim)."""
     return (p.mask.masked_block(b, 0, sq, c0, c1) is None
-            and all(pc.key.stride(-1) == 1 and pc.value.stride(-1) == 1 for pc in pieces))
+            and all(pc.seg.key.stride(-1) == 1 and pc.seg.value.stride(-1) == 1 for pc in pieces))
 
 
 def _token_factors(quant: Antiquant | None, b: int, piece, keep: list) -> list[int]:
@@ -58,14 +58,14 @@ def _token_factors(quant: Antiquant | None, b: int, piece, keep: list) -> list[i
     return [scale.data_ptr(), 0 if offset is None else offset.data_ptr(), sr, 0 if scale.shape[1] == 1 else sn, sl]
 
 
-def _runs(p: FIAProblem, b: int, pieces, keep: list) -> Tensor:
-    """The kernel's run descriptors (``Run`` in ``decode.cpp``) of a chunk's pieces."""
+def _runs(p: FIAProblem, b: int, pieces, keep: list) -> list[list[int]]:
+    """The kernel's run descriptors (``Run`` in ``decode.cpp``) of a chunk's pieces, one row each."""
     rows = []
     for pc in pieces:
         k, v = pc.key, pc.value
         rows.append([k.data_ptr(), *k.stride()[:3], v.data_ptr(), *v.stride()[:3], k.shape[0], k.shape[2],
                      *_token_factors(p.key_quant, b, pc, keep), *_token_factors(p.value_quant, b, pc, keep)])
-    return torch.tensor(rows, dtype=torch.int64)
+    return rows
 
 
 def _static(quant: Antiquant | None, n2: int) -> tuple[Tensor, Tensor | None] | None:
@@ -91,16 +91,20 @@ def compute(p: FIAProblem, chunks: list, queries: dict, partials: dict) -> None:
     row max, row sum and un-normalised output go to slot ``c.index`` of ``partials[c.b]`` (``m``, ``total [C_b, N1,
     Sq]``, ``o [C_b, N1, Sq, Dv]``, contiguous fp32); ``queries[b]``: :func:`kernel_query`'s ``(q, shift)``."""
     keep: list = []
+    runs = {id(c): _runs(p, c.b, c.pieces, keep) for c in chunks if not isinstance(c, PagedChunk)}
+    table = torch.tensor([r for rows in runs.values() for r in rows], dtype=torch.int64).view(-1, 20)
+    first = 0
     rows = []
     for c in chunks:
         if isinstance(c, PagedChunk):
-            runs, dtypes = c.runs, c.dtypes
-        else:
-            runs = _runs(p, c.b, c.pieces, keep)
-            dtypes = (c.pieces[0].key.dtype, c.pieces[0].value.dtype)
-        keep.append(runs)
+            address, count, dtypes = c.runs.data_ptr(), c.runs.shape[0], c.dtypes
+        else:  # this chunk's rows of the table
+            count = len(runs[id(c)])
+            address, dtypes = table.data_ptr() + first * table.stride(0) * 8, (c.pieces[0].key.dtype,
+                                                                                 c.pieces[0].value.dtype)
+            first += count
         outputs = tuple(x.data_ptr() + c.index * x.stride(0) * x.element_size() for x in partials[c.b])
-        rows.append(cpu_kernels.chunk_row(queries[c.b][0], runs, c.length, dtypes, p.dv, outputs))
+        rows.append(cpu_kernels.chunk_row(queries[c.b][0], (address, count), c.length, dtypes, p.dv, outputs))
     cpu_kernels.decode_chunks(rows)
     static = _static(p.value_quant, p.n2)
     for c in chunks:
