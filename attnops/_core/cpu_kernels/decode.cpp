@@ -218,21 +218,15 @@ inline R rconvert_n(const char* src, int valid) {
   return valid >= RW ? rconvert<DT>(src) : rconvert_part<DT>(src, valid);
 }
 
-// Asks for the `bytes` at p ahead of use (the same row of a token further along the run); never faults.
-inline void prefetch(const char* p, int64_t bytes) {
-  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
-}
-
-constexpr int AHEAD = 16;
 constexpr int MAXR = 4;    // query rows per register block
 constexpr int TB = 4;      // tokens per register block of the scores
 
 // RW tokens of a chunk (the last tile of a chunk may hold fewer: `count`; the rest read a zero row): where head 0
-// of each token's K and V rows and antiquant parameters are, and the steps to the next head and token.
+// of each token's K and V rows and antiquant parameters are, and the steps to the next head.
 struct Tile {
   const char* k[RW];
   const char* v[RW];
-  int64_t k_sn[RW], v_sn[RW], k_sl[RW], v_sl[RW];  // head and token steps, bytes
+  int64_t k_sn[RW], v_sn[RW];  // head steps, bytes
   const float* ks[RW];                             // per-token scale / offset of the keys and the values, or null
   const float* ko[RW];
   const float* vs[RW];
@@ -248,36 +242,47 @@ inline const float* param(int64_t addr, int64_t idx) {
 
 inline float at(const float* p, int64_t idx, float none) { return p ? p[idx] : none; }
 
-// f(t0, tile) for the chunk's tokens in column order, RW at a time (`zero`: a zeroed row for the padding).
+// f(t0, tile, next) for the chunk's tokens in column order, RW at a time (`next`: the tile after, whose rows the
+// call prefetches, whichever run or page they lie in; `zero`: a zeroed row for the padding).
 template <int KT, int VT, class F>
 void each_tile(const Run* runs, int nruns, const char* zero, F&& f) {
-  Tile tile;
-  tile.count = 0;
-  tile.k_quant = tile.v_quant = false;
+  Tile tiles[2];
+  Tile* filling = &tiles[0];
+  Tile* ready = nullptr;  // a full tile waiting for the next one (its prefetch target)
   int64_t t0 = 0;
-  auto flush = [&]() {
-    for (int c = tile.count; c < RW; ++c) {
-      tile.k[c] = tile.v[c] = zero;
-      tile.k_sn[c] = tile.v_sn[c] = tile.k_sl[c] = tile.v_sl[c] = 0;
-      tile.ks[c] = tile.ko[c] = tile.vs[c] = tile.vo[c] = nullptr;
-      tile.ks_sn[c] = tile.vs_sn[c] = 0;
-    }
-    f(t0, tile);
-    t0 += tile.count;
+  auto start = [](Tile& tile) {
     tile.count = 0;
     tile.k_quant = tile.v_quant = false;
   };
+  auto pad = [zero](Tile& tile) {
+    for (int c = tile.count; c < RW; ++c) {
+      tile.k[c] = tile.v[c] = zero;
+      tile.k_sn[c] = tile.v_sn[c] = 0;
+      tile.ks[c] = tile.ko[c] = tile.vs[c] = tile.vo[c] = nullptr;
+      tile.ks_sn[c] = tile.vs_sn[c] = 0;
+    }
+  };
+  auto complete = [&]() {  // the filling tile is full (or the last): run the one before it
+    pad(*filling);
+    if (ready) {
+      f(t0, *ready, *filling);
+      t0 += ready->count;
+    }
+    ready = filling;
+    filling = filling == &tiles[0] ? &tiles[1] : &tiles[0];
+    start(*filling);
+  };
+  start(*filling);
   for (int i = 0; i < nruns; ++i) {
     const Run& u = runs[i];
     for (int64_t r = 0; r < u.blocks; ++r)
       for (int64_t l = 0; l < u.length; ++l) {
+        Tile& tile = *filling;
         const int c = tile.count++;
         tile.k[c] = reinterpret_cast<const char*>(u.k_addr) + (r * u.k_sr + l * u.k_sl) * itemsize(KT);
         tile.v[c] = reinterpret_cast<const char*>(u.v_addr) + (r * u.v_sr + l * u.v_sl) * itemsize(VT);
         tile.k_sn[c] = u.k_sn * itemsize(KT);
         tile.v_sn[c] = u.v_sn * itemsize(VT);
-        tile.k_sl[c] = u.k_sl * itemsize(KT);
-        tile.v_sl[c] = u.v_sl * itemsize(VT);
         const int64_t ki = r * u.ks_sr + l * u.ks_sl, vi = r * u.vs_sr + l * u.vs_sl;
         tile.ks[c] = param(u.ks_addr, ki);
         tile.ko[c] = param(u.ko_addr, ki);
@@ -287,10 +292,14 @@ void each_tile(const Run* runs, int nruns, const char* zero, F&& f) {
         tile.vs_sn[c] = u.vs_sn;
         tile.k_quant |= u.ks_addr != 0;
         tile.v_quant |= u.vs_addr != 0;
-        if (tile.count == RW) flush();
+        if (tile.count == RW) complete();
       }
   }
-  if (tile.count) flush();
+  if (filling->count) complete();
+  if (ready) {
+    pad(*filling);  // empty: its rows are the zero row
+    f(t0, *ready, *filling);
+  }
 }
 
 struct Chunk {
@@ -306,7 +315,7 @@ struct Chunk {
 
 // sums[j, t] = q_j . k_t for NR rows of q (row step dp) and the RW tokens at k (d values each)
 template <int KT, int NR>
-void score_block(const float* q, int d, int dp, const char* const* k, const int64_t* ahead, float* sums,
+void score_block(const float* q, int d, int dp, const char* const* k, const char* const* next, float* sums,
                  int64_t sstep) {
   R lanes[NR][RW];
   for (int g = 0; g < RW; g += TB) {
@@ -314,10 +323,10 @@ void score_block(const float* q, int d, int dp, const char* const* k, const int6
     for (int t = 0; t < TB; ++t)
       for (int j = 0; j < NR; ++j) acc[t][j] = rzero();
     const char* kt[TB];
-    const char* later[TB];  // the same rows AHEAD tokens later
+    const char* later[TB];  // the same rows one tile later
     for (int t = 0; t < TB; ++t) {
       kt[t] = k[g + t];
-      later[t] = ahead ? kt[t] + ahead[g + t] : nullptr;
+      later[t] = next ? next[g + t] : nullptr;
     }
     auto step = [&](int c, auto full) {
       R kv[TB];
@@ -342,31 +351,32 @@ void score_block(const float* q, int d, int dp, const char* const* k, const int6
 }
 
 template <int KT>
-void score_rows(const float* q, int nr, int d, int dp, const char* const* k, const int64_t* ahead, float* sums,
+void score_rows(const float* q, int nr, int d, int dp, const char* const* k, const char* const* next, float* sums,
                 int64_t sstep) {
   switch (nr) {
-    case 1: return score_block<KT, 1>(q, d, dp, k, ahead, sums, sstep);
-    case 2: return score_block<KT, 2>(q, d, dp, k, ahead, sums, sstep);
-    case 3: return score_block<KT, 3>(q, d, dp, k, ahead, sums, sstep);
-    default: return score_block<KT, 4>(q, d, dp, k, ahead, sums, sstep);
+    case 1: return score_block<KT, 1>(q, d, dp, k, next, sums, sstep);
+    case 2: return score_block<KT, 2>(q, d, dp, k, next, sums, sstep);
+    case 3: return score_block<KT, 3>(q, d, dp, k, next, sums, sstep);
+    default: return score_block<KT, 4>(q, d, dp, k, next, sums, sstep);
   }
 }
 
-// scores[n, :, t0:t0+count] = (q_n . (k_t + offset_t)) * scale_t for every head n
+// scores[n, :, t0:t0+count] = (q_n . (k_t + offset_t)) * scale_t for every head n (the keys of `next`, the
+// following tile, are prefetched meanwhile)
 template <int KT>
-void tile_scores(const Chunk& h, int64_t t0, const Tile& tile) {
+void tile_scores(const Chunk& h, int64_t t0, const Tile& tile, const Tile& next) {
   alignas(64) float sums[MAXR * RW];
   const char* k[RW];
-  int64_t ahead[RW];
+  const char* later[RW];
   for (int n = 0; n < h.heads; ++n) {
     for (int t = 0; t < RW; ++t) {
       k[t] = tile.k[t] + n * tile.k_sn[t];
-      ahead[t] = AHEAD * tile.k_sl[t];
+      later[t] = next.k[t] + n * next.k_sn[t];
     }
     for (int j0 = 0; j0 < h.rows; j0 += MAXR) {
       const int nr = h.rows - j0 < MAXR ? h.rows - j0 : MAXR;
       float* s0 = h.scores + (n * h.rows + j0) * h.tokens + t0;
-      const int64_t* pre = j0 ? nullptr : ahead;
+      const char* const* pre = j0 ? nullptr : later;
       if (tile.count == RW && !tile.k_quant) {  // straight into the scores
         score_rows<KT>(h.q + (n * h.rows + j0) * h.dp, nr, h.d, h.dp, k, pre, s0, h.tokens);
         continue;
@@ -390,7 +400,7 @@ void tile_scores(const Chunk& h, int64_t t0, const Tile& tile) {
 // o[j, c0 : c0 + NC*RW] += sum_t w[j, t] v_t[c0 : ...] for NR rows (w row step RW, o row step ostep), the RW
 // tokens at v in order (dv values each)
 template <int VT, int NR, int NC>
-void value_block(const float* w, int64_t wstep, const char* const* v, const int64_t* ahead, int c0, int dv,
+void value_block(const float* w, int64_t wstep, const char* const* v, const char* const* next, int c0, int dv,
                  float* o, int ostep) {
   R acc[NR][NC];
   for (int j = 0; j < NR; ++j)
@@ -398,7 +408,7 @@ void value_block(const float* w, int64_t wstep, const char* const* v, const int6
   for (int t = 0; t < RW; ++t) {
     R x[NC];
     const char* row = v[t] + c0 * itemsize(VT);
-    const char* later = ahead ? row + ahead[t] : nullptr;  // the same row AHEAD tokens later
+    const char* later = next ? next[t] + c0 * itemsize(VT) : nullptr;  // the same row one tile later
     for (int i = 0; i < NC; ++i) {
       const char* src = row + i * RW * itemsize(VT);
       if (later) __builtin_prefetch(later + i * RW * itemsize(VT), 0, 3);
@@ -414,26 +424,26 @@ void value_block(const float* w, int64_t wstep, const char* const* v, const int6
 }
 
 template <int VT, int NR>
-void value_rows(const float* w, int64_t wstep, const char* const* v, const int64_t* ahead, int dv, int dvp,
+void value_rows(const float* w, int64_t wstep, const char* const* v, const char* const* next, int dv, int dvp,
                 float* o) {
   int c0 = 0;
-  for (; c0 + 4 * RW <= dvp; c0 += 4 * RW) value_block<VT, NR, 4>(w, wstep, v, ahead, c0, dv, o, dvp);
+  for (; c0 + 4 * RW <= dvp; c0 += 4 * RW) value_block<VT, NR, 4>(w, wstep, v, next, c0, dv, o, dvp);
   if (c0 + 2 * RW <= dvp) {
-    value_block<VT, NR, 2>(w, wstep, v, ahead, c0, dv, o, dvp);
+    value_block<VT, NR, 2>(w, wstep, v, next, c0, dv, o, dvp);
     c0 += 2 * RW;
   }
-  if (c0 < dvp) value_block<VT, NR, 1>(w, wstep, v, ahead, c0, dv, o, dvp);
+  if (c0 < dvp) value_block<VT, NR, 1>(w, wstep, v, next, c0, dv, o, dvp);
 }
 
 // o[n, j, :] += sum_t p[n, j, t] scale_t (v_t + offset_t), the tile's tokens in order, for every head n
 template <int VT>
-void tile_values(const Chunk& h, int64_t t0, const Tile& tile) {
+void tile_values(const Chunk& h, int64_t t0, const Tile& tile, const Tile& next) {
   const char* v[RW];
-  int64_t ahead[RW];
+  const char* later[RW];
   for (int n = 0; n < h.heads; ++n) {
     for (int t = 0; t < RW; ++t) {
       v[t] = tile.v[t] + n * tile.v_sn[t];
-      ahead[t] = AHEAD * tile.v_sl[t];
+      later[t] = next.v[t] + n * next.v_sn[t];
     }
     // the weights: the probabilities themselves, or (a partial tile, per-token value parameters) a copy, zero past
     // the tile's tokens and times the value scales
@@ -456,7 +466,7 @@ void tile_values(const Chunk& h, int64_t t0, const Tile& tile) {
     }
     for (int j0 = 0; j0 < h.rows; j0 += MAXR) {
       const float* wj = w + j0 * wstep;
-      const int64_t* pre = j0 ? nullptr : ahead;
+      const char* const* pre = j0 ? nullptr : later;
       float* o = h.o + (n * h.rows + j0) * h.dvp;
       switch (h.rows - j0 < MAXR ? h.rows - j0 : MAXR) {
         case 1: value_rows<VT, 1>(wj, wstep, v, pre, h.dv, h.dvp, o); break;
@@ -534,11 +544,15 @@ void chunk(const float* q, int heads, int rows, int d, int dv, const Run* runs, 
     qsum[i] = s;
   }
   const char* z = reinterpret_cast<const char*>(zero);
-  each_tile<KT, VT>(runs, nruns, z, [&](int64_t t0, const Tile& tile) { tile_scores<KT>(h, t0, tile); });
+  each_tile<KT, VT>(runs, nruns, z, [&](int64_t t0, const Tile& tile, const Tile& next) {
+    tile_scores<KT>(h, t0, tile, next);
+  });
   for (int i = 0; i < hr; ++i) softmax_row(scores + i * tokens, tokens, m_out + i, l_out + i);
   std::memset(opad, 0, sizeof(float) * hr * dvp);
   std::memset(offsets, 0, sizeof(float) * hr);
-  each_tile<KT, VT>(runs, nruns, z, [&](int64_t t0, const Tile& tile) { tile_values<VT>(h, t0, tile); });
+  each_tile<KT, VT>(runs, nruns, z, [&](int64_t t0, const Tile& tile, const Tile& next) {
+    tile_values<VT>(h, t0, tile, next);
+  });
   for (int i = 0; i < hr; ++i)
     for (int c = 0; c < dv; ++c) o_out[i * dv + c] = opad[i * dvp + c] + offsets[i];
 }
