@@ -70,15 +70,19 @@ def _workers(n: int) -> ThreadPoolExecutor:
         return _pool
 
 
+def job_threads(device: torch.device) -> int:
+    """How many threads jobs on ``device`` run on from here: ``torch.get_num_threads()`` on the CPU, 1 elsewhere,
+    inside a worker and while ``torch.compile`` traces the caller."""
+    if torch.compiler.is_compiling() or device.type != "cpu" or getattr(_state, "worker", False):
+        return 1
+    return torch.get_num_threads()
+
+
 def run_jobs(job: Callable[[T], None], items: Sequence[T], device: torch.device) -> None:
     """``job(item)`` for every item, on the single-threaded workers (see the module docstring); in order on the
-    calling thread while ``torch.compile`` traces the caller."""
-    if torch.compiler.is_compiling():
-        for item in items:
-            job(item)
-        return
-    threads = torch.get_num_threads()
-    if device.type != "cpu" or threads == 1 or getattr(_state, "worker", False):
+    calling thread when :func:`job_threads` is 1."""
+    threads = job_threads(device)
+    if threads == 1:
         for item in items:
             job(item)
         return

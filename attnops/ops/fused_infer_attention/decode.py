@@ -1,21 +1,20 @@
 """FIA decode on the CPU (few query rows per batch): flash-decoding over the KV cache, streamed in place.
 
 Every batch's effective KV columns are cut into chunks of about :data:`CHUNK_TOKENS` tokens (whole pages for a
-paged cache); one job per (batch, chunk) runs on the single-threaded workers and computes, for all query heads of
-every GQA group at once, the chunk's partial row max, row sum and un-normalised output. fp32 runs are read where
-they lie (no copy); fp16/bf16 pages are converted, and int8/int4 pages dequantized, into a per-worker fp32 buffer
-one chunk at a time, so no gathered copy of the cache is ever made. The partials of a batch are merged in chunk
-order, so results do not depend on the thread count.
+paged cache), each computed for all query heads of every GQA group at once: its partial row max, row sum and
+un-normalised output. The partials of a batch are merged in chunk order, so results do not depend on the thread
+count.
 
 Where the compiled kernel is available (:mod:`.fused_decode`), it computes every chunk it takes (one predicate,
-:func:`.fused_decode.unsupported`, plus the chunk's mask) in one pass over the chunk's K and V; the PyTorch
-partial below computes the others, with the same partials and the same merge.
+:func:`.fused_decode.unsupported`, plus the chunk's mask) in one pass over the chunk's K and V, all such chunks in
+one call spread over the CPU threads. The pure-PyTorch partial below computes the others (one job per chunk on the
+single-threaded workers of :func:`run_jobs`): fp32 runs are read where they lie (no copy); fp16/bf16 pages are
+converted, and int8/int4 pages dequantized, into a per-worker fp32 buffer one chunk at a time, so no gathered copy
+of the cache is ever made.
 """
 from __future__ import annotations
 
-import functools
 import math
-import threading
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -203,63 +202,47 @@ def forward(p: FIAProblem, batches: list[int], convert=None) -> dict[int, tuple[
     groups: dict = {}  # batches with as many chunks and query rows merge together: a few ops for all of them
     for b in batches:
         groups.setdefault((counts[b], p.queries[b].shape[0]), []).append(b)
-    merges = _Merges(p, groups, convert)
-    partials = merges.partials
+    slots = _Partials(p, groups)
     kernel, other = [], []
     for c in chunks:
         takes = isinstance(c, fused_decode.PagedChunk) or (c.b in fused and fused_decode.takes(
             p, c.b, p.queries[c.b].shape[0], c.start, c.start + c.length, c.pieces))
         (kernel if takes else other).append(c)
-    jobs = [(functools.partial(_partial, p, c, queries, partials), [c]) for c in other]
-    jobs += [(functools.partial(fused_decode.compute, p, share, fused, partials), share)
-             for share in _shares(kernel, torch.get_num_threads())]
-    run_jobs(lambda job: merges.after(*job), jobs, p.device)
-    return merges.merged
+    run_jobs(lambda c: _partial(p, c, queries, slots.partials), other, p.device)
+    if kernel:
+        fused_decode.compute(p, kernel, fused, slots.partials)
+    return slots.merge(convert)
 
 
-class _Merges:
+class _Partials:
     """The chunk partials of every group of batches (as many chunks and query rows) stacked in one set of tensors,
-    merged for all its batches at once by the worker that computes the group's last chunk (no second round of jobs,
-    and no OpenMP region on the calling thread: see :func:`run_jobs`).
+    merged for all the group's batches at once.
 
     ``partials[b]``: batch ``b``'s slots, slot ``i`` for chunk ``i``: row max and row sum ``[C_b, N1, Sq_b]`` and the
     un-normalised output ``[C_b, N1, Sq_b, Dv]`` (fp32, each slot contiguous)."""
 
-    def __init__(self, p: FIAProblem, groups: dict, convert) -> None:
-        self.convert, self.merged, self.partials = convert, {}, {}
-        self.stacked, self.left, self.group_of = {}, {}, {}
+    def __init__(self, p: FIAProblem, groups: dict) -> None:
+        self.partials: dict = {}
+        self.stacked: dict = {}
         for (count, sq), batches in groups.items():
-            group = tuple(batches)
-            shape = (count, len(group), p.n1, sq)
+            shape = (count, len(batches), p.n1, sq)
             stacked = (torch.empty(shape, dtype=F32, device=p.device), torch.empty(shape, dtype=F32, device=p.device),
                        torch.empty(*shape, p.dv, dtype=F32, device=p.device))
-            self.stacked[group], self.left[group] = stacked, count * len(group)  # chunks not yet computed
-            for j, b in enumerate(group):
+            self.stacked[tuple(batches)] = stacked
+            for j, b in enumerate(batches):
                 self.partials[b] = tuple(x[:, j] for x in stacked)
-                self.group_of[b] = group
-        self.lock = threading.Lock()
 
-    def after(self, compute, chunks: list) -> None:
-        """``compute()`` (the partials of ``chunks``), then the merge of every group it completes."""
-        compute()
-        complete = []
-        with self.lock:
-            for c in chunks:
-                group = self.group_of[c.b]
-                self.left[group] -= 1
-                if self.left[group] == 0:
-                    complete.append(group)
-        for group in complete:
-            self.merged.update(self._merge(group))
-
-    def _merge(self, group: tuple[int, ...]) -> dict[int, tuple[Tensor, Tensor]]:
-        """:func:`_merge` of the group's batches, their heads side by side (the merge is elementwise over heads and
-        rows, so each batch gets the bits of a merge of its own), then ``convert``."""
-        o, lse = _merge(*(x.flatten(1, 2) for x in self.stacked[group]))  # [Sq, batches*N1, Dv], [batches*N1, Sq]
-        if self.convert is not None:
-            o = self.convert(o)
-        outs, lses = o.chunk(len(group), 1), lse.chunk(len(group))
-        return {b: (outs[k], lses[k]) for k, b in enumerate(group)}
+    def merge(self, convert) -> dict[int, tuple[Tensor, Tensor]]:
+        """``{b: (o [Sq_b, N1, Dv], lse [N1, Sq_b])}``: :func:`_merge` of each group's batches, their heads side by
+        side (the merge is elementwise over heads and rows, so each batch gets the bits of a merge of its own), then
+        ``convert``."""
+        merged = {}
+        for group, stacked in self.stacked.items():
+            o, lse = _merge(*(x.flatten(1, 2) for x in stacked))  # [Sq, batches*N1, Dv], [batches*N1, Sq]
+            if convert is not None:
+                o = convert(o)
+            merged.update(zip(group, zip(o.chunk(len(group), 1), lse.chunk(len(group)))))
+        return merged
 
 
 def _queries(p: FIAProblem, batches: list[int]) -> dict[int, Tensor]:
@@ -275,17 +258,3 @@ def _queries(p: FIAProblem, batches: list[int]) -> dict[int, Tensor]:
         q = (_msd_queries(p, q) if msd else q).transpose(1, 2).reshape(len(group), p.n2, p.group * sq, p.d)
         queries.update(zip(group, q.mul(p.scale)))
     return queries
-
-
-def _shares(chunks: list, n: int) -> list[list]:
-    """``chunks`` in at most ``n`` runs of consecutive chunks with about as many tokens each (one kernel call per
-    run; which run a chunk falls in does not change its partials)."""
-    total = sum(c.length for c in chunks)
-    shares: list[list] = []
-    done = 0
-    for c in chunks:
-        if not shares or done >= total * len(shares) / n:
-            shares.append([])
-        shares[-1].append(c)
-        done += c.length
-    return shares

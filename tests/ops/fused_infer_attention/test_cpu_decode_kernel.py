@@ -113,6 +113,26 @@ def test_same_bits_on_one_and_two_threads(kernel_calls, monkeypatch, dtype):
 
 
 @needs_kernel
+def test_worker_threads_without_openmp_give_the_same_bits(kernel_calls, monkeypatch):
+    """A library built without OpenMP spreads the chunks over the Python workers instead: the same bits."""
+    monkeypatch.setattr(decode, "CHUNK_TOKENS", 256)
+    q, k, v = make_inputs("BNSD", b=2, n=8, nkv=2, sq=1, skv=1500, d=64, dtype=F16)
+    kw = dict(num_key_value_heads=2, layout="BNSD", return_lse=True, actual_seq_lengths_kv=[1500, 999])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        results = []
+        for openmp in (True, False):
+            monkeypatch.setitem(cpu_kernels._state, "openmp", openmp)
+            results.append(attnops.fused_infer_attention(q, k, v, **kw))
+    finally:
+        torch.set_num_threads(threads)
+    assert kernel_calls[0] >= 2 * (6 + 4)
+    for a, b in zip(results[0], results[1]):
+        assert torch.equal(a, b)
+
+
+@needs_kernel
 def test_batches_merged_together_get_the_bits_of_a_call_of_their_own(monkeypatch):
     """Batches 0 and 2 (3 chunks each) merge in one pass, batch 1 (2 chunks) alone: each equals a B=1 call."""
     monkeypatch.setattr(decode, "CHUNK_TOKENS", 64)
