@@ -123,7 +123,12 @@ def _open() -> dict:
     if compiler is None:
         return {"lib": None, "why": "no C++ compiler found (set CXX, or install g++)"}
     try:
-        lib = _load(_build(compiler, _torch_uses_gomp()))
+        try:
+            lib = _load(_build(compiler, _torch_uses_gomp()))
+        except Exception:
+            if not _torch_uses_gomp():
+                raise
+            lib = _load(_build(compiler, False))  # a compiler without OpenMP: the Python workers run the chunks
         return {"lib": lib, "why": None, "openmp": bool(lib.attnops_openmp())}
     except Exception as e:  # any build or load failure: the PyTorch path serves every call
         warnings.warn(f"attnops: the CPU decode kernel could not be built ({e}); the pure-PyTorch path runs instead",

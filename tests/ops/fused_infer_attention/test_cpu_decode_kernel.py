@@ -157,6 +157,21 @@ def test_a_failed_build_warns_and_the_pytorch_path_serves(monkeypatch, tmp_path,
     assert kernel_calls[0] == 0
 
 
+@needs_kernel
+def test_a_compiler_without_openmp_builds_for_the_worker_threads(monkeypatch, tmp_path, kernel_calls):
+    compiler = tmp_path / "cxx"
+    compiler.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec g++ "$@"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("ATTNOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", str(compiler))
+    assert cpu_kernels.library() is not None and not cpu_kernels._state["openmp"]
+    assert cpu_kernels.status() == "compiled C++ kernel"
+    q, k, v = make_inputs("BNSD", b=2, n=4, nkv=2, sq=1, skv=40, d=16, dtype=F16)
+    check_fia(q, k, v, via="api", num_heads=4, num_key_value_heads=2, input_layout="BNSD", softmax_lse_flag=True)
+    assert kernel_calls[0] > 0
+
+
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "_state", {})
     monkeypatch.setenv("ATTNOPS_CPU_KERNELS", "0")
