@@ -3,15 +3,16 @@
 The sources ship in this package. The first call builds a shared library into a cache directory
 (``$ATTNOPS_CACHE_DIR``, default ``~/.cache/attnops``; one file per source, compiler, flags and CPU, so a rebuilt or
 moved installation never loads a stale one), for the CPU it runs on (``-march=native``; ``ATTNOPS_CPU_ARCH`` names
-another target) and later calls load it. The kernels take raw pointers and
-strides and need no PyTorch headers (a build takes a few seconds); :mod:`ctypes` releases the GIL for a call.
-Where PyTorch runs on GNU OpenMP (``libgomp``, as its Linux wheels do), the library is built with ``-fopenmp`` and
-links to that same runtime, so :func:`decode_chunks` spreads its chunks over PyTorch's own OpenMP threads: the
-threads that PyTorch's previous operator leaves spinning take the work at once, where Python worker threads would
-first compete with them for the cores (measured: 7 ms against 12 ms for a 134 MB fp16 cache right after a
-``torch.sum``). Elsewhere the chunks go to :func:`attnops._core.parallel.run_jobs` workers. :func:`decode_chunk` runs the decode kernel on one
-chunk (the NSA decode operators call it); :func:`decode_chunks` runs a table of :func:`chunk_row` rows in one call
-(FIA decode: no Python work per chunk).
+another target) and later calls load it. The kernels take raw pointers and strides and need no PyTorch headers (a
+build takes a few seconds); :mod:`ctypes` releases the GIL for a call.
+
+:func:`decode_chunks` is the one Python entry to the decode kernel (FIA decode and the NSA decode operators): it
+runs a table of :func:`chunk_row` rows, with no Python work per chunk. Where PyTorch runs on GNU OpenMP
+(``libgomp``, as its Linux wheels do), the library is built with ``-fopenmp`` and binds to that same runtime, so the
+chunks run on PyTorch's own OpenMP threads: the threads that PyTorch's previous operator leaves spinning take the
+work at once, where Python worker threads would first compete with them for the cores (measured: 7 ms against
+12 ms for a 134 MB fp16 cache right after a ``torch.sum``). Elsewhere the chunks go to
+:func:`attnops._core.parallel.run_jobs` workers.
 
 Without a compiler, when the build fails, or with ``ATTNOPS_CPU_KERNELS=0``, :func:`library` returns None once
 (with a warning naming the reason when a build was tried) and callers run the pure-PyTorch path;
@@ -91,19 +92,13 @@ def _build(compiler: str, openmp: bool) -> Path:
 
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
-    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.attnops_decode_scratch.argtypes = [i32, i32, i32, i64]
-    lib.attnops_decode_scratch.restype = i64
-    lib.attnops_decode_chunk.argtypes = [p, i32, i32, i32, i32, i32, i32, p, i32, i64, p, p, p, p]
-    lib.attnops_decode_chunk.restype = i32
+    p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.attnops_decode_chunks.argtypes = [p, i32]
     lib.attnops_decode_chunks.restype = i32
     lib.attnops_decode_chunks_parallel.argtypes = [p, i32, i32]
     lib.attnops_decode_chunks_parallel.restype = i32
     lib.attnops_openmp.argtypes = []
     lib.attnops_openmp.restype = i32
-    lib.attnops_decode_probabilities.argtypes = [i32, i32, i32]
-    lib.attnops_decode_probabilities.restype = i64
     return lib
 
 
@@ -158,39 +153,17 @@ def unavailable(device: torch.device, rounding) -> str | None:
     return None
 
 
-def decode_chunk(q: Tensor, runs: Tensor, tokens: int, dtypes: tuple[torch.dtype, torch.dtype], dv: int,
-                 probabilities: bool = False) -> tuple[Tensor, ...]:
-    """One kernel call over a chunk of ``tokens`` keys and values (``runs``: int64 ``[n, 20]`` descriptors, ``Run``
-    in ``decode.cpp``, whose memory must stay alive; ``dtypes``: of the keys and of the values): the row max ``m
-    [heads, rows]``, the row sum ``l`` of ``exp(s - m)`` and the un-normalised output ``[heads, rows, dv]`` of the
-    scaled fp32 query ``q [heads, rows, D]``; with ``probabilities``, also ``exp(s - m) [heads, rows, tokens]``."""
-    lib = library()
-    heads, rows, d = q.shape
-    q = q.contiguous()
-    f32 = torch.float32
-    m, total = torch.empty(heads, rows, dtype=f32), torch.empty(heads, rows, dtype=f32)
-    o = torch.empty(heads, rows, dv, dtype=f32)
-    scratch = torch.empty(lib.attnops_decode_scratch(heads * rows, d, dv, tokens), dtype=f32)
-    code = lib.attnops_decode_chunk(q.data_ptr(), heads, rows, d, dv, DTYPE_CODES[dtypes[0]], DTYPE_CODES[dtypes[1]],
-                                    runs.data_ptr(), runs.shape[0], tokens, scratch.data_ptr(), m.data_ptr(),
-                                    total.data_ptr(), o.data_ptr())
-    if code != 0:
-        raise RuntimeError(f"attnops_decode_chunk returned {code}")
-    if not probabilities:
-        return m, total, o
-    start = lib.attnops_decode_probabilities(heads * rows, d, dv)
-    return m, total, o, scratch[start:start + heads * rows * tokens].view(heads, rows, tokens)
-
-
 def chunk_row(q: Tensor, runs: tuple[int, int], tokens: int, dtypes: tuple[torch.dtype, torch.dtype], dv: int,
-              outputs: tuple[int, int, int]) -> list[int]:
-    """One row of a :func:`decode_chunks` table: the chunk of :func:`decode_chunk` (``q`` contiguous fp32 ``[heads,
-    rows, D]``; ``runs``: the address and count of its int64 run descriptors) whose ``m``, ``l`` and un-normalised
-    ``o`` go to the fp32 memory at the ``outputs`` addresses (``[heads, rows]``, ``[heads, rows]``, ``[heads, rows,
-    dv]``, contiguous)."""
+              outputs: tuple[int, int, int], probabilities: int = 0) -> list[int]:
+    """One row of a :func:`decode_chunks` table: a chunk of ``tokens`` keys and values (``runs``: the address and
+    count of its int64 ``[n, 20]`` run descriptors, ``Run`` in ``decode.cpp``; ``dtypes``: of the keys and of the
+    values) for the scaled fp32 query ``q [heads, rows, D]`` (contiguous), whose row max ``m [heads, rows]``, row sum
+    ``l`` of ``exp(s - m)`` and un-normalised output ``[heads, rows, dv]`` go to the contiguous fp32 memory at the
+    ``outputs`` addresses, and ``exp(s - m) [heads, rows, tokens]`` to the address ``probabilities`` (0: not
+    kept)."""
     heads, rows, d = q.shape
     return [q.data_ptr(), heads, rows, d, dv, DTYPE_CODES[dtypes[0]], DTYPE_CODES[dtypes[1]], *runs, tokens,
-            *outputs]
+            *outputs, probabilities]
 
 
 def decode_chunks(rows: list[list[int]]) -> None:

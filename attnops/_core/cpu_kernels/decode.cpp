@@ -572,24 +572,15 @@ ChunkFn pick_value(int vt) {
   return nullptr;
 }
 
-}  // namespace
+// Floats of scratch one chunk needs (rows: heads x query rows per head).
+int64_t scratch_floats(int rows, int d, int dv, int64_t tokens) { return scores_offset(rows, d, dv) + rows * tokens; }
 
-extern "C" {
-
-// Floats of scratch one call needs (rows: heads x query rows per head).
-int64_t attnops_decode_scratch(int rows, int d, int dv, int64_t tokens) {
-  return scores_offset(rows, d, dv) + rows * tokens;
-}
-
-// Where, after a call, the scratch holds exp(s - m) [heads, rows, tokens] (the unnormalised probabilities), in
-// floats from its start.
-int64_t attnops_decode_probabilities(int rows, int d, int dv) { return scores_offset(rows, d, dv); }
-
-// q [heads, rows, d] fp32 (scaled); runs: the chunk's `tokens` tokens in column order; outputs per head and row:
-// the max m [heads, rows], the sum of exp(s - m) l [heads, rows] and the un-normalised output o [heads, rows, dv].
-// Returns 0, or -1 for an unknown dtype code.
-int attnops_decode_chunk(const float* q, int heads, int rows, int d, int dv, int kt, int vt, const int64_t* runs,
-                         int nruns, int64_t tokens, float* scratch, float* m_out, float* l_out, float* o_out) {
+// One chunk: q [heads, rows, d] fp32 (scaled); runs: the chunk's `tokens` tokens in column order; outputs per head
+// and row: the max m [heads, rows], the sum of exp(s - m) l [heads, rows] and the un-normalised output o [heads,
+// rows, dv]; afterwards the scratch holds exp(s - m) [heads, rows, tokens] from scores_offset on. Returns 0, or -1
+// for an unknown dtype code.
+int run_chunk(const float* q, int heads, int rows, int d, int dv, int kt, int vt, const int64_t* runs, int nruns,
+              int64_t tokens, float* scratch, float* m_out, float* l_out, float* o_out) {
   ChunkFn fn = nullptr;
   switch (kt) {
     case F32: fn = pick_value<F32>(vt); break;
@@ -602,23 +593,32 @@ int attnops_decode_chunk(const float* q, int heads, int rows, int d, int dv, int
   return 0;
 }
 
+constexpr int ROW = 14;  // int64 fields of a chunk's row in a table
+
+}  // namespace
+
+extern "C" {
+
 // Several chunks one after another on the calling thread, in one call (no per-chunk call overhead): row i of
-// `table` [n, 13] is q, heads, rows, d, dv, kt, vt, runs, nruns, tokens, m_out, l_out, o_out of one
-// attnops_decode_chunk call (pointers as addresses). Returns 0, or the first non-zero code of a chunk.
+// `table` [n, ROW] is q, heads, rows, d, dv, kt, vt, runs, nruns, tokens, m_out, l_out, o_out of one run_chunk
+// (pointers as addresses) and p_out: where to copy exp(s - m) [heads, rows, tokens] (0: nowhere). Returns 0, or
+// the first non-zero code of a chunk.
 int attnops_decode_chunks(const int64_t* table, int n) {
   thread_local std::vector<float> scratch;  // kept between calls: no page faults per call
   for (int i = 0; i < n; ++i) {
-    const int64_t* c = table + 13 * i;
+    const int64_t* c = table + ROW * i;
     const int heads = static_cast<int>(c[1]), rows = static_cast<int>(c[2]), d = static_cast<int>(c[3]),
               dv = static_cast<int>(c[4]);
-    const size_t need = static_cast<size_t>(attnops_decode_scratch(heads * rows, d, dv, c[9]));
+    const size_t need = static_cast<size_t>(scratch_floats(heads * rows, d, dv, c[9]));
     if (scratch.size() < need) scratch.resize(need);
-    const int code = attnops_decode_chunk(reinterpret_cast<const float*>(c[0]), heads, rows, d, dv,
-                                          static_cast<int>(c[5]), static_cast<int>(c[6]),
-                                          reinterpret_cast<const int64_t*>(c[7]), static_cast<int>(c[8]), c[9],
-                                          scratch.data(), reinterpret_cast<float*>(c[10]),
-                                          reinterpret_cast<float*>(c[11]), reinterpret_cast<float*>(c[12]));
+    const int code = run_chunk(reinterpret_cast<const float*>(c[0]), heads, rows, d, dv, static_cast<int>(c[5]),
+                               static_cast<int>(c[6]), reinterpret_cast<const int64_t*>(c[7]), static_cast<int>(c[8]),
+                               c[9], scratch.data(), reinterpret_cast<float*>(c[10]), reinterpret_cast<float*>(c[11]),
+                               reinterpret_cast<float*>(c[12]));
     if (code != 0) return code;
+    if (c[13])
+      std::memcpy(reinterpret_cast<float*>(c[13]), scratch.data() + scores_offset(heads * rows, d, dv),
+                  sizeof(float) * heads * rows * c[9]);
   }
   return 0;
 }
@@ -631,7 +631,7 @@ int attnops_decode_chunks_parallel(const int64_t* table, int n, int threads) {
 #pragma omp parallel num_threads(threads)
   {
     for (int i = next++; i < n; i = next++) {
-      const int code = attnops_decode_chunks(table + 13 * i, 1);
+      const int code = attnops_decode_chunks(table + ROW * i, 1);
       if (code != 0) failed = code;
     }
   }

@@ -2,10 +2,10 @@
 
 Each job's keys are token ranges of a request (in order), cut at page boundaries into ``(page, row range)`` runs
 that the kernel streams where they lie in the paged caches ``[blocks, page, N2, D]`` (fp32/fp16/bf16, converted
-in registers). Selected attention: one kernel call per (request, KV head), the GQA group's query rows over the
-selected blocks. Compressed attention: one call per request for every KV head over its compressed keys; the
-probabilities the kernel leaves in its scratch give the block scores. The calls are independent and run on the
-single-threaded workers, so results do not depend on the thread count.
+in registers). Selected attention: one kernel chunk per (request, KV head), the GQA group's query rows over the
+selected blocks. Compressed attention: one chunk per request for every KV head over its compressed keys; the
+probabilities the kernel keeps give the block scores. All chunks of a call go to one
+:func:`cpu_kernels.decode_chunks` call; they are independent, so results do not depend on the thread count.
 
 :func:`unsupported` routes a call: when it names a reason, :mod:`.decode` runs its PyTorch reference.
 """
@@ -17,14 +17,12 @@ import torch
 from torch import Tensor
 
 from ..._core import cpu_kernels
-from ..._core.parallel import run_jobs
 
 if TYPE_CHECKING:
     from .decode import PagedKV
 
 F32 = torch.float32
 _RUN_FIELDS = 20  # int64 fields of decode.cpp's Run
-TASKS_PER_THREAD = 4  # worker tasks per thread (each a few kernel calls: one call is ~0.1 ms at 1024 tokens)
 
 
 def unsupported(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor) -> str | None:
@@ -66,19 +64,20 @@ def _runs(key: Tensor, value: Tensor, tables: Tensor, heads: Tensor, starts: Ten
     return runs, keep.sum(1).tolist(), (lengths * keep).sum(1).tolist()
 
 
-def _each_job(runs: Tensor, counts: list[int], tokens: list[int], fn) -> None:
-    """``fn(j, runs of job j, its tokens)`` for every job, on the workers (outputs are allocated empty and written
-    there: a fill on the calling thread would start an OpenMP region, see :mod:`attnops._core.parallel`)."""
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
-    per_task = max(1, -(-len(tokens) // (TASKS_PER_THREAD * torch.get_num_threads())))  # consecutive jobs a task runs
-
-    def task(first: int) -> None:
-        for j in range(first, min(first + per_task, len(tokens))):
-            fn(j, runs[offsets[j]:offsets[j + 1]], tokens[j])
-
-    run_jobs(task, range(0, len(tokens), per_task), runs.device)
+def _chunks(runs: Tensor, counts: list[int], tokens: list[int], queries: Tensor, dtypes, dv: int,
+            outputs: tuple[Tensor, Tensor, Tensor], probabilities: list[int] | None = None) -> None:
+    """Job ``j`` (its ``counts[j]`` runs of ``runs``, ``tokens[j]`` keys; jobs without keys are left out) for the
+    query ``queries[j]``, its partials into row ``j`` of the ``outputs`` (``m``, ``l``, ``o``), all in one
+    :func:`cpu_kernels.decode_chunks` call."""
+    rows, first = [], 0
+    for j, (count, n) in enumerate(zip(counts, tokens)):
+        if n:
+            at = tuple(x.data_ptr() + j * x.stride(0) * x.element_size() for x in outputs)
+            rows.append(cpu_kernels.chunk_row(queries[j], (runs.data_ptr() + first * runs.stride(0) * 8, count), n,
+                                              dtypes, dv, at, probabilities[j] if probabilities else 0))
+        first += count
+    if rows:
+        cpu_kernels.decode_chunks(rows)
 
 
 def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, starts: Tensor,
@@ -90,16 +89,10 @@ def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, b
     runs, counts, tokens = _runs(key, value, tables, torch.arange(n2).repeat(batch), starts.flatten(0, 1),
                                  ends.flatten(0, 1))
     q = query.to(F32).mul(kv.scale).view(batch * n2, 1, g, -1)
-    out = torch.empty(batch * n2, g, kv.dv, dtype=F32)
-
-    def job(j: int, job_runs: Tensor, n: int) -> None:
-        if n == 0:
-            out[j].zero_()
-            return
-        _, total, o = cpu_kernels.decode_chunk(q[j], job_runs, n, (key.dtype, value.dtype), kv.dv)
-        torch.div(o[0], total[0].unsqueeze(-1), out=out[j])
-
-    _each_job(runs, counts, tokens, job)
+    m, total, o = (torch.empty(batch * n2, 1, g, *extra, dtype=F32) for extra in ((), (), (kv.dv,)))
+    _chunks(runs, counts, tokens, q, (key.dtype, value.dtype), kv.dv, (m, total, o))
+    has_keys = torch.tensor(tokens).view(-1, 1, 1, 1) > 0
+    out = torch.where(has_keys, o / torch.where(has_keys, total.unsqueeze(-1), 1.0), 0.0)
     return out.view(batch, kv.n1, kv.dv)
 
 
@@ -112,15 +105,14 @@ def compress_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor,
     runs, counts, tokens = _runs(key, value, block_table, torch.zeros(batch, dtype=torch.int64),
                                  torch.zeros_like(lens), lens)
     q = query.to(F32).mul(kv.scale).view(batch, n2, g, -1)
-    out = torch.empty(batch, kv.n1, kv.dv, dtype=F32)
-    probs: list = [None] * batch
-
-    def job(b: int, job_runs: Tensor, n: int) -> None:  # n >= 1 (checked)
-        _, total, o, p = cpu_kernels.decode_chunk(q[b], job_runs, n, (key.dtype, value.dtype), kv.dv,
-                                                  probabilities=True)
-        total = total.unsqueeze(-1)
-        torch.div(o, total, out=out[b].view(n2, g, kv.dv))
-        probs[b] = (p / total).view(kv.n1, n)
-
-    _each_job(runs, counts, tokens, job)
-    return out, probs
+    m, total, o = (torch.empty(batch, n2, g, *extra, dtype=F32) for extra in ((), (), (kv.dv,)))
+    probs = torch.empty(sum(tokens) * kv.n1, dtype=F32)
+    starts = [0]
+    for n in tokens:
+        starts.append(starts[-1] + n * kv.n1)
+    _chunks(runs, counts, tokens, q, (key.dtype, value.dtype), kv.dv, (m, total, o),
+            [probs.data_ptr() + start * 4 for start in starts[:-1]])
+    total = total.unsqueeze(-1)
+    out = (o / total).view(batch, kv.n1, kv.dv)
+    return out, [(probs[starts[b]:starts[b + 1]].view(n2, g, n) / total[b]).view(kv.n1, n)
+                 for b, n in enumerate(tokens)]
