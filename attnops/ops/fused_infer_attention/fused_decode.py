@@ -1,9 +1,10 @@
 """The compiled CPU decode kernel (:mod:`attnops._core.cpu_kernels`) on :mod:`.decode`'s chunks.
 
 The kernel computes a chunk's partials ``(row max, row sum, un-normalised output)`` for every KV head (one call
-takes all of a decode call's chunks, :func:`compute`), streaming its K and V once from where they lie (pages in any order, fp32/fp16/bf16/int8) and converting in
-registers. Per-token and page-managed antiquant scales and offsets are applied in the kernel; per-channel and
-per-tensor ones are folded into the query (keys) and into the chunk's output (values) here.
+takes all of a decode call's chunks, :func:`compute`), streaming its K and V once from where they lie (pages in any
+order, fp32/fp16/bf16/int8) and converting in registers. Per-token and page-managed antiquant scales and offsets
+are applied in the kernel; per-channel and per-tensor ones are folded into the query (keys) and into the chunk's
+output (values) here.
 
 :func:`unsupported` is the one predicate that routes a call: when it names a reason (or a chunk's mask is not
 all-keep), :mod:`.decode` runs its pure-PyTorch partial instead.
@@ -88,9 +89,9 @@ def kernel_query(p: FIAProblem, qs: Tensor) -> tuple[Tensor, Tensor | None]:
 
 def compute(p: FIAProblem, chunks: list, queries: dict, partials: dict) -> None:
     """The partials of ``chunks`` (each one :func:`takes`, or a :class:`PagedChunk`) in one
-    :func:`cpu_kernels.decode_chunks` call on every CPU thread: chunk ``c``'s
-    row max, row sum and un-normalised output go to slot ``c.index`` of ``partials[c.b]`` (``m``, ``total [C_b, N1,
-    Sq]``, ``o [C_b, N1, Sq, Dv]``, contiguous fp32); ``queries[b]``: :func:`kernel_query`'s ``(q, shift)``."""
+    :func:`cpu_kernels.decode_chunks` call on every CPU thread: chunk ``c``'s row max, row sum and un-normalised
+    output go to slot ``c.index`` of ``partials[c.b]`` (``m``, ``total [C_b, N1, Sq]``, ``o [C_b, N1, Sq, Dv]``, each
+    slot contiguous fp32); ``queries[b]``: :func:`kernel_query`'s ``(q, shift)``."""
     keep: list = []
     runs = {id(c): _runs(p, c.b, c.pieces, keep) for c in chunks if not isinstance(c, PagedChunk)}
     table = torch.tensor([r for rows in runs.values() for r in rows], dtype=torch.int64).view(-1, 20)
