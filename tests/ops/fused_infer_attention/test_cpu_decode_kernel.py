@@ -94,42 +94,25 @@ def test_int8_kv(kernel_calls, kmode, vmode):
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
-def test_same_bits_on_one_and_two_threads(kernel_calls, monkeypatch, dtype):
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+def test_same_bits_on_one_and_two_threads_with_or_without_openmp(kernel_calls, monkeypatch, dtype):
+    """One thread, two OpenMP threads, and two Python workers (a library built without OpenMP): the same bits."""
     monkeypatch.setattr(decode, "CHUNK_TOKENS", 256)
     q, k, v = make_inputs("BNSD", b=2, n=8, nkv=2, sq=1, skv=1500, d=64, dtype=dtype)
     kw = dict(num_key_value_heads=2, layout="BNSD", return_lse=True, actual_seq_lengths_kv=[1500, 999])
     threads = torch.get_num_threads()
     try:
         results = []
-        for n in (1, 2):
+        for n, openmp in ((1, True), (2, True), (2, False)):
             torch.set_num_threads(n)
-            results.append(attnops.fused_infer_attention(q, k, v, **kw))
-    finally:
-        torch.set_num_threads(threads)
-    assert kernel_calls[0] >= 2 * (6 + 4)
-    for a, b in zip(results[0], results[1]):
-        assert torch.equal(a, b)
-
-
-@needs_kernel
-def test_worker_threads_without_openmp_give_the_same_bits(kernel_calls, monkeypatch):
-    """A library built without OpenMP spreads the chunks over the Python workers instead: the same bits."""
-    monkeypatch.setattr(decode, "CHUNK_TOKENS", 256)
-    q, k, v = make_inputs("BNSD", b=2, n=8, nkv=2, sq=1, skv=1500, d=64, dtype=F16)
-    kw = dict(num_key_value_heads=2, layout="BNSD", return_lse=True, actual_seq_lengths_kv=[1500, 999])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        results = []
-        for openmp in (True, False):
             monkeypatch.setitem(cpu_kernels._state, "openmp", openmp)
             results.append(attnops.fused_infer_attention(q, k, v, **kw))
     finally:
         torch.set_num_threads(threads)
-    assert kernel_calls[0] >= 2 * (6 + 4)
-    for a, b in zip(results[0], results[1]):
-        assert torch.equal(a, b)
+    assert kernel_calls[0] >= 3 * (6 + 4)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
 
 
 @needs_kernel
