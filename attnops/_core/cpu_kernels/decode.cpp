@@ -221,8 +221,8 @@ inline R rconvert_n(const char* src, int valid) {
   return valid >= RW ? rconvert<DT>(src) : rconvert_part<DT>(src, valid);
 }
 
-constexpr int MAXR = 4;    // query rows per register block
-constexpr int TB = 4;      // tokens per register block of the scores
+constexpr int MAXR = 4;  // query rows per register block
+constexpr int TB = 4;    // tokens per register block of the scores
 
 // RW tokens of a chunk (the last tile of a chunk may hold fewer: `count`; the rest read a zero row): where head 0
 // of each token's K and V rows and antiquant parameters are, and the steps to the next head.
@@ -230,7 +230,7 @@ struct Tile {
   const char* k[RW];
   const char* v[RW];
   int64_t k_sn[RW], v_sn[RW];  // head steps, bytes
-  const float* ks[RW];                             // per-token scale / offset of the keys and the values, or null
+  const float* ks[RW];         // per-token scale / offset of the keys and the values, or null
   const float* ko[RW];
   const float* vs[RW];
   const float* vo[RW];
