@@ -5,6 +5,7 @@ are bitwise the same on 1 and 2 threads; a failed build warns and leaves every c
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,6 +154,15 @@ def test_a_compiler_without_openmp_builds_for_the_worker_threads(monkeypatch, tm
     q, k, v = make_inputs("BNSD", b=2, n=4, nkv=2, sq=1, skv=40, d=16, dtype=F16)
     check_fia(q, k, v, via="api", num_heads=4, num_key_value_heads=2, input_layout="BNSD", softmax_lse_flag=True)
     assert kernel_calls[0] > 0
+
+
+@needs_kernel
+@pytest.mark.skipif(not cpu_kernels._torch_uses_gomp(), reason="PyTorch does not run on GNU OpenMP here")
+def test_the_kernel_shares_pytorchs_openmp_runtime():
+    """Built with OpenMP, and no second copy of the runtime in the process."""
+    assert cpu_kernels._state["openmp"]
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    assert len({line.split()[-1] for line in maps if "libgomp" in line}) == 1
 
 
 def test_disabled_by_environment(monkeypatch):
