@@ -93,17 +93,16 @@ def compute(p: FIAProblem, chunks: list, queries: dict, partials: dict) -> None:
     output go to slot ``c.index`` of ``partials[c.b]`` (``m``, ``total [C_b, N1, Sq]``, ``o [C_b, N1, Sq, Dv]``, each
     slot contiguous fp32); ``queries[b]``: :func:`kernel_query`'s ``(q, shift)``."""
     keep: list = []
-    runs = {id(c): _runs(p, c.b, c.pieces, keep) for c in chunks if not isinstance(c, PagedChunk)}
-    table = torch.tensor([r for rows in runs.values() for r in rows], dtype=torch.int64).view(-1, 20)
+    runs = [None if isinstance(c, PagedChunk) else _runs(p, c.b, c.pieces, keep) for c in chunks]
+    table = torch.tensor([r for rs in runs if rs is not None for r in rs], dtype=torch.int64).view(-1, 20)
     first = 0
     rows = []
-    for c in chunks:
-        if isinstance(c, PagedChunk):
+    for c, own in zip(chunks, runs):
+        if own is None:  # a paged chunk: its descriptors are made
             address, count, dtypes = c.runs.data_ptr(), c.runs.shape[0], c.dtypes
         else:  # this chunk's rows of the table
-            count = len(runs[id(c)])
-            address, dtypes = table.data_ptr() + first * table.stride(0) * 8, (c.pieces[0].key.dtype,
-                                                                                 c.pieces[0].value.dtype)
+            count, dtypes = len(own), (c.pieces[0].key.dtype, c.pieces[0].value.dtype)
+            address = table.data_ptr() + first * table.stride(0) * table.element_size()
             first += count
         outputs = tuple(x.data_ptr() + c.index * x.stride(0) * x.element_size() for x in partials[c.b])
         rows.append(cpu_kernels.chunk_row(queries[c.b][0], (address, count), c.length, dtypes, p.dv, outputs))
