@@ -1,4 +1,5 @@
-"""Command line: ``python -m attnops {check,bench,compare,build-kernels,gpu-report,aot} [options]``; ``python -m attnops COMMAND --help`` for details."""
+"""Command line: ``python -m attnops {check,bench,compare,build-kernels,gpu-report,aot} [options]``;
+``python -m attnops COMMAND --help`` for details."""
 from __future__ import annotations
 
 import argparse

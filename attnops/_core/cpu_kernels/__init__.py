@@ -144,9 +144,9 @@ def unavailable(device: torch.device, rounding) -> str | None:
 
 
 def decode_chunks(rows: list[list[int]]) -> None:
-    """The chunks of :func:`.layout.chunk_row` ``rows`` on every thread jobs may use (:func:`parallel.job_threads`): one call
-    on PyTorch's OpenMP threads, or one kernel call per :func:`parallel.run_jobs` worker on a share of consecutive
-    rows (see the module docstring). Every tensor the rows point into must stay alive during the call; a chunk's
+    """The chunks of :func:`.layout.chunk_row` ``rows`` on every thread jobs may use (:func:`parallel.job_threads`):
+    one call on PyTorch's OpenMP threads, or one kernel call per :func:`parallel.run_jobs` worker on a share of
+    consecutive rows (see the module docstring). Every tensor the rows point into must stay alive during the call; a chunk's
     result does not depend on the thread that computes it."""
     lib, threads = library(), parallel.job_threads(torch.device("cpu"))
     table = torch.tensor(rows, dtype=layout.DTYPE)
