@@ -215,17 +215,18 @@ def test_the_compiler_identity_and_the_cpu_are_in_the_key(fake_env, monkeypatch,
 
 # ---- temporary build directories ---------------------------------------------------------------------------------
 
-def test_stale_build_directories_are_swept_and_running_ones_kept(tmp_path):
-    stale, running = tmp_path / f"{build.TEMP_PREFIX}old", tmp_path / f"{build.TEMP_PREFIX}new"
-    for d in (stale, running):
-        d.mkdir()
+def test_a_build_sweeps_stale_build_directories_and_keeps_running_ones(fake_env):
+    """A killed build's directory (old) goes, another process's build directory (fresh) and other files stay."""
+    cache, _ = fake_env
+    stale, running, other = cache / f"{build.TEMP_PREFIX}old", cache / f"{build.TEMP_PREFIX}new", cache / "other"
+    for d in (stale, running, other):
+        d.mkdir(parents=True)
         (d / "part.so").write_text("")
     old = time.time() - build.STALE_SECONDS - 60
-    os.utime(stale, (old, old))
-    other = tmp_path / "unrelated"
-    other.mkdir()
-    os.utime(other, (old, old))
-    build.sweep(tmp_path)
+    for d in (stale, other):
+        os.utime(d, (old, old))
+    path, built = build.find_or_build(build.recipe(openmp=False))
+    assert built and path.is_file()
     assert not stale.exists() and running.exists() and other.exists()
 
 
