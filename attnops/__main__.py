@@ -1,4 +1,5 @@
-"""Command line: ``python -m attnops {check,bench,compare,gpu-report,aot} [options]``; ``python -m attnops COMMAND --help`` for details."""
+"""Command line: ``python -m attnops {check,bench,compare,build-kernels,gpu-report,aot} [options]``;
+``python -m attnops COMMAND --help`` for details."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,8 @@ COMMANDS = {
                                       "benchmark suites)"),
     "compare": ("attnops.msprobe.cli", "judge the fused-attention calls of a msprobe dump from an NPU against the "
                                        "fp64 golden and the NPU-precision emulation (docs/compare.md)"),
+    "build-kernels": ("attnops._core.cpu_kernels.cli", "build the CPU decode kernel ahead of time and print where "
+                                                       "it is"),
 }
 # command -> (module with main(argv), one-line description)
 OWN_PARSER = {

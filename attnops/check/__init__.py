@@ -157,10 +157,14 @@ def available_backends() -> list[str]:
 
 
 def backend_report(selected: list[tuple[CheckCase, list[str]]]) -> list[str]:
-    """One line per backend: how many of the selected cases it runs (and where), or why it is skipped."""
+    """One line per backend: how many of the selected cases it runs (and where), or why it is skipped; and where
+    the CPU decode library is, when one is loaded."""
     total = f"{len(selected)} case{'s' * (len(selected) != 1)}"
     lines = [f"reference: runs {sum('reference' in on for _, on in selected)} of {total}; "
              f"CPU decode (FIA, NSA): {cpu_kernels.status()}"]
+    where = cpu_kernels.location()
+    if where is not None:
+        lines.append(f"CPU decode library: {where}")
     reason = triton_skip_reason()
     if reason is not None:
         return lines + [f"triton: skipped ({reason})"]

@@ -95,6 +95,7 @@ def test_report_says_which_backends_ran_and_why_one_was_skipped(monkeypatch, cap
     monkeypatch.setattr(check, "all_cases", _fake_cases)
     monkeypatch.setattr(check, "triton_skip_reason", lambda: "no CUDA device; set ATTNOPS_TRITON_INTERPRET=1")
     monkeypatch.setattr(check.cpu_kernels, "status", lambda: "pure PyTorch (no C++ compiler found)")
+    monkeypatch.setattr(check.cpu_kernels, "location", lambda: None)
     assert check.main([]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): pure PyTorch (no C++ compiler found)",
@@ -107,6 +108,17 @@ def test_report_says_which_backends_ran_and_why_one_was_skipped(monkeypatch, cap
     assert out[:2] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): pure PyTorch (no C++ compiler found)",
                        "triton: runs 1 of 2 cases in Triton's CPU interpreter; the others run on the reference only"]
     assert out[-1].endswith("(backends: reference, triton)")
+
+
+def test_report_names_the_cpu_decode_library_in_use(monkeypatch, capsys):
+    monkeypatch.setattr(check, "all_cases", _fake_cases)
+    monkeypatch.setattr(check, "triton_skip_reason", lambda: "no CUDA")
+    monkeypatch.setattr(check.cpu_kernels, "status", lambda: "compiled C++ kernel")
+    monkeypatch.setattr(check.cpu_kernels, "location", lambda: "/cache/k.so (CPU x86_64 avx2 #0; g++ 12)")
+    assert check.main([]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): compiled C++ kernel",
+                       "CPU decode library: /cache/k.so (CPU x86_64 avx2 #0; g++ 12)", "triton: skipped (no CUDA)"]
 
 
 def test_a_filter_that_matches_nothing_is_an_error_listing_the_cases(monkeypatch, capsys):

@@ -14,8 +14,10 @@
 // runtime PyTorch already loaded (attnops_decode_chunks_parallel).
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -594,32 +596,50 @@ int run_chunk(const float* q, int heads, int rows, int d, int dv, int kt, int vt
   return 0;
 }
 
-constexpr int ROW = 14;  // int64 fields of a chunk's row in a table
+// One chunk of a table (pointers as addresses): the arguments of one run_chunk and p_out, where to copy
+// exp(s - m) [heads, rows, tokens] (0: nowhere).
+struct ChunkRow {
+  int64_t q, heads, rows, d, dv, kt, vt, runs, nruns, tokens, m_out, l_out, o_out, p_out;
+};
+constexpr int ROW = sizeof(ChunkRow) / sizeof(int64_t);  // int64 fields of a chunk's row in a table
+
+// The layout version Python checks (attnops/_core/cpu_kernels/layout.py): raise it with any change of meaning.
+constexpr int LAYOUT_VERSION = 1;
+struct Field {
+  const char* name;
+  size_t offset;
+};
+#define ATTNOPS_FIELD(S, f) Field{#f, offsetof(S, f) / sizeof(int64_t)}
+
+template <size_t N>
+std::string describe(const char* table, const Field (&fields)[N]) {
+  std::string text = std::string("; ") + table;
+  for (const Field& f : fields) text += std::string(" ") + f.name + ":" + std::to_string(f.offset);
+  return text;
+}
 
 }  // namespace
 
 extern "C" {
 
 // Several chunks one after another on the calling thread, in one call (no per-chunk call overhead): row i of
-// `table` [n, ROW] is q, heads, rows, d, dv, kt, vt, runs, nruns, tokens, m_out, l_out, o_out of one run_chunk
-// (pointers as addresses) and p_out: where to copy exp(s - m) [heads, rows, tokens] (0: nowhere). Returns 0, or
-// the first non-zero code of a chunk.
+// `table` [n, ROW] is a ChunkRow. Returns 0, or the first non-zero code of a chunk.
 int attnops_decode_chunks(const int64_t* table, int n) {
   thread_local std::vector<float> scratch;  // kept between calls: no page faults per call
   for (int i = 0; i < n; ++i) {
-    const int64_t* c = table + ROW * i;
-    const int heads = static_cast<int>(c[1]), rows = static_cast<int>(c[2]), d = static_cast<int>(c[3]),
-              dv = static_cast<int>(c[4]);
-    const size_t need = static_cast<size_t>(scratch_floats(heads * rows, d, dv, c[9]));
+    const ChunkRow& c = reinterpret_cast<const ChunkRow*>(table)[i];
+    const int heads = static_cast<int>(c.heads), rows = static_cast<int>(c.rows), d = static_cast<int>(c.d),
+              dv = static_cast<int>(c.dv);
+    const size_t need = static_cast<size_t>(scratch_floats(heads * rows, d, dv, c.tokens));
     if (scratch.size() < need) scratch.resize(need);
-    const int code = run_chunk(reinterpret_cast<const float*>(c[0]), heads, rows, d, dv, static_cast<int>(c[5]),
-                               static_cast<int>(c[6]), reinterpret_cast<const int64_t*>(c[7]), static_cast<int>(c[8]),
-                               c[9], scratch.data(), reinterpret_cast<float*>(c[10]), reinterpret_cast<float*>(c[11]),
-                               reinterpret_cast<float*>(c[12]));
+    const int code = run_chunk(reinterpret_cast<const float*>(c.q), heads, rows, d, dv, static_cast<int>(c.kt),
+                               static_cast<int>(c.vt), reinterpret_cast<const int64_t*>(c.runs),
+                               static_cast<int>(c.nruns), c.tokens, scratch.data(), reinterpret_cast<float*>(c.m_out),
+                               reinterpret_cast<float*>(c.l_out), reinterpret_cast<float*>(c.o_out));
     if (code != 0) return code;
-    if (c[13])
-      std::memcpy(reinterpret_cast<float*>(c[13]), scratch.data() + scores_offset(heads * rows, d, dv),
-                  sizeof(float) * heads * rows * c[9]);
+    if (c.p_out)
+      std::memcpy(reinterpret_cast<float*>(c.p_out), scratch.data() + scores_offset(heads * rows, d, dv),
+                  sizeof(float) * heads * rows * c.tokens);
   }
   return 0;
 }
@@ -646,6 +666,33 @@ int attnops_openmp() {
 #else
   return 0;
 #endif
+}
+
+// The tables' layouts, as attnops/_core/cpu_kernels/layout.py describes them: "version V; Run name:offset ...;
+// ChunkRow name:offset ...; DType name:code ..." (offsets in int64 fields).
+const char* attnops_row_layout() {
+  static const std::string text = [] {
+    const Field run[] = {
+        ATTNOPS_FIELD(Run, k_addr),  ATTNOPS_FIELD(Run, k_sr),    ATTNOPS_FIELD(Run, k_sn),
+        ATTNOPS_FIELD(Run, k_sl),    ATTNOPS_FIELD(Run, v_addr),  ATTNOPS_FIELD(Run, v_sr),
+        ATTNOPS_FIELD(Run, v_sn),    ATTNOPS_FIELD(Run, v_sl),    ATTNOPS_FIELD(Run, blocks),
+        ATTNOPS_FIELD(Run, length),  ATTNOPS_FIELD(Run, ks_addr), ATTNOPS_FIELD(Run, ko_addr),
+        ATTNOPS_FIELD(Run, ks_sr),   ATTNOPS_FIELD(Run, ks_sn),   ATTNOPS_FIELD(Run, ks_sl),
+        ATTNOPS_FIELD(Run, vs_addr), ATTNOPS_FIELD(Run, vo_addr), ATTNOPS_FIELD(Run, vs_sr),
+        ATTNOPS_FIELD(Run, vs_sn),   ATTNOPS_FIELD(Run, vs_sl)};
+    const Field row[] = {
+        ATTNOPS_FIELD(ChunkRow, q),     ATTNOPS_FIELD(ChunkRow, heads),  ATTNOPS_FIELD(ChunkRow, rows),
+        ATTNOPS_FIELD(ChunkRow, d),     ATTNOPS_FIELD(ChunkRow, dv),     ATTNOPS_FIELD(ChunkRow, kt),
+        ATTNOPS_FIELD(ChunkRow, vt),    ATTNOPS_FIELD(ChunkRow, runs),   ATTNOPS_FIELD(ChunkRow, nruns),
+        ATTNOPS_FIELD(ChunkRow, tokens), ATTNOPS_FIELD(ChunkRow, m_out), ATTNOPS_FIELD(ChunkRow, l_out),
+        ATTNOPS_FIELD(ChunkRow, o_out), ATTNOPS_FIELD(ChunkRow, p_out)};
+    static_assert(sizeof(run) / sizeof(Field) * sizeof(int64_t) == sizeof(Run), "every Run field described");
+    static_assert(sizeof(row) / sizeof(Field) == ROW, "every ChunkRow field described");
+    return "version " + std::to_string(LAYOUT_VERSION) + describe("Run", run) + describe("ChunkRow", row) +
+           "; DType F32:" + std::to_string(F32) + " F16:" + std::to_string(F16) + " BF16:" + std::to_string(BF16) +
+           " I8:" + std::to_string(I8);
+  }();
+  return text.c_str();
 }
 
 }  // extern "C"

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..._core import cpu_kernels
+from ..._core.cpu_kernels import layout
 from .problem import FIAProblem
 from .quant import Antiquant
 
@@ -31,7 +32,7 @@ def unsupported(p: FIAProblem) -> str | None:
     if p.pse is not None:
         return "a pse"
     dtypes = (_cache(p.source.key).dtype, _cache(p.source.value).dtype)
-    if any(dt not in cpu_kernels.DTYPE_CODES for dt in dtypes):
+    if any(dt not in layout.DTYPE_CODES for dt in dtypes):
         return f"K/V dtypes {dtypes} (int4 runs on the PyTorch path)"
     return None
 
@@ -43,11 +44,11 @@ def takes(p: FIAProblem, b: int, sq: int, c0: int, c1: int, pieces) -> bool:
             and all(pc.seg.key.stride(-1) == 1 and pc.seg.value.stride(-1) == 1 for pc in pieces))
 
 
-def _token_factors(quant: Antiquant | None, b: int, piece, keep: list) -> list[int]:
-    """``[scale addr, offset addr, sr, sn, sl]`` of a piece's per-token antiquant (zeros when there is none or it is
-    per-channel)."""
+def _token_factors(quant: Antiquant | None, b: int, piece, keep: list) -> tuple[int, ...]:
+    """``(scale addr, offset addr, sr, sn, sl)`` of a piece's per-token antiquant (:data:`layout.NO_FACTORS` when
+    there is none or it is per-channel)."""
     if quant is None or quant.kind == "static":
-        return [0] * 5
+        return layout.NO_FACTORS
     r, l = piece.key.shape[0], piece.key.shape[2]
     scale, offset = (None if t is None else t.contiguous()
                      for t in quant.factors(b, piece.pos, piece.block, r, l))
@@ -56,16 +57,17 @@ def _token_factors(quant: Antiquant | None, b: int, piece, keep: list) -> list[i
         scale = scale.expand_as(offset).contiguous()
     keep += [scale, offset]
     sr, sn, sl, _ = scale.stride()
-    return [scale.data_ptr(), 0 if offset is None else offset.data_ptr(), sr, 0 if scale.shape[1] == 1 else sn, sl]
+    return scale.data_ptr(), 0 if offset is None else offset.data_ptr(), sr, 0 if scale.shape[1] == 1 else sn, sl
 
 
 def _runs(p: FIAProblem, b: int, pieces, keep: list) -> list[list[int]]:
-    """The kernel's run descriptors (``Run`` in ``decode.cpp``) of a chunk's pieces, one row each."""
+    """The kernel's run descriptors (:func:`layout.run_columns`) of a chunk's pieces, one row each."""
     rows = []
     for pc in pieces:
         k, v = pc.key, pc.value
-        rows.append([k.data_ptr(), *k.stride()[:3], v.data_ptr(), *v.stride()[:3], k.shape[0], k.shape[2],
-                     *_token_factors(p.key_quant, b, pc, keep), *_token_factors(p.value_quant, b, pc, keep)])
+        rows.append(layout.run_columns((k.data_ptr(), *k.stride()[:3]), (v.data_ptr(), *v.stride()[:3]), k.shape[0],
+                                       k.shape[2], _token_factors(p.key_quant, b, pc, keep),
+                                       _token_factors(p.value_quant, b, pc, keep)))
     return rows
 
 
@@ -94,7 +96,8 @@ def compute(p: FIAProblem, chunks: list, queries: dict, partials: dict) -> None:
     slot contiguous fp32); ``queries[b]``: :func:`kernel_query`'s ``(q, shift)``."""
     keep: list = []
     runs = [None if isinstance(c, PagedChunk) else _runs(p, c.b, c.pieces, keep) for c in chunks]
-    table = torch.tensor([r for rs in runs if rs is not None for r in rs], dtype=torch.int64).view(-1, 20)
+    table = torch.tensor([r for rs in runs if rs is not None for r in rs], dtype=layout.DTYPE)
+    table = table.view(-1, len(layout.RUN_FIELDS))
     first = 0
     rows = []
     for c, own in zip(chunks, runs):
@@ -105,7 +108,7 @@ def compute(p: FIAProblem, chunks: list, queries: dict, partials: dict) -> None:
             address = table.data_ptr() + first * table.stride(0) * table.element_size()
             first += count
         outputs = tuple(x.data_ptr() + c.index * x.stride(0) * x.element_size() for x in partials[c.b])
-        rows.append(cpu_kernels.chunk_row(queries[c.b][0], (address, count), c.length, dtypes, p.dv, outputs))
+        rows.append(layout.chunk_row(queries[c.b][0], (address, count), c.length, dtypes, p.dv, outputs))
     cpu_kernels.decode_chunks(rows)
     static = _static(p.value_quant, p.n2)
     for c in chunks:
@@ -129,7 +132,7 @@ def _finish(p: FIAProblem, shift: Tensor | None, static, m: Tensor, total: Tenso
 @dataclass(frozen=True)
 class PagedChunk:
     """Pages of one batch's paged cache as kernel run descriptors (one row per page), made without a tensor view
-    per page: ``runs`` int64 ``[pages, 20]``, ``start``/``length`` its effective columns."""
+    per page: ``runs`` ``[pages, len(layout.RUN_FIELDS)]``, ``start``/``length`` its effective columns."""
 
     b: int
     index: int
@@ -175,12 +178,12 @@ def paged_chunks(p: FIAProblem, batches: list[int], chunk_tokens: int) -> dict[i
     lengths = (torch.tensor([lens[b] for b in batches])[:, None] - index * bs).clamp(max=bs)[used]
     positions = (index * bs).expand_as(used)[used]
     batch_of = rows[:, None].expand_as(used)[used]
-    cols = [kc.data_ptr() + blocks * (kc.stride(0) * kc.element_size()), 0, geo_k[0], geo_k[1],
-            vc.data_ptr() + blocks * (vc.stride(0) * vc.element_size()), 0, geo_v[0], geo_v[1], 1, lengths]
     keep = [kc, vc]
-    for quant in (p.key_quant, p.value_quant):
-        cols += _page_factors(quant, batch_of, blocks, positions, keep)
-    runs = torch.stack([torch.as_tensor(c, dtype=torch.int64).expand(blocks.shape[0]) for c in cols], 1)
+    cols = layout.run_columns((kc.data_ptr() + blocks * (kc.stride(0) * kc.element_size()), 0, *geo_k),
+                              (vc.data_ptr() + blocks * (vc.stride(0) * vc.element_size()), 0, *geo_v), 1, lengths,
+                              *(_page_factors(quant, batch_of, blocks, positions, keep)
+                                for quant in (p.key_quant, p.value_quant)))
+    runs = torch.stack([torch.as_tensor(c, dtype=layout.DTYPE).expand(blocks.shape[0]) for c in cols], 1)
     per_chunk = max(1, chunk_tokens // bs)
     dtypes, keep = (kc.dtype, vc.dtype), tuple(keep)
     chunks: dict[int, list[PagedChunk]] = {}
@@ -193,12 +196,12 @@ def paged_chunks(p: FIAProblem, batches: list[int], chunk_tokens: int) -> dict[i
     return chunks
 
 
-def _page_factors(quant: Antiquant | None, batch: Tensor, blocks: Tensor, positions: Tensor, keep: list) -> list:
-    """The five antiquant columns of every page (scale addr, offset addr, sr, sn, sl): per-token parameters
+def _page_factors(quant: Antiquant | None, batch: Tensor, blocks: Tensor, positions: Tensor, keep: list) -> tuple:
+    """The antiquant columns of every page (scale addr, offset addr, sr, sn, sl): per-token parameters
     ``[B, N2|1, S]`` at the page's batch and positions, page-managed ones ``[blocknum, N2|1, blocksize]`` at its
     block."""
     if quant is None or quant.kind == "static":
-        return [0] * 5
+        return layout.NO_FACTORS
     scale, offset = quant.scale, quant.offset
     if offset is not None and offset.stride() != scale.stride():
         scale, offset = scale.contiguous(), offset.contiguous()
@@ -206,4 +209,4 @@ def _page_factors(quant: Antiquant | None, batch: Tensor, blocks: Tensor, positi
     s0, s1, s2 = scale.stride()
     first = batch * s0 + positions * s2 if quant.kind == "token" else blocks * s0
     addr = [t.data_ptr() + first * 4 for t in (scale, offset) if t is not None]
-    return [addr[0], addr[1] if offset is not None else 0, 0, 0 if scale.shape[1] == 1 else s1, s2]
+    return addr[0], addr[1] if offset is not None else 0, 0, 0 if scale.shape[1] == 1 else s1, s2

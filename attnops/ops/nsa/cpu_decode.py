@@ -17,12 +17,12 @@ import torch
 from torch import Tensor
 
 from ..._core import cpu_kernels
+from ..._core.cpu_kernels import layout
 
 if TYPE_CHECKING:
     from .decode import PagedKV
 
 F32 = torch.float32
-_RUN_FIELDS = 20  # int64 fields of decode.cpp's Run
 
 
 def unsupported(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor) -> str | None:
@@ -30,7 +30,7 @@ def unsupported(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor) -> str |
     reason = cpu_kernels.unavailable(query.device, kv.rounding)
     if reason is not None:
         return reason
-    if query.dtype not in cpu_kernels.DTYPE_CODES:
+    if query.dtype not in layout.DTYPE_CODES:
         return f"dtype {query.dtype} (fp64 runs on the PyTorch path)"
     if key.stride(-1) != 1 or value.stride(-1) != 1:
         return "caches without unit stride along the head dim"
@@ -39,9 +39,9 @@ def unsupported(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor) -> str |
 
 def _runs(key: Tensor, value: Tensor, tables: Tensor, heads: Tensor, starts: Tensor,
           ends: Tensor) -> tuple[Tensor, list[int], list[int]]:
-    """Run descriptors ``[n, 20]`` of jobs reading token ranges ``[starts, ends)`` ``[J, C]`` (in order; empty ones
-    allowed) through block table rows ``tables [J, maxBlocks]`` from KV head ``heads [J]`` on; with every job's
-    number of runs and of tokens."""
+    """Run descriptors (:func:`layout.run_columns`) ``[n, len(layout.RUN_FIELDS)]`` of jobs reading token ranges
+    ``[starts, ends)`` ``[J, C]`` (in order; empty ones allowed) through block table rows ``tables [J, maxBlocks]``
+    from KV head ``heads [J]`` on; with every job's number of runs and of tokens."""
     page = key.shape[1]
     span = int((ends - starts).max()) if starts.numel() else 0
     step = torch.arange(-(-span // page) + 1)  # the pages a range of `span` tokens can touch
@@ -51,14 +51,14 @@ def _runs(key: Tensor, value: Tensor, tables: Tensor, heads: Tensor, starts: Ten
     keep = lo < hi
     blocks = tables.long().gather(1, (lo // page).clamp(0, tables.shape[1] - 1))
     rows, zero, heads = lo % page, torch.zeros_like(lo), heads.long().unsqueeze(-1)
-    cols = []
+    where = []
     for cache in (key, value):
         s0, s1, s2, _ = cache.stride()
         addr = cache.data_ptr() + (blocks * s0 + rows * s1 + heads * s2) * cache.element_size()
-        cols += [addr, zero, zero + s2, zero + s1]
+        where.append((addr, zero, zero + s2, zero + s1))
     lengths = hi - lo
-    cols += [zero + 1, lengths]
-    cols += [zero] * (_RUN_FIELDS - len(cols))  # no per-token antiquant
+    cols = layout.run_columns(*where, zero + 1, lengths, (zero,) * len(layout.NO_FACTORS),
+                              (zero,) * len(layout.NO_FACTORS))  # no per-token antiquant
     # index_select: a mask or an index tensor in [] takes milliseconds here (an OpenMP region on two threads)
     runs = torch.stack(cols, -1).flatten(0, 1).index_select(0, keep.flatten().nonzero().squeeze(1))
     return runs, keep.sum(1).tolist(), (lengths * keep).sum(1).tolist()
@@ -73,8 +73,9 @@ def _chunks(runs: Tensor, counts: list[int], tokens: list[int], queries: Tensor,
     for j, (count, n) in enumerate(zip(counts, tokens)):
         if n:
             at = tuple(x.data_ptr() + j * x.stride(0) * x.element_size() for x in outputs)
-            rows.append(cpu_kernels.chunk_row(queries[j], (runs.data_ptr() + first * runs.stride(0) * 8, count), n,
-                                              dtypes, dv, at, probabilities[j] if probabilities else 0))
+            address = runs.data_ptr() + first * runs.stride(0) * runs.element_size()
+            rows.append(layout.chunk_row(queries[j], (address, count), n, dtypes, dv, at,
+                                         probabilities[j] if probabilities else 0))
         first += count
     if rows:
         cpu_kernels.decode_chunks(rows)
