@@ -49,6 +49,9 @@ def sparse_flash_attention(q: Tensor, k: Tensor, v: Tensor, rows: list[list[int]
                            block=1, q_rope=None, k_rope=None, sinks=None, dtype=torch.float64):
     """One batch: ``(out [Lq, N, Dv], max [Lq, N], sum [Lq, N])`` (q ``[Lq, N, D]``, k ``[Lk, D]``, v ``[Lk, Dv]``)."""
     lq, heads = q.shape[:2]
+    if lq == 0:
+        return torch.zeros(0, heads, v.shape[1], dtype=dtype), torch.zeros(0, heads, dtype=dtype), torch.zeros(
+            0, heads, dtype=dtype)
     outs, maxes, sums = [], [], []
     for i in range(lq):
         pos = key_set(rows[i], allowed(lq, k.shape[0], i, sparse_mode), block)
