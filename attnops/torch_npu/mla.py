@@ -1,6 +1,7 @@
 """torch_npu's MLA helpers: ``npu_interleave_rope``, ``npu_kv_rmsnorm_rope_cache`` (every cache mode, NZ and int8
 caches, V1 and V2) and ``npu_mla_prolog_v3`` / ``_v3_functional`` / ``_v2`` (non-quantized and int8 paths; the
-mxfp8 / fp8 / hifloat8 weights and per-tile caches raise :class:`NotImplementedError` naming the argument). They call the ``attnops::mla_*`` custom ops."""
+mxfp8 / fp8 / hifloat8 weights and per-tile caches raise :class:`NotImplementedError` naming the argument). They
+call the ``attnops::mla_*`` custom ops."""
 from __future__ import annotations
 
 import torch

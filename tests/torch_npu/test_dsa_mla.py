@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnops import ParamInvalidError, ParamNullptrError, torch_npu
-from attnops.ops.dsa.quant_cache import dequantize, quantize
+from attnops import ParamDtypeError, ParamInvalidError, ParamNullptrError, torch_npu
+from attnops._core import hifloat8
+from attnops.ops.dsa.quant_cache import dequantize, pack_rows, quantize
 from attnops.testing import golden_dsa as G
+from attnops.testing import golden_hifloat8 as G8
 from attnops.testing.compare import assert_close_to_golden
 
 
@@ -391,6 +393,59 @@ def test_kv_quant_sparse_attention_matches_golden_on_dequantized_rows():
                                     k_rope=k_rope, dtype=torch.bfloat16)[0]
     assert_close_to_golden("out", out[0], g, base)
 
+
+
+def _hifloat8_cache(tokens, seed):
+    """Packed rows with HiFloat8 codes (uint8), and their nope values from the paper's formula ``[S, 512]``."""
+    nope, rope = _r(tokens, 512, seed=seed), _r(tokens, 64, seed=seed + 1, dtype=torch.bfloat16)
+    scales = nope.view(tokens, 4, 128).abs().amax(-1) / 8
+    codes = hifloat8.encode(nope.view(tokens, 4, 128) / scales[..., None]).view(tokens, 512)
+    values = torch.tensor([G8.value(c) for c in range(256)], dtype=torch.float64)[codes.long()]
+    nope_values = (values.view(tokens, 4, 128) * scales[..., None].double()).view(tokens, 512)
+    return pack_rows(codes, rope, scales), nope_values, rope
+
+
+def test_kv_quant_sparse_attention_reads_a_hifloat8_cache():
+    q = _r(1, 3, 2, 576, seed=30, dtype=torch.bfloat16)
+    packed, k_nope, k_rope = _hifloat8_cache(5, seed=31)
+    rows = [[2, 0], [3, 1, 0], [4, 2, 1]]
+    idx = torch.full((1, 3, 1, 2048), -1, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        idx[0, i, 0, :len(r)] = torch.tensor(r)
+    out = torch_npu.npu_kv_quant_sparse_flash_attention(q, packed[None, :, None], packed[None, :, None], idx, 0.05,
+                                                        2, 2, attention_mode=2, key_dtype=torch_npu.hifloat8,
+                                                        value_dtype=torch_npu.hifloat8)
+    assert out.shape == (1, 3, 2, 512) and out.dtype == torch.bfloat16
+    k = k_nope.to(torch.bfloat16)  # the nope values in the query's dtype, as Huawei's golden rounds them
+    g = G.sparse_flash_attention(q[0, :, :, :512], k, k, rows, 0.05, q_rope=q[0, :, :, 512:], k_rope=k_rope)[0]
+    base = G.sparse_flash_attention(q[0, :, :, :512], k, k, rows, 0.05, q_rope=q[0, :, :, 512:], k_rope=k_rope,
+                                    dtype=torch.bfloat16)[0]
+    assert_close_to_golden("out", out[0], g, base)
+    as_int8 = torch_npu.npu_kv_quant_sparse_flash_attention(q, packed.view(torch.int8)[None, :, None],
+                                                            packed.view(torch.int8)[None, :, None], idx, 0.05, 2, 2,
+                                                            attention_mode=2, key_dtype=torch_npu.hifloat8)
+    assert torch.equal(as_int8, out)
+
+
+def test_kv_quant_sparse_attention_dtype_arguments_raise_by_name():
+    q = _r(1, 1, 2, 576, dtype=torch.bfloat16)
+    packed = _hifloat8_cache(2, seed=32)[0][None, :, None]
+    idx = torch.full((1, 1, 1, 2048), -1, dtype=torch.int32)
+    idx[0, 0, 0, 0] = 1
+
+    def run(key=packed, indices=idx, **kw):
+        return torch_npu.npu_kv_quant_sparse_flash_attention(q, key, key, indices, 0.05, 2, 2, attention_mode=2, **kw)
+
+    with pytest.raises(ParamDtypeError, match="^key_dtype: expected None or torch_npu.hifloat8"):
+        run(key_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ParamDtypeError, match="^value_dtype: expected None unless key_dtype"):
+        run(value_dtype=torch_npu.hifloat8)
+    with pytest.raises(ParamInvalidError, match="^sparse_indices: expected last dim 2048"):
+        run(indices=idx[..., :16].contiguous(), key_dtype=torch_npu.hifloat8)
+    with pytest.raises(ParamDtypeError, match="^key: "):
+        run(key=packed.view(torch.float8_e4m3fn), key_dtype=torch_npu.hifloat8)
+    with pytest.raises(ParamDtypeError, match="^key: "):  # uint8 bytes without key_dtype: not int8 / fp8 codes
+        run()
 
 def test_quantize_round_trip_is_within_a_tile_step():
     nope = _r(4, 512, seed=23)
