@@ -66,18 +66,19 @@ def _golden_over_batches(qs, ks, qis, kis, ws, rows, maxes, sums, scale, dtype=t
             torch.cat([p[3] for p in parts]))
 
 
-def _check_tnd_against_golden(q_lens, k_lens, count, dtype):
+def _check_tnd_against_golden(q_lens, k_lens, count, dtype, rows=None):
     """torch_npu's op on random multi-batch TND inputs (its head dims: 512, indexer 128; SFA statistics from the
-    golden) vs the golden batch by batch. float32: the gradients under the tolerance rule; float64 (the same code
-    path in fp64): loss and gradients to fp64 precision. (The float32 loss is a sum of ``T * K`` rounded terms whose
-    error against a plain fp32 sum is a ratio of two rounding noises, so it is judged in fp64.)"""
+    golden; ``rows``: index rows per batch, default random) vs the golden batch by batch. float32: the gradients
+    under the tolerance rule; float64 (the same code path in fp64): loss and gradients to fp64 precision. (The
+    float32 loss is a sum of ``T * K`` rounded terms whose error against a plain fp32 sum is a ratio of two rounding
+    noises, so it is judged in fp64.)"""
     heads, ni, scale = 2, 2, 0.05
     qs = [randn(n, heads, 512, seed=10 + b, dtype=dtype) for b, n in enumerate(q_lens)]
     ks = [randn(n, 512, seed=20 + b, dtype=dtype) for b, n in enumerate(k_lens)]
     qis = [randn(n, ni, 128, seed=30 + b, dtype=dtype) for b, n in enumerate(q_lens)]
     kis = [randn(n, 128, seed=40 + b, dtype=dtype) for b, n in enumerate(k_lens)]
     ws = [randn(n, ni, seed=50 + b, dtype=dtype).abs() for b, n in enumerate(q_lens)]
-    rows = random_rows(q_lens, k_lens, count)
+    rows = rows or random_rows(q_lens, k_lens, count)
     stats = [G.sparse_flash_attention(q, k, k, r, scale)[1:] for q, k, r in zip(qs, ks, rows)]
     maxes, sums = [m for m, _ in stats], [s for _, s in stats]
     cumulative = lambda lens: torch.tensor(lens).cumsum(0).tolist()
@@ -103,6 +104,13 @@ def _check_tnd_against_golden(q_lens, k_lens, count, dtype):
 def test_multi_batch_tnd_matches_golden(q_lens, k_lens, dtype):
     """Every batch after the first: its rows, keys and statistics start past the previous batches'."""
     _check_tnd_against_golden(q_lens, k_lens, 3, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_two_batches_with_padded_and_unordered_rows(dtype):
+    """Rows ending in -1 past the causal limit and rows not sorted by position, two batches of 4."""
+    rows = [[0, -1], [0, 1], [1, 2], [3, 0]]
+    _check_tnd_against_golden([4, 4], [4, 4], 2, dtype, rows=[rows, rows])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
