@@ -99,13 +99,13 @@ def npu_mla_prolog_v2(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
     weight_mode = 0 if weight_uq_qr.dtype != torch.int8 else 2 if token_x.dtype == torch.int8 else 1
     int8_cache = kv_cache.dtype == torch.int8
     full = int(int8_cache and weight_mode == 2)
-    cache_mode_quant = 0 if not int8_cache else 1 if full else 2
+    kv_quant_mode = 0 if not int8_cache else 1 if full else 2  # per-tensor with W8A8, else per-channel
     query, query_rope, scale_q, _, _ = _prolog(
         token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin,
         rope_cos, kv_cache, kr_cache, cache_index, None, rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv, cache_mode,
         dequant_scale_x=dequant_scale_x, dequant_scale_w_dq=dequant_scale_w_dq,
         dequant_scale_w_uq_qr=dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr,
         quant_scale_ckv=quant_scale_ckv, quant_scale_ckr=quant_scale_ckr, smooth_scales_cq=smooth_scales_cq,
-        weight_quant_mode=weight_mode, kv_cache_quant_mode=cache_mode_quant, query_quant_mode=full)
+        weight_quant_mode=weight_mode, kv_cache_quant_mode=kv_quant_mode, query_quant_mode=full)
     return query, query_rope, kv_cache, kr_cache, scale_q if full else query_rope.new_zeros((1,),
                                                                                              dtype=torch.float32)
