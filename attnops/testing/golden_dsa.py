@@ -49,6 +49,9 @@ def sparse_flash_attention(q: Tensor, k: Tensor, v: Tensor, rows: list[list[int]
                            block=1, q_rope=None, k_rope=None, sinks=None, dtype=torch.float64):
     """One batch: ``(out [Lq, N, Dv], max [Lq, N], sum [Lq, N])`` (q ``[Lq, N, D]``, k ``[Lk, D]``, v ``[Lk, Dv]``)."""
     lq, heads = q.shape[:2]
+    if lq == 0:
+        return torch.zeros(0, heads, v.shape[1], dtype=dtype), torch.zeros(0, heads, dtype=dtype), torch.zeros(
+            0, heads, dtype=dtype)
     outs, maxes, sums = [], [], []
     for i in range(lq):
         pos = key_set(rows[i], allowed(lq, k.shape[0], i, sparse_mode), block)
@@ -124,10 +127,13 @@ def kv_cache_rows_v2(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, v: Ten
 
 def mla_prolog_int8(x, w_dq, w_uq_qr, w_uk, w_dkv_kr, gamma_cq, gamma_ckv, sin, cos, *, dequant_scale_w_uq_qr,
                     dequant_scale_x=None, dequant_scale_w_dq=None, dequant_scale_w_dkv_kr=None, smooth=None,
-                    quant_scale_ckv=None, eps=1e-5) -> dict[str, Tensor]:
+                    quant_scale_ckv=None, quant_scale_ckr=None, per_channel_cache=False, eps=1e-5
+                    ) -> dict[str, Tensor]:
     """The MLA prolog's int8 paths in fp64, unrounded where the op rounds to int8 (``*_real``: the value whose
     round-half-even is the code). int8 ``x`` (with ``dequant_scale_x``) means W8A8 (``weight_quant_mode`` 2);
-    ``quant_scale_ckv`` turns on the int8 cache and the per token-head query quantization."""
+    ``quant_scale_ckv`` turns on the int8 cache: per-tensor (its first value) with the per token-head query
+    quantization, or with ``per_channel_cache`` one scale per latent channel (and ``quant_scale_ckr``, one per rope
+    channel), the query left as is."""
     f = torch.float64
     if x.dtype == torch.int8:
         xq = (x.to(f) @ w_dq.to(f)) * dequant_scale_x.to(f).reshape(-1, 1) * dequant_scale_w_dq.to(f).reshape(1, -1)
@@ -145,9 +151,13 @@ def mla_prolog_int8(x, w_dq, w_uq_qr, w_uk, w_dkv_kr, gamma_cq, gamma_ckv, sin, 
     latent = rms_norm(kv[:, :hckv], gamma_ckv, eps)
     out = {"query_norm_real": c_q / norm_scale, "dequant_scale_q_norm": norm_scale, "query": query,
            "query_rope": query_rope, "kv": latent, "kr": interleave_rope(kv[:, hckv:], cos, sin)}
-    if quant_scale_ckv is not None:
+    if quant_scale_ckv is not None and per_channel_cache:
+        out["kv_real"] = latent * quant_scale_ckv.to(f).reshape(-1)
+        if quant_scale_ckr is not None:
+            out["kr_real"] = out["kr"] * quant_scale_ckr.to(f).reshape(-1)
+    elif quant_scale_ckv is not None:
         q_scale = query.abs().amax(-1, keepdim=True) / 127
-        qs = float(quant_scale_ckv.reshape(()))
+        qs = float(quant_scale_ckv.reshape(-1)[0])
         out.update(query_real=query / q_scale, dequant_scale_q_nope=q_scale, query_rope=query_rope * qs / q_scale,
                    kv_real=latent * qs)
     return out

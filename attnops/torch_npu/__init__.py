@@ -17,6 +17,7 @@ from .atb_self_attention import (
     _npu_flash_attention_unpad_v2,
     _npu_flash_attention_v3,
 )
+from .._core.hifloat8 import HIFLOAT8 as hifloat8
 from .attention_update import npu_attention_update, npu_ring_attention_update
 from .dsa import (
     C_ASCEND_OPS,
@@ -69,6 +70,7 @@ from .scatter_nd import npu_scatter_nd_update, npu_scatter_nd_update_
 from .shim import install
 
 __all__ = [
+    "hifloat8",
     "install",
     "npu_attention_update",
     "npu_fused_infer_attention_score",
@@ -108,7 +110,7 @@ __all__ = [
 ]
 
 # the ops torch.ops.npu resolves to once install() ran
-OPS = tuple(name for name in __all__ if name != "install") + (
+OPS = tuple(name for name in __all__ if name not in ("hifloat8", "install")) + (
     "_npu_fused_infer_attention_score_get_max_workspace", "_npu_fused_infer_attention_score_v2_get_max_workspace")
 # ATB ops (torch_npu._npu_*; torch.ops.atb once install() ran)
 ATB_OPS = ("_npu_flash_attention", "_npu_flash_attention_qlens", "_npu_flash_attention_unpad",

@@ -12,6 +12,8 @@ import torch
 from torch import Tensor
 
 from .._core.checks import check_scale, require
+from .._core.errors import ParamDtypeError
+from .._core.hifloat8 import HIFLOAT8
 from .._core.custom_ops import call
 from ..ops.dsa import op as dsa_op
 from ._common import with_overloads
@@ -22,6 +24,7 @@ LATENT_DIM = 512
 ROPE_DIM = 64
 SPARSE_COUNTS = (*range(1, 2049), 3072, 4096, 5120, 6144, 7168, 8192)
 MLA_ABSORB = 2
+HIF8_SPARSE_COUNT = 2048
 
 
 def _check_window(pre_tokens: int, next_tokens: int) -> None:
@@ -80,18 +83,38 @@ def npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale
                                         quant_scale_repo_mode=1, tile_size=128, rope_head_dim=64, key_dtype=None,
                                         value_dtype=None, sinks=None):
     """``attention_out [.., N1, 512]`` of query ``[.., N1, 576]`` over packed 656-byte int8/fp8 cache rows (per-128-
-    tile scales stored in each row)."""
+    tile scales stored in each row). ``key_dtype=torch_npu.hifloat8``: the codes are HiFloat8 bytes (a uint8 or int8
+    cache); ``value_dtype`` is then None or the same (the value is the key's dequantized nope part either way)."""
+    hif8 = _is_hifloat8(key_dtype, value_dtype)
     return _quant_attention(query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode,
                             key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query,
                             actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens,
-                            next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, sinks)[0]
+                            next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, sinks,
+                            hif8)[0]
+
+
+def _is_hifloat8(key_dtype, value_dtype) -> bool:
+    """Whether ``key_dtype`` names HiFloat8 (None: the key tensor's own dtype)."""
+    for name, x in (("key_dtype", key_dtype), ("value_dtype", value_dtype)):
+        if x is not None and x is not HIFLOAT8:
+            raise ParamDtypeError(f"{name}: expected None or torch_npu.hifloat8 (the only dtype the NPU takes here), "
+                                  f"got {x!r}")
+    if value_dtype is not None and key_dtype is None:
+        raise ParamDtypeError("value_dtype: expected None unless key_dtype is torch_npu.hifloat8 (value and key "
+                              "share the packed cache), got torch_npu.hifloat8 with key_dtype None")
+    return key_dtype is HIFLOAT8
 
 
 def _quant_attention(query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode,
                      key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query,
                      actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens,
-                     next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, sinks):
+                     next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, sinks, hif8=False):
     _check_window(pre_tokens, next_tokens)
+    if hif8:
+        require(isinstance(sparse_indices, Tensor) and sparse_indices.dim() > 0
+                and sparse_indices.shape[-1] == HIF8_SPARSE_COUNT, "sparse_indices",
+                f"last dim {HIF8_SPARSE_COUNT} with a HiFloat8 cache (the only count the NPU supports)",
+                sparse_indices)
     for name, value_, allowed in (("key_quant_mode", key_quant_mode, 2), ("value_quant_mode", value_quant_mode, 2),
                                   ("quant_scale_repo_mode", quant_scale_repo_mode, 1), ("tile_size", tile_size, 128),
                                   ("attention_mode", attention_mode, MLA_ABSORB)):
@@ -100,7 +123,7 @@ def _quant_attention(query, key, value, sparse_indices, scale_value, key_quant_m
         require(x is None, name, "None (the scales are stored in each packed row)", x)
     return call(dsa_op.dsa_kv_quant_sparse_flash_attention, query, key, value, sparse_indices, sinks, block_table,
                 actual_seq_lengths_query, actual_seq_lengths_kv, check_scale("scale_value", scale_value),
-                sparse_block_size, layout_query, layout_kv, sparse_mode, rope_head_dim)
+                sparse_block_size, layout_query, layout_kv, sparse_mode, rope_head_dim, hif8)
 
 
 def npu_sparse_lightning_indexer_grad_kl_loss(query, key, query_index, key_index, weights, sparse_indices,

@@ -1,7 +1,7 @@
 """torch_npu's MLA helpers: ``npu_interleave_rope``, ``npu_kv_rmsnorm_rope_cache`` (every cache mode, NZ and int8
 caches, V1 and V2) and ``npu_mla_prolog_v3`` / ``_v3_functional`` / ``_v2`` (non-quantized and int8 paths; the
-mxfp8 / fp8 / hifloat8 weights, per-channel and per-tile caches raise :class:`NotImplementedError` naming the
-argument). They call the ``attnops::mla_*`` custom ops."""
+mxfp8 / fp8 / hifloat8 weights and per-tile caches raise :class:`NotImplementedError` naming the argument). They
+call the ``attnops::mla_*`` custom ops."""
 from __future__ import annotations
 
 import torch
@@ -38,7 +38,8 @@ def _prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_
                 float(kc_scale), quant.get("dequant_scale_x"), quant.get("dequant_scale_w_dq"),
                 quant.get("dequant_scale_w_uq_qr"), quant.get("dequant_scale_w_dkv_kr"), quant.get("quant_scale_ckv"),
                 quant.get("smooth_scales_cq"), int(quant.get("weight_quant_mode", 0)),
-                int(quant.get("kv_cache_quant_mode", 0)), int(quant.get("query_quant_mode", 0)))
+                int(quant.get("kv_cache_quant_mode", 0)), int(quant.get("query_quant_mode", 0)),
+                quant.get("quant_scale_ckr"))
 
 
 def _reject_repo_modes(**modes) -> None:
@@ -61,14 +62,15 @@ def npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
     [0]), query_norm ([.., Hcq] when query_norm_flag, else [0]), dequant_scale_q_norm ([T, 1] when query_norm_flag
     and the weights are int8, else [0]))``; ``kv_cache``/``kr_cache`` written in place."""
     _reject_repo_modes(ckvkr_repo_mode=ckvkr_repo_mode, quant_scale_repo_mode=quant_scale_repo_mode)
-    reject_unsupported(quant_scale_ckr=quant_scale_ckr, k_nope_clip_alpha=k_nope_clip_alpha)
+    reject_unsupported(k_nope_clip_alpha=k_nope_clip_alpha)
     query, query_rope, scale_q, query_norm, scale_norm = _prolog(
         token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin,
         rope_cos, kv_cache, kr_cache, cache_index, actual_seq_len, rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv,
         cache_mode, qc_qr_scale, kc_scale, dequant_scale_x=dequant_scale_x, dequant_scale_w_dq=dequant_scale_w_dq,
         dequant_scale_w_uq_qr=dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr,
-        quant_scale_ckv=quant_scale_ckv, smooth_scales_cq=smooth_scales_cq, weight_quant_mode=weight_quant_mode,
-        kv_cache_quant_mode=kv_cache_quant_mode, query_quant_mode=query_quant_mode)
+        quant_scale_ckv=quant_scale_ckv, quant_scale_ckr=quant_scale_ckr, smooth_scales_cq=smooth_scales_cq,
+        weight_quant_mode=weight_quant_mode, kv_cache_quant_mode=kv_cache_quant_mode,
+        query_quant_mode=query_quant_mode)
     if not query_norm_flag:
         query_norm, scale_norm = token_x.new_empty((0,), dtype=query_norm.dtype), scale_norm[:0]
     return query, query_rope, scale_q, query_norm, scale_norm
@@ -90,17 +92,20 @@ def npu_mla_prolog_v2(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
                       dequant_scale_w_dkv_kr=None, quant_scale_ckv=None, quant_scale_ckr=None, smooth_scales_cq=None,
                       rmsnorm_epsilon_cq=1e-05, rmsnorm_epsilon_ckv=1e-05, cache_mode="PA_BSND"):
     """``(query, query_rope, kv_cache, kr_cache, dequant_scale_q_nope)`` (the caches also written in place). The
-    mode follows the dtypes: int8 ``weight_uq_qr`` ("partial", also int8 ``token_x``: W8A8), int8 ``kv_cache``
-    ("full": the query is quantized too, ``dequant_scale_q_nope [T, N, 1]``; else ``[1]``)."""
-    reject_unsupported(quant_scale_ckr=quant_scale_ckr)
+    mode follows the dtypes: int8 ``weight_uq_qr`` ("partial", also int8 ``token_x``: "full", W8A8). An int8
+    ``kv_cache`` is per-tensor in the full mode (``quant_scale_ckv [1]`` or ``[1, Hckv]``, its first value read;
+    the query is quantized too, ``dequant_scale_q_nope [T, N, 1]``; else ``[1]``) and per-channel otherwise
+    (``quant_scale_ckv [1, Hckv]``; an int8 ``kr_cache`` with ``quant_scale_ckr [1, Dr]``)."""
     weight_mode = 0 if weight_uq_qr.dtype != torch.int8 else 2 if token_x.dtype == torch.int8 else 1
-    full = int(kv_cache.dtype == torch.int8)
+    int8_cache = kv_cache.dtype == torch.int8
+    full = int(int8_cache and weight_mode == 2)
+    kv_quant_mode = 0 if not int8_cache else 1 if full else 2  # per-tensor with W8A8, else per-channel
     query, query_rope, scale_q, _, _ = _prolog(
         token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin,
         rope_cos, kv_cache, kr_cache, cache_index, None, rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv, cache_mode,
         dequant_scale_x=dequant_scale_x, dequant_scale_w_dq=dequant_scale_w_dq,
         dequant_scale_w_uq_qr=dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr,
-        quant_scale_ckv=quant_scale_ckv, smooth_scales_cq=smooth_scales_cq, weight_quant_mode=weight_mode,
-        kv_cache_quant_mode=full, query_quant_mode=full)
+        quant_scale_ckv=quant_scale_ckv, quant_scale_ckr=quant_scale_ckr, smooth_scales_cq=smooth_scales_cq,
+        weight_quant_mode=weight_mode, kv_cache_quant_mode=kv_quant_mode, query_quant_mode=full)
     return query, query_rope, kv_cache, kr_cache, scale_q if full else query_rope.new_zeros((1,),
                                                                                              dtype=torch.float32)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnops import ParamInvalidError, torch_npu
-from attnops.ops.dsa.quant_cache import dequantize, quantize
+from attnops import ParamDtypeError, ParamInvalidError, ParamNullptrError, torch_npu
+from attnops._core import hifloat8
+from attnops.ops.dsa.quant_cache import dequantize, pack_rows, quantize
 from attnops.testing import golden_dsa as G
+from attnops.testing import golden_hifloat8 as G8
 from attnops.testing.compare import assert_close_to_golden
 
 
@@ -311,6 +313,69 @@ def test_mla_prolog_int8_uq_qr_only_and_v2_modes():
                                     weight_quant_mode=1, **scales)
 
 
+
+def _positive(*shape, seed):
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) * 40 + 20
+
+
+def test_mla_prolog_v2_full_mode_reads_the_first_value_of_a_per_channel_shaped_scale():
+    """op-plugin's call: W8A8 with an int8 cache and ``quant_scale_ckv [1, Hckv]`` holding a value per channel; the
+    per-tensor cache and the query's scale use its first value."""
+    x8, w8, scales = _int8_prolog_inputs()
+    qs = _positive(1, 16, seed=60)
+    kv_cache, kr_cache = torch.zeros(1, 16, 1, 16, dtype=torch.int8), torch.zeros(1, 16, 1, 8)
+    q, qr, _, _, scale_q = torch_npu.npu_mla_prolog_v2(x8, *w8, torch.tensor([0, 1, 2]), kv_cache, kr_cache,
+                                                       quant_scale_ckv=qs, **scales)
+    smooth = scales.pop("smooth_scales_cq")
+    g = G.mla_prolog_int8(x8, *w8, quant_scale_ckv=qs, smooth=smooth, **scales)
+    _assert_codes("query", q, g["query_real"])
+    _assert_codes("kv_cache", kv_cache.view(16, 16)[:3], g["kv_real"])
+    for name, a, want in (("dequant_scale_q_nope", scale_q, g["dequant_scale_q_nope"]),
+                          ("query_rope", qr, g["query_rope"]), ("kr_cache", kr_cache.view(16, 8)[:3], g["kr"])):
+        torch.testing.assert_close(a.double(), want, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def _partial_quant_inputs():
+    x8, w8, scales = _int8_prolog_inputs()
+    x = _r(*x8.shape, seed=54)
+    w = (_r(*w8[0].shape, seed=55), w8[1], w8[2], _r(*w8[3].shape, seed=56), *w8[4:])
+    return x, w, {k: scales[k] for k in ("dequant_scale_w_uq_qr", "smooth_scales_cq")}
+
+
+def test_mla_prolog_v2_partial_mode_quantizes_both_caches_per_channel():
+    """int8 ``weight_uq_qr`` with int8 caches: ``quant_scale_ckv [1, Hckv]`` and ``quant_scale_ckr [1, Dr]`` scale each
+    channel; the query stays unquantized (``dequant_scale_q_nope [1]``)."""
+    x, w, scales = _partial_quant_inputs()
+    qs, qr_scale = _positive(1, 16, seed=61), _positive(1, 8, seed=62)
+    kv_cache, kr_cache = torch.zeros(1, 16, 1, 16, dtype=torch.int8), torch.zeros(1, 16, 1, 8, dtype=torch.int8)
+    q, qr, _, _, scale_q = torch_npu.npu_mla_prolog_v2(x, *w, torch.tensor([5, 1, 2]), kv_cache, kr_cache,
+                                                       quant_scale_ckv=qs, quant_scale_ckr=qr_scale, **scales)
+    g = G.mla_prolog_int8(x, *w, dequant_scale_w_uq_qr=scales["dequant_scale_w_uq_qr"],
+                          smooth=scales["smooth_scales_cq"], quant_scale_ckv=qs, quant_scale_ckr=qr_scale,
+                          per_channel_cache=True)
+    _assert_codes("kv_cache", kv_cache.view(16, 16)[[5, 1, 2]], g["kv_real"])
+    _assert_codes("kr_cache", kr_cache.view(16, 8)[[5, 1, 2]], g["kr_real"])
+    assert q.dtype == torch.float32 and scale_q.shape == (1,)
+    for name, a, want in (("query", q, g["query"]), ("query_rope", qr, g["query_rope"])):
+        torch.testing.assert_close(a.double(), want, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_mla_prolog_cache_scale_shapes_raise_by_name():
+    x, w, scales = _partial_quant_inputs()
+    kv8, kr8, kr = (torch.zeros(1, 16, 1, 16, dtype=torch.int8), torch.zeros(1, 16, 1, 8, dtype=torch.int8),
+                    torch.zeros(1, 16, 1, 8))
+    index = torch.tensor([0, 1, 2])
+    with pytest.raises(ParamInvalidError, match=r"^quant_scale_ckv: expected shape \[1, 16\]"):
+        torch_npu.npu_mla_prolog_v2(x, *w, index, kv8, kr, quant_scale_ckv=torch.tensor([40.0]), **scales)
+    with pytest.raises(ParamNullptrError, match=r"^quant_scale_ckr: expected a tensor"):
+        torch_npu.npu_mla_prolog_v2(x, *w, index, kv8, kr8, quant_scale_ckv=_positive(1, 16, seed=63), **scales)
+    with pytest.raises(ParamInvalidError, match="^kr_cache: expected a floating-point cache"):
+        torch_npu.npu_mla_prolog_v3(x, *w, torch.zeros(1, 16, 1, 16), kr8, cache_index=index, weight_quant_mode=1,
+                                    **scales)
+    with pytest.raises(ParamInvalidError, match=r"^quant_scale_ckv: expected shape \[1\]"):  # W8A8 only
+        torch_npu.npu_mla_prolog_v3(x, *w, kv8, kr, cache_index=index, weight_quant_mode=1, kv_cache_quant_mode=1,
+                                    query_quant_mode=1, quant_scale_ckv=_positive(1, 16, seed=64), **scales)
+
 def test_kv_quant_sparse_attention_matches_golden_on_dequantized_rows():
     q = _r(1, 3, 2, 576, seed=20, dtype=torch.bfloat16)
     nope, rope = _r(1, 5, 1, 512, seed=21), _r(1, 5, 1, 64, seed=22, dtype=torch.bfloat16)
@@ -328,6 +393,59 @@ def test_kv_quant_sparse_attention_matches_golden_on_dequantized_rows():
                                     k_rope=k_rope, dtype=torch.bfloat16)[0]
     assert_close_to_golden("out", out[0], g, base)
 
+
+
+def _hifloat8_cache(tokens, seed):
+    """Packed rows with HiFloat8 codes (uint8), and their nope values from the paper's formula ``[S, 512]``."""
+    nope, rope = _r(tokens, 512, seed=seed), _r(tokens, 64, seed=seed + 1, dtype=torch.bfloat16)
+    scales = nope.view(tokens, 4, 128).abs().amax(-1) / 8
+    codes = hifloat8.encode(nope.view(tokens, 4, 128) / scales[..., None]).view(tokens, 512)
+    values = torch.tensor([G8.value(c) for c in range(256)], dtype=torch.float64)[codes.long()]
+    nope_values = (values.view(tokens, 4, 128) * scales[..., None].double()).view(tokens, 512)
+    return pack_rows(codes, rope, scales), nope_values, rope
+
+
+def test_kv_quant_sparse_attention_reads_a_hifloat8_cache():
+    q = _r(1, 3, 2, 576, seed=30, dtype=torch.bfloat16)
+    packed, k_nope, k_rope = _hifloat8_cache(5, seed=31)
+    rows = [[2, 0], [3, 1, 0], [4, 2, 1]]
+    idx = torch.full((1, 3, 1, 2048), -1, dtype=torch.int32)
+    for i, r in enumerate(rows):
+        idx[0, i, 0, :len(r)] = torch.tensor(r)
+    out = torch_npu.npu_kv_quant_sparse_flash_attention(q, packed[None, :, None], packed[None, :, None], idx, 0.05,
+                                                        2, 2, attention_mode=2, key_dtype=torch_npu.hifloat8,
+                                                        value_dtype=torch_npu.hifloat8)
+    assert out.shape == (1, 3, 2, 512) and out.dtype == torch.bfloat16
+    k = k_nope.to(torch.bfloat16)  # the nope values in the query's dtype, as Huawei's golden rounds them
+    g = G.sparse_flash_attention(q[0, :, :, :512], k, k, rows, 0.05, q_rope=q[0, :, :, 512:], k_rope=k_rope)[0]
+    base = G.sparse_flash_attention(q[0, :, :, :512], k, k, rows, 0.05, q_rope=q[0, :, :, 512:], k_rope=k_rope,
+                                    dtype=torch.bfloat16)[0]
+    assert_close_to_golden("out", out[0], g, base)
+    as_int8 = torch_npu.npu_kv_quant_sparse_flash_attention(q, packed.view(torch.int8)[None, :, None],
+                                                            packed.view(torch.int8)[None, :, None], idx, 0.05, 2, 2,
+                                                            attention_mode=2, key_dtype=torch_npu.hifloat8)
+    assert torch.equal(as_int8, out)
+
+
+def test_kv_quant_sparse_attention_dtype_arguments_raise_by_name():
+    q = _r(1, 1, 2, 576, dtype=torch.bfloat16)
+    packed = _hifloat8_cache(2, seed=32)[0][None, :, None]
+    idx = torch.full((1, 1, 1, 2048), -1, dtype=torch.int32)
+    idx[0, 0, 0, 0] = 1
+
+    def run(key=packed, indices=idx, **kw):
+        return torch_npu.npu_kv_quant_sparse_flash_attention(q, key, key, indices, 0.05, 2, 2, attention_mode=2, **kw)
+
+    with pytest.raises(ParamDtypeError, match="^key_dtype: expected None or torch_npu.hifloat8"):
+        run(key_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ParamDtypeError, match="^value_dtype: expected None unless key_dtype"):
+        run(value_dtype=torch_npu.hifloat8)
+    with pytest.raises(ParamInvalidError, match="^sparse_indices: expected last dim 2048"):
+        run(indices=idx[..., :16].contiguous(), key_dtype=torch_npu.hifloat8)
+    with pytest.raises(ParamDtypeError, match="^key: "):
+        run(key=packed.view(torch.float8_e4m3fn), key_dtype=torch_npu.hifloat8)
+    with pytest.raises(ParamDtypeError, match="^key: "):  # uint8 bytes without key_dtype: not int8 / fp8 codes
+        run()
 
 def test_quantize_round_trip_is_within_a_tile_step():
     nope = _r(4, 512, seed=23)

@@ -48,19 +48,19 @@ def sparse_attention_grad(call, grad, query, key, value, sparse_indices, query_r
                 query_rope, key_rope, out, softmax_max, softmax_sum, scale, block)
 
 
-def quant_sparse_attention(call, query, key, value, sparse_indices, sinks, scale, block, rope_dim):
-    """``(out [R, N1, 512], softmax_max, softmax_sum)`` over a packed int8/fp8 cache: the reference dequantizes the
-    selected rows' tiles, then runs :func:`sparse_attention_forward`."""
+def quant_sparse_attention(call, query, key, value, sparse_indices, sinks, scale, block, rope_dim, hif8):
+    """``(out [R, N1, 512], softmax_max, softmax_sum)`` over a packed int8/fp8/HiFloat8 (``hif8``) cache: the
+    reference dequantizes the selected rows' tiles, then runs :func:`sparse_attention_forward`."""
 
     def reference(problem, query, key, value, sparse_indices, sinks):
-        q, q_rope, k, k_rope = dequantized_operands(query, key, rope_dim)
+        q, q_rope, k, k_rope = dequantized_operands(query, key, rope_dim, hif8)
         return sparse_attention_forward(problem, q, k, k, sparse_indices, q_rope, k_rope, sinks, scale, block)
 
     def kernel(call, query, key, value, sparse_indices, sinks):
         return triton_launch.quant_sparse_attention_for(call, query, key, sparse_indices, sinks, scale, block,
                                                         rope_dim)
 
-    return _run(query, lambda: triton_verify.quant_sparse_attention_reason(query), kernel, reference, call,
+    return _run(query, lambda: triton_verify.quant_sparse_attention_reason(query, hif8), kernel, reference, call,
                 query, key, value, sparse_indices, sinks)
 
 

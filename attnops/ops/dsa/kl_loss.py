@@ -41,7 +41,8 @@ def indexer_kl_loss_grad(problem: Problem, query: Tensor, key: Tensor, query_ind
         count = problem.rows.limit[lo:hi].clamp_max(idx.shape[1])
         mask = torch.arange(idx.shape[1]) < count[:, None]
         flat = problem.keys.flat(problem.rows.batch[lo:hi, None], idx[lo:hi].masked_fill(~mask, 0))
-        target = _attention_distribution(q[lo:hi], k, qr, kr, flat, row_max[lo:hi], row_sum[lo:hi], scale, lo, hi,
+        q_rope = None if qr is None else qr[lo:hi]
+        target = _attention_distribution(q[lo:hi], k, q_rope, kr, flat, row_max[lo:hi], row_sum[lo:hi], scale,
                                          dt) * mask
         kib = ki[flat.reshape(-1)].to(dt).view(*flat.shape, -1)  # [C, K, Di]
         s = torch.bmm(qi[lo:hi].to(dt), kib.transpose(1, 2))  # [C, Ni, K]
@@ -64,12 +65,13 @@ def _flat_or_none(x: Tensor | None, layout: str) -> Tensor | None:
     return None if x is None else flat_query(x, layout)
 
 
-def _attention_distribution(q, k, qr, kr, flat, row_max, row_sum, scale, lo, hi, dt) -> Tensor:
-    """``P [C, K]``: the main attention's probabilities of the selected keys, averaged over the query heads."""
+def _attention_distribution(q, k, qr, kr, flat, row_max, row_sum, scale, dt) -> Tensor:
+    """``P [C, K]``: the main attention's probabilities of the selected keys, averaged over the query heads
+    (``q``, ``qr``, ``flat`` and the statistics are the chunk's rows; ``k``, ``kr`` every key)."""
     index = flat.reshape(-1)
     kb = k[index].to(dt).view(*flat.shape, -1)
-    s = torch.bmm(q[lo:hi].to(dt), kb.transpose(1, 2))
+    s = torch.bmm(q.to(dt), kb.transpose(1, 2))
     if qr is not None:
-        s += torch.bmm(qr[lo:hi].to(dt), kr[index].to(dt).view(*flat.shape, -1).transpose(1, 2))
+        s += torch.bmm(qr.to(dt), kr[index].to(dt).view(*flat.shape, -1).transpose(1, 2))
     p = torch.exp(s * scale - row_max[..., None]) / row_sum.clamp_min(torch.finfo(dt).tiny)[..., None]
     return torch.where(row_sum[..., None] > 0, p, 0).mean(1)

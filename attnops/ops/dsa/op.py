@@ -146,21 +146,21 @@ def dsa_kv_quant_sparse_flash_attention(query: Tensor, key: Tensor, value: Tenso
                                         actual_seq_lengths_query: Optional[Tensor],
                                         actual_seq_lengths_kv: Optional[Tensor], scale_value: float,
                                         sparse_block_size: int, layout_query: str, layout_kv: str, sparse_mode: int,
-                                        rope_head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+                                        rope_head_dim: int, hif8: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     dsa_call = quant_sparse_attention_call(
         query, key, value, sparse_indices, sinks=sinks, block_table=block_table,
         actual_seq_lengths_query=actual_seq_lengths_query, actual_seq_lengths_kv=actual_seq_lengths_kv,
         layout_query=layout_query, layout_kv=layout_kv, sparse_mode=sparse_mode, sparse_block_size=sparse_block_size,
-        rope_head_dim=rope_head_dim)
+        rope_head_dim=rope_head_dim, hif8=hif8)
     out, m, l = backends.quant_sparse_attention(dsa_call, query, key, value, sparse_indices, sinks, scale_value,
-                                                sparse_block_size, rope_head_dim)
+                                                sparse_block_size, rope_head_dim, hif8)
     shape = stats_shape(query, layout_query)
     return out.view(*query.shape[:-1], NOPE_DIM), m.view(shape), l.view(shape)
 
 
 @dsa_kv_quant_sparse_flash_attention.register_fake
 def _(query, key, value, sparse_indices, sinks, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
-      scale_value, sparse_block_size, layout_query, layout_kv, sparse_mode, rope_head_dim):
+      scale_value, sparse_block_size, layout_query, layout_kv, sparse_mode, rope_head_dim, hif8=False):
     return (query.new_empty((*query.shape[:-1], NOPE_DIM)), *_stats(query, layout_query))
 
 

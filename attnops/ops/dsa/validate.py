@@ -12,7 +12,7 @@ from torch import Tensor
 from ..._core.checks import check_int, check_same_device, check_tensor, require
 from .call import Call, make_call
 from .problem import INDEX_DTYPES
-from .quant_cache import CODE_DTYPES, NOPE_DIM, ROPE_DIM, ROW_BYTES
+from .quant_cache import CODE_DTYPES, HIF8_STORAGE_DTYPES, NOPE_DIM, ROPE_DIM, ROW_BYTES
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SPARSE_COUNTS_MAX = 8192
@@ -93,14 +93,15 @@ def _check_sinks(sinks: Tensor | None, query: Tensor) -> None:
 def quant_sparse_attention_call(query: Tensor, key: Tensor, value: Tensor, sparse_indices: Tensor, *, sinks,
                                    block_table, actual_seq_lengths_query, actual_seq_lengths_kv, layout_query: str,
                                    layout_kv: str, sparse_mode: int, sparse_block_size: int,
-                                   rope_head_dim: int) -> Call:
-    """A call over the packed cache: query ``[.., N1, 512 + 64]``, key ``[.., 1, 656]`` int8 / fp8 rows."""
+                                   rope_head_dim: int, hif8: bool) -> Call:
+    """A call over the packed cache: query ``[.., N1, 512 + 64]``, key ``[.., 1, 656]`` int8 / fp8 rows, or
+    HiFloat8 rows in uint8 / int8 storage (``hif8``)."""
     check_same_device("query", query, key=key, value=value, sparse_indices=sparse_indices, sinks=sinks,
                       block_table=block_table)
     require(rope_head_dim == ROPE_DIM, "rope_head_dim", str(ROPE_DIM), rope_head_dim)
     check_tensor("query", query, dtypes=(torch.float16, torch.bfloat16))  # the rows store the rope in its dtype
     require(query.shape[-1] == NOPE_DIM + ROPE_DIM, "query", f"head dim {NOPE_DIM + ROPE_DIM} (nope | rope)", query)
-    check_tensor("key", key, dtypes=CODE_DTYPES)
+    check_tensor("key", key, dtypes=HIF8_STORAGE_DTYPES if hif8 else CODE_DTYPES)
     require(key.shape[-1] == ROW_BYTES, "key", f"packed rows of {ROW_BYTES} bytes (last dim)", key)
     check_tensor("value", value, dtypes=(key.dtype,))
     call = make_call(query, key, layout_query=layout_query, layout_key=layout_kv, sparse_mode=sparse_mode,

@@ -64,17 +64,19 @@ def mla_prolog_op(token_x: Tensor, weight_dq: Tensor, weight_uq_qr: Tensor, weig
                   dequant_scale_w_dq: Optional[Tensor] = None, dequant_scale_w_uq_qr: Optional[Tensor] = None,
                   dequant_scale_w_dkv_kr: Optional[Tensor] = None, quant_scale_ckv: Optional[Tensor] = None,
                   smooth_scales_cq: Optional[Tensor] = None, weight_quant_mode: int = 0, kv_cache_quant_mode: int = 0,
-                  query_quant_mode: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                  query_quant_mode: int = 0, quant_scale_ckr: Optional[Tensor] = None
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm)``; the caches are written in
     place (quantized modes: :mod:`.prolog_quant`)."""
     quant = PrologQuant(weight_quant_mode, kv_cache_quant_mode, query_quant_mode, dequant_scale_x, dequant_scale_w_dq,
-                        dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr, quant_scale_ckv, smooth_scales_cq)
+                        dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr, quant_scale_ckv, smooth_scales_cq,
+                        quant_scale_ckr)
     reason = unsupported_mode(quant)
     if reason is not None:
         raise NotImplementedError(reason)
     check_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv,
                  rope_sin, rope_cos, kv_cache, kr_cache, cache_index, cache_mode)
-    check_quant(quant, token_x, weight_dq, weight_uq_qr, weight_dkv_kr, kv_cache)
+    check_quant(quant, token_x, weight_dq, weight_uq_qr, weight_dkv_kr, kv_cache, kr_cache)
     return mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
                       rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, cache_index, actual_seq_len,
                       rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv, cache_mode, qc_qr_scale, kc_scale, quant)
@@ -85,7 +87,7 @@ def _(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_
       rope_cos, kv_cache, kr_cache, cache_index, actual_seq_len, rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv, cache_mode,
       qc_qr_scale, kc_scale, dequant_scale_x=None, dequant_scale_w_dq=None, dequant_scale_w_uq_qr=None,
       dequant_scale_w_dkv_kr=None, quant_scale_ckv=None, smooth_scales_cq=None, weight_quant_mode=0,
-      kv_cache_quant_mode=0, query_quant_mode=0):
+      kv_cache_quant_mode=0, query_quant_mode=0, quant_scale_ckr=None):
     n, d, hckv = weight_uk.shape
     lead = token_x.shape[:-1]
     tokens = lead.numel()

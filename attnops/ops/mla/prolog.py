@@ -128,11 +128,14 @@ def mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gamma
     q_scale = token_x.new_empty(0, dtype=torch.float32)
     if quant.query_mode == 1:
         query, q_scale = dynamic_int8(query, 1)
-        query_rope = query_rope * quant.quant_scale_ckv.to(dt).reshape(()) / q_scale.masked_fill(q_scale == 0, 1)
+        query_rope = query_rope * quant.cache_scales()[0].to(dt) / q_scale.masked_fill(q_scale == 0, 1)
     c_kv = kc_scale * rms_norm(kv[:, :hckv], gamma_ckv, eps_ckv)
-    if quant.kv_cache_mode == 1:
-        c_kv = quantize_int8(c_kv, quant.quant_scale_ckv.reshape(()), None)
     k_r = interleave_rope(kv[:, hckv:], cos, sin)
+    ckv_scale, ckr_scale = quant.cache_scales()
+    if ckv_scale is not None:
+        c_kv = quantize_int8(c_kv, ckv_scale, None)
+    if ckr_scale is not None:
+        k_r = quantize_int8(k_r, ckr_scale, None)
     nz = cache_mode.endswith("NZ")
     for cache, rows in ((kv_cache, c_kv), (kr_cache, k_r)):
         block = cache.shape[1] if cache_mode.startswith("PA") else 1

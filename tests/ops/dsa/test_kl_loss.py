@@ -5,10 +5,13 @@ import pytest
 import torch
 
 import attnops
+import attnops.torch_npu
+from attnops.ops.dsa import kl_loss
+from attnops.ops.dsa.problem import row_chunks
 from attnops.testing import golden_dsa as G
 from attnops.testing.compare import assert_close_to_golden
 
-from .dsa_helpers import randn
+from .dsa_helpers import pack_rows, randn, random_rows
 
 
 @pytest.mark.parametrize("layout", ["BSND", "TND"])
@@ -52,3 +55,74 @@ def test_clamped_probabilities_keep_the_spec_gradient():
     golden = G.indexer_kl_loss_grad(q, kk, qi, ki, w, rows, m, l, 1.0)
     base = G.indexer_kl_loss_grad(q, kk, qi, ki, w, rows, m.float(), l.float(), 1.0, dtype=torch.float32)
     assert_close_to_golden("d_weights", leaves[2].grad[0], golden[3], base[3], factor=3.0)
+
+
+
+def _golden_over_batches(qs, ks, qis, kis, ws, rows, maxes, sums, scale, dtype=torch.float64):
+    """The golden per batch, concatenated: ``(loss, d_qi [R, Ni, Di], d_ki [R2, 1, Di], d_w [R, Ni])``."""
+    parts = [G.indexer_kl_loss_grad(*args, scale, dtype=dtype)
+             for args in zip(qs, ks, qis, kis, ws, rows, maxes, sums)]
+    return (sum(p[0] for p in parts), torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])[:, None],
+            torch.cat([p[3] for p in parts]))
+
+
+def _check_tnd_against_golden(q_lens, k_lens, count, dtype, rows=None):
+    """torch_npu's op on random multi-batch TND inputs (its head dims: 512, indexer 128; SFA statistics from the
+    golden; ``rows``: index rows per batch, default random) vs the golden batch by batch. float32: the gradients
+    under the tolerance rule; float64 (the same code path in fp64): loss and gradients to fp64 precision. (The
+    float32 loss is a sum of ``T * K`` rounded terms whose error against a plain fp32 sum is a ratio of two rounding
+    noises, so it is judged in fp64.)"""
+    heads, ni, scale = 2, 2, 0.05
+    qs = [randn(n, heads, 512, seed=10 + b, dtype=dtype) for b, n in enumerate(q_lens)]
+    ks = [randn(n, 512, seed=20 + b, dtype=dtype) for b, n in enumerate(k_lens)]
+    qis = [randn(n, ni, 128, seed=30 + b, dtype=dtype) for b, n in enumerate(q_lens)]
+    kis = [randn(n, 128, seed=40 + b, dtype=dtype) for b, n in enumerate(k_lens)]
+    ws = [randn(n, ni, seed=50 + b, dtype=dtype).abs() for b, n in enumerate(q_lens)]
+    rows = rows or random_rows(q_lens, k_lens, count)
+    stats = [G.sparse_flash_attention(q, k, k, r, scale)[1:] for q, k, r in zip(qs, ks, rows)]
+    maxes, sums = [m for m, _ in stats], [s for _, s in stats]
+    cumulative = lambda lens: torch.tensor(lens).cumsum(0).tolist()
+    got = attnops.torch_npu.npu_sparse_lightning_indexer_grad_kl_loss(
+        torch.cat(qs), torch.cat(ks)[:, None], torch.cat(qis), torch.cat(kis)[:, None], torch.cat(ws),
+        pack_rows(rows, "TND"), torch.cat(maxes)[None].to(dtype), torch.cat(sums)[None].to(dtype), scale,
+        actual_seq_qlen=cumulative(q_lens), actual_seq_klen=cumulative(k_lens), layout="TND")
+    golden = _golden_over_batches(qs, ks, qis, kis, ws, rows, maxes, sums, scale)
+    names = ("d_query_index", "d_key_index", "d_weights")
+    assert [tuple(g.shape) for g in got[:3]] == [tuple(g.shape) for g in golden[1:]]
+    if dtype == torch.float64:
+        for name, g, gold in zip(("loss",) + names, (got[3][0],) + got[:3], golden):
+            torch.testing.assert_close(g, gold, rtol=1e-10, atol=1e-12, msg=name)
+        return
+    base = _golden_over_batches(qs, ks, qis, kis, ws, rows, [m.float() for m in maxes], [s.float() for s in sums],
+                                scale, dtype=torch.float32)
+    for name, g, gold, b in zip(names, got[:3], golden[1:], base[1:]):
+        assert_close_to_golden(name, g, gold, b, factor=3.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("q_lens, k_lens", [([4, 4], [4, 4]), ([3, 0, 6, 1], [5, 2, 6, 4])])
+def test_multi_batch_tnd_matches_golden(q_lens, k_lens, dtype):
+    """Every batch after the first: its rows, keys and statistics start past the previous batches'."""
+    _check_tnd_against_golden(q_lens, k_lens, 3, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_two_batches_with_padded_and_unordered_rows(dtype):
+    """Rows ending in -1 past the causal limit and rows not sorted by position, two batches of 4."""
+    rows = [[0, -1], [0, 1], [1, 2], [3, 0]]
+    _check_tnd_against_golden([4, 4], [4, 4], 2, dtype, rows=[rows, rows])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_long_batch_split_into_row_chunks_matches_golden(monkeypatch, dtype):
+    """A batch longer than one row chunk (the chunk budget shrunk so that its 40 rows make six chunks)."""
+    chunks = []
+
+    def seven_row_chunks(problem, bytes_per_row):
+        for chunk in row_chunks(problem, bytes_per_row, budget=7 * bytes_per_row):
+            chunks.append(chunk)
+            yield chunk
+
+    monkeypatch.setattr(kl_loss, "row_chunks", seven_row_chunks)
+    _check_tnd_against_golden([40], [40], 4, dtype)
+    assert [lo for _, lo, _ in chunks] == [0, 7, 14, 21, 28, 35]

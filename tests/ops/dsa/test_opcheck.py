@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import attnops
+from attnops._core import hifloat8
 from attnops.ops.dsa import op as _dsa_ops  # noqa: F401  (registers attnops::dsa_*)
-from attnops.ops.dsa.quant_cache import quantize
+from attnops.ops.dsa.quant_cache import pack_rows, quantize
 from attnops.ops.mla import op as _mla_ops  # noqa: F401  (registers attnops::mla_*)
 
 from .dsa_helpers import randn
@@ -41,6 +42,11 @@ def test_opcheck_indexer_quant_and_kl_loss():
     idx = torch.tensor([[[[1, 0]], [[2, 1]], [[3, 0]]]], dtype=torch.int32)
     torch.library.opcheck(OPS.dsa_kv_quant_sparse_flash_attention.default,
                           (query, packed, packed, idx, None, None, None, None, 0.1, 1, "BSND", "BSND", 3, 64))
+    rope = randn(1, 4, 1, 64, seed=15).to(torch.bfloat16)
+    hif8_rows = pack_rows(hifloat8.encode(randn(1, 4, 1, 512, seed=14)), rope, torch.full((1, 4, 1, 4), 0.5))
+    torch.library.opcheck(OPS.dsa_kv_quant_sparse_flash_attention.default,
+                          (query, hif8_rows, hif8_rows, idx, None, None, None, None, 0.1, 1, "BSND", "BSND", 3, 64,
+                           True))
     args = _sfa_args()
     _, m, l = OPS.dsa_sparse_flash_attention(*args)
     qi, ki, wi = randn(1, 4, 2, 8, seed=11), randn(1, 5, 1, 8, seed=12), randn(1, 4, 2, seed=13)

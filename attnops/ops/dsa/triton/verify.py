@@ -40,6 +40,8 @@ def sparse_attention_reason(query: torch.Tensor, value: torch.Tensor, query_rope
     return None
 
 
-def quant_sparse_attention_reason(query: torch.Tensor) -> str | None:
+def quant_sparse_attention_reason(query: torch.Tensor, hif8: bool) -> str | None:
     """``kv_quant_sparse_flash_attention`` (the packed cache's widths are fixed)."""
+    if hif8:
+        return "a HiFloat8 cache (the kernel decodes int8 and fp8 codes only; the reference decodes HiFloat8)"
     return kernel_input_reason(query)
