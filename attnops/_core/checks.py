@@ -19,9 +19,15 @@ def describe(x: Any) -> str:
     return repr(x)
 
 
+class Described(str):
+    """A ready-made description of what was received (``Described(f"length {n}")``), shown as it is; any other
+    received value, a plain ``str`` included, is shown by :func:`describe`."""
+
+
 def fail(name: str, expected: str, got: Any, hint: str | None = None, *, error=ParamInvalidError):
-    """Raise ``error`` with the standard message ``name: expected ..., got ...``."""
-    msg = f"{name}: expected {expected}, got {got if isinstance(got, str) else describe(got)}"
+    """Raise ``error`` with the standard message ``name: expected ..., got ...`` (``got``: the received value, or a
+    :class:`Described` description of it)."""
+    msg = f"{name}: expected {expected}, got {got if isinstance(got, Described) else describe(got)}"
     if hint:
         msg += f". {hint}"
     raise error(msg)
@@ -35,7 +41,7 @@ def require(cond: bool, name: str, expected: str, got: Any, hint: str | None = N
 
 def require_not_none(x: Any, name: str) -> None:
     if x is None:
-        fail(name, "a tensor (required input)", "None", error=ParamNullptrError)
+        fail(name, "a tensor (required input)", None, error=ParamNullptrError)
 
 
 def check_tensor(
@@ -131,7 +137,7 @@ def _is_integer_scalar(value: Any) -> bool:
 def check_scale(name: str, value: Any) -> float:
     """A finite real softmax scale (``bool``, strings and NaN/Inf are refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        fail(name, "a finite float", f"{type(value).__name__} {value!r}", error=ParamDtypeError)
+        fail(name, "a finite float", Described(f"{type(value).__name__} {value!r}"), error=ParamDtypeError)
     require(math.isfinite(value), name, "a finite float", value)
     return float(value)
 
@@ -140,7 +146,7 @@ def _require_tensor_type(name: str, x: Any) -> None:
     """``x`` is a torch.Tensor (a NumPy array or a list is named as such, with the conversion to use)."""
     if not isinstance(x, torch.Tensor):
         kind = f"{type(x).__module__}.{type(x).__name__}" if type(x).__module__ != "builtins" else type(x).__name__
-        fail(name, "a torch.Tensor", kind, "convert it with torch.as_tensor(...)" if _is_ndarray(x) or
+        fail(name, "a torch.Tensor", Described(kind), "convert it with torch.as_tensor(...)" if _is_ndarray(x) or
              isinstance(x, (list, tuple)) else None, error=ParamDtypeError)
 
 

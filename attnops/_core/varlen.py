@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import fail, int_list, require
+from .checks import Described, fail, int_list, require
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def device_seq_lens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, tota
     check_max_seqlen("max_seqlen_q", max_seqlen_q)
     check_max_seqlen("max_seqlen_k", max_seqlen_k)
     require((max_seqlen_q is None) == (max_seqlen_k is None), "max_seqlen_k", "max_seqlen_q and max_seqlen_k together",
-            "only one of them")
+            Described("only one of them"))
     if max_seqlen_q is None:
         return DeviceSeqLens(cu_seqlens_q, cu_seqlens_k, total_q, total_kv)
     return DeviceSeqLens(cu_seqlens_q, cu_seqlens_k, min(max_seqlen_q, total_q), min(max_seqlen_k, total_kv), True)
@@ -141,7 +141,7 @@ def cumulative_from_cu_seqlens(name: str, cu_seqlens) -> list[int]:
 
 def seq_info_varlen(q_lens: list[int], kv_lens: list[int]) -> SeqInfo:
     require(len(q_lens) == len(kv_lens), "actual_seq_kvlen", f"the same length as actual_seq_qlen ({len(q_lens)})",
-            f"length {len(kv_lens)}")
+            Described(f"length {len(kv_lens)}"))
 
     def starts(lens):
         out, acc = [], 0

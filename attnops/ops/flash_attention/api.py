@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
-from ..._core.checks import check_same_device, check_tensor, fail, require, require_not_none, softmax_scale
+from ..._core.checks import Described, check_same_device, check_tensor, fail, require, require_not_none, softmax_scale
 from ..._core.dropout import check_seed_offset, draw_seed
 from ..._core.layouts import normalize_layout, with_head_dim
 from ..._core.npu_rounding import check_precision
@@ -59,9 +59,9 @@ def _seq_lengths(layout, query, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, act
     ``cu_seqlens`` tensors as they are (never read here: the op reads CPU tensors, the kernels device ones)."""
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         require(actual_seq_qlen is None and actual_seq_kvlen is None, "cu_seqlens_q",
-                "either cu_seqlens_q/k (leading 0) or actual_seq_qlen/kvlen (cumulative), not both", "both")
+                "either cu_seqlens_q/k (leading 0) or actual_seq_qlen/kvlen (cumulative), not both", Described("both"))
         require(cu_seqlens_q is not None and cu_seqlens_k is not None, "cu_seqlens_k",
-                "cu_seqlens_q and cu_seqlens_k together", "only one of them")
+                "cu_seqlens_q and cu_seqlens_k together", Described("only one of them"))
         require(layout == "TND", "cu_seqlens_q", "None for dense layouts (sequence lengths are for layout 'TND')",
                 cu_seqlens_q)
         tensors = [isinstance(t, Tensor) for t in (cu_seqlens_q, cu_seqlens_k)]
@@ -71,7 +71,7 @@ def _seq_lengths(layout, query, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, act
                         f"a tensor on {query.device} (the device of query) or on the CPU", t)
             return None, None, cu_seqlens_q, cu_seqlens_k
         require(not any(tensors), "cu_seqlens_k", "cu_seqlens_q and cu_seqlens_k of one kind (tensors or lists)",
-                "a tensor and a list")
+                Described("a tensor and a list"))
         actual_seq_qlen = cumulative_from_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
         actual_seq_kvlen = cumulative_from_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
     if layout != "TND":
