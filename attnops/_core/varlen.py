@@ -132,11 +132,26 @@ def lengths_from_cumulative(name: str, cumulative, total: int | None = None) -> 
 
 
 def cumulative_from_cu_seqlens(name: str, cu_seqlens) -> list[int]:
-    """Convert an FA-style ``cu_seqlens`` (leading 0, length B+1) to the CANN cumulative list."""
+    """Convert an FA-style ``cu_seqlens`` (leading 0, length B+1, non-decreasing) to the CANN cumulative list."""
     values = int_list(name, cu_seqlens)
     require(values is not None and len(values) >= 2 and values[0] == 0, name,
-            "cu_seqlens with a leading 0 and length B+1", cu_seqlens)
+            "cu_seqlens with a leading 0 and length B+1", cu_seqlens if values is None else values)
+    require(all(a <= b for a, b in zip(values, values[1:])), name,
+            "non-decreasing offsets (sequence b is cu_seqlens[b]:cu_seqlens[b + 1])", values)
     return values[1:]
+
+
+def cumulative_pair_from_cu_seqlens(cu_seqlens_q, cu_seqlens_k, total_q: int | None,
+                                    total_k: int | None) -> tuple[list[int], list[int]]:
+    """:func:`cumulative_from_cu_seqlens` of ``cu_seqlens_q`` and ``cu_seqlens_k``, which must have one length and
+    end within the packed token counts ``total_q`` / ``total_k`` (None: not known yet)."""
+    q = cumulative_from_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
+    k = cumulative_from_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
+    require(len(k) == len(q), "cu_seqlens_k", f"the same length as cu_seqlens_q ({len(q) + 1})", [0, *k])
+    for name, values, total in (("cu_seqlens_q", q, total_q), ("cu_seqlens_k", k, total_k)):
+        require(total is None or values[-1] <= total, name, f"a last offset <= the packed token count T={total}",
+                [0, *values])
+    return q, k
 
 
 def seq_info_varlen(q_lens: list[int], kv_lens: list[int]) -> SeqInfo:
