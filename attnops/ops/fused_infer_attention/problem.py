@@ -437,6 +437,28 @@ def _lengths(g: _Inputs, kv_tokens: list[Tensor], *, actual_seq_lengths, actual_
                     **pads), batch
 
 
+def _check_leading_zero(actual_seq_lengths, actual_seq_lengths_kv, block_table) -> None:
+    """TND: a leading 0 in the cumulative ``actual_seq_lengths`` is an empty first batch (B is the list's length).
+    Where the KV lengths or the block table count one batch fewer, that 0 is the mistake (flash-attn's
+    ``cu_seqlens`` passed whole): ``actual_seq_lengths`` is named, not the argument that disagrees with it."""
+    values = int_list("actual_seq_lengths", actual_seq_lengths)
+    if values is None or len(values) < 2 or values[0] != 0:
+        return
+    others = {}
+    if isinstance(block_table, Tensor) and block_table.dim() == 2:
+        others["block_table"] = block_table.shape[0]
+    if not _on_device(actual_seq_lengths_kv):
+        kv = int_list("actual_seq_lengths_kv", actual_seq_lengths_kv)
+        if kv is not None and len(kv) > 1:
+            others["actual_seq_lengths_kv"] = len(kv)
+    batch = len(values) - 1
+    named = [name for name, count in others.items() if count == batch]
+    if named:
+        fail("actual_seq_lengths", f"B={batch} cumulative query lengths like {' and '.join(named)}, without a "
+             "leading 0 (a leading 0 is an empty first batch)", values,
+             "Pass flash-attn/vLLM's cu_seqlens (query_start_loc) without its first element: cu_seqlens[1:]")
+
+
 def _left_padding(query: bool, kv: bool) -> str | None:
     return "query_padding_size" if query else "kv_padding_size" if kv else None
 
@@ -643,6 +665,8 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
         check_int(name, v)
     check_int("inner_precise", inner_precise, lo=0, hi=1 if g.decode else 3)
     kv_tokens, value_tokens = _dense_kv_tokens(g)
+    if g.in_layout == "TND":
+        _check_leading_zero(actual_seq_lengths, actual_seq_lengths_kv, block_table)
     lens, batch = _lengths(g, kv_tokens, actual_seq_lengths=actual_seq_lengths,
                            actual_seq_lengths_kv=actual_seq_lengths_kv, query_padding_size=query_padding_size,
                            kv_padding_size=kv_padding_size, strict=strict)
