@@ -112,6 +112,8 @@ class NativeSparseAttention(nn.Module):
                     "(decoding has no backward)", Described("grad mode enabled"))
             require(x.shape[0] == cache.batch_size, "x", f"a batch of {cache.batch_size} (the cache's)", x.shape[0])
             pos = cache.positions(t, x.device)
+        if t == 0:  # no new tokens: an empty output, the cache unchanged
+            return self.o_proj(x.new_zeros(b, 0, self.num_heads * self.head_dim))
         q, k, v, g = (y.unflatten(0, (b, t)) for y in self._project(x.flatten(0, 1), pos.flatten()))
         if cache is None or cache.seq_len == 0:  # the whole sequence so far: the layer itself
             out = self._attend(q, k, v, g, "BSND", None)

@@ -140,7 +140,7 @@ class NSACache:
 
     def append(self, k: Tensor, v: Tensor) -> None:
         """Store ``k``, ``v [B, t, N2, D]`` (detached) after the cached tokens: at the positions ``lengths`` holds on
-        the device, which then advances by ``t``."""
+        the device, which then advances by ``t`` (``t = 0``: nothing changes)."""
         check_tensor("k", k, ndim=4)
         require(k.shape[0] == self.batch_size, "k", f"[B={self.batch_size} (the cache's), t, N2, D]", k)
         check_tensor("v", v, shape=(*k.shape[:3], None), dtypes=(k.dtype,))
@@ -157,6 +157,8 @@ class NSACache:
         if self.max_seq_len is not None:
             require(past + t <= self.max_seq_len, "x", f"at most max_seq_len={self.max_seq_len} tokens in all",
                     past + t)
+        if t == 0:
+            return
         self._reserve(past + t, k, v)
         page, row = self._slots(self.positions(t, k.device))
         self.key_pages[page, row] = k.detach()
