@@ -90,6 +90,35 @@ def test_usage_errors_exit_2(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "{file}"], "--out '{file}': expected a directory (existing or to create), got an existing file"),
+    (["--json", "{dir}"], "--json '{dir}': expected a file to write, got a directory"),
+    (["--json", "{dir}/missing/r.json"], "--json '{dir}/missing/r.json': expected a file in an existing directory, "
+                                         "got one in '{dir}/missing'"),
+])
+def test_unwritable_outputs_exit_2_with_one_line_before_judging(argv, message, tmp_path, capsys, monkeypatch):
+    (tmp_path / "report").write_text("")
+    fill = {"{file}": str(tmp_path / "report"), "{dir}": str(tmp_path)}
+    argv, message = ([_fill(a, fill) for a in argv], _fill(message, fill))
+    monkeypatch.setattr("attnops.msprobe.cli.judge_path", lambda *a, **k: pytest.fail("judged before the check"))
+    assert main(["compare", str(DATA / "correct"), *argv]) == 2
+    assert capsys.readouterr().err == f"attnops compare: {message}\n"
+
+
+def _fill(text, values):
+    for key, value in values.items():
+        text = text.replace(key, value)
+    return text
+
+
+def test_a_report_that_cannot_be_written_exits_2_with_one_line(tmp_path, capsys):
+    (tmp_path / "report").write_text("")
+    assert main(["compare", str(DATA / "statistics"), "--out", str(tmp_path / "report" / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnops compare: cannot write the report: ") and err.count("\n") == 1
+    assert str(tmp_path / "report") in err
+
+
 def test_broken_dump_json_exits_2_naming_the_file(tmp_path, capsys):
     (tmp_path / "dump.json").write_text("{not json")
     assert main(["compare", str(tmp_path)]) == 2
