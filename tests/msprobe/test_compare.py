@@ -16,6 +16,7 @@ from attnops.__main__ import main
 from attnops.msprobe import judge_path
 from attnops.msprobe.dump import DumpFormatError, load_tensor
 from attnops.msprobe.metrics import compute_metrics
+from attnops.msprobe.report import call_detail, records
 
 from .npu_dump import save_npu_tensor, write_dump
 
@@ -194,6 +195,41 @@ def test_hand_written_statistics_dump_skips(tmp_path):
     write_dump(tmp_path, {"NPU.npu_fusion_attention.0.forward": fwd}, with_data=False)
     (result,) = judge_path(tmp_path)
     assert result.verdict == "SKIP" and "input_args[0]" in result.reason
+
+
+def _statistics_only(rank_dir, entry, labels):
+    """Turn the dumped ``output.<i>`` tensors ``labels`` of ``entry`` into statistics (no data, as msprobe writes)."""
+    doc = json.loads((rank_dir / "dump.json").read_text())
+    for label in labels:
+        del doc["data"][entry]["output"][int(label.split(".")[1])]["data_name"]
+    (rank_dir / "dump.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("corrupt, verdict", [(lambda o: o, "PASS"), (_wrong_row, "FAIL")])
+def test_outputs_dumped_as_statistics_are_named_and_the_others_judged(tmp_path, corrupt, verdict):
+    *_, fwd = _fa_call(corrupt)
+    entry = "NPU.npu_fusion_attention.0.forward"
+    _statistics_only(write_dump(tmp_path, {entry: fwd}), entry, ["output.1", "output.2"])
+    (result,) = judge_path(tmp_path)
+    assert result.verdict == verdict
+    tensors = {t.tensor: (t.name, t.verdict.verdict) for t in result.tensors}
+    assert tensors == {"output.0": ("attention_out", verdict), "output.1": ("softmax_max", "SKIP"),
+                       "output.2": ("softmax_sum", "SKIP")}
+    detail = call_detail(result)
+    for label, name in (("output.1", "softmax_max"), ("output.2", "softmax_sum")):
+        assert f"{label} ({name}): not judged: dumped as statistics only" in detail
+    skipped = [r for r in records([result]) if r["verdict"] == "SKIP"]
+    assert [(r["tensor"], r["name"], r["shape"]) for r in skipped] == [
+        ("output.1", "softmax_max", [B, N, S, 8]), ("output.2", "softmax_sum", [B, N, S, 8])]
+
+
+def test_a_call_with_no_output_tensor_dumped_skips(tmp_path):
+    *_, fwd = _fa_call(lambda o: o)
+    entry = "NPU.npu_fusion_attention.0.forward"
+    _statistics_only(write_dump(tmp_path, {entry: fwd}), entry, ["output.0", "output.1", "output.2"])
+    (result,) = judge_path(tmp_path)
+    assert result.verdict == "SKIP"
+    assert result.reason == f"tensor data not dumped (statistics-level dump): {entry}.output[0] and 2 more"
 
 
 def test_arguments_attnops_rejects_skip_with_the_error(tmp_path):
