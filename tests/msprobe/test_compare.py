@@ -17,6 +17,7 @@ from attnops.msprobe import judge_path
 from attnops.msprobe.dump import DumpFormatError, load_tensor
 from attnops.msprobe.metrics import compute_metrics
 from attnops.msprobe.report import call_detail, records
+from attnops.msprobe.verdict import judge_tensor
 
 from .npu_dump import save_npu_tensor, write_dump
 
@@ -253,6 +254,22 @@ def test_dropout_and_unsupported_apis_skip(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ metrics
+def test_the_bf16_floor_lets_a_ten_percent_row_pass_as_docs_compare_says():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 128, 2, 64, generator=g).bfloat16() for _ in range(3))
+    emulated = attnops.flash_attention(q, k, v, layout="BSND", head_num=2, precision="npu")
+    golden = attnops.flash_attention(q.double(), k.double(), v.double(), layout="BSND", head_num=2)
+    verdicts = {}
+    for factor in (1.1, 1.5):
+        npu = emulated.clone()
+        npu[0, 64] = (npu[0, 64].float() * factor).bfloat16()
+        verdicts[factor] = judge_tensor(npu, emulated, golden)
+    ten = verdicts[1.1]
+    assert ten.verdict == "PASS" and ten.ratios["rmse"] < 0.5
+    assert ten.npu.rmse / ten.emulation.rmse > 4  # the un-floored metrics the records carry show it
+    assert verdicts[1.5].verdict == "FAIL" and verdicts[1.5].ratios["max_rel_err"] > 5
+
+
 def test_metrics_follow_msprobes_definitions():
     bench = torch.tensor([1.0, -2.0, 0.0, 2.0 ** -12, 4.0], dtype=torch.float64)
     actual = torch.tensor([1.002, -2.0, 2.0 ** -13, 2.0 ** -12, 4.04], dtype=torch.float64)
