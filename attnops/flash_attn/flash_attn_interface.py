@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import check_scale, check_tensor, require
+from .._core.checks import caller_names, check_scale, check_tensor, require
 from ..ops.flash_attention import flash_attention
 from .kvcache import flash_attn_with_kvcache
 from .outputs import dropout_probs, softmax_lse
@@ -24,6 +24,10 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
 ]
+
+
+# the core's names of the arguments this module passes on unchanged -> flash-attn's
+_CALLER_NAMES = {"query": "q", "key": "k", "value": "v"}
 
 
 def _check_options(dropout_p, softmax_scale, window_size, alibi_slopes, deterministic, batch: int,
@@ -72,7 +76,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scal
     if varlen:
         options.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                        max_seqlen_k=max_seqlen_k, softmax_layout="TND")
-    result = flash_attention(q, k, v, return_stats=True, **options)
+    with caller_names(_CALLER_NAMES):
+        result = flash_attention(q, k, v, return_stats=True, **options)
     if not return_attn_probs:
         return result.out
     probs = (dropout_probs(q, k, v, result, options) if dropout_p > 0

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from attnops._core.errors import ParamDtypeError, ParamInvalidError
+from attnops._core.errors import ParamDtypeError, ParamInvalidError, ParamNullptrError
 from attnops.flash_attn import flash_attn_func, flash_attn_varlen_func
 
 I32 = torch.int32
@@ -59,3 +59,19 @@ def test_dense_alibi_slopes_of_the_wrong_dtype_or_batch_name_alibi_slopes():
         flash_attn_func(q, q, q, alibi_slopes=torch.ones(3, dtype=torch.float16))
     with pytest.raises(ParamInvalidError, match=r"^alibi_slopes: .*\(batch_size=2, nheads=3\), got .*shape=\[4, 3\]"):
         flash_attn_func(q, q, q, alibi_slopes=torch.ones(4, 3))
+
+
+@pytest.mark.parametrize("overrides,error,expected_message", [
+    (dict(k=torch.randn(1, 8, 4, 8)), ParamInvalidError, "k: expected head dim equal to q's (16), got D=8"),
+    (dict(k=torch.randn(2, 8, 4, 16)), ParamInvalidError, "k: expected batch size B=1 like q, got Tensor("),
+    (dict(v=torch.randn(1, 7, 4, 16)), ParamInvalidError, "v: expected sequence length 8 and 4 heads like k, got "),
+    (dict(k=torch.randn(1, 8, 4, 16).half()), ParamInvalidError, "k: expected dtype torch.float32 (same as q), got"),
+    (dict(k=None), ParamNullptrError, "k: expected a tensor (required input), got None"),
+])
+def test_q_k_v_errors_use_flash_attns_names(overrides, error, expected_message):
+    q = torch.randn(1, 8, 4, 16)
+    args = dict(q=q, k=q, v=q)
+    args.update(overrides)
+    with pytest.raises(error) as info:
+        flash_attn_func(**args)
+    assert str(info.value).startswith(expected_message), str(info.value)
