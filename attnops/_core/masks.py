@@ -552,7 +552,7 @@ def window_sparse_args(causal: Any, window_size: Any, *, sparse_mode: int, atten
                                      ("pre_tokens", pre_tokens != TOKENS_UNBOUNDED),
                                      ("next_tokens", next_tokens != TOKENS_UNBOUNDED)) if used]
     require(not given, "causal", "causal/window_size alone (they replace sparse_mode, atten_mask, pre_tokens and "
-            "next_tokens)", Described(f"causal={causal}, window_size={tuple(window_size)} with {', '.join(given)}"))
+            "next_tokens)", Described(f"causal={causal!r}, window_size={tuple(window_size)} with {', '.join(given)}"))
     mask = compressed_causal_mask(device if isinstance(device, torch.device) else torch.device(device))
     if causal:
         right = 0  # as flash-attn: causal is the window's right edge on the diagonal

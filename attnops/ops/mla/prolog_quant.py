@@ -51,7 +51,7 @@ def unsupported_mode(q: PrologQuant) -> str | None:
                                  ("query_quant_mode", q.query_mode, QUERY_QUANT_MODES)):
         if value not in allowed:
             return (f"{name}: attnops implements modes {list(allowed)} of the MLA prolog (int8 weights, per-tensor "
-                    f"int8 KV cache with a per token-head int8 query), got {value}; see docs/dsa.md")
+                    f"int8 KV cache with a per token-head int8 query), got {value!r}; see docs/dsa.md")
     if q.kv_cache_mode != q.query_mode:
         return (f"query_quant_mode: attnops implements the quantized query together with the per-tensor int8 KV "
                 f"cache only (query_quant_mode == kv_cache_quant_mode), got query_quant_mode={q.query_mode}, "
