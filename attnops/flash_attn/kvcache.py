@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import Described, check_int, check_tensor, fail, require
+from .._core.checks import Described, check_int, check_scale, check_tensor, fail, require
 from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
 from .layers.rotary import rotate
@@ -79,6 +79,8 @@ def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     left, right = _window(causal, window_size)
     ok = isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0
     require(ok, "softcap", "a float >= 0 (0.0: no softcapping)", softcap)
+    if softmax_scale is not None:
+        check_scale("softmax_scale", softmax_scale)
     check_int("num_splits", num_splits, lo=0)
     _check_alibi(alibi_slopes, q)
     seqlens = _seqlens(cache_seqlens, batch, q.device)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnops._core.errors import ParamDtypeError, ParamInvalidError, ParamNullptrError
-from attnops.flash_attn import flash_attn_func, flash_attn_varlen_func
+from attnops.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 I32 = torch.int32
 
@@ -75,3 +75,9 @@ def test_q_k_v_errors_use_flash_attns_names(overrides, error, expected_message):
     with pytest.raises(error) as info:
         flash_attn_func(**args)
     assert str(info.value).startswith(expected_message), str(info.value)
+
+
+def test_kvcache_softmax_scale_is_named_softmax_scale():
+    q, cache = torch.randn(2, 1, 4, 16), torch.randn(2, 32, 2, 16)
+    with pytest.raises(ParamDtypeError, match=r"^softmax_scale: expected a finite float, got str '1'$"):
+        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=torch.tensor([3, 4], dtype=I32), softmax_scale="1")
