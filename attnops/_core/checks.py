@@ -1,13 +1,15 @@
 """Argument validation helpers: every failure names the argument, what was expected and what was received."""
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from .errors import ParamDtypeError, ParamInvalidError, ParamNullptrError
+from .errors import AclnnError, ParamDtypeError, ParamInvalidError, ParamNullptrError
 
 
 def describe(x: Any) -> str:
@@ -19,12 +21,42 @@ def describe(x: Any) -> str:
     return repr(x)
 
 
+class Described(str):
+    """A ready-made description of what was received (``Described(f"length {n}")``), shown as it is; any other
+    received value, a plain ``str`` included, is shown by :func:`describe`."""
+
+
+def _message(name: str, expected: str, received: str, hint: str | None) -> str:
+    return f"{name}: expected {expected}, got {received}" + (f". {hint}" if hint else "")
+
+
 def fail(name: str, expected: str, got: Any, hint: str | None = None, *, error=ParamInvalidError):
-    """Raise ``error`` with the standard message ``name: expected ..., got ...``."""
-    msg = f"{name}: expected {expected}, got {got if isinstance(got, str) else describe(got)}"
-    if hint:
-        msg += f". {hint}"
-    raise error(msg)
+    """Raise ``error`` with the standard message ``name: expected ..., got ...`` (``got``: the received value, or a
+    :class:`Described` description of it); the parts stay on the error for :func:`caller_names`."""
+    received = got if isinstance(got, Described) else describe(got)
+    exc = error(_message(name, expected, received, hint))
+    exc.parts = (name, expected, received, hint)
+    raise exc
+
+
+@contextlib.contextmanager
+def caller_names(names: dict[str, str]) -> Iterator[None]:
+    """Errors raised inside name the arguments as the caller wrote them: ``names`` maps the core's argument names
+    to a dialect's (flash-attn's ``q`` for ``query``), for the argument in error and for those its expectation
+    refers to ("like key", "as query", "query's")."""
+    try:
+        yield
+    except AclnnError as exc:
+        parts = getattr(exc, "parts", None)
+        if parts is None or parts[0] not in names:
+            raise
+        name, expected, received, hint = parts
+        refs = "|".join(re.escape(n) for n in names)
+        expected = re.sub(rf"\b(like|as|of) ({refs})\b", lambda m: f"{m[1]} {names[m[2]]}", expected)
+        expected = re.sub(rf"\b({refs})'s\b", lambda m: f"{names[m[1]]}'s", expected)
+        renamed = type(exc)(_message(names[name], expected, received, hint))
+        renamed.parts = (names[name], expected, received, hint)
+        raise renamed.with_traceback(exc.__traceback__) from None
 
 
 def require(cond: bool, name: str, expected: str, got: Any, hint: str | None = None) -> None:
@@ -35,7 +67,7 @@ def require(cond: bool, name: str, expected: str, got: Any, hint: str | None = N
 
 def require_not_none(x: Any, name: str) -> None:
     if x is None:
-        fail(name, "a tensor (required input)", "None", error=ParamNullptrError)
+        fail(name, "a tensor (required input)", None, error=ParamNullptrError)
 
 
 def check_tensor(
@@ -131,7 +163,7 @@ def _is_integer_scalar(value: Any) -> bool:
 def check_scale(name: str, value: Any) -> float:
     """A finite real softmax scale (``bool``, strings and NaN/Inf are refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        fail(name, "a finite float", f"{type(value).__name__} {value!r}", error=ParamDtypeError)
+        fail(name, "a finite float", Described(f"{type(value).__name__} {value!r}"), error=ParamDtypeError)
     require(math.isfinite(value), name, "a finite float", value)
     return float(value)
 
@@ -140,7 +172,7 @@ def _require_tensor_type(name: str, x: Any) -> None:
     """``x`` is a torch.Tensor (a NumPy array or a list is named as such, with the conversion to use)."""
     if not isinstance(x, torch.Tensor):
         kind = f"{type(x).__module__}.{type(x).__name__}" if type(x).__module__ != "builtins" else type(x).__name__
-        fail(name, "a torch.Tensor", kind, "convert it with torch.as_tensor(...)" if _is_ndarray(x) or
+        fail(name, "a torch.Tensor", Described(kind), "convert it with torch.as_tensor(...)" if _is_ndarray(x) or
              isinstance(x, (list, tuple)) else None, error=ParamDtypeError)
 
 

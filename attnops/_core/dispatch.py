@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from .checks import fail
+from .checks import Described, fail
 from .errors import PerformanceWarning
 from .triton import dry_run
 
@@ -79,7 +79,7 @@ def choose_backend(backend: str, device: torch.device, verify_triton: Callable[[
     if reason is None:
         return "triton"
     if backend == "triton":
-        fail("backend", "a backend that can serve this call", "'triton'", f"Triton cannot: {reason}")
+        fail("backend", "a backend that can serve this call", Described("'triton'"), f"Triton cannot: {reason}")
     if dry:
         raise RuntimeError(f"gpu_dry_run: this call would run the reference instead of the Triton kernels: {reason}")
     _warn_fallback(reason)

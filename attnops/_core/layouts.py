@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from .checks import check_tensor, fail, require
+from .checks import Described, check_tensor, fail, require
 from .varlen import SeqInfo
 
 Layout = Literal["BSH", "SBH", "BSND", "BNSD", "TND"]
@@ -103,9 +103,9 @@ def parse_geometry(query, key, value, head_num: int, layout: str) -> Geometry:
         require(kb == batch and vb == batch, "key", f"batch size B={batch} like query", key)
         require(vs == skv and vn == n2, "value", f"sequence length {skv} and {n2} heads like key", value)
     require(n2 > 0 and n1 % n2 == 0, "key", f"a number of heads N2 dividing the query heads N1={n1} (GQA)",
-            f"N2={n2}")
-    require(dk == d, "key", f"head dim equal to query's ({d})", f"D={dk}")
-    require(dv <= d and dv > 0, "value", f"head dim 1..{d} (Dq == Dk >= Dv)", f"Dv={dv}")
+            Described(f"N2={n2}"))
+    require(dk == d, "key", f"head dim equal to query's ({d})", Described(f"D={dk}"))
+    require(dv <= d and dv > 0, "value", f"head dim 1..{d} (Dq == Dk >= Dv)", Described(f"Dv={dv}"))
     return Geometry(layout, n1, n2, d, dv, batch, sq, skv)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .checks import check_tensor, fail, int_list, require
+from .checks import Described, check_tensor, fail, int_list, require
 from .varlen import DeviceSeqLens, SeqInfo, batch_windows
 
 INF = 1 << 62  # "no limit" for band offsets
@@ -291,7 +291,8 @@ def _check_compressed(atten_mask: torch.Tensor, rows: int, mode: int) -> None:
     if not canonical:
         what = "triu(ones(2048, 2048), diagonal=1)" if rows == 2048 else \
             "triu(ones(2048, 2048), 1) stacked on 1024 rows of [0]*1024 + [1]*1024"
-        fail(name, f"the canonical compressed mask {what} for sparse_mode {mode}", "a tensor with other content",
+        fail(name, f"the canonical compressed mask {what} for sparse_mode {mode}",
+             Described("a tensor with other content"),
              "the NPU reads this mask as a sliding window; any other content is undefined")
 
 
@@ -384,11 +385,11 @@ def _check_band_tokens(pre: int, nxt: int, sq: int, skv: int) -> None:
     if nxt < 0:
         require(pre >= -nxt and -nxt < skv, "next_tokens",
                 f"a negative value only with pre_tokens >= |next_tokens| and |next_tokens| < Skv={skv}",
-                f"next_tokens={nxt}, pre_tokens={pre}")
+                Described(f"next_tokens={nxt}, pre_tokens={pre}"))
     if pre < 0:
         require(nxt >= -pre and -pre < sq, "pre_tokens",
                 f"a negative value only with next_tokens >= |pre_tokens| and |pre_tokens| < Sq={sq}",
-                f"pre_tokens={pre}, next_tokens={nxt}")
+                Described(f"pre_tokens={pre}, next_tokens={nxt}"))
 
 
 def build_mask_spec(*, sparse_mode: int, atten_mask: torch.Tensor | None, pre_tokens: int, next_tokens: int,
@@ -551,7 +552,7 @@ def window_sparse_args(causal: Any, window_size: Any, *, sparse_mode: int, atten
                                      ("pre_tokens", pre_tokens != TOKENS_UNBOUNDED),
                                      ("next_tokens", next_tokens != TOKENS_UNBOUNDED)) if used]
     require(not given, "causal", "causal/window_size alone (they replace sparse_mode, atten_mask, pre_tokens and "
-            "next_tokens)", f"causal={causal}, window_size={tuple(window_size)} with {', '.join(given)}")
+            "next_tokens)", Described(f"causal={causal!r}, window_size={tuple(window_size)} with {', '.join(given)}"))
     mask = compressed_causal_mask(device if isinstance(device, torch.device) else torch.device(device))
     if causal:
         right = 0  # as flash-attn: causal is the window's right edge on the diagonal

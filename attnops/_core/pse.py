@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import check_tensor, fail, int_list, require
+from .checks import Described, check_tensor, fail, int_list, require
 from .masks import MaskRule, MaskSpec
 from .varlen import DeviceSeqLens, SeqInfo
 
@@ -169,13 +169,13 @@ def build_pse_spec(pse: torch.Tensor | None, *, pse_type: int, seq: SeqInfo | De
         if device:
             require(sparse_mode in (2, 3) and mask.explicit is None, "pse", "a causal mask (causal=True, "
                     "sparse_mode 2/3) with the ALiBi-compressed pse and cu_seqlens tensors on the device",
-                    f"sparse_mode={sparse_mode}", "pass host lengths to use sparse_mode 0 with a mask")
+                    Described(f"sparse_mode={sparse_mode}"), "pass host lengths to use sparse_mode 0 with a mask")
         else:
             require(all(a == b for a, b in zip(seq.q_lens, seq.kv_lens)), "pse",
                     "Sq == Skv for every batch with the ALiBi-compressed [.., 1024, Skv] pse", pse)
             require(sparse_mode in (0, 2, 3) and _masks_upper_triangle(mask, seq), "pse",
                     "a causal (lower-triangular) mask with the ALiBi-compressed pse (sparse_mode 0/2/3)",
-                    f"sparse_mode={sparse_mode}")
+                    Described(f"sparse_mode={sparse_mode}"))
         require(cols >= skv or unbounded, "pse", f"a last dim >= Skv={skv} for the ALiBi-compressed pse", pse)
         return PseSpec(pse_type, "alibi", pse)
     if rows == 1:
@@ -207,7 +207,7 @@ def _flattened_spec(pse: torch.Tensor, pse_type: int, seq: SeqInfo, n1: int) -> 
     length = pse.shape[0]
     require(length in (row_total, full_total), "pse",
             f"a 1-D TND pse of length N1*sum(Skv_b)={row_total} (per-batch [N1, 1, Skv_b]) or "
-            f"N1*sum(Sq_b*Skv_b)={full_total} (per-batch [N1, Sq_b, Skv_b])", f"length {length}")
+            f"N1*sum(Sq_b*Skv_b)={full_total} (per-batch [N1, Sq_b, Skv_b])", Described(f"length {length}"))
     row = length == row_total
     segments, off = [], 0
     for sq, skv in zip(seq.q_lens, seq.kv_lens):
@@ -235,11 +235,11 @@ def _slopes_spec(slopes, pse_type, seq: SeqInfo | DeviceSeqLens, n1, sparse_mode
         if first_only and b == 0:
             require(sq - skv + q_start - kv_start == 0, "q_start_idx",
                     "actual_seq_qlen[0] - actual_seq_kvlen[0] + q_start_idx - kv_start_idx == 0 "
-                    "for sparse_mode 8 with pse_type 2/3", f"Sq={sq}, Skv={skv}, q_start_idx={q_start}, "
-                    f"kv_start_idx={kv_start}")
+                    "for sparse_mode 8 with pse_type 2/3", Described(f"Sq={sq}, Skv={skv}, q_start_idx={q_start}, "
+                    f"kv_start_idx={kv_start}"))
         else:
             require(sq == skv, "pse", f"Sq == Skv for internally generated ALiBi (pse_type {pse_type})",
-                    f"Sq={sq}, Skv={skv} in batch {b}")
+                    Described(f"Sq={sq}, Skv={skv} in batch {b}"))
         keep_start = not (first_only and b > 0)
         qs.append(q_start if keep_start else 0)
         ks.append(kv_start if keep_start else 0)

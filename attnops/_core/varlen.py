@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import fail, int_list, require
+from .checks import Described, fail, int_list, require
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def device_seq_lens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, tota
     check_max_seqlen("max_seqlen_q", max_seqlen_q)
     check_max_seqlen("max_seqlen_k", max_seqlen_k)
     require((max_seqlen_q is None) == (max_seqlen_k is None), "max_seqlen_k", "max_seqlen_q and max_seqlen_k together",
-            "only one of them")
+            Described("only one of them"))
     if max_seqlen_q is None:
         return DeviceSeqLens(cu_seqlens_q, cu_seqlens_k, total_q, total_kv)
     return DeviceSeqLens(cu_seqlens_q, cu_seqlens_k, min(max_seqlen_q, total_q), min(max_seqlen_k, total_kv), True)
@@ -132,16 +132,31 @@ def lengths_from_cumulative(name: str, cumulative, total: int | None = None) -> 
 
 
 def cumulative_from_cu_seqlens(name: str, cu_seqlens) -> list[int]:
-    """Convert an FA-style ``cu_seqlens`` (leading 0, length B+1) to the CANN cumulative list."""
+    """Convert an FA-style ``cu_seqlens`` (leading 0, length B+1, non-decreasing) to the CANN cumulative list."""
     values = int_list(name, cu_seqlens)
     require(values is not None and len(values) >= 2 and values[0] == 0, name,
-            "cu_seqlens with a leading 0 and length B+1", cu_seqlens)
+            "cu_seqlens with a leading 0 and length B+1", cu_seqlens if values is None else values)
+    require(all(a <= b for a, b in zip(values, values[1:])), name,
+            "non-decreasing offsets (sequence b is cu_seqlens[b]:cu_seqlens[b + 1])", values)
     return values[1:]
+
+
+def cumulative_pair_from_cu_seqlens(cu_seqlens_q, cu_seqlens_k, total_q: int | None,
+                                    total_k: int | None) -> tuple[list[int], list[int]]:
+    """:func:`cumulative_from_cu_seqlens` of ``cu_seqlens_q`` and ``cu_seqlens_k``, which must have one length and
+    end within the packed token counts ``total_q`` / ``total_k`` (None: not known yet)."""
+    q = cumulative_from_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
+    k = cumulative_from_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
+    require(len(k) == len(q), "cu_seqlens_k", f"the same length as cu_seqlens_q ({len(q) + 1})", [0, *k])
+    for name, values, total in (("cu_seqlens_q", q, total_q), ("cu_seqlens_k", k, total_k)):
+        require(total is None or values[-1] <= total, name, f"a last offset <= the packed token count T={total}",
+                [0, *values])
+    return q, k
 
 
 def seq_info_varlen(q_lens: list[int], kv_lens: list[int]) -> SeqInfo:
     require(len(q_lens) == len(kv_lens), "actual_seq_kvlen", f"the same length as actual_seq_qlen ({len(q_lens)})",
-            f"length {len(kv_lens)}")
+            Described(f"length {len(kv_lens)}"))
 
     def starts(lens):
         out, acc = [], 0

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from .._core.checks import fail, require
+from .._core.checks import Described, fail, require
 
 
 class AclnnExecutor:
@@ -22,7 +22,7 @@ class AclnnExecutor:
         self.used = False
 
     def __call__(self) -> Any:
-        require(not self.used, "executor", f"an unused executor of {self.name}", "one that already ran",
+        require(not self.used, "executor", f"an unused executor of {self.name}", Described("one that already ran"),
                 "request a new executor with the _get_workspace_size function")
         self.used = True
         return self._run()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import check_int, check_scale, check_tensor, int_list, require, require_not_none
+from .._core.checks import Described, check_int, check_scale, check_tensor, int_list, require, require_not_none
 from .._core.layouts import normalize_layout
 from ..ops.flash_attention import op as fa_op
 from ..ops.flash_attention.api import check_backward_inputs
@@ -46,7 +46,7 @@ def _validate(*, query, key, value, dy=None, layouts, max_d, padding_mask, keep_
         require_not_none(drop_mask, "drop_mask")
     if sparse_mode == 4:
         require(pre_tokens + next_tokens >= 0, "next_tokens", "a band that intersects: pre_tokens + next_tokens >= 0",
-                f"pre_tokens={pre_tokens}, next_tokens={next_tokens}")
+                Described(f"pre_tokens={pre_tokens}, next_tokens={next_tokens}"))
     qlen = int_list("actual_seq_qlen", actual_seq_qlen)
     prefix_list = int_list("prefix", prefix)
     if layout == "TND":
@@ -54,7 +54,7 @@ def _validate(*, query, key, value, dy=None, layouts, max_d, padding_mask, keep_
                 f"1 to {MAX_BATCH} cumulative lengths (one per batch)", actual_seq_qlen)
         if prefix_list is not None and sparse_mode in (5, 6):
             require(len(qlen) <= MAX_BATCH_WITH_PREFIX, "actual_seq_qlen",
-                    f"at most {MAX_BATCH_WITH_PREFIX} batches with prefix", f"{len(qlen)} batches")
+                    f"at most {MAX_BATCH_WITH_PREFIX} batches with prefix", Described(f"{len(qlen)} batches"))
         for name, t in (("query", query), ("key", key)):
             require(1 <= t.shape[0] <= MAX_TOKENS, name, f"T in [1, {MAX_TOKENS}]", t)
     scale_value = check_scale("scale_value", scale_value)
@@ -64,8 +64,8 @@ def _validate(*, query, key, value, dy=None, layouts, max_d, padding_mask, keep_
                       actual_seq_kvlen=int_list("actual_seq_kvlen", actual_seq_kvlen), sparse_mode=sparse_mode,
                       pse_type=pse_type, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx)
     g = p.geom
-    require(g.n2 <= MAX_HEADS, "key", f"at most {MAX_HEADS} heads", f"N={g.n2}")
-    require(g.d <= max_d, "query", f"head dim D in [1, {max_d}]", f"D={g.d}")
+    require(g.n2 <= MAX_HEADS, "key", f"at most {MAX_HEADS} heads", Described(f"N={g.n2}"))
+    require(g.d <= max_d, "query", f"head dim D in [1, {max_d}]", Described(f"D={g.d}"))
     tnd = layout == "TND"
     args = [pse, atten_mask, drop_mask, g.n1, layout, scale_value, float(keep_prob), pre_tokens,
             next_tokens, prefix_list, qlen if tnd else None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import check_int, check_scale, check_tensor, int_list, require, require_not_none
+from .._core.checks import Described, check_int, check_scale, check_tensor, int_list, require, require_not_none
 from ..ops.nsa import op as nsa_op
 from ..ops.nsa.api import check_selected_backward_inputs
 from ..ops.nsa.compress import build_compress_spec, check_output_grad
@@ -89,7 +89,7 @@ def _check_selected(query, key, value, topk_indices, atten_mask, actual_seq_qlen
     size = _multiple_of_16("selected_block_size", selected_block_size, hi=128)
     count = check_int("selected_block_count", selected_block_count, lo=1, hi=128)
     require(size * count < 8192, "selected_block_count", f"selected_block_size * selected_block_count < 8192",
-            f"{size} * {count}")
+            Described(f"{size} * {count}"))
     require(sparse_mode in (0, 2), "sparse_mode", "0 or 2", sparse_mode)
     qlen, kvlen = int_list("actual_seq_qlen", actual_seq_qlen), int_list("actual_seq_kvlen", actual_seq_kvlen)
     require_not_none(qlen, "actual_seq_qlen")
@@ -148,7 +148,7 @@ def _nsa_compress_attention(query, key, value, atten_mask, topk_mask, actual_seq
         check_tensor(name, t, ndim=3, dtypes=ACLNN_NSA_DTYPES)
     require(input_layout == "TND", "input_layout", "'TND'", input_layout)
     g = query.shape[1] // max(key.shape[1], 1)
-    require(g < 128 and 128 % g == 0, "head_num", "N1/N2 < 128 dividing 128", f"G={g}")
+    require(g < 128 and 128 % g == 0, "head_num", "N1/N2 < 128 dividing 128", Described(f"G={g}"))
     _multiple_of_16("compress_block_size", compress_block_size, hi=128)
     _multiple_of_16("compress_stride", compress_stride, hi=64)
     _multiple_of_16("select_block_size", select_block_size, hi=128)

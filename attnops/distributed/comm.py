@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .._core.checks import fail, require
+from .._core.checks import Described, fail, require
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,11 @@ def group_info(group) -> GroupInfo:
     """Validate ``group`` (None = the default group) and return its :class:`GroupInfo`."""
     require(dist.is_available() and dist.is_initialized(), "group",
             "an initialized torch.distributed process group (call torch.distributed.init_process_group first)",
-            "no process group")
+            Described("no process group"))
     if group is not None and not isinstance(group, dist.ProcessGroup):
-        fail("group", "a torch.distributed.ProcessGroup or None (the default group)", type(group).__name__)
+        fail("group", "a torch.distributed.ProcessGroup or None (the default group)", Described(type(group).__name__))
     rank, size = dist.get_rank(group), dist.get_world_size(group)
-    require(rank >= 0, "group", "a process group this process belongs to", "a group without this rank")
+    require(rank >= 0, "group", "a process group this process belongs to", Described("a group without this rank"))
 
     def global_rank(r: int) -> int:
         return r if group is None else dist.get_global_rank(group, r)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._core.checks import require
+from .._core.checks import Described, require
 from .._core.dropout import check_seed_offset, draw_seed
 from .._core.layouts import tokens_view
 from .._core.softmax_stats import stats_dtype
@@ -150,12 +150,13 @@ def _chunk_lens(layout, q, k, world_size, cu_seqlens, actual_seq_len) -> list[in
                 "None for dense layouts (sequence lengths are for layout 'TND')", actual_seq_len)
         s, skv = q.shape[2], k.shape[2]
         require(skv == s, "key", f"the query's local sequence length {s} (ring attention is self-attention)",
-                f"{skv}")
-        require(s % 2 == 0 and s > 0, "query", "a local sequence of two equal chunks (even length > 0)", f"S={s}")
+                Described(f"{skv}"))
+        require(s % 2 == 0 and s > 0, "query", "a local sequence of two equal chunks (even length > 0)",
+                Described(f"S={s}"))
         return [s // 2]
     if cu_seqlens is not None:
         require(actual_seq_len is None, "cu_seqlens", "either cu_seqlens (leading 0) or actual_seq_len, not both",
-                "both")
+                Described("both"))
         actual_seq_len = cumulative_from_cu_seqlens("cu_seqlens", cu_seqlens)
     require(actual_seq_len is not None, "actual_seq_len",
             "the global cumulative sequence lengths (or cu_seqlens) for layout TND", None)

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from .._core.checks import int_list, require
+from .._core.checks import Described, int_list, require
 from .._core.dropout import check_seed_offset, draw_seed
 from .._core.layouts import tokens_view
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
@@ -66,7 +66,7 @@ def _kv_repeats(n1: int, n2: int, p: int) -> int:
     """Smallest repeat count ``u`` with ``N2*u`` divisible by P and dividing N1."""
     u = p // math.gcd(n2, p)
     require(n1 % (n2 * u) == 0, "key", f"KV heads that can be repeated to a multiple of world_size={p} dividing "
-            f"the {n1} query heads", f"N2={n2}")
+            f"the {n1} query heads", Described(f"N2={n2}"))
     return u
 
 
@@ -98,8 +98,9 @@ def ulysses_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=
     p = info.size
     as_bsnd = (lambda x, heads: x.unsqueeze(0) if layout == "TND" else tokens_view(x, layout, heads))
     q, k, v = as_bsnd(query, n1), as_bsnd(key, n2), as_bsnd(value, n2)
-    require(n1 % p == 0, "query", f"a number of heads divisible by world_size={p}", f"N1={n1}")
-    require(k.shape[1] == q.shape[1], "key", f"the query's local sequence length {q.shape[1]}", f"{k.shape[1]}")
+    require(n1 % p == 0, "query", f"a number of heads divisible by world_size={p}", Described(f"N1={n1}"))
+    require(k.shape[1] == q.shape[1], "key", f"the query's local sequence length {q.shape[1]}",
+            Described(f"{k.shape[1]}"))
     repeats = _kv_repeats(n1, k.shape[2], p)
     if repeats > 1:
         k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)
@@ -108,7 +109,8 @@ def ulysses_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=
     heads = n1 // p
     if layout == "TND":
         if cu_seqlens is not None:
-            require(actual_seq_len is None, "cu_seqlens", "either cu_seqlens or actual_seq_len, not both", "both")
+            require(actual_seq_len is None, "cu_seqlens", "either cu_seqlens or actual_seq_len, not both",
+                    Described("both"))
             actual_seq_len = cumulative_from_cu_seqlens("cu_seqlens", cu_seqlens)
         require(actual_seq_len is not None, "actual_seq_len", "the global cumulative lengths for layout TND", None)
         cumulative = int_list("actual_seq_len", actual_seq_len)

@@ -7,9 +7,10 @@ Dense tensors are ``[B, S, H, D]`` (attnops layout "BSND"), varlen ones ``[T, H,
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from .._core.checks import check_tensor, require
+from .._core.checks import caller_names, check_scale, check_tensor, require
 from ..ops.flash_attention import flash_attention
 from .kvcache import flash_attn_with_kvcache
 from .outputs import dropout_probs, softmax_lse
@@ -25,18 +26,36 @@ __all__ = [
 ]
 
 
-def _check_options(dropout_p, window_size, alibi_slopes, deterministic, heads: int) -> tuple[int, int]:
-    """Validate the options the core does not see under flash-attn's names; returns ``window_size`` as a tuple."""
+# the core's names of the arguments this module passes on unchanged -> flash-attn's
+_CALLER_NAMES = {"query": "q", "key": "k", "value": "v"}
+
+
+def _check_options(dropout_p, softmax_scale, window_size, alibi_slopes, deterministic, batch: int,
+                   heads: int) -> tuple[int, int]:
+    """Validate, under flash-attn's names, the options the core sees under other names or values; returns
+    ``window_size`` as a tuple."""
     ok = isinstance(dropout_p, (int, float)) and not isinstance(dropout_p, bool) and 0.0 <= dropout_p < 1.0
     require(ok, "dropout_p", "a float in [0, 1) (0.0 in evaluation)", dropout_p)
+    if softmax_scale is not None:
+        check_scale("softmax_scale", softmax_scale)
     require(isinstance(deterministic, bool), "deterministic", "a bool", deterministic)
     require(isinstance(window_size, (tuple, list)) and len(window_size) == 2, "window_size",
             "a pair (left, right) of ints, -1 for an unbounded side", window_size)
     if alibi_slopes is not None:
-        check_tensor("alibi_slopes", alibi_slopes, ndim=(1, 2))
-        require(alibi_slopes.shape[-1] == heads, "alibi_slopes",
-                f"fp32 slopes of shape (nheads={heads},) or (batch_size, nheads={heads})", alibi_slopes)
+        check_tensor("alibi_slopes", alibi_slopes, ndim=(1, 2), dtypes=(torch.float32,))
+        require(alibi_slopes.shape in ((heads,), (batch, heads)) or (batch is None and alibi_slopes.shape[-1] == heads),
+                "alibi_slopes",
+                f"fp32 slopes of shape (nheads={heads},) or (batch_size={batch}, nheads={heads})", alibi_slopes)
     return tuple(window_size)
+
+
+def _batch_size(q: Tensor, cu_seqlens_q) -> int | None:
+    """B of a dense ``q``, or of a 1-D ``cu_seqlens_q`` (None when it is malformed: the core names it)."""
+    if cu_seqlens_q is None:
+        return q.shape[0]
+    if isinstance(cu_seqlens_q, (list, tuple)) or (isinstance(cu_seqlens_q, Tensor) and cu_seqlens_q.dim() == 1):
+        return len(cu_seqlens_q) - 1
+    return None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scale: float | None, causal: bool,
@@ -48,7 +67,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scal
     flash-attn). ``deterministic`` is accepted: attnops' backward is always deterministic."""
     varlen = cu_seqlens_q is not None
     check_tensor("q", q, ndim=3 if varlen else 4)
-    window = _check_options(dropout_p, window_size, alibi_slopes, deterministic, q.shape[-2])
+    batch = _batch_size(q, cu_seqlens_q)
+    window = _check_options(dropout_p, softmax_scale, window_size, alibi_slopes, deterministic, batch, q.shape[-2])
     options = dict(layout="TND" if varlen else "BSND", causal=causal, window_size=window, scale=softmax_scale,
                    softcap=softcap, keep_prob=1.0 - dropout_p)
     if alibi_slopes is not None:
@@ -56,7 +76,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scal
     if varlen:
         options.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                        max_seqlen_k=max_seqlen_k, softmax_layout="TND")
-    result = flash_attention(q, k, v, return_stats=True, **options)
+    with caller_names(_CALLER_NAMES):
+        result = flash_attention(q, k, v, return_stats=True, **options)
     if not return_attn_probs:
         return result.out
     probs = (dropout_probs(q, k, v, result, options) if dropout_p > 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import check_int, check_tensor, fail, require
+from .._core.checks import Described, check_int, check_scale, check_tensor, fail, require
 from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
 from .layers.rotary import rotate
@@ -79,6 +79,8 @@ def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     left, right = _window(causal, window_size)
     ok = isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap >= 0
     require(ok, "softcap", "a float >= 0 (0.0: no softcapping)", softcap)
+    if softmax_scale is not None:
+        check_scale("softmax_scale", softmax_scale)
     check_int("num_splits", num_splits, lo=0)
     _check_alibi(alibi_slopes, q)
     seqlens = _seqlens(cache_seqlens, batch, q.device)
@@ -225,7 +227,8 @@ def _check_lengths(lengths: Tensor, cache_leftpad, capacity: int, block_table, n
     """Host checks of CPU lengths, before anything is written: ``0 <= cache_leftpad <= cache_seqlens + S_new <=
     capacity``, and the pages a sequence uses are pages of the cache."""
     require(bool(((lengths >= 0) & (lengths <= capacity)).all()), "cache_seqlens",
-            f"cache_seqlens + seqlen_new in [0, {capacity}] (the cache's capacity)", f"ends {lengths.tolist()}")
+            f"cache_seqlens + seqlen_new in [0, {capacity}] (the cache's capacity)",
+            Described(f"ends {lengths.tolist()}"))
     if cache_leftpad is not None:
         require(bool(((cache_leftpad >= 0) & (cache_leftpad <= lengths)).all()), "cache_leftpad",
                 "values in [0, cache_seqlens + seqlen_new]", cache_leftpad.tolist())
@@ -236,7 +239,7 @@ def _check_lengths(lengths: Tensor, cache_leftpad, capacity: int, block_table, n
         if bool(bad.any()):
             where = [int(i) for i in bad.nonzero()[0]]
             fail("block_table", f"page ids in [0, {num_blocks}) for the pages each sequence uses",
-                 f"{int(block_table[where[0], where[1]])} at {where}")
+                 Described(f"{int(block_table[where[0], where[1]])} at {where}"))
 
 
 def _cache_views(k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, batch: int):

@@ -35,7 +35,7 @@ def dropout_probs(query: Tensor, key: Tensor, value: Tensor, result: FlashAttent
     for name in ("cu_seqlens_q", "cu_seqlens_k"):
         if isinstance(options.get(name), Tensor):
             options[name] = options[name].tolist()
-    args = _op_args(query, **options)
+    args = _op_args(query, key, **options)
     del args["backend"], args["precision"]  # op-level choices, not the problem's
     p = build_problem(query, key, value, **args)
     seq = p.seq

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .dump import DumpFormatError
 from .judge import judge_path
@@ -36,21 +37,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write one JSON record per compared tensor")
 
 
+def _usage_error(message: str) -> int:
+    """Print the one-line error and return the usage-error exit status (2; 1 is a FAIL verdict)."""
+    print(f"attnops compare: {message}", file=sys.stderr)
+    return 2
+
+
+def _output_problem(out: str | None, json_file: str | None) -> str | None:
+    """Why ``--out`` or ``--json`` cannot be written, checked before any call is judged (None: both can)."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        return f"--out {out!r}: expected a directory (existing or to create), got an existing file"
+    if json_file is not None:
+        if Path(json_file).is_dir():
+            return f"--json {json_file!r}: expected a file to write, got a directory"
+        parent = Path(json_file).parent
+        if not parent.is_dir():
+            return f"--json {json_file!r}: expected a file in an existing directory, got one in {str(parent)!r}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    problem = _output_problem(args.out, args.json)
+    if problem:
+        return _usage_error(problem)
     try:
         results = judge_path(args.path, step=args.step, rank=args.rank, api=args.api)
-    except DumpFormatError as exc:
-        print(f"attnops compare: {exc}", file=sys.stderr)
-        return 2
+    except (DumpFormatError, OSError) as exc:
+        return _usage_error(str(exc))
     if args.api is not None and not results:
-        print(f"attnops compare: --api {args.api!r} matches no fused-attention call in {args.path}", file=sys.stderr)
-        return 2
+        return _usage_error(f"--api {args.api!r} matches no fused-attention call in {args.path}")
     for r in results:
         detail = call_detail(r)
         print(f"{r.verdict:4}  {r.where}  {r.call}" + (f"  ({detail})" if detail else ""))
     print(summary_line(results))
-    if args.json:
-        write_json(results, args.json)
-    if args.out:
-        print(f"report: {write_reports(results, args.out)}")
+    try:
+        if args.json:
+            write_json(results, args.json)
+        if args.out:
+            print(f"report: {write_reports(results, args.out)}")
+    except OSError as exc:
+        return _usage_error(f"cannot write the report: {exc}")
     return 1 if any(r.verdict == "FAIL" for r in results) else 0

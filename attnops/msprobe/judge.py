@@ -7,8 +7,8 @@ from pathlib import Path
 
 from .._core.errors import AclnnError
 from .dump import DumpDir, find_dump_dirs, load_dump
-from .rebuild import Unsupported, attention_entries, rebuild_call
-from .references import INDEX_RESULTS, emulate, golden, npu_results
+from .rebuild import Unsupported, attention_entries, not_dumped_reason, rebuild_call
+from .references import INDEX_RESULTS, emulate, golden, not_dumped, npu_results
 from .verdict import TensorVerdict, judge_indices, judge_tensor
 
 __all__ = ["TensorResult", "CallResult", "judge_dump", "judge_path"]
@@ -41,7 +41,10 @@ def _judge_call(entry, dump: DumpDir) -> CallResult:
     where = f"{dump.step}/{dump.rank}" if dump.step else dump.rank
     try:
         call = rebuild_call(entry, dump)
-        g, (e, note), n = golden(call), emulate(call), npu_results(call)
+        n, absent = npu_results(call), not_dumped(call)
+        if not n and absent:
+            raise Unsupported(not_dumped_reason([m for _, m in absent.values()]))
+        g, (e, note) = golden(call), emulate(call)
     except Unsupported as exc:
         return CallResult(entry.name, where, "SKIP", str(exc))
     except (AclnnError, NotImplementedError) as exc:  # arguments attnops cannot run: no verdict either way
@@ -62,7 +65,10 @@ def _judge_call(entry, dump: DumpDir) -> CallResult:
             errors = dict(npu_errors=(npu.double().reshape(-1) - golden64).abs(),
                           emulation_errors=(e[label][1].double().reshape(-1) - golden64).abs())
         result.tensors.append(TensorResult(label, name, verdict, **errors))
-    missing = sorted(set(e) - set(n))
+    for label, (name, m) in absent.items():
+        result.tensors.append(TensorResult(label, name, TensorVerdict(
+            "SKIP", ["not judged: dumped as statistics only, without tensor data"], dtype=m.dtype, shape=m.shape)))
+    missing = sorted(set(e) - set(n) - set(absent))
     if missing:
         result.tensors.append(TensorResult(missing[0], e[missing[0]][0], TensorVerdict(
             "FAIL", [f"the re-run call has {', '.join(missing)} but the dump has no such tensor"])))

@@ -15,7 +15,7 @@ from .. import torch_npu
 from .dump import DumpDir, DumpFormatError, Entry, MissingTensor, decode_value
 
 __all__ = ["ATTENTION_APIS", "SUPPORTED_APIS", "FA_APIS", "FA_GRAD_APIS", "FIA_APIS", "NSA_APIS", "Call",
-           "Unsupported", "rebuild_call", "attention_entries", "bind_arguments"]
+           "Unsupported", "rebuild_call", "attention_entries", "bind_arguments", "not_dumped_reason"]
 
 FA_APIS = ("npu_fusion_attention", "npu_fusion_attention_v2", "npu_fusion_attention_v3")
 FA_GRAD_APIS = ("npu_fusion_attention_grad", "npu_fusion_attention_grad_v2", "npu_fusion_attention_grad_v3")
@@ -76,6 +76,12 @@ def _missing(values: Any) -> list[MissingTensor]:
     return [m for v in values for m in _missing(v)] if isinstance(values, list) else []
 
 
+def not_dumped_reason(missing: list[MissingTensor]) -> str:
+    """The SKIP reason of a call whose tensors ``missing`` were dumped as statistics only."""
+    return (f"tensor data not dumped (statistics-level dump): {missing[0].where}"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+
+
 def bind_arguments(api: str, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``torch_npu.<api>``'s arguments by parameter name, defaults applied (TypeError when they do not fit)."""
     bound = inspect.signature(getattr(torch_npu, api)).bind(*_as_list(args), **kwargs)
@@ -105,8 +111,7 @@ def rebuild_call(entry: Entry, dump: DumpDir) -> Call:
     args, kwargs = _field(forward, "input_args"), _field(forward, "input_kwargs")
     outputs = _as_list(_field(entry, "output"))
     grads = _as_list(_field(entry, "input")) if entry.direction == "backward" else []
-    missing = _missing([args, kwargs, outputs, grads])
+    missing = _missing([args, kwargs, grads])  # outputs dumped as statistics only are named by the judge
     if missing:
-        raise Unsupported(f"tensor data not dumped (statistics-level dump): {missing[0].where}"
-                          + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        raise Unsupported(not_dumped_reason(missing))
     return Call(entry.name, entry.api, entry.direction, _bind(forward, args, kwargs), outputs, grads)

@@ -24,9 +24,10 @@ from ..ops.fused_infer_attention.problem import LAYOUTS as FIA_LAYOUTS
 from ..testing.golden_fia import fia_forward
 from . import nsa_references as nsa
 from ._reference import EMULATION, GOLDEN, Reference, unsupported_if
+from .dump import MissingTensor
 from .rebuild import FA_APIS, FA_GRAD_APIS, FIA_APIS, Call, Unsupported
 
-__all__ = ["golden", "golden_values", "emulate", "npu_results", "result_names", "INDEX_RESULTS"]
+__all__ = ["golden", "golden_values", "emulate", "npu_results", "not_dumped", "result_names", "INDEX_RESULTS"]
 
 INDEX_RESULTS = ("topk_indices",)  # results compared as sets of selected blocks (verdict.judge_indices)
 _FA_NAMES = {"forward": ("attention_out", "softmax_max", "softmax_sum"), "backward": ("dq", "dk", "dv", "dpse")}
@@ -186,6 +187,13 @@ def emulate(call: Call) -> tuple[dict[str, tuple[str, Tensor]], str]:
         exact = Reference("exact", EMULATION.cast, "exact")
         return _labelled(call, run(call, exact)), (f"E is attnops' exact result (fp32, one cast): the NPU "
                                                    f"rounding of this route is not emulated ({exc})")
+
+
+def not_dumped(call: Call) -> dict[str, tuple[str, MissingTensor]]:
+    """The results the dump holds statistics of but no tensor data, under the labels of :func:`npu_results`."""
+    names = result_names(call)
+    return {f"output.{i}": (names[i], v) for i, v in enumerate(call.outputs[:len(names)])
+            if isinstance(v, MissingTensor)}
 
 
 def npu_results(call: Call) -> dict[str, tuple[str, Tensor]]:

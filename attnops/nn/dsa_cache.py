@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import require
+from .._core.checks import Described, require
 
 
 class DSACache:
@@ -29,7 +29,7 @@ class DSACache:
         lengths (int32 ``[B]``)."""
         batch, new = latent.shape[:2]
         require(all(n + new <= self.max_len for n in self.lengths), "latent",
-                f"at most {self.max_len} tokens per sequence in the cache", f"{max(self.lengths)} + {new}")
+                f"at most {self.max_len} tokens per sequence in the cache", Described(f"{max(self.lengths)} + {new}"))
         pos = torch.tensor(self.lengths)[:, None] + torch.arange(new)  # [B, S]
         blocks = self.block_table.cpu()[torch.arange(batch)[:, None], pos // self.block_size].long()
         slots = (blocks * self.block_size + pos % self.block_size).reshape(-1).to(self.latent.device)

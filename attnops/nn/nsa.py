@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._core.checks import check_int, check_scale, check_tensor, fail, int_list, require
+from .._core.checks import Described, check_int, check_scale, check_tensor, fail, int_list, require
 from .._core.errors import ParamDtypeError
 from ..ops.nsa.compress_attention import check_block_sizes
 from ..ops.nsa.layer import COMPRESS_MODES, native_sparse_attention
@@ -92,7 +92,7 @@ class NativeSparseAttention(nn.Module):
         or ``torch.inference_mode()``."""
         self._check_input(x)
         if x.ndim == 2:
-            require(cache is None, "cache", "None for packed input (use [B, T, hidden])", "a cache")
+            require(cache is None, "cache", "None for packed input (use [B, T, hidden])", Described("a cache"))
             cu = _packed_offsets(cu_seqlens, x.shape[0])
             pos = torch.cat([torch.arange(end - start, device=x.device) for start, end in zip(cu, cu[1:])])
             q, k, v, g = self._project(x, pos)
@@ -101,7 +101,7 @@ class NativeSparseAttention(nn.Module):
         require(cu_seqlens is None, "cu_seqlens", "None for [B, T, hidden] input", cu_seqlens)
         if cache is not None:
             if not isinstance(cache, NSACache):
-                fail("cache", "an NSACache from layer.new_cache(batch_size)", type(cache).__name__,
+                fail("cache", "an NSACache from layer.new_cache(batch_size)", Described(type(cache).__name__),
                      error=ParamDtypeError)
             cache.bind(self, self._settings())
         b, t = x.shape[:2]
@@ -109,9 +109,11 @@ class NativeSparseAttention(nn.Module):
             pos = torch.arange(t, device=x.device).expand(b, t)
         else:
             require(not torch.is_grad_enabled(), "cache", "calls under torch.no_grad() or torch.inference_mode() "
-                    "(decoding has no backward)", "grad mode enabled")
+                    "(decoding has no backward)", Described("grad mode enabled"))
             require(x.shape[0] == cache.batch_size, "x", f"a batch of {cache.batch_size} (the cache's)", x.shape[0])
             pos = cache.positions(t, x.device)
+        if t == 0:  # no new tokens: an empty output, the cache unchanged
+            return self.o_proj(x.new_zeros(b, 0, self.num_heads * self.head_dim))
         q, k, v, g = (y.unflatten(0, (b, t)) for y in self._project(x.flatten(0, 1), pos.flatten()))
         if cache is None or cache.seq_len == 0:  # the whole sequence so far: the layer itself
             out = self._attend(q, k, v, g, "BSND", None)

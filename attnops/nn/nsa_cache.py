@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .._core import staging
-from .._core.checks import check_int, check_same_device, check_tensor, fail, require
+from .._core.checks import Described, check_int, check_same_device, check_tensor, fail, require
 from ..ops.nsa.compress import compress_block_count
 from ..ops.nsa.compress_attention import check_block_sizes
 from ..ops.nsa.layer import block_of
@@ -97,7 +97,7 @@ class NSACache:
             mine = dict(compress_block_size=self.compress_block_size, compress_stride=self.compress_stride,
                         select_block_size=self.select_block_size, select_block_count=self.select_block_count)
             differ = _differences(mine, settings)
-            require(not differ, "cache", "a cache with this layer's sizes", f"a cache with {differ}",
+            require(not differ, "cache", "a cache with this layer's sizes", Described(f"a cache with {differ}"),
                     "Make it with layer.new_cache(batch_size)")
             self._owner_id, self._owner, self.layer_settings = id(layer), weakref.ref(layer), dict(settings)
             return
@@ -105,7 +105,8 @@ class NSACache:
         if not same or settings != self.layer_settings:
             differ = _differences(self.layer_settings, settings)
             got = "the cache of another layer" if not same else "a cache made when this layer had other settings"
-            fail("cache", "a cache made by this layer's new_cache()", got + (f" ({differ})" if differ else ""),
+            fail("cache", "a cache made by this layer's new_cache()",
+                 Described(got + (f" ({differ})" if differ else "")),
                  "A cache holds one layer's keys: make one cache per layer, e.g. caches = [layer.new_cache(batch_size)"
                  " for layer in layers], and call layers[i](x, cache=caches[i])")
 
@@ -139,7 +140,7 @@ class NSACache:
 
     def append(self, k: Tensor, v: Tensor) -> None:
         """Store ``k``, ``v [B, t, N2, D]`` (detached) after the cached tokens: at the positions ``lengths`` holds on
-        the device, which then advances by ``t``."""
+        the device, which then advances by ``t`` (``t = 0``: nothing changes)."""
         check_tensor("k", k, ndim=4)
         require(k.shape[0] == self.batch_size, "k", f"[B={self.batch_size} (the cache's), t, N2, D]", k)
         check_tensor("v", v, shape=(*k.shape[:3], None), dtypes=(k.dtype,))
@@ -148,13 +149,16 @@ class NSACache:
             require(k.shape[2:] == self.key_pages.shape[2:] and v.shape[3] == self.value_pages.shape[3]
                     and k.dtype == self.key_pages.dtype and k.device == self.key_pages.device, "cache",
                     f"keys of the cached heads, dtype and device ([N2, D] = {list(self.key_pages.shape[2:])}, "
-                    f"{self.key_pages.dtype}, {self.key_pages.device})", f"keys {list(k.shape[2:])}, {k.dtype}, "
-                    f"{k.device}", "A cache keeps the dtype and device of its first call: after layer.to(...), make "
-                    "a new one with layer.new_cache(batch_size)")
+                    f"{self.key_pages.dtype}, {self.key_pages.device})",
+                    Described(f"keys {list(k.shape[2:])}, {k.dtype}, {k.device}"),
+                    "A cache keeps the dtype and device of its first call: after layer.to(...), make a new one with "
+                    "layer.new_cache(batch_size)")
         past, t = self._len, k.shape[1]
         if self.max_seq_len is not None:
             require(past + t <= self.max_seq_len, "x", f"at most max_seq_len={self.max_seq_len} tokens in all",
                     past + t)
+        if t == 0:
+            return
         self._reserve(past + t, k, v)
         page, row = self._slots(self.positions(t, k.device))
         self.key_pages[page, row] = k.detach()

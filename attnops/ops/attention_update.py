@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .._core import staging
-from .._core.checks import check_choice, check_int, check_same_device, check_tensor, fail, require
+from .._core.checks import Described, check_choice, check_int, check_same_device, check_tensor, fail, require
 from .._core.softmax_stats import FLT_LOWEST, FLT_MAX, SOFTMAX_LAYOUTS, STAT_LANES, stats_dtype
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -193,7 +193,8 @@ def attention_update(lse: list[Tensor], local_out: list[Tensor], update_type: in
     check_int("update_type", update_type, lo=0, hi=1)
     for name, value in (("lse", lse), ("local_out", local_out)):
         require(isinstance(value, (list, tuple)) and len(value) > 0, name, "a non-empty list of tensors", value)
-    require(len(local_out) == len(lse), "local_out", f"{len(lse)} tensors (one per lse)", f"{len(local_out)}")
+    require(len(local_out) == len(lse), "local_out", f"{len(lse)} tensors (one per lse)",
+            Described(f"{len(local_out)}"))
     check_tensor("local_out[0]", local_out[0], ndim=2, dtypes=OUT_DTYPES)
     rows = local_out[0].shape[0]
     lse_dtype = stats_dtype(local_out[0].dtype)

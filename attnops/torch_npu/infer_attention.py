@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from .._core.checks import check_int, check_scale, fail, int_list, require
+from .._core.checks import Described, check_int, check_scale, fail, int_list, require
 from .._core.inference_only import run_inference_only
 from .._core.layouts import bsnd_dims, io_layouts
 from ..ops.fused_infer_attention import op as fia_op
@@ -46,7 +46,7 @@ def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, a
     :func:`_apply_sink` says."""
     reject_unsupported(key_rope_antiquant_scale=key_rope_antiquant_scale)  # int8 rope caches
     require(isinstance(key, Tensor) and isinstance(value, Tensor), "key",
-            "single key/value tensors (torch_npu passes one tensor each)", type(key).__name__)
+            "single key/value tensors (torch_npu passes one tensor each)", Described(type(key).__name__))
     layouts = fia_layouts.plan(input_layout)
     if layouts.reads is not None:
         query, query_rope = (fia_layouts.to_core(x, layouts.reads) for x in (query, query_rope))
@@ -108,8 +108,8 @@ def _mla_operands(query, key, value, query_rope, key_rope, block_table, *, input
     if in_layout != "TND" and bsnd_dims(query, in_layout, num_heads)[1] == 1:
         require(sparse_mode == 0 and pre_tokens == INT_MAX and next_tokens == INT_MAX, "sparse_mode",
                 "sparse_mode 0 and no pre_tokens/next_tokens with query_rope at Q_S = 1 (the NPU applies them there; "
-                "attnops' decode path does not)", f"sparse_mode={sparse_mode}, pre_tokens={pre_tokens}, "
-                f"next_tokens={next_tokens}")
+                "attnops' decode path does not)", Described(f"sparse_mode={sparse_mode}, pre_tokens={pre_tokens}, "
+                f"next_tokens={next_tokens}"))
     per_head = kv_heads if kv_packed else 1
     q = append_rope("query_rope", query, query_rope, packed=q_packed, heads=num_heads, like="query")
     nz = paged and key.dim() == 5

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .._core import staging
-from .._core.checks import check_choice, check_tensor, fail, require
+from .._core.checks import Described, check_choice, check_tensor, fail, require
 from .._core.dispatch import choose_backend
 from ._common import with_overloads
 from .cache_layouts import ND, NZ, cache_view
@@ -58,7 +58,7 @@ def _check_slot_values(slots: Tensor, capacity: int) -> None:
     the others must lie inside the cache."""
     if bool((slots >= capacity).any()):
         fail("slot_mapping", f"slots in [0, num_blocks * block_size = {capacity}) (negative slots are skipped)",
-             f"max slot {int(slots.max())}")
+             Described(f"max slot {int(slots.max())}"))
 
 
 def _write_reference(tokens: Tensor, view: Tensor, slot_mapping: Tensor) -> None:

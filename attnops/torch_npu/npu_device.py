@@ -8,7 +8,7 @@ import types
 
 import torch
 
-from .._core.checks import require
+from .._core.checks import Described, require
 
 
 class DeviceIndex(str):
@@ -71,7 +71,7 @@ class CpuEvent:
 
     def elapsed_time(self, end_event: "CpuEvent") -> float:
         require(self._time is not None and end_event._time is not None, "event", "two recorded events",
-                "an event that was not recorded")
+                Described("an event that was not recorded"))
         return (end_event._time - self._time) * 1000.0
 
 

@@ -16,6 +16,8 @@ from attnops.__main__ import main
 from attnops.msprobe import judge_path
 from attnops.msprobe.dump import DumpFormatError, load_tensor
 from attnops.msprobe.metrics import compute_metrics
+from attnops.msprobe.report import call_detail, records
+from attnops.msprobe.verdict import judge_tensor
 
 from .npu_dump import save_npu_tensor, write_dump
 
@@ -88,6 +90,35 @@ def test_usage_errors_exit_2(argv, message, capsys):
     argv = [a.replace("{data}", str(DATA / "correct")) for a in argv]
     assert main(["compare", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "{file}"], "--out '{file}': expected a directory (existing or to create), got an existing file"),
+    (["--json", "{dir}"], "--json '{dir}': expected a file to write, got a directory"),
+    (["--json", "{dir}/missing/r.json"], "--json '{dir}/missing/r.json': expected a file in an existing directory, "
+                                         "got one in '{dir}/missing'"),
+])
+def test_unwritable_outputs_exit_2_with_one_line_before_judging(argv, message, tmp_path, capsys, monkeypatch):
+    (tmp_path / "report").write_text("")
+    fill = {"{file}": str(tmp_path / "report"), "{dir}": str(tmp_path)}
+    argv, message = ([_fill(a, fill) for a in argv], _fill(message, fill))
+    monkeypatch.setattr("attnops.msprobe.cli.judge_path", lambda *a, **k: pytest.fail("judged before the check"))
+    assert main(["compare", str(DATA / "correct"), *argv]) == 2
+    assert capsys.readouterr().err == f"attnops compare: {message}\n"
+
+
+def _fill(text, values):
+    for key, value in values.items():
+        text = text.replace(key, value)
+    return text
+
+
+def test_a_report_that_cannot_be_written_exits_2_with_one_line(tmp_path, capsys):
+    (tmp_path / "report").write_text("")
+    assert main(["compare", str(DATA / "statistics"), "--out", str(tmp_path / "report" / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnops compare: cannot write the report: ") and err.count("\n") == 1
+    assert str(tmp_path / "report") in err
 
 
 def test_broken_dump_json_exits_2_naming_the_file(tmp_path, capsys):
@@ -167,6 +198,41 @@ def test_hand_written_statistics_dump_skips(tmp_path):
     assert result.verdict == "SKIP" and "input_args[0]" in result.reason
 
 
+def _statistics_only(rank_dir, entry, labels):
+    """Turn the dumped ``output.<i>`` tensors ``labels`` of ``entry`` into statistics (no data, as msprobe writes)."""
+    doc = json.loads((rank_dir / "dump.json").read_text())
+    for label in labels:
+        del doc["data"][entry]["output"][int(label.split(".")[1])]["data_name"]
+    (rank_dir / "dump.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("corrupt, verdict", [(lambda o: o, "PASS"), (_wrong_row, "FAIL")])
+def test_outputs_dumped_as_statistics_are_named_and_the_others_judged(tmp_path, corrupt, verdict):
+    *_, fwd = _fa_call(corrupt)
+    entry = "NPU.npu_fusion_attention.0.forward"
+    _statistics_only(write_dump(tmp_path, {entry: fwd}), entry, ["output.1", "output.2"])
+    (result,) = judge_path(tmp_path)
+    assert result.verdict == verdict
+    tensors = {t.tensor: (t.name, t.verdict.verdict) for t in result.tensors}
+    assert tensors == {"output.0": ("attention_out", verdict), "output.1": ("softmax_max", "SKIP"),
+                       "output.2": ("softmax_sum", "SKIP")}
+    detail = call_detail(result)
+    for label, name in (("output.1", "softmax_max"), ("output.2", "softmax_sum")):
+        assert f"{label} ({name}): not judged: dumped as statistics only" in detail
+    skipped = [r for r in records([result]) if r["verdict"] == "SKIP"]
+    assert [(r["tensor"], r["name"], r["shape"]) for r in skipped] == [
+        ("output.1", "softmax_max", [B, N, S, 8]), ("output.2", "softmax_sum", [B, N, S, 8])]
+
+
+def test_a_call_with_no_output_tensor_dumped_skips(tmp_path):
+    *_, fwd = _fa_call(lambda o: o)
+    entry = "NPU.npu_fusion_attention.0.forward"
+    _statistics_only(write_dump(tmp_path, {entry: fwd}), entry, ["output.0", "output.1", "output.2"])
+    (result,) = judge_path(tmp_path)
+    assert result.verdict == "SKIP"
+    assert result.reason == f"tensor data not dumped (statistics-level dump): {entry}.output[0] and 2 more"
+
+
 def test_arguments_attnops_rejects_skip_with_the_error(tmp_path):
     *_, fwd = _fa_call(lambda o: o)
     fwd["input_kwargs"]["sparse_mode"] = 9
@@ -188,6 +254,22 @@ def test_dropout_and_unsupported_apis_skip(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ metrics
+def test_the_bf16_floor_lets_a_ten_percent_row_pass_as_docs_compare_says():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 128, 2, 64, generator=g).bfloat16() for _ in range(3))
+    emulated = attnops.flash_attention(q, k, v, layout="BSND", head_num=2, precision="npu")
+    golden = attnops.flash_attention(q.double(), k.double(), v.double(), layout="BSND", head_num=2)
+    verdicts = {}
+    for factor in (1.1, 1.5):
+        npu = emulated.clone()
+        npu[0, 64] = (npu[0, 64].float() * factor).bfloat16()
+        verdicts[factor] = judge_tensor(npu, emulated, golden)
+    ten = verdicts[1.1]
+    assert ten.verdict == "PASS" and ten.ratios["rmse"] < 0.5
+    assert ten.npu.rmse / ten.emulation.rmse > 4  # the un-floored metrics the records carry show it
+    assert verdicts[1.5].verdict == "FAIL" and verdicts[1.5].ratios["max_rel_err"] > 5
+
+
 def test_metrics_follow_msprobes_definitions():
     bench = torch.tensor([1.0, -2.0, 0.0, 2.0 ** -12, 4.0], dtype=torch.float64)
     actual = torch.tensor([1.002, -2.0, 2.0 ** -13, 2.0 ** -12, 4.04], dtype=torch.float64)

@@ -79,7 +79,7 @@ def _int_values(name: str, t) -> list[int]:
 def _from_cumulative(name: str, t) -> tuple[list[int], list[int]]:
     """(starts, lengths) from cumulative sums without a leading 0 (required, non-decreasing)."""
     if t is None:
-        fail(name, "cumulative lengths (required with layout TND)", "None")
+        fail(name, "cumulative lengths (required with layout TND)", None)
     ends = _int_values(name, t)
     require(len(ends) >= 1 and all(e >= 0 for e in ends) and all(a <= b for a, b in zip(ends, ends[1:])), name,
             "non-empty, non-decreasing cumulative lengths without a leading 0", ends)
@@ -91,7 +91,7 @@ def _per_batch(name: str, t, batch: int, rows: int, *, required: bool) -> list[i
     """Per-batch lengths (a single value applies to every batch; None: ``rows`` each unless required)."""
     if t is None:
         if required:
-            fail(name, "per-batch lengths (required with a paged key)", "None")
+            fail(name, "per-batch lengths (required with a paged key)", None)
         return [rows] * batch
     lens = _int_values(name, t)
     if len(lens) == 1:

@@ -8,13 +8,13 @@ import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
-from ..._core.checks import check_same_device, check_tensor, fail, require, require_not_none, softmax_scale
+from ..._core.checks import Described, check_same_device, check_tensor, fail, require, require_not_none, softmax_scale
 from ..._core.dropout import check_seed_offset, draw_seed
 from ..._core.layouts import normalize_layout, with_head_dim
 from ..._core.npu_rounding import check_precision
 from ..._core.masks import require_mask_for_mode, window_sparse_args
 from ..._core.softmax_stats import check_stats
-from ..._core.varlen import cumulative_from_cu_seqlens
+from ..._core.varlen import cumulative_pair_from_cu_seqlens
 from .problem import INT_MAX, FAProblem
 
 Backend = Literal["auto", "reference", "triton"]
@@ -54,14 +54,19 @@ def _start(name: str, value) -> int:
     return value
 
 
-def _seq_lengths(layout, query, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen):
+def _tokens(x) -> int | None:
+    """The packed token count T of a TND tensor (None for anything else: validated later)."""
+    return x.shape[0] if isinstance(x, Tensor) and x.dim() == 3 else None
+
+
+def _seq_lengths(layout, query, key, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen):
     """``(actual_seq_qlen, actual_seq_kvlen, cu_seqlens_q, cu_seqlens_k)`` for the ops: host lists as cumulative lists,
     ``cu_seqlens`` tensors as they are (never read here: the op reads CPU tensors, the kernels device ones)."""
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         require(actual_seq_qlen is None and actual_seq_kvlen is None, "cu_seqlens_q",
-                "either cu_seqlens_q/k (leading 0) or actual_seq_qlen/kvlen (cumulative), not both", "both")
+                "either cu_seqlens_q/k (leading 0) or actual_seq_qlen/kvlen (cumulative), not both", Described("both"))
         require(cu_seqlens_q is not None and cu_seqlens_k is not None, "cu_seqlens_k",
-                "cu_seqlens_q and cu_seqlens_k together", "only one of them")
+                "cu_seqlens_q and cu_seqlens_k together", Described("only one of them"))
         require(layout == "TND", "cu_seqlens_q", "None for dense layouts (sequence lengths are for layout 'TND')",
                 cu_seqlens_q)
         tensors = [isinstance(t, Tensor) for t in (cu_seqlens_q, cu_seqlens_k)]
@@ -71,9 +76,9 @@ def _seq_lengths(layout, query, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, act
                         f"a tensor on {query.device} (the device of query) or on the CPU", t)
             return None, None, cu_seqlens_q, cu_seqlens_k
         require(not any(tensors), "cu_seqlens_k", "cu_seqlens_q and cu_seqlens_k of one kind (tensors or lists)",
-                "a tensor and a list")
-        actual_seq_qlen = cumulative_from_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
-        actual_seq_kvlen = cumulative_from_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
+                Described("a tensor and a list"))
+        actual_seq_qlen, actual_seq_kvlen = cumulative_pair_from_cu_seqlens(cu_seqlens_q, cu_seqlens_k,
+                                                                            _tokens(query), _tokens(key))
     if layout != "TND":
         require(actual_seq_qlen is None and actual_seq_kvlen is None, "actual_seq_qlen",
                 "None for dense layouts (sequence lengths are for layout 'TND')", actual_seq_qlen)
@@ -97,8 +102,8 @@ def _prefix_list(prefix):
     return [int(v) for v in prefix.tolist()]
 
 
-def _op_args(query, *, causal, window_size, layout, head_num, scale, pse, pse_type, atten_mask, sparse_mode, pre_tokens,
-             next_tokens, prefix, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, actual_seq_qlen,
+def _op_args(query, key, *, causal, window_size, layout, head_num, scale, pse, pse_type, atten_mask, sparse_mode,
+             pre_tokens, next_tokens, prefix, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, actual_seq_qlen,
              actual_seq_kvlen, keep_prob, drop_mask, seed, offset, q_start_idx, kv_start_idx, softmax_layout, backend,
              precision, softcap, pse_bottom_right):
     """Resolve the Pythonic defaults into the custom ops' argument list (after the tensors)."""
@@ -117,7 +122,7 @@ def _op_args(query, *, causal, window_size, layout, head_num, scale, pse, pse_ty
         sparse_mode, atten_mask, pre_tokens, next_tokens = sparse.values()
     require_mask_for_mode(sparse_mode, atten_mask)
     check_same_device("query", query, atten_mask=atten_mask, pse=pse, drop_mask=drop_mask)
-    qlen, kvlen, cu_seqlens_q, cu_seqlens_k = _seq_lengths(layout, query, cu_seqlens_q, cu_seqlens_k,
+    qlen, kvlen, cu_seqlens_q, cu_seqlens_k = _seq_lengths(layout, query, key, cu_seqlens_q, cu_seqlens_k,
                                                           actual_seq_qlen, actual_seq_kvlen)
     if keep_prob < 1.0 and drop_mask is None and seed is None:
         seed = draw_seed()
@@ -181,7 +186,7 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
         query, key, value = cast_inputs(dtype, query, key, value)
         if pse_type in (0, 1):  # a bias tensor follows the inputs' dtype; ALiBi slopes (types 2/3) stay fp32
             (pse,) = cast_inputs(dtype, pse)
-    args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
+    args = _op_args(query, key, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
     with autocast_off(query.device) if dtype is not None else contextlib.nullcontext():
         out, smax, ssum = _op().flash_attention(query, key, value, *args.values())
     if return_stats:
@@ -218,7 +223,7 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
                                                        attention_out)
     if pse_type in (0, 1):
         (pse,) = cast_inputs(autocast_dtype(query.device), pse)
-    args = _op_args(query, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
+    args = _op_args(query, key, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
     with autocast_off(query.device):
         dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
                                                      *args.values())

@@ -19,7 +19,7 @@ from ..._core.layouts import normalize_layout, parse_geometry, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.npu_rounding import npu_rounding
 from ..._core.custom_ops import register_dry_run_meta, runs_directly
-from ..._core.varlen import cumulative_from_cu_seqlens
+from ..._core.varlen import cumulative_pair_from_cu_seqlens
 from . import backends
 from .api import check_backward_inputs
 from .problem import FAProblem, build_problem
@@ -42,9 +42,8 @@ def _problem(inputs: tuple, backward: bool) -> FAProblem:
     if given and (all(t.device.type == "cpu" for t in given) or backends.runs_reference(
             query, parse_geometry(query, key, value, kw["head_num"], normalize_layout("input_layout", kw["layout"])),
             backend, backward)):
-        kw.update(cu_seqlens_q=None, cu_seqlens_k=None,
-                  actual_seq_qlen=cumulative_from_cu_seqlens("cu_seqlens_q", cu_q),
-                  actual_seq_kvlen=cumulative_from_cu_seqlens("cu_seqlens_k", cu_k))
+        qlen, kvlen = cumulative_pair_from_cu_seqlens(cu_q, cu_k, query.shape[0], key.shape[0])
+        kw.update(cu_seqlens_q=None, cu_seqlens_k=None, actual_seq_qlen=qlen, actual_seq_kvlen=kvlen)
     p = build_problem(query, key, value, pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, **kw)
     return p if rounding is None else dataclasses.replace(p, rounding=rounding)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._core.checks import check_choice, check_scale, check_tensor, fail, require
+from ..._core.checks import Described, check_choice, check_scale, check_tensor, fail, require
 from ..._core.dropout import DropoutSpec, build_dropout_spec, check_seed_offset
 from ..._core.layouts import Geometry, normalize_layout, parse_geometry
 from ..._core.npu_rounding import NpuRounding
@@ -195,7 +195,7 @@ def _varlen(query, key, actual_seq_qlen, actual_seq_kvlen, cu_seqlens_q, cu_seql
     """TND lengths: host cumulative lists, or ``cu_seqlens`` tensors on the query's device."""
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         require(actual_seq_qlen is None and actual_seq_kvlen is None, "cu_seqlens_q",
-                "either cu_seqlens_q/k tensors or actual_seq_qlen/kvlen lists, not both", "both")
+                "either cu_seqlens_q/k tensors or actual_seq_qlen/kvlen lists, not both", Described("both"))
         return device_seq_lens(cu_seqlens_q, cu_seqlens_k, query.shape[0], key.shape[0], max_seqlen_q,
                                max_seqlen_k, query.device)
     require(actual_seq_qlen is not None, "actual_seq_qlen", "cumulative query lengths for layout TND", None)

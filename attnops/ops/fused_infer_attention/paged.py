@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_choice, check_int, check_tensor, fail, require
+from ..._core.checks import Described, check_choice, check_int, check_tensor, fail, require
 from .quant import pack_int4, quantize_int8
 
 CACHE_LAYOUTS = ("BnBsH", "BnNBsD", "NZ")
@@ -184,7 +184,7 @@ class PagedKVCache:
         start, count = self._lens[seq], key.shape[0]
         need = math.ceil((start + count) / self.block_size) - len(self._blocks[seq])
         require(need <= len(self._free), "key", f"at most {len(self._free)} more blocks of {self.block_size} tokens "
-                "(free blocks of the cache)", f"{count} tokens needing {need} blocks")
+                "(free blocks of the cache)", Described(f"{count} tokens needing {need} blocks"))
         self._blocks[seq] += [self._free.pop() for _ in range(need)]
         for x, cache, scales in ((key, self.key_cache, self.key_scale), (value, self.value_cache, self.value_scale)):
             data, s = self._encode(x)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..._core.checks import (check_int, check_scale, check_tensor, describe, fail, int_list, require,
+from ..._core.checks import (Described, check_int, check_scale, check_tensor, describe, fail, int_list, require,
                              require_not_none)
 from ..._core.errors import ParamDtypeError
 from ..._core.layouts import bsnd_dims, io_layouts, tokens_view
@@ -208,7 +208,8 @@ def _inputs(query, key, value, *, num_heads, num_key_value_heads, input_layout, 
     floats = _float_dtypes(strict)
     check_tensor("query", query, ndim=3 if in_layout in ("BSH", "TND") else 4, dtypes=floats + (I8,))
     keys, values = _as_tensors("key", key), _as_tensors("value", value)
-    require(len(keys) == len(values), "value", f"as many tensors as key ({len(keys)})", f"{len(values)} tensors")
+    require(len(keys) == len(values), "value", f"as many tensors as key ({len(keys)})",
+            Described(f"{len(values)} tensors"))
     for k, v in zip(keys, values):
         require(k.dtype == v.dtype and k.dim() == v.dim() and _outside_head_dim(k) == _outside_head_dim(v), "value",
                 "the dtype of key and its shape but for the head dim", v, f"key is {describe(k)}")
@@ -237,12 +238,12 @@ def _inputs(query, key, value, *, num_heads, num_key_value_heads, input_layout, 
         batch, q_s, _, _ = bsnd_dims(query, in_layout, n1)
     int4 = kdt == I32
     require(not int4 or d % 8 == 0, "query", "a head dim D that is a multiple of 8 with int4 (int32-packed) KV",
-            f"D={d}")
+            Described(f"D={d}"))
     kind = "paged" if block_table is not None else ("list" if len(keys) > 1 else "dense")
     dv = _value_head_dim(values[0], in_layout, kind == "paged", n2, int4)
     require(kind != "paged" or len(keys) == 1, "key", "one cache tensor with block_table (paged attention does not "
-            "take a tensor list)", f"{len(keys)} tensors")
-    require(kind != "list" or in_layout != "TND", "key", "one tensor for layout TND", f"{len(keys)} tensors")
+            "take a tensor list)", Described(f"{len(keys)} tensors"))
+    require(kind != "list" or in_layout != "TND", "key", "one tensor for layout TND", Described(f"{len(keys)} tensors"))
     require(out_layout == in_layout or q_s > 1, "input_layout", "BSH, BSND or BNSD when Q_S = 1 (BNSD_BSND needs "
             "Q_S > 1)", input_layout)
     return _Inputs(in_layout, out_layout, batch, q_s, n1, n2, d, dv, keys, values, kind, int4)
@@ -282,7 +283,7 @@ def _dense_kv_tokens(g: _Inputs) -> tuple[list[Tensor], list[Tensor]]:
     values = [_kv_tokens(g, v, name.replace("key", "value"), value=True) for v, name in zip(g.values, names)]
     if g.kind == "list":
         require(len(g.keys) == g.batch, "key", f"a list of B={g.batch} tensors (one per batch)",
-                f"{len(g.keys)} tensors")
+                Described(f"{len(g.keys)} tensors"))
         for i, t in enumerate(tokens):
             require(t.shape[0] == 1, f"key[{i}]", "batch size 1 (tensor list)", g.keys[i])
     elif g.in_layout != "TND":
@@ -398,7 +399,7 @@ def _lengths(g: _Inputs, kv_tokens: list[Tensor], *, actual_seq_lengths, actual_
         q_starts = [g.q_s - qpad - n for n in q_lens]
         for b, s in enumerate(q_starts):
             require(s >= 0, "query_padding_size", f"Q_S - query_padding_size - actual_seq_lengths[{b}] >= 0 "
-                    "(left padding)", f"Q_S={g.q_s}, query_padding_size={qpad}, length {q_lens[b]}")
+                    "(left padding)", Described(f"Q_S={g.q_s}, query_padding_size={qpad}, length {q_lens[b]}"))
     device_lens = _device_kv_lengths(g, actual_seq_lengths_kv, batch) if _on_device(actual_seq_lengths_kv) else None
     pads = dict(kv_lengths=device_lens, query_padding=qpad if q_left else None)
     if g.kind == "paged":
@@ -429,11 +430,33 @@ def _lengths(g: _Inputs, kv_tokens: list[Tensor], *, actual_seq_lengths, actual_
         for b, s in enumerate(kv_starts):
             # Q_S = 1: a start before 0 gives an all-zero batch (seed); Q_S > 1: undefined on the NPU, rejected
             require(s >= 0 or g.decode, "kv_padding_size", f"KV_S - kv_padding_size - actual_seq_lengths_kv[{b}] "
-                    ">= 0 (left padding)", f"KV_S={phys[b]}, kv_padding_size={kvpad}, length {kv_lens[b]}")
+                    ">= 0 (left padding)", Described(f"KV_S={phys[b]}, kv_padding_size={kvpad}, length {kv_lens[b]}"))
         kv_lens = [0 if s < 0 else n for s, n in zip(kv_starts, kv_lens)]
         kv_starts = [max(s, 0) for s in kv_starts]
     return _Lengths(q_lens, q_starts, kv_lens, kv_starts, max(phys, default=0), _left_padding(q_left, kv_left),
                     **pads), batch
+
+
+def _check_leading_zero(actual_seq_lengths, actual_seq_lengths_kv, block_table) -> None:
+    """TND: a leading 0 in the cumulative ``actual_seq_lengths`` is an empty first batch (B is the list's length).
+    Where the KV lengths or the block table count one batch fewer, that 0 is the mistake (flash-attn's
+    ``cu_seqlens`` passed whole): ``actual_seq_lengths`` is named, not the argument that disagrees with it."""
+    values = int_list("actual_seq_lengths", actual_seq_lengths)
+    if values is None or len(values) < 2 or values[0] != 0:
+        return
+    others = {}
+    if isinstance(block_table, Tensor) and block_table.dim() == 2:
+        others["block_table"] = block_table.shape[0]
+    if not _on_device(actual_seq_lengths_kv):
+        kv = int_list("actual_seq_lengths_kv", actual_seq_lengths_kv)
+        if kv is not None and len(kv) > 1:
+            others["actual_seq_lengths_kv"] = len(kv)
+    batch = len(values) - 1
+    named = [name for name, count in others.items() if count == batch]
+    if named:
+        fail("actual_seq_lengths", f"B={batch} cumulative query lengths like {' and '.join(named)}, without a "
+             "leading 0 (a leading 0 is an empty first batch)", values,
+             "Pass flash-attn/vLLM's cu_seqlens (query_start_loc) without its first element: cu_seqlens[1:]")
 
 
 def _left_padding(query: bool, kv: bool) -> str | None:
@@ -510,7 +533,7 @@ def _prefix(g: _Inputs, key_shared_prefix, value_shared_prefix, actual_shared_pr
                 actual_shared_prefix_len)
         return None
     require(key_shared_prefix is not None and value_shared_prefix is not None, "value_shared_prefix",
-            "key_shared_prefix and value_shared_prefix together", "only one of them")
+            "key_shared_prefix and value_shared_prefix together", Described("only one of them"))
     require(g.in_layout != "TND", "key_shared_prefix", "None for layout TND", key_shared_prefix)
     views = []
     for name, x in (("key_shared_prefix", key_shared_prefix), ("value_shared_prefix", value_shared_prefix)):
@@ -569,39 +592,40 @@ def _check_int8_output_rows(mask_mode: int, has_mask: bool, pre: int, nxt: int, 
     """Int8 output (Q_S > 1): no band with negative tokens; with quant_offset2, reject the sparse configurations in
     which some rows attend to nothing (seed list; the KV lengths include the shared prefix)."""
     require(not (mask_mode == 4 and (pre < 0 or nxt < 0)), "pre_tokens", "non-negative pre_tokens and next_tokens "
-            "for sparse_mode 4 with an int8 output", f"pre_tokens={pre}, next_tokens={nxt}")
+            "for sparse_mode 4 with an int8 output", Described(f"pre_tokens={pre}, next_tokens={nxt}"))
     for q, kv in zip(seq.q_lens, seq.kv_lens) if offset else ():
         bad = {0: has_mask and (q - kv - pre > 0 or nxt < 0), 3: kv - q < 0, 4: pre < 0 or nxt + kv - q < 0}
         require(not bad.get(mask_mode, False), "quant_offset2", f"None for sparse_mode {mask_mode} with rows that "
                 "attend to nothing (int8 output; apply the offset outside the operator)",
-                f"Sq={q}, Skv={kv} (prefix included), pre_tokens={pre}, next_tokens={nxt}")
+                Described(f"Sq={q}, Skv={kv} (prefix included), pre_tokens={pre}, next_tokens={nxt}"))
 
 
 def _check_envelope(g: _Inputs, lens: _Lengths, kv_cols: int, out_quant, pse_shift, block_size) -> None:
     """The NPU's size and alignment limits (aclnn dialect only)."""
     dts = {g.keys[0].dtype, g.values[0].dtype}
-    require(len(lens.q_lens) <= 65536, "query", "a batch size B <= 65536", f"B={len(lens.q_lens)}")
+    require(len(lens.q_lens) <= 65536, "query", "a batch size B <= 65536", Described(f"B={len(lens.q_lens)}"))
     require(g.n1 <= 256, "num_heads", "at most 256", g.n1)
-    require(g.d <= 512, "query", "a head dim D <= 512", f"D={g.d}")
-    require(g.dv <= 512, "value", "a head dim Dv <= 512", f"Dv={g.dv}")
+    require(g.d <= 512, "query", "a head dim D <= 512", Described(f"D={g.d}"))
+    require(g.dv <= 512, "value", "a head dim Dv <= 512", Described(f"Dv={g.dv}"))
     if g.kind == "list":
-        require(len(g.keys) <= 256, "key", "at most 256 tensors in a tensor list", f"{len(g.keys)} tensors")
+        require(len(g.keys) <= 256, "key", "at most 256 tensors in a tensor list", Described(f"{len(g.keys)} tensors"))
     if g.decode:
         require(not g.int4 or (g.d % 64 == 0 and g.dv % 64 == 0), "key", "D (and Dv) a multiple of 64 with int4 "
-                "key/value", f"D={g.d}, Dv={g.dv}")
+                "key/value", Described(f"D={g.d}, Dv={g.dv}"))
         require(pse_shift is None or g.d % 16 == 0, "pse_shift", "D a multiple of 16 with pse_shift (Q_S = 1)",
-                f"D={g.d}")
+                Described(f"D={g.d}"))
     else:
         if g.in_layout in ("BSH", "BSND"):
             require(g.n1 * max(g.d, g.dv) < 65535, "query", "N*D < 65535 (and N*Dv) for layouts BSH/BSND",
-                    f"N*D={g.n1 * g.d}, N*Dv={g.n1 * g.dv}")
-        require(g.q_s <= MAX_S, "query", f"S <= {MAX_S} (20M)", f"S={g.q_s}")
-        require(kv_cols <= MAX_S, "key", f"a KV S (shared prefix included) <= {MAX_S} (20M)", f"S={kv_cols}")
+                    Described(f"N*D={g.n1 * g.d}, N*Dv={g.n1 * g.dv}"))
+        require(g.q_s <= MAX_S, "query", f"S <= {MAX_S} (20M)", Described(f"S={g.q_s}"))
+        require(kv_cols <= MAX_S, "key", f"a KV S (shared prefix included) <= {MAX_S} (20M)", Described(f"S={kv_cols}"))
         align = 64 if g.int4 else 32 if I8 in dts or out_quant is not None else 16
         require(g.d % align == 0 and g.dv % align == 0, "query", f"D and Dv multiples of {align} for these dtypes "
-                "(Q_S > 1)", f"D={g.d}, Dv={g.dv}")
+                "(Q_S > 1)", Described(f"D={g.d}, Dv={g.dv}"))
     if out_quant is not None and out_quant.scale.numel() > 1:
-        require(g.dv % 32 == 0, "quant_scale2", "Dv a multiple of 32 with per-channel int8 output", f"Dv={g.dv}")
+        require(g.dv % 32 == 0, "quant_scale2", "Dv a multiple of 32 with per-channel int8 output",
+                Described(f"Dv={g.dv}"))
     if g.kind == "paged":
         cache = g.keys[0]
         if cache.dim() == 3:
@@ -641,6 +665,8 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
         check_int(name, v)
     check_int("inner_precise", inner_precise, lo=0, hi=1 if g.decode else 3)
     kv_tokens, value_tokens = _dense_kv_tokens(g)
+    if g.in_layout == "TND":
+        _check_leading_zero(actual_seq_lengths, actual_seq_lengths_kv, block_table)
     lens, batch = _lengths(g, kv_tokens, actual_seq_lengths=actual_seq_lengths,
                            actual_seq_lengths_kv=actual_seq_lengths_kv, query_padding_size=query_padding_size,
                            kv_padding_size=kv_padding_size, strict=strict)
@@ -727,12 +753,14 @@ def _check_features(g: _Inputs, lens: _Lengths, prefix, query: Tensor, block_tab
     for feature, used in (("block_table (paged attention)", g.kind == "paged"), ("a tensor list", g.kind == "list"),
                           ("key_shared_prefix", prefix is not None)):
         if used and lens.left_padding:
-            fail(lens.left_padding, f"None with {feature} (no left padding)", "left padding (a padding size with "
-                 "the actual lengths)")
+            fail(lens.left_padding, f"None with {feature} (no left padding)",
+                 Described("left padding (a padding size with "
+                 "the actual lengths)"))
     full_quant = query.dtype == I8
     if prefix is not None:
-        require(g.kind == "dense", "key_shared_prefix", "None with block_table or a tensor list", "a prefix")
-        require(not full_quant, "key_shared_prefix", "None when query, key and value are all int8", "a prefix")
+        require(g.kind == "dense", "key_shared_prefix", "None with block_table or a tensor list", Described("a prefix"))
+        require(not full_quant, "key_shared_prefix", "None when query, key and value are all int8",
+                Described("a prefix"))
     require(not full_quant or not g.decode, "query", "a float query when Q_S = 1 (int8 query, key and value are "
             "supported for Q_S > 1)", query)
     require(not full_quant or g.kind != "paged", "query", "a float query with block_table (paged attention)", query)
@@ -787,14 +815,14 @@ def _check_antiquant_use(g: _Inputs, lens: _Lengths, separate: bool, out_quant, 
     floats = _float_dtypes(strict)
     if not g.decode:
         require(g.kind != "paged", "block_table", "None with int8 key/value when Q_S > 1 (paged attention has no "
-                "antiquant there)", "a block table")
+                "antiquant there)", Described("a block table"))
         if separate:
             require(query_dtype in (BF16,) + floats[2:] and out_quant is None and g.q_s <= 16, "query",
                     "a bfloat16 query with Q_S <= 16 and a bfloat16 output for the separate K/V antiquant "
-                    "parameters (Q_S > 1)", f"{describe(query_dtype)}, Q_S={g.q_s}, "
-                    f"{'int8' if out_quant is not None else 'float'} output")
+                    "parameters (Q_S > 1)", Described(f"{describe(query_dtype)}, Q_S={g.q_s}, "
+                    f"{'int8' if out_quant is not None else 'float'} output"))
             require(g.kind == "dense" and lens.left_padding is None, "key", "a dense key without left padding for the "
-                    "separate K/V antiquant parameters (Q_S > 1)", f"{g.kind} key/value")
+                    "separate K/V antiquant parameters (Q_S > 1)", Described(f"{g.kind} key/value"))
             require(g.keys[0].dtype == I8, "key", "int8 for the separate antiquant parameters (Q_S > 1)", g.keys[0])
         else:
             require(query_dtype in (F16,) + floats[2:], "query", "a float16 query for the combined antiquant_scale "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_int, check_tensor, describe, require
+from ..._core.checks import Described, check_int, check_tensor, describe, require
 from ..._core.npu_rounding import NpuRounding, cast_round, cast_round_int8
 
 _NIBBLE_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
@@ -242,7 +242,7 @@ def build_kv_antiquant(*, antiquant_scale, antiquant_offset, antiquant_mode, key
     for name, a, other in (("key_antiquant_scale", key_antiquant_scale, value_antiquant_scale),
                            ("key_antiquant_offset", key_antiquant_offset, value_antiquant_offset)):
         require((a is None) == (other is None), name.replace("key", "value"), f"given together with {name}",
-                "only one of them")
+                Described("only one of them"))
     require(separate or key_antiquant_offset is None, "key_antiquant_offset", "None without key_antiquant_scale",
             key_antiquant_offset)
     if not separate:

@@ -15,6 +15,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..._core.checks import Described
 from ..._core.layouts import Geometry, tokens_view
 from ..._core.memory import work_memory
 from ..._core.pse import PseSpec
@@ -56,7 +57,7 @@ def forward(p: FIAProblem) -> tuple[Tensor, Tensor]:
 
 def new_outputs(p: FIAProblem) -> tuple[Tensor, Tensor]:
     """The zero output and the +inf lse of the call (rows nothing writes keep them)."""
-    with work_memory("query", f"a query for an output of shape {list(p.out_shape)}", p.device,
+    with work_memory("query", Described(f"a query for an output of shape {list(p.out_shape)}"), p.device,
                      {"attention_out": (p.out_shape, p.out_dtype), "softmax_lse": (p.lse_shape, F32)}):
         return (torch.zeros(p.out_shape, dtype=p.out_dtype, device=p.device),
                 torch.full(p.lse_shape, math.inf, dtype=F32, device=p.device))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._core.checks import require
+from ..._core.checks import Described, require
 from ..._core.staging import upload
 
 
@@ -45,7 +45,7 @@ def write_rows(cache: Tensor, rows: Tensor, slots: Tensor, *, block_size: int, x
     updated in place."""
     heads, d = rows.shape[1:]
     if x is not None:
-        require(d % x == 0, "cache_mode", f"NZ caches with D % {x} == 0", f"D={d}")
+        require(d % x == 0, "cache_mode", f"NZ caches with D % {x} == 0", Described(f"D={d}"))
     capacity = cache.numel() // (heads * d)
     slots = slots.to(torch.int64)
     if slots.device.type == "cpu":

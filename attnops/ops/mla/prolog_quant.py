@@ -66,7 +66,7 @@ def unsupported_mode(q: PrologQuant) -> str | None:
                                  ("query_quant_mode", q.query_mode, QUERY_QUANT_MODES)):
         if value not in allowed:
             return (f"{name}: attnops implements modes {list(allowed)} of the MLA prolog (int8 weights, per-tensor "
-                    f"int8 KV cache with a per token-head int8 query, per-channel int8 KV cache), got {value}; see "
+                    f"int8 KV cache with a per token-head int8 query, per-channel int8 KV cache), got {value!r}; see "
                     f"docs/dsa.md")
     if (q.query_mode == 1) != (q.kv_cache_mode == 1):
         return (f"query_quant_mode: attnops implements the quantized query together with the per-tensor int8 KV "

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
 from ..._core.custom_ops import call
-from ..._core.checks import check_same_device, check_tensor, require, require_not_none, softmax_scale
+from ..._core.checks import Described, check_same_device, check_tensor, require, require_not_none, softmax_scale
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.npu_rounding import check_precision
 from ..._core.staging import device_constant
@@ -41,7 +41,7 @@ def _causal_flag(device: torch.device) -> Tensor:
 def _cumulative(name: str, cu_seqlens, actual, total: int) -> list[int]:
     """CANN cumulative lengths from ``cu_seqlens`` (leading 0) or ``actual`` (cumulative); one batch by default."""
     if cu_seqlens is not None:
-        require(actual is None, name, "either cu_seqlens or actual lengths, not both", "both")
+        require(actual is None, name, "either cu_seqlens or actual lengths, not both", Described("both"))
         return cumulative_from_cu_seqlens(name, cu_seqlens)
     if actual is None:
         return [total]

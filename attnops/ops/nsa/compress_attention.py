@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._core.checks import check_int, check_tensor, int_list, require
+from ..._core.checks import Described, check_int, check_tensor, int_list, require
 from ..._core.masks import MASK_DTYPES, StridedCausal
 from ..._core.npu_rounding import npu_rounding
 from ..._core.softmax_stats import FLT_MAX
@@ -149,7 +149,7 @@ def _build_compress_attention_spec(query, key, value, *, scale_value, head_num, 
         topk_mask = topk_mask if topk_mask.dtype == torch.bool else topk_mask != 0
     local = None if local_blocks == -1 else check_int("local_blocks", local_blocks, lo=0)
     require(local is None or topk_mask is None, "topk_mask", "None with local_blocks (the forced blocks are a rule)",
-            "a mask")
+            Described("a mask"))
     return CompressAttentionSpec(fa, l_, d_, ls, count, tuple(sel), topk_mask, local, offset)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_int, check_scale, check_tensor, fail, int_list, require
+from ..._core.checks import Described, check_int, check_scale, check_tensor, fail, int_list, require
 from ..._core.npu_rounding import NpuRounding, cast_output, npu_rounding, rounded_softmax
 from ..._core.parallel import run_jobs
 from ..flash_attention.reference import compute_dtype
@@ -111,7 +111,7 @@ def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, 
     require(block_table.shape[0] == batch, "block_table", f"[B={batch}, maxBlocks]", block_table)
     capacity = block_table.shape[1] * page
     if lens_tensor is not None:
-        require(seq_lens is None, lens_name, "a list or a tensor, not both", "both")
+        require(seq_lens is None, lens_name, "a list or a tensor, not both", Described("both"))
         check_tensor(lens_name, lens_tensor, shape=(batch,), dtypes=(torch.int32, torch.int64))
         require(lens_tensor.device == query.device, lens_name, f"a tensor on {query.device} like query", lens_tensor)
         return PagedKV(batch, n1, n2, value.shape[-1], None, check_scale("scale_value", scale_value), capacity,
@@ -131,7 +131,7 @@ def _check_pages(block_table: Tensor, b: int, lo: int, hi: int, page: int, block
     pages = block_table[b, lo // page:-(-hi // page)]
     bad = (pages < 0) | (pages >= blocks)
     if bool(bad.any()):
-        fail("block_table", f"block ids in [0, {blocks}) for {what}", f"{int(pages[bad][0])} in row {b}")
+        fail("block_table", f"block ids in [0, {blocks}) for {what}", Described(f"{int(pages[bad][0])} in row {b}"))
 
 
 # ------------------------------------------------------------------------------------------ selected attention
@@ -148,7 +148,7 @@ def check_selected_topk(kv: PagedKV, topk_indices: Tensor, *, select_block_size:
         for h, chosen in enumerate(_chosen(topk_indices[b])):
             if bool(((chosen < 0) | (chosen >= limit)).any()):
                 fail("topk_indices", f"block indices in [0, {limit}) (request {b}: {kv.kv_lens[b]} keys in blocks of "
-                     f"{block}) or -1 for padding", f"{chosen.tolist()} for KV head {h} of request {b}")
+                     f"{block}) or -1 for padding", Described(f"{chosen.tolist()} for KV head {h} of request {b}"))
     return block
 
 
@@ -306,7 +306,7 @@ def check_compress_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, bl
     require(block_table.shape[0] == batch, "block_table", f"[B={batch}, maxBlocks] (B = slot_mapping's length)",
             block_table)
     if lens_tensor is not None:
-        require(actual_seq_len is None, "actual_seq_len", "a list or a tensor, not both", "both")
+        require(actual_seq_len is None, "actual_seq_len", "a list or a tensor, not both", Described("both"))
         check_tensor("actual_seq_len", lens_tensor, shape=(batch,), dtypes=(torch.int32, torch.int64))
         require(lens_tensor.device == input.device, "actual_seq_len", f"a tensor on {input.device} like input",
                 lens_tensor)

@@ -22,7 +22,7 @@ from itertools import accumulate
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_int, check_tensor, fail, require
+from ..._core.checks import Described, check_int, check_tensor, fail, require
 from ..._core.varlen import lengths_from_cumulative
 from ..._core.autocast import autocast_off
 from .api import _cumulative, _prepared, nsa_compress, nsa_compress_attention, nsa_selected_attention
@@ -95,7 +95,7 @@ def _split_gates(gates, g_cmp, g_slc, g_swa, t: int, n1: int, dtype) -> list[Ten
     """Three ``[T, N1]`` gates (or None: branch off) from ``gates [T, N1, 3]`` or the keyword tensors."""
     if gates is not None:
         require(g_cmp is None and g_slc is None and g_swa is None, "gates",
-                "either gates [..., 3] or g_cmp/g_slc/g_swa, not both", "both")
+                "either gates [..., 3] or g_cmp/g_slc/g_swa, not both", Described("both"))
         check_tensor("gates", gates, shape=(t, n1, 3))
         return [gates[..., i].to(dtype) for i in range(3)]
     out = []
@@ -117,7 +117,7 @@ def compress_weights(compress: str, wk, wv, block: int, n2: int, like: Tensor) -
         return w, w
     for name, w in (("compress_weight_k", wk), ("compress_weight_v", wv)):
         if w is None:
-            fail(name, f"a [compress_block_size={block}, N2={n2}] tensor with compress='weighted'", "None")
+            fail(name, f"a [compress_block_size={block}, N2={n2}] tensor with compress='weighted'", None)
     return wk, wv
 
 
@@ -139,7 +139,7 @@ def _check_block_indices(idx: Tensor, t: int, n2: int, geo: _Geometry, select_bl
     if bool(bad.any()):
         where = bad.nonzero()[0].tolist()
         fail("block_indices", "-1 or a block index in [0, the token's own block] (local to the sequence)",
-             f"{int(idx[tuple(where)])} at {where}")
+             Described(f"{int(idx[tuple(where)])} at {where}"))
     return idx.long()
 
 
@@ -278,7 +278,8 @@ def _compiled_with_tensor_lengths(query, key, value, gates, wk, wv, g_cmp, g_slc
                 "a 1-D tensor of cumulative lengths", actual_seq_len)
         cu_seqlens = torch.cat([actual_seq_len.new_zeros(1), actual_seq_len])
     else:
-        require(actual_seq_len is None, "cu_seqlens", "either cu_seqlens or actual lengths, not both", "both")
+        require(actual_seq_len is None, "cu_seqlens", "either cu_seqlens or actual lengths, not both",
+                Described("both"))
     counts = block_counts if isinstance(block_counts, Tensor) else None
     return native_sparse_attention_op(query, key, value, gates, wk, wv, g_cmp, g_slc, g_swa, cu_seqlens,
                                       block_indices, counts, None if counts is not None else block_counts,
@@ -307,7 +308,7 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
     geometry = _geometry.__wrapped__ if torch.compiler.is_compiling() else _geometry
     geo = geometry(tuple(cum), t, ls, slots, compress_block_size, compress_stride)
     gate = _split_gates(gates, g_cmp, g_slc, g_swa, t, n1, value.dtype)
-    require(any(g is not None for g in gate), "gates", "at least one branch gate", "none")
+    require(any(g is not None for g in gate), "gates", "at least one branch gate", Described("none"))
     shape = (t, n1, value.shape[2])
     outs = {}  # the outputs of the branches that are on, by gate column
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._core.checks import check_int, check_scale, check_tensor, fail, require
+from ..._core.checks import Described, check_int, check_scale, check_tensor, fail, require
 from ..._core.masks import MASK_DTYPES
 from ..._core.npu_rounding import NpuRounding, cast_round, npu_rounding, store
 from ..._core.parallel import fill_, run_jobs
@@ -101,7 +101,7 @@ def _build_selected_spec(query, key, value, topk_indices, atten_mask, *, scale_v
             continue
         require(skv >= bs * count and skv % bs == 0, "actual_seq_kvlen",
                 f"every batch's KV length to be >= select_block_size*select_block_count = {bs * count} and a "
-                f"multiple of select_block_size={bs}", f"Skv={skv} in batch {b}")
+                f"multiple of select_block_size={bs}", Described(f"Skv={skv} in batch {b}"))
     causal = sparse_mode == 2 and (grad or atten_mask is not None)
     return SelectedSpec(seq, n1, n2, d, value.shape[2], bs, count, causal, check_scale("scale_value", scale_value), t1)
 
@@ -117,7 +117,7 @@ def _check_indices(topk: torch.Tensor, seq: SeqInfo, bs: int) -> None:
         if bool(bad.any()):
             where = bad.nonzero()[0].tolist()
             fail("topk_indices", f"block indices in [0, {limit}) for batch {b} (local to the batch)",
-                 f"{int(idx[tuple(where)])} at [{start + where[0]}, {where[1]}, {where[2]}]")
+                 Described(f"{int(idx[tuple(where)])} at [{start + where[0]}, {where[1]}, {where[2]}]"))
 
 
 def _acc(dtype):

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from ...._core.checks import check_tensor, fail, int_list, require
+from ...._core.checks import Described, check_tensor, fail, int_list, require
 from ...._core.layouts import token_strides
 from ...._core.triton.launch import Launch, placeholder
 from ...._core.triton.support import interpreting
@@ -24,7 +24,7 @@ def _check_same(name: str, x, shape, dtype, device) -> None:
     if not isinstance(x, torch.Tensor) or x.shape != shape or x.dtype != dtype or x.device != device:
         fail(name, f"a tensor of shape {list(shape)}, dtype {dtype} on {device} (as planned)", x)
     if x.stride(-1) != 1:  # the message is formatted only on failure (a per-call path)
-        fail(name, "a unit last stride", f"strides {x.stride()}")
+        fail(name, "a unit last stride", Described(f"strides {x.stride()}"))
 
 
 def _lengths(plan: DecodePlan, lengths) -> tuple[torch.Tensor, int]:
