@@ -137,7 +137,7 @@ def pack(case: Case, parts: Parts, layout_q: str, layout_kv: str, *, pad_q: int 
     dt = case.dtype
 
     def leaf(x, dtype=dt):
-        x = x.to(dtype)
+        x = x.detach().to(dtype, copy=True)
         return x.requires_grad_() if requires_grad else x
 
     q, q_starts = _pack_rows(parts.qs, layout_q, pad_q)
