@@ -7,7 +7,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from ..._core.checks import softmax_scale
+from ..._core.checks import check_head_dim, check_scale, check_tensor
 from ..._core.custom_ops import call
 
 QueryLayout = Literal["BSND", "TND"]
@@ -44,6 +44,15 @@ class SparseFlashMlaGradResult(NamedTuple):
     cmp_softmax_l1_norm: Tensor | None
 
 
+def _scale(scale, q) -> float:
+    """``scale`` checked, or ``D ** -0.5``."""
+    if scale is not None:
+        return check_scale("scale", scale)
+    check_tensor("q", q, ndim=(3, 4))
+    check_head_dim("q", q, q.shape[-1])
+    return q.shape[-1] ** -0.5
+
+
 def _arguments(q, ori_kv, cmp_kv, cmp_sparse_indices, ori_block_table, cmp_block_table, cu_seqlens_q,
                cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_ori_kv, seqused_cmp_kv, cmp_residual_kv, sinks,
                scale, cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left, ori_win_right, layout_q, layout_kv
@@ -52,7 +61,7 @@ def _arguments(q, ori_kv, cmp_kv, cmp_sparse_indices, ori_block_table, cmp_block
     ints = [_int_tensor(x) for x in (cu_seqlens_q, cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_ori_kv,
                                      seqused_cmp_kv, cmp_residual_kv)]
     return (q, ori_kv, cmp_kv, cmp_sparse_indices, ori_block_table, cmp_block_table, *ints, sinks,
-            softmax_scale(scale, q, q.shape[-1]), cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left,
+            _scale(scale, q), cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left,
             ori_win_right, layout_q, layout_kv)
 
 

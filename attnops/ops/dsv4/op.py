@@ -32,10 +32,6 @@ def _schema_names(op) -> tuple[str, ...]:
     return tuple(a.name for a in op._opoverload._schema.arguments)
 
 
-def _lse_dtype(q: Tensor) -> torch.dtype:
-    return compute_dtype(q)
-
-
 @torch.library.custom_op("attnops::dsv4_sparse_flash_mla", mutates_args=(), device_types=DEVICE_TYPES)
 def dsv4_sparse_flash_mla(q: Tensor, ori_kv: Tensor, cmp_kv: Optional[Tensor], cmp_sparse_indices: Optional[Tensor],
                           ori_block_table: Optional[Tensor], cmp_block_table: Optional[Tensor],
@@ -56,7 +52,7 @@ def dsv4_sparse_flash_mla(q: Tensor, ori_kv: Tensor, cmp_kv: Optional[Tensor], c
 @dsv4_sparse_flash_mla.register_fake
 def _(q, ori_kv, *args):
     layout_q = args[-2]
-    return torch.empty_like(q), q.new_empty(lse_shape(q, layout_q), dtype=_lse_dtype(q))
+    return torch.empty_like(q), q.new_empty(lse_shape(q, layout_q), dtype=compute_dtype(q))
 
 
 @torch.library.custom_op("attnops::dsv4_sparse_flash_mla_grad", mutates_args=(), device_types=DEVICE_TYPES)
@@ -81,19 +77,24 @@ def dsv4_sparse_flash_mla_grad(dout: Tensor, dlse: Optional[Tensor], out: Tensor
     heads = q.shape[-2]
     dq, d_ori, d_cmp, d_sinks, l1 = backends.backward(args, dout, None if dlse is None else dlse.reshape(-1, heads),
                                                        out, lse.reshape(-1, heads))
-    empty = q.new_empty((0,))
-    return (dq, d_ori, empty if d_cmp is None else d_cmp, empty if d_sinks is None else d_sinks, empty.float(),
-            empty if l1 is None else l1)
+    return (dq, d_ori, _or_empty(d_cmp, q), _or_empty(d_sinks, q), q.new_empty((0,), dtype=torch.float32),
+            _or_empty(l1, q))
+
+
+def _or_empty(x: Tensor | None, q: Tensor) -> Tensor:
+    """``x``, or a fresh empty ``[0]`` tensor (outputs must not alias each other)."""
+    return q.new_empty((0,)) if x is None else x
 
 
 @dsv4_sparse_flash_mla_grad.register_fake
 def _(dout, dlse, out, lse, q, ori_kv, cmp_kv, cmp_sparse_indices, ori_block_table, cmp_block_table, cu_seqlens_q,
       cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_ori_kv, seqused_cmp_kv, cmp_residual_kv, sinks, *attrs):
-    empty = q.new_empty((0,))
-    return (torch.empty_like(q), torch.empty_like(ori_kv), empty if cmp_kv is None else torch.empty_like(cmp_kv),
-            empty if sinks is None else torch.empty_like(sinks), empty.float(),
-            empty if cmp_sparse_indices is None else cmp_sparse_indices.new_empty(cmp_sparse_indices.shape,
-                                                                                  dtype=_lse_dtype(q)))
+    l1 = None if cmp_sparse_indices is None else cmp_sparse_indices.new_empty(cmp_sparse_indices.shape,
+                                                                              dtype=compute_dtype(q))
+    d_cmp = None if cmp_kv is None else torch.empty_like(cmp_kv)
+    return (torch.empty_like(q), torch.empty_like(ori_kv), _or_empty(d_cmp, q),
+            _or_empty(None if sinks is None else torch.empty_like(sinks), q), q.new_empty((0,), dtype=torch.float32),
+            _or_empty(l1, q))
 
 
 def _setup(ctx, inputs, output):
