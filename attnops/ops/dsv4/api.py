@@ -9,15 +9,10 @@ from torch import Tensor
 
 from ..._core.checks import check_head_dim, check_scale, check_tensor
 from ..._core.custom_ops import call
+from . import op
 
 QueryLayout = Literal["BSND", "TND"]
 KvLayout = Literal["BSND", "TND", "PA_BBND"]
-
-
-def _op():
-    from . import op
-
-    return op
 
 
 def _int_tensor(x) -> Tensor | None:
@@ -103,7 +98,7 @@ def sparse_flash_mla(q: Tensor, ori_kv: Tensor, *, cmp_kv: Tensor | None = None,
     >>> out.shape, lse.shape
     (torch.Size([1, 16, 4, 32]), torch.Size([1, 1, 16, 4]))
     """
-    out, lse = call(_op().dsv4_sparse_flash_mla, *_arguments(
+    out, lse = call(op.dsv4_sparse_flash_mla, *_arguments(
         q, ori_kv, cmp_kv, cmp_sparse_indices, ori_block_table, cmp_block_table, cu_seqlens_q, cu_seqlens_ori_kv,
         cu_seqlens_cmp_kv, seqused_q, seqused_ori_kv, seqused_cmp_kv, cmp_residual_kv, sinks, scale, cmp_ratio,
         ori_mask_mode, cmp_mask_mode, ori_win_left, ori_win_right, layout_q, layout_kv))
@@ -134,7 +129,7 @@ def sparse_flash_mla_grad(q: Tensor, ori_kv: Tensor, d_out: Tensor, attn_out: Te
                       cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_ori_kv, seqused_cmp_kv,
                       cmp_residual_kv, sinks, scale, cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left,
                       ori_win_right, layout_q, layout_kv)
-    dq, d_ori, d_cmp, d_sinks, _, l1 = call(_op().dsv4_sparse_flash_mla_grad, d_out, d_softmax_lse, attn_out,
+    dq, d_ori, d_cmp, d_sinks, _, l1 = call(op.dsv4_sparse_flash_mla_grad, d_out, d_softmax_lse, attn_out,
                                             softmax_lse, *args)
     return SparseFlashMlaGradResult(dq, d_ori, None if cmp_kv is None else d_cmp, None if sinks is None else d_sinks,
                                     None, None if cmp_sparse_indices is None else l1)
