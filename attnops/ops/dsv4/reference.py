@@ -43,7 +43,8 @@ class _Keys:
 
     def scores(self, qs: Tensor) -> Tensor:
         """``[C, N, W]`` logits of the scaled queries ``qs [C, N, D]``, ``-inf`` where masked."""
-        return self.products(qs).masked_fill_(~self.mask[:, None, :], float("-inf"))
+        s = self.products(qs)
+        return s if bool(self.mask.all()) else s.masked_fill_(~self.mask[:, None, :], float("-inf"))
 
     def apply(self, p: Tensor) -> Tensor:
         """``p [C, N, W] @ keys -> [C, N, D]``."""
@@ -84,7 +85,10 @@ def _chunk_keys(problem: Problem, b: int, batch: Batch, i0: int, i1: int, t: dic
         return branches
     idx = t["indices"][batch.q_start + i0:batch.q_start + i1].to(torch.int64)
     sel = selected_compressed(idx, thr)
-    if bool(sel.any()):
+    used = sel.any(0).nonzero()
+    if used.numel():
+        width = int(used[-1]) + 1  # entries past the last one any row counts are not read
+        idx, sel = idx[:, :width], sel[:, :width]
         flat = problem.cmp.flat(b, idx.masked_fill(~sel, 0))
         branches.append(_Keys("cmp", t["cmp"][flat.reshape(-1)].to(dt).view(*flat.shape, -1), flat, sel))
     return branches
@@ -110,10 +114,35 @@ def _chunks(problem: Problem, heads: int, dim: int, k: int):
             yield b, batch, i0, min(batch.q_len, i0 + step)
 
 
-def _flat_inputs(problem: Problem, q: Tensor, ori_kv: Tensor, cmp_kv: Tensor | None, indices: Tensor | None) -> dict:
-    return {"q": flat_rows(q, problem.layout_q), "ori": ori_kv.reshape(-1, ori_kv.shape[-1]),
-            "cmp": None if cmp_kv is None else cmp_kv.reshape(-1, cmp_kv.shape[-1]),
+def _key_rows_read(problem: Problem, k: int) -> tuple[int, int]:
+    """About how many ori and cmp key rows the chunks read in all (each chunk reads its rows' keys once)."""
+    m = problem.masks
+    band = m.ori_mode == 4 and m.win_left >= 0 and m.win_right >= 0
+    ori = cmp = 0
+    for batch in problem.batches:
+        ori += batch.q_len * (2 if band else 1) + (m.win_left + m.win_right + 1 if band else batch.ori_len)
+        cmp += batch.q_len * k if problem.sparse else batch.cmp_len
+    return ori, cmp
+
+
+def _flat_inputs(problem: Problem, q: Tensor, ori_kv: Tensor, cmp_kv: Tensor | None, indices: Tensor | None,
+                 dt: torch.dtype) -> dict:
+    """The flat views the chunks read; a key store no larger than what the chunks read of it is converted to the
+    compute dtype once (a large paged cache read by few queries is converted part by part)."""
+    reads = _key_rows_read(problem, 0 if indices is None else indices.shape[-1])
+
+    def store(kv, read):
+        flat = kv.reshape(-1, kv.shape[-1])
+        return flat.to(dt) if flat.shape[0] <= read else flat
+
+    return {"q": flat_rows(q, problem.layout_q), "ori": store(ori_kv, reads[0]),
+            "cmp": None if cmp_kv is None else store(cmp_kv, reads[1]),
             "indices": None if indices is None else indices.reshape(-1, indices.shape[-1])}
+
+
+def _rows_with_keys(branches: list[_Keys]) -> Tensor:
+    """``[C]`` bool: the chunk's rows that see at least one key."""
+    return torch.stack([br.mask.any(1) for br in branches]).any(0)
 
 
 def _statistics(parts: list[Tensor], sink: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -131,7 +160,7 @@ def sparse_flash_mla_forward(problem: Problem, q: Tensor, ori_kv: Tensor, cmp_kv
                              indices: Tensor | None, sinks: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
     """``(out [R, N, D] in q's dtype, lse [R, N])`` over the flat query rows (lse fp32, fp64 for fp64 inputs)."""
     dt = compute_dtype(q)
-    t = _flat_inputs(problem, q, ori_kv, cmp_kv, indices)
+    t = _flat_inputs(problem, q, ori_kv, cmp_kv, indices, dt)
     rows, heads, dim = t["q"].shape
     out = torch.zeros(rows, heads, dim, dtype=dt)
     lse = torch.zeros(rows, heads, dtype=dt)
@@ -145,10 +174,15 @@ def sparse_flash_mla_forward(problem: Problem, q: Tensor, ori_kv: Tensor, cmp_kv
         qs = t["q"][r].to(dt) * scale
         parts = [br.scores(qs) for br in branches]
         m, den = _statistics(parts, sink)
-        o = sum(br.apply(p) for br, p in zip(branches, parts))
-        seen = torch.stack([br.mask.any(1) for br in branches]).any(0)[:, None]  # rows with a visible key
-        out[r] = (o / den[..., None]).masked_fill_(~seen[..., None], 0)
-        lse[r] = (m + torch.log(den)).masked_fill_(~seen, 0)
+        o = branches[0].apply(parts[0])
+        for br, p in zip(branches[1:], parts[1:]):
+            o += br.apply(p)
+        torch.div(o, den[..., None], out=out[r])
+        torch.add(m, torch.log(den), out=lse[r])
+        seen = _rows_with_keys(branches)
+        if not bool(seen.all()):
+            out[r][~seen] = 0
+            lse[r][~seen] = 0
     return out.to(q.dtype), lse
 
 
@@ -160,7 +194,7 @@ def sparse_flash_mla_backward(problem: Problem, dout: Tensor, dlse: Tensor | Non
     (``dlse``: the gradient of ``lse``, flat, or None). ``cmp_softmax_l1_norm`` (indices only): per index entry, the
     probability of its key summed over the heads (0 for entries that do not count)."""
     dt = compute_dtype(q)
-    t = _flat_inputs(problem, q, ori_kv, cmp_kv, indices)
+    t = _flat_inputs(problem, q, ori_kv, cmp_kv, indices, dt)
     do, o = flat_rows(dout, problem.layout_q), flat_rows(out, problem.layout_q)
     rows, heads, dim = t["q"].shape
     dq = torch.zeros(rows, heads, dim, dtype=dt)
@@ -187,10 +221,10 @@ def sparse_flash_mla_backward(problem: Problem, dout: Tensor, dlse: Tensor | Non
             d_keys = br.key_grad(ds, qc).mul_(scale).add_(br.key_grad(p, g))
             d_store[br.name].index_add_(0, br.flat.reshape(-1), d_keys)
             if l1 is not None and br.name == "cmp":
-                l1[r] = p.sum(1)
+                l1[r, :p.shape[-1]] = p.sum(1)
         dq[r] = dqc * scale
         if sink is not None:
-            seen = torch.stack([br.mask.any(1) for br in branches]).any(0)[:, None]
+            seen = _rows_with_keys(branches)[:, None]
             d_sinks -= (torch.exp(sink - row_lse) * delta).masked_fill_(~seen, 0).sum(0)
 
     def shaped(x: Tensor | None, like: Tensor | None) -> Tensor | None:
