@@ -14,7 +14,8 @@ LAYOUT_PAIRS = [("BSND", "BSND"), ("TND", "TND"), ("BSND", "PA_BBND"), ("TND", "
 @dataclass
 class Case:
     """Per-batch lengths (``cmp_lens`` None: sliding window only; default: the compressed blocks of each batch) and
-    the call's options; ``topk``: CSA with index rows of that width, ``None``: HCA."""
+    the call's options; ``topk``: CSA with index rows of that width (``rows``: given index rows per batch, else
+    well-formed random ones), ``None``: HCA."""
     q_lens: list[int]
     ori_lens: list[int]
     cmp_lens: list[int] | None = None
@@ -29,6 +30,7 @@ class Case:
                                                      cmp_mask_mode=3))
     dtype: torch.dtype = torch.float64
     seed: int = 0
+    rows: list[list[list[int]]] | None = None
 
 
 def hca(q_lens, ori_lens, **kw) -> Case:
@@ -74,7 +76,7 @@ def make_parts(case: Case) -> Parts:
     cmps = None if case.cmp_lens is None else [rnd(n, case.dim) for n in case.cmp_lens]
     rows = None
     if case.topk is not None:
-        rows = [well_formed_rows(case, b, g) for b in range(len(case.q_lens))]
+        rows = case.rows or [well_formed_rows(case, b, g) for b in range(len(case.q_lens))]
     sinks = rnd(case.heads).float().double() if case.sinks else None
     return Parts(qs, oris, cmps, rows, sinks)
 
@@ -202,3 +204,52 @@ def call(kw: dict):
 
     kw = dict(kw)
     return attnops.sparse_flash_mla(kw.pop("q"), kw.pop("ori_kv"), **kw)
+
+
+INPUTS = ("q", "ori_kv", "cmp_kv", "sinks")
+
+
+def weights(shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def loss_weights(kw: dict, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = kw["q"].shape[0] * (kw["q"].shape[1] if kw["layout_q"] == "BSND" else 1)
+    return weights((rows, case.heads, case.dim), 1), weights((rows, case.heads), 2)
+
+
+def golden_grads(case: Case, layouts, dtype=torch.float64, **pack_kw) -> dict:
+    """Gradients of the golden (computed in ``dtype``) of ``sum(w_o out) + sum(w_l lse)``, packed as the inputs."""
+    parts = make_parts(case)
+    kw, starts = pack(case, parts, *layouts, **pack_kw)
+    w_out, w_lse = loss_weights(kw, case)
+    for x in [*parts.qs, *parts.oris, *(parts.cmps or []), *([parts.sinks] if parts.sinks is not None else [])]:
+        x.requires_grad_()
+    total = 0
+    for s, (o, l) in zip(starts, golden(case, parts, dtype)):
+        n = o.shape[0]
+        total = total + (o.double() * w_out[s:s + n]).sum() + (l.double() * w_lse[s:s + n]).sum()
+    if isinstance(total, torch.Tensor) and total.requires_grad:  # else no row sees a key: every gradient is 0
+        total.backward()
+    repack, _ = pack(case, _grad_parts(parts), *layouts, **pack_kw)
+    return {n: repack[n] for n in INPUTS if n in repack}
+
+
+def grads_and_golden(case: Case, layouts, **pack_kw) -> tuple[dict, dict]:
+    """(the implementation's gradients by name, the fp64 golden's) of ``sum(w_o out) + sum(w_l lse)``."""
+    parts = make_parts(case)
+    kw, _ = pack(case, parts, *layouts, requires_grad=True, **pack_kw)
+    out, lse = rows_of(*call(kw))
+    w_out, w_lse = loss_weights(kw, case)
+    ((out.double() * w_out).sum() + (lse.double() * w_lse).sum()).backward()
+    return {n: kw[n].grad for n in INPUTS if n in kw}, golden_grads(case, layouts, **pack_kw)
+
+
+def _grad_parts(parts):
+    """The parts with each tensor replaced by its golden gradient (zeros where none flowed)."""
+    def g(x):
+        return torch.zeros_like(x) if x.grad is None else x.grad
+
+    return type(parts)([g(x) for x in parts.qs], [g(x) for x in parts.oris],
+                       None if parts.cmps is None else [g(x) for x in parts.cmps], parts.rows,
+                       None if parts.sinks is None else g(parts.sinks))

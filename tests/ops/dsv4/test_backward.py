@@ -9,61 +9,14 @@ import torch
 import attnops
 from attnops.ops.dsv4 import reference
 
-from .helpers import LAYOUT_PAIRS, Case, call, golden, hca, make_parts, pack, rows_of
+from .helpers import (INPUTS, LAYOUT_PAIRS, Case, call, golden, golden_grads, grads_and_golden, hca, make_parts,
+                      pack, weights)
 
 BRANCHES = {
     "swa": lambda **kw: Case([5, 9], [12, 9], **kw),
     "hca": lambda **kw: hca([5, 9], [13, 9], **kw),
     "csa": lambda **kw: hca([5, 9], [13, 9], topk=3, **kw),
 }
-INPUTS = ("q", "ori_kv", "cmp_kv", "sinks")
-
-
-def _weights(shape, seed):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def _loss_weights(kw: dict, case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = kw["q"].shape[0] * (kw["q"].shape[1] if kw["layout_q"] == "BSND" else 1)
-    return _weights((rows, case.heads, case.dim), 1), _weights((rows, case.heads), 2)
-
-
-def _golden_grads(case: Case, layouts, dtype=torch.float64, **pack_kw) -> dict:
-    """Gradients of the golden (computed in ``dtype``) of ``sum(w_o out) + sum(w_l lse)``, packed as the inputs."""
-    parts = make_parts(case)
-    kw, starts = pack(case, parts, *layouts, **pack_kw)
-    w_out, w_lse = _loss_weights(kw, case)
-    for x in [*parts.qs, *parts.oris, *(parts.cmps or []), *([parts.sinks] if parts.sinks is not None else [])]:
-        x.requires_grad_()
-    total = 0
-    for s, (o, l) in zip(starts, golden(case, parts, dtype)):
-        n = o.shape[0]
-        total = total + (o.double() * w_out[s:s + n]).sum() + (l.double() * w_lse[s:s + n]).sum()
-    total.backward()
-    repack, _ = pack(case, _grad_parts(parts), *layouts, **pack_kw)
-    return {n: repack[n] for n in INPUTS if n in repack}
-
-
-def _grads(case: Case, layouts, **pack_kw) -> tuple[dict, dict]:
-    """(the implementation's gradients by name, the fp64 golden's) of ``sum(w_o out) + sum(w_l lse)``."""
-    parts = make_parts(case)
-    kw, _ = pack(case, parts, *layouts, requires_grad=True, **pack_kw)
-    out, lse = rows_of(*call(kw))
-    w_out, w_lse = _loss_weights(kw, case)
-    ((out.double() * w_out).sum() + (lse.double() * w_lse).sum()).backward()
-    return {n: kw[n].grad for n in INPUTS if n in kw}, _golden_grads(case, layouts, **pack_kw)
-
-
-def _grad_parts(parts):
-    """The parts with each tensor replaced by its golden gradient (zeros where none flowed)."""
-    def g(x):
-        return torch.zeros_like(x) if x.grad is None else x.grad
-
-    return type(parts)([g(x) for x in parts.qs], [g(x) for x in parts.oris],
-                       None if parts.cmps is None else [g(x) for x in parts.cmps], parts.rows,
-                       None if parts.sinks is None else g(parts.sinks))
-
-
 def _compare(got, want, tol=1e-12):
     for name in got:
         torch.testing.assert_close(got[name].double(), want[name].double(), atol=tol, rtol=0, msg=name)
@@ -72,7 +25,7 @@ def _compare(got, want, tol=1e-12):
 @pytest.mark.parametrize("layouts", LAYOUT_PAIRS, ids=lambda p: "/".join(p))
 @pytest.mark.parametrize("branch", list(BRANCHES))
 def test_gradients_against_golden(branch, layouts):
-    got, want = _grads(BRANCHES[branch](), layouts)
+    got, want = grads_and_golden(BRANCHES[branch](), layouts)
     assert set(got) == {"q", "ori_kv", "sinks"} | ({"cmp_kv"} if branch != "swa" else set())
     _compare(got, want)
 
@@ -81,16 +34,17 @@ def test_gradients_against_golden(branch, layouts):
 def test_gradients_padding_empty_rows_no_sinks(topk):
     """Padding rows, rows without keys (``Lq > Lori``) and a batch without keys give zero gradients there."""
     case = hca([6, 3, 4], [3, 0, 9], ratio=2, topk=topk, sinks=False)
-    got, want = _grads(case, ("TND", "PA_BBND"), pad_q=2)
+    got, want = grads_and_golden(case, ("TND", "PA_BBND"), pad_q=2)
     _compare(got, want)
     assert got["q"][:3].abs().sum() == 0 and got["q"][-2:].abs().sum() == 0
 
 
 def test_gradients_other_masks_and_malformed_rows():
     case = hca([4, 6], [16, 12], ratio=2, topk=5, masks=dict(ori_mask_mode=3, ori_win_right=1, cmp_mask_mode=0))
-    parts = make_parts(case)
-    parts.rows[0] = [[0, -1, 1, 2, 2], [3, 0, 0, 7, 1], [1, 7, 0, 0, 0], [6, 6, 5, 4, 3]]
-    got, want = _grads(case, ("BSND", "BSND"))
+    case.rows = [[[0, -1, 1, 2, 2], [3, 0, 0, 7, 1], [1, 7, 0, 0, 0], [6, 6, 5, 4, 3]],
+                 [[5, 4, 3, 2, 1], [5, 5, 5, -1, 0], [0, 1, 2, 3, 4], [-1, 1, 2, 3, 4], [2, 2, 2, 2, 2],
+                  [1, 0, -1, -1, -1]]]
+    got, want = grads_and_golden(case, ("BSND", "BSND"))
     _compare(got, want)
 
 
@@ -116,7 +70,7 @@ def test_grad_function_matches_autograd_and_gives_entry_probabilities():
     parts = make_parts(case)
     kw, starts = pack(case, parts, "BSND", "BSND", requires_grad=True)
     out, lse = call(kw)
-    w = _weights(out.shape, 3)
+    w = weights(out.shape, 3)
     (out * w).sum().backward()
     plain = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     q, ori = plain.pop("q"), plain.pop("ori_kv")
@@ -152,8 +106,8 @@ def test_grad_of_lse_only():
 def test_low_precision_gradients(branch, dtype):
     """Gradient error against the fp64 golden at most 3x that of the golden computed in ``dtype``, plus a floor."""
     case = BRANCHES[branch](dtype=dtype, dim=32, heads=4)
-    got, want = _grads(case, ("TND", "PA_BBND"))
-    low = _golden_grads(case, ("TND", "PA_BBND"), dtype=dtype)
+    got, want = grads_and_golden(case, ("TND", "PA_BBND"))
+    low = golden_grads(case, ("TND", "PA_BBND"), dtype=dtype)
     eps = torch.finfo(dtype).eps
     for name in got:
         ref = want[name].double()
