@@ -199,3 +199,18 @@ def test_memory_is_linear_in_the_sequence(monkeypatch, topk):
     with _LargestTensor() as mode:
         attnops.sparse_flash_mla(q, kv, cmp_kv=cmp, cmp_sparse_indices=idx, cmp_ratio=4, ori_mask_mode=3)
     assert mode.largest < s * s // 16, mode.largest
+
+
+def _noncontig(x: torch.Tensor) -> torch.Tensor:
+    perm = list(range(x.dim()))[::-1]
+    return x.permute(perm).contiguous().permute(perm)
+
+
+@pytest.mark.parametrize("layouts", [("BSND", "BSND"), ("TND", "PA_BBND")], ids=lambda p: "/".join(p))
+def test_non_contiguous_inputs(layouts):
+    case = BRANCHES["csa"]()
+    kw, _ = pack(case, make_parts(case), *layouts)
+    ref = call(kw)
+    strided = {k: _noncontig(v) if isinstance(v, torch.Tensor) and v.dim() > 1 else v for k, v in kw.items()}
+    assert not strided["q"].is_contiguous() and not strided["ori_kv"].is_contiguous()
+    torch.testing.assert_close(call(strided), ref, rtol=0, atol=1e-14)
