@@ -60,6 +60,13 @@ class Masks:
     cmp_mode: int
     ratio: int
 
+    @property
+    def band_width(self) -> int | None:
+        """How many ori keys a row sees at most under a finite band (mode 4, both windows >= 0), else None."""
+        if self.ori_mode == 4 and self.win_left >= 0 and self.win_right >= 0:
+            return self.win_left + self.win_right + 1
+        return None
+
 
 @dataclass(frozen=True)
 class Problem:

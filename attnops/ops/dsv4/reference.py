@@ -97,13 +97,12 @@ def _chunk_keys(problem: Problem, b: int, batch: Batch, i0: int, i1: int, t: dic
 def _rows_per_chunk(problem: Problem, batch: Batch, heads: int, dim: int, k: int) -> int:
     """Query rows per chunk so the chunk's work tensors (scores, probabilities, their gradients; gathered keys) stay
     near :data:`BUDGET_BYTES`; a finite band also bounds the rows so its shared key span stays about the window."""
-    m = problem.masks
-    band = m.ori_mode == 4 and m.win_left >= 0 and m.win_right >= 0
-    w_ori = min(batch.ori_len, m.win_left + m.win_right + 1) if band else batch.ori_len
+    band = problem.masks.band_width
+    w_ori = batch.ori_len if band is None else min(batch.ori_len, band)
     w_cmp = 0 if problem.cmp is None else (k if problem.sparse else batch.cmp_len)
     per_row = 32 * heads * (w_ori + w_cmp + 1) + (8 * k * dim if problem.sparse else 0)
     step = max(1, BUDGET_BYTES // per_row)
-    return min(step, max(64, w_ori)) if band else step
+    return step if band is None else min(step, max(64, w_ori))
 
 
 def _chunks(problem: Problem, heads: int, dim: int, k: int):
@@ -116,11 +115,10 @@ def _chunks(problem: Problem, heads: int, dim: int, k: int):
 
 def _key_rows_read(problem: Problem, k: int) -> tuple[int, int]:
     """About how many ori and cmp key rows the chunks read in all (each chunk reads its rows' keys once)."""
-    m = problem.masks
-    band = m.ori_mode == 4 and m.win_left >= 0 and m.win_right >= 0
+    band = problem.masks.band_width
     ori = cmp = 0
     for batch in problem.batches:
-        ori += batch.q_len * (2 if band else 1) + (m.win_left + m.win_right + 1 if band else batch.ori_len)
+        ori += batch.q_len + (batch.ori_len if band is None else batch.q_len + band)
         cmp += batch.q_len * k if problem.sparse else batch.cmp_len
     return ori, cmp
 
@@ -231,5 +229,4 @@ def sparse_flash_mla_backward(problem: Problem, dout: Tensor, dlse: Tensor | Non
         return None if like is None else x.reshape(like.shape).to(like.dtype)
 
     return (dq.view(q.shape).to(q.dtype), shaped(d_store["ori"], ori_kv), shaped(d_store["cmp"], cmp_kv),
-            shaped(d_sinks, sinks), None if l1 is None else l1.to(torch.float64 if dt == torch.float64 else
-                                                                   torch.float32).view(indices.shape))
+            shaped(d_sinks, sinks), None if l1 is None else l1.view(indices.shape))
