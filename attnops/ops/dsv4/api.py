@@ -29,7 +29,7 @@ class SparseFlashMlaResult(NamedTuple):
 
 class SparseFlashMlaGradResult(NamedTuple):
     """Gradients of :func:`sparse_flash_mla` (None where the input is absent) and ``cmp_softmax_l1_norm``: per entry
-    of ``cmp_sparse_indices`` (its shape, fp32), the attention probability of its key summed over the query heads
+    of ``cmp_sparse_indices`` (its shape; fp32, fp64 for fp64 inputs), the attention probability of its key summed over the query heads
     (0 for entries that do not count); ``ori_softmax_l1_norm`` is always None (the ori branch takes no indices)."""
     d_q: Tensor
     d_ori_kv: Tensor

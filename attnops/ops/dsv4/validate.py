@@ -171,8 +171,7 @@ def _check_blocks(name: str, store: KeyStore, lens: list[int]) -> None:
 
 
 def build_problem(a: Args) -> Problem:
-    """The call's normal form, its host values read and checked."""
-    check_operands(a)
+    """The normal form of a call that passed :func:`check_operands`, its host values read and checked."""
     batch = _batch_count(a)
     if a.layout_q == "BSND":
         s1 = a.q.shape[1]
