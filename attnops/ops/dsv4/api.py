@@ -29,8 +29,9 @@ class SparseFlashMlaResult(NamedTuple):
 
 class SparseFlashMlaGradResult(NamedTuple):
     """Gradients of :func:`sparse_flash_mla` (None where the input is absent) and ``cmp_softmax_l1_norm``: per entry
-    of ``cmp_sparse_indices`` (its shape; fp32, fp64 for fp64 inputs), the attention probability of its key summed over the query heads
-    (0 for entries that do not count); ``ori_softmax_l1_norm`` is always None (the ori branch takes no indices)."""
+    of ``cmp_sparse_indices`` (its shape; fp32, fp64 for fp64 inputs), the attention probability of its key summed
+    over the query heads (0 for entries that do not count); ``ori_softmax_l1_norm`` is always None (the ori branch
+    takes no indices)."""
     d_q: Tensor
     d_ori_kv: Tensor
     d_cmp_kv: Tensor | None
@@ -56,8 +57,8 @@ def _arguments(q, ori_kv, cmp_kv, cmp_sparse_indices, ori_block_table, cmp_block
     ints = [_int_tensor(x) for x in (cu_seqlens_q, cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_ori_kv,
                                      seqused_cmp_kv, cmp_residual_kv)]
     return (q, ori_kv, cmp_kv, cmp_sparse_indices, ori_block_table, cmp_block_table, *ints, sinks,
-            _scale(scale, q), cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left,
-            ori_win_right, layout_q, layout_kv)
+            _scale(scale, q), cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left, ori_win_right, layout_q,
+            layout_kv)
 
 
 def sparse_flash_mla(q: Tensor, ori_kv: Tensor, *, cmp_kv: Tensor | None = None,

@@ -18,6 +18,9 @@ from .problem import (CMP_MASK_MODES, INDEX_DTYPES, KV_LAYOUTS, MAX_CMP_RATIO, O
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SINK_DTYPES = (torch.float32, torch.float64)
+# host metadata: read on the host, so it may stay on the CPU whatever q's device
+METADATA = ("cmp_sparse_indices", "ori_block_table", "cmp_block_table", "cu_seqlens_q", "cu_seqlens_ori_kv",
+            "cu_seqlens_cmp_kv", "seqused_q", "seqused_ori_kv", "seqused_cmp_kv", "cmp_residual_kv")
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,13 @@ class Args:
 
 def check_operands(a: Args) -> None:
     """Everything that needs no tensor values."""
-    check_same_device("q", a.q, ori_kv=a.ori_kv, cmp_kv=a.cmp_kv, cmp_sparse_indices=a.cmp_sparse_indices,
-                      ori_block_table=a.ori_block_table, cmp_block_table=a.cmp_block_table,
-                      cu_seqlens_q=a.cu_seqlens_q, cu_seqlens_ori_kv=a.cu_seqlens_ori_kv,
-                      cu_seqlens_cmp_kv=a.cu_seqlens_cmp_kv, seqused_q=a.seqused_q, seqused_ori_kv=a.seqused_ori_kv,
-                      seqused_cmp_kv=a.seqused_cmp_kv, cmp_residual_kv=a.cmp_residual_kv, sinks=a.sinks)
+    check_same_device("q", a.q, ori_kv=a.ori_kv, cmp_kv=a.cmp_kv, sinks=a.sinks)
+    for name in METADATA:
+        x = getattr(a, name)
+        if x is not None:
+            check_tensor(name, x)
+            require(x.device.type == "cpu" or x.device == a.q.device, name,
+                    f"a tensor on the CPU or on {a.q.device} (the device of q)", x)
     check_choice("layout_q", a.layout_q, QUERY_LAYOUTS)
     check_choice("layout_kv", a.layout_kv, KV_LAYOUTS)
     if a.layout_kv != "PA_BBND":

@@ -49,6 +49,7 @@ TND_PA = [
     ("cu_seqlens_q decreasing", _set(cu_seqlens_q=torch.tensor([0, 5, 3], dtype=I32)), "cu_seqlens_q"),
     ("cu_seqlens_q no leading 0", _set(cu_seqlens_q=torch.tensor([1, 3, 8], dtype=I32)), "cu_seqlens_q"),
     ("cu_seqlens_q past T", _set(cu_seqlens_q=torch.tensor([0, 3, 9], dtype=I32)), "cu_seqlens_q"),
+    ("cu_seqlens_q device", _tensor("cu_seqlens_q", lambda x: x.to("meta")), "cu_seqlens_q"),
     ("cu_seqlens_q float", _set(cu_seqlens_q=torch.tensor([0.0, 3.0, 8.0])), "cu_seqlens_q"),
     ("cu_seqlens_ori_kv with PA", _set(cu_seqlens_ori_kv=torch.tensor([0, 7, 16], dtype=I32)), "cu_seqlens_ori_kv"),
     ("seqused_ori_kv missing with PA", _set(seqused_ori_kv=None), "seqused_ori_kv"),
