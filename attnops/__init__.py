@@ -8,6 +8,8 @@ from ._core.errors import (AclnnError, InferenceOnlyError, ParamDtypeError, Para
                            PerformanceWarning)
 from .ops.dsa import (LightningIndexerResult, SparseAttentionResult, lightning_indexer, lightning_indexer_kl_loss,
                       sparse_flash_attention)
+from .ops.dsv4 import (SparseFlashMlaGradResult, SparseFlashMlaResult, sparse_flash_mla, sparse_flash_mla_grad,
+                       sparse_flash_mla_grad_metadata, sparse_flash_mla_metadata)
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
 from .ops.fused_infer_attention import (FusedInferAttentionPlan, FusedInferAttentionResult, PagedKVCache,
                                         fused_infer_attention, fused_infer_attention_plan)
@@ -37,6 +39,8 @@ __all__ = [
     "ParamNullptrError",
     "PerformanceWarning",
     "SparseAttentionResult",
+    "SparseFlashMlaGradResult",
+    "SparseFlashMlaResult",
     "flash_attention",
     "flash_attention_backward",
     "fused_infer_attention",
@@ -50,4 +54,8 @@ __all__ = [
     "nsa_selected_attention",
     "nsa_selected_attention_infer",
     "sparse_flash_attention",
+    "sparse_flash_mla",
+    "sparse_flash_mla_grad",
+    "sparse_flash_mla_grad_metadata",
+    "sparse_flash_mla_metadata",
 ]

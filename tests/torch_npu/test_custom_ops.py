@@ -36,6 +36,8 @@ OPCHECKED = {
     "mla_interleave_rope": "tests/ops/dsa/test_opcheck.py",
     "mla_kv_rmsnorm_rope_cache": "tests/ops/dsa/test_opcheck.py",
     "mla_prolog": "tests/ops/dsa/test_opcheck.py",
+    "dsv4_sparse_flash_mla": "tests/ops/dsv4/test_opcheck.py",
+    "dsv4_sparse_flash_mla_grad": "tests/ops/dsv4/test_opcheck.py",
 }
 
 
