@@ -23,25 +23,27 @@ def lightning_scores(q: Tensor, k: Tensor, w: Tensor, dtype=torch.float64) -> Te
     return torch.einsum("ih,ihj->ij", w.to(dtype), s)
 
 
-def lightning_indexer(q: Tensor, k: Tensor, w: Tensor, count: int, sparse_mode: int) -> list[list[int]]:
+def lightning_indexer(q: Tensor, k: Tensor, w: Tensor, count: int, sparse_mode: int,
+                      masked: frozenset[int] = frozenset()) -> list[list[int]]:
     """One batch's index rows: positions sorted by score descending (ties: smaller position), ``count`` long,
-    -1 padded."""
+    -1 padded; positions in ``masked`` (keys in a block outside the cache) are never selected."""
     scores = lightning_scores(q, k, w)
     rows = []
     for i in range(q.shape[0]):
         a = allowed(q.shape[0], k.shape[0], i, sparse_mode)
-        order = sorted(range(a), key=lambda j: (-float(scores[i, j]), j))[:count]
+        order = sorted((j for j in range(a) if j not in masked), key=lambda j: (-float(scores[i, j]), j))[:count]
         rows.append(order + [-1] * (count - len(order)))
     return rows
 
 
 def key_set(row: list[int], limit: int, block: int) -> list[int]:
-    """Key positions a sparse-attention index row selects (first ``ceil(limit / block)`` entries, up to a -1)."""
+    """Key positions a sparse-attention index row selects (first ``ceil(limit / block)`` entries, up to a -1; an
+    entry below -1 selects nothing)."""
     out = []
     for v in row[:min(len(row), -(-limit // block))]:
-        if v < 0:
+        if v == -1:
             break
-        out += [p for p in range(v * block, v * block + block) if p < limit]
+        out += [p for p in range(v * block, v * block + block) if 0 <= p < limit]
     return out
 
 
