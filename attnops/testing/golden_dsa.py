@@ -76,17 +76,18 @@ def sparse_flash_attention(q: Tensor, k: Tensor, v: Tensor, rows: list[list[int]
 
 def indexer_kl_loss_grad(q, k, qi, ki, w, rows, row_max, row_sum, scale, *, q_rope=None, k_rope=None,
                          dtype=torch.float64):
-    """One batch's summed KL loss ``sum_t KL(P_t || softmax(I_t))`` over the first ``min(K, allowed)`` entries and
+    """One batch's summed KL loss ``sum_t KL(P_t || softmax(I_t))`` over the keys of the first ``min(K, allowed)``
+    entries (:func:`key_set`) and
     the spec's gradients ``(loss, d_qi, d_ki, d_w)``: ``dI = Y - P`` (the clamps at 1e-8 enter the loss only),
     ``d_w = sum_r dI relu(S)``, ``dS = dI w [S > 0]``, ``d_qi = sum_r dS k_index``, ``d_ki`` scatter-added."""
     loss = torch.zeros((), dtype=dtype)
     d_qi, d_ki, d_w = (torch.zeros(x.shape, dtype=dtype) for x in (qi, ki, w))
     lq = q.shape[0]
     for t in range(lq):
-        n = min(len(rows[t]), allowed(lq, k.shape[0], t, 3))
-        if n == 0:
+        entries = key_set(rows[t], allowed(lq, k.shape[0], t, 3), 1)
+        if not entries:
             continue
-        idx = torch.tensor(rows[t][:n], dtype=torch.long)
+        idx = torch.tensor(entries, dtype=torch.long)
         logit = q[t].to(dtype) @ k[idx].to(dtype).T
         if q_rope is not None:
             logit = logit + q_rope[t].to(dtype) @ k_rope[idx].to(dtype).T

@@ -4,7 +4,8 @@
 Row ``i`` with key limit ``L_i`` (:mod:`.problem`) reads the first ``c = min(K, ceil(L_i / sparse_block_size))``
 entries of its index row, stopping at the first -1; entry ``v`` covers positions
 ``[v * sbs, v * sbs + sbs)`` cut at ``L_i`` (a duplicate entry counts twice). Unvalidated bad values are masked
-out: a negative entry other than -1 (the row goes on), a position past ``L_i``, a block outside the paged cache. Then, per query head ``h``:
+out: a negative entry other than -1 (the row goes on), a position past ``L_i``, a block outside the paged cache.
+Then, per query head ``h``:
 ``logit = scale * (q . k_j + q_rope . k_rope_j)``, ``m = max(logits[, sink])``, ``l = sum exp(logit - m)
 [+ exp(sink - m)]``, ``out = sum_j exp(logit_j - m) / l * v_j``. Rows with no key give 0 (statistics ``(0, 0)``,
 or ``(sink, 1)`` with sinks).
