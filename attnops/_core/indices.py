@@ -57,24 +57,28 @@ def blocks_needed(lengths: Tensor, block_size: int) -> Tensor:
 
 
 def check_block_table(table: Tensor, lengths, block_size: int, num_blocks: int, *, name: str = "block_table",
-                      lengths_name: str = "actual_seq_lengths") -> None:
-    """Every entry that batch ``b``'s ``lengths[b]`` tokens use (``table[b, i]`` for ``i < ceil(lengths[b] /
-    block_size)``) is a block id in ``[0, num_blocks)``; entries past them are never read (``-1`` or anything)."""
+                      lengths_name: str = "actual_seq_lengths", first: Tensor | None = None) -> None:
+    """Every entry that batch ``b``'s ``lengths[b]`` tokens use (``table[b, first[b] + i]`` for ``i < ceil(lengths[b]
+    / block_size)``, ``first`` 0 by default) is a block id in ``[0, num_blocks)``; the other entries are never read
+    (``-1`` or anything)."""
     table = table.detach().to("cpu", torch.int64)
     lengths = torch.as_tensor(lengths, dtype=torch.int64).cpu().reshape(-1)
     need = blocks_needed(lengths, block_size)
-    short = _first(need > table.shape[1])
+    first = torch.zeros_like(need) if first is None else first.to("cpu", torch.int64)
+    short = _first(first + need > table.shape[1])
     if short is not None:
         b = short[0]
-        fail(name, f"at least {int(need[b])} columns: batch {b} has {int(lengths[b])} tokens ({lengths_name}), "
-                   f"which need {int(need[b])} blocks of {block_size}", table)
-    used = torch.arange(table.shape[1]) < need[:, None]
+        fail(name, f"at least {int(first[b] + need[b])} columns: batch {b} has {int(lengths[b])} tokens "
+                   f"({lengths_name}), which need {int(need[b])} blocks of {block_size} from column {int(first[b])}",
+             table)
+    column = torch.arange(table.shape[1])
+    used = (column >= first[:, None]) & (column < (first + need)[:, None])
     bad = _first(used & ~valid_ids(table, num_blocks))
     if bad is not None:
         b = bad[0]
         _bad_entry(name, bad, int(table[bad]), f"a block id in [0, {num_blocks}) (the cache's blocks)",
                    f", but batch {b} has {int(lengths[b])} tokens ({lengths_name}), which need {int(need[b])} blocks "
-                   f"of {block_size}")
+                   f"of {block_size}" + (f" from column {int(first[b])}" if int(first[b]) else ""))
 
 
 def entries_read(indices: Tensor, count: Tensor) -> Tensor:
