@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 
 from .checks import fail, require
-from .errors import ParamInvalidError
 
 ENV_VAR = "ATTNOPS_VALIDATE"
 PAD = -1  # the documented padding of index rows, block tables and slot mappings
@@ -48,7 +47,7 @@ def _first(bad: Tensor) -> tuple[int, ...] | None:
 
 def _bad_entry(name: str, where: tuple[int, ...], value: int, expected: str, context: str = "") -> None:
     """Raise the error of entry ``name[where] = value`` (``context``: why the entry is read)."""
-    raise ParamInvalidError(f"{name}[{', '.join(map(str, where))}] = {value}{context}: expected {expected}")
+    fail(name, expected, f"{name}[{', '.join(map(str, where))}] = {value}{context}")
 
 
 def blocks_needed(lengths: Tensor, block_size: int) -> Tensor:
@@ -91,16 +90,18 @@ def entries_read(indices: Tensor, count: Tensor) -> Tensor:
 
 
 def check_index_rows(name: str, indices: Tensor, read: Tensor, bound: Tensor, *, unit: int = 1,
-                     what: str = "the batch's key length") -> None:
+                     what: str = "the batch's key length", padding: bool = True) -> None:
     """Each entry ``v`` that is ``read`` covers positions ``v * unit ..`` and must satisfy ``0 <= v * unit <
-    bound`` (``bound`` one per row, broadcasting with ``indices.shape[:-1]``)."""
+    bound`` (``bound`` one per row, broadcasting with ``indices.shape[:-1]``; ``padding``: whether the operator
+    takes ``-1`` as padding, for the message)."""
     idx = indices.detach().to("cpu", torch.int64)
     bound = bound.to(torch.int64).expand(idx.shape[:-1])
     bad = _first(read & ((idx < 0) | (idx * unit >= bound[..., None])))
     if bad is not None:
         limit = -(-int(bound[bad[:-1]]) // unit)
         _bad_entry(name, bad, int(idx[bad]), f"an index in [0, {limit}) ({what}: {int(bound[bad[:-1]])}"
-                   f"{'' if unit == 1 else f' positions in blocks of {unit}'}) or {PAD} (padding, ends the row)")
+                   f"{'' if unit == 1 else f' positions in blocks of {unit}'})"
+                   + (f" or {PAD} (padding, ends the row)" if padding else ""))
 
 
 def check_slots(name: str, slots: Tensor, capacity: int, *, what: str) -> None:
