@@ -295,7 +295,8 @@ def nsa_select_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, topk
     Request ``b``'s keys are rebuilt position by position from its pages (``block_table[b, p // page]``, slot
     ``p % page``) up to ``kv_lens[b]``. Query head ``h`` (KV head ``h // G``) attends to the concatenation of the
     blocks ``topk[b, h // G]`` in order, stopping at the first ``-1``, each block cut at the KV length (duplicates
-    kept, nothing masked). A head that selects nothing gets 0.
+    kept, nothing masked). A head that selects nothing gets 0. Unvalidated bad values select nothing: a negative
+    index other than -1, positions past the length, positions in a block outside the cache.
     """
     batch, n1, _ = q.shape
     page, n2 = k_cache.shape[1], k_cache.shape[2]
@@ -304,14 +305,17 @@ def nsa_select_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, topk
     for b in range(batch):
         n = int(kv_lens[b])
         rows = [(int(block_table[b, p // page]), p % page) for p in range(n)]
-        kb = torch.stack([k_cache[i, j] for i, j in rows]).to(dtype) if rows else None  # [n, N2, D]
-        vb = torch.stack([v_cache[i, j] for i, j in rows]).to(dtype) if rows else None
+        in_cache = [0 <= i < k_cache.shape[0] for i, _ in rows]
+        kb = torch.stack([k_cache[i if ok else 0, j] for (i, j), ok in zip(rows, in_cache)]).to(dtype) if rows \
+            else None  # [n, N2, D]
+        vb = torch.stack([v_cache[i if ok else 0, j] for (i, j), ok in zip(rows, in_cache)]).to(dtype) if rows \
+            else None
         for h in range(n1):
             pos = []
             for blk in topk[b, h // g].tolist():
                 if blk == -1:
                     break
-                pos += [p for p in range(blk * block_size, (blk + 1) * block_size) if p < n]
+                pos += [p for p in range(blk * block_size, (blk + 1) * block_size) if 0 <= p < n and in_cache[p]]
             if not pos:
                 continue
             idx = torch.tensor(pos)
