@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import check_int, check_tensor, fail, require
+from .._core.checks import check_int, check_tensor, require
+from .._core.indices import check_block_table, validation_enabled
 from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
 from .layers.rotary import rotate
@@ -229,14 +230,9 @@ def _check_lengths(lengths: Tensor, cache_leftpad, capacity: int, block_table, n
     if cache_leftpad is not None:
         require(bool(((cache_leftpad >= 0) & (cache_leftpad <= lengths)).all()), "cache_leftpad",
                 "values in [0, cache_seqlens + seqlen_new]", cache_leftpad.tolist())
-    if block_table is not None:
-        page = capacity // block_table.shape[1]
-        used = torch.arange(block_table.shape[1]) < ((lengths + page - 1) // page).unsqueeze(1)
-        bad = used & ((block_table < 0) | (block_table >= num_blocks))
-        if bool(bad.any()):
-            where = [int(i) for i in bad.nonzero()[0]]
-            fail("block_table", f"page ids in [0, {num_blocks}) for the pages each sequence uses",
-                 f"{int(block_table[where[0], where[1]])} at {where}")
+    if block_table is not None and validation_enabled(block_table.device):
+        check_block_table(block_table, lengths, capacity // block_table.shape[1], num_blocks,
+                          lengths_name="cache_seqlens + seqlen_new")
 
 
 def _cache_views(k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, batch: int):

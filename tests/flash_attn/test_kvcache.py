@@ -121,7 +121,7 @@ BAD = {
     "paged_leftpad": (dict(block_table=torch.zeros(2, 3, dtype=torch.int32), cache_leftpad=torch.zeros(
         2, dtype=torch.int32)), r"cache_leftpad: expected None with a paged"),
     "page_id": (dict(block_table=torch.full((2, 3), 10, dtype=torch.int32)),
-                r"block_table: expected page ids in \[0, 3\) .*, got 10 at \[0, 0\]"),
+                r"block_table: expected a block id in \[0, 3\) .*, got block_table\[0, 0\] = 10"),
     "alibi_shape": (dict(alibi_slopes=torch.ones(3)), r"alibi_slopes: expected \[H=4\] or \[B=2, H=4\]"),
     "window": (dict(window_size=(-2, 0)), r"window_size: expected a pair \(left, right\) of ints >= -1"),
     "softcap": (dict(softcap=-1.0), r"softcap: expected a float >= 0"),
