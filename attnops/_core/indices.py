@@ -29,7 +29,7 @@ def validation_enabled(device: torch.device | str) -> bool:
     value = os.environ.get(ENV_VAR, "").strip()
     if value in ("0", "1"):
         return value == "1"
-    require(not value, ENV_VAR, "'1' (validate on every device), '0' (never) or unset (on the CPU only)", value)
+    require(not value, ENV_VAR, "'1' (validate on every device), '0' (never) or unset (on the CPU only)", repr(value))
     return torch.device(device).type == "cpu"
 
 
