@@ -101,7 +101,7 @@ def check_index_rows(name: str, indices: Tensor, read: Tensor, bound: Tensor, *,
         limit = -(-int(bound[bad[:-1]]) // unit)
         _bad_entry(name, bad, int(idx[bad]), f"an index in [0, {limit}) ({what}: {int(bound[bad[:-1]])}"
                    f"{'' if unit == 1 else f' positions in blocks of {unit}'})"
-                   + (f" or {PAD} (padding, ends the row)" if padding else ""))
+                   + (f" or {PAD} (padding)" if padding else ""))
 
 
 def check_slots(name: str, slots: Tensor, capacity: int, *, what: str) -> None:
