@@ -104,7 +104,8 @@ def nsa_selected_attention(q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale:
     with ``return_lse`` the differentiable log-sum-exp ``[T1, N1]`` of the selected scores (0 on fully-masked rows).
 
     Token ``t`` (batch ``b``, local index ``i``), query head ``h`` (KV head ``h // G``) attends to the
-    concatenation of the blocks ``topk[t, h // G, :]`` (block indices local to batch ``b``, duplicates kept).
+    concatenation of the blocks ``topk[t, h // G, :]`` (block indices local to batch ``b``, duplicates kept; an
+    index outside the batch's whole blocks, unvalidated, selects nothing).
     Causal: local KV position ``p`` is visible iff ``p <= i``. Fully-masked rows: out 0, max FLT_LOWEST,
     sum FLT_MAX. Tokens after the last batch: out 0, invalid statistics.
 
@@ -133,13 +134,16 @@ def nsa_selected_attention(q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale:
         kb = k[ks:ks + skv].repeat_interleave(g, dim=1)  # [Skv, N1, D]: query head h uses KV head h // G
         vb = v[ks:ks + skv].repeat_interleave(g, dim=1)  # [Skv, N1, Dv]
         dense = torch.einsum("ihd,jhd->ihj", qb, kb) * scale  # [Sq, N1, Skv]
-        pos = (topk[qs:qs + sq].unsqueeze(-1) * block_size + offsets).flatten(2)  # [Sq, N2, K*bs] local
-        pos = pos.repeat_interleave(g, dim=1)  # [Sq, N1, L]
+        blocks = topk[qs:qs + sq]
+        inside = ((blocks >= 0) & (blocks < skv // block_size)).unsqueeze(-1).expand(*blocks.shape, block_size)
+        pos = (blocks.clamp(0, max(skv // block_size - 1, 0)).unsqueeze(-1) * block_size + offsets).flatten(2)
+        pos = pos.repeat_interleave(g, dim=1)  # [Sq, N1, L] local; an index outside the blocks selects nothing
+        inside = inside.flatten(2).repeat_interleave(g, dim=1)
         s = dense.gather(-1, pos)  # selected scores in top-k order, duplicates kept
         if causal:
-            visible = pos <= torch.arange(sq).view(sq, 1, 1)
+            visible = inside & (pos <= torch.arange(sq).view(sq, 1, 1))
         else:
-            visible = torch.ones_like(pos, dtype=torch.bool)
+            visible = inside
         valid = visible.any(dim=-1, keepdim=True)
         s = torch.where(visible, s, torch.full_like(s, -math.inf))
         mx = s.detach().amax(dim=-1, keepdim=True)
