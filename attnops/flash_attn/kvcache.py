@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .._core.checks import check_int, check_tensor, require
-from .._core.indices import check_block_table, validation_enabled
+from .._core.indices import check_block_table, valid_ids, validation_enabled
 from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
 from .layers.rotary import rotate
@@ -128,11 +128,32 @@ def _append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, s
         rows = torch.arange(k.shape[0], device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
         index = (rows.unsqueeze(1).expand_as(positions), positions)
     else:
-        page = k_cache.shape[1]
-        index = (block_table.long().gather(1, positions // page), positions % page)
+        index, k, v = _paged_writes(k_cache, v_cache, k, v, block_table, positions)
     k_cache.index_put_(index, k)
     v_cache.index_put_(index, v)
     return q
+
+
+def _paged_writes(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, block_table: Tensor, positions: Tensor):
+    """``(index, k, v)`` of the appends through ``block_table``: a token whose page id is outside the cache (an
+    unvalidated table) writes nothing. Without a host read: its write is redirected to the first valid token's slot
+    with that token's rows (or, when no token is valid, to a slot with the rows already there), so every duplicate
+    writes equal values."""
+    page, num_blocks = k_cache.shape[1], k_cache.shape[0]
+    blocks = block_table.long().gather(1, positions // page)
+    offsets = positions % page
+    valid = valid_ids(blocks, num_blocks)
+    first = valid.flatten().to(torch.uint8).argmax()  # 0 when no token is valid
+    index = (torch.where(valid, blocks, blocks.flatten()[first].clamp(0, num_blocks - 1)),
+             torch.where(valid, offsets, offsets.flatten()[first]))
+    any_valid = valid.any()
+    keep = valid[..., None, None]
+
+    def rows(new: Tensor, cache: Tensor) -> Tensor:
+        stand_in = torch.where(any_valid, new.flatten(0, 1)[first], cache[index[0].flatten()[0], index[1].flatten()[0]])
+        return torch.where(keep, new, stand_in.to(new.dtype))
+
+    return index, rows(k, k_cache), rows(v, v_cache)
 
 
 def _softcapped_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, scale, softcap,
