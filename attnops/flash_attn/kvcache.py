@@ -143,14 +143,15 @@ def _paged_writes(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, block_
     blocks = block_table.long().gather(1, positions // page)
     offsets = positions % page
     valid = valid_ids(blocks, num_blocks)
-    first = valid.flatten().to(torch.uint8).argmax()  # 0 when no token is valid
-    index = (torch.where(valid, blocks, blocks.flatten()[first].clamp(0, num_blocks - 1)),
-             torch.where(valid, offsets, offsets.flatten()[first]))
+    first = valid.flatten().to(torch.uint8).argmax().view(1)  # 0 when no token is valid (a device tensor)
+    block0 = blocks.flatten().index_select(0, first).clamp(0, num_blocks - 1)
+    offset0 = offsets.flatten().index_select(0, first)
+    index = (torch.where(valid, blocks, block0), torch.where(valid, offsets, offset0))
     any_valid = valid.any()
     keep = valid[..., None, None]
 
     def rows(new: Tensor, cache: Tensor) -> Tensor:
-        stand_in = torch.where(any_valid, new.flatten(0, 1)[first], cache[index[0].flatten()[0], index[1].flatten()[0]])
+        stand_in = torch.where(any_valid, new.flatten(0, 1).index_select(0, first), cache[block0, offset0])
         return torch.where(keep, new, stand_in.to(new.dtype))
 
     return index, rows(k, k_cache), rows(v, v_cache)
