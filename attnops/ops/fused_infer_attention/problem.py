@@ -151,7 +151,7 @@ class FIAProblem:
         spec = build_infer_mask_spec(**d.mask_args, seq=self.seq, q_offsets=d.q_offsets, kv_offsets=d.kv_offsets,
                                      left_padding=d.lens.left_padding is not None)
         src = self.source
-        if src.kind != "paged":
+        if src.kind != "paged" or src.block_table.device.type != "cpu":  # a device table: the kernels mask its ids
             return spec
         unaddressable = unaddressable_columns(src.block_table, d.lens.kv_lens, src.block_size, src.key.shape[0],
                                               self.prefix_len)
