@@ -338,6 +338,7 @@ def nsa_compress_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, bl
     every ``a < select_block / stride``, ``c < compress_block / stride`` with ``0 <= idx < S2``, summed over the GQA
     group; of the ``n = ceil(((S2 - 1) * stride + compress_block) / select_block)`` blocks, 0, ``n - 2`` and
     ``n - 1`` come first, then the best ``count - 3`` of blocks ``1 .. n - 3`` (descending, ties to the lower index).
+    Keys in a block outside the cache (an unvalidated table) are not attended (probability 0).
     """
     batch, n1, _ = q.shape
     page, n2 = k_cache.shape[1], k_cache.shape[2]
@@ -348,9 +349,11 @@ def nsa_compress_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, bl
     for b in range(batch):
         s2 = int(cmp_lens[b])
         rows = [(int(block_table[b, p // page]), p % page) for p in range(s2)]
-        kb = torch.stack([k_cache[i, j] for i, j in rows]).to(dtype)  # [S2, N2, D]
-        vb = torch.stack([v_cache[i, j] for i, j in rows]).to(dtype)
-        probs = torch.stack([torch.softmax((kb[:, h // g] @ q[b, h].to(dtype)) * scale, 0) for h in range(n1)])
+        hidden = torch.tensor([not 0 <= i < k_cache.shape[0] for i, _ in rows])  # a block outside the cache
+        kb = torch.stack([k_cache[i if 0 <= i < k_cache.shape[0] else 0, j] for i, j in rows]).to(dtype)  # [S2, N2, D]
+        vb = torch.stack([v_cache[i if 0 <= i < k_cache.shape[0] else 0, j] for i, j in rows]).to(dtype)
+        probs = torch.stack([torch.softmax(((kb[:, h // g] @ q[b, h].to(dtype)) * scale).masked_fill(hidden, -math.inf),
+                                           0) for h in range(n1)])
         for h in range(n1):
             out[b, h] = probs[h] @ vb[:, h // g]
         n = -(-((s2 - 1) * stride + compress_block) // select_block)

@@ -78,3 +78,32 @@ def test_compress_slot_outside_the_cache(monkeypatch, backend):
     torch_npu.npu_nsa_compress_infer(x, w, torch.tensor([1, 3]), 8, 4, PAGE, block_table=table,
                                      actual_seq_len=[8, 12], cache=cache)
     assert bool(cache[1].abs().sum() > 0) and torch.equal(cache[[0, 2]], torch.zeros(2, 2, 16))
+
+
+def _compress_case(dtype):
+    from tests.torch_npu import test_nsa_compress_infer as C
+
+    table = C.TABLE.clone()
+    table[0, 2], table[2, 5] = -1, C.BLOCKS  # inside the requests' compressed keys
+    return C, table, C._inputs(dtype)
+
+
+def test_compress_attention_bad_block_is_an_error():
+    C, table, (q, k, v) = _compress_case(torch.float32)
+    with pytest.raises(ParamInvalidError, match=r"^block_table: .*got block_table\[0, 2\] = -1"):
+        C._npu(q, k, v, block_table=table)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("kernel", [False, True])
+def test_compress_attention_unvalidated_block_is_not_attended(monkeypatch, request, dtype, kernel):
+    monkeypatch.setenv("ATTNOPS_VALIDATE", "0")
+    launched = request.getfixturevalue("triton_backend") if kernel else None
+    C, table, (q, k, v) = _compress_case(dtype)
+    out, topk = C._npu(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), block_table=table.to(DEVICE))
+    assert not kernel or launched, "the kernels did not run"
+    args = (q, k, v, table, C.CMP_LENS, C.SCALE, C.CMP, C.STRIDE, C.SEL, C.COUNT)
+    g_out, g_topk = golden_nsa.nsa_compress_attention_infer(*args)
+    b_out, _ = golden_nsa.nsa_compress_attention_infer(*args, dtype=dtype)
+    assert_close_to_golden("attention_out", out.cpu(), g_out, b_out)
+    assert torch.equal(topk.cpu()[..., :3], g_topk[..., :3])
