@@ -112,10 +112,12 @@ def test_kv_cache_slot_given_twice_takes_the_last_tokens_row(mode):
 def test_kv_cache_host_positions_past_the_cache_raise_by_name():
     kv, gamma, cos, sin, _, _ = _kv_inputs(b=2, s=2)
     caches = torch.zeros(2, 1, 5, 64), torch.zeros(2, 1, 5, 512)
-    with pytest.raises(ParamInvalidError, match=r"^index: expected a slot in \[0, 5\) \(positions below the caches' length\).*, got "
+    with pytest.raises(ParamInvalidError, match=r"^index: expected a slot in \[0, 5\) \(positions below the "
+                                                r"caches' length\).*, got "
                                                 r"index\[1, 0\] = 5$"):
         torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([[4, 0], [5, 1]]), *caches)
-    with pytest.raises(ParamInvalidError, match=r"^index: expected a slot in \[0, 16\) \(the cache's rows\).*, got index\[1\] = 16$"):
+    with pytest.raises(ParamInvalidError, match=r"^index: expected a slot in \[0, 16\) \(the cache's "
+                                                r"rows\).*, got index\[1\] = 16$"):
         torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([3, 16, 0, 1]),
                                             torch.zeros(1, 16, 1, 64), torch.zeros(1, 16, 1, 512), cache_mode="PA")
 

@@ -83,7 +83,8 @@ def test_kernel_skips_slots_outside_the_cache():
 def test_reference_rejects_slots_past_the_cache():
     key, value = _tokens(torch.float32, D, 7), _tokens(torch.float32, DV, 8)
     caches = _caches("nd4", torch.float32, 9)
-    with pytest.raises(ValueError, match=r"^slot_mapping: expected a slot in \[0, 20\) .*, got slot_mapping\[6\] = 20$"):
+    with pytest.raises(ValueError, match=r"^slot_mapping: expected a slot in \[0, 20\) .*, got "
+                                         r"slot_mapping\[6\] = 20$"):
         torch_npu._npu_reshape_and_cache(key, value, *caches, torch.tensor([0, 1, 2, 3, 4, 5, 20]))
 
 

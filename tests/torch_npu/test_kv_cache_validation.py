@@ -39,7 +39,8 @@ def test_gather_into_outputs_too_small_is_an_error(caches):
 
 @pytest.mark.parametrize("bad", [-1, -7, BLOCKS])
 def test_gather_block_id_inside_the_length_is_an_error(caches, bad):
-    with pytest.raises(ParamInvalidError, match=r"^block_tables: expected a block id in \[0, 4\) .*, got block_tables\[1, 1\] = "
+    with pytest.raises(ParamInvalidError, match=r"^block_tables: expected a block id in \[0, 4\) .*, got "
+                                                r"block_tables\[1, 1\] = "
                                                 rf"{bad}, but batch 1 has 20 tokens \(seq_lens\), which need 2 blocks "
                                                 r"of 16$"):
         _gather(caches, [[0, 1], [2, bad]], [20, 20], 40)
@@ -69,7 +70,8 @@ def test_unvalidated_gather_stops_at_the_outputs_and_zeros_bad_blocks(caches, mo
 def test_write_slot_out_of_range_is_an_error(caches, bad):
     tokens = torch.randn(3, N, D)
     key_cache = caches[0].clone()
-    with pytest.raises(ParamInvalidError, match=rf"^slot_mapping: expected a slot in \[0, 64\) .* or -1 .*, got slot_mapping\[1\] = {bad}$"):
+    with pytest.raises(ParamInvalidError, match=rf"^slot_mapping: expected a slot in \[0, 64\) .* or -1 .*, "
+                                                rf"got slot_mapping\[1\] = {bad}$"):
         torch_npu._npu_reshape_and_cache(tokens, tokens, key_cache, caches[1].clone(), torch.tensor([0, bad, -1]))
     assert torch.equal(key_cache, caches[0])  # nothing written before the error
 

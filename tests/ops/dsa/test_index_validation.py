@@ -30,7 +30,8 @@ def _paged_indexer(table, k_len=20, count=32):
 
 @pytest.mark.parametrize("bad", [-1, -3, 4, 100])
 def test_indexer_block_id_inside_the_length_is_an_error(bad):
-    with pytest.raises(ParamInvalidError, match=rf"^block_table: expected a block id in \[0, 4\) .*, got block_table\[0, 1\] = "
+    with pytest.raises(ParamInvalidError, match=rf"^block_table: expected a block id in \[0, 4\) .*, got "
+                                                rf"block_table\[0, 1\] = "
                                                 rf"{bad}, but batch 0 has 20 tokens .*which need 2 blocks of 16$"):
         _paged_indexer([[0, bad]])
 
@@ -66,7 +67,8 @@ def _golden(q, keys, rows, mode=3):
 
 
 def test_sfa_negative_entry_other_than_padding_is_an_error():
-    with pytest.raises(ParamInvalidError, match=r"^sparse_indices: expected an index in \[0, 12\) .*, got sparse_indices\[0, 0, 0, 1\] = -2$"):
+    with pytest.raises(ParamInvalidError, match=r"^sparse_indices: expected an index in \[0, 12\) .*, got "
+                                                r"sparse_indices\[0, 0, 0, 1\] = -2$"):
         _sfa([7, -2, 9, 10])
 
 
@@ -80,12 +82,14 @@ def test_sfa_unvalidated_negative_entry_is_skipped_and_the_row_goes_on(validatio
 
 @pytest.mark.parametrize("mode", [0, 3])
 def test_sfa_index_past_the_key_length_is_an_error(mode):
-    with pytest.raises(ParamInvalidError, match=r"expected an index in \[0, 12\) .*, got sparse_indices\[0, 0, 0, 2\] = 12$"):
+    with pytest.raises(ParamInvalidError, match=r"expected an index in \[0, 12\) .*, got sparse_indices\[0, "
+                                                r"0, 0, 2\] = 12$"):
         _sfa([3, 5, 12, -1], mode=mode)
 
 
 def test_sfa_index_past_the_sparse_blocks_is_an_error():
-    with pytest.raises(ParamInvalidError, match=r"expected an index in \[0, 3\) .*, got sparse_indices\[0, 0, 0, 1\] = 3$"):
+    with pytest.raises(ParamInvalidError, match=r"expected an index in \[0, 3\) .*, got sparse_indices\[0, "
+                                                r"0, 0, 1\] = 3$"):
         _sfa([0, 3], block=4)
 
 
@@ -113,7 +117,8 @@ def test_quant_sfa_block_table_is_validated():
     idx = torch.tensor([0, 1, -1], dtype=torch.int32).view(1, 1, 1, -1)
     with pytest.raises(ParamInvalidError, match=r"got block_table\[0, 0\] = -1, but batch 0 has 4 tokens"):
         torch_npu.npu_kv_quant_sparse_flash_attention(query, cache, cache, idx, 0.1, 2, 2, layout_kv="PA_BSND",
-                                                      attention_mode=2, block_table=torch.tensor([[-1]], dtype=torch.int32),
+                                                      attention_mode=2,
+                                                      block_table=torch.tensor([[-1]], dtype=torch.int32),
                                                       actual_seq_lengths_kv=torch.tensor([4], dtype=torch.int32))
 
 
@@ -137,7 +142,8 @@ KL_ROWS = [[0, -1], [1, 0], [0, -4], [7, 2], [4, 1]]
 
 
 def test_kl_loss_bad_entries_are_errors():
-    with pytest.raises(ParamInvalidError, match=r"expected an index in \[0, 5\) .*, got sparse_indices\[0, 2, 0, 1\] = -4$"):
+    with pytest.raises(ParamInvalidError, match=r"expected an index in \[0, 5\) .*, got sparse_indices\[0, "
+                                                r"2, 0, 1\] = -4$"):
         _kl(KL_ROWS)
     with pytest.raises(ParamInvalidError, match=r"got sparse_indices\[0, 3, 0, 0\] = 7$"):
         _kl([r if i != 2 else [0, -1] for i, r in enumerate(KL_ROWS)])

@@ -48,7 +48,8 @@ TABLE, LENS = [[3, -1, 1], [0, 2, 4]], [40, 20]  # batch 0 uses 3 blocks, the se
 def test_block_id_outside_the_cache_is_an_error(bad):
     q, kc, vc = paged_case(1)
     table = [[3, bad, 1], [0, 2, 4]]
-    with pytest.raises(ParamInvalidError, match=r"^block_table: expected a block id in \[0, 5\) \(the cache's blocks\), got "
+    with pytest.raises(ParamInvalidError, match=r"^block_table: expected a block id in \[0, 5\) \(the "
+                                                r"cache's blocks\), got "
                                                 rf"block_table\[0, 1\] = {bad}, but batch 0 has 40 tokens "
                                                 r"\(actual_seq_lengths_kv\), which need 3 blocks of 16$"):
         fia(q, kc, vc, table, LENS)

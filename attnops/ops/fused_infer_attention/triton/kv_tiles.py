@@ -9,7 +9,8 @@ Every KV layout is ``head_ptr + token_row + channel_offset`` with ``head_ptr`` a
   batch's first key, left padding or TND offset included);
 * paged ``[blocknum, blocksize, N2*W]``, ``[blocknum, N2, blocksize, W]``, NZ ``[blocknum, N2, W/x, blocksize, x]``:
   token ``t`` of batch ``b`` is in block ``block_table[b, t // blocksize]`` (an id outside the cache masks the
-  token's key out, so no table value can address outside it) at offset ``t % blocksize``: ``token_row = block * block_stride + offset * token_stride``;
+  token's key out, so no table value can address outside it) at offset ``t % blocksize``:
+  ``token_row = block * block_stride + offset * token_stride``;
 * channel ``c`` (int4: word ``c // 8``, nibble ``c % 8``) at ``c * chan_stride``, or in an NZ cache at
   ``(c // x) * x_stride + (c % x) * chan_stride``.
 
