@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import Described, check_int, check_scale, check_tensor, fail, require
+from .._core.checks import Described, check_int, check_scale, check_tensor, require
+from .._core.indices import check_block_table, valid_ids, validation_enabled
 from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
 from .layers.rotary import rotate
@@ -129,11 +130,33 @@ def _append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, s
         rows = torch.arange(k.shape[0], device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
         index = (rows.unsqueeze(1).expand_as(positions), positions)
     else:
-        page = k_cache.shape[1]
-        index = (block_table.long().gather(1, positions // page), positions % page)
+        index, k, v = _paged_writes(k_cache, v_cache, k, v, block_table, positions)
     k_cache.index_put_(index, k)
     v_cache.index_put_(index, v)
     return q
+
+
+def _paged_writes(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, block_table: Tensor, positions: Tensor):
+    """``(index, k, v)`` of the appends through ``block_table``: a token whose page id is outside the cache (an
+    unvalidated table) writes nothing. Without a host read: its write is redirected to the first valid token's slot
+    with that token's rows (or, when no token is valid, to a slot with the rows already there), so every duplicate
+    writes equal values."""
+    page, num_blocks = k_cache.shape[1], k_cache.shape[0]
+    blocks = block_table.long().gather(1, positions // page)
+    offsets = positions % page
+    valid = valid_ids(blocks, num_blocks)
+    first = valid.flatten().to(torch.uint8).argmax().view(1)  # 0 when no token is valid (a device tensor)
+    block0 = blocks.flatten().index_select(0, first).clamp(0, num_blocks - 1)
+    offset0 = offsets.flatten().index_select(0, first)
+    index = (torch.where(valid, blocks, block0), torch.where(valid, offsets, offset0))
+    any_valid = valid.any()
+    keep = valid[..., None, None]
+
+    def rows(new: Tensor, cache: Tensor) -> Tensor:
+        stand_in = torch.where(any_valid, new.flatten(0, 1).index_select(0, first), cache[block0, offset0])
+        return torch.where(keep, new, stand_in.to(new.dtype))
+
+    return index, rows(k, k_cache), rows(v, v_cache)
 
 
 def _softcapped_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, scale, softcap,
@@ -232,14 +255,9 @@ def _check_lengths(lengths: Tensor, cache_leftpad, capacity: int, block_table, n
     if cache_leftpad is not None:
         require(bool(((cache_leftpad >= 0) & (cache_leftpad <= lengths)).all()), "cache_leftpad",
                 "values in [0, cache_seqlens + seqlen_new]", cache_leftpad.tolist())
-    if block_table is not None:
-        page = capacity // block_table.shape[1]
-        used = torch.arange(block_table.shape[1]) < ((lengths + page - 1) // page).unsqueeze(1)
-        bad = used & ((block_table < 0) | (block_table >= num_blocks))
-        if bool(bad.any()):
-            where = [int(i) for i in bad.nonzero()[0]]
-            fail("block_table", f"page ids in [0, {num_blocks}) for the pages each sequence uses",
-                 Described(f"{int(block_table[where[0], where[1]])} at {where}"))
+    if block_table is not None and validation_enabled(block_table.device):
+        check_block_table(block_table, lengths, capacity // block_table.shape[1], num_blocks,
+                          lengths_name="cache_seqlens + seqlen_new")
 
 
 def _cache_views(k_cache: Tensor, v_cache: Tensor, block_table, cache_batch_idx, batch: int):

@@ -23,25 +23,27 @@ def lightning_scores(q: Tensor, k: Tensor, w: Tensor, dtype=torch.float64) -> Te
     return torch.einsum("ih,ihj->ij", w.to(dtype), s)
 
 
-def lightning_indexer(q: Tensor, k: Tensor, w: Tensor, count: int, sparse_mode: int) -> list[list[int]]:
+def lightning_indexer(q: Tensor, k: Tensor, w: Tensor, count: int, sparse_mode: int,
+                      masked: frozenset[int] = frozenset()) -> list[list[int]]:
     """One batch's index rows: positions sorted by score descending (ties: smaller position), ``count`` long,
-    -1 padded."""
+    -1 padded; positions in ``masked`` (keys in a block outside the cache) are never selected."""
     scores = lightning_scores(q, k, w)
     rows = []
     for i in range(q.shape[0]):
         a = allowed(q.shape[0], k.shape[0], i, sparse_mode)
-        order = sorted(range(a), key=lambda j: (-float(scores[i, j]), j))[:count]
+        order = sorted((j for j in range(a) if j not in masked), key=lambda j: (-float(scores[i, j]), j))[:count]
         rows.append(order + [-1] * (count - len(order)))
     return rows
 
 
 def key_set(row: list[int], limit: int, block: int) -> list[int]:
-    """Key positions a sparse-attention index row selects (first ``ceil(limit / block)`` entries, up to a -1)."""
+    """Key positions a sparse-attention index row selects (first ``ceil(limit / block)`` entries, up to a -1; an
+    entry below -1 selects nothing)."""
     out = []
     for v in row[:min(len(row), -(-limit // block))]:
-        if v < 0:
+        if v == -1:
             break
-        out += [p for p in range(v * block, v * block + block) if p < limit]
+        out += [p for p in range(v * block, v * block + block) if 0 <= p < limit]
     return out
 
 
@@ -77,17 +79,18 @@ def sparse_flash_attention(q: Tensor, k: Tensor, v: Tensor, rows: list[list[int]
 
 def indexer_kl_loss_grad(q, k, qi, ki, w, rows, row_max, row_sum, scale, *, q_rope=None, k_rope=None,
                          dtype=torch.float64):
-    """One batch's summed KL loss ``sum_t KL(P_t || softmax(I_t))`` over the first ``min(K, allowed)`` entries and
+    """One batch's summed KL loss ``sum_t KL(P_t || softmax(I_t))`` over the keys of the first ``min(K, allowed)``
+    entries (:func:`key_set`) and
     the spec's gradients ``(loss, d_qi, d_ki, d_w)``: ``dI = Y - P`` (the clamps at 1e-8 enter the loss only),
     ``d_w = sum_r dI relu(S)``, ``dS = dI w [S > 0]``, ``d_qi = sum_r dS k_index``, ``d_ki`` scatter-added."""
     loss = torch.zeros((), dtype=dtype)
     d_qi, d_ki, d_w = (torch.zeros(x.shape, dtype=dtype) for x in (qi, ki, w))
     lq = q.shape[0]
     for t in range(lq):
-        n = min(len(rows[t]), allowed(lq, k.shape[0], t, 3))
-        if n == 0:
+        entries = key_set(rows[t], allowed(lq, k.shape[0], t, 3), 1)
+        if not entries:
             continue
-        idx = torch.tensor(rows[t][:n], dtype=torch.long)
+        idx = torch.tensor(entries, dtype=torch.long)
         logit = q[t].to(dtype) @ k[idx].to(dtype).T
         if q_rope is not None:
             logit = logit + q_rope[t].to(dtype) @ k_rope[idx].to(dtype).T

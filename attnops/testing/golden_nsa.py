@@ -104,7 +104,8 @@ def nsa_selected_attention(q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale:
     with ``return_lse`` the differentiable log-sum-exp ``[T1, N1]`` of the selected scores (0 on fully-masked rows).
 
     Token ``t`` (batch ``b``, local index ``i``), query head ``h`` (KV head ``h // G``) attends to the
-    concatenation of the blocks ``topk[t, h // G, :]`` (block indices local to batch ``b``, duplicates kept).
+    concatenation of the blocks ``topk[t, h // G, :]`` (block indices local to batch ``b``, duplicates kept; an
+    index outside the batch's whole blocks, unvalidated, selects nothing).
     Causal: local KV position ``p`` is visible iff ``p <= i``. Fully-masked rows: out 0, max FLT_LOWEST,
     sum FLT_MAX. Tokens after the last batch: out 0, invalid statistics.
 
@@ -133,13 +134,16 @@ def nsa_selected_attention(q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale:
         kb = k[ks:ks + skv].repeat_interleave(g, dim=1)  # [Skv, N1, D]: query head h uses KV head h // G
         vb = v[ks:ks + skv].repeat_interleave(g, dim=1)  # [Skv, N1, Dv]
         dense = torch.einsum("ihd,jhd->ihj", qb, kb) * scale  # [Sq, N1, Skv]
-        pos = (topk[qs:qs + sq].unsqueeze(-1) * block_size + offsets).flatten(2)  # [Sq, N2, K*bs] local
-        pos = pos.repeat_interleave(g, dim=1)  # [Sq, N1, L]
+        blocks = topk[qs:qs + sq]
+        inside = ((blocks >= 0) & (blocks < skv // block_size)).unsqueeze(-1).expand(*blocks.shape, block_size)
+        pos = (blocks.clamp(0, max(skv // block_size - 1, 0)).unsqueeze(-1) * block_size + offsets).flatten(2)
+        pos = pos.repeat_interleave(g, dim=1)  # [Sq, N1, L] local; an index outside the blocks selects nothing
+        inside = inside.flatten(2).repeat_interleave(g, dim=1)
         s = dense.gather(-1, pos)  # selected scores in top-k order, duplicates kept
         if causal:
-            visible = pos <= torch.arange(sq).view(sq, 1, 1)
+            visible = inside & (pos <= torch.arange(sq).view(sq, 1, 1))
         else:
-            visible = torch.ones_like(pos, dtype=torch.bool)
+            visible = inside
         valid = visible.any(dim=-1, keepdim=True)
         s = torch.where(visible, s, torch.full_like(s, -math.inf))
         mx = s.detach().amax(dim=-1, keepdim=True)
@@ -295,7 +299,8 @@ def nsa_select_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, topk
     Request ``b``'s keys are rebuilt position by position from its pages (``block_table[b, p // page]``, slot
     ``p % page``) up to ``kv_lens[b]``. Query head ``h`` (KV head ``h // G``) attends to the concatenation of the
     blocks ``topk[b, h // G]`` in order, stopping at the first ``-1``, each block cut at the KV length (duplicates
-    kept, nothing masked). A head that selects nothing gets 0.
+    kept, nothing masked). A head that selects nothing gets 0. Unvalidated bad values select nothing: a negative
+    index other than -1, positions past the length, positions in a block outside the cache.
     """
     batch, n1, _ = q.shape
     page, n2 = k_cache.shape[1], k_cache.shape[2]
@@ -304,14 +309,17 @@ def nsa_select_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, topk
     for b in range(batch):
         n = int(kv_lens[b])
         rows = [(int(block_table[b, p // page]), p % page) for p in range(n)]
-        kb = torch.stack([k_cache[i, j] for i, j in rows]).to(dtype) if rows else None  # [n, N2, D]
-        vb = torch.stack([v_cache[i, j] for i, j in rows]).to(dtype) if rows else None
+        in_cache = [0 <= i < k_cache.shape[0] for i, _ in rows]
+        kb = torch.stack([k_cache[i if ok else 0, j] for (i, j), ok in zip(rows, in_cache)]).to(dtype) if rows \
+            else None  # [n, N2, D]
+        vb = torch.stack([v_cache[i if ok else 0, j] for (i, j), ok in zip(rows, in_cache)]).to(dtype) if rows \
+            else None
         for h in range(n1):
             pos = []
             for blk in topk[b, h // g].tolist():
                 if blk == -1:
                     break
-                pos += [p for p in range(blk * block_size, (blk + 1) * block_size) if p < n]
+                pos += [p for p in range(blk * block_size, (blk + 1) * block_size) if 0 <= p < n and in_cache[p]]
             if not pos:
                 continue
             idx = torch.tensor(pos)
@@ -330,6 +338,7 @@ def nsa_compress_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, bl
     every ``a < select_block / stride``, ``c < compress_block / stride`` with ``0 <= idx < S2``, summed over the GQA
     group; of the ``n = ceil(((S2 - 1) * stride + compress_block) / select_block)`` blocks, 0, ``n - 2`` and
     ``n - 1`` come first, then the best ``count - 3`` of blocks ``1 .. n - 3`` (descending, ties to the lower index).
+    Keys in a block outside the cache (an unvalidated table) are not attended (probability 0).
     """
     batch, n1, _ = q.shape
     page, n2 = k_cache.shape[1], k_cache.shape[2]
@@ -340,9 +349,11 @@ def nsa_compress_attention_infer(q: Tensor, k_cache: Tensor, v_cache: Tensor, bl
     for b in range(batch):
         s2 = int(cmp_lens[b])
         rows = [(int(block_table[b, p // page]), p % page) for p in range(s2)]
-        kb = torch.stack([k_cache[i, j] for i, j in rows]).to(dtype)  # [S2, N2, D]
-        vb = torch.stack([v_cache[i, j] for i, j in rows]).to(dtype)
-        probs = torch.stack([torch.softmax((kb[:, h // g] @ q[b, h].to(dtype)) * scale, 0) for h in range(n1)])
+        hidden = torch.tensor([not 0 <= i < k_cache.shape[0] for i, _ in rows])  # a block outside the cache
+        kb = torch.stack([k_cache[i if 0 <= i < k_cache.shape[0] else 0, j] for i, j in rows]).to(dtype)  # [S2, N2, D]
+        vb = torch.stack([v_cache[i if 0 <= i < k_cache.shape[0] else 0, j] for i, j in rows]).to(dtype)
+        probs = torch.stack([torch.softmax(((kb[:, h // g] @ q[b, h].to(dtype)) * scale).masked_fill(hidden, -math.inf),
+                                           0) for h in range(n1)])
         for h in range(n1):
             out[b, h] = probs[h] @ vb[:, h // g]
         n = -(-((s2 - 1) * stride + compress_block) // select_block)

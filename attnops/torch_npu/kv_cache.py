@@ -7,15 +7,19 @@ Key and value (and their caches) may have different dtypes in the writes (an int
 ReshapeAndCache and CANN's ScatterPaKvCache take them); the read takes one dtype, as CANN's GatherPaKvCache does.
 Every argument is validated before anything is written.
 
-A negative slot skips its token (as the NPU kernel and op-plugin's golden do).
+A slot of -1 skips its token (as the NPU kernel and op-plugin's golden do).
+
+Index values are validated (:mod:`attnops._core.indices`) where they are CPU tensors, unless ``ATTNOPS_VALIDATE=0``
+(``=1`` validates device tensors too, reading them back): slots in ``[0, num_blocks * block_size)`` or -1; for the
+read, the lengths and offsets, every block id a sequence's tokens use, and outputs with room for every token.
+Unvalidated bad values are masked out: a slot outside the cache writes nothing, a block outside the cache (or past
+the table) reads zeros, and the read stops at the outputs' length.
 
 Nothing on the GPU path reads a device tensor's values on the host, so the ops are capturable in a CUDA graph. The
-write is one Triton launch (:mod:`.triton`) that skips every slot outside ``[0, num_blocks * block_size)``
-(negative: padding; too large: invalid, dropped rather than written elsewhere); the read is one launch that finds
-each token's sequence and block itself (the reference derives them with torch ops, also without a host read); both
-keep every index inside the tensors whatever the values. Values are checked on the host where reading them is free:
-CPU ``slot_mapping``/``seq_lens``/``seq_offset`` tensors, and the reference's slots (a slot past the cache raises).
-Two tokens with the same valid slot leave either one's row there (per element on the GPU).
+write is one Triton launch (:mod:`.triton`) that skips every slot outside ``[0, num_blocks * block_size)``; the read
+is one launch that finds each token's sequence and block itself (the reference derives them with torch ops, also
+without a host read); both keep every index inside the tensors whatever the values. Two tokens with the same valid
+slot leave either one's row there (per element on the GPU).
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ import torch
 from torch import Tensor
 
 from .._core import staging
-from .._core.checks import Described, check_choice, check_tensor, fail, require
+from .._core.checks import check_choice, check_tensor, require
+from .._core.indices import check_block_table, check_room, check_slots, valid_ids, validation_enabled
 from .._core.dispatch import choose_backend
 from ._common import with_overloads
 from .cache_layouts import ND, NZ, cache_view
@@ -53,18 +58,10 @@ def _check_slots(slot_mapping: Tensor, tokens: int) -> None:
     require(slot_mapping.shape[0] == tokens, "slot_mapping", f"one slot per token ({tokens})", slot_mapping)
 
 
-def _check_slot_values(slots: Tensor, capacity: int) -> None:
-    """Host check of slot values (a CPU ``slot_mapping``, or the reference path): negative slots are skipped,
-    the others must lie inside the cache."""
-    if bool((slots >= capacity).any()):
-        fail("slot_mapping", f"slots in [0, num_blocks * block_size = {capacity}) (negative slots are skipped)",
-             Described(f"max slot {int(slots.max())}"))
-
-
 def _write_reference(tokens: Tensor, view: Tensor, slot_mapping: Tensor) -> None:
-    """Plain-indexing write of the tokens whose slot is not negative (slot values checked by the caller)."""
+    """Plain-indexing write of the tokens whose slot is inside the cache (the others are dropped)."""
     slots = slot_mapping.to(device=tokens.device, dtype=torch.int64)
-    rows = torch.nonzero(slots >= 0).flatten()
+    rows = torch.nonzero(valid_ids(slots, _capacity(view))).flatten()
     slots = slots[rows]
     block_size = view.shape[2]
     data = tokens.flatten(1)[rows]
@@ -83,8 +80,9 @@ def _write_pair(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tens
     value_view = cache_view(value_cache, "value_cache", value, "value", value_layouts)
     _check_slots(slot_mapping, key.shape[0])
     reference = choose_backend("auto", key.device, lambda: cache_launch.unsupported_reason(key, value)) == "reference"
-    if reference or slot_mapping.device.type == "cpu":
-        _check_slot_values(slot_mapping, min(_capacity(key_view), _capacity(value_view)))
+    if validation_enabled(slot_mapping.device):
+        check_slots("slot_mapping", slot_mapping, min(_capacity(key_view), _capacity(value_view)),
+                    what="num_blocks * block_size of the caches")
     if reference:
         _write_reference(key, key_view, slot_mapping)
         _write_reference(value, value_view, slot_mapping)
@@ -141,14 +139,28 @@ def _npu_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_
     _write_pair(key, value, key_cache, value_cache, slot_indices, READ_LAYOUTS, READ_LAYOUTS)
 
 
-def _check_host_lengths(seq_lens: Tensor, cumsum: bool) -> None:
-    """Value checks of a CPU ``seq_lens`` (free on the host; a device tensor is not read)."""
-    values = [int(v) for v in seq_lens.tolist()]
+def _check_gather_values(seq_lens: Tensor, cumsum: bool, seq_offset: Tensor | None, block_tables: Tensor,
+                         block_size: int, num_blocks: int, key: Tensor) -> None:
+    """The read's index values (host copies): lengths, offsets, the block ids each sequence's tokens use and room in
+    the outputs for every token."""
+    values = seq_lens.detach().to("cpu", torch.int64)
     if cumsum:
-        require(values and values[0] == 0 and all(b >= a for a, b in zip(values, values[1:])), "seq_lens",
-                "a non-decreasing cumulative list starting at 0 (is_seq_lens_cumsum=True)", values)
+        require(values.numel() >= 1 and int(values[0]) == 0 and bool((values.diff() >= 0).all()), "seq_lens",
+                "a non-decreasing cumulative list starting at 0 (is_seq_lens_cumsum=True)", values.tolist())
+        lengths = values.diff()
     else:
-        require(all(v >= 0 for v in values), "seq_lens", "non-negative lengths", values)
+        require(bool((values >= 0).all()), "seq_lens", "non-negative lengths", values.tolist())
+        lengths = values
+    offsets = torch.zeros_like(lengths)
+    if seq_offset is not None:
+        offsets = seq_offset.detach().to("cpu", torch.int64)
+        require(bool((offsets >= 0).all()), "seq_offset", "non-negative offsets", offsets.tolist())
+    total = int(lengths.sum())
+    check_room("key", key, 0, total, f"the {total} tokens of seq_lens")
+    check_block_table(block_tables[:lengths.numel()], lengths + offsets % block_size, block_size, num_blocks,
+                      name="block_tables",
+                      lengths_name="seq_lens" if seq_offset is None else "seq_lens, plus seq_offset % block_size",
+                      first=offsets // block_size)
 
 
 def _token_sources(block_tables: Tensor, ends: Tensor, starts: Tensor, offsets: Tensor | None, tokens: int,
@@ -190,9 +202,11 @@ def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables:
     Sequence ``b`` has ``seq_lens[b]`` tokens (with ``is_seq_lens_cumsum``: ``seq_lens`` is ``[0, c1, c2, ...]``
     and the lengths are its differences), read from the blocks ``block_tables[b, seq_offset[b] // block_size:]``;
     the sequences are written one after the other and the copy stops at ``key.shape[0]`` tokens (rows past the
-    last sequence are left as they are). Blocks outside the table or with an invalid id give zeros. The caches are
-    ND ``[num_blocks, block_size, N, D]`` or NZ, with one block size. On a GPU one Triton launch reads the lengths,
-    offsets and table itself; their values are checked only when they are CPU tensors.
+    last sequence are left as they are). The caches are ND ``[num_blocks, block_size, N, D]`` or NZ, with one block
+    size. On a GPU one Triton launch reads the lengths, offsets and table itself. With CPU ``seq_lens`` (unless
+    ``ATTNOPS_VALIDATE=0``) the values are validated: ``key``/``value`` must have room for every token and every
+    block a sequence uses must be in the cache; unvalidated, the copy stops at ``key.shape[0]`` tokens and blocks
+    outside the table or the cache give zeros.
     """
     check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32, torch.int64))
     check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32, torch.int64))
@@ -202,10 +216,6 @@ def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables:
             block_tables)
     if seq_offset is not None:
         check_tensor("seq_offset", seq_offset, ndim=1, shape=(batch,), dtypes=(torch.int32, torch.int64))
-    if seq_lens.device.type == "cpu":
-        _check_host_lengths(seq_lens, is_seq_lens_cumsum)
-    if seq_offset is not None and seq_offset.device.type == "cpu":
-        require(bool((seq_offset >= 0).all()), "seq_offset", "non-negative offsets", seq_offset.tolist())
     _check_pair(key, value, same_dtype=True)
     check_tensor("key_cache", key_cache, device=key.device)
     check_tensor("value_cache", value_cache, device=key.device)
@@ -213,13 +223,15 @@ def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables:
     value_view = cache_view(value_cache, "value_cache", value, "value", READ_LAYOUTS)
     block_size = key_view.shape[2]
     require(value_view.shape[2] == block_size, "value_cache", f"block_size {block_size} like key_cache", value_cache)
+    num_blocks = min(key_view.shape[0], value_view.shape[0])
+    if validation_enabled(seq_lens.device):
+        _check_gather_values(seq_lens, is_seq_lens_cumsum, seq_offset, block_tables, block_size, num_blocks, key)
     if batch == 0:
         return
     device = key.device
     lens = _same_device("seq_lens", seq_lens, seq_lens.dtype, device)
     offsets = None if seq_offset is None else _same_device("seq_offset", seq_offset, seq_offset.dtype, device)
     table = _same_device("block_tables", block_tables, block_tables.dtype, device)
-    num_blocks = min(key_view.shape[0], value_view.shape[0])
     if choose_backend("auto", device, lambda: cache_launch.unsupported_reason(key)) == "reference":
         lens = lens.to(torch.int64)
         ends, starts = (lens[1:], lens[:-1]) if is_seq_lens_cumsum else (lens.cumsum(0), lens.cumsum(0) - lens)

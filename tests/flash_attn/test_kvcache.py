@@ -121,7 +121,7 @@ BAD = {
     "paged_leftpad": (dict(block_table=torch.zeros(2, 3, dtype=torch.int32), cache_leftpad=torch.zeros(
         2, dtype=torch.int32)), r"cache_leftpad: expected None with a paged"),
     "page_id": (dict(block_table=torch.full((2, 3), 10, dtype=torch.int32)),
-                r"block_table: expected page ids in \[0, 3\) .*, got 10 at \[0, 0\]"),
+                r"block_table: expected a block id in \[0, 3\) .*, got block_table\[0, 0\] = 10"),
     "alibi_shape": (dict(alibi_slopes=torch.ones(3)), r"alibi_slopes: expected \[H=4\] or \[B=2, H=4\]"),
     "window": (dict(window_size=(-2, 0)), r"window_size: expected a pair \(left, right\) of ints >= -1"),
     "softcap": (dict(softcap=-1.0), r"softcap: expected a float >= 0"),
@@ -239,3 +239,25 @@ def test_fa3_varlen_queries_align_each_batch_to_its_own_keys(options):
     dense = {name: kw[name].clone() for name in ("k_cache", "v_cache")}
     flash_attn_with_kvcache(**dict(kw, **dense), block_table=table)  # the same appends, padded queries
     assert torch.equal(caches["k_cache"], dense["k_cache"]) and torch.equal(caches["v_cache"], dense["v_cache"])
+
+
+@pytest.mark.parametrize("bad", [-1, 5])
+def test_unvalidated_page_outside_the_cache_is_neither_written_nor_attended(monkeypatch, bad):
+    """``ATTNOPS_VALIDATE=0``: the appended tokens of a page id outside the cache are dropped (no other slot
+    changes) and that page's keys are not attended; with validation on it is an error naming block_table."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 1, 2, 8, generator=g) for _ in range(3))
+    k_cache, v_cache = torch.randn(4, 4, 2, 8, generator=g), torch.randn(4, 4, 2, 8, generator=g)
+    table = torch.tensor([[0, 1], [2, bad]], dtype=torch.int32)
+    seqlens = torch.tensor([2, 5], dtype=torch.int32)  # batch 1 appends at position 5: page 1 (the bad id)
+    with pytest.raises(attnops.ParamInvalidError, match=r"^block_table: .*got block_table\[1, 1\] = "):
+        flash_attn_with_kvcache(q, k_cache.clone(), v_cache.clone(), k, v, cache_seqlens=seqlens, block_table=table)
+    monkeypatch.setenv("ATTNOPS_VALIDATE", "0")
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, block_table=table, softmax_scale=0.5)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_k[0, 2], want_v[0, 2] = k[0, 0], v[0, 0]  # batch 0's token: page 0, row 2
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    keys, values = want_k[2].double(), want_v[2].double()  # batch 1 attends to its 4 keys of page 2 only
+    p = torch.softmax(torch.einsum("hd,khd->hk", q[1, 0].double(), keys) * 0.5, -1)
+    torch.testing.assert_close(out[1, 0].double(), torch.einsum("hk,khd->hd", p, values), atol=1e-5, rtol=1e-5)

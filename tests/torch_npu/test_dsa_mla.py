@@ -114,9 +114,12 @@ def test_kv_cache_slot_given_twice_takes_the_last_tokens_row(mode):
 def test_kv_cache_host_positions_past_the_cache_raise_by_name():
     kv, gamma, cos, sin, _, _ = _kv_inputs(b=2, s=2)
     caches = torch.zeros(2, 1, 5, 64), torch.zeros(2, 1, 5, 512)
-    with pytest.raises(ParamInvalidError, match="^index: expected positions below the caches' length 5"):
+    with pytest.raises(ParamInvalidError, match=r"^index: expected a slot in \[0, 5\) \(positions below the "
+                                                r"caches' length\).*, got "
+                                                r"index\[1, 0\] = 5$"):
         torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([[4, 0], [5, 1]]), *caches)
-    with pytest.raises(ParamInvalidError, match="^index: expected slots below the cache's 16 rows"):
+    with pytest.raises(ParamInvalidError, match=r"^index: expected a slot in \[0, 16\) \(the cache's "
+                                                r"rows\).*, got index\[1\] = 16$"):
         torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([3, 16, 0, 1]),
                                             torch.zeros(1, 16, 1, 64), torch.zeros(1, 16, 1, 512), cache_mode="PA")
 
@@ -493,3 +496,18 @@ def test_unrequested_outputs_are_empty():
                                                       sparse_count=4)
     assert idx_out.shape == (1, 2, 1, 4) and values.shape == (0,)
     assert idx_out[0, 0, 0].tolist() == [0, -1, -1, -1]
+
+
+def test_kv_cache_unvalidated_positions_past_the_cache_write_nothing(monkeypatch):
+    """``ATTNOPS_VALIDATE=0``: a slot or Norm position outside the cache (or below -1) is dropped, not clamped."""
+    monkeypatch.setenv("ATTNOPS_VALIDATE", "0")
+    kv, gamma, cos, sin, y, k = _kv_inputs(b=2, s=2)
+    k_cache, ckv_cache = torch.zeros(2, 1, 5, 64), torch.zeros(2, 1, 5, 512)
+    torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([[4, -3], [5, 1]]), k_cache, ckv_cache)
+    for cache, rows in ((k_cache, k), (ckv_cache, y)):
+        want = torch.zeros_like(cache)
+        want[0, 0, 4], want[1, 0, 1] = rows[0, 0, 0], rows[1, 0, 1]
+        torch.testing.assert_close(cache, want, atol=1e-5, rtol=1e-5)
+    paged = torch.zeros(1, 16, 1, 64), torch.zeros(1, 16, 1, 512)
+    torch_npu.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, torch.tensor([3, 16, -2, 1]), *paged, cache_mode="PA")
+    assert (paged[0].abs().sum(-1) > 0).flatten().nonzero().flatten().tolist() == [1, 3]

@@ -83,7 +83,8 @@ def test_kernel_skips_slots_outside_the_cache():
 def test_reference_rejects_slots_past_the_cache():
     key, value = _tokens(torch.float32, D, 7), _tokens(torch.float32, DV, 8)
     caches = _caches("nd4", torch.float32, 9)
-    with pytest.raises(ValueError, match=r"slot_mapping: expected slots in \[0, num_blocks \* block_size = 20\)"):
+    with pytest.raises(ValueError, match=r"^slot_mapping: expected a slot in \[0, 20\) .*, got "
+                                         r"slot_mapping\[6\] = 20$"):
         torch_npu._npu_reshape_and_cache(key, value, *caches, torch.tensor([0, 1, 2, 3, 4, 5, 20]))
 
 
@@ -107,8 +108,10 @@ def _gather_loop(cache_rows, table, lens, offsets, out):
 @pytest.mark.parametrize("cumsum", [False, True])
 def test_gather_equals_a_per_token_loop(monkeypatch, backend, tokens, cumsum):
     """Three sequences (one empty); sequence 0 starts one block into its table row (seq_offset 4), then meets an
-    invalid id and the row's end (zeros); ``tokens`` 18 leaves the rows past the last sequence (15) as they were."""
+    invalid id and the row's end (zeros); ``tokens`` 18 leaves the rows past the last sequence (15) as they were.
+    Values not validated: the masked effect of the invalid id, the row's end and the short output (9)."""
     monkeypatch.setenv("ATTNOPS_BACKEND", backend)
+    monkeypatch.setenv("ATTNOPS_VALIDATE", "0")
     key_cache, value_cache = randn(BLOCKS, BLOCK, N, D, seed=10), randn(BLOCKS, BLOCK, N, DV, seed=11)
     table = torch.tensor([[4, 1, -1], [2, 7, 0], [3, 0, 1]], dtype=torch.int32)
     lens, offsets = [10, 0, 5], [4, 0, 0]
@@ -124,10 +127,12 @@ def test_gather_equals_a_per_token_loop(monkeypatch, backend, tokens, cumsum):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("layout", ["nd4", "nz4", "nz5"])
 def test_kernel_read_equals_reference_bit_for_bit(monkeypatch, dtype, layout):
-    """Into non-contiguous outputs (written back through a copy), with more sequences than one scan step holds."""
+    """Into non-contiguous outputs (written back through a copy), with more sequences than one scan step holds;
+    values not validated (random block ids, more tokens than rows)."""
     monkeypatch.setattr(cache_launch, "MAX_BATCH_TILE", 16)
+    monkeypatch.setenv("ATTNOPS_VALIDATE", "0")
     caches = _caches(layout, dtype, 14)
-    lens = torch.tensor([1, 0, 2] * 8 + [1], dtype=torch.int64)  # 25 sequences, 17 tokens (3 rows left as they are)
+    lens = torch.tensor([1, 0, 2] * 8 + [1], dtype=torch.int64)  # 25 sequences, 25 tokens into 20 rows
     table = torch.randint(-1, BLOCKS + 1, (25, 2), generator=torch.Generator().manual_seed(15), dtype=torch.int32)
     key = (randn(N, 20, D, seed=16) * 40).to(dtype).transpose(0, 1)  # [20, N, D], rows not viewable as [20, N*D]
     value = (randn(20, N, DV, seed=17) * 40).to(dtype)
@@ -289,8 +294,10 @@ def _golden_gather(cache_rows, block_tables, lens, offsets, out):
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("layout", ["nd4", "nd3", "nz4"])
 def test_gather_reads_zeros_for_block_ids_past_the_cache(monkeypatch, backend, layout):
-    """op-plugin's golden (ND and NZ): a block id >= num_blocks (or negative, or past the table) reads zeros."""
+    """op-plugin's golden (ND and NZ), values not validated: a block id >= num_blocks (or negative, or past the
+    table) reads zeros."""
     monkeypatch.setenv("ATTNOPS_BACKEND", backend)
+    monkeypatch.setenv("ATTNOPS_VALIDATE", "0")
     rows = (randn(BLOCKS, BLOCK, N, D, seed=44), randn(BLOCKS, BLOCK, N, DV, seed=45))
     caches = {"nd4": rows, "nd3": tuple(c.flatten(2) for c in rows),
               "nz4": tuple(_nz_from_nd(c) for c in rows)}[layout]

@@ -3,9 +3,11 @@
 Lengths (``actual_seq_lengths_*``, lists arrive as CPU tensors) on the CPU are read and validated on the host into
 the normal form (:class:`~.problem.Problem`), as is a CPU block table; a block table on a device is kept there,
 unread. Lengths given as tensors on a device are not read either: their shapes and dtypes are checked here, the
-Triton kernels read the values (clamping every length and block id into the tensors, so a bad value gives wrong rows,
-never an access outside them), and a call the kernels cannot serve reads CPU copies of them on the reference path,
-where they are validated as host values are.
+Triton kernels read the values (clamping every length into the tensors and masking out the keys of a block id
+outside the cache, so a bad value never makes an access outside them), and a call the kernels cannot serve reads
+CPU copies of them on the reference path, where they are validated as host values are. Index values (block table,
+``sparse_indices``) are validated where :func:`~attnops._core.indices.validation_enabled` says so
+(:func:`~.validate.check_index_values`).
 """
 from __future__ import annotations
 

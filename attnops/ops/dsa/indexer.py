@@ -1,6 +1,7 @@
 """Lightning indexer, CPU reference: ``score[i, j] = sum_h weights[i, h] * relu(query[i, h] . key[j])`` over the
 keys row ``i`` may use, and the top ``sparse_count`` positions per row in descending score order (ties: the
-smaller position first), ``-1`` past the row's ``min(sparse_count, allowed keys)``.
+smaller position first), ``-1`` past the row's ``min(sparse_count, allowed keys)`` (a key in a block outside the
+cache, left by an unvalidated block table, is not allowed).
 
 Memory stays linear in the sequence: query rows are taken in chunks, each chunk's scores ``[chunk, Lk]`` are
 built over key blocks (the per-head ReLU terms ``[chunk, N1, block]`` never cover all keys at once), and no
@@ -33,8 +34,12 @@ def lightning_indexer_forward(problem: Problem, query: Tensor, key: Tensor, weig
         if span == 0:
             continue
         scores = _chunk_scores(problem, q[lo:hi].to(dt), w[lo:hi].to(dt), k, b, span)
-        scores.masked_fill_(torch.arange(span) >= limit[:, None], float("-inf"))
-        idx, val = _top_k(scores, limit.clamp_max(sparse_count))
+        allowed = torch.arange(span) < limit[:, None]
+        addressable = problem.keys.addressable(torch.tensor([b]), torch.arange(span))
+        if addressable is not None:  # keys in blocks outside the cache (block table not validated) are skipped
+            allowed &= addressable
+        scores.masked_fill_(~allowed, float("-inf"))
+        idx, val = _top_k(scores, allowed.sum(1).clamp_max(sparse_count))
         indices[lo:hi, :idx.shape[1]] = idx.to(torch.int32)
         values[lo:hi, :val.shape[1]] = val
     return indices, values.to(query.dtype) if return_value else query.new_empty((0,))
@@ -58,6 +63,8 @@ def _top_k(scores: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
     position; ``(positions [C, n], values [C, n])`` with ``n = max(counts)`` and ``-1`` / ``-inf`` past each row's
     count. Linear in the row length plus ``n log n``."""
     n = int(counts.max())
+    if n == 0:
+        return scores.new_empty((scores.shape[0], 0), dtype=torch.int64), scores[:, :0]
     top, _ = torch.topk(scores, n, dim=1, sorted=True)
     boundary = top.gather(1, (counts - 1).clamp_min(0)[:, None])  # the smallest score that is kept
     above = scores > boundary

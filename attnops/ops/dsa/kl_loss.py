@@ -1,7 +1,8 @@
 """The lightning indexer's training signal, CPU reference: KL(P || softmax(I)) per query token and its gradients
 w.r.t. the indexer's query, key and weights (``npu_sparse_lightning_indexer_grad_kl_loss``).
 
-For query row ``t`` with causal key limit ``L`` and the first ``n = min(K, L)`` entries ``j_r`` of its index row:
+For query row ``t`` with causal key limit ``L`` and the first ``n = min(K, L)`` entries ``j_r`` of its index row (up
+to the first -1; unvalidated entries that are negative or not below ``L`` are masked out):
 ``P_r = mean_h exp(scale * (q_h . k_j + q_rope_h . k_rope_j) - softmax_max_h) / softmax_sum_h`` (the main attention's
 head-averaged distribution over the selected keys), ``S_gr = q_index_g . k_index_j``,
 ``I_r = sum_g weights_g * relu(S_gr)``, ``Y = softmax(I)``; ``loss = sum_t sum_r P'(log P' - log Y')`` with both
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..._core.indices import entries_read
 from .problem import Problem, compute_dtype, flat_key, flat_query, row_chunks
 
 CLAMP = 1e-8
@@ -38,8 +40,9 @@ def indexer_kl_loss_grad(problem: Problem, query: Tensor, key: Tensor, query_ind
     loss = torch.zeros((), dtype=dt)
     width = idx.shape[1] * (k.shape[1] + (0 if kr is None else kr.shape[1]) + ki.shape[1] + 2 * q.shape[1])
     for _, lo, hi in row_chunks(problem, 8 * width):
-        count = problem.rows.limit[lo:hi].clamp_max(idx.shape[1])
-        mask = torch.arange(idx.shape[1]) < count[:, None]
+        limit = problem.rows.limit[lo:hi]
+        mask = entries_read(idx[lo:hi], limit.clamp_max(idx.shape[1])) & (idx[lo:hi] >= 0)
+        mask &= idx[lo:hi] < limit[:, None]
         flat = problem.keys.flat(problem.rows.batch[lo:hi, None], idx[lo:hi].masked_fill(~mask, 0))
         q_rope = None if qr is None else qr[lo:hi]
         target = _attention_distribution(q[lo:hi], k, q_rope, kr, flat, row_max[lo:hi], row_sum[lo:hi], scale,

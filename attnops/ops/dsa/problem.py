@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_choice, check_tensor, fail, require
+from ..._core.indices import valid_ids
 
 QUERY_LAYOUTS = ("BSND", "TND")
 KEY_LAYOUTS = ("BSND", "TND", "PA_BSND")
@@ -37,25 +38,36 @@ class Rows:
 class KeyAddress:
     """Where logical key position ``j`` of batch ``b`` sits in the flat ``[M, D]`` key store: ``start[b] + j``
     (contiguous layouts) or through the block table (paged: int64 on the CPU, or a device table the kernels read,
-    see :mod:`.call`)."""
+    see :mod:`.call`) of a cache of ``blocks`` blocks."""
     start: Tensor | None
     block_table: Tensor | None
     block_size: int
+    blocks: int = 0
+
+    def _block_ids(self, batch: Tensor, pos: Tensor) -> Tensor:
+        return self.block_table[batch, (pos.clamp_min(0) // self.block_size).clamp_max(self.block_table.shape[1] - 1)]
 
     def flat(self, batch: Tensor, pos: Tensor) -> Tensor:
-        """Flat key rows of ``pos`` (int64, any shape broadcasting with ``batch``); negative positions map to row 0
-        (callers mask them)."""
+        """Flat key rows of ``pos`` (int64, any shape broadcasting with ``batch``); negative positions and positions
+        in a block outside the cache map to row 0 (callers mask them, see :meth:`addressable`)."""
         pos = pos.clamp_min(0)
         if self.block_table is None:
             return self.start[batch] + pos
-        blocks = self.block_table[batch, (pos // self.block_size).clamp_max(self.block_table.shape[1] - 1)]
-        return blocks.clamp_min(0) * self.block_size + pos % self.block_size
+        blocks = self._block_ids(batch, pos).clamp(0, max(self.blocks - 1, 0))
+        return blocks * self.block_size + pos % self.block_size
+
+    def addressable(self, batch: Tensor, pos: Tensor) -> Tensor | None:
+        """Whether the blocks of ``pos`` are in the cache (bool; None for contiguous keys, always addressable): an
+        unvalidated block id outside it contributes no keys."""
+        if self.block_table is None:
+            return None
+        return valid_ids(self._block_ids(batch, pos), self.blocks)
 
 
 @dataclass(frozen=True)
 class Problem:
     """A DSA call in normal form: ``rows`` (query side), ``keys`` (key side), each batch's query rows
-    ``spans[b] = (first flat row, count)``, the batch count and the layouts."""
+    ``spans[b] = (first flat row, count)``, the batch count, the layouts and each batch's key length."""
     rows: Rows
     keys: KeyAddress
     spans: tuple[tuple[int, int], ...]
@@ -63,6 +75,7 @@ class Problem:
     layout_query: str
     layout_key: str
     sparse_mode: int
+    key_lens: tuple[int, ...] = ()
 
 
 def _int_values(name: str, t) -> list[int]:
@@ -169,8 +182,10 @@ def build_problem(query: Tensor, key: Tensor, *, layout_query: str, layout_key: 
                 f"a last cumulative length <= {key_name}'s T2 ({key.shape[0]})", k_starts[-1] + k_lens[-1])
     rows = _rows(query.shape[0] * query.shape[1] if layout_query == "BSND" else query.shape[0], q_starts, q_lens,
                  k_lens, sparse_mode)
-    keys = KeyAddress(None if table is not None else torch.tensor(k_starts, dtype=torch.int64), table, block_size)
-    return Problem(rows, keys, tuple(zip(q_starts, q_lens)), batch, layout_query, layout_key, sparse_mode)
+    keys = KeyAddress(None if table is not None else torch.tensor(k_starts, dtype=torch.int64), table, block_size,
+                      key.shape[0] if table is not None else 0)
+    return Problem(rows, keys, tuple(zip(q_starts, q_lens)), batch, layout_query, layout_key, sparse_mode,
+                   tuple(k_lens))
 
 
 def _rows(total: int, q_starts: list[int], q_lens: list[int], k_lens: list[int], sparse_mode: int) -> Rows:

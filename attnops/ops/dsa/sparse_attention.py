@@ -2,8 +2,10 @@
 ``sparse_indices`` row lists.
 
 Row ``i`` with key limit ``L_i`` (:mod:`.problem`) reads the first ``c = min(K, ceil(L_i / sparse_block_size))``
-entries of its index row, stopping at the first negative one; entry ``v`` covers positions
-``[v * sbs, v * sbs + sbs)`` cut at ``L_i`` (a duplicate entry counts twice). Then, per query head ``h``:
+entries of its index row, stopping at the first -1; entry ``v`` covers positions
+``[v * sbs, v * sbs + sbs)`` cut at ``L_i`` (a duplicate entry counts twice). Unvalidated bad values are masked
+out: a negative entry other than -1 (the row goes on), a position past ``L_i``, a block outside the paged cache.
+Then, per query head ``h``:
 ``logit = scale * (q . k_j + q_rope . k_rope_j)``, ``m = max(logits[, sink])``, ``l = sum exp(logit - m)
 [+ exp(sink - m)]``, ``out = sum_j exp(logit_j - m) / l * v_j``. Rows with no key give 0 (statistics ``(0, 0)``,
 or ``(sink, 1)`` with sinks).
@@ -16,22 +18,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..._core.indices import entries_read
 from ..._core.workspace import Buffers
 from .problem import Problem, compute_dtype, flat_key, flat_query, row_chunks
 
 
 def selected_positions(indices: Tensor, limit: Tensor, block: int) -> tuple[Tensor, Tensor]:
     """``(positions [C, K*block] int64, mask [C, K*block] bool)`` of index rows ``indices [C, K]`` under per-row
-    key limits ``limit [C]`` (masked positions point at 0)."""
+    key limits ``limit [C]`` (masked positions point at 0): the entries read (:func:`entries_read`), less the
+    positions that are negative or not below the limit (masked out)."""
     idx = indices.to(torch.int64)
-    negative = idx < 0
-    first_negative = torch.where(negative.any(1), negative.byte().argmax(1), idx.shape[1])
-    count = torch.minimum(torch.clamp((limit + block - 1) // block, max=idx.shape[1]), first_negative)
-    live = torch.arange(idx.shape[1]) < count[:, None]
+    live = entries_read(idx, torch.clamp((limit + block - 1) // block, max=idx.shape[1]))
     if block > 1:
         idx = (idx[:, :, None] * block + torch.arange(block)).flatten(1)
         live = live.repeat_interleave(block, 1)
-    mask = live & (idx < limit[:, None])
+    mask = live & (idx >= 0) & (idx < limit[:, None])
     return (idx if bool(mask.all()) else idx.masked_fill(~mask, 0)), mask
 
 
@@ -46,6 +47,9 @@ class _Gathered:
         rows = problem.rows
         pos, self.mask = selected_positions(t["indices"][lo:hi], rows.limit[lo:hi], block)
         self.flat = problem.keys.flat(rows.batch[lo:hi, None], pos)
+        addressable = problem.keys.addressable(rows.batch[lo:hi, None], pos)
+        if addressable is not None:
+            self.mask &= addressable
         self.buffers = buffers
         index = self.flat.reshape(-1)
         c, p = self.flat.shape

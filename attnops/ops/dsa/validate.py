@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_int, check_same_device, check_tensor, require
+from ..._core.indices import check_block_table, check_index_rows, entries_read, validation_enabled
 from .call import Call, make_call
 from .problem import INDEX_DTYPES
 from .quant_cache import CODE_DTYPES, HIF8_STORAGE_DTYPES, NOPE_DIM, ROPE_DIM, ROW_BYTES
@@ -50,6 +51,7 @@ def indexer_call(query: Tensor, key: Tensor, weights: Tensor, *, actual_seq_leng
     _check_like("weights", weights, query.shape[:-1], None, "query's shape without D")
     require(not (return_value and layout_key == "PA_BSND"), "return_value", "False with layout_key 'PA_BSND'",
             return_value)
+    check_index_values(call, query, key, key_lengths_name="actual_seq_lengths_key")
     return call
 
 
@@ -73,6 +75,7 @@ def sparse_attention_call(query: Tensor, key: Tensor, value: Tensor, sparse_indi
     _check_block(sparse_block_size, key, layout_kv)
     _check_rope(query, key, query_rope, key_rope)
     _check_sinks(sinks, query)
+    check_index_values(call, query, key, sparse_indices, sparse_block_size)
     return call
 
 
@@ -111,6 +114,7 @@ def quant_sparse_attention_call(query: Tensor, key: Tensor, value: Tensor, spars
     check_sparse_indices(sparse_indices, query)
     _check_block(sparse_block_size, key, layout_kv)
     _check_sinks(sinks, query)
+    check_index_values(call, query, key, sparse_indices, sparse_block_size)
     return call
 
 
@@ -145,7 +149,28 @@ def kl_loss_call(query: Tensor, key: Tensor, query_index: Tensor, key_index: Ten
         check_tensor(name, x, dtypes=(torch.float32, torch.float64))
         require(tuple(x.shape) == stats, name, f"shape {list(stats)} (the sparse attention's statistics)", x)
     _check_rope(query, key, query_rope, key_rope)
+    check_index_values(call, query, key, sparse_indices, key_lengths_name="actual_seq_klen")
     return call
+
+
+def check_index_values(call: Call, query: Tensor, key: Tensor, sparse_indices: Tensor | None = None,
+                       sparse_block_size: int = 1, *, key_lengths_name: str = "actual_seq_lengths_kv") -> None:
+    """The values of the block table (every block a batch's keys occupy is in the cache) and of the index rows
+    (every entry read is -1 or a block of ``sparse_block_size`` positions starting below the batch's key length),
+    when :func:`~attnops._core.indices.validation_enabled` says so (a call on a GPU reads them back then)."""
+    if not validation_enabled(query.device):
+        return
+    problem = call.problem()
+    if problem.keys.block_table is not None:
+        check_block_table(problem.keys.block_table, problem.key_lens, problem.keys.block_size, key.shape[0],
+                          lengths_name=key_lengths_name)
+    if sparse_indices is not None:
+        idx = sparse_indices.detach().cpu()
+        rows = problem.rows
+        limit = rows.limit.view(*idx.shape[:-2], 1)
+        read = entries_read(idx, ((limit + sparse_block_size - 1) // sparse_block_size).clamp_max(idx.shape[-1]))
+        check_index_rows("sparse_indices", idx, read, rows.key_len.view(*idx.shape[:-2], 1),
+                         unit=sparse_block_size, what="the batch's key length")
 
 
 def stats_shape(query: Tensor, layout_query: str) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ flash-attn/vLLM's ``[blocknum, blocksize, N2, D]``, read as its ``BnBsH`` view. 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import Described, check_choice, check_int, check_tensor, fail, require
+from ..._core.indices import valid_ids
+from ..._core.masks import MaskSpec
 from .quant import pack_int4, quantize_int8
 
 CACHE_LAYOUTS = ("BnBsH", "BnNBsD", "NZ")
@@ -72,13 +75,16 @@ def dense_segment(key_tokens: Tensor, value_tokens: Tensor, start: int, first: i
 def page_segments(key_cache: Tensor, value_cache: Tensor, blocks: list[int], length: int, block_size: int,
                   kv_heads: int) -> list[KVSegment]:
     """The first ``length`` tokens of the pages ``blocks`` as runs of consecutive physical blocks (no copy but
-    for NZ caches, copied one run at a time)."""
+    for NZ caches, copied one run at a time). A block id outside the cache (an unvalidated table) reads block 0 in
+    its place; :func:`unaddressable_columns` masks those keys out."""
     segments, t = [], 0
+    num_blocks = key_cache.shape[0]
     while t < length:
         i = t // block_size
-        first = blocks[i]
+        first = blocks[i] if 0 <= blocks[i] < num_blocks else 0
         runs = 1  # extend over full, physically consecutive blocks
-        while t + (runs + 1) * block_size <= length and blocks[i + runs] == first + runs:
+        while (t + (runs + 1) * block_size <= length and blocks[i + runs] == first + runs
+               and first + runs < num_blocks):
             runs += 1
         tokens = min(block_size, length - t)
         k, v = (_blocks(c, first, runs, tokens, kv_heads) for c in (key_cache, value_cache))
@@ -97,6 +103,38 @@ def _blocks(cache: Tensor, first: int, runs: int, tokens: int, kv_heads: int) ->
     s0, s1, s2 = cache.stride()  # BnBsH
     d = cache.shape[2] // kv_heads
     return cache.as_strided((runs, kv_heads, tokens, d), (s0, d * s2, s1, s2), offset)
+
+
+def unaddressable_columns(block_table: Tensor, lengths: list[int], block_size: int, num_blocks: int,
+                          prefix_len: int) -> Tensor | None:
+    """Bool ``[B, prefix_len + max(lengths)]``: the effective columns (the shared prefix first) of the tokens whose
+    block id is outside the cache, or None when every block in use is in it (one vectorised pass)."""
+    lens = torch.tensor(lengths, dtype=torch.int64)
+    width = max(lengths, default=0)
+    if width == 0:
+        return None
+    table = block_table.to(torch.int64)
+    pos = torch.arange(width)
+    blocks = table[:, (pos // block_size).clamp_max(table.shape[1] - 1)]
+    bad = ~valid_ids(blocks, num_blocks) & (pos < lens[:, None])
+    if not bool(bad.any()):
+        return None
+    return torch.nn.functional.pad(bad, (prefix_len, 0))
+
+
+def with_masked_columns(spec: MaskSpec, columns: Tensor, rows: int) -> MaskSpec:
+    """``spec`` with the columns ``columns [B, C]`` (True) masked for every row and head, merged into its explicit
+    mask (a broadcast view when it has none)."""
+    rows = max(rows, 1)
+    if spec.explicit is None:
+        explicit = columns[:, None, None, :].expand(columns.shape[0], 1, rows, columns.shape[1])
+    else:
+        old = spec.explicit
+        width = max(old.shape[-1], columns.shape[1])
+        cols = torch.nn.functional.pad(columns, (0, width - columns.shape[1]))
+        old = torch.nn.functional.pad(old, (0, width - old.shape[-1]), value=False)
+        explicit = old | cols[:, None, None, :]
+    return dataclasses.replace(spec, explicit=explicit)
 
 
 class PagedKVCache:

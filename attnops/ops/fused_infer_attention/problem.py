@@ -27,12 +27,14 @@ from torch import Tensor
 from ..._core.checks import (Described, check_int, check_scale, check_tensor, describe, fail, int_list, require,
                              require_not_none)
 from ..._core.errors import ParamDtypeError
+from ..._core.indices import check_block_table, validation_enabled
 from ..._core.layouts import bsnd_dims, io_layouts, tokens_view
 from ..._core.npu_rounding import NpuRounding, check_precision, npu_rounding
 from ..._core.masks import MaskRule, MaskSpec, build_infer_mask_spec, check_infer_mask
 from ..._core.pse import PseSpec
 from ..._core.varlen import SeqInfo, batch_windows, lengths_from_cumulative, seq_info_varlen
-from .paged import KVSegment, dense_segment, nz_width, page_segments
+from .paged import (KVSegment, dense_segment, nz_width, page_segments, unaddressable_columns,
+                    with_masked_columns)
 from .quant import (Antiquant, AntiquantGeometry, Int8Chain, OutputQuant, build_int8_chain, build_kv_antiquant,
                     build_output_quant)
 
@@ -146,8 +148,14 @@ class FIAProblem:
     def mask(self) -> MaskSpec:
         """The mask in the one normal form over effective coordinates (left-padding windows applied)."""
         d = self._host_parts("mask")
-        return build_infer_mask_spec(**d.mask_args, seq=self.seq, q_offsets=d.q_offsets, kv_offsets=d.kv_offsets,
+        spec = build_infer_mask_spec(**d.mask_args, seq=self.seq, q_offsets=d.q_offsets, kv_offsets=d.kv_offsets,
                                      left_padding=d.lens.left_padding is not None)
+        src = self.source
+        if src.kind != "paged" or src.block_table.device.type != "cpu":  # a device table: the kernels mask its ids
+            return spec
+        unaddressable = unaddressable_columns(src.block_table, d.lens.kv_lens, src.block_size, src.key.shape[0],
+                                              self.prefix_len)
+        return spec if unaddressable is None else with_masked_columns(spec, unaddressable, self.seq.max_q)
 
     @_built_once
     def pse(self) -> PseSpec | None:
@@ -502,20 +510,9 @@ def _paged_kv(g: _Inputs, lens: _Lengths, block_table, block_size, strict) -> tu
             f"(blocks of the longest actual_seq_lengths_kv)", block_table)
     require(sum(need) <= num_blocks, "key", f"at least {sum(need)} blocks (sum over batches of the blocks of "
             "actual_seq_lengths_kv)", cache)
-    if not _on_device(block_table):  # a device table is not read: the kernels clamp its ids
-        _check_block_ids(block_table, need, num_blocks)
+    if validation_enabled(block_table.device):  # else ids outside the cache mask their keys out
+        check_block_table(block_table, lens.kv_lens, block_size, num_blocks, lengths_name="actual_seq_lengths_kv")
     return dataclasses.replace(lens, kv_cols=max_blocks * block_size), block_size, num_blocks
-
-
-def _check_block_ids(block_table: Tensor, need: list[int], num_blocks: int) -> None:
-    """The ids of the blocks in use are in ``[0, num_blocks)`` (one vectorised test; the failing row named)."""
-    cols = torch.arange(block_table.shape[1])
-    used = cols[None, :] < torch.tensor(need, dtype=torch.int64)[:, None]
-    bad = used & ((block_table < 0) | (block_table >= num_blocks))
-    if bool(bad.any()):
-        b = int(bad.any(1).nonzero()[0])
-        fail(f"block_table[{b}]", f"block ids in [0, {num_blocks}) for the {need[b]} blocks in use",
-             block_table[b, :need[b]].tolist()[:8])
 
 
 def _check_nz(g: _Inputs, cache: Tensor, name: str, d: int) -> None:

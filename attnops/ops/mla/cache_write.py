@@ -4,10 +4,12 @@ A cache holds rows ``[slots, N, D]``. Token-major (ND): paged ``[num_blocks, blo
 ``p // block_size``, row ``p % block_size``) or token-shaped ``[B, S, N, D]`` / ``[T, N, D]``. Head-major: the
 memory is ``[num_blocks, N, D/x, block_size, x]``; NZ storage takes ``x = 32 / itemsize`` (16 for 2-byte dtypes,
 32 for int8), the Norm caches ``[B, N, L, D]`` are the case ``x = D`` with a block per batch (``block_size = L``).
-Negative slots write nothing (vllm pads slot mappings with -1).
+A slot of -1 writes nothing (vllm pads slot mappings with -1).
 
-Slots on the CPU are checked against the cache. Slots on a device are never read on the host (no sync): they are
-clamped into the cache, and a slot given twice takes the row of its last token on every device (deterministic).
+Slots are validated (:mod:`attnops._core.indices`: -1 or a row of the cache) where they are CPU tensors, unless
+``ATTNOPS_VALIDATE=0``; slots on a device are never read on the host (no sync) unless ``ATTNOPS_VALIDATE=1``.
+Unvalidated, a slot outside the cache writes nothing. A slot given twice takes the row of its last token on every
+device (deterministic).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import Described, require
+from ..._core.indices import check_slots, valid_ids, validation_enabled
 from ..._core.staging import upload
 
 
@@ -39,22 +42,23 @@ def _addressed(cache: Tensor, slots: Tensor, heads: int, d: int, block_size: int
                                                          slots % block_size)
 
 
-def write_rows(cache: Tensor, rows: Tensor, slots: Tensor, *, block_size: int, x: int | None = None) -> None:
-    """``cache``'s slot ``slots[t]`` (head ``n``) := ``rows[t, n]`` for ``slots[t] >= 0``; ``rows [T, N, D]`` already
-    in the cache's dtype; ``x``: None for token-major storage, else the head-major column width; ``cache`` is
-    updated in place."""
+def write_rows(cache: Tensor, rows: Tensor, slots: Tensor, *, block_size: int, x: int | None = None,
+               name: str = "index") -> None:
+    """``cache``'s slot ``slots[t]`` (head ``n``) := ``rows[t, n]`` for the slots inside the cache; ``rows [T, N, D]``
+    already in the cache's dtype; ``x``: None for token-major storage, else the head-major column width; ``name``:
+    the argument the slots come from (for errors); ``cache`` is updated in place."""
     heads, d = rows.shape[1:]
     if x is not None:
         require(d % x == 0, "cache_mode", f"NZ caches with D % {x} == 0", Described(f"D={d}"))
     capacity = cache.numel() // (heads * d)
     slots = slots.to(torch.int64)
+    if validation_enabled(slots.device):
+        check_slots(name, slots, capacity, what="the cache's rows")
     if slots.device.type == "cpu":
-        require(bool((slots < capacity).all()), "index", f"slots below the cache's {capacity} rows",
-                slots.tolist() if slots.numel() < 9 else slots)
         slots = upload(slots, torch.int64, cache.device)
     if slots.numel() == 0:
         return
-    valid = slots >= 0
+    valid = valid_ids(slots, capacity)
     slots = slots.clamp(0, capacity - 1)
     order = torch.arange(slots.numel(), device=slots.device)
     winner = torch.full((capacity,), -1, dtype=torch.int64, device=slots.device).scatter_reduce_(

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_choice, check_tensor, require
+from ..._core.indices import check_slots, valid_ids, validation_enabled
 from .cache_write import nz_width, quantize_int8, write_rows
 from .rope import interleave_rope, rms_norm
 
@@ -88,17 +89,17 @@ def check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, 
 
 def token_slots(index: Tensor, cache_mode: str, batch: int, seq: int, block_size: int) -> Tensor:
     """``[B*S]`` flat cache slots of the tokens, -1 where nothing is written; ``block_size``: the paged caches' block
-    size, the Norm caches' length ``L`` (slot ``b * L + position``). Computed on ``index``'s device; positions of
-    the Norm mode at or past ``L`` raise for a CPU ``index`` and are clamped to ``L - 1`` on a device."""
+    size, the Norm caches' length ``L`` (slot ``b * L + position``). Computed on ``index``'s device; Norm positions
+    are validated as slots of a cache of ``L`` rows (:func:`~attnops._core.indices.check_slots`) when
+    :func:`~attnops._core.indices.validation_enabled`, and write nothing outside ``[0, L)`` otherwise."""
     index = index.to(torch.int64)
     s = torch.arange(seq, device=index.device)
     if cache_mode == "Norm":
         pos = index.view(batch, seq)
-        if index.device.type == "cpu":
-            require(bool((pos < block_size).all()), "index", f"positions below the caches' length {block_size}",
-                    pos.tolist() if pos.numel() < 9 else pos)
-        rows = torch.arange(batch, device=index.device)[:, None] * block_size + pos.clamp(max=block_size - 1)
-        return torch.where(pos >= 0, rows, -1).reshape(-1)
+        if validation_enabled(index.device):
+            check_slots("index", pos, block_size, what="positions below the caches' length")
+        rows = torch.arange(batch, device=index.device)[:, None] * block_size + pos
+        return torch.where(valid_ids(pos, block_size), rows, -1).reshape(-1)
     if not cache_mode.startswith("PA_BLK"):
         return index.reshape(-1)
     pages = -(-seq // block_size)

@@ -142,7 +142,8 @@ def mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gamma
         slots = token_slots(token_x, cache_index, cache_mode, block, actual_seq_len, cache.device)
         heads = cache.shape[-2]
         data = rows[:, None].expand(-1, heads, -1).to(cache.dtype)
-        write_rows(cache, data, slots, block_size=block, x=nz_width(cache.dtype) if nz else None)
+        write_rows(cache, data, slots, block_size=block, x=nz_width(cache.dtype) if nz else None,
+                   name="cache_index")
     query_dtype = torch.int8 if quant.query_mode == 1 else out
     norm_dtype = torch.int8 if quant.weight_mode >= 1 else out
     return (query.to(query_dtype).contiguous().view(*lead, n, hckv),

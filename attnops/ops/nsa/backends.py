@@ -11,6 +11,7 @@ import torch
 
 from ..._core.devices import on_cpu
 from ..._core.dispatch import choose_backend
+from ..._core.indices import valid_ids
 from ..flash_attention import backends as fa_backends
 from .compress import compress_backward, compress_forward
 from .compress_attention import build_compress_attention_spec, compress_attention_forward, compress_attention_problem
@@ -113,10 +114,12 @@ def compress_infer(input, weight, slot_mapping, block_table, cache, lens, block,
 def _reference_elsewhere(input, weight, slot_mapping, block_table, cache, lens, block, stride, lens_tensor) -> None:
     """The reference for a cache on another device: computed on CPU copies of the inputs and of the cache rows
     ``slot_mapping`` names (not the whole cache), which are written back. A slow path that reads on the host."""
-    slots = slot_mapping.cpu()
-    unique, local = torch.unique(slots.long().clamp(0, cache.shape[0] - 1), return_inverse=True)
+    slots = slot_mapping.cpu().long()
+    inside = valid_ids(slots, cache.shape[0])  # an unvalidated slot outside the cache writes nothing
+    unique, local = torch.unique(slots.clamp(0, cache.shape[0] - 1), return_inverse=True)
     index = unique.to(cache.device)
     rows = cache[index].cpu()
-    compress_into_cache(input.cpu(), weight.cpu(), local, block_table.cpu(), rows, lens, block, stride,
+    compress_into_cache(input.cpu(), weight.cpu(), torch.where(inside, local, -1), block_table.cpu(), rows, lens,
+                        block, stride,
                         None if lens_tensor is None else lens_tensor.cpu())
     cache.index_copy_(0, index, rows.to(cache.device))

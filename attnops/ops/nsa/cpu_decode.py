@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..._core import cpu_kernels
 from ..._core.cpu_kernels import layout
+from ..._core.indices import valid_ids
 
 if TYPE_CHECKING:
     from .decode import PagedKV
@@ -48,8 +49,9 @@ def _runs(key: Tensor, value: Tensor, tables: Tensor, heads: Tensor, starts: Ten
     first = (starts // page).unsqueeze(-1) + step
     lo = torch.maximum(starts.unsqueeze(-1), first * page).flatten(1)  # [J, C * pages]
     hi = torch.minimum(ends.unsqueeze(-1), (first + 1) * page).flatten(1)
-    keep = lo < hi
     blocks = tables.long().gather(1, (lo // page).clamp(0, tables.shape[1] - 1))
+    keep = (lo < hi) & valid_ids(blocks, key.shape[0])  # a block outside the cache contributes no keys
+    blocks = blocks.clamp(0, key.shape[0] - 1)
     rows, zero, heads = lo % page, torch.zeros_like(lo), heads.long().unsqueeze(-1)
     where = []
     for cache in (key, value):

@@ -22,9 +22,12 @@ nothing is masked. fp32 compute (fp64 for fp64 inputs), outputs in the query's d
 
 The per-request lengths come as a host list (validated here, as on the NPU) or as a tensor: a CPU tensor is read
 like a list, a tensor on another device is read only by the kernels (never on the host: no synchronisation, and a
-CUDA graph can capture the call with lengths that change between replays). The values of device tensors (block
-tables, indices, slot mappings, lengths) are not validated; the kernels clamp them so that nothing is read or
-written out of bounds (``docs/decisions.md``).
+CUDA graph can capture the call with lengths that change between replays). The values of block tables, indices and
+slot mappings are validated (:mod:`attnops._core.indices`) where they are CPU tensors, unless
+``ATTNOPS_VALIDATE=0`` (``=1`` validates device tensors too, reading them back). Unvalidated bad values are masked
+out on every path: a block id outside the cache contributes no keys (zero rows in a compression), a negative index
+other than -1 or one past the length selects nothing, a slot outside the cache writes nothing; device lengths are
+clamped to the block table's capacity.
 """
 from __future__ import annotations
 
@@ -33,14 +36,15 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ..._core.checks import Described, check_int, check_scale, check_tensor, fail, int_list, require
+from ..._core.checks import Described, check_int, check_scale, check_tensor, int_list, require
+from ..._core.indices import (PAD, blocks_needed, check_block_table, check_index_rows, check_slots, entries_read,
+                              valid_ids, validation_enabled)
 from ..._core.npu_rounding import NpuRounding, cast_output, npu_rounding, rounded_softmax
 from ..._core.parallel import run_jobs
 from ..flash_attention.reference import compute_dtype
 from . import cpu_decode
 from .compress import NSA_DTYPES
 
-PAD = -1
 FORCED = 3  # compressed attention: the first and the last two selection blocks
 
 
@@ -75,16 +79,19 @@ def lengths_arg(name: str, lens) -> tuple[list[int] | None, Tensor | None]:
     return int_list(name, lens), None
 
 
-def readable(*tensors: Tensor) -> bool:
-    """Whether the values of ``tensors`` may be read on the host for validation (all on the CPU: for free)."""
-    return all(t.device.type == "cpu" for t in tensors)
-
-
 def paged_rows(cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
     """The rows ``[L, N, D]`` of one request's KV positions ``pos`` in a paged ``cache [blocks, page, N, D]``
-    (``table_row``: the request's block table)."""
+    (``table_row``: the request's block table); rows in a block outside the cache are zeros."""
     page = cache.shape[1]
-    return cache[table_row.long()[pos // page], pos % page]
+    blocks = table_row.long()[pos // page]
+    valid = valid_ids(blocks, cache.shape[0])
+    rows = cache[blocks.clamp(0, cache.shape[0] - 1), pos % page]
+    return torch.where(valid.view(-1, *[1] * (rows.dim() - 1)), rows, 0)
+
+
+def addressable(cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
+    """Whether the KV positions ``pos`` of a request lie in blocks of the cache (bool, ``pos``'s shape)."""
+    return valid_ids(table_row.long()[pos // cache.shape[1]], cache.shape[0])
 
 
 def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, *, scale_value: float, head_num: int,
@@ -120,18 +127,10 @@ def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, 
     require(lens is not None and len(lens) == batch, lens_name, f"B={batch} per-request KV lengths", lens)
     for b, n in enumerate(lens):
         require(0 <= n <= capacity, f"{lens_name}[{b}]", f"a length in [0, {capacity}] (the block_table's pages)", n)
-        if readable(block_table):
-            _check_pages(block_table, b, 0, n, page, key.shape[0], f"the pages of request {b}'s {n} keys")
+    if validation_enabled(block_table.device):
+        check_block_table(block_table, lens, page, key.shape[0], lengths_name=lens_name)
     return PagedKV(batch, n1, n2, value.shape[-1], tuple(lens), check_scale("scale_value", scale_value), capacity,
                    rounding)
-
-
-def _check_pages(block_table: Tensor, b: int, lo: int, hi: int, page: int, blocks: int, what: str) -> None:
-    """The block ids of row ``b`` holding KV positions ``[lo, hi)`` must lie in ``[0, blocks)``."""
-    pages = block_table[b, lo // page:-(-hi // page)]
-    bad = (pages < 0) | (pages >= blocks)
-    if bool(bad.any()):
-        fail("block_table", f"block ids in [0, {blocks}) for {what}", Described(f"{int(pages[bad][0])} in row {b}"))
 
 
 # ------------------------------------------------------------------------------------------ selected attention
@@ -141,14 +140,11 @@ def check_selected_topk(kv: PagedKV, topk_indices: Tensor, *, select_block_size:
     block = check_int("select_block_size", select_block_size, lo=1)
     count = check_int("select_block_count", select_block_count, lo=1)
     check_tensor("topk_indices", topk_indices, dtypes=(torch.int32, torch.int64), shape=(kv.batch, kv.n2, count))
-    if kv.kv_lens is None or not readable(topk_indices):
-        return block  # device values: a kernel reads an index past the length as nothing
-    for b in range(kv.batch):
-        limit = -(-kv.kv_lens[b] // block)
-        for h, chosen in enumerate(_chosen(topk_indices[b])):
-            if bool(((chosen < 0) | (chosen >= limit)).any()):
-                fail("topk_indices", f"block indices in [0, {limit}) (request {b}: {kv.kv_lens[b]} keys in blocks of "
-                     f"{block}) or -1 for padding", Described(f"{chosen.tolist()} for KV head {h} of request {b}"))
+    if kv.kv_lens is None or not validation_enabled(topk_indices.device):
+        return block  # unvalidated: a kernel reads a negative index or one past the length as nothing
+    topk = topk_indices.detach().cpu()
+    check_index_rows("topk_indices", topk, entries_read(topk, torch.tensor(count)),
+                     torch.tensor(kv.kv_lens).view(-1, 1), unit=block, what="the request's KV length")
     return block
 
 
@@ -165,7 +161,7 @@ def _selected_ranges(kv: PagedKV, block: int, topk_indices: Tensor) -> tuple[Ten
     """The key positions ``[starts, ends)`` ``[B, N2, count]`` each index of ``topk_indices`` selects: its block cut
     at the request's length; empty from the first ``-1`` on."""
     topk = topk_indices.long()
-    chosen = (topk != PAD).cumprod(-1).bool()
+    chosen = (topk != PAD).cumprod(-1).bool() & (topk >= 0)
     lens = torch.tensor(kv.kv_lens, dtype=torch.int64).view(-1, 1, 1)
     starts = torch.where(chosen, torch.minimum(topk.clamp(min=0) * block, lens), 0)
     return starts, torch.where(chosen, torch.minimum(starts + block, lens), 0)
@@ -185,7 +181,8 @@ def selected_decode(kv: PagedKV, block: int, query: Tensor, key: Tensor, value: 
     for b in range(kv.batch):
         for n2, blocks in enumerate(_chosen(topk_indices[b])):
             pos = (blocks.view(-1, 1) * block + torch.arange(block, device=blocks.device)).flatten()
-            pos = pos[pos < kv.kv_lens[b]]
+            pos = pos[(pos >= 0) & (pos < kv.kv_lens[b])]
+            pos = pos[addressable(key, block_table[b], pos)]
             if pos.numel() == 0:
                 continue
             heads = slice(n2 * g, (n2 + 1) * g)
@@ -244,13 +241,20 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Ten
     """``(attention_out [B, N1, Dv], topk_indices [B, N2, count] int32)`` (``lens``: the lengths when ``kv`` holds
     none)."""
     kv = kv.with_lengths(lens)
-    if cpu_decode.unsupported(kv, query, key, value) is None:
+    if cpu_decode.unsupported(kv, query, key, value) is None and _blocks_in_cache(kv, block_table, key):
         out, probs = cpu_decode.compress_attention(kv, query, key, value, block_table)
     else:
         out, probs = _compress_attention(kv, query, key, value, block_table)
     topk = torch.zeros(kv.batch, kv.n2, sel.count, dtype=torch.int32, device=query.device)
     run_jobs(lambda b: topk[b].copy_(_next_blocks(kv, sel, probs[b], query.device)), range(kv.batch), query.device)
     return cast_output(kv.rounding, out, query.dtype), topk
+
+
+def _blocks_in_cache(kv: PagedKV, block_table: Tensor, key: Tensor) -> bool:
+    """Whether every block the requests' keys occupy is in the cache (else the keys of the others are masked out,
+    which the per-request path does in place, keeping the columns of the block scores)."""
+    used = torch.arange(block_table.shape[1]) < blocks_needed(torch.tensor(kv.kv_lens), key.shape[1])[:, None]
+    return bool(valid_ids(block_table.cpu(), key.shape[0])[used].all())
 
 
 def _compress_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor,
@@ -264,6 +268,7 @@ def _compress_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor,
         pos = torch.arange(kv.kv_lens[b], device=query.device)
         keys, values = kv.rows(key, block_table[b], pos).to(acc), kv.rows(value, block_table[b], pos).to(acc)
         s = torch.einsum("hd,lhd->hl", query[b].to(acc), keys.repeat_interleave(g, 1)) * kv.scale
+        s.masked_fill_(~addressable(key, block_table[b], pos), float("-inf"))
         p = torch.softmax(s, -1)  # [N1, S2]
         if kv.rounding is None:
             out[b] = torch.einsum("hl,lhd->hd", p, values.repeat_interleave(g, 1))
@@ -313,14 +318,17 @@ def check_compress_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, bl
         return None, block, stride
     lens = int_list("actual_seq_len", actual_seq_len)
     require(lens is not None and len(lens) == batch, "actual_seq_len", f"B={batch} per-request KV lengths", lens)
-    values = readable(block_table, slot_mapping)
     for b, n in enumerate(lens):
         require(0 <= n <= block_table.shape[1] * page, f"actual_seq_len[{b}]",
                 f"a length in [0, {block_table.shape[1] * page}] (the block_table's pages)", n)
-        if values and _completes(n, block, stride):
-            _check_pages(block_table, b, n - block, n, page, input.shape[0], f"the last {block} keys of request {b}")
-            slot = int(slot_mapping[b])
-            require(0 <= slot < cache.shape[0], f"slot_mapping[{b}]", f"a cache row in [0, {cache.shape[0]})", slot)
+    if validation_enabled(slot_mapping.device):
+        completes = torch.tensor([_completes(n, block, stride) for n in lens], dtype=torch.bool)
+        first = torch.tensor([max(n - block, 0) // page for n in lens], dtype=torch.int64)
+        window = torch.where(completes, torch.tensor(lens, dtype=torch.int64) - first * page, 0)
+        check_block_table(block_table, window, page, input.shape[0], first=first,
+                          lengths_name="the last compress_block_size keys of actual_seq_len, from their first page")
+        check_slots("slot_mapping", torch.where(completes, slot_mapping.detach().cpu().long(), PAD), cache.shape[0],
+                    what="the cache's rows")
     return lens, block, stride
 
 
@@ -336,5 +344,7 @@ def compress_into_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, blo
     w = weight.to(acc).unsqueeze(-1)
     for b, n in enumerate(lens if lens is not None else lens_tensor.tolist()):
         if _completes(n, block, stride):
-            rows = paged_rows(input, block_table[b], torch.arange(n - block, n, device=input.device))
-            cache[int(slot_mapping[b])] = (rows.to(acc) * w).sum(0).to(cache.dtype)
+            slot = int(slot_mapping[b])
+            if 0 <= slot < cache.shape[0]:  # an unvalidated slot outside the cache writes nothing
+                rows = paged_rows(input, block_table[b], torch.arange(n - block, n, device=input.device))
+                cache[slot] = (rows.to(acc) * w).sum(0).to(cache.dtype)

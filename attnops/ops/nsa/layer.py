@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import Described, check_int, check_tensor, fail, require
+from ..._core.indices import PAD, check_index_rows, validation_enabled
 from ..._core.varlen import lengths_from_cumulative
 from ..._core.autocast import autocast_off
 from .api import _cumulative, _prepared, nsa_compress, nsa_compress_attention, nsa_selected_attention
@@ -128,18 +129,14 @@ def _positions(geo: _Geometry) -> Tensor:
 
 
 def _check_block_indices(idx: Tensor, t: int, n2: int, geo: _Geometry, select_block: int) -> Tensor:
-    """``block_indices [T, N2, S]`` as int64: -1 or a block at or before the token's own block (values checked on
-    the CPU only; on another device a value outside the sequence's blocks selects nothing)."""
+    """``block_indices [T, N2, S]`` as int64: -1 or a block at or before the token's own block (values validated
+    where :func:`~attnops._core.indices.validation_enabled` says so; unvalidated, a value outside the sequence's
+    blocks selects nothing, one after the token's block only keys the causal rule hides)."""
     check_tensor("block_indices", idx, ndim=3, dtypes=(torch.int32, torch.int64))
     require(idx.shape[0] == t and idx.shape[1] == n2, "block_indices", f"[T={t}, N2={n2}, S]", idx)
-    if idx.device.type != "cpu":
-        return idx.long()
-    own = (_positions(geo) // select_block).view(-1, 1, 1)
-    bad = (idx < -1) | (idx > own)
-    if bool(bad.any()):
-        where = bad.nonzero()[0].tolist()
-        fail("block_indices", "-1 or a block index in [0, the token's own block] (local to the sequence)",
-             Described(f"{int(idx[tuple(where)])} at {where}"))
+    if validation_enabled(idx.device):
+        own = (_positions(geo) // select_block).view(-1, 1)
+        check_index_rows("block_indices", idx, idx != PAD, own + 1, what="the blocks up to the token's own")
     return idx.long()
 
 

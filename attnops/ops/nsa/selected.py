@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..._core.checks import Described, check_int, check_scale, check_tensor, fail, require
+from ..._core.indices import check_index_rows, validation_enabled
 from ..._core.masks import MASK_DTYPES
 from ..._core.npu_rounding import NpuRounding, cast_round, npu_rounding, store
 from ..._core.parallel import fill_, run_jobs
@@ -64,7 +65,7 @@ def build_selected_spec(query, key, value, topk_indices, *, scale_value: float, 
                     head_num=head_num, select_block_size=select_block_size, select_block_count=select_block_count,
                     actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode,
                     layout=layout, grad=grad)
-    if topk_indices.device.type == "cpu":  # device values are clamped by the kernels, never read on the host
+    if validation_enabled(topk_indices.device):  # unvalidated indices outside the blocks select nothing
         _check_indices(topk_indices, spec.seq, spec.block_size)
     rounding = npu_rounding(precision, query.dtype)
     return spec if rounding is None else dataclasses.replace(spec, rounding=rounding)
@@ -107,17 +108,15 @@ def _build_selected_spec(query, key, value, topk_indices, atten_mask, *, scale_v
 
 
 def _check_indices(topk: torch.Tensor, seq: SeqInfo, bs: int) -> None:
-    for b in range(seq.batch):
-        sq, start = seq.q_lens[b], seq.q_starts[b]
-        if sq == 0:
-            continue
-        idx = topk[start:start + sq]
-        limit = seq.kv_lens[b] // bs
-        bad = (idx < 0) | (idx >= limit)
-        if bool(bad.any()):
-            where = bad.nonzero()[0].tolist()
-            fail("topk_indices", f"block indices in [0, {limit}) for batch {b} (local to the batch)",
-                 Described(f"{int(idx[tuple(where)])} at [{start + where[0]}, {where[1]}, {where[2]}]"))
+    """Every index of a batch's tokens names one of its whole blocks (no padding value); one vectorized pass."""
+    topk = topk.detach().cpu()
+    batch = torch.full((topk.shape[0],), -1, dtype=torch.int64)
+    for b, (start, sq) in enumerate(zip(seq.q_starts, seq.q_lens)):
+        batch[start:start + sq] = b
+    blocks = torch.tensor([*(n // bs for n in seq.kv_lens), 0], dtype=torch.int64)[batch]  # -1: the 0 at the end
+    read = (batch >= 0).view(-1, 1, 1).expand(topk.shape)
+    check_index_rows("topk_indices", topk, read, blocks.view(-1, 1), what=f"the batch's whole blocks of {bs} keys",
+                     padding=False)
 
 
 def _acc(dtype):

@@ -117,6 +117,17 @@ def test_selected_rejects_out_of_range_indices(bad):
                                        actual_seq_kvlen=[16])
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_selected_unvalidated_out_of_range_indices_select_nothing(monkeypatch, causal):
+    """``ATTNOPS_VALIDATE=0``: an index outside the batch's blocks (negative or too large) selects nothing."""
+    monkeypatch.setenv("ATTNOPS_VALIDATE", "0")
+    q_lens, kv_lens, bs = [5, 6], [16, 24], 4
+    q, k, v = _inputs(q_lens, kv_lens, 2, 1, 8, 8, torch.float32, seed=22)
+    topk = random_topk(q_lens, kv_lens, 1, 3, bs, seed=23)
+    topk[1, 0, 1], topk[7, 0, 0], topk[9, 0, 2] = -1, 6, -3  # batch 1 has 6 blocks: 6 is past them
+    check_selected(q, k, v, topk, block=bs, q_lens=q_lens, kv_lens=kv_lens, causal=causal)
+
+
 def test_selected_fp32_kv_grad_accumulation():
     """4096 tokens all selecting blocks [0, 1] with a positive output gradient: each KV position sums 4096
     contributions; fp32 dk/dv must stay within 3x of plain fp32 PyTorch."""

@@ -6,8 +6,8 @@ Query side (``Q_PACKED``): BSND rows are programs ``(row, batch)``, the batch's 
 ``actual_seq_lengths_query`` (``q_lens_mode`` 1; stride 0 broadcasts a one-entry tensor) or the padded length (0);
 TND tokens are programs ``(token, 0)`` that find their batch among the cumulative ends (a token past the last end is
 padding). Key side (``KV_MODE``): 0 dense ``[B, S2, ...]`` (per-batch lengths or S2), 1 TND (cumulative ends), 2
-paged (``block_table``, per-batch lengths). Every length is clamped to what the tensors hold and a block id to the
-cache's blocks, so no value makes a kernel read out of bounds.
+paged (``block_table``, per-batch lengths). Every length is clamped to what the tensors hold and a block id outside
+the cache masks its keys out, so no value makes a kernel read out of bounds.
 """
 import triton
 import triton.language as tl
@@ -75,16 +75,18 @@ def kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE: tl.constexpr, KV_LENS:
 
 @triton.jit
 def key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE: tl.constexpr):
-    """``(outer, inner)`` coordinates of batch ``b``'s key positions ``pos`` (masked by ``ok``): dense
+    """``(outer, inner, ok)``: the coordinates of batch ``b``'s key positions ``pos`` (masked by ``ok``): dense
     ``(b, pos)``, packed ``(0, start + pos)``, paged ``(block id, pos % page)``; a row's offset in a tensor is
-    ``outer * stride(0) + inner * stride(1)``."""
+    ``outer * stride(0) + inner * stride(1)``. Paged, ``ok`` drops the positions whose block id is outside the
+    cache (such a block contributes no keys)."""
     pos = tl.where(ok, pos, 0).to(tl.int64)
     if KV_MODE == KV_PAGED:
         blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + pos // page, mask=ok, other=0).to(tl.int64)
-        return tl.minimum(tl.maximum(blk, 0), n_pages - 1), pos % page
+        ok = ok & (blk >= 0) & (blk < n_pages)
+        return tl.where(ok, blk, 0), pos % page, ok
     if KV_MODE == KV_PACKED:
-        return tl.zeros_like(pos), kv_start + pos
-    return tl.zeros_like(pos) + b.to(tl.int64), pos
+        return tl.zeros_like(pos), kv_start + pos, ok
+    return tl.zeros_like(pos) + b.to(tl.int64), pos, ok
 
 
 @triton.jit

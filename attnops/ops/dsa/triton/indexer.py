@@ -67,7 +67,7 @@ def indexer_topk_kernel(q_ptr, k_ptr, w_ptr, idx_ptr, val_ptr, q_lens_ptr, kv_le
         for n in range(0, tl.cdiv(tl.minimum(limit - c0, BLOCK_K), BLOCK_N)):
             pos = c0 + n * BLOCK_N + tl.arange(0, BLOCK_N)
             ok = pos < limit
-            outer, inner = key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE)
+            outer, inner, ok = key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE)
             k = upcast(load_rows(k_ptr, outer, inner, ok, k_s0, k_s1, head_d, BLOCK_D), UPCAST)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)

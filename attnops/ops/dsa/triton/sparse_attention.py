@@ -158,7 +158,7 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
         entry = tl.load(idx_row + f // sbs, mask=f < hi, other=-1).to(tl.int64)
         pos = entry * sbs + f % sbs
         ok = (f < hi) & (entry >= 0) & (pos < limit)
-        outer, inner = key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE)
+        outer, inner, ok = key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE)
         k = _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D, QUANT,
                          UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)

@@ -157,7 +157,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
         cols = c0 + tl.arange(0, BLOCK_N)
         ok = cols < c_hi
         pos = kv_first + cols
-        blk, off = page_of(b, cols, ok, bt_ptr, bt_sb, block_size, num_blocks, PAGED)
+        blk, off, ok = page_of(b, cols, ok, bt_ptr, bt_sb, block_size, num_blocks, PAGED)
         k_rows = token_rows(cols, blk, off, (kv_token + kv_first) * k_st, k_st, k_sblk, PAGED)
         v_rows = token_rows(cols, blk, off, (kv_token + kv_first) * v_st, v_st, v_sblk, PAGED)
         k_t = kv_tile(k_head, k_rows, ok, dk, dk < head_d, k_chan, ks_ptr, ko_ptr, aq_strides_ptr, 0, b, hk, pos, blk,

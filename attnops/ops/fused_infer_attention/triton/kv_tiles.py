@@ -8,8 +8,9 @@ Every KV layout is ``head_ptr + token_row + channel_offset`` with ``head_ptr`` a
 * dense ``[B, S, N2, W]`` / ``[T, N2, W]`` token views: ``token_row = base + t * token_stride`` (``base``: the
   batch's first key, left padding or TND offset included);
 * paged ``[blocknum, blocksize, N2*W]``, ``[blocknum, N2, blocksize, W]``, NZ ``[blocknum, N2, W/x, blocksize, x]``:
-  token ``t`` of batch ``b`` is in block ``block_table[b, t // blocksize]`` (clamped to the cache, so no table value
-  can address outside it) at offset ``t % blocksize``: ``token_row = block * block_stride + offset * token_stride``;
+  token ``t`` of batch ``b`` is in block ``block_table[b, t // blocksize]`` (an id outside the cache masks the
+  token's key out, so no table value can address outside it) at offset ``t % blocksize``:
+  ``token_row = block * block_stride + offset * token_stride``;
 * channel ``c`` (int4: word ``c // 8``, nibble ``c % 8``) at ``c * chan_stride``, or in an NZ cache at
   ``(c // x) * x_stride + (c % x) * chan_stride``.
 
@@ -33,16 +34,17 @@ QUANT_STRIDES: tl.constexpr = tl.constexpr(6)  # per antiquant parameter: batch,
 
 @triton.jit
 def page_of(b, tokens, ok, bt_ptr, bt_sb, block_size, num_blocks, PAGED: tl.constexpr):
-    """``(physical block, offset in the block)`` (int64) of batch ``b``'s tokens (zeros for a dense KV); block ids
-    are clamped to ``[0, num_blocks)``."""
+    """``(physical block, offset in the block, ok)`` (int64) of batch ``b``'s tokens (zeros for a dense KV); a token
+    whose block id is outside ``[0, num_blocks)`` drops out of ``ok`` (its key is masked out) and reads block 0."""
     if PAGED:
         blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + tokens // block_size, mask=ok, other=0).to(tl.int64)
-        blk = tl.minimum(tl.maximum(blk, 0), num_blocks - 1)
+        ok = ok & (blk >= 0) & (blk < num_blocks)
+        blk = tl.where(ok, blk, 0)
         off = (tokens % block_size).to(tl.int64)
     else:
         blk = tokens.to(tl.int64) * 0
         off = blk
-    return blk, off
+    return blk, off, ok
 
 
 @triton.jit

@@ -36,7 +36,7 @@ def _span(acc, m_i, l_i, q, k_head, v_head, c_begin, c_end, first_col, k_base, v
         cols = c0 + tl.arange(0, BLOCK_N)
         ok = cols < c_end
         tokens = cols - first_col
-        blk, off = page_of(b, tokens, ok, bt_ptr, bt_sb, block_size, num_blocks, PAGED)
+        blk, off, ok = page_of(b, tokens, ok, bt_ptr, bt_sb, block_size, num_blocks, PAGED)
         pos = tokens.to(tl.int64) + pos_shift
         k_rows = token_rows(tokens, blk, off, k_base, k_st, k_sblk, PAGED)
         k_t = kv_tile(k_head, k_rows, ok, dk, dk < head_d, k_chan, ks_ptr, ko_ptr, aq_strides_ptr, 0, b, hk, pos, blk,
@@ -44,7 +44,9 @@ def _span(acc, m_i, l_i, q, k_head, v_head, c_begin, c_end, first_col, k_base, v
         qk = tl.dot(q, mma_operand(k_t, K_QUANT, DTYPE, UPCAST), input_precision=PRECISION)
         s = score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr, 0,
                        mask_ptr, mask_sb, mask_sh, mask_sr, PSE, False, HAS_EXPLICIT, BLOCK_M, BLOCK_N)
-        if c0 + BLOCK_N > c_end:  # the last tile of a source ends inside the effective columns
+        if PAGED:  # the columns past the end and the keys of blocks outside the cache
+            s = tl.where(ok[None, :], s, float("-inf"))
+        elif c0 + BLOCK_N > c_end:  # the last tile of a source ends inside the effective columns
             s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(base2_max(m_i) - base2_max(m_new))

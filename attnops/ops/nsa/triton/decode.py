@@ -11,8 +11,8 @@ program of the first score tile, the output.
 One program per (request, KV head) serves the whole GQA group at once (its query heads are the rows of the tiles,
 padded to ``BLOCK_G``). A KV position ``pos`` of request ``b`` lives at row ``pos % page`` of cache block
 ``block_table[b, pos // page]``. Lengths and tables may be device tensors nobody validated: a length is clamped to
-the block table's capacity, a negative position reads nothing and a block id is clamped to the cache's blocks, so
-no value makes a kernel read out of bounds.
+the block table's capacity, a negative position reads nothing and a block id outside the cache masks its keys out
+(zero rows in a compression), so no value makes a kernel read out of bounds.
 """
 import triton
 import triton.language as tl
@@ -30,13 +30,14 @@ def _length(lens_ptr, b, capacity):
 @triton.jit
 def _paged_tile(cache_ptr, bt_ptr, b, hk, pos, ok, dims, head_dim, bt_sb, c_s0, c_s1, c_s2, page, n_pages,
                 UPCAST: tl.constexpr):
-    """Rows ``pos`` (``[BLOCK_N]``, masked by ``ok``; positions within the block table) of KV head ``hk`` of a paged
-    cache as a ``[BLOCK_N, dims]`` tile (0 where masked; a block id outside the cache's ``n_pages`` is clamped)."""
+    """``(tile, ok)``: rows ``pos`` (``[BLOCK_N]``, masked by ``ok``; positions within the block table) of KV head
+    ``hk`` of a paged cache as a ``[BLOCK_N, dims]`` tile (0 where masked); a row whose block id is outside the
+    cache's ``n_pages`` drops out of ``ok`` (its key is masked out)."""
     blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + pos // page, mask=ok, other=0).to(tl.int64)
-    blk = tl.minimum(tl.maximum(blk, 0), n_pages - 1)
-    off = blk * c_s0 + (pos % page).to(tl.int64) * c_s1 + hk.to(tl.int64) * c_s2
+    ok = ok & (blk >= 0) & (blk < n_pages)
+    off = tl.where(ok, blk, 0) * c_s0 + (pos % page).to(tl.int64) * c_s1 + hk.to(tl.int64) * c_s2
     return upcast(tl.load(cache_ptr + off[:, None] + dims[None, :], mask=ok[:, None] & (dims[None, :] < head_dim),
-                          other=0.0), UPCAST)
+                          other=0.0), UPCAST), ok
 
 
 @triton.jit
@@ -44,10 +45,11 @@ def _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, ok, head_d, head_dv, bt_sb,
                 page, n_pages, m_i, l_i, acc, scale, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """One online-softmax step of the group over cache rows ``pos`` (``[BLOCK_N]``, masked by ``ok``)."""
-    k_t = tl.trans(_paged_tile(k_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_D), head_d, bt_sb, k_s0, k_s1, k_s2,
-                               page, n_pages, UPCAST))
-    v = _paged_tile(v_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_DV), head_dv, bt_sb, v_s0, v_s1, v_s2, page,
-                    n_pages, UPCAST)
+    k, ok = _paged_tile(k_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_D), head_d, bt_sb, k_s0, k_s1, k_s2, page,
+                        n_pages, UPCAST)
+    k_t = tl.trans(k)
+    v, _ = _paged_tile(v_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_DV), head_dv, bt_sb, v_s0, v_s1, v_s2, page,
+                       n_pages, UPCAST)
     s = tl.where(ok[None, :], tl.dot(q, k_t, input_precision=PRECISION) * scale, float("-inf"))
     return _softmax_step(s, v, m_i, l_i, acc, PRECISION)
 
@@ -225,8 +227,9 @@ def compress_decode_score_kernel(q_ptr, k_ptr, o_ptr, score_ptr, stats_ptr, part
     for c0 in range(c_lo, c_hi, BLOCK_N):
         pos = c0 + tl.arange(0, BLOCK_N)
         ok = pos < c_hi
-        k_t = tl.trans(_paged_tile(k_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_D), head_d, bt_sb, k_s0,
-                                   k_s1, k_s2, page, n_pages, UPCAST))
+        k, ok = _paged_tile(k_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_D), head_d, bt_sb, k_s0, k_s1, k_s2,
+                            page, n_pages, UPCAST)
+        k_t = tl.trans(k)
         s = tl.dot(q, k_t, input_precision=PRECISION) * scale
         p = tl.exp2((s - m_i[:, None]) * LOG2E - log2_l[:, None])
         p_sum = tl.sum(tl.where(in_group[:, None] & ok[None, :], p, 0.0), 0)  # [BLOCK_N], summed over the group
@@ -248,19 +251,22 @@ def compress_cache_kernel(x_ptr, w_ptr, slot_ptr, bt_ptr, lens_ptr, cache_ptr, x
     stride == 0``), head ``h`` of cache row ``slot_mapping[b]`` gets ``sum_t weight[t, h] * x[L - block + t, h]``
     (fp32 weights; ``BLOCK_T`` taps per step as a ``[BLOCK_T, D]`` tile, 16-byte loads), read through the block
     table. A row that a later completing request names is left to that request (the
-    reference's order), so every row has one writer. Lengths, slots and block ids are clamped into range."""
+    reference's order), so every row has one writer. Lengths are clamped into range; a slot outside the cache writes
+    nothing and a block outside the cache gives zero rows."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     n = _length(lens_ptr, b, capacity)
     if (n < block) | ((n - block) % stride != 0):
         return
-    slot = tl.minimum(tl.maximum(tl.load(slot_ptr + b), 0), n_rows - 1)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    if (slot < 0) | (slot >= n_rows):
+        return
     later = 0
     for r0 in range(b + 1, n_requests, BLOCK_R):
         r = r0 + tl.arange(0, BLOCK_R)
         ok = r < n_requests
         n_r = tl.minimum(tl.maximum(tl.load(lens_ptr + r, mask=ok, other=0).to(tl.int32), 0), capacity)
-        s_r = tl.minimum(tl.maximum(tl.load(slot_ptr + r, mask=ok, other=0), 0), n_rows - 1)
+        s_r = tl.load(slot_ptr + r, mask=ok, other=-1).to(tl.int64)
         completes = ok & (n_r >= block) & ((n_r - block) % stride == 0)
         later += tl.sum((completes & (s_r == slot)).to(tl.int32), 0)
     if later == 0:
@@ -270,9 +276,10 @@ def compress_cache_kernel(x_ptr, w_ptr, slot_ptr, bt_ptr, lens_ptr, cache_ptr, x
             t = t0 + tl.arange(0, BLOCK_T)
             pos = n - block + t
             blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + pos // page, mask=t < block, other=0).to(tl.int64)
-            blk = tl.minimum(tl.maximum(blk, 0), n_pages - 1)
-            x = tl.load(x_ptr + (blk * x_s0 + (pos % page).to(tl.int64) * x_s1)[:, None] + tl.cast(h, tl.int64) * x_s2
-                        + d[None, :], mask=(t[:, None] < block) & (d[None, :] < head_d), other=0.0)
+            inside = (t < block) & (blk >= 0) & (blk < n_pages)
+            x = tl.load(x_ptr + (tl.where(inside, blk, 0) * x_s0 + (pos % page).to(tl.int64) * x_s1)[:, None]
+                        + tl.cast(h, tl.int64) * x_s2 + d[None, :], mask=inside[:, None] & (d[None, :] < head_d),
+                        other=0.0)
             acc += x.to(tl.float32) * tl.load(w_ptr + t * w_sw + h * w_sh, mask=t < block, other=0.0)[:, None]
         tl.store(cache_ptr + slot.to(tl.int64) * c_s0 + tl.cast(h, tl.int64) * c_s1 + d,
                  tl.sum(acc, 0).to(cache_ptr.dtype.element_ty), mask=d < head_d)

@@ -59,9 +59,9 @@ def test_device_lengths_give_the_host_paths_results(triton_backend, layout_q, la
     assert triton_backend.count("indexer_topk_kernel") == 2 and triton_backend.count("sparse_attention_kernel") == 2
 
 
-def test_out_of_range_values_are_clamped(triton_backend):
+def test_out_of_range_values_are_clamped_or_masked(triton_backend):
     """A key length past the block table's capacity reads the capacity; entries past a row's keys, negative ones and
-    -1 read nothing; a block id past the cache reads its last block, a negative one its first (paged TND)."""
+    -1 read nothing; a block id outside the cache contributes no keys, whatever its value (paged TND)."""
     q, q_len, k, k_len, table = _case("TND", "PA_BSND", seed=1)
     capacity = table.shape[1] * k.shape[1]
     rows = pack_rows(random_rows(Q_LENS, K_LENS, 6, seed=4), "TND").to(DEVICE)
@@ -77,7 +77,7 @@ def test_out_of_range_values_are_clamped(triton_backend):
     big = _on_device(dataclasses.replace(clean_call, kv_lens=torch.full_like(k_len, 10**6)))
     assert torch.equal(launch.sparse_attention_for(big, q, k, k, rows, None, None, None, 0.25, 1)[0], want)
     outs = []
-    for first, second in ((10**6, -5), (k.shape[0] - 1, 0)):  # block ids past the cache: its last / first block
+    for first, second in ((10**6, -5), (-1, k.shape[0])):  # block ids outside the cache: masked alike
         moved = table.clone()
         moved[2, 0], moved[2, 1] = first, second
         outs.append(launch.sparse_attention_for(dataclasses.replace(big, block_table=moved), q, k, k, rows, None,
