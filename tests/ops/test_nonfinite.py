@@ -1,0 +1,141 @@
+"""Non-finite inputs propagate as in the fp64 formula, on every path (docs/precision.md, "NaN and infinity").
+
+One NaN, +inf or -inf is put into one element of q, k, v (or pse, or a dequant scale) at a key that a row sees,
+and at a key past the sequence length, which no output may notice. Every CPU path (the C++ decode kernel, the
+PyTorch path with the kernel off) and the Triton kernels (under the interpreter, fp16/fp32) must give the golden's
+NaN and infinities exactly where it gives them, and its finite values within the usual tolerance rule.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnops
+from attnops._core import cpu_kernels
+from attnops.testing.compare import assert_close_to_golden
+from tests.ops.fused_infer_attention.fia_helpers import golden as fia_golden
+from tests.ops.fused_infer_attention.fia_helpers import make_inputs, randint8, run_api, to_paged
+from tests.triton_backend import triton_backend  # noqa: F401 (fixture)
+
+F16, F32 = torch.float16, torch.float32
+NAN, INF = float("nan"), float("inf")
+VALUES = {"nan": NAN, "+inf": INF, "-inf": -INF}
+
+
+def assert_nonfinite_close(name, actual, golden, baseline, *, factor=2.0):
+    """NaN exactly where the golden is NaN, the golden's infinities (with their sign) where it has them, and the
+    finite values within ``assert_close_to_golden``'s rule."""
+    a, g = actual.detach().double(), golden.detach().double()
+    assert a.shape == g.shape, (name, tuple(a.shape), tuple(g.shape))
+    nan_a, nan_g = a.isnan(), g.isnan()
+    assert torch.equal(nan_a, nan_g), f"{name}: NaN at {nan_a.nonzero().tolist()[:8]}, golden NaN at " \
+                                      f"{nan_g.nonzero().tolist()[:8]}"
+    inf_g = g.isinf()
+    assert torch.equal(a.isinf(), inf_g) and torch.equal(a[inf_g], g[inf_g]), f"{name}: infinities differ"
+    finite = g.isfinite()
+    b = baseline.detach().double()
+    finite_b = finite & b.isfinite()
+    assert_close_to_golden(name, torch.where(finite, a, 0.0), torch.where(finite, g, 0.0),
+                           torch.where(finite_b, b, 0.0), factor=factor)
+
+
+@pytest.fixture(params=["kernel", "pytorch"])
+def cpu_path(request, monkeypatch):
+    """The C++ decode kernel (where it builds), then the pure-PyTorch path (the kernel switched off in-process)."""
+    if request.param == "kernel":
+        if cpu_kernels.library() is None:
+            pytest.skip(f"no C++ decode kernel: {cpu_kernels.status()}")
+    else:
+        monkeypatch.setattr(cpu_kernels, "_state", {"lib": None, "why": "switched off by the test"})
+    return request.param
+
+
+# ------------------------------------------------------------------------------------------------ FIA
+def test_fia_reported_reproduction(cpu_path):
+    """The reported case: a NaN key element at a visible position turns exactly the rows of its KV head NaN."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 1, 64)
+    k, v = torch.randn(2, 2, 70, 64), torch.randn(2, 2, 70, 64)
+    k[0, 0, 5, 0] = NAN
+    out = attnops.fused_infer_attention(q, k, v, num_key_value_heads=2)
+    out = out[0] if isinstance(out, tuple) else out
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    assert torch.equal(out.isnan(), sdpa.isnan())
+    assert out[0, :2].isnan().all() and not out[0, 2:].isnan().any() and not out[1].isnan().any()
+
+
+FIA_B, FIA_N, FIA_NKV, FIA_SKV, FIA_D = 2, 4, 2, 70, 16
+FIA_LENS = [70, 40]  # batch 1 ends at 40: its position 55 is past the length
+
+
+def _fia_case(which, where, value, *, sq, dtype, paged=False, quant=False):
+    """Inputs and keywords of an FIA call with one non-finite element: ``which`` in q, k, v, pse, key_scale,
+    value_scale (per-token antiquant scales of an int8 cache, ``quant``);
+    ``where``: "visible" (batch 1, position 7) or "outside" (batch 1, position 55, past its length)."""
+    pos = 7 if where == "visible" else 55
+    q, k, v = make_inputs("BNSD", b=FIA_B, n=FIA_N, nkv=FIA_NKV, sq=sq, skv=FIA_SKV, d=FIA_D, dtype=dtype)
+    kw = dict(actual_seq_lengths_kv=FIA_LENS, num_heads=FIA_N, num_key_value_heads=FIA_NKV,
+              scale_value=FIA_D ** -0.5, input_layout="BNSD", softmax_lse_flag=True)
+    if quant:
+        k, v = randint8(FIA_B, FIA_NKV, FIA_SKV, FIA_D, seed=2), randint8(FIA_B, FIA_NKV, FIA_SKV, FIA_D, seed=3)
+        g = torch.Generator().manual_seed(6)
+        for name in ("key", "value"):  # per-token scales (mode 1): [B, pages * page size]
+            kw[f"{name}_antiquant_scale"] = torch.rand(FIA_B, 80, generator=g) * 0.02 + 0.005  # 5 pages
+        kw.update(key_antiquant_mode=1, value_antiquant_mode=1)
+    if which == "q":
+        q[1, 1, sq - 1, 3] = value
+    elif which in ("k", "v"):
+        (k if which == "k" else v)[1, 0, pos, 3] = value
+    elif which == "pse":
+        kw["pse_shift"] = torch.randn(FIA_B, FIA_N, sq, FIA_SKV, generator=torch.Generator().manual_seed(9))
+        kw["pse_shift"][1, 1, sq - 1, pos] = value
+        kw["pse_shift"] = kw["pse_shift"].to(dtype)
+    else:
+        kw[which.replace("_scale", "_antiquant_scale")][1, pos] = value
+    if paged:
+        k, bt = to_paged(k, FIA_LENS, 16, cache_layout="BNSD", seed=4)
+        v, _ = to_paged(v, FIA_LENS, 16, cache_layout="BNSD", seed=4)
+        kw.update(block_table=bt, block_size=16)
+    return q, k, v, kw
+
+
+def _check_fia(q, k, v, kw, where):
+    g = fia_golden(q, k, v, **kw)
+    base = fia_golden(q, k, v, dtype=F16 if q.dtype == torch.int8 else q.dtype, **kw)
+    if where == "outside":  # the case is what it claims to be
+        assert bool(g.out.isfinite().all())
+    out, lse = run_api(q, k, v, **kw)
+    assert_nonfinite_close("attention_out", out, g.out, base.out)
+    assert_nonfinite_close("softmax_lse", lse, g.lse, base.lse)
+
+
+FIA_CASES = [(w, p, v) for w in ("q", "k", "v", "pse") for p in ("visible", "outside") for v in VALUES
+             if not (w == "q" and p == "outside")]
+
+
+@pytest.mark.parametrize("which,where,value", FIA_CASES)
+@pytest.mark.parametrize("sq", [1, 3], ids=["decode", "prefill"])
+def test_fia_cpu(cpu_path, which, where, value, sq):
+    _check_fia(*_fia_case(which, where, VALUES[value], sq=sq, dtype=F32), where)
+
+
+@pytest.mark.parametrize("which,where,value", [c for c in FIA_CASES if c[0] != "pse"])
+def test_fia_cpu_paged(cpu_path, which, where, value):
+    _check_fia(*_fia_case(which, where, VALUES[value], sq=1, dtype=F16, paged=True), where)
+
+
+@pytest.mark.parametrize("which", ["key_scale", "value_scale"])
+@pytest.mark.parametrize("where", ["visible", "outside"])
+@pytest.mark.parametrize("value", list(VALUES))
+def test_fia_cpu_int8_cache(cpu_path, which, where, value):
+    """A non-finite per-token antiquant scale of an int8 paged cache."""
+    _check_fia(*_fia_case(which, where, VALUES[value], sq=1, dtype=F16, paged=True, quant=True), where)
+
+
+@pytest.mark.parametrize("which,where,value", [("q", "visible", "nan"), ("k", "visible", "nan"),
+                                               ("k", "visible", "+inf"), ("v", "visible", "-inf"),
+                                               ("k", "outside", "nan"), ("v", "outside", "+inf")])
+@pytest.mark.parametrize("sq", [1, 3], ids=["decode", "prefill"])
+def test_fia_triton(triton_backend, which, where, value, sq):  # noqa: F811
+    _check_fia(*_fia_case(which, where, VALUES[value], sq=sq, dtype=F16, paged=sq == 1), where)
+    assert triton_backend
