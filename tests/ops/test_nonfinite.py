@@ -13,6 +13,8 @@ import torch
 import attnops
 from attnops._core import cpu_kernels
 from attnops.testing.compare import assert_close_to_golden
+from attnops.testing.golden import fa_backward, fa_forward
+from tests.helpers import F64, TRIU2048, golden_kwargs, make_qkv, randn
 from tests.ops.fused_infer_attention.fia_helpers import golden as fia_golden
 from tests.ops.fused_infer_attention.fia_helpers import make_inputs, randint8, run_api, to_paged
 from tests.triton_backend import triton_backend  # noqa: F401 (fixture)
@@ -139,3 +141,75 @@ def test_fia_cpu_int8_cache(cpu_path, which, where, value):
 def test_fia_triton(triton_backend, which, where, value, sq):  # noqa: F811
     _check_fia(*_fia_case(which, where, VALUES[value], sq=sq, dtype=F16, paged=sq == 1), where)
     assert triton_backend
+
+
+# ------------------------------------------------------------------------------------------------ FlashAttention
+FA_Q_LENS, FA_KV_LENS = [5, 4], [6, 9]  # TND, one unused token after each tensor's last sequence
+
+
+def _fa_case(which, where, value, *, dtype, layout):
+    """``(q, k, v, dy, pse, kw)`` with one non-finite element of ``which`` (q, k, v, pse): "visible" at the second
+    key of the last batch (every row sees it under the bottom-right causal mask) or its last query row, "outside"
+    in the unused token after the last sequence (TND)."""
+    if layout == "TND":
+        q, k, v, dy = make_qkv("TND", n1=4, n2=2, q_lens=FA_Q_LENS, kv_lens=FA_KV_LENS, t_extra=1, d=16, dtype=dtype,
+                               seed=20)
+        kw = dict(layout="TND", actual_seq_qlen=[5, 9], actual_seq_kvlen=[6, 15], causal=True)
+        q_at, kv_at = (8 if where == "visible" else 9), (7 if where == "visible" else 15)
+        index = {"q": (q, (q_at, 1, 3)), "k": (k, (kv_at, 0, 3)), "v": (v, (kv_at, 0, 3))}
+    else:
+        q, k, v, dy = make_qkv("BNSD", b=2, n1=4, n2=2, sq=4, skv=9, d=16, dtype=dtype, seed=21)
+        kw = dict(layout="BNSD", causal=True)
+        index = {"q": (q, (1, 1, 3, 3)), "k": (k, (1, 0, 1, 3)), "v": (v, (1, 0, 1, 3))}
+    pse = None
+    if which == "pse":
+        pse = randn(2, 4, 4, 9, dtype=dtype, seed=22)
+        pse[1, 1, 3, 1] = value
+    else:
+        t, at = index[which]
+        t[at] = value
+    return q, k, v, dy, pse, dict(kw, scale=0.25)
+
+
+FA_CASES = [("BNSD", w, "visible", val) for w in ("q", "k", "v", "pse") for val in VALUES] + \
+           [("TND", w, p, val) for w in ("q", "k", "v") for p in ("visible", "outside") for val in VALUES]
+
+
+def _check_fa(q, k, v, dy, pse, kw, where):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v) + (() if pse is None else (pse,))]
+    res = attnops.flash_attention(*leaves[:3], pse=None if pse is None else leaves[3], return_stats=True, **kw)
+    res[0].backward(dy)
+    gkw = golden_kwargs(dict(kw, pse=pse, head_num=4))
+    if kw.get("causal"):
+        gkw.update(atten_mask=TRIU2048, sparse_mode=3)
+    g_out, g_max, g_sum = fa_forward(q, k, v, dtype=F64, **gkw)
+    b_out, b_max, b_sum = fa_forward(q, k, v, dtype=q.dtype, **gkw)
+    if where == "outside":
+        assert bool(g_out.isfinite().all())
+    assert_nonfinite_close("out", res[0], g_out, b_out)
+    assert_nonfinite_close("softmax_max", res.softmax_max, g_max, b_max)
+    assert_nonfinite_close("softmax_sum", res.softmax_sum, g_sum, b_sum)
+    gold = fa_backward(dy, q, k, v, dtype=F64, **gkw)
+    base = fa_backward(dy, q, k, v, dtype=q.dtype, **gkw)
+    for name, leaf, g, b in zip(("dq", "dk", "dv", "dpse"), leaves, gold, base):
+        assert_nonfinite_close(name, leaf.grad, g, b, factor=3)
+
+
+@pytest.mark.parametrize("layout,which,where,value", FA_CASES)
+def test_flash_attention_cpu(layout, which, where, value):
+    _check_fa(*_fa_case(which, where, VALUES[value], dtype=F32, layout=layout), where)
+
+
+@pytest.mark.parametrize("layout,which,where,value", [c for c in FA_CASES if c[3] != "-inf" or c[1] == "k"])
+def test_flash_attention_triton(triton_backend, layout, which, where, value):  # noqa: F811
+    _check_fa(*_fa_case(which, where, VALUES[value], dtype=F16, layout=layout), where)
+    assert triton_backend
+
+
+@pytest.mark.parametrize("value", list(VALUES))
+def test_flash_attention_key_masked_for_some_rows(value):
+    """A non-finite key that the causal mask hides from every row but the last: the other rows, and the gradients
+    of the keys only they see, stay finite (a masked score is -inf, whatever the key holds)."""
+    q, k, v, dy, pse, kw = _fa_case("k", "visible", 0.0, dtype=F32, layout="BNSD")
+    k[1, 0, 8, 3] = VALUES[value]  # bottom-right causal, Sq 4, Skv 9: only row 3 sees key 8
+    _check_fa(q, k, v, dy, pse, kw, "visible")
