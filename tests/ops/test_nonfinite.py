@@ -15,6 +15,7 @@ from attnops._core import cpu_kernels
 from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden import fa_backward, fa_forward
 from tests.helpers import F64, TRIU2048, golden_kwargs, make_qkv, randn
+from tests.ops.dsa.dsa_helpers import golden_sfa
 from tests.ops.fused_infer_attention.fia_helpers import golden as fia_golden
 from tests.ops.fused_infer_attention.fia_helpers import make_inputs, randint8, run_api, to_paged
 from tests.triton_backend import triton_backend  # noqa: F401 (fixture)
@@ -37,7 +38,7 @@ def assert_nonfinite_close(name, actual, golden, baseline, *, factor=2.0):
     finite = g.isfinite()
     b = baseline.detach().double()
     finite_b = finite & b.isfinite()
-    assert_close_to_golden(name, torch.where(finite, a, 0.0), torch.where(finite, g, 0.0),
+    assert_close_to_golden(name, torch.where(finite, a, 0.0).to(actual.dtype), torch.where(finite, g, 0.0),
                            torch.where(finite_b, b, 0.0), factor=factor)
 
 
@@ -213,3 +214,49 @@ def test_flash_attention_key_masked_for_some_rows(value):
     q, k, v, dy, pse, kw = _fa_case("k", "visible", 0.0, dtype=F32, layout="BNSD")
     k[1, 0, 8, 3] = VALUES[value]  # bottom-right causal, Sq 4, Skv 9: only row 3 sees key 8
     _check_fa(q, k, v, dy, pse, kw, "visible")
+
+
+# ------------------------------------------------------------------------------------------------ DSA
+DSA_ROWS = [[1, 2, 3, 5, -1, -1]] * 4  # 4 query rows (causal: row i sees keys < 7 + i); key 0 only as padding
+
+
+def _dsa_case(which, where, value, dtype):
+    """One batch, 4 query rows, 12 keys of which 10 are in the length; a non-finite element of ``which`` (q, k, v)
+    "visible" (key 2, or query row 3) or "outside": key 0 (which only the -1 padding slots point at) and key 11
+    (past the length) at once."""
+    q = randn(1, 4, 4, 16, dtype=dtype, seed=30)
+    k, v = randn(1, 12, 1, 16, dtype=dtype, seed=31), randn(1, 12, 1, 16, dtype=dtype, seed=32)
+    if which == "q":
+        q[0, 3, 1, 5] = value
+    else:
+        for pos in ((2,) if where == "visible" else (0, 11)):
+            (k if which == "k" else v)[0, pos, 0, 5] = value
+    return q, k, v
+
+
+def _check_dsa(q, k, v, where):
+    idx = torch.tensor(DSA_ROWS, dtype=torch.int32).view(1, 4, 1, 6)
+    res = attnops.sparse_flash_attention(q, k, v, idx, scale=0.25, actual_seq_lengths_query=torch.tensor([4]),
+                                         actual_seq_lengths_kv=torch.tensor([10]))
+    args = ([q[0]], [k[0, :10, 0]], [v[0, :10, 0]], [DSA_ROWS], 0.25)
+    g, b = golden_sfa(*args), golden_sfa(*args, dtype=q.dtype)
+    if where == "outside":
+        assert bool(g[0].isfinite().all())
+    assert_nonfinite_close("out", res.attention_out[0], g[0], b[0])
+    assert_nonfinite_close("softmax_max", res.softmax_max[0, 0], g[1], b[1])
+    assert_nonfinite_close("softmax_sum", res.softmax_sum[0, 0], g[2], b[2])
+
+
+DSA_CASES = [(w, p, val) for w in ("q", "k", "v") for p in ("visible", "outside") for val in VALUES
+             if not (w == "q" and p == "outside")]
+
+
+@pytest.mark.parametrize("which,where,value", DSA_CASES)
+def test_dsa_cpu(which, where, value):
+    _check_dsa(*_dsa_case(which, where, VALUES[value], F32), where)
+
+
+@pytest.mark.parametrize("which,where,value", [c for c in DSA_CASES if c[2] != "-inf" or c[0] == "k"])
+def test_dsa_triton(triton_backend, which, where, value):  # noqa: F811
+    _check_dsa(*_dsa_case(which, where, VALUES[value], F16), where)
+    assert triton_backend

@@ -43,6 +43,15 @@ def preprocess_kernel(o_ptr, do_ptr, delta_ptr, meta_ptr, o_sb, o_st, o_sh, do_s
 
 
 @triton.jit
+def no_nan_delta(delta):
+    """``D = rowsum(dO * O)`` with NaN (a row that came out NaN from non-finite inputs) as 0. Such a row's ``P``
+    is NaN on the keys it sees, so its ``dS = P (dP - D)`` is NaN there anyway; its ``P`` is 0 on the keys it does
+    not see (masked scores are tested, not exponentiated), and a finite ``D`` keeps their ``dS`` 0, as in the
+    formula, so no NaN reaches a key the row does not see."""
+    return tl.where(delta == delta, delta, 0.0)
+
+
+@triton.jit
 def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr, meta_ptr,
               q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh, dq_sb, dq_st, dq_sh,
               stat_row, delta_sb, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr,
@@ -74,7 +83,8 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
     do_tile = upcast(tl.load(do_ptr + b.to(tl.int64) * do_sb + tok[:, None] * do_st + tl.cast(h, tl.int64) * do_sh
                              + dv[None, :], mask=row_ok & (dv[None, :] < head_dv), other=0.0), UPCAST)
     m, log2l = row_stats(smax_ptr, ssum_ptr, meta_ptr, b, h, rows, stat_row)
-    delta = tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1), mask=rows < sq, other=0.0)
+    delta = no_nan_delta(tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1), mask=rows < sq,
+                                 other=0.0))
     k_base = k_ptr + b.to(tl.int64) * k_sb + hk.to(tl.int64) * k_sh
     v_base = v_ptr + b.to(tl.int64) * v_sb + hk.to(tl.int64) * v_sh
     kv_base = meta(meta_ptr, b, KV_START)
@@ -94,7 +104,7 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
             qk = cap * (softcap / scale)
         s = score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
                        mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, BLOCK_M, BLOCK_N)
-        p = tl.exp2((s - m[:, None]) * LOG2E - log2l[:, None])
+        p = tl.where(s != float("-inf"), tl.exp2((s - m[:, None]) * LOG2E - log2l[:, None]), 0.0)  # see no_nan_delta
         dp = tl.dot(do_tile, v_t, input_precision=PRECISION)
         if DROPOUT != 0:
             dp = dp * dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, DROPOUT == 2)
@@ -168,7 +178,8 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
             do_tile = upcast(tl.load(do_head + tok[:, None] * do_st + dv[None, :],
                                      mask=row_ok & (dv[None, :] < head_dv), other=0.0), UPCAST)
             m, log2l = row_stats(smax_ptr, ssum_ptr, meta_ptr, b, h, rows, stat_row)
-            delta = tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1), mask=rows < sq, other=0.0)
+            delta = no_nan_delta(tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1),
+                                         mask=rows < sq, other=0.0))
             # transposed tiles [keys, rows]: the key block is the products' M dimension
             qk_t = tl.dot(k_tile, tl.trans(q_tile), input_precision=PRECISION)
             if SOFTCAP:
@@ -177,7 +188,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
             s_t = score_tile(qk_t, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr,
                              pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT,
                              BLOCK_M, BLOCK_N, True)
-            p_t = tl.exp2((s_t - m[None, :]) * LOG2E - log2l[None, :])
+            p_t = tl.where(s_t != float("-inf"), tl.exp2((s_t - m[None, :]) * LOG2E - log2l[None, :]), 0.0)
             dp_t = tl.dot(v_tile, tl.trans(do_tile), input_precision=PRECISION)
             p_drop = p_t
             if DROPOUT != 0:

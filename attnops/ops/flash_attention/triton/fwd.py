@@ -123,7 +123,9 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
                                 offset, row_ok, BLOCK_N, True, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT,
                                 NEGATIVE_SCALE, SOFTCAP, UPCAST, PRECISION)
 
-    kept = l_i > 0
+    kept = l_i != 0  # a NaN sum (non-finite inputs) too: its row comes out NaN
+    # the running max skips NaN scores (tl.max): a NaN sum under a finite max means there was one
+    m_i = tl.where((l_i != l_i) & (m_i != float("inf")), float("nan"), m_i)
     out = acc / tl.where(kept, l_i, 1.0)[:, None]
     o_off = b.to(tl.int64) * o_sb + q_rows[:, None] * o_st + tl.cast(h, tl.int64) * o_sh + dv[None, :]
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < head_dv))
