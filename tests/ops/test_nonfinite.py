@@ -13,6 +13,7 @@ import torch
 import attnops
 from attnops._core import cpu_kernels
 from attnops.testing.compare import assert_close_to_golden
+from attnops.testing import golden_nsa
 from attnops.testing.golden import fa_backward, fa_forward
 from tests.helpers import F64, TRIU2048, golden_kwargs, make_qkv, randn
 from tests.ops.dsa.dsa_helpers import golden_sfa
@@ -31,8 +32,8 @@ def assert_nonfinite_close(name, actual, golden, baseline, *, factor=2.0):
     a, g = actual.detach().double(), golden.detach().double()
     assert a.shape == g.shape, (name, tuple(a.shape), tuple(g.shape))
     nan_a, nan_g = a.isnan(), g.isnan()
-    assert torch.equal(nan_a, nan_g), f"{name}: NaN at {nan_a.nonzero().tolist()[:8]}, golden NaN at " \
-                                      f"{nan_g.nonzero().tolist()[:8]}"
+    assert torch.equal(nan_a, nan_g), f"{name}: NaN where the golden is not at {(nan_a & ~nan_g).nonzero().tolist()[:6]}" \
+                                      f", not NaN where it is at {(nan_g & ~nan_a).nonzero().tolist()[:6]}"
     inf_g = g.isinf()
     assert torch.equal(a.isinf(), inf_g) and torch.equal(a[inf_g], g[inf_g]), f"{name}: infinities differ"
     finite = g.isfinite()
@@ -259,4 +260,89 @@ def test_dsa_cpu(which, where, value):
 @pytest.mark.parametrize("which,where,value", [c for c in DSA_CASES if c[2] != "-inf" or c[0] == "k"])
 def test_dsa_triton(triton_backend, which, where, value):  # noqa: F811
     _check_dsa(*_dsa_case(which, where, VALUES[value], F16), where)
+    assert triton_backend
+
+
+# ------------------------------------------------------------------------------------------------ NSA
+NSA_TOPK = torch.tensor([0, 1]).expand(8, 1, 2).contiguous()  # 8 tokens, one KV head, blocks 0 and 1 of 4 keys
+
+
+def _nsa_case(which, where, value, dtype):
+    """8 query tokens (4 heads) and 16 keys (+1 unused token after each) of one sequence; every token selects
+    blocks 0 and 1 (causal: token i sees keys <= i). A non-finite element of ``which``: "visible" (key 0, or
+    token 5's query), "outside": key 13 (in a block no token selects) and the unused key after the sequence."""
+    q = randn(9, 4, 16, dtype=dtype, seed=40)
+    k, v = randn(17, 1, 16, dtype=dtype, seed=41), randn(17, 1, 16, dtype=dtype, seed=42)
+    if which == "q":
+        q[5, 2, 4] = value
+    else:
+        for pos in ((0,) if where == "visible" else (13, 16)):
+            (k if which == "k" else v)[pos, 0, 4] = value
+    return q, k, v
+
+
+def _check_nsa_selected(q, k, v, where):
+    topk = torch.cat([NSA_TOPK, NSA_TOPK[:1]])  # the unused query token selects something too
+    out, smax, ssum = attnops.nsa_selected_attention(q, k, v, topk, select_block_size=4, scale=0.25,
+                                                     actual_seq_qlen=[8], actual_seq_kvlen=[16], return_stats=True)
+    args = (q[:8], k[:16], v[:16], topk[:8], 0.25, 4, [8], [16], True)
+    g, b = golden_nsa.nsa_selected_attention(*args), golden_nsa.nsa_selected_attention(*args, dtype=q.dtype)
+    if where == "outside":
+        assert bool(g[0].isfinite().all())
+    for name, x, gx, bx in zip(("out", "softmax_max", "softmax_sum"), (out, smax, ssum), g, b):
+        assert_nonfinite_close(name, x[:8], gx, bx)
+
+
+NSA_CASES = DSA_CASES
+
+
+@pytest.mark.parametrize("which,where,value", NSA_CASES)
+def test_nsa_selected_cpu(which, where, value):
+    _check_nsa_selected(*_nsa_case(which, where, VALUES[value], F32), where)
+
+
+@pytest.mark.parametrize("which,where,value", [c for c in NSA_CASES if c[2] != "-inf" or c[0] == "k"])
+def test_nsa_selected_triton(triton_backend, which, where, value):  # noqa: F811
+    _check_nsa_selected(*_nsa_case(which, where, VALUES[value], F16), where)
+    assert triton_backend
+
+
+def _nsa_decode_case(which, where, value, dtype):
+    """2 requests (4 query heads, 1 KV head) over a paged cache of 8-key pages; request 1 has 21 keys and selects
+    blocks 0 and 2 of 4 keys, then -1. A non-finite element: "visible" (key 9 of request 1, or its query),
+    "outside": key 5 (block 1, skipped), key 17 (a block after the -1) and key 22 (past its length) at once."""
+    q = randn(2, 4, 16, dtype=dtype, seed=50)
+    k, v = randn(2, 24, 1, 16, dtype=dtype, seed=51), randn(2, 24, 1, 16, dtype=dtype, seed=52)
+    if which == "q":
+        q[1, 2, 4] = value
+    else:
+        for pos in ((9,) if where == "visible" else (5, 17, 22)):
+            (k if which == "k" else v)[1, pos, 0, 4] = value
+    table = torch.tensor([[0, 1, 2], [5, 3, 4]], dtype=torch.int32)
+    k_cache, v_cache = (torch.zeros(6, 8, 1, 16, dtype=dtype) for _ in range(2))
+    for b in range(2):
+        for i in range(3):
+            k_cache[table[b, i]], v_cache[table[b, i]] = k[b, 8 * i:8 * i + 8], v[b, 8 * i:8 * i + 8]
+    topk = torch.tensor([[[0, 1, 2, 3]], [[0, 2, -1, 4]]], dtype=torch.int32)
+    return q, k_cache, v_cache, topk, table, [24, 21]
+
+
+def _check_nsa_decode(q, k_cache, v_cache, topk, table, lens, where):
+    out = attnops.nsa_selected_attention_infer(q, k_cache, v_cache, topk, table, lens, select_block_size=4,
+                                               scale=0.25)
+    args = (q, k_cache, v_cache, topk, table, lens, 0.25, 4)
+    g, b = golden_nsa.nsa_select_attention_infer(*args), golden_nsa.nsa_select_attention_infer(*args, dtype=q.dtype)
+    if where == "outside":
+        assert bool(g.isfinite().all())
+    assert_nonfinite_close("out", out, g, b)
+
+
+@pytest.mark.parametrize("which,where,value", NSA_CASES)
+def test_nsa_decode_cpu(cpu_path, which, where, value):
+    _check_nsa_decode(*_nsa_decode_case(which, where, VALUES[value], F32), where)
+
+
+@pytest.mark.parametrize("which,where,value", [c for c in NSA_CASES if c[2] != "-inf" or c[0] == "k"])
+def test_nsa_decode_triton(triton_backend, which, where, value):  # noqa: F811
+    _check_nsa_decode(*_nsa_decode_case(which, where, VALUES[value], F16), where)
     assert triton_backend

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .common import (KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_rows, delta_offsets, dropout_scale,
-                     meta, program_batch_head, row_stats, score_tile, softcap_tanh, upcast)
+                     kept_score_tile, meta, program_batch_head, row_stats, softcap_tanh, upcast)
 
 
 @triton.jit
@@ -40,15 +40,6 @@ def preprocess_kernel(o_ptr, do_ptr, delta_ptr, meta_ptr, o_sb, o_st, o_sh, do_s
     do = tl.load(do_ptr + b.to(tl.int64) * do_sb + tok[:, None] * do_st + tl.cast(h, tl.int64) * do_sh + dv[None, :],
                  mask=ok, other=0.0).to(tl.float32)
     tl.store(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1), tl.sum(o * do, 1), mask=rows < sq)
-
-
-@triton.jit
-def no_nan_delta(delta):
-    """``D = rowsum(dO * O)`` with NaN (a row that came out NaN from non-finite inputs) as 0. Such a row's ``P``
-    is NaN on the keys it sees, so its ``dS = P (dP - D)`` is NaN there anyway; its ``P`` is 0 on the keys it does
-    not see (masked scores are tested, not exponentiated), and a finite ``D`` keeps their ``dS`` 0, as in the
-    formula, so no NaN reaches a key the row does not see."""
-    return tl.where(delta == delta, delta, 0.0)
 
 
 @triton.jit
@@ -83,8 +74,7 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
     do_tile = upcast(tl.load(do_ptr + b.to(tl.int64) * do_sb + tok[:, None] * do_st + tl.cast(h, tl.int64) * do_sh
                              + dv[None, :], mask=row_ok & (dv[None, :] < head_dv), other=0.0), UPCAST)
     m, log2l = row_stats(smax_ptr, ssum_ptr, meta_ptr, b, h, rows, stat_row)
-    delta = no_nan_delta(tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1), mask=rows < sq,
-                                 other=0.0))
+    delta = tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1), mask=rows < sq, other=0.0)
     k_base = k_ptr + b.to(tl.int64) * k_sb + hk.to(tl.int64) * k_sh
     v_base = v_ptr + b.to(tl.int64) * v_sb + hk.to(tl.int64) * v_sh
     kv_base = meta(meta_ptr, b, KV_START)
@@ -102,13 +92,16 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
         if SOFTCAP:
             cap = softcap_tanh(qk, scale, softcap)
             qk = cap * (softcap / scale)
-        s = score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
-                       mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, BLOCK_M, BLOCK_N)
-        p = tl.where(s != float("-inf"), tl.exp2((s - m[:, None]) * LOG2E - log2l[:, None]), 0.0)  # see no_nan_delta
+        s, seen = kept_score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr,
+                                  pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT,
+                                  BLOCK_M, BLOCK_N)
+        # P and dS exactly 0 where masked, also on a row whose statistics are NaN (non-finite inputs): no NaN reaches
+        # a key the row does not see
+        p = tl.where(seen, tl.exp2((s - m[:, None]) * LOG2E - log2l[:, None]), 0.0)
         dp = tl.dot(do_tile, v_t, input_precision=PRECISION)
         if DROPOUT != 0:
             dp = dp * dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, DROPOUT == 2)
-        ds = p * (dp - delta[:, None])
+        ds = tl.where(seen, p * (dp - delta[:, None]), 0.0)
         if SOFTCAP:
             ds = ds * (1.0 - cap * cap)
         acc += tl.dot(ds.to(k_t.dtype), tl.trans(k_t), input_precision=PRECISION)
@@ -178,17 +171,17 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
             do_tile = upcast(tl.load(do_head + tok[:, None] * do_st + dv[None, :],
                                      mask=row_ok & (dv[None, :] < head_dv), other=0.0), UPCAST)
             m, log2l = row_stats(smax_ptr, ssum_ptr, meta_ptr, b, h, rows, stat_row)
-            delta = no_nan_delta(tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1),
-                                         mask=rows < sq, other=0.0))
+            delta = tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1), mask=rows < sq, other=0.0)
             # transposed tiles [keys, rows]: the key block is the products' M dimension
             qk_t = tl.dot(k_tile, tl.trans(q_tile), input_precision=PRECISION)
             if SOFTCAP:
                 cap_t = softcap_tanh(qk_t, scale, softcap)
                 qk_t = cap_t * (softcap / scale)
-            s_t = score_tile(qk_t, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr,
-                             pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT,
-                             BLOCK_M, BLOCK_N, True)
-            p_t = tl.where(s_t != float("-inf"), tl.exp2((s_t - m[None, :]) * LOG2E - log2l[None, :]), 0.0)
+            s_t, seen = kept_score_tile(qk_t, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh,
+                                        pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE,
+                                        HAS_EXPLICIT, BLOCK_M, BLOCK_N, True)
+            # P and dS exactly 0 where masked, as in dq_kernel
+            p_t = tl.where(seen, tl.exp2((s_t - m[None, :]) * LOG2E - log2l[None, :]), 0.0)
             dp_t = tl.dot(v_tile, tl.trans(do_tile), input_precision=PRECISION)
             p_drop = p_t
             if DROPOUT != 0:
@@ -197,7 +190,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
                 p_drop = p_t * drop
                 dp_t = dp_t * drop
             acc_v += tl.dot(p_drop.to(do_tile.dtype), do_tile, input_precision=PRECISION)
-            ds_t = p_t * (dp_t - delta[None, :])
+            ds_t = tl.where(seen, p_t * (dp_t - delta[None, :]), 0.0)
             if SOFTCAP:
                 ds_in = (ds_t * (1.0 - cap_t * cap_t)).to(q_tile.dtype)
             else:
