@@ -269,14 +269,15 @@ NSA_TOPK = torch.tensor([0, 1]).expand(8, 1, 2).contiguous()  # 8 tokens, one KV
 
 def _nsa_case(which, where, value, dtype):
     """8 query tokens (4 heads) and 16 keys (+1 unused token after each) of one sequence; every token selects
-    blocks 0 and 1 (causal: token i sees keys <= i). A non-finite element of ``which``: "visible" (key 0, or
-    token 5's query), "outside": key 13 (in a block no token selects) and the unused key after the sequence."""
+    blocks 0 and 1 (causal: token i sees keys <= i). A non-finite element of ``which``: "visible" (key 1, which
+    token 0 does not see, or token 5's query), "outside": key 13 (in a block no token selects) and the unused key
+    after the sequence."""
     q = randn(9, 4, 16, dtype=dtype, seed=40)
     k, v = randn(17, 1, 16, dtype=dtype, seed=41), randn(17, 1, 16, dtype=dtype, seed=42)
     if which == "q":
         q[5, 2, 4] = value
     else:
-        for pos in ((0,) if where == "visible" else (13, 16)):
+        for pos in ((1,) if where == "visible" else (13, 16)):
             (k if which == "k" else v)[pos, 0, 4] = value
     return q, k, v
 
