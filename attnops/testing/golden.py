@@ -177,7 +177,8 @@ def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, tnd, q_start, 
     valid = keep.any(dim=-1, keepdim=True)
     s_masked = torch.where(keep, s, torch.full_like(s, -math.inf))
     if skv > 0:
-        m = s_masked.amax(dim=-1, keepdim=True)
+        m = s_masked.detach().amax(dim=-1, keepdim=True)  # a constant shift: no gradient (none reaches it in exact
+        # arithmetic; with infinite inputs autograd would route inf - inf = NaN to the argmax entry)
     else:
         m = torch.full((n1, sq, 1), -math.inf, dtype=dtype)
     m_safe = torch.where(valid, m, torch.zeros_like(m))

@@ -653,7 +653,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 qs_t, dot_t = qs.t(), dot.t()
                 delta = torch.linalg.vecdot(dot, bb.o[h, r0:r1]).unsqueeze_(-1)  # D = rowsum(dy * attention_in)
                 m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
-                nonfinite = not bool(torch.isfinite(m).all() and torch.isfinite(neg_log2_l).all())
+                nonfinite = not bool(torch.isfinite(m).all() and torch.isfinite(neg_log2_l).all()
+                                     and torch.isfinite(delta).all())  # see _masked_entries
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 for c0, c1, band in blocks:
                     tcols = slice(c0 - u0, c1 - u0)
@@ -696,9 +697,9 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
 
 def _masked_entries(p: FAProblem, b: int, h: int, r0: int, r1: int, c0: int, c1: int, band,
                     device: torch.device) -> torch.Tensor:
-    """The entries ``[r1 - r0, c1 - c0]`` the mask hides from query head ``h``: a row with non-finite statistics
-    (NaN or infinite inputs) has NaN there after ``exp(s - max)``, which must not reach the gradients of keys it
-    does not see (only such rows pay for this)."""
+    """The entries ``[r1 - r0, c1 - c0]`` the mask hides from query head ``h``. A row with non-finite statistics
+    or ``D`` (NaN or infinite inputs) has NaN there in ``P = exp(s - max)`` or ``dS = P (dP - D)`` (``0 * inf``),
+    which must not reach the gradients of keys it does not see; only such rows pay for this."""
     zero = torch.zeros(1, r1 - r0, c1 - c0, device=device)
     return p.mask.fill_masked_(zero, b, r0, r1, c0, c1, slice(h, h + 1), band)[0].isinf()
 
