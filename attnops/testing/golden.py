@@ -177,15 +177,18 @@ def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, tnd, q_start, 
     valid = keep.any(dim=-1, keepdim=True)
     s_masked = torch.where(keep, s, torch.full_like(s, -math.inf))
     if skv > 0:
-        m = s_masked.detach().amax(dim=-1, keepdim=True)  # a constant shift: no gradient (none reaches it in exact
-        # arithmetic; with infinite inputs autograd would route inf - inf = NaN to the argmax entry)
+        m = s_masked.amax(dim=-1, keepdim=True)
     else:
         m = torch.full((n1, sq, 1), -math.inf, dtype=dtype)
     m_safe = torch.where(valid, m, torch.zeros_like(m))
     e = torch.where(keep, torch.exp(s_masked - m_safe), torch.zeros_like(s))
     l = e.sum(dim=-1, keepdim=True)
+    # the probabilities from a constant shift: softmax does not depend on it, and autograd through the max would
+    # route inf - inf = NaN to the argmax entry on rows with infinite scores (the statistics keep the max's gradient)
+    e_p = torch.where(keep, torch.exp(s_masked - m_safe.detach()), torch.zeros_like(s))
+    l_p = e_p.sum(dim=-1, keepdim=True)
     # masked entries are 0 even where l is NaN (non-finite inputs): a row never reaches a key it does not see
-    p = torch.where(keep, e / torch.where(valid, l, torch.ones_like(l)), torch.zeros_like(e))
+    p = torch.where(keep, e_p / torch.where(valid, l_p, torch.ones_like(l_p)), torch.zeros_like(e_p))
     if keep_prob < 1.0:
         n = n1 * sq * skv
         kb = drop_keep[drop_off:drop_off + n].reshape(n1, sq, skv).bool()

@@ -288,10 +288,13 @@ def kept_score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
     keep = tl.full(qk.shape, 1, tl.int1)
     if tile_needs_mask(meta_ptr, b, r0, c0, BLOCK_M, BLOCK_N):
         keep = band_keep(meta_ptr, b, rows, cols, TRANSPOSED)
+        s = tl.where(keep, s, float("-inf"))
     if HAS_EXPLICIT:
-        keep = keep & (explicit_masked(tl.zeros_like(s), mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols, row_ok,
-                                       col_ok, HAS_EXPLICIT, TRANSPOSED) == 0.0)
-    return tl.where(keep, s, float("-inf")), keep
+        explicit_keep = explicit_masked(tl.zeros_like(s), mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols,
+                                        row_ok, col_ok, HAS_EXPLICIT, TRANSPOSED) == 0.0
+        keep = keep & explicit_keep
+        s = tl.where(explicit_keep, s, float("-inf"))
+    return s, keep
 
 
 @triton.jit
