@@ -12,8 +12,8 @@ import torch
 
 import attnops
 from attnops._core import cpu_kernels
-from attnops.testing.compare import assert_close_to_golden
 from attnops.testing import golden_nsa
+from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden import fa_backward, fa_forward
 from tests.helpers import F64, TRIU2048, golden_kwargs, make_qkv, randn
 from tests.ops.dsa.dsa_helpers import golden_sfa
@@ -32,8 +32,8 @@ def assert_nonfinite_close(name, actual, golden, baseline, *, factor=2.0):
     a, g = actual.detach().double(), golden.detach().double()
     assert a.shape == g.shape, (name, tuple(a.shape), tuple(g.shape))
     nan_a, nan_g = a.isnan(), g.isnan()
-    assert torch.equal(nan_a, nan_g), f"{name}: NaN where the golden is not at {(nan_a & ~nan_g).nonzero().tolist()[:6]}" \
-                                      f", not NaN where it is at {(nan_g & ~nan_a).nonzero().tolist()[:6]}"
+    assert torch.equal(nan_a, nan_g), f"{name}: NaN where the golden is not at " \
+        f"{(nan_a & ~nan_g).nonzero().tolist()[:6]}, not NaN where it is at {(nan_g & ~nan_a).nonzero().tolist()[:6]}"
     inf_g = g.isinf()
     assert torch.equal(a.isinf(), inf_g) and torch.equal(a[inf_g], g[inf_g]), f"{name}: infinities differ"
     finite = g.isfinite()
@@ -45,13 +45,16 @@ def assert_nonfinite_close(name, actual, golden, baseline, *, factor=2.0):
 
 @pytest.fixture(params=["kernel", "pytorch"])
 def cpu_path(request, monkeypatch):
-    """The C++ decode kernel (where it builds), then the pure-PyTorch path (the kernel switched off in-process)."""
-    if request.param == "kernel":
-        if cpu_kernels.library() is None:
-            pytest.skip(f"no C++ decode kernel: {cpu_kernels.status()}")
-    else:
+    """The C++ decode kernel (where it builds), then the pure-PyTorch path (the kernel switched off in-process).
+    With the kernel: the list of its calls (each a table of chunks), so a test can check that it ran; else None."""
+    if request.param == "pytorch":
         monkeypatch.setattr(cpu_kernels, "_state", {"lib": None, "why": "switched off by the test"})
-    return request.param
+        return None
+    if cpu_kernels.library() is None:
+        pytest.skip(f"no C++ decode kernel: {cpu_kernels.status()}")
+    calls, real = [], cpu_kernels.decode_chunks
+    monkeypatch.setattr(cpu_kernels, "decode_chunks", lambda rows: (calls.append(rows), real(rows))[1])
+    return calls
 
 
 # ------------------------------------------------------------------------------------------------ FIA
@@ -63,6 +66,7 @@ def test_fia_reported_reproduction(cpu_path):
     k[0, 0, 5, 0] = NAN
     out = attnops.fused_infer_attention(q, k, v, num_key_value_heads=2)
     out = out[0] if isinstance(out, tuple) else out
+    assert cpu_path is None or cpu_path  # the kernel ran
     sdpa = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
     assert torch.equal(out.isnan(), sdpa.isnan())
     assert out[0, :2].isnan().all() and not out[0, 2:].isnan().any() and not out[1].isnan().any()
@@ -126,6 +130,7 @@ def test_fia_cpu(cpu_path, which, where, value, sq):
 @pytest.mark.parametrize("which,where,value", [c for c in FIA_CASES if c[0] != "pse"])
 def test_fia_cpu_paged(cpu_path, which, where, value):
     _check_fia(*_fia_case(which, where, VALUES[value], sq=1, dtype=F16, paged=True), where)
+    assert cpu_path is None or cpu_path
 
 
 @pytest.mark.parametrize("which", ["key_scale", "value_scale"])
@@ -134,6 +139,7 @@ def test_fia_cpu_paged(cpu_path, which, where, value):
 def test_fia_cpu_int8_cache(cpu_path, which, where, value):
     """A non-finite per-token antiquant scale of an int8 paged cache."""
     _check_fia(*_fia_case(which, where, VALUES[value], sq=1, dtype=F16, paged=True, quant=True), where)
+    assert cpu_path is None or cpu_path
 
 
 @pytest.mark.parametrize("which,where,value", [("q", "visible", "nan"), ("k", "visible", "nan"),
@@ -341,6 +347,7 @@ def _check_nsa_decode(q, k_cache, v_cache, topk, table, lens, where):
 @pytest.mark.parametrize("which,where,value", NSA_CASES)
 def test_nsa_decode_cpu(cpu_path, which, where, value):
     _check_nsa_decode(*_nsa_decode_case(which, where, VALUES[value], F32), where)
+    assert cpu_path is None or cpu_path
 
 
 @pytest.mark.parametrize("which,where,value", [c for c in NSA_CASES if c[2] != "-inf" or c[0] == "k"])
