@@ -95,7 +95,7 @@ def _fia_case(which, where, value, *, sq, dtype, paged=False, quant=False):
     elif which in ("k", "v"):
         (k if which == "k" else v)[1, 0, pos, 3] = value
     elif which == "pse":
-        kw["pse_shift"] = torch.randn(FIA_B, FIA_N, sq, FIA_SKV, generator=torch.Generator().manual_seed(9))
+        kw["pse_shift"] = torch.randn(FIA_B, FIA_N, sq, 80, generator=torch.Generator().manual_seed(9))  # 5 pages
         kw["pse_shift"][1, 1, sq - 1, pos] = value
         kw["pse_shift"] = kw["pse_shift"].to(dtype)
     else:
@@ -144,10 +144,18 @@ def test_fia_cpu_int8_cache(cpu_path, which, where, value):
 
 @pytest.mark.parametrize("which,where,value", [("q", "visible", "nan"), ("k", "visible", "nan"),
                                                ("k", "visible", "+inf"), ("v", "visible", "-inf"),
-                                               ("k", "outside", "nan"), ("v", "outside", "+inf")])
+                                               ("k", "outside", "nan"), ("v", "outside", "+inf"),
+                                               ("pse", "visible", "nan")])
 @pytest.mark.parametrize("sq", [1, 3], ids=["decode", "prefill"])
 def test_fia_triton(triton_backend, which, where, value, sq):  # noqa: F811
     _check_fia(*_fia_case(which, where, VALUES[value], sq=sq, dtype=F16, paged=sq == 1), where)
+    assert triton_backend
+
+
+@pytest.mark.parametrize("which,where,value", [("key_scale", "visible", "nan"), ("value_scale", "visible", "+inf"),
+                                               ("key_scale", "outside", "nan")])
+def test_fia_triton_int8_cache(triton_backend, which, where, value):  # noqa: F811
+    _check_fia(*_fia_case(which, where, VALUES[value], sq=1, dtype=F16, paged=True, quant=True), where)
     assert triton_backend
 
 
