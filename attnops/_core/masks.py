@@ -141,10 +141,15 @@ class MaskSpec:
         """Set the masked entries of a score tile ``[Nh, r, c]`` to -inf in place.
 
         Only the columns at the band's edges are tested element by element (``band``: this tile's
-        :meth:`band_bounds` when the caller has them); columns every row keeps are skipped.
+        :meth:`band_bounds` when the caller has them); columns every row keeps are skipped. A NaN score is
+        masked too (``clamp_`` would keep it): a span whose sum is NaN takes the slower ``where``.
         """
         for a, z, bound in self.band_bounds(b, r0, r1, c0, c1) if band is None else band:
-            scores[..., a:z].clamp_(max=bound)
+            span = scores[..., a:z]
+            if bool(span.sum().isnan()):  # rare: non-finite inputs
+                span.copy_(torch.where(bound > 0, span, bound))
+            else:
+                span.clamp_(max=bound)
         if self.has_explicit:
             scores.masked_fill_(self._explicit_block(b, r0, r1, c0, c1, heads), float("-inf"))
         return scores

@@ -183,7 +183,12 @@ def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, tnd, q_start, 
     m_safe = torch.where(valid, m, torch.zeros_like(m))
     e = torch.where(keep, torch.exp(s_masked - m_safe), torch.zeros_like(s))
     l = e.sum(dim=-1, keepdim=True)
-    p = e / torch.where(valid, l, torch.ones_like(l))
+    # the probabilities from a constant shift: softmax does not depend on it, and autograd through the max would
+    # route inf - inf = NaN to the argmax entry on rows with infinite scores (the statistics keep the max's gradient)
+    e_p = torch.where(keep, torch.exp(s_masked - m_safe.detach()), torch.zeros_like(s))
+    l_p = e_p.sum(dim=-1, keepdim=True)
+    # masked entries are 0 even where l is NaN (non-finite inputs): a row never reaches a key it does not see
+    p = torch.where(keep, e_p / torch.where(valid, l_p, torch.ones_like(l_p)), torch.zeros_like(e_p))
     if keep_prob < 1.0:
         n = n1 * sq * skv
         kb = drop_keep[drop_off:drop_off + n].reshape(n1, sq, skv).bool()

@@ -111,9 +111,8 @@ def nsa_selected_attention(q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale:
 
     Computed per batch as: dense scores ``S = scale * q k^T``; per token and head the gathered list of selected
     scores ``S[pos]`` (``pos`` = the selected blocks' KV positions in top-k order, duplicates kept); softmax over
-    that list; the probabilities are scattered back (``scatter_add``: a duplicated position receives each of its
-    copies' probability) and multiplied with V. This equals ``softmax(q K_sel^T) V_sel`` with gathered
-    ``K_sel``/``V_sel`` and avoids materialising ``[T, L, D]`` gathers.
+    that list, times the gathered values ``V[pos]``. This equals ``softmax(q K_sel^T) V_sel``; a key no token
+    selects never enters an output (a NaN there stays out).
     """
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     t1, n1, _ = q.shape
@@ -151,8 +150,8 @@ def nsa_selected_attention(q: Tensor, k: Tensor, v: Tensor, topk: Tensor, scale:
         e = torch.where(visible, torch.exp(s - mx_safe), torch.zeros_like(s))
         l = e.sum(dim=-1, keepdim=True)
         p = e / torch.where(valid, l, torch.ones_like(l))  # fully-masked rows: all 0
-        p_dense = torch.zeros_like(dense).scatter_add(-1, pos, p)
-        outs.append(torch.einsum("ihj,jhd->ihd", p_dense, vb))
+        heads = torch.arange(n1).view(1, n1, 1)
+        outs.append(torch.einsum("ihl,ihld->ihd", p, vb[pos, heads]))  # the selected values only
         maxs.append(torch.where(valid, mx.to(sdt), FLT_LOWEST).squeeze(-1))
         sums.append(torch.where(valid, l.detach().to(sdt), FLT_MAX).squeeze(-1))
         lses.append(torch.where(valid, mx_safe + torch.where(valid, l, torch.ones_like(l)).log(), 0).squeeze(-1))

@@ -72,10 +72,11 @@ inline V vsum8(const V* a) {
   return _mm256_add_ps(lo, hi);
 }
 
-// exp(x) for x <= 0: 2^n p(r) with r = x - n ln2 (Cephes' polynomial, about 2 ulp); 0 below -87.
+// exp(x) for x <= 0: 2^n p(r) with r = x - n ln2 (Cephes' polynomial, about 2 ulp); 0 below -87; NaN for NaN
+// (max_ps returns its second operand when either is NaN, so a NaN x goes on into the polynomial).
 inline V vexp(V x) {
   const V zero_below = _mm256_cmp_ps(x, vset(-87.0f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, vset(-87.0f));
+  x = _mm256_max_ps(vset(-87.0f), x);
   const V n = _mm256_round_ps(_mm256_mul_ps(x, vset(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   V r = _mm256_fnmadd_ps(n, vset(0.693359375f), x);
   r = _mm256_fnmadd_ps(n, vset(-2.12194440e-4f), r);
@@ -395,8 +396,11 @@ void tile_scores(const Chunk& h, int64_t t0, const Tile& tile, const Tile& next)
           continue;
         }
         const float qs = h.qsum[n * h.rows + j0 + j];
-        for (int t = 0; t < tile.count; ++t)
-          s[t] = (sj[t] + at(tile.ko[t], n * tile.ks_sn[t], 0.f) * qs) * at(tile.ks[t], n * tile.ks_sn[t], 1.f);
+        for (int t = 0; t < tile.count; ++t) {
+          // + 0 * scale: an infinite scale gives NaN, as the dequantized key (elements of both signs times inf) does
+          const float scale = at(tile.ks[t], n * tile.ks_sn[t], 1.f);
+          s[t] = (sj[t] + at(tile.ko[t], n * tile.ks_sn[t], 0.f) * qs) * scale + 0.f * scale;
+        }
       }
     }
   }
@@ -462,7 +466,7 @@ void tile_values(const Chunk& h, int64_t t0, const Tile& tile, const Tile& next)
         float off = 0.f;
         for (int t = 0; t < tile.count; ++t) {
           wj[t] *= at(tile.vs[t], n * tile.vs_sn[t], 1.f);
-          off += wj[t] * at(tile.vo[t], n * tile.vs_sn[t], 0.f);
+          if (tile.vo[t]) off += wj[t] * tile.vo[t][n * tile.vs_sn[t]];  // no offset adds nothing (an infinite w too)
         }
         h.offsets[n * h.rows + j] += off;
       }
@@ -483,7 +487,10 @@ void tile_values(const Chunk& h, int64_t t0, const Tile& tile, const Tile& next)
   }
 }
 
-// row max and sum of exp(s - max) of scores s [tokens], s replaced by exp(s - max)
+// row max and sum of exp(s - max) of scores s [tokens], s replaced by exp(s - max). The running max skips NaN
+// scores (no single instruction keeps NaN in it); a NaN score still reaches the sum and the output through exp,
+// which propagates it, as does +inf (exp(+inf - +inf) is NaN), and a NaN sum makes the max NaN too, so the row's
+// statistics and output are NaN as in the formula. A row whose scores are all -inf keeps m = -inf and l = 0.
 inline void softmax_row(float* s, int64_t tokens, float* m_out, float* l_out) {
   float m = -INFINITY;
   int64_t t = 0;
@@ -516,7 +523,7 @@ inline void softmax_row(float* s, int64_t tokens, float* m_out, float* l_out) {
     s[t] = std::exp(s[t] - shift);
     total += s[t];
   }
-  *m_out = m;
+  *m_out = total == total ? m : NAN;
   *l_out = total;
 }
 

@@ -66,6 +66,8 @@ class _Gathered:
         else:
             self.kk = torch.cat([rows_of(t["k"], "k"), rows_of(t["k_rope"], "k_rope")], -1)
         self.v = self.kk[..., :t["v"].shape[-1]] if t["v"] is t["k"] else rows_of(t["v"], "v")
+        if not bool(self.mask.all()):  # padding slots gather key 0: a NaN there must not reach P V (0 * NaN)
+            self.v.masked_fill_(~self.mask[..., None], 0.0)
 
     def logits(self, scale: float) -> Tensor:
         """``[C, N1, P]`` scaled logits, ``-inf`` where the mask is off."""
@@ -121,7 +123,7 @@ def sparse_attention_forward(problem: Problem, query: Tensor, key: Tensor, value
         m = p.amax(-1)
         if sink is not None:
             m = torch.maximum(m, sink)
-        m.masked_fill_(torch.isinf(m), 0)  # rows with no key (and no sink)
+        m.masked_fill_(m == float("-inf"), 0)  # rows with no key (and no sink); +inf and NaN stay: the row is NaN
         p.sub_(m[..., None]).exp_()  # in place: the logits become the unnormalized probabilities
         l = p.sum(-1)
         if sink is not None:
@@ -156,6 +158,10 @@ def sparse_attention_backward(problem: Problem, grad: Tensor, query: Tensor, key
         gout = do[lo:hi].to(dt)
         delta = (gout * o[lo:hi].to(dt)).sum(-1, keepdim=True)
         ds = p * (torch.bmm(gout, g.v.transpose(1, 2)) - delta) * scale  # [C, N1, P]
+        if not bool(g.mask.all() and softmax_max[lo:hi].isfinite().all() and l.isfinite().all()):
+            # a NaN row (non-finite inputs) has NaN at its padding slots, which point at key 0: keep them 0
+            p.masked_fill_(~g.mask[:, None, :], 0.0)
+            ds.masked_fill_(~g.mask[:, None, :], 0.0)
         index = g.flat.reshape(-1)
         dqk[lo:hi] = torch.bmm(ds, g.kk)
         dkk.index_add_(0, index, torch.bmm(ds.transpose(1, 2), g.qk).flatten(0, 1))

@@ -143,7 +143,7 @@ def _partial(p: FIAProblem, chunk: _Chunk, queries: dict, partials: dict) -> Non
         s.add_(p.pse.block(b, 0, sq, c0, c1, slice(0, p.n1), F32))
     p.mask.fill_masked_(s, b, 0, sq, c0, c1, slice(0, p.n1))
     m = s.amax(-1, keepdim=True)
-    s.sub_(torch.where(m > -math.inf, m, 0.0)).exp_()
+    s.sub_(torch.where(m != -math.inf, m, 0.0)).exp_()  # a NaN max stays: its row turns NaN, as in the formula
     total = s.sum(-1)
     if p.rounding is not None:  # P for P V as the NPU's cube reads it (the sum: unrounded)
         s = _npu_probabilities(p, s)
@@ -177,9 +177,9 @@ def _msd_queries(p: FIAProblem, q: Tensor) -> Tensor:
 def _merge(m: Tensor, total: Tensor, o: Tensor) -> tuple[Tensor, Tensor]:
     """Chunk partials stacked in chunk order (``m``, ``total [C, N1, Sq]``, ``o [C, N1, Sq, Dv]``; ``o`` is scaled in
     place, so that no temporary is as large as it) -> ``(o [Sq, N1, Dv], lse [N1, Sq])``; rows that saw nothing: 0,
-    +inf."""
+    +inf; a NaN max or sum (non-finite inputs) gives NaN, never a finite value."""
     top = m.amax(0)
-    valid = top > -math.inf
+    valid = top != -math.inf
     w = torch.where(valid, (m - torch.where(valid, top, 0.0)).exp(), 0.0)
     total = (w * total).sum(0)
     o = o.mul_(w.unsqueeze(-1)).sum(0)

@@ -127,9 +127,10 @@ def _shift_and_mask_(p: FIAProblem, b: int, s: Tensor, r0: int, r1: int, heads: 
 
 
 def _softmax_(s: Tensor) -> tuple[Tensor, Tensor]:
-    """In place ``s -> exp(s - rowmax)``; returns the row sums (1 for invalid rows) and the lse (+inf for them)."""
+    """In place ``s -> exp(s - rowmax)``; returns the row sums (1 for invalid rows) and the lse (+inf for them).
+    A NaN max (a NaN score) keeps its row NaN."""
     m = s.amax(-1, keepdim=True)
-    valid = m > -math.inf
+    valid = m != -math.inf
     s.sub_(torch.where(valid, m, 0.0)).exp_()
     total = s.sum(-1, keepdim=True)
     lse = torch.where(valid, m + total.log(), math.inf)

@@ -250,7 +250,7 @@ def _forward_chunk(bt: _Batch, t0: int, t1: int, out, smax, ssum) -> None:
     m = torch.full((tc, g), float("-inf"), dtype=acc)
     for seg, s in zip(segments, scores):
         seg.max_into(m, s.amax(-1))
-    valid = m > float("-inf")
+    valid = m != float("-inf")  # a NaN max (non-finite inputs) stays: the row comes out NaN
     shift = torch.where(valid, m, 0.0)
     l = torch.zeros(tc, g, dtype=acc)
     o = torch.zeros(tc, g, spec.dv, dtype=acc)

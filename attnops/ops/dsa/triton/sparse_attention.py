@@ -28,7 +28,7 @@ Outputs: ``acc / l`` (0 for a row that attends to nothing), and when asked the s
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import LOG2E, upcast
+from ...flash_attention.triton.common import LOG2E, nan_aware_max, upcast
 from .common import head_rows, key_rows, kv_range, load_rows, query_row
 
 SCALE_TILE: tl.constexpr = tl.constexpr(128)  # latent columns per dequantization scale
@@ -101,7 +101,8 @@ def _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, s
         acc = acc * alpha[:, None]
         l_i = l_i * alpha + tl.exp2((sink - m_fin) * LOG2E)
         m_i = m_fin
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a NaN l_i: acc is NaN too
+    m_i = nan_aware_max(m_i, l_i)
     dv = dv0 + tl.arange(0, BLOCK_DV)
     o_off = b.to(tl.int64) * o_sb + token * o_st + h[:, None].to(tl.int64) * o_sh + dv[None, :]
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(h[:, None] < heads) & (dv[None, :] < head_dv))

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .common import (KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_rows, delta_offsets, dropout_scale,
-                     meta, program_batch_head, row_stats, score_tile, softcap_tanh, upcast)
+                     kept_score_tile, meta, program_batch_head, row_stats, softcap_tanh, upcast)
 
 
 @triton.jit
@@ -92,13 +92,16 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
         if SOFTCAP:
             cap = softcap_tanh(qk, scale, softcap)
             qk = cap * (softcap / scale)
-        s = score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
-                       mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, BLOCK_M, BLOCK_N)
-        p = tl.exp2((s - m[:, None]) * LOG2E - log2l[:, None])
+        s, seen = kept_score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr,
+                                  pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT,
+                                  BLOCK_M, BLOCK_N)
+        # P and dS exactly 0 where masked, also on a row whose statistics are NaN (non-finite inputs): no NaN reaches
+        # a key the row does not see
+        p = tl.where(seen, tl.exp2((s - m[:, None]) * LOG2E - log2l[:, None]), 0.0)
         dp = tl.dot(do_tile, v_t, input_precision=PRECISION)
         if DROPOUT != 0:
             dp = dp * dropout_scale(meta_ptr, b, h, rows, cols, keep_prob, seed, offset, drop_ptr, DROPOUT == 2)
-        ds = p * (dp - delta[:, None])
+        ds = tl.where(seen, p * (dp - delta[:, None]), 0.0)
         if SOFTCAP:
             ds = ds * (1.0 - cap * cap)
         acc += tl.dot(ds.to(k_t.dtype), tl.trans(k_t), input_precision=PRECISION)
@@ -174,10 +177,11 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
             if SOFTCAP:
                 cap_t = softcap_tanh(qk_t, scale, softcap)
                 qk_t = cap_t * (softcap / scale)
-            s_t = score_tile(qk_t, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr,
-                             pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT,
-                             BLOCK_M, BLOCK_N, True)
-            p_t = tl.exp2((s_t - m[None, :]) * LOG2E - log2l[None, :])
+            s_t, seen = kept_score_tile(qk_t, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh,
+                                        pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE,
+                                        HAS_EXPLICIT, BLOCK_M, BLOCK_N, True)
+            # P and dS exactly 0 where masked, as in dq_kernel
+            p_t = tl.where(seen, tl.exp2((s_t - m[None, :]) * LOG2E - log2l[None, :]), 0.0)
             dp_t = tl.dot(v_tile, tl.trans(do_tile), input_precision=PRECISION)
             p_drop = p_t
             if DROPOUT != 0:
@@ -186,7 +190,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
                 p_drop = p_t * drop
                 dp_t = dp_t * drop
             acc_v += tl.dot(p_drop.to(do_tile.dtype), do_tile, input_precision=PRECISION)
-            ds_t = p_t * (dp_t - delta[None, :])
+            ds_t = tl.where(seen, p_t * (dp_t - delta[None, :]), 0.0)
             if SOFTCAP:
                 ds_in = (ds_t * (1.0 - cap_t * cap_t)).to(q_tile.dtype)
             else:

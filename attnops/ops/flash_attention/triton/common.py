@@ -72,6 +72,14 @@ def base2_max(m):
 
 
 @triton.jit
+def nan_aware_max(m, l):
+    """The row max ``m`` of an online softmax, NaN where a NaN score made the row sum ``l`` NaN: ``tl.max`` and
+    ``tl.maximum`` skip NaN, and exp of a NaN score puts it into ``l`` (a NaN ``l`` under a max of +inf comes from
+    the +inf score itself, and keeps it)."""
+    return tl.where((l != l) & (m != float("inf")), float("nan"), m)
+
+
+@triton.jit
 def upcast(x, UPCAST: tl.constexpr):
     """fp32 math for loaded tiles where asked (fp32 inputs, and always in the interpreter, which has no bf16)."""
     if UPCAST:
@@ -259,16 +267,34 @@ def score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
     skipped on tiles the band keeps entirely. ``HAS_EXPLICIT``: False, True (a mask tensor) or
     ``MASK_STRIDED_CAUSAL`` (:func:`explicit_masked`).
     """
+    s, _ = kept_score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
+                           mask_ptr, mask_sb, mask_sh, mask_sr, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, BLOCK_M,
+                           BLOCK_N, TRANSPOSED)
+    return s
+
+
+@triton.jit
+def kept_score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale,
+                    pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
+                    mask_ptr, mask_sb, mask_sh, mask_sr,
+                    PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+    """:func:`score_tile`'s scores and where the masks keep them (the backward tells a masked entry from a kept
+    score of -inf by it: on a row whose statistics are NaN, only the kept entries may be NaN)."""
     row_ok = rows < meta(meta_ptr, b, Q_LEN)
     col_ok = cols < meta(meta_ptr, b, KV_LEN)
     s = pse_scores(qk, meta_ptr, b, h, rows, cols, row_ok, col_ok, scale, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols,
                    PSE, PSE_BEFORE_SCALE, TRANSPOSED)
+    keep = tl.full(qk.shape, 1, tl.int1)
     if tile_needs_mask(meta_ptr, b, r0, c0, BLOCK_M, BLOCK_N):
-        s = tl.where(band_keep(meta_ptr, b, rows, cols, TRANSPOSED), s, float("-inf"))
+        keep = band_keep(meta_ptr, b, rows, cols, TRANSPOSED)
+        s = tl.where(keep, s, float("-inf"))
     if HAS_EXPLICIT:
-        s = explicit_masked(s, mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols, row_ok, col_ok, HAS_EXPLICIT,
-                            TRANSPOSED)
-    return s
+        explicit_keep = explicit_masked(tl.zeros_like(s), mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols,
+                                        row_ok, col_ok, HAS_EXPLICIT, TRANSPOSED) == 0.0
+        keep = keep & explicit_keep
+        s = tl.where(explicit_keep, s, float("-inf"))
+    return s, keep
 
 
 @triton.jit

@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from .common import (FLT_LOWEST, FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_keep, base2_max,
-                     dropout_scale, explicit_masked, full_cols, meta, program_batch_head, pse_scores, softcap_tanh,
-                     stat_offsets, upcast)
+                     dropout_scale, explicit_masked, full_cols, meta, nan_aware_max, program_batch_head, pse_scores,
+                     softcap_tanh, stat_offsets, upcast)
 
 
 @triton.jit
@@ -123,7 +123,8 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
                                 offset, row_ok, BLOCK_N, True, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT,
                                 NEGATIVE_SCALE, SOFTCAP, UPCAST, PRECISION)
 
-    kept = l_i > 0
+    kept = l_i != 0  # a NaN sum (non-finite inputs) too: its row comes out NaN
+    m_i = nan_aware_max(m_i, l_i)
     out = acc / tl.where(kept, l_i, 1.0)[:, None]
     o_off = b.to(tl.int64) * o_sb + q_rows[:, None] * o_st + tl.cast(h, tl.int64) * o_sh + dv[None, :]
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < head_dv))

@@ -224,16 +224,17 @@ def merge_kernel(out_ptr, lse_ptr, lens_ptr, lens_stride, pm_ptr, pl_ptr, po_ptr
         s_ok = sp < valid
         rows = ((first + sp).to(tl.int64) * n1 + h) * sq + i
         l = tl.load(pl_ptr + rows, mask=s_ok, other=0.0)
-        m = tl.where(l > 0, tl.load(pm_ptr + rows, mask=s_ok, other=FLT_LOWEST), FLT_LOWEST)
+        has = l != 0  # a unit that kept a column; a NaN sum (non-finite inputs) too, so that it reaches the row
+        m = tl.where(has, tl.load(pm_ptr + rows, mask=s_ok, other=FLT_LOWEST), FLT_LOWEST)
         new_top = tl.maximum(top, tl.max(m, 0))
         alpha = tl.exp2(base2_max(top) - base2_max(new_top))
-        w = tl.where(l > 0, tl.exp2(base2_max(m) - base2_max(new_top)), 0.0)
-        o = tl.load(po_ptr + rows[:, None] * head_dv + dv[None, :], mask=(s_ok & (l > 0))[:, None] &
+        w = tl.where(has, tl.exp2(base2_max(m) - base2_max(new_top)), 0.0)
+        o = tl.load(po_ptr + rows[:, None] * head_dv + dv[None, :], mask=(s_ok & has)[:, None] &
                     (dv[None, :] < head_dv), other=0.0)
         total = total * alpha + tl.sum(w * l, 0)
         acc = acc * alpha + tl.sum(w[:, None] * o, 0)
         top = new_top
-    kept = total > 0
+    kept = total != 0  # NaN: kept, the row comes out NaN
     out = acc / tl.where(kept, total, 1.0)
     lse = tl.where(kept, top + tl.log(tl.where(kept, total, 1.0)), float("inf"))
     dv_ok = dv < head_dv

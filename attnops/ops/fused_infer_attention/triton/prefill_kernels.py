@@ -130,7 +130,7 @@ def prefill_kernel(q_ptr, k_ptr, v_ptr, kp_ptr, vp_ptr, o_ptr, lse_ptr, meta_ptr
         pse_ptr, pse_sb, pse_sh, pse_sr, mask_ptr, mask_sb, mask_sh, mask_sr, BLOCK_M, BLOCK_N, PAGED, K_QUANT,
         V_QUANT, K_STATIC, V_STATIC, K_OFFSET, V_OFFSET, PSE, HAS_EXPLICIT, q_ptr.dtype.element_ty, UPCAST, PRECISION)
 
-    kept = l_i > 0
+    kept = l_i != 0  # NaN (non-finite inputs): kept, the row comes out NaN
     out = acc / tl.where(kept, l_i, 1.0)[:, None]
     lse = tl.where(kept, m_i + tl.log(tl.where(kept, l_i, 1.0)), float("inf"))
     row_ok = rows < sq

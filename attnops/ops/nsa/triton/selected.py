@@ -19,7 +19,8 @@ are in natural units.
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import FLT_LOWEST, FLT_MAX, LOG2E, program_batch_head, upcast
+from ...flash_attention.triton.common import (FLT_LOWEST, FLT_MAX, LOG2E, nan_aware_max, program_batch_head,
+                                             upcast)
 from .common import _group_tile, _softmax_init, _softmax_step, _store_group_tile
 
 Q_START: tl.constexpr = tl.constexpr(0)
@@ -126,7 +127,8 @@ def selected_fwd_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, o_ptr, smax_ptr, ssum_ptr
                                   head_d, head_dv, block_size, scale, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, UPCAST,
                                   PRECISION)
         m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
-    kept = m_i > float("-inf")
+    kept = (m_i > float("-inf")) | (l_i != l_i)  # a NaN sum (non-finite inputs): its row comes out NaN
+    m_i = nan_aware_max(m_i, l_i)
     _store_group_tile(o_ptr, acc / tl.where(kept, l_i, 1.0)[:, None], t, head0, group, o_st, o_sh, head_dv, BLOCK_G,
                       BLOCK_DV)
     g = tl.arange(0, BLOCK_G)
