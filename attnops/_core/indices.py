@@ -17,7 +17,7 @@ import os
 import torch
 from torch import Tensor
 
-from .checks import fail, require
+from .checks import Described, fail, require
 
 ENV_VAR = "ATTNOPS_VALIDATE"
 PAD = -1  # the documented padding of index rows, block tables and slot mappings
@@ -29,7 +29,7 @@ def validation_enabled(device: torch.device | str) -> bool:
     value = os.environ.get(ENV_VAR, "").strip()
     if value in ("0", "1"):
         return value == "1"
-    require(not value, ENV_VAR, "'1' (validate on every device), '0' (never) or unset (on the CPU only)", repr(value))
+    require(not value, ENV_VAR, "'1' (validate on every device), '0' (never) or unset (on the CPU only)", value)
     return torch.device(device).type == "cpu"
 
 
@@ -47,7 +47,7 @@ def _first(bad: Tensor) -> tuple[int, ...] | None:
 
 def _bad_entry(name: str, where: tuple[int, ...], value: int, expected: str, context: str = "") -> None:
     """Raise the error of entry ``name[where] = value`` (``context``: why the entry is read)."""
-    fail(name, expected, f"{name}[{', '.join(map(str, where))}] = {value}{context}")
+    fail(name, expected, Described(f"{name}[{', '.join(map(str, where))}] = {value}{context}"))
 
 
 def blocks_needed(lengths: Tensor, block_size: int) -> Tensor:

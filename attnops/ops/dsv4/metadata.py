@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_choice, check_int, check_tensor, fail, require
+from ..._core.checks import Described, check_choice, check_int, check_tensor, fail, require
 from .problem import CMP_MASK_MODES, INDEX_DTYPES, KV_LAYOUTS, MAX_CMP_RATIO, ORI_MASK_MODES, QUERY_LAYOUTS
 
 METADATA_SIZE = 1024
@@ -41,7 +41,7 @@ def _validated(num_heads_q, num_heads_kv, head_dim, tensors, batch_size, max_seq
     require(heads % num_heads_kv == 0, "num_heads_q", f"a multiple of num_heads_kv ({num_heads_kv})", heads)
     check_int("head_dim", head_dim, lo=1)
     for name in ("ori_topk_length", "cmp_topk_length"):
-        require(tensors.pop(name) is None, name, "None (reserved, not supported)", "a tensor")
+        require(tensors.pop(name) is None, name, "None (reserved, not supported)", Described("a tensor"))
     _batch(tensors, None if batch_size is None else check_int("batch_size", batch_size, lo=0))
     for name, value in max_seqlens.items():
         _optional_int(name, value, 0, 0)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..._core.checks import (check_choice, check_int, check_same_device, check_scale, check_tensor, fail, int_list,
-                             require)
+from ..._core.checks import (Described, check_choice, check_int, check_same_device, check_scale, check_tensor, fail,
+                             int_list, require)
 from .problem import (CMP_MASK_MODES, INDEX_DTYPES, KV_LAYOUTS, MAX_CMP_RATIO, ORI_MASK_MODES, QUERY_LAYOUTS, Batch,
                       KeyStore, Masks, Problem, compute_dtype, lse_shape)
 
@@ -131,7 +131,7 @@ def _batch_count(a: Args) -> int:
 def _cu_lengths(name: str, cu: Tensor | None, batch: int, total: int) -> tuple[list[int], list[int]]:
     """(starts, lengths) of a ``[B + 1]`` cu_seqlens tensor (leading 0, non-decreasing, last <= ``total``)."""
     if cu is None:
-        fail(name, "[B + 1] prefix sums with a leading 0 (required with layout TND)", "None")
+        fail(name, "[B + 1] prefix sums with a leading 0 (required with layout TND)", None)
     check_tensor(name, cu, ndim=1, dtypes=INDEX_DTYPES)
     v = int_list(name, cu)
     require(len(v) == batch + 1 and v[0] == 0 and all(x <= y for x, y in zip(v, v[1:])) and v[-1] <= total, name,
@@ -172,7 +172,7 @@ def _check_blocks(name: str, store: KeyStore, lens: list[int]) -> None:
     for b, n in enumerate(lens):
         used = store.table[b, :-(-n // store.block_size)]
         require(bool((used >= 0).all()), name, f"valid block ids for the {n} keys of batch {b}",
-                f"{used.tolist()[:8]}")
+                Described(f"{used.tolist()[:8]}"))
 
 
 def build_problem(a: Args) -> Problem:
@@ -221,7 +221,7 @@ def _check_indices(indices: Tensor, problem: Problem) -> None:
         bad = (rows < -1) | (rows >= b.cmp_len)
         if bool(bad.any()):
             fail("cmp_sparse_indices", f"-1 or compressed positions in [0, {b.cmp_len}) for the batch at query row "
-                 f"{b.q_start}", f"{int(rows[bad][0])}")
+                 f"{b.q_start}", int(rows[bad][0]))
 
 
 def check_grad_inputs(dout: Tensor, dlse: Tensor | None, out: Tensor, lse: Tensor, q: Tensor, layout_q: str) -> None:
