@@ -159,9 +159,23 @@ def worker(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case
     dist.destroy_process_group()
 
 
+HANG_GUARD_TIMEOUTS = 30
+
+
+def _wait_for_files(paths: list[str], guard_s: float) -> bool:
+    """Whether every file in ``paths`` exists before ``guard_s`` seconds pass (a hang guard, not a timing check)."""
+    deadline = time.monotonic() + guard_s
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def failing_worker(rank: int, world: int, init_file: str, out_dir: str, timeout_s: float) -> None:
     """The last rank raises in its first backward step (after the KV exchange, before sending dK/dV) and stays
-    alive; every other rank must raise within the group timeout instead of waiting forever."""
+    alive until every other rank has reported (or a hang guard of ``HANG_GUARD_TIMEOUTS`` group timeouts passes):
+    every other rank must raise by its own group timeout, not because the failed rank exited."""
     import attnops.distributed.ring as ring
 
     _init(rank, world, init_file, timeout_s)
@@ -172,14 +186,15 @@ def failing_worker(rank: int, world: int, init_file: str, out_dir: str, timeout_
         ring.flash_attention_backward = failing
     q, k, v, dy = make_qkv("BNSD", b=1, n1=2, sq=4 * world, d=8, seed=rank)
     q.requires_grad_()
-    start = time.monotonic()
     try:
         ring_flash_attention(q, k, v, causal=True).backward(dy)
         outcome = "returned"
     except Exception as e:  # noqa: BLE001 - the outcome is the test's subject
         outcome = f"{type(e).__name__}: {e}"
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"outcome": outcome, "seconds": time.monotonic() - start}, f)
+    report = {"outcome": outcome}
     if rank == world - 1:
-        time.sleep(4 * timeout_s)  # stay alive: the others must give up by their timeout, not by our exit
+        others = [os.path.join(out_dir, f"rank{r}.json") for r in range(world - 1)]
+        report["others_reported_while_alive"] = _wait_for_files(others, HANG_GUARD_TIMEOUTS * timeout_s)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
     os._exit(0)  # the group is broken; skip the collective teardown
