@@ -12,7 +12,7 @@ import torch
 
 import attnops
 from attnops._core.dropout import DropoutSpec, keep_mask, pack_bits
-from attnops.testing.compare import assert_close_to_golden
+from attnops.testing.compare import assert_close_to_golden, fa_reductions
 from attnops.testing.golden import FLT_LOWEST, FLT_MAX, fa_backward, fa_forward, seq_lengths
 
 F64 = torch.float64
@@ -23,7 +23,7 @@ _RECT[:, 1024:] = True
 PREFIX3072 = torch.cat([TRIU2048, _RECT])  # the canonical compressed mask of sparse_mode 6
 
 __all__ = ["F64", "INT_MAX", "TRIU2048", "PREFIX3072", "FLT_MAX", "FLT_LOWEST", "randn", "noncontig",
-           "make_qkv", "to_layout", "cum", "score_numel", "fa_reductions", "random_keep", "check_fa", "golden_kwargs"]
+           "make_qkv", "to_layout", "cum", "score_numel", "random_keep", "check_fa", "golden_kwargs"]
 
 
 def randn(*shape, dtype=torch.float32, seed=0, scale=1.0) -> torch.Tensor:
@@ -103,19 +103,6 @@ def score_numel(query, key, *, layout, head_num, actual_seq_qlen=None, actual_se
     bq, sq = _dense_bs(query, layout)
     _, skv = _dense_bs(key, layout)
     return head_num * bq * sq * skv
-
-
-def fa_reductions(query, key, value, *, layout, head_num, actual_seq_qlen=None, actual_seq_kvlen=None) -> dict:
-    """Terms summed into one element of each FlashAttention output (the tolerance floor's ``reduction``): the scores
-    sum over D, the output over the keys, dP over Dv, dV over the queries, dQ over the keys and dK over the queries."""
-    if layout == "TND":
-        sq, skv = max(seq_lengths(actual_seq_qlen), default=1), max(seq_lengths(actual_seq_kvlen), default=1)
-    else:
-        sq, skv = _dense_bs(query, layout)[1], _dense_bs(key, layout)[1]
-    d = query.shape[-1] // head_num if layout in ("BSH", "SBH") else query.shape[-1]
-    dv = value.shape[-1] // (key.shape[-1] // d) if layout in ("BSH", "SBH") else value.shape[-1]
-    fwd = d + skv
-    return dict(out=fwd, softmax_max=fwd, softmax_sum=fwd, dq=d + dv + skv, dk=d + dv + sq, dv=d + sq, dpse=d + dv)
 
 
 def random_keep(numel: int, keep_prob: float, seed: int = 0) -> torch.Tensor:

@@ -5,15 +5,17 @@ the reduction length and the magnitude of the values, never with one machine's s
     err      = max|actual   - golden|        (float64)
     base_err = max|baseline - golden|
     floor    = 2 * max|(g_low + 0.3 - 0.3) - g_low|          output rounding, g_low = golden.to(actual.dtype)
-             + 2 * eps(acc) * sqrt(K) * max|golden|           accumulation
+             + 2 * eps(acc) * sqrt(K) * max(1, max|golden|)   accumulation
     pass iff err <= factor * base_err + floor
 
 ``K`` (``reduction``) is the number of terms summed into one output element along the computation's chain of
 reductions (attention: the head dim of the scores plus the keys of ``P V``; 1 for an elementwise result).
 ``eps(acc)`` is the machine epsilon of the accumulation dtype: fp32 for fp16/bf16/fp32 results (attnops computes
-in fp32), fp64 for fp64. A sum of ``K`` rounded terms errs by about ``eps * sqrt(K)`` times its magnitude (the
-rounding errors of the partial sums add up like a random walk); the factor 2 covers the maximum over elements. The
-first term is the rounding of the result to its own dtype (at least that of 0.3, so results near zero keep a floor).
+in fp32), fp64 for fp64. A sum of ``K`` rounded terms errs by about ``eps * sqrt(K)`` times the magnitude of its
+partial sums (their rounding errors add up like a random walk); the factor 2 covers the maximum over elements. The
+magnitude is the golden's, but at least 1: the products are formed from unit-scale inputs, and a result that cancels
+to about 0 (a gradient through a one-key softmax) still carries their rounding. The first term is the rounding of
+the result to its own dtype (at least that of 0.3, so results near zero keep a floor).
 The baseline term carries the rest, so the floor only matters where the baseline happens to round luckily: a
 summation order (SIMD width, blocking) that differs from the baseline's then stays within the bound on every CPU.
 
@@ -27,7 +29,10 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["assert_close_to_golden", "max_abs_err", "default_floor"]
+from .golden import seq_lengths
+
+__all__ = ["assert_close_to_golden", "max_abs_err", "default_floor", "attention_reductions",
+           "fa_reductions"]
 
 
 def max_abs_err(a: Tensor, b: Tensor) -> float:
@@ -45,7 +50,7 @@ def max_abs_err(a: Tensor, b: Tensor) -> float:
 
 def default_floor(golden: Tensor, dtype: torch.dtype, reduction: int = 1) -> float:
     """The output rounding of ``dtype`` at the golden's magnitude plus the accumulation error of a ``reduction``-term
-    sum at that magnitude (the module's formula; infinities and NaN of the golden are left out of the magnitude)."""
+    sum at that magnitude, at least 1 (the module's formula; infinities and NaN of the golden are left out)."""
     if reduction < 1:
         raise ValueError(f"reduction: expected a number of summed terms >= 1, got {reduction}")
     if golden.numel() == 0:
@@ -54,9 +59,35 @@ def default_floor(golden: Tensor, dtype: torch.dtype, reduction: int = 1) -> flo
     r = ((g + 0.3 - 0.3) - g).abs().to(torch.float64)
     rounding = 2.0 * float(torch.where(torch.isfinite(r), r, torch.zeros_like(r)).max())
     g64 = golden.detach().to(torch.float64).abs()
-    magnitude = float(torch.where(torch.isfinite(g64), g64, torch.zeros_like(g64)).max())
+    magnitude = max(1.0, float(torch.where(torch.isfinite(g64), g64, torch.zeros_like(g64)).max()))
     eps = torch.finfo(torch.promote_types(dtype, torch.float32)).eps if dtype.is_floating_point else 0.0
     return rounding + 2.0 * eps * math.sqrt(reduction) * magnitude
+
+
+def attention_reductions(d: int, dv: int, sq: int, skv: int) -> dict[str, int]:
+    """``reduction`` of each attention output (``[.., Sq, D]`` queries, ``Skv`` keys, value dim ``Dv``): the scores
+    sum over D, the output and its statistics over the keys, dP over Dv, dV and dK over the queries, dQ over the
+    keys; the chain's lengths add up. Keys: out, softmax_max, softmax_sum, lse, dq, dk, dv, dpse."""
+    fwd = d + skv
+    return dict(out=fwd, softmax_max=fwd, softmax_sum=fwd, lse=fwd, dq=d + dv + skv, dk=d + dv + sq, dv=d + sq,
+                dpse=d + dv)
+
+
+_SEQ_DIM = {"BNSD": 2, "BSND": 1, "BSH": 1, "SBH": 0}
+
+
+def fa_reductions(query, key, value, *, layout: str, head_num: int, actual_seq_qlen=None,
+                  actual_seq_kvlen=None) -> dict[str, int]:
+    """:func:`attention_reductions` of a FlashAttention call in ``layout`` (TND: its longest sequences)."""
+    if layout == "TND":
+        sq = max(seq_lengths(actual_seq_qlen), default=1)
+        skv = max(seq_lengths(actual_seq_kvlen), default=1)
+    else:
+        sq, skv = query.shape[_SEQ_DIM[layout]], key.shape[_SEQ_DIM[layout]]
+    packed = layout in ("BSH", "SBH")
+    d = query.shape[-1] // head_num if packed else query.shape[-1]
+    dv = value.shape[-1] // (key.shape[-1] // d) if packed else value.shape[-1]
+    return attention_reductions(d, dv, sq, skv)
 
 
 def assert_close_to_golden(name, actual, golden, baseline, *, factor: float = 2.0, reduction: int = 1,
