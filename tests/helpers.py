@@ -3,8 +3,9 @@
 :func:`check_fa` runs the Pythonic forward (``return_stats=True``) and :func:`attnops.flash_attention_backward`,
 then judges every output with FlashAttention's tolerance rule (``attnops.testing.compare``): the error against
 the float64 golden may be at most 2x (forward) / 3x (gradients) the error of the golden's formula evaluated in
-the input dtype, plus the dtype's rounding floor. The golden always gets copies of the inputs taken before the
-call, so an implementation that mutated its inputs is still judged on the inputs the caller passed.
+the input dtype, plus a floor of rounding error for the dtype and each output's reduction length. The golden
+always gets copies of the inputs taken before the call, so an implementation that mutated its inputs is still
+judged on the inputs the caller passed.
 """
 from __future__ import annotations
 
