@@ -33,13 +33,15 @@ REFERENCE_ONLY = ("reference",)
 
 @dataclass
 class Comparison:
-    """One output of a case: backend result, fp64 golden and the low-precision baseline; ``factor`` 2 or 3."""
+    """One output of a case: backend result, fp64 golden and the low-precision baseline; ``factor`` 2 or 3;
+    ``reduction``: terms summed into one element (the tolerance floor's, :mod:`attnops.testing.compare`)."""
 
     name: str
     actual: torch.Tensor | None
     golden: torch.Tensor | None
     baseline: torch.Tensor | None
     factor: float = 2.0
+    reduction: int = 1
 
 
 @dataclass
@@ -70,7 +72,7 @@ def _judge(cmp: Comparison) -> tuple[float, float, bool, str]:
         return 0.0, 0.0, ok, "" if ok else f"{cmp.name}: one side is None"
     err = max_abs_err(cmp.actual, cmp.golden)
     base = max_abs_err(cmp.baseline, cmp.golden) if cmp.baseline is not None else 0.0
-    bound = cmp.factor * base + default_floor(cmp.golden, cmp.actual.dtype)
+    bound = cmp.factor * base + default_floor(cmp.golden, cmp.actual.dtype, cmp.reduction)
     scale = float(cmp.golden.abs().max()) if cmp.golden.numel() else 0.0
     ok = err <= bound
     return err, err / scale if scale > 0 else err, ok, "" if ok else f"{cmp.name}: err {err:.3e} > bound {bound:.3e}"

@@ -20,6 +20,7 @@ from ..distributed import ring_flash_attention, ring_shard, ring_unshard, ulysse
 from ..distributed.processes import run_ranks
 from ..distributed.sharding import SEQ_DIM
 from ..testing import golden
+from ..testing.compare import fa_reductions
 from . import CheckCase, Comparison
 from .flash_attention import CAUSAL_2048
 
@@ -145,7 +146,9 @@ def _run(case: CPCase) -> list[Comparison]:
     gold = [golden.fa_forward(q, k, v, **kw)[0], *golden.fa_backward(dy, q, k, v, **kw)[:3]]
     base = [golden.fa_forward(q, k, v, dtype=case.dtype, **kw)[0],
             *golden.fa_backward(dy, q, k, v, dtype=case.dtype, **kw)[:3]]
-    return [Comparison(name, a, g, b, 2.0 if name == "out" else 3.0)
+    red = fa_reductions(q, k, v, layout=case.layout, head_num=case.n1, actual_seq_qlen=kw.get("actual_seq_qlen"),
+                        actual_seq_kvlen=kw.get("actual_seq_kvlen"))
+    return [Comparison(name, a, g, b, 2.0 if name == "out" else 3.0, red[name])
             for name, a, g, b in zip(OUTPUTS, actual, gold, base)]
 
 

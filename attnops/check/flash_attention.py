@@ -10,6 +10,7 @@ import torch
 from .. import aclnn, flash_attention, flash_attention_backward
 from .._core.dropout import pack_bits
 from ..testing import golden
+from ..testing.compare import fa_reductions
 from . import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
 
 TRITON_MAX_HEAD_DIM = 256
@@ -70,10 +71,13 @@ def _run(case: FACase, backend: str, call: Callable | None = None) -> list[Compa
     outs, grads = (call or _call)(case, backend, *(moved(dev, x) for x in (q, k, v, dy)), scale, moved(dev, drop_mask),
                                   {name: moved(dev, x) for name, x in o.items()})
     outs, grads = on_cpu(outs), on_cpu(grads)
+    red = fa_reductions(q, k, v, layout=case.layout, head_num=case.head_num, actual_seq_qlen=o.get("actual_seq_qlen"),
+                        actual_seq_kvlen=o.get("actual_seq_kvlen"))
     names = ("attention_out", "softmax_max", "softmax_sum")
-    cmps = [Comparison(n, a, g, b) for n, a, g, b in zip(names, outs, (out_g, max_g, sum_g), (out_b, max_b, sum_b))]
-    cmps += [Comparison(n, a, g, b, factor=3.0) for n, a, g, b in zip(("dq", "dk", "dv", "dpse"), grads, grads_g,
-                                                                        grads_b)]
+    cmps = [Comparison(n, a, g, b, reduction=red[n.removeprefix("attention_")])
+            for n, a, g, b in zip(names, outs, (out_g, max_g, sum_g), (out_b, max_b, sum_b))]
+    cmps += [Comparison(n, a, g, b, factor=3.0, reduction=red[n])
+             for n, a, g, b in zip(("dq", "dk", "dv", "dpse"), grads, grads_g, grads_b)]
     return cmps
 
 

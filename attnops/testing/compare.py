@@ -1,20 +1,38 @@
 """FlashAttention's tolerance rule: an implementation may err at most ``factor`` times as much as plain
-PyTorch in the same low precision (the baseline), plus a floor of the dtype's rounding error.
+PyTorch in the same low precision (the baseline), plus a floor of rounding error that scales with the precision,
+the reduction length and the magnitude of the values, never with one machine's summation order.
 
     err      = max|actual   - golden|        (float64)
     base_err = max|baseline - golden|
-    floor    = 2 * max|(g_low + 0.3 - 0.3) - g_low|  (+1e-6 for fp32), g_low = golden.to(actual.dtype)
+    floor    = 2 * max|(g_low + 0.3 - 0.3) - g_low|          output rounding, g_low = golden.to(actual.dtype)
+             + 2 * eps(acc) * sqrt(K) * max(1, max|golden|)   accumulation
     pass iff err <= factor * base_err + floor
+
+``K`` (``reduction``) is the number of terms summed into one output element along the computation's chain of
+reductions (attention: the head dim of the scores plus the keys of ``P V``; 1 for an elementwise result).
+``eps(acc)`` is the machine epsilon of the accumulation dtype: fp32 for fp16/bf16/fp32 results (attnops computes
+in fp32), fp64 for fp64. A sum of ``K`` rounded terms errs by about ``eps * sqrt(K)`` times the magnitude of its
+partial sums (their rounding errors add up like a random walk); the factor 2 covers the maximum over elements. The
+magnitude is the golden's, but at least 1: the products are formed from unit-scale inputs, and a result that cancels
+to about 0 (a gradient through a one-key softmax) still carries their rounding. The first term is the rounding of
+the result to its own dtype (at least that of 0.3, so results near zero keep a floor).
+The baseline term carries the rest, so the floor only matters where the baseline happens to round luckily: a
+summation order (SIMD width, blocking) that differs from the baseline's then stays within the bound on every CPU.
 
 Forward outputs use factor 2, gradients factor 3.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-__all__ = ["assert_close_to_golden", "max_abs_err", "default_floor"]
+from .golden import seq_lengths
+
+__all__ = ["assert_close_to_golden", "max_abs_err", "default_floor", "attention_reductions",
+           "fa_reductions"]
 
 
 def max_abs_err(a: Tensor, b: Tensor) -> float:
@@ -30,21 +48,52 @@ def max_abs_err(a: Tensor, b: Tensor) -> float:
     return float(diff.max())
 
 
-def default_floor(golden: Tensor, dtype: torch.dtype) -> float:
-    """2 * rounding error of ``dtype`` at the golden's magnitude (+1e-6 for fp32)."""
-    floor = 0.0
-    if golden.numel() > 0:
-        g = golden.detach().to(dtype)
-        r = ((g + 0.3 - 0.3) - g).abs().to(torch.float64)
-        r = torch.where(torch.isfinite(r), r, torch.zeros_like(r))
-        floor = 2.0 * float(r.max())
-    if dtype == torch.float32:
-        floor += 1e-6
-    return floor
+def default_floor(golden: Tensor, dtype: torch.dtype, reduction: int = 1) -> float:
+    """The output rounding of ``dtype`` at the golden's magnitude plus the accumulation error of a ``reduction``-term
+    sum at that magnitude, at least 1 (the module's formula; infinities and NaN of the golden are left out)."""
+    if reduction < 1:
+        raise ValueError(f"reduction: expected a number of summed terms >= 1, got {reduction}")
+    if golden.numel() == 0:
+        return 0.0
+    g = golden.detach().to(dtype)
+    r = ((g + 0.3 - 0.3) - g).abs().to(torch.float64)
+    rounding = 2.0 * float(torch.where(torch.isfinite(r), r, torch.zeros_like(r)).max())
+    g64 = golden.detach().to(torch.float64).abs()
+    magnitude = max(1.0, float(torch.where(torch.isfinite(g64), g64, torch.zeros_like(g64)).max()))
+    eps = torch.finfo(torch.promote_types(dtype, torch.float32)).eps if dtype.is_floating_point else 0.0
+    return rounding + 2.0 * eps * math.sqrt(reduction) * magnitude
 
 
-def assert_close_to_golden(name, actual, golden, baseline, *, factor: float = 2.0, floor=None) -> None:
-    """Raise AssertionError unless max|actual-golden| <= factor*max|baseline-golden| + floor."""
+def attention_reductions(d: int, dv: int, sq: int, skv: int) -> dict[str, int]:
+    """``reduction`` of each attention output (``[.., Sq, D]`` queries, ``Skv`` keys, value dim ``Dv``): the scores
+    sum over D, the output and its statistics over the keys, dP over Dv, dV and dK over the queries, dQ over the
+    keys; the chain's lengths add up. Keys: out, softmax_max, softmax_sum, lse, dq, dk, dv, dpse."""
+    fwd = d + skv
+    return dict(out=fwd, softmax_max=fwd, softmax_sum=fwd, lse=fwd, dq=d + dv + skv, dk=d + dv + sq, dv=d + sq,
+                dpse=d + dv)
+
+
+_SEQ_DIM = {"BNSD": 2, "BSND": 1, "BSH": 1, "SBH": 0}
+
+
+def fa_reductions(query, key, value, *, layout: str, head_num: int, actual_seq_qlen=None,
+                  actual_seq_kvlen=None) -> dict[str, int]:
+    """:func:`attention_reductions` of a FlashAttention call in ``layout`` (TND: its longest sequences)."""
+    if layout == "TND":
+        sq = max(seq_lengths(actual_seq_qlen), default=1)
+        skv = max(seq_lengths(actual_seq_kvlen), default=1)
+    else:
+        sq, skv = query.shape[_SEQ_DIM[layout]], key.shape[_SEQ_DIM[layout]]
+    packed = layout in ("BSH", "SBH")
+    d = query.shape[-1] // head_num if packed else query.shape[-1]
+    dv = value.shape[-1] // (key.shape[-1] // d) if packed else value.shape[-1]
+    return attention_reductions(d, dv, sq, skv)
+
+
+def assert_close_to_golden(name, actual, golden, baseline, *, factor: float = 2.0, reduction: int = 1,
+                           floor=None) -> None:
+    """Raise AssertionError unless max|actual-golden| <= factor*max|baseline-golden| + floor; ``floor`` defaults
+    to :func:`default_floor` of the golden, the actual's dtype and ``reduction`` (summed terms per element)."""
     if actual is None or golden is None:
         if actual is None and golden is None:
             return
@@ -53,7 +102,7 @@ def assert_close_to_golden(name, actual, golden, baseline, *, factor: float = 2.
     err = max_abs_err(actual, golden)
     base_err = 0.0 if baseline is None else max_abs_err(baseline, golden)
     if floor is None:
-        floor = default_floor(golden, actual.dtype)
+        floor = default_floor(golden, actual.dtype, reduction)
     bound = factor * base_err + floor
     if not err <= bound:  # NaN fails
         raise AssertionError(f"{name}: err={err:.6g} > factor*base_err + floor = {factor}*{base_err:.6g} + "

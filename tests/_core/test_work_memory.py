@@ -1,7 +1,5 @@
 """Outputs that cannot fit in memory (here implied by an ``expand``-ed query of stride 0, about 10**15 bytes) raise
-a clear attnops error naming ``query`` and the tensors' sizes, quickly and without allocating."""
-import time
-
+a clear attnops error naming ``query`` and the tensors' sizes, from the size check, without trying to allocate."""
 import pytest
 import torch
 
@@ -20,12 +18,12 @@ def _huge(s=HUGE_S):
     lambda: attnops.flash_attention(_huge(), _huge(8), _huge(8)),
     lambda: attnops.fused_infer_attention(_huge(), _huge(8), _huge(8)),
 ], ids=["flash_attention", "fused_infer_attention"])
-def test_outputs_too_large_for_memory_raise_fast(call):
-    start = time.monotonic()
+def test_outputs_too_large_for_memory_raise_before_allocating(call):
+    """The size check against the machine's memory raises (not a failed allocation, nor any compute)."""
     with pytest.raises(ParamInvalidError, match=r"query: expected sizes whose outputs fit in memory on cpu \(needs "
-                                                r".*attention_out \[1, 1, 4000000000000, 64\] torch.float32"):
+                                                r".*attention_out \[1, 1, 4000000000000, 64\] torch.float32.*; "
+                                                r"this machine has "):
         call()
-    assert time.monotonic() - start < 60
 
 
 def test_allocator_failure_inside_becomes_the_attnops_error():

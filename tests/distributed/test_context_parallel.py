@@ -81,10 +81,9 @@ def test_world4(world4, name):
 
 
 def test_rank_failing_mid_step_raises_everywhere(tmp_path):
-    """The last rank raises inside a backward step; the others must raise too (no hang) within the timeout."""
-    timeout_s = 2.0
-    results = _spawn(failing_worker, 2, tmp_path, timeout_s)
+    """The last rank raises inside a backward step; the others must raise too (no hang), by their own group
+    timeout: the failed rank stays alive until they have reported."""
+    results = _spawn(failing_worker, 2, tmp_path, 2.0)
     assert "injected failure" in results[1]["outcome"]
-    # raised by its own timeout, well before the failed rank exits (4 timeouts after its failure)
     assert results[0]["outcome"] != "returned", results[0]
-    assert results[0]["seconds"] < results[1]["seconds"] + 2.5 * timeout_s, results
+    assert results[1]["others_reported_while_alive"], results

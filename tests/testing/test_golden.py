@@ -543,9 +543,17 @@ def test_compare_rule():
         assert_close_to_golden("nan", nan.float(), g, g.float())
     with pytest.raises(AssertionError):
         assert_close_to_golden("shape", g[:3].float(), g[:4], g[:4].float())
-    # floor: fp32 adds 1e-6; fp16 floor is the rounding error at the magnitude
-    assert default_floor(torch.zeros(3, dtype=F64), torch.float32) == pytest.approx(1e-6 + 2 * abs(0.3 - 0.3))
-    assert 0 < default_floor(g, torch.float16) <= 2 * 2.0**-9  # 2 * fp16 spacing near 2
+    # floor: output rounding at the magnitude + 2 * eps(fp32 accumulation) * sqrt(reduction) * max(1, max|golden|)
+    eps32 = torch.finfo(torch.float32).eps
+    assert default_floor(torch.zeros(3, dtype=F64), torch.float32) == pytest.approx(2 * eps32)
+    assert default_floor(torch.zeros(3, dtype=F64), torch.float32, 64) == pytest.approx(2 * eps32 * 8)
+    rounding = default_floor(g, torch.float32) - 2 * eps32 * 2
+    assert 0 < rounding <= 2 * 2.0**-22  # 2 * fp32 spacing near 2
+    assert default_floor(g, torch.float32, 100) == pytest.approx(rounding + 2 * eps32 * 10 * 2)
+    assert 0 < default_floor(g, torch.float16) <= 2 * 2.0**-9 + 4 * eps32  # fp16 spacing near 2 dominates
+    assert default_floor(g, F64, 4) <= 2 * 2.0**-51 + 8 * torch.finfo(F64).eps
+    with pytest.raises(ValueError, match="reduction"):
+        default_floor(g, torch.float32, 0)
     assert max_abs_err(torch.tensor([FLT_MAX]), torch.tensor([FLT_MAX], dtype=F64)) == 0.0
 
 
