@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..._core.custom_ops import register_dry_run_meta
-from .compressor import compressor_forward
+from .compressor_reference import compressor_forward
 from .compressor_problem import compressor_problem, output_shape
 
 

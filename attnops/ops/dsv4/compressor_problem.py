@@ -79,6 +79,7 @@ def output_shape(x: Tensor, wkv: Tensor, cu_seqlens: Tensor | None, cmp_ratio: i
     dim = wkv.shape[0] // coff
     if x.dim() == 3:
         return (x.shape[0], -(-x.shape[1] // cmp_ratio), dim)
+    require(cu_seqlens is not None, "cu_seqlens", "cu_seqlens [B+1] (required with a packed x [T, H])", None)
     batch = cu_seqlens.shape[0] - 1
     return (min(x.shape[0], x.shape[0] // cmp_ratio + batch), dim)
 

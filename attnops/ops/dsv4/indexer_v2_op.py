@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..._core.custom_ops import register_dry_run_meta
-from .indexer_v2 import compute_dtype, lightning_indexer_v2_forward
+from .indexer_v2_reference import compute_dtype, lightning_indexer_v2_forward
 from .indexer_v2_problem import indexer_v2_problem
 
 

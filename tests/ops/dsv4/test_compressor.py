@@ -8,6 +8,7 @@ import torch
 
 import attnops
 from attnops import AclnnError
+from attnops.ops.dsv4 import compressor_reference as reference
 from attnops.ops.dsv4 import compressor_op  # noqa: F401  (registers attnops::dsv4_compressor)
 from attnops.testing import golden_compressor as G
 
@@ -37,8 +38,11 @@ def _read_state(state, table, b, positions, block_size):
     return torch.stack([state[int(table[b, p // block_size]), p % block_size] for p in positions])
 
 
-@pytest.mark.parametrize("ratio,coff,dim", [(4, 2, 16), (4, 2, 128), (8, 1, 16), (128, 1, 8)])
-def test_prefill_matches_golden_packed(ratio, coff, dim):
+@pytest.mark.parametrize("ratio,coff,dim,chunk", [(4, 2, 16, 2048), (4, 2, 16, 4), (4, 2, 128, 2048),
+                                                   (8, 1, 16, 2048), (8, 1, 16, 8), (128, 1, 8, 2048)])
+def test_prefill_matches_golden_packed(ratio, coff, dim, chunk, monkeypatch):
+    """Also with the new tokens taken one block at a time (``chunk``: the reference's memory stays linear)."""
+    monkeypatch.setattr(reference, "CHUNK_TOKENS", chunk)
     lens = [3 * ratio + 1, ratio - 1, 2 * ratio]
     hidden = 32
     wkv, wgate, ape = _weights(hidden, dim, ratio, coff, seed=ratio)

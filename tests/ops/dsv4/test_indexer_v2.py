@@ -8,7 +8,8 @@ import torch
 
 import attnops
 from attnops import AclnnError
-from attnops.ops.dsv4 import indexer_v2, indexer_v2_op  # noqa: F401  (registers attnops::dsv4_*)
+from attnops.ops.dsv4 import indexer_v2_op  # noqa: F401  (registers attnops::dsv4_*)
+from attnops.ops.dsv4 import indexer_v2_reference as indexer_v2
 from attnops.testing import golden_dsa
 from attnops.testing import golden_indexer_v2 as G
 
