@@ -1,4 +1,5 @@
-"""Every Python block of the README, the user guide and docs/dsa.md, and every example script, runs as it stands."""
+"""Every Python block of the README, the user guide, docs/dsa.md and docs/dsv4.md, and every example script, runs as
+it stands."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "docs/guide.md", "docs/dsa.md")
+DOCS = ("README.md", "docs/guide.md", "docs/dsa.md", "docs/dsv4.md")
 # scripts run by torchrun elsewhere (tests/distributed covers their content)
 TORCHRUN_EXAMPLES = {"ring_attention_cpu.py"}
 # unmodified flash-attn scripts: run through the shim's runner, as docs/flash_attn.md says
