@@ -53,7 +53,8 @@ def compress(x: Tensor, wkv: Tensor, wgate: Tensor, ape: Tensor, *, coff: int, s
 def rms_norm_rope(rows: Tensor, weight: Tensor | None, sin: Tensor | None, cos: Tensor | None, *, eps: float,
                   rope_head_dim: int, rotary_mode: int, dtype=torch.float64) -> Tensor:
     """vllm-ascend's post-processing of compressed rows ``[R, D]``: ``rows / sqrt(mean(rows^2) + eps) * weight``, then
-    RoPE of the last ``rope_head_dim`` columns (mode 2: pairs ``(2i, 2i+1)``; mode 1: halves) with ``sin/cos [R, d]``."""
+    RoPE of the last ``rope_head_dim`` columns (mode 2: pairs ``(2i, 2i+1)``; mode 1: halves) with
+    ``sin/cos [R, d]``."""
     rows = rows.to(dtype)
     if weight is not None:
         rows = rows / torch.sqrt((rows * rows).mean(-1, keepdim=True) + eps) * weight.to(dtype)

@@ -57,11 +57,10 @@ class CompressorProblem:
     table: Tensor | None
     block_size: int
 
-    def slots(self, b: int, pos: Tensor) -> Tensor:
-        """Flat state rows (``[blocks * block_size]`` numbering) of batch ``b``'s logical positions ``pos >= 0``."""
-        if self.cache_mode == 2:
-            return self.table[b] * self.block_size + pos % self.block_size
-        return self.table[b, pos // self.block_size] * self.block_size + pos % self.block_size
+    def slots(self, b: int, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """``(block, slot)`` indices into the state cache of batch ``b``'s logical positions ``pos >= 0``."""
+        block = self.table[b].expand(pos.shape) if self.cache_mode == 2 else self.table[b, pos // self.block_size]
+        return block, pos % self.block_size
 
     def writes(self, b: int, pos: Tensor) -> Tensor:
         """Which of batch ``b``'s new positions ``pos`` are saved to the state."""

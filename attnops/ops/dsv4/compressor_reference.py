@@ -9,7 +9,8 @@ positions before 0 weigh 0). Then, optionally, RMSNorm with ``norm_weight`` and 
 columns (vllm-ascend's form). Every new position's ``[kv | score]`` is saved to the state (see
 :mod:`.compressor_problem` for where).
 
-The state rows the call reads are gathered before anything is written (the NPU's in-place update gives the same).
+The state cache may be a strided view (e.g. one layer of a larger buffer). The state rows the call reads are
+gathered before anything is written (the NPU's in-place update gives the same).
 New tokens are taken in chunks of whole blocks, so memory stays linear in the chunk, not the sequence. Compute in
 fp32 (fp64 for fp64 inputs); outputs in ``x``'s dtype.
 """
@@ -36,8 +37,7 @@ def compressor_forward(problem: CompressorProblem, x: Tensor, wkv: Tensor, wgate
     r, width = problem.ratio, problem.coff * problem.dim
     flat_x = x.reshape(-1, x.shape[-1])
     w = torch.cat([wkv, wgate]).to(dt)
-    state = state_cache.view(-1, state_cache.shape[-1])
-    prefixes = [_prefix(problem, b, state, dt) for b in range(len(problem.batches))]  # every read before any write
+    prefixes = [_prefix(problem, b, state_cache, dt) for b in range(len(problem.batches))]  # all reads, then writes
     out = torch.zeros(*problem.out_shape, dtype=dt, device=x.device)
     flat_out = out.view(-1, problem.dim)
     step = r * max(1, CHUNK_TOKENS // r)
@@ -47,7 +47,7 @@ def compressor_forward(problem: CompressorProblem, x: Tensor, wkv: Tensor, wgate
             pos = torch.arange(batch.start_pos + t0, batch.start_pos + min(batch.n, t0 + step))
             rows = torch.matmul(flat_x[batch.x_start + t0:batch.x_start + t0 + pos.numel()].to(dt), w.T)
             rows[:, width:] += ape.to(dt)[pos % r]
-            _save(problem, b, pos, rows, state)
+            _save(problem, b, pos, rows, state_cache)
             seq = torch.cat([carry, rows]) if carry is not None else rows
             blocks = seq.shape[0] // r
             if carry is not None and blocks >= problem.coff:
@@ -72,19 +72,21 @@ def _prefix(problem: CompressorProblem, b: int, state: Tensor, dt: torch.dtype) 
     if batch.emitted(r) == 0:
         return None
     base = (batch.start_pos // r - problem.coff + 1) * r
-    rows = torch.zeros(batch.start_pos - base, state.shape[1], dtype=dt, device=state.device)
+    rows = torch.zeros(batch.start_pos - base, state.shape[-1], dtype=dt, device=state.device)
     before = max(0, -base)
     rows[:before, rows.shape[1] // 2:] = float("-inf")
     pos = torch.arange(base + before, batch.start_pos)
     if pos.numel():
-        rows[before:] = state[problem.slots(b, pos).to(state.device)].to(dt)
+        block, slot = problem.slots(b, pos)
+        rows[before:] = state[block.to(state.device), slot.to(state.device)].to(dt)
     return rows
 
 
 def _save(problem: CompressorProblem, b: int, pos: Tensor, rows: Tensor, state: Tensor) -> None:
     keep = problem.writes(b, pos)
     if bool(keep.any()):
-        state[problem.slots(b, pos[keep]).to(state.device)] = rows[keep.to(rows.device)].to(state.dtype)
+        block, slot = problem.slots(b, pos[keep])
+        state[block.to(state.device), slot.to(state.device)] = rows[keep.to(rows.device)].to(state.dtype)
 
 
 def _compress(blocks: Tensor, coff: int, dim: int) -> Tensor:

@@ -75,7 +75,8 @@ def quant_lightning_indexer_v2(query: Tensor, key: Tensor, weights: Tensor, quer
     0 and uncompressed key lengths ``L``: here ``cu_seqlens_q`` takes the leading 0, ``seqused_k = L // cmp_ratio``
     and ``cmp_residual_k = L % cmp_ratio``.
 
-    >>> q, k = torch.randint(-8, 8, (1, 4, 2, 16), dtype=torch.int8), torch.randint(-8, 8, (1, 4, 1, 16), dtype=torch.int8)
+    >>> q = torch.randint(-8, 8, (1, 4, 2, 16), dtype=torch.int8)
+    >>> k = torch.randint(-8, 8, (1, 4, 1, 16), dtype=torch.int8)
     >>> r = quant_lightning_indexer_v2(q, k, torch.rand(1, 4, 2), torch.rand(1, 4, 2), torch.rand(1, 4, 1), topk=4)
     >>> r.sparse_indices.shape
     torch.Size([1, 4, 1, 4])

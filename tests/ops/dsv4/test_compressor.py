@@ -140,6 +140,28 @@ def test_state_is_read_from_the_block_table_and_entry_zero_is_not_written():
     assert torch.equal(state[0], block0)
 
 
+def test_strided_state_cache_and_empty_batch():
+    """The state may be one layer of a larger buffer (a strided view), as in Huawei's tests; B = 0 is allowed."""
+    ratio, coff, dim, hidden, bs = 4, 2, 8, 16, 4
+    wkv, wgate, ape = _weights(hidden, dim, ratio, coff, dtype=torch.float32, seed=21)
+    x = randn(1, 9, hidden, dtype=torch.float32, seed=22)
+    table = _table(1, 3)
+    dense = _state(4, bs, dim, coff)
+    buffer = torch.stack([_state(4, bs, dim, coff)] * 3, dim=1)  # [blocks, layers, block_size, W]
+    layer = buffer[:, 1]
+    assert not layer.is_contiguous()
+    kw = dict(cmp_ratio=ratio, coff=coff, state_block_table=table)
+    first = attnops.compressor(x[:, :6], wkv, wgate, dense, ape, **kw)
+    assert torch.equal(attnops.compressor(x[:, :6], wkv, wgate, layer, ape, **kw), first)
+    start = torch.tensor([6], dtype=torch.int32)
+    rest = attnops.compressor(x[:, 6:], wkv, wgate, dense, ape, start_pos=start, **kw)
+    assert torch.equal(attnops.compressor(x[:, 6:], wkv, wgate, layer, ape, start_pos=start, **kw), rest)
+    assert torch.equal(buffer[:, 1], dense) and (buffer[:, [0, 2]] == 7).all()
+    empty = attnops.compressor(x[:0], wkv, wgate, dense, ape, cmp_ratio=ratio, coff=coff,
+                               state_block_table=table[:0])
+    assert empty.shape == (0, 3, dim)
+
+
 def test_ring_cache_mode_keeps_the_tail_and_streams():
     ratio, coff, dim, hidden = 4, 2, 8, 16
     wkv, wgate, ape = _weights(hidden, dim, ratio, coff, dtype=torch.float32, seed=12)
