@@ -141,11 +141,11 @@ def _state_table(state_block_table: Tensor | None, state_cache: Tensor, batches:
                 f"a block_size >= coff * cmp_ratio = {coff * ratio} (ring buffer of cache_mode 2)", state_cache)
         entries = host_ints("state_block_table", state_block_table)
         require(all(0 <= e < blocks for e in entries), "state_block_table", f"entries in [0, {blocks})", entries)
-        return state_block_table.to(torch.int64)
+        return state_block_table.to("cpu", torch.int64)
     check_tensor("state_block_table", state_block_table, ndim=2, dtypes=INDEX_DTYPES)
     require(state_block_table.shape[0] == len(batches), "state_block_table", f"[B={len(batches)}, max_blocks]",
             state_block_table)
-    table = state_block_table.to(torch.int64)
+    table = state_block_table.to("cpu", torch.int64)
     for b, batch in enumerate(batches):
         end = batch.start_pos + batch.n
         lo = max(0, (batch.start_pos // ratio - coff + 1) * ratio) if batch.emitted(ratio) else batch.start_pos

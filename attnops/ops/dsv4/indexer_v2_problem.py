@@ -44,12 +44,12 @@ class IndexerV2Problem:
         return self.block_table[batch, pos // self.block_size] * self.block_size + pos % self.block_size
 
 
-def key_limit(lq: int, lk: int, i: int, *, mask_mode: int, cmp_ratio: int, residual: int) -> int:
-    """How many leading compressed keys query row ``i`` of a batch may use."""
+def key_limits(lq: int, lk: int, *, mask_mode: int, cmp_ratio: int, residual: int) -> Tensor:
+    """How many leading compressed keys each of a batch's ``lq`` query rows may use (int64 ``[lq]``)."""
     if mask_mode == 0:
-        return lk
-    p = lk * cmp_ratio + residual - lq + i
-    return max(0, min(lk, (p + 1) // cmp_ratio))
+        return torch.full((lq,), lk, dtype=torch.int64)
+    p = lk * cmp_ratio + residual - lq + torch.arange(lq)
+    return torch.div(p + 1, cmp_ratio, rounding_mode="floor").clamp(0, lk)
 
 
 def indexer_v2_problem(query: Tensor, key: Tensor, weights: Tensor, *, topk: int, cu_seqlens_q, cu_seqlens_k,
@@ -88,7 +88,7 @@ def indexer_v2_problem(query: Tensor, key: Tensor, weights: Tensor, *, topk: int
         require(seqused_k is not None, "seqused_k", "per-batch key counts [B] (required with a paged key)", None)
         block_size = key.shape[1]
         k_lens = used("seqused_k", seqused_k, [block_table.shape[1] * block_size] * batch)
-        table = block_table.to(torch.int64)
+        table = block_table.to("cpu", torch.int64)
         _check_table(table, k_lens, block_size, key.shape[0])
     else:
         require(block_table is None, "block_table", "None unless layout_k is 'PA_BSND'", block_table)
@@ -117,9 +117,8 @@ def indexer_v2_problem(query: Tensor, key: Tensor, weights: Tensor, *, topk: int
     row_limit = torch.zeros(rows, dtype=torch.int64)
     for b, (start, lq) in enumerate(zip(q_starts, q_lens)):
         row_batch[start:start + lq] = b
-        row_limit[start:start + lq] = torch.tensor(
-            [key_limit(lq, k_lens[b], i, mask_mode=mask_mode, cmp_ratio=ratio, residual=residual[b])
-             for i in range(lq)], dtype=torch.int64)
+        row_limit[start:start + lq] = key_limits(lq, k_lens[b], mask_mode=mask_mode, cmp_ratio=ratio,
+                                                 residual=residual[b])
     return IndexerV2Problem(row_batch, row_limit, tuple(zip(q_starts, q_lens)), k_start, table, block_size)
 
 

@@ -288,5 +288,5 @@ def test_opcheck_and_compile():
 
     eager_state, compiled_state = state.clone(), state.clone()
     eager = f(x, eager_state)
-    compiled = torch.compile(f, fullgraph=True, backend="eager")(x, compiled_state)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(x, compiled_state)
     assert torch.equal(eager, compiled) and torch.equal(eager_state, compiled_state)

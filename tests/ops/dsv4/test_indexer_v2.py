@@ -286,5 +286,5 @@ def test_opcheck_and_compile():
         return r.sparse_indices, r.sparse_values * 2
 
     eager = f(*args[:4], args[6], args[7])
-    compiled = torch.compile(f, fullgraph=True, backend="eager")(*args[:4], args[6], args[7])
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(*args[:4], args[6], args[7])
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
