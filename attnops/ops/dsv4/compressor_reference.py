@@ -38,7 +38,7 @@ def compressor_forward(problem: CompressorProblem, x: Tensor, wkv: Tensor, wgate
     flat_x = x.reshape(-1, x.shape[-1])
     w = torch.cat([wkv, wgate]).to(dt)
     prefixes = [_prefix(problem, b, state_cache, dt) for b in range(len(problem.batches))]  # all reads, then writes
-    out = torch.zeros(*problem.out_shape, dtype=dt, device=x.device)
+    out = torch.zeros(*problem.out_shape, dtype=dt)
     flat_out = out.view(-1, problem.dim)
     step = r * max(1, CHUNK_TOKENS // r)
     for b, batch in enumerate(problem.batches):
@@ -72,13 +72,13 @@ def _prefix(problem: CompressorProblem, b: int, state: Tensor, dt: torch.dtype) 
     if batch.emitted(r) == 0:
         return None
     base = (batch.start_pos // r - problem.coff + 1) * r
-    rows = torch.zeros(batch.start_pos - base, state.shape[-1], dtype=dt, device=state.device)
+    rows = torch.zeros(batch.start_pos - base, state.shape[-1], dtype=dt)
     before = max(0, -base)
     rows[:before, rows.shape[1] // 2:] = float("-inf")
     pos = torch.arange(base + before, batch.start_pos)
     if pos.numel():
         block, slot = problem.slots(b, pos)
-        rows[before:] = state[block.to(state.device), slot.to(state.device)].to(dt)
+        rows[before:] = state[block, slot].to(dt)
     return rows
 
 
@@ -86,7 +86,7 @@ def _save(problem: CompressorProblem, b: int, pos: Tensor, rows: Tensor, state: 
     keep = problem.writes(b, pos)
     if bool(keep.any()):
         block, slot = problem.slots(b, pos[keep])
-        state[block.to(state.device), slot.to(state.device)] = rows[keep.to(rows.device)].to(state.dtype)
+        state[block, slot] = rows[keep].to(state.dtype)
 
 
 def _compress(blocks: Tensor, coff: int, dim: int) -> Tensor:

@@ -30,9 +30,9 @@ def lightning_indexer_v2_forward(problem: IndexerV2Problem, query: Tensor, key: 
     q = query.reshape(-1, *query.shape[-2:])
     w = weights.reshape(q.shape[:2])
     k = key.reshape(-1, key.shape[-1])
-    indices = torch.full((q.shape[0], topk), -1, dtype=torch.int32, device=query.device)
-    values = torch.full((q.shape[0], topk), float("-inf"), dtype=dt, device=query.device)
-    limit = problem.row_limit.to(query.device)
+    indices = torch.full((q.shape[0], topk), -1, dtype=torch.int32)
+    values = torch.full((q.shape[0], topk), float("-inf"), dtype=dt)
+    limit = problem.row_limit
     offset = None if output_idx_offset is None else output_idx_offset.reshape(-1).to(torch.int64)
     per_row = 8 * (int(limit.max()) if limit.numel() else 0) + 4 * q.shape[1] * KEY_BLOCK
     step = max(1, CHUNK_BYTES // per_row)
@@ -43,9 +43,8 @@ def lightning_indexer_v2_forward(problem: IndexerV2Problem, query: Tensor, key: 
             if span == 0:
                 continue
             scores = weighted_relu_scores(q[lo:hi].to(dt), w[lo:hi].to(dt),
-                                          lambda pos, b=b: problem.key_rows(b, pos).to(k.device), k, span,
-                                          KEY_BLOCK)
-            scores.masked_fill_(torch.arange(span, device=scores.device) >= limit[lo:hi, None], float("-inf"))
+                                          lambda pos, b=b: problem.key_rows(b, pos), k, span, KEY_BLOCK)
+            scores.masked_fill_(torch.arange(span) >= limit[lo:hi, None], float("-inf"))
             idx, val = stable_top_k(scores, limit[lo:hi].clamp_max(topk))
             if offset is not None:
                 idx = torch.where(idx >= 0, idx + offset[lo:hi, None], idx)

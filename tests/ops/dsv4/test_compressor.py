@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import attnops
 from attnops import AclnnError
@@ -35,7 +37,8 @@ def _table(batch, width, *, first=1):
 
 
 def _read_state(state, table, b, positions, block_size):
-    return torch.stack([state[int(table[b, p // block_size]), p % block_size] for p in positions])
+    rows = [state[int(table[b, p // block_size]), p % block_size] for p in positions]
+    return torch.stack(rows) if rows else state.new_zeros(0, state.shape[-1])
 
 
 @pytest.mark.parametrize("ratio,coff,dim,chunk", [(4, 2, 16, 2048), (4, 2, 16, 4), (4, 2, 128, 2048),
@@ -290,3 +293,46 @@ def test_opcheck_and_compile():
     eager = f(x, eager_state)
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(x, compiled_state)
     assert torch.equal(eager, compiled) and torch.equal(eager_state, compiled_state)
+
+
+SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def streams(draw):
+    """Random compressions: ratio, overlap, block size, and per batch a sequence cut into calls."""
+    ratio, coff = draw(st.sampled_from([1, 2, 3, 4, 8])), draw(st.sampled_from([1, 2]))
+    block_size = draw(st.integers(1, 9))
+    lengths = draw(st.lists(st.integers(0, 30), min_size=1, max_size=3))
+    cuts = [sorted(draw(st.lists(st.integers(0, n), max_size=3))) for n in lengths]
+    return ratio, coff, block_size, lengths, cuts
+
+
+@SETTINGS
+@given(streams())
+def test_property_streamed_calls_match_the_golden(case):
+    ratio, coff, bs, lengths, cuts = case
+    dim, hidden, batch = 4, 8, len(lengths)
+    wkv, wgate, ape = _weights(hidden, dim, ratio, coff, seed=ratio + coff)
+    xs = [randn(n, hidden, seed=30 + b) for b, n in enumerate(lengths)]
+    width = max(1, -(-max(lengths) // bs))
+    table = _table(batch, width)
+    state = _state(batch * width + 1, bs, dim, coff, torch.float64)
+    bounds = [[0, *c, n] for c, n in zip(cuts, lengths)]
+    rows = [[] for _ in range(batch)]
+    for step in range(max(len(b) for b in bounds) - 1):
+        spans = [(b[step], b[step + 1]) if step + 1 < len(b) else (n, n) for b, n in zip(bounds, lengths)]
+        x = torch.cat([xs[b][lo:hi] for b, (lo, hi) in enumerate(spans)])
+        cu = torch.tensor([0, *torch.tensor([hi - lo for lo, hi in spans]).cumsum(0).tolist()], dtype=torch.int32)
+        out = attnops.compressor(x, wkv, wgate, state, ape, cmp_ratio=ratio, coff=coff, state_block_table=table,
+                                 cu_seqlens=cu, start_pos=torch.tensor([lo for lo, _ in spans], dtype=torch.int32))
+        row = 0
+        for b, (lo, hi) in enumerate(spans):
+            count = hi // ratio - lo // ratio
+            rows[b].append(out[row:row + count])
+            row += count
+    for b, xb in enumerate(xs):
+        want, new = G.compress(xb, wkv, wgate, ape, coff=coff)
+        torch.testing.assert_close(torch.cat(rows[b]), want)
+        torch.testing.assert_close(_read_state(state, table, b, range(lengths[b]), bs), new)
