@@ -41,6 +41,18 @@ def _read_state(state, table, b, positions, block_size):
     return torch.stack(rows) if rows else state.new_zeros(0, state.shape[-1])
 
 
+def test_golden_with_a_flat_gate_averages_its_window():
+    """Golden self-check: with ``wgate = 0`` and ``ape = 0`` every weight is equal, so a row is the plain mean of its
+    window (C4A: the previous block's first half and the block's second half; block 0 has no previous block)."""
+    x, wkv = randn(12, 6, seed=1), randn(2 * 3, 6, seed=2)
+    kv = x @ wkv.T
+    rows, _ = G.compress(x, wkv, torch.zeros(6, 6), torch.zeros(4, 6), coff=2)
+    torch.testing.assert_close(rows[0], kv[0:4, 3:].mean(0))
+    torch.testing.assert_close(rows[2], torch.cat([kv[4:8, :3], kv[8:12, 3:]]).mean(0))
+    rows, _ = G.compress(x, wkv[:3], torch.zeros(3, 6), torch.zeros(4, 3), coff=1)
+    torch.testing.assert_close(rows[1], kv[4:8, :3].mean(0))
+
+
 @pytest.mark.parametrize("ratio,coff,dim,chunk", [(4, 2, 16, 2048), (4, 2, 16, 4), (4, 2, 128, 2048),
                                                    (8, 1, 16, 2048), (8, 1, 16, 8), (128, 1, 8, 2048)])
 def test_prefill_matches_golden_packed(ratio, coff, dim, chunk, monkeypatch):

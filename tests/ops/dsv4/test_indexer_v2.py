@@ -319,3 +319,15 @@ def test_property_matches_golden(case):
     for (idx, val, pad), (gidx, gval) in zip(got, want):
         assert idx == gidx and all(row == [-1] * topk for row in pad)
         torch.testing.assert_close(torch.tensor(val, dtype=torch.float64), torch.tensor(gval, dtype=torch.float64))
+
+
+def test_non_contiguous_inputs():
+    q, k, w = randn(2, 7, 3, 16, seed=1), randn(2, 4, 1, 16, seed=2), randn(2, 7, 3, seed=3).abs()
+    kw = dict(topk=3, mask_mode=3, cmp_ratio=2, cmp_residual_k=torch.tensor([1, 0], dtype=torch.int32))
+    want = attnops.lightning_indexer_v2(q, k, w, **kw)
+    qn = torch.cat([q, q], dim=-1)[..., :16]
+    kn = k.transpose(0, 1).contiguous().transpose(0, 1)
+    wn = w.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not (qn.is_contiguous() or kn.is_contiguous() or wn.is_contiguous())
+    got = attnops.lightning_indexer_v2(qn, kn, wn, **kw)
+    assert torch.equal(got.sparse_indices, want.sparse_indices) and torch.equal(got.sparse_values, want.sparse_values)
