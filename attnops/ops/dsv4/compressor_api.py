@@ -49,4 +49,4 @@ def compressor(x: Tensor, wkv: Tensor, wgate: Tensor, state_cache: Tensor, ape: 
     """
     return call(_op().dsv4_compressor, x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
                 state_block_table, cu_seqlens, seqused, start_pos, cmp_ratio, coff, cache_mode, rope_head_dim,
-                float(norm_eps), rotary_mode)
+                norm_eps, rotary_mode)

@@ -163,11 +163,11 @@ def _state_table(state_block_table: Tensor | None, state_cache: Tensor, batches:
 def _check_post(norm_weight, rope_sin, rope_cos, shape: tuple[int, ...], dim: int, rope_head_dim: int,
                 norm_eps: float, rotary_mode: int) -> None:
     """The optional RMSNorm and RoPE of the compressed rows (vllm-ascend's form)."""
+    if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not (
+            math.isfinite(norm_eps) and norm_eps >= 0):
+        fail("norm_eps", "a finite float >= 0", norm_eps)
     if norm_weight is not None:
         check_tensor("norm_weight", norm_weight, shape=(dim,), dtypes=FLOAT_DTYPES)
-        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not (
-                math.isfinite(norm_eps) and norm_eps >= 0):
-            fail("norm_eps", "a finite float >= 0", norm_eps)
     if (rope_sin is None) != (rope_cos is None):
         fail("rope_cos" if rope_cos is None else "rope_sin", "rope_sin and rope_cos together (or neither)", None)
     if rope_sin is not None:

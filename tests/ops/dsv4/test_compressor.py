@@ -269,6 +269,7 @@ BAD = [  # corrupted argument (positional index and replacement, or keyword chan
     (dict(cache_mode=2, state_block_table=torch.tensor([1], dtype=torch.int32)), "state_cache"),
     (dict(norm_weight=torch.ones(9)), "norm_weight"),
     (dict(norm_weight=torch.ones(8), norm_eps=float("nan")), "norm_eps"),
+    (dict(norm_eps="1e-6"), "norm_eps"),
     (dict(rope_sin=torch.zeros(2, 4)), "rope_cos"),
     (dict(rope_sin=torch.zeros(2, 4), rope_cos=torch.zeros(2, 4), rope_head_dim=4, rotary_mode=3), "rotary_mode"),
     (dict(rope_sin=torch.zeros(2, 4), rope_cos=torch.zeros(2, 4), rope_head_dim=6), "rope_sin"),
