@@ -1,5 +1,4 @@
-"""Every Python block of the README, the user guide, docs/dsa.md and docs/dsv4.md, and every example script, runs as
-it stands."""
+"""Every Python block of the README, the user guide, docs/dsa.md and docs/dsv4.md, and every example script, runs as it stands."""
 from __future__ import annotations
 
 import os
