@@ -11,7 +11,7 @@ from ..._core.custom_ops import call
 from .indexer_v2_quant import dequantize_indexer_inputs
 
 QueryLayout = Literal["BSND", "TND"]
-KeyLayout = Literal["BSND", "TND", "PA_BSND"]
+KeyLayout = Literal["BSND", "TND", "PA_BBND", "PA_BSND"]
 
 
 def _op():
@@ -39,9 +39,10 @@ def lightning_indexer_v2(query: Tensor, key: Tensor, weights: Tensor, *, topk: i
 
     query ``[B, S1, N1, D]`` (``layout="BSND"``) or ``[T1, N1, D]`` (``"TND"``, with ``cu_seqlens_q [B+1]``, leading
     0); key: compressed keys ``[B, S2, 1, D]`` / ``[T2, 1, D]`` (``cu_seqlens_k``) / a paged cache
-    ``[blocks, block_size, 1, D]`` (``layout_key="PA_BSND"``, with ``block_table [B, max_blocks]`` and
-    ``seqused_k``; default: the query's layout); weights ``[B, S1, N1]`` / ``[T1, N1]``. ``seqused_q`` /
-    ``seqused_k`` ``[B]``: valid rows per batch (later rows of a batch are padding: all ``-1``).
+    ``[blocks, block_size, 1, D]`` (``layout_key="PA_BBND"``, or vllm-ascend's name ``"PA_BSND"``, with
+    ``block_table [B, max_blocks]`` and ``seqused_k``; default: the query's layout); weights ``[B, S1, N1]`` /
+    ``[T1, N1]``. ``seqused_q`` / ``seqused_k`` ``[B]``: valid rows per batch (later rows of a batch are padding:
+    all ``-1``).
     ``mask_mode`` 0: every key; 3: causal over compressed keys: row ``i`` of a batch with ``Lq`` rows and ``Lk``
     keys sits at the uncompressed position ``p = Lk * cmp_ratio + cmp_residual_k[b] - Lq + i`` and uses the keys
     ``j < (p + 1) // cmp_ratio`` (``cmp_residual_k [B]`` in ``[0, cmp_ratio)`` is required for ``cmp_ratio > 1``).

@@ -2,7 +2,8 @@
 limit, and the map from a batch's compressed key position to a flat key row).
 
 Query ``[B, S1, N1, D]`` (``BSND``) or packed ``[T1, N1, D]`` (``TND``, ``cu_seqlens_q [B+1]``); compressed keys
-``[B, S2, 1, D]`` / ``[T2, 1, D]`` (``cu_seqlens_k``) / a paged cache ``[blocks, block_size, 1, D]`` (``PA_BSND``,
+``[B, S2, 1, D]`` / ``[T2, 1, D]`` (``cu_seqlens_k``) / a paged cache ``[blocks, block_size, 1, D]`` (``PA_BBND``,
+ops-transformer's name, or ``PA_BSND``, vllm-ascend's,
 with ``block_table [B, max_blocks]`` and the required ``seqused_k``). ``seqused_q`` / ``seqused_k`` override the
 stored lengths. Mask mode 3: query row ``i`` of a batch with ``Lq`` rows and ``Lk`` compressed keys sits at the
 uncompressed position ``p = Lk * cmp_ratio + residual - Lq + i`` and may use keys ``j < (p + 1) // cmp_ratio``
@@ -19,7 +20,8 @@ from ..._core.checks import check_choice, check_int, check_same_device, check_te
 from ..._core.packed_lengths import INDEX_DTYPES, host_ints, per_batch, segments, used
 
 QUERY_LAYOUTS = ("BSND", "TND")
-KEY_LAYOUTS = ("BSND", "TND", "PA_BSND")
+PAGED_LAYOUTS = ("PA_BBND", "PA_BSND")
+KEY_LAYOUTS = ("BSND", "TND", *PAGED_LAYOUTS)
 MASK_MODES = (0, 3)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 TOPK_MAX = 8192
@@ -60,7 +62,8 @@ def indexer_v2_problem(query: Tensor, key: Tensor, weights: Tensor, *, topk: int
                       output_idx_offset=output_idx_offset)
     check_choice("layout_q", layout_q, QUERY_LAYOUTS)
     check_choice("layout_k", layout_k, KEY_LAYOUTS)
-    require(layout_k in (layout_q, "PA_BSND"), "layout_k", f"{layout_q!r} like layout_q, or 'PA_BSND'", layout_k)
+    require(layout_k in (layout_q, *PAGED_LAYOUTS), "layout_k", f"{layout_q!r} like layout_q, or a paged layout",
+            layout_k)
     check_choice("mask_mode", mask_mode, MASK_MODES)
     ratio = check_int("cmp_ratio", cmp_ratio, lo=1)
     check_int("topk", topk, lo=1, hi=TOPK_MAX)
@@ -81,7 +84,7 @@ def indexer_v2_problem(query: Tensor, key: Tensor, weights: Tensor, *, topk: int
     q_lens = used("seqused_q", seqused_q, q_stored)
 
     table, block_size, k_start = None, 0, None
-    if layout_k == "PA_BSND":
+    if layout_k in PAGED_LAYOUTS:
         require(cu_seqlens_k is None, "cu_seqlens_k", "None with a paged key", cu_seqlens_k)
         check_tensor("block_table", block_table, ndim=2, dtypes=INDEX_DTYPES)
         require(block_table.shape[0] == batch, "block_table", f"[B={batch}, max_blocks]", block_table)
@@ -91,7 +94,7 @@ def indexer_v2_problem(query: Tensor, key: Tensor, weights: Tensor, *, topk: int
         table = block_table.to("cpu", torch.int64)
         _check_table(table, k_lens, block_size, key.shape[0])
     else:
-        require(block_table is None, "block_table", "None unless layout_k is 'PA_BSND'", block_table)
+        require(block_table is None, "block_table", "None unless layout_k is paged ('PA_BBND')", block_table)
         if layout_k == "BSND":
             require(cu_seqlens_k is None, "cu_seqlens_k", "None with layout_k 'BSND'", cu_seqlens_k)
             require(key.shape[0] == batch, "key", f"batch B={batch} like query", key)

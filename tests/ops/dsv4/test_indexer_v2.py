@@ -68,7 +68,7 @@ def _run(qs, ks, ws, topk, *, layout, layout_key, mask_mode=3, cmp_ratio=1, resi
               cu_seqlens_q=cu_q, cmp_residual_k=None if residual is None else torch.tensor(residual, dtype=torch.int32))
     if q_stored is not None or layout == "BSND":
         kw["seqused_q"] = torch.tensor(q_lens, dtype=torch.int32)
-    if layout_key == "PA_BSND":
+    if layout_key.startswith("PA_"):
         k, kw["block_table"] = _paged([k[:, None].squeeze(1) for k in ks], block_size)
         kw["seqused_k"] = torch.tensor(k_lens, dtype=torch.int32)
     else:
@@ -113,7 +113,7 @@ def test_golden_causal_rule_over_compressed_keys():
 CASES = [  # layout, layout_key, q_lens, k_lens, cmp_ratio, residual, mask_mode
     ("BSND", "BSND", [9, 5], [3, 2], 4, [2, 1], 3),
     ("TND", "TND", [9, 0, 6], [3, 2, 1], 4, [0, 3, 2], 3),
-    ("TND", "PA_BSND", [9, 1, 6], [5, 4, 2], 4, [1, 0, 3], 3),
+    ("TND", "PA_BBND", [9, 1, 6], [5, 4, 2], 4, [1, 0, 3], 3),
     ("BSND", "PA_BSND", [4, 3], [6, 3], 2, [1, 0], 3),
     ("TND", "TND", [5, 4], [7, 3], 1, None, 3),
     ("TND", "PA_BSND", [5, 4], [7, 3], 4, None, 0),
@@ -299,7 +299,7 @@ SETTINGS = settings(max_examples=30, deadline=None, derandomize=True, database=N
 @st.composite
 def indexer_cases(draw):
     layout = draw(st.sampled_from(["BSND", "TND"]))
-    layout_key = draw(st.sampled_from([layout, "PA_BSND"]))
+    layout_key = draw(st.sampled_from([layout, "PA_BBND", "PA_BSND"]))
     ratio, mode = draw(st.sampled_from([1, 2, 4, 16])), draw(st.sampled_from([0, 3]))
     batch = draw(st.integers(1, 3))
     q_lens = draw(st.lists(st.integers(0, 12), min_size=batch, max_size=batch))
