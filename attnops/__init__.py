@@ -8,7 +8,8 @@ from ._core.errors import (AclnnError, InferenceOnlyError, ParamDtypeError, Para
                            PerformanceWarning)
 from .ops.dsa import (LightningIndexerResult, SparseAttentionResult, lightning_indexer, lightning_indexer_kl_loss,
                       sparse_flash_attention)
-from .ops.dsv4 import (SparseFlashMlaGradResult, SparseFlashMlaResult, sparse_flash_mla, sparse_flash_mla_grad,
+from .ops.dsv4 import (LightningIndexerV2Result, SparseFlashMlaGradResult, SparseFlashMlaResult, compressor,
+                       lightning_indexer_v2, quant_lightning_indexer_v2, sparse_flash_mla, sparse_flash_mla_grad,
                        sparse_flash_mla_grad_metadata, sparse_flash_mla_metadata)
 from .ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
 from .ops.fused_infer_attention import (FusedInferAttentionPlan, FusedInferAttentionResult, PagedKVCache,
@@ -33,11 +34,13 @@ __all__ = [
     "FusedInferAttentionResult",
     "InferenceOnlyError",
     "LightningIndexerResult",
+    "LightningIndexerV2Result",
     "PagedKVCache",
     "ParamDtypeError",
     "ParamInvalidError",
     "ParamNullptrError",
     "PerformanceWarning",
+    "compressor",
     "SparseAttentionResult",
     "SparseFlashMlaGradResult",
     "SparseFlashMlaResult",
@@ -47,12 +50,14 @@ __all__ = [
     "fused_infer_attention_plan",
     "lightning_indexer",
     "lightning_indexer_kl_loss",
+    "lightning_indexer_v2",
     "native_sparse_attention",
     "nsa_compress",
     "nsa_compress_attention",
     "nsa_compress_attention_infer",
     "nsa_selected_attention",
     "nsa_selected_attention_infer",
+    "quant_lightning_indexer_v2",
     "sparse_flash_attention",
     "sparse_flash_mla",
     "sparse_flash_mla_grad",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..common.indexer import stable_top_k, weighted_relu_scores
 from .problem import Problem, compute_dtype, flat_key, flat_query, row_chunks
 
 KEY_BLOCK = 4096
@@ -33,49 +34,15 @@ def lightning_indexer_forward(problem: Problem, query: Tensor, key: Tensor, weig
         span = int(limit.max())
         if span == 0:
             continue
-        scores = _chunk_scores(problem, q[lo:hi].to(dt), w[lo:hi].to(dt), k, b, span)
+        batch = torch.tensor([b])
+        scores = weighted_relu_scores(q[lo:hi].to(dt), w[lo:hi].to(dt), lambda pos: problem.keys.flat(batch, pos), k,
+                                      span, KEY_BLOCK)
         allowed = torch.arange(span) < limit[:, None]
-        addressable = problem.keys.addressable(torch.tensor([b]), torch.arange(span))
+        addressable = problem.keys.addressable(batch, torch.arange(span))
         if addressable is not None:  # keys in blocks outside the cache (block table not validated) are skipped
             allowed &= addressable
         scores.masked_fill_(~allowed, float("-inf"))
-        idx, val = _top_k(scores, allowed.sum(1).clamp_max(sparse_count))
+        idx, val = stable_top_k(scores, allowed.sum(1).clamp_max(sparse_count))
         indices[lo:hi, :idx.shape[1]] = idx.to(torch.int32)
         values[lo:hi, :val.shape[1]] = val
     return indices, values.to(query.dtype) if return_value else query.new_empty((0,))
-
-
-def _chunk_scores(problem: Problem, q: Tensor, w: Tensor, k: Tensor, batch: int, span: int) -> Tensor:
-    """Weighted ReLU scores ``[C, span]`` of a chunk of batch ``batch``'s rows against its key positions
-    ``0..span-1``, one key block at a time."""
-    scores = torch.empty(q.shape[0], span, dtype=q.dtype)
-    b = torch.tensor([batch])
-    for j0 in range(0, span, KEY_BLOCK):
-        pos = torch.arange(j0, min(span, j0 + KEY_BLOCK))
-        kb = k[problem.keys.flat(b, pos)].to(q.dtype)  # [P, D]
-        relu = torch.matmul(q, kb.T).clamp_min_(0)  # [C, N1, P]
-        scores[:, j0:j0 + pos.numel()] = torch.bmm(w[:, None, :], relu)[:, 0]
-    return scores
-
-
-def _top_k(scores: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
-    """Per row the ``counts[r]`` largest finite scores, in descending order with ties broken by the smaller
-    position; ``(positions [C, n], values [C, n])`` with ``n = max(counts)`` and ``-1`` / ``-inf`` past each row's
-    count. Linear in the row length plus ``n log n``."""
-    n = int(counts.max())
-    if n == 0:
-        return scores.new_empty((scores.shape[0], 0), dtype=torch.int64), scores[:, :0]
-    top, _ = torch.topk(scores, n, dim=1, sorted=True)
-    boundary = top.gather(1, (counts - 1).clamp_min(0)[:, None])  # the smallest score that is kept
-    above = scores > boundary
-    tied = scores == boundary
-    keep = above | (tied & (tied.cumsum(1) <= counts[:, None] - above.sum(1, keepdim=True)))
-    keep &= (counts > 0)[:, None]
-    rank = keep.cumsum(1) - 1  # kept positions in ascending order
-    rows, cols = keep.nonzero(as_tuple=True)
-    positions = torch.full((scores.shape[0], n), -1, dtype=torch.int64)
-    positions[rows, rank[rows, cols]] = cols
-    values = torch.full((scores.shape[0], n), float("-inf"), dtype=scores.dtype)
-    values[rows, rank[rows, cols]] = scores[rows, cols]
-    order = torch.sort(values, dim=1, descending=True, stable=True).indices  # ascending positions break ties
-    return positions.gather(1, order), values.gather(1, order)

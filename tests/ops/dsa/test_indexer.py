@@ -79,14 +79,14 @@ def test_memory_stays_linear(monkeypatch):
     from attnops.ops.dsa import indexer, problem
 
     sizes = []
-    real = indexer._chunk_scores
+    real = indexer.weighted_relu_scores
 
     def spy(*args):
         out = real(*args)
         sizes.append(tuple(out.shape))
         return out
 
-    monkeypatch.setattr(indexer, "_chunk_scores", spy)
+    monkeypatch.setattr(indexer, "weighted_relu_scores", spy)
     monkeypatch.setattr(indexer, "KEY_BLOCK", 16)
     qs, ws, ks = _case([300], [300], 2, 8, seed=4)
     q, _ = pack_query(qs, "BSND")

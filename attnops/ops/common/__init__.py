@@ -1,0 +1,1 @@
+"""Operator math several operators share, owned by none."""

@@ -1,0 +1,47 @@
+"""Lightning indexer v2 as a ``torch.library`` custom op (namespace ``attnops``) with its fake kernel. Not
+differentiable (its outputs are integer positions and their scores). Lengths, residuals and block tables are host
+metadata, read once per call. There is no Triton kernel: off the CPU the reference runs on CPU copies (with a
+``PerformanceWarning``), and ``gpu_dry_run`` says so before reading anything."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..._core.custom_ops import register_dry_run_meta
+from ..._core.devices import on_cpu
+from ..._core.dispatch import choose_backend
+from .indexer_v2_reference import compute_dtype, lightning_indexer_v2_forward
+from .indexer_v2_problem import indexer_v2_problem
+
+
+def _output_shape(query: Tensor, topk: int) -> tuple[int, ...]:
+    return (*query.shape[:-2], 1, topk)
+
+
+@torch.library.custom_op("attnops::dsv4_lightning_indexer_v2", mutates_args=())
+def dsv4_lightning_indexer_v2(query: Tensor, key: Tensor, weights: Tensor, cu_seqlens_q: Optional[Tensor],
+                              cu_seqlens_k: Optional[Tensor], seqused_q: Optional[Tensor],
+                              seqused_k: Optional[Tensor], cmp_residual_k: Optional[Tensor],
+                              block_table: Optional[Tensor], output_idx_offset: Optional[Tensor], topk: int,
+                              layout_q: str, layout_k: str, mask_mode: int, cmp_ratio: int
+                              ) -> tuple[Tensor, Tensor]:
+    choose_backend("auto", query.device)
+    problem = indexer_v2_problem(query, key, weights, topk=topk, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                 seqused_q=seqused_q, seqused_k=seqused_k, cmp_residual_k=cmp_residual_k,
+                                 block_table=block_table, output_idx_offset=output_idx_offset, layout_q=layout_q,
+                                 layout_k=layout_k, mask_mode=mask_mode, cmp_ratio=cmp_ratio)
+    indices, values = on_cpu(lightning_indexer_v2_forward, problem, query, key, weights, topk, output_idx_offset)
+    shape = _output_shape(query, topk)
+    return indices.view(shape), values.view(shape)
+
+
+@dsv4_lightning_indexer_v2.register_fake
+def _(query, key, weights, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, cmp_residual_k, block_table,
+      output_idx_offset, topk, layout_q, layout_k, mask_mode, cmp_ratio):
+    shape = _output_shape(query, topk)
+    return query.new_empty(shape, dtype=torch.int32), query.new_empty(shape, dtype=compute_dtype(query))
+
+
+register_dry_run_meta(dsv4_lightning_indexer_v2)
