@@ -1,0 +1,1 @@
+KNOWN_OPEN: set[tuple[str, str, str, str]] = set()
