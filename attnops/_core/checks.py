@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from .errors import ParamDtypeError, ParamInvalidError, ParamNullptrError
+from .errors import AclnnError, ParamDtypeError, ParamInvalidError, ParamNullptrError
 
 
 def describe(x: Any) -> str:
@@ -166,3 +168,17 @@ def softmax_scale(scale: Any, query: torch.Tensor, d: int) -> float:
     """The Pythonic APIs' ``scale``: checked when given, else ``1/sqrt(d)`` (``d``: query's head dim, >= 1)."""
     check_head_dim("query", query, d)
     return d ** -0.5 if scale is None else check_scale("scale", scale)
+
+
+@contextmanager
+def caller_names(**names: str):
+    """Errors raised inside name the caller's arguments: a message that starts with a shared validation's name
+    (``key: ...``, ``key[0]: ...``) is re-raised, same type, starting with ``names[that name]`` (``key_in: ...``),
+    for dialects whose parameters are spelled differently from the operator's."""
+    try:
+        yield
+    except AclnnError as e:
+        match = re.match(r"([A-Za-z_]\w*)(?=[:\[])", str(e))
+        if match and match.group(1) in names:
+            e.args = (names[match.group(1)] + str(e)[match.end():], *e.args[1:])
+        raise

@@ -17,6 +17,7 @@ import functools
 
 import torch
 
+from .checks import check_same_device
 from .triton import dry_run
 
 
@@ -26,14 +27,26 @@ def register_dry_run_meta(op) -> None:
     if fake is None:
         raise RuntimeError(f"{op._qualname}: register the fake kernel before register_dry_run_meta")
 
+    names = [a.name for a in op._opoverload._schema.arguments]
+
     def meta(*args, **kwargs):
         run = dry_run.active()
         if run is None:
+            _check_one_device(dict(zip(names, args)) | kwargs)
             return fake(*args, **kwargs)
         with run.guard():
             return implementation(*args, **kwargs)
 
     op.register_kernel("meta", meta)
+
+
+def _check_one_device(arguments: dict) -> None:
+    """An eager call reaches the ``meta`` kernel when any input is on ``meta``: its floating-point tensors must all
+    be there (a ``meta`` tensor among CPU or GPU ones is a caller's mistake, not a shape-only call)."""
+    floats = {n: t for n, t in arguments.items() if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    if floats:
+        reference = next(iter(floats))
+        check_same_device(reference, floats.pop(reference), **floats)
 
 
 @contextlib.contextmanager

@@ -298,7 +298,7 @@ def npu_fusion_attention_grad_v3(query, key, value, dy, head_num, input_layout, 
     if dpse is None:
         dpse = query.new_empty(0)
     if sink is None:
-        dsink = torch.empty([], device=query.device)
+        dsink = torch.zeros([], device=query.device)
     return dq, dk, dv, dpse, dsink
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .._core.checks import check_tensor
 from .._core.custom_ops import call
 from ..ops.mla import op as mla_op
 from ._common import reject_unsupported
@@ -93,6 +94,8 @@ def npu_mla_prolog_v2(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
     mode follows the dtypes: int8 ``weight_uq_qr`` ("partial", also int8 ``token_x``: W8A8), int8 ``kv_cache``
     ("full": the query is quantized too, ``dequant_scale_q_nope [T, N, 1]``; else ``[1]``)."""
     reject_unsupported(quant_scale_ckr=quant_scale_ckr)
+    for name, x in (("token_x", token_x), ("weight_uq_qr", weight_uq_qr), ("kv_cache", kv_cache)):
+        check_tensor(name, x)  # their dtypes pick the mode
     weight_mode = 0 if weight_uq_qr.dtype != torch.int8 else 2 if token_x.dtype == torch.int8 else 1
     full = int(kv_cache.dtype == torch.int8)
     query, query_rope, scale_q, _, _ = _prolog(
