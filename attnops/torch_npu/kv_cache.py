@@ -127,6 +127,8 @@ def npu_scatter_pa_kv_cache_functional(key: Tensor, value: Tensor, key_cache: Te
                                        compress_seq_offsets: Tensor | None = None, seq_lens: Tensor | None = None,
                                        cache_mode: str | None = "PA_NZ") -> tuple[Tensor, Tensor]:
     """Out-of-place :func:`npu_scatter_pa_kv_cache`: returns updated copies of the caches."""
+    check_tensor("key_cache", key_cache)
+    check_tensor("value_cache", value_cache)
     key_cache, value_cache = key_cache.clone(), value_cache.clone()
     npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, compress_lens=compress_lens,
                             compress_seq_offsets=compress_seq_offsets, seq_lens=seq_lens, cache_mode=cache_mode)
@@ -254,6 +256,8 @@ def npu_gather_pa_kv_cache_functional(key_cache: Tensor, value_cache: Tensor, bl
                                       seq_offset: Tensor | None = None,
                                       is_seq_lens_cumsum: bool = False) -> tuple[Tensor, Tensor]:
     """Out-of-place :func:`npu_gather_pa_kv_cache`: returns filled copies of ``key`` and ``value``."""
+    check_tensor("key", key)
+    check_tensor("value", value)
     key, value = key.clone(), value.clone()
     npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset=seq_offset,
                            is_seq_lens_cumsum=is_seq_lens_cumsum)
