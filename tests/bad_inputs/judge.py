@@ -67,10 +67,10 @@ def check_error(c: Corruption, error: Exception, args: dict) -> None:
     message = str(error)
     allowed = [c.arg]
     if c.kind in PAIRWISE or c.key[1:] == ("dtype", "float64"):
-        allowed = [n for n, v in args.items() if tensors(v)]
+        allowed = [c.arg, *(n for n in args if n != c.arg)]  # a shape or length that disagrees names either side
     if not any(names(message, a) for a in allowed):
         raise AssertionError(f"{c.key}: the error does not name {' or '.join(map(repr, allowed[:1]))}"
-                             f"{' (or another tensor argument)' if len(allowed) > 1 else ''}: "
+                             f"{' (or another argument)' if len(allowed) > 1 else ''}: "
                              f"{type(error).__name__}: {message}")
 
 

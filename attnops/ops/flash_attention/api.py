@@ -39,6 +39,7 @@ def _op():
 
 
 def _head_num(query: Tensor, layout: str, head_num: int | None) -> int:
+    check_tensor("query", query, ndim=3 if layout in ("BSH", "SBH", "TND") else 4)
     if head_num is not None:
         return head_num
     if layout in ("BSH", "SBH"):
