@@ -41,12 +41,17 @@ def register_dry_run_meta(op) -> None:
 
 
 def _check_one_device(arguments: dict) -> None:
-    """An eager call reaches the ``meta`` kernel when any input is on ``meta``: its floating-point tensors must all
-    be there (a ``meta`` tensor among CPU or GPU ones is a caller's mistake, not a shape-only call)."""
-    floats = {n: t for n, t in arguments.items() if isinstance(t, torch.Tensor) and t.is_floating_point()}
-    if floats:
-        reference = next(iter(floats))
-        check_same_device(reference, floats.pop(reference), **floats)
+    """An eager call reaches the ``meta`` kernel when any input is on ``meta``, which is a shape-only call only if
+    all its data tensors are there: a ``meta`` tensor among CPU or GPU ones is a caller's mistake. int32/int64
+    tensors (lengths, tables, indices) may be host metadata on the CPU, never ``meta`` beside real data."""
+    tensors = {n: t for n, t in arguments.items() if isinstance(t, torch.Tensor)}
+    data = {n: t for n, t in tensors.items() if t.dtype not in (torch.int32, torch.int64)}
+    if data:
+        reference = next(iter(data))
+        check_same_device(reference, data[reference], **data)
+        if data[reference].device.type != "meta":
+            check_same_device(reference, data[reference],
+                              **{n: t for n, t in tensors.items() if t.device.type == "meta"})
 
 
 @contextlib.contextmanager
