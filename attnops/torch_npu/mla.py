@@ -79,6 +79,8 @@ def npu_mla_prolog_v3_functional(token_x, weight_dq, weight_uq_qr, weight_uk, we
                                  rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, **kwargs):
     """The out-of-place twin of :func:`npu_mla_prolog_v3`: the caches are copied, written and returned as well
     (7 outputs: query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm, kv_cache, kr_cache)."""
+    check_tensor("kv_cache", kv_cache)
+    check_tensor("kr_cache", kr_cache)
     kv_out, kr_out = kv_cache.clone(), kr_cache.clone()
     outs = npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
                              rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_out, kr_out, **kwargs)

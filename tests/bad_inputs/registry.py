@@ -6,7 +6,7 @@ keywords, under the names the caller of that dialect uses, so an error message c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -29,7 +29,6 @@ class Case:
     fn: Callable[..., Any]
     args: dict
     golden: Callable[[dict], tuple] | None = None
-    meta_capable: bool = True
 
 
 def r(*shape, seed=0, scale=1.0, dtype=F32):

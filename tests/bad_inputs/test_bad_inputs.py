@@ -6,7 +6,6 @@ returns (``judge.py``, ``check.py``). Cases still open elsewhere are listed in `
 """
 from __future__ import annotations
 
-import inspect
 
 import pytest
 from hypothesis import given, settings
