@@ -94,8 +94,11 @@ def _write_pair(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tens
     cache_launch.KERNELS.run_all(plan, key.device)
 
 
+TOKEN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8)  # int8: quantized caches
+
+
 def _check_pair(key: Tensor, value: Tensor, *, same_dtype: bool) -> None:
-    check_tensor("key", key, ndim=3)
+    check_tensor("key", key, ndim=3, dtypes=TOKEN_DTYPES)
     check_tensor("value", value, ndim=3, dtypes=(key.dtype,) if same_dtype else None, device=key.device)
     require(value.shape[:2] == key.shape[:2], "value", f"[T={key.shape[0]}, N={key.shape[1]}, Dv] like key", value)
 
