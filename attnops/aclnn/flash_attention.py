@@ -101,7 +101,8 @@ def _flash_attention_score(query, key, value, real_shift, drop_mask, padding_mas
                            scale_value, keep_prob, pre_tokens, next_tokens, head_num, input_layout, inner_precise,
                            sparse_mode):
     """aclnnFlashAttentionScore: dense layouts BSH/SBH/BSND/BNSD."""
-    _, args = _validate(names=FORWARD_NAMES, query=query, key=key, value=value, layouts=DENSE_LAYOUTS, max_d=512,
+    _, args = _validate(names=FORWARD_NAMES, query=query, key=key, value=value,
+                        layouts=DENSE_LAYOUTS, max_d=512,
                         padding_mask=padding_mask, keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num,
                         input_layout=input_layout, prefix=prefix, pse=real_shift, atten_mask=atten_mask,
                         scale_value=scale_value, pre_tokens=pre_tokens, next_tokens=next_tokens,
@@ -113,7 +114,8 @@ def _flash_attention_var_len_score(query, key, value, real_shift, drop_mask, pad
                                    actual_seq_qlen, actual_seq_kvlen, scale_value, keep_prob, pre_tokens,
                                    next_tokens, head_num, input_layout, inner_precise, sparse_mode):
     """aclnnFlashAttentionVarLenScore: layout TND, cumulative actual sequence lengths."""
-    _, args = _validate(names=FORWARD_NAMES, query=query, key=key, value=value, layouts=("TND",), max_d=512, padding_mask=padding_mask,
+    _, args = _validate(names=FORWARD_NAMES, query=query, key=key, value=value,
+                        layouts=("TND",), max_d=512, padding_mask=padding_mask,
                         keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num, input_layout=input_layout,
                         prefix=prefix, actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen,
                         pse=real_shift, atten_mask=atten_mask, scale_value=scale_value, pre_tokens=pre_tokens,
@@ -126,7 +128,8 @@ def _flash_attention_var_len_score_v2(query, key, value, real_shift, drop_mask, 
                                       keep_prob, pre_tokens, next_tokens, head_num, input_layout, inner_precise,
                                       sparse_mode, pse_type):
     """aclnnFlashAttentionVarLenScoreV2: VarLenScore plus ``pse_type`` 0-3 and ``q/kv_start_idx``."""
-    _, args = _validate(names=FORWARD_NAMES, query=query, key=key, value=value, layouts=("TND",), max_d=768, padding_mask=padding_mask,
+    _, args = _validate(names=FORWARD_NAMES, query=query, key=key, value=value,
+                        layouts=("TND",), max_d=768, padding_mask=padding_mask,
                         keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num, input_layout=input_layout,
                         prefix=prefix, actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen,
                         pse=real_shift, atten_mask=atten_mask, scale_value=scale_value, pre_tokens=pre_tokens,
@@ -140,7 +143,8 @@ def _flash_attention_score_grad(query, key_in, value, dy, pse_shift, drop_mask, 
                                 pre_tokens, next_tokens, head_num, input_layout, inner_precise, sparse_mode):
     """aclnnFlashAttentionScoreGrad: dense layouts."""
     require_not_none(dy, "dy")
-    p, args = _validate(names=BACKWARD_NAMES, query=query, key=key_in, value=value, dy=dy, layouts=DENSE_LAYOUTS, max_d=512,
+    p, args = _validate(names=BACKWARD_NAMES, query=query, key=key_in, value=value, dy=dy,
+                        layouts=DENSE_LAYOUTS, max_d=512,
                         padding_mask=padding_mask, keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num,
                         input_layout=input_layout, prefix=prefix, pse=pse_shift, atten_mask=atten_mask,
                         scale_value=scale_value, pre_tokens=pre_tokens, next_tokens=next_tokens,
@@ -156,7 +160,8 @@ def _flash_attention_unpadding_score_grad(query, key_in, value, dy, pse_shift, d
                                           next_tokens, head_num, input_layout, inner_precise, sparse_mode):
     """aclnnFlashAttentionUnpaddingScoreGrad (seed): backward of VarLenScore, layout TND."""
     require_not_none(dy, "dy")
-    p, args = _validate(names=BACKWARD_NAMES, query=query, key=key_in, value=value, dy=dy, layouts=("TND",), max_d=512,
+    p, args = _validate(names=BACKWARD_NAMES, query=query, key=key_in, value=value, dy=dy,
+                        layouts=("TND",), max_d=512,
                         padding_mask=padding_mask, keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num,
                         input_layout=input_layout, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
                         actual_seq_kvlen=actual_seq_kvlen, pse=pse_shift, atten_mask=atten_mask,
@@ -174,7 +179,8 @@ def _flash_attention_unpadding_score_grad_v2(query, key_in, value, dy, pse_shift
                                              input_layout, inner_precise, sparse_mode, pse_type):
     """aclnnFlashAttentionUnpaddingScoreGradV2 (seed): adds ``pse_type`` 0-3, ``q/kv_start_idx``, D up to 768."""
     require_not_none(dy, "dy")
-    p, args = _validate(names=BACKWARD_NAMES, query=query, key=key_in, value=value, dy=dy, layouts=("TND",), max_d=768,
+    p, args = _validate(names=BACKWARD_NAMES, query=query, key=key_in, value=value, dy=dy,
+                        layouts=("TND",), max_d=768,
                         padding_mask=padding_mask, keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num,
                         input_layout=input_layout, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
                         actual_seq_kvlen=actual_seq_kvlen, pse=pse_shift, atten_mask=atten_mask,

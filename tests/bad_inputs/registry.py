@@ -168,7 +168,8 @@ def fia_plan():
     return Case(attnops.fused_infer_attention_plan, dict(query=q, key=k, value=v, num_heads=2, scale=0.3))
 
 
-def npu_fia(fn, scale_name="scale", layout_name="input_layout", lens_kv="actual_seq_lengths_kv", heads_name="num_heads"):
+def npu_fia(fn, scale_name="scale", layout_name="input_layout", lens_kv="actual_seq_lengths_kv",
+            heads_name="num_heads"):
     def factory():
         q, k, v = _fa_qkv(b=2, n2=2)
         args = dict(query=q, key=k, value=v, **{heads_name: 2, scale_name: 0.3, layout_name: "BNSD",

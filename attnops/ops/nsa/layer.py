@@ -251,8 +251,8 @@ def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Te
     check_tensor("query", query, ndim=(3, 4))  # TND or [B, S, N, D]
     for name, t in (("key", key), ("value", value)):
         check_tensor(name, t, ndim=query.dim())
-    for name, t in (("gates", gates), ("compress_weight_k", compress_weight_k), ("compress_weight_v", compress_weight_v),
-                    ("g_cmp", g_cmp), ("g_slc", g_slc), ("g_swa", g_swa)):
+    for name, t in (("gates", gates), ("compress_weight_k", compress_weight_k),
+                    ("compress_weight_v", compress_weight_v), ("g_cmp", g_cmp), ("g_slc", g_slc), ("g_swa", g_swa)):
         if t is not None:
             check_tensor(name, t, dtypes=FLOAT_DTYPES)
     query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp, g_slc, g_swa, block_indices, _ = _prepared(
