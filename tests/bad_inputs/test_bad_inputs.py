@@ -114,3 +114,50 @@ def test_every_corruption_once(dialect, name):
         except AssertionError as e:
             failures.append(str(e).splitlines()[0])
     assert not failures, "\n".join(failures)
+
+
+# one case of each bug this suite found and attnops fixed, checked on every run (the random draws may miss them)
+FOUND_AND_FIXED = [
+    ("attnops", "nsa_selected_attention_infer", "query", "view", "transposed"),  # read by address: wrong values
+    ("attnops", "nsa_compress_attention_infer", "query", "view", "transposed"),
+    ("attnops.torch_npu", "npu_fusion_attention_grad", "key", "device", "meta"),  # the meta kernel ran silently
+    ("attnops.aclnn", "nsa_selected_attention", "topk_indices", "device", "meta"),
+    ("attnops.torch_npu", "npu_nsa_compress_attention", "atten_mask", "device", "meta"),
+    ("attnops.aclnn", "flash_attention_score_grad", "dy", "device", "meta"),
+    ("attnops.aclnn", "flash_attention_score_grad", "key_in", "none", "None"),  # named key
+    ("attnops", "flash_attention_backward", "attention_out", "none", "None"),  # named attention_in
+    ("attnops", "flash_attention", "query", "ndim", "flattened"),  # raw IndexError
+    ("attnops", "fused_infer_attention_plan", "key", "dtype", "int32"),  # no checks at plan time on the CPU
+    ("attnops", "native_sparse_attention", "compress_weight_k", "dtype", "float64"),  # named weight
+    ("attnops", "native_sparse_attention", "gates", "dtype", "bool"),
+    ("attnops", "native_sparse_attention", "value", "none", "None"),
+    ("attnops", "nsa_selected_attention_infer", "value_cache", "none", "None"),  # named value
+    ("attnops", "lightning_indexer_kl_loss", "key_index", "none", "None"),
+    ("attnops", "sparse_flash_attention", "query", "none", "None"),
+    ("attnops.aclnn", "fused_infer_attention_score_v2", "value", "device", "meta"),
+    ("attnops.aclnn", "kv_rms_norm_rope_cache", "k_cache_ref", "none", "None"),  # named k_cache
+    ("attnops.torch_npu", "npu_kv_rmsnorm_rope_cache", "gamma", "dtype", "int32"),
+    ("attnops.torch_npu", "npu_interleave_rope", "cos", "device", "meta"),
+    ("attnops.torch_npu", "npu_mla_prolog_v3", "weight_uk", "dtype", "bool"),
+    ("attnops.torch_npu", "npu_mla_prolog_v3", "kv_cache", "view", "transposed"),
+    ("attnops.torch_npu", "npu_mla_prolog_v2", "weight_uk", "empty", "first-dim-0"),  # ZeroDivisionError
+    ("attnops.torch_npu", "npu_mla_prolog_v3_functional", "kv_cache", "none", "None"),
+    ("attnops.torch_npu", "npu_fused_infer_attention_score", "query", "none", "None"),
+    ("attnops.torch_npu", "npu_fused_infer_attention_score_v2", "actual_seq_kvlen", "index", "far"),
+    ("attnops.torch_npu", "npu_incre_flash_attention", "query", "ndim", "flattened"),
+    ("attnops.torch_npu", "npu_nsa_select_attention_grad", "grad", "none", "None"),
+    ("attnops.torch_npu", "npu_nsa_compress_attention", "actual_cmp_seq_kvlen", "index", "far"),
+    ("attnops.torch_npu", "npu_kv_quant_sparse_flash_attention", "value", "ndim", "flattened"),
+    ("attnops.torch_npu", "npu_scatter_nd_update", "input", "none", "None"),
+    ("attnops.torch_npu", "npu_scatter_pa_kv_cache", "key_cache", "view", "transposed"),
+    ("attnops.torch_npu", "npu_gather_pa_kv_cache", "key", "dtype", "int32"),
+    ("attnops.nn", "DeepSeekSparseAttention", "x", "dtype", "float64"),
+    ("attnops.nn", "NativeSparseAttention", "x", "empty", "first-dim-0"),
+]
+
+
+@pytest.mark.parametrize("dialect,name,arg,kind,variant", FOUND_AND_FIXED)
+def test_found_and_fixed(dialect, name, arg, kind, variant):
+    case = DIALECTS[dialect][name]()
+    (corruption,) = [c for c in candidates(case.args, required_args(case)) if c.key == (arg, kind, variant)]
+    run_corrupted(DIALECTS[dialect][name], corruption, 0)
