@@ -1,11 +1,12 @@
-"""One small valid call per public entry point of every dialect (tiny shapes, fp32, CPU), and where an independent
-fp64 golden exists, the golden of that call.
+"""One small valid call per public entry point of every dialect (tiny shapes on the CPU, fp32 where the operator
+takes it, else its fp16/bf16/int8), and where an independent fp64 golden exists, the golden of that call.
 
 A :class:`Case` is built fresh by its factory (cache operators write into their arguments). ``args`` are passed as
 keywords, under the names the caller of that dialect uses, so an error message can be checked for that name.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,6 +17,9 @@ import attnops.flash_attn as flash_attn
 from attnops import aclnn, nn, torch_npu
 from attnops.ops.dsa.quant_cache import quantize
 from attnops.testing import golden, golden_dsa, golden_fia, golden_nsa
+from tests.aclnn import fa_params
+from tests.ops.fused_infer_attention.fia_helpers import aclnn_args
+from tests.ops.nsa import nsa_aclnn_params
 
 F32, BF16, I32, I64 = torch.float32, torch.bfloat16, torch.int32, torch.int64
 INT_MAX, INT64_MAX = 2147483647, 2**63 - 1
@@ -88,9 +92,7 @@ def npu_fusion_attention_grad(fn, **extra):
 
 def aclnn_fa(op):
     def factory():
-        from tests.aclnn.fa_params import OPS, base_params
-        params = base_params(op)
-        return Case(OPS[op][0], params)
+        return Case(fa_params.OPS[op][0], fa_params.base_params(op))
     return factory
 
 
@@ -197,10 +199,9 @@ def npu_prompt_flash_attention():
 
 
 def aclnn_fia():
-    from tests.ops.fused_infer_attention.fia_helpers import aclnn_args
     q, k, v = (x.half() for x in _fa_qkv(b=2, n2=2, d=16))
     params = aclnn_args(q, k, v, num_heads=2, scale_value=0.3, input_layout="BNSD")
-    names = list(__import__("inspect").signature(aclnn.fused_infer_attention_score_v2_get_workspace_size).parameters)
+    names = list(inspect.signature(aclnn.fused_infer_attention_score_v2_get_workspace_size).parameters)
     args = dict(zip(names, params))
     return Case(aclnn.fused_infer_attention_score_v2, args,
                 lambda a: golden_fia.fia_forward(**{n: a[n] for n in names})[:1])
@@ -283,8 +284,7 @@ def nsa_compress_attention_infer():
 
 def aclnn_nsa(op, **kw):
     def factory():
-        from tests.ops.nsa.nsa_aclnn_params import OPS, base_params
-        return Case(OPS[op][0], base_params(op, **kw))
+        return Case(nsa_aclnn_params.OPS[op][0], nsa_aclnn_params.base_params(op, **kw))
     return factory
 
 
@@ -309,8 +309,7 @@ def npu_nsa_compress_infer():
 
 
 def npu_nsa_select_attention():
-    from tests.ops.nsa.nsa_aclnn_params import selected_params
-    p = selected_params(dtype=F32, d=16, dv=16)
+    p = nsa_aclnn_params.selected_params(dtype=F32, d=16, dv=16)
     return Case(torch_npu.npu_nsa_select_attention,
                 dict(query=p["query"], key=p["key"], value=p["value"], topk_indices=p["topk_indices"],
                      scale_value=p["scale_value"], head_num=p["head_num"], select_block_size=16, select_block_count=2,
@@ -319,8 +318,7 @@ def npu_nsa_select_attention():
 
 
 def npu_nsa_select_attention_grad():
-    from tests.ops.nsa.nsa_aclnn_params import selected_grad_params
-    p = selected_grad_params(forward=True)
+    p = nsa_aclnn_params.selected_grad_params(forward=True)
     return Case(torch_npu.npu_nsa_select_attention_grad,
                 dict(grad=p["attention_out_grad"], query=p["query"], key=p["key"], value=p["value"],
                      attention_out=p["attention_out"], softmax_max=p["softmax_max"], softmax_sum=p["softmax_sum"],
@@ -330,8 +328,7 @@ def npu_nsa_select_attention_grad():
 
 
 def npu_nsa_compress_attention():
-    from tests.ops.nsa.nsa_aclnn_params import compress_attention_params
-    p = compress_attention_params(dtype=F32)
+    p = nsa_aclnn_params.compress_attention_params(dtype=F32)
     return Case(torch_npu.npu_nsa_compress_attention,
                 dict(query=p["query"], key=p["key"], value=p["value"], scale_value=p["scale_value"],
                      head_num=p["head_num"], compress_block_size=p["compress_block_size"],
@@ -341,7 +338,7 @@ def npu_nsa_compress_attention():
                      actual_sel_seq_kvlen=p["actual_sel_seq_kvlen"]))
 
 
-def _npu_paged(page=16, lens=(32, 20), d=16):
+def _npu_paged(page=16, d=16):
     g = torch.Generator().manual_seed(3)
     k, v = (torch.randn(4, page, d, generator=g) for _ in range(2))
     return r(2, 1, 2, d, seed=1), k, v, ints([[0, 1], [2, 3]])
@@ -517,10 +514,9 @@ def npu_mla_prolog_v3_functional():
 
 def _aclnn_mla(version):
     def factory():
-        from attnops.aclnn import mla_prolog_v2_weight_nz_get_workspace_size as v2ws
-        from attnops.aclnn import mla_prolog_v3_weight_nz_get_workspace_size as v3ws
-        import inspect
-        names = list(inspect.signature(v2ws if version == 2 else v3ws).parameters)
+        phase_one = aclnn.mla_prolog_v2_weight_nz_get_workspace_size if version == 2 else \
+            aclnn.mla_prolog_v3_weight_nz_get_workspace_size
+        names = list(inspect.signature(phase_one).parameters)
         given = dict(**_mla_inputs(), kv_cache_ref=torch.zeros(2, 16, 1, 16), kr_cache_ref=torch.zeros(2, 16, 1, 8),
                      cache_index=ints([0, 17, -1], I64), rmsnorm_epsilon_cq=1e-5, rmsnorm_epsilon_ckv=1e-5,
                      cache_mode="PA_BSND")
