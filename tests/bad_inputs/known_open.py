@@ -156,6 +156,28 @@ KNOWN_OPEN: set[tuple[str, str, str, str]] = {
     ('attnops:sparse_flash_attention', 'value', 'nonfinite', '+inf'),
     # output 0: the formula's infinities not reproduced
     ('attnops:sparse_flash_attention', 'value', 'nonfinite', '-inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops:fused_infer_attention', 'query', 'nonfinite', '+inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops:sparse_flash_attention', 'query', 'nonfinite', '-inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops.aclnn:sparse_flash_attention', 'query', 'nonfinite', '+inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops.aclnn:sparse_flash_attention', 'query_rope', 'nonfinite', '+inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops.torch_npu:npu_fused_infer_attention_score', 'query', 'nonfinite', '+inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops.torch_npu:npu_fused_infer_attention_score_v2', 'query', 'nonfinite', '+inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops.torch_npu:npu_incre_flash_attention', 'query', 'nonfinite', '+inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops.torch_npu:npu_incre_flash_attention', 'query', 'nonfinite', '-inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops.torch_npu:npu_prompt_flash_attention', 'query', 'nonfinite', '+inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops.torch_npu:npu_sparse_flash_attention', 'query', 'nonfinite', '+inf'),
+    # output 0: finite or infinite where the formula gives NaN (a non-finite value past element 0)
+    ('attnops.torch_npu:npu_sparse_flash_attention', 'query_rope', 'nonfinite', '+inf'),
     # (b) index / block-table / slot-mapping / length validation in DSA, FIA paged, NSA and the KV-cache ops
 #     (cache_index named 'index', caches too small for the slots or the block table included)
     # raw RuntimeError: Tensor on device cpu is not on the expected d
