@@ -40,17 +40,25 @@ def fail(name: str, expected: str, got: Any, hint: str | None = None, *, error=P
 
 
 @contextlib.contextmanager
-def caller_names(names: dict[str, str]) -> Iterator[None]:
-    """Errors raised inside name the arguments as the caller wrote them: ``names`` maps the core's argument names
-    to a dialect's (flash-attn's ``q`` for ``query``), for the argument in error and for those its expectation
-    refers to ("like key", "as query", "query's")."""
+def caller_names(names: dict[str, str] | None = None, /, **more: str) -> Iterator[None]:
+    """Errors raised inside name the arguments as the caller wrote them: ``names`` (and keywords) map the core's
+    argument names to a dialect's (flash-attn's ``q`` for ``query``, aclnn's ``key_in`` for ``key``). An error made
+    by :func:`fail` is renamed in its argument and in the references of its expectation ("like key", "as query",
+    "query's"); any other attnops error whose message starts with a mapped name (``key: ...``, ``key[0]: ...``)
+    is renamed at its start. The error keeps its type."""
+    names = {**(names or {}), **more}
     try:
         yield
     except AclnnError as exc:
         parts = getattr(exc, "parts", None)
-        if parts is None or parts[0] not in names:
+        if parts is None:
+            match = re.match(r"([A-Za-z_]\w*)(?=[:\[])", str(exc))
+            if match and match.group(1) in names:
+                exc.args = (names[match.group(1)] + str(exc)[match.end():], *exc.args[1:])
             raise
         name, expected, received, hint = parts
+        if name not in names:
+            raise
         refs = "|".join(re.escape(n) for n in names)
         expected = re.sub(rf"\b(like|as|of) ({refs})\b", lambda m: f"{m[1]} {names[m[2]]}", expected)
         expected = re.sub(rf"\b({refs})'s\b", lambda m: f"{names[m[1]]}'s", expected)

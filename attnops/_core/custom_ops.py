@@ -17,6 +17,7 @@ import functools
 
 import torch
 
+from .checks import check_same_device
 from .triton import dry_run
 
 
@@ -26,14 +27,31 @@ def register_dry_run_meta(op) -> None:
     if fake is None:
         raise RuntimeError(f"{op._qualname}: register the fake kernel before register_dry_run_meta")
 
+    names = [a.name for a in op._opoverload._schema.arguments]
+
     def meta(*args, **kwargs):
         run = dry_run.active()
         if run is None:
+            _check_one_device(dict(zip(names, args)) | kwargs)
             return fake(*args, **kwargs)
         with run.guard():
             return implementation(*args, **kwargs)
 
     op.register_kernel("meta", meta)
+
+
+def _check_one_device(arguments: dict) -> None:
+    """An eager call reaches the ``meta`` kernel when any input is on ``meta``, which is a shape-only call only if
+    all its data tensors are there: a ``meta`` tensor among CPU or GPU ones is a caller's mistake. int32/int64
+    tensors (lengths, tables, indices) may be host metadata on the CPU, never ``meta`` beside real data."""
+    tensors = {n: t for n, t in arguments.items() if isinstance(t, torch.Tensor)}
+    data = {n: t for n, t in tensors.items() if t.dtype not in (torch.int32, torch.int64)}
+    if data:
+        reference = next(iter(data))
+        check_same_device(reference, data[reference], **data)
+        if data[reference].device.type != "meta":
+            check_same_device(reference, data[reference],
+                              **{n: t for n, t in tensors.items() if t.device.type == "meta"})
 
 
 @contextlib.contextmanager

@@ -16,7 +16,11 @@ c_kv)``; ``interleave_rope -> out``.
 from __future__ import annotations
 
 from .. import torch_npu
+from .._core.checks import caller_names
 from ._two_phase import two_phase
+
+CACHE_REF_NAMES = dict(k_cache="k_cache_ref", ckv_cache="ckv_cache_ref", kv_cache="kv_cache_ref",
+                       kr_cache="kr_cache_ref")  # torch_npu's names of the caches aclnn updates in place
 
 
 def _ready(outputs):
@@ -66,18 +70,20 @@ def _mla_prolog_v3_weight_nz(token_x, weight_dq, weight_uq_qr, weight_uk, weight
                              kv_cache_quant_mode, query_quant_mode, ckvkr_repo_mode, quant_scale_repo_mode, tile_size,
                              qc_qr_scale, kc_scale):
     """aclnnMlaPrologV3WeightNz (``query_norm`` always returned: aclnn outputs it when its tensor is given)."""
-    return _ready(torch_npu.npu_mla_prolog_v3(
-        token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin,
-        rope_cos, kv_cache_ref, kr_cache_ref, cache_index=cache_index, dequant_scale_x=dequant_scale_x,
-        dequant_scale_w_dq=dequant_scale_w_dq, dequant_scale_w_uq_qr=dequant_scale_w_uq_qr,
-        dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr, quant_scale_ckv=quant_scale_ckv,
-        quant_scale_ckr=quant_scale_ckr, smooth_scales_cq=smooth_scales_cq, actual_seq_len=actual_seq_len,
-        k_nope_clip_alpha=k_nope_clip_alpha, rmsnorm_epsilon_cq=rmsnorm_epsilon_cq,
-        rmsnorm_epsilon_ckv=rmsnorm_epsilon_ckv, cache_mode=cache_mode, query_norm_flag=True,
-        weight_quant_mode=weight_quant_mode, kv_cache_quant_mode=kv_cache_quant_mode,
-        query_quant_mode=query_quant_mode, ckvkr_repo_mode=ckvkr_repo_mode,
-        quant_scale_repo_mode=quant_scale_repo_mode, tile_size=tile_size, qc_qr_scale=qc_qr_scale,
-        kc_scale=kc_scale))
+    with caller_names(**CACHE_REF_NAMES):
+        outputs = torch_npu.npu_mla_prolog_v3(
+            token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin,
+            rope_cos, kv_cache_ref, kr_cache_ref, cache_index=cache_index, dequant_scale_x=dequant_scale_x,
+            dequant_scale_w_dq=dequant_scale_w_dq, dequant_scale_w_uq_qr=dequant_scale_w_uq_qr,
+            dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr, quant_scale_ckv=quant_scale_ckv,
+            quant_scale_ckr=quant_scale_ckr, smooth_scales_cq=smooth_scales_cq, actual_seq_len=actual_seq_len,
+            k_nope_clip_alpha=k_nope_clip_alpha, rmsnorm_epsilon_cq=rmsnorm_epsilon_cq,
+            rmsnorm_epsilon_ckv=rmsnorm_epsilon_ckv, cache_mode=cache_mode, query_norm_flag=True,
+            weight_quant_mode=weight_quant_mode, kv_cache_quant_mode=kv_cache_quant_mode,
+            query_quant_mode=query_quant_mode, ckvkr_repo_mode=ckvkr_repo_mode,
+            quant_scale_repo_mode=quant_scale_repo_mode, tile_size=tile_size, qc_qr_scale=qc_qr_scale,
+            kc_scale=kc_scale)
+    return _ready(outputs)
 
 
 def _mla_prolog_v2_weight_nz(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
@@ -86,23 +92,25 @@ def _mla_prolog_v2_weight_nz(token_x, weight_dq, weight_uq_qr, weight_uk, weight
                              quant_scale_ckv, quant_scale_ckr, smooth_scales_cq, rmsnorm_epsilon_cq,
                              rmsnorm_epsilon_ckv, cache_mode):
     """aclnnMlaPrologV2WeightNz."""
-    query, query_rope, _, _, scale = torch_npu.npu_mla_prolog_v2(
-        token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin,
-        rope_cos, cache_index, kv_cache_ref, kr_cache_ref, dequant_scale_x=dequant_scale_x,
-        dequant_scale_w_dq=dequant_scale_w_dq, dequant_scale_w_uq_qr=dequant_scale_w_uq_qr,
-        dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr, quant_scale_ckv=quant_scale_ckv,
-        quant_scale_ckr=quant_scale_ckr, smooth_scales_cq=smooth_scales_cq, rmsnorm_epsilon_cq=rmsnorm_epsilon_cq,
-        rmsnorm_epsilon_ckv=rmsnorm_epsilon_ckv, cache_mode=cache_mode)
+    with caller_names(**CACHE_REF_NAMES):
+        query, query_rope, _, _, scale = torch_npu.npu_mla_prolog_v2(
+            token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin,
+            rope_cos, cache_index, kv_cache_ref, kr_cache_ref, dequant_scale_x=dequant_scale_x,
+            dequant_scale_w_dq=dequant_scale_w_dq, dequant_scale_w_uq_qr=dequant_scale_w_uq_qr,
+            dequant_scale_w_dkv_kr=dequant_scale_w_dkv_kr, quant_scale_ckv=quant_scale_ckv,
+            quant_scale_ckr=quant_scale_ckr, smooth_scales_cq=smooth_scales_cq, rmsnorm_epsilon_cq=rmsnorm_epsilon_cq,
+            rmsnorm_epsilon_ckv=rmsnorm_epsilon_ckv, cache_mode=cache_mode)
     return _ready((query, query_rope, scale))
 
 
 def _kv_rms_norm_rope_cache(kv, gamma, cos, sin, index, k_cache_ref, ckv_cache_ref, k_rope_scale, ckv_scale,
                             k_rope_offset, c_kv_offset, epsilon, cache_mode, is_output_kv):
     """aclnnKvRmsNormRopeCache."""
-    _, _, k_rope, c_kv = torch_npu.npu_kv_rmsnorm_rope_cache(
-        kv, gamma, cos, sin, index, k_cache_ref, ckv_cache_ref, k_rope_scale=k_rope_scale, c_kv_scale=ckv_scale,
-        k_rope_offset=k_rope_offset, c_kv_offset=c_kv_offset, epsilon=epsilon, cache_mode=cache_mode,
-        is_output_kv=is_output_kv)
+    with caller_names(**CACHE_REF_NAMES):
+        _, _, k_rope, c_kv = torch_npu.npu_kv_rmsnorm_rope_cache(
+            kv, gamma, cos, sin, index, k_cache_ref, ckv_cache_ref, k_rope_scale=k_rope_scale, c_kv_scale=ckv_scale,
+            k_rope_offset=k_rope_offset, c_kv_offset=c_kv_offset, epsilon=epsilon, cache_mode=cache_mode,
+            is_output_kv=is_output_kv)
     return _ready((k_rope, c_kv))
 
 

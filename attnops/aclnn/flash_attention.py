@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .._core.checks import Described, check_int, check_scale, check_tensor, int_list, require, require_not_none
+from .._core.checks import (Described, caller_names, check_int, check_scale, check_tensor, int_list, require,
+                            require_not_none)
 from .._core.layouts import normalize_layout
 from ..ops.flash_attention import op as fa_op
 from ..ops.flash_attention.api import check_backward_inputs
@@ -29,7 +30,17 @@ def _start_idx(name: str, value) -> int:
     return values[0] if values else 0
 
 
-def _validate(*, query, key, value, dy=None, layouts, max_d, padding_mask, keep_prob, drop_mask, head_num,
+FORWARD_NAMES = {"pse": "real_shift"}  # the seeds' names of the shared validation's arguments
+BACKWARD_NAMES = {"key": "key_in", "pse": "pse_shift"}
+
+
+def _validate(*, names: dict, **arguments):
+    """:func:`_checked` with errors naming the operator's parameters (``names``: shared name -> seed name)."""
+    with caller_names(**names):
+        return _checked(**arguments)
+
+
+def _checked(*, query, key, value, dy=None, layouts, max_d, padding_mask, keep_prob, drop_mask, head_num,
               input_layout, prefix, actual_seq_qlen=None, actual_seq_kvlen=None, pse, atten_mask, scale_value,
               pre_tokens, next_tokens, sparse_mode, pse_type, q_start_idx=None, kv_start_idx=None, inner_precise):
     """Seed constraints on top of the shared FlashAttention validation; returns (problem, op arguments)."""
@@ -91,7 +102,8 @@ def _flash_attention_score(query, key, value, real_shift, drop_mask, padding_mas
                            scale_value, keep_prob, pre_tokens, next_tokens, head_num, input_layout, inner_precise,
                            sparse_mode):
     """aclnnFlashAttentionScore: dense layouts BSH/SBH/BSND/BNSD."""
-    _, args = _validate(query=query, key=key, value=value, layouts=DENSE_LAYOUTS, max_d=512,
+    _, args = _validate(names=FORWARD_NAMES, query=query, key=key, value=value,
+                        layouts=DENSE_LAYOUTS, max_d=512,
                         padding_mask=padding_mask, keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num,
                         input_layout=input_layout, prefix=prefix, pse=real_shift, atten_mask=atten_mask,
                         scale_value=scale_value, pre_tokens=pre_tokens, next_tokens=next_tokens,
@@ -103,7 +115,8 @@ def _flash_attention_var_len_score(query, key, value, real_shift, drop_mask, pad
                                    actual_seq_qlen, actual_seq_kvlen, scale_value, keep_prob, pre_tokens,
                                    next_tokens, head_num, input_layout, inner_precise, sparse_mode):
     """aclnnFlashAttentionVarLenScore: layout TND, cumulative actual sequence lengths."""
-    _, args = _validate(query=query, key=key, value=value, layouts=("TND",), max_d=512, padding_mask=padding_mask,
+    _, args = _validate(names=FORWARD_NAMES, query=query, key=key, value=value,
+                        layouts=("TND",), max_d=512, padding_mask=padding_mask,
                         keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num, input_layout=input_layout,
                         prefix=prefix, actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen,
                         pse=real_shift, atten_mask=atten_mask, scale_value=scale_value, pre_tokens=pre_tokens,
@@ -116,7 +129,8 @@ def _flash_attention_var_len_score_v2(query, key, value, real_shift, drop_mask, 
                                       keep_prob, pre_tokens, next_tokens, head_num, input_layout, inner_precise,
                                       sparse_mode, pse_type):
     """aclnnFlashAttentionVarLenScoreV2: VarLenScore plus ``pse_type`` 0-3 and ``q/kv_start_idx``."""
-    _, args = _validate(query=query, key=key, value=value, layouts=("TND",), max_d=768, padding_mask=padding_mask,
+    _, args = _validate(names=FORWARD_NAMES, query=query, key=key, value=value,
+                        layouts=("TND",), max_d=768, padding_mask=padding_mask,
                         keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num, input_layout=input_layout,
                         prefix=prefix, actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen,
                         pse=real_shift, atten_mask=atten_mask, scale_value=scale_value, pre_tokens=pre_tokens,
@@ -130,12 +144,14 @@ def _flash_attention_score_grad(query, key_in, value, dy, pse_shift, drop_mask, 
                                 pre_tokens, next_tokens, head_num, input_layout, inner_precise, sparse_mode):
     """aclnnFlashAttentionScoreGrad: dense layouts."""
     require_not_none(dy, "dy")
-    p, args = _validate(query=query, key=key_in, value=value, dy=dy, layouts=DENSE_LAYOUTS, max_d=512,
+    p, args = _validate(names=BACKWARD_NAMES, query=query, key=key_in, value=value, dy=dy,
+                        layouts=DENSE_LAYOUTS, max_d=512,
                         padding_mask=padding_mask, keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num,
                         input_layout=input_layout, prefix=prefix, pse=pse_shift, atten_mask=atten_mask,
                         scale_value=scale_value, pre_tokens=pre_tokens, next_tokens=next_tokens,
                         sparse_mode=sparse_mode, pse_type=1, inner_precise=inner_precise)
-    check_backward_inputs(p, query, dy, attention_in, softmax_max, softmax_sum)
+    with caller_names(**BACKWARD_NAMES):
+        check_backward_inputs(p, query, dy, attention_in, softmax_max, softmax_sum)
     return lambda: _backward(p, query, key_in, value, dy, softmax_max, softmax_sum, attention_in, args)
 
 
@@ -145,13 +161,15 @@ def _flash_attention_unpadding_score_grad(query, key_in, value, dy, pse_shift, d
                                           next_tokens, head_num, input_layout, inner_precise, sparse_mode):
     """aclnnFlashAttentionUnpaddingScoreGrad (seed): backward of VarLenScore, layout TND."""
     require_not_none(dy, "dy")
-    p, args = _validate(query=query, key=key_in, value=value, dy=dy, layouts=("TND",), max_d=512,
+    p, args = _validate(names=BACKWARD_NAMES, query=query, key=key_in, value=value, dy=dy,
+                        layouts=("TND",), max_d=512,
                         padding_mask=padding_mask, keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num,
                         input_layout=input_layout, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
                         actual_seq_kvlen=actual_seq_kvlen, pse=pse_shift, atten_mask=atten_mask,
                         scale_value=scale_value, pre_tokens=pre_tokens, next_tokens=next_tokens,
                         sparse_mode=sparse_mode, pse_type=1, inner_precise=inner_precise)
-    check_backward_inputs(p, query, dy, attention_in, softmax_max, softmax_sum)
+    with caller_names(**BACKWARD_NAMES):
+        check_backward_inputs(p, query, dy, attention_in, softmax_max, softmax_sum)
     return lambda: _backward(p, query, key_in, value, dy, softmax_max, softmax_sum, attention_in, args)
 
 
@@ -162,14 +180,16 @@ def _flash_attention_unpadding_score_grad_v2(query, key_in, value, dy, pse_shift
                                              input_layout, inner_precise, sparse_mode, pse_type):
     """aclnnFlashAttentionUnpaddingScoreGradV2 (seed): adds ``pse_type`` 0-3, ``q/kv_start_idx``, D up to 768."""
     require_not_none(dy, "dy")
-    p, args = _validate(query=query, key=key_in, value=value, dy=dy, layouts=("TND",), max_d=768,
+    p, args = _validate(names=BACKWARD_NAMES, query=query, key=key_in, value=value, dy=dy,
+                        layouts=("TND",), max_d=768,
                         padding_mask=padding_mask, keep_prob=keep_prob, drop_mask=drop_mask, head_num=head_num,
                         input_layout=input_layout, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
                         actual_seq_kvlen=actual_seq_kvlen, pse=pse_shift, atten_mask=atten_mask,
                         scale_value=scale_value, pre_tokens=pre_tokens, next_tokens=next_tokens,
                         sparse_mode=sparse_mode, pse_type=pse_type, q_start_idx=q_start_idx,
                         kv_start_idx=kv_start_idx, inner_precise=inner_precise)
-    check_backward_inputs(p, query, dy, attention_in, softmax_max, softmax_sum)
+    with caller_names(**BACKWARD_NAMES):
+        check_backward_inputs(p, query, dy, attention_in, softmax_max, softmax_sum)
     return lambda: _backward(p, query, key_in, value, dy, softmax_max, softmax_sum, attention_in, args)
 
 

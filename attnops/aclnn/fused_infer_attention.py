@@ -13,6 +13,7 @@ import torch
 from .._core.checks import require, require_not_none
 from .._core.inference_only import run_inference_only
 from ..ops.fused_infer_attention import backends
+from ..ops.fused_infer_attention.api import check_devices
 from ..ops.fused_infer_attention.op import INFERENCE_ONLY
 from ..ops.fused_infer_attention.problem import OPTION_NAMES, build_problem
 from ._two_phase import two_phase
@@ -29,6 +30,7 @@ def _fused_infer_attention_score_v2(query, key, value, pse_shift, atten_mask, ac
     """aclnnFusedInferAttentionScoreV2 (seed): PromptFlashAttention (Q_S > 1) and IncreFlashAttention (Q_S = 1)."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         require_not_none(x, name)
+    check_devices(query, key, value, locals())
     require(isinstance(softmax_lse_flag, bool), "softmax_lse_flag", "a bool", softmax_lse_flag)
     options = {name: value_ for name, value_ in locals().items() if name in OPTION_NAMES}
     options.update(scale=scale_value, strict=True)

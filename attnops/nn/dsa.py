@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ..ops.dsa import lightning_indexer, sparse_flash_attention
 from ..ops.mla.rope import interleave_rope
 from .dsa_cache import DSACache
+from .layer_input import check_layer_input
 from .rotary import rotary_angles
 
 
@@ -52,6 +53,7 @@ class DeepSeekSparseAttention(nn.Module):
                         block_size=block_size, dtype=p.dtype, device=p.device)
 
     def forward(self, x: Tensor, cache: DSACache | None = None) -> Tensor:
+        check_layer_input(x, self.q_proj.weight, self.q_proj.in_features, packed=False)
         b, s, _ = x.shape
         start = 0 if cache is None else cache.lengths[0]
         positions = torch.arange(start, start + s, device=x.device)

@@ -4,10 +4,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._core.checks import Described, check_int, check_scale, check_tensor, fail, int_list, require
+from .._core.checks import Described, check_int, check_scale, fail, int_list, require
 from .._core.errors import ParamDtypeError
 from ..ops.nsa.compress_attention import check_block_sizes
 from ..ops.nsa.layer import COMPRESS_MODES, native_sparse_attention
+from .layer_input import check_layer_input
 from .nsa_cache import NSACache
 from .nsa_decode import cached_sparse_attention, compress_new, compress_pending
 from .rotary import apply_rotary, rotary_angles
@@ -90,7 +91,7 @@ class NativeSparseAttention(nn.Module):
         the full forward's on these tokens, at a cost linear in the chunk and the attended keys (see
         :mod:`attnops.nn.nsa_decode`). Cached calls are inference only: they must run under ``torch.no_grad()``
         or ``torch.inference_mode()``."""
-        self._check_input(x)
+        check_layer_input(x, self.q_proj.weight, self.hidden_size, packed=True)
         if x.ndim == 2:
             require(cache is None, "cache", "None for packed input (use [B, T, hidden])", Described("a cache"))
             cu = _packed_offsets(cu_seqlens, x.shape[0])
@@ -129,20 +130,6 @@ class NativeSparseAttention(nn.Module):
             cfg = {name: value for name, value in self.config.items() if name != "compress"}
             out = cached_sparse_attention(cache, q, g, pos, **cfg)
         return self.o_proj(out.flatten(-2))
-
-    def _check_input(self, x) -> None:
-        """``x``: ``[B, T, hidden]`` or ``[T, hidden]`` in the parameters' dtype (any floating dtype under autocast) and
-        on their device."""
-        weight = self.q_proj.weight
-        check_tensor("x", x)
-        if x.ndim not in (2, 3) or x.shape[-1] != self.hidden_size:
-            fail("x", f"[B, T, hidden={self.hidden_size}] or packed [T, hidden={self.hidden_size}]", x)
-        if not x.dtype.is_floating_point or (x.dtype != weight.dtype
-                                             and not torch.is_autocast_enabled(x.device.type)):
-            fail("x", f"dtype {weight.dtype} (the layer's parameters)", x,
-                 f"convert it with x.to({weight.dtype}) or the layer with layer.to(dtype)", error=ParamDtypeError)
-        require(x.device == weight.device, "x", f"a tensor on {weight.device} (the layer's parameters)", x,
-                f"move it with x.to({str(weight.device)!r})")
 
     def _project(self, x: Tensor, pos: Tensor):
         """``x [T, hidden]`` -> rotated q ``[T, N1, D]``, rotated k, v ``[T, N2, D]`` and gates ``[T, N1, 3]``."""

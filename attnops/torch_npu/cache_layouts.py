@@ -47,6 +47,8 @@ def cache_view(cache: Tensor, name: str, tokens: Tensor, token_name: str, layout
     element ``h`` of the token at slot ``s`` is ``[s // block_size, h // X, s % block_size, h % X]``, for ``tokens``
     ``[T, N, D]``: the first of ``layouts`` its shape fits."""
     require(cache.dtype == tokens.dtype, name, f"dtype {tokens.dtype} (same as {token_name})", cache.dtype)
+    require(cache.is_contiguous(), name, "a contiguous cache (read and written through views of its memory)", cache,
+            "pass the cache tensor itself, not a permuted or strided view")
     width = tokens.shape[1:].numel()
     for layout in layouts:
         view = _VIEWS[layout](cache, tokens.shape[1], width)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core.checks import check_int, check_scale, int_list, require
+from .._core.checks import check_int, check_scale, check_tensor, int_list, require
 from .._core.dropout import check_seed_offset, draw_seed
 from .._core.layouts import normalize_layout, parse_geometry
 from .._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
@@ -112,6 +112,7 @@ def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, at
              keep_prob, pre_tokens, next_tokens, inner_precise, prefix, actual_seq_qlen, actual_seq_kvlen,
              sparse_mode, pse_type, q_start_idx, kv_start_idx, softmax_layout, sink, dropout_mask, seed, offset,
              graph_friendly=False):
+    check_tensor("query", query)
     reject_unsupported(padding_mask=padding_mask)
     check_int("inner_precise", inner_precise)  # accepted: the invalid-row rule is always on
     layout = normalize_layout("input_layout", input_layout)
@@ -143,6 +144,7 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
               q_start_idx, kv_start_idx, softmax_layout, sink):
     """``(dq, dk, dv, dpse, dq_rope, dk_rope, dsink)`` with None for the absent pse and rope, an empty fp32
     ``dsink`` without sink."""
+    check_tensor("query", query)
     reject_unsupported(padding_mask=padding_mask)
     check_int("inner_precise", inner_precise)
     layout = normalize_layout("input_layout", input_layout)
@@ -298,7 +300,7 @@ def npu_fusion_attention_grad_v3(query, key, value, dy, head_num, input_layout, 
     if dpse is None:
         dpse = query.new_empty(0)
     if sink is None:
-        dsink = torch.empty([], device=query.device)
+        dsink = torch.zeros([], device=query.device)
     return dq, dk, dv, dpse, dsink
 
 

@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from .._core.checks import Described, check_int, check_scale, fail, int_list, require
+from .._core.checks import Described, caller_names, check_int, check_scale, check_tensor, fail, int_list, require
 from .._core.inference_only import run_inference_only
 from .._core.layouts import bsnd_dims, io_layouts
 from ..ops.fused_infer_attention import op as fia_op
@@ -30,6 +30,11 @@ PFA_HIGH_PRECISION_MODES = range(10, 15)  # PFA sparse_mode 10-14 = modes 0-4 wi
 _NOT_WITH_ROPE = ("deq_scale1", "quant_scale1", "deq_scale2", "quant_scale2", "quant_offset2", "antiquant_scale",
                   "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale",
                   "value_antiquant_offset", "key_shared_prefix", "value_shared_prefix")
+
+# the shared FIA names of v2's renamed parameters
+V2_NAMES = dict(actual_seq_lengths="actual_seq_qlen", actual_seq_lengths_kv="actual_seq_kvlen",
+                num_heads="num_query_heads", scale="softmax_scale", quant_scale2="quant_scale_out",
+                quant_offset2="quant_offset_out")
 
 
 def _fia(query, key, value, *, query_rope=None, key_rope=None, pse_shift=None, atten_mask=None,
@@ -150,6 +155,7 @@ def _referenced_pages(block_table: Tensor, *caches: Tensor) -> tuple[Tensor, lis
 
 
 def _fia_score(query, key, value, *, dequant_scale1, dequant_scale2, softmax_lse_flag, **kw) -> tuple[Tensor, Tensor]:
+    check_tensor("query", query)
     require(isinstance(softmax_lse_flag, bool), "softmax_lse_flag", "a bool", softmax_lse_flag)
     out, lse = _fia(query, key, value, deq_scale1=dequant_scale1, deq_scale2=dequant_scale2, **kw)
     return out, (lse if softmax_lse_flag else torch.empty([0], dtype=torch.float32, device=query.device))
@@ -262,6 +268,7 @@ def npu_fused_infer_attention_score_v2(
                        dequant_scale_key_dtype=dequant_scale_key_dtype,
                        dequant_scale_value_dtype=dequant_scale_value_dtype,
                        dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype, out_dtype=out_dtype)
+    check_tensor("query", query)
     for name, mode in (("query_quant_mode", query_quant_mode), ("key_quant_mode", key_quant_mode),
                        ("value_quant_mode", value_quant_mode)):
         require(mode == 0, name, "0 (quantized inputs are not supported by attnops.torch_npu)", mode)
@@ -271,13 +278,14 @@ def npu_fused_infer_attention_score_v2(
                 learnable_sink)
         require(isinstance(learnable_sink, Tensor) and tuple(learnable_sink.shape) == (num_query_heads,),
                 "learnable_sink", f"a tensor of shape [num_query_heads] = [{num_query_heads}]", learnable_sink)
-    out, lse = _fia(query, key, value, query_rope=query_rope, key_rope=key_rope, pse_shift=pse_shift,
-                    atten_mask=atten_mask, actual_seq_lengths=actual_seq_qlen,
-                    actual_seq_lengths_kv=actual_seq_kvlen, block_table=block_table, quant_scale2=quant_scale_out,
-                    quant_offset2=quant_offset_out, num_heads=num_query_heads, scale=softmax_scale,
-                    pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
-                    num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, inner_precise=inner_precise,
-                    block_size=block_size, learnable_sink=learnable_sink)
+    with caller_names(**V2_NAMES):
+        out, lse = _fia(query, key, value, query_rope=query_rope, key_rope=key_rope, pse_shift=pse_shift,
+                        atten_mask=atten_mask, actual_seq_lengths=actual_seq_qlen,
+                        actual_seq_lengths_kv=actual_seq_kvlen, block_table=block_table, quant_scale2=quant_scale_out,
+                        quant_offset2=quant_offset_out, num_heads=num_query_heads, scale=softmax_scale,
+                        pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
+                        num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, inner_precise=inner_precise,
+                        block_size=block_size, learnable_sink=learnable_sink)
     return out, (lse if return_softmax_lse else torch.empty([0], dtype=torch.float32, device=query.device))
 
 
@@ -298,6 +306,7 @@ def npu_prompt_flash_attention(query, key, value, *, padding_mask=None, atten_ma
     high-precision mode (``inner_precise=0``); attnops always computes in fp32, so only the mode matters.
     """
     reject_unsupported(padding_mask=padding_mask)
+    check_tensor("query", query)
     high_precision = sparse_mode in PFA_HIGH_PRECISION_MODES
     out, _ = _fia(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
                   actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
@@ -319,17 +328,19 @@ def npu_incre_flash_attention(query, key, value, *, padding_mask=None, atten_mas
     ``actual_seq_lengths`` holds the per-batch **KV** lengths (shape (B,) or (1,)).
     """
     reject_unsupported(padding_mask=padding_mask)
+    check_tensor("query", query, ndim=(3, 4))
     if not isinstance(input_layout, str) or input_layout.upper() not in ("BSH", "BSND", "BNSD"):
         fail("input_layout", "one of ['BSH', 'BSND', 'BNSD'] (incremental attention)", input_layout)
     q_s = bsnd_dims(query, input_layout.upper(), num_heads)[1]
     require(q_s == 1, "query", "a query sequence length of 1 (incremental decoding)", query)
-    out, _ = _fia(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
-                  actual_seq_lengths_kv=actual_seq_lengths, antiquant_scale=antiquant_scale,
-                  antiquant_offset=antiquant_offset, block_table=block_table, deq_scale1=dequant_scale1,
-                  quant_scale1=quant_scale1, deq_scale2=dequant_scale2, quant_scale2=quant_scale2,
-                  quant_offset2=quant_offset2, kv_padding_size=kv_padding_size, num_heads=num_heads,
-                  scale=scale_value, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
-                  block_size=block_size, inner_precise=inner_precise)
+    with caller_names(actual_seq_lengths_kv="actual_seq_lengths", scale="scale_value"):
+        out, _ = _fia(query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                      actual_seq_lengths_kv=actual_seq_lengths, antiquant_scale=antiquant_scale,
+                      antiquant_offset=antiquant_offset, block_table=block_table, deq_scale1=dequant_scale1,
+                      quant_scale1=quant_scale1, deq_scale2=dequant_scale2, quant_scale2=quant_scale2,
+                      quant_offset2=quant_offset2, kv_padding_size=kv_padding_size, num_heads=num_heads,
+                      scale=scale_value, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
+                      block_size=block_size, inner_precise=inner_precise)
     return out
 
 

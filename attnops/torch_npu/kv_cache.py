@@ -92,8 +92,11 @@ def _write_pair(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tens
     cache_launch.KERNELS.run_all(plan, key.device)
 
 
+TOKEN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8)  # int8: quantized caches
+
+
 def _check_pair(key: Tensor, value: Tensor, *, same_dtype: bool) -> None:
-    check_tensor("key", key, ndim=3)
+    check_tensor("key", key, ndim=3, dtypes=TOKEN_DTYPES)
     check_tensor("value", value, ndim=3, dtypes=(key.dtype,) if same_dtype else None, device=key.device)
     require(value.shape[:2] == key.shape[:2], "value", f"[T={key.shape[0]}, N={key.shape[1]}, Dv] like key", value)
 
@@ -125,6 +128,8 @@ def npu_scatter_pa_kv_cache_functional(key: Tensor, value: Tensor, key_cache: Te
                                        compress_seq_offsets: Tensor | None = None, seq_lens: Tensor | None = None,
                                        cache_mode: str | None = "PA_NZ") -> tuple[Tensor, Tensor]:
     """Out-of-place :func:`npu_scatter_pa_kv_cache`: returns updated copies of the caches."""
+    check_tensor("key_cache", key_cache)
+    check_tensor("value_cache", value_cache)
     key_cache, value_cache = key_cache.clone(), value_cache.clone()
     npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, compress_lens=compress_lens,
                             compress_seq_offsets=compress_seq_offsets, seq_lens=seq_lens, cache_mode=cache_mode)
@@ -266,6 +271,8 @@ def npu_gather_pa_kv_cache_functional(key_cache: Tensor, value_cache: Tensor, bl
                                       seq_offset: Tensor | None = None,
                                       is_seq_lens_cumsum: bool = False) -> tuple[Tensor, Tensor]:
     """Out-of-place :func:`npu_gather_pa_kv_cache`: returns filled copies of ``key`` and ``value``."""
+    check_tensor("key", key)
+    check_tensor("value", value)
     key, value = key.clone(), value.clone()
     npu_gather_pa_kv_cache(key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset=seq_offset,
                            is_seq_lens_cumsum=is_seq_lens_cumsum)

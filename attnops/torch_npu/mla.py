@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .._core.checks import check_tensor
 from .._core.custom_ops import call
 from ..ops.mla import op as mla_op
 from ._common import reject_unsupported
@@ -80,6 +81,8 @@ def npu_mla_prolog_v3_functional(token_x, weight_dq, weight_uq_qr, weight_uk, we
                                  rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, **kwargs):
     """The out-of-place twin of :func:`npu_mla_prolog_v3`: the caches are copied, written and returned as well
     (7 outputs: query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm, kv_cache, kr_cache)."""
+    check_tensor("kv_cache", kv_cache)
+    check_tensor("kr_cache", kr_cache)
     kv_out, kr_out = kv_cache.clone(), kr_cache.clone()
     outs = npu_mla_prolog_v3(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
                              rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_out, kr_out, **kwargs)
@@ -96,6 +99,8 @@ def npu_mla_prolog_v2(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr
     ``kv_cache`` is per-tensor in the full mode (``quant_scale_ckv [1]`` or ``[1, Hckv]``, its first value read;
     the query is quantized too, ``dequant_scale_q_nope [T, N, 1]``; else ``[1]``) and per-channel otherwise
     (``quant_scale_ckv [1, Hckv]``; an int8 ``kr_cache`` with ``quant_scale_ckr [1, Dr]``)."""
+    for name, x in (("token_x", token_x), ("weight_uq_qr", weight_uq_qr), ("kv_cache", kv_cache)):
+        check_tensor(name, x)  # their dtypes pick the mode
     weight_mode = 0 if weight_uq_qr.dtype != torch.int8 else 2 if token_x.dtype == torch.int8 else 1
     int8_cache = kv_cache.dtype == torch.int8
     full = int(int8_cache and weight_mode == 2)

@@ -11,7 +11,7 @@ unmasked forward, like the NPU. The functions call the ``attnops::nsa_*`` custom
 """
 from __future__ import annotations
 
-from .._core.checks import check_scale, check_tensor, fail, int_list, require
+from .._core.checks import caller_names, check_scale, check_tensor, fail, int_list, require
 from .._core.inference_only import run_inference_only
 from ..ops.nsa import op as nsa_op
 from ..ops.nsa.decode import lengths_arg
@@ -23,6 +23,7 @@ SELECTED_ATTENTION_MODE = 2  # forward: causal iff atten_mask is given; grad: al
 
 
 def _check_heads(query, head_num: int) -> None:
+    check_tensor("query", query, ndim=3)
     require(head_num == query.shape[1], "head_num", f"the N of query [T, N, D] ({query.shape[1]})", head_num)
 
 
@@ -34,8 +35,9 @@ def npu_nsa_compress(input, weight, compress_block_size, compress_stride, *, act
 
 def npu_nsa_compress_grad(grad, input, weight, compress_block_size, compress_stride, *, actual_seq_len=None):
     """``(input_grad, weight_grad)`` of :func:`npu_nsa_compress`."""
-    return nsa_op.nsa_compress_grad(grad, input, weight, compress_block_size, compress_stride,
-                                    int_list("actual_seq_len", actual_seq_len), CUMULATIVE)
+    with caller_names(output_grad="grad"):
+        return nsa_op.nsa_compress_grad(grad, input, weight, compress_block_size, compress_stride,
+                                        int_list("actual_seq_len", actual_seq_len), CUMULATIVE)
 
 
 def npu_nsa_compress_attention(query, key, value, scale_value, head_num, compress_block_size, compress_stride,
@@ -67,11 +69,12 @@ def npu_nsa_select_attention_grad(grad, query, key, value, attention_out, softma
                                   actual_seq_qlen=None, actual_seq_kvlen=None):
     """``(dq, dk, dv)`` of :func:`npu_nsa_select_attention` from its outputs (note: ``grad`` comes first)."""
     _check_heads(query, head_num)
-    return nsa_op.nsa_selected_attention_grad(
-        grad, query, key, value, attention_out, softmax_max, softmax_sum, topk_indices, atten_mask,
-        check_scale("scale_value", scale_value), head_num, select_block_size, select_block_count,
-        int_list("actual_seq_qlen", actual_seq_qlen), int_list("actual_seq_kvlen", actual_seq_kvlen),
-        SELECTED_ATTENTION_MODE)
+    with caller_names(attention_out_grad="grad"):
+        return nsa_op.nsa_selected_attention_grad(
+            grad, query, key, value, attention_out, softmax_max, softmax_sum, topk_indices, atten_mask,
+            check_scale("scale_value", scale_value), head_num, select_block_size, select_block_count,
+            int_list("actual_seq_qlen", actual_seq_qlen), int_list("actual_seq_kvlen", actual_seq_kvlen),
+            SELECTED_ATTENTION_MODE)
 
 
 def decode_operands(query, key, value, *, layout, allowed, head_num, key_value_head_num, block_table):

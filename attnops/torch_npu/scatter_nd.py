@@ -8,12 +8,13 @@ from torch import Tensor
 from .._core.checks import check_tensor, require
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_DATA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8)  # caches, quantized too
 
 
 def _validated_index(input: Tensor, indices: Tensor, updates: Tensor) -> tuple[Tensor, ...]:
     """Check the shapes (``updates`` = ``indices.shape[:-1] + input.shape[K:]`` for ``K = indices.shape[-1]``),
     dtypes, devices and, when ``indices`` is on the CPU, the index values; returns the per-dimension indices."""
-    check_tensor("input", input, ndim=range(1, 9))
+    check_tensor("input", input, ndim=range(1, 9), dtypes=_DATA_DTYPES)
     check_tensor("indices", indices, dtypes=_INDEX_DTYPES, device=input.device)
     require(indices.dim() >= 2 and 1 <= indices.shape[-1] <= input.dim(), "indices",
             f"at least 2 dims with the last one (the index depth) in [1, input.dim()={input.dim()}]", indices)
@@ -33,9 +34,11 @@ def npu_scatter_nd_update_(input: Tensor, indices: Tensor, updates: Tensor) -> T
     """In place: ``input[indices[j]] = updates[j]`` for every index row ``j`` (``indices [..., K]`` int32/int64,
     ``updates [..., *input.shape[K:]]``, ``input``'s dtype); returns ``input``. Indices must lie in
     ``input.shape[:K]`` (checked on the CPU); with repeated indices one of the rows is kept."""
-    return input.index_put_(_validated_index(input, indices, updates), updates)
+    index = _validated_index(input, indices, updates)
+    return input.index_put_(index, updates)
 
 
 def npu_scatter_nd_update(input: Tensor, indices: Tensor, updates: Tensor) -> Tensor:
     """:func:`npu_scatter_nd_update_` on a copy: returns the updated copy, ``input`` is unchanged."""
-    return input.index_put(_validated_index(input, indices, updates), updates)
+    index = _validated_index(input, indices, updates)
+    return input.index_put(index, updates)

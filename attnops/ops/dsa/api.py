@@ -8,7 +8,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from ..._core.checks import softmax_scale
+from ..._core.checks import check_tensor, softmax_scale
 from ..._core.custom_ops import call
 
 QueryLayout = Literal["BSND", "TND"]
@@ -88,6 +88,7 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
     >>> sparse_flash_attention(q, kv, kv, idx).attention_out.shape
     torch.Size([1, 8, 4, 16])
     """
+    check_tensor("query", query)
     d = query.shape[-1] + (0 if query_rope is None else query_rope.shape[-1])
     out, m, l = call(_op().dsa_sparse_flash_attention, query, key, value, sparse_indices, query_rope, key_rope, sinks,
                      block_table, _lengths(actual_seq_lengths_query), _lengths(actual_seq_lengths_kv),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_int, check_same_device, check_tensor, require
+from ..._core.checks import check_int, check_same_device, check_tensor, require, require_not_none
 from ..._core.indices import check_block_table, check_index_rows, entries_read, validation_enabled
 from .call import Call, make_call
 from .problem import INDEX_DTYPES
@@ -106,7 +106,7 @@ def quant_sparse_attention_call(query: Tensor, key: Tensor, value: Tensor, spars
     require(query.shape[-1] == NOPE_DIM + ROPE_DIM, "query", f"head dim {NOPE_DIM + ROPE_DIM} (nope | rope)", query)
     check_tensor("key", key, dtypes=HIF8_STORAGE_DTYPES if hif8 else CODE_DTYPES)
     require(key.shape[-1] == ROW_BYTES, "key", f"packed rows of {ROW_BYTES} bytes (last dim)", key)
-    check_tensor("value", value, dtypes=(key.dtype,))
+    check_tensor("value", value, dtypes=(key.dtype,), shape=tuple(key.shape))  # the same packed rows as key
     call = make_call(query, key, layout_query=layout_query, layout_key=layout_kv, sparse_mode=sparse_mode,
                      actual_seq_lengths_query=actual_seq_lengths_query,
                      actual_seq_lengths_key=actual_seq_lengths_kv, block_table=block_table,
@@ -139,6 +139,7 @@ def kl_loss_call(query: Tensor, key: Tensor, query_index: Tensor, key_index: Ten
     check_tensor("key", key, dtypes=(query.dtype,))
     check_tensor("query_index", query_index, dtypes=(query.dtype,), ndim=query.dim())
     require(tuple(query_index.shape[:-2]) == tuple(query.shape[:-2]), "query_index", "query's rows", query_index)
+    require_not_none(key_index, "key_index")
     _check_like("key_index", key_index, (*key.shape[:-1], query_index.shape[-1]), query.dtype,
                 "key's shape with query_index's D")
     _check_like("weights", weights, query_index.shape[:-1], None, "query_index's shape without D")

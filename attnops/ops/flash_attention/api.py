@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
-from ..._core.checks import Described, check_same_device, check_tensor, fail, require, require_not_none, softmax_scale
+from ..._core.checks import (Described, caller_names, check_same_device, check_tensor, fail, require, require_not_none,
+                             softmax_scale)
 from ..._core.dropout import check_seed_offset, draw_seed
 from ..._core.layouts import normalize_layout, with_head_dim
 from ..._core.npu_rounding import check_precision
@@ -38,6 +39,7 @@ def _op():
 
 
 def _head_num(query: Tensor, layout: str, head_num: int | None) -> int:
+    check_tensor("query", query, ndim=3 if layout in ("BSH", "SBH", "TND") else 4)
     if head_num is not None:
         return head_num
     if layout in ("BSH", "SBH"):
@@ -224,7 +226,7 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
     if pse_type in (0, 1):
         (pse,) = cast_inputs(autocast_dtype(query.device), pse)
     args = _op_args(query, key, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
-    with autocast_off(query.device):
+    with autocast_off(query.device), caller_names(attention_in="attention_out"):
         dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
                                                      *args.values())
     return dq, dk, dv, _op().pse_grad(dpse, pse, pse_type)
@@ -235,13 +237,15 @@ def check_backward_inputs(p: FAProblem, query: Tensor, dy, attention_in, softmax
     g = p.geom
     out_shape = with_head_dim(query.shape, g.layout, g.n1, g.dv)
     for name, t in (("dy", dy), ("attention_in", attention_in)):
-        if type(t) is Tensor and t.dtype == query.dtype and t.shape == out_shape:
+        if type(t) is Tensor and t.dtype == query.dtype and t.shape == out_shape and t.device == query.device:
             continue  # the common case, checked at once
         require_not_none(t, name)
         check_tensor(name, t, dtypes=(query.dtype,))
         require(tuple(t.shape) == out_shape, name, f"shape {list(out_shape)} (the forward output's)", t)
+        check_same_device("query", query, **{name: t})
     stats = []
     for name, t in (("softmax_max", softmax_max), ("softmax_sum", softmax_sum)):
         require_not_none(t, name)
+        check_same_device("query", query, **{name: t})
         stats.append(check_stats(name, t, p.seq, g.n1, p.total_q, query.dtype))
     return attention_in, stats[0], stats[1]

@@ -121,7 +121,7 @@ def call_options(query: Tensor, key, value, arguments: dict) -> tuple[Tensor, ob
     """The call's ``(query, key, value, options)`` from the Pythonic ``arguments`` (:func:`fused_infer_attention`'s
     parameters by name): devices checked, autocast applied, defaults resolved, options under the aclnn names."""
     check_tensor("query", query)
-    _check_devices(query, key, value, arguments)
+    check_devices(query, key, value, arguments)
     dtype = autocast_dtype(query.device)
     a = dict(arguments)
     query, a["pse_shift"], a["key_shared_prefix"], a["value_shared_prefix"] = cast_inputs(
@@ -155,7 +155,7 @@ _TENSOR_OPTIONS = ("pse_shift", "atten_mask", "block_table", "deq_scale1", "quan
                    "value_shared_prefix")
 
 
-def _check_devices(query: Tensor, key, value, arguments: dict) -> None:
+def check_devices(query: Tensor, key, value, arguments: dict) -> None:
     """key, value (every tensor of a list) and every tensor option on the query's device: never copied silently."""
     kv = {f"{name}[{i}]" if isinstance(x, (list, tuple)) else name: t
           for name, x in (("key", key), ("value", value))

@@ -37,13 +37,13 @@ class FusedInferAttentionPlan:
         key, value = flash_attn_cache_views(key, value, options)
         self._options = options
         self._block_table = options.get("block_table")
+        problem = build_problem(query, key, value, **options)  # fused_infer_attention's checks, on every device
         built = {}
 
         def verify():
             from .triton.verify import kernel_route
 
-            built["p"] = build_problem(query, key, value, **options)
-            built["route"], reason = kernel_route(built["p"], query, key, value, options)
+            built["route"], reason = kernel_route(problem, query, key, value, options)
             return reason
 
         backend = "reference" if options["precision"] == "npu" else arguments["backend"]  # the NPU emulation
@@ -51,7 +51,7 @@ class FusedInferAttentionPlan:
             from .triton.decode_plan import make_plan
 
             lengths_on_host = not isinstance(arguments["actual_seq_lengths_kv"], Tensor)  # a tensor: plan for any
-            self._plan = make_plan(built["p"], interpreting(query.device), lengths_on_host)
+            self._plan = make_plan(problem, interpreting(query.device), lengths_on_host)
 
     @property
     def kernels(self) -> bool:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_choice, check_tensor, require
+from ..._core.checks import check_choice, check_same_device, check_tensor, require
 from ..._core.indices import check_slots, valid_ids, validation_enabled
 from .cache_write import nz_width, quantize_int8, write_rows
 from .rope import interleave_rope, rms_norm
 
 CACHE_MODES = ("Norm", "PA", "PA_BNSD", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+CACHE_DTYPES = (*FLOAT_DTYPES, torch.int8)
 
 
 def _row_widths(kv: Tensor, gamma: Tensor, cos: Tensor, v: Tensor | None) -> tuple[int, int, int]:
@@ -42,7 +43,12 @@ def check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, 
                                 cache_mode, v=None) -> None:
     check_choice("cache_mode", cache_mode, CACHE_MODES)
     check_tensor("kv", kv, ndim=4, dtypes=FLOAT_DTYPES)
-    check_tensor("gamma", gamma, ndim=1)
+    check_tensor("gamma", gamma, ndim=1, dtypes=FLOAT_DTYPES)
+    for name, x in (("cos", cos), ("sin", sin)):
+        check_tensor(name, x, dtypes=FLOAT_DTYPES)
+    for name, x in (("k_cache", k_cache), ("ckv_cache", ckv_cache)):
+        check_tensor(name, x, dtypes=CACHE_DTYPES)
+    check_same_device("kv", kv, gamma=gamma, cos=cos, sin=sin, k_cache=k_cache, ckv_cache=ckv_cache, v=v)
     heads = kv.shape[1]
     if v is None:
         require(heads == 1, "kv", "[B, 1, S, Dc + Dr] (one kv head; V2 with v takes N heads)", kv)

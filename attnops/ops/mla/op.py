@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_tensor, require
+from ..._core.checks import check_same_device, check_tensor, require
 from ..._core.custom_ops import register_dry_run_meta
 from .kv_cache import check_kv_rmsnorm_rope_cache, kv_rmsnorm_rope_cache
 from .prolog import check_prolog, mla_prolog
@@ -26,6 +26,7 @@ def mla_interleave_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         check_tensor(name, t, ndim=4, dtypes=(x.dtype,))
         ok = t.shape[0] == x.shape[0] and t.shape[1] == 1 and t.shape[2] in (1, x.shape[2]) and t.shape[3] == x.shape[3]
         require(ok, name, f"[{x.shape[0]}, 1, {x.shape[2]} or 1, {x.shape[3]}]", t)
+    check_same_device("x", x, cos=cos, sin=sin)
     return interleave_rope(x, cos, sin).to(x.dtype)
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_choice, check_tensor, require
+from ..._core.checks import check_choice, check_same_device, check_tensor, require
 from .cache_write import nz_width, quantize_int8, write_rows
+from .kv_cache import FLOAT_DTYPES
 from .prolog_quant import PrologQuant, dynamic_int8, int8_matmul
 from .rope import interleave_rope, rms_norm, work_dtype
 
@@ -26,11 +27,21 @@ def check_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gam
                  rope_cos, kv_cache, kr_cache, cache_index, cache_mode) -> None:
     check_choice("cache_mode", cache_mode, CACHE_MODES)
     check_tensor("token_x", token_x, ndim=(2, 3))
+    floats = dict(weight_uk=weight_uk, rmsnorm_gamma_cq=gamma_cq, rmsnorm_gamma_ckv=gamma_ckv, rope_sin=rope_sin,
+                  rope_cos=rope_cos)
+    for name, x in floats.items():
+        check_tensor(name, x, dtypes=FLOAT_DTYPES)
+    for name, x in (("weight_dq", weight_dq), ("weight_uq_qr", weight_uq_qr), ("weight_dkv_kr", weight_dkv_kr),
+                    ("kv_cache", kv_cache), ("kr_cache", kr_cache)):
+        check_tensor(name, x, dtypes=(*FLOAT_DTYPES, torch.int8))  # int8: the quantized modes (check_quant)
+    check_same_device("token_x", token_x, weight_dq=weight_dq, weight_uq_qr=weight_uq_qr,
+                      weight_dkv_kr=weight_dkv_kr, kv_cache=kv_cache, kr_cache=kr_cache, **floats)
     he = token_x.shape[-1]
     check_tensor("weight_dq", weight_dq, ndim=2, shape=(he, None))
     hcq = weight_dq.shape[1]
     check_tensor("weight_uk", weight_uk, ndim=3)
     n, d, hckv = weight_uk.shape
+    require(min(n, d, hckv) >= 1, "weight_uk", "[N, D, Hckv] with N, D, Hckv >= 1", weight_uk)
     check_tensor("weight_uq_qr", weight_uq_qr, ndim=2, shape=(hcq, None))
     dr = weight_uq_qr.shape[1] // n - d
     require(weight_uq_qr.shape[1] % n == 0 and dr > 0 and dr % 2 == 0, "weight_uq_qr",
@@ -40,8 +51,8 @@ def check_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gam
     check_tensor("rmsnorm_gamma_ckv", gamma_ckv, shape=(hckv,))
     for name, x in (("rope_sin", rope_sin), ("rope_cos", rope_cos)):
         check_tensor(name, x, shape=(*token_x.shape[:-1], dr))
-    check_tensor("kv_cache", kv_cache)
-    check_tensor("kr_cache", kr_cache)
+    for name, cache in (("kv_cache", kv_cache), ("kr_cache", kr_cache)):
+        require(cache.is_contiguous(), name, "a contiguous tensor (written in place)", cache)
     require(kv_cache.shape[-1] == hckv, "kv_cache", f"last dim Hckv={hckv}", kv_cache)
     require(kr_cache.shape[-1] == dr, "kr_cache", f"last dim Dr={dr}", kr_cache)
     if cache_mode in ("BSND", "TND"):

@@ -8,7 +8,8 @@ from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
 from ..._core.custom_ops import call
-from ..._core.checks import Described, check_same_device, check_tensor, require, require_not_none, softmax_scale
+from ..._core.checks import (Described, caller_names, check_same_device, check_tensor, require, require_not_none,
+                             softmax_scale)
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.npu_rounding import check_precision
 from ..._core.staging import device_constant
@@ -138,6 +139,9 @@ def nsa_selected_attention(query: Tensor, key: Tensor, value: Tensor, topk_indic
     return (out, smax, ssum) if return_stats else out
 
 
+_INFER_NAMES = dict(key="key_cache", value="value_cache")  # the decode operators' names of the caches
+
+
 def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: Tensor, topk_indices: Tensor,
                                  block_table: Tensor, seq_lens, *, select_block_size: int,
                                  scale: float | None = None, precision: Literal["exact", "npu"] = "exact") -> Tensor:
@@ -157,7 +161,7 @@ def nsa_selected_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
         block_table=block_table)
     scale = softmax_scale(scale, query, query.shape[-1])
     lens, lens_tensor = lengths_arg("seq_lens", seq_lens)
-    with autocast_off(query.device):
+    with autocast_off(query.device), caller_names(**_INFER_NAMES, actual_seq_kvlen="seq_lens"):
         return call(_op().nsa_selected_attention_infer, query, key_cache, value_cache, topk_indices, block_table,
                     float(scale), query.shape[1], key_cache.shape[2], select_block_size, topk_indices.shape[-1],
                     key_cache.shape[1], lens, lens_tensor, precision)
@@ -181,7 +185,7 @@ def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
                                                            value_cache=value_cache, block_table=block_table)
     scale = softmax_scale(scale, query, query.shape[-1])
     lens, lens_tensor = lengths_arg("cmp_seq_lens", cmp_seq_lens)
-    with autocast_off(query.device):
+    with autocast_off(query.device), caller_names(**_INFER_NAMES, actual_cmp_seq_kvlen="cmp_seq_lens"):
         return call(_op().nsa_compress_attention_infer, query, key_cache, value_cache, block_table, float(scale),
                     query.shape[1], key_cache.shape[2], select_block_size, select_block_count, key_cache.shape[1],
                     compress_block_size, compress_stride, lens, lens_tensor, precision)

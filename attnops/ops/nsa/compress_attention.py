@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._core.checks import Described, check_int, check_tensor, int_list, require
+from ..._core.checks import Described, caller_names, check_int, check_tensor, int_list, require
 from ..._core.masks import MASK_DTYPES, StridedCausal
 from ..._core.npu_rounding import npu_rounding
 from ..._core.softmax_stats import FLT_MAX
@@ -103,10 +103,11 @@ def compress_attention_problem(query, key, value, *, scale_value: float, head_nu
             atten_mask)
     require(actual_seq_qlen is not None and actual_cmp_seq_kvlen is not None, "actual_seq_qlen",
             "cumulative actual_seq_qlen and actual_cmp_seq_kvlen", None)
-    fa = build_problem(query, key, value, head_num=head_num, layout="TND", scale=scale_value,
-                       atten_mask=atten_mask, sparse_mode=sparse_mode, actual_seq_qlen=int_list(
-                           "actual_seq_qlen", actual_seq_qlen),
-                       actual_seq_kvlen=int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
+    with caller_names(actual_seq_kvlen="actual_cmp_seq_kvlen"):
+        fa = build_problem(query, key, value, head_num=head_num, layout="TND", scale=scale_value,
+                           atten_mask=atten_mask, sparse_mode=sparse_mode, actual_seq_qlen=int_list(
+                               "actual_seq_qlen", actual_seq_qlen),
+                           actual_seq_kvlen=int_list("actual_cmp_seq_kvlen", actual_cmp_seq_kvlen))
     rounding = npu_rounding(precision, query.dtype)
     if rounding is not None:
         fa = dataclasses.replace(fa, rounding=rounding)

@@ -91,7 +91,7 @@ def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, b
     tables = block_table.unsqueeze(1).expand(-1, n2, -1).flatten(0, 1)  # job b * N2 + h: request b, KV head h
     runs, counts, tokens = _runs(key, value, tables, torch.arange(n2).repeat(batch), starts.flatten(0, 1),
                                  ends.flatten(0, 1))
-    q = query.to(F32).mul(kv.scale).view(batch * n2, 1, g, -1)
+    q = query.to(F32).mul(kv.scale).contiguous().view(batch * n2, 1, g, -1)  # the kernel reads q by address
     m, total, o = (torch.empty(batch * n2, 1, g, *extra, dtype=F32) for extra in ((), (), (kv.dv,)))
     _chunks(runs, counts, tokens, q, (key.dtype, value.dtype), kv.dv, (m, total, o))
     has_keys = torch.tensor(tokens).view(-1, 1, 1, 1) > 0
@@ -107,7 +107,7 @@ def compress_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor,
     lens = torch.tensor(kv.kv_lens, dtype=torch.int64).unsqueeze(-1)
     runs, counts, tokens = _runs(key, value, block_table, torch.zeros(batch, dtype=torch.int64),
                                  torch.zeros_like(lens), lens)
-    q = query.to(F32).mul(kv.scale).view(batch, n2, g, -1)
+    q = query.to(F32).mul(kv.scale).contiguous().view(batch, n2, g, -1)  # the kernel reads q by address
     m, total, o = (torch.empty(batch, n2, g, *extra, dtype=F32) for extra in ((), (), (kv.dv,)))
     probs = torch.empty(sum(tokens) * kv.n1, dtype=F32)
     starts = [0]

@@ -22,12 +22,14 @@ from itertools import accumulate
 import torch
 from torch import Tensor
 
-from ..._core.checks import Described, check_int, check_tensor, fail, require
+from ..._core.checks import Described, caller_names, check_int, check_tensor, fail, require
 from ..._core.indices import PAD, check_index_rows, validation_enabled
 from ..._core.varlen import lengths_from_cumulative
 from ..._core.autocast import autocast_off
 from .api import _cumulative, _prepared, nsa_compress, nsa_compress_attention, nsa_selected_attention
 from .compress import compress_block_count
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 COMPRESS_MODES = ("weighted", "mean")
 
@@ -243,7 +245,13 @@ def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Te
     gate turns its branch off. Strictly causal: a sequence's prefix gets the same outputs as the whole sequence on
     that prefix. Returns ``[..., N1, Dv]``; differentiable in q, k, v, the compression weights and the gates.
     """
-    check_tensor("query", query)
+    check_tensor("query", query, ndim=(3, 4))  # TND or [B, S, N, D]
+    for name, t in (("key", key), ("value", value)):
+        check_tensor(name, t, ndim=query.dim())
+    for name, t in (("gates", gates), ("compress_weight_k", compress_weight_k),
+                    ("compress_weight_v", compress_weight_v), ("g_cmp", g_cmp), ("g_slc", g_slc), ("g_swa", g_swa)):
+        if t is not None:
+            check_tensor(name, t, dtypes=FLOAT_DTYPES)
     query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp, g_slc, g_swa, block_indices, _ = _prepared(
         "query", query, key=key, value=value, gates=gates, compress_weight_k=compress_weight_k,
         compress_weight_v=compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa, block_indices=block_indices,
@@ -321,10 +329,12 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
     topk = None
     if need_cmp:
         wk, wv = compress_weights(compress, compress_weight_k, compress_weight_v, compress_block_size, n2, key)
-        k_cmp = nsa_compress(k_pad, wk, block_size=compress_block_size, stride=compress_stride,
-                             actual_seq_len=list(geo.padded_cum))
-        v_cmp = nsa_compress(v_pad, wv, block_size=compress_block_size, stride=compress_stride,
-                             actual_seq_len=list(geo.padded_cum))
+        with caller_names(input="key", weight="compress_weight_k"):
+            k_cmp = nsa_compress(k_pad, wk, block_size=compress_block_size, stride=compress_stride,
+                                 actual_seq_len=list(geo.padded_cum))
+        with caller_names(input="value", weight="compress_weight_v"):
+            v_cmp = nsa_compress(v_pad, wv, block_size=compress_block_size, stride=compress_stride,
+                                 actual_seq_len=list(geo.padded_cum))
         o_cmp, topk, _, _ = nsa_compress_attention(
             query, k_cmp, v_cmp, compress_block_size=compress_block_size, compress_stride=compress_stride,
             select_block_size=ls, select_block_count=count, scale=scale, causal=True,

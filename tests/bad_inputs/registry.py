@@ -1,0 +1,721 @@
+"""One small valid call per public entry point of every dialect (tiny shapes on the CPU, fp32 where the operator
+takes it, else its fp16/bf16/int8), and where an independent fp64 golden exists, the golden of that call.
+
+A :class:`Case` is built fresh by its factory (cache operators write into their arguments). ``args`` are passed as
+keywords, under the names the caller of that dialect uses, so an error message can be checked for that name.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+import attnops
+import attnops.flash_attn as flash_attn
+from attnops import aclnn, nn, torch_npu
+from attnops.ops.dsa.quant_cache import quantize
+from attnops.testing import golden, golden_dsa, golden_fia, golden_nsa
+from tests.aclnn import fa_params
+from tests.ops.fused_infer_attention.fia_helpers import aclnn_args
+from tests.ops.nsa import nsa_aclnn_params
+
+F32, BF16, I32, I64 = torch.float32, torch.bfloat16, torch.int32, torch.int64
+INT_MAX, INT64_MAX = 2147483647, 2**63 - 1
+
+
+@dataclass
+class Case:
+    """A valid call ``fn(**args)``; ``golden(args)`` gives the fp64 outputs (a tuple, compared with the first
+    outputs of the call) or is None where no independent golden exists."""
+
+    fn: Callable[..., Any]
+    args: dict
+    golden: Callable[[dict], tuple] | None = None
+
+
+def r(*shape, seed=0, scale=1.0, dtype=F32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def ints(values, dtype=I32):
+    return torch.tensor(values, dtype=dtype)
+
+
+# --- FlashAttention --------------------------------------------------------------------------------------------
+
+def _fa_qkv(b=1, n1=2, n2=1, sq=3, skv=4, d=8):
+    return r(b, n1, sq, d, seed=1), r(b, n2, skv, d, seed=2), r(b, n2, skv, d, seed=3)
+
+
+def fa_pythonic():
+    q, k, v = _fa_qkv()
+    return Case(attnops.flash_attention, dict(query=q, key=k, value=v, scale=0.3),
+                lambda a: golden.fa_forward(a["query"], a["key"], a["value"], head_num=a["query"].shape[1],
+                                            input_layout="BNSD", scale=a["scale"])[:1])
+
+
+def fa_pythonic_backward():
+    q, k, v = _fa_qkv()
+    res = attnops.flash_attention(q, k, v, scale=0.3, return_stats=True)
+    return Case(attnops.flash_attention_backward,
+                dict(dy=r(*res.out.shape, seed=4), query=q, key=k, value=v, attention_out=res.out,
+                     softmax_max=res.softmax_max, softmax_sum=res.softmax_sum, scale=0.3),
+                lambda a: golden.fa_backward(a["dy"], a["query"], a["key"], a["value"], head_num=a["query"].shape[1],
+                                             input_layout="BNSD", scale=a["scale"])[:3])
+
+
+def _npu_fa_golden(a):
+    return golden.fa_forward(a["query"], a["key"], a["value"], head_num=a["head_num"],
+                             input_layout=a["input_layout"], scale=a["scale"])[:1]
+
+
+def npu_fusion_attention(fn):
+    def factory():
+        q, k, v = _fa_qkv()
+        return Case(fn, dict(query=q, key=k, value=v, head_num=2, input_layout="BNSD", scale=0.3), _npu_fa_golden)
+    return factory
+
+
+def npu_fusion_attention_grad(fn, **extra):
+    def factory():
+        q, k, v = _fa_qkv()
+        out, smax, ssum, *_ = torch_npu.npu_fusion_attention(q, k, v, 2, "BNSD", scale=0.3)
+        return Case(fn, dict(query=q, key=k, value=v, dy=r(*out.shape, seed=4), head_num=2, input_layout="BNSD",
+                             softmax_max=smax, softmax_sum=ssum, attention_in=out, scale_value=0.3, **extra),
+                    lambda a: golden.fa_backward(a["dy"], a["query"], a["key"], a["value"], head_num=2,
+                                                 input_layout="BNSD", scale=0.3)[:3])
+    return factory
+
+
+def aclnn_fa(op):
+    def factory():
+        return Case(fa_params.OPS[op][0], fa_params.base_params(op))
+    return factory
+
+
+def flash_attn_func():
+    q, k, v = (x.transpose(1, 2).contiguous() for x in _fa_qkv(n2=2))
+    return Case(flash_attn.flash_attn_func, dict(q=q, k=k, v=v, softmax_scale=0.3),
+                lambda a: golden.fa_forward(a["q"], a["k"], a["v"], head_num=2, input_layout="BSND",
+                                            scale=a["softmax_scale"])[:1])
+
+
+def flash_attn_kvpacked_func():
+    q, k, v = (x.transpose(1, 2).contiguous() for x in _fa_qkv(n2=2))
+    return Case(flash_attn.flash_attn_kvpacked_func, dict(q=q, kv=torch.stack([k, v], 2), softmax_scale=0.3),
+                lambda a: golden.fa_forward(a["q"], a["kv"][:, :, 0], a["kv"][:, :, 1], head_num=2,
+                                            input_layout="BSND", scale=a["softmax_scale"])[:1])
+
+
+def flash_attn_qkvpacked_func():
+    qkv = r(1, 4, 3, 2, 8, seed=5)
+    return Case(flash_attn.flash_attn_qkvpacked_func, dict(qkv=qkv, softmax_scale=0.3),
+                lambda a: golden.fa_forward(a["qkv"][:, :, 0], a["qkv"][:, :, 1], a["qkv"][:, :, 2], head_num=2,
+                                            input_layout="BSND", scale=a["softmax_scale"])[:1])
+
+
+def _varlen_golden(q, k, v, cu_q, cu_k, scale):
+    return golden.fa_forward(q, k, v, head_num=q.shape[1], input_layout="TND", scale=scale,
+                             actual_seq_qlen=cu_q[1:].tolist(), actual_seq_kvlen=cu_k[1:].tolist())[:1]
+
+
+def flash_attn_varlen_func():
+    return Case(flash_attn.flash_attn_varlen_func,
+                dict(q=r(5, 2, 8, seed=1), k=r(6, 2, 8, seed=2), v=r(6, 2, 8, seed=3), cu_seqlens_q=ints([0, 2, 5]),
+                     cu_seqlens_k=ints([0, 3, 6]), max_seqlen_q=3, max_seqlen_k=3, softmax_scale=0.3),
+                lambda a: _varlen_golden(a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"],
+                                         a["softmax_scale"]))
+
+
+def flash_attn_varlen_kvpacked_func():
+    return Case(flash_attn.flash_attn_varlen_kvpacked_func,
+                dict(q=r(5, 2, 8, seed=1), kv=r(6, 2, 2, 8, seed=2), cu_seqlens_q=ints([0, 2, 5]),
+                     cu_seqlens_k=ints([0, 3, 6]), max_seqlen_q=3, max_seqlen_k=3, softmax_scale=0.3),
+                lambda a: _varlen_golden(a["q"], a["kv"][:, 0], a["kv"][:, 1], a["cu_seqlens_q"],
+                                         a["cu_seqlens_k"], a["softmax_scale"]))
+
+
+def flash_attn_varlen_qkvpacked_func():
+    return Case(flash_attn.flash_attn_varlen_qkvpacked_func,
+                dict(qkv=r(5, 3, 2, 8, seed=1), cu_seqlens=ints([0, 2, 5]), max_seqlen=3, softmax_scale=0.3),
+                lambda a: _varlen_golden(a["qkv"][:, 0], a["qkv"][:, 1], a["qkv"][:, 2], a["cu_seqlens"],
+                                         a["cu_seqlens"], a["softmax_scale"]))
+
+
+def flash_attn_with_kvcache():
+    return Case(flash_attn.flash_attn_with_kvcache,
+                dict(q=r(2, 1, 2, 8, seed=1), k_cache=r(2, 6, 2, 8, seed=2), v_cache=r(2, 6, 2, 8, seed=3),
+                     cache_seqlens=ints([4, 6]), softmax_scale=0.3))
+
+
+# --- FusedInferAttention ---------------------------------------------------------------------------------------
+
+def _fia_golden(a, **names):
+    kw = {g: a[c] for g, c in names.items() if c in a}
+    return golden_fia.fia_forward(a["query"], a["key"], a["value"], **kw)[:1]
+
+
+def fia_pythonic():
+    q, k, v = _fa_qkv(n2=2)
+    return Case(attnops.fused_infer_attention, dict(query=q, key=k, value=v, num_heads=2, scale=0.3),
+                lambda a: golden_fia.fia_forward(a["query"], a["key"], a["value"], num_heads=2, scale_value=0.3,
+                                                 input_layout="BNSD")[:1])
+
+
+def fia_plan():
+    q, k, v = _fa_qkv(n2=2)
+    return Case(attnops.fused_infer_attention_plan, dict(query=q, key=k, value=v, num_heads=2, scale=0.3))
+
+
+def npu_fia(fn, scale_name="scale", layout_name="input_layout", lens_kv="actual_seq_lengths_kv",
+            heads_name="num_heads"):
+    def factory():
+        q, k, v = _fa_qkv(b=2, n2=2)
+        args = dict(query=q, key=k, value=v, **{heads_name: 2, scale_name: 0.3, layout_name: "BNSD",
+                                                              lens_kv: [4, 3]})
+        return Case(fn, args, lambda a: _fia_golden(a, num_heads=heads_name, scale_value=scale_name,
+                                                    input_layout=layout_name, actual_seq_lengths_kv=lens_kv))
+    return factory
+
+
+def npu_incre_flash_attention():
+    q, k, v = _fa_qkv(b=2, n2=2, sq=1)
+    return Case(torch_npu.npu_incre_flash_attention,
+                dict(query=q, key=k, value=v, num_heads=2, scale_value=0.3, input_layout="BNSD",
+                     actual_seq_lengths=[4, 3]),
+                lambda a: _fia_golden(a, num_heads="num_heads", scale_value="scale_value",
+                                      input_layout="input_layout", actual_seq_lengths_kv="actual_seq_lengths"))
+
+
+def npu_prompt_flash_attention():
+    q, k, v = _fa_qkv(b=2, n2=2)
+    return Case(torch_npu.npu_prompt_flash_attention,
+                dict(query=q, key=k, value=v, num_heads=2, scale_value=0.3, input_layout="BNSD", next_tokens=INT_MAX),
+                lambda a: _fia_golden(a, num_heads="num_heads", scale_value="scale_value",
+                                      input_layout="input_layout", next_tokens="next_tokens"))
+
+
+def aclnn_fia():
+    q, k, v = (x.half() for x in _fa_qkv(b=2, n2=2, d=16))
+    params = aclnn_args(q, k, v, num_heads=2, scale_value=0.3, input_layout="BNSD")
+    names = list(inspect.signature(aclnn.fused_infer_attention_score_v2_get_workspace_size).parameters)
+    args = dict(zip(names, params))
+    return Case(aclnn.fused_infer_attention_score_v2, args,
+                lambda a: golden_fia.fia_forward(**{n: a[n] for n in names})[:1])
+
+
+# --- NSA -------------------------------------------------------------------------------------------------------
+
+def nsa_compress():
+    return Case(attnops.nsa_compress,
+                dict(input=r(12, 2, 8, seed=1), weight=r(4, 2, seed=2), block_size=4, stride=2,
+                     actual_seq_len=[5, 12]),
+                lambda a: (golden_nsa.nsa_compress(a["input"], a["weight"], a["block_size"], a["stride"],
+                                                   a["actual_seq_len"]),))
+
+
+def _nsa_layer_inputs(t=12, n1=2, n2=1):
+    return dict(query=r(t, n1, 8, seed=1), key=r(t, n2, 8, seed=2), value=r(t, n2, 4, seed=3),
+                gates=torch.sigmoid(r(t, n1, 3, seed=4)), compress_weight_k=r(8, n2, seed=5),
+                compress_weight_v=r(8, n2, seed=6))
+
+
+def native_sparse_attention():
+    return Case(attnops.native_sparse_attention,
+                dict(**_nsa_layer_inputs(), compress_block_size=8, compress_stride=4, select_block_size=8,
+                     select_block_count=2, window_size=5, scale=0.4, actual_seq_len=[5, 12]))
+
+
+def nsa_compress_attention():
+    return Case(attnops.nsa_compress_attention,
+                dict(query=r(6, 2, 8, seed=1), key=r(5, 1, 8, seed=2), value=r(5, 1, 4, seed=3),
+                     compress_block_size=4, compress_stride=2, select_block_size=4, select_block_count=1,
+                     scale=0.3, actual_seq_qlen=[2, 6], actual_cmp_seq_kvlen=[2, 5]))
+
+
+def _topk(rows, n2, count, blocks, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.stack([torch.randperm(blocks, generator=g)[:count] for _ in range(n2)])
+                        for _ in range(rows)]).to(I32)
+
+
+def nsa_selected_attention():
+    return Case(attnops.nsa_selected_attention,
+                dict(query=r(5, 2, 8, seed=1), key=r(16, 1, 8, seed=2), value=r(16, 1, 4, seed=3),
+                     topk_indices=_topk(5, 1, 2, 2), select_block_size=4, causal=False, scale=0.3,
+                     actual_seq_qlen=[2, 5], actual_seq_kvlen=[8, 16]),
+                lambda a: golden_nsa.nsa_selected_attention(
+                    a["query"], a["key"], a["value"], a["topk_indices"], a["scale"], a["select_block_size"],
+                    a["actual_seq_qlen"], a["actual_seq_kvlen"], False)[:1])
+
+
+def _paged(lens=(11, 6), page=4, n2=1, d=8, dv=4):
+    pages = [-(-n // page) for n in lens]
+    table = torch.full((len(lens), max(pages)), -1, dtype=I32)
+    start = 0
+    for b, p in enumerate(pages):
+        table[b, :p] = torch.arange(start, start + p)
+        start += p
+    return r(start + 1, page, n2, d, seed=11), r(start + 1, page, n2, dv, seed=12), table
+
+
+def nsa_selected_attention_infer():
+    k, v, table = _paged()
+    return Case(attnops.nsa_selected_attention_infer,
+                dict(query=r(2, 2, 8, seed=1), key_cache=k, value_cache=v, topk_indices=_topk(2, 1, 2, 2),
+                     block_table=table, seq_lens=[11, 6], select_block_size=3, scale=0.3),
+                lambda a: (golden_nsa.nsa_select_attention_infer(
+                    a["query"], a["key_cache"], a["value_cache"], a["topk_indices"], a["block_table"],
+                    a["seq_lens"], a["scale"], a["select_block_size"]),))
+
+
+def nsa_compress_attention_infer():
+    k, v, table = _paged()
+    return Case(attnops.nsa_compress_attention_infer,
+                dict(query=r(2, 2, 8, seed=1), key_cache=k, value_cache=v, block_table=table, cmp_seq_lens=[11, 6],
+                     compress_block_size=4, compress_stride=2, select_block_size=4, select_block_count=3, scale=0.3),
+                lambda a: golden_nsa.nsa_compress_attention_infer(
+                    a["query"], a["key_cache"], a["value_cache"], a["block_table"], a["cmp_seq_lens"], 0.3, 4, 2, 4,
+                    3)[:1])
+
+
+def aclnn_nsa(op, **kw):
+    def factory():
+        return Case(nsa_aclnn_params.OPS[op][0], nsa_aclnn_params.base_params(op, **kw))
+    return factory
+
+
+def npu_nsa_compress():
+    return Case(torch_npu.npu_nsa_compress,
+                dict(input=r(32, 2, 16, seed=1), weight=r(16, 2, seed=2), compress_block_size=16, compress_stride=16,
+                     actual_seq_len=[16, 32]))
+
+
+def npu_nsa_compress_grad():
+    return Case(torch_npu.npu_nsa_compress_grad,
+                dict(grad=r(2, 2, 16, seed=3), input=r(32, 2, 16, seed=1), weight=r(16, 2, seed=2),
+                     compress_block_size=16, compress_stride=16, actual_seq_len=[16, 32]))
+
+
+def npu_nsa_compress_infer():
+    return Case(torch_npu.npu_nsa_compress_infer,
+                dict(input=r(6, 16, 2, 16, seed=1), weight=r(16, 2, seed=2), slot_mapping=ints([0, 3], I64),
+                     compress_block_size=16, compress_stride=16, page_block_size=16,
+                     block_table=ints([[0, 1, 2], [3, 4, -1]]), actual_seq_len=[48, 32],
+                     cache=torch.zeros(5, 2, 16)))
+
+
+def npu_nsa_select_attention():
+    p = nsa_aclnn_params.selected_params(dtype=F32, d=16, dv=16)
+    return Case(torch_npu.npu_nsa_select_attention,
+                dict(query=p["query"], key=p["key"], value=p["value"], topk_indices=p["topk_indices"],
+                     scale_value=p["scale_value"], head_num=p["head_num"], select_block_size=16, select_block_count=2,
+                     atten_mask=p["atten_mask"], actual_seq_qlen=p["actual_seq_qlen"],
+                     actual_seq_kvlen=p["actual_seq_kvlen"]))
+
+
+def npu_nsa_select_attention_grad():
+    p = nsa_aclnn_params.selected_grad_params(forward=True)
+    return Case(torch_npu.npu_nsa_select_attention_grad,
+                dict(grad=p["attention_out_grad"], query=p["query"], key=p["key"], value=p["value"],
+                     attention_out=p["attention_out"], softmax_max=p["softmax_max"], softmax_sum=p["softmax_sum"],
+                     topk_indices=p["topk_indices"], scale_value=p["scale_value"], head_num=p["head_num"],
+                     select_block_size=16, select_block_count=2, atten_mask=p["atten_mask"],
+                     actual_seq_qlen=p["actual_seq_qlen"], actual_seq_kvlen=p["actual_seq_kvlen"]))
+
+
+def npu_nsa_compress_attention():
+    p = nsa_aclnn_params.compress_attention_params(dtype=F32)
+    return Case(torch_npu.npu_nsa_compress_attention,
+                dict(query=p["query"], key=p["key"], value=p["value"], scale_value=p["scale_value"],
+                     head_num=p["head_num"], compress_block_size=p["compress_block_size"],
+                     compress_stride=p["compress_stride"], select_block_size=p["select_block_size"],
+                     select_block_count=p["select_block_count"], topk_mask=p["topk_mask"], atten_mask=p["atten_mask"],
+                     actual_seq_qlen=p["actual_seq_qlen"], actual_cmp_seq_kvlen=p["actual_cmp_seq_kvlen"],
+                     actual_sel_seq_kvlen=p["actual_sel_seq_kvlen"]))
+
+
+def _npu_paged(page=16, d=16):
+    g = torch.Generator().manual_seed(3)
+    k, v = (torch.randn(4, page, d, generator=g) for _ in range(2))
+    return r(2, 1, 2, d, seed=1), k, v, ints([[0, 1], [2, 3]])
+
+
+def npu_nsa_select_attention_infer():
+    q, k, v, table = _npu_paged()
+    return Case(torch_npu.npu_nsa_select_attention_infer,
+                dict(query=q, key=k, value=v, topk_indices=ints([[0, 1], [1, 0]]).view(2, 1, 2), scale_value=0.3,
+                     head_num=2, key_value_head_num=1, select_block_size=8, select_block_count=2,
+                     page_block_size=16, layout="BSND", block_table=table, actual_seq_kvlen=[32, 20]))
+
+
+def npu_nsa_compress_attention_infer():
+    q, k, v, table = _npu_paged()
+    return Case(torch_npu.npu_nsa_compress_attention_infer,
+                dict(query=q[:, 0], key=k, value=v, scale_value=0.3, head_num=2, key_value_head_num=1,
+                     select_block_size=16, select_block_count=3, page_block_size=16, compress_block_size=8,
+                     compress_stride=4, layout="TND", block_table=table, actual_cmp_seq_kvlen=[30, 19]))
+
+
+# --- DSA / MLA -------------------------------------------------------------------------------------------------
+
+def lightning_indexer():
+    return Case(attnops.lightning_indexer,
+                dict(query=r(1, 4, 2, 128, seed=1), key=r(1, 6, 1, 128, seed=2), weights=r(1, 4, 2, seed=3).abs(),
+                     sparse_count=3, sparse_mode=0))
+
+
+def npu_lightning_indexer():
+    return Case(torch_npu.npu_lightning_indexer,
+                dict(query=r(1, 4, 2, 128, seed=1), key=r(1, 6, 1, 128, seed=2), weights=r(1, 4, 2, seed=3).abs(),
+                     sparse_count=3, sparse_mode=0))
+
+
+def aclnn_lightning_indexer():
+    return Case(aclnn.lightning_indexer,
+                dict(query=r(1, 4, 2, 128, seed=1), key=r(1, 6, 1, 128, seed=2), weights=r(1, 4, 2, seed=3).abs(),
+                     actual_seq_lengths_query=None, actual_seq_lengths_key=None, block_table=None,
+                     layout_query="BSND", layout_key="BSND", sparse_count=3, sparse_mode=0, pre_tokens=INT64_MAX,
+                     next_tokens=INT64_MAX, return_values=False))
+
+
+def _sfa_rows():
+    return ints([[[[0, 2, -1]], [[1, 3, 4]], [[5, 0, 2]]]])  # [B=1, S=3, N2=1, count=3]
+
+
+def _sfa_golden(a, q="query", k="key", v="value", idx="sparse_indices", scale="scale"):
+    rows = a[idx][0, :, 0].tolist()
+    rope = {} if a.get("query_rope") is None else dict(q_rope=a["query_rope"][0], k_rope=a["key_rope"][0, :, 0])
+    return (golden_dsa.sparse_flash_attention(a[q][0], a[k][0, :, 0], a[v][0, :, 0], rows, a[scale], sparse_mode=0,
+                                              **rope)[0].unsqueeze(0),)
+
+
+def sparse_flash_attention():
+    return Case(attnops.sparse_flash_attention,
+                dict(query=r(1, 3, 2, 16, seed=1), key=r(1, 6, 1, 16, seed=2), value=r(1, 6, 1, 16, seed=2),
+                     sparse_indices=_sfa_rows(), scale=0.3, sparse_mode=0),
+                _sfa_golden)
+
+
+def _mla_sfa_inputs():
+    """The NPU's MLA-absorb shapes: a 512-wide latent (key = value) and a 64-wide rope part."""
+    kv = r(1, 6, 1, 512, seed=2)
+    return dict(query=r(1, 3, 2, 512, seed=1), key=kv, value=kv, sparse_indices=_sfa_rows(),
+                query_rope=r(1, 3, 2, 64, seed=3), key_rope=r(1, 6, 1, 64, seed=4))
+
+
+def npu_sparse_flash_attention():
+    return Case(torch_npu.npu_sparse_flash_attention,
+                dict(**_mla_sfa_inputs(), scale_value=0.05, sparse_mode=0, attention_mode=2),
+                lambda a: _sfa_golden(a, scale="scale_value"))
+
+
+def aclnn_sparse_flash_attention():
+    return Case(aclnn.sparse_flash_attention,
+                dict(**_mla_sfa_inputs(), block_table=None, actual_seq_lengths_query=None,
+                     actual_seq_lengths_kv=None, scale_value=0.05, sparse_block_size=1, layout_query="BSND",
+                     layout_kv="BSND", sparse_mode=0, pre_tokens=INT64_MAX, next_tokens=INT64_MAX, attention_mode=2,
+                     return_softmax_lse=False),
+                lambda a: _sfa_golden(a, scale="scale_value"))
+
+
+def _kl_inputs(mla=False):
+    if mla:
+        p = _mla_sfa_inputs()
+        _, smax, ssum = torch_npu.npu_sparse_flash_attention(**p, scale_value=0.05, sparse_mode=0, attention_mode=2,
+                                                             return_softmax_lse=True)
+        q, k, rope = p["query"], p["key"], dict(query_rope=p["query_rope"], key_rope=p["key_rope"])
+    else:
+        q, k, rope = r(1, 3, 2, 16, seed=1), r(1, 6, 1, 16, seed=2), {}
+        smax, ssum = torch.zeros(1, 1, 3, 2), torch.ones(1, 1, 3, 2)
+    return dict(query=q, key=k, query_index=r(1, 3, 2, 128, seed=3), key_index=r(1, 6, 1, 128, seed=4),
+                weights=r(1, 3, 2, seed=5).abs(), sparse_indices=_sfa_rows(), softmax_max=smax, softmax_sum=ssum,
+                **rope)
+
+
+def lightning_indexer_kl_loss():
+    return Case(attnops.lightning_indexer_kl_loss, dict(**_kl_inputs(), scale=0.3))
+
+
+def npu_sparse_lightning_indexer_grad_kl_loss():
+    return Case(torch_npu.npu_sparse_lightning_indexer_grad_kl_loss, dict(**_kl_inputs(mla=True), scale_value=0.05))
+
+
+def aclnn_kl_loss():
+    return Case(aclnn.sparse_lightning_indexer_grad_kl_loss,
+                dict(**_kl_inputs(mla=True), actual_seq_lengths_query=None, actual_seq_lengths_key=None,
+                     scale_value=0.05, layout="BSND", sparse_mode=3, pre_tokens=INT64_MAX, next_tokens=INT64_MAX,
+                     deterministic=False))
+
+
+def _rope_inputs():
+    return dict(x=r(2, 3, 4, 64, seed=8), cos=r(2, 1, 4, 64, seed=9), sin=r(2, 1, 4, 64, seed=10))
+
+
+def _rope_golden(a):
+    return (golden_dsa.interleave_rope(a["x"], a["cos"], a["sin"]),)
+
+
+def npu_interleave_rope():
+    return Case(torch_npu.npu_interleave_rope, _rope_inputs(), _rope_golden)
+
+
+def aclnn_interleave_rope():
+    return Case(aclnn.interleave_rope, _rope_inputs(), _rope_golden)
+
+
+def _kv_rms_inputs():
+    return dict(kv=r(2, 1, 1, 576, seed=4), gamma=r(512, seed=5), cos=r(2, 1, 1, 64, seed=6),
+                sin=r(2, 1, 1, 64, seed=7), index=ints([5, 9], I64))
+
+
+def npu_kv_rmsnorm_rope_cache():
+    return Case(torch_npu.npu_kv_rmsnorm_rope_cache,
+                dict(**_kv_rms_inputs(), k_cache=torch.zeros(1, 16, 1, 64), ckv_cache=torch.zeros(1, 16, 1, 512),
+                     cache_mode="PA", is_output_kv=True))
+
+
+def aclnn_kv_rms_norm_rope_cache():
+    return Case(aclnn.kv_rms_norm_rope_cache,
+                dict(**_kv_rms_inputs(), k_cache_ref=torch.zeros(1, 16, 1, 64),
+                     ckv_cache_ref=torch.zeros(1, 16, 1, 512), k_rope_scale=None, ckv_scale=None, k_rope_offset=None,
+                     c_kv_offset=None, epsilon=1e-5, cache_mode="PA", is_output_kv=True))
+
+
+def _mla_inputs():
+    he, hcq, n, d, hckv, dr, t = 32, 16, 2, 8, 16, 8, 3
+    return dict(token_x=r(t, he, seed=18), weight_dq=r(he, hcq, seed=10), weight_uq_qr=r(hcq, n * (d + dr), seed=11),
+                weight_uk=r(n, d, hckv, seed=12), weight_dkv_kr=r(he, hckv + dr, seed=13),
+                rmsnorm_gamma_cq=r(hcq, seed=14), rmsnorm_gamma_ckv=r(hckv, seed=15), rope_sin=r(t, dr, seed=16),
+                rope_cos=r(t, dr, seed=17))
+
+
+def _mla_caches():
+    return dict(kv_cache=torch.zeros(2, 16, 1, 16), kr_cache=torch.zeros(2, 16, 1, 8))
+
+
+def npu_mla_prolog_v2():
+    return Case(torch_npu.npu_mla_prolog_v2, dict(**_mla_inputs(), cache_index=ints([0, 17, -1], I64),
+                                                  **_mla_caches()))
+
+
+def npu_mla_prolog_v3():
+    return Case(torch_npu.npu_mla_prolog_v3, dict(**_mla_inputs(), **_mla_caches(),
+                                                  cache_index=ints([0, 17, -1], I64)))
+
+
+def npu_mla_prolog_v3_functional():
+    return Case(torch_npu.npu_mla_prolog_v3_functional, dict(**_mla_inputs(), **_mla_caches(),
+                                                             cache_index=ints([0, 17, -1], I64)))
+
+
+def _aclnn_mla(version):
+    def factory():
+        phase_one = aclnn.mla_prolog_v2_weight_nz_get_workspace_size if version == 2 else \
+            aclnn.mla_prolog_v3_weight_nz_get_workspace_size
+        names = list(inspect.signature(phase_one).parameters)
+        given = dict(**_mla_inputs(), kv_cache_ref=torch.zeros(2, 16, 1, 16), kr_cache_ref=torch.zeros(2, 16, 1, 8),
+                     cache_index=ints([0, 17, -1], I64), rmsnorm_epsilon_cq=1e-5, rmsnorm_epsilon_ckv=1e-5,
+                     cache_mode="PA_BSND")
+        fn = aclnn.mla_prolog_v2_weight_nz if version == 2 else aclnn.mla_prolog_v3_weight_nz
+        defaults = inspect.signature(torch_npu.npu_mla_prolog_v3).parameters
+        args = {n: given.get(n, defaults[n].default if n in defaults else None) for n in names}
+        return Case(fn, args)
+    return factory
+
+
+def npu_kv_quant_sparse_flash_attention():
+    packed = quantize(r(1, 5, 1, 512, seed=21), r(1, 5, 1, 64, seed=22, dtype=BF16))
+    return Case(torch_npu.npu_kv_quant_sparse_flash_attention,
+                dict(query=r(1, 3, 2, 576, seed=20, dtype=BF16), key=packed, value=packed,
+                     sparse_indices=ints([[[[2, 0, -1]], [[3, 1, 0]], [[4, 2, 1]]]]), scale_value=0.05,
+                     key_quant_mode=2, value_quant_mode=2, attention_mode=2))
+
+
+# --- KV-cache and helper ops -----------------------------------------------------------------------------------
+
+def _scatter_args():
+    return dict(key=r(3, 2, 8, seed=1), value=r(3, 2, 4, seed=2), key_cache=torch.zeros(4, 4, 2, 8),
+                value_cache=torch.zeros(4, 4, 2, 4), slot_mapping=ints([3, -1, 9]), cache_mode="Norm")
+
+
+def npu_scatter_pa_kv_cache(fn):
+    return lambda: Case(fn, _scatter_args())
+
+
+def _gather_args():
+    return dict(key_cache=r(4, 4, 2, 8, seed=1), value_cache=r(4, 4, 2, 4, seed=2), block_tables=ints([[1, 2], [3, 0]]),
+                seq_lens=ints([5, 2]), key=torch.zeros(7, 2, 8), value=torch.zeros(7, 2, 4))
+
+
+def npu_gather_pa_kv_cache(fn):
+    return lambda: Case(fn, _gather_args())
+
+
+def npu_scatter_nd_update(fn):
+    return lambda: Case(fn, dict(input=r(6, 3, 4, seed=40), indices=ints([[4, 1], [0, 2], [5, 0]]),
+                                 updates=r(3, 4, seed=41)))
+
+
+def npu_attention_update():
+    outs = [r(3, 8, seed=s) for s in (1, 2)]
+    lses = [r(3, seed=s) for s in (3, 4)]
+    return Case(torch_npu.npu_attention_update, dict(lse=lses, local_out=outs, update_type=0))
+
+
+def npu_ring_attention_update():
+    q, k, v = r(1, 2, 3, 8, seed=1), r(1, 2, 5, 8, seed=2), r(1, 2, 5, 8, seed=3)
+    parts = [attnops.flash_attention(q, k[:, :, a:b], v[:, :, a:b], layout="BNSD", scale=0.3, return_stats=True)
+             for a, b in ((0, 2), (2, 5))]
+    sbh = [p.out.permute(2, 0, 1, 3).flatten(2).contiguous() for p in parts]
+    return Case(torch_npu.npu_ring_attention_update,
+                dict(prev_attn_out=sbh[0], prev_softmax_max=parts[0].softmax_max,
+                     prev_softmax_sum=parts[0].softmax_sum, cur_attn_out=sbh[1], cur_softmax_max=parts[1].softmax_max,
+                     cur_softmax_sum=parts[1].softmax_sum, input_layout="SBH"))
+
+
+# --- nn modules (forward) --------------------------------------------------------------------------------------
+
+def _module_forward(module, *, decode=False, **args):
+    """An nn module's forward as an entry point (under ``torch.no_grad()`` when it decodes into a cache)."""
+    def forward(**kw):
+        if decode:
+            with torch.no_grad():
+                return module(**kw)
+        return module(**kw)
+    forward.__name__ = f"{type(module).__name__}.forward"
+    return Case(forward, args)
+
+
+def native_sparse_attention_module():
+    torch.manual_seed(0)
+    m = nn.NativeSparseAttention(16, 4, 2, 8, compress_block_size=8, compress_stride=4, select_block_size=16,
+                                 select_block_count=4, window_size=16)
+    return _module_forward(m, x=r(1, 20, 16, seed=1))
+
+
+def nsa_cache_forward():
+    torch.manual_seed(0)
+    m = nn.NativeSparseAttention(16, 4, 2, 8, compress_block_size=8, compress_stride=4, select_block_size=16,
+                                 select_block_count=4, window_size=16)
+    cache = nn.NSACache(2, compress_block_size=8, compress_stride=4, page_size=16, max_seq_len=64,
+                        select_block_size=16, select_block_count=4)
+    return _module_forward(m, decode=True, x=r(2, 5, 16, seed=1), cache=cache)
+
+
+def _dsa_module():
+    torch.manual_seed(0)
+    return nn.DeepSeekSparseAttention(48, 4, kv_rank=32, qk_nope_dim=16, qk_rope_dim=8, v_head_dim=12, index_heads=4,
+                                      index_dim=16, index_topk=5)
+
+
+def dsa_module():
+    return _module_forward(_dsa_module(), x=r(2, 6, 48, seed=1))
+
+
+def dsa_cache_forward():
+    m = _dsa_module()
+    return _module_forward(m, x=r(2, 6, 48, seed=1), cache=m.new_cache(2, 16, block_size=16))
+
+
+# --- the table -------------------------------------------------------------------------------------------------
+
+PYTHONIC = {
+    "flash_attention": fa_pythonic,
+    "flash_attention_backward": fa_pythonic_backward,
+    "fused_infer_attention": fia_pythonic,
+    "fused_infer_attention_plan": fia_plan,
+    "lightning_indexer": lightning_indexer,
+    "lightning_indexer_kl_loss": lightning_indexer_kl_loss,
+    "native_sparse_attention": native_sparse_attention,
+    "nsa_compress": nsa_compress,
+    "nsa_compress_attention": nsa_compress_attention,
+    "nsa_compress_attention_infer": nsa_compress_attention_infer,
+    "nsa_selected_attention": nsa_selected_attention,
+    "nsa_selected_attention_infer": nsa_selected_attention_infer,
+    "sparse_flash_attention": sparse_flash_attention,
+}
+
+ACLNN = {
+    "flash_attention_score": aclnn_fa("score"),
+    "flash_attention_score_grad": aclnn_fa("score_grad"),
+    "flash_attention_unpadding_score_grad": aclnn_fa("unpad_grad"),
+    "flash_attention_unpadding_score_grad_v2": aclnn_fa("unpad_grad_v2"),
+    "flash_attention_var_len_score": aclnn_fa("var_len"),
+    "flash_attention_var_len_score_v2": aclnn_fa("var_len_v2"),
+    "fused_infer_attention_score_v2": aclnn_fia,
+    "interleave_rope": aclnn_interleave_rope,
+    "kv_rms_norm_rope_cache": aclnn_kv_rms_norm_rope_cache,
+    "lightning_indexer": aclnn_lightning_indexer,
+    "mla_prolog_v2_weight_nz": _aclnn_mla(2),
+    "mla_prolog_v3_weight_nz": _aclnn_mla(3),
+    "nsa_compress": aclnn_nsa("nsa_compress"),
+    "nsa_compress_attention": aclnn_nsa("nsa_compress_attention"),
+    "nsa_compress_grad": aclnn_nsa("nsa_compress_grad"),
+    "nsa_selected_attention": aclnn_nsa("nsa_selected_attention"),
+    "nsa_selected_attention_grad": aclnn_nsa("nsa_selected_attention_grad"),
+    "sparse_flash_attention": aclnn_sparse_flash_attention,
+    "sparse_lightning_indexer_grad_kl_loss": aclnn_kl_loss,
+}
+
+TORCH_NPU = {
+    "npu_attention_update": npu_attention_update,
+    "npu_fused_infer_attention_score": npu_fia(torch_npu.npu_fused_infer_attention_score, "scale"),
+    "npu_fused_infer_attention_score_v2": npu_fia(torch_npu.npu_fused_infer_attention_score_v2, "softmax_scale",
+                                                  "input_layout", "actual_seq_kvlen", "num_query_heads"),
+    "npu_fusion_attention": npu_fusion_attention(torch_npu.npu_fusion_attention),
+    "npu_fusion_attention_v2": npu_fusion_attention(torch_npu.npu_fusion_attention_v2),
+    "npu_fusion_attention_v3": npu_fusion_attention(torch_npu.npu_fusion_attention_v3),
+    "npu_fusion_attention_grad": npu_fusion_attention_grad(torch_npu.npu_fusion_attention_grad),
+    "npu_fusion_attention_grad_v2": npu_fusion_attention_grad(torch_npu.npu_fusion_attention_grad_v2),
+    "npu_fusion_attention_grad_v3": npu_fusion_attention_grad(torch_npu.npu_fusion_attention_grad_v3),
+    "npu_gather_pa_kv_cache": npu_gather_pa_kv_cache(torch_npu.npu_gather_pa_kv_cache),
+    "npu_gather_pa_kv_cache_functional": npu_gather_pa_kv_cache(torch_npu.npu_gather_pa_kv_cache_functional),
+    "npu_incre_flash_attention": npu_incre_flash_attention,
+    "npu_interleave_rope": npu_interleave_rope,
+    "npu_kv_quant_sparse_flash_attention": npu_kv_quant_sparse_flash_attention,
+    "npu_kv_rmsnorm_rope_cache": npu_kv_rmsnorm_rope_cache,
+    "npu_lightning_indexer": npu_lightning_indexer,
+    "npu_mla_prolog_v2": npu_mla_prolog_v2,
+    "npu_mla_prolog_v3": npu_mla_prolog_v3,
+    "npu_mla_prolog_v3_functional": npu_mla_prolog_v3_functional,
+    "npu_nsa_compress": npu_nsa_compress,
+    "npu_nsa_compress_attention": npu_nsa_compress_attention,
+    "npu_nsa_compress_attention_infer": npu_nsa_compress_attention_infer,
+    "npu_nsa_compress_grad": npu_nsa_compress_grad,
+    "npu_nsa_compress_infer": npu_nsa_compress_infer,
+    "npu_nsa_select_attention": npu_nsa_select_attention,
+    "npu_nsa_select_attention_grad": npu_nsa_select_attention_grad,
+    "npu_nsa_select_attention_infer": npu_nsa_select_attention_infer,
+    "npu_prompt_flash_attention": npu_prompt_flash_attention,
+    "npu_ring_attention_update": npu_ring_attention_update,
+    "npu_scatter_nd_update": npu_scatter_nd_update(torch_npu.npu_scatter_nd_update),
+    "npu_scatter_nd_update_": npu_scatter_nd_update(torch_npu.npu_scatter_nd_update_),
+    "npu_scatter_pa_kv_cache": npu_scatter_pa_kv_cache(torch_npu.npu_scatter_pa_kv_cache),
+    "npu_scatter_pa_kv_cache_functional": npu_scatter_pa_kv_cache(torch_npu.npu_scatter_pa_kv_cache_functional),
+    "npu_sparse_flash_attention": npu_sparse_flash_attention,
+    "npu_sparse_lightning_indexer_grad_kl_loss": npu_sparse_lightning_indexer_grad_kl_loss,
+}
+
+FLASH_ATTN = {
+    "flash_attn_func": flash_attn_func,
+    "flash_attn_kvpacked_func": flash_attn_kvpacked_func,
+    "flash_attn_qkvpacked_func": flash_attn_qkvpacked_func,
+    "flash_attn_varlen_func": flash_attn_varlen_func,
+    "flash_attn_varlen_kvpacked_func": flash_attn_varlen_kvpacked_func,
+    "flash_attn_varlen_qkvpacked_func": flash_attn_varlen_qkvpacked_func,
+    "flash_attn_with_kvcache": flash_attn_with_kvcache,
+}
+
+NN = {
+    "NativeSparseAttention": native_sparse_attention_module,
+    "NativeSparseAttention+NSACache": nsa_cache_forward,
+    "DeepSeekSparseAttention": dsa_module,
+    "DeepSeekSparseAttention+DSACache": dsa_cache_forward,
+}
+
+DIALECTS = {"attnops": PYTHONIC, "attnops.aclnn": ACLNN, "attnops.torch_npu": TORCH_NPU,
+            "attnops.flash_attn": FLASH_ATTN, "attnops.nn": NN}
