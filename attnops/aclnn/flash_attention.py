@@ -14,7 +14,7 @@ from .._core.checks import Described, check_int, check_scale, check_tensor, int_
 from .._core.layouts import normalize_layout
 from ..ops.flash_attention import op as fa_op
 from ..ops.flash_attention.api import check_backward_inputs
-from ..ops.flash_attention.problem import build_problem
+from ..ops.common.problem import build_problem
 from ._two_phase import two_phase
 
 ACLNN_FA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._core import cpu_kernels
+from ..ops.common import cpu_kernels
 from .._core.dispatch import triton_interpret_requested
 from .._progress import Progress
 from ..testing.compare import default_floor, max_abs_err

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnops._core import gemm
-from attnops.ops.flash_attention import reference
+from attnops.ops.common import reference
 from tests.helpers import TRIU2048, check_fa, cum, make_qkv, randn
 
 ONEDNN = gemm._onednn() is not None

@@ -8,7 +8,7 @@ import torch
 
 import attnops
 from attnops._core.parallel import run_jobs
-from attnops.ops.flash_attention import reference
+from attnops.ops.common import reference
 from tests.helpers import PREFIX3072, TRIU2048, check_fa, cum, make_qkv, randn
 
 CPU = torch.device("cpu")

@@ -26,7 +26,7 @@ import torch
 from ..._core.gemm import add_mm_nt_, mm_nt, pack_nt
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
 from ..._core.memory import work_memory
-from ..._core.npu_rounding import store
+from .npu_rounding import store
 from ..._core.parallel import fill_, run_jobs
 from ..._core.workspace import Buffers
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_block, stats_dtype, stats_shape

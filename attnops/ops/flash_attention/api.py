@@ -11,11 +11,11 @@ from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
 from ..._core.checks import Described, check_same_device, check_tensor, fail, require, require_not_none, softmax_scale
 from ..._core.dropout import check_seed_offset, draw_seed
 from ..._core.layouts import normalize_layout, with_head_dim
-from ..._core.npu_rounding import check_precision
+from ..common.npu_rounding import check_precision
 from ..._core.masks import require_mask_for_mode, window_sparse_args
 from ..._core.softmax_stats import check_stats
 from ..._core.varlen import cumulative_pair_from_cu_seqlens
-from .problem import INT_MAX, FAProblem
+from ..common.problem import INT_MAX, FAProblem
 
 Backend = Literal["auto", "reference", "triton"]
 Precision = Literal["exact", "npu"]

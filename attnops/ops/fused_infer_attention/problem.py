@@ -28,7 +28,7 @@ from ..._core.checks import (Described, check_int, check_scale, check_tensor, de
                              require_not_none)
 from ..._core.errors import ParamDtypeError
 from ..._core.layouts import bsnd_dims, io_layouts, tokens_view
-from ..._core.npu_rounding import NpuRounding, check_precision, npu_rounding
+from ..common.npu_rounding import NpuRounding, check_precision, npu_rounding
 from ..._core.masks import MaskRule, MaskSpec, build_infer_mask_spec, check_infer_mask
 from ..._core.pse import PseSpec
 from ..._core.varlen import SeqInfo, batch_windows, lengths_from_cumulative, seq_info_varlen

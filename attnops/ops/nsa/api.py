@@ -10,7 +10,7 @@ from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
 from ..._core.custom_ops import call
 from ..._core.checks import Described, check_same_device, check_tensor, require, require_not_none, softmax_scale
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
-from ..._core.npu_rounding import check_precision
+from ..common.npu_rounding import check_precision
 from ..._core.staging import device_constant
 from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from .decode import lengths_arg

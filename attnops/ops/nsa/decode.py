@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import Described, check_int, check_scale, check_tensor, fail, int_list, require
-from ..._core.npu_rounding import NpuRounding, cast_output, npu_rounding, rounded_softmax
+from ..common.npu_rounding import NpuRounding, cast_output, npu_rounding, rounded_softmax
 from ..._core.parallel import run_jobs
-from ..flash_attention.reference import compute_dtype
+from ..common.reference import compute_dtype
 from . import cpu_decode
 from .compress import NSA_DTYPES
 

@@ -5,7 +5,7 @@ import torch
 
 import attnops
 from attnops._core.errors import ParamInvalidError
-from attnops._core.npu_rounding import msd_planes
+from attnops.ops.common.npu_rounding import msd_planes
 
 F16, BF16 = torch.float16, torch.bfloat16
 

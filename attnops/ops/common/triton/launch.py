@@ -187,9 +187,9 @@ def _autotuning(kernel_name: str):
     return list(_configs(kind)), _TUNE_KEY, functools.partial(_prune, kind)
 
 
-KERNELS = KernelFamily("flash_attention", ("attnops.ops.flash_attention.triton.fwd",
-                                           "attnops.ops.flash_attention.triton.bwd",
-                                           "attnops.ops.flash_attention.triton.prepare"), _tile_configs, _autotuning)
+KERNELS = KernelFamily("flash_attention", ("attnops.ops.common.triton.fwd",
+                                           "attnops.ops.common.triton.bwd",
+                                           "attnops.ops.common.triton.prepare"), _tile_configs, _autotuning)
 
 
 def token_view(x: torch.Tensor, p: FAProblem, heads: int) -> torch.Tensor:

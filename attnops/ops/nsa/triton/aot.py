@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...._core.triton.registry import register_aot
-from ...flash_attention.triton import launch as fa_launch
+from ...common.triton import launch as fa_launch
 from ..compress import build_compress_spec
 from ..compress_attention import build_compress_attention_spec
 from ..decode import CompressSelection, PagedKV

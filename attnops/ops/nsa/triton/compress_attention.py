@@ -15,7 +15,7 @@ Forced blocks score ``FLT_MAX``, so the top-k kernel (``topk.py``) takes them fi
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import (FLT_MAX, KV_START, LOG2E, MASK_STRIDED_CAUSAL, Q_LEN, Q_START,
+from ...common.triton.common import (FLT_MAX, KV_START, LOG2E, MASK_STRIDED_CAUSAL, Q_LEN, Q_START,
                                               band_cols, meta, program_batch_head, row_stats, score_tile)
 
 FORCED_MASK: tl.constexpr = tl.constexpr(1)  # FORCED: a topk_mask tensor

@@ -26,7 +26,7 @@ import torch
 from ...._core import staging
 from ...._core.triton.launch import Launch, cdiv, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
-from ...flash_attention.triton import launch as fa_launch
+from ...common.triton import launch as fa_launch
 from ..compress_attention import CompressAttentionSpec
 from ..decode import CompressSelection, PagedKV
 from .family import KERNELS, SCORE_BLOCK_K, importance_tiles, pair_grid, precision_flags

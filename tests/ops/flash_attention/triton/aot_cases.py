@@ -13,9 +13,9 @@ import sys
 import torch
 
 from attnops._core.dropout import pack_bits
-from attnops.ops.flash_attention.problem import build_problem
+from attnops.ops.common.problem import build_problem
 from attnops._core.triton.aot import compile_launch
-from attnops.ops.flash_attention.triton import launch
+from attnops.ops.common.triton import launch
 from tests.helpers import PREFIX3072, TRIU2048, cum, make_qkv, random_keep
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}

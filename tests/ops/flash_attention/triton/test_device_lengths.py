@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from attnops._core.dropout import pack_bits
-from attnops.ops.flash_attention.problem import build_problem
-from attnops.ops.flash_attention.triton import common, launch
+from attnops.ops.common.problem import build_problem
+from attnops.ops.common.triton import common, launch
 from attnops._core.triton.launch import KernelFamily
-from attnops.ops.flash_attention.triton.launch import KERNELS
+from attnops.ops.common.triton.launch import KERNELS
 from tests.helpers import PREFIX3072, TRIU2048, check_fa, cum, make_qkv, random_keep, randn
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # exp2(-inf) in numpy

@@ -6,7 +6,7 @@ import pytest
 import torch
 import triton
 
-from attnops.ops.flash_attention.triton import launch
+from attnops.ops.common.triton import launch
 from tests.helpers import PREFIX3072, TRIU2048, check_fa, cum, make_qkv, random_keep
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
