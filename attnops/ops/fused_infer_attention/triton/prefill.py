@@ -15,7 +15,7 @@ from ...._core.layouts import io_layouts, token_strides
 from ...._core.staging import cached_upload
 from ...._core.triton.launch import Launch, cdiv, placeholder, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
-from ...common.triton import launch as fa_launch
+from ...common.triton import launch_args as fa_args
 from ..problem import LAYOUTS, FIAProblem
 from .family import KERNELS, precision_flags
 from .kv_args import antiquant_args, cache_block_size, cache_strides, dense_strides, nz_x, storage
@@ -101,8 +101,8 @@ def prefill_plan(p: FIAProblem, query: torch.Tensor, key, value, options: dict, 
     paged = block_table is not None
     bt = block_table if paged else dummy
     block_size, num_blocks = (cache_block_size(key), key.shape[0]) if paged else (1, 1)
-    pse, pse_flags = fa_launch.pse_args(p, device, dummy)
-    mask, mask_flags = fa_launch.mask_args(p, device, dummy)
+    pse, pse_flags = fa_args.pse_args(p, device, dummy)
+    mask, mask_flags = fa_args.mask_args(p, device, dummy)
     antiquant, antiquant_flags = antiquant_args(p, device, dummy)
     quant_out, quant_strides, out_flags = output_args(p, dummy)
     prefix, prefix_strides = _prefix_args(p, options, in_layout, dummy)

@@ -16,8 +16,8 @@ size runs.
 import triton
 import triton.language as tl
 
-from ...common.triton.common import (FLT_LOWEST, KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols,
-                                              base2_max, meta, score_tile, upcast)
+from ...._core.triton.helpers import FLT_LOWEST, LOG2E, base2_max, upcast
+from ...common.triton.common import KV_LEN, KV_START, Q_LEN, Q_START, band_cols, meta, score_tile
 from .kv_tiles import channel_offsets, kv_tile, mma_operand, page_of, token_rows
 from .rounding import output_tile
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...._core.triton.registry import register_aot
+from ...common.triton import autotune as fa_tiles
 from ...common.triton import launch as fa_launch
 from ..compress import build_compress_spec
 from ..compress_attention import build_compress_attention_spec
@@ -66,7 +67,7 @@ def _compress_attention(dtype: str, d: int, dv: int, causal: bool) -> list:
                                          actual_sel_seq_kvlen=[2, 5], sparse_mode=0, causal=causal)
     (out, smax, ssum), fwd = fa_launch.forward_plan(spec.fa, q, k, v, interpret=False)
     _, scores = infer_launch.importance_plan(spec, q, k, smax, ssum, interpret=False)
-    return [fa_launch.KERNELS.aot_launch(x) for x in fwd] + [KERNELS.aot_launch(x) for x in scores]
+    return [fa_tiles.KERNELS.aot_launch(x) for x in fwd] + [KERNELS.aot_launch(x) for x in scores]
 
 
 def _decode(dtype: str, d: int, dv: int) -> list:

@@ -17,7 +17,7 @@ no value makes a kernel read out of bounds.
 import triton
 import triton.language as tl
 
-from ...common.triton.common import FLT_MAX, LOG2E, upcast
+from ...._core.triton.helpers import FLT_MAX, LOG2E, upcast
 from .common import _group_tile, _softmax_init, _softmax_step, _store_group_tile
 
 

@@ -19,7 +19,7 @@ are in natural units.
 import triton
 import triton.language as tl
 
-from ...common.triton.common import FLT_LOWEST, FLT_MAX, LOG2E, program_batch_head, upcast
+from ...._core.triton.helpers import FLT_LOWEST, FLT_MAX, LOG2E, program_batch_head, upcast
 from .common import _group_tile, _softmax_init, _softmax_step, _store_group_tile
 
 Q_START: tl.constexpr = tl.constexpr(0)
