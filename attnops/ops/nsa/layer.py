@@ -1,4 +1,5 @@
-"""``native_sparse_attention``: the NSA layer composed from the NSA operators and FlashAttention.
+"""``native_sparse_attention``: the NSA layer composed from the NSA operators and windowed attention on the shared
+attention engine (:mod:`.window`).
 
 The operators keep the NPU's constraints (every KV length a multiple of ``select_block_size`` and at least
 ``select_block_size * select_block_count``, indices inside the sequence); this layer accepts any sequence length
@@ -27,6 +28,7 @@ from ..._core.varlen import lengths_from_cumulative
 from ..._core.autocast import autocast_off
 from .api import _cumulative, _prepared, nsa_compress, nsa_compress_attention, nsa_selected_attention
 from .compress import compress_block_count
+from .window import window_attention
 
 COMPRESS_MODES = ("weighted", "mean")
 
@@ -291,8 +293,6 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
                              select_block_size, select_block_count, window_size, local_blocks, block_indices,
                              block_counts, compress, scale) -> Tensor:
     """:func:`native_sparse_attention` on inputs of one device, autocast off."""
-    from ..flash_attention import flash_attention
-
     batch_shape = query.shape[:2] if layout == "BSND" else query.shape[:1]
     cum = _to_packed(layout, query, cu_seqlens, actual_seq_len)
     query, key, value = (_flat(x, layout) for x in (query, key, value))
@@ -315,8 +315,7 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
     def output() -> Tensor:
         return _output(outs, gate, gates, shape, value, batch_shape)
     if gate[2] is not None and window > 0:
-        outs[2] = flash_attention(query, key, value, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum,
-                                  causal=True, window_size=(window - 1, 0), scale=scale)
+        outs[2] = window_attention(query, key, value, list(cum), window, scale)
     need_cmp = gate[0] is not None or (gate[1] is not None and block_indices is None)
     if not need_cmp and gate[1] is None:
         return output()
