@@ -13,7 +13,7 @@ import torch
 from .._core.checks import Described, check_int, check_scale, check_tensor, int_list, require, require_not_none
 from .._core.layouts import normalize_layout
 from ..ops.flash_attention import op as fa_op
-from ..ops.flash_attention.api import check_backward_inputs
+from ..ops.flash_attention.validate import check_backward_inputs
 from ..ops.common.problem import build_problem
 from ._two_phase import two_phase
 

@@ -21,8 +21,8 @@ from ..common.npu_rounding import npu_rounding
 from ..._core.custom_ops import register_dry_run_meta, runs_directly
 from ..._core.varlen import cumulative_pair_from_cu_seqlens
 from ..common import backends
-from .api import check_backward_inputs
 from ..common.problem import FAProblem, build_problem
+from .validate import check_backward_inputs
 
 _SCALARS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_tokens", "prefix", "actual_seq_qlen",
             "actual_seq_kvlen", "sparse_mode", "pse_type", "q_start_idx", "kv_start_idx", "softmax_layout", "seed",

@@ -11,16 +11,12 @@ probabilities the kernel keeps give the block scores. All chunks of a call go to
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
 from ..common import cpu_kernels
 from ..common.cpu_kernels import layout
-
-if TYPE_CHECKING:
-    from .decode import PagedKV
+from .paged_kv import PagedKV
 
 F32 = torch.float32
 

@@ -28,42 +28,21 @@ written out of bounds (``docs/decisions.md``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ..._core.checks import Described, check_int, check_scale, check_tensor, fail, int_list, require
-from ..common.npu_rounding import NpuRounding, cast_output, npu_rounding, rounded_softmax
+from ..common.npu_rounding import cast_output, npu_rounding, rounded_softmax
 from ..._core.parallel import run_jobs
 from ..common.reference import compute_dtype
 from . import cpu_decode
+from .paged_kv import PagedKV, paged_rows
 from .compress import NSA_DTYPES
 
 PAD = -1
 FORCED = 3  # compressed attention: the first and the last two selection blocks
-
-
-@dataclass(frozen=True)
-class PagedKV:
-    """A validated decode batch: the query geometry, the paged caches and the per-request lengths (``kv_lens``, or
-    None when they are a device tensor the kernels read; ``capacity``: the longest length the block table holds)."""
-
-    batch: int
-    n1: int
-    n2: int
-    dv: int
-    kv_lens: tuple[int, ...] | None
-    scale: float
-    capacity: int
-    rounding: NpuRounding | None = None  # precision="npu": the kernels' rounding (None: exact)
-
-    def rows(self, cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
-        return paged_rows(cache, table_row, pos)
-
-    def with_lengths(self, lens: Tensor | None) -> "PagedKV":
-        """This batch with the lengths of ``lens`` (a CPU copy of the device lengths) when they were not known."""
-        return self if self.kv_lens is not None else replace(self, kv_lens=tuple(int(n) for n in lens.tolist()))
 
 
 def lengths_arg(name: str, lens) -> tuple[list[int] | None, Tensor | None]:
@@ -78,13 +57,6 @@ def lengths_arg(name: str, lens) -> tuple[list[int] | None, Tensor | None]:
 def readable(*tensors: Tensor) -> bool:
     """Whether the values of ``tensors`` may be read on the host for validation (all on the CPU: for free)."""
     return all(t.device.type == "cpu" for t in tensors)
-
-
-def paged_rows(cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
-    """The rows ``[L, N, D]`` of one request's KV positions ``pos`` in a paged ``cache [blocks, page, N, D]``
-    (``table_row``: the request's block table)."""
-    page = cache.shape[1]
-    return cache[table_row.long()[pos // page], pos % page]
 
 
 def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, *, scale_value: float, head_num: int,

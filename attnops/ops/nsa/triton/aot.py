@@ -13,7 +13,8 @@ from ...common.triton import autotune as fa_tiles
 from ...common.triton import launch as fa_launch
 from ..compress import build_compress_spec
 from ..compress_attention import build_compress_attention_spec
-from ..decode import CompressSelection, PagedKV
+from ..decode import CompressSelection
+from ..paged_kv import PagedKV
 from ..selected import build_selected_spec
 from . import infer_launch, launch
 from .family import KERNELS

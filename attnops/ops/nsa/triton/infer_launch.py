@@ -29,7 +29,8 @@ from ...._core.triton.support import interpreting
 from ...common.triton import launch as fa_launch
 from ...common.triton import launch_args as fa_args
 from ..compress_attention import CompressAttentionSpec
-from ..decode import CompressSelection, PagedKV
+from ..decode import CompressSelection
+from ..paged_kv import PagedKV
 from .family import KERNELS, SCORE_BLOCK_K, importance_tiles, pair_grid, precision_flags
 
 
