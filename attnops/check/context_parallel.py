@@ -20,7 +20,7 @@ from ..distributed import ring_flash_attention, ring_shard, ring_unshard, ulysse
 from ..distributed.processes import run_ranks
 from ..distributed.sharding import SEQ_DIM
 from ..testing import golden
-from . import CheckCase, Comparison
+from .case import CheckCase, Comparison
 from .flash_attention import CAUSAL_2048
 
 WORLD_SIZE = 2
