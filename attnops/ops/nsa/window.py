@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import softmax_scale
-from ..._core.custom_ops import register_dry_run_meta
+from ..._core.custom_ops import call, register_dry_run_meta
 from ..._core.masks import TOKENS_UNBOUNDED, window_sparse_args
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..common import backends
@@ -66,8 +66,8 @@ def _backward(ctx, grad_out, _grad_max, _grad_sum):
     if grad_out is None:
         return None, None, None, None, None, None
     query, key, value, out, smax, ssum = ctx.saved_tensors
-    dq, dk, dv = window_attention_grad(grad_out.contiguous(), query, key, value, out, smax, ssum, ctx.cum,
-                                       ctx.window, ctx.scale)
+    dq, dk, dv = call(window_attention_grad, grad_out.contiguous(), query, key, value, out, smax, ssum, ctx.cum,
+                      ctx.window, ctx.scale)
     return dq, dk, dv, None, None, None
 
 
@@ -81,4 +81,5 @@ def window_attention(query: Tensor, key: Tensor, value: Tensor, cum: list[int], 
     """Causal attention of packed ``query [T, N1, D]`` over ``key``/``value [T, N2, D|Dv]`` within each sequence of
     cumulative lengths ``cum``, each token keeping its last ``window`` keys (itself included); ``scale`` defaults to
     ``1/sqrt(D)``. Returns ``[T, N1, Dv]``."""
-    return window_attention_fwd(query, key, value, cum, window, float(softmax_scale(scale, query, query.shape[-1])))[0]
+    scale = float(softmax_scale(scale, query, query.shape[-1]))
+    return call(window_attention_fwd, query, key, value, cum, window, scale)[0]
