@@ -16,7 +16,7 @@ COMMANDS = {
                                       "benchmark suites)"),
     "compare": ("attnops.msprobe.cli", "judge the fused-attention calls of a msprobe dump from an NPU against the "
                                        "fp64 golden and the NPU-precision emulation (docs/compare.md)"),
-    "build-kernels": ("attnops._core.cpu_kernels.cli", "build the CPU decode kernel ahead of time and print where "
+    "build-kernels": ("attnops.ops.common.cpu_kernels_cli", "build the CPU decode kernel ahead of time and print where "
                                                        "it is"),
 }
 # command -> (module with main(argv), one-line description)

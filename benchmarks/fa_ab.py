@@ -4,7 +4,7 @@ by 5-10% within minutes) hits all three alike. B=1, N=8, S=4096, D=128, fp32; ``
 default: SDPA and attnops take the same tensors) or BSND (SDPA on contiguous BNSD copies).
 
     git worktree add /tmp/base <rev>
-    python benchmarks/fa_ab.py /tmp/base/attnops/ops/flash_attention/reference.py [fwd fb fwd_causal fb_causal]
+    python benchmarks/fa_ab.py /tmp/base/attnops/ops/common/reference.py [fwd fb fwd_causal fb_causal]
 
 Prints, per case, the min and the median over ``REP`` (environment, default 5) rounds and SDPA time / each
 reference's time.
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import attnops
-import attnops.ops.flash_attention.backends as backends
+import attnops.ops.common.backends as backends
 
 S, N, D = 4096, 8, 128
 CASES = ("fwd", "fb", "fwd_causal", "fb_causal")

@@ -32,6 +32,11 @@ class ParamDtypeError(ParamInvalidError, TypeError):
     """A dtype is not supported (ACLNN_ERR_PARAM_INVALID, 161002); also a ``TypeError``."""
 
 
+class PrecisionNotEmulatedError(ParamInvalidError):
+    """``precision="npu"`` on a route whose NPU rounding attnops does not emulate (ACLNN_ERR_PARAM_INVALID, 161002);
+    the message names the route and says to use ``precision="exact"``."""
+
+
 class InferenceOnlyError(RuntimeError):
     """A backward through an inference-only operator (FusedInferAttention, the NSA ``*_infer`` operators); the
     message names the training operator to use instead."""

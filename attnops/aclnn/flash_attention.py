@@ -14,8 +14,8 @@ from .._core.checks import (Described, caller_names, check_int, check_scale, che
                             require_not_none)
 from .._core.layouts import normalize_layout
 from ..ops.flash_attention import op as fa_op
-from ..ops.flash_attention.api import check_backward_inputs
-from ..ops.flash_attention.problem import build_problem
+from ..ops.flash_attention.validate import check_backward_inputs
+from ..ops.common.problem import build_problem
 from ._two_phase import two_phase
 
 ACLNN_FA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -12,7 +12,7 @@ import torch
 
 from .._core.checks import Described, check_int, check_scale, check_tensor, int_list, require, require_not_none
 from ..ops.nsa import op as nsa_op
-from ..ops.nsa.api import check_selected_backward_inputs
+from ..ops.nsa.validate import check_selected_backward_inputs
 from ..ops.nsa.compress import build_compress_spec, check_output_grad
 from ..ops.nsa.compress_attention import build_compress_attention_spec
 from ..ops.nsa.selected import build_selected_spec

@@ -2,7 +2,8 @@
 
 ``python -m attnops bench`` lists the suites (name and one line each); ``--suite NAME`` runs one.
 """
-from .cases import SUITES, Case, Suite, register_suite, suite_cases
+from .cases import SUITES, Suite, register_suite, suite_cases
 from .runner import main, run_case
+from .types import Case
 
 __all__ = ["SUITES", "Case", "Suite", "main", "register_suite", "run_case", "suite_cases"]

@@ -5,7 +5,7 @@
 ``min(params["topk"], i + 1)`` keys spread evenly over its causal prefix; baseline ``attnops-dense-rows`` is dense
 causal :func:`attnops.flash_attention` on the same tokens (``q = [q_nope | q_rope]``, ``k = [latent | rope]``,
 ``v = latent``). With ``params["sample"] = (chunks, rows)`` both time the same query-row chunks
-(:func:`~attnops.bench.cases.sampled_row_chunks`): chunk ``[lo, hi)`` is one call with queries ``lo..hi-1`` over keys
+(:func:`~attnops.bench.types.sampled_row_chunks`): chunk ``[lo, hi)`` is one call with queries ``lo..hi-1`` over keys
 ``0..hi-1`` (bottom-right causal, so each row sees exactly its prefix). ``dsa_indexer``:
 :func:`attnops.lightning_indexer` (``params["index_heads"]`` heads of ``d``, causal top-``params["topk"]``), timed
 with its peak memory (no ``[S, S]`` score matrix).
@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .cases import Case, sampled_row_chunks
+from .types import Case, Inputs, Runnable, sampled_row_chunks
 
 
 def _randn(gen, *shape, dtype, device):
@@ -34,8 +34,6 @@ def spread_indices(s: int, topk: int, device, lo: int = 0) -> torch.Tensor:
 
 
 def dsa_inputs(case: Case, device: torch.device, seed: int):
-    from .impls import Inputs
-
     gen = torch.Generator().manual_seed(seed)
     dt = getattr(torch, case.dtype)
     s, n, rope = case.sq, case.heads, case.params["rope"]
@@ -68,8 +66,6 @@ def build_dense_rows(case: Case, inp, device):
     """Dense causal :func:`attnops.flash_attention` (``sparse_mode`` 3) over the same query-row chunks."""
     import attnops
 
-    from .impls import Runnable
-
     mask = torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
     state: dict = {}
 
@@ -84,8 +80,6 @@ def build_dense_rows(case: Case, inp, device):
 def build_dsa(case: Case, inp, device):
     """The sparse attention (forward) or the indexer."""
     import attnops
-
-    from .impls import Runnable
 
     state: dict = {}
     if case.op == "dsa_indexer":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .cases import Case
+from .types import Case, Inputs, Runnable
 
 LATENT, ROPE, PAGE = 512, 64, 64
 MHA_D, MHA_DV = 192, 128
@@ -28,8 +28,6 @@ def _window(rows: torch.Tensor, limit: torch.Tensor, topk: int, device) -> torch
 
 
 def dsa_inputs(case: Case, device: torch.device, seed: int):
-    from .impls import Inputs
-
     gen = torch.Generator().manual_seed(seed)
     dt, topk = getattr(torch, case.dtype), case.params["topk"]
     none = torch.empty(0, device=device)
@@ -63,8 +61,6 @@ def build_dsa(case: Case, inp, device):
     """Sparse attention, forward only (no grad)."""
     import attnops
 
-    from .impls import Runnable
-
     kw = dict(inp.kwargs)
     idx = kw.pop("sparse_indices")
 
@@ -78,8 +74,6 @@ def build_dsa(case: Case, inp, device):
 def build_dense_mha(case: Case, inp, device):
     """Dense causal FlashAttention of the prefill's tokens, non-absorbed MLA shape (128 heads, D=192, Dv=128)."""
     import attnops
-
-    from .impls import Runnable
 
     gen = torch.Generator().manual_seed(1)
     t, dt = case.sq, getattr(torch, case.dtype)

@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from .cases import Case
+from .types import Case, Inputs, Runnable, autograd_runnable
 
 META = torch.device("meta")
 
@@ -37,8 +37,6 @@ NSA_LAYER = dict(compress_block_size=32, compress_stride=16, select_block_size=6
 def host_inputs(case: Case, device: torch.device, seed: int):
     """The case's tensors: ``meta`` (``device`` must be ``meta``: the suite times host work only), or for a
     ``host_table`` case CPU tensors (never written: allocated, not touched)."""
-    from .impls import Inputs
-
     if device.type != "meta":
         raise ValueError(f"the host-overhead suite runs on the meta device (got {device}): it times host work only")
     scenario = case.params.get("scenario", "fa")
@@ -77,8 +75,6 @@ def _meta(shape, dtype: torch.dtype) -> torch.Tensor:
 def _decode_inputs(case: Case, dtype: torch.dtype):
     """The module (on ``meta``), its cache prefilled with ``skv`` tokens (in a dry run, untimed) and the next token."""
     from ..nn import NativeSparseAttention
-    from .impls import Inputs
-
     p = case.params
     m = NativeSparseAttention(p["hidden"], case.heads, case.kv_heads, case.d).to(device=META, dtype=dtype)
     cache = m.new_cache(case.batch, max_seq_len=p["max_seq_len"])
@@ -105,19 +101,17 @@ def build_host(case: Case, inp, device: torch.device):
     """One attnops call of the case's scenario on the Triton path (launches recorded, not run)."""
     import attnops
 
-    from .impls import Runnable, _autograd_runnable
-
     scenario = case.params.get("scenario", "fa")
     if scenario == "fa":
         leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
-        r = _autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **inp.kwargs), leaves, inp.dy,
+        r = autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **inp.kwargs), leaves, inp.dy,
                                case.mode)
         return Runnable(_dry(r.fn), r.reset)
     if scenario == "nsa-layer":
         kw = dict(inp.kwargs)
         tensors = [inp.q, inp.k, inp.v, *kw.pop("extra")]
         leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in tensors]
-        r = _autograd_runnable(lambda *x: attnops.native_sparse_attention(*x, **kw), leaves, inp.dy, case.mode)
+        r = autograd_runnable(lambda *x: attnops.native_sparse_attention(*x, **kw), leaves, inp.dy, case.mode)
         return Runnable(_dry(r.fn), r.reset)
     if scenario == "nsa-decode":
         m, cache = inp.kwargs["module"], inp.kwargs["cache"]
@@ -164,10 +158,8 @@ def _floor_op():
 
 def build_floor(case: Case, inp, device: torch.device):
     """The ``custom-op-floor`` baseline: one trivial custom op call (and its backward) on the same tensors."""
-    from .impls import _autograd_runnable
-
     leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
-    return _autograd_runnable(_floor_op(), leaves, inp.dy, case.mode)
+    return autograd_runnable(_floor_op(), leaves, inp.dy, case.mode)
 
 
 def host_cases() -> tuple[Case, ...]:

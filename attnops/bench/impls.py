@@ -8,37 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from .._core.dropout import pack_bits
-from .cases import NSA_INFER_OPS, Case
+from .types import NSA_INFER_OPS, Case, Inputs, Runnable, Unavailable, autograd_runnable
 
 CAUSAL_MASK_SIZE = 2048  # CANN's compressed causal mask for sparse_mode 2
-
-
-class Unavailable(Exception):
-    """This implementation cannot run this case here (the message says why)."""
-
-
-@dataclass
-class Runnable:
-    fn: Callable[[], object]
-    reset: Callable[[], None] = lambda: None
-    output: Callable[[], torch.Tensor | None] = lambda: None  # forward output in [B, N, S, Dv] for checks
-
-
-@dataclass
-class Inputs:
-    """One case's tensors in attnops' layout (``q``, ``k``, ``v``, ``dy``) and the attnops keywords."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    dy: torch.Tensor
-    kwargs: dict
-    scale: float
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -116,35 +92,6 @@ def _to_bnsd(x: torch.Tensor, case: Case) -> torch.Tensor:
     return x if case.layout == "BNSD" else x.transpose(1, 2).contiguous()
 
 
-def _autograd_runnable(forward: Callable[..., torch.Tensor], leaves: list[torch.Tensor], dy: torch.Tensor,
-                       mode: str) -> Runnable:
-    """fwd: forward only (no graph); fwd+bwd: forward + out.backward(dy); bwd: backward of a retained graph."""
-    state: dict = {}
-
-    def zero_grads():
-        for t in leaves:
-            t.grad = None
-
-    if mode == "fwd":
-        def fwd():
-            with torch.no_grad():
-                state["out"] = forward(*leaves)
-        return Runnable(fwd, output=lambda: state.get("out"))
-    if mode == "fwd+bwd":
-        def fwd_bwd():
-            out = forward(*leaves)
-            out.backward(dy)
-            state["out"] = out.detach()
-        return Runnable(fwd_bwd, reset=zero_grads, output=lambda: state.get("out"))
-
-    out = forward(*leaves)
-    state["out"] = out.detach()
-
-    def bwd():
-        torch.autograd.backward(out, dy, retain_graph=True)
-    return Runnable(bwd, reset=zero_grads, output=lambda: state.get("out"))
-
-
 # ------------------------------------------------------------------------------------------------- attnops
 
 
@@ -186,7 +133,7 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
         def bwd():
             return attnops.flash_attention_backward(inp.dy, *leaves, res.out, res.softmax_max, res.softmax_sum, **kw)
         return Runnable(bwd, output=lambda: to_bnsd(res.out))
-    r = _autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **kw), leaves, inp.dy, case.mode)
+    r = autograd_runnable(lambda q, k, v: attnops.flash_attention(q, k, v, **kw), leaves, inp.dy, case.mode)
     out_fn = r.output
     r.output = lambda: to_bnsd(out_fn())
     return r
@@ -232,7 +179,7 @@ def build_sdpa(case: Case, inp: Inputs, device: torch.device, name: str = "sdpa"
             forward(*leaves)
     except RuntimeError as e:
         raise Unavailable(str(e).splitlines()[0][:200]) from None
-    return _autograd_runnable(forward, leaves, dy, case.mode)
+    return autograd_runnable(forward, leaves, dy, case.mode)
 
 
 def build_flex(case: Case, inp: Inputs, device: torch.device) -> Runnable:
@@ -254,7 +201,7 @@ def build_flex(case: Case, inp: Inputs, device: torch.device) -> Runnable:
         block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, case.sq, case.skv, device=device)
     compiled = torch.compile(flex_attention)
     gqa = case.heads != case.kv_heads
-    return _autograd_runnable(lambda q_, k_, v_: compiled(q_, k_, v_, block_mask=block_mask, scale=inp.scale,
+    return autograd_runnable(lambda q_, k_, v_: compiled(q_, k_, v_, block_mask=block_mask, scale=inp.scale,
                                                           enable_gqa=gqa), leaves, dy, case.mode)
 
 
@@ -283,7 +230,7 @@ def build_flash_attn(case: Case, inp: Inputs, device: torch.device) -> Runnable:
         def forward(q, k, v):  # BSND is flash-attn's native layout
             return flash_attn.flash_attn_func(q, k, v, softmax_scale=inp.scale, causal=case.causal,
                                               window_size=window)
-    r = _autograd_runnable(forward, leaves, inp.dy, case.mode)
+    r = autograd_runnable(forward, leaves, inp.dy, case.mode)
     out_fn = r.output
     r.output = lambda: None if case.layout == "TND" or out_fn() is None else out_fn().transpose(1, 2)
     return r

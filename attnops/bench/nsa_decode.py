@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .cases import Case
+from .types import Case, Inputs, Runnable
 
 
 def module_for(case: Case, device: torch.device):
@@ -32,8 +32,6 @@ def module_for(case: Case, device: torch.device):
 
 def decode_inputs(case: Case, device: torch.device, seed: int):
     """``x [B, skv + 1, hidden]`` and the module; ``nsa_decode`` also gets the cache of the first ``skv`` tokens."""
-    from .impls import Inputs
-
     m = module_for(case, device)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(case.batch, case.skv + 1, case.params["hidden"], generator=gen).to(device=device,
@@ -52,8 +50,6 @@ def _bnsd(out: torch.Tensor) -> torch.Tensor:
 
 
 def build_decode(case: Case, inp, device):
-    from .impls import Runnable
-
     m, cache, x = inp.kwargs["module"], inp.kwargs["cache"], inp.q
     state = {}
 
@@ -65,8 +61,6 @@ def build_decode(case: Case, inp, device):
 
 
 def build_recompute(case: Case, inp, device):
-    from .impls import Runnable
-
     m, x = inp.kwargs["module"], inp.q
     state = {}
 
@@ -77,8 +71,6 @@ def build_recompute(case: Case, inp, device):
 
 
 def build_prefill_decode(case: Case, inp, device):
-    from .impls import Runnable
-
     m, x, steps, chunk = inp.kwargs["module"], inp.q, case.params["steps"], case.params["chunk"]
 
     def run():
@@ -107,8 +99,6 @@ def infer_inputs(case: Case, device: torch.device, seed: int):
     """``query [B, N1, D]`` and paged caches (pages of ``params["block"]`` tokens, shuffled) holding every request's
     ``skv`` keys (selected) or ``skv // stride`` compressed keys; ``nsa_selected_infer`` also gets ``count``
     distinct random blocks per request and KV head."""
-    from .impls import Inputs
-
     p, b, kvn = case.params, case.batch, case.kv_heads
     gen = torch.Generator().manual_seed(seed)
     dt = getattr(torch, case.dtype)
@@ -130,8 +120,6 @@ def infer_inputs(case: Case, device: torch.device, seed: int):
 
 def build_infer(case: Case, inp, device):
     import attnops
-
-    from .impls import Runnable
 
     p, kw = case.params, inp.kwargs
     if case.op == "nsa_selected_infer":

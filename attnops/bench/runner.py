@@ -17,10 +17,11 @@ from typing import TextIO
 import torch
 
 from .._progress import Progress
-from .cases import SUITES, Case, suite_cases
-from .impls import BUILDERS, OURS, Unavailable, make_inputs
+from .cases import SUITES, suite_cases
+from .impls import BUILDERS, OURS, make_inputs
 from .report import PlotSkipped, environment, write_json, write_plot
 from .timing import L2Flusher, PeakMemory, summarize, synchronize, time_once, wait_until_idle
+from .types import Case, Unavailable
 
 DEFAULT_OUT = "attnops-bench-results"
 

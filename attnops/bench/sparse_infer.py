@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .cases import NSA_INFER_OPS, Case
+from .types import NSA_INFER_OPS, Case, Inputs, Runnable, autograd_runnable
 
 
 def _randn(gen, *shape, dtype, device):
@@ -21,8 +21,6 @@ def _randn(gen, *shape, dtype, device):
 
 
 def nsa_inputs(case: Case, device: torch.device, seed: int):
-    from .impls import Inputs
-
     gen = torch.Generator().manual_seed(seed)
     dt = getattr(torch, case.dtype)
     t = sum(case.seq_lens)
@@ -42,20 +40,16 @@ def nsa_inputs(case: Case, device: torch.device, seed: int):
 def build_nsa_selected(case: Case, inp, device):
     import attnops
 
-    from .impls import _autograd_runnable
-
     kw = dict(inp.kwargs)
     topk = kw.pop("topk_indices")
     leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
-    return _autograd_runnable(lambda q, k, v: attnops.nsa_selected_attention(q, k, v, topk, **kw), leaves, inp.dy,
+    return autograd_runnable(lambda q, k, v: attnops.nsa_selected_attention(q, k, v, topk, **kw), leaves, inp.dy,
                               case.mode)
 
 
 def build_nsa_layer(case: Case, inp, device):
     """``attnops.native_sparse_attention`` (weighted compression, top-k selection, sliding window; gates in (0, 1))."""
     import attnops
-
-    from .impls import _autograd_runnable
 
     p = case.params
     gen = torch.Generator().manual_seed(1)
@@ -68,19 +62,17 @@ def build_nsa_layer(case: Case, inp, device):
               compress_stride=p["stride"], select_block_size=p["block"], select_block_count=p["count"],
               window_size=p["window"], scale=inp.scale)
     leaves = [t_.detach().clone().requires_grad_(case.mode != "fwd") for t_ in (inp.q, inp.k, inp.v)]
-    return _autograd_runnable(lambda q, k, v: attnops.native_sparse_attention(q, k, v, gates, *weights, **kw),
+    return autograd_runnable(lambda q, k, v: attnops.native_sparse_attention(q, k, v, gates, *weights, **kw),
                               leaves, inp.dy, case.mode)
 
 
 def build_dense_causal(case: Case, inp, device):
     import attnops
 
-    from .impls import _autograd_runnable
-
     cum = inp.kwargs["actual_seq_qlen"]
     mask = torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
     leaves = [t.detach().clone().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
-    return _autograd_runnable(lambda q, k, v: attnops.flash_attention(
+    return autograd_runnable(lambda q, k, v: attnops.flash_attention(
         q, k, v, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum, atten_mask=mask, sparse_mode=3),
         leaves, inp.dy, case.mode)
 
@@ -89,8 +81,6 @@ def fia_inputs(case: Case, device: torch.device, seed: int):
     """BSND query and contiguous K/V (``q``, ``k``, ``v``); decode adds a paged copy of K/V (128-token blocks in
     shuffled order, or ``params["pages"] == "sequential"``) unless ``params["pages"] == "dense"``; int8 KV
     (``params["kv"] == "int8"``) is quantized per channel and passed with its antiquant scales."""
-    from .impls import Inputs
-
     gen = torch.Generator().manual_seed(seed)
     dt = getattr(torch, case.dtype)
     b, n, kvn, d = case.batch, case.heads, case.kv_heads, case.d
@@ -133,8 +123,6 @@ def kv_bytes(case: Case) -> int:
 def build_read_bandwidth(case: Case, inp, device):
     """The machine's read speed for as many bytes as the case's KV: ``torch.sum`` over an fp32 tensor of that size
     (the ratio ``read-bandwidth / attnops`` is the fraction of the measured read bandwidth the operator reaches)."""
-    from .impls import Runnable
-
     data = torch.ones(kv_bytes(case) // 4, device=device)
     return Runnable(lambda: data.sum())
 
@@ -151,15 +139,11 @@ def build_fia(case: Case, inp, device):
     def run():
         with torch.no_grad():
             state["out"] = attnops.fused_infer_attention(inp.q, k, v, **kw)
-    from .impls import Runnable
-
     return Runnable(run, output=lambda: state["out"].transpose(1, 2) if "out" in state else None)
 
 
 def build_sdpa_gathered(case: Case, inp, device):
     import torch.nn.functional as F
-
-    from .impls import Runnable
 
     q, k, v = (t.transpose(1, 2).contiguous() for t in (inp.q, inp.k, inp.v))
     state = {}

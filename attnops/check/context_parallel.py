@@ -21,7 +21,7 @@ from ..distributed.processes import run_ranks
 from ..distributed.sharding import SEQ_DIM
 from ..testing import golden
 from ..testing.compare import fa_reductions
-from . import CheckCase, Comparison
+from .case import CheckCase, Comparison
 from .flash_attention import CAUSAL_2048
 
 WORLD_SIZE = 2

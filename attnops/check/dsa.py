@@ -10,7 +10,7 @@ from .. import aclnn, lightning_indexer, lightning_indexer_kl_loss, nn, sparse_f
 from ..ops.dsa.quant_cache import dequantize, quantize
 from ..testing import golden_dsa as gold
 from ..torch_npu.dsa import C_ASCEND_OPS
-from . import CheckCase, Comparison
+from .case import CheckCase, Comparison
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 INT64_MAX = 2**63 - 1

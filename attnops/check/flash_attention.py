@@ -11,7 +11,7 @@ from .. import aclnn, flash_attention, flash_attention_backward
 from .._core.dropout import pack_bits
 from ..testing import golden
 from ..testing.compare import fa_reductions
-from . import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
+from .case import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
 
 TRITON_MAX_HEAD_DIM = 256
 

@@ -10,7 +10,7 @@ import torch
 
 from .. import flash_attn
 from ..testing import golden
-from . import CheckCase, Comparison, input_device, moved, on_cpu
+from .case import CheckCase, Comparison, input_device, moved, on_cpu
 from .flash_attention import CAUSAL_2048, INT_MAX
 
 B, SQ, SK, H, HK, D = 2, 48, 64, 4, 2, 64

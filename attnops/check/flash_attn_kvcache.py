@@ -10,7 +10,7 @@ import torch
 from ..flash_attn import bert_padding, fa3, flash_attn_with_kvcache
 from ..flash_attn.layers import rotary
 from ..testing.golden_flash_attn_kvcache import kvcache_golden, kvcache_inputs, rotary_golden
-from . import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
+from .case import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 KVCACHE = "attnops.flash_attn.flash_attn_with_kvcache"

@@ -10,7 +10,7 @@ import torch
 
 from .. import PagedKVCache, aclnn, fused_infer_attention
 from ..testing import golden_fia
-from . import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
+from .case import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
 
 INT_MAX = 2147483647
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32

@@ -9,7 +9,7 @@ import torch
 from .. import aclnn, native_sparse_attention, nsa_compress, nsa_selected_attention, torch_npu
 from ..testing import golden_nsa as gold
 from ..testing import golden_nsa_layer as gold_layer
-from . import CheckCase, Comparison
+from .case import CheckCase, Comparison
 
 
 def _randn(*shape, dtype, seed):

@@ -9,7 +9,7 @@ import torch
 
 from .. import torch_npu as npu
 from ..testing import golden, golden_fia, golden_nsa
-from . import CheckCase, Comparison
+from .case import CheckCase, Comparison
 from . import flash_attention as fa
 from . import fused_infer_attention as fia
 from . import nsa

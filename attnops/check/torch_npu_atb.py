@@ -9,7 +9,7 @@ import torch
 
 from .. import torch_npu as npu
 from ..testing import golden, golden_fia
-from . import CheckCase, Comparison
+from .case import CheckCase, Comparison
 from .fused_infer_attention import CAUSAL_2048, _randn
 
 F16 = torch.float16

@@ -3,7 +3,7 @@
 import runpy
 import sys
 
-from . import install
+from .shim import install
 
 if len(sys.argv) < 2:
     sys.exit("usage: python -m attnops.flash_attn SCRIPT [ARGS...]")

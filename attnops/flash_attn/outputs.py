@@ -10,8 +10,8 @@ from torch import Tensor
 from .._core.softmax_stats import FLT_LOWEST
 from ..ops.flash_attention import FlashAttentionResult, flash_attention
 from ..ops.flash_attention.api import _OPTIONS, _op_args
-from ..ops.flash_attention.problem import build_problem
-from ..ops.flash_attention.reference import probability_tiles
+from ..ops.common.problem import build_problem
+from ..ops.common.reference import probability_tiles
 
 _DEFAULTS = {name: param.default for name, param in inspect.signature(flash_attention).parameters.items()
              if name in _OPTIONS}  # every option of the forward, for rebuilding its problem

@@ -7,7 +7,8 @@ from torch import Tensor, nn
 from .._core.checks import Described, check_int, check_scale, fail, int_list, require
 from .._core.errors import ParamDtypeError
 from ..ops.nsa.compress_attention import check_block_sizes
-from ..ops.nsa.layer import COMPRESS_MODES, native_sparse_attention
+from ..ops.nsa.layer import COMPRESS_MODES
+from ..ops.nsa.layer_op import native_sparse_attention
 from .layer_input import check_layer_input
 from .nsa_cache import NSACache
 from .nsa_decode import cached_sparse_attention, compress_new, compress_pending

@@ -3,6 +3,12 @@
 Use them directly (``from attnops import torch_npu``) or call :func:`install` so that unmodified Ascend code that
 does ``import torch_npu`` and ``torch.ops.npu.<op>`` runs on the CPU or a CUDA GPU. See ``docs/porting.md``.
 """
+from __future__ import annotations
+
+import sys
+
+import torch
+
 from .atb import (
     _npu_flash_attention_qlens,
     _npu_paged_attention,
@@ -67,7 +73,7 @@ from .nsa import (
     npu_nsa_select_attention_infer,
 )
 from .scatter_nd import npu_scatter_nd_update, npu_scatter_nd_update_
-from .shim import install
+from .shim import install_package
 
 __all__ = [
     "hifloat8",
@@ -117,3 +123,20 @@ ATB_OPS = ("_npu_flash_attention", "_npu_flash_attention_qlens", "_npu_flash_att
            "_npu_flash_attention_unpad_v2", "_npu_flash_attention_v3", "_npu_paged_attention",
            "_npu_paged_attention_get_workspace", "_npu_paged_attention_mla", "_npu_paged_attention_splitfuse",
            "_npu_paged_attention_splitfuse_v2", "_npu_reshape_and_cache")
+
+
+def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool = True,
+            patch_pin_memory: bool = True) -> bool:
+    """Make ``import torch_npu``, ``torch.ops.npu.<op>``, ``torch.npu`` and ``"npu"`` devices work without an NPU.
+
+    ``device``: the device that stands in for the NPU (``"cuda"`` when available by default, else ``"cpu"``);
+    ``torch.npu.device`` holds it.
+    ``patch_tensor_npu``: ``"npu"`` / ``"npu:N"`` strings (and ``torch.device("npu")`` where no CUDA exists) mean that
+    device in the tensor factories, ``Tensor.to/.npu/.new_*``, ``Module.to/.npu``; ``Tensor.is_npu`` is added.
+    ``patch_pin_memory``: where no CUDA exists, ``Tensor.pin_memory()`` and ``pin_memory=True`` in the factories are
+    no-ops (a CPU-only PyTorch raises). Both patch PyTorch for the whole process
+    (:mod:`attnops.torch_npu.tensor_patch`; ``tensor_patch.unpatch()`` undoes them); pass False to leave it alone.
+    Returns False, changing nothing, when the real torch_npu is importable; True once installed (idempotent).
+    """
+    return install_package(sys.modules[__name__], OPS, ATB_OPS, C_ASCEND_OPS, device,
+                           patch_tensor_npu=patch_tensor_npu, patch_pin_memory=patch_pin_memory)

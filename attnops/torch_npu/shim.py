@@ -3,7 +3,8 @@ functions (and ``torch.ops._C_ascend.<op>`` to vllm-ascend's twins of the DSA op
 (:mod:`attnops.torch_npu.npu_device`), and PyTorch takes ``"npu"`` devices and ``pin_memory`` as on the NPU
 (:mod:`attnops.torch_npu.tensor_patch`); tensor files an NPU pickled load (:mod:`attnops.torch_npu.pickling`).
 
-Only when the real torch_npu is absent; nothing happens on import, only when :func:`install` is called.
+Only when the real torch_npu is absent; nothing happens on import, only when :func:`attnops.torch_npu.install` is
+called.
 """
 from __future__ import annotations
 
@@ -41,23 +42,11 @@ def _install_pickling_modules(package: types.ModuleType, npu: types.ModuleType) 
                         "torch_npu.npu._format": npu._format})
 
 
-def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool = True,
-            patch_pin_memory: bool = True) -> bool:
-    """Make ``import torch_npu``, ``torch.ops.npu.<op>``, ``torch.npu`` and ``"npu"`` devices work without an NPU.
-
-    ``device``: the device that stands in for the NPU (``"cuda"`` when available by default, else ``"cpu"``);
-    ``torch.npu.device`` holds it.
-    ``patch_tensor_npu``: ``"npu"`` / ``"npu:N"`` strings (and ``torch.device("npu")`` where no CUDA exists) mean that
-    device in the tensor factories, ``Tensor.to/.npu/.new_*``, ``Module.to/.npu``; ``Tensor.is_npu`` is added.
-    ``patch_pin_memory``: where no CUDA exists, ``Tensor.pin_memory()`` and ``pin_memory=True`` in the factories are
-    no-ops (a CPU-only PyTorch raises). Both patch PyTorch for the whole process
-    (:mod:`attnops.torch_npu.tensor_patch`; ``tensor_patch.unpatch()`` undoes them); pass False to leave it alone.
-    Returns False, changing nothing, when the real torch_npu is importable; True once installed (idempotent).
-    """
-    from . import ATB_OPS, C_ASCEND_OPS, OPS
-    from . import __name__ as package_name
-
-    package = sys.modules[package_name]
+def install_package(package: types.ModuleType, ops: tuple[str, ...], atb_ops: tuple[str, ...], c_ascend_ops: dict,
+                    device: str | torch.device | None, *, patch_tensor_npu: bool, patch_pin_memory: bool) -> bool:
+    """:func:`attnops.torch_npu.install`: ``package`` (:mod:`attnops.torch_npu`) becomes ``torch_npu``, its functions
+    named in ``ops`` / ``atb_ops`` become ``torch.ops.npu.<op>`` / ``torch.ops.atb.<op>``, and ``c_ascend_ops``
+    (name: function) ``torch.ops._C_ascend.<op>``."""
     if sys.modules.get("torch_npu") is package:
         tensor_patch.patch(torch.npu.device, devices=patch_tensor_npu, pin_memory=patch_pin_memory)
         return True
@@ -68,11 +57,11 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
     device = torch.device(device)
     check_choice("device", device.type, ("cpu", "cuda"))
     sys.modules["torch_npu"] = package
-    for name in OPS:
+    for name in ops:
         setattr(torch.ops.npu, name, getattr(package, name))
-    for name in ATB_OPS:
+    for name in atb_ops:
         setattr(torch.ops.atb, name, getattr(package, name))
-    for name, fn in C_ASCEND_OPS.items():  # vllm-ascend's own twins of the DSA ops
+    for name, fn in c_ascend_ops.items():  # vllm-ascend's own twins of the DSA ops
         setattr(torch.ops._C_ascend, name, fn)
     npu = npu_device_module(device)
     torch.npu = npu

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnops._core import gemm
-from attnops.ops.flash_attention import reference
+from attnops.ops.common import reference_tiles
 from tests.helpers import TRIU2048, check_fa, cum, make_qkv, randn
 
 ONEDNN = gemm._onednn() is not None
@@ -105,11 +105,11 @@ def test_flash_attention_with_packed_keys_matches_the_golden(case, monkeypatch):
     if not ONEDNN or gemm._onednn_pack() is None:
         pytest.skip("this PyTorch cannot pack oneDNN operands")
     monkeypatch.setattr(gemm, "ONEDNN_MIN_FLOPS", 0)
-    monkeypatch.setattr(reference, "MAX_ROWS", 4)
-    monkeypatch.setattr(reference, "EDGE_ROWS", 4)
-    monkeypatch.setattr(reference, "MIN_ROWS", 4)
+    monkeypatch.setattr(reference_tiles, "MAX_ROWS", 4)
+    monkeypatch.setattr(reference_tiles, "EDGE_ROWS", 4)
+    monkeypatch.setattr(reference_tiles, "MIN_ROWS", 4)
     packs = []
-    monkeypatch.setattr(reference, "pack_nt", lambda w, rows: packs.append(w.shape) or gemm.pack_nt(w, rows))
+    monkeypatch.setattr(reference_tiles, "pack_nt", lambda w, rows: packs.append(w.shape) or gemm.pack_nt(w, rows))
     (q, k, v, dy), kw = CASES[case]()
     check_fa(q, k, v, dy, scale=q.shape[-1] ** -0.5, **kw)
     assert packs

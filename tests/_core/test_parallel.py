@@ -8,7 +8,7 @@ import torch
 
 import attnops
 from attnops._core.parallel import run_jobs
-from attnops.ops.flash_attention import reference
+from attnops.ops.common import reference_tiles
 from tests.helpers import PREFIX3072, TRIU2048, check_fa, cum, make_qkv, randn
 
 CPU = torch.device("cpu")
@@ -82,7 +82,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_flash_attention_on_workers_equals_the_serial_run(case, two_threads, monkeypatch):
     (q, k, v, dy), kw = CASES[case]()
-    monkeypatch.setattr(reference, "MAX_ROWS", 16)  # many row chunks and chunk groups per head
+    monkeypatch.setattr(reference_tiles, "MAX_ROWS", 16)  # many row chunks and chunk groups per head
     heads = q.shape[2] if kw["layout"] == "BSND" else q.shape[1]
     golden_kw = {name: value for name, value in kw.items() if name != "seed"}
     check_fa(q, k, v, dy, scale=q.shape[-1] ** -0.5, head_num=heads, drop="seed", drop_seed=kw.get("seed", 0),

@@ -4,7 +4,8 @@ dense attention."""
 import pytest
 import torch
 
-from attnops.bench.cases import Case, suite_cases
+from attnops.bench.cases import suite_cases
+from attnops.bench.types import Case
 from attnops.bench.impls import make_inputs
 from attnops.bench.runner import run_case
 
@@ -37,7 +38,7 @@ def test_fa_cpu_suite_covers_both_layouts():
 
 def test_dsa_sampled_rows_are_spread_and_timed_alike_by_sparse_and_dense(monkeypatch):
     from attnops.bench import dsa
-    from attnops.bench.cases import sampled_row_chunks
+    from attnops.bench.types import sampled_row_chunks
 
     chunks = sampled_row_chunks(32768, (16, 64))
     assert len(chunks) == 16 and chunks[0] == (992, 1056) and chunks[-1] == (31712, 31776)

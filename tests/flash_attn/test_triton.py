@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnops.flash_attn import flash_attn_func
-from attnops.ops.flash_attention.triton import launch
+from attnops.ops.common.triton import launch
 from tests.flash_attn.attention_ref import attention_ref
 from tests.flash_attn.test_interface import _check, _inputs
 from tests.triton_backend import DEVICE

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnops
-from attnops._core import cpu_kernels
+from attnops.ops.common import cpu_kernels
 from attnops.testing import golden_nsa
 from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden import fa_backward, fa_forward

@@ -62,8 +62,8 @@ def test_every_device_takes_the_triton_path_and_a_refusal_raises():
 def _family():
     import triton
 
-    return KernelFamily("flash_attention", ("attnops.ops.flash_attention.triton.fwd",
-                                            "attnops.ops.flash_attention.triton.bwd"),
+    return KernelFamily("flash_attention", ("attnops.ops.common.triton.fwd",
+                                            "attnops.ops.common.triton.bwd"),
                         lambda launch, args, interpret: [triton.Config({"BLOCK_M": 32}, num_warps=2, num_stages=1),
                                                          triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=2)])
 

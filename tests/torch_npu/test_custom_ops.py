@@ -27,6 +27,8 @@ OPCHECKED = {
     "fused_infer_attention": __name__,
     "native_sparse_attention": "tests/ops/nsa/test_layer_compile.py",
     "native_sparse_attention_backward": "tests/ops/nsa/test_layer_compile.py",
+    "nsa_window_attention": "tests/ops/nsa/test_opcheck.py",
+    "nsa_window_attention_grad": "tests/ops/nsa/test_opcheck.py",
     "inference_only_backward": "tests/_core/test_inference_only.py",
     "dsa_lightning_indexer": "tests/ops/dsa/test_opcheck.py",
     "dsa_sparse_flash_attention": "tests/ops/dsa/test_opcheck.py",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 # modules that register their operator's AOT cases when imported
-PROVIDERS = ("attnops.ops.flash_attention.triton.aot", "attnops.ops.fused_infer_attention.triton.aot",
+PROVIDERS = ("attnops.ops.common.triton.aot", "attnops.ops.fused_infer_attention.triton.aot",
              "attnops.ops.nsa.triton.aot", "attnops.ops.dsa.triton.aot", "attnops.torch_npu.triton.aot")
 
 

@@ -8,15 +8,13 @@ import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
-from ..._core.checks import (Described, caller_names, check_same_device, check_tensor, fail, require, require_not_none,
-                             softmax_scale)
+from ..._core.checks import Described, caller_names, check_same_device, check_tensor, fail, require, softmax_scale
 from ..._core.dropout import check_seed_offset, draw_seed
-from ..._core.layouts import normalize_layout, with_head_dim
-from ..._core.npu_rounding import check_precision
+from ..._core.layouts import normalize_layout
+from ..common.npu_rounding import check_precision
 from ..._core.masks import require_mask_for_mode, window_sparse_args
-from ..._core.softmax_stats import check_stats
 from ..._core.varlen import cumulative_pair_from_cu_seqlens
-from .problem import INT_MAX, FAProblem
+from ..common.problem import INT_MAX
 
 Backend = Literal["auto", "reference", "triton"]
 Precision = Literal["exact", "npu"]
@@ -230,22 +228,3 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
         dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
                                                      *args.values())
     return dq, dk, dv, _op().pse_grad(dpse, pse, pse_type)
-
-
-def check_backward_inputs(p: FAProblem, query: Tensor, dy, attention_in, softmax_max, softmax_sum):
-    """Validate the backward's forward results; returns them (statistics made contiguous)."""
-    g = p.geom
-    out_shape = with_head_dim(query.shape, g.layout, g.n1, g.dv)
-    for name, t in (("dy", dy), ("attention_in", attention_in)):
-        if type(t) is Tensor and t.dtype == query.dtype and t.shape == out_shape and t.device == query.device:
-            continue  # the common case, checked at once
-        require_not_none(t, name)
-        check_tensor(name, t, dtypes=(query.dtype,))
-        require(tuple(t.shape) == out_shape, name, f"shape {list(out_shape)} (the forward output's)", t)
-        check_same_device("query", query, **{name: t})
-    stats = []
-    for name, t in (("softmax_max", softmax_max), ("softmax_sum", softmax_sum)):
-        require_not_none(t, name)
-        check_same_device("query", query, **{name: t})
-        stats.append(check_stats(name, t, p.seq, g.n1, p.total_q, query.dtype))
-    return attention_in, stats[0], stats[1]

@@ -17,12 +17,12 @@ from torch import Tensor
 
 from ..._core.layouts import normalize_layout, parse_geometry, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
-from ..._core.npu_rounding import npu_rounding
+from ..common.npu_rounding import npu_rounding
 from ..._core.custom_ops import register_dry_run_meta, runs_directly
 from ..._core.varlen import cumulative_pair_from_cu_seqlens
-from . import backends
-from .api import check_backward_inputs
-from .problem import FAProblem, build_problem
+from ..common import backends
+from ..common.problem import FAProblem, build_problem
+from .validate import check_backward_inputs
 
 _SCALARS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_tokens", "prefix", "actual_seq_qlen",
             "actual_seq_kvlen", "sparse_mode", "pse_type", "q_start_idx", "kv_start_idx", "softmax_layout", "seed",

@@ -11,7 +11,7 @@ from torch import Tensor
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
 from ..._core.checks import check_choice, check_int, check_same_device, check_tensor, fail, require, softmax_scale
 from ..._core.dispatch import BACKENDS
-from ..._core.npu_rounding import check_precision
+from ..common.npu_rounding import check_precision
 from ..._core.inference_only import run_inference_only
 from ..._core.layouts import io_layouts
 from ..._core.masks import window_sparse_args

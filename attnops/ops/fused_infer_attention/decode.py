@@ -21,7 +21,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from ..._core.npu_rounding import msd_planes
+from ..common.npu_rounding import msd_planes
 from ..._core.parallel import run_jobs
 from ..._core.workspace import Buffers
 from . import fused_decode

@@ -1,4 +1,4 @@
-"""The compiled CPU decode kernel (:mod:`attnops._core.cpu_kernels`) on :mod:`.decode`'s chunks.
+"""The compiled CPU decode kernel (:mod:`attnops.ops.common.cpu_kernels`) on :mod:`.decode`'s chunks.
 
 The kernel computes a chunk's partials ``(row max, row sum, un-normalised output)`` for every KV head (one call
 takes all of a decode call's chunks, :func:`compute`), streaming its K and V once from where they lie (pages in any
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..._core import cpu_kernels
-from ..._core.cpu_kernels import layout
+from ..common import cpu_kernels
+from ..common.cpu_kernels import layout
 from .problem import FIAProblem
 from .quant import Antiquant
 

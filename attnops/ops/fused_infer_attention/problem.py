@@ -26,10 +26,10 @@ from torch import Tensor
 
 from ..._core.checks import (Described, check_int, check_scale, check_tensor, describe, fail, int_list, require,
                              require_not_none)
-from ..._core.errors import ParamDtypeError
+from ..._core.errors import ParamDtypeError, PrecisionNotEmulatedError
 from ..._core.indices import check_block_table, validation_enabled
 from ..._core.layouts import bsnd_dims, io_layouts, tokens_view
-from ..._core.npu_rounding import NpuRounding, check_precision, npu_rounding
+from ..common.npu_rounding import NpuRounding, check_precision, npu_rounding
 from ..._core.masks import MaskRule, MaskSpec, build_infer_mask_spec, check_infer_mask
 from ..._core.pse import PseSpec
 from ..._core.varlen import SeqInfo, batch_windows, lengths_from_cumulative, seq_info_varlen
@@ -694,9 +694,9 @@ def build_problem(query, key, value, *, pse_shift=None, atten_mask=None, actual_
     pse_shift = _check_pse(pse_shift, g, seq, kv_cols, query.dtype)
     rounding = npu_rounding_of(precision, query.dtype, inner_precise, g.decode)
     if rounding is not None and g.decode:
-        require(not g.int4 and all(q is None or q.kind == "static" for q in (key_quant, value_quant)), "precision",
-                "'exact' for int4 or per-token antiquant KV in decode (the NPU emulation covers float KV and "
-                "per-tensor/per-channel int8 KV)", precision)
+        if g.int4 or any(q is not None and q.kind != "static" for q in (key_quant, value_quant)):
+            fail("precision", "'exact' for int4 or per-token antiquant KV in decode (the NPU emulation covers float KV "
+                 "and per-tensor/per-channel int8 KV)", precision, error=PrecisionNotEmulatedError)
     if strict:
         _check_envelope(g, lens, kv_cols, out_quant, pse_shift, block_size)
     out_shape = (*query.shape[:-1], g.n1 * g.dv if g.in_layout == "BSH" else g.dv) if g.out_layout == g.in_layout \

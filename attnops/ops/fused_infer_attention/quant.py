@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import Described, check_int, check_tensor, describe, require
-from ..._core.npu_rounding import NpuRounding, cast_round, cast_round_int8
+from ..common.npu_rounding import NpuRounding, cast_round, cast_round_int8
 
 _NIBBLE_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 

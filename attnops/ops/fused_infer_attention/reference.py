@@ -21,8 +21,8 @@ from ..._core.memory import work_memory
 from ..._core.pse import PseSpec
 from ..._core.softmax_stats import FLT_LOWEST
 from ..._core.varlen import SeqInfo
-from ..flash_attention import reference as fa_reference
-from ..flash_attention.problem import FAProblem
+from ..common import reference as fa_reference
+from ..common.problem import FAProblem
 from . import decode
 from .paged import KVSegment
 from .problem import FIAProblem

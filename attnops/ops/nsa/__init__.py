@@ -8,7 +8,7 @@ from .api import (
     nsa_selected_attention,
     nsa_selected_attention_infer,
 )
-from .layer import native_sparse_attention
+from .layer_op import native_sparse_attention
 
 __all__ = ["CompressAttentionResult", "native_sparse_attention", "nsa_compress", "nsa_compress_attention",
            "nsa_compress_attention_infer", "nsa_selected_attention", "nsa_selected_attention_infer"]

@@ -8,14 +8,11 @@ from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
 from ..._core.custom_ops import call
-from ..._core.checks import (Described, caller_names, check_same_device, check_tensor, require, require_not_none,
-                             softmax_scale)
-from ..._core.softmax_stats import STAT_LANES, stats_dtype
-from ..._core.npu_rounding import check_precision
+from ..._core.checks import Described, caller_names, check_same_device, check_tensor, require, softmax_scale
+from ..common.npu_rounding import check_precision
 from ..._core.staging import device_constant
 from ..._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from .decode import lengths_arg
-from .selected import SelectedSpec
 
 
 
@@ -189,13 +186,3 @@ def nsa_compress_attention_infer(query: Tensor, key_cache: Tensor, value_cache: 
         return call(_op().nsa_compress_attention_infer, query, key_cache, value_cache, block_table, float(scale),
                     query.shape[1], key_cache.shape[2], select_block_size, select_block_count, key_cache.shape[1],
                     compress_block_size, compress_stride, lens, lens_tensor, precision)
-
-
-def check_selected_backward_inputs(spec: SelectedSpec, query, grad, attention_out, softmax_max, softmax_sum):
-    shape_out = (spec.total_q, spec.n1, spec.dv)
-    for name, t in (("attention_out_grad", grad), ("attention_out", attention_out)):
-        require_not_none(t, name)
-        check_tensor(name, t, dtypes=(query.dtype,), shape=shape_out)
-    for name, t in (("softmax_max", softmax_max), ("softmax_sum", softmax_sum)):
-        require_not_none(t, name)
-        check_tensor(name, t, dtypes=(stats_dtype(query.dtype),), shape=(spec.total_q, spec.n1, STAT_LANES))

@@ -12,7 +12,7 @@ import torch
 from ..._core.devices import on_cpu
 from ..._core.dispatch import choose_backend
 from ..._core.indices import valid_ids
-from ..flash_attention import backends as fa_backends
+from ..common import backends as fa_backends
 from .compress import compress_backward, compress_forward
 from .compress_attention import build_compress_attention_spec, compress_attention_forward, compress_attention_problem
 from .decode import compress_decode, compress_into_cache, selected_decode

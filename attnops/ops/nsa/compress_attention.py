@@ -22,11 +22,11 @@ import torch
 
 from ..._core.checks import Described, caller_names, check_int, check_tensor, int_list, require
 from ..._core.masks import MASK_DTYPES, StridedCausal
-from ..._core.npu_rounding import npu_rounding
+from ..common.npu_rounding import npu_rounding
 from ..._core.softmax_stats import FLT_MAX
 from ..._core.varlen import lengths_from_cumulative
-from ..flash_attention import reference as fa_reference
-from ..flash_attention.problem import FAProblem, build_problem
+from ..common import reference as fa_reference
+from ..common.problem import FAProblem, build_problem
 from .memo import memoized
 
 

@@ -1,4 +1,4 @@
-"""NSA decode on the compiled CPU decode kernel (:mod:`attnops._core.cpu_kernels`, the one FIA decode runs on).
+"""NSA decode on the compiled CPU decode kernel (:mod:`attnops.ops.common.cpu_kernels`, the one FIA decode runs on).
 
 Each job's keys are token ranges of a request (in order), cut at page boundaries into ``(page, row range)`` runs
 that the kernel streams where they lie in the paged caches ``[blocks, page, N2, D]`` (fp32/fp16/bf16, converted
@@ -11,17 +11,13 @@ probabilities the kernel keeps give the block scores. All chunks of a call go to
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
-from ..._core import cpu_kernels
-from ..._core.cpu_kernels import layout
+from ..common import cpu_kernels
+from ..common.cpu_kernels import layout
+from .paged_kv import PagedKV
 from ..._core.indices import valid_ids
-
-if TYPE_CHECKING:
-    from .decode import PagedKV
 
 F32 = torch.float32
 

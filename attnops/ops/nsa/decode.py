@@ -31,7 +31,7 @@ clamped to the block table's capacity.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -39,35 +39,14 @@ from torch import Tensor
 from ..._core.checks import Described, check_int, check_scale, check_tensor, int_list, require
 from ..._core.indices import (PAD, blocks_needed, check_block_table, check_index_rows, check_slots, entries_read,
                               valid_ids, validation_enabled)
-from ..._core.npu_rounding import NpuRounding, cast_output, npu_rounding, rounded_softmax
+from ..common.npu_rounding import cast_output, npu_rounding, rounded_softmax
 from ..._core.parallel import run_jobs
-from ..flash_attention.reference import compute_dtype
+from ..common.reference import compute_dtype
 from . import cpu_decode
+from .paged_kv import PagedKV, addressable, paged_rows
 from .compress import NSA_DTYPES
 
 FORCED = 3  # compressed attention: the first and the last two selection blocks
-
-
-@dataclass(frozen=True)
-class PagedKV:
-    """A validated decode batch: the query geometry, the paged caches and the per-request lengths (``kv_lens``, or
-    None when they are a device tensor the kernels read; ``capacity``: the longest length the block table holds)."""
-
-    batch: int
-    n1: int
-    n2: int
-    dv: int
-    kv_lens: tuple[int, ...] | None
-    scale: float
-    capacity: int
-    rounding: NpuRounding | None = None  # precision="npu": the kernels' rounding (None: exact)
-
-    def rows(self, cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
-        return paged_rows(cache, table_row, pos)
-
-    def with_lengths(self, lens: Tensor | None) -> "PagedKV":
-        """This batch with the lengths of ``lens`` (a CPU copy of the device lengths) when they were not known."""
-        return self if self.kv_lens is not None else replace(self, kv_lens=tuple(int(n) for n in lens.tolist()))
 
 
 def lengths_arg(name: str, lens) -> tuple[list[int] | None, Tensor | None]:
@@ -77,21 +56,6 @@ def lengths_arg(name: str, lens) -> tuple[list[int] | None, Tensor | None]:
     if isinstance(lens, Tensor) and (lens.device.type != "cpu" or torch.compiler.is_compiling()):
         return None, lens
     return int_list(name, lens), None
-
-
-def paged_rows(cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
-    """The rows ``[L, N, D]`` of one request's KV positions ``pos`` in a paged ``cache [blocks, page, N, D]``
-    (``table_row``: the request's block table); rows in a block outside the cache are zeros."""
-    page = cache.shape[1]
-    blocks = table_row.long()[pos // page]
-    valid = valid_ids(blocks, cache.shape[0])
-    rows = cache[blocks.clamp(0, cache.shape[0] - 1), pos % page]
-    return torch.where(valid.view(-1, *[1] * (rows.dim() - 1)), rows, 0)
-
-
-def addressable(cache: Tensor, table_row: Tensor, pos: Tensor) -> Tensor:
-    """Whether the KV positions ``pos`` of a request lie in blocks of the cache (bool, ``pos``'s shape)."""
-    return valid_ids(table_row.long()[pos // cache.shape[1]], cache.shape[0])
 
 
 def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, *, scale_value: float, head_num: int,

@@ -1,4 +1,5 @@
-"""``native_sparse_attention``: the NSA layer composed from the NSA operators and FlashAttention.
+"""The NSA layer's body (``native_sparse_attention``; its entry and custom op: :mod:`.layer_op`), composed from the NSA
+attention engine (:mod:`.window`).
 
 The operators keep the NPU's constraints (every KV length a multiple of ``select_block_size`` and at least
 ``select_block_size * select_block_count``, indices inside the sequence); this layer accepts any sequence length
@@ -25,9 +26,9 @@ from torch import Tensor
 from ..._core.checks import Described, caller_names, check_int, check_tensor, fail, require
 from ..._core.indices import PAD, check_index_rows, validation_enabled
 from ..._core.varlen import lengths_from_cumulative
-from ..._core.autocast import autocast_off
-from .api import _cumulative, _prepared, nsa_compress, nsa_compress_attention, nsa_selected_attention
+from .api import _cumulative, nsa_compress, nsa_compress_attention, nsa_selected_attention
 from .compress import compress_block_count
+from .window import window_attention
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -217,87 +218,11 @@ def _flat(x, layout: str):
     return x if x is None or layout == "TND" or not isinstance(x, Tensor) else x.flatten(0, 1)
 
 
-def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Tensor | None = None,
-                            compress_weight_k: Tensor | None = None, compress_weight_v: Tensor | None = None, *,
-                            g_cmp: Tensor | None = None, g_slc: Tensor | None = None, g_swa: Tensor | None = None,
-                            cu_seqlens=None, actual_seq_len=None, layout: str = "TND",
-                            compress_block_size: int = 32, compress_stride: int = 16, select_block_size: int = 64,
-                            select_block_count: int = 16, window_size: int = 512, local_blocks: int = 2,
-                            block_indices: Tensor | None = None, block_counts=None, compress: str = "weighted",
-                            scale: float | None = None) -> Tensor:
-    """Native Sparse Attention (DeepSeek, arXiv 2502.11089): causal self-attention as the gated sum of three branches.
-
-    * compression: keys/values pooled by :func:`nsa_compress` over blocks of ``compress_block_size`` tokens every
-      ``compress_stride`` tokens, with the learnable ``compress_weight_k/v [compress_block_size, N2]``
-      (``compress="weighted"``) or the plain mean (``compress="mean"``, weights omitted); a query attends to the
-      complete compressed blocks that end at or before it (none yet: the branch gives 0);
-    * selection: per query token and KV head, up to ``select_block_count`` blocks of ``select_block_size`` tokens at
-      or before the token's own block, attended causally (positions ``<=`` the token's). By default the top blocks by
-      the compression branch's importance (block 0 and the ``local_blocks`` most recent blocks forced; a token with
-      fewer candidate blocks uses fewer); or given by ``block_indices [T, N2, S]`` (local block ids, ``-1`` =
-      unused), which skips the top-k. ``block_counts`` (int or per token ``[T, N2]``) keeps only the first slots;
-    * sliding window: each token attends to the ``window_size`` most recent tokens (itself included); ``0`` = off.
-
-    Shapes: ``layout="TND"``: ``query [T, N1, D]``, ``key [T, N2, D]``, ``value [T, N2, Dv]`` packed with
-    ``cu_seqlens`` (leading 0) or ``actual_seq_len`` (cumulative), one sequence by default; ``layout="BSND"``:
-    ``[B, S, N, D]``, every row a sequence. Any sequence length >= 1. Gates: ``gates [..., N1, 3]``
-    (compression, selection, window) or, with ``gates=None``, ``g_cmp``/``g_slc``/``g_swa`` ``[..., N1]``; a None
-    gate turns its branch off. Strictly causal: a sequence's prefix gets the same outputs as the whole sequence on
-    that prefix. Returns ``[..., N1, Dv]``; differentiable in q, k, v, the compression weights and the gates.
-    """
-    check_tensor("query", query, ndim=(3, 4))  # TND or [B, S, N, D]
-    for name, t in (("key", key), ("value", value)):
-        check_tensor(name, t, ndim=query.dim())
-    for name, t in (("gates", gates), ("compress_weight_k", compress_weight_k),
-                    ("compress_weight_v", compress_weight_v), ("g_cmp", g_cmp), ("g_slc", g_slc), ("g_swa", g_swa)):
-        if t is not None:
-            check_tensor(name, t, dtypes=FLOAT_DTYPES)
-    query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp, g_slc, g_swa, block_indices, _ = _prepared(
-        "query", query, key=key, value=value, gates=gates, compress_weight_k=compress_weight_k,
-        compress_weight_v=compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa, block_indices=block_indices,
-        block_counts=block_counts)
-    with autocast_off(query.device):
-        if torch.compiler.is_compiling() and layout == "TND" and isinstance(
-                cu_seqlens if cu_seqlens is not None else actual_seq_len, Tensor):
-            return _compiled_with_tensor_lengths(
-                query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp, g_slc, g_swa, cu_seqlens,
-                actual_seq_len, block_indices, block_counts, compress_block_size, compress_stride, select_block_size,
-                select_block_count, window_size, local_blocks, compress, scale)
-        return _native_sparse_attention(
-            query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa,
-            cu_seqlens=cu_seqlens, actual_seq_len=actual_seq_len, layout=layout,
-            compress_block_size=compress_block_size, compress_stride=compress_stride,
-            select_block_size=select_block_size, select_block_count=select_block_count, window_size=window_size,
-            local_blocks=local_blocks, block_indices=block_indices, block_counts=block_counts, compress=compress,
-            scale=scale)
-
-
-def _compiled_with_tensor_lengths(query, key, value, gates, wk, wv, g_cmp, g_slc, g_swa, cu_seqlens, actual_seq_len,
-                                  block_indices, block_counts, *sizes_and_options):
-    """Under ``torch.compile``: the layer as one op (:mod:`.layer_op`) taking the lengths as a tensor, so the traced
-    graph never reads them and serves every length set."""
-    from .layer_op import native_sparse_attention_op
-
-    if cu_seqlens is None:  # CANN's cumulative lengths: cu_seqlens without its leading 0
-        require(isinstance(actual_seq_len, Tensor) and actual_seq_len.dim() == 1, "actual_seq_len",
-                "a 1-D tensor of cumulative lengths", actual_seq_len)
-        cu_seqlens = torch.cat([actual_seq_len.new_zeros(1), actual_seq_len])
-    else:
-        require(actual_seq_len is None, "cu_seqlens", "either cu_seqlens or actual lengths, not both",
-                Described("both"))
-    counts = block_counts if isinstance(block_counts, Tensor) else None
-    return native_sparse_attention_op(query, key, value, gates, wk, wv, g_cmp, g_slc, g_swa, cu_seqlens,
-                                      block_indices, counts, None if counts is not None else block_counts,
-                                      *sizes_and_options)
-
-
 def _native_sparse_attention(query, key, value, gates, compress_weight_k, compress_weight_v, *, g_cmp, g_slc,
                              g_swa, cu_seqlens, actual_seq_len, layout, compress_block_size, compress_stride,
                              select_block_size, select_block_count, window_size, local_blocks, block_indices,
                              block_counts, compress, scale) -> Tensor:
     """:func:`native_sparse_attention` on inputs of one device, autocast off."""
-    from ..flash_attention import flash_attention
-
     batch_shape = query.shape[:2] if layout == "BSND" else query.shape[:1]
     cum = _to_packed(layout, query, cu_seqlens, actual_seq_len)
     query, key, value = (_flat(x, layout) for x in (query, key, value))
@@ -320,8 +245,7 @@ def _native_sparse_attention(query, key, value, gates, compress_weight_k, compre
     def output() -> Tensor:
         return _output(outs, gate, gates, shape, value, batch_shape)
     if gate[2] is not None and window > 0:
-        outs[2] = flash_attention(query, key, value, layout="TND", actual_seq_qlen=cum, actual_seq_kvlen=cum,
-                                  causal=True, window_size=(window - 1, 0), scale=scale)
+        outs[2] = window_attention(query, key, value, list(cum), window, scale)
     need_cmp = gate[0] is not None or (gate[1] is not None and block_indices is None)
     if not need_cmp and gate[1] is None:
         return output()

@@ -20,6 +20,7 @@ from ..._core.custom_ops import call, register_dry_run_meta
 from . import backends
 from .compress import build_compress_spec, check_output_grad, compress_block_count
 from .selected import build_selected_spec
+from .validate import check_selected_backward_inputs
 from .decode import check_compress_cache, check_compress_selection, check_paged, check_selected_topk
 
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no GPU kernel yet)
@@ -120,8 +121,6 @@ def nsa_selected_attention_grad(grad: Tensor, query: Tensor, key: Tensor, value:
                                 select_block_size: int, select_block_count: int,
                                 actual_seq_qlen: Optional[list[int]], actual_seq_kvlen: Optional[list[int]],
                                 sparse_mode: int, precision: str = "exact") -> tuple[Tensor, Tensor, Tensor]:
-    from .api import check_selected_backward_inputs
-
     spec = build_selected_spec(query, key, value, topk_indices, scale_value=scale_value, head_num=head_num,
                                select_block_size=select_block_size, select_block_count=select_block_count,
                                atten_mask=atten_mask, actual_seq_qlen=actual_seq_qlen,

@@ -23,7 +23,7 @@ import torch
 from ..._core.checks import Described, check_int, check_scale, check_tensor, fail, require
 from ..._core.indices import check_index_rows, validation_enabled
 from ..._core.masks import MASK_DTYPES
-from ..._core.npu_rounding import NpuRounding, cast_round, npu_rounding, store
+from ..common.npu_rounding import NpuRounding, cast_round, npu_rounding, store
 from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_dtype
 from ..._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen

@@ -5,7 +5,7 @@ import torch
 
 import attnops
 from attnops._core.errors import ParamInvalidError
-from attnops._core.npu_rounding import cast_round
+from attnops.ops.common.npu_rounding import cast_round
 
 S_ONE_BLOCK = 384  # keys of one online-softmax block (the kernel's 512)
 

@@ -1,4 +1,4 @@
-"""The compiled CPU decode kernel (``attnops._core.cpu_kernels``) against the fp64 golden: fp32/fp16/bf16 and int8
+"""The compiled CPU decode kernel (``attnops.ops.common.cpu_kernels``) against the fp64 golden: fp32/fp16/bf16 and int8
 KV (per-channel, per-token and page-managed antiquant, with offsets), dense and shuffled paged caches, head dims
 that are not multiples of the vector width, GQA and several query rows; each test asserts the kernel ran. Results
 are bitwise the same on 1 and 2 threads; a failed build warns and leaves every call to the PyTorch path."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attnops
-from attnops._core import cpu_kernels
+from attnops.ops.common import cpu_kernels
 from attnops._core.errors import PerformanceWarning
 from attnops.ops.fused_infer_attention import decode, fused_decode
 from tests.helpers import randn

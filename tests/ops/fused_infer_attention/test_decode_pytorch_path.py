@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnops._core import cpu_kernels
+from attnops.ops.common import cpu_kernels
 
 from .test_fia_values import (  # noqa: F401
     test_antiquant_separate_decode,

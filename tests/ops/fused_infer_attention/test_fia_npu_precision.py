@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import attnops
-from attnops._core.errors import ParamInvalidError
-from attnops._core.npu_rounding import msd_planes
+from attnops._core.errors import ParamInvalidError, PrecisionNotEmulatedError
+from attnops.ops.common.npu_rounding import msd_planes
 
 F16, BF16 = torch.float16, torch.bfloat16
 
@@ -110,5 +110,5 @@ def test_validation():
     per_token = dict(key_antiquant_scale=torch.ones(1, 8), value_antiquant_scale=torch.ones(1, 8),
                      key_antiquant_mode=1, value_antiquant_mode=1)
     attnops.fused_infer_attention(q, k8, k8, **per_token)
-    with pytest.raises(ParamInvalidError, match="precision"):
+    with pytest.raises(PrecisionNotEmulatedError, match="precision"):
         attnops.fused_infer_attention(q, k8, k8, precision="npu", **per_token)

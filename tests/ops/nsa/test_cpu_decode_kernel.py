@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnops
-from attnops._core import cpu_kernels
+from attnops.ops.common import cpu_kernels
 from attnops.ops.nsa import cpu_decode
 from attnops.testing import golden_nsa
 from attnops.testing.compare import assert_close_to_golden

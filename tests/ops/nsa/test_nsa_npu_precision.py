@@ -5,7 +5,7 @@ import torch
 
 import attnops
 from attnops._core.errors import ParamInvalidError
-from attnops._core.npu_rounding import cast_round
+from attnops.ops.common.npu_rounding import cast_round
 
 BLOCK, COUNT = 16, 4
 

@@ -51,3 +51,15 @@ def test_opcheck_nsa_compress_attention_grad(causal):
     torch.library.opcheck(torch.ops.attnops.nsa_compress_attention_grad.default,
                           (randn(7, 2, 4, seed=13), q, k, v, out, smax, ssum, mask, 0.5, 2, 32, 16, *lens,
                            0 if causal else 1, causal))
+
+
+def test_opcheck_nsa_window_attention():
+    q = randn(9, 4, 8, seed=10).requires_grad_()
+    k = randn(9, 2, 8, seed=11).requires_grad_()
+    v = randn(9, 2, 4, seed=12).requires_grad_()
+    torch.library.opcheck(torch.ops.attnops.nsa_window_attention.default, (q, k, v, [4, 9], 3, 0.5))
+    q, k, v = q.detach(), k.detach(), v.detach()
+    out, smax, ssum = torch.ops.attnops.nsa_window_attention(q, k, v, [4, 9], 3, 0.5)
+    dy = randn(9, 4, 4, seed=13)
+    torch.library.opcheck(torch.ops.attnops.nsa_window_attention_grad.default,
+                          (dy, q, k, v, out, smax, ssum, [4, 9], 3, 0.5))

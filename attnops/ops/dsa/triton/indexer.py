@@ -16,7 +16,7 @@ asked) the fp32 scores rounded to the query dtype, -inf after the last position.
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import upcast
+from ...._core.triton.helpers import upcast
 from .common import head_rows, key_rows, kv_range, load_rows, query_row
 
 NONE_KEY: tl.constexpr = tl.constexpr(-9223372036854775807 - 1)  # sorts below every packed score

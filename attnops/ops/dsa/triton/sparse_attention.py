@@ -28,7 +28,8 @@ Outputs: ``acc / l`` (0 for a row that attends to nothing), and when asked the s
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import LOG2E, nan_aware_max, upcast
+from ...._core.triton.helpers import LOG2E, upcast
+from ...common.triton.common import nan_aware_max
 from .common import head_rows, key_rows, kv_range, load_rows, query_row
 
 SCALE_TILE: tl.constexpr = tl.constexpr(128)  # latent columns per dequantization scale

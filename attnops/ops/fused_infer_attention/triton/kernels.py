@@ -25,7 +25,7 @@ per-token antiquant parameters are read at those offsets.
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import FLT_LOWEST, LOG2E, base2_max, upcast
+from ...._core.triton.helpers import FLT_LOWEST, LOG2E, base2_max, upcast
 from .kv_tiles import channel_offsets, kv_tile, page_of, token_rows
 from .rounding import output_tile
 

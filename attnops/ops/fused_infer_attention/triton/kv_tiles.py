@@ -22,7 +22,7 @@ channels (``STATIC``) or over its tokens.
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import upcast
+from ...._core.triton.helpers import upcast
 from . import codes
 
 # KV storage (constexpr QUANT)

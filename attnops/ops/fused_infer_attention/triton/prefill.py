@@ -15,7 +15,7 @@ from ...._core.layouts import io_layouts, token_strides
 from ...._core.staging import cached_upload
 from ...._core.triton.launch import Launch, cdiv, placeholder, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
-from ...flash_attention.triton import launch as fa_launch
+from ...common.triton import launch_args as fa_args
 from ..problem import LAYOUTS, FIAProblem
 from .family import KERNELS, precision_flags
 from .kv_args import antiquant_args, cache_block_size, cache_strides, dense_strides, nz_x, storage
@@ -23,7 +23,7 @@ from .out_args import output_args
 
 GRID_FOLD = 65535  # CUDA's limit on grid axes 1 and 2: batch x heads beyond it fold onto axis 2
 META_FIELDS = ("q_start", "kv_start", "q_len", "kv_len", "lo", "hi", "prefix", "drop_off", "pse_q_start",
-               "pse_kv_start", "stat_base", "stat_head")  # flash_attention/triton/common.META_FIELDS
+               "pse_kv_start", "stat_base", "stat_head")  # common/triton/common.META_FIELDS
 
 
 def _meta(p: FIAProblem, device: torch.device) -> torch.Tensor:
@@ -101,8 +101,8 @@ def prefill_plan(p: FIAProblem, query: torch.Tensor, key, value, options: dict, 
     paged = block_table is not None
     bt = block_table if paged else dummy
     block_size, num_blocks = (cache_block_size(key), key.shape[0]) if paged else (1, 1)
-    pse, pse_flags = fa_launch.pse_args(p, device, dummy)
-    mask, mask_flags = fa_launch.mask_args(p, device, dummy)
+    pse, pse_flags = fa_args.pse_args(p, device, dummy)
+    mask, mask_flags = fa_args.mask_args(p, device, dummy)
     antiquant, antiquant_flags = antiquant_args(p, device, dummy)
     quant_out, quant_strides, out_flags = output_args(p, dummy)
     prefix, prefix_strides = _prefix_args(p, options, in_layout, dummy)

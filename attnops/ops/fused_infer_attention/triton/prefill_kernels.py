@@ -6,7 +6,7 @@ batch. The effective key columns are the shared prefix's first (``prefix_len`` t
 batch's keys: a dense tensor (per-batch start from the metadata: left padding, TND offsets) or a paged cache read
 through the block table (ND or NZ, ``kv_tiles.py``); int8 and int4 keys and values are dequantized in the kernel
 and rounded to the query dtype, as the NPU's antiquant. The score tile (scale, pse after the scale, band and
-explicit mask) is the FlashAttention forward's (``flash_attention/triton/common.py``), over the per-batch metadata
+explicit mask) is the FlashAttention forward's (``common/triton/common.py``), over the per-batch metadata
 rows in its format. The program writes its rows' final output (CAST_ROUND or int8, ``rounding.py``) at their place in
 the output layout and their lse (``+inf`` and output 0 on rows that kept nothing).
 
@@ -16,8 +16,8 @@ size runs.
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import (FLT_LOWEST, KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols,
-                                              base2_max, meta, score_tile, upcast)
+from ...._core.triton.helpers import FLT_LOWEST, LOG2E, base2_max, upcast
+from ...common.triton.common import KV_LEN, KV_START, Q_LEN, Q_START, band_cols, meta, score_tile
 from .kv_tiles import channel_offsets, kv_tile, mma_operand, page_of, token_rows
 from .rounding import output_tile
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import torch
 
 from ...._core.triton.registry import register_aot
-from ...flash_attention.triton import launch as fa_launch
+from ...common.triton import autotune as fa_tiles
+from ...common.triton import launch as fa_launch
 from ..compress import build_compress_spec
 from ..compress_attention import build_compress_attention_spec
-from ..decode import CompressSelection, PagedKV
+from ..decode import CompressSelection
+from ..paged_kv import PagedKV
 from ..selected import build_selected_spec
 from . import infer_launch, launch
 from .family import KERNELS
@@ -66,7 +68,7 @@ def _compress_attention(dtype: str, d: int, dv: int, causal: bool) -> list:
                                          actual_sel_seq_kvlen=[2, 5], sparse_mode=0, causal=causal)
     (out, smax, ssum), fwd = fa_launch.forward_plan(spec.fa, q, k, v, interpret=False)
     _, scores = infer_launch.importance_plan(spec, q, k, smax, ssum, interpret=False)
-    return [fa_launch.KERNELS.aot_launch(x) for x in fwd] + [KERNELS.aot_launch(x) for x in scores]
+    return [fa_tiles.KERNELS.aot_launch(x) for x in fwd] + [KERNELS.aot_launch(x) for x in scores]
 
 
 def _decode(dtype: str, d: int, dv: int) -> list:

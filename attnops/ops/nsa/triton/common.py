@@ -3,7 +3,7 @@ token, loaded and stored as ``[BLOCK_G, BLOCK_W]`` tiles, and the online-softmax
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import LOG2E
+from ...._core.triton.helpers import LOG2E
 
 
 @triton.jit

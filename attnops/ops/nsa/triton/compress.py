@@ -16,7 +16,7 @@ built.
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import program_batch_head
+from ...._core.triton.helpers import program_batch_head
 
 START: tl.constexpr = tl.constexpr(0)
 LENGTH: tl.constexpr = tl.constexpr(1)

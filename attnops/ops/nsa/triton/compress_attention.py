@@ -15,8 +15,9 @@ Forced blocks score ``FLT_MAX``, so the top-k kernel (``topk.py``) takes them fi
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import (FLT_MAX, KV_START, LOG2E, MASK_STRIDED_CAUSAL, Q_LEN, Q_START,
-                                              band_cols, meta, program_batch_head, row_stats, score_tile)
+from ...._core.triton.helpers import FLT_MAX, LOG2E, program_batch_head
+from ...common.triton.common import (KV_START, MASK_STRIDED_CAUSAL, Q_LEN, Q_START, band_cols, meta, row_stats,
+                                     score_tile)
 
 FORCED_MASK: tl.constexpr = tl.constexpr(1)  # FORCED: a topk_mask tensor
 FORCED_LOCAL: tl.constexpr = tl.constexpr(2)  # FORCED: block 0 and the local blocks ending at the row's own block

@@ -17,7 +17,7 @@ the block table's capacity, a negative position reads nothing and a block id out
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import FLT_MAX, LOG2E, upcast
+from ...._core.triton.helpers import FLT_MAX, LOG2E, upcast
 from .common import _group_tile, _softmax_init, _softmax_step, _store_group_tile
 
 

@@ -19,8 +19,8 @@ are in natural units.
 import triton
 import triton.language as tl
 
-from ...flash_attention.triton.common import (FLT_LOWEST, FLT_MAX, LOG2E, nan_aware_max, program_batch_head,
-                                             upcast)
+from ...._core.triton.helpers import FLT_LOWEST, FLT_MAX, LOG2E, program_batch_head, upcast
+from ...common.triton.common import nan_aware_max
 from .common import _group_tile, _softmax_init, _softmax_step, _store_group_tile
 
 Q_START: tl.constexpr = tl.constexpr(0)

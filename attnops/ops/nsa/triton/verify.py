@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...._core.triton.support import kernel_input_reason
-from ...flash_attention.triton.verify import unsupported_reason as fa_reason
+from ...common.triton.verify import unsupported_reason as fa_reason
 from ..compress import CompressSpec
 from ..compress_attention import CompressAttentionSpec
 from ..selected import SelectedSpec

@@ -13,9 +13,9 @@ import sys
 import torch
 
 from attnops._core.dropout import pack_bits
-from attnops.ops.flash_attention.problem import build_problem
+from attnops.ops.common.problem import build_problem
 from attnops._core.triton.aot import compile_launch
-from attnops.ops.flash_attention.triton import launch
+from attnops.ops.common.triton import autotune, launch
 from tests.helpers import PREFIX3072, TRIU2048, cum, make_qkv, random_keep
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -80,7 +80,7 @@ def compile_case(arch: int, case: dict) -> dict:
     result = {}
     for item in launches(case, arch):
         try:
-            result[item.kernel] = [dataclasses.asdict(v) for v in compile_launch(launch.KERNELS.aot_launch(item), ("cuda", arch, 32))]
+            result[item.kernel] = [dataclasses.asdict(v) for v in compile_launch(autotune.KERNELS.aot_launch(item), ("cuda", arch, 32))]
         except Exception as e:  # the report names the failure; the test fails on it
             result[item.kernel] = f"{type(e).__name__}: {e}"
     return result

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import attnops
-from attnops.ops.flash_attention.problem import build_problem
-from attnops.ops.flash_attention.triton import launch
+from attnops.ops.common.problem import build_problem
+from attnops.ops.common.triton import launch
 from tests.helpers import TRIU2048, check_fa, make_qkv
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # exp2(-inf) in numpy

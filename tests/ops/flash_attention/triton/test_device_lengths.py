@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from attnops._core.dropout import pack_bits
-from attnops.ops.flash_attention.problem import build_problem
-from attnops.ops.flash_attention.triton import common, launch
+from attnops.ops.common.problem import build_problem
+from attnops.ops.common.triton import common, launch
 from attnops._core.triton.launch import KernelFamily
-from attnops.ops.flash_attention.triton.launch import KERNELS
+from attnops.ops.common.triton import launch_args
+from attnops.ops.common.triton.autotune import KERNELS
 from tests.helpers import PREFIX3072, TRIU2048, check_fa, cum, make_qkv, random_keep, randn
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # exp2(-inf) in numpy
@@ -68,7 +69,7 @@ def _problems(q_lens, kv_lens, kw, t_extra=3, dtype=torch.float32):
 
 
 def _device_meta(p, device):
-    meta, launches = launch._device_metadata(p, torch.device(device))
+    meta, launches = launch_args.device_metadata(p, torch.device(device))
     KERNELS.run_all(launches, torch.device(device))
     return meta
 
@@ -77,7 +78,7 @@ def _device_meta(p, device):
 def test_prepare_kernel_builds_the_host_metadata(case, triton_backend):
     q_lens, kv_lens, kw = CASES[case]
     host, device, (q, *_) = _problems(q_lens, kv_lens, kw)
-    expected = launch.batch_meta(host, q.device).cpu()
+    expected = launch_args.batch_meta(host, q.device).cpu()
     got = _device_meta(device, DEVICE).cpu()
     if host.dropout is None:  # the host leaves the dropout offsets 0 when nothing reads them
         got[:, COL["drop_off"]] = 0
@@ -96,7 +97,7 @@ def test_prepare_kernel_steps_through_many_batches(triton_backend):
     q_lens[40:] = [0] * 5  # the last batch with queries is in the third step
     kw = dict(atten_mask=TRIU2048, sparse_mode=7, pre_tokens=1, next_tokens=0, keep_prob=0.5, seed=3)
     host, device, (q, *_) = _problems(q_lens, kv_lens, kw)
-    assert torch.equal(_device_meta(device, DEVICE).cpu()[:-1], launch.batch_meta(host, q.device).cpu())
+    assert torch.equal(_device_meta(device, DEVICE).cpu()[:-1], launch_args.batch_meta(host, q.device).cpu())
 
 
 def _poisoned_empty(monkeypatch):

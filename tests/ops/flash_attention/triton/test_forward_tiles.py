@@ -6,7 +6,7 @@ import pytest
 import torch
 import triton
 
-from attnops.ops.flash_attention.triton import launch
+from attnops.ops.common.triton import autotune
 from tests.helpers import PREFIX3072, TRIU2048, check_fa, cum, make_qkv, random_keep
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -18,7 +18,7 @@ if torch.cuda.is_available():
 @pytest.fixture(params=[(32, 16), (16, 32)], ids=lambda t: f"{t[0]}x{t[1]}")
 def forward_tiles(request, monkeypatch):
     """Run the forward kernel under the interpreter with ``BLOCK_M x BLOCK_N`` tiles (other kernels unchanged)."""
-    fixed = launch._fixed_config
+    fixed = autotune._fixed_config
     m, n = request.param
 
     def tiles(kernel, interpret, block_dv=0):
@@ -26,7 +26,7 @@ def forward_tiles(request, monkeypatch):
             return [triton.Config({"BLOCK_M": m, "BLOCK_N": n})]
         return fixed(kernel, interpret, block_dv)
 
-    monkeypatch.setattr(launch, "_fixed_config", tiles)
+    monkeypatch.setattr(autotune, "_fixed_config", tiles)
     return request.param
 
 
@@ -54,7 +54,7 @@ def test_forward_tiles(forward_tiles, case):
 
 
 def test_alibi_compressed_copies(forward_tiles):
-    """The ALiBi-compressed pse read from its row's 8 shifted copies (``launch.alibi_copies``): every row's diagonal
+    """The ALiBi-compressed pse read from its row's 8 shifted copies (``launch_args.alibi_copies``): every row's diagonal
     run starts at another alignment, a pse width that is not a multiple of 8, batch-broadcast and per-batch pse."""
     lens, n1 = [37, 20, 45], 2
     q, k, v, _ = make_qkv("TND", n1=n1, n2=1, d=16, q_lens=lens, kv_lens=lens, dtype=torch.float16, seed=34)

@@ -8,8 +8,8 @@ import torch
 import attnops
 from attnops import ParamInvalidError
 from attnops._core.dispatch import choose_backend, triton_unavailable_reason
-from attnops.ops.flash_attention.problem import build_problem
-from attnops.ops.flash_attention.triton.verify import unsupported_reason
+from attnops.ops.common.problem import build_problem
+from attnops.ops.common.triton.verify import unsupported_reason
 from attnops.testing import gpu_dry_run
 from tests.helpers import TRIU2048, make_qkv
 

@@ -247,7 +247,7 @@ def test_block_table_values_outside_the_cache_are_masked(triton_backend):
 
 
 def test_host_constants_mirror_the_kernels():
-    from attnops.ops.flash_attention.triton import common
+    from attnops.ops.common.triton import common
 
     assert prefill.META_FIELDS == common.META_FIELDS
 

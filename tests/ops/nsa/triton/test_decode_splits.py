@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from attnops.ops.nsa.decode import CompressSelection, PagedKV
+from attnops.ops.nsa.decode import CompressSelection
+from attnops.ops.nsa.paged_kv import PagedKV
 from attnops.ops.nsa.triton import infer_launch
 from attnops.ops.nsa.triton.family import KERNELS
 from attnops.ops.nsa.triton.infer_launch import DECODE_PROGRAMS, SPLIT_KEYS, decode_splits

@@ -1,6 +1,6 @@
-"""The sliding-window branch of ``native_sparse_attention`` runs on the FlashAttention Triton kernels: its
-``flash_attention(..., causal=True, window_size=(w - 1, 0))`` call is a band (sparse mode 4 in normal form, no
-explicit mask tile), which the FlashAttention verifier accepts; the result matches the fp64 golden."""
+"""The sliding-window branch of ``native_sparse_attention`` runs on the attention engine's Triton kernels: its
+problem (FlashAttention's ``causal=True, window_size=(w - 1, 0)``) is a band (sparse mode 4 in normal form, no
+explicit mask tile), which the engine's verifier accepts; the result matches the fp64 golden."""
 from __future__ import annotations
 
 import pytest

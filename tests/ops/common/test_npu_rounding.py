@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from attnops._core.errors import ParamInvalidError
-from attnops._core.npu_rounding import cast_round, check_precision, npu_rounding
+from attnops.ops.common.npu_rounding import cast_round, check_precision, npu_rounding
 
 
 def _grid_neighbours(dtype, n=4000, seed=0):

@@ -18,9 +18,9 @@ import itertools
 import torch
 from torch import Tensor
 
-from .._core import staging
-from .._core.checks import Described, check_choice, check_int, check_same_device, check_tensor, fail, require
-from .._core.softmax_stats import FLT_LOWEST, FLT_MAX, SOFTMAX_LAYOUTS, STAT_LANES, stats_dtype
+from ..._core import staging
+from ..._core.checks import Described, check_choice, check_int, check_same_device, check_tensor, fail, require
+from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, SOFTMAX_LAYOUTS, STAT_LANES, stats_dtype
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 RING_LAYOUTS = ("SBH", "TND")

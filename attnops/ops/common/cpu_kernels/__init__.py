@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from .. import parallel
-from ..errors import PerformanceWarning
+from ...._core import parallel
+from ...._core.errors import PerformanceWarning
 from . import build, layout
 
 _lock = threading.Lock()

@@ -1,11 +1,11 @@
-"""attnops.testing.msprobe_benchmark: msprobe bench functions, judged against float64 SDPA."""
+"""attnops.msprobe.bench_functions: msprobe bench functions, judged against float64 SDPA."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from attnops.testing import msprobe_benchmark as bench
+from attnops.msprobe import bench_functions as bench
 
 B, S, N, D = 2, 24, 2, 16
 

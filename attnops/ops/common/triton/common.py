@@ -8,6 +8,8 @@ fold batch x heads (:func:`program_batch_head`), so any number of them fits CUDA
 import triton
 import triton.language as tl
 
+from ...._core.triton.helpers import tanh
+
 # columns of the per-batch metadata rows (int64)
 META_FIELDS = ("q_start", "kv_start", "q_len", "kv_len",  # token offsets (TND; 0 for dense) and lengths
                "lo", "hi", "prefix",  # band lo <= j - i <= hi, prefix columns (0: none)
@@ -39,21 +41,6 @@ PSE_ALIBI_COPIES: tl.constexpr = tl.constexpr(6)  # the ALiBi-compressed pse's r
 # explicit-mask kinds (constexpr HAS_EXPLICIT; False/True: none / a mask tensor)
 MASK_STRIDED_CAUSAL: tl.constexpr = tl.constexpr(2)  # masked(i, j) = j * stride + shift > i, computed (no tensor)
 
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
-FLT_LOWEST: tl.constexpr = tl.constexpr(-3.4028234663852886e38)
-FLT_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
-
-
-@triton.jit
-def tanh(x):
-    """fp32 tanh within about an ulp: ``(1 - e) / (1 + e)`` with ``e = exp(-2|x|)`` for ``|x| >= 1/4``, an odd Taylor
-    polynomial below (where ``1 - e`` would cancel); the interpreter has no libdevice."""
-    a = tl.abs(x)
-    e = tl.exp2(a * (-2.0 * LOG2E))
-    a2 = a * a
-    small = a * (1.0 + a2 * (-1.0 / 3.0 + a2 * (2.0 / 15.0 + a2 * (-17.0 / 315.0 + a2 * (62.0 / 2835.0)))))
-    t = tl.where(a < 0.25, small, (1.0 - e) / (1.0 + e))
-    return tl.where(x < 0, -t, t)
 
 
 @triton.jit
@@ -65,13 +52,6 @@ def softcap_tanh(qk, scale, softcap):
 
 
 @triton.jit
-def base2_max(m):
-    """``m * log2(e)``, finite for rows without a kept score yet (``m`` = FLT_LOWEST: clamped to half of it
-    first, so the product and a difference of two such values do not overflow; no real score is that low)."""
-    return tl.maximum(m, FLT_LOWEST * 0.5) * LOG2E
-
-
-@triton.jit
 def nan_aware_max(m, l):
     """The row max ``m`` of an online softmax, NaN where a NaN score made the row sum ``l`` NaN: ``tl.max`` and
     ``tl.maximum`` skip NaN, and exp of a NaN score puts it into ``l`` (a NaN ``l`` under a max of +inf comes from
@@ -80,27 +60,8 @@ def nan_aware_max(m, l):
 
 
 @triton.jit
-def upcast(x, UPCAST: tl.constexpr):
-    """fp32 math for loaded tiles where asked (fp32 inputs, and always in the interpreter, which has no bf16)."""
-    if UPCAST:
-        return x.to(tl.float32)
-    return x
-
-
-@triton.jit
 def meta(meta_ptr, b, col):
     return tl.load(meta_ptr + b * META_COLS + col)
-
-
-@triton.jit
-def program_batch_head(heads, bh_fold, FOLD: tl.constexpr):
-    """``(b, h)`` of this program: grid axis 1 holds the ``batch x heads`` pairs, or with ``FOLD`` up to ``bh_fold``
-    of them and axis 2 counts the folds (the kernel then returns at once for ``b >= batch``: the programs past the
-    last pair). Without ``FOLD`` the kernels compile exactly as without folding."""
-    bh = tl.program_id(1)
-    if FOLD:
-        bh += tl.program_id(2) * bh_fold
-    return bh // heads, bh % heads
 
 
 @triton.jit
@@ -199,7 +160,7 @@ def pse_scores(qk, meta_ptr, b, h, rows, cols, row_ok, col_ok, scale, pse_ptr, p
     contiguous along the columns, so they load as 16-byte vectors when the column bound and strides allow it. The
     ALiBi-compressed pse is read along diagonals: element loads from the tensor (``PSE_ALIBI``), or from the 8
     shifted copies of its row 1023 that make every row's read start 16-byte aligned (``PSE_ALIBI_COPIES``:
-    ``launch.alibi_copies``; ``pse_sr`` is the stride between copies; not ``TRANSPOSED``). Slopes are generated.
+    ``launch_args.alibi_copies``; ``pse_sr`` is the stride between copies; not ``TRANSPOSED``). Slopes are generated.
     ``TRANSPOSED``: ``qk`` and the result are ``[cols, rows]``."""
     s = qk
     r2, c2 = index_grid(rows, cols, TRANSPOSED)

@@ -15,6 +15,7 @@ from ...._core.triton.aot import KernelLaunch
 from ...._core.triton.registry import register_aot
 from ..problem import build_problem
 from . import launch as fa_launch
+from .autotune import KERNELS
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # one problem per feature (each alone) at fp16/bf16 x D 64/128; "all": explicit mask + full pse + Philox dropout
@@ -69,7 +70,7 @@ def _plan(dtype: str, d: int, features: tuple[str, ...], dv: int | None = None, 
     p = build_problem(q, k, v, **kw)
     (out, smax, ssum), fwd = fa_launch.forward_plan(p, q, k, v, interpret=False)
     _, bwd = fa_launch.backward_plan(p, q, k, v, dy, out, smax, ssum, interpret=False, fused=fused)
-    return [fa_launch.KERNELS.aot_launch(item) for item in fwd + bwd]
+    return [KERNELS.aot_launch(item) for item in fwd + bwd]
 
 
 def _register(name: str, dtype: str, d: int, features: tuple[str, ...], **kw) -> None:

@@ -14,7 +14,7 @@ import torch
 from ..._core.checks import Described, check_choice, check_scale, check_tensor, fail, require
 from ..._core.dropout import DropoutSpec, build_dropout_spec, check_seed_offset
 from ..._core.layouts import Geometry, normalize_layout, parse_geometry
-from ..._core.npu_rounding import NpuRounding
+from .npu_rounding import NpuRounding
 from ..._core.masks import MaskRule, MaskSpec, build_mask_spec, compressed_mask_key
 from ..._core.pse import PseSpec, build_pse_spec, pse_extents
 from ..._core.softmax_stats import SOFTMAX_LAYOUTS

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import check_choice
+from ..._core.checks import check_choice
 
 PRECISIONS = ("exact", "npu")
 FA_KEY_BLOCK = 512  # keys per online-softmax step of FlashAttentionScore: s2 basic block 128 x BMM_SOFTMAX_RATIO 4

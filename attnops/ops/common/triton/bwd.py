@@ -13,8 +13,9 @@ allocation here (``launch.py`` allocates)."""
 import triton
 import triton.language as tl
 
-from .common import (KV_LEN, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_rows, delta_offsets, dropout_scale,
-                     kept_score_tile, meta, program_batch_head, row_stats, softcap_tanh, upcast)
+from ...._core.triton.helpers import LOG2E, program_batch_head, upcast
+from .common import (KV_LEN, KV_START, Q_LEN, Q_START, band_cols, band_rows, delta_offsets, dropout_scale,
+                     kept_score_tile, meta, row_stats, softcap_tanh)
 
 
 @triton.jit

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..msprobe.rebuild import Call, Unsupported, bind_arguments
-from ..msprobe.references import golden_values
+from .rebuild import Call, Unsupported, bind_arguments
+from .references import golden_values
 
 __all__ = ["npu_fusion_attention", "npu_fusion_attention_grad", "npu_fused_infer_attention_score",
            "npu_prompt_flash_attention", "npu_incre_flash_attention"]
@@ -31,7 +31,7 @@ def _run(api: str, direction: str, arguments: dict, grads=()) -> list[Tensor | N
     try:
         return golden_values(Call(api, api, direction, arguments, [], list(grads)))
     except Unsupported as exc:
-        raise NotImplementedError(f"attnops.testing.msprobe_benchmark.{api}: {exc}") from None
+        raise NotImplementedError(f"attnops.msprobe.bench_functions.{api}: {exc}") from None
 
 
 def npu_fusion_attention(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor]:

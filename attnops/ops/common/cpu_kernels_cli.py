@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 
-from . import open_library
+from .cpu_kernels import open_library
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -610,7 +610,7 @@ struct ChunkRow {
 };
 constexpr int ROW = sizeof(ChunkRow) / sizeof(int64_t);  // int64 fields of a chunk's row in a table
 
-// The layout version Python checks (attnops/_core/cpu_kernels/layout.py): raise it with any change of meaning.
+// The layout version Python checks (attnops/ops/common/cpu_kernels/layout.py): raise it with any change of meaning.
 constexpr int LAYOUT_VERSION = 1;
 struct Field {
   const char* name;
@@ -675,7 +675,7 @@ int attnops_openmp() {
 #endif
 }
 
-// The tables' layouts, as attnops/_core/cpu_kernels/layout.py describes them: "version V; Run name:offset ...;
+// The tables' layouts, as attnops/ops/common/cpu_kernels/layout.py describes them: "version V; Run name:offset ...;
 // ChunkRow name:offset ...; DType name:code ..." (offsets in int64 fields).
 const char* attnops_row_layout() {
   static const std::string text = [] {

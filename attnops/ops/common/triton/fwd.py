@@ -8,9 +8,9 @@ without a pse or explicit mask."""
 import triton
 import triton.language as tl
 
-from .common import (FLT_LOWEST, FLT_MAX, KV_START, LOG2E, Q_LEN, Q_START, band_cols, band_keep, base2_max,
-                     dropout_scale, explicit_masked, full_cols, meta, nan_aware_max, program_batch_head, pse_scores,
-                     softcap_tanh, stat_offsets, upcast)
+from ...._core.triton.helpers import FLT_LOWEST, FLT_MAX, LOG2E, base2_max, program_batch_head, upcast
+from .common import (KV_START, Q_LEN, Q_START, band_cols, band_keep, dropout_scale, explicit_masked, full_cols, meta,
+                     nan_aware_max, pse_scores, softcap_tanh, stat_offsets)
 
 
 @triton.jit

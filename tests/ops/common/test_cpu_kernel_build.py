@@ -1,4 +1,4 @@
-"""Finding, building and loading the CPU decode kernel (``attnops._core.cpu_kernels``): the row layout check, one
+"""Finding, building and loading the CPU decode kernel (``attnops.ops.common.cpu_kernels``): the row layout check, one
 build per key across processes, the fallback cache directory, ``CXX``/``CXXFLAGS`` splitting, the temp-dir sweep,
 the CPU tag and compiler identity in the key, and ``python -m attnops build-kernels``."""
 import os
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from attnops.__main__ import main
-from attnops._core import cpu_kernels
-from attnops._core.cpu_kernels import build, layout
-from attnops._core.cpu_kernels.cpu_tag import cpu_tag
+from attnops.ops.common import cpu_kernels
+from attnops.ops.common.cpu_kernels import build, layout
+from attnops.ops.common.cpu_kernels.cpu_tag import cpu_tag
 from attnops._core.errors import PerformanceWarning
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def test_a_library_with_another_layout_is_refused_and_the_pytorch_path_serves(mo
 _BUILDER = """
 import sys, time
 from pathlib import Path
-from attnops._core.cpu_kernels import build
+from attnops.ops.common.cpu_kernels import build
 print("ready", flush=True)
 while not Path(sys.argv[1]).exists():
     time.sleep(0.005)

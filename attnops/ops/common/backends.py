@@ -15,7 +15,7 @@ import torch
 from ..._core.devices import on_cpu
 from ..._core.dispatch import choose_backend
 from ..._core.layouts import Geometry
-from . import reference
+from . import reference, reference_backward
 from .problem import FAProblem
 from .triton import launch
 from .triton.verify import geometry_reason
@@ -55,4 +55,4 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     """``(dq, dk, dv, dpse)`` of problem ``p`` from the given forward results (``dpse`` None without a pse grad)."""
     if p.rounding is None and _choose(p.geom, query, backend, backward=True) == "triton":
         return launch.backward(p, query, key, value, dy, attention_in, softmax_max, softmax_sum)
-    return _reference(reference.backward, p, query, key, value, dy, attention_in, softmax_max, softmax_sum)
+    return _reference(reference_backward.backward, p, query, key, value, dy, attention_in, softmax_max, softmax_sum)

@@ -49,7 +49,7 @@ def prepare_kernel(meta_ptr, cu_q_ptr, cu_kv_ptr, prefix_ptr, batch, total_q, to
                    LO_DELTA: tl.constexpr, HI_DELTA: tl.constexpr, SPECIAL: tl.constexpr, HAS_PREFIX: tl.constexpr,
                    SLOPES: tl.constexpr, STATS_TND: tl.constexpr, BLOCK_B: tl.constexpr):
     """The int64 ``[B + 1, META_COLS]`` metadata from ``cu_seqlens`` (one program, ``BLOCK_B`` batches a step):
-    rows ``0..B-1`` as ``launch.batch_meta`` builds them from host lengths (the band by ``masks.BandRule``:
+    rows ``0..B-1`` as ``launch_args.batch_meta`` builds them from host lengths (the band by ``masks.BandRule``:
     ``lo`` (+ delta with ``LO_DELTA``), ``hi`` (+ delta with ``HI_DELTA``), the special batch's
     ``delta + special_lo/hi``; prefix clamped to the KV length; dropout offsets summed over the batches before;
     ALiBi start indices; statistics offsets), row ``B`` the end of the last query and KV sequences (columns

@@ -1,0 +1,281 @@
+"""Pure-PyTorch FlashAttention backward (the production CPU path), on :mod:`.reference_tiles`' tiles: see
+:mod:`.reference` for how the work is cut and why results do not depend on the thread count."""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..._core.gemm import add_mm_nt_, mm_nt
+from ..._core.layouts import batch_tokens, tokens_view
+from ..._core.parallel import fill_, run_jobs
+from ..._core.softmax_stats import stats_block
+from ..._core.workspace import Buffers
+from . import reference_tiles as tiling
+from .npu_rounding import store
+from .problem import FAProblem
+from .reference_tiles import (LOG2E, Keys, active_batches, col_blocks, compute_dtype, deal, has_tile_extras,
+                              head_scores, heads_view, row_chunks, stage_kv, stage_rows)
+
+
+def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) -> list[list[int]] | None:
+    """Per query head, the (sorted) rows whose ``dP - D`` must be formed in fp64, or None when none ever is.
+
+    ``dP_ij - D_i = dy_i . (v_j - o_i)`` cancels when one key dominates the row (``o_i ~ v_j``, ``P_ij ~ 1``); then
+    fp32 rounding of ``dP`` and ``D`` (each ~eps*|dy||v|) would be the whole error of dq/dk, while autograd's
+    ``sum(P * dP)`` cancels the same rounding. With ``p = max_j P_ij`` the cancellation magnifies the rounding
+    about ``1 / (1 - p)`` times, and ``p = 1 / softmax_sum``: rows with ``softmax_sum < PEAKED_SUM`` (p > 1/4,
+    magnification > 4/3) get ``dP - D`` in fp64; the others keep the fp32 GEMM (random data of a long sequence has
+    such rows only among its first few dozen causal rows). Only for fp32 inputs: fp16/bf16 inputs are far coarser
+    than fp32 products, and fp64
+    inputs compute in fp64 anyway.
+    """
+    if acc != torch.float32 or input_dtype != torch.float32:
+        return None
+    peaked = (l_b[..., 0] < tiling.PEAKED_SUM)
+    if not bool(peaked.any()):
+        return None
+    return [torch.nonzero(row).flatten().tolist() for row in peaked]
+
+
+@dataclass
+class _BackwardBatch:
+    """One batch's operands, heads first, and its gradient accumulators (which may alias the outputs)."""
+
+    b: int
+    q: torch.Tensor  # [N1, Sq, D] (views of the inputs)
+    do: torch.Tensor  # [N1, Sq, Dv]
+    k: torch.Tensor  # [N2, Skv, D]
+    v: torch.Tensor  # [N2, Skv, Dv]
+    m: torch.Tensor  # [N1, Sq, 1] given row max
+    neg_log2_l: torch.Tensor  # [N1, Sq, 1] -log2(given row sum)
+    o: torch.Tensor  # [N1, Sq, Dv] attention_in
+    peaked: list[list[int]] | None  # rows whose dP - D is formed in fp64 (per head)
+    delta64: torch.Tensor | None  # [N1, Sq, 1] fp64 D of those rows
+    dq: torch.Tensor  # [N1, Sq, D]
+    dk: torch.Tensor  # [N2, Skv, D]
+    dv: torch.Tensor  # [N2, Skv, Dv]
+    groups: list  # lists of row chunks (r0, r1, column blocks) whose dK/dV are summed apart
+
+
+def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, softmax_sum):
+    """Returns ``(dq, dk, dv, dpse)``; dpse is None unless a pse tensor of type 0/1 was given.
+
+    Jobs of (batch, KV head) pairs run side by side on single-threaded workers (:mod:`attnops._core.parallel`;
+    see :func:`_backward_jobs`); every dQ row and every dK/dV partial has one writer and partials are added in a
+    fixed order, so the result does not depend on the thread count. Tiles are one
+    query head x a row chunk x at most ``COL_BLOCK`` columns of the band. Per tile, from the given statistics:
+    ``P = exp2((S - max) * log2(e) - log2(sum))``, ``dV += P^T dy``, ``dS = P * (dy V^T - D)`` with
+    ``D = rowsum(dy * attention_in)`` (see :func:`_peaked_rows` for the rows done in fp64), ``dQ += scale * dS K``,
+    ``dK += dS^T (scale*Q)``.
+    """
+    g = p.geom
+    dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)  # zeroed by the workers
+    dpse = None
+    if p.pse is not None and p.pse.has_grad:
+        dpse = torch.empty(p.pse.tensor.shape, dtype=compute_dtype(query.dtype), device=query.device)
+    qv, kv, vv, dyv, ov, dqv, dkv, dvv = (
+        tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (dy, g.n1),
+                                                  (attention_in, g.n1), (dq, g.n1), (dk, g.n2), (dv, g.n2)))
+    acc = compute_dtype(query.dtype)
+    direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
+    active = active_batches(p)
+    buf = Buffers.acquire(acc, query.device)
+    k_all, v_all = stage_kv(p, buf, active, query.device, kv, vv)
+    batches = []
+    for i, b in enumerate(active):
+        sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
+        do = batch_tokens(dyv, p.seq, b).transpose(0, 1)
+        o = heads_view(batch_tokens(ov, p.seq, b))
+        l_b = stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1].to(acc)
+        peaked = _peaked_rows(l_b, acc, query.dtype)
+        if direct:
+            dq_b = batch_tokens(dqv, p.seq, b).transpose(0, 1)
+            dk_b = batch_tokens(dkv, p.seq, b, kv=True).transpose(0, 1)
+            dv_b = batch_tokens(dvv, p.seq, b, kv=True).transpose(0, 1)
+        else:
+            dq_b, dk_b, dv_b = (torch.empty(n, s_, d_, dtype=acc, device=query.device)
+                                for n, s_, d_ in ((g.n1, sq, g.d), (g.n2, skv, g.d), (g.n2, skv, g.dv)))
+        # tiles of at most COL_BLOCK columns: the backward needs no whole rows (the statistics are given), and
+        # smaller tiles keep its two score-sized buffers in the caches
+        chunks = [(r0, r1, col_blocks(p, b, r0, r1, c0, c1, band, tiling.COL_BLOCK))
+                  for r0, r1, c0, c1, band in row_chunks(p, b, tiling.TILE_BYTES // acc.itemsize, tiling.MAX_ROWS,
+                                                         tiling.COL_BLOCK)]
+        # dK/dV of a group of chunks (all G heads) are summed apart, then added once: fp32 chains of about
+        # sqrt(chunks * G) additions instead of chunks * G
+        per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
+        batches.append(_BackwardBatch(
+            b, batch_tokens(qv, p.seq, b).transpose(0, 1), do, k_all[i], v_all[i],
+            stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc), l_b.log2().neg_(),
+            o, peaked, _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
+            [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
+    jobs, partials = _backward_jobs(batches, g.n2, dpse)
+    accumulators = [dq, dk, dv] + [t for bb in batches if not direct for t in (bb.dq, bb.dk, bb.dv)]
+    fill_([(t, 0.0) for t in accumulators + [t for _, _, dk_part, dv_part in partials for t in (dk_part, dv_part)]
+           + ([] if dpse is None else [dpse])], query.device)
+    run_jobs(lambda job: [_backward_kv_head(p, *task, dpse, acc) for task in job], jobs, query.device)
+    outputs = (dqv, dkv, dvv)
+    run_jobs(lambda job: _backward_finish(p, *job, partials, None if direct else outputs), [
+        (bb, n2) for bb in batches for n2 in range(g.n2)], query.device)
+    buf.release()
+    if dpse is not None:
+        dpse = dpse.to(p.pse.tensor.dtype)
+    return dq, dk, dv, dpse
+
+
+def _backward_finish(p: FAProblem, bb: _BackwardBatch, n2: int, partials: list, outputs) -> None:
+    """KV head ``n2`` of batch ``bb`` after the tile jobs: its dK/dV partials added in their fixed order (the result
+    does not depend on the thread count), and, when the accumulators are not the outputs (``outputs``: the dq, dk,
+    dv token views), dK/dV of the head and dQ of its query heads copied out in the output dtype."""
+    for pb, h, dk_part, dv_part in partials:
+        if pb is bb and h == n2:
+            bb.dk[n2] += dk_part
+            bb.dv[n2] += dv_part
+    if outputs is not None:
+        heads = slice(n2 * p.geom.group, (n2 + 1) * p.geom.group)
+        dqv, dkv, dvv = outputs
+        store(p.rounding, batch_tokens(dqv, p.seq, bb.b)[:, heads], bb.dq[heads].transpose(0, 1))
+        store(p.rounding, batch_tokens(dkv, p.seq, bb.b, kv=True)[:, n2], bb.dk[n2])
+        store(p.rounding, batch_tokens(dvv, p.seq, bb.b, kv=True)[:, n2], bb.dv[n2])
+
+
+def _peaked_delta(peaked: list[list[int]] | None, do: torch.Tensor, o: torch.Tensor) -> torch.Tensor | None:
+    """fp64 ``D`` of the peaked rows (the other rows never read theirs), or None."""
+    if peaked is None:
+        return None
+    delta64 = torch.zeros(*do.shape[:2], 1, dtype=torch.float64, device=do.device)
+    for h, rows in enumerate(peaked):
+        if rows:
+            idx = torch.tensor(rows, dtype=torch.long, device=do.device)
+            delta64[h, idx] = torch.linalg.vecdot(do[h, idx].to(torch.float64),
+                                                  o[h, idx].to(torch.float64)).unsqueeze(-1)
+    return delta64
+
+
+def _backward_jobs(batches: list[_BackwardBatch], n2: int, dpse):
+    """The backward's jobs (lists of ``(batch, KV head, chunk groups, dK target, dV target)`` tasks) and the dK/dV
+    partials to add afterwards as ``(batch, KV head, dK, dV)``.
+
+    One job per (batch, KV head) writes its dK/dV rows in place; a pse gradient shared by the batches (batch dim 1)
+    makes one job per KV head walk every batch. With fewer than ``MIN_JOBS`` (batch, KV head) pairs and no pse
+    gradient (MQA, few sequences), each pair's chunk groups are dealt round-robin to enough jobs with their own
+    dK/dV partials.
+    """
+    if dpse is None and len(batches) * n2 < tiling.MIN_JOBS:
+        jobs, partials = [], []
+        for bb in batches:
+            for h in range(n2):
+                for part in deal(bb.groups, len(batches) * n2):
+                    dk, dv = torch.empty_like(bb.dk[h]), torch.empty_like(bb.dv[h])  # zeroed by the caller
+                    jobs.append([(bb, h, part, dk, dv)])
+                    partials.append((bb, h, dk, dv))
+        return jobs, partials
+    if dpse is not None and dpse.shape[0] == 1 and len(batches) > 1:
+        pairs = [[(bb, h) for bb in batches] for h in range(n2)]
+    else:
+        pairs = [[(bb, h)] for bb in batches for h in range(n2)]
+    return [[(bb, h, bb.groups, bb.dk[h], bb.dv[h]) for bb, h in pair] for pair in pairs], []
+
+
+def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, dk: torch.Tensor, dv: torch.Tensor,
+                      dpse, acc: torch.dtype) -> None:
+    """The backward tiles of ``groups`` (of KV head ``n2`` and its G query heads) of batch ``bb``, in this thread's
+    workspace: dQ rows in place, dK/dV summed into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``). Lean on tensor calls
+    like the forward (:mod:`.reference`)."""
+    if not groups:  # every row of the batch is masked: nothing to add
+        return
+    g = p.geom
+    buf = Buffers.acquire(acc, bb.k.device)
+    k, v = bb.k[n2], bb.v[n2]
+    keys = Keys(k, ())  # never packed: no gain measured here, and every packed shape is one more oneDNN
+    # primitive kept in its cache (+1.4 GiB peak in the 32k-token causal backward)
+    extras = has_tile_extras(p)
+    spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
+    v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
+    # dK^T and dV^T ([D, columns]): their GEMMs read P and dS row-major, not transposed; a group's sums are added
+    # to the job's, which are transposed into dK/dV once at the end
+    dkt, dvt = buf.get("dkt", g.d, v1 - v0).zero_(), buf.get("dvt", g.dv, v1 - v0).zero_()
+    for group, (u0, u1) in zip(groups, spans):
+        if len(groups) == 1:
+            tk, tv = dkt, dvt
+        else:
+            tk, tv = buf.get("tk", g.d, u1 - u0).zero_(), buf.get("tv", g.dv, u1 - u0).zero_()
+        for r0, r1, blocks in group:
+            for h in range(n2 * g.group, (n2 + 1) * g.group):
+                qs = stage_rows(buf, "q", bb.q[h, r0:r1], p.scale)
+                dot = stage_rows(buf, "dy", bb.do[h, r0:r1])
+                qs_t, dot_t = qs.t(), dot.t()
+                delta = torch.linalg.vecdot(dot, bb.o[h, r0:r1]).unsqueeze_(-1)  # D = rowsum(dy * attention_in)
+                m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
+                nonfinite = not bool(torch.isfinite(m).all() and torch.isfinite(neg_log2_l).all()
+                                     and torch.isfinite(delta).all())  # see _masked_entries
+                peaked = None if bb.peaked is None else bb.peaked[h]
+                for c0, c1, band in blocks:
+                    tcols = slice(c0 - u0, c1 - u0)
+                    cap_grad = buf.get("cap", r1 - r0, c1 - c0) if p.softcap else None
+                    prob, t = head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras, cap_grad)
+                    drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
+                    drop = None if drop is None else drop[0]
+                    masked = _masked_entries(p, bb.b, h, r0, r1, c0, c1, band, k.device) if nonfinite else None
+                    prob.sub_(m)  # natural units first: exact where s ~ max
+                    torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
+                    if masked is not None:
+                        prob.masked_fill_(masked, 0.0)
+                    p_v = prob if drop is None else prob * drop
+                    tv[:, tcols].addmm_(dot_t, p_v if p.rounding is None else p.rounding.grid(p_v))
+                    vc = v[c0:c1]
+                    dp = mm_nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
+                    if drop is not None:
+                        dp.mul_(drop)
+                    dp.sub_(delta)
+                    if peaked:
+                        _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
+                    ds = prob.mul_(dp)
+                    if masked is not None:
+                        ds.masked_fill_(masked, 0.0)
+                    if t is not None:
+                        t.add_pse_grad(ds.unsqueeze(0), dpse)  # the pse is added after the softcap
+                    if cap_grad is not None:
+                        ds.mul_(cap_grad)
+                    ds_mm = ds if p.rounding is None else p.rounding.grid(ds)  # the NPU rounds dS for the cube
+                    add_mm_nt_(dq, ds_mm, k[c0:c1].t(), alpha=p.scale)  # dq starts zeroed
+                    tk[:, tcols].addmm_(qs_t, ds_mm)
+                    del prob, dp, ds, ds_mm, p_v, t, cap_grad  # freed before the next tile allocates (see reference)
+        if len(groups) > 1:
+            dkt[:, u0 - v0:u1 - v0] += tk
+            dvt[:, u0 - v0:u1 - v0] += tv
+    dk[v0:v1] += dkt.transpose(0, 1).contiguous()  # a blocked transpose, then a contiguous add
+    dv[v0:v1] += dvt.transpose(0, 1).contiguous()
+    buf.release()
+
+
+def _masked_entries(p: FAProblem, b: int, h: int, r0: int, r1: int, c0: int, c1: int, band,
+                    device: torch.device) -> torch.Tensor:
+    """The entries ``[r1 - r0, c1 - c0]`` the mask hides from query head ``h``. A row with non-finite statistics
+    or ``D`` (NaN or infinite inputs) has NaN there in ``P = exp(s - max)`` or ``dS = P (dP - D)`` (``0 * inf``),
+    which must not reach the gradients of keys it does not see; only such rows pay for this."""
+    zero = torch.zeros(1, r1 - r0, c1 - c0, device=device)
+    return p.mask.fill_masked_(zero, b, r0, r1, c0, c1, slice(h, h + 1), band)[0].isinf()
+
+
+def _exact_dp_minus_d(dp, rows64: list[int], r0: int, r1: int, dy_rows, v_cols, delta64, drop) -> None:
+    """Overwrite the rows of tile ``dp`` (= dP - D, fp32) listed in ``rows64`` (batch row numbers, sorted) that fall
+    in ``[r0, r1)`` with ``dP - D`` computed in fp64 (rounded once, to fp32)."""
+    lo, hi = bisect.bisect_left(rows64, r0), bisect.bisect_left(rows64, r1)
+    if lo == hi:
+        return
+    if hi - lo == r1 - r0:  # every row of the tile
+        sel, loc = slice(0, r1 - r0), None
+    else:
+        loc = torch.tensor(rows64[lo:hi], dtype=torch.long, device=dp.device) - r0
+        sel = loc
+    d64 = torch.mm(dy_rows[sel].to(torch.float64), v_cols.to(torch.float64).transpose(0, 1))
+    if drop is not None:
+        d64.mul_(drop[sel])
+    d64.sub_(delta64[r0:r1][sel])
+    if loc is None:
+        dp.copy_(d64)
+    else:
+        dp.index_copy_(0, loc, d64.to(dp.dtype))

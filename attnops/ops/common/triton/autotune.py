@@ -1,0 +1,169 @@
+"""Tiles of the Triton FlashAttention kernels: the candidate tables per kernel kind, operand bytes and head-dim
+class, the interpreter's fixed tiles, autotuning keys and pruning, and the kernel family (:data:`KERNELS`)."""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from ...._core.triton.launch import KernelFamily, Launch, pow2
+
+INTERPRET_BLOCK = 16
+_TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
+
+
+# Autotuning candidates (BLOCK_M, BLOCK_N, warps, stages) per (kernel kind, operand bytes, D > 128), chosen from the
+# compiler's figures (AOT compile, docs/triton.md): each fits sm_80's 163 KB and sm_90's 227 KB of shared memory per
+# block and spills little (tests/ops/flash_attention/triton/test_gpu_compile.py asserts both for every candidate).
+# fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles. The
+# third width class, ``WIDEST`` (:func:`_class_key`): the backward's 64-key blocks of D <= 192 / Dv <= 128 (wgmma)
+# and the forward's 64-row tiles with every feature do not fit the registers with D = Dv = 256. The backward above
+# D=128 takes 32-key blocks (mma.sync but the dQ product): 64-key blocks (wgmma) spill 4 words at D=192/Dv=128
+# (Triton 3.9; 10 with 3.6), 32-key blocks none.
+WIDEST = 2
+_TILES = {
+    ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
+    ("fwd", 2, True): [(64, 32, 8, 2), (64, 16, 8, 2)],
+    ("fwd", 2, WIDEST): [(64, 32, 8, 2), (64, 16, 8, 2)],
+    ("fwd", 4, False): [(16, 32, 8, 2), (32, 32, 8, 2)],
+    ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
+    ("fwd", 4, WIDEST): [(16, 32, 8, 1), (32, 16, 8, 1)],
+    ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
+    ("bwd", 2, True): [(32, 32, 8, 2), (16, 64, 8, 2)],
+    ("bwd", 2, WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
+    ("bwd", 4, False): [(32, 32, 8, 1)],
+    ("bwd", 4, True): [(16, 32, 8, 1)],
+    ("bwd", 4, WIDEST): [(16, 32, 8, 1)],
+}
+# The candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared memory). The
+# forward's: 64 rows (wgmma) x 32 keys at D <= 128, x 16 keys above, spill-free on sm_80 and sm_90 for every feature
+# up to D=192/Dv=128, NSA's compressed attention (an explicit mask of odd width) included, where 128 x 32 spills 36-38
+# words (Triton 3.6 and 3.9; docs/triton.md has the figures); fp32 16 x 16 (NSA's fp32 compressed attention spills
+# 2 words on sm_80 with 32 x 16). The backward's take 16 query rows per step at D <= 128 (the key block stays the
+# products' M = 64); above, 16-key blocks (mma.sync): with a mask, a pse and dropout 64-key blocks spill 118 words at
+# D=192/Dv=128, 32-key blocks 6 (D=192) and 18 (D=256) with two stages, none with one (the second candidate). The
+# forward at D=Dv=256 with every feature spills 8 words with 64-row tiles (wgmma), none with 32 x 16 (mma.sync).
+_FEATURE_TILES = {
+    ("fwd", 2, False): [(64, 32, 8, 2), (64, 16, 8, 2)],
+    ("fwd", 2, True): [(64, 16, 8, 2), (32, 32, 4, 2)],
+    ("fwd", 2, WIDEST): [(32, 16, 8, 2), (64, 16, 8, 2)],
+    ("fwd", 4, False): [(16, 16, 4, 1)],
+    ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
+    ("bwd", 2, False): [(16, 64, 8, 2), (32, 64, 8, 2)],
+    ("bwd", 2, True): [(16, 16, 8, 2), (16, 32, 8, 1)],
+    ("bwd", 2, WIDEST): [(16, 16, 8, 2), (16, 32, 8, 1)],
+}
+# The dK/dV pass of GPUs before sm_90 (no dQ in the pass, ``DQ`` False: mma.sync, operands in registers) with
+# per-element features: its 64-key blocks spill 4-20 words at D <= 128 (sm_80), 32-key blocks none.
+_SPLIT_FEATURE_TILES = {("bwd", 2, False): [(16, 32, 8, 2), (32, 32, 8, 2)]}
+# Triton 3.6 pipelines the dK/dV pass with every feature at D <= 128 differently from 3.9: two stages spill 6 words
+# on sm_90 with 3.6, one stage none (one stage spills 18 with 3.9, two none). Under Triton before 3.7 (3.6 is what the
+# GPU machines carry; 3.7 and 3.8 were not compiled) these replace the ``_FEATURE_TILES`` entries.
+_FEATURE_TILES_BEFORE_TRITON_3_7 = {("bwd", 2, False): [(16, 64, 8, 1), (16, 64, 8, 2)]}
+PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
+PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)
+TAIL_BLOCK, TAIL_PROGRAMS = 1024, 1024  # elements per step and programs of the tail and grad-sum kernels (grid-stride)
+
+
+
+def _config(tiles: tuple[int, int, int, int], pre_hook: Callable | None = None):
+    import triton
+
+    m, n, warps, stages = tiles
+    return triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=warps, num_stages=stages, pre_hook=pre_hook)
+
+
+def _zero_dq_partials(args: dict) -> None:
+    """The autotuner's hook before each run of the dK/dV pass: its dQ partials start at zero (it adds into them)."""
+    args["dqp_ptr"].zero_()
+
+
+def _kind(kernel_name: str) -> str:
+    return "fwd" if kernel_name == "fwd_kernel" else "bwd"
+
+
+@functools.cache
+def _configs(kind: str) -> tuple:
+    """Every candidate of a kernel kind (the autotuner's list; :func:`_prune` keeps those of the problem's class)."""
+    tiles = {t: None for table in (_TILES, _feature_tiles(), _SPLIT_FEATURE_TILES) for key, ts in table.items()
+             if key[0] == kind for t in ts}
+    return tuple(_config(t, _zero_dq_partials if kind == "bwd" else None) for t in tiles)
+
+
+def _class_key(kind: str, named_args: dict) -> tuple:
+    """The tile class of a call: kernel kind, operand bytes and head dims (D and Dv <= 128: False; above: True;
+    ``WIDEST`` when the padded head dims together exceed 256 + 128)."""
+    d, dv = named_args["head_d"], named_args["head_dv"]
+    width = max(d, dv) > 128
+    if pow2(d) + pow2(dv) > 384:
+        width = WIDEST
+    return kind, named_args["q_ptr"].element_size(), width
+
+
+def _class_tiles(key: tuple, constexprs: dict) -> list:
+    """The tiles of a call's class (:func:`_class_key`) in the table's order: ``_FEATURE_TILES`` when a pse, an
+    explicit mask or dropout adds per-element tiles (registers and shared memory, docs/triton.md) and the class has
+    some (``_SPLIT_FEATURE_TILES`` for the dK/dV pass without dQ), else ``_TILES``."""
+    if not (constexprs["PSE"] or constexprs["HAS_EXPLICIT"] is True or constexprs["DROPOUT"]):
+        return _TILES[key]
+    if constexprs.get("DQ", True) is False and key in _SPLIT_FEATURE_TILES:
+        return _SPLIT_FEATURE_TILES[key]
+    return _feature_tiles().get(key, _TILES[key])
+
+
+@functools.cache
+def _feature_tiles() -> dict:
+    """``_FEATURE_TILES`` for the installed Triton (``_FEATURE_TILES_BEFORE_TRITON_3_7`` over it before 3.7)."""
+    import triton
+
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    return {**_FEATURE_TILES, **_FEATURE_TILES_BEFORE_TRITON_3_7} if (major, minor) < (3, 7) else _FEATURE_TILES
+
+
+@functools.cache
+def _class_configs(key: tuple, tiles: tuple) -> list:
+    """The candidates of one class (:func:`_prune`), in the table's order: the first is the fixed choice."""
+    configs = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages): c for c in _configs(key[0])}
+    return [configs[t] for t in tiles]
+
+
+def _prune(kind: str, configs, named_args, **kwargs):
+    """The candidates of the call's class (:func:`_class_tiles`)."""
+    wanted = set(_class_tiles(_class_key(kind, named_args), kwargs))
+    return [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
+
+
+@functools.cache
+def _fixed_config(kernel: str, interpret: bool, block_dv: int = 0) -> list:
+    """The one configuration of a kernel that is not tuned (preprocess, prepare, tail), and of every kernel in the
+    interpreter."""
+    import triton
+
+    if kernel == "preprocess_kernel":
+        return [triton.Config({"BLOCK_M": INTERPRET_BLOCK if interpret else max(16, PREPROCESS_ELEMENTS // block_dv)})]
+    if kernel == "prepare_kernel":
+        return [triton.Config({"BLOCK_B": INTERPRET_BLOCK if interpret else PREPARE_BATCHES}, num_warps=4)]
+    if kernel in ("tail_kernel", "grad_sum_kernel"):
+        return [triton.Config({"BLOCK": TAIL_BLOCK}, num_warps=4)]
+    return [triton.Config({"BLOCK_M": INTERPRET_BLOCK, "BLOCK_N": INTERPRET_BLOCK})]
+
+
+def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
+    """The ``triton.Config`` candidates of ``launch``: one fixed config for the preprocess, prepare and tail kernels
+    and in the interpreter, the class's configurations on CUDA (exactly those the autotuner would try)."""
+    if launch.kernel in ("preprocess_kernel", "prepare_kernel", "tail_kernel", "grad_sum_kernel") or interpret:
+        return _fixed_config(launch.kernel, interpret, launch.kwargs.get("BLOCK_DV", 0))
+    key = _class_key(_kind(launch.kernel), named_args)
+    return _class_configs(key, tuple(_class_tiles(key, launch.kwargs)))
+
+
+def _autotuning(kernel_name: str):
+    """A kernel's autotuning: every candidate of its kind, the key (head dims and features, never sequence
+    lengths: a new length neither recompiles nor re-tunes) and the pruning to the call's class."""
+    kind = _kind(kernel_name)
+    return list(_configs(kind)), _TUNE_KEY, functools.partial(_prune, kind)
+
+
+KERNELS = KernelFamily("flash_attention", ("attnops.ops.common.triton.fwd",
+                                           "attnops.ops.common.triton.bwd",
+                                           "attnops.ops.common.triton.prepare"), _tile_configs, _autotuning)
+
