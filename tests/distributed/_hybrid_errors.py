@@ -1,0 +1,55 @@
+"""Bad hybrid configurations at world size 4 (run inside spawned workers): each probe must raise an attnops error
+naming the argument on every rank, without a hang."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch.distributed as dist
+
+from attnops.distributed import hybrid_flash_attention, hybrid_groups
+from tests.distributed._cases import _init
+from tests.helpers import randn
+
+
+def _degrees_not_dividing_the_world(groups):
+    hybrid_groups(3, 1)
+
+
+def _heads_not_dividing_the_ulysses_degree(groups):
+    q = randn(1, 4, 3, 8)
+    hybrid_flash_attention(q, q, q, ulysses_group=groups.ulysses, ring_group=groups.ring)
+
+
+def _tnd_lengths_not_divisible_by_2r(groups):
+    t = randn(3, 2, 8)
+    hybrid_flash_attention(t, t, t, ulysses_group=groups.ulysses, ring_group=groups.ring, layout="TND",
+                           actual_seq_len=[6, 12])
+
+
+def _ring_group_missing(groups):
+    q = randn(1, 4, 2, 8)
+    hybrid_flash_attention(q, q, q, ulysses_group=groups.ulysses, ring_group=None)
+
+
+PROBES = [
+    ("degrees", "ulysses_degree", _degrees_not_dividing_the_world),
+    ("heads", "query", _heads_not_dividing_the_ulysses_degree),
+    ("tnd_lengths", "actual_seq_len", _tnd_lengths_not_divisible_by_2r),
+    ("ring_group", "ring_group", _ring_group_missing),
+]
+
+
+def error_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    _init(rank, world, init_file, 30)
+    groups = hybrid_groups(2, world // 2)
+    results = {}
+    for name, _, probe in PROBES:
+        try:
+            probe(groups)
+            results[name] = "returned"
+        except Exception as e:  # noqa: BLE001 - the error is the test's subject
+            results[name] = f"{type(e).__name__}: {e}"
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
