@@ -124,6 +124,8 @@ def hybrid_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, ulysses
         require(sum(lens) % parts == 0 and query.shape[0] * parts == sum(lens), "query",
                 f"{sum(lens) // parts} local tokens (the global lengths / (U * R) = {sum(lens)} / {parts})", query)
         ring_kw.update(layout="TND", actual_seq_len=cumulative)
+    require(pse is None or pse_type in (2, 3), "pse_type", "2 or 3 (ALiBi slopes; pse tensors cannot follow the "
+            "ring's sharded sequence)", pse_type)
     shards = scatter_heads(query, key, value, uinfo, layout, head_num, "ulysses_group")
     if pse is not None:
         ring_kw.update(pse=head_slice_pse(pse, pse_type, shards), pse_type=pse_type)

@@ -155,6 +155,17 @@ def _init(rank: int, world: int, init_file: str, timeout_s: float):
 def worker(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case]) -> None:
     """Run every case (one shared process group); record ``"ok"`` or the traceback per case."""
     _init(rank, world, init_file, 60)
+    write_results(out_dir, rank, run_cases(rank, world, cases))
+    dist.destroy_process_group()
+
+
+def write_results(out_dir: str, rank: int, results: dict) -> None:
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+def run_cases(rank: int, world: int, cases: list[Case]) -> dict:
+    """Every case's ``"ok"`` or traceback, on the initialized default group."""
     singletons = [dist.new_group([r]) for r in range(world)]
     hybrid = {u: hybrid_groups(u, world // u) for u in sorted({c.ulysses_degree for c in cases if c.kind == "hybrid"})}
     results = {}
@@ -167,9 +178,7 @@ def worker(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case
             results[case.name] = "ok"
         except Exception:  # noqa: BLE001 - reported to the parent test
             results[case.name] = traceback.format_exc()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
-    dist.destroy_process_group()
+    return results
 
 
 def failing_worker(rank: int, world: int, init_file: str, out_dir: str, timeout_s: float) -> None:

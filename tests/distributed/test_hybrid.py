@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed._cases import Case, worker
-from tests.distributed._hybrid_errors import PROBES, error_worker
+from tests.distributed._cases import Case
+from tests.distributed._hybrid import PROBES, hybrid_worker
 from tests.distributed.test_context_parallel import _check, _spawn
 
 WORLD2 = [
@@ -28,17 +28,12 @@ WORLD4 = [
 
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
-    return _spawn(worker, 2, tmp_path_factory.mktemp("hybrid2"), WORLD2)
+    return _spawn(hybrid_worker, 2, tmp_path_factory.mktemp("hybrid2"), WORLD2, False)
 
 
 @pytest.fixture(scope="module")
 def world4(tmp_path_factory):
-    return _spawn(worker, 4, tmp_path_factory.mktemp("hybrid4"), WORLD4)
-
-
-@pytest.fixture(scope="module")
-def errors4(tmp_path_factory):
-    return _spawn(error_worker, 4, tmp_path_factory.mktemp("hybrid_errors4"))
+    return _spawn(hybrid_worker, 4, tmp_path_factory.mktemp("hybrid4"), WORLD4, True)
 
 
 @pytest.mark.parametrize("name", [c.name for c in WORLD2])
@@ -52,6 +47,6 @@ def test_world4(world4, name):
 
 
 @pytest.mark.parametrize("name,argument", [(name, argument) for name, argument, _ in PROBES])
-def test_bad_configuration_raises_on_every_rank(errors4, name, argument):
-    for rank, res in enumerate(errors4):
+def test_bad_configuration_raises_on_every_rank(world4, name, argument):
+    for rank, res in enumerate(world4):
         assert res[name].startswith(f"ParamInvalidError: {argument}: expected"), (rank, res[name])

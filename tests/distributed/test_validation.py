@@ -3,7 +3,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from attnops.distributed import (ring_dropout_mask, ring_flash_attention, ring_shard, ring_unshard,
+from attnops.distributed import (hybrid_dropout_mask, hybrid_flash_attention, hybrid_groups, hybrid_shard,
+                                 hybrid_unshard, ring_dropout_mask, ring_flash_attention, ring_shard, ring_unshard,
                                  ulysses_flash_attention)
 from tests.helpers import cum, randn
 
@@ -67,4 +68,31 @@ def test_ulysses_validation(world1):
     with pytest.raises(ValueError, match="actual_seq_len"):
         ulysses_flash_attention(q[0], q[0], q[0], layout="TND")
     out = ulysses_flash_attention(q, q, q, causal=True)
+    assert out.shape == q.shape
+
+
+@pytest.mark.parametrize("layout,shape,lens", [("BSND", (2, 16, 2, 4), None), ("TND", (24, 2, 4), [8, 16])])
+def test_hybrid_shard_round_trip(layout, shape, lens):
+    x = randn(*shape)
+    seqs = cum(lens) if lens else None
+    shards = [[hybrid_shard(x, ulysses_rank=u, ulysses_degree=2, ring_rank=r, ring_degree=2, layout=layout,
+                            actual_seq_len=seqs) for u in range(2)] for r in range(2)]
+    assert torch.equal(hybrid_unshard(shards, layout=layout, actual_seq_len=seqs), x)
+    if layout == "BSND":  # ring rank 0 holds chunks 0 and 3 of 4 (length 4 each); Ulysses rank 1 its second half
+        assert torch.equal(shards[0][1], x[:, 12:16])
+
+
+def test_hybrid_validation(world1):
+    with pytest.raises(ValueError, match="ulysses_degree"):
+        hybrid_groups(2, 1)
+    groups = hybrid_groups(1, 1)
+    q = randn(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="ulysses_group"):
+        hybrid_flash_attention(q, q, q, ulysses_group=None, ring_group=groups.ring)
+    with pytest.raises(ValueError, match="pse_type"):
+        hybrid_flash_attention(q, q, q, ulysses_group=groups.ulysses, ring_group=groups.ring, pse=randn(2),
+                               pse_type=1)
+    with pytest.raises(ValueError, match="head_num"):
+        hybrid_dropout_mask(ulysses_degree=2, ring_degree=1, keep_prob=0.5, seed=1, head_num=3, seq_len=4)
+    out = hybrid_flash_attention(q, q, q, ulysses_group=groups.ulysses, ring_group=groups.ring, causal=True)
     assert out.shape == q.shape

@@ -1,14 +1,11 @@
-"""Bad hybrid configurations at world size 4 (run inside spawned workers): each probe must raise an attnops error
-naming the argument on every rank, without a hang."""
+"""The hybrid tests' worker: the ``_cases`` cases, then bad configurations (probes), each of which must raise an
+attnops error naming the argument on every rank, without a hang."""
 from __future__ import annotations
-
-import json
-import os
 
 import torch.distributed as dist
 
 from attnops.distributed import hybrid_flash_attention, hybrid_groups
-from tests.distributed._cases import _init
+from tests.distributed._cases import Case, _init, run_cases, write_results
 from tests.helpers import randn
 
 
@@ -40,16 +37,18 @@ PROBES = [
 ]
 
 
-def error_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+def hybrid_worker(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case], probes: bool) -> None:
+    """Run ``cases``, then (``probes``) every probe on Ulysses degree 2; record ``"ok"``/tracebacks and the
+    probes' errors."""
     _init(rank, world, init_file, 30)
-    groups = hybrid_groups(2, world // 2)
-    results = {}
-    for name, _, probe in PROBES:
-        try:
-            probe(groups)
-            results[name] = "returned"
-        except Exception as e:  # noqa: BLE001 - the error is the test's subject
-            results[name] = f"{type(e).__name__}: {e}"
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
+    results = run_cases(rank, world, cases)
+    if probes:
+        groups = hybrid_groups(2, world // 2)
+        for name, _, probe in PROBES:
+            try:
+                probe(groups)
+                results[name] = "returned"
+            except Exception as e:  # noqa: BLE001 - the error is the test's subject
+                results[name] = f"{type(e).__name__}: {e}"
+    write_results(out_dir, rank, results)
     dist.destroy_process_group()
