@@ -80,3 +80,23 @@ def all_to_all(x: torch.Tensor, info: GroupInfo) -> torch.Tensor:
     out = torch.empty_like(x)
     dist.all_to_all_single(out, x, group=info.group)
     return out
+
+
+def all_gather(x: torch.Tensor, info: GroupInfo) -> torch.Tensor:
+    """Every rank's ``x`` stacked on a new dim 0 (``[P, *x.shape]``, slot ``i`` from rank ``i``)."""
+    x = x.contiguous()
+    if info.size == 1:
+        return x.unsqueeze(0)
+    out = x.new_empty((info.size * x.shape[0], *x.shape[1:]))  # Gloo takes the concatenation along dim 0
+    dist.all_gather_single(out, x, group=info.group)
+    return out.unflatten(0, (info.size, x.shape[0]))
+
+
+def reduce_scatter(x: torch.Tensor, info: GroupInfo) -> torch.Tensor:
+    """Sum over ranks of slot ``rank`` of ``x`` (``[P, ...]``; slot ``i`` goes to rank ``i``)."""
+    x = x.contiguous()
+    if info.size == 1:
+        return x[0]
+    out = x.new_empty(x.shape[1:])
+    dist.reduce_scatter_single(out, x.flatten(0, 1), group=info.group)
+    return out

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import attnops
 from attnops._core.dropout import DropoutSpec, keep_mask
-from attnops.distributed import (hybrid_dropout_mask, hybrid_flash_attention, hybrid_groups, hybrid_shard,
+from attnops.distributed import (allgather_flash_attention, hybrid_dropout_mask, hybrid_flash_attention, hybrid_groups, hybrid_shard,
                                  ring_dropout_mask, ring_flash_attention, ring_shard, ulysses_flash_attention)
 from attnops.distributed.sharding import SEQ_DIM
 from attnops.ops.attention_update import blocked_to_tnd, tnd_to_blocked
@@ -34,7 +34,7 @@ SEED, OFFSET = 1234, 7
 @dataclass(frozen=True)
 class Case:
     name: str
-    kind: str = "ring"  # "ring" | "ulysses" | "hybrid"
+    kind: str = "ring"  # "ring" | "ulysses" | "hybrid" | "allgather"
     layout: str = "BNSD"
     b: int = 1
     n1: int = 2
@@ -50,6 +50,7 @@ class Case:
     stats: bool = False  # also compare the returned softmax statistics (ring)
     own_group: bool = False  # run on a one-rank group (world size 1)
     ulysses_degree: int = 1  # hybrid: the Ulysses group size (the ring group gets the rest of the world)
+    split: str = "head_tail"  # allgather: "head_tail" (ring_shard) or "contiguous" (like Ulysses)
 
 
 def _slopes(n: int) -> torch.Tensor:
@@ -95,7 +96,7 @@ def _distributed_kwargs(case: Case, kw: dict) -> dict:
 
 def _shard_fn(case: Case, rank: int, world: int):
     seqs = cum(case.lens) if case.layout == "TND" else None
-    if case.kind == "ring":
+    if case.kind == "ring" or (case.kind == "allgather" and case.split == "head_tail"):
         return lambda x: ring_shard(x, rank, world, layout=case.layout, actual_seq_len=seqs)
     if case.kind == "hybrid":
         u = case.ulysses_degree
@@ -120,6 +121,8 @@ def run_case(case: Case, rank: int, world: int, group) -> None:
     local = [shard(x).detach().clone().requires_grad_() for x in (q, k, v)]
     if case.kind == "hybrid":
         fn = functools.partial(hybrid_flash_attention, ulysses_group=group.ulysses, ring_group=group.ring)
+    elif case.kind == "allgather":
+        fn = functools.partial(allgather_flash_attention, group=group, split=case.split)
     else:
         fn = functools.partial(ring_flash_attention if case.kind == "ring" else ulysses_flash_attention, group=group)
     dkw = _distributed_kwargs(case, kw)
