@@ -23,15 +23,17 @@ from torch import Tensor
 
 from .._core import staging
 from .._core.checks import check_choice, require
+from .._core.layouts import normalize_layout
 from .._core.softmax_stats import stats_dtype
 from .._core.varlen import lengths_from_cumulative
 from ..ops.flash_attention import flash_attention
 from .comm import GroupInfo, all_gather, group_info, reduce_scatter
 from .ring import from_internal, to_internal
-from .sharding import chunk_ids, head_geometry
+from .sharding import SEQ_DIM, chunk_ids, head_geometry
 from .ulysses import global_cumulative
 
-__all__ = ["Segment", "allgather_flash_attention", "local_segments"]
+__all__ = ["Segment", "SegmentBatches", "allgather_flash_attention", "allgather_sequence", "global_lens",
+           "local_segments"]
 
 Split = Literal["head_tail", "contiguous"]
 
@@ -114,8 +116,31 @@ class _GatherKV(torch.autograd.Function):
         return reduce_scatter(per_rank, plan.info).to(grad.dtype), None
 
 
-def _kv_rows(segments: list[Segment], causal: bool) -> Tensor:
-    return torch.cat([torch.arange(*s.kv_range(causal)) for s in segments])
+@dataclass(frozen=True)
+class SegmentBatches:
+    """The local segments as the batches of one packed (TND) call: query batch ``i`` is segment ``i``, key batch
+    ``i`` the gathered rows it may see. ``q_cum``/``kv_cum``: cumulative lengths (CANN style)."""
+
+    segments: tuple[Segment, ...]
+    causal: bool
+
+    @property
+    def q_cum(self) -> list[int]:
+        return list(itertools.accumulate(s.length for s in self.segments))
+
+    @property
+    def kv_cum(self) -> list[int]:
+        return list(itertools.accumulate(hi - lo for lo, hi in (s.kv_range(self.causal) for s in self.segments)))
+
+    def kv_rows(self, device: torch.device) -> Tensor:
+        """The gathered rows of the key batches, concatenated."""
+        return staging.cached_upload(
+            ("allgather_kv_rows", self.segments, self.causal),
+            lambda: torch.cat([torch.arange(*s.kv_range(self.causal)) for s in self.segments]), torch.int64, device)
+
+    def keys(self, x: Tensor) -> Tensor:
+        """The key batches' rows of a gathered ``[T, ...]`` tensor."""
+        return x.index_select(0, self.kv_rows(x.device))
 
 
 def _dense_attention(q: Tensor, k: Tensor, v: Tensor, segments: list[Segment], causal: bool, kw: dict) -> Tensor:
@@ -133,21 +158,21 @@ def _dense_attention(q: Tensor, k: Tensor, v: Tensor, segments: list[Segment], c
 
 def _packed_attention(q: Tensor, k: Tensor, v: Tensor, segments: list[Segment], causal: bool, kw: dict) -> Tensor:
     """One TND call: every segment is a sequence of its own, against its KV rows (bottom-right causal)."""
-    rows = staging.cached_upload(("allgather_kv_rows", tuple(segments), causal), lambda: _kv_rows(segments, causal),
-                                 torch.int64, k.device)
-    kv_lens = [hi - lo for lo, hi in (s.kv_range(causal) for s in segments)]
-    return flash_attention(q, k.index_select(0, rows), v.index_select(0, rows), layout="TND", causal=causal,
-                           actual_seq_qlen=list(itertools.accumulate(s.length for s in segments)),
-                           actual_seq_kvlen=list(itertools.accumulate(kv_lens)), **kw)
+    batches = SegmentBatches(tuple(segments), causal)
+    return flash_attention(q, batches.keys(k), batches.keys(v), layout="TND", causal=causal,
+                           actual_seq_qlen=batches.q_cum, actual_seq_kvlen=batches.kv_cum, **kw)
 
 
-def _global_lens(layout: str, q: Tensor, info: GroupInfo, split: str, cu_seqlens, actual_seq_len) -> list[int]:
+def global_lens(layout: str, local: int, info: GroupInfo, split: str, cu_seqlens, actual_seq_len,
+                name: str = "query") -> list[int]:
+    """The global sequence lengths (dense: one) after checking them and the local length ``local`` (the rows of
+    the argument ``name``) against ``split``."""
+    check_choice("split", split, ("head_tail", "contiguous"))
     parts = 2 * info.size if split == "head_tail" else info.size
     if layout != "TND":
         require(cu_seqlens is None and actual_seq_len is None, "actual_seq_len",
                 "None for dense layouts (sequence lengths are for layout 'TND')", actual_seq_len)
-        local = q.shape[2]
-        require(local > 0 and (split == "contiguous" or local % 2 == 0), "query",
+        require(local > 0 and (split == "contiguous" or local % 2 == 0), name,
                 "a local sequence of two equal chunks (even length > 0)" if split == "head_tail" else
                 "a local sequence of length > 0", f"S={local}")
         return [local * info.size]
@@ -158,9 +183,21 @@ def _global_lens(layout: str, q: Tensor, info: GroupInfo, split: str, cu_seqlens
     else:
         require(sum(lens) % parts == 0, "actual_seq_len", f"a total token count divisible by world_size = {parts}",
                 lens)
-    require(q.shape[0] * info.size == sum(lens), "query",
-            f"{sum(lens) // info.size} local tokens (the global total / world_size)", q)
+    require(local * info.size == sum(lens), name,
+            f"{sum(lens) // info.size} local tokens (the global total / world_size)", f"{local}")
     return lens
+
+
+def allgather_sequence(x: Tensor, *, group=None, layout: str = "TND", cu_seqlens=None, actual_seq_len=None,
+                       split: Split = "head_tail") -> Tensor:
+    """The whole sequence of a sharded q/k/v-like tensor (this rank's rows in ``split``) in global order, on every
+    rank; differentiable: the backward reduce-scatters the gradient (fp32 sums) to the owners. TND: the *global*
+    ``actual_seq_len``/``cu_seqlens``."""
+    info = group_info(group)
+    layout = normalize_layout("layout", layout)
+    dim = SEQ_DIM[layout]
+    lens = global_lens(layout, x.shape[dim], info, split, cu_seqlens, actual_seq_len, "x")
+    return _GatherKV.apply(x, GatherPlan(info, dim, tuple(lens), split))
 
 
 def allgather_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=None, layout: str = "BSND",
@@ -177,13 +214,12 @@ def allgather_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, grou
     positions. dK/dV are reduce-scattered back to their owners. Returns the local output.
     """
     info = group_info(group)
-    check_choice("split", split, ("head_tail", "contiguous"))
     layout, n1, d, n2 = head_geometry(query, key, layout, head_num)
     q, k, v = to_internal(query, layout, n1), to_internal(key, layout, n2), to_internal(value, layout, n2)
     dim = 0 if layout == "TND" else 2
     require(k.shape[dim] == q.shape[dim], "key", f"the query's local sequence length {q.shape[dim]}",
             f"{k.shape[dim]}")
-    lens = _global_lens(layout, q, info, split, cu_seqlens, actual_seq_len)
+    lens = global_lens(layout, q.shape[dim], info, split, cu_seqlens, actual_seq_len)
     kw = dict(scale=float(d ** -0.5 if scale is None else scale))
     if pse is not None:
         require(pse_type in (2, 3), "pse_type", "2 or 3 (ALiBi slopes at global positions)", pse_type)

@@ -1,10 +1,11 @@
 """KV all-gather context parallelism on CPU Gloo at world sizes 2 and 4 against single-device attnops and the fp64
-golden (the machinery of ``_cases``)."""
+golden (the machinery of ``_cases``), and the NSA / DSA pipelines on the gathered keys (``_sparse_cases``)."""
 from __future__ import annotations
 
 import pytest
 
-from tests.distributed._cases import Case, worker
+from tests.distributed._cases import Case
+from tests.distributed._sparse_cases import allgather_worker, sparse_checks
 from tests.distributed.test_context_parallel import _check, _spawn
 
 WORLD2 = [
@@ -28,12 +29,12 @@ WORLD4 = [
 
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
-    return _spawn(worker, 2, tmp_path_factory.mktemp("allgather2"), WORLD2)
+    return _spawn(allgather_worker, 2, tmp_path_factory.mktemp("allgather2"), WORLD2)
 
 
 @pytest.fixture(scope="module")
 def world4(tmp_path_factory):
-    return _spawn(worker, 4, tmp_path_factory.mktemp("allgather4"), WORLD4)
+    return _spawn(allgather_worker, 4, tmp_path_factory.mktemp("allgather4"), WORLD4)
 
 
 @pytest.mark.parametrize("name", [c.name for c in WORLD2])
@@ -44,3 +45,10 @@ def test_world2(world2, name):
 @pytest.mark.parametrize("name", [c.name for c in WORLD4])
 def test_world4(world4, name):
     _check(world4, name)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_nsa_dsa_pipelines(world, world2, world4):
+    results = world2 if world == 2 else world4
+    for name, _, _ in sparse_checks(world):
+        _check(results, name)
