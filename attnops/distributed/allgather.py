@@ -27,7 +27,7 @@ from .._core.layouts import normalize_layout
 from .._core.softmax_stats import stats_dtype
 from .._core.varlen import lengths_from_cumulative
 from ..ops.flash_attention import flash_attention
-from .comm import GroupInfo, all_gather, group_info, reduce_scatter
+from .comm import GroupInfo, all_gather, check_same_across_ranks, group_info, reduce_scatter
 from .ring import from_internal, to_internal
 from .sharding import SEQ_DIM, chunk_ids, head_geometry
 from .ulysses import global_cumulative
@@ -193,7 +193,9 @@ def allgather_sequence(x: Tensor, *, group=None, layout: str = "TND", cu_seqlens
     """The whole sequence of a sharded q/k/v-like tensor (this rank's rows in ``split``) in global order, on every
     rank; differentiable: the backward reduce-scatters the gradient (fp32 sums) to the owners. TND: the *global*
     ``actual_seq_len``/``cu_seqlens``."""
+    args = dict(locals())
     info = group_info(group)
+    check_same_across_ranks(info, x.device, **args)
     layout = normalize_layout("layout", layout)
     dim = SEQ_DIM[layout]
     lens = global_lens(layout, x.shape[dim], info, split, cu_seqlens, actual_seq_len, "x")
@@ -213,7 +215,9 @@ def allgather_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, grou
     Dv < D as :func:`attnops.flash_attention`; ``pse``: ALiBi slopes (``pse_type`` 2/3, dense layouts) at global
     positions. dK/dV are reduce-scattered back to their owners. Returns the local output.
     """
+    args = dict(locals())
     info = group_info(group)
+    check_same_across_ranks(info, query.device, **args)
     layout, n1, d, n2 = head_geometry(query, key, layout, head_num)
     q, k, v = to_internal(query, layout, n1), to_internal(key, layout, n2), to_internal(value, layout, n2)
     dim = 0 if layout == "TND" else 2

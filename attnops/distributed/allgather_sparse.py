@@ -28,7 +28,7 @@ from ..ops.dsa import (LightningIndexerResult, SparseAttentionResult, lightning_
                        sparse_flash_attention)
 from ..ops.nsa import CompressAttentionResult, nsa_compress_attention, nsa_selected_attention
 from .allgather import SegmentBatches, Split, global_lens, local_segments
-from .comm import group_info
+from .comm import check_same_across_ranks, group_info
 
 __all__ = ["allgather_lightning_indexer", "allgather_lightning_indexer_kl_loss", "allgather_nsa_compress_attention",
            "allgather_nsa_selected_attention", "allgather_sparse_flash_attention"]
@@ -39,6 +39,8 @@ def _batches(query: Tensor, group, split: str, causal: bool, cu_seqlens, actual_
     """This rank's segments as packed batches, and the global lengths; checks the gathered ``keys`` (name ->
     tensor or None) hold the whole sequence."""
     info = group_info(group)
+    check_same_across_ranks(info, query.device, split=split, causal=causal, cu_seqlens=cu_seqlens,
+                            actual_seq_len=actual_seq_len, query=query, **keys)
     lens = global_lens("TND", query.shape[0], info, split, cu_seqlens, actual_seq_len)
     for name, t in keys.items():
         require(t is None or t.shape[0] == sum(lens), name,

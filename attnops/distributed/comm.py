@@ -5,12 +5,13 @@ exception on every rank (Gloo: connection closed or timeout; NCCL: the watchdog)
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from .._core.checks import fail, require
+from .._core.checks import describe, fail, require
 
 
 @dataclass(frozen=True)
@@ -100,3 +101,44 @@ def reduce_scatter(x: torch.Tensor, info: GroupInfo) -> torch.Tensor:
     out = x.new_empty(x.shape[1:])
     dist.reduce_scatter_single(out, x.flatten(0, 1), group=info.group)
     return out
+
+
+_rank_checks = [True]
+
+
+def set_rank_checks(enabled: bool) -> None:
+    """Turn the cross-rank argument check of the context-parallel functions on (default) or off (it costs one
+    small all-gather and a host read per call)."""
+    _rank_checks[0] = bool(enabled)
+
+
+def _fingerprint(value) -> str:
+    """Tensors: shape, dtype, device (and the values of small host integer tensors: lengths); others: repr."""
+    if isinstance(value, torch.Tensor):
+        small_host_ints = value.device.type == "cpu" and not value.is_floating_point() and value.numel() <= 4096
+        return describe(value) + (repr(value.tolist()) if small_host_ints else "")
+    return repr(value)
+
+
+def check_same_across_ranks(groups: GroupInfo | tuple[GroupInfo, ...], device: torch.device, **args) -> None:
+    """Raise on every rank of ``groups``, naming the first argument whose value (tensors: shape and dtype) differs
+    between ranks. Runs before any local validation, so a mismatch never leaves some ranks waiting in a collective
+    that others skipped. Several groups (a mesh's dimensions) are checked in turn, each all-gather also carrying
+    the verdict so far, so every rank of the mesh learns of a mismatch anywhere."""
+    groups = groups if isinstance(groups, tuple) else (groups,)
+    if all(g.size == 1 for g in groups) or not _rank_checks[0]:
+        return
+    args = {name: v for name, v in args.items() if not isinstance(v, dist.ProcessGroup)}
+    names = list(args)
+    codes = [zlib.crc32(_fingerprint(v).encode()) for v in args.values()]
+    verdict = len(names)  # the index of the first differing argument found anywhere so far (len: none)
+    for info in groups:
+        if info.size == 1:
+            continue
+        gathered = all_gather(torch.tensor([*codes, verdict], dtype=torch.int64, device=device), info).cpu()
+        differs = (gathered[:, :-1] != gathered[0, :-1]).any(0).tolist() + [True]
+        verdict = min(verdict, int(gathered[:, -1].min()), differs.index(True))
+    if verdict < len(names):
+        name = names[verdict]
+        fail(name, "the same value on every rank of the group", f"different values across ranks (rank "
+             f"{dist.get_rank()}: {_fingerprint(args[name])})")

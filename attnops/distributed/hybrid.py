@@ -19,7 +19,7 @@ from .._core.checks import check_int, fail, require
 from .._core.dropout import check_seed_offset, draw_seed
 from .._core.layouts import normalize_layout
 from .._core.varlen import lengths_from_cumulative
-from .comm import GroupInfo, broadcast_seed, group_info
+from .comm import GroupInfo, broadcast_seed, check_same_across_ranks, group_info
 from .ring import ring_flash_attention
 from .sharding import SEQ_DIM, head_geometry, ring_shard, ring_unshard
 from .ulysses import gather_heads, global_cumulative, head_slice_pse, scatter_heads
@@ -111,7 +111,9 @@ def hybrid_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, ulysses
     ring call at ``offset + u * (N/U) * sum_b S_b^2``; :func:`attnops.distributed.hybrid_dropout_mask` gives the
     single-device mask that reproduces it. Returns the local output slice.
     """
+    args = dict(locals())
     uinfo, rinfo = _info("ulysses_group", ulysses_group), _info("ring_group", ring_group)
+    check_same_across_ranks((uinfo, rinfo), query.device, **args)
     layout = head_geometry(query, key, layout, head_num)[0]
     drop_seed, offset = check_seed_offset(0 if seed is None else seed, offset)
     ring_kw = dict(group=ring_group, layout="BSND", scale=scale, causal=causal)

@@ -19,7 +19,7 @@ from .._core.dropout import check_seed_offset, draw_seed
 from .._core.layouts import tokens_view
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from ..ops.flash_attention import flash_attention
-from .comm import GroupInfo, all_to_all, broadcast_seed, group_info
+from .comm import GroupInfo, all_to_all, broadcast_seed, check_same_across_ranks, group_info
 from .sharding import head_geometry
 
 __all__ = ["ulysses_flash_attention"]
@@ -145,7 +145,9 @@ def ulysses_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=
     ``offset + r * numels_local``, which equals one single-device call with the same ``seed``/``offset`` when the
     batch holds one sequence. Returns the local output slice.
     """
+    args = dict(locals())
     info = group_info(group)
+    check_same_across_ranks(info, query.device, **args)
     drop_seed, offset = check_seed_offset(0 if seed is None else seed, offset)
     layout = head_geometry(query, key, layout, head_num)[0]
     shards = scatter_heads(query, key, value, info, layout, head_num)

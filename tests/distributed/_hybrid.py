@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from attnops.distributed import hybrid_flash_attention, hybrid_groups
+from attnops.distributed import allgather_flash_attention, hybrid_flash_attention, hybrid_groups, ring_flash_attention
 from tests.distributed._cases import Case, _init, run_cases, write_results
 from tests.helpers import randn
 
@@ -29,11 +29,30 @@ def _ring_group_missing(groups):
     hybrid_flash_attention(q, q, q, ulysses_group=groups.ulysses, ring_group=None)
 
 
+def _causal_differs_across_ranks(groups):
+    q = randn(1, 4, 2, 8)
+    hybrid_flash_attention(q, q, q, ulysses_group=groups.ulysses, ring_group=groups.ring,
+                           causal=dist.get_rank() == 0)
+
+
+def _layout_differs_across_ranks(groups):
+    q = randn(1, 4, 2, 8)
+    ring_flash_attention(q, q, q, layout="BSND" if dist.get_rank() == 3 else "BNSD")
+
+
+def _lengths_differ_across_ranks(groups):
+    t = randn(6, 2, 8)
+    allgather_flash_attention(t, t, t, layout="TND", actual_seq_len=[8, 24] if dist.get_rank() else [12, 24])
+
+
 PROBES = [
     ("degrees", "ulysses_degree", _degrees_not_dividing_the_world),
     ("heads", "query", _heads_not_dividing_the_ulysses_degree),
     ("tnd_lengths", "actual_seq_len", _tnd_lengths_not_divisible_by_2r),
     ("ring_group", "ring_group", _ring_group_missing),
+    ("causal_mismatch", "causal", _causal_differs_across_ranks),
+    ("layout_mismatch", "layout", _layout_differs_across_ranks),
+    ("lengths_mismatch", "actual_seq_len", _lengths_differ_across_ranks),
 ]
 
 
