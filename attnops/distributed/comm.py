@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .._core.checks import describe, fail, require
+from .traffic import nbytes, record
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class RingExchange:
         for i, (t, buf) in enumerate(zip(tensors, self.received)):
             self._works.append(dist.irecv(buf, src=info.prev_global, group=info.group, tag=tag_base + i))
             self._works.append(dist.isend(t.contiguous(), dst=info.next_global, group=info.group, tag=tag_base + i))
+            record("p2p", nbytes(t))
 
     def wait(self) -> list[torch.Tensor]:
         for work in self._works:
@@ -69,6 +71,8 @@ def broadcast_seed(info: GroupInfo, seed: int, device: torch.device) -> int:
     without a ``seed`` broadcasts (and waits for) one; give ``seed`` to keep the call free of it."""
     t = torch.tensor([seed], dtype=torch.int64, device=device)
     if info.size > 1:
+        if info.rank == 0:
+            record("broadcast", (info.size - 1) * nbytes(t))
         dist.broadcast(t, src=info.first_global, group=info.group)
     return int(t.item())
 
@@ -79,16 +83,18 @@ def all_to_all(x: torch.Tensor, info: GroupInfo) -> torch.Tensor:
     if info.size == 1:
         return x
     out = torch.empty_like(x)
+    record("all_to_all", nbytes(x) * (info.size - 1) // info.size)
     dist.all_to_all_single(out, x, group=info.group)
     return out
 
 
-def all_gather(x: torch.Tensor, info: GroupInfo) -> torch.Tensor:
+def all_gather(x: torch.Tensor, info: GroupInfo, kind: str = "all_gather") -> torch.Tensor:
     """Every rank's ``x`` stacked on a new dim 0 (``[P, *x.shape]``, slot ``i`` from rank ``i``)."""
     x = x.contiguous()
     if info.size == 1:
         return x.unsqueeze(0)
     out = x.new_empty((info.size * x.shape[0], *x.shape[1:]))  # Gloo takes the concatenation along dim 0
+    record(kind, (info.size - 1) * nbytes(x))
     dist.all_gather_single(out, x, group=info.group)
     return out.unflatten(0, (info.size, x.shape[0]))
 
@@ -99,6 +105,7 @@ def reduce_scatter(x: torch.Tensor, info: GroupInfo) -> torch.Tensor:
     if info.size == 1:
         return x[0]
     out = x.new_empty(x.shape[1:])
+    record("reduce_scatter", nbytes(x) * (info.size - 1) // info.size)
     dist.reduce_scatter_single(out, x.flatten(0, 1), group=info.group)
     return out
 
@@ -135,7 +142,8 @@ def check_same_across_ranks(groups: GroupInfo | tuple[GroupInfo, ...], device: t
     for info in groups:
         if info.size == 1:
             continue
-        gathered = all_gather(torch.tensor([*codes, verdict], dtype=torch.int64, device=device), info).cpu()
+        gathered = all_gather(torch.tensor([*codes, verdict], dtype=torch.int64, device=device), info,
+                              "rank_check").cpu()
         differs = (gathered[:, :-1] != gathered[0, :-1]).any(0).tolist() + [True]
         verdict = min(verdict, int(gathered[:, -1].min()), differs.index(True))
     if verdict < len(names):

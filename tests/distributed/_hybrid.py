@@ -1,11 +1,15 @@
 """The hybrid tests' worker: the ``_cases`` cases, then bad configurations (probes), each of which must raise an
-attnops error naming the argument on every rank, without a hang."""
+attnops error naming the argument on every rank, without a hang, and the byte counts of every mode."""
 from __future__ import annotations
 
+import traceback
+
+import torch
 import torch.distributed as dist
 
 from attnops.distributed import allgather_flash_attention, hybrid_flash_attention, hybrid_groups, ring_flash_attention
 from tests.distributed._cases import Case, _init, run_cases, write_results
+from tests.distributed._traffic import check_traffic
 from tests.helpers import randn
 
 
@@ -63,6 +67,13 @@ def hybrid_worker(rank: int, world: int, init_file: str, out_dir: str, cases: li
     results = run_cases(rank, world, cases)
     if probes:
         groups = hybrid_groups(2, world // 2)
+        for dtype in (torch.float32, torch.float16):
+            name = f"traffic_{str(dtype).split('.')[-1]}"
+            try:
+                check_traffic(world, groups, dtype)
+                results[name] = "ok"
+            except Exception:  # noqa: BLE001 - reported to the parent test
+                results[name] = traceback.format_exc()
         for name, _, probe in PROBES:
             try:
                 probe(groups)

@@ -50,3 +50,9 @@ def test_world4(world4, name):
 def test_bad_configuration_raises_on_every_rank(world4, name, argument):
     for rank, res in enumerate(world4):
         assert res[name].startswith(f"ParamInvalidError: {argument}: expected"), (rank, res[name])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_bytes_sent_match_the_formulas(world4, dtype):
+    """Counted around the collectives at world size 4 (ring, Ulysses and all-gather over 4 ranks, hybrid 2 x 2)."""
+    _check(world4, f"traffic_{dtype}")
