@@ -27,7 +27,7 @@ from .ulysses import ulysses_flash_attention
 _register_torch_region_runner()
 
 __all__ = ["HybridGroups", "allgather_flash_attention", "allgather_lightning_indexer",
-           "allgather_lightning_indexer_kl_loss", "allgather_nsa_compress_attention", "allgather_nsa_selected_attention",
-           "allgather_sequence", "allgather_sparse_flash_attention", "hybrid_dropout_mask", "hybrid_flash_attention", "hybrid_groups", "hybrid_shard",
-           "hybrid_unshard", "ring_dropout_mask", "ring_flash_attention", "ring_shard", "ring_unshard",
-           "ulysses_flash_attention"]
+           "allgather_lightning_indexer_kl_loss", "allgather_nsa_compress_attention",
+           "allgather_nsa_selected_attention", "allgather_sequence", "allgather_sparse_flash_attention",
+           "hybrid_dropout_mask", "hybrid_flash_attention", "hybrid_groups", "hybrid_shard", "hybrid_unshard",
+           "ring_dropout_mask", "ring_flash_attention", "ring_shard", "ring_unshard", "ulysses_flash_attention"]

@@ -118,7 +118,8 @@ def head_slice_pse(pse: Tensor | None, pse_type: int, shards: HeadShards) -> Ten
     if pse is None:
         return None
     head_dim = pse.dim() - 1 if pse_type in (2, 3) else 1
-    require(pse.dim() > max(head_dim, 0) and pse.shape[head_dim] == shards.n1, "pse", f"{shards.n1} heads on dim {head_dim}", pse)
+    require(pse.dim() > max(head_dim, 0) and pse.shape[head_dim] == shards.n1, "pse",
+            f"{shards.n1} heads on dim {head_dim}", pse)
     return pse.narrow(head_dim, shards.head_start, shards.heads)
 
 

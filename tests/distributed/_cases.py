@@ -20,8 +20,9 @@ import torch.distributed as dist
 
 import attnops
 from attnops._core.dropout import DropoutSpec, keep_mask
-from attnops.distributed import (allgather_flash_attention, hybrid_dropout_mask, hybrid_flash_attention, hybrid_groups, hybrid_shard,
-                                 ring_dropout_mask, ring_flash_attention, ring_shard, ulysses_flash_attention)
+from attnops.distributed import (allgather_flash_attention, hybrid_dropout_mask, hybrid_flash_attention,
+                                 hybrid_groups, hybrid_shard, ring_dropout_mask, ring_flash_attention, ring_shard,
+                                 ulysses_flash_attention)
 from attnops.distributed.sharding import SEQ_DIM
 from attnops.ops.attention_update import blocked_to_tnd, tnd_to_blocked
 from attnops.testing.compare import assert_close_to_golden

@@ -1,14 +1,13 @@
-"""The hybrid tests' worker: the ``_cases`` cases, then bad configurations (probes), each of which must raise an
-attnops error naming the argument on every rank, without a hang, and the byte counts of every mode."""
+"""Bad configurations (probes), each of which must raise an attnops error naming the argument on every rank without
+a hang, and the byte counts of every mode (run inside a worker at world size 4)."""
 from __future__ import annotations
 
-import traceback
+import functools
 
 import torch
 import torch.distributed as dist
 
 from attnops.distributed import allgather_flash_attention, hybrid_flash_attention, hybrid_groups, ring_flash_attention
-from tests.distributed._cases import Case, _init, run_cases, write_results
 from tests.distributed._traffic import check_traffic
 from tests.helpers import randn
 
@@ -60,25 +59,21 @@ PROBES = [
 ]
 
 
-def hybrid_worker(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case], probes: bool) -> None:
-    """Run ``cases``, then (``probes``) every probe on Ulysses degree 2; record ``"ok"``/tracebacks and the
-    probes' errors."""
-    _init(rank, world, init_file, 30)
-    results = run_cases(rank, world, cases)
-    if probes:
-        groups = hybrid_groups(2, world // 2)
-        for dtype in (torch.float32, torch.float16):
-            name = f"traffic_{str(dtype).split('.')[-1]}"
-            try:
-                check_traffic(world, groups, dtype)
-                results[name] = "ok"
-            except Exception:  # noqa: BLE001 - reported to the parent test
-                results[name] = traceback.format_exc()
-        for name, _, probe in PROBES:
-            try:
-                probe(groups)
-                results[name] = "returned"
-            except Exception as e:  # noqa: BLE001 - the error is the test's subject
-                results[name] = f"{type(e).__name__}: {e}"
-    write_results(out_dir, rank, results)
-    dist.destroy_process_group()
+@functools.lru_cache(maxsize=None)
+def _groups(world: int):
+    return hybrid_groups(2, world // 2)  # collective: every rank reaches it at the same check
+
+
+def _probe(probe, world: int) -> str:
+    try:
+        probe(_groups(world))
+        return "returned"
+    except Exception as e:  # noqa: BLE001 - the error is the probe's outcome
+        return f"{type(e).__name__}: {e}"
+
+
+def run_probes(world: int) -> list[tuple[str, object]]:
+    """``(name, check)`` of the probes (outcome: the error raised) and the byte counts (fp32, fp16)."""
+    return [*((name, functools.partial(_probe, probe, world)) for name, _, probe in PROBES),
+            *((f"traffic_{str(dtype).split('.')[-1]}", lambda dtype=dtype: check_traffic(world, _groups(world), dtype))
+              for dtype in (torch.float32, torch.float16))]

@@ -11,7 +11,6 @@ import attnops
 from attnops.distributed import (allgather_lightning_indexer, allgather_lightning_indexer_kl_loss,
                                  allgather_nsa_compress_attention, allgather_nsa_selected_attention,
                                  allgather_sequence, allgather_sparse_flash_attention, ring_shard)
-from tests.distributed._cases import Case, _init, run_cases, write_results
 from tests.helpers import cum, randn
 
 TIGHT = dict(rtol=1e-5, atol=2e-6)
@@ -115,28 +114,18 @@ def nsa_pipeline(rank: int, world: int, split: str, lens: list[int]) -> None:
         _close(name, total, ref.grad)
 
 
-def sparse_checks(world: int) -> list[tuple[str, object, tuple]]:
-    """``(name, pipeline, (split, lens))`` of the world size."""
+def _on_this_rank(pipeline, world: int, split: str, lens: list[int]) -> None:
+    pipeline(dist.get_rank(), world, split, lens)
+
+
+def sparse_checks(world: int) -> list[tuple[str, object]]:
+    """``(name, check)`` of the NSA/DSA pipelines at the world size (run inside a worker)."""
     if world == 2:
-        return [("dsa_head_tail", dsa_pipeline, ("head_tail", [8, 12])),
-                ("dsa_contiguous", dsa_pipeline, ("contiguous", [5, 9])),
-                ("nsa_head_tail", nsa_pipeline, ("head_tail", [16, 8])),
-                ("nsa_contiguous", nsa_pipeline, ("contiguous", [12, 8]))]
-    return [("dsa_head_tail", dsa_pipeline, ("head_tail", [8, 16])),
-            ("nsa_head_tail", nsa_pipeline, ("head_tail", [16, 16]))]
-
-
-def allgather_worker(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case]) -> None:
-    """The ``_cases`` cases, then the NSA/DSA pipelines; ``"ok"`` or the traceback per name."""
-    import traceback
-
-    _init(rank, world, init_file, 60)
-    results = run_cases(rank, world, cases)
-    for name, pipeline, args in sparse_checks(world):
-        try:
-            pipeline(rank, world, *args)
-            results[name] = "ok"
-        except Exception:  # noqa: BLE001 - reported to the parent test
-            results[name] = traceback.format_exc()
-    write_results(out_dir, rank, results)
-    dist.destroy_process_group()
+        runs = [("dsa_head_tail", dsa_pipeline, "head_tail", [8, 12]),
+                ("dsa_contiguous", dsa_pipeline, "contiguous", [5, 9]),
+                ("nsa_head_tail", nsa_pipeline, "head_tail", [16, 8]),
+                ("nsa_contiguous", nsa_pipeline, "contiguous", [12, 8])]
+    else:
+        runs = [("dsa_head_tail", dsa_pipeline, "head_tail", [8, 16]),
+                ("nsa_head_tail", nsa_pipeline, "head_tail", [16, 16])]
+    return [(name, functools.partial(_on_this_rank, fn, world, split, lens)) for name, fn, split, lens in runs]

@@ -4,10 +4,9 @@ unsharded output and gradients must equal the single-device call, and ``F.scaled
 PyTorch's own behaviour."""
 from __future__ import annotations
 
-import traceback
+import functools
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.experimental import context_parallel
@@ -17,7 +16,6 @@ from torch.distributed.tensor.experimental._attention import (_cp_options, conte
 import attnops
 import attnops.distributed  # noqa: F401 - registers the region runner
 from attnops.torch_npu import npu_fusion_attention, npu_fusion_attention_grad
-from tests.distributed._cases import _init, write_results
 from tests.helpers import TRIU2048, randn
 
 SEQ = 2  # BNSD
@@ -98,20 +96,11 @@ def sdpa_unchanged(world: int) -> None:
             torch.testing.assert_close(outcomes[-1][1], F.scaled_dot_product_attention(q, q, q, is_causal=True))
 
 
-def checks(world: int) -> list[tuple[str, tuple]]:
-    cases = [(f"{entry}_{rotate}_{'causal' if causal else 'full'}", (entry, rotate, causal))
-             for entry in ENTRIES for rotate in ("allgather", "alltoall") for causal in (True, False)]
-    return cases if world == 2 else [c for c in cases if c[1][0] != "torch_npu"]
-
-
-def torch_cp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    _init(rank, world, init_file, 60)
-    results = {}
-    for name, args in [*checks(world), ("sdpa_unchanged", None)]:
-        try:
-            run_one(world, *args) if args is not None else sdpa_unchanged(world)
-            results[name] = "ok"
-        except Exception:  # noqa: BLE001 - reported to the parent test
-            results[name] = traceback.format_exc()
-    write_results(out_dir, rank, results)
-    dist.destroy_process_group()
+def torch_cp_checks(world: int) -> list[tuple[str, object]]:
+    """``(name, check)`` of every entry point, rotate method and mask at the world size (world size 4: the Pythonic
+    entry and the explicit torch_npu grad), and of SDPA."""
+    runs = [(f"torch_cp_{entry}_{rotate}_{'causal' if causal else 'full'}", (entry, rotate, causal))
+            for entry in ENTRIES for rotate in ("allgather", "alltoall") for causal in (True, False)
+            if world == 2 or entry != "torch_npu"]
+    return [*((name, functools.partial(run_one, world, *args)) for name, args in runs),
+            ("torch_cp_sdpa_unchanged", functools.partial(sdpa_unchanged, world))]

@@ -1,23 +1,18 @@
-"""attnops' FlashAttention inside PyTorch's ``context_parallel()`` on CPU Gloo at world sizes 2 and 4."""
+"""attnops' FlashAttention inside PyTorch's ``context_parallel()`` on CPU Gloo at world sizes 2 and 4 (cases in
+``_torch_cp_cases``, run by the session fixtures of ``conftest.py``)."""
 from __future__ import annotations
 
 import pytest
 
-from tests.distributed._torch_cp_cases import checks, torch_cp_worker
-from tests.distributed.test_context_parallel import _check, _spawn
+from tests.distributed._torch_cp_cases import torch_cp_checks
+from tests.distributed.test_context_parallel import _check
 
 
-@pytest.fixture(scope="module", params=[2, 4])
-def results(request, tmp_path_factory):
-    world = request.param
-    return world, _spawn(torch_cp_worker, world, tmp_path_factory.mktemp(f"torch_cp{world}"))
+@pytest.mark.parametrize("name", [name for name, _ in torch_cp_checks(2)])
+def test_world2(modes_world2, name):
+    _check(modes_world2, name)
 
 
-def test_every_entry_and_rotate_method(results):
-    world, per_rank = results
-    for name, _ in checks(world):
-        _check(per_rank, name)
-
-
-def test_sdpa_keeps_pytorchs_behaviour(results):
-    _check(results[1], "sdpa_unchanged")
+@pytest.mark.parametrize("name", [name for name, _ in torch_cp_checks(4)])
+def test_world4(modes_world4, name):
+    _check(modes_world4, name)
