@@ -1,10 +1,12 @@
-"""Single-process checks: sharding round trips, the ring dropout mask, and argument validation (world size 1)."""
+"""Single-process checks: sharding round trips, the ring dropout mask, argument validation, and PyTorch's
+``context_parallel()`` region (world size 1)."""
 import pytest
 import torch
 import torch.distributed as dist
 
-from attnops.distributed import (hybrid_dropout_mask, hybrid_flash_attention, hybrid_groups, hybrid_shard,
-                                 hybrid_unshard, ring_dropout_mask, ring_flash_attention, ring_shard, ring_unshard,
+from attnops.distributed import (allgather_flash_attention, allgather_sequence, hybrid_dropout_mask,
+                                 hybrid_flash_attention, hybrid_groups, hybrid_shard, hybrid_unshard,
+                                 ring_dropout_mask, ring_flash_attention, ring_shard, ring_unshard,
                                  ulysses_flash_attention)
 from tests.helpers import cum, randn
 
@@ -96,3 +98,40 @@ def test_hybrid_validation(world1):
         hybrid_dropout_mask(ulysses_degree=2, ring_degree=1, keep_prob=0.5, seed=1, head_num=3, seq_len=4)
     out = hybrid_flash_attention(q, q, q, ulysses_group=groups.ulysses, ring_group=groups.ring, causal=True)
     assert out.shape == q.shape
+
+
+def test_allgather_validation(world1):
+    q = randn(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="split"):
+        allgather_flash_attention(q, q, q, split="zigzag")
+    with pytest.raises(ValueError, match="actual_seq_len"):
+        allgather_flash_attention(q, q, q, actual_seq_len=[4])
+    with pytest.raises(ValueError, match="key"):
+        allgather_flash_attention(q, q[:, :2], q[:, :2])
+    t = randn(4, 2, 8)
+    with pytest.raises(ValueError, match="pse"):
+        allgather_flash_attention(t, t, t, layout="TND", actual_seq_len=[4], pse=torch.ones(2))
+    with pytest.raises(ValueError, match="actual_seq_len"):
+        allgather_flash_attention(t, t, t, layout="TND", actual_seq_len=[3, 4])
+    with pytest.raises(ValueError, match="x"):
+        allgather_sequence(t, layout="TND", actual_seq_len=[6])
+
+
+def test_torch_context_parallel_region_rejects_what_it_cannot_serve(world1):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    import attnops
+
+    mesh = init_device_mesh("cpu", (1,))
+    q = randn(1, 2, 4, 8)
+    plain = attnops.flash_attention(q, q, q, causal=True)
+    buffers = [q.clone()]
+    with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2]):
+        torch.testing.assert_close(attnops.flash_attention(buffers[0], buffers[0], buffers[0], causal=True), plain)
+        with pytest.raises(ValueError, match="keep_prob"):
+            attnops.flash_attention(q, q, q, keep_prob=0.5, seed=1)
+        with pytest.raises(ValueError, match="pse"):
+            attnops.flash_attention(q, q, q, pse=torch.ones(2), pse_type=2)
+        with pytest.raises(ValueError, match="pre_tokens"):  # the window's sparse-mode form
+            attnops.flash_attention(q, q, q, window_size=(2, 0))
