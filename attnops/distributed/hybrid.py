@@ -17,9 +17,10 @@ from torch import Tensor
 
 from .._core.checks import check_int, fail, require
 from .._core.dropout import check_seed_offset, draw_seed
-from .._core.layouts import normalize_layout
+from .._core.layouts import normalize_layout, tokens_view
 from .._core.varlen import lengths_from_cumulative
 from .comm import GroupInfo, broadcast_seed, check_same_across_ranks, group_info
+from ..ops.flash_attention import FlashAttentionResult
 from .ring import ring_flash_attention
 from .sharding import SEQ_DIM, head_geometry, ring_shard, ring_unshard
 from .ulysses import gather_heads, global_cumulative, head_slice_pse, scatter_heads
@@ -84,6 +85,11 @@ def hybrid_unshard(shards: list[list[Tensor]], *, layout: str = "BSND", actual_s
     return ring_unshard([torch.cat(row, dim) for row in shards], layout=layout, actual_seq_len=actual_seq_len)
 
 
+def to_tokens(stats: Tensor, layout: str) -> Tensor:
+    """Statistics in the token-major view the Ulysses exchange takes (``[B, S, N, 8]``; TND unchanged)."""
+    return tokens_view(stats, layout, stats.shape[1])
+
+
 def _info(name: str, group) -> GroupInfo:
     if not isinstance(group, dist.ProcessGroup):
         fail(name, "a torch.distributed.ProcessGroup (see attnops.distributed.hybrid_groups)", type(group).__name__)
@@ -100,7 +106,7 @@ def hybrid_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, ulysses
                            layout: str = "BSND", head_num: int | None = None, scale: float | None = None,
                            causal: bool = False, pse: Tensor | None = None, pse_type: int = 2, cu_seqlens=None,
                            actual_seq_len=None, keep_prob: float = 1.0, seed: int | None = None,
-                           offset: int = 0) -> Tensor:
+                           offset: int = 0, softmax_layout: str = "", return_stats: bool = False):
     """Hybrid context-parallel FlashAttention: Ulysses over ``ulysses_group`` (size U), ring attention over
     ``ring_group`` (size R); differentiable.
 
@@ -109,14 +115,18 @@ def hybrid_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, ulysses
     repeated as needed); everything else as :func:`attnops.distributed.ring_flash_attention`: ``causal`` with load
     balance, GQA, Dv < D, ALiBi slopes (``pse_type`` 2/3) at global positions. Dropout: Ulysses rank ``u`` runs its
     ring call at ``offset + u * (N/U) * sum_b S_b^2``; :func:`attnops.distributed.hybrid_dropout_mask` gives the
-    single-device mask that reproduces it. Returns the local output slice.
+    single-device mask that reproduces it. Returns the local output slice, or with ``return_stats`` a
+    :class:`attnops.FlashAttentionResult` with the local merged statistics (dense ``[B, N, S_local, 8]``; TND true
+    ``[T_local, N, 8]``, which needs ``softmax_layout="TND"``: a local slice is no whole sequence).
     """
     args = dict(locals())
     uinfo, rinfo = _info("ulysses_group", ulysses_group), _info("ring_group", ring_group)
     check_same_across_ranks((uinfo, rinfo), query.device, **args)
     layout = head_geometry(query, key, layout, head_num)[0]
     drop_seed, offset = check_seed_offset(0 if seed is None else seed, offset)
-    ring_kw = dict(group=ring_group, layout="BSND", scale=scale, causal=causal)
+    require(not return_stats or softmax_layout == ("TND" if layout == "TND" else ""), "softmax_layout",
+            "'TND' with return_stats for layout TND (a local slice holds no whole sequence), else ''", softmax_layout)
+    ring_kw = dict(group=ring_group, layout="BSND", scale=scale, causal=causal, return_stats=return_stats)
     if layout == "TND":
         cumulative = global_cumulative(cu_seqlens, actual_seq_len)
         lens = lengths_from_cumulative("actual_seq_len", cumulative)
@@ -125,7 +135,7 @@ def hybrid_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, ulysses
         parts = uinfo.size * rinfo.size
         require(sum(lens) % parts == 0 and query.shape[0] * parts == sum(lens), "query",
                 f"{sum(lens) // parts} local tokens (the global lengths / (U * R) = {sum(lens)} / {parts})", query)
-        ring_kw.update(layout="TND", actual_seq_len=cumulative)
+        ring_kw.update(layout="TND", actual_seq_len=cumulative, softmax_layout=softmax_layout)
     require(pse is None or pse_type in (2, 3), "pse_type", "2 or 3 (ALiBi slopes; pse tensors cannot follow the "
             "ring's sharded sequence)", pse_type)
     shards = scatter_heads(query, key, value, uinfo, layout, head_num, "ulysses_group")
@@ -138,5 +148,10 @@ def hybrid_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, ulysses
             seq_sq = shards.q.shape[0] * (shards.q.shape[1] * rinfo.size) ** 2
         ring_kw.update(keep_prob=keep_prob, offset=offset + uinfo.rank * shards.heads * seq_sq,
                        seed=_group_seed(uinfo, rinfo, query.device) if seed is None else drop_seed)
-    out = ring_flash_attention(shards.q, shards.k, shards.v, **ring_kw)
-    return gather_heads(out, uinfo, layout)
+    res = ring_flash_attention(shards.q, shards.k, shards.v, **ring_kw)
+    if not return_stats:
+        return gather_heads(res, uinfo, layout)
+    stats_layout = "TND" if layout == "TND" else "BNSD"  # ring statistics: [B, N/U, S, 8] or [T, N/U, 8]
+    smax, ssum = (gather_heads(to_tokens(s.contiguous(), stats_layout), uinfo, stats_layout)
+                  for s in (res.softmax_max, res.softmax_sum))
+    return FlashAttentionResult(gather_heads(res.out, uinfo, layout), smax, ssum, res.seed, res.offset)

@@ -48,7 +48,7 @@ class Case:
     alibi: int | None = None  # pse_type: 2/3 with slopes, 0/1 with a [1, N, S, S] tensor
     keep_prob: float = 1.0
     dtype: torch.dtype = torch.float32
-    stats: bool = False  # also compare the returned softmax statistics (ring)
+    stats: bool = False  # also compare the returned softmax statistics (ring, hybrid)
     own_group: bool = False  # run on a one-rank group (world size 1)
     ulysses_degree: int = 1  # hybrid: the Ulysses group size (the ring group gets the rest of the world)
     split: str = "head_tail"  # allgather: "head_tail" (ring_shard) or "contiguous" (like Ulysses)
@@ -95,15 +95,17 @@ def _distributed_kwargs(case: Case, kw: dict) -> dict:
     return dkw
 
 
-def _shard_fn(case: Case, rank: int, world: int):
+def _shard_fn(case: Case, rank: int, world: int, layout: str | None = None):
+    """This rank's shard of a global tensor in ``layout`` (default: the case's)."""
+    layout = layout or case.layout
     seqs = cum(case.lens) if case.layout == "TND" else None
     if case.kind == "ring" or (case.kind == "allgather" and case.split == "head_tail"):
-        return lambda x: ring_shard(x, rank, world, layout=case.layout, actual_seq_len=seqs)
+        return lambda x: ring_shard(x, rank, world, layout=layout, actual_seq_len=seqs)
     if case.kind == "hybrid":
         u = case.ulysses_degree
         return lambda x: hybrid_shard(x, ulysses_rank=rank % u, ulysses_degree=u, ring_rank=rank // u,
-                                      ring_degree=world // u, layout=case.layout, actual_seq_len=seqs)
-    dim = SEQ_DIM[case.layout]
+                                      ring_degree=world // u, layout=layout, actual_seq_len=seqs)
+    dim = SEQ_DIM[layout]
     return lambda x: x.narrow(dim, rank * x.shape[dim] // world, x.shape[dim] // world)
 
 
@@ -128,15 +130,18 @@ def run_case(case: Case, rank: int, world: int, group) -> None:
         fn = functools.partial(ring_flash_attention if case.kind == "ring" else ulysses_flash_attention, group=group)
     dkw = _distributed_kwargs(case, kw)
     if case.stats:
-        res = fn(*local, return_stats=True, **dkw)
+        true_tnd = case.kind == "hybrid" and case.layout == "TND"  # a hybrid slice holds no whole sequence
+        res = fn(*local, return_stats=True, **dkw, **({"softmax_layout": "TND"} if true_tnd else {}))
         out = res.out
         for name, mine, ref in (("softmax_max", res.softmax_max, single.softmax_max),
                                 ("softmax_sum", res.softmax_sum, single.softmax_sum)):
-            if case.layout == "TND":  # blocked per sequence: global lengths -> local lengths
+            if true_tnd:
+                ref_local = shard(blocked_to_tnd(ref, list(case.lens)))
+            elif case.layout == "TND":  # blocked per sequence: global lengths -> local lengths
                 local_lens = [n // world for n in case.lens]
                 ref_local = tnd_to_blocked(shard(blocked_to_tnd(ref, list(case.lens))).contiguous(), local_lens)
             else:  # [B, N, S, 8]
-                ref_local = ring_shard(ref, rank, world, layout="BNSD")
+                ref_local = _shard_fn(case, rank, world, "BNSD")(ref)
             torch.testing.assert_close(mine, ref_local, rtol=1e-5, atol=1e-6, msg=name)
     else:
         out = fn(*local, **dkw)

@@ -18,9 +18,9 @@ HYBRID_WORLD2 = [
 ]
 
 HYBRID_WORLD4 = [
-    Case("hybrid_u2r2_causal_bsnd", kind="hybrid", ulysses_degree=2, layout="BSND", causal=True),
+    Case("hybrid_u2r2_causal_bsnd", kind="hybrid", ulysses_degree=2, layout="BSND", causal=True, stats=True),
     Case("hybrid_u2r2_causal_tnd_gqa_repeat", kind="hybrid", ulysses_degree=2, layout="TND", lens=(8, 16), n1=4,
-         n2=1, causal=True),
+         n2=1, causal=True, stats=True),
     Case("hybrid_u2r2_causal_alibi_dv_bnsd", kind="hybrid", ulysses_degree=2, b=2, dv=4, causal=True, alibi=3),
     Case("hybrid_u2r2_full_dropout_bsh_batch2", kind="hybrid", ulysses_degree=2, layout="BSH", b=2, keep_prob=0.8),
     Case("hybrid_u2r2_causal_dropout_tnd", kind="hybrid", ulysses_degree=2, layout="TND", lens=(8, 8), causal=True,

@@ -135,3 +135,14 @@ def test_torch_context_parallel_region_rejects_what_it_cannot_serve(world1):
             attnops.flash_attention(q, q, q, pse=torch.ones(2), pse_type=2)
         with pytest.raises(ValueError, match="pre_tokens"):  # the window's sparse-mode form
             attnops.flash_attention(q, q, q, window_size=(2, 0))
+
+
+def test_hybrid_tnd_statistics_need_the_true_tnd_layout(world1):
+    groups = hybrid_groups(1, 1)
+    t = randn(8, 2, 8)
+    with pytest.raises(ValueError, match="softmax_layout"):
+        hybrid_flash_attention(t, t, t, ulysses_group=groups.ulysses, ring_group=groups.ring, layout="TND",
+                               actual_seq_len=[8], return_stats=True)
+    res = hybrid_flash_attention(t, t, t, ulysses_group=groups.ulysses, ring_group=groups.ring, layout="TND",
+                                 actual_seq_len=[8], return_stats=True, softmax_layout="TND")
+    assert res.softmax_max.shape == (8, 2, 8)
