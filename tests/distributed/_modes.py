@@ -3,11 +3,11 @@ per world size (:func:`modes_worker`, shared by the test files through session f
 spawning and importing is most of the cost of a case."""
 from __future__ import annotations
 
+import os
 import traceback
 
-import torch.distributed as dist
-
 from tests.distributed._cases import Case, _init, run_cases, write_results
+from tests.distributed._failures import FAILURE_CHECKS
 from tests.distributed._hybrid import run_probes
 from tests.distributed._sparse_cases import sparse_checks
 from tests.distributed._torch_cp_cases import torch_cp_checks
@@ -52,12 +52,14 @@ CASES = {2: HYBRID_WORLD2 + ALLGATHER_WORLD2, 4: HYBRID_WORLD4 + ALLGATHER_WORLD
 
 def named_checks(world: int) -> list[tuple[str, object]]:
     """``(name, thunk)`` of every non-``Case`` check at the world size (NSA/DSA pipelines, PyTorch's region, and at
-    world size 4 the bad-configuration probes and the byte counts)."""
-    return [*sparse_checks(world), *torch_cp_checks(world), *(run_probes(world) if world == 4 else [])]
+    world size 4 the bad-configuration probes and the byte counts, at 2 a rank failing mid-call)."""
+    return [*sparse_checks(world), *torch_cp_checks(world),
+            *(run_probes(world) if world == 4 else FAILURE_CHECKS)]  # failures last: they break their groups
 
 
 def modes_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    """Every case and check of the world size on one process group; ``"ok"``, a traceback, or (probes) the error."""
+    """Every case and check of the world size on one process group; ``"ok"``, a traceback, or (probes, failures)
+    the error. Exits without the collective teardown (a failure check leaves peers gone)."""
     _init(rank, world, init_file, 60)
     results = run_cases(rank, world, CASES[world])
     for name, check in named_checks(world):
@@ -67,4 +69,4 @@ def modes_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         except Exception:  # noqa: BLE001 - reported to the parent test
             results[name] = traceback.format_exc()
     write_results(out_dir, rank, results)
-    dist.destroy_process_group()
+    os._exit(0)

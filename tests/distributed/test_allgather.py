@@ -28,3 +28,9 @@ def test_nsa_dsa_pipelines_world2(modes_world2, name):
 @pytest.mark.parametrize("name", [name for name, _ in sparse_checks(4)])
 def test_nsa_dsa_pipelines_world4(modes_world4, name):
     _check(modes_world4, name)
+
+
+def test_rank_failure_raises_on_every_rank(modes_world2):
+    """The last rank fails between the all-gather and the reduce-scatter; the other raises (no hang)."""
+    assert "injected failure" in modes_world2[1]["allgather_rank_failure"]
+    assert modes_world2[0]["allgather_rank_failure"] != "returned"

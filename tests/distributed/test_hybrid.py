@@ -30,3 +30,9 @@ def test_bad_configuration_raises_on_every_rank(modes_world4, name, argument):
 def test_bytes_sent_match_the_formulas(modes_world4, dtype):
     """Counted around the collectives at world size 4 (ring, Ulysses and all-gather over 4 ranks, hybrid 2 x 2)."""
     _check(modes_world4, f"traffic_{dtype}")
+
+
+def test_rank_failure_raises_on_every_rank(modes_world2):
+    """The last rank fails between the Ulysses all-to-alls; the other raises (no hang)."""
+    assert "injected failure" in modes_world2[1]["hybrid_rank_failure"]
+    assert modes_world2[0]["hybrid_rank_failure"] != "returned"
