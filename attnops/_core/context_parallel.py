@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
+import torch
 import torch.nn.functional as F
 
 from .checks import fail
@@ -27,8 +28,9 @@ def torch_region_active() -> bool:
 
 
 def active_runner():
-    """The registered runner inside a region (None outside one, or while the runner's own local calls run)."""
-    if not torch_region_active() or _suspended.get():
+    """The registered runner inside a region (None outside one, while the runner's own local calls run, and in
+    code ``torch.compile`` traces: a region is an eager-mode feature)."""
+    if torch.compiler.is_compiling() or not torch_region_active() or _suspended.get():
         return None
     if _runner is None:
         fail("query", "attnops.distributed imported before a call inside torch's context_parallel() (it runs the "
