@@ -23,7 +23,7 @@ def segments(name: str, cu_seqlens: Tensor | None, total: int) -> tuple[list[int
     """``(starts, lengths)`` of the batches of a packed ``[T, ...]`` tensor from ``cu_seqlens`` ``[B+1]`` (leading 0,
     non-decreasing, last value at most ``total``)."""
     if cu_seqlens is None:
-        fail(name, "cu_seqlens [B+1] (required with a packed [T, ...] layout)", "None")
+        fail(name, "cu_seqlens [B+1] (required with a packed [T, ...] layout)", None)
     cu = host_ints(name, cu_seqlens)
     require(len(cu) >= 2 and cu[0] == 0 and all(a <= b for a, b in zip(cu, cu[1:])), name,
             "a non-decreasing [B+1] prefix sum starting at 0", cu)

@@ -19,6 +19,7 @@ class Suite:
     device: str = "cpu"
     repeat: int = 5
     warmup: int = 1
+    multiprocess: bool = False  # cases run on spawned process groups (attnops.bench.context_parallel)
 
 
 SUITES: dict[str, Suite] = {}
@@ -346,6 +347,22 @@ register_suite(Suite(
             "output (and gradients): the least any custom-op design pays; ratio custom-op-floor/attnops = that "
             "floor as a fraction of attnops' cost",
     cases=_host_cases(), device="meta", repeat=200, warmup=20))
+
+
+def _cp_cases() -> tuple[Case, ...]:
+    from .context_parallel import cp_cases
+
+    return cp_cases()
+
+
+register_suite(Suite(
+    name="cp-cpu",
+    description="Context parallelism on CPU Gloo: time per step and bytes sent per rank, per mode, at 1/2/4 processes",
+    details="Ring, Ulysses, KV all-gather (head-tail) and hybrid (2 x 2) causal FlashAttention forward + backward, "
+            "BSND fp32, N1=8, N2=2, D=64, 512 tokens per rank (global sequence = 512 x world size); step time: median "
+            "over the repetitions on rank 0; bytes: sent per rank per layer, counted around the collectives (the "
+            "cross-rank argument check off); the formulas are in docs/distributed.md",
+    cases=_cp_cases(), device="cpu", repeat=3, warmup=1, multiprocess=True))
 
 
 def suite_cases(name: str, pattern: str | None = None) -> list[Case]:

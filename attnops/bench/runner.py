@@ -225,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     repeat = suite.repeat if args.repeat is None else max(1, args.repeat)
     warmup = suite.warmup if args.warmup is None else max(0, args.warmup)
+    if suite.multiprocess:
+        return _run_multiprocess(suite, cases, repeat, warmup, Path(args.out))
     impls = None if args.impls is None else [s.strip() for s in args.impls.split(",") if s.strip()]
     env = environment(device)
     print(f"suite {suite.name}: {len(cases)} case(s) on {env['device']['name']}, torch {env['torch']}, "
@@ -254,6 +256,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {write_plot(result, out_dir, stem).resolve()}")
     except PlotSkipped as e:
         print(f"plot skipped: {e}")
+    return 0
+
+
+def _run_multiprocess(suite, cases: list[Case], repeat: int, warmup: int, out_dir: Path) -> int:
+    """A suite whose cases run on spawned process groups (context parallelism)."""
+    from .context_parallel import format_row, run_cp_suite
+
+    env = environment(torch.device("cpu"))
+    t0 = time.perf_counter()
+    entries = run_cp_suite(cases, repeat, warmup)
+    for entry in entries:
+        print(entry["case"]["name"])
+        print(format_row(entry), flush=True)
+    result = {"suite": suite.name, "description": suite.description, "details": suite.details, "environment": env,
+              "settings": {"repeat": repeat, "warmup": warmup, "timer": "time.perf_counter"},
+              "wall_s": time.perf_counter() - t0, "cases": entries}
+    stem = f"{suite.name}-cpu-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    print(f"wrote {write_json(result, out_dir, stem).resolve()}")
     return 0
 
 

@@ -26,7 +26,7 @@ from .._core.softmax_stats import stats_dtype
 from .._core.varlen import cumulative_from_cu_seqlens, lengths_from_cumulative
 from ..ops.attention_update import merge_softmax_stats, tnd_to_blocked
 from ..ops.flash_attention import FlashAttentionResult, flash_attention, flash_attention_backward
-from .comm import GroupInfo, RingExchange, broadcast_seed, group_info
+from .comm import GroupInfo, RingExchange, broadcast_seed, check_same_across_ranks, group_info
 from .sharding import RingChunks, chunk_ids, head_geometry
 
 __all__ = ["ring_flash_attention"]
@@ -186,7 +186,9 @@ def ring_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, group=Non
     Returns the local output, or a :class:`attnops.FlashAttentionResult` with the local merged statistics
     (dense ``[B, N, 2c, 8]``; TND ``[T_local, N, 8]`` in ``softmax_layout``) when ``return_stats`` is true.
     """
+    args = dict(locals())
     info = group_info(group)
+    check_same_across_ranks(info, query.device, **args)
     layout, n1, d, n2 = head_geometry(query, key, layout, head_num)
     q, k, v = to_internal(query, layout, n1), to_internal(key, layout, n2), to_internal(value, layout, n2)
     lens = _chunk_lens(layout, q, k, info.size, cu_seqlens, actual_seq_len)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._core import context_parallel
 from .._core.checks import check_int, check_scale, check_tensor, int_list, require
 from .._core.dropout import check_seed_offset, draw_seed
 from .._core.layouts import normalize_layout, parse_geometry
@@ -131,6 +132,7 @@ def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, at
         lengths = () if cu is None else ("auto", *cu)  # the ops' trailing arguments: backend, cu_seqlens_q/k
         out, smax, ssum = fa_op.flash_attention(q, k, value, pse, atten_mask, drop_mask, *scalars, *lengths)
     else:
+        context_parallel.reject_in_region("sink", sink)
         check_sink(sink, head_num)
         sink_kw = dict(layout=layout, softmax_layout=softmax_layout, q_lens=_q_lens(layout, qlen, query),
                        head_num=head_num)
@@ -155,7 +157,7 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
     if keep_prob < 1.0 and numels is not None:  # v3 passes no numels
         expected = _numels(q, k, value, head_num, layout, qlen, kvlen)
         require(numels == expected, "numels", f"the forward's numels = N*sum(Sq_b*Skv_b) = {expected}", numels)
-    dq, dk, dv, dpse = fa_op.flash_attention_bwd(
+    dq, dk, dv, dpse = fa_op.flash_attention_backward(
         dy, q, k, value, attention_in, softmax_max, softmax_sum, pse, atten_mask, None, head_num, layout,
         check_scale("scale_value", scale_value), float(keep_prob), pre_tokens, next_tokens, int_list("prefix", prefix),
         qlen, kvlen, sparse_mode, pse_type, _start("q_start_idx", q_start_idx), _start("kv_start_idx", kv_start_idx),
@@ -167,6 +169,7 @@ def _backward(query, key, value, dy, head_num, input_layout, *, pse, padding_mas
     if sink is None:
         dsink = torch.empty([0], dtype=torch.float32, device=query.device)
     else:
+        context_parallel.reject_in_region("sink", sink)
         check_sink(sink, head_num)
         dsink = sink_grad(dy, attention_in, softmax_max, softmax_sum, sink, layout=layout,
                           softmax_layout=softmax_layout, q_lens=_q_lens(layout, qlen, query), head_num=head_num)

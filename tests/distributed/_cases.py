@@ -7,6 +7,7 @@ and against the single-device attnops result (tight ``assert_close``). Results g
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -19,7 +20,9 @@ import torch.distributed as dist
 
 import attnops
 from attnops._core.dropout import DropoutSpec, keep_mask
-from attnops.distributed import ring_dropout_mask, ring_flash_attention, ring_shard, ulysses_flash_attention
+from attnops.distributed import (allgather_flash_attention, hybrid_dropout_mask, hybrid_flash_attention,
+                                 hybrid_groups, hybrid_shard, ring_dropout_mask, ring_flash_attention, ring_shard,
+                                 ulysses_flash_attention)
 from attnops.distributed.sharding import SEQ_DIM
 from attnops.ops.attention_update import blocked_to_tnd, tnd_to_blocked
 from attnops.testing.compare import assert_close_to_golden, fa_reductions
@@ -32,7 +35,7 @@ SEED, OFFSET = 1234, 7
 @dataclass(frozen=True)
 class Case:
     name: str
-    kind: str = "ring"  # "ring" | "ulysses"
+    kind: str = "ring"  # "ring" | "ulysses" | "hybrid" | "allgather"
     layout: str = "BNSD"
     b: int = 1
     n1: int = 2
@@ -45,8 +48,10 @@ class Case:
     alibi: int | None = None  # pse_type: 2/3 with slopes, 0/1 with a [1, N, S, S] tensor
     keep_prob: float = 1.0
     dtype: torch.dtype = torch.float32
-    stats: bool = False  # also compare the returned softmax statistics (ring)
+    stats: bool = False  # also compare the returned softmax statistics (ring, hybrid)
     own_group: bool = False  # run on a one-rank group (world size 1)
+    ulysses_degree: int = 1  # hybrid: the Ulysses group size (the ring group gets the rest of the world)
+    split: str = "head_tail"  # allgather: "head_tail" (ring_shard) or "contiguous" (like Ulysses)
 
 
 def _slopes(n: int) -> torch.Tensor:
@@ -66,10 +71,12 @@ def _single_device_kwargs(case: Case, world: int) -> tuple[dict, torch.Tensor | 
     if case.keep_prob < 1.0:
         kw["keep_prob"] = case.keep_prob
         numel = case.n1 * (sum(n * n for n in case.lens) if case.layout == "TND" else case.b * case.s * case.s)
-        if case.kind == "ring":
-            dense = dict(batch=case.b, seq_len=case.s) if case.layout != "TND" else dict(actual_seq_len=cum(case.lens))
-            kw["drop_mask"] = ring_dropout_mask(world_size=world, keep_prob=case.keep_prob, seed=SEED, offset=OFFSET,
-                                                head_num=case.n1, **dense)
+        dense = dict(batch=case.b, seq_len=case.s) if case.layout != "TND" else dict(actual_seq_len=cum(case.lens))
+        if case.kind in ("ring", "hybrid"):
+            common = dict(keep_prob=case.keep_prob, seed=SEED, offset=OFFSET, head_num=case.n1, **dense)
+            kw["drop_mask"] = (ring_dropout_mask(world_size=world, **common) if case.kind == "ring" else
+                               hybrid_dropout_mask(ulysses_degree=case.ulysses_degree,
+                                                   ring_degree=world // case.ulysses_degree, **common))
             drop_keep = keep_mask(DropoutSpec(case.keep_prob, (), packed=kw["drop_mask"]), numel)
         else:
             kw.update(seed=SEED, offset=OFFSET)
@@ -88,11 +95,17 @@ def _distributed_kwargs(case: Case, kw: dict) -> dict:
     return dkw
 
 
-def _shard_fn(case: Case, rank: int, world: int):
-    if case.kind == "ring":
-        seqs = cum(case.lens) if case.layout == "TND" else None
-        return lambda x: ring_shard(x, rank, world, layout=case.layout, actual_seq_len=seqs)
-    dim = SEQ_DIM[case.layout]
+def _shard_fn(case: Case, rank: int, world: int, layout: str | None = None):
+    """This rank's shard of a global tensor in ``layout`` (default: the case's)."""
+    layout = layout or case.layout
+    seqs = cum(case.lens) if case.layout == "TND" else None
+    if case.kind == "ring" or (case.kind == "allgather" and case.split == "head_tail"):
+        return lambda x: ring_shard(x, rank, world, layout=layout, actual_seq_len=seqs)
+    if case.kind == "hybrid":
+        u = case.ulysses_degree
+        return lambda x: hybrid_shard(x, ulysses_rank=rank % u, ulysses_degree=u, ring_rank=rank // u,
+                                      ring_degree=world // u, layout=layout, actual_seq_len=seqs)
+    dim = SEQ_DIM[layout]
     return lambda x: x.narrow(dim, rank * x.shape[dim] // world, x.shape[dim] // world)
 
 
@@ -111,21 +124,29 @@ def run_case(case: Case, rank: int, world: int, group) -> None:
                         actual_seq_kvlen=gkw.get("actual_seq_kvlen"))
     shard = _shard_fn(case, rank, world)
     local = [shard(x).detach().clone().requires_grad_() for x in (q, k, v)]
-    fn = ring_flash_attention if case.kind == "ring" else ulysses_flash_attention
+    if case.kind == "hybrid":
+        fn = functools.partial(hybrid_flash_attention, ulysses_group=group.ulysses, ring_group=group.ring)
+    elif case.kind == "allgather":
+        fn = functools.partial(allgather_flash_attention, group=group, split=case.split)
+    else:
+        fn = functools.partial(ring_flash_attention if case.kind == "ring" else ulysses_flash_attention, group=group)
     dkw = _distributed_kwargs(case, kw)
     if case.stats:
-        res = fn(*local, group=group, return_stats=True, **dkw)
+        true_tnd = case.kind == "hybrid" and case.layout == "TND"  # a hybrid slice holds no whole sequence
+        res = fn(*local, return_stats=True, **dkw, **({"softmax_layout": "TND"} if true_tnd else {}))
         out = res.out
         for name, mine, ref in (("softmax_max", res.softmax_max, single.softmax_max),
                                 ("softmax_sum", res.softmax_sum, single.softmax_sum)):
-            if case.layout == "TND":  # blocked per sequence: global lengths -> local lengths
+            if true_tnd:
+                ref_local = shard(blocked_to_tnd(ref, list(case.lens)))
+            elif case.layout == "TND":  # blocked per sequence: global lengths -> local lengths
                 local_lens = [n // world for n in case.lens]
                 ref_local = tnd_to_blocked(shard(blocked_to_tnd(ref, list(case.lens))).contiguous(), local_lens)
             else:  # [B, N, S, 8]
-                ref_local = ring_shard(ref, rank, world, layout="BNSD")
+                ref_local = _shard_fn(case, rank, world, "BNSD")(ref)
             torch.testing.assert_close(mine, ref_local, rtol=1e-5, atol=1e-6, msg=name)
     else:
-        out = fn(*local, group=group, **dkw)
+        out = fn(*local, **dkw)
     out.backward(shard(dy))
     actual = [out, *(x.grad for x in local)]
     single_all = [single.out, *(x.grad for x in leaves)]
@@ -145,20 +166,30 @@ def _init(rank: int, world: int, init_file: str, timeout_s: float):
 def worker(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case]) -> None:
     """Run every case (one shared process group); record ``"ok"`` or the traceback per case."""
     _init(rank, world, init_file, 60)
+    write_results(out_dir, rank, run_cases(rank, world, cases))
+    dist.destroy_process_group()
+
+
+def write_results(out_dir: str, rank: int, results: dict) -> None:
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+def run_cases(rank: int, world: int, cases: list[Case]) -> dict:
+    """Every case's ``"ok"`` or traceback, on the initialized default group."""
     singletons = [dist.new_group([r]) for r in range(world)]
+    hybrid = {u: hybrid_groups(u, world // u) for u in sorted({c.ulysses_degree for c in cases if c.kind == "hybrid"})}
     results = {}
     for case in cases:
         try:
             if case.own_group:
                 run_case(case, 0, 1, singletons[rank])
             else:
-                run_case(case, rank, world, None)
+                run_case(case, rank, world, hybrid[case.ulysses_degree] if case.kind == "hybrid" else None)
             results[case.name] = "ok"
         except Exception:  # noqa: BLE001 - reported to the parent test
             results[case.name] = traceback.format_exc()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
-    dist.destroy_process_group()
+    return results
 
 
 HANG_GUARD_TIMEOUTS = 30

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..._core import context_parallel
 from ..._core.layouts import normalize_layout, parse_geometry, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..common.npu_rounding import npu_rounding
@@ -215,10 +216,20 @@ class _FlashAttention(torch.autograd.Function):
 def flash_attention(*inputs) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`flash_attention_fwd` (same arguments), differentiable: gradients of query, key, value and pse from the
     gradient of ``attention_out``."""
+    runner = context_parallel.active_runner()
+    if runner is not None:  # inside torch's context_parallel(): ring attention over its mesh
+        return runner.forward(inputs)
     if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs[:4])
             and not torch.compiler.is_compiling()):  # traced: the op and its own autograd go into the graph
         return _FlashAttention.apply(*inputs[:4], inputs[4:])
     return _run_forward(inputs)[0] if runs_directly(inputs[:3]) else flash_attention_fwd(*inputs)
+
+
+def flash_attention_backward(*inputs) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """:func:`flash_attention_bwd` (same arguments); inside torch's context_parallel() the ring backward over its
+    mesh."""
+    runner = context_parallel.active_runner()
+    return runner.backward(inputs) if runner is not None else flash_attention_bwd(*inputs)
 
 
 for _op in (flash_attention_fwd, flash_attention_bwd):
