@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .cases import Case
+from .types import Case
 
 MODES = ("ring", "ulysses", "allgather", "hybrid")
 WORLDS = (1, 2, 4)

@@ -21,7 +21,7 @@ from .._core.checks import Described, fail, require
 from .._core.softmax_stats import STAT_LANES
 from ..ops.flash_attention import flash_attention, flash_attention_backward
 from ..ops.flash_attention.op import _SCHEMA
-from ..ops.flash_attention.problem import INT_MAX
+from ..ops.common.problem import INT_MAX
 from .ring import from_internal, to_internal
 from .sharding import head_geometry
 
