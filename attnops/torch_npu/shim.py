@@ -1,7 +1,9 @@
 """The shim: ``import torch_npu`` returns :mod:`attnops.torch_npu`, ``torch.ops.npu.<op>`` resolves to the same
-functions (and ``torch.ops._C_ascend.<op>`` to vllm-ascend's twins of the DSA ops), ``torch.npu`` offers the device, stream, event and graph-capture calls Ascend scripts make
-(:mod:`attnops.torch_npu.npu_device`), and PyTorch takes ``"npu"`` devices and ``pin_memory`` as on the NPU
-(:mod:`attnops.torch_npu.tensor_patch`); tensor files an NPU pickled load (:mod:`attnops.torch_npu.pickling`).
+functions (``torch.ops._C_ascend.<op>`` to vllm-ascend's DSA and DeepSeek-V4 ops; ``import cann_ops_transformer``
+and ``torch.ops.cann_ops_transformer.<op>`` to :mod:`attnops.cann_ops_transformer`), ``torch.npu`` offers the
+device, stream, event and graph-capture calls Ascend scripts make (:mod:`attnops.torch_npu.npu_device`), and
+PyTorch takes ``"npu"`` devices and ``pin_memory`` as on the NPU (:mod:`attnops.torch_npu.tensor_patch`); tensor
+files an NPU pickled load (:mod:`attnops.torch_npu.pickling`).
 
 Only when the real torch_npu is absent; nothing happens on import, only when :func:`install` is called.
 """
@@ -15,6 +17,7 @@ import torch
 from .._core.checks import check_choice
 from .._core.module_alias import real_package_present
 from . import pickling, tensor_patch
+from ._common import with_overloads
 from .npu_device import npu_device_module
 
 
@@ -41,6 +44,16 @@ def _install_pickling_modules(package: types.ModuleType, npu: types.ModuleType) 
                         "torch_npu.npu._format": npu._format})
 
 
+def _install_cann_ops_transformer(module: types.ModuleType) -> None:
+    """``import cann_ops_transformer`` and ``torch.ops.cann_ops_transformer.<op>``
+    (:mod:`attnops.cann_ops_transformer`), unless the real ops-transformer extension is importable."""
+    if real_package_present("cann_ops_transformer"):
+        return
+    sys.modules["cann_ops_transformer"] = module
+    for name in module.OPS:
+        setattr(torch.ops.cann_ops_transformer, name, with_overloads(getattr(module, name)))
+
+
 def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool = True,
             patch_pin_memory: bool = True) -> bool:
     """Make ``import torch_npu``, ``torch.ops.npu.<op>``, ``torch.npu`` and ``"npu"`` devices work without an NPU.
@@ -54,8 +67,10 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
     (:mod:`attnops.torch_npu.tensor_patch`; ``tensor_patch.unpatch()`` undoes them); pass False to leave it alone.
     Returns False, changing nothing, when the real torch_npu is importable; True once installed (idempotent).
     """
+    from .. import cann_ops_transformer
     from . import ATB_OPS, C_ASCEND_OPS, OPS
     from . import __name__ as package_name
+    from .dsv4 import C_ASCEND_DSV4_OPS
 
     package = sys.modules[package_name]
     if sys.modules.get("torch_npu") is package:
@@ -72,8 +87,9 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
         setattr(torch.ops.npu, name, getattr(package, name))
     for name in ATB_OPS:
         setattr(torch.ops.atb, name, getattr(package, name))
-    for name, fn in C_ASCEND_OPS.items():  # vllm-ascend's own twins of the DSA ops
+    for name, fn in {**C_ASCEND_OPS, **C_ASCEND_DSV4_OPS}.items():  # vllm-ascend's own ops
         setattr(torch.ops._C_ascend, name, fn)
+    _install_cann_ops_transformer(cann_ops_transformer)
     npu = npu_device_module(device)
     torch.npu = npu
     package.npu = npu
