@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from attnops import aclnn, cann_ops_transformer as cot
+from attnops import AclnnError, aclnn, cann_ops_transformer as cot
 from attnops.testing import golden_compressor as GC
 from attnops.testing import golden_indexer_v2 as GI
 from attnops.torch_npu import dsv4 as va
@@ -293,10 +293,31 @@ def test_aclnn_sparse_flash_mla_two_phase_matches_golden(branch):
 
 
 def test_aclnn_errors_are_status_coded():
-    from attnops import AclnnError
-
     q, kv = torch.randn(1, 4, 3, 32), torch.randn(1, 4, 1, 32)
     with pytest.raises(AclnnError, match="^softmax_scale: ") as info:
         aclnn.sparse_flash_mla_get_workspace_size(q, kv, *[None] * 16, math.nan, 1, 4, 3, 127, 0, "BSND", "BSND", 1,
                                                   False)
     assert info.value.status == 161002
+
+
+def test_aclnn_sparse_flash_mla_grad_and_lightning_indexer_v2():
+    case = hca([4, 6], [9, 6], topk=2)
+    kw, _ = pack(case, make_parts(case), "TND", "TND")
+    kw = _ot_kwargs(kw)
+    q = kw.pop("q")
+    out, lse = cot.sparse_flash_mla(q, return_softmax_lse=True, **kw)
+    dout = torch.ones_like(out)
+    names = list(inspect.signature(cot.sparse_flash_mla_grad).parameters)[4:]
+    args = [kw.get(n) for n in names]
+    got = aclnn.sparse_flash_mla_grad(q, dout, out, lse, *args)
+    want = cot.sparse_flash_mla_grad(q, dout, out, lse, **kw)
+    for g, w in zip(got, want):
+        assert (g is None and w is None) or torch.equal(g, w)
+    with pytest.raises(AclnnError, match="^d_out: "):
+        aclnn.sparse_flash_mla_grad_get_workspace_size(q, dout[:1], out, lse, *args)
+    qi, k, w = _indexer_inputs()
+    idx, vals = aclnn.lightning_indexer_v2(qi, k, w, None, None, None, None, torch.tensor([1]), None, None, None, 2,
+                                           -1, "BSND", "BSND", 3, 4, 1)
+    want_idx, want_vals = _indexer_golden(qi, k, w, 2, 1)
+    assert torch.equal(idx[0, :, 0], want_idx)
+    torch.testing.assert_close(vals[0, :, 0], want_vals, atol=1e-12, rtol=0)
