@@ -1,6 +1,7 @@
 """vllm-ascend's DeepSeek-V4 ``torch.ops._C_ascend`` ops with its schemas (:data:`C_ASCEND_DSV4_OPS`, installed by
 the shim): ``npu_sparse_attn_sharedkv`` (+ ``_metadata``), ``compressor`` (with RMSNorm and RoPE),
-``npu_vllm_quant_lightning_indexer`` (+ ``_metadata``), ``npu_kv_quant_sparse_attn_sharedkv_metadata``; and the
+``npu_vllm_quant_lightning_indexer`` (+ ``_metadata``), ``npu_kv_quant_sparse_attn_sharedkv_metadata``, DeepSeek-V3.2's
+``npu_lightning_indexer_quant`` (vllm-ascend calls it from the same device layer); and the
 names whose math is not public, which raise ``NotImplementedError`` saying why.
 
 Translation to :mod:`attnops.ops.dsv4` (no math here): ``seqused_kv`` is the ori lengths ``L``; with compressed keys
@@ -20,9 +21,10 @@ from ..cann_ops_transformer.attention import lse_placeholder
 from ..ops.dsv4 import api
 from ..ops.dsv4.compressor_api import compressor as _compressor
 from ..ops.dsv4.indexer_v2_api import quant_lightning_indexer_v2
+from ..ops.dsv4.indexer_v2_quant import dequantize_indexer_inputs
 from ..ops.dsv4.metadata import lightning_indexer_v2_metadata, sparse_flash_mla_metadata
 from ._common import with_overloads
-from .dsa import INT64_MAX, _check_window
+from .dsa import INT64_MAX, _check_window, npu_lightning_indexer
 
 PAGED = "PA_ND"
 KV_LAYOUTS = {PAGED: "PA_BBND", "BSND": "BSND", "TND": "TND"}
@@ -210,6 +212,21 @@ def npu_vllm_quant_lightning_indexer_metadata(num_heads_q: int, num_heads_k: int
             cmp_ratio=cmp_ratio)
 
 
+def npu_lightning_indexer_quant(query: Tensor, key: Tensor, weights: Tensor, query_dequant_scale: Tensor,
+                                key_dequant_scale: Tensor, *, actual_seq_lengths_query: Tensor | None = None,
+                                actual_seq_lengths_key: Tensor | None = None, block_table: Tensor | None = None,
+                                query_quant_mode: int = 0, key_quant_mode: int = 0, layout_query: str = "BSND",
+                                layout_key: str = "BSND", sparse_count: int = 2048, sparse_mode: int = 3) -> Tensor:
+    """``sparse_indices``: DeepSeek-V3.2's lightning indexer (:func:`attnops.torch_npu.npu_lightning_indexer`, the
+    same lengths and layouts) over int8 / fp8 codes with per-token-head dequantisation scales (quant mode 0)."""
+    q, k, w = dequantize_indexer_inputs(query, key, weights, query_dequant_scale, key_dequant_scale,
+                                        query_quant_mode=query_quant_mode, key_quant_mode=key_quant_mode)
+    return npu_lightning_indexer(q, k, w, actual_seq_lengths_query=actual_seq_lengths_query,
+                                 actual_seq_lengths_key=actual_seq_lengths_key, block_table=block_table,
+                                 layout_query=layout_query, layout_key=layout_key, sparse_count=sparse_count,
+                                 sparse_mode=sparse_mode)[0]
+
+
 def _not_public(name: str, reason: str):
     """An op vllm-ascend calls whose math is not public: registered, raising ``NotImplementedError``."""
     def op(*args, **kwargs):
@@ -238,5 +255,6 @@ C_ASCEND_DSV4_OPS = {
     "compressor": with_overloads(compressor),
     "npu_vllm_quant_lightning_indexer": with_overloads(npu_vllm_quant_lightning_indexer),
     "npu_vllm_quant_lightning_indexer_metadata": with_overloads(npu_vllm_quant_lightning_indexer_metadata),
+    "npu_lightning_indexer_quant": with_overloads(npu_lightning_indexer_quant),
     **{name: with_overloads(_not_public(name, reason)) for name, reason in NOT_PUBLIC.items()},
 }

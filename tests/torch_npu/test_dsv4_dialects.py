@@ -321,3 +321,16 @@ def test_aclnn_sparse_flash_mla_grad_and_lightning_indexer_v2():
     want_idx, want_vals = _indexer_golden(qi, k, w, 2, 1)
     assert torch.equal(idx[0, :, 0], want_idx)
     torch.testing.assert_close(vals[0, :, 0], want_vals, atol=1e-12, rtol=0)
+
+
+def test_vllm_lightning_indexer_quant_is_the_dsa_indexer_on_dequantised_inputs():
+    from attnops.testing import golden_dsa
+
+    g = torch.Generator().manual_seed(30)
+    q = torch.randint(-8, 8, (1, 6, 2, 128), generator=g, dtype=torch.int8)
+    k = torch.randint(-8, 8, (1, 6, 1, 128), generator=g, dtype=torch.int8)
+    sq, sk, w = torch.rand(1, 6, 2, generator=g) + 0.5, torch.rand(1, 6, 1, generator=g) + 0.5, torch.rand(1, 6, 2)
+    idx = va.C_ASCEND_DSV4_OPS["npu_lightning_indexer_quant"](q, k, w.half(), sq.half(), sk.half(), sparse_count=3)
+    qd, kd = q.double() * sq.half().double()[..., None], k.double() * sk.half().double()[..., None]
+    want = golden_dsa.lightning_indexer(qd[0], kd[0, :, 0], w.half().double()[0], 3, 3)
+    assert idx[0, :, 0].tolist() == want
