@@ -29,6 +29,10 @@ def _ot_kwargs(kw: dict) -> dict:
     return kw
 
 
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
 def _check_attention(case, parts, starts, out, lse):
     got_out, got_lse = rows_of(out, lse)
     want_out, want_lse = expected(case, parts, starts, got_out.shape[0])
@@ -216,6 +220,11 @@ def test_metadata_ops_return_int32_zeros():
     (lambda q, kv: va.npu_vllm_quant_lightning_indexer(
         q[..., :16].to(torch.int8), kv[..., :16].to(torch.int8), torch.rand(2, 4, 3), torch.rand(2, 4, 3),
         torch.rand(2, 5, 1), cmp_ratio=4), "actual_seq_lengths_key"),
+    (lambda q, kv: va.npu_sparse_attn_sharedkv_metadata(64, 1, 512, cu_seqlens_q=_i32([0, 3, 5]),
+                                                        seqused_kv=_i32([4])), "seqused_kv"),
+    (lambda q, kv: va.npu_vllm_quant_lightning_indexer_metadata(64, 1, 128, 0, 0, actual_seq_lengths_query=_i32([3]),
+                                                                actual_seq_lengths_key=_i32([4, 5])),
+     "actual_seq_lengths_key"),
 ])
 def test_errors_name_the_dialects_arguments(call, name):
     q, kv = torch.randn(2, 4, 3, 32), torch.randn(2, 5, 1, 32)
@@ -250,6 +259,42 @@ SIGNATURES = {
     "query_quant_mode=0, key_quant_mode=0, actual_seq_lengths_query=None, actual_seq_lengths_key=None, "
     f"block_table=None, metadata=None, layout_query='BSND', layout_key='BSND', sparse_count=2048, sparse_mode=3, "
     f"pre_tokens={INT64_MAX}, next_tokens={INT64_MAX}, cmp_ratio=1, return_value=False)",
+    cot.sparse_flash_mla_grad: "(q, dout, attn_out, softmax_lse, ori_kv=None, cmp_kv=None, ori_sparse_indices=None, "
+    "cmp_sparse_indices=None, cu_seqlens_q=None, cu_seqlens_ori_kv=None, cu_seqlens_cmp_kv=None, seqused_q=None, "
+    "seqused_ori_kv=None, seqused_cmp_kv=None, cmp_residual_kv=None, ori_topk_length=None, cmp_topk_length=None, "
+    "sinks=None, metadata=None, softmax_scale=None, cmp_ratio=None, ori_mask_mode=0, cmp_mask_mode=0, "
+    "ori_win_left=-1, ori_win_right=-1, layout_q='BSND', layout_kv='BSND')",
+    cot.sparse_flash_mla_metadata: "(num_heads_q, num_heads_kv, head_dim, *, cu_seqlens_q=None, "
+    "cu_seqlens_ori_kv=None, cu_seqlens_cmp_kv=None, seqused_q=None, seqused_ori_kv=None, seqused_cmp_kv=None, "
+    "cmp_residual_kv=None, ori_topk_length=None, cmp_topk_length=None, batch_size=None, max_seqlen_q=None, "
+    "max_seqlen_ori_kv=None, max_seqlen_cmp_kv=None, ori_topk=None, cmp_topk=None, cmp_ratio=None, "
+    "ori_mask_mode=None, cmp_mask_mode=None, ori_win_left=None, ori_win_right=None, layout_q=None, layout_kv=None, "
+    "has_ori_kv=None, has_cmp_kv=None)",
+    cot.sparse_flash_mla_grad_metadata: "(num_heads_q, num_heads_kv, head_dim, cu_seqlens_q=None, "
+    "cu_seqlens_ori_kv=None, cu_seqlens_cmp_kv=None, seqused_q=None, seqused_ori_kv=None, seqused_cmp_kv=None, "
+    "cmp_residual_kv=None, ori_topk_length=None, cmp_topk_length=None, batch_size=None, max_seqlen_q=None, "
+    "max_seqlen_ori_kv=None, max_seqlen_cmp_kv=None, ori_topk=None, cmp_topk=None, cmp_ratio=None, "
+    "ori_mask_mode=0, cmp_mask_mode=0, ori_win_left=-1, ori_win_right=-1, layout_q='BSND', layout_kv='BSND', "
+    "has_ori_kv=True, has_cmp_kv=True)",
+    cot.lightning_indexer_metadata: "(num_heads_q, num_heads_k, head_dim, topk, *, cu_seqlens_q=None, "
+    "cu_seqlens_k=None, seqused_q=None, seqused_k=None, cmp_residual_k=None, batch_size=None, max_seqlen_q=None, "
+    "max_seqlen_k=None, layout_q=None, layout_k=None, mask_mode=None, cmp_ratio=None)",
+    va.npu_sparse_attn_sharedkv_metadata: "(num_heads_q, num_heads_kv, head_dim, cu_seqlens_q=None, "
+    "cu_seqlens_ori_kv=None, cu_seqlens_cmp_kv=None, seqused_q=None, seqused_kv=None, batch_size=0, "
+    "max_seqlen_q=0, max_seqlen_kv=0, ori_topk=0, cmp_topk=0, cmp_ratio=4, ori_mask_mode=4, cmp_mask_mode=3, "
+    "ori_win_left=128, ori_win_right=0, layout_q='BSND', layout_kv='PA_ND', has_ori_kv=True, has_cmp_kv=True, "
+    "device='npu')",
+    va.compressor: "(x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos, state_block_table, "
+    "cu_seqlens, seqused, start_pos, rope_head_dim, cmp_ratio, coff, norm_eps, rotary_mode, cache_mode)",
+    va.npu_vllm_quant_lightning_indexer_metadata: "(num_heads_q, num_heads_k, head_dim, query_quant_mode, "
+    "key_quant_mode, actual_seq_lengths_query=None, actual_seq_lengths_key=None, batch_size=0, max_seqlen_q=0, "
+    "max_seqlen_k=0, layout_query='BSND', layout_key='BSND', sparse_count=2048, sparse_mode=3, "
+    f"pre_tokens={INT64_MAX}, next_tokens={INT64_MAX}, cmp_ratio=1, device='npu')",
+    va.npu_kv_quant_sparse_attn_sharedkv_metadata: "(num_heads_q, num_heads_kv, head_dim, kv_quant_mode, "
+    "cu_seqlens_q=None, cu_seqlens_ori_kv=None, cu_seqlens_cmp_kv=None, seqused_q=None, seqused_kv=None, "
+    "batch_size=0, max_seqlen_q=0, max_seqlen_kv=0, ori_topk=0, cmp_topk=0, tile_size=0, rope_head_dim=0, "
+    "cmp_ratio=-1, ori_mask_mode=4, cmp_mask_mode=3, ori_win_left=127, ori_win_right=0, layout_q='BSND', "
+    "layout_kv='PA_ND', has_ori_kv=True, has_cmp_kv=True, device='npu')",
 }
 
 
