@@ -1,4 +1,4 @@
-"""The seeds' aclnn operators (and the DSA / MLA operators with an aclnn API) under their aclnn names
+"""The seeds' aclnn operators (and the DSA / MLA / DeepSeek-V4 operators with an aclnn API) under their aclnn names
 (snake_case): same parameters in the same order, outputs as tuples, status-coded errors
 (:class:`attnops.AclnnError`) and the two-phase ``<op>_get_workspace_size(...) -> (workspace_size, executor)`` /
 ``<op>(workspace, workspace_size, executor, stream)`` form.
@@ -19,6 +19,14 @@ from .dsa import (
     sparse_flash_attention_get_workspace_size,
     sparse_lightning_indexer_grad_kl_loss,
     sparse_lightning_indexer_grad_kl_loss_get_workspace_size,
+)
+from .dsv4 import (
+    lightning_indexer_v2,
+    lightning_indexer_v2_get_workspace_size,
+    sparse_flash_mla,
+    sparse_flash_mla_get_workspace_size,
+    sparse_flash_mla_grad,
+    sparse_flash_mla_grad_get_workspace_size,
 )
 from .flash_attention import (
     flash_attention_score,
@@ -73,6 +81,8 @@ __all__ = [
     "kv_rms_norm_rope_cache_get_workspace_size",
     "lightning_indexer",
     "lightning_indexer_get_workspace_size",
+    "lightning_indexer_v2",
+    "lightning_indexer_v2_get_workspace_size",
     "mla_prolog_v2_weight_nz",
     "mla_prolog_v2_weight_nz_get_workspace_size",
     "mla_prolog_v3_weight_nz",
@@ -89,6 +99,10 @@ __all__ = [
     "nsa_selected_attention_grad_get_workspace_size",
     "sparse_flash_attention",
     "sparse_flash_attention_get_workspace_size",
+    "sparse_flash_mla",
+    "sparse_flash_mla_get_workspace_size",
+    "sparse_flash_mla_grad",
+    "sparse_flash_mla_grad_get_workspace_size",
     "sparse_lightning_indexer_grad_kl_loss",
     "sparse_lightning_indexer_grad_kl_loss_get_workspace_size",
 ]

@@ -88,12 +88,12 @@ def run_case(case: CheckCase, backend: str) -> Row:
 
 
 def all_cases() -> list[CheckCase]:
-    from . import (context_parallel, dsa, flash_attention, flash_attn, flash_attn_kvcache, fused_infer_attention,
-                   nsa, torch_npu, torch_npu_atb)
+    from . import (context_parallel, dsa, dsv4, flash_attention, flash_attn, flash_attn_kvcache,
+                   fused_infer_attention, nsa, torch_npu, torch_npu_atb)
 
     return (flash_attention.cases() + flash_attn.cases() + flash_attn_kvcache.cases() + nsa.cases()
             + fused_infer_attention.cases() + torch_npu.cases() + torch_npu_atb.cases() + dsa.cases()
-            + context_parallel.cases())
+            + dsv4.cases() + context_parallel.cases())
 
 
 def triton_skip_reason() -> str | None:

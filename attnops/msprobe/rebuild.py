@@ -1,5 +1,7 @@
 """Dump entries back into calls: the torch_npu arguments by parameter name (bound to attnops.torch_npu's own
-signature, defaults applied) and the NPU's results.
+signature, defaults applied) and the NPU's results. The DeepSeek-V4 ops, registered with msprobe as custom APIs,
+bind to their dialect's function: :data:`DSV4_APIS` by the entry's prefix (``cann_ops_transformer`` or
+``_C_ascend``, the one msprobe was given); a name only one dialect has needs no particular prefix.
 
 A ``.backward`` entry takes its forward arguments from the ``.forward`` entry of the same call number: its
 ``input`` are the gradients of the forward's outputs (``dy`` first) and its ``output`` the gradients of the
@@ -11,10 +13,12 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import torch_npu
+from .. import cann_ops_transformer, torch_npu
+from ..torch_npu import dsv4 as vllm_dsv4
 from .dump import DumpDir, DumpFormatError, Entry, MissingTensor, decode_value
 
-__all__ = ["ATTENTION_APIS", "SUPPORTED_APIS", "FA_APIS", "FA_GRAD_APIS", "FIA_APIS", "NSA_APIS", "Call",
+__all__ = ["ATTENTION_APIS", "DSV4_APIS", "SUPPORTED_APIS", "dsv4_api",
+           "FA_APIS", "FA_GRAD_APIS", "FIA_APIS", "NSA_APIS", "Call",
            "Unsupported", "rebuild_call", "attention_entries", "bind_arguments", "not_dumped_reason"]
 
 FA_APIS = ("npu_fusion_attention", "npu_fusion_attention_v2", "npu_fusion_attention_v3")
@@ -29,6 +33,12 @@ SUPPORTED_APIS = FA_APIS + FA_GRAD_APIS + FIA_APIS + NSA_APIS
 # fused-attention APIs this command reports on; those not in SUPPORTED_APIS are SKIP with the reason
 NOT_RERUN = {"npu_nsa_compress_infer": "an in-place update of a paged cache, not an attention result"}
 ATTENTION_APIS = SUPPORTED_APIS + tuple(NOT_RERUN)
+# DeepSeek-V4 custom APIs by dialect (the msprobe prefix they are registered under) -> the module defining them
+DSV4_APIS = {
+    "cann_ops_transformer": (cann_ops_transformer, ("sparse_flash_mla", "sparse_flash_mla_grad", "compressor",
+                                                    "lightning_indexer")),
+    "_C_ascend": (vllm_dsv4, ("npu_sparse_attn_sharedkv", "compressor", "npu_vllm_quant_lightning_indexer")),
+}
 
 
 class Unsupported(Exception):
@@ -48,9 +58,17 @@ class Call:
     grads: list[Any] = field(default_factory=list)
 
 
+def dsv4_api(entry: Entry) -> str | None:
+    """``"<dialect>.<op>"`` of a DeepSeek-V4 entry (by its prefix, else the one dialect with that op), else None."""
+    if entry.prefix in DSV4_APIS and entry.api in DSV4_APIS[entry.prefix][1]:
+        return f"{entry.prefix}.{entry.api}"
+    dialects = [d for d, (_, ops) in DSV4_APIS.items() if entry.api in ops]
+    return f"{dialects[0]}.{entry.api}" if len(dialects) == 1 else None
+
+
 def attention_entries(dump: DumpDir) -> list[Entry]:
     """The fused-attention entries of a dump (``api_filter`` is applied by the caller), in dump order."""
-    return [e for e in dump.entries.values() if e.api in ATTENTION_APIS]
+    return [e for e in dump.entries.values() if e.api in ATTENTION_APIS or dsv4_api(e) is not None]
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -82,24 +100,35 @@ def not_dumped_reason(missing: list[MissingTensor]) -> str:
             + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
 
 
+def _function(api: str):
+    """``torch_npu.<api>``, or the dialect function of a ``"<dialect>.<op>"`` DeepSeek-V4 name."""
+    dialect, _, op = api.rpartition(".")
+    return getattr(DSV4_APIS[dialect][0] if dialect else torch_npu, op)
+
+
 def bind_arguments(api: str, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``torch_npu.<api>``'s arguments by parameter name, defaults applied (TypeError when they do not fit)."""
-    bound = inspect.signature(getattr(torch_npu, api)).bind(*_as_list(args), **kwargs)
+    """``torch_npu.<api>``'s (or a DeepSeek-V4 dialect function's) arguments by parameter name, defaults applied
+    (TypeError when they do not fit)."""
+    bound = inspect.signature(_function(api)).bind(*_as_list(args), **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
 
 
-def _bind(forward: Entry, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _bind(forward: Entry, api: str, args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     try:
-        return bind_arguments(forward.api, args, kwargs)
+        return bind_arguments(api, args, kwargs)
     except TypeError as exc:
-        raise DumpFormatError(f"{forward.name}: its arguments do not fit torch_npu.{forward.api} ({exc})") from None
+        where = api if "." in api else f"torch_npu.{api}"
+        raise DumpFormatError(f"{forward.name}: its arguments do not fit {where} ({exc})") from None
 
 
 def rebuild_call(entry: Entry, dump: DumpDir) -> Call:
     """The :class:`Call` of ``entry``; raises :class:`Unsupported` (SKIP) or :class:`DumpFormatError`."""
     if entry.api in NOT_RERUN:
         raise Unsupported(f"{entry.api} is not re-run: {NOT_RERUN[entry.api]}")
+    api = dsv4_api(entry) or entry.api
+    if api != entry.api and entry.direction == "backward":
+        raise Unsupported(f"the backward of {api} is not re-run (dump its grad op called directly)")
     forward = entry
     if entry.direction == "backward":
         if entry.api not in TRAINING_APIS:
@@ -114,4 +143,4 @@ def rebuild_call(entry: Entry, dump: DumpDir) -> Call:
     missing = _missing([args, kwargs, grads])  # outputs dumped as statistics only are named by the judge
     if missing:
         raise Unsupported(not_dumped_reason(missing))
-    return Call(entry.name, entry.api, entry.direction, _bind(forward, args, kwargs), outputs, grads)
+    return Call(entry.name, api, entry.direction, _bind(forward, api, args, kwargs), outputs, grads)

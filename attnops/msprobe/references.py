@@ -2,11 +2,11 @@
 
 - :func:`golden` G: float64, computed exactly: FlashAttention and the NSA operators by attnops' operators on
   float64 inputs; FusedInferAttention/PFA/IFA, whose operator takes no float64, by the dense fp64 golden
-  :func:`attnops.testing.golden_fia.fia_forward`.
+  :func:`attnops.testing.golden_fia.fia_forward`; the DeepSeek-V4 ops by their dialect function on float64 inputs.
 - :func:`emulate` E: attnops' operator with ``precision="npu"`` on the dumped inputs as they are: what a correct
   Ascend A2/A3 kernel computes, rounding included. Where the NPU's rounding is not emulated (``npu_nsa_compress``,
-  FIA decode with int4 or per-token antiquant KV) E is attnops' exact result in the dumped dtypes (fp32, one
-  cast) and :func:`emulate` says so in its note.
+  FIA decode with int4 or per-token antiquant KV, the DeepSeek-V4 ops) E is attnops' exact result in the dumped
+  dtypes (fp32, one cast) and :func:`emulate` says so in its note.
 
 Both return the compared results by label (``output.<i>`` of the dumped ``output`` list) with a readable name.
 Calls using features neither reference re-runs raise :class:`~.rebuild.Unsupported` (dropout, whose NPU random
@@ -22,6 +22,7 @@ from torch import Tensor
 from .._core.errors import PrecisionNotEmulatedError
 from ..ops.fused_infer_attention.problem import LAYOUTS as FIA_LAYOUTS
 from ..testing.golden_fia import fia_forward
+from . import dsv4_references as dsv4
 from . import nsa_references as nsa
 from ._reference import EMULATION, GOLDEN, Reference, unsupported_if
 from .dump import MissingTensor
@@ -29,7 +30,8 @@ from .rebuild import FA_APIS, FA_GRAD_APIS, FIA_APIS, Call, Unsupported
 
 __all__ = ["golden", "golden_values", "emulate", "npu_results", "not_dumped", "result_names", "INDEX_RESULTS"]
 
-INDEX_RESULTS = ("topk_indices",)  # results compared as sets of selected blocks (verdict.judge_indices)
+# results compared as sets of selected blocks / keys (verdict.judge_indices)
+INDEX_RESULTS = ("topk_indices", "sparse_indices")
 _FA_NAMES = {"forward": ("attention_out", "softmax_max", "softmax_sum"), "backward": ("dq", "dk", "dv", "dpse")}
 _PFA_HIGH_PRECISION = range(10, 15)  # PFA sparse_mode 10-14: modes 0-4 with inner_precise 0
 # FIA v2's argument names as v1's (aclnn's) names
@@ -147,12 +149,14 @@ _FAMILIES = {
     **{api: (_fa_grad, {"forward": ("dq", "dk", "dv", "dpse")}) for api in FA_GRAD_APIS},
     **{api: (_fia, {"forward": ("attention_out", "softmax_lse")}) for api in FIA_APIS},
     **nsa.FAMILIES,
+    **dsv4.FAMILIES,
 }
 
 
 def result_names(call: Call) -> tuple[str, ...]:
     """The names of the call's compared results, in the dumped ``output`` order."""
-    return _FAMILIES[call.api][1][call.direction]
+    names = _FAMILIES[call.api][1][call.direction]
+    return names(call) if callable(names) else names
 
 
 def _labelled(call: Call, values: list[Tensor | None]) -> dict[str, tuple[str, Tensor]]:
@@ -177,7 +181,7 @@ def emulate(call: Call) -> tuple[dict[str, tuple[str, Tensor]], str]:
     inputs; where that mode does not cover the call, attnops' exact result in the dumped dtypes and a note that
     says so (empty otherwise)."""
     run = _FAMILIES[call.api][0]
-    note = nsa.NOT_EMULATED.get(call.api, "")
+    note = nsa.NOT_EMULATED.get(call.api) or dsv4.NOT_EMULATED.get(call.api, "")
     try:
         return _labelled(call, run(call, EMULATION)), note
     except PrecisionNotEmulatedError as exc:

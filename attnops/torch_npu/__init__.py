@@ -72,6 +72,7 @@ from .nsa import (
     npu_nsa_select_attention_grad,
     npu_nsa_select_attention_infer,
 )
+from .dsv4 import C_ASCEND_DSV4_OPS
 from .scatter_nd import npu_scatter_nd_update, npu_scatter_nd_update_
 from .shim import install_package
 
@@ -138,5 +139,5 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
     (:mod:`attnops.torch_npu.tensor_patch`; ``tensor_patch.unpatch()`` undoes them); pass False to leave it alone.
     Returns False, changing nothing, when the real torch_npu is importable; True once installed (idempotent).
     """
-    return install_package(sys.modules[__name__], OPS, ATB_OPS, C_ASCEND_OPS, device,
+    return install_package(sys.modules[__name__], OPS, ATB_OPS, {**C_ASCEND_OPS, **C_ASCEND_DSV4_OPS}, device,
                            patch_tensor_npu=patch_tensor_npu, patch_pin_memory=patch_pin_memory)

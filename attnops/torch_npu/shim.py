@@ -1,7 +1,9 @@
 """The shim: ``import torch_npu`` returns :mod:`attnops.torch_npu`, ``torch.ops.npu.<op>`` resolves to the same
-functions (and ``torch.ops._C_ascend.<op>`` to vllm-ascend's twins of the DSA ops), ``torch.npu`` offers the device, stream, event and graph-capture calls Ascend scripts make
-(:mod:`attnops.torch_npu.npu_device`), and PyTorch takes ``"npu"`` devices and ``pin_memory`` as on the NPU
-(:mod:`attnops.torch_npu.tensor_patch`); tensor files an NPU pickled load (:mod:`attnops.torch_npu.pickling`).
+functions (``torch.ops._C_ascend.<op>`` to vllm-ascend's DSA and DeepSeek-V4 ops; ``import cann_ops_transformer``
+and ``torch.ops.cann_ops_transformer.<op>`` to :mod:`attnops.cann_ops_transformer`), ``torch.npu`` offers the
+device, stream, event and graph-capture calls Ascend scripts make (:mod:`attnops.torch_npu.npu_device`), and
+PyTorch takes ``"npu"`` devices and ``pin_memory`` as on the NPU (:mod:`attnops.torch_npu.tensor_patch`); tensor
+files an NPU pickled load (:mod:`attnops.torch_npu.pickling`).
 
 Only when the real torch_npu is absent; nothing happens on import, only when :func:`attnops.torch_npu.install` is
 called.
@@ -16,6 +18,7 @@ import torch
 from .._core.checks import check_choice
 from .._core.module_alias import real_package_present
 from . import pickling, tensor_patch
+from ._common import with_overloads
 from .npu_device import npu_device_module
 
 
@@ -42,11 +45,23 @@ def _install_pickling_modules(package: types.ModuleType, npu: types.ModuleType) 
                         "torch_npu.npu._format": npu._format})
 
 
+def _install_cann_ops_transformer(module: types.ModuleType) -> None:
+    """``import cann_ops_transformer`` and ``torch.ops.cann_ops_transformer.<op>``
+    (:mod:`attnops.cann_ops_transformer`), unless the real ops-transformer extension is importable."""
+    if real_package_present("cann_ops_transformer"):
+        return
+    sys.modules["cann_ops_transformer"] = module
+    for name in module.OPS:
+        setattr(torch.ops.cann_ops_transformer, name, with_overloads(getattr(module, name)))
+
+
 def install_package(package: types.ModuleType, ops: tuple[str, ...], atb_ops: tuple[str, ...], c_ascend_ops: dict,
                     device: str | torch.device | None, *, patch_tensor_npu: bool, patch_pin_memory: bool) -> bool:
     """:func:`attnops.torch_npu.install`: ``package`` (:mod:`attnops.torch_npu`) becomes ``torch_npu``, its functions
     named in ``ops`` / ``atb_ops`` become ``torch.ops.npu.<op>`` / ``torch.ops.atb.<op>``, and ``c_ascend_ops``
     (name: function) ``torch.ops._C_ascend.<op>``."""
+    from .. import cann_ops_transformer
+
     if sys.modules.get("torch_npu") is package:
         tensor_patch.patch(torch.npu.device, devices=patch_tensor_npu, pin_memory=patch_pin_memory)
         return True
@@ -61,8 +76,9 @@ def install_package(package: types.ModuleType, ops: tuple[str, ...], atb_ops: tu
         setattr(torch.ops.npu, name, getattr(package, name))
     for name in atb_ops:
         setattr(torch.ops.atb, name, getattr(package, name))
-    for name, fn in c_ascend_ops.items():  # vllm-ascend's own twins of the DSA ops
+    for name, fn in c_ascend_ops.items():  # vllm-ascend's own ops
         setattr(torch.ops._C_ascend, name, fn)
+    _install_cann_ops_transformer(cann_ops_transformer)
     npu = npu_device_module(device)
     torch.npu = npu
     package.npu = npu

@@ -65,9 +65,10 @@ def test_list_prints_every_case_without_running(capsys):
     assert check.main(["--list", "--filter", "npu_"]) == 0
     lines = capsys.readouterr().out.splitlines()
     from attnops.check import dsa as dsa_cases
+    from attnops.check import dsv4 as dsv4_cases
     from attnops.check import torch_npu as npu_cases
     from attnops.check import torch_npu_atb as atb_cases
-    dsa_npu = [c for c in dsa_cases.cases() if "npu_" in c.operator]
+    dsa_npu = [c for c in dsa_cases.cases() + dsv4_cases.cases() if "npu_" in c.operator]
     assert len(lines) == len(npu_cases.cases()) + len(atb_cases.cases()) + len(dsa_npu)
     assert all(line.startswith(("npu_", "_npu_", "_C_ascend.npu_")) and line.endswith("reference") for line in lines)
 

@@ -5,8 +5,8 @@ from . import op  # noqa: F401  (registers the attnops::dsv4_* custom ops)
 from .api import SparseFlashMlaGradResult, SparseFlashMlaResult, sparse_flash_mla, sparse_flash_mla_grad
 from .compressor_api import compressor
 from .indexer_v2_api import LightningIndexerV2Result, lightning_indexer_v2, quant_lightning_indexer_v2
-from .metadata import sparse_flash_mla_grad_metadata, sparse_flash_mla_metadata
+from .metadata import lightning_indexer_v2_metadata, sparse_flash_mla_grad_metadata, sparse_flash_mla_metadata
 
 __all__ = ["LightningIndexerV2Result", "SparseFlashMlaGradResult", "SparseFlashMlaResult", "compressor",
-           "lightning_indexer_v2", "quant_lightning_indexer_v2", "sparse_flash_mla", "sparse_flash_mla_grad",
-           "sparse_flash_mla_grad_metadata", "sparse_flash_mla_metadata"]
+           "lightning_indexer_v2", "lightning_indexer_v2_metadata", "quant_lightning_indexer_v2", "sparse_flash_mla",
+           "sparse_flash_mla_grad", "sparse_flash_mla_grad_metadata", "sparse_flash_mla_metadata"]

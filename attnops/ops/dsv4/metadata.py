@@ -95,3 +95,34 @@ def sparse_flash_mla_metadata(num_heads_q: int, num_heads_kv: int, head_dim: int
 
 # The grad kernel's metadata: the same arguments, checks and result (the NPU op has the same signature and role).
 sparse_flash_mla_grad_metadata = sparse_flash_mla_metadata
+
+
+def lightning_indexer_v2_metadata(num_heads_q: int, num_heads_k: int, head_dim: int, topk: int, *,
+                                  cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
+                                  seqused_q: Tensor | None = None, seqused_k: Tensor | None = None,
+                                  cmp_residual_k: Tensor | None = None, batch_size: int | None = None,
+                                  max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                                  layout_q: str | None = None, layout_k: str | None = None,
+                                  mask_mode: int | None = None, cmp_ratio: int | None = None) -> Tensor:
+    """The metadata tensor of the lightning indexer v2's NPU kernel: int32 ``[1024]`` zeros on the length tensors'
+    device (the CPU without them), after checking the arguments as :func:`sparse_flash_mla_metadata` does
+    (``num_heads_k`` 1, lengths agreeing on the batch, ``None`` for CANN's defaults).
+
+    >>> lightning_indexer_v2_metadata(64, 1, 128, 512, cu_seqlens_q=torch.tensor([0, 3])).shape
+    torch.Size([1024])
+    """
+    check_int("num_heads_q", num_heads_q, lo=1)
+    check_int("num_heads_k", num_heads_k, lo=1, hi=1)
+    check_int("head_dim", head_dim, lo=1)
+    check_int("topk", topk, lo=1)
+    tensors = {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "seqused_q": seqused_q,
+               "seqused_k": seqused_k, "cmp_residual_k": cmp_residual_k}
+    _batch(tensors, None if batch_size is None else check_int("batch_size", batch_size, lo=0))
+    _optional_int("max_seqlen_q", max_seqlen_q, -1, -1)
+    _optional_int("max_seqlen_k", max_seqlen_k, -1, -1)
+    check_choice("layout_q", "BSND" if layout_q is None else layout_q, QUERY_LAYOUTS)
+    check_choice("layout_k", "BSND" if layout_k is None else layout_k, (*KV_LAYOUTS, "PA_BSND"))
+    check_choice("mask_mode", 0 if mask_mode is None else mask_mode, (0, 3))
+    _optional_int("cmp_ratio", cmp_ratio, 1, 1, MAX_CMP_RATIO)
+    device = next((x.device for x in tensors.values() if x is not None), torch.device("cpu"))
+    return torch.zeros(METADATA_SIZE, dtype=torch.int32, device=device)
