@@ -11,7 +11,7 @@ from ..testing import golden_dsv4 as gold
 from ..testing import golden_indexer_v2 as gold_idx
 from ..testing.compare import attention_reductions
 from ..torch_npu.dsv4 import C_ASCEND_DSV4_OPS
-from . import CheckCase, Comparison
+from .case import CheckCase, Comparison
 
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
 RATIO, BLOCK, WIN = 4, 16, 7
