@@ -367,3 +367,24 @@ def test_nsa_decode_cpu(cpu_path, which, where, value):
 def test_nsa_decode_triton(triton_backend, which, where, value):  # noqa: F811
     _check_nsa_decode(*_nsa_decode_case(which, where, VALUES[value], F16), where)
     assert triton_backend
+
+
+# ------------------------------------------------------------------------------------------------ all scores -inf
+def _all_minus_inf_fa(how, layout):
+    """An FA case where rows see keys whose every score is -inf: "pse" (-inf pse on the whole row 0 of head 1 in the
+    last batch) or "key" (a -inf key element times a positive query element on every key of KV head 0 there)."""
+    q, k, v, dy, pse, kw = _fa_case("pse" if how == "pse" else "k", "visible", 0.0, dtype=F32, layout=layout)
+    if how == "pse":
+        pse[1, 1, 0] = -INF
+    else:
+        q[1, :2, :, 3] = q[1, :2, :, 3].abs() + 0.1  # heads 0 and 1 (KV head 0), every row: score -inf
+        k[1, 0, :, 3] = -INF
+    return q, k, v, dy, pse, kw
+
+
+@pytest.mark.parametrize("how", ["pse", "key"])
+def test_flash_attention_all_visible_scores_minus_inf(how):
+    """The formula's 0/0: output, softmax_sum and the gradients NaN, softmax_max -inf; rows that see no key (none
+    here) would stay fully masked."""
+    q, k, v, dy, pse, kw = _all_minus_inf_fa(how, "BNSD")
+    _check_fa(q, k, v, dy, pse, kw, "visible")
