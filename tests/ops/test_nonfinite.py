@@ -12,6 +12,7 @@ import torch
 
 import attnops
 from attnops._core import cpu_kernels
+from attnops.ops.fused_infer_attention import decode as fia_decode
 from attnops.testing import golden_nsa
 from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden import fa_backward, fa_forward
@@ -388,3 +389,34 @@ def test_flash_attention_all_visible_scores_minus_inf(how):
     here) would stay fully masked."""
     q, k, v, dy, pse, kw = _all_minus_inf_fa(how, "BNSD")
     _check_fa(q, k, v, dy, pse, kw, "visible")
+
+
+def _all_minus_inf_fia(how, *, sq, dtype=F32, paged=False):
+    """An FIA case where the rows of query heads 0 and 1 (KV head 0) of batch 1 see keys whose scores are all -inf
+    ("key": a -inf key element times a positive query element at every key; "first-keys": only at its first 16
+    keys, the others finite), or row ``sq - 1`` of head 1 there ("pse": a -inf pse over the whole row)."""
+    q, k, v, kw = _fia_case("pse" if how == "pse" else "k", "visible", 0.0, sq=sq, dtype=dtype)
+    if how == "pse":
+        kw["pse_shift"][1, 1, sq - 1] = -INF
+    else:
+        q[1, :2, :, 3] = q[1, :2, :, 3].abs() + 0.1
+        k[1, 0, :FIA_SKV if how == "key" else 16, 3] = -INF
+    if paged:
+        k, bt = to_paged(k, FIA_LENS, 16, cache_layout="BNSD", seed=4)
+        v, _ = to_paged(v, FIA_LENS, 16, cache_layout="BNSD", seed=4)
+        kw.update(block_table=bt, block_size=16)
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("how", ["key", "first-keys", "pse"])
+@pytest.mark.parametrize("sq", [1, 3], ids=["decode", "prefill"])
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_fia_all_visible_scores_minus_inf(cpu_path, monkeypatch, how, sq, paged):
+    """Rows that see only -inf scores give the formula's NaN (output and lse), on the kernel and the PyTorch path;
+    with decode chunks of 16 tokens, a chunk of only -inf scores weighs nothing next to finite ones."""
+    monkeypatch.setattr(fia_decode, "CHUNK_TOKENS", 16)
+    q, k, v, kw = _all_minus_inf_fia(how, sq=sq, paged=paged)
+    g = fia_golden(q, k, v, **kw)
+    assert bool(g.out.isnan().any()) == (how != "first-keys")
+    _check_fia(q, k, v, kw, "visible")
+    assert cpu_path is None or cpu_path or how == "pse" or sq > 1
