@@ -420,3 +420,58 @@ def test_fia_all_visible_scores_minus_inf(cpu_path, monkeypatch, how, sq, paged)
     assert bool(g.out.isnan().any()) == (how != "first-keys")
     _check_fia(q, k, v, kw, "visible")
     assert cpu_path is None or cpu_path or how == "pse" or sq > 1
+
+
+def _dsa_grads(q, k, v, dy, dtype):
+    """``(out, dq, dk, dv)``: of attnops (``dtype`` None) or of the golden in ``dtype`` (autograd through it)."""
+    idx = torch.tensor(DSA_ROWS, dtype=torch.int32).view(1, 4, 1, 6)
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in (q, k, v)]
+    if dtype is None:
+        out = attnops.sparse_flash_attention(*leaves, idx, scale=0.25, actual_seq_lengths_query=torch.tensor([4]),
+                                             actual_seq_lengths_kv=torch.tensor([10])).attention_out
+        out.backward(dy)
+    else:
+        out = golden_sfa([leaves[0][0]], [leaves[1][0, :, 0]], [leaves[2][0, :, 0]], [DSA_ROWS], 0.25,
+                         dtype=dtype)[0]
+        out.backward(dy[0])
+        out = out[None]
+    return (out,) + tuple(leaf.grad for leaf in leaves)
+
+
+def _check_dsa_backward(q, k, v):
+    dy = randn(*q.shape, dtype=q.dtype, seed=33)
+    got, gold, base = _dsa_grads(q, k, v, dy, None), _dsa_grads(q, k, v, dy, F64), _dsa_grads(q, k, v, dy, q.dtype)
+    for name, a, g, b in zip(("out", "dq", "dk", "dv"), got, gold, base):
+        assert_nonfinite_close(name, a, g.to(a.dtype) if g.dtype != F64 else g, b, factor=3)
+
+
+@pytest.mark.parametrize("which,where,value", DSA_CASES)
+def test_dsa_backward_cpu(which, where, value):
+    _check_dsa_backward(*_dsa_case(which, where, VALUES[value], F32))
+
+
+@pytest.mark.parametrize("which,where,value", rotated(DSA_CASES))
+def test_dsa_backward_triton(triton_backend, which, where, value):  # noqa: F811
+    _check_dsa_backward(*_dsa_case(which, where, VALUES[value], F16))
+    assert triton_backend
+
+
+def _all_minus_inf_dsa(dtype):
+    """Every score of query row 3 is -inf (a -inf key element times a positive query element at each of the keys
+    its index row names); the other rows see the same keys with query elements of either sign."""
+    q, k, v = _dsa_case("k", "visible", 0.0, dtype)
+    q[0, 3, :, 5] = q[0, 3, :, 5].abs() + 0.1
+    k[0, [1, 2, 3, 5, 6], 0, 5] = -INF
+    return q, k, v
+
+
+def test_dsa_all_visible_scores_minus_inf_cpu():
+    q, k, v = _all_minus_inf_dsa(F32)
+    _check_dsa(q, k, v, "visible")
+    _check_dsa_backward(q, k, v)
+
+
+def test_dsa_all_visible_scores_minus_inf_triton(triton_backend):  # noqa: F811
+    q, k, v = _all_minus_inf_dsa(F16)
+    _check_dsa(q, k, v, "visible")
+    assert triton_backend
