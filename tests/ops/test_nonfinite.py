@@ -475,3 +475,39 @@ def test_dsa_all_visible_scores_minus_inf_triton(triton_backend):  # noqa: F811
     q, k, v = _all_minus_inf_dsa(F16)
     _check_dsa(q, k, v, "visible")
     assert triton_backend
+
+
+def _all_minus_inf_nsa(dtype):
+    """Token 5 (every head) scores -inf at each key it sees (a -inf key element times a positive query element at
+    keys 0..7, the two selected blocks); token 0..4 and 6, 7 see them with query elements of either sign."""
+    q, k, v = _nsa_case("k", "visible", 0.0, dtype)
+    q[5, :, 4] = q[5, :, 4].abs() + 0.1
+    k[:8, 0, 4] = -INF
+    return q, k, v
+
+
+def test_nsa_selected_all_visible_scores_minus_inf_cpu():
+    _check_nsa_selected(*_all_minus_inf_nsa(F32), "visible")
+
+
+def test_nsa_selected_all_visible_scores_minus_inf_triton(triton_backend):  # noqa: F811
+    _check_nsa_selected(*_all_minus_inf_nsa(F16), "visible")
+    assert triton_backend
+
+
+def _all_minus_inf_nsa_decode(dtype):
+    """Request 1 (every head) scores -inf at each key of its selected blocks 0 and 2 (rows 0..3 of pages 5 and 3)."""
+    q, k_cache, v_cache, topk, table, lens = _nsa_decode_case("k", "visible", 0.0, dtype)
+    q[1, :, 4] = q[1, :, 4].abs() + 0.1
+    k_cache[5, :4, 0, 4] = k_cache[3, :4, 0, 4] = -INF
+    return q, k_cache, v_cache, topk, table, lens
+
+
+def test_nsa_decode_all_visible_scores_minus_inf_cpu(cpu_path):
+    _check_nsa_decode(*_all_minus_inf_nsa_decode(F32), "visible")
+    assert cpu_path is None or cpu_path
+
+
+def test_nsa_decode_all_visible_scores_minus_inf_triton(triton_backend):  # noqa: F811
+    _check_nsa_decode(*_all_minus_inf_nsa_decode(F16), "visible")
+    assert triton_backend
