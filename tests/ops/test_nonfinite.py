@@ -511,3 +511,27 @@ def test_nsa_decode_all_visible_scores_minus_inf_cpu(cpu_path):
 def test_nsa_decode_all_visible_scores_minus_inf_triton(triton_backend):  # noqa: F811
     _check_nsa_decode(*_all_minus_inf_nsa_decode(F16), "visible")
     assert triton_backend
+
+
+# ------------------------------------------------------------------------------------------------ DeepSeek-V4
+@pytest.mark.parametrize("sinks", [False, True], ids=["no-sinks", "sinks"])
+@pytest.mark.parametrize("how", ["key", "none"])
+def test_dsv4_all_visible_scores_minus_inf(sinks, how):
+    """Sliding-window sparse_flash_mla (keys are values): query row 3 (every head) scores -inf at each key it sees
+    (a -inf key element times a positive query element at every key: "key"): the golden's NaN output and lse
+    ``logsumexp = -inf`` (without sinks; rows with a +inf score: +inf); "none": finite inputs, for contrast."""
+    from tests.ops.dsv4 import helpers as H
+
+    case = H.Case([4], [9], sinks=sinks, dtype=F32)
+    parts = H.make_parts(case)
+    if how == "key":
+        parts.qs[0][3, :, 0] = parts.qs[0][3, :, 0].abs() + 0.1
+        parts.oris[0][:, 0] = -INF
+    kw, starts = H.pack(case, parts, "BSND", "BSND")
+    out, lse = H.rows_of(*H.call(kw)[:2])
+    g_out, g_lse = H.expected(case, parts, starts, out.shape[0])
+    b_out, b_lse = H.expected(case, parts, starts, out.shape[0], dtype=F32)
+    if how == "key":
+        assert bool(g_out[3, :, 0].isnan().all()) and (sinks or bool((g_lse[3] == -INF).all()))
+    assert_nonfinite_close("out", out, g_out, b_out)
+    assert_nonfinite_close("lse", lse, g_lse, b_lse)
