@@ -450,12 +450,6 @@ def test_dsa_backward_cpu(which, where, value):
     _check_dsa_backward(*_dsa_case(which, where, VALUES[value], F32))
 
 
-@pytest.mark.parametrize("which,where,value", rotated(DSA_CASES))
-def test_dsa_backward_triton(triton_backend, which, where, value):  # noqa: F811
-    _check_dsa_backward(*_dsa_case(which, where, VALUES[value], F16))
-    assert triton_backend
-
-
 def _all_minus_inf_dsa(dtype):
     """Every score of query row 3 is -inf (a -inf key element times a positive query element at each of the keys
     its index row names); the other rows see the same keys with query elements of either sign."""
@@ -535,3 +529,16 @@ def test_dsv4_all_visible_scores_minus_inf(sinks, how):
         assert bool(g_out[3, :, 0].isnan().all()) and (sinks or bool((g_lse[3] == -INF).all()))
     assert_nonfinite_close("out", out, g_out, b_out)
     assert_nonfinite_close("lse", lse, g_lse, b_lse)
+
+
+@pytest.mark.parametrize("how", ["pse", "key"])
+def test_flash_attention_all_visible_scores_minus_inf_triton(triton_backend, how):  # noqa: F811
+    q, k, v, dy, pse, kw = _all_minus_inf_fa(how, "BNSD")
+    _check_fa(*(x.to(F16) if isinstance(x, torch.Tensor) else x for x in (q, k, v, dy, pse)), kw, "visible")
+    assert triton_backend
+
+
+@pytest.mark.parametrize("how,sq", [("key", 1), ("first-keys", 1), ("pse", 3)])
+def test_fia_all_visible_scores_minus_inf_triton(triton_backend, how, sq):  # noqa: F811
+    _check_fia(*_all_minus_inf_fia(how, sq=sq, dtype=F16, paged=sq == 1), "visible")
+    assert triton_backend
