@@ -542,3 +542,38 @@ def test_flash_attention_all_visible_scores_minus_inf_triton(triton_backend, how
 def test_fia_all_visible_scores_minus_inf_triton(triton_backend, how, sq):  # noqa: F811
     _check_fia(*_all_minus_inf_fia(how, sq=sq, dtype=F16, paged=sq == 1), "visible")
     assert triton_backend
+
+
+# ------------------------------------------------------------------------------------------------ int8 output
+def _check_fia_int8_out(q, k, v, kw):
+    """int8 output (``quant_scale2`` 2): where the golden output is NaN the int8 output is 0, where it is +-inf
+    127 / -128 (the NPU's float-to-integer conversion saturates and sends NaN to 0); within 1 elsewhere."""
+    kw = dict(kw, softmax_lse_flag=False)
+    g = fia_golden(q, k, v, **kw).out  # before the quantization
+    assert not bool(g.isfinite().all())  # the case is what it claims to be
+    out, _ = run_api(q, k, v, **kw, quant_scale2=torch.tensor([2.0]))
+    assert out.dtype == torch.int8
+    y = torch.where(g.isnan(), 0.0, g.double() * 2).clamp(-128, 127)
+    nonfinite = ~g.isfinite()
+    assert torch.equal(out[nonfinite].double(), y[nonfinite]), (out[nonfinite], y[nonfinite])
+    assert float((out.double() - y.round()).abs().max()) <= 1
+
+
+INT8_OUT_CASES = [("k", "nan"), ("v", "+inf"), ("v", "-inf"), ("all -inf", None)]
+
+
+def _int8_out_case(which, value, dtype):
+    if which == "all -inf":
+        return _all_minus_inf_fia("key", sq=1, dtype=dtype)
+    return _fia_case(which, "visible", VALUES[value], sq=1, dtype=dtype)
+
+
+@pytest.mark.parametrize("which,value", INT8_OUT_CASES)
+def test_fia_int8_output_nonfinite_cpu(cpu_path, which, value):
+    _check_fia_int8_out(*_int8_out_case(which, value, F16))
+
+
+@pytest.mark.parametrize("which,value", INT8_OUT_CASES[:2] + INT8_OUT_CASES[3:])
+def test_fia_int8_output_nonfinite_triton(triton_backend, which, value):  # noqa: F811
+    _check_fia_int8_out(*_int8_out_case(which, value, F16))
+    assert triton_backend
