@@ -577,3 +577,31 @@ def test_fia_int8_output_nonfinite_cpu(cpu_path, which, value):
 def test_fia_int8_output_nonfinite_triton(triton_backend, which, value):  # noqa: F811
     _check_fia_int8_out(*_int8_out_case(which, value, F16))
     assert triton_backend
+
+
+# ------------------------------------------------------------------------------------------------ NSA top-k
+def _nsa_topk_with_nan_scores():
+    """Compressed attention whose KV head 0 has a NaN compressed key (every token sees it): the importance scores
+    of that head's rows are all NaN; KV head 1 stays finite."""
+    q, k, v = randn(4, 4, 16, seed=60), randn(32, 2, 16, seed=61), randn(32, 2, 16, seed=62)
+    k[3, 0, 5] = NAN
+    res = attnops.nsa_compress_attention(q, k, v, compress_block_size=16, compress_stride=16, select_block_size=32,
+                                         select_block_count=5, scale=0.25, actual_seq_qlen=[4],
+                                         actual_cmp_seq_kvlen=[32])
+    return res.topk_indices
+
+
+def test_nsa_topk_nan_scores_rank_below_real_ones():
+    """A NaN importance score ranks below every real score (and above blocks a row may not choose), ties to the
+    lower block: rows whose scores are all NaN pick blocks 0, 1, 2, ...; finite rows are unaffected."""
+    topk = _nsa_topk_with_nan_scores()
+    assert topk[:, 0].tolist() == [[0, 1, 2, 3, 4]] * 4
+    assert all(len(set(row)) == 5 for row in topk[:, 1].tolist())
+
+
+def test_nsa_topk_nan_scores_triton(triton_backend, monkeypatch):  # noqa: F811
+    """The Triton top-k kernel picks the CPU reference's blocks."""
+    got = _nsa_topk_with_nan_scores()
+    assert "topk_kernel" in triton_backend
+    monkeypatch.setenv("ATTNOPS_BACKEND", "reference")
+    assert torch.equal(got, _nsa_topk_with_nan_scores())
