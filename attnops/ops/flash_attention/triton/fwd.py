@@ -117,20 +117,22 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
     c_begin = c_lo // BLOCK_N * BLOCK_N
     full_lo, full_hi = full_cols(meta_ptr, b, r0, c_begin, c_hi, BLOCK_M, BLOCK_N)
     for c0 in range(full_lo, full_hi, BLOCK_N):  # tiles kept entirely: no mask
-        acc, m_i, l_i, seen = _attend(acc, m_i, l_i, seen, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b,
-                                h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb, pse_sh, pse_sr,
-                                pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols, drop_ptr, keep_prob, seed,
-                                offset, row_ok, BLOCK_N, False, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT,
-                                NEGATIVE_SCALE, SOFTCAP, UPCAST, PRECISION)
+        acc, m_i, l_i, seen = _attend(acc, m_i, l_i, seen, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv,
+                                      meta_ptr, b, h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb,
+                                      pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols,
+                                      drop_ptr, keep_prob, seed, offset, row_ok, BLOCK_N, False, PSE,
+                                      PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT, NEGATIVE_SCALE, SOFTCAP, UPCAST,
+                                      PRECISION)
     # edge tiles: [c_begin, full_lo) then [full_hi, c_hi), one loop
     n_left = (full_lo - c_begin) // BLOCK_N
     for t in range(0, n_left + tl.cdiv(c_hi - full_hi, BLOCK_N)):
         c0 = tl.where(t < n_left, c_begin + t * BLOCK_N, full_hi + (t - n_left) * BLOCK_N)
-        acc, m_i, l_i, seen = _attend(acc, m_i, l_i, seen, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b,
-                                h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb, pse_sh, pse_sr,
-                                pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols, drop_ptr, keep_prob, seed,
-                                offset, row_ok, BLOCK_N, True, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT,
-                                NEGATIVE_SCALE, SOFTCAP, UPCAST, PRECISION)
+        acc, m_i, l_i, seen = _attend(acc, m_i, l_i, seen, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv,
+                                      meta_ptr, b, h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb,
+                                      pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols,
+                                      drop_ptr, keep_prob, seed, offset, row_ok, BLOCK_N, True, PSE,
+                                      PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT, NEGATIVE_SCALE, SOFTCAP, UPCAST,
+                                      PRECISION)
 
     m_i = nan_aware_max(m_i, l_i)
     unkept = seen & (l_i == 0)  # keys seen, every score -inf: the formula's 0 / 0 (max -inf, sum NaN)
