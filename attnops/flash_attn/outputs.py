@@ -20,9 +20,21 @@ _DEFAULTS = {name: param.default for name, param in inspect.signature(flash_atte
 def softmax_lse(result: FlashAttentionResult, varlen: bool) -> Tensor:
     """fp32 ``logsumexp`` of each row's scores: ``[B, H, Sq]``, or ``[H, T]`` for varlen (statistics in the "TND"
     softmax layout); ``+inf`` on rows without a kept key, as flash-attn writes."""
-    m, total = result.softmax_max[..., 0], result.softmax_sum[..., 0]
-    lse = torch.where(m == FLT_LOWEST, torch.full_like(m, float("inf")), m + total.log())
+    lse = lse_from_stats(result.softmax_max[..., 0], result.softmax_sum[..., 0])
     return lse.t() if varlen else lse
+
+
+@torch.library.custom_op("attnops::flash_attn_lse_from_stats", mutates_args=())
+def lse_from_stats(softmax_max: Tensor, softmax_sum: Tensor) -> Tensor:
+    """``max + log(sum)``, ``+inf`` where ``max`` is FLT_LOWEST (no kept key). A custom op so that a compiled
+    caller gets the eager bits: Inductor would generate its own ``log``, which may differ in the last bit."""
+    return torch.where(softmax_max == FLT_LOWEST, torch.full_like(softmax_max, float("inf")),
+                       softmax_max + softmax_sum.log())
+
+
+@lse_from_stats.register_fake
+def _(softmax_max, softmax_sum):
+    return torch.empty_like(softmax_max)
 
 
 @torch.no_grad()

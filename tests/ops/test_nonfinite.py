@@ -12,6 +12,7 @@ import torch
 
 import attnops
 from attnops.ops.common import cpu_kernels
+from attnops.ops.fused_infer_attention import decode as fia_decode
 from attnops.testing import golden_nsa
 from attnops.testing.compare import assert_close_to_golden
 from attnops.testing.golden import fa_backward, fa_forward
@@ -367,3 +368,240 @@ def test_nsa_decode_cpu(cpu_path, which, where, value):
 def test_nsa_decode_triton(triton_backend, which, where, value):  # noqa: F811
     _check_nsa_decode(*_nsa_decode_case(which, where, VALUES[value], F16), where)
     assert triton_backend
+
+
+# ------------------------------------------------------------------------------------------------ all scores -inf
+def _all_minus_inf_fa(how, layout):
+    """An FA case where rows see keys whose every score is -inf: "pse" (-inf pse on the whole row 0 of head 1 in the
+    last batch) or "key" (a -inf key element times a positive query element on every key of KV head 0 there)."""
+    q, k, v, dy, pse, kw = _fa_case("pse" if how == "pse" else "k", "visible", 0.0, dtype=F32, layout=layout)
+    if how == "pse":
+        pse[1, 1, 0] = -INF
+    else:
+        q[1, :2, :, 3] = q[1, :2, :, 3].abs() + 0.1  # heads 0 and 1 (KV head 0), every row: score -inf
+        k[1, 0, :, 3] = -INF
+    return q, k, v, dy, pse, kw
+
+
+@pytest.mark.parametrize("how", ["pse", "key"])
+def test_flash_attention_all_visible_scores_minus_inf(how):
+    """The formula's 0/0: output, softmax_sum and the gradients NaN, softmax_max -inf; rows that see no key (none
+    here) would stay fully masked."""
+    q, k, v, dy, pse, kw = _all_minus_inf_fa(how, "BNSD")
+    _check_fa(q, k, v, dy, pse, kw, "visible")
+
+
+def _all_minus_inf_fia(how, *, sq, dtype=F32, paged=False):
+    """An FIA case where the rows of query heads 0 and 1 (KV head 0) of batch 1 see keys whose scores are all -inf
+    ("key": a -inf key element times a positive query element at every key; "first-keys": only at its first 16
+    keys, the others finite), or row ``sq - 1`` of head 1 there ("pse": a -inf pse over the whole row)."""
+    q, k, v, kw = _fia_case("pse" if how == "pse" else "k", "visible", 0.0, sq=sq, dtype=dtype)
+    if how == "pse":
+        kw["pse_shift"][1, 1, sq - 1] = -INF
+    else:
+        q[1, :2, :, 3] = q[1, :2, :, 3].abs() + 0.1
+        k[1, 0, :FIA_SKV if how == "key" else 16, 3] = -INF
+    if paged:
+        k, bt = to_paged(k, FIA_LENS, 16, cache_layout="BNSD", seed=4)
+        v, _ = to_paged(v, FIA_LENS, 16, cache_layout="BNSD", seed=4)
+        kw.update(block_table=bt, block_size=16)
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("how", ["key", "first-keys", "pse"])
+@pytest.mark.parametrize("sq", [1, 3], ids=["decode", "prefill"])
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_fia_all_visible_scores_minus_inf(cpu_path, monkeypatch, how, sq, paged):
+    """Rows that see only -inf scores give the formula's NaN (output and lse), on the kernel and the PyTorch path;
+    with decode chunks of 16 tokens, a chunk of only -inf scores weighs nothing next to finite ones."""
+    monkeypatch.setattr(fia_decode, "CHUNK_TOKENS", 16)
+    q, k, v, kw = _all_minus_inf_fia(how, sq=sq, paged=paged)
+    g = fia_golden(q, k, v, **kw)
+    assert bool(g.out.isnan().any()) == (how != "first-keys")
+    _check_fia(q, k, v, kw, "visible")
+    assert cpu_path is None or cpu_path or how == "pse" or sq > 1
+
+
+def _dsa_grads(q, k, v, dy, dtype):
+    """``(out, dq, dk, dv)``: of attnops (``dtype`` None) or of the golden in ``dtype`` (autograd through it)."""
+    idx = torch.tensor(DSA_ROWS, dtype=torch.int32).view(1, 4, 1, 6)
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in (q, k, v)]
+    if dtype is None:
+        out = attnops.sparse_flash_attention(*leaves, idx, scale=0.25, actual_seq_lengths_query=torch.tensor([4]),
+                                             actual_seq_lengths_kv=torch.tensor([10])).attention_out
+        out.backward(dy)
+    else:
+        out = golden_sfa([leaves[0][0]], [leaves[1][0, :, 0]], [leaves[2][0, :, 0]], [DSA_ROWS], 0.25,
+                         dtype=dtype)[0]
+        out.backward(dy[0])
+        out = out[None]
+    return (out,) + tuple(leaf.grad for leaf in leaves)
+
+
+def _check_dsa_backward(q, k, v):
+    dy = randn(*q.shape, dtype=q.dtype, seed=33)
+    got, gold, base = _dsa_grads(q, k, v, dy, None), _dsa_grads(q, k, v, dy, F64), _dsa_grads(q, k, v, dy, q.dtype)
+    for name, a, g, b in zip(("out", "dq", "dk", "dv"), got, gold, base):
+        assert_nonfinite_close(name, a, g.to(a.dtype) if g.dtype != F64 else g, b, factor=3)
+
+
+@pytest.mark.parametrize("which,where,value", DSA_CASES)
+def test_dsa_backward_cpu(which, where, value):
+    _check_dsa_backward(*_dsa_case(which, where, VALUES[value], F32))
+
+
+def _all_minus_inf_dsa(dtype):
+    """Every score of query row 3 is -inf (a -inf key element times a positive query element at each of the keys
+    its index row names); the other rows see the same keys with query elements of either sign."""
+    q, k, v = _dsa_case("k", "visible", 0.0, dtype)
+    q[0, 3, :, 5] = q[0, 3, :, 5].abs() + 0.1
+    k[0, [1, 2, 3, 5, 6], 0, 5] = -INF
+    return q, k, v
+
+
+def test_dsa_all_visible_scores_minus_inf_cpu():
+    q, k, v = _all_minus_inf_dsa(F32)
+    _check_dsa(q, k, v, "visible")
+    _check_dsa_backward(q, k, v)
+
+
+def test_dsa_all_visible_scores_minus_inf_triton(triton_backend):  # noqa: F811
+    q, k, v = _all_minus_inf_dsa(F16)
+    _check_dsa(q, k, v, "visible")
+    assert triton_backend
+
+
+def _all_minus_inf_nsa(dtype):
+    """Token 5 (every head) scores -inf at each key it sees (a -inf key element times a positive query element at
+    keys 0..7, the two selected blocks); token 0..4 and 6, 7 see them with query elements of either sign."""
+    q, k, v = _nsa_case("k", "visible", 0.0, dtype)
+    q[5, :, 4] = q[5, :, 4].abs() + 0.1
+    k[:8, 0, 4] = -INF
+    return q, k, v
+
+
+def test_nsa_selected_all_visible_scores_minus_inf_cpu():
+    _check_nsa_selected(*_all_minus_inf_nsa(F32), "visible")
+
+
+def test_nsa_selected_all_visible_scores_minus_inf_triton(triton_backend):  # noqa: F811
+    _check_nsa_selected(*_all_minus_inf_nsa(F16), "visible")
+    assert triton_backend
+
+
+def _all_minus_inf_nsa_decode(dtype):
+    """Request 1 (every head) scores -inf at each key of its selected blocks 0 and 2 (rows 0..3 of pages 5 and 3)."""
+    q, k_cache, v_cache, topk, table, lens = _nsa_decode_case("k", "visible", 0.0, dtype)
+    q[1, :, 4] = q[1, :, 4].abs() + 0.1
+    k_cache[5, :4, 0, 4] = k_cache[3, :4, 0, 4] = -INF
+    return q, k_cache, v_cache, topk, table, lens
+
+
+def test_nsa_decode_all_visible_scores_minus_inf_cpu(cpu_path):
+    _check_nsa_decode(*_all_minus_inf_nsa_decode(F32), "visible")
+    assert cpu_path is None or cpu_path
+
+
+def test_nsa_decode_all_visible_scores_minus_inf_triton(triton_backend):  # noqa: F811
+    _check_nsa_decode(*_all_minus_inf_nsa_decode(F16), "visible")
+    assert triton_backend
+
+
+# ------------------------------------------------------------------------------------------------ DeepSeek-V4
+@pytest.mark.parametrize("sinks", [False, True], ids=["no-sinks", "sinks"])
+@pytest.mark.parametrize("how", ["key", "none"])
+def test_dsv4_all_visible_scores_minus_inf(sinks, how):
+    """Sliding-window sparse_flash_mla (keys are values): query row 3 (every head) scores -inf at each key it sees
+    (a -inf key element times a positive query element at every key: "key"): the golden's NaN output and lse
+    ``logsumexp = -inf`` (without sinks; rows with a +inf score: +inf); "none": finite inputs, for contrast."""
+    from tests.ops.dsv4 import helpers as H
+
+    case = H.Case([4], [9], sinks=sinks, dtype=F32)
+    parts = H.make_parts(case)
+    if how == "key":
+        parts.qs[0][3, :, 0] = parts.qs[0][3, :, 0].abs() + 0.1
+        parts.oris[0][:, 0] = -INF
+    kw, starts = H.pack(case, parts, "BSND", "BSND")
+    out, lse = H.rows_of(*H.call(kw)[:2])
+    g_out, g_lse = H.expected(case, parts, starts, out.shape[0])
+    b_out, b_lse = H.expected(case, parts, starts, out.shape[0], dtype=F32)
+    if how == "key":
+        assert bool(g_out[3, :, 0].isnan().all()) and (sinks or bool((g_lse[3] == -INF).all()))
+    assert_nonfinite_close("out", out, g_out, b_out)
+    assert_nonfinite_close("lse", lse, g_lse, b_lse)
+
+
+@pytest.mark.parametrize("how", ["pse", "key"])
+def test_flash_attention_all_visible_scores_minus_inf_triton(triton_backend, how):  # noqa: F811
+    q, k, v, dy, pse, kw = _all_minus_inf_fa(how, "BNSD")
+    _check_fa(*(x.to(F16) if isinstance(x, torch.Tensor) else x for x in (q, k, v, dy, pse)), kw, "visible")
+    assert triton_backend
+
+
+@pytest.mark.parametrize("how,sq", [("key", 1), ("first-keys", 1), ("pse", 3)])
+def test_fia_all_visible_scores_minus_inf_triton(triton_backend, how, sq):  # noqa: F811
+    _check_fia(*_all_minus_inf_fia(how, sq=sq, dtype=F16, paged=sq == 1), "visible")
+    assert triton_backend
+
+
+# ------------------------------------------------------------------------------------------------ int8 output
+def _check_fia_int8_out(q, k, v, kw):
+    """int8 output (``quant_scale2`` 2): where the golden output is NaN the int8 output is 0, where it is +-inf
+    127 / -128 (the NPU's float-to-integer conversion saturates and sends NaN to 0); within 1 elsewhere."""
+    kw = dict(kw, softmax_lse_flag=False)
+    g = fia_golden(q, k, v, **kw).out  # before the quantization
+    assert not bool(g.isfinite().all())  # the case is what it claims to be
+    out, _ = run_api(q, k, v, **kw, quant_scale2=torch.tensor([2.0]))
+    assert out.dtype == torch.int8
+    y = torch.where(g.isnan(), 0.0, g.double() * 2).clamp(-128, 127)
+    nonfinite = ~g.isfinite()
+    assert torch.equal(out[nonfinite].double(), y[nonfinite]), (out[nonfinite], y[nonfinite])
+    assert float((out.double() - y.round()).abs().max()) <= 1
+
+
+INT8_OUT_CASES = [("k", "nan"), ("v", "+inf"), ("v", "-inf"), ("all -inf", None)]
+
+
+def _int8_out_case(which, value, dtype):
+    if which == "all -inf":
+        return _all_minus_inf_fia("key", sq=1, dtype=dtype)
+    return _fia_case(which, "visible", VALUES[value], sq=1, dtype=dtype)
+
+
+@pytest.mark.parametrize("which,value", INT8_OUT_CASES)
+def test_fia_int8_output_nonfinite_cpu(cpu_path, which, value):
+    _check_fia_int8_out(*_int8_out_case(which, value, F16))
+
+
+@pytest.mark.parametrize("which,value", INT8_OUT_CASES[:2] + INT8_OUT_CASES[3:])
+def test_fia_int8_output_nonfinite_triton(triton_backend, which, value):  # noqa: F811
+    _check_fia_int8_out(*_int8_out_case(which, value, F16))
+    assert triton_backend
+
+
+# ------------------------------------------------------------------------------------------------ NSA top-k
+def _nsa_topk_with_nan_scores():
+    """Compressed attention whose KV head 0 has a NaN compressed key (every token sees it): the importance scores
+    of that head's rows are all NaN; KV head 1 stays finite."""
+    q, k, v = randn(4, 4, 16, seed=60), randn(32, 2, 16, seed=61), randn(32, 2, 16, seed=62)
+    k[3, 0, 5] = NAN
+    res = attnops.nsa_compress_attention(q, k, v, compress_block_size=16, compress_stride=16, select_block_size=32,
+                                         select_block_count=5, scale=0.25, actual_seq_qlen=[4],
+                                         actual_cmp_seq_kvlen=[32])
+    return res.topk_indices
+
+
+def test_nsa_topk_nan_scores_rank_below_real_ones():
+    """A NaN importance score ranks below every real score (and above blocks a row may not choose), ties to the
+    lower block: rows whose scores are all NaN pick blocks 0, 1, 2, ...; finite rows are unaffected."""
+    topk = _nsa_topk_with_nan_scores()
+    assert topk[:, 0].tolist() == [[0, 1, 2, 3, 4]] * 4
+    assert all(len(set(row)) == 5 for row in topk[:, 1].tolist())
+
+
+def test_nsa_topk_nan_scores_triton(triton_backend, monkeypatch):  # noqa: F811
+    """The Triton top-k kernel picks the CPU reference's blocks."""
+    got = _nsa_topk_with_nan_scores()
+    assert "topk_kernel" in triton_backend
+    monkeypatch.setenv("ATTNOPS_BACKEND", "reference")
+    assert torch.equal(got, _nsa_topk_with_nan_scores())

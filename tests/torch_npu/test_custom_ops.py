@@ -40,14 +40,26 @@ OPCHECKED = {
     "mla_prolog": "tests/ops/dsa/test_opcheck.py",
     "dsv4_sparse_flash_mla": "tests/ops/dsv4/test_opcheck.py",
     "dsv4_sparse_flash_mla_grad": "tests/ops/dsv4/test_opcheck.py",
+    "flash_attn_lse_from_stats": __name__,
 }
 
 
 def test_every_custom_op_is_opchecked():
     importlib.import_module("attnops.ops.nsa.layer_op")  # the NSA layer registers its ops on first use
+    importlib.import_module("attnops.flash_attn.outputs")  # and the flash-attn interface on import
     registered = {name for name in dir(torch.ops.attnops) if isinstance(getattr(torch.ops.attnops, name),
                                                                           torch._ops.OpOverloadPacket)}
     assert registered == set(OPCHECKED)
+
+
+def test_opcheck_flash_attn_lse_from_stats():
+    from attnops._core.softmax_stats import FLT_LOWEST
+
+    m, total = randn(2, 3, 5, seed=7), randn(2, 3, 5, seed=8).abs() + 1
+    m[0, 1, 2] = FLT_LOWEST
+    torch.library.opcheck(torch.ops.attnops.flash_attn_lse_from_stats.default, (m, total))
+    lse = torch.ops.attnops.flash_attn_lse_from_stats(m, total)
+    assert lse[0, 1, 2] == float("inf") and torch.equal(lse[1], m[1] + total[1].log())
 
 
 def test_opcheck_nsa_compress_grad():

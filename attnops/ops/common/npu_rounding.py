@@ -35,8 +35,9 @@ def cast_round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def cast_round_int8(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (integral-valued or not) to int8 with ``CAST_ROUND``, saturating to ``[-128, 127]``."""
-    return (x.abs() + 0.5).floor_().copysign_(x).clamp_(-128, 127).to(torch.int8)
+    """``x`` (integral-valued or not) to int8 with ``CAST_ROUND``, saturating to ``[-128, 127]`` (+-inf too); NaN
+    gives 0, as the NPU's float-to-integer conversion."""
+    return (x.abs() + 0.5).floor_().copysign_(x).nan_to_num_(0.0).clamp_(-128, 127).to(torch.int8)
 
 
 MSD_SCALE, MSD_STEP = 127.0, 254.0  # IFA's antiqCoeff1 and antiquantPreExpandCoeff

@@ -16,6 +16,7 @@ recomputes them. See ``docs/performance.md`` for the measurements behind the til
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -138,13 +139,31 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
             else:
                 o.mul_(rescale).add_(mm_nt(s, vt[:, c0:c1], out=buf.get("pv", r1 - r0, vt.shape[0])))
             del s, t  # freed before the next tile's GEMM allocates its scores: they reuse this memory, still cached
-        l = l if kept else l.clamp_min(1.0)  # l >= 1 on rows with a kept score, else 0
+        if not kept:
+            _nan_rows_without_kept_score_(p, fb.b, h, r0, r1, blocks, m, l)
+        l = l if kept else l.clamp_min(1.0)  # l >= 1 on rows with a kept score, else 0 (or NaN)
         if p.rounding is None:
             torch.div(o, l, out=out[r0:r1])
         else:
             p.rounding.store(out[r0:r1], o.div_(l))
     _write_stats(fb, h, chunks)
     buf.release()
+
+
+def _nan_rows_without_kept_score_(p: FAProblem, b: int, h: int, r0: int, r1: int, blocks: list, m: torch.Tensor,
+                                  l: torch.Tensor) -> None:
+    """Rows that see keys but whose every visible score is -inf (``l == 0``, non-finite inputs) get the formula's
+    ``0 / 0``: max -inf and sum NaN (so output NaN); rows that see no key stay fully masked. Only chunks with such
+    an ``l == 0`` row pay for the mask lookup."""
+    empty = l == 0
+    if not bool(empty.any()):
+        return
+    sees = torch.zeros_like(empty)
+    for c0, c1, band in blocks:
+        sees |= ~tiling.masked_entries(p, b, h, r0, r1, c0, c1, band, l.device).all(-1, keepdim=True)
+    nan_rows = empty & sees
+    m.masked_fill_(nan_rows, -math.inf)
+    l.masked_fill_(nan_rows, math.nan)
 
 
 def _online_softmax_(s: torch.Tensor, m: torch.Tensor, l: torch.Tensor, first: bool, kept: bool = False

@@ -210,7 +210,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 delta = torch.linalg.vecdot(dot, bb.o[h, r0:r1]).unsqueeze_(-1)  # D = rowsum(dy * attention_in)
                 m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
                 nonfinite = not bool(torch.isfinite(m).all() and torch.isfinite(neg_log2_l).all()
-                                     and torch.isfinite(delta).all())  # see _masked_entries
+                                     and torch.isfinite(delta).all())  # see tiling.masked_entries
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 for c0, c1, band in blocks:
                     tcols = slice(c0 - u0, c1 - u0)
@@ -218,7 +218,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     prob, t = head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras, cap_grad)
                     drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
                     drop = None if drop is None else drop[0]
-                    masked = _masked_entries(p, bb.b, h, r0, r1, c0, c1, band, k.device) if nonfinite else None
+                    masked = tiling.masked_entries(p, bb.b, h, r0, r1, c0, c1, band, k.device) if nonfinite else None
                     prob.sub_(m)  # natural units first: exact where s ~ max
                     torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
                     if masked is not None:
@@ -249,15 +249,6 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     dk[v0:v1] += dkt.transpose(0, 1).contiguous()  # a blocked transpose, then a contiguous add
     dv[v0:v1] += dvt.transpose(0, 1).contiguous()
     buf.release()
-
-
-def _masked_entries(p: FAProblem, b: int, h: int, r0: int, r1: int, c0: int, c1: int, band,
-                    device: torch.device) -> torch.Tensor:
-    """The entries ``[r1 - r0, c1 - c0]`` the mask hides from query head ``h``. A row with non-finite statistics
-    or ``D`` (NaN or infinite inputs) has NaN there in ``P = exp(s - max)`` or ``dS = P (dP - D)`` (``0 * inf``),
-    which must not reach the gradients of keys it does not see; only such rows pay for this."""
-    zero = torch.zeros(1, r1 - r0, c1 - c0, device=device)
-    return p.mask.fill_masked_(zero, b, r0, r1, c0, c1, slice(h, h + 1), band)[0].isinf()
 
 
 def _exact_dp_minus_d(dp, rows64: list[int], r0: int, r1: int, dy_rows, v_cols, delta64, drop) -> None:

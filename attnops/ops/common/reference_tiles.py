@@ -284,3 +284,10 @@ def deal(items: list, owners: int) -> list[list]:
     return [items[i::parts] for i in range(parts)]
 
 
+def masked_entries(p: FAProblem, b: int, h: int, r0: int, r1: int, c0: int, c1: int, band,
+                   device: torch.device) -> torch.Tensor:
+    """The entries ``[r1 - r0, c1 - c0]`` the mask hides from query head ``h``. A row with non-finite statistics
+    or ``D`` (NaN or infinite inputs) has NaN there in ``P = exp(s - max)`` or ``dS = P (dP - D)`` (``0 * inf``),
+    which must not reach the gradients of keys it does not see; only such rows pay for this."""
+    zero = torch.zeros(1, r1 - r0, c1 - c0, device=device)
+    return p.mask.fill_masked_(zero, b, r0, r1, c0, c1, slice(h, h + 1), band)[0].isinf()

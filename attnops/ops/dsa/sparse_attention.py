@@ -66,8 +66,10 @@ class _Gathered:
         else:
             self.kk = torch.cat([rows_of(t["k"], "k"), rows_of(t["k_rope"], "k_rope")], -1)
         self.v = self.kk[..., :t["v"].shape[-1]] if t["v"] is t["k"] else rows_of(t["v"], "v")
-        if not bool(self.mask.all()):  # padding slots gather key 0: a NaN there must not reach P V (0 * NaN)
-            self.v.masked_fill_(~self.mask[..., None], 0.0)
+        if not bool(self.mask.all()):  # padding slots gather key 0: a NaN there must not reach P V or dS K (0 * NaN)
+            self.kk.masked_fill_(~self.mask[..., None], 0.0)
+            if self.v.data_ptr() != self.kk.data_ptr():
+                self.v.masked_fill_(~self.mask[..., None], 0.0)
 
     def logits(self, scale: float) -> Tensor:
         """``[C, N1, P]`` scaled logits, ``-inf`` where the mask is off."""
@@ -123,11 +125,16 @@ def sparse_attention_forward(problem: Problem, query: Tensor, key: Tensor, value
         m = p.amax(-1)
         if sink is not None:
             m = torch.maximum(m, sink)
-        m.masked_fill_(m == float("-inf"), 0)  # rows with no key (and no sink); +inf and NaN stay: the row is NaN
+        unkept = m == float("-inf")  # no key (and no sink), or keys that all score -inf; +inf and NaN stay NaN
+        m.masked_fill_(unkept, 0)
         p.sub_(m[..., None]).exp_()  # in place: the logits become the unnormalized probabilities
         l = p.sum(-1)
         if sink is not None:
             l += torch.exp(sink - m)
+        if bool(unkept.any()):  # rows that see keys (or a sink) scoring -inf only: the formula's 0 / 0
+            seen = unkept & (g.mask.any(-1, keepdim=True) if sink is None else True)
+            m.masked_fill_(seen, float("-inf"))
+            l.masked_fill_(seen, float("nan"))
         torch.bmm(p, g.v, out=out[lo:hi]).div_(l.clamp_min(torch.finfo(dt).tiny)[..., None])  # empty rows: 0/tiny
         row_max[lo:hi], row_sum[lo:hi] = m, l
     buffers.release()
@@ -158,14 +165,18 @@ def sparse_attention_backward(problem: Problem, grad: Tensor, query: Tensor, key
         gout = do[lo:hi].to(dt)
         delta = (gout * o[lo:hi].to(dt)).sum(-1, keepdim=True)
         ds = p * (torch.bmm(gout, g.v.transpose(1, 2)) - delta) * scale  # [C, N1, P]
-        if not bool(g.mask.all() and softmax_max[lo:hi].isfinite().all() and l.isfinite().all()):
-            # a NaN row (non-finite inputs) has NaN at its padding slots, which point at key 0: keep them 0
-            p.masked_fill_(~g.mask[:, None, :], 0.0)
-            ds.masked_fill_(~g.mask[:, None, :], 0.0)
+        padding = None if bool(g.mask.all()) else ~g.mask[..., None]  # [C, P, 1]
+        if padding is not None:  # a NaN row (non-finite inputs) has NaN at its padding slots, which point at key 0
+            p.masked_fill_(padding.transpose(1, 2), 0.0)
+            ds.masked_fill_(padding.transpose(1, 2), 0.0)
         index = g.flat.reshape(-1)
         dqk[lo:hi] = torch.bmm(ds, g.kk)
-        dkk.index_add_(0, index, torch.bmm(ds.transpose(1, 2), g.qk).flatten(0, 1))
-        pv = torch.bmm(p.transpose(1, 2), gout).flatten(0, 1)
+        dk_rows, pv = torch.bmm(ds.transpose(1, 2), g.qk), torch.bmm(p.transpose(1, 2), gout)  # [C, P, *]
+        if padding is not None:  # and a non-finite query or output gradient: 0 * NaN there
+            dk_rows.masked_fill_(padding, 0.0)
+            pv.masked_fill_(padding, 0.0)
+        dkk.index_add_(0, index, dk_rows.flatten(0, 1))
+        pv = pv.flatten(0, 1)
         if dv is None:
             dkk[:, :pv.shape[-1]].index_add_(0, index, pv)
         else:

@@ -177,6 +177,9 @@ def sparse_flash_mla_forward(problem: Problem, q: Tensor, ori_kv: Tensor, cmp_kv
             o += br.apply(p)
         torch.div(o, den[..., None], out=out[r])
         torch.add(m, torch.log(den), out=lse[r])
+        infinite = m.isinf()  # lse is the max's infinity, as logsumexp: log(0) = -inf where every logit the row
+        if bool(infinite.any()):  # sees is -inf (no sink), +inf with a +inf logit; the output is NaN there
+            lse[r] = torch.where(infinite, m, lse[r])
         seen = _rows_with_keys(branches)
         if not bool(seen.all()):
             out[r][~seen] = 0

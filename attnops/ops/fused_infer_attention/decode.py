@@ -145,6 +145,7 @@ def _partial(p: FIAProblem, chunk: _Chunk, queries: dict, partials: dict) -> Non
     m = s.amax(-1, keepdim=True)
     s.sub_(torch.where(m != -math.inf, m, 0.0)).exp_()  # a NaN max stays: its row turns NaN, as in the formula
     total = s.sum(-1)
+    nan_sums_of_unkept_rows_(p, b, slice(0, p.n1), 0, sq, c0, c1, m.squeeze(-1), total)
     if p.rounding is not None:  # P for P V as the NPU's cube reads it (the sum: unrounded)
         s = _npu_probabilities(p, s)
     probs, o, offset = s.view(p.n2, p.group * sq, chunk.length), None, 0
@@ -154,6 +155,18 @@ def _partial(p: FIAProblem, chunk: _Chunk, queries: dict, partials: dict) -> Non
         offset += v.shape[1]
     for slots, x in zip(partials[b], (m.squeeze(-1), total, o.view(p.n1, sq, -1))):
         slots[chunk.index].copy_(x)
+
+
+def nan_sums_of_unkept_rows_(p: FIAProblem, b: int, heads: slice, r0: int, r1: int, c0: int, c1: int, m: Tensor,
+                             total: Tensor) -> None:
+    """In place: the row sum ``total`` ``[heads, r]`` becomes NaN (the formula's ``0 / 0``) on rows whose max ``m`` is
+    -inf although the mask lets them see a column of ``[c0, c1)`` (every visible score -inf); rows that see none
+    keep their sum 0. Only a tile with a -inf row max pays for the mask lookup."""
+    unkept = m == -math.inf
+    if not bool(unkept.any()):
+        return
+    masked = p.mask.masked_block(b, r0, r1, c0, c1, heads)
+    total.masked_fill_(unkept if masked is None else unkept & ~masked.all(-1), math.nan)
 
 
 def _npu_probabilities(p: FIAProblem, s: Tensor) -> Tensor:
@@ -177,14 +190,19 @@ def _msd_queries(p: FIAProblem, q: Tensor) -> Tensor:
 def _merge(m: Tensor, total: Tensor, o: Tensor) -> tuple[Tensor, Tensor]:
     """Chunk partials stacked in chunk order (``m``, ``total [C, N1, Sq]``, ``o [C, N1, Sq, Dv]``; ``o`` is scaled in
     place, so that no temporary is as large as it) -> ``(o [Sq, N1, Dv], lse [N1, Sq])``; rows that saw nothing: 0,
-    +inf; a NaN max or sum (non-finite inputs) gives NaN, never a finite value."""
+    +inf; a NaN max or sum (non-finite inputs) gives NaN, never a finite value. A chunk without a finite score for a
+    row (max -inf) weighs nothing in it; its sum NaN (keys seen, every score -inf) makes a row that no chunk gave a
+    finite score NaN, as the formula's ``0 / 0``."""
     top = m.amax(0)
     valid = top != -math.inf
-    w = torch.where(valid, (m - torch.where(valid, top, 0.0)).exp(), 0.0)
-    total = (w * total).sum(0)
+    unkept = m == -math.inf
+    w = torch.where(unkept, 0.0, (m - top).exp())
     o = o.mul_(w.unsqueeze(-1)).sum(0)
-    o = torch.where(valid.unsqueeze(-1), o / torch.where(valid, total, 1.0).unsqueeze(-1), 0.0)
-    lse = torch.where(valid, top + total.log(), math.inf)
+    seen = (unkept & total.isnan()).any(0)  # keys seen, every score -inf
+    total = torch.where(unkept, 0.0, w * total).sum(0)
+    o = torch.where(valid.unsqueeze(-1), o / torch.where(valid, total, 1.0).unsqueeze(-1),
+                    torch.where(seen, math.nan, 0.0).unsqueeze(-1))
+    lse = torch.where(valid, top + total.log(), torch.where(seen, math.nan, math.inf))
     return o.transpose(0, 1), lse
 
 

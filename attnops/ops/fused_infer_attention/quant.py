@@ -19,8 +19,9 @@ _NIBBLE_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 
 
 def quantize_int8(x: Tensor) -> Tensor:
-    """``sat_int8(round_half_even(x))`` (AscendQuant)."""
-    return torch.round(x).clamp_(-128, 127).to(torch.int8)
+    """``sat_int8(round_half_even(x))`` (AscendQuant), with the NPU's float-to-integer conversion of non-finite
+    values: NaN gives 0, +-inf saturate to 127 / -128."""
+    return torch.round(x).nan_to_num_(0.0).clamp_(-128, 127).to(torch.int8)
 
 
 def decode_deq_scale(t: Tensor) -> float:

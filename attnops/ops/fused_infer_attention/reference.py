@@ -126,13 +126,16 @@ def _shift_and_mask_(p: FIAProblem, b: int, s: Tensor, r0: int, r1: int, heads: 
     return p.mask.fill_masked_(s, b, r0, r1, 0, skv, heads)
 
 
-def _softmax_(s: Tensor) -> tuple[Tensor, Tensor]:
-    """In place ``s -> exp(s - rowmax)``; returns the row sums (1 for invalid rows) and the lse (+inf for them).
-    A NaN max (a NaN score) keeps its row NaN."""
+def _softmax_(p: FIAProblem, b: int, heads: slice, s: Tensor, r0: int, r1: int) -> tuple[Tensor, Tensor]:
+    """In place ``s -> exp(s - rowmax)`` on the masked scores ``[heads, r1-r0, Skv]`` of batch ``b``; returns the row
+    sums (1 for rows that see no key) and the lse (+inf for them). A NaN max (a NaN score) keeps its row NaN, and so
+    does a row that sees keys whose scores are all -inf (the formula's ``0 / 0``)."""
     m = s.amax(-1, keepdim=True)
     valid = m != -math.inf
     s.sub_(torch.where(valid, m, 0.0)).exp_()
     total = s.sum(-1, keepdim=True)
+    decode.nan_sums_of_unkept_rows_(p, b, heads, r0, r1, 0, s.shape[-1], m.squeeze(-1), total.squeeze(-1))
+    valid |= total.isnan()
     lse = torch.where(valid, m + total.log(), math.inf)
     return torch.where(valid, total, 1.0), lse.squeeze(-1)
 
@@ -153,9 +156,10 @@ def prefill_problem(p: FIAProblem, b: int, dtype: torch.dtype) -> tuple[FAProble
 
 
 def stats_lse(smax: Tensor, ssum: Tensor) -> Tensor:
-    """The lse ``[N1, Sq]`` of one-batch FlashAttention statistics (+inf where the row kept nothing)."""
+    """The lse ``[N1, Sq]`` of one-batch FlashAttention statistics (+inf where the row sees no key; NaN where the
+    statistics are)."""
     m, total = smax[0, :, :, 0].float(), ssum[0, :, :, 0].float()
-    return torch.where(m > FLT_LOWEST, m + total.log(), math.inf)
+    return torch.where(m == FLT_LOWEST, math.inf, m + total.log())
 
 
 def _prefill_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
@@ -180,7 +184,7 @@ def _int8_batch(p: FIAProblem, b: int, q: Tensor) -> tuple[Tensor, Tensor]:
         for r0 in range(0, sq, rows):
             r1 = min(sq, r0 + rows)
             s = torch.matmul(qh[heads, r0:r1], kh[n2].transpose(0, 1)).to(F32).mul_(deq1).mul_(p.scale)
-            total, lse[heads, r0:r1] = _softmax_(_shift_and_mask_(p, b, s, r0, r1, heads))
+            total, lse[heads, r0:r1] = _softmax_(p, b, heads, _shift_and_mask_(p, b, s, r0, r1, heads), r0, r1)
             p_i8 = quantize_int8(s.mul_(qs1)).to(F64)
             o[heads, r0:r1] = torch.matmul(p_i8, vh[n2]).mul_(deq2).to(F32).div_(total)
     return o.transpose(0, 1), lse

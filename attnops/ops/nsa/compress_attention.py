@@ -23,7 +23,7 @@ import torch
 from ..._core.checks import Described, caller_names, check_int, check_tensor, int_list, require
 from ..._core.masks import MASK_DTYPES, StridedCausal
 from ..common.npu_rounding import npu_rounding
-from ..._core.softmax_stats import FLT_MAX
+from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX
 from ..._core.varlen import lengths_from_cumulative
 from ..common import reference as fa_reference
 from ..common.problem import FAProblem, build_problem
@@ -193,14 +193,21 @@ def _forced(spec: CompressAttentionSpec, sq: int, sel_len: int) -> torch.Tensor 
     return None if spec.topk_mask is None else spec.topk_mask[:sq, :sel_len]
 
 
+def nan_ranked(score: torch.Tensor) -> torch.Tensor:
+    """Block scores for the top-k: a NaN score (non-finite inputs) ranks below every real score and above the
+    blocks a row may not choose (-inf), as FLT_LOWEST (the Triton top-k kernel does the same)."""
+    return torch.where(score.isnan(), FLT_LOWEST, score)
+
+
 def select_top_k(spec: CompressAttentionSpec, scores: list[torch.Tensor]) -> torch.Tensor:
-    """``topk_indices [T_q, N2, select_block_count]`` int32: descending score, ties to the lower index."""
+    """``topk_indices [T_q, N2, select_block_count]`` int32: descending score (NaN: :func:`nan_ranked`), ties to
+    the lower index."""
     fa = spec.fa
     out = torch.zeros(fa.total_q, fa.geom.n2, spec.select_count, dtype=torch.int32)
     for b, score in enumerate(scores):
         if score.shape[0] == 0:
             continue
-        order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :spec.select_count]
+        order = torch.sort(nan_ranked(score), dim=-1, descending=True, stable=True).indices[..., :spec.select_count]
         start = fa.seq.q_starts[b]
         out[start:start + score.shape[0]] = order.to(torch.int32)
     return out

@@ -45,6 +45,7 @@ from ..common.reference import compute_dtype
 from . import cpu_decode
 from .paged_kv import PagedKV, addressable, paged_rows
 from .compress import NSA_DTYPES
+from .compress_attention import nan_ranked
 
 FORCED = 3  # compressed attention: the first and the last two selection blocks
 
@@ -248,7 +249,7 @@ def _next_blocks(kv: PagedKV, sel: CompressSelection, p: Tensor, device: torch.d
     then the best others by descending score."""
     n_blocks = sel.blocks(p.shape[-1])
     score = _importance(p, sel, n_blocks).view(kv.n2, -1, n_blocks).sum(1)  # [N2, n_blocks]
-    middle = torch.sort(score[:, 1:n_blocks - 2], dim=-1, descending=True, stable=True).indices + 1
+    middle = torch.sort(nan_ranked(score[:, 1:n_blocks - 2]), dim=-1, descending=True, stable=True).indices + 1
     forced = torch.tensor([0, n_blocks - 2, n_blocks - 1], device=device).expand(kv.n2, FORCED)
     return torch.cat([forced, middle[:, :sel.count - FORCED]], -1).to(torch.int32)
 

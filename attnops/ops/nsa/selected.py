@@ -251,6 +251,7 @@ def _forward_chunk(bt: _Batch, t0: int, t1: int, out, smax, ssum) -> None:
     for seg, s in zip(segments, scores):
         seg.max_into(m, s.amax(-1))
     valid = m != float("-inf")  # a NaN max (non-finite inputs) stays: the row comes out NaN
+    unkept = None if bool(valid.all()) else ~valid & _sees_keys(bt, segments, t0, tc)  # every visible score -inf
     shift = torch.where(valid, m, 0.0)
     l = torch.zeros(tc, g, dtype=acc)
     o = torch.zeros(tc, g, spec.dv, dtype=acc)
@@ -258,11 +259,25 @@ def _forward_chunk(bt: _Batch, t0: int, t1: int, out, smax, ssum) -> None:
         p = s.sub_(seg.take(shift).unsqueeze(-1)).mul_(LOG2E).exp2_()
         seg.add_to(l, p.sum(-1))
         seg.add_to(o, torch.matmul(p if spec.rounding is None else spec.rounding.grid_(p), bt.v[seg.block]))
+    if unkept is not None:  # the formula's 0 / 0: sum NaN (max -inf), output NaN
+        l.masked_fill_(unkept, float("nan"))
+        valid |= unkept
     o.div_(torch.where(valid, l, 1.0).unsqueeze(-1))
     rows = slice(bt.q_start + t0, bt.q_start + t1)
     store(spec.rounding, out[rows, bt.heads], o)
     smax[rows, bt.heads] = torch.where(valid, m, FLT_LOWEST).unsqueeze(-1).to(sdt)
     ssum[rows, bt.heads] = torch.where(valid, l, FLT_MAX).unsqueeze(-1).to(sdt)
+
+
+def _sees_keys(bt: _Batch, segments: list, t0: int, tc: int) -> torch.Tensor:
+    """``[tc, 1]``: whether each token of the chunk sees a key of its selected blocks (causal: a block that starts
+    at or before it)."""
+    counts = torch.zeros(tc)
+    for seg in segments:
+        tokens = seg.take(torch.arange(tc))
+        seen = tokens + t0 >= seg.block * bt.spec.block_size if bt.spec.causal else torch.ones_like(tokens, dtype=bool)
+        seg.add_to(counts, seen.float())
+    return (counts > 0).unsqueeze(-1)
 
 
 def selected_backward(spec: SelectedSpec, query, key, value, attention_out, attention_out_grad, softmax_max,

@@ -490,7 +490,9 @@ void tile_values(const Chunk& h, int64_t t0, const Tile& tile, const Tile& next)
 // row max and sum of exp(s - max) of scores s [tokens], s replaced by exp(s - max). The running max skips NaN
 // scores (no single instruction keeps NaN in it); a NaN score still reaches the sum and the output through exp,
 // which propagates it, as does +inf (exp(+inf - +inf) is NaN), and a NaN sum makes the max NaN too, so the row's
-// statistics and output are NaN as in the formula. A row whose scores are all -inf keeps m = -inf and l = 0.
+// statistics and output are NaN as in the formula. Every key of a chunk is visible to its rows, so a row whose
+// scores are all -inf gets the formula's 0/0: m = -inf and l = NaN (the merge makes the row NaN unless another chunk
+// gives it a finite score).
 inline void softmax_row(float* s, int64_t tokens, float* m_out, float* l_out) {
   float m = -INFINITY;
   int64_t t = 0;
@@ -524,7 +526,7 @@ inline void softmax_row(float* s, int64_t tokens, float* m_out, float* l_out) {
     total += s[t];
   }
   *m_out = total == total ? m : NAN;
-  *l_out = total;
+  *l_out = m == -INFINITY && tokens > 0 ? NAN : total;
 }
 
 inline int padded(int x) { return (x + RW - 1) / RW * RW; }

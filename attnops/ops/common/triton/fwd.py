@@ -14,14 +14,15 @@ from .common import (KV_START, Q_LEN, Q_START, band_cols, band_keep, dropout_sca
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b, h, k_st, v_st,
+def _attend(acc, m_i, l_i, seen, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b, h, k_st, v_st,
             head_d, head_dv, scale, softcap, pse_ptr, pse_sb, pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh,
             mask_sr, mask_cols, drop_ptr, keep_prob, seed, offset, row_ok,
             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr,
             HAS_EXPLICIT: tl.constexpr, DROPOUT: tl.constexpr, NEGATIVE_SCALE: tl.constexpr, SOFTCAP: tl.constexpr,
             UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """One step of the online softmax: key tile ``[c0, c0 + BLOCK_N)``; ``MASKED``: an edge tile (band, prefix and
-    bounds tested per element, keys past ``c_hi`` not read); ``SOFTCAP``: ``QK^T`` capped first."""
+    bounds tested per element, keys past ``c_hi`` not read); ``SOFTCAP``: ``QK^T`` capped first. ``seen``: the rows
+    that kept a key so far, whatever its score (one row max of the keep mask per masked tile)."""
     cols = c0 + tl.arange(0, BLOCK_N)
     kv_rows = (kv_base + cols).to(tl.int64)
     col_ok = cols < c_hi
@@ -40,15 +41,22 @@ def _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, 
             m_new = tl.maximum(m_i, tl.max(qk, 1) * scale)
         m2 = base2_max(m_new)
         p = tl.exp2(qk * (scale * LOG2E) - m2[:, None])
+        seen = seen | row_ok
     else:
         # tensors (pse, explicit mask) are read within their own columns: a bound the compiler can prove aligned
         s = pse_scores(qk, meta_ptr, b, h, rows, cols, row_ok, cols < pse_cols, scale, pse_ptr, pse_sb, pse_sh,
                        pse_sr, pse_cols, PSE, PSE_BEFORE_SCALE)
+        keep = tl.full(s.shape, 1, tl.int1)
         if MASKED:
-            s = tl.where(band_keep(meta_ptr, b, rows, cols), s, float("-inf"))
+            keep = band_keep(meta_ptr, b, rows, cols)
         if HAS_EXPLICIT:
-            s = explicit_masked(s, mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols, row_ok, cols < mask_cols,
-                                HAS_EXPLICIT)
+            keep = keep & (explicit_masked(tl.zeros_like(s), mask_ptr, mask_sb, mask_sh, mask_sr, b, h, rows, cols,
+                                           row_ok, cols < mask_cols, HAS_EXPLICIT) == 0)
+        if MASKED or HAS_EXPLICIT:
+            s = tl.where(keep, s, float("-inf"))
+            seen = seen | (tl.max(keep.to(tl.int32), 1) > 0)
+        else:
+            seen = seen | row_ok
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m2 = base2_max(m_new)
         p = tl.exp2(s * LOG2E - m2[:, None])
@@ -63,7 +71,7 @@ def _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, 
         v_tile = tl.load(v_base + kv_rows[:, None] * v_st + dv[None, :], mask=dv[None, :] < head_dv, other=0.0)
     v_tile = upcast(v_tile, UPCAST)
     acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
-    return acc, m_new, l_i
+    return acc, m_new, l_i, seen
 
 
 @triton.jit
@@ -104,27 +112,33 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, smax_ptr, ssum_ptr, meta_ptr,
     m_i = tl.full([BLOCK_M], FLT_LOWEST, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    seen = tl.zeros([BLOCK_M], tl.int1)
     c_lo, c_hi = band_cols(meta_ptr, b, r0, tl.minimum(r0 + BLOCK_M, sq))
     c_begin = c_lo // BLOCK_N * BLOCK_N
     full_lo, full_hi = full_cols(meta_ptr, b, r0, c_begin, c_hi, BLOCK_M, BLOCK_N)
     for c0 in range(full_lo, full_hi, BLOCK_N):  # tiles kept entirely: no mask
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b,
-                                h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb, pse_sh, pse_sr,
-                                pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols, drop_ptr, keep_prob, seed,
-                                offset, row_ok, BLOCK_N, False, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT,
-                                NEGATIVE_SCALE, SOFTCAP, UPCAST, PRECISION)
+        acc, m_i, l_i, seen = _attend(acc, m_i, l_i, seen, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv,
+                                      meta_ptr, b, h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb,
+                                      pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols,
+                                      drop_ptr, keep_prob, seed, offset, row_ok, BLOCK_N, False, PSE,
+                                      PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT, NEGATIVE_SCALE, SOFTCAP, UPCAST,
+                                      PRECISION)
     # edge tiles: [c_begin, full_lo) then [full_hi, c_hi), one loop
     n_left = (full_lo - c_begin) // BLOCK_N
     for t in range(0, n_left + tl.cdiv(c_hi - full_hi, BLOCK_N)):
         c0 = tl.where(t < n_left, c_begin + t * BLOCK_N, full_hi + (t - n_left) * BLOCK_N)
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv, meta_ptr, b,
-                                h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb, pse_sh, pse_sr,
-                                pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols, drop_ptr, keep_prob, seed,
-                                offset, row_ok, BLOCK_N, True, PSE, PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT,
-                                NEGATIVE_SCALE, SOFTCAP, UPCAST, PRECISION)
+        acc, m_i, l_i, seen = _attend(acc, m_i, l_i, seen, q_tile, k_base, v_base, kv_base, c0, c_hi, rows, dk, dv,
+                                      meta_ptr, b, h, k_st, v_st, head_d, head_dv, scale, softcap, pse_ptr, pse_sb,
+                                      pse_sh, pse_sr, pse_cols, mask_ptr, mask_sb, mask_sh, mask_sr, mask_cols,
+                                      drop_ptr, keep_prob, seed, offset, row_ok, BLOCK_N, True, PSE,
+                                      PSE_BEFORE_SCALE, HAS_EXPLICIT, DROPOUT, NEGATIVE_SCALE, SOFTCAP, UPCAST,
+                                      PRECISION)
 
-    kept = l_i != 0  # a NaN sum (non-finite inputs) too: its row comes out NaN
     m_i = nan_aware_max(m_i, l_i)
+    unkept = seen & (l_i == 0)  # keys seen, every score -inf: the formula's 0 / 0 (max -inf, sum NaN)
+    m_i = tl.where(unkept, float("-inf"), m_i)
+    l_i = tl.where(unkept, float("nan"), l_i)
+    kept = l_i != 0  # a NaN sum (non-finite inputs) too: its row comes out NaN
     out = acc / tl.where(kept, l_i, 1.0)[:, None]
     o_off = b.to(tl.int64) * o_sb + q_rows[:, None] * o_st + tl.cast(h, tl.int64) * o_sh + dv[None, :]
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < head_dv))

@@ -28,7 +28,7 @@ Outputs: ``acc / l`` (0 for a row that attends to nothing), and when asked the s
 import triton
 import triton.language as tl
 
-from ...._core.triton.helpers import LOG2E, upcast
+from ...._core.triton.helpers import FLT_LOWEST, LOG2E, upcast
 from ...common.triton.common import nan_aware_max
 from .common import head_rows, key_rows, kv_range, load_rows, query_row
 
@@ -93,7 +93,8 @@ def _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, s
             head_dv, HAS_SINKS: tl.constexpr, RETURN_LSE: tl.constexpr, BLOCK_H: tl.constexpr,
             BLOCK_DV: tl.constexpr):
     """Sinks, ``acc / l`` (0 without keys) and the statistics (at ``r * N1 + head``; ``(0, 0)`` without keys) of
-    flat query row ``r`` (``token`` of batch ``b``), heads ``head0 ..``, output columns ``dv0 ..``."""
+    flat query row ``r`` (``token`` of batch ``b``), heads ``head0 ..``, output columns ``dv0 ..``. A max of
+    FLT_LOWEST marks keys seen whose scores are all -inf: NaN (max -inf, sum NaN) unless a sink is finite."""
     h = head0 + tl.arange(0, BLOCK_H)
     if HAS_SINKS:
         sink = tl.load(sink_ptr + h, mask=h < heads, other=0.0).to(tl.float32)
@@ -102,14 +103,17 @@ def _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, s
         acc = acc * alpha[:, None]
         l_i = l_i * alpha + tl.exp2((sink - m_fin) * LOG2E)
         m_i = m_fin
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a NaN l_i: acc is NaN too
     m_i = nan_aware_max(m_i, l_i)
+    unkept = (m_i == FLT_LOWEST) & (l_i == 0)  # keys seen, every score -inf: the formula's 0 / 0
+    m_i = tl.where(unkept, float("-inf"), m_i)
+    l_i = tl.where(unkept, float("nan"), l_i)
+    out = acc / tl.where(l_i == 0, 1.0, l_i)[:, None]  # a NaN l_i: the row comes out NaN
     dv = dv0 + tl.arange(0, BLOCK_DV)
     o_off = b.to(tl.int64) * o_sb + token * o_st + h[:, None].to(tl.int64) * o_sh + dv[None, :]
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=(h[:, None] < heads) & (dv[None, :] < head_dv))
     if RETURN_LSE:
         stat = r * heads + h
-        tl.store(smax_ptr + stat, tl.where(m_i == float("-inf"), 0.0, m_i), mask=h < heads)
+        tl.store(smax_ptr + stat, tl.where((m_i == float("-inf")) & ~unkept, 0.0, m_i), mask=h < heads)
         tl.store(ssum_ptr + stat, l_i, mask=h < heads)
 
 
@@ -155,12 +159,14 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    seen = tl.full([], 0, tl.int1)  # the row (every head) kept a key, whatever its score
     for f0 in range(lo, hi, BLOCK_N):
         f = f0 + tl.arange(0, BLOCK_N)
         entry = tl.load(idx_row + f // sbs, mask=f < hi, other=-1).to(tl.int64)
         pos = entry * sbs + f % sbs
         ok = (f < hi) & (entry >= 0) & (pos < limit)
         outer, inner, ok = key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE)
+        seen = seen | (tl.max(ok.to(tl.int32), 0) > 0)
         k = _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D, QUANT,
                          UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
@@ -180,6 +186,7 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
                             BLOCK_DV, QUANT, UPCAST)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
+    m_i = tl.where(seen & (m_i == float("-inf")) & (l_i == 0), FLT_LOWEST, m_i)  # see _finish
     r = token
     if not Q_PACKED:
         r += b.to(tl.int64) * s1

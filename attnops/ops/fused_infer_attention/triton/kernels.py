@@ -153,6 +153,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
     m_i = tl.full([BLOCK_R], FLT_LOWEST, tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
+    seen = tl.zeros([BLOCK_R], tl.int1)  # rows that kept a column, whatever its score
     for c0 in range(c_lo, c_hi, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         ok = cols < c_hi
@@ -173,6 +174,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
         if HAS_EXPLICIT:
             keep = keep & (tl.load(mask_row + cols[None, :], mask=side_ok, other=1) == 0)
         sc = tl.where(keep, sc, float("-inf"))
+        seen = seen | (tl.max(keep.to(tl.int32), 1) > 0)
         m_new = tl.maximum(m_i, tl.max(sc, 1))
         alpha = tl.exp2(base2_max(m_i) - base2_max(m_new))
         p = tl.exp2((sc - m_new[:, None]) * LOG2E)
@@ -181,6 +183,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, q_sb, q_st, q_sh, k_sb, 
                     off, V_QUANT, V_STATIC, V_OFFSET, 1).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=PRECISION)
         m_i = m_new
+    m_i = tl.where(seen & (l_i == 0), float("-inf"), m_i)  # columns kept, every score -inf (FLT_LOWEST: none kept)
 
     row = ((u.to(tl.int64) * n1 + heads) * sq + qi)
     out_ok = (gi < group) & (qi * 0 + c_lo < c_hi)
@@ -219,13 +222,16 @@ def merge_kernel(out_ptr, lse_ptr, lens_ptr, lens_stride, pm_ptr, pl_ptr, po_ptr
     top = tl.full([], FLT_LOWEST, tl.float32)
     total = tl.full([], 0.0, tl.float32)
     acc = tl.zeros([BLOCK_DV], tl.float32)
+    saw = tl.full([], 0, tl.int1)
     for s0 in range(0, valid, BLOCK_S):  # BLOCK_S units a step, rescaled to the running top
         sp = s0 + tl.arange(0, BLOCK_S)
         s_ok = sp < valid
         rows = ((first + sp).to(tl.int64) * n1 + h) * sq + i
         l = tl.load(pl_ptr + rows, mask=s_ok, other=0.0)
-        has = l != 0  # a unit that kept a column; a NaN sum (non-finite inputs) too, so that it reaches the row
-        m = tl.where(has, tl.load(pm_ptr + rows, mask=s_ok, other=FLT_LOWEST), FLT_LOWEST)
+        has = l != 0  # a unit with a kept score; a NaN sum (non-finite inputs) too, so that it reaches the row
+        m = tl.load(pm_ptr + rows, mask=s_ok, other=FLT_LOWEST)
+        saw = saw | (tl.max((m == float("-inf")).to(tl.int32), 0) > 0)  # a unit whose kept scores are all -inf
+        m = tl.where(has, m, FLT_LOWEST)
         new_top = tl.maximum(top, tl.max(m, 0))
         alpha = tl.exp2(base2_max(top) - base2_max(new_top))
         w = tl.where(has, tl.exp2(base2_max(m) - base2_max(new_top)), 0.0)
@@ -234,6 +240,7 @@ def merge_kernel(out_ptr, lse_ptr, lens_ptr, lens_stride, pm_ptr, pl_ptr, po_ptr
         total = total * alpha + tl.sum(w * l, 0)
         acc = acc * alpha + tl.sum(w[:, None] * o, 0)
         top = new_top
+    total = tl.where(saw & (total == 0), float("nan"), total)  # columns kept, all scores -inf: the formula's 0 / 0
     kept = total != 0  # NaN: kept, the row comes out NaN
     out = acc / tl.where(kept, total, 1.0)
     lse = tl.where(kept, top + tl.log(tl.where(kept, total, 1.0)), float("inf"))

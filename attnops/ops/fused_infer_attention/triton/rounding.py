@@ -27,8 +27,8 @@ def cast_round(x, DTYPE: tl.constexpr):
 
 @triton.jit
 def quantize_int8(y):
-    """``sat_int8(round_half_even(y))`` of an fp32 tile."""
-    y = tl.minimum(tl.maximum(y, -128.0), 127.0)
+    """``sat_int8(round_half_even(y))`` of an fp32 tile; NaN gives 0 and +-inf saturate (the NPU's conversion)."""
+    y = tl.minimum(tl.maximum(tl.where(y != y, 0.0, y), -128.0), 127.0)  # max/min may drop or keep a NaN
     r = tl.floor(y)
     frac = y - r  # exact
     odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0

@@ -17,7 +17,7 @@ the block table's capacity, a negative position reads nothing and a block id out
 import triton
 import triton.language as tl
 
-from ...._core.triton.helpers import FLT_MAX, LOG2E, upcast
+from ...._core.triton.helpers import FLT_LOWEST, FLT_MAX, LOG2E, upcast
 from .common import _group_tile, _softmax_init, _softmax_step, _store_group_tile
 
 
@@ -44,21 +44,23 @@ def _paged_tile(cache_ptr, bt_ptr, b, hk, pos, ok, dims, head_dim, bt_sb, c_s0, 
 def _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, ok, head_d, head_dv, bt_sb, k_s0, k_s1, k_s2, v_s0, v_s1, v_s2,
                 page, n_pages, m_i, l_i, acc, scale, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    """One online-softmax step of the group over cache rows ``pos`` (``[BLOCK_N]``, masked by ``ok``)."""
+    """One online-softmax step of the group over cache rows ``pos`` (``[BLOCK_N]``, masked by ``ok``); also whether
+    it read a key (whatever its score)."""
     k, ok = _paged_tile(k_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_D), head_d, bt_sb, k_s0, k_s1, k_s2, page,
                         n_pages, UPCAST)
     k_t = tl.trans(k)
     v, _ = _paged_tile(v_ptr, bt_ptr, b, hk, pos, ok, tl.arange(0, BLOCK_DV), head_dv, bt_sb, v_s0, v_s1, v_s2, page,
                        n_pages, UPCAST)
     s = tl.where(ok[None, :], tl.dot(q, k_t, input_precision=PRECISION) * scale, float("-inf"))
-    return _softmax_step(s, v, m_i, l_i, acc, PRECISION)
+    m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
+    return m_i, l_i, acc, tl.max(ok.to(tl.int32), 0) > 0
 
 
 @triton.jit
 def _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G: tl.constexpr,
                  BLOCK_DV: tl.constexpr):
-    """``acc / l`` (0 where nothing was attended) for the group's output rows."""
-    _store_group_tile(o_ptr, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], b, hk * group, group, o_sb, o_sh, head_dv,
+    """``acc / l`` (0 where nothing was attended; NaN where ``l`` is) for the group's output rows."""
+    _store_group_tile(o_ptr, acc / tl.where(l_i == 0, 1.0, l_i)[:, None], b, hk * group, group, o_sb, o_sh, head_dv,
                       BLOCK_G, BLOCK_DV)
 
 
@@ -91,6 +93,7 @@ def selected_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, stats_ptr, part_ptr, topk
     topk_row = topk_ptr + b.to(tl.int64) * t_sb + hk.to(tl.int64) * t_sh
     q = upcast(_group_tile(q_ptr, b, hk * group, group, q_sb, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
     m_i, l_i, acc = _softmax_init(BLOCK_G, BLOCK_DV)
+    seen = tl.full([], 0, tl.int1)  # a key was read, whatever its score
     alive = 1
     for i in range(0, lo):  # a -1 in an earlier split's slots ends the list here too
         alive = tl.where(tl.load(topk_row + i) == -1, 0, alive)
@@ -102,14 +105,18 @@ def selected_decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, stats_ptr, part_ptr, topk
                 j = j0 + tl.arange(0, BLOCK_N)
                 pos = idx * block + j
                 ok = (j < block) & (pos >= 0) & (pos < kv_len)
-                m_i, l_i, acc = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, ok, head_d, head_dv, bt_sb, k_s0,
-                                            k_s1, k_s2, v_s0, v_s1, v_s2, page, n_pages, m_i, l_i, acc, scale,
-                                            BLOCK_D, BLOCK_DV, UPCAST, PRECISION)
-    if SPLIT:
+                m_i, l_i, acc, read = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, ok, head_d, head_dv, bt_sb,
+                                                  k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, page, n_pages, m_i, l_i, acc,
+                                                  scale, BLOCK_D, BLOCK_DV, UPCAST, PRECISION)
+                seen = seen | read
+    unkept = seen & (m_i == float("-inf")) & (l_i == 0)  # keys read, every score -inf: the formula's 0 / 0
+    if SPLIT:  # marked by a max of FLT_LOWEST (see _merged_stats)
+        m_i = tl.where(unkept, FLT_LOWEST, m_i)
         _store_partial(stats_ptr, part_ptr, (b.to(tl.int64) * n2 + hk) * tl.num_programs(2) + split, m_i, l_i, acc,
                        BLOCK_G, BLOCK_DV)
     else:
-        _store_group(o_ptr, acc, l_i, b, hk, o_sb, o_sh, group, head_dv, BLOCK_G, BLOCK_DV)
+        _store_group(o_ptr, acc, tl.where(unkept, float("nan"), l_i), b, hk, o_sb, o_sh, group, head_dv, BLOCK_G,
+                     BLOCK_DV)
 
 
 @triton.jit
@@ -129,11 +136,14 @@ def compress_decode_kernel(q_ptr, k_ptr, v_ptr, stats_ptr, part_ptr, bt_ptr, len
     hi = tl.minimum(lo + chunk, s2)
     q = upcast(_group_tile(q_ptr, b, hk * group, group, q_sb, q_sh, head_d, BLOCK_G, BLOCK_D), UPCAST)
     m_i, l_i, acc = _softmax_init(BLOCK_G, BLOCK_DV)
+    seen = tl.full([], 0, tl.int1)
     for c0 in range(lo, hi, BLOCK_N):
         pos = c0 + tl.arange(0, BLOCK_N)
-        m_i, l_i, acc = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, pos < hi, head_d, head_dv, bt_sb, k_s0, k_s1,
-                                    k_s2, v_s0, v_s1, v_s2, page, n_pages, m_i, l_i, acc, scale, BLOCK_D, BLOCK_DV,
-                                    UPCAST, PRECISION)
+        m_i, l_i, acc, read = _paged_step(q, k_ptr, v_ptr, bt_ptr, b, hk, pos, pos < hi, head_d, head_dv, bt_sb,
+                                          k_s0, k_s1, k_s2, v_s0, v_s1, v_s2, page, n_pages, m_i, l_i, acc, scale,
+                                          BLOCK_D, BLOCK_DV, UPCAST, PRECISION)
+        seen = seen | read
+    m_i = tl.where(seen & (m_i == float("-inf")) & (l_i == 0), FLT_LOWEST, m_i)  # see _merged_stats
     _store_partial(stats_ptr, part_ptr, (b.to(tl.int64) * n2 + hk) * tl.num_programs(2) + split, m_i, l_i, acc,
                    BLOCK_G, BLOCK_DV)
 
@@ -149,7 +159,9 @@ def _split_weights(stats_ptr, part, shift, BLOCK_G: tl.constexpr):
 @triton.jit
 def _merged_stats(stats_ptr, first, splits, BLOCK_G: tl.constexpr):
     """``(max, shift, sum)`` of the group's softmax over all keys from the partials of splits ``first ..
-    first + splits - 1``, in that order (the max first, then the rescaled sums: the same bits in every program)."""
+    first + splits - 1``, in that order (the max first, then the rescaled sums: the same bits in every program).
+    A split whose keys all score -inf stores a max of FLT_LOWEST: it weighs nothing next to a finite max, and a
+    group row that only such splits gave keys gets sum NaN (the formula's 0 / 0)."""
     g = tl.arange(0, BLOCK_G)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     for s in range(splits):
@@ -159,7 +171,7 @@ def _merged_stats(stats_ptr, first, splits, BLOCK_G: tl.constexpr):
     for s in range(splits):
         alpha, l_s = _split_weights(stats_ptr, first + s, shift, BLOCK_G)
         l_i += l_s * alpha
-    return m_i, shift, l_i
+    return m_i, shift, tl.where((m_i == FLT_LOWEST) & (l_i == 0), float("nan"), l_i)
 
 
 @triton.jit

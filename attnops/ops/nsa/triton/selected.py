@@ -75,9 +75,9 @@ def _outside(batch_ptr, b):
 def _selected_tiles(q, k_ptr, v_ptr, topk_row, step, n_blocks, kv0, row, h2, k_st, k_sh, v_st, v_sh, head_d, head_dv,
                     block_size, scale, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    """Step ``step`` of the token's walk over (slot, ``BLOCK_N`` keys of the slot's block): ``(K, V, S)`` with
+    """Step ``step`` of the token's walk over (slot, ``BLOCK_N`` keys of the slot's block): ``(K, V, S, keep)`` with
     ``S = scale * q K^T`` ``[BLOCK_G, BLOCK_N]``, padding, causally hidden keys and every key of a slot outside
-    ``[0, n_blocks)`` at -inf (such a slot reads nothing)."""
+    ``[0, n_blocks)`` at -inf (such a slot reads nothing); ``keep`` ``[BLOCK_N]``: the keys the token sees."""
     n_tiles = tl.cdiv(block_size, BLOCK_N)
     idx = tl.load(topk_row + step // n_tiles).to(tl.int64)
     n0 = (step % n_tiles) * BLOCK_N
@@ -90,7 +90,7 @@ def _selected_tiles(q, k_ptr, v_ptr, topk_row, step, n_blocks, kv0, row, h2, k_s
     keep = tl.arange(0, BLOCK_N) < n_keys
     if CAUSAL:
         keep = keep & (p_block + tl.arange(0, BLOCK_N) <= row)
-    return k, v, tl.where(keep[None, :], s, float("-inf"))
+    return k, v, tl.where(keep[None, :], s, float("-inf")), keep
 
 
 @triton.jit
@@ -122,13 +122,16 @@ def selected_fwd_kernel(q_ptr, k_ptr, v_ptr, topk_ptr, o_ptr, smax_ptr, ssum_ptr
     t, head0, kv0, row, n_blocks, q, topk_row = _token_program(q_ptr, topk_ptr, batch_ptr, b, h2, group, q_st, q_sh,
                                                                topk_st, topk_sh, head_d, BLOCK_G, BLOCK_D, UPCAST)
     m_i, l_i, acc = _softmax_init(BLOCK_G, BLOCK_DV)
+    seen = tl.full([], 0, tl.int1)  # the token sees a key, whatever its score
     for step in range(block_count * tl.cdiv(block_size, BLOCK_N)):
-        _, v, s = _selected_tiles(q, k_ptr, v_ptr, topk_row, step, n_blocks, kv0, row, h2, k_st, k_sh, v_st, v_sh,
+        _, v, s, keep = _selected_tiles(q, k_ptr, v_ptr, topk_row, step, n_blocks, kv0, row, h2, k_st, k_sh, v_st, v_sh,
                                   head_d, head_dv, block_size, scale, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, UPCAST,
                                   PRECISION)
         m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION)
-    kept = (m_i > float("-inf")) | (l_i != l_i)  # a NaN sum (non-finite inputs): its row comes out NaN
+        seen = seen | (tl.max(keep.to(tl.int32), 0) > 0)
     m_i = nan_aware_max(m_i, l_i)
+    l_i = tl.where(seen & (m_i == float("-inf")) & (l_i == 0), float("nan"), l_i)  # every seen score -inf: 0 / 0
+    kept = (m_i > float("-inf")) | (l_i != l_i)  # a NaN sum (non-finite inputs): its row comes out NaN
     _store_group_tile(o_ptr, acc / tl.where(kept, l_i, 1.0)[:, None], t, head0, group, o_st, o_sh, head_dv, BLOCK_G,
                       BLOCK_DV)
     g = tl.arange(0, BLOCK_G)
@@ -171,7 +174,7 @@ def selected_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr,
     do = upcast(_group_tile(do_ptr, t, head0, group, do_st, do_sh, head_dv, BLOCK_G, BLOCK_DV), UPCAST)
     m, log2_l, delta = _row_stats(smax_ptr, ssum_ptr, delta_ptr, t, head0, group, n1, BLOCK_G)
     for step in range(block_count * tl.cdiv(block_size, BLOCK_N)):
-        k, v, s = _selected_tiles(q, k_ptr, v_ptr, topk_row, step, n_blocks, kv0, row, h2, k_st, k_sh, v_st, v_sh,
+        k, v, s, _ = _selected_tiles(q, k_ptr, v_ptr, topk_row, step, n_blocks, kv0, row, h2, k_st, k_sh, v_st, v_sh,
                                   head_d, head_dv, block_size, scale, CAUSAL, BLOCK_N, BLOCK_D, BLOCK_DV, UPCAST,
                                   PRECISION)
         p = tl.exp2((s - m[:, None]) * LOG2E - log2_l[:, None])
