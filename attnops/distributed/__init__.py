@@ -8,8 +8,9 @@
   reduce-scattered (MindSpeed ``kvallgather``, llama3 varlen); NSA and DSA operators on the gathered keys.
 * :func:`hybrid_flash_attention`: Ulysses over one group, ring attention over another (:func:`hybrid_groups`).
 
-Importing this package also makes attnops' FlashAttention run as ring attention inside PyTorch's
-``torch.distributed.tensor.experimental.context_parallel()`` (:mod:`.torch_cp`).
+Importing this package also makes attnops' FlashAttention (:mod:`.torch_cp`) and PyTorch's own
+``F.scaled_dot_product_attention`` on CPU (:mod:`.torch_cp_sdpa`) run as ring attention inside PyTorch's
+``torch.distributed.tensor.experimental.context_parallel()``.
 
 See ``docs/distributed.md``.
 """
@@ -22,9 +23,11 @@ from .hybrid import HybridGroups, hybrid_flash_attention, hybrid_groups, hybrid_
 from .ring import ring_flash_attention
 from .sharding import ring_shard, ring_unshard
 from .torch_cp import register as _register_torch_region_runner
+from .torch_cp_sdpa import register as _register_torch_region_sdpa
 from .ulysses import ulysses_flash_attention
 
 _register_torch_region_runner()
+_register_torch_region_sdpa()
 
 __all__ = ["HybridGroups", "allgather_flash_attention", "allgather_lightning_indexer",
            "allgather_lightning_indexer_kl_loss", "allgather_nsa_compress_attention",

@@ -70,7 +70,16 @@ def _local_backward(*, query, key, value, out, logsumexp, is_causal, grad_out, s
     return dq, dk, dv
 
 
-def _ring_backward(group, causal: bool, scale: float, dout, q, k, v, out, lse):
+def ring_forward(group, causal: bool, scale: float, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """PyTorch's ring template over ``group`` with attnops as the per-step op: ``(out, logsumexp)`` of BNSD shards."""
+    with context_parallel.suspended():
+        out, lse = torch_cp._templated_ring_attention(group, SEQ_DIM, _local_forward, q, k, v, is_causal=causal,
+                                                      scale=scale)[:2]
+    return out.to(q.dtype), lse
+
+
+def ring_backward(group, causal: bool, scale: float, dout, q, k, v, out, lse):
+    """PyTorch's ring backward template with attnops' backward as the per-step op: ``(dq, dk, dv)``."""
     with context_parallel.suspended():
         return torch_cp._templated_ring_attention_backward(group, SEQ_DIM, _local_backward, dout.contiguous(),
                                                            "grad_out", q, k, v, out, lse, causal, scale=scale)[:3]
@@ -79,10 +88,7 @@ def _ring_backward(group, causal: bool, scale: float, dout, q, k, v, out, lse):
 class _TorchRing(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal: bool, scale: float):
-        with context_parallel.suspended():
-            out, lse = torch_cp._templated_ring_attention(group, SEQ_DIM, _local_forward, q, k, v, is_causal=causal,
-                                                          scale=scale)[:2]
-        out = out.to(q.dtype)
+        out, lse = ring_forward(group, causal, scale, q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.causal, ctx.scale = group, causal, scale
         ctx.mark_non_differentiable(lse)
@@ -90,7 +96,7 @@ class _TorchRing(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        dq, dk, dv = _ring_backward(ctx.group, ctx.causal, ctx.scale, dout, *ctx.saved_tensors)
+        dq, dk, dv = ring_backward(ctx.group, ctx.causal, ctx.scale, dout, *ctx.saved_tensors)
         return dq, dk, dv, None, None, None
 
 
@@ -120,7 +126,7 @@ class TorchRegionRunner:
         dy, q, out = (to_internal(kw[n], layout, n1) for n in ("dy", "query", "attention_out"))
         k, v = (to_internal(kw[n], layout, n2) for n in ("key", "value"))
         lse = kw["softmax_max"][..., 0] + kw["softmax_sum"][..., 0].log()
-        grads = _ring_backward(region_group(), kw["causal"], scale, dy, q, k, v, out, lse)
+        grads = ring_backward(region_group(), kw["causal"], scale, dy, q, k, v, out, lse)
         return (*(from_internal(g, layout) for g in grads), None)
 
 

@@ -163,13 +163,6 @@ def _init(rank: int, world: int, init_file: str, timeout_s: float):
                             timeout=timedelta(seconds=timeout_s))
 
 
-def worker(rank: int, world: int, init_file: str, out_dir: str, cases: list[Case]) -> None:
-    """Run every case (one shared process group); record ``"ok"`` or the traceback per case."""
-    _init(rank, world, init_file, 60)
-    write_results(out_dir, rank, run_cases(rank, world, cases))
-    dist.destroy_process_group()
-
-
 def write_results(out_dir: str, rank: int, results: dict) -> None:
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)

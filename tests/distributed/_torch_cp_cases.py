@@ -1,7 +1,7 @@
 """attnops inside PyTorch's ``context_parallel()`` (run inside spawned workers): the Pythonic and torch_npu entry
-points, both rotate methods, causal with PyTorch's head-tail load balancing and full attention without it; the
-unsharded output and gradients must equal the single-device call, and ``F.scaled_dot_product_attention`` must keep
-PyTorch's own behaviour."""
+points, ``F.scaled_dot_product_attention`` and ``torch_npu.npu_fusion_attention`` through the shim as an unmodified
+script calls them, both rotate methods, causal with PyTorch's head-tail load balancing and full attention without
+it; the unsharded output and gradients must equal the single-device call."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +14,7 @@ from torch.distributed.tensor.experimental._attention import (_cp_options, conte
                                                                set_rotate_method)
 
 import attnops
-import attnops.distributed  # noqa: F401 - registers the region runner
+import attnops.distributed  # noqa: F401 - registers the region runner and the CPU SDPA handlers
 from attnops.torch_npu import npu_fusion_attention, npu_fusion_attention_grad
 from tests.helpers import TRIU2048, randn
 
@@ -23,11 +23,6 @@ SEQ = 2  # BNSD
 
 def _attnops(q, k, v, causal):
     return attnops.flash_attention(q, k, v, causal=causal, scale=0.3)
-
-
-def _torch_npu(q, k, v, causal):
-    mask = dict(atten_mask=TRIU2048, sparse_mode=2) if causal else {}
-    return npu_fusion_attention(q, k, v, q.shape[1], "BNSD", scale=0.3, **mask)[0]
 
 
 class _ExplicitGrad(torch.autograd.Function):
@@ -49,14 +44,28 @@ class _ExplicitGrad(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-ENTRIES = {"attnops": _attnops, "torch_npu": _torch_npu, "torch_npu_grad": _ExplicitGrad.apply}
+def _sdpa(q, k, v, causal):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3, enable_gqa=True)
+
+
+def _torch_npu(q, k, v, causal):
+    """``torch_npu.npu_fusion_attention`` as a script calls it, after the shim's ``install()``."""
+    attnops.torch_npu.install()
+    import torch_npu
+
+    mask = dict(atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1), sparse_mode=2) if causal else {}
+    return torch_npu.npu_fusion_attention(q, k, v, q.shape[1], "BNSD", scale=0.3, **mask)[0]
+
+
+ENTRIES = {"attnops": _attnops, "torch_npu": _torch_npu, "torch_npu_grad": _ExplicitGrad.apply, "sdpa": _sdpa}
+SAME_HEAD_SIZE = ("sdpa",)  # PyTorch's CPU flash kernel (the one run as a ring) needs Dv == D
 
 
 def run_one(world: int, entry: str, rotate: str, causal: bool) -> None:
     mesh = init_device_mesh("cpu", (world,))
-    s = 4 * world
-    q, k, v, dy = randn(1, 4, s, 8, seed=1), randn(1, 2, s, 8, seed=2), randn(1, 2, s, 4, seed=3), randn(1, 4, s, 4,
-                                                                                                        seed=4)
+    s, dv = 4 * world, 8 if entry in SAME_HEAD_SIZE else 4
+    q, k, v, dy = randn(1, 4, s, 8, seed=1), randn(1, 2, s, 8, seed=2), randn(1, 2, s, dv, seed=3), randn(1, 4, s, dv,
+                                                                                                          seed=4)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     ref = ENTRIES[entry](*leaves, causal)
     ref.backward(dy)
@@ -77,30 +86,10 @@ def run_one(world: int, entry: str, rotate: str, causal: bool) -> None:
         torch.testing.assert_close(mine, single.detach(), rtol=1e-5, atol=2e-6, msg=lambda m: f"{name}: {m}")
 
 
-def sdpa_unchanged(world: int) -> None:
-    """PyTorch's SDPA inside the region does what PyTorch does without attnops (on CPU: no ring for SDPA)."""
-    mesh = init_device_mesh("cpu", (world,))
-    q = randn(1, 2, 4 * world, 8)
-    outcomes = []
-    for _ in range(2):
-        buffers = [q.clone()]
-        try:
-            with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[SEQ]):
-                out = F.scaled_dot_product_attention(buffers[0], buffers[0], buffers[0], is_causal=True)
-            outcomes.append(("ok", context_parallel_unshard(mesh, [out], [SEQ])[0]))
-        except NotImplementedError as e:  # CPU SDPA has no context-parallel sharding rule in PyTorch
-            outcomes.append(("NotImplementedError", str(e)))
-        if not outcomes[-1][0] == "ok":
-            assert "sharding strategy" in outcomes[-1][1], outcomes[-1][1]
-        else:
-            torch.testing.assert_close(outcomes[-1][1], F.scaled_dot_product_attention(q, q, q, is_causal=True))
-
-
 def torch_cp_checks(world: int) -> list[tuple[str, object]]:
     """``(name, check)`` of every entry point, rotate method and mask at the world size (world size 4: the Pythonic
-    entry and the explicit torch_npu grad), and of SDPA."""
+    entry, the explicit torch_npu grad and SDPA)."""
     runs = [(f"torch_cp_{entry}_{rotate}_{'causal' if causal else 'full'}", (entry, rotate, causal))
             for entry in ENTRIES for rotate in ("allgather", "alltoall") for causal in (True, False)
             if world == 2 or entry != "torch_npu"]
-    return [*((name, functools.partial(run_one, world, *args)) for name, args in runs),
-            ("torch_cp_sdpa_unchanged", functools.partial(sdpa_unchanged, world))]
+    return [(name, functools.partial(run_one, world, *args)) for name, args in runs]

@@ -1,4 +1,5 @@
-"""One spawn per world size for the hybrid, KV all-gather and PyTorch ``context_parallel()`` tests (``_modes``)."""
+"""One spawn per world size for the ring, Ulysses, hybrid, KV all-gather and PyTorch ``context_parallel()`` tests
+(``_modes``)."""
 import pytest
 
 from tests.distributed._modes import modes_worker

@@ -3,7 +3,9 @@
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
+from attnops._core.errors import ParamInvalidError
 from attnops.distributed import (allgather_flash_attention, allgather_sequence, hybrid_dropout_mask,
                                  hybrid_flash_attention, hybrid_groups, hybrid_shard, hybrid_unshard,
                                  ring_dropout_mask, ring_flash_attention, ring_shard, ring_unshard,
@@ -146,3 +148,19 @@ def test_hybrid_tnd_statistics_need_the_true_tnd_layout(world1):
     res = hybrid_flash_attention(t, t, t, ulysses_group=groups.ulysses, ring_group=groups.ring, layout="TND",
                                  actual_seq_len=[8], return_stats=True, softmax_layout="TND")
     assert res.softmax_max.shape == (8, 2, 8)
+
+
+
+@pytest.mark.parametrize("name, options, dv", [("dropout_p", dict(dropout_p=0.1), 8),
+                                               ("attn_mask", dict(attn_mask=torch.ones(4, 4).tril()), 8),
+                                               ("value", {}, 4)])
+def test_sdpa_in_torch_context_parallel_rejects_what_a_ring_cannot_serve(world1, name, options, dv):
+    """CPU SDPA calls the ring cannot honour raise an attnops error naming the argument, before any sharding."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    mesh = init_device_mesh("cpu", (1,))
+    q, v = randn(1, 2, 4, 8), randn(1, 2, 4, dv)
+    with context_parallel(mesh, buffers=[q, v], buffer_seq_dims=[2, 2]):
+        with pytest.raises(ParamInvalidError, match=f"^{name}: expected .* inside torch's context_parallel"):
+            F.scaled_dot_product_attention(q, q, v, is_causal=True, **options)

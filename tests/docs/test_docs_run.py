@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "docs/guide.md", "docs/dsa.md", "docs/dsv4.md")
 # scripts run by torchrun elsewhere (tests/distributed covers their content)
-TORCHRUN_EXAMPLES = {"ring_attention_cpu.py"}
+TORCHRUN_EXAMPLES = {"ring_attention_cpu.py", "context_parallel_sdpa.py"}
 # unmodified flash-attn scripts: run through the shim's runner, as docs/flash_attn.md says
 FLASH_ATTN_EXAMPLES = {"flash_attn_example.py", "flash_attn_kvcache_decode.py"}
 
