@@ -1,12 +1,18 @@
 """Test-session settings.
 
 The tests use tiny shapes, where waking PyTorch's intra-op worker threads costs more than the work itself
-(several milliseconds per operator on a busy 2-core machine), so the suite runs single-threaded by default.
-Set ATTNOPS_TEST_THREADS to change it.
+(several milliseconds per operator on a busy 2-core machine), so the suite runs single-threaded by default, in one
+pytest-xdist worker per CPU (``addopts`` in pyproject.toml; ``-n 0`` runs it in one process).
+Set ATTNOPS_TEST_THREADS to change the threads per worker.
+
+Tests that need the compiled CPU decode kernel use the ``cpu_kernel`` fixture: the
+kernel is found or built once per worker, when the first such test runs, not while the tests are collected; the
+build holds a lock per cache key, so workers starting at once compile it once.
 """
 import os
 import sys
 
+import pytest
 import torch
 
 # Without a GPU the Triton kernel tests run in Triton's CPU interpreter, which must be on before Triton is first
@@ -19,3 +25,13 @@ if not torch.cuda.is_available():
 
 def pytest_configure(config):
     torch.set_num_threads(int(os.environ.get("ATTNOPS_TEST_THREADS", "1")))
+
+
+@pytest.fixture(scope="session")
+def cpu_kernel():
+    """The compiled CPU decode kernel (loaded once per session); skips the test where it cannot be built."""
+    from attnops._core import cpu_kernels
+
+    if cpu_kernels.library() is None:
+        pytest.skip(f"CPU decode: {cpu_kernels.status()}")
+    return cpu_kernels.library()
