@@ -2,12 +2,12 @@
 
 The tests use tiny shapes, where waking PyTorch's intra-op worker threads costs more than the work itself
 (several milliseconds per operator on a busy 2-core machine), so the suite runs single-threaded by default, in one
-pytest-xdist worker per CPU (``addopts`` in pyproject.toml; ``-n 0`` runs it in one process).
-Set ATTNOPS_TEST_THREADS to change the threads per worker.
+pytest-xdist worker per CPU (``addopts`` in pyproject.toml; ``-n 0`` runs it in one process; on a CUDA machine one
+worker runs them all). Set ATTNOPS_TEST_THREADS to change the threads per worker.
 
-Tests that need the compiled CPU decode kernel use the ``cpu_kernel`` fixture: the
-kernel is found or built once per worker, when the first such test runs, not while the tests are collected; the
-build holds a lock per cache key, so workers starting at once compile it once.
+Tests that need the compiled CPU decode kernel use the ``cpu_kernel`` fixture: the kernel is found or built once per
+worker, when the first such test runs, not while the tests are collected; the build holds a lock per cache key, so
+workers starting at once compile it once.
 """
 import os
 import sys
@@ -25,6 +25,11 @@ if not torch.cuda.is_available():
 
 def pytest_configure(config):
     torch.set_num_threads(int(os.environ.get("ATTNOPS_TEST_THREADS", "1")))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n logical``: one worker per logical CPU, but one in all on a CUDA machine, whose tests share the GPU."""
+    return 1 if torch.cuda.is_available() else None  # None: pytest-xdist counts the CPUs
 
 
 @pytest.fixture(scope="session")
