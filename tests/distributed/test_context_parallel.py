@@ -1,7 +1,8 @@
 """Ring attention and Ulysses on CPU Gloo at world sizes 2 and 4 against single-device attnops and the fp64 golden.
 
 Spawning is the slow part, so one spawn per world size runs every case on one process group
-(``_cases.worker``); each test then checks its case's result on every rank.
+(``_cases.worker``; its tests share one pytest-xdist worker); each test then checks its case's result on every
+rank.
 """
 from __future__ import annotations
 
@@ -70,11 +71,13 @@ def _check(results: list[dict], name: str) -> None:
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.xdist_group("world2")  # one worker spawns the world for all of them
 @pytest.mark.parametrize("name", [c.name for c in WORLD2])
 def test_world2(world2, name):
     _check(world2, name)
 
 
+@pytest.mark.xdist_group("world4")  # one worker spawns the world for all of them
 @pytest.mark.parametrize("name", [c.name for c in WORLD4])
 def test_world4(world4, name):
     _check(world4, name)
