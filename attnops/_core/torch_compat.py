@@ -2,14 +2,14 @@
 
 PyTorch has no public API for these (the parts of a ``torch.library.custom_op``, the dispatcher's thread-local key
 sets, Dynamo's table of traced functions, ...); they are checked on the PyTorch version the tests run on (the floor
-in ``pyproject.toml``). Each is looked up when first needed: a name the installed PyTorch lacks raises
-:class:`~attnops._core.errors.TorchFeatureMissing` naming it, except where a function here says what runs instead.
+in ``pyproject.toml``). Each is looked up at import or when first needed; a name the installed PyTorch lacks raises
+:class:`~attnops._core.errors.TorchFeatureMissing` naming it when used, except where a function here says what
+runs instead.
 :func:`missing` lists the absent ones.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import sys
 
@@ -33,7 +33,6 @@ NAMES = (
 _CUSTOM_OP_PARTS = ("_init_fn", "_abstract_fn", "_setup_context_fn", "_backward_fn", "_qualname", "_opoverload")
 
 
-@functools.cache
 def lookup(name: str):
     """The object ``name`` ("module:attribute.attribute") stands for, or None where this PyTorch lacks it."""
     module, _, path = name.partition(":")
@@ -48,18 +47,43 @@ def lookup(name: str):
     return obj
 
 
+def _missing_error(what: str) -> TorchFeatureMissing:
+    return TorchFeatureMissing(f"attnops needs the PyTorch internal {what}, which PyTorch {torch.__version__} lacks "
+                               f"(attnops is tested on PyTorch >= {TESTED})")
+
+
 def require(name: str):
     """:func:`lookup`, raising :class:`TorchFeatureMissing` where the name is absent."""
     obj = lookup(name)
     if obj is None:
-        raise TorchFeatureMissing(f"attnops needs the PyTorch internal {name.replace(':', '.')}, which PyTorch "
-                                  f"{torch.__version__} lacks (attnops is tested on PyTorch >= {TESTED})")
+        raise _missing_error(name.replace(":", "."))
     return obj
+
+
+def _bound(name: str):
+    """``name`` looked up once, at import (so that ``torch.compile`` traces straight into it), or, where this
+    PyTorch lacks it, a function that raises :class:`TorchFeatureMissing` naming it when called."""
+    obj = lookup(name)
+    if obj is not None:
+        return obj
+
+    def absent(*args, **kwargs):
+        raise _missing_error(name.replace(":", "."))
+    return absent
 
 
 def missing() -> list[str]:
     """The names of :data:`NAMES` this PyTorch lacks (none on the tested versions)."""
     return [name for name in NAMES if lookup(name) is None]
+
+
+_custom_op_def = lookup("torch._library.custom_ops:CustomOpDef")
+_len_dispatch_stack = _bound("torch._C:_len_torch_dispatch_stack")
+_functorch_active = _bound("torch._C:_are_functorch_transforms_active")
+_profiler_enabled = _bound("torch.autograd:_profiler_enabled")
+_rebuild_tensor_v2 = _bound("torch._utils:_rebuild_tensor_v2")
+tree_leaves = _bound("torch.utils._pytree:tree_leaves")
+"""The leaves of a pytree (nested lists, tuples, dicts) in PyTorch's order (``torch.utils._pytree``)."""
 
 
 # ---- torch.library.custom_op internals ---------------------------------------------------------------------------
@@ -71,19 +95,17 @@ def custom_op_part(op, part: str):
     if part not in _CUSTOM_OP_PARTS:
         raise ValueError(f"part: expected one of {_CUSTOM_OP_PARTS}, got {part!r}")
     if not hasattr(op, part):
-        raise TorchFeatureMissing(f"attnops needs torch.library custom ops' {part}, which PyTorch {torch.__version__} "
-                                  f"lacks on {type(op).__name__} (attnops is tested on PyTorch >= {TESTED})")
+        raise _missing_error(f"{part} of a torch.library custom op ({type(op).__name__})")
     return getattr(op, part)
 
 
 def schema_arguments(op) -> list:
     """The schema arguments (``.name``, ``.default_value``) of a ``torch.library.custom_op`` or an ``OpOverload``."""
-    custom_op = lookup("torch._library.custom_ops:CustomOpDef")
-    overload = custom_op_part(op, "_opoverload") if custom_op is not None and isinstance(op, custom_op) else op
+    is_custom = _custom_op_def is not None and isinstance(op, _custom_op_def)
+    overload = custom_op_part(op, "_opoverload") if is_custom else op
     schema = getattr(overload, "_schema", None)
     if schema is None:
-        raise TorchFeatureMissing(f"attnops needs OpOverload._schema, which PyTorch {torch.__version__} lacks "
-                                  f"(attnops is tested on PyTorch >= {TESTED})")
+        raise _missing_error("OpOverload._schema")
     return schema.arguments
 
 
@@ -102,17 +124,17 @@ def autograd_keys_included():
 
 def dispatch_mode_active() -> bool:
     """Whether a ``TorchDispatchMode`` (fake tensors, tracing, FLOP counters, ...) is on this thread's stack."""
-    return require("torch._C:_len_torch_dispatch_stack")() > 0
+    return _len_dispatch_stack() > 0
 
 
 def functorch_transform_active() -> bool:
     """Whether a functorch transform (``vmap``, ``grad``, ...) is active."""
-    return require("torch._C:_are_functorch_transforms_active")()
+    return _functorch_active()
 
 
 def profiler_enabled() -> bool:
     """Whether the autograd profiler records."""
-    return require("torch.autograd:_profiler_enabled")()
+    return _profiler_enabled()
 
 
 def privateuse1_backend_name() -> str:
@@ -135,13 +157,7 @@ def accelerator_hook_api():
 
 def rebuild_tensor(storage, storage_offset, size, stride, requires_grad, backward_hooks):
     """PyTorch's own unpickling of a tensor (``torch._utils._rebuild_tensor_v2``)."""
-    return require("torch._utils:_rebuild_tensor_v2")(storage, storage_offset, size, stride, requires_grad,
-                                                      backward_hooks)
-
-
-def tree_leaves(tree) -> list:
-    """The leaves of a pytree (nested lists, tuples, dicts) in PyTorch's order."""
-    return require("torch.utils._pytree:tree_leaves")(tree)
+    return _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks)
 
 
 def dispatch_mode_base() -> type:

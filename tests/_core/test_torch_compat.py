@@ -29,6 +29,10 @@ def test_the_tested_version_is_pyprojects_floor():
 def test_a_missing_name_is_named_in_the_error():
     name = "torch._C:_attnops_no_such_internal"
     assert torch_compat.lookup(name) is None and torch_compat.lookup("no_such_module_xyz:thing") is None
+    assert torch_compat.missing() == [] and torch_compat.lookup("torch._C:_attnops_no_such_internal") is None
+    absent = torch_compat._bound(name)
+    with pytest.raises(TorchFeatureMissing, match=r"_C\._attnops_no_such_internal, which"):
+        absent(1, key=2)
     with pytest.raises(TorchFeatureMissing, match=r"PyTorch internal torch\._C\._attnops_no_such_internal, which "
                                                    rf"PyTorch {re.escape(torch.__version__)} lacks .*>= 2\.13"):
         torch_compat.require(name)
@@ -40,7 +44,7 @@ def test_custom_op_parts_and_schemas():
     names = [a.name for a in torch_compat.schema_arguments(op)]
     assert names[:3] == ["query", "key", "value"]
     assert [a.name for a in torch_compat.schema_arguments(torch.ops.aten.add.Tensor)] == ["self", "other", "alpha"]
-    with pytest.raises(TorchFeatureMissing, match="custom ops' _init_fn, which PyTorch .* lacks on object"):
+    with pytest.raises(TorchFeatureMissing, match=r"_init_fn of a torch.library custom op \(object\), which PyTorch .* lacks"):
         torch_compat.custom_op_part(object(), "_init_fn")
     with pytest.raises(ValueError, match="part: expected one of"):
         torch_compat.custom_op_part(op, "_schema")
