@@ -9,8 +9,11 @@ Tests that need the compiled CPU decode kernel use the ``cpu_kernel`` fixture: t
 worker, when the first such test runs, not while the tests are collected; the build holds a lock per cache key, so
 workers starting at once compile it once.
 """
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -21,6 +24,13 @@ if not torch.cuda.is_available():
     os.environ["ATTNOPS_TRITON_INTERPRET"] = "1"
     if "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"
+
+
+# torch.compile's kernel cache (default /tmp/torchinductor_$USER, shared by every process of the user) is this
+# process's own: a kernel another process left there (other flags, another PyTorch) cannot crash the compile tests
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnops-tests-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_configure(config):
