@@ -42,10 +42,22 @@ def pytest_xdist_auto_num_workers(config):
     return 1 if torch.cuda.is_available() else None  # None: pytest-xdist counts the CPUs
 
 
+# session fixtures that spawn a process group (tests/distributed/conftest.py): their tests share one worker
+SPAWNING_FIXTURES = ("modes_world2", "modes_world4")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        used = [name for name in SPAWNING_FIXTURES if name in item.fixturenames]
+        if used:
+            item.add_marker(pytest.mark.xdist_group(used[0]))
+
+
 @pytest.fixture(scope="session")
 def cpu_kernel():
     """The compiled CPU decode kernel (loaded once per session); skips the test where it cannot be built."""
-    from attnops._core import cpu_kernels
+    from attnops.ops.common import cpu_kernels
 
     if cpu_kernels.library() is None:
         pytest.skip(f"CPU decode: {cpu_kernels.status()}")
