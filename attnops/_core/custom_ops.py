@@ -17,17 +17,19 @@ import functools
 
 import torch
 
+from . import torch_compat
 from .checks import check_same_device
+from .torch_compat import custom_op_part
 from .triton import dry_run
 
 
 def register_dry_run_meta(op) -> None:
     """Give custom op ``op`` (a ``torch.library.custom_op`` with its fake registered) the ``meta`` kernel above."""
-    implementation, fake = op._init_fn, op._abstract_fn
+    implementation, fake = custom_op_part(op, "_init_fn"), custom_op_part(op, "_abstract_fn")
     if fake is None:
-        raise RuntimeError(f"{op._qualname}: register the fake kernel before register_dry_run_meta")
+        raise RuntimeError(f"{custom_op_part(op, '_qualname')}: register the fake kernel before register_dry_run_meta")
 
-    names = [a.name for a in op._opoverload._schema.arguments]
+    names = [a.name for a in torch_compat.schema_arguments(op)]
 
     def meta(*args, **kwargs):
         run = dry_run.active()
@@ -59,11 +61,7 @@ def autograd_inside_op():
     """Record autograd graphs inside a custom op's implementation (grad mode on, the autograd dispatch keys no longer
     excluded), for an op whose backward recomputes a forward and differentiates it: the dispatcher runs an op's
     kernels below autograd, where nothing would be recorded."""
-    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradFunctionality)
-    for key in (torch._C.DispatchKey.AutogradOther, torch._C.DispatchKey.AutogradNestedTensor):
-        keys = keys | torch._C.DispatchKeySet(key)
-    with torch.enable_grad(), torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(),
-                                                               torch._C._dispatch_tls_local_exclude_set() - keys):
+    with torch.enable_grad(), torch_compat.autograd_keys_included():
         yield
 
 
@@ -72,9 +70,9 @@ def runs_directly(tensors) -> bool:
     without the dispatcher: eager mode, plain tensors on a device the implementations serve (``meta`` only inside a
     dry run), and nothing that needs to see the op: no compilation or export, no dispatch mode (fake tensors,
     tracing, the dry run's read guard, FLOP counters), no functorch transform, no profiler."""
-    return (not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
-            and not torch.overrides.has_torch_function(tensors) and not torch._C._are_functorch_transforms_active()
-            and not torch.autograd._profiler_enabled()
+    return (not torch.compiler.is_compiling() and not torch_compat.dispatch_mode_active()
+            and not torch.overrides.has_torch_function(tensors) and not torch_compat.functorch_transform_active()
+            and not torch_compat.profiler_enabled()
             and (tensors[0].device.type in ("cpu", "cuda") or dry_run.active() is not None))
 
 
@@ -86,18 +84,18 @@ def call(op, *args):
     if not runs_directly(tensors):
         return op(*args)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        if op._backward_fn is None:
+        if custom_op_part(op, "_backward_fn") is None:
             return op(*args)
         args = (*args, *_defaults(op)[len(args):])
         positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         return _OwnAutograd.apply(op, args, positions, *tensors)
-    return op._init_fn(*args)
+    return custom_op_part(op, "_init_fn")(*args)
 
 
 @functools.cache
 def _defaults(op) -> tuple:
     """The default values of ``op``'s arguments, in schema order."""
-    return tuple(a.default_value for a in op._opoverload._schema.arguments)
+    return tuple(a.default_value for a in torch_compat.schema_arguments(op))
 
 
 class _OwnAutograd(torch.autograd.Function):
@@ -108,8 +106,8 @@ class _OwnAutograd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op, args, positions, *tensors):
-        output = op._init_fn(*args)
-        op._setup_context_fn(ctx=ctx, inputs=args, output=output)
+        output = custom_op_part(op, "_init_fn")(*args)
+        custom_op_part(op, "_setup_context_fn")(ctx=ctx, inputs=args, output=output)
         ctx.attnops_call = (op, len(args), positions)
         return output
 
@@ -121,7 +119,7 @@ class _OwnAutograd(torch.autograd.Function):
             needs[i] = need
         own, ctx.needs_input_grad = ctx.needs_input_grad, tuple(needs)
         try:
-            result = op._backward_fn(ctx, *grads)
+            result = custom_op_part(op, "_backward_fn")(ctx, *grads)
         finally:
             ctx.needs_input_grad = own
         result = result if isinstance(result, tuple) else (result,)

@@ -2,13 +2,11 @@
 patch, the GPU dry run's guarded constructors)."""
 from __future__ import annotations
 
-import sys
+from .torch_compat import forget_dynamo_torch_functions
 
 
 def forget_traced_functions() -> None:
     """Drop ``torch.compile``'s table of PyTorch functions (Dynamo builds it once, by identity, from what ``torch.*``
     holds then): built while a wrapper stood in for ``torch.tensor`` and friends, it would keep the wrapper and stop
     tracing the restored functions. Called after restoring them; Dynamo rebuilds it on its next compile."""
-    trace_rules = sys.modules.get("torch._dynamo.trace_rules")
-    if trace_rules is not None:
-        trace_rules.get_torch_obj_rule_map.cache_clear()
+    forget_dynamo_torch_functions()

@@ -46,3 +46,8 @@ class PerformanceWarning(UserWarning):
     """A call on a GPU runs a slow path: ``backend="auto"`` could not use the Triton kernels and computes on the
     reference instead (correct, but orders of magnitude slower). Issued once per reason; the message says why and
     how to reach the kernels."""
+
+
+class TorchFeatureMissing(RuntimeError):
+    """The installed PyTorch lacks a (private) PyTorch feature attnops needs; the message names it and the PyTorch
+    versions attnops is tested on."""

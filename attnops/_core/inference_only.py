@@ -14,9 +14,9 @@ from typing import Any, Optional
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_leaves
 
 from .errors import InferenceOnlyError
+from .torch_compat import tree_leaves
 
 
 @dataclass(frozen=True)

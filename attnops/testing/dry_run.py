@@ -26,9 +26,9 @@ import traceback
 from collections.abc import Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._core.dynamo import forget_traced_functions
+from .._core.torch_compat import dispatch_mode_base, schema_arguments
 from .._core.triton import dry_run
 from .._core.triton.dry_run import HostSyncError, LaunchRecord
 
@@ -66,7 +66,7 @@ def _copy_problem(src: torch.Tensor, dst_device: torch.device, non_blocking: boo
 
 def _named(func, args, kwargs) -> dict:
     """The call's arguments by schema name."""
-    return {**dict(zip((a.name for a in func._schema.arguments), args)), **kwargs}
+    return {**dict(zip((a.name for a in schema_arguments(func)), args)), **kwargs}
 
 
 def _host_read(func, args, kwargs) -> str | None:
@@ -91,7 +91,7 @@ def _host_read(func, args, kwargs) -> str | None:
     return None
 
 
-class _HostReadGuard(TorchDispatchMode):
+class _HostReadGuard(dispatch_mode_base()):
     """Raises :class:`HostSyncError` at the first op that would read device values on the host."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import types
 
-import torch
+from .._core.torch_compat import rebuild_tensor
 
 __all__ = ["NPU_GLOBALS", "storage_module", "format_module"]
 
@@ -20,7 +20,7 @@ STORAGE_MODULE, FORMAT_MODULE = "torch_npu.utils.storage", "torch_npu.npu._forma
 
 def _rebuild_npu_tensor(storage, storage_offset, size, stride, requires_grad, backward_hooks, npu_format=None):
     """Stand-in for torch_npu's unpickling function: the same tensor on the CPU."""
-    return torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks)
+    return rebuild_tensor(storage, storage_offset, size, stride, requires_grad, backward_hooks)
 
 
 class Format:

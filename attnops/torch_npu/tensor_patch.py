@@ -18,6 +18,7 @@ import functools
 import torch
 
 from .._core.dynamo import forget_traced_functions
+from .._core.torch_compat import accelerator_hook_api, privateuse1_backend_name
 
 FACTORIES = ("empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange", "tensor",
              "as_tensor", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
@@ -42,7 +43,7 @@ def rename_device_type() -> bool:
     PyTorch cannot undo it); the patched functions then map it to the stand-in. Only where no CUDA exists: a named
     PrivateUse1 type becomes PyTorch's accelerator ahead of CUDA (``torch.accelerator``, pinned memory), which would
     break CUDA code. Returns whether ``torch.device("npu")`` parses now."""
-    name = torch._C._get_privateuse1_backend_name()
+    name = privateuse1_backend_name()
     if name == "privateuseone" and not torch.cuda.is_available():
         torch.utils.rename_privateuse1_backend("npu")
         _register_accelerator_hooks()
@@ -54,13 +55,10 @@ def _register_accelerator_hooks() -> None:
     """Give the renamed device type the Python hooks and device guard PyTorch's accelerator API calls into (PyTorch's
     own stand-ins for a Python backend): without them ``torch.accelerator.current_stream()`` fails, and with it
     ``torch.compile``, whose tracer asks for the current stream of an available accelerator."""
-    from torch.utils import backend_registration
-
-    acc = getattr(torch._C, "_acc", None)
-    hook = getattr(backend_registration, "_DummyPrivateUse1Hook", None)
-    guard = getattr(backend_registration, "_DummyDeviceGuard", None)
-    if acc is None or hook is None or guard is None:
+    api = accelerator_hook_api()
+    if api is None:
         return  # an older PyTorch: torch.compile fails once "npu" is named (docs/porting.md)
+    acc, hook, guard = api
     acc.register_python_privateuseone_hook(hook())
     acc.register_python_privateuseone_device_guard(guard())
 

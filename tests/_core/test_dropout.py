@@ -167,12 +167,14 @@ def test_randint_over_chunk_boundaries_matches_plain_python():
 
 @pytest.mark.parametrize("keep_prob", [0.9, 0.5, 0.01, 0.999999, float(np.float32(1234567) * np.float32(4.6566127342e-10))])
 def test_keep_decision_matches_the_fp32_uniform(keep_prob):
-    """The integer threshold equals ``tl.rand < keep_prob`` in fp32, also for keep_prob exactly on a uniform value."""
-    counters = torch.arange(50_000, dtype=torch.int64) * 7919 + 2**31
-    want = philox_uniform(77, counters) < torch.tensor(keep_prob, dtype=torch.float32)
-    spec = DropoutSpec(keep_prob, (), seed=77, offset=2**31)
-    got = keep_mask(spec, 50_000 * 7919)[torch.arange(50_000) * 7919]
-    assert torch.equal(got, want)
+    """The integer threshold equals ``tl.rand < keep_prob`` in fp32, also for keep_prob exactly on a uniform value:
+    50 windows of 1000 counters spread over 2**31 .. 2**31 + 4e8."""
+    got, want = [], []
+    for start in range(2**31, 2**31 + 50 * 7_919_000, 7_919_000):
+        got.append(keep_mask(DropoutSpec(keep_prob, (), seed=77, offset=start), 1000))
+        counters = start + torch.arange(1000, dtype=torch.int64)
+        want.append(philox_uniform(77, counters) < torch.tensor(keep_prob, dtype=torch.float32))
+    assert torch.equal(torch.cat(got), torch.cat(want))
 
 
 @pytest.mark.parametrize("offset", [0, 2**32 - 1000, 5 * 2**32 + 3])

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..._core.custom_ops import call, register_dry_run_meta
+from ..._core.torch_compat import schema_arguments
 from . import backends
 from .quant_cache import NOPE_DIM
 from .validate import (indexer_call, kl_loss_call, quant_sparse_attention_call, sparse_attention_call,
@@ -23,7 +24,7 @@ DEVICE_TYPES = ("cpu", "cuda")
 
 @functools.cache
 def _schema_names(op) -> tuple[str, ...]:
-    return tuple(a.name for a in op._opoverload._schema.arguments)
+    return tuple(a.name for a in schema_arguments(op))
 
 
 def _indices_shape(query: Tensor, count: int) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ..._core.custom_ops import call, register_dry_run_meta
+from ..._core.torch_compat import schema_arguments
 from . import backends
 from .problem import compute_dtype, lse_shape
 from .validate import Args, check_grad_inputs
@@ -29,7 +30,7 @@ ARG_NAMES = _TENSOR_ARGS + _ATTRS  # the forward op's arguments, in schema order
 
 @functools.cache
 def _schema_names(op) -> tuple[str, ...]:
-    return tuple(a.name for a in op._opoverload._schema.arguments)
+    return tuple(a.name for a in schema_arguments(op))
 
 
 @torch.library.custom_op("attnops::dsv4_sparse_flash_mla", mutates_args=(), device_types=DEVICE_TYPES)

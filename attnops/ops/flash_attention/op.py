@@ -20,6 +20,7 @@ from ..._core.layouts import normalize_layout, parse_geometry, with_head_dim
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..common.npu_rounding import npu_rounding
 from ..._core.custom_ops import register_dry_run_meta, runs_directly
+from ..._core.torch_compat import schema_arguments
 from ..._core.varlen import cumulative_pair_from_cu_seqlens
 from ..common import backends
 from ..common.problem import FAProblem, build_problem
@@ -147,8 +148,8 @@ def _(dy, query, key, value, attention_in, softmax_max, softmax_sum, pse, atten_
 
 
 
-_SCHEMA = tuple(a.name for a in flash_attention_fwd._opoverload._schema.arguments)  # the forward's arguments
-_DEFAULTS = tuple(a.default_value for a in flash_attention_fwd._opoverload._schema.arguments)
+_SCHEMA = tuple(a.name for a in schema_arguments(flash_attention_fwd))  # the forward's arguments
+_DEFAULTS = tuple(a.default_value for a in schema_arguments(flash_attention_fwd))
 _N_TENSORS = _SCHEMA.index("head_num")  # query, key, value, pse, atten_mask, drop_mask come first
 _BACKEND, _PSE_TYPE = _SCHEMA.index("backend"), _SCHEMA.index("pse_type")
 _SAVED = (*range(_N_TENSORS), _SCHEMA.index("cu_seqlens_q"), _SCHEMA.index("cu_seqlens_k"))  # tensor arguments

@@ -18,6 +18,7 @@ from torch import Tensor
 from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.layouts import io_layouts
 from ..._core.custom_ops import register_dry_run_meta
+from ..._core.torch_compat import schema_arguments
 from . import backends
 from .problem import LAYOUTS, output_head_dim
 
@@ -55,7 +56,7 @@ def fused_infer_attention(query: Tensor, key: Tensor, value: Tensor, pse_shift: 
     return backends.forward(options.pop("query"), options.pop("key"), options.pop("value"), options)
 
 
-ARGUMENT_NAMES = tuple(a.name for a in fused_infer_attention._opoverload._schema.arguments)[3:]  # after q, k, v
+ARGUMENT_NAMES = tuple(a.name for a in schema_arguments(fused_infer_attention))[3:]  # after q, k, v
 
 
 @fused_infer_attention.register_fake

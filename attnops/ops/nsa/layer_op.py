@@ -18,6 +18,7 @@ from torch import Tensor
 from ..._core.autocast import autocast_off
 from ..._core.checks import Described, check_tensor, require
 from ..._core.custom_ops import autograd_inside_op, register_dry_run_meta
+from ..._core.torch_compat import schema_arguments
 from .api import _prepared
 from .layer import FLOAT_DTYPES, _native_sparse_attention
 
@@ -87,7 +88,7 @@ def _(grad, needs, *args):
     return [torch.empty_like(x) if x is not None else grad.new_empty(0) for x in args[:len(DIFFERENTIABLE)]]
 
 
-_NAMES = tuple(a.name for a in native_sparse_attention_op._opoverload._schema.arguments)
+_NAMES = tuple(a.name for a in schema_arguments(native_sparse_attention_op))
 
 
 def _setup_context(ctx, inputs, output):

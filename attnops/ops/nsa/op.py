@@ -17,6 +17,7 @@ from ..._core.inference_only import InferenceOnly, register_inference_only
 from ..._core.softmax_stats import STAT_LANES, stats_dtype
 from ..._core.varlen import lengths_from_cumulative
 from ..._core.custom_ops import call, register_dry_run_meta
+from ..._core.torch_compat import schema_arguments
 from . import backends
 from .compress import build_compress_spec, check_output_grad, compress_block_count
 from .selected import build_selected_spec
@@ -29,7 +30,7 @@ DEVICE_TYPES = ("cpu", "cuda")  # CUDA tensors: the reference on CPU copies (no 
 @functools.cache
 def _schema_names(op) -> tuple[str, ...]:
     """The op's argument names (read once: every schema access builds new argument objects)."""
-    return tuple(a.name for a in op._opoverload._schema.arguments)
+    return tuple(a.name for a in schema_arguments(op))
 
 
 def _grads_for(op, **grads):

@@ -8,6 +8,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -46,6 +47,11 @@ def fake_env(monkeypatch, tmp_path):
     monkeypatch.delenv("CXXFLAGS", raising=False)
     monkeypatch.delenv("ATTNOPS_CPU_ARCH", raising=False)
     return tmp_path / "cache", log
+
+
+def _loaded_without_openmp(path: Path) -> SimpleNamespace:
+    """Stands in for :func:`cpu_kernels._load` on the fake compiler's empty output: a library built without OpenMP."""
+    return SimpleNamespace(attnops_openmp=lambda: 0)
 
 
 def _compiles(log: Path) -> int:
@@ -175,6 +181,24 @@ def test_a_library_in_the_configured_directory_is_used_without_building(fake_env
 
 # ---- the compiler command ----------------------------------------------------------------------------------------
 
+def test_cxx_and_cxxflags_reach_the_compiler_split_like_a_shell(fake_env, monkeypatch, tmp_path):
+    """The fake compiler's twin of the real build below: ``CXX="wrapper compiler"`` runs the wrapper with the
+    compiler as its first argument; ``CXXFLAGS`` come last and keep quoted words whole."""
+    log = tmp_path / "wrapped.log"
+    wrapper = _script(tmp_path / "wrapper", f'echo "$@" >> "{log}"\nexec "$@"\n')
+    fake = os.environ["CXX"]
+    monkeypatch.setenv("CXX", f"{wrapper} {fake}")
+    monkeypatch.setenv("CXXFLAGS", "-O0 '-DATTNOPS_NOTE=a b'")
+    recipe = build.recipe(openmp=False)
+    assert recipe.command == (str(wrapper), fake) and recipe.flags[-2:] == ("-O0", "-DATTNOPS_NOTE=a b")
+    path, built = build.find_or_build(recipe)
+    compile_line = [line for line in log.read_text().splitlines() if "--version" not in line]
+    assert built and len(compile_line) == 1 and compile_line[0].startswith(f"{fake} -O3 ")
+    assert " -O0 -DATTNOPS_NOTE=a b " in compile_line[0]
+    assert path.parent == fake_env[0]
+
+
+@pytest.mark.slow  # a real compile; the twin above runs the fake compiler
 @needs_compiler
 def test_cxx_and_cxxflags_are_split_like_a_shell(monkeypatch, tmp_path):
     """``CXX="wrapper g++"`` (as ``ccache g++``) runs the wrapper with the compiler as its first argument;
@@ -285,6 +309,35 @@ def test_an_unreadable_cpuinfo_still_gives_a_tag(tmp_path):
 
 # ---- python -m attnops build-kernels -----------------------------------------------------------------------------
 
+def test_a_compiler_without_openmp_gets_a_build_without_it(fake_env, monkeypatch, tmp_path):
+    """Where PyTorch runs on GNU OpenMP and the compiler refuses ``-fopenmp``, the library is built without it (the
+    real compile: test_a_compiler_without_openmp_builds_for_the_worker_threads, slow)."""
+    log = tmp_path / "args.log"
+    monkeypatch.setenv("CXX", str(_script(tmp_path / "no-openmp", f'echo "$@" >> "{log}"\n'
+                                          'for a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\n'
+                                          f'exec {os.environ["CXX"]} "$@"\n')))
+    monkeypatch.setattr(cpu_kernels, "_torch_uses_gomp", lambda: True)
+    monkeypatch.setattr(cpu_kernels, "_load", _loaded_without_openmp)
+    opened = cpu_kernels.open_library()
+    assert opened["built"] and not opened["openmp"] and "-fopenmp" not in opened["recipe"].flags
+    compiles = [line.split() for line in log.read_text().splitlines() if line != "--version"]
+    assert len(compiles) == 2 and "-fopenmp" in compiles[0] and "-fopenmp" not in compiles[1]
+
+
+def test_build_kernels_reports_a_build_then_the_cached_library(fake_env, monkeypatch, capsys):
+    """The fake compiler's twin of the real build below."""
+    cache, log = fake_env
+    monkeypatch.setattr(cpu_kernels, "_load", _loaded_without_openmp)
+    assert main(["build-kernels"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"CPU decode kernel: built: {cache}/attnops_cpu_decode_")
+    assert out[1] == f"CPU tag: {cpu_tag()}"
+    assert main(["build-kernels"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == out[0].replace("built:", "already cached:")
+    assert _compiles(log) == 1
+
+
+@pytest.mark.slow  # a real compile; the twin above runs the fake compiler
 @needs_compiler
 def test_build_kernels_builds_then_finds_it_cached(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("ATTNOPS_CACHE_DIR", str(tmp_path))

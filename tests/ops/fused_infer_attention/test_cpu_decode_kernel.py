@@ -18,7 +18,7 @@ from tests.helpers import randn
 from tests.ops.fused_infer_attention.fia_helpers import check_fia, make_inputs, randint8, to_paged
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
-needs_kernel = pytest.mark.skipif(cpu_kernels.library() is None, reason=f"CPU decode: {cpu_kernels.status()}")
+needs_kernel = pytest.mark.usefixtures("cpu_kernel")  # built once per session, skips without a compiler
 
 
 @pytest.fixture
@@ -141,6 +141,7 @@ def test_a_failed_build_warns_and_the_pytorch_path_serves(monkeypatch, tmp_path,
     assert kernel_calls[0] == 0
 
 
+@pytest.mark.slow  # a real compile; tests/_core/test_cpu_kernel_build.py covers the fallback with a fake compiler
 @needs_kernel
 def test_a_compiler_without_openmp_builds_for_the_worker_threads(monkeypatch, tmp_path, kernel_calls):
     compiler = tmp_path / "cxx"
@@ -172,6 +173,7 @@ def test_disabled_by_environment(monkeypatch):
     assert cpu_kernels.status() == "pure PyTorch (disabled by ATTNOPS_CPU_KERNELS=0)"
 
 
+@pytest.mark.slow  # two real compiles; the recipe test in tests/_core/test_cpu_kernel_build.py covers the flag
 @needs_kernel
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 targets")
 @pytest.mark.parametrize("arch", ["x86-64", "haswell"])  # plain loops; AVX2 without AVX-512

@@ -17,7 +17,7 @@ from tests.helpers import randn
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 N, N2, D, DV = 8, 2, 20, 12
-needs_kernel = pytest.mark.skipif(cpu_kernels.library() is None, reason=f"CPU decode: {cpu_kernels.status()}")
+needs_kernel = pytest.mark.usefixtures("cpu_kernel")  # built once per session, skips without a compiler
 
 
 @pytest.fixture

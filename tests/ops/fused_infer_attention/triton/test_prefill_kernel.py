@@ -66,8 +66,9 @@ def nz(cache: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("layout", ["BSH", "BSND", "BNSD", "BNSD_BSND"])
 @pytest.mark.parametrize("full", [True, False])
 def test_dense_layouts(triton_backend, layout, full):
-    """GQA over three row blocks; ``full=False``: actual lengths with an empty query and an empty KV batch."""
-    q, k, v = make_inputs(layout, b=3, n=4, nkv=2, sq=40, skv=37, d=16, dtype=F16)
+    """GQA over three row blocks; ``full=False``: actual lengths with an empty query and an empty KV batch (a
+    third batch, which the full case does without)."""
+    q, k, v = make_inputs(layout, b=2 if full else 3, n=4, nkv=2, sq=40, skv=37, d=16, dtype=F16)
     lens = {} if full else dict(actual_seq_lengths=[40, 23, 0], actual_seq_lengths_kv=[37, 0, 20])
     r = run(triton_backend, q, k, v, num_heads=4, num_key_value_heads=2, input_layout=layout, scale_value=0.25,
             softmax_lse_flag=True, **lens)

@@ -61,6 +61,19 @@ def test_head_dims_192_128_causal_mask_and_forced_blocks(triton_backend):
     assert triton_backend == FWD
 
 
+def test_forced_block_rule_over_two_block_tiles(triton_backend):
+    """``local_blocks`` as below on 110 rows at positions 500..569 (17 selection blocks: two tiles of 16), the
+    cheap twin of the slow 800-row test."""
+    l, d, ls, offset = 32, 16, 32, 500
+    seq = [40, 70]
+    cmp_lens = [(offset + n - l) // d + 1 for n in seq]
+    q, k, v = _inputs(seq, cmp_lens, 2, 1, 16, 8, torch.float16, seed=5)
+    check_compress_attention(q, k, v, block=l, stride=d, select_block=ls, count=4, q_lens=seq, cmp_lens=cmp_lens,
+                             causal=True, local_blocks=2, position_offset=offset, backward=False)
+    assert triton_backend == FWD
+
+
+@pytest.mark.slow  # 800 rows in the interpreter; test_forced_block_rule_over_two_block_tiles is its cheap twin
 def test_forced_block_rule(triton_backend):
     """``local_blocks``: the kernel computes the layer's forced blocks (block 0 and the local blocks ending at the
     row's own block, no topk_mask), exactly as the dense mask (several row blocks and block tiles)."""
@@ -73,6 +86,20 @@ def test_forced_block_rule(triton_backend):
     assert triton_backend == FWD
 
 
+def test_causal_rule_forward_and_backward_short(triton_backend):
+    """The cheap twin of the slow test below (one tile of selection blocks; the twin above crosses two): rows
+    before the first complete block fully masked, forward and backward."""
+    l, d, ls = 32, 16, 32
+    seq = [60, 130]
+    cmp_lens = [(n - l) // d + 1 for n in seq]
+    q, k, v = _inputs(seq, cmp_lens, 2, 1, 16, 8, torch.float16, seed=7)
+    res = check_compress_attention(q, k, v, block=l, stride=d, select_block=ls, count=1, q_lens=seq,
+                                   cmp_lens=cmp_lens, causal=True)
+    assert bool((res["out"][:l - 1] == 0).all())
+    assert triton_backend == FWD + BWD + ["grad_sum_kernel"] * 2
+
+
+@pytest.mark.slow  # 660 rows forward and backward in the interpreter; the short twin above runs instead
 def test_causal_rule_forward_and_backward(triton_backend):
     """``causal=True``: the kernels compute the NSA mask (no mask tensor); rows before the first complete block are
     fully masked, and score tiles past the causal edge load nothing (several row blocks and block tiles)."""
