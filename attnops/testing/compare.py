@@ -32,7 +32,7 @@ from torch import Tensor
 from .golden import seq_lengths
 
 __all__ = ["assert_close_to_golden", "max_abs_err", "default_floor", "attention_reductions",
-           "fa_reductions"]
+           "fa_reductions", "fia_reduction"]
 
 
 def max_abs_err(a: Tensor, b: Tensor) -> float:
@@ -88,6 +88,37 @@ def fa_reductions(query, key, value, *, layout: str, head_num: int, actual_seq_q
     d = query.shape[-1] // head_num if packed else query.shape[-1]
     dv = value.shape[-1] // (key.shape[-1] // d) if packed else value.shape[-1]
     return attention_reductions(d, dv, sq, skv)
+
+
+def _fia_key_len(key, layout: str) -> int:
+    """Longest key sequence a FusedInferAttention key (tensor or list of per-batch tensors) in ``layout`` holds."""
+    if isinstance(key, (list, tuple)):
+        return max(_fia_key_len(k, layout) for k in key)
+    if layout == "TND":
+        return key.shape[0]
+    return key.shape[2] if layout.startswith("BNSD") else key.shape[1]
+
+
+def fia_reduction(query, key, *, num_heads=1, input_layout="BSH", actual_seq_lengths_kv=None,
+                  block_table=None, block_size=0, key_shared_prefix=None, actual_shared_prefix_len=None,
+                  query_rope=None, **_) -> int:
+    """``reduction`` of a FusedInferAttention output or lse (seed-named keywords): the scores' head dim (plus the
+    rope dim) and the most keys one query row attends (longest ``actual_seq_lengths_kv``, else the key's length;
+    a paged cache: its block table's reach), plus the shared prefix."""
+    d = query.shape[-1] // int(num_heads) if input_layout == "BSH" else query.shape[-1]
+    if query_rope is not None:
+        d += query_rope.shape[-1] // int(num_heads) if input_layout == "BSH" else query_rope.shape[-1]
+    if actual_seq_lengths_kv is not None:
+        lens = [int(x) for x in torch.as_tensor(actual_seq_lengths_kv).reshape(-1).tolist()]
+        skv = max(seq_lengths(lens) if input_layout == "TND" else lens, default=1)
+    elif block_table is not None:
+        skv = block_table.shape[-1] * int(block_size)
+    else:
+        skv = _fia_key_len(key, input_layout.split("_")[0])
+    if key_shared_prefix is not None:
+        skv += (int(torch.as_tensor(actual_shared_prefix_len).reshape(-1)[0]) if actual_shared_prefix_len is not None
+                else _fia_key_len(key_shared_prefix, input_layout.split("_")[0]))
+    return d + max(skv, 1)
 
 
 def assert_close_to_golden(name, actual, golden, baseline, *, factor: float = 2.0, reduction: int = 1,
