@@ -8,7 +8,8 @@ import torch
 
 from attnops.ops.fused_infer_attention import problem as fia_problem
 from attnops.testing.compare import assert_close_to_golden
-from tests.ops.fused_infer_attention.test_fia_block_table_validation import LENS, REDUCTION, fia, golden_masked, paged_case
+from tests.ops.fused_infer_attention.test_fia_block_table_validation import (LENS, REDUCTION, fia, golden_masked,
+                                                                             paged_case)
 from tests.triton_backend import DEVICE
 
 pytest.importorskip("triton")
