@@ -32,7 +32,7 @@ from torch import Tensor
 from .golden import seq_lengths
 
 __all__ = ["assert_close_to_golden", "max_abs_err", "default_floor", "attention_reductions",
-           "fa_reductions", "fia_reduction"]
+           "fa_reductions", "fia_reduction", "sfa_reductions", "kl_reductions"]
 
 
 def max_abs_err(a: Tensor, b: Tensor) -> float:
@@ -119,6 +119,27 @@ def fia_reduction(query, key, *, num_heads=1, input_layout="BSH", actual_seq_len
         skv += (int(torch.as_tensor(actual_shared_prefix_len).reshape(-1)[0]) if actual_shared_prefix_len is not None
                 else _fia_key_len(key_shared_prefix, input_layout.split("_")[0]))
     return d + max(skv, 1)
+
+
+def sfa_reductions(q_lens, heads: int, d: int, dr: int, keys_per_row: int, *, sinks=False) -> dict[str, int]:
+    """The tolerance rule's ``reduction`` of sparse flash attention with K = V (``[Lq, heads, d]`` queries, rope dim
+    ``dr``, at most ``keys_per_row`` selected keys and the sink): the scores sum over ``d + dr``; a key's
+    gradient over every head of the rows that select it, twice for the shared K = V (dk: key and value
+    gradients; dk_rope: the key gradient only). Keys: out, max, sum, dq, dq_rope, dk, dk_rope."""
+    rows = max(max(q_lens, default=1), 1) * heads
+    red = attention_reductions(d + dr, d, rows, max(keys_per_row + int(sinks), 1))
+    return dict(out=red["out"], max=red["softmax_max"], sum=red["softmax_sum"], dq=red["dq"], dq_rope=red["dq"],
+                dk=red["dk"] + rows, dk_rope=red["dk"])
+
+
+def kl_reductions(q_len: int, heads: int, d: int, dr: int, index_heads: int, di: int, count: int) -> dict[str, int]:
+    """The tolerance rule's ``reduction`` of the indexer KL loss of one batch (``q_len`` rows, ``count`` entries a
+    row): the attention probabilities sum over ``d + dr`` and the ``heads``, the index scores over ``di`` and the
+    ``index_heads``, the softmax over the entries; then the loss over every row's entries, ``d_key_index`` over the
+    index heads of every row, ``d_query_index`` and ``d_weights`` over one row's entries."""
+    chain = d + dr + heads + di + index_heads + count
+    return dict(loss=chain + max(q_len, 1) * count, d_query_index=chain + count,
+                d_key_index=chain + max(q_len, 1) * index_heads, d_weights=chain + count)
 
 
 def assert_close_to_golden(name, actual, golden, baseline, *, factor: float = 2.0, reduction: int = 1,

@@ -10,9 +10,9 @@ from attnops import torch_npu
 from attnops._core.errors import ParamInvalidError
 from attnops.ops.dsa.quant_cache import ROW_BYTES
 from attnops.testing import golden_dsa as G
-from attnops.testing.compare import assert_close_to_golden
+from attnops.testing.compare import assert_close_to_golden, kl_reductions, sfa_reductions
 
-from .dsa_helpers import kl_reductions, pack_keys, randn, sfa_reductions
+from .dsa_helpers import pack_keys, randn
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import attnops.torch_npu
 from attnops.ops.dsa import kl_loss
 from attnops.ops.dsa.problem import row_chunks
 from attnops.testing import golden_dsa as G
-from attnops.testing.compare import assert_close_to_golden
+from attnops.testing.compare import assert_close_to_golden, kl_reductions
 
-from .dsa_helpers import kl_reductions, pack_rows, randn, random_rows
+from .dsa_helpers import pack_rows, randn, random_rows
 
 
 @pytest.mark.parametrize("layout", ["BSND", "TND"])

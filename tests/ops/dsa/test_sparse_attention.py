@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import attnops
-from attnops.testing.compare import assert_close_to_golden
+from attnops.testing.compare import assert_close_to_golden, sfa_reductions
 
-from .dsa_helpers import golden_sfa, pack_keys, pack_query, pack_rows, randn, random_rows, sfa_reductions, unpack_rows
+from .dsa_helpers import golden_sfa, pack_keys, pack_query, pack_rows, randn, random_rows, unpack_rows
 
 LAYOUTS = [("BSND", "BSND"), ("TND", "TND"), ("TND", "PA_BSND"), ("BSND", "PA_BSND")]
 

@@ -8,8 +8,8 @@ import torch
 
 import attnops
 from attnops.testing import golden_dsa as G
-from attnops.testing.compare import assert_close_to_golden
-from tests.ops.dsa.dsa_helpers import pack_keys, randn, sfa_reductions
+from attnops.testing.compare import assert_close_to_golden, sfa_reductions
+from tests.ops.dsa.dsa_helpers import pack_keys, randn
 
 from .conftest import DEVICE
 

@@ -10,9 +10,8 @@ import torch
 import attnops
 from attnops.ops.dsa import op as dsa_op
 from attnops.testing import golden_dsa as G
-from attnops.testing.compare import assert_close_to_golden
-from tests.ops.dsa.dsa_helpers import (golden_sfa, pack_keys, pack_query, pack_rows, randn, random_rows,
-                                      sfa_reductions, unpack_rows)
+from attnops.testing.compare import assert_close_to_golden, sfa_reductions
+from tests.ops.dsa.dsa_helpers import golden_sfa, pack_keys, pack_query, pack_rows, randn, random_rows, unpack_rows
 
 from .conftest import DEVICE
 
