@@ -96,7 +96,7 @@ def _fia_key_len(key, layout: str) -> int:
         return max(_fia_key_len(k, layout) for k in key)
     if layout == "TND":
         return key.shape[0]
-    return key.shape[2] if layout.startswith("BNSD") else key.shape[1]
+    return key.shape[2] if layout == "BNSD" else key.shape[1]
 
 
 def fia_reduction(query, key, *, num_heads=1, input_layout="BSH", actual_seq_lengths_kv=None,
@@ -110,7 +110,9 @@ def fia_reduction(query, key, *, num_heads=1, input_layout="BSH", actual_seq_len
         d += query_rope.shape[-1] // int(num_heads) if input_layout == "BSH" else query_rope.shape[-1]
     if actual_seq_lengths_kv is not None:
         lens = [int(x) for x in torch.as_tensor(actual_seq_lengths_kv).reshape(-1).tolist()]
-        skv = max(seq_lengths(lens) if input_layout == "TND" else lens, default=1)
+        # TND/NTD lengths are cumulative, but a paged cache takes per-batch lengths
+        cumulative = input_layout.split("_")[0] in ("TND", "NTD") and block_table is None
+        skv = max(seq_lengths(lens) if cumulative else lens, default=1)
     elif block_table is not None:
         skv = block_table.shape[-1] * int(block_size)
     else:
