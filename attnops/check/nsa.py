@@ -9,7 +9,7 @@ import torch
 from .. import aclnn, native_sparse_attention, nsa_compress, nsa_selected_attention, torch_npu
 from ..testing import golden_nsa as gold
 from ..testing import golden_nsa_layer as gold_layer
-from ..testing.compare import attention_reductions
+from ..testing.compare import attention_reductions, nsa_layer_reduction
 from . import CheckCase, Comparison
 
 
@@ -141,14 +141,6 @@ def _compress_attention(dtype, q_lens, cmp_lens, n1, n2, d, dv, block, stride, s
 
 
 _LAYER = dict(block=8, stride=4, select_block=16, count=4, window=16, local_blocks=2)  # the golden's names
-def _layer_reduction(seq: int, d: int) -> int:
-    """The layer's chain: key compression over a block, the scores over ``d``, ``P V`` over the longest branch
-    (compressed keys, selected blocks, window), the gated sum of the three branches."""
-    cmp_keys = max(0, (seq - _LAYER["block"]) // _LAYER["stride"] + 1)
-    keys = max(cmp_keys, _LAYER["count"] * _LAYER["select_block"], _LAYER["window"])
-    return _LAYER["block"] + d + keys + 3
-
-
 _LAYER_ARGS = dict(compress_block_size=_LAYER["block"], compress_stride=_LAYER["stride"],
                    select_block_size=_LAYER["select_block"], select_block_count=_LAYER["count"],
                    window_size=_LAYER["window"])  # the layer's and the module's names
@@ -165,7 +157,7 @@ def _layer(dtype, lens, n1, n2, d):
         args = (q, k, v, gates, wk, wv, lens)
         return [Comparison("attention_out", out, gold_layer.native_sparse_attention(*args, **_LAYER, scale=d ** -0.5),
                            gold_layer.native_sparse_attention(*args, **_LAYER, scale=d ** -0.5, dtype=dtype),
-                           reduction=_layer_reduction(max(lens), d))]
+                           reduction=nsa_layer_reduction(max(lens), d, **_LAYER))]
     return run
 
 
@@ -186,7 +178,7 @@ def _module(dtype, compress, batch, seq, prefill=None):
                 out = torch.cat([m(x[:, :prefill], cache=cache)]
                                 + [m(x[:, i:i + 1], cache=cache) for i in range(prefill, seq)], 1)
             # the input projections over the hidden size, the layer, the output projection over the heads
-            red = m.hidden_size + _layer_reduction(seq, m.head_dim) + m.num_heads * m.head_dim
+            red = m.hidden_size + nsa_layer_reduction(seq, m.head_dim, **_LAYER) + m.num_heads * m.head_dim
             return [Comparison("output", out, gold_layer.nsa_module(m, x), gold_layer.nsa_module(m, x, dtype=dtype),
                                reduction=red)]
     return run

@@ -32,7 +32,7 @@ from torch import Tensor
 from .golden import seq_lengths
 
 __all__ = ["assert_close_to_golden", "max_abs_err", "default_floor", "attention_reductions",
-           "fa_reductions", "fia_reduction", "sfa_reductions", "kl_reductions"]
+           "fa_reductions", "fia_reduction", "sfa_reductions", "kl_reductions", "nsa_layer_reduction"]
 
 
 def max_abs_err(a: Tensor, b: Tensor) -> float:
@@ -143,6 +143,15 @@ def kl_reductions(q_len: int, heads: int, d: int, dr: int, index_heads: int, di:
     return dict(loss=chain + max(q_len, 1) * count, d_query_index=chain + count,
                 d_key_index=chain + max(q_len, 1) * index_heads, d_weights=chain + count)
 
+
+
+def nsa_layer_reduction(seq: int, d: int, *, block: int, stride: int, select_block: int, count: int, window: int,
+                        **_) -> int:
+    """``reduction`` of the NSA layer's output (``seq`` tokens, head dim ``d``, the layer's branch settings): key
+    compression over a block, the scores over ``d``, ``P V`` over the longest branch (compressed keys, selected
+    blocks, window), the gated sum of the three branches."""
+    cmp_keys = max(0, (seq - block) // stride + 1)
+    return block + d + max(cmp_keys, count * select_block, window) + 3
 
 def assert_close_to_golden(name, actual, golden, baseline, *, factor: float = 2.0, reduction: int = 1,
                            floor=None) -> None:
