@@ -144,7 +144,6 @@ def kl_reductions(q_len: int, heads: int, d: int, dr: int, index_heads: int, di:
                 d_key_index=chain + max(q_len, 1) * index_heads, d_weights=chain + count)
 
 
-
 def nsa_layer_reduction(seq: int, d: int, *, block: int, stride: int, select_block: int, count: int, window: int,
                         **_) -> int:
     """``reduction`` of the NSA layer's output (``seq`` tokens, head dim ``d``, the layer's branch settings): key
@@ -152,6 +151,7 @@ def nsa_layer_reduction(seq: int, d: int, *, block: int, stride: int, select_blo
     blocks, window), the gated sum of the three branches."""
     cmp_keys = max(0, (seq - block) // stride + 1)
     return block + d + max(cmp_keys, count * select_block, window) + 3
+
 
 def assert_close_to_golden(name, actual, golden, baseline, *, factor: float = 2.0, reduction: int = 1,
                            floor=None) -> None:
