@@ -9,6 +9,7 @@ import torch
 from .. import aclnn, lightning_indexer, lightning_indexer_kl_loss, nn, sparse_flash_attention, torch_npu
 from ..ops.dsa.quant_cache import dequantize, quantize
 from ..testing import golden_dsa as gold
+from ..testing.compare import kl_reductions, sfa_reductions
 from ..torch_npu.dsa import C_ASCEND_OPS
 from .case import CheckCase, Comparison
 
@@ -43,7 +44,8 @@ def _indexer(via):
             return torch.where(rows >= 0, scores.gather(1, rows.clamp_min(0)), float("-inf"))
 
         return [_exact("sparse_indices", idx[0, :, 0], rows),
-                Comparison("sparse_values", vals[0, :, 0], selected(torch.float64), selected(F32))]
+                Comparison("sparse_values", vals[0, :, 0], selected(torch.float64), selected(F32),
+                           reduction=d + heads)]  # q.k over d, then the weighted sum over the heads
     return run
 
 
@@ -98,7 +100,8 @@ def _sfa_paged(via):
             out = sparse_flash_attention(q, lat, lat, idx, scale=0.05, layout="TND", layout_kv="PA_BSND",
                                          **kw).attention_out
         return [Comparison("attention_out", out, _sfa_golden(q, qr, per_batch, 0.05),
-                           _sfa_golden(q, qr, per_batch, 0.05, dtype=F16))]
+                           _sfa_golden(q, qr, per_batch, 0.05, dtype=F16),
+                           reduction=sfa_reductions([3, 1], q.shape[1], d, dr, idx.shape[-1])["out"])]
     return run
 
 
@@ -129,10 +132,12 @@ def _sfa_grad(via):
         base = gold.sparse_flash_attention(low[0][0], low[2][0, :, 0], low[2][0, :, 0], rows, 0.1, q_rope=low[1][0],
                                            k_rope=low[3][0, :, 0], dtype=F32)
         bgrads = torch.autograd.grad(base[0], low, dy[0])
-        cmps = [Comparison("attention_out", out[0].detach(), go.detach(), base[0].detach()),
-                Comparison("softmax_max", m[0, 0], gm.detach(), base[1].detach()),
-                Comparison("softmax_sum", l[0, 0], gl.detach(), base[2].detach())]
-        return cmps + [Comparison(n, a, gg, b, 3.0)
+        red = sfa_reductions([s], heads, d, dr, 4)
+        red["dkv"] = red["dk"]
+        cmps = [Comparison("attention_out", out[0].detach(), go.detach(), base[0].detach(), reduction=red["out"]),
+                Comparison("softmax_max", m[0, 0], gm.detach(), base[1].detach(), reduction=red["max"]),
+                Comparison("softmax_sum", l[0, 0], gl.detach(), base[2].detach(), reduction=red["sum"])]
+        return cmps + [Comparison(n, a, gg, b, 3.0, red[n])
                        for n, a, gg, b in zip(("dq", "dq_rope", "dkv", "dk_rope"), grads, ggrads, bgrads)]
     return run
 
@@ -153,7 +158,7 @@ def _quant(via):
         kw = dict(q_rope=q[0, :, :, 512:], k_rope=rope)
         g = gold.sparse_flash_attention(q[0, :, :, :512], nope, nope, rows, 0.05, **kw)[0]
         base = gold.sparse_flash_attention(q[0, :, :, :512], nope, nope, rows, 0.05, dtype=BF16, **kw)[0]
-        return [Comparison("attention_out", out[0], g, base)]
+        return [Comparison("attention_out", out[0], g, base, reduction=sfa_reductions([6], 4, 512, 64, 6)["out"])]
     return run
 
 
@@ -183,8 +188,9 @@ def _kl_loss(via):
         golden = gold.indexer_kl_loss_grad(q, kv, qi, ki, w, rows, m, l, 0.1, q_rope=qr, k_rope=kr)
         base = gold.indexer_kl_loss_grad(q, kv, qi, ki, w, rows, *stats_f32(m, l), 0.1, q_rope=qr, k_rope=kr,
                                          dtype=F32)
-        return [Comparison("loss", loss.detach()[0], golden[0], base[0])] + [
-            Comparison(n, a.reshape(g.shape), g, b, 3.0)
+        red = kl_reductions(s, heads, d, dr, ni, di, 4)
+        return [Comparison("loss", loss.detach()[0], golden[0], base[0], reduction=red["loss"])] + [
+            Comparison(n, a.reshape(g.shape), g, b, 3.0, red[n])
             for n, a, g, b in zip(("d_query_index", "d_key_index", "d_weights"), (dqi, dki, dw), golden[1:], base[1:])]
     return run
 
@@ -218,9 +224,10 @@ def _mla_helper_comparisons(via):
                sin.half()[:, :, :1].expand(2, 1, 4, 64).contiguous())
     want = gold.interleave_rope(x, cos.half()[:, :, :1], sin.half()[:, :, :1])
     want16 = gold.interleave_rope(x, cos.half()[:, :, :1], sin.half()[:, :, :1], dtype=F16)
-    return [Comparison("ckv_cache slot 20", ckv_cache[1, 4, 0], y[0, 0, 0], y16[0, 0, 0]),
-            Comparison("k_cache slot 3", k_cache[0, 3, 0], k[1, 0, 0], k16[1, 0, 0]),
-            Comparison("interleave_rope", rot, want, want16)]
+    # the RMS norm sums over the 512 latent dims; a rotated element sums two products
+    return [Comparison("ckv_cache slot 20", ckv_cache[1, 4, 0], y[0, 0, 0], y16[0, 0, 0], reduction=512),
+            Comparison("k_cache slot 3", k_cache[0, 3, 0], k[1, 0, 0], k16[1, 0, 0], reduction=2),
+            Comparison("interleave_rope", rot, want, want16, reduction=2)]
 
 
 def _mla_prolog(version, via="npu"):
@@ -249,8 +256,10 @@ def _mla_prolog(version, via="npu"):
             return gq, gqr, gold.rms_norm((x.to(dtype) @ w[3].to(dtype))[:, :hckv], w[5], 1e-5, dtype=dtype)
 
         g, b = golden(torch.float64), golden(F32)
-        return [Comparison("query", q, g[0], b[0]), Comparison("query_rope", qr, g[1], b[1]),
-                Comparison("kv_cache slot 30", caches[0].view(-1, hckv)[30], g[2][1], b[2][1])]
+        chain = he + hcq + hcq  # x @ w_dq, its RMS norm, the up-projection
+        return [Comparison("query", q, g[0], b[0], reduction=chain + d),
+                Comparison("query_rope", qr, g[1], b[1], reduction=chain + 2),
+                Comparison("kv_cache slot 30", caches[0].view(-1, hckv)[30], g[2][1], b[2][1], reduction=he + hckv)]
     return run
 
 
@@ -263,7 +272,9 @@ def _module(_backend):
         full = m(x)
         cache = m.new_cache(2, 12)
         steps = torch.cat([m(x[:, :9], cache)] + [m(x[:, i:i + 1], cache) for i in range(9, 12)], 1)
-    return [Comparison("prefill + decode vs full forward", steps, full.double(), full)]
+    # q_proj, w_uk, the scores over latent + rope, P V over the selected keys, w_uv, o_proj
+    red = m.q_proj.in_features + m.nope + m.kv_rank + m.rope_dim + m.index_topk + m.kv_rank + m.heads * m.v_dim
+    return [Comparison("prefill + decode vs full forward", steps, full.double(), full, reduction=red)]
 
 
 def cases() -> list[CheckCase]:

@@ -10,6 +10,7 @@ import torch
 
 from .. import flash_attn
 from ..testing import golden
+from ..testing.compare import fa_reductions
 from .case import CheckCase, Comparison, input_device, moved, on_cpu
 from .flash_attention import CAUSAL_2048, INT_MAX
 
@@ -89,10 +90,12 @@ def _run(case: FlashAttnCase, backend: str) -> list[Comparison]:
     base_grads = golden.fa_backward(dy, q, k, v, dtype=dtype, **kw)[:3]
     lse, out, *grads = on_cpu([lse, out, *grads])
     lse_gold = gold_lse.t() if case.varlen is not None else gold_lse
-    comparisons = [Comparison("out", out, gold, base),
+    red = fa_reductions(q, k, v, layout=layout, head_num=H, actual_seq_qlen=kw.get("actual_seq_qlen"),
+                        actual_seq_kvlen=kw.get("actual_seq_kvlen"))
+    comparisons = [Comparison("out", out, gold, base, reduction=red["out"]),
                    Comparison("lse", lse.masked_fill(lse.isinf(), 0), lse_gold.masked_fill(lse_gold.isinf(), 0),
-                              None)]
-    return comparisons + [Comparison(n, a, g, b_, 3.0) for n, a, g, b_ in
+                              None, reduction=red["lse"])]
+    return comparisons + [Comparison(n, a, g, b_, 3.0, red[n]) for n, a, g, b_ in
                           zip(("dq", "dk", "dv"), grads, gold_grads, base_grads)]
 
 

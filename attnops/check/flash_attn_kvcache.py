@@ -9,7 +9,7 @@ import torch
 
 from ..flash_attn import bert_padding, fa3, flash_attn_with_kvcache
 from ..flash_attn.layers import rotary
-from ..testing.golden_flash_attn_kvcache import kvcache_golden, kvcache_inputs, rotary_golden
+from ..testing.golden_flash_attn_kvcache import CAPACITY, kvcache_golden, kvcache_inputs, rotary_golden
 from .case import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
@@ -41,8 +41,11 @@ def _kvcache_case(options: dict, call=flash_attn_with_kvcache):
         moved_in = {n: moved(dev, x.clone() if isinstance(x, torch.Tensor) else x) for n, x in tensors.items()}
         out, lse = on_cpu(call(**moved_in, **{n: moved(dev, x) for n, x in kw.items()}, return_softmax_lse=True))
         k_cache, v_cache = on_cpu([moved_in["k_cache"], moved_in["v_cache"]])
-        return [Comparison("out", out, golden.out, base.out), Comparison("softmax_lse", lse, golden.lse, base.lse),
-                Comparison("k_cache", k_cache, golden.k_cache, base.k_cache),
+        red = tensors["q"].shape[-1] + CAPACITY  # the scores over D, then P V over at most the cache's capacity
+        # the appended keys: a rotated element sums two products
+        return [Comparison("out", out, golden.out, base.out, reduction=red),
+                Comparison("softmax_lse", lse, golden.lse, base.lse, reduction=red),
+                Comparison("k_cache", k_cache, golden.k_cache, base.k_cache, reduction=2),
                 Comparison("v_cache", v_cache, golden.v_cache, base.v_cache)]
     return run
 
@@ -62,7 +65,7 @@ def _apply_rotary_emb(backend):
     positions = torch.arange(5) + offsets.unsqueeze(1)
     out = rotary.apply_rotary_emb(x, cos, sin, interleaved=True, seqlen_offsets=offsets)
     return [Comparison("out", out, rotary_golden(x, cos, sin, positions, True, F64),
-                       rotary_golden(x, cos, sin, positions, True, F16))]
+                       rotary_golden(x, cos, sin, positions, True, F16), reduction=2)]  # x1*cos - x2*sin
 
 
 def _apply_rotary_emb_qkv(backend):
@@ -70,7 +73,8 @@ def _apply_rotary_emb_qkv(backend):
     before, positions = qkv.clone(), torch.arange(6).unsqueeze(0)
     rotary.apply_rotary_emb_qkv_(qkv, cos, sin)
     return [Comparison(name, qkv[:, :, i], rotary_golden(before[:, :, i], cos, sin, positions, False, F64),
-                       rotary_golden(before[:, :, i], cos, sin, positions, False, F32)) for i, name in enumerate("qk")]
+                       rotary_golden(before[:, :, i], cos, sin, positions, False, F32), reduction=2)
+            for i, name in enumerate("qk")]
 
 
 def _rotary_embedding(backend):
@@ -80,7 +84,8 @@ def _rotary_embedding(backend):
     angles = torch.arange(7, dtype=F64).unsqueeze(1) * 10000.0 ** (-torch.arange(0, dim, 2, dtype=F64) / dim)
     cos, sin = angles.cos(), angles.sin()
     return [Comparison(name, qkv[:, :, i], rotary_golden(before[:, :, i], cos, sin, positions, True, F64),
-                       rotary_golden(before[:, :, i], cos, sin, positions, True, F32)) for i, name in enumerate("qk")]
+                       rotary_golden(before[:, :, i], cos, sin, positions, True, F32), reduction=2)
+            for i, name in enumerate("qk")]
 
 
 _MASK = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)

@@ -10,6 +10,7 @@ import torch
 
 from .. import PagedKVCache, aclnn, fused_infer_attention
 from ..testing import golden_fia
+from ..testing.compare import fia_reduction
 from .case import CheckCase, Comparison, input_device, moved, on_cpu, triton_runs_on_cuda
 
 INT_MAX = 2147483647
@@ -50,6 +51,7 @@ def _case(via: str, make, call=None, with_lse: bool = True):
     aclnn names); ``with_lse=False`` for callers that return no lse (the lse slot is then ignored)."""
     def run(backend):
         q, k, v, kw = make()
+        red = fia_reduction(q, k, **kw)
         g = golden_fia.fia_forward_detail(q, k, v, **kw, softmax_lse_flag=True)
         low = F16 if q.dtype == torch.int8 else q.dtype
         base = golden_fia.fia_forward_detail(q, k, v, **kw, softmax_lse_flag=True, dtype=low)
@@ -57,10 +59,10 @@ def _case(via: str, make, call=None, with_lse: bool = True):
         q, k, v, kw = moved(dev, q), moved(dev, k), moved(dev, v), {n: moved(dev, x) for n, x in kw.items()}
         out, lse = on_cpu(call(q, k, v, kw) if call else _call(via, q, k, v, kw))
         if g.out_real is not None:
-            outs = [Comparison("attention_out (int8)", out.double(), g.out_real, base.out)]
+            outs = [Comparison("attention_out (int8)", out.double(), g.out_real, base.out, reduction=red)]
         else:
-            outs = [Comparison("attention_out", out, g.out, base.out)]
-        return outs + ([Comparison("softmax_lse", lse, g.lse, base.lse)] if with_lse else [])
+            outs = [Comparison("attention_out", out, g.out, base.out, reduction=red)]
+        return outs + ([Comparison("softmax_lse", lse, g.lse, base.lse, reduction=red)] if with_lse else [])
     return run
 
 

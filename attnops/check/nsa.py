@@ -9,6 +9,7 @@ import torch
 from .. import aclnn, native_sparse_attention, nsa_compress, nsa_selected_attention, torch_npu
 from ..testing import golden_nsa as gold
 from ..testing import golden_nsa_layer as gold_layer
+from ..testing.compare import attention_reductions, nsa_layer_reduction
 from .case import CheckCase, Comparison
 
 
@@ -44,8 +45,10 @@ def _compress(dtype, via, lens, block=32, stride=16, n=2, d=32):
             gi, gw = xx.grad, ww.grad
         g_grads = gold.nsa_compress_backward(dy, x, w, block, stride, act)
         b_grads = gold.nsa_compress_backward(dy, x, w, block, stride, act, dtype=dtype)
-        return [Comparison("output", out, golden, base), Comparison("input_grad", gi, g_grads[0], b_grads[0], 3.0),
-                Comparison("weight_grad", gw, g_grads[1], b_grads[1], 3.0)]
+        # out: one block of tokens; input_grad: the compressed rows a token is in; weight_grad: every row and dim
+        return [Comparison("output", out, golden, base, reduction=block),
+                Comparison("input_grad", gi, g_grads[0], b_grads[0], 3.0, -(-block // stride)),
+                Comparison("weight_grad", gw, g_grads[1], b_grads[1], 3.0, max(1, golden.shape[0] * d))]
     return run
 
 
@@ -94,9 +97,13 @@ def _selected(dtype, via, q_lens, kv_lens, n1, n2, d, dv, block, count, causal):
                                                        attention_in=given)
         b_grads = gold.nsa_selected_attention_backward(dy, q, k, v, topk, scale, block, qc, kc, causal, dtype=dtype,
                                                        attention_in=given)
-        cmps = [Comparison(n, a, g, b) for n, a, g, b in zip(("attention_out", "softmax_max", "softmax_sum"),
-                                                              (out, smax, ssum), g_out, b_out)]
-        return cmps + [Comparison(n, a, g, b, 3.0) for n, a, g, b in zip(("dq", "dk", "dv"), grads, g_grads, b_grads)]
+        # a row attends its selected blocks' keys; a key's gradient sums over its GQA group's rows
+        red = attention_reductions(d, dv, max(q_lens) * (n1 // n2), count * block)
+        cmps = [Comparison(n, a, g, b, reduction=red[r]) for n, r, a, g, b in zip(
+            ("attention_out", "softmax_max", "softmax_sum"), ("out", "softmax_max", "softmax_sum"), (out, smax, ssum),
+            g_out, b_out)]
+        return cmps + [Comparison(n, a, g, b, 3.0, red[n])
+                       for n, a, g, b in zip(("dq", "dk", "dv"), grads, g_grads, b_grads)]
     return run
 
 
@@ -124,8 +131,10 @@ def _compress_attention(dtype, q_lens, cmp_lens, n1, n2, d, dv, block, stride, s
         g = gold.nsa_compress_attention(q, k, v, *args)
         b = gold.nsa_compress_attention(q, k, v, *args, dtype=dtype)
         same = (topk == g[1]).float().mean()
-        return [Comparison("attention_out", out, g[0], b[0]), Comparison("softmax_max", smax, g[2], b[2]),
-                Comparison("softmax_sum", ssum, g[3], b[3]),
+        red = attention_reductions(d, dv, max(q_lens), max(cmp_lens))["out"]
+        return [Comparison("attention_out", out, g[0], b[0], reduction=red),
+                Comparison("softmax_max", smax, g[2], b[2], reduction=red),
+                Comparison("softmax_sum", ssum, g[3], b[3], reduction=red),
                 Comparison("topk_indices agreement", same.reshape(1).double(), torch.ones(1, dtype=torch.float64),
                            torch.ones(1, dtype=torch.float64))]
     return run
@@ -147,7 +156,8 @@ def _layer(dtype, lens, n1, n2, d):
                                       local_blocks=_LAYER["local_blocks"])
         args = (q, k, v, gates, wk, wv, lens)
         return [Comparison("attention_out", out, gold_layer.native_sparse_attention(*args, **_LAYER, scale=d ** -0.5),
-                           gold_layer.native_sparse_attention(*args, **_LAYER, scale=d ** -0.5, dtype=dtype))]
+                           gold_layer.native_sparse_attention(*args, **_LAYER, scale=d ** -0.5, dtype=dtype),
+                           reduction=nsa_layer_reduction(max(lens), d, **_LAYER))]
     return run
 
 
@@ -167,7 +177,10 @@ def _module(dtype, compress, batch, seq, prefill=None):
                 cache = m.new_cache(batch)
                 out = torch.cat([m(x[:, :prefill], cache=cache)]
                                 + [m(x[:, i:i + 1], cache=cache) for i in range(prefill, seq)], 1)
-            return [Comparison("output", out, gold_layer.nsa_module(m, x), gold_layer.nsa_module(m, x, dtype=dtype))]
+            # the input projections over the hidden size, the layer, the output projection over the heads
+            red = m.hidden_size + nsa_layer_reduction(seq, m.head_dim, **_LAYER) + m.num_heads * m.head_dim
+            return [Comparison("output", out, gold_layer.nsa_module(m, x), gold_layer.nsa_module(m, x, dtype=dtype),
+                               reduction=red)]
     return run
 
 

@@ -9,6 +9,7 @@ import torch
 
 from .. import torch_npu as npu
 from ..testing import golden, golden_fia, golden_nsa
+from ..testing.compare import fa_reductions, fia_reduction
 from .case import CheckCase, Comparison
 from . import flash_attention as fa
 from . import fused_infer_attention as fia
@@ -112,8 +113,9 @@ def _mla_prefill(_backend) -> list[Comparison]:
     qq, kk, vv = torch.cat([q, qr], -1), torch.cat([k, kr], -1), torch.cat([v, torch.zeros_like(kr)], -1)
     g = golden_fia.fia_forward(qq, kk, vv, scale_value=(d + dr) ** -0.5, **kw)
     base = golden_fia.fia_forward(qq, kk, vv, scale_value=(d + dr) ** -0.5, dtype=F16, **kw)
-    return [Comparison("attention_out", out, g[0][..., :d], base[0][..., :d]),
-            Comparison("softmax_lse", lse, g[1], base[1])]
+    red = fia_reduction(q, k, query_rope=qr, **kw)
+    return [Comparison("attention_out", out, g[0][..., :d], base[0][..., :d], reduction=red),
+            Comparison("softmax_lse", lse, g[1], base[1], reduction=red)]
 
 
 def _nsa_select_infer(_backend) -> list[Comparison]:
@@ -128,7 +130,7 @@ def _nsa_select_infer(_backend) -> list[Comparison]:
                                              layout="BSND", block_table=table.int(), actual_seq_kvlen=lens)
     g = golden_nsa.nsa_select_attention_infer(q, kc, vc, topk, table, lens, d ** -0.5, block)
     base = golden_nsa.nsa_select_attention_infer(q, kc, vc, topk, table, lens, d ** -0.5, block, dtype=F16)
-    return [Comparison("attention_out", out.squeeze(1), g, base)]
+    return [Comparison("attention_out", out.squeeze(1), g, base, reduction=d + count * block)]  # over the selected keys
 
 
 def _nsa_compress_attention_infer(_backend) -> list[Comparison]:
@@ -144,7 +146,7 @@ def _nsa_compress_attention_infer(_backend) -> list[Comparison]:
     args = (q, kc, vc, table, lens, d ** -0.5, cmp_block, stride, sel, count)
     g_out, g_topk = golden_nsa.nsa_compress_attention_infer(*args)
     base, _ = golden_nsa.nsa_compress_attention_infer(*args, dtype=F16)
-    return [Comparison("attention_out", out, g_out, base),
+    return [Comparison("attention_out", out, g_out, base, reduction=d + max(lens)),
             Comparison("topk_indices (equal)", topk.double(), g_topk.double(), g_topk.double())]
 
 
@@ -158,7 +160,7 @@ def _nsa_compress_infer(_backend) -> list[Comparison]:
     npu.npu_nsa_compress_infer(kv, w, slots, 32, 16, 16, block_table=table, actual_seq_len=lens, cache=cache)
     golden = golden_nsa.nsa_compress_infer_cache(kv, w, slots, table, lens, 32, 16, before)
     base = golden_nsa.nsa_compress_infer_cache(kv, w, slots, table, lens, 32, 16, before, dtype=F16)
-    return [Comparison("cache", cache, golden, base)]
+    return [Comparison("cache", cache, golden, base, reduction=32)]  # one compression block
 
 
 def _nsa_cases() -> list[CheckCase]:
@@ -188,8 +190,9 @@ def _ring_attention_update(_backend) -> list[Comparison]:
     merged = npu.npu_ring_attention_update(*halves[0], *halves[1], input_layout="SBH")
     kw = dict(head_num=n, input_layout="SBH", scale=d ** -0.5)
     gold, base = golden.fa_forward(q, k, v, **kw), golden.fa_forward(q, k, v, dtype=F16, **kw)
-    return [Comparison(name, a, g, bl) for name, a, g, bl in zip(("attn_out", "softmax_max", "softmax_sum"), merged,
-                                                                  gold, base)]
+    red = fa_reductions(q, k, v, layout="SBH", head_num=n)["out"]
+    return [Comparison(name, a, g, bl, reduction=red)
+            for name, a, g, bl in zip(("attn_out", "softmax_max", "softmax_sum"), merged, gold, base)]
 
 
 def _attention_update(_backend) -> list[Comparison]:
@@ -203,8 +206,9 @@ def _attention_update(_backend) -> list[Comparison]:
     out, lse = npu.npu_attention_update([p[1].reshape(-1) for p in parts], [p[0].reshape(b * n, d) for p in parts], 1)
     g = golden_fia.fia_forward_detail(q, k, v, **kw, softmax_lse_flag=True)
     base = golden_fia.fia_forward_detail(q, k, v, **kw, softmax_lse_flag=True, dtype=F16)
-    return [Comparison("out", out, g.out.reshape(b * n, d), base.out.reshape(b * n, d)),
-            Comparison("lse_out", lse, g.lse.reshape(-1), base.lse.reshape(-1))]
+    red = fia_reduction(q, k, **kw)
+    return [Comparison("out", out, g.out.reshape(b * n, d), base.out.reshape(b * n, d), reduction=red),
+            Comparison("lse_out", lse, g.lse.reshape(-1), base.lse.reshape(-1), reduction=red)]
 
 
 def _paged_cache_write_and_decode(_backend) -> list[Comparison]:
@@ -225,7 +229,7 @@ def _paged_cache_write_and_decode(_backend) -> list[Comparison]:
               actual_seq_lengths_kv=lens)
     g = golden_fia.fia_forward(q.unsqueeze(1), k, v, **kw)[0].squeeze(1)
     base = golden_fia.fia_forward(q.unsqueeze(1), k, v, dtype=F16, **kw)[0].squeeze(1)
-    return [Comparison("out", out, g, base)]
+    return [Comparison("out", out, g, base, reduction=fia_reduction(q.unsqueeze(1), k, **kw))]
 
 
 def _gather_and_unpad(_backend) -> list[Comparison]:
@@ -248,7 +252,9 @@ def _gather_and_unpad(_backend) -> list[Comparison]:
     kw = dict(head_num=n, input_layout="TND", scale=d ** -0.5, actual_seq_qlen=[lens[0], t],
               actual_seq_kvlen=[lens[0], t])
     return [Comparison("out", out, golden.fa_forward(q, k, v, **kw)[0],
-                       golden.fa_forward(q, k, v, dtype=F16, **kw)[0])]
+                       golden.fa_forward(q, k, v, dtype=F16, **kw)[0],
+                       reduction=fa_reductions(q, k, v, layout="TND", head_num=n, actual_seq_qlen=[lens[0], t],
+                                               actual_seq_kvlen=[lens[0], t])["out"])]
 
 
 def cases() -> list[CheckCase]:

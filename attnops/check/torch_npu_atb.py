@@ -9,6 +9,7 @@ import torch
 
 from .. import torch_npu as npu
 from ..testing import golden, golden_fia
+from ..testing.compare import fia_reduction
 from .case import CheckCase, Comparison
 from .fused_infer_attention import CAUSAL_2048, _randn
 
@@ -38,7 +39,7 @@ def _packed(name: str):
         else:
             npu._npu_flash_attention_unpad_v2(q, k, v, seq_len, D ** -0.5, N, NKV, out=out)
         mask = {} if name.endswith("unpad_v2") else dict(atten_mask=CAUSAL_2048, sparse_mode=3)
-        return [Comparison("out", out, *_fa_golden(q, k, v, lens, lens, **mask))]
+        return [Comparison("out", out, *_fa_golden(q, k, v, lens, lens, **mask), reduction=D + max(lens))]
     return run
 
 
@@ -68,7 +69,7 @@ def _paged_prefill(name: str):
             npu._npu_flash_attention_qlens(q.flatten(1), k_pool, v_pool, table, torch.ones(128, 128, dtype=F16),
                                            *lens, NKV, N, D ** -0.5, out)
         g = _fa_golden(q, k, v, new, ctx, atten_mask=CAUSAL_2048, sparse_mode=3)
-        return [Comparison("out", out.view(-1, N, D), *g)]
+        return [Comparison("out", out.view(-1, N, D), *g, reduction=D + max(ctx))]
     return run
 
 
@@ -88,7 +89,7 @@ def _paged_mla(_backend) -> list[Comparison]:
               actual_seq_lengths_kv=lens)
     g, base = (golden_fia.fia_forward(q.unsqueeze(1), latent, latent[..., :dv], dtype=dt, **kw)[0].squeeze(1)
                for dt in (torch.float64, F16))
-    return [Comparison("out", out, g, base)]
+    return [Comparison("out", out, g, base, reduction=fia_reduction(q.unsqueeze(1), latent, **kw))]
 
 
 def cases() -> list[CheckCase]:

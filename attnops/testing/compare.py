@@ -32,7 +32,7 @@ from torch import Tensor
 from .golden import seq_lengths
 
 __all__ = ["assert_close_to_golden", "max_abs_err", "default_floor", "attention_reductions",
-           "fa_reductions"]
+           "fa_reductions", "fia_reduction", "sfa_reductions", "kl_reductions", "nsa_layer_reduction"]
 
 
 def max_abs_err(a: Tensor, b: Tensor) -> float:
@@ -88,6 +88,69 @@ def fa_reductions(query, key, value, *, layout: str, head_num: int, actual_seq_q
     d = query.shape[-1] // head_num if packed else query.shape[-1]
     dv = value.shape[-1] // (key.shape[-1] // d) if packed else value.shape[-1]
     return attention_reductions(d, dv, sq, skv)
+
+
+def _fia_key_len(key, layout: str) -> int:
+    """Longest key sequence a FusedInferAttention key (tensor or list of per-batch tensors) in ``layout`` holds."""
+    if isinstance(key, (list, tuple)):
+        return max(_fia_key_len(k, layout) for k in key)
+    if layout == "TND":
+        return key.shape[0]
+    return key.shape[2] if layout == "BNSD" else key.shape[1]
+
+
+def fia_reduction(query, key, *, num_heads=1, input_layout="BSH", actual_seq_lengths_kv=None,
+                  block_table=None, block_size=0, key_shared_prefix=None, actual_shared_prefix_len=None,
+                  query_rope=None, **_) -> int:
+    """``reduction`` of a FusedInferAttention output or lse (seed-named keywords): the scores' head dim (plus the
+    rope dim) and the most keys one query row attends (longest ``actual_seq_lengths_kv``, else the key's length;
+    a paged cache: its block table's reach), plus the shared prefix."""
+    d = query.shape[-1] // int(num_heads) if input_layout == "BSH" else query.shape[-1]
+    if query_rope is not None:
+        d += query_rope.shape[-1] // int(num_heads) if input_layout == "BSH" else query_rope.shape[-1]
+    if actual_seq_lengths_kv is not None:
+        lens = [int(x) for x in torch.as_tensor(actual_seq_lengths_kv).reshape(-1).tolist()]
+        # TND/NTD lengths are cumulative, but a paged cache takes per-batch lengths
+        cumulative = input_layout.split("_")[0] in ("TND", "NTD") and block_table is None
+        skv = max(seq_lengths(lens) if cumulative else lens, default=1)
+    elif block_table is not None:
+        skv = block_table.shape[-1] * int(block_size)
+    else:
+        skv = _fia_key_len(key, input_layout.split("_")[0])
+    if key_shared_prefix is not None:
+        skv += (int(torch.as_tensor(actual_shared_prefix_len).reshape(-1)[0]) if actual_shared_prefix_len is not None
+                else _fia_key_len(key_shared_prefix, input_layout.split("_")[0]))
+    return d + max(skv, 1)
+
+
+def sfa_reductions(q_lens, heads: int, d: int, dr: int, keys_per_row: int, *, sinks=False) -> dict[str, int]:
+    """The tolerance rule's ``reduction`` of sparse flash attention with K = V (``[Lq, heads, d]`` queries, rope dim
+    ``dr``, at most ``keys_per_row`` selected keys and the sink): the scores sum over ``d + dr``; a key's
+    gradient over every head of the rows that select it, twice for the shared K = V (dk: key and value
+    gradients; dk_rope: the key gradient only). Keys: out, max, sum, dq, dq_rope, dk, dk_rope."""
+    rows = max(max(q_lens, default=1), 1) * heads
+    red = attention_reductions(d + dr, d, rows, max(keys_per_row + int(sinks), 1))
+    return dict(out=red["out"], max=red["softmax_max"], sum=red["softmax_sum"], dq=red["dq"], dq_rope=red["dq"],
+                dk=red["dk"] + rows, dk_rope=red["dk"])
+
+
+def kl_reductions(q_len: int, heads: int, d: int, dr: int, index_heads: int, di: int, count: int) -> dict[str, int]:
+    """The tolerance rule's ``reduction`` of the indexer KL loss of one batch (``q_len`` rows, ``count`` entries a
+    row): the attention probabilities sum over ``d + dr`` and the ``heads``, the index scores over ``di`` and the
+    ``index_heads``, the softmax over the entries; then the loss over every row's entries, ``d_key_index`` over the
+    index heads of every row, ``d_query_index`` and ``d_weights`` over one row's entries."""
+    chain = d + dr + heads + di + index_heads + count
+    return dict(loss=chain + max(q_len, 1) * count, d_query_index=chain + count,
+                d_key_index=chain + max(q_len, 1) * index_heads, d_weights=chain + count)
+
+
+def nsa_layer_reduction(seq: int, d: int, *, block: int, stride: int, select_block: int, count: int, window: int,
+                        **_) -> int:
+    """``reduction`` of the NSA layer's output (``seq`` tokens, head dim ``d``, the layer's branch settings): key
+    compression over a block, the scores over ``d``, ``P V`` over the longest branch (compressed keys, selected
+    blocks, window), the gated sum of the three branches."""
+    cmp_keys = max(0, (seq - block) // stride + 1)
+    return block + d + max(cmp_keys, count * select_block, window) + 3
 
 
 def assert_close_to_golden(name, actual, golden, baseline, *, factor: float = 2.0, reduction: int = 1,

@@ -27,7 +27,7 @@ def judge(out, x, cos, sin, positions, interleaved):
     want = rotary_golden(x, cos, sin, positions, interleaved, F64)
     base = rotary_golden(x, cos, sin, positions, interleaved, x.dtype)
     assert out.shape == x.shape and out.dtype == x.dtype
-    assert_close_to_golden("rotary", out, want, base)
+    assert_close_to_golden("rotary", out, want, base, reduction=2)  # a rotated element sums two products
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

@@ -14,7 +14,7 @@ import attnops
 from attnops.ops.common import cpu_kernels
 from attnops.ops.fused_infer_attention import decode as fia_decode
 from attnops.testing import golden_nsa
-from attnops.testing.compare import assert_close_to_golden
+from attnops.testing.compare import assert_close_to_golden, fa_reductions, fia_reduction, sfa_reductions
 from attnops.testing.golden import fa_backward, fa_forward
 from tests.helpers import F64, TRIU2048, golden_kwargs, make_qkv, randn
 from tests.ops.dsa.dsa_helpers import golden_sfa
@@ -27,9 +27,9 @@ NAN, INF = float("nan"), float("inf")
 VALUES = {"nan": NAN, "+inf": INF, "-inf": -INF}
 
 
-def assert_nonfinite_close(name, actual, golden, baseline, *, factor=2.0):
+def assert_nonfinite_close(name, actual, golden, baseline, *, factor=2.0, reduction=1):
     """NaN exactly where the golden is NaN, the golden's infinities (with their sign) where it has them, and the
-    finite values within ``assert_close_to_golden``'s rule."""
+    finite values within ``assert_close_to_golden``'s rule (``reduction``: its summed terms per element)."""
     a, g = actual.detach().double(), golden.detach().double()
     assert a.shape == g.shape, (name, tuple(a.shape), tuple(g.shape))
     nan_a, nan_g = a.isnan(), g.isnan()
@@ -41,7 +41,7 @@ def assert_nonfinite_close(name, actual, golden, baseline, *, factor=2.0):
     b = baseline.detach().double()
     finite_b = finite & b.isfinite()
     assert_close_to_golden(name, torch.where(finite, a, 0.0).to(actual.dtype), torch.where(finite, g, 0.0),
-                           torch.where(finite_b, b, 0.0), factor=factor)
+                           torch.where(finite_b, b, 0.0), factor=factor, reduction=reduction)
 
 
 def rotated(cases: list) -> list:
@@ -120,8 +120,9 @@ def _check_fia(q, k, v, kw, where):
     if where == "outside":  # the case is what it claims to be
         assert bool(g.out.isfinite().all())
     out, lse = run_api(q, k, v, **kw)
-    assert_nonfinite_close("attention_out", out, g.out, base.out)
-    assert_nonfinite_close("softmax_lse", lse, g.lse, base.lse)
+    red = fia_reduction(q, k, **kw)
+    assert_nonfinite_close("attention_out", out, g.out, base.out, reduction=red)
+    assert_nonfinite_close("softmax_lse", lse, g.lse, base.lse, reduction=red)
 
 
 FIA_CASES = [(w, p, v) for w in ("q", "k", "v", "pse") for p in ("visible", "outside") for v in VALUES
@@ -208,13 +209,15 @@ def _check_fa(q, k, v, dy, pse, kw, where):
     b_out, b_max, b_sum = fa_forward(q, k, v, dtype=q.dtype, **gkw)
     if where == "outside":
         assert bool(g_out.isfinite().all())
-    assert_nonfinite_close("out", res[0], g_out, b_out)
-    assert_nonfinite_close("softmax_max", res.softmax_max, g_max, b_max)
-    assert_nonfinite_close("softmax_sum", res.softmax_sum, g_sum, b_sum)
+    red = fa_reductions(q, k, v, layout=gkw["input_layout"], head_num=4, actual_seq_qlen=gkw.get("actual_seq_qlen"),
+                        actual_seq_kvlen=gkw.get("actual_seq_kvlen"))
+    assert_nonfinite_close("out", res[0], g_out, b_out, reduction=red["out"])
+    assert_nonfinite_close("softmax_max", res.softmax_max, g_max, b_max, reduction=red["softmax_max"])
+    assert_nonfinite_close("softmax_sum", res.softmax_sum, g_sum, b_sum, reduction=red["softmax_sum"])
     gold = fa_backward(dy, q, k, v, dtype=F64, **gkw)
     base = fa_backward(dy, q, k, v, dtype=q.dtype, **gkw)
     for name, leaf, g, b in zip(("dq", "dk", "dv", "dpse"), leaves, gold, base):
-        assert_nonfinite_close(name, leaf.grad, g, b, factor=3)
+        assert_nonfinite_close(name, leaf.grad, g, b, factor=3, reduction=red[name])
 
 
 @pytest.mark.parametrize("layout,which,where,value", FA_CASES)
@@ -263,9 +266,10 @@ def _check_dsa(q, k, v, where):
     g, b = golden_sfa(*args), golden_sfa(*args, dtype=q.dtype)
     if where == "outside":
         assert bool(g[0].isfinite().all())
-    assert_nonfinite_close("out", res.attention_out[0], g[0], b[0])
-    assert_nonfinite_close("softmax_max", res.softmax_max[0, 0], g[1], b[1])
-    assert_nonfinite_close("softmax_sum", res.softmax_sum[0, 0], g[2], b[2])
+    red = sfa_reductions([4], 4, 16, 0, len(DSA_ROWS[0]))
+    assert_nonfinite_close("out", res.attention_out[0], g[0], b[0], reduction=red["out"])
+    assert_nonfinite_close("softmax_max", res.softmax_max[0, 0], g[1], b[1], reduction=red["max"])
+    assert_nonfinite_close("softmax_sum", res.softmax_sum[0, 0], g[2], b[2], reduction=red["sum"])
 
 
 DSA_CASES = [(w, p, val) for w in ("q", "k", "v") for p in ("visible", "outside") for val in VALUES
@@ -310,8 +314,9 @@ def _check_nsa_selected(q, k, v, where):
     g, b = golden_nsa.nsa_selected_attention(*args), golden_nsa.nsa_selected_attention(*args, dtype=q.dtype)
     if where == "outside":
         assert bool(g[0].isfinite().all())
+    red = q.shape[-1] + topk.shape[-1] * 4  # the scores over D, then P V over two selected blocks of 4 keys
     for name, x, gx, bx in zip(("out", "softmax_max", "softmax_sum"), (out, smax, ssum), g, b):
-        assert_nonfinite_close(name, x[:8], gx, bx)
+        assert_nonfinite_close(name, x[:8], gx, bx, reduction=red)
 
 
 NSA_CASES = DSA_CASES
@@ -355,7 +360,7 @@ def _check_nsa_decode(q, k_cache, v_cache, topk, table, lens, where):
     g, b = golden_nsa.nsa_select_attention_infer(*args), golden_nsa.nsa_select_attention_infer(*args, dtype=q.dtype)
     if where == "outside":
         assert bool(g.isfinite().all())
-    assert_nonfinite_close("out", out, g, b)
+    assert_nonfinite_close("out", out, g, b, reduction=q.shape[-1] + topk.shape[-1] * 4)  # the selected keys
 
 
 @pytest.mark.parametrize("which,where,value", NSA_CASES)

@@ -37,8 +37,9 @@ def golden_packed(q, k, v, lens, keeps, scale):
                        for s, n, keep in zip(starts, lens, keeps)]) for dt in (F64, F16)]
 
 
-def check(out, golden):
-    assert_close_to_golden("out", out, golden[0], golden[1])
+def check(out, golden, reduction):
+    """``reduction``: the scores over D, then P V over the longest sequence's keys."""
+    assert_close_to_golden("out", out, golden[0], golden[1], reduction=reduction)
 
 
 # --- SelfAttention over packed K/V --------------------------------------------------------------------------------
@@ -57,7 +58,7 @@ def test_flash_attention_unpad_v2_is_full_attention(kernel_type):
     out = torch.empty(T, N, DV, dtype=F16)
     torch_npu._npu_flash_attention_unpad_v2(q, k, v, torch.tensor(LENS, dtype=torch.int32), 0.2, N, KVN,
                                            kernel_type=kernel_type, out=out)
-    check(out, golden_packed(q, k, v, LENS, [torch.ones(n, n, dtype=torch.bool) for n in LENS], 0.2))
+    check(out, golden_packed(q, k, v, LENS, [torch.ones(n, n, dtype=torch.bool) for n in LENS], 0.2), D + max(LENS))
 
 
 @pytest.mark.parametrize("masked", [float("-inf"), 1.0])  # vllm-ascend: fp16 masks -inf, bf16 masks 1
@@ -67,7 +68,7 @@ def test_flash_attention_explicit_mask_top_left_corner(masked):
     mask = torch.zeros(24, 24, dtype=F16).masked_fill(~keep, masked)
     out = torch.empty(T, N, DV, dtype=F16)
     torch_npu._npu_flash_attention(q, k, v, mask, torch.tensor(LENS, dtype=torch.int32), 0.2, N, KVN, out)
-    check(out, golden_packed(q, k, v, LENS, [keep[:n, :n] for n in LENS], 0.2))
+    check(out, golden_packed(q, k, v, LENS, [keep[:n, :n] for n in LENS], 0.2), D + max(LENS))
 
 
 def test_flash_attention_v3_is_causal_whatever_the_compressed_mask_holds():
@@ -75,7 +76,7 @@ def test_flash_attention_v3_is_causal_whatever_the_compressed_mask_holds():
     out = torch.empty(T, N, DV, dtype=F16)
     torch_npu._npu_flash_attention_v3(q, k, v, torch.zeros(128, 128, dtype=F16), torch.tensor(LENS), 0.2, N, KVN,
                                       out=out)
-    check(out, golden_packed(q, k, v, LENS, [causal_end(n, n) for n in LENS], 0.2))
+    check(out, golden_packed(q, k, v, LENS, [causal_end(n, n) for n in LENS], 0.2), D + max(LENS))
 
 
 def test_self_attention_validation():
@@ -129,7 +130,7 @@ def test_flash_attention_qlens_causal_after_the_prefix(flat):
     torch_npu._npu_flash_attention_qlens(q.flatten(1) if flat else q, kc, vc, TABLE, torch.ones(128, 128, dtype=F16),
                                          torch.tensor(NEW, dtype=torch.int32), torch.tensor(CTX, dtype=torch.int32),
                                          KVN, N, 0.2, out)
-    check(out.view(-1, N, DV), golden_paged(q, ks, vs, [causal_end(n, c) for n, c in zip(NEW, CTX)], 0.2))
+    check(out.view(-1, N, DV), golden_paged(q, ks, vs, [causal_end(n, c) for n, c in zip(NEW, CTX)], 0.2), D + max(CTX))
 
 
 def test_paged_attention_splitfuse_v2_is_the_same_causal_prefill():
@@ -137,7 +138,7 @@ def test_paged_attention_splitfuse_v2_is_the_same_causal_prefill():
     out = torch.empty(sum(NEW), N, DV, dtype=F16)
     torch_npu._npu_paged_attention_splitfuse_v2(q, kc, vc, TABLE, torch.tensor(CTX), torch.ones(128, 128),
                                                 torch.tensor(NEW), KVN, N, 0.2, out=out)
-    check(out, golden_paged(q, ks, vs, [causal_end(n, c) for n, c in zip(NEW, CTX)], 0.2))
+    check(out, golden_paged(q, ks, vs, [causal_end(n, c) for n, c in zip(NEW, CTX)], 0.2), D + max(CTX))
     with pytest.raises(ParamInvalidError, match="mask_type: expected 5"):
         torch_npu._npu_paged_attention_splitfuse_v2(q, kc, vc, TABLE, torch.tensor(CTX), torch.ones(128, 128),
                                                     torch.tensor(NEW), KVN, N, 0.2, mask_type=3, out=out)
@@ -151,7 +152,7 @@ def test_paged_attention_splitfuse_reads_one_mask_row_per_token():
     torch_npu._npu_paged_attention_splitfuse(q, kc, vc, TABLE, torch.tensor(CTX), mask, torch.tensor(NEW), KVN, N,
                                              0.2, out)
     starts = [sum(NEW[:b]) for b in range(len(NEW))]
-    check(out, golden_paged(q, ks, vs, [keep[s:s + n, :c] for s, n, c in zip(starts, NEW, CTX)], 0.2))
+    check(out, golden_paged(q, ks, vs, [keep[s:s + n, :c] for s, n, c in zip(starts, NEW, CTX)], 0.2), D + max(CTX))
 
 
 def test_paged_prefill_validation():
@@ -179,7 +180,7 @@ def test_paged_attention_mla_reads_the_value_from_the_key_cache():
     torch_npu._npu_paged_attention_mla(q, kc, 1, N, 0.2, TABLE, torch.tensor(CTX, dtype=torch.int32), dv, out)
     golden = [torch.cat([attend(q[b:b + 1], k, k[..., :dv], torch.ones(1, k.shape[0], dtype=torch.bool), 0.2, dt)
                          for b, k in enumerate(ks)]) for dt in (F64, F16)]
-    check(out, golden)
+    check(out, golden, D + max(CTX))
     with pytest.raises(ParamInvalidError, match="mla_vheadsize"):
         torch_npu._npu_paged_attention_mla(q, kc, 1, N, 0.2, TABLE, torch.tensor(CTX), D + 1, out)
 

@@ -8,9 +8,10 @@ import torch
 import attnops
 from attnops import torch_npu
 from attnops.testing import golden_fia, golden_nsa
-from attnops.testing.compare import assert_close_to_golden
+from attnops.testing.compare import assert_close_to_golden, fa_reductions, fia_reduction
 from attnops.testing.golden import fa_backward, fa_forward
 from tests.helpers import TRIU2048, cum, randn
+from tests.ops.nsa.nsa_helpers import nsa_reductions
 
 
 class MindSpeedFlashAttention(torch.autograd.Function):
@@ -48,10 +49,12 @@ def test_mindspeed_autograd_wrapper_matches_golden():
     out = MindSpeedFlashAttention.apply(q, k, v, 4, "SBH", TRIU2048, scale, 1.0)
     out.backward(dy)
     kw = dict(head_num=4, input_layout="SBH", atten_mask=TRIU2048, sparse_mode=2, scale=scale)
-    assert_close_to_golden("out", out, fa_forward(q, k, v, **kw)[0], fa_forward(q, k, v, dtype=q.dtype, **kw)[0])
+    red = fa_reductions(q, k, v, layout="SBH", head_num=4)
+    assert_close_to_golden("out", out, fa_forward(q, k, v, **kw)[0], fa_forward(q, k, v, dtype=q.dtype, **kw)[0],
+                           reduction=red["out"])
     gold, base = fa_backward(dy, q, k, v, **kw), fa_backward(dy, q, k, v, dtype=q.dtype, **kw)
     for name, actual, g, bl in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), gold, base):
-        assert_close_to_golden(name, actual, g, bl, factor=3.0)
+        assert_close_to_golden(name, actual, g, bl, factor=3.0, reduction=red[name])
 
 
 def test_dropout_contract_seed_offset_numels_regenerate_the_mask():
@@ -83,7 +86,8 @@ def test_ring_merge_of_two_kv_halves_equals_full_attention_sbh():
     out, smax, ssum = torch_npu.npu_ring_attention_update(*halves[0], *halves[1])
     full = torch_npu.npu_fusion_attention(q, k, v, 4, "SBH", **kw)
     gkw = dict(head_num=4, input_layout="SBH", scale=0.25)
-    assert_close_to_golden("out", out, fa_forward(q, k, v, **gkw)[0], fa_forward(q, k, v, dtype=q.dtype, **gkw)[0])
+    assert_close_to_golden("out", out, fa_forward(q, k, v, **gkw)[0], fa_forward(q, k, v, dtype=q.dtype, **gkw)[0],
+                           reduction=fa_reductions(q, k, v, layout="SBH", head_num=4)["out"])
     torch.testing.assert_close(smax, full[1])
     torch.testing.assert_close(ssum, full[2])
 
@@ -98,7 +102,9 @@ def test_ring_tnd_blocked_statistics_forward_and_backward_match_golden():
     out, smax, ssum = torch_npu.npu_ring_attention_update(*parts[0], *parts[1], input_layout="TND",
                                                           actual_seq_qlen=torch.tensor([0, 6, 16]))
     gkw = dict(head_num=heads, input_layout="TND", actual_seq_qlen=cum(lens), actual_seq_kvlen=cum(lens), scale=0.3)
-    assert_close_to_golden("out", out, fa_forward(q, k, v, **gkw)[0], fa_forward(q, k, v, dtype=q.dtype, **gkw)[0])
+    red = fa_reductions(q, k, v, layout="TND", head_num=heads, actual_seq_qlen=cum(lens), actual_seq_kvlen=cum(lens))
+    assert_close_to_golden("out", out, fa_forward(q, k, v, **gkw)[0], fa_forward(q, k, v, dtype=q.dtype, **gkw)[0],
+                           reduction=red["out"])
     # ring backward: each step's grad call gets the merged out and statistics
     dq = torch.zeros_like(q)
     dk, dv = [], []
@@ -112,7 +118,7 @@ def test_ring_tnd_blocked_statistics_forward_and_backward_match_golden():
     order = lambda a, b: torch.cat([a[0:3], b[0:3], a[3:8], b[3:8]])  # noqa: E731  back to the full order
     gold, base = fa_backward(dy, q, k, v, **gkw), fa_backward(dy, q, k, v, dtype=q.dtype, **gkw)
     for name, actual, g, bl in zip(("dq", "dk", "dv"), (dq, order(*dk), order(*dv)), gold, base):
-        assert_close_to_golden(name, actual, g, bl, factor=3.0)
+        assert_close_to_golden(name, actual, g, bl, factor=3.0, reduction=red[name])
 
 
 def test_vllm_ascend_tnd_paged_fused_infer_attention_matches_golden():
@@ -133,10 +139,11 @@ def test_vllm_ascend_tnd_paged_fused_infer_attention_matches_golden():
     del gkw["scale"]
     gold = golden_fia.fia_forward(query, cache_k, cache_v, softmax_lse_flag=True, **gkw)
     base = golden_fia.fia_forward(query, cache_k, cache_v, softmax_lse_flag=True, dtype=query.dtype, **gkw)
-    assert_close_to_golden("out", out, gold[0], base[0])
+    red = fia_reduction(query, cache_k, **gkw)
+    assert_close_to_golden("out", out, gold[0], base[0], reduction=red)
     assert torch.equal(out_buf, out)
     assert lse_buf.shape == (sum(q_lens), heads, 1)
-    assert_close_to_golden("lse", lse_buf, gold[1], base[1])
+    assert_close_to_golden("lse", lse_buf, gold[1], base[1], reduction=red)
 
 
 def _nsa_inputs():
@@ -182,16 +189,18 @@ def test_nsa_compress_then_compress_attention_then_select_attention_with_gradien
         assert torch.equal(mine.grad, theirs.grad)
     # and the fp64 goldens
     gold_kc = golden_nsa.nsa_compress(k, wk, 32, 16, seq)
-    assert_close_to_golden("k_cmp", kc, gold_kc, golden_nsa.nsa_compress(k, wk, 32, 16, seq, dtype=k.dtype))
+    assert_close_to_golden("k_cmp", kc, gold_kc, golden_nsa.nsa_compress(k, wk, 32, 16, seq, dtype=k.dtype),
+                           reduction=32)  # one block
     gold = golden_nsa.nsa_compress_attention(q, kc, vc, scale, 2, 32, 16, 64, 2, cmp_mask, None, seq, [7, 14],
                                              [2, 4])
     base = golden_nsa.nsa_compress_attention(q, kc, vc, scale, 2, 32, 16, 64, 2, cmp_mask, None, seq, [7, 14],
                                              [2, 4], dtype=q.dtype)
-    assert_close_to_golden("out_cmp", out_c, gold[0], base[0])
+    assert_close_to_golden("out_cmp", out_c, gold[0], base[0], reduction=q.shape[-1] + 14 - 7)  # 7 compressed keys
     assert torch.equal(topk, gold[1])
     sel = (q, k, v, topk, scale, 64, seq, seq, True)
+    red = nsa_reductions(q, k, v, [128, 128], 2 * 64, topk)  # 2 selected blocks of 64 keys
     assert_close_to_golden("out_sel", out_s, golden_nsa.nsa_selected_attention(*sel)[0],
-                           golden_nsa.nsa_selected_attention(*sel, dtype=q.dtype)[0])
+                           golden_nsa.nsa_selected_attention(*sel, dtype=q.dtype)[0], reduction=red["out"])
     out, smax, ssum = torch_npu.npu_nsa_select_attention(q, k, v, topk, scale, 2, 64, 2,
                                                          atten_mask=torch.ones(1, 1, dtype=torch.bool),
                                                          actual_seq_qlen=seq, actual_seq_kvlen=seq)
@@ -201,7 +210,7 @@ def test_nsa_compress_then_compress_attention_then_select_attention_with_gradien
     gold_g = golden_nsa.nsa_selected_attention_backward(dy_s, *sel)
     base_g = golden_nsa.nsa_selected_attention_backward(dy_s, *sel, dtype=q.dtype)
     for name, actual, g, bl in zip(("dq", "dk", "dv"), grads, gold_g, base_g):
-        assert_close_to_golden(name, actual, g, bl, factor=3.0)
+        assert_close_to_golden(name, actual, g, bl, factor=3.0, reduction=red[name])
 
 
 def test_fusion_attention_gradients_equal_the_pythonic_api():

@@ -70,7 +70,7 @@ def test_compress_attention_infer_matches_golden(dtype, layout, packed_cache):
     g_out, _ = golden_nsa.nsa_compress_attention_infer(q, k, v, TABLE, CMP_LENS, SCALE, CMP, STRIDE, SEL, COUNT)
     b_out, _ = golden_nsa.nsa_compress_attention_infer(q, k, v, TABLE, CMP_LENS, SCALE, CMP, STRIDE, SEL, COUNT,
                                                        dtype=dtype)
-    assert_close_to_golden("attention_out", out, g_out, b_out)
+    assert_close_to_golden("attention_out", out, g_out, b_out, reduction=D + max(CMP_LENS))
     _check_topk(topk, q, k, v)
 
 
@@ -141,7 +141,7 @@ def test_compress_infer_cache_matches_golden(lens, dtype):
     assert result is cache
     golden = golden_nsa.nsa_compress_infer_cache(kv, w, slots, table, lens, 32, 8, before)
     base = golden_nsa.nsa_compress_infer_cache(kv, w, slots, table, lens, 32, 8, before, dtype=dtype)
-    assert_close_to_golden("cache", cache, golden, base)
+    assert_close_to_golden("cache", cache, golden, base, reduction=32)  # one block of 32 keys
     for b, n in enumerate(lens):
         if n < 32 or (n - 32) % 8:
             assert torch.equal(cache[slots[b]], before[slots[b]])

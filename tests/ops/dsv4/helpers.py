@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnops.testing import golden_dsv4 as G
+from attnops.testing.compare import attention_reductions
 
 LAYOUT_PAIRS = [("BSND", "BSND"), ("TND", "TND"), ("BSND", "PA_BBND"), ("TND", "PA_BBND")]
 
@@ -253,3 +254,17 @@ def _grad_parts(parts):
     return type(parts)([g(x) for x in parts.qs], [g(x) for x in parts.oris],
                        None if parts.cmps is None else [g(x) for x in parts.cmps], parts.rows,
                        None if parts.sinks is None else g(parts.sinks))
+
+
+def reductions(case: Case, parts: Parts) -> dict[str, int]:
+    """The tolerance rule's ``reduction`` of each output and gradient (:func:`attention_reductions` with K = V):
+    a row attends at most every ori key, its index row (or every compressed key) and the sink; the shared KV's
+    gradient adds the key and value gradients over every head of the rows that read it (a compressed key as often
+    as an index row repeats it); a sink's gradient sums over every query row."""
+    cmp_keys = 0 if parts.cmps is None else case.topk or max(case.cmp_lens, default=0)
+    keys = max(case.ori_lens, default=0) + cmp_keys + int(parts.sinks is not None)
+    rows = max(case.q_lens, default=1) * case.heads
+    repeats = max((row.count(c) for batch in parts.rows or [] for row in batch for c in row if c >= 0), default=1)
+    fwd = attention_reductions(case.dim, case.dim, rows, max(keys, 1))
+    return dict(attn_out=fwd["out"], softmax_lse=fwd["lse"], q=fwd["dq"], ori_kv=2 * case.dim + 2 * rows,
+                cmp_kv=2 * case.dim + 2 * repeats * rows, sinks=case.dim + max(sum(case.q_lens), 1))

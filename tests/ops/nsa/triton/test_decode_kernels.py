@@ -57,7 +57,8 @@ def test_selected_attention_infer(triton_backend, monkeypatch, g, d, dv, dtype, 
     golden = G.nsa_select_attention_infer(q, k, v, topk, table, lens, scale, block)
     base = G.nsa_select_attention_infer(q, k, v, topk, table, lens, scale, block, dtype=baseline_dtype(dtype))
     assert out.shape == golden.shape and out.dtype == dtype
-    assert_close_to_golden("selected_infer.out", out.cpu(), golden, base, factor=2)
+    assert_close_to_golden("selected_infer.out", out.cpu(), golden, base, factor=2,
+                           reduction=d + topk.shape[-1] * block)  # the scores over D, P V over the selected keys
     if n2 == 2:
         assert bool((out[1, g:2 * g] == 0).all())  # request 1, KV head 1: -1 first, nothing selected
     assert triton_backend == ["selected_decode_kernel"] + (["decode_merge_kernel"] if programs is None else [])
@@ -85,7 +86,7 @@ def test_compress_attention_infer(triton_backend, g, d, dv, dtype):
     args = (q, k, v, table, lens, scale, cmp, stride, sel, count)
     g_out, g_topk = G.nsa_compress_attention_infer(*args)
     b_out, _ = G.nsa_compress_attention_infer(*args, dtype=baseline_dtype(dtype))
-    assert_close_to_golden("compress_infer.out", out.cpu(), g_out, b_out, factor=2)
+    assert_close_to_golden("compress_infer.out", out.cpu(), g_out, b_out, factor=2, reduction=d + max(lens))
     topk = topk.cpu()
     assert topk.dtype == torch.int32 and torch.equal(topk[..., :3], g_topk[..., :3])
     for b, s2 in enumerate(lens):
@@ -123,7 +124,7 @@ def test_compress_infer_cache(triton_backend, monkeypatch, lens):
     dev_cache = cache.to(DEVICE)
     torch_npu.npu_nsa_compress_infer(*_dev(kv, w, slots), 32, 8, 16, block_table=table.to(DEVICE),
                                      actual_seq_len=lens, cache=dev_cache)
-    assert_close_to_golden("compress_infer.cache", dev_cache.cpu(), golden, base, factor=2)
+    assert_close_to_golden("compress_infer.cache", dev_cache.cpu(), golden, base, factor=2, reduction=32)  # one block
     assert triton_backend == ["compress_cache_kernel"] and calls == [1]
 
 

@@ -39,4 +39,5 @@ def test_window_branch_runs_the_flash_attention_band_kernel(monkeypatch, dtype):
                        next_tokens=0, actual_seq_qlen=cum(lens), actual_seq_kvlen=cum(lens), sparse_mode=4)
     golden = fa_forward(q, k, v, **golden_args)[0]
     baseline = fa_forward(q, k, v, dtype=baseline_dtype(dtype), **golden_args)[0]
-    assert_close_to_golden("native_sparse_attention.window", out, golden, baseline, factor=2)
+    assert_close_to_golden("native_sparse_attention.window", out, golden, baseline, factor=2,
+                           reduction=d + window)  # the scores over D, then P V over the window's keys
