@@ -2,7 +2,7 @@
 
 For each entry point (``registry.py``) hypothesis corrupts one argument of a small valid call
 (``corruptions.py``); the call must raise an attnops error naming that argument, or return what the fp64 formula
-returns (``judge.py``, ``check.py``). Cases still open elsewhere are listed in ``KNOWN_OPEN``.
+returns (``judge.py``, ``check.py``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import attnops.torch_npu
 from .check import run_corrupted
 from .corruptions import candidates
 from .judge import required_args, tensors
-from .known_open import KNOWN_OPEN
 from .registry import DIALECTS
 
 MODULES = {"attnops": attnops, "attnops.aclnn": attnops.aclnn, "attnops.torch_npu": attnops.torch_npu,
@@ -76,14 +75,13 @@ def test_clean_call_matches_its_golden(dialect, name):
         assert err <= 1e-4 + default_floor(g, outputs[i].dtype), f"output {i}: {err}"
 
 
-def _open_candidates(dialect: str, name: str):
+def _candidates(dialect: str, name: str):
     case = DIALECTS[dialect][name]()
-    return [c for c in candidates(case.args, required_args(case))
-            if (f"{dialect}:{name}", *c.key) not in KNOWN_OPEN]
+    return candidates(case.args, required_args(case))
 
 
 def _check(dialect, name, data):
-    corruption = data.draw(st.sampled_from(_open_candidates(dialect, name)), label="corruption")
+    corruption = data.draw(st.sampled_from(_candidates(dialect, name)), label="corruption")
     position = data.draw(st.integers(0, 2**20), label="position")
     run_corrupted(DIALECTS[dialect][name], corruption, position)
 
@@ -108,7 +106,7 @@ def test_bad_input_many(dialect, name, data):
 def test_every_corruption_once(dialect, name):
     """Each corruption of each argument at element 0 (the exhaustive sweep)."""
     failures = []
-    for c in _open_candidates(dialect, name):
+    for c in _candidates(dialect, name):
         try:
             run_corrupted(DIALECTS[dialect][name], c, 0)
         except AssertionError as e:
