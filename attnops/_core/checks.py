@@ -199,6 +199,18 @@ def check_same_device(reference: str, ref: torch.Tensor, **tensors: Any) -> None
                  f"move it with .to({str(ref.device)!r})")
 
 
+def check_host_or_same_device(reference: str, ref: torch.Tensor, **tensors: Any) -> None:
+    """Every given index tensor (tables, slots, positions; None skipped) is on ``ref``'s device or on the CPU, where
+    host metadata may live: ``meta`` beside real data, or another device, is the caller's mistake."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        _require_tensor_type(name, t)
+        if t.device != ref.device and t.device.type != "cpu":
+            fail(name, f"a tensor on {ref.device} (the device of {reference}) or on the CPU", t,
+                 f"move it with .to({str(ref.device)!r})")
+
+
 def check_head_dim(name: str, x: torch.Tensor, d: int) -> None:
     """A head dim of at least 1 (D = 0 gives an undefined default scale and empty scores)."""
     require(d >= 1, name, "a head dim D >= 1", x)
