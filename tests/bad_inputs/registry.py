@@ -63,8 +63,9 @@ def fa_pythonic_backward():
     return Case(attnops.flash_attention_backward,
                 dict(dy=r(*res.out.shape, seed=4), query=q, key=k, value=v, attention_out=res.out,
                      softmax_max=res.softmax_max, softmax_sum=res.softmax_sum, scale=0.3),
-                lambda a: golden.fa_backward(a["dy"], a["query"], a["key"], a["value"], head_num=a["query"].shape[1],
-                                             input_layout="BNSD", scale=a["scale"])[:3])
+                lambda a: golden.fa_backward_given_stats(
+                    a["dy"], a["query"], a["key"], a["value"], a["attention_out"], a["softmax_max"], a["softmax_sum"],
+                    head_num=a["query"].shape[1], input_layout="BNSD", scale=a["scale"]))
 
 
 def _npu_fa_golden(a):
@@ -85,8 +86,9 @@ def npu_fusion_attention_grad(fn, **extra):
         out, smax, ssum, *_ = torch_npu.npu_fusion_attention(q, k, v, 2, "BNSD", scale=0.3)
         return Case(fn, dict(query=q, key=k, value=v, dy=r(*out.shape, seed=4), head_num=2, input_layout="BNSD",
                              softmax_max=smax, softmax_sum=ssum, attention_in=out, scale_value=0.3, **extra),
-                    lambda a: golden.fa_backward(a["dy"], a["query"], a["key"], a["value"], head_num=2,
-                                                 input_layout="BNSD", scale=0.3)[:3])
+                    lambda a: golden.fa_backward_given_stats(
+                        a["dy"], a["query"], a["key"], a["value"], a["attention_in"], a["softmax_max"],
+                        a["softmax_sum"], head_num=2, input_layout="BNSD", scale=0.3))
     return factory
 
 
