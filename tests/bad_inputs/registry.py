@@ -306,7 +306,9 @@ def npu_nsa_compress_infer():
     return Case(torch_npu.npu_nsa_compress_infer,
                 dict(input=r(6, 16, 2, 16, seed=1), weight=r(16, 2, seed=2), slot_mapping=ints([0, 3], I64),
                      compress_block_size=16, compress_stride=16, page_block_size=16,
-                     block_table=ints([[0, 1, 2], [3, 4, -1]]), actual_seq_len=[48, 32],
+                     # every entry in a request's pages: a corrupted entry is one the call reads (entries past a
+                     # request's pages are never read, -1 or anything)
+                     block_table=ints([[0, 1, 2], [3, 4, 5]]), actual_seq_len=[48, 48],
                      cache=torch.zeros(5, 2, 16)))
 
 
