@@ -254,7 +254,9 @@ def nsa_selected_attention():
                     a["actual_seq_qlen"], a["actual_seq_kvlen"], False)[:1])
 
 
-def _paged(lens=(11, 6), page=4, n2=1, d=8, dv=4):
+def _paged(lens=(11, 9), page=4, n2=1, d=8, dv=4):
+    """Caches and a block table with no padding entry for ``lens`` of as many pages each (padding entries are never
+    read, -1 or anything: a corrupted one would be no mistake)."""
     pages = [-(-n // page) for n in lens]
     table = torch.full((len(lens), max(pages)), -1, dtype=I32)
     start = 0
@@ -268,7 +270,7 @@ def nsa_selected_attention_infer():
     k, v, table = _paged()
     return Case(attnops.nsa_selected_attention_infer,
                 dict(query=r(2, 2, 8, seed=1), key_cache=k, value_cache=v, topk_indices=_topk(2, 1, 2, 2),
-                     block_table=table, seq_lens=[11, 6], select_block_size=3, scale=0.3),
+                     block_table=table, seq_lens=[11, 9], select_block_size=3, scale=0.3),
                 lambda a: (golden_nsa.nsa_select_attention_infer(
                     a["query"], a["key_cache"], a["value_cache"], a["topk_indices"], a["block_table"],
                     a["seq_lens"], a["scale"], a["select_block_size"]),))
@@ -277,7 +279,7 @@ def nsa_selected_attention_infer():
 def nsa_compress_attention_infer():
     k, v, table = _paged()
     return Case(attnops.nsa_compress_attention_infer,
-                dict(query=r(2, 2, 8, seed=1), key_cache=k, value_cache=v, block_table=table, cmp_seq_lens=[11, 6],
+                dict(query=r(2, 2, 8, seed=1), key_cache=k, value_cache=v, block_table=table, cmp_seq_lens=[11, 9],
                      compress_block_size=4, compress_stride=2, select_block_size=4, select_block_count=3, scale=0.3),
                 lambda a: golden_nsa.nsa_compress_attention_infer(
                     a["query"], a["key_cache"], a["value_cache"], a["block_table"], a["cmp_seq_lens"], 0.3, 4, 2, 4,
