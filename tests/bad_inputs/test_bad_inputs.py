@@ -154,6 +154,16 @@ FOUND_AND_FIXED = [
     ("attnops.torch_npu", "npu_gather_pa_kv_cache", "key", "dtype", "int32"),
     ("attnops.nn", "DeepSeekSparseAttention", "x", "dtype", "float64"),
     ("attnops.nn", "NativeSparseAttention", "x", "empty", "first-dim-0"),
+    ("attnops.flash_attn", "flash_attn_varlen_qkvpacked_func", "cu_seqlens", "index", "negative"),  # named q's
+    ("attnops.flash_attn", "flash_attn_kvpacked_func", "kv", "dtype", "int32"),  # named k
+    ("attnops.flash_attn", "flash_attn_varlen_func", "k", "none", "None"),  # raw AttributeError
+    ("attnops", "nsa_selected_attention_infer", "seq_lens", "index", "negative"),  # named actual_seq_kvlen
+    ("attnops.torch_npu", "npu_incre_flash_attention", "actual_seq_lengths", "index", "far"),
+    ("attnops.torch_npu", "npu_kv_rmsnorm_rope_cache", "index", "device", "meta"),  # raw RuntimeError
+    ("attnops.torch_npu", "npu_mla_prolog_v3", "cache_index", "ndim", "unsqueezed"),  # accepted silently
+    ("attnops.torch_npu", "npu_gather_pa_kv_cache", "block_tables", "device", "meta"),  # raw NotImplementedError
+    ("attnops.torch_npu", "npu_nsa_compress_infer", "block_table", "index", "negative"),  # accepted silently
+    ("attnops", "flash_attention_backward", "softmax_max", "nonfinite", "+inf"),  # golden ignored the statistics
 ]
 
 
