@@ -57,13 +57,15 @@ def caller_names(names: dict[str, str] | None = None, /, **more: str) -> Iterato
                 exc.args = (names[match.group(1)] + str(exc)[match.end():], *exc.args[1:])
             raise
         name, expected, received, hint = parts
-        if name not in names:
+        base, element = re.fullmatch(r"([A-Za-z_]\w*)(.*)", name, re.DOTALL).groups()  # element: "[0]" or ""
+        if base not in names:
             raise
         refs = "|".join(re.escape(n) for n in names)
         expected = re.sub(rf"\b(like|as|of) ({refs})\b", lambda m: f"{m[1]} {names[m[2]]}", expected)
         expected = re.sub(rf"\b({refs})'s\b", lambda m: f"{names[m[1]]}'s", expected)
-        renamed = type(exc)(_message(names[name], expected, received, hint))
-        renamed.parts = (names[name], expected, received, hint)
+        name = names[base] + element
+        renamed = type(exc)(_message(name, expected, received, hint))
+        renamed.parts = (name, expected, received, hint)
         raise renamed.with_traceback(exc.__traceback__) from None
 
 
@@ -194,6 +196,18 @@ def check_same_device(reference: str, ref: torch.Tensor, **tensors: Any) -> None
         _require_tensor_type(name, t)
         if t.device != ref.device:
             fail(name, f"a tensor on {ref.device} (the device of {reference})", t,
+                 f"move it with .to({str(ref.device)!r})")
+
+
+def check_host_or_same_device(reference: str, ref: torch.Tensor, **tensors: Any) -> None:
+    """Every given index tensor (tables, slots, positions; None skipped) is on ``ref``'s device or on the CPU, where
+    host metadata may live: ``meta`` beside real data, or another device, is the caller's mistake."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        _require_tensor_type(name, t)
+        if t.device != ref.device and t.device.type != "cpu":
+            fail(name, f"a tensor on {ref.device} (the device of {reference}) or on the CPU", t,
                  f"move it with .to({str(ref.device)!r})")
 
 

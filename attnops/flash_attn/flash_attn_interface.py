@@ -66,7 +66,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scal
     ``(out, softmax_lse, S_dmask)`` with ``return_attn_probs`` (``S_dmask`` empty without dropout, as in
     flash-attn). ``deterministic`` is accepted: attnops' backward is always deterministic."""
     varlen = cu_seqlens_q is not None
-    check_tensor("q", q, ndim=3 if varlen else 4)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, ndim=3 if varlen else 4)
     batch = _batch_size(q, cu_seqlens_q)
     window = _check_options(dropout_p, softmax_scale, window_size, alibi_slopes, deterministic, batch, q.shape[-2])
     options = dict(layout="TND" if varlen else "BSND", causal=causal, window_size=window, scale=softmax_scale,
@@ -115,20 +116,32 @@ def _unpack(name: str, packed: Tensor, dim: int, count: int) -> tuple[Tensor, ..
     return packed.unbind(dim)
 
 
+def _packed_names(packed: str, *unpacked: str):
+    """Errors about the tensors unpacked from ``packed`` name ``packed``, as the caller passed it."""
+    return caller_names(dict.fromkeys(unpacked, packed))
+
+
+def _require_offsets(**cu_seqlens) -> None:
+    for name, offsets in cu_seqlens.items():
+        require(offsets is not None, name, "int32 offsets [batch_size + 1] of the packed sequences", offsets)
+
+
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_func` of ``qkv`` ``[B, S, 3, H, D]`` (its gradient comes back in the same packed form)."""
     q, k, v = _unpack("qkv", qkv, 2, 3)
-    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs)
+    with _packed_names("qkv", "q", "k", "v"):
+        return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                               deterministic, return_attn_probs)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_func` of ``q`` ``[B, Sq, H, D]`` and ``kv`` ``[B, Sk, 2, H_k, D]``."""
     k, v = _unpack("kv", kv, 2, 2)
-    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs)
+    with _packed_names("kv", "k", "v"):
+        return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                               deterministic, return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -140,6 +153,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``block_table`` (paged keys/values) is not supported here: see ``flash_attn_with_kvcache``."""
     require(block_table is None, "block_table", "None (paged keys/values: use flash_attn_with_kvcache)",
             block_table)
+    _require_offsets(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     return attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                      window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                      deterministic=deterministic, return_attn_probs=return_attn_probs, cu_seqlens_q=cu_seqlens_q,
@@ -151,9 +165,11 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      return_attn_probs=False):
     """:func:`flash_attn_varlen_func` of ``qkv`` ``[T, 3, H, D]``, one ``cu_seqlens`` for queries and keys."""
     q, k, v = _unpack("qkv", qkv, 1, 3)
-    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
-                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+    with _packed_names("qkv", "q", "k", "v"), _packed_names("cu_seqlens", "cu_seqlens_q", "cu_seqlens_k"), \
+            _packed_names("max_seqlen", "max_seqlen_q", "max_seqlen_k"):
+        return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                      return_attn_probs)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -161,6 +177,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_varlen_func` of ``q`` ``[T_q, H, D]`` and ``kv`` ``[T_k, 2, H_k, D]``."""
     k, v = _unpack("kv", kv, 1, 2)
-    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+    with _packed_names("kv", "k", "v"):
+        return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                      return_attn_probs)

@@ -19,7 +19,7 @@ from torch import Tensor
 FLT_MAX = 3.4028234663852886e38
 FLT_LOWEST = -FLT_MAX
 
-__all__ = ["fa_forward", "fa_backward", "seq_lengths", "FLT_MAX", "FLT_LOWEST"]
+__all__ = ["fa_forward", "fa_backward", "fa_backward_given_stats", "seq_lengths", "FLT_MAX", "FLT_LOWEST"]
 
 
 def seq_lengths(cum) -> list[int]:
@@ -159,6 +159,19 @@ def _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, d
     return p[:, :sq, :skv]
 
 
+def _scores(q, k, b, *, n1, scale, pse, pse_type, max_sq, tnd, q_start, kv_start, dtype, lens, softcap):
+    """The unmasked scores ``[N1, Sq, Skv]`` of one batch (``k`` already repeated to the N1 heads)."""
+    qk = q @ k.transpose(-1, -2)
+    s = scale * qk
+    if softcap > 0:  # flash-attn: scaled scores capped before the bias and the mask
+        s = softcap * torch.tanh(s / softcap)
+    if pse is not None:
+        bias = _pse_matrix(pse, b, q.shape[1], k.shape[1], n1, max_sq, tnd, pse_type, q_start, kv_start, dtype,
+                           lens)
+        s = scale * (qk + bias) if pse_type == 1 else s + bias
+    return s
+
+
 def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, tnd, q_start, kv_start, dtype,
            drop_keep, keep_prob, drop_off, lens, softcap=0.0):
     """One batch: q [N1,Sq,D], k [N2,Skv,D], v [N2,Skv,Dv] -> out [N1,Sq,Dv], max, sum [N1,Sq]."""
@@ -166,13 +179,8 @@ def _batch(q, k, v, b, *, n1, scale, pse, pse_type, keep, max_sq, tnd, q_start, 
     g = n1 // k.shape[0]
     k = k.repeat_interleave(g, dim=0)
     v = v.repeat_interleave(g, dim=0)
-    qk = q @ k.transpose(-1, -2)
-    s = scale * qk
-    if softcap > 0:  # flash-attn: scaled scores capped before the bias and the mask
-        s = softcap * torch.tanh(s / softcap)
-    if pse is not None:
-        bias = _pse_matrix(pse, b, sq, skv, n1, max_sq, tnd, pse_type, q_start, kv_start, dtype, lens)
-        s = scale * (qk + bias) if pse_type == 1 else s + bias
+    s = _scores(q, k, b, n1=n1, scale=scale, pse=pse, pse_type=pse_type, max_sq=max_sq, tnd=tnd, q_start=q_start,
+                kv_start=kv_start, dtype=dtype, lens=lens, softcap=softcap)
     keep = keep.expand(n1, sq, skv)
     valid = keep.any(dim=-1, keepdim=True)
     s_masked = torch.where(keep, s, torch.full_like(s, -math.inf))
@@ -324,3 +332,45 @@ def fa_backward(dy, query, key, value, attention_in=None, **kwargs) -> tuple[Ten
         grads = [None] * len(inputs)
     grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
     return grads[0], grads[1], grads[2], (grads[3] if want_dpse else None)
+
+
+def fa_backward_given_stats(dy, query, key, value, attention_in, softmax_max, softmax_sum, *, head_num: int,
+                            input_layout: str, pse=None, atten_mask=None, scale: float = 1.0,
+                            pre_tokens: int = 2147483647, next_tokens: int = 2147483647, prefix=None,
+                            sparse_mode: int = 0, pse_type: int = 1, q_start_idx: int = 0, kv_start_idx: int = 0,
+                            dtype=torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients (dq, dk, dv) of the backward operator from the statistics and the output it is GIVEN (as the NPU
+    computes them, nothing recomputed from q/k): per query row, over the keys it sees (``P`` is 0 elsewhere),
+    ``P = exp(S - softmax_max) / softmax_sum``, ``D = rowsum(dy * attention_in)``, ``dV = P^T dy``,
+    ``dS = P * (dy V^T - D)``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q`` (summed over a key's query group).
+    ``softmax_max``/``softmax_sum`` ``[B, N1, Sq, 8]``; layouts BSH, SBH, BSND, BNSD; no dropout, no softcap."""
+    if input_layout == "TND":
+        raise ValueError("fa_backward_given_stats takes the dense layouts (BSH, SBH, BSND, BNSD)")
+    q = _to_bnsd(query.to(dtype), input_layout, head_num)
+    d = q.shape[-1]
+    k = _to_bnsd(key.to(dtype), input_layout, key.shape[-1] // d if input_layout in ("BSH", "SBH") else None)
+    v = _to_bnsd(value.to(dtype), input_layout, k.shape[1])
+    dy, out = (_to_bnsd(x.to(dtype), input_layout, head_num) for x in (dy, attention_in))
+    bsz, n1, sq = q.shape[:3]
+    n2, skv = k.shape[1], k.shape[2]
+    g = n1 // n2
+    band_idx = (bsz - 1 if sparse_mode == 7 else 0) if sq > 0 else -1
+    if pse is not None:
+        pse = pse.to(dtype)
+    dqs, dks, dvs = [], [], []
+    for b in range(bsz):
+        keep = _keep_matrix(b, sq, skv, n1, atten_mask=atten_mask, sparse_mode=sparse_mode, pre=pre_tokens,
+                            nxt=next_tokens, prefix=prefix, band_idx=band_idx).expand(n1, sq, skv)
+        kr, vr = k[b].repeat_interleave(g, 0), v[b].repeat_interleave(g, 0)
+        s = _scores(q[b], kr, b, n1=n1, scale=scale, pse=pse, pse_type=pse_type, max_sq=sq, tnd=False,
+                    q_start=q_start_idx, kv_start=kv_start_idx, dtype=dtype, lens=([sq] * bsz, [skv] * bsz),
+                    softcap=0.0)
+        m, l = softmax_max[b, ..., :1].to(dtype), softmax_sum[b, ..., :1].to(dtype)
+        zero = torch.zeros_like(s)
+        p = torch.where(keep, torch.exp(s - m) / l, zero)
+        rows = (dy[b] * out[b]).sum(-1, keepdim=True)
+        ds = torch.where(keep, p * (dy[b] @ vr.transpose(-1, -2) - rows), zero)
+        dqs.append(scale * ds @ kr)
+        dks.append((scale * ds.transpose(-1, -2) @ q[b]).unflatten(0, (n2, g)).sum(1))
+        dvs.append((p.transpose(-1, -2) @ dy[b]).unflatten(0, (n2, g)).sum(1))
+    return tuple(_from_bnsd(torch.stack(x), input_layout) for x in (dqs, dks, dvs))

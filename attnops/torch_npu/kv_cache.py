@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .._core import staging
-from .._core.checks import check_choice, check_tensor, require
+from .._core.checks import check_choice, check_host_or_same_device, check_tensor, require
 from .._core.indices import check_block_table, check_room, check_slots, valid_ids, validation_enabled
 from .._core.dispatch import choose_backend
 from ._common import with_overloads
@@ -79,6 +79,7 @@ def _write_pair(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tens
     key_view = cache_view(key_cache, "key_cache", key, "key", key_layouts)
     value_view = cache_view(value_cache, "value_cache", value, "value", value_layouts)
     _check_slots(slot_mapping, key.shape[0])
+    check_host_or_same_device("key", key, slot_mapping=slot_mapping)
     reference = choose_backend("auto", key.device, lambda: cache_launch.unsupported_reason(key, value)) == "reference"
     if validation_enabled(slot_mapping.device):
         check_slots("slot_mapping", slot_mapping, min(_capacity(key_view), _capacity(value_view)),
@@ -222,6 +223,7 @@ def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables:
     if seq_offset is not None:
         check_tensor("seq_offset", seq_offset, ndim=1, shape=(batch,), dtypes=(torch.int32, torch.int64))
     _check_pair(key, value, same_dtype=True)
+    check_host_or_same_device("key", key, block_tables=block_tables, seq_lens=seq_lens, seq_offset=seq_offset)
     check_tensor("key_cache", key_cache, device=key.device)
     check_tensor("value_cache", value_cache, device=key.device)
     key_view = cache_view(key_cache, "key_cache", key, "key", READ_LAYOUTS)

@@ -26,3 +26,9 @@ def test_caller_names_rename_the_argument_and_its_references():
     with pytest.raises(ParamInvalidError, match=r"^scale: expected a value like key, got 1$"):  # not renamed
         with caller_names({"key": "k"}):
             fail("scale", "a value like key", 1)
+
+
+def test_caller_names_rename_an_element_of_the_argument():
+    with pytest.raises(ParamInvalidError, match=r"^seq_lens\[1\]: expected a length in \[0, 4\], got -7$"):
+        with caller_names(actual_seq_kvlen="seq_lens"):
+            fail("actual_seq_kvlen[1]", "a length in [0, 4]", -7)

@@ -10,6 +10,21 @@ from .judge import MUST_RAISE, assert_matches, bounds, call, check_error, observ
 from .registry import Case
 
 
+def _shape_only(c: Corruption, args: dict) -> bool:
+    """Moving the call's only data tensor to ``meta`` makes a consistent shape-only call (every float tensor on
+    ``meta``, integer metadata may stay on the host): attnops runs those by design (fake kernels,
+    ``attnops.testing.gpu_dry_run``), so there is no mixed-device mistake for the call to name."""
+    data = [t for v in args.values() for t in tensors(v) if t.is_floating_point()]
+    return c.key[1:] == ("device", "meta") and bool(data) and all(t.device.type == "meta" for t in data)
+
+
+def _same_shapes_on_meta(c: Corruption, result, clean_result) -> None:
+    got, want = tensors(result), tensors(clean_result)
+    if [(tuple(t.shape), t.dtype, t.device.type) for t in got] != [(tuple(t.shape), t.dtype, "meta") for t in want]:
+        raise AssertionError(f"{c.key}: the shape-only call's outputs differ from the clean call's in shape, dtype "
+                             f"or device")
+
+
 def _must_raise(c: Corruption) -> bool:
     return c.kind in MUST_RAISE or c.kind == "index" or (c.kind == "dtype" and c.variant != "float64")
 
@@ -41,6 +56,9 @@ def run_corrupted(factory: Callable[[], Case], c: Corruption, position: int) -> 
     result, error = call(case, args)
     if error is not None:
         check_error(c, error, args)
+        return
+    if _shape_only(c, args):
+        _same_shapes_on_meta(c, result, clean_result)
         return
     if _must_raise(c):
         raise AssertionError(f"{c.key}: accepted silently (returned instead of raising an attnops error naming "

@@ -63,8 +63,9 @@ def fa_pythonic_backward():
     return Case(attnops.flash_attention_backward,
                 dict(dy=r(*res.out.shape, seed=4), query=q, key=k, value=v, attention_out=res.out,
                      softmax_max=res.softmax_max, softmax_sum=res.softmax_sum, scale=0.3),
-                lambda a: golden.fa_backward(a["dy"], a["query"], a["key"], a["value"], head_num=a["query"].shape[1],
-                                             input_layout="BNSD", scale=a["scale"])[:3])
+                lambda a: golden.fa_backward_given_stats(
+                    a["dy"], a["query"], a["key"], a["value"], a["attention_out"], a["softmax_max"], a["softmax_sum"],
+                    head_num=a["query"].shape[1], input_layout="BNSD", scale=a["scale"]))
 
 
 def _npu_fa_golden(a):
@@ -85,8 +86,9 @@ def npu_fusion_attention_grad(fn, **extra):
         out, smax, ssum, *_ = torch_npu.npu_fusion_attention(q, k, v, 2, "BNSD", scale=0.3)
         return Case(fn, dict(query=q, key=k, value=v, dy=r(*out.shape, seed=4), head_num=2, input_layout="BNSD",
                              softmax_max=smax, softmax_sum=ssum, attention_in=out, scale_value=0.3, **extra),
-                    lambda a: golden.fa_backward(a["dy"], a["query"], a["key"], a["value"], head_num=2,
-                                                 input_layout="BNSD", scale=0.3)[:3])
+                    lambda a: golden.fa_backward_given_stats(
+                        a["dy"], a["query"], a["key"], a["value"], a["attention_in"], a["softmax_max"],
+                        a["softmax_sum"], head_num=2, input_layout="BNSD", scale=0.3))
     return factory
 
 
@@ -252,7 +254,9 @@ def nsa_selected_attention():
                     a["actual_seq_qlen"], a["actual_seq_kvlen"], False)[:1])
 
 
-def _paged(lens=(11, 6), page=4, n2=1, d=8, dv=4):
+def _paged(lens=(11, 9), page=4, n2=1, d=8, dv=4):
+    """Caches and a block table with no padding entry for ``lens`` of as many pages each (padding entries are never
+    read, -1 or anything: a corrupted one would be no mistake)."""
     pages = [-(-n // page) for n in lens]
     table = torch.full((len(lens), max(pages)), -1, dtype=I32)
     start = 0
@@ -266,7 +270,7 @@ def nsa_selected_attention_infer():
     k, v, table = _paged()
     return Case(attnops.nsa_selected_attention_infer,
                 dict(query=r(2, 2, 8, seed=1), key_cache=k, value_cache=v, topk_indices=_topk(2, 1, 2, 2),
-                     block_table=table, seq_lens=[11, 6], select_block_size=3, scale=0.3),
+                     block_table=table, seq_lens=[11, 9], select_block_size=3, scale=0.3),
                 lambda a: (golden_nsa.nsa_select_attention_infer(
                     a["query"], a["key_cache"], a["value_cache"], a["topk_indices"], a["block_table"],
                     a["seq_lens"], a["scale"], a["select_block_size"]),))
@@ -275,7 +279,7 @@ def nsa_selected_attention_infer():
 def nsa_compress_attention_infer():
     k, v, table = _paged()
     return Case(attnops.nsa_compress_attention_infer,
-                dict(query=r(2, 2, 8, seed=1), key_cache=k, value_cache=v, block_table=table, cmp_seq_lens=[11, 6],
+                dict(query=r(2, 2, 8, seed=1), key_cache=k, value_cache=v, block_table=table, cmp_seq_lens=[11, 9],
                      compress_block_size=4, compress_stride=2, select_block_size=4, select_block_count=3, scale=0.3),
                 lambda a: golden_nsa.nsa_compress_attention_infer(
                     a["query"], a["key_cache"], a["value_cache"], a["block_table"], a["cmp_seq_lens"], 0.3, 4, 2, 4,
@@ -304,7 +308,9 @@ def npu_nsa_compress_infer():
     return Case(torch_npu.npu_nsa_compress_infer,
                 dict(input=r(6, 16, 2, 16, seed=1), weight=r(16, 2, seed=2), slot_mapping=ints([0, 3], I64),
                      compress_block_size=16, compress_stride=16, page_block_size=16,
-                     block_table=ints([[0, 1, 2], [3, 4, -1]]), actual_seq_len=[48, 32],
+                     # every entry in a request's pages: a corrupted entry is one the call reads (entries past a
+                     # request's pages are never read, -1 or anything)
+                     block_table=ints([[0, 1, 2], [3, 4, 5]]), actual_seq_len=[48, 48],
                      cache=torch.zeros(5, 2, 16)))
 
 

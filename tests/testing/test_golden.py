@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from attnops.testing.compare import assert_close_to_golden, default_floor, max_abs_err
-from attnops.testing.golden import FLT_LOWEST, FLT_MAX, fa_backward, fa_forward, seq_lengths
+from attnops.testing.golden import FLT_LOWEST, FLT_MAX, fa_backward, fa_backward_given_stats, fa_forward, seq_lengths
 
 F64 = torch.float64
 TRIU2048 = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
@@ -573,3 +573,30 @@ def test_backward_given_attention_in_is_the_operator_contract():
     expected = 0.5 * ((dy * v).sum() - (dy * given).sum()) * k
     torch.testing.assert_close(dq, expected, rtol=1e-12, atol=1e-12)
     assert float(plain[0].abs().max()) < 1e-12  # one key: the exact gradient of q is 0
+
+
+@pytest.mark.parametrize("layout", ["BNSD", "BSH"])
+def test_backward_given_stats_is_autograd_with_the_forward_stats(layout):
+    """With the forward's own output and statistics, the explicit backward formula is autograd's gradient (GQA, a
+    causal mask with a fully masked row, a pse)."""
+    q, k, v = bnsd(sq=7, skv=5)
+    pse = rnd(2, 4, 7, 5, seed=5)
+    to = (lambda x: x) if layout == "BNSD" else (lambda x: x.permute(0, 2, 1, 3).flatten(2))
+    mask = TRIU2048[:7, :5].clone()
+    mask[3] = True  # a fully masked row
+    kw = dict(head_num=4, input_layout=layout, scale=0.4, pse=pse, atten_mask=mask, sparse_mode=0)
+    out, smax, ssum = fa_forward(to(q), to(k), to(v), **kw)
+    dy = rnd(*out.shape, seed=6)
+    want = fa_backward(dy, to(q), to(k), to(v), **kw)[:3]
+    for got, w in zip(fa_backward_given_stats(dy, to(q), to(k), to(v), out, smax, ssum, **kw), want):
+        close(got, w)
+
+
+def test_backward_given_stats_uses_the_given_statistics():
+    """A row's given softmax_max of +inf makes its P zero: no gradient flows from it (it is not recomputed)."""
+    q, k, v = bnsd()
+    out, smax, ssum = fa_forward(q, k, v, head_num=4, input_layout="BNSD")
+    smax[0, 1, 2] = math.inf
+    dq, dk, dv = fa_backward_given_stats(rnd(*out.shape, seed=3), q, k, v, out, smax, ssum, head_num=4,
+                                         input_layout="BNSD")
+    assert torch.equal(dq[0, 1, 2], torch.zeros(8, dtype=F64)) and bool(dq[0, 1, 1].abs().sum() > 0)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_choice, check_same_device, check_tensor, require
+from ..._core.checks import check_choice, check_host_or_same_device, check_same_device, check_tensor, require
 from ..._core.indices import check_slots, valid_ids, validation_enabled
 from .cache_write import nz_width, quantize_int8, write_rows
 from .rope import interleave_rope, rms_norm
@@ -70,6 +70,7 @@ def check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, 
                     and x.shape[3] % 2 == 0 and x.shape[3] == dr, name,
                     f"[{kv.shape[0]}, 1, {kv.shape[2]}, Dr] with an even Dr <= Dk={dk} (cos's)", x)
     check_tensor("index", index, dtypes=(torch.int32, torch.int64))
+    check_host_or_same_device("kv", kv, index=index)
     check_tensor("k_cache", k_cache, ndim=4)
     check_tensor("ckv_cache", ckv_cache, ndim=4)
     for name, cache, d, what in (("k_cache", k_cache, dk, "the rope part" if v is None else "kv's Dk"),
@@ -90,7 +91,7 @@ def check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, 
         pages = -(-s // k_cache.shape[1])
         check_tensor("index", index, shape=(b * pages,))
     else:
-        require(index.numel() == b * s, "index", f"{b * s} flat slots (B*S)", index)
+        check_tensor("index", index, shape=(b * s,))  # flat slots
 
 
 def token_slots(index: Tensor, cache_mode: str, batch: int, seq: int, block_size: int) -> Tensor:

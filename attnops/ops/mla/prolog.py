@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_choice, check_same_device, check_tensor, require
+from ..._core.checks import check_choice, check_host_or_same_device, check_same_device, check_tensor, require
 from .cache_write import nz_width, quantize_int8, write_rows
 from .kv_cache import FLOAT_DTYPES
 from .prolog_quant import PrologQuant, dynamic_int8, int8_matmul
@@ -59,7 +59,9 @@ def check_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, gam
         require(tuple(kv_cache.shape[:-2]) == tuple(token_x.shape[:-1]), "kv_cache",
                 f"token-shaped rows {list(token_x.shape[:-1])} for cache_mode {cache_mode!r}", kv_cache)
     else:
-        check_tensor("cache_index", cache_index, dtypes=(torch.int32, torch.int64))
+        # [T] flat slots, or [B, S] / [B, pages] by batch for [B, S, He] tokens
+        check_tensor("cache_index", cache_index, ndim=(1, token_x.dim() - 1), dtypes=(torch.int32, torch.int64))
+        check_host_or_same_device("token_x", token_x, cache_index=cache_index)
 
 
 def token_slots(token_x: Tensor, cache_index: Tensor | None, cache_mode: str, block_size: int,

@@ -287,11 +287,10 @@ def check_compress_cache(input: Tensor, weight: Tensor, slot_mapping: Tensor, bl
         require(0 <= n <= block_table.shape[1] * page, f"actual_seq_len[{b}]",
                 f"a length in [0, {block_table.shape[1] * page}] (the block_table's pages)", n)
     if validation_enabled(slot_mapping.device):
+        # the table maps every page of a request's keys, as the decode attention reads it, though a compression
+        # reads only the last compress_block_size keys
+        check_block_table(block_table, lens, page, input.shape[0], lengths_name="actual_seq_len")
         completes = torch.tensor([_completes(n, block, stride) for n in lens], dtype=torch.bool)
-        first = torch.tensor([max(n - block, 0) // page for n in lens], dtype=torch.int64)
-        window = torch.where(completes, torch.tensor(lens, dtype=torch.int64) - first * page, 0)
-        check_block_table(block_table, window, page, input.shape[0], first=first,
-                          lengths_name="the last compress_block_size keys of actual_seq_len, from their first page")
         check_slots("slot_mapping", torch.where(completes, slot_mapping.detach().cpu().long(), PAD), cache.shape[0],
                     what="the cache's rows")
     return lens, block, stride
