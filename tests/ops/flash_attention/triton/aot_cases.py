@@ -1,5 +1,5 @@
 """Compile the Triton FlashAttention launches of one problem for a GPU target (``attnops._core.triton.aot``) and
-print the result as JSON: run as ``python -m tests.ops.common.triton.aot_cases ARCH CASE_JSON`` in a process
+print the result as JSON: run as ``python -m tests.ops.flash_attention.triton.aot_cases ARCH CASE_JSON`` in a process
 without ``TRITON_INTERPRET`` (``test_gpu_compile.py`` starts it; the test process runs the interpreter).
 
 A case names a dtype, head dims and features; the problem is built with ``build_problem`` on small CPU tensors

@@ -64,7 +64,7 @@ def test_gradients_bitwise_equal_across_runs():
 def test_gradients_bitwise_equal_across_processes():
     first = _gradients()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    code = ("import json, torch; from tests.ops.common.triton.test_backward_determinism import _gradients; "
+    code = ("import json, torch; from tests.ops.flash_attention.triton.test_backward_determinism import _gradients; "
             "print(json.dumps([g.double().flatten().tolist() for g in _gradients()]))")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-4000:]

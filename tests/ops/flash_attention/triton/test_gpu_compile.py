@@ -39,7 +39,7 @@ def compile_in_child(arch: int, problem: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ATTNOPS_TRITON_INTERPRET")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated to silence its warning
-    run = subprocess.run([sys.executable, "-m", "tests.ops.common.triton.aot_cases", str(arch),
+    run = subprocess.run([sys.executable, "-m", "tests.ops.flash_attention.triton.aot_cases", str(arch),
                           json.dumps(problem)], cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
