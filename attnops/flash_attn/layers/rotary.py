@@ -63,11 +63,8 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: 
     compute = compute_dtype(x)
     c = torch.where(inside, cos[index].to(compute).unsqueeze(-2), 1.0)
     s = torch.where(inside, sin[index].to(compute).unsqueeze(-2), 0.0)
-    if interleaved:  # one angle per pair, for both of its elements
-        rotated = rotate_interleaved(x[..., :rotary_dim].to(compute), c.repeat_interleave(2, -1),
-                                     s.repeat_interleave(2, -1))
-    else:
-        rotated = rotate_half(x[..., :rotary_dim].to(compute), torch.cat([c, c], -1), torch.cat([s, s], -1))
+    convention = rotate_interleaved if interleaved else rotate_half
+    rotated = convention(x[..., :rotary_dim].to(compute), c, s, per_pair=True)
     return torch.cat([rotated.to(x.dtype), x[..., rotary_dim:]], -1)
 
 
