@@ -1,4 +1,4 @@
-"""Sequence lengths: cumulative ``actual_seq_*`` lists, FA-style ``cu_seqlens`` and per-batch offsets.
+"""Sequence lengths: cumulative ``actual_seq_*`` lists, FA-style ``cu_seqlens``, ``seqused`` and per-batch offsets.
 
 Internally every operator works on a :class:`SeqInfo`: per-batch lengths and start offsets of the query and
 key/value tokens. Dense layouts are the special case of ``B`` equal lengths. Lengths given as flash-attn style
@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
-from .checks import Described, fail, int_list, require
+from .checks import Described, check_tensor, fail, int_list, require
+
+INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 @dataclass(frozen=True)
@@ -185,3 +188,46 @@ def batch_windows(t: torch.Tensor, q_offsets, kv_offsets, seq: SeqInfo, fill) ->
     for b, (qo, ko, sq, skv) in enumerate(zip(q_offsets, kv_offsets, seq.q_lens, seq.kv_lens)):
         out[b, :, :sq, :skv] = t[b if t.shape[0] > 1 else 0, :, qo:qo + sq, ko:ko + skv]
     return out
+
+
+# Host per-batch lengths of the DeepSeek-V4 operators: ``cu_seqlens`` ([B+1], leading 0) of packed tensors,
+# ``seqused`` ([B], the valid tokens of each batch, at most its stored length) and other per-batch int vectors.
+def host_ints(name: str, t: Tensor, count: int | None = None) -> list[int]:
+    """A 1-D int32/int64 tensor's values (``count`` of them when given) as Python ints."""
+    check_tensor(name, t, ndim=1, dtypes=INDEX_DTYPES)
+    if count is not None:
+        require(t.shape[0] == count, name, f"{count} values (one per batch)", t)
+    return [int(v) for v in t.tolist()]
+
+
+def segments(name: str, cu_seqlens: Tensor | None, total: int) -> tuple[list[int], list[int]]:
+    """``(starts, lengths)`` of the batches of a packed ``[T, ...]`` tensor from ``cu_seqlens`` ``[B+1]`` (leading 0,
+    non-decreasing, last value at most ``total``)."""
+    if cu_seqlens is None:
+        fail(name, "cu_seqlens [B+1] (required with a packed [T, ...] layout)", None)
+    cu = host_ints(name, cu_seqlens)
+    require(len(cu) >= 2 and cu[0] == 0 and all(a <= b for a, b in zip(cu, cu[1:])), name,
+            "a non-decreasing [B+1] prefix sum starting at 0", cu)
+    require(cu[-1] <= total, name, f"a last value <= the packed token count T={total}", cu[-1])
+    return cu[:-1], [b - a for a, b in zip(cu, cu[1:])]
+
+
+def used(name: str, seqused: Tensor | None, lengths: list[int]) -> list[int]:
+    """``seqused`` (``[B]``, each in ``[0, lengths[b]]``) when given, else ``lengths``."""
+    if seqused is None:
+        return list(lengths)
+    values = host_ints(name, seqused, len(lengths))
+    require(all(0 <= v <= n for v, n in zip(values, lengths)), name,
+            f"per-batch counts in [0, stored length] (stored: {lengths})", values)
+    return values
+
+
+def per_batch(name: str, t: Tensor | None, batch: int, *, default: int, lo: int = 0, hi: int | None = None
+              ) -> list[int]:
+    """A per-batch int vector ``[B]`` with values in ``[lo, hi]``; ``default`` for every batch when None."""
+    if t is None:
+        return [default] * batch
+    values = host_ints(name, t, batch)
+    bound = "inf" if hi is None else hi
+    require(all(v >= lo and (hi is None or v <= hi) for v in values), name, f"values in [{lo}, {bound}]", values)
+    return values

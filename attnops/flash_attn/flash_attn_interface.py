@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 
 from .._core.checks import caller_names, check_scale, check_tensor, require
-from ..ops.flash_attention import flash_attention
+from ..ops.flash_attention import attention_probabilities, flash_attention
 from .kvcache import flash_attn_with_kvcache
-from .outputs import dropout_probs, softmax_lse
+from .outputs import softmax_lse
 
 __all__ = [
     "flash_attn_func",
@@ -81,8 +81,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scal
         result = flash_attention(q, k, v, return_stats=True, **options)
     if not return_attn_probs:
         return result.out
-    probs = (dropout_probs(q, k, v, result, options) if dropout_p > 0
-             else q.new_empty((0,)))
+    probs = attention_probabilities(q, k, v, result, **options) if dropout_p > 0 else q.new_empty((0,))
     return result.out, softmax_lse(result, varlen), probs
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from .._core.errors import PrecisionNotEmulatedError
-from ..ops.fused_infer_attention.problem import LAYOUTS as FIA_LAYOUTS
+from ..ops.fused_infer_attention.inputs import LAYOUTS as FIA_LAYOUTS
 from ..testing.golden_fia import fia_forward
 from . import dsv4_references as dsv4
 from . import nsa_references as nsa

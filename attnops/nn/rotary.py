@@ -1,10 +1,12 @@
-"""Rotary position embedding (rotate-half convention, as in Llama / HF ``rotate_half``)."""
+"""Rotary position embedding of the nn layers (rotate-half convention, as in Llama / HF ``rotate_half``), in the
+dtype of the angles (:func:`rotary_angles`)."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
 from .._core.staging import device_constant
+from ..ops.common.rotary import rotate_half
 
 
 def rotary_angles(positions: Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -23,6 +25,4 @@ def _inverse_frequencies(d: int, theta: float, device: torch.device) -> Tensor:
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x [T, N, D]`` (D even) by the angles of :func:`rotary_angles`."""
-    d = x.shape[-1]
-    half = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-half[1], half[0]], -1) * sin
+    return rotate_half(x, cos, sin)

@@ -31,13 +31,14 @@ dense ``[N, Sq_b, Skv_b]`` score matrix per batch:
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .golden import _to_bnsd
+from .golden_fia_quant import (antiquant_specs, decode_deq_scale, dequant, encode_deq_scale,
+                               integer_values, is_quantized, pack_int4, sat_int8, unpack_int4)
 
 INT_MAX = 2147483647
 
@@ -46,59 +47,6 @@ __all__ = ["fia_forward", "fia_forward_detail", "FiaGolden", "pack_int4", "unpac
 
 
 # ----------------------------------------------------------------------------------------------- small helpers
-def sat_int8(x: Tensor) -> Tensor:
-    """Round half to even and saturate to [-128, 127] (values stay in x's dtype)."""
-    return torch.clamp(torch.round(x), -128, 127)
-
-
-def pack_int4(x: Tensor) -> Tensor:
-    """int values in [-8, 7], last dim a multiple of 8 -> int32 with element 8k+e in bits 4e..4e+3 of word k."""
-    if x.shape[-1] % 8:
-        raise ValueError("last dim must be a multiple of 8")
-    v = x.to(torch.int64)
-    if bool(((v < -8) | (v > 7)).any()):
-        raise ValueError("int4 values must be in [-8, 7]")
-    nib = (v & 0xF).reshape(*x.shape[:-1], x.shape[-1] // 8, 8)
-    word = torch.zeros(nib.shape[:-1], dtype=torch.int64)
-    for e in range(8):
-        word |= nib[..., e] << (4 * e)
-    word = torch.where(word >= 2 ** 31, word - 2 ** 32, word)  # two's complement int32
-    return word.to(torch.int32)
-
-
-def unpack_int4(x: Tensor) -> Tensor:
-    """int32 words -> int64 values, last dim times 8; element 0 in bits 0-3, two's-complement nibbles."""
-    w = x.to(torch.int64) & 0xFFFFFFFF
-    nibs = [(w >> (4 * e)) & 0xF for e in range(8)]
-    v = torch.stack(nibs, dim=-1)
-    v = torch.where(v >= 8, v - 16, v)
-    return v.reshape(*x.shape[:-1], x.shape[-1] * 8)
-
-
-def _f32_bits(f: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", f))[0]
-
-
-def _bits_f32(b: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", b & 0xFFFFFFFF))[0]
-
-
-def encode_deq_scale(scale: float, dtype=torch.uint64) -> Tensor:
-    """``npu_trans_quant_param`` of one fp32 scale: ``(fp32_bits & 0xFFFFE000) | (1 << 46)``, shape [1]."""
-    return torch.tensor([(_f32_bits(scale) & 0xFFFFE000) | (1 << 46)], dtype=dtype)
-
-
-def decode_deq_scale(x: Tensor) -> float:
-    """Per-tensor deq scale: UINT64/INT64 = the trans-quant encoding (low 32 bits, truncated to 19 bits);
-    FLOAT32 (or any float) as given."""
-    if x.numel() != 1:
-        raise ValueError(f"deq scales are per-tensor, got shape {tuple(x.shape)}")
-    if x.dtype.is_floating_point:
-        return float(x.reshape(-1)[0])
-    v = int(x.reshape(-1).tolist()[0])
-    return _bits_f32((v & 0xFFFFFFFF) & 0xFFFFE000)
-
-
 def per_batch(lengths, b: int, default: int | list[int], name: str) -> list[int]:
     """Per-batch list of length ``b`` under the seed's broadcast rule (length 1: shared; >= B: first B)."""
     if lengths is None:
@@ -130,17 +78,6 @@ def _scalar_int(x) -> int:
     return int(x)
 
 
-def _ints(x) -> Tensor:
-    """int8/int32 (int4-packed) tensor -> integer values as int64 (int32 is unpacked, last dim x8)."""
-    if x.dtype == torch.int32:
-        return unpack_int4(x)
-    return x.to(torch.int64)
-
-
-def _is_quant(x: Tensor) -> bool:
-    return x.dtype in (torch.int8, torch.int32)
-
-
 # ------------------------------------------------------------------------------------------------ layouts
 def _layouts(input_layout: str) -> tuple[str, str]:
     if input_layout == "BNSD_BSND":
@@ -148,78 +85,6 @@ def _layouts(input_layout: str) -> tuple[str, str]:
     if input_layout in ("BSH", "BSND", "BNSD", "TND"):
         return input_layout, input_layout
     raise ValueError(f"input_layout must be BSH, BSND, BNSD, BNSD_BSND or TND, got {input_layout!r}")
-
-
-# ------------------------------------------------------------------------------------------------ antiquant
-@dataclass
-class _AQ:
-    """One tensor's dequantization: ``mode`` of the separate-parameter table (0..5), scale, optional offset."""
-    mode: int
-    scale: Tensor
-    offset: Tensor | None
-
-
-def _antiquant_specs(antiquant_scale, antiquant_offset, antiquant_mode, key_antiquant_scale,
-                     key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, key_antiquant_mode,
-                     value_antiquant_mode):
-    """(key spec, value spec); the separate K/V parameters win over the combined ones."""
-    if key_antiquant_scale is not None or value_antiquant_scale is not None:
-        return (_AQ(key_antiquant_mode, key_antiquant_scale, key_antiquant_offset),
-                _AQ(value_antiquant_mode, value_antiquant_scale, value_antiquant_offset))
-    if antiquant_scale is None:
-        return None, None
-    if antiquant_mode not in (0, 1):
-        raise ValueError(f"antiquant_mode must be 0 or 1, got {antiquant_mode}")
-    specs = []
-    for idx in (0, 1):  # index 0 = key, 1 = value
-        sc = antiquant_scale[idx]
-        off = None if antiquant_offset is None else antiquant_offset[idx]
-        if antiquant_mode == 0:
-            specs.append(_AQ(0, sc.reshape(-1) if sc.dim() == 0 else sc, off))
-        else:  # per-token (B, S)
-            specs.append(_AQ(1, sc, off))
-    return specs[0], specs[1]
-
-
-def _aq_factor(t: Tensor | None, mode: int, *, b: int, nkv: int, d: int, pos: Tensor, blocks, dtype) -> Tensor:
-    """The scale (or offset) broadcastable to [N, S, D] for tokens at per-token positions ``pos`` [S].
-
-    ``blocks``: (block ids, in-block offsets) of the tokens for the page-managed modes 4/5.
-    """
-    if t is None:
-        return torch.zeros((), dtype=dtype)
-    t = t.to(dtype)
-    if mode == 0:  # per-channel (N, D) in any documented shape, or per-tensor
-        if t.numel() == 1:
-            return t.reshape(())
-        if t.numel() != nkv * d:
-            raise ValueError(f"per-channel antiquant parameter has {t.numel()} elements, need N*D={nkv * d}")
-        return t.reshape(nkv, 1, d)
-    if mode == 1:  # per-token (1, B, S) / (B, S)
-        s = t.reshape(-1, t.shape[-1])[b]
-        return s[pos].reshape(1, -1, 1)
-    if mode == 2:  # per-tensor + per-head (N)
-        return t.reshape(nkv, 1, 1)
-    if mode == 3:  # per-token + per-head (B, N, S)
-        return t[b][:, pos].reshape(nkv, -1, 1)
-    if mode in (4, 5):  # page-managed per-token (blocknum, bs) / + per-head (blocknum, N, bs)
-        if blocks is None:
-            raise ValueError(f"antiquant mode {mode} needs a block table")
-        blk, off = blocks
-        if mode == 4:
-            return t[blk, off].reshape(1, -1, 1)
-        return t[blk, :, off].transpose(0, 1).reshape(nkv, -1, 1)
-    raise ValueError(f"antiquant mode must be in 0..5, got {mode}")
-
-
-def _dequant(x: Tensor, spec: _AQ | None, *, b, nkv, pos, blocks, dtype) -> Tensor:
-    """Integer x [N, S, D] -> (x + offset) * scale in ``dtype``."""
-    if spec is None:
-        raise ValueError("int8/int4 key/value with a float query need antiquant scales")
-    d = x.shape[-1]
-    sc = _aq_factor(spec.scale, spec.mode, b=b, nkv=nkv, d=d, pos=pos, blocks=blocks, dtype=dtype)
-    off = _aq_factor(spec.offset, spec.mode, b=b, nkv=nkv, d=d, pos=pos, blocks=blocks, dtype=dtype)
-    return (x.to(dtype) + off) * sc
 
 
 # ------------------------------------------------------------------------------------------------ the golden
@@ -283,7 +148,6 @@ def fia_forward_detail(query, key, value, *, pse_shift=None, atten_mask=None, ac
     nkv = int(num_key_value_heads) or n
     if n % nkv:
         raise ValueError(f"num_heads={n} is not a multiple of num_key_value_heads={nkv}")
-    grp = n // nkv
     full_quant = query.dtype == torch.int8
     if full_quant and (deq_scale1 is None or quant_scale1 is None or deq_scale2 is None):
         raise ValueError("int8 query needs deq_scale1, quant_scale1 and deq_scale2")
@@ -291,234 +155,304 @@ def fia_forward_detail(query, key, value, *, pse_shift=None, atten_mask=None, ac
     values = list(value) if isinstance(value, (list, tuple)) else value
     if isinstance(keys, list) and len(keys) == 1:  # a TensorList of one tensor is the contiguous case
         keys, values = keys[0], values[0]
-    paged = block_table is not None
-    k_spec, v_spec = _antiquant_specs(antiquant_scale, antiquant_offset, antiquant_mode, key_antiquant_scale,
+    k_spec, v_spec = antiquant_specs(antiquant_scale, antiquant_offset, antiquant_mode, key_antiquant_scale,
                                       key_antiquant_offset, value_antiquant_scale, value_antiquant_offset,
                                       key_antiquant_mode, value_antiquant_mode)
-
-    # ---- query: per batch [N, rows, D] plus the physical offset of its first valid row
-    if in_layout == "TND":
-        q_lens = _cum_to_lens(actual_seq_lengths)
-        bsz = len(q_lens)
-        q_tok = query.shape[0]
-        q_off = [sum(q_lens[:b]) for b in range(bsz)]
-        q_rows = [query[o:o + s].permute(1, 0, 2) for o, s in zip(q_off, q_lens)]
-        q_start = [0] * bsz
-        qs_dim = None
-        d = query.shape[-1]
-        ifa = False
+    q = _query_rows(query, in_layout, n, actual_seq_lengths, query_padding_size)
+    if block_table is not None:
+        kv = _paged_kv_rows(keys, values, block_table, block_size, actual_seq_lengths_kv, q.batch, nkv)
     else:
-        d = query.shape[-1] // n if in_layout == "BSH" else query.shape[-1]
-        q4 = _to_bnsd(query, in_layout, n)
-        if q4.shape[1] != n:
-            raise ValueError(f"num_heads={n} does not match the query's {q4.shape[1]} heads")
-        bsz, qs_dim = q4.shape[0], q4.shape[2]
-        ifa = qs_dim == 1
-        if ifa:
-            q_lens, q_start = [1] * bsz, [0] * bsz
-        else:
-            q_lens = per_batch(actual_seq_lengths, bsz, qs_dim, "actual_seq_lengths")
-            if query_padding_size is not None and actual_seq_lengths is not None:
-                pad = max(0, _scalar_int(query_padding_size))
-                q_start = [qs_dim - pad - a for a in q_lens]
-            else:
-                q_start = [0] * bsz
-        for b in range(bsz):
-            if q_start[b] < 0 or q_start[b] + q_lens[b] > qs_dim:
-                raise ValueError(f"batch {b}: query rows [{q_start[b]}, {q_start[b] + q_lens[b]}) outside "
-                                 f"[0, {qs_dim})")
-        q_rows = [q4[b, :, q_start[b]:q_start[b] + q_lens[b]] for b in range(bsz)]
+        kv = _dense_kv_rows(keys, values, in_layout, nkv, q, actual_seq_lengths_kv, kv_padding_size)
+    prefix = _shared_prefix(key_shared_prefix, value_shared_prefix, actual_shared_prefix_len, in_layout, nkv)
 
-    # ---- key/value: per batch physical [N, S, D] (integer values kept as int64 until dequantization)
-    def kv_raw(x):
-        return _ints(x) if _is_quant(x) else x
-
-    blocks_of = [None] * bsz
-    if paged:
-        bs = int(block_size) if block_size else keys.shape[1 if keys.dim() == 3 else keys.dim() - 2]
-        kv_lens = per_batch(actual_seq_lengths_kv, bsz, 0, "actual_seq_lengths_kv")
-        if actual_seq_lengths_kv is None:
-            raise ValueError("paged KV needs actual_seq_lengths_kv")
-        kc, vc = kv_raw(keys), kv_raw(values)
-        k_phys, v_phys = [], []
-        for b in range(bsz):
-            t = torch.arange(kv_lens[b])
-            blk = block_table[b].to(torch.int64)[t // bs]
-            off = t % bs
-            blocks_of[b] = (blk, off)
-            for cache, acc in ((kc, k_phys), (vc, v_phys)):
-                if cache.dim() == 3:  # (blocknum, blocksize, H)
-                    x = cache[blk, off].reshape(kv_lens[b], nkv, cache.shape[-1] // nkv).permute(1, 0, 2)
-                elif cache.dim() == 5:  # NZ (blocknum, KV_N, D/x, blocksize, x): (n, t, d) at [n, d // x, t, d % x]
-                    x = cache[blk, :, :, off].reshape(kv_lens[b], nkv, cache.shape[2] * cache.shape[4]).permute(1, 0, 2)
-                else:  # (blocknum, KV_N, blocksize, D)
-                    x = cache[blk, :, off].permute(1, 0, 2)
-                acc.append(x)
-        kv_start = [0] * bsz
-    else:
-        if in_layout == "TND":
-            kv_lens = _cum_to_lens(actual_seq_lengths_kv)
-            offs = [sum(kv_lens[:b]) for b in range(bsz)]
-            k_phys = [kv_raw(keys)[o:o + s].permute(1, 0, 2) for o, s in zip(offs, kv_lens)]
-            v_phys = [kv_raw(values)[o:o + s].permute(1, 0, 2) for o, s in zip(offs, kv_lens)]
-            kv_start = [0] * bsz
-        else:
-            if isinstance(keys, list):
-                if len(keys) != bsz:
-                    raise ValueError(f"key list has {len(keys)} tensors for B={bsz}")
-                k_phys = [_to_bnsd(kv_raw(x), in_layout, nkv)[0] for x in keys]
-                v_phys = [_to_bnsd(kv_raw(x), in_layout, nkv)[0] for x in values]
-            else:
-                k_phys = list(_to_bnsd(kv_raw(keys), in_layout, nkv))
-                v_phys = list(_to_bnsd(kv_raw(values), in_layout, nkv))
-            s_phys = [x.shape[1] for x in k_phys]
-            kv_lens = per_batch(actual_seq_lengths_kv, bsz, s_phys, "actual_seq_lengths_kv")
-            if kv_padding_size is not None and actual_seq_lengths_kv is not None:
-                pad = max(0, _scalar_int(kv_padding_size))
-                kv_start = [s_phys[b] - pad - kv_lens[b] for b in range(bsz)]
-                if ifa:  # Q_S = 1: a start (or end) before 0 gives an all-zero batch (seed, kv left padding)
-                    kv_lens = [0 if st < 0 else n_ for st, n_ in zip(kv_start, kv_lens)]
-                    kv_start = [max(st, 0) for st in kv_start]
-            else:
-                kv_start = [0] * bsz
-            for b in range(bsz):
-                if kv_start[b] < 0 or kv_start[b] + kv_lens[b] > s_phys[b]:
-                    raise ValueError(f"batch {b}: kv rows [{kv_start[b]}, {kv_start[b] + kv_lens[b]}) outside "
-                                     f"[0, {s_phys[b]})")
-
-    # ---- shared prefix
-    if (key_shared_prefix is None) != (value_shared_prefix is None):
-        raise ValueError("key_shared_prefix and value_shared_prefix must be given together")
-    plen = 0
-    if key_shared_prefix is not None:
-        kp = _to_bnsd(kv_raw(key_shared_prefix), in_layout, nkv)[0]
-        vp = _to_bnsd(kv_raw(value_shared_prefix), in_layout, nkv)[0]
-        plen = kp.shape[1] if actual_shared_prefix_len is None else _scalar_int(actual_shared_prefix_len)
-        kp, vp = kp[:, :plen], vp[:, :plen]
-
-    # ---- output quantization parameters
     q_scale2 = None if quant_scale2 is None else quant_scale2.to(dtype)
     q_off2 = None if quant_offset2 is None else quant_offset2.to(dtype)
     if q_off2 is not None and q_scale2 is None:
         raise ValueError("quant_offset2 needs quant_scale2")
-    deq1 = decode_deq_scale(deq_scale1) if full_quant else None
-    deq2 = decode_deq_scale(deq_scale2) if full_quant else None
-    qs1 = float(quant_scale1.reshape(-1)[0]) if full_quant else None
+    int8 = _Int8Chain(decode_deq_scale(deq_scale1), float(quant_scale1.reshape(-1)[0]),
+                      decode_deq_scale(deq_scale2)) if full_quant else None
     if pse_shift is not None:
         pse_shift = pse_shift.to(dtype)
+    left_pad = (query_padding_size is not None and actual_seq_lengths is not None) or \
+        (kv_padding_size is not None and actual_seq_lengths_kv is not None)
 
-    # ---- per batch
     dv = None
     outs, lses = [], []
-    for b in range(bsz):
-        sq = q_lens[b]
-        lkv = kv_lens[b]
-        kb = k_phys[b][:, kv_start[b]:kv_start[b] + lkv]
-        vb = v_phys[b][:, kv_start[b]:kv_start[b] + lkv]
-        pos = plen + kv_start[b] + torch.arange(lkv)  # per-token parameter index of the key tokens
-        blocks = blocks_of[b]
-        if not full_quant:
-            if kb.dtype == torch.int64:  # int8 / int4 KV with a float query: antiquant
-                kb = _dequant(kb, k_spec, b=b, nkv=nkv, pos=pos, blocks=blocks, dtype=dtype)
-                vb = _dequant(vb, v_spec, b=b, nkv=nkv, pos=pos, blocks=blocks, dtype=dtype)
-            else:
-                kb, vb = kb.to(dtype), vb.to(dtype)
-        if plen:
-            kpb, vpb = kp, vp
-            if not full_quant:
-                ppos = torch.arange(plen)
-                if kp.dtype == torch.int64:
-                    kpb = _dequant(kp, k_spec, b=b, nkv=nkv, pos=ppos, blocks=None, dtype=dtype)
-                    vpb = _dequant(vp, v_spec, b=b, nkv=nkv, pos=ppos, blocks=None, dtype=dtype)
-                else:
-                    kpb, vpb = kp.to(dtype), vp.to(dtype)
-            kb = torch.cat([kpb.to(kb.dtype), kb], dim=1)
-            vb = torch.cat([vpb.to(vb.dtype), vb], dim=1)
-        skv = plen + lkv
+    for b in range(q.batch):
+        kb, vb = _batch_kv(b, kv, prefix, k_spec, v_spec, nkv=nkv, full_quant=full_quant, dtype=dtype)
+        sq, skv, plen = q.lens[b], kb.shape[1], prefix[2]
         dv = vb.shape[-1]
         # physical coordinates of the logical rows i and columns j
-        rows = q_start[b] + torch.arange(sq)
+        rows = q.start[b] + torch.arange(sq)
         j = torch.arange(skv)
-        cols = torch.where(j < plen, j, plen + kv_start[b] + (j - plen))
+        cols = torch.where(j < plen, j, plen + kv.start[b] + (j - plen))
         if in_layout == "TND":
             rows, cols = torch.arange(sq), j
-
-        keep = _keep(b, sq, skv, rows, cols, ifa=ifa, atten_mask=atten_mask, sparse_mode=sparse_mode,
-                     pre=int(pre_tokens), nxt=int(next_tokens),
-                     left_pad=(query_padding_size is not None and actual_seq_lengths is not None)
-                     or (kv_padding_size is not None and actual_seq_lengths_kv is not None))
-
-        qb = q_rows[b]
-        kb_g = kb.repeat_interleave(grp, dim=0)
-        vb_g = vb.repeat_interleave(grp, dim=0)
-        if full_quant:
-            s32 = qb.to(torch.float64) @ kb_g.to(torch.float64).transpose(-1, -2)  # exact integers
-            s = (s32 * deq1).to(dtype)  # fixpipe dequant, then the compute dtype
-        else:
-            s = qb.to(dtype) @ kb_g.transpose(-1, -2)
-        s = s * scale_value
-        if pse_shift is not None:
-            p = pse_shift[b if pse_shift.shape[0] > 1 else 0]  # [N, R, C]
-            prow = torch.zeros(sq, dtype=torch.long) if ifa else rows
-            s = s + p[:, prow][:, :, cols]
-        keep = keep.expand(n, sq, skv)
-        valid = keep.any(dim=-1, keepdim=True)
-        s_m = torch.where(keep, s, torch.full_like(s, -math.inf))
-        m = s_m.amax(dim=-1, keepdim=True) if skv > 0 else torch.full((n, sq, 1), -math.inf, dtype=dtype)
-        m_safe = torch.where(valid, m, torch.zeros_like(m))
-        e = torch.where(keep, torch.exp(s_m - m_safe), torch.zeros_like(s))
-        l = e.sum(dim=-1, keepdim=True)
-        l_safe = torch.where(valid, l, torch.ones_like(l))
-        if full_quant:
-            p_i8 = sat_int8(e * qs1)
-            o32 = p_i8.to(torch.float64) @ vb_g.to(torch.float64)  # exact integers
-            o = (o32 * deq2).to(dtype) / l_safe
-        else:
-            o = (e @ vb_g) / l_safe
-        o = torch.where(valid, o, torch.zeros_like(o))
-        lse = torch.where(valid, m_safe + torch.log(l_safe), torch.full_like(m, math.inf)).to(stat_dtype)
+        keep = _keep(b, sq, skv, rows, cols, ifa=q.ifa, atten_mask=atten_mask, sparse_mode=sparse_mode,
+                     pre=int(pre_tokens), nxt=int(next_tokens), left_pad=left_pad)
+        s = _scores(q.rows[b], kb.repeat_interleave(n // nkv, dim=0), int8=int8, scale_value=scale_value,
+                    pse_shift=pse_shift, b=b, ifa=q.ifa, rows=rows, cols=cols, dtype=dtype)
+        o, lse = _softmax_out(s, keep.expand(n, sq, skv), vb.repeat_interleave(n // nkv, dim=0), int8=int8,
+                              dtype=dtype, stat_dtype=stat_dtype)
         outs.append(o)
         lses.append(lse)
-
-    # ---- assemble in physical positions (rows outside the actual length: out 0, lse +inf)
     if dv is None:
         dv = (values[0] if isinstance(values, list) else values).shape[-1]
-    if in_layout == "TND":
-        out = torch.zeros(q_tok, n, dv, dtype=dtype)
-        lse_all = torch.full((q_tok, n, 1), math.inf, dtype=stat_dtype)
-        for b in range(bsz):
-            out[q_off[b]:q_off[b] + q_lens[b]] = outs[b].permute(1, 0, 2)
-            lse_all[q_off[b]:q_off[b] + q_lens[b]] = lses[b].permute(1, 0, 2)
-    else:
-        out = torch.zeros(bsz, n, qs_dim, dv, dtype=dtype)
-        lse_all = torch.full((bsz, n, qs_dim, 1), math.inf, dtype=stat_dtype)
-        for b in range(bsz):
-            out[b, :, q_start[b]:q_start[b] + q_lens[b]] = outs[b]
-            lse_all[b, :, q_start[b]:q_start[b] + q_lens[b]] = lses[b]
-
-    out_real = None
-    if q_scale2 is not None:
-        shape = (1, n, dv) if in_layout == "TND" else (1, n, 1, dv)
-        sc2 = q_scale2.reshape(()) if q_scale2.numel() == 1 else q_scale2.reshape(shape)
-        of2 = torch.zeros((), dtype=dtype) if q_off2 is None else (
-            q_off2.reshape(()) if q_off2.numel() == 1 else q_off2.reshape(shape))
-        # rows not computed (fully masked, empty KV, outside the actual length) stay 0 (DECISIONS.md)
-        computed = lse_all.isfinite()
-        out_real = torch.where(computed, out * sc2 + of2, torch.zeros_like(out))
-        out = sat_int8(out_real)
-
+    out, lse_all = _assemble(outs, lses, q, in_layout, n, dv, dtype, stat_dtype)
+    out, out_real = _quantize_output(out, lse_all, q_scale2, q_off2, in_layout, n, dv, dtype)
     if in_layout != "TND":
-        if out_layout == "BNSD":
-            pass
-        elif out_layout == "BSND":
-            out = out.permute(0, 2, 1, 3)
-            out_real = None if out_real is None else out_real.permute(0, 2, 1, 3)
-        else:  # BSH
-            out = out.permute(0, 2, 1, 3).reshape(bsz, qs_dim, n * dv)
-            out_real = None if out_real is None else out_real.permute(0, 2, 1, 3).reshape(bsz, qs_dim, n * dv)
+        out = _to_out_layout(out, out_layout, q, n, dv)
+        out_real = None if out_real is None else _to_out_layout(out_real, out_layout, q, n, dv)
     if not softmax_lse_flag:
         lse_all = torch.zeros(1, dtype=torch.float32)
     return FiaGolden(out.contiguous(), lse_all, None if out_real is None else out_real.contiguous())
+
+
+@dataclass
+class _Queries:
+    """Per batch the valid query rows ``[N, Sq_b, D]``, their lengths and first physical row (``start``; TND: 0 and
+    the token ``offsets``); ``tokens`` (TND: T) and ``s_dim`` (other layouts: Q_S) size the output."""
+
+    rows: list
+    lens: list[int]
+    start: list[int]
+    offsets: list[int] | None
+    tokens: int | None
+    s_dim: int | None
+    ifa: bool
+
+    @property
+    def batch(self) -> int:
+        return len(self.lens)
+
+
+def _query_rows(query, in_layout, n, actual_seq_lengths, query_padding_size) -> _Queries:
+    """The query per batch plus the physical offset of its first valid row."""
+    if in_layout == "TND":
+        q_lens = _cum_to_lens(actual_seq_lengths)
+        q_off = [sum(q_lens[:b]) for b in range(len(q_lens))]
+        q_rows = [query[o:o + s].permute(1, 0, 2) for o, s in zip(q_off, q_lens)]
+        return _Queries(q_rows, q_lens, [0] * len(q_lens), q_off, query.shape[0], None, False)
+    q4 = _to_bnsd(query, in_layout, n)
+    if q4.shape[1] != n:
+        raise ValueError(f"num_heads={n} does not match the query's {q4.shape[1]} heads")
+    bsz, qs_dim = q4.shape[0], q4.shape[2]
+    ifa = qs_dim == 1
+    if ifa:
+        q_lens, q_start = [1] * bsz, [0] * bsz
+    else:
+        q_lens = per_batch(actual_seq_lengths, bsz, qs_dim, "actual_seq_lengths")
+        if query_padding_size is not None and actual_seq_lengths is not None:
+            pad = max(0, _scalar_int(query_padding_size))
+            q_start = [qs_dim - pad - a for a in q_lens]
+        else:
+            q_start = [0] * bsz
+    for b in range(bsz):
+        if q_start[b] < 0 or q_start[b] + q_lens[b] > qs_dim:
+            raise ValueError(f"batch {b}: query rows [{q_start[b]}, {q_start[b] + q_lens[b]}) outside "
+                             f"[0, {qs_dim})")
+    q_rows = [q4[b, :, q_start[b]:q_start[b] + q_lens[b]] for b in range(bsz)]
+    return _Queries(q_rows, q_lens, q_start, None, None, qs_dim, ifa)
+
+
+@dataclass
+class _KVRows:
+    """Per batch the physical K and V ``[N2, S, D]`` (integer values kept as int64 until dequantization), the
+    valid length and first row, and for paged KV the ``(block ids, offsets)`` of each token (else None)."""
+
+    keys: list
+    values: list
+    lens: list[int]
+    start: list[int]
+    blocks: list
+
+
+def _kv_raw(x: Tensor) -> Tensor:
+    return integer_values(x) if is_quantized(x) else x
+
+
+def _paged_kv_rows(keys, values, block_table, block_size, actual_seq_lengths_kv, bsz, nkv) -> _KVRows:
+    """The tokens of each batch gathered from the pages of ``block_table``, in the three cache layouts."""
+    bs = int(block_size) if block_size else keys.shape[1 if keys.dim() == 3 else keys.dim() - 2]
+    kv_lens = per_batch(actual_seq_lengths_kv, bsz, 0, "actual_seq_lengths_kv")
+    if actual_seq_lengths_kv is None:
+        raise ValueError("paged KV needs actual_seq_lengths_kv")
+    kc, vc = _kv_raw(keys), _kv_raw(values)
+    k_phys, v_phys, blocks_of = [], [], []
+    for b in range(bsz):
+        t = torch.arange(kv_lens[b])
+        blk = block_table[b].to(torch.int64)[t // bs]
+        off = t % bs
+        blocks_of.append((blk, off))
+        for cache, acc in ((kc, k_phys), (vc, v_phys)):
+            if cache.dim() == 3:  # (blocknum, blocksize, H)
+                x = cache[blk, off].reshape(kv_lens[b], nkv, cache.shape[-1] // nkv).permute(1, 0, 2)
+            elif cache.dim() == 5:  # NZ (blocknum, KV_N, D/x, blocksize, x): (n, t, d) at [n, d // x, t, d % x]
+                x = cache[blk, :, :, off].reshape(kv_lens[b], nkv, cache.shape[2] * cache.shape[4]).permute(1, 0, 2)
+            else:  # (blocknum, KV_N, blocksize, D)
+                x = cache[blk, :, off].permute(1, 0, 2)
+            acc.append(x)
+    return _KVRows(k_phys, v_phys, kv_lens, [0] * bsz, blocks_of)
+
+
+def _dense_kv_rows(keys, values, in_layout, nkv, q: _Queries, actual_seq_lengths_kv, kv_padding_size) -> _KVRows:
+    """The K/V of each batch from a dense tensor, a list of per-batch tensors or TND tokens, with left padding."""
+    bsz = q.batch
+    if in_layout == "TND":
+        kv_lens = _cum_to_lens(actual_seq_lengths_kv)
+        offs = [sum(kv_lens[:b]) for b in range(bsz)]
+        k_phys = [_kv_raw(keys)[o:o + s].permute(1, 0, 2) for o, s in zip(offs, kv_lens)]
+        v_phys = [_kv_raw(values)[o:o + s].permute(1, 0, 2) for o, s in zip(offs, kv_lens)]
+        return _KVRows(k_phys, v_phys, kv_lens, [0] * bsz, [None] * bsz)
+    if isinstance(keys, list):
+        if len(keys) != bsz:
+            raise ValueError(f"key list has {len(keys)} tensors for B={bsz}")
+        k_phys = [_to_bnsd(_kv_raw(x), in_layout, nkv)[0] for x in keys]
+        v_phys = [_to_bnsd(_kv_raw(x), in_layout, nkv)[0] for x in values]
+    else:
+        k_phys = list(_to_bnsd(_kv_raw(keys), in_layout, nkv))
+        v_phys = list(_to_bnsd(_kv_raw(values), in_layout, nkv))
+    s_phys = [x.shape[1] for x in k_phys]
+    kv_lens = per_batch(actual_seq_lengths_kv, bsz, s_phys, "actual_seq_lengths_kv")
+    if kv_padding_size is not None and actual_seq_lengths_kv is not None:
+        pad = max(0, _scalar_int(kv_padding_size))
+        kv_start = [s_phys[b] - pad - kv_lens[b] for b in range(bsz)]
+        if q.ifa:  # Q_S = 1: a start (or end) before 0 gives an all-zero batch (seed, kv left padding)
+            kv_lens = [0 if st < 0 else n_ for st, n_ in zip(kv_start, kv_lens)]
+            kv_start = [max(st, 0) for st in kv_start]
+    else:
+        kv_start = [0] * bsz
+    for b in range(bsz):
+        if kv_start[b] < 0 or kv_start[b] + kv_lens[b] > s_phys[b]:
+            raise ValueError(f"batch {b}: kv rows [{kv_start[b]}, {kv_start[b] + kv_lens[b]}) outside "
+                             f"[0, {s_phys[b]})")
+    return _KVRows(k_phys, v_phys, kv_lens, kv_start, [None] * bsz)
+
+
+def _shared_prefix(key_shared_prefix, value_shared_prefix, actual_shared_prefix_len, in_layout, nkv):
+    """``(K prefix, V prefix, L)``: the first L rows of the shared prefix (``(None, None, 0)`` without one)."""
+    if (key_shared_prefix is None) != (value_shared_prefix is None):
+        raise ValueError("key_shared_prefix and value_shared_prefix must be given together")
+    if key_shared_prefix is None:
+        return None, None, 0
+    kp = _to_bnsd(_kv_raw(key_shared_prefix), in_layout, nkv)[0]
+    vp = _to_bnsd(_kv_raw(value_shared_prefix), in_layout, nkv)[0]
+    plen = kp.shape[1] if actual_shared_prefix_len is None else _scalar_int(actual_shared_prefix_len)
+    return kp[:, :plen], vp[:, :plen], plen
+
+
+def _batch_kv(b, kv: _KVRows, prefix, k_spec, v_spec, *, nkv, full_quant, dtype) -> tuple[Tensor, Tensor]:
+    """Batch ``b``'s K and V ``[N2, L + Skv_b, D]``: the shared prefix, then its keys (dequantized or cast to
+    ``dtype`` unless the query is int8)."""
+    kp, vp, plen = prefix
+    lkv = kv.lens[b]
+    kb = kv.keys[b][:, kv.start[b]:kv.start[b] + lkv]
+    vb = kv.values[b][:, kv.start[b]:kv.start[b] + lkv]
+    pos = plen + kv.start[b] + torch.arange(lkv)  # per-token parameter index of the key tokens
+    if not full_quant:
+        if kb.dtype == torch.int64:  # int8 / int4 KV with a float query: antiquant
+            kb = dequant(kb, k_spec, b=b, nkv=nkv, pos=pos, blocks=kv.blocks[b], dtype=dtype)
+            vb = dequant(vb, v_spec, b=b, nkv=nkv, pos=pos, blocks=kv.blocks[b], dtype=dtype)
+        else:
+            kb, vb = kb.to(dtype), vb.to(dtype)
+    if plen:
+        kpb, vpb = kp, vp
+        if not full_quant:
+            ppos = torch.arange(plen)
+            if kp.dtype == torch.int64:
+                kpb = dequant(kp, k_spec, b=b, nkv=nkv, pos=ppos, blocks=None, dtype=dtype)
+                vpb = dequant(vp, v_spec, b=b, nkv=nkv, pos=ppos, blocks=None, dtype=dtype)
+            else:
+                kpb, vpb = kp.to(dtype), vp.to(dtype)
+        kb = torch.cat([kpb.to(kb.dtype), kb], dim=1)
+        vb = torch.cat([vpb.to(vb.dtype), vb], dim=1)
+    return kb, vb
+
+
+@dataclass
+class _Int8Chain:
+    """The int8 Q/K/V parameters (§6.7): ``deq_scale1``, ``quant_scale1`` and ``deq_scale2`` as floats."""
+
+    deq1: float
+    qs1: float
+    deq2: float
+
+
+def _scores(qb, kb_g, *, int8: _Int8Chain | None, scale_value, pse_shift, b, ifa, rows, cols, dtype) -> Tensor:
+    """``S = scale * Q K^T + pse`` of one batch (int8: exact integer products, then ``deq_scale1``)."""
+    if int8 is not None:
+        s32 = qb.to(torch.float64) @ kb_g.to(torch.float64).transpose(-1, -2)  # exact integers
+        s = (s32 * int8.deq1).to(dtype)  # fixpipe dequant, then the compute dtype
+    else:
+        s = qb.to(dtype) @ kb_g.transpose(-1, -2)
+    s = s * scale_value
+    if pse_shift is not None:
+        p = pse_shift[b if pse_shift.shape[0] > 1 else 0]  # [N, R, C]
+        prow = torch.zeros(s.shape[1], dtype=torch.long) if ifa else rows
+        s = s + p[:, prow][:, :, cols]
+    return s
+
+
+def _softmax_out(s, keep, vb_g, *, int8: _Int8Chain | None, dtype, stat_dtype) -> tuple[Tensor, Tensor]:
+    """``(out, lse)`` of one batch's masked scores; rows with nothing to attend to give 0 and ``+inf``."""
+    n, sq, skv = keep.shape
+    valid = keep.any(dim=-1, keepdim=True)
+    s_m = torch.where(keep, s, torch.full_like(s, -math.inf))
+    m = s_m.amax(dim=-1, keepdim=True) if skv > 0 else torch.full((n, sq, 1), -math.inf, dtype=dtype)
+    m_safe = torch.where(valid, m, torch.zeros_like(m))
+    e = torch.where(keep, torch.exp(s_m - m_safe), torch.zeros_like(s))
+    l = e.sum(dim=-1, keepdim=True)
+    l_safe = torch.where(valid, l, torch.ones_like(l))
+    if int8 is not None:
+        p_i8 = sat_int8(e * int8.qs1)
+        o32 = p_i8.to(torch.float64) @ vb_g.to(torch.float64)  # exact integers
+        o = (o32 * int8.deq2).to(dtype) / l_safe
+    else:
+        o = (e @ vb_g) / l_safe
+    o = torch.where(valid, o, torch.zeros_like(o))
+    lse = torch.where(valid, m_safe + torch.log(l_safe), torch.full_like(m, math.inf)).to(stat_dtype)
+    return o, lse
+
+
+def _assemble(outs, lses, q: _Queries, in_layout, n, dv, dtype, stat_dtype) -> tuple[Tensor, Tensor]:
+    """The batches in physical positions (TND ``[T, N, Dv]``, else BNSD); rows outside the actual length: out 0,
+    lse +inf."""
+    if in_layout == "TND":
+        out = torch.zeros(q.tokens, n, dv, dtype=dtype)
+        lse_all = torch.full((q.tokens, n, 1), math.inf, dtype=stat_dtype)
+        for b in range(q.batch):
+            out[q.offsets[b]:q.offsets[b] + q.lens[b]] = outs[b].permute(1, 0, 2)
+            lse_all[q.offsets[b]:q.offsets[b] + q.lens[b]] = lses[b].permute(1, 0, 2)
+        return out, lse_all
+    out = torch.zeros(q.batch, n, q.s_dim, dv, dtype=dtype)
+    lse_all = torch.full((q.batch, n, q.s_dim, 1), math.inf, dtype=stat_dtype)
+    for b in range(q.batch):
+        out[b, :, q.start[b]:q.start[b] + q.lens[b]] = outs[b]
+        lse_all[b, :, q.start[b]:q.start[b] + q.lens[b]] = lses[b]
+    return out, lse_all
+
+
+def _quantize_output(out, lse_all, q_scale2, q_off2, in_layout, n, dv, dtype) -> tuple[Tensor, Tensor | None]:
+    """``(out, out_real)``: with ``quant_scale2``, the int8 output and the unrounded ``out * scale + offset``."""
+    if q_scale2 is None:
+        return out, None
+    shape = (1, n, dv) if in_layout == "TND" else (1, n, 1, dv)
+    sc2 = q_scale2.reshape(()) if q_scale2.numel() == 1 else q_scale2.reshape(shape)
+    of2 = torch.zeros((), dtype=dtype) if q_off2 is None else (
+        q_off2.reshape(()) if q_off2.numel() == 1 else q_off2.reshape(shape))
+    # rows not computed (fully masked, empty KV, outside the actual length) stay 0 (DECISIONS.md)
+    computed = lse_all.isfinite()
+    out_real = torch.where(computed, out * sc2 + of2, torch.zeros_like(out))
+    return sat_int8(out_real), out_real
+
+
+def _to_out_layout(out: Tensor, out_layout: str, q: _Queries, n, dv) -> Tensor:
+    """A BNSD output in ``out_layout`` (BNSD, BSND or BSH)."""
+    if out_layout == "BNSD":
+        return out
+    if out_layout == "BSND":
+        return out.permute(0, 2, 1, 3)
+    return out.permute(0, 2, 1, 3).reshape(q.batch, q.s_dim, n * dv)
 
 
 def _mask_2d(atten_mask: Tensor, b: int, ifa: bool) -> Tensor:

@@ -141,11 +141,12 @@ def npu_sparse_lightning_indexer_grad_kl_loss(query, key, query_index, key_index
         _check_dim(name, x, d)
     return call(dsa_op.dsa_indexer_kl_loss_grad, query, key, query_index, key_index, weights, sparse_indices,
                 softmax_max, softmax_sum, query_rope, key_rope, check_scale("scale_value", scale_value),
-                _list(actual_seq_qlen), _list(actual_seq_klen), layout, sparse_mode)
+                _lengths(actual_seq_qlen), _lengths(actual_seq_klen), layout, sparse_mode)
 
 
-def _list(x):
-    return None if x is None else [int(v) for v in x]
+def _lengths(x) -> Tensor | None:
+    """torch_npu's ``int[]`` lengths (or an int tensor) as the op takes them: a CPU int64 tensor."""
+    return None if x is None else torch.tensor([int(v) for v in x], dtype=torch.int64)
 
 
 # ---------------------------------------------------------------- vllm-ascend's torch.ops._C_ascend twins

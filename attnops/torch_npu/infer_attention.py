@@ -19,7 +19,7 @@ from .._core.checks import Described, caller_names, check_int, check_scale, chec
 from .._core.inference_only import run_inference_only
 from .._core.layouts import bsnd_dims, io_layouts
 from ..ops.fused_infer_attention import op as fia_op
-from ..ops.fused_infer_attention.problem import LAYOUTS, output_head_dim
+from ..ops.fused_infer_attention.inputs import LAYOUTS, output_head_dim
 from ._common import INT_MAX, reject_unsupported, with_overloads
 from . import fia_layouts
 from .rope import append_nz_rope, append_rope, check_nz_rope, check_rope, head_split, rope_given

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..._core.checks import check_int, check_tensor, fail, require
+from ...ops.common.rotary import compute_dtype, rotate_half, rotate_interleaved
 
 __all__ = ["RotaryEmbedding", "apply_rotary_emb", "apply_rotary_emb_func", "apply_rotary_emb_kv_",
            "apply_rotary_emb_qkv_"]
@@ -59,16 +60,11 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: 
     rotary_dim = 2 * cos.shape[1]
     inside = (positions < cos.shape[0]).unsqueeze(-1).unsqueeze(-1)
     index = positions.clamp(max=cos.shape[0] - 1)
-    compute = torch.promote_types(x.dtype, torch.float32)
+    compute = compute_dtype(x)
     c = torch.where(inside, cos[index].to(compute).unsqueeze(-2), 1.0)
     s = torch.where(inside, sin[index].to(compute).unsqueeze(-2), 0.0)
-    head = x[..., :rotary_dim].to(compute)
-    if interleaved:
-        x1, x2 = head[..., 0::2], head[..., 1::2]
-        rotated = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
-    else:
-        x1, x2 = head.chunk(2, -1)
-        rotated = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1)
+    convention = rotate_interleaved if interleaved else rotate_half
+    rotated = convention(x[..., :rotary_dim].to(compute), c, s, per_pair=True)
     return torch.cat([rotated.to(x.dtype), x[..., rotary_dim:]], -1)
 
 

@@ -96,22 +96,6 @@ def sparse_flash_attention(query: Tensor, key: Tensor, value: Tensor, sparse_ind
     return SparseAttentionResult(out, m, l)
 
 
-class _IndexerKLLoss(torch.autograd.Function):
-    """The loss from the fused op, whose gradients (computed with it) are scaled by the upstream gradient."""
-
-    @staticmethod
-    def forward(ctx, query_index, key_index, weights, args):
-        d_qi, d_ki, d_w, loss = call(_op().dsa_indexer_kl_loss_grad, *args)
-        ctx.save_for_backward(d_qi, d_ki, d_w)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        d_qi, d_ki, d_w = ctx.saved_tensors
-        g = grad_loss.reshape(())
-        return (d_qi * g.to(d_qi.dtype), d_ki * g.to(d_ki.dtype), d_w * g.to(d_w.dtype), None)
-
-
 def lightning_indexer_kl_loss(query: Tensor, key: Tensor, query_index: Tensor, key_index: Tensor, weights: Tensor,
                               sparse_indices: Tensor, softmax_max: Tensor, softmax_sum: Tensor, *, scale: float,
                               query_rope: Tensor | None = None, key_rope: Tensor | None = None,
@@ -123,10 +107,6 @@ def lightning_indexer_kl_loss(query: Tensor, key: Tensor, query_index: Tensor, k
     Differentiable in ``query_index``, ``key_index`` and ``weights`` (the gradients come from the fused backward op,
     computed with the loss); the main attention's tensors get no gradient. Causal (mode 3); lengths: TND only,
     cumulative lists."""
-    args = (query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum, query_rope,
-            key_rope, float(scale), _int_list(actual_seq_lengths_query), _int_list(actual_seq_lengths_key), layout, 3)
-    return _IndexerKLLoss.apply(query_index, key_index, weights, args)
-
-
-def _int_list(x) -> list[int] | None:
-    return [int(v) for v in (x.tolist() if isinstance(x, Tensor) else x)] if x is not None else None
+    return call(_op().dsa_indexer_kl_loss_grad, query, key, query_index, key_index, weights, sparse_indices,
+                softmax_max, softmax_sum, query_rope, key_rope, float(scale), _lengths(actual_seq_lengths_query),
+                _lengths(actual_seq_lengths_key), layout, 3)[3]

@@ -2,7 +2,8 @@
 
 Sparse flash attention is differentiable in query, key, value and the rope parts (``sinks`` and the indices are
 not); the indexer's outputs are integer positions (not differentiable: its training signal is the KL loss,
-:func:`dsa_indexer_kl_loss_grad`). Lengths and block tables are host metadata, read once per call.
+:func:`dsa_indexer_kl_loss_grad`, differentiable in the indexer's inputs through the gradients it computes with the
+loss). Lengths are int tensors and, with block tables, host metadata read once per call.
 """
 from __future__ import annotations
 
@@ -170,7 +171,7 @@ def _(query, key, value, sparse_indices, sinks, block_table, actual_seq_lengths_
 def dsa_indexer_kl_loss_grad(query: Tensor, key: Tensor, query_index: Tensor, key_index: Tensor, weights: Tensor,
                              sparse_indices: Tensor, softmax_max: Tensor, softmax_sum: Tensor,
                              query_rope: Optional[Tensor], key_rope: Optional[Tensor], scale_value: float,
-                             actual_seq_qlen: Optional[list[int]], actual_seq_klen: Optional[list[int]], layout: str,
+                             actual_seq_qlen: Optional[Tensor], actual_seq_klen: Optional[Tensor], layout: str,
                              sparse_mode: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dsa_call = kl_loss_call(query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum,
                             query_rope=query_rope, key_rope=key_rope, actual_seq_qlen=actual_seq_qlen,
@@ -184,6 +185,22 @@ def _(query, key, query_index, key_index, weights, sparse_indices, softmax_max, 
     loss_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
     return (torch.empty_like(query_index), torch.empty_like(key_index), torch.empty_like(weights),
             query.new_empty((1,), dtype=loss_dtype))
+
+
+def _kl_setup(ctx, inputs, output):
+    ctx.save_for_backward(*output[:3])
+
+
+def _kl_backward(ctx, _grad_dqi, _grad_dki, _grad_dw, grad_loss):
+    """The loss's gradients, computed with it by the forward, scaled by the upstream gradient."""
+    d_qi, d_ki, d_w = ctx.saved_tensors
+    g = grad_loss.reshape(())
+    grads = {"query_index": d_qi * g.to(d_qi.dtype), "key_index": d_ki * g.to(d_ki.dtype),
+             "weights": d_w * g.to(d_w.dtype)}
+    return tuple(grads.get(name) for name in _schema_names(dsa_indexer_kl_loss_grad))
+
+
+dsa_indexer_kl_loss_grad.register_autograd(_kl_backward, setup_context=_kl_setup)
 
 
 for _op in (dsa_lightning_indexer, dsa_sparse_flash_attention, dsa_sparse_flash_attention_grad,

@@ -78,15 +78,10 @@ class Problem:
     key_lens: tuple[int, ...] = ()
 
 
-def _int_values(name: str, t) -> list[int]:
-    """A 1-D int tensor's (or list's) values as Python ints (a host read: lengths are host metadata)."""
-    if isinstance(t, Tensor):
-        check_tensor(name, t, ndim=1, dtypes=INDEX_DTYPES)
-        return [int(v) for v in t.tolist()]
-    if isinstance(t, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in t):
-        return list(t)
-    fail(name, "a 1-D int32 tensor (or a list of ints)", t)
-    return []
+def _int_values(name: str, t: Tensor) -> list[int]:
+    """A 1-D int tensor's values as Python ints (a host read: lengths are host metadata)."""
+    check_tensor(name, t, ndim=1, dtypes=INDEX_DTYPES)
+    return [int(v) for v in t.tolist()]
 
 
 def _from_cumulative(name: str, t) -> tuple[list[int], list[int]]:

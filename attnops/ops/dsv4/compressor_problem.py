@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_choice, check_int, check_same_device, check_tensor, fail, require
-from ..._core.packed_lengths import INDEX_DTYPES, host_ints, per_batch, segments, used
+from ..._core.varlen import INDEX_DTYPES, host_ints, per_batch, segments, used
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 STATE_DTYPES = (torch.float32, torch.float64)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..common.rotary import rotate_half, rotate_interleaved
 from .compressor_problem import CompressorProblem
 
 CHUNK_TOKENS = 2048
@@ -108,11 +109,6 @@ def _post(out: Tensor, norm_weight: Tensor | None, rope_sin: Tensor | None, rope
     if rope_sin is None:
         return out
     nope, rope = out[..., :-rope_head_dim], out[..., -rope_head_dim:]
-    if rotary_mode == 2:
-        pairs = rope.unflatten(-1, (-1, 2))
-        rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
-    else:
-        half = rope_head_dim // 2
-        rotated = torch.cat([-rope[..., half:], rope[..., :half]], dim=-1)
-    rope = rope * rope_cos.to(out.dtype) + rotated * rope_sin.to(out.dtype)
+    rotate = rotate_interleaved if rotary_mode == 2 else rotate_half
+    rope = rotate(rope, rope_cos.to(out.dtype), rope_sin.to(out.dtype))
     return torch.cat([nope, rope], dim=-1)

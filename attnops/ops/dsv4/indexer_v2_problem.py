@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_choice, check_int, check_same_device, check_tensor, require
-from ..._core.packed_lengths import INDEX_DTYPES, host_ints, per_batch, segments, used
+from ..._core.varlen import INDEX_DTYPES, host_ints, per_batch, segments, used
 
 QUERY_LAYOUTS = ("BSND", "TND")
 PAGED_LAYOUTS = ("PA_BBND", "PA_BSND")

@@ -2,22 +2,14 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-import torch
 from torch import Tensor
 
 from ..._core.autocast import autocast_dtype, autocast_off, cast_inputs
-from ..._core.checks import Described, caller_names, check_same_device, check_tensor, fail, require, softmax_scale
-from ..._core.dropout import check_seed_offset, draw_seed
-from ..._core.layouts import normalize_layout
-from ..common.npu_rounding import check_precision
-from ..._core.masks import require_mask_for_mode, window_sparse_args
-from ..._core.varlen import cumulative_pair_from_cu_seqlens
+from ..._core.checks import caller_names, check_same_device, require
 from ..common.problem import INT_MAX
-
-Backend = Literal["auto", "reference", "triton"]
-Precision = Literal["exact", "npu"]
+from .options import Backend, Options, Precision
 
 
 class FlashAttentionResult(NamedTuple):
@@ -34,107 +26,6 @@ def _op():
     from . import op  # registers the custom ops on first use
 
     return op
-
-
-def _head_num(query: Tensor, layout: str, head_num: int | None) -> int:
-    check_tensor("query", query, ndim=3 if layout in ("BSH", "SBH", "TND") else 4)
-    if head_num is not None:
-        return head_num
-    if layout in ("BSH", "SBH"):
-        fail("head_num", f"the number of query heads (required for layout {layout})", None)
-    return query.shape[1] if layout in ("TND", "BNSD") else query.shape[2]
-
-
-def _start(name: str, value) -> int:
-    if type(value) is int:
-        return value
-    if isinstance(value, (list, tuple)):
-        return int(value[0]) if value else 0
-    require(isinstance(value, int) and not isinstance(value, bool), name, "an int (global start index)", value)
-    return value
-
-
-def _tokens(x) -> int | None:
-    """The packed token count T of a TND tensor (None for anything else: validated later)."""
-    return x.shape[0] if isinstance(x, Tensor) and x.dim() == 3 else None
-
-
-def _seq_lengths(layout, query, key, cu_seqlens_q, cu_seqlens_k, actual_seq_qlen, actual_seq_kvlen):
-    """``(actual_seq_qlen, actual_seq_kvlen, cu_seqlens_q, cu_seqlens_k)`` for the ops: host lists as cumulative lists,
-    ``cu_seqlens`` tensors as they are (never read here: the op reads CPU tensors, the kernels device ones)."""
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:
-        require(actual_seq_qlen is None and actual_seq_kvlen is None, "cu_seqlens_q",
-                "either cu_seqlens_q/k (leading 0) or actual_seq_qlen/kvlen (cumulative), not both", Described("both"))
-        require(cu_seqlens_q is not None and cu_seqlens_k is not None, "cu_seqlens_k",
-                "cu_seqlens_q and cu_seqlens_k together", Described("only one of them"))
-        require(layout == "TND", "cu_seqlens_q", "None for dense layouts (sequence lengths are for layout 'TND')",
-                cu_seqlens_q)
-        tensors = [isinstance(t, Tensor) for t in (cu_seqlens_q, cu_seqlens_k)]
-        if all(tensors):
-            for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-                require(t.device in (query.device, torch.device("cpu")), name,
-                        f"a tensor on {query.device} (the device of query) or on the CPU", t)
-            return None, None, cu_seqlens_q, cu_seqlens_k
-        require(not any(tensors), "cu_seqlens_k", "cu_seqlens_q and cu_seqlens_k of one kind (tensors or lists)",
-                Described("a tensor and a list"))
-        actual_seq_qlen, actual_seq_kvlen = cumulative_pair_from_cu_seqlens(cu_seqlens_q, cu_seqlens_k,
-                                                                            _tokens(query), _tokens(key))
-    if layout != "TND":
-        require(actual_seq_qlen is None and actual_seq_kvlen is None, "actual_seq_qlen",
-                "None for dense layouts (sequence lengths are for layout 'TND')", actual_seq_qlen)
-    to_list = (lambda x: None if x is None else [int(v) for v in (x.tolist() if isinstance(x, Tensor) else x)])
-    return to_list(actual_seq_qlen), to_list(actual_seq_kvlen), None, None
-
-
-_OPTIONS = frozenset((
-    "causal", "window_size", "layout", "head_num", "scale", "pse", "pse_type", "atten_mask", "sparse_mode",
-    "pre_tokens", "next_tokens", "prefix", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
-    "actual_seq_qlen", "actual_seq_kvlen", "keep_prob", "drop_mask", "seed", "offset", "q_start_idx", "kv_start_idx",
-    "softmax_layout", "backend", "precision", "softcap", "pse_bottom_right"))
-
-
-def _prefix_list(prefix):
-    """``prefix`` as a host list: a list, or a CPU tensor (a device tensor would be read back, synchronising)."""
-    if not isinstance(prefix, Tensor):
-        return None if prefix is None else [int(v) for v in prefix]
-    require(prefix.device.type == "cpu", "prefix", "a list of ints or a CPU tensor", prefix,
-            "pass prefix.tolist() (reading a device tensor on every call would synchronise with the device)")
-    return [int(v) for v in prefix.tolist()]
-
-
-def _op_args(query, key, *, causal, window_size, layout, head_num, scale, pse, pse_type, atten_mask, sparse_mode,
-             pre_tokens, next_tokens, prefix, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, actual_seq_qlen,
-             actual_seq_kvlen, keep_prob, drop_mask, seed, offset, q_start_idx, kv_start_idx, softmax_layout, backend,
-             precision, softcap, pse_bottom_right):
-    """Resolve the Pythonic defaults into the custom ops' argument list (after the tensors)."""
-    if check_precision(precision) == "npu":  # the emulation is the reference's
-        require(backend in ("auto", "reference"), "backend", "'auto' or 'reference' with precision='npu' (the NPU "
-                "emulation runs the reference)", backend)
-        backend = "reference"
-    check_tensor("query", query)
-    layout = normalize_layout("layout", layout)
-    head_num = _head_num(query, layout, head_num)
-    d = query.shape[-1] // head_num if layout in ("BSH", "SBH") and head_num > 0 else query.shape[-1]
-    scale = softmax_scale(scale, query, d)
-    sparse = window_sparse_args(causal, window_size, sparse_mode=sparse_mode, atten_mask=atten_mask,
-                                pre_tokens=pre_tokens, next_tokens=next_tokens, device=query.device)
-    if sparse is not None:
-        sparse_mode, atten_mask, pre_tokens, next_tokens = sparse.values()
-    require_mask_for_mode(sparse_mode, atten_mask)
-    check_same_device("query", query, atten_mask=atten_mask, pse=pse, drop_mask=drop_mask)
-    qlen, kvlen, cu_seqlens_q, cu_seqlens_k = _seq_lengths(layout, query, key, cu_seqlens_q, cu_seqlens_k,
-                                                          actual_seq_qlen, actual_seq_kvlen)
-    if keep_prob < 1.0 and drop_mask is None and seed is None:
-        seed = draw_seed()
-    seed, offset = check_seed_offset(0 if seed is None else seed, offset)
-    return dict(pse=pse, atten_mask=atten_mask, drop_mask=drop_mask, head_num=head_num, layout=layout,
-                scale=float(scale), keep_prob=float(keep_prob), pre_tokens=pre_tokens, next_tokens=next_tokens,
-                prefix=_prefix_list(prefix), actual_seq_qlen=qlen, actual_seq_kvlen=kvlen, sparse_mode=sparse_mode,
-                pse_type=pse_type, q_start_idx=_start("q_start_idx", q_start_idx),
-                kv_start_idx=_start("kv_start_idx", kv_start_idx), softmax_layout=softmax_layout,
-                seed=seed, offset=offset, backend=backend, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, precision=precision, softcap=softcap,
-                pse_bottom_right=pse_bottom_right)
 
 
 def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool = False,
@@ -186,7 +77,14 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool =
         query, key, value = cast_inputs(dtype, query, key, value)
         if pse_type in (0, 1):  # a bias tensor follows the inputs' dtype; ALiBi slopes (types 2/3) stay fp32
             (pse,) = cast_inputs(dtype, pse)
-    args = _op_args(query, key, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
+    options = Options(causal=causal, window_size=window_size, layout=layout, head_num=head_num, scale=scale, pse=pse,
+                      pse_type=pse_type, atten_mask=atten_mask, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
+                      next_tokens=next_tokens, prefix=prefix, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, actual_seq_qlen=actual_seq_qlen,
+                      actual_seq_kvlen=actual_seq_kvlen, keep_prob=keep_prob, drop_mask=drop_mask, seed=seed,
+                      offset=offset, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx, softmax_layout=softmax_layout,
+                      softcap=softcap, pse_bottom_right=pse_bottom_right, backend=backend, precision=precision)
+    args = options.op_args(query, key)
     with autocast_off(query.device) if dtype is not None else contextlib.nullcontext():
         out, smax, ssum = _op().flash_attention(query, key, value, *args.values())
     if return_stats:
@@ -223,7 +121,14 @@ def flash_attention_backward(dy: Tensor, query: Tensor, key: Tensor, value: Tens
                                                        attention_out)
     if pse_type in (0, 1):
         (pse,) = cast_inputs(autocast_dtype(query.device), pse)
-    args = _op_args(query, key, **{name: value_ for name, value_ in locals().items() if name in _OPTIONS})
+    options = Options(causal=causal, window_size=window_size, layout=layout, head_num=head_num, scale=scale, pse=pse,
+                      pse_type=pse_type, atten_mask=atten_mask, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
+                      next_tokens=next_tokens, prefix=prefix, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, actual_seq_qlen=actual_seq_qlen,
+                      actual_seq_kvlen=actual_seq_kvlen, keep_prob=keep_prob, drop_mask=drop_mask, seed=seed,
+                      offset=offset, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx, softmax_layout=softmax_layout,
+                      softcap=softcap, pse_bottom_right=pse_bottom_right, backend=backend, precision=precision)
+    args = options.op_args(query, key)
     with autocast_off(query.device), caller_names(attention_in="attention_out"):
         dq, dk, dv, dpse = _op().flash_attention_bwd(dy, query, key, value, attention_out, softmax_max, softmax_sum,
                                                      *args.values())

@@ -17,7 +17,8 @@ from ..._core.layouts import io_layouts
 from ..._core.masks import window_sparse_args
 from . import backends
 from .op import INFERENCE_ONLY
-from .problem import INT_MAX, LAYOUTS, OPTION_NAMES
+from .inputs import LAYOUTS
+from .problem import INT_MAX, OPTION_NAMES
 
 Backend = Literal["auto", "reference", "triton"]
 

@@ -20,7 +20,7 @@ from ..._core.layouts import io_layouts
 from ..._core.custom_ops import register_dry_run_meta
 from ..._core.torch_compat import schema_arguments
 from . import backends
-from .problem import LAYOUTS, output_head_dim
+from .inputs import LAYOUTS, output_head_dim
 
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA: the Triton decode kernels when they serve the call, else the reference
 INFERENCE_ONLY = InferenceOnly("fused_infer_attention", "npu_fused_infer_attention_score(_v2), "

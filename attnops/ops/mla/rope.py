@@ -1,12 +1,15 @@
 """Interleaved RoPE (DeepSeek's pair rotation) with a de-interleaved output, and RMSNorm, in fp32 (fp64 for fp64).
 
-``out = cat(x_even, x_odd) * cos + cat(-x_odd, x_even) * sin``: the result keeps the evens-then-odds order (keys
-and queries are stored in the same order, so ``q . k`` is unchanged).
+``out = cat(x_even, x_odd) * cos + cat(-x_odd, x_even) * sin`` (:func:`~attnops.ops.common.rotary.rotate_deinterleaved`):
+the result keeps the evens-then-odds order (keys and queries are stored in the same order, so ``q . k`` is
+unchanged).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from ..common.rotary import rotate_deinterleaved
 
 
 def work_dtype(x: Tensor) -> torch.dtype:
@@ -16,9 +19,7 @@ def work_dtype(x: Tensor) -> torch.dtype:
 def interleave_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """``x [..., Dr]`` rotated by ``cos``/``sin`` (broadcasting against ``x``), in the work dtype."""
     dt = work_dtype(x)
-    x = x.to(dt)
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.cat([even, odd], -1) * cos.to(dt) + torch.cat([-odd, even], -1) * sin.to(dt)
+    return rotate_deinterleaved(x.to(dt), cos.to(dt), sin.to(dt))
 
 
 def rms_norm(x: Tensor, gamma: Tensor, eps: float) -> Tensor:

@@ -183,3 +183,17 @@ def test_gradcheck_float64(case):
         return attnops.flash_attention(*xs[:3], pse=xs[3] if len(xs) > 3 else None, scale=0.5, **kw)
 
     assert torch.autograd.gradcheck(fn, tuple(inputs), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+def test_options_defaults_are_the_forwards():
+    """``Options`` (what the forward, the backward and ``attention_probabilities`` resolve) has exactly the keyword
+    options of :func:`flash_attention` but ``return_stats``, with the same defaults."""
+    import dataclasses
+    import inspect
+
+    from attnops.ops.flash_attention import flash_attention
+    from attnops.ops.flash_attention.options import Options
+
+    params = inspect.signature(flash_attention).parameters.values()
+    forward = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "return_stats"}
+    assert {f.name: f.default for f in dataclasses.fields(Options)} == forward

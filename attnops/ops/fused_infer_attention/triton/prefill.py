@@ -16,7 +16,8 @@ from ...._core.staging import cached_upload
 from ...._core.triton.launch import Launch, cdiv, placeholder, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
 from ...common.triton import launch_args as fa_args
-from ..problem import LAYOUTS, FIAProblem
+from ..inputs import LAYOUTS
+from ..problem import FIAProblem
 from .family import KERNELS, precision_flags
 from .kv_args import antiquant_args, cache_block_size, cache_strides, dense_strides, nz_x, storage
 from .out_args import output_args
