@@ -27,3 +27,17 @@ def lse_from_stats(softmax_max: Tensor, softmax_sum: Tensor) -> Tensor:
 @lse_from_stats.register_fake
 def _(softmax_max, softmax_sum):
     return torch.empty_like(softmax_max)
+
+
+def _lse_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _lse_backward(ctx, grad):
+    """``d lse / d max = 1`` and ``d lse / d sum = 1 / sum`` on rows with a kept key, 0 elsewhere."""
+    softmax_max, softmax_sum = ctx.saved_tensors
+    kept = softmax_max != FLT_LOWEST
+    return torch.where(kept, grad, 0), torch.where(kept, grad / softmax_sum, 0)
+
+
+lse_from_stats.register_autograd(_lse_backward, setup_context=_lse_setup)
