@@ -9,7 +9,7 @@ An HCA layer (``index_topk=None``) attends to every compressed row its position 
 ``index_topk`` rows the lightning indexer v2 picks (:func:`attnops.lightning_indexer_v2`; queries ``W_iq x`` of
 ``index_heads x index_dim``, keys from a C4Li compressor, weights ``W_iw x / sqrt(index_heads * index_dim)``, RoPE
 on their last ``rope_dim`` columns). The window covers the ``window`` latest tokens, the token itself included.
-The attention output goes through ``W_o``.
+The attention output's last ``rope_dim`` columns are rotated back by the query's angle, then go through ``W_o``.
 
 Without a cache the call is a causal prefill over ``x [B, S, hidden]``, differentiable in the query, window-KV and
 output projections and the sinks (the compressors and the indexer are not differentiable operators: their rows
@@ -144,6 +144,7 @@ class DeepSeekV4Attention(nn.Module):
         ori = kv if cache is None else cache.window
         out = sparse_flash_mla(q, ori, sinks=self.sinks.float(), ori_win_left=self.window - 1, **window,
                                **keys).attn_out
+        out = _rope_last(out, cos, -sin)  # the rope columns back to the query's frame (inverse rotation)
         return self.o_proj(out.reshape(b, s, -1))
 
     @torch.no_grad()

@@ -75,6 +75,7 @@ def _formula(m: DeepSeekV4Attention, x: torch.Tensor) -> torch.Tensor:
             k = torch.cat(keys)
             logits = torch.cat([q[bi, p] @ k.T * d ** -0.5, sinks[:, None]], 1)
             out[bi, p] = torch.softmax(logits, 1)[:, :-1] @ k
+    out = _rope_last(out, -pos, dr)  # inverse rotation at the query's position
     return out.reshape(b, s, -1) @ m.o_proj.weight.double().T
 
 
