@@ -57,7 +57,7 @@ class KVCompressor(nn.Module):
         stream = {} if state is None else dict(state_block_table=table, cache_mode=2,
                                                start_pos=torch.full((b,), start, dtype=torch.int32))
         if state is None:
-            state = torch.zeros(1, 1, 2 * self.coff * self.dim)
+            state = x.new_zeros(1, 1, 2 * self.coff * self.dim, dtype=torch.float32)  # unused: no table
         out = compressor(x.detach(), self.wkv.detach(), self.wgate.detach(), state, self.ape.detach().float(),
                          cmp_ratio=self.ratio, coff=self.coff, norm_weight=self.norm.detach(), rope_sin=sin,
                          rope_cos=cos, rope_head_dim=self.rope_dim, norm_eps=self.eps, rotary_mode=1, **stream)
