@@ -334,6 +334,44 @@ register_suite(Suite(
     cases=_nsa_decode_cases(), device="cpu", repeat=2, warmup=1))
 
 
+def _dsv4_decode_cases() -> tuple[Case, ...]:
+    """A CSA and an HCA decode step at 128k vs dense SDPA."""
+    return tuple(Case(name=f"dsv4-decode-{kind}-t131072-n64-d512-w128-{keys}-fp32", op="dsv4_decode", heads=64,
+                      kv_heads=1, sq=1, skv=131072, d=512, dv=512, baselines=("sdpa-dense-folded",),
+                      params={"window": 128, "topk": 512, "block": 64, "cmp_ratio": ratio})
+                 for kind, keys, ratio in (("csa", "top512", 4), ("hca", "c128", 128)))
+
+
+def _dsv4_prefill_cases(lengths=(8192, 16384, 32768)) -> tuple[Case, ...]:
+    """A CSA layer's prefill with its peak memory."""
+    return tuple(Case(name=f"dsv4-prefill-csa-t{t}-n8-d512-w128-top512-fp32", op="dsv4_prefill", heads=8,
+                      kv_heads=1, sq=t, skv=t, d=512, dv=512, baselines=(), track_memory=True,
+                      params={"window": 128, "topk": 512, "cmp_ratio": 4})
+                 for t in lengths)
+
+
+_DSV4_SETUP = ("attnops.sparse_flash_mla, fp32, B=1, one shared KV head, D=512, window 128 (the latest tokens, the "
+               "new one included), per-head sinks. ")
+
+register_suite(Suite(
+    name="dsv4-cpu-decode",
+    description="DeepSeek-V4 attention on the CPU: a CSA and an HCA layer's decode step at 128k vs dense SDPA",
+    details=_DSV4_SETUP + "One layer's step at a 131072-token context, N1=64, paged caches in shuffled 64-token "
+            "blocks: csa = the window + 512 random rows of the 32768 C4A rows, hca = the window + all 1024 C128A "
+            "rows; baseline sdpa-dense-folded: one dense step of torch.nn.functional.scaled_dot_product_attention "
+            "over all 131072 keys (= values) with the 64 heads folded into 64 query rows of the one KV head (its "
+            "strongest CPU configuration). Repeats interleave attnops and the baseline",
+    cases=_dsv4_decode_cases(), device="cpu", repeat=15, warmup=2))
+
+register_suite(Suite(
+    name="dsv4-cpu-prefill",
+    description="DeepSeek-V4 attention on the CPU: a CSA layer's prefill at 8k..32k, time and peak memory",
+    details=_DSV4_SETUP + "A CSA layer's causal prefill (BSND, N1=8, C4A rows given), each token reading its window "
+            "and min(512, its completed C4A rows) rows spread over them; peak resident memory grows linearly with "
+            "the length (no [S, S] or [S, S/4] matrix). Run with --isolate: each case in a fresh process",
+    cases=_dsv4_prefill_cases(), device="cpu", repeat=1, warmup=0))
+
+
 def _host_cases() -> tuple[Case, ...]:
     return host_cases()
 

@@ -23,14 +23,18 @@ def _randn(gen, *shape, dtype, device):
     return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
 
+def spread_over(allowed: torch.Tensor, topk: int) -> torch.Tensor:
+    """``[R, topk]`` int64: row ``r`` lists ``min(topk, allowed[r])`` distinct positions spread evenly over
+    ``0..allowed[r] - 1``, then -1."""
+    allowed, slot = allowed[:, None], torch.arange(topk)[None]
+    pos = torch.where(allowed <= topk, slot, slot * allowed // topk)
+    return pos.masked_fill(slot >= allowed, -1)
+
+
 def spread_indices(s: int, topk: int, device, lo: int = 0) -> torch.Tensor:
     """``[S - lo, 1, topk]`` int32: row ``i`` (of ``lo..S-1``) lists ``min(topk, i + 1)`` distinct positions spread
     over ``0..i``."""
-    i = torch.arange(lo, s)[:, None]
-    allowed = i + 1
-    slot = torch.arange(topk)[None]
-    pos = torch.where(allowed <= topk, slot, slot * allowed // topk)
-    return pos.masked_fill(slot >= allowed, -1).to(device=device, dtype=torch.int32)[:, None]
+    return spread_over(torch.arange(lo, s) + 1, topk).to(device=device, dtype=torch.int32)[:, None]
 
 
 def dsa_inputs(case: Case, device: torch.device, seed: int):

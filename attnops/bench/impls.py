@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from .._core.dropout import pack_bits
-from .types import NSA_INFER_OPS, Case, Inputs, Runnable, Unavailable, autograd_runnable
+from .types import DSV4_OPS, NSA_INFER_OPS, Case, Inputs, Runnable, Unavailable, autograd_runnable
 
 CAUSAL_MASK_SIZE = 2048  # CANN's compressed causal mask for sparse_mode 2
 
@@ -39,6 +39,8 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
         from . import dsa
 
         return dsa.dsa_inputs(case, device, seed)
+    if case.op in DSV4_OPS:
+        return _dsv4().dsv4_inputs(case, device, seed)
     if case.op != "flash_attention":
         from . import sparse_infer
 
@@ -108,6 +110,8 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
         from . import dsa
 
         return dsa.build_dsa(case, inp, device)
+    if case.op in DSV4_OPS:
+        return _dsv4().build_dsv4(case, inp, device)
     if case.op in ("nsa_decode", "nsa_prefill_decode"):
         from . import nsa_decode
 
@@ -286,6 +290,7 @@ BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
     "nsa-recompute": lambda c, i, d: _nsa_decode().build_recompute(c, i, d),
     "custom-op-floor": lambda c, i, d: _host_overhead().build_floor(c, i, d),
     "attnops-dense-mha": lambda c, i, d: _dsa_gpu().build_dense_mha(c, i, d),
+    "sdpa-dense-folded": lambda c, i, d: _dsv4().build_dense_folded(c, i, d),
 }
 
 
@@ -299,6 +304,12 @@ def _dsa_gpu():
     from . import dsa_gpu
 
     return dsa_gpu
+
+
+def _dsv4():
+    from . import dsv4
+
+    return dsv4
 
 
 def _dsa():

@@ -15,6 +15,7 @@ import torch
 
 MODES = ("fwd", "bwd", "fwd+bwd")
 NSA_INFER_OPS = ("nsa_selected_infer", "nsa_compress_infer")  # the NSA decode operators alone
+DSV4_OPS = ("dsv4_decode", "dsv4_prefill")  # DeepSeek-V4 attention (sparse_flash_mla)
 BWD_FACTOR = 2.5
 
 
@@ -89,6 +90,12 @@ class Case:
             p = self.params
             return sum(s * (p["count"] * p["block"] + p["window"]) + s * s // (2 * p["stride"])
                        for s in self.seq_lens)
+        if self.op == "dsv4_decode":  # the window, plus topk C4A rows (CSA) or every C128A row (HCA)
+            p = self.params
+            return self.batch * (p["window"] + (p["topk"] if p["cmp_ratio"] == 4 else self.skv // 128))
+        if self.op == "dsv4_prefill":  # token i: its window and min(topk, completed C4A rows)
+            p = self.params
+            return sum(min(p["window"], i + 1) + min(p["topk"], (i + 1) // 4) for i in range(self.skv))
         if self.op in NSA_INFER_OPS:  # one query per request
             return self.batch * self.decode_keys()
         if self.op in ("dsa_prefill", "dsa_decode"):  # every query attends to min(topk, its causal keys)

@@ -7,8 +7,10 @@ visible key gives ``out = 0`` and ``lse = 0`` (sinks or not).
 
 Memory is linear in the sequence: query rows go in chunks of one batch; a chunk reads the span of ori keys its rows'
 windows cover and the compressed prefix its rows may see, as ``[W, D]`` slices shared by the chunk's rows, or, with
-indices, the ``[C, K, D]`` rows its index rows select. Reductions run in a fixed order (chunks in sequence, CPU
-``index_add_``), so results are bitwise repeatable.
+indices, the ``[C, K, D]`` rows its index rows select. A decode step (fewer chunks than threads) splits its heads
+into groups that run side by side on single-threaded workers: tiny operators with a fork/join each would stall on a
+busy machine. Reductions run in a fixed order (chunks in sequence, CPU ``index_add_``), so results are bitwise
+repeatable.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..._core.parallel import job_threads, run_jobs
 from .problem import Batch, Problem, compute_dtype, flat_rows, selected_compressed
 
 BUDGET_BYTES = 1 << 26
@@ -154,9 +157,21 @@ def _statistics(parts: list[Tensor], sink: Tensor | None) -> tuple[Tensor, Tenso
     return m, den
 
 
+def _head_groups(problem: Problem, heads: int, dim: int, k: int, threads: int) -> list[tuple] | None:
+    """With fewer chunks than ``threads`` (a decode step: one chunk of one row), ``(b, batch, i0, i1, head slice)``
+    jobs that split every chunk's heads into ``threads`` groups; None otherwise."""
+    chunks = list(_chunks(problem, heads, dim, k))
+    if len(chunks) >= threads:
+        return None
+    step = -(-heads // threads)
+    return [(*c, slice(h, min(heads, h + step))) for c in chunks for h in range(0, heads, step)]
+
+
 def sparse_flash_mla_forward(problem: Problem, q: Tensor, ori_kv: Tensor, cmp_kv: Tensor | None,
                              indices: Tensor | None, sinks: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
-    """``(out [R, N, D] in q's dtype, lse [R, N])`` over the flat query rows (lse fp32, fp64 for fp64 inputs)."""
+    """``(out [R, N, D] in q's dtype, lse [R, N])`` over the flat query rows (lse fp32, fp64 for fp64 inputs). Chunks
+    run in sequence; with fewer chunks than threads (decoding) their head groups run side by side on single-threaded
+    workers (:func:`run_jobs`), each writing its own heads."""
     dt = compute_dtype(q)
     t = _flat_inputs(problem, q, ori_kv, cmp_kv, indices, dt)
     rows, heads, dim = t["q"].shape
@@ -164,26 +179,33 @@ def sparse_flash_mla_forward(problem: Problem, q: Tensor, ori_kv: Tensor, cmp_kv
     lse = torch.zeros(rows, heads, dtype=dt)
     sink = None if sinks is None else sinks.to(dt)
     k = 0 if indices is None else indices.shape[-1]
-    for b, batch, i0, i1 in _chunks(problem, heads, dim, k):
+
+    def job(item: tuple) -> None:
+        b, batch, i0, i1, hs = item
         branches = _chunk_keys(problem, b, batch, i0, i1, t, dt)
         if not branches:
-            continue
+            return
         r = slice(batch.q_start + i0, batch.q_start + i1)
-        qs = t["q"][r].to(dt) * scale
+        qs = t["q"][r, hs].to(dt) * scale
         parts = [br.scores(qs) for br in branches]
-        m, den = _statistics(parts, sink)
+        m, den = _statistics(parts, None if sink is None else sink[hs])
         o = branches[0].apply(parts[0])
         for br, p in zip(branches[1:], parts[1:]):
             o += br.apply(p)
-        torch.div(o, den[..., None], out=out[r])
-        torch.add(m, torch.log(den), out=lse[r])
+        lse_r = m + torch.log(den)
         infinite = m.isinf()  # lse is the max's infinity, as logsumexp: log(0) = -inf where every logit the row
         if bool(infinite.any()):  # sees is -inf (no sink), +inf with a +inf logit; the output is NaN there
-            lse[r] = torch.where(infinite, m, lse[r])
-        seen = _rows_with_keys(branches)
-        if not bool(seen.all()):
-            out[r][~seen] = 0
-            lse[r][~seen] = 0
+            lse_r = torch.where(infinite, m, lse_r)
+        seen = _rows_with_keys(branches)[:, None, None]
+        out[r, hs] = (o / den[..., None]).masked_fill_(~seen, 0)
+        lse[r, hs] = lse_r.masked_fill_(~seen[..., 0], 0)
+
+    groups = _head_groups(problem, heads, dim, k, job_threads(q.device))
+    if groups is None:
+        for b, batch, i0, i1 in _chunks(problem, heads, dim, k):
+            job((b, batch, i0, i1, slice(None)))
+    else:  # few rows: head groups side by side on single-threaded workers (no fork/join per small op)
+        run_jobs(job, groups, q.device)
     return out.to(q.dtype), lse
 
 
