@@ -95,6 +95,8 @@ def run_step(step: Step, log_path: Path, env: dict, limit_s: float | None = None
     finally:
         step.seconds = time.perf_counter() - start
         step.tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:]) if log_path.exists() else ""
+        if step.status != DONE:
+            print(step.tail, flush=True)
         print(f"== {step.name}: {step.status} in {step.seconds:.1f} s", flush=True)
     return step
 
