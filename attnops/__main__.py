@@ -21,8 +21,8 @@ COMMANDS = {
 }
 # command -> (module with main(argv), one-line description)
 OWN_PARSER = {
-    "gpu-report": ("attnops.gpu.report", "validate and time every GPU path in one run: CUDA tests, check, GPU "
-                                         "benchmarks (docs/gpu.md; --interpret runs it on the CPU)"),
+    "gpu-report": ("attnops.gpu.report", "validate and time every GPU path in one run within --budget: CUDA "
+                                         "tests, check, GPU benchmarks (docs/gpu.md; --interpret runs it on the CPU)"),
     "aot": ("attnops._core.triton.cli", "compile every Triton kernel ahead of time for sm_80/sm_90 (no GPU needed) "
                                         "and print registers, spills and shared memory"),
 }

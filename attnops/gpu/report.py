@@ -1,11 +1,15 @@
-"""``python -m attnops gpu-report [--quick] [--out DIR] [--interpret]``: validate and time every GPU path in one run.
+"""``python -m attnops gpu-report [--budget SECONDS] [--quick] [--out DIR] [--interpret]``: validate and time every
+GPU path in one run, within a time budget.
 
-Steps (each a child process with its own time budget: a failing or hanging step is killed, reported, and the
-next one runs): the environment (GPU, driver, CUDA, torch, Triton, the GPU's peak figures), the CUDA tests
-(``pytest -m cuda`` and the Triton kernel tests, compiled), ``python -m attnops check``, and the GPU benchmark
-suites (:mod:`.suites`) against SDPA (flash, cuDNN) and FlexAttention, in TFLOP/s (or GB/s) and % of the peak.
-Writes the benchmark JSON/PNG, one log per step and a markdown summary ``gpu-report-<gpu>-<date>.md`` into the
-output folder (``./attnops-gpu-report`` unless ``--out DIR``); exits 1 on any failure.
+Steps, most valuable first (each a child process; :mod:`.steps`): the CUDA tests of each kernel family (one pytest
+run per family, :mod:`.families`, then ``tests/cuda/`` files no family claims), ``python -m attnops check``, one
+benchmark per GPU suite (:mod:`.suites`; its ``--quick`` cases), then the rest of each suite. A step starts only
+when the time left of ``--budget`` (default 420 s) fits its expected time (the time it took last time in this output
+folder, else the planned one); a running step is killed when the budget runs out, or at its own cap. The summary
+``gpu-report-<gpu>-<date>.md`` (each step done / failed / skipped for budget, with its time), one log per step
+and the benchmark JSON/PNG go into the output folder (``./attnops-gpu-report`` unless ``--out DIR``); the summary
+is rewritten after every step and when the run is stopped by SIGTERM/SIGINT/SIGHUP. Exit status: 0 every step
+done, 1 a step failed, 3 none failed but some did not run for the budget, 128+N stopped by signal N.
 
 Without CUDA it exits 2, unless ``--interpret``: the same flow on the CPU through Triton's interpreter at tiny
 sizes (interpreter kernel tests, the Triton rows of ``check``, the suites' smoke stand-ins).
@@ -17,69 +21,113 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+from .families import KERNEL_FAMILIES, family_test_args, integration_test_args
 from .peaks import Peak, peak_for
+from .steps import DONE, FAILED, FAILURES, KILLED_BUDGET, Interrupted, Step, run_within_budget, stop_on_signals
 from .suites import GPU_SUITES, GpuSuite
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = "attnops-gpu-report"  # in the current directory; the recorded runs use --out benchmarks/results
+DEFAULT_BUDGET_S = 420  # a lent GPU: 15 min of device time with the start, at most 10 min per command
 INTERPRET_ENV = {"ATTNOPS_TRITON_INTERPRET": "1", "TRITON_INTERPRET": "1"}
-KERNEL_TESTS = "tests/ops/flash_attention/triton"
-NSA_KERNEL_TESTS = "tests/ops/nsa/triton"  # compressed attention and decode kernels (the full CUDA run)
-FIA_KERNEL_TESTS = "tests/ops/fused_infer_attention/triton"  # decode kernels and prefill (the full CUDA run)
-DSA_KERNEL_TESTS = "tests/ops/dsa/triton"  # lightning indexer and sparse attention kernels (the full CUDA run)
-# budgets in seconds: (full, quick); the sum stays under 9 min (full) and 3.5 min (quick) on one H100
-BUDGETS = {"tests": (210, 75), "check": (60, 30), "bench": (270, 90)}
-INTERPRET_BUDGETS = {"tests": (600, 90), "check": (600, 60), "bench": (300, 60)}
-QUICK_KERNEL_TESTS = "test_dtypes_causal"  # --interpret --quick: tiny causal fp16 and fp32 problems
 QUICK_CHECK_CASE = "BSH causal mode 2 fp16"
+TIMINGS_FILE = "gpu-report-timings.json"  # measured step times per mode, the next run's estimates
+CAP_FACTOR = 3  # a step is killed at this multiple of its expected time
+# planned seconds per step on one H100 (full, quick) and through the interpreter on 2 CPU cores (full, quick)
+EXPECTED_S = {
+    "cuda": {"tests-fa": (60, 25), "tests-nsa": (60, 20), "tests-fia": (40, 15), "tests-dsa": (40, 30),
+             "tests-integration": (45, 30), "check": (45, 30), "bench": (25, 20), "bench-rest": (60, 0)},
+    "interpret": {"tests-fa": (600, 25), "tests-nsa": (600, 25), "tests-fia": (600, 35), "tests-dsa": (600, 25),
+                  "check": (600, 15), "bench": (60, 10), "bench-rest": (120, 0)},
+}
 
 
-@dataclass
-class Step:
-    name: str
-    command: list[str]
-    budget_s: float
-    env: dict = field(default_factory=dict)
-    status: str = "not run"  # "pass" | "FAIL" | "TIMEOUT" | "not run"
-    seconds: float = 0.0
-    tail: str = ""
-    log: Path | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "pass"
+def mode_key(args) -> str:
+    return ("interpret" if args.interpret else "cuda") + ("-quick" if args.quick else "")
 
 
-def run_step(step: Step, out_dir: Path, tag: str) -> Step:
-    """Run ``step.command`` in its own process group under ``step.budget_s``; on timeout kill the whole group
-    (pytest workers, NCCL children); its output goes to ``<tag>-<step>.log``."""
-    step.log = out_dir / f"{tag}-{step.name}.log"
-    env = dict(os.environ, **step.env)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    print(f"== {step.name} (budget {step.budget_s:.0f} s): {' '.join(step.command)}", flush=True)
-    start = time.perf_counter()
-    with open(step.log, "w") as log:
-        proc = subprocess.Popen(step.command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=step.budget_s)
-            step.status = "pass" if rc == 0 else "FAIL"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            step.status = "TIMEOUT"
-    step.seconds = time.perf_counter() - start
-    step.tail = "\n".join(step.log.read_text(errors="replace").splitlines()[-25:])
-    print(step.tail if not step.ok else step.tail.splitlines()[-1] if step.tail else "", flush=True)
-    print(f"== {step.name}: {step.status} in {step.seconds:.1f} s", flush=True)
-    return step
+def plan(args, out_dir: Path) -> list[Step]:
+    """The steps of this run, most valuable first: each family's tests, the tests no family claims (CUDA only),
+    check, each suite's quick benchmark, then (without ``--quick``) the rest of each suite."""
+    py, pick = sys.executable, (1 if args.quick else 0)
+    expected = EXPECTED_S["interpret" if args.interpret else "cuda"]
+    env = INTERPRET_ENV if args.interpret else {}
+    pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+
+    def step(name: str, command: list[str], key: str | None = None) -> Step:
+        seconds = expected[key or name][pick]
+        return Step(name, command, seconds, CAP_FACTOR * seconds, env, ROOT)
+
+    steps = [step(f"tests-{f.name}", pytest + family_test_args(f, args.interpret, args.quick)) for f in KERNEL_FAMILIES]
+    if not args.interpret:
+        steps.append(step("tests-integration", pytest + integration_test_args()))
+    if args.interpret:
+        check = [py, "-m", "attnops.gpu.triton_check"] + (["--filter", QUICK_CHECK_CASE] if args.quick else [])
+    else:
+        check = [py, "-m", "attnops", "check"]
+    steps.append(step("check", check))
+    steps += [step(f"bench-{s.suite}", bench_command(s, args, out_dir, quick_cases=True), "bench")
+              for s in GPU_SUITES.values()]
+    if not args.quick:
+        steps += [step(f"bench-{s.suite}-rest", bench_command(s, args, out_dir, quick_cases=False), "bench-rest")
+                  for s in GPU_SUITES.values() if _has_other_cases(s, args.interpret)]
+    return steps
+
+
+def bench_command(suite: GpuSuite, args, out_dir: Path, quick_cases: bool) -> list[str]:
+    """``attnops bench`` on the suite's quick cases (``quick_cases``) or on the others; the quick run (``--quick``)
+    times fewer repeats."""
+    cmd = [sys.executable, "-m", "attnops", "bench", "--out", str(out_dir)]
+    if args.interpret:
+        cmd += ["--impls", ",".join(suite.smoke_impls), "--suite", suite.smoke_suite, "--device", "cpu",
+                "--repeat", "1", "--warmup", "0"]
+        pattern = suite.smoke_quick_filter
+    else:
+        cmd += ["--impls", ",".join(suite.impls), "--suite", suite.suite] + (
+            ["--repeat", "5", "--warmup", "2"] if args.quick else [])
+        pattern = suite.quick_filter
+    return cmd + ["--filter", pattern if quick_cases else _excluding(pattern)]
+
+
+def _excluding(pattern: str) -> str:
+    """A regular expression that ``re.search`` matches on exactly the names ``pattern`` does not match."""
+    return f"^(?!.*(?:{pattern}))"
+
+
+def _has_other_cases(suite: GpuSuite, interpret: bool) -> bool:
+    from ..bench.cases import suite_cases
+
+    name, pattern = (suite.smoke_suite, suite.smoke_quick_filter) if interpret else (suite.suite, suite.quick_filter)
+    return any(re.search(_excluding(pattern), c.name) for c in suite_cases(name))
+
+
+def load_estimates(steps: list[Step], out_dir: Path, mode: str) -> None:
+    """Plan each step with the time it took when it last ran to the end in this output folder and mode."""
+    measured = _read_timings(out_dir).get(mode, {})
+    for step in steps:
+        if step.name in measured:
+            step.expected_s = measured[step.name]
+            step.cap_s = max(step.cap_s, CAP_FACTOR * step.expected_s)
+
+
+def save_timings(steps: list[Step], out_dir: Path, mode: str) -> None:
+    timings = _read_timings(out_dir)
+    timings.setdefault(mode, {}).update({s.name: round(s.seconds, 1) for s in steps if s.status == DONE})
+    (out_dir / TIMINGS_FILE).write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n")
+
+
+def _read_timings(out_dir: Path) -> dict:
+    path = out_dir / TIMINGS_FILE
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError:
+        return {}
 
 
 def environment(interpret: bool) -> tuple[dict, Peak]:
@@ -109,37 +157,6 @@ def _driver_version() -> str:
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-
-
-def plan(args, out_dir: Path) -> list[Step]:
-    """The test, check and benchmark steps of this run."""
-    py, pick = sys.executable, (1 if args.quick else 0)
-    budgets = INTERPRET_BUDGETS if args.interpret else BUDGETS
-    env = INTERPRET_ENV if args.interpret else {}
-    pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    if args.interpret:
-        tests = pytest + [f"{KERNEL_TESTS}/test_kernels.py"] + (["-k", QUICK_KERNEL_TESTS] if args.quick else [])
-        check = [py, "-m", "attnops.gpu.triton_check"] + (["--filter", QUICK_CHECK_CASE] if args.quick else [])
-    else:  # the CUDA tests; the full run adds the Triton kernel tests, which run compiled (bf16 too) on a GPU
-        tests = pytest + ["-m", "cuda", "tests"] if args.quick else pytest + [
-            "tests/cuda", f"{KERNEL_TESTS}/test_kernels.py", f"{KERNEL_TESTS}/test_verify.py", NSA_KERNEL_TESTS,
-            FIA_KERNEL_TESTS, DSA_KERNEL_TESTS]
-        check = [py, "-m", "attnops", "check"]
-    steps = [Step("tests", tests, budgets["tests"][pick], env), Step("check", check, budgets["check"][pick], env)]
-    for suite in GPU_SUITES.values():
-        steps.append(Step(f"bench-{suite.suite}", bench_command(suite, args, out_dir),
-                          budgets["bench"][pick] / len(GPU_SUITES), env))
-    return steps
-
-
-def bench_command(suite: GpuSuite, args, out_dir: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "attnops", "bench", "--out", str(out_dir), "--impls", ",".join(suite.impls)]
-    if args.interpret:
-        cmd[-1] = ",".join(suite.smoke_impls)
-        cmd += ["--suite", suite.smoke_suite, "--device", "cpu", "--repeat", "1", "--warmup", "0"]
-        return cmd + (["--filter", suite.smoke_quick_filter] if args.quick else [])
-    cmd += ["--suite", suite.suite]
-    return cmd + (["--filter", suite.quick_filter, "--repeat", "5", "--warmup", "2"] if args.quick else [])
 
 
 def bench_rows(paths: list[Path], peak: Peak) -> list[list[str]]:
@@ -180,17 +197,19 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def summary(env: dict, peak: Peak, args, steps: list[Step], bench: list[list[str]], total_s: float) -> str:
     mode = ("interpret (CPU, Triton interpreter, tiny sizes)" if args.interpret else "CUDA") + (
         ", quick" if args.quick else "")
+    counts = {status: sum(s.status == status for s in steps) for status in dict.fromkeys(s.status for s in steps)}
     parts = [f"# attnops GPU report: {env['gpu']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
-             f"Mode: {mode}. Commit: {_commit()}. Total {total_s:.0f} s.", "",
+             f"Mode: {mode}. Commit: {_commit()}. Total {total_s:.0f} s of a {args.budget:.0f} s budget. Steps: "
+             + ", ".join(f"{n} {status}" for status, n in counts.items()) + ".", "",
              _table(["item", "value"], [[k, v] for k, v in env.items()] + [["peak", peak.describe()]]), "",
-             "## Steps", "", _table(["step", "result", "time (s)", "budget (s)", "log"],
-                                    [[s.name, s.status, f"{s.seconds:.1f}", f"{s.budget_s:.0f}",
+             "## Steps", "", _table(["step", "result", "time (s)", "expected (s)", "log"],
+                                    [[s.name, s.status, f"{s.seconds:.1f}", f"{s.expected_s:.0f}",
                                       s.log.name if s.log else ""] for s in steps]), ""]
     if bench:
         parts += ["## Benchmarks", "", _table(["case", "implementation", "median", "rate", "% of peak", "note"],
                                               bench), ""]
     for s in steps:
-        if not s.ok:
+        if s.status in FAILURES or (s.status == KILLED_BUDGET and s.tail):
             parts += [f"## {s.name}: {s.status}", "", "```", s.tail, "```", ""]
     return "\n".join(parts)
 
@@ -211,7 +230,10 @@ def _slug(text: str) -> str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m attnops gpu-report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a subset of tests and benchmarks (under 3.5 minutes)")
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                   help=f"time for the whole run (default {DEFAULT_BUDGET_S}): no step starts unless its expected "
+                        "time fits in what is left, a running step is killed when it runs out")
+    p.add_argument("--quick", action="store_true", help="fewer tests and the quick benchmark cases only")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
                    help=f"output folder (default: ./{DEFAULT_OUT} in the current directory)")
     p.add_argument("--interpret", action="store_true",
@@ -219,15 +241,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, plan_steps: Callable[..., list[Step]] = plan) -> int:
+    """Run the steps ``plan_steps(args, out_dir)`` within ``--budget`` and write the summary (after every step,
+    and when stopped by a signal)."""
+    start = time.perf_counter()
     args = parser().parse_args(argv)
+    if args.budget <= 0:
+        parser().error(f"--budget must be a positive number of seconds, got {args.budget:g}")
     import torch
 
     if not args.interpret and not torch.cuda.is_available():
         print("gpu-report needs a CUDA GPU and torch with CUDA (torch.cuda.is_available() is False); "
               "use --interpret to run the same flow through Triton's interpreter on the CPU", file=sys.stderr)
         return 2
-    start = time.perf_counter()
     out_dir = Path(args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     env, peak = environment(args.interpret)
@@ -237,31 +263,54 @@ def main(argv: list[str] | None = None) -> int:
     tag = f"gpu-report-{_slug('interpret' if args.interpret else env['gpu'])}-" \
           f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     before = set(out_dir.glob("*.json"))
-    steps = plan(args, out_dir)
+    steps = plan_steps(args, out_dir)
+    load_estimates(steps, out_dir, mode_key(args))
+    path = out_dir / f"{tag}.md"
+
+    def bench() -> list[list[str]]:
+        return bench_rows(sorted(set(out_dir.glob("*.json")) - before - {out_dir / TIMINGS_FILE}), peak)
+
+    def write_summary() -> None:
+        path.write_text(summary(env, peak, args, steps, bench(), time.perf_counter() - start))
+        save_timings(steps, out_dir, mode_key(args))
+
+    for problem in _test_problems():
+        print(f"!! {problem}", file=sys.stderr)
+        for step in steps:
+            if step.name.startswith("tests-"):
+                step.status, step.tail = FAILED, problem
+    child_env = dict(os.environ)
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), child_env.get("PYTHONPATH", "")) if p)
+    stopped = None
+    try:
+        with stop_on_signals():
+            write_summary()
+            run_within_budget(steps, start + args.budget, lambda s: out_dir / f"{tag}-{s.name}.log", child_env,
+                              write_summary)
+    except Interrupted as stop:
+        stopped = stop
+        print(f"gpu-report: {stop}; writing what it has", file=sys.stderr)
+    write_summary()
+    if rows := bench():
+        print(_table(["case", "implementation", "median", "rate", "% of peak", "note"], rows))
+    failed = [s.name for s in steps if s.status in FAILURES]
+    not_run = [s.name for s in steps if s.status not in FAILURES and s.status != DONE]
+    print(f"wrote {path}")
+    print(f"gpu-report: {len(steps) - len(failed) - len(not_run)} of {len(steps)} steps done"
+          + (f"; failed: {', '.join(failed)}" if failed else "")
+          + (f"; not run to the end: {', '.join(not_run)}" if not_run else ""))
+    if stopped is not None:
+        return 128 + stopped.signum
+    return 1 if failed else 3 if not_run else 0
+
+
+def _test_problems() -> list[str]:
+    """Why the test steps cannot run here, if they cannot."""
     problems = []
     if importlib.util.find_spec("pytest") is None:
-        problems.append("pytest is not installed in this Python: the test step cannot run "
+        problems.append("pytest is not installed in this Python: the test steps cannot run "
                         "(install pytest, or run the tests elsewhere)")
-        steps[0].status = "FAIL"
-        steps[0].tail = problems[-1]
     if not (ROOT / "tests").is_dir():
         problems.append(f"no tests/ folder next to the attnops package ({ROOT}): install attnops editable from "
                         "a checkout (pip install --no-deps --no-build-isolation -e .)")
-        steps[0].status = "FAIL"
-        steps[0].tail = problems[-1]
-    for problem in problems:
-        print(f"!! {problem}", file=sys.stderr)
-    for step in steps:
-        if step.status == "not run":
-            run_step(step, out_dir, tag)
-    new_json = sorted(set(out_dir.glob("*.json")) - before)
-    bench = bench_rows(new_json, peak)
-    if bench:
-        print(_table(["case", "implementation", "median", "rate", "% of peak", "note"], bench))
-    path = out_dir / f"{tag}.md"
-    path.write_text(summary(env, peak, args, steps, bench, time.perf_counter() - start))
-    failed = [s.name for s in steps if not s.ok]
-    print(f"wrote {path}")
-    print(f"gpu-report: {len(steps) - len(failed)} of {len(steps)} steps passed"
-          + (f"; failed: {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+    return problems
