@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import attnops
 import attnops.aclnn
+import attnops.cann_ops_transformer
 import attnops.flash_attn
 import attnops.nn
 import attnops.torch_npu
@@ -23,7 +24,8 @@ from .judge import required_args, tensors
 from .registry import DIALECTS
 
 MODULES = {"attnops": attnops, "attnops.aclnn": attnops.aclnn, "attnops.torch_npu": attnops.torch_npu,
-           "attnops.flash_attn": attnops.flash_attn, "attnops.nn": attnops.nn}
+           "attnops.flash_attn": attnops.flash_attn, "attnops.nn": attnops.nn,
+           "attnops.cann_ops_transformer": attnops.cann_ops_transformer}
 
 # public names that are no tensor-computing entry point, each with the reason
 EXCLUDED = {
@@ -44,6 +46,7 @@ EXCLUDED = {
                            "flash_attn_interface": "a module re-exporting the functions covered here",
                            "layers": "a module (rotary embedding helpers)",
                            "bert_padding": "a module of index helpers (pad / unpad)"},
+    "attnops.cann_ops_transformer": {},
     "attnops.nn": {"NSACache": "a cache; its forward is NativeSparseAttention's with the cache",
                    "DSACache": "a cache; its forward is DeepSeekSparseAttention's with the cache"},
 }
