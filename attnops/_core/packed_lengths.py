@@ -14,6 +14,8 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 def host_ints(name: str, t: Tensor, count: int | None = None) -> list[int]:
     """A 1-D int32/int64 tensor's values (``count`` of them when given) as Python ints."""
     check_tensor(name, t, ndim=1, dtypes=INDEX_DTYPES)
+    require(t.device.type != "meta", name, "a tensor holding values (host metadata: on the CPU or the data's device)",
+            t)
     if count is not None:
         require(t.shape[0] == count, name, f"{count} values (one per batch)", t)
     return [int(v) for v in t.tolist()]
