@@ -621,7 +621,8 @@ def aclnn_sparse_flash_mla_grad():
 
 def mla_metadata(fn):
     return lambda: Case(fn, dict(num_heads_q=2, num_heads_kv=1, head_dim=8, seqused_ori_kv=ints([8]),
-                                 seqused_cmp_kv=ints([2]), cmp_residual_kv=ints([0]), cmp_ratio=4))
+                                 seqused_cmp_kv=ints([2]), cmp_residual_kv=ints([0]), cmp_ratio=4,
+                                 max_seqlen_ori_kv=8, max_seqlen_cmp_kv=2))
 
 
 def _compressor_inputs():
@@ -681,7 +682,7 @@ def aclnn_lightning_indexer_v2():
 
 def indexer_metadata(fn):
     return lambda: Case(fn, dict(num_heads_q=3, num_heads_k=1, head_dim=16, topk=2, seqused_k=ints([3]),
-                                 cmp_residual_k=ints([1]), cmp_ratio=4, mask_mode=3))
+                                 cmp_residual_k=ints([1]), cmp_ratio=4, mask_mode=3, max_seqlen_k=3))
 
 
 def quant_lightning_indexer_v2():
