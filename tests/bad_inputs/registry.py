@@ -16,7 +16,8 @@ import attnops
 import attnops.flash_attn as flash_attn
 from attnops import aclnn, cann_ops_transformer, nn, torch_npu
 from attnops.ops.dsa.quant_cache import quantize
-from attnops.testing import golden, golden_compressor, golden_dsa, golden_dsv4, golden_fia, golden_indexer_v2, golden_nsa
+from attnops.testing import (golden, golden_compressor, golden_dsa, golden_dsv4, golden_fia, golden_indexer_v2,
+                             golden_nsa)
 from tests.aclnn import fa_params
 from tests.ops.fused_infer_attention.fia_helpers import aclnn_args
 from tests.ops.nsa import nsa_aclnn_params
