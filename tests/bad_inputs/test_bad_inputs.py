@@ -167,6 +167,15 @@ FOUND_AND_FIXED = [
     ("attnops.torch_npu", "npu_gather_pa_kv_cache", "block_tables", "device", "meta"),  # raw NotImplementedError
     ("attnops.torch_npu", "npu_nsa_compress_infer", "block_table", "index", "negative"),  # accepted silently
     ("attnops", "flash_attention_backward", "softmax_max", "nonfinite", "+inf"),  # golden ignored the statistics
+    ("attnops", "sparse_flash_mla_grad", "d_out", "device", "meta"),  # named the schema's dout / out
+    ("attnops.cann_ops_transformer", "sparse_flash_mla_grad", "q", "dtype", "int32"),  # named dout
+    ("attnops.aclnn", "sparse_flash_mla_grad", "out", "device", "meta"),  # raw NotImplementedError
+    ("attnops", "compressor", "x", "none", "None"),  # raw AttributeError
+    ("attnops", "compressor", "cu_seqlens", "device", "meta"),  # raw NotImplementedError
+    ("attnops", "lightning_indexer_v2", "query", "nonfinite", "nan"),  # a NaN score emptied its row
+    ("attnops", "quant_lightning_indexer_v2", "key_dequant_scale", "device", "meta"),  # raw RuntimeError
+    ("attnops", "sparse_flash_mla_metadata", "seqused_ori_kv", "device", "meta"),  # accepted silently
+    ("attnops.cann_ops_transformer", "lightning_indexer_metadata", "cmp_residual_k", "index", "far"),
 ]
 
 
