@@ -194,6 +194,8 @@ def batch_windows(t: torch.Tensor, q_offsets, kv_offsets, seq: SeqInfo, fill) ->
 # ``seqused`` ([B], the valid tokens of each batch, at most its stored length) and other per-batch int vectors.
 def host_ints(name: str, t: Tensor, count: int | None = None) -> list[int]:
     """A 1-D int32/int64 tensor's values (``count`` of them when given) as Python ints."""
+    require(t.device.type != "meta", name, "a tensor holding values (host metadata: on the CPU or the data's device)",
+            t)
     check_tensor(name, t, ndim=1, dtypes=INDEX_DTYPES)
     if count is not None:
         require(t.shape[0] == count, name, f"{count} values (one per batch)", t)

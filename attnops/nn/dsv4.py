@@ -21,9 +21,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .._core.checks import check_int, check_tensor
+from .._core.checks import check_int
 from ..ops.dsv4 import compressor, lightning_indexer_v2, sparse_flash_mla
 from .dsv4_cache import DSV4Cache
+from .layer_input import check_layer_input
 from .rotary import apply_rotary, rotary_angles
 
 
@@ -107,7 +108,7 @@ class DeepSeekV4Attention(nn.Module):
         return cache
 
     def forward(self, x: Tensor, cache: DSV4Cache | None = None) -> Tensor:
-        check_tensor("x", x, ndim=3)
+        check_layer_input(x, self.q_proj.weight, self.q_proj.in_features, packed=False)
         b, s, _ = x.shape
         if cache is not None:
             cache.bind(self, self.settings())

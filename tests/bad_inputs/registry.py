@@ -14,9 +14,10 @@ import torch
 
 import attnops
 import attnops.flash_attn as flash_attn
-from attnops import aclnn, nn, torch_npu
+from attnops import aclnn, cann_ops_transformer, nn, torch_npu
 from attnops.ops.dsa.quant_cache import quantize
-from attnops.testing import golden, golden_dsa, golden_fia, golden_nsa
+from attnops.testing import (golden, golden_compressor, golden_dsa, golden_dsv4, golden_fia, golden_indexer_v2,
+                             golden_nsa)
 from tests.aclnn import fa_params
 from tests.ops.fused_infer_attention.fia_helpers import aclnn_args
 from tests.ops.nsa import nsa_aclnn_params
@@ -541,6 +542,164 @@ def npu_kv_quant_sparse_flash_attention():
                      key_quant_mode=2, value_quant_mode=2, attention_mode=2))
 
 
+# --- DeepSeek-V4 -----------------------------------------------------------------------------------------------
+# One BSND batch: 5 query rows at ori positions 3..7 of 8 ori keys (window of 3 to the left) and 2 compressed keys of
+# ratio 4 (rows 0-3 see compressed key 0, row 4 keys 0 and 1); each index row lists one position its row may see, so
+# a corrupted entry is one the call reads.
+
+_MLA_MASKS = dict(ori_mask_mode=4, ori_win_left=3, ori_win_right=0, cmp_mask_mode=3)
+
+
+def _mla_tensors(csa=True):
+    tensors = dict(q=r(1, 5, 2, 8, seed=1), ori_kv=r(1, 8, 1, 8, seed=2))
+    if csa:
+        tensors |= dict(cmp_kv=r(1, 2, 1, 8, seed=3), cmp_sparse_indices=ints([[[[0]], [[0]], [[0]], [[0]], [[1]]]]),
+                        sinks=r(2, seed=4))
+    return tensors
+
+
+def _mla_golden(q="q", scale="scale"):
+    """``(attn_out [1, S1, N1, D], softmax_lse [1, 1, S1, N1])`` of the one batch."""
+    def golden_of(a):
+        cmp, idx = a.get("cmp_kv"), a.get("cmp_sparse_indices")
+        out, lse = golden_dsv4.sparse_flash_mla(
+            a[q][0], a["ori_kv"][0, :, 0], None if cmp is None else cmp[0, :, 0],
+            None if idx is None else idx[0, :, 0].tolist(), a.get("sinks"), a[scale], ratio=4,
+            win_left=_MLA_MASKS["ori_win_left"], win_right=_MLA_MASKS["ori_win_right"],
+            ori_mask_mode=_MLA_MASKS["ori_mask_mode"], cmp_mask_mode=_MLA_MASKS["cmp_mask_mode"])
+        return out[None], lse[None, None]
+    return golden_of
+
+
+def sparse_flash_mla():
+    return Case(attnops.sparse_flash_mla, dict(**_mla_tensors(), scale=0.4, cmp_ratio=4, **_MLA_MASKS), _mla_golden())
+
+
+def cot_sparse_flash_mla():
+    return Case(cann_ops_transformer.sparse_flash_mla,
+                dict(**_mla_tensors(), softmax_scale=0.4, cmp_ratio=4, return_softmax_lse=True, **_MLA_MASKS),
+                _mla_golden(scale="softmax_scale"))
+
+
+def _aclnn_args(phase_one, given: dict) -> dict:
+    """Every parameter of an aclnn operator (phase one's order): ``given``, else None."""
+    return {n: given.get(n) for n in inspect.signature(phase_one).parameters}
+
+
+def aclnn_sparse_flash_mla():
+    """The sliding window alone: an aclnn operator's every tensor is required by the suite (no null pointer)."""
+    given = dict(**_mla_tensors(csa=False), softmax_scale=0.4, cmp_ratio=4, layout_q="BSND", layout_kv="BSND",
+                 topk_value_mode=1, return_softmax_lse=True, **_MLA_MASKS)
+    return Case(aclnn.sparse_flash_mla, _aclnn_args(aclnn.sparse_flash_mla_get_workspace_size, given),
+                _mla_golden(scale="softmax_scale"))
+
+
+def _mla_grad_inputs(csa=True):
+    tensors = _mla_tensors(csa)
+    out, lse = attnops.sparse_flash_mla(**tensors, scale=0.4, cmp_ratio=4, **_MLA_MASKS)
+    return tensors, dict(d_out=r(*out.shape, seed=5), attn_out=out, softmax_lse=lse)
+
+
+def sparse_flash_mla_grad():
+    tensors, grads = _mla_grad_inputs()
+    return Case(attnops.sparse_flash_mla_grad, dict(**tensors, **grads, scale=0.4, cmp_ratio=4, **_MLA_MASKS))
+
+
+def cot_sparse_flash_mla_grad():
+    tensors, grads = _mla_grad_inputs()
+    return Case(cann_ops_transformer.sparse_flash_mla_grad,
+                dict(**tensors, dout=grads["d_out"], attn_out=grads["attn_out"], softmax_lse=grads["softmax_lse"],
+                     softmax_scale=0.4, cmp_ratio=4, **_MLA_MASKS))
+
+
+def aclnn_sparse_flash_mla_grad():
+    tensors, grads = _mla_grad_inputs(csa=False)
+    given = dict(query=tensors["q"], ori_kv=tensors["ori_kv"], d_out=grads["d_out"], out=grads["attn_out"],
+                 lse=grads["softmax_lse"], scale_value=0.4, cmp_ratio=4, layout_q="BSND", layout_kv="BSND",
+                 **_MLA_MASKS)
+    return Case(aclnn.sparse_flash_mla_grad, _aclnn_args(aclnn.sparse_flash_mla_grad_get_workspace_size, given))
+
+
+def mla_metadata(fn):
+    return lambda: Case(fn, dict(num_heads_q=2, num_heads_kv=1, head_dim=8, seqused_ori_kv=ints([8]),
+                                 seqused_cmp_kv=ints([2]), cmp_residual_kv=ints([0]), cmp_ratio=4,
+                                 max_seqlen_ori_kv=8, max_seqlen_cmp_kv=2))
+
+
+def _compressor_inputs():
+    """11 packed tokens of one batch (2 compressed rows of ratio 4), state in block 1 of the table."""
+    return dict(x=r(11, 32, seed=1), wkv=r(16, 32, seed=2, scale=32 ** -0.5), wgate=r(16, 32, seed=3, scale=32 ** -0.5),
+                state_cache=torch.zeros(4, 16, 32), ape=r(4, 16, seed=4))
+
+
+def _compressor_golden(a):
+    """The compressed rows then zero padding up to ``min(T, T // 4 + B)`` rows."""
+    rows, _ = golden_compressor.compress(a["x"], a["wkv"], a["wgate"], a["ape"], coff=1)
+    out = torch.zeros(min(a["x"].shape[0], a["x"].shape[0] // 4 + 1), rows.shape[1], dtype=torch.float64)
+    out[:rows.shape[0]] = rows
+    return (out,)
+
+
+def compressor(fn):
+    return lambda: Case(fn, dict(**_compressor_inputs(), cmp_ratio=4, state_block_table=ints([[1]]),
+                                 cu_seqlens=ints([0, 11])), _compressor_golden)
+
+
+def _indexer_golden(q="query", k="key", w="weights"):
+    """``(sparse_indices, sparse_values)`` ``[1, S1, 1, topk]`` of the one batch (causal, ratio 4, residual 1)."""
+    def golden_of(a):
+        idx, values = golden_indexer_v2.lightning_indexer_v2(a[q][0], a[k][0, :, 0], a[w][0], 2, mask_mode=3,
+                                                             cmp_ratio=4, residual=1)
+        return ints(idx)[None, :, None], torch.tensor(values, dtype=torch.float64)[None, :, None]
+    return golden_of
+
+
+def _indexer_tensors():
+    """9 query rows over 3 compressed keys of ratio 4 with a residual of 1: rows see 1, 2 or 3 keys."""
+    return dict(query=r(1, 9, 3, 16, seed=1), key=r(1, 3, 1, 16, seed=2), weights=r(1, 9, 3, seed=3).abs())
+
+
+_INDEXER = dict(cmp_residual_k=ints([1]), mask_mode=3, cmp_ratio=4)
+
+
+def lightning_indexer_v2():
+    return Case(attnops.lightning_indexer_v2, dict(**_indexer_tensors(), topk=2, **_INDEXER), _indexer_golden())
+
+
+def _cot_indexer_args():
+    t = _indexer_tensors()
+    return dict(q=t["query"], k=t["key"], w=t["weights"], topk=2, return_value=1, **_INDEXER)
+
+
+def cot_lightning_indexer():
+    return Case(cann_ops_transformer.lightning_indexer, _cot_indexer_args(), _indexer_golden("q", "k", "w"))
+
+
+def aclnn_lightning_indexer_v2():
+    given = dict(**_cot_indexer_args(), layout_q="BSND", layout_k="BSND", max_seqlen_q=-1)
+    return Case(aclnn.lightning_indexer_v2, _aclnn_args(aclnn.lightning_indexer_v2_get_workspace_size, given),
+                _indexer_golden("q", "k", "w"))
+
+
+def indexer_metadata(fn):
+    return lambda: Case(fn, dict(num_heads_q=3, num_heads_k=1, head_dim=16, topk=2, seqused_k=ints([3]),
+                                 cmp_residual_k=ints([1]), cmp_ratio=4, mask_mode=3, max_seqlen_k=3))
+
+
+def quant_lightning_indexer_v2():
+    g = torch.Generator().manual_seed(5)
+    codes = dict(query=torch.randint(-8, 8, (1, 9, 3, 16), generator=g, dtype=torch.int8),
+                 key=torch.randint(-8, 8, (1, 3, 1, 16), generator=g, dtype=torch.int8))
+    scales = dict(query_dequant_scale=r(1, 9, 3, seed=6).abs() + 0.5, key_dequant_scale=r(1, 3, 1, seed=7).abs() + 0.5)
+
+    def golden_of(a):
+        q = a["query"].double() * a["query_dequant_scale"].double()[..., None]
+        k = a["key"].double() * a["key_dequant_scale"].double()[..., None]
+        return _indexer_golden()(dict(query=q, key=k, weights=a["weights"]))
+    return Case(attnops.quant_lightning_indexer_v2,
+                dict(**codes, weights=r(1, 9, 3, seed=3).abs(), **scales, topk=2, **_INDEXER), golden_of)
+
+
 # --- KV-cache and helper ops -----------------------------------------------------------------------------------
 
 def _scatter_args():
@@ -627,6 +786,21 @@ def dsa_cache_forward():
     return _module_forward(m, x=r(2, 6, 48, seed=1), cache=m.new_cache(2, 16, block_size=16))
 
 
+def _dsv4_module():
+    torch.manual_seed(0)
+    return nn.DeepSeekV4Attention(32, 2, head_dim=16, rope_dim=8, window=4, cmp_ratio=4, index_topk=2, index_heads=2,
+                                  index_dim=16)
+
+
+def dsv4_module():
+    return _module_forward(_dsv4_module(), x=r(2, 9, 32, seed=1))
+
+
+def dsv4_cache_forward():
+    m = _dsv4_module()
+    return _module_forward(m, x=r(2, 9, 32, seed=1), cache=m.new_cache(2, 16, block_size=8))
+
+
 # --- the table -------------------------------------------------------------------------------------------------
 
 PYTHONIC = {
@@ -643,6 +817,13 @@ PYTHONIC = {
     "nsa_selected_attention": nsa_selected_attention,
     "nsa_selected_attention_infer": nsa_selected_attention_infer,
     "sparse_flash_attention": sparse_flash_attention,
+    "compressor": compressor(attnops.compressor),
+    "lightning_indexer_v2": lightning_indexer_v2,
+    "quant_lightning_indexer_v2": quant_lightning_indexer_v2,
+    "sparse_flash_mla": sparse_flash_mla,
+    "sparse_flash_mla_grad": sparse_flash_mla_grad,
+    "sparse_flash_mla_grad_metadata": mla_metadata(attnops.sparse_flash_mla_grad_metadata),
+    "sparse_flash_mla_metadata": mla_metadata(attnops.sparse_flash_mla_metadata),
 }
 
 ACLNN = {
@@ -665,6 +846,19 @@ ACLNN = {
     "nsa_selected_attention_grad": aclnn_nsa("nsa_selected_attention_grad"),
     "sparse_flash_attention": aclnn_sparse_flash_attention,
     "sparse_lightning_indexer_grad_kl_loss": aclnn_kl_loss,
+    "lightning_indexer_v2": aclnn_lightning_indexer_v2,
+    "sparse_flash_mla": aclnn_sparse_flash_mla,
+    "sparse_flash_mla_grad": aclnn_sparse_flash_mla_grad,
+}
+
+CANN_OPS_TRANSFORMER = {
+    "compressor": compressor(cann_ops_transformer.compressor),
+    "lightning_indexer": cot_lightning_indexer,
+    "lightning_indexer_metadata": indexer_metadata(cann_ops_transformer.lightning_indexer_metadata),
+    "sparse_flash_mla": cot_sparse_flash_mla,
+    "sparse_flash_mla_grad": cot_sparse_flash_mla_grad,
+    "sparse_flash_mla_grad_metadata": mla_metadata(cann_ops_transformer.sparse_flash_mla_grad_metadata),
+    "sparse_flash_mla_metadata": mla_metadata(cann_ops_transformer.sparse_flash_mla_metadata),
 }
 
 TORCH_NPU = {
@@ -721,7 +915,9 @@ NN = {
     "NativeSparseAttention+NSACache": nsa_cache_forward,
     "DeepSeekSparseAttention": dsa_module,
     "DeepSeekSparseAttention+DSACache": dsa_cache_forward,
+    "DeepSeekV4Attention": dsv4_module,
+    "DeepSeekV4Attention+DSV4Cache": dsv4_cache_forward,
 }
 
 DIALECTS = {"attnops": PYTHONIC, "attnops.aclnn": ACLNN, "attnops.torch_npu": TORCH_NPU,
-            "attnops.flash_attn": FLASH_ATTN, "attnops.nn": NN}
+            "attnops.flash_attn": FLASH_ATTN, "attnops.nn": NN, "attnops.cann_ops_transformer": CANN_OPS_TRANSFORMER}

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import attnops
 import attnops.aclnn
+import attnops.cann_ops_transformer
 import attnops.flash_attn
 import attnops.nn
 import attnops.torch_npu
@@ -23,7 +24,8 @@ from .judge import required_args, tensors
 from .registry import DIALECTS
 
 MODULES = {"attnops": attnops, "attnops.aclnn": attnops.aclnn, "attnops.torch_npu": attnops.torch_npu,
-           "attnops.flash_attn": attnops.flash_attn, "attnops.nn": attnops.nn}
+           "attnops.flash_attn": attnops.flash_attn, "attnops.nn": attnops.nn,
+           "attnops.cann_ops_transformer": attnops.cann_ops_transformer}
 
 # public names that are no tensor-computing entry point, each with the reason
 EXCLUDED = {
@@ -44,8 +46,10 @@ EXCLUDED = {
                            "flash_attn_interface": "a module re-exporting the functions covered here",
                            "layers": "a module (rotary embedding helpers)",
                            "bert_padding": "a module of index helpers (pad / unpad)"},
+    "attnops.cann_ops_transformer": {},
     "attnops.nn": {"NSACache": "a cache; its forward is NativeSparseAttention's with the cache",
-                   "DSACache": "a cache; its forward is DeepSeekSparseAttention's with the cache"},
+                   "DSACache": "a cache; its forward is DeepSeekSparseAttention's with the cache",
+                   "DSV4Cache": "a cache; its forward is DeepSeekV4Attention's with the cache"},
 }
 TWO_PHASE = "_get_workspace_size"  # aclnn phase 1 shares the factory of the one-shot operator
 
@@ -164,6 +168,15 @@ FOUND_AND_FIXED = [
     ("attnops.torch_npu", "npu_gather_pa_kv_cache", "block_tables", "device", "meta"),  # raw NotImplementedError
     ("attnops.torch_npu", "npu_nsa_compress_infer", "block_table", "index", "negative"),  # accepted silently
     ("attnops", "flash_attention_backward", "softmax_max", "nonfinite", "+inf"),  # golden ignored the statistics
+    ("attnops", "sparse_flash_mla_grad", "d_out", "device", "meta"),  # named the schema's dout / out
+    ("attnops.cann_ops_transformer", "sparse_flash_mla_grad", "q", "dtype", "int32"),  # named dout
+    ("attnops.aclnn", "sparse_flash_mla_grad", "out", "device", "meta"),  # raw NotImplementedError
+    ("attnops", "compressor", "x", "none", "None"),  # raw AttributeError
+    ("attnops", "compressor", "cu_seqlens", "device", "meta"),  # raw NotImplementedError
+    ("attnops", "lightning_indexer_v2", "query", "nonfinite", "nan"),  # a NaN score emptied its row
+    ("attnops", "quant_lightning_indexer_v2", "key_dequant_scale", "device", "meta"),  # raw RuntimeError
+    ("attnops", "sparse_flash_mla_metadata", "seqused_ori_kv", "device", "meta"),  # accepted silently
+    ("attnops.cann_ops_transformer", "lightning_indexer_metadata", "cmp_residual_k", "index", "far"),
 ]
 
 

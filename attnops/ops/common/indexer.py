@@ -22,21 +22,24 @@ def weighted_relu_scores(q: Tensor, w: Tensor, key_rows, keys: Tensor, span: int
 
 
 def stable_top_k(scores: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
-    """Per row the ``counts[r]`` largest finite scores, in descending order with ties broken by the smaller
-    position; ``(positions [C, n], values [C, n])`` with ``n = max(counts)`` and ``-1`` / ``-inf`` past each row's
-    count. Linear in the row length plus ``n log n``."""
+    """Per row the ``counts[r]`` largest scores, in descending order with ties broken by the smaller position; a NaN
+    score ranks as ``+inf`` (as ``torch.topk`` puts NaN first). ``(positions [C, n], values [C, n])`` with
+    ``n = max(counts)`` and ``-1`` / ``-inf`` past each row's count. Linear in the row length plus ``n log n``."""
     n = int(counts.max())
-    top, _ = torch.topk(scores, n, dim=1, sorted=True)
+    rank_key = scores.nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
+    top, _ = torch.topk(rank_key, n, dim=1, sorted=True)
     boundary = top.gather(1, (counts - 1).clamp_min(0)[:, None])  # the smallest score that is kept
-    above = scores > boundary
-    tied = scores == boundary
+    above = rank_key > boundary
+    tied = rank_key == boundary
     keep = above | (tied & (tied.cumsum(1) <= counts[:, None] - above.sum(1, keepdim=True)))
     keep &= (counts > 0)[:, None]
     rank = keep.cumsum(1) - 1  # kept positions in ascending order
     rows, cols = keep.nonzero(as_tuple=True)
     positions = torch.full((scores.shape[0], n), -1, dtype=torch.int64)
     positions[rows, rank[rows, cols]] = cols
+    keys = torch.full((scores.shape[0], n), float("-inf"), dtype=scores.dtype)
+    keys[rows, rank[rows, cols]] = rank_key[rows, cols]
     values = torch.full((scores.shape[0], n), float("-inf"), dtype=scores.dtype)
     values[rows, rank[rows, cols]] = scores[rows, cols]
-    order = torch.sort(values, dim=1, descending=True, stable=True).indices  # ascending positions break ties
+    order = torch.sort(keys, dim=1, descending=True, stable=True).indices  # ascending positions break ties
     return positions.gather(1, order), values.gather(1, order)

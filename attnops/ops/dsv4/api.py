@@ -7,12 +7,14 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_head_dim, check_scale, check_tensor
+from ..._core.checks import caller_names, check_head_dim, check_scale, check_tensor
 from ..._core.custom_ops import call
 from . import op
 
 QueryLayout = Literal["BSND", "TND"]
 KvLayout = Literal["BSND", "TND", "PA_BBND"]
+# the grad op's schema names of its own inputs -> this API's (the op's device check names the schema's)
+GRAD_OP_NAMES = {"dout": "d_out", "dlse": "d_softmax_lse", "out": "attn_out", "lse": "softmax_lse"}
 
 
 def _int_tensor(x) -> Tensor | None:
@@ -130,7 +132,8 @@ def sparse_flash_mla_grad(q: Tensor, ori_kv: Tensor, d_out: Tensor, attn_out: Te
                       cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_ori_kv, seqused_cmp_kv,
                       cmp_residual_kv, sinks, scale, cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left,
                       ori_win_right, layout_q, layout_kv)
-    dq, d_ori, d_cmp, d_sinks, _, l1 = call(op.dsv4_sparse_flash_mla_grad, d_out, d_softmax_lse, attn_out,
-                                            softmax_lse, *args)
+    with caller_names(GRAD_OP_NAMES):
+        dq, d_ori, d_cmp, d_sinks, _, l1 = call(op.dsv4_sparse_flash_mla_grad, d_out, d_softmax_lse, attn_out,
+                                                softmax_lse, *args)
     return SparseFlashMlaGradResult(dq, d_ori, None if cmp_kv is None else d_cmp, None if sinks is None else d_sinks,
                                     None, None if cmp_sparse_indices is None else l1)

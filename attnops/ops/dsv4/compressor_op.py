@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..._core.checks import check_tensor
 from ..._core.custom_ops import register_dry_run_meta
 from ..._core.devices import on_cpu
 from ..._core.dispatch import choose_backend
@@ -23,7 +24,7 @@ def dsv4_compressor(x: Tensor, wkv: Tensor, wgate: Tensor, state_cache: Tensor, 
                     state_block_table: Optional[Tensor], cu_seqlens: Optional[Tensor], seqused: Optional[Tensor],
                     start_pos: Optional[Tensor], cmp_ratio: int, coff: int, cache_mode: int, rope_head_dim: int,
                     norm_eps: float, rotary_mode: int) -> Tensor:
-    choose_backend("auto", x.device)
+    choose_backend("auto", check_tensor("x", x).device)  # no kernel yet: said before host values are read
     problem = compressor_problem(x, wkv, wgate, state_cache, ape, norm_weight=norm_weight, rope_sin=rope_sin,
                                  rope_cos=rope_cos, state_block_table=state_block_table, cu_seqlens=cu_seqlens,
                                  seqused=seqused, start_pos=start_pos, cmp_ratio=cmp_ratio, coff=coff,

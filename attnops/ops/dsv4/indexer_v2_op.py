@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..._core.checks import check_tensor
 from ..._core.custom_ops import register_dry_run_meta
 from ..._core.devices import on_cpu
 from ..._core.dispatch import choose_backend
@@ -27,7 +28,7 @@ def dsv4_lightning_indexer_v2(query: Tensor, key: Tensor, weights: Tensor, cu_se
                               block_table: Optional[Tensor], output_idx_offset: Optional[Tensor], topk: int,
                               layout_q: str, layout_k: str, mask_mode: int, cmp_ratio: int
                               ) -> tuple[Tensor, Tensor]:
-    choose_backend("auto", query.device)
+    choose_backend("auto", check_tensor("query", query).device)  # no kernel yet: said before host values are read
     problem = indexer_v2_problem(query, key, weights, topk=topk, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                  seqused_q=seqused_q, seqused_k=seqused_k, cmp_residual_k=cmp_residual_k,
                                  block_table=block_table, output_idx_offset=output_idx_offset, layout_q=layout_q,

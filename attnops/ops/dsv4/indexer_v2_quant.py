@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._core.checks import check_int, check_tensor
+from ..._core.checks import check_int, check_same_device, check_tensor
 
 CODE_DTYPES = (torch.int8, torch.float8_e4m3fn)
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -30,6 +30,8 @@ def dequantize_indexer_inputs(query: Tensor, key: Tensor, weights: Tensor, query
     dtype and the scales' shapes (the indexer checks the rest)."""
     _check_mode("query_quant_mode", query_quant_mode)
     _check_mode("key_quant_mode", key_quant_mode)
+    check_same_device("query", query, key=key, weights=weights, query_dequant_scale=query_dequant_scale,
+                      key_dequant_scale=key_dequant_scale)
     check_tensor("query", query, dtypes=CODE_DTYPES, ndim=(3, 4))
     check_tensor("key", key, dtypes=(query.dtype,), ndim=(3, 4))
     check_tensor("query_dequant_scale", query_dequant_scale, dtypes=SCALE_DTYPES, shape=tuple(query.shape[:-1]))

@@ -1,13 +1,14 @@
 """``sparse_flash_mla_metadata`` / ``sparse_flash_mla_grad_metadata``: on the NPU, the per-core task split the
-attention kernels read; here the arguments are validated (without reading tensor values, so the functions trace
-under ``torch.compile``) and the documented int32 ``[1024]`` tensor of zeros is returned. The attention functions
+attention kernels read; here the arguments are validated and the documented int32 ``[1024]`` tensor of zeros is
+returned. Length values are read only where that costs nothing: on the CPU and outside ``torch.compile`` (so the
+functions trace whole and never synchronise a device). The attention functions
 need no metadata: it carries no math."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ..._core.checks import Described, check_choice, check_int, check_tensor, fail, require
+from ..._core.checks import Described, check_choice, check_int, check_same_device, check_tensor, fail, require
 from .problem import CMP_MASK_MODES, INDEX_DTYPES, KV_LAYOUTS, MAX_CMP_RATIO, ORI_MASK_MODES, QUERY_LAYOUTS
 
 METADATA_SIZE = 1024
@@ -32,6 +33,33 @@ def _batch(tensors: dict[str, Tensor | None], batch_size: int | None) -> int | N
     return batch
 
 
+def _check_values(tensors: dict[str, Tensor | None], max_seqlens: dict[str, int | None], cmp_ratio: int) -> None:
+    """The length tensors on one device; on the CPU outside ``torch.compile`` their values too: ``cu_seqlens_*``
+    non-decreasing from 0, others >= 0, each batch's length at most its ``max_seqlen_*`` hint (when > 0), residuals
+    below ``cmp_ratio``."""
+    given = {n: x for n, x in tensors.items() if x is not None}
+    if not given:
+        return
+    first = next(iter(given))
+    check_same_device(first, given[first], **given)
+    if given[first].device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    for name, x in given.items():
+        values = [int(v) for v in x.tolist()]
+        lengths = [b - a for a, b in zip(values, values[1:])] if name.startswith("cu_seqlens") else values
+        if name.startswith("cu_seqlens"):
+            require(values[:1] == [0] and min(lengths, default=0) >= 0, name,
+                    "non-decreasing prefix sums starting at 0", values)
+        require(min(values) >= 0, name, "values >= 0", values)
+        if name.startswith("cmp_residual"):
+            require(max(values) < cmp_ratio, name, f"values in [0, cmp_ratio={cmp_ratio})", values)
+            continue
+        hint_name = "max_seqlen_" + name.removeprefix("cu_seqlens_").removeprefix("seqused_")
+        hint = max_seqlens.get(hint_name) or 0
+        require(hint <= 0 or max(lengths, default=0) <= hint, name, f"per-batch lengths <= {hint_name}={hint}",
+                lengths)
+
+
 def _validated(num_heads_q, num_heads_kv, head_dim, tensors, batch_size, max_seqlens, ori_topk, cmp_topk, cmp_ratio,
                ori_mask_mode, cmp_mask_mode, ori_win_left, ori_win_right, layout_q, layout_kv, has_ori_kv,
                has_cmp_kv) -> torch.device:
@@ -47,7 +75,7 @@ def _validated(num_heads_q, num_heads_kv, head_dim, tensors, batch_size, max_seq
         _optional_int(name, value, 0, 0)
     _optional_int("ori_topk", ori_topk, 0, 0)
     _optional_int("cmp_topk", cmp_topk, 0, 0)
-    _optional_int("cmp_ratio", cmp_ratio, 1, 1, MAX_CMP_RATIO)
+    _check_values(tensors, max_seqlens, _optional_int("cmp_ratio", cmp_ratio, 1, 1, MAX_CMP_RATIO))
     check_choice("ori_mask_mode", 0 if ori_mask_mode is None else ori_mask_mode, ORI_MASK_MODES)
     check_choice("cmp_mask_mode", 0 if cmp_mask_mode is None else cmp_mask_mode, CMP_MASK_MODES)
     _optional_int("ori_win_left", ori_win_left, -1, -1)
@@ -123,6 +151,7 @@ def lightning_indexer_v2_metadata(num_heads_q: int, num_heads_k: int, head_dim: 
     check_choice("layout_q", "BSND" if layout_q is None else layout_q, QUERY_LAYOUTS)
     check_choice("layout_k", "BSND" if layout_k is None else layout_k, (*KV_LAYOUTS, "PA_BSND"))
     check_choice("mask_mode", 0 if mask_mode is None else mask_mode, (0, 3))
-    _optional_int("cmp_ratio", cmp_ratio, 1, 1, MAX_CMP_RATIO)
+    _check_values(tensors, {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k},
+                  _optional_int("cmp_ratio", cmp_ratio, 1, 1, MAX_CMP_RATIO))
     device = next((x.device for x in tensors.values() if x is not None), torch.device("cpu"))
     return torch.zeros(METADATA_SIZE, dtype=torch.int32, device=device)

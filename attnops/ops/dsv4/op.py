@@ -74,7 +74,7 @@ def dsv4_sparse_flash_mla_grad(dout: Tensor, dlse: Optional[Tensor], out: Tensor
                                        cu_seqlens_q, cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_ori_kv,
                                        seqused_cmp_kv, cmp_residual_kv, sinks, scale, cmp_ratio, ori_mask_mode,
                                        cmp_mask_mode, ori_win_left, ori_win_right, layout_q, layout_kv))))
-    check_grad_inputs(dout, dlse, out, lse, q, layout_q)
+    check_grad_inputs(dout, dlse, out, lse, args)
     heads = q.shape[-2]
     dq, d_ori, d_cmp, d_sinks, l1 = backends.backward(args, dout, None if dlse is None else dlse.reshape(-1, heads),
                                                        out, lse.reshape(-1, heads))

@@ -224,13 +224,15 @@ def _check_indices(indices: Tensor, problem: Problem) -> None:
                  f"{b.q_start}", int(rows[bad][0]))
 
 
-def check_grad_inputs(dout: Tensor, dlse: Tensor | None, out: Tensor, lse: Tensor, q: Tensor, layout_q: str) -> None:
-    """The backward's own inputs: ``dout`` and ``out`` like ``q``; ``softmax_lse`` (and its gradient ``dlse``, when
-    given) in the forward's lse shape and dtype."""
-    check_choice("layout_q", layout_q, QUERY_LAYOUTS)
-    for name, x in (("dout", dout), ("out", out)):
-        check_tensor(name, x, dtypes=(q.dtype,))
-        require(x.shape == q.shape, name, f"q's shape {list(q.shape)}", x)
-    for name, x in (("softmax_lse", lse), ("d_softmax_lse", dlse)):
+def check_grad_inputs(d_out: Tensor, d_lse: Tensor | None, attn_out: Tensor, lse: Tensor, a: Args) -> None:
+    """The forward's operands (:func:`check_operands`), then the backward's own inputs, by the Pythonic API's names:
+    ``d_out`` and ``attn_out`` like ``q``; ``softmax_lse`` (and its gradient ``d_softmax_lse``, when given) in the
+    forward's lse shape and dtype; all on q's device."""
+    check_operands(a)
+    check_same_device("q", a.q, d_out=d_out, attn_out=attn_out, softmax_lse=lse, d_softmax_lse=d_lse)
+    for name, x in (("d_out", d_out), ("attn_out", attn_out)):
+        check_tensor(name, x, dtypes=(a.q.dtype,))
+        require(x.shape == a.q.shape, name, f"q's shape {list(a.q.shape)}", x)
+    for name, x in (("softmax_lse", lse), ("d_softmax_lse", d_lse)):
         if x is not None or name == "softmax_lse":
-            check_tensor(name, x, dtypes=(compute_dtype(q),), shape=lse_shape(q, layout_q))
+            check_tensor(name, x, dtypes=(compute_dtype(a.q),), shape=lse_shape(a.q, a.layout_q))
