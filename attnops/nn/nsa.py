@@ -92,7 +92,7 @@ class NativeSparseAttention(nn.Module):
         the full forward's on these tokens, at a cost linear in the chunk and the attended keys (see
         :mod:`attnops.nn.nsa_decode`). Cached calls are inference only: they must run under ``torch.no_grad()``
         or ``torch.inference_mode()``."""
-        check_layer_input(x, self.q_proj.weight, self.hidden_size, packed=True)
+        check_layer_input(x, self.q_proj.weight, self.hidden_size, packed=True, empty_steps=cache is not None)
         if x.ndim == 2:
             require(cache is None, "cache", "None for packed input (use [B, T, hidden])", Described("a cache"))
             cu = _packed_offsets(cu_seqlens, x.shape[0])
