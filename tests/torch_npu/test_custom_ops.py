@@ -41,6 +41,8 @@ OPCHECKED = {
     "dsv4_sparse_flash_mla": "tests/ops/dsv4/test_opcheck.py",
     "dsv4_sparse_flash_mla_grad": "tests/ops/dsv4/test_opcheck.py",
     "flash_attn_lse_from_stats": __name__,
+    "dsv4_compressor": "tests/ops/dsv4/test_compressor.py",
+    "dsv4_lightning_indexer_v2": "tests/ops/dsv4/test_indexer_v2.py",
 }
 
 

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from torch import Tensor
 
 from ..._core.custom_ops import call
+from . import compressor_op
 
 
-def _op():
-    from . import compressor_op
-
-    return compressor_op
 
 
 def compressor(x: Tensor, wkv: Tensor, wgate: Tensor, state_cache: Tensor, ape: Tensor, *, cmp_ratio: int = 4,
@@ -47,6 +43,6 @@ def compressor(x: Tensor, wkv: Tensor, wgate: Tensor, state_cache: Tensor, ape: 
     >>> out.shape, bool(state[1].any())
     (torch.Size([1, 2, 16]), True)
     """
-    return call(_op().dsv4_compressor, x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
+    return call(compressor_op.dsv4_compressor, x, wkv, wgate, state_cache, ape, norm_weight, rope_sin, rope_cos,
                 state_block_table, cu_seqlens, seqused, start_pos, cmp_ratio, coff, cache_mode, rope_head_dim,
                 norm_eps, rotary_mode)

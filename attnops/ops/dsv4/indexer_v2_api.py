@@ -4,20 +4,16 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-import torch
 from torch import Tensor
 
 from ..._core.custom_ops import call
+from . import indexer_v2_op
 from .indexer_v2_quant import dequantize_indexer_inputs
 
 QueryLayout = Literal["BSND", "TND"]
 KeyLayout = Literal["BSND", "TND", "PA_BBND", "PA_BSND"]
 
 
-def _op():
-    from . import indexer_v2_op
-
-    return indexer_v2_op
 
 
 class LightningIndexerV2Result(NamedTuple):
@@ -56,7 +52,7 @@ def lightning_indexer_v2(query: Tensor, key: Tensor, weights: Tensor, *, topk: i
     ([[-1, -1], [-1, -1], [-1, -1], [0, -1]], [0, 1])
     """
     return LightningIndexerV2Result(*call(
-        _op().dsv4_lightning_indexer_v2, query, key, weights, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+        indexer_v2_op.dsv4_lightning_indexer_v2, query, key, weights, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
         cmp_residual_k, block_table, output_idx_offset, topk, layout, layout_key or layout, mask_mode, cmp_ratio))
 
 
