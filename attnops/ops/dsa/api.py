@@ -107,6 +107,8 @@ def lightning_indexer_kl_loss(query: Tensor, key: Tensor, query_index: Tensor, k
     Differentiable in ``query_index``, ``key_index`` and ``weights`` (the gradients come from the fused backward op,
     computed with the loss); the main attention's tensors get no gradient. Causal (mode 3); lengths: TND only,
     cumulative lists."""
+    target = [None if t is None else t.detach() for t in (query, key, softmax_max, softmax_sum, query_rope, key_rope)]
+    query, key, softmax_max, softmax_sum, query_rope, key_rope = target  # the target distribution: constants
     return call(_op().dsa_indexer_kl_loss_grad, query, key, query_index, key_index, weights, sparse_indices,
                 softmax_max, softmax_sum, query_rope, key_rope, float(scale), _lengths(actual_seq_lengths_query),
                 _lengths(actual_seq_lengths_key), layout, 3)[3]
