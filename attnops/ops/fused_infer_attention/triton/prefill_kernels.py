@@ -17,12 +17,12 @@ import triton
 import triton.language as tl
 
 from ...._core.triton.helpers import FLT_LOWEST, LOG2E, base2_max, upcast
-from ...common.triton.common import KV_START, Q_LEN, Q_START, band_cols, kept_score_tile, meta
+from ...common.triton.common import KV_START, Q_LEN, Q_START, band_cols, meta, score_tile
 from .kv_tiles import channel_offsets, kv_tile, mma_operand, page_of, token_rows
 from .rounding import output_tile
 
 @triton.jit
-def _span(acc, m_i, l_i, seen, q, k_head, v_head, c_begin, c_end, first_col, k_base, v_base, pos_shift, k_chan, v_chan,
+def _span(acc, m_i, l_i, q, k_head, v_head, c_begin, c_end, first_col, k_base, v_base, pos_shift, k_chan, v_chan,
           b, h, hk, rows, r0, dk, dv, head_d, head_dv, meta_ptr, bt_ptr, bt_sb, block_size, num_blocks,
           k_st, k_sblk, v_st, v_sblk, ks_ptr, ko_ptr, vs_ptr, vo_ptr, aq_strides_ptr, scale,
           pse_ptr, pse_sb, pse_sh, pse_sr, mask_ptr, mask_sb, mask_sh, mask_sr,
@@ -31,8 +31,7 @@ def _span(acc, m_i, l_i, seen, q, k_head, v_head, c_begin, c_end, first_col, k_b
           V_OFFSET: tl.constexpr, PSE: tl.constexpr, HAS_EXPLICIT: tl.constexpr, DTYPE: tl.constexpr,
           UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """The online softmax over effective columns ``[c_begin, c_end)`` (tiles from ``c_begin``) of one KV source whose
-    token ``t`` is column ``first_col + t`` with per-token antiquant position ``t + pos_shift``. ``seen``: the rows
-    that kept a column so far, whatever its score."""
+    token ``t`` is column ``first_col + t`` with per-token antiquant position ``t + pos_shift``."""
     for c0 in range(c_begin, c_end, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         ok = cols < c_end
@@ -43,15 +42,12 @@ def _span(acc, m_i, l_i, seen, q, k_head, v_head, c_begin, c_end, first_col, k_b
         k_t = kv_tile(k_head, k_rows, ok, dk, dk < head_d, k_chan, ks_ptr, ko_ptr, aq_strides_ptr, 0, b, hk, pos, blk,
                       off, K_QUANT, K_STATIC, K_OFFSET, 0)
         qk = tl.dot(q, mma_operand(k_t, K_QUANT, DTYPE, UPCAST), input_precision=PRECISION)
-        s, keep = kept_score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr, 0,
-                                  mask_ptr, mask_sb, mask_sh, mask_sr, PSE, False, HAS_EXPLICIT, BLOCK_M, BLOCK_N)
+        s = score_tile(qk, meta_ptr, b, h, rows, cols, r0, c0, scale, pse_ptr, pse_sb, pse_sh, pse_sr, 0,
+                       mask_ptr, mask_sb, mask_sh, mask_sr, PSE, False, HAS_EXPLICIT, BLOCK_M, BLOCK_N)
         if PAGED:  # the columns past the end and the keys of blocks outside the cache
             s = tl.where(ok[None, :], s, float("-inf"))
-            keep = keep & ok[None, :]
         elif c0 + BLOCK_N > c_end:  # the last tile of a source ends inside the effective columns
             s = tl.where(ok[None, :], s, float("-inf"))
-            keep = keep & ok[None, :]
-        seen = seen | (tl.max(keep.to(tl.int32), 1) > 0)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(base2_max(m_i) - base2_max(m_new))
         p = tl.exp2((s - m_new[:, None]) * LOG2E)
@@ -61,7 +57,7 @@ def _span(acc, m_i, l_i, seen, q, k_head, v_head, c_begin, c_end, first_col, k_b
                                 pos, blk, off, V_QUANT, V_STATIC, V_OFFSET, 1), V_QUANT, DTYPE, UPCAST)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
-    return acc, m_i, l_i, seen
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -109,11 +105,10 @@ def prefill_kernel(q_ptr, k_ptr, v_ptr, kp_ptr, vp_ptr, o_ptr, lse_ptr, meta_ptr
     m_i = tl.full([BLOCK_M], FLT_LOWEST, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    seen = tl.zeros([BLOCK_M], tl.int1)
     c_lo, c_hi = band_cols(meta_ptr, b, r0, tl.minimum(r0 + BLOCK_M, sq))
     if HAS_PREFIX:  # columns [0, prefix_len): the shared prefix, one dense [P, N2, D] run for every batch
-        acc, m_i, l_i, seen = _span(
-            acc, m_i, l_i, seen, q, kp_ptr + hk.to(tl.int64) * kp_sh, vp_ptr + hk.to(tl.int64) * vp_sh,
+        acc, m_i, l_i = _span(
+            acc, m_i, l_i, q, kp_ptr + hk.to(tl.int64) * kp_sh, vp_ptr + hk.to(tl.int64) * vp_sh,
             (c_lo // BLOCK_N) * BLOCK_N, tl.minimum(c_hi, prefix_len), 0, 0, 0, 0,
             channel_offsets(dk, kp_sc, 0, K_QUANT, 0), channel_offsets(dv, vp_sc, 0, V_QUANT, 0),
             b, h, hk, rows, r0, dk, dv, head_d, head_dv, meta_ptr, bt_ptr, bt_sb, block_size, num_blocks,
@@ -126,8 +121,8 @@ def prefill_kernel(q_ptr, k_ptr, v_ptr, kp_ptr, vp_ptr, o_ptr, lse_ptr, meta_ptr
         pos_shift = prefix_len + kv_start * 0
     else:  # per-token antiquant positions count the left padding
         pos_shift = prefix_len + kv_start
-    acc, m_i, l_i, seen = _span(
-        acc, m_i, l_i, seen, q, k_ptr + b.to(tl.int64) * k_sb + hk.to(tl.int64) * k_sh,
+    acc, m_i, l_i = _span(
+        acc, m_i, l_i, q, k_ptr + b.to(tl.int64) * k_sb + hk.to(tl.int64) * k_sh,
         v_ptr + b.to(tl.int64) * v_sb + hk.to(tl.int64) * v_sh,
         prefix_len + ((first - prefix_len) // BLOCK_N) * BLOCK_N, c_hi, prefix_len, kv_start * k_st, kv_start * v_st,
         pos_shift, k_chan, v_chan, b, h, hk, rows, r0, dk, dv, head_d, head_dv, meta_ptr, bt_ptr, bt_sb, block_size,
@@ -135,7 +130,6 @@ def prefill_kernel(q_ptr, k_ptr, v_ptr, kp_ptr, vp_ptr, o_ptr, lse_ptr, meta_ptr
         pse_ptr, pse_sb, pse_sh, pse_sr, mask_ptr, mask_sb, mask_sh, mask_sr, BLOCK_M, BLOCK_N, PAGED, K_QUANT,
         V_QUANT, K_STATIC, V_STATIC, K_OFFSET, V_OFFSET, PSE, HAS_EXPLICIT, q_ptr.dtype.element_ty, UPCAST, PRECISION)
 
-    l_i = tl.where(seen & (l_i == 0), float("nan"), l_i)  # columns kept, every score -inf: the formula's 0 / 0
     kept = l_i != 0  # NaN (non-finite inputs): kept, the row comes out NaN
     out = acc / tl.where(kept, l_i, 1.0)[:, None]
     lse = tl.where(kept, m_i + tl.log(tl.where(kept, l_i, 1.0)), float("inf"))
