@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..._core.checks import (Described, check_choice, check_int, check_same_device, check_scale, check_tensor, fail,
                              int_list, require)
+from ..._core.varlen import segments
 from .problem import (CMP_MASK_MODES, INDEX_DTYPES, KV_LAYOUTS, MAX_CMP_RATIO, ORI_MASK_MODES, QUERY_LAYOUTS, Batch,
                       KeyStore, Masks, Problem, compute_dtype, lse_shape)
 
@@ -129,14 +130,11 @@ def _batch_count(a: Args) -> int:
 
 
 def _cu_lengths(name: str, cu: Tensor | None, batch: int, total: int) -> tuple[list[int], list[int]]:
-    """(starts, lengths) of a ``[B + 1]`` cu_seqlens tensor (leading 0, non-decreasing, last <= ``total``)."""
-    if cu is None:
-        fail(name, "[B + 1] prefix sums with a leading 0 (required with layout TND)", None)
-    check_tensor(name, cu, ndim=1, dtypes=INDEX_DTYPES)
-    v = int_list(name, cu)
-    require(len(v) == batch + 1 and v[0] == 0 and all(x <= y for x, y in zip(v, v[1:])) and v[-1] <= total, name,
-            f"{batch + 1} non-decreasing prefix sums starting at 0, the last <= {total}", v)
-    return v[:-1], [y - x for x, y in zip(v, v[1:])]
+    """(starts, lengths) of a ``[B + 1]`` cu_seqlens tensor (:func:`~attnops._core.varlen.segments`) of ``batch``
+    batches."""
+    starts, lengths = segments(name, cu, total)
+    require(len(lengths) == batch, name, f"{batch + 1} prefix sums (one more than the {batch} batches)", cu)
+    return starts, lengths
 
 
 def _used(name: str, x: Tensor | None, stored: list[int]) -> list[int]:
