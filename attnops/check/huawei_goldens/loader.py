@@ -50,7 +50,7 @@ def _absent(name: str) -> bool:
 @contextlib.contextmanager
 def _import_only_names() -> Iterator[list[str]]:
     """Empty stand-ins for :data:`IMPORT_ONLY` names that are absent, present while the goldens are imported."""
-    added_modules, used = [], []
+    added_modules = []
     if _absent("torchair"):
         sys.modules["torchair"] = types.ModuleType("torchair", "absent: imported but unused by the CPU goldens")
         added_modules.append("torchair")
@@ -90,18 +90,19 @@ def load(checkout: str | Path) -> Goldens:
     if not root.is_dir():
         raise FileNotFoundError(f"--ops-transformer: expected a checkout of ops-transformer, got {str(root)!r} "
                                 "(not a directory)")
+    errors = {op: f"{rel} not found under {root}" for op, rel in GOLDEN_FILES.items() if not (root / rel).is_file()}
+    if len(errors) == len(GOLDEN_FILES):
+        return Goldens({}, errors, [])
     if not torch_npu.install():
         raise RuntimeError("the real torch_npu is installed: the goldens would call Huawei's NPU operators, not "
                            "attnops'; run this check where torch_npu is absent")
-    modules, errors = {}, {}
+    modules = {}
     with _import_only_names() as stand_ins:
         for op, rel in GOLDEN_FILES.items():
-            path = root / rel
-            if not path.is_file():
-                errors[op] = f"{rel} not found under {root}"
+            if op in errors:
                 continue
             try:
-                modules[op] = _import(path, f"huawei_{op}_golden")
+                modules[op] = _import(root / rel, f"huawei_{op}_golden")
             except Exception as e:  # report any import failure of a foreign module, with its reason
                 errors[op] = f"importing {rel} failed: {type(e).__name__}: {e}"
     return Goldens(modules, errors, stand_ins)

@@ -30,9 +30,12 @@ class Row:
     bound_huawei: float
     note: str = ""
     exact: bool = False  # an integer output: AGREE when equal, else DIFFER
+    error: bool = False  # the case raised (the note says what)
 
     @property
     def verdict(self) -> str:
+        if self.error:
+            return "ERROR"
         if self.exact:
             return "AGREE" if self.diff == 0 else "DIFFER"
         if not self.err_huawei <= self.bound_huawei:
@@ -55,6 +58,11 @@ def judge(operator: str, case: str, output: str, attnops: Tensor, huawei: Tensor
 def exact(operator: str, case: str, output: str, mismatches: int, note: str = "") -> Row:
     """An integer output: ``mismatches`` counts the elements (or rows) where attnops and Huawei differ."""
     return Row(operator, case, output, 0.0, 0.0, float(mismatches), 0.0, 0.0, note, exact=True)
+
+
+def failed(operator: str, case: str, exc: Exception) -> Row:
+    """A case that raised: attnops rejected a call Huawei's test makes, or the generator failed."""
+    return Row(operator, case, "-", 0.0, 0.0, 0.0, 0.0, 0.0, f"{type(exc).__name__}: {exc}", error=True)
 
 
 def print_table(rows: list[Row]) -> None:
