@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from ...testing.compare import default_floor, max_abs_err
@@ -28,6 +29,7 @@ class Row:
     diff: float
     bound_attnops: float
     bound_huawei: float
+    scale: float = 0.0  # max |G|, for the reader: the errors are at the rounding of the outputs at this magnitude
     note: str = ""
     exact: bool = False  # an integer output: AGREE when equal, else DIFFER
     error: bool = False  # the case raised (the note says what)
@@ -51,24 +53,26 @@ def judge(operator: str, case: str, output: str, attnops: Tensor, huawei: Tensor
     huawei = huawei.to(attnops.dtype)
     err_a, err_h = max_abs_err(attnops, golden), max_abs_err(huawei, golden)
     floor = default_floor(golden, attnops.dtype, reduction)
+    g = golden.abs()
+    scale = float(g[torch.isfinite(g)].max()) if bool(torch.isfinite(g).any()) else 0.0
     return Row(operator, case, output, err_a, err_h, max_abs_err(attnops, huawei), 2.0 * err_h + floor,
-               2.0 * err_a + floor, note)
+               2.0 * err_a + floor, scale, note)
 
 
 def exact(operator: str, case: str, output: str, mismatches: int, note: str = "") -> Row:
     """An integer output: ``mismatches`` counts the elements (or rows) where attnops and Huawei differ."""
-    return Row(operator, case, output, 0.0, 0.0, float(mismatches), 0.0, 0.0, note, exact=True)
+    return Row(operator, case, output, 0.0, 0.0, float(mismatches), 0.0, 0.0, note=note, exact=True)
 
 
 def failed(operator: str, case: str, exc: Exception) -> Row:
     """A case that raised: attnops rejected a call Huawei's test makes, or the generator failed."""
-    return Row(operator, case, "-", 0.0, 0.0, 0.0, 0.0, 0.0, f"{type(exc).__name__}: {exc}", error=True)
+    return Row(operator, case, "-", 0.0, 0.0, 0.0, 0.0, 0.0, note=f"{type(exc).__name__}: {exc}", error=True)
 
 
 def print_table(rows: list[Row]) -> None:
-    header = ("operator", "case", "output", "err attnops", "err huawei", "|attnops-huawei|", "verdict")
-    cells = [header] + [(r.operator, r.case, r.output, f"{r.err_attnops:.2e}", f"{r.err_huawei:.2e}",
-                         f"{r.diff:.2e}", r.verdict) for r in rows]
+    header = ("operator", "case", "output", "max |G|", "err attnops", "err huawei", "|attnops-huawei|", "verdict")
+    cells = [header] + [(r.operator, r.case, r.output, f"{r.scale:.2e}", f"{r.err_attnops:.2e}",
+                         f"{r.err_huawei:.2e}", f"{r.diff:.2e}", r.verdict) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     for i, c in enumerate(cells):
         print("  ".join(s.ljust(w) for s, w in zip(c, widths)), flush=True)
