@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"ops-transformer at {checkout}: commit {_commit(checkout)} (checked at {CHECKED_COMMIT})")
     if goldens.stand_ins:
-        print(f"absent, empty stand-ins for the goldens' unused imports: {', '.join(goldens.stand_ins)}")
+        print(f"absent, stand-ins during the import for the goldens' unused imports: {', '.join(goldens.stand_ins)}")
     for op, reason in goldens.errors.items():
         print(f"cannot import the {op} golden: {reason}")
     start, rows = time.perf_counter(), []

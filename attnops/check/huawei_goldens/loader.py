@@ -3,9 +3,9 @@
 The modules import torch_npu and ``cann_ops_transformer.ops`` at module level: attnops' torch_npu shim provides both
 (:func:`attnops.torch_npu.install`), so the operator they would call on the NPU is attnops'. A few names are imported
 at module level but never used by the CPU goldens (``torchair``, Huawei's graph compiler, which is not on PyPI;
-``torch_npu.testing.testcase``; the ``torch.npu.config.allow_internal_format`` switch): where they are absent, an
-empty stand-in is present for the import only, and :data:`IMPORT_ONLY` names them in the report. Nothing inside a
-golden module is replaced.
+``torch_npu.testing.testcase``; the ``torch.npu.config.allow_internal_format`` switch): where they are absent, a
+stand-in without behaviour is present for the import only, and the report names them. Nothing inside a golden
+module is replaced.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ GOLDEN_FILES = {
     "lightning_indexer_v2": "attention/lightning_indexer_v2/tests/pytest/lightning_indexer_v2_golden.py",
 }
 CHECKED_COMMIT = "25fb6b92"  # the ops-transformer commit these goldens were checked at (docs/dsv4.md)
-IMPORT_ONLY = ("torchair", "torch_npu.testing.testcase", "torch.npu.config")
 
 
 @dataclass
@@ -49,7 +48,9 @@ def _absent(name: str) -> bool:
 
 @contextlib.contextmanager
 def _import_only_names() -> Iterator[list[str]]:
-    """Empty stand-ins for :data:`IMPORT_ONLY` names that are absent, present while the goldens are imported."""
+    """Stand-ins for the goldens' unused imports that are absent (an empty ``torchair``, ``torch_npu.testing.testcase``
+    with unittest's ``TestCase`` / ``main``, ``torch.npu.config``), present while the goldens are imported; yields
+    their names."""
     added_modules = []
     if _absent("torchair"):
         sys.modules["torchair"] = types.ModuleType("torchair", "absent: imported but unused by the CPU goldens")
