@@ -1,4 +1,4 @@
-"""Command line: ``python -m attnops {check,bench,compare,build-kernels,gpu-report,aot} [options]``;
+"""Command line: ``python -m attnops {check,bench,compare,huawei-goldens,build-kernels,gpu-report,aot} [options]``;
 ``python -m attnops COMMAND --help`` for details."""
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ COMMANDS = {
                                       "benchmark suites)"),
     "compare": ("attnops.msprobe.cli", "judge the fused-attention calls of a msprobe dump from an NPU against the "
                                        "fp64 golden and the NPU-precision emulation (docs/compare.md)"),
+    "huawei-goldens": ("attnops.check.huawei_goldens", "attnops' DeepSeek-V4 operators side by side with Huawei's CPU "
+                                                      "goldens from an ops-transformer checkout (docs/dsv4.md)"),
     "build-kernels": ("attnops.ops.common.cpu_kernels_cli", "build the CPU decode kernel ahead of time and print where "
                                                        "it is"),
 }

@@ -40,11 +40,14 @@ def sparse_flash_mla(q: Tensor, *, ori_kv: Tensor | None = None, cmp_kv: Tensor 
                      topk_value_mode: int = 1, return_softmax_lse: bool = False) -> tuple[Tensor, Tensor]:
     """``(attn_out, softmax_lse)``: :func:`attnops.sparse_flash_mla` with ops-transformer's schema. ``softmax_lse``
     is ``[B, 1, S1, N1]`` / ``[1, T1, N1]`` fp32 with ``return_softmax_lse``, else a 0-d fp32 placeholder;
-    ``metadata`` is accepted and ignored (it carries no math); ``ori_sparse_indices``, ``ori_topk_length`` and
+    ``metadata`` is accepted and ignored (it carries no math), so are ``cu_seqlens_ori_kv`` / ``cu_seqlens_cmp_kv``
+    with ``layout_kv="PA_BBND"``; ``ori_sparse_indices``, ``ori_topk_length`` and
     ``cmp_topk_length`` are reserved (None); ``topk_value_mode`` must be 1. Differentiable."""
     check_reserved(ori_sparse_indices=ori_sparse_indices, ori_topk_length=ori_topk_length,
                    cmp_topk_length=cmp_topk_length)
     require(topk_value_mode in TOPK_VALUE_MODES, "topk_value_mode", "1 (the only mode)", topk_value_mode)
+    if layout_kv == "PA_BBND":  # the paged lengths are seqused_*; the NPU ignores these, as ops-transformer's test shows
+        cu_seqlens_ori_kv = cu_seqlens_cmp_kv = None
     with caller_names(NAMES):
         out, lse = api.sparse_flash_mla(
             q, ori_kv, cmp_kv=cmp_kv, cmp_sparse_indices=cmp_sparse_indices, cmp_ratio=cmp_ratio, sinks=sinks,

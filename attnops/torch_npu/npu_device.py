@@ -109,6 +109,13 @@ class CpuStream:
 _CPU_STREAM = CpuStream()
 
 
+class CpuDeviceProperties:
+    """``torch.npu.get_device_properties()`` on the CPU stand-in: the name and memory that Ascend scripts read."""
+
+    name = "cpu (attnops torch_npu stand-in)"
+    total_memory = 0
+
+
 class _GraphTaskHandle:
     """Handle returned by ``graph_task_group_end`` (an aclgraph task group; nothing to update on the stand-in)."""
 
@@ -125,7 +132,8 @@ def _cpu_names() -> dict:
         Event=CpuEvent, ExternalEvent=CpuEvent, Stream=CpuStream,
         stream=lambda stream=None: contextlib.nullcontext(stream),
         current_stream=lambda device=None: _CPU_STREAM, default_stream=lambda device=None: _CPU_STREAM,
-        set_stream=lambda stream: None, get_device_name=lambda device=None: "cpu (attnops torch_npu stand-in)",
+        set_stream=lambda stream: None, get_device_name=lambda device=None: CpuDeviceProperties.name,
+        get_device_properties=lambda device=None: CpuDeviceProperties(),
         mem_get_info=lambda device=None: (0, 0), memory_allocated=lambda device=None: 0,
         max_memory_allocated=lambda device=None: 0, reset_peak_memory_stats=lambda device=None: None,
         get_rng_state=lambda device="npu": torch.get_rng_state(),
@@ -140,7 +148,8 @@ def _cuda_names() -> dict:
         synchronize=cuda.synchronize, empty_cache=cuda.empty_cache,
         Event=cuda.Event, ExternalEvent=cuda.Event, Stream=cuda.Stream, stream=cuda.stream,
         current_stream=cuda.current_stream, default_stream=cuda.default_stream, set_stream=cuda.set_stream,
-        get_device_name=cuda.get_device_name, mem_get_info=cuda.mem_get_info,
+        get_device_name=cuda.get_device_name, get_device_properties=cuda.get_device_properties,
+        mem_get_info=cuda.mem_get_info,
         memory_allocated=cuda.memory_allocated, max_memory_allocated=cuda.max_memory_allocated,
         reset_peak_memory_stats=cuda.reset_peak_memory_stats, get_rng_state=cuda.get_rng_state,
         set_rng_state=cuda.set_rng_state,

@@ -46,11 +46,16 @@ def _install_pickling_modules(package: types.ModuleType, npu: types.ModuleType) 
 
 
 def _install_cann_ops_transformer(module: types.ModuleType) -> None:
-    """``import cann_ops_transformer`` and ``torch.ops.cann_ops_transformer.<op>``
-    (:mod:`attnops.cann_ops_transformer`), unless the real ops-transformer extension is importable."""
+    """``import cann_ops_transformer``, ``from cann_ops_transformer.ops import <op>`` (the extension's own layout) and
+    ``torch.ops.cann_ops_transformer.<op>`` (:mod:`attnops.cann_ops_transformer`), unless the real ops-transformer
+    extension is importable."""
     if real_package_present("cann_ops_transformer"):
         return
+    ops = types.ModuleType("cann_ops_transformer.ops", "attnops stand-in for cann_ops_transformer.ops")
+    for name in module.OPS:
+        setattr(ops, name, getattr(module, name))
     sys.modules["cann_ops_transformer"] = module
+    sys.modules["cann_ops_transformer.ops"] = ops
     for name in module.OPS:
         setattr(torch.ops.cann_ops_transformer, name, with_overloads(getattr(module, name)))
 

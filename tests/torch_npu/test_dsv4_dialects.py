@@ -51,6 +51,28 @@ def test_ot_sparse_flash_mla_matches_golden(branch, layouts):
     _check_attention(case, parts, starts, out, lse)
 
 
+def test_ot_sparse_flash_mla_ignores_kv_prefix_sums_with_paged_caches():
+    """ops-transformer's own test passes cu_seqlens_ori_kv / _cmp_kv with PA_BBND (the NPU ignores them): the paged
+    lengths are seqused_*, whatever the prefix sums say."""
+    case = CASES["csa"]
+    parts = make_parts(case)
+    kw, starts = pack(case, parts, "TND", "PA_BBND")
+    kw = _ot_kwargs(kw)
+    out, lse = cot.sparse_flash_mla(kw.pop("q"), return_softmax_lse=True, cu_seqlens_ori_kv=_i32([0, 100, 250]),
+                                    cu_seqlens_cmp_kv=_i32([0, 1, 2]), **kw)
+    _check_attention(case, parts, starts, out, lse)
+
+
+def test_metadata_hints_bound_the_valid_lengths():
+    """A segment longer than its seqused (ops-transformer's padding case): max_seqlen_* bounds seqused_*."""
+    lengths = dict(cu_seqlens_ori_kv=_i32([0, 38]), seqused_ori_kv=_i32([22]))
+    assert cot.sparse_flash_mla_metadata(128, 1, 512, max_seqlen_ori_kv=22, **lengths).shape == (1024,)
+    with pytest.raises(ValueError, match="^seqused_ori_kv: expected per-batch lengths <= max_seqlen_ori_kv=21"):
+        cot.sparse_flash_mla_metadata(128, 1, 512, max_seqlen_ori_kv=21, **lengths)
+    with pytest.raises(ValueError, match="^cu_seqlens_ori_kv: expected per-batch lengths <= max_seqlen_ori_kv=22"):
+        cot.sparse_flash_mla_metadata(128, 1, 512, max_seqlen_ori_kv=22, cu_seqlens_ori_kv=_i32([0, 38]))
+
+
 def test_ot_sparse_flash_mla_lse_placeholder_and_reserved_arguments():
     case = CASES["swa"]
     kw, _ = pack(case, make_parts(case), "BSND", "BSND")
@@ -313,9 +335,14 @@ def test_shim_registers_the_names():
     torch_npu.install()
     import cann_ops_transformer
 
+    from cann_ops_transformer.ops import compressor
+
     assert cann_ops_transformer is cot and sys.modules["cann_ops_transformer"] is cot
+    assert compressor is cot.compressor
+    assert isinstance(torch.npu.get_device_properties().name, str)  # Huawei's DSV4 test scripts read it
     for name in cot.OPS:
         assert getattr(torch.ops.cann_ops_transformer, name) is getattr(cot, name)
+        assert getattr(sys.modules["cann_ops_transformer.ops"], name) is getattr(cot, name)
     for name, fn in va.C_ASCEND_DSV4_OPS.items():
         assert getattr(torch.ops._C_ascend, name) is fn and fn.default is fn
 

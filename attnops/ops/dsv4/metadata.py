@@ -35,8 +35,8 @@ def _batch(tensors: dict[str, Tensor | None], batch_size: int | None) -> int | N
 
 def _check_values(tensors: dict[str, Tensor | None], max_seqlens: dict[str, int | None], cmp_ratio: int) -> None:
     """The length tensors on one device; on the CPU outside ``torch.compile`` their values too: ``cu_seqlens_*``
-    non-decreasing from 0, others >= 0, each batch's length at most its ``max_seqlen_*`` hint (when > 0), residuals
-    below ``cmp_ratio``."""
+    non-decreasing from 0, others >= 0, each batch's valid length (``seqused_*`` where given, else the
+    ``cu_seqlens_*`` segment) at most its ``max_seqlen_*`` hint (when > 0), residuals below ``cmp_ratio``."""
     given = {n: x for n, x in tensors.items() if x is not None}
     if not given:
         return
@@ -54,7 +54,10 @@ def _check_values(tensors: dict[str, Tensor | None], max_seqlens: dict[str, int 
         if name.startswith("cmp_residual"):
             require(max(values) < cmp_ratio, name, f"values in [0, cmp_ratio={cmp_ratio})", values)
             continue
-        hint_name = "max_seqlen_" + name.removeprefix("cu_seqlens_").removeprefix("seqused_")
+        which = name.removeprefix("cu_seqlens_").removeprefix("seqused_")
+        if name.startswith("cu_seqlens") and given.get("seqused_" + which) is not None:
+            continue  # the hint bounds the valid lengths: seqused_* where given (a segment may hold more)
+        hint_name = "max_seqlen_" + which
         hint = max_seqlens.get(hint_name) or 0
         require(hint <= 0 or max(lengths, default=0) <= hint, name, f"per-batch lengths <= {hint_name}={hint}",
                 lengths)
