@@ -1,6 +1,6 @@
-"""``@triton.jit`` helpers shared by the DSA kernels (lightning indexer, sparse flash attention): where a query row
-and its batch's keys live, read from the device length tensors (no host metadata), and the key rows of any layout.
-No allocation here.
+"""``@triton.jit`` helpers shared by the kernels that address one query token per program and gather key rows (the
+lightning indexers of DeepSeek-V3.2 and V4, DSA sparse flash attention): where a query row and its batch's keys live,
+read from the device length tensors (no host metadata), and the key rows of any layout. No allocation here.
 
 Query side (``Q_PACKED``): BSND rows are programs ``(row, batch)``, the batch's valid length from its entry of
 ``actual_seq_lengths_query`` (``q_lens_mode`` 1; stride 0 broadcasts a one-entry tensor) or the padded length (0);
