@@ -30,7 +30,7 @@ def lightning_indexer_v2(query, key, weights, topk: int, output_idx_offset, attr
     problem = None if on_device else indexer_v2_problem(query, key, weights, topk=topk, **metadata,
                                                         output_idx_offset=output_idx_offset, **attrs)
     if choose_backend("auto", query.device, lambda: indexer_v2_reason(query, weights)) == "triton":
-        meta = launch.IndexerV2Metadata(**{name: to_kernel(t, query.device) for name, t in metadata.items()},
+        meta = launch.IndexerV2Metadata(**{name: staging.to_device(t, query.device) for name, t in metadata.items()},
                                         output_idx_offset=output_idx_offset)
         indices, values = launch.lightning_indexer_v2(query, key, weights, meta, topk, attrs["layout_q"],
                                                       attrs["layout_k"], attrs["mask_mode"], attrs["cmp_ratio"])
@@ -43,9 +43,3 @@ def lightning_indexer_v2(query, key, weights, topk: int, output_idx_offset, attr
 
     return on_cpu(reference, query, key, weights, output_idx_offset, metadata)
 
-
-def to_kernel(t, device):
-    """A metadata tensor on the kernels' ``device``: host tensors uploaded without blocking (None stays None)."""
-    if t is None or t.device == device:
-        return t
-    return staging.upload(t, t.dtype, device)
