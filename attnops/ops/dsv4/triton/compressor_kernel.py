@@ -23,6 +23,7 @@ from ...._core.triton.helpers import upcast
 from ...common.triton.token_rows import query_row
 
 SEARCH_TILE: tl.constexpr = tl.constexpr(64)
+NO_LENGTHS: tl.constexpr = tl.constexpr(False)
 
 
 @triton.jit
@@ -63,8 +64,8 @@ def _batch_span(cu_ptr, used_ptr, pos_ptr, b, seg_len, total, PACKED: tl.constex
 
 
 @triton.jit
-def _packed_out_row(o, cu_ptr, used_ptr, pos_ptr, n_batch, total, ratio, SEQUSED: tl.constexpr,
-                    START_POS: tl.constexpr):
+def _packed_out_row(o, cu_ptr, used_ptr, pos_ptr, n_batch, total, ratio, PACKED: tl.constexpr,
+                    SEQUSED: tl.constexpr, START_POS: tl.constexpr):
     """``(b, k)``: packed output row ``o`` is the ``k``-th emitted row of batch ``b`` (``b = n_batch``: padding)."""
     b = tl.zeros([], tl.int64)
     first = tl.zeros([], tl.int64)
@@ -73,7 +74,7 @@ def _packed_out_row(o, cu_ptr, used_ptr, pos_ptr, n_batch, total, ratio, SEQUSED
         j = j0 + tl.arange(0, SEARCH_TILE)
         ok = j < n_batch
         jc = tl.where(ok, j, 0)
-        _, n, sp = _batch_span(cu_ptr, used_ptr, pos_ptr, jc, 0, total, True, SEQUSED, START_POS)
+        _, n, sp = _batch_span(cu_ptr, used_ptr, pos_ptr, jc, 0, total, PACKED, SEQUSED, START_POS)
         emitted = tl.where(ok, (sp + n) // ratio - sp // ratio, 0)
         ends = carry + tl.cumsum(emitted, 0)
         before = ok & (ends <= o)
@@ -143,7 +144,7 @@ def compressor_pool_kernel(rows_ptr, ape_ptr, state_ptr, bt_ptr, cu_ptr, used_pt
                            INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
     o = tl.program_id(0).to(tl.int64)
     if PACKED:
-        b, k = _packed_out_row(o, cu_ptr, used_ptr, pos_ptr, n_batch, total, ratio, SEQUSED, START_POS)
+        b, k = _packed_out_row(o, cu_ptr, used_ptr, pos_ptr, n_batch, total, ratio, PACKED, SEQUSED, START_POS)
         bc = tl.minimum(b, n_batch - 1)
     else:
         b = tl.program_id(1).to(tl.int64)
@@ -191,10 +192,10 @@ def compressor_save_kernel(rows_ptr, ape_ptr, state_ptr, bt_ptr, cu_ptr, used_pt
                            st_s1, st_s2, bt_sb, bt_len, seg_len, total, n_batch, ratio, coff, width, block_size,
                            n_blocks, PACKED: tl.constexpr, SEQUSED: tl.constexpr, START_POS: tl.constexpr,
                            RING: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = seg_len
     if PACKED:
-        b, token, t, _, valid = query_row(cu_ptr + 1, 1, total, n_batch, True, False)
-    else:
-        b, token, t, _, valid = query_row(cu_ptr, 1, seg_len, n_batch, False, False)
+        rows = total
+    b, token, t, _, valid = query_row(cu_ptr + 1, 1, rows, n_batch, PACKED, NO_LENGTHS)
     b = b.to(tl.int64)
     x_start, n, sp = _batch_span(cu_ptr, used_ptr, pos_ptr, b, seg_len, total, PACKED, SEQUSED, START_POS)
     c = tl.program_id(2).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)

@@ -14,6 +14,8 @@ from ...._core.triton.helpers import upcast
 from ...common.triton.token_rows import head_rows, kv_range, query_row
 from ...common.triton.topk import streaming_topk, topk_positions, topk_scores
 
+NO_LENGTHS: tl.constexpr = tl.constexpr(False)
+
 
 @triton.jit
 def _clamped_entry(ptr, b, hi):
@@ -30,14 +32,14 @@ def indexer_v2_kernel(q_ptr, k_ptr, w_ptr, idx_ptr, val_ptr, off_ptr, q_ends_ptr
                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     if Q_PACKED:
-        b, token, row, q_len, valid = query_row(q_ends_ptr, 1, s1, n_batch, True, False)
+        b, token, row, q_len, valid = query_row(q_ends_ptr, 1, s1, n_batch, Q_PACKED, NO_LENGTHS)
         if SEQUSED_Q:
             q_len = tl.minimum(q_len, _clamped_entry(sq_ptr, b, s1))
             valid = valid & (row < q_len)
     else:
-        b, token, row, q_len, valid = query_row(sq_ptr, 1, s1, n_batch, False, SEQUSED_Q)
+        b, token, row, q_len, valid = query_row(sq_ptr, 1, s1, n_batch, Q_PACKED, SEQUSED_Q)
     if KV_MODE == 1:
-        kv_start, kv_len = kv_range(k_ends_ptr, 1, b, s2, KV_MODE, False)
+        kv_start, kv_len = kv_range(k_ends_ptr, 1, b, s2, KV_MODE, NO_LENGTHS)
         if SEQUSED_K:
             kv_len = tl.minimum(kv_len, _clamped_entry(sk_ptr, b, s2))
     else:
