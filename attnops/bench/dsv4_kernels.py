@@ -56,10 +56,3 @@ def build_kernel_case(case: Case, inp: Inputs, device):
                                                     cmp_ratio=RATIO, cmp_residual_k=kw["residual"]).sparse_indices
     return Runnable(index, output=lambda: state.get("out"))
 
-
-def kept_pairs(case: Case) -> int:
-    """The FLOP model's pairs (``2 * heads * pairs * (d + dv)`` FLOPs): the compressor's projection outputs
-    (``heads`` 1, ``d`` the hidden size), the indexer's allowed (query token, compressed key) pairs."""
-    if case.op == "dsv4_compressor":
-        return case.skv * 2 * COFF * case.params["dim"]
-    return sum((i + 1) // RATIO for i in range(case.sq))
