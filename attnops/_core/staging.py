@@ -62,7 +62,7 @@ def device_constant(maxsize: int = 16):
     return decorate
 
 
-def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+def upload_if_host(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """A metadata tensor on ``device`` for the kernels: a host tensor uploaded (:func:`upload`, same dtype), one
     already there as it is, None as None."""
     if t is None or t.device == torch.device(device):

@@ -34,7 +34,8 @@ def compressor(x, wkv, wgate, state_cache, ape, post: launch.Post, metadata: dic
     problem = None if on_device else compressor_problem(x, wkv, wgate, state_cache, ape, **tensors, **attrs,
                                                         **metadata)
     if choose_backend("auto", x.device, lambda: compressor_reason(x, state_cache, ape, dim)) == "triton":
-        meta = launch.CompressorMetadata(**{name: staging.to_device(t, x.device) for name, t in metadata.items()})
+        meta = launch.CompressorMetadata(**{name: staging.upload_if_host(t, x.device)
+                                            for name, t in metadata.items()})
         return launch.compressor(x, wkv, wgate, state_cache, ape, meta, post, shape, ratio, coff, cache_mode)
 
     def reference(x, wkv, wgate, state, ape, tensors, metadata):

@@ -30,8 +30,8 @@ def lightning_indexer_v2(query, key, weights, topk: int, output_idx_offset, attr
     problem = None if on_device else indexer_v2_problem(query, key, weights, topk=topk, **metadata,
                                                         output_idx_offset=output_idx_offset, **attrs)
     if choose_backend("auto", query.device, lambda: indexer_v2_reason(query, weights)) == "triton":
-        meta = launch.IndexerV2Metadata(**{name: staging.to_device(t, query.device) for name, t in metadata.items()},
-                                        output_idx_offset=output_idx_offset)
+        uploaded = {name: staging.upload_if_host(t, query.device) for name, t in metadata.items()}
+        meta = launch.IndexerV2Metadata(**uploaded, output_idx_offset=output_idx_offset)
         indices, values = launch.lightning_indexer_v2(query, key, weights, meta, topk, attrs["layout_q"],
                                                       attrs["layout_k"], attrs["mask_mode"], attrs["cmp_ratio"])
         return indices.view(-1, topk), values.view(-1, topk)

@@ -42,8 +42,8 @@ def test_compressor_records_its_kernels(post):
 
 def test_compressor_ring_state_and_batched_x():
     with gpu_dry_run() as launches:
-        attnops.compressor(meta(2, 256, 1024), meta(512, 1024), meta(512, 1024), meta(2, 256, 1024, dtype=torch.float32),
-                           meta(128, 512, dtype=torch.float32), cmp_ratio=128, coff=1, cache_mode=2,
+        attnops.compressor(meta(2, 256, 1024), meta(512, 1024), meta(512, 1024),
+                           meta(2, 256, 1024, dtype=torch.float32), meta(128, 512, dtype=torch.float32), cmp_ratio=128, coff=1, cache_mode=2,
                            state_block_table=meta(2, dtype=I32), seqused=meta(2, dtype=I32),
                            start_pos=meta(2, dtype=I32))
     assert kernels(launches)[-1] == "compressor_save_kernel" and launches[-1].constexprs["RING"]
