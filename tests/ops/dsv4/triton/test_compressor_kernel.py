@@ -178,3 +178,35 @@ def test_fp16_within_twice_the_plain_error(triton_backend):
                              cmp_ratio=ratio, coff=coff)
     assert triton_backend == POOLED and out.dtype == H
     _check("fp16 rows", out[0, :5], x[0], wkv, wgate, ape, coff)
+
+
+def test_odd_ratio_empty_batch_seqused_and_history(triton_backend):
+    """Ratio 3 with overlap, an odd block size, an empty batch, seqused below the segment and start positions inside
+    a block whose earlier rows come from the state."""
+    ratio, coff, dim, hidden, bs = 3, 2, 8, 16, 5
+    wkv, wgate, ape = _weights(hidden, dim, ratio, coff, dtype=F, seed=30)
+    segs, used, starts = [0, 7, 5], [0, 6, 5], [0, 4, 10]
+    table = _table(3, 4)
+    state = _state(int(table.max()) + 1, bs, dim, coff)
+    history = [randn(s, 2 * coff * dim, dtype=F, seed=31 + b) for b, s in enumerate(starts)]
+    for b, rows in enumerate(history):
+        for p in range(starts[b]):
+            state[int(table[b, p // bs]), p % bs] = rows[p]
+    xs = [randn(n, hidden, dtype=F, seed=40 + b) for b, n in enumerate(segs)]
+    cu = torch.tensor([0, *torch.tensor(segs).cumsum(0).tolist()], dtype=torch.int32)
+    state = state.to(DEVICE)
+    out = attnops.compressor(torch.cat(xs).to(DEVICE), *(t.to(DEVICE) for t in (wkv, wgate)), state, ape.to(DEVICE),
+                             **_dev(cmp_ratio=ratio, coff=coff, state_block_table=table, cu_seqlens=cu,
+                                    seqused=torch.tensor(used, dtype=torch.int32),
+                                    start_pos=torch.tensor(starts, dtype=torch.int32))).cpu()
+    assert triton_backend == SAVED
+    row = 0
+    for b in range(3):
+        xb, sp, n = xs[b][:used[b]], starts[b], used[b]
+        count = (sp + n) // ratio - sp // ratio
+        if count:
+            _check(f"batch {b}", out[row:row + count], xb, wkv, wgate, ape, coff, start_pos=sp, history=history[b])
+        row += count
+        _, new = G.compress(xb, wkv, wgate, ape, coff=coff, start_pos=sp, history=history[b])
+        torch.testing.assert_close(_read_state(state.cpu(), table, b, range(sp, sp + n), bs), new.float())
+    assert not out[row:].any()
