@@ -45,7 +45,7 @@ EXPECTED_S = {
              "tests-dsv4-compressor-indexer": (30, 10), "tests-integration": (45, 30), "check": (45, 30),
              "bench": (25, 20), "bench-rest": (60, 0)},
     "interpret": {"tests-fa": (600, 25), "tests-nsa": (600, 25), "tests-fia": (600, 35), "tests-dsa": (600, 25),
-                  "tests-dsv4-compressor-indexer": (300, 15), "check": (600, 15), "bench": (60, 10),
+                  "tests-dsv4-compressor-indexer": (300, 25), "check": (600, 15), "bench": (60, 10),
                   "bench-rest": (120, 0)},
 }
 
