@@ -60,3 +60,11 @@ def device_constant(maxsize: int = 16):
             return build(*args) if torch.compiler.is_compiling() else kept(*args)
         return constant
     return decorate
+
+
+def upload_if_host(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A metadata tensor on ``device`` for the kernels: a host tensor uploaded (:func:`upload`, same dtype), one
+    already there as it is, None as None."""
+    if t is None or t.device == torch.device(device):
+        return t
+    return upload(t, t.dtype, device)

@@ -202,6 +202,18 @@ def host_ints(name: str, t: Tensor, count: int | None = None) -> list[int]:
     return [int(v) for v in t.tolist()]
 
 
+def check_index_vector(name: str, t: Tensor | None, count: int | None, device: torch.device) -> None:
+    """A metadata vector for the kernels on ``device`` (None passes): 1-D int32/int64 with ``count`` entries (at least
+    one when ``count`` is None), on ``device`` or the CPU (uploaded later); its values are not read."""
+    if t is None:
+        return
+    check_tensor(name, t, ndim=1, dtypes=INDEX_DTYPES)
+    require(t.shape[0] == count if count is not None else t.shape[0] >= 1, name,
+            f"{count} entries" if count is not None else "at least one entry", t)
+    require(t.device == device or t.device.type == "cpu", name, f"a tensor on {device} like the data, or on the CPU",
+            t)
+
+
 def segments(name: str, cu_seqlens: Tensor | None, total: int) -> tuple[list[int], list[int]]:
     """``(starts, lengths)`` of the batches of a packed ``[T, ...]`` tensor from ``cu_seqlens`` ``[B+1]`` (leading 0,
     non-decreasing, last value at most ``total``)."""

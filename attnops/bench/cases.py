@@ -372,6 +372,37 @@ register_suite(Suite(
     cases=_dsv4_prefill_cases(), device="cpu", repeat=1, warmup=0))
 
 
+def _dsv4_kernel_cases(prefix: str, lengths, *, hidden: int, dim: int, heads: int, topk: int, dtype: str) -> tuple:
+    """A C4A compressor prefill and the lightning indexer v2 over the same tokens' compressed keys."""
+    cases = []
+    for t in lengths:
+        cases.append(Case(name=f"{prefix}-compressor-c4a-t{t}-h{hidden}-d{dim}-{dtype}", op="dsv4_compressor",
+                          heads=1, kv_heads=1, sq=t, skv=t, d=hidden, dv=0, dtype=dtype, baselines=(),
+                          params={"dim": dim, "block": 128}))
+        cases.append(Case(name=f"{prefix}-indexer-v2-t{t}-n{heads}-top{topk}-{dtype}", op="dsv4_indexer_v2",
+                          heads=heads, kv_heads=1, sq=t, skv=t // 4, d=128, dv=0, dtype=dtype, baselines=(),
+                          params={"topk": topk}))
+    return tuple(cases)
+
+
+register_suite(Suite(
+    name="dsv4-kernels-gpu",
+    description="DeepSeek-V4 compressor (C4A prefill) and lightning indexer v2 (top-512) on CUDA at 8k/32k; bf16",
+    details="Compressor: one request's C4A prefill from position 0, hidden size 4096, D=512, coff 2, ratio 4, a paged "
+            "fp32 state (blocks of 128); FLOPs = the projection's 2*T*4096*2048. Indexer v2: 64 heads x 128 over the "
+            "T/4 compressed keys, mask mode 3 (ratio 4), top-512 as in DSV4-Flash; FLOPs = 2*64*128 per allowed "
+            "(token, compressed key) pair",
+    cases=_dsv4_kernel_cases("dsv4-kernels", (8192, 32768), hidden=4096, dim=512, heads=64, topk=512,
+                             dtype="bfloat16"),
+    device="cuda", repeat=10, warmup=2))
+
+register_suite(Suite(
+    name="dsv4-kernels-smoke",
+    description="Tiny DeepSeek-V4 compressor and indexer v2 cases (seconds on any device) through the runner",
+    cases=_dsv4_kernel_cases("dsv4-kernels-smoke", (256,), hidden=64, dim=32, heads=4, topk=16, dtype="float32"),
+    device="cpu", repeat=2, warmup=1))
+
+
 def _host_cases() -> tuple[Case, ...]:
     return host_cases()
 

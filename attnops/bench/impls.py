@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from .._core.dropout import pack_bits
-from .types import DSV4_OPS, NSA_INFER_OPS, Case, Inputs, Runnable, Unavailable, autograd_runnable
+from .types import DSV4_KERNEL_OPS, DSV4_OPS, NSA_INFER_OPS, Case, Inputs, Runnable, Unavailable, autograd_runnable
 
 CAUSAL_MASK_SIZE = 2048  # CANN's compressed causal mask for sparse_mode 2
 
@@ -41,6 +41,10 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
         return dsa.dsa_inputs(case, device, seed)
     if case.op in DSV4_OPS:
         return _dsv4().dsv4_inputs(case, device, seed)
+    if case.op in DSV4_KERNEL_OPS:
+        from . import dsv4_kernels
+
+        return dsv4_kernels.kernel_inputs(case, device, seed)
     if case.op != "flash_attention":
         from . import sparse_infer
 
@@ -112,6 +116,10 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
         return dsa.build_dsa(case, inp, device)
     if case.op in DSV4_OPS:
         return _dsv4().build_dsv4(case, inp, device)
+    if case.op in DSV4_KERNEL_OPS:
+        from . import dsv4_kernels
+
+        return dsv4_kernels.build_kernel_case(case, inp, device)
     if case.op in ("nsa_decode", "nsa_prefill_decode"):
         from . import nsa_decode
 

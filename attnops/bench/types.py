@@ -16,6 +16,7 @@ import torch
 MODES = ("fwd", "bwd", "fwd+bwd")
 NSA_INFER_OPS = ("nsa_selected_infer", "nsa_compress_infer")  # the NSA decode operators alone
 DSV4_OPS = ("dsv4_decode", "dsv4_prefill")  # DeepSeek-V4 attention (sparse_flash_mla)
+DSV4_KERNEL_OPS = ("dsv4_compressor", "dsv4_indexer_v2")  # DeepSeek-V4 compressor and lightning indexer v2
 BWD_FACTOR = 2.5
 
 
@@ -96,6 +97,10 @@ class Case:
         if self.op == "dsv4_prefill":  # token i: its window and min(topk, completed C4A rows)
             p = self.params
             return sum(min(p["window"], i + 1) + min(p["topk"], (i + 1) // 4) for i in range(self.skv))
+        if self.op == "dsv4_compressor":  # the projection's outputs (heads 1, d the hidden size): T x 2 * coff * D
+            return self.skv * 2 * 2 * self.params["dim"]
+        if self.op == "dsv4_indexer_v2":  # token i may use the (i + 1) // 4 compressed keys its blocks completed
+            return sum((i + 1) // 4 for i in range(self.sq))
         if self.op in NSA_INFER_OPS:  # one query per request
             return self.batch * self.decode_keys()
         if self.op in ("dsa_prefill", "dsa_decode"):  # every query attends to min(topk, its causal keys)

@@ -28,6 +28,10 @@ KERNEL_FAMILIES = (
                  ("tests/ops/fused_infer_attention/triton/test_decode_kernel.py", "-k", "test_dense_decode")),
     KernelFamily("dsa", (), ("tests/ops/dsa/triton",),
                  ("tests/ops/dsa/triton/test_kernels.py", "-k", "test_sparse_attention_kernel_separate_value")),
+    KernelFamily("dsv4-compressor-indexer", (),
+                 ("tests/ops/dsv4/triton/test_compressor_kernel.py", "tests/ops/dsv4/triton/test_indexer_v2_kernel.py",
+                  "tests/ops/dsv4/test_dsv4_dry_run.py"),
+                 ("tests/ops/dsv4/triton/test_indexer_v2_kernel.py", "-k", "test_ties_go_to_the_lower_index")),
 )
 
 

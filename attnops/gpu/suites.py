@@ -42,3 +42,5 @@ register_gpu_suite(GpuSuite("fia-gpu", smoke_suite="fia-smoke", quick_filter=r"b
 register_gpu_suite(GpuSuite("dsa-gpu", smoke_suite="dsa-smoke", quick_filter=r"t(8192|32768)-|decode-b64",
                             impls=("attnops", "attnops-dense-mha"), smoke_impls=("attnops",),
                             smoke_quick_filter="prefill"))
+register_gpu_suite(GpuSuite("dsv4-kernels-gpu", smoke_suite="dsv4-kernels-smoke", quick_filter=r"t8192-",
+                            impls=("attnops",), smoke_impls=("attnops",), smoke_quick_filter="compressor"))

@@ -26,3 +26,10 @@ def kernel_input_reason(tensor: torch.Tensor, name: str = "inputs") -> str | Non
     if tensor.dtype == torch.bfloat16 and interpreting(tensor.device) and tensor.device.type == "cpu":
         return "the Triton CPU interpreter has no bfloat16 (bf16 dots and casts are wrong there); use float16/float32"
     return None
+
+
+def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
+    """The ``UPCAST`` / ``PRECISION`` constexprs of a kernel's products: fp32 math on loaded tiles for fp32 inputs and
+    always in the interpreter (which has no bf16), ``ieee`` products then, else ``tf32`` (16-bit tensor-core dots)."""
+    upcast = interpret or dtype == torch.float32
+    return dict(UPCAST=upcast, PRECISION="ieee" if upcast else "tf32")

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_choice, check_int, check_same_device, check_tensor, fail, require
-from ..._core.varlen import INDEX_DTYPES, host_ints, per_batch, segments, used
+from ..._core.varlen import INDEX_DTYPES, check_index_vector, host_ints, per_batch, segments, used
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 STATE_DTYPES = (torch.float32, torch.float64)
@@ -83,11 +83,11 @@ def output_shape(x: Tensor, wkv: Tensor, cu_seqlens: Tensor | None, cmp_ratio: i
     return (min(x.shape[0], x.shape[0] // cmp_ratio + batch), dim)
 
 
-def compressor_problem(x: Tensor, wkv: Tensor, wgate: Tensor, state_cache: Tensor, ape: Tensor, *,
-                       norm_weight, rope_sin, rope_cos, state_block_table, cu_seqlens, seqused, start_pos,
-                       cmp_ratio: int, coff: int, cache_mode: int, rope_head_dim: int, norm_eps: float,
-                       rotary_mode: int) -> CompressorProblem:
-    """Validate a call (every argument, before any compute) and return its normal form."""
+def check_operands(x: Tensor, wkv: Tensor, wgate: Tensor, state_cache: Tensor, ape: Tensor, *, norm_weight,
+                   rope_sin, rope_cos, state_block_table, cu_seqlens, cmp_ratio: int, coff: int, cache_mode: int,
+                   rope_head_dim: int, norm_eps: float, rotary_mode: int) -> tuple[int, int, tuple[int, ...]]:
+    """The checks that read no metadata value (attributes, the operands' shapes, dtypes and devices, the optional
+    RMSNorm and RoPE); returns ``(cmp_ratio, D, output shape)``."""
     check_same_device("x", x, wkv=wkv, wgate=wgate, state_cache=state_cache, ape=ape, norm_weight=norm_weight,
                       rope_sin=rope_sin, rope_cos=rope_cos, state_block_table=state_block_table)
     ratio = check_int("cmp_ratio", cmp_ratio, lo=1)
@@ -104,10 +104,44 @@ def compressor_problem(x: Tensor, wkv: Tensor, wgate: Tensor, state_cache: Tenso
     check_tensor("state_cache", state_cache, ndim=3, dtypes=STATE_DTYPES)
     require(state_cache.shape[2] == 2 * coff * dim and state_cache.shape[1] > 0, "state_cache",
             f"[blocks, block_size, 2 * coff * D = {2 * coff * dim}] ([kv | score] per position)", state_cache)
-
     if x.dim() == 3:
         require(cu_seqlens is None, "cu_seqlens", "None for x [B, S, H] (cu_seqlens is for packed x [T, H])",
                 cu_seqlens)
+    shape = output_shape(x, wkv, cu_seqlens, ratio, coff)
+    _check_post(norm_weight, rope_sin, rope_cos, shape, dim, rope_head_dim, norm_eps, rotary_mode)
+    return ratio, dim, shape
+
+
+def check_device_metadata(x: Tensor, *, cu_seqlens, seqused, start_pos, state_block_table, cache_mode: int) -> None:
+    """The metadata's shapes, dtypes and devices, without reading a value (the kernels read them, clamping every
+    length into the tensors): the checks of a call whose metadata lives on the device."""
+    if x.dim() == 2:
+        check_index_vector("cu_seqlens", cu_seqlens, None, x.device)
+        batch = cu_seqlens.shape[0] - 1
+    else:
+        batch = x.shape[0]
+    check_index_vector("seqused", seqused, batch, x.device)
+    check_index_vector("start_pos", start_pos, batch, x.device)
+    if state_block_table is None:
+        return
+    if cache_mode == 2:
+        check_index_vector("state_block_table", state_block_table, batch, x.device)
+    else:
+        check_tensor("state_block_table", state_block_table, ndim=2, dtypes=INDEX_DTYPES)
+        require(state_block_table.shape[0] == batch, "state_block_table", f"[B={batch}, max_blocks]",
+                state_block_table)
+
+
+def compressor_problem(x: Tensor, wkv: Tensor, wgate: Tensor, state_cache: Tensor, ape: Tensor, *,
+                       norm_weight, rope_sin, rope_cos, state_block_table, cu_seqlens, seqused, start_pos,
+                       cmp_ratio: int, coff: int, cache_mode: int, rope_head_dim: int, norm_eps: float,
+                       rotary_mode: int) -> CompressorProblem:
+    """Validate a call (every argument, before any compute) and return its normal form."""
+    ratio, dim, shape = check_operands(x, wkv, wgate, state_cache, ape, norm_weight=norm_weight, rope_sin=rope_sin,
+                                       rope_cos=rope_cos, state_block_table=state_block_table, cu_seqlens=cu_seqlens,
+                                       cmp_ratio=cmp_ratio, coff=coff, cache_mode=cache_mode,
+                                       rope_head_dim=rope_head_dim, norm_eps=norm_eps, rotary_mode=rotary_mode)
+    if x.dim() == 3:
         batch, s = x.shape[:2]
         starts, stored = [b * s for b in range(batch)], [s] * batch
     else:
@@ -115,7 +149,6 @@ def compressor_problem(x: Tensor, wkv: Tensor, wgate: Tensor, state_cache: Tenso
         batch = len(starts)
     lens = used("seqused", seqused, stored)
     first = per_batch("start_pos", start_pos, batch, default=0)
-    shape = output_shape(x, wkv, cu_seqlens, ratio, coff)
     out_starts, row = [], 0
     for b in range(batch):
         out_starts.append(b * shape[1] if x.dim() == 3 else row)
@@ -123,7 +156,6 @@ def compressor_problem(x: Tensor, wkv: Tensor, wgate: Tensor, state_cache: Tenso
     batches = tuple(Batch(*v) for v in zip(starts, lens, first, out_starts))
 
     table = _state_table(state_block_table, state_cache, batches, ratio, coff, cache_mode)
-    _check_post(norm_weight, rope_sin, rope_cos, shape, dim, rope_head_dim, norm_eps, rotary_mode)
     return CompressorProblem(batches, shape, ratio, coff, dim, cache_mode, table, state_cache.shape[1])
 
 

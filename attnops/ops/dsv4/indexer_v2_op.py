@@ -1,7 +1,6 @@
 """Lightning indexer v2 as a ``torch.library`` custom op (namespace ``attnops``) with its fake kernel. Not
-differentiable (its outputs are integer positions and their scores). Lengths, residuals and block tables are host
-metadata, read once per call. There is no Triton kernel: off the CPU the reference runs on CPU copies (with a
-``PerformanceWarning``), and ``gpu_dry_run`` says so before reading anything."""
+differentiable (its outputs are integer positions and their scores). The backend (:mod:`.indexer_v2_backend`) runs
+the Triton kernel on CUDA (metadata read by the kernel) or the reference on CPU copies."""
 from __future__ import annotations
 
 from typing import Optional
@@ -11,10 +10,8 @@ from torch import Tensor
 
 from ..._core.checks import check_tensor
 from ..._core.custom_ops import register_dry_run_meta
-from ..._core.devices import on_cpu
-from ..._core.dispatch import choose_backend
-from .indexer_v2_reference import compute_dtype, lightning_indexer_v2_forward
-from .indexer_v2_problem import indexer_v2_problem
+from .indexer_v2_backend import lightning_indexer_v2
+from .indexer_v2_reference import compute_dtype
 
 
 def _output_shape(query: Tensor, topk: int) -> tuple[int, ...]:
@@ -28,12 +25,12 @@ def dsv4_lightning_indexer_v2(query: Tensor, key: Tensor, weights: Tensor, cu_se
                               block_table: Optional[Tensor], output_idx_offset: Optional[Tensor], topk: int,
                               layout_q: str, layout_k: str, mask_mode: int, cmp_ratio: int
                               ) -> tuple[Tensor, Tensor]:
-    choose_backend("auto", check_tensor("query", query).device)  # no kernel yet: said before host values are read
-    problem = indexer_v2_problem(query, key, weights, topk=topk, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                 seqused_q=seqused_q, seqused_k=seqused_k, cmp_residual_k=cmp_residual_k,
-                                 block_table=block_table, output_idx_offset=output_idx_offset, layout_q=layout_q,
-                                 layout_k=layout_k, mask_mode=mask_mode, cmp_ratio=cmp_ratio)
-    indices, values = on_cpu(lightning_indexer_v2_forward, problem, query, key, weights, topk, output_idx_offset)
+    check_tensor("query", query)
+    indices, values = lightning_indexer_v2(
+        query, key, weights, topk, output_idx_offset,
+        dict(layout_q=layout_q, layout_k=layout_k, mask_mode=mask_mode, cmp_ratio=cmp_ratio),
+        dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_q=seqused_q, seqused_k=seqused_k,
+             cmp_residual_k=cmp_residual_k, block_table=block_table))
     shape = _output_shape(query, topk)
     return indices.view(shape), values.view(shape)
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..._core.checks import check_choice, check_int, check_same_device, check_tensor, require
-from ..._core.varlen import INDEX_DTYPES, host_ints, per_batch, segments, used
+from ..._core.varlen import INDEX_DTYPES, check_index_vector, host_ints, per_batch, segments, used
 
 QUERY_LAYOUTS = ("BSND", "TND")
 PAGED_LAYOUTS = ("PA_BBND", "PA_BSND")
@@ -54,10 +54,10 @@ def key_limits(lq: int, lk: int, *, mask_mode: int, cmp_ratio: int, residual: in
     return torch.div(p + 1, cmp_ratio, rounding_mode="floor").clamp(0, lk)
 
 
-def indexer_v2_problem(query: Tensor, key: Tensor, weights: Tensor, *, topk: int, cu_seqlens_q, cu_seqlens_k,
-                       seqused_q, seqused_k, cmp_residual_k, block_table, output_idx_offset, layout_q: str,
-                       layout_k: str, mask_mode: int, cmp_ratio: int) -> IndexerV2Problem:
-    """Validate a call (every argument, before any compute) and return its normal form."""
+def check_operands(query: Tensor, key: Tensor, weights: Tensor, *, topk: int, block_table, output_idx_offset,
+                   layout_q: str, layout_k: str, mask_mode: int, cmp_ratio: int) -> int:
+    """The checks that read no metadata value (layouts, attributes, the operands' and ``output_idx_offset``'s shapes,
+    dtypes and devices); returns ``cmp_ratio``."""
     check_same_device("query", query, key=key, weights=weights, block_table=block_table,
                       output_idx_offset=output_idx_offset)
     check_choice("layout_q", layout_q, QUERY_LAYOUTS)
@@ -73,7 +73,51 @@ def indexer_v2_problem(query: Tensor, key: Tensor, weights: Tensor, *, topk: int
             f"one key head of head dim D={query.shape[-1]} ([..., 1, {query.shape[-1]}])", key)
     check_tensor("weights", weights, shape=tuple(query.shape[:-1]),
                  dtypes=tuple(dict.fromkeys((torch.float32, torch.float64, query.dtype))))
+    if output_idx_offset is not None:
+        check_tensor("output_idx_offset", output_idx_offset, shape=(*query.shape[:-2], 1), dtypes=INDEX_DTYPES)
+    return ratio
 
+
+def check_device_metadata(query: Tensor, key: Tensor, *, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                          cmp_residual_k, block_table, layout_q: str, layout_k: str, mask_mode: int,
+                          cmp_ratio: int) -> None:
+    """The metadata's presence, shapes, dtypes and devices, without reading a value (the kernel reads them, clamping
+    every length into the tensors): the checks of a call whose metadata lives on the device."""
+    if layout_q == "BSND":
+        require(cu_seqlens_q is None, "cu_seqlens_q", "None with layout_q 'BSND'", cu_seqlens_q)
+        batch = query.shape[0]
+    else:
+        require(cu_seqlens_q is not None, "cu_seqlens_q", "cu_seqlens [B+1] (required with layout_q 'TND')", None)
+        check_index_vector("cu_seqlens_q", cu_seqlens_q, None, query.device)
+        batch = cu_seqlens_q.shape[0] - 1
+    check_index_vector("seqused_q", seqused_q, batch, query.device)
+    check_index_vector("seqused_k", seqused_k, batch, query.device)
+    check_index_vector("cmp_residual_k", cmp_residual_k, batch, query.device)
+    if layout_k in PAGED_LAYOUTS:
+        require(cu_seqlens_k is None, "cu_seqlens_k", "None with a paged key", cu_seqlens_k)
+        check_tensor("block_table", block_table, ndim=2, dtypes=INDEX_DTYPES)
+        require(block_table.shape[0] == batch, "block_table", f"[B={batch}, max_blocks]", block_table)
+        require(seqused_k is not None, "seqused_k", "per-batch key counts [B] (required with a paged key)", None)
+    else:
+        require(block_table is None, "block_table", "None unless layout_k is paged ('PA_BBND')", block_table)
+        if layout_k == "BSND":
+            require(cu_seqlens_k is None, "cu_seqlens_k", "None with layout_k 'BSND'", cu_seqlens_k)
+            require(key.shape[0] == batch, "key", f"batch B={batch} like query", key)
+        else:
+            require(cu_seqlens_k is not None, "cu_seqlens_k", "cu_seqlens [B+1] (required with layout_k 'TND')", None)
+            check_index_vector("cu_seqlens_k", cu_seqlens_k, batch + 1, query.device)
+    if mask_mode == 3 and cmp_ratio > 1:
+        require(cmp_residual_k is not None, "cmp_residual_k",
+                f"per-batch residuals [B] in [0, {cmp_ratio}) (required with mask_mode 3 and cmp_ratio > 1)", None)
+
+
+def indexer_v2_problem(query: Tensor, key: Tensor, weights: Tensor, *, topk: int, cu_seqlens_q, cu_seqlens_k,
+                       seqused_q, seqused_k, cmp_residual_k, block_table, output_idx_offset, layout_q: str,
+                       layout_k: str, mask_mode: int, cmp_ratio: int) -> IndexerV2Problem:
+    """Validate a call (every argument, before any compute) and return its normal form."""
+    ratio = check_operands(query, key, weights, topk=topk, block_table=block_table,
+                           output_idx_offset=output_idx_offset, layout_q=layout_q, layout_k=layout_k,
+                           mask_mode=mask_mode, cmp_ratio=cmp_ratio)
     if layout_q == "BSND":
         require(cu_seqlens_q is None, "cu_seqlens_q", "None with layout_q 'BSND'", cu_seqlens_q)
         batch, s1 = query.shape[:2]
@@ -112,8 +156,6 @@ def indexer_v2_problem(query: Tensor, key: Tensor, weights: Tensor, *, topk: int
         residual = per_batch("cmp_residual_k", cmp_residual_k, batch, default=0, hi=ratio - 1)
     elif cmp_residual_k is not None:
         residual = per_batch("cmp_residual_k", cmp_residual_k, batch, default=0, hi=ratio - 1)
-    if output_idx_offset is not None:
-        check_tensor("output_idx_offset", output_idx_offset, shape=(*query.shape[:-2], 1), dtypes=INDEX_DTYPES)
 
     rows = query.shape[0] * query.shape[1] if layout_q == "BSND" else query.shape[0]
     row_batch = torch.zeros(rows, dtype=torch.int64)

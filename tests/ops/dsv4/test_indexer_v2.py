@@ -59,8 +59,9 @@ def _paged(ks, block_size, seed=0):
 
 
 def _run(qs, ks, ws, topk, *, layout, layout_key, mask_mode=3, cmp_ratio=1, residual=None, q_stored=None,
-         offsets=None, block_size=4):
-    """The op over per-batch inputs -> (indices, values) as per-batch lists of valid rows, and the raw result."""
+         offsets=None, block_size=4, device="cpu"):
+    """The op over per-batch inputs (moved to ``device``) -> (indices, values) as per-batch lists of valid rows, and
+    the raw result."""
     q_lens, k_lens = [q.shape[0] for q in qs], [k.shape[0] for k in ks]
     q, cu_q = _pack(qs, layout, q_stored)
     w, _ = _pack(ws, layout, q_stored)
@@ -78,7 +79,9 @@ def _run(qs, ks, ws, topk, *, layout, layout_key, mask_mode=3, cmp_ratio=1, resi
     if offsets is not None:
         kw["output_idx_offset"], _ = _pack([torch.tensor(o, dtype=torch.int32)[:, None] for o in offsets], layout,
                                            q_stored)
-    res = attnops.lightning_indexer_v2(q, k, w, **kw)
+    kw = {n: t.to(device) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+    res = attnops.lightning_indexer_v2(q.to(device), k.to(device), w.to(device), **kw)
+    res = type(res)(*(t.cpu() for t in res))
     stored = q_stored or ([q.shape[1]] * len(qs) if layout == "BSND" else q_lens)
     starts = [b * q.shape[1] for b in range(len(qs))] if layout == "BSND" else cu_q[:-1].tolist()
     idx = res.sparse_indices.reshape(-1, topk)

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from ...._core.triton.helpers import FLT_LOWEST, LOG2E, upcast
 from ...common.triton.common import nan_aware_max
-from .common import head_rows, key_rows, kv_range, load_rows, query_row
+from ...common.triton.token_rows import head_rows, key_rows, kv_range, load_rows, query_row
 
 SCALE_TILE: tl.constexpr = tl.constexpr(128)  # latent columns per dequantization scale
 

@@ -1,6 +1,6 @@
-"""``@triton.jit`` helpers shared by the DSA kernels (lightning indexer, sparse flash attention): where a query row
-and its batch's keys live, read from the device length tensors (no host metadata), and the key rows of any layout.
-No allocation here.
+"""``@triton.jit`` helpers shared by the kernels that address one query token per program and gather key rows (the
+lightning indexers of DeepSeek-V3.2 and V4, DSA sparse flash attention): where a query row and its batch's keys live,
+read from the device length tensors (no host metadata), and the key rows of any layout. No allocation here.
 
 Query side (``Q_PACKED``): BSND rows are programs ``(row, batch)``, the batch's valid length from its entry of
 ``actual_seq_lengths_query`` (``q_lens_mode`` 1; stride 0 broadcasts a one-entry tensor) or the padded length (0);
@@ -54,7 +54,7 @@ def query_row(q_lens_ptr, q_lens_stride, s1, n_batch, Q_PACKED: tl.constexpr, Q_
         return bc, token, token - start, end - start, b < n_batch
     row = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1)
-    q_len = s1
+    q_len = s1 + tl.zeros([], tl.int64)  # int64 like the packed branch's (every return is typed)
     if Q_LENS:
         q_len = _clamped(q_lens_ptr, b * q_lens_stride, s1)
     return b, row, row, q_len, row < q_len
@@ -67,7 +67,7 @@ def kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE: tl.constexpr, KV_LENS:
     if KV_MODE == KV_PACKED:
         start, end = _cumulative_bounds(kv_lens_ptr, b, s2)
         return start, end - start
-    length = s2
+    length = s2 + tl.zeros([], tl.int64)  # int64 like the packed branch's (every return is typed)
     if KV_LENS:
         length = _clamped(kv_lens_ptr, b * kv_lens_stride, s2)
     return tl.zeros([], tl.int64), length
