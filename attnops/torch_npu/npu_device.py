@@ -9,6 +9,24 @@ import types
 import torch
 
 from .._core.checks import Described, require
+from . import npu_graph, npu_utils, soc
+
+GRAPH_NAMES = ("NPUGraph", "graph", "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
+               "graph_task_update_end")
+_compile_mode = {"jit_compile": True}
+
+
+def set_compile_mode(jit_compile: bool = True) -> None:
+    """``torch.npu.set_compile_mode``: chooses between online-compiled and prebuilt NPU kernels; the stand-in has one
+    implementation either way and only keeps the choice (``torch.npu.is_jit_compile_false()``)."""
+    _compile_mode["jit_compile"] = bool(jit_compile)
+
+
+class _DeviceProperties:
+    """``torch.npu.get_device_properties()`` on the CPU: the SoC name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 class DeviceIndex(str):
@@ -109,10 +127,6 @@ class CpuStream:
 _CPU_STREAM = CpuStream()
 
 
-class _GraphTaskHandle:
-    """Handle returned by ``graph_task_group_end`` (an aclgraph task group; nothing to update on the stand-in)."""
-
-
 def _cpu_names() -> dict:
     def set_device(index) -> None:
         index = torch.device(index).index if isinstance(index, torch.device) else index
@@ -125,11 +139,13 @@ def _cpu_names() -> dict:
         Event=CpuEvent, ExternalEvent=CpuEvent, Stream=CpuStream,
         stream=lambda stream=None: contextlib.nullcontext(stream),
         current_stream=lambda device=None: _CPU_STREAM, default_stream=lambda device=None: _CPU_STREAM,
-        set_stream=lambda stream: None, get_device_name=lambda device=None: "cpu (attnops torch_npu stand-in)",
+        set_stream=lambda stream: None, get_device_name=lambda device=None: soc.soc_name(),
         mem_get_info=lambda device=None: (0, 0), memory_allocated=lambda device=None: 0,
         max_memory_allocated=lambda device=None: 0, reset_peak_memory_stats=lambda device=None: None,
         get_rng_state=lambda device="npu": torch.get_rng_state(),
         set_rng_state=lambda new_state, device="npu": torch.set_rng_state(new_state),
+        is_bf16_supported=lambda including_emulation=True: True,
+        get_device_properties=lambda device=None: _DeviceProperties(soc.soc_name()),
     )
 
 
@@ -143,7 +159,8 @@ def _cuda_names() -> dict:
         get_device_name=cuda.get_device_name, mem_get_info=cuda.mem_get_info,
         memory_allocated=cuda.memory_allocated, max_memory_allocated=cuda.max_memory_allocated,
         reset_peak_memory_stats=cuda.reset_peak_memory_stats, get_rng_state=cuda.get_rng_state,
-        set_rng_state=cuda.set_rng_state,
+        set_rng_state=cuda.set_rng_state, is_bf16_supported=cuda.is_bf16_supported,
+        get_device_properties=cuda.get_device_properties,
     )
 
 
@@ -165,15 +182,16 @@ def npu_device_module(device: torch.device) -> types.ModuleType:
     mod.manual_seed = manual_seed
     mod.manual_seed_all = manual_seed
     mod._is_in_bad_fork = lambda: False  # with manual_seed_all: what torch.manual_seed asks of a named PrivateUse1
-    # aclgraph task groups (vllm-ascend's graph capture): nothing to group or update outside the NPU
-    mod.graph_task_group_begin = lambda stream=None: None
-    mod.graph_task_group_end = lambda stream=None: _GraphTaskHandle()
-    mod.graph_task_update_begin = lambda stream=None, handle=None: None
-    mod.graph_task_update_end = lambda stream=None: None
+    for name in GRAPH_NAMES:  # graph capture and aclgraph task groups (vllm-ascend's graph capture)
+        setattr(mod, name, getattr(npu_graph, name))
+    mod.set_compile_mode = set_compile_mode
+    mod.is_jit_compile_false = lambda: not _compile_mode["jit_compile"]
+    mod.config = types.SimpleNamespace(allow_internal_format=False)
+    mod.utils = npu_utils.utils_module(mod)
     mod.device = device
     return mod
 
 
-NPU_NAMES = tuple(sorted(set(_cpu_names()) | {
-    "is_available", "manual_seed", "manual_seed_all", "_is_in_bad_fork", "graph_task_group_begin",
-    "graph_task_group_end", "graph_task_update_begin", "graph_task_update_end", "device"}))
+NPU_NAMES = tuple(sorted(set(_cpu_names()) | set(GRAPH_NAMES) | {
+    "is_available", "manual_seed", "manual_seed_all", "_is_in_bad_fork", "device", "set_compile_mode",
+    "is_jit_compile_false", "config", "utils"}))
