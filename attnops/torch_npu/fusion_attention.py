@@ -309,6 +309,9 @@ def npu_fusion_attention_grad_v3(query, key, value, dy, head_num, input_layout, 
     return dq, dk, dv, dpse, dsink
 
 
-for _fn in (npu_fusion_attention, npu_fusion_attention_grad, npu_fusion_attention_v2, npu_fusion_attention_grad_v2,
-            npu_fusion_attention_v3, npu_fusion_attention_grad_v3):
-    with_overloads(_fn)
+npu_fusion_attention = with_overloads(npu_fusion_attention)
+npu_fusion_attention_grad = with_overloads(npu_fusion_attention_grad)
+npu_fusion_attention_v2 = with_overloads(npu_fusion_attention_v2)
+npu_fusion_attention_grad_v2 = with_overloads(npu_fusion_attention_grad_v2)
+npu_fusion_attention_v3 = with_overloads(npu_fusion_attention_v3)
+npu_fusion_attention_grad_v3 = with_overloads(npu_fusion_attention_grad_v3)

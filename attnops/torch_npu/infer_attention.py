@@ -344,11 +344,13 @@ def npu_incre_flash_attention(query, key, value, *, padding_mask=None, atten_mas
     return out
 
 
-with_overloads(npu_fused_infer_attention_score, out=_npu_fused_infer_attention_score_out)
-with_overloads(npu_fused_infer_attention_score_v2, out=_npu_fused_infer_attention_score_v2_out)
+npu_fused_infer_attention_score = with_overloads(npu_fused_infer_attention_score,
+                                                 out=_npu_fused_infer_attention_score_out)
+npu_fused_infer_attention_score_v2 = with_overloads(npu_fused_infer_attention_score_v2,
+                                                    out=_npu_fused_infer_attention_score_v2_out)
 _npu_fused_infer_attention_score_v2_out.__signature__ = inspect.signature(npu_fused_infer_attention_score_v2).replace(
     parameters=[*inspect.signature(npu_fused_infer_attention_score_v2).parameters.values(),
                 inspect.Parameter("workspace", inspect.Parameter.KEYWORD_ONLY, default=None),
                 inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY)])
-with_overloads(npu_prompt_flash_attention)
-with_overloads(npu_incre_flash_attention)
+npu_prompt_flash_attention = with_overloads(npu_prompt_flash_attention)
+npu_incre_flash_attention = with_overloads(npu_incre_flash_attention)

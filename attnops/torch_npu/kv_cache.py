@@ -277,8 +277,9 @@ def npu_paged_cache_load(key_cache: Tensor, value_cache: Tensor, block_table: Te
         tokens = (int(lens[-1]) if lens.numel() else 0) if cumsum else int(lens.sum())
         key = key_cache.new_empty(tokens, *key_cache.shape[2:]) if key is None else key
         value = value_cache.new_empty(tokens, *value_cache.shape[2:]) if value is None else value
-    npu_gather_pa_kv_cache(key_cache, value_cache, block_table, context_lens, key, value, seq_offset=seq_starts,
-                           is_seq_lens_cumsum=cumsum)
+    # the caches are only read: strided views (e.g. column slices of one MLA cache) are read through a copy
+    npu_gather_pa_kv_cache(key_cache.contiguous(), value_cache.contiguous(), block_table, context_lens, key, value,
+                           seq_offset=seq_starts, is_seq_lens_cumsum=cumsum)
     return key, value
 
 

@@ -10,10 +10,11 @@ replays (vllm-ascend updates attention arguments such as sequence lengths this w
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from .._core.checks import Described, require
@@ -46,12 +47,30 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
-        outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-        self.calls.append(_Call(func, args, kwargs, outputs))
+        self.record(func, args, kwargs, result)
         return result
+
+    def record(self, func, args, kwargs, result) -> None:
+        self.calls.append(_Call(func, args, kwargs, [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]))
 
 
 _active: list = []  # the graph being captured and the task-group update in progress, innermost last
+
+
+def recorded(fn):
+    """``fn`` (a torch_npu operator) recorded during a capture as one call, not as the operator calls it makes: its
+    kernels may write their outputs without going through PyTorch's dispatcher."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not _active:
+            return fn(*args, **kwargs)
+        active = _active[-1]
+        recorder = active._recorder if isinstance(active, NPUGraph) else active.recorder
+        with _disable_current_modes():
+            result = fn(*args, **kwargs)
+        recorder.record(fn, args, kwargs, result)
+        return result
+    return call
 
 
 class NPUGraph:
