@@ -9,7 +9,7 @@ import types
 import torch
 
 from .._core.checks import Described, require
-from . import npu_graph, npu_utils, soc
+from . import npu_generator, npu_graph, npu_utils, soc
 
 GRAPH_NAMES = ("NPUGraph", "graph", "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
                "graph_task_update_end")
@@ -142,8 +142,8 @@ def _cpu_names() -> dict:
         set_stream=lambda stream: None, get_device_name=lambda device=None: soc.soc_name(),
         mem_get_info=lambda device=None: (0, 0), memory_allocated=lambda device=None: 0,
         max_memory_allocated=lambda device=None: 0, reset_peak_memory_stats=lambda device=None: None,
-        get_rng_state=lambda device="npu": torch.get_rng_state(),
-        set_rng_state=lambda new_state, device="npu": torch.set_rng_state(new_state),
+        get_rng_state=lambda device="npu": npu_generator.with_state(torch.get_rng_state()),
+        set_rng_state=lambda new_state, device="npu": torch.set_rng_state(npu_generator.restore(new_state)),
         is_bf16_supported=lambda including_emulation=True: True,
         get_device_properties=lambda device=None: _DeviceProperties(soc.soc_name()),
     )
@@ -158,8 +158,9 @@ def _cuda_names() -> dict:
         current_stream=cuda.current_stream, default_stream=cuda.default_stream, set_stream=cuda.set_stream,
         get_device_name=cuda.get_device_name, mem_get_info=cuda.mem_get_info,
         memory_allocated=cuda.memory_allocated, max_memory_allocated=cuda.max_memory_allocated,
-        reset_peak_memory_stats=cuda.reset_peak_memory_stats, get_rng_state=cuda.get_rng_state,
-        set_rng_state=cuda.set_rng_state, is_bf16_supported=cuda.is_bf16_supported,
+        reset_peak_memory_stats=cuda.reset_peak_memory_stats,
+        get_rng_state=lambda device="cuda": npu_generator.with_state(cuda.get_rng_state(device)),
+        set_rng_state=lambda new_state, device="cuda": cuda.set_rng_state(npu_generator.restore(new_state), device), is_bf16_supported=cuda.is_bf16_supported,
         get_device_properties=cuda.get_device_properties,
     )
 
@@ -175,6 +176,7 @@ def npu_device_module(device: torch.device) -> types.ModuleType:
         """Seed the stand-in's generators (the CPU's, where attnops draws dropout seeds, and CUDA's). Not through
         ``torch.manual_seed``: with ``torch.device("npu")`` parsing, that one calls ``torch.npu.manual_seed_all``."""
         torch.default_generator.manual_seed(int(seed))
+        npu_generator.manual_seed(seed)
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(int(seed))
 
