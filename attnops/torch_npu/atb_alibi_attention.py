@@ -1,7 +1,8 @@
-"""torch_npu's ATB SelfAttention entry points with ATB's mask types, ALiBi included:
-``torch_npu.atb._npu_flash_attention_v2`` (packed sequences attending to themselves, PA_ENCODER) and
+"""torch_npu's ATB attention entry points with ATB's mask types, ALiBi included:
+``torch_npu.atb._npu_flash_attention_v2`` (packed sequences attending to themselves, PA_ENCODER),
 ``torch_npu.atb._npu_flash_attention_prefix_v2`` (packed query tokens at the end of sequences held in a paged
-cache, PREFIX_ENCODER).
+cache, PREFIX_ENCODER) and ``torch_npu.atb._npu_paged_attention_v2`` (decode over a paged cache, with an optional
+additive ALiBi mask).
 
 ATB's ``mask_type``: 1 MASK_TYPE_NORM (``mask``: a non-zero entry masks, as :func:`_npu_flash_attention`),
 2 MASK_TYPE_ALIBI (``mask``: an additive ``[B, N, S, S]``, ``[N, S, S]`` or ``[S, S]`` bias, each sequence using its
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from .._core.checks import check_int, check_scale, check_tensor, int_list, require
 from ._common import with_overloads
-from .atb import _write
+from .atb import _npu_paged_attention, _write
 from .kv_cache import npu_paged_cache_load
 
 MASK_NORM, MASK_ALIBI, MASK_NORM_COMPRESS, MASK_ALIBI_COMPRESS, MASK_ALIBI_COMPRESS_SQRT = 1, 2, 3, 4, 5
@@ -137,3 +138,60 @@ def _npu_flash_attention_prefix_v2(query: Tensor, key_cache: Tensor, value_cache
 
 _npu_flash_attention_v2 = with_overloads(_npu_flash_attention_v2, out=_npu_flash_attention_v2)
 _npu_flash_attention_prefix_v2 = with_overloads(_npu_flash_attention_prefix_v2, out=_npu_flash_attention_prefix_v2)
+
+
+PAGED_MASK_NONE, PAGED_MASK_ALIBI = 0, 2
+
+
+def _npu_paged_attention_v2(query: Tensor, key_cache: Tensor, block_table: Tensor, context_lens, *,
+                            value_cache: Tensor | None = None, mask: Tensor | None = None, num_kv_heads: int = 0,
+                            num_heads: int = 0, scale_value: float = 1.0, mask_type: int = 0,
+                            workspace: Tensor | None = None, out: Tensor) -> Tensor:
+    """Decode over a paged cache, as :func:`_npu_paged_attention` (query token ``i`` attends to the first
+    ``context_lens[i]`` tokens of its sequence): ``mask_type`` 0 (no mask) or 2 (MASK_TYPE_ALIBI: ``mask``
+    ``[num_tokens, num_heads, 1, >= max context]`` or ``[num_tokens, num_heads, >= max context]``, its first
+    ``context_lens[i]`` columns added to token ``i``'s scaled scores). Writes ``out [num_tokens, num_heads, Dv]`` and
+    returns it; ``workspace`` is accepted and unused."""
+    from ..ops.flash_attention import flash_attention
+
+    require(mask_type in (PAGED_MASK_NONE, PAGED_MASK_ALIBI), "mask_type", "0 (UNDEFINED) or 2 (MASK_TYPE_ALIBI)",
+            mask_type)
+    require(value_cache is not None, "value_cache", "a value cache (the key-only MLA form is not supported)",
+            value_cache)
+    if mask_type == PAGED_MASK_NONE:
+        lens = context_lens if isinstance(context_lens, Tensor) else torch.tensor(int_list("context_lens",
+                                                                                       context_lens))
+        _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table, lens,
+                             out)
+        return out
+    num_heads = check_int("num_heads", num_heads, lo=1)
+    check_int("num_kv_heads", num_kv_heads, lo=1)
+    check_tensor("query", query, ndim=3, shape=(None, num_heads, None))
+    lens = int_list("context_lens", context_lens)
+    require(len(lens) == query.shape[0], "context_lens", f"one length per query token ({query.shape[0]})", lens)
+    check_tensor("mask", mask, ndim=(3, 4), device=query.device)
+    require(mask.shape[0] == query.shape[0] and mask.shape[1] == num_heads and mask.shape[-1] >= max(lens, default=0),
+            "mask", f"[num_tokens={query.shape[0]}, num_heads={num_heads}, (1,) >= {max(lens, default=0)}]", mask)
+    keys, values = npu_paged_cache_load(key_cache, value_cache, block_table, torch.tensor(lens, dtype=torch.int32))
+    scale = check_scale("scale_value", scale_value)
+    outs = []
+    for i, (start, n) in enumerate(zip(itertools.accumulate([0, *lens]), lens)):
+        bias = mask[i].reshape(1, num_heads, 1, -1)[..., :n].to(query.dtype)
+        rows = slice(start, start + n)
+        outs.append(flash_attention(query[i:i + 1].unsqueeze(0), keys[rows].unsqueeze(0), values[rows].unsqueeze(0),
+                                    layout="BSND", scale=scale, pse=bias, pse_type=0).squeeze(0))
+    _write(out, torch.cat(outs))
+    return out
+
+
+def _npu_paged_attention_v2_get_workspace(query: Tensor, key_cache: Tensor, block_table: Tensor, context_lens, *,
+                                          value_cache: Tensor | None = None, mask: Tensor | None = None,
+                                          num_kv_heads: int = 0, num_heads: int = 0, scale_value: float = 1.0,
+                                          mask_type: int = 0, out: Tensor) -> Tensor:
+    """The workspace :func:`_npu_paged_attention_v2` needs: an empty uint8 tensor (attnops needs none)."""
+    check_tensor("query", query)
+    return torch.empty(0, dtype=torch.uint8, device=query.device)
+
+
+_npu_paged_attention_v2 = with_overloads(_npu_paged_attention_v2, out=_npu_paged_attention_v2)
+_npu_paged_attention_v2_get_workspace = with_overloads(_npu_paged_attention_v2_get_workspace)
