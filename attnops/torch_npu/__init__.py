@@ -87,6 +87,8 @@ from .dsv4 import C_ASCEND_DSV4_OPS
 from .scatter_nd import npu_scatter_nd_update, npu_scatter_nd_update_
 from .shim import install_package
 
+npu_fused_infer_attention_v2 = npu_fused_infer_attention_score_v2  # the op's newer name, v2's arguments
+
 __all__ = [
     "get_npu_format",
     "hifloat8",
@@ -96,6 +98,7 @@ __all__ = [
     "npu_format_cast_",
     "npu_fused_infer_attention_score",
     "npu_fused_infer_attention_score_v2",
+    "npu_fused_infer_attention_v2",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
     "npu_fusion_attention_grad_v2",
