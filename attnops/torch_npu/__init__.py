@@ -84,7 +84,7 @@ from .nsa import (
     npu_nsa_select_attention_infer,
 )
 from .dsv4 import C_ASCEND_DSV4_OPS
-from .scatter_nd import npu_scatter_nd_update, npu_scatter_nd_update_
+from .scatter_nd import C_ASCEND_SCATTER_OPS, npu_scatter_nd_update, npu_scatter_nd_update_
 from .shim import install_package
 
 npu_fused_infer_attention_v2 = npu_fused_infer_attention_score_v2  # the op's newer name, v2's arguments
@@ -163,6 +163,7 @@ def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool 
     ``"Ascend910B1"`` and ``"9.0.0"``; :mod:`attnops.torch_npu.soc`).
     Returns False, changing nothing, when the real torch_npu is importable; True once installed (idempotent).
     """
-    return install_package(sys.modules[__name__], OPS, ATB_OPS, {**C_ASCEND_OPS, **C_ASCEND_DSV4_OPS}, device,
+    c_ascend_ops = {**C_ASCEND_OPS, **C_ASCEND_DSV4_OPS, **C_ASCEND_SCATTER_OPS}
+    return install_package(sys.modules[__name__], OPS, ATB_OPS, c_ascend_ops, device,
                            patch_tensor_npu=patch_tensor_npu, patch_pin_memory=patch_pin_memory, soc_name=soc,
                            cann_version=cann_version)

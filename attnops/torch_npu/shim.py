@@ -55,6 +55,14 @@ def _install_testing_modules(package: types.ModuleType) -> None:
         sys.modules["torch_npu.testing." + module.__name__.rsplit(".", 1)[1]] = module
 
 
+def _install_batch_invariant_ops(package: types.ModuleType) -> None:
+    """vllm-ascend's batch-invariant kernels: ``torch.ops.batch_invariant_ops.
+    npu_fused_infer_attention_score_batch_invariant`` is :func:`npu_fused_infer_attention_score` itself, whose rows
+    never depend on the other rows of the batch (each batch row and head is computed on its own, in one order)."""
+    torch.ops.batch_invariant_ops.npu_fused_infer_attention_score_batch_invariant = (
+        package.npu_fused_infer_attention_score)
+
+
 def _add_accelerator_current_device() -> None:
     """``torch.accelerator.current_device``, where this PyTorch only has ``current_device_index``."""
     accelerator = getattr(torch, "accelerator", None)
@@ -111,6 +119,7 @@ def install_package(package: types.ModuleType, ops: tuple[str, ...], atb_ops: tu
     sys.modules["torch_npu.contrib.transfer_to_npu"] = contrib.transfer_to_npu
     _install_pickling_modules(package, npu)
     _install_testing_modules(package)
+    _install_batch_invariant_ops(package)
     _add_accelerator_current_device()
     tensor_patch.patch(device, devices=patch_tensor_npu, pin_memory=patch_pin_memory)
     return True
