@@ -84,6 +84,7 @@ from .nsa import (
     npu_nsa_select_attention_infer,
 )
 from .dsv4 import C_ASCEND_DSV4_OPS
+from .quant_fusion_attention import npu_quant_fusion_attention
 from .scatter_nd import C_ASCEND_SCATTER_OPS, npu_scatter_nd_update, npu_scatter_nd_update_
 from .shim import install_package
 
@@ -124,6 +125,7 @@ __all__ = [
     "npu_nsa_select_attention_grad",
     "npu_nsa_select_attention_infer",
     "npu_prompt_flash_attention",
+    "npu_quant_fusion_attention",
     "npu_ring_attention_update",
     "npu_scatter_nd_update",
     "npu_scatter_nd_update_",
