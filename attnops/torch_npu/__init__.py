@@ -24,6 +24,7 @@ from .atb_alibi_attention import (
     _npu_paged_attention_v2_get_workspace,
 )
 from .atb_mla import _npu_multi_head_latent_attention_get_workspace, npu_multi_head_latent_attention
+from .atb_paged_quant import _npu_paged_attention_quant
 from .atb_self_attention import (
     _npu_flash_attention,
     _npu_flash_attention_unpad,
@@ -145,7 +146,7 @@ ATB_OPS = ("_npu_flash_attention", "_npu_flash_attention_qlens", "_npu_flash_att
            "_npu_paged_attention_splitfuse_v2", "_npu_reshape_and_cache", "_npu_reshape_and_cache_siso",
            "npu_paged_cache_load", "_npu_flash_attention_v2", "_npu_flash_attention_prefix_v2",
            "_npu_paged_attention_v2", "_npu_paged_attention_v2_get_workspace", "npu_multi_head_latent_attention",
-           "_npu_multi_head_latent_attention_get_workspace")
+           "_npu_multi_head_latent_attention_get_workspace", "_npu_paged_attention_quant")
 
 
 def install(device: str | torch.device | None = None, *, patch_tensor_npu: bool = True,
