@@ -33,6 +33,7 @@ from .atb_self_attention import (
 )
 from .._core.hifloat8 import HIFLOAT8 as hifloat8
 from .attention_update import npu_attention_update, npu_ring_attention_update
+from .block_sparse import npu_block_sparse_attention, npu_block_sparse_attention_backward
 from .dsa import (
     C_ASCEND_OPS,
     npu_kv_quant_sparse_flash_attention,
@@ -96,6 +97,8 @@ __all__ = [
     "hifloat8",
     "install",
     "npu_attention_update",
+    "npu_block_sparse_attention",
+    "npu_block_sparse_attention_backward",
     "npu_format_cast",
     "npu_format_cast_",
     "npu_fused_infer_attention_score",

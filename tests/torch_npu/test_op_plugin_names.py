@@ -153,3 +153,39 @@ def test_native_sparse_attention_int_block_counts():
     by_tensor = attnops.native_sparse_attention(q, k, v, gates, block_counts=torch.full((40, 1), 2), **kw)
     assert torch.equal(by_int, by_tensor)
     assert not torch.equal(by_int, attnops.native_sparse_attention(q, k, v, gates, block_counts=1, **kw))
+
+
+def _block_sparse_fp64(q, k, v, block_mask, block_shape, scale):
+    """fp64 attention of ``[N, Sq, D]`` rows where query block i sees key block j iff ``block_mask[n, i, j]``."""
+    keep = block_mask.bool().repeat_interleave(block_shape[0], 1).repeat_interleave(block_shape[1], 2)
+    keep = keep[:, :q.shape[1], :k.shape[1]]
+    group = q.shape[0] // k.shape[0]
+    k, v = k.double().repeat_interleave(group, 0), v.double().repeat_interleave(group, 0)
+    s = (scale * q.double() @ k.transpose(-1, -2)).masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def test_block_sparse_attention_tnd_gqa_forward_and_backward():
+    lens = [12, 7]
+    t = sum(lens)
+    q = _r(t, 4, 8, seed=24).requires_grad_()
+    k, v = _r(t, 2, 8, seed=25).requires_grad_(), _r(t, 2, 8, seed=26).requires_grad_()
+    mask = (torch.rand(2, 4, 3, 2, generator=torch.Generator().manual_seed(27)) > 0.4).to(torch.int8)
+    mask[:, :, :, 0] = 1  # every query block sees a block
+    cum = [12, 19]
+    out, lse = torch_npu.npu_block_sparse_attention(q, k, v, mask, [5, 8], q_input_layout="TND",
+                                                    kv_input_layout="TND", num_key_value_heads=2, scale_value=0.3,
+                                                    actual_seq_lengths=cum, actual_seq_lengths_kv=cum)
+    dout = _r(t, 4, 8, seed=28)
+    grads = torch_npu.npu_block_sparse_attention_backward(dout, q, k, v, out, lse, mask, [5, 8], cum, cum, "TND",
+                                                          "TND", 2, 0.3)
+    gold_out, ref_grads = [], []
+    for b, (start, n) in enumerate(zip([0, 12], lens)):
+        rows = slice(start, start + n)
+        qb, kb, vb = (x.detach()[rows].transpose(0, 1).double().requires_grad_() for x in (q, k, v))
+        o, l = _block_sparse_fp64(qb, kb, vb, mask[b], [5, 8], 0.3)
+        assert (out[rows].transpose(0, 1).double() - o).abs().max() < 1e-5
+        assert (lse[rows, :, 0].T.double() - l).abs().max() < 1e-5
+        o.backward(dout[rows].transpose(0, 1).double())
+        for grad, ref in zip(grads, (qb, kb, vb)):
+            assert (grad[rows].transpose(0, 1).double() - ref.grad).abs().max() < 1e-5
