@@ -22,7 +22,7 @@ from torch import Tensor
 from .._core.checks import check_int, check_scale, check_tensor, int_list, require
 from ._common import with_overloads
 from .atb import _npu_paged_attention, _write
-from .kv_cache import npu_paged_cache_load
+from .kv_cache import gather_sequences
 
 MASK_NORM, MASK_ALIBI, MASK_NORM_COMPRESS, MASK_ALIBI_COMPRESS, MASK_ALIBI_COMPRESS_SQRT = 1, 2, 3, 4, 5
 _MASK_TYPES = "1 (NORM), 2 (ALIBI), 3 (NORM_COMPRESS), 4 (ALIBI_COMPRESS) or 5 (ALIBI_COMPRESS_SQRT)"
@@ -127,7 +127,7 @@ def _npu_flash_attention_prefix_v2(query: Tensor, key_cache: Tensor, value_cache
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
         check_tensor(name, cache, ndim=(3, 4), device=q.device)
         caches.append(cache if cache.dim() == 4 else cache.view(*cache.shape[:2], num_kv_heads, -1))
-    k, v = npu_paged_cache_load(*caches, block_table, torch.tensor(kv_lens, dtype=torch.int32))
+    k, v = gather_sequences(*caches, block_table, kv_lens)
     result = flash_attention(q, k, v, layout="TND", scale=check_scale("scale_value", scale_value),
                              actual_seq_qlen=list(itertools.accumulate(q_lens)),
                              actual_seq_kvlen=list(itertools.accumulate(kv_lens)),
@@ -172,7 +172,7 @@ def _npu_paged_attention_v2(query: Tensor, key_cache: Tensor, block_table: Tenso
     check_tensor("mask", mask, ndim=(3, 4), device=query.device)
     require(mask.shape[0] == query.shape[0] and mask.shape[1] == num_heads and mask.shape[-1] >= max(lens, default=0),
             "mask", f"[num_tokens={query.shape[0]}, num_heads={num_heads}, (1,) >= {max(lens, default=0)}]", mask)
-    keys, values = npu_paged_cache_load(key_cache, value_cache, block_table, torch.tensor(lens, dtype=torch.int32))
+    keys, values = gather_sequences(key_cache, value_cache, block_table, lens)
     scale = check_scale("scale_value", scale_value)
     outs = []
     for i, (start, n) in enumerate(zip(itertools.accumulate([0, *lens]), lens)):

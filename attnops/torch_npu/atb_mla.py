@@ -14,7 +14,7 @@ from torch import Tensor
 from .._core.checks import check_int, check_scale, check_tensor, int_list, require
 from ._common import reject_unsupported, with_overloads
 from .atb import _write
-from .kv_cache import npu_paged_cache_load
+from .kv_cache import gather_sequences
 
 CACHE_MODES = (None, "krope_ctkv")
 CALC_TYPES = (None, "calc_type_undefined", "calc_type_ring")
@@ -47,7 +47,7 @@ def npu_multi_head_latent_attention(q_nope: Tensor, q_rope: Tensor, ctkv: Tensor
     lens = int_list("context_lens", context_lens)
     tokens = q_nope.shape[0]
     require(len(lens) == tokens, "context_lens", f"one length per query token ({tokens})", lens)
-    latent, rope = npu_paged_cache_load(ctkv, k_rope, block_tables, torch.tensor(lens, dtype=torch.int32))
+    latent, rope = gather_sequences(ctkv, k_rope, block_tables, lens)
     result = flash_attention(torch.cat([q_nope, q_rope], -1), torch.cat([latent, rope], -1), latent, layout="TND",
                              scale=check_scale("qk_scale", qk_scale), actual_seq_qlen=list(range(1, tokens + 1)),
                              actual_seq_kvlen=list(itertools.accumulate(lens)), return_stats=True)

@@ -16,7 +16,7 @@ from torch import Tensor
 from .._core.checks import check_int, check_scale, check_tensor, int_list, require
 from ._common import with_overloads
 from .atb import _write
-from .kv_cache import npu_paged_cache_load
+from .kv_cache import gather_sequences
 
 QUANT_QKV_ONLINE = 3
 ACL_OUT_DTYPES = {1: torch.float16, 27: torch.bfloat16}
@@ -41,7 +41,7 @@ def _npu_paged_attention_quant(query: Tensor, key_cache: Tensor, value_cache: Te
     require(heads % kv_heads == 0, "num_heads", f"a multiple of num_kv_heads={kv_heads}", heads)
     lens = int_list("context_lens", context_lens)
     require(len(lens) == query.shape[0], "context_lens", f"one length per query token ({query.shape[0]})", lens)
-    keys, values = npu_paged_cache_load(key_cache, value_cache, block_table, torch.tensor(lens, dtype=torch.int32))
+    keys, values = gather_sequences(key_cache, value_cache, block_table, lens)
     scale = check_scale("scale_value", scale_value)
     group = heads // kv_heads
     rows = []

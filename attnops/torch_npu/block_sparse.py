@@ -20,25 +20,32 @@ from .._core.checks import check_int, check_scale, check_tensor, int_list, requi
 from ._common import with_overloads
 
 LAYOUTS = ("BNSD", "TND")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _cumulative(name: str, values, total: int) -> list[int]:
+    """TND cumulative lengths: non-decreasing, from >= 0 to ``total``."""
+    cum = int_list(name, values)
+    require(cum is not None and len(cum) > 0 and cum[0] >= 0 and cum[-1] == total and
+            all(a <= b for a, b in zip(cum, cum[1:])), name,
+            f"non-decreasing cumulative lengths ending at T={total} (required with TND)", cum)
+    return cum
 
 
 def _sequences(query: Tensor, key: Tensor, layout: str, kv_layout: str, q_lens, kv_lens) -> list[tuple]:
     """``(query_rows, key_rows)`` of each sequence: (batch index, slice) pairs into BNSD (as ``[1, N, S, D]``) or
     TND (as rows of ``[T, N, D]``)."""
-    require(layout in LAYOUTS, "q_input_layout", "BNSD or TND", layout)
-    require(kv_layout == layout, "kv_input_layout", f"{layout} (as q_input_layout)", kv_layout)
     if layout == "BNSD":
-        check_tensor("query", query, ndim=4)
         for name, lens, s in (("actual_seq_lengths", q_lens, query.shape[2]),
                               ("actual_seq_lengths_kv", kv_lens, key.shape[2])):
             values = int_list(name, lens)
             require(values is None or values == [s] * query.shape[0], name, f"None or [{s}] * B (full sequences)",
                     values)
         return [((b, slice(None)), (b, slice(None))) for b in range(query.shape[0])]
-    check_tensor("query", query, ndim=3)
-    q_cum, kv_cum = int_list("actual_seq_lengths", q_lens), int_list("actual_seq_lengths_kv", kv_lens)
-    require(q_cum is not None and kv_cum is not None and len(q_cum) == len(kv_cum), "actual_seq_lengths",
-            "cumulative query and key lengths of the same batch (required with TND)", q_cum)
+    q_cum = _cumulative("actual_seq_lengths", q_lens, query.shape[0])
+    kv_cum = _cumulative("actual_seq_lengths_kv", kv_lens, key.shape[0])
+    require(len(kv_cum) == len(q_cum), "actual_seq_lengths_kv", f"{len(q_cum)} entries (as actual_seq_lengths)",
+            kv_cum)
     bounds = [list(zip([0, *cum[:-1]], cum)) for cum in (q_cum, kv_cum)]
     return [((None, slice(*q)), (None, slice(*kv))) for q, kv in zip(*bounds)]
 
@@ -51,22 +58,39 @@ def _as_bnsd(x: Tensor, where: tuple) -> Tensor:
 def _element_mask(block_mask: Tensor, b: int, block_shape: list[int], sq: int, skv: int) -> Tensor:
     """The FlashAttention ``atten_mask`` (True = masked) ``[1, N, sq, skv]`` of sequence ``b``."""
     bx, by = block_shape
-    keep = block_mask[b].bool().repeat_interleave(bx, 1).repeat_interleave(by, 2)
-    require(keep.shape[1] >= sq and keep.shape[2] >= skv, "block_sparse_mask",
-            f"[B, N, >= ceil({sq}/{bx}), >= ceil({skv}/{by})]", block_mask)
-    return ~keep[:, :sq, :skv].unsqueeze(0)
+    keep = block_mask[b, :, :-(-sq // bx), :-(-skv // by)].bool()
+    return ~keep.repeat_interleave(bx, 1).repeat_interleave(by, 2)[:, :sq, :skv].unsqueeze(0)
 
 
-def _checked(query, key, value, block_sparse_mask, block_shape, num_key_value_heads, scale_value):
+def _checked(query, key, value, block_sparse_mask, block_shape, q_layout, kv_layout, num_key_value_heads,
+             scale_value):
+    """Validated ``(block_shape, scale)``: tensors, layouts and the mask's ``[B, N, blocks_q, blocks_kv]`` shape."""
+    require(q_layout in LAYOUTS, "q_input_layout", "BNSD or TND", q_layout)
+    require(kv_layout == q_layout, "kv_input_layout", f"{q_layout} (as q_input_layout)", kv_layout)
+    rank = 4 if q_layout == "BNSD" else 3
+    check_tensor("query", query, ndim=rank, dtypes=FLOAT_DTYPES)
+    heads = check_int("num_key_value_heads", num_key_value_heads, lo=1)
+    check_tensor("key", key, ndim=rank, dtypes=(query.dtype,), device=query.device)
+    check_tensor("value", value, ndim=rank, dtypes=(query.dtype,), device=query.device)
+    require(key.shape[1] == heads and query.shape[1] % heads == 0, "key",
+            f"num_key_value_heads={heads} heads, dividing the query's", key)
     shape = int_list("block_shape", block_shape)
     require(shape is not None and len(shape) == 2 and min(shape) > 0, "block_shape", "[rows, columns] > 0", shape)
-    heads = check_int("num_key_value_heads", num_key_value_heads, lo=1)
-    check_tensor("key", key, ndim=query.dim(), dtypes=(query.dtype,), device=query.device)
-    check_tensor("value", value, ndim=query.dim(), dtypes=(query.dtype,), device=query.device)
-    require(key.shape[-2 if query.dim() == 3 else 1] == heads, "key", f"num_key_value_heads={heads} heads", key)
     check_tensor("block_sparse_mask", block_sparse_mask, ndim=4, device=query.device)
-    scale = check_scale("scale_value", scale_value)
-    return shape, (scale if scale != 0.0 else query.shape[-1] ** -0.5)
+    return shape, check_scale("scale_value", scale_value) or query.shape[-1] ** -0.5
+
+
+def _check_mask(mask: Tensor, seqs: list, shape: list[int], query: Tensor, key: Tensor) -> None:
+    """``[B, N1, ceil(max Sq / block_shape[0]), ceil(max Skv / block_shape[1])]``."""
+    def longest(x: Tensor, side: int) -> int:
+        return max((x[at[1]].shape[0] if at[0] is None else x.shape[2] for at in (seq[side] for seq in seqs)),
+                   default=0)
+
+    blocks = (-(-longest(query, 0) // shape[0]), -(-longest(key, 1) // shape[1]))
+    expected = (len(seqs), query.shape[1], *blocks)
+    require(tuple(mask.shape) == expected, "block_sparse_mask",
+            f"[B, N, ceil(Sq / block_shape[0]), ceil(Skv / block_shape[1])] = {list(expected)} for block_shape "
+            f"{shape}", mask)
 
 
 def _place(out: Tensor, where: tuple, part: Tensor) -> None:
@@ -84,10 +108,11 @@ def npu_block_sparse_attention(query: Tensor, key: Tensor, value: Tensor, block_
     """``(attention_out, softmax_lse)`` (module docstring); ``scale_value`` 0 means ``1/sqrt(D)``."""
     from ..ops.flash_attention import flash_attention
 
-    check_tensor("query", query)
     check_int("inner_precise", inner_precise, lo=0, hi=1)
-    shape, scale = _checked(query, key, value, block_sparse_mask, block_shape, num_key_value_heads, scale_value)
+    shape, scale = _checked(query, key, value, block_sparse_mask, block_shape, q_input_layout, kv_input_layout,
+                            num_key_value_heads, scale_value)
     seqs = _sequences(query, key, q_input_layout, kv_input_layout, actual_seq_lengths, actual_seq_lengths_kv)
+    _check_mask(block_sparse_mask, seqs, shape, query, key)
     out = query.new_zeros(*query.shape[:-1], value.shape[-1])
     lse = torch.zeros(*query.shape[:-1], 1, dtype=torch.float32, device=query.device)
     for b, (q_at, kv_at) in enumerate(seqs):
@@ -106,10 +131,15 @@ def npu_block_sparse_attention_backward(d_out: Tensor, query: Tensor, key: Tenso
     """``(d_query, d_key, d_value)`` from the forward's ``attention_out`` and ``softmax_lse`` (module docstring)."""
     from ..ops.flash_attention import flash_attention_backward
 
-    check_tensor("query", query)
-    shape, scale = _checked(query, key, value, block_sparse_mask, block_shape, num_key_value_heads, scale_value)
-    check_tensor("softmax_lse", softmax_lse, shape=(*query.shape[:-1], 1), dtypes=(torch.float32,))
+    shape, scale = _checked(query, key, value, block_sparse_mask, block_shape, q_input_layout, kv_input_layout,
+                            num_key_value_heads, scale_value)
+    out_shape = (*query.shape[:-1], value.shape[-1])
+    check_tensor("d_out", d_out, shape=out_shape, dtypes=(query.dtype,), device=query.device)
+    check_tensor("attention_out", attention_out, shape=out_shape, dtypes=(query.dtype,), device=query.device)
+    check_tensor("softmax_lse", softmax_lse, shape=(*query.shape[:-1], 1), dtypes=(torch.float32,),
+                 device=query.device)
     seqs = _sequences(query, key, q_input_layout, kv_input_layout, actual_seq_lengths, actual_seq_lengths_kv)
+    _check_mask(block_sparse_mask, seqs, shape, query, key)
     grads = [torch.zeros_like(x) for x in (query, key, value)]
     for b, (q_at, kv_at) in enumerate(seqs):
         q, k, v = _as_bnsd(query, q_at), _as_bnsd(key, kv_at), _as_bnsd(value, kv_at)

@@ -9,6 +9,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from .._core import staging
 from .._core.checks import check_tensor, int_list, require
 from .._core.dropout import DropoutSpec, check_seed_offset, keep_mask, pack_bits
 from ._common import with_overloads
@@ -30,7 +31,7 @@ def _npu_dropout_gen_mask(self: Tensor, size, p: float, seed: int, offset: int, 
     keep = keep_mask(spec, numels)
     padded = -(-numels // MASK_ALIGN_BITS) * MASK_ALIGN_BITS
     keep = torch.cat([keep, keep.new_zeros(padded - numels)])
-    return pack_bits(keep).to(self.device)
+    return staging.upload(pack_bits(keep), torch.uint8, self.device)
 
 
 _npu_dropout_gen_mask = with_overloads(_npu_dropout_gen_mask)

@@ -19,30 +19,30 @@ def _base_format(x: Tensor) -> int:
     return {4: ACL_FORMATS["NCHW"], 5: ACL_FORMATS["NCDHW"]}.get(x.dim(), ACL_FORMATS["ND"])
 
 
-def get_npu_format(x: Tensor) -> int:
-    """The ACL format recorded on ``x`` (its base format if none was cast)."""
-    check_tensor("self", x)
-    return getattr(x, _ATTRIBUTE, _base_format(x))
+def get_npu_format(self: Tensor) -> int:
+    """The ACL format recorded on ``self`` (its base format if none was cast)."""
+    check_tensor("self", self)
+    return getattr(self, _ATTRIBUTE, _base_format(self))
 
 
 def _check_format(acl_format) -> int:
     return check_choice("acl_format", acl_format, ACL_FORMATS.values())
 
 
-def npu_format_cast(x: Tensor, acl_format: int, customize_dtype: torch.dtype | None = None) -> Tensor:
-    """``x`` in the ACL format ``acl_format``: ``x`` itself when it already has it, else a copy carrying the format
-    (as the NPU's cast gives a new tensor). ``customize_dtype`` (the NPU's storage dtype) changes nothing here."""
-    check_tensor("self", x)
-    if get_npu_format(x) == _check_format(acl_format):
-        return x
-    out = x.clone()
+def npu_format_cast(self: Tensor, acl_format: int, customize_dtype: torch.dtype | None = None) -> Tensor:
+    """``self`` in the ACL format ``acl_format``: ``self`` itself when it already has it, else a copy carrying the
+    format (as the NPU's cast gives a new tensor). ``customize_dtype`` (the NPU's storage dtype) changes nothing."""
+    check_tensor("self", self)
+    if get_npu_format(self) == _check_format(acl_format):
+        return self
+    out = self.clone()
     setattr(out, _ATTRIBUTE, acl_format)
     return out
 
 
-def npu_format_cast_(x: Tensor, acl_format: int | Tensor) -> Tensor:
-    """In place: record ``acl_format`` (or the format of the tensor given in its place) on ``x``."""
-    check_tensor("self", x)
+def npu_format_cast_(self: Tensor, acl_format: int | Tensor) -> Tensor:
+    """In place: record ``acl_format`` (or the format of the tensor given in its place) on ``self``."""
+    check_tensor("self", self)
     fmt = get_npu_format(acl_format) if isinstance(acl_format, Tensor) else _check_format(acl_format)
-    setattr(x, _ATTRIBUTE, fmt)
-    return x
+    setattr(self, _ATTRIBUTE, fmt)
+    return self

@@ -283,6 +283,18 @@ def npu_paged_cache_load(key_cache: Tensor, value_cache: Tensor, block_table: Te
     return key, value
 
 
+def gather_sequences(key_cache: Tensor, value_cache: Tensor, block_table: Tensor, lens: list[int]
+                     ) -> tuple[Tensor, Tensor]:
+    """The callers' form of :func:`npu_paged_cache_load`: host lengths ``lens`` (already checked by the caller),
+    staged to the caches' device without blocking, so the block table is never read on the host."""
+    tokens = sum(lens)
+    key = key_cache.new_empty(tokens, *key_cache.shape[2:])
+    value = value_cache.new_empty(tokens, *value_cache.shape[2:])
+    npu_gather_pa_kv_cache(key_cache.contiguous(), value_cache.contiguous(), block_table,
+                           staging.upload(lens, torch.int32, key_cache.device), key, value)
+    return key, value
+
+
 @contextlib.contextmanager
 def _writable_rows(out: Tensor):
     """``out [T, N, D]`` as ``[T, N*D]`` rows with a unit last stride for a kernel to write: a view when the strides

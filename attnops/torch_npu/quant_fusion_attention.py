@@ -27,12 +27,8 @@ _TO_BNSD = {"BNSD": lambda x, n: x, "BSND": lambda x, n: x.transpose(1, 2),
 
 def _dequantized(name: str, x: Tensor, d_scale: Tensor, layout: str, heads: int, hif8: bool) -> Tensor:
     """``x`` as fp32 ``[B, N, S, D]`` with its per-block scale applied."""
-    if hif8:
-        check_tensor(name, x, dtypes=(torch.uint8,))
-        values = hifloat8.decode(x)
-    else:
-        check_tensor(name, x, dtypes=FP8_INPUTS)
-        values = x.float()
+    check_tensor(name, x, ndim=4 if layout != "BSH" else 3, dtypes=(torch.uint8,) if hif8 else FP8_INPUTS)
+    values = hifloat8.decode(x) if hif8 else x.float()
     values = _TO_BNSD[layout](values, heads)
     b, n, s, _ = values.shape
     blocks = math.ceil(s / BLOCKS[name])
