@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -171,8 +172,8 @@ def _is_integer_scalar(value: Any) -> bool:
 
 
 def check_scale(name: str, value: Any) -> float:
-    """A finite real softmax scale (``bool``, strings and NaN/Inf are refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A finite real softmax scale: a Python or NumPy real scalar (``bool``, strings and NaN/Inf are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         fail(name, "a finite float", Described(f"{type(value).__name__} {value!r}"), error=ParamDtypeError)
     require(math.isfinite(value), name, "a finite float", value)
     return float(value)

@@ -9,6 +9,7 @@ Packed masks are LSB-first: element ``e`` is bit ``e & 7`` of byte ``e >> 3``; 1
 from __future__ import annotations
 
 import functools
+import numbers
 import operator
 import threading
 from dataclasses import dataclass
@@ -230,7 +231,7 @@ def build_dropout_spec(*, keep_prob: float, drop_mask: torch.Tensor | None, seed
     """Validate dropout arguments; None when ``keep_prob == 1`` (any mask is then ignored). ``numels`` is None when
     the sequence lengths are device tensors: a packed mask's size is then not checked (the kernels read no byte past
     its end). A packed mask stays on its device (the reference copies it to the CPU)."""
-    require(isinstance(keep_prob, (int, float)) and 0.0 < keep_prob <= 1.0, "keep_prob", "a value in (0, 1]",
+    require(isinstance(keep_prob, numbers.Real) and 0.0 < keep_prob <= 1.0, "keep_prob", "a value in (0, 1]",
             keep_prob)
     if keep_prob == 1.0:
         return None

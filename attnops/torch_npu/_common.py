@@ -16,8 +16,12 @@ def reject_unsupported(**arguments: Any) -> None:
 
 
 def with_overloads(fn: Callable, out: Callable | None = None) -> Callable:
-    """Give ``fn`` the ``.default`` (and ``.out``) overload attributes that ``torch.ops.npu.<op>`` packets have."""
-    fn.default = fn
+    """``fn`` with the ``.default`` (and ``.out``) overload attributes that ``torch.ops.npu.<op>`` packets have,
+    recorded as one call by a ``torch.npu.NPUGraph`` capture (:func:`.npu_graph.recorded`)."""
+    from .npu_graph import recorded
+
+    op = recorded(fn)
+    op.default = op
     if out is not None:
-        fn.out = out
-    return fn
+        op.out = op if out is fn else recorded(out)
+    return op

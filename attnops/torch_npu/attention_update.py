@@ -24,5 +24,5 @@ def npu_attention_update(lse, local_out, update_type):
     return attention_update(lse, local_out, update_type)
 
 
-with_overloads(npu_ring_attention_update)
-with_overloads(npu_attention_update)
+npu_ring_attention_update = with_overloads(npu_ring_attention_update)
+npu_attention_update = with_overloads(npu_attention_update)

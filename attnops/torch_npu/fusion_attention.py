@@ -14,11 +14,12 @@ from torch import Tensor
 
 from .._core import context_parallel
 from .._core.checks import check_int, check_scale, check_tensor, int_list, require
-from .._core.dropout import check_seed_offset, draw_seed
+from .._core.dropout import check_seed_offset
 from .._core.layouts import normalize_layout, parse_geometry
 from .._core.varlen import SeqInfo, lengths_from_cumulative, seq_info_varlen
 from ..ops.flash_attention import op as fa_op
 from ._common import INT_MAX, reject_unsupported, with_overloads
+from . import npu_generator, soc
 from .rope import append_rope, rope_given, split_head_dim
 from .sink import apply_sink, check_sink, sink_grad
 
@@ -122,8 +123,8 @@ def _forward(query, key, value, head_num, input_layout, *, pse, padding_mask, at
     q, k = _with_rope(query, key, query_rope, key_rope, layout, head_num)
     numels = None if graph_friendly else _numels(q, k, value, head_num, layout, qlen, kvlen)
     seed, offset = check_seed_offset(seed, offset)
-    if keep_prob < 1.0 and dropout_mask is None:  # the NPU draws from its generator and ignores seed/offset
-        seed, offset = draw_seed(), 0
+    if keep_prob < 1.0 and dropout_mask is None and soc.soc_version() < soc.ASCEND950:
+        seed, offset = npu_generator.philox_inputs(10)  # before Ascend950: from the NPU's generator, as torch_npu
     drop_mask = dropout_mask if keep_prob < 1.0 else None
     scalars = (head_num, layout, check_scale("scale", scale), float(keep_prob), pre_tokens, next_tokens,
                int_list("prefix", prefix), qlen, kvlen, sparse_mode, pse_type, _start("q_start_idx", q_start_idx),
@@ -186,7 +187,8 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
 
     ``sink`` (fp32 ``[head_num]``): one extra logit per head in the softmax denominator; ``softmax_max``/``_sum``
     then include it (``max(m, sink)``, see :mod:`.sink`). ``scale`` defaults to 1.0 as on the NPU. With
-    ``0 < keep_prob < 1`` and no ``dropout_mask`` a fresh seed is drawn (offset 0) and returned; pass
+    ``0 < keep_prob < 1`` and no ``dropout_mask`` the seed and offset come from the NPU generator
+    (:mod:`.npu_generator`) and are returned, as on SoCs before Ascend950; on an Ascend950 (:mod:`.soc`) the given ``seed``/``offset`` drive the dropout and are returned. Pass
     ``seed``/``offset``/``numels`` to :func:`npu_fusion_attention_grad` to regenerate the same mask.
     ``gen_mask_parallel``/``sync`` have no numerical effect (as on the NPU).
     """
@@ -307,6 +309,9 @@ def npu_fusion_attention_grad_v3(query, key, value, dy, head_num, input_layout, 
     return dq, dk, dv, dpse, dsink
 
 
-for _fn in (npu_fusion_attention, npu_fusion_attention_grad, npu_fusion_attention_v2, npu_fusion_attention_grad_v2,
-            npu_fusion_attention_v3, npu_fusion_attention_grad_v3):
-    with_overloads(_fn)
+npu_fusion_attention = with_overloads(npu_fusion_attention)
+npu_fusion_attention_grad = with_overloads(npu_fusion_attention_grad)
+npu_fusion_attention_v2 = with_overloads(npu_fusion_attention_v2)
+npu_fusion_attention_grad_v2 = with_overloads(npu_fusion_attention_grad_v2)
+npu_fusion_attention_v3 = with_overloads(npu_fusion_attention_v3)
+npu_fusion_attention_grad_v3 = with_overloads(npu_fusion_attention_grad_v3)

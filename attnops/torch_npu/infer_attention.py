@@ -22,6 +22,7 @@ from ..ops.fused_infer_attention import op as fia_op
 from ..ops.fused_infer_attention.inputs import LAYOUTS, output_head_dim
 from ._common import INT_MAX, reject_unsupported, with_overloads
 from . import fia_layouts
+from .out_quant import check_out_dtype, quantize_output
 from .rope import append_nz_rope, append_rope, check_nz_rope, check_rope, head_split, rope_given
 
 PFA_HIGH_PRECISION_MODES = range(10, 15)  # PFA sparse_mode 10-14 = modes 0-4 with inner_precise 0
@@ -255,6 +256,7 @@ def npu_fused_infer_attention_score_v2(
     softmax denominator: ``attention_out = out * sigmoid(lse - sink)`` and ``softmax_lse = logaddexp(lse, sink)``
     (rows with nothing to attend to keep output 0 and lse +inf). MLA ``query_rope``/``key_rope`` as in v1. The
     quantized inputs and the hif8/fp4 ``*_dtype`` reinterpretations raise :class:`NotImplementedError`.
+    ``out_dtype`` with ``quant_scale_out``: int8 (the default) or an 8-bit float output (:mod:`.out_quant`).
     """
     reject_unsupported(dequant_scale_query=dequant_scale_query,
                        dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
@@ -267,8 +269,10 @@ def npu_fused_infer_attention_score_v2(
                        dequant_scale_query_dtype=dequant_scale_query_dtype,
                        dequant_scale_key_dtype=dequant_scale_key_dtype,
                        dequant_scale_value_dtype=dequant_scale_value_dtype,
-                       dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype, out_dtype=out_dtype)
+                       dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype)
     check_tensor("query", query)
+    check_out_dtype(out_dtype, quant_scale_out)
+    float_out = quant_scale_out is not None and out_dtype not in (None, torch.int8)
     for name, mode in (("query_quant_mode", query_quant_mode), ("key_quant_mode", key_quant_mode),
                        ("value_quant_mode", value_quant_mode)):
         require(mode == 0, name, "0 (quantized inputs are not supported by attnops.torch_npu)", mode)
@@ -281,11 +285,15 @@ def npu_fused_infer_attention_score_v2(
     with caller_names(**V2_NAMES):
         out, lse = _fia(query, key, value, query_rope=query_rope, key_rope=key_rope, pse_shift=pse_shift,
                         atten_mask=atten_mask, actual_seq_lengths=actual_seq_qlen,
-                        actual_seq_lengths_kv=actual_seq_kvlen, block_table=block_table, quant_scale2=quant_scale_out,
-                        quant_offset2=quant_offset_out, num_heads=num_query_heads, scale=softmax_scale,
+                        actual_seq_lengths_kv=actual_seq_kvlen, block_table=block_table,
+                        quant_scale2=None if float_out else quant_scale_out,
+                        quant_offset2=None if float_out else quant_offset_out, num_heads=num_query_heads,
+                        scale=softmax_scale,
                         pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
                         num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode, inner_precise=inner_precise,
                         block_size=block_size, learnable_sink=learnable_sink)
+    if float_out:
+        out = quantize_output(out, quant_scale_out, quant_offset_out, out_dtype, input_layout, num_query_heads)
     return out, (lse if return_softmax_lse else torch.empty([0], dtype=torch.float32, device=query.device))
 
 
@@ -344,11 +352,13 @@ def npu_incre_flash_attention(query, key, value, *, padding_mask=None, atten_mas
     return out
 
 
-with_overloads(npu_fused_infer_attention_score, out=_npu_fused_infer_attention_score_out)
-with_overloads(npu_fused_infer_attention_score_v2, out=_npu_fused_infer_attention_score_v2_out)
+npu_fused_infer_attention_score = with_overloads(npu_fused_infer_attention_score,
+                                                 out=_npu_fused_infer_attention_score_out)
+npu_fused_infer_attention_score_v2 = with_overloads(npu_fused_infer_attention_score_v2,
+                                                    out=_npu_fused_infer_attention_score_v2_out)
 _npu_fused_infer_attention_score_v2_out.__signature__ = inspect.signature(npu_fused_infer_attention_score_v2).replace(
     parameters=[*inspect.signature(npu_fused_infer_attention_score_v2).parameters.values(),
                 inspect.Parameter("workspace", inspect.Parameter.KEYWORD_ONLY, default=None),
                 inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY)])
-with_overloads(npu_prompt_flash_attention)
-with_overloads(npu_incre_flash_attention)
+npu_prompt_flash_attention = with_overloads(npu_prompt_flash_attention)
+npu_incre_flash_attention = with_overloads(npu_incre_flash_attention)

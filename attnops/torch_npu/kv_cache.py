@@ -145,6 +145,14 @@ def _npu_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_
     _write_pair(key, value, key_cache, value_cache, slot_indices, READ_LAYOUTS, READ_LAYOUTS)
 
 
+def _npu_reshape_and_cache_siso(key: Tensor, key_cache: Tensor, slot_indices: Tensor) -> None:
+    """``torch_npu._npu_reshape_and_cache_siso`` (ATB's ReshapeAndCache with a single input): write ``key``
+    ``[T, N, D]`` at ``slot_indices`` ``[T]`` into ``key_cache`` (ND ``[num_blocks, block_size, N, D]`` or NZ), in
+    place; slots outside the cache are dropped. One cache stands for both halves of :func:`_npu_reshape_and_cache`
+    (the same rows written to it twice)."""
+    _write_pair(key, key, key_cache, key_cache, slot_indices, READ_LAYOUTS, READ_LAYOUTS)
+
+
 def _check_gather_values(seq_lens: Tensor, cumsum: bool, seq_offset: Tensor | None, block_tables: Tensor,
                          block_size: int, num_blocks: int, key: Tensor) -> None:
     """The read's index values (host copies): lengths, offsets, the block ids each sequence's tokens use and room in
@@ -252,6 +260,41 @@ def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables:
         cache_launch.KERNELS.run_all(plan, device)
 
 
+def npu_paged_cache_load(key_cache: Tensor, value_cache: Tensor, block_table: Tensor, context_lens: Tensor, *,
+                         seq_starts: Tensor | None = None, cumsum: bool = False, key: Tensor | None = None,
+                         value: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``torch_npu.atb.npu_paged_cache_load`` (ATB's PagedCacheLoad): the sequences' tokens of paged caches
+    ``[num_blocks, block_size, N, D]`` as contiguous ``key``/``value`` ``[num_tokens, N, D]``, written into the given
+    ones or into new tensors (``num_tokens``: the sum of ``context_lens``, or its last entry with ``cumsum``).
+    Sequence ``b`` reads the blocks ``block_table[b, seq_starts[b] // block_size:]``. :func:`npu_gather_pa_kv_cache`
+    with ``seq_offset=seq_starts`` and ``is_seq_lens_cumsum=cumsum``."""
+    check_tensor("context_lens", context_lens, ndim=1, dtypes=(torch.int32, torch.int64))
+    check_tensor("key_cache", key_cache, ndim=4)
+    check_tensor("value_cache", value_cache, ndim=4, device=key_cache.device)
+    if key is None or value is None:
+        lens = context_lens.detach().to("cpu", torch.int64)
+        require(bool((lens >= 0).all()), "context_lens", "non-negative lengths", lens.tolist())
+        tokens = (int(lens[-1]) if lens.numel() else 0) if cumsum else int(lens.sum())
+        key = key_cache.new_empty(tokens, *key_cache.shape[2:]) if key is None else key
+        value = value_cache.new_empty(tokens, *value_cache.shape[2:]) if value is None else value
+    # the caches are only read: strided views (e.g. column slices of one MLA cache) are read through a copy
+    npu_gather_pa_kv_cache(key_cache.contiguous(), value_cache.contiguous(), block_table, context_lens, key, value,
+                           seq_offset=seq_starts, is_seq_lens_cumsum=cumsum)
+    return key, value
+
+
+def gather_sequences(key_cache: Tensor, value_cache: Tensor, block_table: Tensor, lens: list[int]
+                     ) -> tuple[Tensor, Tensor]:
+    """The callers' form of :func:`npu_paged_cache_load`: host lengths ``lens`` (already checked by the caller),
+    staged to the caches' device without blocking, so the block table is never read on the host."""
+    tokens = sum(lens)
+    key = key_cache.new_empty(tokens, *key_cache.shape[2:])
+    value = value_cache.new_empty(tokens, *value_cache.shape[2:])
+    npu_gather_pa_kv_cache(key_cache.contiguous(), value_cache.contiguous(), block_table,
+                           staging.upload(lens, torch.int32, key_cache.device), key, value)
+    return key, value
+
+
 @contextlib.contextmanager
 def _writable_rows(out: Tensor):
     """``out [T, N, D]`` as ``[T, N*D]`` rows with a unit last stride for a kernel to write: a view when the strides
@@ -286,3 +329,5 @@ npu_scatter_pa_kv_cache_functional = with_overloads(npu_scatter_pa_kv_cache_func
 npu_gather_pa_kv_cache = with_overloads(npu_gather_pa_kv_cache)
 npu_gather_pa_kv_cache_functional = with_overloads(npu_gather_pa_kv_cache_functional)
 _npu_reshape_and_cache = with_overloads(_npu_reshape_and_cache)
+_npu_reshape_and_cache_siso = with_overloads(_npu_reshape_and_cache_siso)
+npu_paged_cache_load = with_overloads(npu_paged_cache_load, out=npu_paged_cache_load)

@@ -9,6 +9,26 @@ import types
 import torch
 
 from .._core.checks import Described, require
+from . import npu_generator, npu_graph, npu_utils, soc
+
+GRAPH_NAMES = ("NPUGraph", "graph", "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
+               "graph_task_update_end")
+_compile_mode = {"jit_compile": True}
+
+
+def set_compile_mode(jit_compile: bool = True) -> None:
+    """``torch.npu.set_compile_mode``: chooses between online-compiled and prebuilt NPU kernels; the stand-in has one
+    implementation either way and only keeps the choice (``torch.npu.is_jit_compile_false()``)."""
+    _compile_mode["jit_compile"] = bool(jit_compile)
+
+
+class _DeviceProperties:
+    """``torch.npu.get_device_properties()`` on the CPU: the SoC name, and no device memory."""
+
+    total_memory = 0
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 class DeviceIndex(str):
@@ -109,17 +129,6 @@ class CpuStream:
 _CPU_STREAM = CpuStream()
 
 
-class CpuDeviceProperties:
-    """``torch.npu.get_device_properties()`` on the CPU stand-in: the name and memory that Ascend scripts read."""
-
-    name = "cpu (attnops torch_npu stand-in)"
-    total_memory = 0
-
-
-class _GraphTaskHandle:
-    """Handle returned by ``graph_task_group_end`` (an aclgraph task group; nothing to update on the stand-in)."""
-
-
 def _cpu_names() -> dict:
     def set_device(index) -> None:
         index = torch.device(index).index if isinstance(index, torch.device) else index
@@ -132,12 +141,13 @@ def _cpu_names() -> dict:
         Event=CpuEvent, ExternalEvent=CpuEvent, Stream=CpuStream,
         stream=lambda stream=None: contextlib.nullcontext(stream),
         current_stream=lambda device=None: _CPU_STREAM, default_stream=lambda device=None: _CPU_STREAM,
-        set_stream=lambda stream: None, get_device_name=lambda device=None: CpuDeviceProperties.name,
-        get_device_properties=lambda device=None: CpuDeviceProperties(),
+        set_stream=lambda stream: None, get_device_name=lambda device=None: soc.soc_name(),
         mem_get_info=lambda device=None: (0, 0), memory_allocated=lambda device=None: 0,
         max_memory_allocated=lambda device=None: 0, reset_peak_memory_stats=lambda device=None: None,
-        get_rng_state=lambda device="npu": torch.get_rng_state(),
-        set_rng_state=lambda new_state, device="npu": torch.set_rng_state(new_state),
+        get_rng_state=lambda device="npu": npu_generator.with_state(torch.get_rng_state()),
+        set_rng_state=lambda new_state, device="npu": torch.set_rng_state(npu_generator.restore(new_state)),
+        is_bf16_supported=lambda including_emulation=True: True,
+        get_device_properties=lambda device=None: _DeviceProperties(soc.soc_name()),
     )
 
 
@@ -148,11 +158,14 @@ def _cuda_names() -> dict:
         synchronize=cuda.synchronize, empty_cache=cuda.empty_cache,
         Event=cuda.Event, ExternalEvent=cuda.Event, Stream=cuda.Stream, stream=cuda.stream,
         current_stream=cuda.current_stream, default_stream=cuda.default_stream, set_stream=cuda.set_stream,
-        get_device_name=cuda.get_device_name, get_device_properties=cuda.get_device_properties,
+        get_device_name=cuda.get_device_name,
         mem_get_info=cuda.mem_get_info,
         memory_allocated=cuda.memory_allocated, max_memory_allocated=cuda.max_memory_allocated,
-        reset_peak_memory_stats=cuda.reset_peak_memory_stats, get_rng_state=cuda.get_rng_state,
-        set_rng_state=cuda.set_rng_state,
+        reset_peak_memory_stats=cuda.reset_peak_memory_stats,
+        get_rng_state=lambda device="cuda": npu_generator.with_state(cuda.get_rng_state(device)),
+        set_rng_state=lambda new_state, device="cuda": cuda.set_rng_state(npu_generator.restore(new_state), device),
+        is_bf16_supported=cuda.is_bf16_supported,
+        get_device_properties=cuda.get_device_properties,
     )
 
 
@@ -167,6 +180,7 @@ def npu_device_module(device: torch.device) -> types.ModuleType:
         """Seed the stand-in's generators (the CPU's, where attnops draws dropout seeds, and CUDA's). Not through
         ``torch.manual_seed``: with ``torch.device("npu")`` parsing, that one calls ``torch.npu.manual_seed_all``."""
         torch.default_generator.manual_seed(int(seed))
+        npu_generator.manual_seed(seed)
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(int(seed))
 
@@ -174,15 +188,16 @@ def npu_device_module(device: torch.device) -> types.ModuleType:
     mod.manual_seed = manual_seed
     mod.manual_seed_all = manual_seed
     mod._is_in_bad_fork = lambda: False  # with manual_seed_all: what torch.manual_seed asks of a named PrivateUse1
-    # aclgraph task groups (vllm-ascend's graph capture): nothing to group or update outside the NPU
-    mod.graph_task_group_begin = lambda stream=None: None
-    mod.graph_task_group_end = lambda stream=None: _GraphTaskHandle()
-    mod.graph_task_update_begin = lambda stream=None, handle=None: None
-    mod.graph_task_update_end = lambda stream=None: None
+    for name in GRAPH_NAMES:  # graph capture and aclgraph task groups (vllm-ascend's graph capture)
+        setattr(mod, name, getattr(npu_graph, name))
+    mod.set_compile_mode = set_compile_mode
+    mod.is_jit_compile_false = lambda: not _compile_mode["jit_compile"]
+    mod.config = types.SimpleNamespace(allow_internal_format=False)
+    mod.utils = npu_utils.utils_module(mod)
     mod.device = device
     return mod
 
 
-NPU_NAMES = tuple(sorted(set(_cpu_names()) | {
-    "is_available", "manual_seed", "manual_seed_all", "_is_in_bad_fork", "graph_task_group_begin",
-    "graph_task_group_end", "graph_task_update_begin", "graph_task_update_end", "device"}))
+NPU_NAMES = tuple(sorted(set(_cpu_names()) | set(GRAPH_NAMES) | {
+    "is_available", "manual_seed", "manual_seed_all", "_is_in_bad_fork", "device", "set_compile_mode",
+    "is_jit_compile_false", "config", "utils"}))

@@ -171,8 +171,12 @@ def npu_nsa_compress_infer(input, weight, slot_mapping, compress_block_size, com
     return run_inference_only(nsa_op.COMPRESS_INFER, update, input, weight, cache, dirty=cache)
 
 
-for _fn in (npu_nsa_compress, npu_nsa_compress_grad, npu_nsa_compress_attention, npu_nsa_select_attention,
-            npu_nsa_select_attention_grad, npu_nsa_select_attention_infer, npu_nsa_compress_attention_infer):
-    with_overloads(_fn)
-with_overloads(npu_nsa_compress_infer)
+npu_nsa_compress = with_overloads(npu_nsa_compress)
+npu_nsa_compress_grad = with_overloads(npu_nsa_compress_grad)
+npu_nsa_compress_attention = with_overloads(npu_nsa_compress_attention)
+npu_nsa_select_attention = with_overloads(npu_nsa_select_attention)
+npu_nsa_select_attention_grad = with_overloads(npu_nsa_select_attention_grad)
+npu_nsa_select_attention_infer = with_overloads(npu_nsa_select_attention_infer)
+npu_nsa_compress_attention_infer = with_overloads(npu_nsa_compress_attention_infer)
+npu_nsa_compress_infer = with_overloads(npu_nsa_compress_infer)
 npu_nsa_compress_infer.cache = npu_nsa_compress_infer

@@ -17,7 +17,7 @@ import torch
 
 from .._core.checks import check_choice
 from .._core.module_alias import real_package_present
-from . import pickling, tensor_patch
+from . import pickling, soc, tensor_patch
 from ._common import with_overloads
 from .npu_device import npu_device_module
 
@@ -39,10 +39,35 @@ def _install_pickling_modules(package: types.ModuleType, npu: types.ModuleType) 
     on the CPU, and msprobe's allow-listing of torch_npu's unpickling function finds it."""
     utils = types.ModuleType("torch_npu.utils", "attnops stand-in for torch_npu.utils")
     utils.storage = pickling.storage_module()
+    utils.get_cann_version = npu.utils.get_cann_version
     package.utils = utils
     npu._format = pickling.format_module()
     sys.modules.update({"torch_npu.utils": utils, "torch_npu.utils.storage": utils.storage,
-                        "torch_npu.npu._format": npu._format})
+                        "torch_npu.npu._format": npu._format, "torch_npu.npu.utils": npu.utils})
+
+
+def _install_testing_modules(package: types.ModuleType) -> None:
+    """``torch_npu.testing`` and its ``testcase``, ``common_utils`` and ``common_distributed`` modules."""
+    from .testing import common_distributed, common_utils, testcase
+
+    sys.modules["torch_npu.testing"] = package.testing
+    for module in (common_distributed, common_utils, testcase):
+        sys.modules["torch_npu.testing." + module.__name__.rsplit(".", 1)[1]] = module
+
+
+def _install_batch_invariant_ops(package: types.ModuleType) -> None:
+    """vllm-ascend's batch-invariant kernels: ``torch.ops.batch_invariant_ops.
+    npu_fused_infer_attention_score_batch_invariant`` is :func:`npu_fused_infer_attention_score` itself, whose rows
+    never depend on the other rows of the batch (each batch row and head is computed on its own, in one order)."""
+    torch.ops.batch_invariant_ops.npu_fused_infer_attention_score_batch_invariant = (
+        package.npu_fused_infer_attention_score)
+
+
+def _add_accelerator_current_device() -> None:
+    """``torch.accelerator.current_device``, where this PyTorch only has ``current_device_index``."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and not hasattr(accelerator, "current_device"):
+        accelerator.current_device = accelerator.current_device_index
 
 
 def _install_cann_ops_transformer(module: types.ModuleType) -> None:
@@ -61,13 +86,16 @@ def _install_cann_ops_transformer(module: types.ModuleType) -> None:
 
 
 def install_package(package: types.ModuleType, ops: tuple[str, ...], atb_ops: tuple[str, ...], c_ascend_ops: dict,
-                    device: str | torch.device | None, *, patch_tensor_npu: bool, patch_pin_memory: bool) -> bool:
+                    device: str | torch.device | None, *, patch_tensor_npu: bool, patch_pin_memory: bool,
+                    soc_name: str | None = None, cann_version: str | None = None) -> bool:
     """:func:`attnops.torch_npu.install`: ``package`` (:mod:`attnops.torch_npu`) becomes ``torch_npu``, its functions
     named in ``ops`` / ``atb_ops`` become ``torch.ops.npu.<op>`` / ``torch.ops.atb.<op>``, and ``c_ascend_ops``
     (name: function) ``torch.ops._C_ascend.<op>``."""
     from .. import cann_ops_transformer
 
     if sys.modules.get("torch_npu") is package:
+        if soc_name is not None or cann_version is not None:
+            soc.configure(soc_name, cann_version)
         tensor_patch.patch(torch.npu.device, devices=patch_tensor_npu, pin_memory=patch_pin_memory)
         return True
     if real_package_present("torch_npu"):
@@ -76,11 +104,13 @@ def install_package(package: types.ModuleType, ops: tuple[str, ...], atb_ops: tu
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     check_choice("device", device.type, ("cpu", "cuda"))
+    soc.configure(soc_name, cann_version)
     sys.modules["torch_npu"] = package
     for name in ops:
         setattr(torch.ops.npu, name, getattr(package, name))
-    for name in atb_ops:
+    for name in atb_ops:  # torch_npu.atb.<op> too: the ATB namespace holds every ATB op
         setattr(torch.ops.atb, name, getattr(package, name))
+        setattr(package.atb, name, getattr(package, name))
     for name, fn in c_ascend_ops.items():  # vllm-ascend's own ops
         setattr(torch.ops._C_ascend, name, fn)
     _install_cann_ops_transformer(cann_ops_transformer)
@@ -93,5 +123,8 @@ def install_package(package: types.ModuleType, ops: tuple[str, ...], atb_ops: tu
     sys.modules["torch_npu.contrib"] = contrib
     sys.modules["torch_npu.contrib.transfer_to_npu"] = contrib.transfer_to_npu
     _install_pickling_modules(package, npu)
+    _install_testing_modules(package)
+    _install_batch_invariant_ops(package)
+    _add_accelerator_current_device()
     tensor_patch.patch(device, devices=patch_tensor_npu, pin_memory=patch_pin_memory)
     return True

@@ -725,6 +725,40 @@ def npu_scatter_nd_update(fn):
                                  updates=r(3, 4, seed=41)))
 
 
+def npu_block_sparse_attention():
+    def golden_of(a):
+        keep = a["block_sparse_mask"][0].bool().repeat_interleave(2, 1).repeat_interleave(4, 2)[:, :5, :6]
+        k, v = (a[name].transpose(0, 1).double().repeat_interleave(2, 0) for name in ("key", "value"))
+        s = 0.3 * a["query"].transpose(0, 1).double() @ k.transpose(-1, -2)
+        return ((torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v).transpose(0, 1),)
+
+    mask = torch.ones(1, 2, 3, 2, dtype=torch.int8)
+    return Case(torch_npu.npu_block_sparse_attention,
+                dict(query=r(5, 2, 8, seed=43), key=r(6, 1, 8, seed=44), value=r(6, 1, 8, seed=45),
+                     block_sparse_mask=mask, block_shape=[2, 4], num_key_value_heads=1, scale_value=0.3,
+                     actual_seq_lengths=[5], actual_seq_lengths_kv=[6]), golden_of)
+
+
+def npu_block_sparse_attention_backward():
+    q, k, v = r(5, 2, 8, seed=43), r(5, 1, 8, seed=44), r(5, 1, 8, seed=45)
+    mask = torch.ones(1, 2, 3, 3, dtype=torch.int8)
+    out, lse = torch_npu.npu_block_sparse_attention(q, k, v, mask, [2, 2], scale_value=0.3, actual_seq_lengths=[5],
+                                                    actual_seq_lengths_kv=[5])
+    return Case(torch_npu.npu_block_sparse_attention_backward,
+                dict(d_out=r(5, 2, 8, seed=46), query=q, key=k, value=v, attention_out=out, softmax_lse=lse,
+                     block_sparse_mask=mask, block_shape=[2, 2], actual_seq_lengths=[5], actual_seq_lengths_kv=[5],
+                     q_input_layout="TND", kv_input_layout="TND", num_key_value_heads=1, scale_value=0.3))
+
+
+def npu_quant_fusion_attention():
+    from attnops._core import hifloat8  # HiFloat8 codes: uint8 inputs the suite can do arithmetic on (FP8 it cannot)
+
+    qkv = {name: hifloat8.encode(r(1, 2, 4, 8, seed=47 + i)) for i, name in enumerate(("query", "key", "value"))}
+    scales = {f"d_scale_{c}": torch.ones(1, 2, 1, 1) for c in "qkv"}
+    return Case(torch_npu.npu_quant_fusion_attention, dict(**qkv, head_num=2, input_layout="BNSD", **scales,
+                                                           scale=0.3, query_dtype=torch_npu.hifloat8))
+
+
 def npu_attention_update():
     outs = [r(3, 8, seed=s) for s in (1, 2)]
     lses = [r(3, seed=s) for s in (3, 4)]
@@ -866,6 +900,11 @@ TORCH_NPU = {
     "npu_fused_infer_attention_score": npu_fia(torch_npu.npu_fused_infer_attention_score, "scale"),
     "npu_fused_infer_attention_score_v2": npu_fia(torch_npu.npu_fused_infer_attention_score_v2, "softmax_scale",
                                                   "input_layout", "actual_seq_kvlen", "num_query_heads"),
+    "npu_fused_infer_attention_v2": npu_fia(torch_npu.npu_fused_infer_attention_v2, "softmax_scale", "input_layout",
+                                            "actual_seq_kvlen", "num_query_heads"),
+    "npu_block_sparse_attention": npu_block_sparse_attention,
+    "npu_block_sparse_attention_backward": npu_block_sparse_attention_backward,
+    "npu_quant_fusion_attention": npu_quant_fusion_attention,
     "npu_fusion_attention": npu_fusion_attention(torch_npu.npu_fusion_attention),
     "npu_fusion_attention_v2": npu_fusion_attention(torch_npu.npu_fusion_attention_v2),
     "npu_fusion_attention_v3": npu_fusion_attention(torch_npu.npu_fusion_attention_v3),

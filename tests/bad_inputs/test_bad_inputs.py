@@ -40,7 +40,9 @@ EXCLUDED = {
                                           "SparseFlashMlaResult")},
     "attnops.aclnn": {"AclnnExecutor": "the executor handed from phase 1 to phase 2 (no tensor inputs)"},
     "attnops.torch_npu": {"install": "installs the torch_npu shim (no tensor inputs)",
-                          "hifloat8": "a dtype constant (torch_npu.hifloat8)"},
+                          "hifloat8": "a dtype constant (torch_npu.hifloat8)"}
+    | {name: "records or reports an ACL memory format on a tensor of any dtype and shape (no computation)"
+       for name in ("get_npu_format", "npu_format_cast", "npu_format_cast_")},
     "attnops.flash_attn": {"__version__": "a string", "install": "installs the flash_attn shim (no tensor inputs)",
                            "fa3": "a module (flash_attn_interface's functions under FA3's names)",
                            "flash_attn_interface": "a module re-exporting the functions covered here",

@@ -141,10 +141,11 @@ def native_sparse_attention(query: Tensor, key: Tensor, value: Tensor, gates: Te
                     ("compress_weight_v", compress_weight_v), ("g_cmp", g_cmp), ("g_slc", g_slc), ("g_swa", g_swa)):
         if t is not None:
             check_tensor(name, t, dtypes=FLOAT_DTYPES)
+    count_tensor = block_counts if isinstance(block_counts, Tensor) else None  # an int count has no device
     query, key, value, gates, compress_weight_k, compress_weight_v, g_cmp, g_slc, g_swa, block_indices, _ = _prepared(
         "query", query, key=key, value=value, gates=gates, compress_weight_k=compress_weight_k,
         compress_weight_v=compress_weight_v, g_cmp=g_cmp, g_slc=g_slc, g_swa=g_swa, block_indices=block_indices,
-        block_counts=block_counts)
+        block_counts=count_tensor)
     with autocast_off(query.device):
         if torch.compiler.is_compiling() and layout == "TND" and isinstance(
                 cu_seqlens if cu_seqlens is not None else actual_seq_len, Tensor):
