@@ -88,7 +88,7 @@ def _open() -> dict:
 
 
 def status() -> str:
-    """Which CPU decode path runs: the compiled kernel (and its threads), or the PyTorch path and why."""
+    """Which CPU decode path runs: the compiled kernel, or the PyTorch path and why."""
     lib = library()
     if lib is None:
         return f"pure PyTorch ({_state['why']})"
