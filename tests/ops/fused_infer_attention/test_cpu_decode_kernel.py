@@ -4,6 +4,7 @@ that are not multiples of the vector width, GQA and several query rows; each tes
 are bitwise the same on 1 and 2 threads; a failed build warns and leaves every call to the PyTorch path."""
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -138,6 +139,37 @@ def test_a_failed_build_warns_and_the_pytorch_path_serves(monkeypatch, tmp_path,
     q, k, v = make_inputs("BNSD", b=2, n=4, nkv=2, sq=1, skv=40, d=16, dtype=F16)
     check_fia(q, k, v, via="api", num_heads=4, num_key_value_heads=2, input_layout="BNSD", softmax_lse_flag=True)
     assert kernel_calls[0] == 0
+
+
+def _two_thread_call(inputs, expected, queue) -> None:
+    torch.set_num_threads(2)
+    q, k, v = inputs
+    queue.put(torch.equal(attnops.fused_infer_attention(q, k, v, num_key_value_heads=2, layout="BNSD")[0], expected))
+
+
+@needs_kernel
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_the_kernel_on_a_pool_of_its_own(kernel_calls, monkeypatch):
+    """The parent's pool threads do not exist in a forked child: a two-thread call there neither hangs nor differs
+    from the parent's."""
+    import multiprocessing
+
+    monkeypatch.setattr(decode, "CHUNK_TOKENS", 256)
+    inputs = make_inputs("BNSD", b=1, n=8, nkv=2, sq=1, skv=1500, d=64, dtype=BF16)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        parent = attnops.fused_infer_attention(*inputs, num_key_value_heads=2, layout="BNSD")[0]  # pool started
+    finally:
+        torch.set_num_threads(threads)
+    assert kernel_calls[0] >= 6
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_two_thread_call, args=(inputs, parent, queue))
+    child.start()
+    same = queue.get(timeout=120)
+    child.join(60)
+    assert child.exitcode == 0 and same
 
 
 @needs_kernel
