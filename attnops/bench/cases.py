@@ -189,8 +189,8 @@ register_suite(Suite(
 
 register_suite(Suite(
     name="decode-cpu-peers",
-    description="FIA decode on the CPU vs SDPA (GQA folded and enable_gqa), compiled flex_attention and onnxruntime "
-                "GQA: B=1 x 32k, B=8 x 4k, 1 and 2 threads, beside a busy process",
+    description="FIA decode on the CPU vs SDPA (GQA folded, enable_gqa), compiled flex_attention, onnxruntime GQA; 1 "
+                "and 2 threads",
     details="N=32, KV_N=8, D=128, fp32/bf16/fp16 and int8 KV (bf16 query, per-channel antiquant), contiguous and "
             "paged (128-token pages, shuffled); every implementation on the case's thread count; attnops-1t: attnops "
             "on one thread in the two-thread cases; beside-load: one CPU-bound process runs meanwhile; the peers "
