@@ -20,10 +20,13 @@ worker started 2-5 ms late and its first job ran 7 ms slower, about 5% of a caus
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -71,11 +74,11 @@ def _workers(n: int) -> ThreadPoolExecutor:
 
 
 def job_threads(device: torch.device) -> int:
-    """How many threads jobs on ``device`` run on from here: ``torch.get_num_threads()`` on the CPU, 1 elsewhere,
-    inside a worker and while ``torch.compile`` traces the caller."""
+    """How many threads jobs on ``device`` run on from here: ``torch.get_num_threads()`` on the CPU (as it was
+    outside :func:`serial_ops`), 1 elsewhere, inside a worker and while ``torch.compile`` traces the caller."""
     if torch.compiler.is_compiling() or device.type != "cpu" or getattr(_state, "worker", False):
         return 1
-    return torch.get_num_threads()
+    return getattr(_state, "threads", None) or torch.get_num_threads()
 
 
 def run_jobs(job: Callable[[T], None], items: Sequence[T], device: torch.device) -> None:
@@ -118,3 +121,59 @@ def fill_(fills: Sequence[tuple[torch.Tensor, float]], device: torch.device) -> 
         step = max(-(-FILL_GRAIN // per_row), -(-size // FILL_PIECES))
         pieces += [(x.narrow(dim, i, min(step, size - i)) if x.dim() else x, value) for i in range(0, size, step)]
     run_jobs(lambda piece: piece[0].fill_(piece[1]), pieces, device)
+
+
+def _thread_count_setters() -> list[Callable[[int], int]]:
+    """Functions that set the calling thread's own thread count for PyTorch's parallel regions and return the one
+    before: OpenMP's (GNU ``libgomp``, LLVM ``libomp`` or Intel ``libiomp5``, as loaded in this process) and MKL's
+    (its vector math, ``exp`` and ``log`` on fp32 tensors, runs regions of its own), those that are loaded."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    paths = dict.fromkeys(line.split()[-1] for line in maps.splitlines() if "/" in line)
+    setters = []
+    for path in paths:
+        name = Path(path).name
+        if name.startswith(("libgomp", "libomp", "libiomp")):
+            omp = ctypes.CDLL(path)  # already loaded: the same copy
+
+            def set_omp(n: int, omp=omp) -> int:
+                before = omp.omp_get_max_threads()
+                omp.omp_set_num_threads(n)
+                return before
+            setters.append(set_omp)
+        elif name.startswith(("libtorch_cpu", "libmkl_rt", "libmkl_core")):
+            local = getattr(ctypes.CDLL(path), "MKL_Set_Num_Threads_Local", None)  # C interface (by value)
+            if local is not None:
+                local.argtypes, local.restype = [ctypes.c_int], ctypes.c_int
+                setters.append(local)  # returns the previous value (0: the global one)
+    return setters
+
+
+_setters: list = []  # [the setters], found once
+
+
+@contextlib.contextmanager
+def serial_ops():
+    """PyTorch operators that the calling thread runs inside run single-threaded (this thread's OpenMP and MKL
+    thread counts are 1 until the end; other threads keep theirs); jobs (:func:`run_jobs`, the compiled kernels'
+    threads) still use the thread count from before (:func:`job_threads`).
+
+    For the host work around a compiled kernel: small tensor operations gain nothing from a parallel region, and
+    GNU OpenMP keeps the region's threads spinning for milliseconds after it, on the cores that the kernel's
+    threads, or other processes, need (on a busy machine a decode call on two threads then ran several times
+    slower than on one)."""
+    if not _setters:
+        _setters.append(_thread_count_setters())
+    if getattr(_state, "threads", None) is not None:  # already inside
+        yield
+        return
+    _state.threads = torch.get_num_threads()
+    before = [set_count(1) for set_count in _setters[0]]
+    try:
+        yield
+    finally:
+        for set_count, count in zip(_setters[0], before):
+            set_count(count)
+        _state.threads = None

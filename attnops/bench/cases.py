@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .decode_peers import peer_cases
 from .host_overhead import host_cases
 from .types import MODES, Case
 
@@ -185,6 +186,16 @@ register_suite(Suite(
             "on the same KV, contiguous (int8 KV: SDPA on the dequantized values); paged caches use 128-token blocks "
             "in sequential or shuffled order",
     cases=_decode_cases(), device="cpu", repeat=5, warmup=1))
+
+register_suite(Suite(
+    name="decode-cpu-peers",
+    description="FIA decode on the CPU vs SDPA (GQA folded, enable_gqa), compiled flex_attention, onnxruntime GQA; 1 "
+                "and 2 threads",
+    details="N=32, KV_N=8, D=128, fp32/bf16/fp16 and int8 KV (bf16 query, per-channel antiquant), contiguous and "
+            "paged (128-token pages, shuffled); every implementation on the case's thread count; attnops-1t: attnops "
+            "on one thread in the two-thread cases; beside-load: one CPU-bound process runs meanwhile; the peers "
+            "read the same K/V contiguous (int8: dequantized); 'strongest peer' names the fastest per case",
+    cases=peer_cases(), device="cpu", repeat=7, warmup=1))
 
 register_suite(Suite(
     name="fia-gpu",

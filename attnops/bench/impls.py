@@ -299,7 +299,24 @@ BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
     "custom-op-floor": lambda c, i, d: _host_overhead().build_floor(c, i, d),
     "attnops-dense-mha": lambda c, i, d: _dsa_gpu().build_dense_mha(c, i, d),
     "sdpa-dense-folded": lambda c, i, d: _dsv4().build_dense_folded(c, i, d),
+    "sdpa-folded": lambda c, i, d: _decode_peers().build_sdpa_folded(c, i, d),
+    "flex-folded": lambda c, i, d: _decode_peers().build_flex_folded(c, i, d),
+    "ort-gqa": lambda c, i, d: _decode_peers().build_ort_gqa(c, i, d),
+    "attnops-1t": lambda c, i, d: _decode_peers().build_attnops_one_thread(c, i, d),
 }
+NOT_PEERS = ("read-bandwidth", "custom-op-floor", "nsa-recompute")  # references, not other libraries
+
+
+def is_peer(name: str) -> bool:
+    """Whether baseline ``name`` is another library's implementation (not attnops on other settings, nor a
+    reference such as the read bandwidth)."""
+    return not name.startswith("attnops") and name not in NOT_PEERS
+
+
+def _decode_peers():
+    from . import decode_peers
+
+    return decode_peers
 
 
 def _host_overhead():

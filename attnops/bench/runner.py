@@ -18,9 +18,9 @@ import torch
 
 from .._progress import Progress
 from .cases import SUITES, suite_cases
-from .impls import BUILDERS, OURS, make_inputs
+from .impls import BUILDERS, OURS, is_peer, make_inputs
 from .report import PlotSkipped, environment, write_json, write_plot
-from .timing import L2Flusher, PeakMemory, summarize, synchronize, time_once, wait_until_idle
+from .timing import L2Flusher, PeakMemory, busy_processes, summarize, synchronize, time_once, wait_until_idle
 from .types import Case, Unavailable
 
 DEFAULT_OUT = "attnops-bench-results"
@@ -86,6 +86,27 @@ def _max_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float | None:
 
 def run_case(case: Case, device: torch.device, *, repeat: int, warmup: int, impls: list[str] | None,
              idle_wait: float, seed: int, check: bool, log=print) -> dict:
+    """One case: build, warm up, time (see :func:`_time_all`) and compare its implementations; the case's
+    ``threads`` parameter, where given, is the thread count from the build on (the caller's is restored)."""
+    threads = torch.get_num_threads()
+    try:
+        if "threads" in case.params:
+            torch.set_num_threads(case.params["threads"])
+        return _run_case(case, device, repeat=repeat, warmup=warmup, impls=impls, idle_wait=idle_wait, check=check,
+                         seed=seed, log=log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _set_threads(case: Case, r) -> None:
+    """The thread count of ``r``'s calls: its own, else the case's ``threads`` (else left as it is)."""
+    count = r.threads or case.params.get("threads")
+    if count is not None and count != torch.get_num_threads():
+        torch.set_num_threads(count)
+
+
+def _run_case(case: Case, device: torch.device, *, repeat: int, warmup: int, impls: list[str] | None,
+              idle_wait: float, seed: int, check: bool, log) -> dict:
     names = [OURS, *case.baselines] if impls is None else [n for n in impls if n == OURS or n in BUILDERS]
     inputs = make_inputs(case, device, seed)
     runnables, results = {}, {}
@@ -100,6 +121,7 @@ def run_case(case: Case, device: torch.device, *, repeat: int, warmup: int, impl
     for name, r in list(runnables.items()):
         try:
             for _ in range(warmup):
+                _set_threads(case, r)
                 r.reset()
                 r.fn()
             synchronize(device)
@@ -108,23 +130,8 @@ def run_case(case: Case, device: torch.device, *, repeat: int, warmup: int, impl
             del runnables[name]
     times: dict[str, list[float]] = {n: [] for n in runnables}
     idle: list[float] = []
-    order = list(runnables)
-    for rep in range(repeat):
-        for name in (order if rep % 2 == 0 else order[::-1]):  # alternate the order: no positional bias
-            r = runnables[name]
-            if device.type == "cpu":
-                frac = wait_until_idle(idle_wait)
-                if frac is not None:
-                    idle.append(frac)
-            r.reset()
-            synchronize(device)
-            if case.track_memory and rep == 0:
-                with PeakMemory(device) as mem:
-                    t = time_once(r.fn, device, flush)
-                results[name]["memory"] = mem.as_dict()
-            else:
-                t = time_once(r.fn, device, flush)
-            times[name].append(t)
+    with busy_processes(case.params.get("beside_load", 0)):
+        _time_all(case, runnables, results, times, idle, repeat, device, idle_wait, flush)
     flops = case.flops()
     for name, ts in times.items():
         stats = summarize(ts)
@@ -141,11 +148,45 @@ def run_case(case: Case, device: torch.device, *, repeat: int, warmup: int, impl
             if diff is not None:
                 checks[name] = {"max_abs_diff_out": diff}
     entry = {"case": case.describe(), "results": results, "ratios": ratios, "checks": checks}
+    strongest = _strongest_peer(case, results)
+    if strongest is not None:
+        entry["strongest_peer"] = strongest
     if idle:
         entry["idle_fraction"] = {"min": min(idle), "mean": sum(idle) / len(idle)}
     runnables.clear()
     gc.collect()
     return entry
+
+
+def _strongest_peer(case: Case, results: dict) -> str | None:
+    """The baseline with the lowest median among the case's peers (other libraries: not attnops itself on other
+    settings nor a reference such as the read bandwidth), or None."""
+    timed = [name for name in case.baselines if is_peer(name) and results.get(name, {}).get("status") == "ok"]
+    return min(timed, key=lambda name: results[name]["median_s"], default=None)
+
+
+def _time_all(case: Case, runnables: dict, results: dict, times: dict, idle: list, repeat: int, device, idle_wait,
+              flush) -> None:
+    """``repeat`` rounds of one timed call of each runnable, the order reversed every other round; a runnable's
+    calls run on its own thread count, else the case's ``threads``, else the caller's."""
+    order = list(runnables)
+    for rep in range(repeat):
+        for name in (order if rep % 2 == 0 else order[::-1]):  # alternate the order: no positional bias
+            r = runnables[name]
+            _set_threads(case, r)
+            if device.type == "cpu":
+                frac = wait_until_idle(idle_wait)
+                if frac is not None:
+                    idle.append(frac)
+            r.reset()
+            synchronize(device)
+            if case.track_memory and rep == 0:
+                with PeakMemory(device) as mem:
+                    t = time_once(r.fn, device, flush)
+                results[name]["memory"] = mem.as_dict()
+            else:
+                t = time_once(r.fn, device, flush)
+            times[name].append(t)
 
 
 _ISOLATED = """
@@ -193,6 +234,10 @@ def _fmt_row(case: Case, entry: dict) -> list[str]:
         lines.append(f"  {name:15s} min {_fmt_seconds(r['min_s'])}  median {_fmt_seconds(r['median_s'])}{rate}{mem_s}")
     for name, q in entry["ratios"].items():
         lines.append(f"  ratio {name}/{OURS}: {q['min']:.3f} (min)  {q['median']:.3f} (median)")
+    if "strongest_peer" in entry:
+        name = entry["strongest_peer"]
+        q = entry["ratios"].get(name, {}).get("median")
+        lines.append(f"  strongest peer: {name}" + (f" (attnops {q:.2f}x its speed, medians)" if q else ""))
     for name, c in entry["checks"].items():
         lines.append(f"  max|out - {name}| = {c['max_abs_diff_out']:.2e}")
     return lines

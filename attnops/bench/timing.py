@@ -7,8 +7,11 @@ them alike; statistics are over the repetitions (min, median, mean, spread).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +64,21 @@ def summarize(times: list[float]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------- CPU load (Linux)
+
+
+@contextlib.contextmanager
+def busy_processes(count: int):
+    """``count`` CPU-bound processes (a Python busy loop each) running until the end of the block: the load that
+    the cases ``beside_load`` measure under."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.2 if procs else 0)  # running before the first timing
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
 
 
 def _cpu_times() -> tuple[int, int] | None:

@@ -153,6 +153,7 @@ class Runnable:
     fn: Callable[[], object]
     reset: Callable[[], None] = lambda: None
     output: Callable[[], torch.Tensor | None] = lambda: None  # forward output in [B, N, S, Dv] for checks
+    threads: int | None = None  # the CPU thread count its calls run with (None: the case's "threads", if any)
 
 
 @dataclass

@@ -139,3 +139,23 @@ def test_fill_sets_every_element_on_the_workers(two_threads, make):
     a, b = make(), torch.empty(9, 9)
     fill_([(a, 2.5), (b, float("-inf"))], CPU)
     assert bool((a == 2.5).all()) and bool((b == float("-inf")).all())
+
+
+def test_serial_ops_make_the_callers_operators_single_threaded_and_keep_the_job_count(two_threads):
+    """Inside, PyTorch's operators on this thread see one thread (OpenMP and MKL) while jobs still get the caller's
+    count; afterwards both are back; another thread keeps its own count meanwhile; nesting changes nothing."""
+    from attnops._core import parallel
+
+    if not parallel._thread_count_setters():
+        pytest.skip("no OpenMP runtime loaded in this process")
+    other = {}
+    with parallel.serial_ops():
+        assert torch.get_num_threads() == 1 and parallel.job_threads(CPU) == 2
+        with parallel.serial_ops():
+            assert torch.get_num_threads() == 1 and parallel.job_threads(CPU) == 2
+        assert torch.get_num_threads() == 1
+        thread = threading.Thread(target=lambda: other.update(n=torch.get_num_threads()))
+        thread.start()
+        thread.join()
+    assert torch.get_num_threads() == 2 and parallel.job_threads(CPU) == 2
+    assert other["n"] == 2

@@ -108,17 +108,19 @@ def _blocks(cache: Tensor, first: int, runs: int, tokens: int, kv_heads: int) ->
 def unaddressable_columns(block_table: Tensor, lengths: list[int], block_size: int, num_blocks: int,
                           prefix_len: int) -> Tensor | None:
     """Bool ``[B, prefix_len + max(lengths)]``: the effective columns (the shared prefix first) of the tokens whose
-    block id is outside the cache, or None when every block in use is in it (one vectorised pass)."""
+    block id is outside the cache, or None when every block in use is in it (a pass over the pages, then, where one
+    is outside, one over the tokens)."""
     lens = torch.tensor(lengths, dtype=torch.int64)
     width = max(lengths, default=0)
     if width == 0:
         return None
     table = block_table.to(torch.int64)
+    in_use = torch.arange(table.shape[1]) < -(-lens[:, None] // block_size)  # pages first: the common case, every
+    if not bool((~valid_ids(table, num_blocks) & in_use).any()):  # page valid, needs no token-long tensors
+        return None
     pos = torch.arange(width)
     blocks = table[:, (pos // block_size).clamp_max(table.shape[1] - 1)]
     bad = ~valid_ids(blocks, num_blocks) & (pos < lens[:, None])
-    if not bool(bad.any()):
-        return None
     return torch.nn.functional.pad(bad, (prefix_len, 0))
 
 

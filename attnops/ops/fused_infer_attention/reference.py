@@ -9,12 +9,14 @@ Rows with nothing to attend to give output 0 and lse +inf; the output is cast wi
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
 import torch
 from torch import Tensor
 
+from ..._core import parallel
 from ..._core.checks import Described
 from ..._core.layouts import Geometry, tokens_view
 from ..._core.memory import work_memory
@@ -36,12 +38,18 @@ INT8_TILE = 4 << 20  # score elements per tile of the int8 chain
 def forward(p: FIAProblem) -> tuple[Tensor, Tensor]:
     """``(attention_out, softmax_lse)``: the output in ``p.out_shape`` / ``p.out_dtype`` (rows outside the actual
     query lengths are 0) and the fp32 lse ``[B, N1, Q_S, 1]`` / ``[T, N1, 1]`` (+inf where nothing is attended)."""
-    out, lse = new_outputs(p)
-    out_tokens = tokens_view(out, p.out_layout, p.n1)
     active = active_batches(p)
     half = p.rounding is not None and p.rounding.half_softmax  # fp16 softmax: the prefill route has it
-    decoded = decode.forward(p, [b for b in active
-                                 if p.int8 is None and not half and p.queries[b].shape[0] <= DECODE_ROWS],
+    decoding = [b for b in active if p.int8 is None and not half and p.queries[b].shape[0] <= DECODE_ROWS]
+    # a decode call's own tensor operations are small: single-threaded (parallel.serial_ops says why)
+    with parallel.serial_ops() if len(decoding) == len(active) else contextlib.nullcontext():
+        return _forward(p, active, decoding)
+
+
+def _forward(p: FIAProblem, active: list[int], decoding: list[int]) -> tuple[Tensor, Tensor]:
+    out, lse = new_outputs(p)
+    out_tokens = tokens_view(out, p.out_layout, p.n1)
+    decoded = decode.forward(p, decoding,
                              convert=None if p.out_quant is not None else functools.partial(convert, p))
     for b in active:
         q = p.queries[b]

@@ -17,6 +17,7 @@ from torch import Tensor
 from ..common import cpu_kernels
 from ..common.cpu_kernels import layout
 from .paged_kv import PagedKV
+from ..._core import parallel
 from ..._core.indices import valid_ids
 
 F32 = torch.float32
@@ -79,6 +80,7 @@ def _chunks(runs: Tensor, counts: list[int], tokens: list[int], queries: Tensor,
         cpu_kernels.decode_chunks(rows)
 
 
+@parallel.serial_ops()  # small host operations around the kernel (serial_ops says why)
 def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, starts: Tensor,
                        ends: Tensor) -> Tensor:
     """``attention_out [B, N1, Dv]`` fp32 of every KV head's group over its key ranges ``[starts, ends)``
@@ -95,6 +97,7 @@ def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, b
     return out.view(batch, kv.n1, kv.dv)
 
 
+@parallel.serial_ops()
 def compress_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor,
                        block_table: Tensor) -> tuple[Tensor, list[Tensor]]:
     """``(attention_out [B, N1, Dv] fp32, per request the probabilities [N1, S2_b] fp32)`` over every request's

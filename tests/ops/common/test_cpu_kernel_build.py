@@ -49,9 +49,9 @@ def fake_env(monkeypatch, tmp_path):
     return tmp_path / "cache", log
 
 
-def _loaded_without_openmp(path: Path) -> SimpleNamespace:
-    """Stands in for :func:`cpu_kernels._load` on the fake compiler's empty output: a library built without OpenMP."""
-    return SimpleNamespace(attnops_openmp=lambda: 0)
+def _loaded(path: Path) -> SimpleNamespace:
+    """Stands in for :func:`cpu_kernels._load` on the fake compiler's empty output."""
+    return SimpleNamespace()
 
 
 def _compiles(log: Path) -> int:
@@ -237,6 +237,18 @@ def test_the_compiler_identity_and_the_cpu_are_in_the_key(fake_env, monkeypatch,
     assert portable.cpu == "portable (-march=haswell)" and "-march=haswell" in portable.flags
 
 
+def test_the_included_headers_are_in_the_key(fake_env, monkeypatch, tmp_path):
+    """A change in a header the source includes gives another library (a cached one built before is not loaded)."""
+    for name in (build.SOURCE.name, *build.HEADERS):
+        (tmp_path / name).write_bytes(build.SOURCE.with_name(name).read_bytes())
+    monkeypatch.setattr(build, "SOURCE", tmp_path / build.SOURCE.name)
+    recipe = build.recipe(openmp=False)
+    before = recipe.file_name
+    header = tmp_path / build.HEADERS[0]
+    header.write_text(header.read_text() + "// changed\n")
+    assert recipe.file_name != before
+
+
 # ---- temporary build directories ---------------------------------------------------------------------------------
 
 def test_a_build_sweeps_stale_build_directories_and_keeps_running_ones(fake_env):
@@ -309,25 +321,10 @@ def test_an_unreadable_cpuinfo_still_gives_a_tag(tmp_path):
 
 # ---- python -m attnops build-kernels -----------------------------------------------------------------------------
 
-def test_a_compiler_without_openmp_gets_a_build_without_it(fake_env, monkeypatch, tmp_path):
-    """Where PyTorch runs on GNU OpenMP and the compiler refuses ``-fopenmp``, the library is built without it (the
-    real compile: test_a_compiler_without_openmp_builds_for_the_worker_threads, slow)."""
-    log = tmp_path / "args.log"
-    monkeypatch.setenv("CXX", str(_script(tmp_path / "no-openmp", f'echo "$@" >> "{log}"\n'
-                                          'for a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\n'
-                                          f'exec {os.environ["CXX"]} "$@"\n')))
-    monkeypatch.setattr(cpu_kernels, "_torch_uses_gomp", lambda: True)
-    monkeypatch.setattr(cpu_kernels, "_load", _loaded_without_openmp)
-    opened = cpu_kernels.open_library()
-    assert opened["built"] and not opened["openmp"] and "-fopenmp" not in opened["recipe"].flags
-    compiles = [line.split() for line in log.read_text().splitlines() if line != "--version"]
-    assert len(compiles) == 2 and "-fopenmp" in compiles[0] and "-fopenmp" not in compiles[1]
-
-
 def test_build_kernels_reports_a_build_then_the_cached_library(fake_env, monkeypatch, capsys):
     """The fake compiler's twin of the real build below."""
     cache, log = fake_env
-    monkeypatch.setattr(cpu_kernels, "_load", _loaded_without_openmp)
+    monkeypatch.setattr(cpu_kernels, "_load", _loaded)
     assert main(["build-kernels"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"CPU decode kernel: built: {cache}/attnops_cpu_decode_")

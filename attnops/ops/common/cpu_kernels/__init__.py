@@ -8,12 +8,10 @@ time. The kernels take raw pointers and strides and need no PyTorch headers (a b
 whose own description of them (``attnops_row_layout``) differs is refused.
 
 :func:`decode_chunks` is the one Python entry to the decode kernel (FIA decode and the NSA decode operators): it
-runs a table of :func:`.layout.chunk_row` rows, with no Python work per chunk. Where PyTorch runs on GNU OpenMP
-(``libgomp``, as its Linux wheels do), the library is built with ``-fopenmp`` and binds to that same runtime, so the
-chunks run on PyTorch's own OpenMP threads: the threads that PyTorch's previous operator leaves spinning take the
-work at once, where Python worker threads would first compete with them for the cores (measured: 7 ms against
-12 ms for a 134 MB fp16 cache right after a ``torch.sum``). Elsewhere the chunks go to
-:func:`attnops._core.parallel.run_jobs` workers.
+runs a table of :func:`.layout.chunk_row` rows, with no Python work per chunk, on the calling thread and the
+library's own worker threads (``threads.h``), ``torch.get_num_threads()`` in all. Those threads sleep while they
+wait, where OpenMP threads spin: on a machine with other work, spinning threads take the cores from the very thread
+they wait for (measured: a decode call with 2 threads beside other processes ran several times slower than with 1).
 
 Without a compiler, when the build fails or the library is refused, or with ``ATTNOPS_CPU_KERNELS=0``,
 :func:`library` returns None once (with a warning naming the reason when a build was tried) and callers run the
@@ -34,8 +32,8 @@ from ...._core.errors import PerformanceWarning
 from . import build, layout
 
 _lock = threading.Lock()
-# "lib": the loaded library or None, "why": the reason it is None; with a library: "openmp" (built with OpenMP),
-# "path", "built" (by this process), "recipe" (build.Recipe)
+# "lib": the loaded library or None, "why": the reason it is None; with a library: "path", "built" (by this
+# process), "recipe" (build.Recipe)
 _state: dict = {}
 
 
@@ -43,25 +41,11 @@ class LayoutMismatch(RuntimeError):
     """The library's row layout is not :mod:`.layout`'s."""
 
 
-def _torch_uses_gomp() -> bool:
-    """Whether the process has GNU OpenMP loaded (PyTorch's runtime on Linux): a library built with ``-fopenmp``
-    then binds to that copy (same soname, ``libgomp.so.1``) instead of loading a second runtime."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return False
-    return any(Path(line.split()[-1]).name.startswith("libgomp") for line in maps.splitlines() if "/" in line)
-
-
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.attnops_decode_chunks.argtypes = [p, i32]
-    lib.attnops_decode_chunks.restype = i32
     lib.attnops_decode_chunks_parallel.argtypes = [p, i32, i32]
     lib.attnops_decode_chunks_parallel.restype = i32
-    lib.attnops_openmp.argtypes = []
-    lib.attnops_openmp.restype = i32
     describe = getattr(lib, "attnops_row_layout", None)
     if describe is None:
         raise LayoutMismatch(f"{path} does not describe its row layout (no attnops_row_layout)")
@@ -82,21 +66,11 @@ def library() -> ctypes.CDLL | None:
 
 
 def open_library() -> dict:
-    """Find or build the library and load it (:data:`_state`'s entries with a library): built with ``-fopenmp``
-    where PyTorch runs on GNU OpenMP and the compiler has it, else without. Raises :class:`build.BuildError` or
-    :class:`LayoutMismatch`."""
-    gomp = _torch_uses_gomp()
-    try:
-        recipe = build.recipe(openmp=gomp)
-        path, built = build.find_or_build(recipe)
-    except build.BuildError:
-        if not gomp:
-            raise
-        recipe = build.recipe(openmp=False)  # a compiler without OpenMP: the Python workers run the chunks
-        path, built = build.find_or_build(recipe)
-    lib = _load(path)
-    return {"lib": lib, "why": None, "openmp": bool(lib.attnops_openmp()), "path": path, "built": built,
-            "recipe": recipe}
+    """Find or build the library and load it (:data:`_state`'s entries with a library). Raises
+    :class:`build.BuildError` or :class:`LayoutMismatch`."""
+    recipe = build.recipe(openmp=False)  # its own threads (see the module docstring)
+    path, built = build.find_or_build(recipe)
+    return {"lib": _load(path), "why": None, "path": path, "built": built, "recipe": recipe}
 
 
 def _open() -> dict:
@@ -114,11 +88,11 @@ def _open() -> dict:
 
 
 def status() -> str:
-    """Which CPU decode path runs: the compiled kernel (and its threads), or the PyTorch path and why."""
+    """Which CPU decode path runs: the compiled kernel, or the PyTorch path and why."""
     lib = library()
     if lib is None:
         return f"pure PyTorch ({_state['why']})"
-    return "compiled C++ kernel" + (" on PyTorch's OpenMP threads" if _state["openmp"] else "")
+    return "compiled C++ kernel"
 
 
 def location() -> str | None:
@@ -144,18 +118,11 @@ def unavailable(device: torch.device, rounding) -> str | None:
 
 
 def decode_chunks(rows: list[list[int]]) -> None:
-    """The chunks of :func:`.layout.chunk_row` ``rows`` on every thread jobs may use (:func:`parallel.job_threads`):
-    one call on PyTorch's OpenMP threads, or one kernel call per :func:`parallel.run_jobs` worker on a share of
-    consecutive rows (see the module docstring). Every tensor the rows point into must stay alive during the call; a chunk's
-    result does not depend on the thread that computes it."""
-    lib, threads = library(), parallel.job_threads(torch.device("cpu"))
+    """The chunks of :func:`.layout.chunk_row` ``rows`` on every thread jobs may use (:func:`parallel.job_threads`),
+    in one kernel call (see the module docstring). Every tensor the rows point into must stay alive during the
+    call; a chunk's result does not depend on the thread that computes it."""
     table = torch.tensor(rows, dtype=layout.DTYPE)
-    if _state["openmp"] or threads == 1:
-        codes = [lib.attnops_decode_chunks_parallel(table.data_ptr(), len(rows), threads)]
-    else:
-        bounds = [len(rows) * i // threads for i in range(threads + 1)]
-        codes = []
-        parallel.run_jobs(lambda i: codes.append(lib.attnops_decode_chunks(
-            table[bounds[i]:].data_ptr(), bounds[i + 1] - bounds[i])), range(threads), torch.device("cpu"))
-    if any(codes):
-        raise RuntimeError(f"attnops_decode_chunks returned {max(codes, key=abs)}")
+    code = library().attnops_decode_chunks_parallel(table.data_ptr(), len(rows),
+                                                    parallel.job_threads(torch.device("cpu")))
+    if code:
+        raise RuntimeError(f"attnops_decode_chunks returned {code}")

@@ -3,7 +3,8 @@
 A :class:`Recipe` is the compiler command (``$CXX`` split like a shell, else ``c++``/``g++``/``clang++``), the
 flags (``-march=$ATTNOPS_CPU_ARCH``, default ``native``; ``$CXXFLAGS`` appended last) and what else the result
 depends on: the compiler's identity (the first line of ``--version``) and, for a ``native`` build, the CPU tag
-(:mod:`.cpu_tag`). The library's file name carries a digest of all of it and of the source.
+(:mod:`.cpu_tag`). The library's file name carries a digest of all of it, of the source and of the headers it
+includes (:data:`HEADERS`).
 
 :func:`find_or_build` looks in the cache directory (``$ATTNOPS_CACHE_DIR``, default ``~/.cache/attnops``); one
 that cannot be written is replaced by a per-user directory under the system temp dir, with a warning naming both.
@@ -33,6 +34,7 @@ except ImportError:  # not a POSIX system: builds are not serialised across proc
     fcntl = None
 
 SOURCE = Path(__file__).with_name("decode.cpp")
+HEADERS = ("threads.h",)  # beside SOURCE, included by it: part of the key
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 TEMP_PREFIX = ".attnops-build-"  # temporary build directories in a cache directory
 STALE_SECONDS = 15 * 60  # a temporary directory this old belongs to no running build (builds time out sooner)
@@ -59,7 +61,8 @@ class Recipe:
     @property
     def file_name(self) -> str:
         parts = (*self.command, "\0", *self.flags, "\0", self.compiler, "\0", self.cpu)
-        key = hashlib.sha256(SOURCE.read_bytes() + "\n".join(parts).encode()).hexdigest()[:16]
+        text = b"".join(SOURCE.with_name(name).read_bytes() for name in (SOURCE.name, *HEADERS))
+        key = hashlib.sha256(text + "\n".join(parts).encode()).hexdigest()[:16]
         return f"attnops_cpu_decode_{key}.so"
 
 

@@ -10,8 +10,8 @@
 // applied here; per-channel antiquant is folded into the query and the output by the caller.
 //
 // AVX-512 (F, DQ, BW, VL) or AVX2 + FMA + F16C where the compiler targets them, plain loops elsewhere. The order of
-// operations is fixed for a given build. Built with -fopenmp, several chunks run on the OpenMP threads of the
-// runtime PyTorch already loaded (attnops_decode_chunks_parallel).
+// operations is fixed for a given build. Several chunks run on the library's own threads, which sleep between
+// calls and while waiting (attnops_decode_chunks_parallel).
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -20,6 +20,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "threads.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define ATTNOPS_AVX2 1
@@ -653,28 +655,19 @@ int attnops_decode_chunks(const int64_t* table, int n) {
   return 0;
 }
 
-// The chunks of `table` (rows as in attnops_decode_chunks) on `threads` threads of an OpenMP parallel region, each
-// taking the next chunk in order from a shared counter (which thread computes a chunk does not change its result);
-// serial when built without OpenMP. Returns 0, or the non-zero code of a chunk.
+// The chunks of `table` (rows as in attnops_decode_chunks) on `threads` threads: the caller and threads - 1 workers
+// of the library's own pool (threads.h), each taking the next chunk in order from a shared counter (which thread
+// computes a chunk does not change its result). Threads without work sleep instead of spinning. Returns 0, or the
+// non-zero code of a chunk.
 int attnops_decode_chunks_parallel(const int64_t* table, int n, int threads) {
   std::atomic<int> next{0}, failed{0};
-#pragma omp parallel num_threads(threads)
-  {
+  attnops::run_on_pool(threads < n ? threads : n, [&] {
     for (int i = next++; i < n; i = next++) {
       const int code = attnops_decode_chunks(table + ROW * i, 1);
       if (code != 0) failed = code;
     }
-  }
+  });
   return failed;
-}
-
-// 1 when built with OpenMP (attnops_decode_chunks_parallel runs in parallel), else 0.
-int attnops_openmp() {
-#ifdef _OPENMP
-  return 1;
-#else
-  return 0;
-#endif
 }
 
 // The tables' layouts, as attnops/ops/common/cpu_kernels/layout.py describes them: "version V; Run name:offset ...;

@@ -1,0 +1,94 @@
+// The library's own worker threads: run_on_pool(n, job) runs job() on the calling thread and on up to n - 1 workers
+// at once and returns when every copy that started has returned. A job takes its work from a shared counter until
+// none is left, so a worker that starts late (on a busy machine a woken thread may wait milliseconds for a core)
+// finds nothing to do, and once the caller's own copy has returned no further worker starts it.
+//
+// Workers wait on a condition variable (a futex: no spinning), between calls and while the caller finishes its
+// share; a caller whose workers are still busy sleeps the same way. On a machine with other work that matters: a
+// spinning thread holds a core that the thread it waits for, or another process, needs (GNU OpenMP's threads spin
+// for milliseconds after every parallel region). The pool grows to the largest n asked for and keeps its threads;
+// calls from several threads at once take turns. After fork() the child starts a pool of its own (the parent's
+// workers do not exist there).
+#pragma once
+
+#include <pthread.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace attnops {
+
+class Pool {
+ public:
+  void run(int n, const std::function<void()>& job) {
+    std::lock_guard<std::mutex> turn(call_);  // one call at a time
+    const int helpers = n - 1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (static_cast<int>(workers_.size()) < helpers) {
+        const int id = static_cast<int>(workers_.size());
+        workers_.emplace_back([this, id] { serve(id); });
+        workers_.back().detach();  // the pool is never destroyed (threads blocked at exit are fine)
+      }
+      job_ = &job;
+      wanted_ = helpers;
+      open_ = true;
+      ++generation_;
+    }
+    wake_.notify_all();
+    job();
+    std::unique_lock<std::mutex> lock(mu_);
+    open_ = false;  // a worker that wakes only now stays out: the caller waits for none that never started
+    done_.wait(lock, [this] { return inside_ == 0; });
+  }
+
+ private:
+  void serve(int id) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void()>* job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return generation_ != seen && id < wanted_; });
+        seen = generation_;
+        if (!open_) continue;
+        ++inside_;
+        job = job_;
+      }
+      (*job)();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--inside_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex call_, mu_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> workers_;
+  const std::function<void()>* job_ = nullptr;
+  int wanted_ = 0, inside_ = 0;  // workers asked to help; workers running the job now
+  bool open_ = false;            // the job still takes workers
+  uint64_t generation_ = 0;
+};
+
+inline Pool*& pool_slot() {
+  static Pool* pool = [] {
+    pthread_atfork(nullptr, nullptr, [] { pool_slot() = new Pool(); });  // the parent's pool (and its locks) stay
+    return new Pool();
+  }();
+  return pool;
+}
+
+// job() on the calling thread and n - 1 pool workers (n < 2: on the calling thread alone).
+inline void run_on_pool(int n, const std::function<void()>& job) {
+  if (n < 2) {
+    job();
+    return;
+  }
+  pool_slot()->run(n, job);
+}
+
+}  // namespace attnops
