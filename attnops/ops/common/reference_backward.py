@@ -206,7 +206,10 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
             for h in range(n2 * g.group, (n2 + 1) * g.group):
                 qs = stage_rows(buf, "q", bb.q[h, r0:r1], p.scale)
                 dot = stage_rows(buf, "dy", bb.do[h, r0:r1])
-                qs_t, dot_t = qs.t(), dot.t()
+                # (scale*Q)^T and dy^T as dense [D, r]: the dK/dV GEMMs then run on oneDNN (add_mm_nt_ with P and
+                # dS transposed views), where a transposed left operand would fall back to MKL, 2-3x slower on AMD
+                qs_t, dot_t = (buf.get(name, x.shape[1], x.shape[0]).copy_(x.t()) for name, x in
+                               (("qt", qs), ("dyt", dot)))
                 delta = torch.linalg.vecdot(dot, bb.o[h, r0:r1]).unsqueeze_(-1)  # D = rowsum(dy * attention_in)
                 m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
                 nonfinite = not bool(torch.isfinite(m).all() and torch.isfinite(neg_log2_l).all()
@@ -224,7 +227,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     if masked is not None:
                         prob.masked_fill_(masked, 0.0)
                     p_v = prob if drop is None else prob * drop
-                    tv[:, tcols].addmm_(dot_t, p_v if p.rounding is None else p.rounding.grid(p_v))
+                    add_mm_nt_(tv[:, tcols], dot_t, (p_v if p.rounding is None else p.rounding.grid(p_v)).t())
                     vc = v[c0:c1]
                     dp = mm_nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
                     if drop is not None:
@@ -241,7 +244,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         ds.mul_(cap_grad)
                     ds_mm = ds if p.rounding is None else p.rounding.grid(ds)  # the NPU rounds dS for the cube
                     add_mm_nt_(dq, ds_mm, k[c0:c1].t(), alpha=p.scale)  # dq starts zeroed
-                    tk[:, tcols].addmm_(qs_t, ds_mm)
+                    add_mm_nt_(tk[:, tcols], qs_t, ds_mm.t())
                     del prob, dp, ds, ds_mm, p_v, t, cap_grad  # freed before the next tile allocates (see reference)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
