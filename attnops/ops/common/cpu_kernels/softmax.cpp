@@ -168,6 +168,16 @@ float exp_row(float* s, int64_t cols, float m) {
     acc = vadd(acc, p);
   }
   sum = hsum(acc);
+#else
+  float acc[8] = {};  // eight running sums, as an 8-lane vector would keep
+  for (; j + 8 <= cols; j += 8)
+    for (int64_t k = 0; k < 8; ++k) {
+      s[j + k] = exp2_scalar((s[j + k] - m) * kLog2e);
+      acc[k] += s[j + k];
+    }
+  for (int64_t w = 4; w >= 1; w /= 2)
+    for (int64_t k = 0; k < w; ++k) acc[k] += acc[k + w];
+  sum = acc[0];
 #endif
   for (; j < cols; ++j) {
     s[j] = exp2_scalar((s[j] - m) * kLog2e);
