@@ -28,7 +28,7 @@ from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_block, stats_dtype, stats_shape
 from ..._core.workspace import Buffers
 from . import reference_tiles as tiling
-from .cpu_kernels.softmax import fused_softmax, softmax_block_
+from .fused_softmax import fused_softmax, softmax_block_
 from .problem import FAProblem
 from .reference_tiles import (LOG2E, Keys, Workspace, active_batches, compute_dtype, deal, forward_blocks,
                               has_tile_extras, head_scores, heads_first, row_chunks, stage_kv, stage_rows, tiles)

@@ -14,7 +14,7 @@ from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import stats_block
 from ..._core.workspace import Buffers
 from . import reference_tiles as tiling
-from .cpu_kernels.softmax import fused_softmax, grad_, probabilities_
+from .fused_softmax import fused_softmax, grad_, probabilities_
 from .npu_rounding import store
 from .problem import FAProblem
 from .reference_tiles import (LOG2E, Keys, active_batches, col_blocks, compute_dtype, deal, has_tile_extras,

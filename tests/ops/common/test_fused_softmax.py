@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
-from attnops.ops.common.cpu_kernels import softmax as fused
+from attnops.ops.common import fused_softmax as fused
+from attnops.ops.common import reference_tiles as tiling
+from tests.helpers import TRIU2048, check_fa, make_qkv
 
 LOG2E = math.log2(math.e)
 FLT_LOWEST = torch.finfo(torch.float32).min
@@ -79,3 +81,19 @@ def test_rejects_scattered_rows():
     stats = torch.zeros(4, 8)
     with pytest.raises(ValueError, match="row vector"):
         fused.probabilities_(s, stats[:, :1], torch.zeros(4, 1))
+
+
+@pytest.mark.parametrize("fused_passes", [True, False], ids=["fused", "pytorch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_engine_on_both_paths(monkeypatch, fused_passes, dtype):
+    """FlashAttention forward and backward against the fp64 golden with the fused passes and with the PyTorch
+    passes they replace (the path taken without a compiler): causal rows of several chunks, a band wider than one
+    forward block (the online softmax), fully masked rows (sparse_mode 3 with Sq > Skv)."""
+    from attnops.ops.common import reference, reference_backward
+
+    if not fused_passes:
+        for module in (reference, reference_backward):
+            monkeypatch.setattr(module, "fused_softmax", lambda *_: False)
+    monkeypatch.setattr(tiling, "FWD_COL_BLOCK", 48)
+    q, k, v, dy = make_qkv("BNSD", b=1, n1=2, sq=150, skv=130, d=16, dtype=dtype, seed=7)
+    check_fa(q, k, v, dy, layout="BNSD", head_num=2, scale=0.3, atten_mask=TRIU2048, sparse_mode=3)

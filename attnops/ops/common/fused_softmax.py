@@ -1,5 +1,5 @@
-"""The fused softmax passes of the chunked CPU attention engine (``softmax.cpp``, in the same library as the decode
-kernel): the forward's online-softmax step and the backward's probabilities and dS, each one call per fp32 tile.
+"""The fused softmax passes of the chunked CPU attention engine (``cpu_kernels/softmax.cpp``, in the library of the
+decode kernel): the forward's online-softmax step and the backward's probabilities and dS, each one call per fp32 tile.
 
 :func:`fused_softmax` says whether a call's tiles may use them (the library is built and loaded, the tiles are fp32
 on the CPU, nothing is being traced); the engine keeps its PyTorch passes otherwise. The tiles must have unit
@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from . import library
+from .cpu_kernels import library
 
 _lock = threading.Lock()
 _bound: dict = {}
