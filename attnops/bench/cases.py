@@ -55,9 +55,10 @@ TRAIN_CPU_SHAPES = ((1, 8, 4096, 128), (1, 8, 1024, 64), (2, 16, 1024, 64))  # (
 
 register_suite(Suite(
     name="train-cpu",
-    description="FlashAttention training on the CPU vs SDPA: fwd and fwd+bwd, fp32 and bf16, causal and full, "
-                "[B, N, S, D] = [1, 8, 4096, 128], [1, 8, 1024, 64], [2, 16, 1024, 64]",
-    details="BNSD, the same tensors for both; SDPA is torch.nn.functional.scaled_dot_product_attention (ATen's fused "
+    description="FlashAttention training vs SDPA on the CPU: fwd and fwd+bwd, fp32 and bf16, causal and full, three "
+                "shapes",
+    details="[B, N, S, D] = [1, 8, 4096, 128], [1, 8, 1024, 64], [2, 16, 1024, 64]; BNSD, the same tensors for both; "
+            "SDPA is torch.nn.functional.scaled_dot_product_attention (ATen's fused "
             "CPU flash kernel, is_causal=True for causal), attnops causal is sparse_mode=2; repeats alternate the "
             "two implementations",
     cases=tuple(case for dt in ("float32", "bfloat16") for b, n, s, d in TRAIN_CPU_SHAPES for case in _fa_cases(
