@@ -52,6 +52,21 @@ register_suite(Suite(
         kv_heads=8, sq=4096, skv=4096, d=128, dv=128, dtype="float32", layout=layout)),
     device="cpu", repeat=5, warmup=1))
 
+TRAIN_CPU_SHAPES = ((1, 8, 4096, 128), (1, 8, 1024, 64), (2, 16, 1024, 64))  # (B, N, S, D)
+
+register_suite(Suite(
+    name="train-cpu",
+    description="FlashAttention training vs SDPA on the CPU: fwd and fwd+bwd, fp32 and bf16, causal and full, three "
+                "shapes",
+    details="[B, N, S, D] = [1, 8, 4096, 128], [1, 8, 1024, 64], [2, 16, 1024, 64]; BNSD, the same tensors for both; "
+            "SDPA is torch.nn.functional.scaled_dot_product_attention (ATen's fused "
+            "CPU flash kernel, is_causal=True for causal), attnops causal is sparse_mode=2; repeats alternate the "
+            "two implementations",
+    cases=tuple(case for dt in ("float32", "bfloat16") for b, n, s, d in TRAIN_CPU_SHAPES for case in _fa_cases(
+        f"fa-b{b}-n{n}-s{s}-d{d}-{'fp32' if dt == 'float32' else 'bf16'}", ("fwd", "fwd+bwd"), (False, True),
+        batch=b, heads=n, kv_heads=n, sq=s, skv=s, d=d, dv=d, dtype=dt, layout="BNSD")),
+    device="cpu", repeat=7, warmup=1))
+
 register_suite(Suite(
     name="fa-cpu-long",
     description="FlashAttention on one causal 32768-token sequence on the CPU (TND, N=8, D=128, fp32): time and "

@@ -28,6 +28,7 @@ from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX, STAT_LANES, stats_block, stats_dtype, stats_shape
 from ..._core.workspace import Buffers
 from . import reference_tiles as tiling
+from .fused_softmax import fused_softmax, softmax_block_
 from .problem import FAProblem
 from .reference_tiles import (LOG2E, Keys, Workspace, active_batches, compute_dtype, deal, forward_blocks,
                               has_tile_extras, head_scores, heads_first, row_chunks, stage_kv, stage_rows, tiles)
@@ -116,6 +117,7 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
     keys = Keys(fb.k[n2], [(c0, c1) for _, _, blocks in chunks for c0, c1, _ in blocks])
     extras = has_tile_extras(p)
     half = p.rounding is not None and p.rounding.half_softmax  # PFA fp16 high performance: fp16 scores, softmax
+    fused = p.rounding is None and fused_softmax(acc, out.device)
     for r0, r1, blocks in chunks:
         m, l = m_h[r0:r1], l_h[r0:r1]
         qs = stage_rows(buf, "q", q[r0:r1], p.scale)
@@ -124,7 +126,11 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
             s, t = head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
             if half:
                 p.rounding.grid_(s)
-            rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
+            if fused:
+                rescale = None if j == 0 else buf.get("rescale", r1 - r0, 1)
+                softmax_block_(s, m, l, rescale, clamp=not kept)
+            else:
+                rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
             if half:  # the softmax's running sum and rescaling factor in fp16
                 p.rounding.grid_(l)
                 if rescale is not None:

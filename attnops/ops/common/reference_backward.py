@@ -14,6 +14,7 @@ from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import stats_block
 from ..._core.workspace import Buffers
 from . import reference_tiles as tiling
+from .fused_softmax import fused_softmax, grad_, probabilities_
 from .npu_rounding import store
 from .problem import FAProblem
 from .reference_tiles import (LOG2E, Keys, active_batches, col_blocks, compute_dtype, deal, has_tile_extras,
@@ -108,7 +109,8 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
         batches.append(_BackwardBatch(
             b, batch_tokens(qv, p.seq, b).transpose(0, 1), do, k_all[i], v_all[i],
-            stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc), l_b.log2().neg_(),
+            stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc).contiguous(),
+            l_b.log2().neg_().contiguous(),
             o, peaked, _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
     jobs, partials = _backward_jobs(batches, g.n2, dpse)
@@ -192,6 +194,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     keys = Keys(k, ())  # never packed: no gain measured here, and every packed shape is one more oneDNN
     # primitive kept in its cache (+1.4 GiB peak in the 32k-token causal backward)
     extras = has_tile_extras(p)
+    fused = p.rounding is None and fused_softmax(acc, k.device)
     spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
     v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
     # dK^T and dV^T ([D, columns]): their GEMMs read P and dS row-major, not transposed; a group's sums are added
@@ -206,12 +209,16 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
             for h in range(n2 * g.group, (n2 + 1) * g.group):
                 qs = stage_rows(buf, "q", bb.q[h, r0:r1], p.scale)
                 dot = stage_rows(buf, "dy", bb.do[h, r0:r1])
-                qs_t, dot_t = qs.t(), dot.t()
+                # (scale*Q)^T and dy^T as dense [D, r]: the dK/dV GEMMs then run on oneDNN (add_mm_nt_ with P and
+                # dS transposed views), where a transposed left operand would fall back to MKL, 2-3x slower on AMD
+                qs_t, dot_t = (buf.get(name, x.shape[1], x.shape[0]).copy_(x.t()) for name, x in
+                               (("qt", qs), ("dyt", dot)))
                 delta = torch.linalg.vecdot(dot, bb.o[h, r0:r1]).unsqueeze_(-1)  # D = rowsum(dy * attention_in)
                 m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
                 nonfinite = not bool(torch.isfinite(m).all() and torch.isfinite(neg_log2_l).all()
                                      and torch.isfinite(delta).all())  # see tiling.masked_entries
                 peaked = None if bb.peaked is None else bb.peaked[h]
+                peaked = peaked if peaked and bisect.bisect_left(peaked, r0) < bisect.bisect_left(peaked, r1) else None
                 for c0, c1, band in blocks:
                     tcols = slice(c0 - u0, c1 - u0)
                     cap_grad = buf.get("cap", r1 - r0, c1 - c0) if p.softcap else None
@@ -219,20 +226,27 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
                     drop = None if drop is None else drop[0]
                     masked = tiling.masked_entries(p, bb.b, h, r0, r1, c0, c1, band, k.device) if nonfinite else None
-                    prob.sub_(m)  # natural units first: exact where s ~ max
-                    torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
+                    if fused:
+                        probabilities_(prob, m, neg_log2_l)
+                    else:
+                        prob.sub_(m)  # natural units first: exact where s ~ max
+                        torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
                     if masked is not None:
                         prob.masked_fill_(masked, 0.0)
                     p_v = prob if drop is None else prob * drop
-                    tv[:, tcols].addmm_(dot_t, p_v if p.rounding is None else p.rounding.grid(p_v))
+                    add_mm_nt_(tv[:, tcols], dot_t, (p_v if p.rounding is None else p.rounding.grid(p_v)).t())
                     vc = v[c0:c1]
                     dp = mm_nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
-                    if drop is not None:
-                        dp.mul_(drop)
-                    dp.sub_(delta)
-                    if peaked:
-                        _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
-                    ds = prob.mul_(dp)
+                    if fused and drop is None and peaked is None:
+                        grad_(prob, dp, delta)  # dS = P (dP - D), in place of P
+                        ds = prob
+                    else:
+                        if drop is not None:
+                            dp.mul_(drop)
+                        dp.sub_(delta)
+                        if peaked:
+                            _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
+                        ds = prob.mul_(dp)
                     if masked is not None:
                         ds.masked_fill_(masked, 0.0)
                     if t is not None:
@@ -241,7 +255,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         ds.mul_(cap_grad)
                     ds_mm = ds if p.rounding is None else p.rounding.grid(ds)  # the NPU rounds dS for the cube
                     add_mm_nt_(dq, ds_mm, k[c0:c1].t(), alpha=p.scale)  # dq starts zeroed
-                    tk[:, tcols].addmm_(qs_t, ds_mm)
+                    add_mm_nt_(tk[:, tcols], qs_t, ds_mm.t())
                     del prob, dp, ds, ds_mm, p_v, t, cap_grad  # freed before the next tile allocates (see reference)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk

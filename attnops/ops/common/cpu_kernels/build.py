@@ -3,8 +3,8 @@
 A :class:`Recipe` is the compiler command (``$CXX`` split like a shell, else ``c++``/``g++``/``clang++``), the
 flags (``-march=$ATTNOPS_CPU_ARCH``, default ``native``; ``$CXXFLAGS`` appended last) and what else the result
 depends on: the compiler's identity (the first line of ``--version``) and, for a ``native`` build, the CPU tag
-(:mod:`.cpu_tag`). The library's file name carries a digest of all of it, of the source and of the headers it
-includes (:data:`HEADERS`).
+(:mod:`.cpu_tag`). The library's file name carries a digest of all of it, of the sources and of the headers they
+include (:data:`HEADERS`).
 
 :func:`find_or_build` looks in the cache directory (``$ATTNOPS_CACHE_DIR``, default ``~/.cache/attnops``); one
 that cannot be written is replaced by a per-user directory under the system temp dir, with a warning naming both.
@@ -35,6 +35,7 @@ except ImportError:  # not a POSIX system: builds are not serialised across proc
 
 SOURCE = Path(__file__).with_name("decode.cpp")
 HEADERS = ("threads.h",)  # beside SOURCE, included by it: part of the key
+EXTRA_SOURCES = ("softmax.cpp",)  # beside SOURCE, compiled into the same library: part of the key
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 TEMP_PREFIX = ".attnops-build-"  # temporary build directories in a cache directory
 STALE_SECONDS = 15 * 60  # a temporary directory this old belongs to no running build (builds time out sooner)
@@ -61,9 +62,15 @@ class Recipe:
     @property
     def file_name(self) -> str:
         parts = (*self.command, "\0", *self.flags, "\0", self.compiler, "\0", self.cpu)
-        text = b"".join(SOURCE.with_name(name).read_bytes() for name in (SOURCE.name, *HEADERS))
+        inputs = (*sources(), *(SOURCE.with_name(name) for name in HEADERS))
+        text = b"".join(path.read_bytes() for path in inputs)
         key = hashlib.sha256(text + "\n".join(parts).encode()).hexdigest()[:16]
         return f"attnops_cpu_decode_{key}.so"
+
+
+def sources() -> tuple[Path, ...]:
+    """The files compiled into the library: :data:`SOURCE` and :data:`EXTRA_SOURCES`."""
+    return (SOURCE, *(SOURCE.with_name(name) for name in EXTRA_SOURCES))
 
 
 def compiler_command() -> tuple[str, ...]:
@@ -190,11 +197,11 @@ def sweep(directory: Path) -> None:
 
 
 def _compile(recipe: Recipe, target: Path) -> None:
-    """Compile :data:`SOURCE` into a temporary directory beside ``target``, then rename the library onto it."""
+    """Compile :func:`sources` into a temporary directory beside ``target``, then rename the library onto it."""
     work = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=target.parent))
     try:
         out = work / target.name
-        command = [*recipe.command, *recipe.flags, str(SOURCE), "-o", str(out)]
+        command = [*recipe.command, *recipe.flags, *map(str, sources()), "-o", str(out)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
         except (OSError, subprocess.SubprocessError) as e:

@@ -1,0 +1,99 @@
+"""The fused softmax passes of the CPU attention engine (``cpu_kernels/softmax.cpp``) against the PyTorch passes
+they replace: random tiles with masked (-inf) entries, fully masked rows, NaN, widths that are not a multiple of
+the vector width, first and later online-softmax blocks."""
+import math
+
+import pytest
+import torch
+
+from attnops.ops.common import fused_softmax as fused
+from attnops.ops.common import reference_tiles as tiling
+from tests.helpers import TRIU2048, check_fa, make_qkv
+
+LOG2E = math.log2(math.e)
+FLT_LOWEST = torch.finfo(torch.float32).min
+pytestmark = pytest.mark.skipif(not fused.fused_softmax(torch.float32, torch.device("cpu")),
+                                reason="the CPU kernels library is not available")
+
+
+def _tile(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Scores with about a third masked, row 1 fully masked and a NaN in row 2 (rows >= 3)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(rows, cols, generator=g) * 4
+    s[torch.rand(rows, cols, generator=g) < 0.3] = -math.inf
+    s[1] = -math.inf
+    s[2, cols // 2] = math.nan
+    return s
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, terms: int = 1) -> None:
+    """Equal up to a few roundings per element, and the rounding of a sum of ``terms`` in another order."""
+    eps = torch.finfo(torch.float32).eps
+    torch.testing.assert_close(a, b, rtol=(4 + terms) * eps, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("cols", [1, 7, 16, 37, 300])
+def test_online_softmax_blocks(cols):
+    """Two blocks through the kernel equal the PyTorch online softmax: P, running max, sum and rescale factor."""
+    rows = 5
+    a, b = _tile(rows, cols, 0), _tile(rows, cols, 1) + 2
+    m, l, rescale = (torch.empty(rows, 1) for _ in range(3))
+    pa, pb = a.clone(), b.clone()
+    fused.softmax_block_(pa, m, l, None, clamp=True)
+    m_ref = a.amax(-1, keepdim=True).clamp_min(FLT_LOWEST)
+    pa_ref = (a - m_ref).mul(LOG2E).exp2()
+    _close(pa, pa_ref)
+    _close(m, m_ref)
+    _close(l, pa_ref.sum(-1, keepdim=True), terms=cols)
+    assert torch.equal(pa[1], torch.zeros(cols)) and m[1].item() == FLT_LOWEST and l[1].item() == 0
+    l_ref = l.clone()
+    fused.softmax_block_(pb, m, l, rescale, clamp=False)
+    m_new = torch.maximum(m_ref, b.amax(-1, keepdim=True))
+    rescale_ref = (m_ref - m_new).mul(LOG2E).exp2()
+    pb_ref = (b - m_new).mul(LOG2E).exp2()
+    _close(pb, pb_ref)
+    _close(m, m_new)
+    _close(rescale, rescale_ref)
+    _close(l, l_ref * rescale_ref + pb_ref.sum(-1, keepdim=True), terms=cols)
+    assert math.isnan(m[2].item()) and math.isnan(l[2].item())
+
+
+@pytest.mark.parametrize("cols", [3, 16, 45])
+def test_probabilities_and_grad(cols):
+    """The backward's ``P = exp2((s - m) log2 e - log2 l)`` and ``dS = P (dP - D)``, on a strided tile view."""
+    rows = 6
+    store = _tile(rows, cols + 5, 2)
+    s = store[:, 2:2 + cols]  # row stride cols + 5
+    m = s.amax(-1, keepdim=True).clamp_min(FLT_LOWEST).contiguous()
+    neg_log2_l = torch.rand(rows, 1).add(1).log2().neg()
+    p_ref = torch.add(neg_log2_l, s - m, alpha=LOG2E).exp2()
+    p = s.clone()
+    fused.probabilities_(p, m, neg_log2_l)
+    _close(p, p_ref)
+    dp, delta = torch.randn(rows, cols), torch.randn(rows, 1)
+    fused.grad_(p, dp, delta)
+    _close(p, p_ref * (dp - delta))
+
+
+def test_rejects_scattered_rows():
+    """Row vectors must hold consecutive rows: a strided one raises instead of reading the wrong rows."""
+    s = torch.randn(4, 8)
+    stats = torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="row vector"):
+        fused.probabilities_(s, stats[:, :1], torch.zeros(4, 1))
+
+
+@pytest.mark.parametrize("fused_passes", [True, False], ids=["fused", "pytorch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_engine_on_both_paths(monkeypatch, fused_passes, dtype):
+    """FlashAttention forward and backward against the fp64 golden with the fused passes and with the PyTorch
+    passes they replace (the path taken without a compiler): causal rows of several chunks, a band wider than one
+    forward block (the online softmax), fully masked rows (sparse_mode 3 with Sq > Skv)."""
+    from attnops.ops.common import reference, reference_backward
+
+    if not fused_passes:
+        for module in (reference, reference_backward):
+            monkeypatch.setattr(module, "fused_softmax", lambda *_: False)
+    monkeypatch.setattr(tiling, "FWD_COL_BLOCK", 48)
+    q, k, v, dy = make_qkv("BNSD", b=1, n1=2, sq=150, skv=130, d=16, dtype=dtype, seed=7)
+    check_fa(q, k, v, dy, layout="BNSD", head_num=2, scale=0.3, atten_mask=TRIU2048, sparse_mode=3)
