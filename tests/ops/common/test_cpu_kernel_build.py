@@ -239,7 +239,7 @@ def test_the_compiler_identity_and_the_cpu_are_in_the_key(fake_env, monkeypatch,
 
 def test_the_included_headers_are_in_the_key(fake_env, monkeypatch, tmp_path):
     """A change in a header the source includes gives another library (a cached one built before is not loaded)."""
-    for name in (build.SOURCE.name, *build.HEADERS):
+    for name in (build.SOURCE.name, *build.EXTRA_SOURCES, *build.HEADERS):
         (tmp_path / name).write_bytes(build.SOURCE.with_name(name).read_bytes())
     monkeypatch.setattr(build, "SOURCE", tmp_path / build.SOURCE.name)
     recipe = build.recipe(openmp=False)
