@@ -2,9 +2,9 @@
 deterministic tiles; 16-wide tiles in the interpreter), the decode split and why a call cannot run on them.
 
 GPU tiles (sm_90, no spills; ``python -m attnops aot --filter dsv4``): ``BLOCK_H`` = 64 query heads (one wgmma M
-tile; 32 for fp32) x ``BLOCK_DV`` = 256 output columns (a 512-wide head is two programs) against ``BLOCK_N`` key
-rows of the whole head width: 32 when both key stores are contiguous 16-bit rows, else 16 (gathers through a block
-table, fp32). Pure Python: no Triton import until a configuration is built.
+tile; 32 for fp32) x ``BLOCK_DV`` = 256 output columns (a 512-wide head is two programs; 128 in the decode split)
+against ``BLOCK_N`` key rows of the whole head width: 32 when both key stores are contiguous 16-bit rows, else 16
+(gathers through a block table, fp32). Pure Python: no Triton import until a configuration is built.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from ...._core.triton.support import kernel_input_reason
 MAX_HEAD_DIM = 512  # the head width one program holds
 INTERPRET_TILE = 16
 MAX_HEAD_TILE = 64  # query heads per program on a GPU (the M of its products)
-VALUE_TILE, INTERPRET_VALUE_TILE = 256, 32  # output columns per program (the interpreter's split them at D > 32)
+VALUE_TILE, SPLIT_VALUE_TILE = 256, 128  # output columns per program on a GPU (prefill, decode split)
+INTERPRET_VALUE_TILE = 32  # the interpreter's split the columns at D > 32
 WIDE_KEYS, KEYS = 32, 16
 SPLIT_PROGRAMS, SPLIT_KEYS = 264, 256  # decode: two waves of an H100's 132 SMs, at least 256 keys per split
 INTERPRET_SPLIT_PROGRAMS, INTERPRET_SPLIT_KEYS = 8, 16
@@ -39,9 +40,12 @@ def head_tile(heads: int, dtype: torch.dtype, interpret: bool) -> int:
     return min(pow2(heads), MAX_HEAD_TILE // (dtype.itemsize // 2))
 
 
-def value_tile(dim: int, interpret: bool) -> int:
-    """``BLOCK_DV``: output columns per program."""
-    return min(pow2(dim), INTERPRET_VALUE_TILE if interpret else VALUE_TILE)
+def value_tile(dim: int, split: bool, interpret: bool) -> int:
+    """``BLOCK_DV``: output columns per program (half of them in the decode split, whose paged gathers hold more
+    registers: 256 spill there)."""
+    if interpret:
+        return min(pow2(dim), INTERPRET_VALUE_TILE)
+    return min(pow2(dim), SPLIT_VALUE_TILE if split else VALUE_TILE)
 
 
 def split_count(programs: int, keys: int, interpret: bool) -> int:
@@ -64,7 +68,7 @@ def _config(launch: Launch, named_args: dict, interpret: bool):
         return triton.Config(dict(BLOCK_N=INTERPRET_TILE), num_warps=4, num_stages=1)
     wide = named_args["q_ptr"].dtype.itemsize == 2
     paged = launch.kwargs["ORI_PAGED"] or launch.kwargs["CMP_PAGED"]
-    stages = 1 if paged and not wide else 2
+    stages = 1 if paged and not wide and launch.kernel == "sparse_flash_mla_kernel" else 2  # fp32 256-column gathers
     return triton.Config(dict(BLOCK_N=WIDE_KEYS if wide and not paged else KEYS), num_warps=8, num_stages=stages)
 
 

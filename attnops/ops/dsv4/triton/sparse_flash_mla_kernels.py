@@ -10,8 +10,8 @@ the value tile is the key tile itself (``V_IS_K``); a 512-wide head is two progr
 recomputing the scores.
 
 Per batch the kernels read one int64 row of the batch table (columns ``T_*``, computed on the device by the
-launcher: no host read): the first flat query row, the query, ori and compressed lengths, the element offsets of the
-batch's first key rows and the ori length the compressed mask counts from. Every length is clamped to what the
+launcher: no host read): the first flat query row, the query, ori and compressed lengths, the first key rows of
+packed (TND) key stores and the ori length the compressed mask counts from. Every length is clamped to what the
 tensors hold, and a block id outside the cache or an index entry outside ``[0, thr)`` masks its key out, so no
 value makes a kernel read out of bounds.
 
@@ -31,9 +31,9 @@ from ...common.triton.common import nan_aware_max
 # columns of the per-batch table (int64)
 T_Q_ROW: tl.constexpr = tl.constexpr(0)  # flat query row of the batch's first token
 T_Q_LEN: tl.constexpr = tl.constexpr(1)
-T_ORI_BASE: tl.constexpr = tl.constexpr(2)  # element offset of the batch's first ori key row (0 when paged)
+T_ORI_START: tl.constexpr = tl.constexpr(2)  # the batch's first ori key row (TND; 0 for BSND and paged)
 T_ORI_LEN: tl.constexpr = tl.constexpr(3)
-T_CMP_BASE: tl.constexpr = tl.constexpr(4)
+T_CMP_START: tl.constexpr = tl.constexpr(4)
 T_CMP_LEN: tl.constexpr = tl.constexpr(5)
 T_CMP_MASK_LEN: tl.constexpr = tl.constexpr(6)  # Lcmp * r + residual (Lori without a residual)
 T_COLS: tl.constexpr = tl.constexpr(7)
@@ -110,16 +110,17 @@ def _stream(table_ptr, idx_ptr, b, i, valid, r, idx_sr, k_count, left, right, ra
 
 
 @triton.jit
-def _row_offsets(bt_ptr, b, pos, ok, base, s_row, s_blk, bt_sb, page, n_pages, PAGED: tl.constexpr):
+def _row_offsets(bt_ptr, b, pos, ok, start, s_row, s_outer, bt_sb, page, n_pages, PAGED: tl.constexpr):
     """``(offsets, ok)``: element offsets of batch ``b``'s key rows at positions ``pos`` (masked by ``ok``):
-    ``base + pos * s_row``, or through the block table ``block * s_blk + (pos % page) * s_row`` (a block id outside
-    the cache masks its row out)."""
-    pos = tl.where(ok, pos, 0).to(tl.int64)
-    if PAGED:
+    ``b * s_outer + (start + pos) * s_row`` (BSND: ``s_outer`` the batch stride, ``start`` 0; TND: ``s_outer`` 0),
+    or through the block table ``block * s_outer + (pos % page) * s_row`` (a block id outside the cache masks its
+    row out). Products of strides, so the compiler sees 16-byte aligned rows when the strides are."""
+    if PAGED:  # positions fit in int32 (a block table's capacity): 32-bit division
+        pos = tl.where(ok, pos, 0).to(tl.int32)
         blk = tl.load(bt_ptr + b * bt_sb + pos // page, mask=ok, other=0).to(tl.int64)
         ok = ok & (blk >= 0) & (blk < n_pages)
-        return tl.where(ok, blk, 0) * s_blk + (pos % page) * s_row, ok
-    return base + pos * s_row, ok
+        return tl.where(ok, blk, 0) * s_outer + (pos % page).to(tl.int64) * s_row, ok
+    return b * s_outer + (start + tl.where(ok, pos, 0).to(tl.int64)) * s_row, ok
 
 
 @triton.jit
@@ -148,7 +149,7 @@ def _attend(q, kv_ptr, off, ok, dv0, head_d, m_i, l_i, acc, scale, BLOCK_D: tl.c
 
 @triton.jit
 def _walk(q, b, table_ptr, ori_ptr, cmp_ptr, obt_ptr, cbt_ptr, idx_row, lo, n_ori, thr, f_lo, f_hi, dv0, head_d,
-          scale, ori_sr, ori_sblk, obt_sb, ori_page, ori_pages, cmp_sr, cmp_sblk, cbt_sb, cmp_page, cmp_pages,
+          scale, ori_sr, ori_souter, obt_sb, ori_page, ori_pages, cmp_sr, cmp_souter, cbt_sb, cmp_page, cmp_pages,
           BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
           ORI_PAGED: tl.constexpr, CMP_PAGED: tl.constexpr, SPARSE: tl.constexpr, V_IS_K: tl.constexpr,
           UPCAST: tl.constexpr, PRECISION: tl.constexpr):
@@ -159,15 +160,15 @@ def _walk(q, b, table_ptr, ori_ptr, cmp_ptr, obt_ptr, cbt_ptr, idx_row, lo, n_or
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
     seen = tl.zeros([], tl.int32)
-    ori_base = _col(table_ptr, b, T_ORI_BASE)
+    ori_start = _col(table_ptr, b, T_ORI_START)
     for f0 in range(f_lo, tl.minimum(f_hi, n_ori), BLOCK_N):
         f = f0 + tl.arange(0, BLOCK_N)
-        off, ok = _row_offsets(obt_ptr, b, lo + f, f < tl.minimum(f_hi, n_ori), ori_base, ori_sr, ori_sblk, obt_sb,
+        off, ok = _row_offsets(obt_ptr, b, lo + f, f < tl.minimum(f_hi, n_ori), ori_start, ori_sr, ori_souter, obt_sb,
                                ori_page, ori_pages, ORI_PAGED)
         seen = tl.maximum(seen, tl.max(ok.to(tl.int32), 0))
         m_i, l_i, acc = _attend(q, ori_ptr, off, ok, dv0, head_d, m_i, l_i, acc, scale, BLOCK_D, BLOCK_DV, V_IS_K,
                                 UPCAST, PRECISION)
-    cmp_base = _col(table_ptr, b, T_CMP_BASE)
+    cmp_start = _col(table_ptr, b, T_CMP_START)
     for e0 in range(tl.maximum(f_lo, n_ori) - n_ori, f_hi - n_ori, BLOCK_N):
         e = e0 + tl.arange(0, BLOCK_N)
         ok = e < f_hi - n_ori
@@ -176,7 +177,7 @@ def _walk(q, b, table_ptr, ori_ptr, cmp_ptr, obt_ptr, cbt_ptr, idx_row, lo, n_or
             ok = ok & (pos >= 0) & (pos < thr)
         else:
             pos = e
-        off, ok = _row_offsets(cbt_ptr, b, pos, ok, cmp_base, cmp_sr, cmp_sblk, cbt_sb, cmp_page, cmp_pages,
+        off, ok = _row_offsets(cbt_ptr, b, pos, ok, cmp_start, cmp_sr, cmp_souter, cbt_sb, cmp_page, cmp_pages,
                                CMP_PAGED)
         seen = tl.maximum(seen, tl.max(ok.to(tl.int32), 0))
         m_i, l_i, acc = _attend(q, cmp_ptr, off, ok, dv0, head_d, m_i, l_i, acc, scale, BLOCK_D, BLOCK_DV, V_IS_K,
@@ -242,7 +243,7 @@ def _program(q_ptr, table_ptr, idx_ptr, q_sr, q_sh, idx_sr, k_count, n_batch, s1
 
 @triton.jit
 def sparse_flash_mla_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt_ptr, table_ptr, sink_ptr, o_ptr, lse_ptr,
-                            q_sr, q_sh, o_sr, o_sh, idx_sr, ori_sr, ori_sblk, obt_sb, cmp_sr, cmp_sblk, cbt_sb,
+                            q_sr, q_sh, o_sr, o_sh, idx_sr, ori_sr, ori_souter, obt_sb, cmp_sr, cmp_souter, cbt_sb,
                             ori_page, ori_pages, cmp_page, cmp_pages, k_count, n_batch, s1, heads, head_d, dv_tiles,
                             left, right, ratio, scale,
                             Q_PACKED: tl.constexpr, HAS_CMP: tl.constexpr, SPARSE: tl.constexpr,
@@ -255,7 +256,7 @@ def sparse_flash_mla_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt_ptr, 
         q_ptr, table_ptr, idx_ptr, q_sr, q_sh, idx_sr, k_count, n_batch, s1, heads, head_d, dv_tiles, 1, left, right,
         ratio, Q_PACKED, HAS_CMP, SPARSE, CMP_CAUSAL, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, UPCAST)
     m_i, l_i, acc = _walk(q, b, table_ptr, ori_ptr, cmp_ptr, obt_ptr, cbt_ptr, idx_row, lo, n_ori, thr, f_lo, f_hi,
-                          dv0, head_d, scale, ori_sr, ori_sblk, obt_sb, ori_page, ori_pages, cmp_sr, cmp_sblk, cbt_sb,
+                          dv0, head_d, scale, ori_sr, ori_souter, obt_sb, ori_page, ori_pages, cmp_sr, cmp_souter, cbt_sb,
                           cmp_page, cmp_pages, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, ORI_PAGED, CMP_PAGED, SPARSE,
                           V_IS_K, UPCAST, PRECISION)
     _finish(acc, m_i, l_i, r, head0, dv0, o_ptr, lse_ptr, sink_ptr, o_sr, o_sh, heads, head_d, HAS_SINKS, BLOCK_H,
@@ -270,7 +271,7 @@ def _partial(r, h, split, splits, heads):
 
 @triton.jit
 def sparse_flash_mla_split_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt_ptr, table_ptr, pm_ptr, pl_ptr,
-                                  pacc_ptr, q_sr, q_sh, idx_sr, ori_sr, ori_sblk, obt_sb, cmp_sr, cmp_sblk, cbt_sb,
+                                  pacc_ptr, q_sr, q_sh, idx_sr, ori_sr, ori_souter, obt_sb, cmp_sr, cmp_souter, cbt_sb,
                                   ori_page, ori_pages, cmp_page, cmp_pages, k_count, n_batch, s1, heads, head_d,
                                   dv_tiles, splits, left, right, ratio, scale,
                                   Q_PACKED: tl.constexpr, HAS_CMP: tl.constexpr, SPARSE: tl.constexpr,
@@ -284,7 +285,7 @@ def sparse_flash_mla_split_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt
         q_ptr, table_ptr, idx_ptr, q_sr, q_sh, idx_sr, k_count, n_batch, s1, heads, head_d, dv_tiles, splits, left,
         right, ratio, Q_PACKED, HAS_CMP, SPARSE, CMP_CAUSAL, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, UPCAST)
     m_i, l_i, acc = _walk(q, b, table_ptr, ori_ptr, cmp_ptr, obt_ptr, cbt_ptr, idx_row, lo, n_ori, thr, f_lo, f_hi,
-                          dv0, head_d, scale, ori_sr, ori_sblk, obt_sb, ori_page, ori_pages, cmp_sr, cmp_sblk, cbt_sb,
+                          dv0, head_d, scale, ori_sr, ori_souter, obt_sb, ori_page, ori_pages, cmp_sr, cmp_souter, cbt_sb,
                           cmp_page, cmp_pages, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, ORI_PAGED, CMP_PAGED, SPARSE,
                           V_IS_K, UPCAST, PRECISION)
     h = head0 + tl.arange(0, BLOCK_H)

@@ -46,24 +46,24 @@ def _segments(cu: Tensor, total: int, device: torch.device) -> tuple[Tensor, Ten
 
 @dataclass(frozen=True)
 class KeySide:
-    """One key store as kernel arguments: the ``[rows, D]`` tensor addressed by element offsets (``base + pos * s_row``
-    contiguous, ``block * s_blk + (pos % page) * s_row`` paged), its block table, per-batch bases and lengths, and
-    ``capacity``: the most keys a batch can hold (a host bound, for the decode split)."""
+    """One key store as kernel arguments: the tensor, addressed as ``b * s_outer + (start + pos) * s_row`` (BSND,
+    TND) or ``block * s_outer + (pos % page) * s_row`` (paged), its block table, per-batch first rows (TND) and
+    lengths, and ``capacity``: the most keys a batch can hold (a host bound, for the decode split)."""
 
     kv: Tensor
     table: Tensor | None
-    base: Tensor
+    start: Tensor
     length: Tensor
     s_row: int
-    s_blk: int
+    s_outer: int
     page: int
     capacity: int
 
     def args(self, spare: Tensor) -> tuple:
-        """``(kv, table, s_row, s_blk, table stride, page, blocks)`` (``spare`` for an absent table)."""
+        """``(kv, table, s_row, s_outer, table stride, page, blocks)`` (``spare`` for an absent table)."""
         table = spare if self.table is None else self.table
-        return (self.kv, table, self.s_row, self.s_blk, 0 if self.table is None else self.table.stride(0), self.page,
-                self.kv.shape[0] if self.table is not None else 1)
+        return (self.kv, table, self.s_row, self.s_outer, 0 if self.table is None else self.table.stride(0),
+                self.page, self.kv.shape[0] if self.table is not None else 1)
 
 
 def _key_side(a: Args, kv: Tensor, table: Tensor | None, cu: Tensor | None, used: Tensor | None, batch: int,
@@ -77,10 +77,10 @@ def _key_side(a: Args, kv: Tensor, table: Tensor | None, cu: Tensor | None, used
                        kv.shape[1], capacity)
     if a.layout_kv == "TND":
         starts, stored = _segments(cu, kv.shape[0], device)
-        return KeySide(kv, None, starts * kv.stride(0), _used(used, stored, device), kv.stride(0), 0, 1, kv.shape[0])
+        return KeySide(kv, None, starts, _used(used, stored, device), kv.stride(0), 0, 1, kv.shape[0])
     stored = torch.full((batch,), kv.shape[1], dtype=torch.int64, device=device)
-    base = torch.arange(batch, dtype=torch.int64, device=device) * kv.stride(0)
-    return KeySide(kv, None, base, _used(used, stored, device), kv.stride(1), 0, 1, kv.shape[1])
+    return KeySide(kv, None, torch.zeros_like(stored), _used(used, stored, device), kv.stride(1), kv.stride(0), 1,
+                   kv.shape[1])
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,10 @@ def sides(a: Args) -> Sides:
         if a.layout_kv == "PA_BBND" and a.seqused_cmp_kv is None:  # derived from the ori lengths
             derived = torch.div(ori.length - (0 if residual is None else residual), a.cmp_ratio, rounding_mode="floor")
             cmp = KeySide(**{**cmp.__dict__, "length": torch.minimum(derived.clamp(min=0), cmp.length)})
-        cmp_cols = (cmp.base, cmp.length)
+        cmp_cols = (cmp.start, cmp.length)
         if residual is not None:
             mask_len = cmp.length * a.cmp_ratio + residual
-    table = torch.stack([q_row, _used(a.seqused_q, q_stored, device), ori.base, ori.length, *cmp_cols, mask_len], 1)
+    table = torch.stack([q_row, _used(a.seqused_q, q_stored, device), ori.start, ori.length, *cmp_cols, mask_len], 1)
     return Sides(q, batch, table.contiguous(), ori, cmp)
 
 
@@ -148,10 +148,13 @@ def forward_plan(a: Args, interpret: bool):
     idx = None if a.cmp_sparse_indices is None else unit_last_stride(a.cmp_sparse_indices).reshape(rows, -1)
     k_count = 0 if idx is None else idx.shape[1]
     cmp = s.cmp or s.ori
-    block_h, block_dv, block_d = head_tile(heads, a.q.dtype, interpret), value_tile(dim, interpret), pow2(dim)
+    block_h, block_d = head_tile(heads, a.q.dtype, interpret), pow2(dim)
+    head_tiles = -(-heads // block_h)
+    splits = split_count(rows * head_tiles * -(-dim // value_tile(dim, False, interpret)),
+                         _stream_bound(a, s, k_count), interpret)
+    block_dv = value_tile(dim, splits > 1, interpret)
     dv_tiles = -(-dim // block_dv)
-    tiles = -(-heads // block_h) * dv_tiles
-    splits = split_count(rows * tiles, _stream_bound(a, s, k_count), interpret)
+    tiles = head_tiles * dv_tiles
     ori_args, cmp_args = s.ori.args(spare), cmp.args(spare)
     key_args = (ori_args[0], cmp_args[0], spare if idx is None else idx, ori_args[1], cmp_args[1], s.table)
     strides = (*ori_args[2:5], *cmp_args[2:5], ori_args[5], ori_args[6], cmp_args[5], cmp_args[6])
