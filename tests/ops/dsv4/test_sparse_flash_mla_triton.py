@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import attnops
+
 from attnops.testing.compare import assert_close_to_golden
 from tests.triton_backend import DEVICE, triton_backend  # noqa: F401  (the fixture)
 
@@ -58,6 +60,11 @@ def test_fp16_wide_heads_split_columns(triton_backend, branch):
     no sinks."""
     check(BRANCHES[branch](dtype=H, dim=48, heads=5, sinks=False), "TND", "PA_BBND")
     assert triton_backend == PREFILL
+
+
+def test_head_tiles(triton_backend):
+    """More heads than one program holds (16 in the interpreter): two head tiles, the second partly padding."""
+    check(BRANCHES["csa"](dtype=F, heads=20), "TND", "TND")
 
 
 MASKS = [dict(ori_mask_mode=0, cmp_mask_mode=0), dict(ori_mask_mode=3, ori_win_right=0, cmp_mask_mode=3),
@@ -121,3 +128,32 @@ def test_decode_splits_each_row_and_combines(triton_backend, topk):
 def test_fp16_decode_every_layout(triton_backend, layouts):
     check(hca([1, 1], [60, 37], ratio=4, topk=8, dtype=H, dim=64, heads=4, masks=WIDE_WINDOW), *layouts)
     assert triton_backend == DECODE
+
+
+def test_unvalidated_indices_select_no_key(triton_backend, monkeypatch):
+    """Without validation (as on a GPU) an index past the batch's compressed keys selects no key (the golden skips
+    it); with validation (the CPU's default) it raises naming ``cmp_sparse_indices``."""
+    case = hca([4], [16], ratio=2, topk=4, dtype=F)
+    case.rows = [[[0, 10 ** 6, 1, -1], [10 ** 6, 2, 0, -1], [1, 0, 10 ** 6, 2], [3, 2, 1, 0]]]
+    with pytest.raises(attnops.AclnnError, match="^cmp_sparse_indices"):
+        check(case)
+    monkeypatch.setenv("ATTNOPS_VALIDATE", "0")
+    check(case)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_rows_whose_scores_are_all_minus_infinity(triton_backend, monkeypatch, sinks):
+    """Keys seen, every score -inf: the CPU reference's result (without a sink ``0 / 0``: a NaN output and lse -inf;
+    with one, lse is the sink and the output ``0 * key``: NaN in the -inf column), not a row without keys."""
+    case = Case([3], [3], heads=2, dim=16, dtype=F, sinks=sinks, masks=dict(ori_mask_mode=0, cmp_mask_mode=0))
+    parts = make_parts(case)
+    parts.qs[0] = parts.qs[0].abs()
+    parts.oris[0][:, 0] = float("-inf")
+    parts.oris[0][:, 1:] = 0.0
+    kw, _ = pack(case, parts, "BSND", "BSND")
+    got = [x.cpu() for x in rows_of(*call(_on_device(kw)))]
+    monkeypatch.setenv("ATTNOPS_BACKEND", "reference")
+    want = rows_of(*call(kw))
+    assert got[0][..., 0].isnan().all() and bool(got[0].isnan().all()) != sinks
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
