@@ -243,8 +243,8 @@ def _program(q_ptr, table_ptr, idx_ptr, q_sr, q_sh, idx_sr, k_count, n_batch, s1
 
 @triton.jit
 def sparse_flash_mla_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt_ptr, table_ptr, sink_ptr, o_ptr, lse_ptr,
-                            q_sr, q_sh, o_sr, o_sh, idx_sr, ori_sr, ori_souter, obt_sb, cmp_sr, cmp_souter, cbt_sb,
-                            ori_page, ori_pages, cmp_page, cmp_pages, k_count, n_batch, s1, heads, head_d, dv_tiles,
+                            q_sr, q_sh, o_sr, o_sh, idx_sr, ori_sr, ori_souter, obt_sb, ori_page, ori_pages, cmp_sr,
+                            cmp_souter, cbt_sb, cmp_page, cmp_pages, k_count, n_batch, s1, heads, head_d, dv_tiles,
                             left, right, ratio, scale,
                             Q_PACKED: tl.constexpr, HAS_CMP: tl.constexpr, SPARSE: tl.constexpr,
                             CMP_CAUSAL: tl.constexpr, ORI_PAGED: tl.constexpr, CMP_PAGED: tl.constexpr,
@@ -256,9 +256,9 @@ def sparse_flash_mla_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt_ptr, 
         q_ptr, table_ptr, idx_ptr, q_sr, q_sh, idx_sr, k_count, n_batch, s1, heads, head_d, dv_tiles, 1, left, right,
         ratio, Q_PACKED, HAS_CMP, SPARSE, CMP_CAUSAL, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, UPCAST)
     m_i, l_i, acc = _walk(q, b, table_ptr, ori_ptr, cmp_ptr, obt_ptr, cbt_ptr, idx_row, lo, n_ori, thr, f_lo, f_hi,
-                          dv0, head_d, scale, ori_sr, ori_souter, obt_sb, ori_page, ori_pages, cmp_sr, cmp_souter, cbt_sb,
-                          cmp_page, cmp_pages, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, ORI_PAGED, CMP_PAGED, SPARSE,
-                          V_IS_K, UPCAST, PRECISION)
+                          dv0, head_d, scale, ori_sr, ori_souter, obt_sb, ori_page, ori_pages, cmp_sr, cmp_souter,
+                          cbt_sb, cmp_page, cmp_pages, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, ORI_PAGED, CMP_PAGED,
+                          SPARSE, V_IS_K, UPCAST, PRECISION)
     _finish(acc, m_i, l_i, r, head0, dv0, o_ptr, lse_ptr, sink_ptr, o_sr, o_sh, heads, head_d, HAS_SINKS, BLOCK_H,
             BLOCK_DV)
 
@@ -271,8 +271,8 @@ def _partial(r, h, split, splits, heads):
 
 @triton.jit
 def sparse_flash_mla_split_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt_ptr, table_ptr, pm_ptr, pl_ptr,
-                                  pacc_ptr, q_sr, q_sh, idx_sr, ori_sr, ori_souter, obt_sb, cmp_sr, cmp_souter, cbt_sb,
-                                  ori_page, ori_pages, cmp_page, cmp_pages, k_count, n_batch, s1, heads, head_d,
+                                  pacc_ptr, q_sr, q_sh, idx_sr, ori_sr, ori_souter, obt_sb, ori_page, ori_pages,
+                                  cmp_sr, cmp_souter, cbt_sb, cmp_page, cmp_pages, k_count, n_batch, s1, heads, head_d,
                                   dv_tiles, splits, left, right, ratio, scale,
                                   Q_PACKED: tl.constexpr, HAS_CMP: tl.constexpr, SPARSE: tl.constexpr,
                                   CMP_CAUSAL: tl.constexpr, ORI_PAGED: tl.constexpr, CMP_PAGED: tl.constexpr,
@@ -285,9 +285,9 @@ def sparse_flash_mla_split_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt
         q_ptr, table_ptr, idx_ptr, q_sr, q_sh, idx_sr, k_count, n_batch, s1, heads, head_d, dv_tiles, splits, left,
         right, ratio, Q_PACKED, HAS_CMP, SPARSE, CMP_CAUSAL, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, UPCAST)
     m_i, l_i, acc = _walk(q, b, table_ptr, ori_ptr, cmp_ptr, obt_ptr, cbt_ptr, idx_row, lo, n_ori, thr, f_lo, f_hi,
-                          dv0, head_d, scale, ori_sr, ori_souter, obt_sb, ori_page, ori_pages, cmp_sr, cmp_souter, cbt_sb,
-                          cmp_page, cmp_pages, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, ORI_PAGED, CMP_PAGED, SPARSE,
-                          V_IS_K, UPCAST, PRECISION)
+                          dv0, head_d, scale, ori_sr, ori_souter, obt_sb, ori_page, ori_pages, cmp_sr, cmp_souter,
+                          cbt_sb, cmp_page, cmp_pages, BLOCK_H, BLOCK_D, BLOCK_DV, BLOCK_N, ORI_PAGED, CMP_PAGED,
+                          SPARSE, V_IS_K, UPCAST, PRECISION)
     h = head0 + tl.arange(0, BLOCK_H)
     dv = dv0 + tl.arange(0, BLOCK_DV)
     at = _partial(r, h, split, splits, heads)

@@ -10,7 +10,7 @@ the operator before they get here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -113,7 +113,7 @@ def sides(a: Args) -> Sides:
         cmp = _key_side(a, a.cmp_kv, a.cmp_block_table, a.cu_seqlens_cmp_kv, a.seqused_cmp_kv, batch, device)
         if a.layout_kv == "PA_BBND" and a.seqused_cmp_kv is None:  # derived from the ori lengths
             derived = torch.div(ori.length - (0 if residual is None else residual), a.cmp_ratio, rounding_mode="floor")
-            cmp = KeySide(**{**cmp.__dict__, "length": torch.minimum(derived.clamp(min=0), cmp.length)})
+            cmp = replace(cmp, length=torch.minimum(derived.clamp(min=0), cmp.length))
         cmp_cols = (cmp.start, cmp.length)
         if residual is not None:
             mask_len = cmp.length * a.cmp_ratio + residual
@@ -157,7 +157,7 @@ def forward_plan(a: Args, interpret: bool):
     tiles = head_tiles * dv_tiles
     ori_args, cmp_args = s.ori.args(spare), cmp.args(spare)
     key_args = (ori_args[0], cmp_args[0], spare if idx is None else idx, ori_args[1], cmp_args[1], s.table)
-    strides = (*ori_args[2:5], *cmp_args[2:5], ori_args[5], ori_args[6], cmp_args[5], cmp_args[6])
+    strides = (*ori_args[2:], *cmp_args[2:])
     sizes = (k_count, s.batch, 1 if a.layout_q == "TND" else a.q.shape[1], heads, dim, dv_tiles)
     attrs = (*window(a), a.cmp_ratio, float(a.scale))
     flags = dict(Q_PACKED=a.layout_q == "TND", HAS_CMP=s.cmp is not None, SPARSE=idx is not None,
