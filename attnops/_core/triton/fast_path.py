@@ -59,9 +59,9 @@ RULES = (
          {"fused_infer_attention": ("split_kernel",), "nsa": ("selected_*", "compress_*"),
           "dsv4": ("sparse_flash_mla_kernel", "sparse_flash_mla_split_kernel")},
          lambda r: r["ptx"]["ld_global_narrow"] == 0, "no scalar global loads of 2 bytes or fewer"),
-    Rule("no spills", ("sm_90", "sm_80"), {**{op: ("*",) for op in ("flash_attention", "fused_infer_attention", "nsa",
-                                                                     "torch_npu", "dsv4-compressor", "dsv4-indexer-v2")},
-                                           "dsv4": ("sparse_flash_mla_*",)},
+    Rule("no spills", ("sm_90", "sm_80"),
+         {**{op: ("*",) for op in ("flash_attention", "fused_infer_attention", "nsa", "torch_npu", "dsv4-compressor",
+                                   "dsv4-indexer-v2")}, "dsv4": ("sparse_flash_mla_*",)},
          lambda r: r["spills"] == 0, "0 words of local memory",
          exempt=(("dsv4-indexer-v2", "paged-top1024-", "indexer_v2_kernel",
                   "sm_80 only (none on sm_90): 4 words with a 1024-wide top-k through a block table under sm_80's "

@@ -1,7 +1,7 @@
 """The kernel family of ``sparse_flash_mla``'s forward kernels, their one tile configuration each (no autotuning:
 deterministic tiles; 16-wide tiles in the interpreter), the decode split and why a call cannot run on them.
 
-GPU tiles (sm_90, no spills; ``python -m attnops aot --filter dsv4``): ``BLOCK_H`` = 64 query heads (one wgmma M
+GPU tiles (sm_90, no spills; ``python -m attnops aot --filter dsv4/``): ``BLOCK_H`` = 64 query heads (one wgmma M
 tile; 32 for fp32) x ``BLOCK_DV`` = 256 output columns (a 512-wide head is two programs; 128 in the decode split)
 against ``BLOCK_N`` key rows of the whole head width: 32 when both key stores are contiguous 16-bit rows, else 16
 (gathers through a block table, fp32). Pure Python: no Triton import until a configuration is built.
