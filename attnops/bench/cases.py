@@ -360,19 +360,24 @@ register_suite(Suite(
     cases=_nsa_decode_cases(), device="cpu", repeat=2, warmup=1))
 
 
-def _dsv4_decode_cases() -> tuple[Case, ...]:
-    """A CSA and an HCA decode step at 128k vs dense SDPA."""
-    return tuple(Case(name=f"dsv4-decode-{kind}-t131072-n64-d512-w128-{keys}-fp32", op="dsv4_decode", heads=64,
-                      kv_heads=1, sq=1, skv=131072, d=512, dv=512, baselines=("sdpa-dense-folded",),
+_SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _dsv4_decode_cases(prefix: str = "dsv4", context: int = 131072, dtype: str = "float32") -> tuple[Case, ...]:
+    """A CSA and an HCA decode step (64 heads) vs dense SDPA."""
+    return tuple(Case(name=f"{prefix}-decode-{kind}-t{context}-n64-d512-w128-{keys}-{_SHORT_DTYPES[dtype]}",
+                      op="dsv4_decode", heads=64, kv_heads=1, sq=1, skv=context, d=512, dv=512, dtype=dtype,
+                      baselines=("sdpa-dense-folded",),
                       params={"window": 128, "topk": 512, "block": 64, "cmp_ratio": ratio})
                  for kind, keys, ratio in (("csa", "top512", 4), ("hca", "c128", 128)))
 
 
-def _dsv4_prefill_cases(lengths=(8192, 16384, 32768)) -> tuple[Case, ...]:
+def _dsv4_prefill_cases(lengths=(8192, 16384, 32768), prefix: str = "dsv4", heads: int = 8,
+                        dtype: str = "float32") -> tuple[Case, ...]:
     """A CSA layer's prefill with its peak memory."""
-    return tuple(Case(name=f"dsv4-prefill-csa-t{t}-n8-d512-w128-top512-fp32", op="dsv4_prefill", heads=8,
-                      kv_heads=1, sq=t, skv=t, d=512, dv=512, baselines=(), track_memory=True,
-                      params={"window": 128, "topk": 512, "cmp_ratio": 4})
+    return tuple(Case(name=f"{prefix}-prefill-csa-t{t}-n{heads}-d512-w128-top512-{_SHORT_DTYPES[dtype]}",
+                      op="dsv4_prefill", heads=heads, kv_heads=1, sq=t, skv=t, d=512, dv=512, dtype=dtype,
+                      baselines=(), track_memory=True, params={"window": 128, "topk": 512, "cmp_ratio": 4})
                  for t in lengths)
 
 
@@ -396,6 +401,25 @@ register_suite(Suite(
             "and min(512, its completed C4A rows) rows spread over them; peak resident memory grows linearly with "
             "the length (no [S, S] or [S, S/4] matrix). Run with --isolate: each case in a fresh process",
     cases=_dsv4_prefill_cases(), device="cpu", repeat=1, warmup=0))
+
+register_suite(Suite(
+    name="dsv4-gpu",
+    description="DeepSeek-V4 attention on CUDA (Triton forward kernels): CSA prefill at 8k/32k and a CSA and an HCA "
+                "decode step at 128k vs dense SDPA; bf16",
+    details="attnops.sparse_flash_mla, bf16, B=1, one shared KV head, D=512, N1=64, window 128, per-head sinks. "
+            "Prefill: a CSA layer's causal prefill (BSND), each token reading its window and min(512, its completed "
+            "C4A rows) rows; decode: one step at a 131072-token context over paged caches in shuffled 64-token blocks "
+            "(csa = the window + 512 of the 32768 C4A rows, hca = the window + all 1024 C128A rows); baseline "
+            "sdpa-dense-folded: one dense SDPA step over all 131072 keys with the heads folded into query rows",
+    cases=_dsv4_prefill_cases((8192, 32768), heads=64, dtype="bfloat16") + _dsv4_decode_cases(dtype="bfloat16"),
+    device="cuda", repeat=10, warmup=2))
+
+register_suite(Suite(
+    name="dsv4-smoke",
+    description="Tiny DeepSeek-V4 attention cases (seconds on any device): CSA prefill and the decode steps through "
+                "the runner",
+    cases=_dsv4_prefill_cases((256,), prefix="dsv4-smoke", heads=4) + _dsv4_decode_cases("dsv4-smoke", 1024),
+    device="cpu", repeat=2, warmup=1))
 
 
 def _dsv4_kernel_cases(prefix: str, lengths, *, hidden: int, dim: int, heads: int, topk: int, dtype: str) -> tuple:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .dsa import spread_over
-from .types import Case, Inputs, Runnable
+from .types import Case, Inputs, Runnable, Unavailable
 
 
 def _randn(gen, *shape, dtype, device):
@@ -72,6 +72,8 @@ def build_dsv4(case: Case, inp, device):
 
 
 def build_dense_folded(case: Case, inp, device):
-    """SDPA over all ``skv`` keys, the query heads folded into query rows of the one KV head."""
+    """SDPA over all ``skv`` keys, the query heads folded into query rows of the one KV head (decode steps only)."""
+    if case.op != "dsv4_decode":
+        raise Unavailable("the dense baseline of a decode step")
     q, k = inp.q.reshape(1, 1, case.heads, case.d), inp.kwargs["dense"]
     return Runnable(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, k, scale=inp.scale))

@@ -32,6 +32,8 @@ KERNEL_FAMILIES = (
                  ("tests/ops/dsv4/triton/test_compressor_kernel.py", "tests/ops/dsv4/triton/test_indexer_v2_kernel.py",
                   "tests/ops/dsv4/test_dsv4_dry_run.py"),
                  ("tests/ops/dsv4/triton/test_indexer_v2_kernel.py", "-k", "test_ties_go_to_the_lower_index")),
+    KernelFamily("dsv4-sfm", (), ("tests/ops/dsv4/test_sparse_flash_mla_triton.py",),
+                 ("tests/ops/dsv4/test_sparse_flash_mla_triton.py", "-k", "test_branches_and_layouts and csa")),
 )
 
 

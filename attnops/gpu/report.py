@@ -42,11 +42,11 @@ CAP_FACTOR = 3  # a step is killed at this multiple of its expected time
 # planned seconds per step on one H100 (full, quick) and through the interpreter on 2 CPU cores (full, quick)
 EXPECTED_S = {
     "cuda": {"tests-fa": (60, 25), "tests-nsa": (60, 20), "tests-fia": (40, 15), "tests-dsa": (40, 30),
-             "tests-dsv4-compressor-indexer": (30, 10), "tests-integration": (45, 30), "check": (45, 30),
-             "bench": (25, 20), "bench-rest": (60, 0)},
+             "tests-dsv4-compressor-indexer": (30, 10), "tests-dsv4-sfm": (30, 15), "tests-integration": (45, 30),
+             "check": (45, 30), "bench": (25, 20), "bench-rest": (60, 0)},
     "interpret": {"tests-fa": (600, 25), "tests-nsa": (600, 25), "tests-fia": (600, 35), "tests-dsa": (600, 25),
-                  "tests-dsv4-compressor-indexer": (300, 25), "check": (600, 15), "bench": (60, 10),
-                  "bench-rest": (120, 0)},
+                  "tests-dsv4-compressor-indexer": (300, 25), "tests-dsv4-sfm": (120, 20), "check": (600, 15),
+                  "bench": (60, 10), "bench-rest": (120, 0)},
 }
 
 

@@ -44,3 +44,6 @@ register_gpu_suite(GpuSuite("dsa-gpu", smoke_suite="dsa-smoke", quick_filter=r"t
                             smoke_quick_filter="prefill"))
 register_gpu_suite(GpuSuite("dsv4-kernels-gpu", smoke_suite="dsv4-kernels-smoke", quick_filter=r"t8192-",
                             impls=("attnops",), smoke_impls=("attnops",), smoke_quick_filter="compressor"))
+register_gpu_suite(GpuSuite("dsv4-gpu", smoke_suite="dsv4-smoke", quick_filter=r"t32768-|decode-csa",
+                            impls=("attnops", "sdpa-dense-folded"), smoke_impls=("attnops",),
+                            smoke_quick_filter="prefill"))

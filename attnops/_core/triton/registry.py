@@ -10,7 +10,8 @@ from typing import Callable
 # modules that register their operator's AOT cases when imported
 PROVIDERS = ("attnops.ops.common.triton.aot", "attnops.ops.fused_infer_attention.triton.aot",
              "attnops.ops.nsa.triton.aot", "attnops.ops.dsa.triton.aot", "attnops.torch_npu.triton.aot",
-             "attnops.ops.dsv4.triton.compressor_aot", "attnops.ops.dsv4.triton.indexer_v2_aot")
+             "attnops.ops.dsv4.triton.compressor_aot", "attnops.ops.dsv4.triton.indexer_v2_aot",
+             "attnops.ops.dsv4.triton.sparse_flash_mla_aot")
 
 
 @dataclass(frozen=True)

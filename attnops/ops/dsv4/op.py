@@ -1,8 +1,8 @@
 """``sparse_flash_mla`` as ``torch.library`` custom ops (namespace ``attnops``) with fake kernels and autograd.
 
 The forward is differentiable in ``q``, ``ori_kv``, ``cmp_kv`` and ``sinks`` (``softmax_lse`` is differentiable
-too); lengths, block tables and indices are host metadata, read once per call inside the op, so
-``torch.compile`` traces the op whole whatever their values. Absent gradients of the grad op are empty ``[0]``
+too); lengths, block tables and indices are tensors read inside the op (on the host by the CPU reference, on the
+device by the GPU kernels), so ``torch.compile`` traces the op whole whatever their values. Absent gradients of the grad op are empty ``[0]``
 tensors.
 """
 from __future__ import annotations
