@@ -18,6 +18,9 @@ COMMANDS = {
                                        "fp64 golden and the NPU-precision emulation (docs/compare.md)"),
     "build-kernels": ("attnops.ops.common.cpu_kernels_cli", "build the CPU decode kernel ahead of time and print where "
                                                        "it is"),
+    "peer-tests": ("attnops.peer_tests.cli", "run a flash-attn or op-plugin checkout's own tests against attnops on "
+                                             "the CPU, sampled, and print a table per test function "
+                                             "(docs/peer_tests.md)"),
 }
 # command -> (module with main(argv), one-line description)
 OWN_PARSER = {
