@@ -7,11 +7,13 @@ runs; exclusions are listed with their reasons (docs/peer_tests.md)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
 from pathlib import Path
 
 from .._core.checks import require
+from .._core.errors import ParamInvalidError
 from .exclusions import EXCLUDED
 from .plugin import PeerTestsPlugin
 from .report import table
@@ -29,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run only the test functions whose 'file::function' id matches one of these regular "
                              "expressions (re.search)")
     parser.add_argument("--pytest-args", metavar="ARGS", default="",
-                        help="further pytest arguments, space-separated (give them with '=': --pytest-args='-x --tb=long')")
+                        help="further pytest arguments, split as a shell does (give them with '=': "
+                             "--pytest-args='-x --tb=long')")
 
 
 def run_suite(name: str, root: Path, sample: int | None, seed: int, select: tuple[str, ...] | None = None,
@@ -67,8 +70,12 @@ def run(args: argparse.Namespace) -> int:
         for note in SUITES[name].notes + (SIZE_RULE, f"sample: {args.sample or 'all'} cases per test function, "
                                                     f"seed {args.seed}", f"exclusions: {len(EXCLUDED)} listed"):
             print(f"  {note}")
-        code, plugin = run_suite(name, root, args.sample or None, args.seed, tuple(args.select or ()),
-                                 tuple(args.pytest_args.split()))
+        try:
+            code, plugin = run_suite(name, root, args.sample or None, args.seed, tuple(args.select or ()),
+                                     tuple(shlex.split(args.pytest_args)))
+        except ParamInvalidError as error:
+            print(f"peer-tests: {error}", file=sys.stderr)
+            return 2
         print(f"\n== {name} results\n{table(plugin)}")
         status = status or (0 if code in (0, 5) and not plugin.collection_errors else 1)
     return status
