@@ -16,7 +16,7 @@ from .._core.checks import Described, check_int, check_scale, check_tensor, requ
 from .._core.indices import check_block_table, valid_ids, validation_enabled
 from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
-from .layers.rotary import rotate
+from .ops.triton.rotary import rotate
 from .outputs import softmax_lse
 
 __all__ = ["flash_attn_with_kvcache", "padded_queries", "packed_rows", "with_kvcache"]
