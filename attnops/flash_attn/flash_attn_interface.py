@@ -15,6 +15,7 @@ from ..ops.flash_attention import attention_probabilities, flash_attention
 from .kvcache import flash_attn_with_kvcache
 from .outputs import block_size_n, s_dmask, softmax_lse
 from .paged import packed_from_pages
+from .window import as_pair
 
 __all__ = [
     "flash_attn_func",
@@ -42,8 +43,7 @@ def _check_options(dropout_p, softmax_scale, window_size, alibi_slopes, determin
     if softmax_scale is not None:
         check_scale("softmax_scale", softmax_scale)
     require(isinstance(deterministic, bool), "deterministic", "a bool", deterministic)
-    if isinstance(window_size, Tensor) and window_size.shape == (2,) and not window_size.is_floating_point():
-        window_size = window_size.tolist()
+    window_size = as_pair(window_size)
     require(isinstance(window_size, (tuple, list)) and len(window_size) == 2, "window_size",
             "a pair (left, right) of ints (or a 2-element integer tensor), -1 for an unbounded side", window_size)
     if alibi_slopes is not None:

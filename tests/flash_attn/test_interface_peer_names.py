@@ -1,11 +1,11 @@
 """The flash-attn 2 names its own test file relies on: ``_get_block_size_n`` and the block-scaled ``S_dmask``
-encoding it decodes, ``USE_TRITON_ROCM``, ``window_size`` as a 2-element tensor, ``flash_attn_varlen_func(
-block_table=...)``; against the fp64 ``attention_ref``."""
+encoding it decodes, ``USE_TRITON_ROCM``, ``window_size`` as a 2-element tensor (also in
+``flash_attn_with_kvcache``), ``flash_attn_varlen_func(block_table=...)``; against the fp64 ``attention_ref``."""
 import pytest
 import torch
 
 from attnops._core.errors import ParamInvalidError
-from attnops.flash_attn import flash_attn_func, flash_attn_varlen_func
+from attnops.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from attnops.flash_attn.flash_attn_interface import USE_TRITON_ROCM, _get_block_size_n
 from attnops.testing.compare import assert_close_to_golden, attention_reductions
 from tests.flash_attn.attention_ref import attention_ref, attention_ref_varlen, keep_matrix
@@ -60,6 +60,9 @@ def test_window_size_tensor_equals_the_tuple():
     assert_close_to_golden("out", want, gold, base, reduction=36)
     with pytest.raises(ParamInvalidError, match="window_size"):
         flash_attn_func(q, k, v, window_size=torch.tensor([3.0, 1.0]))
+    cache = k.clone(), v.clone()
+    assert torch.equal(flash_attn_with_kvcache(q, *cache, window_size=torch.tensor([3, 1])),
+                       flash_attn_with_kvcache(q, *cache, window_size=(3, 1)))
 
 
 def test_varlen_block_table_reads_paged_keys():
