@@ -34,28 +34,30 @@ def apply_rotary_emb_torch(x: Tensor, cos: Tensor, sin: Tensor, interleaved: boo
     return torch.cat([rotated, x[..., rotary_dim:]], -1)
 
 
+def _rotate_into(out: Tensor, x: Tensor, parts, positions: Tensor, interleaved: bool,
+                 conjugate: bool = False) -> Tensor:
+    """``out`` with each part ``out[index]`` set to ``x[index]`` rotated by its tables (``parts``: ``((index, cos,
+    sin), ...)``) at ``positions``; ``conjugate``: the inverse rotation."""
+    for index, cos, sin in parts:
+        out[index] = rotate(x[index], cos, -sin if conjugate else sin, positions, interleaved)
+    return out
+
+
 class _RotateParts(torch.autograd.Function):
-    """Rotates the parts ``x[index]`` of ``x`` (``parts``: ``((index, cos, sin), ...)``) at ``positions``, in place
-    when ``inplace``: as in flash-attn's autograd functions, the write happens inside the function, so ``x`` may be a
-    leaf that requires grad (the result is then a view of ``x`` carrying the rotation's backward). Backward: the
-    inverse rotation of the gradient's parts, in a new tensor."""
+    """:func:`_rotate_into` ``x`` itself when ``inplace``, else a copy: as in flash-attn's autograd functions, the
+    write happens inside the function, so ``x`` may be a leaf that requires grad (the result is then a view of ``x``
+    carrying the rotation's backward). Backward: the inverse rotation of the gradient's parts, in a new tensor."""
 
     @staticmethod
     def forward(ctx, x, parts, positions, interleaved, inplace):
-        out = x if inplace else x.clone()
-        for index, cos, sin in parts:
-            out[index] = rotate(x[index], cos, sin, positions, interleaved)
         ctx.parts, ctx.interleaved = parts, interleaved
         ctx.save_for_backward(positions)
-        return out
+        return _rotate_into(x if inplace else x.clone(), x, parts, positions, interleaved)
 
     @staticmethod
     def backward(ctx, grad):
         (positions,) = ctx.saved_tensors
-        dx = grad.clone()
-        for index, cos, sin in ctx.parts:
-            dx[index] = rotate(grad[index], cos, -sin, positions, ctx.interleaved)
-        return dx, None, None, None, None
+        return _rotate_into(grad.clone(), grad, ctx.parts, positions, ctx.interleaved, True), None, None, None, None
 
 
 def _rotate_parts(x: Tensor, parts, positions: Tensor, interleaved: bool, inplace: bool) -> Tensor:
@@ -63,10 +65,7 @@ def _rotate_parts(x: Tensor, parts, positions: Tensor, interleaved: bool, inplac
     itself)."""
     if torch.is_grad_enabled() and x.requires_grad:
         return _RotateParts.apply(x, tuple(parts), positions, interleaved, inplace)
-    out = x if inplace else x.clone()
-    for index, cos, sin in parts:
-        out[index] = rotate(x[index], cos, sin, positions, interleaved)
-    return out
+    return _rotate_into(x if inplace else x.clone(), x, parts, positions, interleaved)
 
 
 def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False, inplace: bool = False,
