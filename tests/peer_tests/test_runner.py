@@ -82,9 +82,6 @@ def test_runner_table_on_a_synthetic_checkout(tmp_path):
     assert _row(out, "test_plain") == [1, 0, 0, 0, 1, 0, 0]
     assert "FAILED tests/test_flash_attn.py::test_fails: AssertionError: boom" in out
     assert "skipped file tests/layers/test_rotary.py: needs the package 'a_package_that_is_not_installed'" in out
-    selected = _run(tmp_path, "--sample", "0", "--select", "test_attention$")
-    assert _row(selected.stdout, "test_attention") == [12, 0, 4, 0, 8, 0, 0]
-    assert "test_fails" not in selected.stdout and selected.returncode == 0
 
 
 def test_size_rule_reads_the_case_parameters():
@@ -93,7 +90,16 @@ def test_size_rule_reads_the_case_parameters():
     assert not fits({"seqlen": 257, "d": 128}) and fits({"dtype": "fp16"})
 
 
+def test_select_matches_file_and_function():
+    plugin = PeerTestsPlugin(None, 0, ("test_attention$", "^tests/other.py::"))
+    assert plugin._selected("tests/test_flash_attn.py::test_attention")
+    assert plugin._selected("tests/other.py::test_anything")
+    assert not plugin._selected("tests/test_flash_attn.py::test_attention_varlen")
+    assert PeerTestsPlugin(None, 0)._selected("tests/x.py::test_y")
+
+
 def test_the_sample_is_seeded_per_function():
     cases = [{"d": d} for d in range(20)]
     picks = [PeerTestsPlugin(3, seed)._chosen("f.py::test_x", cases) for seed in (0, 0, 1)]
     assert picks[0] == picks[1] and len(picks[0]) == 3 and picks[0] != picks[2]
+    assert PeerTestsPlugin(None, 0)._chosen("f.py::test_x", cases) == list(range(20))  # --sample 0: all
