@@ -20,6 +20,9 @@ COMMANDS = {
                                                       "goldens from an ops-transformer checkout (docs/dsv4.md)"),
     "build-kernels": ("attnops.ops.common.cpu_kernels_cli", "build the CPU decode kernel ahead of time and print where "
                                                        "it is"),
+    "peer-tests": ("attnops.peer_tests.cli", "run a flash-attn or op-plugin checkout's own tests against attnops on "
+                                             "the CPU, sampled, and print a table per test function "
+                                             "(docs/peer_tests.md)"),
 }
 # command -> (module with main(argv), one-line description)
 OWN_PARSER = {

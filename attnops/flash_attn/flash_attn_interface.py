@@ -13,7 +13,9 @@ from torch import Tensor
 from .._core.checks import caller_names, check_scale, check_tensor, require
 from ..ops.flash_attention import attention_probabilities, flash_attention
 from .kvcache import flash_attn_with_kvcache
-from .outputs import softmax_lse
+from .outputs import block_size_n, s_dmask, softmax_lse
+from .paged import packed_from_pages
+from .window import as_pair
 
 __all__ = [
     "flash_attn_func",
@@ -24,6 +26,8 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
 ]
+
+USE_TRITON_ROCM = False  # flash-attn's flag for its AMD Triton backend: attnops is never that backend
 
 
 # the core's names of the arguments this module passes on unchanged -> flash-attn's
@@ -39,8 +43,9 @@ def _check_options(dropout_p, softmax_scale, window_size, alibi_slopes, determin
     if softmax_scale is not None:
         check_scale("softmax_scale", softmax_scale)
     require(isinstance(deterministic, bool), "deterministic", "a bool", deterministic)
+    window_size = as_pair(window_size)
     require(isinstance(window_size, (tuple, list)) and len(window_size) == 2, "window_size",
-            "a pair (left, right) of ints, -1 for an unbounded side", window_size)
+            "a pair (left, right) of ints (or a 2-element integer tensor), -1 for an unbounded side", window_size)
     if alibi_slopes is not None:
         check_tensor("alibi_slopes", alibi_slopes, ndim=(1, 2), dtypes=(torch.float32,))
         require(alibi_slopes.shape in ((heads,), (batch, heads)) or (batch is None and alibi_slopes.shape[-1] == heads),
@@ -81,8 +86,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, softmax_scal
         result = flash_attention(q, k, v, return_stats=True, **options)
     if not return_attn_probs:
         return result.out
-    probs = attention_probabilities(q, k, v, result, **options) if dropout_p > 0 else q.new_empty((0,))
-    return result.out, softmax_lse(result, varlen), probs
+    if dropout_p == 0:
+        return result.out, softmax_lse(result, varlen), q.new_empty((0,))
+    probs = attention_probabilities(q, k, v, result, dtype=torch.float32, **options)
+    return result.out, softmax_lse(result, varlen), s_dmask(probs, block_size_n(q.shape[-1], True), q.dtype)
+
+
+def _get_block_size_n(device, head_dim: int, is_dropout: bool, is_causal: bool) -> int:
+    """flash-attn's helper for decoding ``S_dmask``: the width of the key blocks whose running maximum scales it
+    (see ``docs/flash_attn.md``); ``device`` and ``is_causal`` do not change it in attnops."""
+    require(isinstance(head_dim, int) and 0 < head_dim <= 256, "head_dim", "an int in [1, 256]", head_dim)
+    return block_size_n(head_dim, is_dropout)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -149,10 +163,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """:func:`flash_attn_func` over packed sequences: ``q`` ``[T_q, H, D]``, ``k``/``v`` ``[T_k, H_k, D]``, sequence
     ``b`` at ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` (int32 ``[B + 1]``, leading 0), lengths at most
     ``max_seqlen_q/k``. Masks and ALiBi are aligned per sequence. ``softmax_lse`` is ``[H, T_q]``.
-    ``block_table`` (paged keys/values) is not supported here: see ``flash_attn_with_kvcache``."""
-    require(block_table is None, "block_table", "None (paged keys/values: use flash_attn_with_kvcache)",
-            block_table)
+    ``block_table`` (int32 ``[B, max_blocks]``): ``k``/``v`` are paged caches ``[num_blocks, page, H_k, D]``, token
+    ``t`` of sequence ``b`` at row ``t % page`` of page ``block_table[b, t // page]``."""
     _require_offsets(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    if block_table is not None:
+        k, v = packed_from_pages(k, v, block_table, cu_seqlens_k)
     return attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                      window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                      deterministic=deterministic, return_attn_probs=return_attn_probs, cu_seqlens_q=cu_seqlens_q,

@@ -16,8 +16,9 @@ from .._core.checks import Described, check_int, check_scale, check_tensor, requ
 from .._core.indices import check_block_table, valid_ids, validation_enabled
 from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
-from .layers.rotary import rotate
+from .ops.triton.rotary import rotate
 from .outputs import softmax_lse
+from .window import as_pair
 
 __all__ = ["flash_attn_with_kvcache", "padded_queries", "packed_rows", "with_kvcache"]
 
@@ -206,6 +207,7 @@ def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache
 def _window(causal, window_size) -> tuple[int, int]:
     """``(left, right)`` with -1 for unbounded and ``right = 0`` when causal (flash-attn's normal form)."""
     require(isinstance(causal, bool), "causal", "a bool", causal)
+    window_size = as_pair(window_size)
     ok = (isinstance(window_size, (tuple, list)) and len(window_size) == 2
           and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size))
     require(ok, "window_size", "a pair (left, right) of ints >= -1 (-1: unbounded)", window_size)

@@ -11,9 +11,10 @@ _FA2 = {"flash_attn": "attnops.flash_attn"}
 _FA3 = {"flash_attn_interface": "attnops.flash_attn.fa3"}
 
 
-def install() -> bool:
+def install(force: bool = False) -> bool:
     """Make ``import flash_attn`` (flash-attn 2, ``__version__`` "2.x.y") and ``import flash_attn_interface``
-    (FlashAttention-3's names) return attnops' stand-ins, each only where the real package is absent.
+    (FlashAttention-3's names) return attnops' stand-ins, each only where the real package is absent (``force``:
+    also where it is present, as long as it was not imported yet; the peer-test runner does so).
 
     Runs on the CPU (reference) and on CUDA GPUs (Triton kernels). Returns True when at least one stand-in is
     installed (idempotent), False, changing nothing, when both real packages are importable.
@@ -21,7 +22,7 @@ def install() -> bool:
     installed = False
     for prefixes in (_FA2, _FA3):
         (alias,) = prefixes
-        if not real_package_present(alias):
+        if force or not real_package_present(alias):
             install_aliases(prefixes)
             importlib.import_module(alias)
             installed = True

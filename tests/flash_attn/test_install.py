@@ -25,6 +25,8 @@ assert attnops.flash_attn.install() is True
 import flash_attn, flash_attn_interface
 from flash_attn.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 import flash_attn.layers
+from flash_attn.ops.triton.rotary import apply_rotary
+assert apply_rotary is attnops.flash_attn.ops.triton.rotary.apply_rotary
 assert flash_attn is attnops.flash_attn and flash_attn_interface is attnops.flash_attn.fa3
 assert flash_attn.flash_attn_interface.flash_attn_func is flash_attn_func is attnops.flash_attn.flash_attn_func
 try:
@@ -48,5 +50,19 @@ import attnops.flash_attn
 assert attnops.flash_attn.install() is False
 import flash_attn, flash_attn_interface
 print(flash_attn.REAL and flash_attn_interface.REAL)
+""", cwd=tmp_path)
+    assert out.strip() == "True"
+
+
+def test_force_installs_over_the_real_package(tmp_path):
+    """``install(force=True)`` (the peer-test runner's): the stand-ins even where the real packages are importable."""
+    for name in ("flash_attn", "flash_attn_interface"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("REAL = True\n")
+    out = _run("-c", """
+import attnops.flash_attn
+assert attnops.flash_attn.install(force=True) is True
+import flash_attn, flash_attn_interface
+print(flash_attn is attnops.flash_attn and flash_attn_interface is attnops.flash_attn.fa3)
 """, cwd=tmp_path)
     assert out.strip() == "True"

@@ -41,8 +41,7 @@ def _varlen(**overrides):
     (dict(softmax_scale="1"), ParamDtypeError, "softmax_scale", "a finite float", "str '1'"),
     (dict(dropout_p=1.0), ParamInvalidError, "dropout_p", "a float in [0, 1)", "1.0"),
     (dict(causal="False"), ParamInvalidError, "causal", "a bool", "'False'"),
-    (dict(block_table=torch.zeros(2, 2, dtype=I32)), ParamInvalidError, "block_table", "None",
-     "shape=[2, 2]"),
+    (dict(block_table=torch.zeros(2, 2)), ParamDtypeError, "block_table", "torch.int32", "dtype=torch.float32"),
 ])
 def test_varlen_errors_name_the_callers_argument(overrides, error, name, expected, received):
     with pytest.raises(error) as info:

@@ -4,8 +4,8 @@
 rest pass through. ``interleaved=False`` (GPT-NeoX) pairs dimension ``i`` with ``i + rotary_dim / 2``;
 ``interleaved=True`` (GPT-J) pairs ``2i`` with ``2i + 1``. Token ``s`` of sequence ``b`` is at position
 ``s + seqlen_offsets[b]``; a position at or past ``seqlen_ro`` is left unrotated, as flash-attn's kernel does.
-Computed in fp32 (fp64 for fp64 inputs) and rounded once to ``x``'s dtype; differentiable (plain PyTorch, so
-``torch.compile`` traces it).
+Computed in fp32 (fp64 for fp64 inputs) and rounded once to ``x``'s dtype (:mod:`.ops.triton.rotary`);
+differentiable, the in-place forms too, as flash-attn's autograd functions (also under ``torch.compile``).
 """
 from __future__ import annotations
 
@@ -13,59 +13,59 @@ import torch
 from torch import Tensor, nn
 
 from ..._core.checks import check_int, check_tensor, fail, require
-from ...ops.common.rotary import compute_dtype, rotate_half, rotate_interleaved
+from ...ops.common.rotary import rotate_half, rotate_interleaved
+from ..ops.triton.rotary import check_cos_sin, positions, rotate
 
 __all__ = ["RotaryEmbedding", "apply_rotary_emb", "apply_rotary_emb_func", "apply_rotary_emb_kv_",
-           "apply_rotary_emb_qkv_"]
+           "apply_rotary_emb_qkv_", "apply_rotary_emb_torch"]
 
 
-def _positions(x: Tensor, seqlen_offsets, cu_seqlens: Tensor | None) -> Tensor:
-    """int64 positions of ``x``'s tokens: ``[B, S]`` (dense) or ``[T]`` (varlen), computed on x's device."""
-    if cu_seqlens is None:
-        check_tensor("x", x, ndim=4)
-        pos = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
-        return pos + (_offsets(seqlen_offsets, x.shape[0], x.device).unsqueeze(1))
-    check_tensor("x", x, ndim=3)
-    check_tensor("cu_seqlens", cu_seqlens, ndim=1, dtypes=(torch.int32, torch.int64))
-    tokens = torch.arange(x.shape[0], device=x.device)
-    cu = cu_seqlens.to(device=x.device, dtype=torch.int64)
-    batch = torch.searchsorted(cu[1:], tokens, right=True).clamp_(max=max(cu.shape[0] - 2, 0))
-    return tokens - cu[batch] + _offsets(seqlen_offsets, cu.shape[0] - 1, x.device)[batch]
-
-
-def _offsets(seqlen_offsets, batch: int, device: torch.device) -> Tensor:
-    """``seqlen_offsets`` (an int or a ``[B]`` integer tensor) as int64 ``[B]`` on ``device``."""
-    if isinstance(seqlen_offsets, Tensor):
-        check_tensor("seqlen_offsets", seqlen_offsets, shape=(batch,), dtypes=(torch.int32, torch.int64))
-        return seqlen_offsets.to(device=device, dtype=torch.int64)
-    return torch.full((batch,), check_int("seqlen_offsets", seqlen_offsets, lo=0), dtype=torch.int64,
-                      device=device)
-
-
-def _check_cos_sin(x: Tensor, cos: Tensor, sin: Tensor, cos_name: str = "cos", sin_name: str = "sin") -> int:
-    """Validate ``cos``/``sin`` ``[seqlen_ro, rotary_dim / 2]`` against ``x``; returns ``rotary_dim``."""
-    check_tensor(cos_name, cos, ndim=2)
-    check_tensor(sin_name, sin, shape=tuple(cos.shape))
-    rotary_dim = 2 * cos.shape[1]
-    require(rotary_dim <= x.shape[-1], cos_name, f"[seqlen_ro, rotary_dim / 2] with rotary_dim <= headdim "
-            f"({x.shape[-1]})", cos)
-    require(cos.device == x.device and sin.device == x.device, cos_name, f"{cos_name}/{sin_name} on {x.device} "
-            "(the device of x)", cos)
-    return rotary_dim
-
-
-def rotate(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: bool) -> Tensor:
-    """``x [..., H, D]`` rotated at ``positions`` (x's leading dims) by the tables ``cos``/``sin``
-    ``[seqlen_ro, rotary_dim / 2]``; positions past the table are left as they are. A new tensor."""
-    rotary_dim = 2 * cos.shape[1]
-    inside = (positions < cos.shape[0]).unsqueeze(-1).unsqueeze(-1)
-    index = positions.clamp(max=cos.shape[0] - 1)
-    compute = compute_dtype(x)
-    c = torch.where(inside, cos[index].to(compute).unsqueeze(-2), 1.0)
-    s = torch.where(inside, sin[index].to(compute).unsqueeze(-2), 0.0)
+def apply_rotary_emb_torch(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
+    """flash-attn's plain-PyTorch reference: ``x`` ``[B, S, H, D]`` rotated by ``cos``/``sin`` ``[S, rotary_dim / 2]``
+    or ``[B, S, rotary_dim / 2]`` (one row per token, no offsets), computed in the dtype ``x``, ``cos`` and ``sin``
+    promote to."""
+    check_tensor("x", x, ndim=4)
+    check_tensor("cos", cos, ndim=(2, 3))
+    check_tensor("sin", sin, shape=tuple(cos.shape))
+    rotary_dim = 2 * cos.shape[-1]
+    require(rotary_dim <= x.shape[-1], "cos", f"[..., rotary_dim / 2] with rotary_dim <= headdim ({x.shape[-1]})", cos)
     convention = rotate_interleaved if interleaved else rotate_half
-    rotated = convention(x[..., :rotary_dim].to(compute), c, s, per_pair=True)
-    return torch.cat([rotated.to(x.dtype), x[..., rotary_dim:]], -1)
+    rotated = convention(x[..., :rotary_dim], cos.unsqueeze(-2), sin.unsqueeze(-2), per_pair=True)
+    return torch.cat([rotated, x[..., rotary_dim:]], -1)
+
+
+def _rotate_into(out: Tensor, x: Tensor, parts, positions: Tensor, interleaved: bool,
+                 conjugate: bool = False) -> Tensor:
+    """``out`` with each part ``out[index]`` set to ``x[index]`` rotated by its tables (``parts``: ``((index, cos,
+    sin), ...)``) at ``positions``; ``conjugate``: the inverse rotation."""
+    for index, cos, sin in parts:
+        out[index] = rotate(x[index], cos, -sin if conjugate else sin, positions, interleaved)
+    return out
+
+
+class _RotateParts(torch.autograd.Function):
+    """:func:`_rotate_into` ``x`` itself when ``inplace``, else a copy: as in flash-attn's autograd functions, the
+    write happens inside the function, so ``x`` may be a leaf that requires grad (the result is then a view of ``x``
+    carrying the rotation's backward). Backward: the inverse rotation of the gradient's parts, in a new tensor."""
+
+    @staticmethod
+    def forward(ctx, x, parts, positions, interleaved, inplace):
+        ctx.parts, ctx.interleaved = parts, interleaved
+        ctx.save_for_backward(positions)
+        return _rotate_into(x if inplace else x.clone(), x, parts, positions, interleaved)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (positions,) = ctx.saved_tensors
+        return _rotate_into(grad.clone(), grad, ctx.parts, positions, ctx.interleaved, True), None, None, None, None
+
+
+def _rotate_parts(x: Tensor, parts, positions: Tensor, interleaved: bool, inplace: bool) -> Tensor:
+    """:class:`_RotateParts` where autograd records it; plain rotations otherwise (``inplace`` then returns ``x``
+    itself)."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _RotateParts.apply(x, tuple(parts), positions, interleaved, inplace)
+    return _rotate_into(x if inplace else x.clone(), x, parts, positions, interleaved)
 
 
 def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False, inplace: bool = False,
@@ -83,9 +83,8 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = Fa
         torch.Size([2, 16, 3, 8])
     """
     check_tensor("x", x)
-    _check_cos_sin(x, cos, sin)
-    out = rotate(x, cos, sin, _positions(x, seqlen_offsets, cu_seqlens), interleaved)
-    return x.copy_(out) if inplace else out
+    check_cos_sin(x, cos, sin)
+    return _rotate_parts(x, [(..., cos, sin)], positions(x, seqlen_offsets, cu_seqlens), interleaved, inplace)
 
 
 apply_rotary_emb_func = apply_rotary_emb  # flash-attn's alias
@@ -100,17 +99,20 @@ def apply_rotary_emb_qkv_(qkv: Tensor, cos: Tensor, sin: Tensor, cos_k: Tensor |
     cos_k, sin_k = (cos, sin) if cos_k is None else (cos_k, sin_k)
     if qkv.dim() == 5:
         require(qkv.shape[2] == 3 and num_heads_q is None, "qkv", "[B, S, 3, H, D] (num_heads_q None)", qkv)
-        q, k = qkv[:, :, 0], qkv[:, :, 1]
+        q_index, k_index = (slice(None), slice(None), 0), (slice(None), slice(None), 1)
     else:
         require(num_heads_q is not None, "num_heads_q", "the number of q heads for a [B, S, H_q + 2 H_k, D] qkv",
                 None)
         h_k = (qkv.shape[2] - check_int("num_heads_q", num_heads_q, lo=1)) // 2
         require(h_k >= 1 and num_heads_q + 2 * h_k == qkv.shape[2], "qkv",
                 f"[B, S, num_heads_q + 2 * H_k, D] with num_heads_q={num_heads_q}", qkv)
-        q, k = qkv[:, :, :num_heads_q], qkv[:, :, num_heads_q:num_heads_q + h_k]
-    apply_rotary_emb(q, cos, sin, interleaved, True, seqlen_offsets)
-    apply_rotary_emb(k, cos_k, sin_k, interleaved, True, seqlen_offsets)
-    return qkv
+        q_index = (slice(None), slice(None), slice(0, num_heads_q))
+        k_index = (slice(None), slice(None), slice(num_heads_q, num_heads_q + h_k))
+    q = qkv[q_index]
+    check_cos_sin(q, cos, sin)
+    check_cos_sin(q, cos_k, sin_k, "cos_k", "sin_k")
+    return _rotate_parts(qkv, [(q_index, cos, sin), (k_index, cos_k, sin_k)], positions(q, seqlen_offsets, None),
+                         interleaved, True)
 
 
 def apply_rotary_emb_kv_(kv: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False,
@@ -118,8 +120,9 @@ def apply_rotary_emb_kv_(kv: Tensor, cos: Tensor, sin: Tensor, interleaved: bool
     """Rotate k of a packed ``kv`` ``[B, S, 2, H, D]`` in place and return ``kv``."""
     check_tensor("kv", kv, ndim=5)
     require(kv.shape[2] == 2, "kv", "[B, S, 2, H, D]", kv)
-    apply_rotary_emb(kv[:, :, 0], cos, sin, interleaved, True, seqlen_offsets)
-    return kv
+    k_index = (slice(None), slice(None), 0)
+    check_cos_sin(kv[k_index], cos, sin)
+    return _rotate_parts(kv, [(k_index, cos, sin)], positions(kv[k_index], seqlen_offsets, None), interleaved, True)
 
 
 class RotaryEmbedding(nn.Module):

@@ -1,0 +1,1 @@
+"""``flash_attn.ops``: the operator modules flash-attn code imports (``ops.triton.rotary``)."""
