@@ -152,18 +152,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     position of each batch's first new token (default ``cache_seqlens``); ``attention_chunk`` as in
     :func:`flash_attn_func`, counted from ``cache_leftpad``. ``scheduler_metadata`` (see
     :func:`get_scheduler_metadata`), ``num_splits``, ``pack_gqa`` and ``sm_margin`` are accepted and change nothing;
-    ``qv`` and the FP8 descales are refused. Returns ``out``, or ``(out, softmax_lse)``: ``[B, H, Sq]``, varlen
+    ``qv`` ``[B, Sq, H, Dv]`` (varlen ``[T, H, Dv]``) adds ``qv . v`` to the scores (default scale
+    ``(D + Dv) ** -0.5``; the cache is copied as ``[k, v]`` for it); the FP8 descales are refused. Returns ``out``, or ``(out, softmax_lse)``: ``[B, H, Sq]``, varlen
     ``[H, T]``."""
-    _refuse_unsupported(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    _refuse_unsupported(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     varlen = cu_seqlens_q is not None
     require(varlen or max_seqlen_q is None, "max_seqlen_q", "None without cu_seqlens_q", max_seqlen_q)
     padded, q_lens = padded_queries(q, cu_seqlens_q, max_seqlen_q) if varlen else (q, None)
+    if varlen and qv is not None:
+        check_tensor("qv", qv, shape=(q.shape[0], q.shape[1], None))
+        qv = padded_queries(qv, cu_seqlens_q, max_seqlen_q)[0]
     if page_table is not None and cache_batch_idx is not None:  # FA3: the batches' rows of the page table
         page_table, cache_batch_idx = _page_table_rows(page_table, cache_batch_idx, padded.shape[0]), None
     out, lse = with_kvcache(padded, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                             cache_leftpad, page_table, softmax_scale, causal, window_pair(window_size), softcap,
                             rotary_interleaved, None, num_splits, True, q_lens, cu_seqlens_k_new, rotary_seqlens,
-                            attention_chunk)
+                            attention_chunk, qv)
     if varlen:
         out, lse = packed_rows(out, cu_seqlens_q, q.shape[0]), packed_rows(lse.transpose(1, 2), cu_seqlens_q,
                                                                            q.shape[0]).t()

@@ -72,13 +72,14 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
 def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                  block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
                  return_softmax_lse, q_lens: Tensor | None, cu_seqlens_k_new: Tensor | None = None,
-                 rotary_seqlens: Tensor | None = None, attention_chunk: int = 0):
+                 rotary_seqlens: Tensor | None = None, attention_chunk: int = 0, qv: Tensor | None = None):
     """:func:`flash_attn_with_kvcache`'s body, with FlashAttention-3's additions. ``q_lens`` (int64 ``[B]``, on q's
     device): the query rows of each batch of a padded ``q`` (varlen queries), each batch aligned to its own
     bottom-right corner; None: all ``Sq`` rows. ``cu_seqlens_k_new`` (int32 ``[B + 1]``): ``k``/``v`` are packed
     ``[T_new, H_k, D]``, batch ``b`` appending its tokens ``cu[b]:cu[b + 1]``. ``rotary_seqlens`` (int ``[B]``):
     the rotary positions of the first new token (default ``cache_seqlens``). ``attention_chunk`` > 0: each row sees
-    only the keys of its chunk (counted from the left padding's end)."""
+    only the keys of its chunk (counted from the left padding's end). ``qv`` ``[B, Sq, H, Dv]``: scores
+    ``q.k + qv.v``, as one product of ``[q, qv]`` and a ``[k, v]`` copy of the cache."""
     batch, sq, heads, _ = check_tensor("q", q, ndim=4, dtypes=_FLOATS).shape
     capacity = _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad)
     left, right = _window(causal, window_size)
@@ -103,6 +104,9 @@ def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
         rotary_at = seqlens if rotary_seqlens is None else _seqlens(rotary_seqlens, batch, q.device, "rotary_seqlens")
         q = _append(q, k_cache, v_cache, k, v, seqlens, tables, rotary_interleaved, causal or (left, right) != (-1, -1),
                     block_table, cache_batch_idx, cu_seqlens_k_new, rotary_at)
+    if qv is not None:
+        check_tensor("qv", qv, shape=(*q.shape[:-1], v_cache.shape[-1]), dtypes=(q.dtype,))
+        q, k_cache = torch.cat([q, qv], -1), torch.cat([k_cache, v_cache], -1)
     ends = torch.full((batch,), capacity, device=q.device) if lengths is None else lengths.long()
     shift = ends - (sq if q_lens is None else q_lens)  # the key column of query row 0's bottom-right diagonal
     pse = None if alibi_slopes is None else _alibi_bias(alibi_slopes, shift, batch, heads, sq, capacity, q.dtype)

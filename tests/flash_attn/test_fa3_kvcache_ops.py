@@ -1,5 +1,5 @@
 """FlashAttention-3's ``flash_attn_with_kvcache`` additions (packed new keys ``cu_seqlens_k_new``,
-``rotary_seqlens``, ``attention_chunk``, ``page_table`` rows chosen by ``cache_batch_idx``) against the fp64
+``rotary_seqlens``, ``attention_chunk``, ``qv``, ``page_table`` rows chosen by ``cache_batch_idx``) against the fp64
 kv-cache golden and the FA3 reference; and ``torch.ops.flash_attn_3`` (FA3's schemas, ``fwd``/``bwd`` equal to
 the Python functions and their autograd)."""
 import pytest
@@ -67,6 +67,27 @@ def test_attention_chunk_counts_from_the_left_padding(options):
         finite = torch.isfinite(want[1])
         assert torch.equal(torch.isfinite(lse[b:b + 1]), finite)
         assert_close_to_golden("lse", lse[b:b + 1][finite], want[1][finite], None, reduction=16 + end)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_qv_scores_with_the_cache_values(varlen):
+    kw = make_case(seed=25, b=2, sq=3, new=1, causal=True)
+    qv = torch.randn(2, 3, 4, 16, generator=torch.Generator().manual_seed(26))
+    call = {n: x.clone() if torch.is_tensor(x) else x for n, x in kw.items()}
+    if varlen:  # rows 3 and 1 of the two batches, packed
+        call.update(q=torch.cat([kw["q"][0], kw["q"][1, :1]]), cu_seqlens_q=torch.tensor([0, 3, 4], dtype=torch.int32),
+                    max_seqlen_q=3)
+        qv_call = torch.cat([qv[0], qv[1, :1]])
+    out = fa3.flash_attn_with_kvcache(**call, qv=qv_call if varlen else qv)
+    cache = kvcache_golden(*_split(kw)[0], **_split(kw)[1])
+    for b, (rows, first) in enumerate(((3, 0), (1, 3) if varlen else (3, 3))):
+        end = int(kw["cache_seqlens"][b]) + 1
+        keys, values = (c[b, :end][None] for c in (cache.k_cache, cache.v_cache))
+        q_b, qv_b = kw["q"][b:b + 1, :rows], qv[b:b + 1, :rows]
+        want = fa3_ref(q_b, keys, values, qv=qv_b, causal=True)[0]
+        base = fa3_ref(q_b, keys, values, qv=qv_b, causal=True, dtype=torch.float32)[0]
+        got = out[first:first + rows][None] if varlen else out[b:b + 1]
+        assert_close_to_golden(f"out[{b}]", got, want, base, reduction=32 + end)
 
 
 def test_page_table_rows_chosen_by_cache_batch_idx():
