@@ -66,6 +66,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         >>> out.shape  # the new token was written at positions 10 and 3 of the two cache rows
         torch.Size([2, 1, 4, 16])
     """
+    require(block_table is None or cache_leftpad is None, "cache_leftpad", "None with a paged cache (block_table)",
+            cache_leftpad)
     return with_kvcache(**locals(), q_lens=None)
 
 
@@ -211,7 +213,6 @@ def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache
         check_tensor("block_table", block_table, ndim=2, dtypes=_INTS)
         require(block_table.shape[0] == batch, "block_table", f"[B={batch}, max_blocks]", block_table)
         require(cache_batch_idx is None, "cache_batch_idx", "None with a paged cache (block_table)", cache_batch_idx)
-        require(cache_leftpad is None, "cache_leftpad", "None with a paged cache (block_table)", cache_leftpad)
         return block_table.shape[1] * k_cache.shape[1]
     if cache_batch_idx is None:
         require(k_cache.shape[0] >= batch, "k_cache", f"[B_c >= {batch}, S_c, H_k, D] (a row per batch of q)",

@@ -1,5 +1,6 @@
 """FlashAttention-3's ``flash_attn_with_kvcache`` additions (packed new keys ``cu_seqlens_k_new``,
-``rotary_seqlens``, ``attention_chunk``, ``qv``, ``page_table`` rows chosen by ``cache_batch_idx``) against the fp64
+``rotary_seqlens``, ``attention_chunk``, ``qv``, ``page_table`` rows chosen by ``cache_batch_idx``, left padding
+of a paged cache) against the fp64
 kv-cache golden and the FA3 reference; and ``torch.ops.flash_attn_3`` (FA3's schemas, ``fwd``/``bwd`` equal to
 the Python functions and their autograd)."""
 import pytest
@@ -98,6 +99,18 @@ def test_page_table_rows_chosen_by_cache_batch_idx():
     got = fa3.flash_attn_with_kvcache(**dict(kw, **caches[0]), page_table=table, cache_batch_idx=idx)
     want = fa3.flash_attn_with_kvcache(**dict(kw, **caches[1]), page_table=table[[1, 3]])
     assert torch.equal(got, want) and torch.equal(caches[0]["k_cache"], caches[1]["k_cache"])
+
+
+def test_left_padding_of_a_paged_cache_equals_that_of_its_dense_copy():
+    kw = make_case(seed=27, b=2, sq=2, new=2, paged=True, causal=True)
+    table = kw.pop("block_table")
+    kw["cache_leftpad"] = torch.tensor([3, 1], dtype=torch.int32)
+    pages = {n: kw[n].clone() for n in ("k_cache", "v_cache")}
+    dense = {n: kw[n][table.long()].flatten(1, 2) for n in ("k_cache", "v_cache")}  # [B, capacity, H_k, D] copies
+    got = fa3.flash_attn_with_kvcache(**dict(kw, **pages), page_table=table, return_softmax_lse=True)
+    want = fa3.flash_attn_with_kvcache(**dict(kw, **dense), return_softmax_lse=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(pages["k_cache"][table.long()].flatten(1, 2), dense["k_cache"])
 
 
 def test_torch_ops_flash_attn_3_have_fa3_schemas_and_equal_the_functions():
