@@ -48,6 +48,10 @@ def chunk_segments(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_q, sequse
                    max_seqlen_k: int) -> tuple[Tensor, Tensor]:
     """New ``(cu_seqlens_q, cu_seqlens_k)`` (int32 ``[B * (M + 3) + 1]``, ``M = ceil(max_seqlen_k / C)`` chunks,
     1 without ``attention_chunk``) that say ``seqused_q/k`` and ``attention_chunk`` with plain per-segment masks."""
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_INTS)
+    check_tensor("cu_seqlens_k", cu_seqlens_k, shape=tuple(cu_seqlens_q.shape), dtypes=_INTS)
+    require(cu_seqlens_q.shape[0] >= 2 and cu_seqlens_k.device == cu_seqlens_q.device, "cu_seqlens_k",
+            f"[B + 1] (B >= 1) offsets on {cu_seqlens_q.device} (those of cu_seqlens_q)", cu_seqlens_k)
     cu_q, cu_k = cu_seqlens_q.long(), cu_seqlens_k.long()
     len_q, len_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
     u_q, u_k = _used("seqused_q", seqused_q, len_q), _used("seqused_k", seqused_k, len_k)

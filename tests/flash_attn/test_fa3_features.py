@@ -5,7 +5,7 @@ query's, ``attention_chunk``, ``seqused_q/k``, ``window_size`` as a tensor; ``fl
 import pytest
 import torch
 
-from attnops._core.errors import ParamInvalidError
+from attnops._core.errors import AclnnError, ParamInvalidError
 from attnops.flash_attn import fa3
 from attnops.testing.compare import assert_close_to_golden, attention_reductions
 from tests.flash_attn.fa3_ref import fa3_ref, fa3_ref_varlen
@@ -112,9 +112,11 @@ def test_window_size_as_a_tensor_and_the_refused_options():
         fa3.flash_attn_func(q, q, q, q_descale=torch.ones(1, 2))
     with pytest.raises(ParamInvalidError, match="attention_chunk"):
         fa3.flash_attn_func(q, q, q, attention_chunk=-1)
+    cu, too_long = torch.tensor([0, 8], dtype=torch.int32), torch.tensor([9], dtype=torch.int32)
     with pytest.raises(ParamInvalidError, match="seqused_k"):
-        cu = torch.tensor([0, 8], dtype=torch.int32)
-        fa3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, seqused_k=torch.tensor([9], dtype=torch.int32))
+        fa3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, seqused_k=too_long)
+    with pytest.raises(AclnnError, match="cu_seqlens_k"):
+        fa3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu[:1], 8, 8, seqused_k=cu[1:])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16])
