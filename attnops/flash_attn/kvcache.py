@@ -67,15 +67,22 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tens
         >>> out.shape  # the new token was written at positions 10 and 3 of the two cache rows
         torch.Size([2, 1, 4, 16])
     """
+    require(block_table is None or cache_leftpad is None, "cache_leftpad", "None with a paged cache (block_table)",
+            cache_leftpad)
     return with_kvcache(**locals(), q_lens=None)
 
 
 def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                  block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
-                 return_softmax_lse, q_lens: Tensor | None):
-    """:func:`flash_attn_with_kvcache`'s body. ``q_lens`` (int64 ``[B]``, on q's device): the query rows of each
-    batch of a padded ``q`` (FlashAttention-3's varlen queries), each batch aligned to its own bottom-right corner;
-    None: all ``Sq`` rows."""
+                 return_softmax_lse, q_lens: Tensor | None, cu_seqlens_k_new: Tensor | None = None,
+                 rotary_seqlens: Tensor | None = None, attention_chunk: int = 0, qv: Tensor | None = None):
+    """:func:`flash_attn_with_kvcache`'s body, with FlashAttention-3's additions. ``q_lens`` (int64 ``[B]``, on q's
+    device): the query rows of each batch of a padded ``q`` (varlen queries), each batch aligned to its own
+    bottom-right corner; None: all ``Sq`` rows. ``cu_seqlens_k_new`` (int32 ``[B + 1]``): ``k``/``v`` are packed
+    ``[T_new, H_k, D]``, batch ``b`` appending its tokens ``cu[b]:cu[b + 1]``. ``rotary_seqlens`` (int ``[B]``):
+    the rotary positions of the first new token (default ``cache_seqlens``). ``attention_chunk`` > 0: each row sees
+    only the keys of its chunk (counted from the left padding's end). ``qv`` ``[B, Sq, H, Dv]``: scores
+    ``q.k + qv.v``, as one product of ``[q, qv]`` and a ``[k, v]`` copy of the cache."""
     batch, sq, heads, _ = check_tensor("q", q, ndim=4, dtypes=_FLOATS).shape
     capacity = _check_cache(q, k_cache, v_cache, block_table, cache_batch_idx, cache_leftpad)
     left, right = _window(causal, window_size)
@@ -86,7 +93,8 @@ def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     check_int("num_splits", num_splits, lo=0)
     _check_alibi(alibi_slopes, q)
     seqlens = _seqlens(cache_seqlens, batch, q.device)
-    new = 0 if k is None and v is None else _check_new_kv(q, k_cache, v_cache, k, v, seqlens)
+    chunk = check_int("attention_chunk", attention_chunk, lo=0)
+    new = 0 if k is None and v is None else _check_new_kv(q, k_cache, v_cache, k, v, seqlens, cu_seqlens_k_new)
     tables = None
     if rotary_cos is not None or rotary_sin is not None:
         require(k is not None, "rotary_cos", "None without k and v (rotary embedding rotates the appended keys)",
@@ -96,19 +104,23 @@ def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     if lengths is not None and lengths.device.type == "cpu" and not torch.compiler.is_compiling():
         _check_lengths(lengths, cache_leftpad, capacity, block_table, k_cache.shape[0])
     if k is not None:
+        rotary_at = seqlens if rotary_seqlens is None else _seqlens(rotary_seqlens, batch, q.device, "rotary_seqlens")
         q = _append(q, k_cache, v_cache, k, v, seqlens, tables, rotary_interleaved, causal or (left, right) != (-1, -1),
-                    block_table, cache_batch_idx)
+                    block_table, cache_batch_idx, cu_seqlens_k_new, rotary_at)
+    if qv is not None:
+        check_tensor("qv", qv, shape=(*q.shape[:-1], v_cache.shape[-1]), dtypes=(q.dtype,))
+        q, k_cache = torch.cat([q, qv], -1), torch.cat([k_cache, v_cache], -1)
     ends = torch.full((batch,), capacity, device=q.device) if lengths is None else lengths.long()
     shift = ends - (sq if q_lens is None else q_lens)  # the key column of query row 0's bottom-right diagonal
     pse = None if alibi_slopes is None else _alibi_bias(alibi_slopes, shift, batch, heads, sq, capacity, q.dtype)
     if softcap > 0:
         out, lse = _softcapped_attention(q, k_cache, v_cache, block_table, cache_batch_idx, softmax_scale, softcap,
-                                         _mask(ends, shift, cache_leftpad, sq, capacity, left, right), pse)
+                                         _mask(ends, shift, cache_leftpad, sq, capacity, left, right, chunk), pse)
     else:
-        native_causal = causal and left < 0 and q_lens is None and cache_leftpad is None  # FIA's own band
+        native_causal = causal and left < 0 and q_lens is None and cache_leftpad is None and not chunk  # FIA's band
         mask = None
-        if cache_leftpad is not None or (left, right) != (-1, -1) and not native_causal:
-            mask = _mask(ends, shift, cache_leftpad, sq, capacity, left, right)
+        if cache_leftpad is not None or chunk or (left, right) != (-1, -1) and not native_causal:
+            mask = _mask(ends, shift, cache_leftpad, sq, capacity, left, right, chunk)
         key, value = _cache_views(k_cache, v_cache, block_table, cache_batch_idx, batch)
         out, lse = fused_infer_attention(q, key, value, layout="BSND", num_key_value_heads=key.shape[-2],
                                          scale=softmax_scale, causal=native_causal, atten_mask=mask,
@@ -119,19 +131,32 @@ def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
 
 
 def _append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, seqlens: Tensor, tables,
-            interleaved: bool, local: bool, block_table, cache_batch_idx) -> Tensor:
+            interleaved: bool, local: bool, block_table, cache_batch_idx, cu_seqlens_k_new, rotary_at: Tensor) -> Tensor:
     """Write ``k`` (rotated by ``tables``) and ``v`` into the caches at ``seqlens + s``; returns ``q``, rotated at
-    ``seqlens + s`` when ``local`` (causal or windowed), else at ``seqlens``, when there are tables."""
-    positions = seqlens.unsqueeze(1) + torch.arange(k.shape[1], device=k.device)
+    ``rotary_at + s`` when ``local`` (causal or windowed), else at ``rotary_at``, when there are tables (the keys at
+    ``rotary_at + s``). Packed ``k``/``v`` (``cu_seqlens_k_new``) are written token by token: each token a row of
+    its own batch's tables."""
+    if cu_seqlens_k_new is not None:
+        cu = cu_seqlens_k_new.long()
+        tokens = torch.arange(k.shape[0], device=k.device)
+        owner = torch.searchsorted(cu[1:], tokens, right=True).clamp_(max=cu.shape[0] - 2)
+        steps = (tokens - cu[owner]).unsqueeze(1)
+        k, v, seqlens, key_rotary_at = k.unsqueeze(1), v.unsqueeze(1), seqlens[owner], rotary_at[owner]
+        rows = owner if cache_batch_idx is None else cache_batch_idx.long()[owner]
+        block_table = None if block_table is None else block_table[owner]
+    else:
+        steps = torch.arange(k.shape[1], device=k.device).unsqueeze(0)
+        rows = torch.arange(k.shape[0], device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
+        key_rotary_at = rotary_at
+    positions = seqlens.unsqueeze(1) + steps
     if tables is not None:
-        k = rotate(k, *tables, positions, interleaved)
-        q_positions = seqlens.unsqueeze(1) + torch.arange(q.shape[1], device=q.device) if local else seqlens[:, None]
+        k = rotate(k, *tables, (key_rotary_at.unsqueeze(1) + steps).expand(k.shape[:2]), interleaved)
+        q_positions = rotary_at.unsqueeze(1) + torch.arange(q.shape[1], device=q.device) if local else rotary_at[:, None]
         q = rotate(q, *tables, q_positions.expand(q.shape[0], q.shape[1]), interleaved)
     if block_table is None:
-        rows = torch.arange(k.shape[0], device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
-        index = (rows.unsqueeze(1).expand_as(positions), positions)
+        index = (rows.unsqueeze(1).expand_as(positions), positions.expand(k.shape[:2]))
     else:
-        index, k, v = _paged_writes(k_cache, v_cache, k, v, block_table, positions)
+        index, k, v = _paged_writes(k_cache, v_cache, k, v, block_table, positions.expand(k.shape[:2]))
     k_cache.index_put_(index, k)
     v_cache.index_put_(index, v)
     return q
@@ -189,7 +214,6 @@ def _check_cache(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table, cache
         check_tensor("block_table", block_table, ndim=2, dtypes=_INTS)
         require(block_table.shape[0] == batch, "block_table", f"[B={batch}, max_blocks]", block_table)
         require(cache_batch_idx is None, "cache_batch_idx", "None with a paged cache (block_table)", cache_batch_idx)
-        require(cache_leftpad is None, "cache_leftpad", "None with a paged cache (block_table)", cache_leftpad)
         return block_table.shape[1] * k_cache.shape[1]
     if cache_batch_idx is None:
         require(k_cache.shape[0] >= batch, "k_cache", f"[B_c >= {batch}, S_c, H_k, D] (a row per batch of q)",
@@ -214,26 +238,37 @@ def _window(causal, window_size) -> tuple[int, int]:
     return window_size[0], 0 if causal else window_size[1]
 
 
-def _seqlens(cache_seqlens, batch: int, device: torch.device) -> Tensor | None:
-    """``cache_seqlens`` as int64 ``[B]`` on ``device`` (None: the whole cache)."""
+def _seqlens(cache_seqlens, batch: int, device: torch.device, name: str = "cache_seqlens") -> Tensor | None:
+    """``cache_seqlens`` (or another per-batch position, ``name``) as int64 ``[B]`` on ``device`` (None: the whole
+    cache)."""
     if cache_seqlens is None:
         return None
     if isinstance(cache_seqlens, Tensor):
-        check_tensor("cache_seqlens", cache_seqlens, shape=(batch,), dtypes=_INTS)
-        require(cache_seqlens.device == device, "cache_seqlens", f"a tensor on {device} (the device of q)",
-                cache_seqlens)
+        check_tensor(name, cache_seqlens, shape=(batch,), dtypes=_INTS)
+        require(cache_seqlens.device == device, name, f"a tensor on {device} (the device of q)", cache_seqlens)
         return cache_seqlens.long()
-    return torch.full((batch,), check_int("cache_seqlens", cache_seqlens, lo=0), dtype=torch.int64, device=device)
+    return torch.full((batch,), check_int(name, cache_seqlens, lo=0), dtype=torch.int64, device=device)
 
 
-def _check_new_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k, v, seqlens) -> int:
-    """Validate ``k``/``v`` ``[B, S_new, H_k, D]``; returns ``S_new``."""
+def _check_new_kv(q: Tensor, k_cache: Tensor, v_cache: Tensor, k, v, seqlens, cu_seqlens_k_new):
+    """Validate ``k``/``v`` ``[B, S_new, H_k, D]``, or packed ``[T_new, H_k, D]`` with int32 ``cu_seqlens_k_new``
+    ``[B + 1]``; returns ``S_new``, or the per-batch new lengths (int64 ``[B]``) of packed ones."""
     require(k is not None and v is not None, "k" if k is None else "v", "k and v together (or neither)", None)
-    check_tensor("k", k, shape=(q.shape[0], None, *k_cache.shape[2:]), dtypes=(q.dtype,))
-    check_tensor("v", v, shape=(*k.shape[:2], *v_cache.shape[2:]), dtypes=(q.dtype,))
-    require(k.device == q.device and v.device == q.device, "k", f"k and v on {q.device} (the device of q)", k)
     require(seqlens is not None, "cache_seqlens", "the cache lengths at which k and v are appended", None)
-    return k.shape[1]
+    require(k.device == q.device and v.device == q.device, "k", f"k and v on {q.device} (the device of q)", k)
+    if cu_seqlens_k_new is None:
+        check_tensor("k", k, shape=(q.shape[0], None, *k_cache.shape[2:]), dtypes=(q.dtype,))
+        check_tensor("v", v, shape=(*k.shape[:2], *v_cache.shape[2:]), dtypes=(q.dtype,))
+        return k.shape[1]
+    check_tensor("k", k, shape=(None, *k_cache.shape[2:]), dtypes=(q.dtype,))
+    check_tensor("v", v, shape=(k.shape[0], *v_cache.shape[2:]), dtypes=(q.dtype,))
+    check_tensor("cu_seqlens_k_new", cu_seqlens_k_new, shape=(q.shape[0] + 1,), dtypes=_INTS)
+    require(cu_seqlens_k_new.device == q.device, "cu_seqlens_k_new", f"a tensor on {q.device}", cu_seqlens_k_new)
+    cu = cu_seqlens_k_new.long()
+    if cu.device.type == "cpu" and not torch.compiler.is_compiling():
+        require(int(cu[0]) == 0 and int(cu[-1]) == k.shape[0] and bool((cu[1:] >= cu[:-1]).all()), "cu_seqlens_k_new",
+                f"prefix sums from 0 to T_new={k.shape[0]}", cu_seqlens_k_new.tolist())
+    return cu[1:] - cu[:-1]
 
 
 def _rotary_tables(k_cache: Tensor, cos, sin, capacity: int) -> tuple[Tensor, Tensor]:
@@ -279,9 +314,12 @@ def _offsets(shift: Tensor, sq: int, capacity: int) -> Tensor:
     return j - i - shift.view(-1, 1, 1, 1)
 
 
-def _mask(ends: Tensor, shift: Tensor, cache_leftpad, sq: int, capacity: int, left: int, right: int) -> Tensor:
+def _mask(ends: Tensor, shift: Tensor, cache_leftpad, sq: int, capacity: int, left: int, right: int,
+          chunk: int = 0) -> Tensor:
     """Bool ``[B, 1, Sq, capacity]`` (True = masked): keys at or past each batch's length ``ends``, outside the
-    window band around the diagonal ``j = i + shift``, or before the left padding's end."""
+    window band around the diagonal ``j = i + shift``, before the left padding's end, or (``chunk`` > 0) outside
+    the row's chunk ``[p - p % chunk, p - p % chunk + chunk)`` of ``p = i + shift``, counted from the left padding's
+    end."""
     offset = _offsets(shift, sq, capacity)
     j = torch.arange(capacity, device=ends.device)
     masked = (j >= ends.view(-1, 1)).view(-1, 1, 1, capacity) | (offset > right if right >= 0 else False)
@@ -289,6 +327,11 @@ def _mask(ends: Tensor, shift: Tensor, cache_leftpad, sq: int, capacity: int, le
         masked = masked | (offset < -left)
     if cache_leftpad is not None:
         masked = masked | (j < cache_leftpad.long().view(-1, 1)).view(-1, 1, 1, capacity)
+    if chunk:
+        pad = 0 if cache_leftpad is None else cache_leftpad.long().view(-1, 1, 1, 1)
+        p = torch.arange(sq, device=ends.device).view(1, 1, sq, 1) + shift.view(-1, 1, 1, 1) - pad
+        start = p - p.remainder(chunk)
+        masked = masked | ((j - pad) < start) | ((j - pad) >= start + chunk)
     return masked.expand(-1, 1, sq, capacity).contiguous()
 
 

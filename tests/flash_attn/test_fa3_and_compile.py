@@ -28,9 +28,9 @@ def test_fa3_functions_equal_flash_attn_2():
 
 
 @pytest.mark.parametrize("call,name", [
-    (lambda q: fa3.flash_attn_func(q, q, q, qv=q), "qv"),
-    (lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=64), "attention_chunk"),
-    (lambda q: fa3.flash_attn_varlen_func(q[0], q[0], q[0], None, None, 8, 8, seqused_k=q), "seqused_k"),
+    (lambda q: fa3.flash_attn_func(q, q, q, k_descale=torch.ones(1, 4)), "k_descale"),
+    (lambda q: fa3.flash_attn_func(q, q, q, qv=q[..., :3, :]), "qv"),
+    (lambda q: fa3.flash_attn_func(q, q, q, attention_chunk=1.5), "attention_chunk"),
     (lambda q: fa3.flash_attn_qkvpacked_func(q, num_heads_q=3), "num_heads_q"),
 ])
 def test_fa3_unsupported_options_raise(call, name):

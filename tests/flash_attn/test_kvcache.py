@@ -190,8 +190,9 @@ def test_fa3_name_takes_page_table_and_refuses_what_attnops_lacks():
     got = fa3.flash_attn_with_kvcache(**kw, page_table=table, scheduler_metadata=torch.zeros(4, dtype=torch.int32),
                                       pack_gqa=True, return_softmax_lse=True)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    with pytest.raises(attnops.ParamInvalidError, match=r"qv: expected its default \(not supported by attnops\)"):
-        fa3.flash_attn_with_kvcache(**kw, page_table=table, qv=kw["q"])
+    with pytest.raises(attnops.ParamInvalidError,
+                       match=r"q_descale: expected its default \(not supported by attnops\)"):
+        fa3.flash_attn_with_kvcache(**kw, page_table=table, q_descale=torch.ones(2, 2))
 
 
 @pytest.mark.parametrize("options,kernel", [

@@ -54,6 +54,7 @@ class _BackwardBatch:
     neg_log2_l: torch.Tensor  # [N1, Sq, 1] -log2(given row sum)
     o: torch.Tensor  # [N1, Sq, Dv] attention_in
     peaked: list[list[int]] | None  # rows whose dP - D is formed in fp64 (per head)
+    unit_rows: bool  # some row's softmax_sum is 1: an entry may have P == 1 (see _backward_kv_head)
     delta64: torch.Tensor | None  # [N1, Sq, 1] fp64 D of those rows
     dq: torch.Tensor  # [N1, Sq, D]
     dk: torch.Tensor  # [N2, Skv, D]
@@ -69,7 +70,8 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     fixed order, so the result does not depend on the thread count. Tiles are one
     query head x a row chunk x at most ``COL_BLOCK`` columns of the band. Per tile, from the given statistics:
     ``P = exp2((S - max) * log2(e) - log2(sum))``, ``dV += P^T dy``, ``dS = P * (dy V^T - D)`` with
-    ``D = rowsum(dy * attention_in)`` (see :func:`_peaked_rows` for the rows done in fp64), ``dQ += scale * dS K``,
+    ``D = rowsum(dy * attention_in)`` (see :func:`_peaked_rows` for the rows done in fp64; where ``P == 1``, a row
+    with one key, ``dS = 0`` exactly, as ``P * (dP - rowsum(P * dP))`` gives), ``dQ += scale * dS K``,
     ``dK += dS^T (scale*Q)``.
     """
     g = p.geom
@@ -111,7 +113,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
             b, batch_tokens(qv, p.seq, b).transpose(0, 1), do, k_all[i], v_all[i],
             stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc).contiguous(),
             l_b.log2().neg_().contiguous(),
-            o, peaked, _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
+            o, peaked, bool((l_b == 1).any()), _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
     jobs, partials = _backward_jobs(batches, g.n2, dpse)
     accumulators = [dq, dk, dv] + [t for bb in batches if not direct for t in (bb.dq, bb.dk, bb.dv)]
@@ -237,7 +239,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     add_mm_nt_(tv[:, tcols], dot_t, (p_v if p.rounding is None else p.rounding.grid(p_v)).t())
                     vc = v[c0:c1]
                     dp = mm_nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
-                    if fused and drop is None and peaked is None:
+                    if fused and drop is None and peaked is None and not bb.unit_rows:
                         grad_(prob, dp, delta)  # dS = P (dP - D), in place of P
                         ds = prob
                     else:
@@ -246,6 +248,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         dp.sub_(delta)
                         if peaked:
                             _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
+                        if bb.unit_rows:  # P == 1: the row's only key, D = dP exactly and dS = 0 (as autograd's)
+                            dp.masked_fill_(prob == 1.0, 0.0)
                         ds = prob.mul_(dp)
                     if masked is not None:
                         ds.masked_fill_(masked, 0.0)
