@@ -10,7 +10,7 @@ import torch
 from ...._core.triton.launch import Launch, cdiv, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
 from ...common.inverted_lists import InvertedLists, list_chunk
-from .family import BACKWARD_KEYS, KERNELS, backward_head_tile, precision_flags
+from .family import BACKWARD_KEYS, KERNELS, backward_head_tile, dk_tile, dq_tile, precision_flags
 from .launch import Geometry, LatentCache, _idx_strides, _row_strides, _token_strides, geometry_of, plain_cache
 
 
@@ -50,36 +50,39 @@ def attention_backward_plan(g: Geometry, grad, query, query_rope, cache: LatentC
     keys = torch.empty((rows * batches, count), dtype=torch.int64, device=q.device)
     span = torch.empty((rows * batches, count), dtype=torch.int32, device=q.device)
     (q_lens, kv_lens, table), lens_strides = g.length_args(q.device, idx)
-    block_h = backward_head_tile(heads, q.dtype, interpret)
+    block_h, block_dq = backward_head_tile(heads, q.dtype, interpret), dq_tile(d, interpret)
+    dq_tiles = cdiv(d, block_dq)
     flags = dict(HAS_ROPE=kr is not None, V_IS_K=v_is_k, BLOCK_D=pow2(d), BLOCK_R=pow2(rope_d),
                  BLOCK_DV=pow2(dv_width), **precision_flags(q.dtype, interpret))
     qr_arg, kr_arg = (q if qr is None else qr), (k if kr is None else kr)
-    dq_launch = Launch("sparse_attention_dq_kernel", (rows, batches, cdiv(heads, block_h)),
+    dq_launch = Launch("sparse_attention_dq_kernel", (rows, batches, cdiv(heads, block_h) * dq_tiles),
                        (q, qr_arg, k, kr_arg, v, idx, o, do, smax, ssum, dq, dq if dqr is None else dqr, delta, keys,
                         span, q_lens, kv_lens, table, *_token_strides(q, g.q_packed),
                         *_token_strides(qr_arg, g.q_packed), *_token_strides(o, g.q_packed),
                         *_token_strides(do, g.q_packed), *_token_strides(dq, g.q_packed),
                         *_token_strides(dq if dqr is None else dqr, g.q_packed), *_row_strides(k, g.kv_mode),
                         *_row_strides(kr_arg, g.kv_mode), *_row_strides(v, g.kv_mode), *_idx_strides(idx, g.q_packed),
-                        *lens_strides, g.s1, g.s2, g.n_batch, heads, d, rope_d, dv_width, g.page, g.n_pages, count,
-                        sparse_block_size, inner_rows, n_lists, float(scale)),
-                       dict(**g.constexprs(causal), BLOCK_H=block_h, **flags))
+                        *lens_strides, g.s1, g.s2, g.n_batch, heads, d, rope_d, dv_width, dq_tiles, g.page,
+                        g.n_pages, count, sparse_block_size, inner_rows, n_lists, float(scale)),
+                       dict(**g.constexprs(causal), BLOCK_H=block_h, BLOCK_DQ=block_dq, **flags))
     lists = InvertedLists.allocate(keys, n_lists, list_chunk(keys.numel(), n_lists, heads, interpret),
                                    sparse_block_size, (d + rope_d,) if v_is_k else (d + rope_d, dv_width), 1)
     part_v = lists.part_k if lists.part_v is None else lists.part_v
     dk_strides = (*_row_strides(dk, g.kv_mode), *_row_strides(dk if dkr is None else dkr, g.kv_mode),
                   *_row_strides(dk if v_is_k else dv, g.kv_mode))
     common = (dk, dk if dkr is None else dkr, dk if v_is_k else dv, lists.part_k, part_v)
-    block_n = BACKWARD_KEYS
-    tiles = cdiv(sparse_block_size, block_n)
-    dkdv_launch = Launch("sparse_attention_dkdv_kernel", (lists.unit_ids.numel() * tiles,),
+    block_n, block_dk = BACKWARD_KEYS, dk_tile(max(d, dv_width), interpret)
+    tiles, col_tiles = cdiv(sparse_block_size, block_n), cdiv(max(d, dv_width), block_dk)
+    dkdv_launch = Launch("sparse_attention_dkdv_kernel", (lists.unit_ids.numel() * tiles * col_tiles,),
                          (q, qr_arg, do, k, kr_arg, v, *common, delta, smax, ssum, span, lists.list_start,
                           lists.token, lists.unit_list, lists.unit_end, lists.slot_end,
                           *_token_strides(q, g.q_packed), *_token_strides(qr_arg, g.q_packed),
                           *_token_strides(do, g.q_packed), *_row_strides(k, g.kv_mode),
                           *_row_strides(kr_arg, g.kv_mode), *_row_strides(v, g.kv_mode), *dk_strides, g.s1, heads, d,
-                          rope_d, dv_width, count, sparse_block_size, inner_rows, n_lists, lists.chunk, float(scale)),
-                         dict(Q_PACKED=g.q_packed, BLOCK_N=block_n, **flags))
+                          rope_d, dv_width, col_tiles, count, sparse_block_size, inner_rows, n_lists, lists.chunk,
+                          float(scale)),
+                         dict(Q_PACKED=g.q_packed, HAS_ROPE=kr is not None, V_IS_K=v_is_k, BLOCK_R=pow2(rope_d),
+                              BLOCK_DK=block_dk, BLOCK_N=block_n, **precision_flags(q.dtype, interpret)))
     reduce_launch = Launch("sparse_attention_dkdv_reduce_kernel", (n_lists * tiles,),
                            (*common, span, lists.list_start, lists.token, lists.slot_end, *dk_strides, d, rope_d,
                             dv_width, sparse_block_size, inner_rows, lists.chunk),

@@ -26,7 +26,10 @@ ATTENTION_KEYS = 16
 # the backward on a GPU: dQ holds BACKWARD_HEADS heads x the whole latent (its fp32 accumulator) against
 # BACKWARD_DQ_KEYS gathered rows; dK/dV holds BACKWARD_KEYS rows of a block (also in the interpreter: the grid counts
 # them) against BACKWARD_ROWS (pair, query head) rows per step
-BACKWARD_HEADS = 64
+BACKWARD_HEADS = 32
+DQ_TILE, INTERPRET_DQ_TILE = 256, 16  # dQ columns per program (the interpreter's tests split the latent too)
+DK_TILE, INTERPRET_DK_TILE = 256, 16  # dK/dV columns per program
+BACKWARD_CHUNK = 64  # columns per step of the dK/dV kernel's score and dO V^T sums on a GPU
 BACKWARD_DQ_KEYS = 16
 BACKWARD_KEYS = 16
 BACKWARD_ROWS = 64
@@ -53,6 +56,16 @@ def backward_head_tile(heads: int, dtype: torch.dtype, interpret: bool) -> int:
     if interpret:
         return pow2(heads)
     return min(pow2(heads), BACKWARD_HEADS // (dtype.itemsize // 2))
+
+
+def dq_tile(d: int, interpret: bool) -> int:
+    """``BLOCK_DQ`` of the dQ kernel: latent columns of dQ per program (``DQ_TILE`` on a GPU)."""
+    return min(pow2(d), INTERPRET_DQ_TILE if interpret else DQ_TILE)
+
+
+def dk_tile(width: int, interpret: bool) -> int:
+    """``BLOCK_DK`` of the dK/dV kernel: key (and value) gradient columns per program (``DK_TILE`` on a GPU)."""
+    return min(pow2(width), INTERPRET_DK_TILE if interpret else DK_TILE)
 
 
 def value_tile(dv: int, interpret: bool) -> int:
@@ -108,7 +121,8 @@ def _backward_config(launch: Launch, named_args: dict, interpret: bool):
         return triton.Config({}, num_warps=4, num_stages=1)
     if launch.kernel == "sparse_attention_dkdv_kernel":
         rows = INTERPRET_TILE if interpret else BACKWARD_ROWS
-        return triton.Config(dict(BLOCK_M=rows), num_warps=4 if interpret else 8, num_stages=1 if interpret else 2)
+        return triton.Config(dict(BLOCK_M=rows, BLOCK_C=INTERPRET_TILE if interpret else BACKWARD_CHUNK),
+                             num_warps=4 if interpret else 8, num_stages=1 if interpret else 2)
     keys = INTERPRET_TILE if interpret else BACKWARD_DQ_KEYS
     return triton.Config(dict(BLOCK_N=keys), num_warps=4 if interpret else 8, num_stages=1 if interpret else 2)
 

@@ -57,21 +57,24 @@ def sparse_attention_dq_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, idx_ptr, o_p
                                q_sb, q_st, q_sh, qr_sb, qr_st, qr_sh, o_sb, o_st, o_sh, do_sb, do_st, do_sh,
                                dq_sb, dq_st, dq_sh, dqr_sb, dqr_st, dqr_sh, k_s0, k_s1, kr_s0, kr_s1, v_s0, v_s1,
                                i_sb, i_st, q_lens_stride, kv_lens_stride, bt_sb,
-                               s1, s2, n_batch, heads, head_d, rope_d, head_dv, page, n_pages, count, sbs,
-                               inner_rows, n_lists, scale,
+                               s1, s2, n_batch, heads, head_d, rope_d, head_dv, dq_tiles, page, n_pages, count,
+                               sbs, inner_rows, n_lists, scale,
                                Q_PACKED: tl.constexpr, Q_LENS: tl.constexpr, KV_MODE: tl.constexpr,
                                KV_LENS: tl.constexpr, CAUSAL: tl.constexpr, HAS_ROPE: tl.constexpr,
                                V_IS_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                               BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, UPCAST: tl.constexpr,
-                               PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dQ (and dQ_rope, ``D``) of one query row's head tile ``program_id(2)``; see the module docstring."""
+                               BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DQ: tl.constexpr,
+                               UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dQ columns ``dq0 .. dq0 + BLOCK_DQ`` (and, in the column tile 0 programs, dQ_rope and ``D``) of one query
+    row's head tile (``program_id(2)``: head tile x ``dq_tiles`` column tiles); see the module docstring."""
     b, token, row, q_len, valid = query_row(q_lens_ptr, q_lens_stride, s1, n_batch, Q_PACKED, Q_LENS)
     kv_start, kv_len = kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE, KV_LENS)
     limit = kv_len
     if CAUSAL:
         limit = tl.minimum(kv_len, kv_len - q_len + row + 1)
     limit = tl.where(valid, limit, 0)
-    head0 = tl.program_id(2) * BLOCK_H
+    head0 = (tl.program_id(2) // dq_tiles) * BLOCK_H
+    dq0 = (tl.program_id(2) % dq_tiles) * BLOCK_DQ
+    first = tl.program_id(2) % dq_tiles == 0
     dtype = q_ptr.dtype.element_ty
     r = token
     if not Q_PACKED:
@@ -84,7 +87,7 @@ def sparse_attention_dq_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, idx_ptr, o_p
     do = upcast(head_rows(do_ptr, b, token, head0, heads, do_sb, do_st, do_sh, head_dv, BLOCK_H, BLOCK_DV), UPCAST)
     o = head_rows(o_ptr, b, token, head0, heads, o_sb, o_st, o_sh, head_dv, BLOCK_H, BLOCK_DV).to(tl.float32)
     delta = tl.sum(do.to(tl.float32) * o, 1)
-    tl.store(delta_ptr + stat, delta, mask=h < heads)
+    tl.store(delta_ptr + stat, delta, mask=(h < heads) & first)
     if HAS_ROPE:
         q_rope = upcast(head_rows(qr_ptr, b, token, head0, heads, qr_sb, qr_st, qr_sh, rope_d, BLOCK_H, BLOCK_R),
                         UPCAST)
@@ -92,7 +95,7 @@ def sparse_attention_dq_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, idx_ptr, o_p
     idx_row = idx_ptr + b.to(tl.int64) * i_sb + token * i_st
     n_entries = entry_count(idx_row, count, limit, sbs)
     n_pos = n_entries * sbs
-    dq = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    dq = tl.zeros([BLOCK_H, BLOCK_DQ], tl.float32)
     for f0 in range(0, n_pos, BLOCK_N):
         f = f0 + tl.arange(0, BLOCK_N)
         entry = tl.load(idx_row + f // sbs, mask=f < n_pos, other=-1).to(tl.int64)
@@ -111,17 +114,21 @@ def sparse_attention_dq_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, idx_ptr, o_p
         p = _probabilities(s, ok[None, :], m, l, scale)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = (p * (dp - delta[:, None]) * scale).to(k.dtype)
-        dq = tl.dot(ds, k, dq, input_precision=PRECISION)
+        if BLOCK_DQ == BLOCK_D:
+            k_cols = k
+        else:
+            k_cols = upcast(load_rows(k_ptr + dq0, outer, inner, ok, k_s0, k_s1, head_d - dq0, BLOCK_DQ), UPCAST)
+        dq = tl.dot(ds, k_cols, dq, input_precision=PRECISION)
         if HAS_ROPE:
             dq_rope = tl.dot(ds, k_rope, dq_rope, input_precision=PRECISION)
-    d = tl.arange(0, BLOCK_D)
+    d = dq0 + tl.arange(0, BLOCK_DQ)
     base = b.to(tl.int64) * dq_sb + token * dq_st + h[:, None].to(tl.int64) * dq_sh
     tl.store(dq_ptr + base + d[None, :], dq.to(dtype), mask=(h[:, None] < heads) & (d[None, :] < head_d))
-    if HAS_ROPE:
+    if HAS_ROPE and first:
         e = tl.arange(0, BLOCK_R)
         base = b.to(tl.int64) * dqr_sb + token * dqr_st + h[:, None].to(tl.int64) * dqr_sh
         tl.store(dqr_ptr + base + e[None, :], dq_rope.to(dtype), mask=(h[:, None] < heads) & (e[None, :] < rope_d))
-    if tl.program_id(2) == 0:
+    if tl.program_id(2) == 0:  # head tile 0, column tile 0
         _write_list_keys(idx_row, key_ptr + r * count, span_ptr + r * count, bt_ptr, b, limit, n_entries, kv_start,
                          bt_sb, page, n_pages, count, sbs, inner_rows, n_lists, KV_MODE)
 
@@ -157,42 +164,54 @@ def _store_part(ptr, tile_t, rows, keep, width, col0, row_width, BLOCK_W: tl.con
 
 
 @triton.jit
+def _chunked_product(a_ptr, pair, head, count, s1, s_b, s_t, s_h, ok, b_ptr, outer, inner, b_ok, b_s0, b_s1, width,
+                     acc, Q_PACKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+    """``acc + A B^T`` over ``width`` columns, ``BLOCK_C`` at a time: A the (pair, head) rows of a query-shaped
+    tensor, B the key-side rows at ``(outer, inner)``."""
+    for c0 in range(0, width, BLOCK_C):
+        a = upcast(_pair_rows(a_ptr + c0, pair, head, count, s1, s_b, s_t, s_h, width - c0, ok, Q_PACKED, BLOCK_C),
+                   UPCAST)
+        b = upcast(load_rows(b_ptr + c0, outer, inner, b_ok, b_s0, b_s1, width - c0, BLOCK_C), UPCAST)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def sparse_attention_dkdv_kernel(q_ptr, qr_ptr, do_ptr, k_ptr, kr_ptr, v_ptr, dk_ptr, dkr_ptr, dv_ptr, part_k_ptr,
                                  part_v_ptr, delta_ptr, smax_ptr, ssum_ptr, span_ptr, list_start_ptr, pair_ptr,
                                  unit_list_ptr, unit_end_ptr, slot_end_ptr,
                                  q_sb, q_st, q_sh, qr_sb, qr_st, qr_sh, do_sb, do_st, do_sh, k_s0, k_s1, kr_s0,
-                                 kr_s1, v_s0, v_s1, dk_s0, dk_s1, dkr_s0, dkr_s1, dv_s0, dv_s1, s1, heads, head_d, rope_d, head_dv, count, sbs, inner_rows, n_lists,
-                                 chunk, scale,
+                                 kr_s1, v_s0, v_s1, dk_s0, dk_s1, dkr_s0, dkr_s1, dv_s0, dv_s1, s1, heads, head_d,
+                                 rope_d, head_dv, col_tiles, count, sbs, inner_rows, n_lists, chunk, scale,
                                  Q_PACKED: tl.constexpr, HAS_ROPE: tl.constexpr, V_IS_K: tl.constexpr,
-                                 BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+                                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DK: tl.constexpr,
                                  UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
                                  BLOCK_M: tl.constexpr):
-    """dK (latent | rope) and dV of rows ``n0 ..`` of list ``unit_list[u]``'s block over its chunk's pairs; partial
-    rows are ``head_d + rope_d`` (key) and ``head_dv`` (value) wide."""
+    """dK columns ``d0 .. d0 + BLOCK_DK`` (the rope part in column tile 0) and dV's same columns of rows ``n0 ..`` of
+    list ``unit_list[u]``'s block over its chunk's pairs (``program_id(0)``: unit x row tile x column tile). The
+    scores and ``dO V^T`` are summed over ``BLOCK_C`` columns at a time (no whole-latent tile is held); partial rows
+    are ``head_d + rope_d`` (key) and ``head_dv`` (value) wide."""
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(sbs, BLOCK_N)
-    u = pid // n_tiles
+    u = pid // (n_tiles * col_tiles)
     lst = tl.load(unit_list_ptr + u)
     if lst >= n_lists:
         return
     lo, hi, chunks, c = list_chunk(list_start_ptr, unit_end_ptr, lst, u, chunk)
     if hi <= lo:
         return
-    n0 = (pid % n_tiles) * BLOCK_N
+    n0 = (pid // col_tiles % n_tiles) * BLOCK_N
+    d0 = pid % col_tiles * BLOCK_DK
     n = n0 + tl.arange(0, BLOCK_N)
     f = lst + n
     in_block = (n < sbs) & (f < n_lists)
     outer, inner = f // inner_rows, f % inner_rows
-    k = upcast(load_rows(k_ptr, outer, inner, in_block, k_s0, k_s1, head_d, BLOCK_D), UPCAST)
     if HAS_ROPE:
-        k_rope = upcast(load_rows(kr_ptr, outer, inner, in_block, kr_s0, kr_s1, rope_d, BLOCK_R), UPCAST)
         dkr_t = tl.zeros([BLOCK_R, BLOCK_N], tl.float32)
-    if V_IS_K:
-        v = k
-    else:
-        v = upcast(load_rows(v_ptr, outer, inner, in_block, v_s0, v_s1, head_dv, BLOCK_DV), UPCAST)
-        dv_t = tl.zeros([BLOCK_DV, BLOCK_N], tl.float32)
-    dk_t = tl.zeros([BLOCK_D, BLOCK_N], tl.float32)
+    if not V_IS_K:
+        dv_t = tl.zeros([BLOCK_DK, BLOCK_N], tl.float32)
+    dk_t = tl.zeros([BLOCK_DK, BLOCK_N], tl.float32)
     reach = tl.zeros([], tl.int32)
     n_rows = ((hi - lo) * heads).to(tl.int32)
     for m0 in range(0, n_rows, BLOCK_M):
@@ -206,38 +225,47 @@ def sparse_attention_dkdv_kernel(q_ptr, qr_ptr, do_ptr, k_ptr, kr_ptr, v_ptr, dk
         m = tl.load(smax_ptr + stat, mask=ok, other=0.0)
         l = tl.load(ssum_ptr + stat, mask=ok, other=1.0)
         delta = tl.load(delta_ptr + stat, mask=ok, other=0.0)
-        q = upcast(_pair_rows(q_ptr, pair, head, count, s1, q_sb, q_st, q_sh, head_d, ok, Q_PACKED, BLOCK_D), UPCAST)
-        do = upcast(_pair_rows(do_ptr, pair, head, count, s1, do_sb, do_st, do_sh, head_dv, ok, Q_PACKED, BLOCK_DV),
-                    UPCAST)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
+        s = _chunked_product(q_ptr, pair, head, count, s1, q_sb, q_st, q_sh, ok, k_ptr, outer, inner, in_block,
+                             k_s0, k_s1, head_d, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), Q_PACKED, UPCAST,
+                             PRECISION, BLOCK_C)
         if HAS_ROPE:
             q_rope = upcast(_pair_rows(qr_ptr, pair, head, count, s1, qr_sb, qr_st, qr_sh, rope_d, ok, Q_PACKED,
                                        BLOCK_R), UPCAST)
+            k_rope = upcast(load_rows(kr_ptr, outer, inner, in_block, kr_s0, kr_s1, rope_d, BLOCK_R), UPCAST)
             s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
         p = _probabilities(s, ok[:, None] & (n[None, :] < span[:, None]), m, l, scale)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        dp = _chunked_product(do_ptr, pair, head, count, s1, do_sb, do_st, do_sh, ok, v_ptr, outer, inner, in_block,
+                              v_s0, v_s1, head_dv, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), Q_PACKED, UPCAST,
+                              PRECISION, BLOCK_C)
+        q = upcast(_pair_rows(q_ptr + d0, pair, head, count, s1, q_sb, q_st, q_sh, head_d - d0, ok, Q_PACKED,
+                              BLOCK_DK), UPCAST)
         ds = (p * (dp - delta[:, None]) * scale).to(q.dtype)
         dk_t = tl.dot(tl.trans(q), ds, dk_t, input_precision=PRECISION)
         if HAS_ROPE:
-            dkr_t = tl.dot(tl.trans(q_rope), ds, dkr_t, input_precision=PRECISION)
+            if d0 == 0:
+                dkr_t = tl.dot(tl.trans(q_rope), ds, dkr_t, input_precision=PRECISION)
+        do = upcast(_pair_rows(do_ptr + d0, pair, head, count, s1, do_sb, do_st, do_sh, head_dv - d0, ok, Q_PACKED,
+                               BLOCK_DK), UPCAST)
         if V_IS_K:
             dk_t = tl.dot(tl.trans(do), p.to(do.dtype), dk_t, input_precision=PRECISION)
         else:
             dv_t = tl.dot(tl.trans(do), p.to(do.dtype), dv_t, input_precision=PRECISION)
     if chunks == 1:
         keep = n < reach
-        _store_key_rows(dk_ptr, dk_t, f, keep, dk_s0, dk_s1, inner_rows, 0, head_d, BLOCK_D)
+        _store_key_rows(dk_ptr, dk_t, f, keep, dk_s0, dk_s1, inner_rows, d0, head_d - d0, BLOCK_DK)
         if HAS_ROPE:
-            _store_key_rows(dkr_ptr, dkr_t, f, keep, dkr_s0, dkr_s1, inner_rows, 0, rope_d, BLOCK_R)
+            if d0 == 0:
+                _store_key_rows(dkr_ptr, dkr_t, f, keep, dkr_s0, dkr_s1, inner_rows, 0, rope_d, BLOCK_R)
         if not V_IS_K:
-            _store_key_rows(dv_ptr, dv_t, f, keep, dv_s0, dv_s1, inner_rows, 0, head_dv, BLOCK_DV)
+            _store_key_rows(dv_ptr, dv_t, f, keep, dv_s0, dv_s1, inner_rows, d0, head_dv - d0, BLOCK_DK)
     else:
         rows = (tl.load(slot_end_ptr + lst) - chunks + c) * sbs + n
-        _store_part(part_k_ptr, dk_t, rows, in_block, head_d, 0, head_d + rope_d, BLOCK_D)
+        _store_part(part_k_ptr, dk_t, rows, in_block, head_d - d0, d0, head_d + rope_d, BLOCK_DK)
         if HAS_ROPE:
-            _store_part(part_k_ptr, dkr_t, rows, in_block, rope_d, head_d, head_d + rope_d, BLOCK_R)
+            if d0 == 0:
+                _store_part(part_k_ptr, dkr_t, rows, in_block, rope_d, head_d, head_d + rope_d, BLOCK_R)
         if not V_IS_K:
-            _store_part(part_v_ptr, dv_t, rows, in_block, head_dv, 0, head_dv, BLOCK_DV)
+            _store_part(part_v_ptr, dv_t, rows, in_block, head_dv - d0, d0, head_dv, BLOCK_DK)
 
 
 @triton.jit
