@@ -52,8 +52,7 @@ def attention_backward_plan(g: Geometry, grad, query, query_rope, cache: LatentC
     (q_lens, kv_lens, table), lens_strides = g.length_args(q.device, idx)
     block_h, block_dq = backward_head_tile(heads, q.dtype, interpret), dq_tile(d, interpret)
     dq_tiles = cdiv(d, block_dq)
-    flags = dict(HAS_ROPE=kr is not None, V_IS_K=v_is_k, BLOCK_D=pow2(d), BLOCK_R=pow2(rope_d),
-                 BLOCK_DV=pow2(dv_width), **precision_flags(q.dtype, interpret))
+    flags = dict(HAS_ROPE=kr is not None, BLOCK_R=pow2(rope_d), **precision_flags(q.dtype, interpret))
     qr_arg, kr_arg = (q if qr is None else qr), (k if kr is None else kr)
     dq_launch = Launch("sparse_attention_dq_kernel", (rows, batches, cdiv(heads, block_h) * dq_tiles),
                        (q, qr_arg, k, kr_arg, v, idx, o, do, smax, ssum, dq, dq if dqr is None else dqr, delta, keys,
@@ -81,8 +80,7 @@ def attention_backward_plan(g: Geometry, grad, query, query_rope, cache: LatentC
                           *_row_strides(kr_arg, g.kv_mode), *_row_strides(v, g.kv_mode), *dk_strides, g.s1, heads, d,
                           rope_d, dv_width, col_tiles, count, sparse_block_size, inner_rows, n_lists, lists.chunk,
                           float(scale)),
-                         dict(Q_PACKED=g.q_packed, HAS_ROPE=kr is not None, V_IS_K=v_is_k, BLOCK_R=pow2(rope_d),
-                              BLOCK_DK=block_dk, BLOCK_N=block_n, **precision_flags(q.dtype, interpret)))
+                         dict(Q_PACKED=g.q_packed, V_IS_K=v_is_k, BLOCK_DK=block_dk, BLOCK_N=block_n, **flags))
     reduce_launch = Launch("sparse_attention_dkdv_reduce_kernel", (n_lists * tiles,),
                            (*common, span, lists.list_start, lists.token, lists.slot_end, *dk_strides, d, rope_d,
                             dv_width, sparse_block_size, inner_rows, lists.chunk),

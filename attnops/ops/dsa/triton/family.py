@@ -26,7 +26,7 @@ ATTENTION_KEYS = 16
 # the backward on a GPU: dQ holds BACKWARD_HEADS heads x the whole latent (its fp32 accumulator) against
 # BACKWARD_DQ_KEYS gathered rows; dK/dV holds BACKWARD_KEYS rows of a block (also in the interpreter: the grid counts
 # them) against BACKWARD_ROWS (pair, query head) rows per step
-BACKWARD_HEADS = 32
+BACKWARD_HEADS = 64
 DQ_TILE, INTERPRET_DQ_TILE = 256, 16  # dQ columns per program (the interpreter's tests split the latent too)
 DK_TILE, INTERPRET_DK_TILE = 256, 16  # dK/dV columns per program
 BACKWARD_CHUNK = 64  # columns per step of the dK/dV kernel's score and dO V^T sums on a GPU
@@ -120,11 +120,12 @@ def _backward_config(launch: Launch, named_args: dict, interpret: bool):
     if launch.kernel == "sparse_attention_dkdv_reduce_kernel":
         return triton.Config({}, num_warps=4, num_stages=1)
     if launch.kernel == "sparse_attention_dkdv_kernel":
-        rows = INTERPRET_TILE if interpret else BACKWARD_ROWS
-        return triton.Config(dict(BLOCK_M=rows, BLOCK_C=INTERPRET_TILE if interpret else BACKWARD_CHUNK),
-                             num_warps=4 if interpret else 8, num_stages=1 if interpret else 2)
-    keys = INTERPRET_TILE if interpret else BACKWARD_DQ_KEYS
-    return triton.Config(dict(BLOCK_N=keys), num_warps=4 if interpret else 8, num_stages=1 if interpret else 2)
+        if interpret:
+            return triton.Config(dict(BLOCK_M=INTERPRET_TILE, BLOCK_C=INTERPRET_TILE), num_warps=4, num_stages=1)
+        return triton.Config(dict(BLOCK_M=BACKWARD_ROWS, BLOCK_C=BACKWARD_CHUNK), num_warps=8, num_stages=2)
+    if interpret:
+        return triton.Config(dict(BLOCK_N=INTERPRET_TILE, BLOCK_C=INTERPRET_TILE), num_warps=4, num_stages=1)
+    return triton.Config(dict(BLOCK_N=BACKWARD_DQ_KEYS, BLOCK_C=BACKWARD_CHUNK), num_warps=8, num_stages=2)
 
 
 KERNELS = KernelFamily("dsa", ("attnops.ops.dsa.triton.indexer", "attnops.ops.dsa.triton.sparse_attention",

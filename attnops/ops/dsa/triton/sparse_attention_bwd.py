@@ -61,9 +61,9 @@ def sparse_attention_dq_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, idx_ptr, o_p
                                sbs, inner_rows, n_lists, scale,
                                Q_PACKED: tl.constexpr, Q_LENS: tl.constexpr, KV_MODE: tl.constexpr,
                                KV_LENS: tl.constexpr, CAUSAL: tl.constexpr, HAS_ROPE: tl.constexpr,
-                               V_IS_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                               BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DQ: tl.constexpr,
-                               UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                               BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                               BLOCK_DQ: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                               BLOCK_N: tl.constexpr):
     """dQ columns ``dq0 .. dq0 + BLOCK_DQ`` (and, in the column tile 0 programs, dQ_rope and ``D``) of one query
     row's head tile (``program_id(2)``: head tile x ``dq_tiles`` column tiles); see the module docstring."""
     b, token, row, q_len, valid = query_row(q_lens_ptr, q_lens_stride, s1, n_batch, Q_PACKED, Q_LENS)
@@ -74,20 +74,25 @@ def sparse_attention_dq_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, idx_ptr, o_p
     limit = tl.where(valid, limit, 0)
     head0 = (tl.program_id(2) // dq_tiles) * BLOCK_H
     dq0 = (tl.program_id(2) % dq_tiles) * BLOCK_DQ
-    first = tl.program_id(2) % dq_tiles == 0
     dtype = q_ptr.dtype.element_ty
     r = token
     if not Q_PACKED:
         r += b.to(tl.int64) * s1
     h = head0 + tl.arange(0, BLOCK_H)
     stat = r * heads + h
-    m = tl.load(smax_ptr + stat, mask=h < heads, other=0.0)
-    l = tl.load(ssum_ptr + stat, mask=h < heads, other=1.0)
-    q = upcast(head_rows(q_ptr, b, token, head0, heads, q_sb, q_st, q_sh, head_d, BLOCK_H, BLOCK_D), UPCAST)
-    do = upcast(head_rows(do_ptr, b, token, head0, heads, do_sb, do_st, do_sh, head_dv, BLOCK_H, BLOCK_DV), UPCAST)
-    o = head_rows(o_ptr, b, token, head0, heads, o_sb, o_st, o_sh, head_dv, BLOCK_H, BLOCK_DV).to(tl.float32)
-    delta = tl.sum(do.to(tl.float32) * o, 1)
-    tl.store(delta_ptr + stat, delta, mask=(h < heads) & first)
+    h_ok = h < heads
+    m = tl.load(smax_ptr + stat, mask=h_ok, other=0.0)
+    l = tl.load(ssum_ptr + stat, mask=h_ok, other=1.0)
+    hh = h.to(tl.int64)
+    q_off = b.to(tl.int64) * q_sb + token * q_st + hh * q_sh
+    do_off = b.to(tl.int64) * do_sb + token * do_st + hh * do_sh
+    delta = tl.zeros([BLOCK_H], tl.float32)
+    for c0 in range(0, head_dv, BLOCK_C):
+        delta += tl.sum(_rows_at(do_ptr + c0, do_off, h_ok, head_dv - c0, BLOCK_C).to(tl.float32)
+                        * _rows_at(o_ptr + c0, b.to(tl.int64) * o_sb + token * o_st + hh * o_sh, h_ok, head_dv - c0,
+                                   BLOCK_C).to(tl.float32), 1)
+    if dq0 == 0:
+        tl.store(delta_ptr + stat, delta, mask=h_ok)
     if HAS_ROPE:
         q_rope = upcast(head_rows(qr_ptr, b, token, head0, heads, qr_sb, qr_st, qr_sh, rope_d, BLOCK_H, BLOCK_R),
                         UPCAST)
@@ -102,46 +107,45 @@ def sparse_attention_dq_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, idx_ptr, o_p
         pos = entry * sbs + f % sbs
         ok = (f < n_pos) & (entry >= 0) & (pos < limit)
         outer, inner, ok = key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE)
-        k = upcast(load_rows(k_ptr, outer, inner, ok, k_s0, k_s1, head_d, BLOCK_D), UPCAST)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = _chunked_product(q_ptr, q_off, h_ok, k_ptr, outer, inner, ok, k_s0, k_s1, head_d,
+                             tl.zeros([BLOCK_H, BLOCK_N], tl.float32), UPCAST, PRECISION, BLOCK_C)
         if HAS_ROPE:
             k_rope = upcast(load_rows(kr_ptr, outer, inner, ok, kr_s0, kr_s1, rope_d, BLOCK_R), UPCAST)
             s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
-        if V_IS_K:
-            v = k
-        else:
-            v = upcast(load_rows(v_ptr, outer, inner, ok, v_s0, v_s1, head_dv, BLOCK_DV), UPCAST)
         p = _probabilities(s, ok[None, :], m, l, scale)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        dp = _chunked_product(do_ptr, do_off, h_ok, v_ptr, outer, inner, ok, v_s0, v_s1, head_dv,
+                              tl.zeros([BLOCK_H, BLOCK_N], tl.float32), UPCAST, PRECISION, BLOCK_C)
+        k = upcast(load_rows(k_ptr + dq0, outer, inner, ok, k_s0, k_s1, head_d - dq0, BLOCK_DQ), UPCAST)
         ds = (p * (dp - delta[:, None]) * scale).to(k.dtype)
-        if BLOCK_DQ == BLOCK_D:
-            k_cols = k
-        else:
-            k_cols = upcast(load_rows(k_ptr + dq0, outer, inner, ok, k_s0, k_s1, head_d - dq0, BLOCK_DQ), UPCAST)
-        dq = tl.dot(ds, k_cols, dq, input_precision=PRECISION)
+        dq = tl.dot(ds, k, dq, input_precision=PRECISION)
         if HAS_ROPE:
             dq_rope = tl.dot(ds, k_rope, dq_rope, input_precision=PRECISION)
     d = dq0 + tl.arange(0, BLOCK_DQ)
     base = b.to(tl.int64) * dq_sb + token * dq_st + h[:, None].to(tl.int64) * dq_sh
     tl.store(dq_ptr + base + d[None, :], dq.to(dtype), mask=(h[:, None] < heads) & (d[None, :] < head_d))
-    if HAS_ROPE and first:
-        e = tl.arange(0, BLOCK_R)
-        base = b.to(tl.int64) * dqr_sb + token * dqr_st + h[:, None].to(tl.int64) * dqr_sh
-        tl.store(dqr_ptr + base + e[None, :], dq_rope.to(dtype), mask=(h[:, None] < heads) & (e[None, :] < rope_d))
+    if HAS_ROPE:
+        if dq0 == 0:
+            e = tl.arange(0, BLOCK_R)
+            base = b.to(tl.int64) * dqr_sb + token * dqr_st + h[:, None].to(tl.int64) * dqr_sh
+            tl.store(dqr_ptr + base + e[None, :], dq_rope.to(dtype), mask=h_ok[:, None] & (e[None, :] < rope_d))
     if tl.program_id(2) == 0:  # head tile 0, column tile 0
         _write_list_keys(idx_row, key_ptr + r * count, span_ptr + r * count, bt_ptr, b, limit, n_entries, kv_start,
                          bt_sb, page, n_pages, count, sbs, inner_rows, n_lists, KV_MODE)
 
 
 @triton.jit
-def _pair_rows(ptr, pair, head, count, s1, s_b, s_t, s_h, width, ok, Q_PACKED: tl.constexpr,
-               BLOCK_W: tl.constexpr):
-    """``[BLOCK_M, BLOCK_W]``: the rows of query-shaped tensor ``ptr`` of (pair's query row, ``head``)."""
+def _pair_offsets(pair, head, count, s1, s_b, s_t, s_h, Q_PACKED: tl.constexpr):
+    """Element offsets of the (pair's query row, ``head``) rows of a query-shaped tensor."""
     r = pair // count
     if Q_PACKED:
-        off = r * s_t + head * s_h
-    else:
-        off = (r // s1) * s_b + (r % s1) * s_t + head * s_h
+        return r * s_t + head * s_h
+    return (r // s1) * s_b + (r % s1) * s_t + head * s_h
+
+
+@triton.jit
+def _rows_at(ptr, off, ok, width, BLOCK_W: tl.constexpr):
+    """``[BLOCK_M, BLOCK_W]``: the first ``width`` columns of the rows at element offsets ``off`` (rows not ``ok``:
+    0)."""
     w = tl.arange(0, BLOCK_W)
     return tl.load(ptr + off[:, None] + w[None, :], mask=ok[:, None] & (w[None, :] < width), other=0.0)
 
@@ -164,14 +168,12 @@ def _store_part(ptr, tile_t, rows, keep, width, col0, row_width, BLOCK_W: tl.con
 
 
 @triton.jit
-def _chunked_product(a_ptr, pair, head, count, s1, s_b, s_t, s_h, ok, b_ptr, outer, inner, b_ok, b_s0, b_s1, width,
-                     acc, Q_PACKED: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                     BLOCK_C: tl.constexpr):
-    """``acc + A B^T`` over ``width`` columns, ``BLOCK_C`` at a time: A the (pair, head) rows of a query-shaped
-    tensor, B the key-side rows at ``(outer, inner)``."""
+def _chunked_product(a_ptr, a_off, a_ok, b_ptr, outer, inner, b_ok, b_s0, b_s1, width, acc, UPCAST: tl.constexpr,
+                     PRECISION: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``acc + A B^T`` over ``width`` columns, ``BLOCK_C`` at a time (no whole-latent tile is held): A the rows at
+    element offsets ``a_off`` of a query-shaped tensor, B the key-side rows at ``(outer, inner)``."""
     for c0 in range(0, width, BLOCK_C):
-        a = upcast(_pair_rows(a_ptr + c0, pair, head, count, s1, s_b, s_t, s_h, width - c0, ok, Q_PACKED, BLOCK_C),
-                   UPCAST)
+        a = upcast(_rows_at(a_ptr + c0, a_off, a_ok, width - c0, BLOCK_C), UPCAST)
         b = upcast(load_rows(b_ptr + c0, outer, inner, b_ok, b_s0, b_s1, width - c0, BLOCK_C), UPCAST)
         acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
     return acc
@@ -225,27 +227,25 @@ def sparse_attention_dkdv_kernel(q_ptr, qr_ptr, do_ptr, k_ptr, kr_ptr, v_ptr, dk
         m = tl.load(smax_ptr + stat, mask=ok, other=0.0)
         l = tl.load(ssum_ptr + stat, mask=ok, other=1.0)
         delta = tl.load(delta_ptr + stat, mask=ok, other=0.0)
-        s = _chunked_product(q_ptr, pair, head, count, s1, q_sb, q_st, q_sh, ok, k_ptr, outer, inner, in_block,
-                             k_s0, k_s1, head_d, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), Q_PACKED, UPCAST,
-                             PRECISION, BLOCK_C)
+        q_off = _pair_offsets(pair, head, count, s1, q_sb, q_st, q_sh, Q_PACKED)
+        do_off = _pair_offsets(pair, head, count, s1, do_sb, do_st, do_sh, Q_PACKED)
+        s = _chunked_product(q_ptr, q_off, ok, k_ptr, outer, inner, in_block, k_s0, k_s1, head_d,
+                             tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST, PRECISION, BLOCK_C)
         if HAS_ROPE:
-            q_rope = upcast(_pair_rows(qr_ptr, pair, head, count, s1, qr_sb, qr_st, qr_sh, rope_d, ok, Q_PACKED,
-                                       BLOCK_R), UPCAST)
+            q_rope = upcast(_rows_at(qr_ptr, _pair_offsets(pair, head, count, s1, qr_sb, qr_st, qr_sh, Q_PACKED), ok,
+                                     rope_d, BLOCK_R), UPCAST)
             k_rope = upcast(load_rows(kr_ptr, outer, inner, in_block, kr_s0, kr_s1, rope_d, BLOCK_R), UPCAST)
             s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
         p = _probabilities(s, ok[:, None] & (n[None, :] < span[:, None]), m, l, scale)
-        dp = _chunked_product(do_ptr, pair, head, count, s1, do_sb, do_st, do_sh, ok, v_ptr, outer, inner, in_block,
-                              v_s0, v_s1, head_dv, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), Q_PACKED, UPCAST,
-                              PRECISION, BLOCK_C)
-        q = upcast(_pair_rows(q_ptr + d0, pair, head, count, s1, q_sb, q_st, q_sh, head_d - d0, ok, Q_PACKED,
-                              BLOCK_DK), UPCAST)
+        dp = _chunked_product(do_ptr, do_off, ok, v_ptr, outer, inner, in_block, v_s0, v_s1, head_dv,
+                              tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST, PRECISION, BLOCK_C)
+        q = upcast(_rows_at(q_ptr + d0, q_off, ok, head_d - d0, BLOCK_DK), UPCAST)
         ds = (p * (dp - delta[:, None]) * scale).to(q.dtype)
         dk_t = tl.dot(tl.trans(q), ds, dk_t, input_precision=PRECISION)
         if HAS_ROPE:
             if d0 == 0:
                 dkr_t = tl.dot(tl.trans(q_rope), ds, dkr_t, input_precision=PRECISION)
-        do = upcast(_pair_rows(do_ptr + d0, pair, head, count, s1, do_sb, do_st, do_sh, head_dv - d0, ok, Q_PACKED,
-                               BLOCK_DK), UPCAST)
+        do = upcast(_rows_at(do_ptr + d0, do_off, ok, head_dv - d0, BLOCK_DK), UPCAST)
         if V_IS_K:
             dk_t = tl.dot(tl.trans(do), p.to(do.dtype), dk_t, input_precision=PRECISION)
         else:
