@@ -70,7 +70,7 @@ def attention_backward_plan(g: Geometry, grad, query, query_rope, cache: LatentC
     dk_strides = (*_row_strides(dk, g.kv_mode), *_row_strides(dk if dkr is None else dkr, g.kv_mode),
                   *_row_strides(dk if v_is_k else dv, g.kv_mode))
     common = (dk, dk if dkr is None else dkr, dk if v_is_k else dv, lists.part_k, part_v)
-    block_n, block_dk = BACKWARD_KEYS, dk_tile(max(d, dv_width), interpret)
+    block_n, block_dk = BACKWARD_KEYS, dk_tile(max(d, dv_width), q.dtype, interpret)
     tiles, col_tiles = cdiv(sparse_block_size, block_n), cdiv(max(d, dv_width), block_dk)
     dkdv_launch = Launch("sparse_attention_dkdv_kernel", (lists.unit_ids.numel() * tiles * col_tiles,),
                          (q, qr_arg, do, k, kr_arg, v, *common, delta, smax, ssum, span, lists.list_start,

@@ -63,9 +63,10 @@ def dq_tile(d: int, interpret: bool) -> int:
     return min(pow2(d), INTERPRET_DQ_TILE if interpret else DQ_TILE)
 
 
-def dk_tile(width: int, interpret: bool) -> int:
-    """``BLOCK_DK`` of the dK/dV kernel: key (and value) gradient columns per program (``DK_TILE`` on a GPU)."""
-    return min(pow2(width), INTERPRET_DK_TILE if interpret else DK_TILE)
+def dk_tile(width: int, dtype: torch.dtype, interpret: bool) -> int:
+    """``BLOCK_DK`` of the dK/dV kernel: key (and value) gradient columns per program (``DK_TILE`` on a GPU, half
+    of it for fp32)."""
+    return min(pow2(width), INTERPRET_DK_TILE if interpret else DK_TILE // (dtype.itemsize // 2))
 
 
 def value_tile(dv: int, interpret: bool) -> int:
@@ -122,10 +123,13 @@ def _backward_config(launch: Launch, named_args: dict, interpret: bool):
     if launch.kernel == "sparse_attention_dkdv_kernel":
         if interpret:
             return triton.Config(dict(BLOCK_M=INTERPRET_TILE, BLOCK_C=INTERPRET_TILE), num_warps=4, num_stages=1)
-        return triton.Config(dict(BLOCK_M=BACKWARD_ROWS, BLOCK_C=BACKWARD_CHUNK), num_warps=8, num_stages=2)
+        wide = named_args["q_ptr"].dtype.itemsize // 2  # fp32: half the rows and chunk columns
+        return triton.Config(dict(BLOCK_M=BACKWARD_ROWS // wide, BLOCK_C=BACKWARD_CHUNK // wide), num_warps=8,
+                             num_stages=2)
     if interpret:
         return triton.Config(dict(BLOCK_N=INTERPRET_TILE, BLOCK_C=INTERPRET_TILE), num_warps=4, num_stages=1)
-    return triton.Config(dict(BLOCK_N=BACKWARD_DQ_KEYS, BLOCK_C=BACKWARD_CHUNK), num_warps=8, num_stages=2)
+    wide = named_args["q_ptr"].dtype.itemsize // 2
+    return triton.Config(dict(BLOCK_N=BACKWARD_DQ_KEYS, BLOCK_C=BACKWARD_CHUNK // wide), num_warps=8, num_stages=2)
 
 
 KERNELS = KernelFamily("dsa", ("attnops.ops.dsa.triton.indexer", "attnops.ops.dsa.triton.sparse_attention",
