@@ -67,7 +67,10 @@ RULES = (
          lambda r: r["spills"] == 0, "0 words of local memory",
          exempt=(("dsv4-indexer-v2", "paged-top1024-", "indexer_v2_kernel",
                   "sm_80 only (none on sm_90): 4 words with a 1024-wide top-k through a block table under sm_80's "
-                  "128-register cap at 8 warps, as the DSA indexer's"),)),
+                  "128-register cap at 8 warps, as the DSA indexer's"),
+                 ("dsa", "backward", "sparse_attention_dq_kernel",
+                  "sm_80 only (none on sm_90): 62 words for 16-bit inputs, the 64 x 256 fp32 dQ accumulator beside "
+                  "mma.sync's register operands; the tiles are sm_90's (wgmma)"))),
 )
 
 
