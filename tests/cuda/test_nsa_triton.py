@@ -54,7 +54,7 @@ def test_selected_long_list_split_over_programs(monkeypatch, dtype):
     """Block 0 selected by every token (the NSA layer's rule): its list (512 entries) is longer than a dK/dV chunk
     (4 mean lists: 256), so two programs share it and a second kernel adds their partials in order; the gradients
     match the golden and two backward runs are bit-identical."""
-    from attnops.ops.nsa.triton.family import list_chunk
+    from attnops.ops.common.inverted_lists import list_chunk
 
     monkeypatch.setenv("ATTNOPS_BACKEND", "triton")
     t, g, d, dv, bs, count = 512, 16, 192, 128, 32, 4

@@ -48,7 +48,8 @@ RULES = (
          {"flash_attention": ("fwd_kernel", "dq_kernel", "dkdv_kernel"),
           "nsa": ("fwd_kernel", "importance_kernel", "selected_dkdv_kernel"),
           "dsv4-compressor": ("compressor_project_kernel",), "dsv4-indexer-v2": ("indexer_v2_kernel",),
-          "dsv4": ("sparse_flash_mla_kernel", "sparse_flash_mla_split_kernel")},
+          "dsv4": ("sparse_flash_mla_kernel", "sparse_flash_mla_split_kernel"),
+          "dsa": ("sparse_attention_dq_kernel", "sparse_attention_dkdv_kernel")},
          lambda r: r["ptx"]["mma_sync"] == 0 and r["ptx"]["wgmma"] > 0, "wgmma > 0 and mma.sync = 0",
          exempt=(("flash_attention", "d256", "*", "D=Dv=256: 64-key backward blocks and 64-row forward tiles with "
                   "every feature spill; the backward takes 32x32 tiles, that forward 32x16"),
@@ -61,11 +62,15 @@ RULES = (
          lambda r: r["ptx"]["ld_global_narrow"] == 0, "no scalar global loads of 2 bytes or fewer"),
     Rule("no spills", ("sm_90", "sm_80"),
          {**{op: ("*",) for op in ("flash_attention", "fused_infer_attention", "nsa", "torch_npu", "dsv4-compressor",
-                                   "dsv4-indexer-v2")}, "dsv4": ("sparse_flash_mla_*",)},
+                                   "dsv4-indexer-v2")}, "dsv4": ("sparse_flash_mla_*",),
+          "dsa": ("sparse_attention_d*",)},
          lambda r: r["spills"] == 0, "0 words of local memory",
          exempt=(("dsv4-indexer-v2", "paged-top1024-", "indexer_v2_kernel",
                   "sm_80 only (none on sm_90): 4 words with a 1024-wide top-k through a block table under sm_80's "
-                  "128-register cap at 8 warps, as the DSA indexer's"),)),
+                  "128-register cap at 8 warps, as the DSA indexer's"),
+                 ("dsa", "backward", "sparse_attention_dq_kernel",
+                  "sm_80 only (none on sm_90): 62 words for 16-bit inputs, the 64 x 256 fp32 dQ accumulator beside "
+                  "mma.sync's register operands; the tiles are sm_90's (wgmma)"))),
 )
 
 

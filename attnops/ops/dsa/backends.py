@@ -14,6 +14,7 @@ from .indexer import lightning_indexer_forward
 from .kl_loss import indexer_kl_loss_grad
 from .quant_cache import dequantized_operands
 from .sparse_attention import sparse_attention_backward, sparse_attention_forward
+from .triton import backward as triton_backward
 from .triton import launch as triton_launch
 from .triton import verify as triton_verify
 
@@ -44,8 +45,9 @@ def sparse_attention(call, query, key, value, sparse_indices, query_rope, key_ro
 def sparse_attention_grad(call, grad, query, key, value, sparse_indices, query_rope, key_rope, out,
                           softmax_max, softmax_sum, scale, block):
     """``(dq, dk, dv, dq_rope, dk_rope)`` (rope gradients None without rope)."""
-    return _run(query, None, None, sparse_attention_backward, call, grad, query, key, value, sparse_indices,
-                query_rope, key_rope, out, softmax_max, softmax_sum, scale, block)
+    return _run(query, lambda: triton_verify.sparse_attention_reason(query, value, query_rope),
+                triton_backward.sparse_attention_grad_for, sparse_attention_backward, call, grad, query, key, value,
+                sparse_indices, query_rope, key_rope, out, softmax_max, softmax_sum, scale, block)
 
 
 def quant_sparse_attention(call, query, key, value, sparse_indices, sinks, scale, block, rope_dim, hif8):

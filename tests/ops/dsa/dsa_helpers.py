@@ -95,3 +95,32 @@ def unpack_rows(x, layout, q_lens):
     if layout == "TND":
         return x[:sum(q_lens)]
     return torch.cat([x[b, :n] for b, n in enumerate(q_lens)])
+
+
+def unpack_keys(x, layout, k_lens, table=None):
+    """The valid rows ``[sum Lk_b, ...]`` of a packed key-side tensor (:func:`pack_keys`' layouts), batch after
+    batch."""
+    if layout == "TND":
+        return x[:sum(k_lens), 0]
+    if layout == "BSND":
+        return torch.cat([x[b, :n, 0] for b, n in enumerate(k_lens)])
+    page = x.shape[1]
+    return torch.cat([x[table[b, torch.arange(n) // page].long(), torch.arange(n) % page, 0]
+                      for b, n in enumerate(k_lens)])
+
+
+def golden_sfa_grads(qs, qr, ks, kr, vs, rows, grads, scale, **kw):
+    """fp64 autograd of the golden per batch: ``(dq, dq_rope, dk, dk_rope, dv)`` over every batch, concatenated
+    (``qr``/``kr`` None without rope; ``vs`` None: the value is the key, its gradient part of ``dk``)."""
+    out = [[] for _ in range(5)]
+    for b, g in enumerate(grads):
+        leaves = [None if t is None else t[b].double().requires_grad_() for t in (qs, qr, ks, kr, vs)]
+        q, q_rope, k, k_rope, v = leaves
+        o = G.sparse_flash_attention(q, k, k if v is None else v, rows[b], scale, q_rope=q_rope, k_rope=k_rope,
+                                     **kw)[0]
+        if o.numel():
+            torch.autograd.backward(o, g.double())
+        for i, leaf in enumerate(leaves):
+            if leaf is not None:
+                out[i].append(torch.zeros_like(leaf) if leaf.grad is None else leaf.grad)
+    return tuple(torch.cat(parts) if parts else None for parts in out)

@@ -2,13 +2,14 @@
 compiles, from the launchers' own plans, at DeepSeek-V3.2's shapes, fp16/bf16 (and fp32 for the plain kernels):
 the lightning indexer (64 heads x 128, top-2048) over BSND keys and a paged cache, sparse flash attention
 (128 heads, latent 512 + rope 64, MLA: value = key) in training (BSND) and decode (two requests of one token over a
-paged cache: rows split over programs, then merged) form, and decode over the packed int8 / fp8 cache."""
+paged cache: rows split over programs, then merged) form, its backward (training), and decode over the packed
+int8 / fp8 cache."""
 from __future__ import annotations
 
 import torch
 
 from ...._core.triton.registry import register_aot
-from . import launch
+from . import backward, launch
 from .family import KERNELS
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -60,6 +61,19 @@ def _attention(dtype: str, paged: bool, codes: torch.dtype | None) -> list:
     return [KERNELS.aot_launch(x) for x in plan]
 
 
+def _attention_backward(dtype: str) -> list:
+    """Training (BSND): dQ, then dK/dV over the inverted lists and the reduction of the split lists."""
+    t = DTYPES[dtype]
+    query, query_rope = _query(False, t, HEADS, LATENT), _query(False, t, HEADS, ROPE)
+    latent, rope = torch.zeros(1, TOKENS, 1, LATENT, dtype=t), torch.zeros(1, TOKENS, 1, ROPE, dtype=t)
+    indices = torch.zeros(*query.shape[:-2], 1, TOPK, dtype=torch.int32)
+    stats = torch.zeros(TOKENS * HEADS, dtype=torch.float32)
+    _, plan, _ = backward.attention_backward_plan(_geometry(False, query, latent), query, query, query_rope,
+                                                  launch.plain_cache(latent, latent, rope), indices, query, stats,
+                                                  stats, (LATENT + ROPE) ** -0.5, 1, True, interpret=False)
+    return [KERNELS.aot_launch(x) for x in plan]
+
+
 for _dtype in DTYPES:
     if _dtype != "fp32":
         for _codes, _name in ((torch.int8, "int8"), (torch.float8_e4m3fn, "fp8")):
@@ -69,3 +83,4 @@ for _dtype in DTYPES:
     register_aot("dsa", f"indexer-paged-{_dtype}", lambda dtype=_dtype: _indexer(dtype, True))
     register_aot("dsa", f"sparse-attention-bsnd-{_dtype}", lambda dtype=_dtype: _attention(dtype, False, None))
     register_aot("dsa", f"sparse-attention-decode-{_dtype}", lambda dtype=_dtype: _attention(dtype, True, None))
+    register_aot("dsa", f"sparse-attention-backward-bsnd-{_dtype}", lambda dtype=_dtype: _attention_backward(dtype))

@@ -23,6 +23,17 @@ MAX_HEAD_TILE = 64  # query heads per sparse-attention program on a GPU (the M o
 # (python -m attnops aot --filter dsa): no spills that way, except the quantized cache's, which spills at either size
 WIDE_ATTENTION_KEYS = 32
 ATTENTION_KEYS = 16
+# the backward on a GPU: dQ holds BACKWARD_HEADS heads x the whole latent (its fp32 accumulator) against
+# BACKWARD_DQ_KEYS gathered rows; dK/dV holds BACKWARD_KEYS rows of a block (also in the interpreter: the grid counts
+# them) against BACKWARD_ROWS (pair, query head) rows per step
+BACKWARD_HEADS = 64
+DQ_TILE, INTERPRET_DQ_TILE = 256, 16  # dQ columns per program (the interpreter's tests split the latent too)
+DK_TILE, INTERPRET_DK_TILE = 256, 16  # dK/dV columns per program
+BACKWARD_CHUNK = 64  # columns per step of the dK/dV kernel's score and dO V^T sums on a GPU
+BACKWARD_DQ_KEYS = 16
+BACKWARD_KEYS = 16
+BACKWARD_ROWS = 64
+BACKWARD = ("sparse_attention_dq_kernel", "sparse_attention_dkdv_kernel", "sparse_attention_dkdv_reduce_kernel")
 
 
 def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
@@ -38,6 +49,24 @@ def head_tile(heads: int, dtype: torch.dtype, interpret: bool) -> int:
     if interpret:
         return pow2(heads)
     return min(pow2(heads), MAX_HEAD_TILE // (dtype.itemsize // 2))
+
+
+def backward_head_tile(heads: int, dtype: torch.dtype, interpret: bool) -> int:
+    """``BLOCK_H`` of the dQ kernel: every head of the token up to ``BACKWARD_HEADS`` (half of it for fp32)."""
+    if interpret:
+        return pow2(heads)
+    return min(pow2(heads), BACKWARD_HEADS // (dtype.itemsize // 2))
+
+
+def dq_tile(d: int, interpret: bool) -> int:
+    """``BLOCK_DQ`` of the dQ kernel: latent columns of dQ per program (``DQ_TILE`` on a GPU)."""
+    return min(pow2(d), INTERPRET_DQ_TILE if interpret else DQ_TILE)
+
+
+def dk_tile(width: int, dtype: torch.dtype, interpret: bool) -> int:
+    """``BLOCK_DK`` of the dK/dV kernel: key (and value) gradient columns per program (``DK_TILE`` on a GPU, half
+    of it for fp32)."""
+    return min(pow2(width), INTERPRET_DK_TILE if interpret else DK_TILE // (dtype.itemsize // 2))
 
 
 def value_tile(dv: int, interpret: bool) -> int:
@@ -67,6 +96,8 @@ def _config(launch: Launch, named_args: dict, interpret: bool):
 
     if launch.kernel == "sparse_attention_merge_kernel":  # a [64, 256] fp32 accumulator: 8 warps, no spills
         return triton.Config({}, num_warps=4 if interpret else 8, num_stages=1)
+    if launch.kernel in BACKWARD:
+        return _backward_config(launch, named_args, interpret)
     dtype = named_args["q_ptr"].dtype
     if interpret:
         tiles = dict(BLOCK_N=INTERPRET_TILE)
@@ -84,5 +115,23 @@ def _config(launch: Launch, named_args: dict, interpret: bool):
                          num_stages=stages)
 
 
-KERNELS = KernelFamily("dsa", ("attnops.ops.dsa.triton.indexer", "attnops.ops.dsa.triton.sparse_attention"),
+def _backward_config(launch: Launch, named_args: dict, interpret: bool):
+    import triton
+
+    if launch.kernel == "sparse_attention_dkdv_reduce_kernel":
+        return triton.Config({}, num_warps=4, num_stages=1)
+    if launch.kernel == "sparse_attention_dkdv_kernel":
+        if interpret:
+            return triton.Config(dict(BLOCK_M=INTERPRET_TILE, BLOCK_C=INTERPRET_TILE), num_warps=4, num_stages=1)
+        wide = named_args["q_ptr"].dtype.itemsize // 2  # fp32: half the rows and chunk columns
+        return triton.Config(dict(BLOCK_M=BACKWARD_ROWS // wide, BLOCK_C=BACKWARD_CHUNK // wide), num_warps=8,
+                             num_stages=2)
+    if interpret:
+        return triton.Config(dict(BLOCK_N=INTERPRET_TILE, BLOCK_C=INTERPRET_TILE), num_warps=4, num_stages=1)
+    wide = named_args["q_ptr"].dtype.itemsize // 2
+    return triton.Config(dict(BLOCK_N=BACKWARD_DQ_KEYS, BLOCK_C=BACKWARD_CHUNK // wide), num_warps=8, num_stages=2)
+
+
+KERNELS = KernelFamily("dsa", ("attnops.ops.dsa.triton.indexer", "attnops.ops.dsa.triton.sparse_attention",
+                               "attnops.ops.dsa.triton.sparse_attention_bwd"),
                        lambda launch, named_args, interpret: [_config(launch, named_args, interpret)])

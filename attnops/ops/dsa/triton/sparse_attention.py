@@ -36,7 +36,7 @@ SCALE_TILE: tl.constexpr = tl.constexpr(128)  # latent columns per dequantizatio
 
 
 @triton.jit
-def _entry_count(idx_row, count, limit, sbs):
+def entry_count(idx_row, count, limit, sbs):
     """Entries of the row that count: the first ``min(count, ceil(limit / sbs))``, cut at the first -1."""
     c = tl.minimum(count, tl.cdiv(tl.maximum(limit, 0), sbs))
     first_none = c
@@ -152,7 +152,7 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
         q_rope = upcast(head_rows(qr_ptr, b, token, head0, heads, qr_sb, qr_st, qr_sh, rope_d, BLOCK_H, BLOCK_R),
                         UPCAST)
     idx_row = idx_ptr + b.to(tl.int64) * i_sb + token * i_st
-    n_pos = _entry_count(idx_row, count, limit, sbs) * sbs
+    n_pos = entry_count(idx_row, count, limit, sbs) * sbs
     chunk = tl.cdiv(tl.cdiv(n_pos, splits), BLOCK_N) * BLOCK_N
     lo = split * chunk
     hi = tl.minimum(n_pos, lo + chunk)

@@ -29,7 +29,7 @@ def indexer_reason(query: torch.Tensor, weights: torch.Tensor, sparse_count: int
 
 def sparse_attention_reason(query: torch.Tensor, value: torch.Tensor, query_rope: torch.Tensor | None
                             ) -> str | None:
-    """``sparse_flash_attention`` (forward; its backward runs the reference)."""
+    """``sparse_flash_attention``, forward and backward."""
     reason = kernel_input_reason(query)
     if reason is not None:
         return reason

@@ -20,14 +20,10 @@ MAX_TOPK_TILE = 2048  # block scores the top-k kernel holds per step on a GPU
 # importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps)
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
 # selected dK/dV on a GPU: (entry, query head) rows per step by operand bytes (the N of its [BLOCK_N x BLOCK_R]
-# products: 64 spills at D >= 128; with a split head dim (D=192) 16, as 32 spills on sm_80), the least rows per
-# program, and the longest list chunk as a multiple of the mean list (the partials' memory bound)
+# products: 64 spills at D >= 128; with a split head dim (D=192) 16, as 32 spills on sm_80); list chunks:
+# attnops.ops.common.inverted_lists.list_chunk
 DKDV_ROWS = {2: 32, 4: 16}
 SPLIT_DKDV_ROWS = 16
-MIN_CHUNK_ROWS = 1024
-MAX_CHUNK_ROWS = 1 << 30
-CHUNK_PER_MEAN_LIST = 4
-INTERPRET_LIST_CHUNK = 4  # entries per list chunk in the interpreter (so that small tests split lists)
 SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel", "selected_dkdv_reduce_kernel")
 DECODE = ("selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel")
 MERGE = "decode_merge_kernel"
@@ -59,17 +55,6 @@ def head_tiles(d: int) -> tuple[int, int, bool]:
     if 128 < d < pow2(d):
         return 128, pow2(d - 128), True
     return pow2(d), 16, False
-
-
-def list_chunk(pairs: int, lists: int, group: int, interpret: bool) -> int:
-    """Entries of an inverted list per selected dK/dV program: ``CHUNK_PER_MEAN_LIST`` mean lists and at least
-    ``MIN_CHUNK_ROWS`` rows on a GPU (at most ``MAX_CHUNK_ROWS``: int32 row counts), so a long list (block 0,
-    forced for every token) runs on several programs while the partials of the split lists (at most
-    ``2 * pairs // chunk`` chunks) stay within half the size of fp32 dK/dV."""
-    if interpret:
-        return INTERPRET_LIST_CHUNK
-    chunk = max(-(-MIN_CHUNK_ROWS // group), CHUNK_PER_MEAN_LIST * -(-pairs // max(lists, 1)))
-    return min(chunk, MAX_CHUNK_ROWS // group)  # a program counts its rows in int32
 
 
 def row_tile(interpret: bool) -> int:

@@ -13,7 +13,6 @@ plans never synchronise and a CUDA graph can capture them. Outputs the kernels f
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
@@ -24,7 +23,8 @@ from ...._core.triton.support import interpreting
 from ...._core.varlen import SeqInfo
 from ..compress import CompressSpec
 from ..selected import SelectedSpec
-from .family import KERNELS, head_tiles, key_tile, list_chunk, pair_grid, precision_flags, row_tile
+from ...common.inverted_lists import InvertedLists, list_chunk
+from .family import KERNELS, head_tiles, key_tile, pair_grid, precision_flags, row_tile
 
 
 def _new(shape, like: torch.Tensor, fill, dtype=None) -> torch.Tensor:
@@ -95,73 +95,6 @@ def _block_table(spec: SelectedSpec, device: torch.device) -> torch.Tensor:
         torch.int64, device)
 
 
-@dataclass(frozen=True)
-class InvertedLists:
-    """Per (KV head, selectable block), the (token, slot) pairs that selected it, for the deterministic dK/dV, and
-    the schedule of the dK/dV programs over them.
-
-    ``selected_keys_kernel`` writes every (token, KV head, slot) the key of its list into ``keys`` (``h * NB +``
-    global block; past every list for an index outside the batch's blocks); :meth:`schedule` then orders them (a
-    stable sort: ``pair`` holds the sorted positions, in (token, slot) order within a list, so duplicates accumulate;
-    ``token`` their int32 query tokens, the position divided by ``pairs_per_token = N2 * count``),
-    finds the lists' bounds ``list_start [N2*NB + 1]`` and cuts every list into chunks of ``chunk`` entries (at least
-    one chunk per list): ``unit_end`` (inclusive cumulative chunk counts), ``unit_list`` (the list of each dK/dV
-    unit, ``N2*NB`` past the last unit) and ``slot_end`` (inclusive cumulative partial slots: the chunk counts of
-    the lists of several chunks). ``part_k``/``part_v`` hold those chunks' fp32 partial sums. ``units`` and ``slots``
-    bound the units and slots from the number of pairs alone (a list of ``k > 1`` chunks holds more than
-    ``(k - 1) * chunk`` pairs). Deterministic ops only (no ``bincount``), so
-    ``torch.use_deterministic_algorithms(True)`` accepts them on CUDA; nothing is read back."""
-
-    keys: torch.Tensor
-    bounds: torch.Tensor
-    sorted_keys: torch.Tensor
-    pair: torch.Tensor
-    token: torch.Tensor
-    list_start: torch.Tensor
-    unit_ids: torch.Tensor
-    unit_end: torch.Tensor
-    unit_list: torch.Tensor
-    slot_end: torch.Tensor
-    part_k: torch.Tensor
-    part_v: torch.Tensor
-    chunk: int
-    pairs_per_token: int
-
-    @staticmethod
-    def allocate(spec: SelectedSpec, like: torch.Tensor, n_blocks: int, covered: bool,
-                 interpret: bool) -> "InvertedLists":
-        lists, device = spec.n2 * n_blocks, like.device
-        keys = _new((spec.total_q, spec.n2, spec.block_count), like, None if covered else lists, torch.int64)
-        chunk = list_chunk(keys.numel(), lists, spec.group, interpret)
-        units, slots = lists + keys.numel() // chunk, max(1, 2 * (keys.numel() // chunk))
-        flat, pair = (torch.empty(keys.numel(), dtype=torch.int64, device=device) for _ in range(2))
-        empty = functools.partial(torch.empty, dtype=torch.int64, device=device)
-        parts = (torch.empty((slots, spec.block_size, width), dtype=torch.float32, device=device)
-                 for width in (spec.d, spec.dv))
-        return InvertedLists(keys, _list_ids(lists + 1, device), flat, pair,
-                             torch.empty(keys.numel(), dtype=torch.int32, device=device), empty(lists + 1),
-                             _list_ids(units, device), empty(lists), empty(units), empty(lists), *parts, chunk,
-                             spec.n2 * spec.block_count)
-
-    def schedule(self) -> None:
-        """Order the keys the key kernel wrote and cut the lists into chunks (run between that launch and dK/dV)."""
-        torch.sort(self.keys.view(-1), stable=True, out=(self.sorted_keys, self.pair))
-        self.token.copy_(self.pair.div(self.pairs_per_token, rounding_mode="floor"))
-        torch.searchsorted(self.sorted_keys, self.bounds, out=self.list_start)
-        chunks = torch.diff(self.list_start).add_(self.chunk - 1).div_(self.chunk, rounding_mode="floor")
-        chunks.clamp_(min=1)
-        torch.cumsum(chunks, 0, out=self.unit_end)
-        torch.searchsorted(self.unit_end, self.unit_ids, right=True, out=self.unit_list)
-        torch.cumsum(chunks.masked_fill_(chunks == 1, 0), 0, out=self.slot_end)
-
-
-@functools.lru_cache(maxsize=64)
-def _list_ids(n: int, device: torch.device) -> torch.Tensor:
-    """``arange(n)`` on ``device``, made once per size (read only: the bounds the lists' starts are searched for, the
-    dK/dV units' ids)."""
-    return torch.arange(n, device=device)
-
-
 def selected_backward_plan(spec: SelectedSpec, query, key, value, attention_out, grad, softmax_max, softmax_sum,
                            topk, interpret: bool):
     """``((dq, dk, dv), launches, lists)``: ``D = rowsum(dO * O)`` and dQ per token, the inverted lists' keys, and
@@ -190,7 +123,11 @@ def selected_backward_plan(spec: SelectedSpec, query, key, value, attention_out,
                         spec.block_count, spec.n2, seq.batch, bh_fold), {**flags, **fold})
     if n_blocks == 0:
         return (dq, dk, dv), [delta_launch, dq_launch], None
-    lists = InvertedLists.allocate(spec, query, n_blocks, covered, interpret)
+    keys = _new((spec.total_q, spec.n2, spec.block_count), query, None if covered else spec.n2 * n_blocks,
+                torch.int64)
+    lists = InvertedLists.allocate(keys, spec.n2 * n_blocks,
+                                   list_chunk(keys.numel(), spec.n2 * n_blocks, spec.group, interpret),
+                                   spec.block_size, (spec.d, spec.dv), spec.n2 * spec.block_count)
     keys_launch = Launch("selected_keys_kernel", grid,
                          (topk, lists.keys, batches, *topk.stride()[:2], spec.n2, n_blocks, spec.block_count,
                           seq.batch, bh_fold), dict(BLOCK_S=pow2(spec.block_count, 1), **fold))

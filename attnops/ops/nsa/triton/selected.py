@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ...._core.triton.helpers import FLT_LOWEST, FLT_MAX, LOG2E, program_batch_head, upcast
 from ...common.triton.common import nan_aware_max
+from ...common.triton.inverted_lists import list_chunk
 from .common import _group_tile, _softmax_init, _softmax_step, _store_group_tile
 
 Q_START: tl.constexpr = tl.constexpr(0)
@@ -206,18 +207,6 @@ def selected_keys_kernel(topk_ptr, key_ptr, batch_ptr, topk_st, topk_sh, n2, n_b
 
 
 @triton.jit
-def _list_chunk(list_start_ptr, unit_end_ptr, l, u, chunk):
-    """``(lo, hi, chunks, c)``: list ``l``'s entries ``[lo, hi)`` in its chunk ``c`` of ``chunks`` (unit ``u``; every
-    list has at least one chunk, an empty list one empty chunk)."""
-    start = tl.load(list_start_ptr + l)
-    end = tl.load(list_start_ptr + l + 1)
-    chunks = tl.maximum(tl.cdiv(end - start, chunk), 1)
-    c = u - (tl.load(unit_end_ptr + l) - chunks)
-    lo = start + c * chunk
-    return lo, tl.minimum(end, lo + chunk), chunks, c
-
-
-@triton.jit
 def _key_rows(ptr, tile, rows, s_t, n_keys, width, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
     """Stores ``tile`` ``[BLOCK_N, BLOCK_W]`` (cast to the buffer's dtype) as rows ``rows`` (stride ``s_t``) of
     ``ptr`` (the first ``n_keys`` rows, ``width`` columns)."""
@@ -256,7 +245,7 @@ def selected_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, part_k_ptr
     l = tl.load(unit_list_ptr + u)
     if l >= n2 * n_blocks:
         return
-    lo, hi, chunks, c = _list_chunk(list_start_ptr, unit_end_ptr, l, u, chunk)
+    lo, hi, chunks, c = list_chunk(list_start_ptr, unit_end_ptr, l, u, chunk)
     h2 = l // n_blocks
     blk = l % n_blocks
     n0 = (pid % n_tiles) * BLOCK_N

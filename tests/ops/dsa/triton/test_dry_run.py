@@ -172,20 +172,53 @@ def test_device_metadata_shapes_are_checked(case, name):
                                        layout_kv="PA_BSND", **args)
 
 
-def test_operators_without_kernels_say_so_after_validating_without_host_reads():
-    """The sparse attention backward and the indexer's KL loss (``lightning_indexer_kl_loss``,
-    ``npu_sparse_lightning_indexer_grad_kl_loss``) have no Triton kernel: on a GPU they run the reference (with a
-    PerformanceWarning); in the dry run they raise saying so, and nothing before that reads a device value."""
+BACKWARD = ["sparse_attention_dq_kernel", "sparse_attention_dkdv_kernel", "sparse_attention_dkdv_reduce_kernel"]
+
+
+@pytest.mark.parametrize("layout,layout_kv", DEVICE_LAYOUTS)
+def test_backward_leaves_device_metadata_to_the_kernels(layout, layout_kv):
+    """Sparse attention's backward with device lengths (and block table): dQ, the inverted lists ordered by torch
+    ops on the device, dK/dV and the reduction of split lists; nothing is read back."""
+    lead, key_lead, _, kv_names = _device_metadata(layout, layout_kv)
+    q, latent = meta(*lead, 128, 512, grad=True), meta(*key_lead, 1, 512, grad=True)
+    q_rope, k_rope = meta(*lead, 128, 64, grad=True), meta(*key_lead, 1, 64, grad=True)
+    idx = meta(*lead, 1, 2048, dtype=I32)
+    with gpu_dry_run() as launches:
+        out = attnops.sparse_flash_attention(q, latent, latent, idx, query_rope=q_rope, key_rope=k_rope,
+                                             layout=layout, layout_kv=layout_kv, **kv_names)
+        out.attention_out.sum().backward()
+    names = [name for name in kernels(launches) if name != "sparse_attention_merge_kernel"]
+    assert names == ["sparse_attention_kernel", *BACKWARD]
+    dq = launches[-3]
+    assert dq.constexprs["Q_LENS"] and dq.constexprs["KV_LENS"] and dq.constexprs["KV_MODE"] == launch.KV_MODES[
+        layout_kv]
+    assert launches[-2].constexprs["V_IS_K"]  # MLA: the value's gradient accumulates into the latent's
+    assert q.grad.shape == q.shape and latent.grad.shape == latent.shape and k_rope.grad.shape == k_rope.shape
+
+
+def test_backward_with_host_lengths_records_its_kernels():
+    """Host lengths (uploaded once), the torch_npu name's autograd."""
     import attnops.torch_npu as tnpu
 
-    lead, key_lead, _, kv_names = _device_metadata("TND", "PA_BSND")
-    q, latent = meta(*lead, 16, 64, grad=True), meta(*key_lead, 1, 64, grad=True)
-    idx = meta(*lead, 1, 8, dtype=I32)
+    q, latent = meta(T, 128, 512, grad=True), meta(256, 1, 512, grad=True)
+    rope = dict(query_rope=meta(T, 128, 64, grad=True), key_rope=meta(256, 1, 64, grad=True))
     with gpu_dry_run() as launches:
-        out = attnops.sparse_flash_attention(q, latent, latent, idx, layout="TND", layout_kv="PA_BSND", **kv_names)
-        with pytest.raises(RuntimeError, match="would run the reference.*no Triton kernel"):
-            out.attention_out.sum().backward()
-    assert kernels(launches) == ["sparse_attention_kernel"]
+        out, *_ = tnpu.npu_sparse_flash_attention(q, latent, latent, meta(T, 1, 8, dtype=I32), 0.04, **rope,
+                                                  actual_seq_lengths_query=torch.tensor([2, 6], dtype=I32),
+                                                  actual_seq_lengths_kv=torch.tensor([64, 128], dtype=I32),
+                                                  layout_query="TND", layout_kv="TND", attention_mode=2,
+                                                  return_softmax_lse=True)
+        out.sum().backward()
+    assert [name for name in kernels(launches) if name != "sparse_attention_merge_kernel"][-3:] == BACKWARD
+
+
+def test_kl_loss_without_a_kernel_says_so_after_validating_without_host_reads():
+    """The indexer's KL loss (``lightning_indexer_kl_loss``, ``npu_sparse_lightning_indexer_grad_kl_loss``) has no
+    Triton kernel: on a GPU it runs the reference (with a PerformanceWarning); in the dry run it raises saying so,
+    and nothing before that reads a device value."""
+    import attnops.torch_npu as tnpu
+
+    idx = meta(T, 1, 8, dtype=I32)
     qi, ki, w = meta(T, 8, 32), meta(T, 1, 32), meta(T, 8, dtype=torch.float32)
     qk, kk, stats = meta(T, 16, 64), meta(T, 1, 64), meta(1, T, 16, dtype=torch.float32)
     lens = dict(actual_seq_lengths_query=[2, 6], actual_seq_lengths_key=[2, 6])

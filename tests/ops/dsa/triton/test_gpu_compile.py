@@ -1,9 +1,8 @@
 """The DSA Triton kernels compile for real NVIDIA GPUs: every launch of the registered AOT cases
 (``attnops/ops/dsa/triton/aot.py``, built from the launchers' own plans at DeepSeek-V3.2's shapes) compiled down to
 cubin for sm_90 / sm_80 without a GPU, within the target's shared memory; without register spills except the packed
-quantized cache's, the split decode's on sm_90 and the indexer's on sm_80 (known limits, documented in docs/triton.md),
-and with Hopper's wgmma for the 16-bit sparse
-attention and indexer products on sm_90.
+quantized cache's, the split decode's on sm_90, the indexer's and the backward dQ's on sm_80 (known limits, documented in docs/triton.md),
+and with Hopper's wgmma for the 16-bit sparse attention (forward and backward) and indexer products on sm_90.
 
 The compile runs in a child process without ``TRITON_INTERPRET``. One case runs in CI; the matrix is slow."""
 import pytest
@@ -13,14 +12,18 @@ from tests.aot_compile import compile_case
 pytest.importorskip("triton")
 
 PLAIN = [f"dsa/{kind}-{dtype}" for dtype in ("fp16", "bf16", "fp32")
-         for kind in ("indexer-bsnd", "indexer-paged", "sparse-attention-bsnd", "sparse-attention-decode")]
+         for kind in ("indexer-bsnd", "indexer-paged", "sparse-attention-bsnd", "sparse-attention-decode",
+                      "sparse-attention-backward-bsnd")]
 PACKED = [f"dsa/sparse-attention-{codes}-cache-{dtype}" for codes in ("int8", "fp8") for dtype in ("fp16", "bf16")]
 
 
 def _kernels(case: str) -> set[str]:
-    """The indexer's one kernel; sparse attention's (decode and packed-cache cases: split rows and their merge)."""
+    """The indexer's one kernel; sparse attention's (decode and packed-cache cases: split rows and their merge); the
+    backward's dQ, dK/dV and reduction."""
     if "indexer" in case:
         return {"indexer_topk_kernel"}
+    if "backward" in case:
+        return {"sparse_attention_dq_kernel", "sparse_attention_dkdv_kernel", "sparse_attention_dkdv_reduce_kernel"}
     split = "decode" in case or case in PACKED
     return {"sparse_attention_kernel", *(["sparse_attention_merge_kernel"] if split else [])}
 
@@ -31,14 +34,20 @@ def check(case: str, target: str) -> None:
     for v in variants:
         assert v["shared"] <= v["limit"], v
         spills_allowed = (case in PACKED or (target == "sm_80" and "indexer" in case)  # documented in docs/triton.md
-                          or (target == "sm_90" and "decode" in case and not case.endswith("fp32")))
+                          or (target == "sm_90" and "decode" in case and not case.endswith("fp32"))
+                          or (target == "sm_80" and v["kernel"] == "sparse_attention_dq_kernel"
+                              and not case.endswith("fp32")))
         assert spills_allowed or v["spills"] == 0, v
-        merge = v["kernel"] == "sparse_attention_merge_kernel"  # no products
+        merge = v["kernel"] in ("sparse_attention_merge_kernel", "sparse_attention_dkdv_reduce_kernel")  # no products
         assert target != "sm_90" or case.endswith("fp32") or merge or v["ptx"]["wgmma"] > 0, v
 
 
 def test_sparse_attention_compiles_with_wgmma():
     check("dsa/sparse-attention-bsnd-bf16", "sm_90")
+
+
+def test_sparse_attention_backward_compiles_with_wgmma_without_spills():
+    check("dsa/sparse-attention-backward-bsnd-bf16", "sm_90")
 
 
 @pytest.mark.slow

@@ -152,7 +152,7 @@ def test_selected_long_lists_split_over_programs(kernels, dtype):
 def test_list_chunk_bounds_the_partials():
     """On a GPU a chunk is 4 mean lists (so the split lists' partials, at most ``2 * pairs // chunk`` chunks, take at
     most half of fp32 dK/dV: a quarter of the lists), at least 1024 rows, and its rows fit an int32."""
-    from attnops.ops.nsa.triton.family import list_chunk
+    from attnops.ops.common.inverted_lists import list_chunk
 
     pairs, lists = 65536 * 4 * 16, 4 * 1024  # T=64k, 4 KV heads, 16 slots, 1024 blocks
     chunk = list_chunk(pairs, lists, 16, interpret=False)
@@ -165,7 +165,7 @@ def test_list_chunk_bounds_the_partials():
 def test_inverted_list_schedule():
     """The dK/dV units of lists of 0, 3, 9 and 4 entries in chunks of 4: one unit per list at least, the long list's
     three chunks in partial slots 0-2."""
-    from attnops.ops.nsa.triton.launch import InvertedLists
+    from attnops.ops.common.inverted_lists import InvertedLists
 
     lengths = [0, 3, 9, 4]
     keys = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))
