@@ -16,7 +16,7 @@ so paths made of many small ops read high.
 
 The baseline ``custom-op-floor`` is the least any custom-op design pays: a ``torch.library`` custom op that takes the
 same tensors and only allocates its output (with an autograd formula that only allocates the gradients), measured in
-the same run. The NSA cases, several operators and tensor ops per call, have none.
+the same run (for the NSA decode step: on its one input).
 """
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ META = torch.device("meta")
 
 
 PAGE = 128  # tokens per page of the paged scenarios
+DECODE_LIMIT_S = 150e-6  # one decode call (FIA, its torch_npu forms), planned or not
+NSA_LAYER_LIMIT_S = 5e-3  # NSA layer forward + backward
+NSA_DECODE_LIMIT_S = 1e-3  # one decoding step of the NSA module
 NSA_LAYER = dict(compress_block_size=32, compress_stride=16, select_block_size=64, select_block_count=16,
                  window_size=512)  # the layer's defaults, written out
 
@@ -126,7 +129,32 @@ def build_host(case: Case, inp, device: torch.device):
             raise RuntimeError("the decode plan does not run on the Triton decode kernels")
         table = inp.kwargs["block_table"]
         return Runnable(_dry(lambda: plan.run(inp.q, inp.k, inp.v, block_table=table)))
+    if scenario.startswith("npu-"):
+        return Runnable(_dry(_npu_call(case, inp)))
     return Runnable(_dry(lambda: attnops.fused_infer_attention(inp.q, inp.k, inp.v, **inp.kwargs)))
+
+
+def _npu_call(case: Case, inp):
+    """The decode as vllm-ascend-style callers make it through the torch_npu shim: ``npu-fia``
+    (``npu_fused_infer_attention_score``, BSH query, ``[blocks, 128, N2*D]`` caches) or ``npu-paged``
+    (``_npu_paged_attention``, ``[tokens, N, D]`` query, ``[blocks, 128, N2, D]`` caches, host ``context_lens``,
+    written into ``out``)."""
+    from .. import torch_npu
+
+    kw, q, dev = inp.kwargs, inp.q, inp.q.device
+    blocks = inp.k.shape[0]
+    if case.params["scenario"] == "npu-fia":
+        query = q.view(case.batch, 1, case.heads * case.d)
+        cache = torch.empty(blocks, PAGE, case.kv_heads * case.d, dtype=q.dtype, device=dev)
+        return lambda: torch_npu.npu_fused_infer_attention_score(
+            query, cache, cache, num_heads=case.heads, num_key_value_heads=case.kv_heads, input_layout="BSH",
+            scale=case.d ** -0.5, block_table=kw["block_table"], block_size=PAGE,
+            actual_seq_lengths_kv=kw["actual_seq_lengths_kv"])
+    query = q.view(case.batch, case.heads, case.d)
+    cache = torch.empty(blocks, PAGE, case.kv_heads, case.d, dtype=q.dtype, device=dev)
+    lens, out = torch.tensor(kw["actual_seq_lengths_kv"], dtype=torch.int32), _like(query)
+    return lambda: torch_npu._npu_paged_attention(query, cache, cache, case.kv_heads, case.heads, case.d ** -0.5,
+                                                  kw["block_table"], lens, out)
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
@@ -158,7 +186,8 @@ def _floor_op():
 
 def build_floor(case: Case, inp, device: torch.device):
     """The ``custom-op-floor`` baseline: one trivial custom op call (and its backward) on the same tensors."""
-    leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in (inp.q, inp.k, inp.v)]
+    tensors = (inp.q, inp.k, inp.v) if inp.k is not None else (inp.q,) * 3  # the NSA decode step: one input
+    leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in tensors]
     return autograd_runnable(_floor_op(), leaves, inp.dy, case.mode)
 
 
@@ -176,17 +205,25 @@ def host_cases() -> tuple[Case, ...]:
     fia = dict(op="host_overhead", heads=32, kv_heads=8, d=128, dv=128, dtype="float16", layout="BNSD",
                baselines=("custom-op-floor",))
     decode = tuple(Case(name=f"host-fia-decode-{kind}-b{b}-kv{s}-n32-kvn8-d128-fp16", batch=b, sq=1, skv=s,
-                        params={"scenario": f"fia-{kind}"}, **fia)
+                        params={"scenario": f"fia-{kind}", "limit_s": DECODE_LIMIT_S}, **fia)
                    for kind in ("run", "call") for b, s in ((1, 32768), (64, 8192)))
-    shuffled = Case(name="host-fia-decode-run-b64-kv8192-n32-kvn8-d128-fp16-cpu-shuffled", batch=64, sq=1, skv=8192,
-                    params={"scenario": "fia-run", "host_table": True}, **fia)
+    shuffled = tuple(Case(name=f"host-{name}-b64-kv8192-n32-kvn8-d128-fp16-cpu-shuffled", batch=64, sq=1, skv=8192,
+                          params={"scenario": scenario, "host_table": True, "limit_s": DECODE_LIMIT_S}, **fia)
+                     for name, scenario in (("fia-decode-run", "fia-run"), ("fia-decode-call", "fia-call"),
+                                            ("npu-fia-decode", "npu-fia"), ("npu-paged-attention", "npu-paged")))
+    npu = tuple(Case(name=f"host-{name}-b{b}-kv{s}-n32-kvn8-d128-fp16", batch=b, sq=1, skv=s,
+                     params={"scenario": scenario, "limit_s": DECODE_LIMIT_S}, **fia)
+                for name, scenario in (("npu-fia-decode", "npu-fia"), ("npu-paged-attention", "npu-paged"))
+                for b, s in ((1, 32768), (64, 8192)))
     prefill = Case(name="host-fia-chunked-prefill-b4-q512-kv4096-n32-kvn8-d128-fp16", batch=4, sq=512, skv=4096,
                    causal=True, params={"scenario": "fia-prefill"}, **fia)
     layer = dict(op="host_overhead", heads=16, kv_heads=1, d=192, dv=128, dtype="float16", layout="TND",
-                 seq_lens=(2048, 2048), causal=True, baselines=(), params={"scenario": "nsa-layer"})
-    nsa = tuple(Case(name=f"host-nsa-layer-t4096-2x2048-n16-kvn1-d192-dv128-fp16-{mode}", mode=mode, **layer)
-                for mode in ("fwd", "fwd+bwd"))
+                 seq_lens=(2048, 2048), causal=True, baselines=("custom-op-floor",), params={"scenario": "nsa-layer"})
+    nsa = (Case(name="host-nsa-layer-t4096-2x2048-n16-kvn1-d192-dv128-fp16-fwd", mode="fwd", **layer),
+           Case(name="host-nsa-layer-t4096-2x2048-n16-kvn1-d192-dv128-fp16-fwd+bwd", mode="fwd+bwd",
+                **dict(layer, params=dict(layer["params"], limit_s=NSA_LAYER_LIMIT_S))))
     nsa_decode = Case(name="host-nsa-module-decode-b2-ctx4096-n16-kvn1-d128-fp16", op="host_overhead", batch=2,
                       heads=16, kv_heads=1, sq=1, skv=4096, d=128, dv=128, dtype="float16", layout="BSND", causal=True,
-                      baselines=(), params={"scenario": "nsa-decode", "hidden": 2048, "max_seq_len": 8192})
-    return (*fa, *decode, shuffled, prefill, *nsa, nsa_decode)
+                      baselines=("custom-op-floor",), params={"scenario": "nsa-decode", "hidden": 2048, "max_seq_len": 8192,
+                              "limit_s": NSA_DECODE_LIMIT_S})
+    return (*fa, *decode, *npu, *shuffled, prefill, *nsa, nsa_decode)
