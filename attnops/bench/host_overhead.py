@@ -5,7 +5,9 @@ GPU and its launches are recorded instead of run, and ``meta`` tensors have no d
 host work a GPU call would do before its (asynchronous) launches: validation, dispatch, metadata, allocation, launch
 planning. Scenarios (``case.params["scenario"]``): ``fa`` (FlashAttention, the case's mode), ``fia-run`` (a paged
 decode step through a :func:`attnops.fused_infer_attention_plan` made beforehand, untimed), ``fia-call`` (the same
-step as one :func:`attnops.fused_infer_attention` call) and ``fia-prefill`` (chunked prefill: ``sq`` new tokens per
+step as one :func:`attnops.fused_infer_attention` call, repeated as across the layers of a model step), ``npu-fia``
+and ``npu-paged`` (the same step through the torch_npu shim's ``npu_fused_infer_attention_score`` and
+``_npu_paged_attention``, as vllm-ascend-style callers make it), ``fia-prefill`` (chunked prefill: ``sq`` new tokens per
 sequence over ``skv`` cached ones, one call), ``nsa-layer`` (:func:`attnops.native_sparse_attention` on ``seq_lens``,
 its gates and learned compression weights given, the case's mode) and ``nsa-decode`` (one token through
 :class:`attnops.nn.NativeSparseAttention` with an :class:`~attnops.nn.NSACache` prefilled with ``skv`` tokens,
@@ -16,7 +18,8 @@ so paths made of many small ops read high.
 
 The baseline ``custom-op-floor`` is the least any custom-op design pays: a ``torch.library`` custom op that takes the
 same tensors and only allocates its output (with an autograd formula that only allocates the gradients), measured in
-the same run (for the NSA decode step: on its one input).
+the same run (for the NSA decode step: on its one input). ``params["limit_s"]``: the case's limit on the median
+(the runner prints whether it is met).
 """
 from __future__ import annotations
 
@@ -186,15 +189,17 @@ def _floor_op():
 
 def build_floor(case: Case, inp, device: torch.device):
     """The ``custom-op-floor`` baseline: one trivial custom op call (and its backward) on the same tensors."""
-    tensors = (inp.q, inp.k, inp.v) if inp.k is not None else (inp.q,) * 3  # the NSA decode step: one input
+    q = inp.q if inp.dy is None or inp.dy.shape == inp.q.shape else _like(inp.dy)  # the output's shape (NSA: Dv)
+    tensors = (q, inp.k, inp.v) if inp.k is not None else (q,) * 3  # the NSA decode step: one input
     leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in tensors]
     return autograd_runnable(_floor_op(), leaves, inp.dy, case.mode)
 
 
 def host_cases() -> tuple[Case, ...]:
     """FlashAttention forward and forward+backward, [2, 16, 4096, 128] fp16, full and causal; FusedInferAttention
-    paged decode (N1=32, N2=8, D=128, fp16, 128-token pages) at B=1 x 32k and B=64 x 8k through a plan and as one
-    call, the B=64 plan once more with CPU tensors and a shuffled block table, and chunked prefill (B=4 x 512 new
+    paged decode (N1=32, N2=8, D=128, fp16, 128-token pages) at B=1 x 32k and B=64 x 8k through a plan, as one
+    call and through the torch_npu shim (FIA and ``_npu_paged_attention``), the B=64 plan, one call and shim FIA once
+    more with CPU tensors and a shuffled block table, and chunked prefill (B=4 x 512 new
     tokens over 4k cached, causal); the NSA layer forward and forward+backward on two sequences of 2048 tokens (16
     query heads, 1 KV head, D=192, Dv=128, fp16) and the NSA module's decoding step at context 4096 (B=2, hidden
     2048, 16 query heads, 1 KV head, D=128, fp16)."""
@@ -210,7 +215,7 @@ def host_cases() -> tuple[Case, ...]:
     shuffled = tuple(Case(name=f"host-{name}-b64-kv8192-n32-kvn8-d128-fp16-cpu-shuffled", batch=64, sq=1, skv=8192,
                           params={"scenario": scenario, "host_table": True, "limit_s": DECODE_LIMIT_S}, **fia)
                      for name, scenario in (("fia-decode-run", "fia-run"), ("fia-decode-call", "fia-call"),
-                                            ("npu-fia-decode", "npu-fia"), ("npu-paged-attention", "npu-paged")))
+                                            ("npu-fia-decode", "npu-fia")))  # npu-paged: its out.copy_ would copy
     npu = tuple(Case(name=f"host-{name}-b{b}-kv{s}-n32-kvn8-d128-fp16", batch=b, sq=1, skv=s,
                      params={"scenario": scenario, "limit_s": DECODE_LIMIT_S}, **fia)
                 for name, scenario in (("npu-fia-decode", "npu-fia"), ("npu-paged-attention", "npu-paged"))

@@ -70,4 +70,4 @@ def test_each_one_call_decode_launches_the_decode_kernels(name, monkeypatch):
     for _ in range(2):
         runnable.fn()
     assert launched == ["split_kernel", "merge_kernel"] * 2, launched
-    assert len(DECODE) == 9
+    assert len(DECODE) == 8
