@@ -23,6 +23,7 @@ the same run (for the NSA decode step: on its one input). ``params["limit_s"]``:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -36,6 +37,8 @@ PAGE = 128  # tokens per page of the paged scenarios
 DECODE_LIMIT_S = 150e-6  # one decode call (FIA, its torch_npu forms), planned or not
 NSA_LAYER_LIMIT_S = 5e-3  # NSA layer forward + backward
 NSA_DECODE_LIMIT_S = 1e-3  # one decoding step of the NSA module
+DSA_PREFILL_LIMIT_S = 1e-3  # DSA sparse prefill (one sequence)
+DSA_INDEXER_LIMIT_S = 250e-6  # the lightning indexer (one sequence)
 NSA_LAYER = dict(compress_block_size=32, compress_stride=16, select_block_size=64, select_block_count=16,
                  window_size=512)  # the layer's defaults, written out
 
@@ -60,6 +63,8 @@ def host_inputs(case: Case, device: torch.device, seed: int):
         return Inputs(q, k, v, dy, dict(NSA_LAYER, cu_seqlens=cum, extra=extra), case.d ** -0.5)
     if scenario == "nsa-decode":
         return _decode_inputs(case, dt)
+    if scenario == "dsa":
+        return _dsa_module(case).dsa_inputs(_dsa_case(case), device, seed)
     where = torch.device("cpu") if case.params.get("host_table") else META
     pages = -(-case.skv // PAGE)
     q = torch.empty(case.batch, case.heads, case.sq, case.d, dtype=dt, device=where)
@@ -88,6 +93,17 @@ def _decode_inputs(case: Case, dtype: torch.dtype):
         _dry(lambda: m(_meta((case.batch, case.skv, p["hidden"]), dtype), cache=cache))()
     x = _meta((case.batch, 1, p["hidden"]), dtype)
     return Inputs(x, None, None, None, dict(module=m, cache=cache), case.d ** -0.5)
+
+
+def _dsa_case(case: Case) -> Case:
+    """The case as the DSA suites' builders take it (``params["dsa_op"]``: dsa_prefill, dsa_decode, dsa_indexer)."""
+    return dataclasses.replace(case, op=case.params["dsa_op"])
+
+
+def _dsa_module(case: Case):
+    from . import dsa, dsa_gpu
+
+    return dsa if case.params["dsa_op"] == "dsa_indexer" else dsa_gpu
 
 
 def _dry(call):
@@ -126,6 +142,8 @@ def build_host(case: Case, inp, device: torch.device):
             with torch.no_grad():
                 m(inp.q, cache=cache)
         return Runnable(_dry(step), lambda: cache.truncate(case.skv))
+    if scenario == "dsa":
+        return Runnable(_dry(_dsa_module(case).build_dsa(_dsa_case(case), inp, device).fn))
     if scenario == "fia-run":
         plan = _dry(lambda: attnops.fused_infer_attention_plan(inp.q, inp.k, inp.v, **inp.kwargs))()
         if not plan.kernels:
@@ -189,7 +207,7 @@ def _floor_op():
 
 def build_floor(case: Case, inp, device: torch.device):
     """The ``custom-op-floor`` baseline: one trivial custom op call (and its backward) on the same tensors."""
-    q = inp.q if inp.dy is None or inp.dy.shape == inp.q.shape else _like(inp.dy)  # the output's shape (NSA: Dv)
+    q = inp.q if case.mode == "fwd" or inp.dy.shape == inp.q.shape else _like(inp.dy)  # the output's shape (NSA: Dv)
     tensors = (q, inp.k, inp.v) if inp.k is not None else (q,) * 3  # the NSA decode step: one input
     leaves = [t.detach().requires_grad_(case.mode != "fwd") for t in tensors]
     return autograd_runnable(_floor_op(), leaves, inp.dy, case.mode)
@@ -231,4 +249,21 @@ def host_cases() -> tuple[Case, ...]:
                       heads=16, kv_heads=1, sq=1, skv=4096, d=128, dv=128, dtype="float16", layout="BSND", causal=True,
                       baselines=("custom-op-floor",), params={"scenario": "nsa-decode", "hidden": 2048, "max_seq_len": 8192,
                               "limit_s": NSA_DECODE_LIMIT_S})
-    return (*fa, *decode, *npu, *shuffled, prefill, *nsa, nsa_decode)
+    return (*fa, *decode, *npu, *shuffled, prefill, *nsa, nsa_decode, *_dsa_host_cases())
+
+
+def _dsa_host_cases() -> tuple[Case, ...]:
+    """DSA at DeepSeek-V3.2 shapes (bf16, top-2048; the dsa-gpu suite's): sparse prefill over 4096 tokens (128 heads,
+    latent 512 + rope 64), the lightning indexer over the same tokens (64 heads x 128), paged decode at B=1 x 32k
+    and B=64 x 8k."""
+    mla = dict(op="host_overhead", heads=128, kv_heads=1, d=576, dv=512, dtype="bfloat16", causal=True,
+               baselines=("custom-op-floor",))
+    params = dict(scenario="dsa", topk=2048)
+    return (Case(name="host-dsa-prefill-t4096-n128-top2048-bf16", sq=4096, skv=4096,
+                 params=dict(params, dsa_op="dsa_prefill", limit_s=DSA_PREFILL_LIMIT_S), **mla),
+            Case(name="host-dsa-indexer-t4096-n64-top2048-bf16", sq=4096, skv=4096,
+                 params=dict(params, dsa_op="dsa_indexer", rope=0, limit_s=DSA_INDEXER_LIMIT_S),
+                 **dict(mla, heads=64, d=128, dv=0)),
+            *(Case(name=f"host-dsa-decode-b{b}-kv{ctx}-n128-top2048-bf16", batch=b, sq=1, skv=ctx,
+                   params=dict(params, dsa_op="dsa_decode", limit_s=DECODE_LIMIT_S), **mla)
+              for b, ctx in ((1, 32768), (64, 8192))))

@@ -71,3 +71,23 @@ def test_each_one_call_decode_launches_the_decode_kernels(name, monkeypatch):
         runnable.fn()
     assert launched == ["split_kernel", "merge_kernel"] * 2, launched
     assert len(DECODE) == 8
+
+
+DSA = {c.name: c for c in suite_cases("host-overhead", "host-dsa-")}
+DSA_KERNELS = {"prefill": ["sparse_attention_kernel"], "indexer": ["indexer_topk_kernel"],
+               "decode": ["sparse_attention_kernel", "sparse_attention_merge_kernel"]}
+
+
+@pytest.mark.parametrize("name", sorted(DSA))
+def test_each_dsa_case_launches_its_kernels_with_a_limit(name, monkeypatch):
+    """DSA sparse prefill, indexer and paged decode at full DeepSeek-V3.2 size, on meta (nothing drawn)."""
+    case = DSA[name]
+    assert case.params["limit_s"] > 0 and case.baselines == ("custom-op-floor",)
+    runnable = build_attnops(case, make_inputs(case, META, 0), META)
+    launched = []
+    run = KernelFamily.run
+    monkeypatch.setattr(KernelFamily, "run", lambda self, launch, device: launched.append(launch.kernel) or run(
+        self, launch, device))
+    runnable.fn()
+    assert launched == DSA_KERNELS[name.split("-")[2]], launched
+    assert len(DSA) == 4
