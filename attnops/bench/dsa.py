@@ -16,11 +16,7 @@ import math
 
 import torch
 
-from .types import Case, Inputs, Runnable, sampled_row_chunks
-
-
-def _randn(gen, *shape, dtype, device):
-    return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+from .types import Case, Inputs, Runnable, randn_on as _randn, sampled_row_chunks
 
 
 def spread_over(allowed: torch.Tensor, topk: int) -> torch.Tensor:

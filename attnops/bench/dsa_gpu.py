@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from .types import Case, Inputs, Runnable
+from .types import Case, Inputs, Runnable, randn_on as _randn
 
 LATENT, ROPE, PAGE = 512, 64, 64
 MHA_D, MHA_DV = 192, 128
-
-
-def _randn(gen, *shape, dtype, device):
-    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
 
 
 def _window(rows: torch.Tensor, limit: torch.Tensor, topk: int, device) -> torch.Tensor:

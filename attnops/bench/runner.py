@@ -232,6 +232,9 @@ def _fmt_row(case: Case, entry: dict) -> list[str]:
         mem_s = f"  peak {mem / 2**30:.2f} GiB" if mem else ""
         rate = f"  {r['tflops_at_min'] * 1e3:7.1f} GFLOP/s" if case.flops() else ""
         lines.append(f"  {name:15s} min {_fmt_seconds(r['min_s'])}  median {_fmt_seconds(r['median_s'])}{rate}{mem_s}")
+    ours, limit = entry["results"].get(OURS, {}), case.params.get("limit_s")
+    if limit and ours.get("status") == "ok":
+        lines.append(f"  limit {_fmt_seconds(limit)}: {'met' if ours['median_s'] <= limit else 'OVER'} (median)")
     for name, q in entry["ratios"].items():
         lines.append(f"  ratio {name}/{OURS}: {q['min']:.3f} (min)  {q['median']:.3f} (median)")
     if "strongest_peer" in entry:

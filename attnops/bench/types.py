@@ -195,3 +195,11 @@ def autograd_runnable(forward: Callable[..., torch.Tensor], leaves: list[torch.T
     def bwd():
         torch.autograd.backward(out, dy, retain_graph=True)
     return Runnable(bwd, reset=zero_grads, output=lambda: state.get("out"))
+
+
+def randn_on(gen: torch.Generator, *shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Standard normal values drawn on the CPU from ``gen``, on ``device`` in ``dtype``; on ``meta`` an empty tensor
+    (nothing to draw: the host-overhead suite builds cases of full size there)."""
+    if torch.device(device).type == "meta":
+        return torch.empty(*shape, dtype=dtype, device=device)
+    return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)

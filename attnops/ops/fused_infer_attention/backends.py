@@ -12,9 +12,12 @@ from torch import Tensor
 
 from ..._core.devices import origin_device, to_cpu, to_device
 from ..._core.dispatch import choose_backend
+from ..._core.triton.support import interpreting
 from . import reference
 from .paged import flash_attn_cache_views
 from .problem import build_problem
+from .triton import launch, plan_cache
+from .triton.decode_plan import make_plan
 from .triton.verify import kernel_route
 
 
@@ -22,6 +25,10 @@ def forward(query: Tensor, key, value, options: dict, backend: str = "auto") -> 
     """``(attention_out, softmax_lse)`` of the call (``options``: :func:`build_problem`'s keywords), on the query's
     device."""
     key, value = flash_attn_cache_views(_single(key), _single(value), options)
+    call = plan_cache.call_key(query, key, value, options, backend)
+    plan = plan_cache.lookup(call)
+    if plan is not None:  # the same decode as a recent call: launch only
+        return launch.run(plan, query, key, value, options.get("block_table"))
     built = {}
 
     def verify() -> str | None:
@@ -30,10 +37,12 @@ def forward(query: Tensor, key, value, options: dict, backend: str = "auto") -> 
         return reason
 
     if choose_backend(backend, query.device, verify) == "triton":
-        from .triton import launch, prefill
+        from .triton import prefill
 
         if built["route"] == "decode":
-            return launch.forward(built["p"], query, key, value, options.get("block_table"))
+            plan = make_plan(built["p"], interpreting(query.device))
+            plan_cache.store(call, plan)
+            return launch.run(plan, query, key, value, options.get("block_table"))
         return prefill.forward(built["p"], query, key, value, options)
     device = origin_device(query, key, value, options)
     return to_device(reference.forward(build_problem(*to_cpu((query, key, value)), **to_cpu(options))), device)

@@ -57,3 +57,18 @@ def test_opcheck():
     dy = torch.randn(64, N1, DV)
     torch.library.opcheck(torch.ops.attnops.native_sparse_attention_backward.default,
                           (dy, [True, True, True, True, False, False, False, False, False], *args))
+
+
+def test_one_compilation_for_the_five_length_sets_of_256_tokens():
+    """[0,256], [0,100,256], [0,31,200,256], [0,64,128,192,256], [0,255,256] as ``cu_seqlens`` tensors, forward and
+    backward: Dynamo compiles one frame into one graph (its counters, and a backend that counts)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_layer, fullgraph=True, dynamic=True, backend=counter)
+    for seed, cu in enumerate(([0, 256], [0, 100, 256], [0, 31, 200, 256], [0, 64, 128, 192, 256], [0, 255, 256])):
+        compiled(*_inputs(256, seed), torch.tensor(cu, dtype=torch.int32)).sum().backward()
+    assert counter.frame_count == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

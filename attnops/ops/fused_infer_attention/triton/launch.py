@@ -12,9 +12,7 @@ import torch
 from ...._core.checks import Described, check_tensor, fail, int_list, require
 from ...._core.layouts import token_strides
 from ...._core.triton.launch import Launch, placeholder
-from ...._core.triton.support import interpreting
-from ..problem import FIAProblem
-from .decode_plan import DecodePlan, lengths_tensor, make_plan
+from .decode_plan import DecodePlan, lengths_tensor
 from .family import KERNELS
 from .kv_args import cache_strides, dense_strides
 
@@ -95,11 +93,4 @@ def run_launches(plan: DecodePlan, query: torch.Tensor, key: torch.Tensor, value
     merge = Launch("merge_kernel", (plan.batch * plan.n1, plan.merge_rows),
                    (out, lse, lengths, lengths_stride, *plan.merge_args), plan.merge_consts)
     return (out, lse), [split, merge]
-
-
-def forward(p: FIAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-            block_table: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(attention_out, softmax_lse)`` of a decode problem on the kernels: plan and run."""
-    plan = make_plan(p, interpreting(query.device))
-    return run(plan, query, key, value, block_table)
 
