@@ -404,8 +404,8 @@ register_suite(Suite(
 
 register_suite(Suite(
     name="dsv4-gpu",
-    description="DeepSeek-V4 attention on CUDA (Triton forward kernels): CSA prefill at 8k/32k and a CSA and an HCA "
-                "decode step at 128k vs dense SDPA; bf16",
+    description="DeepSeek-V4 attention on CUDA (Triton kernels): CSA prefill at 8k/32k, CSA and HCA decode at 128k "
+                "vs dense SDPA; bf16",
     details="attnops.sparse_flash_mla, bf16, B=1, one shared KV head, D=512, N1=64, window 128, per-head sinks. "
             "Prefill: a CSA layer's causal prefill (BSND), each token reading its window and min(512, its completed "
             "C4A rows) rows; decode: one step at a 131072-token context over paged caches in shuffled 64-token blocks "
