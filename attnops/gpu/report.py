@@ -1,7 +1,8 @@
-"""``python -m attnops gpu-report [--budget SECONDS] [--quick] [--out DIR] [--interpret]``: validate and time every
-GPU path in one run, within a time budget.
+"""``python -m attnops gpu-report [--budget SECONDS] [--quick] [--out DIR] [--interpret] [--tune [--tuned-dir DIR]]``:
+validate and time every GPU path in one run, within a time budget.
 
-Steps, most valuable first (each a child process; :mod:`.steps`): the CUDA tests of each kernel family (one pytest
+Steps, most valuable first (each a child process; :mod:`.steps`): with ``--tune`` first the tuning of every
+kernel's tile candidates (:mod:`.tune`, the table the later steps' launchers read), then the CUDA tests of each kernel family (one pytest
 run per family, :mod:`.families`, then ``tests/cuda/`` files no family claims), ``python -m attnops check``, one
 benchmark per GPU suite (:mod:`.suites`; its ``--quick`` cases), then the rest of each suite. A step starts only
 when the time left of ``--budget`` (default 420 s) fits its expected time (the time it took last time in this output
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .._core.triton.tuned import TUNED_DIR
 from .families import KERNEL_FAMILIES, family_test_args, integration_test_args
 from .peaks import Peak, peak_for
 from .steps import DONE, FAILED, FAILURES, KILLED_BUDGET, Interrupted, Step, run_within_budget, stop_on_signals
@@ -43,10 +45,10 @@ CAP_FACTOR = 3  # a step is killed at this multiple of its expected time
 EXPECTED_S = {
     "cuda": {"tests-fa": (60, 25), "tests-nsa": (60, 20), "tests-fia": (40, 15), "tests-dsa": (40, 30),
              "tests-dsv4-compressor-indexer": (30, 10), "tests-integration": (45, 30), "check": (45, 30),
-             "bench": (25, 20), "bench-rest": (60, 0)},
+             "bench": (25, 20), "bench-rest": (60, 0), "tune": (120, 45)},
     "interpret": {"tests-fa": (600, 25), "tests-nsa": (600, 25), "tests-fia": (600, 35), "tests-dsa": (600, 25),
                   "tests-dsv4-compressor-indexer": (300, 25), "check": (600, 15), "bench": (60, 10),
-                  "bench-rest": (120, 0)},
+                  "bench-rest": (120, 0), "tune": (60, 15)},
 }
 
 
@@ -66,7 +68,9 @@ def plan(args, out_dir: Path) -> list[Step]:
         seconds = expected[key or name][pick]
         return Step(name, command, seconds, CAP_FACTOR * seconds, env, ROOT)
 
-    steps = [step(f"tests-{f.name}", pytest + family_test_args(f, args.interpret, args.quick)) for f in KERNEL_FAMILIES]
+    steps = [step("tune", tune_command(args, expected["tune"][pick]))] if args.tune else []
+    steps += [step(f"tests-{f.name}", pytest + family_test_args(f, args.interpret, args.quick))
+              for f in KERNEL_FAMILIES]
     if not args.interpret:
         steps.append(step("tests-integration", pytest + integration_test_args()))
     if args.interpret:
@@ -80,6 +84,15 @@ def plan(args, out_dir: Path) -> list[Step]:
         steps += [step(f"bench-{s.suite}-rest", bench_command(s, args, out_dir, quick_cases=False), "bench-rest")
                   for s in GPU_SUITES.values() if _has_other_cases(s, args.interpret)]
     return steps
+
+
+def tune_command(args, seconds: float) -> list[str]:
+    """The ``tune`` step (:mod:`.tune`): no new kernel shape starts after its planned time."""
+    cmd = [sys.executable, "-m", "attnops.gpu.tune", "--dir", str(Path(args.tuned_dir).resolve()),
+           "--seconds", str(seconds)]
+    if args.interpret:
+        cmd += ["--interpret", "--repeats", "1"]
+    return cmd + (["--quick"] if args.quick else [])
 
 
 def bench_command(suite: GpuSuite, args, out_dir: Path, quick_cases: bool) -> list[str]:
@@ -240,6 +253,11 @@ def parser() -> argparse.ArgumentParser:
                    help=f"output folder (default: ./{DEFAULT_OUT} in the current directory)")
     p.add_argument("--interpret", action="store_true",
                    help="without a GPU: the same flow on the CPU through Triton's interpreter at tiny sizes")
+    p.add_argument("--tune", action="store_true",
+                   help="first time every kernel's tile candidates and write the table of this GPU and Triton "
+                        "version that the launchers read (into --tuned-dir)")
+    p.add_argument("--tuned-dir", default=str(TUNED_DIR), metavar="DIR",
+                   help="folder of the tuned tables (default: attnops/gpu/tuned in the package)")
     return p
 
 
