@@ -20,8 +20,7 @@ import torch
 
 TUNED_DIR = Path(__file__).resolve().parents[2] / "gpu" / "tuned"
 FORMAT = 1
-WARPS = (4, 8)
-STAGES = (1, 2, 3, 4)
+MAX_WARPS, MAX_STAGES = 8, 4
 
 
 def signature(config) -> dict:
@@ -32,12 +31,15 @@ def signature(config) -> dict:
 
 def candidates(configs: list) -> list:
     """The tuning candidates of a launch whose family gives ``configs`` (the first is its default): those, then the
-    default with each other warp count and pipeline depth, without repeats."""
+    default with twice the warps (at most ``MAX_WARPS``) and one stage less or more (1 to ``MAX_STAGES``), without
+    repeats."""
     import triton
 
     default = configs[0]
+    warps = (default.num_warps, min(MAX_WARPS, 2 * default.num_warps))
+    stages = (default.num_stages, max(1, default.num_stages - 1), min(MAX_STAGES, default.num_stages + 1))
     variants = [triton.Config(dict(default.kwargs), num_warps=w, num_stages=s, pre_hook=default.pre_hook)
-                for w in WARPS for s in STAGES]
+                for w in warps for s in stages]
     unique = {}
     for config in (*configs, *variants):
         unique.setdefault(json.dumps(signature(config), sort_keys=True), config)
