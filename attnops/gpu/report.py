@@ -45,11 +45,12 @@ CAP_FACTOR = 3  # a step is killed at this multiple of its expected time
 EXPECTED_S = {
     "cuda": {"tests-fa": (60, 25), "tests-nsa": (60, 20), "tests-fia": (40, 15), "tests-dsa": (40, 30),
              "tests-dsv4-compressor-indexer": (30, 10), "tests-integration": (45, 30), "check": (45, 30),
-             "bench": (25, 20), "bench-rest": (60, 0), "tune": (120, 45)},
+             "bench": (25, 20), "bench-rest": (60, 0)},
     "interpret": {"tests-fa": (600, 25), "tests-nsa": (600, 25), "tests-fia": (600, 35), "tests-dsa": (600, 25),
                   "tests-dsv4-compressor-indexer": (300, 25), "check": (600, 15), "bench": (60, 10),
-                  "bench-rest": (120, 0), "tune": (60, 15)},
+                  "bench-rest": (120, 0)},
 }
+TUNE_EXPECTED_S = {"cuda": (120, 45), "interpret": (60, 15)}  # the tune step (--tune), as EXPECTED_S
 
 
 def mode_key(args) -> str:
@@ -68,7 +69,7 @@ def plan(args, out_dir: Path) -> list[Step]:
         seconds = expected[key or name][pick]
         return Step(name, command, seconds, CAP_FACTOR * seconds, env, ROOT)
 
-    steps = [step("tune", tune_command(args, expected["tune"][pick]))] if args.tune else []
+    steps = [tune_step(args, env)] if args.tune else []
     steps += [step(f"tests-{f.name}", pytest + family_test_args(f, args.interpret, args.quick))
               for f in KERNEL_FAMILIES]
     if not args.interpret:
@@ -86,13 +87,14 @@ def plan(args, out_dir: Path) -> list[Step]:
     return steps
 
 
-def tune_command(args, seconds: float) -> list[str]:
+def tune_step(args, env: dict) -> Step:
     """The ``tune`` step (:mod:`.tune`): no new kernel shape starts after its planned time."""
+    seconds = TUNE_EXPECTED_S["interpret" if args.interpret else "cuda"][1 if args.quick else 0]
     cmd = [sys.executable, "-m", "attnops.gpu.tune", "--dir", str(Path(args.tuned_dir).resolve()),
            "--seconds", str(seconds)]
     if args.interpret:
         cmd += ["--interpret", "--repeats", "1"]
-    return cmd + (["--quick"] if args.quick else [])
+    return Step("tune", cmd + (["--quick"] if args.quick else []), seconds, CAP_FACTOR * seconds, env, ROOT)
 
 
 def bench_command(suite: GpuSuite, args, out_dir: Path, quick_cases: bool) -> list[str]:
