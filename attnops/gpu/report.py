@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .._core.triton.tuned import TUNED_DIR
+from .._core.triton.tuned import tuned_dir
 from .families import KERNEL_FAMILIES, family_test_args, integration_test_args
 from .peaks import Peak, peak_for
 from .steps import DONE, FAILED, FAILURES, KILLED_BUDGET, Interrupted, Step, run_within_budget, stop_on_signals
@@ -258,8 +258,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tune", action="store_true",
                    help="first time every kernel's tile candidates and write the table of this GPU and Triton "
                         "version that the launchers read (into --tuned-dir)")
-    p.add_argument("--tuned-dir", default=str(TUNED_DIR), metavar="DIR",
-                   help="folder of the tuned tables (default: attnops/gpu/tuned in the package)")
+    p.add_argument("--tuned-dir", default=str(tuned_dir()), metavar="DIR",
+                   help="folder of the tuned tables, written by --tune and read by every step's launchers (default: "
+                        "ATTNOPS_TUNED_DIR, else attnops/gpu/tuned in the package)")
     return p
 
 
@@ -303,6 +304,7 @@ def main(argv: list[str] | None = None, plan_steps: Callable[..., list[Step]] = 
                 step.status, step.tail = FAILED, problem
     child_env = dict(os.environ)
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), child_env.get("PYTHONPATH", "")) if p)
+    child_env["ATTNOPS_TUNED_DIR"] = str(Path(args.tuned_dir).resolve())
     stopped = None
     try:
         with stop_on_signals():
