@@ -1,7 +1,8 @@
-"""``python -m attnops gpu-report [--budget SECONDS] [--quick] [--out DIR] [--interpret]``: validate and time every
-GPU path in one run, within a time budget.
+"""``python -m attnops gpu-report [--budget SECONDS] [--quick] [--out DIR] [--interpret] [--tune [--tuned-dir DIR]]``:
+validate and time every GPU path in one run, within a time budget.
 
-Steps, most valuable first (each a child process; :mod:`.steps`): the CUDA tests of each kernel family (one pytest
+Steps, most valuable first (each a child process; :mod:`.steps`): with ``--tune`` first the tuning of every
+kernel's tile candidates (:mod:`.tune`, the table the later steps' launchers read), then the CUDA tests of each kernel family (one pytest
 run per family, :mod:`.families`, then ``tests/cuda/`` files no family claims), ``python -m attnops check``, one
 benchmark per GPU suite (:mod:`.suites`; its ``--quick`` cases), then the rest of each suite. A step starts only
 when the time left of ``--budget`` (default 420 s) fits its expected time (the time it took last time in this output
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .._core.triton.tuned import tuned_dir
 from .families import KERNEL_FAMILIES, family_test_args, integration_test_args
 from .peaks import Peak, peak_for
 from .steps import DONE, FAILED, FAILURES, KILLED_BUDGET, Interrupted, Step, run_within_budget, stop_on_signals
@@ -48,6 +50,7 @@ EXPECTED_S = {
                   "tests-dsv4-compressor-indexer": (300, 25), "tests-dsv4-sfm": (120, 20), "check": (600, 15),
                   "bench": (60, 10), "bench-rest": (120, 0)},
 }
+TUNE_EXPECTED_S = {"cuda": (120, 45), "interpret": (60, 15)}  # the tune step (--tune), as EXPECTED_S
 
 
 def mode_key(args) -> str:
@@ -66,7 +69,9 @@ def plan(args, out_dir: Path) -> list[Step]:
         seconds = expected[key or name][pick]
         return Step(name, command, seconds, CAP_FACTOR * seconds, env, ROOT)
 
-    steps = [step(f"tests-{f.name}", pytest + family_test_args(f, args.interpret, args.quick)) for f in KERNEL_FAMILIES]
+    steps = [tune_step(args, env)] if args.tune else []
+    steps += [step(f"tests-{f.name}", pytest + family_test_args(f, args.interpret, args.quick))
+              for f in KERNEL_FAMILIES]
     if not args.interpret:
         steps.append(step("tests-integration", pytest + integration_test_args()))
     if args.interpret:
@@ -80,6 +85,16 @@ def plan(args, out_dir: Path) -> list[Step]:
         steps += [step(f"bench-{s.suite}-rest", bench_command(s, args, out_dir, quick_cases=False), "bench-rest")
                   for s in GPU_SUITES.values() if _has_other_cases(s, args.interpret)]
     return steps
+
+
+def tune_step(args, env: dict) -> Step:
+    """The ``tune`` step (:mod:`.tune`): no new kernel shape starts after its planned time."""
+    seconds = TUNE_EXPECTED_S["interpret" if args.interpret else "cuda"][1 if args.quick else 0]
+    cmd = [sys.executable, "-m", "attnops.gpu.tune", "--dir", str(Path(args.tuned_dir).resolve()),
+           "--seconds", str(seconds)]
+    if args.interpret:
+        cmd += ["--interpret", "--repeats", "1"]
+    return Step("tune", cmd + (["--quick"] if args.quick else []), seconds, CAP_FACTOR * seconds, env, ROOT)
 
 
 def bench_command(suite: GpuSuite, args, out_dir: Path, quick_cases: bool) -> list[str]:
@@ -240,6 +255,12 @@ def parser() -> argparse.ArgumentParser:
                    help=f"output folder (default: ./{DEFAULT_OUT} in the current directory)")
     p.add_argument("--interpret", action="store_true",
                    help="without a GPU: the same flow on the CPU through Triton's interpreter at tiny sizes")
+    p.add_argument("--tune", action="store_true",
+                   help="first time every kernel's tile candidates and write the table of this GPU and Triton "
+                        "version that the launchers read (into --tuned-dir)")
+    p.add_argument("--tuned-dir", default=str(tuned_dir()), metavar="DIR",
+                   help="folder of the tuned tables, written by --tune and read by every step's launchers (default: "
+                        "ATTNOPS_TUNED_DIR, else attnops/gpu/tuned in the package)")
     return p
 
 
@@ -283,6 +304,7 @@ def main(argv: list[str] | None = None, plan_steps: Callable[..., list[Step]] = 
                 step.status, step.tail = FAILED, problem
     child_env = dict(os.environ)
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), child_env.get("PYTHONPATH", "")) if p)
+    child_env["ATTNOPS_TUNED_DIR"] = str(Path(args.tuned_dir).resolve())
     stopped = None
     try:
         with stop_on_signals():

@@ -3,7 +3,8 @@ operator (:class:`KernelFamily`: imported once per mode, their tile configuratio
 AOT call site of a launch (:meth:`KernelFamily.aot_launch`).
 
 Tile choice is deterministic: a launch runs with the first of its tile configurations (the fixed choice for its
-shape class), so two processes pick the same tiles and give bitwise equal results. ``ATTNOPS_AUTOTUNE=1`` lets
+shape class; on CUDA the one a tuned table of this GPU and Triton version chose, :mod:`.tuned`), so two processes
+pick the same tiles and give bitwise equal results. ``ATTNOPS_AUTOTUNE=1`` lets
 Triton's autotuner time every candidate on CUDA instead (the fastest tiles, at the price of run-to-run bitwise
 differences). Inside :func:`attnops.testing.gpu_dry_run` a launch is recorded (:mod:`.dry_run`), not run.
 
@@ -22,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from . import dry_run
+from . import dry_run, tuned, tuning
 from .support import interpreting
 
 
@@ -104,8 +105,9 @@ class KernelFamily:
         return self.tile_configs(launch, dict(zip(names, launch.args)), interpret)
 
     def run(self, launch: Launch, device: torch.device) -> None:
-        """Launch on ``device`` with the launch's first tile configuration, or through the kernel's autotuner on CUDA
-        when ``ATTNOPS_AUTOTUNE=1`` and it has several; inside a dry run, record it instead."""
+        """Launch on ``device`` with the launch's first tile configuration (on CUDA: the tuned table's, :mod:`.tuned`),
+        or through the kernel's autotuner on CUDA when ``ATTNOPS_AUTOTUNE=1`` and it has several; inside a dry run,
+        record it instead; inside a tuning session (:mod:`.tuning`), time its candidates."""
         interpret = interpreting(device)
         configs = self.configs(launch, interpret)
         recording = dry_run.active()
@@ -120,8 +122,15 @@ class KernelFamily:
         if len(configs) > 1 and autotune_requested() and not interpret and self.autotuning is not None:
             _autotuned(self, launch.kernel)[launch.grid_for](*launch.args, **launch.kwargs)
             return
-        config = configs[0]
-        self.function(launch.kernel, interpret)[launch.grid_for(config.kwargs)](
+        session = tuning.active()
+        if session is not None:
+            session.measure(self, launch, configs, device, interpret)
+            return
+        self.launch_with(launch, tuned.choose(self.name, launch, configs, device), interpret)
+
+    def launch_with(self, launch: Launch, config, interpret: bool):
+        """Launch with the tile configuration ``config``; returns Triton's compiled kernel (None when interpreted)."""
+        return self.function(launch.kernel, interpret)[launch.grid_for(config.kwargs)](
             *launch.args, **launch.kwargs, **config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
 
     def _check_devices(self, launch: Launch, device: torch.device) -> None:
