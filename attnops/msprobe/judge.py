@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,11 +87,11 @@ def _units(entries: list) -> list[list[str]]:
     return list(units.values())
 
 
-def judge_unit(dump: DumpDir, names: list[str]) -> list[CallResult]:
-    """The results of the calls ``names`` of ``dump`` (one unit of :func:`_units`: the references' forward
-    results are shared between them)."""
+def judge_unit(dump: DumpDir, names: list[str]) -> Iterator[CallResult]:
+    """The results of the calls ``names`` of ``dump``, one by one (one unit of :func:`_units`: the references'
+    forward results are shared between them)."""
     forwards: dict = {}
-    return [_judge_call(dump.entries[n], dump, forwards) for n in names]
+    return (_judge_call(dump.entries[n], dump, forwards) for n in names)
 
 
 def judge_dump(dump: DumpDir, api: str | None = None) -> list[CallResult]:
@@ -109,7 +109,7 @@ def judge_path(path: str | Path, *, step: int | None = None, rank: int | None = 
     """:func:`judge_dump` over every rank directory under ``path`` (dump root, step or rank directory), in dump
     order. ``jobs`` > 1 judges that many units (:func:`_units`) at once in worker processes
     (:mod:`.parallel_judge`); ``on_result(result, done, total)`` is called as each call's result arrives (in
-    completion order)."""
+    completion order: call by call, or unit by unit from the workers)."""
     dumps = [load_dump(d) for d in find_dump_dirs(path, step=step, rank=rank)]
     entries = [(dump, _entries(dump, api)) for dump in dumps]
     total = sum(len(es) for _, es in entries)
@@ -127,5 +127,6 @@ def judge_path(path: str | Path, *, step: int | None = None, rank: int | None = 
         judge_units(work, jobs, collect)
     else:
         for dump, names in work:
-            collect(dump, names, judge_unit(dump, names))
+            for name, result in zip(names, judge_unit(dump, names)):
+                collect(dump, [name], [result])
     return [done[str(dump.path), e.name] for dump, es in entries for e in es]

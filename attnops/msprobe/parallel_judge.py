@@ -35,7 +35,7 @@ def _start_worker(threads: int) -> None:
 def _judge(path: str, names: list[str]) -> list[CallResult]:
     if path not in _dumps:
         _dumps[path] = load_dump(Path(path))
-    return judge_unit(_dumps[path], names)
+    return list(judge_unit(_dumps[path], names))
 
 
 def judge_units(work: list[tuple[DumpDir, list[str]]], jobs: int,

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from .judge import CallResult, TensorResult
-from .metrics import HISTOGRAM_BINS, HISTOGRAM_RANGE
+from .metrics import histogram_edges
 from .verdict import RATIO_LIMITS
 
 __all__ = ["records", "write_json", "write_reports", "summary_line", "call_detail"]
@@ -87,7 +87,7 @@ def _plot(r: CallResult, file: Path) -> bool:
     tensors = [t for t in r.tensors if t.verdict.histograms and any(h is not None for h in t.verdict.histograms)]
     if not tensors:
         return False
-    edges = torch.linspace(*HISTOGRAM_RANGE, HISTOGRAM_BINS + 1)
+    edges = histogram_edges().log10()
     fig, axes = plt.subplots(1, len(tensors), figsize=(4 * len(tensors), 3), squeeze=False)
     for ax, t in zip(axes[0], tensors):
         hists = [(h, label) for h, label in zip(t.verdict.histograms, ("NPU vs fp64", "emulation vs fp64"))
@@ -95,7 +95,7 @@ def _plot(r: CallResult, file: Path) -> bool:
         used = torch.nonzero(sum(h for h, _ in hists)).flatten()
         lo, hi = int(used[0]), int(used[-1]) + 1  # the bins either series fills
         for counts, label in hists:
-            ax.stairs(counts[lo:hi].numpy(), edges[lo:hi + 1].numpy(), fill=True, alpha=0.5, label=label)
+            ax.stairs(counts[lo:hi].double().numpy(), edges[lo:hi + 1].numpy(), fill=True, alpha=0.5, label=label)
         ax.set_title(f"{t.tensor} {t.name}: {t.verdict.verdict}", fontsize=9)
         ax.set_xlabel("log10 |error|")
         ax.legend(fontsize=7)
