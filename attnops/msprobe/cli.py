@@ -23,7 +23,8 @@ from pathlib import Path
 
 from .._progress import progress_line
 from .dump import DumpFormatError
-from .judge import CallResult, judge_path
+from .judge import CallResult
+from .judge_path import judge_path
 from .report import call_detail, summary_line, write_json, write_reports
 
 __all__ = ["add_arguments", "run"]

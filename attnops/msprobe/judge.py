@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._core.errors import AclnnError
-from .dump import DumpDir, find_dump_dirs, load_dump
+from .dump import DumpDir
 from .rebuild import Unsupported, attention_entries, not_dumped_reason, rebuild_call
 from .references import INDEX_RESULTS, emulate, golden, not_dumped, npu_results
 from .verdict import TensorVerdict, judge_indices, judge_tensor
 
-__all__ = ["TensorResult", "CallResult", "judge_dump", "judge_path", "judge_unit"]
+__all__ = ["TensorResult", "CallResult", "judge_dump", "judge_unit", "entries_of", "units"]
 
 
 @dataclass
@@ -71,14 +71,15 @@ def _judge_call(entry, dump: DumpDir, forwards: dict) -> CallResult:
     return result
 
 
-def _entries(dump: DumpDir, api: str | None) -> list:
+def entries_of(dump: DumpDir, api: str | None) -> list:
+    """The fused-attention entries of ``dump`` (those matching ``api``, see :func:`judge_dump`), in dump order."""
     entries = attention_entries(dump)
     if api is not None:
         entries = [e for e in entries if fnmatch.fnmatch(e.api, api) or fnmatch.fnmatch(e.name, api)]
     return entries
 
 
-def _units(entries: list) -> list[list[str]]:
+def units(entries: list) -> list[list[str]]:
     """Entry names in units judged together: a call number's ``.forward`` and ``.backward`` entries share one
     unit (the references run their forward once for both), in dump order of each unit's first entry."""
     units: dict[str, list[str]] = {}
@@ -88,7 +89,7 @@ def _units(entries: list) -> list[list[str]]:
 
 
 def judge_unit(dump: DumpDir, names: list[str]) -> Iterator[CallResult]:
-    """The results of the calls ``names`` of ``dump``, one by one (one unit of :func:`_units`: the references'
+    """The results of the calls ``names`` of ``dump``, one by one (one unit of :func:`units`: the references'
     forward results are shared between them)."""
     forwards: dict = {}
     return (_judge_call(dump.entries[n], dump, forwards) for n in names)
@@ -97,36 +98,8 @@ def judge_unit(dump: DumpDir, names: list[str]) -> Iterator[CallResult]:
 def judge_dump(dump: DumpDir, api: str | None = None) -> list[CallResult]:
     """Results for the fused-attention calls of one rank directory; ``api``: an fnmatch pattern on the API name
     (``npu_fusion_attention*``) or on the entry name."""
-    entries = _entries(dump, api)
+    entries = entries_of(dump, api)
     results = {}
-    for names in _units(entries):
+    for names in units(entries):
         results.update(zip(names, judge_unit(dump, names)))
     return [results[e.name] for e in entries]
-
-
-def judge_path(path: str | Path, *, step: int | None = None, rank: int | None = None, api: str | None = None,
-               jobs: int = 1, on_result: Callable[[CallResult, int, int], None] | None = None) -> list[CallResult]:
-    """:func:`judge_dump` over every rank directory under ``path`` (dump root, step or rank directory), in dump
-    order. ``jobs`` > 1 judges that many units (:func:`_units`) at once in worker processes
-    (:mod:`.parallel_judge`); ``on_result(result, done, total)`` is called as each call's result arrives (in
-    completion order: call by call, or unit by unit from the workers)."""
-    dumps = [load_dump(d) for d in find_dump_dirs(path, step=step, rank=rank)]
-    entries = [(dump, _entries(dump, api)) for dump in dumps]
-    total = sum(len(es) for _, es in entries)
-    work = [(dump, names) for dump, es in entries for names in _units(es)]
-    done: dict[tuple[str, str], CallResult] = {}
-
-    def collect(dump: DumpDir, names: list[str], results: list[CallResult]) -> None:
-        for n, r in zip(names, results):
-            done[str(dump.path), n] = r
-            if on_result is not None:
-                on_result(r, len(done), total)
-
-    if jobs > 1 and len(work) > 1:
-        from .parallel_judge import judge_units
-        judge_units(work, jobs, collect)
-    else:
-        for dump, names in work:
-            for name, result in zip(names, judge_unit(dump, names)):
-                collect(dump, [name], [result])
-    return [done[str(dump.path), e.name] for dump, es in entries for e in es]
