@@ -88,8 +88,9 @@ def _bench_functions(case: Case) -> dict:
     import importlib
     import resource
 
-    functions = importlib.import_module("msprobe.pytorch.bench_functions.npu_fusion_attention"
-                                        if case.params["kind"] == "bench-msprobe" else "attnops.msprobe.bench_functions")
+    msprobe = case.params["kind"] == "bench-msprobe"
+    functions = importlib.import_module("msprobe.pytorch.bench_functions.npu_fusion_attention" if msprobe
+                                        else "attnops.msprobe.bench_functions")
     (q, k, v, dy), kwargs = _inputs(case)
     kwargs = dict(kwargs, sparse_mode=0, atten_mask=torch.ones(case.sq, case.skv, dtype=torch.bool).triu(1))
     before, rss0 = os.times(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -163,8 +164,9 @@ def run_suite(cases: list[Case], repeat: int, warmup: int) -> list[dict]:
                 continue
             if case.params["kind"] == "compare":
                 dump = Path(tmp) / case.name
-                write = [sys.executable, "-c", f"from pathlib import Path; from attnops.bench.golden_cpu import "
-                         f"CASES, write_dump; write_dump(CASES[{CASES.index(case)}], Path({str(dump)!r}) / 'rank0')"]
+                rank_dir = dump / "step0" / "rank0"
+                write = [sys.executable, "-c", "from pathlib import Path; from attnops.bench.golden_cpu import CASES, "
+                         f"write_dump; write_dump(CASES[{CASES.index(case)}], Path({str(rank_dir)!r}))"]
                 subprocess.run(write, check=True, env=_child_env(), capture_output=True)
             for i in range(warmup + repeat):
                 run = _measure_compare(dump) if case.params["kind"] == "compare" else _measure_bench(case)
