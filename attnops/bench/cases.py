@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import golden_cpu
 from .decode_peers import peer_cases
 from .host_overhead import host_cases
 from .types import MODES, Case
@@ -21,6 +22,7 @@ class Suite:
     repeat: int = 5
     warmup: int = 1
     multiprocess: bool = False  # cases run on spawned process groups (attnops.bench.context_parallel)
+    runner: str = ""  # a module of attnops.bench with the suite's own run_suite(cases, repeat, warmup), format_row
 
 
 SUITES: dict[str, Suite] = {}
@@ -482,6 +484,18 @@ register_suite(Suite(
             "over the repetitions on rank 0; bytes: sent per rank per layer, counted around the collectives (the "
             "cross-rank argument check off); the formulas are in docs/distributed.md",
     cases=_cp_cases(), device="cpu", repeat=3, warmup=1, multiprocess=True))
+
+
+register_suite(Suite(
+    name="golden-cpu",
+    description="Judging NPU calls on the CPU: attnops compare and the fp64 golden vs msprobe's bench function",
+    details="CPU time (user + system, all threads) and peak RSS of fresh subprocesses, medians of the repeats: "
+            "'python -m attnops compare' on a dump of one causal npu_fusion_attention call, forward + backward, "
+            "BNSD bf16 (golden and NPU emulation of each; the imports included), and msprobe's "
+            "npu_fusion_attention + npu_fusion_attention_grad bench functions against attnops' "
+            "(attnops.msprobe.bench_functions) on the same arguments (the calls only; msprobe's skipped without "
+            "mindstudio-probe)",
+    cases=golden_cpu.CASES, device="cpu", repeat=3, warmup=0, runner="golden_cpu"))
 
 
 def suite_cases(name: str, pattern: str | None = None) -> list[Case]:

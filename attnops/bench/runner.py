@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import re
 import sys
 import time
@@ -273,8 +274,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     repeat = suite.repeat if args.repeat is None else max(1, args.repeat)
     warmup = suite.warmup if args.warmup is None else max(0, args.warmup)
-    if suite.multiprocess:
-        return _run_multiprocess(suite, cases, repeat, warmup, Path(args.out))
+    if suite.multiprocess or suite.runner:
+        return _run_own(suite, cases, repeat, warmup, Path(args.out))
     impls = None if args.impls is None else [s.strip() for s in args.impls.split(",") if s.strip()]
     env = environment(device)
     print(f"suite {suite.name}: {len(cases)} case(s) on {env['device']['name']}, torch {env['torch']}, "
@@ -307,13 +308,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_multiprocess(suite, cases: list[Case], repeat: int, warmup: int, out_dir: Path) -> int:
-    """A suite whose cases run on spawned process groups (context parallelism)."""
-    from .context_parallel import format_row, run_cp_suite
+def _run_own(suite, cases: list[Case], repeat: int, warmup: int, out_dir: Path) -> int:
+    """A suite with its own runner: cases on spawned process groups (context parallelism) or ``suite.runner``'s
+    module."""
+    if suite.runner:
+        module = importlib.import_module(f"{__package__}.{suite.runner}")
+        run_suite, format_row = module.run_suite, module.format_row
+    else:
+        from .context_parallel import format_row, run_cp_suite as run_suite
 
     env = environment(torch.device("cpu"))
     t0 = time.perf_counter()
-    entries = run_cp_suite(cases, repeat, warmup)
+    entries = run_suite(cases, repeat, warmup)
     for entry in entries:
         print(entry["case"]["name"])
         print(format_row(entry), flush=True)

@@ -16,11 +16,15 @@ Exit status: 0 when nothing failed, 1 when a call FAILs, 2 on a usage or dump fo
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+import time
 from pathlib import Path
 
+from .._progress import progress_line
 from .dump import DumpFormatError
-from .judge import judge_path
+from .judge import CallResult
+from .judge_path import judge_path
 from .report import call_detail, summary_line, write_json, write_reports
 
 __all__ = ["add_arguments", "run"]
@@ -35,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                       "('npu_fusion_attention*') or on the entry name ('*.0.backward')")
     parser.add_argument("--out", metavar="DIR", help="write report.md, report.html and error histograms here")
     parser.add_argument("--json", metavar="FILE", help="write one JSON record per compared tensor")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="judge N calls at once in worker processes, each with 1/N of torch's intra-op threads "
+                             "(a call number's forward and backward stay together); the results keep dump order")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_true",
+                       help="a progress line per judged call on stderr even when stderr is not a terminal")
+    shown.add_argument("--quiet", action="store_true", help="no progress lines (default: on a terminal only)")
 
 
 def _usage_error(message: str) -> int:
@@ -56,12 +67,33 @@ def _output_problem(out: str | None, json_file: str | None) -> str | None:
     return None
 
 
+class _ProgressLines:
+    """``[k/n] VERDICT  where  call  elapsed .., ETA ..`` on stderr as each call's result arrives."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+
+    def __call__(self, r: CallResult, done: int, total: int) -> None:
+        elapsed = time.monotonic() - self.start
+        eta = elapsed * (total - done) / done
+        print(progress_line(done, total, f"{r.verdict}  {r.where}  {r.call}", elapsed, eta), file=sys.stderr,
+              flush=True)
+
+
+def _show_progress(args: argparse.Namespace) -> bool:
+    return args.progress or (not args.quiet and sys.stderr.isatty())
+
+
 def run(args: argparse.Namespace) -> int:
-    problem = _output_problem(args.out, args.json)
+    problem = _output_problem(args.out, args.json) or (
+        f"--jobs {args.jobs}: expected a positive number of processes" if args.jobs < 1 else None)
     if problem:
         return _usage_error(problem)
+    gc.freeze()  # the objects alive now (modules, torch) are never collected: tensor-heavy re-runs trigger the
+    # collector often, and each full collection would walk them all again
     try:
-        results = judge_path(args.path, step=args.step, rank=args.rank, api=args.api)
+        results = judge_path(args.path, step=args.step, rank=args.rank, api=args.api, jobs=args.jobs,
+                             on_result=_ProgressLines() if _show_progress(args) else None)
     except (DumpFormatError, OSError) as exc:
         return _usage_error(str(exc))
     if args.api is not None and not results:

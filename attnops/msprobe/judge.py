@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._core.errors import AclnnError
-from .dump import DumpDir, find_dump_dirs, load_dump
+from .dump import DumpDir
 from .rebuild import Unsupported, attention_entries, not_dumped_reason, rebuild_call
 from .references import INDEX_RESULTS, emulate, golden, not_dumped, npu_results
 from .verdict import TensorVerdict, judge_indices, judge_tensor
 
-__all__ = ["TensorResult", "CallResult", "judge_dump", "judge_path"]
+__all__ = ["TensorResult", "CallResult", "judge_dump", "judge_unit", "entries_of", "units"]
 
 
 @dataclass
@@ -21,8 +22,6 @@ class TensorResult:
     tensor: str
     name: str
     verdict: TensorVerdict
-    npu_errors: object = None  # |N - G| as a flat float64 tensor (for the report's histogram)
-    emulation_errors: object = None
 
 
 @dataclass
@@ -37,10 +36,11 @@ class CallResult:
     tensors: list[TensorResult] = field(default_factory=list)
 
 
-def _judge_call(entry, dump: DumpDir) -> CallResult:
+def _judge_call(entry, dump: DumpDir, forwards: dict) -> CallResult:
     where = f"{dump.step}/{dump.rank}" if dump.step else dump.rank
     try:
         call = rebuild_call(entry, dump)
+        call.forwards = forwards
         n, absent = npu_results(call), not_dumped(call)
         if not n and absent:
             raise Unsupported(not_dumped_reason([m for _, m in absent.values()]))
@@ -58,13 +58,7 @@ def _judge_call(entry, dump: DumpDir) -> CallResult:
         if name in INDEX_RESULTS:
             result.tensors.append(TensorResult(label, name, judge_indices(npu, e[label][1])))
             continue
-        verdict = judge_tensor(npu, e[label][1], g[label][1])
-        errors = {}
-        if npu.is_floating_point() and npu.shape == g[label][1].shape:
-            golden64 = g[label][1].double().reshape(-1)
-            errors = dict(npu_errors=(npu.double().reshape(-1) - golden64).abs(),
-                          emulation_errors=(e[label][1].double().reshape(-1) - golden64).abs())
-        result.tensors.append(TensorResult(label, name, verdict, **errors))
+        result.tensors.append(TensorResult(label, name, judge_tensor(npu, e[label][1], g[label][1])))
     for label, (name, m) in absent.items():
         result.tensors.append(TensorResult(label, name, TensorVerdict(
             "SKIP", ["not judged: dumped as statistics only, without tensor data"], dtype=m.dtype, shape=m.shape)))
@@ -77,16 +71,35 @@ def _judge_call(entry, dump: DumpDir) -> CallResult:
     return result
 
 
-def judge_dump(dump: DumpDir, api: str | None = None) -> list[CallResult]:
-    """Results for the fused-attention calls of one rank directory; ``api``: an fnmatch pattern on the API name
-    (``npu_fusion_attention*``) or on the entry name."""
+def entries_of(dump: DumpDir, api: str | None) -> list:
+    """The fused-attention entries of ``dump`` (those matching ``api``, see :func:`judge_dump`), in dump order."""
     entries = attention_entries(dump)
     if api is not None:
         entries = [e for e in entries if fnmatch.fnmatch(e.api, api) or fnmatch.fnmatch(e.name, api)]
-    return [_judge_call(e, dump) for e in entries]
+    return entries
 
 
-def judge_path(path: str | Path, *, step: int | None = None, rank: int | None = None,
-               api: str | None = None) -> list[CallResult]:
-    """:func:`judge_dump` over every rank directory under ``path`` (dump root, step or rank directory)."""
-    return [r for d in find_dump_dirs(path, step=step, rank=rank) for r in judge_dump(load_dump(d), api)]
+def units(entries: list) -> list[list[str]]:
+    """Entry names in units judged together: a call number's ``.forward`` and ``.backward`` entries share one
+    unit (the references run their forward once for both), in dump order of each unit's first entry."""
+    units: dict[str, list[str]] = {}
+    for e in entries:
+        units.setdefault(e.name.rsplit(".", 1)[0], []).append(e.name)
+    return list(units.values())
+
+
+def judge_unit(dump: DumpDir, names: list[str]) -> Iterator[CallResult]:
+    """The results of the calls ``names`` of ``dump``, one by one (one unit of :func:`units`: the references'
+    forward results are shared between them)."""
+    forwards: dict = {}
+    return (_judge_call(dump.entries[n], dump, forwards) for n in names)
+
+
+def judge_dump(dump: DumpDir, api: str | None = None) -> list[CallResult]:
+    """Results for the fused-attention calls of one rank directory; ``api``: an fnmatch pattern on the API name
+    (``npu_fusion_attention*``) or on the entry name."""
+    entries = entries_of(dump, api)
+    results = {}
+    for names in units(entries):
+        results.update(zip(names, judge_unit(dump, names)))
+    return [results[e.name] for e in entries]

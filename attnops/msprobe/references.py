@@ -74,11 +74,13 @@ def _fa_prepared(call: Call, ref: Reference, *names: str) -> tuple[dict[str, Any
 
 def _fa(call: Call, ref: Reference) -> list[Tensor | None]:
     """``npu_fusion_attention(_v2/_v3)``: the forward, or the backward from the dumped ``dy`` (after the
-    reference's own forward)."""
+    reference's own forward, run once for both directions of a call number: ``call.forwards``)."""
     import attnops
 
     opts, (q, k, v) = _fa_prepared(call, ref, "query", "key", "value")
-    fwd = attnops.flash_attention(q, k, v, return_stats=True, **opts)
+    fwd = call.forwards.get(ref.name)
+    if fwd is None:  # else the same reference's forward of the other direction's call, from the same arguments
+        fwd = call.forwards[ref.name] = attnops.flash_attention(q, k, v, return_stats=True, **opts)
     if call.direction == "forward":
         return [fwd.out, fwd.softmax_max, fwd.softmax_sum]
     dy = call.grads[0]

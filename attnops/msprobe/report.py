@@ -8,7 +8,10 @@ import json
 import math
 from pathlib import Path
 
+import torch
+
 from .judge import CallResult, TensorResult
+from .metrics import histogram_edges
 from .verdict import RATIO_LIMITS
 
 __all__ = ["records", "write_json", "write_reports", "summary_line", "call_detail"]
@@ -73,21 +76,26 @@ def _table(r: CallResult) -> tuple[list[str], list[list[str]]]:
 
 
 def _plot(r: CallResult, file: Path) -> bool:
-    """Histogram of log10 |N - G| and |E - G| per tensor; False without matplotlib."""
+    """Histogram of log10 |N - G| and |E - G| per tensor (the counts the metrics pass made); False without
+    matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    tensors = [t for t in r.tensors if t.npu_errors is not None and t.npu_errors.numel()]
+    tensors = [t for t in r.tensors if t.verdict.histograms and any(h is not None for h in t.verdict.histograms)]
     if not tensors:
         return False
+    edges = histogram_edges().log10()
     fig, axes = plt.subplots(1, len(tensors), figsize=(4 * len(tensors), 3), squeeze=False)
     for ax, t in zip(axes[0], tensors):
-        for errors, label in ((t.npu_errors, "NPU vs fp64"), (t.emulation_errors, "emulation vs fp64")):
-            logs = errors[errors > 0].log10().numpy()
-            ax.hist(logs, bins=40, alpha=0.5, label=label)
+        hists = [(h, label) for h, label in zip(t.verdict.histograms, ("NPU vs fp64", "emulation vs fp64"))
+                 if h is not None]
+        used = torch.nonzero(sum(h for h, _ in hists)).flatten()
+        lo, hi = int(used[0]), int(used[-1]) + 1  # the bins either series fills
+        for counts, label in hists:
+            ax.stairs(counts[lo:hi].double().numpy(), edges[lo:hi + 1].numpy(), fill=True, alpha=0.5, label=label)
         ax.set_title(f"{t.tensor} {t.name}: {t.verdict.verdict}", fontsize=9)
         ax.set_xlabel("log10 |error|")
         ax.legend(fontsize=7)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .metrics import Metrics, compute_metrics, constants_for
+from .metrics import Metrics, constants_for, metrics_against
 
 __all__ = ["RATIO_LIMITS", "TensorVerdict", "judge_tensor", "judge_indices"]
 
@@ -35,6 +35,7 @@ class TensorVerdict:
     exact: bool = False
     dtype: str = ""
     shape: tuple[int, ...] = ()
+    histograms: tuple[Tensor | None, Tensor | None] | None = None  # of log10 |N - G| and |E - G| (see metrics)
 
 
 def _nonfinite(x: Tensor) -> Tensor:
@@ -80,10 +81,11 @@ def judge_tensor(npu: Tensor, emulation: Tensor, golden: Tensor) -> TensorVerdic
         if worst > 1:
             result.verdict, result.reasons = "FAIL", [f"integer output differs from the emulation by {worst} > 1"]
         return result
-    if not torch.equal(_nonfinite(npu), _nonfinite(emulation)):
+    if not (bool(torch.isfinite(npu).all()) and bool(torch.isfinite(emulation).all())) and \
+            not torch.equal(_nonfinite(npu), _nonfinite(emulation)):
         result.reasons.append("inf/NaN positions differ from the emulation's")
-    result.npu = compute_metrics(npu, golden, npu.dtype)
-    result.emulation = compute_metrics(emulation, golden, npu.dtype)
+    (result.npu, npu_hist), (result.emulation, emulation_hist) = metrics_against(golden, [npu, emulation], npu.dtype)
+    result.histograms = (npu_hist, emulation_hist)
     floor = constants_for(npu.dtype).minimum_err
     for name, limit in RATIO_LIMITS.items():
         ratio = getattr(result.npu, name) / max(getattr(result.emulation, name), floor)

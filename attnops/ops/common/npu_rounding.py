@@ -8,6 +8,7 @@ ties to even. :class:`NpuRounding` is the policy the reference cores consult; ``
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -82,15 +83,27 @@ class NpuRounding:
     def grid(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` rounded to the ``dtype`` grid with ``CAST_ROUND`` and returned in ``x``'s dtype (what the cube
         reads: its products of ``dtype`` values are exact in fp32)."""
-        return cast_round(x, self.dtype).to(x.dtype)
+        out = torch.empty_like(x)
+        return out if _bf16_grid(x, self.dtype, out) else cast_round(x, self.dtype).to(x.dtype)
 
     def grid_(self, x: torch.Tensor) -> torch.Tensor:
         """:meth:`grid` in place."""
-        return x.copy_(cast_round(x, self.dtype))
+        return x if _bf16_grid(x, self.dtype, x) else x.copy_(cast_round(x, self.dtype))
 
     def store(self, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         """Write the fp32 result ``src`` into ``dst`` with the output cast (``CAST_ROUND``, or ties to even)."""
         return dst.copy_(src if self.even_output else cast_round(src, dst.dtype))
+
+
+def _bf16_grid(x: torch.Tensor, dtype: torch.dtype, out: torch.Tensor) -> bool:
+    """:func:`cast_round` of fp32 ``x`` to bf16, as fp32, written to ``out`` (``x`` itself or a tensor like it) in two
+    passes over the bits: half a bf16 ulp added to the magnitude, the low 16 bits dropped (ties away from zero,
+    overflow to inf). False, with nothing written, unless ``dtype`` is bf16 and ``x`` fp32 and NaN-free (a NaN's
+    bits would not stay a NaN's)."""
+    if dtype != torch.bfloat16 or x.dtype != torch.float32 or not x.is_contiguous() or math.isnan(float(x.sum())):
+        return False
+    torch.add(x.view(torch.int32), 0x8000, out=out.view(torch.int32)).bitwise_and_(-0x10000)
+    return True
 
 
 def npu_rounding(precision: str, dtype: torch.dtype, **options) -> NpuRounding | None:
