@@ -105,6 +105,7 @@ for _dtype in ("fp16", "bf16"):
     _register(f"{_dtype}-d192-dv128-mask-pse-dropout", _dtype, 192, EVERYTHING, dv=128)
     _register(f"{_dtype}-d256-mask-pse-dropout", _dtype, 256, EVERYTHING)
 _register("fp32-d128-mask-pse-dropout", "fp32", 128, EVERYTHING)
+_register("fp32-d128-causal-dq-kernel", "fp32", 128, ("causal",), fused=False)
 _register("fp16-d128-causal-device-lengths", "fp16", 128, ("causal",), device_lengths=True)
 _register("bf16-d128-causal-softcap-slopes2", "bf16", 128, ("causal", "softcap", "slopes2"))
 _register("bf16-d128-causal-softcap-slopes2-dq-kernel", "bf16", 128, ("causal", "softcap", "slopes2"), fused=False)
