@@ -14,6 +14,8 @@ from attnops._core.triton.registry import all_aot_cases
 case, target = sys.argv[1], sys.argv[2]
 out = []
 for launch in all_aot_cases()[case].launches():
+    if target not in launch.targets:
+        continue
     for v in compile_launch(launch, TARGETS[target]):
         out.append(dict(kernel=v.kernel, spills=v.n_spills, shared=v.shared, limit=SHARED_LIMIT[TARGETS[target][1]],
                         default=v.default, ptx=vars(v.ptx)))

@@ -21,13 +21,15 @@ SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}  # bytes of shared memory per bl
 
 @dataclass(frozen=True)
 class KernelLaunch:
-    """One call site of a kernel: ``function`` (``@triton.jit``), its argument values by name (tiles excluded) and
-    the ``triton.Config`` candidates (tiles, warps, stages) it runs with."""
+    """One call site of a kernel: ``function`` (``@triton.jit``), its argument values by name (tiles excluded), the
+    ``triton.Config`` candidates (tiles, warps, stages) it runs with and the ``targets`` whose launcher runs it (a
+    form for GPUs before sm_90 names ``("sm_80",)``)."""
 
     kernel: str
     function: object
     values: dict
     configs: list
+    targets: tuple = tuple(TARGETS)
 
 
 @dataclass(frozen=True)

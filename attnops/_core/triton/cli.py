@@ -1,10 +1,11 @@
-"""``python -m attnops aot [--target sm_90|sm_80|all] [--filter TEXT] [--json FILE] [--check]``: compile every registered
-Triton kernel (:mod:`.registry`) at its launch configurations down to cubin without a GPU and print one row per
-compiled variant: operator, case, kernel, tiles, warps, stages, registers, spills, shared memory (bytes), whether it
-is the configuration the launcher runs ("default": the launch's first) and the PTX's instruction mix
-(wgmma/mma.sync/cp.async/TMA/narrow global loads, :class:`~.aot.PtxCounts`). ``--json FILE`` writes the same, one
-record per variant. ``--check`` also applies the Hopper fast-path rules (:mod:`.fast_path`). Exits 1 when a kernel
-fails to compile, needs more shared memory than the target has, or (with ``--check``) breaks a rule."""
+"""``python -m attnops aot [--target sm_90|sm_80|all] [--filter TEXT] [--json FILE] [--check]``: compile every
+registered Triton kernel (:mod:`.registry`) at its launch configurations down to cubin without a GPU and print one
+row per compiled variant (on the targets whose launcher runs it): operator, case, kernel, tiles, warps, stages,
+registers, spills, shared memory (bytes), whether it is the configuration the launcher runs ("default": the launch's
+first) and the PTX's instruction mix (wgmma/mma.sync/cp.async/TMA/narrow global loads, :class:`~.aot.PtxCounts`).
+``--json FILE`` writes the same, one record per variant. ``--check`` also applies the Hopper fast-path rules
+(:mod:`.fast_path`). Exits 1 when a kernel fails to compile, needs more shared memory than the target has, or (with
+``--check``) breaks a rule."""
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ def _rows(targets: list[str], pattern: str, kernel: str) -> tuple[list[tuple], l
         launches = [launch for launch in case.launches() if kernel in launch.kernel]
         for target in targets:
             arch = TARGETS[target][1]
-            for launch in launches:
+            for launch in (launch for launch in launches if target in launch.targets):
                 try:
                     variants = compile_launch(launch, TARGETS[target])
                 except Exception as e:  # reported as a failed row; the exit status says so

@@ -1,12 +1,15 @@
 """The FlashAttention kernels in the shared AOT machinery (``attnops._core.triton``): a plan's launches as
 :class:`~attnops._core.triton.aot.KernelLaunch` call sites, and the problems ``python -m attnops aot`` compiles:
-fp16/bf16/fp32 x head dims 64/128/256 causal (every tile class), fp16/bf16 at D=64/128 with each mask and per-element
-feature alone (none, causal, band, explicit mask, each pse kind, each dropout kind, softcap) and all of them at once
-(also at D=192/Dv=128 and D=256), GQA and MQA, D=192/Dv=128 causal, causal + softcap + slopes, the backward's form for
-GPUs before sm_90 (``-dq-kernel``), and one problem with ``cu_seqlens`` tensors for the prepare and tail kernels.
-Sequence lengths are multiples of 16, as in real training shapes, so the row strides of a pse or an explicit mask get
-Triton's divisible-by-16 specialisation (only the signature matters, not the sizes)."""
+fp16/bf16/fp32 x head dims 64/128/256 causal (every tile class), fp16/bf16 at D=64/128 with each mask and
+per-element feature alone (none, causal, band, explicit mask, each pse kind, each dropout kind, softcap) and all of
+them at once (also at D=192/Dv=128 and D=256), GQA and MQA, D=192/Dv=128 causal, causal + softcap + slopes, the
+backward's form for GPUs before sm_90 (``-dq-kernel``: its dK/dV pass and dQ kernel compile for sm_80 only, the one
+pass for sm_90 only), and one problem with ``cu_seqlens`` tensors for the prepare and tail kernels. Sequence lengths
+are multiples of 16, as in real training shapes, so the row strides of a pse or an explicit mask get Triton's
+divisible-by-16 specialisation (only the signature matters, not the sizes)."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -70,7 +73,15 @@ def _plan(dtype: str, d: int, features: tuple[str, ...], dv: int | None = None, 
     p = build_problem(q, k, v, **kw)
     (out, smax, ssum), fwd = fa_launch.forward_plan(p, q, k, v, interpret=False)
     _, bwd = fa_launch.backward_plan(p, q, k, v, dy, out, smax, ssum, interpret=False, fused=fused)
-    return [KERNELS.aot_launch(item) for item in fwd + bwd]
+    return [_on_targets(KERNELS.aot_launch(item), fused) for item in fwd + bwd]
+
+
+def _on_targets(launch: KernelLaunch, fused: bool) -> KernelLaunch:
+    """``launch`` on the targets that run it: the backward's dK/dV pass and dQ kernel have one form per target
+    (``launch.dq_in_pass``: dQ in the pass from sm_90 on, the dQ kernel before)."""
+    if launch.kernel not in ("dkdv_kernel", "dq_kernel"):
+        return launch
+    return dataclasses.replace(launch, targets=("sm_90",) if fused else ("sm_80",))
 
 
 def _register(name: str, dtype: str, d: int, features: tuple[str, ...], **kw) -> None:
@@ -94,6 +105,7 @@ for _dtype in ("fp16", "bf16"):
     _register(f"{_dtype}-d192-dv128-mask-pse-dropout", _dtype, 192, EVERYTHING, dv=128)
     _register(f"{_dtype}-d256-mask-pse-dropout", _dtype, 256, EVERYTHING)
 _register("fp32-d128-mask-pse-dropout", "fp32", 128, EVERYTHING)
+_register("fp32-d128-causal-dq-kernel", "fp32", 128, ("causal",), fused=False)
 _register("fp16-d128-causal-device-lengths", "fp16", 128, ("causal",), device_lengths=True)
 _register("bf16-d128-causal-softcap-slopes2", "bf16", 128, ("causal", "softcap", "slopes2"))
 _register("bf16-d128-causal-softcap-slopes2-dq-kernel", "bf16", 128, ("causal", "softcap", "slopes2"), fused=False)

@@ -18,21 +18,25 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # third width class, ``WIDEST`` (:func:`_class_key`): the backward's 64-key blocks of D <= 192 / Dv <= 128 (wgmma)
 # and the forward's 64-row tiles with every feature do not fit the registers with D = Dv = 256. The backward above
 # D=128 takes 32-key blocks (mma.sync but the dQ product): 64-key blocks (wgmma) spill 4 words at D=192/Dv=128
-# (Triton 3.9; 10 with 3.6), 32-key blocks none.
+# (Triton 3.9; 10 with 3.6), 32-key blocks none. The fp32 pass (dQ in it) steps 16 query rows over 32 keys, 16 keys
+# above D=128: 32 x 32 spilled 2 words at D=128 and 16 x 32 4 words at D=256 on sm_90 with Triton 3.9 (with
+# per-element features 32 x 32 stays: 16 x 32 spills 6 words with 3.6). The fp32 forward at D <= 128 takes 16 x 16
+# tiles: 16 x 32 spilled 2-4 words in NSA's compressed attention (its causal-block rule) under ptxas's 80-register
+# choice at 8 warps (sm_90 with Triton 3.6 in two stages, sm_80 with 3.9 in one).
 WIDEST = 2
 _TILES = {
     ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
     ("fwd", 2, True): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 2, WIDEST): [(64, 32, 8, 2), (64, 16, 8, 2)],
-    ("fwd", 4, False): [(16, 32, 8, 2), (32, 32, 8, 2)],
+    ("fwd", 4, False): [(16, 16, 8, 2), (16, 32, 8, 2), (32, 32, 8, 2)],
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("fwd", 4, WIDEST): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
     ("bwd", 2, True): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 2, WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
-    ("bwd", 4, False): [(32, 32, 8, 1)],
-    ("bwd", 4, True): [(16, 32, 8, 1)],
-    ("bwd", 4, WIDEST): [(16, 32, 8, 1)],
+    ("bwd", 4, False): [(16, 32, 8, 1), (32, 32, 8, 1)],
+    ("bwd", 4, True): [(16, 16, 8, 1), (16, 32, 8, 1)],
+    ("bwd", 4, WIDEST): [(16, 16, 8, 1), (16, 32, 8, 1)],
 }
 # The candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared memory). The
 # forward's: 64 rows (wgmma) x 32 keys at D <= 128, x 16 keys above, spill-free on sm_80 and sm_90 for every feature
@@ -47,6 +51,7 @@ _FEATURE_TILES = {
     ("fwd", 2, True): [(64, 16, 8, 2), (32, 32, 4, 2)],
     ("fwd", 2, WIDEST): [(32, 16, 8, 2), (64, 16, 8, 2)],
     ("fwd", 4, False): [(16, 16, 4, 1)],
+    ("bwd", 4, False): [(32, 32, 8, 1)],
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(16, 64, 8, 2), (32, 64, 8, 2)],
     ("bwd", 2, True): [(16, 16, 8, 2), (16, 32, 8, 1)],

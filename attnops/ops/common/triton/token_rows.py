@@ -79,14 +79,14 @@ def key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE: tl.con
     ``(b, pos)``, packed ``(0, start + pos)``, paged ``(block id, pos % page)``; a row's offset in a tensor is
     ``outer * stride(0) + inner * stride(1)``. Paged, ``ok`` drops the positions whose block id is outside the
     cache (such a block contributes no keys)."""
-    pos = tl.where(ok, pos, 0).to(tl.int64)
+    pos = tl.where(ok, pos, 0).to(tl.int32)
     if KV_MODE == KV_PAGED:
-        blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + pos // page, mask=ok, other=0).to(tl.int64)
+        blk = tl.load(bt_ptr + b.to(tl.int64) * bt_sb + pos // page, mask=ok, other=0)
         ok = ok & (blk >= 0) & (blk < n_pages)
-        return tl.where(ok, blk, 0), pos % page, ok
+        return tl.where(ok, blk, 0).to(tl.int64), (pos % page).to(tl.int64), ok
     if KV_MODE == KV_PACKED:
-        return tl.zeros_like(pos), kv_start + pos, ok
-    return tl.zeros_like(pos) + b.to(tl.int64), pos, ok
+        return tl.zeros_like(pos).to(tl.int64), kv_start + pos.to(tl.int64), ok
+    return tl.zeros_like(pos).to(tl.int64) + b.to(tl.int64), pos.to(tl.int64), ok
 
 
 @triton.jit

@@ -18,9 +18,10 @@ SPLIT_PROGRAMS, SPLIT_POSITIONS = 264, 256
 INTERPRET_SPLIT_PROGRAMS, INTERPRET_SPLIT_POSITIONS = 8, 8
 INDEXER_KEYS, FP32_INDEXER_KEYS = 64, 16  # keys per indexer product on a GPU (16-bit inputs, fp32)
 MAX_HEAD_TILE = 64  # query heads per sparse-attention program on a GPU (the M of its products)
-# gathered rows per sparse-attention step on a GPU: 32 for a dense 16-bit cache, 16 through a block table, for a
-# quantized cache (dequantization registers) and for fp32 (one stage through a block table); the compiler's figures
-# (python -m attnops aot --filter dsa): no spills that way, except the quantized cache's, which spills at either size
+# gathered rows per sparse-attention step on a GPU: 32 for a dense 16-bit cache, 16 through a block table (3 stages
+# from a plain 16-bit cache, 1 for fp32), for a quantized cache (dequantization registers) and for fp32; the
+# compiler's figures (python -m attnops aot --filter dsa): no spills that way, except the quantized cache's, which
+# spills at either size
 WIDE_ATTENTION_KEYS = 32
 ATTENTION_KEYS = 16
 # the backward on a GPU: dQ holds BACKWARD_HEADS heads x the whole latent (its fp32 accumulator) against
@@ -110,7 +111,10 @@ def _config(launch: Launch, named_args: dict, interpret: bool):
         return triton.Config(tiles, num_warps=8, num_stages=2)
     paged = launch.kwargs["KV_MODE"] == 2
     dense = not paged and not launch.kwargs["QUANT"] and dtype.itemsize == 2
-    stages = 1 if paged and dtype.itemsize == 4 else 2
+    if dtype.itemsize == 4:
+        stages = 1 if paged else 2
+    else:
+        stages = 3 if paged and not launch.kwargs["QUANT"] else 2
     return triton.Config(dict(BLOCK_N=WIDE_ATTENTION_KEYS if dense else ATTENTION_KEYS), num_warps=8,
                          num_stages=stages)
 

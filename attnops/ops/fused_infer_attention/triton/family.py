@@ -23,8 +23,8 @@ def precision_flags(query_dtype: torch.dtype, interpret: bool) -> dict:
 def _decode_config(launch: Launch, named_args: dict, interpret: bool):
     """The split kernel: the widest KV tile that compiles without spills. 64 or more fp16/bf16 query rows (wgmma,
     8 warps, 2 stages): 64 tokens for 64 rows, 32 for 128 rows; with antiquant or head dims over 128, 16 tokens in
-    1 stage. Fewer rows: 16 tokens for int4 (unpacking doubles the live tile), 32 for fp32, else 64, with 8 warps
-    for those and for head dims over 128. The merge kernel: 4 warps (2 for Dv <= 64)."""
+    1 stage. Fewer rows: 16 tokens for int4 (unpacking doubles the live tile), 32 for fp32 (1 stage), else 64, with
+    8 warps for those and for head dims over 128. The merge kernel: 4 warps (2 for Dv <= 64)."""
     import triton
 
     kw = launch.kwargs
@@ -40,8 +40,8 @@ def _decode_config(launch: Launch, named_args: dict, interpret: bool):
         return triton.Config(dict(BLOCK_N=16), num_warps=8, num_stages=1)
     if KV_INT4 in (kw["K_QUANT"], kw["V_QUANT"]):
         return triton.Config(dict(BLOCK_N=16), num_warps=8, num_stages=2)
-    if named_args["q_ptr"].dtype == torch.float32:
-        return triton.Config(dict(BLOCK_N=32), num_warps=8, num_stages=2)
+    if named_args["q_ptr"].dtype == torch.float32:  # 2 stages spill 2 words (dense, D=128, Triton 3.9)
+        return triton.Config(dict(BLOCK_N=32), num_warps=8, num_stages=1)
     return triton.Config(dict(BLOCK_N=64), num_warps=8 if wide else 4, num_stages=2)
 
 

@@ -17,8 +17,10 @@ MAX_KEY_TILE = {2: 64, 4: 32}  # keys of a selected block per step on a GPU, by 
 COMPRESSION_ROWS = 32  # compressed rows (tokens for the input gradient) per compression program on a GPU
 SCORE_BLOCK_K = 16  # selection blocks per score program (the score grid's third extent counts such tiles)
 MAX_TOPK_TILE = 2048  # block scores the top-k kernel holds per step on a GPU
-# importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps)
+# importance_kernel on a GPU, by operand bytes: (BLOCK_M, BLOCK_N, warps); fp32 above D=128 takes
+# WIDE_FP32_IMPORTANCE_WARPS (8 warps spill 2 words there, 4 with an explicit mask)
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
+WIDE_FP32_IMPORTANCE_WARPS = 2
 # selected dK/dV on a GPU: (entry, query head) rows per step by operand bytes (the N of its [BLOCK_N x BLOCK_R]
 # products: 64 spills at D >= 128; with a split head dim (D=192) 16, as 32 spills on sm_80); list chunks:
 # attnops.ops.common.inverted_lists.list_chunk
@@ -133,7 +135,10 @@ def _importance_config(launch: Launch, named_args: dict, interpret: bool):
 
     if interpret:
         return triton.Config(dict(BLOCK_M=INTERPRET_TILE, BLOCK_N=INTERPRET_TILE, BLOCK_K=SCORE_BLOCK_K))
-    m, n, warps = importance_tiles(named_args["q_ptr"].dtype, interpret)
+    dtype = named_args["q_ptr"].dtype
+    m, n, warps = importance_tiles(dtype, interpret)
+    if dtype.itemsize == 4 and launch.kwargs["BLOCK_D"] > 128:
+        warps = WIDE_FP32_IMPORTANCE_WARPS
     return triton.Config(dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=SCORE_BLOCK_K), num_warps=warps, num_stages=1)
 
 
