@@ -41,6 +41,15 @@ def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) 
     return [torch.nonzero(row).flatten().tolist() for row in peaked]
 
 
+def _has_unit_rows(p: FAProblem, l_b: torch.Tensor, acc: torch.dtype) -> bool:
+    """Whether some row's ``softmax_sum`` is 1 in an fp32 computation without NPU rounding: there an entry with
+    ``P == 1`` gets ``dS = 0`` exactly. Its exact value, ``-sum_j P_j dP_j`` over the row's other keys, is 0 for a
+    row with one key and below fp32 resolution otherwise, where the rounding of ``dP - D`` would be all of ``dS``.
+    Not in fp64 (the golden: its rounding is far below the other keys' terms) nor under ``precision="npu"`` (the
+    NPU forms ``dP - D`` as computed)."""
+    return acc == torch.float32 and p.rounding is None and bool((l_b == 1).any())
+
+
 @dataclass
 class _BackwardBatch:
     """One batch's operands, heads first, and its gradient accumulators (which may alias the outputs)."""
@@ -113,7 +122,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
             b, batch_tokens(qv, p.seq, b).transpose(0, 1), do, k_all[i], v_all[i],
             stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc).contiguous(),
             l_b.log2().neg_().contiguous(),
-            o, peaked, bool((l_b == 1).any()), _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
+            o, peaked, _has_unit_rows(p, l_b, acc), _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
     jobs, partials = _backward_jobs(batches, g.n2, dpse)
     accumulators = [dq, dk, dv] + [t for bb in batches if not direct for t in (bb.dq, bb.dk, bb.dv)]
