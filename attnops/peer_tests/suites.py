@@ -69,7 +69,8 @@ def _op_plugin_installed(options: dict):
 
 
 _FLASH_ATTN_NOTE = ("flash_attn, flash_attn.* and flash_attn_interface import attnops.flash_attn "
-                    "(flash_attn_interface: its FA3 API attnops.flash_attn.fa3), forced, even where the real packages are importable")
+                    "(flash_attn_interface: its FA3 API attnops.flash_attn.fa3), forced, even where the real packages "
+                    "are importable")
 SUITES = {
     "flash-attn": Suite("flash-attn", _flash_attn_files, _flash_attn_installed, (_FLASH_ATTN_NOTE, CUDA_MAPPING)),
     "fa3": Suite("fa3", _fa3_files, _flash_attn_installed, (FA3_RULE, _FLASH_ATTN_NOTE, CUDA_MAPPING), True),

@@ -12,7 +12,8 @@ def test_paged_cache_overflow_is_a_runtime_error_naming_block_table():
     cache = torch.randn(4, 256, 1, 64)
     with pytest.raises(RuntimeError, match="block_table") as info:
         flash_attn_with_kvcache(torch.randn(1, 1, 1, 64), cache, cache,
-                                block_table=torch.zeros(1, 1, dtype=torch.int32), cache_seqlens=torch.tensor([257], dtype=torch.int32))
+                                block_table=torch.zeros(1, 1, dtype=torch.int32),
+                                cache_seqlens=torch.tensor([257], dtype=torch.int32))
     assert isinstance(info.value, ParamInvalidError) and isinstance(info.value, FlashAttnArgumentError)
     assert str(info.value).startswith("cache_seqlens: expected")
 
