@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._core.checks import check_int, check_tensor, require
+from .errors import flash_attn_errors
 from .fa3_combine import flash_attn_combine, get_scheduler_metadata
 from .fa3_segments import chunk_segments
 from .flash_attn_interface import attention
@@ -79,6 +80,7 @@ def _fa3(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, re
     return (out, lse) if return_attn_probs else out
 
 
+@flash_attn_errors
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                     v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                     pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
@@ -92,6 +94,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                 attention_chunk=attention_chunk)
 
 
+@flash_attn_errors
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
                            seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                            v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
@@ -106,6 +109,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                 cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
+@flash_attn_errors
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None,
                               v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
                               deterministic=False, num_heads_q=None, sm_margin=0, return_attn_probs=False):
@@ -138,6 +142,7 @@ def _page_table_rows(page_table, cache_batch_idx, batch: int):
     return page_table.index_select(0, cache_batch_idx.long())
 
 
+@flash_attn_errors
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
                             cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,

@@ -7,12 +7,14 @@ import torch
 from torch import Tensor
 
 from .._core.checks import check_int, check_tensor, require
+from .errors import flash_attn_errors
 
 __all__ = ["flash_attn_combine", "get_scheduler_metadata"]
 
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+@flash_attn_errors
 def flash_attn_combine(out_partial: Tensor, lse_partial: Tensor, out: Tensor | None = None, out_dtype=None):
     """Combine attention over ``num_splits`` disjoint key sets: ``out_partial`` fp32
     ``[num_splits, B, S, H, Dv]`` (each split's normalised output), ``lse_partial`` fp32 ``[num_splits, B, S, H]``
@@ -44,6 +46,7 @@ def flash_attn_combine(out_partial: Tensor, lse_partial: Tensor, out: Tensor | N
     return combined, lse.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+@flash_attn_errors
 def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
                            cache_seqlens: Tensor, qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None,
                            cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from .._core.checks import caller_names, check_scale, check_tensor, require
 from ..ops.flash_attention import attention_probabilities, flash_attention
+from .errors import flash_attn_errors
 from .kvcache import flash_attn_with_kvcache
 from .outputs import block_size_n, s_dmask, softmax_lse
 from .paged import packed_from_pages
@@ -99,6 +100,7 @@ def _get_block_size_n(device, head_dim: int, is_dropout: bool, is_causal: bool) 
     return block_size_n(head_dim, is_dropout)
 
 
+@flash_attn_errors
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """Attention of ``q`` ``[B, Sq, H, D]`` over ``k``/``v`` ``[B, Sk, H_k, D]`` (``H`` a multiple of ``H_k``).
@@ -139,6 +141,7 @@ def _require_offsets(**cu_seqlens) -> None:
         require(offsets is not None, name, "int32 offsets [batch_size + 1] of the packed sequences", offsets)
 
 
+@flash_attn_errors
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_func` of ``qkv`` ``[B, S, 3, H, D]`` (its gradient comes back in the same packed form)."""
@@ -148,6 +151,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                                deterministic, return_attn_probs)
 
 
+@flash_attn_errors
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """:func:`flash_attn_func` of ``q`` ``[B, Sq, H, D]`` and ``kv`` ``[B, Sk, 2, H_k, D]``."""
@@ -157,6 +161,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                                deterministic, return_attn_probs)
 
 
+@flash_attn_errors
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
@@ -174,6 +179,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
+@flash_attn_errors
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                                      return_attn_probs=False):
@@ -186,6 +192,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                       return_attn_probs)
 
 
+@flash_attn_errors
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):

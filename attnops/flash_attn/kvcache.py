@@ -16,6 +16,7 @@ from .._core.checks import Described, check_int, check_scale, check_tensor, requ
 from .._core.indices import check_block_table, valid_ids, validation_enabled
 from ..ops.flash_attention import flash_attention
 from ..ops.fused_infer_attention import fused_infer_attention
+from .errors import flash_attn_errors
 from .ops.triton.rotary import rotate
 from .outputs import softmax_lse
 from .window import as_pair
@@ -26,6 +27,7 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 _INTS = (torch.int32, torch.int64)
 
 
+@flash_attn_errors
 def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None = None,
                             v: Tensor | None = None, rotary_cos: Tensor | None = None,
                             rotary_sin: Tensor | None = None, cache_seqlens: int | Tensor | None = None,
@@ -286,9 +288,11 @@ def _rotary_tables(k_cache: Tensor, cos, sin, capacity: int) -> tuple[Tensor, Te
 def _check_lengths(lengths: Tensor, cache_leftpad, capacity: int, block_table, num_blocks: int) -> None:
     """Host checks of CPU lengths, before anything is written: ``0 <= cache_leftpad <= cache_seqlens + S_new <=
     capacity``, and the pages a sequence uses are pages of the cache."""
+    where = ("the cache's capacity" if block_table is None else
+             f"the cache's capacity: block_table's {block_table.shape[1]} columns of {capacity // block_table.shape[1]}"
+             f"-token pages")
     require(bool(((lengths >= 0) & (lengths <= capacity)).all()), "cache_seqlens",
-            f"cache_seqlens + seqlen_new in [0, {capacity}] (the cache's capacity)",
-            Described(f"ends {lengths.tolist()}"))
+            f"cache_seqlens + seqlen_new in [0, {capacity}] ({where})", Described(f"ends {lengths.tolist()}"))
     if cache_leftpad is not None:
         require(bool(((cache_leftpad >= 0) & (cache_leftpad <= lengths)).all()), "cache_leftpad",
                 "values in [0, cache_seqlens + seqlen_new]", cache_leftpad.tolist())

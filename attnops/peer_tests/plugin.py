@@ -15,6 +15,7 @@ from .sizes import fits
 
 STAND_INS = ("flash_attn", "flash_attn_interface", "torch_npu", "attnops")  # their import errors are failures
 _MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+OTHER_SOC = "Only run on"  # how torch_npu.testing's SupportedDevices and SkipIfNotGteCANNVersion skip
 
 
 def function_id(nodeid: str) -> str:
@@ -31,7 +32,8 @@ class FunctionCounts:
     sampled_out: int = 0
     passed: int = 0
     failed: int = 0
-    skipped: int = 0
+    skipped: int = 0  # by the test file itself: unittest.skip, pytest.skip / skipif
+    other_soc: int = 0  # by the file's SupportedDevices / SkipIfNotGteCANNVersion: made for another SoC or CANN
 
 
 class PeerTestsPlugin:
@@ -47,6 +49,7 @@ class PeerTestsPlugin:
         self.failures: dict[str, str] = {}  # node id -> first line of the error
         self.collection_errors: dict[str, str] = {}  # file -> error
         self.collection_skips: dict[str, str] = {}  # file -> why it was skipped
+        self.excluded_files: dict[str, str] = {}  # file -> why the runner does not run it
         self._decided: dict[str, bool] = {}  # function -> whether any of its cases runs (decided at generation)
         self._outcome: dict[str, str] = {}
 
@@ -125,7 +128,8 @@ class PeerTestsPlugin:
             self._outcome[report.nodeid] = "failed"
             self.failures.setdefault(report.nodeid, _first_error_line(report))
         elif report.skipped:
-            self._outcome.setdefault(report.nodeid, "skipped")
+            reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+            self._outcome.setdefault(report.nodeid, "other_soc" if OTHER_SOC in reason else "skipped")
         elif report.when == "call":
             self._outcome.setdefault(report.nodeid, "passed")
 
