@@ -89,10 +89,9 @@ def block_of(positions: Tensor, size: int) -> Tensor:
 
 
 def unused_future_blocks(topk: Tensor, positions: Tensor, select_block: int) -> Tensor:
-    """``topk [T, N2, S]`` as int64 with ``-1`` (unused) for the blocks after the token's own block: they hold no
+    """``topk [T, N2, S]`` (its dtype) with ``-1`` (unused) for the blocks after the token's own block: they hold no
     visible compressed key (score 0) and come last in the top-k order, so the ``-1`` slots are trailing."""
-    idx = topk.long()
-    return idx.masked_fill(idx > block_of(positions, select_block).view(-1, 1, 1), -1)
+    return topk.masked_fill(topk > block_of(positions, select_block).view(-1, 1, 1), -1)
 
 
 def _split_gates(gates, g_cmp, g_slc, g_swa, t: int, n1: int, dtype) -> list[Tensor | None]:
