@@ -135,9 +135,9 @@ class NativeSparseAttention(nn.Module):
     def _project(self, x: Tensor, pos: Tensor):
         """``x [T, hidden]`` -> rotated q ``[T, N1, D]``, rotated k, v ``[T, N2, D]`` and gates ``[T, N1, 3]``."""
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
-        cos, sin = rotary_angles(pos, self.head_dim, self.rope_theta, q.dtype)  # once for q and k
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)), cos, sin)
+        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        cos, sin = rotary_angles(pos, self.head_dim, self.rope_theta, q.dtype)
+        q, k = apply_rotary(torch.cat([q, k], -2), cos, sin).split([self.num_heads, self.num_kv_heads], -2)  # at once
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         g = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.num_heads, 3))
         return q, k, v, g

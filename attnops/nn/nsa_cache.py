@@ -171,7 +171,7 @@ class NSACache:
         placed on that device at the first call)."""
         if self.lengths.device != device:
             self.lengths = torch.zeros(self.batch_size, dtype=torch.int64, device=device).add_(self._len)
-        return self.lengths[:, None] + torch.arange(t, device=device)
+        return self.lengths[:, None] + _offsets(t, device)
 
     def _slots(self, pos: Tensor) -> tuple[Tensor, Tensor]:
         """``(page, row)`` of the positions ``pos [B, t]`` (clamped into the block table: a replay past the pages
@@ -245,3 +245,9 @@ class NSACache:
         want = max(rows, self.compressed_rows())
         self.compressed_keys = _grown(self.compressed_keys, want, want, k_like, 1)
         self.compressed_values = _grown(self.compressed_values, want, want, v_like, 1)
+
+
+@staging.device_constant(16)
+def _offsets(t: int, device: torch.device) -> Tensor:
+    """``arange(t)`` on ``device`` (made once per size; read only)."""
+    return torch.arange(t, device=device)

@@ -54,14 +54,20 @@ def compress_new(cache: NSACache, pos: Tensor, compress: str, weight_k: Tensor |
     wk, wv = compress_weights(compress, weight_k, weight_v, block, cache.key_pages.shape[2], cache.key_pages)
     rows = cache.compressed_keys.shape[1]
     ends = (pos + 1).flatten()  # each token's request: the tokens up to it
-    slots = (torch.arange(b, device=pos.device)[:, None] * rows
-             + block_of((pos + 1 - block).clamp_min(0), stride).clamp_max(rows - 1)).flatten()
+    slots = (_row_bases(b, rows, pos.device)
+             + block_of((ends.view(b, t) - block).clamp_min(0), stride).clamp_max(rows - 1)).flatten()
     table = cache.block_table[:, None].expand(b, t, -1).flatten(0, 1)
     for pages, w, store in ((cache.key_pages, wk, cache.compressed_keys), (cache.value_pages, wv,
                                                                             cache.compressed_values)):
         nsa_op.nsa_compress_infer(pages, w, slots, table, store.flatten(0, 1), block, stride, cache.page_size, None,
                                   ends)
     cache.compressed_len = cache.pending_compression()[1]
+
+
+@device_constant(16)
+def _row_bases(batch: int, rows: int, device: torch.device) -> Tensor:
+    """``[B, 1]`` int64: each sequence's first compressed row in the cache's flattened rows (made once; read only)."""
+    return torch.arange(batch, device=device)[:, None] * rows
 
 
 def cached_sparse_attention(cache: NSACache, q: Tensor, gates: Tensor, pos: Tensor, *, compress_block_size: int,
@@ -89,7 +95,7 @@ def cached_sparse_attention(cache: NSACache, q: Tensor, gates: Tensor, pos: Tens
         select_block_count=select_block_count, actual_seq_qlen=[t * (i + 1) for i in range(b)],
         actual_cmp_seq_kvlen=[rows * (i + 1) for i in range(b)], **masks)
     outs[0] = o_cmp
-    idx = unused_future_blocks(topk, pos.flatten(), ls).to(torch.int32)
+    idx = unused_future_blocks(topk, pos.flatten(), ls)  # int32, as the operator returns it
     outs[1] = _selected(cache, q_flat, idx, (pos + 1).flatten(), t, ls)
     return gated_sum(outs, [g[..., i] for i in range(3)], g).unflatten(0, (b, t))
 
@@ -104,7 +110,7 @@ def _window(cache: NSACache, q: Tensor, row: Tensor, window: int) -> Tensor:
     (positions clamped at 0), attended causally within ``window`` tokens; positions before 0 are masked."""
     t, span = q.shape[1], window - 1 + q.shape[1]
     offsets, band = _window_band(t, window, q.device)
-    keys = row[:1] - (window - 1) + offsets  # [span] key positions
+    keys = row[:1] + offsets  # [span] key positions
     page, slot = cache._slots(keys.clamp_min(0).expand(cache.batch_size, span))
     mask = band | (keys < 0)  # True = masked: [t, span]
     return flash_attention(q, cache.key_pages[page, slot], cache.value_pages[page, slot], layout="BSND",
@@ -113,11 +119,12 @@ def _window(cache: NSACache, q: Tensor, row: Tensor, window: int) -> Tensor:
 
 @device_constant(32)
 def _window_band(t: int, window: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """``(arange(span), band)`` on ``device`` for ``t`` new tokens (``span = window - 1 + t``): the keys' offsets and
-    the ``[t, span]`` mask (True = masked) of keys outside each token's window (made once per size; read only)."""
+    """``(arange(span) - (window - 1), band)`` on ``device`` for ``t`` new tokens (``span = window - 1 + t``): the
+    keys' offsets from the first new token and the ``[t, span]`` mask (True = masked) of keys outside each token's
+    window (made once per size; read only)."""
     j = torch.arange(window - 1 + t, device=device)
     i = torch.arange(t, device=device)[:, None]
-    return j, (j < i) | (j > i + window - 1)
+    return j - (window - 1), (j < i) | (j > i + window - 1)
 
 
 def _selected(cache: NSACache, q: Tensor, idx: Tensor, kv_lens: Tensor, t: int, ls: int) -> Tensor:

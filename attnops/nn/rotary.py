@@ -12,15 +12,16 @@ from ..ops.common.rotary import rotate_half
 def rotary_angles(positions: Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """``(cos, sin)`` ``[T, 1, D]`` in ``dtype`` of the angles ``positions[t] * theta**(-2i/D)`` (fp32 angles),
     shared by every tensor rotated at these positions."""
-    angles = positions.to(torch.float32).unsqueeze(-1) * _inverse_frequencies(d, theta, positions.device)  # [T, D/2]
-    twice = torch.cat([angles, angles], -1).unsqueeze(1)
+    twice = (positions.to(torch.float32).unsqueeze(-1) * _inverse_frequencies(d, theta, positions.device)).unsqueeze(1)
     return twice.cos().to(dtype), twice.sin().to(dtype)
 
 
 @device_constant(16)
 def _inverse_frequencies(d: int, theta: float, device: torch.device) -> Tensor:
-    """``theta**(-2i/D)`` (fp32 ``[D/2]``) on ``device``, made once per (D, theta, device); read only."""
-    return theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    """``theta**(-2i/D)`` twice (fp32 ``[D]``: each angle for both halves) on ``device``, made once per (D, theta,
+    device); read only."""
+    half = theta ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    return torch.cat([half, half])
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

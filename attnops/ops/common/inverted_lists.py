@@ -24,11 +24,12 @@ def list_chunk(pairs: int, lists: int, group: int, interpret: bool) -> int:
     """Entries of an inverted list per key-gradient program (``group``: query heads per entry):
     ``CHUNK_PER_MEAN_LIST`` mean lists and at least ``MIN_CHUNK_ROWS`` rows on a GPU (at most ``MAX_CHUNK_ROWS``), so
     a long list runs on several programs while the partials of the split lists (at most ``2 * pairs // chunk``
-    chunks) stay within half the size of the fp32 key gradient."""
+    chunks) stay within half the size of the fp32 key gradient. At least 2 (:meth:`InvertedLists.schedule` counts an
+    empty list's one chunk by truncating division)."""
     if interpret:
         return INTERPRET_LIST_CHUNK
     chunk = max(-(-MIN_CHUNK_ROWS // group), CHUNK_PER_MEAN_LIST * -(-pairs // max(lists, 1)))
-    return min(chunk, MAX_CHUNK_ROWS // group)
+    return max(2, min(chunk, MAX_CHUNK_ROWS // group))
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,11 @@ class InvertedLists:
     unit) and ``slot_end`` (inclusive cumulative partial slots: the chunk counts of the lists of several chunks).
     ``part_k``/``part_v`` hold those chunks' fp32 partial sums (``part_v`` None where the value gradient is part of
     the key's). ``units`` and ``slots`` bound the units and slots from the number of pairs alone (a list of
-    ``k > 1`` chunks holds more than ``(k - 1) * chunk`` pairs). Deterministic ops only (no ``bincount``), so
-    ``torch.use_deterministic_algorithms(True)`` accepts them on CUDA."""
+    ``k > 1`` chunks holds more than ``(k - 1) * chunk`` pairs). ``unit_end`` and ``slot_end`` are the rows of
+    ``ends [2, lists]``, one ``cumsum`` of the rows of ``counts`` (every list's chunks, the split lists' chunks).
+    Deterministic ops only (no ``bincount``), so ``torch.use_deterministic_algorithms(True)`` accepts them on CUDA;
+    few and cheap ones, as the schedule runs at every backward call (truncating integer division, which on values
+    from -1 up is the floor, except that -1 gives the 0 from which an empty list counts its one chunk)."""
 
     keys: torch.Tensor
     bounds: torch.Tensor
@@ -56,6 +60,8 @@ class InvertedLists:
     unit_end: torch.Tensor
     unit_list: torch.Tensor
     slot_end: torch.Tensor
+    ends: torch.Tensor
+    counts: torch.Tensor
     part_k: torch.Tensor | None
     part_v: torch.Tensor | None
     chunk: int
@@ -71,22 +77,25 @@ class InvertedLists:
         flat, pair = (torch.empty(pairs, dtype=torch.int64, device=device) for _ in range(2))
         empty = functools.partial(torch.empty, dtype=torch.int64, device=device)
         parts = [torch.empty((slots, part_rows, width), dtype=torch.float32, device=device) for width in part_widths]
+        ends = empty((2, lists))
         return InvertedLists(keys, _list_ids(lists + 1, device), flat, pair,
                              torch.empty(pairs, dtype=torch.int32, device=device), empty(lists + 1),
-                             _list_ids(units, device), empty(lists), empty(units), empty(lists), parts[0],
-                             parts[1] if len(parts) > 1 else None, chunk, pairs_per_token)
+                             _list_ids(units, device), ends[0], empty(units), ends[1], ends, empty((2, lists)),
+                             parts[0], parts[1] if len(parts) > 1 else None, chunk, pairs_per_token)
 
     def schedule(self) -> None:
         """Order the keys the key kernel wrote and cut the lists into chunks (run between that launch and the key
         gradient's)."""
         torch.sort(self.keys.view(-1), stable=True, out=(self.sorted_keys, self.pair))
-        self.token.copy_(self.pair.div(self.pairs_per_token, rounding_mode="floor"))
+        torch.div(self.pair, self.pairs_per_token, rounding_mode="trunc", out=self.token)
         torch.searchsorted(self.sorted_keys, self.bounds, out=self.list_start)
-        chunks = torch.diff(self.list_start).add_(self.chunk - 1).div_(self.chunk, rounding_mode="floor")
-        chunks.clamp_(min=1)
-        torch.cumsum(chunks, 0, out=self.unit_end)
+        chunks, split = self.counts
+        torch.sub(self.list_start[1:], self.list_start[:-1], out=chunks)
+        chunks.sub_(1).div_(self.chunk, rounding_mode="trunc").add_(1)  # max(1, ceil(n / chunk))
+        split.copy_(chunks)
+        split.masked_fill_(chunks == 1, 0)
+        torch.cumsum(self.counts, 1, out=self.ends)
         torch.searchsorted(self.unit_end, self.unit_ids, right=True, out=self.unit_list)
-        torch.cumsum(chunks.masked_fill_(chunks == 1, 0), 0, out=self.slot_end)
 
 
 @functools.lru_cache(maxsize=64)

@@ -24,6 +24,7 @@ from ..._core.checks import Described, caller_names, check_int, check_tensor, in
 from ..._core.masks import MASK_DTYPES, StridedCausal
 from ..common.npu_rounding import npu_rounding
 from ..._core.softmax_stats import FLT_LOWEST, FLT_MAX
+from ..._core.staging import device_constant
 from ..._core.varlen import lengths_from_cumulative
 from ..common import reference as fa_reference
 from ..common.problem import FAProblem, build_problem
@@ -55,8 +56,15 @@ def forced_blocks(positions: torch.Tensor, n_sel: int, select_block: int, local_
     """``[len(positions), n_sel]`` topk_mask of the NSA layer: block 0 and the ``local_blocks`` blocks ending at the
     block of the token's position (``positions``: within its sequence)."""
     own = torch.div(positions, select_block, rounding_mode="trunc").unsqueeze(1)
-    cols = torch.arange(n_sel, device=positions.device).unsqueeze(0)
-    return (cols == 0) | ((cols <= own) & (cols > own - local_blocks))
+    cols, first = _block_columns(n_sel, positions.device)
+    return first | ((cols <= own) & (cols > own - local_blocks))
+
+
+@device_constant(32)
+def _block_columns(n_sel: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cols, cols == 0)``, ``cols = arange(n_sel)`` as ``[1, n_sel]`` (made once per size; read only)."""
+    cols = torch.arange(n_sel, device=device).unsqueeze(0)
+    return cols, cols == 0
 
 
 def check_block_sizes(compress_block_size, compress_stride, select_block_size, select_block_count

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ..._core.checks import Described, caller_names, check_int, check_tensor, fail, require
 from ..._core.indices import PAD, check_index_rows, validation_enabled
+from ..._core.staging import device_constant
 from ..._core.varlen import lengths_from_cumulative
 from .api import _cumulative, nsa_compress, nsa_compress_attention, nsa_selected_attention
 from .compress import compress_block_count
@@ -78,8 +79,13 @@ def causal_compressed_mask(positions: Tensor, n_cmp: int, block: int, stride: in
     """``[len(positions), n_cmp]`` atten_mask (True = masked): compressed block ``c`` is visible to the token at
     ``positions[i]`` once complete (``c*stride + block - 1 <= positions[i]``). The layer asks the operator for the
     same mask as a rule (``causal=True``); the decoding module's prefill chunks use this tensor form."""
-    ends = torch.arange(n_cmp, device=positions.device) * stride + block - 1
-    return ends.unsqueeze(0) > positions.unsqueeze(1)
+    return _compressed_block_ends(n_cmp, block, stride, positions.device) > positions.unsqueeze(1)
+
+
+@device_constant(32)
+def _compressed_block_ends(n_cmp: int, block: int, stride: int, device: torch.device) -> Tensor:
+    """``[1, n_cmp]``: the position of each compressed block's last key (made once per size; read only)."""
+    return (torch.arange(n_cmp, device=device) * stride + block - 1).unsqueeze(0)
 
 
 def block_of(positions: Tensor, size: int) -> Tensor:
@@ -89,10 +95,9 @@ def block_of(positions: Tensor, size: int) -> Tensor:
 
 
 def unused_future_blocks(topk: Tensor, positions: Tensor, select_block: int) -> Tensor:
-    """``topk [T, N2, S]`` as int64 with ``-1`` (unused) for the blocks after the token's own block: they hold no
+    """``topk [T, N2, S]`` (its dtype) with ``-1`` (unused) for the blocks after the token's own block: they hold no
     visible compressed key (score 0) and come last in the top-k order, so the ``-1`` slots are trailing."""
-    idx = topk.long()
-    return idx.masked_fill(idx > block_of(positions, select_block).view(-1, 1, 1), -1)
+    return topk.masked_fill(topk > block_of(positions, select_block).view(-1, 1, 1), -1)
 
 
 def _split_gates(gates, g_cmp, g_slc, g_swa, t: int, n1: int, dtype) -> list[Tensor | None]:

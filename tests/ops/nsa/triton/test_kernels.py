@@ -160,24 +160,25 @@ def test_list_chunk_bounds_the_partials():
     assert list_chunk(64, 64, 16, interpret=False) * 16 >= 1024
     assert list_chunk(1 << 40, 1, 64, interpret=False) * 64 <= 1 << 30
     assert list_chunk(pairs, lists, 16, interpret=True) == 4
+    assert list_chunk(0, 4, 4096, interpret=False) == 2  # the schedule's chunk count needs 2 or more
 
 
-def test_inverted_list_schedule():
+@pytest.mark.parametrize("pairs_per_token", [1, 4])
+def test_inverted_list_schedule(pairs_per_token):
     """The dK/dV units of lists of 0, 3, 9 and 4 entries in chunks of 4: one unit per list at least, the long list's
-    three chunks in partial slots 0-2."""
+    three chunks in partial slots 0-2; each entry's token is its pair position over ``pairs_per_token``."""
     from attnops.ops.common.inverted_lists import InvertedLists
 
     lengths = [0, 3, 9, 4]
-    keys = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))
-    lists = InvertedLists(keys, torch.arange(5), *(torch.empty(16, dtype=torch.int64) for _ in range(2)),
-                          torch.empty(16, dtype=torch.int32), torch.empty(5, dtype=torch.int64), torch.arange(8),
-                          *(torch.empty(n, dtype=torch.int64) for n in (4, 8, 4)), None, None, 4, 1)
+    keys = torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))[torch.randperm(16)]
+    lists = InvertedLists.allocate(keys, 4, 4, 1, (1,), pairs_per_token)
     lists.schedule()
     assert lists.list_start.tolist() == [0, 0, 3, 12, 16]
     assert lists.unit_end.tolist() == [1, 2, 5, 6]
     assert lists.unit_list.tolist() == [0, 1, 2, 2, 2, 3, 4, 4]
     assert lists.slot_end.tolist() == [0, 0, 3, 3]
-    assert torch.equal(lists.token, torch.arange(16, dtype=torch.int32)[lists.pair])
+    assert torch.equal(lists.sorted_keys, keys.sort(stable=True).values)
+    assert torch.equal(lists.token, (torch.arange(16) // pairs_per_token).to(torch.int32)[lists.pair])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
