@@ -30,6 +30,7 @@ import triton.language as tl
 
 from ...._core.triton.helpers import FLT_LOWEST, LOG2E, upcast
 from ...common.triton.common import nan_aware_max
+from ...common.triton.split_merge import merge_splits, split_offset
 from ...common.triton.token_rows import head_rows, key_rows, kv_range, load_rows, query_row
 
 SCALE_TILE: tl.constexpr = tl.constexpr(128)  # latent columns per dequantization scale
@@ -118,12 +119,6 @@ def _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, s
 
 
 @triton.jit
-def _partial(r, h, split, splits, heads):
-    """Element offset of (row ``r``, heads ``h``, ``split``) in the ``[R, N1, splits]`` partial statistics."""
-    return (r * heads + h) * splits + split
-
-
-@triton.jit
 def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr, o_ptr, smax_ptr, ssum_ptr,
                             sink_ptr, part_ptr, q_lens_ptr, kv_lens_ptr, bt_ptr,
                             q_sb, q_st, q_sh, qr_sb, qr_st, qr_sh, k_s0, k_s1, kr_s0, kr_s1, v_s0, v_s1, ks_s0, ks_s1,
@@ -193,7 +188,7 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
     if SPLIT:  # the split's unnormalised partials: (max, sum) per head, acc per head and column
         h = head0 + tl.arange(0, BLOCK_H)
         dv = dv0 + tl.arange(0, BLOCK_DV)
-        at = _partial(r, h, split, splits, heads)
+        at = split_offset(r, h, split, splits, heads)
         tl.store(smax_ptr + at, m_i, mask=h < heads)
         tl.store(ssum_ptr + at, l_i, mask=h < heads)
         tl.store(part_ptr + at[:, None] * head_dv + dv[None, :], acc,
@@ -215,20 +210,8 @@ def sparse_attention_merge_kernel(pmax_ptr, psum_ptr, part_ptr, o_ptr, smax_ptr,
     dv0 = (tl.program_id(1) % dv_tiles) * BLOCK_DV
     h = head0 + tl.arange(0, BLOCK_H)
     dv = dv0 + tl.arange(0, BLOCK_DV)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    for split in range(splits):
-        m_i = tl.maximum(m_i, tl.load(pmax_ptr + _partial(r, h, split, splits, heads), mask=h < heads,
-                                      other=float("-inf")))
-    shift = tl.where(m_i == float("-inf"), 0.0, m_i)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-    for split in range(splits):
-        at = _partial(r, h, split, splits, heads)
-        alpha = tl.exp2((tl.load(pmax_ptr + at, mask=h < heads, other=float("-inf")) - shift) * LOG2E)
-        l_i += alpha * tl.load(psum_ptr + at, mask=h < heads, other=0.0)
-        part = tl.load(part_ptr + at[:, None] * head_dv + dv[None, :], mask=(h[:, None] < heads) &
-                       (dv[None, :] < head_dv), other=0.0)
-        acc += alpha[:, None] * part
+    m_i, l_i, acc = merge_splits(pmax_ptr, psum_ptr, part_ptr, r, h, dv, splits, heads, head_dv, BLOCK_H,
+                                 BLOCK_DV)
     b = tl.zeros([], tl.int64)
     token = r
     if not Q_PACKED:

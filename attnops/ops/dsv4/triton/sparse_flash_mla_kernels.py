@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ...._core.triton.helpers import FLT_LOWEST, LOG2E, upcast
 from ...common.triton.common import nan_aware_max
+from ...common.triton.split_merge import merge_splits, split_offset
 
 # columns of the per-batch table (int64)
 T_Q_ROW: tl.constexpr = tl.constexpr(0)  # flat query row of the batch's first token
@@ -264,12 +265,6 @@ def sparse_flash_mla_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt_ptr, 
 
 
 @triton.jit
-def _partial(r, h, split, splits, heads):
-    """Element offset of (row ``r``, heads ``h``, ``split``) in the ``[R, N1, splits]`` partial statistics."""
-    return (r * heads + h) * splits + split
-
-
-@triton.jit
 def sparse_flash_mla_split_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt_ptr, table_ptr, pm_ptr, pl_ptr,
                                   pacc_ptr, q_sr, q_sh, idx_sr, ori_sr, ori_souter, obt_sb, ori_page, ori_pages,
                                   cmp_sr, cmp_souter, cbt_sb, cmp_page, cmp_pages, k_count, n_batch, s1, heads, head_d,
@@ -290,7 +285,7 @@ def sparse_flash_mla_split_kernel(q_ptr, ori_ptr, cmp_ptr, idx_ptr, obt_ptr, cbt
                           SPARSE, V_IS_K, UPCAST, PRECISION)
     h = head0 + tl.arange(0, BLOCK_H)
     dv = dv0 + tl.arange(0, BLOCK_DV)
-    at = _partial(r, h, split, splits, heads)
+    at = split_offset(r, h, split, splits, heads)
     first = h < tl.where(dv0 == 0, heads, 0)  # the statistics, by the first column tile
     tl.store(pm_ptr + at, m_i, mask=first)
     tl.store(pl_ptr + at, l_i, mask=first)
@@ -308,18 +303,6 @@ def sparse_flash_mla_combine_kernel(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, o_ptr, l
     dv0 = (tl.program_id(1) % dv_tiles) * BLOCK_DV
     h = head0 + tl.arange(0, BLOCK_H)
     dv = dv0 + tl.arange(0, BLOCK_DV)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    for split in range(splits):
-        m_i = tl.maximum(m_i, tl.load(pm_ptr + _partial(r, h, split, splits, heads), mask=h < heads,
-                                      other=float("-inf")))
-    shift = tl.where(m_i == float("-inf"), 0.0, m_i)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-    for split in range(splits):
-        at = _partial(r, h, split, splits, heads)
-        alpha = tl.exp2((tl.load(pm_ptr + at, mask=h < heads, other=float("-inf")) - shift) * LOG2E)
-        l_i += alpha * tl.load(pl_ptr + at, mask=h < heads, other=0.0)
-        acc += alpha[:, None] * tl.load(pacc_ptr + at[:, None] * head_d + dv[None, :],
-                                        mask=(h[:, None] < heads) & (dv[None, :] < head_d), other=0.0)
+    m_i, l_i, acc = merge_splits(pm_ptr, pl_ptr, pacc_ptr, r, h, dv, splits, heads, head_d, BLOCK_H, BLOCK_DV)
     _finish(acc, m_i, l_i, r, head0, dv0, o_ptr, lse_ptr, sink_ptr, o_sr, o_sh, heads, head_d, HAS_SINKS, BLOCK_H,
             BLOCK_DV)
