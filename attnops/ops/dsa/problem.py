@@ -9,6 +9,7 @@ of a batch with ``Lq`` query and ``Lk`` key rows may use key positions ``j < Lk 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -66,16 +67,22 @@ class KeyAddress:
 
 @dataclass(frozen=True)
 class Problem:
-    """A DSA call in normal form: ``rows`` (query side), ``keys`` (key side), each batch's query rows
-    ``spans[b] = (first flat row, count)``, the batch count, the layouts and each batch's key length."""
-    rows: Rows
+    """A DSA call in normal form: ``keys`` (key side), each batch's query rows ``spans[b] = (first flat row, count)``
+    out of ``total_rows`` flat rows, the batch count, the layouts, the sparse mode and each batch's key length.
+    ``rows`` (the per-row metadata the CPU references read) is built on first use: the Triton kernels derive it from
+    the lengths themselves, so a call on them never pays for it."""
     keys: KeyAddress
     spans: tuple[tuple[int, int], ...]
     batch: int
     layout_query: str
     layout_key: str
     sparse_mode: int
-    key_lens: tuple[int, ...] = ()
+    key_lens: tuple[int, ...]
+    total_rows: int
+
+    @functools.cached_property
+    def rows(self) -> Rows:
+        return _rows(self.total_rows, self.spans, self.key_lens, self.sparse_mode)
 
 
 def _int_values(name: str, t: Tensor) -> list[int]:
@@ -175,28 +182,24 @@ def build_problem(query: Tensor, key: Tensor, *, layout_query: str, layout_key: 
         require(len(k_lens) == batch, key_lengths_name, f"{batch} cumulative lengths like the query's", k_lens)
         require(k_starts[-1] + k_lens[-1] <= key.shape[0], key_lengths_name,
                 f"a last cumulative length <= {key_name}'s T2 ({key.shape[0]})", k_starts[-1] + k_lens[-1])
-    rows = _rows(query.shape[0] * query.shape[1] if layout_query == "BSND" else query.shape[0], q_starts, q_lens,
-                 k_lens, sparse_mode)
     keys = KeyAddress(None if table is not None else torch.tensor(k_starts, dtype=torch.int64), table, block_size,
                       key.shape[0] if table is not None else 0)
-    return Problem(rows, keys, tuple(zip(q_starts, q_lens)), batch, layout_query, layout_key, sparse_mode,
-                   tuple(k_lens))
+    return Problem(keys, tuple(zip(q_starts, q_lens)), batch, layout_query, layout_key, sparse_mode, tuple(k_lens),
+                   query.shape[0] * query.shape[1] if layout_query == "BSND" else query.shape[0])
 
 
-def _rows(total: int, q_starts: list[int], q_lens: list[int], k_lens: list[int], sparse_mode: int) -> Rows:
-    batch = torch.zeros(total, dtype=torch.int64)
-    pos = torch.zeros(total, dtype=torch.int64)
+def _rows(total: int, spans: tuple[tuple[int, int], ...], k_lens: tuple[int, ...], sparse_mode: int) -> Rows:
+    """The :class:`Rows` of ``total`` flat rows, batch ``b`` holding rows ``spans[b]`` (slice writes per batch, no
+    gather over the rows); padding rows: batch 0, position 0, limit and key length 0."""
+    batch, pos, limit, key_len = (torch.zeros(total, dtype=torch.int64) for _ in range(4))
     valid = torch.zeros(total, dtype=torch.bool)
-    q_len = torch.zeros(total, dtype=torch.int64)
-    for b, (s, n) in enumerate(zip(q_starts, q_lens)):
+    for b, ((s, n), k) in enumerate(zip(spans, k_lens)):
         batch[s:s + n] = b
         pos[s:s + n] = torch.arange(n)
         valid[s:s + n] = True
-        q_len[s:s + n] = n
-    key_len = torch.tensor(k_lens, dtype=torch.int64)[batch]
-    limit = key_len.clone() if sparse_mode == 0 else (key_len - q_len + pos + 1).clamp(0)
-    limit = torch.minimum(limit, key_len).masked_fill(~valid, 0)
-    return Rows(batch, pos, valid, limit, key_len.masked_fill(~valid, 0))
+        key_len[s:s + n] = k
+        limit[s:s + n] = k if sparse_mode == 0 else torch.arange(k - n + 1, k + 1).clamp_min(0)
+    return Rows(batch, pos, valid, limit, key_len)
 
 
 def row_chunks(problem: Problem, bytes_per_row: int, budget: int = 1 << 26):

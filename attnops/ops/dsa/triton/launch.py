@@ -232,10 +232,7 @@ def geometry_of(call, query: torch.Tensor, key: torch.Tensor) -> Geometry:
         return geometry(query, key, call.layout_query, call.layout_key, call.q_lens, call.kv_lens, table)
     q_packed = problem.layout_query == "TND"
     q_lens = tuple(start + n if q_packed else n for start, n in problem.spans)
-    key_len = problem.rows.key_len
-    firsts = torch.tensor([start if n else 0 for start, n in problem.spans], dtype=torch.int64)
-    firsts = key_len[firsts].tolist() if key_len.numel() else [0] * len(problem.spans)
-    k_lens = tuple(k if n else 0 for k, (_, n) in zip(firsts, problem.spans))
+    k_lens = tuple(k if n else 0 for k, (_, n) in zip(problem.key_lens, problem.spans))
     if problem.layout_key == "TND":
         starts = problem.keys.start.tolist()
         k_lens = (*starts[1:], starts[-1] + k_lens[-1])
