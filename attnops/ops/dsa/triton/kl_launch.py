@@ -52,7 +52,7 @@ def kl_loss_plan(g: Geometry, query, key, query_index, key_index, weights, spars
                          *_idx_strides(idx, g.q_packed), q_lens_stride, kv_lens_stride, g.s1, g.s2, g.n_batch,
                          heads, d, rope_d, index_heads, index_d, count, inner_rows, n_lists, float(scale)),
                         dict(**g.constexprs(True), HAS_ROPE=kr is not None, BLOCK_H=pow2(heads),
-                             BLOCK_R=pow2(rope_d), BLOCK_G=pow2(index_heads), BLOCK_DI=pow2(index_d),
+                             BLOCK_G=pow2(index_heads), BLOCK_DI=pow2(index_d),
                              **precision_flags(q.dtype, interpret)))
     sum_launch = Launch("indexer_kl_loss_sum_kernel", (1,), (row_loss, loss, rows * batches), {})
     lists = InvertedLists.allocate(keys, n_lists, list_chunk(keys.numel(), n_lists, index_heads, interpret), 1,

@@ -31,9 +31,12 @@ SUM_TILE: tl.constexpr = tl.constexpr(1024)  # rows per step of the loss sum
 
 
 @triton.jit
-def _index_scores(qi, w, ki_ptr, outer, inner, ok, ki_s0, ki_s1, index_d, UPCAST: tl.constexpr,
-                  PRECISION: tl.constexpr, BLOCK_DI: tl.constexpr):
-    """``(S [BLOCK_G, BLOCK_N], I [BLOCK_N], k_index [BLOCK_N, BLOCK_DI])`` of the gathered key rows."""
+def _index_scores(qi_ptr, b, token, index_heads, qi_sb, qi_st, qi_sh, w, ki_ptr, outer, inner, ok, ki_s0, ki_s1,
+                  index_d, UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_G: tl.constexpr,
+                  BLOCK_DI: tl.constexpr):
+    """``(S [BLOCK_G, BLOCK_N], I [BLOCK_N], k_index [BLOCK_N, BLOCK_DI])`` of the gathered key rows (the index query
+    is loaded again at each step, L1 hits, rather than held in registers beside the gradient's accumulator)."""
+    qi = upcast(head_rows(qi_ptr, b, token, 0, index_heads, qi_sb, qi_st, qi_sh, index_d, BLOCK_G, BLOCK_DI), UPCAST)
     ki = upcast(load_rows(ki_ptr, outer, inner, ok, ki_s0, ki_s1, index_d, BLOCK_DI), UPCAST)
     s = tl.dot(qi, tl.trans(ki), input_precision=PRECISION)
     return s, tl.sum(tl.maximum(s, 0.0) * w[:, None], 0), ki
@@ -48,7 +51,7 @@ def indexer_kl_loss_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, qi_ptr, ki_ptr, w_ptr, 
                            index_heads, index_d, count, inner_rows, n_lists, scale,
                            Q_PACKED: tl.constexpr, Q_LENS: tl.constexpr, KV_MODE: tl.constexpr,
                            KV_LENS: tl.constexpr, CAUSAL: tl.constexpr, HAS_ROPE: tl.constexpr,
-                           BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr,
+                           BLOCK_H: tl.constexpr, BLOCK_G: tl.constexpr,
                            BLOCK_DI: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
     """One query row's loss, ``d_weights``, ``d_query_index``, ``dI`` and list keys (see the module docstring)."""
@@ -65,8 +68,6 @@ def indexer_kl_loss_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, qi_ptr, ki_ptr, w_ptr, 
     n_entries = entry_count(idx_row, count, limit, 1)
     g = tl.arange(0, BLOCK_G)
     g_ok = g < index_heads
-    qi = upcast(head_rows(qi_ptr, b, token, 0, index_heads, qi_sb, qi_st, qi_sh, index_d, BLOCK_G, BLOCK_DI),
-                UPCAST)
     w = tl.load(w_ptr + b.to(tl.int64) * w_sb + token * w_st + g * w_sh, mask=g_ok, other=0.0).to(tl.float32)
     # pass 1: the indexer softmax's max and sum
     m_i = tl.full([], FLT_LOWEST, tl.float32)
@@ -76,8 +77,8 @@ def indexer_kl_loss_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, qi_ptr, ki_ptr, w_ptr, 
         entry = tl.load(idx_row + f, mask=f < n_entries, other=-1).to(tl.int64)
         ok = (f < n_entries) & (entry >= 0) & (entry < limit)
         outer, inner, ok = key_rows(idx_ptr, b, entry, ok, kv_start, 0, 1, 1, KV_MODE)
-        _, score, _ = _index_scores(qi, w, ki_ptr, outer, inner, ok, ki_s0, ki_s1, index_d, UPCAST, PRECISION,
-                                    BLOCK_DI)
+        _, score, _ = _index_scores(qi_ptr, b, token, index_heads, qi_sb, qi_st, qi_sh, w, ki_ptr, outer, inner, ok,
+                                    ki_s0, ki_s1, index_d, UPCAST, PRECISION, BLOCK_G, BLOCK_DI)
         m_new = tl.maximum(m_i, tl.max(tl.where(ok, score, FLT_LOWEST), 0))
         kept = tl.exp2((tl.where(ok, score, m_new) - m_new) * LOG2E)
         l_i = l_i * tl.exp2(base2_max(m_i) - base2_max(m_new)) + tl.sum(tl.where(ok, kept, 0.0), 0)
@@ -89,8 +90,7 @@ def indexer_kl_loss_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, qi_ptr, ki_ptr, w_ptr, 
     m = tl.load(smax_ptr + stat, mask=h_ok, other=0.0).to(tl.float32)
     l = tl.load(ssum_ptr + stat, mask=h_ok, other=0.0).to(tl.float32)
     q_off = b.to(tl.int64) * q_sb + token * q_st + h.to(tl.int64) * q_sh
-    if HAS_ROPE:
-        q_rope = upcast(head_rows(qr_ptr, b, token, 0, heads, qr_sb, qr_st, qr_sh, rope_d, BLOCK_H, BLOCK_R), UPCAST)
+    qr_off = b.to(tl.int64) * qr_sb + token * qr_st + h.to(tl.int64) * qr_sh
     loss = tl.zeros([], tl.float32)
     d_w = tl.zeros([BLOCK_G], tl.float32)
     d_qi = tl.zeros([BLOCK_G, BLOCK_DI], tl.float32)
@@ -99,14 +99,14 @@ def indexer_kl_loss_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, qi_ptr, ki_ptr, w_ptr, 
         entry = tl.load(idx_row + f, mask=f < n_entries, other=-1).to(tl.int64)
         ok = (f < n_entries) & (entry >= 0) & (entry < limit)
         outer, inner, ok = key_rows(idx_ptr, b, entry, ok, kv_start, 0, 1, 1, KV_MODE)
-        s, score, ki = _index_scores(qi, w, ki_ptr, outer, inner, ok, ki_s0, ki_s1, index_d, UPCAST, PRECISION,
-                                     BLOCK_DI)
+        s, score, ki = _index_scores(qi_ptr, b, token, index_heads, qi_sb, qi_st, qi_sh, w, ki_ptr, outer, inner,
+                                     ok, ki_s0, ki_s1, index_d, UPCAST, PRECISION, BLOCK_G, BLOCK_DI)
         y = tl.where(ok, tl.exp2((tl.where(ok, score, m_i) - m_i) * LOG2E) / l_i, 0.0)
         logit = _chunked_product(q_ptr, q_off, h_ok, k_ptr, outer, inner, ok, k_s0, k_s1, head_d,
                                  tl.zeros([BLOCK_H, BLOCK_N], tl.float32), UPCAST, PRECISION, BLOCK_C)
         if HAS_ROPE:
-            k_rope = upcast(load_rows(kr_ptr, outer, inner, ok, kr_s0, kr_s1, rope_d, BLOCK_R), UPCAST)
-            logit = tl.dot(q_rope, tl.trans(k_rope), logit, input_precision=PRECISION)
+            logit = _chunked_product(qr_ptr, qr_off, h_ok, kr_ptr, outer, inner, ok, kr_s0, kr_s1, rope_d, logit,
+                                     UPCAST, PRECISION, BLOCK_C)
         p = tl.sum(_probabilities(logit, ok[None, :] & (l > 0.0)[:, None], m, l, scale), 0) / heads
         p_c, y_c = tl.maximum(p, CLAMP), tl.maximum(y, CLAMP)
         loss += tl.sum(tl.where(ok, p_c * (tl.log(p_c) - tl.log(y_c)), 0.0), 0)
