@@ -3,7 +3,8 @@ tiles; 16-wide tiles in the interpreter).
 
 GPU tiles: the indexer holds 64 query heads x ``BLOCK_N`` = 64 keys per product and a top-k vector of ``BLOCK_K``
 (``sparse_count`` rounded up to a power of two); sparse attention holds ``BLOCK_H`` = 64 heads (one wgmma M tile)
-x ``BLOCK_DV`` = 256 output columns against ``BLOCK_N`` gathered latent rows (``ATTENTION_KEYS``).
+x ``BLOCK_DV`` = 256 output columns against ``BLOCK_N`` gathered latent rows (``ATTENTION_KEYS``); the indexer KL
+loss holds one query row's heads against ``KL_KEYS`` gathered entries.
 """
 from __future__ import annotations
 
