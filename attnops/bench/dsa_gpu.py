@@ -6,8 +6,8 @@
 the densest causal selection); ``dsa_decode``: one token per request over a paged latent cache (blocks of 64), the
 last ``topk`` positions; ``dsa_kl_loss``: ``attnops.lightning_indexer_kl_loss`` (the fused loss and indexer gradients)
 of the prefill's tokens and selection (``params["index_heads"]`` heads of 128, the statistics from one sparse
-attention call made with the inputs). Baseline ``attnops-dense-mha``: the dense causal ``attnops.flash_attention`` of the same tokens in
-DeepSeek's non-absorbed prefill form (128 heads, D=192, Dv=128), the attention DSA replaces.
+attention call made with the inputs). Baseline ``attnops-dense-mha``: the dense causal ``attnops.flash_attention``
+of the same tokens in DeepSeek's non-absorbed prefill form (128 heads, D=192, Dv=128), the attention DSA replaces.
 """
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def indexer_kl_loss_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, qi_ptr, ki_ptr, w_ptr, 
     g = tl.arange(0, BLOCK_G)
     g_ok = g < index_heads
     w = tl.load(w_ptr + b.to(tl.int64) * w_sb + token * w_st + g * w_sh, mask=g_ok, other=0.0).to(tl.float32)
-    # pass 1: the indexer softmax's max and sum
+    # pass 1: the indexer softmax's max and sum (keys BSND or TND: key_rows gets no block table, idx_ptr stands in)
     m_i = tl.full([], FLT_LOWEST, tl.float32)
     l_i = tl.zeros([], tl.float32)
     for f0 in range(0, n_entries, BLOCK_N):
