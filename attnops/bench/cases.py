@@ -292,8 +292,8 @@ register_suite(Suite(
 
 
 def _dsa_cases(prefix: str, lengths, decode, *, heads: int, index_heads: int, topk: int, dtype: str) -> tuple:
-    """DSA sparse attention prefill (vs the dense causal MHA prefill of the same tokens), the lightning indexer over
-    the same tokens, and decode (``(requests, context)`` pairs); forward only."""
+    """DSA sparse attention prefill (vs the dense causal MHA prefill of the same tokens), the lightning indexer and
+    the indexer KL loss (loss and gradients) over the same tokens, and decode (``(requests, context)`` pairs)."""
     mla = dict(heads=heads, kv_heads=1, d=576, dv=512, dtype=dtype, causal=True, params={"topk": topk})
     cases = []
     for t in lengths:
@@ -302,6 +302,9 @@ def _dsa_cases(prefix: str, lengths, decode, *, heads: int, index_heads: int, to
         cases.append(Case(name=f"{prefix}-indexer-t{t}-n{index_heads}-top{topk}-{dtype}", op="dsa_indexer", sq=t,
                           skv=t, heads=index_heads, kv_heads=1, d=128, dv=0, dtype=dtype, causal=True,
                           params={"topk": topk, "rope": 0}, baselines=()))
+        cases.append(Case(name=f"{prefix}-kl-loss-t{t}-n{heads}-i{index_heads}-top{topk}-{dtype}", op="dsa_kl_loss",
+                          sq=t, skv=t, baselines=(), **{**mla, "dv": 0,
+                                                        "params": {"topk": topk, "index_heads": index_heads}}))
     for b, ctx in decode:
         cases.append(Case(name=f"{prefix}-decode-b{b}-kv{ctx}-n{heads}-top{topk}-{dtype}", op="dsa_decode", batch=b,
                           sq=1, skv=ctx, baselines=(), **mla))
@@ -315,9 +318,11 @@ register_suite(Suite(
     details="DeepSeek-V3.2 shapes: 128 query heads, MLA-absorbed latent 512 + rope 64 shared by every head, top-2048 "
             "(each token its own and the preceding positions); baseline attnops-dense-mha: dense causal "
             "attnops.flash_attention of the same tokens in the non-absorbed form (128 heads, D=192, Dv=128). Indexer: "
-            "64 heads x 128, weighted ReLU scores and top-2048 per token. Decode: one token per request over a paged "
+            "64 heads x 128, weighted ReLU scores and top-2048 per token. KL loss: the indexer's loss and gradients "
+            "over the prefill's selection (64 index heads x 128). Decode: one token per request over a paged "
             "cache (blocks of 64). FLOPs: 2*N1*kept*(576+512) with kept = min(2048, causal keys) per token (sparse), "
-            "the causal pairs for the dense baseline and the indexer (2*64*128 per pair)",
+            "the causal pairs for the dense baseline and the indexer (2*64*128 per pair), the KL loss's attention "
+            "scores (2*N1*576 per kept pair; its index products are not counted)",
     cases=_dsa_cases("dsa", (8192, 32768, 131072), ((1, 32768), (64, 8192), (128, 131072)), heads=128,
                      index_heads=64, topk=2048, dtype="bfloat16"),
     device="cuda", repeat=10, warmup=2))

@@ -33,7 +33,7 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
         return _nsa_decode().infer_inputs(case, device, seed)
     if case.op == "host_overhead":
         return _host_overhead().host_inputs(case, device, seed)
-    if case.op in ("dsa_prefill", "dsa_decode"):
+    if case.op in ("dsa_prefill", "dsa_decode", "dsa_kl_loss"):
         return _dsa_gpu().dsa_inputs(case, device, seed)
     if case.op in ("dsa_sparse", "dsa_indexer"):
         from . import dsa
@@ -110,6 +110,8 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
         return _host_overhead().build_host(case, inp, device)
     if case.op in ("dsa_prefill", "dsa_decode"):
         return _dsa_gpu().build_dsa(case, inp, device)
+    if case.op == "dsa_kl_loss":
+        return _dsa_gpu().build_kl_loss(case, inp, device)
     if case.op in ("dsa_sparse", "dsa_indexer"):
         from . import dsa
 

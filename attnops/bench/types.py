@@ -103,7 +103,7 @@ class Case:
             return sum((i + 1) // 4 for i in range(self.sq))
         if self.op in NSA_INFER_OPS:  # one query per request
             return self.batch * self.decode_keys()
-        if self.op in ("dsa_prefill", "dsa_decode"):  # every query attends to min(topk, its causal keys)
+        if self.op in ("dsa_prefill", "dsa_decode", "dsa_kl_loss"):  # each query: min(topk, its causal keys)
             topk = self.params["topk"]
             if self.op == "dsa_decode":
                 return self.batch * min(topk, self.skv)

@@ -8,6 +8,8 @@ reference) to :func:`_run` in the function below that serves its operator.
 """
 from __future__ import annotations
 
+import functools
+
 from ..._core.devices import on_cpu
 from ..._core.dispatch import choose_backend
 from .indexer import lightning_indexer_forward
@@ -15,6 +17,7 @@ from .kl_loss import indexer_kl_loss_grad
 from .quant_cache import dequantized_operands
 from .sparse_attention import sparse_attention_backward, sparse_attention_forward
 from .triton import backward as triton_backward
+from .triton import kl_launch as triton_kl
 from .triton import launch as triton_launch
 from .triton import verify as triton_verify
 
@@ -66,7 +69,10 @@ def quant_sparse_attention(call, query, key, value, sparse_indices, sinks, scale
                 query, key, value, sparse_indices, sinks)
 
 
-def kl_loss_grad(call, *tensors, scale):
+def kl_loss_grad(call, query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum,
+                 query_rope, key_rope, *, scale):
     """``(d_query_index, d_key_index, d_weights, loss)`` of the indexer's KL loss."""
-    return _run(tensors[0], None, None, lambda problem, *t: indexer_kl_loss_grad(problem, *t, scale=scale), call,
-                *tensors)
+    return _run(query, lambda: triton_verify.kl_loss_reason(query, query_index, weights, query_rope),
+                functools.partial(triton_kl.kl_loss_for, scale=scale),
+                functools.partial(indexer_kl_loss_grad, scale=scale), call, query, key, query_index, key_index,
+                weights, sparse_indices, softmax_max, softmax_sum, query_rope, key_rope)

@@ -2,14 +2,14 @@
 compiles, from the launchers' own plans, at DeepSeek-V3.2's shapes, fp16/bf16 (and fp32 for the plain kernels):
 the lightning indexer (64 heads x 128, top-2048) over BSND keys and a paged cache, sparse flash attention
 (128 heads, latent 512 + rope 64, MLA: value = key) in training (BSND) and decode (two requests of one token over a
-paged cache: rows split over programs, then merged) form, its backward (training), and decode over the packed
-int8 / fp8 cache."""
+paged cache: rows split over programs, then merged) form, its backward (training), decode over the packed
+int8 / fp8 cache, and the indexer KL loss (training: 128 heads of 512 + 64 against 64 index heads of 128)."""
 from __future__ import annotations
 
 import torch
 
 from ...._core.triton.registry import register_aot
-from . import backward, launch
+from . import backward, kl_launch, launch
 from .family import KERNELS
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -74,6 +74,22 @@ def _attention_backward(dtype: str) -> list:
     return [KERNELS.aot_launch(x) for x in plan]
 
 
+def _kl_loss(dtype: str) -> list:
+    """Training (BSND): the indexer KL loss's row kernel and loss sum, d_key_index over the inverted lists and the
+    reduction of the split lists."""
+    t = DTYPES[dtype]
+    query, query_rope = _query(False, t, HEADS, LATENT), _query(False, t, HEADS, ROPE)
+    latent, rope = torch.zeros(1, TOKENS, 1, LATENT, dtype=t), torch.zeros(1, TOKENS, 1, ROPE, dtype=t)
+    query_index, key_index = _query(False, t, INDEX_HEADS, INDEX_DIM), torch.zeros(1, TOKENS, 1, INDEX_DIM, dtype=t)
+    weights = torch.zeros(query_index.shape[:-1], dtype=torch.float32)
+    indices = torch.zeros(*query.shape[:-2], 1, TOPK, dtype=torch.int32)
+    stats = torch.zeros(1, 1, TOKENS, HEADS, dtype=torch.float32)
+    _, plan, _ = kl_launch.kl_loss_plan(_geometry(False, query, latent), query, latent, query_index, key_index,
+                                        weights, indices, stats, stats, query_rope, rope, (LATENT + ROPE) ** -0.5,
+                                        interpret=False)
+    return [KERNELS.aot_launch(x) for x in plan]
+
+
 for _dtype in DTYPES:
     if _dtype != "fp32":
         for _codes, _name in ((torch.int8, "int8"), (torch.float8_e4m3fn, "fp8")):
@@ -84,3 +100,4 @@ for _dtype in DTYPES:
     register_aot("dsa", f"sparse-attention-bsnd-{_dtype}", lambda dtype=_dtype: _attention(dtype, False, None))
     register_aot("dsa", f"sparse-attention-decode-{_dtype}", lambda dtype=_dtype: _attention(dtype, True, None))
     register_aot("dsa", f"sparse-attention-backward-bsnd-{_dtype}", lambda dtype=_dtype: _attention_backward(dtype))
+    register_aot("dsa", f"kl-loss-bsnd-{_dtype}", lambda dtype=_dtype: _kl_loss(dtype))

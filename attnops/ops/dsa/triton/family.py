@@ -3,7 +3,8 @@ tiles; 16-wide tiles in the interpreter).
 
 GPU tiles: the indexer holds 64 query heads x ``BLOCK_N`` = 64 keys per product and a top-k vector of ``BLOCK_K``
 (``sparse_count`` rounded up to a power of two); sparse attention holds ``BLOCK_H`` = 64 heads (one wgmma M tile)
-x ``BLOCK_DV`` = 256 output columns against ``BLOCK_N`` gathered latent rows (``ATTENTION_KEYS``).
+x ``BLOCK_DV`` = 256 output columns against ``BLOCK_N`` gathered latent rows (``ATTENTION_KEYS``); the indexer KL
+loss holds one query row's heads against ``KL_KEYS`` gathered entries.
 """
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ BACKWARD_DQ_KEYS = 16
 BACKWARD_KEYS = 16
 BACKWARD_ROWS = 64
 BACKWARD = ("sparse_attention_dq_kernel", "sparse_attention_dkdv_kernel", "sparse_attention_dkdv_reduce_kernel")
+# the indexer KL loss on a GPU: the row kernel gathers KL_KEYS entries per step (every query head x KL_CHUNK latent
+# columns of the main attention's scores at a time), the key kernel KL_PAIR_ROWS (pair, index head) rows per step
+KL_LOSS = ("indexer_kl_loss_kernel", "indexer_kl_loss_dk_kernel", "indexer_kl_loss_sum_kernel")
+KL_KEYS, KL_CHUNK, KL_PAIR_ROWS = 16, 64, 64
 
 
 def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
@@ -99,6 +104,8 @@ def _config(launch: Launch, named_args: dict, interpret: bool):
         return triton.Config({}, num_warps=4 if interpret else 8, num_stages=1)
     if launch.kernel in BACKWARD:
         return _backward_config(launch, named_args, interpret)
+    if launch.kernel in KL_LOSS:
+        return _kl_loss_config(launch, named_args, interpret)
     dtype = named_args["q_ptr"].dtype
     if interpret:
         tiles = dict(BLOCK_N=INTERPRET_TILE)
@@ -136,6 +143,19 @@ def _backward_config(launch: Launch, named_args: dict, interpret: bool):
     return triton.Config(dict(BLOCK_N=BACKWARD_DQ_KEYS, BLOCK_C=BACKWARD_CHUNK // wide), num_warps=8, num_stages=2)
 
 
+def _kl_loss_config(launch: Launch, named_args: dict, interpret: bool):
+    import triton
+
+    if launch.kernel == "indexer_kl_loss_sum_kernel":
+        return triton.Config({}, num_warps=4, num_stages=1)
+    if launch.kernel == "indexer_kl_loss_dk_kernel":
+        return triton.Config(dict(BLOCK_M=INTERPRET_TILE if interpret else KL_PAIR_ROWS), num_warps=4, num_stages=1)
+    if interpret:
+        return triton.Config(dict(BLOCK_N=INTERPRET_TILE, BLOCK_C=INTERPRET_TILE), num_warps=4, num_stages=1)
+    wide = named_args["q_ptr"].dtype.itemsize // 2  # fp32: half the chunk columns
+    return triton.Config(dict(BLOCK_N=KL_KEYS, BLOCK_C=KL_CHUNK // wide), num_warps=8, num_stages=1)
+
+
 KERNELS = KernelFamily("dsa", ("attnops.ops.dsa.triton.indexer", "attnops.ops.dsa.triton.sparse_attention",
-                               "attnops.ops.dsa.triton.sparse_attention_bwd"),
+                               "attnops.ops.dsa.triton.sparse_attention_bwd", "attnops.ops.dsa.triton.kl_loss"),
                        lambda launch, named_args, interpret: [_config(launch, named_args, interpret)])

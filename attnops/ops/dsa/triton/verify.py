@@ -11,6 +11,8 @@ MAX_INDEXER_DIM = 256
 MAX_LATENT_DIM = 512  # latent (and value) width of one sparse-attention tile
 MAX_ROPE_DIM = 128
 MAX_TOPK = 8192
+MAX_KL_HEADS = 128  # main-attention query heads of one KL-loss program (the M of its score products)
+MAX_KL_INDEX_HEADS, MAX_KL_INDEX_DIM = 64, 128  # the index query and its gradient held by one KL-loss program
 
 
 def indexer_reason(query: torch.Tensor, weights: torch.Tensor, sparse_count: int) -> str | None:
@@ -45,3 +47,19 @@ def quant_sparse_attention_reason(query: torch.Tensor, hif8: bool) -> str | None
     if hif8:
         return "a HiFloat8 cache (the kernel decodes int8 and fp8 codes only; the reference decodes HiFloat8)"
     return kernel_input_reason(query)
+
+
+def kl_loss_reason(query: torch.Tensor, query_index: torch.Tensor, weights: torch.Tensor,
+                   query_rope: torch.Tensor | None) -> str | None:
+    """``lightning_indexer_kl_loss`` (the fused loss and gradients)."""
+    reason = kernel_input_reason(query) or kernel_input_reason(weights, "weights")
+    if reason is not None:
+        return reason
+    if query.shape[-2] > MAX_KL_HEADS:
+        return f"query heads up to {MAX_KL_HEADS} (got {query.shape[-2]})"
+    if query_index.shape[-2] > MAX_KL_INDEX_HEADS or query_index.shape[-1] > MAX_KL_INDEX_DIM:
+        return (f"indexer query heads up to {MAX_KL_INDEX_HEADS} and head dims up to {MAX_KL_INDEX_DIM} (got "
+                f"{query_index.shape[-2]} x {query_index.shape[-1]})")
+    if query_rope is not None and query_rope.shape[-1] > MAX_ROPE_DIM:
+        return f"rope dims up to {MAX_ROPE_DIM} (got {query_rope.shape[-1]})"
+    return None

@@ -220,23 +220,46 @@ def test_backward_with_host_lengths_records_its_kernels():
     assert [name for name in kernels(launches) if name != "sparse_attention_merge_kernel"][-3:] == BACKWARD
 
 
-def test_kl_loss_without_a_kernel_says_so_after_validating_without_host_reads():
-    """The indexer's KL loss (``lightning_indexer_kl_loss``, ``npu_sparse_lightning_indexer_grad_kl_loss``) has no
-    Triton kernel: on a GPU it runs the reference (with a PerformanceWarning); in the dry run it raises saying so,
-    and nothing before that reads a device value."""
+KL_LOSS = ["indexer_kl_loss_kernel", "indexer_kl_loss_sum_kernel", "indexer_kl_loss_dk_kernel",
+           "sparse_attention_dkdv_reduce_kernel"]
+
+
+def test_kl_loss_records_its_kernels_with_host_lengths():
+    """The indexer's KL loss (``lightning_indexer_kl_loss`` and its autograd, ``npu_sparse_lightning_indexer_grad_kl_
+    loss``) with host lengths (uploaded once): the row kernel, the loss sum, then d_key_index over the inverted
+    lists ordered on the device; nothing is read back."""
     import attnops.torch_npu as tnpu
 
-    idx = meta(T, 1, 8, dtype=I32)
-    qi, ki, w = meta(T, 8, 32), meta(T, 1, 32), meta(T, 8, dtype=torch.float32)
-    qk, kk, stats = meta(T, 16, 64), meta(T, 1, 64), meta(1, T, 16, dtype=torch.float32)
-    lens = dict(actual_seq_lengths_query=[2, 6], actual_seq_lengths_key=[2, 6])
-    with gpu_dry_run(), pytest.raises(RuntimeError, match="would run the reference.*no Triton kernel"):
-        attnops.lightning_indexer_kl_loss(qk, kk, qi, ki, w, idx, stats, stats, scale=0.1, layout="TND", **lens)
-    with gpu_dry_run(), pytest.raises(RuntimeError, match="would run the reference.*no Triton kernel"):
-        tnpu.npu_sparse_lightning_indexer_grad_kl_loss(
-            meta(T, 16, 512), meta(T, 1, 512), meta(T, 8, 128), meta(T, 1, 128), w, idx, stats, stats, 0.1,
-            query_rope=meta(T, 16, 64), key_rope=meta(T, 1, 64), actual_seq_qlen=[2, 6], actual_seq_klen=[2, 6],
-            layout="TND")
+    idx = meta(T, 1, 2048, dtype=I32)
+    qi, ki, w = meta(T, 64, 128, grad=True), meta(T, 1, 128, grad=True), meta(T, 64, dtype=torch.float32, grad=True)
+    stats = meta(1, T, 128, dtype=torch.float32)
+    q, k, q_rope, k_rope = meta(T, 128, 512), meta(T, 1, 512), meta(T, 128, 64), meta(T, 1, 64)
+    with gpu_dry_run() as launches:
+        loss = attnops.lightning_indexer_kl_loss(q, k, qi, ki, w, idx, stats, stats, scale=0.1, query_rope=q_rope,
+                                                 key_rope=k_rope, layout="TND", actual_seq_lengths_query=[2, 6],
+                                                 actual_seq_lengths_key=[2, 6])
+        loss.sum().backward()
+        tnpu.npu_sparse_lightning_indexer_grad_kl_loss(q, k, qi, ki, w, idx, stats, stats, 0.1, query_rope=q_rope,
+                                                       key_rope=k_rope, actual_seq_qlen=[2, 6],
+                                                       actual_seq_klen=[2, 6], layout="TND")
+    assert kernels(launches) == KL_LOSS * 2
+    assert launches[0].grid == (T, 1) and launches[0].constexprs["HAS_ROPE"]
+    assert qi.grad.shape == qi.shape and ki.grad.shape == ki.shape and w.grad.shape == w.shape
+
+
+@pytest.mark.parametrize("layout", ["BSND", "TND"])
+def test_kl_loss_leaves_device_lengths_to_the_kernels(layout):
+    """Lengths on the device (the Pythonic API's tensors): validated by shape only, read by the row kernel."""
+    lead, key_lead = ((B, 3), (B, 128)) if layout == "BSND" else ((T,), (256,))
+    stats = meta(*((B, 1, 3) if layout == "BSND" else (1, T)), 16, dtype=torch.float32)
+    with gpu_dry_run() as launches:
+        attnops.lightning_indexer_kl_loss(meta(*lead, 16, 64), meta(*key_lead, 1, 64), meta(*lead, 8, 32),
+                                          meta(*key_lead, 1, 32), meta(*lead, 8), meta(*lead, 1, 8, dtype=I32), stats,
+                                          stats, scale=0.1, layout=layout, actual_seq_lengths_query=meta(B, dtype=I32),
+                                          actual_seq_lengths_key=meta(B, dtype=I32))
+    assert kernels(launches) == KL_LOSS
+    row = launches[0].constexprs
+    assert row["Q_LENS"] and row["KV_LENS"] and row["KV_MODE"] == launch.KV_MODES[layout] and not row["HAS_ROPE"]
 
 
 def test_aclnn_two_phase_names_leave_device_metadata_to_the_kernels():
