@@ -149,6 +149,26 @@ def test_same_bits_on_one_and_two_threads_with_per_token_antiquant(kernel_calls,
 
 
 @needs_kernel
+@pytest.mark.skipif(platform.system() != "Linux", reason="the runnable tasks are counted on Linux")
+def test_no_worker_where_other_processes_take_every_cpu():
+    """As many busy processes as CPUs: no CPU is free for a worker (this process's own threads do not count)."""
+    import subprocess
+    import sys
+    import time
+
+    lib = cpu_kernels.library()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count())]
+    try:
+        time.sleep(0.2)
+        assert lib.attnops_workers_with_a_cpu(4) == 0
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    assert 0 <= lib.attnops_workers_with_a_cpu(4) <= 4
+
+
+@needs_kernel
 def test_batches_merged_together_get_the_bits_of_a_call_of_their_own(monkeypatch):
     """Batches 0 and 2 (3 chunks each) merge in one pass, batch 1 (2 chunks) alone: each equals a B=1 call."""
     monkeypatch.setattr(decode, "CHUNK_TOKENS", 64)

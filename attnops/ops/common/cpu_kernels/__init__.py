@@ -49,6 +49,7 @@ def _load(path: Path) -> ctypes.CDLL:
     p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.attnops_decode_chunks_parallel.argtypes = [p, i32, i32, i32]
     lib.attnops_decode_chunks_parallel.restype = i32
+    lib.attnops_workers_with_a_cpu.argtypes, lib.attnops_workers_with_a_cpu.restype = [i32], i32
     describe = getattr(lib, "attnops_row_layout", None)
     if describe is None:
         raise LayoutMismatch(f"{path} does not describe its row layout (no attnops_row_layout)")

@@ -691,13 +691,11 @@ std::vector<Part> parts(const ChunkRow* table, int n, int threads) {
 constexpr int64_t MIN_PARALLEL_ELEMENTS = int64_t{1} << 22;
 
 // The threads a call of `threads` runs on when the count is dynamic: the caller alone for a small call, else no
-// more workers than there are free CPUs (threads.h's free_cpus).
+// more workers than there are CPUs that other processes leave free (threads.h's workers_with_a_cpu).
 int dynamic_threads(const ChunkRow* rows, int n, int threads) {
   int64_t elements = 0;
   for (int i = 0; i < n; ++i) elements += rows[i].heads * rows[i].tokens * (rows[i].d + rows[i].dv);
-  if (elements < MIN_PARALLEL_ELEMENTS) return 1;
-  const int free = attnops::free_cpus();
-  return free >= 0 && free + 1 < threads ? free + 1 : threads;
+  return elements < MIN_PARALLEL_ELEMENTS ? 1 : 1 + attnops::workers_with_a_cpu(threads - 1);
 }
 
 }  // namespace
@@ -725,6 +723,9 @@ int attnops_decode_chunks_parallel(const int64_t* table, int n, int threads, int
   });
   return failed;
 }
+
+// How many of `wanted` workers a call would find a CPU for now (threads.h's workers_with_a_cpu).
+int attnops_workers_with_a_cpu(int wanted) { return attnops::workers_with_a_cpu(wanted); }
 
 // The tables' layouts, as attnops/ops/common/cpu_kernels/layout.py describes them: "version V; Run name:offset ...;
 // ChunkRow name:offset ...; DType name:code ..." (offsets in int64 fields).
