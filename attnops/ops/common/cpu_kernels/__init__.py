@@ -130,4 +130,4 @@ def decode_chunks(rows: list[list[int]]) -> None:
     code = library().attnops_decode_chunks_parallel(table.data_ptr(), len(rows),
                                                     parallel.job_threads(torch.device("cpu")), int(dynamic))
     if code:
-        raise RuntimeError(f"attnops_decode_chunks returned {code}")
+        raise RuntimeError(f"attnops_decode_chunks_parallel returned {code}")

@@ -658,8 +658,8 @@ int run_heads(const ChunkRow& c, int h0, int h1, std::vector<float>& scratch, st
                              reinterpret_cast<float*>(c.m_out) + first, reinterpret_cast<float*>(c.l_out) + first,
                              reinterpret_cast<float*>(c.o_out) + first * dv);
   if (code == 0 && c.p_out)
-    std::memcpy(reinterpret_cast<float*>(c.p_out) + first * c.tokens, scratch.data() + scores_offset(heads * rows, d, dv),
-                sizeof(float) * heads * rows * c.tokens);
+    std::memcpy(reinterpret_cast<float*>(c.p_out) + first * c.tokens,
+                scratch.data() + scores_offset(heads * rows, d, dv), sizeof(float) * heads * rows * c.tokens);
   return code;
 }
 
