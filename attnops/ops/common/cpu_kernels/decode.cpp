@@ -668,19 +668,19 @@ struct Part {
   int row, h0, h1;
 };
 
+// The last chunks of a call are cut into this many parts (whole KV heads each, fewer where a chunk has fewer heads).
+constexpr int TAIL_PARTS = 4;
+
 // The parts of a table of n chunks for `threads` threads, in the order threads take them: whole chunks, then the last
-// `threads` chunks head by head, so that what is left when the queue runs dry is short and no thread waits long for
-// another one's last part.
+// `threads` chunks in TAIL_PARTS parts each, so that what is left when the queue runs dry is short and no thread waits
+// long for another one's last part (smaller parts cost more: each one walks the chunk's token descriptors again).
 std::vector<Part> parts(const ChunkRow* table, int n, int threads) {
   const int whole = threads < 2 ? n : (n > threads ? n - threads : 0);
   std::vector<Part> out;
   for (int i = 0; i < n; ++i) {
     const int heads = static_cast<int>(table[i].heads);
-    if (i < whole) {
-      out.push_back({i, 0, heads});
-      continue;
-    }
-    for (int h = 0; h < heads; ++h) out.push_back({i, h, h + 1});
+    const int step = i < whole ? heads : (heads + TAIL_PARTS - 1) / TAIL_PARTS;
+    for (int h = 0; h < heads; h += step) out.push_back({i, h, h + step < heads ? h + step : heads});
   }
   return out;
 }

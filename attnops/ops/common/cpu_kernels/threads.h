@@ -98,12 +98,11 @@ inline Pool*& pool_slot() {
 
 #ifdef __linux__
 // The number of tasks that /proc/loadavg counts as running or waiting to run now, system-wide; -1 where unknown.
+// The file stays open (one read per call: an open costs tens of microseconds on a busy virtual machine).
 inline long runnable_tasks() {
-  const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
+  static const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
   char text[128];
-  const ssize_t got = read(fd, text, sizeof text - 1);
-  close(fd);
+  const ssize_t got = fd < 0 ? -1 : pread(fd, text, sizeof text - 1, 0);
   if (got <= 0) return -1;
   text[got] = 0;
   const char* p = text;  // "avg1 avg5 avg15 runnable/total last-pid"
@@ -149,7 +148,8 @@ inline long own_runnable_threads(long least, long enough) {
 // own runnable threads are not counted (they are looked at only when the other tasks leave too few CPUs): they are
 // its own work, or OpenMP threads that will sleep soon.
 inline int workers_with_a_cpu(int wanted) {
-  const long cpus = sysconf(_SC_NPROCESSORS_ONLN), runnable = runnable_tasks();
+  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);  // read once: a file read as well
+  const long runnable = runnable_tasks();
   if (cpus < 1 || runnable < 1) return wanted;
   long free = cpus - runnable;  // the caller is one of the runnable tasks
   if (free < wanted) free += own_runnable_threads(1 - free, wanted - free);
