@@ -24,6 +24,7 @@
 #include <sys/syscall.h>
 #endif
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -112,27 +113,42 @@ inline long runnable_tasks() {
   return *p == '/' ? count : -1;
 }
 
+// The ids of this process's threads other than the calling one, listed from /proc/self/task at most every 100 ms
+// per calling thread (threads come and go rarely, and a listing costs tens of microseconds on a busy virtual
+// machine; a forked child lists its own).
+inline const std::vector<long>& other_threads() {
+  thread_local std::vector<long> tids;
+  thread_local pid_t listed_by = 0;
+  thread_local std::chrono::steady_clock::time_point listed_at;
+  const auto now = std::chrono::steady_clock::now();
+  if (listed_by == getpid() && now - listed_at < std::chrono::milliseconds(100)) return tids;
+  listed_by = getpid();
+  listed_at = now;
+  tids.clear();
+  DIR* dir = opendir("/proc/self/task");
+  if (!dir) return tids;
+  const long me = syscall(SYS_gettid);
+  while (const dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long tid = std::strtol(entry->d_name, &end, 10);
+    if (end != entry->d_name && !*end && tid != me) tids.push_back(tid);
+  }
+  closedir(dir);
+  return tids;
+}
+
 // This process's threads other than the calling one that are running or waiting to run now (the state in
 // /proc/self/task/*/stat; PyTorch's OpenMP threads, for one, spin for milliseconds after each parallel region),
 // counted up to `enough`; 0 without reading a thread's state where there are fewer than `least` other threads.
 inline long own_runnable_threads(long least, long enough) {
-  DIR* dir = opendir("/proc/self/task");
-  if (!dir) return 0;
-  const long me = syscall(SYS_gettid);
-  std::vector<long> others;
-  while (const dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    const long tid = std::strtol(entry->d_name, &end, 10);
-    if (end != entry->d_name && !*end && tid != me) others.push_back(tid);
-  }
-  closedir(dir);
+  const std::vector<long>& others = other_threads();
   long count = 0;
   if (static_cast<long>(others.size()) < least) return 0;
   for (size_t i = 0; i < others.size() && count < enough; ++i) {
     char path[64], text[128];
     std::snprintf(path, sizeof path, "/proc/self/task/%ld/stat", others[i]);
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) continue;  // the thread has ended
     const ssize_t got = read(fd, text, sizeof text - 1);
     close(fd);
     if (got <= 0) continue;
