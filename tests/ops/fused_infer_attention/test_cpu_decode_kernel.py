@@ -206,6 +206,7 @@ def test_a_forked_child_runs_the_kernel_on_a_pool_of_its_own(kernel_calls, monke
     import multiprocessing
 
     monkeypatch.setattr(decode, "CHUNK_TOKENS", 256)
+    monkeypatch.setenv("ATTNOPS_CPU_DYNAMIC_THREADS", "0")  # the pools run whatever the load (the child inherits it)
     inputs = make_inputs("BNSD", b=1, n=8, nkv=2, sq=1, skv=1500, d=64, dtype=BF16)
     threads = torch.get_num_threads()
     try:
