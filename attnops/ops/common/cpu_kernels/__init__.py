@@ -13,8 +13,8 @@ library's own worker threads (``threads.h``), ``torch.get_num_threads()`` at mos
 wait, where OpenMP threads spin: on a machine with other work, spinning threads take the cores from the very thread
 they wait for (measured: a decode call with 2 threads beside other processes ran several times slower than with 1).
 A call also leaves out the workers for which no CPU is free at its start (one that shares a CPU with another
-process is preempted for a whole scheduler tick while it holds part of the work, and the call waits for it);
-``ATTNOPS_CPU_DYNAMIC_THREADS=0`` makes every call use all of them.
+process gains nothing and can hold up the call, see ``threads.h``), and a small call runs on the calling thread
+alone; ``ATTNOPS_CPU_DYNAMIC_THREADS=0`` makes every call use all of them.
 
 Without a compiler, when the build fails or the library is refused, or with ``ATTNOPS_CPU_KERNELS=0``,
 :func:`library` returns None once (with a warning naming the reason when a build was tried) and callers run the

@@ -11,9 +11,10 @@
 // workers do not exist there).
 //
 // workers_with_a_cpu() says how many workers would find a CPU that no other process runs on now, so that a caller
-// can leave out those that would only share a CPU with another process: such a worker is preempted for a whole
-// scheduler tick (4 ms at 250 Hz) while it holds a share of the work, and the caller waits for it (measured: two
-// threads beside one busy process on two CPUs were up to 30% slower than one).
+// can leave out those that would only share a CPU with another process: woken when no CPU is idle, such a worker
+// queues on the caller's own CPU (the two then take turns on one CPU), or it is preempted for a whole scheduler
+// tick (4 ms at 250 Hz) while it holds a share of the work and the caller waits for it (measured: two threads
+// beside one busy process on two CPUs were up to 30% slower than one).
 #pragma once
 
 #include <pthread.h>
