@@ -95,25 +95,76 @@ def test_int8_kv(kernel_calls, kmode, vmode):
     assert kernel_calls[0] > 0
 
 
-@needs_kernel
-@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
-def test_same_bits_on_one_and_two_threads(kernel_calls, monkeypatch, dtype):
-    """One thread and two (the caller and a worker of the library's pool): the same bits."""
-    monkeypatch.setattr(decode, "CHUNK_TOKENS", 256)
-    q, k, v = make_inputs("BNSD", b=2, n=8, nkv=2, sq=1, skv=1500, d=64, dtype=dtype)
-    kw = dict(num_key_value_heads=2, layout="BNSD", return_lse=True, actual_seq_lengths_kv=[1500, 999])
+def _on_threads(counts, call) -> list:
+    """``call()`` on each thread count of ``counts`` in turn, every one of those threads used (no dynamic count)."""
     threads = torch.get_num_threads()
     try:
         results = []
-        for n in (1, 2, 1, 2):
+        for n in counts:
             torch.set_num_threads(n)
-            results.append(attnops.fused_infer_attention(q, k, v, **kw))
+            results.append(call())
     finally:
         torch.set_num_threads(threads)
+    return results
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+def test_same_bits_on_one_and_two_threads(kernel_calls, monkeypatch, dtype):
+    """One thread, two and three (the caller and workers of the library's pool; the last chunks cut into single
+    heads): the same bits."""
+    monkeypatch.setattr(decode, "CHUNK_TOKENS", 256)
+    monkeypatch.setenv("ATTNOPS_CPU_DYNAMIC_THREADS", "0")
+    q, k, v = make_inputs("BNSD", b=2, n=8, nkv=2, sq=1, skv=1500, d=64, dtype=dtype)
+    kw = dict(num_key_value_heads=2, layout="BNSD", return_lse=True, actual_seq_lengths_kv=[1500, 999])
+    results = _on_threads((1, 2, 1, 3), lambda: attnops.fused_infer_attention(q, k, v, **kw))
     assert kernel_calls[0] >= 4 * (6 + 4)
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert torch.equal(a, b)
+
+
+@needs_kernel
+@pytest.mark.parametrize("mode", [3, 5])
+def test_same_bits_on_one_and_two_threads_with_per_token_antiquant(kernel_calls, monkeypatch, mode):
+    """Per-token (mode 3) and page-managed (mode 5) scales and offsets of each KV head, on a shuffled paged cache: a
+    chunk cut into single heads reads each head's own parameters."""
+    monkeypatch.setattr(decode, "CHUNK_TOKENS", 32)
+    monkeypatch.setenv("ATTNOPS_CPU_DYNAMIC_THREADS", "0")
+    b, n, nkv, d, bs, lens = 2, 8, 4, 32, 16, [150, 97]
+    q = randn(b, n, 1, d, dtype=F16, seed=1)
+    kc, bt = to_paged(randint8(b, nkv, 150, d, seed=2), lens, bs, cache_layout="BNSD", seed=4)
+    vc, _ = to_paged(randint8(b, nkv, 150, d, seed=3), lens, bs, cache_layout="BNSD", seed=4)
+    g = torch.Generator().manual_seed(6)
+    shape = (b, nkv, 160) if mode == 3 else (kc.shape[0], nkv, bs)
+    p = {f"{name}_antiquant_{what}": torch.rand(shape, generator=g) * 0.02 + 0.005 if what == "scale" else
+         torch.randn(shape, generator=g) * 4 for name in ("key", "value") for what in ("scale", "offset")}
+    kw = dict(**p, key_antiquant_mode=mode, value_antiquant_mode=mode, block_table=bt, block_size=bs,
+              actual_seq_lengths_kv=lens, num_key_value_heads=nkv, layout="BNSD", return_lse=True)
+    results = _on_threads((1, 2, 3), lambda: attnops.fused_infer_attention(q, kc, vc, **kw))
+    assert kernel_calls[0] == 3 * (5 + 4)  # chunks of two pages
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+
+
+@needs_kernel
+@pytest.mark.skipif(platform.system() != "Linux", reason="the runnable tasks are counted on Linux")
+def test_no_worker_where_other_processes_take_every_cpu():
+    """As many busy processes as CPUs: no CPU is free for a worker (this process's own threads do not count)."""
+    import subprocess
+    import time
+
+    lib = cpu_kernels.library()
+    busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(os.cpu_count())]
+    try:
+        time.sleep(0.2)
+        assert lib.attnops_workers_with_a_cpu(4) == 0
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    assert 0 <= lib.attnops_workers_with_a_cpu(4) <= 4
 
 
 @needs_kernel
@@ -155,6 +206,7 @@ def test_a_forked_child_runs_the_kernel_on_a_pool_of_its_own(kernel_calls, monke
     import multiprocessing
 
     monkeypatch.setattr(decode, "CHUNK_TOKENS", 256)
+    monkeypatch.setenv("ATTNOPS_CPU_DYNAMIC_THREADS", "0")  # the pools run whatever the load (the child inherits it)
     inputs = make_inputs("BNSD", b=1, n=8, nkv=2, sq=1, skv=1500, d=64, dtype=BF16)
     threads = torch.get_num_threads()
     try:

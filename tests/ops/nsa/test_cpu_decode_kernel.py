@@ -102,7 +102,9 @@ def test_compress_attention_on_the_kernel(kernel_calls, monkeypatch, dtype):
 
 
 @needs_kernel
-def test_bitwise_the_same_on_one_and_two_threads(kernel_calls):
+def test_bitwise_the_same_on_one_and_two_threads(kernel_calls, monkeypatch):
+    """Every thread asked for used (no dynamic count): the last chunks are cut into single heads."""
+    monkeypatch.setenv("ATTNOPS_CPU_DYNAMIC_THREADS", "0")
     q, k, v, table = _paged(SEL_LENS, 4, BF16, seed=3)
     threads = torch.get_num_threads()
     try:

@@ -9,9 +9,12 @@ whose own description of them (``attnops_row_layout``) differs is refused.
 
 :func:`decode_chunks` is the one Python entry to the decode kernel (FIA decode and the NSA decode operators): it
 runs a table of :func:`.layout.chunk_row` rows, with no Python work per chunk, on the calling thread and the
-library's own worker threads (``threads.h``), ``torch.get_num_threads()`` in all. Those threads sleep while they
+library's own worker threads (``threads.h``), ``torch.get_num_threads()`` at most. Those threads sleep while they
 wait, where OpenMP threads spin: on a machine with other work, spinning threads take the cores from the very thread
 they wait for (measured: a decode call with 2 threads beside other processes ran several times slower than with 1).
+A call also leaves out the workers for which no CPU is free at its start (one that shares a CPU with another
+process gains nothing and can hold up the call, see ``threads.h``), and a small call runs on the calling thread
+alone; ``ATTNOPS_CPU_DYNAMIC_THREADS=0`` makes every call use all of them.
 
 Without a compiler, when the build fails or the library is refused, or with ``ATTNOPS_CPU_KERNELS=0``,
 :func:`library` returns None once (with a warning naming the reason when a build was tried) and callers run the
@@ -44,8 +47,9 @@ class LayoutMismatch(RuntimeError):
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.attnops_decode_chunks_parallel.argtypes = [p, i32, i32]
+    lib.attnops_decode_chunks_parallel.argtypes = [p, i32, i32, i32]
     lib.attnops_decode_chunks_parallel.restype = i32
+    lib.attnops_workers_with_a_cpu.argtypes, lib.attnops_workers_with_a_cpu.restype = [i32], i32
     describe = getattr(lib, "attnops_row_layout", None)
     if describe is None:
         raise LayoutMismatch(f"{path} does not describe its row layout (no attnops_row_layout)")
@@ -119,10 +123,11 @@ def unavailable(device: torch.device, rounding) -> str | None:
 
 def decode_chunks(rows: list[list[int]]) -> None:
     """The chunks of :func:`.layout.chunk_row` ``rows`` on every thread jobs may use (:func:`parallel.job_threads`),
-    in one kernel call (see the module docstring). Every tensor the rows point into must stay alive during the
-    call; a chunk's result does not depend on the thread that computes it."""
+    in one kernel call, fewer where CPUs are busy (see the module docstring). Every tensor the rows point into must
+    stay alive during the call; a chunk's result does not depend on the threads that compute it."""
     table = torch.tensor(rows, dtype=layout.DTYPE)
+    dynamic = os.environ.get("ATTNOPS_CPU_DYNAMIC_THREADS", "1") != "0"
     code = library().attnops_decode_chunks_parallel(table.data_ptr(), len(rows),
-                                                    parallel.job_threads(torch.device("cpu")))
+                                                    parallel.job_threads(torch.device("cpu")), int(dynamic))
     if code:
-        raise RuntimeError(f"attnops_decode_chunks returned {code}")
+        raise RuntimeError(f"attnops_decode_chunks_parallel returned {code}")

@@ -629,46 +629,103 @@ std::string describe(const char* table, const Field (&fields)[N]) {
   return text;
 }
 
+// Heads [h0, h1) of one chunk of a table: run_chunk on the chunk's runs moved to head h0 and on its outputs' rows of
+// those heads (every head's result is computed on its own, so it has the same bits whichever heads a call takes).
+// Returns run_chunk's code.
+int run_heads(const ChunkRow& c, int h0, int h1, std::vector<float>& scratch, std::vector<Run>& moved) {
+  const int rows = static_cast<int>(c.rows), d = static_cast<int>(c.d), dv = static_cast<int>(c.dv);
+  const int heads = h1 - h0;
+  const size_t need = static_cast<size_t>(scratch_floats(heads * rows, d, dv, c.tokens));
+  if (scratch.size() < need) scratch.resize(need);
+  const Run* runs = reinterpret_cast<const Run*>(c.runs);
+  if (h0) {
+    const int64_t ks = itemsize(static_cast<int>(c.kt)), vs = itemsize(static_cast<int>(c.vt));
+    moved.assign(runs, runs + c.nruns);
+    for (Run& u : moved) {
+      u.k_addr += h0 * u.k_sn * ks;
+      u.v_addr += h0 * u.v_sn * vs;
+      for (int64_t* addr : {&u.ks_addr, &u.ko_addr})
+        if (*addr) *addr += h0 * u.ks_sn * static_cast<int64_t>(sizeof(float));
+      for (int64_t* addr : {&u.vs_addr, &u.vo_addr})
+        if (*addr) *addr += h0 * u.vs_sn * static_cast<int64_t>(sizeof(float));
+    }
+    runs = moved.data();
+  }
+  const int64_t first = static_cast<int64_t>(h0) * rows;  // the heads' first row of the outputs
+  const int code = run_chunk(reinterpret_cast<const float*>(c.q) + first * d, heads, rows, d, dv,
+                             static_cast<int>(c.kt), static_cast<int>(c.vt), reinterpret_cast<const int64_t*>(runs),
+                             static_cast<int>(c.nruns), c.tokens, scratch.data(),
+                             reinterpret_cast<float*>(c.m_out) + first, reinterpret_cast<float*>(c.l_out) + first,
+                             reinterpret_cast<float*>(c.o_out) + first * dv);
+  if (code == 0 && c.p_out)
+    std::memcpy(reinterpret_cast<float*>(c.p_out) + first * c.tokens,
+                scratch.data() + scores_offset(heads * rows, d, dv), sizeof(float) * heads * rows * c.tokens);
+  return code;
+}
+
+// A share of a table's work: heads [h0, h1) of chunk `row`.
+struct Part {
+  int row, h0, h1;
+};
+
+// The last chunks of a call are cut into this many parts (whole KV heads each, fewer where a chunk has fewer heads).
+constexpr int TAIL_PARTS = 4;
+
+// The parts of a table of n chunks for `threads` threads, in the order threads take them: whole chunks, then the last
+// `threads` chunks in TAIL_PARTS parts each, so that what is left when the queue runs dry is short and no thread waits
+// long for another one's last part (smaller parts cost more: each one walks the chunk's token descriptors again).
+std::vector<Part> parts(const ChunkRow* table, int n, int threads) {
+  const int whole = threads < 2 ? n : (n > threads ? n - threads : 0);
+  std::vector<Part> out;
+  for (int i = 0; i < n; ++i) {
+    const int heads = static_cast<int>(table[i].heads);
+    const int step = i < whole ? heads : (heads + TAIL_PARTS - 1) / TAIL_PARTS;
+    for (int h = 0; h < heads; h += step) out.push_back({i, h, h + step < heads ? h + step : heads});
+  }
+  return out;
+}
+
+// Below this many K and V elements (heads x tokens x (d + dv), summed over the chunks; about a quarter of a
+// millisecond on one core) a call runs on the caller alone: waking a worker and reading the load cost more than the
+// worker would win.
+constexpr int64_t MIN_PARALLEL_ELEMENTS = int64_t{1} << 22;
+
+// The threads a call of `threads` runs on when the count is dynamic: the caller alone for a small call, else no
+// more workers than there are CPUs that other processes leave free (threads.h's workers_with_a_cpu).
+int dynamic_threads(const ChunkRow* rows, int n, int threads) {
+  int64_t elements = 0;
+  for (int i = 0; i < n; ++i) elements += rows[i].heads * rows[i].tokens * (rows[i].d + rows[i].dv);
+  return elements < MIN_PARALLEL_ELEMENTS ? 1 : 1 + attnops::workers_with_a_cpu(threads - 1);
+}
+
 }  // namespace
 
 extern "C" {
 
-// Several chunks one after another on the calling thread, in one call (no per-chunk call overhead): row i of
-// `table` [n, ROW] is a ChunkRow. Returns 0, or the first non-zero code of a chunk.
-int attnops_decode_chunks(const int64_t* table, int n) {
-  thread_local std::vector<float> scratch;  // kept between calls: no page faults per call
-  for (int i = 0; i < n; ++i) {
-    const ChunkRow& c = reinterpret_cast<const ChunkRow*>(table)[i];
-    const int heads = static_cast<int>(c.heads), rows = static_cast<int>(c.rows), d = static_cast<int>(c.d),
-              dv = static_cast<int>(c.dv);
-    const size_t need = static_cast<size_t>(scratch_floats(heads * rows, d, dv, c.tokens));
-    if (scratch.size() < need) scratch.resize(need);
-    const int code = run_chunk(reinterpret_cast<const float*>(c.q), heads, rows, d, dv, static_cast<int>(c.kt),
-                               static_cast<int>(c.vt), reinterpret_cast<const int64_t*>(c.runs),
-                               static_cast<int>(c.nruns), c.tokens, scratch.data(), reinterpret_cast<float*>(c.m_out),
-                               reinterpret_cast<float*>(c.l_out), reinterpret_cast<float*>(c.o_out));
-    if (code != 0) return code;
-    if (c.p_out)
-      std::memcpy(reinterpret_cast<float*>(c.p_out), scratch.data() + scores_offset(heads * rows, d, dv),
-                  sizeof(float) * heads * rows * c.tokens);
-  }
-  return 0;
-}
-
-// The chunks of `table` (rows as in attnops_decode_chunks) on `threads` threads: the caller and threads - 1 workers
-// of the library's own pool (threads.h), each taking the next chunk in order from a shared counter (which thread
-// computes a chunk does not change its result). Threads without work sleep instead of spinning. Returns 0, or the
-// non-zero code of a chunk.
-int attnops_decode_chunks_parallel(const int64_t* table, int n, int threads) {
+// The chunks of `table` [n, ROW] (each row a ChunkRow) on up to `threads` threads: the caller and workers of the
+// library's own pool (threads.h), each taking the next part (parts()) from a shared counter; with `dynamic`, as many
+// as dynamic_threads() says. Which thread computes a part does not change its result. Threads without work sleep
+// instead of spinning. Returns 0, or the non-zero code of a part.
+int attnops_decode_chunks_parallel(const int64_t* table, int n, int threads, int dynamic) {
+  const ChunkRow* rows = reinterpret_cast<const ChunkRow*>(table);
+  if (dynamic && threads > 1) threads = dynamic_threads(rows, n, threads);
+  const std::vector<Part> work = parts(rows, n, threads);
+  const int count = static_cast<int>(work.size());
   std::atomic<int> next{0}, failed{0};
-  attnops::run_on_pool(threads < n ? threads : n, [&] {
-    for (int i = next++; i < n; i = next++) {
-      const int code = attnops_decode_chunks(table + ROW * i, 1);
+  attnops::run_on_pool(threads < count ? threads : count, [&] {
+    thread_local std::vector<float> scratch;  // kept between calls: no page faults per call
+    thread_local std::vector<Run> moved;
+    for (int i = next++; i < count; i = next++) {
+      const Part& part = work[i];
+      const int code = run_heads(rows[part.row], part.h0, part.h1, scratch, moved);
       if (code != 0) failed = code;
     }
   });
   return failed;
 }
+
+// How many of `wanted` workers a call would find a CPU for now (threads.h's workers_with_a_cpu).
+int attnops_workers_with_a_cpu(int wanted) { return attnops::workers_with_a_cpu(wanted); }
 
 // The tables' layouts, as attnops/ops/common/cpu_kernels/layout.py describes them: "version V; Run name:offset ...;
 // ChunkRow name:offset ...; DType name:code ..." (offsets in int64 fields).

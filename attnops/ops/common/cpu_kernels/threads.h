@@ -9,12 +9,28 @@
 // for milliseconds after every parallel region). The pool grows to the largest n asked for and keeps its threads;
 // calls from several threads at once take turns. After fork() the child starts a pool of its own (the parent's
 // workers do not exist there).
+//
+// workers_with_a_cpu() says how many workers would find a CPU that no other process runs on now, so that a caller
+// can leave out those that would only share a CPU with another process: woken when no CPU is idle, such a worker
+// queues on the caller's own CPU (the two then take turns on one CPU), or it is preempted for a whole scheduler
+// tick (4 ms at 250 Hz) while it holds a share of the work and the caller waits for it (measured: two threads
+// beside one busy process on two CPUs were up to 30% slower than one).
 #pragma once
 
 #include <pthread.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
+#endif
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -81,6 +97,84 @@ inline Pool*& pool_slot() {
   }();
   return pool;
 }
+
+#ifdef __linux__
+// The number of tasks that /proc/loadavg counts as running or waiting to run now, system-wide; -1 where unknown.
+// The file stays open (one read per call: an open costs tens of microseconds on a busy virtual machine).
+inline long runnable_tasks() {
+  static const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  char text[128];
+  const ssize_t got = fd < 0 ? -1 : pread(fd, text, sizeof text - 1, 0);
+  if (got <= 0) return -1;
+  text[got] = 0;
+  const char* p = text;  // "avg1 avg5 avg15 runnable/total last-pid"
+  for (int spaces = 0; *p && spaces < 3; ++p) spaces += *p == ' ';
+  long count = 0;
+  for (; *p >= '0' && *p <= '9'; ++p) count = count * 10 + (*p - '0');
+  return *p == '/' ? count : -1;
+}
+
+// The ids of this process's threads other than the calling one, listed from /proc/self/task at most every 100 ms
+// per calling thread (threads come and go rarely, and a listing costs tens of microseconds on a busy virtual
+// machine; a forked child lists its own).
+inline const std::vector<long>& other_threads() {
+  thread_local std::vector<long> tids;
+  thread_local pid_t listed_by = 0;
+  thread_local std::chrono::steady_clock::time_point listed_at;
+  const auto now = std::chrono::steady_clock::now();
+  if (listed_by == getpid() && now - listed_at < std::chrono::milliseconds(100)) return tids;
+  listed_by = getpid();
+  listed_at = now;
+  tids.clear();
+  DIR* dir = opendir("/proc/self/task");
+  if (!dir) return tids;
+  const long me = syscall(SYS_gettid);
+  while (const dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long tid = std::strtol(entry->d_name, &end, 10);
+    if (end != entry->d_name && !*end && tid != me) tids.push_back(tid);
+  }
+  closedir(dir);
+  return tids;
+}
+
+// This process's threads other than the calling one that are running or waiting to run now (the state in
+// /proc/self/task/*/stat; PyTorch's OpenMP threads, for one, spin for milliseconds after each parallel region),
+// counted up to `enough`; 0 without reading a thread's state where there are fewer than `least` other threads.
+inline long own_runnable_threads(long least, long enough) {
+  const std::vector<long>& others = other_threads();
+  long count = 0;
+  if (static_cast<long>(others.size()) < least) return 0;
+  for (size_t i = 0; i < others.size() && count < enough; ++i) {
+    char path[64], text[128];
+    std::snprintf(path, sizeof path, "/proc/self/task/%ld/stat", others[i]);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;  // the thread has ended
+    const ssize_t got = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (got <= 0) continue;
+    text[got] = 0;
+    const char* name_end = std::strrchr(text, ')');  // "tid (name) state ..."
+    count += name_end && name_end[1] == ' ' && name_end[2] == 'R';
+  }
+  return count;
+}
+
+// How many of `wanted` workers would each find a CPU that no other process runs on now: the online CPUs less the
+// calling thread and the runnable tasks of other processes (Linux); `wanted` where that is unknown. This process's
+// own runnable threads are not counted (they are looked at only when the other tasks leave too few CPUs): they are
+// its own work, or OpenMP threads that will sleep soon.
+inline int workers_with_a_cpu(int wanted) {
+  static const long cpus = sysconf(_SC_NPROCESSORS_ONLN);  // read once: a file read as well
+  const long runnable = runnable_tasks();
+  if (cpus < 1 || runnable < 1) return wanted;
+  long free = cpus - runnable;  // the caller is one of the runnable tasks
+  if (free < wanted) free += own_runnable_threads(1 - free, wanted - free);
+  return static_cast<int>(free < 0 ? 0 : (free < wanted ? free : wanted));
+}
+#else
+inline int workers_with_a_cpu(int wanted) { return wanted; }  // no cheap count of the runnable tasks
+#endif
 
 // job() on the calling thread and n - 1 pool workers (n < 2: on the calling thread alone).
 inline void run_on_pool(int n, const std::function<void()>& job) {
