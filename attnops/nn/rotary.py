@@ -27,3 +27,26 @@ def _inverse_frequencies(d: int, theta: float, device: torch.device) -> Tensor:
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x [T, N, D]`` (D even) by the angles of :func:`rotary_angles`."""
     return rotate_half(x, cos, sin)
+
+
+def rotary_table(length: int, d: int, theta: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[length, 2, D]`` in ``dtype``: the angles of :func:`rotary_angles` at positions ``0 .. length - 1``, row
+    ``[cos, sin]`` with the sine's first half negated (:func:`rotate_by_table`); shared by every layer that decodes
+    with these sizes (made once per size; read only)."""
+    return _table(length, d, theta, dtype, torch.device(device))
+
+
+@device_constant(8)
+def _table(length: int, d: int, theta: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    cos, sin = rotary_angles(torch.arange(length, device=device), d, theta, dtype)
+    sign = torch.ones(d, dtype=dtype, device=device)
+    sign[:d // 2] = -1
+    return torch.cat([cos, sin * sign], 1)
+
+
+def rotate_by_table(x: Tensor, rows: Tensor) -> Tensor:
+    """:func:`apply_rotary` of ``x [T, N, D]`` with ``rows [T, 2, D]`` of :func:`rotary_table` (bitwise equal: the
+    halves swapped times the signed sine is ``rotate_half``'s ``cat([-x2, x1]) * sin``): a flip, two products and
+    a sum, where the angles take seven ops and ``rotate_half`` six."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return x * rows[:, :1] + swapped * rows[:, 1:]
