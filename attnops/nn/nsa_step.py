@@ -13,7 +13,7 @@ table (no upload, nothing read back), once per page allocation, and kept beside 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -45,12 +45,14 @@ class DecodeStep:
 class _Tables:
     """``slots [B, window - 1 + capacity]``: the flat page row of position ``x - (window - 1)`` (position 0's for
     the ``window - 1`` leading entries, which the window reads masked); ``compressed [B, capacity]``: the compressed
-    row a token at each position fills (``b * rows + ``its block, clamped to the rows)."""
+    row a token at each position fills (``b * rows + ``its block, clamped to the rows); ``masks``: the buffers the
+    compressed-attention masks of a step are written into, by ``(t, rows, n_sel)``."""
 
     block_table: Tensor
     version: int | None
     slots: Tensor
     compressed: Tensor
+    masks: dict = field(default_factory=dict)
 
 
 _KEPT: "weakref.WeakKeyDictionary[NSACache, dict]" = weakref.WeakKeyDictionary()
@@ -73,14 +75,17 @@ def decode_step(cache: NSACache, t: int, device: torch.device, *, window: int, l
 def window_rows(step: DecodeStep) -> tuple[Tensor, Tensor]:
     """``(slots [B, span], mask [t, span])`` of the window branch (``span = window - 1 + t``): the flat page rows of
     the keys from ``window - 1`` before the first new token to the last one, and the mask (True = masked) of the
-    keys outside each token's window or before position 0."""
+    keys outside each token's window or before position 0 (rows of strided views of the tables, picked by the first
+    token's position: no arithmetic)."""
     t = step.positions.shape[1]
-    offsets, before_start, band = _window_lookup(t, step.window, step.tables.slots.shape[1], step.positions.device)
-    x = step.positions[:, :1] + offsets  # [B, span]: padded coordinates (position + window - 1)
-    if t > 1:  # the last tokens' keys may reach past a clamped first position
-        x = torch.minimum(x, _last_position(step.tables.slots.shape[1], x.device))
-    mask = before_start.take(x[:1])
-    return step.tables.slots.gather(1, x), mask if band is None else band | mask
+    span, slots = step.window - 1 + t, step.tables.slots
+    before_start, band = _window_lookup(t, step.window, slots.shape[1], step.positions.device)
+    first = step.positions[0, :1]
+    if t > 1:  # the chunk's last keys lie within the pages when its first position is (a replay clamps them all)
+        first = torch.minimum(first, _last_position(slots.shape[1] - span + 1, first.device))
+    mask = before_start.unfold(0, span, 1).index_select(0, first)
+    rows = slots.unfold(1, span, 1).index_select(1, first).flatten(1)
+    return rows, mask if band is None else band | mask
 
 
 def compressed_masks(step: DecodeStep, rows: int, n_sel: int, compress_block: int, compress_stride: int,
@@ -93,8 +98,19 @@ def compressed_masks(step: DecodeStep, rows: int, n_sel: int, compress_block: in
     column, offset, lookup = _mask_lookup(capacity, rows, n_sel, compress_block, compress_stride, select_block,
                                           step.local_blocks, device)
     base = _position_table(capacity, select_block, device).index_select(0, step.positions[0])  # [t, 2]
-    masks = lookup.take(base.gather(1, column.expand(base.shape[0], -1)) + offset)
-    return masks[:, :rows], masks[:, rows:]
+    masks, atten_mask, topk_mask = _mask_buffer(step, base.shape[0], rows, n_sel)
+    torch.take(lookup, base.gather(1, column.expand(base.shape[0], -1)) + offset, out=masks)
+    return atten_mask, topk_mask
+
+
+def _mask_buffer(step: DecodeStep, t: int, rows: int, n_sel: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(buffer [t, rows + n_sel], atten_mask, topk_mask)``: the cache's mask buffer for steps of ``t`` tokens and
+    its two views, the same tensors at every step (a call configuration the operator has validated once)."""
+    kept = step.tables.masks
+    if (t, rows, n_sel) not in kept:
+        buffer = torch.empty(t, rows + n_sel, dtype=torch.bool, device=step.positions.device)
+        kept[t, rows, n_sel] = (buffer, buffer[:, :rows], buffer[:, rows:])
+    return kept[t, rows, n_sel]
 
 
 def _tables(cache: NSACache, window: int) -> _Tables:
@@ -102,15 +118,15 @@ def _tables(cache: NSACache, window: int) -> _Tables:
     one written: its version moves); built on every call under ``torch.compile`` (nothing kept in a traced graph)."""
     table = cache.block_table
     if torch.compiler.is_compiling():
-        return _build_tables(cache, window)
+        return _build_tables(cache, window, None)
     kept = _KEPT.setdefault(cache, {})
-    tables = kept.get(window)
-    if tables is None or tables.block_table is not table or tables.version != _version(table):
-        tables = kept[window] = _build_tables(cache, window)
+    tables, version = kept.get(window), _version(table)
+    if tables is None or tables.block_table is not table or tables.version != version:
+        tables = kept[window] = _build_tables(cache, window, version)
     return tables
 
 
-def _build_tables(cache: NSACache, window: int) -> _Tables:
+def _build_tables(cache: NSACache, window: int, version: int | None) -> _Tables:
     table, page = cache.block_table, cache.page_size
     capacity, device = cache.capacity, table.device
     pos = torch.arange(capacity, device=device)
@@ -119,7 +135,7 @@ def _build_tables(cache: NSACache, window: int) -> _Tables:
     rows = cache.compressed_rows()
     block = block_of((pos + 1 - cache.compress_block_size).clamp_min(0), cache.compress_stride).clamp_max(rows - 1)
     compressed = torch.arange(cache.batch_size, device=device)[:, None] * rows + block
-    return _Tables(table, _version(table), padded, compressed)
+    return _Tables(table, version, padded, compressed)
 
 
 def _version(t: Tensor) -> int | None:
@@ -154,14 +170,14 @@ def _position_table(capacity: int, select_block: int, device: torch.device) -> T
 
 
 @device_constant(32)
-def _window_lookup(t: int, window: int, padded: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``(arange(span), before_start, band)`` for ``t`` new tokens (``span = window - 1 + t``): ``before_start
-    [padded]`` (padded coordinate ``x``: position ``x - (window - 1)``) True before position 0, and the ``[t, span]``
-    mask of the keys outside each token's window (None for one token: its ``window`` keys are its window)."""
+def _window_lookup(t: int, window: int, padded: int, device: torch.device) -> tuple[Tensor, Tensor | None]:
+    """``(before_start, band)`` for ``t`` new tokens (``span = window - 1 + t``): ``before_start [padded]`` True
+    where a padded coordinate ``x`` (position ``x - (window - 1)``) is before position 0, and the ``[t, span]`` mask
+    of the keys outside each token's window (None for one token: its ``window`` keys are its window)."""
     j = torch.arange(window - 1 + t, device=device)
     i = torch.arange(t, device=device)[:, None]
     band = None if t == 1 else (j < i) | (j > i + window - 1)
-    return j, torch.arange(padded, device=device) < window - 1, band
+    return torch.arange(padded, device=device) < window - 1, band
 
 
 @device_constant(16)
