@@ -188,9 +188,10 @@ class NSACache:
         """Pages (and compressed rows) for ``t`` more tokens per sequence, before they are appended (a cache that
         holds tokens already: its storage gives the dtype, device and head shape)."""
         self._check_room(t)
-        keys, values = self.key_pages, self.value_pages
-        self._reserve(self._len + t, keys.new_empty(self.batch_size, 0, *keys.shape[2:]),
-                      values.new_empty(self.batch_size, 0, *values.shape[2:]))
+        if self._len + t > self.capacity:
+            keys, values = self.key_pages, self.value_pages
+            self._reserve(self._len + t, keys.new_empty(self.batch_size, 0, *keys.shape[2:]),
+                          values.new_empty(self.batch_size, 0, *values.shape[2:]))
 
     def lengths_on(self, device: torch.device) -> Tensor:
         """``lengths`` on ``device`` (moved there at the first call)."""

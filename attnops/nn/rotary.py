@@ -45,8 +45,15 @@ def _table(length: int, d: int, theta: float, dtype: torch.dtype, device: torch.
 
 
 def rotate_by_table(x: Tensor, rows: Tensor) -> Tensor:
-    """:func:`apply_rotary` of ``x [T, N, D]`` with ``rows [T, 2, D]`` of :func:`rotary_table` (bitwise equal: the
-    halves swapped times the signed sine is ``rotate_half``'s ``cat([-x2, x1]) * sin``): a flip, two products and
-    a sum, where the angles take seven ops and ``rotate_half`` six."""
-    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
-    return x * rows[:, :1] + swapped * rows[:, 1:]
+    """:func:`apply_rotary` of ``x [T, N, D]`` with ``rows [T, 2, D]`` of :func:`rotary_table`: ``x`` and its halves
+    swapped (one gather) times the cosine and the signed sine (one product, each rounded as ``rotate_half``'s, whose
+    ``cat([-x2, x1]) * sin`` is the swapped halves times the signed sine), then their sum over the pair (one
+    reduction: the same sum of two rounded products), where the angles take seven ops and ``rotate_half`` six."""
+    pairs = x.unflatten(-1, (2, -1)).index_select(-2, _swap_order(x.device)).unflatten(-2, (2, 2)).flatten(-2)
+    return (pairs * rows.unsqueeze(1)).sum(-2)
+
+
+@device_constant(8)
+def _swap_order(device: torch.device) -> Tensor:
+    """``[0, 1, 1, 0]``: the halves of ``x`` then of ``x`` swapped (made once per device; read only)."""
+    return (torch.arange(1, 5, device=device) // 2) % 2
