@@ -143,11 +143,12 @@ class NativeSparseAttention(nn.Module):
 
     def _project(self, x: Tensor, pos: Tensor, *, table_length: int | None = None):
         """``x [T, hidden]`` -> q ``[T, N1, D]`` and k rotated at positions ``pos [T]`` (at once; from the
-        :func:`rotary_table` of ``table_length`` positions when given), v ``[T, N2, D]`` and gates ``[T, N1, 3]``."""
+        :func:`rotary_table` of ``table_length`` positions when given: the same values), v ``[T, N2, D]`` and gates
+        ``[T, N1, 3]``."""
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         qk = torch.cat([q, k], -2)
-        if table_length is None:
+        if table_length is None or torch.compiler.is_compiling():  # compiled: the angles (a graph keeps no table)
             qk = apply_rotary(qk, *rotary_angles(pos, self.head_dim, self.rope_theta, qk.dtype))
         else:
             table = rotary_table(table_length, self.head_dim, self.rope_theta, qk.dtype, qk.device)
