@@ -176,10 +176,12 @@ class NSACache:
                     "layer.new_cache(batch_size)")
 
     def _advance_lengths(self, t: int) -> None:
+        """Count ``t`` appended tokens, on the host and in ``lengths``."""
         self._len += t
         self.lengths.add_(t)
 
     def _check_room(self, t: int) -> None:
+        """``t`` more tokens fit in ``max_seq_len``."""
         if self.max_seq_len is not None:
             require(self._len + t <= self.max_seq_len, "x", f"at most max_seq_len={self.max_seq_len} tokens in all",
                     self._len + t)
