@@ -12,7 +12,8 @@ from ..ops.nsa.layer_op import native_sparse_attention
 from .layer_input import check_layer_input
 from .nsa_cache import NSACache
 from .nsa_decode import cached_sparse_attention, compress_new, compress_pending
-from .rotary import apply_rotary, rotary_angles
+from .nsa_step import decode_step
+from .rotary import apply_rotary, rotary_angles, rotary_table, rotate_by_table
 
 
 class NativeSparseAttention(nn.Module):
@@ -107,37 +108,52 @@ class NativeSparseAttention(nn.Module):
                      error=ParamDtypeError)
             cache.bind(self, self._settings())
         b, t = x.shape[:2]
-        if cache is None:
-            pos = torch.arange(t, device=x.device).expand(b, t)
-        else:
+        if cache is not None:
             require(not torch.is_grad_enabled(), "cache", "calls under torch.no_grad() or torch.inference_mode() "
                     "(decoding has no backward)", Described("grad mode enabled"))
             require(x.shape[0] == cache.batch_size, "x", f"a batch of {cache.batch_size} (the cache's)", x.shape[0])
-            pos = cache.positions(t, x.device)
         if t == 0:  # no new tokens: an empty output, the cache unchanged
             return self.o_proj(x.new_zeros(b, 0, self.num_heads * self.head_dim))
+        if cache is not None and cache.seq_len > 0:
+            return self.o_proj(self._continue(x, cache).flatten(-2))
+        pos = torch.arange(t, device=x.device).expand(b, t) if cache is None else cache.positions(t, x.device)
         q, k, v, g = (y.unflatten(0, (b, t)) for y in self._project(x.flatten(0, 1), pos.flatten()))
-        if cache is None or cache.seq_len == 0:  # the whole sequence so far: the layer itself
-            out = self._attend(q, k, v, g, "BSND", None)
-            if cache is not None:
-                cache.append(k, v)
-                compress_pending(cache, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
-        else:
+        out = self._attend(q, k, v, g, "BSND", None)  # the whole sequence so far: the layer itself
+        if cache is not None:
             cache.append(k, v)
-            if t == 1:  # a decoding step: compressed on the device from the cache's lengths (capturable)
-                compress_new(cache, pos, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
-            else:  # a chunk: its completed blocks at once (host-known lengths)
-                compress_pending(cache, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
-            cfg = {name: value for name, value in self.config.items() if name != "compress"}
-            out = cached_sparse_attention(cache, q, g, pos, **cfg)
+            compress_pending(cache, self.config["compress"], self.compress_weight_k, self.compress_weight_v)
         return self.o_proj(out.flatten(-2))
 
-    def _project(self, x: Tensor, pos: Tensor):
-        """``x [T, hidden]`` -> rotated q ``[T, N1, D]``, rotated k, v ``[T, N2, D]`` and gates ``[T, N1, 3]``."""
+    def _continue(self, x: Tensor, cache: NSACache) -> Tensor:
+        """The cached path for tokens that continue ``cache``: their positions and every index they need looked up
+        (:func:`~attnops.nn.nsa_step.decode_step`), RoPE from the table of the cache's capacity, the keys stored,
+        the completed blocks compressed, the three branches -> ``[B, t, N1, Dv]``."""
+        b, t = x.shape[:2]
+        cfg = {name: value for name, value in self.config.items() if name != "compress"}
+        step = decode_step(cache, t, x.device, window=cfg["window_size"], local_blocks=cfg["local_blocks"])
+        q, k, v, g = (y.unflatten(0, (b, t)) for y in self._project(x.flatten(0, 1), step.positions.flatten(),
+                                                                    table_length=cache.capacity))
+        cache.store(k, v, step.slots)
+        weights = (self.config["compress"], self.compress_weight_k, self.compress_weight_v)
+        if t == 1:  # a decoding step: compressed on the device from the cache's lengths (capturable)
+            compress_new(cache, step, *weights)
+        else:  # a chunk: its completed blocks at once (host-known lengths)
+            compress_pending(cache, *weights)
+        return cached_sparse_attention(cache, q, g, step, **cfg)
+
+    def _project(self, x: Tensor, pos: Tensor, *, table_length: int | None = None):
+        """``x [T, hidden]`` -> q ``[T, N1, D]`` and k rotated at positions ``pos [T]`` (at once; from the
+        :func:`rotary_table` of ``table_length`` positions when given: the same values), v ``[T, N2, D]`` and gates
+        ``[T, N1, 3]``."""
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        cos, sin = rotary_angles(pos, self.head_dim, self.rope_theta, q.dtype)
-        q, k = apply_rotary(torch.cat([q, k], -2), cos, sin).split([self.num_heads, self.num_kv_heads], -2)  # at once
+        qk = torch.cat([q, k], -2)
+        if table_length is None or torch.compiler.is_compiling():  # compiled: the angles (a graph keeps no table)
+            qk = apply_rotary(qk, *rotary_angles(pos, self.head_dim, self.rope_theta, qk.dtype))
+        else:
+            table = rotary_table(table_length, self.head_dim, self.rope_theta, qk.dtype, qk.device)
+            qk = rotate_by_table(qk, table.index_select(0, pos))
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         g = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.num_heads, 3))
         return q, k, v, g

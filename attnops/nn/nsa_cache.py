@@ -141,6 +141,27 @@ class NSACache:
     def append(self, k: Tensor, v: Tensor) -> None:
         """Store ``k``, ``v [B, t, N2, D]`` (detached) after the cached tokens: at the positions ``lengths`` holds on
         the device, which then advances by ``t`` (``t = 0``: nothing changes)."""
+        self._check_keys(k, v)
+        t = k.shape[1]
+        self._check_room(t)
+        if t == 0:
+            return
+        self._reserve(self._len + t, k, v)
+        page, row = self._slots(self.positions(t, k.device))
+        self.key_pages[page, row] = k.detach()
+        self.value_pages[page, row] = v.detach()
+        self._advance_lengths(t)
+
+    def store(self, k: Tensor, v: Tensor, slots: Tensor) -> None:
+        """:meth:`append` for a decoding step whose pages are reserved (:meth:`reserve_for`) and whose flat page rows
+        ``slots [B, t]`` (``page * page_size + row``) are looked up (:func:`attnops.nn.nsa_step.decode_step`)."""
+        self._check_keys(k, v)
+        self.key_pages.view(-1, *self.key_pages.shape[2:])[slots] = k.detach()
+        self.value_pages.view(-1, *self.value_pages.shape[2:])[slots] = v.detach()
+        self._advance_lengths(k.shape[1])
+
+    def _check_keys(self, k: Tensor, v: Tensor) -> None:
+        """``k``, ``v [B, t, N2, D]`` of the cache's batch, and of its heads, dtype and device once it holds keys."""
         check_tensor("k", k, ndim=4)
         require(k.shape[0] == self.batch_size, "k", f"[B={self.batch_size} (the cache's), t, N2, D]", k)
         check_tensor("v", v, shape=(*k.shape[:3], None), dtypes=(k.dtype,))
@@ -153,25 +174,37 @@ class NSACache:
                     Described(f"keys {list(k.shape[2:])}, {k.dtype}, {k.device}"),
                     "A cache keeps the dtype and device of its first call: after layer.to(...), make a new one with "
                     "layer.new_cache(batch_size)")
-        past, t = self._len, k.shape[1]
-        if self.max_seq_len is not None:
-            require(past + t <= self.max_seq_len, "x", f"at most max_seq_len={self.max_seq_len} tokens in all",
-                    past + t)
-        if t == 0:
-            return
-        self._reserve(past + t, k, v)
-        page, row = self._slots(self.positions(t, k.device))
-        self.key_pages[page, row] = k.detach()
-        self.value_pages[page, row] = v.detach()
-        self._len = past + t
+
+    def _advance_lengths(self, t: int) -> None:
+        """Count ``t`` appended tokens, on the host and in ``lengths``."""
+        self._len += t
         self.lengths.add_(t)
+
+    def _check_room(self, t: int) -> None:
+        """``t`` more tokens fit in ``max_seq_len``."""
+        if self.max_seq_len is not None:
+            require(self._len + t <= self.max_seq_len, "x", f"at most max_seq_len={self.max_seq_len} tokens in all",
+                    self._len + t)
+
+    def reserve_for(self, t: int) -> None:
+        """Pages (and compressed rows) for ``t`` more tokens per sequence, before they are appended (a cache that
+        holds tokens already: its storage gives the dtype, device and head shape)."""
+        self._check_room(t)
+        if self._len + t > self.capacity:
+            keys, values = self.key_pages, self.value_pages
+            self._reserve(self._len + t, keys.new_empty(self.batch_size, 0, *keys.shape[2:]),
+                          values.new_empty(self.batch_size, 0, *values.shape[2:]))
+
+    def lengths_on(self, device: torch.device) -> Tensor:
+        """``lengths`` on ``device`` (moved there at the first call)."""
+        if self.lengths.device != device:
+            self.lengths = torch.zeros(self.batch_size, dtype=torch.int64, device=device).add_(self._len)
+        return self.lengths
 
     def positions(self, t: int, device: torch.device) -> Tensor:
         """``[B, t]`` int64 on ``device`` (the inputs'): the positions of the next ``t`` tokens (from ``lengths``,
         placed on that device at the first call)."""
-        if self.lengths.device != device:
-            self.lengths = torch.zeros(self.batch_size, dtype=torch.int64, device=device).add_(self._len)
-        return self.lengths[:, None] + _offsets(t, device)
+        return self.lengths_on(device)[:, None] + _offsets(t, device)
 
     def _slots(self, pos: Tensor) -> tuple[Tensor, Tensor]:
         """``(page, row)`` of the positions ``pos [B, t]`` (clamped into the block table: a replay past the pages

@@ -18,14 +18,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._core.indices import validation_enabled
 from .._core.parallel import run_jobs
-from .._core.staging import device_constant
 from ..ops.flash_attention import flash_attention
 from ..ops.nsa import op as nsa_op
 from ..ops.nsa.api import nsa_compress, nsa_compress_attention, nsa_selected_attention_infer
-from ..ops.nsa.compress_attention import forced_blocks
-from ..ops.nsa.layer import block_of, causal_compressed_mask, compress_weights, gated_sum, unused_future_blocks
+from ..ops.nsa.layer import compress_weights, gated_sum, unused_future_blocks
 from .nsa_cache import NSACache
+from .nsa_step import DecodeStep, compressed_masks, window_rows
 
 
 def compress_pending(cache: NSACache, compress: str, weight_k: Tensor | None, weight_v: Tensor | None) -> None:
@@ -44,59 +44,49 @@ def compress_pending(cache: NSACache, compress: str, weight_k: Tensor | None, we
     cache.add_compressed(k_cmp.unflatten(0, (cache.batch_size, -1)), v_cmp.unflatten(0, (cache.batch_size, -1)))
 
 
-def compress_new(cache: NSACache, pos: Tensor, compress: str, weight_k: Tensor | None,
+def compress_new(cache: NSACache, step: DecodeStep, compress: str, weight_k: Tensor | None,
                  weight_v: Tensor | None) -> None:
-    """Compress the blocks the new tokens at positions ``pos [B, t]`` complete (``nsa_compress_infer`` per token:
-    the token at position ``p`` completes block ``(p + 1 - block) / stride`` when that is a whole number >= 0),
-    written into the cache's compressed rows on the device (nothing read back)."""
+    """Compress the blocks the step's new tokens complete (``nsa_compress_infer`` per token: the token at position
+    ``p`` completes block ``(p + 1 - block) / stride`` when that is a whole number >= 0), written into the cache's
+    compressed rows the step looked up, on the device (nothing read back)."""
     block, stride = cache.compress_block_size, cache.compress_stride
-    b, t = pos.shape
+    b, t = step.positions.shape
     wk, wv = compress_weights(compress, weight_k, weight_v, block, cache.key_pages.shape[2], cache.key_pages)
-    rows = cache.compressed_keys.shape[1]
-    ends = (pos + 1).flatten()  # each token's request: the tokens up to it
-    slots = (_row_bases(b, rows, pos.device)
-             + block_of((ends.view(b, t) - block).clamp_min(0), stride).clamp_max(rows - 1)).flatten()
     table = cache.block_table[:, None].expand(b, t, -1).flatten(0, 1)
     for pages, w, store in ((cache.key_pages, wk, cache.compressed_keys), (cache.value_pages, wv,
                                                                             cache.compressed_values)):
-        nsa_op.nsa_compress_infer(pages, w, slots, table, store.flatten(0, 1), block, stride, cache.page_size, None,
-                                  ends)
+        nsa_op.nsa_compress_infer(pages, w, step.compressed_slots, table, store.flatten(0, 1), block, stride,
+                                  cache.page_size, None, step.ends)
     cache.compressed_len = cache.pending_compression()[1]
 
 
-@device_constant(16)
-def _row_bases(batch: int, rows: int, device: torch.device) -> Tensor:
-    """``[B, 1]`` int64: each sequence's first compressed row in the cache's flattened rows (made once; read only)."""
-    return torch.arange(batch, device=device)[:, None] * rows
-
-
-def cached_sparse_attention(cache: NSACache, q: Tensor, gates: Tensor, pos: Tensor, *, compress_block_size: int,
+def cached_sparse_attention(cache: NSACache, q: Tensor, gates: Tensor, step: DecodeStep, *, compress_block_size: int,
                             compress_stride: int, select_block_size: int, select_block_count: int, window_size: int,
                             local_blocks: int) -> Tensor:
-    """``q [B, t, N1, D]``, ``gates [B, t, N1, 3]`` of the tokens at positions ``pos [B, t]`` (the cache's last)
-    -> ``[B, t, N1, Dv]``."""
+    """``q [B, t, N1, D]``, ``gates [B, t, N1, 3]`` of the step's tokens (the cache's last) -> ``[B, t, N1, Dv]``."""
     b, t = q.shape[:2]
     q_flat, g = q.flatten(0, 1), gates.flatten(0, 1)
-    row = pos[0]  # the rows advance together: one set of positions
     outs = {}  # by gate column
     if window_size > 0:
-        outs[2] = _window(cache, q, row, window_size).flatten(0, 1)
+        outs[2] = _window(cache, q, step).flatten(0, 1)
     ls, m = select_block_size, select_block_size // compress_stride
     rows = cache.compressed_rows()  # the complete blocks, then rows the causal mask hides
-    n_sel = rows // m
     if t > 1 and not _capturing(q):  # a chunk: the rules from its first position, as the host counts it
         masks = dict(causal=True, local_blocks=local_blocks, position_offset=cache.seq_len - t)
     else:  # a decoding step (capturable): the masks of the positions the device holds
-        masks = dict(atten_mask=causal_compressed_mask(row, rows, compress_block_size, compress_stride),
-                     topk_mask=forced_blocks(row, n_sel, ls, local_blocks))
+        atten_mask, topk_mask = compressed_masks(step, rows, rows // m, compress_block_size, compress_stride, ls)
+        masks = dict(atten_mask=atten_mask, topk_mask=topk_mask)
     o_cmp, topk, _, _ = nsa_compress_attention(
         q_flat, cache.compressed_keys[:, :rows].flatten(0, 1), cache.compressed_values[:, :rows].flatten(0, 1),
         compress_block_size=compress_block_size, compress_stride=compress_stride, select_block_size=ls,
         select_block_count=select_block_count, actual_seq_qlen=[t * (i + 1) for i in range(b)],
         actual_cmp_seq_kvlen=[rows * (i + 1) for i in range(b)], **masks)
     outs[0] = o_cmp
-    idx = unused_future_blocks(topk, pos.flatten(), ls)  # int32, as the operator returns it
-    outs[1] = _selected(cache, q_flat, idx, (pos + 1).flatten(), t, ls)
+    if validation_enabled(q.device):  # the operator checks each index against the KV length: mark them unused
+        topk = unused_future_blocks(topk, step.positions.flatten(), ls)
+    # unchecked, the blocks after a token's own (last in the top-k order) select nothing as they are: every key of
+    # theirs is at or past the token's KV length, where the selected attention cuts each block
+    outs[1] = _selected(cache, q_flat, topk, step.ends, t, ls)
     return gated_sum(outs, [g[..., i] for i in range(3)], g).unflatten(0, (b, t))
 
 
@@ -105,26 +95,14 @@ def _capturing(q: Tensor) -> bool:
     return q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _window(cache: NSACache, q: Tensor, row: Tensor, window: int) -> Tensor:
+def _window(cache: NSACache, q: Tensor, step: DecodeStep) -> Tensor:
     """The window branch ``[B, t, N1, Dv]``: the ``window - 1 + t`` cached tokens ending at the last new one
     (positions clamped at 0), attended causally within ``window`` tokens; positions before 0 are masked."""
-    t, span = q.shape[1], window - 1 + q.shape[1]
-    offsets, band = _window_band(t, window, q.device)
-    keys = row[:1] + offsets  # [span] key positions
-    page, slot = cache._slots(keys.clamp_min(0).expand(cache.batch_size, span))
-    mask = band | (keys < 0)  # True = masked: [t, span]
-    return flash_attention(q, cache.key_pages[page, slot], cache.value_pages[page, slot], layout="BSND",
+    slots, mask = window_rows(step)
+    keys = cache.key_pages.view(-1, *cache.key_pages.shape[2:]).index_select(0, slots.flatten())
+    values = cache.value_pages.view(-1, *cache.value_pages.shape[2:]).index_select(0, slots.flatten())
+    return flash_attention(q, keys.unflatten(0, slots.shape), values.unflatten(0, slots.shape), layout="BSND",
                            atten_mask=mask, sparse_mode=0)
-
-
-@device_constant(32)
-def _window_band(t: int, window: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """``(arange(span) - (window - 1), band)`` on ``device`` for ``t`` new tokens (``span = window - 1 + t``): the
-    keys' offsets from the first new token and the ``[t, span]`` mask (True = masked) of keys outside each token's
-    window (made once per size; read only)."""
-    j = torch.arange(window - 1 + t, device=device)
-    i = torch.arange(t, device=device)[:, None]
-    return j - (window - 1), (j < i) | (j > i + window - 1)
 
 
 def _selected(cache: NSACache, q: Tensor, idx: Tensor, kv_lens: Tensor, t: int, ls: int) -> Tensor:

@@ -25,7 +25,6 @@ from torch import Tensor
 
 from ..._core.checks import Described, caller_names, check_int, check_tensor, fail, require
 from ..._core.indices import PAD, check_index_rows, validation_enabled
-from ..._core.staging import device_constant
 from ..._core.varlen import lengths_from_cumulative
 from .api import _cumulative, nsa_compress, nsa_compress_attention, nsa_selected_attention
 from .compress import compress_block_count
@@ -73,19 +72,6 @@ def _pad_kv(x: Tensor, geo: _Geometry) -> Tensor:
     for s, n, p in zip(geo.starts, geo.lengths, geo.padded):
         parts += [x[s:s + n], zeros[:p - n]]
     return torch.cat(parts)
-
-
-def causal_compressed_mask(positions: Tensor, n_cmp: int, block: int, stride: int) -> Tensor:
-    """``[len(positions), n_cmp]`` atten_mask (True = masked): compressed block ``c`` is visible to the token at
-    ``positions[i]`` once complete (``c*stride + block - 1 <= positions[i]``). The layer asks the operator for the
-    same mask as a rule (``causal=True``); the decoding module's prefill chunks use this tensor form."""
-    return _compressed_block_ends(n_cmp, block, stride, positions.device) > positions.unsqueeze(1)
-
-
-@device_constant(32)
-def _compressed_block_ends(n_cmp: int, block: int, stride: int, device: torch.device) -> Tensor:
-    """``[1, n_cmp]``: the position of each compressed block's last key (made once per size; read only)."""
-    return (torch.arange(n_cmp, device=device) * stride + block - 1).unsqueeze(0)
 
 
 def block_of(positions: Tensor, size: int) -> Tensor:
