@@ -712,8 +712,10 @@ def npu_scatter_pa_kv_cache(fn):
 
 
 def _gather_args():
+    # every block-table entry is read (5 and 6 tokens in blocks of 4), so any corrupted entry is a bad input: an
+    # unread entry is padding, which torch_npu callers may fill with anything
     return dict(key_cache=r(4, 4, 2, 8, seed=1), value_cache=r(4, 4, 2, 4, seed=2), block_tables=ints([[1, 2], [3, 0]]),
-                seq_lens=ints([5, 2]), key=torch.zeros(7, 2, 8), value=torch.zeros(7, 2, 4))
+                seq_lens=ints([5, 6]), key=torch.zeros(11, 2, 8), value=torch.zeros(11, 2, 4))
 
 
 def npu_gather_pa_kv_cache(fn):
