@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._core.gemm import add_mm_nt_, mm_nt
 from ..._core.layouts import batch_tokens, tokens_view
 from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import stats_block
@@ -17,8 +16,9 @@ from . import reference_tiles as tiling
 from .fused_softmax import fused_softmax, grad_, probabilities_
 from .npu_rounding import store
 from .problem import FAProblem
-from .reference_tiles import (LOG2E, Keys, active_batches, col_blocks, compute_dtype, deal, has_tile_extras,
-                              head_scores, heads_view, row_chunks, stage_kv, stage_rows)
+from .reference_tiles import (LOG2E, active_batches, col_blocks, compute_dtype, deal, has_tile_extras, head_scores,
+                              heads_view, row_chunks, stage_kv)
+from .tile_products import operand_dtype, tile_products
 
 
 def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) -> list[list[int]] | None:
@@ -94,7 +94,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     acc = compute_dtype(query.dtype)
     direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
     active = active_batches(p)
-    buf = Buffers.acquire(acc, query.device)
+    buf = Buffers.acquire(operand_dtype(p, query.dtype, query.device), query.device)
     k_all, v_all = stage_kv(p, buf, active, query.device, kv, vv)
     batches = []
     for i, b in enumerate(active):
@@ -201,8 +201,9 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
         return
     g = p.geom
     buf = Buffers.acquire(acc, bb.k.device)
+    mm = tile_products(p, bb.k.dtype, buf)  # the staged keys' dtype
     k, v = bb.k[n2], bb.v[n2]
-    keys = Keys(k, ())  # never packed: no gain measured here, and every packed shape is one more oneDNN
+    keys = mm.keys(k, ())  # never packed: no gain measured here, and every packed shape is one more oneDNN
     # primitive kept in its cache (+1.4 GiB peak in the 32k-token causal backward)
     extras = has_tile_extras(p)
     fused = p.rounding is None and fused_softmax(acc, k.device)
@@ -218,13 +219,13 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
             tk, tv = buf.get("tk", g.d, u1 - u0).zero_(), buf.get("tv", g.dv, u1 - u0).zero_()
         for r0, r1, blocks in group:
             for h in range(n2 * g.group, (n2 + 1) * g.group):
-                qs = stage_rows(buf, "q", bb.q[h, r0:r1], p.scale)
-                dot = stage_rows(buf, "dy", bb.do[h, r0:r1])
+                qs = mm.rows("q", bb.q[h, r0:r1], mm.q_scale)
+                dot = mm.rows("dy", bb.do[h, r0:r1])
                 # (scale*Q)^T and dy^T as dense [D, r]: the dK/dV GEMMs then run on oneDNN (add_mm_nt_ with P and
                 # dS transposed views), where a transposed left operand would fall back to MKL, 2-3x slower on AMD
-                qs_t, dot_t = (buf.get(name, x.shape[1], x.shape[0]).copy_(x.t()) for name, x in
-                               (("qt", qs), ("dyt", dot)))
-                delta = torch.linalg.vecdot(dot, bb.o[h, r0:r1]).unsqueeze_(-1)  # D = rowsum(dy * attention_in)
+                qs_t, dot_t = mm.transposed("qt", qs), mm.transposed("dyt", dot)
+                # D = rowsum(dy * attention_in), in the compute dtype
+                delta = torch.linalg.vecdot(dot.to(acc), bb.o[h, r0:r1]).unsqueeze_(-1)
                 m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
                 nonfinite = not bool(torch.isfinite(m).all() and torch.isfinite(neg_log2_l).all()
                                      and torch.isfinite(delta).all())  # see tiling.masked_entries
@@ -245,9 +246,10 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     if masked is not None:
                         prob.masked_fill_(masked, 0.0)
                     p_v = prob if drop is None else prob * drop
-                    add_mm_nt_(tv[:, tcols], dot_t, (p_v if p.rounding is None else p.rounding.grid(p_v)).t())
+                    p_mm = mm.operand("p", p_v if p.rounding is None else p.rounding.grid(p_v))
+                    mm.add_nn_(tv[:, tcols], dot_t, p_mm)
                     vc = v[c0:c1]
-                    dp = mm_nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
+                    dp = mm.nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
                     if fused and drop is None and peaked is None and not bb.unit_rows:
                         grad_(prob, dp, delta)  # dS = P (dP - D), in place of P
                         ds = prob
@@ -266,16 +268,17 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         t.add_pse_grad(ds.unsqueeze(0), dpse)  # the pse is added after the softcap
                     if cap_grad is not None:
                         ds.mul_(cap_grad)
-                    ds_mm = ds if p.rounding is None else p.rounding.grid(ds)  # the NPU rounds dS for the cube
-                    add_mm_nt_(dq, ds_mm, k[c0:c1].t(), alpha=p.scale)  # dq starts zeroed
-                    add_mm_nt_(tk[:, tcols], qs_t, ds_mm.t())
-                    del prob, dp, ds, ds_mm, p_v, t, cap_grad  # freed before the next tile allocates (see reference)
+                    ds_mm = mm.operand("ds", ds if p.rounding is None else p.rounding.grid(ds))  # the NPU rounds dS
+                    mm.add_nn_(dq, ds_mm, k[c0:c1], alpha=p.scale)  # dq starts zeroed
+                    mm.add_nn_(tk[:, tcols], qs_t, ds_mm, alpha=mm.alpha)
+                    del prob, dp, ds, ds_mm, p_v, p_mm, t, cap_grad  # freed before the next tile allocates (see reference)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv
     dk[v0:v1] += dkt.transpose(0, 1).contiguous()  # a blocked transpose, then a contiguous add
     dv[v0:v1] += dvt.transpose(0, 1).contiguous()
     buf.release()
+    mm.release()
 
 
 def _exact_dp_minus_d(dp, rows64: list[int], r0: int, r1: int, dy_rows, v_cols, delta64, drop) -> None:
