@@ -29,7 +29,7 @@ def _functions():
             p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
             lib.attnops_softmax_block.argtypes = [p, i64, i64, i64, p, p, p, i32, i32]
             lib.attnops_softmax_probs.argtypes = [p, i64, i64, i64, p, p]
-            lib.attnops_softmax_grad.argtypes = [p, p, i64, i64, i64, i64, p]
+            lib.attnops_softmax_grad.argtypes = [p, p, i64, i64, i64, i64, p, i32]
             for fn in (lib.attnops_softmax_block, lib.attnops_softmax_probs, lib.attnops_softmax_grad):
                 fn.restype = i32
             _bound["lib"] = lib
@@ -76,9 +76,10 @@ def probabilities_(s: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor) -
     _functions().attnops_softmax_probs(s.data_ptr(), r, c, _tile(s), _rows(m, r), _rows(neg_log2_l, r))
 
 
-def grad_(p: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor) -> None:
-    """In place of ``p``: ``dS = p * (dp - delta)`` (``delta``: [r, 1])."""
+def grad_(p: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor, unit_zero: bool = False) -> None:
+    """In place of ``p``: ``dS = p * (dp - delta)`` (``delta``: [r, 1]); ``unit_zero``: 0 where ``p == 1``."""
     r, c = p.shape
     if dp.shape != p.shape:
         raise ValueError(f"fused softmax: dp of shape {tuple(p.shape)} expected, got {tuple(dp.shape)}")
-    _functions().attnops_softmax_grad(p.data_ptr(), dp.data_ptr(), r, c, _tile(p), _tile(dp), _rows(delta, r))
+    _functions().attnops_softmax_grad(p.data_ptr(), dp.data_ptr(), r, c, _tile(p), _tile(dp), _rows(delta, r),
+                                      int(unit_zero))

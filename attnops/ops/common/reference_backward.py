@@ -250,8 +250,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     mm.add_nn_(tv[:, tcols], dot_t, p_mm)
                     vc = v[c0:c1]
                     dp = mm.nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
-                    if fused and drop is None and peaked is None and not bb.unit_rows:
-                        grad_(prob, dp, delta)  # dS = P (dP - D), in place of P
+                    if fused and drop is None and peaked is None:
+                        grad_(prob, dp, delta, bb.unit_rows)  # dS = P (dP - D), in place of P (0 where P == 1)
                         ds = prob
                     else:
                         if drop is not None:

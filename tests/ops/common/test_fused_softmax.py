@@ -71,8 +71,13 @@ def test_probabilities_and_grad(cols):
     fused.probabilities_(p, m, neg_log2_l)
     _close(p, p_ref)
     dp, delta = torch.randn(rows, cols), torch.randn(rows, 1)
+    p[3, cols // 3] = p_ref[3, cols // 3] = 1.0  # a row's only key
+    unit = p.clone()
     fused.grad_(p, dp, delta)
     _close(p, p_ref * (dp - delta))
+    fused.grad_(unit, dp, delta, unit_zero=True)  # dS = 0 where P == 1, the rest as before
+    assert unit[3, cols // 3].item() == 0.0
+    _close(unit, (p_ref * (dp - delta)).masked_fill_(p_ref == 1.0, 0.0))
 
 
 def test_rejects_scattered_rows():

@@ -76,6 +76,9 @@ inline V vzero_where_below(V r, V x, float lo) {
 }
 inline V vnan_where_nan(V r, V x) { return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x); }
 inline bool vany_nan(V x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
+inline V vzero_where_unit(V r, V p) {
+  return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(p, vset(1.0f), _CMP_EQ_OQ), _mm512_setzero_ps());
+}
 inline void vspill(float* out, V x) { _mm512_storeu_ps(out, x); }
 #elif ATTNOPS_SM_LANES == 8
 using V = __m256;
@@ -97,6 +100,9 @@ inline V vzero_where_below(V r, V x, float lo) {
 }
 inline V vnan_where_nan(V r, V x) { return _mm256_blendv_ps(r, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }
 inline bool vany_nan(V x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0; }
+inline V vzero_where_unit(V r, V p) {
+  return _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(p, vset(1.0f), _CMP_EQ_OQ));
+}
 inline void vspill(float* out, V x) { _mm256_storeu_ps(out, x); }
 #endif
 
@@ -229,9 +235,10 @@ int attnops_softmax_probs(float* s, int64_t rows, int64_t cols, int64_t ld, cons
   return 0;
 }
 
-// dS in place of P: p[i, j] = p[i, j] * (dp[i, j] - delta[i]) (row strides ld_p, ld_dp). Returns 0.
+// dS in place of P: p[i, j] = p[i, j] * (dp[i, j] - delta[i]) (row strides ld_p, ld_dp); unit_zero: 0 where
+// p[i, j] == 1 (a row's only key: there dp - delta is all rounding, and the exact dS is 0). Returns 0.
 int attnops_softmax_grad(float* p, const float* dp, int64_t rows, int64_t cols, int64_t ld_p, int64_t ld_dp,
-                         const float* delta) {
+                         const float* delta, int unit_zero) {
   for (int64_t i = 0; i < rows; ++i) {
     float* prow = p + i * ld_p;
     const float* drow = dp + i * ld_dp;
@@ -239,9 +246,16 @@ int attnops_softmax_grad(float* p, const float* dp, int64_t rows, int64_t cols, 
     int64_t j = 0;
 #if ATTNOPS_SM_LANES > 1
     const V vd = vset(di);
-    for (; j + L <= cols; j += L) vstore(prow + j, vmul(vload(prow + j), vsub(vload(drow + j), vd)));
+    if (unit_zero) {
+      for (; j + L <= cols; j += L) {
+        const V pv = vload(prow + j);
+        vstore(prow + j, vzero_where_unit(vmul(pv, vsub(vload(drow + j), vd)), pv));
+      }
+    } else {
+      for (; j + L <= cols; j += L) vstore(prow + j, vmul(vload(prow + j), vsub(vload(drow + j), vd)));
+    }
 #endif
-    for (; j < cols; ++j) prow[j] = prow[j] * (drow[j] - di);
+    for (; j < cols; ++j) prow[j] = (unit_zero && prow[j] == 1.0f) ? 0.0f : prow[j] * (drow[j] - di);
   }
   return 0;
 }
