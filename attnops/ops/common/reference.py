@@ -128,9 +128,10 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
             s, t = head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
             if half:
                 p.rounding.grid_(s)
+            p16 = mm.rounded_tile("p", r1 - r0, c1 - c0) if fused and p.dropout is None else None
             if fused:
                 rescale = None if j == 0 else buf.get("rescale", r1 - r0, 1)
-                softmax_block_(s, m, l, rescale, clamp=not kept)
+                softmax_block_(s, m, l, rescale, clamp=not kept, out16=p16)
             else:
                 rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
             if half:  # the softmax's running sum and rescaling factor in fp16
@@ -142,12 +143,12 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
                 s.mul_(drop[0])
             if p.rounding is not None:  # the NPU casts P to the input dtype for the P V product (l: unrounded)
                 p.rounding.grid_(s)
-            s_op = mm.operand("p", s)
+            s_op = mm.operand("p", s) if p16 is None else p16
             if j == 0:
                 o = mm.nn(s_op, v[c0:c1], out=buf.get("o", r1 - r0, v.shape[1]))
             else:
                 o.mul_(rescale).add_(mm.nn(s_op, v[c0:c1], out=buf.get("pv", r1 - r0, v.shape[1])))
-            del s, s_op, t  # freed before the next tile's GEMM allocates its scores: they reuse this memory
+            del s, s_op, p16, t  # freed before the next tile's GEMM allocates its scores: they reuse this memory
         if not kept:
             _nan_rows_without_kept_score_(p, fb.b, h, r0, r1, blocks, m, l)
         l = l if kept else l.clamp_min(1.0)  # l >= 1 on rows with a kept score, else 0 (or NaN)

@@ -238,20 +238,27 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
                     drop = None if drop is None else drop[0]
                     masked = tiling.masked_entries(p, bb.b, h, r0, r1, c0, c1, band, k.device) if nonfinite else None
+                    # the fused passes also write P and dS rounded for bf16 products where the tile as computed is
+                    # the operand (None with the fp32 products: the operands are the tiles)
+                    plain = fused and drop is None and masked is None
+                    p_op = mm.rounded_tile("p", r1 - r0, c1 - c0) if plain else None
                     if fused:
-                        probabilities_(prob, m, neg_log2_l)
+                        probabilities_(prob, m, neg_log2_l, p_op)
                     else:
                         prob.sub_(m)  # natural units first: exact where s ~ max
                         torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
                     if masked is not None:
                         prob.masked_fill_(masked, 0.0)
                     p_v = prob if drop is None else prob * drop
-                    p_mm = mm.operand("p", p_v if p.rounding is None else p.rounding.grid(p_v))
-                    mm.add_nn_(tv[:, tcols], dot_t, p_mm)
+                    if p_op is None:
+                        p_op = mm.operand("p", p_v if p.rounding is None else p.rounding.grid(p_v))
+                    mm.add_nn_(tv[:, tcols], dot_t, p_op)
                     vc = v[c0:c1]
                     dp = mm.nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
+                    plain = plain and peaked is None and t is None and cap_grad is None
+                    ds_op = mm.rounded_tile("ds", r1 - r0, c1 - c0) if plain else None
                     if fused and drop is None and peaked is None:
-                        grad_(prob, dp, delta, bb.unit_rows)  # dS = P (dP - D), in place of P (0 where P == 1)
+                        grad_(prob, dp, delta, bb.unit_rows, ds_op)  # dS = P (dP - D), in place of P (0 where P == 1)
                         ds = prob
                     else:
                         if drop is not None:
@@ -268,10 +275,11 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         t.add_pse_grad(ds.unsqueeze(0), dpse)  # the pse is added after the softcap
                     if cap_grad is not None:
                         ds.mul_(cap_grad)
-                    ds_mm = mm.operand("ds", ds if p.rounding is None else p.rounding.grid(ds))  # the NPU rounds dS
-                    mm.add_nn_(dq, ds_mm, k[c0:c1], alpha=p.scale)  # dq starts zeroed
-                    mm.add_nn_(tk[:, tcols], qs_t, ds_mm, alpha=mm.alpha)
-                    del prob, dp, ds, ds_mm, p_v, p_mm, t, cap_grad  # freed before the next tile allocates (see reference)
+                    if ds_op is None:  # (the NPU rounds dS)
+                        ds_op = mm.operand("ds", ds if p.rounding is None else p.rounding.grid(ds))
+                    mm.add_nn_(dq, ds_op, k[c0:c1], alpha=p.scale)  # dq starts zeroed
+                    mm.add_nn_(tk[:, tcols], qs_t, ds_op, alpha=mm.alpha)
+                    del prob, dp, ds, ds_op, p_v, p_op, t, cap_grad  # freed before the next tile allocates
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv

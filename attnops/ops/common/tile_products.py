@@ -59,6 +59,10 @@ class WideProducts:
         """A tile of the compute dtype (P, dS) as an operand: itself."""
         return x
 
+    def rounded_tile(self, name: str, rows: int, cols: int) -> None:
+        """None: the fused softmax passes need not write a bf16 copy of their tiles (see :class:`Bf16Products`)."""
+        return None
+
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` (a new tensor, or ``out``)."""
         return mm_nt(x, w, out=out)
@@ -96,6 +100,11 @@ class Bf16Products:
     def operand(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """An fp32 tile (P, dS) rounded to bf16 (to nearest even) in workspace ``name``."""
         return self.buf.get(name, *x.shape).copy_(x)
+
+    def rounded_tile(self, name: str, rows: int, cols: int) -> torch.Tensor:
+        """A bf16 workspace for the fused softmax passes to write their fp32 tile into, rounded, while its rows are
+        in the caches: the tile's operand without :meth:`operand`'s extra sweep."""
+        return self.buf.get(name, rows, cols)
 
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return gemm_(out, x, w, b_nt=True)
