@@ -41,25 +41,21 @@ def bf16_gemm(device: torch.device) -> bool:
     return device.type == "cpu" and not torch.compiler.is_compiling() and _functions() is not None
 
 
-def _rows(x: torch.Tensor, name: str, dtype: torch.dtype) -> int:
-    """The row stride of a 2-D ``dtype`` operand with unit column stride."""
-    if x.dim() != 2 or x.dtype != dtype or (x.shape[1] > 1 and x.stride(1) != 1):
-        raise ValueError(f"bf16 GEMM: {name} must be a 2-D {dtype} matrix with unit column stride, got shape "
-                         f"{tuple(x.shape)}, strides {x.stride()}, {x.dtype}")
-    return x.stride(0)
-
-
 def gemm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, b_nt: bool, alpha: float = 1.0,
           accumulate: bool = False) -> torch.Tensor:
     """``out = alpha * a @ b.T`` (``b_nt``: ``b`` is ``[N, K]``) or ``alpha * a @ b`` (``b`` is ``[K, N]``), plus
-    ``out`` when ``accumulate``; ``a`` ``[M, K]`` bf16, ``out`` ``[M, N]`` fp32. Returns ``out``."""
+    ``out`` when ``accumulate``; ``a`` ``[M, K]`` bf16, ``out`` ``[M, N]`` fp32, each with unit column stride.
+    Returns ``out``. (Lean checks: the engine makes five calls per tile, and every Python step holds the GIL.)"""
     m, k = a.shape
-    n = b.shape[0] if b_nt else b.shape[1]
-    if tuple(b.shape) != ((n, k) if b_nt else (k, n)) or tuple(out.shape) != (m, n):
-        raise ValueError(f"bf16 GEMM: shapes a {tuple(a.shape)}, b {tuple(b.shape)} ({'nt' if b_nt else 'nn'}), "
-                         f"out {tuple(out.shape)} do not match")
-    lda, ldb = _rows(a, "a", torch.bfloat16), _rows(b, "b", torch.bfloat16)
-    ldc = _rows(out, "out", torch.float32)
+    n, kb = b.shape if b_nt else (b.shape[1], b.shape[0])
+    (lda, ca), (ldb, cb), (ldc, cc) = a.stride(), b.stride(), out.stride()
+    if (kb != k or out.shape != (m, n) or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16
+            or out.dtype != torch.float32 or (ca != 1 and k > 1) or (cb != 1 and b.shape[1] > 1)
+            or (cc != 1 and n > 1)):
+        raise ValueError(f"bf16 GEMM: a {tuple(a.shape)} {a.dtype} strides {a.stride()}, b {tuple(b.shape)} "
+                         f"{b.dtype} strides {b.stride()} ({'nt' if b_nt else 'nn'}), out {tuple(out.shape)} "
+                         f"{out.dtype} strides {out.stride()}: expected a [M, K] and b [N, K] (nt) or [K, N] (nn) "
+                         "in bf16 and out [M, N] in fp32, with unit column strides")
     code = _functions().attnops_bf16_gemm(m, n, k, a.data_ptr(), lda, b.data_ptr(), ldb, int(b_nt), out.data_ptr(),
                                           ldc, alpha, int(accumulate))
     if code:

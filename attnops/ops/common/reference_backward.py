@@ -64,6 +64,7 @@ class _BackwardBatch:
     o: torch.Tensor  # [N1, Sq, Dv] attention_in
     peaked: list[list[int]] | None  # rows whose dP - D is formed in fp64 (per head)
     unit_rows: bool  # some row's softmax_sum is 1: an entry may have P == 1 (see _backward_kv_head)
+    finite_stats: bool  # every row's statistics are finite (else rows with NaN/inf inputs: see masked_entries)
     delta64: torch.Tensor | None  # [N1, Sq, 1] fp64 D of those rows
     dq: torch.Tensor  # [N1, Sq, D]
     dk: torch.Tensor  # [N2, Skv, D]
@@ -118,14 +119,18 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         # dK/dV of a group of chunks (all G heads) are summed apart, then added once: fp32 chains of about
         # sqrt(chunks * G) additions instead of chunks * G
         per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
+        m_b = stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc).contiguous()
+        neg_log2_l = l_b.log2().neg_().contiguous()
         batches.append(_BackwardBatch(
-            b, batch_tokens(qv, p.seq, b).transpose(0, 1), do, k_all[i], v_all[i],
-            stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc).contiguous(),
-            l_b.log2().neg_().contiguous(),
-            o, peaked, _has_unit_rows(p, l_b, acc), _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
+            b, batch_tokens(qv, p.seq, b).transpose(0, 1), do, k_all[i], v_all[i], m_b, neg_log2_l, o, peaked,
+            _has_unit_rows(p, l_b, acc), bool(torch.isfinite(m_b).all() and torch.isfinite(neg_log2_l).all()),
+            _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
     jobs, partials = _backward_jobs(batches, g.n2, dpse)
-    accumulators = [dq, dk, dv] + [t for bb in batches if not direct for t in (bb.dq, bb.dk, bb.dv)]
+    # outputs that are not the accumulators are written whole by _backward_finish where the batches cover them
+    covered = sum(p.seq.q_lens[b] for b in active) == p.total_q and sum(p.seq.kv_lens[b] for b in active) == p.total_kv
+    accumulators = [] if not direct and covered else [dq, dk, dv]
+    accumulators += [t for bb in batches if not direct for t in (bb.dq, bb.dk, bb.dv)]
     fill_([(t, 0.0) for t in accumulators + [t for _, _, dk_part, dv_part in partials for t in (dk_part, dv_part)]
            + ([] if dpse is None else [dpse])], query.device)
     run_jobs(lambda job: [_backward_kv_head(p, *task, dpse, acc) for task in job], jobs, query.device)
@@ -227,8 +232,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 # D = rowsum(dy * attention_in), in the compute dtype
                 delta = torch.linalg.vecdot(dot.to(acc), bb.o[h, r0:r1]).unsqueeze_(-1)
                 m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
-                nonfinite = not bool(torch.isfinite(m).all() and torch.isfinite(neg_log2_l).all()
-                                     and torch.isfinite(delta).all())  # see tiling.masked_entries
+                nonfinite = not (bb.finite_stats and bool(torch.isfinite(delta).all()))  # see tiling.masked_entries
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 peaked = peaked if peaked and bisect.bisect_left(peaked, r0) < bisect.bisect_left(peaked, r1) else None
                 for c0, c1, band in blocks:

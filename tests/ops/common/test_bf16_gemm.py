@@ -90,12 +90,12 @@ def test_empty_reduction_and_nonfinite_values():
 @needs_gemm
 def test_argument_checks():
     a, b = _operands(4, 6, 8, True, seed=3)
-    with pytest.raises(ValueError, match="do not match"):
-        bf16_gemm.gemm_(torch.empty(4, 7), a, b, b_nt=True)
-    with pytest.raises(ValueError, match="unit column stride"):
-        bf16_gemm.gemm_(torch.empty(4, 6), a.t().contiguous().t(), b, b_nt=True)
-    with pytest.raises(ValueError, match="torch.bfloat16"):
-        bf16_gemm.gemm_(torch.empty(4, 6), a.float(), b, b_nt=True)
+    bad = [(torch.empty(4, 7), a, b, True), (torch.empty(4, 6), a.t().contiguous().t(), b, True),
+           (torch.empty(4, 6), a.float(), b, True), (torch.empty(4, 6), a, b, False),
+           (torch.empty(4, 6, dtype=BF16), a, b, True), (torch.empty(6, 4).t(), a, b, True)]
+    for out, a_, b_, nt in bad:
+        with pytest.raises(ValueError, match="bf16 GEMM: .* expected a"):
+            bf16_gemm.gemm_(out, a_, b_, b_nt=nt)
 
 
 def _cpu_flags() -> set[str]:
