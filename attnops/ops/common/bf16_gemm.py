@@ -4,12 +4,14 @@ the speed of the fp32 GEMM of the same operands (``docs/performance.md``).
 
 :func:`bf16_gemm` says whether a call may use it: the library is built for and runs on a CPU with AVX512-BF16
 (the library checks both, at build time and with ``cpuid``), the tensors are on the CPU, nothing is being traced.
-Elsewhere (AVX2-only or aarch64 CPUs, portable builds, ``ATTNOPS_CPU_KERNELS=0``) the engine keeps its fp32
-products. A ctypes call releases the GIL, so the engine's workers run their products side by side.
+Elsewhere (AVX2-only or aarch64 CPUs, portable builds, ``ATTNOPS_CPU_KERNELS=0``), and with
+``ATTNOPS_CPU_BF16_GEMM=0`` (read at every call), the engine keeps its fp32 products of the widened operands. A
+ctypes call releases the GIL, so the engine's workers run their products side by side.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 import torch
@@ -38,7 +40,8 @@ def _functions():
 
 def bf16_gemm(device: torch.device) -> bool:
     """Whether bf16 products on ``device`` may run on the bf16 GEMM."""
-    return device.type == "cpu" and not torch.compiler.is_compiling() and _functions() is not None
+    return (device.type == "cpu" and os.environ.get("ATTNOPS_CPU_BF16_GEMM", "1") != "0"
+            and not torch.compiler.is_compiling() and _functions() is not None)
 
 
 def gemm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, b_nt: bool, alpha: float = 1.0,
