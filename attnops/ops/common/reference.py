@@ -3,8 +3,9 @@
 Works one batch and one chunk of query rows at a time, in the compute dtype (fp32; fp64 for fp64 inputs), and
 only over the KV columns the mask band can keep, so extra memory is O(chunk * Skv) per worker and masked tiles
 cost nothing, plus dense heads-first copies of the operands (:mod:`.reference_tiles`; none for K/V already in BNSD).
-A tile is one query head x a row chunk x a column block: 2-D GEMMs (:mod:`attnops._core.gemm`: oneDNN where
-PyTorch has it), GQA heads reading their KV head in place. Jobs run side by side on single-threaded workers
+A tile is one query head x a row chunk x a column block: 2-D GEMMs (:mod:`.tile_products`: oneDNN's fp32 GEMM where
+PyTorch has it, or the bf16 GEMM for bf16 inputs on CPUs with AVX512-BF16), GQA heads reading their KV head in
+place. Jobs run side by side on single-threaded workers
 (:mod:`attnops._core.parallel`): (batch, query head, row chunks) forward, (batch, KV head, chunk groups) backward,
 split until there are ``MIN_JOBS``; every output element and every dK/dV partial has one writer, partials are
 added in a fixed order, so results do not depend on the thread count. Exponentials use
