@@ -27,9 +27,9 @@ def _functions():
     if "lib" not in _bound:
         with _lock:
             p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-            lib.attnops_softmax_block.argtypes = [p, i64, i64, i64, p, p, p, i32, i32]
-            lib.attnops_softmax_probs.argtypes = [p, i64, i64, i64, p, p]
-            lib.attnops_softmax_grad.argtypes = [p, p, i64, i64, i64, i64, p]
+            lib.attnops_softmax_block.argtypes = [p, i64, i64, i64, p, p, p, i32, i32, p, i64]
+            lib.attnops_softmax_probs.argtypes = [p, i64, i64, i64, p, p, p, i64]
+            lib.attnops_softmax_grad.argtypes = [p, p, i64, i64, i64, i64, p, i32, p, i64]
             for fn in (lib.attnops_softmax_block, lib.attnops_softmax_probs, lib.attnops_softmax_grad):
                 fn.restype = i32
             _bound["lib"] = lib
@@ -50,6 +50,16 @@ def _tile(s: torch.Tensor) -> int:
     return s.stride(0)
 
 
+def _rounded(out16: torch.Tensor | None, shape) -> tuple[int | None, int]:
+    """The address and row stride of ``out16``, the bf16 copy of a tile of ``shape`` (None: no copy)."""
+    if out16 is None:
+        return None, 0
+    if out16.dtype != torch.bfloat16 or out16.shape != shape or (shape[1] > 1 and out16.stride(1) != 1):
+        raise ValueError(f"fused softmax: a bf16 tile of shape {tuple(shape)} with unit column stride expected, got "
+                         f"shape {tuple(out16.shape)}, strides {out16.stride()}, {out16.dtype}")
+    return out16.data_ptr(), out16.stride(0)
+
+
 def _rows(v: torch.Tensor, rows: int) -> int:
     """The address of a ``[rows, 1]`` fp32 vector of consecutive rows."""
     if v.dtype != torch.float32 or v.shape[0] != rows or v.numel() != rows or (rows > 1 and v.stride(0) != 1):
@@ -59,26 +69,34 @@ def _rows(v: torch.Tensor, rows: int) -> int:
 
 
 def softmax_block_(s: torch.Tensor, m: torch.Tensor, l: torch.Tensor, rescale: torch.Tensor | None,
-                   clamp: bool) -> None:
+                   clamp: bool, out16: torch.Tensor | None = None) -> None:
     """One column block of the online softmax in place (see ``attnops_softmax_block``): ``s`` ([r, c]) becomes
     ``exp2((s - m) * log2 e)`` with ``m``/``l`` ([r, 1]) the running max and sum. ``rescale`` None: the row's first
     block (``m`` and ``l`` start here; ``clamp``: a -inf max becomes the lowest float); else it receives
-    ``exp2((m_old - m) * log2 e)``, the factor the output accumulated so far must be scaled by."""
+    ``exp2((m_old - m) * log2 e)``, the factor the output accumulated so far must be scaled by. ``out16``: a bf16
+    tile that also receives ``s`` rounded (to nearest even, denormals flushed to 0)."""
     r, c = s.shape
     first = rescale is None
     _functions().attnops_softmax_block(s.data_ptr(), r, c, _tile(s), _rows(m, r), _rows(l, r),
-                                       None if first else _rows(rescale, r), int(first), int(clamp))
+                                       None if first else _rows(rescale, r), int(first), int(clamp),
+                                       *_rounded(out16, s.shape))
 
 
-def probabilities_(s: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor) -> None:
-    """In place: ``s = exp2((s - m) * log2 e - log2 l)`` from the given statistics (``m``, ``-log2 l``: [r, 1])."""
+def probabilities_(s: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor,
+                   out16: torch.Tensor | None = None) -> None:
+    """In place: ``s = exp2((s - m) * log2 e - log2 l)`` from the given statistics (``m``, ``-log2 l``: [r, 1]);
+    ``out16``: see :func:`softmax_block_`."""
     r, c = s.shape
-    _functions().attnops_softmax_probs(s.data_ptr(), r, c, _tile(s), _rows(m, r), _rows(neg_log2_l, r))
+    _functions().attnops_softmax_probs(s.data_ptr(), r, c, _tile(s), _rows(m, r), _rows(neg_log2_l, r),
+                                       *_rounded(out16, s.shape))
 
 
-def grad_(p: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor) -> None:
-    """In place of ``p``: ``dS = p * (dp - delta)`` (``delta``: [r, 1])."""
+def grad_(p: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor, unit_zero: bool = False,
+          out16: torch.Tensor | None = None) -> None:
+    """In place of ``p``: ``dS = p * (dp - delta)`` (``delta``: [r, 1]); ``unit_zero``: 0 where ``p == 1``;
+    ``out16``: see :func:`softmax_block_`."""
     r, c = p.shape
     if dp.shape != p.shape:
         raise ValueError(f"fused softmax: dp of shape {tuple(p.shape)} expected, got {tuple(dp.shape)}")
-    _functions().attnops_softmax_grad(p.data_ptr(), dp.data_ptr(), r, c, _tile(p), _tile(dp), _rows(delta, r))
+    _functions().attnops_softmax_grad(p.data_ptr(), dp.data_ptr(), r, c, _tile(p), _tile(dp), _rows(delta, r),
+                                      int(unit_zero), *_rounded(out16, p.shape))

@@ -3,8 +3,9 @@
 Works one batch and one chunk of query rows at a time, in the compute dtype (fp32; fp64 for fp64 inputs), and
 only over the KV columns the mask band can keep, so extra memory is O(chunk * Skv) per worker and masked tiles
 cost nothing, plus dense heads-first copies of the operands (:mod:`.reference_tiles`; none for K/V already in BNSD).
-A tile is one query head x a row chunk x a column block: 2-D GEMMs (:mod:`attnops._core.gemm`: oneDNN where
-PyTorch has it), GQA heads reading their KV head in place. Jobs run side by side on single-threaded workers
+A tile is one query head x a row chunk x a column block: 2-D GEMMs (:mod:`.tile_products`: oneDNN's fp32 GEMM where
+PyTorch has it, or the bf16 GEMM for bf16 inputs on CPUs with AVX512-BF16), GQA heads reading their KV head in
+place. Jobs run side by side on single-threaded workers
 (:mod:`attnops._core.parallel`): (batch, query head, row chunks) forward, (batch, KV head, chunk groups) backward,
 split until there are ``MIN_JOBS``; every output element and every dK/dV partial has one writer, partials are
 added in a fixed order, so results do not depend on the thread count. Exponentials use
@@ -21,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._core.gemm import mm_nt
 from ..._core.layouts import batch_tokens, tokens_view, with_head_dim
 from ..._core.memory import work_memory
 from ..._core.parallel import fill_, run_jobs
@@ -30,8 +30,9 @@ from ..._core.workspace import Buffers
 from . import reference_tiles as tiling
 from .fused_softmax import fused_softmax, softmax_block_
 from .problem import FAProblem
-from .reference_tiles import (LOG2E, Keys, Workspace, active_batches, compute_dtype, deal, forward_blocks,
-                              has_tile_extras, head_scores, heads_first, row_chunks, stage_kv, stage_rows, tiles)
+from .reference_tiles import (LOG2E, Workspace, active_batches, compute_dtype, deal, forward_blocks, has_tile_extras,
+                              head_scores, heads_first, row_chunks, stage_kv, tiles)
+from .tile_products import operand_dtype, tile_products
 
 
 @dataclass
@@ -75,7 +76,8 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
                                                          tiling.FWD_COL_BLOCK)]
               for b in active}
     qv, kv, vv, ov = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (out, g.n1)))
-    k_all, v_all = stage_kv(p, Buffers.acquire(acc, query.device), active, query.device, kv, vv)
+    operands = operand_dtype(p, query.dtype, query.device)
+    k_all, v_all = stage_kv(p, Buffers.acquire(operands, query.device), active, query.device, kv, vv)
     batches = [_ForwardBatch(b, batch_tokens(qv, p.seq, b).transpose(0, 1), k_all[i], v_all[i],
                              batch_tokens(ov, p.seq, b).transpose(0, 1),
                              *(torch.empty((g.n1, p.seq.q_lens[b], 1), dtype=acc, device=query.device)
@@ -87,7 +89,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
               + [(fb.l, 0.0) for fb in batches], query.device)
     jobs = [(fb, h, part) for fb in batches for h in range(g.n1) for part in deal(fb.chunks, len(batches) * g.n1)]
     run_jobs(lambda job: _forward_rows(p, *job, acc), jobs, query.device)
-    Buffers.acquire(acc, query.device).release()
+    Buffers.acquire(operands, query.device).release()
     return out, smax, ssum
 
 
@@ -108,27 +110,29 @@ def _write_stats(fb: _ForwardBatch, h: int, chunks: list) -> None:
 
 def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: torch.dtype) -> None:
     """The forward of the row ``chunks`` of query head ``h`` of batch ``fb`` (see :func:`forward`), in this thread's
-    workspace. Lean on tensor calls (each contends for the GIL with the other workers): views of the head are taken
-    once, and a :class:`~.reference_tiles.Tile` is built only for a pse, dropout or explicit mask
-    (:func:`head_scores`)."""
+    workspace, with the products of the staged keys' dtype (:mod:`.tile_products`). Lean on tensor calls (each
+    contends for the GIL with the other workers): views of the head are taken once, and a
+    :class:`~.reference_tiles.Tile` is built only for a pse, dropout or explicit mask (:func:`head_scores`)."""
     buf = Buffers.acquire(acc, fb.out.device)
+    mm = tile_products(p, fb.k.dtype, buf)
     n2 = h // p.geom.group
-    q, vt, out, m_h, l_h = fb.q[h], fb.v[n2].t(), fb.out[h], fb.m[h], fb.l[h]
-    keys = Keys(fb.k[n2], [(c0, c1) for _, _, blocks in chunks for c0, c1, _ in blocks])
+    q, v, out, m_h, l_h = fb.q[h], fb.v[n2], fb.out[h], fb.m[h], fb.l[h]
+    keys = mm.keys(fb.k[n2], [(c0, c1) for _, _, blocks in chunks for c0, c1, _ in blocks])
     extras = has_tile_extras(p)
     half = p.rounding is not None and p.rounding.half_softmax  # PFA fp16 high performance: fp16 scores, softmax
     fused = p.rounding is None and fused_softmax(acc, out.device)
     for r0, r1, blocks in chunks:
         m, l = m_h[r0:r1], l_h[r0:r1]
-        qs = stage_rows(buf, "q", q[r0:r1], p.scale)
+        qs = mm.rows("q", q[r0:r1], mm.q_scale)
         kept = not extras and p.mask.keeps_every_row(fb.b, r0, r1, blocks[0][0], blocks[0][1])  # l >= 1
         for j, (c0, c1, band) in enumerate(blocks):
             s, t = head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
             if half:
                 p.rounding.grid_(s)
+            p16 = mm.rounded_tile("p", r1 - r0, c1 - c0) if fused and p.dropout is None else None
             if fused:
                 rescale = None if j == 0 else buf.get("rescale", r1 - r0, 1)
-                softmax_block_(s, m, l, rescale, clamp=not kept)
+                softmax_block_(s, m, l, rescale, clamp=not kept, out16=p16)
             else:
                 rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
             if half:  # the softmax's running sum and rescaling factor in fp16
@@ -140,11 +144,12 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
                 s.mul_(drop[0])
             if p.rounding is not None:  # the NPU casts P to the input dtype for the P V product (l: unrounded)
                 p.rounding.grid_(s)
+            s_op = mm.operand("p", s) if p16 is None else p16
             if j == 0:
-                o = mm_nt(s, vt[:, c0:c1], out=buf.get("o", r1 - r0, vt.shape[0]))
+                o = mm.nn(s_op, v[c0:c1], out=buf.get("o", r1 - r0, v.shape[1]))
             else:
-                o.mul_(rescale).add_(mm_nt(s, vt[:, c0:c1], out=buf.get("pv", r1 - r0, vt.shape[0])))
-            del s, t  # freed before the next tile's GEMM allocates its scores: they reuse this memory, still cached
+                o.mul_(rescale).add_(mm.nn(s_op, v[c0:c1], out=buf.get("pv", r1 - r0, v.shape[1])))
+            del s, s_op, p16, t  # freed before the next tile's GEMM allocates its scores: they reuse this memory
         if not kept:
             _nan_rows_without_kept_score_(p, fb.b, h, r0, r1, blocks, m, l)
         l = l if kept else l.clamp_min(1.0)  # l >= 1 on rows with a kept score, else 0 (or NaN)
@@ -154,6 +159,7 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
             p.rounding.store(out[r0:r1], o.div_(l))
     _write_stats(fb, h, chunks)
     buf.release()
+    mm.release()
 
 
 def _nan_rows_without_kept_score_(p: FAProblem, b: int, h: int, r0: int, r1: int, blocks: list, m: torch.Tensor,

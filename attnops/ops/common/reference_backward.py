@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._core.gemm import add_mm_nt_, mm_nt
 from ..._core.layouts import batch_tokens, tokens_view
 from ..._core.parallel import fill_, run_jobs
 from ..._core.softmax_stats import stats_block
@@ -17,8 +16,9 @@ from . import reference_tiles as tiling
 from .fused_softmax import fused_softmax, grad_, probabilities_
 from .npu_rounding import store
 from .problem import FAProblem
-from .reference_tiles import (LOG2E, Keys, active_batches, col_blocks, compute_dtype, deal, has_tile_extras,
-                              head_scores, heads_view, row_chunks, stage_kv, stage_rows)
+from .reference_tiles import (LOG2E, active_batches, col_blocks, compute_dtype, deal, has_tile_extras, head_scores,
+                              heads_view, row_chunks, stage_kv)
+from .tile_products import operand_dtype, tile_products
 
 
 def _peaked_rows(l_b: torch.Tensor, acc: torch.dtype, input_dtype: torch.dtype) -> list[list[int]] | None:
@@ -64,6 +64,7 @@ class _BackwardBatch:
     o: torch.Tensor  # [N1, Sq, Dv] attention_in
     peaked: list[list[int]] | None  # rows whose dP - D is formed in fp64 (per head)
     unit_rows: bool  # some row's softmax_sum is 1: an entry may have P == 1 (see _backward_kv_head)
+    finite_stats: bool  # every row's statistics are finite (else rows with NaN/inf inputs: see masked_entries)
     delta64: torch.Tensor | None  # [N1, Sq, 1] fp64 D of those rows
     dq: torch.Tensor  # [N1, Sq, D]
     dk: torch.Tensor  # [N2, Skv, D]
@@ -94,7 +95,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     acc = compute_dtype(query.dtype)
     direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
     active = active_batches(p)
-    buf = Buffers.acquire(acc, query.device)
+    buf = Buffers.acquire(operand_dtype(p, query.dtype, query.device), query.device)
     k_all, v_all = stage_kv(p, buf, active, query.device, kv, vv)
     batches = []
     for i, b in enumerate(active):
@@ -118,14 +119,18 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         # dK/dV of a group of chunks (all G heads) are summed apart, then added once: fp32 chains of about
         # sqrt(chunks * G) additions instead of chunks * G
         per_group = max(1, math.isqrt(len(chunks) * g.group) // g.group)
+        m_b = stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc).contiguous()
+        neg_log2_l = l_b.log2().neg_().contiguous()
         batches.append(_BackwardBatch(
-            b, batch_tokens(qv, p.seq, b).transpose(0, 1), do, k_all[i], v_all[i],
-            stats_block(softmax_max, p.seq, b, p.softmax_layout)[..., :1].to(acc).contiguous(),
-            l_b.log2().neg_().contiguous(),
-            o, peaked, _has_unit_rows(p, l_b, acc), _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
+            b, batch_tokens(qv, p.seq, b).transpose(0, 1), do, k_all[i], v_all[i], m_b, neg_log2_l, o, peaked,
+            _has_unit_rows(p, l_b, acc), bool(torch.isfinite(m_b).all() and torch.isfinite(neg_log2_l).all()),
+            _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
     jobs, partials = _backward_jobs(batches, g.n2, dpse)
-    accumulators = [dq, dk, dv] + [t for bb in batches if not direct for t in (bb.dq, bb.dk, bb.dv)]
+    # outputs that are not the accumulators are written whole by _backward_finish where the batches cover them
+    covered = sum(p.seq.q_lens[b] for b in active) == p.total_q and sum(p.seq.kv_lens[b] for b in active) == p.total_kv
+    accumulators = [] if not direct and covered else [dq, dk, dv]
+    accumulators += [t for bb in batches if not direct for t in (bb.dq, bb.dk, bb.dv)]
     fill_([(t, 0.0) for t in accumulators + [t for _, _, dk_part, dv_part in partials for t in (dk_part, dv_part)]
            + ([] if dpse is None else [dpse])], query.device)
     run_jobs(lambda job: [_backward_kv_head(p, *task, dpse, acc) for task in job], jobs, query.device)
@@ -201,8 +206,9 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
         return
     g = p.geom
     buf = Buffers.acquire(acc, bb.k.device)
+    mm = tile_products(p, bb.k.dtype, buf)  # the staged keys' dtype
     k, v = bb.k[n2], bb.v[n2]
-    keys = Keys(k, ())  # never packed: no gain measured here, and every packed shape is one more oneDNN
+    keys = mm.keys(k, ())  # never packed: no gain measured here, and every packed shape is one more oneDNN
     # primitive kept in its cache (+1.4 GiB peak in the 32k-token causal backward)
     extras = has_tile_extras(p)
     fused = p.rounding is None and fused_softmax(acc, k.device)
@@ -218,16 +224,15 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
             tk, tv = buf.get("tk", g.d, u1 - u0).zero_(), buf.get("tv", g.dv, u1 - u0).zero_()
         for r0, r1, blocks in group:
             for h in range(n2 * g.group, (n2 + 1) * g.group):
-                qs = stage_rows(buf, "q", bb.q[h, r0:r1], p.scale)
-                dot = stage_rows(buf, "dy", bb.do[h, r0:r1])
+                qs = mm.rows("q", bb.q[h, r0:r1], mm.q_scale)
+                dot = mm.rows("dy", bb.do[h, r0:r1])
                 # (scale*Q)^T and dy^T as dense [D, r]: the dK/dV GEMMs then run on oneDNN (add_mm_nt_ with P and
                 # dS transposed views), where a transposed left operand would fall back to MKL, 2-3x slower on AMD
-                qs_t, dot_t = (buf.get(name, x.shape[1], x.shape[0]).copy_(x.t()) for name, x in
-                               (("qt", qs), ("dyt", dot)))
-                delta = torch.linalg.vecdot(dot, bb.o[h, r0:r1]).unsqueeze_(-1)  # D = rowsum(dy * attention_in)
+                qs_t, dot_t = mm.transposed("qt", qs), mm.transposed("dyt", dot)
+                # D = rowsum(dy * attention_in), in the compute dtype
+                delta = torch.linalg.vecdot(dot.to(acc), bb.o[h, r0:r1]).unsqueeze_(-1)
                 m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
-                nonfinite = not bool(torch.isfinite(m).all() and torch.isfinite(neg_log2_l).all()
-                                     and torch.isfinite(delta).all())  # see tiling.masked_entries
+                nonfinite = not (bb.finite_stats and bool(torch.isfinite(delta).all()))  # see tiling.masked_entries
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 peaked = peaked if peaked and bisect.bisect_left(peaked, r0) < bisect.bisect_left(peaked, r1) else None
                 for c0, c1, band in blocks:
@@ -237,19 +242,27 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
                     drop = None if drop is None else drop[0]
                     masked = tiling.masked_entries(p, bb.b, h, r0, r1, c0, c1, band, k.device) if nonfinite else None
+                    # the fused passes also write P and dS rounded for bf16 products where the tile as computed is
+                    # the operand (None with the fp32 products: the operands are the tiles)
+                    plain = fused and drop is None and masked is None
+                    p_op = mm.rounded_tile("p", r1 - r0, c1 - c0) if plain else None
                     if fused:
-                        probabilities_(prob, m, neg_log2_l)
+                        probabilities_(prob, m, neg_log2_l, p_op)
                     else:
                         prob.sub_(m)  # natural units first: exact where s ~ max
                         torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
                     if masked is not None:
                         prob.masked_fill_(masked, 0.0)
                     p_v = prob if drop is None else prob * drop
-                    add_mm_nt_(tv[:, tcols], dot_t, (p_v if p.rounding is None else p.rounding.grid(p_v)).t())
+                    if p_op is None:
+                        p_op = mm.operand("p", p_v if p.rounding is None else p.rounding.grid(p_v))
+                    mm.add_nn_(tv[:, tcols], dot_t, p_op)
                     vc = v[c0:c1]
-                    dp = mm_nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
-                    if fused and drop is None and peaked is None and not bb.unit_rows:
-                        grad_(prob, dp, delta)  # dS = P (dP - D), in place of P
+                    dp = mm.nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
+                    plain = plain and peaked is None and t is None and cap_grad is None
+                    ds_op = mm.rounded_tile("ds", r1 - r0, c1 - c0) if plain else None
+                    if fused and drop is None and peaked is None:
+                        grad_(prob, dp, delta, bb.unit_rows, ds_op)  # dS = P (dP - D), in place of P (0 where P == 1)
                         ds = prob
                     else:
                         if drop is not None:
@@ -266,16 +279,18 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         t.add_pse_grad(ds.unsqueeze(0), dpse)  # the pse is added after the softcap
                     if cap_grad is not None:
                         ds.mul_(cap_grad)
-                    ds_mm = ds if p.rounding is None else p.rounding.grid(ds)  # the NPU rounds dS for the cube
-                    add_mm_nt_(dq, ds_mm, k[c0:c1].t(), alpha=p.scale)  # dq starts zeroed
-                    add_mm_nt_(tk[:, tcols], qs_t, ds_mm.t())
-                    del prob, dp, ds, ds_mm, p_v, t, cap_grad  # freed before the next tile allocates (see reference)
+                    if ds_op is None:  # (the NPU rounds dS)
+                        ds_op = mm.operand("ds", ds if p.rounding is None else p.rounding.grid(ds))
+                    mm.add_nn_(dq, ds_op, k[c0:c1], alpha=p.scale)  # dq starts zeroed
+                    mm.add_nn_(tk[:, tcols], qs_t, ds_op, alpha=mm.alpha)
+                    del prob, dp, ds, ds_op, p_v, p_op, t, cap_grad  # freed before the next tile allocates
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv
     dk[v0:v1] += dkt.transpose(0, 1).contiguous()  # a blocked transpose, then a contiguous add
     dv[v0:v1] += dvt.transpose(0, 1).contiguous()
     buf.release()
+    mm.release()
 
 
 def _exact_dp_minus_d(dp, rows64: list[int], r0: int, r1: int, dy_rows, v_cols, delta64, drop) -> None:

@@ -137,12 +137,11 @@ def softcap_(p: FAProblem, s: torch.Tensor, cap_grad: torch.Tensor | None = None
 def head_scores(p: FAProblem, b: int, n2: int, h: int, r0: int, r1: int, c0: int, c1: int, qs: torch.Tensor,
                  keys: "Keys", band, buf: "Buffers", extras: bool, cap_grad: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, "Tile | None"]:
-    """Query head ``h``'s masked scores ``[r1 - r0, c1 - c0]`` (``qs``: its rows times the scale; ``keys``: those
-    of KV head ``n2``) in workspace ``"s"``, and the :class:`Tile` when ``extras`` (for its pse, dropout and pse
-    gradient). Without extras no tile object is built: every tensor call of a worker contends for the GIL.
-    ``cap_grad``: see :func:`softcap_`."""
-    k_cols, k_packed = keys.block(c0, c1, r1 - r0)
-    s = softcap_(p, mm_nt(qs, k_cols, out=buf.get("s", r1 - r0, c1 - c0), packed=k_packed), cap_grad)
+    """Query head ``h``'s masked scores ``[r1 - r0, c1 - c0]`` (``qs``: its staged rows; ``keys``: those of KV head
+    ``n2``, whose ``scores`` apply the scale the rows lack) in workspace ``"s"``, and the :class:`Tile` when
+    ``extras`` (for its pse, dropout and pse gradient). Without extras no tile object is built: every tensor call
+    of a worker contends for the GIL. ``cap_grad``: see :func:`softcap_`."""
+    s = softcap_(p, keys.scores(qs, c0, c1, buf.get("s", r1 - r0, c1 - c0)), cap_grad)
     if not extras:
         return p.mask.fill_masked_(s, b, r0, r1, c0, c1, None, band), None
     t = Tile(p, b, n2, r0, r1, c0, c1, heads=slice(h, h + 1))
@@ -164,6 +163,11 @@ class Keys:
         if (c0, c1) not in self._packed:
             self._packed[c0, c1] = pack_nt(cols, rows)
         return cols, self._packed[c0, c1]
+
+    def scores(self, qs: torch.Tensor, c0: int, c1: int, out: torch.Tensor) -> torch.Tensor:
+        """``qs @ keys[c0:c1].T`` (a new tensor, or ``out``)."""
+        cols, packed = self.block(c0, c1, qs.shape[0])
+        return mm_nt(qs, cols, out=out, packed=packed)
 
 
 def active_batches(p: FAProblem):

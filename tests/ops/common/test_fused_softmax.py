@@ -71,8 +71,13 @@ def test_probabilities_and_grad(cols):
     fused.probabilities_(p, m, neg_log2_l)
     _close(p, p_ref)
     dp, delta = torch.randn(rows, cols), torch.randn(rows, 1)
+    p[3, cols // 3] = p_ref[3, cols // 3] = 1.0  # a row's only key
+    unit = p.clone()
     fused.grad_(p, dp, delta)
     _close(p, p_ref * (dp - delta))
+    fused.grad_(unit, dp, delta, unit_zero=True)  # dS = 0 where P == 1, the rest as before
+    assert unit[3, cols // 3].item() == 0.0
+    _close(unit, (p_ref * (dp - delta)).masked_fill_(p_ref == 1.0, 0.0))
 
 
 def test_rejects_scattered_rows():
@@ -97,3 +102,26 @@ def test_engine_on_both_paths(monkeypatch, fused_passes, dtype):
     monkeypatch.setattr(tiling, "FWD_COL_BLOCK", 48)
     q, k, v, dy = make_qkv("BNSD", b=1, n1=2, sq=150, skv=130, d=16, dtype=dtype, seed=7)
     check_fa(q, k, v, dy, layout="BNSD", head_num=2, scale=0.3, atten_mask=TRIU2048, sparse_mode=3)
+
+
+def _rounded(t: torch.Tensor) -> torch.Tensor:
+    """``t`` rounded to bf16 to nearest even, denormals flushed to 0 (as AVX512-BF16's conversion does)."""
+    return torch.where(t.abs() < torch.finfo(torch.float32).tiny, t * 0, t).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("cols", [7, 37])
+def test_rounded_copies(cols):
+    """Each pass's bf16 copy of its result (the operands of the bf16 GEMM) is the fp32 result rounded, in the
+    vector body and the scalar tail of a row alike: denormals, NaN and values halfway between two bf16."""
+    rows = 6
+    s = _tile(rows, cols, 3)
+    m, l = torch.empty(rows, 1), torch.empty(rows, 1)
+    out16 = torch.empty(rows, cols + 3, dtype=torch.bfloat16)[:, 1:1 + cols]
+    fused.softmax_block_(s, m, l, None, clamp=True, out16=out16)
+    torch.testing.assert_close(out16, _rounded(s), rtol=0, atol=0, equal_nan=True)
+    fused.probabilities_(s, m, torch.zeros(rows, 1), out16=out16)
+    torch.testing.assert_close(out16, _rounded(s), rtol=0, atol=0, equal_nan=True)
+    p = torch.tensor([1e-39, -1e-39, 1.00390625, 1.01171875, float("nan"), 3e38, 5e-38, -2.5]).repeat(rows, 5)
+    exact = p.clone()
+    fused.grad_(p[:, :cols], torch.ones(rows, cols), torch.zeros(rows, 1), out16=out16)  # dS = P exactly
+    torch.testing.assert_close(out16, _rounded(exact[:, :cols]), rtol=0, atol=0, equal_nan=True)

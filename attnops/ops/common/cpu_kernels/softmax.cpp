@@ -11,6 +11,10 @@
 //
 // AVX-512F where the compiler targets it, else AVX2 + FMA, else plain loops (aarch64, portable builds); the vector
 // and scalar paths evaluate the same formulas, so a tail computed by the scalar code matches its vector twin.
+//
+// Each pass may also write its result rounded to bf16 (to nearest even; denormals flushed to zero, as AVX512-BF16's
+// conversion and products do) into a second tile, row by row while the row is in L1: the operands of the bf16
+// GEMM (gemm_bf16.cpp). Pass a null pointer for none.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -76,6 +80,9 @@ inline V vzero_where_below(V r, V x, float lo) {
 }
 inline V vnan_where_nan(V r, V x) { return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x); }
 inline bool vany_nan(V x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
+inline V vzero_where_unit(V r, V p) {
+  return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(p, vset(1.0f), _CMP_EQ_OQ), _mm512_setzero_ps());
+}
 inline void vspill(float* out, V x) { _mm512_storeu_ps(out, x); }
 #elif ATTNOPS_SM_LANES == 8
 using V = __m256;
@@ -97,6 +104,9 @@ inline V vzero_where_below(V r, V x, float lo) {
 }
 inline V vnan_where_nan(V r, V x) { return _mm256_blendv_ps(r, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }
 inline bool vany_nan(V x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0; }
+inline V vzero_where_unit(V r, V p) {
+  return _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(p, vset(1.0f), _CMP_EQ_OQ));
+}
 inline void vspill(float* out, V x) { _mm256_storeu_ps(out, x); }
 #endif
 
@@ -186,16 +196,34 @@ float exp_row(float* s, int64_t cols, float m) {
   return sum;
 }
 
+// x rounded to bf16 (to nearest even; NaN stays a quiet NaN, denormals become a signed 0)
+inline uint16_t bf16_rne(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  if ((bits & 0x7f800000u) == 0) return static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+void round_row(const float* src, uint16_t* dst, int64_t cols) {
+  int64_t j = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  for (; j + 16 <= cols; j += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + j)));
+#endif
+  for (; j < cols; ++j) dst[j] = bf16_rne(src[j]);
+}
+
 }  // namespace
 
 extern "C" {
 
-// One column block of the forward's online softmax over rows x cols scores s (row stride ld), in place: m (row max,
-// running), l (row sum, running) and, unless first, rescale[i] = exp2((m_old - m_new) * log2(e)), the factor the
-// output accumulated so far must be scaled by. first: m and l start here; clamp: a first block's max of -inf
+// One column block of the forward's online softmax over rows x cols scores s (row stride ld), in place (and into
+// out16, row stride ld16, rounded to bf16, unless null): m (row max, running), l (row sum, running) and, unless
+// first, rescale[i] = exp2((m_old - m_new) * log2(e)), the factor the output accumulated so far must be scaled by. first: m and l start here; clamp: a first block's max of -inf
 // becomes the lowest float (rows without a kept score yet). Returns 0.
 int attnops_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, float* m, float* l, float* rescale,
-                          int first, int clamp) {
+                          int first, int clamp, uint16_t* out16, int64_t ld16) {
   const float lowest = std::numeric_limits<float>::lowest();
   for (int64_t i = 0; i < rows; ++i) {
     float* row = s + i * ld;
@@ -210,12 +238,14 @@ int attnops_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, floa
     const float sum = exp_row(row, cols, m_new);
     l[i] = first ? sum : l[i] * rescale[i] + sum;
     m[i] = m_new;
+    if (out16) round_row(row, out16 + i * ld16, cols);
   }
   return 0;
 }
 
 // The backward's probabilities in place: s[i, j] = exp2(fma(s[i, j] - m[i], log2(e), neg_log2_l[i])). Returns 0.
-int attnops_softmax_probs(float* s, int64_t rows, int64_t cols, int64_t ld, const float* m, const float* neg_log2_l) {
+int attnops_softmax_probs(float* s, int64_t rows, int64_t cols, int64_t ld, const float* m, const float* neg_log2_l,
+                          uint16_t* out16, int64_t ld16) {
   for (int64_t i = 0; i < rows; ++i) {
     float* row = s + i * ld;
     const float mi = m[i], ci = neg_log2_l[i];
@@ -225,13 +255,15 @@ int attnops_softmax_probs(float* s, int64_t rows, int64_t cols, int64_t ld, cons
     for (; j + L <= cols; j += L) vstore(row + j, vexp2(vfma(vsub(vload(row + j), vm), vl, vc)));
 #endif
     for (; j < cols; ++j) row[j] = exp2_scalar(std::fma(row[j] - mi, kLog2e, ci));
+    if (out16) round_row(row, out16 + i * ld16, cols);
   }
   return 0;
 }
 
-// dS in place of P: p[i, j] = p[i, j] * (dp[i, j] - delta[i]) (row strides ld_p, ld_dp). Returns 0.
+// dS in place of P: p[i, j] = p[i, j] * (dp[i, j] - delta[i]) (row strides ld_p, ld_dp); unit_zero: 0 where
+// p[i, j] == 1 (a row's only key: there dp - delta is all rounding, and the exact dS is 0). Returns 0.
 int attnops_softmax_grad(float* p, const float* dp, int64_t rows, int64_t cols, int64_t ld_p, int64_t ld_dp,
-                         const float* delta) {
+                         const float* delta, int unit_zero, uint16_t* out16, int64_t ld16) {
   for (int64_t i = 0; i < rows; ++i) {
     float* prow = p + i * ld_p;
     const float* drow = dp + i * ld_dp;
@@ -239,9 +271,17 @@ int attnops_softmax_grad(float* p, const float* dp, int64_t rows, int64_t cols, 
     int64_t j = 0;
 #if ATTNOPS_SM_LANES > 1
     const V vd = vset(di);
-    for (; j + L <= cols; j += L) vstore(prow + j, vmul(vload(prow + j), vsub(vload(drow + j), vd)));
+    if (unit_zero) {
+      for (; j + L <= cols; j += L) {
+        const V pv = vload(prow + j);
+        vstore(prow + j, vzero_where_unit(vmul(pv, vsub(vload(drow + j), vd)), pv));
+      }
+    } else {
+      for (; j + L <= cols; j += L) vstore(prow + j, vmul(vload(prow + j), vsub(vload(drow + j), vd)));
+    }
 #endif
-    for (; j < cols; ++j) prow[j] = prow[j] * (drow[j] - di);
+    for (; j < cols; ++j) prow[j] = (unit_zero && prow[j] == 1.0f) ? 0.0f : prow[j] * (drow[j] - di);
+    if (out16) round_row(prow, out16 + i * ld16, cols);
   }
   return 0;
 }

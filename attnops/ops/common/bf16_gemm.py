@@ -1,0 +1,66 @@
+"""The bf16 x bf16 -> fp32 GEMM of the chunked CPU attention engine (``cpu_kernels/gemm_bf16.cpp``, in the library
+of the decode kernel), for CPUs with AVX512-BF16: exact products of bf16 pairs summed in fp32, many times the speed
+of PyTorch's fp32 GEMM of the same operands (``docs/performance.md``).
+
+:func:`bf16_gemm` says whether a call may use it: the library is built for and runs on a CPU with AVX512-BF16
+(the library checks both, at build time and with ``cpuid``), the tensors are on the CPU, nothing is being traced.
+Elsewhere (AVX2-only or aarch64 CPUs, portable builds, ``ATTNOPS_CPU_KERNELS=0``), and with
+``ATTNOPS_CPU_BF16_GEMM=0`` (read at every call), the engine keeps its fp32 products of the widened operands. A
+ctypes call releases the GIL, so the engine's workers run their products side by side.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import torch
+
+from .cpu_kernels import library
+
+_lock = threading.Lock()
+_bound: dict = {}
+
+
+def _functions():
+    """The library with the entry points' signatures set (once), or None without a library or without a bf16
+    GEMM in it (the build or the CPU lacks AVX512-BF16)."""
+    if "lib" not in _bound:
+        with _lock:
+            lib = library()
+            if lib is not None:
+                p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+                lib.attnops_bf16_gemm_ready.argtypes, lib.attnops_bf16_gemm_ready.restype = [], i32
+                lib.attnops_bf16_gemm.argtypes = [i64, i64, i64, p, i64, p, i64, i32, p, i64, ctypes.c_float, i32]
+                lib.attnops_bf16_gemm.restype = i32
+                lib = lib if lib.attnops_bf16_gemm_ready() == 1 else None
+            _bound["lib"] = lib
+    return _bound["lib"]
+
+
+def bf16_gemm(device: torch.device) -> bool:
+    """Whether bf16 products on ``device`` may run on the bf16 GEMM."""
+    return (device.type == "cpu" and os.environ.get("ATTNOPS_CPU_BF16_GEMM", "1") != "0"
+            and not torch.compiler.is_compiling() and _functions() is not None)
+
+
+def gemm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, b_nt: bool, alpha: float = 1.0,
+          accumulate: bool = False) -> torch.Tensor:
+    """``out = alpha * a @ b.T`` (``b_nt``: ``b`` is ``[N, K]``) or ``alpha * a @ b`` (``b`` is ``[K, N]``), plus
+    ``out`` when ``accumulate``; ``a`` ``[M, K]`` bf16, ``out`` ``[M, N]`` fp32, each with unit column stride.
+    Returns ``out``. (Lean checks: the engine makes five calls per tile, and every Python step holds the GIL.)"""
+    m, k = a.shape
+    n, kb = b.shape if b_nt else (b.shape[1], b.shape[0])
+    (lda, ca), (ldb, cb), (ldc, cc) = a.stride(), b.stride(), out.stride()
+    if (kb != k or out.shape != (m, n) or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16
+            or out.dtype != torch.float32 or (ca != 1 and k > 1) or (cb != 1 and b.shape[1] > 1)
+            or (cc != 1 and n > 1)):
+        raise ValueError(f"bf16 GEMM: a {tuple(a.shape)} {a.dtype} strides {a.stride()}, b {tuple(b.shape)} "
+                         f"{b.dtype} strides {b.stride()} ({'nt' if b_nt else 'nn'}), out {tuple(out.shape)} "
+                         f"{out.dtype} strides {out.stride()}: expected a [M, K] and b [N, K] (nt) or [K, N] (nn) "
+                         "in bf16 and out [M, N] in fp32, with unit column strides")
+    code = _functions().attnops_bf16_gemm(m, n, k, a.data_ptr(), lda, b.data_ptr(), ldb, int(b_nt), out.data_ptr(),
+                                          ldc, alpha, int(accumulate))
+    if code:
+        raise RuntimeError(f"attnops_bf16_gemm returned {code}")
+    return out

@@ -1,0 +1,169 @@
+// bf16 x bf16 -> fp32 GEMM for the chunked CPU attention engine (ops/common/bf16_products.py) on CPUs with
+// AVX512-BF16: C = alpha * A B (+ C), A [m, k] row-major (row stride lda), B either [n, k] ("nt": B's rows are C's
+// columns, as keys in Q K^T) or [k, n] ("nn": B's rows run along the reduction, as values in P V), C fp32 [m, n].
+//
+// vdpbf16ps multiplies pairs of bf16 exactly and adds them to fp32 lanes: the products are those of an fp32 GEMM
+// on the widened operands; only the order of the fp32 sums differs, and denormal inputs and results are flushed
+// to zero (the instruction ignores MXCSR). Per block of KC reduction steps the B columns are packed in panels of
+// NR = 64 (four vectors of 16 lanes, each lane one bf16 pair along k, zero-padded past n and k), and a 6 x 64
+// register tile of C (24 accumulators) runs over the panel, each A pair broadcast from its row. Sums run in a fixed
+// order (k pairs in order within a block, blocks in order), so a result does not depend on the calling thread.
+//
+// Without AVX512-BF16 in the build (other CPUs, portable builds) or on the CPU running it, attnops_bf16_gemm_ready
+// returns 0 and the entry points return 1: the engine keeps its fp32 products there.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define ATTNOPS_BF16_GEMM 1
+#include <immintrin.h>
+#else
+#define ATTNOPS_BF16_GEMM 0
+#endif
+
+namespace {
+
+#if ATTNOPS_BF16_GEMM
+constexpr int64_t MR = 6;         // C rows per register tile
+constexpr int64_t NV = 4;         // vectors of 16 columns per register tile
+constexpr int64_t NR = 16 * NV;   // C columns per panel
+constexpr int64_t KC = 256;       // reduction steps per packed block (a panel: KC/2 x NR dwords = 32 KiB, in L1)
+
+inline uint32_t load_pair(const uint16_t* p) {
+  uint32_t x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+// Panels of B's columns [0, n) for reduction steps [k0, k1): panel q, pair t, lane j holds
+// (B[k0 + 2t, 64q + j], B[k0 + 2t + 1, 64q + j]) as one dword (0 past n and k1).
+void pack_nt(const uint16_t* b, int64_t ldb, int64_t n, int64_t k0, int64_t k1, uint32_t* out) {
+  const int64_t pairs = (k1 - k0 + 1) / 2, panels = (n + NR - 1) / NR;
+  std::memset(out, 0, sizeof(uint32_t) * panels * pairs * NR);
+  for (int64_t col = 0; col < n; ++col) {
+    const uint16_t* row = b + col * ldb + k0;
+    uint32_t* dst = out + (col / NR) * pairs * NR + col % NR;
+    int64_t t = 0;
+    for (; 2 * t + 1 < k1 - k0; ++t) dst[t * NR] = load_pair(row + 2 * t);
+    if (2 * t < k1 - k0) dst[t * NR] = row[2 * t];
+  }
+}
+
+void pack_nn(const uint16_t* b, int64_t ldb, int64_t n, int64_t k0, int64_t k1, uint32_t* out) {
+  const int64_t pairs = (k1 - k0 + 1) / 2, panels = (n + NR - 1) / NR;
+  for (int64_t q = 0; q < panels; ++q) {
+    for (int64_t t = 0; t < pairs; ++t) {
+      const uint16_t* lo = b + (k0 + 2 * t) * ldb;
+      const bool has_hi = k0 + 2 * t + 1 < k1;
+      uint32_t* dst = out + (q * pairs + t) * NR;
+      for (int64_t v = 0; v < NV; ++v) {
+        const int64_t c0 = q * NR + 16 * v, valid = n - c0;
+        const __mmask16 mask = valid >= 16 ? 0xFFFF : (valid <= 0 ? 0 : static_cast<__mmask16>((1u << valid) - 1u));
+        const __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lo + c0));
+        const __m512i h = has_hi ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lo + ldb + c0))
+                                 : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + 16 * v, _mm512_or_si512(l, _mm512_slli_epi32(h, 16)));
+      }
+    }
+  }
+}
+
+// C[0:R, 0:cols] (+)= alpha * A[0:R, k0:k1] panel; add: C holds earlier sums (or the caller's C) to add to.
+template <int R>
+void tile(const uint16_t* a, int64_t lda, int64_t k0, int64_t k1, const uint32_t* panel, float* c, int64_t ldc,
+          int64_t cols, float alpha, bool add) {
+  __m512 acc[R][NV];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  const int64_t full = (k1 - k0) / 2;
+  for (int64_t t = 0; t < full; ++t) {
+    const uint32_t* bp = panel + t * NR;
+    __m512bh bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(bp + 16 * v);
+    for (int i = 0; i < R; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(load_pair(a + i * lda + k0 + 2 * t)));
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, bv[v]);
+    }
+  }
+  if ((k1 - k0) % 2) {  // the last step alone: its pair's high half is 0 in A and in the panel
+    const uint32_t* bp = panel + full * NR;
+    for (int i = 0; i < R; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[i * lda + k1 - 1]));
+      for (int v = 0; v < NV; ++v)
+        acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, (__m512bh)_mm512_loadu_si512(bp + 16 * v));
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int v = 0; v < NV; ++v) {
+    const int64_t valid = cols - 16 * v;
+    if (valid <= 0) break;
+    const __mmask16 mask = valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1u);
+    for (int i = 0; i < R; ++i) {
+      float* dst = c + i * ldc + 16 * v;
+      __m512 r = _mm512_mul_ps(acc[i][v], va);
+      if (add) r = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, dst), r);
+      _mm512_mask_storeu_ps(dst, mask, r);
+    }
+  }
+}
+
+using TileFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const uint32_t*, float*, int64_t, int64_t, float,
+                        bool);
+constexpr TileFn kTiles[MR + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+
+bool cpu_has_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// 1 when this build and this CPU run the bf16 GEMM, else 0.
+int attnops_bf16_gemm_ready() {
+#if ATTNOPS_BF16_GEMM
+  return cpu_has_bf16() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+// C = alpha * A B (+ C when accumulate); b_nt: B is [n, k] (row stride ldb), else [k, n]. Returns 0, or 1 where
+// the GEMM is not available (attnops_bf16_gemm_ready).
+int attnops_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
+                      int b_nt, float* c, int64_t ldc, float alpha, int accumulate) {
+#if ATTNOPS_BF16_GEMM
+  if (!cpu_has_bf16()) return 1;
+  if (k == 0) {
+    for (int64_t i = 0; i < m && !accumulate; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
+    return 0;
+  }
+  thread_local std::vector<uint32_t> packed;
+  const int64_t panels = (n + NR - 1) / NR;
+  packed.resize(static_cast<size_t>(panels * (KC / 2) * NR));
+  for (int64_t k0 = 0; k0 < k; k0 += KC) {
+    const int64_t k1 = k0 + KC < k ? k0 + KC : k;
+    const int64_t pairs = (k1 - k0 + 1) / 2;
+    (b_nt ? pack_nt : pack_nn)(b, ldb, n, k0, k1, packed.data());
+    const bool add = accumulate || k0 > 0;
+    for (int64_t q = 0; q < panels; ++q) {
+      const uint32_t* panel = packed.data() + q * pairs * NR;
+      const int64_t cols = n - q * NR < NR ? n - q * NR : NR;
+      for (int64_t i = 0; i < m; i += MR) {
+        const int64_t rows = m - i < MR ? m - i : MR;
+        kTiles[rows](a + i * lda, lda, k0, k1, panel, c + i * ldc + q * NR, ldc, cols, alpha, add);
+      }
+    }
+  }
+  return 0;
+#else
+  (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)b_nt, (void)c, (void)ldc, (void)alpha,
+      (void)accumulate;
+  return 1;
+#endif
+}
+
+}  // extern "C"

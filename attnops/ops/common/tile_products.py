@@ -1,0 +1,130 @@
+"""The matrix products of the chunked CPU engine's tiles (:mod:`.reference`, :mod:`.reference_backward`), in one
+of two operand types chosen per call by :func:`operand_dtype`:
+
+- :class:`WideProducts`: operands in the compute dtype (fp32, or fp64 for fp64 inputs; fp16/bf16 inputs widened
+  exactly), on :mod:`attnops._core.gemm` (oneDNN where PyTorch has it); the query rows are staged times the scale.
+- :class:`Bf16Products`: bf16 inputs on a CPU with AVX512-BF16 without an NPU rounding (:mod:`.bf16_gemm`): Q, K,
+  V and dy stay bf16; the probabilities P and the score gradient dS are rounded to bf16 (to nearest even) for
+  their products, as FlashAttention, SDPA and the NPU do for bf16 inputs; every product is an exact bf16 x bf16
+  product summed in fp32, and the scale multiplies the fp32 sums. Scores, softmax, statistics and accumulators stay
+  fp32.
+
+Both sum in a fixed order, so results do not depend on the thread count. A products object serves one worker's job
+(its workspaces are the thread's).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..._core.gemm import add_mm_nt_, mm_nt
+from ..._core.workspace import Buffers
+from .bf16_gemm import bf16_gemm, gemm_
+from .problem import FAProblem
+from .reference_tiles import Keys, compute_dtype, stage_rows
+
+
+def operand_dtype(p: FAProblem, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype of the GEMM operands of a call with ``dtype`` inputs: bf16 where :class:`Bf16Products` serves it,
+    else the compute dtype."""
+    if dtype == torch.bfloat16 and p.rounding is None and bf16_gemm(device):
+        return torch.bfloat16
+    return compute_dtype(dtype)
+
+
+def tile_products(p: FAProblem, operands: torch.dtype, buf: Buffers) -> "WideProducts | Bf16Products":
+    """The products of a job whose operands are ``operands`` (:func:`operand_dtype`); ``buf``: the thread's
+    workspaces in the compute dtype."""
+    return Bf16Products(p, buf) if operands == torch.bfloat16 else WideProducts(p, buf)
+
+
+class WideProducts:
+    """Products in the compute dtype (see the module docstring)."""
+
+    def __init__(self, p: FAProblem, buf: Buffers):
+        self.buf = buf
+        self.q_scale, self.alpha = p.scale, 1.0  # the scale is in the staged query rows
+
+    def keys(self, k: torch.Tensor, blocks) -> Keys:
+        return Keys(k, blocks)
+
+    def rows(self, name: str, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """Rows ``x`` ([r, D], any dtype and strides) times ``scale`` as a dense operand (workspace ``name``)."""
+        return stage_rows(self.buf, name, x, scale)
+
+    def transposed(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """An operand ``x`` ([r, D]) transposed into a dense ``[D, r]`` (workspace ``name``)."""
+        return self.buf.get(name, x.shape[1], x.shape[0]).copy_(x.t())
+
+    def operand(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """A tile of the compute dtype (P, dS) as an operand: itself."""
+        return x
+
+    def rounded_tile(self, name: str, rows: int, cols: int) -> None:
+        """None: the fused softmax passes need not write a bf16 copy of their tiles (see :class:`Bf16Products`)."""
+        return None
+
+    def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T`` (a new tensor, or ``out``)."""
+        return mm_nt(x, w, out=out)
+
+    def nn(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``x @ w`` (a new tensor, or ``out``)."""
+        return mm_nt(x, w.t(), out=out)
+
+    def add_nn_(self, acc: torch.Tensor, x: torch.Tensor, w: torch.Tensor, alpha: float = 1.0) -> None:
+        """``acc += alpha * (x @ w)``."""
+        add_mm_nt_(acc, x, w.t(), alpha=alpha)
+
+    def release(self) -> None:
+        """Nothing: the operands live in the caller's workspaces."""
+
+
+class Bf16Products:
+    """Products of bf16 operands on :mod:`.bf16_gemm` (see the module docstring)."""
+
+    def __init__(self, p: FAProblem, buf: Buffers):
+        self.buf = Buffers.acquire(torch.bfloat16, buf.device)
+        self.q_scale, self.alpha = 1.0, p.scale  # the GEMMs that read the query rows apply the scale
+
+    def keys(self, k: torch.Tensor, blocks) -> "_Bf16Keys":
+        return _Bf16Keys(k, self.alpha)
+
+    def rows(self, name: str, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """Rows ``x`` ([r, D], bf16) as a dense operand (used in place when they are); ``scale`` is ``q_scale``,
+        1."""
+        return stage_rows(self.buf, name, x, scale)
+
+    def transposed(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        return self.buf.get(name, x.shape[1], x.shape[0]).copy_(x.t())
+
+    def operand(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """An fp32 tile (P, dS) rounded to bf16 (to nearest even) in workspace ``name``."""
+        return self.buf.get(name, *x.shape).copy_(x)
+
+    def rounded_tile(self, name: str, rows: int, cols: int) -> torch.Tensor:
+        """A bf16 workspace for the fused softmax passes to write their fp32 tile into, rounded, while its rows are
+        in the caches: the tile's operand without :meth:`operand`'s extra sweep."""
+        return self.buf.get(name, rows, cols)
+
+    def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return gemm_(out, x, w, b_nt=True)
+
+    def nn(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return gemm_(out, x, w, b_nt=False)
+
+    def add_nn_(self, acc: torch.Tensor, x: torch.Tensor, w: torch.Tensor, alpha: float = 1.0) -> None:
+        gemm_(acc, x, w, b_nt=False, alpha=alpha, accumulate=True)
+
+    def release(self) -> None:
+        """The bf16 workspaces' :meth:`Buffers.release`."""
+        self.buf.release()
+
+
+class _Bf16Keys:
+    """A KV head's bf16 keys (``[Skv, D]``) for the scores ``alpha * Q K^T``."""
+
+    def __init__(self, k: torch.Tensor, alpha: float):
+        self.k, self.alpha = k, alpha
+
+    def scores(self, qs: torch.Tensor, c0: int, c1: int, out: torch.Tensor) -> torch.Tensor:
+        return gemm_(out, qs, self.k[c0:c1], b_nt=True, alpha=self.alpha)

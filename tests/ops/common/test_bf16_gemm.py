@@ -1,0 +1,174 @@
+"""The bf16 x bf16 -> fp32 GEMM of the CPU attention engine (``cpu_kernels/gemm_bf16.cpp``): products against fp64
+ones of the same operands (odd sizes, register-tile and panel tails, strided operands, both layouts of B, alpha,
+accumulation, non-finite values), argument checks, the choice of the bf16 products (only where the build and the
+CPU have AVX512-BF16), and the FlashAttention engine on its bf16 and fp32 products against the fp64 golden."""
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import attnops
+from attnops.ops.common import bf16_gemm, cpu_kernels, tile_products
+from attnops.ops.common import reference_tiles as tiling
+from tests.helpers import TRIU2048, check_fa, make_qkv
+
+BF16, F32 = torch.bfloat16, torch.float32
+needs_gemm = pytest.mark.skipif(not bf16_gemm.bf16_gemm(torch.device("cpu")),
+                                reason="no AVX512-BF16 in this CPU or the kernels library")
+
+
+def _operands(m: int, n: int, k: int, nt: bool, seed: int, pad: int = 0):
+    """``a`` [m, k], ``b`` ([n, k] when ``nt``, else [k, n]) in bf16, as views with ``pad`` extra columns per row."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k + pad, generator=g).to(BF16)[:, :k]
+    rows, cols = (n, k) if nt else (k, n)
+    b = torch.randn(rows, cols + pad, generator=g).to(BF16)[:, :cols]
+    return a, b
+
+
+def _check(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, nt: bool, alpha: float = 1.0,
+           c0: torch.Tensor | None = None) -> None:
+    """``c`` equals ``alpha * a @ b (+ c0)`` up to the rounding of an fp32 sum: the products of bf16 pairs are
+    exact, so each element may differ from the fp64 result by at most (terms) * eps * the sum of |terms|."""
+    b2 = b.double().t() if nt else b.double()
+    ref = alpha * (a.double() @ b2)
+    bound = abs(alpha) * (a.double().abs() @ b2.abs())
+    if c0 is not None:
+        ref, bound = ref + c0.double(), bound + c0.double().abs()
+    terms = a.shape[1] + 2
+    err = (c.double() - ref).abs()
+    assert bool((err <= terms * torch.finfo(F32).eps * bound + 1e-30).all()), float(err.max())
+
+
+@needs_gemm
+@pytest.mark.parametrize("nt", [True, False], ids=["nt", "nn"])
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (7, 5, 3), (6, 64, 2), (13, 70, 33), (19, 130, 300),
+                                     (64, 16, 513)])
+def test_products(nt, m, n, k):
+    """Odd and even reduction lengths (a last unpaired step), several reduction blocks (k > 256), row tails of
+    the 6-row register tile, column tails of the 64-column panels; strided rows of every operand."""
+    a, b = _operands(m, n, k, nt, seed=m * 1000 + n + k, pad=3)
+    store = torch.full((m, n + 5), 7.0)
+    c = store[:, 2:2 + n]  # strided output: the columns around it must stay untouched
+    bf16_gemm.gemm_(c, a, b, b_nt=nt)
+    _check(c, a, b, nt)
+    assert bool((store[:, :2] == 7.0).all() and (store[:, 2 + n:] == 7.0).all())
+    torch.testing.assert_close(c, a.float() @ (b.float().t() if nt else b.float()),
+                               rtol=(k + 2) * torch.finfo(F32).eps, atol=1e-5 * k)
+
+
+@needs_gemm
+@pytest.mark.parametrize("nt", [True, False], ids=["nt", "nn"])
+def test_alpha_and_accumulate(nt):
+    a, b = _operands(11, 37, 21, nt, seed=5)
+    c0 = torch.randn(11, 37)
+    c = c0.clone()
+    bf16_gemm.gemm_(c, a, b, b_nt=nt, alpha=0.125, accumulate=True)
+    _check(c, a, b, nt, alpha=0.125, c0=c0)
+    bf16_gemm.gemm_(c, a, b, b_nt=nt, alpha=-3.0)  # without accumulate the old content is overwritten
+    _check(c, a, b, nt, alpha=-3.0)
+
+
+@needs_gemm
+def test_empty_reduction_and_nonfinite_values():
+    a, b = _operands(4, 9, 0, True, seed=1)
+    c = torch.full((4, 9), 3.0)
+    bf16_gemm.gemm_(c, a, b, b_nt=True)
+    assert bool((c == 0).all())
+    a, b = _operands(8, 70, 5, False, seed=2)
+    a[3, 1] = float("inf")
+    b[2, 4] = float("nan")
+    c = torch.empty(8, 70)
+    bf16_gemm.gemm_(c, a, b, b_nt=False)
+    assert bool(c[:, 4].isnan().all()) and bool(c[3].isinf().logical_or(c[3].isnan()).all())
+    rest = torch.ones_like(c, dtype=torch.bool)
+    rest[:, 4] = False
+    rest[3] = False
+    assert bool(c[rest].isfinite().all())  # zero padding of the panels spreads nothing
+
+
+@needs_gemm
+def test_argument_checks():
+    a, b = _operands(4, 6, 8, True, seed=3)
+    bad = [(torch.empty(4, 7), a, b, True), (torch.empty(4, 6), a.t().contiguous().t(), b, True),
+           (torch.empty(4, 6), a.float(), b, True), (torch.empty(4, 6), a, b, False),
+           (torch.empty(4, 6, dtype=BF16), a, b, True), (torch.empty(6, 4).t(), a, b, True)]
+    for out, a_, b_, nt in bad:
+        with pytest.raises(ValueError, match="bf16 GEMM: .* expected a"):
+            bf16_gemm.gemm_(out, a_, b_, b_nt=nt)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {w for line in text.splitlines() if line.startswith("flags") for w in line.partition(":")[2].split()}
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo to read the CPU's features from")
+def test_chosen_only_with_avx512_bf16():
+    """The bf16 products serve bf16 calls only where the CPU has AVX512-BF16, and there whenever the kernels
+    library is a native build (AVX2-only and aarch64 machines, portable builds and ATTNOPS_CPU_KERNELS=0 keep the
+    fp32 products)."""
+    cpu = torch.device("cpu")
+    has = "avx512_bf16" in _cpu_flags()
+    native = (os.environ.get("ATTNOPS_CPU_ARCH") or "native") == "native"
+    assert not bf16_gemm.bf16_gemm(cpu) or has
+    assert bf16_gemm.bf16_gemm(cpu) or not (has and native and cpu_kernels.library() is not None)
+    assert bf16_gemm.bf16_gemm(torch.device("meta")) is False
+
+
+def test_operand_dtype(monkeypatch):
+    """bf16 operands only for bf16 inputs on the CPU without an NPU rounding, and only where the GEMM runs."""
+    cpu = torch.device("cpu")
+    plain, npu = SimpleNamespace(rounding=None), SimpleNamespace(rounding=object())
+    monkeypatch.setattr(tile_products, "bf16_gemm", lambda device: True)
+    assert tile_products.operand_dtype(plain, BF16, cpu) == BF16
+    assert tile_products.operand_dtype(npu, BF16, cpu) == F32  # precision="npu": its own rounding of P and dS
+    for dtype, acc in ((torch.float16, F32), (F32, F32), (torch.float64, torch.float64)):
+        assert tile_products.operand_dtype(plain, dtype, cpu) == acc
+    monkeypatch.setattr(tile_products, "bf16_gemm", lambda device: False)
+    assert tile_products.operand_dtype(plain, BF16, cpu) == F32
+
+
+@pytest.mark.parametrize("products", ["bf16", "fp32"])
+def test_engine_bf16_on_both_products(monkeypatch, products):
+    """bf16 FlashAttention forward and backward against the fp64 golden with the bf16 products (where the CPU has
+    them) and with the fp32 products of the widened operands: GQA, causal rows of several chunks, a band wider than
+    one forward block (the online softmax), head dims with tails, a strided (BSND) layout."""
+    if products == "bf16" and not bf16_gemm.bf16_gemm(torch.device("cpu")):
+        pytest.skip("no AVX512-BF16 in this CPU or the kernels library")
+    if products == "fp32":
+        monkeypatch.setenv("ATTNOPS_CPU_BF16_GEMM", "0")
+    calls = []
+    real = tile_products.gemm_
+    monkeypatch.setattr(tile_products, "gemm_", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(tiling, "FWD_COL_BLOCK", 48)
+    q, k, v, dy = make_qkv("BSND", b=2, n1=4, n2=2, sq=150, skv=130, d=40, dtype=BF16, seed=11)
+    check_fa(q, k, v, dy, layout="BSND", head_num=4, scale=40 ** -0.5, sparse_mode=3,
+             atten_mask=TRIU2048)
+    assert bool(calls) == (products == "bf16")
+
+
+@needs_gemm
+def test_error_is_the_npu_rounding(monkeypatch):
+    """The bf16 products round P as the NPU does (to the input dtype before P V), so their error against the fp64
+    golden is the NPU emulation's (precision="npu"), about 1.35x the RMSE of fp32 products then cast: over several
+    key blocks with a causal mask (docs/precision.md)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, s, 128, generator=g).to(BF16) for s in (256, 1300, 1300))
+    s = (q.double() @ k.double().transpose(-1, -2)) * 128 ** -0.5
+    golden = s.masked_fill(torch.ones(256, 1300, dtype=torch.bool).triu(1300 - 256 + 1), float("-inf")).softmax(-1)
+    golden = golden @ v.double()
+
+    def rmse(**kw):
+        return float((attnops.flash_attention(q, k, v, causal=True, **kw).double() - golden).pow(2).mean().sqrt())
+
+    fast, npu = rmse(), rmse(precision="npu")
+    monkeypatch.setenv("ATTNOPS_CPU_BF16_GEMM", "0")
+    exact = rmse()
+    assert 1.15 < fast / exact < 1.6
+    assert 0.8 < fast / npu < 1.1
