@@ -20,7 +20,9 @@ from torch import Tensor
 
 from .._core.staging import device_constant
 from ..ops.nsa.layer import block_of
+from ..ops.nsa.step import last_position, prepare_decode_step, step_lookups
 from .nsa_cache import NSACache
+from .rotary import apply_rotary, rotary_angles, rotary_table
 
 POSITION, OWN_BLOCK = 0, 1  # the columns of _position_table
 
@@ -58,18 +60,25 @@ class _Tables:
 _KEPT: "weakref.WeakKeyDictionary[NSACache, dict]" = weakref.WeakKeyDictionary()
 
 
-def decode_step(cache: NSACache, t: int, device: torch.device, *, window: int, local_blocks: int) -> DecodeStep:
-    """The lookups of the next ``t`` tokens of ``cache`` (pages reserved for them first; nothing appended)."""
+def decode_step(cache: NSACache, q: Tensor, k: Tensor, *, window: int, local_blocks: int, theta: float
+                ) -> tuple[DecodeStep, Tensor]:
+    """The lookups of the next ``t`` tokens of ``cache`` (pages reserved for them first; nothing appended) and their
+    queries ``q [T, N1, D]`` and keys ``k [T, N2, D]`` rotated at their positions, ``[T, N1 + N2, D]``: from the
+    :func:`~attnops.nn.rotary.rotary_table` of the cache's capacity (on CUDA, one launch for all of it), or under
+    ``torch.compile`` from angles computed at the positions (a traced graph keeps no table)."""
+    t = q.shape[0] // cache.batch_size
     cache.reserve_for(t)
-    capacity = cache.capacity
-    lengths = cache.lengths_on(device)[:, None]
-    raw = lengths if t == 1 else lengths + _offsets(t, device)
-    positions = torch.minimum(raw, _last_position(capacity, device))
     tables = _tables(cache, window)
-    flat = positions.flatten()
-    return DecodeStep(positions, tables.slots[:, max(window - 1, 0):].gather(1, positions),
-                      tables.compressed.gather(1, positions).flatten(), _ends(capacity, device).take(flat), tables,
-                      window, local_blocks)
+    lengths, offset = cache.lengths_on(q.device), max(window - 1, 0)
+    if torch.compiler.is_compiling():
+        positions, slots, compressed, ends = step_lookups(lengths, t, tables.slots, offset, tables.compressed)
+        qk = torch.cat([q, k], -2)
+        qk = apply_rotary(qk, *rotary_angles(positions.flatten(), q.shape[-1], theta, qk.dtype))
+    else:
+        rope = rotary_table(cache.capacity, q.shape[-1], theta, q.dtype, q.device)
+        positions, slots, compressed, ends, qk = prepare_decode_step(lengths, t, tables.slots, offset,
+                                                                     tables.compressed, rope, q, k)
+    return DecodeStep(positions, slots, compressed, ends, tables, window, local_blocks), qk
 
 
 def window_rows(step: DecodeStep) -> tuple[Tensor, Tensor]:
@@ -82,7 +91,7 @@ def window_rows(step: DecodeStep) -> tuple[Tensor, Tensor]:
     before_start, band = _window_lookup(t, step.window, slots.shape[1], step.positions.device)
     first = step.positions[0, :1]
     if t > 1:  # the chunk's last keys lie within the pages when its first position is (a replay clamps them all)
-        first = torch.minimum(first, _last_position(slots.shape[1] - span + 1, first.device))
+        first = torch.minimum(first, last_position(slots.shape[1] - span + 1, first.device))
     mask = before_start.unfold(0, span, 1).index_select(0, first)
     rows = slots.unfold(1, span, 1).index_select(1, first).flatten(1)
     return rows, mask if band is None else band | mask
@@ -142,24 +151,6 @@ def _version(t: Tensor) -> int | None:
     """``t._version`` (None for an inference tensor, which has no version counter: the cache replaces its block
     table at every page allocation and never writes it, so its identity alone keys the tables then)."""
     return None if t.is_inference() else t._version
-
-
-@device_constant(16)
-def _offsets(t: int, device: torch.device) -> Tensor:
-    """``[1, t]`` int64 ``arange(t)`` (made once per size; read only)."""
-    return torch.arange(t, device=device)[None]
-
-
-@device_constant(16)
-def _last_position(capacity: int, device: torch.device) -> Tensor:
-    """0-dim int64 ``capacity - 1`` on ``device`` (made once per size; read only)."""
-    return torch.full((), capacity - 1, dtype=torch.int64, device=device)
-
-
-@device_constant(16)
-def _ends(capacity: int, device: torch.device) -> Tensor:
-    """``[capacity]`` int64: position + 1 (made once per size; read only)."""
-    return torch.arange(1, capacity + 1, device=device)
 
 
 @device_constant(16)
