@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -48,7 +49,7 @@ class _Tables:
     """``slots [B, window - 1 + capacity]``: the flat page row of position ``x - (window - 1)`` (position 0's for
     the ``window - 1`` leading entries, which the window reads masked); ``compressed [B, capacity]``: the compressed
     row a token at each position fills (``b * rows + ``its block, clamped to the rows); ``masks``: the buffers the
-    compressed-attention masks of a step are written into, by ``(t, rows, n_sel)``."""
+    masks of a step are written into (:func:`_kept`)."""
 
     block_table: Tensor
     version: int | None
@@ -85,16 +86,19 @@ def window_rows(step: DecodeStep) -> tuple[Tensor, Tensor]:
     """``(slots [B, span], mask [t, span])`` of the window branch (``span = window - 1 + t``): the flat page rows of
     the keys from ``window - 1`` before the first new token to the last one, and the mask (True = masked) of the
     keys outside each token's window or before position 0 (rows of strided views of the tables, picked by the first
-    token's position: no arithmetic)."""
+    token's position: no arithmetic; the mask written into a buffer the tables keep, the same tensor at every
+    step)."""
     t = step.positions.shape[1]
     span, slots = step.window - 1 + t, step.tables.slots
     before_start, band = _window_lookup(t, step.window, slots.shape[1], step.positions.device)
     first = step.positions[0, :1]
     if t > 1:  # the chunk's last keys lie within the pages when its first position is (a replay clamps them all)
         first = torch.minimum(first, last_position(slots.shape[1] - span + 1, first.device))
-    mask = before_start.unfold(0, span, 1).index_select(0, first)
+    mask = _kept(step, ("window", t, span), lambda: torch.empty(t, span, dtype=torch.bool, device=first.device))
     rows = slots.unfold(1, span, 1).index_select(1, first).flatten(1)
-    return rows, mask if band is None else band | mask
+    if band is None:
+        return rows, mask.copy_(before_start.unfold(0, span, 1).index_select(0, first))
+    return rows, torch.bitwise_or(band, before_start.unfold(0, span, 1).index_select(0, first), out=mask)
 
 
 def compressed_masks(step: DecodeStep, rows: int, n_sel: int, compress_block: int, compress_stride: int,
@@ -108,18 +112,27 @@ def compressed_masks(step: DecodeStep, rows: int, n_sel: int, compress_block: in
                                           step.local_blocks, device)
     base = _position_table(capacity, select_block, device).index_select(0, step.positions[0])  # [t, 2]
     masks, atten_mask, topk_mask = _mask_buffer(step, base.shape[0], rows, n_sel)
-    torch.take(lookup, base.gather(1, column.expand(base.shape[0], -1)) + offset, out=masks)
+    index = base.gather(1, column.expand(base.shape[0], -1))
+    torch.take(lookup, index.add_(offset), out=masks)
     return atten_mask, topk_mask
 
 
 def _mask_buffer(step: DecodeStep, t: int, rows: int, n_sel: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(buffer [t, rows + n_sel], atten_mask, topk_mask)``: the cache's mask buffer for steps of ``t`` tokens and
     its two views, the same tensors at every step (a call configuration the operator has validated once)."""
-    kept = step.tables.masks
-    if (t, rows, n_sel) not in kept:
+    def make():
         buffer = torch.empty(t, rows + n_sel, dtype=torch.bool, device=step.positions.device)
-        kept[t, rows, n_sel] = (buffer, buffer[:, :rows], buffer[:, rows:])
-    return kept[t, rows, n_sel]
+        return buffer, buffer[:, :rows], buffer[:, rows:]
+    return _kept(step, (t, rows, n_sel), make)
+
+
+def _kept(step: DecodeStep, key: tuple, make: Callable[[], Any]) -> Any:
+    """``make()`` once per ``key`` for the step's tables: mask buffers written at every step, the same tensors at
+    every step, so that the operators reading them validate and plan their calls once."""
+    kept = step.tables.masks
+    if key not in kept:
+        kept[key] = make()
+    return kept[key]
 
 
 def _tables(cache: NSACache, window: int) -> _Tables:
