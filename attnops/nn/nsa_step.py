@@ -21,7 +21,7 @@ from torch import Tensor
 
 from .._core.staging import device_constant
 from ..ops.nsa.layer import block_of
-from ..ops.nsa.step import last_position, prepare_decode_step, step_lookups
+from ..ops.nsa.step import CompressedMasks, last_position, prepare_decode_step, step_lookups
 from .nsa_cache import NSACache
 from .rotary import apply_rotary, rotary_angles, rotary_table
 
@@ -42,6 +42,7 @@ class DecodeStep:
     tables: "_Tables"
     window: int
     local_blocks: int
+    masks_ready: bool = False  # the compressed-attention masks are in the tables' buffer (written by the kernel)
 
 
 @dataclass(frozen=True)
@@ -71,15 +72,29 @@ def decode_step(cache: NSACache, q: Tensor, k: Tensor, *, window: int, local_blo
     cache.reserve_for(t)
     tables = _tables(cache, window)
     lengths, offset = cache.lengths_on(q.device), max(window - 1, 0)
+    ready = False
     if torch.compiler.is_compiling():
         positions, slots, compressed, ends = step_lookups(lengths, t, tables.slots, offset, tables.compressed)
         qk = torch.cat([q, k], -2)
         qk = apply_rotary(qk, *rotary_angles(positions.flatten(), q.shape[-1], theta, qk.dtype))
     else:
         rope = rotary_table(cache.capacity, q.shape[-1], theta, q.dtype, q.device)
-        positions, slots, compressed, ends, qk = prepare_decode_step(lengths, t, tables.slots, offset,
-                                                                     tables.compressed, rope, q, k)
-    return DecodeStep(positions, slots, compressed, ends, tables, window, local_blocks), qk
+        (positions, slots, compressed, ends, qk), ready = prepare_decode_step(
+            lengths, t, tables.slots, offset, tables.compressed, rope, q, k,
+            _masks_to_fill(cache, tables, t, local_blocks, q.device))
+    return DecodeStep(positions, slots, compressed, ends, tables, window, local_blocks, ready), qk
+
+
+def _masks_to_fill(cache: NSACache, tables: "_Tables", t: int, local_blocks: int, device: torch.device
+                   ) -> CompressedMasks | None:
+    """The compressed-attention masks of the step (:func:`compressed_masks`) for the step's kernel to write into the
+    tables' buffer; None for a cache without selection blocks."""
+    if cache.select_block_size is None:
+        return None
+    rows = cache.compressed_rows()
+    n_sel = rows // (cache.select_block_size // cache.compress_stride)
+    return CompressedMasks(_mask_buffer(tables, t, rows, n_sel, device)[0], rows, n_sel, cache.compress_block_size,
+                           cache.compress_stride, cache.select_block_size, local_blocks)
 
 
 def window_rows(step: DecodeStep) -> tuple[Tensor, Tensor]:
@@ -94,7 +109,8 @@ def window_rows(step: DecodeStep) -> tuple[Tensor, Tensor]:
     first = step.positions[0, :1]
     if t > 1:  # the chunk's last keys lie within the pages when its first position is (a replay clamps them all)
         first = torch.minimum(first, last_position(slots.shape[1] - span + 1, first.device))
-    mask = _kept(step, ("window", t, span), lambda: torch.empty(t, span, dtype=torch.bool, device=first.device))
+    mask = _kept(step.tables, ("window", t, span),
+                 lambda: torch.empty(t, span, dtype=torch.bool, device=first.device))
     rows = slots.unfold(1, span, 1).index_select(1, first).flatten(1)
     if band is None:
         return rows, mask.copy_(before_start.unfold(0, span, 1).index_select(0, first))
@@ -106,30 +122,35 @@ def compressed_masks(step: DecodeStep, rows: int, n_sel: int, compress_block: in
     """``(atten_mask [t, rows], topk_mask [t, n_sel])`` of the step's tokens (one set: the rows advance together):
     compressed row ``c`` is masked until complete (``c * stride + block - 1 > position``); the forced selection
     blocks are block 0 and the ``local_blocks`` blocks ending at the token's own (as
-    :func:`~attnops.ops.nsa.compress_attention.forced_blocks`). One gather, one add and one lookup for both."""
-    capacity, device = step.tables.compressed.shape[1], step.positions.device
+    :func:`~attnops.ops.nsa.compress_attention.forced_blocks`). One gather, one add and one lookup for both, or
+    none when the step's kernel wrote them (on CUDA)."""
+    t, device = step.positions.shape[1], step.positions.device
+    masks, atten_mask, topk_mask = _mask_buffer(step.tables, t, rows, n_sel, device)
+    if step.masks_ready:
+        return atten_mask, topk_mask
+    capacity = step.tables.compressed.shape[1]
     column, offset, lookup = _mask_lookup(capacity, rows, n_sel, compress_block, compress_stride, select_block,
                                           step.local_blocks, device)
     base = _position_table(capacity, select_block, device).index_select(0, step.positions[0])  # [t, 2]
-    masks, atten_mask, topk_mask = _mask_buffer(step, base.shape[0], rows, n_sel)
     index = base.gather(1, column.expand(base.shape[0], -1))
     torch.take(lookup, index.add_(offset), out=masks)
     return atten_mask, topk_mask
 
 
-def _mask_buffer(step: DecodeStep, t: int, rows: int, n_sel: int) -> tuple[Tensor, Tensor, Tensor]:
+def _mask_buffer(tables: "_Tables", t: int, rows: int, n_sel: int, device: torch.device
+                 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(buffer [t, rows + n_sel], atten_mask, topk_mask)``: the cache's mask buffer for steps of ``t`` tokens and
     its two views, the same tensors at every step (a call configuration the operator has validated once)."""
     def make():
-        buffer = torch.empty(t, rows + n_sel, dtype=torch.bool, device=step.positions.device)
+        buffer = torch.empty(t, rows + n_sel, dtype=torch.bool, device=device)
         return buffer, buffer[:, :rows], buffer[:, rows:]
-    return _kept(step, (t, rows, n_sel), make)
+    return _kept(tables, (t, rows, n_sel), make)
 
 
-def _kept(step: DecodeStep, key: tuple, make: Callable[[], Any]) -> Any:
-    """``make()`` once per ``key`` for the step's tables: mask buffers written at every step, the same tensors at
-    every step, so that the operators reading them validate and plan their calls once."""
-    kept = step.tables.masks
+def _kept(tables: "_Tables", key: tuple, make: Callable[[], Any]) -> Any:
+    """``make()`` once per ``key`` for ``tables``: mask buffers written at every step, the same tensors at every
+    step, so that the operators reading them validate and plan their calls once."""
+    kept = tables.masks
     if key not in kept:
         kept[key] = make()
     return kept[key]

@@ -6,6 +6,8 @@ the eager ops below, with the same bits.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -13,6 +15,22 @@ from ..._core.dispatch import choose_backend
 from ..._core.staging import device_constant
 from ..._core.triton.support import kernel_input_reason
 from .triton import step_launch
+
+
+@dataclass(frozen=True)
+class CompressedMasks:
+    """The compressed-attention masks a step's kernel writes, for the first sequence's tokens (the rows advance
+    together), into ``out [t, rows + n_sel]`` (bool): ``atten_mask`` columns ``[0, rows)`` (compressed row ``c``
+    masked until complete: ``c * stride + block - 1 > position``), ``topk_mask`` columns after (selection block
+    ``s`` forced when it is block 0 or one of the ``local`` blocks ending at the token's own)."""
+
+    out: Tensor
+    rows: int
+    n_sel: int
+    block: int
+    stride: int
+    select_block: int
+    local: int
 
 
 def step_lookups(lengths: Tensor, t: int, slot_table: Tensor, slot_offset: int, compressed_table: Tensor
@@ -29,16 +47,19 @@ def step_lookups(lengths: Tensor, t: int, slot_table: Tensor, slot_offset: int, 
 
 
 def prepare_decode_step(lengths: Tensor, t: int, slot_table: Tensor, slot_offset: int, compressed_table: Tensor,
-                        rope_table: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """:func:`step_lookups` and ``qk [T, N1 + N2, D]``: ``q [T, N1, D]`` and ``k [T, N2, D]`` rotated by
-    :func:`rotate_by_table` with the rows of ``rope_table [capacity, 2, D]`` at the positions (one Triton launch on
-    CUDA)."""
+                        rope_table: Tensor, q: Tensor, k: Tensor, masks: CompressedMasks | None = None
+                        ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor, Tensor], bool]:
+    """``((*lookups, qk), masks_written)``: :func:`step_lookups` and ``qk [T, N1 + N2, D]``, ``q [T, N1, D]`` and
+    ``k [T, N2, D]`` rotated by :func:`rotate_by_table` with the rows of ``rope_table [capacity, 2, D]`` at the
+    positions; on CUDA in one Triton launch, which also fills ``masks`` (``masks_written``: the caller computes them
+    otherwise)."""
     if not torch.compiler.is_compiling() and choose_backend(
             "auto", q.device, lambda: kernel_input_reason(q, "activations")) == "triton":
-        return step_launch.decode_step(lengths, t, slot_table, slot_offset, compressed_table, rope_table, q, k)
+        return step_launch.decode_step(lengths, t, slot_table, slot_offset, compressed_table, rope_table, q, k,
+                                       masks), masks is not None
     positions, slots, compressed, ends = step_lookups(lengths, t, slot_table, slot_offset, compressed_table)
     qk = rotate_by_table(torch.cat([q, k], -2), rope_table.index_select(0, positions.flatten()))
-    return positions, slots, compressed, ends, qk
+    return (positions, slots, compressed, ends, qk), False
 
 
 def rotate_by_table(x: Tensor, rows: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ from ..compress_attention import build_compress_attention_spec
 from ..decode import CompressSelection
 from ..paged_kv import PagedKV
 from ..selected import build_selected_spec
+from ..step import CompressedMasks
 from . import infer_launch, launch, step_launch
 from .family import KERNELS
 
@@ -95,9 +96,10 @@ def _decode_step(dtype: str, d: int) -> list:
     t, capacity, window = DTYPES[dtype], 4096, 512
     q, k = torch.zeros(2, 16, d, dtype=t), torch.zeros(2, 1, d, dtype=t)
     slots = torch.zeros(2, window - 1 + capacity, dtype=torch.int64)
+    masks = CompressedMasks(torch.zeros(1, 256 + 64, dtype=torch.bool), 256, 64, 32, 16, 64, 2)
     _, launches = step_launch.decode_step_plan(torch.zeros(2, dtype=torch.int64), 1, slots, window - 1,
                                                torch.zeros(2, capacity, dtype=torch.int64),
-                                               torch.zeros(capacity, 2, d, dtype=t), q, k, interpret=False)
+                                               torch.zeros(capacity, 2, d, dtype=t), q, k, masks, interpret=False)
     return [KERNELS.aot_launch(x) for x in launches]
 
 

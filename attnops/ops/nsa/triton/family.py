@@ -31,6 +31,7 @@ DECODE = ("selected_decode_kernel", "compress_decode_kernel", "compress_decode_s
 MERGE = "decode_merge_kernel"
 STEP = "decode_step_kernel"
 STEP_HEADS = 16  # heads per step of the decoding-step preparation (a [16, D] tile of each operand)
+STEP_MASK_COLUMNS = 128  # mask columns per step of the decoding-step preparation
 COMPRESS = ("compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel")
 
 
@@ -157,7 +158,7 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     if launch.kernel == STEP:  # elementwise over [STEP_HEADS, D] tiles: 4 warps, no pipelining
         import triton
 
-        return [triton.Config(dict(BLOCK_H=STEP_HEADS), num_warps=4, num_stages=1)]
+        return [triton.Config(dict(BLOCK_H=STEP_HEADS, BLOCK_C=STEP_MASK_COLUMNS), num_warps=4, num_stages=1)]
     if launch.kernel == "topk_kernel":
         return [_topk_config(launch, named_args, interpret)]
     if launch.kernel == "importance_kernel":

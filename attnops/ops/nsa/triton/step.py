@@ -1,8 +1,8 @@
 """The preparation of one cached NSA decoding step in one launch: each new token's position (its sequence's length
 plus its place in the chunk, clamped into the pages), the lookups indexed by it (page row, compressed row, KV
-length) and RoPE of its query and key heads from the ``[cos, signed sin]`` table, rounded exactly as the eager ops
-(each product rounded to the activations' dtype, then their sum). No allocation here (``step_launch.py`` allocates
-and launches).
+length), RoPE of its query and key heads from the ``[cos, signed sin]`` table, rounded exactly as the eager ops
+(each product rounded to the activations' dtype, then their sum), and with ``MASKS`` the compressed-attention masks
+of the first sequence's tokens. No allocation here (``step_launch.py`` allocates and launches).
 
 One program per token walks its heads ``BLOCK_H`` at a time (query heads, then key heads, into one ``[T, N1 + N2,
 D]`` output). ``EXACT_MUL`` (on a GPU) multiplies by ``mul.rn.f32``, which the compiler never fuses into an FMA with
@@ -21,10 +21,24 @@ def _product(a, b, EXACT_MUL: tl.constexpr):
 
 
 @triton.jit
+def _compressed_masks(out_ptr, pos, rows, n_sel, block, stride, select_block, local, BLOCK_C: tl.constexpr):
+    """One token's ``[rows + n_sel]`` row (uint8, 1 = True): compressed row ``c`` masked until complete (``c * stride
+    + block - 1 > pos``), then selection block ``s`` forced when it is block 0 or one of the ``local`` blocks ending
+    at the token's own."""
+    own = pos // select_block
+    for c0 in range(0, rows + n_sel, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        back = own - (c - rows)  # selection blocks from the token's own back to this one
+        masked = tl.where(c < rows, c * stride + block - 1 > pos, (c == rows) | ((back >= 0) & (back < local)))
+        tl.store(out_ptr + c, masked.to(tl.uint8), mask=c < rows + n_sel)
+
+
+@triton.jit
 def decode_step_kernel(lengths_ptr, slot_ptr, compressed_ptr, rope_ptr, q_ptr, k_ptr, pos_ptr, slots_out_ptr,
-                       compressed_out_ptr, ends_ptr, qk_ptr, t, last, slot_row, slot_offset, compressed_row,
-                       q_row, q_head, k_row, k_head, heads_q, heads,
-                       HALF: tl.constexpr, BLOCK_D: tl.constexpr, EXACT_MUL: tl.constexpr, BLOCK_H: tl.constexpr):
+                       compressed_out_ptr, ends_ptr, qk_ptr, mask_ptr, t, last, slot_row, slot_offset, compressed_row,
+                       q_row, q_head, k_row, k_head, heads_q, heads, mask_row, rows, n_sel, block, stride,
+                       select_block, local, HALF: tl.constexpr, BLOCK_D: tl.constexpr, EXACT_MUL: tl.constexpr,
+                       MASKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     b = row // t
     pos = tl.minimum(tl.load(lengths_ptr + b) + row % t, last)
@@ -32,6 +46,10 @@ def decode_step_kernel(lengths_ptr, slot_ptr, compressed_ptr, rope_ptr, q_ptr, k
     tl.store(slots_out_ptr + row, tl.load(slot_ptr + b * slot_row + slot_offset + pos))
     tl.store(compressed_out_ptr + row, tl.load(compressed_ptr + b * compressed_row + pos))
     tl.store(ends_ptr + row, pos + 1)
+    if MASKS:
+        if row < t:  # the first sequence's tokens (the rows advance together): their compressed-attention masks
+            _compressed_masks(mask_ptr + row * mask_row, pos, rows, n_sel, block, stride, select_block, local,
+                              BLOCK_C)
     d = tl.arange(0, BLOCK_D)
     inside = d < 2 * HALF
     swapped = (d + HALF) % (2 * HALF)
