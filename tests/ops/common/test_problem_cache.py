@@ -4,7 +4,6 @@ layout, makes a new problem holding it), a large one is never kept; a CPU mask, 
 writing it in place is seen by the next call."""
 from __future__ import annotations
 
-
 import torch
 
 from attnops.ops.common import problem as P
