@@ -9,6 +9,8 @@ of gathers instead of dozens of small arithmetic ops. The tables are built on th
 table (no upload, nothing read back), once per page allocation, and kept beside the cache
 (:func:`_tables`: keyed by the identity and version of the block table they read); the position-only ones
 (:func:`_position_table`, :func:`_mask_lookup`, :func:`_window_lookup`) are shared by every cache of the same sizes.
+On CUDA the positions, the per-position lookups, RoPE of q and k and the compressed-attention masks are one Triton
+launch (:func:`attnops.ops.nsa.step.prepare_decode_step`), with the same values as the ops here.
 """
 from __future__ import annotations
 
