@@ -281,6 +281,22 @@ def compressed_mask_key(atten_mask: torch.Tensor, sparse_mode) -> tuple | None:
     return None
 
 
+HELD_MASK_ELEMENTS = 1 << 16  # the largest mask keyed by identity (a cache keeps at most its entries of them)
+
+
+def held_mask_key(atten_mask: torch.Tensor) -> tuple | None:
+    """What a full mask's validation depends on when its values are never read on the host: a small bool mask off
+    the CPU (the spec holds views of it as given, the kernels read it; writing it in place changes nothing on the
+    host): its identity and layout. A cache keyed on it keeps the mask alive with its entry (its identity cannot be
+    reused meanwhile), so only masks of at most ``HELD_MASK_ELEMENTS`` entries qualify (a decoding step's, written
+    into the same buffer at every step), never a large mask made afresh at every training step. None for every other
+    mask (a CPU mask is read; another dtype is converted into a copy)."""
+    if (atten_mask.device.type == "cpu" or atten_mask.dtype != torch.bool
+            or atten_mask.numel() > HELD_MASK_ELEMENTS):
+        return None
+    return id(atten_mask), atten_mask.shape, atten_mask.stride(), atten_mask.storage_offset(), atten_mask.device
+
+
 def _check_compressed(atten_mask: torch.Tensor, rows: int, mode: int) -> None:
     """A compressed mask's shape, and its content when it is on the CPU. The kernels never read a compressed mask
     (the mode defines the band), so reading a device mask back would only cost a synchronisation."""

@@ -13,7 +13,7 @@ from .layer_input import check_layer_input
 from .nsa_cache import NSACache
 from .nsa_decode import cached_sparse_attention, compress_new, compress_pending
 from .nsa_step import decode_step
-from .rotary import apply_rotary, rotary_angles, rotary_table, rotate_by_table
+from .rotary import apply_rotary, rotary_angles
 
 
 class NativeSparseAttention(nn.Module):
@@ -130,9 +130,12 @@ class NativeSparseAttention(nn.Module):
         the completed blocks compressed, the three branches -> ``[B, t, N1, Dv]``."""
         b, t = x.shape[:2]
         cfg = {name: value for name, value in self.config.items() if name != "compress"}
-        step = decode_step(cache, t, x.device, window=cfg["window_size"], local_blocks=cfg["local_blocks"])
-        q, k, v, g = (y.unflatten(0, (b, t)) for y in self._project(x.flatten(0, 1), step.positions.flatten(),
-                                                                    table_length=cache.capacity))
+        flat = x.flatten(0, 1)
+        step, qk = decode_step(cache, self.q_proj(flat).unflatten(-1, (self.num_heads, self.head_dim)),
+                               self.k_proj(flat).unflatten(-1, (self.num_kv_heads, self.head_dim)),
+                               window=cfg["window_size"], local_blocks=cfg["local_blocks"], theta=self.rope_theta)
+        q, k = (y.unflatten(0, (b, t)) for y in (qk[:, :self.num_heads], qk[:, self.num_heads:]))
+        v, g = (y.unflatten(0, (b, t)) for y in self._value_and_gates(flat))
         cache.store(k, v, step.slots)
         weights = (self.config["compress"], self.compress_weight_k, self.compress_weight_v)
         if t == 1:  # a decoding step: compressed on the device from the cache's lengths (capturable)
@@ -141,22 +144,20 @@ class NativeSparseAttention(nn.Module):
             compress_pending(cache, *weights)
         return cached_sparse_attention(cache, q, g, step, **cfg)
 
-    def _project(self, x: Tensor, pos: Tensor, *, table_length: int | None = None):
-        """``x [T, hidden]`` -> q ``[T, N1, D]`` and k rotated at positions ``pos [T]`` (at once; from the
-        :func:`rotary_table` of ``table_length`` positions when given: the same values), v ``[T, N2, D]`` and gates
-        ``[T, N1, 3]``."""
+    def _project(self, x: Tensor, pos: Tensor):
+        """``x [T, hidden]`` -> q ``[T, N1, D]`` and k rotated at positions ``pos [T]`` (at once), v ``[T, N2, D]``
+        and gates ``[T, N1, 3]``."""
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         qk = torch.cat([q, k], -2)
-        if table_length is None or torch.compiler.is_compiling():  # compiled: the angles (a graph keeps no table)
-            qk = apply_rotary(qk, *rotary_angles(pos, self.head_dim, self.rope_theta, qk.dtype))
-        else:
-            table = rotary_table(table_length, self.head_dim, self.rope_theta, qk.dtype, qk.device)
-            qk = rotate_by_table(qk, table.index_select(0, pos))
-        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+        qk = apply_rotary(qk, *rotary_angles(pos, self.head_dim, self.rope_theta, qk.dtype))
+        return (qk[:, :self.num_heads], qk[:, self.num_heads:], *self._value_and_gates(x))
+
+    def _value_and_gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``x [T, hidden]`` -> v ``[T, N2, D]`` and the gates ``[T, N1, 3]``."""
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         g = torch.sigmoid(self.g_proj(x)).unflatten(-1, (self.num_heads, 3))
-        return q, k, v, g
+        return v, g
 
 
 def _packed_offsets(cu_seqlens, tokens: int) -> list[int]:

@@ -9,18 +9,23 @@ of gathers instead of dozens of small arithmetic ops. The tables are built on th
 table (no upload, nothing read back), once per page allocation, and kept beside the cache
 (:func:`_tables`: keyed by the identity and version of the block table they read); the position-only ones
 (:func:`_position_table`, :func:`_mask_lookup`, :func:`_window_lookup`) are shared by every cache of the same sizes.
+On CUDA the positions, the per-position lookups, RoPE of q and k and the compressed-attention masks are one Triton
+launch (:func:`attnops.ops.nsa.step.prepare_decode_step`), with the same values as the ops here.
 """
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from .._core.staging import device_constant
 from ..ops.nsa.layer import block_of
+from ..ops.nsa.step import CompressedMasks, last_position, prepare_decode_step, step_lookups
 from .nsa_cache import NSACache
+from .rotary import apply_rotary, rotary_angles, rotary_table
 
 POSITION, OWN_BLOCK = 0, 1  # the columns of _position_table
 
@@ -39,6 +44,7 @@ class DecodeStep:
     tables: "_Tables"
     window: int
     local_blocks: int
+    masks_ready: bool = False  # the compressed-attention masks are in the tables' buffer (written by the kernel)
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class _Tables:
     """``slots [B, window - 1 + capacity]``: the flat page row of position ``x - (window - 1)`` (position 0's for
     the ``window - 1`` leading entries, which the window reads masked); ``compressed [B, capacity]``: the compressed
     row a token at each position fills (``b * rows + ``its block, clamped to the rows); ``masks``: the buffers the
-    compressed-attention masks of a step are written into, by ``(t, rows, n_sel)``."""
+    masks of a step are written into (:func:`_kept`)."""
 
     block_table: Tensor
     version: int | None
@@ -58,34 +64,59 @@ class _Tables:
 _KEPT: "weakref.WeakKeyDictionary[NSACache, dict]" = weakref.WeakKeyDictionary()
 
 
-def decode_step(cache: NSACache, t: int, device: torch.device, *, window: int, local_blocks: int) -> DecodeStep:
-    """The lookups of the next ``t`` tokens of ``cache`` (pages reserved for them first; nothing appended)."""
+def decode_step(cache: NSACache, q: Tensor, k: Tensor, *, window: int, local_blocks: int, theta: float
+                ) -> tuple[DecodeStep, Tensor]:
+    """The lookups of the next ``t`` tokens of ``cache`` (pages reserved for them first; nothing appended) and their
+    queries ``q [T, N1, D]`` and keys ``k [T, N2, D]`` rotated at their positions, ``[T, N1 + N2, D]``: from the
+    :func:`~attnops.nn.rotary.rotary_table` of the cache's capacity (on CUDA, one launch for all of it), or under
+    ``torch.compile`` from angles computed at the positions (a traced graph keeps no table)."""
+    t = q.shape[0] // cache.batch_size
     cache.reserve_for(t)
-    capacity = cache.capacity
-    lengths = cache.lengths_on(device)[:, None]
-    raw = lengths if t == 1 else lengths + _offsets(t, device)
-    positions = torch.minimum(raw, _last_position(capacity, device))
     tables = _tables(cache, window)
-    flat = positions.flatten()
-    return DecodeStep(positions, tables.slots[:, max(window - 1, 0):].gather(1, positions),
-                      tables.compressed.gather(1, positions).flatten(), _ends(capacity, device).take(flat), tables,
-                      window, local_blocks)
+    lengths, offset = cache.lengths_on(q.device), max(window - 1, 0)
+    ready = False
+    if torch.compiler.is_compiling():
+        positions, slots, compressed, ends = step_lookups(lengths, t, tables.slots, offset, tables.compressed)
+        qk = torch.cat([q, k], -2)
+        qk = apply_rotary(qk, *rotary_angles(positions.flatten(), q.shape[-1], theta, qk.dtype))
+    else:
+        rope = rotary_table(cache.capacity, q.shape[-1], theta, q.dtype, q.device)
+        (positions, slots, compressed, ends, qk), ready = prepare_decode_step(
+            lengths, t, tables.slots, offset, tables.compressed, rope, q, k,
+            _masks_to_fill(cache, tables, t, local_blocks, q.device))
+    return DecodeStep(positions, slots, compressed, ends, tables, window, local_blocks, ready), qk
+
+
+def _masks_to_fill(cache: NSACache, tables: "_Tables", t: int, local_blocks: int, device: torch.device
+                   ) -> CompressedMasks | None:
+    """The compressed-attention masks of the step (:func:`compressed_masks`) for the step's kernel to write into the
+    tables' buffer; None for a cache without selection blocks."""
+    if cache.select_block_size is None:
+        return None
+    rows = cache.compressed_rows()
+    n_sel = rows // (cache.select_block_size // cache.compress_stride)
+    return CompressedMasks(_mask_buffer(tables, t, rows, n_sel, device)[0], rows, n_sel, cache.compress_block_size,
+                           cache.compress_stride, cache.select_block_size, local_blocks)
 
 
 def window_rows(step: DecodeStep) -> tuple[Tensor, Tensor]:
     """``(slots [B, span], mask [t, span])`` of the window branch (``span = window - 1 + t``): the flat page rows of
     the keys from ``window - 1`` before the first new token to the last one, and the mask (True = masked) of the
     keys outside each token's window or before position 0 (rows of strided views of the tables, picked by the first
-    token's position: no arithmetic)."""
+    token's position: no arithmetic; the mask written into a buffer the tables keep, the same tensor at every
+    step)."""
     t = step.positions.shape[1]
     span, slots = step.window - 1 + t, step.tables.slots
     before_start, band = _window_lookup(t, step.window, slots.shape[1], step.positions.device)
     first = step.positions[0, :1]
     if t > 1:  # the chunk's last keys lie within the pages when its first position is (a replay clamps them all)
-        first = torch.minimum(first, _last_position(slots.shape[1] - span + 1, first.device))
-    mask = before_start.unfold(0, span, 1).index_select(0, first)
+        first = torch.minimum(first, last_position(slots.shape[1] - span + 1, first.device))
+    mask = _kept(step.tables, ("window", t, span),
+                 lambda: torch.empty(t, span, dtype=torch.bool, device=first.device))
     rows = slots.unfold(1, span, 1).index_select(1, first).flatten(1)
-    return rows, mask if band is None else band | mask
+    if band is None:
+        return rows, mask.copy_(before_start.unfold(0, span, 1).index_select(0, first))
+    return rows, torch.bitwise_or(band, before_start.unfold(0, span, 1).index_select(0, first), out=mask)
 
 
 def compressed_masks(step: DecodeStep, rows: int, n_sel: int, compress_block: int, compress_stride: int,
@@ -93,24 +124,38 @@ def compressed_masks(step: DecodeStep, rows: int, n_sel: int, compress_block: in
     """``(atten_mask [t, rows], topk_mask [t, n_sel])`` of the step's tokens (one set: the rows advance together):
     compressed row ``c`` is masked until complete (``c * stride + block - 1 > position``); the forced selection
     blocks are block 0 and the ``local_blocks`` blocks ending at the token's own (as
-    :func:`~attnops.ops.nsa.compress_attention.forced_blocks`). One gather, one add and one lookup for both."""
-    capacity, device = step.tables.compressed.shape[1], step.positions.device
+    :func:`~attnops.ops.nsa.compress_attention.forced_blocks`). One gather, one add and one lookup for both, or
+    none when the step's kernel wrote them (on CUDA)."""
+    t, device = step.positions.shape[1], step.positions.device
+    masks, atten_mask, topk_mask = _mask_buffer(step.tables, t, rows, n_sel, device)
+    if step.masks_ready:
+        return atten_mask, topk_mask
+    capacity = step.tables.compressed.shape[1]
     column, offset, lookup = _mask_lookup(capacity, rows, n_sel, compress_block, compress_stride, select_block,
                                           step.local_blocks, device)
     base = _position_table(capacity, select_block, device).index_select(0, step.positions[0])  # [t, 2]
-    masks, atten_mask, topk_mask = _mask_buffer(step, base.shape[0], rows, n_sel)
-    torch.take(lookup, base.gather(1, column.expand(base.shape[0], -1)) + offset, out=masks)
+    index = base.gather(1, column.expand(base.shape[0], -1))
+    torch.take(lookup, index.add_(offset), out=masks)
     return atten_mask, topk_mask
 
 
-def _mask_buffer(step: DecodeStep, t: int, rows: int, n_sel: int) -> tuple[Tensor, Tensor, Tensor]:
+def _mask_buffer(tables: "_Tables", t: int, rows: int, n_sel: int, device: torch.device
+                 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(buffer [t, rows + n_sel], atten_mask, topk_mask)``: the cache's mask buffer for steps of ``t`` tokens and
     its two views, the same tensors at every step (a call configuration the operator has validated once)."""
-    kept = step.tables.masks
-    if (t, rows, n_sel) not in kept:
-        buffer = torch.empty(t, rows + n_sel, dtype=torch.bool, device=step.positions.device)
-        kept[t, rows, n_sel] = (buffer, buffer[:, :rows], buffer[:, rows:])
-    return kept[t, rows, n_sel]
+    def make():
+        buffer = torch.empty(t, rows + n_sel, dtype=torch.bool, device=device)
+        return buffer, buffer[:, :rows], buffer[:, rows:]
+    return _kept(tables, (t, rows, n_sel), make)
+
+
+def _kept(tables: "_Tables", key: tuple, make: Callable[[], Any]) -> Any:
+    """``make()`` once per ``key`` for ``tables``: mask buffers written at every step, the same tensors at every
+    step, so that the operators reading them validate and plan their calls once."""
+    kept = tables.masks
+    if key not in kept:
+        kept[key] = make()
+    return kept[key]
 
 
 def _tables(cache: NSACache, window: int) -> _Tables:
@@ -142,24 +187,6 @@ def _version(t: Tensor) -> int | None:
     """``t._version`` (None for an inference tensor, which has no version counter: the cache replaces its block
     table at every page allocation and never writes it, so its identity alone keys the tables then)."""
     return None if t.is_inference() else t._version
-
-
-@device_constant(16)
-def _offsets(t: int, device: torch.device) -> Tensor:
-    """``[1, t]`` int64 ``arange(t)`` (made once per size; read only)."""
-    return torch.arange(t, device=device)[None]
-
-
-@device_constant(16)
-def _last_position(capacity: int, device: torch.device) -> Tensor:
-    """0-dim int64 ``capacity - 1`` on ``device`` (made once per size; read only)."""
-    return torch.full((), capacity - 1, dtype=torch.int64, device=device)
-
-
-@device_constant(16)
-def _ends(capacity: int, device: torch.device) -> Tensor:
-    """``[capacity]`` int64: position + 1 (made once per size; read only)."""
-    return torch.arange(1, capacity + 1, device=device)
 
 
 @device_constant(16)

@@ -31,7 +31,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 def rotary_table(length: int, d: int, theta: float, dtype: torch.dtype, device: torch.device) -> Tensor:
     """``[length, 2, D]`` in ``dtype``: the angles of :func:`rotary_angles` at positions ``0 .. length - 1``, row
-    ``[cos, sin]`` with the sine's first half negated (:func:`rotate_by_table`); shared by every layer that decodes
+    ``[cos, sin]`` with the sine's first half negated (:func:`attnops.ops.nsa.step.rotate_by_table`); shared by every layer that decodes
     with these sizes (made once per size; read only)."""
     return _table(length, d, theta, dtype, torch.device(device))
 
@@ -42,18 +42,3 @@ def _table(length: int, d: int, theta: float, dtype: torch.dtype, device: torch.
     sign = torch.ones(d, dtype=dtype, device=device)
     sign[:d // 2] = -1
     return torch.cat([cos, sin * sign], 1)
-
-
-def rotate_by_table(x: Tensor, rows: Tensor) -> Tensor:
-    """:func:`apply_rotary` of ``x [T, N, D]`` with ``rows [T, 2, D]`` of :func:`rotary_table`: ``x`` and its halves
-    swapped (one gather) times the cosine and the signed sine (one product, each rounded as ``rotate_half``'s, whose
-    ``cat([-x2, x1]) * sin`` is the swapped halves times the signed sine), then their sum over the pair (one
-    reduction: the same sum of two rounded products), where the angles take seven ops and ``rotate_half`` six."""
-    pairs = x.unflatten(-1, (2, -1)).index_select(-2, _swap_order(x.device)).unflatten(-2, (2, 2)).flatten(-2)
-    return (pairs * rows.unsqueeze(1)).sum(-2)
-
-
-@device_constant(8)
-def _swap_order(device: torch.device) -> Tensor:
-    """``[0, 1, 1, 0]``: the halves of ``x`` then of ``x`` swapped (made once per device; read only)."""
-    return (torch.arange(1, 5, device=device) // 2) % 2

@@ -48,7 +48,7 @@ def test_cached_decoding_reads_nothing_back(max_seq_len):
             m(_x(2, 1), cache=cache)
     steps = [launch.kernel for launch in launches[prefill:]]
     assert prefill and len(steps) == 3 * len(steps[:len(steps) // 3])
-    assert {"selected_decode_kernel", "importance_kernel", "topk_kernel"} <= set(steps)
+    assert {"decode_step_kernel", "selected_decode_kernel", "importance_kernel", "topk_kernel"} <= set(steps)
     assert cache.seq_len == 303 and cache.lengths.device == META and cache.block_table.device == META
     assert cache.compressed_keys.device == META
 

@@ -10,7 +10,8 @@ import torch
 
 from attnops.nn import NativeSparseAttention
 from attnops.nn.nsa_step import _tables, compressed_masks, decode_step, window_rows
-from attnops.nn.rotary import apply_rotary, rotary_angles, rotary_table, rotate_by_table
+from attnops.nn.rotary import apply_rotary, rotary_angles, rotary_table
+from attnops.ops.nsa.step import rotate_by_table
 
 HIDDEN, WINDOW, LOCAL = 16, 6, 2
 
@@ -23,6 +24,12 @@ def _cache(prefill: int, max_seq_len=None):
     with torch.no_grad():
         m(torch.randn(2, prefill, HIDDEN, dtype=torch.float64), cache=cache)
     return cache
+
+
+def _step(cache, t: int):
+    """``decode_step`` of ``t`` new tokens per sequence (queries and keys of zeros: the lookups alone)."""
+    q, k = torch.zeros(2 * t, 4, 8, dtype=torch.float64), torch.zeros(2 * t, 2, 8, dtype=torch.float64)
+    return decode_step(cache, q, k, window=WINDOW, local_blocks=LOCAL, theta=10000.0)[0]
 
 
 def _expected(cache, t: int) -> dict:
@@ -53,7 +60,7 @@ def _expected(cache, t: int) -> dict:
 @pytest.mark.parametrize("prefill,t", [(1, 1), (3, 1), (5, 1), (15, 1), (16, 1), (22, 1), (2, 3), (13, 4)])
 def test_lookups_equal_the_arithmetic(prefill, t):
     cache = _cache(prefill)
-    step = decode_step(cache, t, torch.device("cpu"), window=WINDOW, local_blocks=LOCAL)  # pages reserved first
+    step = _step(cache, t)  # pages reserved first
     want = _expected(cache, t)
     slots, mask = window_rows(step)
     rows = cache.compressed_rows()
@@ -73,17 +80,16 @@ def test_tables_follow_the_block_table():
     with torch.no_grad():
         cache.block_table[:, :2] = cache.block_table[:, :2].flip(1).clone()  # written in place: its version moves
     rebuilt = _tables(cache, WINDOW)
-    assert rebuilt is not first and torch.equal(decode_step(cache, 1, torch.device("cpu"), window=WINDOW,
-                                                            local_blocks=LOCAL).slots, _expected(cache, 1)["slots"])
+    assert rebuilt is not first and torch.equal(_step(cache, 1).slots, _expected(cache, 1)["slots"])
     capacity = cache.capacity
-    decode_step(cache, capacity - cache.seq_len + 1, torch.device("cpu"), window=WINDOW, local_blocks=LOCAL)
+    _step(cache, capacity - cache.seq_len + 1)
     assert cache.capacity > capacity and _tables(cache, WINDOW) is not rebuilt  # pages added: another block table
 
 
 def test_a_replay_past_the_pages_is_clamped_into_them():
     cache = _cache(5, max_seq_len=16)
     cache.lengths.fill_(40)  # as after replays the host did not count
-    step = decode_step(cache, 1, torch.device("cpu"), window=WINDOW, local_blocks=LOCAL)
+    step = _step(cache, 1)
     last = cache.capacity - 1
     assert step.positions.tolist() == [[last], [last]] and step.ends.tolist() == [last + 1] * 2
     slots, _ = window_rows(step)

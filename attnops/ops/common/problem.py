@@ -15,7 +15,7 @@ from ..._core.checks import Described, check_choice, check_scale, check_tensor, 
 from ..._core.dropout import DropoutSpec, build_dropout_spec, check_seed_offset
 from ..._core.layouts import Geometry, normalize_layout, parse_geometry
 from .npu_rounding import NpuRounding
-from ..._core.masks import MaskRule, MaskSpec, build_mask_spec, compressed_mask_key
+from ..._core.masks import MaskRule, MaskSpec, build_mask_spec, compressed_mask_key, held_mask_key
 from ..._core.pse import PseSpec, build_pse_spec, pse_extents
 from ..._core.softmax_stats import SOFTMAX_LAYOUTS
 from ..._core.varlen import (DeviceSeqLens, SeqInfo, check_max_seqlen, device_seq_lens, lengths_from_cumulative,
@@ -63,18 +63,21 @@ _OPTIONS = ("head_num", "layout", "scale", "keep_prob", "pre_tokens", "next_toke
             "max_seqlen_q", "max_seqlen_k", "softcap", "pse_bottom_right")
 _MODE = _OPTIONS.index("sparse_mode")
 _CACHE: OrderedDict[tuple, FAProblem] = OrderedDict()
-_PLAIN = frozenset((int, float, str, type(None)))
+_PLAIN = frozenset((int, float, str, bool, type(None)))
 
 
 def _cache_key(query, key, value, pse, atten_mask, drop_mask, cu_seqlens_q, cu_seqlens_k, options: tuple):
     """The facts a call's problem depends on, when no tensor beyond q/k/v contributes more than its shape, dtype and
-    device (no pse, drop mask or ``cu_seqlens``; no mask or a compressed one that is not read): shapes, dtypes,
+    device (no pse, drop mask or ``cu_seqlens``; no mask, a compressed one that is not read, or a small device bool
+    mask the problem holds as given, by identity: :func:`~attnops._core.masks.held_mask_key`): shapes, dtypes,
     devices and the options with their exact types (lists as tuples). None when the call must be built afresh."""
     if pse is not None or drop_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
         return None
     mask = None
     if atten_mask is not None:
-        mask = compressed_mask_key(atten_mask, options[_MODE]) if isinstance(atten_mask, torch.Tensor) else None
+        if not isinstance(atten_mask, torch.Tensor):
+            return None
+        mask = compressed_mask_key(atten_mask, options[_MODE]) or held_mask_key(atten_mask)
         if mask is None:
             return None
     types = tuple(map(type, options))
@@ -113,7 +116,7 @@ def build_problem(query, key, value, *, head_num: int, layout: str, scale: float
                            offset=offset, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                            **dict(zip(_OPTIONS, options)))
         if cache_key is not None:
-            _CACHE[cache_key] = p
+            _CACHE[cache_key] = p  # a mask keyed by identity is one the problem holds: alive, its identity not reused
             if len(_CACHE) > CACHE_ENTRIES:
                 _CACHE.popitem(last=False)
         return p

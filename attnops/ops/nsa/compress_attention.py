@@ -16,7 +16,7 @@ either rule) is the position of every sequence's first query row: row ``r`` is a
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,6 +42,7 @@ class CompressAttentionSpec:
     topk_mask: torch.Tensor | None
     local_blocks: int | None = None  # the forced-block rule (:func:`forced_blocks`) in place of a topk_mask
     position_offset: int = 0  # the position of each sequence's first query row (the rules' positions)
+    plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # launchers' derived launches
 
     @property
     def m(self) -> int:

@@ -3,7 +3,8 @@ compiles, from the launchers' own plans, fp16/bf16/fp32 x head dims 128 and 192/
 backward (GQA group 16, select blocks of 64), compression forward and backward (blocks of 32, stride 16),
 compressed attention (the FlashAttention forward with the NSA causal rule or an explicit mask, then the score and
 top-k kernels) and
-the paged decode kernels (compression into a cache included)."""
+the paged decode kernels (compression into a cache included), and the decoding step's preparation (positions,
+lookups and RoPE) at head dims 64 and 128."""
 from __future__ import annotations
 
 import torch
@@ -16,7 +17,8 @@ from ..compress_attention import build_compress_attention_spec
 from ..decode import CompressSelection
 from ..paged_kv import PagedKV
 from ..selected import build_selected_spec
-from . import infer_launch, launch
+from ..step import CompressedMasks
+from . import infer_launch, launch, step_launch
 from .family import KERNELS
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -89,7 +91,21 @@ def _decode(dtype: str, d: int, dv: int) -> list:
     return [KERNELS.aot_launch(x) for x in sel + whole + cmp + cache]
 
 
+def _decode_step(dtype: str, d: int) -> list:
+    """The decoding-step preparation of two sequences (16 query heads, 1 KV head) over a 4096-position cache."""
+    t, capacity, window = DTYPES[dtype], 4096, 512
+    q, k = torch.zeros(2, 16, d, dtype=t), torch.zeros(2, 1, d, dtype=t)
+    slots = torch.zeros(2, window - 1 + capacity, dtype=torch.int64)
+    masks = CompressedMasks(torch.zeros(1, 256 + 64, dtype=torch.bool), 256, 64, 32, 16, 64, 2)
+    _, launches = step_launch.decode_step_plan(torch.zeros(2, dtype=torch.int64), 1, slots, window - 1,
+                                               torch.zeros(2, capacity, dtype=torch.int64),
+                                               torch.zeros(capacity, 2, d, dtype=t), q, k, masks, interpret=False)
+    return [KERNELS.aot_launch(x) for x in launches]
+
+
 for _dtype in DTYPES:
+    for _d in (64, 128):
+        register_aot("nsa", f"decode-step-{_dtype}-d{_d}", lambda dtype=_dtype, d=_d: _decode_step(dtype, d))
     for _d, _dv in SELECTED_HEAD_DIMS:
         register_aot("nsa", f"selected-{_dtype}-d{_d}-dv{_dv}",
                      lambda dtype=_dtype, d=_d, dv=_dv: _selected(dtype, d, dv))

@@ -29,6 +29,9 @@ SPLIT_DKDV_ROWS = 16
 SELECTED = ("selected_fwd_kernel", "selected_dq_kernel", "selected_dkdv_kernel", "selected_dkdv_reduce_kernel")
 DECODE = ("selected_decode_kernel", "compress_decode_kernel", "compress_decode_score_kernel")
 MERGE = "decode_merge_kernel"
+STEP = "decode_step_kernel"
+STEP_HEADS = 16  # heads per step of the decoding-step preparation (a [16, D] tile of each operand)
+STEP_MASK_COLUMNS = 128  # mask columns per step of the decoding-step preparation
 COMPRESS = ("compress_fwd_kernel", "compress_dx_kernel", "compress_dw_kernel")
 
 
@@ -152,6 +155,10 @@ def _topk_config(launch: Launch, named_args: dict, interpret: bool):
 
 def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
     """The one configuration of ``launch``."""
+    if launch.kernel == STEP:  # elementwise over [STEP_HEADS, D] tiles: 4 warps, no pipelining
+        import triton
+
+        return [triton.Config(dict(BLOCK_H=STEP_HEADS, BLOCK_C=STEP_MASK_COLUMNS), num_warps=4, num_stages=1)]
     if launch.kernel == "topk_kernel":
         return [_topk_config(launch, named_args, interpret)]
     if launch.kernel == "importance_kernel":
@@ -167,4 +174,4 @@ def _tile_configs(launch: Launch, named_args: dict, interpret: bool) -> list:
 
 KERNELS = KernelFamily("nsa", ("attnops.ops.nsa.triton.selected", "attnops.ops.nsa.triton.compress",
                                "attnops.ops.nsa.triton.compress_attention", "attnops.ops.nsa.triton.decode",
-                               "attnops.ops.nsa.triton.topk"), _tile_configs)
+                               "attnops.ops.nsa.triton.topk", "attnops.ops.nsa.triton.step"), _tile_configs)

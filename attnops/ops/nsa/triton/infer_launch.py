@@ -55,21 +55,28 @@ def importance_plan(spec: CompressAttentionSpec, query, key, softmax_max, softma
     if sel_max == 0:
         return (scores, topk), [topk_launch]
     qv, kv = fa_args.token_view(query, fa, g.n1), fa_args.token_view(key, fa, g.n2)
-    dummy = torch.empty(1, dtype=torch.uint8, device=device)
-    mask, mask_flags = fa_args.mask_args(fa, device, dummy)
-    forced = dummy if spec.topk_mask is None else unit_last_stride(spec.topk_mask).view(torch.uint8)
-    sel = staging.cached_upload(("nsa.sel_lens", spec.sel_lens), lambda: list(spec.sel_lens), torch.int64, device)
-    sel_tiles = cdiv(sel_max, SCORE_BLOCK_K)
-    row_blocks = cdiv(seq.max_q, importance_tiles(query.dtype, interpret)[0])
-    grid, bh_fold, fold = pair_grid(row_blocks * sel_tiles, seq.batch, g.n2)
-    launch = Launch("importance_kernel", grid,
-                    (qv, kv, softmax_max, softmax_sum, scores, fa_args.batch_meta(fa, device), sel,
-                     qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1), fa_args.stats_geometry(fa)[2],
-                     scores.stride(0), scores.stride(1), *mask, forced, forced.stride(0) if forced.dim() == 2 else 0,
-                     spec.local_blocks or 0, spec.position_offset, spec.select_block, fa.scale, g.n2, g.group, g.d, spec.m, spec.nn,
-                     sel_tiles, seq.batch, bh_fold),
-                    dict(BLOCK_D=pow2(g.d), **precision_flags(query.dtype, interpret), **mask_flags,
-                         FORCED=_forced_kind(spec), **fold))
+
+    def build() -> tuple:
+        dummy = torch.empty(1, dtype=torch.uint8, device=device)
+        mask, mask_flags = fa_args.mask_args(fa, device, dummy)
+        forced = dummy if spec.topk_mask is None else unit_last_stride(spec.topk_mask).view(torch.uint8)
+        sel = staging.cached_upload(("nsa.sel_lens", spec.sel_lens), lambda: list(spec.sel_lens), torch.int64, device)
+        sel_tiles = cdiv(sel_max, SCORE_BLOCK_K)
+        row_blocks = cdiv(seq.max_q, importance_tiles(query.dtype, interpret)[0])
+        grid, bh_fold, fold = pair_grid(row_blocks * sel_tiles, seq.batch, g.n2)
+        return grid, (fa_args.batch_meta(fa, device), sel, qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1),
+                      fa_args.stats_geometry(fa)[2], scores.stride(0), scores.stride(1), *mask, forced,
+                      forced.stride(0) if forced.dim() == 2 else 0, spec.local_blocks or 0, spec.position_offset,
+                      spec.select_block, fa.scale, g.n2, g.group, g.d, spec.m, spec.nn, sel_tiles, seq.batch,
+                      bh_fold), dict(BLOCK_D=pow2(g.d), **precision_flags(query.dtype, interpret), **mask_flags,
+                                     FORCED=_forced_kind(spec), **fold)
+
+    # the launch but for the call's own tensors, once per spec (memoized per call configuration) and strides
+    plan_key = (interpret, qv.stride(), kv.stride())
+    if plan_key not in spec.plans:
+        spec.plans[plan_key] = build()
+    grid, rest, kwargs = spec.plans[plan_key]
+    launch = Launch("importance_kernel", grid, (qv, kv, softmax_max, softmax_sum, scores, *rest), kwargs)
     return (scores, topk), [launch, topk_launch]
 
 
