@@ -58,7 +58,8 @@ def entry_count(idx_row, count, limit, sbs):
 def _code_values(codes, QUANT: tl.constexpr):
     """fp32 values of loaded codes: int8 as is; fp8 e4m3fn bytes (loaded as uint8) decoded by their bits, exact and
     the same on GPUs without fp8 conversions: sign, exponent and mantissa moved into an fp16's places (its exponent
-    bias 15 instead of 7, subnormals included), times 2^8; the two NaN codes NaN."""
+    bias 15 instead of 7, subnormals included), times 2^8; the two NaN codes (the only ones whose fp16 reads +-1.875)
+    NaN."""
     if QUANT == 1:
         return codes.to(tl.float32)
     bits = codes.to(tl.int16)
