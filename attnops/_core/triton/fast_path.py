@@ -61,8 +61,8 @@ RULES = (
                   "4 words with a 1024-wide top-k through a block table under sm_80's "
                   "128-register cap at 8 warps, as the DSA indexer's"),
                  ("dsa", "indexer-", "indexer_topk_kernel", ("sm_80",),
-                  "4-6 words with a 2048-wide top-k under sm_80's 128-register cap at 8 warps (its one configuration; "
-                  "4 warps would spill on sm_90 instead)"),
+                  "2-6 words with a 2048-wide top-k under sm_80's 128-register cap (16-bit inputs at 8 warps, its one "
+                  "configuration: 4 warps would spill on sm_90 instead; fp32 at 16 warps, paged)"),
                  ("dsa", "backward", "sparse_attention_dq_kernel", ("sm_80",),
                   "62 words for 16-bit inputs, the 64 x 256 fp32 dQ accumulator beside mma.sync's register operands; "
                   "the tiles are sm_90's (wgmma)"))),

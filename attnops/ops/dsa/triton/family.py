@@ -18,11 +18,13 @@ INTERPRET_VALUE_TILE = 32
 SPLIT_PROGRAMS, SPLIT_POSITIONS = 264, 256
 INTERPRET_SPLIT_PROGRAMS, INTERPRET_SPLIT_POSITIONS = 8, 8
 INDEXER_KEYS, FP32_INDEXER_KEYS = 64, 16  # keys per indexer product on a GPU (16-bit inputs, fp32)
+# warps per indexer program (16-bit inputs, fp32): fp32 products run on the CUDA cores with the query tile in
+# registers; at 8 warps its paged form spills 4 words on sm_90 (Triton 3.9), at 16 none there
+INDEXER_WARPS, FP32_INDEXER_WARPS = 8, 16
 MAX_HEAD_TILE = 64  # query heads per sparse-attention program on a GPU (the M of its products)
 # gathered rows per sparse-attention step on a GPU: 32 for a dense 16-bit cache, 16 through a block table (3 stages
 # from a plain 16-bit cache, 1 for fp32), for a quantized cache (dequantization registers) and for fp32; the
-# compiler's figures (python -m attnops aot --filter dsa): no spills that way, except the quantized cache's, which
-# spills at either size
+# compiler's figures (python -m attnops aot --filter dsa): no spills that way
 WIDE_ATTENTION_KEYS = 32
 ATTENTION_KEYS = 16
 # the backward on a GPU: dQ holds BACKWARD_HEADS heads x the whole latent (its fp32 accumulator) against
@@ -115,7 +117,8 @@ def _config(launch: Launch, named_args: dict, interpret: bool):
     if launch.kernel == "indexer_topk_kernel":
         keys = INDEXER_KEYS if dtype.itemsize == 2 else FP32_INDEXER_KEYS
         tiles = dict(BLOCK_N=keys, BLOCK_K=topk_tile(named_args["count"], interpret))
-        return triton.Config(tiles, num_warps=8, num_stages=2)
+        return triton.Config(tiles, num_warps=INDEXER_WARPS if dtype.itemsize == 2 else FP32_INDEXER_WARPS,
+                             num_stages=2)
     paged = launch.kwargs["KV_MODE"] == 2
     dense = not paged and not launch.kwargs["QUANT"] and dtype.itemsize == 2
     if dtype.itemsize == 4:

@@ -193,7 +193,7 @@ def attention_plan(g: Geometry, query, query_rope, cache: LatentCache, sparse_in
             *_idx_strides(idx, g.q_packed), *_token_strides(out, g.q_packed), *lens_strides,
             g.s1, g.s2, g.n_batch, heads, d, rope_d, dv, -(-dv // block_dv), splits, g.page, g.n_pages,
             idx.shape[-1], sparse_block_size, float(scale))
-    reuse = cache.value is None and block_dv >= dv  # the value tile is the latent tile
+    reuse = cache.value is None and not cache.quant and block_dv >= dv  # the value tile is the latent tile
     finish = dict(HAS_SINKS=sinks is not None, RETURN_LSE=return_lse, BLOCK_H=block_h, BLOCK_DV=block_dv)
     launches = [Launch("sparse_attention_kernel", (rows, batches, tiles * splits), args,
                        dict(**g.constexprs(causal), HAS_ROPE=kr is not None, V_IS_K=reuse, QUANT=cache.quant,

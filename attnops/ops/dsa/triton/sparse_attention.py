@@ -15,7 +15,9 @@ below ``min(Lkv, L_i)`` (``L_i = Lkv - Lq + i + 1`` in sparse mode 3); a repeate
 
 ``QUANT`` (1: int8 codes, 2: fp8 e4m3fn codes, read as bytes and decoded by their bits): the latent rows are the 512 codes of a packed row, dequantized in
 the kernel with the row's four fp32 per-128-column scales and rounded to the query dtype (the reference's order);
-the rope rows and the scales are the same bytes viewed as the query dtype and fp32 (host views, no copies).
+the rope rows and the scales are the same bytes viewed as the query dtype and fp32 (host views, no copies). The
+codes are dequantized a chunk at a time, never a whole row: the scores accumulate over ``SCORE_CHUNK``-column
+products (the query heads held as as many tiles), the output in one accumulator per ``VALUE_CHUNK`` columns.
 
 Decode with few programs (one token per request, 2 x 2 head/column tiles) splits each row's entries over ``splits``
 programs (axis 2 counts splits too), which store their unnormalised partials in fp32; ``sparse_attention_merge_kernel``
@@ -34,6 +36,10 @@ from ...common.triton.split_merge import merge_splits, split_offset
 from ...common.triton.token_rows import head_rows, key_rows, kv_range, load_rows, query_row
 
 SCALE_TILE: tl.constexpr = tl.constexpr(128)  # latent columns per dequantization scale
+# quantized cache: latent columns dequantized per score product and per value product (each inside one scale's
+# columns); the widths with no register spills on sm_80 / sm_90 (python -m attnops aot --filter cache)
+SCORE_CHUNK: tl.constexpr = tl.constexpr(32)
+VALUE_CHUNK: tl.constexpr = tl.constexpr(64)
 
 
 @triton.jit
@@ -50,43 +56,82 @@ def entry_count(idx_row, count, limit, sbs):
 
 @triton.jit
 def _code_values(codes, QUANT: tl.constexpr):
-    """fp32 values of loaded codes: int8 as is; fp8 e4m3fn bytes (loaded as uint8) decoded by their bits (sign,
-    4 exponent bits with bias 7, 3 mantissa bits; exact, and the same on GPUs without fp8 conversions)."""
+    """fp32 values of loaded codes: int8 as is; fp8 e4m3fn bytes (loaded as uint8) decoded by their bits, exact and
+    the same on GPUs without fp8 conversions: sign, exponent and mantissa moved into an fp16's places (its exponent
+    bias 15 instead of 7, subnormals included), times 2^8; the two NaN codes (the only ones whose fp16 reads +-1.875)
+    NaN."""
     if QUANT == 1:
         return codes.to(tl.float32)
-    bits = codes.to(tl.int32)
-    exponent = (bits >> 3) & 0xF
-    mantissa = (bits & 7).to(tl.float32)
-    magnitude = tl.where(exponent == 0, mantissa * 0.001953125,  # subnormal: m * 2^-9
-                         (mantissa + 8.0) * tl.exp2((exponent - 10).to(tl.float32)))
-    magnitude = tl.where((exponent == 15) & (mantissa == 7.0), float("nan"), magnitude)
-    return tl.where(bits >= 128, -magnitude, magnitude)
+    bits = codes.to(tl.int16)
+    half = ((bits + (bits & 0x80)) << 7).to(tl.float16, bitcast=True).to(tl.float32)
+    return tl.where(tl.abs(half) == 1.875, float("nan"), half * 256.0)
 
 
 @triton.jit
 def _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D: tl.constexpr,
                  QUANT: tl.constexpr, UPCAST: tl.constexpr, col0=0):
     """The ``[BLOCK_N, BLOCK_D]`` latent rows (their columns from ``col0``, ``head_d`` of them), dequantized
-    (``QUANT``) and rounded to the query ``dtype``."""
+    (``QUANT``: a tile inside one scale's columns) and rounded to the query ``dtype``."""
     rows = load_rows(k_ptr, outer, inner, ok, k_s0, k_s1, head_d, BLOCK_D)
     if QUANT:
         base = outer * ks_s0 + inner * ks_s1 + col0 // SCALE_TILE
-        if BLOCK_D >= SCALE_TILE:  # one scale per 128 columns, broadcast by a reshape
-            t = tl.arange(0, BLOCK_D // SCALE_TILE)
-            scale = tl.load(ks_ptr + base[:, None] + t[None, :], mask=ok[:, None], other=0.0)
-            tiles = tl.reshape(_code_values(rows, QUANT), [rows.shape[0], BLOCK_D // SCALE_TILE, SCALE_TILE])
-            rows = tl.reshape(tiles * scale[:, :, None], [rows.shape[0], BLOCK_D]).to(dtype)
-        else:  # a tile inside one scale's columns (the interpreter's narrow tiles)
-            rows = (_code_values(rows, QUANT) * tl.load(ks_ptr + base, mask=ok, other=0.0)[:, None]).to(dtype)
+        scale = tl.load(ks_ptr + base, mask=ok, other=0.0)[:, None]
+        rows = (_code_values(rows, QUANT) * scale).to(dtype)
     return upcast(rows, UPCAST)
 
 
 @triton.jit
-def _value_rows(v_ptr, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, dv0, head_dv, dtype,
-                BLOCK_DV: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr):
-    """Columns ``dv0 .. dv0 + BLOCK_DV`` of the value rows (the latent rows' when quantized)."""
-    return _latent_rows(v_ptr + dv0, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, head_dv - dv0, dtype,
-                        BLOCK_DV, QUANT, UPCAST, dv0)
+def _query_chunks(q_ptr, b, token, head0, heads, q_sb, q_st, q_sh, head_d, BLOCK_H: tl.constexpr,
+                  CHUNKS: tl.constexpr, UPCAST: tl.constexpr):
+    """The latent query heads ``head0 ..`` as a tuple of ``CHUNKS`` ``[BLOCK_H, SCORE_CHUNK]`` tiles."""
+    chunks = ()
+    for c in tl.static_range(CHUNKS):
+        chunks = chunks + (upcast(head_rows(q_ptr + c * SCORE_CHUNK, b, token, head0, heads, q_sb, q_st, q_sh,
+                                            head_d - c * SCORE_CHUNK, BLOCK_H, SCORE_CHUNK), UPCAST),)
+    return chunks
+
+
+@triton.jit
+def _dequantized_scores(q, k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype,
+                        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
+                        PRECISION: tl.constexpr):
+    """``q k^T`` of the query chunks ``q`` (:func:`_query_chunks`) against the quantized latent rows, a chunk at a
+    time: each ``[BLOCK_N, SCORE_CHUNK]`` tile dequantized and its product accumulated (registers for one tile, not
+    for the whole row)."""
+    s = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
+    for c in tl.static_range(len(q)):
+        k = _latent_rows(k_ptr + c * SCORE_CHUNK, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1,
+                         head_d - c * SCORE_CHUNK, dtype, SCORE_CHUNK, QUANT, UPCAST, c * SCORE_CHUNK)
+        s = tl.dot(q[c], tl.trans(k), s, input_precision=PRECISION)
+    return s
+
+
+@triton.jit
+def _value_accumulators(BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr, QUANT: tl.constexpr):
+    """The fp32 output accumulators of ``BLOCK_DV`` columns, a tuple: one ``[BLOCK_H, BLOCK_DV]`` tile, or when
+    quantized one per ``VALUE_CHUNK`` columns (:func:`_accumulate_values` dequantizes a value chunk at a time)."""
+    if QUANT and BLOCK_DV > VALUE_CHUNK:
+        accs = ()
+        for c in tl.static_range(BLOCK_DV // VALUE_CHUNK):
+            accs = accs + (tl.zeros([BLOCK_H, VALUE_CHUNK], tl.float32),)
+    else:
+        accs = (tl.zeros([BLOCK_H, BLOCK_DV], tl.float32),)
+    return accs
+
+
+@triton.jit
+def _accumulate_values(accs, p, alpha, v_ptr, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, dv0, head_dv, dtype,
+                       QUANT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """The accumulators ``accs`` (:func:`_value_accumulators`, columns from ``dv0``) rescaled by ``alpha`` plus
+    ``p`` times their value rows (the latent rows' when quantized)."""
+    width: tl.constexpr = accs[0].shape[1]
+    out = ()
+    for c in tl.static_range(len(accs)):
+        col0 = dv0 + c * width
+        v = _latent_rows(v_ptr + col0, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, head_dv - col0, dtype,
+                         width, QUANT, UPCAST, col0)
+        out = out + (tl.dot(p.to(v.dtype), v, accs[c] * alpha[:, None], input_precision=PRECISION),)
+    return out
 
 
 @triton.jit
@@ -142,7 +187,11 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
     head0 = (tile // dv_tiles) * BLOCK_H
     dv0 = (tile % dv_tiles) * BLOCK_DV
     dtype = q_ptr.dtype.element_ty
-    q = upcast(head_rows(q_ptr, b, token, head0, heads, q_sb, q_st, q_sh, head_d, BLOCK_H, BLOCK_D), UPCAST)
+    if QUANT:
+        q = _query_chunks(q_ptr, b, token, head0, heads, q_sb, q_st, q_sh, head_d, BLOCK_H, BLOCK_D // SCORE_CHUNK,
+                          UPCAST)
+    else:
+        q = upcast(head_rows(q_ptr, b, token, head0, heads, q_sb, q_st, q_sh, head_d, BLOCK_H, BLOCK_D), UPCAST)
     if HAS_ROPE:
         q_rope = upcast(head_rows(qr_ptr, b, token, head0, heads, qr_sb, qr_st, qr_sh, rope_d, BLOCK_H, BLOCK_R),
                         UPCAST)
@@ -153,7 +202,7 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
     hi = tl.minimum(n_pos, lo + chunk)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    accs = _value_accumulators(BLOCK_H, BLOCK_DV, QUANT)
     seen = tl.full([], 0, tl.int1)  # the row (every head) kept a key, whatever its score
     for f0 in range(lo, hi, BLOCK_N):
         f = f0 + tl.arange(0, BLOCK_N)
@@ -162,9 +211,13 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
         ok = (f < hi) & (entry >= 0) & (pos < limit)
         outer, inner, ok = key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE)
         seen = seen | (tl.max(ok.to(tl.int32), 0) > 0)
-        k = _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D, QUANT,
-                         UPCAST)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if QUANT:
+            s = _dequantized_scores(q, k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype,
+                                    BLOCK_H, BLOCK_N, QUANT, UPCAST, PRECISION)
+        else:
+            k = _latent_rows(k_ptr, ks_ptr, outer, inner, ok, k_s0, k_s1, ks_s0, ks_s1, head_d, dtype, BLOCK_D,
+                             QUANT, UPCAST)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if HAS_ROPE:
             k_rope = upcast(load_rows(kr_ptr, outer, inner, ok, kr_s0, kr_s1, rope_d, BLOCK_R), UPCAST)
             s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision=PRECISION)
@@ -175,27 +228,29 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
         p = tl.exp2((s - shift[:, None]) * LOG2E)
         l_i = l_i * alpha + tl.sum(p, 1)
         if V_IS_K:
-            v = k
+            accs = (tl.dot(p.to(k.dtype), k, accs[0] * alpha[:, None], input_precision=PRECISION),)
         else:
-            v = _value_rows(v_ptr, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, dv0, head_dv, dtype,
-                            BLOCK_DV, QUANT, UPCAST)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+            accs = _accumulate_values(accs, p, alpha, v_ptr, ks_ptr, outer, inner, ok, v_s0, v_s1, ks_s0, ks_s1, dv0,
+                                      head_dv, dtype, QUANT, UPCAST, PRECISION)
         m_i = m_new
     m_i = tl.where(seen & (m_i == float("-inf")) & (l_i == 0), FLT_LOWEST, m_i)  # see _finish
     r = token
     if not Q_PACKED:
         r += b.to(tl.int64) * s1
+    width: tl.constexpr = accs[0].shape[1]
+    h = head0 + tl.arange(0, BLOCK_H)
     if SPLIT:  # the split's unnormalised partials: (max, sum) per head, acc per head and column
-        h = head0 + tl.arange(0, BLOCK_H)
-        dv = dv0 + tl.arange(0, BLOCK_DV)
         at = split_offset(r, h, split, splits, heads)
         tl.store(smax_ptr + at, m_i, mask=h < heads)
         tl.store(ssum_ptr + at, l_i, mask=h < heads)
-        tl.store(part_ptr + at[:, None] * head_dv + dv[None, :], acc,
-                 mask=(h[:, None] < heads) & (dv[None, :] < head_dv))
-    else:
-        _finish(acc, m_i, l_i, r, b, token, head0, dv0, o_ptr, smax_ptr, ssum_ptr, sink_ptr, o_sb, o_st, o_sh, heads,
-                head_dv, HAS_SINKS, RETURN_LSE, BLOCK_H, BLOCK_DV)
+    for c in tl.static_range(len(accs)):
+        if SPLIT:
+            dv = dv0 + c * width + tl.arange(0, width)
+            tl.store(part_ptr + at[:, None] * head_dv + dv[None, :], accs[c],
+                     mask=(h[:, None] < heads) & (dv[None, :] < head_dv))
+        else:
+            _finish(accs[c], m_i, l_i, r, b, token, head0, dv0 + c * width, o_ptr, smax_ptr, ssum_ptr, sink_ptr, o_sb,
+                    o_st, o_sh, heads, head_dv, HAS_SINKS, RETURN_LSE and c == 0, BLOCK_H, width)
 
 
 @triton.jit
