@@ -1,8 +1,8 @@
 """The bf16 x bf16 -> fp32 GEMM of the CPU attention engine (``cpu_kernels/gemm_bf16.cpp``): products against fp64
 ones of the same operands (odd sizes, register-tile and panel tails, strided operands, both layouts of B, alpha,
-accumulation, non-finite values), argument checks, the dS formed in the dP GEMM's registers, the choice of the bf16
-products (only where the build and the CPU have AVX512-BF16), and the FlashAttention engine on its bf16 and fp32
-products against the fp64 golden."""
+accumulation, non-finite values), argument checks, the dS formed in the dP GEMM's registers, the operands'
+transpose, the choice of the bf16 products (only where the build and the CPU have AVX512-BF16), and the
+FlashAttention engine on its bf16 and fp32 products against the fp64 golden."""
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -123,6 +123,21 @@ def test_score_gradient(m, n, k, unit_zero):
     with pytest.raises(ValueError, match=r"bf16 GEMM \(dS\): .* 0 < K <= 256"):
         a, b = _operands(m, n, 257, True, seed=0)
         bf16_gemm.grad_gemm_(torch.empty(m, n, dtype=BF16), a, b, p, delta, unit_zero)
+
+
+
+@needs_gemm
+@pytest.mark.parametrize("rows, cols", [(1, 1), (5, 70), (33, 16), (512, 64)])
+def test_transpose(rows, cols):
+    """The blocked transpose of the dK/dV GEMMs' operands: every element moved (block tails, strided rows), the
+    columns beside the output untouched, bad shapes refused."""
+    x = torch.randn(rows, cols + 3).to(BF16)[:, 1:1 + cols]
+    store = torch.full((cols, rows + 4), 9.0, dtype=BF16)
+    bf16_gemm.transpose_(store[:, 2:2 + rows], x)
+    assert torch.equal(store[:, 2:2 + rows], x.t())
+    assert bool((store[:, :2] == 9.0).all() and (store[:, 2 + rows:] == 9.0).all())
+    with pytest.raises(ValueError, match="bf16 transpose: .* expected x"):
+        bf16_gemm.transpose_(torch.empty(cols + 1, rows, dtype=BF16), x)
 
 
 def _cpu_flags() -> set[str]:
