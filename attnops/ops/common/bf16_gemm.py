@@ -1,6 +1,7 @@
 """The bf16 x bf16 -> fp32 GEMM of the chunked CPU attention engine (``cpu_kernels/gemm_bf16.cpp``, in the library
 of the decode kernel), for CPUs with AVX512-BF16: exact products of bf16 pairs summed in fp32, many times the speed
-of PyTorch's fp32 GEMM of the same operands (``docs/performance.md``).
+of PyTorch's fp32 GEMM of the same operands (``docs/performance.md``); with it the backward's dS formed in the dP
+GEMM's registers (:func:`grad_gemm_`) and a blocked transpose of bf16 operands (:func:`transpose_`).
 
 :func:`bf16_gemm` says whether a call may use it: the library is built for and runs on a CPU with AVX512-BF16
 (the library checks both, at build time and with ``cpuid``), the tensors are on the CPU, nothing is being traced.
