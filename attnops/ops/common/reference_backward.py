@@ -258,21 +258,27 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                         p_op = mm.operand("p", p_v if p.rounding is None else p.rounding.grid(p_v))
                     mm.add_nn_(tv[:, tcols], dot_t, p_op)
                     vc = v[c0:c1]
-                    dp = mm.nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
                     plain = plain and peaked is None and t is None and cap_grad is None
-                    ds_op = mm.rounded_tile("ds", r1 - r0, c1 - c0) if plain else None
-                    if fused and drop is None and peaked is None:
-                        grad_(prob, dp, delta, bb.unit_rows, ds_op)  # dS = P (dP - D), in place of P (0 where P == 1)
-                        ds = prob
-                    else:
-                        if drop is not None:
-                            dp.mul_(drop)
-                        dp.sub_(delta)
-                        if peaked:
-                            _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
-                        if bb.unit_rows:  # P == 1: the row's only key, D = dP exactly and dS = 0 (as autograd's)
-                            dp.masked_fill_(prob == 1.0, 0.0)
-                        ds = prob.mul_(dp)
+                    # bf16 products: dS of a plain tile straight from the dP GEMM's registers, as the path below
+                    # rounds it (no fp32 dP and dS tiles)
+                    ds_op = mm.grad_operand("ds", dot, vc, prob, delta, bb.unit_rows) if plain else None
+                    dp = ds = None
+                    if ds_op is None:
+                        dp = mm.nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
+                        ds_op = mm.rounded_tile("ds", r1 - r0, c1 - c0) if plain else None
+                        if fused and drop is None and peaked is None:
+                            # dS = P (dP - D), in place of P (0 where P == 1)
+                            grad_(prob, dp, delta, bb.unit_rows, ds_op)
+                            ds = prob
+                        else:
+                            if drop is not None:
+                                dp.mul_(drop)
+                            dp.sub_(delta)
+                            if peaked:
+                                _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
+                            if bb.unit_rows:  # P == 1: the row's only key, D = dP exactly and dS = 0 (autograd's)
+                                dp.masked_fill_(prob == 1.0, 0.0)
+                            ds = prob.mul_(dp)
                     if masked is not None:
                         ds.masked_fill_(masked, 0.0)
                     if t is not None:

@@ -18,7 +18,7 @@ import torch
 
 from ..._core.gemm import add_mm_nt_, mm_nt
 from ..._core.workspace import Buffers
-from .bf16_gemm import bf16_gemm, gemm_
+from .bf16_gemm import GRAD_MAX_K, bf16_gemm, gemm_, grad_gemm_, transpose_
 from .problem import FAProblem
 from .reference_tiles import Keys, compute_dtype, stage_rows
 
@@ -63,6 +63,11 @@ class WideProducts:
         """None: the fused softmax passes need not write a bf16 copy of their tiles (see :class:`Bf16Products`)."""
         return None
 
+    def grad_operand(self, name: str, dy: torch.Tensor, v: torch.Tensor, prob: torch.Tensor, delta: torch.Tensor,
+                     unit_zero: bool) -> None:
+        """None: the engine forms dP and dS as tiles (see :class:`Bf16Products`)."""
+        return None
+
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` (a new tensor, or ``out``)."""
         return mm_nt(x, w, out=out)
@@ -95,7 +100,7 @@ class Bf16Products:
         return stage_rows(self.buf, name, x, scale)
 
     def transposed(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        return self.buf.get(name, x.shape[1], x.shape[0]).copy_(x.t())
+        return transpose_(self.buf.get(name, x.shape[1], x.shape[0]), x)
 
     def operand(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """An fp32 tile (P, dS) rounded to bf16 (to nearest even) in workspace ``name``."""
@@ -105,6 +110,15 @@ class Bf16Products:
         """A bf16 workspace for the fused softmax passes to write their fp32 tile into, rounded, while its rows are
         in the caches: the tile's operand without :meth:`operand`'s extra sweep."""
         return self.buf.get(name, rows, cols)
+
+    def grad_operand(self, name: str, dy: torch.Tensor, v: torch.Tensor, prob: torch.Tensor, delta: torch.Tensor,
+                     unit_zero: bool) -> torch.Tensor | None:
+        """The operand dS of a tile (workspace ``name``, bf16) formed in the dP GEMM's registers
+        (:func:`.bf16_gemm.grad_gemm_`): ``P * (dy V^T - D)``, 0 where ``unit_zero`` and ``P == 1``; None where the
+        head dim is longer than that GEMM takes."""
+        if dy.shape[1] > GRAD_MAX_K:
+            return None
+        return grad_gemm_(self.buf.get(name, *prob.shape), dy, v, prob, delta, unit_zero)
 
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return gemm_(out, x, w, b_nt=True)

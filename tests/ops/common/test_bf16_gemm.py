@@ -1,7 +1,8 @@
 """The bf16 x bf16 -> fp32 GEMM of the CPU attention engine (``cpu_kernels/gemm_bf16.cpp``): products against fp64
 ones of the same operands (odd sizes, register-tile and panel tails, strided operands, both layouts of B, alpha,
-accumulation, non-finite values), argument checks, the choice of the bf16 products (only where the build and the
-CPU have AVX512-BF16), and the FlashAttention engine on its bf16 and fp32 products against the fp64 golden."""
+accumulation, non-finite values), argument checks, the dS formed in the dP GEMM's registers, the operands'
+transpose, the choice of the bf16 products (only where the build and the CPU have AVX512-BF16), and the
+FlashAttention engine on its bf16 and fp32 products against the fp64 golden."""
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import attnops
-from attnops.ops.common import bf16_gemm, cpu_kernels, tile_products
+from attnops.ops.common import bf16_gemm, cpu_kernels, fused_softmax, tile_products
 from attnops.ops.common import reference_tiles as tiling
 from tests.helpers import TRIU2048, check_fa, make_qkv
 
@@ -98,6 +99,45 @@ def test_argument_checks():
     for out, a_, b_, nt in bad:
         with pytest.raises(ValueError, match="bf16 GEMM: .* expected a"):
             bf16_gemm.gemm_(out, a_, b_, b_nt=nt)
+
+
+
+@needs_gemm
+@pytest.mark.parametrize("unit_zero", [False, True])
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (7, 70, 33), (13, 130, 64), (19, 17, 256)])
+def test_score_gradient(m, n, k, unit_zero):
+    """dS from the dP GEMM's registers equals, bit for bit, the dP GEMM followed by the fused softmax's dS pass and
+    its bf16 copy (strided tiles; entries with P == 1, zeroed under unit_zero; register-tile and panel tails)."""
+    a, b = _operands(m, n, k, True, seed=m + n + k, pad=3)
+    g = torch.Generator().manual_seed(k)
+    p = torch.rand(m, n + 2, generator=g)[:, 1:1 + n]
+    p[::3, ::4] = 1.0
+    delta = torch.randn(m, 1, generator=g)
+    ds16 = torch.full((m, n + 4), 5.0, dtype=BF16)
+    bf16_gemm.grad_gemm_(ds16[:, 2:2 + n], a, b, p, delta, unit_zero)
+    dp = bf16_gemm.gemm_(torch.empty(m, n), a, b, b_nt=True)
+    expected = torch.empty(m, n, dtype=BF16)
+    fused_softmax.grad_(p.clone(), dp, delta, unit_zero, expected)
+    assert torch.equal(ds16[:, 2:2 + n], expected)
+    assert bool((ds16[:, :2] == 5.0).all() and (ds16[:, 2 + n:] == 5.0).all())
+    with pytest.raises(ValueError, match=r"bf16 GEMM \(dS\): .* 0 < K <= 256"):
+        a, b = _operands(m, n, 257, True, seed=0)
+        bf16_gemm.grad_gemm_(torch.empty(m, n, dtype=BF16), a, b, p, delta, unit_zero)
+
+
+
+@needs_gemm
+@pytest.mark.parametrize("rows, cols", [(1, 1), (5, 70), (33, 16), (512, 64)])
+def test_transpose(rows, cols):
+    """The blocked transpose of the dK/dV GEMMs' operands: every element moved (block tails, strided rows), the
+    columns beside the output untouched, bad shapes refused."""
+    x = torch.randn(rows, cols + 3).to(BF16)[:, 1:1 + cols]
+    store = torch.full((cols, rows + 4), 9.0, dtype=BF16)
+    bf16_gemm.transpose_(store[:, 2:2 + rows], x)
+    assert torch.equal(store[:, 2:2 + rows], x.t())
+    assert bool((store[:, :2] == 9.0).all() and (store[:, 2 + rows:] == 9.0).all())
+    with pytest.raises(ValueError, match="bf16 transpose: .* expected x"):
+        bf16_gemm.transpose_(torch.empty(cols + 1, rows, dtype=BF16), x)
 
 
 def _cpu_flags() -> set[str]:

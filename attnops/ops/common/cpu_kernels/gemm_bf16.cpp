@@ -1,6 +1,8 @@
 // bf16 x bf16 -> fp32 GEMM for the chunked CPU attention engine (ops/common/bf16_products.py) on CPUs with
 // AVX512-BF16: C = alpha * A B (+ C), A [m, k] row-major (row stride lda), B either [n, k] ("nt": B's rows are C's
 // columns, as keys in Q K^T) or [k, n] ("nn": B's rows run along the reduction, as values in P V), C fp32 [m, n].
+// attnops_bf16_gemm_grad is the backward's dP GEMM with dS = P (dP - D) formed in its registers and written rounded
+// to bf16 (no fp32 dP or dS tile); attnops_transpose16 transposes the dK/dV GEMMs' bf16 operands.
 //
 // vdpbf16ps multiplies pairs of bf16 exactly and adds them to fp32 lanes: the products are those of an fp32 GEMM
 // on the widened operands; only the order of the fp32 sums differs, and denormal inputs and results are flushed
@@ -69,11 +71,10 @@ void pack_nn(const uint16_t* b, int64_t ldb, int64_t n, int64_t k0, int64_t k1, 
   }
 }
 
-// C[0:R, 0:cols] (+)= alpha * A[0:R, k0:k1] panel; add: C holds earlier sums (or the caller's C) to add to.
+// acc = A[0:R, k0:k1] panel: the register tile's sums, k pairs in order.
 template <int R>
-void tile(const uint16_t* a, int64_t lda, int64_t k0, int64_t k1, const uint32_t* panel, float* c, int64_t ldc,
-          int64_t cols, float alpha, bool add) {
-  __m512 acc[R][NV];
+inline void products(const uint16_t* a, int64_t lda, int64_t k0, int64_t k1, const uint32_t* panel,
+                     __m512 (&acc)[R][NV]) {
   for (int i = 0; i < R; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
   const int64_t full = (k1 - k0) / 2;
@@ -94,11 +95,21 @@ void tile(const uint16_t* a, int64_t lda, int64_t k0, int64_t k1, const uint32_t
         acc[i][v] = _mm512_dpbf16_ps(acc[i][v], av, (__m512bh)_mm512_loadu_si512(bp + 16 * v));
     }
   }
+}
+
+inline __mmask16 lanes(int64_t valid) { return valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1u); }
+
+// C[0:R, 0:cols] (+)= alpha * A[0:R, k0:k1] panel; add: C holds earlier sums (or the caller's C) to add to.
+template <int R>
+void tile(const uint16_t* a, int64_t lda, int64_t k0, int64_t k1, const uint32_t* panel, float* c, int64_t ldc,
+          int64_t cols, float alpha, bool add) {
+  __m512 acc[R][NV];
+  products<R>(a, lda, k0, k1, panel, acc);
   const __m512 va = _mm512_set1_ps(alpha);
   for (int v = 0; v < NV; ++v) {
     const int64_t valid = cols - 16 * v;
     if (valid <= 0) break;
-    const __mmask16 mask = valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1u);
+    const __mmask16 mask = lanes(valid);
     for (int i = 0; i < R; ++i) {
       float* dst = c + i * ldc + 16 * v;
       __m512 r = _mm512_mul_ps(acc[i][v], va);
@@ -107,6 +118,33 @@ void tile(const uint16_t* a, int64_t lda, int64_t k0, int64_t k1, const uint32_t
     }
   }
 }
+
+// The score gradient of rows [0, R) and columns [0, cols) of a panel, from dP = A[0:R, 0:k] panel (one reduction
+// block): ds16 = bf16(P * (dP - delta)) (0 where unit_zero and P == 1), the formula and rounding of
+// attnops_softmax_grad with its bf16 copy (softmax.cpp) on the dP that attnops_bf16_gemm would write.
+template <int R>
+void grad_tile(const uint16_t* a, int64_t lda, int64_t k, const uint32_t* panel, const float* p, int64_t ldp,
+               const float* delta, bool unit_zero, uint16_t* ds16, int64_t ld16, int64_t cols) {
+  __m512 acc[R][NV];
+  products<R>(a, lda, 0, k, panel, acc);
+  for (int v = 0; v < NV; ++v) {
+    const int64_t valid = cols - 16 * v;
+    if (valid <= 0) break;
+    const __mmask16 mask = lanes(valid);
+    for (int i = 0; i < R; ++i) {
+      const __m512 pv = _mm512_maskz_loadu_ps(mask, p + i * ldp + 16 * v);
+      __m512 ds = _mm512_mul_ps(pv, _mm512_sub_ps(acc[i][v], _mm512_set1_ps(delta[i])));
+      if (unit_zero) ds = _mm512_mask_mov_ps(ds, _mm512_cmp_ps_mask(pv, _mm512_set1_ps(1.0f), _CMP_EQ_OQ),
+                                             _mm512_setzero_ps());
+      _mm256_mask_storeu_epi16(ds16 + i * ld16 + 16 * v, mask, (__m256i)_mm512_cvtneps_pbh(ds));
+    }
+  }
+}
+
+using GradFn = void (*)(const uint16_t*, int64_t, int64_t, const uint32_t*, const float*, int64_t, const float*, bool,
+                        uint16_t*, int64_t, int64_t);
+constexpr GradFn kGradTiles[MR + 1] = {nullptr,      grad_tile<1>, grad_tile<2>, grad_tile<3>,
+                                       grad_tile<4>, grad_tile<5>, grad_tile<6>};
 
 using TileFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const uint32_t*, float*, int64_t, int64_t, float,
                         bool);
@@ -162,6 +200,52 @@ int attnops_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_
 #else
   (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)b_nt, (void)c, (void)ldc, (void)alpha,
       (void)accumulate;
+  return 1;
+#endif
+}
+
+// dst [cols, rows] (row stride ldd) = src [rows, cols] (row stride lds) transposed, for 16-bit elements (bf16
+// operands): in 16 x 16 blocks, each read and written while in L1 (PyTorch's strided copy of a transposed bf16
+// operand runs about ten times slower). Available on every CPU. Returns 0.
+int attnops_transpose16(int64_t rows, int64_t cols, const uint16_t* src, int64_t lds, uint16_t* dst, int64_t ldd) {
+  constexpr int64_t B = 16;
+  for (int64_t i0 = 0; i0 < rows; i0 += B) {
+    const int64_t i1 = i0 + B < rows ? i0 + B : rows;
+    for (int64_t j0 = 0; j0 < cols; j0 += B) {
+      const int64_t j1 = j0 + B < cols ? j0 + B : cols;
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t i = i0; i < i1; ++i) dst[j * ldd + i] = src[i * lds + j];
+    }
+  }
+  return 0;
+}
+
+// The backward's score gradient rounded for its products, without an fp32 dP or dS tile: ds16 [m, n] (bf16, row
+// stride ld16) = P * (A B^T - delta), 0 where unit_zero and P == 1; A [m, k] (dy rows), B [n, k] (values), P [m, n]
+// fp32 (row stride ldp), delta [m]. Returns 0; 1 where the GEMM is not available; 2 for k > 256 (more than one
+// reduction block: call attnops_bf16_gemm and attnops_softmax_grad).
+int attnops_bf16_gemm_grad(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
+                           int64_t ldb, const float* p, int64_t ldp, const float* delta, int unit_zero, uint16_t* ds16,
+                           int64_t ld16) {
+#if ATTNOPS_BF16_GEMM
+  if (!cpu_has_bf16()) return 1;
+  if (k > KC || k == 0) return 2;
+  thread_local std::vector<uint32_t> packed;
+  const int64_t panels = (n + NR - 1) / NR, pairs = (k + 1) / 2;
+  packed.resize(static_cast<size_t>(panels * pairs * NR));
+  pack_nt(b, ldb, n, 0, k, packed.data());
+  for (int64_t q = 0; q < panels; ++q) {
+    const int64_t cols = n - q * NR < NR ? n - q * NR : NR;
+    for (int64_t i = 0; i < m; i += MR) {
+      const int64_t rows = m - i < MR ? m - i : MR;
+      kGradTiles[rows](a + i * lda, lda, k, packed.data() + q * pairs * NR, p + i * ldp + q * NR, ldp, delta + i,
+                       unit_zero != 0, ds16 + i * ld16 + q * NR, ld16, cols);
+    }
+  }
+  return 0;
+#else
+  (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)p, (void)ldp, (void)delta, (void)unit_zero,
+      (void)ds16, (void)ld16;
   return 1;
 #endif
 }
