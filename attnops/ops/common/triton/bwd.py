@@ -130,10 +130,9 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
     ``DPSE_FULL`` also writes the score gradient (the gradient of a full ``[.., Sq, Skv]`` pse) into the fp32
     ``[B, N1, R, C]`` buffer, ``DPSE_ROW`` its column sums (of a row-broadcast ``[.., 1, Skv]`` pse) into the fp32
     ``[B, N1, 1, C]`` buffer. ``SOFTCAP``: scores capped by ``softcap * tanh``, whose derivative scales dS after the
-    pse gradient (the pse is added after the cap). ``GRAD_PARTS`` > 1 (no pse gradient): axis 0 holds
-    ``GRAD_PARTS`` programs per key block ``j`` (``j * GRAD_PARTS + part``), each computing the scores and dS over the
-    whole head dims but dK, dV and dQ only for its ``part`` of the head-dim columns: accumulators of
-    ``1 / GRAD_PARTS`` the size, so that 64-key blocks (wgmma) fit the registers at head dims above 128."""
+    pse gradient (the pse is added after the cap). ``GRAD_PARTS`` > 1 (no pse gradient): programs
+    ``j * GRAD_PARTS + part`` of axis 0 compute S and dS over the whole head dims but dK, dV and dQ for their ``part``
+    of the head-dim columns only (smaller accumulators: 64-key blocks fit the registers above D=128)."""
     tl.static_assert(GRAD_PARTS == 1 or not (DPSE_FULL or DPSE_ROW))
     pid_j = tl.program_id(0) // GRAD_PARTS
     part = tl.program_id(0) % GRAD_PARTS
@@ -180,9 +179,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
             do_tile = upcast(tl.load(do_head + tok[:, None] * do_st + dv[None, :],
                                      mask=row_ok & (dv[None, :] < head_dv), other=0.0), UPCAST)
             if GRAD_PARTS == 1:
-                k_grad = k_tile
-                q_grad = q_tile
-                do_grad = do_tile
+                k_grad, q_grad, do_grad = k_tile, q_tile, do_tile
             else:  # this part's columns (K's reloaded per step: a copy held in registers would spill)
                 k_grad = upcast(tl.load(k_head + kv_rows[:, None] * k_st + gk[None, :],
                                         mask=col_ok & (gk[None, :] < head_d), other=0.0), UPCAST)
