@@ -19,11 +19,11 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # and the forward's 64-row tiles with every feature do not fit the registers with D = Dv = 256. The backward above
 # D=128 takes 32-key blocks (mma.sync but the dQ product) in the pass of GPUs before sm_90 (no dQ in it); the pass
 # with dQ in it splits its head-dim columns instead (``_SPLIT_GRAD_TILES``: 64-key blocks unsplit spill 4 words at
-# D=192/Dv=128 with Triton 3.9, 10 with 3.6, 40-134 at D=256). The fp32 pass (dQ in it) steps 16 query rows over 32 keys, 16 keys
-# above D=128: 32 x 32 spilled 2 words at D=128 and 16 x 32 4 words at D=256 on sm_90 with Triton 3.9 (with
-# per-element features 32 x 32 stays: 16 x 32 spills 6 words with 3.6). The fp32 forward at D <= 128 takes 16 x 16
-# tiles: 16 x 32 spilled 2-4 words in NSA's compressed attention (its causal-block rule) under ptxas's 80-register
-# choice at 8 warps (sm_90 with Triton 3.6 in two stages, sm_80 with 3.9 in one).
+# D=192/Dv=128 with Triton 3.9, 10 with 3.6, 40-134 at D=256). The fp32 pass (dQ in it) steps 16 query rows over 32
+# keys, 16 keys above D=128: 32 x 32 spilled 2 words at D=128 and 16 x 32 4 words at D=256 on sm_90 with Triton 3.9
+# (with per-element features 32 x 32 stays: 16 x 32 spills 6 words with 3.6). The fp32 forward at D <= 128 takes
+# 16 x 16 tiles: 16 x 32 spilled 2-4 words in NSA's compressed attention (its causal-block rule) under ptxas's
+# 80-register choice at 8 warps (sm_90 with Triton 3.6 in two stages, sm_80 with 3.9 in one).
 WIDEST = 2
 _TILES = {
     ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
