@@ -69,8 +69,8 @@ _FEATURE_TILES_BEFORE_TRITON_3_7 = {("bwd", 2, False): [(16, 64, 8, 1), (16, 64,
 # of dK, dV and dQ in two programs per key block (``GRAD_PARTS``, :func:`grad_parts`), whose 64-key blocks (wgmma)
 # fit the registers: 16 query rows x 64 keys, 8 warps. Without the split any 64-key block spills (40-134 words at
 # D=256); split in two, two stages spill none with Triton 3.9 (254 registers at D=256 and at D=192/Dv=128) but 8
-# words with 3.6, one stage none with 3.6 and 4-34 with 3.9, 32 query rows 8-30 words. With a pse, an explicit
-# mask or dropout the split 64-key blocks still spill (30-82 words; 20-26 in four parts): no split there.
+# words with 3.6, one stage none with 3.6 and 4-34 with 3.9, 32 query rows up to 30 words. With a pse, an explicit
+# mask or dropout the split 64-key blocks spill with one of the two Tritons (4-82 words; 20-60 in four parts).
 _SPLIT_GRAD_TILES = {("bwd", 2, True): [(16, 64, 8, 2), (16, 64, 8, 1)],
                      ("bwd", 2, WIDEST): [(16, 64, 8, 2), (16, 64, 8, 1)]}
 _SPLIT_GRAD_TILES_BEFORE_TRITON_3_7 = {key: [(16, 64, 8, 1), (16, 64, 8, 2)] for key in _SPLIT_GRAD_TILES}
