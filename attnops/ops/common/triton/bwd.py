@@ -112,6 +112,17 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
 
 
 @triton.jit
+def _part_columns(BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, GRAD_PARTS: tl.constexpr):
+    """``(j, dK columns, dV columns)`` of this program of the dK/dV pass: its key block and its part's head-dim
+    columns (all of them, and ``j`` the program itself, when ``GRAD_PARTS`` is 1)."""
+    if GRAD_PARTS == 1:
+        return tl.program_id(0), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    part = tl.program_id(0) % GRAD_PARTS
+    return (tl.program_id(0) // GRAD_PARTS, part * (BLOCK_D // GRAD_PARTS) + tl.arange(0, BLOCK_D // GRAD_PARTS),
+            part * (BLOCK_DV // GRAD_PARTS) + tl.arange(0, BLOCK_DV // GRAD_PARTS))
+
+
+@triton.jit
 def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr, smax_ptr, ssum_ptr, meta_ptr,
                 q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh,
                 dq_sb, dq_st, dq_sh, dq_part, dk_sb, dk_st, dk_sh, dk_part, dv_sb, dv_st, dv_sh, dv_part,
@@ -134,8 +145,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
     ``j * GRAD_PARTS + part`` of axis 0 compute S and dS over the whole head dims but dK, dV and dQ for their ``part``
     of the head-dim columns only (smaller accumulators: 64-key blocks fit the registers above D=128)."""
     tl.static_assert(GRAD_PARTS == 1 or not (DPSE_FULL or DPSE_ROW))
-    pid_j = tl.program_id(0) // GRAD_PARTS
-    part = tl.program_id(0) % GRAD_PARTS
+    pid_j, gk, gv = _part_columns(BLOCK_D, BLOCK_DV, GRAD_PARTS)
     b, h = program_batch_head(n1, bh_fold, FOLD)
     if FOLD:
         if b >= batch:
@@ -145,8 +155,6 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
     hk = h // group
     dk = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    gk = part * (BLOCK_D // GRAD_PARTS) + tl.arange(0, BLOCK_D // GRAD_PARTS)  # this program's gradient columns
-    gv = part * (BLOCK_DV // GRAD_PARTS) + tl.arange(0, BLOCK_DV // GRAD_PARTS)
     q_base = meta(meta_ptr, b, Q_START)
     kv_base = meta(meta_ptr, b, KV_START)
     q_head = q_ptr + b.to(tl.int64) * q_sb + tl.cast(h, tl.int64) * q_sh
