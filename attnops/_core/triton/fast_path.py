@@ -45,12 +45,13 @@ RULES = (
           "dsv4-compressor": ("compressor_project_kernel",), "dsv4-indexer-v2": ("indexer_v2_kernel",),
           "dsv4": ("sparse_flash_mla_kernel", "sparse_flash_mla_split_kernel")},
          lambda r: r["ptx"]["mma_sync"] == 0 and r["ptx"]["wgmma"] > 0, "wgmma > 0 and mma.sync = 0",
-         exempt=(("flash_attention", "d256", "*", ("sm_90",),
-                  "D=Dv=256: 64-key backward blocks and 64-row forward tiles with every feature spill; the backward "
-                  "takes 32x32 tiles, that forward 32x16"),
-                 ("flash_attention", "d192-dv128", "dkdv_kernel", ("sm_90",),
-                  "D=192/Dv=128: 64-key backward blocks spill (4-10 words; 118 with every feature), the pass takes "
-                  "32x32 tiles (16x16 with features)"))),
+         exempt=(("flash_attention", "d256-mask-pse-dropout", "*", ("sm_90",),
+                  "D=Dv=256 with every per-element feature: 64-row forward tiles spill 8 words and 64-key backward "
+                  "blocks 14-82 with the head dim split in two, 20-60 in four (Triton 3.9 or 3.6); the forward "
+                  "takes 32x16 tiles, the backward 16x16"),
+                 ("flash_attention", "d192-dv128-mask-pse-dropout", "dkdv_kernel", ("sm_90",),
+                  "D=192/Dv=128 with every per-element feature: 64-key backward blocks spill (118 words; 4-44 with "
+                  "the head dim split in two), the pass takes 16x16 tiles"))),
     Rule("vector loads", ("sm_90", "sm_80"), HALF_DTYPES,
          {"fused_infer_attention": ("split_kernel",), "nsa": ("selected_*", "compress_*"),
           "dsv4": ("sparse_flash_mla_kernel", "sparse_flash_mla_split_kernel")},

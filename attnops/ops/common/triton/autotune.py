@@ -17,12 +17,13 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # fp32 dots are IEEE (FMA, no tensor cores): their operands take twice the bytes, hence fewer, smaller tiles. The
 # third width class, ``WIDEST`` (:func:`_class_key`): the backward's 64-key blocks of D <= 192 / Dv <= 128 (wgmma)
 # and the forward's 64-row tiles with every feature do not fit the registers with D = Dv = 256. The backward above
-# D=128 takes 32-key blocks (mma.sync but the dQ product): 64-key blocks (wgmma) spill 4 words at D=192/Dv=128
-# (Triton 3.9; 10 with 3.6), 32-key blocks none. The fp32 pass (dQ in it) steps 16 query rows over 32 keys, 16 keys
-# above D=128: 32 x 32 spilled 2 words at D=128 and 16 x 32 4 words at D=256 on sm_90 with Triton 3.9 (with
-# per-element features 32 x 32 stays: 16 x 32 spills 6 words with 3.6). The fp32 forward at D <= 128 takes 16 x 16
-# tiles: 16 x 32 spilled 2-4 words in NSA's compressed attention (its causal-block rule) under ptxas's 80-register
-# choice at 8 warps (sm_90 with Triton 3.6 in two stages, sm_80 with 3.9 in one).
+# D=128 takes 32-key blocks (mma.sync but the dQ product) in the pass of GPUs before sm_90 (no dQ in it); the pass
+# with dQ in it splits its head-dim columns instead (``_SPLIT_GRAD_TILES``: 64-key blocks unsplit spill 4 words at
+# D=192/Dv=128 with Triton 3.9, 10 with 3.6, 40-134 at D=256). The fp32 pass (dQ in it) steps 16 query rows over 32
+# keys, 16 keys above D=128: 32 x 32 spilled 2 words at D=128 and 16 x 32 4 words at D=256 on sm_90 with Triton 3.9
+# (with per-element features 32 x 32 stays: 16 x 32 spills 6 words with 3.6). The fp32 forward at D <= 128 takes
+# 16 x 16 tiles: 16 x 32 spilled 2-4 words in NSA's compressed attention (its causal-block rule) under ptxas's
+# 80-register choice at 8 warps (sm_90 with Triton 3.6 in two stages, sm_80 with 3.9 in one).
 WIDEST = 2
 _TILES = {
     ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
@@ -64,6 +65,16 @@ _SPLIT_FEATURE_TILES = {("bwd", 2, False): [(16, 32, 8, 2), (32, 32, 8, 2)]}
 # on sm_90 with 3.6, one stage none (one stage spills 18 with 3.9, two none). Under Triton before 3.7 (3.6 is what the
 # GPU machines carry; 3.7 and 3.8 were not compiled) these replace the ``_FEATURE_TILES`` entries.
 _FEATURE_TILES_BEFORE_TRITON_3_7 = {("bwd", 2, False): [(16, 64, 8, 1), (16, 64, 8, 2)]}
+# The dK/dV pass with dQ in it (sm_90) above D=128 without per-element features, 16-bit inputs: the head-dim columns
+# of dK, dV and dQ in two programs per key block (``GRAD_PARTS``, :func:`grad_parts`), whose 64-key blocks (wgmma)
+# fit the registers: 16 query rows x 64 keys, 8 warps. Without the split any 64-key block spills (40-134 words at
+# D=256); split in two, two stages spill none with Triton 3.9 (254 registers at D=256 and at D=192/Dv=128) but 8
+# words with 3.6, one stage none with 3.6 and 4-34 with 3.9, 32 query rows up to 30 words. With a pse, an explicit
+# mask or dropout the split 64-key blocks spill with one of the two Tritons (4-82 words; 20-60 in four parts).
+_SPLIT_GRAD_TILES = {("bwd", 2, True): [(16, 64, 8, 2), (16, 64, 8, 1)],
+                     ("bwd", 2, WIDEST): [(16, 64, 8, 2), (16, 64, 8, 1)]}
+_SPLIT_GRAD_TILES_BEFORE_TRITON_3_7 = {key: [(16, 64, 8, 1), (16, 64, 8, 2)] for key in _SPLIT_GRAD_TILES}
+SPLIT_GRAD_PARTS = 2
 PREPROCESS_ELEMENTS = 64 * 128  # rows x Dv of one preprocess program: two fp32 tiles within the register file
 PREPARE_BATCHES = 256  # batches per step of the prepare kernel (one program)
 TAIL_BLOCK, TAIL_PROGRAMS = 1024, 1024  # elements per step and programs of the tail and grad-sum kernels (grid-stride)
@@ -89,7 +100,8 @@ def _kind(kernel_name: str) -> str:
 @functools.cache
 def _configs(kind: str) -> tuple:
     """Every candidate of a kernel kind (the autotuner's list; :func:`_prune` keeps those of the problem's class)."""
-    tiles = {t: None for table in (_TILES, _feature_tiles(), _SPLIT_FEATURE_TILES) for key, ts in table.items()
+    tiles = {t: None for table in (_TILES, _feature_tiles(), _SPLIT_FEATURE_TILES, _split_grad_tiles())
+             for key, ts in table.items()
              if key[0] == kind for t in ts}
     return tuple(_config(t, _zero_dq_partials if kind == "bwd" else None) for t in tiles)
 
@@ -104,11 +116,27 @@ def _class_key(kind: str, named_args: dict) -> tuple:
     return kind, named_args["q_ptr"].element_size(), width
 
 
+def per_element_features(constexprs: dict) -> bool:
+    """Whether a pse, an explicit mask or dropout adds per-element tiles (registers and shared memory)."""
+    return bool(constexprs["PSE"] or constexprs["HAS_EXPLICIT"] is True or constexprs["DROPOUT"])
+
+
+def grad_parts(d: int, dv: int, element_size: int, dq_in_pass: bool, constexprs: dict) -> int:
+    """``GRAD_PARTS`` of the dK/dV pass (programs per key block, each with its part of the head-dim columns):
+    ``SPLIT_GRAD_PARTS`` for 16-bit inputs above D=128 or Dv=128 with dQ in the pass and no per-element features
+    (``_SPLIT_GRAD_TILES``), else 1."""
+    split = dq_in_pass and element_size == 2 and max(d, dv) > 128 and not per_element_features(constexprs)
+    return SPLIT_GRAD_PARTS if split else 1
+
+
 def _class_tiles(key: tuple, constexprs: dict) -> list:
     """The tiles of a call's class (:func:`_class_key`) in the table's order: ``_FEATURE_TILES`` when a pse, an
-    explicit mask or dropout adds per-element tiles (registers and shared memory, docs/triton.md) and the class has
-    some (``_SPLIT_FEATURE_TILES`` for the dK/dV pass without dQ), else ``_TILES``."""
-    if not (constexprs["PSE"] or constexprs["HAS_EXPLICIT"] is True or constexprs["DROPOUT"]):
+    explicit mask or dropout adds per-element tiles (docs/triton.md) and the class has some
+    (``_SPLIT_FEATURE_TILES`` for the dK/dV pass without dQ), the split pass's ``_SPLIT_GRAD_TILES``
+    (``GRAD_PARTS`` > 1), else ``_TILES``."""
+    if constexprs.get("GRAD_PARTS", 1) > 1:
+        return _split_grad_tiles()[key]
+    if not per_element_features(constexprs):
         return _TILES[key]
     if constexprs.get("DQ", True) is False and key in _SPLIT_FEATURE_TILES:
         return _SPLIT_FEATURE_TILES[key]
@@ -116,12 +144,22 @@ def _class_tiles(key: tuple, constexprs: dict) -> list:
 
 
 @functools.cache
-def _feature_tiles() -> dict:
-    """``_FEATURE_TILES`` for the installed Triton (``_FEATURE_TILES_BEFORE_TRITON_3_7`` over it before 3.7)."""
+def _before_triton_3_7() -> bool:
     import triton
 
-    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
-    return {**_FEATURE_TILES, **_FEATURE_TILES_BEFORE_TRITON_3_7} if (major, minor) < (3, 7) else _FEATURE_TILES
+    return tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
+
+
+@functools.cache
+def _feature_tiles() -> dict:
+    """``_FEATURE_TILES`` for the installed Triton (``_FEATURE_TILES_BEFORE_TRITON_3_7`` over it before 3.7)."""
+    return {**_FEATURE_TILES, **_FEATURE_TILES_BEFORE_TRITON_3_7} if _before_triton_3_7() else _FEATURE_TILES
+
+
+@functools.cache
+def _split_grad_tiles() -> dict:
+    """``_SPLIT_GRAD_TILES`` for the installed Triton (``_SPLIT_GRAD_TILES_BEFORE_TRITON_3_7`` before 3.7)."""
+    return _SPLIT_GRAD_TILES_BEFORE_TRITON_3_7 if _before_triton_3_7() else _SPLIT_GRAD_TILES
 
 
 @functools.cache

@@ -112,6 +112,17 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, delta_ptr, smax_ptr, ssum_ptr
 
 
 @triton.jit
+def _part_columns(BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, GRAD_PARTS: tl.constexpr):
+    """``(j, dK columns, dV columns)`` of this program of the dK/dV pass: its key block and its part's head-dim
+    columns (all of them, and ``j`` the program itself, when ``GRAD_PARTS`` is 1)."""
+    if GRAD_PARTS == 1:
+        return tl.program_id(0), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    part = tl.program_id(0) % GRAD_PARTS
+    return (tl.program_id(0) // GRAD_PARTS, part * (BLOCK_D // GRAD_PARTS) + tl.arange(0, BLOCK_D // GRAD_PARTS),
+            part * (BLOCK_DV // GRAD_PARTS) + tl.arange(0, BLOCK_DV // GRAD_PARTS))
+
+
+@triton.jit
 def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr, smax_ptr, ssum_ptr, meta_ptr,
                 q_sb, q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, do_sb, do_st, do_sh,
                 dq_sb, dq_st, dq_sh, dq_part, dk_sb, dk_st, dk_sh, dk_part, dv_sb, dv_st, dv_sh, dv_part,
@@ -121,7 +132,8 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 PSE: tl.constexpr, PSE_BEFORE_SCALE: tl.constexpr, HAS_EXPLICIT: tl.constexpr,
                 DROPOUT: tl.constexpr, DPSE_FULL: tl.constexpr, DPSE_ROW: tl.constexpr, DQ: tl.constexpr,
-                SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr):
+                SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr,
+                GRAD_PARTS: tl.constexpr):
     """For query head ``h`` and its key blocks ``j, j + splits, ...`` (``j``: axis 0): ``dK = scale * dS^T Q`` and
     ``dV = (P * drop)^T dO`` of each key block, written to ``dk_ptr``/``dv_ptr`` at partial ``h % group`` (element
     offsets ``dk_part``/``dv_part`` apart; 0 without GQA: the gradients themselves), and with ``DQ`` ``dS K`` added
@@ -129,8 +141,11 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
     ``DPSE_FULL`` also writes the score gradient (the gradient of a full ``[.., Sq, Skv]`` pse) into the fp32
     ``[B, N1, R, C]`` buffer, ``DPSE_ROW`` its column sums (of a row-broadcast ``[.., 1, Skv]`` pse) into the fp32
     ``[B, N1, 1, C]`` buffer. ``SOFTCAP``: scores capped by ``softcap * tanh``, whose derivative scales dS after the
-    pse gradient (the pse is added after the cap)."""
-    pid_j = tl.program_id(0)
+    pse gradient (the pse is added after the cap). ``GRAD_PARTS`` > 1 (no pse gradient): programs
+    ``j * GRAD_PARTS + part`` of axis 0 compute S and dS over the whole head dims but dK, dV and dQ for their ``part``
+    of the head-dim columns only (smaller accumulators: 64-key blocks fit the registers above D=128)."""
+    tl.static_assert(GRAD_PARTS == 1 or not (DPSE_FULL or DPSE_ROW))
+    pid_j, gk, gv = _part_columns(BLOCK_D, BLOCK_DV, GRAD_PARTS)
     b, h = program_batch_head(n1, bh_fold, FOLD)
     if FOLD:
         if b >= batch:
@@ -159,8 +174,8 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
                                 other=0.0), UPCAST)
         v_tile = upcast(tl.load(v_head + kv_rows[:, None] * v_st + dv[None, :],
                                 mask=col_ok & (dv[None, :] < head_dv), other=0.0), UPCAST)
-        acc_k = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        acc_v = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+        acc_k = tl.zeros([BLOCK_N, BLOCK_D // GRAD_PARTS], tl.float32)
+        acc_v = tl.zeros([BLOCK_N, BLOCK_DV // GRAD_PARTS], tl.float32)
         col_grad = tl.zeros([BLOCK_N], tl.float32)
         r_lo, r_hi = band_rows(meta_ptr, b, c0, tl.minimum(c0 + BLOCK_N, skv))
         for r0 in range((r_lo.to(tl.int32) // BLOCK_M) * BLOCK_M, r_hi.to(tl.int32), BLOCK_M):
@@ -171,6 +186,15 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
                                     other=0.0), UPCAST)
             do_tile = upcast(tl.load(do_head + tok[:, None] * do_st + dv[None, :],
                                      mask=row_ok & (dv[None, :] < head_dv), other=0.0), UPCAST)
+            if GRAD_PARTS == 1:
+                k_grad, q_grad, do_grad = k_tile, q_tile, do_tile
+            else:  # this part's columns (K's reloaded per step: a copy held in registers would spill)
+                k_grad = upcast(tl.load(k_head + kv_rows[:, None] * k_st + gk[None, :],
+                                        mask=col_ok & (gk[None, :] < head_d), other=0.0), UPCAST)
+                q_grad = upcast(tl.load(q_head + tok[:, None] * q_st + gk[None, :],
+                                        mask=row_ok & (gk[None, :] < head_d), other=0.0), UPCAST)
+                do_grad = upcast(tl.load(do_head + tok[:, None] * do_st + gv[None, :],
+                                         mask=row_ok & (gv[None, :] < head_dv), other=0.0), UPCAST)
             m, log2l = row_stats(smax_ptr, ssum_ptr, meta_ptr, b, h, rows, stat_row)
             delta = tl.load(delta_ptr + delta_offsets(meta_ptr, b, h, rows, delta_sb, n1), mask=rows < sq, other=0.0)
             # transposed tiles [keys, rows]: the key block is the products' M dimension
@@ -190,18 +214,18 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
                                      True)
                 p_drop = p_t * drop
                 dp_t = dp_t * drop
-            acc_v += tl.dot(p_drop.to(do_tile.dtype), do_tile, input_precision=PRECISION)
+            acc_v += tl.dot(p_drop.to(do_tile.dtype), do_grad, input_precision=PRECISION)
             ds_t = tl.where(seen, p_t * (dp_t - delta[None, :]), 0.0)
             if SOFTCAP:
                 ds_in = (ds_t * (1.0 - cap_t * cap_t)).to(q_tile.dtype)
             else:
                 ds_in = ds_t.to(q_tile.dtype)
-            acc_k += tl.dot(ds_in, q_tile, input_precision=PRECISION)
+            acc_k += tl.dot(ds_in, q_grad, input_precision=PRECISION)
             # dQ^T = K^T dS^T: the head dim is M (a key block of 32 rows would not be)
             if DQ:
-                tl.atomic_add(dq_head + tok[None, :] * dq_st + dk[:, None],
-                              tl.dot(tl.trans(k_tile), ds_in, input_precision=PRECISION),
-                              mask=(rows[None, :] < sq) & (dk[:, None] < head_d), sem="relaxed")
+                tl.atomic_add(dq_head + tok[None, :] * dq_st + gk[:, None],
+                              tl.dot(tl.trans(k_grad), ds_in, input_precision=PRECISION),
+                              mask=(rows[None, :] < sq) & (gk[:, None] < head_d), sem="relaxed")
             if DPSE_FULL:
                 g = ds_t * scale if PSE_BEFORE_SCALE else ds_t
                 off = b.to(tl.int64) * dpse_sb + tl.cast(h, tl.int64) * dpse_sh \
@@ -212,10 +236,10 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dqp_ptr, dk_ptr, dv_ptr, delta_ptr,
         if DPSE_ROW:
             tl.store(dpse_ptr + b.to(tl.int64) * dpse_sb + tl.cast(h, tl.int64) * dpse_sh + cols, col_grad,
                      mask=cols < skv)
-        tl.store(dk_head + kv_rows[:, None] * dk_st + dk[None, :], (acc_k * scale).to(dk_ptr.dtype.element_ty),
-                 mask=col_ok & (dk[None, :] < head_d))
-        tl.store(dv_head + kv_rows[:, None] * dv_st + dv[None, :], acc_v.to(dv_ptr.dtype.element_ty),
-                 mask=col_ok & (dv[None, :] < head_dv))
+        tl.store(dk_head + kv_rows[:, None] * dk_st + gk[None, :], (acc_k * scale).to(dk_ptr.dtype.element_ty),
+                 mask=col_ok & (gk[None, :] < head_d))
+        tl.store(dv_head + kv_rows[:, None] * dv_st + gv[None, :], acc_v.to(dv_ptr.dtype.element_ty),
+                 mask=col_ok & (gv[None, :] < head_dv))
 
 
 @triton.jit

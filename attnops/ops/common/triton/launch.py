@@ -22,7 +22,7 @@ from ...._core.softmax_stats import FLT_LOWEST, FLT_MAX, stats_dtype, stats_shap
 from ...._core.triton.launch import Launch, cdiv, fold_grid, placeholder, pow2
 from ...._core.triton.support import interpreting
 from ..problem import FAProblem
-from .autotune import KERNELS, TAIL_BLOCK, TAIL_PROGRAMS
+from .autotune import KERNELS, TAIL_BLOCK, TAIL_PROGRAMS, grad_parts
 from .launch_args import (PSE_ALIBI_COPIES, PSE_KINDS, alibi_copies, batch_meta, device_metadata, dropout_args,
                           explicit_cols, mask_args, operand, pse_args, stat_row, tails)
 from .verify import MAX_GRID_Y
@@ -189,8 +189,9 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
         dqs, dks, dvs = operand(p, dq)[1], operand(p, dk, kv=True)[1], operand(p, dv, kv=True)[1]
         delta_sb = 0 if seq.packed else seq.max_q
         q_grid, q_fold = _grid(seq.max_q, seq.batch, g.n1)
-        kv_grid, kv_fold = _grid(splits, seq.batch, g.n1)
         pse, mask, drop, flags = _common(p, query, interpret)
+        parts = grad_parts(g.d, g.dv, query.element_size(), fused, flags)
+        kv_grid, kv_fold = _grid(splits * parts, seq.batch, g.n1)
         dummy = placeholder(device, torch.float32)
         full = dpse_buf is not None and p.pse.kind in ("full", "alibi")
         row = dpse_buf is not None and p.pse.kind == "row"
@@ -202,9 +203,8 @@ def backward_plan(p: FAProblem, query, key, value, dy, attention_in, softmax_max
                      ("dkdv_kernel", kv_grid,
                       (table, *qs, *ks, *vs, *dos, *dqs, dq.numel() if fused else 0, *dks, kv_parts[0], *dvs,
                        kv_parts[1], stat_row(p), delta_sb, *scores, *dpse, p.scale, p.softcap, g.n1, g.group, splits,
-                       g.d, g.dv,
-                       seq.batch, MAX_GRID_Y), dict(DPSE_FULL=full, DPSE_ROW=row, DQ=fused, **flags, **kv_fold),
-                      None)]
+                       g.d, g.dv, seq.batch, MAX_GRID_Y),
+                      dict(DPSE_FULL=full, DPSE_ROW=row, DQ=fused, GRAD_PARTS=parts, **flags, **kv_fold), None)]
         if fused:
             templates.append(_grad_sum(splits, dq.numel(), p.scale))
         else:
