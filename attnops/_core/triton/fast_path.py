@@ -60,6 +60,9 @@ RULES = (
          exempt=(("dsv4-indexer-v2", "paged-top1024-", "indexer_v2_kernel", ("sm_80",),
                   "4 words with a 1024-wide top-k through a block table under sm_80's "
                   "128-register cap at 8 warps, as the DSA indexer's"),
+                 ("dsv4-indexer-v2", "paged-top512-fp32", "indexer_v2_kernel", ("sm_80",),
+                  "2 words (Triton 3.9) under the same cap; 1 stage, 4 or 16 warps spill 2-4 words in other fp32 "
+                  "cases"),
                  ("dsa", "indexer-", "indexer_topk_kernel", ("sm_80",),
                   "4-6 words with a 2048-wide top-k under sm_80's 128-register cap at 8 warps (its one configuration; "
                   "4 warps would spill on sm_90 instead)"),
