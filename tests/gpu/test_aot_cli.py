@@ -91,6 +91,21 @@ def test_fast_path_rules():
         assert [v.split(":")[0] for v in violations([_record(**other, spills=2)])] == ["no spills"]
 
 
+def test_compile_tests_take_the_checks_spill_rule():
+    """The compile tests' spill rule (``tests.aot_compile.spill_rule_holds``) is the check's: the configuration the
+    launcher runs must not spill unless exempt on that target; other autotuning candidates may."""
+    from tests.aot_compile import spill_rule_holds
+
+    variant = dict(kernel="indexer_v2_kernel", tiles={"BLOCK_N": 64}, warps=8, spills=4, default=True,
+                   ptx=dict(wgmma=0, mma_sync=32, cp_async=8, tma=0, ld_global_narrow=0))
+    case = "dsv4-indexer-v2/paged-top1024-bf16"
+    assert spill_rule_holds(case, "sm_80", variant)
+    assert not spill_rule_holds(case, "sm_90", variant)
+    assert not spill_rule_holds("dsv4-indexer-v2/bsnd-top1024-bf16", "sm_80", variant)
+    assert spill_rule_holds("dsv4-indexer-v2/bsnd-top1024-bf16", "sm_80", dict(variant, default=False))
+    assert spill_rule_holds("dsv4-indexer-v2/bsnd-top1024-bf16", "sm_90", dict(variant, spills=0))
+
+
 def test_backward_forms_run_on_their_target_only():
     """The registry marks the FlashAttention backward's form of each target: dQ in the dK/dV pass from sm_90 on,
     the dQ kernel beside the pass before; ``aot`` compiles (and checks) each only where it runs."""

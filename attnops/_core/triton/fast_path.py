@@ -61,6 +61,13 @@ RULES = (
          exempt=(("dsv4-indexer-v2", "paged-top1024-", "indexer_v2_kernel", ("sm_80",),
                   "4 words with a 1024-wide top-k through a block table under sm_80's "
                   "128-register cap at 8 warps, as the DSA indexer's"),
+                 ("dsv4-indexer-v2", "paged-top512-fp32", "indexer_v2_kernel", ("sm_80",),
+                  "2 words (Triton 3.9) under the same cap; 1 stage, 4 or 16 warps spill 2-4 words in other fp32 "
+                  "cases"),
+                 ("nsa", "-d192-", "selected_dkdv_kernel", ("sm_80",),
+                  "6-12 words for 16-bit inputs with Triton 3.6 (none with 3.9): 64-key blocks (wgmma's M on sm_90) "
+                  "beside mma.sync's register operands; 32-key blocks compile spill-free there but would give up "
+                  "wgmma on sm_90"),
                  ("dsa", "indexer-", "indexer_topk_kernel", ("sm_80",),
                   "2-6 words with a 2048-wide top-k under sm_80's 128-register cap (16-bit inputs at 8 warps, its one "
                   "configuration: 4 warps would spill on sm_90 instead; fp32 at 16 warps, paged)"),

@@ -131,12 +131,15 @@ def grad_parts(d: int, dv: int, element_size: int, dq_in_pass: bool, constexprs:
 
 def _class_tiles(key: tuple, constexprs: dict) -> list:
     """The tiles of a call's class (:func:`_class_key`) in the table's order: ``_FEATURE_TILES`` when a pse, an
-    explicit mask or dropout adds per-element tiles (docs/triton.md) and the class has some
+    explicit mask or dropout adds per-element tiles (registers and shared memory, docs/triton.md; with 16-bit
+    operands NSA's strided causal rule too: the plain 64 x 64 tiles spill 2-4 words with it on sm_90, while fp32's
+    plain tiles do not and its feature tile spills 4 words on sm_80) and the class has some
     (``_SPLIT_FEATURE_TILES`` for the dK/dV pass without dQ), the split pass's ``_SPLIT_GRAD_TILES``
     (``GRAD_PARTS`` > 1), else ``_TILES``."""
     if constexprs.get("GRAD_PARTS", 1) > 1:
         return _split_grad_tiles()[key]
-    if not per_element_features(constexprs):
+    explicit = constexprs["HAS_EXPLICIT"] is True or (constexprs["HAS_EXPLICIT"] and key[1] == 2)
+    if not (constexprs["PSE"] or explicit or constexprs["DROPOUT"]):
         return _TILES[key]
     if constexprs.get("DQ", True) is False and key in _SPLIT_FEATURE_TILES:
         return _SPLIT_FEATURE_TILES[key]

@@ -22,9 +22,10 @@ def precision_flags(query_dtype: torch.dtype, interpret: bool) -> dict:
 
 def _decode_config(launch: Launch, named_args: dict, interpret: bool):
     """The split kernel: the widest KV tile that compiles without spills. 64 or more fp16/bf16 query rows (wgmma,
-    8 warps, 2 stages): 64 tokens for 64 rows, 32 for 128 rows; with antiquant or head dims over 128, 16 tokens in
-    1 stage. Fewer rows: 16 tokens for int4 (unpacking doubles the live tile), 32 for fp32 (1 stage), else 64, with
-    8 warps for those and for head dims over 128. The merge kernel: 4 warps (2 for Dv <= 64)."""
+    8 warps, 2 stages): 64 tokens for 64 rows, 32 for 128 rows (16 with a pse or an explicit mask); with antiquant or
+    head dims over 128, 16 tokens in 1 stage. Fewer rows: 16 tokens for int4 (unpacking doubles the live tile), 32
+    for fp32 (1 stage), else 64, all with 8 warps (4 spill 2 words over a paged cache at D=64 on sm_90 with Triton
+    3.6). The merge kernel: 4 warps (2 for Dv <= 64)."""
     import triton
 
     kw = launch.kwargs
@@ -34,15 +35,16 @@ def _decode_config(launch: Launch, named_args: dict, interpret: bool):
         return triton.Config(dict(BLOCK_N=INTERPRET_TILE), num_warps=4, num_stages=1)
     wide = max(kw["BLOCK_D"], kw["BLOCK_DV"]) > 128
     plain = named_args["q_ptr"].dtype != torch.float32 and not (kw["K_QUANT"] or kw["V_QUANT"] or wide)
-    if kw["BLOCK_R"] >= 64 and plain:  # wgmma: 64 x 64 or 128 x 32 score tiles
-        return triton.Config(dict(BLOCK_N=64 if kw["BLOCK_R"] == 64 else 32), num_warps=8, num_stages=2)
+    if kw["BLOCK_R"] >= 64 and plain:  # wgmma: 64 x 64, 128 x 32 or (per-element features) 128 x 16 score tiles
+        tokens = 64 if kw["BLOCK_R"] == 64 else 16 if kw["HAS_PSE"] or kw["HAS_EXPLICIT"] else 32
+        return triton.Config(dict(BLOCK_N=tokens), num_warps=8, num_stages=2)
     if kw["BLOCK_R"] >= 64:
         return triton.Config(dict(BLOCK_N=16), num_warps=8, num_stages=1)
     if KV_INT4 in (kw["K_QUANT"], kw["V_QUANT"]):
         return triton.Config(dict(BLOCK_N=16), num_warps=8, num_stages=2)
     if named_args["q_ptr"].dtype == torch.float32:  # 2 stages spill 2 words (dense, D=128, Triton 3.9)
         return triton.Config(dict(BLOCK_N=32), num_warps=8, num_stages=1)
-    return triton.Config(dict(BLOCK_N=64), num_warps=8 if wide else 4, num_stages=2)
+    return triton.Config(dict(BLOCK_N=64), num_warps=8, num_stages=2)
 
 
 def _prefill_config(launch: Launch, named_args: dict, interpret: bool):

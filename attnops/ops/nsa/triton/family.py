@@ -21,6 +21,9 @@ MAX_TOPK_TILE = 2048  # block scores the top-k kernel holds per step on a GPU
 # WIDE_FP32_IMPORTANCE_WARPS (8 warps spill 2 words there, 4 with an explicit mask)
 IMPORTANCE_TILES = {2: (64, 32, 8), 4: (16, 16, 8)}
 WIDE_FP32_IMPORTANCE_WARPS = 2
+# compress_dx_kernel in fp32 above D=128 (8 warps spill 2 words on sm_80 with Triton 3.9); the selected forward takes
+# 4 warps at 16 bits and D <= 128 like the rest (8 spilled 2 words on sm_90 with Triton 3.9 at D=128)
+WIDE_FP32_DX_WARPS = 4
 # selected dK/dV on a GPU: (entry, query head) rows per step by operand bytes (the N of its [BLOCK_N x BLOCK_R]
 # products: 64 spills at D >= 128; with a split head dim (D=192) 16, as 32 spills on sm_80); list chunks:
 # attnops.ops.common.inverted_lists.list_chunk
@@ -75,9 +78,10 @@ def precision_flags(dtype: torch.dtype, interpret: bool) -> dict:
 
 
 def _training_config(launch: Launch, named_args: dict, interpret: bool):
-    """Selected attention and compression: 4 warps (8 for the selected forward, at head dims > 128 and for fp32),
-    2 stages; the selected forward and dQ, whose one loop over (slot, key tile) the compiler pipelines, 3 (the keys
-    and values of step ``i + 2`` load while step ``i`` computes; fp32: 1, which never spills)."""
+    """Selected attention and compression: 4 warps (8 at head dims > 128 and for fp32, but ``WIDE_FP32_DX_WARPS`` for
+    the compression's input gradient at head dims > 128 in fp32), 2 stages; the selected forward and dQ, whose one
+    loop over (slot, key tile) the compiler pipelines, 3 (the keys and values of step ``i + 2`` load while step ``i``
+    computes; fp32: 1, which never spills)."""
     import triton
 
     dtype = launch.args[0].dtype
@@ -89,7 +93,9 @@ def _training_config(launch: Launch, named_args: dict, interpret: bool):
     else:
         tiles = {}
     wide = max(launch.kwargs.get("BLOCK_D", 0), launch.kwargs.get("BLOCK_DV", 0)) > 128
-    warps = 8 if wide or fp32 or launch.kernel == "selected_fwd_kernel" else 4
+    warps = 8 if wide or fp32 else 4
+    if launch.kernel == "compress_dx_kernel" and wide and fp32:
+        warps = WIDE_FP32_DX_WARPS
     if interpret:
         stages = 1
     elif launch.kernel in ("selected_fwd_kernel", "selected_dq_kernel"):

@@ -1,7 +1,8 @@
 """The Triton NSA kernels compile for real NVIDIA GPUs: every launch of the registered AOT cases
 (``attnops/ops/nsa/triton/aot.py``, built from the launchers' own plans: selected attention, compression,
 compressed attention with the FlashAttention forward it runs, decode) compiled down to cubin for sm_90 / sm_80
-without a GPU, within the target's shared memory and without register spills.
+without a GPU, within the target's shared memory and without register spills in the configuration the launcher runs
+(less the aot check's exemptions).
 
 The compile runs in a child process without ``TRITON_INTERPRET`` (this process runs the kernels through the
 interpreter). A representative subset runs in CI; the full case x target matrix is slow.
