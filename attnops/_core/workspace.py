@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 
 import torch
 
 _THREAD_BUFFERS = threading.local()
+_EVERY_THREAD: weakref.WeakSet = weakref.WeakSet()  # every thread's Buffers, for drop_cached_workspaces
 CACHED_WORKSPACE_BYTES = 256 << 20  # workspaces up to this size stay allocated between calls (per thread)
 MAX_CACHED_VIEWS = 512
 
@@ -29,13 +31,18 @@ class Buffers:
         key = (dtype, str(device))
         if key not in cache:
             cache[key] = Buffers(dtype, device)
+            _EVERY_THREAD.add(cache[key])
         return cache[key]
+
+    def drop(self) -> None:
+        """Free every buffer (they are allocated again on demand)."""
+        self._bufs.clear()
+        self._views.clear()
 
     def release(self) -> None:
         """Drop the buffers after a call when they exceed ``CACHED_WORKSPACE_BYTES`` (long sequences)."""
         if sum(b.numel() for b in self._bufs.values()) * self.dtype.itemsize > CACHED_WORKSPACE_BYTES:
-            self._bufs.clear()
-            self._views.clear()
+            self.drop()
 
     def get(self, name: str, *shape: int) -> torch.Tensor:
         """Buffer ``name`` viewed as ``shape`` (views are kept: the tile loops ask for the same few shapes, and every
@@ -55,3 +62,10 @@ class Buffers:
                 self._views.clear()
             view = self._views[(name, shape)] = buf[:n].view(shape)
         return view
+
+
+def drop_cached_workspaces() -> None:
+    """Free the workspaces every thread keeps between calls, for a process that needs the memory more than the
+    speed of its next call (``attnops compare`` between its re-runs). Only while no call is running."""
+    for buffers in list(_EVERY_THREAD):
+        buffers.drop()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._core.errors import AclnnError
+from .._core.workspace import drop_cached_workspaces
 from .dump import DumpDir
 from .rebuild import Unsupported, attention_entries, not_dumped_reason, rebuild_call
 from .references import INDEX_RESULTS, emulate, golden, not_dumped, npu_results
@@ -44,7 +45,10 @@ def _judge_call(entry, dump: DumpDir, forwards: dict) -> CallResult:
         n, absent = npu_results(call), not_dumped(call)
         if not n and absent:
             raise Unsupported(not_dumped_reason([m for _, m in absent.values()]))
-        g, (e, note) = golden(call), emulate(call)
+        g = golden(call)
+        drop_cached_workspaces()  # each re-run's workspaces would stay allocated through the next one
+        e, note = emulate(call)
+        drop_cached_workspaces()
     except Unsupported as exc:
         return CallResult(entry.name, where, "SKIP", str(exc))
     except (AclnnError, NotImplementedError) as exc:  # arguments attnops cannot run: no verdict either way

@@ -56,8 +56,9 @@ class Call:
     arguments: dict[str, Any]
     outputs: list[Any]
     grads: list[Any] = field(default_factory=list)
-    forwards: dict[str, Any] = field(default_factory=dict, repr=False)  # a reference's forward results by its
-    # name, shared by the forward and backward calls of one call number (the backward re-runs no forward)
+    forwards: dict[str, Any] = field(default_factory=dict, repr=False)  # a reference's forward results and cast
+    # inputs by its name, shared by the forward and backward calls of one call number (the backward re-runs no
+    # forward)
 
 
 def dsv4_api(entry: Entry) -> str | None:
