@@ -70,9 +70,12 @@ def _cache_key(query, key, value, pse, atten_mask, drop_mask, cu_seqlens_q, cu_s
     """The facts a call's problem depends on, when no tensor beyond q/k/v contributes more than its shape, dtype and
     device (no pse, drop mask or ``cu_seqlens``; no mask, a compressed one that is not read, or a small device bool
     mask the problem holds as given, by identity: :func:`~attnops._core.masks.held_mask_key`): shapes, dtypes,
-    devices and the options with their exact types (lists as tuples). None when the call must be built afresh."""
+    devices and the options with their exact types (lists as tuples). None when the call must be built afresh (also
+    when q, k or v is not a tensor: the build names it)."""
     if pse is not None or drop_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
         return None
+    if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+        return None  # validated (and refused) afresh
     mask = None
     if atten_mask is not None:
         if not isinstance(atten_mask, torch.Tensor):
