@@ -212,6 +212,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     # primitive kept in its cache (+1.4 GiB peak in the 32k-token causal backward)
     extras = has_tile_extras(p)
     fused = p.rounding is None and fused_softmax(acc, k.device)
+    bare = fused and not extras and not p.softcap and not p.mask.has_explicit  # tiles with no band edge: one call
     spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
     v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
     # dK^T and dV^T ([D, columns]): their GEMMs read P and dS row-major, not transposed; a group's sums are added
@@ -235,8 +236,12 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 nonfinite = not (bb.finite_stats and bool(torch.isfinite(delta).all()))  # see tiling.masked_entries
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 peaked = peaked if peaked and bisect.bisect_left(peaked, r0) < bisect.bisect_left(peaked, r1) else None
+                whole = bare and not nonfinite and peaked is None
                 for c0, c1, band in blocks:
                     tcols = slice(c0 - u0, c1 - u0)
+                    if whole and not band and mm.whole_tile(qs, qs_t, dot, dot_t, k[c0:c1], v[c0:c1], m, neg_log2_l,
+                                                            delta, bb.unit_rows, dq, tk[:, tcols], tv[:, tcols]):
+                        continue  # the tile's products and passes below, in one call (bf16 products)
                     cap_grad = buf.get("cap", r1 - r0, c1 - c0) if p.softcap else None
                     prob, t = head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras, cap_grad)
                     drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
