@@ -18,7 +18,7 @@ import torch
 
 from ..._core.gemm import add_mm_nt_, mm_nt
 from ..._core.workspace import Buffers
-from .bf16_gemm import GRAD_MAX_K, backward_tile_, bf16_gemm, gemm_, grad_gemm_, transpose_
+from .bf16_gemm import GRAD_MAX_K, backward_tile_, bf16_gemm, forward_tile_, gemm_, grad_gemm_, transpose_
 from .problem import FAProblem
 from .reference_tiles import Keys, compute_dtype, stage_rows
 
@@ -69,6 +69,10 @@ class WideProducts:
         return None
 
     def whole_tile(self, *operands) -> bool:
+        """False: the engine makes each product of a tile (see :class:`Bf16Products`)."""
+        return False
+
+    def first_block(self, *operands) -> bool:
         """False: the engine makes each product of a tile (see :class:`Bf16Products`)."""
         return False
 
@@ -136,6 +140,14 @@ class Bf16Products:
         r, c = qs.shape[0], k.shape[0]
         backward_tile_(qs, qs_t, dy, dy_t, k, v, m, neg_log2_l, delta, unit_zero, self.alpha, self.fp32.get("s", r, c),
                        self.buf.get("p", r, c), self.buf.get("ds", r, c), dq, tk, tv)
+        return True
+
+    def first_block(self, qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
+                    clamp: bool, o: torch.Tensor) -> bool:
+        """The forward's first column block of a row chunk without mask, pse, dropout or softcap in one call
+        (:func:`.bf16_gemm.forward_tile_`): ``m``/``l`` start, ``o`` receives ``P V``. True (done)."""
+        r, c = qs.shape[0], k.shape[0]
+        forward_tile_(qs, k, v, self.alpha, m, l, clamp, self.fp32.get("s", r, c), self.buf.get("p", r, c), o)
         return True
 
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

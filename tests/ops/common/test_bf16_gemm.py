@@ -162,6 +162,29 @@ def test_backward_tile(r, c, d, dv, unit_zero):
 
 
 @needs_gemm
+@pytest.mark.parametrize("clamp", [False, True])
+@pytest.mark.parametrize("r, c, d, dv", [(1, 1, 1, 1), (7, 70, 33, 20), (70, 300, 128, 256), (13, 600, 64, 300)])
+def test_forward_tile(r, c, d, dv, clamp):
+    """The forward's first column block in one call equals, bit for bit, the engine's separate calls (scores, the
+    online softmax's first block with its bf16 copy, P V) on strided operands; bad operands are refused."""
+    g = torch.Generator().manual_seed(r + c + d + dv)
+    q, k = torch.randn(r, d, generator=g).to(BF16), torch.randn(c, d, generator=g).to(BF16)
+    v = torch.randn(c, dv + 3, generator=g).to(BF16)[:, 1:1 + dv]
+    m, l, s, p16 = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, c), torch.empty(r, c, dtype=BF16)
+    o = torch.full((r, dv + 2), 4.0)
+    bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16, o[:, :dv])
+    ref_m, ref_l, ref_p16 = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, c, dtype=BF16)
+    ref_s = bf16_gemm.gemm_(torch.empty(r, c), q, k, b_nt=True, alpha=0.125)
+    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, None, clamp, ref_p16)
+    ref_o = bf16_gemm.gemm_(torch.empty(r, dv), ref_p16, v, b_nt=False)
+    for got, want in ((m, ref_m), (l, ref_l), (s, ref_s), (p16, ref_p16), (o[:, :dv], ref_o)):
+        assert torch.equal(got, want)
+    assert bool((o[:, dv:] == 4.0).all())
+    with pytest.raises(ValueError, match="bf16 forward tile: .* expected the shapes"):
+        bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16.float(), o[:, :dv])
+
+
+@needs_gemm
 @pytest.mark.parametrize("rows, cols", [(1, 1), (5, 70), (33, 16), (512, 64)])
 def test_transpose(rows, cols):
     """The blocked transpose of the dK/dV GEMMs' operands: every element moved (block tails, strided rows), the
