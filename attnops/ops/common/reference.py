@@ -121,11 +121,15 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
     extras = has_tile_extras(p)
     half = p.rounding is not None and p.rounding.half_softmax  # PFA fp16 high performance: fp16 scores, softmax
     fused = p.rounding is None and fused_softmax(acc, out.device)
+    bare = fused and not extras and not p.softcap  # blocks with no band edge: one call
     for r0, r1, blocks in chunks:
         m, l = m_h[r0:r1], l_h[r0:r1]
         qs = mm.rows("q", q[r0:r1], mm.q_scale)
         kept = not extras and p.mask.keeps_every_row(fb.b, r0, r1, blocks[0][0], blocks[0][1])  # l >= 1
+        o = buf.get("o", r1 - r0, v.shape[1])
         for j, (c0, c1, band) in enumerate(blocks):
+            if j == 0 and bare and not band and mm.first_block(qs, fb.k[n2][c0:c1], v[c0:c1], m, l, not kept, o):
+                continue  # the block's products and softmax below, in one call (bf16 products)
             s, t = head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
             if half:
                 p.rounding.grid_(s)
@@ -146,7 +150,7 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
                 p.rounding.grid_(s)
             s_op = mm.operand("p", s) if p16 is None else p16
             if j == 0:
-                o = mm.nn(s_op, v[c0:c1], out=buf.get("o", r1 - r0, v.shape[1]))
+                o = mm.nn(s_op, v[c0:c1], out=o)
             else:
                 o.mul_(rescale).add_(mm.nn(s_op, v[c0:c1], out=buf.get("pv", r1 - r0, v.shape[1])))
             del s, s_op, p16, t  # freed before the next tile's GEMM allocates its scores: they reuse this memory

@@ -16,8 +16,8 @@ from . import reference_tiles as tiling
 from .fused_softmax import fused_softmax, grad_, probabilities_
 from .npu_rounding import store
 from .problem import FAProblem
-from .reference_tiles import (LOG2E, active_batches, col_blocks, compute_dtype, deal, has_tile_extras, head_scores,
-                              heads_view, row_chunks, stage_kv)
+from .reference_tiles import (LOG2E, active_batches, carve, col_blocks, compute_dtype, deal, has_tile_extras,
+                              head_scores, heads_view, row_chunks, stage_kv)
 from .tile_products import operand_dtype, tile_products
 
 
@@ -97,6 +97,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     active = active_batches(p)
     buf = Buffers.acquire(operand_dtype(p, query.dtype, query.device), query.device)
     k_all, v_all = stage_kv(p, buf, active, query.device, kv, vv)
+    staged = None if direct else _accumulators(p, active, acc, query.device)
     batches = []
     for i, b in enumerate(active):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
@@ -109,8 +110,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
             dk_b = batch_tokens(dkv, p.seq, b, kv=True).transpose(0, 1)
             dv_b = batch_tokens(dvv, p.seq, b, kv=True).transpose(0, 1)
         else:
-            dq_b, dk_b, dv_b = (torch.empty(n, s_, d_, dtype=acc, device=query.device)
-                                for n, s_, d_ in ((g.n1, sq, g.d), (g.n2, skv, g.d), (g.n2, skv, g.dv)))
+            dq_b, dk_b, dv_b = staged[i]
         # tiles of at most COL_BLOCK columns: the backward needs no whole rows (the statistics are given), and
         # smaller tiles keep its two score-sized buffers in the caches
         chunks = [(r0, r1, col_blocks(p, b, r0, r1, c0, c1, band, tiling.COL_BLOCK))
@@ -138,9 +138,21 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     run_jobs(lambda job: _backward_finish(p, *job, partials, None if direct else outputs), [
         (bb, n2) for bb in batches for n2 in range(g.n2)], query.device)
     buf.release()
+    Buffers.acquire(acc, query.device).release()  # the accumulators' workspace, when it is large
     if dpse is not None:
         dpse = dpse.to(p.pse.tensor.dtype)
     return dq, dk, dv, dpse
+
+
+def _accumulators(p: FAProblem, active: list[int], acc: torch.dtype, device) -> list[list[torch.Tensor]]:
+    """The dQ, dK and dV accumulators (``[N1, Sq, D]``, ``[N2, Skv, D]``, ``[N2, Skv, Dv]`` in ``acc``) of each
+    active batch where they are not the outputs: views of one workspace of the calling thread kept between calls
+    (tens of MB allocated afresh would be faulted in again at every call, about a tenth of a bf16 backward)."""
+    g = p.geom
+    shapes = [shape for b in active for shape in ((g.n1, p.seq.q_lens[b], g.d), (g.n2, p.seq.kv_lens[b], g.d),
+                                                   (g.n2, p.seq.kv_lens[b], g.dv))]
+    views = carve(Buffers.acquire(acc, device).get("grad_acc", sum(math.prod(s) for s in shapes)), shapes)
+    return [views[i:i + 3] for i in range(0, len(views), 3)]
 
 
 def _backward_finish(p: FAProblem, bb: _BackwardBatch, n2: int, partials: list, outputs) -> None:
@@ -212,6 +224,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     # primitive kept in its cache (+1.4 GiB peak in the 32k-token causal backward)
     extras = has_tile_extras(p)
     fused = p.rounding is None and fused_softmax(acc, k.device)
+    bare = fused and not extras and not p.softcap  # tiles with no band edge: one call
     spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
     v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
     # dK^T and dV^T ([D, columns]): their GEMMs read P and dS row-major, not transposed; a group's sums are added
@@ -235,8 +248,12 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 nonfinite = not (bb.finite_stats and bool(torch.isfinite(delta).all()))  # see tiling.masked_entries
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 peaked = peaked if peaked and bisect.bisect_left(peaked, r0) < bisect.bisect_left(peaked, r1) else None
+                whole = bare and not nonfinite and peaked is None
                 for c0, c1, band in blocks:
                     tcols = slice(c0 - u0, c1 - u0)
+                    if whole and not band and mm.whole_tile(qs, qs_t, dot, dot_t, k[c0:c1], v[c0:c1], m, neg_log2_l,
+                                                            delta, bb.unit_rows, dq, tk[:, tcols], tv[:, tcols]):
+                        continue  # the tile's products and passes below, in one call (bf16 products)
                     cap_grad = buf.get("cap", r1 - r0, c1 - c0) if p.softcap else None
                     prob, t = head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras, cap_grad)
                     drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))

@@ -224,7 +224,7 @@ def forward_blocks(p: FAProblem, b: int, r0: int, r1: int, c0: int, c1: int, ban
     return [(a, e, p.mask.band_bounds(b, r0, r1, a, e)) for a, e in zip(edges, edges[1:])]
 
 
-def _carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
+def carve(flat: torch.Tensor, shapes) -> list[torch.Tensor]:
     """Consecutive views of ``flat`` with the given shapes."""
     views, at = [], 0
     for shape in shapes:
@@ -247,7 +247,7 @@ def _stage_heads(buf: "Buffers", name: str, xs: list[torch.Tensor]) -> tuple[lis
             staged.append(None)
             todo.append((len(staged) - 1, x))
     flat = buf.get(name, sum(x.numel() for _, x in todo))
-    for (i, x), out in zip(todo, _carve(flat, [(x.shape[1], x.shape[0], x.shape[2]) for _, x in todo])):
+    for (i, x), out in zip(todo, carve(flat, [(x.shape[1], x.shape[0], x.shape[2]) for _, x in todo])):
         staged[i] = out
         pending += [(out[h], x[:, h]) for h in range(x.shape[1])]
     return staged, pending

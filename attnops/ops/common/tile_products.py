@@ -18,7 +18,7 @@ import torch
 
 from ..._core.gemm import add_mm_nt_, mm_nt
 from ..._core.workspace import Buffers
-from .bf16_gemm import GRAD_MAX_K, bf16_gemm, gemm_, grad_gemm_, transpose_
+from .bf16_gemm import GRAD_MAX_K, backward_tile_, bf16_gemm, forward_tile_, gemm_, grad_gemm_, transpose_
 from .problem import FAProblem
 from .reference_tiles import Keys, compute_dtype, stage_rows
 
@@ -68,6 +68,14 @@ class WideProducts:
         """None: the engine forms dP and dS as tiles (see :class:`Bf16Products`)."""
         return None
 
+    def whole_tile(self, *operands) -> bool:
+        """False: the engine makes each product of a tile (see :class:`Bf16Products`)."""
+        return False
+
+    def first_block(self, *operands) -> bool:
+        """False: the engine makes each product of a tile (see :class:`Bf16Products`)."""
+        return False
+
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` (a new tensor, or ``out``)."""
         return mm_nt(x, w, out=out)
@@ -88,7 +96,7 @@ class Bf16Products:
     """Products of bf16 operands on :mod:`.bf16_gemm` (see the module docstring)."""
 
     def __init__(self, p: FAProblem, buf: Buffers):
-        self.buf = Buffers.acquire(torch.bfloat16, buf.device)
+        self.buf, self.fp32 = Buffers.acquire(torch.bfloat16, buf.device), buf
         self.q_scale, self.alpha = 1.0, p.scale  # the GEMMs that read the query rows apply the scale
 
     def keys(self, k: torch.Tensor, blocks) -> "_Bf16Keys":
@@ -119,6 +127,28 @@ class Bf16Products:
         if dy.shape[1] > GRAD_MAX_K:
             return None
         return grad_gemm_(self.buf.get(name, *prob.shape), dy, v, prob, delta, unit_zero)
+
+    def whole_tile(self, qs: torch.Tensor, qs_t: torch.Tensor, dy: torch.Tensor, dy_t: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor, delta: torch.Tensor, unit_zero: bool,
+                   dq: torch.Tensor, tk: torch.Tensor, tv: torch.Tensor) -> bool:
+        """A tile without mask, pse, dropout or softcap in one call (:func:`.bf16_gemm.backward_tile_`: the products
+        and passes the engine makes one by one, in their order, without taking the GIL between them): ``dq``,
+        ``tk`` (dK^T) and ``tv`` (dV^T) accumulate the tile's sums. False (nothing done) where the head dim is
+        longer than the dS GEMM takes."""
+        if dy.shape[1] > GRAD_MAX_K:
+            return False
+        r, c = qs.shape[0], k.shape[0]
+        backward_tile_(qs, qs_t, dy, dy_t, k, v, m, neg_log2_l, delta, unit_zero, self.alpha, self.fp32.get("s", r, c),
+                       self.buf.get("p", r, c), self.buf.get("ds", r, c), dq, tk, tv)
+        return True
+
+    def first_block(self, qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
+                    clamp: bool, o: torch.Tensor) -> bool:
+        """The forward's first column block of a row chunk without mask, pse, dropout or softcap in one call
+        (:func:`.bf16_gemm.forward_tile_`): ``m``/``l`` start, ``o`` receives ``P V``. True (done)."""
+        r, c = qs.shape[0], k.shape[0]
+        forward_tile_(qs, k, v, self.alpha, m, l, clamp, self.fp32.get("s", r, c), self.buf.get("p", r, c), o)
+        return True
 
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return gemm_(out, x, w, b_nt=True)
