@@ -76,9 +76,10 @@ _FEATURE_TILES = {
 # The dK/dV pass of GPUs before sm_90 (no dQ in the pass, ``DQ`` False: mma.sync, operands in registers) with
 # per-element features: its 64-key blocks spill 4-20 words at D <= 128 (sm_80), 32-key blocks none.
 _SPLIT_FEATURE_TILES = {("bwd", 2, False): [(16, 32, 8, 2), (32, 32, 8, 2)]}
-# Triton 3.6 pipelines the dK/dV pass with every feature at D <= 128 differently from 3.9: two stages spill 6 words
-# on sm_90 with 3.6, one stage none (one stage spills 18 with 3.9, two none). Under Triton before 3.7 (3.6 is what the
-# GPU machines carry; 3.7 and 3.8 were not compiled) these replace the ``_FEATURE_TILES`` entries.
+# Triton 3.6 pipelines the dK/dV pass with every feature at D=128 differently from 3.9: two stages spill 14 words
+# on sm_90 with 3.6, one stage none; with 3.9 two stages spill 4 words, one 20, and no other wgmma tile fits (the
+# fast-path rules exempt it). Under Triton before 3.7 (3.6 is what the GPU machines carry; 3.7 and 3.8 were not
+# compiled) these replace the ``_FEATURE_TILES`` entries.
 _FEATURE_TILES_BEFORE_TRITON_3_7 = {("bwd", 2, False): [(16, 64, 8, 1), (16, 64, 8, 2)]}
 # The dK/dV pass with dQ in it (sm_90) above D=128 without per-element features, 16-bit inputs: the head-dim columns
 # of dK, dV and dQ in two programs per key block (``GRAD_PARTS``, :func:`grad_parts`), whose 64-key blocks (wgmma)
