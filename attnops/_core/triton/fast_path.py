@@ -58,7 +58,11 @@ RULES = (
          lambda r: r["ptx"]["ld_global_narrow"] == 0, "no scalar global loads of 2 bytes or fewer"),
     Rule("no spills", ("sm_90", "sm_80"), None, {"*": ("*",)},
          lambda r: r["spills"] == 0, "0 words of local memory",
-         exempt=(("dsv4-indexer-v2", "paged-top1024-", "indexer_v2_kernel", ("sm_80",),
+         exempt=(*(("flash_attention", f"{dtype}-d128-mask-pse-dropout", "dkdv_kernel", ("sm_90",),
+                    "4 words with Triton 3.9 (none with 3.6, one stage): the 16x64 wgmma tiles with an explicit mask, "
+                    "a pse and dropout at 255 registers; one, three or four stages spill 6-20, 4 or 16 warps and "
+                    "32-row steps 78-140, and the spill-free 16x32 tiles are mma.sync") for dtype in HALF_DTYPES),
+                 ("dsv4-indexer-v2", "paged-top1024-", "indexer_v2_kernel", ("sm_80",),
                   "4 words with a 1024-wide top-k through a block table under sm_80's "
                   "128-register cap at 8 warps, as the DSA indexer's"),
                  ("dsv4-indexer-v2", "paged-top512-fp32", "indexer_v2_kernel", ("sm_80",),

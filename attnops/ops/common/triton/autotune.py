@@ -8,7 +8,7 @@ from collections.abc import Callable
 from ...._core.triton.launch import KernelFamily, Launch, pow2
 
 INTERPRET_BLOCK = 16
-_TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
+_TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT", "SOFTCAP"]
 
 
 # Autotuning candidates (BLOCK_M, BLOCK_N, warps, stages) per (kernel kind, operand bytes, D > 128), chosen from the
@@ -23,7 +23,8 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT"]
 # keys, 16 keys above D=128: 32 x 32 spilled 2 words at D=128 and 16 x 32 4 words at D=256 on sm_90 with Triton 3.9
 # (with per-element features 32 x 32 stays: 16 x 32 spills 6 words with 3.6). The fp32 forward at D <= 128 takes
 # 16 x 16 tiles: 16 x 32 spilled 2-4 words in NSA's compressed attention (its causal-block rule) under ptxas's
-# 80-register choice at 8 warps (sm_90 with Triton 3.6 in two stages, sm_80 with 3.9 in one).
+# 80-register choice at 8 warps (sm_90 with Triton 3.6 in two stages, sm_80 with 3.9 in one). At D = Dv = 256 it
+# takes 16 x 16 tiles at 4 warps: 16 x 32 at 8 warps spills 6-8 words on sm_80 (128 registers), 32 x 16 6 with 3.6.
 WIDEST = 2
 _TILES = {
     ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
@@ -31,7 +32,7 @@ _TILES = {
     ("fwd", 2, WIDEST): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 4, False): [(16, 16, 8, 2), (16, 32, 8, 2), (32, 32, 8, 2)],
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
-    ("fwd", 4, WIDEST): [(16, 32, 8, 1), (32, 16, 8, 1)],
+    ("fwd", 4, WIDEST): [(16, 16, 4, 1), (16, 32, 8, 1), (32, 16, 8, 1)],
     ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
     ("bwd", 2, True): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 2, WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
@@ -39,6 +40,20 @@ _TILES = {
     ("bwd", 4, True): [(16, 16, 8, 1), (16, 32, 8, 1)],
     ("bwd", 4, WIDEST): [(16, 16, 8, 1), (16, 32, 8, 1)],
 }
+# Triton 3.6 allocates the 16-bit forward differently from 3.9: at D <= 128 its 64x64 tiles spill 2 words on sm_90
+# in three stages (255 registers), none in two; at D = Dv = 256 64x32 tiles spill 6 words on sm_80 (mma.sync),
+# 64x16 none on either target (66 wgmma on sm_90). 3.9 compiles the ``_TILES`` defaults spill-free. Under Triton
+# before 3.7 these replace the ``_TILES`` entries.
+_TILES_BEFORE_TRITON_3_7 = {("fwd", 2, False): [(64, 64, 8, 2), (64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3),
+                                                (128, 128, 8, 2)],
+                            ("fwd", 2, WIDEST): [(64, 16, 8, 2), (64, 32, 8, 2)]}
+# With a softcap (``SOFTCAP``, no per-element feature) Triton 3.6's 64x64 forward tiles at D <= 128 spill 2 words on
+# sm_90 in two or three stages (4 in one), 64x32 none (190 registers, 36 wgmma); 3.9 compiles the 64x64 ones
+# spill-free. Before Triton 3.7 these replace the class's tiles for softcapped calls.
+_SOFTCAP_TILES_BEFORE_TRITON_3_7 = {("fwd", 2, False): [(64, 32, 8, 2), (64, 64, 8, 2)]}
+# The fp32 dQ kernel (the backward's form before sm_90) without per-element features: 16 query rows x 32 keys spill
+# 2 words on sm_80 (80 registers, Triton 3.6 and 3.9), 32 x 32 none (108).
+_DQ_KERNEL_TILES = {("bwd", 4, False): [(32, 32, 8, 1), (16, 32, 8, 1)]}
 # The candidates with a pse, an explicit mask or dropout (per-element tiles: more registers and shared memory). The
 # forward's: 64 rows (wgmma) x 32 keys at D <= 128, x 16 keys above, spill-free on sm_80 and sm_90 for every feature
 # up to D=192/Dv=128, NSA's compressed attention (an explicit mask of odd width) included, where 128 x 32 spills 36-38
@@ -61,9 +76,10 @@ _FEATURE_TILES = {
 # The dK/dV pass of GPUs before sm_90 (no dQ in the pass, ``DQ`` False: mma.sync, operands in registers) with
 # per-element features: its 64-key blocks spill 4-20 words at D <= 128 (sm_80), 32-key blocks none.
 _SPLIT_FEATURE_TILES = {("bwd", 2, False): [(16, 32, 8, 2), (32, 32, 8, 2)]}
-# Triton 3.6 pipelines the dK/dV pass with every feature at D <= 128 differently from 3.9: two stages spill 6 words
-# on sm_90 with 3.6, one stage none (one stage spills 18 with 3.9, two none). Under Triton before 3.7 (3.6 is what the
-# GPU machines carry; 3.7 and 3.8 were not compiled) these replace the ``_FEATURE_TILES`` entries.
+# Triton 3.6 pipelines the dK/dV pass with every feature at D=128 differently from 3.9: two stages spill 14 words
+# on sm_90 with 3.6, one stage none; with 3.9 two stages spill 4 words, one 20, and no other wgmma tile fits (the
+# fast-path rules exempt it). Under Triton before 3.7 (3.6 is what the GPU machines carry; 3.7 and 3.8 were not
+# compiled) these replace the ``_FEATURE_TILES`` entries.
 _FEATURE_TILES_BEFORE_TRITON_3_7 = {("bwd", 2, False): [(16, 64, 8, 1), (16, 64, 8, 2)]}
 # The dK/dV pass with dQ in it (sm_90) above D=128 without per-element features, 16-bit inputs: the head-dim columns
 # of dK, dV and dQ in two programs per key block (``GRAD_PARTS``, :func:`grad_parts`), whose 64-key blocks (wgmma)
@@ -100,7 +116,8 @@ def _kind(kernel_name: str) -> str:
 @functools.cache
 def _configs(kind: str) -> tuple:
     """Every candidate of a kernel kind (the autotuner's list; :func:`_prune` keeps those of the problem's class)."""
-    tiles = {t: None for table in (_TILES, _feature_tiles(), _SPLIT_FEATURE_TILES, _split_grad_tiles())
+    tiles = {t: None for table in (_tiles(), _feature_tiles(), _SPLIT_FEATURE_TILES, _split_grad_tiles(),
+                                   _DQ_KERNEL_TILES, _SOFTCAP_TILES_BEFORE_TRITON_3_7)
              for key, ts in table.items()
              if key[0] == kind for t in ts}
     return tuple(_config(t, _zero_dq_partials if kind == "bwd" else None) for t in tiles)
@@ -135,15 +152,20 @@ def _class_tiles(key: tuple, constexprs: dict) -> list:
     operands NSA's strided causal rule too: the plain 64 x 64 tiles spill 2-4 words with it on sm_90, while fp32's
     plain tiles do not and its feature tile spills 4 words on sm_80) and the class has some
     (``_SPLIT_FEATURE_TILES`` for the dK/dV pass without dQ), the split pass's ``_SPLIT_GRAD_TILES``
-    (``GRAD_PARTS`` > 1), else ``_TILES``."""
+    (``GRAD_PARTS`` > 1), ``_DQ_KERNEL_TILES`` for the dQ kernel (no ``DQ`` flag) and before Triton 3.7
+    ``_SOFTCAP_TILES_BEFORE_TRITON_3_7`` for a softcap where the class has some, else ``_TILES``."""
     if constexprs.get("GRAD_PARTS", 1) > 1:
         return _split_grad_tiles()[key]
     explicit = constexprs["HAS_EXPLICIT"] is True or (constexprs["HAS_EXPLICIT"] and key[1] == 2)
     if not (constexprs["PSE"] or explicit or constexprs["DROPOUT"]):
-        return _TILES[key]
+        if "DQ" not in constexprs and key[0] == "bwd" and key in _DQ_KERNEL_TILES:
+            return _DQ_KERNEL_TILES[key]
+        if constexprs.get("SOFTCAP") and _before_triton_3_7() and key in _SOFTCAP_TILES_BEFORE_TRITON_3_7:
+            return _SOFTCAP_TILES_BEFORE_TRITON_3_7[key]
+        return _tiles()[key]
     if constexprs.get("DQ", True) is False and key in _SPLIT_FEATURE_TILES:
         return _SPLIT_FEATURE_TILES[key]
-    return _feature_tiles().get(key, _TILES[key])
+    return _feature_tiles().get(key, _tiles()[key])
 
 
 @functools.cache
@@ -151,6 +173,12 @@ def _before_triton_3_7() -> bool:
     import triton
 
     return tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
+
+
+@functools.cache
+def _tiles() -> dict:
+    """``_TILES`` for the installed Triton (``_TILES_BEFORE_TRITON_3_7`` over it before 3.7)."""
+    return {**_TILES, **_TILES_BEFORE_TRITON_3_7} if _before_triton_3_7() else _TILES
 
 
 @functools.cache
