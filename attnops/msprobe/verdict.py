@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -51,6 +52,20 @@ def _all_finite(x: Tensor) -> bool:
     return x.numel() == 0 or all(math.isfinite(float(v)) for v in torch.aminmax(x.detach()))
 
 
+_SAME_SIZE_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _equal_floats(x: Tensor, y: Tensor, finite: bool) -> bool:
+    """``torch.equal`` of two float tensors of one shape and dtype (``finite``: no inf or NaN in either). Identical
+    bits, compared as integers by numpy, are equal values when neither holds NaN; other bits (-0.0 against 0.0, or
+    values that differ) go to ``torch.equal``."""
+    if finite and x.device.type == "cpu" and y.device.type == "cpu":
+        bits = _SAME_SIZE_INTEGER[x.element_size()]
+        if np.array_equal(x.detach().view(bits).numpy(), y.detach().view(bits).numpy()):
+            return True
+    return bool(torch.equal(x, y))
+
+
 def _layout_mismatch(npu: Tensor, emulation: Tensor, result: TensorVerdict) -> TensorVerdict | None:
     if tuple(npu.shape) != tuple(emulation.shape) or npu.dtype != emulation.dtype:
         return TensorVerdict("FAIL", [f"NPU {npu.dtype} {list(npu.shape)} vs emulation {emulation.dtype} "
@@ -80,16 +95,17 @@ def judge_tensor(npu: Tensor, emulation: Tensor, golden: Tensor) -> TensorVerdic
     mismatch = _layout_mismatch(npu, emulation, result)
     if mismatch is not None:
         return mismatch
-    result.exact = bool(torch.equal(npu, emulation))
     if not npu.is_floating_point():
+        result.exact = bool(torch.equal(npu, emulation))
         diff = (npu.to(torch.int64) - emulation.to(torch.int64)).abs()
         worst = int(diff.max()) if diff.numel() else 0
         result.ratios = {"max_abs_diff_vs_emulation": float(worst)}
         if worst > 1:
             result.verdict, result.reasons = "FAIL", [f"integer output differs from the emulation by {worst} > 1"]
         return result
-    if not (_all_finite(npu) and _all_finite(emulation)) and \
-            not torch.equal(_nonfinite(npu), _nonfinite(emulation)):
+    finite = _all_finite(npu) and _all_finite(emulation)
+    result.exact = _equal_floats(npu, emulation, finite)
+    if not finite and not torch.equal(_nonfinite(npu), _nonfinite(emulation)):
         result.reasons.append("inf/NaN positions differ from the emulation's")
     (result.npu, npu_hist), (result.emulation, emulation_hist) = metrics_against(golden, [npu, emulation], npu.dtype)
     result.histograms = (npu_hist, emulation_hist)

@@ -1,4 +1,5 @@
-"""The one-pass chunked metrics against a straightforward implementation of their definitions (docs/compare.md)."""
+"""The one-pass chunked metrics against a straightforward implementation of their definitions (docs/compare.md),
+and the verdict's shortcuts for exactness and finiteness against torch's."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,7 @@ import torch
 
 from attnops.msprobe import metrics as metrics_module
 from attnops.msprobe.metrics import HISTOGRAM_SHIFT, constants_for, metrics_against
+from attnops.msprobe.verdict import judge_tensor
 
 
 def _straightforward(actual: torch.Tensor, bench: torch.Tensor, dtype: torch.dtype) -> tuple[dict, torch.Tensor]:
@@ -65,3 +67,21 @@ def test_overflowing_errors_of_float64_tensors_stay_in_their_metrics():
     (m, _), = metrics_against(bench, [actual], torch.float64)
     assert m.max_abs_err == math.inf and m.max_rel_err == math.inf and m.small_value_err_ratio == 0.0
     assert m.one_thousandth_ratio == 0.75
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_exact_is_torch_equal_with_signed_zeros_nan_and_inf(dtype):
+    base = torch.tensor([1.0, -2.0, 0.0, 3.0], dtype=dtype)
+    golden = base.double()
+    variants = {"same": base.clone(), "negative zero": torch.tensor([1.0, -2.0, -0.0, 3.0], dtype=dtype),
+                "other value": torch.tensor([1.0, -2.0, 0.0, 3.5], dtype=dtype)}
+    for name, npu in variants.items():
+        assert judge_tensor(npu, base, golden).exact == torch.equal(npu, base), name
+    for special in (float("nan"), float("inf")):
+        npu = base.clone()
+        npu[1] = special
+        verdict = judge_tensor(npu, npu.clone(), golden)
+        assert verdict.exact == torch.equal(npu, npu.clone()) and not verdict.reasons
+        other = base.clone()
+        other[2] = special
+        assert judge_tensor(npu, other, golden).reasons[0] == "inf/NaN positions differ from the emulation's"
