@@ -107,7 +107,12 @@ def judge_tensor(npu: Tensor, emulation: Tensor, golden: Tensor) -> TensorVerdic
     result.exact = _equal_floats(npu, emulation, finite)
     if not finite and not torch.equal(_nonfinite(npu), _nonfinite(emulation)):
         result.reasons.append("inf/NaN positions differ from the emulation's")
-    (result.npu, npu_hist), (result.emulation, emulation_hist) = metrics_against(golden, [npu, emulation], npu.dtype)
+    if result.exact:  # equal values: N's metrics are E's
+        (result.emulation, emulation_hist), = metrics_against(golden, [emulation], npu.dtype)
+        result.npu, npu_hist = result.emulation, None if emulation_hist is None else emulation_hist.clone()
+    else:
+        (result.npu, npu_hist), (result.emulation, emulation_hist) = metrics_against(golden, [npu, emulation],
+                                                                                     npu.dtype)
     result.histograms = (npu_hist, emulation_hist)
     floor = constants_for(npu.dtype).minimum_err
     for name, limit in RATIO_LIMITS.items():

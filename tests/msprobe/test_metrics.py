@@ -85,3 +85,14 @@ def test_exact_is_torch_equal_with_signed_zeros_nan_and_inf(dtype):
         other = base.clone()
         other[2] = special
         assert judge_tensor(npu, other, golden).reasons[0] == "inf/NaN positions differ from the emulation's"
+
+
+def test_an_exact_npu_result_gets_the_emulations_metrics_and_histogram():
+    actual, bench = _case(torch.bfloat16, 3000, seed=5)
+    emulation = actual.clone()
+    emulation[5] = 0.25  # no NaN (inf stays): torch.equal holds
+    npu = emulation.clone()
+    verdict = judge_tensor(npu, emulation, bench)
+    (want, want_hist), = metrics_against(bench, [npu], torch.bfloat16)
+    assert verdict.exact and verdict.npu == verdict.emulation == want
+    assert torch.equal(verdict.histograms[0], want_hist) and torch.equal(verdict.histograms[1], want_hist)
