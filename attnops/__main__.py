@@ -33,13 +33,18 @@ OWN_PARSER = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; only ``command``'s module is imported for its options (the others' imports,
+    heavy for some, would only cost start-up time)."""
     parser = argparse.ArgumentParser(
         prog="python -m attnops", description="attnops: Huawei CANN's fused-attention operators on PyTorch.",
         epilog="Run 'python -m attnops COMMAND --help' for a command's options.")
     parser.add_argument("--version", action="version", version=f"attnops {__version__}")
     commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
+        if name != command:
+            commands.add_parser(name, help=summary)
+            continue
         module = importlib.import_module(module_name)
         sub = commands.add_parser(name, help=summary, description=module.__doc__.replace("``", ""),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in OWN_PARSER:  # commands that parse their own arguments
         return importlib.import_module(OWN_PARSER[argv[0]][0]).main(argv[1:])
-    parser = build_parser()
+    parser = build_parser(next((a for a in argv if a in COMMANDS), None))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)

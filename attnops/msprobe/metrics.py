@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -94,7 +95,7 @@ class _Totals:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.err_max, self.rel_max = max(self.err_max, other.err_max), max(self.rel_max, other.rel_max)
         if other.histogram is not None:
-            self.histogram = other.histogram if self.histogram is None else self.histogram + other.histogram
+            self.histogram = other.histogram if self.histogram is None else self.histogram.add_(other.histogram)
 
     def metrics(self) -> Metrics:
         if self.count == 0:
@@ -109,33 +110,62 @@ class _Totals:
             small_value_err_ratio=self.small_off / small if small else 0.0)
 
 
-def _chunk_totals(a: Tensor, b: Tensor, b_abs: Tensor, rel_den: Tensor, re_den: Tensor, large: Tensor,
-                  c: DtypeConstants) -> _Totals:
-    """The sums of one chunk (finite elements only, float64)."""
-    err = (a - b).abs_()
-    rel = torch.where(large, err / rel_den, 0.0)
-    re_all = err / re_den
+@dataclass(frozen=True)
+class _BenchPart:
+    """The benchmark's part of one chunk (float64, finite elements), shared by the tensors measured against it.
+    The relative errors' denominators carry their element selections: ``rel_den`` is ``|b| + eps`` where
+    ``|b| > small_value`` and inf elsewhere (relative error 0 there), ``re_den`` is ``|b|``, eps where ``b = 0``;
+    ``small`` marks the elements with ``|b| <= small_value``."""
+
+    b: Tensor
+    norm: float
+    small: np.ndarray
+    rel_den: np.ndarray
+    re_den: np.ndarray
+
+
+def _bench_part(b: Tensor, norm: float, c: DtypeConstants) -> _BenchPart:
+    b_abs = b.abs().numpy()
+    small = b_abs <= c.small_value
+    rel_den, re_den = b_abs + c.eps, b_abs.copy()
+    np.copyto(rel_den, np.inf, where=small)
+    np.copyto(re_den, c.eps, where=b_abs == 0)
+    return _BenchPart(b=b, norm=norm, small=small, rel_den=rel_den, re_den=re_den)
+
+
+def _chunk_totals(a: Tensor, norm_a: float, bench: _BenchPart, c: DtypeConstants) -> _Totals:
+    """The sums of one chunk (finite elements only, float64). The float sums are torch's reductions (their
+    summation order fixes the last bits); counts and maxima, exact in any order, are numpy's (vectorised where
+    torch's boolean-valued CPU operators are not)."""
+    err_t = (a - bench.b).abs_()
+    err = err_t.numpy()
+    re_all = err / bench.re_den
+    rel = err / bench.rel_den
     return _Totals(
-        count=err.numel(), dot=float(a @ b), norm_a=float(a @ a), norm_b=float(b @ b), err_sq=float(err @ err),
-        err_max=float(err.max()) if err.numel() else 0.0, below_1e3=int((re_all < 0.001).sum()),
-        below_5e3=int((re_all < 0.005).sum()), large=int(large.sum()), rel_sum=float(rel.sum()),
-        rel_max=float(rel.max()) if rel.numel() else 0.0, small_off=int(((err > c.small_value_atol) & ~large).sum()),
-        histogram=torch.bincount(err.view(torch.int64) >> HISTOGRAM_SHIFT, minlength=HISTOGRAM_BINS))
+        count=err.size, dot=float(a @ bench.b), norm_a=norm_a, norm_b=bench.norm, err_sq=float(err_t @ err_t),
+        err_max=float(err.max()) if err.size else 0.0, below_1e3=int(np.count_nonzero(re_all < 0.001)),
+        below_5e3=int(np.count_nonzero(re_all < 0.005)), large=err.size - int(np.count_nonzero(bench.small)),
+        rel_sum=float(torch.from_numpy(rel).sum()), rel_max=float(rel.max()) if rel.size else 0.0,
+        small_off=int(np.count_nonzero((err > c.small_value_atol) & bench.small)),
+        histogram=torch.bincount((err_t.view(torch.int64) >> HISTOGRAM_SHIFT).int(), minlength=HISTOGRAM_BINS))
 
 
 def _chunk(b_all: Tensor, a_all: list[Tensor], at: int, c: DtypeConstants) -> list[_Totals]:
     """The sums of chunk ``at`` for every tensor of ``a_all`` against ``b_all`` (flat)."""
-    b_full = b_all[at:at + CHUNK].to(torch.float64)
-    b_abs = b_full.abs()
-    shared = (b_full, b_abs, b_abs + c.eps, torch.where(b_full == 0, c.eps, b_abs), b_abs > c.small_value)
+    b_full = b_all[at:at + CHUNK].to("cpu", torch.float64)  # numpy counts on the CPU
+    norm_b = float(b_full @ b_full)
+    shared = None
     out = []
     for a_flat in a_all:
-        a = a_flat[at:at + CHUNK].to(torch.float64)
-        if math.isfinite(float(a @ a)) and math.isfinite(float(b_full @ b_full)):  # every element finite
-            out.append(_chunk_totals(a, *shared, c))
+        a = a_flat[at:at + CHUNK].to("cpu", torch.float64)
+        norm_a = float(a @ a)
+        if math.isfinite(norm_a) and math.isfinite(norm_b):  # every element finite
+            shared = _bench_part(b_full, norm_b, c) if shared is None else shared
+            out.append(_chunk_totals(a, norm_a, shared, c))
         else:
             finite = torch.isfinite(a) & torch.isfinite(b_full)
-            out.append(_chunk_totals(a[finite], *(x[finite] for x in shared), c))
+            a, b = a[finite], b_full[finite]
+            out.append(_chunk_totals(a, float(a @ a), _bench_part(b, float(b @ b), c), c))
     return out
 
 

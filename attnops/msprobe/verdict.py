@@ -11,8 +11,10 @@ msprobe gives a GPU, both measured against the fp64 golden G.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -44,6 +46,26 @@ def _nonfinite(x: Tensor) -> Tensor:
         torch.zeros((3, *x.shape), dtype=torch.bool)
 
 
+def _all_finite(x: Tensor) -> bool:
+    """Whether every element of the float tensor ``x`` is finite: its minimum and maximum are (both propagate
+    NaN; one reduction, where ``isfinite`` would first write a boolean tensor)."""
+    return x.numel() == 0 or all(math.isfinite(float(v)) for v in torch.aminmax(x.detach()))
+
+
+_SAME_SIZE_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _equal_floats(x: Tensor, y: Tensor, finite: bool) -> bool:
+    """``torch.equal`` of two float tensors of one shape and dtype (``finite``: no inf or NaN in either). Identical
+    bits, compared as integers by numpy, are equal values when neither holds NaN; other bits (-0.0 against 0.0, or
+    values that differ) go to ``torch.equal``."""
+    if finite and x.device.type == "cpu" and y.device.type == "cpu":
+        bits = _SAME_SIZE_INTEGER[x.element_size()]
+        if np.array_equal(x.detach().view(bits).numpy(), y.detach().view(bits).numpy()):
+            return True
+    return bool(torch.equal(x, y))
+
+
 def _layout_mismatch(npu: Tensor, emulation: Tensor, result: TensorVerdict) -> TensorVerdict | None:
     if tuple(npu.shape) != tuple(emulation.shape) or npu.dtype != emulation.dtype:
         return TensorVerdict("FAIL", [f"NPU {npu.dtype} {list(npu.shape)} vs emulation {emulation.dtype} "
@@ -73,18 +95,24 @@ def judge_tensor(npu: Tensor, emulation: Tensor, golden: Tensor) -> TensorVerdic
     mismatch = _layout_mismatch(npu, emulation, result)
     if mismatch is not None:
         return mismatch
-    result.exact = bool(torch.equal(npu, emulation))
     if not npu.is_floating_point():
+        result.exact = bool(torch.equal(npu, emulation))
         diff = (npu.to(torch.int64) - emulation.to(torch.int64)).abs()
         worst = int(diff.max()) if diff.numel() else 0
         result.ratios = {"max_abs_diff_vs_emulation": float(worst)}
         if worst > 1:
             result.verdict, result.reasons = "FAIL", [f"integer output differs from the emulation by {worst} > 1"]
         return result
-    if not (bool(torch.isfinite(npu).all()) and bool(torch.isfinite(emulation).all())) and \
-            not torch.equal(_nonfinite(npu), _nonfinite(emulation)):
+    finite = _all_finite(npu) and _all_finite(emulation)
+    result.exact = _equal_floats(npu, emulation, finite)
+    if not finite and not torch.equal(_nonfinite(npu), _nonfinite(emulation)):
         result.reasons.append("inf/NaN positions differ from the emulation's")
-    (result.npu, npu_hist), (result.emulation, emulation_hist) = metrics_against(golden, [npu, emulation], npu.dtype)
+    if result.exact:  # equal values: N's metrics are E's
+        (result.emulation, emulation_hist), = metrics_against(golden, [emulation], npu.dtype)
+        result.npu, npu_hist = result.emulation, None if emulation_hist is None else emulation_hist.clone()
+    else:
+        (result.npu, npu_hist), (result.emulation, emulation_hist) = metrics_against(golden, [npu, emulation],
+                                                                                     npu.dtype)
     result.histograms = (npu_hist, emulation_hist)
     floor = constants_for(npu.dtype).minimum_err
     for name, limit in RATIO_LIMITS.items():
