@@ -44,12 +44,11 @@ def takes(p: FIAProblem, b: int, sq: int, c0: int, c1: int, pieces) -> bool:
             and all(pc.seg.key.stride(-1) == 1 and pc.seg.value.stride(-1) == 1 for pc in pieces))
 
 
-def _token_factors(quant: Antiquant | None, b: int, piece, keep: list) -> tuple[int, ...]:
+def _token_factors(quant: Antiquant | None, b: int, piece, r: int, l: int, keep: list) -> tuple[int, ...]:
     """``(scale addr, offset addr, sr, sn, sl)`` of a piece's per-token antiquant (:data:`layout.NO_FACTORS` when
-    there is none or it is per-channel)."""
+    there is none or it is per-channel); ``r`` blocks of ``l`` tokens."""
     if quant is None or quant.kind == "static":
         return layout.NO_FACTORS
-    r, l = piece.key.shape[0], piece.key.shape[2]
     scale, offset = (None if t is None else t.contiguous()
                      for t in quant.factors(b, piece.pos, piece.block, r, l))
     if offset is not None and offset.stride() != scale.stride():
@@ -64,10 +63,10 @@ def _runs(p: FIAProblem, b: int, pieces, keep: list) -> list[list[int]]:
     """The kernel's run descriptors (:func:`layout.run_columns`) of a chunk's pieces, one row each."""
     rows = []
     for pc in pieces:
-        k, v = pc.key, pc.value
-        rows.append(layout.run_columns((k.data_ptr(), *k.stride()[:3]), (v.data_ptr(), *v.stride()[:3]), k.shape[0],
-                                       k.shape[2], _token_factors(p.key_quant, b, pc, keep),
-                                       _token_factors(p.value_quant, b, pc, keep)))
+        key, r, l = pc.run("key")
+        value = pc.run("value")[0]
+        rows.append(layout.run_columns(key, value, r, l, _token_factors(p.key_quant, b, pc, r, l, keep),
+                                       _token_factors(p.value_quant, b, pc, r, l, keep)))
     return rows
 
 
@@ -104,7 +103,7 @@ def compute(p: FIAProblem, chunks: list, queries: dict, partials: dict) -> None:
         if own is None:  # a paged chunk: its descriptors are made
             address, count, dtypes = c.runs.data_ptr(), c.runs.shape[0], c.dtypes
         else:  # this chunk's rows of the table
-            count, dtypes = len(own), (c.pieces[0].key.dtype, c.pieces[0].value.dtype)
+            count, dtypes = len(own), (c.pieces[0].seg.key.dtype, c.pieces[0].seg.value.dtype)
             address = table.data_ptr() + first * table.stride(0) * table.element_size()
             first += count
         outputs = tuple(x.data_ptr() + c.index * x.stride(0) * x.element_size() for x in partials[c.b])
