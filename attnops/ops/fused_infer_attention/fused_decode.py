@@ -182,7 +182,7 @@ def paged_chunks(p: FIAProblem, batches: list[int], chunk_tokens: int) -> dict[i
                               (vc.data_ptr() + blocks * (vc.stride(0) * vc.element_size()), 0, *geo_v), 1, lengths,
                               *(_page_factors(quant, batch_of, blocks, positions, keep)
                                 for quant in (p.key_quant, p.value_quant)))
-    runs = torch.stack([torch.as_tensor(c, dtype=layout.DTYPE).expand(blocks.shape[0]) for c in cols], 1)
+    runs = _columns(cols, blocks.shape[0])
     per_chunk = max(1, chunk_tokens // bs)
     dtypes, keep = (kc.dtype, vc.dtype), tuple(keep)
     chunks: dict[int, list[PagedChunk]] = {}
@@ -193,6 +193,16 @@ def paged_chunks(p: FIAProblem, batches: list[int], chunk_tokens: int) -> dict[i
                      for i, start in enumerate(range(0, count, per_chunk))]
         first_page += count
     return chunks
+
+
+def _columns(cols: list, count: int) -> Tensor:
+    """``count`` run descriptors ``[count, len(cols)]`` from :func:`layout.run_columns`'s ``cols`` (ints, the same
+    in every row, or tensors of one value per row): the ints as one repeated row, then each tensor column."""
+    runs = torch.tensor([0 if isinstance(c, Tensor) else c for c in cols], dtype=layout.DTYPE).repeat(count, 1)
+    for i, c in enumerate(cols):
+        if isinstance(c, Tensor):
+            runs[:, i] = c
+    return runs
 
 
 def _page_factors(quant: Antiquant | None, batch: Tensor, blocks: Tensor, positions: Tensor, keep: list) -> tuple:
