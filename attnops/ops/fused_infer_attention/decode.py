@@ -46,6 +46,18 @@ class _Piece:
         per_block = x.shape[2]
         return x[self.t0 // per_block:self.t1 // per_block]
 
+    def run(self, which: str) -> tuple[tuple[int, int, int, int], int, int]:
+        """``((addr, sr, sn, sl), blocks, length)`` of :attr:`key` or :attr:`value` (``which``), without making the
+        view: its address, its strides in elements along blocks, heads and tokens, and its shape along blocks and
+        tokens."""
+        x = getattr(self.seg, which)
+        sr, sn, sl = x.stride()[:3]
+        if x.shape[0] == 1:
+            return (x.data_ptr() + self.t0 * sl * x.element_size(), sr, sn, sl), 1, self.t1 - self.t0
+        per_block = x.shape[2]
+        first = x.data_ptr() + self.t0 // per_block * sr * x.element_size()
+        return (first, sr, sn, sl), (self.t1 - self.t0) // per_block, per_block
+
     @cached_property
     def key(self) -> Tensor:
         return self._part(self.seg.key)
@@ -194,6 +206,10 @@ def _merge(m: Tensor, total: Tensor, o: Tensor) -> tuple[Tensor, Tensor]:
     row (max -inf) weighs nothing in it; its sum NaN (keys seen, every score -inf) makes a row that no chunk gave a
     finite score NaN, as the formula's ``0 / 0``."""
     top = m.amax(0)
+    if bool(m.isfinite().all()):  # every chunk gave every row a finite max: the same values in fewer operations
+        w = (m - top).exp()
+        total = (w * total).sum(0)
+        return (o.mul_(w.unsqueeze(-1)).sum(0) / total.unsqueeze(-1)).transpose(0, 1), top + total.log()
     valid = top != -math.inf
     unkept = m == -math.inf
     w = torch.where(unkept, 0.0, (m - top).exp())
@@ -247,8 +263,7 @@ class _Partials:
             stacked = (torch.empty(shape, dtype=F32, device=p.device), torch.empty(shape, dtype=F32, device=p.device),
                        torch.empty(*shape, p.dv, dtype=F32, device=p.device))
             self.stacked[tuple(batches)] = stacked
-            for j, b in enumerate(batches):
-                self.partials[b] = tuple(x[:, j] for x in stacked)
+            self.partials.update(zip(batches, zip(*(x.unbind(1) for x in stacked))))
 
     def merge(self, convert) -> dict[int, tuple[Tensor, Tensor]]:
         """``{b: (o [Sq_b, N1, Dv], lse [N1, Sq_b])}``: :func:`_merge` of each group's batches, their heads side by

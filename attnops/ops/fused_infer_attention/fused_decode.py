@@ -44,12 +44,11 @@ def takes(p: FIAProblem, b: int, sq: int, c0: int, c1: int, pieces) -> bool:
             and all(pc.seg.key.stride(-1) == 1 and pc.seg.value.stride(-1) == 1 for pc in pieces))
 
 
-def _token_factors(quant: Antiquant | None, b: int, piece, keep: list) -> tuple[int, ...]:
+def _token_factors(quant: Antiquant | None, b: int, piece, r: int, l: int, keep: list) -> tuple[int, ...]:
     """``(scale addr, offset addr, sr, sn, sl)`` of a piece's per-token antiquant (:data:`layout.NO_FACTORS` when
-    there is none or it is per-channel)."""
+    there is none or it is per-channel); ``r`` blocks of ``l`` tokens."""
     if quant is None or quant.kind == "static":
         return layout.NO_FACTORS
-    r, l = piece.key.shape[0], piece.key.shape[2]
     scale, offset = (None if t is None else t.contiguous()
                      for t in quant.factors(b, piece.pos, piece.block, r, l))
     if offset is not None and offset.stride() != scale.stride():
@@ -64,10 +63,10 @@ def _runs(p: FIAProblem, b: int, pieces, keep: list) -> list[list[int]]:
     """The kernel's run descriptors (:func:`layout.run_columns`) of a chunk's pieces, one row each."""
     rows = []
     for pc in pieces:
-        k, v = pc.key, pc.value
-        rows.append(layout.run_columns((k.data_ptr(), *k.stride()[:3]), (v.data_ptr(), *v.stride()[:3]), k.shape[0],
-                                       k.shape[2], _token_factors(p.key_quant, b, pc, keep),
-                                       _token_factors(p.value_quant, b, pc, keep)))
+        key, r, l = pc.run("key")
+        value = pc.run("value")[0]
+        rows.append(layout.run_columns(key, value, r, l, _token_factors(p.key_quant, b, pc, r, l, keep),
+                                       _token_factors(p.value_quant, b, pc, r, l, keep)))
     return rows
 
 
@@ -104,7 +103,7 @@ def compute(p: FIAProblem, chunks: list, queries: dict, partials: dict) -> None:
         if own is None:  # a paged chunk: its descriptors are made
             address, count, dtypes = c.runs.data_ptr(), c.runs.shape[0], c.dtypes
         else:  # this chunk's rows of the table
-            count, dtypes = len(own), (c.pieces[0].key.dtype, c.pieces[0].value.dtype)
+            count, dtypes = len(own), (c.pieces[0].seg.key.dtype, c.pieces[0].seg.value.dtype)
             address = table.data_ptr() + first * table.stride(0) * table.element_size()
             first += count
         outputs = tuple(x.data_ptr() + c.index * x.stride(0) * x.element_size() for x in partials[c.b])
@@ -183,7 +182,7 @@ def paged_chunks(p: FIAProblem, batches: list[int], chunk_tokens: int) -> dict[i
                               (vc.data_ptr() + blocks * (vc.stride(0) * vc.element_size()), 0, *geo_v), 1, lengths,
                               *(_page_factors(quant, batch_of, blocks, positions, keep)
                                 for quant in (p.key_quant, p.value_quant)))
-    runs = torch.stack([torch.as_tensor(c, dtype=layout.DTYPE).expand(blocks.shape[0]) for c in cols], 1)
+    runs = _columns(cols, blocks.shape[0])
     per_chunk = max(1, chunk_tokens // bs)
     dtypes, keep = (kc.dtype, vc.dtype), tuple(keep)
     chunks: dict[int, list[PagedChunk]] = {}
@@ -194,6 +193,16 @@ def paged_chunks(p: FIAProblem, batches: list[int], chunk_tokens: int) -> dict[i
                      for i, start in enumerate(range(0, count, per_chunk))]
         first_page += count
     return chunks
+
+
+def _columns(cols: list, count: int) -> Tensor:
+    """``count`` run descriptors ``[count, len(cols)]`` from :func:`layout.run_columns`'s ``cols`` (ints, the same
+    in every row, or tensors of one value per row): the ints as one repeated row, then each tensor column."""
+    runs = torch.tensor([0 if isinstance(c, Tensor) else c for c in cols], dtype=layout.DTYPE).repeat(count, 1)
+    for i, c in enumerate(cols):
+        if isinstance(c, Tensor):
+            runs[:, i] = c
+    return runs
 
 
 def _page_factors(quant: Antiquant | None, batch: Tensor, blocks: Tensor, positions: Tensor, keep: list) -> tuple:
