@@ -44,7 +44,9 @@ def _onednn():
 
 
 def _dense(w: torch.Tensor) -> bool:
-    return w.is_contiguous() or w.t().is_contiguous()
+    """Whether ``w`` (2-D) is row-major or a transposed row-major matrix (``w.t().is_contiguous()`` read from the
+    strides: no view is made, this runs before every product)."""
+    return w.is_contiguous() or (w.stride(0) == 1 and w.stride(1) == w.shape[0])
 
 
 def _onednn_weight(w: torch.Tensor, rows: int) -> bool:
