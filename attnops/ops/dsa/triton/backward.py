@@ -95,11 +95,17 @@ def sparse_flash_attention_backward(g: Geometry, grad, query, query_rope, cache:
     outputs, launches, lists = attention_backward_plan(g, grad, query, query_rope, cache, sparse_indices, out,
                                                        softmax_max, softmax_sum, scale, sparse_block_size, causal,
                                                        interpreting(query.device))
-    KERNELS.run_all(launches[:1], query.device)
+    run_around_lists(launches, lists, 1, query.device)
+    return outputs
+
+
+def run_around_lists(launches: list, lists: InvertedLists | None, first: int, device) -> None:
+    """The first ``first`` launches (they write the inverted lists' keys), the lists ordered on the device, then the
+    launches that read them (none without lists)."""
+    KERNELS.run_all(launches[:first], device)
     if lists is not None:
         lists.schedule()
-        KERNELS.run_all(launches[1:], query.device)
-    return outputs
+        KERNELS.run_all(launches[first:], device)
 
 
 def sparse_attention_grad_for(call, grad, query, key, value, sparse_indices, query_rope, key_rope, out, softmax_max,

@@ -10,8 +10,8 @@ import torch
 from ...._core.triton.launch import Launch, pow2, unit_last_stride
 from ...._core.triton.support import interpreting
 from ...common.inverted_lists import InvertedLists, list_chunk
-from .backward import _key_layout
-from .family import BACKWARD_KEYS, KERNELS, precision_flags
+from .backward import _key_layout, run_around_lists
+from .family import BACKWARD_KEYS, precision_flags
 from .launch import Geometry, _idx_strides, _row_strides, _token_strides, geometry_of
 
 
@@ -79,10 +79,7 @@ def indexer_kl_loss(g: Geometry, query, key, query_index, key_index, weights, sp
     outputs, launches, lists = kl_loss_plan(g, query, key, query_index, key_index, weights, sparse_indices,
                                             softmax_max, softmax_sum, query_rope, key_rope, scale,
                                             interpreting(query.device))
-    KERNELS.run_all(launches[:2], query.device)
-    if lists is not None:
-        lists.schedule()
-        KERNELS.run_all(launches[2:], query.device)
+    run_around_lists(launches, lists, 2, query.device)
     return outputs
 
 
