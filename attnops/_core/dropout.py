@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import numbers
 import operator
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 
 from .checks import check_tensor, fail, require
 from .errors import ParamDtypeError
+from .parallel import thread_store
 
 _M32 = 0xFFFFFFFF
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57
@@ -27,14 +27,14 @@ _ROUNDS = 10
 _UNIFORM_SCALE = 4.6566127342e-10  # Triton's uint_to_uniform_float scale for 32-bit words
 CHUNK = 1 << 14  # counters per generator pass: its five uint64 buffers (640 KiB) stay in a core's L2 cache
 PACKED_CHUNK = 1 << 16  # packed-mask elements per pass (a few tensor calls: no cache-resident state)
-_SCRATCH = threading.local()
 
 
 def _scratch(n: int) -> np.ndarray:
     """This thread's ``[6, n]`` uint64 buffers, kept between calls: five for the generator, one for counters."""
-    buf = getattr(_SCRATCH, "buf", None)
+    store = thread_store()
+    buf = store.get("dropout_scratch")
     if buf is None or buf.shape[1] < n:
-        buf = _SCRATCH.buf = np.empty((6, max(n, CHUNK)), dtype=np.uint64)
+        buf = store["dropout_scratch"] = np.empty((6, max(n, CHUNK)), dtype=np.uint64)
     return buf[:, :n]
 
 

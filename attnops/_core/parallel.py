@@ -6,17 +6,26 @@ whole heads side by side on single-threaded workers, the way ``scaled_dot_produc
 with ``at::parallel_for``, keeps every core on GEMMs. PyTorch releases the GIL inside its ops, so Python threads
 give real parallelism.
 
-:func:`run_jobs` runs ``job(x)`` for every ``x`` on a persistent pool of ``torch.get_num_threads()`` workers whose
-intra-op thread count is 1 (``torch.set_num_threads`` is per OS thread for OpenMP and MKL; the caller's setting
-is restored), with autograd off and the caller's inference mode, and re-raises the first error. With one thread,
-or when called from inside a worker, the jobs run one after another in the caller. Either way every job's
-operators run single-threaded, so a result that each job writes alone (callers merge shared results in a fixed
-order) does not depend on the thread count. Callers split their work into enough jobs to keep the workers busy.
+The workers are PyTorch's own OpenMP threads where PyTorch runs on GNU OpenMP (its Linux wheels): :func:`run_jobs`
+opens one parallel region of the OpenMP library PyTorch loaded (``GOMP_parallel``) whose threads take the jobs one
+by one, the way ``at::parallel_for`` does. GNU OpenMP keeps a region's threads spinning for milliseconds after it
+ends (every PyTorch operator that ran just before, a linear layer or SDPA, leaves them so); separate workers
+would share the cores with those spinning threads (measured: a 6 ms causal forward took 9-11 ms right after an
+SDPA call), while the same threads pick up the next region at once. Elsewhere (another OpenMP runtime, PyTorch's
+native thread pool) a persistent pool of ``torch.get_num_threads()`` Python threads whose intra-op thread count is
+1 serves (``torch.set_num_threads`` is per OS thread for OpenMP and MKL; the caller's setting is restored). Either
+way a job's operators run single-threaded (inside a parallel region OpenMP, oneDNN and MKL run nested regions on
+one thread), with autograd off and the caller's inference mode, and the first error is re-raised. With one thread,
+or when called from inside a job, the jobs run one after another in the caller. So a result that each job writes
+alone (callers merge shared results in a fixed order) does not depend on the thread count. Callers split their
+work into enough jobs to keep the workers busy.
 
-Around the jobs, callers keep large tensor operations off the calling thread too (:func:`fill_`):
-such an operation runs an OpenMP region, and GNU OpenMP (PyTorch's wheels) keeps the region's idle threads
-spinning for milliseconds afterwards, on the very cores the workers are about to use (measured: the second
-worker started 2-5 ms late and its first job ran 7 ms slower, about 5% of a causal forward).
+Around the jobs, callers run large tensor operations as jobs too (:func:`fill_`): on the fallback pool an
+operation on the calling thread would run an OpenMP region whose idle threads then spin on the very cores the
+workers are about to use (measured: the second worker started 2-5 ms late and its first job ran 7 ms slower).
+
+:func:`thread_store` is the calling OS thread's dictionary for workspaces kept between calls: a ``threading.local``
+would not do, since Python sees an OpenMP thread afresh at every region.
 """
 from __future__ import annotations
 
@@ -40,9 +49,11 @@ _pool_size = 0
 
 
 def _forget_pool() -> None:
-    """In a forked child: the parent's worker threads do not exist there, so the next call starts a new pool."""
+    """In a forked child: the parent's worker threads do not exist there, so the next call starts a new pool (GNU
+    OpenMP's threads do not either, and it does not know: a region there waits for them forever)."""
     global _pool, _pool_size, _pool_lock
     _pool, _pool_size, _pool_lock = None, 0, threading.Lock()
+    _team[:] = [None]
 
 
 if hasattr(os, "register_at_fork"):
@@ -96,13 +107,88 @@ def run_jobs(job: Callable[[T], None], items: Sequence[T], device: torch.device)
         with torch.inference_mode(inference), torch.no_grad():
             job(item)
 
+    team = _openmp_team()
+    errors = team.run(threads, guarded, items) if team is not None else _run_on_pool(threads, guarded, items)
+    if errors:
+        raise errors[0]
+
+
+def _run_on_pool(threads: int, job: Callable[[T], None], items: Sequence[T]) -> list[BaseException]:
+    """The jobs on the fallback pool of Python threads; returns their errors."""
     pool = _workers(threads)
-    futures = [pool.submit(guarded, item) for item in items]
+    futures = [pool.submit(job, item) for item in items]
     wait(futures)  # one wake-up when all are done (waiting on each in turn woke this thread for every job)
-    errors = [f.exception() for f in futures]
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
+    return [e for e in (f.exception() for f in futures) if e is not None]
+
+
+_REGION_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _OpenMPTeam:
+    """PyTorch's GNU OpenMP threads as the job workers: one parallel region (``GOMP_parallel``, the entry point
+    compilers emit for ``#pragma omp parallel``) whose threads, the caller included, take the items in turn."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self.entry = library.GOMP_parallel
+        self.entry.argtypes = [_REGION_BODY, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        self.entry.restype = None
+
+    def run(self, threads: int, job: Callable[[T], None], items: Sequence[T]) -> list[BaseException]:
+        """``job(item)`` for every item on ``threads`` threads; returns the errors (the remaining items are skipped
+        after the first)."""
+        todo, errors = iter(items), []
+
+        def body(_) -> None:  # on each thread of the region; a ctypes callback takes the GIL around it
+            inside = getattr(_state, "worker", False)
+            _state.worker = True
+            torch.get_num_threads()  # PyTorch's lazy per-thread init first: it would reset the count below
+            counts = [set_count(1) for set_count in _thread_setters()]  # nested regions: one thread (a team of
+            try:  # one, or OMP_NESTED, would let them run several)
+                for item in todo:  # next() runs under the GIL: each item is taken once
+                    if errors:
+                        break
+                    try:
+                        job(item)
+                    except BaseException as e:  # noqa: BLE001 (re-raised by the caller; a callback cannot raise)
+                        errors.append(e)
+            finally:
+                for set_count, count in zip(_thread_setters(), counts):
+                    set_count(count)
+                _state.worker = inside
+
+        self.entry(_REGION_BODY(body), None, threads, 0)
+        return errors
+
+
+_team: list = []  # [the team or None], found once
+
+
+def _openmp_team() -> _OpenMPTeam | None:
+    """The team where PyTorch's intra-op parallelism is GNU OpenMP (``ATTNOPS_OPENMP_TEAM=0``: the Python pool),
+    else None."""
+    if not _team:
+        library = None
+        if os.environ.get("ATTNOPS_OPENMP_TEAM", "1") != "0" and "backend: OpenMP" in torch.__config__.parallel_info():
+            library = next((ctypes.CDLL(path) for path in _loaded_libraries() if Path(path).name.startswith("libgomp")),
+                           None)
+        _team.append(_OpenMPTeam(library) if library is not None and hasattr(library, "GOMP_parallel") else None)
+    return _team[0]
+
+
+def openmp_parallel_entry() -> int | None:
+    """The address of ``GOMP_parallel`` in the GNU OpenMP that PyTorch loaded, for compiled kernels whose workers
+    should be PyTorch's OpenMP threads as well (see the module docstring), or None where jobs run on the Python
+    pool."""
+    team = _openmp_team()
+    return None if team is None else ctypes.cast(team.entry, ctypes.c_void_p).value
+
+
+_stores: dict[int, dict] = {}
+
+
+def thread_store() -> dict:
+    """The calling OS thread's dictionary, kept for the life of the process (see the module docstring)."""
+    return _stores.setdefault(threading.get_native_id(), {})
 
 
 FILL_PIECES = 8  # a fill is split into this many slices (at least FILL_GRAIN elements each)
@@ -123,17 +209,21 @@ def fill_(fills: Sequence[tuple[torch.Tensor, float]], device: torch.device) -> 
     run_jobs(lambda piece: piece[0].fill_(piece[1]), pieces, device)
 
 
-def _thread_count_setters() -> list[Callable[[int], int]]:
-    """Functions that set the calling thread's own thread count for PyTorch's parallel regions and return the one
-    before: OpenMP's (GNU ``libgomp``, LLVM ``libomp`` or Intel ``libiomp5``, as loaded in this process) and MKL's
-    (its vector math, ``exp`` and ``log`` on fp32 tensors, runs regions of its own), those that are loaded."""
+def _loaded_libraries() -> list[str]:
+    """The paths of the shared libraries loaded in this process (none where ``/proc`` is unavailable)."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return []
-    paths = dict.fromkeys(line.split()[-1] for line in maps.splitlines() if "/" in line)
+    return list(dict.fromkeys(line.split()[-1] for line in maps.splitlines() if "/" in line))
+
+
+def _thread_count_setters() -> list[Callable[[int], int]]:
+    """Functions that set the calling thread's own thread count for PyTorch's parallel regions and return the one
+    before: OpenMP's (GNU ``libgomp``, LLVM ``libomp`` or Intel ``libiomp5``, as loaded in this process) and MKL's
+    (its vector math, ``exp`` and ``log`` on fp32 tensors, runs regions of its own), those that are loaded."""
     setters = []
-    for path in paths:
+    for path in _loaded_libraries():
         name = Path(path).name
         if name.startswith(("libgomp", "libomp", "libiomp")):
             omp = ctypes.CDLL(path)  # already loaded: the same copy
@@ -154,6 +244,13 @@ def _thread_count_setters() -> list[Callable[[int], int]]:
 _setters: list = []  # [the setters], found once
 
 
+def _thread_setters() -> list[Callable[[int], int]]:
+    """:func:`_thread_count_setters`, found once."""
+    if not _setters:
+        _setters.append(_thread_count_setters())
+    return _setters[0]
+
+
 @contextlib.contextmanager
 def serial_ops():
     """PyTorch operators that the calling thread runs inside run single-threaded (this thread's OpenMP and MKL
@@ -164,16 +261,14 @@ def serial_ops():
     GNU OpenMP keeps the region's threads spinning for milliseconds after it, on the cores that the kernel's
     threads, or other processes, need (on a busy machine a decode call on two threads then ran several times
     slower than on one)."""
-    if not _setters:
-        _setters.append(_thread_count_setters())
     if getattr(_state, "threads", None) is not None:  # already inside
         yield
         return
     _state.threads = torch.get_num_threads()
-    before = [set_count(1) for set_count in _setters[0]]
+    before = [set_count(1) for set_count in _thread_setters()]
     try:
         yield
     finally:
-        for set_count, count in zip(_setters[0], before):
+        for set_count, count in zip(_thread_setters(), before):
             set_count(count)
         _state.threads = None

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import math
-import threading
 import weakref
 
 import torch
 
-_THREAD_BUFFERS = threading.local()
+from .parallel import thread_store
+
 _EVERY_THREAD: weakref.WeakSet = weakref.WeakSet()  # every thread's Buffers, for drop_cached_workspaces
 CACHED_WORKSPACE_BYTES = 256 << 20  # workspaces up to this size stay allocated between calls (per thread)
 MAX_CACHED_VIEWS = 512
@@ -27,7 +27,7 @@ class Buffers:
     def acquire(dtype: torch.dtype, device) -> "Buffers":
         """This thread's buffers for ``(dtype, device)``, kept from call to call: re-allocating tens of MB per call
         lets the C allocator return them to the system and fault them in again (slow in a VM)."""
-        cache = _THREAD_BUFFERS.__dict__.setdefault("cache", {})
+        cache = thread_store().setdefault("buffers", {})
         key = (dtype, str(device))
         if key not in cache:
             cache[key] = Buffers(dtype, device)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import attnops
+from attnops._core import parallel
 from attnops._core.parallel import run_jobs
 from attnops.ops.common import reference_tiles
 from tests.helpers import PREFIX3072, TRIU2048, check_fa, cum, make_qkv, randn
@@ -22,40 +23,74 @@ def two_threads():
     torch.set_num_threads(before)
 
 
-def test_jobs_run_on_single_threaded_workers_and_the_caller_keeps_its_threads(two_threads):
-    seen = {}
+@pytest.fixture(params=["openmp_team", "thread_pool"])
+def runner(request, two_threads, monkeypatch):
+    """Each way of running jobs: PyTorch's OpenMP threads (where PyTorch runs on GNU OpenMP), the Python pool."""
+    if request.param == "openmp_team":
+        if parallel._openmp_team() is None:
+            pytest.skip("PyTorch does not run on GNU OpenMP here")
+    else:
+        monkeypatch.setattr(parallel, "_team", [None])
+    return request.param
+
+
+def test_jobs_run_single_threaded_on_two_threads_and_the_caller_keeps_its_threads(runner):
+    seen, gate = {}, threading.Barrier(2, timeout=30)
 
     def job(i):
-        seen[i] = (threading.current_thread().name, torch.get_num_threads(), torch.is_grad_enabled())
+        if i < 2:
+            gate.wait()  # the first two jobs run at once: on two threads
+        seen[i] = (threading.get_native_id(), torch.get_num_threads(), torch.is_grad_enabled())
 
     run_jobs(job, range(4), CPU)
     assert sorted(seen) == [0, 1, 2, 3]
-    assert all(name.startswith("attnops") and n == 1 and not grad for name, n, grad in seen.values())
+    assert seen[0][0] != seen[1][0]
+    assert all(n == 1 and not grad for _, n, grad in seen.values())
     assert torch.get_num_threads() == 2
 
 
-def test_a_single_job_runs_on_a_worker_and_one_thread_runs_in_the_caller(two_threads):
-    names = []
-    run_jobs(lambda _: names.append(threading.current_thread().name), range(1), CPU)
+def test_one_thread_runs_the_jobs_in_the_caller(runner):
     torch.set_num_threads(1)
-    run_jobs(lambda _: names.append(threading.current_thread().name), range(1), CPU)
-    assert names[0].startswith("attnops") and names[1] == threading.current_thread().name
+    ids = []
+    run_jobs(lambda _: ids.append((threading.get_native_id(), torch.get_num_threads())), range(3), CPU)
+    assert ids == [(threading.get_native_id(), 1)] * 3
 
 
-def test_a_failing_job_raises_after_all_jobs_ended(two_threads):
-    done = []
+def test_a_failing_job_raises_after_the_jobs_that_started_ended(runner):
+    done, gate = [], threading.Barrier(2, timeout=30)
 
     def job(i):
+        if i < 2:
+            gate.wait()
         if i == 1:
             raise ValueError("job 1 failed")
         done.append(i)
 
     with pytest.raises(ValueError, match="job 1 failed"):
-        run_jobs(job, range(4), CPU)
-    assert sorted(done) == [0, 2, 3]
+        run_jobs(job, range(2), CPU)
+    assert done == [0]
 
 
-def test_workers_follow_the_callers_inference_mode(two_threads):
+def test_a_job_can_run_jobs_of_its_own_serially(runner):
+    inner = []
+    run_jobs(lambda i: run_jobs(lambda j: inner.append((i, j, threading.get_native_id())), range(2), CPU), range(2),
+             CPU)
+    assert sorted((i, j) for i, j, _ in inner) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    by_outer = {}
+    for i, _, tid in inner:
+        by_outer.setdefault(i, set()).add(tid)
+    assert all(len(tids) == 1 for tids in by_outer.values())  # an inner job runs on its outer job's thread
+
+
+def test_a_workers_thread_store_is_kept_between_calls(runner):
+    stores = {}
+    for _ in range(3):
+        run_jobs(lambda i: stores.setdefault(threading.get_native_id(), set()).add(id(parallel.thread_store())),
+                 range(8), CPU)
+    assert all(len(ids) == 1 for ids in stores.values())
+
+
+def test_workers_follow_the_callers_inference_mode(runner):
     with torch.inference_mode():
         out = torch.zeros(4)  # an inference tensor: only inference mode may write it in place
         run_jobs(lambda i: out[i:i + 1].add_(i), range(4), CPU)
@@ -80,7 +115,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_flash_attention_on_workers_equals_the_serial_run(case, two_threads, monkeypatch):
+def test_flash_attention_on_workers_equals_the_serial_run(case, runner, monkeypatch):
     (q, k, v, dy), kw = CASES[case]()
     monkeypatch.setattr(reference_tiles, "MAX_ROWS", 16)  # many row chunks and chunk groups per head
     heads = q.shape[2] if kw["layout"] == "BSND" else q.shape[1]
@@ -133,7 +168,7 @@ def test_a_forked_child_starts_its_own_pool(two_threads):
     lambda: torch.empty(0, 4),
     lambda: torch.empty(2, 4096, 130)[:, :, 1:129],
 ])
-def test_fill_sets_every_element_on_the_workers(two_threads, make):
+def test_fill_sets_every_element_on_the_workers(runner, make):
     from attnops._core.parallel import fill_
 
     a, b = make(), torch.empty(9, 9)

@@ -108,11 +108,25 @@ def _on_threads(counts, call) -> list:
     return results
 
 
+@pytest.fixture(params=["openmp_team", "own_pool"])
+def workers(request):
+    """The kernel's workers: PyTorch's OpenMP threads (where PyTorch runs on GNU OpenMP), or the library's pool."""
+    from attnops._core import parallel
+
+    entry = parallel.openmp_parallel_entry()
+    if request.param == "openmp_team" and entry is None:
+        pytest.skip("PyTorch does not run on GNU OpenMP here")
+    lib = cpu_kernels.library()
+    lib.attnops_use_openmp_team(entry if request.param == "openmp_team" else None)
+    yield request.param
+    lib.attnops_use_openmp_team(entry)
+
+
 @needs_kernel
 @pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
-def test_same_bits_on_one_and_two_threads(kernel_calls, monkeypatch, dtype):
-    """One thread, two and three (the caller and workers of the library's pool; the last chunks cut into single
-    heads): the same bits."""
+def test_same_bits_on_one_and_two_threads(kernel_calls, monkeypatch, dtype, workers):
+    """One thread, two and three (the caller and the workers; the last chunks cut into single heads): the same
+    bits."""
     monkeypatch.setattr(decode, "CHUNK_TOKENS", 256)
     monkeypatch.setenv("ATTNOPS_CPU_DYNAMIC_THREADS", "0")
     q, k, v = make_inputs("BNSD", b=2, n=8, nkv=2, sq=1, skv=1500, d=64, dtype=dtype)

@@ -8,11 +8,11 @@ time. The kernels take raw pointers and strides and need no PyTorch headers (a b
 whose own description of them (``attnops_row_layout``) differs is refused.
 
 :func:`decode_chunks` is the one Python entry to the decode kernel (FIA decode and the NSA decode operators): it
-runs a table of :func:`.layout.chunk_row` rows, with no Python work per chunk, on the calling thread and the
-library's own worker threads (``threads.h``), ``torch.get_num_threads()`` at most. Those threads sleep while they
-wait, where OpenMP threads spin: on a machine with other work, spinning threads take the cores from the very thread
-they wait for (measured: a decode call with 2 threads beside other processes ran several times slower than with 1).
-A call also leaves out the workers for which no CPU is free at its start (one that shares a CPU with another
+runs a table of :func:`.layout.chunk_row` rows, with no Python work per chunk, on the calling thread and
+``torch.get_num_threads() - 1`` workers at most: PyTorch's own OpenMP threads where PyTorch runs on GNU OpenMP (as
+:func:`attnops._core.parallel.run_jobs` does: they spin for milliseconds after every PyTorch operator, and other
+workers would share the CPUs with them), else the library's own threads (``threads.h``), which sleep while they
+wait. A call also leaves out the workers for which no CPU is free at its start (one that shares a CPU with another
 process gains nothing and can hold up the call, see ``threads.h``), and a small call runs on the calling thread
 alone; ``ATTNOPS_CPU_DYNAMIC_THREADS=0`` makes every call use all of them.
 
@@ -50,6 +50,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.attnops_decode_chunks_parallel.argtypes = [p, i32, i32, i32]
     lib.attnops_decode_chunks_parallel.restype = i32
     lib.attnops_workers_with_a_cpu.argtypes, lib.attnops_workers_with_a_cpu.restype = [i32], i32
+    lib.attnops_use_openmp_team.argtypes, lib.attnops_use_openmp_team.restype = [p], None
+    lib.attnops_use_openmp_team(parallel.openmp_parallel_entry())
     describe = getattr(lib, "attnops_row_layout", None)
     if describe is None:
         raise LayoutMismatch(f"{path} does not describe its row layout (no attnops_row_layout)")
@@ -92,11 +94,12 @@ def _open() -> dict:
 
 
 def status() -> str:
-    """Which CPU decode path runs: the compiled kernel, or the PyTorch path and why."""
+    """Which CPU decode path runs: the compiled kernel (and its workers), or the PyTorch path and why."""
     lib = library()
     if lib is None:
         return f"pure PyTorch ({_state['why']})"
-    return "compiled C++ kernel"
+    workers = "threads of its own" if parallel.openmp_parallel_entry() is None else "PyTorch's OpenMP threads"
+    return f"compiled C++ kernel on {workers}"
 
 
 def location() -> str | None:

@@ -724,6 +724,12 @@ int attnops_decode_chunks_parallel(const int64_t* table, int n, int threads, int
   return failed;
 }
 
+// The workers of later calls: PyTorch's OpenMP threads, through `parallel`, GNU OpenMP's GOMP_parallel in the copy
+// PyTorch loaded (threads.h's run_on_pool); null: the library's own pool.
+void attnops_use_openmp_team(void* parallel) {
+  attnops::openmp_team() = reinterpret_cast<attnops::OpenMPParallel>(parallel);
+}
+
 // How many of `wanted` workers a call would find a CPU for now (threads.h's workers_with_a_cpu).
 int attnops_workers_with_a_cpu(int wanted) { return attnops::workers_with_a_cpu(wanted); }
 

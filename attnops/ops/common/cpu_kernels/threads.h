@@ -176,10 +176,30 @@ inline int workers_with_a_cpu(int wanted) {
 inline int workers_with_a_cpu(int wanted) { return wanted; }  // no cheap count of the runnable tasks
 #endif
 
-// job() on the calling thread and n - 1 pool workers (n < 2: on the calling thread alone).
+// GNU OpenMP's GOMP_parallel (the entry point of `#pragma omp parallel`) in the copy PyTorch loaded, once the
+// library is given it (attnops_use_openmp_team); null otherwise and in a forked child, whose OpenMP threads do not
+// exist (GNU OpenMP would wait for them forever).
+using OpenMPParallel = void (*)(void (*)(void*), void*, unsigned, unsigned);
+inline OpenMPParallel& openmp_team() {
+  static OpenMPParallel entry = [] {
+    pthread_atfork(nullptr, nullptr, [] { openmp_team() = nullptr; });
+    return OpenMPParallel{nullptr};
+  }();
+  return entry;
+}
+
+// job() on the calling thread and n - 1 workers (n < 2: on the calling thread alone): PyTorch's OpenMP threads
+// where the library has them, else the library's own pool. OpenMP's threads spin for milliseconds after every
+// parallel region (the PyTorch operators' before this call, say); the pool's workers would share the CPUs with
+// them, while the same threads take this job at once. Either way a thread that starts late finds no work left.
 inline void run_on_pool(int n, const std::function<void()>& job) {
   if (n < 2) {
     job();
+    return;
+  }
+  if (OpenMPParallel parallel = openmp_team()) {
+    parallel([](void* f) { (*static_cast<const std::function<void()>*>(f))(); },
+             const_cast<std::function<void()>*>(&job), static_cast<unsigned>(n), 0);
     return;
   }
   pool_slot()->run(n, job);
