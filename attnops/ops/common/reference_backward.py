@@ -17,7 +17,7 @@ from .fused_softmax import fused_softmax, grad_, probabilities_
 from .npu_rounding import store
 from .problem import FAProblem
 from .reference_tiles import (LOG2E, active_batches, carve, col_blocks, compute_dtype, deal, has_tile_extras,
-                              head_scores, heads_view, row_chunks, stage_kv)
+                              head_scores, row_chunks, stage_kv)
 from .tile_products import operand_dtype, tile_products
 
 
@@ -61,7 +61,7 @@ class _BackwardBatch:
     v: torch.Tensor  # [N2, Skv, Dv]
     m: torch.Tensor  # [N1, Sq, 1] given row max
     neg_log2_l: torch.Tensor  # [N1, Sq, 1] -log2(given row sum)
-    o: torch.Tensor  # [N1, Sq, Dv] attention_in
+    o: torch.Tensor  # [N1, Sq, Dv] attention_in (a view of the input)
     peaked: list[list[int]] | None  # rows whose dP - D is formed in fp64 (per head)
     unit_rows: bool  # some row's softmax_sum is 1: an entry may have P == 1 (see _backward_kv_head)
     finite_stats: bool  # every row's statistics are finite (else rows with NaN/inf inputs: see masked_entries)
@@ -69,6 +69,8 @@ class _BackwardBatch:
     dq: torch.Tensor  # [N1, Sq, D]
     dk: torch.Tensor  # [N2, Skv, D]
     dv: torch.Tensor  # [N2, Skv, Dv]
+    dk_out: torch.Tensor  # [N2, Skv, D] (views of the outputs; the same as dk/dv where those are the outputs)
+    dv_out: torch.Tensor  # [N2, Skv, Dv]
     groups: list  # lists of row chunks (r0, r1, column blocks) whose dK/dV are summed apart
 
 
@@ -102,13 +104,12 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     for i, b in enumerate(active):
         sq, skv = p.seq.q_lens[b], p.seq.kv_lens[b]
         do = batch_tokens(dyv, p.seq, b).transpose(0, 1)
-        o = heads_view(batch_tokens(ov, p.seq, b))
+        o = batch_tokens(ov, p.seq, b).transpose(0, 1)  # its rows are widened where a chunk reads them
         l_b = stats_block(softmax_sum, p.seq, b, p.softmax_layout)[..., :1].to(acc)
         peaked = _peaked_rows(l_b, acc, query.dtype)
+        dk_out, dv_out = (batch_tokens(t, p.seq, b, kv=True).transpose(0, 1) for t in (dkv, dvv))
         if direct:
-            dq_b = batch_tokens(dqv, p.seq, b).transpose(0, 1)
-            dk_b = batch_tokens(dkv, p.seq, b, kv=True).transpose(0, 1)
-            dv_b = batch_tokens(dvv, p.seq, b, kv=True).transpose(0, 1)
+            dq_b, dk_b, dv_b = batch_tokens(dqv, p.seq, b).transpose(0, 1), dk_out, dv_out
         else:
             dq_b, dk_b, dv_b = staged[i]
         # tiles of at most COL_BLOCK columns: the backward needs no whole rows (the statistics are given), and
@@ -124,18 +125,18 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
         batches.append(_BackwardBatch(
             b, batch_tokens(qv, p.seq, b).transpose(0, 1), do, k_all[i], v_all[i], m_b, neg_log2_l, o, peaked,
             _has_unit_rows(p, l_b, acc), bool(torch.isfinite(m_b).all() and torch.isfinite(neg_log2_l).all()),
-            _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b,
+            _peaked_delta(peaked, do, o), dq_b, dk_b, dv_b, dk_out, dv_out,
             [chunks[j:j + per_group] for j in range(0, len(chunks), per_group)]))
     jobs, partials = _backward_jobs(batches, g.n2, dpse)
     # outputs that are not the accumulators are written whole by _backward_finish where the batches cover them
     covered = sum(p.seq.q_lens[b] for b in active) == p.total_q and sum(p.seq.kv_lens[b] for b in active) == p.total_kv
     accumulators = [] if not direct and covered else [dq, dk, dv]
-    accumulators += [t for bb in batches if not direct for t in (bb.dq, bb.dk, bb.dv)]
+    # (without partials each dK/dV row has one writer, which stores it: see _store_or_add)
+    accumulators += [t for bb in batches if not direct for t in ((bb.dq, bb.dk, bb.dv) if partials else (bb.dq,))]
     fill_([(t, 0.0) for t in accumulators + [t for _, _, dk_part, dv_part in partials for t in (dk_part, dv_part)]
            + ([] if dpse is None else [dpse])], query.device)
     run_jobs(lambda job: [_backward_kv_head(p, *task, dpse, acc) for task in job], jobs, query.device)
-    outputs = (dqv, dkv, dvv)
-    run_jobs(lambda job: _backward_finish(p, *job, partials, None if direct else outputs), [
+    run_jobs(lambda job: _backward_finish(p, *job, partials, None if direct else dqv), [
         (bb, n2) for bb in batches for n2 in range(g.n2)], query.device)
     buf.release()
     Buffers.acquire(acc, query.device).release()  # the accumulators' workspace, when it is large
@@ -155,20 +156,21 @@ def _accumulators(p: FAProblem, active: list[int], acc: torch.dtype, device) -> 
     return [views[i:i + 3] for i in range(0, len(views), 3)]
 
 
-def _backward_finish(p: FAProblem, bb: _BackwardBatch, n2: int, partials: list, outputs) -> None:
+def _backward_finish(p: FAProblem, bb: _BackwardBatch, n2: int, partials: list, dq_out) -> None:
     """KV head ``n2`` of batch ``bb`` after the tile jobs: its dK/dV partials added in their fixed order (the result
-    does not depend on the thread count), and, when the accumulators are not the outputs (``outputs``: the dq, dk,
-    dv token views), dK/dV of the head and dQ of its query heads copied out in the output dtype."""
+    does not depend on the thread count), and, when the accumulators are not the outputs (``dq_out``: the dq token
+    view), dQ of its query heads (and dK/dV of the head, where partials were added) copied out in the output
+    dtype."""
     for pb, h, dk_part, dv_part in partials:
         if pb is bb and h == n2:
             bb.dk[n2] += dk_part
             bb.dv[n2] += dv_part
-    if outputs is not None:
+    if dq_out is not None:
         heads = slice(n2 * p.geom.group, (n2 + 1) * p.geom.group)
-        dqv, dkv, dvv = outputs
-        store(p.rounding, batch_tokens(dqv, p.seq, bb.b)[:, heads], bb.dq[heads].transpose(0, 1))
-        store(p.rounding, batch_tokens(dkv, p.seq, bb.b, kv=True)[:, n2], bb.dk[n2])
-        store(p.rounding, batch_tokens(dvv, p.seq, bb.b, kv=True)[:, n2], bb.dv[n2])
+        store(p.rounding, batch_tokens(dq_out, p.seq, bb.b)[:, heads], bb.dq[heads].transpose(0, 1))
+        if partials:
+            store(p.rounding, bb.dk_out[n2], bb.dk[n2])
+            store(p.rounding, bb.dv_out[n2], bb.dv[n2])
 
 
 def _peaked_delta(peaked: list[list[int]] | None, do: torch.Tensor, o: torch.Tensor) -> torch.Tensor | None:
@@ -185,10 +187,10 @@ def _peaked_delta(peaked: list[list[int]] | None, do: torch.Tensor, o: torch.Ten
 
 
 def _backward_jobs(batches: list[_BackwardBatch], n2: int, dpse):
-    """The backward's jobs (lists of ``(batch, KV head, chunk groups, dK target, dV target)`` tasks) and the dK/dV
-    partials to add afterwards as ``(batch, KV head, dK, dV)``.
+    """The backward's jobs (lists of ``(batch, KV head, chunk groups, dK target, dV target, sole writer)`` tasks)
+    and the dK/dV partials to add afterwards as ``(batch, KV head, dK, dV)``.
 
-    One job per (batch, KV head) writes its dK/dV rows in place; a pse gradient shared by the batches (batch dim 1)
+    One job per (batch, KV head) writes its dK/dV rows into the outputs, their only writer; a pse gradient shared by the batches (batch dim 1)
     makes one job per KV head walk every batch. With fewer than ``MIN_JOBS`` (batch, KV head) pairs and no pse
     gradient (MQA, few sequences), each pair's chunk groups are dealt round-robin to enough jobs with their own
     dK/dV partials.
@@ -199,22 +201,25 @@ def _backward_jobs(batches: list[_BackwardBatch], n2: int, dpse):
             for h in range(n2):
                 for part in deal(bb.groups, len(batches) * n2):
                     dk, dv = torch.empty_like(bb.dk[h]), torch.empty_like(bb.dv[h])  # zeroed by the caller
-                    jobs.append([(bb, h, part, dk, dv)])
+                    jobs.append([(bb, h, part, dk, dv, False)])
                     partials.append((bb, h, dk, dv))
         return jobs, partials
     if dpse is not None and dpse.shape[0] == 1 and len(batches) > 1:
         pairs = [[(bb, h) for bb in batches] for h in range(n2)]
     else:
         pairs = [[(bb, h)] for bb in batches for h in range(n2)]
-    return [[(bb, h, bb.groups, bb.dk[h], bb.dv[h]) for bb, h in pair] for pair in pairs], []
+    return [[(bb, h, bb.groups, bb.dk_out[h], bb.dv_out[h], True) for bb, h in pair] for pair in pairs], []
 
 
 def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, dk: torch.Tensor, dv: torch.Tensor,
-                      dpse, acc: torch.dtype) -> None:
+                      sole: bool, dpse, acc: torch.dtype) -> None:
     """The backward tiles of ``groups`` (of KV head ``n2`` and its G query heads) of batch ``bb``, in this thread's
-    workspace: dQ rows in place, dK/dV summed into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``). Lean on tensor calls
-    like the forward (:mod:`.reference`)."""
-    if not groups:  # every row of the batch is masked: nothing to add
+    workspace: dQ rows in place, dK/dV sums into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``; see
+    :func:`_store_or_add`). Lean on tensor calls like the forward (:mod:`.reference`)."""
+    if not groups:  # every row of the batch is masked: nothing to add (a sole writer's rows are 0)
+        if sole:
+            dk.zero_()
+            dv.zero_()
         return
     g = p.geom
     buf = Buffers.acquire(acc, bb.k.device)
@@ -243,7 +248,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 # dS transposed views), where a transposed left operand would fall back to MKL, 2-3x slower on AMD
                 qs_t, dot_t = mm.transposed("qt", qs), mm.transposed("dyt", dot)
                 # D = rowsum(dy * attention_in), in the compute dtype
-                delta = torch.linalg.vecdot(dot.to(acc), bb.o[h, r0:r1]).unsqueeze_(-1)
+                delta = torch.linalg.vecdot(dot.to(acc), bb.o[h, r0:r1].to(acc)).unsqueeze_(-1)
                 m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
                 nonfinite = not (bb.finite_stats and bool(torch.isfinite(delta).all()))  # see tiling.masked_entries
                 peaked = None if bb.peaked is None else bb.peaked[h]
@@ -310,10 +315,23 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv
-    dk[v0:v1] += dkt.transpose(0, 1).contiguous()  # a blocked transpose, then a contiguous add
-    dv[v0:v1] += dvt.transpose(0, 1).contiguous()
+    _store_or_add(p, dk, dkt, v0, v1, sole)
+    _store_or_add(p, dv, dvt, v0, v1, sole)
     buf.release()
     mm.release()
+
+
+def _store_or_add(p: FAProblem, target: torch.Tensor, sums_t: torch.Tensor, v0: int, v1: int, sole: bool) -> None:
+    """A job's dK (or dV) sums ``sums_t`` (``[D, v1 - v0]``, transposed) into rows ``v0:v1`` of ``target``
+    (``[Skv, D]``): added, or, where the job is the rows' ``sole`` writer, stored in the target's dtype (the
+    output's rounding; rows no query sees become 0), so that no accumulator is zeroed, added to and copied out."""
+    rows = sums_t.transpose(0, 1).contiguous()  # a blocked transpose, then a contiguous add or copy
+    if not sole:
+        target[v0:v1] += rows
+        return
+    store(None if target.dtype == rows.dtype else p.rounding, target[v0:v1], rows)
+    target[:v0].zero_()
+    target[v1:].zero_()
 
 
 def _exact_dp_minus_d(dp, rows64: list[int], r0: int, r1: int, dy_rows, v_cols, delta64, drop) -> None:

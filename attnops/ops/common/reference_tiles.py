@@ -39,12 +39,6 @@ def heads_first(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     return out.mul_(scale) if scale != 1.0 else out
 
 
-def heads_view(x: torch.Tensor) -> torch.Tensor:
-    """[S, N, D] -> [N, S, D]: a strided view when ``x`` is already in the compute dtype (GEMMs take the row stride
-    as their leading dimension; no copy, no fresh pages), else a converted contiguous copy."""
-    return x.transpose(0, 1) if x.dtype == compute_dtype(x.dtype) else heads_first(x)
-
-
 class Workspace:
     """Reusable fp32 tile buffers of ``G * rows * skv`` elements."""
 
