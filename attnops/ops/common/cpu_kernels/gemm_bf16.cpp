@@ -252,15 +252,16 @@ int attnops_bf16_gemm_grad(int64_t m, int64_t n, int64_t k, const uint16_t* a, i
 
 // The softmax passes of the forward and backward (softmax.cpp).
 int attnops_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, float* m, float* l, float* rescale,
-                          int first, int clamp, uint16_t* out16, int64_t ld16);
+                          int first, int clamp, uint16_t* out16, int64_t ld16, int64_t lo, int64_t hi,
+                          int64_t prefix);
 int attnops_softmax_probs(float* s, int64_t rows, int64_t cols, int64_t ld, const float* m, const float* neg_log2_l,
-                          uint16_t* out16, int64_t ld16);
+                          uint16_t* out16, int64_t ld16, int64_t lo, int64_t hi, int64_t prefix);
 
 // One tile of the bf16 backward (r query rows x c keys, head dims d and dv) in one call: the engine's six calls of
-// a tile without mask, pse, dropout or softcap, in the same order (so the same bits), without the GIL between
-// them. From the staged operands Q [r, d] and Q^T [d, r], dy [r, dv] and dy^T [dv, r], the tile's keys K [c, d]
-// and values V [c, dv], the rows' statistics m and -log2(l) and delta: S = alpha Q K^T (s, fp32), P = exp2(...) in
-// place with its bf16 copy p16, dV^T += dy^T P (tv [dv, c]), ds16 = P (dy V^T - delta) (0 where unit_zero and
+// a tile without explicit mask, pse, dropout or softcap, in the same order (so the same bits), without the GIL
+// between them. From the staged operands Q [r, d] and Q^T [d, r], dy [r, dv] and dy^T [dv, r], the tile's keys
+// K [c, d] and values V [c, dv], the rows' statistics m and -log2(l) and delta: S = alpha Q K^T (s, fp32), masked
+// by the tile's band (lo, hi, prefix: see attnops_softmax_block), P = exp2(...) in place with its bf16 copy p16, dV^T += dy^T P (tv [dv, c]), ds16 = P (dy V^T - delta) (0 where unit_zero and
 // P == 1), dQ += alpha dS K (dq [r, d]), dK^T += alpha Q^T dS (tk [d, c]). Returns 0; 1 where the GEMM is not
 // available; 2 for dv > 256 (see attnops_bf16_gemm_grad).
 int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
@@ -268,11 +269,12 @@ int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, cons
                                int64_t lddyt, const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv,
                                const float* m, const float* neg_log2_l, const float* delta, int unit_zero, float alpha,
                                float* s, int64_t lds, uint16_t* p16, int64_t ldp16, uint16_t* ds16, int64_t ldds,
-                               float* dq, int64_t lddq, float* tk, int64_t ldtk, float* tv, int64_t ldtv) {
+                               float* dq, int64_t lddq, float* tk, int64_t ldtk, float* tv, int64_t ldtv, int64_t lo,
+                               int64_t hi, int64_t prefix) {
   if (dv > 256 || dv == 0) return 2;  // attnops_bf16_gemm_grad's one reduction block, checked before any write
   int code = attnops_bf16_gemm(r, c, d, q, ldq, k, ldk, 1, s, lds, alpha, 0);
   if (code) return code;
-  attnops_softmax_probs(s, r, c, lds, m, neg_log2_l, p16, ldp16);
+  attnops_softmax_probs(s, r, c, lds, m, neg_log2_l, p16, ldp16, lo, hi, prefix);
   code = attnops_bf16_gemm(dv, c, r, dyt, lddyt, p16, ldp16, 0, tv, ldtv, 1.0f, 1);
   if (!code) code = attnops_bf16_gemm_grad(r, c, dv, dy, lddy, v, ldv, s, lds, delta, unit_zero, ds16, ldds);
   if (!code) code = attnops_bf16_gemm(r, d, c, ds16, ldds, k, ldk, 0, dq, lddq, alpha, 1);
@@ -281,18 +283,19 @@ int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, cons
 }
 
 
-// The forward's first column block of r query rows in one call: the engine's three calls of a tile without mask,
-// pse, dropout or softcap, in their order (so the same bits), without the GIL between them. S = alpha Q K^T (s,
-// fp32; Q [r, d], K [c, d]), the online softmax's first block on it (m and l start here; clamp: a -inf max becomes
+// The forward's first column block of r query rows in one call: the engine's three calls of a tile without
+// explicit mask, pse, dropout or softcap, in their order (so the same bits), without the GIL between them.
+// S = alpha Q K^T (s, fp32; Q [r, d], K [c, d]), masked by the tile's band (lo, hi, prefix: see
+// attnops_softmax_block), the online softmax's first block on it (m and l start here; clamp: a -inf max becomes
 // the lowest float) with P rounded into p16, O = P V (o [r, dv]; V [c, dv]). Returns 0; 1 where the GEMM is not
 // available.
 int attnops_bf16_forward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
                               const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv, float alpha, float* m,
                               float* l, int clamp, float* s, int64_t lds, uint16_t* p16, int64_t ldp16, float* o,
-                              int64_t ldo) {
+                              int64_t ldo, int64_t lo, int64_t hi, int64_t prefix) {
   const int code = attnops_bf16_gemm(r, c, d, q, ldq, k, ldk, 1, s, lds, alpha, 0);
   if (code) return code;
-  attnops_softmax_block(s, r, c, lds, m, l, nullptr, 1, clamp, p16, ldp16);
+  attnops_softmax_block(s, r, c, lds, m, l, nullptr, 1, clamp, p16, ldp16, lo, hi, prefix);
   return attnops_bf16_gemm(r, dv, c, p16, ldp16, v, ldv, 0, o, ldo, 1.0f, 0);
 }
 
