@@ -126,13 +126,17 @@ def test_score_gradient(m, n, k, unit_zero):
 
 
 
+BANDS = [None, (-3, 0, 0), (-40, 5, 2)]  # MaskSpec.tile_band: none, a causal diagonal, a window with prefix columns
+
+
 @needs_gemm
+@pytest.mark.parametrize("band", BANDS)
 @pytest.mark.parametrize("unit_zero", [False, True])
 @pytest.mark.parametrize("r, c, d, dv", [(1, 1, 1, 1), (7, 70, 33, 20), (13, 130, 64, 64), (70, 300, 128, 256)])
-def test_backward_tile(r, c, d, dv, unit_zero):
+def test_backward_tile(r, c, d, dv, unit_zero, band):
     """A backward tile in one call equals, bit for bit, the engine's separate calls (scores, probabilities with
-    their bf16 copy, dV^T, dS from the dP GEMM, dQ, dK^T) on strided operands and accumulator columns; a head dim
-    past the dS GEMM's reduction block is refused."""
+    their bf16 copy, dV^T, dS from the dP GEMM, dQ, dK^T) on strided operands and accumulator columns, with and
+    without a band; a head dim past the dS GEMM's reduction block is refused."""
     g = torch.Generator().manual_seed(r + c + d + dv)
     q, k = torch.randn(r, d, generator=g).to(BF16), torch.randn(c, d, generator=g).to(BF16)
     dy, v = _operands(r, c, dv, True, seed=d, pad=2)
@@ -145,10 +149,10 @@ def test_backward_tile(r, c, d, dv, unit_zero):
     dq, tk, tv = dq0.clone(), tk0.clone(), tv0.clone()
     s, p16, ds16 = torch.empty(r, c), torch.empty(r, c, dtype=BF16), torch.empty(r, c, dtype=BF16)
     bf16_gemm.backward_tile_(q, q_t, dy, dy_t, k, v, m, neg_log2_l, delta, unit_zero, 0.125, s, p16, ds16, dq,
-                             tk[:, 1:1 + c], tv[:, 1:1 + c])
+                             tk[:, 1:1 + c], tv[:, 1:1 + c], band)
     ref_s = bf16_gemm.gemm_(torch.empty(r, c), q, k, b_nt=True, alpha=0.125)
     ref_p16 = torch.empty(r, c, dtype=BF16)
-    fused_softmax.probabilities_(ref_s, m, neg_log2_l, ref_p16)
+    fused_softmax.probabilities_(ref_s, m, neg_log2_l, ref_p16, band)
     bf16_gemm.gemm_(tv0[:, 1:1 + c], dy_t, ref_p16, b_nt=False, accumulate=True)
     ref_ds16 = bf16_gemm.grad_gemm_(torch.empty(r, c, dtype=BF16), dy, v, ref_s, delta, unit_zero)
     bf16_gemm.gemm_(dq0, ref_ds16, k, b_nt=False, alpha=0.125, accumulate=True)
@@ -162,20 +166,22 @@ def test_backward_tile(r, c, d, dv, unit_zero):
 
 
 @needs_gemm
+@pytest.mark.parametrize("band", BANDS)
 @pytest.mark.parametrize("clamp", [False, True])
 @pytest.mark.parametrize("r, c, d, dv", [(1, 1, 1, 1), (7, 70, 33, 20), (70, 300, 128, 256), (13, 600, 64, 300)])
-def test_forward_tile(r, c, d, dv, clamp):
+def test_forward_tile(r, c, d, dv, clamp, band):
     """The forward's first column block in one call equals, bit for bit, the engine's separate calls (scores, the
-    online softmax's first block with its bf16 copy, P V) on strided operands; bad operands are refused."""
+    online softmax's first block with its bf16 copy, P V) on strided operands, with and without a band; bad
+    operands are refused."""
     g = torch.Generator().manual_seed(r + c + d + dv)
     q, k = torch.randn(r, d, generator=g).to(BF16), torch.randn(c, d, generator=g).to(BF16)
     v = torch.randn(c, dv + 3, generator=g).to(BF16)[:, 1:1 + dv]
     m, l, s, p16 = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, c), torch.empty(r, c, dtype=BF16)
     o = torch.full((r, dv + 2), 4.0)
-    bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16, o[:, :dv])
+    bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16, o[:, :dv], band)
     ref_m, ref_l, ref_p16 = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, c, dtype=BF16)
     ref_s = bf16_gemm.gemm_(torch.empty(r, c), q, k, b_nt=True, alpha=0.125)
-    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, None, clamp, ref_p16)
+    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, None, clamp, ref_p16, band)
     ref_o = bf16_gemm.gemm_(torch.empty(r, dv), ref_p16, v, b_nt=False)
     for got, want in ((m, ref_m), (l, ref_l), (s, ref_s), (p16, ref_p16), (o[:, :dv], ref_o)):
         assert torch.equal(got, want)
