@@ -72,7 +72,7 @@ class WideProducts:
         """False: the engine makes each product of a tile (see :class:`Bf16Products`)."""
         return False
 
-    def first_block(self, *operands) -> bool:
+    def forward_block(self, *operands) -> bool:
         """False: the engine makes each product of a tile (see :class:`Bf16Products`)."""
         return False
 
@@ -142,13 +142,17 @@ class Bf16Products:
                        self.buf.get("p", r, c), self.buf.get("ds", r, c), dq, tk, tv, band)
         return True
 
-    def first_block(self, qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
-                    clamp: bool, o: torch.Tensor, band: tuple[int, int, int] | None) -> bool:
-        """The forward's first column block of a row chunk without explicit mask, pse, dropout or softcap in one
-        call (:func:`.bf16_gemm.forward_tile_`), masked by ``band`` (see :meth:`whole_tile`): ``m``/``l`` start,
-        ``o`` receives ``P V``. True (done)."""
+    def forward_block(self, qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
+                      clamp: bool, o: torch.Tensor, band: tuple[int, int, int] | None,
+                      rescale: torch.Tensor | None) -> bool:
+        """A forward column block of a row chunk without explicit mask, pse, dropout or softcap in one call
+        (:func:`.bf16_gemm.forward_tile_`), masked by ``band`` (see :meth:`whole_tile`): the first (``rescale``
+        None) starts ``m``/``l`` and sets ``o = P V``, a later one updates them, ``rescale`` and ``o``. True
+        (done)."""
         r, c = qs.shape[0], k.shape[0]
-        forward_tile_(qs, k, v, self.alpha, m, l, clamp, self.fp32.get("s", r, c), self.buf.get("p", r, c), o, band)
+        pv = None if rescale is None else self.fp32.get("pv", r, v.shape[1])
+        forward_tile_(qs, k, v, self.alpha, m, l, clamp, self.fp32.get("s", r, c), self.buf.get("p", r, c), o, band,
+                      rescale, pv)
         return True
 
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

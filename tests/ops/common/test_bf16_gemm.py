@@ -170,9 +170,9 @@ def test_backward_tile(r, c, d, dv, unit_zero, band):
 @pytest.mark.parametrize("clamp", [False, True])
 @pytest.mark.parametrize("r, c, d, dv", [(1, 1, 1, 1), (7, 70, 33, 20), (70, 300, 128, 256), (13, 600, 64, 300)])
 def test_forward_tile(r, c, d, dv, clamp, band):
-    """The forward's first column block in one call equals, bit for bit, the engine's separate calls (scores, the
-    online softmax's first block with its bf16 copy, P V) on strided operands, with and without a band; bad
-    operands are refused."""
+    """The forward's first and a later column block in one call each equal, bit for bit, the engine's separate calls
+    (scores, the online softmax's block with its bf16 copy, P V, the rescaled sum) on strided operands, with and
+    without a band; bad operands are refused."""
     g = torch.Generator().manual_seed(r + c + d + dv)
     q, k = torch.randn(r, d, generator=g).to(BF16), torch.randn(c, d, generator=g).to(BF16)
     v = torch.randn(c, dv + 3, generator=g).to(BF16)[:, 1:1 + dv]
@@ -186,6 +186,15 @@ def test_forward_tile(r, c, d, dv, clamp, band):
     for got, want in ((m, ref_m), (l, ref_l), (s, ref_s), (p16, ref_p16), (o[:, :dv], ref_o)):
         assert torch.equal(got, want)
     assert bool((o[:, dv:] == 4.0).all())
+    k2, v2 = (torch.randn(c, n, generator=g).add_(1.0).to(BF16) for n in (d, dv))  # a later block moves the max
+    rescale, ref_rescale, pv = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, dv)
+    bf16_gemm.forward_tile_(q, k2, v2, 0.125, m, l, clamp, s, p16, o[:, :dv], band, rescale, pv)
+    ref_s = bf16_gemm.gemm_(ref_s, q, k2, b_nt=True, alpha=0.125)
+    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, ref_rescale, clamp, ref_p16, band)
+    ref_o.mul_(ref_rescale).add_(bf16_gemm.gemm_(torch.empty(r, dv), ref_p16, v2, b_nt=False))
+    for got, want in ((m, ref_m), (l, ref_l), (rescale, ref_rescale), (s, ref_s), (p16, ref_p16), (o[:, :dv], ref_o)):
+        assert torch.equal(got, want)
+    assert bool((o[:, dv:] == 4.0).all()) and bool((rescale < 1).any())
     with pytest.raises(ValueError, match="bf16 forward tile: .* expected the shapes"):
         bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16.float(), o[:, :dv])
 

@@ -321,20 +321,30 @@ int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, cons
 }
 
 
-// The forward's first column block of r query rows in one call: the engine's three calls of a tile without
-// explicit mask, pse, dropout or softcap, in their order (so the same bits), without the GIL between them.
-// S = alpha Q K^T (s, fp32; Q [r, d], K [c, d]), masked by the tile's band (lo, hi, prefix: see
-// attnops_softmax_block; register tiles it masks whole are not computed), the online softmax's first block on it (m and l start here; clamp: a -inf max becomes
-// the lowest float) with P rounded into p16, O = P V (o [r, dv]; V [c, dv]). Returns 0; 1 where the GEMM is not
-// available.
+// A column block of the forward for r query rows in one call: the engine's calls of a tile without explicit mask,
+// pse, dropout or softcap, in their order (so the same bits), without the GIL between them. S = alpha Q K^T (s,
+// fp32; Q [r, d], K [c, d]), masked by the tile's band (lo, hi, prefix: see attnops_softmax_block; register tiles
+// it masks whole are not computed), the online softmax's block on it with P rounded into p16 (m, l and rescale as
+// attnops_softmax_block's; clamp: a first block's -inf max becomes the lowest float), then with V [c, dv]: the
+// first block (rescale null) O = P V (o [r, dv]); a later one pv = P V, then O = O * rescale + pv, rounded after
+// the product and after the sum as the engine's two tensor operations (two loops: no fused multiply-add). Returns
+// 0; 1 where the GEMM is not available.
 int attnops_bf16_forward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
                               const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv, float alpha, float* m,
-                              float* l, int clamp, float* s, int64_t lds, uint16_t* p16, int64_t ldp16, float* o,
-                              int64_t ldo, int64_t lo, int64_t hi, int64_t prefix) {
-  const int code = band_scores(r, c, d, q, ldq, k, ldk, s, lds, alpha, lo, hi, prefix);
+                              float* l, float* rescale, int clamp, float* s, int64_t lds, uint16_t* p16, int64_t ldp16,
+                              float* pv, int64_t ldpv, float* o, int64_t ldo, int64_t lo, int64_t hi, int64_t prefix) {
+  int code = band_scores(r, c, d, q, ldq, k, ldk, s, lds, alpha, lo, hi, prefix);
   if (code) return code;
-  attnops_softmax_block(s, r, c, lds, m, l, nullptr, 1, clamp, p16, ldp16, lo, hi, prefix);
-  return attnops_bf16_gemm(r, dv, c, p16, ldp16, v, ldv, 0, o, ldo, 1.0f, 0);
+  const bool first = rescale == nullptr;
+  attnops_softmax_block(s, r, c, lds, m, l, rescale, first, clamp, p16, ldp16, lo, hi, prefix);
+  code = attnops_bf16_gemm(r, dv, c, p16, ldp16, v, ldv, 0, first ? o : pv, first ? ldo : ldpv, 1.0f, 0);
+  for (int64_t i = 0; i < r && !first && !code; ++i) {
+    float* row = o + i * ldo;
+    const float* add = pv + i * ldpv;
+    for (int64_t j = 0; j < dv; ++j) row[j] *= rescale[i];
+    for (int64_t j = 0; j < dv; ++j) row[j] += add[j];
+  }
+  return code;
 }
 
 }  // extern "C"
