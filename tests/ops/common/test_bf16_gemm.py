@@ -257,8 +257,9 @@ def test_engine_bf16_on_both_products(monkeypatch, products):
     if products == "fp32":
         monkeypatch.setenv("ATTNOPS_CPU_BF16_GEMM", "0")
     calls = []
-    real = tile_products.gemm_
-    monkeypatch.setattr(tile_products, "gemm_", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for name in ("gemm_", "forward_tile_", "backward_tile_"):  # the bf16 products, one by one or a tile's in one call
+        real = getattr(tile_products, name)
+        monkeypatch.setattr(tile_products, name, lambda *a, real=real, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(tiling, "FWD_COL_BLOCK", 48)
     q, k, v, dy = make_qkv("BSND", b=2, n1=4, n2=2, sq=150, skv=130, d=40, dtype=BF16, seed=11)
     check_fa(q, k, v, dy, layout="BSND", head_num=4, scale=40 ** -0.5, sparse_mode=3,
