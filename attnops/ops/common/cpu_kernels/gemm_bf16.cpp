@@ -299,9 +299,9 @@ int attnops_softmax_probs(float* s, int64_t rows, int64_t cols, int64_t ld, cons
 // between them. From the staged operands Q [r, d] and Q^T [d, r], dy [r, dv] and dy^T [dv, r], the tile's keys
 // K [c, d] and values V [c, dv], the rows' statistics m and -log2(l) and delta: S = alpha Q K^T (s, fp32), masked
 // by the tile's band (lo, hi, prefix: see attnops_softmax_block; register tiles it masks whole are not computed),
-// P = exp2(...) in place with its bf16 copy p16, dV^T += dy^T P (tv [dv, c]), ds16 = P (dy V^T - delta) (0 where unit_zero and
-// P == 1), dQ += alpha dS K (dq [r, d]), dK^T += alpha Q^T dS (tk [d, c]). Returns 0; 1 where the GEMM is not
-// available; 2 for dv > 256 (see attnops_bf16_gemm_grad).
+// P = exp2(...) in place with its bf16 copy p16, dV^T += dy^T P (tv [dv, c]), ds16 = P (dy V^T - delta) (0 where
+// unit_zero and P == 1), dQ += alpha dS K (dq [r, d]), dK^T += alpha Q^T dS (tk [d, c]). Returns 0; 1 where the
+// GEMM is not available; 2 for dv > 256 (see attnops_bf16_gemm_grad).
 int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
                                const uint16_t* qt, int64_t ldqt, const uint16_t* dy, int64_t lddy, const uint16_t* dyt,
                                int64_t lddyt, const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv,
