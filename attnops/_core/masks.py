@@ -137,6 +137,12 @@ class MaskSpec:
         return [(e0 - c0, e1 - c0, _band_bound(self.lo[b], self.hi[b], e0 - r0, r1 - r0, e1 - e0))
                 for e0, e1 in self.edge_spans(b, r0, r1, c0, c1)]
 
+    def tile_band(self, b: int, r0: int, r1: int, c0: int, c1: int) -> tuple[int, int, int]:
+        """The band as ``(lo, hi, prefix)`` in tile coordinates, unbounded sides clamped to the tile: row ``i`` keeps
+        column ``j`` iff ``lo <= j - i <= hi`` or ``j < prefix`` (what :meth:`fill_masked_` masks, for C kernels)."""
+        pfx = 0 if self.prefix is None else min(max(self.prefix[b] - c0, 0), c1 - c0)
+        return max(self.lo[b] + r0 - c0, r0 - r1), min(self.hi[b] + r0 - c0, c1 - c0), pfx
+
     def fill_masked_(self, scores: torch.Tensor, b: int, r0: int, r1: int, c0: int, c1: int,
                      heads: slice | None = None, band: list | None = None) -> torch.Tensor:
         """Set the masked entries of a score tile ``[Nh, r, c]`` to -inf in place.

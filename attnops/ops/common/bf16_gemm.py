@@ -18,6 +18,7 @@ import threading
 import torch
 
 from .cpu_kernels import library
+from .fused_softmax import band_args
 
 _lock = threading.Lock()
 _bound: dict = {}
@@ -38,10 +39,10 @@ def _functions():
                 lib.attnops_bf16_gemm_grad.restype = i32
                 lib.attnops_transpose16.argtypes, lib.attnops_transpose16.restype = [i64, i64, p, i64, p, i64], i32
                 lib.attnops_bf16_backward_tile.argtypes = ([i64] * 4 + [p, i64] * 6 + [p, p, p, i32, ctypes.c_float]
-                                                           + [p, i64] * 6)
+                                                           + [p, i64] * 6 + [i64] * 3)
                 lib.attnops_bf16_backward_tile.restype = i32
-                lib.attnops_bf16_forward_tile.argtypes = ([i64] * 4 + [p, i64] * 3 + [ctypes.c_float, p, p, i32]
-                                                          + [p, i64] * 3)
+                lib.attnops_bf16_forward_tile.argtypes = ([i64] * 4 + [p, i64] * 3 + [ctypes.c_float, p, p, p, i32]
+                                                          + [p, i64] * 4 + [i64] * 3)
                 lib.attnops_bf16_forward_tile.restype = i32
                 lib = lib if lib.attnops_bf16_gemm_ready() == 1 else None
             _bound["lib"] = lib
@@ -120,9 +121,10 @@ def transpose_(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def backward_tile_(q: torch.Tensor, qt: torch.Tensor, dy: torch.Tensor, dyt: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor, delta: torch.Tensor, unit_zero: bool,
                    alpha: float, s: torch.Tensor, p16: torch.Tensor, ds16: torch.Tensor, dq: torch.Tensor,
-                   tk: torch.Tensor, tv: torch.Tensor) -> None:
-    """One tile of the backward without mask, pse, dropout or softcap in one call (``attnops_bf16_backward_tile``:
-    the same products and passes, in the same order, as the engine's separate calls): ``s = alpha Q K^T`` becomes P,
+                   tk: torch.Tensor, tv: torch.Tensor, band: tuple[int, int, int] | None = None) -> None:
+    """One tile of the backward without explicit mask, pse, dropout or softcap in one call
+    (``attnops_bf16_backward_tile``: the same products and passes, in the same order, as the engine's separate
+    calls): ``s = alpha Q K^T``, masked by ``band`` (the tile's ``MaskSpec.tile_band``; None: no band), becomes P,
     ``p16``/``ds16`` receive P and ``dS = P (dy V^T - delta)`` rounded, ``tv += dy^T P``, ``dq += alpha dS K``,
     ``tk += alpha Q^T dS``. bf16 ``q`` ``[r, d]``, ``qt`` ``[d, r]``, ``dy`` ``[r, dv]`` (``dv <= GRAD_MAX_K``),
     ``dyt`` ``[dv, r]``, ``k`` ``[c, d]``, ``v`` ``[c, dv]``, ``p16``/``ds16`` ``[r, c]``; fp32 ``m``,
@@ -143,29 +145,38 @@ def backward_tile_(q: torch.Tensor, qt: torch.Tensor, dy: torch.Tensor, dyt: tor
     code = _functions().attnops_bf16_backward_tile(
         r, c, d, dv, *(x for t in (q, qt, dy, dyt, k, v) for x in (t.data_ptr(), t.stride(0))), m.data_ptr(),
         neg_log2_l.data_ptr(), delta.data_ptr(), int(unit_zero), alpha,
-        *(x for t in (s, p16, ds16, dq, tk, tv) for x in (t.data_ptr(), t.stride(0))))
+        *(x for t in (s, p16, ds16, dq, tk, tv) for x in (t.data_ptr(), t.stride(0))), *band_args(band, r, c))
     if code:
         raise RuntimeError(f"attnops_bf16_backward_tile returned {code}")
 
 
 def forward_tile_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: float, m: torch.Tensor, l: torch.Tensor,
-                  clamp: bool, s: torch.Tensor, p16: torch.Tensor, o: torch.Tensor) -> None:
-    """The forward's first column block of a row chunk without mask, pse, dropout or softcap in one call
-    (``attnops_bf16_forward_tile``: the same products and pass, in the same order, as the engine's separate calls):
-    ``s = alpha Q K^T``, the online softmax's first block on it (``m``, ``l`` start here; ``clamp``: see
-    ``fused_softmax.softmax_block_``) with P rounded into ``p16``, ``o = P V``. bf16 ``q`` ``[r, d]``, ``k``
-    ``[c, d]``, ``v`` ``[c, dv]``, ``p16`` ``[r, c]``; fp32 ``m``, ``l`` ``[r, 1]`` (consecutive rows), ``s``
-    ``[r, c]``, ``o`` ``[r, dv]``; unit column strides."""
+                  clamp: bool, s: torch.Tensor, p16: torch.Tensor, o: torch.Tensor,
+                  band: tuple[int, int, int] | None = None, rescale: torch.Tensor | None = None,
+                  pv: torch.Tensor | None = None) -> None:
+    """A forward column block of a row chunk without explicit mask, pse, dropout or softcap in one call
+    (``attnops_bf16_forward_tile``: the same products and passes, in the same order, as the engine's separate
+    calls): ``s = alpha Q K^T``, masked by ``band`` (see :func:`backward_tile_`), the online softmax's block on it
+    with P rounded into ``p16``; the first block (``rescale`` None: ``m``, ``l`` start here; ``clamp``: see
+    ``fused_softmax.softmax_block_``) makes ``o = P V``, a later one ``pv = P V`` and ``o = o * rescale + pv``
+    (``rescale`` receives the online softmax's factor). bf16 ``q`` ``[r, d]``, ``k`` ``[c, d]``, ``v`` ``[c, dv]``,
+    ``p16`` ``[r, c]``; fp32 ``m``, ``l``, ``rescale`` ``[r, 1]`` (consecutive rows), ``s`` ``[r, c]``, ``o`` and
+    ``pv`` ``[r, dv]``; unit column strides."""
     (r, d), (c, dv) = q.shape, v.shape
-    shapes = ((q, (r, d)), (k, (c, d)), (v, (c, dv)), (p16, (r, c)), (s, (r, c)), (o, (r, dv)))
+    later = rescale is not None
+    shapes = ((q, (r, d)), (k, (c, d)), (v, (c, dv)), (p16, (r, c)), (s, (r, c)), (o, (r, dv))) + (
+        ((pv, (r, dv)),) if later else ())
     if (any(t.shape != shape or (shape[1] > 1 and t.stride(1) != 1)
             or t.dtype != (torch.bfloat16 if i < 4 else torch.float32) for i, (t, shape) in enumerate(shapes))
-            or any(x.shape != (r, 1) or x.dtype != torch.float32 or (r > 1 and x.stride(0) != 1) for x in (m, l))):
+            or any(x.shape != (r, 1) or x.dtype != torch.float32 or (r > 1 and x.stride(0) != 1)
+                   for x in (m, l, rescale) if x is not None)):
         raise ValueError("bf16 forward tile: " + ", ".join(f"{tuple(t.shape)} {t.dtype} strides {t.stride()}"
                                                           for t, _ in shapes)
                          + ": expected the shapes, dtypes and unit column strides of the docstring")
     code = _functions().attnops_bf16_forward_tile(
         r, c, d, dv, *(x for t in (q, k, v) for x in (t.data_ptr(), t.stride(0))), alpha, m.data_ptr(), l.data_ptr(),
-        int(clamp), *(x for t in (s, p16, o) for x in (t.data_ptr(), t.stride(0))))
+        rescale.data_ptr() if later else None, int(clamp),
+        *(x for t in (s, p16) for x in (t.data_ptr(), t.stride(0))),
+        *((pv.data_ptr(), pv.stride(0)) if later else (None, 0)), o.data_ptr(), o.stride(0), *band_args(band, r, c))
     if code:
         raise RuntimeError(f"attnops_bf16_forward_tile returned {code}")

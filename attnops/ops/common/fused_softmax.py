@@ -27,8 +27,8 @@ def _functions():
     if "lib" not in _bound:
         with _lock:
             p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-            lib.attnops_softmax_block.argtypes = [p, i64, i64, i64, p, p, p, i32, i32, p, i64]
-            lib.attnops_softmax_probs.argtypes = [p, i64, i64, i64, p, p, p, i64]
+            lib.attnops_softmax_block.argtypes = [p, i64, i64, i64, p, p, p, i32, i32, p, i64, i64, i64, i64]
+            lib.attnops_softmax_probs.argtypes = [p, i64, i64, i64, p, p, p, i64, i64, i64, i64]
             lib.attnops_softmax_grad.argtypes = [p, p, i64, i64, i64, i64, p, i32, p, i64]
             for fn in (lib.attnops_softmax_block, lib.attnops_softmax_probs, lib.attnops_softmax_grad):
                 fn.restype = i32
@@ -68,27 +68,34 @@ def _rows(v: torch.Tensor, rows: int) -> int:
     return v.data_ptr()
 
 
+def band_args(band: tuple[int, int, int] | None, rows: int, cols: int) -> tuple[int, int, int]:
+    """The kernels' ``(lo, hi, prefix)`` of a ``rows x cols`` tile: ``band`` (its ``MaskSpec.tile_band``), or a
+    band that keeps every entry for None."""
+    return (-rows, cols, 0) if band is None else band
+
+
 def softmax_block_(s: torch.Tensor, m: torch.Tensor, l: torch.Tensor, rescale: torch.Tensor | None,
-                   clamp: bool, out16: torch.Tensor | None = None) -> None:
+                   clamp: bool, out16: torch.Tensor | None = None, band: tuple[int, int, int] | None = None) -> None:
     """One column block of the online softmax in place (see ``attnops_softmax_block``): ``s`` ([r, c]) becomes
     ``exp2((s - m) * log2 e)`` with ``m``/``l`` ([r, 1]) the running max and sum. ``rescale`` None: the row's first
     block (``m`` and ``l`` start here; ``clamp``: a -inf max becomes the lowest float); else it receives
     ``exp2((m_old - m) * log2 e)``, the factor the output accumulated so far must be scaled by. ``out16``: a bf16
-    tile that also receives ``s`` rounded (to nearest even, denormals flushed to 0)."""
+    tile that also receives ``s`` rounded (to nearest even, denormals flushed to 0). ``band``: the tile's
+    ``MaskSpec.tile_band``, whose masked scores become -inf first (as ``MaskSpec.fill_masked_`` sets them)."""
     r, c = s.shape
     first = rescale is None
     _functions().attnops_softmax_block(s.data_ptr(), r, c, _tile(s), _rows(m, r), _rows(l, r),
                                        None if first else _rows(rescale, r), int(first), int(clamp),
-                                       *_rounded(out16, s.shape))
+                                       *_rounded(out16, s.shape), *band_args(band, r, c))
 
 
 def probabilities_(s: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor,
-                   out16: torch.Tensor | None = None) -> None:
+                   out16: torch.Tensor | None = None, band: tuple[int, int, int] | None = None) -> None:
     """In place: ``s = exp2((s - m) * log2 e - log2 l)`` from the given statistics (``m``, ``-log2 l``: [r, 1]);
-    ``out16``: see :func:`softmax_block_`."""
+    ``out16``, ``band``: see :func:`softmax_block_`."""
     r, c = s.shape
     _functions().attnops_softmax_probs(s.data_ptr(), r, c, _tile(s), _rows(m, r), _rows(neg_log2_l, r),
-                                       *_rounded(out16, s.shape))
+                                       *_rounded(out16, s.shape), *band_args(band, r, c))
 
 
 def grad_(p: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor, unit_zero: bool = False,

@@ -121,22 +121,24 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
     extras = has_tile_extras(p)
     half = p.rounding is not None and p.rounding.half_softmax  # PFA fp16 high performance: fp16 scores, softmax
     fused = p.rounding is None and fused_softmax(acc, out.device)
-    bare = fused and not extras and not p.softcap  # blocks with no band edge: one call
+    in_pass = fused and not extras  # the fused softmax pass masks the band (MaskSpec.tile_band), not fill_masked_
+    bare = in_pass and not p.softcap  # blocks in one call
     for r0, r1, blocks in chunks:
         m, l = m_h[r0:r1], l_h[r0:r1]
         qs = mm.rows("q", q[r0:r1], mm.q_scale)
         kept = not extras and p.mask.keeps_every_row(fb.b, r0, r1, blocks[0][0], blocks[0][1])  # l >= 1
         o = buf.get("o", r1 - r0, v.shape[1])
         for j, (c0, c1, band) in enumerate(blocks):
-            if j == 0 and bare and not band and mm.first_block(qs, fb.k[n2][c0:c1], v[c0:c1], m, l, not kept, o):
+            edge = p.mask.tile_band(fb.b, r0, r1, c0, c1) if band and in_pass else None
+            rescale = None if j == 0 else buf.get("rescale", r1 - r0, 1)
+            if bare and mm.forward_block(qs, fb.k[n2][c0:c1], v[c0:c1], m, l, not kept, o, edge, rescale):
                 continue  # the block's products and softmax below, in one call (bf16 products)
-            s, t = head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras)
+            s, t = head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, () if in_pass else band, buf, extras)
             if half:
                 p.rounding.grid_(s)
             p16 = mm.rounded_tile("p", r1 - r0, c1 - c0) if fused and p.dropout is None else None
             if fused:
-                rescale = None if j == 0 else buf.get("rescale", r1 - r0, 1)
-                softmax_block_(s, m, l, rescale, clamp=not kept, out16=p16)
+                softmax_block_(s, m, l, rescale, clamp=not kept, out16=p16, band=edge)
             else:
                 rescale = _online_softmax_(s, m, l, first=j == 0, kept=kept)
             if half:  # the softmax's running sum and rescaling factor in fp16

@@ -229,7 +229,8 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
     # primitive kept in its cache (+1.4 GiB peak in the 32k-token causal backward)
     extras = has_tile_extras(p)
     fused = p.rounding is None and fused_softmax(acc, k.device)
-    bare = fused and not extras and not p.softcap  # tiles with no band edge: one call
+    in_pass = fused and not extras  # the fused probabilities pass masks the band (MaskSpec.tile_band)
+    bare = in_pass and not p.softcap  # tiles in one call
     spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
     v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
     # dK^T and dV^T ([D, columns]): their GEMMs read P and dS row-major, not transposed; a group's sums are added
@@ -256,11 +257,13 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 whole = bare and not nonfinite and peaked is None
                 for c0, c1, band in blocks:
                     tcols = slice(c0 - u0, c1 - u0)
-                    if whole and not band and mm.whole_tile(qs, qs_t, dot, dot_t, k[c0:c1], v[c0:c1], m, neg_log2_l,
-                                                            delta, bb.unit_rows, dq, tk[:, tcols], tv[:, tcols]):
+                    edge = p.mask.tile_band(bb.b, r0, r1, c0, c1) if band and in_pass else None
+                    if whole and mm.whole_tile(qs, qs_t, dot, dot_t, k[c0:c1], v[c0:c1], m, neg_log2_l, delta,
+                                               bb.unit_rows, dq, tk[:, tcols], tv[:, tcols], edge):
                         continue  # the tile's products and passes below, in one call (bf16 products)
                     cap_grad = buf.get("cap", r1 - r0, c1 - c0) if p.softcap else None
-                    prob, t = head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, band, buf, extras, cap_grad)
+                    prob, t = head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, () if in_pass else band, buf,
+                                          extras, cap_grad)
                     drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
                     drop = None if drop is None else drop[0]
                     masked = tiling.masked_entries(p, bb.b, h, r0, r1, c0, c1, band, k.device) if nonfinite else None
@@ -269,7 +272,7 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                     plain = fused and drop is None and masked is None
                     p_op = mm.rounded_tile("p", r1 - r0, c1 - c0) if plain else None
                     if fused:
-                        probabilities_(prob, m, neg_log2_l, p_op)
+                        probabilities_(prob, m, neg_log2_l, p_op, edge)
                     else:
                         prob.sub_(m)  # natural units first: exact where s ~ max
                         torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()

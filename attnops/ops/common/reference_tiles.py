@@ -133,7 +133,8 @@ def head_scores(p: FAProblem, b: int, n2: int, h: int, r0: int, r1: int, c0: int
                  ) -> tuple[torch.Tensor, "Tile | None"]:
     """Query head ``h``'s masked scores ``[r1 - r0, c1 - c0]`` (``qs``: its staged rows; ``keys``: those of KV head
     ``n2``, whose ``scores`` apply the scale the rows lack) in workspace ``"s"``, and the :class:`Tile` when
-    ``extras`` (for its pse, dropout and pse gradient). Without extras no tile object is built: every tensor call
+    ``extras`` (for its pse, dropout and pse gradient). ``band``: the tile's :meth:`MaskSpec.band_bounds`, or ``()``
+    where the caller's fused pass masks the band. Without extras no tile object is built: every tensor call
     of a worker contends for the GIL. ``cap_grad``: see :func:`softcap_`."""
     s = softcap_(p, keys.scores(qs, c0, c1, buf.get("s", r1 - r0, c1 - c0)), cap_grad)
     if not extras:

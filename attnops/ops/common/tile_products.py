@@ -72,7 +72,7 @@ class WideProducts:
         """False: the engine makes each product of a tile (see :class:`Bf16Products`)."""
         return False
 
-    def first_block(self, *operands) -> bool:
+    def forward_block(self, *operands) -> bool:
         """False: the engine makes each product of a tile (see :class:`Bf16Products`)."""
         return False
 
@@ -130,24 +130,29 @@ class Bf16Products:
 
     def whole_tile(self, qs: torch.Tensor, qs_t: torch.Tensor, dy: torch.Tensor, dy_t: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor, delta: torch.Tensor, unit_zero: bool,
-                   dq: torch.Tensor, tk: torch.Tensor, tv: torch.Tensor) -> bool:
-        """A tile without mask, pse, dropout or softcap in one call (:func:`.bf16_gemm.backward_tile_`: the products
-        and passes the engine makes one by one, in their order, without taking the GIL between them): ``dq``,
-        ``tk`` (dK^T) and ``tv`` (dV^T) accumulate the tile's sums. False (nothing done) where the head dim is
-        longer than the dS GEMM takes."""
+                   dq: torch.Tensor, tk: torch.Tensor, tv: torch.Tensor, band: tuple[int, int, int] | None) -> bool:
+        """A tile without explicit mask, pse, dropout or softcap in one call (:func:`.bf16_gemm.backward_tile_`: the
+        products and passes the engine makes one by one, in their order, without taking the GIL between them),
+        masked by ``band`` (its ``MaskSpec.tile_band``; None: no band): ``dq``, ``tk`` (dK^T) and ``tv`` (dV^T)
+        accumulate the tile's sums. False (nothing done) where the head dim is longer than the dS GEMM takes."""
         if dy.shape[1] > GRAD_MAX_K:
             return False
         r, c = qs.shape[0], k.shape[0]
         backward_tile_(qs, qs_t, dy, dy_t, k, v, m, neg_log2_l, delta, unit_zero, self.alpha, self.fp32.get("s", r, c),
-                       self.buf.get("p", r, c), self.buf.get("ds", r, c), dq, tk, tv)
+                       self.buf.get("p", r, c), self.buf.get("ds", r, c), dq, tk, tv, band)
         return True
 
-    def first_block(self, qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
-                    clamp: bool, o: torch.Tensor) -> bool:
-        """The forward's first column block of a row chunk without mask, pse, dropout or softcap in one call
-        (:func:`.bf16_gemm.forward_tile_`): ``m``/``l`` start, ``o`` receives ``P V``. True (done)."""
+    def forward_block(self, qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
+                      clamp: bool, o: torch.Tensor, band: tuple[int, int, int] | None,
+                      rescale: torch.Tensor | None) -> bool:
+        """A forward column block of a row chunk without explicit mask, pse, dropout or softcap in one call
+        (:func:`.bf16_gemm.forward_tile_`), masked by ``band`` (see :meth:`whole_tile`): the first (``rescale``
+        None) starts ``m``/``l`` and sets ``o = P V``, a later one updates them, ``rescale`` and ``o``. True
+        (done)."""
         r, c = qs.shape[0], k.shape[0]
-        forward_tile_(qs, k, v, self.alpha, m, l, clamp, self.fp32.get("s", r, c), self.buf.get("p", r, c), o)
+        pv = None if rescale is None else self.fp32.get("pv", r, v.shape[1])
+        forward_tile_(qs, k, v, self.alpha, m, l, clamp, self.fp32.get("s", r, c), self.buf.get("p", r, c), o, band,
+                      rescale, pv)
         return True
 
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

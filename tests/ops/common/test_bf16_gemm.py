@@ -126,13 +126,17 @@ def test_score_gradient(m, n, k, unit_zero):
 
 
 
+BANDS = [None, (-3, 0, 0), (-40, 5, 2)]  # MaskSpec.tile_band: none, a causal diagonal, a window with prefix columns
+
+
 @needs_gemm
+@pytest.mark.parametrize("band", BANDS)
 @pytest.mark.parametrize("unit_zero", [False, True])
 @pytest.mark.parametrize("r, c, d, dv", [(1, 1, 1, 1), (7, 70, 33, 20), (13, 130, 64, 64), (70, 300, 128, 256)])
-def test_backward_tile(r, c, d, dv, unit_zero):
+def test_backward_tile(r, c, d, dv, unit_zero, band):
     """A backward tile in one call equals, bit for bit, the engine's separate calls (scores, probabilities with
-    their bf16 copy, dV^T, dS from the dP GEMM, dQ, dK^T) on strided operands and accumulator columns; a head dim
-    past the dS GEMM's reduction block is refused."""
+    their bf16 copy, dV^T, dS from the dP GEMM, dQ, dK^T) on strided operands and accumulator columns, with and
+    without a band; a head dim past the dS GEMM's reduction block is refused."""
     g = torch.Generator().manual_seed(r + c + d + dv)
     q, k = torch.randn(r, d, generator=g).to(BF16), torch.randn(c, d, generator=g).to(BF16)
     dy, v = _operands(r, c, dv, True, seed=d, pad=2)
@@ -145,10 +149,10 @@ def test_backward_tile(r, c, d, dv, unit_zero):
     dq, tk, tv = dq0.clone(), tk0.clone(), tv0.clone()
     s, p16, ds16 = torch.empty(r, c), torch.empty(r, c, dtype=BF16), torch.empty(r, c, dtype=BF16)
     bf16_gemm.backward_tile_(q, q_t, dy, dy_t, k, v, m, neg_log2_l, delta, unit_zero, 0.125, s, p16, ds16, dq,
-                             tk[:, 1:1 + c], tv[:, 1:1 + c])
+                             tk[:, 1:1 + c], tv[:, 1:1 + c], band)
     ref_s = bf16_gemm.gemm_(torch.empty(r, c), q, k, b_nt=True, alpha=0.125)
     ref_p16 = torch.empty(r, c, dtype=BF16)
-    fused_softmax.probabilities_(ref_s, m, neg_log2_l, ref_p16)
+    fused_softmax.probabilities_(ref_s, m, neg_log2_l, ref_p16, band)
     bf16_gemm.gemm_(tv0[:, 1:1 + c], dy_t, ref_p16, b_nt=False, accumulate=True)
     ref_ds16 = bf16_gemm.grad_gemm_(torch.empty(r, c, dtype=BF16), dy, v, ref_s, delta, unit_zero)
     bf16_gemm.gemm_(dq0, ref_ds16, k, b_nt=False, alpha=0.125, accumulate=True)
@@ -162,24 +166,35 @@ def test_backward_tile(r, c, d, dv, unit_zero):
 
 
 @needs_gemm
+@pytest.mark.parametrize("band", BANDS)
 @pytest.mark.parametrize("clamp", [False, True])
 @pytest.mark.parametrize("r, c, d, dv", [(1, 1, 1, 1), (7, 70, 33, 20), (70, 300, 128, 256), (13, 600, 64, 300)])
-def test_forward_tile(r, c, d, dv, clamp):
-    """The forward's first column block in one call equals, bit for bit, the engine's separate calls (scores, the
-    online softmax's first block with its bf16 copy, P V) on strided operands; bad operands are refused."""
+def test_forward_tile(r, c, d, dv, clamp, band):
+    """The forward's first and a later column block in one call each equal, bit for bit, the engine's separate calls
+    (scores, the online softmax's block with its bf16 copy, P V, the rescaled sum) on strided operands, with and
+    without a band; bad operands are refused."""
     g = torch.Generator().manual_seed(r + c + d + dv)
     q, k = torch.randn(r, d, generator=g).to(BF16), torch.randn(c, d, generator=g).to(BF16)
     v = torch.randn(c, dv + 3, generator=g).to(BF16)[:, 1:1 + dv]
     m, l, s, p16 = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, c), torch.empty(r, c, dtype=BF16)
     o = torch.full((r, dv + 2), 4.0)
-    bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16, o[:, :dv])
+    bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16, o[:, :dv], band)
     ref_m, ref_l, ref_p16 = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, c, dtype=BF16)
     ref_s = bf16_gemm.gemm_(torch.empty(r, c), q, k, b_nt=True, alpha=0.125)
-    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, None, clamp, ref_p16)
+    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, None, clamp, ref_p16, band)
     ref_o = bf16_gemm.gemm_(torch.empty(r, dv), ref_p16, v, b_nt=False)
     for got, want in ((m, ref_m), (l, ref_l), (s, ref_s), (p16, ref_p16), (o[:, :dv], ref_o)):
         assert torch.equal(got, want)
     assert bool((o[:, dv:] == 4.0).all())
+    k2, v2 = (torch.randn(c, n, generator=g).add_(1.0).to(BF16) for n in (d, dv))  # a later block moves the max
+    rescale, ref_rescale, pv = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, dv)
+    bf16_gemm.forward_tile_(q, k2, v2, 0.125, m, l, clamp, s, p16, o[:, :dv], band, rescale, pv)
+    ref_s = bf16_gemm.gemm_(ref_s, q, k2, b_nt=True, alpha=0.125)
+    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, ref_rescale, clamp, ref_p16, band)
+    ref_o.mul_(ref_rescale).add_(bf16_gemm.gemm_(torch.empty(r, dv), ref_p16, v2, b_nt=False))
+    for got, want in ((m, ref_m), (l, ref_l), (rescale, ref_rescale), (s, ref_s), (p16, ref_p16), (o[:, :dv], ref_o)):
+        assert torch.equal(got, want)
+    assert bool((o[:, dv:] == 4.0).all()) and bool((rescale < 1).any())
     with pytest.raises(ValueError, match="bf16 forward tile: .* expected the shapes"):
         bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16.float(), o[:, :dv])
 
@@ -242,8 +257,9 @@ def test_engine_bf16_on_both_products(monkeypatch, products):
     if products == "fp32":
         monkeypatch.setenv("ATTNOPS_CPU_BF16_GEMM", "0")
     calls = []
-    real = tile_products.gemm_
-    monkeypatch.setattr(tile_products, "gemm_", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for name in ("gemm_", "forward_tile_", "backward_tile_"):  # the bf16 products, one by one or a tile's in one call
+        real = getattr(tile_products, name)
+        monkeypatch.setattr(tile_products, name, lambda *a, real=real, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(tiling, "FWD_COL_BLOCK", 48)
     q, k, v, dy = make_qkv("BSND", b=2, n1=4, n2=2, sq=150, skv=130, d=40, dtype=BF16, seed=11)
     check_fa(q, k, v, dy, layout="BSND", head_num=4, scale=40 ** -0.5, sparse_mode=3,

@@ -1,11 +1,13 @@
 """The fused softmax passes of the CPU attention engine (``cpu_kernels/softmax.cpp``) against the PyTorch passes
 they replace: random tiles with masked (-inf) entries, fully masked rows, NaN, widths that are not a multiple of
-the vector width, first and later online-softmax blocks."""
+the vector width, first and later online-softmax blocks; the band masked inside the passes against
+``MaskSpec.fill_masked_``, bit for bit."""
 import math
 
 import pytest
 import torch
 
+from attnops._core.masks import INF, MaskSpec
 from attnops.ops.common import fused_softmax as fused
 from attnops.ops.common import reference_tiles as tiling
 from tests.helpers import TRIU2048, check_fa, make_qkv
@@ -56,6 +58,46 @@ def test_online_softmax_blocks(cols):
     _close(rescale, rescale_ref)
     _close(l, l_ref * rescale_ref + pb_ref.sum(-1, keepdim=True), terms=cols)
     assert math.isnan(m[2].item()) and math.isnan(l[2].item())
+
+
+BANDS = {  # (lo, hi, prefix or None): causal, bottom-right causal, a window, prefix columns, rows keeping nothing
+    "causal": (-INF, 0, None), "bottom-right": (-INF, 23, None), "window": (-9, 4, None), "left-only": (-5, INF, None),
+    "prefix": (-INF, -3, 11), "window-prefix": (-12, -6, 30), "empty-rows": (30, 40, None), "keeps-all": (-INF, INF, 5),
+}
+
+
+@pytest.mark.parametrize("band", list(BANDS))
+@pytest.mark.parametrize("r0, c0, rows, cols", [(0, 0, 37, 45), (20, 8, 19, 33), (40, 2, 8, 70), (3, 50, 16, 16)])
+def test_band_in_pass_equals_python_masking(band, r0, c0, rows, cols):
+    """A tile's band (``MaskSpec.tile_band``) masked inside the passes gives the bits of ``fill_masked_`` then the
+    pass: random scores with -inf, +inf and NaN (masked NaN scores become -inf too), rows that keep nothing."""
+    lo, hi, prefix = BANDS[band]
+    spec = MaskSpec((lo,), (hi,), None if prefix is None else (prefix,))
+    r1, c1 = r0 + rows, c0 + cols
+    g = torch.Generator().manual_seed(rows + cols)
+    s = torch.randn(rows, cols, generator=g) * 4
+    for value in (math.nan, math.inf, -math.inf):
+        s.view(-1)[torch.randint(0, s.numel(), (rows,), generator=g)] = value
+    edge = spec.tile_band(0, r0, r1, c0, c1)
+    masked = spec.fill_masked_(s.clone().unsqueeze(0), 0, r0, r1, c0, c1)[0]
+    bits = lambda t: t.view(torch.int32)  # NaN compared by its bits
+    for clamp in (True, False):
+        got, want = s.clone(), masked.clone()
+        stats = [torch.empty(rows, 1) for _ in range(4)]
+        fused.softmax_block_(got, *stats[:2], None, clamp, band=edge)
+        fused.softmax_block_(want, *stats[2:], None, clamp)
+        for a, b in zip([got, *stats[:2]], [want, *stats[2:]]):
+            assert torch.equal(bits(a), bits(b))
+    m = masked.amax(-1, keepdim=True).nan_to_num(nan=0.0).clamp_min(FLT_LOWEST).contiguous()
+    neg_log2_l = torch.rand(rows, 1, generator=g).add(1).log2().neg()
+    got, want = s.clone(), masked.clone()
+    got16, want16 = (torch.empty(rows, cols, dtype=torch.bfloat16) for _ in range(2))
+    fused.probabilities_(got, m, neg_log2_l, got16, band=edge)
+    fused.probabilities_(want, m, neg_log2_l, want16)
+    assert torch.equal(bits(got), bits(want)) and torch.equal(got16.view(torch.int16), want16.view(torch.int16))
+    if band == "empty-rows":  # rows whose band starts past the tile keep nothing: P = 0
+        empty = min(rows, max(0, c1 - lo - r0))
+        assert torch.equal(got[empty:], torch.zeros(rows - empty, cols))
 
 
 @pytest.mark.parametrize("cols", [3, 16, 45])

@@ -154,6 +154,47 @@ bool cpu_has_bf16() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
   return has;
 }
+
+// A tile's band (MaskSpec.tile_band, as attnops_softmax_block takes it): row i keeps column j where
+// lo <= j - i <= hi or j < prefix.
+struct Band {
+  int64_t lo, hi, prefix;
+};
+
+// Whether the band masks every entry of rows [i0, i0 + rows) x columns [j0, j0 + cols): none is a prefix column
+// and all lie left or right of the rows' band (the spans [i + lo, i + hi] of consecutive rows make one span).
+inline bool masked_whole(const Band* band, int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  return band != nullptr && j0 >= band->prefix &&
+         (band->hi < band->lo || j0 + cols - 1 < i0 + band->lo || j0 > i0 + rows - 1 + band->hi);
+}
+
+// attnops_bf16_gemm on this CPU; band: C is a score tile that band masks afterwards, so register tiles it masks
+// whole are skipped (left as they are: the softmax pass writes -inf over them).
+void gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, int b_nt,
+          float* c, int64_t ldc, float alpha, int accumulate, const Band* band) {
+  if (k == 0) {
+    for (int64_t i = 0; i < m && !accumulate; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
+    return;
+  }
+  thread_local std::vector<uint32_t> packed;
+  const int64_t panels = (n + NR - 1) / NR;
+  packed.resize(static_cast<size_t>(panels * (KC / 2) * NR));
+  for (int64_t k0 = 0; k0 < k; k0 += KC) {
+    const int64_t k1 = k0 + KC < k ? k0 + KC : k;
+    const int64_t pairs = (k1 - k0 + 1) / 2;
+    (b_nt ? pack_nt : pack_nn)(b, ldb, n, k0, k1, packed.data());
+    const bool add = accumulate || k0 > 0;
+    for (int64_t q = 0; q < panels; ++q) {
+      const uint32_t* panel = packed.data() + q * pairs * NR;
+      const int64_t cols = n - q * NR < NR ? n - q * NR : NR;
+      for (int64_t i = 0; i < m; i += MR) {
+        const int64_t rows = m - i < MR ? m - i : MR;
+        if (!masked_whole(band, i, rows, q * NR, cols))
+          kTiles[rows](a + i * lda, lda, k0, k1, panel, c + i * ldc + q * NR, ldc, cols, alpha, add);
+      }
+    }
+  }
+}
 #endif
 
 }  // namespace
@@ -175,27 +216,7 @@ int attnops_bf16_gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_
                       int b_nt, float* c, int64_t ldc, float alpha, int accumulate) {
 #if ATTNOPS_BF16_GEMM
   if (!cpu_has_bf16()) return 1;
-  if (k == 0) {
-    for (int64_t i = 0; i < m && !accumulate; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
-    return 0;
-  }
-  thread_local std::vector<uint32_t> packed;
-  const int64_t panels = (n + NR - 1) / NR;
-  packed.resize(static_cast<size_t>(panels * (KC / 2) * NR));
-  for (int64_t k0 = 0; k0 < k; k0 += KC) {
-    const int64_t k1 = k0 + KC < k ? k0 + KC : k;
-    const int64_t pairs = (k1 - k0 + 1) / 2;
-    (b_nt ? pack_nt : pack_nn)(b, ldb, n, k0, k1, packed.data());
-    const bool add = accumulate || k0 > 0;
-    for (int64_t q = 0; q < panels; ++q) {
-      const uint32_t* panel = packed.data() + q * pairs * NR;
-      const int64_t cols = n - q * NR < NR ? n - q * NR : NR;
-      for (int64_t i = 0; i < m; i += MR) {
-        const int64_t rows = m - i < MR ? m - i : MR;
-        kTiles[rows](a + i * lda, lda, k0, k1, panel, c + i * ldc + q * NR, ldc, cols, alpha, add);
-      }
-    }
-  }
+  gemm(m, n, k, a, lda, b, ldb, b_nt, c, ldc, alpha, accumulate, nullptr);
   return 0;
 #else
   (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)b_nt, (void)c, (void)ldc, (void)alpha,
@@ -250,29 +271,48 @@ int attnops_bf16_gemm_grad(int64_t m, int64_t n, int64_t k, const uint16_t* a, i
 #endif
 }
 
+// The scores S = alpha Q K^T [r, c] of a one-call tile whose softmax pass masks the band (lo, hi, prefix)
+// afterwards: register tiles the band masks whole are not computed. Returns attnops_bf16_gemm's codes.
+static int band_scores(int64_t r, int64_t c, int64_t d, const uint16_t* q, int64_t ldq, const uint16_t* k, int64_t ldk,
+                       float* s, int64_t lds, float alpha, int64_t lo, int64_t hi, int64_t prefix) {
+#if ATTNOPS_BF16_GEMM
+  if (!cpu_has_bf16()) return 1;
+  const Band band{lo, hi, prefix};
+  gemm(r, c, d, q, ldq, k, ldk, 1, s, lds, alpha, 0, &band);
+  return 0;
+#else
+  (void)r, (void)c, (void)d, (void)q, (void)ldq, (void)k, (void)ldk, (void)s, (void)lds, (void)alpha, (void)lo,
+      (void)hi, (void)prefix;
+  return 1;
+#endif
+}
+
 // The softmax passes of the forward and backward (softmax.cpp).
 int attnops_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, float* m, float* l, float* rescale,
-                          int first, int clamp, uint16_t* out16, int64_t ld16);
+                          int first, int clamp, uint16_t* out16, int64_t ld16, int64_t lo, int64_t hi,
+                          int64_t prefix);
 int attnops_softmax_probs(float* s, int64_t rows, int64_t cols, int64_t ld, const float* m, const float* neg_log2_l,
-                          uint16_t* out16, int64_t ld16);
+                          uint16_t* out16, int64_t ld16, int64_t lo, int64_t hi, int64_t prefix);
 
 // One tile of the bf16 backward (r query rows x c keys, head dims d and dv) in one call: the engine's six calls of
-// a tile without mask, pse, dropout or softcap, in the same order (so the same bits), without the GIL between
-// them. From the staged operands Q [r, d] and Q^T [d, r], dy [r, dv] and dy^T [dv, r], the tile's keys K [c, d]
-// and values V [c, dv], the rows' statistics m and -log2(l) and delta: S = alpha Q K^T (s, fp32), P = exp2(...) in
-// place with its bf16 copy p16, dV^T += dy^T P (tv [dv, c]), ds16 = P (dy V^T - delta) (0 where unit_zero and
-// P == 1), dQ += alpha dS K (dq [r, d]), dK^T += alpha Q^T dS (tk [d, c]). Returns 0; 1 where the GEMM is not
-// available; 2 for dv > 256 (see attnops_bf16_gemm_grad).
+// a tile without explicit mask, pse, dropout or softcap, in the same order (so the same bits), without the GIL
+// between them. From the staged operands Q [r, d] and Q^T [d, r], dy [r, dv] and dy^T [dv, r], the tile's keys
+// K [c, d] and values V [c, dv], the rows' statistics m and -log2(l) and delta: S = alpha Q K^T (s, fp32), masked
+// by the tile's band (lo, hi, prefix: see attnops_softmax_block; register tiles it masks whole are not computed),
+// P = exp2(...) in place with its bf16 copy p16, dV^T += dy^T P (tv [dv, c]), ds16 = P (dy V^T - delta) (0 where
+// unit_zero and P == 1), dQ += alpha dS K (dq [r, d]), dK^T += alpha Q^T dS (tk [d, c]). Returns 0; 1 where the
+// GEMM is not available; 2 for dv > 256 (see attnops_bf16_gemm_grad).
 int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
                                const uint16_t* qt, int64_t ldqt, const uint16_t* dy, int64_t lddy, const uint16_t* dyt,
                                int64_t lddyt, const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv,
                                const float* m, const float* neg_log2_l, const float* delta, int unit_zero, float alpha,
                                float* s, int64_t lds, uint16_t* p16, int64_t ldp16, uint16_t* ds16, int64_t ldds,
-                               float* dq, int64_t lddq, float* tk, int64_t ldtk, float* tv, int64_t ldtv) {
+                               float* dq, int64_t lddq, float* tk, int64_t ldtk, float* tv, int64_t ldtv, int64_t lo,
+                               int64_t hi, int64_t prefix) {
   if (dv > 256 || dv == 0) return 2;  // attnops_bf16_gemm_grad's one reduction block, checked before any write
-  int code = attnops_bf16_gemm(r, c, d, q, ldq, k, ldk, 1, s, lds, alpha, 0);
+  int code = band_scores(r, c, d, q, ldq, k, ldk, s, lds, alpha, lo, hi, prefix);
   if (code) return code;
-  attnops_softmax_probs(s, r, c, lds, m, neg_log2_l, p16, ldp16);
+  attnops_softmax_probs(s, r, c, lds, m, neg_log2_l, p16, ldp16, lo, hi, prefix);
   code = attnops_bf16_gemm(dv, c, r, dyt, lddyt, p16, ldp16, 0, tv, ldtv, 1.0f, 1);
   if (!code) code = attnops_bf16_gemm_grad(r, c, dv, dy, lddy, v, ldv, s, lds, delta, unit_zero, ds16, ldds);
   if (!code) code = attnops_bf16_gemm(r, d, c, ds16, ldds, k, ldk, 0, dq, lddq, alpha, 1);
@@ -281,19 +321,30 @@ int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, cons
 }
 
 
-// The forward's first column block of r query rows in one call: the engine's three calls of a tile without mask,
+// A column block of the forward for r query rows in one call: the engine's calls of a tile without explicit mask,
 // pse, dropout or softcap, in their order (so the same bits), without the GIL between them. S = alpha Q K^T (s,
-// fp32; Q [r, d], K [c, d]), the online softmax's first block on it (m and l start here; clamp: a -inf max becomes
-// the lowest float) with P rounded into p16, O = P V (o [r, dv]; V [c, dv]). Returns 0; 1 where the GEMM is not
-// available.
+// fp32; Q [r, d], K [c, d]), masked by the tile's band (lo, hi, prefix: see attnops_softmax_block; register tiles
+// it masks whole are not computed), the online softmax's block on it with P rounded into p16 (m, l and rescale as
+// attnops_softmax_block's; clamp: a first block's -inf max becomes the lowest float), then with V [c, dv]: the
+// first block (rescale null) O = P V (o [r, dv]); a later one pv = P V, then O = O * rescale + pv, rounded after
+// the product and after the sum as the engine's two tensor operations (two loops: no fused multiply-add). Returns
+// 0; 1 where the GEMM is not available.
 int attnops_bf16_forward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
                               const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv, float alpha, float* m,
-                              float* l, int clamp, float* s, int64_t lds, uint16_t* p16, int64_t ldp16, float* o,
-                              int64_t ldo) {
-  const int code = attnops_bf16_gemm(r, c, d, q, ldq, k, ldk, 1, s, lds, alpha, 0);
+                              float* l, float* rescale, int clamp, float* s, int64_t lds, uint16_t* p16, int64_t ldp16,
+                              float* pv, int64_t ldpv, float* o, int64_t ldo, int64_t lo, int64_t hi, int64_t prefix) {
+  int code = band_scores(r, c, d, q, ldq, k, ldk, s, lds, alpha, lo, hi, prefix);
   if (code) return code;
-  attnops_softmax_block(s, r, c, lds, m, l, nullptr, 1, clamp, p16, ldp16);
-  return attnops_bf16_gemm(r, dv, c, p16, ldp16, v, ldv, 0, o, ldo, 1.0f, 0);
+  const bool first = rescale == nullptr;
+  attnops_softmax_block(s, r, c, lds, m, l, rescale, first, clamp, p16, ldp16, lo, hi, prefix);
+  code = attnops_bf16_gemm(r, dv, c, p16, ldp16, v, ldv, 0, first ? o : pv, first ? ldo : ldpv, 1.0f, 0);
+  for (int64_t i = 0; i < r && !first && !code; ++i) {
+    float* row = o + i * ldo;
+    const float* add = pv + i * ldpv;
+    for (int64_t j = 0; j < dv; ++j) row[j] *= rescale[i];
+    for (int64_t j = 0; j < dv; ++j) row[j] += add[j];
+  }
+  return code;
 }
 
 }  // extern "C"

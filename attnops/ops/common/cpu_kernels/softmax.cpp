@@ -214,19 +214,33 @@ void round_row(const float* src, uint16_t* dst, int64_t cols) {
   for (; j < cols; ++j) dst[j] = bf16_rne(src[j]);
 }
 
+// Row i of a tile with the band (lo, hi, prefix) (MaskSpec.tile_band): columns j outside lo <= j - i <= hi and
+// not below prefix become -inf, as the engine's Python masking sets them (NaN scores included), before the pass
+// reads the row. Only the masked columns are written: a row the band keeps whole costs a few integer operations.
+void mask_row(float* row, int64_t i, int64_t cols, int64_t lo, int64_t hi, int64_t prefix) {
+  const auto clamp = [](int64_t x, int64_t a, int64_t b) { return x < a ? a : (x > b ? b : x); };
+  const int64_t start = clamp(i + lo, 0, cols), end = clamp(i + hi + 1, start, cols), keep = clamp(prefix, 0, cols);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t j = keep; j < start; ++j) row[j] = ninf;
+  for (int64_t j = end > keep ? end : keep; j < cols; ++j) row[j] = ninf;
+}
+
 }  // namespace
 
 extern "C" {
 
 // One column block of the forward's online softmax over rows x cols scores s (row stride ld), in place (and into
 // out16, row stride ld16, rounded to bf16, unless null): m (row max, running), l (row sum, running) and, unless
-// first, rescale[i] = exp2((m_old - m_new) * log2(e)), the factor the output accumulated so far must be scaled by. first: m and l start here; clamp: a first block's max of -inf
-// becomes the lowest float (rows without a kept score yet). Returns 0.
+// first, rescale[i] = exp2((m_old - m_new) * log2(e)), the factor the output accumulated so far must be scaled by.
+// first: m and l start here; clamp: a first block's max of -inf becomes the lowest float (rows without a kept
+// score yet). lo, hi, prefix: the tile's band (see mask_row; lo = -rows, hi = cols, prefix = 0: none). Returns 0.
 int attnops_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, float* m, float* l, float* rescale,
-                          int first, int clamp, uint16_t* out16, int64_t ld16) {
+                          int first, int clamp, uint16_t* out16, int64_t ld16, int64_t lo, int64_t hi,
+                          int64_t prefix) {
   const float lowest = std::numeric_limits<float>::lowest();
   for (int64_t i = 0; i < rows; ++i) {
     float* row = s + i * ld;
+    mask_row(row, i, cols, lo, hi, prefix);
     const float block_max = row_max(row, cols);
     float m_new;
     if (first) {
@@ -243,11 +257,13 @@ int attnops_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, floa
   return 0;
 }
 
-// The backward's probabilities in place: s[i, j] = exp2(fma(s[i, j] - m[i], log2(e), neg_log2_l[i])). Returns 0.
+// The backward's probabilities in place: s[i, j] = exp2(fma(s[i, j] - m[i], log2(e), neg_log2_l[i])), after the
+// band's masking (lo, hi, prefix: as attnops_softmax_block's). Returns 0.
 int attnops_softmax_probs(float* s, int64_t rows, int64_t cols, int64_t ld, const float* m, const float* neg_log2_l,
-                          uint16_t* out16, int64_t ld16) {
+                          uint16_t* out16, int64_t ld16, int64_t lo, int64_t hi, int64_t prefix) {
   for (int64_t i = 0; i < rows; ++i) {
     float* row = s + i * ld;
+    mask_row(row, i, cols, lo, hi, prefix);
     const float mi = m[i], ci = neg_log2_l[i];
     int64_t j = 0;
 #if ATTNOPS_SM_LANES > 1
