@@ -38,9 +38,8 @@ def _functions():
                 lib.attnops_bf16_gemm_grad.argtypes = [i64, i64, i64, p, i64, p, i64, p, i64, p, i32, p, i64]
                 lib.attnops_bf16_gemm_grad.restype = i32
                 lib.attnops_transpose16.argtypes, lib.attnops_transpose16.restype = [i64, i64, p, i64, p, i64], i32
-                lib.attnops_bf16_backward_tile.argtypes = ([i64] * 4 + [p, i64] * 6 + [p, p, p, i32, ctypes.c_float]
-                                                           + [p, i64] * 6 + [i64] * 3)
-                lib.attnops_bf16_backward_tile.restype = i32
+                lib.attnops_bf16_backward_tiles.argtypes = [i64, p, p, i32, ctypes.c_float]
+                lib.attnops_bf16_backward_tiles.restype = i32
                 lib.attnops_bf16_forward_tile.argtypes = ([i64] * 4 + [p, i64] * 3 + [ctypes.c_float, p, p, p, i32]
                                                           + [p, i64] * 4 + [i64] * 3)
                 lib.attnops_bf16_forward_tile.restype = i32
@@ -118,36 +117,65 @@ def transpose_(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def backward_tile_(q: torch.Tensor, qt: torch.Tensor, dy: torch.Tensor, dyt: torch.Tensor, k: torch.Tensor,
-                   v: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor, delta: torch.Tensor, unit_zero: bool,
-                   alpha: float, s: torch.Tensor, p16: torch.Tensor, ds16: torch.Tensor, dq: torch.Tensor,
-                   tk: torch.Tensor, tv: torch.Tensor, band: tuple[int, int, int] | None = None) -> None:
-    """One tile of the backward without explicit mask, pse, dropout or softcap in one call
-    (``attnops_bf16_backward_tile``: the same products and passes, in the same order, as the engine's separate
-    calls): ``s = alpha Q K^T``, masked by ``band`` (the tile's ``MaskSpec.tile_band``; None: no band), becomes P,
-    ``p16``/``ds16`` receive P and ``dS = P (dy V^T - delta)`` rounded, ``tv += dy^T P``, ``dq += alpha dS K``,
-    ``tk += alpha Q^T dS``. bf16 ``q`` ``[r, d]``, ``qt`` ``[d, r]``, ``dy`` ``[r, dv]`` (``dv <= GRAD_MAX_K``),
-    ``dyt`` ``[dv, r]``, ``k`` ``[c, d]``, ``v`` ``[c, dv]``, ``p16``/``ds16`` ``[r, c]``; fp32 ``m``,
-    ``neg_log2_l``, ``delta`` ``[r, 1]`` (consecutive rows), ``s`` ``[r, c]``, ``dq`` ``[r, d]``, ``tk`` ``[d, c]``,
-    ``tv`` ``[dv, c]``; unit column strides."""
-    (r, d), (c, dv) = q.shape, v.shape
-    shapes = ((q, (r, d)), (qt, (d, r)), (dy, (r, dv)), (dyt, (dv, r)), (k, (c, d)), (v, (c, dv)), (p16, (r, c)),
-              (ds16, (r, c)), (s, (r, c)), (dq, (r, d)), (tk, (d, c)), (tv, (dv, c)))
-    if (not 0 < dv <= GRAD_MAX_K
-            or any(t.shape != shape or (shape[1] > 1 and t.stride(1) != 1)
-                   or t.dtype != (torch.bfloat16 if i < 8 else torch.float32) for i, (t, shape) in enumerate(shapes))
-            or any(x.shape != (r, 1) or x.dtype != torch.float32 or (r > 1 and x.stride(0) != 1)
-                   for x in (m, neg_log2_l, delta))):
-        raise ValueError("bf16 backward tile: " + ", ".join(f"{tuple(t.shape)} {t.dtype} strides {t.stride()}"
-                                                           for t, _ in shapes)
-                         + f": expected the shapes, dtypes and unit column strides of the docstring, dv <= "
-                           f"{GRAD_MAX_K}")
-    code = _functions().attnops_bf16_backward_tile(
-        r, c, d, dv, *(x for t in (q, qt, dy, dyt, k, v) for x in (t.data_ptr(), t.stride(0))), m.data_ptr(),
-        neg_log2_l.data_ptr(), delta.data_ptr(), int(unit_zero), alpha,
-        *(x for t in (s, p16, ds16, dq, tk, tv) for x in (t.data_ptr(), t.stride(0))), *band_args(band, r, c))
-    if code:
-        raise RuntimeError(f"attnops_bf16_backward_tile returned {code}")
+class BackwardTiles:
+    """One job's one-call backward tiles (the query heads of one KV head: row chunks x column blocks without explicit
+    mask, pse, dropout or softcap), collected by :meth:`add` as rows of ints and run by :meth:`run` in one call
+    (``attnops_bf16_backward_tiles``), in their order: per tile the products and passes the engine would make one
+    by one (``s = alpha Q K^T`` masked by the tile's band, P with its bf16 copy, ``tv += dy^T P``, ``dS = P (dy V^T
+    - delta)`` rounded, ``dq += alpha dS K``, ``tk += alpha Q^T dS``), with each chunk's Q and dy rows staged and
+    transposed in C, without taking the GIL between them.
+
+    Operands (checked once, here; the C walker checks every row of the table against their shapes before any
+    write): bf16 ``q`` ``[G, Sq, d]``, ``dy`` ``[G, Sq, dv]`` (``dv <= GRAD_MAX_K``), ``k`` ``[Skv, d]``, ``v``
+    ``[Skv, dv]``; fp32 ``m``, ``neg_log2_l``, ``delta`` ``[G, Sq, 1]`` (consecutive rows), ``dq`` ``[G, Sq, d]``,
+    and at :meth:`run` ``tk`` ``[d, W]`` and ``tv`` ``[dv, W]``; unit column strides. ``fp32``/``bf16``: the
+    thread's workspaces."""
+
+    def __init__(self, q: torch.Tensor, dy: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor,
+                 delta: torch.Tensor, dq: torch.Tensor, k: torch.Tensor, v: torch.Tensor, unit_zero: bool,
+                 alpha: float, fp32, bf16):
+        bf, f32 = torch.bfloat16, torch.float32
+        if not 0 < dy.shape[-1] <= GRAD_MAX_K:
+            raise ValueError(f"bf16 backward tiles: dy {tuple(dy.shape)}: expected a head dim of 1 to {GRAD_MAX_K}")
+        self._views = [x for t, dtype in ((q, bf), (dy, bf), (m, f32), (neg_log2_l, f32), (delta, f32), (dq, f32),
+                                          (k, bf), (v, bf)) for x in _view(t, dtype)]
+        self._dims, self._args, self._work = (q.shape[-1], dy.shape[-1]), (int(unit_zero), alpha), (fp32, bf16)
+        self._rows: list[tuple[int, ...]] = []
+
+    def add(self, h: int, r0: int, r1: int, c0: int, c1: int, band: tuple[int, int, int] | None, tcol: int) -> None:
+        """The tile of head ``h`` (of the ``G``), rows ``r0:r1`` and keys ``c0:c1``, masked by ``band`` (its
+        ``MaskSpec.tile_band``; None: no band); its dK^T/dV^T sums go to columns ``tcol:tcol + c1 - c0``."""
+        self._rows.append((h, r0, r1, c0, c1, *band_args(band, r1 - r0, c1 - c0), tcol))
+
+    def run(self, tk: torch.Tensor, tv: torch.Tensor) -> None:
+        """The tiles added since the last run, in one call, with their dK^T/dV^T sums into ``tk``/``tv``."""
+        if not self._rows:
+            return
+        table = torch.tensor(self._rows, dtype=torch.int64)
+        rows, area = (table[:, 2] - table[:, 1]), (table[:, 2] - table[:, 1]) * (table[:, 4] - table[:, 3])
+        rmax, amax = int(rows.max()), int(area.max())
+        (d, dv), (fp32, bf16) = self._dims, self._work
+        work = [fp32.get("s", amax), bf16.get("p", amax), bf16.get("ds", amax), bf16.get("q", rmax * d),
+                bf16.get("qt", rmax * d), bf16.get("dy", rmax * dv), bf16.get("dyt", rmax * dv)]
+        views = torch.tensor(self._views + _view(tk, torch.float32) + _view(tv, torch.float32)
+                             + [x for w in work for x in _view(w, w.dtype)], dtype=torch.int64)
+        code = _functions().attnops_bf16_backward_tiles(len(self._rows), table.data_ptr(), views.data_ptr(),
+                                                        *self._args)
+        self._rows = []
+        if code:
+            raise RuntimeError(f"attnops_bf16_backward_tiles returned {code}")
+
+
+def _view(t: torch.Tensor, dtype: torch.dtype) -> list[int]:
+    """``t`` (1 to 3 dims, ``dtype``, unit column stride) as ``attnops_bf16_backward_tiles`` takes an operand:
+    address, heads, rows, columns, head stride, row stride."""
+    if t.dtype != dtype or not 1 <= t.dim() <= 3 or (t.shape[-1] > 1 and t.stride(-1) != 1):
+        raise ValueError(f"bf16 backward tiles: an operand {tuple(t.shape)} {t.dtype} strides {t.stride()}: "
+                         f"expected 1 to 3 dims in {dtype} with unit column stride")
+    shape, strides = (1,) * (3 - t.dim()) + tuple(t.shape), (0,) * (3 - t.dim()) + t.stride()
+    if t.dim() == 1:
+        strides = (0, t.shape[0], 1)
+    return [t.data_ptr(), *shape, *strides[:2]]
 
 
 def forward_tile_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: float, m: torch.Tensor, l: torch.Tensor,
@@ -156,7 +184,7 @@ def forward_tile_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: floa
                   pv: torch.Tensor | None = None) -> None:
     """A forward column block of a row chunk without explicit mask, pse, dropout or softcap in one call
     (``attnops_bf16_forward_tile``: the same products and passes, in the same order, as the engine's separate
-    calls): ``s = alpha Q K^T``, masked by ``band`` (see :func:`backward_tile_`), the online softmax's block on it
+    calls): ``s = alpha Q K^T``, masked by ``band`` (its ``MaskSpec.tile_band``; None: no band), the online softmax's block on it
     with P rounded into ``p16``; the first block (``rescale`` None: ``m``, ``l`` start here; ``clamp``: see
     ``fused_softmax.softmax_block_``) makes ``o = P V``, a later one ``pv = P V`` and ``o = o * rescale + pv``
     (``rescale`` receives the online softmax's factor). bf16 ``q`` ``[r, d]``, ``k`` ``[c, d]``, ``v`` ``[c, dv]``,

@@ -294,21 +294,21 @@ int attnops_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, floa
 int attnops_softmax_probs(float* s, int64_t rows, int64_t cols, int64_t ld, const float* m, const float* neg_log2_l,
                           uint16_t* out16, int64_t ld16, int64_t lo, int64_t hi, int64_t prefix);
 
-// One tile of the bf16 backward (r query rows x c keys, head dims d and dv) in one call: the engine's six calls of
-// a tile without explicit mask, pse, dropout or softcap, in the same order (so the same bits), without the GIL
-// between them. From the staged operands Q [r, d] and Q^T [d, r], dy [r, dv] and dy^T [dv, r], the tile's keys
-// K [c, d] and values V [c, dv], the rows' statistics m and -log2(l) and delta: S = alpha Q K^T (s, fp32), masked
-// by the tile's band (lo, hi, prefix: see attnops_softmax_block; register tiles it masks whole are not computed),
+// One tile of the bf16 backward (r query rows x c keys, head dims d and dv): the engine's six calls of a tile
+// without explicit mask, pse, dropout or softcap, in the same order (so the same bits), without the GIL between
+// them. From the staged operands Q [r, d] and Q^T [d, r], dy [r, dv] and dy^T [dv, r], the tile's keys K [c, d]
+// and values V [c, dv], the rows' statistics m and -log2(l) and delta: S = alpha Q K^T (s, fp32), masked by the
+// tile's band (lo, hi, prefix: see attnops_softmax_block; register tiles it masks whole are not computed),
 // P = exp2(...) in place with its bf16 copy p16, dV^T += dy^T P (tv [dv, c]), ds16 = P (dy V^T - delta) (0 where
 // unit_zero and P == 1), dQ += alpha dS K (dq [r, d]), dK^T += alpha Q^T dS (tk [d, c]). Returns 0; 1 where the
 // GEMM is not available; 2 for dv > 256 (see attnops_bf16_gemm_grad).
-int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
-                               const uint16_t* qt, int64_t ldqt, const uint16_t* dy, int64_t lddy, const uint16_t* dyt,
-                               int64_t lddyt, const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv,
-                               const float* m, const float* neg_log2_l, const float* delta, int unit_zero, float alpha,
-                               float* s, int64_t lds, uint16_t* p16, int64_t ldp16, uint16_t* ds16, int64_t ldds,
-                               float* dq, int64_t lddq, float* tk, int64_t ldtk, float* tv, int64_t ldtv, int64_t lo,
-                               int64_t hi, int64_t prefix) {
+static int backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
+                         const uint16_t* qt, int64_t ldqt, const uint16_t* dy, int64_t lddy, const uint16_t* dyt,
+                         int64_t lddyt, const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv, const float* m,
+                         const float* neg_log2_l, const float* delta, int unit_zero, float alpha, float* s,
+                         int64_t lds, uint16_t* p16, int64_t ldp16, uint16_t* ds16, int64_t ldds, float* dq,
+                         int64_t lddq, float* tk, int64_t ldtk, float* tv, int64_t ldtv, int64_t lo, int64_t hi,
+                         int64_t prefix) {
   if (dv > 256 || dv == 0) return 2;  // attnops_bf16_gemm_grad's one reduction block, checked before any write
   int code = band_scores(r, c, d, q, ldq, k, ldk, s, lds, alpha, lo, hi, prefix);
   if (code) return code;
@@ -320,6 +320,100 @@ int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, cons
   return code;
 }
 
+}  // extern "C"
+
+namespace {
+
+// An operand of a job's backward tiles as attnops_bf16_backward_tiles takes it: heads x rows x cols elements from
+// address ptr, strides s_head and s_row, unit column stride (the caller checks the dtype and the column stride).
+struct View {
+  int64_t ptr, heads, rows, cols, s_head, s_row;
+  template <class T>
+  T* at(int64_t h, int64_t i, int64_t j) const {
+    return reinterpret_cast<T*>(ptr) + h * s_head + i * s_row + j;
+  }
+  // Whether [h] x [i0, i1) x [j0, j1) is a non-empty part of the operand.
+  bool covers(int64_t h, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    return 0 <= h && h < heads && 0 <= i0 && i0 < i1 && i1 <= rows && 0 <= j0 && j0 < j1 && j1 <= cols;
+  }
+};
+
+// The operands of attnops_bf16_backward_tiles, in the order of its views argument.
+enum Operand { kQ, kDy, kM, kNegLog2L, kDelta, kDq, kK, kV, kTk, kTv, kS, kP16, kDs16, kQs, kQt, kDys, kDyt, kViews };
+constexpr int64_t kTableColumns = 9;  // h, r0, r1, c0, c1, lo, hi, prefix, tcol
+
+// Whether every tile of the table reads and writes inside its operands (checked before any tile runs).
+bool table_fits(int64_t n, const int64_t* table, const View* x) {
+  const int64_t d = x[kQ].cols, dv = x[kDy].cols;
+  bool ok = x[kDq].cols == d && x[kK].cols == d && x[kTk].rows == d && x[kV].cols == dv && x[kTv].rows == dv &&
+            x[kK].heads == 1 && x[kV].heads == 1 && x[kTk].heads == 1 && x[kTv].heads == 1;
+  for (int s : {kM, kNegLog2L, kDelta}) ok = ok && x[s].cols == 1 && x[s].s_row == 1;
+  for (int64_t t = 0; t < n && ok; ++t) {
+    const int64_t* e = table + t * kTableColumns;
+    const int64_t h = e[0], r0 = e[1], r1 = e[2], c0 = e[3], c1 = e[4], lo = e[5], hi = e[6], tcol = e[8];
+    const int64_t r = r1 - r0, c = c1 - c0;
+    for (int o : {kQ, kDy, kM, kNegLog2L, kDelta, kDq}) ok = ok && x[o].covers(h, r0, r1, 0, x[o].cols);
+    ok = ok && x[kK].covers(0, c0, c1, 0, d) && x[kV].covers(0, c0, c1, 0, dv) && x[kTk].covers(0, 0, d, tcol, tcol + c) &&
+         x[kTv].covers(0, 0, dv, tcol, tcol + c) && lo >= -r && hi <= c;
+    for (int w : {kS, kP16, kDs16}) ok = ok && x[w].covers(0, 0, 1, 0, r * c);
+    for (int w : {kQs, kQt}) ok = ok && x[w].covers(0, 0, 1, 0, r * d);
+    for (int w : {kDys, kDyt}) ok = ok && x[w].covers(0, 0, 1, 0, r * dv);
+  }
+  return ok;
+}
+
+// Rows [i0, i1) of head h of a bf16 operand as a dense [rows, cols] (in place where they are), and their transpose
+// [cols, rows] in t: the engine's staging of the rows (tile_products.Bf16Products.rows and transposed).
+const uint16_t* stage_rows(const View& x, int64_t h, int64_t i0, int64_t i1, uint16_t* dense, uint16_t* t) {
+  const int64_t rows = i1 - i0, cols = x.cols;
+  const uint16_t* src = x.at<const uint16_t>(h, i0, 0);
+  if (rows > 1 && x.s_row != cols) {
+    for (int64_t i = 0; i < rows; ++i) std::memcpy(dense + i * cols, src + i * x.s_row, sizeof(uint16_t) * cols);
+    src = dense;
+  }
+  attnops_transpose16(rows, cols, src, cols, t, rows);
+  return src;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The one-call backward tiles of a job (of one KV head) in one call, in the table's order: n rows of
+// (h, r0, r1, c0, c1, lo, hi, prefix, tcol), each the tile of query head h, rows [r0, r1) and keys [c0, c1) with its
+// band (lo, hi, prefix), whose dK^T/dV^T sums go to columns [tcol, tcol + c1 - c0) of tk/tv. views: kViews
+// operands of 6 int64 (View): Q [G, Sq, d] and dy [G, Sq, dv] (bf16), m, -log2(l), delta [G, Sq, 1] and
+// dq [G, Sq, d] (fp32), K [1, Skv, d] and V [1, Skv, dv] (bf16), tk [1, d, W] and tv [1, dv, W] (fp32), then the
+// workspaces (1 x 1 x size): s (fp32), p16, ds16, the staged Q and dy rows and their transposes (bf16). The rows of
+// a (h, r0, r1) are staged and transposed where they differ from the previous tile's. Returns 0; 1 where the GEMM
+// is not available; 2 for dv > 256; 3 (before any write) where a tile would read or write outside its operands.
+int attnops_bf16_backward_tiles(int64_t n, const int64_t* table, const int64_t* views, int unit_zero, float alpha) {
+  View x[kViews];
+  std::memcpy(x, views, sizeof x);
+  if (!table_fits(n, table, x)) return 3;
+  const int64_t d = x[kQ].cols, dv = x[kDy].cols;
+  uint16_t *qt = x[kQt].at<uint16_t>(0, 0, 0), *dyt = x[kDyt].at<uint16_t>(0, 0, 0);
+  const uint16_t *q = nullptr, *dy = nullptr;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t* e = table + t * kTableColumns;
+    const int64_t h = e[0], r0 = e[1], r1 = e[2], c0 = e[3], c1 = e[4], r = r1 - r0, c = c1 - c0;
+    if (t == 0 || h != e[-kTableColumns] || r0 != e[1 - kTableColumns] || r1 != e[2 - kTableColumns]) {
+      q = stage_rows(x[kQ], h, r0, r1, x[kQs].at<uint16_t>(0, 0, 0), qt);
+      dy = stage_rows(x[kDy], h, r0, r1, x[kDys].at<uint16_t>(0, 0, 0), dyt);
+    }
+    const int64_t ldq = q == x[kQ].at<const uint16_t>(h, r0, 0) ? x[kQ].s_row : d;
+    const int64_t lddy = dy == x[kDy].at<const uint16_t>(h, r0, 0) ? x[kDy].s_row : dv;
+    const int code = backward_tile(
+        r, c, d, dv, q, ldq, qt, r, dy, lddy, dyt, r, x[kK].at<const uint16_t>(0, c0, 0), x[kK].s_row,
+        x[kV].at<const uint16_t>(0, c0, 0), x[kV].s_row, x[kM].at<const float>(h, r0, 0),
+        x[kNegLog2L].at<const float>(h, r0, 0), x[kDelta].at<const float>(h, r0, 0), unit_zero, alpha,
+        x[kS].at<float>(0, 0, 0), c, x[kP16].at<uint16_t>(0, 0, 0), c, x[kDs16].at<uint16_t>(0, 0, 0), c,
+        x[kDq].at<float>(h, r0, 0), x[kDq].s_row, x[kTk].at<float>(0, 0, e[8]), x[kTk].s_row,
+        x[kTv].at<float>(0, 0, e[8]), x[kTv].s_row, e[5], e[6], e[7]);
+    if (code) return code;
+  }
+  return 0;
+}
 
 // A column block of the forward for r query rows in one call: the engine's calls of a tile without explicit mask,
 // pse, dropout or softcap, in their order (so the same bits), without the GIL between them. S = alpha Q K^T (s,
