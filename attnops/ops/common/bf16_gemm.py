@@ -141,27 +141,29 @@ class BackwardTiles:
                                           (k, bf), (v, bf)) for x in _view(t, dtype)]
         self._dims, self._args, self._work = (q.shape[-1], dy.shape[-1]), (int(unit_zero), alpha), (fp32, bf16)
         self._rows: list[tuple[int, ...]] = []
+        self._rmax = self._area = 0  # the tiles' most rows and most entries, for the workspaces
 
     def add(self, h: int, r0: int, r1: int, c0: int, c1: int, band: tuple[int, int, int] | None, tcol: int) -> None:
         """The tile of head ``h`` (of the ``G``), rows ``r0:r1`` and keys ``c0:c1``, masked by ``band`` (its
         ``MaskSpec.tile_band``; None: no band); its dK^T/dV^T sums go to columns ``tcol:tcol + c1 - c0``."""
-        self._rows.append((h, r0, r1, c0, c1, *band_args(band, r1 - r0, c1 - c0), tcol))
+        r, c = r1 - r0, c1 - c0
+        self._rows.append((h, r0, r1, c0, c1, *band_args(band, r, c), tcol))
+        self._rmax, self._area = max(self._rmax, r), max(self._area, r * c)
 
     def run(self, tk: torch.Tensor, tv: torch.Tensor) -> None:
         """The tiles added since the last run, in one call, with their dK^T/dV^T sums into ``tk``/``tv``."""
         if not self._rows:
             return
-        table = torch.tensor(self._rows, dtype=torch.int64)
-        rows, area = (table[:, 2] - table[:, 1]), (table[:, 2] - table[:, 1]) * (table[:, 4] - table[:, 3])
-        rmax, amax = int(rows.max()), int(area.max())
-        (d, dv), (fp32, bf16) = self._dims, self._work
-        work = [fp32.get("s", amax), bf16.get("p", amax), bf16.get("ds", amax), bf16.get("q", rmax * d),
-                bf16.get("qt", rmax * d), bf16.get("dy", rmax * dv), bf16.get("dyt", rmax * dv)]
+        (d, dv), (fp32, bf16), rmax, area = self._dims, self._work, self._rmax, self._area
+        work = (fp32.get("s", area), bf16.get("p", area), bf16.get("ds", area), bf16.get("q", rmax * d),
+                bf16.get("qt", rmax * d), bf16.get("dy", rmax * dv), bf16.get("dyt", rmax * dv))
         views = torch.tensor(self._views + _view(tk, torch.float32) + _view(tv, torch.float32)
-                             + [x for w in work for x in _view(w, w.dtype)], dtype=torch.int64)
+                             + [x for w in work for x in (w.data_ptr(), 1, 1, w.numel(), 0, w.numel())],
+                             dtype=torch.int64)  # (the workspaces: dense, of the dtypes they are asked in)
+        table = torch.tensor(self._rows, dtype=torch.int64)
         code = _functions().attnops_bf16_backward_tiles(len(self._rows), table.data_ptr(), views.data_ptr(),
                                                         *self._args)
-        self._rows = []
+        self._rows, self._rmax, self._area = [], 0, 0
         if code:
             raise RuntimeError(f"attnops_bf16_backward_tiles returned {code}")
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import attnops
+from attnops._core.workspace import Buffers
 from attnops.ops.common import bf16_gemm, cpu_kernels, fused_softmax, tile_products
 from attnops.ops.common import reference_tiles as tiling
 from tests.helpers import TRIU2048, check_fa, make_qkv
@@ -129,40 +130,88 @@ def test_score_gradient(m, n, k, unit_zero):
 BANDS = [None, (-3, 0, 0), (-40, 5, 2)]  # MaskSpec.tile_band: none, a causal diagonal, a window with prefix columns
 
 
+def _tile_by_tile(rows, q, dy, k, v, m, neg_log2_l, delta, unit_zero, alpha, dq, tk, tv) -> None:
+    """The engine's separate calls of each tile of ``rows`` (as ``BackwardTiles.add`` takes them), in order:
+    scores, probabilities with their bf16 copy, dV^T, dS from the dP GEMM, dQ, dK^T."""
+    for h, r0, r1, c0, c1, band, tcol in rows:
+        qs, dys, r, c = q[h, r0:r1], dy[h, r0:r1], r1 - r0, c1 - c0
+        s = bf16_gemm.gemm_(torch.empty(r, c), qs, k[c0:c1], b_nt=True, alpha=alpha)
+        p16 = torch.empty(r, c, dtype=BF16)
+        fused_softmax.probabilities_(s, m[h, r0:r1], neg_log2_l[h, r0:r1], p16, band)
+        bf16_gemm.gemm_(tv[:, tcol:tcol + c], dys.t().contiguous(), p16, b_nt=False, accumulate=True)
+        ds16 = bf16_gemm.grad_gemm_(torch.empty(r, c, dtype=BF16), dys, v[c0:c1], s, delta[h, r0:r1], unit_zero)
+        bf16_gemm.gemm_(dq[h, r0:r1], ds16, k[c0:c1], b_nt=False, alpha=alpha, accumulate=True)
+        bf16_gemm.gemm_(tk[:, tcol:tcol + c], qs.t().contiguous(), ds16, b_nt=False, alpha=alpha, accumulate=True)
+
+
+def _job_operands(g: torch.Generator, heads: int, sq: int, skv: int, d: int, dv: int):
+    """Random operands of a job's backward tiles: q/dy strided as in BSND (rows ``heads * D`` apart), k/v with
+    padded rows, statistics and D ``[G, Sq, 1]``, accumulators with random contents."""
+    q = torch.randn(sq, heads, d, generator=g).to(BF16).transpose(0, 1)
+    dy = torch.randn(sq, heads, dv, generator=g).to(BF16).transpose(0, 1)
+    k = torch.randn(skv, d + 3, generator=g).to(BF16)[:, :d]
+    v = torch.randn(skv, dv + 1, generator=g).to(BF16)[:, :dv]
+    m = torch.rand(heads, sq, 1, generator=g) + 2.0
+    neg_log2_l = -torch.rand(heads, sq, 1, generator=g) - 3.0
+    delta = torch.randn(heads, sq, 1, generator=g)
+    acc = (torch.randn(heads, sq, d, generator=g), torch.randn(d, skv + 5, generator=g),
+           torch.randn(dv, skv + 5, generator=g))
+    return (q, dy, k, v, m, neg_log2_l, delta), acc
+
+
 @needs_gemm
-@pytest.mark.parametrize("band", BANDS)
 @pytest.mark.parametrize("unit_zero", [False, True])
-@pytest.mark.parametrize("r, c, d, dv", [(1, 1, 1, 1), (7, 70, 33, 20), (13, 130, 64, 64), (70, 300, 128, 256)])
-def test_backward_tile(r, c, d, dv, unit_zero, band):
-    """A backward tile in one call equals, bit for bit, the engine's separate calls (scores, probabilities with
-    their bf16 copy, dV^T, dS from the dP GEMM, dQ, dK^T) on strided operands and accumulator columns, with and
-    without a band; a head dim past the dS GEMM's reduction block is refused."""
-    g = torch.Generator().manual_seed(r + c + d + dv)
-    q, k = torch.randn(r, d, generator=g).to(BF16), torch.randn(c, d, generator=g).to(BF16)
-    dy, v = _operands(r, c, dv, True, seed=d, pad=2)
-    q_t, dy_t = q.t().contiguous(), dy.t().contiguous()
-    m = (q.float() @ k.float().t()).amax(1, keepdim=True) * 0.125
-    neg_log2_l = -torch.rand(r, 1, generator=g) - 3.0
-    delta = torch.randn(r, 1, generator=g)
-    dq0, tk0, tv0 = torch.randn(r, d, generator=g), torch.randn(d, c + 3, generator=g), torch.randn(dv, c + 3,
-                                                                                                   generator=g)
-    dq, tk, tv = dq0.clone(), tk0.clone(), tv0.clone()
-    s, p16, ds16 = torch.empty(r, c), torch.empty(r, c, dtype=BF16), torch.empty(r, c, dtype=BF16)
-    bf16_gemm.backward_tile_(q, q_t, dy, dy_t, k, v, m, neg_log2_l, delta, unit_zero, 0.125, s, p16, ds16, dq,
-                             tk[:, 1:1 + c], tv[:, 1:1 + c], band)
-    ref_s = bf16_gemm.gemm_(torch.empty(r, c), q, k, b_nt=True, alpha=0.125)
-    ref_p16 = torch.empty(r, c, dtype=BF16)
-    fused_softmax.probabilities_(ref_s, m, neg_log2_l, ref_p16, band)
-    bf16_gemm.gemm_(tv0[:, 1:1 + c], dy_t, ref_p16, b_nt=False, accumulate=True)
-    ref_ds16 = bf16_gemm.grad_gemm_(torch.empty(r, c, dtype=BF16), dy, v, ref_s, delta, unit_zero)
-    bf16_gemm.gemm_(dq0, ref_ds16, k, b_nt=False, alpha=0.125, accumulate=True)
-    bf16_gemm.gemm_(tk0[:, 1:1 + c], q_t, ref_ds16, b_nt=False, alpha=0.125, accumulate=True)
-    for got, want in ((s, ref_s), (p16, ref_p16), (ds16, ref_ds16), (dq, dq0), (tk, tk0), (tv, tv0)):
-        assert torch.equal(got, want)
-    with pytest.raises(ValueError, match="bf16 backward tile: .* dv <= 256"):
-        dy2, v2 = _operands(r, c, 257, True, seed=0)
-        bf16_gemm.backward_tile_(q, q_t, dy2, dy2.t().contiguous(), k, v2, m, neg_log2_l, delta, unit_zero, 0.125,
-                                 s, p16, ds16, dq, tk[:, 1:1 + c], torch.empty(257, c))
+@pytest.mark.parametrize("d, dv", [(1, 1), (33, 20), (64, 64), (128, 256)])
+def test_backward_tiles(d, dv, unit_zero):
+    """A job's tiles in one call equal, bit for bit, the engine's separate calls tile by tile: several heads and row
+    chunks (each staged and transposed once, strided rows), column blocks of a chunk adding into the same dQ rows,
+    tiles with and without a band, dK^T/dV^T columns at an offset; a call with no tile does nothing."""
+    g = torch.Generator().manual_seed(d + dv)
+    ops, acc = _job_operands(g, 2, 70, 300, d, dv)
+    rows = [(0, 0, 13, 0, 130, None, 0), (0, 0, 13, 130, 300, (-13, 20, 5), 130), (1, 0, 13, 0, 300, None, 2),
+            (1, 13, 70, 0, 1, (-57, 1, 0), 4), (0, 13, 70, 7, 200, (-40, 5, 2), 0), (0, 13, 70, 200, 300, None, 200),
+            (1, 69, 70, 299, 300, (-1, 0, 0), 299)]
+    got = [t.clone() for t in acc]
+    tiles = bf16_gemm.BackwardTiles(*ops[:2], *ops[4:], got[0], *ops[2:4], unit_zero, 0.125,
+                                    Buffers.acquire(F32, torch.device("cpu")), Buffers.acquire(BF16, torch.device("cpu")))
+    tiles.run(got[1], got[2])
+    assert all(torch.equal(a, b) for a, b in zip(got, acc))
+    for row in rows:
+        tiles.add(*row)
+    tiles.run(got[1], got[2])
+    _tile_by_tile(rows, *ops, unit_zero, 0.125, *acc)
+    for a, b in zip(got, acc):
+        assert torch.equal(a, b)
+
+
+@needs_gemm
+def test_backward_tiles_refuses_bad_operands():
+    """Operands of the wrong dtype or column stride, or a head dim past the dS GEMM's block, raise at once; a table
+    row outside its operands (rows, keys, accumulator columns, head) makes the call fail before any write."""
+    g = torch.Generator().manual_seed(0)
+    (q, dy, k, v, m, neg_log2_l, delta), (dq, tk, tv) = _job_operands(g, 2, 40, 100, 16, 16)
+    bufs = Buffers.acquire(F32, torch.device("cpu")), Buffers.acquire(BF16, torch.device("cpu"))
+
+    def tiles(**kw):
+        ops = dict(q=q, dy=dy, m=m, neg_log2_l=neg_log2_l, delta=delta, dq=dq, k=k, v=v, unit_zero=False,
+                   alpha=0.125, fp32=bufs[0], bf16=bufs[1])
+        return bf16_gemm.BackwardTiles(**{**ops, **kw})
+
+    with pytest.raises(ValueError, match="bf16 backward tiles: an operand .* unit column stride"):
+        tiles(q=q.float())
+    with pytest.raises(ValueError, match="bf16 backward tiles: an operand"):
+        tiles(k=k.t())
+    with pytest.raises(ValueError, match="head dim of 1 to 256"):
+        tiles(dy=torch.zeros(2, 40, 257, dtype=BF16))
+    before = [t.clone() for t in (dq, tk, tv)]
+    for bad in ((0, 0, 41, 0, 10, None, 0), (0, 0, 8, 90, 101, None, 0), (0, 0, 8, 0, 10, None, 96),
+                (2, 0, 8, 0, 10, None, 0), (0, 8, 8, 0, 10, None, 0), (0, 0, 8, 0, 10, (-9, 10, 0), 0)):
+        job = tiles()
+        job.add(0, 0, 8, 0, 10, None, 0)  # a good tile first: nothing runs before every row is checked
+        job.add(*bad)
+        with pytest.raises(RuntimeError, match="attnops_bf16_backward_tiles returned 3"):
+            job.run(tk, tv)
+    assert all(torch.equal(a, b) for a, b in zip((dq, tk, tv), before))
 
 
 @needs_gemm
@@ -257,7 +306,7 @@ def test_engine_bf16_on_both_products(monkeypatch, products):
     if products == "fp32":
         monkeypatch.setenv("ATTNOPS_CPU_BF16_GEMM", "0")
     calls = []
-    for name in ("gemm_", "forward_tile_", "backward_tile_"):  # the bf16 products, one by one or a tile's in one call
+    for name in ("gemm_", "forward_tile_", "BackwardTiles"):  # the bf16 products, one by one or in one call
         real = getattr(tile_products, name)
         monkeypatch.setattr(tile_products, name, lambda *a, real=real, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(tiling, "FWD_COL_BLOCK", 48)
