@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import attnops
-from attnops._core.workspace import Buffers
 from attnops.ops.common import bf16_gemm, cpu_kernels, fused_softmax, tile_products
 from attnops.ops.common import reference_tiles as tiling
 from tests.helpers import TRIU2048, check_fa, make_qkv
@@ -126,128 +125,6 @@ def test_score_gradient(m, n, k, unit_zero):
         bf16_gemm.grad_gemm_(torch.empty(m, n, dtype=BF16), a, b, p, delta, unit_zero)
 
 
-
-BANDS = [None, (-3, 0, 0), (-40, 5, 2)]  # MaskSpec.tile_band: none, a causal diagonal, a window with prefix columns
-
-
-def _tile_by_tile(rows, q, dy, k, v, m, neg_log2_l, delta, unit_zero, alpha, dq, tk, tv) -> None:
-    """The engine's separate calls of each tile of ``rows`` (as ``BackwardTiles.add`` takes them), in order:
-    scores, probabilities with their bf16 copy, dV^T, dS from the dP GEMM, dQ, dK^T."""
-    for h, r0, r1, c0, c1, band, tcol in rows:
-        qs, dys, r, c = q[h, r0:r1], dy[h, r0:r1], r1 - r0, c1 - c0
-        s = bf16_gemm.gemm_(torch.empty(r, c), qs, k[c0:c1], b_nt=True, alpha=alpha)
-        p16 = torch.empty(r, c, dtype=BF16)
-        fused_softmax.probabilities_(s, m[h, r0:r1], neg_log2_l[h, r0:r1], p16, band)
-        bf16_gemm.gemm_(tv[:, tcol:tcol + c], dys.t().contiguous(), p16, b_nt=False, accumulate=True)
-        ds16 = bf16_gemm.grad_gemm_(torch.empty(r, c, dtype=BF16), dys, v[c0:c1], s, delta[h, r0:r1], unit_zero)
-        bf16_gemm.gemm_(dq[h, r0:r1], ds16, k[c0:c1], b_nt=False, alpha=alpha, accumulate=True)
-        bf16_gemm.gemm_(tk[:, tcol:tcol + c], qs.t().contiguous(), ds16, b_nt=False, alpha=alpha, accumulate=True)
-
-
-def _job_operands(g: torch.Generator, heads: int, sq: int, skv: int, d: int, dv: int):
-    """Random operands of a job's backward tiles: q/dy strided as in BSND (rows ``heads * D`` apart), k/v with
-    padded rows, statistics and D ``[G, Sq, 1]``, accumulators with random contents."""
-    q = torch.randn(sq, heads, d, generator=g).to(BF16).transpose(0, 1)
-    dy = torch.randn(sq, heads, dv, generator=g).to(BF16).transpose(0, 1)
-    k = torch.randn(skv, d + 3, generator=g).to(BF16)[:, :d]
-    v = torch.randn(skv, dv + 1, generator=g).to(BF16)[:, :dv]
-    m = torch.rand(heads, sq, 1, generator=g) + 2.0
-    neg_log2_l = -torch.rand(heads, sq, 1, generator=g) - 3.0
-    delta = torch.randn(heads, sq, 1, generator=g)
-    acc = (torch.randn(heads, sq, d, generator=g), torch.randn(d, skv + 5, generator=g),
-           torch.randn(dv, skv + 5, generator=g))
-    return (q, dy, k, v, m, neg_log2_l, delta), acc
-
-
-@needs_gemm
-@pytest.mark.parametrize("unit_zero", [False, True])
-@pytest.mark.parametrize("d, dv", [(1, 1), (33, 20), (64, 64), (128, 256)])
-def test_backward_tiles(d, dv, unit_zero):
-    """A job's tiles in one call equal, bit for bit, the engine's separate calls tile by tile: several heads and row
-    chunks (each staged and transposed once, strided rows), column blocks of a chunk adding into the same dQ rows,
-    tiles with and without a band, dK^T/dV^T columns at an offset; a call with no tile does nothing."""
-    g = torch.Generator().manual_seed(d + dv)
-    ops, acc = _job_operands(g, 2, 70, 300, d, dv)
-    rows = [(0, 0, 13, 0, 130, None, 0), (0, 0, 13, 130, 300, (-13, 20, 5), 130), (1, 0, 13, 0, 300, None, 2),
-            (1, 13, 70, 0, 1, (-57, 1, 0), 4), (0, 13, 70, 7, 200, (-40, 5, 2), 0), (0, 13, 70, 200, 300, None, 200),
-            (1, 69, 70, 299, 300, (-1, 0, 0), 299)]
-    got = [t.clone() for t in acc]
-    tiles = bf16_gemm.BackwardTiles(*ops[:2], *ops[4:], got[0], *ops[2:4], unit_zero, 0.125,
-                                    Buffers.acquire(F32, torch.device("cpu")), Buffers.acquire(BF16, torch.device("cpu")))
-    tiles.run(got[1], got[2])
-    assert all(torch.equal(a, b) for a, b in zip(got, acc))
-    for row in rows:
-        tiles.add(*row)
-    tiles.run(got[1], got[2])
-    _tile_by_tile(rows, *ops, unit_zero, 0.125, *acc)
-    for a, b in zip(got, acc):
-        assert torch.equal(a, b)
-
-
-@needs_gemm
-def test_backward_tiles_refuses_bad_operands():
-    """Operands of the wrong dtype or column stride, or a head dim past the dS GEMM's block, raise at once; a table
-    row outside its operands (rows, keys, accumulator columns, head) makes the call fail before any write."""
-    g = torch.Generator().manual_seed(0)
-    (q, dy, k, v, m, neg_log2_l, delta), (dq, tk, tv) = _job_operands(g, 2, 40, 100, 16, 16)
-    bufs = Buffers.acquire(F32, torch.device("cpu")), Buffers.acquire(BF16, torch.device("cpu"))
-
-    def tiles(**kw):
-        ops = dict(q=q, dy=dy, m=m, neg_log2_l=neg_log2_l, delta=delta, dq=dq, k=k, v=v, unit_zero=False,
-                   alpha=0.125, fp32=bufs[0], bf16=bufs[1])
-        return bf16_gemm.BackwardTiles(**{**ops, **kw})
-
-    with pytest.raises(ValueError, match="bf16 backward tiles: an operand .* unit column stride"):
-        tiles(q=q.float())
-    with pytest.raises(ValueError, match="bf16 backward tiles: an operand"):
-        tiles(k=k.t())
-    with pytest.raises(ValueError, match="head dim of 1 to 256"):
-        tiles(dy=torch.zeros(2, 40, 257, dtype=BF16))
-    before = [t.clone() for t in (dq, tk, tv)]
-    for bad in ((0, 0, 41, 0, 10, None, 0), (0, 0, 8, 90, 101, None, 0), (0, 0, 8, 0, 10, None, 96),
-                (2, 0, 8, 0, 10, None, 0), (0, 8, 8, 0, 10, None, 0), (0, 0, 8, 0, 10, (-9, 10, 0), 0)):
-        job = tiles()
-        job.add(0, 0, 8, 0, 10, None, 0)  # a good tile first: nothing runs before every row is checked
-        job.add(*bad)
-        with pytest.raises(RuntimeError, match="attnops_bf16_backward_tiles returned 3"):
-            job.run(tk, tv)
-    assert all(torch.equal(a, b) for a, b in zip((dq, tk, tv), before))
-
-
-@needs_gemm
-@pytest.mark.parametrize("band", BANDS)
-@pytest.mark.parametrize("clamp", [False, True])
-@pytest.mark.parametrize("r, c, d, dv", [(1, 1, 1, 1), (7, 70, 33, 20), (70, 300, 128, 256), (13, 600, 64, 300)])
-def test_forward_tile(r, c, d, dv, clamp, band):
-    """The forward's first and a later column block in one call each equal, bit for bit, the engine's separate calls
-    (scores, the online softmax's block with its bf16 copy, P V, the rescaled sum) on strided operands, with and
-    without a band; bad operands are refused."""
-    g = torch.Generator().manual_seed(r + c + d + dv)
-    q, k = torch.randn(r, d, generator=g).to(BF16), torch.randn(c, d, generator=g).to(BF16)
-    v = torch.randn(c, dv + 3, generator=g).to(BF16)[:, 1:1 + dv]
-    m, l, s, p16 = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, c), torch.empty(r, c, dtype=BF16)
-    o = torch.full((r, dv + 2), 4.0)
-    bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16, o[:, :dv], band)
-    ref_m, ref_l, ref_p16 = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, c, dtype=BF16)
-    ref_s = bf16_gemm.gemm_(torch.empty(r, c), q, k, b_nt=True, alpha=0.125)
-    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, None, clamp, ref_p16, band)
-    ref_o = bf16_gemm.gemm_(torch.empty(r, dv), ref_p16, v, b_nt=False)
-    for got, want in ((m, ref_m), (l, ref_l), (s, ref_s), (p16, ref_p16), (o[:, :dv], ref_o)):
-        assert torch.equal(got, want)
-    assert bool((o[:, dv:] == 4.0).all())
-    k2, v2 = (torch.randn(c, n, generator=g).add_(1.0).to(BF16) for n in (d, dv))  # a later block moves the max
-    rescale, ref_rescale, pv = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, dv)
-    bf16_gemm.forward_tile_(q, k2, v2, 0.125, m, l, clamp, s, p16, o[:, :dv], band, rescale, pv)
-    ref_s = bf16_gemm.gemm_(ref_s, q, k2, b_nt=True, alpha=0.125)
-    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, ref_rescale, clamp, ref_p16, band)
-    ref_o.mul_(ref_rescale).add_(bf16_gemm.gemm_(torch.empty(r, dv), ref_p16, v2, b_nt=False))
-    for got, want in ((m, ref_m), (l, ref_l), (rescale, ref_rescale), (s, ref_s), (p16, ref_p16), (o[:, :dv], ref_o)):
-        assert torch.equal(got, want)
-    assert bool((o[:, dv:] == 4.0).all()) and bool((rescale < 1).any())
-    with pytest.raises(ValueError, match="bf16 forward tile: .* expected the shapes"):
-        bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16.float(), o[:, :dv])
-
-
 @needs_gemm
 @pytest.mark.parametrize("rows, cols", [(1, 1), (5, 70), (33, 16), (512, 64)])
 def test_transpose(rows, cols):
@@ -306,7 +183,7 @@ def test_engine_bf16_on_both_products(monkeypatch, products):
     if products == "fp32":
         monkeypatch.setenv("ATTNOPS_CPU_BF16_GEMM", "0")
     calls = []
-    for name in ("gemm_", "forward_tile_", "BackwardTiles"):  # the bf16 products, one by one or in one call
+    for name in ("gemm_", "ForwardTiles", "BackwardTiles"):  # the bf16 products, one by one or in one call
         real = getattr(tile_products, name)
         monkeypatch.setattr(tile_products, name, lambda *a, real=real, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(tiling, "FWD_COL_BLOCK", 48)

@@ -353,8 +353,8 @@ bool table_fits(int64_t n, const int64_t* table, const View* x) {
     const int64_t h = e[0], r0 = e[1], r1 = e[2], c0 = e[3], c1 = e[4], lo = e[5], hi = e[6], tcol = e[8];
     const int64_t r = r1 - r0, c = c1 - c0;
     for (int o : {kQ, kDy, kM, kNegLog2L, kDelta, kDq}) ok = ok && x[o].covers(h, r0, r1, 0, x[o].cols);
-    ok = ok && x[kK].covers(0, c0, c1, 0, d) && x[kV].covers(0, c0, c1, 0, dv) && x[kTk].covers(0, 0, d, tcol, tcol + c) &&
-         x[kTv].covers(0, 0, dv, tcol, tcol + c) && lo >= -r && hi <= c;
+    ok = ok && x[kK].covers(0, c0, c1, 0, d) && x[kV].covers(0, c0, c1, 0, dv) &&
+         x[kTk].covers(0, 0, d, tcol, tcol + c) && x[kTv].covers(0, 0, dv, tcol, tcol + c) && lo >= -r && hi <= c;
     for (int w : {kS, kP16, kDs16}) ok = ok && x[w].covers(0, 0, 1, 0, r * c);
     for (int w : {kQs, kQt}) ok = ok && x[w].covers(0, 0, 1, 0, r * d);
     for (int w : {kDys, kDyt}) ok = ok && x[w].covers(0, 0, 1, 0, r * dv);
@@ -423,10 +423,10 @@ int attnops_bf16_backward_tiles(int64_t n, const int64_t* table, const int64_t* 
 // first block (rescale null) O = P V (o [r, dv]); a later one pv = P V, then O = O * rescale + pv, rounded after
 // the product and after the sum as the engine's two tensor operations (two loops: no fused multiply-add). Returns
 // 0; 1 where the GEMM is not available.
-int attnops_bf16_forward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
-                              const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv, float alpha, float* m,
-                              float* l, float* rescale, int clamp, float* s, int64_t lds, uint16_t* p16, int64_t ldp16,
-                              float* pv, int64_t ldpv, float* o, int64_t ldo, int64_t lo, int64_t hi, int64_t prefix) {
+static int forward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
+                        const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv, float alpha, float* m,
+                        float* l, float* rescale, int clamp, float* s, int64_t lds, uint16_t* p16, int64_t ldp16,
+                        float* pv, int64_t ldpv, float* o, int64_t ldo, int64_t lo, int64_t hi, int64_t prefix) {
   int code = band_scores(r, c, d, q, ldq, k, ldk, s, lds, alpha, lo, hi, prefix);
   if (code) return code;
   const bool first = rescale == nullptr;
@@ -439,6 +439,78 @@ int attnops_bf16_forward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const
     for (int64_t j = 0; j < dv; ++j) row[j] += add[j];
   }
   return code;
+}
+
+
+}  // extern "C"
+
+namespace {
+
+// The operands of attnops_bf16_forward_tiles, in the order of its views argument.
+enum ForwardOperand { kFq, kFk, kFv, kFm, kFl, kFo, kFs, kFp16, kFpv, kFrescale, kFqs, kForwardViews };
+constexpr int64_t kForwardColumns = 10;  // r0, r1, c0, c1, lo, hi, prefix, first, clamp, orow
+
+// Whether every block of the forward's table reads and writes inside its operands (checked before any runs).
+bool forward_table_fits(int64_t n, const int64_t* table, const View* x) {
+  const int64_t d = x[kFq].cols, dv = x[kFv].cols;
+  bool ok = x[kFk].cols == d && x[kFo].cols == dv;
+  for (int o = kFq; o < kForwardViews; ++o) ok = ok && x[o].heads == 1;
+  for (int s : {kFm, kFl}) ok = ok && x[s].cols == 1 && x[s].s_row == 1;
+  for (int64_t t = 0; t < n && ok; ++t) {
+    const int64_t* e = table + t * kForwardColumns;
+    const int64_t r0 = e[0], r1 = e[1], c0 = e[2], c1 = e[3], lo = e[4], hi = e[5], orow = e[9];
+    const int64_t r = r1 - r0, c = c1 - c0;
+    ok = x[kFq].covers(0, r0, r1, 0, d) && x[kFm].covers(0, r0, r1, 0, 1) && x[kFl].covers(0, r0, r1, 0, 1) &&
+         x[kFk].covers(0, c0, c1, 0, d) && x[kFv].covers(0, c0, c1, 0, dv) &&
+         x[kFo].covers(0, orow, orow + r, 0, dv) && lo >= -r && hi <= c && (t > 0 || e[7]) &&
+         x[kFs].covers(0, 0, 1, 0, r * c) && x[kFp16].covers(0, 0, 1, 0, r * c) &&
+         x[kFpv].covers(0, 0, 1, 0, r * dv) && x[kFrescale].covers(0, 0, 1, 0, r) && x[kFqs].covers(0, 0, 1, 0, r * d);
+    // a later block continues the rows of the block before it
+    ok = ok && (e[7] || (r0 == e[-kForwardColumns] && r1 == e[1 - kForwardColumns] && orow == e[9 - kForwardColumns]));
+  }
+  return ok;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The forward's column blocks of a job (row chunks of one query head) in one call, in the table's order: n rows of
+// (r0, r1, c0, c1, lo, hi, prefix, first, clamp, orow), each the block of rows [r0, r1) and keys [c0, c1) with its
+// band (lo, hi, prefix), the first block of its rows (first: m, l and O start there; clamp: see
+// attnops_softmax_block) or a later one of the same rows, whose O rows are rows [orow, orow + r1 - r0) of o. views:
+// kForwardViews operands of 6 int64 (View, one head each): Q [Sq, d] (bf16), K [Skv, d] and V [Skv, dv] (bf16),
+// m and l [Sq, 1] and O [rows, dv] (fp32), then the workspaces (1 x 1 x size): s (fp32), p16 (bf16), pv and
+// rescale (fp32), the staged Q rows (bf16). A first block stages its Q rows (dense, where they are not). Returns 0;
+// 1 where the GEMM is not available; 3 (before any write) where a block would read or write outside its operands.
+int attnops_bf16_forward_tiles(int64_t n, const int64_t* table, const int64_t* views, float alpha) {
+  View x[kForwardViews];
+  std::memcpy(x, views, sizeof x);
+  if (!forward_table_fits(n, table, x)) return 3;
+  const int64_t d = x[kFq].cols, dv = x[kFv].cols;
+  const uint16_t* q = nullptr;
+  int64_t ldq = d;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t* e = table + t * kForwardColumns;
+    const int64_t r0 = e[0], r1 = e[1], c0 = e[2], c1 = e[3], r = r1 - r0, c = c1 - c0;
+    if (e[7]) {
+      q = x[kFq].at<const uint16_t>(0, r0, 0);
+      ldq = x[kFq].s_row;
+      if (r > 1 && ldq != d) {
+        uint16_t* dense = x[kFqs].at<uint16_t>(0, 0, 0);
+        for (int64_t i = 0; i < r; ++i) std::memcpy(dense + i * d, q + i * ldq, sizeof(uint16_t) * d);
+        q = dense, ldq = d;
+      }
+    }
+    const int code = forward_tile(
+        r, c, d, dv, q, ldq, x[kFk].at<const uint16_t>(0, c0, 0), x[kFk].s_row, x[kFv].at<const uint16_t>(0, c0, 0),
+        x[kFv].s_row, alpha, x[kFm].at<float>(0, r0, 0), x[kFl].at<float>(0, r0, 0),
+        e[7] ? nullptr : x[kFrescale].at<float>(0, 0, 0), static_cast<int>(e[8]), x[kFs].at<float>(0, 0, 0), c,
+        x[kFp16].at<uint16_t>(0, 0, 0), c, x[kFpv].at<float>(0, 0, 0), dv, x[kFo].at<float>(0, e[9], 0),
+        x[kFo].s_row, e[4], e[5], e[6]);
+    if (code) return code;
+  }
+  return 0;
 }
 
 }  // extern "C"
