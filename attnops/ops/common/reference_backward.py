@@ -247,14 +247,14 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                 nonfinite = not (bb.finite_stats and (finite[i] or bool(torch.isfinite(delta[i, r0:r1]).all())))
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 peaked = peaked if peaked and bisect.bisect_left(peaked, r0) < bisect.bisect_left(peaked, r1) else None
-                if calls and not nonfinite and peaked is None:
+                if calls is not None and not nonfinite and peaked is None:
                     for c0, c1, band in blocks:
                         calls.add(i, r0, r1, c0, c1, p.mask.tile_band(bb.b, r0, r1, c0, c1) if band else None, c0 - u0)
                     continue
-                if calls:
+                if calls is not None:
                     calls.run(tk, tv)  # the tiles before this one first: the same order of sums
                 _chunk_head_tiles(job, h, r0, r1, blocks, u0, delta[i, r0:r1], nonfinite, peaked, tk, tv)
-        if calls:
+        if calls is not None:
             calls.run(tk, tv)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk

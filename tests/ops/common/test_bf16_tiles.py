@@ -9,7 +9,8 @@ from attnops.ops.common import bf16_gemm, bf16_tiles, fused_softmax
 
 BF16, F32 = torch.bfloat16, torch.float32
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.skipif(not bf16_gemm.bf16_gemm(CPU), reason="no AVX512-BF16 in this CPU or the kernels library")
+pytestmark = pytest.mark.skipif(not bf16_gemm.bf16_gemm(CPU),
+                                reason="no AVX512-BF16 in this CPU or the kernels library")
 
 
 def _buffers():
