@@ -324,8 +324,9 @@ static int backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint
 
 namespace {
 
-// An operand of a job's backward tiles as attnops_bf16_backward_tiles takes it: heads x rows x cols elements from
-// address ptr, strides s_head and s_row, unit column stride (the caller checks the dtype and the column stride).
+// An operand of a job's tiles as attnops_bf16_backward_tiles and attnops_bf16_forward_tiles take it: heads x rows x
+// cols elements from address ptr, strides s_head and s_row, unit column stride (the caller checks the dtype and the
+// column stride).
 struct View {
   int64_t ptr, heads, rows, cols, s_head, s_row;
   template <class T>
@@ -362,17 +363,20 @@ bool table_fits(int64_t n, const int64_t* table, const View* x) {
   return ok;
 }
 
-// Rows [i0, i1) of head h of a bf16 operand as a dense [rows, cols] (in place where they are), and their transpose
-// [cols, rows] in t: the engine's staging of the rows (tile_products.Bf16Products.rows and transposed).
-const uint16_t* stage_rows(const View& x, int64_t h, int64_t i0, int64_t i1, uint16_t* dense, uint16_t* t) {
+// Rows [i0, i1) of head h of a bf16 operand staged as the engine stages them (tile_products.Bf16Products.rows and
+// transposed): *a (row stride *lda) is the rows, in place where they are dense, else copied densely into dense; t
+// receives their transpose [cols, rows].
+void stage_rows(const View& x, int64_t h, int64_t i0, int64_t i1, uint16_t* dense, uint16_t* t, const uint16_t** a,
+                int64_t* lda) {
   const int64_t rows = i1 - i0, cols = x.cols;
-  const uint16_t* src = x.at<const uint16_t>(h, i0, 0);
+  *a = x.at<const uint16_t>(h, i0, 0);
+  *lda = x.s_row;
   if (rows > 1 && x.s_row != cols) {
-    for (int64_t i = 0; i < rows; ++i) std::memcpy(dense + i * cols, src + i * x.s_row, sizeof(uint16_t) * cols);
-    src = dense;
+    for (int64_t i = 0; i < rows; ++i) std::memcpy(dense + i * cols, *a + i * x.s_row, sizeof(uint16_t) * cols);
+    *a = dense;
+    *lda = cols;
   }
-  attnops_transpose16(rows, cols, src, cols, t, rows);
-  return src;
+  attnops_transpose16(rows, cols, *a, *lda, t, rows);
 }
 
 }  // namespace
@@ -394,15 +398,14 @@ int attnops_bf16_backward_tiles(int64_t n, const int64_t* table, const int64_t* 
   const int64_t d = x[kQ].cols, dv = x[kDy].cols;
   uint16_t *qt = x[kQt].at<uint16_t>(0, 0, 0), *dyt = x[kDyt].at<uint16_t>(0, 0, 0);
   const uint16_t *q = nullptr, *dy = nullptr;
+  int64_t ldq = 0, lddy = 0;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t* e = table + t * kTableColumns;
     const int64_t h = e[0], r0 = e[1], r1 = e[2], c0 = e[3], c1 = e[4], r = r1 - r0, c = c1 - c0;
     if (t == 0 || h != e[-kTableColumns] || r0 != e[1 - kTableColumns] || r1 != e[2 - kTableColumns]) {
-      q = stage_rows(x[kQ], h, r0, r1, x[kQs].at<uint16_t>(0, 0, 0), qt);
-      dy = stage_rows(x[kDy], h, r0, r1, x[kDys].at<uint16_t>(0, 0, 0), dyt);
+      stage_rows(x[kQ], h, r0, r1, x[kQs].at<uint16_t>(0, 0, 0), qt, &q, &ldq);
+      stage_rows(x[kDy], h, r0, r1, x[kDys].at<uint16_t>(0, 0, 0), dyt, &dy, &lddy);
     }
-    const int64_t ldq = q == x[kQ].at<const uint16_t>(h, r0, 0) ? x[kQ].s_row : d;
-    const int64_t lddy = dy == x[kDy].at<const uint16_t>(h, r0, 0) ? x[kDy].s_row : dv;
     const int code = backward_tile(
         r, c, d, dv, q, ldq, qt, r, dy, lddy, dyt, r, x[kK].at<const uint16_t>(0, c0, 0), x[kK].s_row,
         x[kV].at<const uint16_t>(0, c0, 0), x[kV].s_row, x[kM].at<const float>(h, r0, 0),
