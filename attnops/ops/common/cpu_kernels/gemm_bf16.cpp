@@ -2,7 +2,8 @@
 // AVX512-BF16: C = alpha * A B (+ C), A [m, k] row-major (row stride lda), B either [n, k] ("nt": B's rows are C's
 // columns, as keys in Q K^T) or [k, n] ("nn": B's rows run along the reduction, as values in P V), C fp32 [m, n].
 // attnops_bf16_gemm_grad is the backward's dP GEMM with dS = P (dP - D) formed in its registers and written rounded
-// to bf16 (no fp32 dP or dS tile); attnops_transpose16 transposes the dK/dV GEMMs' bf16 operands.
+// to bf16 (no fp32 dP or dS tile); attnops_transpose16 transposes the dK/dV GEMMs' bf16 operands;
+// attnops_bf16_backward_tiles and attnops_bf16_forward_tiles run a job's tiles from a table (bf16_tiles.py).
 //
 // vdpbf16ps multiplies pairs of bf16 exactly and adds them to fp32 lanes: the products are those of an fp32 GEMM
 // on the widened operands; only the order of the fp32 sums differs, and denormal inputs and results are flushed
