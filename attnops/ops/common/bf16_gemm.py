@@ -18,13 +18,12 @@ import threading
 import torch
 
 from .cpu_kernels import library
-from .fused_softmax import band_args
 
 _lock = threading.Lock()
 _bound: dict = {}
 
 
-def _functions():
+def bound_library():
     """The library with the entry points' signatures set (once), or None without a library or without a bf16
     GEMM in it (the build or the CPU lacks AVX512-BF16)."""
     if "lib" not in _bound:
@@ -38,12 +37,10 @@ def _functions():
                 lib.attnops_bf16_gemm_grad.argtypes = [i64, i64, i64, p, i64, p, i64, p, i64, p, i32, p, i64]
                 lib.attnops_bf16_gemm_grad.restype = i32
                 lib.attnops_transpose16.argtypes, lib.attnops_transpose16.restype = [i64, i64, p, i64, p, i64], i32
-                lib.attnops_bf16_backward_tile.argtypes = ([i64] * 4 + [p, i64] * 6 + [p, p, p, i32, ctypes.c_float]
-                                                           + [p, i64] * 6 + [i64] * 3)
-                lib.attnops_bf16_backward_tile.restype = i32
-                lib.attnops_bf16_forward_tile.argtypes = ([i64] * 4 + [p, i64] * 3 + [ctypes.c_float, p, p, p, i32]
-                                                          + [p, i64] * 4 + [i64] * 3)
-                lib.attnops_bf16_forward_tile.restype = i32
+                lib.attnops_bf16_backward_tiles.argtypes = [i64, p, p, i32, ctypes.c_float]
+                lib.attnops_bf16_backward_tiles.restype = i32
+                lib.attnops_bf16_forward_tiles.argtypes = [i64, p, p, ctypes.c_float]
+                lib.attnops_bf16_forward_tiles.restype = i32
                 lib = lib if lib.attnops_bf16_gemm_ready() == 1 else None
             _bound["lib"] = lib
     return _bound["lib"]
@@ -52,7 +49,7 @@ def _functions():
 def bf16_gemm(device: torch.device) -> bool:
     """Whether bf16 products on ``device`` may run on the bf16 GEMM."""
     return (device.type == "cpu" and os.environ.get("ATTNOPS_CPU_BF16_GEMM", "1") != "0"
-            and not torch.compiler.is_compiling() and _functions() is not None)
+            and not torch.compiler.is_compiling() and bound_library() is not None)
 
 
 def gemm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, b_nt: bool, alpha: float = 1.0,
@@ -70,7 +67,7 @@ def gemm_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, b_nt: bool, alpha
                          f"{b.dtype} strides {b.stride()} ({'nt' if b_nt else 'nn'}), out {tuple(out.shape)} "
                          f"{out.dtype} strides {out.stride()}: expected a [M, K] and b [N, K] (nt) or [K, N] (nn) "
                          "in bf16 and out [M, N] in fp32, with unit column strides")
-    code = _functions().attnops_bf16_gemm(m, n, k, a.data_ptr(), lda, b.data_ptr(), ldb, int(b_nt), out.data_ptr(),
+    code = bound_library().attnops_bf16_gemm(m, n, k, a.data_ptr(), lda, b.data_ptr(), ldb, int(b_nt), out.data_ptr(),
                                           ldc, alpha, int(accumulate))
     if code:
         raise RuntimeError(f"attnops_bf16_gemm returned {code}")
@@ -97,7 +94,7 @@ def grad_gemm_(ds16: torch.Tensor, a: torch.Tensor, b: torch.Tensor, p: torch.Te
                          f"{tuple(p.shape)} {p.dtype}, delta {tuple(delta.shape)} {delta.dtype}, ds16 "
                          f"{tuple(ds16.shape)} {ds16.dtype}: expected a [M, K] and b [N, K] bf16 with 0 < K <= "
                          f"{GRAD_MAX_K}, p [M, N] and delta [M, 1] fp32, ds16 [M, N] bf16, unit column strides")
-    code = _functions().attnops_bf16_gemm_grad(m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0),
+    code = bound_library().attnops_bf16_gemm_grad(m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0),
                                                p.data_ptr(), p.stride(0), delta.data_ptr(), int(unit_zero),
                                                ds16.data_ptr(), ds16.stride(0))
     if code:
@@ -114,69 +111,5 @@ def transpose_(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"bf16 transpose: x {tuple(x.shape)} {x.dtype} strides {x.stride()}, out "
                          f"{tuple(out.shape)} {out.dtype} strides {out.stride()}: expected x [R, C] and out [C, R] "
                          "in bf16 with unit column strides")
-    _functions().attnops_transpose16(r, c, x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0))
+    bound_library().attnops_transpose16(r, c, x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0))
     return out
-
-
-def backward_tile_(q: torch.Tensor, qt: torch.Tensor, dy: torch.Tensor, dyt: torch.Tensor, k: torch.Tensor,
-                   v: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor, delta: torch.Tensor, unit_zero: bool,
-                   alpha: float, s: torch.Tensor, p16: torch.Tensor, ds16: torch.Tensor, dq: torch.Tensor,
-                   tk: torch.Tensor, tv: torch.Tensor, band: tuple[int, int, int] | None = None) -> None:
-    """One tile of the backward without explicit mask, pse, dropout or softcap in one call
-    (``attnops_bf16_backward_tile``: the same products and passes, in the same order, as the engine's separate
-    calls): ``s = alpha Q K^T``, masked by ``band`` (the tile's ``MaskSpec.tile_band``; None: no band), becomes P,
-    ``p16``/``ds16`` receive P and ``dS = P (dy V^T - delta)`` rounded, ``tv += dy^T P``, ``dq += alpha dS K``,
-    ``tk += alpha Q^T dS``. bf16 ``q`` ``[r, d]``, ``qt`` ``[d, r]``, ``dy`` ``[r, dv]`` (``dv <= GRAD_MAX_K``),
-    ``dyt`` ``[dv, r]``, ``k`` ``[c, d]``, ``v`` ``[c, dv]``, ``p16``/``ds16`` ``[r, c]``; fp32 ``m``,
-    ``neg_log2_l``, ``delta`` ``[r, 1]`` (consecutive rows), ``s`` ``[r, c]``, ``dq`` ``[r, d]``, ``tk`` ``[d, c]``,
-    ``tv`` ``[dv, c]``; unit column strides."""
-    (r, d), (c, dv) = q.shape, v.shape
-    shapes = ((q, (r, d)), (qt, (d, r)), (dy, (r, dv)), (dyt, (dv, r)), (k, (c, d)), (v, (c, dv)), (p16, (r, c)),
-              (ds16, (r, c)), (s, (r, c)), (dq, (r, d)), (tk, (d, c)), (tv, (dv, c)))
-    if (not 0 < dv <= GRAD_MAX_K
-            or any(t.shape != shape or (shape[1] > 1 and t.stride(1) != 1)
-                   or t.dtype != (torch.bfloat16 if i < 8 else torch.float32) for i, (t, shape) in enumerate(shapes))
-            or any(x.shape != (r, 1) or x.dtype != torch.float32 or (r > 1 and x.stride(0) != 1)
-                   for x in (m, neg_log2_l, delta))):
-        raise ValueError("bf16 backward tile: " + ", ".join(f"{tuple(t.shape)} {t.dtype} strides {t.stride()}"
-                                                           for t, _ in shapes)
-                         + f": expected the shapes, dtypes and unit column strides of the docstring, dv <= "
-                           f"{GRAD_MAX_K}")
-    code = _functions().attnops_bf16_backward_tile(
-        r, c, d, dv, *(x for t in (q, qt, dy, dyt, k, v) for x in (t.data_ptr(), t.stride(0))), m.data_ptr(),
-        neg_log2_l.data_ptr(), delta.data_ptr(), int(unit_zero), alpha,
-        *(x for t in (s, p16, ds16, dq, tk, tv) for x in (t.data_ptr(), t.stride(0))), *band_args(band, r, c))
-    if code:
-        raise RuntimeError(f"attnops_bf16_backward_tile returned {code}")
-
-
-def forward_tile_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: float, m: torch.Tensor, l: torch.Tensor,
-                  clamp: bool, s: torch.Tensor, p16: torch.Tensor, o: torch.Tensor,
-                  band: tuple[int, int, int] | None = None, rescale: torch.Tensor | None = None,
-                  pv: torch.Tensor | None = None) -> None:
-    """A forward column block of a row chunk without explicit mask, pse, dropout or softcap in one call
-    (``attnops_bf16_forward_tile``: the same products and passes, in the same order, as the engine's separate
-    calls): ``s = alpha Q K^T``, masked by ``band`` (see :func:`backward_tile_`), the online softmax's block on it
-    with P rounded into ``p16``; the first block (``rescale`` None: ``m``, ``l`` start here; ``clamp``: see
-    ``fused_softmax.softmax_block_``) makes ``o = P V``, a later one ``pv = P V`` and ``o = o * rescale + pv``
-    (``rescale`` receives the online softmax's factor). bf16 ``q`` ``[r, d]``, ``k`` ``[c, d]``, ``v`` ``[c, dv]``,
-    ``p16`` ``[r, c]``; fp32 ``m``, ``l``, ``rescale`` ``[r, 1]`` (consecutive rows), ``s`` ``[r, c]``, ``o`` and
-    ``pv`` ``[r, dv]``; unit column strides."""
-    (r, d), (c, dv) = q.shape, v.shape
-    later = rescale is not None
-    shapes = ((q, (r, d)), (k, (c, d)), (v, (c, dv)), (p16, (r, c)), (s, (r, c)), (o, (r, dv))) + (
-        ((pv, (r, dv)),) if later else ())
-    if (any(t.shape != shape or (shape[1] > 1 and t.stride(1) != 1)
-            or t.dtype != (torch.bfloat16 if i < 4 else torch.float32) for i, (t, shape) in enumerate(shapes))
-            or any(x.shape != (r, 1) or x.dtype != torch.float32 or (r > 1 and x.stride(0) != 1)
-                   for x in (m, l, rescale) if x is not None)):
-        raise ValueError("bf16 forward tile: " + ", ".join(f"{tuple(t.shape)} {t.dtype} strides {t.stride()}"
-                                                          for t, _ in shapes)
-                         + ": expected the shapes, dtypes and unit column strides of the docstring")
-    code = _functions().attnops_bf16_forward_tile(
-        r, c, d, dv, *(x for t in (q, k, v) for x in (t.data_ptr(), t.stride(0))), alpha, m.data_ptr(), l.data_ptr(),
-        rescale.data_ptr() if later else None, int(clamp),
-        *(x for t in (s, p16) for x in (t.data_ptr(), t.stride(0))),
-        *((pv.data_ptr(), pv.stride(0)) if later else (None, 0)), o.data_ptr(), o.stride(0), *band_args(band, r, c))
-    if code:
-        raise RuntimeError(f"attnops_bf16_forward_tile returned {code}")

@@ -117,13 +117,16 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
     mm = tile_products(p, fb.k.dtype, buf)
     n2 = h // p.geom.group
     q, v, out, m_h, l_h = fb.q[h], fb.v[n2], fb.out[h], fb.m[h], fb.l[h]
-    keys = mm.keys(fb.k[n2], [(c0, c1) for _, _, blocks in chunks for c0, c1, _ in blocks])
     extras = has_tile_extras(p)
     half = p.rounding is not None and p.rounding.half_softmax  # PFA fp16 high performance: fp16 scores, softmax
     fused = p.rounding is None and fused_softmax(acc, out.device)
     in_pass = fused and not extras  # the fused softmax pass masks the band (MaskSpec.tile_band), not fill_masked_
-    bare = in_pass and not p.softcap  # blocks in one call
-    for r0, r1, blocks in chunks:
+    calls = mm.forward_tiles(q, fb.k[n2], v, m_h, l_h) if in_pass and not p.softcap else None
+    if calls is not None:  # every block in one call (bf16 products)
+        _forward_in_one_call(p, fb, h, chunks, calls, buf)
+    by_tile = chunks if calls is None else []  # the chunks made product by product
+    keys = mm.keys(fb.k[n2], [(c0, c1) for _, _, blocks in by_tile for c0, c1, _ in blocks])
+    for r0, r1, blocks in by_tile:
         m, l = m_h[r0:r1], l_h[r0:r1]
         qs = mm.rows("q", q[r0:r1], mm.q_scale)
         kept = not extras and p.mask.keeps_every_row(fb.b, r0, r1, blocks[0][0], blocks[0][1])  # l >= 1
@@ -131,8 +134,6 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
         for j, (c0, c1, band) in enumerate(blocks):
             edge = p.mask.tile_band(fb.b, r0, r1, c0, c1) if band and in_pass else None
             rescale = None if j == 0 else buf.get("rescale", r1 - r0, 1)
-            if bare and mm.forward_block(qs, fb.k[n2][c0:c1], v[c0:c1], m, l, not kept, o, edge, rescale):
-                continue  # the block's products and softmax below, in one call (bf16 products)
             s, t = head_scores(p, fb.b, n2, h, r0, r1, c0, c1, qs, keys, () if in_pass else band, buf, extras)
             if half:
                 p.rounding.grid_(s)
@@ -166,6 +167,32 @@ def _forward_rows(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, acc: to
     _write_stats(fb, h, chunks)
     buf.release()
     mm.release()
+
+
+def _forward_in_one_call(p: FAProblem, fb: _ForwardBatch, h: int, chunks: list, calls, buf: Buffers) -> None:
+    """The forward of the row ``chunks`` of query head ``h`` with all their blocks in one call (``calls``:
+    ``mm.forward_tiles``), each as the engine's separate calls make it: the outputs go to workspace ``"o"`` (the
+    chunks' rows one after the other), then are divided by the row sums into the output, one division per run of
+    consecutive chunks whose rows all keep a score of their first block (the others as :func:`_forward_rows` does)."""
+    out, m_h, l_h = fb.out[h], fb.m[h], fb.l[h]
+    o = buf.get("o", sum(r1 - r0 for r0, r1, _ in chunks), out.shape[1])
+    at, runs = 0, []
+    for r0, r1, blocks in chunks:
+        kept = p.mask.keeps_every_row(fb.b, r0, r1, blocks[0][0], blocks[0][1])  # l >= 1
+        for j, (c0, c1, band) in enumerate(blocks):
+            calls.add(r0, r1, c0, c1, p.mask.tile_band(fb.b, r0, r1, c0, c1) if band else None, j == 0, not kept, at)
+        if kept and runs and runs[-1][2] and runs[-1][1] == r0:
+            runs[-1][1] = r1
+        else:
+            runs.append([r0, r1, kept, at, blocks])
+        at += r1 - r0
+    calls.run(o)
+    for r0, r1, kept, at, blocks in runs:
+        l = l_h[r0:r1]
+        if not kept:
+            _nan_rows_without_kept_score_(p, fb.b, h, r0, r1, blocks, m_h[r0:r1], l)
+            l = l.clamp_min(1.0)  # l >= 1 on rows with a kept score, else 0 (or NaN)
+        torch.div(o[at:at + r1 - r0], l, out=out[r0:r1])
 
 
 def _nan_rows_without_kept_score_(p: FAProblem, b: int, h: int, r0: int, r1: int, blocks: list, m: torch.Tensor,

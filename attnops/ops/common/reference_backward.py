@@ -215,7 +215,9 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
                       sole: bool, dpse, acc: torch.dtype) -> None:
     """The backward tiles of ``groups`` (of KV head ``n2`` and its G query heads) of batch ``bb``, in this thread's
     workspace: dQ rows in place, dK/dV sums into ``dk``/``dv`` (``[Skv, D]``/``[Skv, Dv]``; see
-    :func:`_store_or_add`). Lean on tensor calls like the forward (:mod:`.reference`)."""
+    :func:`_store_or_add`). Lean on tensor calls like the forward (:mod:`.reference`): tiles that can be one call
+    (bf16 products, no extras, finite rows) are collected and run a batch at a time (``mm.backward_tiles``), the
+    others take :func:`_chunk_head_tiles` in between, so every accumulator sums in the same order either way."""
     if not groups:  # every row of the batch is masked: nothing to add (a sole writer's rows are 0)
         if sole:
             dk.zero_()
@@ -223,14 +225,12 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
         return
     g = p.geom
     buf = Buffers.acquire(acc, bb.k.device)
-    mm = tile_products(p, bb.k.dtype, buf)  # the staged keys' dtype
-    k, v = bb.k[n2], bb.v[n2]
-    keys = mm.keys(k, ())  # never packed: no gain measured here, and every packed shape is one more oneDNN
-    # primitive kept in its cache (+1.4 GiB peak in the 32k-token causal backward)
-    extras = has_tile_extras(p)
-    fused = p.rounding is None and fused_softmax(acc, k.device)
-    in_pass = fused and not extras  # the fused probabilities pass masks the band (MaskSpec.tile_band)
-    bare = in_pass and not p.softcap  # tiles in one call
+    job = _Job(p, bb, n2, tile_products(p, bb.k.dtype, buf), buf, dpse)  # the staged keys' dtype
+    heads = slice(n2 * g.group, (n2 + 1) * g.group)
+    delta, finite = _job_delta(bb, heads, groups, acc, buf)
+    bare = job.in_pass and not p.softcap  # tiles that may be one call
+    calls = job.mm.backward_tiles(bb.q[heads], bb.do[heads], bb.m[heads], bb.neg_log2_l[heads], delta,
+                                  bb.dq[heads], job.k, job.v, bb.unit_rows) if bare else None
     spans = [(min(c[2][0][0] for c in group), max(c[2][-1][1] for c in group)) for group in groups]
     v0, v1 = min(u0 for u0, _ in spans), max(u1 for _, u1 in spans)
     # dK^T and dV^T ([D, columns]): their GEMMs read P and dS row-major, not transposed; a group's sums are added
@@ -242,86 +242,134 @@ def _backward_kv_head(p: FAProblem, bb: _BackwardBatch, n2: int, groups: list, d
         else:
             tk, tv = buf.get("tk", g.d, u1 - u0).zero_(), buf.get("tv", g.dv, u1 - u0).zero_()
         for r0, r1, blocks in group:
-            for h in range(n2 * g.group, (n2 + 1) * g.group):
-                qs = mm.rows("q", bb.q[h, r0:r1], mm.q_scale)
-                dot = mm.rows("dy", bb.do[h, r0:r1])
-                # (scale*Q)^T and dy^T as dense [D, r]: the dK/dV GEMMs then run on oneDNN (add_mm_nt_ with P and
-                # dS transposed views), where a transposed left operand would fall back to MKL, 2-3x slower on AMD
-                qs_t, dot_t = mm.transposed("qt", qs), mm.transposed("dyt", dot)
-                # D = rowsum(dy * attention_in), in the compute dtype
-                delta = torch.linalg.vecdot(dot.to(acc), bb.o[h, r0:r1].to(acc)).unsqueeze_(-1)
-                m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
-                nonfinite = not (bb.finite_stats and bool(torch.isfinite(delta).all()))  # see tiling.masked_entries
+            for i in range(g.group):
+                h = heads.start + i
+                nonfinite = not (bb.finite_stats and (finite[i] or bool(torch.isfinite(delta[i, r0:r1]).all())))
                 peaked = None if bb.peaked is None else bb.peaked[h]
                 peaked = peaked if peaked and bisect.bisect_left(peaked, r0) < bisect.bisect_left(peaked, r1) else None
-                whole = bare and not nonfinite and peaked is None
-                for c0, c1, band in blocks:
-                    tcols = slice(c0 - u0, c1 - u0)
-                    edge = p.mask.tile_band(bb.b, r0, r1, c0, c1) if band and in_pass else None
-                    if whole and mm.whole_tile(qs, qs_t, dot, dot_t, k[c0:c1], v[c0:c1], m, neg_log2_l, delta,
-                                               bb.unit_rows, dq, tk[:, tcols], tv[:, tcols], edge):
-                        continue  # the tile's products and passes below, in one call (bf16 products)
-                    cap_grad = buf.get("cap", r1 - r0, c1 - c0) if p.softcap else None
-                    prob, t = head_scores(p, bb.b, n2, h, r0, r1, c0, c1, qs, keys, () if in_pass else band, buf,
-                                          extras, cap_grad)
-                    drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
-                    drop = None if drop is None else drop[0]
-                    masked = tiling.masked_entries(p, bb.b, h, r0, r1, c0, c1, band, k.device) if nonfinite else None
-                    # the fused passes also write P and dS rounded for bf16 products where the tile as computed is
-                    # the operand (None with the fp32 products: the operands are the tiles)
-                    plain = fused and drop is None and masked is None
-                    p_op = mm.rounded_tile("p", r1 - r0, c1 - c0) if plain else None
-                    if fused:
-                        probabilities_(prob, m, neg_log2_l, p_op, edge)
-                    else:
-                        prob.sub_(m)  # natural units first: exact where s ~ max
-                        torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
-                    if masked is not None:
-                        prob.masked_fill_(masked, 0.0)
-                    p_v = prob if drop is None else prob * drop
-                    if p_op is None:
-                        p_op = mm.operand("p", p_v if p.rounding is None else p.rounding.grid(p_v))
-                    mm.add_nn_(tv[:, tcols], dot_t, p_op)
-                    vc = v[c0:c1]
-                    plain = plain and peaked is None and t is None and cap_grad is None
-                    # bf16 products: dS of a plain tile straight from the dP GEMM's registers, as the path below
-                    # rounds it (no fp32 dP and dS tiles)
-                    ds_op = mm.grad_operand("ds", dot, vc, prob, delta, bb.unit_rows) if plain else None
-                    dp = ds = None
-                    if ds_op is None:
-                        dp = mm.nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
-                        ds_op = mm.rounded_tile("ds", r1 - r0, c1 - c0) if plain else None
-                        if fused and drop is None and peaked is None:
-                            # dS = P (dP - D), in place of P (0 where P == 1)
-                            grad_(prob, dp, delta, bb.unit_rows, ds_op)
-                            ds = prob
-                        else:
-                            if drop is not None:
-                                dp.mul_(drop)
-                            dp.sub_(delta)
-                            if peaked:
-                                _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
-                            if bb.unit_rows:  # P == 1: the row's only key, D = dP exactly and dS = 0 (autograd's)
-                                dp.masked_fill_(prob == 1.0, 0.0)
-                            ds = prob.mul_(dp)
-                    if masked is not None:
-                        ds.masked_fill_(masked, 0.0)
-                    if t is not None:
-                        t.add_pse_grad(ds.unsqueeze(0), dpse)  # the pse is added after the softcap
-                    if cap_grad is not None:
-                        ds.mul_(cap_grad)
-                    if ds_op is None:  # (the NPU rounds dS)
-                        ds_op = mm.operand("ds", ds if p.rounding is None else p.rounding.grid(ds))
-                    mm.add_nn_(dq, ds_op, k[c0:c1], alpha=p.scale)  # dq starts zeroed
-                    mm.add_nn_(tk[:, tcols], qs_t, ds_op, alpha=mm.alpha)
-                    del prob, dp, ds, ds_op, p_v, p_op, t, cap_grad  # freed before the next tile allocates
+                if calls is not None and not nonfinite and peaked is None:
+                    for c0, c1, band in blocks:
+                        calls.add(i, r0, r1, c0, c1, p.mask.tile_band(bb.b, r0, r1, c0, c1) if band else None, c0 - u0)
+                    continue
+                if calls is not None:
+                    calls.run(tk, tv)  # the tiles before this one first: the same order of sums
+                _chunk_head_tiles(job, h, r0, r1, blocks, u0, delta[i, r0:r1], nonfinite, peaked, tk, tv)
+        if calls is not None:
+            calls.run(tk, tv)
         if len(groups) > 1:
             dkt[:, u0 - v0:u1 - v0] += tk
             dvt[:, u0 - v0:u1 - v0] += tv
     _store_or_add(p, dk, dkt, v0, v1, sole)
     _store_or_add(p, dv, dvt, v0, v1, sole)
     buf.release()
-    mm.release()
+    job.mm.release()
+
+
+class _Job:
+    """What the tiles of one backward job share: the problem, the batch, the KV head with its keys and values, the
+    products, the thread's workspace, the pse gradient, and how the tiles' passes run."""
+
+    def __init__(self, p: FAProblem, bb: _BackwardBatch, n2: int, mm, buf: Buffers, dpse):
+        self.p, self.bb, self.n2, self.mm, self.buf, self.dpse = p, bb, n2, mm, buf, dpse
+        self.k, self.v = bb.k[n2], bb.v[n2]
+        self.keys = mm.keys(self.k, ())  # never packed: no gain measured here, and every packed shape is one more
+        # oneDNN primitive kept in its cache (+1.4 GiB peak in the 32k-token causal backward)
+        self.extras = has_tile_extras(p)
+        self.fused = p.rounding is None and fused_softmax(buf.dtype, self.k.device)  # buf: the compute dtype's
+        self.in_pass = self.fused and not self.extras  # the fused probabilities pass masks the band (tile_band)
+
+
+def _job_delta(bb: _BackwardBatch, heads: slice, groups: list, acc: torch.dtype, buf: Buffers
+               ) -> tuple[torch.Tensor, list[bool]]:
+    """``D = rowsum(dy * attention_in)`` (in the compute dtype) of the job's rows of query heads ``heads``, as
+    ``[G, Sq, 1]`` in workspace ``"delta"`` (rows outside the job's chunks are not written), and per head whether
+    all of its job's rows are finite (else a chunk's rows are checked where it is used: see
+    ``tiling.masked_entries``). One product per run of consecutive chunks, not one per chunk and head."""
+    runs = []
+    for r0, r1 in sorted((r0, r1) for group in groups for r0, r1, _ in group):
+        if runs and runs[-1][1] == r0:
+            runs[-1][1] = r1
+        else:
+            runs.append([r0, r1])
+    delta = buf.get("delta", heads.stop - heads.start, bb.do.shape[1], 1)
+    finite = []
+    for i, h in enumerate(range(heads.start, heads.stop)):
+        for r0, r1 in runs:
+            torch.linalg.vecdot(bb.do[h, r0:r1].to(acc), bb.o[h, r0:r1].to(acc), out=delta[i, r0:r1, 0])
+        finite.append(all(bool(torch.isfinite(delta[i, r0:r1]).all()) for r0, r1 in runs))
+    return delta, finite
+
+
+def _chunk_head_tiles(job: _Job, h: int, r0: int, r1: int, blocks: list, u0: int, delta: torch.Tensor,
+                      nonfinite: bool, peaked: list[int] | None, tk: torch.Tensor, tv: torch.Tensor) -> None:
+    """The tiles of query head ``h``, rows ``r0:r1`` and column ``blocks`` made product by product: dQ rows in
+    place, dK^T/dV^T sums into ``tk``/``tv`` (whose column 0 is key ``u0``). ``delta``: the rows' ``D``;
+    ``nonfinite``: some row's statistics or ``D`` are not finite; ``peaked``: rows whose ``dP - D`` is formed in
+    fp64 (see :func:`_peaked_rows`), or None."""
+    p, bb, mm, buf, k, v = job.p, job.bb, job.mm, job.buf, job.k, job.v
+    fused, in_pass = job.fused, job.in_pass
+    qs = mm.rows("q", bb.q[h, r0:r1], mm.q_scale)
+    dot = mm.rows("dy", bb.do[h, r0:r1])
+    # (scale*Q)^T and dy^T as dense [D, r]: the dK/dV GEMMs then run on oneDNN (add_mm_nt_ with P and dS
+    # transposed views), where a transposed left operand would fall back to MKL, 2-3x slower on AMD
+    qs_t, dot_t = mm.transposed("qt", qs), mm.transposed("dyt", dot)
+    m, neg_log2_l, dq = bb.m[h, r0:r1], bb.neg_log2_l[h, r0:r1], bb.dq[h, r0:r1]
+    for c0, c1, band in blocks:
+        tcols = slice(c0 - u0, c1 - u0)
+        edge = p.mask.tile_band(bb.b, r0, r1, c0, c1) if band and in_pass else None
+        cap_grad = buf.get("cap", r1 - r0, c1 - c0) if p.softcap else None
+        prob, t = head_scores(p, bb.b, job.n2, h, r0, r1, c0, c1, qs, job.keys, () if in_pass else band, buf,
+                              job.extras, cap_grad)
+        drop = None if t is None else t.dropout_scale(buf.get("drop", 1, r1 - r0, c1 - c0))
+        drop = None if drop is None else drop[0]
+        masked = tiling.masked_entries(p, bb.b, h, r0, r1, c0, c1, band, k.device) if nonfinite else None
+        # the fused passes also write P and dS rounded for bf16 products where the tile as computed is the operand
+        # (None with the fp32 products: the operands are the tiles)
+        plain = fused and drop is None and masked is None
+        p_op = mm.rounded_tile("p", r1 - r0, c1 - c0) if plain else None
+        if fused:
+            probabilities_(prob, m, neg_log2_l, p_op, edge)
+        else:
+            prob.sub_(m)  # natural units first: exact where s ~ max
+            torch.add(neg_log2_l, prob, alpha=LOG2E, out=prob).exp2_()
+        if masked is not None:
+            prob.masked_fill_(masked, 0.0)
+        p_v = prob if drop is None else prob * drop
+        if p_op is None:
+            p_op = mm.operand("p", p_v if p.rounding is None else p.rounding.grid(p_v))
+        mm.add_nn_(tv[:, tcols], dot_t, p_op)
+        vc = v[c0:c1]
+        plain = plain and peaked is None and t is None and cap_grad is None
+        # bf16 products: dS of a plain tile straight from the dP GEMM's registers, as the path below rounds it (no
+        # fp32 dP and dS tiles)
+        ds_op = mm.grad_operand("ds", dot, vc, prob, delta, bb.unit_rows) if plain else None
+        dp = ds = None
+        if ds_op is None:
+            dp = mm.nt(dot, vc, out=buf.get("dp", r1 - r0, c1 - c0))
+            ds_op = mm.rounded_tile("ds", r1 - r0, c1 - c0) if plain else None
+            if fused and drop is None and peaked is None:
+                grad_(prob, dp, delta, bb.unit_rows, ds_op)  # dS = P (dP - D), in place of P (0 where P == 1)
+                ds = prob
+            else:
+                if drop is not None:
+                    dp.mul_(drop)
+                dp.sub_(delta)
+                if peaked:
+                    _exact_dp_minus_d(dp, peaked, r0, r1, dot, vc, bb.delta64[h], drop)
+                if bb.unit_rows:  # P == 1: the row's only key, D = dP exactly and dS = 0 (autograd's)
+                    dp.masked_fill_(prob == 1.0, 0.0)
+                ds = prob.mul_(dp)
+        if masked is not None:
+            ds.masked_fill_(masked, 0.0)
+        if t is not None:
+            t.add_pse_grad(ds.unsqueeze(0), job.dpse)  # the pse is added after the softcap
+        if cap_grad is not None:
+            ds.mul_(cap_grad)
+        if ds_op is None:  # (the NPU rounds dS)
+            ds_op = mm.operand("ds", ds if p.rounding is None else p.rounding.grid(ds))
+        mm.add_nn_(dq, ds_op, k[c0:c1], alpha=p.scale)  # dq starts zeroed
+        mm.add_nn_(tk[:, tcols], qs_t, ds_op, alpha=mm.alpha)
+        del prob, dp, ds, ds_op, p_v, p_op, t, cap_grad  # freed before the next tile allocates
 
 
 def _store_or_add(p: FAProblem, target: torch.Tensor, sums_t: torch.Tensor, v0: int, v1: int, sole: bool) -> None:

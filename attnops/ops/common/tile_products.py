@@ -18,7 +18,8 @@ import torch
 
 from ..._core.gemm import add_mm_nt_, mm_nt
 from ..._core.workspace import Buffers
-from .bf16_gemm import GRAD_MAX_K, backward_tile_, bf16_gemm, forward_tile_, gemm_, grad_gemm_, transpose_
+from .bf16_gemm import GRAD_MAX_K, bf16_gemm, gemm_, grad_gemm_, transpose_
+from .bf16_tiles import BackwardTiles, ForwardTiles
 from .problem import FAProblem
 from .reference_tiles import Keys, compute_dtype, stage_rows
 
@@ -68,13 +69,13 @@ class WideProducts:
         """None: the engine forms dP and dS as tiles (see :class:`Bf16Products`)."""
         return None
 
-    def whole_tile(self, *operands) -> bool:
-        """False: the engine makes each product of a tile (see :class:`Bf16Products`)."""
-        return False
+    def backward_tiles(self, *operands) -> None:
+        """None: the engine makes each product of a tile (see :class:`Bf16Products`)."""
+        return None
 
-    def forward_block(self, *operands) -> bool:
-        """False: the engine makes each product of a tile (see :class:`Bf16Products`)."""
-        return False
+    def forward_tiles(self, *operands) -> None:
+        """None: the engine makes each product of a tile (see :class:`Bf16Products`)."""
+        return None
 
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``x @ w.T`` (a new tensor, or ``out``)."""
@@ -128,32 +129,23 @@ class Bf16Products:
             return None
         return grad_gemm_(self.buf.get(name, *prob.shape), dy, v, prob, delta, unit_zero)
 
-    def whole_tile(self, qs: torch.Tensor, qs_t: torch.Tensor, dy: torch.Tensor, dy_t: torch.Tensor, k: torch.Tensor,
-                   v: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor, delta: torch.Tensor, unit_zero: bool,
-                   dq: torch.Tensor, tk: torch.Tensor, tv: torch.Tensor, band: tuple[int, int, int] | None) -> bool:
-        """A tile without explicit mask, pse, dropout or softcap in one call (:func:`.bf16_gemm.backward_tile_`: the
-        products and passes the engine makes one by one, in their order, without taking the GIL between them),
-        masked by ``band`` (its ``MaskSpec.tile_band``; None: no band): ``dq``, ``tk`` (dK^T) and ``tv`` (dV^T)
-        accumulate the tile's sums. False (nothing done) where the head dim is longer than the dS GEMM takes."""
-        if dy.shape[1] > GRAD_MAX_K:
-            return False
-        r, c = qs.shape[0], k.shape[0]
-        backward_tile_(qs, qs_t, dy, dy_t, k, v, m, neg_log2_l, delta, unit_zero, self.alpha, self.fp32.get("s", r, c),
-                       self.buf.get("p", r, c), self.buf.get("ds", r, c), dq, tk, tv, band)
-        return True
+    def backward_tiles(self, q: torch.Tensor, dy: torch.Tensor, m: torch.Tensor, neg_log2_l: torch.Tensor,
+                       delta: torch.Tensor, dq: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       unit_zero: bool) -> BackwardTiles | None:
+        """A job's tiles without explicit mask, pse, dropout or softcap, each in the products and passes the engine
+        makes one by one, in their order, and all in one call (:class:`.bf16_tiles.BackwardTiles`, on the operands
+        of a KV head's ``G`` query heads: ``q``/``dy``/``m``/``neg_log2_l``/``delta``/``dq`` ``[G, Sq, *]``, ``k``/``v``
+        ``[Skv, *]``); None where the head dim is longer than the dS GEMM takes."""
+        if dy.shape[-1] > GRAD_MAX_K:
+            return None
+        return BackwardTiles(q, dy, m, neg_log2_l, delta, dq, k, v, unit_zero, self.alpha, self.fp32, self.buf)
 
-    def forward_block(self, qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
-                      clamp: bool, o: torch.Tensor, band: tuple[int, int, int] | None,
-                      rescale: torch.Tensor | None) -> bool:
-        """A forward column block of a row chunk without explicit mask, pse, dropout or softcap in one call
-        (:func:`.bf16_gemm.forward_tile_`), masked by ``band`` (see :meth:`whole_tile`): the first (``rescale``
-        None) starts ``m``/``l`` and sets ``o = P V``, a later one updates them, ``rescale`` and ``o``. True
-        (done)."""
-        r, c = qs.shape[0], k.shape[0]
-        pv = None if rescale is None else self.fp32.get("pv", r, v.shape[1])
-        forward_tile_(qs, k, v, self.alpha, m, l, clamp, self.fp32.get("s", r, c), self.buf.get("p", r, c), o, band,
-                      rescale, pv)
-        return True
+    def forward_tiles(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor,
+                      l: torch.Tensor) -> ForwardTiles:
+        """A forward job's column blocks without explicit mask, pse, dropout or softcap, each in the products and
+        passes the engine makes one by one, in their order, and all in one call (:class:`.bf16_tiles.ForwardTiles`,
+        on a query head's ``q`` ``[Sq, d]`` and statistics ``m``/``l`` ``[Sq, 1]`` and its KV head's ``k``/``v``)."""
+        return ForwardTiles(q, k, v, m, l, self.alpha, self.fp32, self.buf)
 
     def nt(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return gemm_(out, x, w, b_nt=True)

@@ -125,80 +125,6 @@ def test_score_gradient(m, n, k, unit_zero):
         bf16_gemm.grad_gemm_(torch.empty(m, n, dtype=BF16), a, b, p, delta, unit_zero)
 
 
-
-BANDS = [None, (-3, 0, 0), (-40, 5, 2)]  # MaskSpec.tile_band: none, a causal diagonal, a window with prefix columns
-
-
-@needs_gemm
-@pytest.mark.parametrize("band", BANDS)
-@pytest.mark.parametrize("unit_zero", [False, True])
-@pytest.mark.parametrize("r, c, d, dv", [(1, 1, 1, 1), (7, 70, 33, 20), (13, 130, 64, 64), (70, 300, 128, 256)])
-def test_backward_tile(r, c, d, dv, unit_zero, band):
-    """A backward tile in one call equals, bit for bit, the engine's separate calls (scores, probabilities with
-    their bf16 copy, dV^T, dS from the dP GEMM, dQ, dK^T) on strided operands and accumulator columns, with and
-    without a band; a head dim past the dS GEMM's reduction block is refused."""
-    g = torch.Generator().manual_seed(r + c + d + dv)
-    q, k = torch.randn(r, d, generator=g).to(BF16), torch.randn(c, d, generator=g).to(BF16)
-    dy, v = _operands(r, c, dv, True, seed=d, pad=2)
-    q_t, dy_t = q.t().contiguous(), dy.t().contiguous()
-    m = (q.float() @ k.float().t()).amax(1, keepdim=True) * 0.125
-    neg_log2_l = -torch.rand(r, 1, generator=g) - 3.0
-    delta = torch.randn(r, 1, generator=g)
-    dq0, tk0, tv0 = torch.randn(r, d, generator=g), torch.randn(d, c + 3, generator=g), torch.randn(dv, c + 3,
-                                                                                                   generator=g)
-    dq, tk, tv = dq0.clone(), tk0.clone(), tv0.clone()
-    s, p16, ds16 = torch.empty(r, c), torch.empty(r, c, dtype=BF16), torch.empty(r, c, dtype=BF16)
-    bf16_gemm.backward_tile_(q, q_t, dy, dy_t, k, v, m, neg_log2_l, delta, unit_zero, 0.125, s, p16, ds16, dq,
-                             tk[:, 1:1 + c], tv[:, 1:1 + c], band)
-    ref_s = bf16_gemm.gemm_(torch.empty(r, c), q, k, b_nt=True, alpha=0.125)
-    ref_p16 = torch.empty(r, c, dtype=BF16)
-    fused_softmax.probabilities_(ref_s, m, neg_log2_l, ref_p16, band)
-    bf16_gemm.gemm_(tv0[:, 1:1 + c], dy_t, ref_p16, b_nt=False, accumulate=True)
-    ref_ds16 = bf16_gemm.grad_gemm_(torch.empty(r, c, dtype=BF16), dy, v, ref_s, delta, unit_zero)
-    bf16_gemm.gemm_(dq0, ref_ds16, k, b_nt=False, alpha=0.125, accumulate=True)
-    bf16_gemm.gemm_(tk0[:, 1:1 + c], q_t, ref_ds16, b_nt=False, alpha=0.125, accumulate=True)
-    for got, want in ((s, ref_s), (p16, ref_p16), (ds16, ref_ds16), (dq, dq0), (tk, tk0), (tv, tv0)):
-        assert torch.equal(got, want)
-    with pytest.raises(ValueError, match="bf16 backward tile: .* dv <= 256"):
-        dy2, v2 = _operands(r, c, 257, True, seed=0)
-        bf16_gemm.backward_tile_(q, q_t, dy2, dy2.t().contiguous(), k, v2, m, neg_log2_l, delta, unit_zero, 0.125,
-                                 s, p16, ds16, dq, tk[:, 1:1 + c], torch.empty(257, c))
-
-
-@needs_gemm
-@pytest.mark.parametrize("band", BANDS)
-@pytest.mark.parametrize("clamp", [False, True])
-@pytest.mark.parametrize("r, c, d, dv", [(1, 1, 1, 1), (7, 70, 33, 20), (70, 300, 128, 256), (13, 600, 64, 300)])
-def test_forward_tile(r, c, d, dv, clamp, band):
-    """The forward's first and a later column block in one call each equal, bit for bit, the engine's separate calls
-    (scores, the online softmax's block with its bf16 copy, P V, the rescaled sum) on strided operands, with and
-    without a band; bad operands are refused."""
-    g = torch.Generator().manual_seed(r + c + d + dv)
-    q, k = torch.randn(r, d, generator=g).to(BF16), torch.randn(c, d, generator=g).to(BF16)
-    v = torch.randn(c, dv + 3, generator=g).to(BF16)[:, 1:1 + dv]
-    m, l, s, p16 = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, c), torch.empty(r, c, dtype=BF16)
-    o = torch.full((r, dv + 2), 4.0)
-    bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16, o[:, :dv], band)
-    ref_m, ref_l, ref_p16 = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, c, dtype=BF16)
-    ref_s = bf16_gemm.gemm_(torch.empty(r, c), q, k, b_nt=True, alpha=0.125)
-    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, None, clamp, ref_p16, band)
-    ref_o = bf16_gemm.gemm_(torch.empty(r, dv), ref_p16, v, b_nt=False)
-    for got, want in ((m, ref_m), (l, ref_l), (s, ref_s), (p16, ref_p16), (o[:, :dv], ref_o)):
-        assert torch.equal(got, want)
-    assert bool((o[:, dv:] == 4.0).all())
-    k2, v2 = (torch.randn(c, n, generator=g).add_(1.0).to(BF16) for n in (d, dv))  # a later block moves the max
-    rescale, ref_rescale, pv = torch.empty(r, 1), torch.empty(r, 1), torch.empty(r, dv)
-    bf16_gemm.forward_tile_(q, k2, v2, 0.125, m, l, clamp, s, p16, o[:, :dv], band, rescale, pv)
-    ref_s = bf16_gemm.gemm_(ref_s, q, k2, b_nt=True, alpha=0.125)
-    fused_softmax.softmax_block_(ref_s, ref_m, ref_l, ref_rescale, clamp, ref_p16, band)
-    ref_o.mul_(ref_rescale).add_(bf16_gemm.gemm_(torch.empty(r, dv), ref_p16, v2, b_nt=False))
-    for got, want in ((m, ref_m), (l, ref_l), (rescale, ref_rescale), (s, ref_s), (p16, ref_p16), (o[:, :dv], ref_o)):
-        assert torch.equal(got, want)
-    assert bool((o[:, dv:] == 4.0).all()) and bool((rescale < 1).any())
-    with pytest.raises(ValueError, match="bf16 forward tile: .* expected the shapes"):
-        bf16_gemm.forward_tile_(q, k, v, 0.125, m, l, clamp, s, p16.float(), o[:, :dv])
-
-
 @needs_gemm
 @pytest.mark.parametrize("rows, cols", [(1, 1), (5, 70), (33, 16), (512, 64)])
 def test_transpose(rows, cols):
@@ -257,7 +183,7 @@ def test_engine_bf16_on_both_products(monkeypatch, products):
     if products == "fp32":
         monkeypatch.setenv("ATTNOPS_CPU_BF16_GEMM", "0")
     calls = []
-    for name in ("gemm_", "forward_tile_", "backward_tile_"):  # the bf16 products, one by one or a tile's in one call
+    for name in ("gemm_", "ForwardTiles", "BackwardTiles"):  # the bf16 products, one by one or in one call
         real = getattr(tile_products, name)
         monkeypatch.setattr(tile_products, name, lambda *a, real=real, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(tiling, "FWD_COL_BLOCK", 48)

@@ -2,7 +2,8 @@
 // AVX512-BF16: C = alpha * A B (+ C), A [m, k] row-major (row stride lda), B either [n, k] ("nt": B's rows are C's
 // columns, as keys in Q K^T) or [k, n] ("nn": B's rows run along the reduction, as values in P V), C fp32 [m, n].
 // attnops_bf16_gemm_grad is the backward's dP GEMM with dS = P (dP - D) formed in its registers and written rounded
-// to bf16 (no fp32 dP or dS tile); attnops_transpose16 transposes the dK/dV GEMMs' bf16 operands.
+// to bf16 (no fp32 dP or dS tile); attnops_transpose16 transposes the dK/dV GEMMs' bf16 operands;
+// attnops_bf16_backward_tiles and attnops_bf16_forward_tiles run a job's tiles from a table (bf16_tiles.py).
 //
 // vdpbf16ps multiplies pairs of bf16 exactly and adds them to fp32 lanes: the products are those of an fp32 GEMM
 // on the widened operands; only the order of the fp32 sums differs, and denormal inputs and results are flushed
@@ -294,21 +295,21 @@ int attnops_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, floa
 int attnops_softmax_probs(float* s, int64_t rows, int64_t cols, int64_t ld, const float* m, const float* neg_log2_l,
                           uint16_t* out16, int64_t ld16, int64_t lo, int64_t hi, int64_t prefix);
 
-// One tile of the bf16 backward (r query rows x c keys, head dims d and dv) in one call: the engine's six calls of
-// a tile without explicit mask, pse, dropout or softcap, in the same order (so the same bits), without the GIL
-// between them. From the staged operands Q [r, d] and Q^T [d, r], dy [r, dv] and dy^T [dv, r], the tile's keys
-// K [c, d] and values V [c, dv], the rows' statistics m and -log2(l) and delta: S = alpha Q K^T (s, fp32), masked
-// by the tile's band (lo, hi, prefix: see attnops_softmax_block; register tiles it masks whole are not computed),
+// One tile of the bf16 backward (r query rows x c keys, head dims d and dv): the engine's six calls of a tile
+// without explicit mask, pse, dropout or softcap, in the same order (so the same bits), without the GIL between
+// them. From the staged operands Q [r, d] and Q^T [d, r], dy [r, dv] and dy^T [dv, r], the tile's keys K [c, d]
+// and values V [c, dv], the rows' statistics m and -log2(l) and delta: S = alpha Q K^T (s, fp32), masked by the
+// tile's band (lo, hi, prefix: see attnops_softmax_block; register tiles it masks whole are not computed),
 // P = exp2(...) in place with its bf16 copy p16, dV^T += dy^T P (tv [dv, c]), ds16 = P (dy V^T - delta) (0 where
 // unit_zero and P == 1), dQ += alpha dS K (dq [r, d]), dK^T += alpha Q^T dS (tk [d, c]). Returns 0; 1 where the
 // GEMM is not available; 2 for dv > 256 (see attnops_bf16_gemm_grad).
-int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
-                               const uint16_t* qt, int64_t ldqt, const uint16_t* dy, int64_t lddy, const uint16_t* dyt,
-                               int64_t lddyt, const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv,
-                               const float* m, const float* neg_log2_l, const float* delta, int unit_zero, float alpha,
-                               float* s, int64_t lds, uint16_t* p16, int64_t ldp16, uint16_t* ds16, int64_t ldds,
-                               float* dq, int64_t lddq, float* tk, int64_t ldtk, float* tv, int64_t ldtv, int64_t lo,
-                               int64_t hi, int64_t prefix) {
+static int backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
+                         const uint16_t* qt, int64_t ldqt, const uint16_t* dy, int64_t lddy, const uint16_t* dyt,
+                         int64_t lddyt, const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv, const float* m,
+                         const float* neg_log2_l, const float* delta, int unit_zero, float alpha, float* s,
+                         int64_t lds, uint16_t* p16, int64_t ldp16, uint16_t* ds16, int64_t ldds, float* dq,
+                         int64_t lddq, float* tk, int64_t ldtk, float* tv, int64_t ldtv, int64_t lo, int64_t hi,
+                         int64_t prefix) {
   if (dv > 256 || dv == 0) return 2;  // attnops_bf16_gemm_grad's one reduction block, checked before any write
   int code = band_scores(r, c, d, q, ldq, k, ldk, s, lds, alpha, lo, hi, prefix);
   if (code) return code;
@@ -320,6 +321,103 @@ int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, cons
   return code;
 }
 
+}  // extern "C"
+
+namespace {
+
+// An operand of a job's tiles as attnops_bf16_backward_tiles and attnops_bf16_forward_tiles take it: heads x rows x
+// cols elements from address ptr, strides s_head and s_row, unit column stride (the caller checks the dtype and the
+// column stride).
+struct View {
+  int64_t ptr, heads, rows, cols, s_head, s_row;
+  template <class T>
+  T* at(int64_t h, int64_t i, int64_t j) const {
+    return reinterpret_cast<T*>(ptr) + h * s_head + i * s_row + j;
+  }
+  // Whether [h] x [i0, i1) x [j0, j1) is a non-empty part of the operand.
+  bool covers(int64_t h, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    return 0 <= h && h < heads && 0 <= i0 && i0 < i1 && i1 <= rows && 0 <= j0 && j0 < j1 && j1 <= cols;
+  }
+};
+
+// The operands of attnops_bf16_backward_tiles, in the order of its views argument.
+enum Operand { kQ, kDy, kM, kNegLog2L, kDelta, kDq, kK, kV, kTk, kTv, kS, kP16, kDs16, kQs, kQt, kDys, kDyt, kViews };
+constexpr int64_t kTableColumns = 9;  // h, r0, r1, c0, c1, lo, hi, prefix, tcol
+
+// Whether every tile of the table reads and writes inside its operands (checked before any tile runs).
+bool table_fits(int64_t n, const int64_t* table, const View* x) {
+  const int64_t d = x[kQ].cols, dv = x[kDy].cols;
+  bool ok = x[kDq].cols == d && x[kK].cols == d && x[kTk].rows == d && x[kV].cols == dv && x[kTv].rows == dv &&
+            x[kK].heads == 1 && x[kV].heads == 1 && x[kTk].heads == 1 && x[kTv].heads == 1;
+  for (int s : {kM, kNegLog2L, kDelta}) ok = ok && x[s].cols == 1 && x[s].s_row == 1;
+  for (int64_t t = 0; t < n && ok; ++t) {
+    const int64_t* e = table + t * kTableColumns;
+    const int64_t h = e[0], r0 = e[1], r1 = e[2], c0 = e[3], c1 = e[4], lo = e[5], hi = e[6], tcol = e[8];
+    const int64_t r = r1 - r0, c = c1 - c0;
+    for (int o : {kQ, kDy, kM, kNegLog2L, kDelta, kDq}) ok = ok && x[o].covers(h, r0, r1, 0, x[o].cols);
+    ok = ok && x[kK].covers(0, c0, c1, 0, d) && x[kV].covers(0, c0, c1, 0, dv) &&
+         x[kTk].covers(0, 0, d, tcol, tcol + c) && x[kTv].covers(0, 0, dv, tcol, tcol + c) && lo >= -r && hi <= c;
+    for (int w : {kS, kP16, kDs16}) ok = ok && x[w].covers(0, 0, 1, 0, r * c);
+    for (int w : {kQs, kQt}) ok = ok && x[w].covers(0, 0, 1, 0, r * d);
+    for (int w : {kDys, kDyt}) ok = ok && x[w].covers(0, 0, 1, 0, r * dv);
+  }
+  return ok;
+}
+
+// Rows [i0, i1) of head h of a bf16 operand staged as the engine stages them (tile_products.Bf16Products.rows and
+// transposed): *a (row stride *lda) is the rows, in place where they are dense, else copied densely into dense; t
+// receives their transpose [cols, rows].
+void stage_rows(const View& x, int64_t h, int64_t i0, int64_t i1, uint16_t* dense, uint16_t* t, const uint16_t** a,
+                int64_t* lda) {
+  const int64_t rows = i1 - i0, cols = x.cols;
+  *a = x.at<const uint16_t>(h, i0, 0);
+  *lda = x.s_row;
+  if (rows > 1 && x.s_row != cols) {
+    for (int64_t i = 0; i < rows; ++i) std::memcpy(dense + i * cols, *a + i * x.s_row, sizeof(uint16_t) * cols);
+    *a = dense;
+    *lda = cols;
+  }
+  attnops_transpose16(rows, cols, *a, *lda, t, rows);
+}
+
+}  // namespace
+
+extern "C" {
+
+// The one-call backward tiles of a job (of one KV head) in one call, in the table's order: n rows of
+// (h, r0, r1, c0, c1, lo, hi, prefix, tcol), each the tile of query head h, rows [r0, r1) and keys [c0, c1) with its
+// band (lo, hi, prefix), whose dK^T/dV^T sums go to columns [tcol, tcol + c1 - c0) of tk/tv. views: kViews
+// operands of 6 int64 (View): Q [G, Sq, d] and dy [G, Sq, dv] (bf16), m, -log2(l), delta [G, Sq, 1] and
+// dq [G, Sq, d] (fp32), K [1, Skv, d] and V [1, Skv, dv] (bf16), tk [1, d, W] and tv [1, dv, W] (fp32), then the
+// workspaces (1 x 1 x size): s (fp32), p16, ds16, the staged Q and dy rows and their transposes (bf16). The rows of
+// a (h, r0, r1) are staged and transposed where they differ from the previous tile's. Returns 0; 1 where the GEMM
+// is not available; 2 for dv > 256; 3 (before any write) where a tile would read or write outside its operands.
+int attnops_bf16_backward_tiles(int64_t n, const int64_t* table, const int64_t* views, int unit_zero, float alpha) {
+  View x[kViews];
+  std::memcpy(x, views, sizeof x);
+  if (!table_fits(n, table, x)) return 3;
+  const int64_t d = x[kQ].cols, dv = x[kDy].cols;
+  uint16_t *qt = x[kQt].at<uint16_t>(0, 0, 0), *dyt = x[kDyt].at<uint16_t>(0, 0, 0);
+  const uint16_t *q = nullptr, *dy = nullptr;
+  int64_t ldq = 0, lddy = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t* e = table + t * kTableColumns;
+    const int64_t h = e[0], r0 = e[1], r1 = e[2], c0 = e[3], c1 = e[4], r = r1 - r0, c = c1 - c0;
+    if (t == 0 || h != e[-kTableColumns] || r0 != e[1 - kTableColumns] || r1 != e[2 - kTableColumns]) {
+      stage_rows(x[kQ], h, r0, r1, x[kQs].at<uint16_t>(0, 0, 0), qt, &q, &ldq);
+      stage_rows(x[kDy], h, r0, r1, x[kDys].at<uint16_t>(0, 0, 0), dyt, &dy, &lddy);
+    }
+    const int code = backward_tile(
+        r, c, d, dv, q, ldq, qt, r, dy, lddy, dyt, r, x[kK].at<const uint16_t>(0, c0, 0), x[kK].s_row,
+        x[kV].at<const uint16_t>(0, c0, 0), x[kV].s_row, x[kM].at<const float>(h, r0, 0),
+        x[kNegLog2L].at<const float>(h, r0, 0), x[kDelta].at<const float>(h, r0, 0), unit_zero, alpha,
+        x[kS].at<float>(0, 0, 0), c, x[kP16].at<uint16_t>(0, 0, 0), c, x[kDs16].at<uint16_t>(0, 0, 0), c,
+        x[kDq].at<float>(h, r0, 0), x[kDq].s_row, x[kTk].at<float>(0, 0, e[8]), x[kTk].s_row,
+        x[kTv].at<float>(0, 0, e[8]), x[kTv].s_row, e[5], e[6], e[7]);
+    if (code) return code;
+  }
+  return 0;
+}
 
 // A column block of the forward for r query rows in one call: the engine's calls of a tile without explicit mask,
 // pse, dropout or softcap, in their order (so the same bits), without the GIL between them. S = alpha Q K^T (s,
@@ -329,10 +427,10 @@ int attnops_bf16_backward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, cons
 // first block (rescale null) O = P V (o [r, dv]); a later one pv = P V, then O = O * rescale + pv, rounded after
 // the product and after the sum as the engine's two tensor operations (two loops: no fused multiply-add). Returns
 // 0; 1 where the GEMM is not available.
-int attnops_bf16_forward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
-                              const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv, float alpha, float* m,
-                              float* l, float* rescale, int clamp, float* s, int64_t lds, uint16_t* p16, int64_t ldp16,
-                              float* pv, int64_t ldpv, float* o, int64_t ldo, int64_t lo, int64_t hi, int64_t prefix) {
+static int forward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const uint16_t* q, int64_t ldq,
+                        const uint16_t* k, int64_t ldk, const uint16_t* v, int64_t ldv, float alpha, float* m,
+                        float* l, float* rescale, int clamp, float* s, int64_t lds, uint16_t* p16, int64_t ldp16,
+                        float* pv, int64_t ldpv, float* o, int64_t ldo, int64_t lo, int64_t hi, int64_t prefix) {
   int code = band_scores(r, c, d, q, ldq, k, ldk, s, lds, alpha, lo, hi, prefix);
   if (code) return code;
   const bool first = rescale == nullptr;
@@ -345,6 +443,78 @@ int attnops_bf16_forward_tile(int64_t r, int64_t c, int64_t d, int64_t dv, const
     for (int64_t j = 0; j < dv; ++j) row[j] += add[j];
   }
   return code;
+}
+
+
+}  // extern "C"
+
+namespace {
+
+// The operands of attnops_bf16_forward_tiles, in the order of its views argument.
+enum ForwardOperand { kFq, kFk, kFv, kFm, kFl, kFo, kFs, kFp16, kFpv, kFrescale, kFqs, kForwardViews };
+constexpr int64_t kForwardColumns = 10;  // r0, r1, c0, c1, lo, hi, prefix, first, clamp, orow
+
+// Whether every block of the forward's table reads and writes inside its operands (checked before any runs).
+bool forward_table_fits(int64_t n, const int64_t* table, const View* x) {
+  const int64_t d = x[kFq].cols, dv = x[kFv].cols;
+  bool ok = x[kFk].cols == d && x[kFo].cols == dv;
+  for (int o = kFq; o < kForwardViews; ++o) ok = ok && x[o].heads == 1;
+  for (int s : {kFm, kFl}) ok = ok && x[s].cols == 1 && x[s].s_row == 1;
+  for (int64_t t = 0; t < n && ok; ++t) {
+    const int64_t* e = table + t * kForwardColumns;
+    const int64_t r0 = e[0], r1 = e[1], c0 = e[2], c1 = e[3], lo = e[4], hi = e[5], orow = e[9];
+    const int64_t r = r1 - r0, c = c1 - c0;
+    ok = x[kFq].covers(0, r0, r1, 0, d) && x[kFm].covers(0, r0, r1, 0, 1) && x[kFl].covers(0, r0, r1, 0, 1) &&
+         x[kFk].covers(0, c0, c1, 0, d) && x[kFv].covers(0, c0, c1, 0, dv) &&
+         x[kFo].covers(0, orow, orow + r, 0, dv) && lo >= -r && hi <= c && (t > 0 || e[7]) &&
+         x[kFs].covers(0, 0, 1, 0, r * c) && x[kFp16].covers(0, 0, 1, 0, r * c) &&
+         x[kFpv].covers(0, 0, 1, 0, r * dv) && x[kFrescale].covers(0, 0, 1, 0, r) && x[kFqs].covers(0, 0, 1, 0, r * d);
+    // a later block continues the rows of the block before it
+    ok = ok && (e[7] || (r0 == e[-kForwardColumns] && r1 == e[1 - kForwardColumns] && orow == e[9 - kForwardColumns]));
+  }
+  return ok;
+}
+
+}  // namespace
+
+extern "C" {
+
+// The forward's column blocks of a job (row chunks of one query head) in one call, in the table's order: n rows of
+// (r0, r1, c0, c1, lo, hi, prefix, first, clamp, orow), each the block of rows [r0, r1) and keys [c0, c1) with its
+// band (lo, hi, prefix), the first block of its rows (first: m, l and O start there; clamp: see
+// attnops_softmax_block) or a later one of the same rows, whose O rows are rows [orow, orow + r1 - r0) of o. views:
+// kForwardViews operands of 6 int64 (View, one head each): Q [Sq, d] (bf16), K [Skv, d] and V [Skv, dv] (bf16),
+// m and l [Sq, 1] and O [rows, dv] (fp32), then the workspaces (1 x 1 x size): s (fp32), p16 (bf16), pv and
+// rescale (fp32), the staged Q rows (bf16). A first block stages its Q rows (dense, where they are not). Returns 0;
+// 1 where the GEMM is not available; 3 (before any write) where a block would read or write outside its operands.
+int attnops_bf16_forward_tiles(int64_t n, const int64_t* table, const int64_t* views, float alpha) {
+  View x[kForwardViews];
+  std::memcpy(x, views, sizeof x);
+  if (!forward_table_fits(n, table, x)) return 3;
+  const int64_t d = x[kFq].cols, dv = x[kFv].cols;
+  const uint16_t* q = nullptr;
+  int64_t ldq = d;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t* e = table + t * kForwardColumns;
+    const int64_t r0 = e[0], r1 = e[1], c0 = e[2], c1 = e[3], r = r1 - r0, c = c1 - c0;
+    if (e[7]) {
+      q = x[kFq].at<const uint16_t>(0, r0, 0);
+      ldq = x[kFq].s_row;
+      if (r > 1 && ldq != d) {
+        uint16_t* dense = x[kFqs].at<uint16_t>(0, 0, 0);
+        for (int64_t i = 0; i < r; ++i) std::memcpy(dense + i * d, q + i * ldq, sizeof(uint16_t) * d);
+        q = dense, ldq = d;
+      }
+    }
+    const int code = forward_tile(
+        r, c, d, dv, q, ldq, x[kFk].at<const uint16_t>(0, c0, 0), x[kFk].s_row, x[kFv].at<const uint16_t>(0, c0, 0),
+        x[kFv].s_row, alpha, x[kFm].at<float>(0, r0, 0), x[kFl].at<float>(0, r0, 0),
+        e[7] ? nullptr : x[kFrescale].at<float>(0, 0, 0), static_cast<int>(e[8]), x[kFs].at<float>(0, 0, 0), c,
+        x[kFp16].at<uint16_t>(0, 0, 0), c, x[kFpv].at<float>(0, 0, 0), dv, x[kFo].at<float>(0, e[9], 0),
+        x[kFo].s_row, e[4], e[5], e[6]);
+    if (code) return code;
+  }
+  return 0;
 }
 
 }  // extern "C"
