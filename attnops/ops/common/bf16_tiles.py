@@ -51,7 +51,9 @@ def _view(t: torch.Tensor, dtype: torch.dtype) -> list[int]:
     shape, strides = (1,) * (3 - t.dim()) + tuple(t.shape), (0,) * (3 - t.dim()) + t.stride()
     if t.dim() == 1:
         strides = (0, t.shape[0], 1)
-    return [t.data_ptr(), *shape, *strides[:2]]
+    # a dimension of size 1 has any stride: the dense one instead (a single row of an [Sq, 1] vector is consecutive)
+    strides = tuple(shape[2] * (shape[1] if i == 0 else 1) if shape[i] == 1 else strides[i] for i in range(2))
+    return [t.data_ptr(), *shape, *strides]
 
 
 class BackwardTiles(_TileTable):
