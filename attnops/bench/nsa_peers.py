@@ -88,7 +88,7 @@ def build_selected_flex(case: Case, inp: Inputs, device: torch.device) -> Runnab
     q = _folded(case, inp.q)
     k, v = (t.view(-1, n2, t.shape[-1]).permute(1, 0, 2).unsqueeze(0).expand(b, -1, -1, -1) for t in (inp.k, inp.v))
     counts = torch.full((b, n2, 1), count, dtype=torch.int32)
-    compiled = torch.compile(flex_attention)
+    compiled = torch.compile(flex_attention, dynamic=False)
     state = {}
 
     def run():
