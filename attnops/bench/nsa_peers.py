@@ -7,7 +7,7 @@ indices as attnops, so the gathers are part of their cost.
   group folded into the query rows (``q [B, N2, G, D]``);
 * ``flex-paged`` (selected attention): ``torch.compile``'d ``flex_attention`` reading the paged caches in place (a
   strided ``[1, N2, blocks * page, D]`` view) through a ``BlockMask`` of each (request, KV head)'s selected pages,
-  the mask built every call (needs ``select_block_size`` equal to the page size);
+  the mask built every call (needs ``select_block_size`` equal to the page size; compiled afresh for each case);
 * ``sdpa-folded-scores`` (compressed attention): every request's compressed keys gathered through the block table,
   SDPA folded for the output, and the probabilities ``softmax(q K^T * scale)`` (fp32) for the next step's blocks;
 * ``matmul-folded-scores`` (compressed attention): the same gather and probabilities, the output ``P V`` from them
@@ -88,6 +88,10 @@ def build_selected_flex(case: Case, inp: Inputs, device: torch.device) -> Runnab
     q = _folded(case, inp.q)
     k, v = (t.view(-1, n2, t.shape[-1]).permute(1, 0, 2).unsqueeze(0).expand(b, -1, -1, -1) for t in (inp.k, inp.v))
     counts = torch.full((b, n2, 1), count, dtype=torch.int32)
+    # a fresh compile per case, for this shape: past dynamo's recompile limit the calls would run the eager
+    # flex_attention (which ignores the block sparsity: every key), and the dynamic-shape recompile after a change
+    # of shape gave wrong fp16/bf16 results here
+    torch._dynamo.reset()
     compiled = torch.compile(flex_attention, dynamic=False)
     state = {}
 
