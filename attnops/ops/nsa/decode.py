@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..._core.checks import Described, check_int, check_scale, check_tensor, int_list, require
@@ -198,7 +199,11 @@ def _importance(p: Tensor, sel: CompressSelection, n_blocks: int) -> Tensor:
     k = torch.arange(n_blocks).unsqueeze(1)
     cols = m * (k + 1) - taps  # [n_blocks, taps]
     valid = (cols >= 0) & (cols < s2) & (k < s2 - 1)
-    return (p[..., cols.clamp(0, s2 - 1)] * (times * valid).to(p.dtype)).sum(-1)
+    # p[..., cols.clamp(0, S2 - 1)] without a gather (slower): window k of p padded with its edge values holds
+    # columns m * (k + 1) - taps in reverse order
+    edges = F.pad(p.reshape(-1, 1, s2), (m + nn - 2, max(0, m * n_blocks - s2 + 1)), mode="replicate")
+    windows = edges[..., m:].unfold(-1, m + nn - 1, m)[..., :n_blocks, :].flip(-1).view(*p.shape[:-1], n_blocks, -1)
+    return (windows * (times * valid).to(p.dtype)).sum(-1)
 
 
 def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Tensor, value: Tensor,
