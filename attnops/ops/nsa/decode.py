@@ -93,8 +93,8 @@ def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, 
     require(lens is not None and len(lens) == batch, lens_name, f"B={batch} per-request KV lengths", lens)
     for b, n in enumerate(lens):
         require(0 <= n <= capacity, f"{lens_name}[{b}]", f"a length in [0, {capacity}] (the block_table's pages)", n)
-    if validation_enabled(block_table.device):
-        check_block_table(block_table, lens, page, key.shape[0], lengths_name=lens_name)
+    if validation_enabled(block_table.device) and not bool(valid_ids(block_table, key.shape[0]).all()):
+        check_block_table(block_table, lens, page, key.shape[0], lengths_name=lens_name)  # entries past a length
     return PagedKV(batch, n1, n2, value.shape[-1], tuple(lens), check_scale("scale_value", scale_value), capacity,
                    rounding)
 
@@ -108,7 +108,10 @@ def check_selected_topk(kv: PagedKV, topk_indices: Tensor, *, select_block_size:
     check_tensor("topk_indices", topk_indices, dtypes=(torch.int32, torch.int64), shape=(kv.batch, kv.n2, count))
     if kv.kv_lens is None or not validation_enabled(topk_indices.device):
         return block  # unvalidated: a kernel reads a negative index or one past the length as nothing
-    topk = topk_indices.detach().cpu()
+    topk = topk_indices.detach().to("cpu", torch.int64)
+    in_length = (topk >= 0) & (topk * block < torch.tensor(kv.kv_lens).view(-1, 1, 1))
+    if bool((in_length | (topk == PAD)).all()):  # the common case, checked cheaply (entries after a -1 are not read)
+        return block
     check_index_rows("topk_indices", topk, entries_read(topk, torch.tensor(count)),
                      torch.tensor(kv.kv_lens).view(-1, 1), unit=block, what="the request's KV length")
     return block
