@@ -349,8 +349,8 @@ def _nsa_decode_cases() -> tuple[Case, ...]:
 
 register_suite(Suite(
     name="nsa-cpu-decode",
-    description="NSA decoding on the CPU: the module's step at 16k with NSACache vs recomputing, its memory, the "
-                "decode operators vs their PyTorch peers (1 and 2 threads) and the read bandwidth",
+    description="NSA decoding on the CPU: the module's step with NSACache vs recomputing, its memory; the decode "
+                "operators vs their PyTorch peers",
     details="attnops.nn.NativeSparseAttention(hidden 512, N1=8, N2=2, D=64, compression 32/16, selection 64 x 16, "
             "window 512), fp32, B=1. nsa-module-decode: one token appended to a cache prefilled with 16384 tokens "
             "(each timed call on a fresh copy); baseline nsa-recompute: the module's forward over all 16385 tokens, "
