@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from . import golden_cpu
 from .decode_peers import peer_cases
 from .host_overhead import host_cases
+from .nsa_peers import infer_cases
 from .types import MODES, Case
 
 @dataclass(frozen=True)
@@ -343,27 +344,28 @@ def _nsa_decode_cases() -> tuple[Case, ...]:
                   baselines=("nsa-recompute",), **shape)
     memory = tuple(Case(name=f"nsa-module-prefill-decode-t{t}-n8-kvn2-d64-fp32", op="nsa_prefill_decode", skv=t,
                         baselines=(), track_memory=True, **shape) for t in (2048, 4096, 8192, 16384))
-    infer = tuple(Case(name=f"nsa-{op[4:-6]}-infer-b8-t{skv}-n32-kvn8-d128-{tag}", op=op, batch=8, heads=32,
-                       kv_heads=8, d=128, dv=128, sq=1, skv=skv, dtype=dtype, baselines=("read-bandwidth",),
-                       params={"block": 64, "count": 16, "stride": 16})
-                  for op, skv in (("nsa_selected_infer", 16384), ("nsa_compress_infer", 32768))
-                  for dtype, tag in (("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16")))
-    return (decode, *memory, *infer)
+    return (decode, *memory, *infer_cases())
 
 
 register_suite(Suite(
     name="nsa-cpu-decode",
-    description="NSA decoding on the CPU: the module's step at 16k with NSACache vs recomputing, its memory, the "
-                "decode operators vs read bandwidth",
+    description="NSA decoding on the CPU: the module's step with NSACache vs recomputing, its memory; the decode "
+                "operators vs their PyTorch peers",
     details="attnops.nn.NativeSparseAttention(hidden 512, N1=8, N2=2, D=64, compression 32/16, selection 64 x 16, "
             "window 512), fp32, B=1. nsa-module-decode: one token appended to a cache prefilled with 16384 tokens "
             "(each timed call on a fresh copy); baseline nsa-recompute: the module's forward over all 16385 tokens, "
             "its last output compared. nsa-module-prefill-decode: a fresh cache, prefill of T-16 tokens in chunks of "
             "1024, 16 decode steps; time and peak resident memory. nsa-selected-infer / nsa-compress-infer: "
-            "the decode operators alone, B=8, N1=32, N2=8, D=128, paged caches in shuffled 64-token pages: 16 selected "
-            "blocks of 64 per request and KV head out of 16384 keys, or 2048 compressed keys (32768 tokens, stride "
-            "16); ratio read-bandwidth/attnops = the fraction of the read bandwidth (torch.sum over as many bytes as "
-            "the keys and values read, measured in the same run)",
+            "the decode operators alone, N1=32, N2=8, D=128, paged caches in shuffled 64-token pages, B=1 x 32k and "
+            "B=8 x 4k contexts, every implementation on the case's thread count: 16 selected blocks of 64 per "
+            "request and KV head, or the context's compressed keys (stride 16) and the next step's 16 blocks. "
+            "Peers, from the same paged caches each call: sdpa-folded-gather (the selected rows gathered, SDPA with "
+            "the GQA group folded into the query rows), flex-paged (compiled flex_attention over the paged cache "
+            "with a block mask of the selected pages), sdpa-folded-scores / matmul-folded-scores (the compressed "
+            "keys gathered, the output by SDPA or from the fp32 probabilities, and the same block scores and top-k; "
+            "flex_attention returns no probabilities, so it is no peer there); 'strongest peer' names the fastest "
+            "per case. ratio read-bandwidth/attnops = the fraction of the read bandwidth (torch.sum over as many "
+            "bytes as the keys and values read); attnops-1t: attnops on one thread in the two-thread cases",
     cases=_nsa_decode_cases(), device="cpu", repeat=2, warmup=1))
 
 

@@ -156,11 +156,3 @@ def build_ort_gqa(case: Case, inp: Inputs, device: torch.device) -> Runnable:
         raise Unavailable(f"onnxruntime: {str(e).splitlines()[0][:200]}") from None
     return Runnable(run, output=output)
 
-
-def build_attnops_one_thread(case: Case, inp: Inputs, device: torch.device) -> Runnable:
-    """attnops on one thread (see the module docstring)."""
-    from .sparse_infer import build_fia
-
-    r = build_fia(case, inp, device)
-    r.threads = 1
-    return r

@@ -153,6 +153,14 @@ def build_attnops(case: Case, inp: Inputs, device: torch.device) -> Runnable:
     return r
 
 
+def build_attnops_one_thread(case: Case, inp: Inputs, device: torch.device) -> Runnable:
+    """attnops on one thread (in the two-thread cases of the CPU decode suites: the ratio ``attnops-1t / attnops``
+    is what the second thread gains)."""
+    r = build_attnops(case, inp, device)
+    r.threads = 1
+    return r
+
+
 # ------------------------------------------------------------------------------------------------ baselines
 
 
@@ -304,7 +312,11 @@ BUILDERS: dict[str, Callable[[Case, Inputs, torch.device], Runnable]] = {
     "sdpa-folded": lambda c, i, d: _decode_peers().build_sdpa_folded(c, i, d),
     "flex-folded": lambda c, i, d: _decode_peers().build_flex_folded(c, i, d),
     "ort-gqa": lambda c, i, d: _decode_peers().build_ort_gqa(c, i, d),
-    "attnops-1t": lambda c, i, d: _decode_peers().build_attnops_one_thread(c, i, d),
+    "attnops-1t": lambda c, i, d: build_attnops_one_thread(c, i, d),
+    "sdpa-folded-gather": lambda c, i, d: _nsa_peers().build_selected_sdpa(c, i, d),
+    "flex-paged": lambda c, i, d: _nsa_peers().build_selected_flex(c, i, d),
+    "sdpa-folded-scores": lambda c, i, d: _nsa_peers().build_compress_peer(c, i, d, fused_softmax=True),
+    "matmul-folded-scores": lambda c, i, d: _nsa_peers().build_compress_peer(c, i, d, fused_softmax=False),
 }
 NOT_PEERS = ("read-bandwidth", "custom-op-floor", "nsa-recompute")  # references, not other libraries
 
@@ -319,6 +331,12 @@ def _decode_peers():
     from . import decode_peers
 
     return decode_peers
+
+
+def _nsa_peers():
+    from . import nsa_peers
+
+    return nsa_peers
 
 
 def _host_overhead():

@@ -121,10 +121,17 @@ def infer_inputs(case: Case, device: torch.device, seed: int):
 def build_infer(case: Case, inp, device):
     import attnops
 
+    from .nsa_peers import output_of_attnops
+
     p, kw = case.params, inp.kwargs
-    if case.op == "nsa_selected_infer":
-        return Runnable(lambda: attnops.nsa_selected_attention_infer(inp.q, inp.k, inp.v, kw["topk"], kw["table"],
-                                                                     kw["lens"], select_block_size=p["block"]))
-    return Runnable(lambda: attnops.nsa_compress_attention_infer(
-        inp.q, inp.k, inp.v, kw["table"], kw["lens"], compress_block_size=2 * p["stride"],
-        compress_stride=p["stride"], select_block_size=p["block"], select_block_count=p["count"]))
+    state = {}
+
+    def run():
+        if case.op == "nsa_selected_infer":
+            state["out"] = attnops.nsa_selected_attention_infer(inp.q, inp.k, inp.v, kw["topk"], kw["table"],
+                                                                kw["lens"], select_block_size=p["block"])
+        else:
+            state["out"] = attnops.nsa_compress_attention_infer(
+                inp.q, inp.k, inp.v, kw["table"], kw["lens"], compress_block_size=2 * p["stride"],
+                compress_stride=p["stride"], select_block_size=p["block"], select_block_count=p["count"])
+    return Runnable(run, output=lambda: output_of_attnops(case, state["out"]) if "out" in state else None)

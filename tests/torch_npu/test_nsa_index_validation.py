@@ -44,6 +44,14 @@ def test_bad_topk_and_table_are_errors():
         _select(q, k, v, TOPK, BAD_TABLE)
 
 
+def test_index_times_block_past_int32_is_an_error():
+    q, k, v = _inputs(torch.float32)
+    topk = TOPK.clone()
+    topk[1, 0, 0] = 2 ** 31 // BLOCK + 1  # index * block wraps around in int32
+    with pytest.raises(ParamInvalidError, match=rf"got topk_indices\[1, 0, 0\] = {2 ** 31 // BLOCK + 1}$"):
+        _select(q, k, v, topk.to(torch.int32), TABLE)
+
+
 def _check_masked(out, q, k, v, dtype):
     golden = golden_nsa.nsa_select_attention_infer(q, k, v, BAD_TOPK, BAD_TABLE, KV_LENS, 0.3, BLOCK)
     baseline = golden_nsa.nsa_select_attention_infer(q, k, v, BAD_TOPK, BAD_TABLE, KV_LENS, 0.3, BLOCK, dtype=dtype)

@@ -34,13 +34,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..._core.checks import Described, check_int, check_scale, check_tensor, int_list, require
 from ..._core.indices import (PAD, blocks_needed, check_block_table, check_index_rows, check_slots, entries_read,
                               valid_ids, validation_enabled)
 from ..common.npu_rounding import cast_output, npu_rounding, rounded_softmax
-from ..._core.parallel import run_jobs
+from ..._core.parallel import serial_ops
 from ..common.reference import compute_dtype
 from . import cpu_decode
 from .paged_kv import PagedKV, addressable, paged_rows
@@ -92,8 +93,8 @@ def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, 
     require(lens is not None and len(lens) == batch, lens_name, f"B={batch} per-request KV lengths", lens)
     for b, n in enumerate(lens):
         require(0 <= n <= capacity, f"{lens_name}[{b}]", f"a length in [0, {capacity}] (the block_table's pages)", n)
-    if validation_enabled(block_table.device):
-        check_block_table(block_table, lens, page, key.shape[0], lengths_name=lens_name)
+    if validation_enabled(block_table.device) and not bool(valid_ids(block_table, key.shape[0]).all()):
+        check_block_table(block_table, lens, page, key.shape[0], lengths_name=lens_name)  # entries past a length
     return PagedKV(batch, n1, n2, value.shape[-1], tuple(lens), check_scale("scale_value", scale_value), capacity,
                    rounding)
 
@@ -107,7 +108,10 @@ def check_selected_topk(kv: PagedKV, topk_indices: Tensor, *, select_block_size:
     check_tensor("topk_indices", topk_indices, dtypes=(torch.int32, torch.int64), shape=(kv.batch, kv.n2, count))
     if kv.kv_lens is None or not validation_enabled(topk_indices.device):
         return block  # unvalidated: a kernel reads a negative index or one past the length as nothing
-    topk = topk_indices.detach().cpu()
+    topk = topk_indices.detach().to("cpu", torch.int64)
+    in_length = (topk >= 0) & (topk * block < torch.tensor(kv.kv_lens).view(-1, 1, 1))
+    if bool((in_length | (topk == PAD)).all()):  # the common case, checked cheaply (entries after a -1 are not read)
+        return block
     check_index_rows("topk_indices", topk, entries_read(topk, torch.tensor(count)),
                      torch.tensor(kv.kv_lens).view(-1, 1), unit=block, what="the request's KV length")
     return block
@@ -191,14 +195,18 @@ def check_compress_selection(kv: PagedKV, *, compress_block_size: int, compress_
 
 
 def _importance(p: Tensor, sel: CompressSelection, n_blocks: int) -> Tensor:
-    """Block scores ``[N1, n_blocks]`` from the probabilities ``p [N1, S2]`` (see the module docstring)."""
+    """Block scores ``[..., n_blocks]`` from the probabilities ``p [..., S2]`` (see the module docstring)."""
     m, nn, s2 = sel.select_block // sel.stride, sel.block // sel.stride, p.shape[-1]
     taps = torch.arange(m + nn - 1)
     times = torch.minimum(torch.minimum(taps + 1, torch.tensor(min(m, nn))), m + nn - 1 - taps)
     k = torch.arange(n_blocks).unsqueeze(1)
     cols = m * (k + 1) - taps  # [n_blocks, taps]
     valid = (cols >= 0) & (cols < s2) & (k < s2 - 1)
-    return (p[:, cols.clamp(0, s2 - 1)] * (times * valid).to(p.dtype)).sum(-1)
+    # p[..., cols.clamp(0, S2 - 1)] without a gather (slower): window k of p padded with its edge values holds
+    # columns m * (k + 1) - taps in reverse order
+    edges = F.pad(p.reshape(-1, 1, s2), (m + nn - 2, max(0, m * n_blocks - s2 + 1)), mode="replicate")
+    windows = edges[..., m:].unfold(-1, m + nn - 1, m)[..., :n_blocks, :].flip(-1).view(*p.shape[:-1], n_blocks, -1)
+    return (windows * (times * valid).to(p.dtype)).sum(-1)
 
 
 def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Tensor, value: Tensor,
@@ -210,9 +218,7 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Ten
         out, probs = cpu_decode.compress_attention(kv, query, key, value, block_table)
     else:
         out, probs = _compress_attention(kv, query, key, value, block_table)
-    topk = torch.zeros(kv.batch, kv.n2, sel.count, dtype=torch.int32, device=query.device)
-    run_jobs(lambda b: topk[b].copy_(_next_blocks(kv, sel, probs[b], query.device)), range(kv.batch), query.device)
-    return cast_output(kv.rounding, out, query.dtype), topk
+    return cast_output(kv.rounding, out, query.dtype), _all_next_blocks(kv, sel, probs, query.device)
 
 
 def _blocks_in_cache(kv: PagedKV, block_table: Tensor, key: Tensor) -> bool:
@@ -244,14 +250,30 @@ def _compress_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor,
     return out, probs
 
 
+@serial_ops()  # small tensor operations (serial_ops says why)
+def _all_next_blocks(kv: PagedKV, sel: CompressSelection, probs: list[Tensor], device: torch.device) -> Tensor:
+    """Every request's next selection blocks ``[B, N2, count]`` int32 from its probabilities ``probs[b] [N1, S2_b]``,
+    the requests of one length together."""
+    topk = torch.zeros(kv.batch, kv.n2, sel.count, dtype=torch.int32, device=device)
+    by_length: dict[int, list[int]] = {}
+    for b, p in enumerate(probs):
+        by_length.setdefault(p.shape[-1], []).append(b)
+    for rows in by_length.values():
+        picked = _next_blocks(kv, sel, torch.stack([probs[b] for b in rows]), device)
+        if len(rows) == kv.batch:
+            return picked
+        topk[rows] = picked
+    return topk
+
+
 def _next_blocks(kv: PagedKV, sel: CompressSelection, p: Tensor, device: torch.device) -> Tensor:
-    """A request's next selection blocks ``[N2, count]`` from its probabilities ``p [N1, S2]``: the forced ones,
-    then the best others by descending score."""
+    """The next selection blocks ``[R, N2, count]`` of ``R`` requests of one length from their probabilities
+    ``p [R, N1, S2]``: the forced ones, then the best others by descending score."""
     n_blocks = sel.blocks(p.shape[-1])
-    score = _importance(p, sel, n_blocks).view(kv.n2, -1, n_blocks).sum(1)  # [N2, n_blocks]
-    middle = torch.sort(nan_ranked(score[:, 1:n_blocks - 2]), dim=-1, descending=True, stable=True).indices + 1
-    forced = torch.tensor([0, n_blocks - 2, n_blocks - 1], device=device).expand(kv.n2, FORCED)
-    return torch.cat([forced, middle[:, :sel.count - FORCED]], -1).to(torch.int32)
+    score = _importance(p, sel, n_blocks).view(p.shape[0], kv.n2, -1, n_blocks).sum(2)  # [R, N2, n_blocks]
+    middle = torch.sort(nan_ranked(score[..., 1:n_blocks - 2]), dim=-1, descending=True, stable=True).indices + 1
+    forced = torch.tensor([0, n_blocks - 2, n_blocks - 1], device=device).expand(p.shape[0], kv.n2, FORCED)
+    return torch.cat([forced, middle[..., :sel.count - FORCED]], -1).to(torch.int32)
 
 
 # ------------------------------------------------------------------------------------------------- compression
