@@ -100,6 +100,8 @@ def run_jobs(job: Callable[[T], None], items: Sequence[T], device: torch.device)
         for item in items:
             job(item)
         return
+    if not items:  # no region: its threads would have to arrive at its end, on a busy machine milliseconds late
+        return
 
     inference = torch.is_inference_mode_enabled()  # grad and inference modes are per thread: carry the caller's
 
@@ -108,7 +110,10 @@ def run_jobs(job: Callable[[T], None], items: Sequence[T], device: torch.device)
             job(item)
 
     team = _openmp_team()
-    errors = team.run(threads, guarded, items) if team is not None else _run_on_pool(threads, guarded, items)
+    if team is not None:  # no more threads than jobs (one job: on the caller, its operators single-threaded)
+        errors = team.run(min(threads, len(items)), guarded, items)
+    else:
+        errors = _run_on_pool(threads, guarded, items)
     if errors:
         raise errors[0]
 

@@ -56,6 +56,22 @@ def test_one_thread_runs_the_jobs_in_the_caller(runner):
     assert ids == [(threading.get_native_id(), 1)] * 3
 
 
+def test_no_jobs_wake_no_worker_and_one_job_runs_on_the_caller(runner, monkeypatch):
+    """An empty list opens no parallel region (its threads would have to arrive at its end: on a busy machine
+    milliseconds late); a single job runs on the calling thread, its operators single-threaded."""
+    regions = []
+    if runner == "openmp_team":
+        team = parallel._openmp_team()
+        monkeypatch.setattr(type(team), "run", lambda self, threads, job, items, run=type(team).run: (
+            regions.append(threads), run(self, threads, job, items))[1])
+    run_jobs(lambda _: pytest.fail("no job expected"), [], CPU)
+    seen = []
+    run_jobs(lambda _: seen.append((threading.get_native_id(), torch.get_num_threads())), [0], CPU)
+    assert regions == ([1] if runner == "openmp_team" else [])
+    if runner == "openmp_team":
+        assert seen == [(threading.get_native_id(), 1)]
+
+
 def test_a_failing_job_raises_after_the_jobs_that_started_ended(runner):
     done, gate = [], threading.Barrier(2, timeout=30)
 
