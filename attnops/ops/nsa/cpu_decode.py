@@ -92,6 +92,8 @@ def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, b
     q = query.to(F32).mul(kv.scale).contiguous().view(batch * n2, 1, g, -1)  # the kernel reads q by address
     m, total, o = (torch.empty(batch * n2, 1, g, *extra, dtype=F32) for extra in ((), (), (kv.dv,)))
     _chunks(runs, counts, tokens, q, (key.dtype, value.dtype), kv.dv, (m, total, o))
+    if all(tokens):  # every head has keys (the common case: one operation)
+        return o.div_(total.unsqueeze(-1)).view(batch, kv.n1, kv.dv)
     has_keys = torch.tensor(tokens).view(-1, 1, 1, 1) > 0
     out = torch.where(has_keys, o / torch.where(has_keys, total.unsqueeze(-1), 1.0), 0.0)
     return out.view(batch, kv.n1, kv.dv)
