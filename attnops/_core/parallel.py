@@ -147,8 +147,9 @@ class _OpenMPTeam:
             inside = getattr(_state, "worker", False)
             _state.worker = True
             torch.get_num_threads()  # PyTorch's lazy per-thread init first: it would reset the count below
-            counts = [set_count(1) for set_count in _thread_setters()]  # nested regions: one thread (a team of
-            try:  # one, or OMP_NESTED, would let them run several)
+            # the jobs' own regions on one thread (in a region of one thread, or with OMP_NESTED, they could run more)
+            counts = [set_count(1) for set_count in _thread_setters()]
+            try:
                 for item in todo:  # next() runs under the GIL: each item is taken once
                     if errors:
                         break
