@@ -74,6 +74,17 @@ def kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE: tl.constexpr, KV_LENS:
 
 
 @triton.jit
+def key_limit(kv_len, q_len, row, valid, CAUSAL: tl.constexpr):
+    """How many of its batch's first keys a query row sees: all ``kv_len``, or with ``CAUSAL`` those up to its
+    bottom-right-aligned diagonal (``kv_len - q_len + row + 1``: negative where it sees none); 0 for a row that is no
+    real query."""
+    limit = kv_len
+    if CAUSAL:
+        limit = tl.minimum(kv_len, kv_len - q_len + row + 1)
+    return tl.where(valid, limit, 0)
+
+
+@triton.jit
 def key_rows(bt_ptr, b, pos, ok, kv_start, bt_sb, page, n_pages, KV_MODE: tl.constexpr):
     """``(outer, inner, ok)``: the coordinates of batch ``b``'s key positions ``pos`` (masked by ``ok``): dense
     ``(b, pos)``, packed ``(0, start + pos)``, paged ``(block id, pos % page)``; a row's offset in a tensor is

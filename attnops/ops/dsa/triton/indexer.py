@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from ...._core.triton.helpers import upcast
-from ...common.triton.token_rows import head_rows, kv_range, query_row
+from ...common.triton.token_rows import head_rows, key_limit, kv_range, query_row
 from ...common.triton.topk import streaming_topk, topk_positions, topk_scores
 
 
@@ -22,10 +22,7 @@ def indexer_topk_kernel(q_ptr, k_ptr, w_ptr, idx_ptr, val_ptr, q_lens_ptr, kv_le
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     b, token, row, q_len, valid = query_row(q_lens_ptr, q_lens_stride, s1, n_batch, Q_PACKED, Q_LENS)
     kv_start, kv_len = kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE, KV_LENS)
-    limit = kv_len
-    if CAUSAL:
-        limit = tl.minimum(kv_len, kv_len - q_len + row + 1)
-    limit = tl.where(valid, tl.maximum(limit, 0), 0)
+    limit = tl.maximum(key_limit(kv_len, q_len, row, valid, CAUSAL), 0)
     q = upcast(head_rows(q_ptr, b, token, 0, heads, q_sb, q_st, q_sh, head_d, BLOCK_H, BLOCK_D), UPCAST)
     h = tl.arange(0, BLOCK_H)
     w = tl.load(w_ptr + b.to(tl.int64) * w_sb + token * w_st + h * w_sh, mask=h < heads, other=0.0).to(tl.float32)

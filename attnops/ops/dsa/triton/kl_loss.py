@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ...._core.triton.helpers import FLT_LOWEST, LOG2E, base2_max, upcast
 from ...common.triton.inverted_lists import list_chunk
-from ...common.triton.token_rows import head_rows, key_rows, kv_range, load_rows, query_row
+from ...common.triton.token_rows import head_rows, key_limit, key_rows, kv_range, load_rows, query_row
 from .sparse_attention import entry_count
 from .sparse_attention_bwd import _chunked_product, _pair_offsets, _probabilities, _write_list_keys
 
@@ -57,10 +57,7 @@ def indexer_kl_loss_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, qi_ptr, ki_ptr, w_ptr, 
     """One query row's loss, ``d_weights``, ``d_query_index``, ``dI`` and list keys (see the module docstring)."""
     b, token, row, q_len, valid = query_row(q_lens_ptr, q_lens_stride, s1, n_batch, Q_PACKED, Q_LENS)
     kv_start, kv_len = kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE, KV_LENS)
-    limit = kv_len
-    if CAUSAL:
-        limit = tl.minimum(kv_len, kv_len - q_len + row + 1)
-    limit = tl.where(valid, tl.maximum(limit, 0), 0)
+    limit = tl.maximum(key_limit(kv_len, q_len, row, valid, CAUSAL), 0)
     r = token
     if not Q_PACKED:
         r += b.to(tl.int64) * s1

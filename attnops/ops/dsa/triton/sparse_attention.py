@@ -33,7 +33,7 @@ import triton.language as tl
 from ...._core.triton.helpers import FLT_LOWEST, LOG2E, upcast
 from ...common.triton.common import nan_aware_max
 from ...common.triton.split_merge import merge_splits, split_offset
-from ...common.triton.token_rows import head_rows, key_rows, kv_range, load_rows, query_row
+from ...common.triton.token_rows import head_rows, key_limit, key_rows, kv_range, load_rows, query_row
 
 SCALE_TILE: tl.constexpr = tl.constexpr(128)  # latent columns per dequantization scale
 # quantized cache: latent columns dequantized per score product and per value product (each inside one scale's
@@ -178,10 +178,7 @@ def sparse_attention_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, ks_ptr, idx_ptr
                             UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     b, token, row, q_len, valid = query_row(q_lens_ptr, q_lens_stride, s1, n_batch, Q_PACKED, Q_LENS)
     kv_start, kv_len = kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE, KV_LENS)
-    limit = kv_len
-    if CAUSAL:
-        limit = tl.minimum(kv_len, kv_len - q_len + row + 1)
-    limit = tl.where(valid, limit, 0)
+    limit = key_limit(kv_len, q_len, row, valid, CAUSAL)
     split = tl.program_id(2) % splits
     tile = tl.program_id(2) // splits
     head0 = (tile // dv_tiles) * BLOCK_H

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ...._core.triton.helpers import LOG2E, upcast
 from ...common.triton.inverted_lists import list_chunk
-from ...common.triton.token_rows import head_rows, key_rows, kv_range, load_rows, query_row
+from ...common.triton.token_rows import head_rows, key_limit, key_rows, kv_range, load_rows, query_row
 from .sparse_attention import entry_count
 
 TINY: tl.constexpr = tl.constexpr(1.1754943508222875e-38)  # the reference's clamp of an empty row's sum
@@ -68,10 +68,7 @@ def sparse_attention_dq_kernel(q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, idx_ptr, o_p
     row's head tile (``program_id(2)``: head tile x ``dq_tiles`` column tiles); see the module docstring."""
     b, token, row, q_len, valid = query_row(q_lens_ptr, q_lens_stride, s1, n_batch, Q_PACKED, Q_LENS)
     kv_start, kv_len = kv_range(kv_lens_ptr, kv_lens_stride, b, s2, KV_MODE, KV_LENS)
-    limit = kv_len
-    if CAUSAL:
-        limit = tl.minimum(kv_len, kv_len - q_len + row + 1)
-    limit = tl.where(valid, limit, 0)
+    limit = key_limit(kv_len, q_len, row, valid, CAUSAL)
     head0 = (tl.program_id(2) // dq_tiles) * BLOCK_H
     dq0 = (tl.program_id(2) % dq_tiles) * BLOCK_DQ
     dtype = q_ptr.dtype.element_ty
