@@ -53,14 +53,17 @@ def rotated(cases: list) -> list:
 @pytest.fixture(params=["kernel", "pytorch"])
 def cpu_path(request, monkeypatch):
     """The C++ decode kernel (where it builds), then the pure-PyTorch path (the kernel switched off in-process).
-    With the kernel: the list of its calls (each a table of chunks), so a test can check that it ran; else None."""
+    With the kernel: the list of its calls (a table of chunks, or a paged call), so a test can check that it ran;
+    else None."""
     if request.param == "pytorch":
         monkeypatch.setattr(cpu_kernels, "_state", {"lib": None, "why": "switched off by the test"})
         return None
     if cpu_kernels.library() is None:
         pytest.skip(f"no C++ decode kernel: {cpu_kernels.status()}")
-    calls, real = [], cpu_kernels.decode_chunks
-    monkeypatch.setattr(cpu_kernels, "decode_chunks", lambda rows: (calls.append(rows), real(rows))[1])
+    calls = []
+    for entry in ("decode_chunks", "paged_attention"):
+        real = getattr(cpu_kernels, entry)
+        monkeypatch.setattr(cpu_kernels, entry, lambda arg, real=real: (calls.append(arg), real(arg))[1])
     return calls
 
 

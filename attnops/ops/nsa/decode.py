@@ -31,6 +31,7 @@ clamped to the block table's capacity.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..._core.checks import Described, check_int, check_scale, check_tensor, int_list, require
-from ..._core.indices import (PAD, blocks_needed, check_block_table, check_index_rows, check_slots, entries_read,
+from ..._core.indices import (PAD, check_block_table, check_index_rows, check_slots, entries_read,
                               valid_ids, validation_enabled)
 from ..common.npu_rounding import cast_output, npu_rounding, rounded_softmax
 from ..._core.parallel import serial_ops
@@ -126,24 +127,12 @@ def _chosen(topk: Tensor) -> list[Tensor]:
     return out
 
 
-def _selected_ranges(kv: PagedKV, block: int, topk_indices: Tensor) -> tuple[Tensor, Tensor]:
-    """The key positions ``[starts, ends)`` ``[B, N2, count]`` each index of ``topk_indices`` selects: its block cut
-    at the request's length; empty from the first ``-1`` on."""
-    topk = topk_indices.long()
-    chosen = (topk != PAD).cumprod(-1).bool() & (topk >= 0)
-    lens = torch.tensor(kv.kv_lens, dtype=torch.int64).view(-1, 1, 1)
-    starts = torch.where(chosen, torch.minimum(topk.clamp(min=0) * block, lens), 0)
-    return starts, torch.where(chosen, torch.minimum(starts + block, lens), 0)
-
-
 def selected_decode(kv: PagedKV, block: int, query: Tensor, key: Tensor, value: Tensor, topk_indices: Tensor,
                     block_table: Tensor, lens: Tensor | None = None) -> Tensor:
     """``attention_out [B, N1, Dv]`` (``lens``: the lengths when ``kv`` holds none)."""
     kv = kv.with_lengths(lens)
     if cpu_decode.unsupported(kv, query, key, value) is None:
-        out = cpu_decode.selected_attention(kv, query, key, value, block_table,
-                                            *_selected_ranges(kv, block, topk_indices))
-        return out.to(query.dtype)
+        return cpu_decode.selected_attention(kv, query, key, value, block_table, topk_indices, block).to(query.dtype)
     acc = compute_dtype(query.dtype)
     out = torch.zeros(kv.batch, kv.n1, kv.dv, dtype=acc, device=query.device)
     g = kv.n1 // kv.n2
@@ -194,19 +183,27 @@ def check_compress_selection(kv: PagedKV, *, compress_block_size: int, compress_
     return spec
 
 
-def _importance(p: Tensor, sel: CompressSelection, n_blocks: int) -> Tensor:
-    """Block scores ``[..., n_blocks]`` from the probabilities ``p [..., S2]`` (see the module docstring)."""
-    m, nn, s2 = sel.select_block // sel.stride, sel.block // sel.stride, p.shape[-1]
+@functools.lru_cache(maxsize=64)
+def _tap_weights(m: int, nn: int, s2: int, n_blocks: int, dtype: torch.dtype) -> Tensor:
+    """``times[t]`` of block ``k``'s column ``m * (k + 1) - t``, 0 where that column is outside ``[0, S2)`` or
+    ``k >= S2 - 1``: ``[n_blocks, taps]``, the taps in reverse order (as :func:`_importance`'s windows hold them).
+    Cached: the same for every step of a given length; never written to."""
     taps = torch.arange(m + nn - 1)
     times = torch.minimum(torch.minimum(taps + 1, torch.tensor(min(m, nn))), m + nn - 1 - taps)
     k = torch.arange(n_blocks).unsqueeze(1)
     cols = m * (k + 1) - taps  # [n_blocks, taps]
     valid = (cols >= 0) & (cols < s2) & (k < s2 - 1)
+    return (times * valid).flip(-1).to(dtype)
+
+
+def _importance(p: Tensor, sel: CompressSelection, n_blocks: int) -> Tensor:
+    """Block scores ``[..., n_blocks]`` from the probabilities ``p [..., S2]`` (see the module docstring)."""
+    m, nn, s2 = sel.select_block // sel.stride, sel.block // sel.stride, p.shape[-1]
     # p[..., cols.clamp(0, S2 - 1)] without a gather (slower): window k of p padded with its edge values holds
     # columns m * (k + 1) - taps in reverse order
     edges = F.pad(p.reshape(-1, 1, s2), (m + nn - 2, max(0, m * n_blocks - s2 + 1)), mode="replicate")
-    windows = edges[..., m:].unfold(-1, m + nn - 1, m)[..., :n_blocks, :].flip(-1).view(*p.shape[:-1], n_blocks, -1)
-    return (windows * (times * valid).to(p.dtype)).sum(-1)
+    windows = edges[..., m:].unfold(-1, m + nn - 1, m)[..., :n_blocks, :].view(*p.shape[:-1], n_blocks, -1)
+    return (windows * _tap_weights(m, nn, s2, n_blocks, p.dtype)).sum(-1)
 
 
 def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Tensor, value: Tensor,
@@ -214,18 +211,11 @@ def compress_decode(kv: PagedKV, sel: CompressSelection, query: Tensor, key: Ten
     """``(attention_out [B, N1, Dv], topk_indices [B, N2, count] int32)`` (``lens``: the lengths when ``kv`` holds
     none)."""
     kv = kv.with_lengths(lens)
-    if cpu_decode.unsupported(kv, query, key, value) is None and _blocks_in_cache(kv, block_table, key):
-        out, probs = cpu_decode.compress_attention(kv, query, key, value, block_table)
-    else:
-        out, probs = _compress_attention(kv, query, key, value, block_table)
+    result = None
+    if cpu_decode.unsupported(kv, query, key, value) is None:
+        result = cpu_decode.compress_attention(kv, query, key, value, block_table)  # None: keys outside the cache
+    out, probs = result or _compress_attention(kv, query, key, value, block_table)
     return cast_output(kv.rounding, out, query.dtype), _all_next_blocks(kv, sel, probs, query.device)
-
-
-def _blocks_in_cache(kv: PagedKV, block_table: Tensor, key: Tensor) -> bool:
-    """Whether every block the requests' keys occupy is in the cache (else the keys of the others are masked out,
-    which the per-request path does in place, keeping the columns of the block scores)."""
-    used = torch.arange(block_table.shape[1]) < blocks_needed(torch.tensor(kv.kv_lens), key.shape[1])[:, None]
-    return bool(valid_ids(block_table.cpu(), key.shape[0])[used].all())
 
 
 def _compress_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor,
@@ -270,7 +260,8 @@ def _next_blocks(kv: PagedKV, sel: CompressSelection, p: Tensor, device: torch.d
     """The next selection blocks ``[R, N2, count]`` of ``R`` requests of one length from their probabilities
     ``p [R, N1, S2]``: the forced ones, then the best others by descending score."""
     n_blocks = sel.blocks(p.shape[-1])
-    score = _importance(p, sel, n_blocks).view(p.shape[0], kv.n2, -1, n_blocks).sum(2)  # [R, N2, n_blocks]
+    grouped = p.view(p.shape[0], kv.n2, -1, p.shape[-1]).sum(2)  # the scores are linear in p: the group first
+    score = _importance(grouped, sel, n_blocks)  # [R, N2, n_blocks]
     middle = torch.sort(nan_ranked(score[..., 1:n_blocks - 2]), dim=-1, descending=True, stable=True).indices + 1
     forced = torch.tensor([0, n_blocks - 2, n_blocks - 1], device=device).expand(p.shape[0], kv.n2, FORCED)
     return torch.cat([forced, middle[..., :sel.count - FORCED]], -1).to(torch.int32)

@@ -71,10 +71,25 @@ def test_run_columns_and_chunk_rows_follow_the_field_names():
                        m_out=21, l_out=22, o_out=23, p_out=24)
 
 
+def test_a_paged_call_names_every_tensor_and_stride():
+    q, out = torch.zeros(2, 3, 4, 5), torch.zeros(2, 3, 4, 6)
+    key, value = torch.zeros(7, 8, 3, 5, dtype=torch.bfloat16), torch.zeros(7, 8, 3, 6, dtype=torch.bfloat16)
+    table, lengths = torch.zeros(2, 9, dtype=torch.int32), torch.zeros(2, dtype=torch.int64)
+    picks = torch.zeros(2, 3, 10, dtype=torch.int64)
+    call = dict(zip(layout.PAGED_CALL_FIELDS, layout.paged_call(q, key, value, table, lengths, out, picks, 16),
+                    strict=True))
+    assert call == dict(q=q.data_ptr(), batch=2, kv_heads=3, group=4, d=5, dv=6, k_addr=key.data_ptr(), k_sb=120,
+                        k_sp=15, k_sn=5, kt=2, v_addr=value.data_ptr(), v_sb=144, v_sp=18, v_sn=6, vt=2, blocks=7,
+                        page=8, table=table.data_ptr(), table_sb=9, table_si=1, table_len=9, table_wide=0,
+                        lengths=lengths.data_ptr(), picks=picks.data_ptr(), picks_sb=30, picks_sn=10, picks_si=1,
+                        count=10, picks_wide=1, unit=16, out=out.data_ptr(), probs=0)
+
+
 def test_a_layout_difference_is_named():
     assert layout.mismatch(layout.describe()) is None
-    other = layout.describe().replace("version 1", "version 2")
-    assert layout.mismatch(other) == "the library's row layout has 'version 2' where attnops expects 'version 1'"
+    ours, theirs = f"version {layout.VERSION}", f"version {layout.VERSION + 1}"
+    other = layout.describe().replace(ours, theirs)
+    assert layout.mismatch(other) == f"the library's row layout has '{theirs}' where attnops expects '{ours}'"
     swapped = layout.describe().replace("blocks:8 length:9", "length:8 blocks:9")
     assert "'Run k_addr:0" in layout.mismatch(swapped) and "length:8 blocks:9" in layout.mismatch(swapped)
 

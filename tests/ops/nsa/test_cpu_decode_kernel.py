@@ -24,13 +24,14 @@ needs_kernel = pytest.mark.usefixtures("cpu_kernel")  # built once per session, 
 def kernel_calls(monkeypatch):
     """The number of decode calls the kernel served (a list holding one count)."""
     count = [0]
-    real = cpu_decode._runs
+    real = cpu_kernels.paged_attention
 
-    def counted(*args):
-        count[0] += 1
-        return real(*args)
+    def counted(call):
+        code = real(call)
+        count[0] += code == 0
+        return code
 
-    monkeypatch.setattr(cpu_decode, "_runs", counted)
+    monkeypatch.setattr(cpu_kernels, "paged_attention", counted)
     return count
 
 
@@ -132,3 +133,34 @@ def test_the_reference_serves_what_the_kernel_does_not(kernel_calls, monkeypatch
         golden = golden_nsa.nsa_select_attention_infer(q, k, v, TOPK, table, SEL_LENS, 0.3, 6)
         baseline = golden_nsa.nsa_select_attention_infer(q, k, v, TOPK, table, SEL_LENS, 0.3, 6, dtype=dtype)
         assert_close_to_golden("attention_out", out, golden, baseline, reduction=_selected_reduction(6))
+
+
+@needs_kernel
+def test_unvalidated_bad_values_read_what_the_reference_reads(kernel_calls, monkeypatch):
+    """``ATTNOPS_VALIDATE=0``: a block id outside the cache contributes no keys, a negative index other than -1 or
+    one past the length selects nothing, lengths (a tensor the op does not read) are clamped to the block table's
+    pages; compressed keys in a block outside the cache leave the call to the reference (which keeps their
+    columns in the block scores). The kernel matches the PyTorch path."""
+    from attnops.ops.nsa import op
+
+    monkeypatch.setenv("ATTNOPS_VALIDATE", "0")
+    q, k, v, table = _paged(SEL_LENS, 4, F32, seed=7)
+    table[0, 2] = 10_000  # keys 8..11 of request 0: outside the cache
+    topk = torch.tensor([[[3, -7, 1, 0], [9, 2, -1, 1]], [[-2, 0, 1, 2], [2, 0, 1, -1]]], dtype=torch.int32)
+    args = (q, k, v, topk, table, 0.3, N, N2, 6, topk.shape[-1], 4)
+    lengths = torch.tensor([23, 10_000])  # 10_000: the table's 6 pages, 24 keys (request 1's last 2 pages: -1)
+    got = op.nsa_selected_attention_infer(*args, None, lengths)
+    assert kernel_calls[0] == 1
+    monkeypatch.setattr(cpu_decode, "unsupported", lambda *a: "the PyTorch path")
+    want = op.nsa_selected_attention_infer(*args, [23, 24])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    monkeypatch.undo()
+    monkeypatch.setenv("ATTNOPS_VALIDATE", "0")
+    calls = kernel_calls[0]
+    q, k, v, table = _paged(CMP_LENS, 8, F32, seed=8)
+    table[1, 0] = -5
+    out, topk = _compressed(q, k, v, table)
+    assert kernel_calls[0] == calls  # refused: the reference ran
+    monkeypatch.setattr(cpu_decode, "unsupported", lambda *a: "the PyTorch path")
+    want_out, want_topk = _compressed(q, k, v, table)
+    assert torch.equal(out, want_out) and torch.equal(topk, want_topk)

@@ -49,6 +49,7 @@ def _load(path: Path) -> ctypes.CDLL:
     p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.attnops_decode_chunks_parallel.argtypes = [p, i32, i32, i32]
     lib.attnops_decode_chunks_parallel.restype = i32
+    lib.attnops_paged_attention.argtypes, lib.attnops_paged_attention.restype = [p, i32, i32], i32
     lib.attnops_workers_with_a_cpu.argtypes, lib.attnops_workers_with_a_cpu.restype = [i32], i32
     lib.attnops_use_openmp_team.argtypes, lib.attnops_use_openmp_team.restype = [p], None
     lib.attnops_use_openmp_team(parallel.openmp_parallel_entry())
@@ -124,13 +125,31 @@ def unavailable(device: torch.device, rounding) -> str | None:
     return None
 
 
+def _threads() -> tuple[int, int]:
+    """The threads a kernel call may use and whether it picks fewer by itself (see the module docstring)."""
+    return parallel.job_threads(torch.device("cpu")), int(os.environ.get("ATTNOPS_CPU_DYNAMIC_THREADS", "1") != "0")
+
+
 def decode_chunks(rows: list[list[int]]) -> None:
     """The chunks of :func:`.layout.chunk_row` ``rows`` on every thread jobs may use (:func:`parallel.job_threads`),
     in one kernel call, fewer where CPUs are busy (see the module docstring). Every tensor the rows point into must
     stay alive during the call; a chunk's result does not depend on the threads that compute it."""
     table = torch.tensor(rows, dtype=layout.DTYPE)
-    dynamic = os.environ.get("ATTNOPS_CPU_DYNAMIC_THREADS", "1") != "0"
-    code = library().attnops_decode_chunks_parallel(table.data_ptr(), len(rows),
-                                                    parallel.job_threads(torch.device("cpu")), int(dynamic))
+    code = library().attnops_decode_chunks_parallel(table.data_ptr(), len(rows), *_threads())
     if code:
         raise RuntimeError(f"attnops_decode_chunks_parallel returned {code}")
+
+
+PAGE_OUTSIDE_CACHE = -2  # paged_attention's code: compressed keys in a block outside the cache (nothing written)
+
+
+def paged_attention(call: list[int]) -> int:
+    """One NSA decode call (a :func:`.layout.paged_call`) in one kernel call on the threads :func:`decode_chunks`
+    uses: the normalised output (0 for a head without keys) and probabilities. Returns 0, or
+    :data:`PAGE_OUTSIDE_CACHE` for compressed attention over keys partly outside the cache (nothing written). Every
+    tensor the call points into must stay alive during it."""
+    fields = (ctypes.c_int64 * len(call))(*call)
+    code = library().attnops_paged_attention(fields, *_threads())
+    if code not in (0, PAGE_OUTSIDE_CACHE):
+        raise RuntimeError(f"attnops_paged_attention returned {code}")
+    return code

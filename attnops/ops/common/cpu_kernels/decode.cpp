@@ -12,6 +12,7 @@
 // AVX-512 (F, DQ, BW, VL) or AVX2 + FMA + F16C where the compiler targets them, plain loops elsewhere. The order of
 // operations is fixed for a given build. Several chunks run on the library's own threads, which sleep between
 // calls and while waiting (attnops_decode_chunks_parallel).
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
@@ -615,7 +616,7 @@ struct ChunkRow {
 constexpr int ROW = sizeof(ChunkRow) / sizeof(int64_t);  // int64 fields of a chunk's row in a table
 
 // The layout version Python checks (attnops/ops/common/cpu_kernels/layout.py): raise it with any change of meaning.
-constexpr int LAYOUT_VERSION = 1;
+constexpr int LAYOUT_VERSION = 2;
 struct Field {
   const char* name;
   size_t offset;
@@ -685,29 +686,28 @@ std::vector<Part> parts(const ChunkRow* table, int n, int threads) {
   return out;
 }
 
-// Below this many K and V elements (heads x tokens x (d + dv), summed over the chunks; about a quarter of a
-// millisecond on one core) a call runs on the caller alone: waking a worker and reading the load cost more than the
-// worker would win.
-constexpr int64_t MIN_PARALLEL_ELEMENTS = int64_t{1} << 22;
+// Below this many K and V elements (heads x tokens x (d + dv), summed over the chunks) a call runs on the caller
+// alone: waking a worker and reading the load cost more than the worker would win. The library's own workers sleep
+// (about 0.1 ms of work on one core: measured break-even); PyTorch's OpenMP threads are mostly still spinning from
+// the operators before (a few microseconds: two threads already win at 0.1M elements).
+constexpr int64_t MIN_PARALLEL_ELEMENTS = int64_t{1} << 20;
+constexpr int64_t MIN_PARALLEL_ELEMENTS_OPENMP = int64_t{1} << 16;
 
 // The threads a call of `threads` runs on when the count is dynamic: the caller alone for a small call, else no
 // more workers than there are CPUs that other processes leave free (threads.h's workers_with_a_cpu).
 int dynamic_threads(const ChunkRow* rows, int n, int threads) {
   int64_t elements = 0;
   for (int i = 0; i < n; ++i) elements += rows[i].heads * rows[i].tokens * (rows[i].d + rows[i].dv);
-  return elements < MIN_PARALLEL_ELEMENTS ? 1 : 1 + attnops::workers_with_a_cpu(threads - 1);
+  const int64_t least = attnops::openmp_team() ? MIN_PARALLEL_ELEMENTS_OPENMP : MIN_PARALLEL_ELEMENTS;
+  return elements < least ? 1 : 1 + attnops::workers_with_a_cpu(threads - 1);
 }
 
-}  // namespace
-
-extern "C" {
-
-// The chunks of `table` [n, ROW] (each row a ChunkRow) on up to `threads` threads: the caller and workers of the
-// library's own pool (threads.h), each taking the next part (parts()) from a shared counter; with `dynamic`, as many
-// as dynamic_threads() says. Which thread computes a part does not change its result. Threads without work sleep
-// instead of spinning. Returns 0, or the non-zero code of a part.
-int attnops_decode_chunks_parallel(const int64_t* table, int n, int threads, int dynamic) {
-  const ChunkRow* rows = reinterpret_cast<const ChunkRow*>(table);
+// The chunks of `rows` on up to `threads` threads: the caller and its workers (threads.h's run_on_pool), each
+// taking the next part (parts()) from a shared counter; with `dynamic`, as many as dynamic_threads() says. Which
+// thread computes a part does not change its result. Threads without work sleep instead of spinning. `done(part)`
+// runs on the part's thread once it is computed. Returns 0, or the non-zero code of a part.
+template <class Done>
+int run_table(const ChunkRow* rows, int n, int threads, int dynamic, Done&& done) {
   if (dynamic && threads > 1) threads = dynamic_threads(rows, n, threads);
   const std::vector<Part> work = parts(rows, n, threads);
   const int count = static_cast<int>(work.size());
@@ -719,9 +719,140 @@ int attnops_decode_chunks_parallel(const int64_t* table, int n, int threads, int
       const Part& part = work[i];
       const int code = run_heads(rows[part.row], part.h0, part.h1, scratch, moved);
       if (code != 0) failed = code;
+      else done(part);
     }
   });
   return failed;
+}
+
+// ---- NSA decode over paged caches: one operator call in one library call ---------------------------------------
+// Where a call's tensors lie (addresses; strides in elements) and what it reads. Selected attention (`picks` set):
+// one chunk per request and KV head over the blocks of `unit` tokens that its `count` indices name, in order up to
+// the first -1 (another negative index, or one at or past the length, selects nothing; a repeated one counts
+// twice), each cut at the request's length. Compressed attention (`picks` 0): one chunk per request over all of
+// its keys, every KV head. A length is clamped to [0, the block table's pages].
+struct PagedCall {
+  int64_t q, batch, kv_heads, group, d, dv;  // q [batch, kv_heads, group, d] fp32, scaled, contiguous
+  int64_t k_addr, k_sb, k_sp, k_sn, kt;      // key cache [blocks, page, kv_heads, d]: strides of a block, a row, a head
+  int64_t v_addr, v_sb, v_sp, v_sn, vt;      // value cache [blocks, page, kv_heads, dv]
+  int64_t blocks, page;
+  int64_t table, table_sb, table_si, table_len, table_wide;  // block table [batch, table_len]; wide: int64, else int32
+  int64_t lengths;                                           // int64 [batch]: the requests' KV lengths
+  int64_t picks, picks_sb, picks_sn, picks_si, count, picks_wide, unit;  // indices [batch, kv_heads, count]
+  int64_t out, probs;  // out [batch, kv_heads, group, dv] fp32; probs (0: none): per request [kv_heads, group, length]
+};
+constexpr int PAGED_CALL_FIELDS = sizeof(PagedCall) / sizeof(int64_t);
+
+// A paged call found a key page outside the cache where the caller asked for every key (compressed attention).
+constexpr int PAGE_OUTSIDE_CACHE = -2;
+
+inline int64_t index_at(int64_t addr, bool wide, int64_t i) {
+  return wide ? reinterpret_cast<const int64_t*>(addr)[i] : reinterpret_cast<const int32_t*>(addr)[i];
+}
+
+// Appends the runs of keys [start, end) of request b, KV head `head` (cut at page boundaries); returns the keys
+// added. A page whose block is outside the cache adds none; `outside` counts such pages.
+int64_t add_range(const PagedCall& c, int64_t b, int64_t head, int64_t start, int64_t end, std::vector<Run>& runs,
+                  int64_t& outside) {
+  const int64_t ks = itemsize(static_cast<int>(c.kt)), vs = itemsize(static_cast<int>(c.vt));
+  int64_t added = 0;
+  for (int64_t pos = start; pos < end;) {
+    const int64_t row = pos % c.page, n = std::min(c.page - row, end - pos);
+    const int64_t block = index_at(c.table, c.table_wide, b * c.table_sb + pos / c.page * c.table_si);
+    pos += n;
+    if (block < 0 || block >= c.blocks) {
+      ++outside;
+      continue;
+    }
+    Run u{};
+    u.k_addr = c.k_addr + (block * c.k_sb + row * c.k_sp + head * c.k_sn) * ks;
+    u.k_sn = c.k_sn;
+    u.k_sl = c.k_sp;
+    u.v_addr = c.v_addr + (block * c.v_sb + row * c.v_sp + head * c.v_sn) * vs;
+    u.v_sn = c.v_sn;
+    u.v_sl = c.v_sp;
+    u.blocks = 1;
+    u.length = n;
+    runs.push_back(u);
+    added += n;
+  }
+  return added;
+}
+
+int paged_attention(const PagedCall& c, int threads, int dynamic) {
+  const bool selected = c.picks != 0;
+  const int64_t jobs = selected ? c.batch * c.kv_heads : c.batch;
+  const int64_t heads = selected ? 1 : c.kv_heads, rows = heads * c.group;  // query rows per job
+  std::vector<Run> runs;
+  std::vector<int64_t> first(jobs + 1, 0), tokens(jobs, 0);  // job j: runs [first[j], first[j + 1])
+  int64_t outside = 0;
+  for (int64_t j = 0; j < jobs; ++j) {
+    const int64_t b = selected ? j / c.kv_heads : j, head = selected ? j % c.kv_heads : 0;
+    const int64_t given = reinterpret_cast<const int64_t*>(c.lengths)[b];
+    const int64_t length = std::clamp(given, int64_t{0}, c.table_len * c.page);
+    if (!selected) {
+      tokens[j] = add_range(c, b, 0, 0, length, runs, outside);
+    } else {
+      const int64_t at = c.picks + (b * c.picks_sb + head * c.picks_sn) * (c.picks_wide ? 8 : 4);
+      const int64_t in_length = (length + c.unit - 1) / c.unit;  // the blocks that hold keys
+      for (int64_t i = 0; i < c.count; ++i) {
+        const int64_t pick = index_at(at, c.picks_wide, i * c.picks_si);
+        if (pick == -1) break;
+        if (pick < 0 || pick >= in_length) continue;
+        tokens[j] += add_range(c, b, head, pick * c.unit, std::min((pick + 1) * c.unit, length), runs, outside);
+      }
+    }
+    first[j + 1] = static_cast<int64_t>(runs.size());
+  }
+  if (!selected && outside) return PAGE_OUTSIDE_CACHE;
+  // o straight into the output, then o / l there and exp(s - m) / l in place, on the thread that computed them
+  float* out = reinterpret_cast<float*>(c.out);
+  std::vector<float> m(jobs * rows), l(jobs * rows);
+  std::vector<ChunkRow> table;
+  std::vector<int64_t> job_of;  // the job of each chunk of the table
+  int64_t probs = c.probs;
+  for (int64_t j = 0; j < jobs; ++j) {
+    if (tokens[j]) {
+      table.push_back(ChunkRow{c.q + j * rows * c.d * 4, heads, c.group, c.d, c.dv, c.kt, c.vt,
+                               reinterpret_cast<int64_t>(runs.data() + first[j]), first[j + 1] - first[j], tokens[j],
+                               reinterpret_cast<int64_t>(&m[j * rows]), reinterpret_cast<int64_t>(&l[j * rows]),
+                               reinterpret_cast<int64_t>(out + j * rows * c.dv), probs});
+      job_of.push_back(j);
+    } else {
+      std::fill(out + j * rows * c.dv, out + (j + 1) * rows * c.dv, 0.f);  // no keys: 0
+    }
+    if (probs) probs += rows * tokens[j] * 4;
+  }
+  return run_table(table.data(), static_cast<int>(table.size()), threads, dynamic, [&](const Part& part) {
+    const ChunkRow& row = table[part.row];
+    const int64_t first_row = job_of[part.row] * rows;
+    for (int64_t i = part.h0 * c.group; i < part.h1 * c.group; ++i) {
+      const float total = l[first_row + i];
+      float* o = out + (first_row + i) * c.dv;
+      for (int64_t e = 0; e < c.dv; ++e) o[e] /= total;
+      if (row.p_out) {
+        float* p = reinterpret_cast<float*>(row.p_out) + i * row.tokens;
+        for (int64_t t = 0; t < row.tokens; ++t) p[t] /= total;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+// The chunks of `table` [n, ROW] (each row a ChunkRow) on up to `threads` threads (run_table). Returns 0, or the
+// non-zero code of a part.
+int attnops_decode_chunks_parallel(const int64_t* table, int n, int threads, int dynamic) {
+  return run_table(reinterpret_cast<const ChunkRow*>(table), n, threads, dynamic, [](const Part&) {});
+}
+
+// One NSA decode call (`call`: a PagedCall) on up to `threads` threads as run_table runs them: the normalised output
+// and probabilities. Returns 0; PAGE_OUTSIDE_CACHE (nothing written) for compressed attention whose keys lie partly
+// outside the cache; or the non-zero code of a part.
+int attnops_paged_attention(const int64_t* call, int threads, int dynamic) {
+  return paged_attention(*reinterpret_cast<const PagedCall*>(call), threads, dynamic);
 }
 
 // The workers of later calls: PyTorch's OpenMP threads, through `parallel`, GNU OpenMP's GOMP_parallel in the copy
@@ -751,9 +882,23 @@ const char* attnops_row_layout() {
         ATTNOPS_FIELD(ChunkRow, vt),    ATTNOPS_FIELD(ChunkRow, runs),   ATTNOPS_FIELD(ChunkRow, nruns),
         ATTNOPS_FIELD(ChunkRow, tokens), ATTNOPS_FIELD(ChunkRow, m_out), ATTNOPS_FIELD(ChunkRow, l_out),
         ATTNOPS_FIELD(ChunkRow, o_out), ATTNOPS_FIELD(ChunkRow, p_out)};
+    const Field call[] = {
+        ATTNOPS_FIELD(PagedCall, q),          ATTNOPS_FIELD(PagedCall, batch),     ATTNOPS_FIELD(PagedCall, kv_heads),
+        ATTNOPS_FIELD(PagedCall, group),      ATTNOPS_FIELD(PagedCall, d),         ATTNOPS_FIELD(PagedCall, dv),
+        ATTNOPS_FIELD(PagedCall, k_addr),     ATTNOPS_FIELD(PagedCall, k_sb),      ATTNOPS_FIELD(PagedCall, k_sp),
+        ATTNOPS_FIELD(PagedCall, k_sn),       ATTNOPS_FIELD(PagedCall, kt),        ATTNOPS_FIELD(PagedCall, v_addr),
+        ATTNOPS_FIELD(PagedCall, v_sb),       ATTNOPS_FIELD(PagedCall, v_sp),      ATTNOPS_FIELD(PagedCall, v_sn),
+        ATTNOPS_FIELD(PagedCall, vt),         ATTNOPS_FIELD(PagedCall, blocks),    ATTNOPS_FIELD(PagedCall, page),
+        ATTNOPS_FIELD(PagedCall, table),      ATTNOPS_FIELD(PagedCall, table_sb),  ATTNOPS_FIELD(PagedCall, table_si),
+        ATTNOPS_FIELD(PagedCall, table_len),  ATTNOPS_FIELD(PagedCall, table_wide), ATTNOPS_FIELD(PagedCall, lengths),
+        ATTNOPS_FIELD(PagedCall, picks),      ATTNOPS_FIELD(PagedCall, picks_sb),  ATTNOPS_FIELD(PagedCall, picks_sn),
+        ATTNOPS_FIELD(PagedCall, picks_si),   ATTNOPS_FIELD(PagedCall, count),     ATTNOPS_FIELD(PagedCall, picks_wide),
+        ATTNOPS_FIELD(PagedCall, unit),       ATTNOPS_FIELD(PagedCall, out),       ATTNOPS_FIELD(PagedCall, probs)};
     static_assert(sizeof(run) / sizeof(Field) * sizeof(int64_t) == sizeof(Run), "every Run field described");
     static_assert(sizeof(row) / sizeof(Field) == ROW, "every ChunkRow field described");
+    static_assert(sizeof(call) / sizeof(Field) == PAGED_CALL_FIELDS, "every PagedCall field described");
     return "version " + std::to_string(LAYOUT_VERSION) + describe("Run", run) + describe("ChunkRow", row) +
+           describe("PagedCall", call) +
            "; DType F32:" + std::to_string(F32) + " F16:" + std::to_string(F16) + " BF16:" + std::to_string(BF16) +
            " I8:" + std::to_string(I8);
   }();

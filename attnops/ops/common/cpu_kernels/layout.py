@@ -1,9 +1,10 @@
-"""The int64 tables the decode kernel reads (``Run`` and ``ChunkRow`` in ``decode.cpp``): field names, order, dtype
+"""The int64 tables the decode kernel reads (``Run``, ``ChunkRow`` and ``PagedCall`` in ``decode.cpp``): field names, order, dtype
 and the K/V dtype codes, for every Python caller.
 
 A run descriptor (:data:`RUN_FIELDS`, one row per run of tokens: :func:`run_columns`) says where ``blocks`` blocks
 of ``length`` tokens of the keys and values lie, and where their per-token antiquant scale and offset lie (address
-0: none). A chunk row (:data:`CHUNK_FIELDS`: :func:`chunk_row`) is one chunk of a kernel call. The library describes
+0: none). A chunk row (:data:`CHUNK_FIELDS`: :func:`chunk_row`) is one chunk of a kernel call; a paged call
+(:data:`PAGED_CALL_FIELDS`: :func:`paged_call`) is a whole NSA decode call, whose runs the library builds. The library describes
 its own layouts (``attnops_row_layout()``, the text :func:`describe` makes); :func:`mismatch` compares the two
 before any table reaches it.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-VERSION = 1
+VERSION = 2
 DTYPE = torch.int64  # every field of every row
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}  # the K/V dtypes it reads
 _CODE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int8: "I8"}
@@ -26,6 +27,12 @@ NO_FACTORS = (0,) * len(KEY_FACTORS)  # no per-token antiquant
 
 CHUNK_FIELDS = ("q", "heads", "rows", "d", "dv", "kt", "vt", "runs", "nruns", "tokens", "m_out", "l_out", "o_out",
                 "p_out")
+# one NSA decode call over paged caches (addresses; strides in elements): the query, the key and value caches, the
+# block table, the lengths, the selected block indices (address 0: compressed attention), the outputs
+PAGED_CALL_FIELDS = ("q", "batch", "kv_heads", "group", "d", "dv", "k_addr", "k_sb", "k_sp", "k_sn", "kt", "v_addr",
+                     "v_sb", "v_sp", "v_sn", "vt", "blocks", "page", "table", "table_sb", "table_si", "table_len",
+                     "table_wide", "lengths", "picks", "picks_sb", "picks_sn", "picks_si", "count", "picks_wide",
+                     "unit", "out", "probs")
 
 
 def run_columns(key, value, blocks, length, key_factors=NO_FACTORS, value_factors=NO_FACTORS) -> list:
@@ -46,13 +53,39 @@ def chunk_row(q: Tensor, runs: tuple[int, int], tokens: int, dtypes: tuple[torch
             *outputs, probabilities]
 
 
+def _cache(cache: Tensor) -> list[int]:
+    """A paged cache ``[blocks, page, N, D]``: address, strides of a block, a row and a head, dtype code."""
+    return [cache.data_ptr(), *cache.stride()[:3], DTYPE_CODES[cache.dtype]]
+
+
+def _indices(t: Tensor | None) -> list[int]:
+    """An int32/int64 index tensor: address and strides (all 0 for None)."""
+    return [t.data_ptr(), *t.stride()] if t is not None else [0] * 4
+
+
+def paged_call(q: Tensor, key: Tensor, value: Tensor, table: Tensor, lengths: Tensor, out: Tensor,
+               picks: Tensor | None = None, unit: int = 0, probs: Tensor | None = None) -> list[int]:
+    """One paged decode call (:data:`PAGED_CALL_FIELDS` order): the scaled fp32 query ``q [B, N2, G, D]``, caches
+    ``[blocks, page, N2, D/Dv]``, block table ``[B, maxBlocks]``, int64 ``lengths [B]``, the fp32 output ``out
+    [B, N2, G, Dv]`` (all contiguous); selected attention: the block indices ``picks [B, N2, count]`` of ``unit``
+    tokens; compressed attention (``picks`` None): where the probabilities go, per request ``[N2, G, length]`` one
+    after another (None: not kept)."""
+    batch, kv_heads, group, d = q.shape
+    return [q.data_ptr(), batch, kv_heads, group, d, value.shape[-1], *_cache(key), *_cache(value), key.shape[0],
+            key.shape[1], table.data_ptr(), *table.stride(), table.shape[1], int(table.dtype == torch.int64),
+            lengths.data_ptr(), *_indices(picks), picks.shape[-1] if picks is not None else 0,
+            int(picks is not None and picks.dtype == torch.int64), unit, out.data_ptr(),
+            probs.data_ptr() if probs is not None else 0]
+
+
 def describe() -> str:
     """The layouts as ``attnops_row_layout()`` reports them: version, each table's fields with their int64 offset,
     the dtype codes."""
     def fields(names):
         return " ".join(f"{name}:{i}" for i, name in enumerate(names))
     codes = " ".join(f"{_CODE_NAMES[dtype]}:{code}" for dtype, code in DTYPE_CODES.items())
-    return f"version {VERSION}; Run {fields(RUN_FIELDS)}; ChunkRow {fields(CHUNK_FIELDS)}; DType {codes}"
+    return (f"version {VERSION}; Run {fields(RUN_FIELDS)}; ChunkRow {fields(CHUNK_FIELDS)}; "
+            f"PagedCall {fields(PAGED_CALL_FIELDS)}; DType {codes}")
 
 
 def mismatch(library_layout: str) -> str | None:
