@@ -38,6 +38,14 @@ def valid_ids(ids: Tensor, count: int) -> Tensor:
     return (ids >= 0) & (ids < count)
 
 
+def all_valid_ids(ids: Tensor, count: int) -> bool:
+    """Whether every entry of ``ids`` addresses something (:func:`valid_ids` everywhere), in one pass."""
+    if ids.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(ids)
+    return int(lo) >= 0 and int(hi) < count
+
+
 def _first(bad: Tensor) -> tuple[int, ...] | None:
     """The index of the first True entry of ``bad`` (C order), or None."""
     if not bool(bad.any()):

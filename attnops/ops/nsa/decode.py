@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..._core.checks import Described, check_int, check_scale, check_tensor, int_list, require
-from ..._core.indices import (PAD, check_block_table, check_index_rows, check_slots, entries_read,
-                              valid_ids, validation_enabled)
+from ..._core.indices import (PAD, all_valid_ids, check_block_table, check_index_rows, check_slots, entries_read,
+                              validation_enabled)
 from ..common.npu_rounding import cast_output, npu_rounding, rounded_softmax
 from ..._core.parallel import serial_ops
 from ..common.reference import compute_dtype
@@ -94,7 +94,7 @@ def check_paged(query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, 
     require(lens is not None and len(lens) == batch, lens_name, f"B={batch} per-request KV lengths", lens)
     for b, n in enumerate(lens):
         require(0 <= n <= capacity, f"{lens_name}[{b}]", f"a length in [0, {capacity}] (the block_table's pages)", n)
-    if validation_enabled(block_table.device) and not bool(valid_ids(block_table, key.shape[0]).all()):
+    if validation_enabled(block_table.device) and not all_valid_ids(block_table, key.shape[0]):
         check_block_table(block_table, lens, page, key.shape[0], lengths_name=lens_name)  # entries past a length
     return PagedKV(batch, n1, n2, value.shape[-1], tuple(lens), check_scale("scale_value", scale_value), capacity,
                    rounding)
@@ -109,10 +109,10 @@ def check_selected_topk(kv: PagedKV, topk_indices: Tensor, *, select_block_size:
     check_tensor("topk_indices", topk_indices, dtypes=(torch.int32, torch.int64), shape=(kv.batch, kv.n2, count))
     if kv.kv_lens is None or not validation_enabled(topk_indices.device):
         return block  # unvalidated: a kernel reads a negative index or one past the length as nothing
-    topk = topk_indices.detach().to("cpu", torch.int64)
-    in_length = (topk >= 0) & (topk * block < torch.tensor(kv.kv_lens).view(-1, 1, 1))
-    if bool((in_length | (topk == PAD)).all()):  # the common case, checked cheaply (entries after a -1 are not read)
+    topk = topk_indices.detach().to("cpu")
+    if all_valid_ids(topk, -(-min(kv.kv_lens, default=0) // block)):  # the common case: no -1, all in length
         return block
+    topk = topk.long()
     check_index_rows("topk_indices", topk, entries_read(topk, torch.tensor(count)),
                      torch.tensor(kv.kv_lens).view(-1, 1), unit=block, what="the request's KV length")
     return block

@@ -7,8 +7,9 @@ time. The kernels take raw pointers and strides and need no PyTorch headers (a b
 :mod:`ctypes` releases the GIL for a call. The tables they read are laid out as :mod:`.layout` says, and a library
 whose own description of them (``attnops_row_layout``) differs is refused.
 
-:func:`decode_chunks` is the one Python entry to the decode kernel (FIA decode and the NSA decode operators): it
-runs a table of :func:`.layout.chunk_row` rows, with no Python work per chunk, on the calling thread and
+The decode kernel has two Python entries: :func:`decode_chunks` (FIA decode) runs a table of
+:func:`.layout.chunk_row` rows, and :func:`paged_attention` (the NSA decode operators) a whole call whose chunks the
+library builds from the block table; either with no Python work per chunk, on the calling thread and
 ``torch.get_num_threads() - 1`` workers at most: PyTorch's own OpenMP threads where PyTorch runs on GNU OpenMP (as
 :func:`attnops._core.parallel.run_jobs` does: they spin for milliseconds after every PyTorch operator, and other
 workers would share the CPUs with them), else the library's own threads (``threads.h``), which sleep while they

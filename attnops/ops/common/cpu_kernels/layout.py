@@ -1,12 +1,12 @@
-"""The int64 tables the decode kernel reads (``Run``, ``ChunkRow`` and ``PagedCall`` in ``decode.cpp``): field names, order, dtype
-and the K/V dtype codes, for every Python caller.
+"""The int64 tables the decode kernel reads (``Run``, ``ChunkRow`` and ``PagedCall`` in ``decode.cpp``): field
+names, order, dtype and the K/V dtype codes, for every Python caller.
 
 A run descriptor (:data:`RUN_FIELDS`, one row per run of tokens: :func:`run_columns`) says where ``blocks`` blocks
 of ``length`` tokens of the keys and values lie, and where their per-token antiquant scale and offset lie (address
 0: none). A chunk row (:data:`CHUNK_FIELDS`: :func:`chunk_row`) is one chunk of a kernel call; a paged call
-(:data:`PAGED_CALL_FIELDS`: :func:`paged_call`) is a whole NSA decode call, whose runs the library builds. The library describes
-its own layouts (``attnops_row_layout()``, the text :func:`describe` makes); :func:`mismatch` compares the two
-before any table reaches it.
+(:data:`PAGED_CALL_FIELDS`: :func:`paged_call`) is a whole NSA decode call, whose runs the library builds. The
+library describes its own layouts (``attnops_row_layout()``, the text :func:`describe` makes); :func:`mismatch`
+compares the two before any table reaches it.
 """
 from __future__ import annotations
 
