@@ -35,14 +35,20 @@ def unsupported(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor) -> str |
     return None
 
 
-def _query(kv: PagedKV, query: Tensor) -> Tensor:
-    """The scaled fp32 query ``[B, N2, G, D]`` the kernel reads by address."""
-    return query.to(F32).mul(kv.scale).contiguous().view(kv.batch, kv.n2, kv.n1 // kv.n2, -1)
-
-
 def _lengths(kv: PagedKV) -> list[int]:
     """The requests' KV lengths clamped to ``[0, the block table's pages]`` (as the kernel clamps unvalidated ones)."""
     return [max(0, min(n, kv.capacity)) for n in kv.kv_lens]
+
+
+def _paged_call(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, block_table: Tensor, lengths: list[int],
+                **operator) -> tuple[Tensor, int]:
+    """``(attention_out [B, N1, Dv] fp32, the kernel's code)`` of one :func:`cpu_kernels.paged_attention` call
+    (``operator``: :func:`layout.paged_call`'s selected indices or probabilities)."""
+    q = query.to(F32).mul(kv.scale).contiguous().view(kv.batch, kv.n2, kv.n1 // kv.n2, -1)  # read by address
+    out = torch.empty(*q.shape[:-1], kv.dv, dtype=F32)
+    held = torch.tensor(lengths, dtype=torch.int64)  # alive until the kernel returns
+    code = cpu_kernels.paged_attention(layout.paged_call(q, key, value, block_table, held, out, **operator))
+    return out.view(kv.batch, kv.n1, kv.dv), code
 
 
 @parallel.serial_ops()  # small host operations around the kernel (serial_ops says why)
@@ -50,11 +56,7 @@ def selected_attention(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, b
                        topk_indices: Tensor, block: int) -> Tensor:
     """``attention_out [B, N1, Dv]`` fp32 of every KV head's group over the blocks of ``block`` keys its
     ``topk_indices [B, N2, count]`` name (:mod:`.decode`'s rules; 0 where a head has none)."""
-    q = _query(kv, query)
-    out = torch.empty(*q.shape[:-1], kv.dv, dtype=F32)
-    lengths = torch.tensor(_lengths(kv), dtype=torch.int64)
-    cpu_kernels.paged_attention(layout.paged_call(q, key, value, block_table, lengths, out, topk_indices, block))
-    return out.view(kv.batch, kv.n1, kv.dv)
+    return _paged_call(kv, query, key, value, block_table, _lengths(kv), picks=topk_indices, unit=block)[0]
 
 
 @parallel.serial_ops()
@@ -62,13 +64,9 @@ def compress_attention(kv: PagedKV, query: Tensor, key: Tensor,
                        value: Tensor, block_table: Tensor) -> tuple[Tensor, list[Tensor]] | None:
     """``(attention_out [B, N1, Dv] fp32, per request the probabilities [N1, S2_b] fp32)`` over every request's
     ``S2_b`` compressed keys; None (nothing computed) when some of them lie in a block outside the cache."""
-    q = _query(kv, query)
-    out = torch.empty(*q.shape[:-1], kv.dv, dtype=F32)
     lengths = _lengths(kv)
     probs = torch.empty(sum(lengths) * kv.n1, dtype=F32)
-    held = torch.tensor(lengths, dtype=torch.int64)  # alive until the kernel returns
-    code = cpu_kernels.paged_attention(layout.paged_call(q, key, value, block_table, held, out, probs=probs))
+    out, code = _paged_call(kv, query, key, value, block_table, lengths, probs=probs)
     if code == cpu_kernels.PAGE_OUTSIDE_CACHE:
         return None
-    return out.view(kv.batch, kv.n1, kv.dv), [p.view(kv.n1, n) for p, n in
-                                              zip(probs.split([n * kv.n1 for n in lengths]), lengths)]
+    return out, [p.view(kv.n1, n) for p, n in zip(probs.split([n * kv.n1 for n in lengths]), lengths)]
