@@ -55,11 +55,12 @@ def test_float_kv(kernel_calls, dtype, d, dv, sq, paged):
 
 
 @needs_kernel
-@pytest.mark.parametrize("dtype", [F32, F16, I8 := torch.int8], ids=str)
+@pytest.mark.parametrize("dtype", [F32, F16, BF16, I8 := torch.int8], ids=str)
 def test_register_blocks_and_partial_vectors(kernel_calls, dtype):
     """Query rows in blocks of 4 plus a remainder (G=5, Sq=2: 10 rows), a head dim of 6 vectors and a partial one
-    (d=100) and value columns in blocks of 4, 2 and 1 vectors with a partial last one (dv=120 and dv=40)."""
-    for d, dv in ((100, 120), (100, 40)):
+    (d=100) and value columns in blocks of 4, 2 and 1 vectors with a partial last one (dv=120 and dv=40), and a
+    head dim and value width that are no multiple of 8 or 16 (d=36, dv=72), for every key and value dtype."""
+    for d, dv in ((100, 120), (100, 40), (36, 72)):
         b, n, nkv, lens = 2, 10, 2, [70, 33]
         q = randn(b, n, 2, d, dtype=BF16 if dtype == I8 else dtype, seed=1)
         if dtype == I8:
