@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops.common import cpu_kernels
+from ..ops.common import bf16_gemm, cpu_kernels
 from .._core.dispatch import triton_interpret_requested
 from .._progress import Progress
 from ..testing.compare import default_floor, max_abs_err
@@ -117,7 +117,8 @@ def backend_report(selected: list[tuple[CheckCase, list[str]]]) -> list[str]:
     the CPU decode library is, when one is loaded."""
     total = f"{len(selected)} case{'s' * (len(selected) != 1)}"
     lines = [f"reference: runs {sum('reference' in on for _, on in selected)} of {total}; "
-             f"CPU decode (FIA, NSA): {cpu_kernels.status()}"]
+             f"CPU decode (FIA, NSA): {cpu_kernels.status()}; CPU bf16 products: "
+             f"{bf16_gemm.unit() if bf16_gemm.bf16_gemm(torch.device('cpu')) else 'fp32'}"]
     where = cpu_kernels.location()
     if where is not None:
         lines.append(f"CPU decode library: {where}")

@@ -97,28 +97,35 @@ def test_report_says_which_backends_ran_and_why_one_was_skipped(monkeypatch, cap
     monkeypatch.setattr(check, "triton_skip_reason", lambda: "no CUDA device; set ATTNOPS_TRITON_INTERPRET=1")
     monkeypatch.setattr(check.cpu_kernels, "status", lambda: "pure PyTorch (no C++ compiler found)")
     monkeypatch.setattr(check.cpu_kernels, "location", lambda: None)
+    monkeypatch.setattr(check.bf16_gemm, "bf16_gemm", lambda device: False)
     assert check.main([]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[:2] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): pure PyTorch (no C++ compiler found)",
+    assert out[:2] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): pure PyTorch (no C++ compiler found); "
+                       "CPU bf16 products: fp32",
                        "triton: skipped (no CUDA device; set ATTNOPS_TRITON_INTERPRET=1)"]
     assert out[-1].startswith("2 passed, 0 failed in") and out[-1].endswith("(backends: reference)")
     monkeypatch.setattr(check, "triton_skip_reason", lambda: None)
     monkeypatch.setattr(check, "triton_runs_on_cuda", lambda: False)
     assert check.main(["--filter", "OP_"]) == 0  # the filter ignores case
     out = capsys.readouterr().out.splitlines()
-    assert out[:2] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): pure PyTorch (no C++ compiler found)",
+    assert out[:2] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): pure PyTorch (no C++ compiler found); "
+                       "CPU bf16 products: fp32",
                        "triton: runs 1 of 2 cases in Triton's CPU interpreter; the others run on the reference only"]
     assert out[-1].endswith("(backends: reference, triton)")
 
 
 def test_report_names_the_cpu_decode_library_in_use(monkeypatch, capsys):
+    """... and the unit the bf16 products of the CPU FlashAttention engine run on."""
     monkeypatch.setattr(check, "all_cases", _fake_cases)
+    monkeypatch.setattr(check.bf16_gemm, "bf16_gemm", lambda device: True)
+    monkeypatch.setattr(check.bf16_gemm, "unit", lambda: "AMX-BF16")
     monkeypatch.setattr(check, "triton_skip_reason", lambda: "no CUDA")
     monkeypatch.setattr(check.cpu_kernels, "status", lambda: "compiled C++ kernel")
     monkeypatch.setattr(check.cpu_kernels, "location", lambda: "/cache/k.so (CPU x86_64 avx2 #0; g++ 12)")
     assert check.main([]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[:3] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): compiled C++ kernel",
+    assert out[:3] == ["reference: runs 2 of 2 cases; CPU decode (FIA, NSA): compiled C++ kernel; CPU bf16 products: "
+                       "AMX-BF16",
                        "CPU decode library: /cache/k.so (CPU x86_64 avx2 #0; g++ 12)", "triton: skipped (no CUDA)"]
 
 

@@ -1,7 +1,9 @@
 """The bf16 x bf16 -> fp32 GEMM of the chunked CPU attention engine (``cpu_kernels/gemm_bf16.cpp``, in the library
 of the decode kernel), for CPUs with AVX512-BF16: exact products of bf16 pairs summed in fp32, many times the speed
-of PyTorch's fp32 GEMM of the same operands (``docs/performance.md``); with it the backward's dS formed in the dP
-GEMM's registers (:func:`grad_gemm_`) and a blocked transpose of bf16 operands (:func:`transpose_`).
+of PyTorch's fp32 GEMM of the same operands (``docs/performance.md``), on the tile unit where the CPU has AMX-BF16
+(``ATTNOPS_CPU_AMX=0``, read once per process, keeps them on AVX512-BF16; :func:`unit` says which); with it the
+backward's dS formed in the dP GEMM's products (:func:`grad_gemm_`) and a blocked transpose of bf16 operands
+(:func:`transpose_`).
 
 :func:`bf16_gemm` says whether a call may use it: the library is built for and runs on a CPU with AVX512-BF16
 (the library checks both, at build time and with ``cpuid``), the tensors are on the CPU, nothing is being traced.
@@ -41,9 +43,19 @@ def bound_library():
                 lib.attnops_bf16_backward_tiles.restype = i32
                 lib.attnops_bf16_forward_tiles.argtypes = [i64, p, p, ctypes.c_float]
                 lib.attnops_bf16_forward_tiles.restype = i32
-                lib = lib if lib.attnops_bf16_gemm_ready() == 1 else None
+                _bound["unit"] = _UNITS.get(lib.attnops_bf16_gemm_ready())
+                lib = lib if _bound["unit"] else None
             _bound["lib"] = lib
     return _bound["lib"]
+
+
+_UNITS = {1: "AVX512-BF16", 2: "AMX-BF16"}
+
+
+def unit() -> str | None:
+    """What the bf16 GEMM runs on in this process ("AMX-BF16" or "AVX512-BF16"), None without it."""
+    bound_library()
+    return _bound.get("unit")
 
 
 def bf16_gemm(device: torch.device) -> bool:

@@ -160,6 +160,36 @@ def test_chosen_only_with_avx512_bf16():
     assert bf16_gemm.bf16_gemm(torch.device("meta")) is False
 
 
+_EITHER_UNIT = """
+import torch
+from attnops.ops.common import bf16_gemm
+from tests.ops.common.test_bf16_gemm import _check, _operands
+for m, n, k, nt in ((1, 1, 1, True), (13, 70, 33, False), (19, 130, 300, True), (40, 64, 513, False)):
+    a, b = _operands(m, n, k, nt, seed=m + n + k, pad=3)
+    c = bf16_gemm.gemm_(torch.full((m, n), 7.0), a, b, b_nt=nt, alpha=0.5)
+    _check(c, a, b, nt, alpha=0.5)
+print(bf16_gemm.unit())
+"""
+
+
+@needs_gemm
+@pytest.mark.skipif("amx_bf16" not in _cpu_flags(), reason="no AMX-BF16 in this CPU")
+def test_products_on_either_unit():
+    """Where the CPU has AMX-BF16 the products run on the tile unit, and on AVX512-BF16 with ATTNOPS_CPU_AMX=0 (read
+    once per process, so each in a fresh one): both give the fp64 products within an fp32 sum's rounding (register
+    and tile-block tails, several reduction blocks, both layouts of B)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    for setting, unit in (("1", "AMX-BF16"), ("0", "AVX512-BF16")):
+        env = {**os.environ, "ATTNOPS_CPU_AMX": setting}
+        done = subprocess.run([sys.executable, "-c", _EITHER_UNIT], cwd=root, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == [unit]
+
+
 def test_operand_dtype(monkeypatch):
     """bf16 operands only for bf16 inputs on the CPU without an NPU rounding, and only where the GEMM runs."""
     cpu = torch.device("cpu")

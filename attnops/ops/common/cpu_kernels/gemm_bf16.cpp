@@ -12,9 +12,16 @@
 // register tile of C (24 accumulators) runs over the panel, each A pair broadcast from its row. Sums run in a fixed
 // order (k pairs in order within a block, blocks in order), so a result does not depend on the calling thread.
 //
+// Where the build and the CPU have AMX-BF16 (and Linux grants the process the tile state), the products run on the
+// tile unit instead: 16 x 64 blocks of C from four 16 x 16 accumulator tiles, the A rows copied zero-padded into a
+// 16 x KC block, the panels read as B tiles (their layout is AMX's pairs layout, padded with zero pairs to a multiple
+// of 16). tdpbf16ps has vdpbf16ps' semantics (exact pair products, fp32 sums, denormals flushed); which unit serves
+// is decided once per process, so every result of a process comes from the same one, whatever the thread.
+//
 // Without AVX512-BF16 in the build (other CPUs, portable builds) or on the CPU running it, attnops_bf16_gemm_ready
 // returns 0 and the entry points return 1: the engine keeps its fp32 products there.
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -23,6 +30,14 @@
 #include <immintrin.h>
 #else
 #define ATTNOPS_BF16_GEMM 0
+#endif
+#if ATTNOPS_BF16_GEMM && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define ATTNOPS_AMX 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define ATTNOPS_AMX 0
 #endif
 
 namespace {
@@ -39,27 +54,28 @@ inline uint32_t load_pair(const uint16_t* p) {
   return x;
 }
 
-// Panels of B's columns [0, n) for reduction steps [k0, k1): panel q, pair t, lane j holds
-// (B[k0 + 2t, 64q + j], B[k0 + 2t + 1, 64q + j]) as one dword (0 past n and k1).
-void pack_nt(const uint16_t* b, int64_t ldb, int64_t n, int64_t k0, int64_t k1, uint32_t* out) {
-  const int64_t pairs = (k1 - k0 + 1) / 2, panels = (n + NR - 1) / NR;
-  std::memset(out, 0, sizeof(uint32_t) * panels * pairs * NR);
+// Panels of B's columns [0, n) for reduction steps [k0, k1), `stride` pair rows each: panel q, pair t, lane j
+// holds (B[k0 + 2t, 64q + j], B[k0 + 2t + 1, 64q + j]) as one dword (0 past n, k1 and the pairs).
+void pack_nt(const uint16_t* b, int64_t ldb, int64_t n, int64_t k0, int64_t k1, int64_t stride, uint32_t* out) {
+  const int64_t panels = (n + NR - 1) / NR;
+  std::memset(out, 0, sizeof(uint32_t) * panels * stride * NR);
   for (int64_t col = 0; col < n; ++col) {
     const uint16_t* row = b + col * ldb + k0;
-    uint32_t* dst = out + (col / NR) * pairs * NR + col % NR;
+    uint32_t* dst = out + (col / NR) * stride * NR + col % NR;
     int64_t t = 0;
     for (; 2 * t + 1 < k1 - k0; ++t) dst[t * NR] = load_pair(row + 2 * t);
     if (2 * t < k1 - k0) dst[t * NR] = row[2 * t];
   }
 }
 
-void pack_nn(const uint16_t* b, int64_t ldb, int64_t n, int64_t k0, int64_t k1, uint32_t* out) {
+void pack_nn(const uint16_t* b, int64_t ldb, int64_t n, int64_t k0, int64_t k1, int64_t stride, uint32_t* out) {
   const int64_t pairs = (k1 - k0 + 1) / 2, panels = (n + NR - 1) / NR;
   for (int64_t q = 0; q < panels; ++q) {
+    std::memset(out + (q * stride + pairs) * NR, 0, sizeof(uint32_t) * (stride - pairs) * NR);
     for (int64_t t = 0; t < pairs; ++t) {
       const uint16_t* lo = b + (k0 + 2 * t) * ldb;
       const bool has_hi = k0 + 2 * t + 1 < k1;
-      uint32_t* dst = out + (q * pairs + t) * NR;
+      uint32_t* dst = out + (q * stride + t) * NR;
       for (int64_t v = 0; v < NV; ++v) {
         const int64_t c0 = q * NR + 16 * v, valid = n - c0;
         const __mmask16 mask = valid >= 16 ? 0xFFFF : (valid <= 0 ? 0 : static_cast<__mmask16>((1u << valid) - 1u));
@@ -100,46 +116,59 @@ inline void products(const uint16_t* a, int64_t lda, int64_t k0, int64_t k1, con
 
 inline __mmask16 lanes(int64_t valid) { return valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1u); }
 
-// C[0:R, 0:cols] (+)= alpha * A[0:R, k0:k1] panel; add: C holds earlier sums (or the caller's C) to add to.
-template <int R>
-void tile(const uint16_t* a, int64_t lda, int64_t k0, int64_t k1, const uint32_t* panel, float* c, int64_t ldc,
-          int64_t cols, float alpha, bool add) {
-  __m512 acc[R][NV];
-  products<R>(a, lda, k0, k1, panel, acc);
+// C[0:rows, 0:cols] (+)= alpha * the products, sums(i, v): those of row i, columns [16v, 16v + 16); add: C holds
+// earlier sums (or the caller's C) to add to.
+template <class Sums>
+inline void store_tile(const Sums& sums, int64_t rows, float* c, int64_t ldc, int64_t cols, float alpha, bool add) {
   const __m512 va = _mm512_set1_ps(alpha);
   for (int v = 0; v < NV; ++v) {
     const int64_t valid = cols - 16 * v;
     if (valid <= 0) break;
     const __mmask16 mask = lanes(valid);
-    for (int i = 0; i < R; ++i) {
+    for (int64_t i = 0; i < rows; ++i) {
       float* dst = c + i * ldc + 16 * v;
-      __m512 r = _mm512_mul_ps(acc[i][v], va);
+      __m512 r = _mm512_mul_ps(sums(i, v), va);
       if (add) r = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, dst), r);
       _mm512_mask_storeu_ps(dst, mask, r);
     }
   }
 }
 
+// C[0:R, 0:cols] (+)= alpha * A[0:R, k0:k1] panel (store_tile).
+template <int R>
+void tile(const uint16_t* a, int64_t lda, int64_t k0, int64_t k1, const uint32_t* panel, float* c, int64_t ldc,
+          int64_t cols, float alpha, bool add) {
+  __m512 acc[R][NV];
+  products<R>(a, lda, k0, k1, panel, acc);
+  store_tile([&](int64_t i, int v) { return acc[i][v]; }, R, c, ldc, cols, alpha, add);
+}
+
 // The score gradient of rows [0, R) and columns [0, cols) of a panel, from dP = A[0:R, 0:k] panel (one reduction
 // block): ds16 = bf16(P * (dP - delta)) (0 where unit_zero and P == 1), the formula and rounding of
 // attnops_softmax_grad with its bf16 copy (softmax.cpp) on the dP that attnops_bf16_gemm would write.
-template <int R>
-void grad_tile(const uint16_t* a, int64_t lda, int64_t k, const uint32_t* panel, const float* p, int64_t ldp,
-               const float* delta, bool unit_zero, uint16_t* ds16, int64_t ld16, int64_t cols) {
-  __m512 acc[R][NV];
-  products<R>(a, lda, 0, k, panel, acc);
+template <class Sums>
+inline void store_grad(const Sums& sums, int64_t rows, const float* p, int64_t ldp, const float* delta,
+                       bool unit_zero, uint16_t* ds16, int64_t ld16, int64_t cols) {
   for (int v = 0; v < NV; ++v) {
     const int64_t valid = cols - 16 * v;
     if (valid <= 0) break;
     const __mmask16 mask = lanes(valid);
-    for (int i = 0; i < R; ++i) {
+    for (int64_t i = 0; i < rows; ++i) {
       const __m512 pv = _mm512_maskz_loadu_ps(mask, p + i * ldp + 16 * v);
-      __m512 ds = _mm512_mul_ps(pv, _mm512_sub_ps(acc[i][v], _mm512_set1_ps(delta[i])));
+      __m512 ds = _mm512_mul_ps(pv, _mm512_sub_ps(sums(i, v), _mm512_set1_ps(delta[i])));
       if (unit_zero) ds = _mm512_mask_mov_ps(ds, _mm512_cmp_ps_mask(pv, _mm512_set1_ps(1.0f), _CMP_EQ_OQ),
                                              _mm512_setzero_ps());
       _mm256_mask_storeu_epi16(ds16 + i * ld16 + 16 * v, mask, (__m256i)_mm512_cvtneps_pbh(ds));
     }
   }
+}
+
+template <int R>
+void grad_tile(const uint16_t* a, int64_t lda, int64_t k, const uint32_t* panel, const float* p, int64_t ldp,
+               const float* delta, bool unit_zero, uint16_t* ds16, int64_t ld16, int64_t cols) {
+  __m512 acc[R][NV];
+  products<R>(a, lda, 0, k, panel, acc);
+  store_grad([&](int64_t i, int v) { return acc[i][v]; }, R, p, ldp, delta, unit_zero, ds16, ld16, cols);
 }
 
 using GradFn = void (*)(const uint16_t*, int64_t, int64_t, const uint32_t*, const float*, int64_t, const float*, bool,
@@ -155,6 +184,91 @@ bool cpu_has_bf16() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
   return has;
 }
+
+#if ATTNOPS_AMX
+constexpr int64_t AM = 16;  // C rows per tile block
+
+// Whether this CPU has AMX-BF16 and Linux lets the process use the tile state (asked once; ATTNOPS_CPU_AMX=0 keeps
+// the products on vdpbf16ps).
+bool amx_granted() {
+  static const bool granted = [] {
+    const char* setting = std::getenv("ATTNOPS_CPU_AMX");
+    if (setting != nullptr && std::strcmp(setting, "0") == 0) return false;
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;  // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+    return (edx & kAmxBf16) && (edx & kAmxTile) && syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return granted;
+}
+
+// The tile configuration on the calling thread while in scope: tmm0-3 the C block's four 16 x 16 fp32 quarters,
+// tmm4 16 A rows x 32 bf16, tmm5-7 16 pairs x 16 columns of a panel. Released on exit (no tile state kept between
+// calls).
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+class Tiles {
+ public:
+  Tiles() {
+    TileConfig config{};
+    config.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+      config.rows[t] = 16;
+      config.colsb[t] = 64;
+    }
+    _tile_loadconfig(&config);
+  }
+  ~Tiles() { _tile_release(); }
+  Tiles(const Tiles&) = delete;
+  Tiles& operator=(const Tiles&) = delete;
+};
+
+// out [AM, KC] = A[0:rows, k0:k1], zero past rows and k1 (whole tile rows to read, and nothing past the operand)
+void pack_rows(const uint16_t* a, int64_t lda, int64_t rows, int64_t k0, int64_t k1, uint16_t* out) {
+  std::memset(out, 0, sizeof(uint16_t) * AM * KC);
+  for (int64_t i = 0; i < rows; ++i) std::memcpy(out + i * KC, a + i * lda + k0, sizeof(uint16_t) * (k1 - k0));
+}
+
+// c [AM, NR] = rows (pack_rows) times a panel of `stride` pair rows (a multiple of 16), 16 pairs at a time in order
+void block_products(const uint16_t* rows, const uint32_t* panel, int64_t stride, float* c) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t t = 0; t < stride; t += 16) {
+    const uint32_t* b = panel + t * NR;
+    _tile_loadd(4, rows + 2 * t, KC * sizeof(uint16_t));
+    _tile_loadd(5, b, NR * sizeof(uint32_t));
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, b + 16, NR * sizeof(uint32_t));
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_loadd(7, b + 32, NR * sizeof(uint32_t));
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, b + 48, NR * sizeof(uint32_t));
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, c, NR * sizeof(float));
+  _tile_stored(1, c + 16, NR * sizeof(float));
+  _tile_stored(2, c + 32, NR * sizeof(float));
+  _tile_stored(3, c + 48, NR * sizeof(float));
+}
+#endif
+
+// Whether the products run on the tile unit (AMX) in this process.
+bool use_amx() {
+#if ATTNOPS_AMX
+  return amx_granted();
+#else
+  return false;
+#endif
+}
+
+// Pair rows per packed panel: the block's pairs, padded to whole B tiles (16 pairs) for the tile unit.
+inline int64_t panel_stride(int64_t pairs, bool amx) { return amx ? (pairs + 15) / 16 * 16 : pairs; }
 
 // A tile's band (MaskSpec.tile_band, as attnops_softmax_block takes it): row i keeps column j where
 // lo <= j - i <= hi or j < prefix.
@@ -179,14 +293,34 @@ void gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const
   }
   thread_local std::vector<uint32_t> packed;
   const int64_t panels = (n + NR - 1) / NR;
-  packed.resize(static_cast<size_t>(panels * (KC / 2) * NR));
+  packed.resize(static_cast<size_t>(panels * (KC / 2) * NR));  // KC / 2: a multiple of 16 pairs
+  const bool amx = use_amx();
   for (int64_t k0 = 0; k0 < k; k0 += KC) {
     const int64_t k1 = k0 + KC < k ? k0 + KC : k;
-    const int64_t pairs = (k1 - k0 + 1) / 2;
-    (b_nt ? pack_nt : pack_nn)(b, ldb, n, k0, k1, packed.data());
+    const int64_t stride = panel_stride((k1 - k0 + 1) / 2, amx);
+    (b_nt ? pack_nt : pack_nn)(b, ldb, n, k0, k1, stride, packed.data());
     const bool add = accumulate || k0 > 0;
+#if ATTNOPS_AMX
+    if (amx) {
+      const Tiles tiles;
+      thread_local std::vector<uint16_t> rows_of_a(AM * KC);
+      alignas(64) float sums[AM * NR];
+      for (int64_t i = 0; i < m; i += AM) {
+        const int64_t rows = m - i < AM ? m - i : AM;
+        pack_rows(a + i * lda, lda, rows, k0, k1, rows_of_a.data());
+        for (int64_t q = 0; q < panels; ++q) {
+          const int64_t cols = n - q * NR < NR ? n - q * NR : NR;
+          if (masked_whole(band, i, rows, q * NR, cols)) continue;
+          block_products(rows_of_a.data(), packed.data() + q * stride * NR, stride, sums);
+          store_tile([&](int64_t r, int v) { return _mm512_load_ps(sums + r * NR + 16 * v); }, rows,
+                     c + i * ldc + q * NR, ldc, cols, alpha, add);
+        }
+      }
+      continue;
+    }
+#endif
     for (int64_t q = 0; q < panels; ++q) {
-      const uint32_t* panel = packed.data() + q * pairs * NR;
+      const uint32_t* panel = packed.data() + q * stride * NR;
       const int64_t cols = n - q * NR < NR ? n - q * NR : NR;
       for (int64_t i = 0; i < m; i += MR) {
         const int64_t rows = m - i < MR ? m - i : MR;
@@ -202,10 +336,11 @@ void gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const
 
 extern "C" {
 
-// 1 when this build and this CPU run the bf16 GEMM, else 0.
+// Whether this build and this CPU run the bf16 GEMM, and on what: 2 on the tile unit (AMX-BF16), 1 on vdpbf16ps
+// (AVX512-BF16), 0 not at all.
 int attnops_bf16_gemm_ready() {
 #if ATTNOPS_BF16_GEMM
-  return cpu_has_bf16() ? 1 : 0;
+  return cpu_has_bf16() ? (use_amx() ? 2 : 1) : 0;
 #else
   return 0;
 #endif
@@ -253,14 +388,33 @@ int attnops_bf16_gemm_grad(int64_t m, int64_t n, int64_t k, const uint16_t* a, i
   if (!cpu_has_bf16()) return 1;
   if (k > KC || k == 0) return 2;
   thread_local std::vector<uint32_t> packed;
-  const int64_t panels = (n + NR - 1) / NR, pairs = (k + 1) / 2;
-  packed.resize(static_cast<size_t>(panels * pairs * NR));
-  pack_nt(b, ldb, n, 0, k, packed.data());
+  const bool amx = use_amx();
+  const int64_t panels = (n + NR - 1) / NR, stride = panel_stride((k + 1) / 2, amx);
+  packed.resize(static_cast<size_t>(panels * stride * NR));
+  pack_nt(b, ldb, n, 0, k, stride, packed.data());
+#if ATTNOPS_AMX
+  if (amx) {
+    const Tiles tiles;
+    thread_local std::vector<uint16_t> rows_of_a(AM * KC);
+    alignas(64) float sums[AM * NR];
+    for (int64_t i = 0; i < m; i += AM) {
+      const int64_t rows = m - i < AM ? m - i : AM;
+      pack_rows(a + i * lda, lda, rows, 0, k, rows_of_a.data());
+      for (int64_t q = 0; q < panels; ++q) {
+        const int64_t cols = n - q * NR < NR ? n - q * NR : NR;
+        block_products(rows_of_a.data(), packed.data() + q * stride * NR, stride, sums);
+        store_grad([&](int64_t r, int v) { return _mm512_load_ps(sums + r * NR + 16 * v); }, rows, p + i * ldp + q * NR,
+                   ldp, delta + i, unit_zero != 0, ds16 + i * ld16 + q * NR, ld16, cols);
+      }
+    }
+    return 0;
+  }
+#endif
   for (int64_t q = 0; q < panels; ++q) {
     const int64_t cols = n - q * NR < NR ? n - q * NR : NR;
     for (int64_t i = 0; i < m; i += MR) {
       const int64_t rows = m - i < MR ? m - i : MR;
-      kGradTiles[rows](a + i * lda, lda, k, packed.data() + q * pairs * NR, p + i * ldp + q * NR, ldp, delta + i,
+      kGradTiles[rows](a + i * lda, lda, k, packed.data() + q * stride * NR, p + i * ldp + q * NR, ldp, delta + i,
                        unit_zero != 0, ds16 + i * ld16 + q * NR, ld16, cols);
     }
   }
