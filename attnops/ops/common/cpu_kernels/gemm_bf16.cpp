@@ -13,10 +13,12 @@
 // order (k pairs in order within a block, blocks in order), so a result does not depend on the calling thread.
 //
 // Where the build and the CPU have AMX-BF16 (and Linux grants the process the tile state), the products run on the
-// tile unit instead: 16 x 64 blocks of C from four 16 x 16 accumulator tiles, the A rows copied zero-padded into a
-// 16 x KC block, the panels read as B tiles (their layout is AMX's pairs layout, padded with zero pairs to a multiple
-// of 16). tdpbf16ps has vdpbf16ps' semantics (exact pair products, fp32 sums, denormals flushed); which unit serves
-// is decided once per process, so every result of a process comes from the same one, whatever the thread.
+// tile unit instead: 32 x 64 blocks of C, each half of 32 columns from four 16 x 16 accumulator tiles, the A rows
+// copied zero-padded into a 32 x KC block, the panels read as B tiles (their layout is AMX's pairs layout, padded
+// with zero pairs to a multiple of 16). tdpbf16ps has vdpbf16ps' semantics (exact pair products, fp32 sums,
+// denormals flushed); with alpha 1 the products are summed onto C in the tiles, otherwise scaled and added after.
+// Which unit serves is decided once per process, so every result of a process comes from the same one, whatever
+// the thread.
 //
 // Without AVX512-BF16 in the build (other CPUs, portable builds) or on the CPU running it, attnops_bf16_gemm_ready
 // returns 0 and the entry points return 1: the engine keeps its fp32 products there.
@@ -57,9 +59,21 @@ inline uint32_t load_pair(const uint16_t* p) {
 // Panels of B's columns [0, n) for reduction steps [k0, k1), `stride` pair rows each: panel q, pair t, lane j
 // holds (B[k0 + 2t, 64q + j], B[k0 + 2t + 1, 64q + j]) as one dword (0 past n, k1 and the pairs).
 void pack_nt(const uint16_t* b, int64_t ldb, int64_t n, int64_t k0, int64_t k1, int64_t stride, uint32_t* out) {
-  const int64_t panels = (n + NR - 1) / NR;
+  const int64_t panels = (n + NR - 1) / NR, pairs = (k1 - k0) / 2;  // pairs: the whole ones
   std::memset(out, 0, sizeof(uint32_t) * panels * stride * NR);
-  for (int64_t col = 0; col < n; ++col) {
+  int64_t col = 0;
+  if (16 * ldb < (int64_t{1} << 31)) {  // 16 columns at a time: pair t of each gathered into one vector
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(static_cast<int>(ldb)));
+    for (; col + 16 <= n; col += 16) {
+      const uint16_t* first = b + col * ldb + k0;
+      uint32_t* dst = out + (col / NR) * stride * NR + col % NR;
+      for (int64_t t = 0; t < pairs; ++t) _mm512_storeu_si512(dst + t * NR, _mm512_i32gather_epi32(rows, first + 2 * t, 2));
+      if (2 * pairs < k1 - k0)
+        for (int64_t j = 0; j < 16; ++j) dst[pairs * NR + j] = first[j * ldb + 2 * pairs];
+    }
+  }
+  for (; col < n; ++col) {
     const uint16_t* row = b + col * ldb + k0;
     uint32_t* dst = out + (col / NR) * stride * NR + col % NR;
     int64_t t = 0;
@@ -186,7 +200,7 @@ bool cpu_has_bf16() {
 }
 
 #if ATTNOPS_AMX
-constexpr int64_t AM = 16;  // C rows per tile block
+constexpr int64_t AM = 32;  // C rows per tile block (two tiles of 16)
 
 // Whether this CPU has AMX-BF16 and Linux lets the process use the tile state (asked once; ATTNOPS_CPU_AMX=0 keeps
 // the products on vdpbf16ps).
@@ -203,9 +217,9 @@ bool amx_granted() {
   return granted;
 }
 
-// The tile configuration on the calling thread while in scope: tmm0-3 the C block's four 16 x 16 fp32 quarters,
-// tmm4 16 A rows x 32 bf16, tmm5-7 16 pairs x 16 columns of a panel. Released on exit (no tile state kept between
-// calls).
+// The tile configuration on the calling thread while in scope: tmm0-3 four 16 x 16 fp32 quarters of C, tmm4-5 16 A
+// rows x 32 bf16 each, tmm6-7 16 pairs x 16 columns of a panel each (every tile loaded feeds two products, and no
+// tile is loaded again while a product still reads it). Released on exit (no tile state kept between calls).
 struct alignas(64) TileConfig {
   uint8_t palette, start_row, reserved[14];
   uint16_t colsb[16];
@@ -229,32 +243,64 @@ class Tiles {
 
 // out [AM, KC] = A[0:rows, k0:k1], zero past rows and k1 (whole tile rows to read, and nothing past the operand)
 void pack_rows(const uint16_t* a, int64_t lda, int64_t rows, int64_t k0, int64_t k1, uint16_t* out) {
-  std::memset(out, 0, sizeof(uint16_t) * AM * KC);
-  for (int64_t i = 0; i < rows; ++i) std::memcpy(out + i * KC, a + i * lda + k0, sizeof(uint16_t) * (k1 - k0));
+  const int64_t width = (k1 - k0 + 31) / 32 * 32;  // what the tiles read of each row
+  for (int64_t i = 0; i < AM; ++i) {
+    const int64_t valid = i < rows ? k1 - k0 : 0;
+    if (valid) std::memcpy(out + i * KC, a + i * lda + k0, sizeof(uint16_t) * valid);
+    std::memset(out + i * KC + valid, 0, sizeof(uint16_t) * (width - valid));
+  }
 }
 
-// c [AM, NR] = rows (pack_rows) times a panel of `stride` pair rows (a multiple of 16), 16 pairs at a time in order
-void block_products(const uint16_t* rows, const uint32_t* panel, int64_t stride, float* c) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t t = 0; t < stride; t += 16) {
-    const uint32_t* b = panel + t * NR;
-    _tile_loadd(4, rows + 2 * t, KC * sizeof(uint16_t));
-    _tile_loadd(5, b, NR * sizeof(uint32_t));
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(6, b + 16, NR * sizeof(uint32_t));
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_loadd(7, b + 32, NR * sizeof(uint32_t));
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_loadd(5, b + 48, NR * sizeof(uint32_t));
-    _tile_dpbf16ps(3, 4, 5);
+// c [AM, NR] (row stride ldc) = rows (pack_rows) times a panel of `stride` pair rows (a multiple of 16), 16 pairs at
+// a time in order, summed onto c's own values with `onto`, else from 0; in two halves of 32 columns.
+void block_products(const uint16_t* rows, const uint32_t* panel, int64_t stride, float* c, int64_t ldc, bool onto) {
+  const int64_t step = ldc * static_cast<int64_t>(sizeof(float));
+  for (int64_t half = 0; half < NR; half += 32) {
+    float* top = c + half;
+    float* bottom = top + 16 * ldc;
+    if (onto) {
+      _tile_loadd(0, top, step);
+      _tile_loadd(1, top + 16, step);
+      _tile_loadd(2, bottom, step);
+      _tile_loadd(3, bottom + 16, step);
+    } else {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int64_t t = 0; t < stride; t += 16) {
+      const uint32_t* b = panel + t * NR + half;
+      _tile_loadd(4, rows + 2 * t, KC * sizeof(uint16_t));
+      _tile_loadd(5, rows + 16 * KC + 2 * t, KC * sizeof(uint16_t));
+      _tile_loadd(6, b, NR * sizeof(uint32_t));
+      _tile_loadd(7, b + 16, NR * sizeof(uint32_t));
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, top, step);
+    _tile_stored(1, top + 16, step);
+    _tile_stored(2, bottom, step);
+    _tile_stored(3, bottom + 16, step);
   }
-  _tile_stored(0, c, NR * sizeof(float));
-  _tile_stored(1, c + 16, NR * sizeof(float));
-  _tile_stored(2, c + 32, NR * sizeof(float));
-  _tile_stored(3, c + 48, NR * sizeof(float));
+}
+
+// C[0:rows, 0:cols] (+)= alpha * A-rows x panel on the tile unit. With alpha 1 the products are summed onto C in
+// the tiles (a whole block straight in C, a part through a copy), else they are scaled and added (store_tile).
+void tile_block(const uint16_t* rows_of_a, int64_t rows, const uint32_t* panel, int64_t stride, float* c, int64_t ldc,
+                int64_t cols, float alpha, bool add) {
+  if (alpha == 1.0f && rows == AM && cols == NR) return block_products(rows_of_a, panel, stride, c, ldc, add);
+  alignas(64) float sums[AM * NR];
+  const bool onto = alpha == 1.0f && add;
+  if (onto) {
+    std::memset(sums, 0, sizeof sums);
+    for (int64_t i = 0; i < rows; ++i) std::memcpy(sums + i * NR, c + i * ldc, sizeof(float) * cols);
+  }
+  block_products(rows_of_a, panel, stride, sums, NR, onto);
+  store_tile([&](int64_t i, int v) { return _mm512_load_ps(sums + i * NR + 16 * v); }, rows, c, ldc, cols,
+             onto ? 1.0f : alpha, add && !onto);
 }
 #endif
 
@@ -304,16 +350,14 @@ void gemm(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const
     if (amx) {
       const Tiles tiles;
       thread_local std::vector<uint16_t> rows_of_a(AM * KC);
-      alignas(64) float sums[AM * NR];
       for (int64_t i = 0; i < m; i += AM) {
         const int64_t rows = m - i < AM ? m - i : AM;
         pack_rows(a + i * lda, lda, rows, k0, k1, rows_of_a.data());
         for (int64_t q = 0; q < panels; ++q) {
           const int64_t cols = n - q * NR < NR ? n - q * NR : NR;
-          if (masked_whole(band, i, rows, q * NR, cols)) continue;
-          block_products(rows_of_a.data(), packed.data() + q * stride * NR, stride, sums);
-          store_tile([&](int64_t r, int v) { return _mm512_load_ps(sums + r * NR + 16 * v); }, rows,
-                     c + i * ldc + q * NR, ldc, cols, alpha, add);
+          if (!masked_whole(band, i, rows, q * NR, cols))
+            tile_block(rows_of_a.data(), rows, packed.data() + q * stride * NR, stride, c + i * ldc + q * NR, ldc,
+                       cols, alpha, add);
         }
       }
       continue;
@@ -402,7 +446,7 @@ int attnops_bf16_gemm_grad(int64_t m, int64_t n, int64_t k, const uint16_t* a, i
       pack_rows(a + i * lda, lda, rows, 0, k, rows_of_a.data());
       for (int64_t q = 0; q < panels; ++q) {
         const int64_t cols = n - q * NR < NR ? n - q * NR : NR;
-        block_products(rows_of_a.data(), packed.data() + q * stride * NR, stride, sums);
+        block_products(rows_of_a.data(), packed.data() + q * stride * NR, stride, sums, NR, false);
         store_grad([&](int64_t r, int v) { return _mm512_load_ps(sums + r * NR + 16 * v); }, rows, p + i * ldp + q * NR,
                    ldp, delta + i, unit_zero != 0, ds16 + i * ld16 + q * NR, ld16, cols);
       }
