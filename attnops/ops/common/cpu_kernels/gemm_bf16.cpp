@@ -288,10 +288,21 @@ void block_products(const uint16_t* rows, const uint32_t* panel, int64_t stride,
 }
 
 // C[0:rows, 0:cols] (+)= alpha * A-rows x panel on the tile unit. With alpha 1 the products are summed onto C in
-// the tiles (a whole block straight in C, a part through a copy), else they are scaled and added (store_tile).
+// the tiles (a whole block straight in C, a part through a copy); a whole block without `add` is scaled in C; else
+// they are scaled and added from a copy (store_tile).
 void tile_block(const uint16_t* rows_of_a, int64_t rows, const uint32_t* panel, int64_t stride, float* c, int64_t ldc,
                 int64_t cols, float alpha, bool add) {
   if (alpha == 1.0f && rows == AM && cols == NR) return block_products(rows_of_a, panel, stride, c, ldc, add);
+  if (!add && rows == AM && cols == NR) {  // the products straight in C, then scaled there
+    block_products(rows_of_a, panel, stride, c, ldc, false);
+    const __m512 va = _mm512_set1_ps(alpha);
+    for (int64_t i = 0; i < AM; ++i)
+      for (int v = 0; v < NV; ++v) {
+        float* row = c + i * ldc + 16 * v;
+        _mm512_storeu_ps(row, _mm512_mul_ps(_mm512_loadu_ps(row), va));
+      }
+    return;
+  }
   alignas(64) float sums[AM * NR];
   const bool onto = alpha == 1.0f && add;
   if (onto) {
