@@ -226,7 +226,7 @@ def forward(p: FIAProblem, batches: list[int], convert=None) -> dict[int, tuple[
     """``{b: (o [Sq_b, N1, Dv], lse [N1, Sq_b])}`` for the decode ``batches`` (each with KV and queries): ``o`` fp32,
     or ``convert(o)`` when given (an elementwise cast, applied to several batches at once)."""
     queries = _queries(p, batches)
-    fused = {b: fused_decode.kernel_query(p, q) for b, q in queries.items()} if fused_decode.unsupported(p) is None \
+    fused = {b: fused_decode.kernel_query(p, b, q) for b, q in queries.items()} if fused_decode.unsupported(p) is None \
         else {}
     paged = fused_decode.paged_chunks(p, list(fused), CHUNK_TOKENS)
     chunks = [c for b in batches for c in (paged.get(b) or _chunks(p, b))]

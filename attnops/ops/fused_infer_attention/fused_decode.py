@@ -77,22 +77,27 @@ def _static(quant: Antiquant | None, n2: int) -> tuple[Tensor, Tensor | None] | 
     return tuple(None if t is None else t.reshape(t.shape[1], 1, t.shape[3]) for t in (quant.scale, quant.offset))
 
 
-def kernel_query(p: FIAProblem, qs: Tensor) -> tuple[Tensor, Tensor | None]:
-    """The query ``[N2, rows, D]`` the kernel takes (per-channel key scales folded in) and the score shift
-    ``[N2, rows]`` a per-channel key offset adds (``(q * scale) . offset``), or None."""
+def kernel_query(p: FIAProblem, b: int, qs: Tensor) -> tuple[Tensor, Tensor | None, tuple[Tensor, float] | None]:
+    """Batch ``b``'s query ``[N2, rows, D]`` the kernel takes (``qs`` with per-channel key scales folded in), the
+    score shift ``[N2, rows]`` a per-channel key offset adds (``(q * scale) . offset``) or None, and the bf16 query
+    before scaling with its scale (:func:`layout.query_fields`) when the kernel takes bf16 keys' scores on the AMX
+    tile unit from it (else None)."""
     static = _static(p.key_quant, p.n2)
     if static is None:
-        return qs.contiguous(), None
+        tile = p.source.query.dtype == torch.bfloat16 and _cache(p.source.key).dtype == torch.bfloat16 \
+            and cpu_kernels.tile_scores()
+        raw = p.queries[b].transpose(0, 1).reshape(qs.shape).contiguous() if tile else None
+        return qs.contiguous(), None, None if raw is None else (raw, p.scale)
     scale, offset = static
     q = (qs * scale).contiguous()
-    return q, None if offset is None else (q * offset).sum(-1)
+    return q, None if offset is None else (q * offset).sum(-1), None
 
 
 def compute(p: FIAProblem, chunks: list, queries: dict, partials: dict) -> None:
     """The partials of ``chunks`` (each one :func:`takes`, or a :class:`PagedChunk`) in one
     :func:`cpu_kernels.decode_chunks` call on every CPU thread: chunk ``c``'s row max, row sum and un-normalised
     output go to slot ``c.index`` of ``partials[c.b]`` (``m``, ``total [C_b, N1, Sq]``, ``o [C_b, N1, Sq, Dv]``, each
-    slot contiguous fp32); ``queries[b]``: :func:`kernel_query`'s ``(q, shift)``."""
+    slot contiguous fp32); ``queries[b]``: :func:`kernel_query`'s ``(q, shift, unscaled)``."""
     keep: list = []
     runs = [None if isinstance(c, PagedChunk) else _runs(p, c.b, c.pieces, keep) for c in chunks]
     table = torch.tensor([r for rs in runs if rs is not None for r in rs], dtype=layout.DTYPE)
@@ -107,7 +112,8 @@ def compute(p: FIAProblem, chunks: list, queries: dict, partials: dict) -> None:
             address = table.data_ptr() + first * table.stride(0) * table.element_size()
             first += count
         outputs = tuple(x.data_ptr() + c.index * x.stride(0) * x.element_size() for x in partials[c.b])
-        rows.append(layout.chunk_row(queries[c.b][0], (address, count), c.length, dtypes, p.dv, outputs))
+        rows.append(layout.chunk_row(queries[c.b][0], (address, count), c.length, dtypes, p.dv, outputs,
+                                     unscaled=queries[c.b][2]))
     cpu_kernels.decode_chunks(rows)
     static = _static(p.value_quant, p.n2)
     for c in chunks:

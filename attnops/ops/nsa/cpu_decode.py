@@ -45,9 +45,12 @@ def _paged_call(kv: PagedKV, query: Tensor, key: Tensor, value: Tensor, block_ta
     """``(attention_out [B, N1, Dv] fp32, the kernel's code)`` of one :func:`cpu_kernels.paged_attention` call
     (``operator``: :func:`layout.paged_call`'s selected indices or probabilities)."""
     q = query.to(F32).mul(kv.scale).contiguous().view(kv.batch, kv.n2, kv.n1 // kv.n2, -1)  # read by address
+    tile = query.dtype == key.dtype == torch.bfloat16 and cpu_kernels.tile_scores()  # scores on the AMX tile unit
+    unscaled = (query.contiguous().view(q.shape), kv.scale) if tile else None
     out = torch.empty(*q.shape[:-1], kv.dv, dtype=F32)
     held = torch.tensor(lengths, dtype=torch.int64)  # alive until the kernel returns
-    code = cpu_kernels.paged_attention(layout.paged_call(q, key, value, block_table, held, out, **operator))
+    code = cpu_kernels.paged_attention(layout.paged_call(q, key, value, block_table, held, out, unscaled=unscaled,
+                                                         **operator))
     return out.view(kv.batch, kv.n1, kv.dv), code
 
 

@@ -67,8 +67,20 @@ def test_run_columns_and_chunk_rows_follow_the_field_names():
     q = torch.zeros(2, 3, 4)
     row = dict(zip(layout.CHUNK_FIELDS, layout.chunk_row(q, (11, 12), 13, (torch.float16, torch.int8), 5,
                                                          (21, 22, 23), 24), strict=True))
-    assert row == dict(q=q.data_ptr(), heads=2, rows=3, d=4, dv=5, kt=1, vt=3, runs=11, nruns=12, tokens=13,
-                       m_out=21, l_out=22, o_out=23, p_out=24)
+    assert row == dict(q=q.data_ptr(), q_bf16=0, scale=0, heads=2, rows=3, d=4, dv=5, kt=1, vt=3, runs=11,
+                       nruns=12, tokens=13, m_out=21, l_out=22, o_out=23, p_out=24)
+    raw = torch.zeros(2, 3, 4, dtype=torch.bfloat16)
+    fields = dict(zip(layout.QUERY, layout.query_fields(q, (raw, 0.125)), strict=True))
+    assert fields == dict(q=q.data_ptr(), q_bf16=raw.data_ptr(), scale=0x3E000000)  # 0.125's fp32 bits
+
+
+@pytest.mark.parametrize("raw, named", [(torch.zeros(2, 3, 4), "torch.float32"),
+                                        (torch.zeros(2, 4, 3, dtype=torch.bfloat16).transpose(1, 2), "False"),
+                                        (torch.zeros(2, 3, 5, dtype=torch.bfloat16), "(2, 3, 5)")])
+def test_an_unscaled_query_must_be_contiguous_bf16_of_the_query_shape(raw, named):
+    with pytest.raises(ValueError, match="unscaled query") as caught:
+        layout.query_fields(torch.zeros(2, 3, 4), (raw, 0.5))
+    assert named in str(caught.value)
 
 
 def test_a_paged_call_names_every_tensor_and_stride():
@@ -78,7 +90,7 @@ def test_a_paged_call_names_every_tensor_and_stride():
     picks = torch.zeros(2, 3, 10, dtype=torch.int64)
     call = dict(zip(layout.PAGED_CALL_FIELDS, layout.paged_call(q, key, value, table, lengths, out, picks, 16),
                     strict=True))
-    assert call == dict(q=q.data_ptr(), batch=2, kv_heads=3, group=4, d=5, dv=6, k_addr=key.data_ptr(), k_sb=120,
+    assert call == dict(q=q.data_ptr(), q_bf16=0, scale=0, batch=2, kv_heads=3, group=4, d=5, dv=6, k_addr=key.data_ptr(), k_sb=120,
                         k_sp=15, k_sn=5, kt=2, v_addr=value.data_ptr(), v_sb=144, v_sp=18, v_sn=6, vt=2, blocks=7,
                         page=8, table=table.data_ptr(), table_sb=9, table_si=1, table_len=9, table_wide=0,
                         lengths=lengths.data_ptr(), picks=picks.data_ptr(), picks_sb=30, picks_sn=10, picks_si=1,

@@ -76,6 +76,36 @@ def test_register_blocks_and_partial_vectors(kernel_calls, dtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("d", [64, 36, 160])
+@pytest.mark.parametrize("paged", [False, True])
+def test_bf16_scores_of_many_query_rows(kernel_calls, d, paged):
+    """bf16 query and keys (on CPUs with AMX-BF16 the scores run on the tile unit, from the unscaled query): 20
+    query rows per KV head (G=10, Sq=2: two B tiles of 16 rows), head dims a multiple of 32 (the keys' rows read
+    where they lie when evenly spaced), not one (copied zero-padded) and of five steps; pages of 24 tokens, so tiles
+    of 16 tokens cross pages and partial tiles end the lengths."""
+    b, n, nkv, lens = 2, 20, 2, [70, 41]
+    q, k, v = make_inputs("BNSD", b=b, n=n, nkv=nkv, sq=2, skv=70, d=d, dv=48, dtype=BF16)
+    kw = dict(actual_seq_lengths_kv=lens, num_heads=n, num_key_value_heads=nkv, scale_value=0.3,
+              input_layout="BNSD", softmax_lse_flag=True)
+    if paged:
+        k, bt = to_paged(k, lens, 24, seed=5)
+        v, _ = to_paged(v, lens, 24, seed=5)
+        kw.update(block_table=bt, block_size=24)
+    check_fia(q, k, v, via="api", **kw)
+    assert kernel_calls[0] > 0
+
+
+def test_the_tile_unit_serves_decode_scores_where_it_serves_the_gemm():
+    """The decode kernel's bf16 scores take the AMX tile unit exactly where the bf16 GEMM does (one decision per
+    process, ATTNOPS_CPU_AMX=0 turning both off)."""
+    from attnops.ops.common import bf16_gemm
+
+    if cpu_kernels.library() is None:
+        pytest.skip(cpu_kernels.status())
+    assert cpu_kernels.tile_scores() == (bf16_gemm.unit() == "AMX-BF16")
+
+
+@needs_kernel
 @pytest.mark.parametrize("kmode,vmode", [(0, 0), (1, 1), (5, 5), (0, 1)])
 def test_int8_kv(kernel_calls, kmode, vmode):
     b, n, nkv, d, bs, lens = 2, 4, 2, 32, 16, [70, 33]

@@ -53,6 +53,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.attnops_paged_attention.argtypes, lib.attnops_paged_attention.restype = [p, i32, i32], i32
     lib.attnops_workers_with_a_cpu.argtypes, lib.attnops_workers_with_a_cpu.restype = [i32], i32
     lib.attnops_use_openmp_team.argtypes, lib.attnops_use_openmp_team.restype = [p], None
+    lib.attnops_decode_tile_scores.argtypes, lib.attnops_decode_tile_scores.restype = [], i32
     lib.attnops_use_openmp_team(parallel.openmp_parallel_entry())
     describe = getattr(lib, "attnops_row_layout", None)
     if describe is None:
@@ -110,6 +111,16 @@ def location() -> str | None:
         return None
     recipe = _state["recipe"]
     return f"{_state['path']} (CPU {recipe.cpu}; {recipe.compiler})"
+
+
+def tile_scores() -> bool:
+    """Whether the kernel takes bf16 keys' scores on the AMX tile unit in this process (where the CPU has AMX-BF16
+    and Linux grants it; ``ATTNOPS_CPU_AMX=0`` keeps them on fp32 FMAs): callers then pass the bf16 query before
+    scaling (:func:`.layout.query_fields`)."""
+    if "tile_scores" not in _state:
+        lib = library()
+        _state["tile_scores"] = lib is not None and lib.attnops_decode_tile_scores() == 1
+    return _state["tile_scores"]
 
 
 def unavailable(device: torch.device, rounding) -> str | None:

@@ -34,7 +34,7 @@ except ImportError:  # not a POSIX system: builds are not serialised across proc
     fcntl = None
 
 SOURCE = Path(__file__).with_name("decode.cpp")
-HEADERS = ("threads.h",)  # beside SOURCE, included by it: part of the key
+HEADERS = ("threads.h", "amx.h")  # beside SOURCE, included by it: part of the key
 EXTRA_SOURCES = ("softmax.cpp", "gemm_bf16.cpp")  # beside SOURCE, compiled into the same library: part of the key
 _FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 TEMP_PREFIX = ".attnops-build-"  # temporary build directories in a cache directory

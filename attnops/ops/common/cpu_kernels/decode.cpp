@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "threads.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -35,6 +36,7 @@
 #else
 #define ATTNOPS_AVX512 0
 #endif
+#define ATTNOPS_AMX_SCORES (ATTNOPS_AMX && ATTNOPS_AVX512)  // bf16 keys' scores on the tile unit
 
 namespace {
 
@@ -313,6 +315,9 @@ void each_tile(const Run* runs, int nruns, const char* zero, F&& f) {
 
 struct Chunk {
   const float* q;     // [heads, rows, dp] (zero-padded)
+  const uint16_t* query_tiles;  // the tile unit's B tiles of the unscaled bf16 query (amx_query), or null
+  int groups, steps;  // of query_tiles: 16 query rows per group, 32 of d per step
+  float scale;        // of the scores from query_tiles
   const float* qsum;  // [heads, rows]
   int heads, rows, d, dv, dp, dvp;  // dp, dvp: d, dv rounded up to RW
   float* weights;     // [rows, RW]: a tile's probabilities times the value scales
@@ -408,6 +413,77 @@ void tile_scores(const Chunk& h, int64_t t0, const Tile& tile, const Tile& next)
     }
   }
 }
+
+#if ATTNOPS_AMX_SCORES
+constexpr int AMX_COLUMNS = 16;   // query rows per B tile (its columns)
+constexpr int AMX_STEP = 32;      // bf16 of d per A row and per B tile
+constexpr int AMX_TILE = 16 * AMX_COLUMNS * 2;  // bf16 per B tile
+
+inline int amx_groups(int rows) { return (rows + AMX_COLUMNS - 1) / AMX_COLUMNS; }
+inline int amx_steps(int d) { return (d + AMX_STEP - 1) / AMX_STEP; }
+
+// The unscaled bf16 query q [heads, rows, d] as tdpbf16ps B tiles out [heads, groups, steps, 16 pairs, 16 columns,
+// 2]: pair i of column c in step s of group g is (q[16g + c, 32s + 2i], q[16g + c, 32s + 2i + 1]); zero past the rows
+// and d.
+void amx_query(const uint16_t* q, int heads, int rows, int d, uint16_t* out) {
+  const int groups = amx_groups(rows), steps = amx_steps(d);
+  std::memset(out, 0, sizeof(uint16_t) * heads * groups * steps * AMX_TILE);
+  for (int n = 0; n < heads; ++n)
+    for (int j = 0; j < rows; ++j)
+      for (int e = 0; e < d; ++e) {
+        const int64_t tile = (static_cast<int64_t>(n) * groups + j / AMX_COLUMNS) * steps + e / AMX_STEP;
+        out[tile * AMX_TILE + (e % AMX_STEP / 2) * 2 * AMX_COLUMNS + j % AMX_COLUMNS * 2 + e % 2] =
+            q[(static_cast<int64_t>(n) * rows + j) * d + e];
+      }
+}
+
+// scores[n, :, t0:t0+count] = scale * (q_n . k_t) for every head n on the tile unit: the tile's 16 keys are A (read
+// where they lie when their rows are evenly spaced and d is a multiple of 32, else copied zero-padded into `keys`
+// [16, steps * 32]), the query tiles B; the sums of 32 of d at a time are added in order onto a 16 x 16 tile of
+// sums (token x query row). The keys of `next` are prefetched meanwhile.
+void amx_tile_scores(const Chunk& h, int64_t t0, const Tile& tile, const Tile& next, uint16_t* keys) {
+  alignas(64) float sums[RW * AMX_COLUMNS];
+  const int width = h.steps * AMX_STEP;
+  const int64_t bytes = int64_t{2} * h.d;
+  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(AMX_COLUMNS));
+  const __m512 scale = _mm512_set1_ps(h.scale);
+  const __mmask16 valid = tile.count >= RW ? 0xFFFF : static_cast<__mmask16>((1u << tile.count) - 1u);
+  for (int n = 0; n < h.heads; ++n) {
+    const char* first = tile.k[0] + n * tile.k_sn[0];
+    const int64_t stride = tile.k[1] + n * tile.k_sn[1] - first;
+    bool even = tile.count == RW && h.d % AMX_STEP == 0;
+    for (int t = 2; even && t < RW; ++t) even = tile.k[t] + n * tile.k_sn[t] == first + t * stride;
+    const char* a = first;
+    int64_t lda = stride;
+    if (!even) {
+      for (int t = 0; t < RW; ++t) {
+        std::memcpy(keys + t * width, tile.k[t] + n * tile.k_sn[t], bytes);
+        std::memset(keys + t * width + h.d, 0, sizeof(uint16_t) * (width - h.d));
+      }
+      a = reinterpret_cast<const char*>(keys);
+      lda = int64_t{2} * width;
+    }
+    for (int t = 0; t < RW; ++t)
+      for (int64_t e = 0; e < bytes; e += 64) __builtin_prefetch(next.k[t] + n * next.k_sn[t] + e, 0, 3);
+    for (int g = 0; g < h.groups; ++g) {
+      const uint16_t* b = h.query_tiles + (static_cast<int64_t>(n) * h.groups + g) * h.steps * AMX_TILE;
+      _tile_zero(0);
+      for (int s = 0; s < h.steps; ++s) {
+        _tile_loadd(1, a + s * AMX_STEP * 2, lda);
+        _tile_loadd(2, b + s * AMX_TILE, AMX_COLUMNS * 4);
+        _tile_dpbf16ps(0, 1, 2);
+      }
+      _tile_stored(0, sums, AMX_COLUMNS * 4);
+      const int rows = std::min(AMX_COLUMNS, h.rows - g * AMX_COLUMNS);
+      float* s0 = h.scores + (static_cast<int64_t>(n) * h.rows + g * AMX_COLUMNS) * h.tokens + t0;
+      for (int j = 0; j < rows; ++j)
+        _mm512_mask_storeu_ps(s0 + j * h.tokens, valid,
+                              _mm512_mul_ps(_mm512_i32gather_ps(column, sums + j, 4), scale));
+    }
+  }
+}
+#endif
 
 // o[j, c0 : c0 + NC*RW] += sum_t w[j, t] v_t[c0 : ...] for NR rows (w row step RW, o row step ostep), the RW
 // tokens at v in order (dv values each)
@@ -540,9 +616,39 @@ inline int64_t scores_offset(int64_t rows, int d, int dv) {
   return rows * (dp + 2 + dvp) + (rows + 1) * RW + (dp > dvp ? dp : dvp);
 }
 
+// The scores of a chunk: scores [heads, rows, tokens] (h.scores), from bf16 keys on the tile unit where the chunk
+// has the unscaled bf16 query (`qb`, with `scale`) and the process may use the unit, else with fp32 FMAs from h.q.
 template <int KT, int VT>
-void chunk(const float* q, int heads, int rows, int d, int dv, const Run* runs, int nruns, int64_t tokens,
-           float* scratch, float* m_out, float* l_out, float* o_out) {
+void chunk_scores(Chunk h, const uint16_t* qb, float scale, const Run* runs, int nruns, const char* zero) {
+#if ATTNOPS_AMX_SCORES
+  if (KT == BF16 && qb && attnops::amx_granted()) {
+    h.groups = amx_groups(h.rows);
+    h.steps = amx_steps(h.d);
+    h.scale = scale;
+    thread_local std::vector<uint16_t> tiles_and_keys;  // kept between calls
+    const size_t query = static_cast<size_t>(h.heads) * h.groups * h.steps * AMX_TILE;
+    tiles_and_keys.resize(query + static_cast<size_t>(RW) * h.steps * AMX_STEP);
+    amx_query(qb, h.heads, h.rows, h.d, tiles_and_keys.data());
+    h.query_tiles = tiles_and_keys.data();
+    uint16_t* keys = tiles_and_keys.data() + query;
+    const attnops::Tiles tiles;
+    each_tile<KT, VT>(runs, nruns, zero, [&](int64_t t0, const Tile& tile, const Tile& next) {
+      if (tile.k_quant) tile_scores<KT>(h, t0, tile, next);
+      else amx_tile_scores(h, t0, tile, next, keys);
+    });
+    return;
+  }
+#endif
+  (void)qb;
+  (void)scale;
+  each_tile<KT, VT>(runs, nruns, zero, [&](int64_t t0, const Tile& tile, const Tile& next) {
+    tile_scores<KT>(h, t0, tile, next);
+  });
+}
+
+template <int KT, int VT>
+void chunk(const float* q, const uint16_t* qb, float scale, int heads, int rows, int d, int dv, const Run* runs,
+           int nruns, int64_t tokens, float* scratch, float* m_out, float* l_out, float* o_out) {
   const int dp = padded(d), dvp = padded(dv), hr = heads * rows;
   float* qpad = scratch;              // hr * dp
   float* qsum = qpad + hr * dp;       // hr
@@ -551,7 +657,7 @@ void chunk(const float* q, int heads, int rows, int d, int dv, const Run* runs, 
   float* weights = opad + hr * dvp;   // rows * RW
   float* zero = weights + rows * RW;  // RW + max(dp, dvp): a zero row of either dtype
   float* scores = scratch + scores_offset(hr, d, dv);  // hr * tokens
-  const Chunk h{qpad, qsum, heads, rows, d, dv, dp, dvp, weights, offsets, scores, opad, tokens};
+  const Chunk h{qpad, nullptr, 0, 0, 1.f, qsum, heads, rows, d, dv, dp, dvp, weights, offsets, scores, opad, tokens};
   std::memset(qpad, 0, sizeof(float) * hr * dp);
   std::memset(zero, 0, sizeof(float) * (scores - zero));
   for (int i = 0; i < hr; ++i) {
@@ -561,9 +667,7 @@ void chunk(const float* q, int heads, int rows, int d, int dv, const Run* runs, 
     qsum[i] = s;
   }
   const char* z = reinterpret_cast<const char*>(zero);
-  each_tile<KT, VT>(runs, nruns, z, [&](int64_t t0, const Tile& tile, const Tile& next) {
-    tile_scores<KT>(h, t0, tile, next);
-  });
+  chunk_scores<KT, VT>(h, qb, scale, runs, nruns, z);
   for (int i = 0; i < hr; ++i) softmax_row(scores + i * tokens, tokens, m_out + i, l_out + i);
   std::memset(opad, 0, sizeof(float) * hr * dvp);
   std::memset(offsets, 0, sizeof(float) * hr);
@@ -574,7 +678,8 @@ void chunk(const float* q, int heads, int rows, int d, int dv, const Run* runs, 
     for (int c = 0; c < dv; ++c) o_out[i * dv + c] = opad[i * dvp + c] + offsets[i];
 }
 
-using ChunkFn = void (*)(const float*, int, int, int, int, const Run*, int, int64_t, float*, float*, float*, float*);
+using ChunkFn = void (*)(const float*, const uint16_t*, float, int, int, int, int, const Run*, int, int64_t, float*,
+                         float*, float*, float*);
 
 template <int KT>
 ChunkFn pick_value(int vt) {
@@ -590,12 +695,13 @@ ChunkFn pick_value(int vt) {
 // Floats of scratch one chunk needs (rows: heads x query rows per head).
 int64_t scratch_floats(int rows, int d, int dv, int64_t tokens) { return scores_offset(rows, d, dv) + rows * tokens; }
 
-// One chunk: q [heads, rows, d] fp32 (scaled); runs: the chunk's `tokens` tokens in column order; outputs per head
-// and row: the max m [heads, rows], the sum of exp(s - m) l [heads, rows] and the un-normalised output o [heads,
-// rows, dv]; afterwards the scratch holds exp(s - m) [heads, rows, tokens] from scores_offset on. Returns 0, or -1
-// for an unknown dtype code.
-int run_chunk(const float* q, int heads, int rows, int d, int dv, int kt, int vt, const int64_t* runs, int nruns,
-              int64_t tokens, float* scratch, float* m_out, float* l_out, float* o_out) {
+// One chunk: q [heads, rows, d] fp32 (scaled), and optionally the same query unscaled in bf16, qb (null: none),
+// with its scale; runs: the chunk's `tokens` tokens in column order; outputs per head and row: the max m [heads,
+// rows], the sum of exp(s - m) l [heads, rows] and the un-normalised output o [heads, rows, dv]; afterwards the
+// scratch holds exp(s - m) [heads, rows, tokens] from scores_offset on. Returns 0, or -1 for an unknown dtype code.
+int run_chunk(const float* q, const uint16_t* qb, float scale, int heads, int rows, int d, int dv, int kt, int vt,
+              const int64_t* runs, int nruns, int64_t tokens, float* scratch, float* m_out, float* l_out,
+              float* o_out) {
   ChunkFn fn = nullptr;
   switch (kt) {
     case F32: fn = pick_value<F32>(vt); break;
@@ -604,19 +710,27 @@ int run_chunk(const float* q, int heads, int rows, int d, int dv, int kt, int vt
     case I8: fn = pick_value<I8>(vt); break;
   }
   if (!fn) return -1;
-  fn(q, heads, rows, d, dv, reinterpret_cast<const Run*>(runs), nruns, tokens, scratch, m_out, l_out, o_out);
+  fn(q, qb, scale, heads, rows, d, dv, reinterpret_cast<const Run*>(runs), nruns, tokens, scratch, m_out, l_out,
+     o_out);
   return 0;
 }
 
-// One chunk of a table (pointers as addresses): the arguments of one run_chunk and p_out, where to copy
-// exp(s - m) [heads, rows, tokens] (0: nowhere).
+// One chunk of a table (pointers as addresses): the arguments of one run_chunk (q_bf16: qb or 0; scale: the fp32
+// bits of the scale in the low 32 bits) and p_out, where to copy exp(s - m) [heads, rows, tokens] (0: nowhere).
 struct ChunkRow {
-  int64_t q, heads, rows, d, dv, kt, vt, runs, nruns, tokens, m_out, l_out, o_out, p_out;
+  int64_t q, q_bf16, scale, heads, rows, d, dv, kt, vt, runs, nruns, tokens, m_out, l_out, o_out, p_out;
 };
+
+inline float float_bits(int64_t field) {
+  const uint32_t bits = static_cast<uint32_t>(field);
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
 constexpr int ROW = sizeof(ChunkRow) / sizeof(int64_t);  // int64 fields of a chunk's row in a table
 
 // The layout version Python checks (attnops/ops/common/cpu_kernels/layout.py): raise it with any change of meaning.
-constexpr int LAYOUT_VERSION = 2;
+constexpr int LAYOUT_VERSION = 3;
 struct Field {
   const char* name;
   size_t offset;
@@ -653,9 +767,10 @@ int run_heads(const ChunkRow& c, int h0, int h1, std::vector<float>& scratch, st
     runs = moved.data();
   }
   const int64_t first = static_cast<int64_t>(h0) * rows;  // the heads' first row of the outputs
-  const int code = run_chunk(reinterpret_cast<const float*>(c.q) + first * d, heads, rows, d, dv,
-                             static_cast<int>(c.kt), static_cast<int>(c.vt), reinterpret_cast<const int64_t*>(runs),
-                             static_cast<int>(c.nruns), c.tokens, scratch.data(),
+  const uint16_t* qb = c.q_bf16 ? reinterpret_cast<const uint16_t*>(c.q_bf16) + first * d : nullptr;
+  const int code = run_chunk(reinterpret_cast<const float*>(c.q) + first * d, qb, float_bits(c.scale), heads, rows,
+                             d, dv, static_cast<int>(c.kt), static_cast<int>(c.vt),
+                             reinterpret_cast<const int64_t*>(runs), static_cast<int>(c.nruns), c.tokens, scratch.data(),
                              reinterpret_cast<float*>(c.m_out) + first, reinterpret_cast<float*>(c.l_out) + first,
                              reinterpret_cast<float*>(c.o_out) + first * dv);
   if (code == 0 && c.p_out)
@@ -732,7 +847,8 @@ int run_table(const ChunkRow* rows, int n, int threads, int dynamic, Done&& done
 // twice), each cut at the request's length. Compressed attention (`picks` 0): one chunk per request over all of
 // its keys, every KV head. A length is clamped to [0, the block table's pages].
 struct PagedCall {
-  int64_t q, batch, kv_heads, group, d, dv;  // q [batch, kv_heads, group, d] fp32, scaled, contiguous
+  int64_t q, q_bf16, scale;  // q [batch, kv_heads, group, d] fp32, scaled, contiguous; unscaled bf16 (or 0); scale
+  int64_t batch, kv_heads, group, d, dv;
   int64_t k_addr, k_sb, k_sp, k_sn, kt;      // key cache [blocks, page, kv_heads, d]: strides of a block, a row, a head
   int64_t v_addr, v_sb, v_sp, v_sn, vt;      // value cache [blocks, page, kv_heads, dv]
   int64_t blocks, page;
@@ -813,7 +929,8 @@ int paged_attention(const PagedCall& c, int threads, int dynamic) {
   int64_t probs = c.probs;
   for (int64_t j = 0; j < jobs; ++j) {
     if (tokens[j]) {
-      table.push_back(ChunkRow{c.q + j * rows * c.d * 4, heads, c.group, c.d, c.dv, c.kt, c.vt,
+      table.push_back(ChunkRow{c.q + j * rows * c.d * 4, c.q_bf16 ? c.q_bf16 + j * rows * c.d * 2 : 0, c.scale,
+                               heads, c.group, c.d, c.dv, c.kt, c.vt,
                                reinterpret_cast<int64_t>(runs.data() + first[j]), first[j + 1] - first[j], tokens[j],
                                reinterpret_cast<int64_t>(&m[j * rows]), reinterpret_cast<int64_t>(&l[j * rows]),
                                reinterpret_cast<int64_t>(out + j * rows * c.dv), probs});
@@ -861,6 +978,16 @@ void attnops_use_openmp_team(void* parallel) {
   attnops::openmp_team() = reinterpret_cast<attnops::OpenMPParallel>(parallel);
 }
 
+// Whether chunks with bf16 keys and an unscaled bf16 query take their scores on the AMX tile unit (1) or with fp32
+// FMAs (0) in this process.
+int attnops_decode_tile_scores() {
+#if ATTNOPS_AMX_SCORES
+  return attnops::amx_granted() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
 // How many of `wanted` workers a call would find a CPU for now (threads.h's workers_with_a_cpu).
 int attnops_workers_with_a_cpu(int wanted) { return attnops::workers_with_a_cpu(wanted); }
 
@@ -877,13 +1004,15 @@ const char* attnops_row_layout() {
         ATTNOPS_FIELD(Run, vs_addr), ATTNOPS_FIELD(Run, vo_addr), ATTNOPS_FIELD(Run, vs_sr),
         ATTNOPS_FIELD(Run, vs_sn),   ATTNOPS_FIELD(Run, vs_sl)};
     const Field row[] = {
-        ATTNOPS_FIELD(ChunkRow, q),     ATTNOPS_FIELD(ChunkRow, heads),  ATTNOPS_FIELD(ChunkRow, rows),
+        ATTNOPS_FIELD(ChunkRow, q),     ATTNOPS_FIELD(ChunkRow, q_bf16), ATTNOPS_FIELD(ChunkRow, scale),
+        ATTNOPS_FIELD(ChunkRow, heads), ATTNOPS_FIELD(ChunkRow, rows),
         ATTNOPS_FIELD(ChunkRow, d),     ATTNOPS_FIELD(ChunkRow, dv),     ATTNOPS_FIELD(ChunkRow, kt),
         ATTNOPS_FIELD(ChunkRow, vt),    ATTNOPS_FIELD(ChunkRow, runs),   ATTNOPS_FIELD(ChunkRow, nruns),
         ATTNOPS_FIELD(ChunkRow, tokens), ATTNOPS_FIELD(ChunkRow, m_out), ATTNOPS_FIELD(ChunkRow, l_out),
         ATTNOPS_FIELD(ChunkRow, o_out), ATTNOPS_FIELD(ChunkRow, p_out)};
     const Field call[] = {
-        ATTNOPS_FIELD(PagedCall, q),          ATTNOPS_FIELD(PagedCall, batch),     ATTNOPS_FIELD(PagedCall, kv_heads),
+        ATTNOPS_FIELD(PagedCall, q),          ATTNOPS_FIELD(PagedCall, q_bf16),    ATTNOPS_FIELD(PagedCall, scale),
+        ATTNOPS_FIELD(PagedCall, batch),     ATTNOPS_FIELD(PagedCall, kv_heads),
         ATTNOPS_FIELD(PagedCall, group),      ATTNOPS_FIELD(PagedCall, d),         ATTNOPS_FIELD(PagedCall, dv),
         ATTNOPS_FIELD(PagedCall, k_addr),     ATTNOPS_FIELD(PagedCall, k_sb),      ATTNOPS_FIELD(PagedCall, k_sp),
         ATTNOPS_FIELD(PagedCall, k_sn),       ATTNOPS_FIELD(PagedCall, kt),        ATTNOPS_FIELD(PagedCall, v_addr),

@@ -33,14 +33,7 @@
 #else
 #define ATTNOPS_BF16_GEMM 0
 #endif
-#if ATTNOPS_BF16_GEMM && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
-#define ATTNOPS_AMX 1
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#else
-#define ATTNOPS_AMX 0
-#endif
+#include "amx.h"
 
 namespace {
 
@@ -202,44 +195,8 @@ bool cpu_has_bf16() {
 #if ATTNOPS_AMX
 constexpr int64_t AM = 32;  // C rows per tile block (two tiles of 16)
 
-// Whether this CPU has AMX-BF16 and Linux lets the process use the tile state (asked once; ATTNOPS_CPU_AMX=0 keeps
-// the products on vdpbf16ps).
-bool amx_granted() {
-  static const bool granted = [] {
-    const char* setting = std::getenv("ATTNOPS_CPU_AMX");
-    if (setting != nullptr && std::strcmp(setting, "0") == 0) return false;
-    unsigned eax, ebx, ecx, edx;
-    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;  // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
-    return (edx & kAmxBf16) && (edx & kAmxTile) && syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-  }();
-  return granted;
-}
-
-// The tile configuration on the calling thread while in scope: tmm0-3 four 16 x 16 fp32 quarters of C, tmm4-5 16 A
-// rows x 32 bf16 each, tmm6-7 16 pairs x 16 columns of a panel each (every tile loaded feeds two products, and no
-// tile is loaded again while a product still reads it). Released on exit (no tile state kept between calls).
-struct alignas(64) TileConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-class Tiles {
- public:
-  Tiles() {
-    TileConfig config{};
-    config.palette = 1;
-    for (int t = 0; t < 8; ++t) {
-      config.rows[t] = 16;
-      config.colsb[t] = 64;
-    }
-    _tile_loadconfig(&config);
-  }
-  ~Tiles() { _tile_release(); }
-  Tiles(const Tiles&) = delete;
-  Tiles& operator=(const Tiles&) = delete;
-};
+using attnops::amx_granted;
+using attnops::Tiles;
 
 // out [AM, KC] = A[0:rows, k0:k1], zero past rows and k1 (whole tile rows to read, and nothing past the operand)
 void pack_rows(const uint16_t* a, int64_t lda, int64_t rows, int64_t k0, int64_t k1, uint16_t* out) {
@@ -252,7 +209,9 @@ void pack_rows(const uint16_t* a, int64_t lda, int64_t rows, int64_t k0, int64_t
 }
 
 // c [AM, NR] (row stride ldc) = rows (pack_rows) times a panel of `stride` pair rows (a multiple of 16), 16 pairs at
-// a time in order, summed onto c's own values with `onto`, else from 0; in two halves of 32 columns.
+// a time in order, summed onto c's own values with `onto`, else from 0; in two halves of 32 columns. Tiles: tmm0-3
+// the four 16 x 16 quarters of a half, tmm4-5 16 A rows x 32 bf16 each, tmm6-7 16 pairs x 16 columns of a panel each
+// (every tile loaded feeds two products, and none is loaded again while a product still reads it).
 void block_products(const uint16_t* rows, const uint32_t* panel, int64_t stride, float* c, int64_t ldc, bool onto) {
   const int64_t step = ldc * static_cast<int64_t>(sizeof(float));
   for (int64_t half = 0; half < NR; half += 32) {
