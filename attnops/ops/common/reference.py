@@ -76,7 +76,7 @@ def forward(p: FAProblem, query: torch.Tensor, key: torch.Tensor, value: torch.T
                                                          tiling.FWD_COL_BLOCK)]
               for b in active}
     qv, kv, vv, ov = (tokens_view(t, g.layout, n) for t, n in ((query, g.n1), (key, g.n2), (value, g.n2), (out, g.n1)))
-    operands = operand_dtype(p, query.dtype, query.device)
+    operands = operand_dtype(query.dtype, query.device)
     k_all, v_all = stage_kv(p, Buffers.acquire(operands, query.device), active, query.device, kv, vv)
     batches = [_ForwardBatch(b, batch_tokens(qv, p.seq, b).transpose(0, 1), k_all[i], v_all[i],
                              batch_tokens(ov, p.seq, b).transpose(0, 1),

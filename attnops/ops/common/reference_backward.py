@@ -97,7 +97,7 @@ def backward(p: FAProblem, query, key, value, dy, attention_in, softmax_max, sof
     acc = compute_dtype(query.dtype)
     direct = dq.dtype == acc  # accumulate in the (zeroed) outputs themselves
     active = active_batches(p)
-    buf = Buffers.acquire(operand_dtype(p, query.dtype, query.device), query.device)
+    buf = Buffers.acquire(operand_dtype(query.dtype, query.device), query.device)
     k_all, v_all = stage_kv(p, buf, active, query.device, kv, vv)
     staged = None if direct else _accumulators(p, active, acc, query.device)
     batches = []

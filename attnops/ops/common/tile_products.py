@@ -3,11 +3,12 @@ of two operand types chosen per call by :func:`operand_dtype`:
 
 - :class:`WideProducts`: operands in the compute dtype (fp32, or fp64 for fp64 inputs; fp16/bf16 inputs widened
   exactly), on :mod:`attnops._core.gemm` (oneDNN where PyTorch has it); the query rows are staged times the scale.
-- :class:`Bf16Products`: bf16 inputs on a CPU with AVX512-BF16 without an NPU rounding (:mod:`.bf16_gemm`): Q, K,
-  V and dy stay bf16; the probabilities P and the score gradient dS are rounded to bf16 (to nearest even) for
-  their products, as FlashAttention, SDPA and the NPU do for bf16 inputs; every product is an exact bf16 x bf16
-  product summed in fp32, and the scale multiplies the fp32 sums. Scores, softmax, statistics and accumulators stay
-  fp32.
+- :class:`Bf16Products`: bf16 inputs on a CPU with AVX512-BF16 (:mod:`.bf16_gemm`): Q, K, V and dy stay bf16; the
+  probabilities P and the score gradient dS are rounded to bf16 for their products, as FlashAttention, SDPA and the
+  NPU do for bf16 inputs (to nearest even; under ``precision="npu"`` the engine has already rounded them ties away,
+  so the conversion is exact); every product is an exact bf16 x bf16 product summed in fp32, as the NPU's cube
+  makes it, and the scale multiplies the fp32 sums, as its vector unit does. Scores, softmax, statistics and
+  accumulators stay fp32.
 
 Both sum in a fixed order, so results do not depend on the thread count. A products object serves one worker's job
 (its workspaces are the thread's).
@@ -24,10 +25,10 @@ from .problem import FAProblem
 from .reference_tiles import Keys, compute_dtype, stage_rows
 
 
-def operand_dtype(p: FAProblem, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+def operand_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype of the GEMM operands of a call with ``dtype`` inputs: bf16 where :class:`Bf16Products` serves it,
     else the compute dtype."""
-    if dtype == torch.bfloat16 and p.rounding is None and bf16_gemm(device):
+    if dtype == torch.bfloat16 and bf16_gemm(device):
         return torch.bfloat16
     return compute_dtype(dtype)
 

@@ -5,7 +5,6 @@ transpose, the choice of the bf16 products (only where the build and the CPU hav
 FlashAttention engine on its bf16 and fp32 products against the fp64 golden."""
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -191,16 +190,14 @@ def test_products_on_either_unit():
 
 
 def test_operand_dtype(monkeypatch):
-    """bf16 operands only for bf16 inputs on the CPU without an NPU rounding, and only where the GEMM runs."""
+    """bf16 operands only for bf16 inputs (with or without an NPU rounding), and only where the GEMM runs."""
     cpu = torch.device("cpu")
-    plain, npu = SimpleNamespace(rounding=None), SimpleNamespace(rounding=object())
     monkeypatch.setattr(tile_products, "bf16_gemm", lambda device: True)
-    assert tile_products.operand_dtype(plain, BF16, cpu) == BF16
-    assert tile_products.operand_dtype(npu, BF16, cpu) == F32  # precision="npu": its own rounding of P and dS
+    assert tile_products.operand_dtype(BF16, cpu) == BF16
     for dtype, acc in ((torch.float16, F32), (F32, F32), (torch.float64, torch.float64)):
-        assert tile_products.operand_dtype(plain, dtype, cpu) == acc
+        assert tile_products.operand_dtype(dtype, cpu) == acc
     monkeypatch.setattr(tile_products, "bf16_gemm", lambda device: False)
-    assert tile_products.operand_dtype(plain, BF16, cpu) == F32
+    assert tile_products.operand_dtype(BF16, cpu) == F32
 
 
 @pytest.mark.parametrize("products", ["bf16", "fp32"])

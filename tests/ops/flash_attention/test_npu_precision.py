@@ -5,6 +5,7 @@ import torch
 
 import attnops
 from attnops._core.errors import ParamInvalidError
+from attnops.ops.common import bf16_gemm
 from attnops.ops.common.npu_rounding import cast_round
 
 S_ONE_BLOCK = 384  # keys of one online-softmax block (the kernel's 512)
@@ -32,12 +33,25 @@ def _fp32_products(monkeypatch):
     monkeypatch.setenv("ATTNOPS_CPU_BF16_GEMM", "0")
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_forward_rounds_p_to_the_input_dtype(dtype):
+# precision="npu" on the two kinds of products: fp32 GEMMs of the widened operands, and (bf16 inputs on CPUs with
+# AVX512-BF16) the bf16 GEMM, whose exact bf16 x bf16 products are the NPU cube's
+ROUTES = [pytest.param(torch.float16, False, id="fp16"), pytest.param(torch.bfloat16, False, id="bf16-fp32-products"),
+          pytest.param(torch.bfloat16, True, id="bf16-gemm", marks=pytest.mark.skipif(
+              bf16_gemm.bound_library() is None, reason="no bf16 GEMM on this CPU (AVX512-BF16)"))]
+
+
+def _products(monkeypatch, gemm: bool) -> None:
+    """The next calls' products: the bf16 GEMM (``gemm``) or fp32 GEMMs."""
+    monkeypatch.setenv("ATTNOPS_CPU_BF16_GEMM", "1" if gemm else "0")
+
+
+@pytest.mark.parametrize("dtype, gemm", ROUTES)
+def test_forward_rounds_p_to_the_input_dtype(dtype, gemm, monkeypatch):
     q, k, v = _inputs(dtype)
     model, _ = _model_forward(q, k, v)
-    npu = attnops.flash_attention(q, k, v, precision="npu")
     exact = attnops.flash_attention(q, k, v)
+    _products(monkeypatch, gemm)
+    npu = attnops.flash_attention(q, k, v, precision="npu")
     # fp32 vs fp64 scores and sums: a few roundings land one place off; the exact path misses the model often
     assert (npu != model).float().mean() < 0.03
     assert (exact != model).float().mean() > 0.2
@@ -45,10 +59,11 @@ def test_forward_rounds_p_to_the_input_dtype(dtype):
     assert err[0] < 0.1 * err[1]
 
 
-def test_backward_rounds_p_and_ds():
-    dtype = torch.float16
+@pytest.mark.parametrize("dtype, gemm", ROUTES)
+def test_backward_rounds_p_and_ds(dtype, gemm, monkeypatch):
     q, k, v = _inputs(dtype, seed=1)
     dy = _inputs(dtype, seed=2)[0]
+    _products(monkeypatch, gemm)
     res = attnops.flash_attention(q, k, v, precision="npu", return_stats=True)
     _, p = _model_forward(q, k, v)
     do, o, k64, v64, q64 = (t.double() for t in (dy, res.out, k, v, q))
@@ -60,6 +75,7 @@ def test_backward_rounds_p_and_ds():
     kw = dict(scale=scale)
     npu = attnops.flash_attention_backward(dy, q, k, v, res.out, res.softmax_max, res.softmax_sum,
                                            precision="npu", **kw)
+    _products(monkeypatch, False)
     exact = attnops.flash_attention_backward(dy, q, k, v, res.out, res.softmax_max, res.softmax_sum, **kw)
     for name, a, b in zip(("dq", "dk", "dv"), npu, exact):
         err_npu = (a.double() - model[name].double()).abs().mean()
@@ -81,8 +97,8 @@ def test_autograd_uses_the_npu_backward():
         assert not torch.equal(t.grad, e)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_error_band_against_the_fp64_golden(dtype):
+@pytest.mark.parametrize("dtype, gemm", ROUTES)
+def test_error_band_against_the_fp64_golden(dtype, gemm, monkeypatch):
     """RMSE about 1.35x and mean relative error about 3x those of fp32-then-cast (docs/precision.md), over several
     key blocks with a causal mask."""
     q, k, v = _inputs(dtype, sq=256, skv=1300, n=2, d=128, seed=3)
@@ -97,6 +113,7 @@ def test_error_band_against_the_fp64_golden(dtype):
         return err.pow(2).mean().sqrt(), (err.abs() / golden.abs())[big].mean()
 
     rmse_e, rel_e = metrics(attnops.flash_attention(q, k, v, causal=True))
+    _products(monkeypatch, gemm)
     rmse_n, rel_n = metrics(attnops.flash_attention(q, k, v, causal=True, precision="npu"))
     assert 1.15 < rmse_n / rmse_e < 1.6
     assert 2.0 < rel_n / rel_e < 4.5
