@@ -212,7 +212,9 @@ register_suite(Suite(
     details="N=32, KV_N=8, D=128, fp32/bf16/fp16 and int8 KV (bf16 query, per-channel antiquant), contiguous and "
             "paged (128-token pages, shuffled); every implementation on the case's thread count; attnops-1t: attnops "
             "on one thread in the two-thread cases; beside-load: one CPU-bound process runs meanwhile; the peers "
-            "read the same K/V contiguous (int8: dequantized); 'strongest peer' names the fastest per case",
+            "read the same K/V contiguous (int8: dequantized); 'strongest peer' names the fastest per case; ratio "
+            "read-bandwidth/attnops = the fraction of the read bandwidth (torch.sum over as many bytes as the KV, same "
+            "threads) at which attnops reads the KV",
     cases=peer_cases(), device="cpu", repeat=7, warmup=1))
 
 register_suite(Suite(

@@ -12,7 +12,10 @@ dequantized in the query dtype):
   onnxruntime and onnx are installed (``pip install attnops[peers]``): the cache in its own ``[B, N2, S, D]``
   buffers bound as both past and present (no copy of the cache per call), the call adding the last token;
 * ``attnops-1t``: attnops on one thread, in the two-thread cases (ratio ``attnops-1t / attnops``: what the second
-  thread gains).
+  thread gains);
+* ``read-bandwidth`` (not a peer): ``torch.sum`` over as many bytes as the KV on the case's threads (ratio
+  ``read-bandwidth / attnops``: the fraction of the machine's read bandwidth attnops reaches; a peer can be beaten
+  by at most its own time over this one).
 
 The case's ``threads`` parameter is the thread count every implementation runs with (the runner sets it before
 each call); ``beside_load`` the number of CPU-bound processes running meanwhile (:func:`.timing.busy_processes`).
@@ -43,7 +46,7 @@ def peer_cases() -> tuple[Case, ...]:
                     cases.append(Case(
                         name=f"decode-b{batch}-kv{skv}-{tag}-{pages}-t{threads}" + ("-beside-load" if load else ""),
                         op="fia_decode", batch=batch, heads=32, kv_heads=8, sq=1, skv=skv, d=128, dv=128,
-                        dtype=dtype, baselines=PEERS + (("attnops-1t",) if threads > 1 else ()),
+                        dtype=dtype, baselines=PEERS + ("read-bandwidth",) + (("attnops-1t",) if threads > 1 else ()),
                         params={"pages": pages, "block_size": 128, "threads": threads, "beside_load": load,
                                 **({"kv": kv} if kv else {})}))
     return tuple(cases)
