@@ -140,6 +140,8 @@ def int_list(name: str, value: Any) -> list[int] | None:
             fail(name, "a list of ints under torch.compile (a tensor's values are not known while tracing)", value)
         return [int(v) for v in value.tolist()]
     if isinstance(value, (list, tuple)):
+        if all(type(v) is int for v in value):  # plain Python ints (a bool's type is bool): the common case
+            return list(value)
         out = []
         for v in value:
             if not _is_integer_scalar(v):
