@@ -182,9 +182,11 @@ class _Batch:
         ks, skv = spec.seq.kv_starts[b], spec.seq.kv_lens[b]
         bs, g = spec.block_size, spec.group
         self.heads = slice(n2 * g, (n2 + 1) * g)
-        self.q = query[qs:qs + sq, self.heads].to(acc).mul(spec.scale)  # [Sq, G, D], scaled
-        self.k = key[ks:ks + skv, n2].to(acc).view(skv // bs, bs, spec.d)
-        self.v = value[ks:ks + skv, n2].to(acc).view(skv // bs, bs, spec.dv)
+        # dense copies whatever the inputs' strides: the products then sum in one order for any layout of the inputs
+        dense = dict(dtype=acc, memory_format=torch.contiguous_format)
+        self.q = query[qs:qs + sq, self.heads].to(**dense).mul(spec.scale)  # [Sq, G, D], scaled
+        self.k = key[ks:ks + skv, n2].to(**dense).view(skv // bs, bs, spec.d)
+        self.v = value[ks:ks + skv, n2].to(**dense).view(skv // bs, bs, spec.dv)
         idx = topk[qs:qs + sq, n2].long()  # [Sq, K]
         n_blocks = skv // bs
         # indices outside the batch's blocks (only unvalidated ones, from another device) select nothing: they go to
@@ -342,7 +344,7 @@ class _BlockGrads:
         v_dp = bt.v.to(dp_dt)
         rounding = spec.rounding  # the NPU rounds P (for dV) and dS (for dQ, dK) to the input dtype
         for t0, t1 in chunks:
-            do = self.do[t0:t1].to(acc)
+            do = self.do[t0:t1].to(acc, memory_format=torch.contiguous_format)
             do_dp = do.to(dp_dt)
             delta = torch.linalg.vecdot(do_dp, self.out[t0:t1].to(dp_dt))  # D = rowsum(dy * attention_out)
             for seg in bt.segments(t0, t1):

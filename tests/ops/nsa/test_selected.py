@@ -181,3 +181,21 @@ def test_selected_local_window_runs(causal):
     segments = list(selected._Batch(spec, 0, 0, q, k, v, topk).segments(0, q_lens[0]))
     assert any(s.run for s in segments) and any(s.run is None for s in segments)
     check_selected(q, k, v, topk, block=bs, q_lens=q_lens, kv_lens=kv_lens, causal=causal)
+
+
+@pytest.mark.parametrize("forward", [False, True], ids=["given-stats", "forward-stats"])
+def test_grad_has_the_same_bits_for_any_layout_of_its_inputs(forward):
+    """Transposed-memory views of q, k, v and dy (the same values) give the very same gradients: the CPU backward's
+    products read dense copies, so their sums run in one order whatever the strides."""
+    from . import nsa_aclnn_params as P
+
+    op = P.OPS["nsa_selected_attention_grad"][0]
+    params = P.selected_grad_params(forward=forward)
+    clean = op(*params.values())
+    for name in ("query", "key", "value", "attention_out_grad"):
+        x = params[name]
+        perm = list(range(x.dim()))[::-1]
+        strided = dict(params, **{name: x.permute(perm).contiguous().permute(perm)})
+        assert not strided[name].is_contiguous()
+        for a, b in zip(clean, op(*strided.values())):
+            assert torch.equal(a, b), name
