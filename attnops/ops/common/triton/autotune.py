@@ -27,25 +27,27 @@ _TUNE_KEY = ["head_d", "head_dv", "group", "PSE", "HAS_EXPLICIT", "DROPOUT", "SO
 # takes 16 x 16 tiles at 4 warps: 16 x 32 at 8 warps spills 6-8 words on sm_80 (128 registers), 32 x 16 6 with 3.6.
 WIDEST = 2
 _TILES = {
-    ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)],
+    ("fwd", 2, False): [(64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
     ("fwd", 2, True): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 2, WIDEST): [(64, 32, 8, 2), (64, 16, 8, 2)],
     ("fwd", 4, False): [(16, 16, 8, 2), (16, 32, 8, 2), (32, 32, 8, 2)],
     ("fwd", 4, True): [(16, 32, 8, 1), (32, 16, 8, 1)],
     ("fwd", 4, WIDEST): [(16, 16, 4, 1), (16, 32, 8, 1), (32, 16, 8, 1)],
-    ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2)],
+    ("bwd", 2, False): [(32, 64, 8, 2), (64, 64, 8, 2)],
     ("bwd", 2, True): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 2, WIDEST): [(32, 32, 8, 2), (16, 64, 8, 2)],
     ("bwd", 4, False): [(16, 32, 8, 1), (32, 32, 8, 1)],
     ("bwd", 4, True): [(16, 16, 8, 1), (16, 32, 8, 1)],
     ("bwd", 4, WIDEST): [(16, 16, 8, 1), (16, 32, 8, 1)],
 }
+# No 16-bit tiles of 128 columns at D <= 128: the forward's 128 x 128 with 8 warps in two stages spill on sm_90 (248
+# words at D=128 with Triton 3.6; 146 at D=64 and 210 at D=128 with 3.9), the dK/dV pass's 32 x 128 on sm_80
+# (686-824 words at D=128).
 # Triton 3.6 allocates the 16-bit forward differently from 3.9: at D <= 128 its 64x64 tiles spill 2 words on sm_90
 # in three stages (255 registers), none in two; at D = Dv = 256 64x32 tiles spill 6 words on sm_80 (mma.sync),
 # 64x16 none on either target (66 wgmma on sm_90). 3.9 compiles the ``_TILES`` defaults spill-free. Under Triton
 # before 3.7 these replace the ``_TILES`` entries.
-_TILES_BEFORE_TRITON_3_7 = {("fwd", 2, False): [(64, 64, 8, 2), (64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3),
-                                                (128, 128, 8, 2)],
+_TILES_BEFORE_TRITON_3_7 = {("fwd", 2, False): [(64, 64, 8, 2), (64, 64, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3)],
                             ("fwd", 2, WIDEST): [(64, 16, 8, 2), (64, 32, 8, 2)]}
 # With a softcap (``SOFTCAP``, no per-element feature) Triton 3.6's 64x64 forward tiles at D <= 128 spill 2 words on
 # sm_90 in two or three stages (4 in one), 64x32 none (190 registers, 36 wgmma); 3.9 compiles the 64x64 ones

@@ -103,23 +103,9 @@ SLOW_CASES += [(90, case("fp32", 128, 128, "tnd", "causal", "slopes2", "drop_see
                (80, case("bf16", 256, 256, "pse_full0", "prefix", "drop_packed"))]
 
 
-# Variants that compile and fit but still spill past the budget (last run: docs/triton.md); tune them on a GPU.
-# Each listed case must keep spilling (so an improvement is noticed and the entry removed).
-KNOWN_SPILLS = {
-    "90-fp16-256-256-explicit-pse_full1-drop_seed", "90-bf16-256-256-explicit-pse_full1-drop_seed",
-    "90-fp32-256-256-explicit-pse_full1-drop_seed", "80-fp16-256-256-causal",
-    "80-fp16-256-256-explicit-pse_full1-drop_seed", "80-bf16-256-256-causal",
-    "80-bf16-256-256-explicit-pse_full1-drop_seed", "80-fp32-256-256-explicit-pse_full1-drop_seed",
-    "80-bf16-256-256-pse_full0-prefix-drop_packed",
-}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("arch,problem", SLOW_CASES, ids=lambda x: x if isinstance(x, int) else "-".join(
     [x["dtype"], str(x["d"]), str(x["dv"]), *x["features"]]))
-def test_kernels_compile_matrix(arch, problem, request):
+def test_kernels_compile_matrix(arch, problem):
     spilling = check_compiles(arch, problem)
-    if request.node.callspec.id in KNOWN_SPILLS:
-        assert spilling, "no longer spills past the budget: remove it from KNOWN_SPILLS"
-    else:
-        assert not spilling, spilling
+    assert not spilling, spilling
