@@ -720,14 +720,15 @@ int run_chunk(const float* q, const uint16_t* qb, float scale, int heads, int ro
 struct ChunkRow {
   int64_t q, q_bf16, scale, heads, rows, d, dv, kt, vt, runs, nruns, tokens, m_out, l_out, o_out, p_out;
 };
+constexpr int ROW = sizeof(ChunkRow) / sizeof(int64_t);  // int64 fields of a chunk's row in a table
 
+// The fp32 value whose bits are the low 32 bits of a table field (ChunkRow and PagedCall's scale).
 inline float float_bits(int64_t field) {
   const uint32_t bits = static_cast<uint32_t>(field);
   float x;
   std::memcpy(&x, &bits, sizeof x);
   return x;
 }
-constexpr int ROW = sizeof(ChunkRow) / sizeof(int64_t);  // int64 fields of a chunk's row in a table
 
 // The layout version Python checks (attnops/ops/common/cpu_kernels/layout.py): raise it with any change of meaning.
 constexpr int LAYOUT_VERSION = 3;
@@ -770,7 +771,8 @@ int run_heads(const ChunkRow& c, int h0, int h1, std::vector<float>& scratch, st
   const uint16_t* qb = c.q_bf16 ? reinterpret_cast<const uint16_t*>(c.q_bf16) + first * d : nullptr;
   const int code = run_chunk(reinterpret_cast<const float*>(c.q) + first * d, qb, float_bits(c.scale), heads, rows,
                              d, dv, static_cast<int>(c.kt), static_cast<int>(c.vt),
-                             reinterpret_cast<const int64_t*>(runs), static_cast<int>(c.nruns), c.tokens, scratch.data(),
+                             reinterpret_cast<const int64_t*>(runs), static_cast<int>(c.nruns), c.tokens,
+                             scratch.data(),
                              reinterpret_cast<float*>(c.m_out) + first, reinterpret_cast<float*>(c.l_out) + first,
                              reinterpret_cast<float*>(c.o_out) + first * dv);
   if (code == 0 && c.p_out)

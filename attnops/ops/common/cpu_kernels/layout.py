@@ -93,8 +93,9 @@ def paged_call(q: Tensor, key: Tensor, value: Tensor, table: Tensor, lengths: Te
     batch, kv_heads, group, d = q.shape
     return [*query_fields(q, unscaled), batch, kv_heads, group, d, value.shape[-1], *_cache(key), *_cache(value),
             key.shape[0], key.shape[1], table.data_ptr(), *table.stride(), table.shape[1],
-            int(table.dtype == torch.int64), lengths.data_ptr(), *_indices(picks), picks.shape[-1] if picks is not None else 0,
-            int(picks is not None and picks.dtype == torch.int64), unit, out.data_ptr(),
+            int(table.dtype == torch.int64), lengths.data_ptr(), *_indices(picks),
+            picks.shape[-1] if picks is not None else 0, int(picks is not None and picks.dtype == torch.int64), unit,
+            out.data_ptr(),
             probs.data_ptr() if probs is not None else 0]
 
 
